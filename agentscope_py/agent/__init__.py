@@ -1,0 +1,38 @@
+"""The ReAct agent, its context, state and state stores."""
+
+from typing import Any
+
+from ._loop import PendingToolCallsError, ResumeError
+from ._session import AgentInterrupted
+from .context import RuntimeContext
+from .react import Builder, ReActAgent, confirm_message
+from .state import AgentState, TodoItem
+from .store import AgentStateStore, InMemoryStateStore, StateConflictError, StateStoreError
+
+__all__ = [
+    "AgentInterrupted",
+    "AgentState",
+    "AgentStateStore",
+    "Builder",
+    "InMemoryStateStore",
+    "PendingToolCallsError",
+    "ReActAgent",
+    "RedisStateStore",
+    "ResumeError",
+    "RuntimeContext",
+    "SqliteStateStore",
+    "StateConflictError",
+    "StateStoreError",
+    "TodoItem",
+    "confirm_message",
+]
+
+_LAZY = {"SqliteStateStore": "sqlite_store", "RedisStateStore": "redis_store"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+    raise AttributeError(name)

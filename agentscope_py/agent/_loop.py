@@ -1,0 +1,575 @@
+"""One execution of ``call``/``stream``: the ReAct loop behind the ``on_agent`` chain.
+
+The order of things (AgentScope Java's, see DESIGN §5): AgentStart → per-session FIFO gate →
+state loaded and bound, ``on_agent_state_ready`` → system prompt through ``on_system_prompt`` →
+resume pending tool calls, or input into memory → rounds of ``on_reasoning`` around
+``on_model_call`` around the model, then ``on_acting`` around the tools → ``on_agent_finish`` →
+checkpoint → AgentResult → AgentEnd.
+
+What is published: every event leaving the reasoning and acting chains. What is remembered: the
+assistant message rebuilt from the events leaving the model-call chain, and the tool results
+rebuilt from the events leaving the acting chain.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+from ..events import (
+    AgentEnd,
+    AgentEvent,
+    AgentResult,
+    AgentStart,
+    ConfirmResult,
+    ExceedMaxIters,
+    ExternalExecutionResult,
+    MiddlewareCompleted,
+    MiddlewareStarted,
+    RequestStop,
+    ToolResultEnd,
+    ToolResultStart,
+    ToolResultTextDelta,
+    UserConfirmResult,
+)
+from ..message import (
+    ChatUsage,
+    GenerateReason,
+    Msg,
+    TextBlock,
+    ToolResultBlock,
+    ToolResultState,
+    ToolUseBlock,
+    new_id,
+)
+from ..middleware.base import (
+    ActingInput,
+    AgentInput,
+    AgentRun,
+    ExtensionPoint,
+    MiddlewareBase,
+    ModelCallInput,
+    ReasoningInput,
+)
+from ..middleware.chain import compose
+from ..model.base import ModelRequest
+from ..stream import EventStream
+from ._acting import acting_events
+from ._reply import ReplyBuilder, ToolResultCollector, model_events
+from ._session import AgentInterrupted, RunControl
+from .state import AgentState
+from .store import StateStoreError
+
+if TYPE_CHECKING:
+    from .context import RuntimeContext
+    from .react import ReActAgent
+
+__all__ = ["Execution", "PendingToolCallsError", "ResumeError"]
+
+EMPTY_REPLY_REMINDER = (
+    "<system-reminder>Your last reply was empty. Continue with the task: call a tool or give "
+    "your final answer.</system-reminder>"
+)
+SUMMARY_PROMPT = (
+    "<system-reminder>You have reached the maximum number of reasoning steps. Do not call tools. "
+    "Summarise what you have done and give the best final answer you can now.</system-reminder>"
+)
+
+
+class ResumeError(ValueError):
+    """A resume input does not fit the pending tool calls (unknown or duplicate ids…)."""
+
+
+class PendingToolCallsError(ResumeError):
+    """The session has tool calls waiting for confirmation or external results."""
+
+
+class Execution:
+    """The state of one execution. Built fresh for every iteration of ``agent.stream(...)``."""
+
+    def __init__(
+        self,
+        agent: ReActAgent,
+        ctx: RuntimeContext,
+        structured_model: type[Any] | None = None,
+    ) -> None:
+        self.agent = agent
+        self.ctx = ctx
+        self.toolkit = agent.toolkit
+        self.reply_id = new_id("reply_")
+        self.control = RunControl()
+        self.structured_model = structured_model
+        self.preapproved: set[str] = set()
+        self.tool_calls = 0
+        self.model_calls = 0
+        self.usage = ChatUsage()
+        self.iteration = 0
+        self.final: Msg | None = None
+        self.reason: GenerateReason | None = None
+        self.state: AgentState | None = None
+        self.version = 0
+        self.system_msg: Msg | None = None
+        self._builder: ReplyBuilder | None = None
+        self._transient: list[Msg] = []
+        self._last_value: Any = None
+        parts = agent._participants
+        trace = agent._trace
+        self._model_call = compose(ExtensionPoint.ON_MODEL_CALL, parts, agent, ctx, self._model_core, trace)
+        self._reasoning = compose(ExtensionPoint.ON_REASONING, parts, agent, ctx, self._reasoning_core, trace)
+        self._acting = compose(ExtensionPoint.ON_ACTING, parts, agent, ctx, self._acting_core, trace)
+
+    # -- the cores the chains wrap ---------------------------------------------------------------
+
+    def agent_core(self, input: AgentInput) -> EventStream[AgentEvent]:
+        return EventStream(lambda: self._run(input))
+
+    def _model_core(self, input: ModelCallInput) -> EventStream[AgentEvent]:
+        # Built when the innermost next() is called: prefetch() captures that context for the
+        # model's own task, so a span opened around next() parents the model call.
+        request = ModelRequest(
+            messages=input.messages,
+            tools=input.tools,
+            options=dict(input.options),
+            structured_output=input.options.get("structured_output"),
+        )
+        agent = self.agent
+        models = (input.model, *agent._fallback_models)
+        reply_id = self.reply_id
+        control = self.control
+
+        async def produce() -> AsyncIterator[AgentEvent]:
+            task = asyncio.current_task()
+            assert task is not None
+            control.tasks.add(task)  # type: ignore[arg-type]
+            try:
+                control.check()
+                async for ev in model_events(models, request, reply_id, agent._retry, agent._failover_listener):
+                    yield ev
+            except asyncio.CancelledError:
+                if control.interrupted:
+                    raise AgentInterrupted("the model call was interrupted") from None
+                raise
+            finally:
+                control.tasks.discard(task)  # type: ignore[arg-type]
+
+        return EventStream(produce).prefetch(64)
+
+    def _reasoning_core(self, input: ReasoningInput) -> EventStream[AgentEvent]:
+        mc_input = ModelCallInput(
+            messages=input.messages, tools=input.tools, options=input.options, model=self.agent.model
+        )
+
+        async def gen() -> AsyncIterator[AgentEvent]:
+            builder = self._builder = ReplyBuilder()
+            add = builder.add
+            async with contextlib.aclosing(self._model_call(mc_input).__aiter__()) as it:  # type: ignore[type-var]
+                async for ev in it:
+                    add(ev)
+                    yield ev
+
+        return EventStream(gen)
+
+    def _acting_core(self, input: ActingInput) -> EventStream[AgentEvent]:
+        return EventStream(lambda: acting_events(self, input.tool_calls))
+
+    # -- the execution ---------------------------------------------------------------------------
+
+    async def _run(self, input: AgentInput) -> AsyncIterator[AgentEvent]:
+        agent, ctx = self.agent, self.ctx
+        yield AgentStart(reply_id=self.reply_id, name=agent.name, session_id=ctx.session_id)
+        key = (ctx.user_id, ctx.session_id)
+        async with agent._gates.hold(key):
+            agent._gates.active[key] = self.control
+            try:
+                error: BaseException | None = None
+                try:
+                    async for ev in self._main(list(input.msgs)):
+                        yield ev
+                except AgentInterrupted:
+                    self._interrupt_state()
+                except (GeneratorExit, asyncio.CancelledError):
+                    # The consumer went away: no more events, but persist an INTERRUPTED turn.
+                    self._interrupt_state()
+                    async for _ in self._finish(None):
+                        pass
+                    raise
+                except Exception as exc:
+                    error = exc
+                async for ev in self._finish(error):
+                    yield ev
+            finally:
+                if agent._gates.active.get(key) is self.control:
+                    del agent._gates.active[key]
+        if error is not None:
+            raise error
+        assert self.final is not None
+        yield AgentResult(result=self.final)
+        yield AgentEnd(reply_id=self.reply_id)
+
+    async def _finish(self, error: BaseException | None) -> AsyncIterator[AgentEvent]:
+        """on_agent_finish, then the checkpoint. A generator so traced hooks can emit events."""
+        run = AgentRun(
+            msg=self.final, error=error, reason=self.reason, usage=self.usage,
+            model_calls=self.model_calls, tool_calls=self.tool_calls, iterations=self.iteration,
+        )
+        agent = self.agent
+        for mw in agent._participants.hooks[ExtensionPoint.ON_AGENT_FINISH]:
+            point = ExtensionPoint.ON_AGENT_FINISH
+            async for ev in self._notify(mw, point, mw.on_agent_finish(agent, self.ctx, run)):
+                yield ev
+        await self._save()
+
+    async def _save(self) -> None:
+        state = self.state
+        if state is None:
+            return
+        store = self.agent._store
+        try:
+            self.version = await store.save(self.ctx.user_id, self.ctx.session_id, state, self.version)
+        except StateStoreError:
+            raise
+        except Exception as exc:
+            raise StateStoreError(f"saving session {self.ctx.user_id}/{self.ctx.session_id} failed: {exc}") from exc
+
+    async def _notify(self, mw: MiddlewareBase, point: ExtensionPoint, result: Any) -> AsyncIterator[AgentEvent]:
+        """Await a notification/transformer result, bracketed by trace events when tracing."""
+        trace = self.agent._trace
+        started = time.perf_counter()
+        if trace:
+            yield MiddlewareStarted(middleware=mw.name, point=point.name)
+        try:
+            if asyncio.iscoroutine(result):
+                result = await result
+        except Exception as exc:
+            if trace:
+                yield _completed(mw, point, started, exc)
+            raise
+        self._last_value = result
+        if trace:
+            yield _completed(mw, point, started, None)
+
+    async def _main(self, input_msgs: list[Msg]) -> AsyncIterator[AgentEvent]:
+        agent, ctx = self.agent, self.ctx
+        try:
+            state, self.version = await agent._store.load(ctx.user_id, ctx.session_id)
+        except StateStoreError:
+            raise
+        except Exception as exc:
+            raise StateStoreError(f"loading session {ctx.user_id}/{ctx.session_id} failed: {exc}") from exc
+        if state is None:
+            state = AgentState(user_id=ctx.user_id, session_id=ctx.session_id)
+        self.state = state
+        ctx.agent_state = state
+        for mw in agent._participants.hooks[ExtensionPoint.ON_AGENT_STATE_READY]:
+            if agent._trace:
+                yield MiddlewareStarted(middleware=mw.name, point="ON_AGENT_STATE_READY")
+                started = time.perf_counter()
+                try:
+                    mw.on_agent_state_ready(agent, ctx, state, input_msgs)
+                except Exception as exc:
+                    yield _completed(mw, ExtensionPoint.ON_AGENT_STATE_READY, started, exc)
+                    raise
+                yield _completed(mw, ExtensionPoint.ON_AGENT_STATE_READY, started, None)
+            else:
+                mw.on_agent_state_ready(agent, ctx, state, input_msgs)
+        prompt = agent.sys_prompt
+        for mw in agent._participants.hooks[ExtensionPoint.ON_SYSTEM_PROMPT]:
+            async for ev in self._notify(mw, ExtensionPoint.ON_SYSTEM_PROMPT, mw.on_system_prompt(agent, ctx, prompt)):
+                yield ev
+            prompt = self._last_value
+        self.system_msg = Msg.system(prompt) if prompt else None
+
+        pending = self._pending_calls()
+        if pending:
+            async for ev in self._resume(pending, input_msgs):
+                yield ev
+            if self.final is not None:
+                return
+        else:
+            _check_no_control_input(input_msgs)
+            state.context.extend(input_msgs)
+        async for ev in self._rounds():
+            yield ev
+
+    # -- rounds ----------------------------------------------------------------------------------
+
+    def _messages(self) -> list[Msg]:
+        assert self.state is not None
+        msgs = [self.system_msg] if self.system_msg is not None else []
+        msgs.extend(self.state.context)
+        if self._transient:
+            msgs.extend(self._transient)
+            self._transient = []
+        return msgs
+
+    def _tools(self) -> tuple[Any, ...]:
+        return self.toolkit.schemas()
+
+    async def _rounds(self) -> AsyncIterator[AgentEvent]:
+        state = self.state
+        assert state is not None
+        agent = self.agent
+        reminded = False
+        while True:
+            if self.iteration >= agent.max_iters:
+                async for ev in self._summarise():
+                    yield ev
+                return
+            self.control.check()
+            stop: RequestStop | None = None
+            self._builder = None
+            r_input = ReasoningInput(messages=self._messages(), tools=self._tools(), options=agent.model_options)
+            async with contextlib.aclosing(self._reasoning(r_input).__aiter__()) as it:  # type: ignore[type-var]
+                async for ev in it:
+                    if type(ev) is RequestStop:
+                        stop = ev
+                    yield ev
+            self.iteration += 1
+            state.cur_iter = self.iteration
+            msg = self._take_reply(None)
+            calls = msg.tool_calls
+            if stop is not None:
+                self._end(msg, stop.generate_reason)
+                self._close_calls(calls, "Not executed: the run was stopped before tools ran.", ToolResultState.ERROR)
+                return
+            if not calls:
+                if msg.text.strip() or reminded:
+                    self._end(msg, GenerateReason.MODEL_STOP)
+                    return
+                reminded = True
+                self._transient = [Msg.user(EMPTY_REPLY_REMINDER, name="system", synthetic=True)]
+                continue
+            state.context.append(msg.model_copy(update={"generate_reason": GenerateReason.TOOL_CALLS}))
+            self.control.check()
+            async for ev in self._act(calls, msg):
+                yield ev
+            if self.final is not None:
+                return
+
+    def _close_calls(self, calls: Sequence[ToolUseBlock], text: str, state: ToolResultState) -> None:
+        """Give calls that will never run a result, so the conversation stays well-formed."""
+        if calls:
+            assert self.state is not None
+            self.state.context.append(
+                Msg.tool([ToolResultBlock(id=c.id, name=c.name, state=state, output=text) for c in calls])
+            )
+            self.state.pending_tool_calls = []
+
+    def _take_reply(self, reason: GenerateReason | None) -> Msg:
+        builder = self._builder
+        if builder is None:
+            return Msg(id=self.reply_id, role="assistant", name=self.agent.name, generate_reason=reason)
+        self.model_calls += builder.calls_made
+        self.usage = self.usage + builder.usage_total
+        self._builder = None
+        return builder.build(new_id("msg_"), self.agent.name, reason)
+
+    def _end(self, msg: Msg, reason: GenerateReason, remember: bool = True) -> None:
+        final = msg.model_copy(update={"generate_reason": reason, "usage": self.usage})
+        if remember:
+            assert self.state is not None
+            self.state.context.append(final)
+        self.final = final
+        self.reason = reason
+
+    async def _act(self, calls: Sequence[ToolUseBlock], assistant: Msg) -> AsyncIterator[AgentEvent]:
+        """One acting pass: results into memory; a stop, a pause or a suspension ends the loop."""
+        state = self.state
+        assert state is not None
+        collector = ToolResultCollector()
+        stop: RequestStop | None = None
+        suspended: list[ToolUseBlock] = []
+        async with contextlib.aclosing(self._acting(ActingInput(tool_calls=tuple(calls))).__aiter__()) as it:  # type: ignore[type-var]
+            async for ev in it:
+                t = ev.type
+                if t.startswith("tool_result"):
+                    collector.add(ev)
+                elif t == "request_stop":
+                    stop = ev
+                elif t == "require_external_execution":
+                    suspended.extend(ev.tool_calls)
+                yield ev
+        results = [collector.results[c.id] for c in calls if c.id in collector.results]
+        if results:
+            state.context.append(Msg.tool(results))
+        waiting = [c.id for c in calls if c.id not in collector.results]
+        state.pending_tool_calls = waiting
+        if self.control.interrupted:
+            raise AgentInterrupted("the run was interrupted")
+        if stop is not None:
+            self._end(assistant, stop.generate_reason, remember=False)
+        elif suspended:
+            running = [ToolResultBlock(id=c.id, name=c.name, state=ToolResultState.RUNNING) for c in suspended]
+            pause = assistant.model_copy(update={"content": [*assistant.content, *running]})
+            self._end(pause, GenerateReason.TOOL_SUSPENDED, remember=False)
+
+    async def _summarise(self) -> AsyncIterator[AgentEvent]:
+        state = self.state
+        assert state is not None
+        self._close_calls(
+            self._pending_calls(),
+            "Error: not executed, the maximum number of iterations was reached.",
+            ToolResultState.ERROR,
+        )
+        yield ExceedMaxIters(reply_id=self.reply_id, max_iters=self.agent.max_iters, current_iter=self.iteration)
+        self._transient = [Msg.user(SUMMARY_PROMPT, name="system", synthetic=True)]
+        mc_input = ModelCallInput(messages=self._messages(), tools=(), options=self.agent.model_options,
+                                  model=self.agent.model)
+        builder = self._builder = ReplyBuilder()
+        async with contextlib.aclosing(self._model_call(mc_input).__aiter__()) as it:  # type: ignore[type-var]
+            async for ev in it:
+                builder.add(ev)
+                yield ev
+        self._end(self._take_reply(None), GenerateReason.MAX_ITERATIONS)
+
+    # -- pending tool calls: confirmation and external results -----------------------------------
+
+    def _pending_calls(self) -> list[ToolUseBlock]:
+        """Tool calls of the last assistant message that have no result yet."""
+        assert self.state is not None
+        context = self.state.context
+        answered: set[str] = set()
+        for msg in reversed(context):
+            if msg.role == "assistant":
+                return [c for c in msg.tool_calls if c.id not in answered]
+            for block in msg.tool_results:
+                answered.add(block.id)
+        return []
+
+    async def _resume(self, pending: list[ToolUseBlock], input_msgs: list[Msg]) -> AsyncIterator[AgentEvent]:
+        state = self.state
+        assert state is not None
+        confirms = _confirm_results(input_msgs)
+        results = [b for m in input_msgs if m.role == "tool" for b in m.tool_results]
+        by_id = {c.id: c for c in pending}
+        if confirms:
+            _check_ids([c.tool_call_id for c in confirms], by_id, "confirm result")
+            yield UserConfirmResult(reply_id=self.reply_id, confirm_results=confirms)
+            answered = {c.tool_call_id: c for c in confirms}
+            run: list[ToolUseBlock] = []
+            denied: list[ToolResultBlock] = []
+            for call in pending:
+                answer = answered.get(call.id)
+                if answer is None:
+                    run.append(call)  # still asking: the gate asks again
+                elif not answer.confirmed:
+                    reason = f" Reason: {answer.reason}" if answer.reason else ""
+                    denied.append(ToolResultBlock(id=call.id, name=call.name, state=ToolResultState.DENIED,
+                                                  output=f"The user denied this tool call.{reason}"))
+                else:
+                    if answer.input is not None:
+                        call = call.model_copy(update={"input": answer.input, "raw_input": None})
+                        self._edit_call(call)
+                    self.preapproved.add(call.id)
+                    run.append(call)
+            for block in denied:
+                for ev in _result_events(self.reply_id, block):
+                    yield ev
+            if denied:
+                state.context.append(Msg.tool(denied))
+            assistant = self._last_assistant()
+            if run:
+                async for ev in self._act(run, assistant):
+                    yield ev
+            state.pending_tool_calls = [c.id for c in self._pending_calls()]
+            return
+        if results:
+            _check_ids([r.id for r in results], by_id, "tool result")
+            yield ExternalExecutionResult(reply_id=self.reply_id, tool_results=results)
+            state.context.append(Msg.tool(results))
+            left = self._pending_calls()
+            state.pending_tool_calls = [c.id for c in left]
+            if left:
+                running = [ToolResultBlock(id=c.id, name=c.name, state=ToolResultState.RUNNING) for c in left]
+                assistant = self._last_assistant()
+                pause = assistant.model_copy(update={"content": [*assistant.content, *running]})
+                self._end(pause, GenerateReason.TOOL_SUSPENDED, remember=False)
+            return
+        if input_msgs:
+            ids = ", ".join(c.id for c in pending)
+            raise PendingToolCallsError(
+                f"session {self.ctx.user_id}/{self.ctx.session_id} has tool calls waiting ({ids}): "
+                "answer them with confirm results (agentscope_py.confirm_message) or tool results first"
+            )
+        # An empty input resumes acting on what is pending (e.g. after a restart).
+        async for ev in self._act(pending, self._last_assistant()):
+            yield ev
+
+    def _last_assistant(self) -> Msg:
+        assert self.state is not None
+        for msg in reversed(self.state.context):
+            if msg.role == "assistant":
+                return msg
+        raise ResumeError("no assistant message to resume")
+
+    def _edit_call(self, call: ToolUseBlock) -> None:
+        """Replace a call's arguments in memory, so the model sees what actually ran."""
+        assert self.state is not None
+        context = self.state.context
+        for i in range(len(context) - 1, -1, -1):
+            msg = context[i]
+            if msg.role == "assistant":
+                content = [call if getattr(b, "id", None) == call.id and b.type == "tool_use" else b
+                           for b in msg.content]
+                context[i] = msg.model_copy(update={"content": content})
+                return
+
+    # -- interruption ----------------------------------------------------------------------------
+
+    def _interrupt_state(self) -> None:
+        """Persist one INTERRUPTED reply (the partial one, or a short recovery note) and give
+        every pending call an interrupted result."""
+        state = self.state
+        if state is None or self.final is not None:
+            return
+        partial = self._take_reply(None) if self._builder is not None else None
+        if partial is None or not partial.content:
+            partial = Msg(role="assistant", name=self.agent.name,
+                          content=[TextBlock(text="[The reply was interrupted.]")])
+        self._end(partial.model_copy(update={"metadata": {**partial.metadata, "interrupted": True}}),
+                  GenerateReason.INTERRUPTED)
+        self._close_calls(self._pending_calls(), "The tool call was interrupted.", ToolResultState.INTERRUPTED)
+
+
+def _completed(mw: MiddlewareBase, point: ExtensionPoint, started: float, error: BaseException | None) -> MiddlewareCompleted:
+    return MiddlewareCompleted(
+        middleware=mw.name, point=point.name, duration_ms=(time.perf_counter() - started) * 1000.0,
+        error=None if error is None else f"{type(error).__name__}: {error}",
+    )
+
+
+def _confirm_results(msgs: list[Msg]) -> list[ConfirmResult]:
+    out: list[ConfirmResult] = []
+    for m in msgs:
+        for raw in m.metadata.get("confirm_results", ()):
+            out.append(raw if isinstance(raw, ConfirmResult) else ConfirmResult.model_validate(raw))
+    return out
+
+
+def _check_no_control_input(msgs: list[Msg]) -> None:
+    for m in msgs:
+        if m.metadata.get("confirm_results"):
+            raise ResumeError("confirm results were given, but no tool call is waiting for confirmation")
+        if m.role == "tool":
+            raise ResumeError("tool results were given, but no tool call is waiting for a result")
+
+
+def _check_ids(ids: list[str], pending: dict[str, ToolUseBlock], what: str) -> None:
+    seen: set[str] = set()
+    for i in ids:
+        if i not in pending:
+            raise ResumeError(f"{what} for {i!r}, which is not a pending tool call (pending: {', '.join(pending)})")
+        if i in seen:
+            raise ResumeError(f"duplicate {what} for {i!r}")
+        seen.add(i)
+
+
+def _result_events(reply_id: str, block: ToolResultBlock) -> tuple[AgentEvent, ...]:
+    return (
+        ToolResultStart(reply_id=reply_id, tool_call_id=block.id, tool_name=block.name),
+        ToolResultTextDelta(reply_id=reply_id, tool_call_id=block.id, tool_name=block.name, delta=block.text),
+        ToolResultEnd(reply_id=reply_id, tool_call_id=block.id, tool_name=block.name, state=block.state),
+    )

@@ -1,0 +1,318 @@
+"""Turning model chunks into events, and events back into remembered messages.
+
+`model_events` is the innermost model call: it streams the model (retrying and failing over
+before the first chunk), and emits ModelCallStart, block Start/Delta/End events and ModelCallEnd.
+`ReplyBuilder` and `ToolResultCollector` rebuild the assistant message and the tool results from
+the events that leave the model-call and acting chains, so what a middleware rewrote there is what
+is remembered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any
+
+from ..events import (
+    AgentEvent,
+    ModelCallEnd,
+    ModelCallStart,
+    TextBlockDelta,
+    TextBlockEnd,
+    TextBlockStart,
+    ThinkingBlockDelta,
+    ThinkingBlockEnd,
+    ThinkingBlockStart,
+    ToolCallDelta,
+    ToolCallEnd,
+    ToolCallStart,
+    ToolResultEnd,
+    ToolResultStart,
+    ToolResultTextDelta,
+)
+from ..message import (
+    Block,
+    ChatUsage,
+    DataBlock,
+    GenerateReason,
+    Msg,
+    TextBlock,
+    ThinkingBlock,
+    ToolResultBlock,
+    ToolResultState,
+    ToolUseBlock,
+    new_id,
+)
+from ..model.base import ChatChunk, ChatModel, ModelError, ModelRequest
+
+__all__ = ["ReplyBuilder", "RetryPolicy", "ToolResultCollector", "model_events"]
+
+FailoverListener = Callable[[ChatModel, BaseException, ChatModel], Any]
+
+
+class RetryPolicy:
+    """Retries of retryable errors that happen before the first chunk: exponential backoff with
+    full jitter, honouring the provider's retry-after."""
+
+    __slots__ = ("base_delay", "max_delay", "max_retries")
+
+    def __init__(self, max_retries: int = 0, base_delay: float = 0.5, max_delay: float = 20.0) -> None:
+        self.max_retries = max_retries
+        self.base_delay = base_delay
+        self.max_delay = max_delay
+
+    def delay(self, attempt: int, error: BaseException) -> float:
+        hint = getattr(error, "retry_after", None)
+        if isinstance(hint, int | float) and hint >= 0:
+            return min(float(hint), self.max_delay)
+        return random.uniform(0, min(self.max_delay, self.base_delay * (2**attempt)))
+
+
+def _retryable(error: BaseException) -> bool:
+    return isinstance(error, ModelError) and error.retryable
+
+
+async def _first_chunk(
+    models: Sequence[ChatModel],
+    request: ModelRequest,
+    policy: RetryPolicy,
+    on_failover: FailoverListener | None,
+) -> tuple[ChatModel, AsyncIterator[ChatChunk], ChatChunk | None]:
+    """Open the stream of the first model that produces a chunk (or ends cleanly)."""
+    last_error: BaseException | None = None
+    for i, model in enumerate(models):
+        attempt = 0
+        while True:
+            it: AsyncIterator[ChatChunk] | None = None
+            try:
+                it = model.stream(request).__aiter__()
+                first = await it.__anext__()
+                return model, it, first
+            except StopAsyncIteration:
+                assert it is not None
+                return model, it, None
+            except Exception as exc:
+                if it is not None:
+                    await _close(it)
+                last_error = exc
+                if _retryable(exc) and attempt < policy.max_retries:
+                    await asyncio.sleep(policy.delay(attempt, exc))
+                    attempt += 1
+                    continue
+                break
+        if i + 1 < len(models) and on_failover is not None:
+            on_failover(model, last_error, models[i + 1])
+    assert last_error is not None
+    raise last_error
+
+
+async def _close(it: Any) -> None:
+    close = getattr(it, "aclose", None)
+    if close is not None:
+        try:
+            await close()
+        except Exception:
+            pass
+
+
+async def model_events(
+    models: Sequence[ChatModel],
+    request: ModelRequest,
+    reply_id: str,
+    policy: RetryPolicy,
+    on_failover: FailoverListener | None,
+) -> AsyncIterator[AgentEvent]:
+    """The block events of one model call. Nothing is emitted until the first chunk arrives, so a
+    failure before it can be retried or failed over (here, or by a middleware) cleanly."""
+    model, it, chunk = await _first_chunk(models, request, policy, on_failover)
+    text_id: str | None = None
+    thinking_id: str | None = None
+    signature: str | None = None
+    calls: dict[int, tuple[str, str]] = {}  # index -> (id, name), open tool calls in order
+    usage: ChatUsage | None = None
+    finish: str | None = None
+    try:
+        yield ModelCallStart(reply_id=reply_id, model=model.name)
+        while chunk is not None:
+            if chunk.thinking:
+                if thinking_id is None:
+                    for ev in _close_text(reply_id, text_id):
+                        yield ev
+                    text_id = None
+                    thinking_id = new_id("blk_")
+                    yield ThinkingBlockStart(reply_id=reply_id, block_id=thinking_id)
+                yield ThinkingBlockDelta(reply_id=reply_id, block_id=thinking_id, delta=chunk.thinking)
+            if chunk.thinking_signature:
+                signature = (signature or "") + chunk.thinking_signature
+            if chunk.text:
+                if text_id is None:
+                    if thinking_id is not None:
+                        yield ThinkingBlockEnd(reply_id=reply_id, block_id=thinking_id, signature=signature)
+                        thinking_id, signature = None, None
+                    text_id = new_id("blk_")
+                    yield TextBlockStart(reply_id=reply_id, block_id=text_id)
+                yield TextBlockDelta(reply_id=reply_id, block_id=text_id, delta=chunk.text)
+            tc = chunk.tool_call
+            if tc is not None:
+                if thinking_id is not None:
+                    yield ThinkingBlockEnd(reply_id=reply_id, block_id=thinking_id, signature=signature)
+                    thinking_id, signature = None, None
+                for ev in _close_text(reply_id, text_id):
+                    yield ev
+                text_id = None
+                known = calls.get(tc.index)
+                if known is None or (tc.id is not None and tc.id != known[0]):
+                    if known is not None:  # a provider reusing an index for a new call
+                        yield ToolCallEnd(reply_id=reply_id, tool_call_id=known[0], tool_name=known[1])
+                    known = (tc.id or new_id("call_"), tc.name or "")
+                    calls[tc.index] = known
+                    yield ToolCallStart(reply_id=reply_id, tool_call_id=known[0], tool_name=known[1])
+                if tc.arguments:
+                    yield ToolCallDelta(
+                        reply_id=reply_id, tool_call_id=known[0], tool_name=known[1], delta=tc.arguments
+                    )
+            if chunk.usage is not None:
+                usage = chunk.usage  # providers report cumulative usage: the last one wins
+            if chunk.finish_reason is not None:
+                finish = chunk.finish_reason
+            try:
+                chunk = await it.__anext__()
+            except StopAsyncIteration:
+                chunk = None
+        if thinking_id is not None:
+            yield ThinkingBlockEnd(reply_id=reply_id, block_id=thinking_id, signature=signature)
+        for ev in _close_text(reply_id, text_id):
+            yield ev
+        for call_id, name in calls.values():
+            yield ToolCallEnd(reply_id=reply_id, tool_call_id=call_id, tool_name=name)
+        yield ModelCallEnd(reply_id=reply_id, usage=usage, finish_reason=finish)
+    finally:
+        await _close(it)
+
+
+def _close_text(reply_id: str, text_id: str | None) -> tuple[AgentEvent, ...]:
+    return () if text_id is None else (TextBlockEnd(reply_id=reply_id, block_id=text_id),)
+
+
+class ReplyBuilder:
+    """Rebuilds the assistant message from block events (starting over at each ModelCallStart,
+    so a retried or failed-over call leaves only its own reply)."""
+
+    __slots__ = ("_blocks", "_calls", "calls_made", "finish_reason", "usage", "usage_total")
+
+    def __init__(self) -> None:
+        self._blocks: dict[str, list[Any]] = {}  # block/call id -> [kind, parts, extra]
+        self._calls: set[str] = set()
+        self.usage: ChatUsage | None = None
+        self.usage_total = ChatUsage()
+        self.finish_reason: str | None = None
+        self.calls_made = 0
+
+    def add(self, ev: Any) -> None:
+        t = ev.type
+        if t == "text_block_delta" or t == "thinking_block_delta":
+            entry = self._blocks.get(ev.block_id)
+            if entry is None:
+                kind = "text" if t == "text_block_delta" else "thinking"
+                entry = self._blocks[ev.block_id] = [kind, [], None]
+            entry[1].append(ev.delta)
+        elif t == "tool_call_start":
+            self._blocks.setdefault(ev.tool_call_id, ["tool", [], ev.tool_name])
+        elif t == "tool_call_delta":
+            self._blocks.setdefault(ev.tool_call_id, ["tool", [], ev.tool_name])[1].append(ev.delta)
+        elif t == "thinking_block_end":
+            entry = self._blocks.setdefault(ev.block_id, ["thinking", [], None])
+            entry[2] = ev.signature
+        elif t == "model_call_start":
+            self._blocks = {}
+            self.usage = None
+            self.finish_reason = None
+            self.calls_made += 1
+        elif t == "model_call_end":
+            self.usage = ev.usage
+            self.finish_reason = ev.finish_reason
+            if ev.usage is not None:
+                self.usage_total = self.usage_total + ev.usage
+
+    def build(self, reply_id: str, name: str | None, reason: GenerateReason | None = None) -> Msg:
+        content: list[Block] = []
+        for key, (kind, parts, extra) in self._blocks.items():
+            if kind == "text":
+                content.append(TextBlock(text="".join(parts)))
+            elif kind == "thinking":
+                content.append(ThinkingBlock(thinking="".join(parts), signature=extra))
+            else:
+                content.append(_tool_use(key, extra or "", "".join(parts)))
+        return Msg(
+            id=reply_id, name=name, role="assistant", content=content, generate_reason=reason, usage=self.usage
+        )
+
+
+def _tool_use(call_id: str, name: str, raw: str) -> ToolUseBlock:
+    if not raw.strip():
+        return ToolUseBlock(id=call_id, name=name, input={})
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        return ToolUseBlock(id=call_id, name=name, input={}, raw_input=raw)
+    if not isinstance(value, dict):
+        return ToolUseBlock(id=call_id, name=name, input={}, raw_input=raw)
+    return ToolUseBlock(id=call_id, name=name, input=value)
+
+
+class ToolResultCollector:
+    """Rebuilds tool results from ToolResult* events, keyed by call id."""
+
+    __slots__ = ("_parts", "results")
+
+    def __init__(self) -> None:
+        self._parts: dict[str, tuple[str, list[str | DataBlock]]] = {}
+        self.results: dict[str, ToolResultBlock] = {}
+
+    def add(self, ev: Any) -> None:
+        t = ev.type
+        if t == "tool_result_text_delta":
+            self._entry(ev)[1].append(ev.delta)
+        elif t == "tool_result_data_delta":
+            self._entry(ev)[1].append(ev.data)
+        elif t == "tool_result_start":
+            self._entry(ev)
+        elif t == "tool_result_end":
+            name, parts = self._parts.pop(ev.tool_call_id, (ev.tool_name, []))
+            self.results[ev.tool_call_id] = ToolResultBlock(
+                id=ev.tool_call_id, name=name, output=_join(parts), state=ev.state
+            )
+
+    def _entry(self, ev: Any) -> tuple[str, list[str | DataBlock]]:
+        entry = self._parts.get(ev.tool_call_id)
+        if entry is None:
+            entry = self._parts[ev.tool_call_id] = (ev.tool_name, [])
+        return entry
+
+
+def _join(parts: list[str | DataBlock]) -> str | list[TextBlock | DataBlock]:
+    if all(isinstance(p, str) for p in parts):
+        return "".join(p for p in parts if isinstance(p, str))
+    out: list[TextBlock | DataBlock] = []
+    for p in parts:
+        if isinstance(p, DataBlock):
+            out.append(p)
+        elif out and isinstance(out[-1], TextBlock):
+            out[-1] = TextBlock(text=out[-1].text + p)
+        else:
+            out.append(TextBlock(text=p))
+    return out
+
+
+def result_events(
+    reply_id: str, call: ToolUseBlock, text: str, state: ToolResultState
+) -> tuple[AgentEvent, ...]:
+    """The three events of a result known up front (denied, invalid, interrupted…)."""
+    return (
+        ToolResultStart(reply_id=reply_id, tool_call_id=call.id, tool_name=call.name),
+        ToolResultTextDelta(reply_id=reply_id, tool_call_id=call.id, tool_name=call.name, delta=text),
+        ToolResultEnd(reply_id=reply_id, tool_call_id=call.id, tool_name=call.name, state=state),
+    )
+

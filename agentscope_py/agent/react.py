@@ -1,0 +1,275 @@
+"""`ReActAgent` and its builder.
+
+>>> agent = (ReActAgent.builder().name("assistant").sys_prompt("You are helpful.")
+...          .model(ScriptedModel([ModelStep.text("hi")])).build())
+>>> msg = await agent.call("hello")                     # the final Msg
+>>> async for event in agent.stream("hello"): ...       # the typed events of a new execution
+
+``stream`` returns a cold `EventStream`: nothing runs until it is iterated, and every iteration is
+a new execution (``on_agent`` and both notifications fire again). ``call`` runs the same core and
+returns the final message.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+from ..events import AgentEvent, AgentResult, ConfirmResult
+from ..message import Msg
+from ..middleware.base import AgentInput, ExtensionPoint, MiddlewareBase
+from ..middleware.chain import Participants, compose
+from ..model.base import ChatModel
+from ..stream import EventStream
+from ..tool.toolkit import Toolkit
+from ._loop import Execution
+from ._reply import FailoverListener, RetryPolicy
+from ._session import SessionGates
+from .context import RuntimeContext
+from .store import AgentStateStore, InMemoryStateStore
+
+__all__ = ["Builder", "ReActAgent", "confirm_message"]
+
+MsgInput = str | Msg | Sequence[Msg] | None
+
+
+def _as_msgs(value: MsgInput) -> tuple[Msg, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        return (Msg.user(value),)
+    if isinstance(value, Msg):
+        return (value,)
+    return tuple(value)
+
+
+def confirm_message(*results: ConfirmResult | Mapping[str, Any]) -> Msg:
+    """The input that answers asking tool calls: ``agent.call(confirm_message(ConfirmResult(
+    tool_call_id=..., confirmed=True)))``. Calls left unanswered keep asking."""
+    parsed = [r if isinstance(r, ConfirmResult) else ConfirmResult.model_validate(r) for r in results]
+    return Msg(role="user", content=[], metadata={"confirm_results": parsed})
+
+
+class ReActAgent:
+    """A ReAct agent: rounds of reasoning (a model call) and acting (tool calls), every step an
+    event, every step wrapped by middleware. Build it with `ReActAgent.builder()`."""
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        sys_prompt: str,
+        model: ChatModel,
+        toolkit: Toolkit,
+        middlewares: Sequence[MiddlewareBase],
+        max_iters: int,
+        state_store: AgentStateStore,
+        trace_middleware: bool = False,
+        fallback_models: Sequence[ChatModel] = (),
+        retry: RetryPolicy | None = None,
+        failover_listener: FailoverListener | None = None,
+        model_options: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.name = name
+        self.sys_prompt = sys_prompt
+        self.model = model
+        self.toolkit = toolkit
+        self.max_iters = max_iters
+        self.model_options: Mapping[str, Any] = dict(model_options or {})
+        self._store = state_store
+        self._trace = trace_middleware
+        self._fallback_models = tuple(fallback_models)
+        self._retry = retry or RetryPolicy()
+        self._failover_listener = failover_listener
+        self._participants = Participants(middlewares)
+        self._middlewares = tuple(middlewares)
+        self._gates = SessionGates()
+
+    @staticmethod
+    def builder() -> Builder:
+        return Builder()
+
+    @property
+    def state_store(self) -> AgentStateStore:
+        return self._store
+
+    def middlewares_at(self, point: ExtensionPoint) -> tuple[MiddlewareBase, ...]:
+        """The participants of ``point``, outermost first (fixed at build)."""
+        return self._participants.at(point)
+
+    # -- running ---------------------------------------------------------------------------------
+
+    def stream(
+        self,
+        msgs: MsgInput = None,
+        *,
+        ctx: RuntimeContext | None = None,
+        structured_model: type[Any] | None = None,
+    ) -> EventStream[AgentEvent]:
+        """The events of one execution per iteration (cold). Without ``ctx``, the default session."""
+        return EventStream(lambda: self._start(_as_msgs(msgs), ctx, structured_model)[1])
+
+    async def call(
+        self,
+        msgs: MsgInput = None,
+        *,
+        ctx: RuntimeContext | None = None,
+        structured_model: type[Any] | None = None,
+    ) -> Msg:
+        """Run one execution and return its final message (``generate_reason`` says why it ended)."""
+        exe, events = self._start(_as_msgs(msgs), ctx, structured_model)
+        result: Msg | None = None
+        async with contextlib.aclosing(events) as it:  # type: ignore[type-var]
+            async for ev in it:
+                if type(ev) is AgentResult:
+                    result = ev.result
+        if result is None:  # a middleware dropped the AgentResult event: the core's result stands
+            result = exe.final
+        assert result is not None
+        return result
+
+    def _start(
+        self, msgs: tuple[Msg, ...], ctx: RuntimeContext | None, structured_model: type[Any] | None
+    ) -> tuple[Execution, Any]:
+        exe = Execution(self, ctx if ctx is not None else RuntimeContext(), structured_model)
+        chain = compose(ExtensionPoint.ON_AGENT, self._participants, self, exe.ctx, exe.agent_core, self._trace)
+        return exe, chain(AgentInput(msgs=msgs)).__aiter__()
+
+    def interrupt(self, user_id: str = "default", session_id: str = "default") -> bool:
+        """Stop the run in flight on that session (safe from any task; not async). The model
+        request is closed, pending tool calls get interrupted results, and an INTERRUPTED reply is
+        persisted. Returns whether a run was in flight."""
+        control = self._gates.active.get((user_id, session_id))
+        if control is None:
+            return False
+        control.interrupt()
+        return True
+
+    def __repr__(self) -> str:
+        return f"ReActAgent(name={self.name!r}, model={getattr(self.model, 'name', self.model)!r})"
+
+
+class Builder:
+    """Fluent configuration of a `ReActAgent`; ``build()`` freezes it."""
+
+    def __init__(self) -> None:
+        self._name = "assistant"
+        self._sys_prompt = "You are a helpful assistant."
+        self._model: ChatModel | str | None = None
+        self._model_kwargs: dict[str, Any] = {}
+        self._toolkit: Toolkit | None = None
+        self._middlewares: list[MiddlewareBase] = []
+        self._max_iters = 10
+        self._task_list = False
+        self._fallbacks: list[ChatModel | str] = []
+        self._max_retries = 0
+        self._failover_listener: FailoverListener | None = None
+        self._store: AgentStateStore | None = None
+        self._trace = False
+        self._model_options: dict[str, Any] = {}
+
+    def name(self, name: str) -> Builder:
+        self._name = name
+        return self
+
+    def sys_prompt(self, prompt: str) -> Builder:
+        self._sys_prompt = prompt
+        return self
+
+    def model(self, model: ChatModel | str, **kwargs: Any) -> Builder:
+        """A `ChatModel`, or an id such as ``"openai:gpt-4o-mini"`` (``kwargs`` go to its constructor)."""
+        self._model = model
+        self._model_kwargs = kwargs
+        return self
+
+    def model_options(self, **options: Any) -> Builder:
+        """Options passed with every request (temperature, max_tokens, …)."""
+        self._model_options.update(options)
+        return self
+
+    def toolkit(self, toolkit: Toolkit) -> Builder:
+        self._toolkit = toolkit
+        return self
+
+    def tools(self, *fns: Callable[..., Any]) -> Builder:
+        """Shortcut: register functions in a new (or the current) toolkit."""
+        if self._toolkit is None:
+            self._toolkit = Toolkit()
+        for fn in fns:
+            self._toolkit.register(fn)
+        return self
+
+    def middlewares(self, middlewares: Iterable[MiddlewareBase]) -> Builder:
+        self._middlewares.extend(middlewares)
+        return self
+
+    def middleware(self, middleware: MiddlewareBase) -> Builder:
+        self._middlewares.append(middleware)
+        return self
+
+    def max_iters(self, n: int) -> Builder:
+        if n < 1:
+            raise ValueError("max_iters must be at least 1")
+        self._max_iters = n
+        return self
+
+    def enable_task_list(self, enabled: bool = True) -> Builder:
+        """Register the todo tools and the task-reminder middleware."""
+        self._task_list = enabled
+        return self
+
+    def fallback_model(self, model: ChatModel | str) -> Builder:
+        self._fallbacks.append(model)
+        return self
+
+    def fallback_models(self, models: Iterable[ChatModel | str]) -> Builder:
+        self._fallbacks.extend(models)
+        return self
+
+    def max_retries(self, n: int) -> Builder:
+        """Retries (after the first attempt) of retryable model errors before the first chunk."""
+        self._max_retries = n
+        return self
+
+    def failover_listener(self, fn: FailoverListener) -> Builder:
+        """``fn(failed_model, error, next_model)`` is told of every switch to a fallback."""
+        self._failover_listener = fn
+        return self
+
+    def state_store(self, store: AgentStateStore) -> Builder:
+        self._store = store
+        return self
+
+    def trace_middleware(self, enabled: bool = True) -> Builder:
+        """Bracket every hook invocation with MiddlewareStarted/MiddlewareCompleted events."""
+        self._trace = enabled
+        return self
+
+    def build(self) -> ReActAgent:
+        if self._model is None:
+            raise ValueError("a model is required: .model(ChatModel or 'provider:name')")
+        from ..model.registry import resolve_model
+
+        toolkit = self._toolkit.copy() if self._toolkit is not None else Toolkit()
+        middlewares = list(self._middlewares)
+        if self._task_list:
+            from ..middleware.task_reminder import TaskReminderMiddleware
+            from ..tool.todo import TodoTools
+
+            toolkit.register_object(TodoTools())
+            middlewares.append(TaskReminderMiddleware())  # after the user's: inner at equal order
+        return ReActAgent(
+            name=self._name,
+            sys_prompt=self._sys_prompt,
+            model=resolve_model(self._model, **self._model_kwargs),
+            toolkit=toolkit,
+            middlewares=middlewares,
+            max_iters=self._max_iters,
+            state_store=self._store or InMemoryStateStore(),
+            trace_middleware=self._trace,
+            fallback_models=[resolve_model(m) for m in self._fallbacks],
+            retry=RetryPolicy(self._max_retries),
+            failover_listener=self._failover_listener,
+            model_options=self._model_options,
+        )

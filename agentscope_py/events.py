@@ -1,0 +1,379 @@
+"""The typed events an agent run emits.
+
+Every run is a stream of `AgentEvent`s, a discriminated union on the literal ``type``. Every event
+carries ``id``, ``created_at`` (epoch seconds), ``source`` (``None`` at top level; a
+``"parent/child"`` path for events forwarded from a sub-agent) and ``metadata``. Events are
+immutable and round-trip through JSON: ``parse_event(e.model_dump_json()) == e``.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+from .message import (
+    ChatUsage,
+    DataBlock,
+    GenerateReason,
+    Msg,
+    ToolResultBlock,
+    ToolResultState,
+    ToolUseBlock,
+    new_id,
+)
+
+__all__ = [
+    "AgentEnd",
+    "AgentEvent",
+    "AgentResult",
+    "AgentStart",
+    "AllToolsDenied",
+    "ChatUsage",
+    "Compressed",
+    "ConfirmResult",
+    "Custom",
+    "DataBlockDelta",
+    "DataBlockEnd",
+    "DataBlockStart",
+    "EventBase",
+    "ExceedMaxIters",
+    "ExternalExecutionResult",
+    "GenerateReason",
+    "HintBlock",
+    "MiddlewareCompleted",
+    "MiddlewareStarted",
+    "ModelCallEnd",
+    "ModelCallStart",
+    "RequestStop",
+    "RequireExternalExecution",
+    "RequireUserConfirm",
+    "TextBlockDelta",
+    "TextBlockEnd",
+    "TextBlockStart",
+    "ThinkingBlockDelta",
+    "ThinkingBlockEnd",
+    "ThinkingBlockStart",
+    "ToolCallDelta",
+    "ToolCallEnd",
+    "ToolCallStart",
+    "ToolResultDataDelta",
+    "ToolResultEnd",
+    "ToolResultStart",
+    "ToolResultState",
+    "ToolResultTextDelta",
+    "UserConfirmResult",
+    "parse_event",
+]
+
+
+def _event_id() -> str:
+    return new_id("ev_")
+
+
+class EventBase(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    id: str = Field(default_factory=_event_id)
+    created_at: float = Field(default_factory=time.time)
+    source: str | None = None
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+# -- run lifecycle -------------------------------------------------------------------------------
+
+
+class AgentStart(EventBase):
+    type: Literal["agent_start"] = "agent_start"
+    reply_id: str
+    name: str
+    session_id: str | None = None
+
+
+class AgentEnd(EventBase):
+    type: Literal["agent_end"] = "agent_end"
+    reply_id: str
+
+
+class AgentResult(EventBase):
+    type: Literal["agent_result"] = "agent_result"
+    result: Msg
+
+
+class ModelCallStart(EventBase):
+    type: Literal["model_call_start"] = "model_call_start"
+    reply_id: str
+    model: str
+
+
+class ModelCallEnd(EventBase):
+    type: Literal["model_call_end"] = "model_call_end"
+    reply_id: str
+    usage: ChatUsage | None = None
+    finish_reason: str | None = None
+
+
+# -- content blocks ------------------------------------------------------------------------------
+
+
+class TextBlockStart(EventBase):
+    type: Literal["text_block_start"] = "text_block_start"
+    reply_id: str
+    block_id: str
+
+
+class TextBlockDelta(EventBase):
+    type: Literal["text_block_delta"] = "text_block_delta"
+    reply_id: str
+    block_id: str
+    delta: str
+
+
+class TextBlockEnd(EventBase):
+    type: Literal["text_block_end"] = "text_block_end"
+    reply_id: str
+    block_id: str
+
+
+class ThinkingBlockStart(EventBase):
+    type: Literal["thinking_block_start"] = "thinking_block_start"
+    reply_id: str
+    block_id: str
+
+
+class ThinkingBlockDelta(EventBase):
+    type: Literal["thinking_block_delta"] = "thinking_block_delta"
+    reply_id: str
+    block_id: str
+    delta: str
+
+
+class ThinkingBlockEnd(EventBase):
+    type: Literal["thinking_block_end"] = "thinking_block_end"
+    reply_id: str
+    block_id: str
+    signature: str | None = None
+
+
+class DataBlockStart(EventBase):
+    type: Literal["data_block_start"] = "data_block_start"
+    reply_id: str
+    block_id: str
+    media_type: str = "application/octet-stream"
+
+
+class DataBlockDelta(EventBase):
+    type: Literal["data_block_delta"] = "data_block_delta"
+    reply_id: str
+    block_id: str
+    delta: str
+    """A base64 fragment."""
+
+
+class DataBlockEnd(EventBase):
+    type: Literal["data_block_end"] = "data_block_end"
+    reply_id: str
+    block_id: str
+
+
+# -- tool calls and results ----------------------------------------------------------------------
+
+
+class ToolCallStart(EventBase):
+    type: Literal["tool_call_start"] = "tool_call_start"
+    reply_id: str
+    tool_call_id: str
+    tool_name: str
+
+
+class ToolCallDelta(EventBase):
+    type: Literal["tool_call_delta"] = "tool_call_delta"
+    reply_id: str
+    tool_call_id: str
+    tool_name: str
+    delta: str
+    """A fragment of the argument JSON text."""
+
+
+class ToolCallEnd(EventBase):
+    type: Literal["tool_call_end"] = "tool_call_end"
+    reply_id: str
+    tool_call_id: str
+    tool_name: str
+
+
+class ToolResultStart(EventBase):
+    type: Literal["tool_result_start"] = "tool_result_start"
+    reply_id: str
+    tool_call_id: str
+    tool_name: str
+
+
+class ToolResultTextDelta(EventBase):
+    type: Literal["tool_result_text_delta"] = "tool_result_text_delta"
+    reply_id: str
+    tool_call_id: str
+    tool_name: str
+    delta: str
+
+
+class ToolResultDataDelta(EventBase):
+    type: Literal["tool_result_data_delta"] = "tool_result_data_delta"
+    reply_id: str
+    tool_call_id: str
+    tool_name: str
+    data: DataBlock
+
+
+class ToolResultEnd(EventBase):
+    type: Literal["tool_result_end"] = "tool_result_end"
+    reply_id: str
+    tool_call_id: str
+    tool_name: str
+    state: ToolResultState = ToolResultState.SUCCESS
+
+
+# -- control flow --------------------------------------------------------------------------------
+
+
+class ExceedMaxIters(EventBase):
+    type: Literal["exceed_max_iters"] = "exceed_max_iters"
+    reply_id: str
+    max_iters: int
+    current_iter: int
+
+
+class ConfirmResult(BaseModel):
+    """A user's answer to one asking tool call; ``input`` replaces the arguments when given."""
+
+    model_config = ConfigDict(frozen=True)
+
+    tool_call_id: str
+    confirmed: bool
+    input: dict[str, Any] | None = None
+    reason: str | None = None
+
+
+class RequireUserConfirm(EventBase):
+    type: Literal["require_user_confirm"] = "require_user_confirm"
+    reply_id: str
+    tool_calls: list[ToolUseBlock]
+
+
+class UserConfirmResult(EventBase):
+    type: Literal["user_confirm_result"] = "user_confirm_result"
+    reply_id: str
+    confirm_results: list[ConfirmResult]
+
+
+class RequireExternalExecution(EventBase):
+    type: Literal["require_external_execution"] = "require_external_execution"
+    reply_id: str
+    tool_calls: list[ToolUseBlock]
+
+
+class ExternalExecutionResult(EventBase):
+    type: Literal["external_execution_result"] = "external_execution_result"
+    reply_id: str
+    tool_results: list[ToolResultBlock]
+
+
+class RequestStop(EventBase):
+    """Asks the loop to stop after the current step; acted on wherever it appears."""
+
+    type: Literal["request_stop"] = "request_stop"
+    reason: str = ""
+    generate_reason: GenerateReason = GenerateReason.MIDDLEWARE_STOP_REQUESTED
+
+
+class AllToolsDenied(EventBase):
+    type: Literal["all_tools_denied"] = "all_tools_denied"
+    reply_id: str
+    denied_tool_calls: list[ToolUseBlock]
+
+
+class HintBlock(EventBase):
+    type: Literal["hint_block"] = "hint_block"
+    hint_source: str
+    hint: str
+
+
+class Custom(EventBase):
+    type: Literal["custom"] = "custom"
+    name: str
+    value: Any = None
+
+
+# -- beyond AgentScope Java ----------------------------------------------------------------------
+
+
+class MiddlewareStarted(EventBase):
+    type: Literal["middleware_started"] = "middleware_started"
+    middleware: str
+    point: str
+
+
+class MiddlewareCompleted(EventBase):
+    type: Literal["middleware_completed"] = "middleware_completed"
+    middleware: str
+    point: str
+    duration_ms: float
+    error: str | None = None
+
+
+class Compressed(EventBase):
+    """Older context was condensed into a summary (context-compression middleware)."""
+
+    type: Literal["compressed"] = "compressed"
+    removed_messages: int
+    kept_messages: int
+    summary: str = ""
+
+
+AgentEvent = Annotated[
+    AgentStart
+    | AgentEnd
+    | AgentResult
+    | ModelCallStart
+    | ModelCallEnd
+    | TextBlockStart
+    | TextBlockDelta
+    | TextBlockEnd
+    | ThinkingBlockStart
+    | ThinkingBlockDelta
+    | ThinkingBlockEnd
+    | DataBlockStart
+    | DataBlockDelta
+    | DataBlockEnd
+    | ToolCallStart
+    | ToolCallDelta
+    | ToolCallEnd
+    | ToolResultStart
+    | ToolResultTextDelta
+    | ToolResultDataDelta
+    | ToolResultEnd
+    | ExceedMaxIters
+    | RequireUserConfirm
+    | UserConfirmResult
+    | RequireExternalExecution
+    | ExternalExecutionResult
+    | RequestStop
+    | AllToolsDenied
+    | HintBlock
+    | Custom
+    | MiddlewareStarted
+    | MiddlewareCompleted
+    | Compressed,
+    Field(discriminator="type"),
+]
+
+_adapter: TypeAdapter[AgentEvent] = TypeAdapter(AgentEvent)
+
+
+def parse_event(data: str | bytes | dict[str, Any]) -> AgentEvent:
+    """Parse one event from its JSON text (or an already-decoded dict)."""
+    if isinstance(data, dict):
+        return _adapter.validate_python(data)
+    return _adapter.validate_json(data)
+

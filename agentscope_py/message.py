@@ -1,0 +1,193 @@
+"""Messages and their content blocks.
+
+A `Msg` is what the agent remembers: the user's input, the assistant's replies (text, thinking
+and tool calls) and the tool results. Blocks are a discriminated union on `type`, so a message
+round-trips through JSON unchanged.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from enum import Enum
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = [
+    "Block",
+    "ChatUsage",
+    "DataBlock",
+    "GenerateReason",
+    "Msg",
+    "Role",
+    "TextBlock",
+    "ThinkingBlock",
+    "ToolResultBlock",
+    "ToolResultState",
+    "ToolUseBlock",
+    "new_id",
+]
+
+# Ids are process prefix + counter: unique, ordered, and ~20x cheaper than uuid4 on the hot path.
+_PREFIX = os.urandom(4).hex()
+_counter = itertools.count(1)
+
+
+def new_id(kind: str = "") -> str:
+    """A short unique id, e.g. ``msg_3fa2c1d0_1a``."""
+    return f"{kind}{_PREFIX}_{next(_counter):x}"
+
+
+class GenerateReason(str, Enum):
+    """Why a reply ended."""
+
+    MODEL_STOP = "model_stop"
+    TOOL_CALLS = "tool_calls"
+    STRUCTURED_OUTPUT = "structured_output"
+    TOOL_SUSPENDED = "tool_suspended"
+    PERMISSION_ASKING = "permission_asking"
+    MIDDLEWARE_STOP_REQUESTED = "middleware_stop_requested"
+    ALL_TOOLS_DENIED = "all_tools_denied"
+    INTERRUPTED = "interrupted"
+    MAX_ITERATIONS = "max_iterations"
+
+
+class ToolResultState(str, Enum):
+    SUCCESS = "success"
+    ERROR = "error"
+    INTERRUPTED = "interrupted"
+    DENIED = "denied"
+    RUNNING = "running"
+
+
+class ChatUsage(BaseModel):
+    """Token counts of one model call (or a sum of several: ``a + b``)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
+    reasoning_tokens: int = 0
+
+    def __add__(self, other: ChatUsage) -> ChatUsage:
+        return ChatUsage(
+            input_tokens=self.input_tokens + other.input_tokens,
+            output_tokens=self.output_tokens + other.output_tokens,
+            cache_read_tokens=self.cache_read_tokens + other.cache_read_tokens,
+            cache_write_tokens=self.cache_write_tokens + other.cache_write_tokens,
+            reasoning_tokens=self.reasoning_tokens + other.reasoning_tokens,
+        )
+
+    @property
+    def total_tokens(self) -> int:
+        return self.input_tokens + self.output_tokens
+
+
+_frozen = ConfigDict(frozen=True)
+
+
+class TextBlock(BaseModel):
+    model_config = _frozen
+    type: Literal["text"] = "text"
+    text: str
+
+
+class ThinkingBlock(BaseModel):
+    model_config = _frozen
+    type: Literal["thinking"] = "thinking"
+    thinking: str
+    signature: str | None = None
+    """Providers that sign their reasoning (Anthropic) need the signature sent back verbatim."""
+
+
+class ToolUseBlock(BaseModel):
+    model_config = _frozen
+    type: Literal["tool_use"] = "tool_use"
+    id: str
+    name: str
+    input: dict[str, Any] = Field(default_factory=dict)
+    raw_input: str | None = None
+    """The argument text as the model sent it, kept when it was not a valid JSON object."""
+
+
+class DataBlock(BaseModel):
+    """Binary or remote data: ``data`` is base64, or ``url`` points at it."""
+
+    model_config = _frozen
+    type: Literal["data"] = "data"
+    media_type: str
+    data: str | None = None
+    url: str | None = None
+
+
+class ToolResultBlock(BaseModel):
+    model_config = _frozen
+    type: Literal["tool_result"] = "tool_result"
+    id: str
+    name: str
+    output: str | list[TextBlock | DataBlock] = ""
+    state: ToolResultState = ToolResultState.SUCCESS
+
+    @property
+    def text(self) -> str:
+        if isinstance(self.output, str):
+            return self.output
+        return "".join(b.text for b in self.output if isinstance(b, TextBlock))
+
+
+Block = Annotated[
+    TextBlock | ThinkingBlock | ToolUseBlock | ToolResultBlock | DataBlock,
+    Field(discriminator="type"),
+]
+Role = Literal["user", "assistant", "system", "tool"]
+
+
+class Msg(BaseModel):
+    """One message in a conversation. Immutable; use ``model_copy(update=...)`` to derive."""
+
+    model_config = _frozen
+
+    id: str = Field(default_factory=lambda: new_id("msg_"))
+    name: str | None = None
+    role: Role
+    content: list[Block] = Field(default_factory=list)
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    generate_reason: GenerateReason | None = None
+    usage: ChatUsage | None = None
+
+    @classmethod
+    def user(cls, text: str, *, name: str | None = None, **metadata: Any) -> Msg:
+        return cls(role="user", name=name, content=[TextBlock(text=text)], metadata=metadata)
+
+    @classmethod
+    def system(cls, text: str) -> Msg:
+        return cls(role="system", content=[TextBlock(text=text)])
+
+    @classmethod
+    def assistant(cls, text: str, *, name: str | None = None) -> Msg:
+        return cls(role="assistant", name=name, content=[TextBlock(text=text)])
+
+    @classmethod
+    def tool(cls, results: list[ToolResultBlock]) -> Msg:
+        """A tool-role message carrying results (also how external results are handed back)."""
+        return cls(role="tool", content=list(results))
+
+    @property
+    def text(self) -> str:
+        """The text blocks joined (thinking and tool blocks excluded)."""
+        return "".join(b.text for b in self.content if isinstance(b, TextBlock))
+
+    @property
+    def thinking(self) -> str:
+        return "".join(b.thinking for b in self.content if isinstance(b, ThinkingBlock))
+
+    @property
+    def tool_calls(self) -> list[ToolUseBlock]:
+        return [b for b in self.content if isinstance(b, ToolUseBlock)]
+
+    @property
+    def tool_results(self) -> list[ToolResultBlock]:
+        return [b for b in self.content if isinstance(b, ToolResultBlock)]

@@ -1,0 +1,49 @@
+"""Middleware: the contract (`MiddlewareBase`, `ExtensionPoint`, input records) and built-ins."""
+
+from typing import Any
+
+from .base import (
+    ActingInput,
+    AgentInput,
+    AgentRun,
+    ExtensionPoint,
+    MiddlewareBase,
+    ModelCallInput,
+    Next,
+    ReasoningInput,
+)
+
+__all__ = [
+    "ActingInput",
+    "AgentInput",
+    "AgentRun",
+    "ExtensionPoint",
+    "FinalAnswerFilterMiddleware",
+    "LoggingMiddleware",
+    "MiddlewareBase",
+    "ModelCallInput",
+    "Next",
+    "OtelTracingMiddleware",
+    "ReasoningInput",
+    "StopOnAllDeniedMiddleware",
+    "TaskReminderMiddleware",
+    "UsageAccountingMiddleware",
+]
+
+# Built-ins load on first use (tracing imports OpenTelemetry only then).
+_LAZY = {
+    "OtelTracingMiddleware": "tracing",
+    "FinalAnswerFilterMiddleware": "final_answer",
+    "TaskReminderMiddleware": "task_reminder",
+    "StopOnAllDeniedMiddleware": "tool_policy",
+    "LoggingMiddleware": "observe",
+    "UsageAccountingMiddleware": "observe",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+    raise AttributeError(name)

@@ -1,0 +1,180 @@
+"""The middleware contract: seven extension points, one small immutable record per hook input.
+
+Four **onion** points wrap an event stream: a hook receives the input record and ``next`` and
+returns a stream (an `EventStream`, a reactivex ``Observable``, an aioreactive ``AsyncObservable``
+or any async iterable, an ``async def`` generator hook included). Calling ``next(input)`` builds
+the inner layers; nothing runs until the returned stream is iterated. To change what the inner
+layers see, pass ``input.replace(...)``; to change what the outer layers see, rewrite the stream.
+
+One **transformer** (``on_system_prompt``) rewrites the system prompt, left to right; two
+**notifications** (``on_agent_state_ready``, ``on_agent_finish``) observe the run.
+
+What is frozen when: the participants of each point are fixed at ``build()`` from ``order()`` and
+``active_points()``; changing either afterwards has no effect. A hook that is not overridden
+passes through and costs nothing; a hook that is overridden but not declared in
+``active_points()`` never runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import TYPE_CHECKING, Any, TypeAlias
+
+from ..events import AgentEvent
+from ..message import ChatUsage, GenerateReason, Msg, ToolUseBlock
+from ..model.base import ChatModel, ToolSchema
+from ..stream import EventStream
+
+if TYPE_CHECKING:
+    from ..agent.context import RuntimeContext
+    from ..agent.react import ReActAgent
+    from ..agent.state import AgentState
+
+__all__ = [
+    "ActingInput",
+    "AgentInput",
+    "AgentRun",
+    "ExtensionPoint",
+    "MiddlewareBase",
+    "ModelCallInput",
+    "Next",
+    "ReasoningInput",
+]
+
+
+class ExtensionPoint(Enum):
+    ON_AGENT = "on_agent"
+    ON_REASONING = "on_reasoning"
+    ON_ACTING = "on_acting"
+    ON_MODEL_CALL = "on_model_call"
+    ON_SYSTEM_PROMPT = "on_system_prompt"
+    ON_AGENT_STATE_READY = "on_agent_state_ready"
+    ON_AGENT_FINISH = "on_agent_finish"
+
+
+class _Record:
+    __slots__ = ()
+
+    def replace(self, **changes: Any) -> Any:
+        """A copy with ``changes`` applied; this record is left as it was."""
+        return dataclasses.replace(self, **changes)  # type: ignore[type-var]
+
+
+@dataclass(frozen=True, slots=True)
+class AgentInput(_Record):
+    """The messages one ``call``/``stream`` execution was given."""
+
+    msgs: Sequence[Msg]
+
+
+@dataclass(frozen=True, slots=True)
+class ReasoningInput(_Record):
+    """One ReAct round: the messages the model will see (system message first), the tools and
+    the model options."""
+
+    messages: Sequence[Msg]
+    tools: Sequence[ToolSchema] = ()
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class ModelCallInput(_Record):
+    """One model invocation. ``tools`` is never None (``()`` for the max-iterations summary)."""
+
+    messages: Sequence[Msg]
+    tools: Sequence[ToolSchema]
+    options: Mapping[str, Any]
+    model: ChatModel
+
+
+@dataclass(frozen=True, slots=True)
+class ActingInput(_Record):
+    """One round's batch of tool calls."""
+
+    tool_calls: Sequence[ToolUseBlock]
+
+
+@dataclass(slots=True)
+class AgentRun:
+    """What ``on_agent_finish`` is told about the execution that just ended."""
+
+    msg: Msg | None = None
+    error: BaseException | None = None
+    reason: GenerateReason | None = None
+    usage: ChatUsage = field(default_factory=ChatUsage)
+    model_calls: int = 0
+    tool_calls: int = 0
+    iterations: int = 0
+
+
+Next: TypeAlias = Callable[[Any], EventStream[AgentEvent]]
+"""``next(input) -> EventStream``: builds the inner layers for ``input``."""
+
+
+class MiddlewareBase:
+    """Pass-through defaults for every extension point; override only what you need.
+
+    Ordering: ``order()`` larger = more outer (default 1); ties keep registration order.
+    Participation: ``active_points()`` — ``None`` (default) means every point, including ones added
+    in future versions; an empty collection disables the middleware everywhere.
+    """
+
+    def order(self) -> int:
+        return 1
+
+    def active_points(self) -> Collection[ExtensionPoint] | None:
+        return None
+
+    @property
+    def name(self) -> str:
+        return type(self).__name__
+
+    # -- onion hooks -----------------------------------------------------------------------------
+
+    def on_agent(self, agent: ReActAgent, ctx: RuntimeContext, input: AgentInput, next: Next) -> Any:
+        """Wraps one execution, AgentStart … AgentEnd."""
+        return next(input)
+
+    def on_reasoning(self, agent: ReActAgent, ctx: RuntimeContext, input: ReasoningInput, next: Next) -> Any:
+        """Wraps one ReAct round's reasoning (not the max-iterations summary call)."""
+        return next(input)
+
+    def on_acting(self, agent: ReActAgent, ctx: RuntimeContext, input: ActingInput, next: Next) -> Any:
+        """Wraps one round's batch of tool calls (and the AllToolsDenied notice)."""
+        return next(input)
+
+    def on_model_call(self, agent: ReActAgent, ctx: RuntimeContext, input: ModelCallInput, next: Next) -> Any:
+        """Wraps every model invocation, the max-iterations summary call too."""
+        return next(input)
+
+    # -- transformer and notifications -----------------------------------------------------------
+
+    async def on_system_prompt(self, agent: ReActAgent, ctx: RuntimeContext, prompt: str) -> str:
+        """Rewrites the system prompt once per call; ``""`` means no system message."""
+        return prompt
+
+    def on_agent_state_ready(
+        self, agent: ReActAgent, ctx: RuntimeContext, state: AgentState, input_messages: list[Msg]
+    ) -> None:
+        """State is bound to ``ctx``; the input has not entered memory. ``input_messages`` is a
+        private mutable copy: edits apply to this call. Raising aborts the call (the model is
+        never called) and the error reaches the caller unchanged."""
+
+    async def on_agent_finish(self, agent: ReActAgent, ctx: RuntimeContext, run: AgentRun) -> None:
+        """The result (or error) is known; state is not yet checkpointed; ``ctx`` is still bound."""
+
+
+ONION_POINTS = (
+    ExtensionPoint.ON_AGENT,
+    ExtensionPoint.ON_REASONING,
+    ExtensionPoint.ON_ACTING,
+    ExtensionPoint.ON_MODEL_CALL,
+)
+
+
+def overrides(mw: MiddlewareBase, point: ExtensionPoint) -> bool:
+    """Whether ``mw``'s class overrides the hook of ``point``."""
+    return getattr(type(mw), point.value) is not getattr(MiddlewareBase, point.value)

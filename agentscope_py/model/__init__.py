@@ -1,0 +1,63 @@
+"""Model protocol, errors, the scripted test double and the providers (imported lazily, so a
+missing provider extra only matters when that provider is used)."""
+
+from typing import Any
+
+from .base import (
+    AuthenticationError,
+    BadRequestError,
+    ChatChunk,
+    ChatModel,
+    ConnectionError,
+    ContextLengthError,
+    MalformedStreamError,
+    ModelError,
+    ModelRequest,
+    OverloadedError,
+    RateLimitError,
+    ServerError,
+    TimeoutError,
+    ToolCallChunk,
+    ToolSchema,
+)
+from .registry import resolve_model
+from .scripted import ModelStep, ScriptedModel, ScriptExhaustedError
+
+__all__ = [
+    "AnthropicChatModel",
+    "AuthenticationError",
+    "BadRequestError",
+    "ChatChunk",
+    "ChatModel",
+    "ConnectionError",
+    "ContextLengthError",
+    "MalformedStreamError",
+    "ModelError",
+    "ModelRequest",
+    "ModelStep",
+    "OllamaChatModel",
+    "OpenAIChatModel",
+    "OverloadedError",
+    "RateLimitError",
+    "ScriptExhaustedError",
+    "ScriptedModel",
+    "ServerError",
+    "TimeoutError",
+    "ToolCallChunk",
+    "ToolSchema",
+    "resolve_model",
+]
+
+_LAZY = {
+    "OpenAIChatModel": "openai",
+    "AnthropicChatModel": "anthropic",
+    "OllamaChatModel": "ollama",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+    raise AttributeError(name)

@@ -1,0 +1,274 @@
+"""reactivex and aioreactive interop for `EventStream`.
+
+Our own adapters, not the libraries' (see ``shared/notes/stream-core-measurements.md``):
+aioreactive 0.20's ``from_async_iterable`` loses producer errors and its ``take``/``catch``/``retry``
+leak or hang; reactivex's ``retry`` shares its counter between subscriptions. Every adapter here
+closes its producer when the consumer stops and carries errors both ways.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any
+
+import reactivex
+from reactivex.disposable import Disposable
+from reactivex.scheduler.eventloop import AsyncIOScheduler
+
+from .stream import EventStream, _Channel, aclose
+
+__all__ = [
+    "from_async_observable",
+    "from_observable",
+    "pipe_operators",
+    "to_async_observable",
+    "to_observable",
+]
+
+
+class _TrackingScheduler(AsyncIOScheduler):  # type: ignore[misc]
+    """An AsyncIOScheduler that notes whether the pipeline ever deferred work to the loop.
+
+    A pipeline of synchronous operators (map, filter, scan, take…) never schedules, so `pipe` can
+    pull the upstream inline; once an operator schedules (delay, debounce, catch's resubscribe),
+    items can arrive between pulls and `pipe` races the upstream against them."""
+
+    used = False
+
+    def schedule(self, action: Any, state: Any = None) -> Any:
+        self.used = True
+        return super().schedule(action, state)
+
+    def schedule_relative(self, duetime: Any, action: Any, state: Any = None) -> Any:
+        self.used = True
+        return super().schedule_relative(duetime, action, state)
+
+    def schedule_absolute(self, duetime: Any, action: Any, state: Any = None) -> Any:
+        self.used = True
+        return super().schedule_absolute(duetime, action, state)
+
+
+class _Sink:
+    """Collects what a reactivex pipeline emits and wakes the pulling coroutine."""
+
+    __slots__ = ("done", "error", "items", "waiter")
+
+    def __init__(self) -> None:
+        self.items: deque[Any] = deque()
+        self.done = False
+        self.error: BaseException | None = None
+        self.waiter: asyncio.Future[None] | None = None
+
+    def _wake(self) -> None:
+        w = self.waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    def on_next(self, item: Any) -> None:
+        self.items.append(item)
+        self._wake()
+
+    def on_error(self, error: BaseException) -> None:
+        self.done, self.error = True, error
+        self._wake()
+
+    def on_completed(self) -> None:
+        self.done = True
+        self._wake()
+
+
+async def pipe_operators(upstream: AsyncIterator[Any], operators: Sequence[Any]) -> AsyncIterator[Any]:
+    loop = asyncio.get_running_loop()
+    scheduler = _TrackingScheduler(loop)
+    observers: list[Any] = []
+
+    def subscribe(observer: Any, _scheduler: Any = None) -> Disposable:
+        observers.append(observer)
+        return Disposable(lambda: observers.clear())
+
+    sink = _Sink()
+    subscription = reactivex.create(subscribe).pipe(*operators).subscribe(
+        on_next=sink.on_next, on_error=sink.on_error, on_completed=sink.on_completed, scheduler=scheduler
+    )
+    pending: asyncio.Future[Any] | None = None
+    upstream_done = False
+    try:
+        while True:
+            while sink.items:
+                yield sink.items.popleft()
+            if sink.done:
+                if sink.error is not None:
+                    raise sink.error
+                return
+            if upstream_done or not observers:
+                sink.waiter = loop.create_future()
+                await sink.waiter
+                continue
+            if scheduler.used:
+                # Items may arrive from the loop while the upstream is quiet: race the two.
+                if pending is None:
+                    pending = asyncio.ensure_future(upstream.__anext__())
+                sink.waiter = loop.create_future()
+                await asyncio.wait((pending, sink.waiter), return_when=asyncio.FIRST_COMPLETED)
+                if not pending.done():
+                    continue
+                step, pending = pending, None
+                try:
+                    item = step.result()
+                except StopAsyncIteration:
+                    upstream_done = True
+                    observers[0].on_completed() if observers else None
+                    continue
+                except Exception as exc:
+                    upstream_done = True
+                    observers[0].on_error(exc) if observers else None
+                    continue
+            else:
+                try:
+                    item = await upstream.__anext__()
+                except StopAsyncIteration:
+                    upstream_done = True
+                    observers[0].on_completed()
+                    continue
+                except Exception as exc:
+                    upstream_done = True
+                    observers[0].on_error(exc)
+                    continue
+            if observers:
+                observers[0].on_next(item)
+    finally:
+        subscription.dispose()
+        if pending is not None and not pending.done():
+            pending.cancel()
+            with contextlib.suppress(BaseException):
+                await pending
+        await aclose(upstream)
+
+
+def to_observable(stream: EventStream[Any]) -> reactivex.Observable[Any]:
+    """A cold reactivex Observable: each subscription iterates the stream in a task (subscribe
+    inside a running loop); disposing cancels the task and closes the producer."""
+
+    def subscribe(observer: Any, _scheduler: Any = None) -> Disposable:
+        async def run() -> None:
+            try:
+                async with contextlib.aclosing(stream.__aiter__()) as it:  # type: ignore[type-var]
+                    async for item in it:
+                        observer.on_next(item)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                observer.on_error(exc)
+                return
+            observer.on_completed()
+
+        task = asyncio.get_running_loop().create_task(run())
+        return Disposable(task.cancel)
+
+    return reactivex.create(subscribe)
+
+
+def from_observable(observable: reactivex.Observable[Any]) -> EventStream[Any]:
+    """Subscribe at each iteration (on the AsyncIOScheduler); closing the iteration disposes.
+
+    reactivex pushes without backpressure, so items wait in an unbounded buffer."""
+
+    async def gen() -> AsyncIterator[Any]:
+        loop = asyncio.get_running_loop()
+        sink = _Sink()
+        sub = observable.subscribe(
+            on_next=sink.on_next,
+            on_error=sink.on_error,
+            on_completed=sink.on_completed,
+            scheduler=AsyncIOScheduler(loop),
+        )
+        try:
+            while True:
+                while sink.items:
+                    yield sink.items.popleft()
+                if sink.done:
+                    if sink.error is not None:
+                        raise sink.error
+                    return
+                sink.waiter = loop.create_future()
+                await sink.waiter
+        finally:
+            sub.dispose()
+
+    return EventStream(gen)
+
+
+def to_async_observable(stream: EventStream[Any]) -> Any:
+    """An aioreactive ``AsyncObservable``: each subscription iterates the stream in a task,
+    awaiting the observer per item (backpressure); ``dispose_async()`` closes the producer."""
+    from aioreactive import AsyncObservable
+    from expression.system import AsyncDisposable
+
+    class _Observable(AsyncObservable[Any]):  # type: ignore[misc]
+        async def subscribe_async(
+            self,
+            send: Any = None,
+            throw: Callable[[Exception], Any] | None = None,
+            close: Callable[[], Any] | None = None,
+        ) -> Any:
+            observer = _as_observer(send, throw, close)
+
+            async def run() -> None:
+                try:
+                    async with contextlib.aclosing(stream.__aiter__()) as it:  # type: ignore[type-var]
+                        async for item in it:
+                            await observer.asend(item)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:
+                    await observer.athrow(exc)
+                    return
+                await observer.aclose()
+
+            task = asyncio.get_running_loop().create_task(run())
+
+            async def dispose() -> None:
+                if not task.done():
+                    task.cancel()
+                    with contextlib.suppress(BaseException):
+                        await task
+
+            return AsyncDisposable.create(dispose)
+
+    return _Observable()
+
+
+def _as_observer(send: Any, throw: Any, close: Any) -> Any:
+    from aioreactive import AsyncAnonymousObserver
+
+    if send is not None and hasattr(send, "asend"):
+        return send
+    return AsyncAnonymousObserver(send, throw, close)
+
+
+def from_async_observable(observable: Any, buffer: int = 64) -> EventStream[Any]:
+    """Subscribe at each iteration with an observer that awaits room in a bounded buffer (so a
+    fast producer waits for a slow consumer); closing the iteration disposes the subscription."""
+    from aioreactive import AsyncAnonymousObserver
+
+    async def gen() -> AsyncIterator[Any]:
+        channel = _Channel(buffer)
+
+        async def athrow(exc: Exception) -> None:
+            channel.finish(exc)
+
+        async def aclose_() -> None:
+            channel.finish(None)
+
+        observer = AsyncAnonymousObserver(channel.put, athrow, aclose_)
+        disposable = await observable.subscribe_async(observer)
+        try:
+            async for item in channel.drain():
+                yield item
+        finally:
+            await disposable.dispose_async()
+
+    return EventStream(gen)

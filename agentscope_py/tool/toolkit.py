@@ -1,0 +1,346 @@
+"""Tools: ``@tool`` turns a function into a `Tool` with a JSON schema; a `Toolkit` holds them.
+
+The schema comes from the signature, the type hints and the docstring (Google ``Args:`` or reST
+``:param x:``) through pydantic; arguments are validated against it before the function runs, so a
+model that sends bad arguments gets a readable error result instead of a crash. Parameters typed
+`RuntimeContext` or `AgentState` are injected, not shown to the model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import inspect
+import json
+import re
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import TYPE_CHECKING, Any, get_type_hints, overload
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
+
+from ..message import DataBlock, TextBlock, ToolUseBlock
+from ..model.base import ToolSchema
+
+if TYPE_CHECKING:
+    from ..agent.context import RuntimeContext
+
+__all__ = ["PermissionDecision", "Tool", "ToolArgumentError", "Toolkit", "tool"]
+
+
+class PermissionDecision(str, Enum):
+    ALLOW = "allow"
+    ASK = "ask"
+    DENY = "deny"
+
+
+PermissionCheck = Callable[[ToolUseBlock, "RuntimeContext"], Any]
+"""``fn(call, ctx) -> PermissionDecision`` (may be async)."""
+
+
+class ToolArgumentError(ValueError):
+    """The model's arguments do not fit the tool's schema (the message says how)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Tool:
+    """A callable tool. Calling it calls the wrapped function unchanged."""
+
+    fn: Callable[..., Any]
+    name: str
+    description: str
+    parameters: dict[str, Any]
+    args_model: type[BaseModel] | None = None
+    injected: Mapping[str, str] = field(default_factory=dict)
+    concurrency_safe: bool = True
+    read_only: bool = False
+    external: bool = False
+    timeout: float | None = None
+    check_permissions: PermissionCheck | None = None
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.fn(*args, **kwargs)
+
+    def __get__(self, obj: Any, objtype: Any = None) -> Tool:
+        # A @tool method accessed through an instance is bound to it.
+        if obj is None or inspect.ismethod(self.fn):
+            return self
+        return dataclasses.replace(self, fn=self.fn.__get__(obj, objtype))
+
+    @property
+    def schema(self) -> ToolSchema:
+        return ToolSchema(self.name, self.description, self.parameters)
+
+    def validate(self, arguments: Mapping[str, Any]) -> dict[str, Any]:
+        """The validated keyword arguments, or `ToolArgumentError`."""
+        if self.args_model is None:
+            return dict(arguments)
+        try:
+            model = self.args_model.model_validate(arguments)
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in e['loc']) or '(arguments)'}: {e['msg']}" for e in exc.errors()
+            )
+            raise ToolArgumentError(f"invalid arguments for {self.name}: {problems}") from None
+        return {name: getattr(model, name) for name in type(model).model_fields}
+
+    async def run(self, arguments: Mapping[str, Any], ctx: RuntimeContext | None) -> AsyncIterator[Any]:
+        """Validate, call, and yield the output as chunks (``str`` or `DataBlock`)."""
+        kwargs = self.validate(arguments)
+        for pname, kind in self.injected.items():
+            kwargs[pname] = ctx if kind == "ctx" else (ctx.agent_state if ctx is not None else None)
+        fn = self.fn
+        if inspect.isasyncgenfunction(fn):
+            async for chunk in fn(**kwargs):
+                for part in _chunks(chunk):
+                    yield part
+            return
+        if inspect.iscoroutinefunction(fn):
+            result = await fn(**kwargs)
+        else:  # plain functions run off the event loop
+            result = await asyncio.to_thread(fn, **kwargs)
+        for part in _chunks(result):
+            yield part
+
+
+def _chunks(value: Any) -> Iterable[Any]:
+    if value is None:
+        return ()
+    if isinstance(value, str | DataBlock):
+        return (value,)
+    if isinstance(value, TextBlock):
+        return (value.text,)
+    if isinstance(value, list) and value and all(isinstance(v, TextBlock | DataBlock) for v in value):
+        return tuple(v.text if isinstance(v, TextBlock) else v for v in value)
+    if isinstance(value, BaseModel):
+        return (value.model_dump_json(),)
+    if isinstance(value, dict | list | tuple | int | float | bool):
+        return (json.dumps(value, default=str, ensure_ascii=False),)
+    return (str(value),)
+
+
+# -- @tool ----------------------------------------------------------------------------------------
+
+
+@overload
+def tool(fn: Callable[..., Any], /) -> Tool: ...
+@overload
+def tool(
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    concurrency_safe: bool = True,
+    read_only: bool = False,
+    external: bool = False,
+    timeout: float | None = None,
+    check_permissions: PermissionCheck | None = None,
+) -> Callable[[Callable[..., Any]], Tool]: ...
+
+
+def tool(
+    fn: Callable[..., Any] | None = None,
+    /,
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    concurrency_safe: bool = True,
+    read_only: bool = False,
+    external: bool = False,
+    timeout: float | None = None,
+    check_permissions: PermissionCheck | None = None,
+) -> Tool | Callable[[Callable[..., Any]], Tool]:
+    """Make a tool of a sync or async function, an async generator (streams its chunks) or a
+    method (see `Toolkit.register_object`). Options: ``name``, ``description`` (default: the
+    docstring), ``concurrency_safe`` (may run in parallel with other safe tools), ``read_only``,
+    ``external`` (schema only: the caller executes it), ``timeout`` (seconds),
+    ``check_permissions`` (``fn(call, ctx) -> PermissionDecision``)."""
+
+    def make(f: Callable[..., Any]) -> Tool:
+        return _make_tool(
+            f,
+            name=name,
+            description=description,
+            concurrency_safe=concurrency_safe,
+            read_only=read_only,
+            external=external,
+            timeout=timeout,
+            check_permissions=check_permissions,
+        )
+
+    return make(fn) if fn is not None else make
+
+
+def _make_tool(fn: Callable[..., Any], *, name: str | None, description: str | None, **options: Any) -> Tool:
+    from ..agent.context import RuntimeContext
+    from ..agent.state import AgentState
+
+    doc_description, param_docs = _parse_docstring(inspect.getdoc(fn) or "")
+    try:
+        hints = get_type_hints(fn)
+    except Exception:  # unresolvable forward references: fall back to Any
+        hints = {}
+    fields: dict[str, Any] = {}
+    injected: dict[str, str] = {}
+    params = list(inspect.signature(fn).parameters.values())
+    if params and params[0].name in ("self", "cls"):
+        params = params[1:]
+    for p in params:
+        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+            continue
+        annotation = hints.get(p.name, Any)
+        if annotation is RuntimeContext:
+            injected[p.name] = "ctx"
+            continue
+        if annotation is AgentState:
+            injected[p.name] = "state"
+            continue
+        default = ... if p.default is inspect.Parameter.empty else p.default
+        fields[p.name] = (annotation, Field(default, description=param_docs.get(p.name)))
+    tool_name = name or fn.__name__
+    args_model = create_model(  # type: ignore[call-overload]
+        f"{tool_name}_arguments", __config__=ConfigDict(extra="forbid"), **fields
+    )
+    return Tool(
+        fn=fn,
+        name=tool_name,
+        description=description if description is not None else doc_description,
+        parameters=_clean_schema(args_model.model_json_schema()),
+        args_model=args_model,
+        injected=injected,
+        **options,
+    )
+
+
+def _clean_schema(schema: dict[str, Any]) -> dict[str, Any]:
+    """Drop pydantic's generated titles: models read names, titles only cost tokens."""
+    out: dict[str, Any] = {}
+    for key, value in schema.items():
+        if key == "title" and isinstance(value, str):
+            continue
+        if key == "properties" and isinstance(value, dict):
+            out[key] = {k: _clean_schema(v) if isinstance(v, dict) else v for k, v in value.items()}
+        elif isinstance(value, dict):
+            out[key] = _clean_schema(value)
+        elif isinstance(value, list):
+            out[key] = [_clean_schema(v) if isinstance(v, dict) else v for v in value]
+        else:
+            out[key] = value
+    out.setdefault("type", "object")
+    if out.get("type") == "object" and "properties" not in out and "$ref" not in out:
+        out["properties"] = {}
+    return out
+
+
+_SECTION = re.compile(r"^(Args|Arguments|Parameters|Returns|Raises|Yields|Example|Examples|Note|Notes):\s*$")
+_GOOGLE_PARAM = re.compile(r"^\s*(\*{0,2}\w+)\s*(?:\([^)]*\))?\s*:\s*(.*)$")
+_REST_PARAM = re.compile(r"^:param\s+(?:[^:]*\s)?(\w+):\s*(.*)$")
+
+
+def _parse_docstring(doc: str) -> tuple[str, dict[str, str]]:
+    """The description (text before the first section) and per-parameter descriptions."""
+    description: list[str] = []
+    params: dict[str, str] = {}
+    section: str | None = None
+    current: str | None = None
+    for raw in doc.splitlines():
+        line = raw.rstrip()
+        rest = _REST_PARAM.match(line.strip())
+        if rest:
+            current = rest.group(1)
+            params[current] = rest.group(2).strip()
+            section = "rest"
+            continue
+        header = _SECTION.match(line.strip())
+        if header:
+            section, current = header.group(1), None
+            continue
+        if section is None:
+            description.append(line)
+        elif section in ("Args", "Arguments", "Parameters"):
+            m = _GOOGLE_PARAM.match(line)
+            if m and (len(line) - len(line.lstrip())) <= 4:
+                current = m.group(1).lstrip("*")
+                params[current] = m.group(2).strip()
+            elif current and line.strip():
+                params[current] = f"{params[current]} {line.strip()}".strip()
+        elif section == "rest" and current and line.strip() and not line.strip().startswith(":"):
+            params[current] = f"{params[current]} {line.strip()}"
+    return "\n".join(description).strip(), params
+
+
+# -- Toolkit --------------------------------------------------------------------------------------
+
+
+class Toolkit:
+    """A named set of tools. Starts empty; the agent copies it at ``build()``.
+
+    ``policy`` is a toolkit-level permission check, ``fn(call, ctx) -> PermissionDecision``,
+    consulted before a tool's own ``check_permissions``; an ASK or DENY from either wins.
+    """
+
+    def __init__(self, tools: Iterable[Any] = (), *, policy: PermissionCheck | None = None) -> None:
+        self._tools: dict[str, Tool] = {}
+        self.policy = policy
+        for t in tools:
+            self.register(t)
+
+    def register(self, fn: Callable[..., Any] | Tool, **options: Any) -> Tool:
+        """Add a ``@tool`` function, or a plain function (wrapped with defaults / ``options``)."""
+        t = fn if isinstance(fn, Tool) and not options else tool(**options)(getattr(fn, "fn", fn))
+        if t.name in self._tools:
+            raise ValueError(f"a tool named {t.name!r} is already registered")
+        self._tools[t.name] = t
+        return t
+
+    def register_object(self, obj: Any) -> list[Tool]:
+        """Add every ``@tool`` method of ``obj`` (bound to it)."""
+        added: list[Tool] = []
+        for attr in dir(type(obj)):
+            if isinstance(inspect.getattr_static(type(obj), attr, None), Tool):
+                added.append(self.register(getattr(obj, attr)))
+        return added
+
+    def register_schema(self, name: str, description: str, parameters: Mapping[str, Any]) -> Tool:
+        """Add a schema-only (external) tool: the agent never runs it; the caller does."""
+
+        def _external(**_: Any) -> None:  # pragma: no cover - never called
+            raise RuntimeError(f"{name} is executed externally")
+
+        t = Tool(
+            fn=_external,
+            name=name,
+            description=description,
+            parameters=dict(parameters),
+            external=True,
+            concurrency_safe=True,
+        )
+        self._tools[name] = t
+        return t
+
+    def remove(self, name: str) -> None:
+        del self._tools[name]
+
+    def get(self, name: str) -> Tool | None:
+        return self._tools.get(name)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._tools
+
+    def __len__(self) -> int:
+        return len(self._tools)
+
+    def __iter__(self) -> Any:
+        return iter(self._tools.values())
+
+    @property
+    def names(self) -> list[str]:
+        return list(self._tools)
+
+    def schemas(self) -> tuple[ToolSchema, ...]:
+        return tuple(t.schema for t in self._tools.values())
+
+    def copy(self) -> Toolkit:
+        other = Toolkit(policy=self.policy)
+        other._tools = dict(self._tools)
+        return other
