@@ -181,7 +181,7 @@ class Execution:
         agent, ctx = self.agent, self.ctx
         yield AgentStart(reply_id=self.reply_id, name=agent.name, session_id=ctx.session_id)
         key = (ctx.user_id, ctx.session_id)
-        async with agent._gates.hold(key):
+        async with agent._gates.hold(key), _store_lock(agent._store, key):
             agent._gates.active[key] = self.control
             try:
                 error: BaseException | None = None
@@ -532,6 +532,12 @@ class Execution:
         self._end(partial.model_copy(update={"metadata": {**partial.metadata, "interrupted": True}}),
                   GenerateReason.INTERRUPTED)
         self._close_calls(self._pending_calls(), "The tool call was interrupted.", ToolResultState.INTERRUPTED)
+
+
+def _store_lock(store: Any, key: tuple[str, str]) -> contextlib.AbstractAsyncContextManager[Any]:
+    """A store shared by several processes (Redis) serialises a session across them too."""
+    lock = getattr(store, "session_lock", None)
+    return lock(*key) if lock is not None else contextlib.nullcontext()
 
 
 def _completed(mw: MiddlewareBase, point: ExtensionPoint, started: float, error: BaseException | None) -> MiddlewareCompleted:
