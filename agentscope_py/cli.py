@@ -10,8 +10,28 @@ import sys
 from collections.abc import Sequence
 from typing import Any, TextIO
 
-from .events import AgentEvent
-from .message import Msg
+from .events import (
+    AgentEvent,
+    AgentResult,
+    AgentStart,
+    Custom,
+    ExceedMaxIters,
+    ModelCallEnd,
+    ModelCallStart,
+    TextBlockDelta,
+    TextBlockEnd,
+    TextBlockStart,
+    ThinkingBlockDelta,
+    ThinkingBlockEnd,
+    ThinkingBlockStart,
+    ToolCallDelta,
+    ToolCallEnd,
+    ToolCallStart,
+    ToolResultEnd,
+    ToolResultStart,
+    ToolResultTextDelta,
+)
+from .message import ToolResultState
 
 DEFAULT_PROMPT = "What is (17 + 4) * 2, and what time is it?"
 
@@ -40,51 +60,53 @@ class Renderer:
         self.at_line_start = text.endswith("\n")
 
     def render(self, ev: AgentEvent) -> None:
-        t = ev.type
-        if t == "agent_start":
-            self._line(self._c("1;35", f"● {ev.name}") + self._c("90", f"  session {ev.session_id}"))
-        elif t == "model_call_start":
-            self._line(self._c("90", f"┌ model {ev.model}"))
-        elif t == "thinking_block_start":
-            self._inline(self._c("2;3", "  thinking: "))
-        elif t == "thinking_block_delta":
-            self._inline(self._c("2;3", ev.delta))
-        elif t == "text_block_start":
-            self._inline("  ")
-        elif t == "text_block_delta":
-            self._inline(ev.delta.replace("\n", "\n  "))
-        elif t in ("text_block_end", "thinking_block_end"):
-            self._inline("" if self.at_line_start else "\n")
-        elif t == "tool_call_start":
-            self.args[ev.tool_call_id] = []
-        elif t == "tool_call_delta":
-            self.args.setdefault(ev.tool_call_id, []).append(ev.delta)
-        elif t == "tool_call_end":
-            args = "".join(self.args.pop(ev.tool_call_id, []))
-            self._line(self._c("36", f"  ⚙ {ev.tool_name}({args})"))
-        elif t == "model_call_end":
-            usage = ev.usage
-            used = f"{usage.input_tokens} in / {usage.output_tokens} out" if usage else "usage unknown"
-            self._line(self._c("90", f"└ {ev.finish_reason or 'done'} · {used}"))
-        elif t == "tool_result_start":
-            self._inline(self._c("32", f"  ↳ {ev.tool_name}: "))
-        elif t == "tool_result_text_delta":
-            self._inline(self._c("32", ev.delta))
-        elif t == "tool_result_end":
-            state = ev.state.value
-            self._inline((self._c("31", f" [{state}]") if state != "success" else "") + "\n")
-        elif t == "custom" and ev.name == "timing":
-            v = ev.value
-            self._line(self._c("90", f"  ⏱ {v['kind']} {v['label']}: {v['ms']} ms"))
-        elif t == "exceed_max_iters":
-            self._line(self._c("33", f"  max iterations ({ev.max_iters}) reached"))
-        elif t == "agent_result":
-            msg: Msg = ev.result
-            reason = msg.generate_reason.value if msg.generate_reason else "?"
-            usage = msg.usage
-            total = f" · {usage.input_tokens} in / {usage.output_tokens} out" if usage else ""
-            self._line(self._c("1", "Final answer (as remembered): ") + msg.text)
-            self._line(self._c("90", f"({reason}{total})"))
+        match ev:
+            case AgentStart():
+                self._line(self._c("1;35", f"● {ev.name}") + self._c("90", f"  session {ev.session_id}"))
+            case ModelCallStart():
+                self._line(self._c("90", f"┌ model {ev.model}"))
+            case ThinkingBlockStart():
+                self._inline(self._c("2;3", "  thinking: "))
+            case ThinkingBlockDelta():
+                self._inline(self._c("2;3", ev.delta))
+            case TextBlockStart():
+                self._inline("  ")
+            case TextBlockDelta():
+                self._inline(ev.delta.replace("\n", "\n  "))
+            case TextBlockEnd() | ThinkingBlockEnd():
+                self._inline("" if self.at_line_start else "\n")
+            case ToolCallStart():
+                self.args[ev.tool_call_id] = []
+            case ToolCallDelta():
+                self.args.setdefault(ev.tool_call_id, []).append(ev.delta)
+            case ToolCallEnd():
+                args = "".join(self.args.pop(ev.tool_call_id, []))
+                self._line(self._c("36", f"  ⚙ {ev.tool_name}({args})"))
+            case ModelCallEnd():
+                u = ev.usage
+                used = f"{u.input_tokens} in / {u.output_tokens} out" if u else "usage unknown"
+                self._line(self._c("90", f"└ {ev.finish_reason or 'done'} · {used}"))
+            case ToolResultStart():
+                self._inline(self._c("32", f"  ↳ {ev.tool_name}: "))
+            case ToolResultTextDelta():
+                self._inline(self._c("32", ev.delta))
+            case ToolResultEnd():
+                failed = ev.state is not ToolResultState.SUCCESS
+                self._inline((self._c("31", f" [{ev.state.value}]") if failed else "") + "\n")
+            case Custom(name="timing"):
+                v = ev.value
+                self._line(self._c("90", f"  ⏱ {v['kind']} {v['label']}: {v['ms']} ms"))
+            case ExceedMaxIters():
+                self._line(self._c("33", f"  max iterations ({ev.max_iters}) reached"))
+            case AgentResult():
+                msg = ev.result
+                reason = msg.generate_reason.value if msg.generate_reason else "?"
+                u = msg.usage
+                total = f" · {u.input_tokens} in / {u.output_tokens} out" if u else ""
+                self._line(self._c("1", "Final answer (as remembered): ") + msg.text)
+                self._line(self._c("90", f"({reason}{total})"))
+            case _:
+                pass
         self.out.flush()
 
 

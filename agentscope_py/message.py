@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import itertools
 import os
-from enum import Enum
+from enum import StrEnum
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -39,7 +39,7 @@ def new_id(kind: str = "") -> str:
     return f"{kind}{_PREFIX}_{next(_counter):x}"
 
 
-class GenerateReason(str, Enum):
+class GenerateReason(StrEnum):
     """Why a reply ended."""
 
     MODEL_STOP = "model_stop"
@@ -53,7 +53,7 @@ class GenerateReason(str, Enum):
     MAX_ITERATIONS = "max_iterations"
 
 
-class ToolResultState(str, Enum):
+class ToolResultState(StrEnum):
     SUCCESS = "success"
     ERROR = "error"
     INTERRUPTED = "interrupted"

@@ -166,7 +166,10 @@ def to_observable(stream: EventStream[Any]) -> reactivex.Observable[Any]:
             observer.on_completed()
 
         task = asyncio.get_running_loop().create_task(run())
-        return Disposable(task.cancel)
+        def dispose() -> None:
+            task.cancel()
+
+        return Disposable(dispose)
 
     return reactivex.create(subscribe)
 

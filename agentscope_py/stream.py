@@ -519,6 +519,7 @@ async def _merge(
     channel = _Channel(buffer)
     tasks: set[asyncio.Task[None]] = set()
     limit = asyncio.Semaphore(max_concurrent) if max_concurrent else None
+    outer_done = False
 
     async def run_inner(stream: EventStream[Any]) -> None:
         try:
@@ -555,7 +556,6 @@ async def _merge(
         if not tasks and not channel.done:
             channel.finish(None)
 
-    outer_done = False
     pump_task = channel.loop.create_task(pump())
     try:
         async for item in channel.drain():

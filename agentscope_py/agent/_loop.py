@@ -27,7 +27,6 @@ from ..events import (
     ConfirmResult,
     ExceedMaxIters,
     ExternalExecutionResult,
-    MiddlewareCompleted,
     MiddlewareStarted,
     RequestStop,
     ToolResultEnd,
@@ -54,7 +53,7 @@ from ..middleware.base import (
     ModelCallInput,
     ReasoningInput,
 )
-from ..middleware.chain import compose
+from ..middleware.chain import completed_event, compose
 from ..model.base import ModelRequest
 from ..stream import EventStream
 from ._acting import acting_events
@@ -245,11 +244,11 @@ class Execution:
                 result = await result
         except Exception as exc:
             if trace:
-                yield _completed(mw, point, started, exc)
+                yield completed_event(mw, point, started, exc)
             raise
         self._last_value = result
         if trace:
-            yield _completed(mw, point, started, None)
+            yield completed_event(mw, point, started, None)
 
     async def _main(self, input_msgs: list[Msg]) -> AsyncIterator[AgentEvent]:
         agent, ctx = self.agent, self.ctx
@@ -270,9 +269,9 @@ class Execution:
                 try:
                     mw.on_agent_state_ready(agent, ctx, state, input_msgs)
                 except Exception as exc:
-                    yield _completed(mw, ExtensionPoint.ON_AGENT_STATE_READY, started, exc)
+                    yield completed_event(mw, ExtensionPoint.ON_AGENT_STATE_READY, started, exc)
                     raise
-                yield _completed(mw, ExtensionPoint.ON_AGENT_STATE_READY, started, None)
+                yield completed_event(mw, ExtensionPoint.ON_AGENT_STATE_READY, started, None)
             else:
                 mw.on_agent_state_ready(agent, ctx, state, input_msgs)
         prompt = agent.sys_prompt
@@ -538,13 +537,6 @@ def _store_lock(store: Any, key: tuple[str, str]) -> contextlib.AbstractAsyncCon
     """A store shared by several processes (Redis) serialises a session across them too."""
     lock = getattr(store, "session_lock", None)
     return lock(*key) if lock is not None else contextlib.nullcontext()
-
-
-def _completed(mw: MiddlewareBase, point: ExtensionPoint, started: float, error: BaseException | None) -> MiddlewareCompleted:
-    return MiddlewareCompleted(
-        middleware=mw.name, point=point.name, duration_ms=(time.perf_counter() - started) * 1000.0,
-        error=None if error is None else f"{type(error).__name__}: {error}",
-    )
 
 
 def _confirm_results(msgs: list[Msg]) -> list[ConfirmResult]:

@@ -10,6 +10,7 @@ is remembered.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import random
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -111,10 +112,8 @@ async def _first_chunk(
 async def _close(it: Any) -> None:
     close = getattr(it, "aclose", None)
     if close is not None:
-        try:
+        with contextlib.suppress(Exception):
             await close()
-        except Exception:
-            pass
 
 
 async def model_events(

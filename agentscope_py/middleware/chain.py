@@ -110,20 +110,20 @@ def _traced(mw: MiddlewareBase, point: ExtensionPoint, invoke: Layer) -> Layer:
             yield MiddlewareStarted(middleware=mw.name, point=point.name)
             try:
                 stream = c.run(invoke, input)
-                async with contextlib.aclosing(c.run(stream.__aiter__)) as it:
+                async with contextlib.aclosing(c.run(stream.__aiter__)) as it:  # type: ignore[type-var]
                     async for event in it:
                         yield event
             except Exception as exc:
-                yield _completed(mw, point, started, exc)
+                yield completed_event(mw, point, started, exc)
                 raise
-            yield _completed(mw, point, started, None)
+            yield completed_event(mw, point, started, None)
 
         return EventStream(gen)
 
     return layer
 
 
-def _completed(
+def completed_event(
     mw: MiddlewareBase, point: ExtensionPoint, started: float, error: BaseException | None
 ) -> MiddlewareCompleted:
     return MiddlewareCompleted(
@@ -167,10 +167,7 @@ class _InContext:
         error: BaseException | None = None
         while True:
             try:
-                if error is None:
-                    step = ctx.run(coro.send, value)
-                else:
-                    step = ctx.run(coro.throw, error)
+                step = ctx.run(coro.send, value) if error is None else ctx.run(coro.throw, error)
             except StopIteration as stop:
                 return stop.value
             try:

@@ -150,11 +150,11 @@ class OverloadedError(ServerError):
     retryable = True
 
 
-class TimeoutError(ModelError):  # noqa: A001 - the provider-neutral name users expect
+class TimeoutError(ModelError):
     retryable = True
 
 
-class ConnectionError(ModelError):  # noqa: A001
+class ConnectionError(ModelError):
     retryable = True
 
 

@@ -15,7 +15,7 @@ import json
 import re
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 from typing import TYPE_CHECKING, Any, get_type_hints, overload
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 __all__ = ["PermissionDecision", "Tool", "ToolArgumentError", "Toolkit", "tool"]
 
 
-class PermissionDecision(str, Enum):
+class PermissionDecision(StrEnum):
     ALLOW = "allow"
     ASK = "ask"
     DENY = "deny"
