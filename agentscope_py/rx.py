@@ -62,34 +62,39 @@ class _Sink:
         self.error: BaseException | None = None
         self.waiter: asyncio.Future[None] | None = None
 
-    def _wake(self) -> None:
+    def wake(self) -> None:
         w = self.waiter
         if w is not None and not w.done():
             w.set_result(None)
 
     def on_next(self, item: Any) -> None:
         self.items.append(item)
-        self._wake()
+        self.wake()
 
     def on_error(self, error: BaseException) -> None:
         self.done, self.error = True, error
-        self._wake()
+        self.wake()
 
     def on_completed(self) -> None:
         self.done = True
-        self._wake()
+        self.wake()
 
 
 async def pipe_operators(upstream: AsyncIterator[Any], operators: Sequence[Any]) -> AsyncIterator[Any]:
+    """The upstream is pulled once: an operator that re-subscribes (rx ``retry``, ``repeat``)
+    sees the remaining items, not a restart. Use `EventStream.retry` to re-run a stream."""
     loop = asyncio.get_running_loop()
     scheduler = _TrackingScheduler(loop)
     observers: list[Any] = []
 
+    sink = _Sink()
+
     def subscribe(observer: Any, _scheduler: Any = None) -> Disposable:
+        # Operators such as catch subscribe through the scheduler, i.e. later: wake the puller.
         observers.append(observer)
+        sink.wake()
         return Disposable(lambda: observers.clear())
 
-    sink = _Sink()
     subscription = reactivex.create(subscribe).pipe(*operators).subscribe(
         on_next=sink.on_next, on_error=sink.on_error, on_completed=sink.on_completed, scheduler=scheduler
     )

@@ -65,17 +65,25 @@ class EventStream(Generic[T]):
 
     def __aiter__(self) -> AsyncIterator[T]:
         it = self._factory()
-        if self._steps:
-            it = _apply_steps(it, self._steps)
+        steps = self._steps
+        if steps:
+            it = _fused(it, steps)
         with contextlib.suppress(TypeError):  # some iterators do not take weak references
             self._last = weakref.ref(it)
         return cast("AsyncIterator[T]", it)
 
     async def aclose(self) -> None:
         """Close the most recent iteration of this stream (for ``contextlib.aclosing``)."""
-        it = self._last() if self._last is not None else None
+        if self._last is None:
+            return
+        it = self._last()
         if it is not None:
             await aclose(it)
+            return
+        # The iterator is already gone (a ``break`` dropped it): asyncio's async-generator
+        # finaliser has scheduled its aclose(); let that run before returning.
+        for _ in range(3):
+            await asyncio.sleep(0)
 
     async def to_list(self) -> list[T]:
         """Run the stream to completion and collect its items."""
@@ -325,13 +333,42 @@ async def _iterate(items: Iterable[Any]) -> AsyncIterator[Any]:
         yield item
 
 
+def _fused(it: AsyncIterator[Any], steps: tuple[Step, ...]) -> AsyncIterator[Any]:
+    """The one async layer that applies ``steps``; maps only (the common case) take a loop
+    without per-step dispatch."""
+    if all(kind == _MAP for kind, _ in steps):
+        if len(steps) == 1:
+            return _apply_map(it, steps[0][1])
+        return _apply_maps(it, tuple(fn for _, fn in steps))
+    return _apply_steps(it, steps)
+
+
+async def _apply_map(it: AsyncIterator[Any], fn: Callable[[Any], Any]) -> AsyncIterator[Any]:
+    try:
+        async for item in it:
+            yield fn(item)
+    finally:
+        await aclose(it)
+
+
+async def _apply_maps(it: AsyncIterator[Any], fns: tuple[Callable[[Any], Any], ...]) -> AsyncIterator[Any]:
+    try:
+        async for item in it:
+            for fn in fns:
+                item = fn(item)
+            yield item
+    finally:
+        await aclose(it)
+
+
 async def _apply_steps(it: AsyncIterator[Any], steps: tuple[Step, ...]) -> AsyncIterator[Any]:
+    _map, _filter = _MAP, _FILTER
     try:
         async for item in it:
             for kind, fn in steps:
-                if kind == _MAP:
+                if kind == _map:
                     item = fn(item)
-                elif kind == _FILTER:
+                elif kind == _filter:
                     if not fn(item):
                         break
                 else:

@@ -226,12 +226,16 @@ class Execution:
         if state is None:
             return
         store = self.agent._store
+        key = (self.ctx.user_id, self.ctx.session_id)
         try:
             self.version = await store.save(self.ctx.user_id, self.ctx.session_id, state, self.version)
-        except StateStoreError:
-            raise
         except Exception as exc:
+            # Keep the turn: the next call on this session starts from it (see _main).
+            self.agent._unsaved[key] = (state, self.version)
+            if isinstance(exc, StateStoreError):
+                raise
             raise StateStoreError(f"saving session {self.ctx.user_id}/{self.ctx.session_id} failed: {exc}") from exc
+        self.agent._unsaved.pop(key, None)
 
     async def _notify(self, mw: MiddlewareBase, point: ExtensionPoint, result: Any) -> AsyncIterator[AgentEvent]:
         """Await a notification/transformer result, bracketed by trace events when tracing."""
@@ -258,6 +262,12 @@ class Execution:
             raise
         except Exception as exc:
             raise StateStoreError(f"loading session {ctx.user_id}/{ctx.session_id} failed: {exc}") from exc
+        unsaved = agent._unsaved.pop((ctx.user_id, ctx.session_id), None)
+        if unsaved is not None and unsaved[1] == self.version:
+            # The last checkpoint failed and nobody saved since: go on from the unsaved state,
+            # so no message is lost; this call's save stores it. If the version moved, another
+            # writer's state wins, as a CAS conflict would have decided.
+            state = unsaved[0]
         if state is None:
             state = AgentState(user_id=ctx.user_id, session_id=ctx.session_id)
         self.state = state
@@ -524,13 +534,15 @@ class Execution:
         state = self.state
         if state is None or self.final is not None:
             return
+        text = "The tool call was interrupted."
+        self._close_calls(self._pending_calls(), text, ToolResultState.INTERRUPTED)  # calls of earlier rounds
         partial = self._take_reply(None) if self._builder is not None else None
         if partial is None or not partial.content:
             partial = Msg(role="assistant", name=self.agent.name,
                           content=[TextBlock(text="[The reply was interrupted.]")])
         self._end(partial.model_copy(update={"metadata": {**partial.metadata, "interrupted": True}}),
                   GenerateReason.INTERRUPTED)
-        self._close_calls(self._pending_calls(), "The tool call was interrupted.", ToolResultState.INTERRUPTED)
+        self._close_calls(self._pending_calls(), text, ToolResultState.INTERRUPTED)  # calls of the partial reply
 
 
 def _store_lock(store: Any, key: tuple[str, str]) -> contextlib.AbstractAsyncContextManager[Any]:

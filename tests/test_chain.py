@@ -1,0 +1,353 @@
+"""The middleware chain: ordering, participation, hook shapes, context isolation, authority."""
+
+from __future__ import annotations
+
+import contextvars
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+import reactivex
+from conftest import Recorder, types
+from reactivex import operators as ops
+
+from agentscope_py import (
+    EventStream,
+    ExtensionPoint,
+    MiddlewareBase,
+    ModelStep,
+    Msg,
+    ReActAgent,
+    RuntimeContext,
+    ScriptedModel,
+    Toolkit,
+    tool,
+)
+from agentscope_py.events import Custom, ModelCallStart, TextBlockDelta, ToolResultTextDelta
+from agentscope_py.middleware.chain import Participants, compose
+
+P = ExtensionPoint
+
+
+@tool
+async def echo(text: str) -> str:
+    """Echo text."""
+    return text
+
+
+def make_agent(steps: list[ModelStep], *middlewares: MiddlewareBase, **kw: Any) -> tuple[ReActAgent, ScriptedModel]:
+    model = ScriptedModel(steps)
+    builder = ReActAgent.builder().model(model).toolkit(Toolkit([echo])).middlewares(middlewares)
+    for key, value in kw.items():
+        getattr(builder, key)(value)
+    return builder.build(), model
+
+
+TOOL_ROUND = [ModelStep.tool_call("echo", {"text": "hi"}, id="c1"), ModelStep.text("done")]
+
+
+# -- ordering and participation ------------------------------------------------------------------
+
+
+def test_stable_sort_by_order_descending_with_ties_negative_and_large(log: list[str]) -> None:
+    mws = [Recorder("a", log, 1), Recorder("b", log, -5), Recorder("c", log, 10**9), Recorder("d", log, 1),
+           Recorder("e", log, 0)]
+    agent, _ = make_agent([ModelStep.text("x")], *mws)
+    assert [m.tag for m in agent.middlewares_at(P.ON_AGENT)] == ["c", "a", "d", "e", "b"]  # type: ignore[attr-defined]
+    assert isinstance(agent.middlewares_at(P.ON_AGENT), tuple)
+
+
+async def test_onion_order_pre_outer_to_inner_completion_inner_to_outer(log: list[str]) -> None:
+    agent, _ = make_agent(TOOL_ROUND, Recorder("outer", log, 2), Recorder("inner", log, 1))
+    await agent.call("hi")
+    assert log == [
+        "outer:agent", "inner:agent",
+        "outer:state_ready", "inner:state_ready",
+        "outer:system_prompt", "inner:system_prompt",
+        "outer:reasoning", "inner:reasoning", "outer:model_call", "inner:model_call",
+        "inner:model_call:done", "outer:model_call:done", "inner:reasoning:done", "outer:reasoning:done",
+        "outer:acting", "inner:acting", "inner:acting:done", "outer:acting:done",
+        "outer:reasoning", "inner:reasoning", "outer:model_call", "inner:model_call",
+        "inner:model_call:done", "outer:model_call:done", "inner:reasoning:done", "outer:reasoning:done",
+        "outer:finish", "inner:finish",
+        "inner:agent:done", "outer:agent:done",
+    ]
+
+
+class OnlyModelCall(MiddlewareBase):
+    """Overrides two hooks but declares one point."""
+
+    def __init__(self, log: list[str]) -> None:
+        self.log = log
+
+    def active_points(self) -> Any:
+        return {P.ON_MODEL_CALL, P.ON_REASONING}  # ON_REASONING declared but not overridden
+
+    def on_model_call(self, agent: Any, ctx: Any, input: Any, next: Any) -> Any:
+        self.log.append("model_call")
+        return next(input)
+
+    def on_acting(self, agent: Any, ctx: Any, input: Any, next: Any) -> Any:
+        self.log.append("acting")  # overridden but not declared: never runs
+        return next(input)
+
+
+async def test_active_points_rules(log: list[str]) -> None:
+    mw = OnlyModelCall(log)
+    agent, _ = make_agent(TOOL_ROUND, mw)
+    assert agent.middlewares_at(P.ON_MODEL_CALL) == (mw,)
+    assert agent.middlewares_at(P.ON_REASONING) == (mw,)  # declared, passes through
+    assert agent.middlewares_at(P.ON_ACTING) == ()
+    msg = await agent.call("hi")
+    assert msg.text == "done"
+    assert log == ["model_call", "model_call"]
+
+
+async def test_empty_active_points_disables_and_mutation_after_build_has_no_effect(log: list[str]) -> None:
+    class Toggle(Recorder):
+        points: Any = None
+
+        def active_points(self) -> Any:
+            return self.points
+
+    off = Toggle("off", log)
+    off.points = set()
+    on = Toggle("on", log)
+    agent, _ = make_agent([ModelStep.text("a"), ModelStep.text("b")], off, on)
+    assert all(agent.middlewares_at(p) == (on,) for p in P)
+    off.points = None  # too late: participation was frozen at build
+    on.points = set()
+    await agent.call("x")
+    assert log and all(entry.startswith("on:") for entry in log)
+
+
+def test_a_point_without_participants_adds_no_wrapper() -> None:
+    core = lambda input: EventStream.of(input)  # noqa: E731
+    parts = Participants([OnlyModelCall([])])
+    assert compose(P.ON_ACTING, parts, None, RuntimeContext(), core) is core
+    assert compose(P.ON_REASONING, parts, None, RuntimeContext(), core) is core  # declared, not overridden
+    assert compose(P.ON_MODEL_CALL, parts, None, RuntimeContext(), core) is not core
+
+
+# -- hook shapes ---------------------------------------------------------------------------------
+
+
+class Shapes(MiddlewareBase):
+    """Each point returns a different kind of stream."""
+
+    def on_agent(self, agent: Any, ctx: Any, input: Any, next: Any) -> Any:
+        return next(input).to_observable().pipe(ops.map(lambda e: e))  # reactivex Observable
+
+    def on_reasoning(self, agent: Any, ctx: Any, input: Any, next: Any) -> Any:
+        return next(input).to_async_observable()  # aioreactive AsyncObservable
+
+    async def on_model_call(self, agent: Any, ctx: Any, input: Any, next: Any) -> AsyncIterator[Any]:
+        yield Custom(name="before-model")  # an async def generator hook
+        async for event in next(input):
+            yield event
+
+    def on_acting(self, agent: Any, ctx: Any, input: Any, next: Any) -> Any:
+        return next(input).__aiter__()  # any async iterable
+
+
+async def test_hooks_may_return_any_stream_shape() -> None:
+    agent, _ = make_agent(TOOL_ROUND, Shapes())
+    events = await agent.stream("hi").to_list()
+    assert types(events).count("custom") == 2
+    assert types(events)[1:3] == ["custom", "model_call_start"]
+    assert events[-2].result.text == "done"
+
+
+class NotAStream(MiddlewareBase):
+    def on_reasoning(self, agent: Any, ctx: Any, input: Any, next: Any) -> Any:
+        return 42
+
+
+class RaisesSync(MiddlewareBase):
+    def on_model_call(self, agent: Any, ctx: Any, input: Any, next: Any) -> Any:
+        raise LookupError("no model for you")
+
+
+async def test_bad_middleware_gives_clear_errors_and_the_session_survives() -> None:
+    agent, _ = make_agent([ModelStep.text("never")], NotAStream())
+    with pytest.raises(TypeError, match="NotAStream.on_reasoning must return a stream"):
+        await agent.call("hi")
+    agent, model = make_agent([ModelStep.text("never")], RaisesSync())
+    with pytest.raises(LookupError, match="no model for you"):
+        await agent.call("hi")
+    assert model.requests == []
+    # The session is released and usable: a second call runs (and fails the same way, not hangs).
+    with pytest.raises(LookupError):
+        await agent.call("again")
+
+
+# -- context isolation ---------------------------------------------------------------------------
+
+VAR: contextvars.ContextVar[str] = contextvars.ContextVar("VAR", default="consumer")
+
+
+class SetsVar(MiddlewareBase):
+    """Sets a contextvar in its hook body and in an async-generator hook."""
+
+    def on_reasoning(self, agent: Any, ctx: Any, input: Any, next: Any) -> Any:
+        VAR.set("reasoning-mw")
+        return next(input)
+
+    async def on_model_call(self, agent: Any, ctx: Any, input: Any, next: Any) -> AsyncIterator[Any]:
+        VAR.set("model-mw")
+        async for event in next(input):
+            yield event
+
+
+class SeesVar:
+    """A model that records the contextvar it runs under."""
+
+    name = "sees"
+
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+        self.inner = ScriptedModel([ModelStep.text("ok", chunks=3)])
+
+    def stream(self, request: Any) -> Any:
+        self.seen.append(VAR.get())
+        return self.inner.stream(request)
+
+
+async def test_contextvars_set_in_middleware_reach_the_model_but_never_the_consumer() -> None:
+    model = SeesVar()
+    agent = ReActAgent.builder().model(model).middleware(SetsVar()).build()
+    seen_by_consumer = set()
+    async for _ in agent.stream("hi"):
+        seen_by_consumer.add(VAR.get())
+    assert seen_by_consumer == {"consumer"}
+    assert model.seen == ["model-mw"]
+
+
+async def test_model_call_runs_in_its_own_task() -> None:
+    import asyncio
+
+    consumer = asyncio.current_task()
+    tasks: list[Any] = []
+
+    class TaskSpy(SeesVar):
+        def stream(self, request: Any) -> Any:
+            async def gen() -> Any:
+                tasks.append(asyncio.current_task())
+                async for chunk in self.inner.stream(request):
+                    yield chunk
+
+            return gen()
+
+    agent = ReActAgent.builder().model(TaskSpy()).build()
+    await agent.call("hi")
+    assert tasks and tasks[0] is not consumer
+
+
+# -- event flow and authority --------------------------------------------------------------------
+
+
+class Tagger(MiddlewareBase):
+    """Appends its tag to every text delta it sees, at one point."""
+
+    def __init__(self, tag: str, point: ExtensionPoint) -> None:
+        self.tag, self.point = tag, point
+
+    def active_points(self) -> Any:
+        return {self.point}
+
+    def _tag(self, e: Any) -> Any:
+        if type(e) is TextBlockDelta:
+            return e.model_copy(update={"delta": e.delta + self.tag})
+        if type(e) is ToolResultTextDelta:
+            return e.model_copy(update={"delta": e.delta + self.tag})
+        return e
+
+    def on_reasoning(self, agent: Any, ctx: Any, input: Any, next: Any) -> Any:
+        return next(input).map(self._tag)
+
+    def on_model_call(self, agent: Any, ctx: Any, input: Any, next: Any) -> Any:
+        return next(input).map(self._tag)
+
+    def on_acting(self, agent: Any, ctx: Any, input: Any, next: Any) -> Any:
+        return next(input).map(self._tag)
+
+    def on_agent(self, agent: Any, ctx: Any, input: Any, next: Any) -> Any:
+        return next(input).map(self._tag)
+
+
+async def test_inner_layer_sees_each_event_first() -> None:
+    agent, _ = make_agent([ModelStep.text("x")], Tagger("1", P.ON_MODEL_CALL), Tagger("2", P.ON_MODEL_CALL))
+    events = await agent.stream("hi").to_list()
+    assert [e.delta for e in events if type(e) is TextBlockDelta] == ["x21"]
+
+
+async def test_model_call_rewrites_change_memory_reasoning_and_agent_rewrites_only_callers() -> None:
+    agent, model = make_agent(
+        [ModelStep.text("t"), ModelStep.text("u")],
+        Tagger("A", P.ON_AGENT), Tagger("R", P.ON_REASONING), Tagger("M", P.ON_MODEL_CALL),
+    )
+    events = await agent.stream("hi").to_list()
+    assert [e.delta for e in events if type(e) is TextBlockDelta] == ["tMRA"]
+    assert events[-2].result.text == "tM"  # the remembered reply: model-call rewrites only
+    state, _ = await agent.state_store.load("default", "default")
+    assert state is not None and state.context[-1].text == "tM"
+    await agent.call("again")
+    assert model.requests[1].messages[-2].text == "tM"  # what the model sees next
+
+
+async def test_acting_rewrites_change_the_remembered_tool_result() -> None:
+    agent, model = make_agent(TOOL_ROUND, Tagger("!", P.ON_ACTING))
+    events = await agent.stream("go").to_list()
+    assert [e.delta for e in events if type(e) is ToolResultTextDelta] == ["hi!"]  # published once, rewritten
+    assert model.requests[1].messages[-1].tool_results[0].output == "hi!"
+
+
+class Fallback(MiddlewareBase):
+    """Calls next again with another model when the first fails before its first event."""
+
+    def __init__(self, backup: ScriptedModel) -> None:
+        self.backup = backup
+
+    def on_model_call(self, agent: Any, ctx: Any, input: Any, next: Any) -> Any:
+        return next(input).catch(lambda exc: next(input.replace(model=self.backup)))
+
+
+class RetryTwice(MiddlewareBase):
+    def on_model_call(self, agent: Any, ctx: Any, input: Any, next: Any) -> Any:
+        return next(input).retry(2)
+
+
+async def test_fallback_and_retry_by_calling_next_again() -> None:
+    backup = ScriptedModel([ModelStep.text("from backup")], name="backup")
+    agent, primary = make_agent([ModelStep.error(ConnectionError("down"))], Fallback(backup))
+    events = await agent.stream("hi").to_list()
+    assert [e.model for e in events if type(e) is ModelCallStart] == ["backup"]
+    assert events[-2].result.text == "from backup"
+    assert len(primary.requests) == 1 and len(backup.requests) == 1
+    agent, model = make_agent([ModelStep.error(ConnectionError("1")), ModelStep.error(ConnectionError("2")),
+                               ModelStep.text("third time")], RetryTwice())
+    msg = await agent.call("hi")
+    assert msg.text == "third time" and len(model.requests) == 3
+
+
+async def test_input_records_are_immutable_and_replace_copies() -> None:
+    from dataclasses import FrozenInstanceError
+
+    from agentscope_py import AgentInput
+
+    a = AgentInput(msgs=(Msg.user("x"),))
+    b = a.replace(msgs=())
+    assert a.msgs and b.msgs == () and a is not b
+    with pytest.raises(FrozenInstanceError):
+        a.msgs = ()  # type: ignore[misc]
+
+
+async def test_reactivex_observable_hook_rewrites_events() -> None:
+    class Upper(MiddlewareBase):
+        def on_reasoning(self, agent: Any, ctx: Any, input: Any, next: Any) -> Any:
+            return reactivex.defer(lambda _: next(input).to_observable()).pipe(
+                ops.map(lambda e: e.model_copy(update={"delta": e.delta.upper()}) if type(e) is TextBlockDelta else e))
+
+    agent, _ = make_agent([ModelStep.text("quiet")], Upper())
+    events = await agent.stream("hi").to_list()
+    assert [e.delta for e in events if type(e) is TextBlockDelta] == ["QUIET"]

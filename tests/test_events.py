@@ -1,0 +1,103 @@
+"""Every event type and message block round-trips through JSON."""
+
+from __future__ import annotations
+
+import typing
+
+import pytest
+from pydantic import ValidationError
+
+from agentscope_py import events as ev
+from agentscope_py.message import (
+    ChatUsage,
+    DataBlock,
+    GenerateReason,
+    Msg,
+    TextBlock,
+    ThinkingBlock,
+    ToolResultBlock,
+    ToolResultState,
+    ToolUseBlock,
+)
+
+CALL = ToolUseBlock(id="c1", name="echo", input={"text": "hi", "n": [1, 2]})
+RESULT = ToolResultBlock(id="c1", name="echo", output=[TextBlock(text="a"), DataBlock(media_type="image/png", data="AA==")],
+                         state=ToolResultState.ERROR)
+MSG = Msg(role="assistant", name="bot", content=[TextBlock(text="t"), ThinkingBlock(thinking="x", signature="sig"), CALL,
+                                                  RESULT, DataBlock(media_type="image/png", url="http://x/y.png")],
+          metadata={"k": 1}, generate_reason=GenerateReason.TOOL_CALLS, usage=ChatUsage(input_tokens=3, output_tokens=4))
+
+SAMPLES: list[ev.EventBase] = [
+    ev.AgentStart(reply_id="r", name="a", session_id="s"),
+    ev.AgentEnd(reply_id="r"),
+    ev.AgentResult(result=MSG),
+    ev.ModelCallStart(reply_id="r", model="m"),
+    ev.ModelCallEnd(reply_id="r", usage=ChatUsage(input_tokens=1, output_tokens=2, cache_read_tokens=3), finish_reason="stop"),
+    ev.TextBlockStart(reply_id="r", block_id="b"),
+    ev.TextBlockDelta(reply_id="r", block_id="b", delta="hé"),
+    ev.TextBlockEnd(reply_id="r", block_id="b"),
+    ev.ThinkingBlockStart(reply_id="r", block_id="b"),
+    ev.ThinkingBlockDelta(reply_id="r", block_id="b", delta="hmm"),
+    ev.ThinkingBlockEnd(reply_id="r", block_id="b", signature="sig"),
+    ev.DataBlockStart(reply_id="r", block_id="b", media_type="image/png"),
+    ev.DataBlockDelta(reply_id="r", block_id="b", delta="AAA="),
+    ev.DataBlockEnd(reply_id="r", block_id="b"),
+    ev.ToolCallStart(reply_id="r", tool_call_id="c", tool_name="t"),
+    ev.ToolCallDelta(reply_id="r", tool_call_id="c", tool_name="t", delta='{"a":'),
+    ev.ToolCallEnd(reply_id="r", tool_call_id="c", tool_name="t"),
+    ev.ToolResultStart(reply_id="r", tool_call_id="c", tool_name="t"),
+    ev.ToolResultTextDelta(reply_id="r", tool_call_id="c", tool_name="t", delta="out"),
+    ev.ToolResultDataDelta(reply_id="r", tool_call_id="c", tool_name="t", data=DataBlock(media_type="a/b", data="AA")),
+    ev.ToolResultEnd(reply_id="r", tool_call_id="c", tool_name="t", state=ToolResultState.DENIED),
+    ev.ExceedMaxIters(reply_id="r", max_iters=3, current_iter=3),
+    ev.RequireUserConfirm(reply_id="r", tool_calls=[CALL]),
+    ev.UserConfirmResult(reply_id="r", confirm_results=[ev.ConfirmResult(tool_call_id="c1", confirmed=False, reason="no")]),
+    ev.RequireExternalExecution(reply_id="r", tool_calls=[CALL]),
+    ev.ExternalExecutionResult(reply_id="r", tool_results=[RESULT]),
+    ev.RequestStop(reason="enough", generate_reason=GenerateReason.ALL_TOOLS_DENIED),
+    ev.AllToolsDenied(reply_id="r", denied_tool_calls=[CALL]),
+    ev.HintBlock(hint_source="mw", hint="try again"),
+    ev.Custom(name="timing", value={"ms": 1.5, "nested": [1, None]}),
+    ev.MiddlewareStarted(middleware="M", point="ON_AGENT"),
+    ev.MiddlewareCompleted(middleware="M", point="ON_AGENT", duration_ms=0.5, error="ValueError: x"),
+    ev.Compressed(removed_messages=4, kept_messages=2, summary="s"),
+]
+
+
+def test_the_catalogue_is_complete() -> None:
+    union = typing.get_args(typing.get_args(ev.AgentEvent)[0])
+    assert {type(s) for s in SAMPLES} == set(union)
+    assert len({s.type for s in SAMPLES}) == len(SAMPLES)  # every literal type is distinct
+
+
+@pytest.mark.parametrize("event", SAMPLES, ids=lambda e: e.type)
+def test_event_round_trips(event: ev.EventBase) -> None:
+    event = event.model_copy(update={"source": "parent/child", "metadata": {"x": [1]}})
+    text = event.model_dump_json()
+    parsed = ev.parse_event(text)
+    assert parsed == event
+    assert type(parsed) is type(event)
+    assert ev.parse_event(event.model_dump(mode="json")) == event
+
+
+def test_events_are_immutable_and_have_ids() -> None:
+    a, b = ev.AgentEnd(reply_id="r"), ev.AgentEnd(reply_id="r")
+    assert a.id != b.id and a.created_at <= b.created_at and a.source is None
+    with pytest.raises(ValidationError):
+        a.reply_id = "other"  # type: ignore[misc]
+
+
+def test_unknown_event_type_is_rejected() -> None:
+    with pytest.raises(ValidationError):
+        ev.parse_event('{"type": "nope"}')
+
+
+def test_msg_helpers_and_round_trip() -> None:
+    assert Msg.model_validate_json(MSG.model_dump_json()) == MSG
+    assert MSG.text == "t" and MSG.thinking == "x"
+    assert MSG.tool_calls == [CALL] and MSG.tool_results == [RESULT]
+    user = Msg.user("hi", source="web")
+    assert user.role == "user" and user.text == "hi" and user.metadata == {"source": "web"}
+    assert RESULT.text == "a"
+    assert (ChatUsage(input_tokens=1, output_tokens=2) + ChatUsage(input_tokens=3, reasoning_tokens=1)) == ChatUsage(
+        input_tokens=4, output_tokens=2, reasoning_tokens=1)
