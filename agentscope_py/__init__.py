@@ -12,6 +12,7 @@ from .agent import (
     RuntimeContext,
     StateConflictError,
     StateStoreError,
+    StructuredOutputError,
     confirm_message,
 )
 from .events import AgentEvent, ConfirmResult, parse_event
@@ -74,6 +75,7 @@ __all__ = [
     "StateConflictError",
     "StateStoreError",
     "StopOnAllDeniedMiddleware",
+    "StructuredOutputError",
     "TaskReminderMiddleware",
     "TextBlock",
     "ThinkingBlock",

@@ -2,7 +2,7 @@
 
 from typing import Any
 
-from ._loop import PendingToolCallsError, ResumeError
+from ._loop import PendingToolCallsError, ResumeError, StructuredOutputError
 from ._session import AgentInterrupted
 from .context import RuntimeContext
 from .react import Builder, ReActAgent, confirm_message
@@ -23,6 +23,7 @@ __all__ = [
     "SqliteStateStore",
     "StateConflictError",
     "StateStoreError",
+    "StructuredOutputError",
     "TodoItem",
     "confirm_message",
 ]

@@ -54,8 +54,9 @@ from ..middleware.base import (
     ReasoningInput,
 )
 from ..middleware.chain import completed_event, compose
-from ..model.base import ModelRequest
+from ..model.base import ModelRequest, supports_structured_output
 from ..stream import EventStream
+from ..tool.toolkit import Tool, clean_schema
 from ._acting import acting_events
 from ._reply import ReplyBuilder, ToolResultCollector, model_events
 from ._session import AgentInterrupted, RunControl
@@ -66,7 +67,7 @@ if TYPE_CHECKING:
     from .context import RuntimeContext
     from .react import ReActAgent
 
-__all__ = ["Execution", "PendingToolCallsError", "ResumeError"]
+__all__ = ["Execution", "PendingToolCallsError", "ResumeError", "StructuredOutputError"]
 
 EMPTY_REPLY_REMINDER = (
     "<system-reminder>Your last reply was empty. Continue with the task: call a tool or give "
@@ -76,6 +77,31 @@ SUMMARY_PROMPT = (
     "<system-reminder>You have reached the maximum number of reasoning steps. Do not call tools. "
     "Summarise what you have done and give the best final answer you can now.</system-reminder>"
 )
+
+
+MAX_STRUCTURED_RETRIES = 3
+RESPONSE_TOOL = "generate_response"
+
+
+class StructuredOutputError(ValueError):
+    """The model did not produce a valid structured output within the retries."""
+
+
+def _response_tool(exe: Execution, model: type[Any]) -> Tool:
+    """The per-call ``generate_response`` tool whose arguments are the structured output."""
+
+    async def generate_response(**fields: Any) -> str:
+        exe.structured = model(**fields)
+        return "The response was recorded."
+
+    return Tool(
+        fn=generate_response,
+        name=RESPONSE_TOOL,
+        description="Give your final response in the required structure. Call it once, when you are done.",
+        parameters=clean_schema(model.model_json_schema()),
+        args_model=model,
+        concurrency_safe=False,
+    )
 
 
 class ResumeError(ValueError):
@@ -101,6 +127,16 @@ class Execution:
         self.reply_id = new_id("reply_")
         self.control = RunControl()
         self.structured_model = structured_model
+        self.structured: Any = None  # the validated structured output, once there is one
+        self._structured_failures = 0
+        self._options: Any = agent.model_options
+        self._native_structured = structured_model is not None and supports_structured_output(agent.model)
+        if structured_model is not None:
+            if self._native_structured:
+                self._options = {**agent.model_options, "structured_output": structured_model.model_json_schema()}
+            else:
+                self.toolkit = agent.toolkit.copy()
+                self.toolkit.register(_response_tool(self, structured_model))
         self.preapproved: set[str] = set()
         self.tool_calls = 0
         self.model_calls = 0
@@ -185,8 +221,9 @@ class Execution:
             try:
                 error: BaseException | None = None
                 try:
-                    async for ev in self._main(list(input.msgs)):
-                        yield ev
+                    async with contextlib.aclosing(self._main(list(input.msgs))) as steps:  # type: ignore[type-var]
+                        async for ev in steps:
+                            yield ev
                 except AgentInterrupted:
                     self._interrupt_state()
                 except (GeneratorExit, asyncio.CancelledError):
@@ -293,15 +330,17 @@ class Execution:
 
         pending = self._pending_calls()
         if pending:
-            async for ev in self._resume(pending, input_msgs):
-                yield ev
+            async with contextlib.aclosing(self._resume(pending, input_msgs)) as steps:  # type: ignore[type-var]
+                async for ev in steps:
+                    yield ev
             if self.final is not None:
                 return
         else:
             _check_no_control_input(input_msgs)
             state.context.extend(input_msgs)
-        async for ev in self._rounds():
-            yield ev
+        async with contextlib.aclosing(self._rounds()) as steps:  # type: ignore[type-var]
+            async for ev in steps:
+                yield ev
 
     # -- rounds ----------------------------------------------------------------------------------
 
@@ -324,13 +363,14 @@ class Execution:
         reminded = False
         while True:
             if self.iteration >= agent.max_iters:
-                async for ev in self._summarise():
-                    yield ev
+                async with contextlib.aclosing(self._summarise()) as steps:  # type: ignore[type-var]
+                    async for ev in steps:
+                        yield ev
                 return
             self.control.check()
             stop: RequestStop | None = None
             self._builder = None
-            r_input = ReasoningInput(messages=self._messages(), tools=self._tools(), options=agent.model_options)
+            r_input = ReasoningInput(messages=self._messages(), tools=self._tools(), options=self._options)
             async with contextlib.aclosing(self._reasoning(r_input).__aiter__()) as it:  # type: ignore[type-var]
                 async for ev in it:
                     if type(ev) is RequestStop:
@@ -345,6 +385,10 @@ class Execution:
                 self._close_calls(calls, "Not executed: the run was stopped before tools ran.", ToolResultState.ERROR)
                 return
             if not calls:
+                if self.structured_model is not None:
+                    if self._structured_answer(msg):
+                        return
+                    continue
                 if msg.text.strip() or reminded:
                     self._end(msg, GenerateReason.MODEL_STOP)
                     return
@@ -353,10 +397,55 @@ class Execution:
                 continue
             state.context.append(msg.model_copy(update={"generate_reason": GenerateReason.TOOL_CALLS}))
             self.control.check()
-            async for ev in self._act(calls, msg):
-                yield ev
+            async with contextlib.aclosing(self._act(calls, msg)) as steps:  # type: ignore[type-var]
+                async for ev in steps:
+                    yield ev
+            if self.final is None and self.structured_model is not None:
+                self._structured_after_acting(msg)
             if self.final is not None:
                 return
+
+    # -- structured output -----------------------------------------------------------------------
+
+    def _structured_answer(self, msg: Msg) -> bool:
+        """A reply without tool calls while structured output is due: validate it (native) or ask
+        for ``generate_response`` (fallback). True when the run is done."""
+        model = self.structured_model
+        assert model is not None
+        if self._native_structured:
+            try:
+                self.structured = model.model_validate_json(msg.text)
+            except ValueError as exc:
+                problem = f"Your reply is not valid JSON for the required schema: {exc}. Reply again with JSON only."
+                self._structured_retry(msg, problem)
+                return False
+            self._end(msg.model_copy(update={"metadata": {**msg.metadata, "structured_output": self.structured}}),
+                      GenerateReason.STRUCTURED_OUTPUT)
+            return True
+        self._structured_retry(msg, f"Call the {RESPONSE_TOOL} tool to give your final answer in the required structure.")
+        return False
+
+    def _structured_after_acting(self, assistant: Msg) -> None:
+        if self.structured is not None:
+            final = assistant.model_copy(update={
+                "content": [TextBlock(text=self.structured.model_dump_json())],
+                "metadata": {**assistant.metadata, "structured_output": self.structured},
+            })
+            self._end(final, GenerateReason.STRUCTURED_OUTPUT, remember=False)
+        elif any(c.name == RESPONSE_TOOL for c in assistant.tool_calls):
+            self._count_structured_failure()  # the model saw the validation error as the tool result
+
+    def _structured_retry(self, msg: Msg, problem: str) -> None:
+        self._count_structured_failure()
+        reply = [msg] if msg.content else []
+        self._transient = [*reply, Msg.user(f"<system-reminder>{problem}</system-reminder>", name="system",
+                                            synthetic=True)]
+
+    def _count_structured_failure(self) -> None:
+        self._structured_failures += 1
+        if self._structured_failures > MAX_STRUCTURED_RETRIES:
+            name = self.structured_model.__name__ if self.structured_model else "output"
+            raise StructuredOutputError(f"no valid {name} after {MAX_STRUCTURED_RETRIES} retries")
 
     def _close_calls(self, calls: Sequence[ToolUseBlock], text: str, state: ToolResultState) -> None:
         """Give calls that will never run a result, so the conversation stays well-formed."""
@@ -481,8 +570,9 @@ class Execution:
                 state.context.append(Msg.tool(denied))
             assistant = self._last_assistant()
             if run:
-                async for ev in self._act(run, assistant):
-                    yield ev
+                async with contextlib.aclosing(self._act(run, assistant)) as steps:  # type: ignore[type-var]
+                    async for ev in steps:
+                        yield ev
             state.pending_tool_calls = [c.id for c in self._pending_calls()]
             return
         if results:
@@ -504,8 +594,9 @@ class Execution:
                 "answer them with confirm results (agentscope_py.confirm_message) or tool results first"
             )
         # An empty input resumes acting on what is pending (e.g. after a restart).
-        async for ev in self._act(pending, self._last_assistant()):
-            yield ev
+        async with contextlib.aclosing(self._act(pending, self._last_assistant())) as steps:  # type: ignore[type-var]
+            async for ev in steps:
+                yield ev
 
     def _last_assistant(self) -> Msg:
         assert self.state is not None

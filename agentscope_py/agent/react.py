@@ -27,6 +27,7 @@ from ._loop import Execution
 from ._reply import FailoverListener, RetryPolicy
 from ._session import SessionGates
 from .context import RuntimeContext
+from .state import AgentState
 from .store import AgentStateStore, InMemoryStateStore
 
 __all__ = ["Builder", "ReActAgent", "confirm_message"]
@@ -85,6 +86,9 @@ class ReActAgent:
         self._participants = Participants(middlewares)
         self._middlewares = tuple(middlewares)
         self._gates = SessionGates()
+        # Per session, a state whose checkpoint failed and the version it was loaded at: the
+        # next call on the session resumes from it instead of losing the turn.
+        self._unsaved: dict[tuple[str, str], tuple[AgentState, int]] = {}
 
     @staticmethod
     def builder() -> Builder:

@@ -93,7 +93,11 @@ def _layer(
     def layer(input: Any) -> EventStream[Any]:
         c = contextvars.copy_context()
         stream = c.run(invoke, input)
-        return EventStream(lambda: c.run(stream.__aiter__))
+        # The inner factory runs in the copy; its fused operators are carried out to this layer's
+        # stream, so the maps of stacked hooks stay fused in one loop (one async layer in all).
+        # They run in the consumer's context either way: a generator runs where it is iterated.
+        factory = stream._factory
+        return EventStream(lambda: c.run(factory), stream._steps)
 
     return layer
 

@@ -205,25 +205,25 @@ def _make_tool(fn: Callable[..., Any], *, name: str | None, description: str | N
         fn=fn,
         name=tool_name,
         description=description if description is not None else doc_description,
-        parameters=_clean_schema(args_model.model_json_schema()),
+        parameters=clean_schema(args_model.model_json_schema()),
         args_model=args_model,
         injected=injected,
         **options,
     )
 
 
-def _clean_schema(schema: dict[str, Any]) -> dict[str, Any]:
+def clean_schema(schema: dict[str, Any]) -> dict[str, Any]:
     """Drop pydantic's generated titles: models read names, titles only cost tokens."""
     out: dict[str, Any] = {}
     for key, value in schema.items():
         if key == "title" and isinstance(value, str):
             continue
         if key == "properties" and isinstance(value, dict):
-            out[key] = {k: _clean_schema(v) if isinstance(v, dict) else v for k, v in value.items()}
+            out[key] = {k: clean_schema(v) if isinstance(v, dict) else v for k, v in value.items()}
         elif isinstance(value, dict):
-            out[key] = _clean_schema(value)
+            out[key] = clean_schema(value)
         elif isinstance(value, list):
-            out[key] = [_clean_schema(v) if isinstance(v, dict) else v for v in value]
+            out[key] = [clean_schema(v) if isinstance(v, dict) else v for v in value]
         else:
             out[key] = value
     out.setdefault("type", "object")
