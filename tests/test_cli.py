@@ -1,0 +1,37 @@
+"""The agentscope-py command: the offline demo renders the stream; --json prints parseable events."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from agentscope_py import parse_event
+
+
+def run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "agentscope_py.cli", *args], capture_output=True, text=True,
+                          timeout=60, check=False)
+
+
+def test_demo_renders_tool_calls_results_and_the_answer() -> None:
+    proc = run("demo", "--delay", "0")
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "⚙ calculate" in out and "↳ calculate: (17 + 4) * 2 = 42" in out
+    assert "⏱ model demo-model" in out and "Final answer" in out and "(model_stop" in out
+    assert "[email]" in out  # the operator-based middleware rewrote what callers see
+
+
+def test_demo_json_prints_one_event_per_line() -> None:
+    proc = run("demo", "--json", "What is 6*7?")
+    assert proc.returncode == 0, proc.stderr
+    events = [parse_event(line) for line in proc.stdout.splitlines()]
+    assert events[0].type == "agent_start" and events[-1].type == "agent_end"
+    results = [e.delta for e in events if e.type == "tool_result_text_delta"]
+    assert "6*7 = 42" in results
+    assert any(e.type == "custom" and e.name == "timing" for e in events)
+
+
+def test_unknown_model_id_is_a_clear_error() -> None:
+    proc = run("demo", "--model", "nosuch:thing")
+    assert proc.returncode == 2 and "unknown model id" in proc.stderr
