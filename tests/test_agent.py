@@ -22,8 +22,8 @@ from agentscope_py import (
     ReActAgent,
     RuntimeContext,
     ScriptedModel,
-    ToolResultState,
     Toolkit,
+    ToolResultState,
     tool,
 )
 from agentscope_py.events import AgentResult, RequestStop, ToolResultEnd, ToolResultTextDelta
@@ -358,7 +358,7 @@ async def test_task_cancellation_mid_tool_gives_interrupted_results(no_leaked_ta
         await asyncio.sleep(60)
         return "no"
 
-    agent, model = build([ModelStep.tool_call("forever", {}), ModelStep.text("after")], forever)
+    agent, _ = build([ModelStep.tool_call("forever", {}), ModelStep.text("after")], forever)
     task = asyncio.create_task(agent.call("x"))
     await asyncio.wait_for(started.wait(), 1)
     task.cancel()
@@ -394,7 +394,7 @@ async def test_interrupt_during_reasoning_and_acting() -> None:
         await asyncio.sleep(60)
         return "no"
 
-    agent2, model2 = build([ModelStep.tool_call("forever", {}), ModelStep.text("fine")], forever)
+    agent2, _ = build([ModelStep.tool_call("forever", {}), ModelStep.text("fine")], forever)
     task = asyncio.create_task(agent2.call("x", ctx=ctx))
     await asyncio.wait_for(started.wait(), 1)
     agent2.interrupt("u", "s")
@@ -437,3 +437,23 @@ async def test_tool_result_end_carries_state() -> None:
     agent, _ = build([ModelStep.tool_call("explode", {}), ModelStep.text("ok")], explode)
     events = await agent.stream("x").to_list()
     assert [e.state for e in events if type(e) is ToolResultEnd] == [ToolResultState.ERROR]
+
+
+async def test_sub_agent_as_tool_forwards_events_with_a_source_path() -> None:
+    from agentscope_py import FinalAnswerFilterMiddleware
+
+    worker_model = ScriptedModel([ModelStep.tool_call("echo", {"text": "deep"}), ModelStep.text("worker says hi")])
+    worker = ReActAgent.builder().name("worker").model(worker_model).toolkit(Toolkit([echo])).build()
+    boss_model = ScriptedModel([ModelStep.tool_call("worker", {"task": "say hi"}, id="w1"), ModelStep.text("boss done")])
+    boss = (ReActAgent.builder().name("boss").model(boss_model).toolkit(Toolkit([worker.as_tool()]))
+            .middleware(FinalAnswerFilterMiddleware()).build())
+    events = await boss.stream("delegate").to_list()
+    forwarded = [e for e in events if e.source is not None]
+    assert forwarded and {e.source for e in forwarded} == {"boss/worker"}
+    assert forwarded[0].type == "agent_start" and forwarded[-1].type == "agent_end"
+    assert "tool_result_text_delta" in types(forwarded)  # the worker's own tool result, forwarded
+    top = [e for e in events if e.source is None]
+    assert top[-2].result.text == "boss done"
+    result = boss_model.requests[1].messages[-1].tool_results[0]
+    assert (result.id, result.output) == ("w1", "worker says hi")  # only the worker's answer is remembered
+    assert worker_model.requests[0].messages[-1].text == "say hi"

@@ -170,7 +170,7 @@ class RaisesSync(MiddlewareBase):
 
 async def test_bad_middleware_gives_clear_errors_and_the_session_survives() -> None:
     agent, _ = make_agent([ModelStep.text("never")], NotAStream())
-    with pytest.raises(TypeError, match="NotAStream.on_reasoning must return a stream"):
+    with pytest.raises(TypeError, match=r"NotAStream\.on_reasoning must return a stream"):
         await agent.call("hi")
     agent, model = make_agent([ModelStep.text("never")], RaisesSync())
     with pytest.raises(LookupError, match="no model for you"):

@@ -20,9 +20,9 @@ from agentscope_py import (
     ScriptedModel,
     StopOnAllDeniedMiddleware,
     StructuredOutputError,
+    Toolkit,
     ToolResultBlock,
     ToolResultState,
-    Toolkit,
     confirm_message,
     tool,
 )
@@ -118,7 +118,7 @@ async def test_partial_confirmation_leaves_the_rest_asking() -> None:
 async def test_bad_resume_inputs_are_rejected_and_change_nothing() -> None:
     agent, _ = agent_with([ModelStep.tool_call("rm", {"path": "/a"}, id="c1"), ModelStep.text("ok")])
     await agent.call("x")
-    state_before, version_before = await agent.state_store.load("default", "default")
+    state_before, _ = await agent.state_store.load("default", "default")
     assert state_before is not None
     snapshot = state_before.model_dump_json()
     with pytest.raises(ResumeError, match="not a pending tool call"):

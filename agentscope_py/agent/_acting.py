@@ -9,12 +9,14 @@ An interrupt cancels the tasks; each cancelled call ends with an INTERRUPTED res
 from __future__ import annotations
 
 import asyncio
+import contextvars
 from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..events import (
     AgentEvent,
     AllToolsDenied,
+    EventBase,
     RequestStop,
     RequireExternalExecution,
     RequireUserConfirm,
@@ -49,7 +51,9 @@ async def _decide(exe: Execution, call: ToolUseBlock, tool: Tool) -> PermissionD
     return PermissionDecision.ALLOW
 
 
-async def acting_events(exe: Execution, calls: Sequence[ToolUseBlock]) -> AsyncIterator[AgentEvent]:
+async def acting_events(
+    exe: Execution, calls: Sequence[ToolUseBlock], context: contextvars.Context | None = None
+) -> AsyncIterator[AgentEvent]:
     reply_id = exe.reply_id
     allowed: list[ToolUseBlock] = []
     asking: list[ToolUseBlock] = []
@@ -77,7 +81,7 @@ async def acting_events(exe: Execution, calls: Sequence[ToolUseBlock]) -> AsyncI
     if denied and not (allowed or asking or external):
         yield AllToolsDenied(reply_id=reply_id, denied_tool_calls=denied)
         return
-    async for ev in _execute(exe, allowed):
+    async for ev in _execute(exe, allowed, context or contextvars.copy_context()):
         yield ev
     if asking:
         yield RequireUserConfirm(reply_id=reply_id, tool_calls=asking)
@@ -87,7 +91,9 @@ async def acting_events(exe: Execution, calls: Sequence[ToolUseBlock]) -> AsyncI
         yield RequireExternalExecution(reply_id=reply_id, tool_calls=external)
 
 
-async def _execute(exe: Execution, calls: Sequence[ToolUseBlock]) -> AsyncIterator[AgentEvent]:
+async def _execute(
+    exe: Execution, calls: Sequence[ToolUseBlock], context: contextvars.Context
+) -> AsyncIterator[AgentEvent]:
     i = 0
     while i < len(calls):
         group = [calls[i]]
@@ -97,7 +103,7 @@ async def _execute(exe: Execution, calls: Sequence[ToolUseBlock]) -> AsyncIterat
         i += len(group)
         channels = [_Channel(256) for _ in group]
         tasks = [
-            asyncio.get_running_loop().create_task(_run_tool(exe, call, ch))
+            asyncio.get_running_loop().create_task(_run_tool(exe, call, ch), context=context.copy())
             for call, ch in zip(group, channels, strict=True)
         ]
         exe.control.tasks.update(tasks)
@@ -136,7 +142,8 @@ async def _run_tool(exe: Execution, call: ToolUseBlock, channel: _Channel) -> No
             )
         async with asyncio.timeout(tool.timeout):
             async for chunk in tool.run(call.input, exe.ctx):
-                await channel.put(_delta(reply_id, cid, name, chunk))
+                # A sub-agent's events (they carry a source path) are forwarded as they are.
+                await channel.put(chunk if isinstance(chunk, EventBase) else _delta(reply_id, cid, name, chunk))
     except asyncio.CancelledError:
         state, error_text = ToolResultState.INTERRUPTED, "The tool call was interrupted."
     except TimeoutError:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import time
 from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING, Any
@@ -208,7 +209,10 @@ class Execution:
         return EventStream(gen)
 
     def _acting_core(self, input: ActingInput) -> EventStream[AgentEvent]:
-        return EventStream(lambda: acting_events(self, input.tool_calls))
+        # Tools run in tasks made in the context current now (inside the innermost next()), so a
+        # span an acting middleware opened around next() parents the tools (and sub-agents).
+        context = contextvars.copy_context()
+        return EventStream(lambda: acting_events(self, input.tool_calls, context))
 
     # -- the execution ---------------------------------------------------------------------------
 
@@ -309,6 +313,7 @@ class Execution:
             state = AgentState(user_id=ctx.user_id, session_id=ctx.session_id)
         self.state = state
         ctx.agent_state = state
+        ctx.agent = agent
         for mw in agent._participants.hooks[ExtensionPoint.ON_AGENT_STATE_READY]:
             if agent._trace:
                 yield MiddlewareStarted(middleware=mw.name, point="ON_AGENT_STATE_READY")
@@ -373,7 +378,7 @@ class Execution:
             r_input = ReasoningInput(messages=self._messages(), tools=self._tools(), options=self._options)
             async with contextlib.aclosing(self._reasoning(r_input).__aiter__()) as it:  # type: ignore[type-var]
                 async for ev in it:
-                    if type(ev) is RequestStop:
+                    if type(ev) is RequestStop and ev.source is None:
                         stop = ev
                     yield ev
             self.iteration += 1
@@ -422,7 +427,7 @@ class Execution:
             self._end(msg.model_copy(update={"metadata": {**msg.metadata, "structured_output": self.structured}}),
                       GenerateReason.STRUCTURED_OUTPUT)
             return True
-        self._structured_retry(msg, f"Call the {RESPONSE_TOOL} tool to give your final answer in the required structure.")
+        self._structured_retry(msg, f"Call the {RESPONSE_TOOL} tool to give your final answer in the required form.")
         return False
 
     def _structured_after_acting(self, assistant: Msg) -> None:
@@ -483,7 +488,9 @@ class Execution:
         async with contextlib.aclosing(self._acting(ActingInput(tool_calls=tuple(calls))).__aiter__()) as it:  # type: ignore[type-var]
             async for ev in it:
                 t = ev.type
-                if t.startswith("tool_result"):
+                if ev.source is not None:
+                    pass  # a sub-agent's event, forwarded: not this agent's results or stop
+                elif t.startswith("tool_result"):
                     collector.add(ev)
                 elif t == "request_stop":
                     stop = ev

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 if TYPE_CHECKING:
+    from .react import ReActAgent
     from .state import AgentState
 
 __all__ = ["RuntimeContext"]
@@ -21,12 +22,13 @@ class RuntimeContext:
     is made. The same instance reaches every hook and tool of the call; tools receive it by
     declaring a parameter of type `RuntimeContext` (or `AgentState` for the state itself)."""
 
-    __slots__ = ("_values", "agent_state", "session_id", "user_id")
+    __slots__ = ("_values", "agent", "agent_state", "session_id", "user_id")
 
     def __init__(self, user_id: str = "default", session_id: str = "default", **values: Any) -> None:
         self.user_id = user_id
         self.session_id = session_id
         self.agent_state: AgentState | None = None
+        self.agent: ReActAgent | None = None  # the agent running the call (bound with the state)
         self._values: dict[Any, Any] = dict(values)
 
     def put(self, key: Any, value: Any) -> None:

@@ -13,7 +13,7 @@ returns the final message.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from ..events import AgentEvent, AgentResult, ConfirmResult
@@ -22,7 +22,7 @@ from ..middleware.base import AgentInput, ExtensionPoint, MiddlewareBase
 from ..middleware.chain import Participants, compose
 from ..model.base import ChatModel
 from ..stream import EventStream
-from ..tool.toolkit import Toolkit
+from ..tool.toolkit import Tool, Toolkit, tool
 from ._loop import Execution
 from ._reply import FailoverListener, RetryPolicy
 from ._session import SessionGates
@@ -139,6 +139,30 @@ class ReActAgent:
         exe = Execution(self, ctx if ctx is not None else RuntimeContext(), structured_model)
         chain = compose(ExtensionPoint.ON_AGENT, self._participants, self, exe.ctx, exe.agent_core, self._trace)
         return exe, chain(AgentInput(msgs=msgs)).__aiter__()
+
+    def as_tool(self, name: str | None = None, description: str | None = None) -> Tool:
+        """This agent as a tool of another: the sub-agent runs in its own session under the
+        caller's (``{session}/{name}``), its events are forwarded into the caller's stream with
+        ``source`` set to ``"{caller}/{name}"`` (nested sub-agents extend the path), and its final
+        text is the tool result. The caller's middleware sees the sub-agent's events on its acting
+        chain; the sub-agent's own middleware shapes its run."""
+        tool_name = name or self.name
+        sub = self
+
+        async def run(task: str, ctx: RuntimeContext) -> AsyncIterator[Any]:
+            caller = ctx.agent.name if ctx.agent is not None else "agent"
+            sub_ctx = RuntimeContext(user_id=ctx.user_id, session_id=f"{ctx.session_id}/{tool_name}")
+            prefix = f"{caller}/{tool_name}"
+            final: Msg | None = None
+            async with contextlib.aclosing(sub.stream(task, ctx=sub_ctx).__aiter__()) as events:  # type: ignore[type-var]
+                async for ev in events:
+                    if type(ev) is AgentResult and ev.source is None:
+                        final = ev.result
+                    yield ev.model_copy(update={"source": prefix if ev.source is None else f"{prefix}/{ev.source}"})
+            yield final.text if final is not None else ""
+
+        run.__name__ = tool_name
+        return tool(name=tool_name, description=description or f"Ask the {tool_name} agent to do a task.")(run)
 
     def interrupt(self, user_id: str = "default", session_id: str = "default") -> bool:
         """Stop the run in flight on that session (safe from any task; not async). The model

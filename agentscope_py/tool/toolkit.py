@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, get_type_hints, overload
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
+from ..events import EventBase
 from ..message import DataBlock, TextBlock, ToolUseBlock
 from ..model.base import ToolSchema
 
@@ -107,7 +108,7 @@ class Tool:
 def _chunks(value: Any) -> Iterable[Any]:
     if value is None:
         return ()
-    if isinstance(value, str | DataBlock):
+    if isinstance(value, str | DataBlock | EventBase):  # events: a sub-agent's, forwarded as they are
         return (value,)
     if isinstance(value, TextBlock):
         return (value.text,)
