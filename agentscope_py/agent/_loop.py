@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import logging
 import time
 from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING, Any
@@ -69,6 +70,8 @@ if TYPE_CHECKING:
     from .react import ReActAgent
 
 __all__ = ["Execution", "PendingToolCallsError", "ResumeError", "StructuredOutputError"]
+
+logger = logging.getLogger("agentscope_py")
 
 EMPTY_REPLY_REMINDER = (
     "<system-reminder>Your last reply was empty. Continue with the task: call a tool or give "
@@ -233,8 +236,11 @@ class Execution:
                 except (GeneratorExit, asyncio.CancelledError):
                     # The consumer went away: no more events, but persist an INTERRUPTED turn.
                     self._interrupt_state()
-                    async for _ in self._finish(None):
-                        pass
+                    try:
+                        async for _ in self._finish(None):
+                            pass
+                    except Exception:  # nobody is left to receive it; the state stays unsaved
+                        logger.exception("finishing the cancelled run of %s/%s failed", *key)
                     raise
                 except Exception as exc:
                     error = exc
