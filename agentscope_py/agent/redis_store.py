@@ -1,0 +1,270 @@
+"""`RedisStateStore`: sessions in Redis, shared by several processes or hosts.
+
+>>> store = RedisStateStore("redis://localhost:6379/0")
+>>> agent = ReActAgent.builder().model(model).state_store(store).build()
+
+Keys (ids are percent-encoded, so a ``:`` inside an id cannot make two sessions collide):
+
+- ``{prefix}:state:{user_id}:{session_id}`` — a hash: ``version``, ``state`` (the JSON of
+  `AgentState`), ``updated_at`` (ISO-8601 UTC);
+- ``{prefix}:lock:{user_id}:{session_id}`` — the session lock.
+
+Saves are compare-and-set in one Lua script (atomic on the server); a moved version raises
+`StateConflictError` (``conflict_policy="overwrite"``: last writer wins).
+
+``session_lock`` serialises one session across processes; the agent holds it for a whole
+execution, inside its in-process FIFO gate. It is ``SET NX PX`` with a random token, refreshed
+every ``lock_timeout / 3`` seconds while held (so long runs keep it) and released by a
+compare-and-delete script (so a holder never deletes a lock that expired and was taken by
+someone else). A holder that dies stops refreshing: its lock expires after ``lock_timeout``
+seconds and the session goes on. Waiters poll with a short jittered backoff — fair enough, not
+strictly FIFO across processes (within one process the agent's gate is FIFO).
+
+Every Redis failure (connection refused, timeout, protocol error) is a `StateStoreError`.
+``socket_timeout`` bounds each command and each connection attempt, so a dead or hung server
+fails a call instead of hanging it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import secrets
+from collections.abc import AsyncIterator, Iterator
+from datetime import UTC, datetime
+from types import TracebackType
+from typing import Any
+from urllib.parse import quote, unquote
+
+from .state import AgentState
+from .store import (
+    ConflictPolicy,
+    StateConflictError,
+    StateStoreError,
+    check_conflict_policy,
+    decode_state,
+)
+
+try:
+    from redis.asyncio import Redis
+    from redis.asyncio.retry import Retry
+    from redis.backoff import NoBackoff
+    from redis.exceptions import RedisError
+except ImportError as exc:  # pragma: no cover - depends on the installed extras
+    raise ImportError(
+        "RedisStateStore needs the redis client: pip install 'agentscope-py[redis]'"
+    ) from exc
+
+__all__ = ["RedisStateStore"]
+
+log = logging.getLogger(__name__)
+
+# KEYS[1] state hash; ARGV: expected version, state JSON, updated_at, conflict policy.
+# Returns {saved (0/1), version}: the new version, or the stored one on a conflict.
+_SAVE = """
+local current = tonumber(redis.call('HGET', KEYS[1], 'version')) or 0
+if ARGV[4] == 'fail' and current ~= tonumber(ARGV[1]) then
+  return {0, current}
+end
+redis.call('HSET', KEYS[1], 'version', current + 1, 'state', ARGV[2], 'updated_at', ARGV[3])
+return {1, current + 1}
+"""
+# KEYS[1] lock; ARGV[1] token (ARGV[2] ttl in ms): act only while the lock is still ours.
+_RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+_REFRESH = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+return 0
+"""
+_POLL_FIRST = 0.005  # seconds between lock attempts: starts short, doubles up to _POLL_MAX
+_POLL_MAX = 0.1
+
+
+@contextlib.contextmanager
+def _typed_errors(what: str) -> Iterator[None]:
+    """Redis and socket failures as `StateStoreError` (so callers catch one type)."""
+    try:
+        yield
+    except StateStoreError:
+        raise
+    except (RedisError, OSError) as exc:  # OSError covers TimeoutError and refused connections
+        raise StateStoreError(f"{what} failed: {type(exc).__name__}: {exc}") from exc
+
+
+class RedisStateStore:
+    """Versioned agent states in Redis at ``url``, plus a cross-process session lock.
+
+    ``lock_timeout``: seconds a session lock outlives a holder that stopped refreshing it (a
+    crashed process). ``socket_timeout``: seconds any single Redis command or connection attempt
+    may take before the call fails with `StateStoreError`.
+
+    The client is made on first use, per event loop (a redis.asyncio connection belongs to the
+    loop that opened it). ``close()`` (or ``async with``) closes it.
+    """
+
+    def __init__(
+        self,
+        url: str = "redis://localhost:6379/0",
+        *,
+        prefix: str = "agentscope",
+        conflict_policy: ConflictPolicy = "fail",
+        lock_timeout: float = 30.0,
+        socket_timeout: float = 5.0,
+    ) -> None:
+        if lock_timeout <= 0:
+            raise ValueError("lock_timeout must be positive")
+        if socket_timeout <= 0:
+            raise ValueError("socket_timeout must be positive")
+        self.url = url
+        self.prefix = prefix
+        self.conflict_policy = check_conflict_policy(conflict_policy)
+        self.lock_timeout = lock_timeout
+        self.socket_timeout = socket_timeout
+        self._client: Redis | None = None
+        self._scripts: dict[str, Any] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    # -- the store protocol ----------------------------------------------------------------------
+
+    async def load(self, user_id: str, session_id: str) -> tuple[AgentState | None, int]:
+        what = f"loading session {user_id}/{session_id} from Redis"
+        with _typed_errors(what):
+            version, data = await self._redis().hmget(self._key("state", user_id, session_id), ["version", "state"])
+        if version is None:
+            return None, 0
+        if data is None or not version.isdigit():
+            raise StateStoreError(f"the stored state of session {user_id}/{session_id} is corrupted "
+                                  "(missing state or bad version); it was left untouched")
+        return decode_state(data, user_id, session_id), int(version)
+
+    async def save(self, user_id: str, session_id: str, state: AgentState, expected_version: int) -> int:
+        args = [expected_version, state.to_json(), datetime.now(UTC).isoformat(), self.conflict_policy]
+        with _typed_errors(f"saving session {user_id}/{session_id} to Redis"):
+            self._redis()  # makes the client (and its scripts) for this loop
+            saved, version = await self._scripts["save"](keys=[self._key("state", user_id, session_id)], args=args)
+        if not saved:
+            raise StateConflictError(user_id, session_id, expected_version, int(version))
+        return int(version)
+
+    @contextlib.asynccontextmanager
+    async def session_lock(self, user_id: str, session_id: str) -> AsyncIterator[None]:
+        """Hold the session's cross-process lock for the body (waits while another holds it).
+
+        Raises `StateStoreError` if Redis fails while acquiring. Failures to refresh or release
+        are logged, not raised: the lock then simply expires after ``lock_timeout``."""
+        key = self._key("lock", user_id, session_id)
+        token = secrets.token_hex(16)
+        ttl_ms = max(1, round(self.lock_timeout * 1000))
+        delay = _POLL_FIRST
+        with _typed_errors(f"locking session {user_id}/{session_id} in Redis"):
+            client = self._redis()
+            scripts = self._scripts
+            try:
+                while not await client.set(key, token, nx=True, px=ttl_ms):
+                    await asyncio.sleep(delay * random.uniform(0.5, 1.5))  # jitter: waiters spread out
+                    delay = min(delay * 2, _POLL_MAX)
+            except asyncio.CancelledError:
+                # A SET cancelled in flight may still have taken the lock on the server: give it
+                # back rather than block the session for lock_timeout.
+                with contextlib.suppress(RedisError, OSError):
+                    await asyncio.shield(scripts["release"](keys=[key], args=[token]))
+                raise
+        keeper = asyncio.create_task(self._keep_lock(scripts["refresh"], key, token, ttl_ms))
+        try:
+            yield
+        finally:
+            # No need to await the keeper: a refresh racing the release checks the token.
+            keeper.cancel()
+            try:
+                await scripts["release"](keys=[key], args=[token])
+            except (RedisError, OSError) as exc:
+                log.warning("could not release the lock of session %s/%s (%s); it expires in %.1f s",
+                            user_id, session_id, exc, self.lock_timeout)
+
+    # -- extras ----------------------------------------------------------------------------------
+
+    async def delete(self, user_id: str, session_id: str) -> bool:
+        """Forget a session; whether it existed."""
+        with _typed_errors(f"deleting session {user_id}/{session_id} from Redis"):
+            return bool(await self._redis().delete(self._key("state", user_id, session_id)))
+
+    async def sessions(self, user_id: str | None = None) -> list[tuple[str, str]]:
+        """The stored ``(user_id, session_id)`` pairs (of one user if given), sorted."""
+        head = f"{_glob_escape(self.prefix)}:state:"
+        pattern = head + (f"{quote(user_id, safe='')}:*" if user_id is not None else "*")
+        found: list[tuple[str, str]] = []
+        with _typed_errors("listing sessions in Redis"):
+            async for raw in self._redis().scan_iter(match=pattern, count=500):
+                rest = raw.decode()[len(self.prefix) + len(":state:"):]
+                user, _, session = rest.partition(":")
+                found.append((unquote(user), unquote(session)))
+        return sorted(found)
+
+    async def close(self) -> None:
+        """Close the client's connections (a later call opens new ones)."""
+        client, loop = self._client, self._loop
+        self._client = self._loop = None
+        # A client of another (finished) loop cannot be closed from here; dropping it is all
+        # that is left to do.
+        if client is not None and loop is asyncio.get_running_loop():
+            with _typed_errors("closing the Redis client"):
+                await client.aclose()
+
+    async def __aenter__(self) -> RedisStateStore:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    def __repr__(self) -> str:
+        return f"RedisStateStore({self.url!r}, prefix={self.prefix!r}, conflict_policy={self.conflict_policy!r})"
+
+    # -- internals -------------------------------------------------------------------------------
+
+    def _key(self, kind: str, user_id: str, session_id: str) -> str:
+        return f"{self.prefix}:{kind}:{quote(user_id, safe='')}:{quote(session_id, safe='')}"
+
+    def _redis(self) -> Redis:
+        loop = asyncio.get_running_loop()
+        if self._client is None or self._loop is not loop:
+            # One retry without backoff: it reconnects a pooled connection that a Redis restart
+            # closed, yet a dead server fails fast instead of backing off for seconds.
+            client = Redis.from_url(
+                self.url,
+                socket_timeout=self.socket_timeout,
+                socket_connect_timeout=self.socket_timeout,
+                retry=Retry(NoBackoff(), 1),
+            )
+            self._client, self._loop = client, loop
+            self._scripts = {
+                "save": client.register_script(_SAVE),
+                "release": client.register_script(_RELEASE),
+                "refresh": client.register_script(_REFRESH),
+            }
+        return self._client
+
+    async def _keep_lock(self, refresh: Any, key: str, token: str, ttl_ms: int) -> None:
+        """Push the lock's expiry forward every third of its lifetime while the body runs."""
+        while True:
+            await asyncio.sleep(self.lock_timeout / 3)
+            try:
+                held = await refresh(keys=[key], args=[token, ttl_ms])
+            except (RedisError, OSError) as exc:
+                log.warning("could not refresh the session lock %s (%s); retrying", key, exc)
+                continue
+            if not held:
+                # Expired before we refreshed it (a paused process?); the CAS save still
+                # refuses to overwrite whatever a new holder wrote.
+                log.warning("lost the session lock %s: it expired while held", key)
+                return
+
+
+def _glob_escape(text: str) -> str:
+    """``text`` as a literal inside a Redis MATCH pattern."""
+    return "".join("\\" + c if c in "*?[]\\" else c for c in text)
