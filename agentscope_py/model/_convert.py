@@ -1,0 +1,194 @@
+"""Pieces every provider shares: request options, block helpers and the SSE framing.
+
+The SSE reader is our own rather than the SDKs': theirs end quietly when a stream is cut off or
+never sends its terminator, and skip lines they do not understand, while we must report both as
+`MalformedStreamError` so a partial reply is never taken for a complete one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from ..message import DataBlock, TextBlock, ToolResultBlock, ToolUseBlock
+from ._errors import error_from_body, malformed, transport_error
+from .base import ChatChunk
+
+__all__ = [
+    "SSEvent",
+    "arguments_text",
+    "data_url",
+    "merge_options",
+    "reference",
+    "result_parts",
+    "sse_events",
+    "stream_chunks",
+]
+
+# Keys the agent core puts in the options that are not provider request parameters.
+_INTERNAL_OPTIONS = frozenset({"structured_output"})
+
+
+def merge_options(defaults: Mapping[str, Any], request: Mapping[str, Any]) -> dict[str, Any]:
+    """Constructor defaults overridden by per-request options, minus the core's own keys."""
+    merged = {**defaults, **request}
+    for key in _INTERNAL_OPTIONS:
+        merged.pop(key, None)
+    return merged
+
+
+def arguments_text(call: ToolUseBlock) -> str:
+    """The argument text to send back: what the model wrote if it was not valid JSON (so it sees
+    its own mistake), else the parsed input."""
+    if call.raw_input is not None:
+        return call.raw_input
+    return json.dumps(call.input, ensure_ascii=False)
+
+
+def result_parts(result: ToolResultBlock) -> list[TextBlock | DataBlock]:
+    if isinstance(result.output, str):
+        return [TextBlock(text=result.output)] if result.output else []
+    return list(result.output)
+
+
+def data_url(block: DataBlock) -> str | None:
+    """A URL for the data: its ``url``, or a ``data:`` URL of its base64 ``data``."""
+    if block.data is not None:
+        return f"data:{block.media_type};base64,{block.data}"
+    return block.url
+
+
+def reference(block: DataBlock) -> str:
+    """A short text standing in for data a provider cannot take, so the model knows it exists."""
+    if block.url is not None:
+        return f"[{block.media_type}: {block.url}]"
+    size = len(block.data or "")
+    return f"[{block.media_type} data omitted: {size} base64 characters]"
+
+
+# -- server-sent events --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SSEvent:
+    event: str | None
+    data: str
+
+    def json(self, provider: str) -> Any:
+        try:
+            return json.loads(self.data)
+        except ValueError:
+            raise malformed(provider, f"invalid JSON in event data: {self.data[:120]!r}") from None
+
+
+async def sse_events(lines: AsyncIterator[str], provider: str) -> AsyncGenerator[SSEvent, None]:
+    """Events of an SSE body given as lines (without line endings).
+
+    A line that is neither a known field nor a comment raises `MalformedStreamError`; an event left
+    open at the end of the body is still dispatched (so a cut-off JSON payload fails to parse
+    rather than vanishing, and a final ``[DONE]`` without its blank line still counts)."""
+    event: str | None = None
+    data: list[str] = []
+    try:
+        async for line in lines:
+            if not line:
+                if data or event is not None:
+                    yield SSEvent(event, "\n".join(data))
+                event, data = None, []
+                continue
+            if line.startswith(":"):  # a comment, used as a keep-alive
+                continue
+            field, _, value = line.partition(":")
+            value = value.removeprefix(" ")
+            if field == "data":
+                data.append(value)
+            elif field == "event":
+                event = value
+            elif field not in ("id", "retry"):
+                raise malformed(provider, f"unexpected line: {line[:120]!r}")
+        if data or event is not None:
+            yield SSEvent(event, "\n".join(data))
+    finally:
+        aclose = getattr(lines, "aclose", None)
+        if aclose is not None:
+            await aclose()
+
+
+class EventDecoder(Protocol):
+    """Turns a provider's events into chunks; ``done`` is set by its terminating event."""
+
+    done: bool
+
+    def read(self, sse: SSEvent) -> Iterable[ChatChunk]: ...
+
+
+class StreamingResponse(Protocol):
+    """The part of an httpx (or httpx2) response we read."""
+
+    @property
+    def headers(self) -> Mapping[str, str]: ...
+
+    def aiter_lines(self) -> AsyncIterator[str]: ...
+
+    async def aread(self) -> bytes: ...
+
+    def json(self) -> Any: ...
+
+
+# How long to keep reading after the terminator, so the connection can go back to the pool.
+_DRAIN_SECONDS = 0.1
+
+
+async def stream_chunks(
+    response: StreamingResponse,
+    decoder: EventDecoder,
+    *,
+    provider: str,
+    terminator: str,
+    timeout_errors: type[BaseException] | tuple[type[BaseException], ...],
+    transport_errors: type[BaseException] | tuple[type[BaseException], ...],
+) -> AsyncGenerator[ChatChunk, None]:
+    """The chunks of an SSE response; raises `MalformedStreamError` if it ends before the
+    decoder saw ``terminator``, and maps the HTTP library's read errors (given as classes, so
+    this module needs neither library) to `TimeoutError` / `MalformedStreamError`."""
+    content_type = response.headers.get("content-type", "")
+    if content_type.startswith("application/json"):  # an error (or an unstreamed reply) sent as 200
+        await response.aread()
+        try:
+            body = response.json()
+        except ValueError:
+            body = None
+        if isinstance(body, Mapping) and body.get("error"):
+            raise error_from_body(body, provider=provider)
+        raise malformed(provider, f"expected an event stream, got {content_type}")
+    try:
+        async with contextlib.aclosing(sse_events(response.aiter_lines(), provider)) as events:
+            async for sse in events:
+                try:
+                    chunks = list(decoder.read(sse))
+                except (AttributeError, KeyError, TypeError, ValueError) as exc:  # a payload of the wrong shape
+                    raise malformed(provider, f"unexpected event {sse.data[:120]!r} ({exc})") from exc
+                for chunk in chunks:
+                    yield chunk
+                if decoder.done:
+                    await _drain(events)
+                    break
+    except timeout_errors as exc:
+        raise transport_error(provider, exc, in_body=True, timeout=True) from exc
+    except transport_errors as exc:
+        raise transport_error(provider, exc, in_body=True, timeout=False) from exc
+    if not decoder.done:
+        raise malformed(provider, f"the stream ended without {terminator}; the reply is incomplete")
+
+
+async def _drain(events: AsyncIterator[SSEvent]) -> None:
+    # The reply is complete; the rest of the body only matters for connection reuse, so give up
+    # quickly and ignore whatever comes.
+    with contextlib.suppress(Exception):
+        async with asyncio.timeout(_DRAIN_SECONDS):
+            async for _ in events:
+                pass

@@ -1,0 +1,328 @@
+"""Anthropic Messages API (``/v1/messages``), streamed.
+
+>>> model = AnthropicChatModel("claude-sonnet-4-5", max_tokens=2048)      # ANTHROPIC_API_KEY
+
+System messages become the ``system`` parameter, tool results go back as ``tool_result`` blocks
+in a user turn, consecutive same-role messages are merged (the API wants alternating turns), and
+signed thinking is sent back verbatim. The SDK sends the request; the event stream is read by us,
+so a stream without ``message_stop`` is a `MalformedStreamError`. SDK retries are off.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, cast
+
+try:
+    import anthropic
+    import httpx2
+except ImportError as exc:  # pragma: no cover - exercised only without the extra
+    raise ImportError(
+        'the Anthropic provider needs the anthropic SDK: pip install "agentscope-py[anthropic]"'
+    ) from exc
+
+from ..message import (
+    ChatUsage,
+    DataBlock,
+    Msg,
+    TextBlock,
+    ThinkingBlock,
+    ToolResultBlock,
+    ToolResultState,
+    ToolUseBlock,
+)
+from ._convert import SSEvent, merge_options, reference, result_parts, stream_chunks
+from ._errors import error_from_body, error_from_status, malformed, message_of, transport_error
+from .base import AuthenticationError, ChatChunk, ModelError, ModelRequest, ToolCallChunk
+
+if TYPE_CHECKING:
+    from anthropic.types import MessageParam
+
+__all__ = ["AnthropicChatModel", "to_anthropic_messages"]
+
+PROVIDER = "anthropic"
+
+STOP_REASONS = {
+    "end_turn": "stop",
+    "stop_sequence": "stop",
+    "tool_use": "tool_calls",
+    "max_tokens": "length",
+    "model_context_window_exceeded": "length",
+    "refusal": "content_filter",
+}
+"""Anthropic stop reasons → ours; others (``pause_turn``, …) are passed through unchanged."""
+
+_CLIENT_OPTIONS = ("timeout", "extra_headers", "extra_query")
+
+
+class AnthropicChatModel:
+    """A Claude model through the Messages API.
+
+    ``api_key`` defaults to the SDK's lookup (``ANTHROPIC_API_KEY``, ``ANTHROPIC_AUTH_TOKEN``),
+    ``base_url`` to ``ANTHROPIC_BASE_URL`` or Anthropic's. ``max_tokens`` (required by the API)
+    defaults to 4096. Other keyword arguments are default request parameters (``temperature``,
+    ``thinking={"type": "enabled", "budget_tokens": 1024}``, …); per-call options override them.
+    ``client`` injects a ready ``AsyncAnthropic`` (its retries are turned off); ``timeout``
+    bounds the connect and every read."""
+
+    provider = PROVIDER
+    supports_structured_output = False
+
+    def __init__(
+        self,
+        model: str,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        *,
+        client: anthropic.AsyncAnthropic | None = None,
+        timeout: float | None = None,
+        max_tokens: int = 4096,
+        **options: Any,
+    ) -> None:
+        self.name = model
+        self.max_tokens = max_tokens
+        self.options = options
+        self._base_url = base_url
+        self._api_key = api_key
+        self._timeout = timeout
+        # An injected client keeps its settings, except retries: ours are the only ones.
+        self._client = client.with_options(max_retries=0) if client is not None else None
+
+    def __repr__(self) -> str:
+        return f"AnthropicChatModel({self.name!r})"
+
+    @property
+    def client(self) -> anthropic.AsyncAnthropic:
+        """The SDK client, created on first use."""
+        if self._client is None:
+            self._client = anthropic.AsyncAnthropic(
+                api_key=self._api_key,
+                base_url=self._base_url,
+                max_retries=0,
+                timeout=self._timeout if self._timeout is not None else anthropic.DEFAULT_TIMEOUT,
+            )
+        return self._client
+
+    async def aclose(self) -> None:
+        if self._client is not None:
+            await self._client.close()
+
+    def request_params(self, request: ModelRequest) -> dict[str, Any]:
+        """The keyword arguments of the SDK call for ``request``."""
+        options = merge_options(self.options, request.options)
+        client_side = {k: options.pop(k) for k in _CLIENT_OPTIONS if k in options}
+        max_tokens = options.pop("max_tokens", self.max_tokens)
+        system, messages = to_anthropic_messages(request.messages)
+        params: dict[str, Any] = {
+            "model": self.name,
+            "max_tokens": max_tokens,
+            "messages": cast("list[MessageParam]", messages),
+            "stream": True,
+            **client_side,
+        }
+        if system:
+            params["system"] = system
+        if request.tools:
+            params["tools"] = [
+                {"name": t.name, "description": t.description, "input_schema": t.parameters}
+                for t in request.tools
+            ]
+        if options:
+            params["extra_body"] = options
+        return params
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[ChatChunk]:
+        params = self.request_params(request)
+        try:
+            async with self.client.messages.with_streaming_response.create(**params) as response:
+                chunks = stream_chunks(
+                    response.http_response,
+                    _EventReader(),
+                    provider=PROVIDER,
+                    terminator="message_stop",
+                    timeout_errors=httpx2.TimeoutException,
+                    transport_errors=httpx2.TransportError,
+                )
+                async with contextlib.aclosing(chunks):
+                    async for chunk in chunks:
+                        yield chunk
+        except anthropic.APIError as exc:
+            raise _model_error(exc) from exc
+        except TypeError as exc:
+            # The SDK's way of saying no credentials were found (raised before any I/O).
+            if "authentication" not in str(exc):
+                raise
+            raise AuthenticationError(f"{PROVIDER}: {exc}", provider=PROVIDER) from exc
+
+
+# -- reading the stream ------------------------------------------------------------------------
+
+
+class _EventReader:
+    """Turns Messages stream events into `ChatChunk`s. Usage is emitted with ``message_delta``
+    (not at ``message_start``), so an error frame before any content can still be retried."""
+
+    __slots__ = ("done", "model", "tokens")
+
+    def __init__(self) -> None:
+        self.done = False
+        self.model: str | None = None
+        self.tokens: dict[str, int] = {}
+
+    def read(self, sse: SSEvent) -> Iterator[ChatChunk]:
+        payload = sse.json(PROVIDER)
+        if not isinstance(payload, Mapping):
+            raise malformed(PROVIDER, f"expected a JSON object, got {sse.data[:120]!r}")
+        kind = sse.event or payload.get("type")
+        if kind == "error":
+            raise error_from_body(payload, provider=PROVIDER)
+        if kind == "message_start":
+            message = payload.get("message") or {}
+            self.model = message.get("model")
+            self._count(message.get("usage"))
+        elif kind == "content_block_start":
+            yield from _block_start(int(payload.get("index", 0)), payload.get("content_block") or {})
+        elif kind == "content_block_delta":
+            yield from _block_delta(int(payload.get("index", 0)), payload.get("delta") or {})
+        elif kind == "message_delta":
+            self._count(payload.get("usage"))
+            reason = (payload.get("delta") or {}).get("stop_reason")
+            finish = STOP_REASONS.get(reason, reason) if isinstance(reason, str) else None
+            yield ChatChunk(usage=self._usage(), finish_reason=finish, model=self.model)
+        elif kind == "message_stop":
+            self.done = True
+        # ping, content_block_stop and event types added later carry nothing for us
+
+    def _count(self, usage: Any) -> None:
+        if isinstance(usage, Mapping):  # message_delta repeats counts cumulatively: replace
+            self.tokens.update({k: v for k, v in usage.items() if isinstance(v, int)})
+
+    def _usage(self) -> ChatUsage:
+        t = self.tokens
+        cache_write = t.get("cache_creation_input_tokens", 0)
+        cache_read = t.get("cache_read_input_tokens", 0)
+        return ChatUsage(
+            # Anthropic's input_tokens excludes cached tokens; ours counts the whole prompt.
+            input_tokens=t.get("input_tokens", 0) + cache_write + cache_read,
+            output_tokens=t.get("output_tokens", 0),
+            cache_read_tokens=cache_read,
+            cache_write_tokens=cache_write,
+        )
+
+
+def _block_start(index: int, block: Mapping[str, Any]) -> Iterator[ChatChunk]:
+    kind = block.get("type")
+    if kind == "text" and block.get("text"):
+        yield ChatChunk(text=block["text"])
+    elif kind == "thinking":
+        if block.get("thinking"):
+            yield ChatChunk(thinking=block["thinking"])
+        if block.get("signature"):
+            yield ChatChunk(thinking_signature=block["signature"])
+    elif kind == "tool_use":
+        given = block.get("input")
+        yield ChatChunk(
+            tool_call=ToolCallChunk(
+                index=index,
+                id=block.get("id") or None,
+                name=block.get("name") or None,
+                # The API streams the input as deltas after an empty {}; use it only if whole.
+                arguments=json.dumps(given) if given else "",
+            )
+        )
+
+
+def _block_delta(index: int, delta: Mapping[str, Any]) -> Iterator[ChatChunk]:
+    kind = delta.get("type")
+    if kind == "text_delta" and delta.get("text"):
+        yield ChatChunk(text=delta["text"])
+    elif kind == "thinking_delta" and delta.get("thinking"):
+        yield ChatChunk(thinking=delta["thinking"])
+    elif kind == "signature_delta" and delta.get("signature"):
+        yield ChatChunk(thinking_signature=delta["signature"])
+    elif kind == "input_json_delta" and delta.get("partial_json"):
+        yield ChatChunk(tool_call=ToolCallChunk(index=index, arguments=delta["partial_json"]))
+
+
+def _model_error(exc: anthropic.APIError) -> ModelError:
+    if isinstance(exc, anthropic.APIStatusError):
+        return error_from_status(
+            exc.status_code,
+            message_of(exc.body, exc.message),
+            provider=PROVIDER,
+            headers=exc.response.headers,
+            body=exc.body,
+        )
+    if isinstance(exc, anthropic.APIConnectionError):
+        return transport_error(
+            PROVIDER, exc.__cause__ or exc, in_body=False, timeout=isinstance(exc, anthropic.APITimeoutError)
+        )
+    body = exc.body if isinstance(exc.body, Mapping) else {"message": exc.message}
+    return error_from_body({"error": body}, provider=PROVIDER)
+
+
+# -- messages → wire ---------------------------------------------------------------------------
+
+
+def to_anthropic_messages(msgs: Sequence[Msg]) -> tuple[str, list[dict[str, Any]]]:
+    """The ``system`` text and the ``messages`` for ``msgs``: tool results go in user turns,
+    same-role neighbours are merged, empty messages dropped."""
+    system: list[str] = []
+    out: list[dict[str, Any]] = []
+    for msg in msgs:
+        if msg.role == "system":
+            system.extend(b.text for b in msg.content if isinstance(b, TextBlock) and b.text)
+            continue
+        role = "assistant" if msg.role == "assistant" else "user"
+        blocks = [wire for block in msg.content for wire in _block(block)]
+        if not blocks:
+            continue
+        if out and out[-1]["role"] == role:
+            out[-1]["content"].extend(blocks)
+        else:
+            out.append({"role": role, "content": blocks})
+    for message in out:
+        # The API wants a user turn's tool results before anything else in it.
+        message["content"].sort(key=lambda b: b["type"] != "tool_result")
+    return "\n\n".join(system), out
+
+
+def _block(block: Any) -> Iterator[dict[str, Any]]:
+    if isinstance(block, TextBlock):
+        if block.text:  # the API rejects empty text blocks
+            yield {"type": "text", "text": block.text}
+    elif isinstance(block, ThinkingBlock):
+        # Unsigned thinking (from another provider) cannot be verified by the API: leave it out.
+        if block.signature:
+            yield {"type": "thinking", "thinking": block.thinking, "signature": block.signature}
+    elif isinstance(block, ToolUseBlock):
+        yield {"type": "tool_use", "id": block.id, "name": block.name, "input": block.input}
+    elif isinstance(block, ToolResultBlock):
+        yield _tool_result(block)
+    elif isinstance(block, DataBlock):
+        yield _data(block)
+
+
+def _tool_result(result: ToolResultBlock) -> dict[str, Any]:
+    content: str | list[dict[str, Any]]
+    if isinstance(result.output, str):
+        content = result.output
+    else:
+        content = [wire for part in result_parts(result) for wire in _block(part)]
+    wire: dict[str, Any] = {"type": "tool_result", "tool_use_id": result.id, "content": content}
+    if result.state != ToolResultState.SUCCESS:
+        wire["is_error"] = True
+    return wire
+
+
+def _data(block: DataBlock) -> dict[str, Any]:
+    kind = "image" if block.media_type.startswith("image/") else "document"
+    if kind == "image" or block.media_type == "application/pdf":
+        if block.data is not None:
+            source = {"type": "base64", "media_type": block.media_type, "data": block.data}
+            return {"type": kind, "source": source}
+        if block.url is not None:
+            return {"type": kind, "source": {"type": "url", "url": block.url}}
+    return {"type": "text", "text": reference(block)}

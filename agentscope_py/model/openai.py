@@ -1,0 +1,354 @@
+"""OpenAI-compatible Chat Completions (``/chat/completions``), for OpenAI and any compatible server.
+
+>>> model = OpenAIChatModel("gpt-4o-mini", temperature=0.2)               # OPENAI_API_KEY
+>>> local = OpenAIChatModel("qwen3", base_url="http://localhost:8000/v1")  # vLLM, llama.cpp, …
+
+The SDK sends the request (auth, base URL, headers, HTTP errors); the streamed body is read line by
+line by us, so a stream cut off or ending without ``[DONE]`` is a `MalformedStreamError` and never
+a shorter answer. SDK retries are off: the agent's ``max_retries`` is the only retry.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, cast
+
+try:
+    import httpx2
+    import openai
+except ImportError as exc:  # pragma: no cover - exercised only without the extra
+    raise ImportError(
+        'the OpenAI provider needs the openai SDK: pip install "agentscope-py[openai]"'
+    ) from exc
+
+from ..message import ChatUsage, DataBlock, Msg, TextBlock, ThinkingBlock, ToolResultBlock, ToolUseBlock
+from ._convert import (
+    SSEvent,
+    arguments_text,
+    data_url,
+    merge_options,
+    reference,
+    result_parts,
+    stream_chunks,
+)
+from ._errors import error_from_body, error_from_status, malformed, message_of, transport_error
+from .base import AuthenticationError, ChatChunk, ModelError, ModelRequest, ToolCallChunk
+
+if TYPE_CHECKING:
+    from openai.types.chat import ChatCompletionMessageParam
+
+__all__ = ["OpenAIChatModel", "to_openai_messages"]
+
+PROVIDER = "openai"
+
+FINISH_REASONS = {
+    "stop": "stop",
+    "tool_calls": "tool_calls",
+    "function_call": "tool_calls",
+    "length": "length",
+    "content_filter": "content_filter",
+}
+"""Server finish reasons → ours; any other value is passed through unchanged."""
+
+# Options that configure the HTTP call rather than the request body.
+_CLIENT_OPTIONS = ("timeout", "extra_headers", "extra_query")
+# A key for servers that need none (local vLLM, llama.cpp): the SDK refuses to start without one.
+_NO_KEY = "not-needed"
+
+
+class OpenAIChatModel:
+    """A model served by an OpenAI-compatible Chat Completions endpoint.
+
+    ``base_url`` defaults to ``OPENAI_BASE_URL`` or OpenAI's; ``api_key`` to ``OPENAI_API_KEY``
+    (with a custom base URL and no key, a placeholder key is sent). Other keyword arguments are
+    default request parameters (``temperature``, ``max_tokens``, …; per-call options override
+    them). ``client`` injects a ready ``AsyncOpenAI`` (its retries are turned off); ``timeout``
+    (seconds) bounds the connect and every read, which turns a stalled stream into a
+    `TimeoutError`. ``send_reasoning`` sends remembered thinking back as ``reasoning_content``
+    (for servers such as DeepSeek that want it); ``stream_usage=False`` omits ``stream_options``
+    for servers that reject it."""
+
+    provider = PROVIDER
+    supports_structured_output = True
+
+    def __init__(
+        self,
+        model: str,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        *,
+        client: openai.AsyncOpenAI | None = None,
+        timeout: float | None = None,
+        send_reasoning: bool = False,
+        stream_usage: bool = True,
+        **options: Any,
+    ) -> None:
+        self.name = model
+        self.options = options
+        self.send_reasoning = send_reasoning
+        self.stream_usage = stream_usage
+        self._base_url = base_url
+        self._api_key = api_key
+        self._timeout = timeout
+        # An injected client keeps its settings, except retries: ours are the only ones.
+        self._client = client.with_options(max_retries=0) if client is not None else None
+
+    def __repr__(self) -> str:
+        return f"OpenAIChatModel({self.name!r})"
+
+    @property
+    def client(self) -> openai.AsyncOpenAI:
+        """The SDK client, created on first use (so building a model needs no key or network)."""
+        if self._client is None:
+            key = self._api_key or os.environ.get("OPENAI_API_KEY")
+            if not key and (self._base_url or os.environ.get("OPENAI_BASE_URL")):
+                key = _NO_KEY
+            if not key:
+                raise AuthenticationError(
+                    "openai: no API key; pass api_key= or set OPENAI_API_KEY", provider=PROVIDER
+                )
+            self._client = openai.AsyncOpenAI(
+                api_key=key,
+                base_url=self._base_url,
+                max_retries=0,
+                timeout=self._timeout if self._timeout is not None else openai.DEFAULT_TIMEOUT,
+            )
+        return self._client
+
+    async def aclose(self) -> None:
+        """Close the HTTP client (idle pooled connections)."""
+        if self._client is not None:
+            await self._client.close()
+
+    def request_params(self, request: ModelRequest) -> dict[str, Any]:
+        """The keyword arguments of the SDK call for ``request`` (the wire request, for tests)."""
+        options = merge_options(self.options, request.options)
+        client_side = {k: options.pop(k) for k in _CLIENT_OPTIONS if k in options}
+        body: dict[str, Any] = {}
+        if self.stream_usage:
+            body["stream_options"] = {"include_usage": True}
+        if request.tools:
+            body["tools"] = [tool.to_openai() for tool in request.tools]
+        if request.structured_output is not None:
+            body["response_format"] = _response_format(request.structured_output)
+        body.update(options)
+        messages = to_openai_messages(request.messages, send_reasoning=self.send_reasoning)
+        return {
+            "model": self.name,
+            "messages": cast("list[ChatCompletionMessageParam]", messages),
+            "stream": True,
+            "extra_body": body,
+            **client_side,
+        }
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[ChatChunk]:
+        params = self.request_params(request)
+        client = self.client
+        try:
+            async with client.chat.completions.with_streaming_response.create(**params) as response:
+                chunks = stream_chunks(
+                    response.http_response,
+                    _ChunkReader(),
+                    provider=PROVIDER,
+                    terminator="[DONE]",
+                    timeout_errors=httpx2.TimeoutException,
+                    transport_errors=httpx2.TransportError,
+                )
+                async with contextlib.aclosing(chunks):
+                    async for chunk in chunks:
+                        yield chunk
+        except openai.APIError as exc:
+            raise _model_error(exc) from exc
+
+
+# -- reading the stream ------------------------------------------------------------------------
+
+
+class _ChunkReader:
+    """Turns ``chat.completion.chunk`` payloads into `ChatChunk`s (choice 0 only)."""
+
+    __slots__ = ("done", "model", "saw_tool_call")
+
+    def __init__(self) -> None:
+        self.done = False
+        self.model: str | None = None
+        self.saw_tool_call = False
+
+    def read(self, sse: SSEvent) -> Iterator[ChatChunk]:
+        if sse.data.strip() == "[DONE]":
+            self.done = True
+            return
+        payload = sse.json(PROVIDER)
+        if not isinstance(payload, Mapping):
+            raise malformed(PROVIDER, f"expected a JSON object, got {sse.data[:120]!r}")
+        if sse.event == "error" or payload.get("error"):
+            raise error_from_body(payload, provider=PROVIDER)
+        if isinstance(payload.get("model"), str):
+            self.model = payload["model"]
+        for choice in payload.get("choices") or ():
+            if isinstance(choice, Mapping) and choice.get("index", 0) == 0:
+                yield from self._choice(choice)
+        usage = payload.get("usage")
+        if isinstance(usage, Mapping):
+            yield ChatChunk(usage=_usage(usage), model=self.model)
+
+    def _choice(self, choice: Mapping[str, Any]) -> Iterator[ChatChunk]:
+        delta = choice.get("delta") or {}
+        # Reasoning servers disagree on the field: DeepSeek and vLLM say reasoning_content,
+        # OpenRouter and Ollama say reasoning.
+        thinking = delta.get("reasoning_content") or delta.get("reasoning")
+        if isinstance(thinking, str) and thinking:
+            yield ChatChunk(thinking=thinking)
+        text = delta.get("content")
+        if isinstance(text, str) and text:
+            yield ChatChunk(text=text)
+        for position, call in enumerate(delta.get("tool_calls") or ()):
+            self.saw_tool_call = True
+            function = call.get("function") or {}
+            yield ChatChunk(
+                tool_call=ToolCallChunk(
+                    index=int(call.get("index", position)),
+                    id=call.get("id") or None,
+                    name=function.get("name") or None,
+                    arguments=function.get("arguments") or "",
+                )
+            )
+        reason = choice.get("finish_reason")
+        if isinstance(reason, str) and reason:
+            mapped = FINISH_REASONS.get(reason, reason)
+            if mapped == "stop" and self.saw_tool_call:  # some compatible servers say stop
+                mapped = "tool_calls"
+            yield ChatChunk(finish_reason=mapped, model=self.model)
+
+
+def _int(value: Any) -> int:
+    return value if isinstance(value, int) else 0
+
+
+def _usage(usage: Mapping[str, Any]) -> ChatUsage:
+    prompt = usage.get("prompt_tokens_details") or {}
+    completion = usage.get("completion_tokens_details") or {}
+    return ChatUsage(
+        input_tokens=_int(usage.get("prompt_tokens")),
+        output_tokens=_int(usage.get("completion_tokens")),
+        cache_read_tokens=_int(prompt.get("cached_tokens")),
+        reasoning_tokens=_int(completion.get("reasoning_tokens")),
+    )
+
+
+def _response_format(schema: Mapping[str, Any]) -> dict[str, Any]:
+    name = re.sub(r"[^A-Za-z0-9_-]", "_", str(schema.get("title") or "response"))[:64]
+    return {"type": "json_schema", "json_schema": {"name": name, "schema": dict(schema)}}
+
+
+def _model_error(exc: openai.APIError) -> ModelError:
+    if isinstance(exc, openai.APIStatusError):
+        return error_from_status(
+            exc.status_code,
+            message_of(exc.body, exc.message),
+            provider=PROVIDER,
+            headers=exc.response.headers,
+            body=exc.body,
+        )
+    if isinstance(exc, openai.APIConnectionError):
+        return transport_error(
+            PROVIDER, exc.__cause__ or exc, in_body=False, timeout=isinstance(exc, openai.APITimeoutError)
+        )
+    body = exc.body if isinstance(exc.body, Mapping) else {"message": exc.message}
+    return error_from_body({"error": body}, provider=PROVIDER)
+
+
+# -- messages → wire ---------------------------------------------------------------------------
+
+
+def to_openai_messages(msgs: Sequence[Msg], *, send_reasoning: bool = False) -> list[dict[str, Any]]:
+    """Chat Completions messages for ``msgs``. Tool results become ``tool`` messages; data they
+    carry (which tool messages cannot hold) follows in a user message."""
+    out: list[dict[str, Any]] = []
+    for msg in msgs:
+        if msg.role == "system":
+            out.append({"role": "system", "content": "\n".join(_texts(msg))})
+        elif msg.role == "assistant":
+            out.append(_assistant(msg, send_reasoning))
+        else:
+            out.extend(_user_and_tool(msg))
+    return out
+
+
+def _texts(msg: Msg) -> list[str]:
+    return [b.text for b in msg.content if isinstance(b, TextBlock)]
+
+
+def _assistant(msg: Msg, send_reasoning: bool) -> dict[str, Any]:
+    text: list[str] = []
+    thinking: list[str] = []
+    calls: list[dict[str, Any]] = []
+    for block in msg.content:
+        if isinstance(block, TextBlock):
+            text.append(block.text)
+        elif isinstance(block, ThinkingBlock):
+            thinking.append(block.thinking)
+        elif isinstance(block, ToolUseBlock):
+            calls.append({
+                "id": block.id,
+                "type": "function",
+                "function": {"name": block.name, "arguments": arguments_text(block)},
+            })
+        elif isinstance(block, DataBlock):
+            text.append(reference(block))
+    wire: dict[str, Any] = {"role": "assistant", "content": "".join(text) if text or not calls else None}
+    if calls:
+        wire["tool_calls"] = calls
+    if send_reasoning and thinking:
+        wire["reasoning_content"] = "".join(thinking)
+    return wire
+
+
+def _user_and_tool(msg: Msg) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    attachments: list[dict[str, Any]] = []
+    parts: list[dict[str, Any]] = []
+    for block in msg.content:
+        if isinstance(block, ToolResultBlock):
+            out.append(_tool_message(block, attachments))
+        elif isinstance(block, TextBlock):
+            parts.append({"type": "text", "text": block.text})
+        elif isinstance(block, DataBlock):
+            parts.append(_data_part(block))
+    parts.extend(attachments)
+    if len(parts) == 1 and parts[0]["type"] == "text":
+        out.append({"role": "user", "content": parts[0]["text"]})
+    elif parts:
+        out.append({"role": "user", "content": parts})
+    return out
+
+
+def _tool_message(result: ToolResultBlock, attachments: list[dict[str, Any]]) -> dict[str, Any]:
+    text: list[str] = []
+    data = [b for b in result_parts(result) if isinstance(b, DataBlock)]
+    for block in result_parts(result):
+        if isinstance(block, TextBlock):
+            text.append(block.text)
+        else:
+            text.append(f"[{block.media_type} attached below]")
+    if data:
+        attachments.append({"type": "text", "text": f"Attachments of tool result {result.id} ({result.name}):"})
+        attachments.extend(_data_part(b) for b in data)
+    return {"role": "tool", "tool_call_id": result.id, "content": "".join(text)}
+
+
+_AUDIO_FORMATS = {"audio/wav": "wav", "audio/x-wav": "wav", "audio/mpeg": "mp3", "audio/mp3": "mp3"}
+
+
+def _data_part(block: DataBlock) -> dict[str, Any]:
+    url = data_url(block)
+    if block.media_type.startswith("image/") and url is not None:
+        return {"type": "image_url", "image_url": {"url": url}}
+    if block.data is not None and block.media_type in _AUDIO_FORMATS:
+        return {"type": "input_audio", "input_audio": {"data": block.data, "format": _AUDIO_FORMATS[block.media_type]}}
+    if block.data is not None and block.media_type == "application/pdf":
+        return {"type": "file", "file": {"filename": "document.pdf", "file_data": url}}
+    return {"type": "text", "text": reference(block)}

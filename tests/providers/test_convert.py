@@ -1,0 +1,163 @@
+"""Every block type, through each provider's SDK, onto the wire: nothing is lost on the way.
+
+A conversation with text, images (base64 and by URL), signed thinking, parallel tool calls, and
+tool results with text and with data output is sent to each fake server; the request body the
+server received must be exactly the provider's documented format. (The way back, streamed chunks
+into remembered blocks, is covered by the ReAct round trips in the provider test files.)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from agentscope_py import DataBlock, Msg, TextBlock, ThinkingBlock, ToolResultBlock, ToolUseBlock
+from agentscope_py.message import ToolResultState
+from agentscope_py.model import ModelRequest
+from agentscope_py.model.anthropic import to_anthropic_messages
+from agentscope_py.model.openai import to_openai_messages
+
+from .fakes import FakeServer, Reply, an_text, collect, ndjson, oa_text, ol_text
+
+pytestmark = pytest.mark.timeout(15)
+
+IMG = "iVBORw0KGgo="  # base64 of the PNG signature
+URL = "https://example.com/cat.jpg"
+
+CONVERSATION = [
+    Msg.system("You are terse."),
+    Msg(role="user", content=[TextBlock(text="What is this?"), DataBlock(media_type="image/png", data=IMG),
+                              DataBlock(media_type="image/jpeg", url=URL)]),
+    Msg(role="assistant", content=[
+        ThinkingBlock(thinking="Two tools.", signature="c2lnbmF0dXJl"),
+        TextBlock(text="Looking."),
+        ToolUseBlock(id="call_1", name="snapshot", input={"zoom": 2}),
+        ToolUseBlock(id="call_2", name="read_file", input={"path": "a.txt"}),
+    ]),
+    Msg.tool([
+        ToolResultBlock(id="call_1", name="snapshot",
+                        output=[TextBlock(text="Here it is"), DataBlock(media_type="image/png", data=IMG)]),
+        ToolResultBlock(id="call_2", name="read_file", output="no such file", state=ToolResultState.ERROR),
+    ]),
+    Msg.user("Thanks"),
+]
+
+TOOL_CALLS = [
+    {"id": "call_1", "type": "function", "function": {"name": "snapshot", "arguments": '{"zoom": 2}'}},
+    {"id": "call_2", "type": "function", "function": {"name": "read_file", "arguments": '{"path": "a.txt"}'}},
+]
+
+
+@pytest.mark.parametrize("send_reasoning", [False, True])
+async def test_openai_wire(server: FakeServer, make_openai: Any, send_reasoning: bool) -> None:
+    server.queue(Reply(oa_text("ok")))
+    await collect(make_openai(send_reasoning=send_reasoning).stream(ModelRequest(messages=CONVERSATION)))
+    assistant: dict[str, Any] = {"role": "assistant", "content": "Looking.", "tool_calls": TOOL_CALLS}
+    if send_reasoning:
+        assistant["reasoning_content"] = "Two tools."
+    assert server.bodies[0]["messages"] == [
+        {"role": "system", "content": "You are terse."},
+        {"role": "user", "content": [
+            {"type": "text", "text": "What is this?"},
+            {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{IMG}"}},
+            {"type": "image_url", "image_url": {"url": URL}},
+        ]},
+        assistant,
+        {"role": "tool", "tool_call_id": "call_1", "content": "Here it is[image/png attached below]"},
+        {"role": "tool", "tool_call_id": "call_2", "content": "no such file"},
+        # Tool messages hold only text: the image follows in a user message.
+        {"role": "user", "content": [
+            {"type": "text", "text": "Attachments of tool result call_1 (snapshot):"},
+            {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{IMG}"}},
+        ]},
+        {"role": "user", "content": "Thanks"},
+    ]
+
+
+async def test_anthropic_wire(server: FakeServer, make_anthropic: Any) -> None:
+    server.queue(Reply(an_text("ok")))
+    await collect(make_anthropic().stream(ModelRequest(messages=CONVERSATION)))
+    body = server.bodies[0]
+    assert body["system"] == "You are terse."
+    assert body["messages"] == [
+        {"role": "user", "content": [
+            {"type": "text", "text": "What is this?"},
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": IMG}},
+            {"type": "image", "source": {"type": "url", "url": URL}},
+        ]},
+        {"role": "assistant", "content": [
+            {"type": "thinking", "thinking": "Two tools.", "signature": "c2lnbmF0dXJl"},
+            {"type": "text", "text": "Looking."},
+            {"type": "tool_use", "id": "call_1", "name": "snapshot", "input": {"zoom": 2}},
+            {"type": "tool_use", "id": "call_2", "name": "read_file", "input": {"path": "a.txt"}},
+        ]},
+        # The tool results and the next user text share one user turn.
+        {"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": "call_1", "content": [
+                {"type": "text", "text": "Here it is"},
+                {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": IMG}},
+            ]},
+            {"type": "tool_result", "tool_use_id": "call_2", "content": "no such file", "is_error": True},
+            {"type": "text", "text": "Thanks"},
+        ]},
+    ]
+
+
+async def test_ollama_wire(server: FakeServer, make_ollama: Any) -> None:
+    server.queue(ndjson(ol_text("ok")))
+    await collect(make_ollama().stream(ModelRequest(messages=CONVERSATION)))
+    assert server.bodies[0]["messages"] == [
+        {"role": "system", "content": "You are terse."},
+        # Ollama takes inline images only; a URL is named in the text so the model knows of it.
+        {"role": "user", "content": f"What is this?\n[image/jpeg: {URL}]", "images": [IMG]},
+        {"role": "assistant", "content": "Looking.", "thinking": "Two tools.", "tool_calls": [
+            {"function": {"name": "snapshot", "arguments": {"zoom": 2}}},
+            {"function": {"name": "read_file", "arguments": {"path": "a.txt"}}},
+        ]},
+        {"role": "tool", "content": "Here it is", "images": [IMG], "tool_name": "snapshot"},
+        {"role": "tool", "content": "no such file", "tool_name": "read_file"},
+        {"role": "user", "content": "Thanks"},
+    ]
+
+
+def test_anthropic_merges_turns_and_drops_what_it_cannot_take() -> None:
+    system, messages = to_anthropic_messages([
+        Msg.user("one"), Msg.user("two"),
+        Msg(role="user", content=[]),  # e.g. a confirmation message: nothing to send
+        Msg(role="assistant", content=[ThinkingBlock(thinking="unsigned, from another provider"),
+                                       TextBlock(text=""), TextBlock(text="answer")]),
+        Msg.user("three"),
+        Msg.tool([ToolResultBlock(id="t", name="n", output="r")]),
+        Msg.system("late system note"),
+    ])
+    assert system == "late system note"
+    assert messages == [
+        {"role": "user", "content": [{"type": "text", "text": "one"}, {"type": "text", "text": "two"}]},
+        {"role": "assistant", "content": [{"type": "text", "text": "answer"}]},
+        # tool results must lead their user turn
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": "r"},
+                                     {"type": "text", "text": "three"}]},
+    ]
+
+
+def test_invalid_arguments_are_sent_back_verbatim_to_openai() -> None:
+    bad = ToolUseBlock(id="c", name="f", input={}, raw_input='{"a": ')
+    (wire,) = to_openai_messages([Msg(role="assistant", content=[bad])])
+    assert wire == {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c", "type": "function", "function": {"name": "f", "arguments": '{"a": '}}]}
+
+
+def test_data_the_providers_cannot_take_becomes_a_text_reference() -> None:
+    pdf = DataBlock(media_type="application/pdf", data="JVBERi0=")
+    zip_url = DataBlock(media_type="application/zip", url="https://example.com/a.zip")
+    (oa,) = to_openai_messages([Msg(role="user", content=[pdf, zip_url])])
+    assert oa["content"] == [
+        {"type": "file", "file": {"filename": "document.pdf", "file_data": "data:application/pdf;base64,JVBERi0="}},
+        {"type": "text", "text": "[application/zip: https://example.com/a.zip]"},
+    ]
+    _, (an,) = to_anthropic_messages([Msg(role="user", content=[pdf, zip_url])])
+    assert an["content"] == [
+        {"type": "document", "source": {"type": "base64", "media_type": "application/pdf", "data": "JVBERi0="}},
+        {"type": "text", "text": "[application/zip: https://example.com/a.zip]"},
+    ]
