@@ -1,0 +1,550 @@
+"""AG-UI 1.0: our `AgentEvent`s of one run as AG-UI events, and AG-UI input as our messages.
+
+`AguiMapper` holds the state of **one run** (which message, reasoning span, tool call and step is
+open), so concurrent runs never share it. Feed it every event of the run, then call ``finish()``
+(or ``fail(exc)``); it closes whatever is still open before the terminal event, the order the
+official client verifies (RUN_STARTED first; RUN_FINISHED only when nothing is open; nothing after
+RUN_ERROR).
+
+==========================  ==================================================================
+our event                   AG-UI
+==========================  ==================================================================
+(run begins)                RUN_STARTED(threadId, runId)
+ModelCallStart / End        STEP_STARTED / STEP_FINISHED (stepName ``model:<name>``)
+TextBlock*                  TEXT_MESSAGE_START(role=assistant) / CONTENT / END; one messageId
+                            per model call, so text and tool calls form one assistant message
+ThinkingBlock*              REASONING_START, REASONING_MESSAGE_START / CONTENT / END,
+                            REASONING_END (messageId = the block id)
+ToolCall*                   TOOL_CALL_START(parentMessageId) / ARGS / END
+ToolResult* (text joined)   TOOL_CALL_RESULT(role=tool, new messageId, metadata.state)
+RequireUserConfirm          RUN_FINISHED outcome interrupt (one Interrupt per asking call)
+RequireExternalExecution    RUN_FINISHED outcome success with pendingToolCallIds
+reply INTERRUPTED           RUN_FINISHED outcome cancelled
+Custom(name, value)         CUSTOM(name, value)
+anything else               CUSTOM(name=<event type>, value=<event JSON>)
+(run ends / fails)          RUN_FINISHED(usage) / RUN_ERROR(message, code=exception class)
+==========================  ==================================================================
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from ag_ui.core import (
+    AssistantMessage,
+    BaseEvent,
+    CustomEvent,
+    DeveloperMessage,
+    Interrupt,
+    Message,
+    ReasoningEndEvent,
+    ReasoningMessageContentEvent,
+    ReasoningMessageEndEvent,
+    ReasoningMessageStartEvent,
+    ReasoningStartEvent,
+    ResumeEntry,
+    RunErrorEvent,
+    RunFinishedCancelledOutcome,
+    RunFinishedEvent,
+    RunFinishedInterruptOutcome,
+    RunFinishedSuccessOutcome,
+    RunStartedEvent,
+    StepFinishedEvent,
+    StepStartedEvent,
+    SystemMessage,
+    TextMessageContentEvent,
+    TextMessageEndEvent,
+    TextMessageStartEvent,
+    TokenUsage,
+    ToolCallArgsEvent,
+    ToolCallEndEvent,
+    ToolCallResultEvent,
+    ToolCallStartEvent,
+    ToolMessage,
+    UserMessage,
+)
+from ag_ui.encoder import EventEncoder
+from pydantic_core import to_json
+
+from ..events import AgentEvent, ConfirmResult, TextBlockDelta, ThinkingBlockDelta, ToolCallDelta
+from ..message import (
+    Block,
+    ChatUsage,
+    DataBlock,
+    GenerateReason,
+    Msg,
+    TextBlock,
+    ToolResultBlock,
+    ToolResultState,
+    ToolUseBlock,
+    new_id,
+)
+
+__all__ = [
+    "INTERRUPT_REASON",
+    "AguiInputError",
+    "AguiMapper",
+    "confirm_results",
+    "select_new_messages",
+    "to_msgs",
+]
+
+INTERRUPT_REASON = "tool_call_confirmation"
+"""``Interrupt.reason`` of a tool call waiting for the user's approval."""
+
+_ENCODER = EventEncoder()
+
+# The answer an approval interrupt expects in ``ResumeEntry.payload``.
+_RESPONSE_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "approved": {"type": "boolean"},
+        "input": {"type": "object", "description": "replacement arguments (optional)"},
+    },
+    "required": ["approved"],
+}
+
+
+class AguiInputError(ValueError):
+    """A RunAgentInput that validates against the schema but cannot be run (the server answers 422)."""
+
+
+def encode(events: Iterable[BaseEvent]) -> bytes:
+    """SSE frames (``data: <json>\\n\\n`` each) of AG-UI events, through the official encoder."""
+    return "".join([_ENCODER.encode(e) for e in events]).encode()
+
+
+class AguiMapper:
+    """Maps the events of one run to AG-UI events. Not shared between runs.
+
+    >>> mapper = AguiMapper(thread_id="t1", run_id="r1")
+    >>> frames = mapper.encode_start()           # RUN_STARTED
+    >>> frames = mapper.encode(event)            # zero or more frames per AgentEvent (bytes)
+    >>> frames = mapper.encode_finish()          # closes what is open, then RUN_FINISHED
+
+    ``map(event)`` returns the AG-UI event objects instead of bytes. ``emitted_ids`` collects every
+    message id the client will see, so the server can tell them apart from new input later.
+    """
+
+    def __init__(self, thread_id: str, run_id: str, *, emitted_ids: set[str] | None = None) -> None:
+        self.thread_id = thread_id
+        self.run_id = run_id
+        self.emitted_ids: set[str] = emitted_ids if emitted_ids is not None else set()
+        self.done = False
+        self._step: str | None = None
+        self._assistant_id: str | None = None  # the message of the current model call
+        self._texts: dict[str, str] = {}  # open text block id -> message id
+        self._reasoning: set[str] = set()  # open reasoning message ids (= thinking block ids)
+        self._calls: set[str] = set()  # open tool call ids (arguments still streaming)
+        self._results: dict[str, list[str]] = {}  # tool call id -> result text so far
+        self._usage: dict[str, ChatUsage] = {}  # model name -> summed usage
+        self._model = ""
+        self._asking: list[ToolUseBlock] = []
+        self._external: list[str] = []
+        self._reason: GenerateReason | None = None
+        self._result: Any = None
+        self._handlers: dict[str, Callable[[Any, list[BaseEvent]], None]] = {
+            "agent_start": _ignore,
+            "agent_end": _ignore,
+            "agent_result": self._on_result,
+            "model_call_start": self._on_model_start,
+            "model_call_end": self._on_model_end,
+            "text_block_start": self._on_text_start,
+            "text_block_delta": self._on_text_delta,
+            "text_block_end": self._on_text_end,
+            "thinking_block_start": self._on_thinking_start,
+            "thinking_block_delta": self._on_thinking_delta,
+            "thinking_block_end": self._on_thinking_end,
+            "tool_call_start": self._on_call_start,
+            "tool_call_delta": self._on_call_delta,
+            "tool_call_end": self._on_call_end,
+            "tool_result_start": self._on_result_start,
+            "tool_result_text_delta": self._on_result_delta,
+            "tool_result_end": self._on_result_end,
+            "require_user_confirm": self._on_confirm,
+            "require_external_execution": self._on_external,
+            "custom": self._on_custom,
+        }
+
+    # -- public API ------------------------------------------------------------------------------
+
+    def start(self) -> list[BaseEvent]:
+        return [RunStartedEvent(thread_id=self.thread_id, run_id=self.run_id)]
+
+    def map(self, event: AgentEvent) -> list[BaseEvent]:
+        """The AG-UI events for one of ours (often one, sometimes none or several)."""
+        out: list[BaseEvent] = []
+        handler = self._handlers.get(event.type)
+        if handler is None:
+            out.append(CustomEvent(name=event.type, value=event.model_dump(mode="json")))
+        else:
+            handler(event, out)
+        return out
+
+    def finish(self) -> list[BaseEvent]:
+        """Close what is open, then RUN_FINISHED with the outcome and the token usage."""
+        out = self._close_all()
+        outcome: Any
+        if self._asking:
+            outcome = RunFinishedInterruptOutcome(interrupts=[_interrupt(c) for c in self._asking])
+        elif self._external:
+            outcome = RunFinishedSuccessOutcome(pending_tool_call_ids=list(self._external))
+        elif self._reason is GenerateReason.INTERRUPTED:
+            outcome = RunFinishedCancelledOutcome()
+        else:
+            outcome = RunFinishedSuccessOutcome()
+        out.append(RunFinishedEvent(
+            thread_id=self.thread_id, run_id=self.run_id, outcome=outcome, usage=self._token_usage(),
+            result=self._result,
+        ))
+        self.done = True
+        return out
+
+    def fail(self, error: BaseException) -> list[BaseEvent]:
+        """Close what is open, then RUN_ERROR: the terminal event, nothing may follow it."""
+        out = self._close_all()
+        message = str(error) or type(error).__name__
+        out.append(RunErrorEvent(message=message, code=type(error).__name__, usage=self._token_usage()))
+        self.done = True
+        return out
+
+    def encode_start(self) -> bytes:
+        return encode(self.start())
+
+    def encode(self, event: AgentEvent) -> bytes:
+        """The SSE bytes for one of our events (``b""`` when it maps to nothing).
+
+        Deltas, almost every event of a run, take a fast path: the frame is serialised straight
+        from a dict by pydantic-core, the serializer ``EventEncoder`` ends in, so the bytes are
+        the same (a test holds them equal) at a fraction of the cost of building the model."""
+        if isinstance(event, TextBlockDelta):
+            message_id = self._texts.get(event.block_id)
+            if message_id is not None and event.delta:
+                return _frame("TEXT_MESSAGE_CONTENT", "messageId", message_id, event.delta)
+        elif isinstance(event, ThinkingBlockDelta):
+            if event.block_id in self._reasoning and event.delta:
+                return _frame("REASONING_MESSAGE_CONTENT", "messageId", event.block_id, event.delta)
+        elif isinstance(event, ToolCallDelta) and event.tool_call_id in self._calls and event.delta:
+            return _frame("TOOL_CALL_ARGS", "toolCallId", event.tool_call_id, event.delta)
+        out = self.map(event)
+        return encode(out) if out else b""
+
+    def encode_finish(self) -> bytes:
+        return encode(self.finish())
+
+    def encode_fail(self, error: BaseException) -> bytes:
+        return encode(self.fail(error))
+
+    # -- model calls and content -----------------------------------------------------------------
+
+    def _on_model_start(self, ev: Any, out: list[BaseEvent]) -> None:
+        out.extend(self._close_all())
+        self._model = ev.model
+        self._step = f"model:{ev.model}"
+        self._assistant_id = new_id("msg_")
+        out.append(StepStartedEvent(step_name=self._step))
+
+    def _on_model_end(self, ev: Any, out: list[BaseEvent]) -> None:
+        if ev.usage is not None:
+            before = self._usage.get(self._model)
+            self._usage[self._model] = ev.usage if before is None else before + ev.usage
+        out.extend(self._close_content())
+        if self._step is not None:
+            out.append(StepFinishedEvent(step_name=self._step))
+            self._step = None
+
+    def _assistant(self) -> str:
+        if self._assistant_id is None:  # content outside a model call (a middleware's own text)
+            self._assistant_id = new_id("msg_")
+        return self._assistant_id
+
+    def _on_text_start(self, ev: Any, out: list[BaseEvent]) -> None:
+        self._open_text(ev.block_id, out)
+
+    def _open_text(self, block_id: str, out: list[BaseEvent]) -> str:
+        message_id = self._assistant()
+        if message_id in self._texts.values():  # two text blocks open at once: keep them apart
+            message_id = new_id("msg_")
+        self._texts[block_id] = message_id
+        self.emitted_ids.add(message_id)
+        out.append(TextMessageStartEvent(message_id=message_id, role="assistant"))
+        return message_id
+
+    def _on_text_delta(self, ev: Any, out: list[BaseEvent]) -> None:
+        if not ev.delta:  # AG-UI rejects empty deltas
+            return
+        message_id = self._texts.get(ev.block_id) or self._open_text(ev.block_id, out)
+        out.append(TextMessageContentEvent(message_id=message_id, delta=ev.delta))
+
+    def _on_text_end(self, ev: Any, out: list[BaseEvent]) -> None:
+        message_id = self._texts.pop(ev.block_id, None)
+        if message_id is not None:
+            out.append(TextMessageEndEvent(message_id=message_id))
+
+    def _on_thinking_start(self, ev: Any, out: list[BaseEvent]) -> None:
+        self._open_reasoning(ev.block_id, out)
+
+    def _open_reasoning(self, block_id: str, out: list[BaseEvent]) -> None:
+        self._reasoning.add(block_id)
+        self.emitted_ids.add(block_id)
+        out.append(ReasoningStartEvent(message_id=block_id))
+        out.append(ReasoningMessageStartEvent(message_id=block_id, role="reasoning"))
+
+    def _on_thinking_delta(self, ev: Any, out: list[BaseEvent]) -> None:
+        if not ev.delta:
+            return
+        if ev.block_id not in self._reasoning:
+            self._open_reasoning(ev.block_id, out)
+        out.append(ReasoningMessageContentEvent(message_id=ev.block_id, delta=ev.delta))
+
+    def _on_thinking_end(self, ev: Any, out: list[BaseEvent]) -> None:
+        if ev.block_id in self._reasoning:
+            self._reasoning.discard(ev.block_id)
+            out.append(ReasoningMessageEndEvent(message_id=ev.block_id))
+            out.append(ReasoningEndEvent(message_id=ev.block_id))
+
+    # -- tool calls and results ------------------------------------------------------------------
+
+    def _on_call_start(self, ev: Any, out: list[BaseEvent]) -> None:
+        self._open_call(ev.tool_call_id, ev.tool_name, out)
+
+    def _open_call(self, call_id: str, name: str, out: list[BaseEvent]) -> None:
+        parent = self._assistant()
+        self.emitted_ids.add(parent)
+        self._calls.add(call_id)
+        out.append(ToolCallStartEvent(tool_call_id=call_id, tool_call_name=name, parent_message_id=parent))
+
+    def _on_call_delta(self, ev: Any, out: list[BaseEvent]) -> None:
+        if ev.tool_call_id not in self._calls:
+            self._open_call(ev.tool_call_id, ev.tool_name, out)
+        if ev.delta:
+            out.append(ToolCallArgsEvent(tool_call_id=ev.tool_call_id, delta=ev.delta))
+
+    def _on_call_end(self, ev: Any, out: list[BaseEvent]) -> None:
+        if ev.tool_call_id in self._calls:
+            self._calls.discard(ev.tool_call_id)
+            out.append(ToolCallEndEvent(tool_call_id=ev.tool_call_id))
+
+    def _on_result_start(self, ev: Any, out: list[BaseEvent]) -> None:
+        # The arguments are complete before the tool runs, whatever the producer did.
+        self._on_call_end(ev, out)
+        self._results[ev.tool_call_id] = []
+
+    def _on_result_delta(self, ev: Any, out: list[BaseEvent]) -> None:
+        self._results.setdefault(ev.tool_call_id, []).append(ev.delta)
+
+    def _on_result_end(self, ev: Any, out: list[BaseEvent]) -> None:
+        self._on_call_end(ev, out)
+        text = "".join(self._results.pop(ev.tool_call_id, ()))
+        message_id = new_id("toolmsg_")
+        self.emitted_ids.add(message_id)
+        out.append(ToolCallResultEvent(
+            message_id=message_id, tool_call_id=ev.tool_call_id, content=text, role="tool",
+            metadata={"state": ev.state.value},  # AG-UI has no error flag on results; the page reads this
+        ))
+
+    # -- pauses, results, custom events ----------------------------------------------------------
+
+    def _on_confirm(self, ev: Any, out: list[BaseEvent]) -> None:
+        self._asking.extend(ev.tool_calls)
+
+    def _on_external(self, ev: Any, out: list[BaseEvent]) -> None:
+        self._external.extend(c.id for c in ev.tool_calls)
+
+    def _on_result(self, ev: Any, out: list[BaseEvent]) -> None:
+        msg: Msg = ev.result
+        self._reason = msg.generate_reason
+        self._result = msg.metadata.get("structured_output")
+        if self._result is not None and hasattr(self._result, "model_dump"):
+            self._result = self._result.model_dump(mode="json")
+        if msg.generate_reason is GenerateReason.TOOL_SUSPENDED and not self._external:
+            # Resumed with some results: the calls still waiting are marked RUNNING in the reply.
+            self._external = [b.id for b in msg.tool_results if b.state is ToolResultState.RUNNING]
+
+    def _on_custom(self, ev: Any, out: list[BaseEvent]) -> None:
+        out.append(CustomEvent(name=ev.name, value=_jsonable(ev.value)))
+
+    # -- closing ---------------------------------------------------------------------------------
+
+    def _close_content(self) -> list[BaseEvent]:
+        out: list[BaseEvent] = []
+        for block_id in list(self._reasoning):
+            out.append(ReasoningMessageEndEvent(message_id=block_id))
+            out.append(ReasoningEndEvent(message_id=block_id))
+        self._reasoning.clear()
+        out.extend(TextMessageEndEvent(message_id=m) for m in self._texts.values())
+        self._texts.clear()
+        out.extend(ToolCallEndEvent(tool_call_id=c) for c in self._calls)
+        self._calls.clear()
+        return out
+
+    def _close_all(self) -> list[BaseEvent]:
+        out = self._close_content()
+        if self._step is not None:
+            out.append(StepFinishedEvent(step_name=self._step))
+            self._step = None
+        return out
+
+    def _token_usage(self) -> list[TokenUsage] | None:
+        if not self._usage:
+            return None
+        return [
+            TokenUsage(
+                model=model or None,
+                input_tokens=u.input_tokens,
+                output_tokens=u.output_tokens,
+                total_tokens=u.total_tokens,
+                reasoning_tokens=u.reasoning_tokens or None,
+                cached_input_tokens=u.cache_read_tokens or None,
+                cache_write_input_tokens=u.cache_write_tokens or None,
+            )
+            for model, u in self._usage.items()
+        ]
+
+
+def _frame(event_type: str, id_key: str, id_value: str, delta: str) -> bytes:
+    return b"data: " + to_json({"type": event_type, id_key: id_value, "delta": delta}) + b"\n\n"
+
+
+def _ignore(ev: Any, out: list[BaseEvent]) -> None:
+    return None
+
+
+def _jsonable(value: Any) -> Any:
+    if hasattr(value, "model_dump"):
+        return value.model_dump(mode="json")
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError):
+        return json.loads(json.dumps(value, default=str))
+    return value
+
+
+def _interrupt(call: ToolUseBlock) -> Interrupt:
+    args = json.dumps(call.input, ensure_ascii=False)
+    return Interrupt(
+        id=call.id,
+        reason=INTERRUPT_REASON,
+        tool_call_id=call.id,
+        message=f"Allow {call.name}({args})?",
+        response_schema=_RESPONSE_SCHEMA,
+        metadata={"toolName": call.name, "arguments": call.input},
+    )
+
+
+# -- input: RunAgentInput -> Msg -----------------------------------------------------------------
+
+
+def select_new_messages(
+    messages: Sequence[Message], remembered: Sequence[Msg], emitted_ids: set[str]
+) -> list[Message]:
+    """The messages of a RunAgentInput the session has not seen yet.
+
+    AG-UI clients resend the whole conversation every run; the thread's memory already holds it.
+    A message counts as seen when its id is a remembered message id or one this server emitted, a
+    tool message answers a call whose result is remembered, or an assistant message carries
+    remembered tool calls or a remembered reply's text (so a restarted server with a persistent
+    store still recognises its own replies). Everything up to the last seen message is old;
+    what follows is new. Reasoning and activity messages are never input.
+    """
+    remembered_ids = {m.id for m in remembered}
+    result_ids = {b.id for m in remembered for b in m.tool_results}
+    call_ids = {c.id for m in remembered for c in m.tool_calls}
+    texts = {m.text for m in remembered if m.role == "assistant" and m.text}
+
+    def seen(m: Message) -> bool:
+        if m.id in remembered_ids or m.id in emitted_ids:
+            return True
+        if isinstance(m, ToolMessage):
+            return m.tool_call_id in result_ids
+        if isinstance(m, AssistantMessage):
+            if any(tc.id in call_ids for tc in m.tool_calls or ()):
+                return True
+            return bool(m.content) and m.content in texts
+        return False
+
+    last_seen = -1
+    for i, m in enumerate(messages):
+        if seen(m):
+            last_seen = i
+    return [m for m in messages[last_seen + 1:] if m.role not in ("reasoning", "activity")]
+
+
+def to_msgs(messages: Sequence[Message], history: Sequence[Message] = ()) -> list[Msg]:
+    """Our messages for AG-UI ones (ids kept). ``history`` is searched for the names of the tools
+    that tool messages answer. Raises `AguiInputError` for content we cannot represent."""
+    names = {tc.id: tc.function.name for m in history if isinstance(m, AssistantMessage)
+             for tc in m.tool_calls or ()}
+    out: list[Msg] = []
+    for m in messages:
+        if isinstance(m, UserMessage):
+            out.append(Msg(id=m.id, role="user", name=m.name, content=_user_content(m)))
+        elif isinstance(m, SystemMessage | DeveloperMessage):
+            out.append(Msg(id=m.id, role="system", content=[TextBlock(text=m.content)]))
+        elif isinstance(m, AssistantMessage):
+            content: list[Block] = [TextBlock(text=m.content)] if m.content else []
+            content.extend(_tool_use(tc.id, tc.function.name, tc.function.arguments) for tc in m.tool_calls or ())
+            out.append(Msg(id=m.id, role="assistant", name=m.name, content=content))
+        elif isinstance(m, ToolMessage):
+            text = m.content if isinstance(m.content, str) else _parts_text(m.content)
+            state = ToolResultState.ERROR if m.error else ToolResultState.SUCCESS
+            output = f"{text}\n{m.error}".strip() if m.error else text
+            block = ToolResultBlock(id=m.tool_call_id, name=names.get(m.tool_call_id, ""), output=output, state=state)
+            out.append(Msg(id=m.id, role="tool", content=[block]))
+    return out
+
+
+def confirm_results(resume: Sequence[ResumeEntry]) -> list[ConfirmResult]:
+    """Answers to approval interrupts: ``status="resolved"`` with ``payload.approved`` (default
+    true) and optional ``payload.input`` (replacement arguments); ``"cancelled"`` denies."""
+    out: list[ConfirmResult] = []
+    for entry in resume:
+        payload = entry.payload if isinstance(entry.payload, dict) else {}
+        approved = entry.status == "resolved" and payload.get("approved", True) is not False
+        new_input = payload.get("input")
+        if new_input is not None and not isinstance(new_input, dict):
+            raise AguiInputError(f"resume[{entry.interrupt_id}].payload.input must be an object")
+        reason = payload.get("reason")
+        out.append(ConfirmResult(
+            tool_call_id=entry.interrupt_id, confirmed=approved, input=new_input if approved else None,
+            reason=reason if isinstance(reason, str) else None,
+        ))
+    return out
+
+
+def _tool_use(call_id: str, name: str, arguments: str) -> ToolUseBlock:
+    try:
+        value = json.loads(arguments) if arguments.strip() else {}
+    except ValueError:
+        value = None
+    if isinstance(value, dict):
+        return ToolUseBlock(id=call_id, name=name, input=value)
+    return ToolUseBlock(id=call_id, name=name, input={}, raw_input=arguments)
+
+
+def _user_content(m: UserMessage) -> list[Block]:
+    if isinstance(m.content, str):
+        return [TextBlock(text=m.content)]
+    blocks: list[Block] = []
+    for part in m.content:
+        kind = getattr(part, "type", None)
+        if kind == "text":
+            blocks.append(TextBlock(text=part.text))  # type: ignore[union-attr]
+            continue
+        source = getattr(part, "source", None)
+        if source is None:
+            raise AguiInputError(f"message {m.id}: unsupported content part {kind!r}")
+        media_type = getattr(source, "mime_type", None) or "application/octet-stream"
+        if source.type == "data":
+            blocks.append(DataBlock(media_type=media_type, data=source.value))
+        elif source.type == "url":
+            blocks.append(DataBlock(media_type=media_type, url=source.value))
+        else:
+            raise AguiInputError(f"message {m.id}: {kind} parts with a {source.type!r} source are not supported")
+    return blocks
+
+
+def _parts_text(parts: Sequence[Any]) -> str:
+    return "".join(getattr(p, "text", "") for p in parts)

@@ -1,0 +1,156 @@
+"""Server-sent events: framing, and an ASGI response that streams frames with backpressure,
+heartbeats and disconnect detection.
+
+Framing follows what the strict AG-UI client parser accepts: frames are ``data: <json>\\n\\n``
+(never CRLF), comments (``: ping``) are heartbeats, and there is no ``[DONE]`` sentinel.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import Any
+
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
+
+from ..events import AgentEvent
+
+__all__ = ["HEARTBEAT", "SSE_HEADERS", "SSEResponse", "encode_error", "encode_sse", "with_heartbeat"]
+
+log = logging.getLogger("agentscope_py.server")
+
+HEARTBEAT = b": ping\n\n"
+SSE_HEADERS: dict[str, str] = {
+    "content-type": "text/event-stream; charset=utf-8",
+    "cache-control": "no-cache",
+    "x-accel-buffering": "no",  # nginx: do not buffer the stream
+}
+BUFFER = 16
+"""Frames the producer may run ahead of the client: a small constant, so a slow reader pauses the
+agent (and, through its bounded prefetch, the model request) instead of growing memory."""
+
+
+def encode_sse(event: AgentEvent) -> bytes:
+    """One native SSE frame, ``data: <event JSON>\\n\\n``; ``parse_event`` reads the JSON back.
+
+    The cheapest path we have: pydantic serialises straight to bytes (no ``str`` round trip)."""
+    return b"data: " + type(event).__pydantic_serializer__.to_json(event) + b"\n\n"
+
+
+def encode_error(error: BaseException) -> bytes:
+    """The native stream's terminal error frame: ``event: error`` with ``{"type": "error",
+    "message", "code"}`` (``code`` is the exception class), so clients tell it from events."""
+    body = json.dumps({"type": "error", "message": str(error) or type(error).__name__,
+                       "code": type(error).__name__})
+    return b"event: error\ndata: " + body.encode() + b"\n\n"
+
+
+_ITEM, _END, _ERROR = 0, 1, 2
+
+
+async def with_heartbeat(source: AsyncIterator[bytes], interval: float | None) -> AsyncIterator[bytes]:
+    """``source``'s frames, plus `HEARTBEAT` whenever nothing was sent for ``interval`` seconds.
+
+    ``source`` runs in one producer task (so the agent's generators keep one task and context
+    throughout) feeding a queue of `BUFFER` frames; closing this iterator cancels the producer
+    once and waits for its cleanup, which is how a disconnect cancels the run."""
+    queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue(BUFFER)
+
+    async def produce() -> None:
+        try:
+            async with contextlib.aclosing(source):  # type: ignore[type-var]
+                async for frame in source:
+                    await queue.put((_ITEM, frame))
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise  # we were cancelled: the consumer is gone
+            await queue.put((_ERROR, asyncio.CancelledError()))
+        except BaseException as exc:  # reported to the consumer, which decides
+            await queue.put((_ERROR, exc))
+        else:
+            await queue.put((_END, None))
+
+    producer = asyncio.get_running_loop().create_task(produce())
+    try:
+        while True:
+            try:
+                if interval is None or interval <= 0:
+                    kind, value = await queue.get()
+                else:
+                    async with asyncio.timeout(interval):
+                        kind, value = await queue.get()
+            except TimeoutError:
+                yield HEARTBEAT
+                continue
+            if kind == _ITEM:
+                yield value
+            elif kind == _END:
+                return
+            else:
+                raise value
+    finally:
+        if not producer.done():
+            producer.cancel()
+        # Shielded: an ASGI server that cancels us repeatedly must not cut the run's cleanup short.
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.shield(asyncio.gather(producer, return_exceptions=True))
+
+
+class SSEResponse(Response):
+    """A Starlette response streaming ``frames()`` as ``text/event-stream``.
+
+    The body is pulled only as fast as ``send`` completes (the server's flow control), a heartbeat
+    comment goes out when idle, and a client disconnect (``http.disconnect``) cancels the stream
+    at once, even while the agent is waiting on a tool."""
+
+    media_type = "text/event-stream"
+
+    def __init__(
+        self,
+        frames: Callable[[], AsyncIterator[bytes]],
+        *,
+        heartbeat: float | None = 15.0,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        # Like StreamingResponse, no body to render: only status and headers are set up here.
+        self.frames = frames
+        self.heartbeat = heartbeat
+        self.status_code = 200
+        self.background = None
+        self.init_headers({**SSE_HEADERS, **(headers or {})})
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+        loop = asyncio.get_running_loop()
+        pump = loop.create_task(self._pump(send))
+        watch = loop.create_task(_disconnected(receive))
+        try:
+            await asyncio.wait({pump, watch}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            watch.cancel()
+            if not pump.done():
+                pump.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.shield(asyncio.gather(pump, watch, return_exceptions=True))
+        if not pump.cancelled() and (exc := pump.exception()) is not None and not isinstance(exc, OSError):
+            log.error("SSE stream failed", exc_info=exc)
+
+    async def _pump(self, send: Send) -> None:
+        frames = with_heartbeat(self.frames(), self.heartbeat)
+        async with contextlib.aclosing(frames):  # type: ignore[type-var]
+            async for frame in frames:
+                await send({"type": "http.response.body", "body": frame, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+async def _disconnected(receive: Receive) -> None:
+    """Returns when the client has gone (the request body was already read)."""
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return

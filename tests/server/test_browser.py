@@ -1,0 +1,181 @@
+"""The web page in a real browser: Playwright for Python driving Debian's chromium (never a
+downloaded one). CI installs chromium; without it these tests fail and say so."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agentscope_py import ChatUsage, ModelStep, ReActAgent, ScriptedModel, Toolkit, ToolUseBlock
+from agentscope_py.message import new_id
+from agentscope_py.model.base import ModelRequest
+from agentscope_py.server import create_app
+
+from .conftest import LiveServer, SlowTool, add, delete_file
+
+pytestmark = pytest.mark.browser
+
+CHROMIUM = "/usr/bin/chromium"
+ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+        "--no-first-run", "--disable-sync"]
+SHOTS = os.environ.get("AGENTSCOPE_SCREENSHOTS")  # optional: also copy screenshots here
+
+
+def _respond(request: ModelRequest) -> ModelStep:
+    last = request.messages[-1]
+    usage = ChatUsage(input_tokens=100 + 10 * len(request.messages), output_tokens=42)
+    if last.role == "tool":
+        result = last.tool_results[0]
+        answer = f"The tool said: {result.text}. That settles it — anything else?"
+        return ModelStep.text(answer, chunks=14, delay=0.07, usage=usage)
+    words = last.text.split()
+    if words[0] == "add":
+        return ModelStep(thinking="The user wants a sum; the add tool is exact.", text="I'll add those.",
+                         tool_calls=[ToolUseBlock(id=new_id("call_"), name="add",
+                                                  input={"a": int(words[1]), "b": int(words[2])})],
+                         chunks=3, delay=0.05, usage=usage)
+    if words[0] == "slow":
+        return ModelStep.tool_call("slow", {"label": "long job"}, text="Starting the long job.", usage=usage)
+    if words[0] == "delete":
+        return ModelStep.tool_call("delete_file", {"path": words[1]}, text="This needs your approval.", usage=usage)
+    if words[0] == "fail":
+        return ModelStep.error(ConnectionError("the model endpoint is unreachable"))
+    return ModelStep.text("Try: add 2 3, slow, delete /tmp/a or fail.", usage=usage)
+
+
+@pytest.fixture(scope="module")
+def slow_tool() -> SlowTool:
+    return SlowTool(seconds=30)
+
+
+@pytest.fixture(scope="module")
+def server(slow_tool: SlowTool) -> Iterator[LiveServer]:
+    model = ScriptedModel([ModelStep(respond=_respond)], name="browser-demo", loop=True)
+    agent = ReActAgent.builder().name("demo").model(model).toolkit(Toolkit([add, delete_file, slow_tool.slow])).build()
+    with LiveServer(create_app(agent, auth_token="tok")) as live:
+        yield live
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"{CHROMIUM} is missing: install Debian's chromium (apt-get install -y chromium); "
+                    "the browser tests never download a browser")
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        pytest.fail("playwright is not installed: pip install -e '.[dev]' (never run `playwright install`)")
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=ARGS)
+        yield browser
+        browser.close()
+
+
+def _page(browser: Any, server: LiveServer, **context: Any) -> Any:
+    page = browser.new_context(**context).new_page()
+    page.set_default_timeout(10_000)
+    page.goto(f"{server.url}/?token=tok")
+    return page
+
+
+def _shot(page: Any, path: Path) -> None:
+    page.screenshot(path=str(path), full_page=False)
+    if SHOTS:
+        Path(SHOTS).mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(Path(SHOTS) / path.name))
+
+
+def _send(page: Any, text: str) -> None:
+    page.get_by_test_id("prompt-input").fill(text)
+    page.get_by_test_id("send-button").click()
+
+
+def test_streams_a_tool_round_and_the_answer(browser: Any, server: LiveServer, tmp_path: Path) -> None:
+    page = _page(browser, server, viewport={"width": 1280, "height": 860})
+    _send(page, "add 2 3")
+    page.get_by_test_id("message-user").get_by_text("add 2 3").wait_for()
+    card = page.locator('[data-testid="tool-call"][data-status="done"]')
+    card.wait_for()
+    assert card.get_by_test_id("tool-result").inner_text().endswith("5")
+    assert "add" in card.inner_text()
+    # The answer streams in place: sample the growing text.
+    answer = page.get_by_test_id("message-assistant").last
+    lengths: set[int] = set()
+    deadline = time.monotonic() + 8
+    while time.monotonic() < deadline:
+        text = answer.inner_text() if answer.count() else ""
+        if text.startswith("The tool said"):
+            lengths.add(len(text))
+        if page.get_by_test_id("run-status").get_attribute("data-status") == "done":
+            break
+        time.sleep(0.03)
+    final = answer.inner_text()
+    assert final == "The tool said: 5. That settles it — anything else?"
+    partial = {n for n in lengths if n < len(final)}
+    assert len(partial) >= 2, f"saw lengths {sorted(lengths)}: the text did not stream"
+    usage = page.get_by_test_id("usage").last.inner_text()
+    assert "in" in usage and "84 out tokens" in usage
+    thinking = page.get_by_test_id("thinking").first
+    thinking.locator("summary").click()
+    assert "add tool is exact" in thinking.inner_text()
+    assert page.get_by_test_id("run-status").inner_text() == "Done"
+    _shot(page, tmp_path / "desktop-tool-round.png")
+
+
+def test_stop_aborts_the_run(browser: Any, server: LiveServer, slow_tool: SlowTool, tmp_path: Path) -> None:
+    page = _page(browser, server, viewport={"width": 1280, "height": 860})
+    _send(page, "slow")
+    page.locator('[data-testid="tool-call"][data-status="running"]').wait_for()
+    assert slow_tool.started.wait(5)
+    page.get_by_test_id("stop-button").click()
+    page.locator('[data-testid="run-status"][data-status="stopped"]').wait_for()
+    assert slow_tool.cancelled.wait(5), "the server's run was not cancelled"
+    assert page.locator('[data-testid="tool-call"][data-status="cancelled"]').count() == 1
+    assert page.get_by_test_id("send-button").is_visible()
+    # The thread is usable right away.
+    _send(page, "add 1 1")
+    page.locator('[data-testid="run-status"][data-status="done"]').wait_for()
+    _shot(page, tmp_path / "desktop-stopped.png")
+
+
+def test_approve_a_tool_call_on_a_phone(browser: Any, server: LiveServer, tmp_path: Path) -> None:
+    page = _page(browser, server, viewport={"width": 390, "height": 844}, device_scale_factor=2,
+                 is_mobile=True, has_touch=True)
+    _send(page, "delete /tmp/a")
+    page.get_by_test_id("approve-button").wait_for()
+    assert page.get_by_test_id("run-status").get_attribute("data-status") == "waiting"
+    assert page.locator('[data-testid="tool-call"][data-status="approval"]').count() == 1
+    _shot(page, tmp_path / "phone-approval.png")
+    page.get_by_test_id("approve-button").click()
+    page.locator('[data-testid="run-status"][data-status="done"]').wait_for()
+    card = page.locator('[data-testid="tool-call"][data-status="done"]')
+    assert card.get_by_test_id("tool-result").inner_text().endswith("deleted /tmp/a")
+    assert page.get_by_test_id("message-assistant").last.inner_text().startswith("The tool said: deleted /tmp/a")
+    assert page.get_by_test_id("approve-button").count() == 0
+    _shot(page, tmp_path / "phone-approved.png")
+
+
+def test_deny_and_errors_are_shown(browser: Any, server: LiveServer, tmp_path: Path) -> None:
+    page = _page(browser, server, viewport={"width": 1024, "height": 760}, color_scheme="dark")
+    _send(page, "delete /etc")
+    page.get_by_test_id("deny-button").click()
+    page.locator('[data-testid="tool-call"][data-status="denied"]').wait_for()
+    page.locator('[data-testid="run-status"][data-status="done"]').wait_for()
+    _send(page, "fail")
+    error = page.get_by_test_id("run-error")
+    error.wait_for()
+    assert "the model endpoint is unreachable" in error.inner_text()
+    assert "ConnectionError" in error.inner_text()
+    assert page.get_by_test_id("run-status").get_attribute("data-status") == "error"
+    _shot(page, tmp_path / "dark-deny-error.png")
+
+
+def test_page_without_token_explains_401(browser: Any, server: LiveServer) -> None:
+    page = browser.new_context().new_page()
+    response = page.goto(f"{server.url}/")
+    assert response.status == 401
