@@ -9,6 +9,7 @@ An interrupt cancels the tasks; each cancelled call ends with an INTERRUPTED res
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING, Any
@@ -24,6 +25,7 @@ from ..events import (
     ToolResultEnd,
     ToolResultStart,
     ToolResultTextDelta,
+    trusted,
 )
 from ..message import GenerateReason, ToolResultState, ToolUseBlock
 from ..stream import _Channel
@@ -34,6 +36,12 @@ if TYPE_CHECKING:
     from ._loop import Execution
 
 __all__ = ["acting_events"]
+
+
+# Result events of values made here skip validation (`events.trusted`: the same objects).
+_ToolResultStart = trusted(ToolResultStart)
+_ToolResultTextDelta = trusted(ToolResultTextDelta)
+_ToolResultEnd = trusted(ToolResultEnd)
 
 
 async def _decide(exe: Execution, call: ToolUseBlock, tool: Tool) -> PermissionDecision:
@@ -81,8 +89,10 @@ async def acting_events(
     if denied and not (allowed or asking or external):
         yield AllToolsDenied(reply_id=reply_id, denied_tool_calls=denied)
         return
-    async for ev in _execute(exe, allowed, context or contextvars.copy_context()):
-        yield ev
+    # Closed with this generator, so an early close cancels the tool tasks before it returns.
+    async with contextlib.aclosing(_execute(exe, allowed, context or contextvars.copy_context())) as run:  # type: ignore[type-var]
+        async for ev in run:
+            yield ev
     if asking:
         yield RequireUserConfirm(reply_id=reply_id, tool_calls=asking)
         yield RequestStop(reason="waiting for the user to confirm tool calls",
@@ -130,7 +140,7 @@ async def _run_tool(exe: Execution, call: ToolUseBlock, channel: _Channel) -> No
     exe.tool_calls += 1
     state = ToolResultState.SUCCESS
     error_text: str | None = None
-    await channel.put(ToolResultStart(reply_id=reply_id, tool_call_id=cid, tool_name=name))
+    await channel.put(_ToolResultStart(reply_id=reply_id, tool_call_id=cid, tool_name=name))
     try:
         tool = exe.toolkit.get(name)
         if tool is None:
@@ -155,13 +165,15 @@ async def _run_tool(exe: Execution, call: ToolUseBlock, channel: _Channel) -> No
         state, error_text = ToolResultState.ERROR, f"Error: {type(exc).__name__}: {exc}"
     # After a cancellation nobody may be reading: append without waiting for room.
     if error_text is not None:
-        channel.items.append(ToolResultTextDelta(reply_id=reply_id, tool_call_id=cid, tool_name=name,
-                                                 delta=error_text))
-    channel.items.append(ToolResultEnd(reply_id=reply_id, tool_call_id=cid, tool_name=name, state=state))
+        channel.items.append(_ToolResultTextDelta(reply_id=reply_id, tool_call_id=cid, tool_name=name,
+                                                  delta=error_text))
+    channel.items.append(_ToolResultEnd(reply_id=reply_id, tool_call_id=cid, tool_name=name, state=state))
     channel.finish(None)
 
 
 def _delta(reply_id: str, cid: str, name: str, chunk: Any) -> AgentEvent:
+    if type(chunk) is str:
+        return _ToolResultTextDelta(reply_id=reply_id, tool_call_id=cid, tool_name=name, delta=chunk)
     if isinstance(chunk, str):
         return ToolResultTextDelta(reply_id=reply_id, tool_call_id=cid, tool_name=name, delta=chunk)
     return ToolResultDataDelta(reply_id=reply_id, tool_call_id=cid, tool_name=name, data=chunk)

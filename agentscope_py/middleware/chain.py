@@ -67,39 +67,74 @@ def compose(
     """Fold the overriding hooks of ``point`` around ``core``; the first one ends up outermost."""
     assert point in ONION_POINTS
     hooks = participants.hooks[point]
-    nxt = core
-    for mw in reversed(hooks):
-        nxt = _layer(mw, point, agent, ctx, nxt, trace)
-    return nxt
-
-
-def _layer(
-    mw: MiddlewareBase, point: ExtensionPoint, agent: Any, ctx: RuntimeContext, inner: Layer, trace: bool
-) -> Layer:
-    hook = getattr(mw, point.value)
-
-    def invoke(input: Any) -> EventStream[Any]:
-        result = hook(agent, ctx, input, inner)
-        if inspect.isasyncgen(result):
-            return EventStream(lambda: _Isolated(result, contextvars.copy_context()))
-        try:
-            return to_stream(result)
-        except TypeError as exc:
-            raise TypeError(f"{mw.name}.{point.value} must return a stream: {exc}") from None
-
+    if not hooks:
+        return core
     if trace:
-        return _traced(mw, point, invoke)
+        nxt = core
+        for mw in reversed(hooks):
+            nxt = _traced_layer(mw, point, getattr(mw, point.value), agent, ctx, nxt)
+        return nxt
+    return _Chain(hooks, point, agent, ctx, core)
 
-    def layer(input: Any) -> EventStream[Any]:
-        c = contextvars.copy_context()
-        stream = c.run(invoke, input)
-        # The inner factory runs in the copy; its fused operators are carried out to this layer's
-        # stream, so the maps of stacked hooks stay fused in one loop (one async layer in all).
-        # They run in the consumer's context either way: a generator runs where it is iterated.
-        factory = stream._factory
-        return EventStream(lambda: c.run(factory), stream._steps)
 
-    return layer
+class _Chain:
+    """The fold of one point for one execution: a few fields, not a closure per layer (layer
+    ``i``'s ``next`` is made when layer ``i`` is invoked, and dropped after)."""
+
+    __slots__ = ("agent", "core", "ctx", "mws", "name", "point")
+
+    def __init__(
+        self, mws: tuple[MiddlewareBase, ...], point: ExtensionPoint, agent: Any, ctx: RuntimeContext, core: Layer
+    ) -> None:
+        self.mws = mws
+        self.point = point
+        self.name = point.value
+        self.agent = agent
+        self.ctx = ctx
+        self.core = core
+
+    def __call__(self, input: Any) -> EventStream[Any]:
+        return _invoke(self, 0, input)
+
+
+def _invoke(chain: _Chain, i: int, input: Any) -> EventStream[Any]:
+    mws = chain.mws
+    if i >= len(mws):
+        return chain.core(input)
+    mw = mws[i]
+
+    def next(input: Any) -> EventStream[Any]:  # layer i's next: layer i + 1 (or the core)
+        return _invoke(chain, i + 1, input)
+
+    c = contextvars.copy_context()
+    stream = c.run(getattr(mw, chain.name), chain.agent, chain.ctx, input, next)
+    if type(stream) is not EventStream:
+        stream = c.run(_normalise, stream, mw, chain.point)
+    # The inner factory runs in the copy; its fused operators are carried out to this layer's
+    # stream, so the maps of stacked hooks stay fused in one loop (one async layer in all).
+    # They run in the consumer's context either way: a generator runs where it is iterated.
+    factory = stream._factory
+    return EventStream(lambda: c.run(factory), stream._steps)
+
+
+def _traced_layer(
+    mw: MiddlewareBase, point: ExtensionPoint, hook: Callable[..., Any], agent: Any, ctx: RuntimeContext,
+    inner: Layer,
+) -> Layer:
+    def invoke(input: Any) -> EventStream[Any]:
+        return _normalise(hook(agent, ctx, input, inner), mw, point)
+
+    return _traced(mw, point, invoke)
+
+
+def _normalise(result: Any, mw: MiddlewareBase, point: ExtensionPoint) -> EventStream[Any]:
+    """What a hook returned, as an EventStream (run in the hook's context copy)."""
+    if inspect.isasyncgen(result):
+        return EventStream(lambda: _Isolated(result, contextvars.copy_context()))
+    try:
+        return to_stream(result)
+    except TypeError as exc:
+        raise TypeError(f"{mw.name}.{point.value} must return a stream: {exc}") from None
 
 
 def _traced(mw: MiddlewareBase, point: ExtensionPoint, invoke: Layer) -> Layer:
@@ -112,19 +147,41 @@ def _traced(mw: MiddlewareBase, point: ExtensionPoint, invoke: Layer) -> Layer:
         async def gen() -> AsyncIterator[Any]:
             started = time.perf_counter()
             yield MiddlewareStarted(middleware=mw.name, point=point.name)
+            # Brackets opened inside this layer and not closed yet: a hook that cuts its inner
+            # stream short (take_while…) closes those layers before they can emit Completed.
+            inner: list[MiddlewareStarted] = []
             try:
                 stream = c.run(invoke, input)
                 async with contextlib.aclosing(c.run(stream.__aiter__)) as it:  # type: ignore[type-var]
                     async for event in it:
+                        if event.__class__ is MiddlewareStarted and event.source is None:
+                            inner.append(event)
+                        elif event.__class__ is MiddlewareCompleted and event.source is None and inner:
+                            inner.pop()
                         yield event
             except Exception as exc:
+                for ev in _cut_short(inner):
+                    yield ev
                 yield completed_event(mw, point, started, exc)
                 raise
+            for ev in _cut_short(inner):
+                yield ev
             yield completed_event(mw, point, started, None)
 
         return EventStream(gen)
 
     return layer
+
+
+def _cut_short(open_brackets: list[MiddlewareStarted]) -> list[MiddlewareCompleted]:
+    """Completed events (``error="cancelled"``) for inner brackets that were closed early,
+    innermost first, so the stream stays balanced."""
+    now = time.time()
+    return [
+        MiddlewareCompleted(middleware=s.middleware, point=s.point,
+                            duration_ms=max(0.0, (now - s.created_at) * 1000.0), error="cancelled")
+        for s in reversed(open_brackets)
+    ]
 
 
 def completed_event(

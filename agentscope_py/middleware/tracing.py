@@ -1,0 +1,476 @@
+"""`OtelTracingMiddleware`: OpenTelemetry spans for agent runs, per the GenAI semantic conventions.
+
+Spans (instrumentation scope ``agentscope_py``):
+
+* ``invoke_agent {agent}`` (INTERNAL) around each execution (``on_agent``);
+* ``chat {model}`` (CLIENT) around each model invocation (``on_model_call``), a child of it;
+* ``execute_tool {tool}`` (INTERNAL) around each round's batch of tool calls (``on_acting``),
+  named ``execute_tool {first} (+N more)`` for a batch of several. A sub-agent called from inside
+  a tool nests under that tool's span.
+
+Status: OK when the stream completes; ERROR with the exception recorded (and ``error.type`` set)
+when it fails; ERROR ``"cancelled"`` when the consumer cancels or closes it early. Every span is
+ended exactly once. Message contents (``gen_ai.input.messages``, ``gen_ai.output.messages``, tool
+arguments and results) are recorded only with ``capture_content=True``.
+
+Provider: the ``tracer_provider`` given (the global one is never touched), else the global one,
+resolved lazily at each hook call until one is configured. With no SDK configured each hook
+passes straight through (no span, no wrapper). A provider that fails to create a span never
+breaks the run: the hook passes through and the failure is logged once.
+
+Context: each subscription of a hook's stream opens its span (at the first pull, so a
+subscription closed unpulled leaves nothing open), makes it current in a private ``contextvars``
+copy, and calls ``next(input)`` and steps the inner stream inside that copy. Stepping inside it
+matters: the loop body and the tool tasks run in the context of whoever steps their stream, so
+this is what parents the ``chat`` and ``execute_tool`` spans (and a sub-agent's ``invoke_agent``)
+correctly. Nothing is ever attached in the consumer's context (OpenTelemetry contexts attached
+across ``yield`` break when a generator is closed from another task), and no span leaks into it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+try:
+    from opentelemetry import context as otel_context
+    from opentelemetry import trace
+    from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer, TracerProvider
+except ImportError as exc:  # pragma: no cover - depends on the environment
+    raise ImportError(
+        "OtelTracingMiddleware needs OpenTelemetry: pip install 'agentscope-py[otel]'"
+    ) from exc
+
+from ..agent._reply import ReplyBuilder
+from ..events import AgentEvent
+from ..message import ChatUsage, Msg, TextBlock, ThinkingBlock, ToolResultBlock, ToolUseBlock
+from ..model.base import ChatModel, ToolSchema, model_provider
+from ..stream import EventStream, aclose
+from .base import ActingInput, AgentInput, ExtensionPoint, MiddlewareBase, ModelCallInput, Next
+from .chain import _Isolated
+
+if TYPE_CHECKING:
+    from ..agent.context import RuntimeContext
+    from ..agent.react import ReActAgent
+
+__all__ = ["SCOPE", "OtelTracingMiddleware"]
+
+SCOPE = "agentscope_py"
+"""The instrumentation scope name of every span."""
+
+_log = logging.getLogger(__name__)
+
+# Attribute names (the GenAI conventions are experimental; we keep our own constants rather than
+# import the incubating semconv module). The ``*.count`` ones follow AgentScope Java.
+OPERATION = "gen_ai.operation.name"
+PROVIDER = "gen_ai.provider.name"
+AGENT_NAME = "gen_ai.agent.name"
+AGENT_ID = "gen_ai.agent.id"
+CONVERSATION_ID = "gen_ai.conversation.id"
+REQUEST_MODEL = "gen_ai.request.model"
+RESPONSE_MODEL = "gen_ai.response.model"
+FINISH_REASONS = "gen_ai.response.finish_reasons"
+TIME_TO_FIRST_CHUNK = "gen_ai.response.time_to_first_chunk"
+INPUT_TOKENS = "gen_ai.usage.input_tokens"
+OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
+CACHE_READ_TOKENS = "gen_ai.usage.cache_read.input_tokens"
+CACHE_WRITE_TOKENS = "gen_ai.usage.cache_creation.input_tokens"
+REASONING_TOKENS = "gen_ai.usage.reasoning.output_tokens"
+MESSAGE_COUNT = "gen_ai.request.messages.count"
+TOOL_COUNT = "gen_ai.request.tools.count"
+TOOL_NAME = "gen_ai.tool.name"
+TOOL_CALL_ID = "gen_ai.tool.call.id"
+TOOL_TYPE = "gen_ai.tool.type"
+TOOL_CALL_COUNT = "gen_ai.tool.call.count"
+TOOL_ARGUMENTS = "gen_ai.tool.call.arguments"
+TOOL_RESULT = "gen_ai.tool.call.result"
+TOOL_DEFINITIONS = "gen_ai.tool.definitions"
+INPUT_MESSAGES = "gen_ai.input.messages"
+OUTPUT_MESSAGES = "gen_ai.output.messages"
+ERROR_TYPE = "error.type"
+REPLY_ID = "agentscope.agent.reply_id"
+
+# Model options that have a gen_ai.request.* attribute.
+_REQUEST_OPTIONS = {
+    "temperature": "gen_ai.request.temperature",
+    "top_p": "gen_ai.request.top_p",
+    "top_k": "gen_ai.request.top_k",
+    "max_tokens": "gen_ai.request.max_tokens",
+    "seed": "gen_ai.request.seed",
+    "frequency_penalty": "gen_ai.request.frequency_penalty",
+    "presence_penalty": "gen_ai.request.presence_penalty",
+    "stop": "gen_ai.request.stop_sequences",
+}
+
+# Providers that mean "no SDK configured" (the API's defaults).
+_UNCONFIGURED = (trace.NoOpTracerProvider, trace.ProxyTracerProvider)
+
+Observer = Callable[[Span, Any], None]
+Closer = Callable[[Span], None]
+
+
+class OtelTracingMiddleware(MiddlewareBase):
+    """Traces executions, model calls and tool batches as OpenTelemetry spans.
+
+    ``tracer_provider``: an application-owned provider (recommended; the global one is used when
+    omitted). ``capture_content``: also record message contents, tool arguments and results
+    (opt-in: they may hold personal data).
+    """
+
+    def __init__(self, tracer_provider: TracerProvider | None = None, capture_content: bool = False) -> None:
+        self._provider = tracer_provider
+        self.capture_content = capture_content
+        self._tracer: Tracer | None = None
+        self._warned = False
+
+    def active_points(self) -> frozenset[ExtensionPoint]:
+        return frozenset({ExtensionPoint.ON_AGENT, ExtensionPoint.ON_MODEL_CALL, ExtensionPoint.ON_ACTING})
+
+    # -- hooks -----------------------------------------------------------------------------------
+
+    def on_agent(self, agent: ReActAgent, ctx: RuntimeContext, input: AgentInput, next: Next) -> Any:
+        if self._get_tracer() is None:  # nothing configured: no span, no wrapper
+            return next(input)
+
+        def attributes() -> dict[str, Any]:
+            attrs: dict[str, Any] = {
+                OPERATION: "invoke_agent",
+                PROVIDER: model_provider(agent.model),
+                AGENT_NAME: agent.name,
+                AGENT_ID: str(getattr(agent, "id", None) or agent.name),
+                CONVERSATION_ID: ctx.session_id,
+                REQUEST_MODEL: _model_name(agent.model),
+                MESSAGE_COUNT: len(input.msgs),
+            }
+            if self.capture_content:
+                attrs[INPUT_MESSAGES] = _messages_json(input.msgs)
+            return attrs
+
+        name = f"invoke_agent {agent.name}" if agent.name else "invoke_agent"
+        return self._traced(name, SpanKind.INTERNAL, attributes, lambda: next(input), self._observe_agent)
+
+    def on_model_call(self, agent: ReActAgent, ctx: RuntimeContext, input: ModelCallInput, next: Next) -> Any:
+        if self._get_tracer() is None:
+            return next(input)
+        model = _model_name(input.model)
+
+        def attributes() -> dict[str, Any]:
+            attrs: dict[str, Any] = {
+                OPERATION: "chat",
+                PROVIDER: model_provider(input.model),
+                REQUEST_MODEL: model,
+                CONVERSATION_ID: ctx.session_id,
+                MESSAGE_COUNT: len(input.messages),
+                TOOL_COUNT: len(input.tools),
+            }
+            for option, key in _REQUEST_OPTIONS.items():
+                value = input.options.get(option)
+                if isinstance(value, str) and option == "stop":
+                    value = (value,)
+                if isinstance(value, bool | int | float | str | tuple | list):
+                    attrs[key] = tuple(value) if isinstance(value, list) else value
+            if self.capture_content:
+                attrs[INPUT_MESSAGES] = _messages_json(input.messages)
+                if input.tools:
+                    attrs[TOOL_DEFINITIONS] = _tools_json(input.tools)
+            return attrs
+
+        return self._traced(f"chat {model}", SpanKind.CLIENT, attributes, lambda: next(input), self._observe_chat)
+
+    def on_acting(self, agent: ReActAgent, ctx: RuntimeContext, input: ActingInput, next: Next) -> Any:
+        if self._get_tracer() is None:
+            return next(input)
+        calls = input.tool_calls
+        if not calls:
+            name = "execute_tool"
+        elif len(calls) == 1:
+            name = f"execute_tool {calls[0].name}"
+        else:
+            name = f"execute_tool {calls[0].name} (+{len(calls) - 1} more)"
+
+        def attributes() -> dict[str, Any]:
+            attrs: dict[str, Any] = {OPERATION: "execute_tool", TOOL_TYPE: "function", TOOL_CALL_COUNT: len(calls)}
+            if calls:
+                attrs[TOOL_NAME] = calls[0].name
+                attrs[TOOL_CALL_ID] = calls[0].id
+                if self.capture_content:
+                    attrs[TOOL_ARGUMENTS] = _arguments_json(calls)
+            return attrs
+
+        return self._traced(
+            name, SpanKind.INTERNAL, attributes, lambda: next(input), lambda: self._observe_tools(calls)
+        )
+
+    # -- the span around a stream ----------------------------------------------------------------
+
+    def _traced(
+        self,
+        name: str,
+        kind: SpanKind,
+        attributes: Callable[[], dict[str, Any]],
+        call_next: Callable[[], EventStream[AgentEvent]],
+        observer: Callable[[], tuple[Observer, Closer | None]],
+    ) -> EventStream[Any]:
+        def subscribe() -> AsyncIterator[Any]:
+            # Every step of this subscription runs in a private copy of the subscriber's context,
+            # where the span is made current once it is open: next() builds the inner layers in it
+            # (so the model call's task inherits it) and the inner stream is stepped in it (so the
+            # loop body and the tool tasks do too). Nothing is attached anywhere else.
+            return _Isolated(self._pump(name, kind, attributes, call_next, observer), contextvars.copy_context())
+
+        return EventStream(subscribe)  # deferred: a span per subscription, opened at its first pull
+
+    async def _pump(
+        self,
+        name: str,
+        kind: SpanKind,
+        attributes: Callable[[], dict[str, Any]],
+        call_next: Callable[[], EventStream[AgentEvent]],
+        observer: Callable[[], tuple[Observer, Closer | None]],
+    ) -> AsyncIterator[Any]:
+        # The span opens at the first pull, not at __aiter__: a subscription that is closed
+        # before it is pulled never runs this body, so it must not leave a span open.
+        span = self._start(name, kind, attributes)
+        if span is None:  # no span after all (the provider failed): just the inner stream
+            async with contextlib.aclosing(call_next().__aiter__()) as plain:  # type: ignore[type-var]
+                async for event in plain:
+                    yield event
+            return
+        otel_context.attach(trace.set_span_in_context(span))  # in this private context; never detached
+        observe, close = observer()  # fresh per subscription: a re-iteration starts clean
+        outcome: BaseException | None = _CANCELLED  # left as is when the consumer goes away
+        it: AsyncIterator[Any] | None = None
+        try:
+            it = call_next().__aiter__()
+            async for event in it:
+                try:
+                    observe(span, event)
+                except Exception:
+                    self._warn("recording span attributes")
+                yield event
+            outcome = None
+        except (GeneratorExit, asyncio.CancelledError):
+            raise
+        except BaseException as exc:
+            outcome = exc
+            raise
+        finally:
+            try:
+                if it is not None:
+                    await aclose(it)  # children end before their parent
+            finally:
+                if close is not None and outcome is None:
+                    try:
+                        close(span)
+                    except Exception:
+                        self._warn("recording span attributes")
+                self._end(span, outcome)
+
+    def _start(self, name: str, kind: SpanKind, attributes: Callable[[], dict[str, Any]]) -> Span | None:
+        """A recording (or sampled-out but propagating) span, or None when there is nothing to do."""
+        tracer = self._get_tracer()
+        if tracer is None:
+            return None
+        try:
+            span = tracer.start_span(name, kind=kind, attributes=attributes())
+            if not span.is_recording() and span.get_span_context() == trace.get_current_span().get_span_context():
+                return None  # a no-op tracer hands back the current span: nothing to add
+            return span
+        except Exception:
+            self._warn("starting a span")
+            return None
+
+    def _end(self, span: Span, outcome: BaseException | None) -> None:
+        try:
+            if outcome is None:
+                span.set_status(Status(StatusCode.OK))
+            elif outcome is _CANCELLED or isinstance(outcome, asyncio.CancelledError):
+                span.set_status(Status(StatusCode.ERROR, "cancelled"))
+            else:
+                span.set_attribute(ERROR_TYPE, _error_type(outcome))
+                span.record_exception(outcome)
+                span.set_status(Status(StatusCode.ERROR, str(outcome) or type(outcome).__name__))
+        except Exception:
+            self._warn("setting the span status")
+        finally:
+            try:
+                span.end()
+            except Exception:
+                self._warn("ending a span")
+
+    def _get_tracer(self) -> Tracer | None:
+        if self._tracer is not None:
+            return self._tracer
+        provider = self._provider if self._provider is not None else trace.get_tracer_provider()
+        # Nothing configured (yet): pass through, and look again at the next subscription.
+        if isinstance(provider, _UNCONFIGURED):
+            return None
+        from .. import __version__
+
+        try:
+            self._tracer = provider.get_tracer(SCOPE, __version__)
+        except Exception:
+            self._warn("getting a tracer")
+            return None
+        return self._tracer
+
+    def _warn(self, what: str) -> None:
+        # Once per middleware instance: a broken exporter would otherwise log on every event.
+        if not self._warned:
+            self._warned = True
+            _log.warning("OtelTracingMiddleware: %s failed; the run goes on untraced there", what, exc_info=True)
+        else:
+            _log.debug("OtelTracingMiddleware: %s failed", what, exc_info=True)
+
+    # -- what each span records from the events --------------------------------------------------
+
+    def _observe_agent(self) -> tuple[Observer, Closer | None]:
+        capture = self.capture_content
+
+        def observe(span: Span, event: Any) -> None:
+            if event.source is not None:
+                return
+            t = event.type
+            if t == "agent_start":
+                span.set_attribute(REPLY_ID, event.reply_id)
+            elif t == "agent_result":
+                result: Msg = event.result
+                if result.generate_reason is not None:
+                    span.set_attribute(FINISH_REASONS, (result.generate_reason.value,))
+                if result.usage is not None:
+                    _set_usage(span, result.usage)
+                if capture:
+                    span.set_attribute(OUTPUT_MESSAGES, _messages_json([result]))
+
+        return observe, None
+
+    def _observe_chat(self) -> tuple[Observer, Closer | None]:
+        started = time.perf_counter()
+        builder = ReplyBuilder() if self.capture_content else None
+
+        def observe(span: Span, event: Any) -> None:
+            if event.source is not None:
+                return
+            if builder is not None:
+                builder.add(event)
+            t = event.type
+            if t == "model_call_start":
+                span.set_attribute(RESPONSE_MODEL, event.model)
+                span.set_attribute(TIME_TO_FIRST_CHUNK, time.perf_counter() - started)
+            elif t == "model_call_end":
+                if event.usage is not None:
+                    _set_usage(span, event.usage)
+                if event.finish_reason:
+                    span.set_attribute(FINISH_REASONS, (event.finish_reason,))
+
+        def close(span: Span) -> None:
+            if builder is not None:
+                reply = builder.build("output", None)
+                span.set_attribute(OUTPUT_MESSAGES, _messages_json([reply], builder.finish_reason))
+
+        return observe, close
+
+    def _observe_tools(self, calls: Sequence[ToolUseBlock]) -> tuple[Observer, Closer | None]:
+        if not self.capture_content:
+            return _ignore, None
+        outputs: dict[str, list[str]] = {c.id: [] for c in calls}
+
+        def observe(span: Span, event: Any) -> None:
+            if event.source is None and event.type == "tool_result_text_delta" and event.tool_call_id in outputs:
+                outputs[event.tool_call_id].append(event.delta)
+
+        def close(span: Span) -> None:
+            texts = {cid: "".join(parts) for cid, parts in outputs.items()}
+            value = next(iter(texts.values()), "") if len(texts) == 1 else _dumps(texts)
+            span.set_attribute(TOOL_RESULT, value)
+
+        return observe, close
+
+
+class _Cancelled(BaseException):
+    """Marks an iteration that ended without completing or failing (closed or cancelled)."""
+
+
+_CANCELLED = _Cancelled()
+
+
+def _ignore(span: Span, event: Any) -> None:
+    pass
+
+
+def _model_name(model: ChatModel | None) -> str:
+    return str(getattr(model, "name", None) or "unknown")
+
+
+def _error_type(exc: BaseException) -> str:
+    cls = type(exc)
+    return cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _set_usage(span: Span, usage: ChatUsage) -> None:
+    span.set_attribute(INPUT_TOKENS, usage.input_tokens)
+    span.set_attribute(OUTPUT_TOKENS, usage.output_tokens)
+    # The detailed counts only when the provider reported them.
+    if usage.cache_read_tokens:
+        span.set_attribute(CACHE_READ_TOKENS, usage.cache_read_tokens)
+    if usage.cache_write_tokens:
+        span.set_attribute(CACHE_WRITE_TOKENS, usage.cache_write_tokens)
+    if usage.reasoning_tokens:
+        span.set_attribute(REASONING_TOKENS, usage.reasoning_tokens)
+
+
+# -- content capture: the conventions' structured message shape, as JSON strings -----------------
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, default=str)
+
+
+def _parts(msg: Msg) -> list[dict[str, Any]]:
+    parts: list[dict[str, Any]] = []
+    for block in msg.content:
+        if isinstance(block, TextBlock):
+            parts.append({"type": "text", "content": block.text})
+        elif isinstance(block, ThinkingBlock):
+            parts.append({"type": "reasoning", "content": block.thinking})
+        elif isinstance(block, ToolUseBlock):
+            parts.append({"type": "tool_call", "id": block.id, "name": block.name, "arguments": block.input})
+        elif isinstance(block, ToolResultBlock):
+            parts.append({"type": "tool_call_response", "id": block.id, "result": block.text})
+        elif block.url is not None:
+            parts.append({"type": "uri", "mime_type": block.media_type, "uri": block.url})
+        else:
+            parts.append({"type": "blob", "mime_type": block.media_type, "content": block.data})
+    return parts
+
+
+def _messages_json(msgs: Sequence[Msg], finish_reason: str | None = None) -> str:
+    out: list[dict[str, Any]] = []
+    for msg in msgs:
+        entry: dict[str, Any] = {"role": msg.role, "parts": _parts(msg)}
+        if msg.name:
+            entry["name"] = msg.name
+        if finish_reason is not None:
+            entry["finish_reason"] = finish_reason
+        out.append(entry)
+    return _dumps(out)
+
+
+def _tools_json(tools: Sequence[ToolSchema]) -> str:
+    return _dumps(
+        [{"type": "function", "name": t.name, "description": t.description, "parameters": t.parameters}
+         for t in tools]
+    )
+
+
+def _arguments_json(calls: Sequence[ToolUseBlock]) -> str:
+    if len(calls) == 1:
+        return _dumps(calls[0].input)
+    return _dumps({c.id: c.input for c in calls})
+
