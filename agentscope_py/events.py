@@ -9,7 +9,8 @@ immutable and round-trip through JSON: ``parse_event(e.model_dump_json()) == e``
 from __future__ import annotations
 
 import time
-from typing import Annotated, Any, Literal
+from collections.abc import Callable
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
@@ -22,6 +23,7 @@ from .message import (
     ToolResultState,
     ToolUseBlock,
     new_id,
+    trusted_model,
 )
 
 __all__ = [
@@ -70,6 +72,8 @@ __all__ = [
 
 def _event_id() -> str:
     return new_id("ev_")
+
+
 
 
 class EventBase(BaseModel):
@@ -369,6 +373,16 @@ AgentEvent = Annotated[
 ]
 
 _adapter: TypeAdapter[AgentEvent] = TypeAdapter(AgentEvent)
+
+
+_E = TypeVar("_E", bound=EventBase)
+
+
+def trusted(cls: type[_E], *names: str) -> Callable[..., _E]:
+    """A constructor for the events the runtime builds from values it made itself (internal):
+    ``trusted(C, "a", "b")(a=..., b=...)`` gives the object ``C(a=..., b=...)`` gives, with a fresh
+    ``id``/``created_at``/``metadata``, without validation. See `message.trusted_model`."""
+    return trusted_model(cls, *names)
 
 
 def parse_event(data: str | bytes | dict[str, Any]) -> AgentEvent:

@@ -23,7 +23,6 @@ import asyncio
 import contextlib
 import contextvars
 import weakref
-from collections import deque
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Any, Generic, TypeAlias, TypeVar, cast
 
@@ -68,8 +67,10 @@ class EventStream(Generic[T]):
         steps = self._steps
         if steps:
             it = _fused(it, steps)
-        with contextlib.suppress(TypeError):  # some iterators do not take weak references
+        try:  # noqa: SIM105 - cheaper than contextlib.suppress on this per-subscription path
             self._last = weakref.ref(it)
+        except TypeError:  # some iterators do not take weak references
+            pass
         return cast("AsyncIterator[T]", it)
 
     async def aclose(self) -> None:
@@ -472,11 +473,11 @@ class _Channel:
     __slots__ = ("done", "error", "items", "loop", "size", "spaces", "waiter")
 
     def __init__(self, size: int) -> None:
-        self.items: deque[Any] = deque()
+        self.items: list[Any] = []  # a list: 56 B when empty, a deque 624 B (few items wait here)
         self.size = max(1, size)
         self.loop = asyncio.get_running_loop()
         self.waiter: asyncio.Future[None] | None = None  # the consumer waiting for an item
-        self.spaces: deque[asyncio.Future[None]] = deque()  # producers waiting for room
+        self.spaces: list[asyncio.Future[None]] = []  # producers waiting for room
         self.done = False
         self.error: BaseException | None = None
 
@@ -506,9 +507,9 @@ class _Channel:
         spaces = self.spaces
         while True:
             if items:
-                item = items.popleft()
+                item = items.pop(0)
                 if spaces:
-                    room = spaces.popleft()
+                    room = spaces.pop(0)
                     if not room.done():
                         room.set_result(None)
                 yield item
@@ -524,12 +525,21 @@ class _Channel:
 async def _prefetch(source: EventStream[Any], size: int, ctx: contextvars.Context) -> AsyncIterator[Any]:
     channel = _Channel(size)
 
+    items, spaces, size = channel.items, channel.spaces, channel.size
+
     async def pump() -> None:
         error: BaseException | None = None
         try:
-            async with contextlib.aclosing(source.__aiter__()) as it:  # type: ignore[type-var]
+            it = source.__aiter__()
+            try:
                 async for item in it:
-                    await channel.put(item)
+                    if len(items) < size:  # put() without the coroutine when there is room
+                        items.append(item)
+                        channel.wake()
+                    else:
+                        await channel.put(item)
+            finally:
+                await it.aclose()  # type: ignore[attr-defined]
         except BaseException as exc:  # handed to the consumer, which re-raises it
             error = exc
         finally:
@@ -537,8 +547,21 @@ async def _prefetch(source: EventStream[Any], size: int, ctx: contextvars.Contex
 
     task = channel.loop.create_task(pump(), context=ctx)
     try:
-        async for item in channel.drain():
-            yield item
+        while True:  # channel.drain(), inlined: one async layer less per item
+            if items:
+                item = items.pop(0)
+                if spaces:
+                    room = spaces.pop(0)
+                    if not room.done():
+                        room.set_result(None)
+                yield item
+            elif channel.done:
+                if channel.error is not None:
+                    raise channel.error
+                return
+            else:
+                channel.waiter = channel.loop.create_future()
+                await channel.waiter
     finally:
         if not task.done():
             task.cancel()

@@ -39,9 +39,9 @@ __all__ = ["acting_events"]
 
 
 # Result events of values made here skip validation (`events.trusted`: the same objects).
-_ToolResultStart = trusted(ToolResultStart)
-_ToolResultTextDelta = trusted(ToolResultTextDelta)
-_ToolResultEnd = trusted(ToolResultEnd)
+_ToolResultStart = trusted(ToolResultStart, "reply_id", "tool_call_id", "tool_name")
+_ToolResultTextDelta = trusted(ToolResultTextDelta, "reply_id", "tool_call_id", "tool_name", "delta")
+_ToolResultEnd = trusted(ToolResultEnd, "reply_id", "tool_call_id", "tool_name", "state")
 
 
 async def _decide(exe: Execution, call: ToolUseBlock, tool: Tool) -> PermissionDecision:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import functools
 import logging
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -35,15 +36,16 @@ from ..events import (
     ToolResultStart,
     ToolResultTextDelta,
     UserConfirmResult,
+    trusted,
 )
 from ..message import (
-    ChatUsage,
     GenerateReason,
     Msg,
     TextBlock,
     ToolResultBlock,
     ToolResultState,
     ToolUseBlock,
+    copy_with,
     new_id,
 )
 from ..middleware.base import (
@@ -60,7 +62,7 @@ from ..model.base import ModelRequest, supports_structured_output
 from ..stream import EventStream
 from ..tool.toolkit import Tool, clean_schema
 from ._acting import acting_events
-from ._reply import ReplyBuilder, ToolResultCollector, model_events
+from ._reply import NO_USAGE, ReplyBuilder, ToolResultCollector, model_events
 from ._session import AgentInterrupted, RunControl
 from .state import AgentState
 from .store import StateStoreError
@@ -108,6 +110,12 @@ def _response_tool(exe: Execution, model: type[Any]) -> Tool:
     )
 
 
+# Lifecycle events of values made here skip validation (`events.trusted`: the same objects).
+_AgentStart = trusted(AgentStart, "reply_id", "name", "session_id")
+_AgentResult = trusted(AgentResult, "result")
+_AgentEnd = trusted(AgentEnd, "reply_id")
+
+
 class ResumeError(ValueError):
     """A resume input does not fit the pending tool calls (unknown or duplicate ids…)."""
 
@@ -144,13 +152,14 @@ class Execution:
         self.preapproved: set[str] = set()
         self.tool_calls = 0
         self.model_calls = 0
-        self.usage = ChatUsage()
+        self.usage = NO_USAGE
         self.iteration = 0
         self.final: Msg | None = None
         self.reason: GenerateReason | None = None
         self.state: AgentState | None = None
         self.version = 0
         self.system_msg: Msg | None = None
+        self._rounds_next = False
         self._builder: ReplyBuilder | None = None
         self._transient: list[Msg] = []
         self._last_value: Any = None
@@ -178,23 +187,10 @@ class Execution:
         models = (input.model, *agent._fallback_models)
         reply_id = self.reply_id
         control = self.control
-
-        async def produce() -> AsyncIterator[AgentEvent]:
-            task = asyncio.current_task()
-            assert task is not None
-            control.tasks.add(task)  # type: ignore[arg-type]
-            try:
-                control.check()
-                async for ev in model_events(models, request, reply_id, agent._retry, agent._failover_listener):
-                    yield ev
-            except asyncio.CancelledError:
-                if control.interrupted:
-                    raise AgentInterrupted("the model call was interrupted") from None
-                raise
-            finally:
-                control.tasks.discard(task)  # type: ignore[arg-type]
-
-        return EventStream(produce).prefetch(64)
+        # The model's task registers itself with the run's control (an interrupt cancels it).
+        return EventStream(
+            lambda: model_events(models, request, reply_id, agent._retry, agent._failover_listener, control)
+        ).prefetch(64)
 
     def _reasoning_core(self, input: ReasoningInput) -> EventStream[AgentEvent]:
         mc_input = ModelCallInput(
@@ -221,7 +217,9 @@ class Execution:
 
     async def _run(self, input: AgentInput) -> AsyncIterator[AgentEvent]:
         agent, ctx = self.agent, self.ctx
-        yield AgentStart(reply_id=self.reply_id, name=agent.name, session_id=ctx.session_id)
+        plain = type(agent.name) is str and type(ctx.session_id) is str  # else: validate, as ever
+        yield (_AgentStart if plain else AgentStart)(reply_id=self.reply_id, name=agent.name,
+                                                     session_id=ctx.session_id)
         key = (ctx.user_id, ctx.session_id)
         async with agent._gates.hold(key), _store_lock(agent._store, key):
             agent._gates.active[key] = self.control
@@ -231,6 +229,10 @@ class Execution:
                     async with contextlib.aclosing(self._main(list(input.msgs))) as steps:  # type: ignore[type-var]
                         async for ev in steps:
                             yield ev
+                    if self._rounds_next:  # set by _main when the ReAct rounds are due
+                        async with contextlib.aclosing(self._rounds()) as steps:  # type: ignore[type-var]
+                            async for ev in steps:
+                                yield ev
                 except AgentInterrupted:
                     self._interrupt_state()
                 except (GeneratorExit, asyncio.CancelledError):
@@ -249,11 +251,14 @@ class Execution:
             finally:
                 if agent._gates.active.get(key) is self.control:
                     del agent._gates.active[key]
+                # The chains reach back to this execution through its cores (a reference cycle):
+                # dropping them lets a finished execution be freed at once, not by the collector.
+                self._model_call = self._reasoning = self._acting = _finished
         if error is not None:
             raise error
         assert self.final is not None
-        yield AgentResult(result=self.final)
-        yield AgentEnd(reply_id=self.reply_id)
+        yield _AgentResult(result=self.final)
+        yield _AgentEnd(reply_id=self.reply_id)
 
     async def _finish(self, error: BaseException | None) -> AsyncIterator[AgentEvent]:
         """on_agent_finish, then the checkpoint. A generator so traced hooks can emit events."""
@@ -337,7 +342,10 @@ class Execution:
             async for ev in self._notify(mw, ExtensionPoint.ON_SYSTEM_PROMPT, mw.on_system_prompt(agent, ctx, prompt)):
                 yield ev
             prompt = self._last_value
-        self.system_msg = Msg.system(prompt) if prompt else None
+        if prompt:  # one immutable system message per distinct prompt, shared by executions
+            self.system_msg = _system_message(prompt) if type(prompt) is str else Msg.system(prompt)
+        else:
+            self.system_msg = None
 
         pending = self._pending_calls()
         if pending:
@@ -349,9 +357,7 @@ class Execution:
         else:
             _check_no_control_input(input_msgs)
             state.context.extend(input_msgs)
-        async with contextlib.aclosing(self._rounds()) as steps:  # type: ignore[type-var]
-            async for ev in steps:
-                yield ev
+        self._rounds_next = True  # _run iterates the rounds itself: one generator level less per event
 
     # -- rounds ----------------------------------------------------------------------------------
 
@@ -406,7 +412,10 @@ class Execution:
                 reminded = True
                 self._transient = [Msg.user(EMPTY_REPLY_REMINDER, name="system", synthetic=True)]
                 continue
-            state.context.append(msg.model_copy(update={"generate_reason": GenerateReason.TOOL_CALLS}))
+            # From here on the remembered copy stands for the reply (the uses below overwrite
+            # generate_reason), so the first one can be freed while the tools run.
+            msg = copy_with(msg, {"generate_reason": GenerateReason.TOOL_CALLS})
+            state.context.append(msg)
             self.control.check()
             async with contextlib.aclosing(self._act(calls, msg)) as steps:  # type: ignore[type-var]
                 async for ev in steps:
@@ -477,7 +486,7 @@ class Execution:
         return builder.build(new_id("msg_"), self.agent.name, reason)
 
     def _end(self, msg: Msg, reason: GenerateReason, remember: bool = True) -> None:
-        final = msg.model_copy(update={"generate_reason": reason, "usage": self.usage})
+        final = copy_with(msg, {"generate_reason": reason, "usage": self.usage})
         if remember:
             assert self.state is not None
             self.state.context.append(final)
@@ -647,6 +656,17 @@ class Execution:
         self._end(partial.model_copy(update={"metadata": {**partial.metadata, "interrupted": True}}),
                   GenerateReason.INTERRUPTED)
         self._close_calls(self._pending_calls(), text, ToolResultState.INTERRUPTED)  # calls of the partial reply
+
+
+@functools.lru_cache(maxsize=128)
+def _system_message(prompt: str) -> Msg:
+    """The system message of a prompt. Messages are immutable, so executions with the same prompt
+    share one (it is never remembered, only sent): no 1 KiB message and no validation per call."""
+    return Msg.system(prompt)
+
+
+def _finished(input: Any) -> EventStream[AgentEvent]:
+    raise RuntimeError("this execution has finished")
 
 
 def _store_lock(store: Any, key: tuple[str, str]) -> contextlib.AbstractAsyncContextManager[Any]:

@@ -32,6 +32,7 @@ from ..events import (
     ToolResultEnd,
     ToolResultStart,
     ToolResultTextDelta,
+    trusted,
 )
 from ..message import (
     Block,
@@ -45,10 +46,41 @@ from ..message import (
     ToolResultState,
     ToolUseBlock,
     new_id,
+    trusted_model,
 )
 from ..model.base import ChatChunk, ChatModel, ModelError, ModelRequest
+from ._session import AgentInterrupted, RunControl
 
 __all__ = ["ReplyBuilder", "RetryPolicy", "ToolResultCollector", "model_events"]
+
+# Events built from values made here, or from ChatChunk fields (typed by the ChatModel protocol),
+# skip validation (`events.trusted`: the same objects at half the cost). The model's name and its
+# usage are checked: a provider may hand over something a validator would convert or reject.
+_ModelCallStart = trusted(ModelCallStart, "reply_id", "model")
+_ModelCallEnd = trusted(ModelCallEnd, "reply_id", "usage", "finish_reason")
+_TextBlockStart = trusted(TextBlockStart, "reply_id", "block_id")
+_TextBlockDelta = trusted(TextBlockDelta, "reply_id", "block_id", "delta")
+_TextBlockEnd = trusted(TextBlockEnd, "reply_id", "block_id")
+_ThinkingBlockStart = trusted(ThinkingBlockStart, "reply_id", "block_id")
+_ThinkingBlockDelta = trusted(ThinkingBlockDelta, "reply_id", "block_id", "delta")
+_ThinkingBlockEnd = trusted(ThinkingBlockEnd, "reply_id", "block_id", "signature")
+_ToolCallStart = trusted(ToolCallStart, "reply_id", "tool_call_id", "tool_name")
+_ToolCallDelta = trusted(ToolCallDelta, "reply_id", "tool_call_id", "tool_name", "delta")
+_ToolCallEnd = trusted(ToolCallEnd, "reply_id", "tool_call_id", "tool_name")
+_ToolResultStart = trusted(ToolResultStart, "reply_id", "tool_call_id", "tool_name")
+_ToolResultTextDelta = trusted(ToolResultTextDelta, "reply_id", "tool_call_id", "tool_name", "delta")
+_ToolResultEnd = trusted(ToolResultEnd, "reply_id", "tool_call_id", "tool_name", "state")
+
+# Blocks and the reply message rebuilt from (typed) events skip validation too (`trusted_model`).
+_TextBlock = trusted_model(TextBlock, "text")
+_ThinkingBlock = trusted_model(ThinkingBlock, "thinking", "signature")
+_ToolUse = trusted_model(ToolUseBlock, "id", "name", "input")
+_ToolUseRaw = trusted_model(ToolUseBlock, "id", "name", "input", "raw_input")
+_ToolResultBlock = trusted_model(ToolResultBlock, "id", "name", "output", "state")
+_AssistantMsg = trusted_model(Msg, "id", "name", "role", "content", "generate_reason", "usage")
+
+NO_USAGE = ChatUsage()
+"""Zero usage, shared (ChatUsage is frozen): the start of every sum."""
 
 FailoverListener = Callable[[ChatModel, BaseException, ChatModel], Any]
 
@@ -122,10 +154,27 @@ async def model_events(
     reply_id: str,
     policy: RetryPolicy,
     on_failover: FailoverListener | None,
+    control: RunControl | None = None,
 ) -> AsyncIterator[AgentEvent]:
     """The block events of one model call. Nothing is emitted until the first chunk arrives, so a
-    failure before it can be retried or failed over (here, or by a middleware) cleanly."""
-    model, it, chunk = await _first_chunk(models, request, policy, on_failover)
+    failure before it can be retried or failed over (here, or by a middleware) cleanly.
+
+    With ``control`` (the run's interrupt switch), the task running this generator is registered
+    for the call's lifetime, so an interrupt cancels it, and that cancellation surfaces as
+    `AgentInterrupted` (done here rather than in a wrapping generator: one async layer less)."""
+    task = _register(control)
+    try:
+        if control is not None:
+            control.check()
+        model, it, chunk = await _first_chunk(models, request, policy, on_failover)
+    except asyncio.CancelledError:
+        _unregister(control, task)
+        if control is not None and control.interrupted:
+            raise AgentInterrupted("the model call was interrupted") from None
+        raise
+    except BaseException:
+        _unregister(control, task)
+        raise
     text_id: str | None = None
     thinking_id: str | None = None
     signature: str | None = None
@@ -133,7 +182,9 @@ async def model_events(
     usage: ChatUsage | None = None
     finish: str | None = None
     try:
-        yield ModelCallStart(reply_id=reply_id, model=model.name)
+        model_name = model.name
+        make_start = _ModelCallStart if type(model_name) is str else ModelCallStart
+        yield make_start(reply_id=reply_id, model=model_name)
         while chunk is not None:
             if chunk.thinking:
                 if thinking_id is None:
@@ -141,22 +192,22 @@ async def model_events(
                         yield ev
                     text_id = None
                     thinking_id = new_id("blk_")
-                    yield ThinkingBlockStart(reply_id=reply_id, block_id=thinking_id)
-                yield ThinkingBlockDelta(reply_id=reply_id, block_id=thinking_id, delta=chunk.thinking)
+                    yield _ThinkingBlockStart(reply_id=reply_id, block_id=thinking_id)
+                yield _ThinkingBlockDelta(reply_id=reply_id, block_id=thinking_id, delta=chunk.thinking)
             if chunk.thinking_signature:
                 signature = (signature or "") + chunk.thinking_signature
             if chunk.text:
                 if text_id is None:
                     if thinking_id is not None:
-                        yield ThinkingBlockEnd(reply_id=reply_id, block_id=thinking_id, signature=signature)
+                        yield _ThinkingBlockEnd(reply_id=reply_id, block_id=thinking_id, signature=signature)
                         thinking_id, signature = None, None
                     text_id = new_id("blk_")
-                    yield TextBlockStart(reply_id=reply_id, block_id=text_id)
-                yield TextBlockDelta(reply_id=reply_id, block_id=text_id, delta=chunk.text)
+                    yield _TextBlockStart(reply_id=reply_id, block_id=text_id)
+                yield _TextBlockDelta(reply_id=reply_id, block_id=text_id, delta=chunk.text)
             tc = chunk.tool_call
             if tc is not None:
                 if thinking_id is not None:
-                    yield ThinkingBlockEnd(reply_id=reply_id, block_id=thinking_id, signature=signature)
+                    yield _ThinkingBlockEnd(reply_id=reply_id, block_id=thinking_id, signature=signature)
                     thinking_id, signature = None, None
                 for ev in _close_text(reply_id, text_id):
                     yield ev
@@ -164,12 +215,12 @@ async def model_events(
                 known = calls.get(tc.index)
                 if known is None or (tc.id is not None and tc.id != known[0]):
                     if known is not None:  # a provider reusing an index for a new call
-                        yield ToolCallEnd(reply_id=reply_id, tool_call_id=known[0], tool_name=known[1])
+                        yield _ToolCallEnd(reply_id=reply_id, tool_call_id=known[0], tool_name=known[1])
                     known = (tc.id or new_id("call_"), tc.name or "")
                     calls[tc.index] = known
-                    yield ToolCallStart(reply_id=reply_id, tool_call_id=known[0], tool_name=known[1])
+                    yield _ToolCallStart(reply_id=reply_id, tool_call_id=known[0], tool_name=known[1])
                 if tc.arguments:
-                    yield ToolCallDelta(
+                    yield _ToolCallDelta(
                         reply_id=reply_id, tool_call_id=known[0], tool_name=known[1], delta=tc.arguments
                     )
             if chunk.usage is not None:
@@ -181,18 +232,40 @@ async def model_events(
             except StopAsyncIteration:
                 chunk = None
         if thinking_id is not None:
-            yield ThinkingBlockEnd(reply_id=reply_id, block_id=thinking_id, signature=signature)
+            yield _ThinkingBlockEnd(reply_id=reply_id, block_id=thinking_id, signature=signature)
         for ev in _close_text(reply_id, text_id):
             yield ev
         for call_id, name in calls.values():
-            yield ToolCallEnd(reply_id=reply_id, tool_call_id=call_id, tool_name=name)
-        yield ModelCallEnd(reply_id=reply_id, usage=usage, finish_reason=finish)
+            yield _ToolCallEnd(reply_id=reply_id, tool_call_id=call_id, tool_name=name)
+        make_end = _ModelCallEnd if usage is None or type(usage) is ChatUsage else ModelCallEnd
+        yield make_end(reply_id=reply_id, usage=usage, finish_reason=finish)
+    except asyncio.CancelledError:
+        if control is not None and control.interrupted:
+            raise AgentInterrupted("the model call was interrupted") from None
+        raise
     finally:
-        await _close(it)
+        try:
+            await _close(it)
+        finally:
+            _unregister(control, task)
+
+
+def _register(control: RunControl | None) -> asyncio.Task[Any] | None:
+    if control is None:
+        return None
+    task = asyncio.current_task()
+    assert task is not None
+    control.tasks.add(task)
+    return task
+
+
+def _unregister(control: RunControl | None, task: asyncio.Task[Any] | None) -> None:
+    if control is not None and task is not None:
+        control.tasks.discard(task)
 
 
 def _close_text(reply_id: str, text_id: str | None) -> tuple[AgentEvent, ...]:
-    return () if text_id is None else (TextBlockEnd(reply_id=reply_id, block_id=text_id),)
+    return () if text_id is None else (_TextBlockEnd(reply_id=reply_id, block_id=text_id),)
 
 
 class ReplyBuilder:
@@ -205,7 +278,7 @@ class ReplyBuilder:
         self._blocks: dict[str, list[Any]] = {}  # block/call id -> [kind, parts, extra]
         self._calls: set[str] = set()
         self.usage: ChatUsage | None = None
-        self.usage_total = ChatUsage()
+        self.usage_total = NO_USAGE
         self.finish_reason: str | None = None
         self.calls_made = 0
 
@@ -239,26 +312,27 @@ class ReplyBuilder:
         content: list[Block] = []
         for key, (kind, parts, extra) in self._blocks.items():
             if kind == "text":
-                content.append(TextBlock(text="".join(parts)))
+                content.append(_TextBlock(text="".join(parts)))
             elif kind == "thinking":
-                content.append(ThinkingBlock(thinking="".join(parts), signature=extra))
+                content.append(_ThinkingBlock(thinking="".join(parts), signature=extra))
             else:
                 content.append(_tool_use(key, extra or "", "".join(parts)))
-        return Msg(
-            id=reply_id, name=name, role="assistant", content=content, generate_reason=reason, usage=self.usage
-        )
+        usage = self.usage
+        make = (_AssistantMsg if (name is None or type(name) is str) and (usage is None or type(usage) is ChatUsage)
+                and (reason is None or type(reason) is GenerateReason) else Msg)
+        return make(id=reply_id, name=name, role="assistant", content=content, generate_reason=reason, usage=usage)
 
 
 def _tool_use(call_id: str, name: str, raw: str) -> ToolUseBlock:
     if not raw.strip():
-        return ToolUseBlock(id=call_id, name=name, input={})
+        return _ToolUse(id=call_id, name=name, input={})
     try:
         value = json.loads(raw)
     except ValueError:
-        return ToolUseBlock(id=call_id, name=name, input={}, raw_input=raw)
+        return _ToolUseRaw(id=call_id, name=name, input={}, raw_input=raw)
     if not isinstance(value, dict):
-        return ToolUseBlock(id=call_id, name=name, input={}, raw_input=raw)
-    return ToolUseBlock(id=call_id, name=name, input=value)
+        return _ToolUseRaw(id=call_id, name=name, input={}, raw_input=raw)
+    return _ToolUse(id=call_id, name=name, input=value)  # JSON objects have str keys
 
 
 class ToolResultCollector:
@@ -280,7 +354,7 @@ class ToolResultCollector:
             self._entry(ev)
         elif t == "tool_result_end":
             name, parts = self._parts.pop(ev.tool_call_id, (ev.tool_name, []))
-            self.results[ev.tool_call_id] = ToolResultBlock(
+            self.results[ev.tool_call_id] = _ToolResultBlock(
                 id=ev.tool_call_id, name=name, output=_join(parts), state=ev.state
             )
 
@@ -310,8 +384,8 @@ def result_events(
 ) -> tuple[AgentEvent, ...]:
     """The three events of a result known up front (denied, invalid, interrupted…)."""
     return (
-        ToolResultStart(reply_id=reply_id, tool_call_id=call.id, tool_name=call.name),
-        ToolResultTextDelta(reply_id=reply_id, tool_call_id=call.id, tool_name=call.name, delta=text),
-        ToolResultEnd(reply_id=reply_id, tool_call_id=call.id, tool_name=call.name, state=state),
+        _ToolResultStart(reply_id=reply_id, tool_call_id=call.id, tool_name=call.name),
+        _ToolResultTextDelta(reply_id=reply_id, tool_call_id=call.id, tool_name=call.name, delta=text),
+        _ToolResultEnd(reply_id=reply_id, tool_call_id=call.id, tool_name=call.name, state=state),
     )
 

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator
 
 __all__ = ["AgentInterrupted", "RunControl", "SessionGates"]
 
@@ -44,17 +42,38 @@ class SessionGates:
         self._gates: dict[tuple[str, str], tuple[asyncio.Lock, list[int]]] = {}
         self.active: dict[tuple[str, str], RunControl] = {}
 
-    @contextlib.asynccontextmanager
-    async def hold(self, key: tuple[str, str]) -> AsyncIterator[None]:
-        entry = self._gates.get(key)
+    def hold(self, key: tuple[str, str]) -> _Hold:
+        """``async with gates.hold(key):`` — wait for the session's turn, hold it inside."""
+        return _Hold(self._gates, key)
+
+
+class _Hold:
+    """The async context manager of `SessionGates.hold` (a class: no generator per call)."""
+
+    __slots__ = ("_gates", "_key", "_lock", "_users")
+
+    def __init__(self, gates: dict[tuple[str, str], tuple[asyncio.Lock, list[int]]], key: tuple[str, str]) -> None:
+        self._gates = gates
+        self._key = key
+
+    async def __aenter__(self) -> None:
+        entry = self._gates.get(self._key)
         if entry is None:
-            entry = self._gates[key] = (asyncio.Lock(), [0])
-        lock, users = entry
-        users[0] += 1
+            entry = self._gates[self._key] = (asyncio.Lock(), [0])
+        self._lock, self._users = entry
+        self._users[0] += 1
         try:
-            async with lock:
-                yield
-        finally:
-            users[0] -= 1
-            if users[0] == 0:
-                self._gates.pop(key, None)
+            await self._lock.acquire()
+        except BaseException:
+            self._leave()
+            raise
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        self._lock.release()
+        self._leave()
+
+    def _leave(self) -> None:
+        users = self._users
+        users[0] -= 1
+        if users[0] == 0:
+            self._gates.pop(self._key, None)

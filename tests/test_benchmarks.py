@@ -1,0 +1,73 @@
+"""The benchmarks run and report well-formed results (tiny modes; shapes, not timings)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
+
+
+def run_json(script: str, *args: str, timeout: float = 60) -> dict[str, Any]:
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / script), *args, "--json"],
+        capture_output=True, text=True, timeout=timeout, cwd=BENCH.parent, check=False,
+    )
+    assert proc.returncode == 0, f"{script} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
+    lines = proc.stdout.strip().splitlines()
+    assert lines, f"{script} printed nothing"
+    result = json.loads(lines[-1])  # the JSON object is the last line
+    assert isinstance(result, dict)
+    return result
+
+
+def test_bench_chain_reports_ratios_to_the_bare_generator() -> None:
+    result = run_json("bench_chain.py", "--events", "2000", "--repeat", "2")
+    for key in ("passthrough_10", "map_1", "map_5", "map_10", "map_20"):
+        assert isinstance(result[key], float), key
+        assert result[key] > 0, key
+    assert result["bare_events_per_s"] > 0
+
+
+def test_bench_agents_runs_agentscope_py_alone() -> None:
+    result = run_json(
+        "bench_agents.py", "--frameworks", "agentscope-py", "--runs", "3", "--sweeps", "1",
+        "--warmup", "1", "--inflight", "10", "--middleware", "0,5",
+    )
+    assert result["finished"] is True
+    fw = result["frameworks"]["agentscope-py"]
+    assert fw["status"] == "ok"
+    for mode in ("call", "stream"):
+        for n in ("0", "5"):
+            assert fw["us_per_run"][mode][n] > 0, (mode, n)
+    assert fw["kib_per_inflight_run"] > 0
+    assert result["targets"]["us_per_run_5mw_call"] > 0
+    assert result["targets"]["stream_over_call_5mw"] > 0
+
+
+def test_bench_agents_reports_a_missing_peer_instead_of_failing() -> None:
+    result = run_json(
+        "bench_agents.py", "--frameworks", "agentscope-py,langchain", "--runs", "2", "--sweeps", "1",
+        "--warmup", "1", "--inflight", "0", "--middleware", "0", "--modes", "call",
+    )
+    lc = result["frameworks"]["langchain"]
+    assert lc["status"] in ("ok", "missing", "error")
+    if lc["status"] != "ok":
+        assert lc["error"]
+    assert result["frameworks"]["agentscope-py"]["us_per_run"]["call"]["0"] > 0
+
+
+def test_bench_concurrency_runs_a_small_level() -> None:
+    result = run_json(
+        "bench_concurrency.py", "--sessions", "20", "--tokens", "5", "--interval", "0.005",
+        "--ramp", "0.01", "--deadline", "30",
+    )
+    assert result["finished"] is True
+    (level,) = result["levels"]
+    assert level["completed"] == 20
+    assert level["events_published"] > 0
+    assert level["cpu_us_per_event"] > 0
+    assert level["latency_ms_p50"] is not None
