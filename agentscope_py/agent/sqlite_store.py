@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import os
 import sqlite3
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
@@ -183,8 +184,18 @@ class SqliteStateStore:
         # isolation_level=None: no implicit transactions; save() begins its own.
         conn = sqlite3.connect(self.path, timeout=self.busy_timeout, isolation_level=None)
         try:
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute(_SCHEMA)
+            # Switching to WAL takes an exclusive lock that SQLite's busy handler does not wait
+            # for: connections opened at the same moment retry instead of failing "locked".
+            deadline = time.monotonic() + self.busy_timeout
+            while True:
+                try:
+                    conn.execute("PRAGMA journal_mode=WAL")
+                    conn.execute(_SCHEMA)
+                    break
+                except sqlite3.OperationalError as exc:
+                    if "locked" not in str(exc) or time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.01)
         except BaseException:
             conn.close()
             raise
