@@ -502,16 +502,24 @@ class _Channel:
             self.error = error
         self.wake()
 
-    async def drain(self) -> AsyncIterator[Any]:
+    def take(self) -> Any:
+        """The next item (making room for a waiting producer), or `_EMPTY`."""
         items = self.items
+        if not items:
+            return _EMPTY
+        item = items.pop(0)
         spaces = self.spaces
+        if spaces:
+            room = spaces.pop(0)
+            if not room.done():
+                room.set_result(None)
+        return item
+
+    async def drain(self) -> AsyncIterator[Any]:
+        take = self.take
         while True:
-            if items:
-                item = items.pop(0)
-                if spaces:
-                    room = spaces.pop(0)
-                    if not room.done():
-                        room.set_result(None)
+            item = take()
+            if item is not _EMPTY:
                 yield item
             elif self.done:
                 if self.error is not None:
@@ -522,10 +530,13 @@ class _Channel:
                 await self.waiter
 
 
+_EMPTY: Any = object()
+
+
 async def _prefetch(source: EventStream[Any], size: int, ctx: contextvars.Context) -> AsyncIterator[Any]:
     channel = _Channel(size)
 
-    items, spaces, size = channel.items, channel.spaces, channel.size
+    items, size = channel.items, channel.size
 
     async def pump() -> None:
         error: BaseException | None = None
@@ -539,21 +550,18 @@ async def _prefetch(source: EventStream[Any], size: int, ctx: contextvars.Contex
                     else:
                         await channel.put(item)
             finally:
-                await it.aclose()  # type: ignore[attr-defined]
+                await aclose(it)
         except BaseException as exc:  # handed to the consumer, which re-raises it
             error = exc
         finally:
             channel.finish(error)
 
     task = channel.loop.create_task(pump(), context=ctx)
+    take = channel.take
     try:
         while True:  # channel.drain(), inlined: one async layer less per item
-            if items:
-                item = items.pop(0)
-                if spaces:
-                    room = spaces.pop(0)
-                    if not room.done():
-                        room.set_result(None)
+            item = take()
+            if item is not _EMPTY:
                 yield item
             elif channel.done:
                 if channel.error is not None:
