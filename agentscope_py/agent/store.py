@@ -7,7 +7,6 @@ Saves are versioned: ``save(..., expected_version)`` succeeds only if the stored
 
 from __future__ import annotations
 
-import asyncio
 from typing import Literal, Protocol, runtime_checkable
 
 from .state import AgentState
@@ -79,7 +78,6 @@ class InMemoryStateStore:
     def __init__(self, *, conflict_policy: ConflictPolicy = "fail") -> None:
         self.conflict_policy = check_conflict_policy(conflict_policy)
         self._data: dict[tuple[str, str], tuple[AgentState, int]] = {}
-        self._lock = asyncio.Lock()
 
     async def load(self, user_id: str, session_id: str) -> tuple[AgentState | None, int]:
         entry = self._data.get((user_id, session_id))

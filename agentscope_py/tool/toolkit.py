@@ -60,6 +60,15 @@ class Tool:
     timeout: float | None = None
     check_permissions: PermissionCheck | None = None
 
+    kind: str = field(init=False, repr=False, compare=False)
+    """How to call ``fn``: "stream" (async generator), "await" (coroutine) or "thread"; fixed here
+    once, not looked up per call."""
+
+    def __post_init__(self) -> None:
+        fn = self.fn
+        kind = "stream" if inspect.isasyncgenfunction(fn) else "await" if inspect.iscoroutinefunction(fn) else "thread"
+        object.__setattr__(self, "kind", kind)
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.fn(*args, **kwargs)
 
@@ -91,13 +100,13 @@ class Tool:
         kwargs = self.validate(arguments)
         for pname, kind in self.injected.items():
             kwargs[pname] = ctx if kind == "ctx" else (ctx.agent_state if ctx is not None else None)
-        fn = self.fn
-        if inspect.isasyncgenfunction(fn):
+        fn, kind = self.fn, self.kind
+        if kind == "stream":
             async for chunk in fn(**kwargs):
                 for part in _chunks(chunk):
                     yield part
             return
-        if inspect.iscoroutinefunction(fn):
+        if kind == "await":
             result = await fn(**kwargs)
         else:  # plain functions run off the event loop
             result = await asyncio.to_thread(fn, **kwargs)
