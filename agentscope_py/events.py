@@ -22,7 +22,7 @@ from .message import (
     ToolResultBlock,
     ToolResultState,
     ToolUseBlock,
-    new_id,
+    id_factory,
     trusted_model,
 )
 
@@ -70,8 +70,7 @@ __all__ = [
 ]
 
 
-def _event_id() -> str:
-    return new_id("ev_")
+_event_id = id_factory("ev_")
 
 
 

@@ -40,6 +40,16 @@ def new_id(kind: str = "") -> str:
     return f"{kind}{_PREFIX}_{next(_counter):x}"
 
 
+def id_factory(kind: str) -> Callable[[], str]:
+    """``new_id(kind)`` as a field's default factory; `trusted_model` inlines it."""
+
+    def make_id() -> str:
+        return new_id(kind)
+
+    make_id.id_kind = kind  # type: ignore[attr-defined]
+    return make_id
+
+
 class GenerateReason(StrEnum):
     """Why a reply ended."""
 
@@ -79,6 +89,8 @@ class ChatUsage(BaseModel):
     reasoning_tokens: int = 0
 
     def __add__(self, other: ChatUsage) -> ChatUsage:
+        if type(other) is ChatUsage and self.__dict__ == _NO_TOKENS:  # the start of a sum
+            return other
         values = {
             "input_tokens": self.input_tokens + other.input_tokens,
             "output_tokens": self.output_tokens + other.output_tokens,
@@ -101,6 +113,8 @@ class ChatUsage(BaseModel):
     def total_tokens(self) -> int:
         return self.input_tokens + self.output_tokens
 
+
+_NO_TOKENS = ChatUsage().__dict__
 
 _frozen = ConfigDict(frozen=True)
 
@@ -166,7 +180,7 @@ class Msg(BaseModel):
 
     model_config = _frozen
 
-    id: str = Field(default_factory=lambda: new_id("msg_"))
+    id: str = Field(default_factory=id_factory("msg_"))
     name: str | None = None
     role: Role
     content: list[Block] = Field(default_factory=list)
@@ -236,24 +250,37 @@ def trusted_model(cls: type[_M], *names: str) -> Callable[..., _M]:
     if not plain or any(n not in fields for n in names):
         return cls
     env: dict[str, Any] = {"_cls": cls, "_new": _new_object, "_set": _set_attr, "_fs": _set_fields_set,
-                           "_ex": _set_extra, "_pr": _set_private}
+                           "_ex": _set_extra, "_pr": _set_private, "_next_id": _counter.__next__}
     items = []
     for name, f in fields.items():
+        factory = f.default_factory
         if name in names:
             items.append(f"{name!r}: {name}")
-        elif f.default_factory is not None and not f.default_factory_takes_validated_data:
-            env[f"_f_{name}"] = f.default_factory
-            items.append(f"{name!r}: _f_{name}()")
+        elif factory is not None and not f.default_factory_takes_validated_data:
+            # Factories the runtime's own models use are inlined: each call counts per event.
+            if factory is dict or factory is list:
+                items.append(f"{name!r}: {factory()!r}")
+            elif isinstance(getattr(factory, "id_kind", None), str):
+                env[f"_p_{name}"] = f"{factory.id_kind}{_PREFIX}_"  # type: ignore[attr-defined]
+                items.append(f"{name!r}: f'{{_p_{name}}}{{_next_id():x}}'")
+            else:
+                env[f"_f_{name}"] = factory
+                items.append(f"{name!r}: _f_{name}()")
         elif not f.is_required() and f.default_factory is None and isinstance(f.default, _IMMUTABLE_DEFAULTS):
             env[f"_d_{name}"] = f.default
             items.append(f"{name!r}: _d_{name}")
         else:
             return cls
+    fields_set = f"{{{', '.join(repr(n) for n in names)}}}"
+    if cls.model_config.get("frozen"):
+        # Nothing mutates a frozen model's fields set (copies copy it): one serves every instance.
+        env["_fields_set"] = set(names)
+        fields_set = "_fields_set"
     code = (
         f"def make(*, {', '.join(names)}):\n"
         "    o = _new(_cls)\n"
         f"    _set(o, '__dict__', {{{', '.join(items)}}})\n"
-        f"    _fs(o, {{{', '.join(repr(n) for n in names)}}})\n"
+        f"    _fs(o, {fields_set})\n"
         "    _ex(o, None)\n"
         "    _pr(o, None)\n"
         "    return o\n"

@@ -559,6 +559,9 @@ async def _prefetch(source: EventStream[Any], size: int, ctx: contextvars.Contex
     task = channel.loop.create_task(pump(), context=ctx)
     take = channel.take
     try:
+        # Give the task its first step in this same loop turn: a source that is ready at once (a
+        # cache, an in-process model) has filled the channel by then, so no waiter is needed.
+        await asyncio.sleep(0)
         while True:  # channel.drain(), inlined: one async layer less per item
             item = take()
             if item is not _EMPTY:

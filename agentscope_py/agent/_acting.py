@@ -9,7 +9,6 @@ An interrupt cancels the tasks; each cancelled call ends with an INTERRUPTED res
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import contextvars
 from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING, Any
@@ -45,8 +44,6 @@ _ToolResultEnd = trusted(ToolResultEnd, "reply_id", "tool_call_id", "tool_name",
 
 
 async def _decide(exe: Execution, call: ToolUseBlock, tool: Tool) -> PermissionDecision:
-    if call.id in exe.preapproved:
-        return PermissionDecision.ALLOW
     for check in (exe.toolkit.policy, tool.check_permissions):
         if check is None:
             continue
@@ -72,7 +69,10 @@ async def acting_events(
         if tool is None or call.raw_input is not None:
             allowed.append(call)  # becomes an error result the model sees
             continue
-        decision = await _decide(exe, call, tool)
+        if call.id in exe.preapproved or (exe.toolkit.policy is None and tool.check_permissions is None):
+            decision = PermissionDecision.ALLOW  # nothing to ask: no coroutine
+        else:
+            decision = await _decide(exe, call, tool)
         if decision is PermissionDecision.DENY:
             denied.append(call)
             for ev in result_events(
@@ -89,10 +89,14 @@ async def acting_events(
     if denied and not (allowed or asking or external):
         yield AllToolsDenied(reply_id=reply_id, denied_tool_calls=denied)
         return
-    # Closed with this generator, so an early close cancels the tool tasks before it returns.
-    async with contextlib.aclosing(_execute(exe, allowed, context or contextvars.copy_context())) as run:  # type: ignore[type-var]
-        async for ev in run:
-            yield ev
+    if allowed:
+        it = _execute(exe, allowed, context or contextvars.copy_context())
+        try:
+            async for ev in it:
+                yield ev
+        except BaseException:  # closed early: cancel the tool tasks before returning
+            await it.aclose()
+            raise
     if asking:
         yield RequireUserConfirm(reply_id=reply_id, tool_calls=asking)
         yield RequestStop(reason="waiting for the user to confirm tool calls",
@@ -104,6 +108,7 @@ async def acting_events(
 async def _execute(
     exe: Execution, calls: Sequence[ToolUseBlock], context: contextvars.Context
 ) -> AsyncIterator[AgentEvent]:
+    loop = asyncio.get_running_loop()
     i = 0
     while i < len(calls):
         group = [calls[i]]
@@ -111,11 +116,20 @@ async def _execute(
             while i + len(group) < len(calls) and _safe(exe, calls[i + len(group)]):
                 group.append(calls[i + len(group)])
         i += len(group)
+        if len(group) == 1:
+            tool = exe.toolkit.get(group[0].name)
+            if tool is not None and tool.kind != "stream" and group[0].raw_input is None:
+                single = _run_single(exe, group[0], tool, loop, context)
+                try:
+                    async for ev in single:
+                        yield ev
+                except BaseException:
+                    await single.aclose()
+                    raise
+                continue
         channels = [_Channel(256) for _ in group]
-        tasks = [
-            asyncio.get_running_loop().create_task(_run_tool(exe, call, ch), context=context.copy())
-            for call, ch in zip(group, channels, strict=True)
-        ]
+        tasks = [loop.create_task(_run_tool(exe, call, ch), context=context.copy())
+                 for call, ch in zip(group, channels, strict=True)]
         exe.control.tasks.update(tasks)
         try:
             for ch in channels:
@@ -135,40 +149,105 @@ def _safe(exe: Execution, call: ToolUseBlock) -> bool:
     return tool is None or tool.concurrency_safe
 
 
-async def _run_tool(exe: Execution, call: ToolUseBlock, channel: _Channel) -> None:
+async def _run_single(
+    exe: Execution, call: ToolUseBlock, tool: Tool, loop: asyncio.AbstractEventLoop, context: contextvars.Context
+) -> AsyncIterator[AgentEvent]:
+    """One call of a tool that returns once (not a generator): its task returns the output, so no
+    channel sits between it and this stream. The task exists for what every tool call gets: its
+    own context copy, and an interrupt that cancels it alone."""
     reply_id, cid, name = exe.reply_id, call.id, call.name
     exe.tool_calls += 1
-    state = ToolResultState.SUCCESS
-    error_text: str | None = None
-    await channel.put(_ToolResultStart(reply_id=reply_id, tool_call_id=cid, tool_name=name))
+    output: list[Any] = []
+    task = loop.create_task(_invoke(exe, call, tool, output), context=context.copy())
+    exe.control.tasks.add(task)
     try:
-        tool = exe.toolkit.get(name)
-        if tool is None:
-            available = ", ".join(exe.toolkit.names) or "none"
-            raise ToolArgumentError(f"unknown tool {name!r}; available tools: {available}")
-        if call.raw_input is not None:
-            raise ToolArgumentError(
-                f"the arguments for {name} are not a JSON object: {call.raw_input[:500]!r}"
-            )
-        async with asyncio.timeout(tool.timeout):
-            async for chunk in tool.run(call.input, exe.ctx):
-                # A sub-agent's events (they carry a source path) are forwarded as they are.
-                await channel.put(chunk if isinstance(chunk, EventBase) else _delta(reply_id, cid, name, chunk))
-    except asyncio.CancelledError:
-        state, error_text = ToolResultState.INTERRUPTED, "The tool call was interrupted."
-    except TimeoutError:
-        timeout = exe.toolkit.get(name).timeout  # type: ignore[union-attr]
-        state, error_text = ToolResultState.ERROR, f"Error: {name} timed out after {timeout} s."
-    except ToolArgumentError as exc:
-        state, error_text = ToolResultState.ERROR, f"Error: {exc}"
-    except Exception as exc:
-        state, error_text = ToolResultState.ERROR, f"Error: {type(exc).__name__}: {exc}"
+        # One loop turn lets the task take its first step (a quick tool finishes in it), so the
+        # Start event means the tool has started, as it does for streamed calls.
+        await asyncio.sleep(0)
+        yield _ToolResultStart(reply_id=reply_id, tool_call_id=cid, tool_name=name)
+        current = asyncio.current_task()
+        assert current is not None
+        cancels = current.cancelling()
+        try:
+            state, error_text = await task
+        except asyncio.CancelledError:
+            if not task.cancelled() or current.cancelling() > cancels:
+                raise  # this stream itself was cancelled
+            # Cancelled (interrupted) before its first step, so it could not say so itself.
+            state, error_text = ToolResultState.INTERRUPTED, INTERRUPTED_TEXT
+        if current.cancelling() > cancels:
+            # Cancelling this task cancelled the awaited tool, which ends with a result instead of
+            # raising: the cancellation is this stream's, so it goes on.
+            raise asyncio.CancelledError
+    finally:
+        exe.control.tasks.discard(task)
+        if not task.done():  # closed early: the tool does not outlive the stream
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+    for chunk in output:
+        yield chunk if isinstance(chunk, EventBase) else _delta(reply_id, cid, name, chunk)
+    if error_text is not None:
+        yield _ToolResultTextDelta(reply_id=reply_id, tool_call_id=cid, tool_name=name, delta=error_text)
+    yield _ToolResultEnd(reply_id=reply_id, tool_call_id=cid, tool_name=name, state=state)
+
+
+async def _run_tool(exe: Execution, call: ToolUseBlock, channel: _Channel) -> None:
+    """A call whose output is streamed as it comes (a generator tool, or one of a parallel
+    group), through ``channel``."""
+    reply_id, cid, name = exe.reply_id, call.id, call.name
+    exe.tool_calls += 1
+    await channel.put(_ToolResultStart(reply_id=reply_id, tool_call_id=cid, tool_name=name))
+    state, error_text = await _invoke(exe, call, exe.toolkit.get(name), channel)
     # After a cancellation nobody may be reading: append without waiting for room.
     if error_text is not None:
         channel.items.append(_ToolResultTextDelta(reply_id=reply_id, tool_call_id=cid, tool_name=name,
                                                   delta=error_text))
     channel.items.append(_ToolResultEnd(reply_id=reply_id, tool_call_id=cid, tool_name=name, state=state))
     channel.finish(None)
+
+
+INTERRUPTED_TEXT = "The tool call was interrupted."
+
+
+async def _invoke(
+    exe: Execution, call: ToolUseBlock, tool: Tool | None, sink: _Channel | list[Any]
+) -> tuple[ToolResultState, str | None]:
+    """Run the tool, handing its output to ``sink`` (as events for a channel, raw for a list);
+    every failure becomes the state and text of the result the model sees."""
+    name = call.name
+    try:
+        if tool is None:
+            available = ", ".join(exe.toolkit.names) or "none"
+            raise ToolArgumentError(f"unknown tool {name!r}; available tools: {available}")
+        if call.raw_input is not None:
+            raise ToolArgumentError(f"the arguments for {name} are not a JSON object: {call.raw_input[:500]!r}")
+        if tool.timeout is None:
+            await _output(exe, call, tool, sink)
+        else:
+            async with asyncio.timeout(tool.timeout):
+                await _output(exe, call, tool, sink)
+    except asyncio.CancelledError:
+        return ToolResultState.INTERRUPTED, INTERRUPTED_TEXT
+    except TimeoutError as exc:
+        if tool is None or tool.timeout is None:  # raised by the tool itself
+            return ToolResultState.ERROR, f"Error: TimeoutError: {exc}"
+        return ToolResultState.ERROR, f"Error: {name} timed out after {tool.timeout} s."
+    except ToolArgumentError as exc:
+        return ToolResultState.ERROR, f"Error: {exc}"
+    except Exception as exc:
+        return ToolResultState.ERROR, f"Error: {type(exc).__name__}: {exc}"
+    return ToolResultState.SUCCESS, None
+
+
+async def _output(exe: Execution, call: ToolUseBlock, tool: Tool, sink: _Channel | list[Any]) -> None:
+    if type(sink) is list:
+        sink.extend(await tool.call_once(call.input, exe.ctx))
+        return
+    assert isinstance(sink, _Channel)
+    reply_id, cid, name = exe.reply_id, call.id, call.name
+    async for chunk in tool.run(call.input, exe.ctx):
+        # A sub-agent's events (they carry a source path) are forwarded as they are.
+        await sink.put(chunk if isinstance(chunk, EventBase) else _delta(reply_id, cid, name, chunk))
 
 
 def _delta(reply_id: str, cid: str, name: str, chunk: Any) -> AgentEvent:

@@ -19,7 +19,7 @@ import contextvars
 import functools
 import logging
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..events import (
@@ -59,7 +59,7 @@ from ..middleware.base import (
 )
 from ..middleware.chain import completed_event, compose
 from ..model.base import ModelRequest, supports_structured_output
-from ..stream import EventStream
+from ..stream import EventStream, aclose
 from ..tool.toolkit import Tool, clean_schema
 from ._acting import acting_events
 from ._reply import NO_USAGE, ReplyBuilder, ToolResultCollector, model_events
@@ -159,7 +159,7 @@ class Execution:
         self.state: AgentState | None = None
         self.version = 0
         self.system_msg: Msg | None = None
-        self._rounds_next = False
+        self._reminded = False
         self._builder: ReplyBuilder | None = None
         self._transient: list[Msg] = []
         self._last_value: Any = None
@@ -168,6 +168,7 @@ class Execution:
         self._model_call = compose(ExtensionPoint.ON_MODEL_CALL, parts, agent, ctx, self._model_core, trace)
         self._reasoning = compose(ExtensionPoint.ON_REASONING, parts, agent, ctx, self._reasoning_core, trace)
         self._acting = compose(ExtensionPoint.ON_ACTING, parts, agent, ctx, self._acting_core, trace)
+        self._direct_reasoning = not parts.hooks[ExtensionPoint.ON_REASONING]
 
     # -- the cores the chains wrap ---------------------------------------------------------------
 
@@ -200,10 +201,14 @@ class Execution:
         async def gen() -> AsyncIterator[AgentEvent]:
             builder = self._builder = ReplyBuilder()
             add = builder.add
-            async with contextlib.aclosing(self._model_call(mc_input).__aiter__()) as it:  # type: ignore[type-var]
+            it = self._model_call(mc_input).__aiter__()
+            try:
                 async for ev in it:
                     add(ev)
                     yield ev
+            except BaseException:
+                await aclose(it)
+                raise
 
         return EventStream(gen)
 
@@ -226,13 +231,47 @@ class Execution:
             try:
                 error: BaseException | None = None
                 try:
-                    async with contextlib.aclosing(self._main(list(input.msgs))) as steps:  # type: ignore[type-var]
+                    steps: Any = self._main(list(input.msgs))
+                    try:
                         async for ev in steps:
                             yield ev
-                    if self._rounds_next:  # set by _main when the ReAct rounds are due
-                        async with contextlib.aclosing(self._rounds()) as steps:  # type: ignore[type-var]
+                    except BaseException:
+                        await steps.aclose()
+                        raise
+                    # The ReAct rounds run in this generator, not in one of their own: every
+                    # event of a run passes here, and each async level costs per event.
+                    while self.final is None:
+                        if self.iteration >= agent.max_iters:
+                            steps, on_event = self._summarise(), _ignore
+                        else:
+                            self.control.check()
+                            steps, on_event = self._reason()
+                        stop: RequestStop | None = None
+                        steps = steps.__aiter__()
+                        try:
+                            async for ev in steps:
+                                on_event(ev)
+                                if type(ev) is RequestStop and ev.source is None:
+                                    stop = ev
+                                yield ev
+                        except BaseException:
+                            await aclose(steps)
+                            raise
+                        if self.final is not None:  # the max-iterations summary ended the run
+                            break
+                        calls = self._after_reasoning(stop)
+                        if calls is None:
+                            continue
+                        msg = self.state.context[-1]  # type: ignore[union-attr]
+                        steps = self._act(calls, msg)
+                        try:
                             async for ev in steps:
                                 yield ev
+                        except BaseException:
+                            await steps.aclose()
+                            raise
+                        if self.final is None and self.structured_model is not None:
+                            self._structured_after_acting(msg)
                 except AgentInterrupted:
                     self._interrupt_state()
                 except (GeneratorExit, asyncio.CancelledError):
@@ -246,8 +285,11 @@ class Execution:
                     raise
                 except Exception as exc:
                     error = exc
-                async for ev in self._finish(error):
-                    yield ev
+                if agent._participants.hooks[ExtensionPoint.ON_AGENT_FINISH]:
+                    async for ev in self._finish(error):
+                        yield ev
+                else:
+                    await self._save()
             finally:
                 if agent._gates.active.get(key) is self.control:
                     del agent._gates.active[key]
@@ -357,7 +399,6 @@ class Execution:
         else:
             _check_no_control_input(input_msgs)
             state.context.extend(input_msgs)
-        self._rounds_next = True  # _run iterates the rounds itself: one generator level less per event
 
     # -- rounds ----------------------------------------------------------------------------------
 
@@ -373,57 +414,45 @@ class Execution:
     def _tools(self) -> tuple[Any, ...]:
         return self.toolkit.schemas()
 
-    async def _rounds(self) -> AsyncIterator[AgentEvent]:
+    def _reason(self) -> tuple[EventStream[AgentEvent], Callable[[Any], None]]:
+        """One round's reasoning stream, and what to call with each of its events."""
+        messages, tools = self._messages(), self._tools()
+        if self._direct_reasoning:
+            # No on_reasoning hook: the model-call chain is the round's stream, and the reply is
+            # rebuilt here rather than in a reasoning core (one async level less per event).
+            builder = self._builder = ReplyBuilder()
+            mc_input = ModelCallInput(messages=messages, tools=tools, options=self._options, model=self.agent.model)
+            return self._model_call(mc_input), builder.add
+        self._builder = None
+        return self._reasoning(ReasoningInput(messages=messages, tools=tools, options=self._options)), _ignore
+
+    def _after_reasoning(self, stop: RequestStop | None) -> Sequence[ToolUseBlock] | None:
+        """What a round's reply leads to: its tool calls, remembered and due to run, or None (the
+        run ended, or another round is due)."""
         state = self.state
         assert state is not None
-        agent = self.agent
-        reminded = False
-        while True:
-            if self.iteration >= agent.max_iters:
-                async with contextlib.aclosing(self._summarise()) as steps:  # type: ignore[type-var]
-                    async for ev in steps:
-                        yield ev
-                return
-            self.control.check()
-            stop: RequestStop | None = None
-            self._builder = None
-            r_input = ReasoningInput(messages=self._messages(), tools=self._tools(), options=self._options)
-            async with contextlib.aclosing(self._reasoning(r_input).__aiter__()) as it:  # type: ignore[type-var]
-                async for ev in it:
-                    if type(ev) is RequestStop and ev.source is None:
-                        stop = ev
-                    yield ev
-            self.iteration += 1
-            state.cur_iter = self.iteration
-            msg = self._take_reply(None)
-            calls = msg.tool_calls
-            if stop is not None:
-                self._end(msg, stop.generate_reason)
-                self._close_calls(calls, "Not executed: the run was stopped before tools ran.", ToolResultState.ERROR)
-                return
-            if not calls:
-                if self.structured_model is not None:
-                    if self._structured_answer(msg):
-                        return
-                    continue
-                if msg.text.strip() or reminded:
-                    self._end(msg, GenerateReason.MODEL_STOP)
-                    return
-                reminded = True
+        self.iteration += 1
+        state.cur_iter = self.iteration
+        msg = self._take_reply(None)
+        calls = msg.tool_calls
+        if stop is not None:
+            self._end(msg, stop.generate_reason)
+            self._close_calls(calls, "Not executed: the run was stopped before tools ran.", ToolResultState.ERROR)
+            return None
+        if not calls:
+            if self.structured_model is not None:
+                self._structured_answer(msg)
+            elif msg.text.strip() or self._reminded:
+                self._end(msg, GenerateReason.MODEL_STOP)
+            else:
+                self._reminded = True
                 self._transient = [Msg.user(EMPTY_REPLY_REMINDER, name="system", synthetic=True)]
-                continue
-            # From here on the remembered copy stands for the reply (the uses below overwrite
-            # generate_reason), so the first one can be freed while the tools run.
-            msg = copy_with(msg, {"generate_reason": GenerateReason.TOOL_CALLS})
-            state.context.append(msg)
-            self.control.check()
-            async with contextlib.aclosing(self._act(calls, msg)) as steps:  # type: ignore[type-var]
-                async for ev in steps:
-                    yield ev
-            if self.final is None and self.structured_model is not None:
-                self._structured_after_acting(msg)
-            if self.final is not None:
-                return
+            return None
+        # From here on the remembered copy stands for the reply (the uses after it overwrite
+        # generate_reason), so the first one can be freed while the tools run.
+        state.context.append(copy_with(msg, {"generate_reason": GenerateReason.TOOL_CALLS}))
+        self.control.check()
+        return calls
 
     # -- structured output -----------------------------------------------------------------------
 
@@ -500,7 +529,8 @@ class Execution:
         collector = ToolResultCollector()
         stop: RequestStop | None = None
         suspended: list[ToolUseBlock] = []
-        async with contextlib.aclosing(self._acting(ActingInput(tool_calls=tuple(calls))).__aiter__()) as it:  # type: ignore[type-var]
+        it = self._acting(ActingInput(tool_calls=tuple(calls))).__aiter__()
+        try:
             async for ev in it:
                 t = ev.type
                 if ev.source is not None:
@@ -512,6 +542,9 @@ class Execution:
                 elif t == "require_external_execution":
                     suspended.extend(ev.tool_calls)
                 yield ev
+        except BaseException:
+            await aclose(it)
+            raise
         results = [collector.results[c.id] for c in calls if c.id in collector.results]
         if results:
             state.context.append(Msg.tool(results))
@@ -663,6 +696,10 @@ def _system_message(prompt: str) -> Msg:
     """The system message of a prompt. Messages are immutable, so executions with the same prompt
     share one (it is never remembered, only sent): no 1 KiB message and no validation per call."""
     return Msg.system(prompt)
+
+
+def _ignore(event: Any) -> None:
+    pass
 
 
 def _finished(input: Any) -> EventStream[AgentEvent]:

@@ -93,28 +93,37 @@ class Tool:
                 f"{'.'.join(str(p) for p in e['loc']) or '(arguments)'}: {e['msg']}" for e in exc.errors()
             )
             raise ToolArgumentError(f"invalid arguments for {self.name}: {problems}") from None
-        return {name: getattr(model, name) for name in type(model).model_fields}
+        return dict(model.__dict__)  # the fields' values (validation leaves extras out of __dict__)
 
-    async def run(self, arguments: Mapping[str, Any], ctx: RuntimeContext | None) -> AsyncIterator[Any]:
-        """Validate, call, and yield the output as chunks (``str`` or `DataBlock`)."""
+    def _kwargs(self, arguments: Mapping[str, Any], ctx: RuntimeContext | None) -> dict[str, Any]:
         kwargs = self.validate(arguments)
         for pname, kind in self.injected.items():
             kwargs[pname] = ctx if kind == "ctx" else (ctx.agent_state if ctx is not None else None)
-        fn, kind = self.fn, self.kind
-        if kind == "stream":
-            async for chunk in fn(**kwargs):
-                for part in _chunks(chunk):
-                    yield part
+        return kwargs
+
+    async def call_once(self, arguments: Mapping[str, Any], ctx: RuntimeContext | None) -> tuple[Any, ...]:
+        """Validate, call a tool that returns once (not a generator), and give its output chunks."""
+        kwargs = self._kwargs(arguments, ctx)
+        if self.kind == "await":
+            result = await self.fn(**kwargs)
+        elif self.kind == "thread":  # plain functions run off the event loop
+            result = await asyncio.to_thread(self.fn, **kwargs)
+        else:
+            raise TypeError(f"{self.name} is a generator tool: iterate run() instead")
+        return _chunks(result)
+
+    async def run(self, arguments: Mapping[str, Any], ctx: RuntimeContext | None) -> AsyncIterator[Any]:
+        """Validate, call, and yield the output as chunks (``str`` or `DataBlock`)."""
+        if self.kind != "stream":
+            for part in await self.call_once(arguments, ctx):
+                yield part
             return
-        if kind == "await":
-            result = await fn(**kwargs)
-        else:  # plain functions run off the event loop
-            result = await asyncio.to_thread(fn, **kwargs)
-        for part in _chunks(result):
-            yield part
+        async for chunk in self.fn(**self._kwargs(arguments, ctx)):
+            for part in _chunks(chunk):
+                yield part
 
 
-def _chunks(value: Any) -> Iterable[Any]:
+def _chunks(value: Any) -> tuple[Any, ...]:
     if value is None:
         return ()
     if isinstance(value, str | DataBlock | EventBase):  # events: a sub-agent's, forwarded as they are
