@@ -260,8 +260,8 @@ def trusted_model(cls: type[_M], *names: str) -> Callable[..., _M]:
             # Factories the runtime's own models use are inlined: each call counts per event.
             if factory is dict or factory is list:
                 items.append(f"{name!r}: {factory()!r}")
-            elif isinstance(getattr(factory, "id_kind", None), str):
-                env[f"_p_{name}"] = f"{factory.id_kind}{_PREFIX}_"  # type: ignore[attr-defined]
+            elif isinstance(kind := getattr(factory, "id_kind", None), str):
+                env[f"_p_{name}"] = f"{kind}{_PREFIX}_"
                 items.append(f"{name!r}: f'{{_p_{name}}}{{_next_id():x}}'")
             else:
                 env[f"_f_{name}"] = factory

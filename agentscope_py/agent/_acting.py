@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-from collections.abc import AsyncIterator, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from typing import TYPE_CHECKING, Any, cast
 
 from ..events import (
     AgentEvent,
@@ -107,7 +107,7 @@ async def acting_events(
 
 async def _execute(
     exe: Execution, calls: Sequence[ToolUseBlock], context: contextvars.Context
-) -> AsyncIterator[AgentEvent]:
+) -> AsyncGenerator[AgentEvent, None]:
     loop = asyncio.get_running_loop()
     i = 0
     while i < len(calls):
@@ -151,7 +151,7 @@ def _safe(exe: Execution, call: ToolUseBlock) -> bool:
 
 async def _run_single(
     exe: Execution, call: ToolUseBlock, tool: Tool, loop: asyncio.AbstractEventLoop, context: contextvars.Context
-) -> AsyncIterator[AgentEvent]:
+) -> AsyncGenerator[AgentEvent, None]:
     """One call of a tool that returns once (not a generator): its task returns the output, so no
     channel sits between it and this stream. The task exists for what every tool call gets: its
     own context copy, and an interrupt that cancels it alone."""
@@ -185,7 +185,7 @@ async def _run_single(
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
     for chunk in output:
-        yield chunk if isinstance(chunk, EventBase) else _delta(reply_id, cid, name, chunk)
+        yield cast(AgentEvent, chunk) if isinstance(chunk, EventBase) else _delta(reply_id, cid, name, chunk)
     if error_text is not None:
         yield _ToolResultTextDelta(reply_id=reply_id, tool_call_id=cid, tool_name=name, delta=error_text)
     yield _ToolResultEnd(reply_id=reply_id, tool_call_id=cid, tool_name=name, state=state)

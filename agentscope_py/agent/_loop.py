@@ -240,6 +240,7 @@ class Execution:
                         raise
                     # The ReAct rounds run in this generator, not in one of their own: every
                     # event of a run passes here, and each async level costs per event.
+                    on_event: Callable[[Any], None]
                     while self.final is None:
                         if self.iteration >= agent.max_iters:
                             steps, on_event = self._summarise(), _ignore
