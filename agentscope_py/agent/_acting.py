@@ -90,7 +90,8 @@ async def acting_events(
         yield AllToolsDenied(reply_id=reply_id, denied_tool_calls=denied)
         return
     if allowed:
-        it = _execute(exe, allowed, context or contextvars.copy_context())
+        context = context or contextvars.copy_context()
+        it = _single(exe, allowed, context) or _execute(exe, allowed, context)
         try:
             async for ev in it:
                 yield ev
@@ -116,17 +117,15 @@ async def _execute(
             while i + len(group) < len(calls) and _safe(exe, calls[i + len(group)]):
                 group.append(calls[i + len(group)])
         i += len(group)
-        if len(group) == 1:
-            tool = exe.toolkit.get(group[0].name)
-            if tool is not None and tool.kind != "stream" and group[0].raw_input is None:
-                single = _run_single(exe, group[0], tool, loop, context)
-                try:
-                    async for ev in single:
-                        yield ev
-                except BaseException:
-                    await single.aclose()
-                    raise
-                continue
+        single = _single(exe, group, context)
+        if single is not None:
+            try:
+                async for ev in single:
+                    yield ev
+            except BaseException:
+                await single.aclose()
+                raise
+            continue
         channels = [_Channel(256) for _ in group]
         tasks = [loop.create_task(_run_tool(exe, call, ch), context=context.copy())
                  for call, ch in zip(group, channels, strict=True)]
@@ -149,8 +148,21 @@ def _safe(exe: Execution, call: ToolUseBlock) -> bool:
     return tool is None or tool.concurrency_safe
 
 
+def _single(
+    exe: Execution, calls: Sequence[ToolUseBlock], context: contextvars.Context
+) -> AsyncGenerator[AgentEvent, None] | None:
+    """The steps of a lone call to a tool that returns once, or None (see `_run_single`)."""
+    if len(calls) != 1:
+        return None
+    call = calls[0]
+    tool = exe.toolkit.get(call.name)
+    if tool is None or tool.kind == "stream" or call.raw_input is not None:
+        return None
+    return _run_single(exe, call, tool, context)
+
+
 async def _run_single(
-    exe: Execution, call: ToolUseBlock, tool: Tool, loop: asyncio.AbstractEventLoop, context: contextvars.Context
+    exe: Execution, call: ToolUseBlock, tool: Tool, context: contextvars.Context
 ) -> AsyncGenerator[AgentEvent, None]:
     """One call of a tool that returns once (not a generator): its task returns the output, so no
     channel sits between it and this stream. The task exists for what every tool call gets: its
@@ -158,7 +170,7 @@ async def _run_single(
     reply_id, cid, name = exe.reply_id, call.id, call.name
     exe.tool_calls += 1
     output: list[Any] = []
-    task = loop.create_task(_invoke(exe, call, tool, output), context=context.copy())
+    task = asyncio.get_running_loop().create_task(_invoke(exe, call, tool, output), context=context.copy())
     exe.control.tasks.add(task)
     try:
         # One loop turn lets the task take its first step (a quick tool finishes in it), so the

@@ -165,7 +165,8 @@ class Execution:
         self._last_value: Any = None
         parts = agent._participants
         trace = agent._trace
-        self._model_call = compose(ExtensionPoint.ON_MODEL_CALL, parts, agent, ctx, self._model_core, trace)
+        self._model_call = compose(ExtensionPoint.ON_MODEL_CALL, parts, agent, ctx, self._model_core, trace,
+                                   core_bound=True)
         self._reasoning = compose(ExtensionPoint.ON_REASONING, parts, agent, ctx, self._reasoning_core, trace)
         self._acting = compose(ExtensionPoint.ON_ACTING, parts, agent, ctx, self._acting_core, trace)
         self._direct_reasoning = not parts.hooks[ExtensionPoint.ON_REASONING]
@@ -231,13 +232,15 @@ class Execution:
             try:
                 error: BaseException | None = None
                 try:
-                    steps: Any = self._main(list(input.msgs))
-                    try:
-                        async for ev in steps:
-                            yield ev
-                    except BaseException:
-                        await steps.aclose()
-                        raise
+                    msgs = list(input.msgs)
+                    steps: Any = self._traced_prelude(msgs) if agent._trace else await self._prepare(msgs)
+                    if steps is not None:  # tracing, or resuming pending tool calls
+                        try:
+                            async for ev in steps:
+                                yield ev
+                        except BaseException:
+                            await steps.aclose()
+                            raise
                     # The ReAct rounds run in this generator, not in one of their own: every
                     # event of a run passes here, and each async level costs per event.
                     on_event: Callable[[Any], None]
@@ -325,7 +328,7 @@ class Execution:
         try:
             self.version = await store.save(self.ctx.user_id, self.ctx.session_id, state, self.version)
         except Exception as exc:
-            # Keep the turn: the next call on this session starts from it (see _main).
+            # Keep the turn: the next call on this session starts from it (see _load).
             self.agent._unsaved[key] = (state, self.version)
             if isinstance(exc, StateStoreError):
                 raise
@@ -349,7 +352,8 @@ class Execution:
         if trace:
             yield completed_event(mw, point, started, None)
 
-    async def _main(self, input_msgs: list[Msg]) -> AsyncIterator[AgentEvent]:
+    async def _load(self) -> AgentState:
+        """Load the session's state and bind it to the context."""
         agent, ctx = self.agent, self.ctx
         try:
             state, self.version = await agent._store.load(ctx.user_id, ctx.session_id)
@@ -368,38 +372,59 @@ class Execution:
         self.state = state
         ctx.agent_state = state
         ctx.agent = agent
+        return state
+
+    async def _prepare(self, input_msgs: list[Msg]) -> AsyncIterator[AgentEvent] | None:
+        """The prelude, untraced: state, notifications, system prompt, input. Returns the resume
+        steps when tool calls are pending (a plain coroutine otherwise: nothing to emit)."""
+        agent, ctx = self.agent, self.ctx
+        state = await self._load()
         for mw in agent._participants.hooks[ExtensionPoint.ON_AGENT_STATE_READY]:
-            if agent._trace:
-                yield MiddlewareStarted(middleware=mw.name, point="ON_AGENT_STATE_READY")
-                started = time.perf_counter()
-                try:
-                    mw.on_agent_state_ready(agent, ctx, state, input_msgs)
-                except Exception as exc:
-                    yield completed_event(mw, ExtensionPoint.ON_AGENT_STATE_READY, started, exc)
-                    raise
-                yield completed_event(mw, ExtensionPoint.ON_AGENT_STATE_READY, started, None)
-            else:
+            mw.on_agent_state_ready(agent, ctx, state, input_msgs)
+        prompt = agent.sys_prompt
+        for mw in agent._participants.hooks[ExtensionPoint.ON_SYSTEM_PROMPT]:
+            result: Any = mw.on_system_prompt(agent, ctx, prompt)
+            prompt = await result if asyncio.iscoroutine(result) else result
+        return self._take_input(prompt, input_msgs)
+
+    async def _traced_prelude(self, input_msgs: list[Msg]) -> AsyncIterator[AgentEvent]:
+        """`_prepare` with every notification and transformer bracketed by trace events."""
+        agent, ctx = self.agent, self.ctx
+        state = await self._load()
+        for mw in agent._participants.hooks[ExtensionPoint.ON_AGENT_STATE_READY]:
+            yield MiddlewareStarted(middleware=mw.name, point="ON_AGENT_STATE_READY")
+            started = time.perf_counter()
+            try:
                 mw.on_agent_state_ready(agent, ctx, state, input_msgs)
+            except Exception as exc:
+                yield completed_event(mw, ExtensionPoint.ON_AGENT_STATE_READY, started, exc)
+                raise
+            yield completed_event(mw, ExtensionPoint.ON_AGENT_STATE_READY, started, None)
         prompt = agent.sys_prompt
         for mw in agent._participants.hooks[ExtensionPoint.ON_SYSTEM_PROMPT]:
             async for ev in self._notify(mw, ExtensionPoint.ON_SYSTEM_PROMPT, mw.on_system_prompt(agent, ctx, prompt)):
                 yield ev
             prompt = self._last_value
+        resume = self._take_input(prompt, input_msgs)
+        if resume is not None:
+            async with contextlib.aclosing(resume) as steps:  # type: ignore[type-var]
+                async for ev in steps:
+                    yield ev
+
+    def _take_input(self, prompt: str, input_msgs: list[Msg]) -> AsyncIterator[AgentEvent] | None:
+        """Set the system message; then the input goes into memory, or (when tool calls are
+        pending) the resume steps are returned."""
         if prompt:  # one immutable system message per distinct prompt, shared by executions
             self.system_msg = _system_message(prompt) if type(prompt) is str else Msg.system(prompt)
         else:
             self.system_msg = None
-
         pending = self._pending_calls()
         if pending:
-            async with contextlib.aclosing(self._resume(pending, input_msgs)) as steps:  # type: ignore[type-var]
-                async for ev in steps:
-                    yield ev
-            if self.final is not None:
-                return
-        else:
-            _check_no_control_input(input_msgs)
-            state.context.extend(input_msgs)
+            return self._resume(pending, input_msgs)
+        _check_no_control_input(input_msgs)
+        assert self.state is not None
+        self.state.context.extend(input_msgs)
+        return None
 
     # -- rounds ----------------------------------------------------------------------------------
 

@@ -54,6 +54,10 @@ class ExtensionPoint(Enum):
     ON_AGENT_STATE_READY = "on_agent_state_ready"
     ON_AGENT_FINISH = "on_agent_finish"
 
+    # Members are singletons: identity hashing (in C) is consistent with equality, and every
+    # execution looks points up (Enum's own __hash__ is a Python call).
+    __hash__ = object.__hash__
+
 
 class _Record:
     __slots__ = ()

@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import inspect
 import time
 from collections.abc import AsyncIterator, Callable, Generator, Sequence
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from ..events import MiddlewareCompleted, MiddlewareStarted
 from ..stream import EventStream, to_stream
@@ -37,7 +38,7 @@ Layer = Callable[[Any], EventStream[Any]]
 class Participants:
     """The frozen per-point participant tuples of one agent."""
 
-    __slots__ = ("by_point", "hooks")
+    __slots__ = ("by_point", "chains", "hooks")
 
     def __init__(self, middlewares: Sequence[MiddlewareBase]) -> None:
         # Stable sort, larger order() first: ties keep registration order.
@@ -51,6 +52,7 @@ class Participants:
         self.hooks = MappingProxyType(
             {point: tuple(m for m in mws if overrides(m, point)) for point, mws in by_point.items()}
         )
+        self.chains: dict[tuple[ExtensionPoint, bool], _Chain] = {}  # built on first use (compose)
 
     def at(self, point: ExtensionPoint) -> tuple[MiddlewareBase, ...]:
         return self.by_point[point]
@@ -63,8 +65,12 @@ def compose(
     ctx: RuntimeContext,
     core: Layer,
     trace: bool = False,
+    core_bound: bool = False,
 ) -> Layer:
-    """Fold the overriding hooks of ``point`` around ``core``; the first one ends up outermost."""
+    """Fold the overriding hooks of ``point`` around ``core``; the first one ends up outermost.
+
+    ``core_bound``: the core's stream captures the context it is built in and runs there (the
+    model call's task does), so it needs no context of its own at subscription."""
     assert point in ONION_POINTS
     hooks = participants.hooks[point]
     if not hooks:
@@ -74,47 +80,76 @@ def compose(
         for mw in reversed(hooks):
             nxt = _traced_layer(mw, point, getattr(mw, point.value), agent, ctx, nxt)
         return nxt
-    return _Chain(hooks, point, agent, ctx, core)
+    key = (point, core_bound)
+    chain = participants.chains.get(key)
+    if chain is None or chain.agent is not agent:
+        chain = participants.chains[key] = _Chain(hooks, point, agent, core_bound)
+    return functools.partial(chain.entry, _Run(ctx, core, len(hooks)))
+
+
+class _Run:
+    """What one execution's layers share: its context, its core, and the stream each layer last
+    returned (so the layer outside it can tell a hook that passed its inner stream through)."""
+
+    __slots__ = ("core", "ctx", "outs")
+
+    def __init__(self, ctx: RuntimeContext, core: Layer, n: int) -> None:
+        self.ctx = ctx
+        self.core = core
+        self.outs: list[Any] = [None] * (n + 1)
 
 
 class _Chain:
-    """The fold of one point for one execution: a few fields, not a closure per layer (layer
-    ``i``'s ``next`` is made when layer ``i`` is invoked, and dropped after)."""
+    """The layers of one point, built once per agent from the inside out. A layer is
+    ``layer(run, input)``; a hook's ``next`` is the inner layer bound to the run (a C partial),
+    so invoking a hook costs no closure and no extra Python frame."""
 
-    __slots__ = ("agent", "core", "ctx", "mws", "name", "point")
+    __slots__ = ("agent", "entry")
 
-    def __init__(
-        self, mws: tuple[MiddlewareBase, ...], point: ExtensionPoint, agent: Any, ctx: RuntimeContext, core: Layer
-    ) -> None:
-        self.mws = mws
-        self.point = point
-        self.name = point.value
+    def __init__(self, hooks: tuple[MiddlewareBase, ...], point: ExtensionPoint, agent: Any, core_bound: bool) -> None:
         self.agent = agent
-        self.ctx = ctx
-        self.core = core
+        n = len(hooks)
 
-    def __call__(self, input: Any) -> EventStream[Any]:
-        return _invoke(self, 0, input)
+        def core_layer(run: _Run, input: Any) -> EventStream[Any]:
+            stream = run.outs[n] = run.core(input)
+            return stream
+
+        layer: Callable[[_Run, Any], EventStream[Any]] = core_layer
+        bound = core_bound
+        for i in range(n - 1, -1, -1):
+            layer = _layer(hooks[i], point, agent, i, layer, bound)
+            bound = True  # a layer's stream runs in the context of the layer that made it
+        self.entry = layer
 
 
-def _invoke(chain: _Chain, i: int, input: Any) -> EventStream[Any]:
-    mws = chain.mws
-    if i >= len(mws):
-        return chain.core(input)
-    mw = mws[i]
+def _layer(
+    mw: MiddlewareBase, point: ExtensionPoint, agent: Any, index: int,
+    inner: Callable[[_Run, Any], EventStream[Any]], inner_bound: bool,
+) -> Callable[[_Run, Any], EventStream[Any]]:
+    """Hook ``index`` as a layer around ``inner``. ``inner_bound``: what ``inner`` returns already
+    runs in the context it was built in."""
+    hook = getattr(mw, point.value)
+    partial = functools.partial
 
-    def next(input: Any) -> EventStream[Any]:  # layer i's next: layer i + 1 (or the core)
-        return _invoke(chain, i + 1, input)
+    def layer(run: _Run, input: Any) -> EventStream[Any]:
+        c = contextvars.copy_context()
+        stream = c.run(hook, agent, run.ctx, input, partial(inner, run))
+        outs = run.outs
+        if stream is outs[index + 1] and inner_bound:
+            # Passed through: the inner layer already runs in a copy of this context, taken when
+            # next() was called (a copy made later would add nothing the inner code can see).
+            outs[index] = stream
+            return cast("EventStream[Any]", stream)
+        if type(stream) is not EventStream:
+            stream = c.run(_normalise, stream, mw, point)
+        # The inner factory runs in the copy; its fused operators are carried out to this layer's
+        # stream, so the maps of stacked hooks stay fused in one loop (one async layer in all).
+        # They run in the consumer's context either way: a generator runs where it is iterated.
+        factory = stream._factory
+        wrapped = outs[index] = EventStream(lambda: c.run(factory), stream._steps)
+        return wrapped
 
-    c = contextvars.copy_context()
-    stream = c.run(getattr(mw, chain.name), chain.agent, chain.ctx, input, next)
-    if type(stream) is not EventStream:
-        stream = c.run(_normalise, stream, mw, chain.point)
-    # The inner factory runs in the copy; its fused operators are carried out to this layer's
-    # stream, so the maps of stacked hooks stay fused in one loop (one async layer in all).
-    # They run in the consumer's context either way: a generator runs where it is iterated.
-    factory = stream._factory
-    return EventStream(lambda: c.run(factory), stream._steps)
+    return layer
 
 
 def _traced_layer(
