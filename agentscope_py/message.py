@@ -285,10 +285,18 @@ def trusted_model(cls: type[_M], *names: str) -> Callable[..., _M]:
         "    _pr(o, None)\n"
         "    return o\n"
     )
-    exec(code, env)
+    exec(compile(code, f"<trusted {cls.__name__}>", "exec"), env)  # named for profiles
     make: Callable[..., _M] = env["make"]
     make.__qualname__ = f"trusted_model.{cls.__name__}"
     return make
+
+
+def update_fresh(model: _M, update: dict[str, Any]) -> _M:
+    """What `copy_with` gives, for a model the caller just built and has not handed to anyone:
+    updated in place (internal; a frozen model is immutable only once it is shared)."""
+    model.__dict__.update(update)
+    _set_fields_set(model, model.__pydantic_fields_set__ | update.keys())  # the set may be shared
+    return model
 
 
 def copy_with(model: _M, update: dict[str, Any]) -> _M:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine, Generator, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 from ..events import (
@@ -164,43 +164,82 @@ def _single(
 async def _run_single(
     exe: Execution, call: ToolUseBlock, tool: Tool, context: contextvars.Context
 ) -> AsyncGenerator[AgentEvent, None]:
-    """One call of a tool that returns once (not a generator): its task returns the output, so no
-    channel sits between it and this stream. The task exists for what every tool call gets: its
-    own context copy, and an interrupt that cancels it alone."""
+    """One call of a tool that returns once (not a generator), run inline in this task, in its own
+    copy of ``context``, started at once (so ToolResultStart means it has started, and a quick
+    tool needs no task and no loop turn). While the tool is awaited, an interrupt cancels this
+    task: the tool ends with an INTERRUPTED result and the cancellation is taken back."""
     reply_id, cid, name = exe.reply_id, call.id, call.name
     exe.tool_calls += 1
     output: list[Any] = []
-    task = asyncio.get_running_loop().create_task(_invoke(exe, call, tool, output), context=context.copy())
-    exe.control.tasks.add(task)
+    control = exe.control
+    run = _Inline(context.copy(), _invoke(exe, call, tool, output))
     try:
-        # One loop turn lets the task take its first step (a quick tool finishes in it), so the
-        # Start event means the tool has started, as it does for streamed calls.
-        await asyncio.sleep(0)
         yield _ToolResultStart(reply_id=reply_id, tool_call_id=cid, tool_name=name)
+    except BaseException:  # closed early: the tool sees the cancellation and cleans up
+        if not run.done:
+            await run.cancel()
+        raise
+    if not run.done and control.interrupted:  # interrupted while the consumer held the Start
+        await run.cancel()
+    if not run.done:
         current = asyncio.current_task()
         assert current is not None
         cancels = current.cancelling()
+        control.tasks.add(current)
         try:
-            state, error_text = await task
-        except asyncio.CancelledError:
-            if not task.cancelled() or current.cancelling() > cancels:
-                raise  # this stream itself was cancelled
-            # Cancelled (interrupted) before its first step, so it could not say so itself.
-            state, error_text = ToolResultState.INTERRUPTED, INTERRUPTED_TEXT
+            await run
+        finally:
+            control.tasks.discard(current)
+            if control.interrupted and current.cancelling() > cancels:
+                current.uncancel()  # the interrupt's cancellation: the tool's result reports it
+            if not run.done:  # this stream was closed or cancelled: so is the tool
+                await run.cancel()
         if current.cancelling() > cancels:
-            # Cancelling this task cancelled the awaited tool, which ends with a result instead of
+            # Cancelling this task reached the tool, which ended with a result instead of
             # raising: the cancellation is this stream's, so it goes on.
             raise asyncio.CancelledError
-    finally:
-        exe.control.tasks.discard(task)
-        if not task.done():  # closed early: the tool does not outlive the stream
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+    state, error_text = run.result
     for chunk in output:
         yield cast(AgentEvent, chunk) if isinstance(chunk, EventBase) else _delta(reply_id, cid, name, chunk)
     if error_text is not None:
         yield _ToolResultTextDelta(reply_id=reply_id, tool_call_id=cid, tool_name=name, delta=error_text)
     yield _ToolResultEnd(reply_id=reply_id, tool_call_id=cid, tool_name=name, state=state)
+
+
+class _Inline:
+    """Runs a coroutine in the current task with every step inside ``ctx`` (what an eager task
+    does, without the task): the first step runs at construction; awaiting runs the rest."""
+
+    __slots__ = ("coro", "ctx", "done", "pending", "result")
+
+    def __init__(self, ctx: contextvars.Context, coro: Coroutine[Any, Any, Any]) -> None:
+        self.ctx = ctx
+        self.coro = coro
+        self.done = False
+        self.result: Any = None
+        self.pending: Any = None  # what the coroutine waits on (a future), handed to the task
+        self._step(coro.send, None)
+
+    def _step(self, fn: Callable[[Any], Any], arg: Any) -> None:
+        try:
+            self.pending = self.ctx.run(fn, arg)
+        except StopIteration as stop:
+            self.done, self.result, self.pending = True, stop.value, None
+
+    def __await__(self) -> Generator[Any, Any, Any]:
+        while not self.done:
+            try:
+                value = yield self.pending
+            except BaseException as exc:
+                self._step(self.coro.throw, exc)
+            else:
+                self._step(self.coro.send, value)
+        return self.result
+
+    async def cancel(self) -> None:
+        self._step(self.coro.throw, asyncio.CancelledError())
+        if not self.done:
+            await self
 
 
 async def _run_tool(exe: Execution, call: ToolUseBlock, channel: _Channel) -> None:

@@ -47,6 +47,7 @@ from ..message import (
     ToolUseBlock,
     copy_with,
     new_id,
+    update_fresh,
 )
 from ..middleware.base import (
     ActingInput,
@@ -459,24 +460,22 @@ class Execution:
         assert state is not None
         self.iteration += 1
         state.cur_iter = self.iteration
-        msg = self._take_reply(None)
+        msg = self._take_reply(None)  # built here: updated in place below, not copied
         calls = msg.tool_calls
         if stop is not None:
-            self._end(msg, stop.generate_reason)
+            self._end(msg, stop.generate_reason, fresh=True)
             self._close_calls(calls, "Not executed: the run was stopped before tools ran.", ToolResultState.ERROR)
             return None
         if not calls:
             if self.structured_model is not None:
                 self._structured_answer(msg)
             elif msg.text.strip() or self._reminded:
-                self._end(msg, GenerateReason.MODEL_STOP)
+                self._end(msg, GenerateReason.MODEL_STOP, fresh=True)
             else:
                 self._reminded = True
                 self._transient = [Msg.user(EMPTY_REPLY_REMINDER, name="system", synthetic=True)]
             return None
-        # From here on the remembered copy stands for the reply (the uses after it overwrite
-        # generate_reason), so the first one can be freed while the tools run.
-        state.context.append(copy_with(msg, {"generate_reason": GenerateReason.TOOL_CALLS}))
+        state.context.append(update_fresh(msg, {"generate_reason": GenerateReason.TOOL_CALLS}))
         self.control.check()
         return calls
 
@@ -540,8 +539,9 @@ class Execution:
         self._builder = None
         return builder.build(new_id("msg_"), self.agent.name, reason)
 
-    def _end(self, msg: Msg, reason: GenerateReason, remember: bool = True) -> None:
-        final = copy_with(msg, {"generate_reason": reason, "usage": self.usage})
+    def _end(self, msg: Msg, reason: GenerateReason, remember: bool = True, fresh: bool = False) -> None:
+        """End the run with ``msg`` (``fresh``: just built here, so updated rather than copied)."""
+        final = (update_fresh if fresh else copy_with)(msg, {"generate_reason": reason, "usage": self.usage})
         if remember:
             assert self.state is not None
             self.state.context.append(final)

@@ -7,6 +7,13 @@ import asyncio
 __all__ = ["AgentInterrupted", "RunControl", "SessionGates"]
 
 
+def _current_task() -> asyncio.Task[object] | None:
+    try:
+        return asyncio.current_task()
+    except RuntimeError:  # no running loop
+        return None
+
+
 class AgentInterrupted(asyncio.CancelledError):
     """Raised inside a run that ``agent.interrupt(...)`` stopped. A CancelledError, so middleware
     treats it as cancellation (no retry, no fallback); the loop turns it into an INTERRUPTED
@@ -24,8 +31,12 @@ class RunControl:
 
     def interrupt(self) -> None:
         self.interrupted = True
+        current = _current_task()
         for task in list(self.tasks):
-            task.cancel()
+            # The task running the run itself is here while it runs a tool inline; called from
+            # inside that tool, the flag alone stops the run once the tool returns.
+            if task is not current:
+                task.cancel()
 
     def check(self) -> None:
         if self.interrupted:

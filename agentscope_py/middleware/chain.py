@@ -1,16 +1,18 @@
-"""Assembling the chains: one stable sort at build, one fold per execution.
+"""Assembling the chains: one stable sort and one fold per agent, a cheap binding per execution.
 
-Per point, the participants are fixed at build (`Participants`). Per execution, `compose` folds a
-point's hooks around a core back to front, so the first participant is the outermost layer. Hooks
-that are not overridden are left out: they would only pass through, and a point with no
-overriding participant gets no wrapper at all — calling it is calling the core.
+Per point, the participants are fixed at build (`Participants`). The first `compose` of a point
+folds its hooks back to front into layers (`_Chain`, kept on the participants), so the first
+participant is the outermost layer; every execution then binds those layers to its context and
+core (`_Run`). Hooks that are not overridden are left out: they would only pass through, and a
+point with no overriding participant gets no wrapper at all — calling it is calling the core.
 
-Each layer's ``next`` runs the inner hook inside a private copy of the current context, and
-subscribes the inner stream in that same copy: a contextvar (or an OpenTelemetry span) a hook sets
-around ``next(input)`` reaches the layers inside it and the model call, and never leaks into the
-consumer. ``async def`` generator hooks are driven step by step inside their copy for the same
-reason (that costs ~1 µs per event; stream-returning hooks cost nothing per event).
-"""
+Each layer runs its hook inside a private copy of the current context, and subscribes the stream
+the hook returned in that same copy: a contextvar (or an OpenTelemetry span) a hook sets around
+``next(input)`` reaches the layers inside it and the model call, and never leaks into the
+consumer. A hook that returns its inner stream unchanged adds no wrapper (the inner layer already
+runs in a copy taken inside this one). ``async def`` generator hooks are driven step by step
+inside their copy for the same reason (that costs ~1 µs per event; stream-returning hooks cost
+nothing per event)."""
 
 from __future__ import annotations
 

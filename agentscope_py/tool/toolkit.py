@@ -300,6 +300,7 @@ class Toolkit:
 
     def __init__(self, tools: Iterable[Any] = (), *, policy: PermissionCheck | None = None) -> None:
         self._tools: dict[str, Tool] = {}
+        self._schemas: tuple[tuple[Tool, ...], tuple[ToolSchema, ...]] | None = None
         self.policy = policy
         for t in tools:
             self.register(t)
@@ -357,7 +358,11 @@ class Toolkit:
         return list(self._tools)
 
     def schemas(self) -> tuple[ToolSchema, ...]:
-        return tuple(t.schema for t in self._tools.values())
+        # Asked for every round: kept until the tools change (what the schemas are made of).
+        key = tuple(self._tools.values())
+        if self._schemas is None or self._schemas[0] != key:
+            self._schemas = (key, tuple(t.schema for t in key))
+        return self._schemas[1]
 
     def copy(self) -> Toolkit:
         other = Toolkit(policy=self.policy)
