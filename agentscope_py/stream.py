@@ -241,8 +241,7 @@ class EventStream(Generic[T]):
         The task runs in ``context``, by default the context current *now* (when the stream is
         built), so a span a middleware made current around ``next()`` parents the producer and
         nothing the producer sets leaks into the consumer."""
-        ctx = context if context is not None else contextvars.copy_context()
-        return EventStream(lambda: _prefetch(self, size, ctx))
+        return prefetched(self.__aiter__, size, context)
 
     def pipe(self, *operators: Callable[[Any], Any]) -> EventStream[Any]:
         """Apply reactivex operators. Synchronous ones run inline in the consuming coroutine (no
@@ -533,7 +532,17 @@ class _Channel:
 _EMPTY: Any = object()
 
 
-async def _prefetch(source: EventStream[Any], size: int, ctx: contextvars.Context) -> AsyncIterator[Any]:
+def prefetched(
+    source: Callable[[], AsyncIterator[T]], size: int = 64, context: contextvars.Context | None = None
+) -> EventStream[T]:
+    """`EventStream.prefetch` of what ``source()`` returns (internal: no stream in between)."""
+    ctx = context if context is not None else contextvars.copy_context()
+    return EventStream(lambda: _prefetch(source, size, ctx))
+
+
+async def _prefetch(
+    source: Callable[[], AsyncIterator[Any]], size: int, ctx: contextvars.Context
+) -> AsyncIterator[Any]:
     channel = _Channel(size)
 
     items, size = channel.items, channel.size
@@ -541,7 +550,7 @@ async def _prefetch(source: EventStream[Any], size: int, ctx: contextvars.Contex
     async def pump() -> None:
         error: BaseException | None = None
         try:
-            it = source.__aiter__()
+            it = source()
             try:
                 async for item in it:
                     if len(items) < size:  # put() without the coroutine when there is room

@@ -60,7 +60,7 @@ from ..middleware.base import (
 )
 from ..middleware.chain import completed_event, compose
 from ..model.base import ModelRequest, supports_structured_output
-from ..stream import EventStream, aclose
+from ..stream import EventStream, aclose, prefetched
 from ..tool.toolkit import Tool, clean_schema
 from ._acting import acting_events
 from ._reply import NO_USAGE, ReplyBuilder, ToolResultCollector, model_events
@@ -187,13 +187,13 @@ class Execution:
             structured_output=input.options.get("structured_output"),
         )
         agent = self.agent
-        models = (input.model, *agent._fallback_models)
+        fallbacks = agent._fallback_models
+        models = (input.model, *fallbacks) if fallbacks else (input.model,)
         reply_id = self.reply_id
         control = self.control
         # The model's task registers itself with the run's control (an interrupt cancels it).
-        return EventStream(
-            lambda: model_events(models, request, reply_id, agent._retry, agent._failover_listener, control)
-        ).prefetch(64)
+        return prefetched(lambda: model_events(models, request, reply_id, agent._retry, agent._failover_listener,
+                                               control))
 
     def _reasoning_core(self, input: ReasoningInput) -> EventStream[AgentEvent]:
         mc_input = ModelCallInput(
@@ -228,7 +228,7 @@ class Execution:
         yield (_AgentStart if plain else AgentStart)(reply_id=self.reply_id, name=agent.name,
                                                      session_id=ctx.session_id)
         key = (ctx.user_id, ctx.session_id)
-        async with agent._gates.hold(key), _store_lock(agent._store, key):
+        async with agent._gates.hold(key, agent._store):
             agent._gates.active[key] = self.control
             try:
                 error: BaseException | None = None
@@ -730,12 +730,6 @@ def _ignore(event: Any) -> None:
 
 def _finished(input: Any) -> EventStream[AgentEvent]:
     raise RuntimeError("this execution has finished")
-
-
-def _store_lock(store: Any, key: tuple[str, str]) -> contextlib.AbstractAsyncContextManager[Any]:
-    """A store shared by several processes (Redis) serialises a session across them too."""
-    lock = getattr(store, "session_lock", None)
-    return lock(*key) if lock is not None else contextlib.nullcontext()
 
 
 def _confirm_results(msgs: list[Msg]) -> list[ConfirmResult]:

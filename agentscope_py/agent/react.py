@@ -21,7 +21,7 @@ from ..message import Msg
 from ..middleware.base import AgentInput, ExtensionPoint, MiddlewareBase
 from ..middleware.chain import Participants, compose
 from ..model.base import ChatModel
-from ..stream import EventStream
+from ..stream import EventStream, aclose
 from ..tool.toolkit import Tool, Toolkit, tool
 from ._loop import Execution
 from ._reply import FailoverListener, RetryPolicy
@@ -124,10 +124,13 @@ class ReActAgent:
         """Run one execution and return its final message (``generate_reason`` says why it ended)."""
         exe, events = self._start(_as_msgs(msgs), ctx, structured_model)
         result: Msg | None = None
-        async with contextlib.aclosing(events) as it:  # type: ignore[type-var]
-            async for ev in it:
+        try:
+            async for ev in events:
                 if type(ev) is AgentResult:
                     result = ev.result
+        except BaseException:  # cancelled (or a middleware raised): the run closes before this returns
+            await aclose(events)
+            raise
         if result is None:  # a middleware dropped the AgentResult event: the core's result stands
             result = exe.final
         assert result is not None
