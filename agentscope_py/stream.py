@@ -63,15 +63,18 @@ class EventStream(Generic[T]):
     # -- iteration -------------------------------------------------------------------------------
 
     def __aiter__(self) -> AsyncIterator[T]:
-        it = self._factory()
         steps = self._steps
         if steps:
-            it = _fused(it, steps)
+            # A factory that can apply the steps itself (a prefetch drain) saves a layer per item.
+            with_steps = getattr(self._factory, "with_steps", None)
+            it = with_steps(steps) if with_steps is not None else _fused(self._factory(), steps)
+        else:
+            it = self._factory()
         try:  # noqa: SIM105 - cheaper than contextlib.suppress on this per-subscription path
             self._last = weakref.ref(it)
         except TypeError:  # some iterators do not take weak references
             pass
-        return cast("AsyncIterator[T]", it)
+        return it  # type: ignore[no-any-return]  # (typing.cast is a call, on every subscription)
 
     async def aclose(self) -> None:
         """Close the most recent iteration of this stream (for ``contextlib.aclosing``)."""
@@ -537,11 +540,52 @@ def prefetched(
 ) -> EventStream[T]:
     """`EventStream.prefetch` of what ``source()`` returns (internal: no stream in between)."""
     ctx = context if context is not None else contextvars.copy_context()
-    return EventStream(lambda: _prefetch(source, size, ctx))
+    return EventStream(_Prefetch(source, size, ctx))
+
+
+class _Prefetch:
+    """The factory of a prefetched stream; ``with_steps`` applies fused maps in the drain (the
+    consumer's side, as `_fused` would, without a layer of its own)."""
+
+    __slots__ = ("ctx", "size", "source")
+
+    def __init__(self, source: Callable[[], AsyncIterator[Any]], size: int, ctx: contextvars.Context) -> None:
+        self.source = source
+        self.size = size
+        self.ctx = ctx
+
+    def __call__(self) -> AsyncIterator[Any]:
+        return _prefetch(self.source, self.size, self.ctx, ())
+
+    def with_steps(self, steps: tuple[Step, ...]) -> AsyncIterator[Any]:
+        if all(kind == _MAP for kind, _ in steps):  # maps: applied by the drain
+            return _prefetch(self.source, self.size, self.ctx, tuple(fn for _, fn in steps))
+        return _fused(self(), steps)
+
+
+class InContext:
+    """A factory run inside ``ctx`` (a chain layer's); passes ``with_steps`` through to one that
+    has it, in the same context."""
+
+    __slots__ = ("ctx", "factory")
+
+    def __init__(self, ctx: contextvars.Context, factory: Callable[[], AsyncIterator[Any]]) -> None:
+        self.ctx = ctx
+        self.factory = factory
+
+    def __call__(self) -> AsyncIterator[Any]:
+        return self.ctx.run(self.factory)
+
+    def with_steps(self, steps: tuple[Step, ...]) -> AsyncIterator[Any]:
+        inner = getattr(self.factory, "with_steps", None)
+        if inner is None:
+            return _fused(self.ctx.run(self.factory), steps)
+        return self.ctx.run(inner, steps)  # type: ignore[no-any-return]
 
 
 async def _prefetch(
-    source: Callable[[], AsyncIterator[Any]], size: int, ctx: contextvars.Context
+    source: Callable[[], AsyncIterator[Any]], size: int, ctx: contextvars.Context,
+    maps: tuple[Callable[[Any], Any], ...],
 ) -> AsyncIterator[Any]:
     channel = _Channel(size)
 
@@ -574,6 +618,8 @@ async def _prefetch(
         while True:  # channel.drain(), inlined: one async layer less per item
             item = take()
             if item is not _EMPTY:
+                for fn in maps:
+                    item = fn(item)
                 yield item
             elif channel.done:
                 if channel.error is not None:

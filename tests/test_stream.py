@@ -242,6 +242,36 @@ async def test_prefetch_carries_errors() -> None:
         await Producer(3, fail_at=1).stream().prefetch(2).to_list()
 
 
+async def test_operators_after_prefetch_run_on_the_consumer_side(no_leaked_tasks: None) -> None:
+    consumer = asyncio.current_task()
+    tasks: list[Any] = []
+
+    def note(x: int) -> int:
+        tasks.append(asyncio.current_task())
+        return x
+
+    maps_only = Producer(4).stream().prefetch(2).map(note).map(lambda x: x * 10)
+    assert await maps_only.to_list() == [0, 10, 20, 30]
+    assert tasks and all(t is consumer for t in tasks)
+    mixed = Producer(6).stream().prefetch(2).map(lambda x: x + 1).filter(lambda x: x % 2 == 0).do(note)
+    assert await mixed.to_list() == [2, 4, 6]
+
+
+async def test_a_failing_map_after_prefetch_stops_the_producer(no_leaked_tasks: None) -> None:
+    p = Producer(10_000, tick=True)
+
+    def fail_at_3(x: int) -> int:
+        if x == 3:
+            raise ValueError("map failed")
+        return x
+
+    with pytest.raises(ValueError, match="map failed"):
+        await p.stream().prefetch(4).map(fail_at_3).to_list()
+    for _ in range(3):
+        await asyncio.sleep(0)
+    assert p.closed == 1 and p.produced < 100
+
+
 # -- reactivex and aioreactive interop -----------------------------------------------------------
 
 

@@ -23,10 +23,10 @@ import inspect
 import time
 from collections.abc import AsyncIterator, Callable, Generator, Sequence
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 from ..events import MiddlewareCompleted, MiddlewareStarted
-from ..stream import EventStream, to_stream
+from ..stream import EventStream, InContext, to_stream
 from .base import ONION_POINTS, ExtensionPoint, MiddlewareBase, overrides
 
 if TYPE_CHECKING:
@@ -98,7 +98,7 @@ class _Run:
     def __init__(self, ctx: RuntimeContext, core: Layer, n: int) -> None:
         self.ctx = ctx
         self.core = core
-        self.outs: list[Any] = [None] * (n + 1)
+        self.outs: list[EventStream[Any] | None] = [None] * (n + 1)
 
 
 class _Chain:
@@ -135,20 +135,19 @@ def _layer(
 
     def layer(run: _Run, input: Any) -> EventStream[Any]:
         c = contextvars.copy_context()
-        stream = c.run(hook, agent, run.ctx, input, partial(inner, run))
+        stream: EventStream[Any] = c.run(hook, agent, run.ctx, input, partial(inner, run))
         outs = run.outs
         if stream is outs[index + 1] and inner_bound:
             # Passed through: the inner layer already runs in a copy of this context, taken when
             # next() was called (a copy made later would add nothing the inner code can see).
             outs[index] = stream
-            return cast("EventStream[Any]", stream)
+            return stream
         if type(stream) is not EventStream:
             stream = c.run(_normalise, stream, mw, point)
         # The inner factory runs in the copy; its fused operators are carried out to this layer's
         # stream, so the maps of stacked hooks stay fused in one loop (one async layer in all).
         # They run in the consumer's context either way: a generator runs where it is iterated.
-        factory = stream._factory
-        wrapped = outs[index] = EventStream(lambda: c.run(factory), stream._steps)
+        wrapped = outs[index] = EventStream(InContext(c, stream._factory), stream._steps)
         return wrapped
 
     return layer
