@@ -261,14 +261,27 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--encoder", choices=("auto", "fallback"), default="auto",
                    help="auto: agentscope_py.server.encode_sse when importable; fallback: model_dump_json")
+    p.add_argument("--gc", choices=("serve", "python"), default="serve",
+                   help="serve: the collector settings `agentscope-py serve` applies (agentscope_py.server."
+                        "tune_gc: gc.freeze() after start-up, thresholds 50000/20/100); python: Python's defaults")
     p.add_argument("--gc-threshold", type=int, default=0,
-                   help="set gc threshold0 (generation 0) to this, e.g. 50000 (default: Python's 700)")
+                   help="then set gc threshold0 (generation 0) to this, e.g. 50000")
     p.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     p.add_argument("--json-out", help="also write the JSON summary to this file")
     args = p.parse_args(argv)
     random.seed(args.seed)
+    gc_mode = "python (700, 10, 10)"
+    if args.gc == "serve":
+        try:
+            from agentscope_py.server import tune_gc
+
+            tune_gc()
+            gc_mode = f"serve (tune_gc: freeze, {gc.get_threshold()})"
+        except ImportError as exc:  # no server extra: Python's defaults, and say so
+            gc_mode = f"python (server extra missing: {exc})"
     if args.gc_threshold:
         gc.set_threshold(args.gc_threshold, *gc.get_threshold()[1:])
+        gc_mode += f", threshold0 {args.gc_threshold}"
     levels = [int(x) for x in args.sessions.split(",") if x]
     _, encoder_name = sse_encoder(args.encoder)
     out: dict[str, Any] = {
@@ -276,11 +289,11 @@ def main(argv: list[str] | None = None) -> int:
                     "loadavg_1m": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None},
         "config": {"tokens": args.tokens, "interval_s": args.interval, "middleware": args.middleware,
                    "mw_kind": args.mw_kind, "encoder": encoder_name, "deadline_s": args.deadline,
-                   "gc_threshold": list(gc.get_threshold())},
+                   "gc": gc_mode, "gc_threshold": list(gc.get_threshold())},
         "levels": [], "finished": False,
     }
     print(f"bench_concurrency: {args.tokens} tokens × {args.interval * 1000:.0f} ms per session, "
-          f"{args.middleware} {args.mw_kind} middleware, SSE via {encoder_name}, gc thresholds {gc.get_threshold()}")
+          f"{args.middleware} {args.mw_kind} middleware, SSE via {encoder_name}, gc: {gc_mode}")
     print(f"{'variant':<10}{'sessions':>9}{'done':>8}{'events':>11}{'CPU µs/ev':>11}{'p50 ms':>9}"
           f"{'p99 ms':>9}{'KiB/sess':>10}{'wall s':>8}  note")
     from bench_agents import reference_ms

@@ -14,10 +14,11 @@ Encoders for code that streams events itself (benchmarks, other frameworks):
 """
 
 from .agui import AguiMapper, select_new_messages
-from .app import RunRequest, create_app, serve
+from .app import GC_THRESHOLDS, RunRequest, create_app, serve, tune_gc
 from .sse import SSEResponse, encode_error, encode_sse
 
 __all__ = [
+    "GC_THRESHOLDS",
     "AguiMapper",
     "RunRequest",
     "SSEResponse",
@@ -26,4 +27,5 @@ __all__ = [
     "encode_sse",
     "select_new_messages",
     "serve",
+    "tune_gc",
 ]
