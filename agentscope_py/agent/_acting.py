@@ -56,8 +56,22 @@ async def _decide(exe: Execution, call: ToolUseBlock, tool: Tool) -> PermissionD
     return PermissionDecision.ALLOW
 
 
-async def acting_events(
+def acting_events(
     exe: Execution, calls: Sequence[ToolUseBlock], context: contextvars.Context | None = None
+) -> AsyncIterator[AgentEvent]:
+    """The acting core's events: the permission gate, then the tools."""
+    context = context or contextvars.copy_context()
+    if len(calls) == 1 and not exe.toolkit.policy:
+        tool = exe.toolkit.get(calls[0].name)
+        if tool is not None and tool.check_permissions is None and not tool.external:
+            single = _single(exe, calls, context)  # nothing to ask or decide: straight to the tool
+            if single is not None:
+                return single
+    return _gate_and_run(exe, calls, context)
+
+
+async def _gate_and_run(
+    exe: Execution, calls: Sequence[ToolUseBlock], context: contextvars.Context
 ) -> AsyncIterator[AgentEvent]:
     reply_id = exe.reply_id
     allowed: list[ToolUseBlock] = []
@@ -90,7 +104,6 @@ async def acting_events(
         yield AllToolsDenied(reply_id=reply_id, denied_tool_calls=denied)
         return
     if allowed:
-        context = context or contextvars.copy_context()
         it = _single(exe, allowed, context) or _execute(exe, allowed, context)
         try:
             async for ev in it:

@@ -267,16 +267,18 @@ class Execution:
                         calls = self._after_reasoning(stop)
                         if calls is None:
                             continue
-                        msg = self.state.context[-1]  # type: ignore[union-attr]
-                        steps = self._act(calls, msg)
+                        steps, acting = self._act_pass(calls, self.state.context[-1])  # type: ignore[union-attr]
+                        steps = steps.__aiter__()
                         try:
                             async for ev in steps:
+                                acting.add(ev)
                                 yield ev
                         except BaseException:
-                            await steps.aclose()
+                            await aclose(steps)
                             raise
+                        self._acted(acting)
                         if self.final is None and self.structured_model is not None:
-                            self._structured_after_acting(msg)
+                            self._structured_after_acting(acting.assistant)
                 except AgentInterrupted:
                     self._interrupt_state()
                 except (GeneratorExit, asyncio.CancelledError):
@@ -548,42 +550,41 @@ class Execution:
         self.final = final
         self.reason = reason
 
-    async def _act(self, calls: Sequence[ToolUseBlock], assistant: Msg) -> AsyncIterator[AgentEvent]:
-        """One acting pass: results into memory; a stop, a pause or a suspension ends the loop."""
+    def _act_pass(self, calls: Sequence[ToolUseBlock], assistant: Msg) -> tuple[EventStream[AgentEvent], _Acting]:
+        """One acting pass: its stream, and what gathers its results from the events."""
+        return self._acting(ActingInput(tool_calls=tuple(calls))), _Acting(calls, assistant)
+
+    def _acted(self, acting: _Acting) -> None:
+        """Results into memory; a stop, a pause or a suspension ends the run."""
         state = self.state
         assert state is not None
-        collector = ToolResultCollector()
-        stop: RequestStop | None = None
-        suspended: list[ToolUseBlock] = []
-        it = self._acting(ActingInput(tool_calls=tuple(calls))).__aiter__()
+        calls, found = acting.calls, acting.collector.results
+        results = [found[c.id] for c in calls if c.id in found]
+        if results:
+            state.context.append(Msg.tool(results))
+        state.pending_tool_calls = [c.id for c in calls if c.id not in found]
+        if self.control.interrupted:
+            raise AgentInterrupted("the run was interrupted")
+        assistant = acting.assistant
+        if acting.stop is not None:
+            self._end(assistant, acting.stop.generate_reason, remember=False)
+        elif acting.suspended:
+            running = [ToolResultBlock(id=c.id, name=c.name, state=ToolResultState.RUNNING) for c in acting.suspended]
+            pause = assistant.model_copy(update={"content": [*assistant.content, *running]})
+            self._end(pause, GenerateReason.TOOL_SUSPENDED, remember=False)
+
+    async def _act(self, calls: Sequence[ToolUseBlock], assistant: Msg) -> AsyncIterator[AgentEvent]:
+        """An acting pass as a generator (resuming pending calls)."""
+        steps, acting = self._act_pass(calls, assistant)
+        it = steps.__aiter__()
         try:
             async for ev in it:
-                t = ev.type
-                if ev.source is not None:
-                    pass  # a sub-agent's event, forwarded: not this agent's results or stop
-                elif t.startswith("tool_result"):
-                    collector.add(ev)
-                elif t == "request_stop":
-                    stop = ev
-                elif t == "require_external_execution":
-                    suspended.extend(ev.tool_calls)
+                acting.add(ev)
                 yield ev
         except BaseException:
             await aclose(it)
             raise
-        results = [collector.results[c.id] for c in calls if c.id in collector.results]
-        if results:
-            state.context.append(Msg.tool(results))
-        waiting = [c.id for c in calls if c.id not in collector.results]
-        state.pending_tool_calls = waiting
-        if self.control.interrupted:
-            raise AgentInterrupted("the run was interrupted")
-        if stop is not None:
-            self._end(assistant, stop.generate_reason, remember=False)
-        elif suspended:
-            running = [ToolResultBlock(id=c.id, name=c.name, state=ToolResultState.RUNNING) for c in suspended]
-            pause = assistant.model_copy(update={"content": [*assistant.content, *running]})
-            self._end(pause, GenerateReason.TOOL_SUSPENDED, remember=False)
+        self._acted(acting)
 
     async def _summarise(self) -> AsyncIterator[AgentEvent]:
         state = self.state
@@ -715,6 +716,30 @@ class Execution:
         self._end(partial.model_copy(update={"metadata": {**partial.metadata, "interrupted": True}}),
                   GenerateReason.INTERRUPTED)
         self._close_calls(self._pending_calls(), text, ToolResultState.INTERRUPTED)  # calls of the partial reply
+
+
+class _Acting:
+    """What one acting pass produced, read from the events leaving the acting chain."""
+
+    __slots__ = ("assistant", "calls", "collector", "stop", "suspended")
+
+    def __init__(self, calls: Sequence[ToolUseBlock], assistant: Msg) -> None:
+        self.calls = calls
+        self.assistant = assistant
+        self.collector = ToolResultCollector()
+        self.stop: RequestStop | None = None
+        self.suspended: list[ToolUseBlock] = []
+
+    def add(self, ev: Any) -> None:
+        if ev.source is not None:
+            return  # a sub-agent's event, forwarded: not this agent's results or stop
+        t = ev.type
+        if t.startswith("tool_result"):
+            self.collector.add(ev)
+        elif t == "request_stop":
+            self.stop = ev
+        elif t == "require_external_execution":
+            self.suspended.extend(ev.tool_calls)
 
 
 @functools.lru_cache(maxsize=128)
