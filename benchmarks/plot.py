@@ -6,7 +6,8 @@
   log scale, from ``results/agents.json`` (bench_agents.py --json-out).
 * ``concurrency_cpu_per_event.png`` — CPU µs per published event and p50/p99 added latency
   against the number of concurrent sessions, agent and floor, from ``results/concurrency.json``
-  (plus the CPU of ``results/concurrency_gc50k.json``, the same run with gc threshold0 50,000).
+  (``serve``'s collector settings), plus the CPU of ``results/concurrency_gcpython.json``, the
+  same run with Python's default collector settings.
 * ``chain_ratio.png`` — events/s ÷ bare generator against middleware layers, from
   ``results/chain.json`` (bench_chain.py --json, last line).
 """
@@ -61,11 +62,11 @@ def plot_agents(plt: Any, data: dict[str, Any]) -> None:
     plt.close(fig)
 
 
-def plot_concurrency(plt: Any, data: dict[str, Any], tuned: dict[str, Any] | None = None) -> None:
+def plot_concurrency(plt: Any, data: dict[str, Any], other: dict[str, Any] | None = None) -> None:
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
     series = [(data["levels"], "", "-")]
-    if tuned is not None:
-        series.append((tuned["levels"], f" (gc threshold0 {tuned['config']['gc_threshold'][0]:,})", ":"))
+    if other is not None:
+        series.append((other["levels"], " (Python's default gc)", ":"))
     for levels, suffix, style in series:
         for variant, marker in (("agent", "o"), ("floor", "s")):
             rows = [r for r in levels if r["variant"].startswith(variant) and r["cpu_us_per_event"]]
@@ -136,8 +137,8 @@ def main() -> int:
             print(f"wrote a plot from {name}")
     data = load("concurrency.json")
     if data is not None:
-        plot_concurrency(plt, data, load("concurrency_gc50k.json"))
-        print("wrote a plot from concurrency.json (and concurrency_gc50k.json when present)")
+        plot_concurrency(plt, data, load("concurrency_gcpython.json"))
+        print("wrote a plot from concurrency.json (and concurrency_gcpython.json when present)")
     return 0
 
 

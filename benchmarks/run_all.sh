@@ -20,6 +20,6 @@ mkdir -p "$OUT"
 "$PY" benchmarks/bench_concurrency.py --floor --json-out "$OUT/concurrency.json" | tee "$OUT/concurrency.txt"
 "$PY" benchmarks/bench_concurrency.py --floor --sessions 100,300 \
     --json-out "$OUT/concurrency_small.json" | tee "$OUT/concurrency_small.txt"
-"$PY" benchmarks/bench_concurrency.py --floor --sessions 10000 --gc-threshold 50000 \
-    --json-out "$OUT/concurrency_gc50k.json" | tee "$OUT/concurrency_gc50k.txt"
+"$PY" benchmarks/bench_concurrency.py --floor --gc python \
+    --json-out "$OUT/concurrency_gcpython.json" | tee "$OUT/concurrency_gcpython.txt"
 "$BENCH_PY" benchmarks/plot.py

@@ -106,38 +106,38 @@ def _retryable(error: BaseException) -> bool:
     return isinstance(error, ModelError) and error.retryable
 
 
-async def _first_chunk(
+async def _recover(
     models: Sequence[ChatModel],
     request: ModelRequest,
     policy: RetryPolicy,
     on_failover: FailoverListener | None,
+    error: Exception,
 ) -> tuple[ChatModel, AsyncIterator[ChatChunk], ChatChunk | None]:
-    """Open the stream of the first model that produces a chunk (or ends cleanly)."""
-    last_error: BaseException | None = None
-    for i, model in enumerate(models):
-        attempt = 0
-        while True:
-            it: AsyncIterator[ChatChunk] | None = None
-            try:
-                it = model.stream(request).__aiter__()
-                first = await it.__anext__()
-                return model, it, first
-            except StopAsyncIteration:
-                assert it is not None
-                return model, it, None
-            except Exception as exc:
-                if it is not None:
-                    await _close(it)
-                last_error = exc
-                if _retryable(exc) and attempt < policy.max_retries:
-                    await asyncio.sleep(policy.delay(attempt, exc))
-                    attempt += 1
-                    continue
-                break
-        if i + 1 < len(models) and on_failover is not None:
-            on_failover(model, last_error, models[i + 1])
-    assert last_error is not None
-    raise last_error
+    """The first attempt (``models[0]``) failed with ``error``: retry retryable errors as the
+    policy says, then fail over to the next model, until one produces a chunk (or ends cleanly)."""
+    i, attempt = 0, 0
+    while True:
+        if _retryable(error) and attempt < policy.max_retries:
+            await asyncio.sleep(policy.delay(attempt, error))
+            attempt += 1
+        elif i + 1 < len(models):
+            if on_failover is not None:
+                on_failover(models[i], error, models[i + 1])
+            i, attempt = i + 1, 0
+        else:
+            raise error
+        model = models[i]
+        it: AsyncIterator[ChatChunk] | None = None
+        try:
+            it = model.stream(request).__aiter__()
+            return model, it, await it.__anext__()
+        except StopAsyncIteration:
+            assert it is not None
+            return model, it, None
+        except Exception as exc:
+            if it is not None:
+                await _close(it)
+            error = exc
 
 
 async def _close(it: Any) -> None:
@@ -167,7 +167,17 @@ async def model_events(
     try:
         if control is not None:
             control.check()
-        model, it, chunk = await _first_chunk(models, request, policy, on_failover)
+        model = models[0]
+        it: Any = None
+        try:
+            it = model.stream(request).__aiter__()
+            chunk: ChatChunk | None = await it.__anext__()
+        except StopAsyncIteration:
+            chunk = None
+        except Exception as exc:  # retries and fallback live off the common path
+            if it is not None:
+                await _close(it)
+            model, it, chunk = await _recover(models, request, policy, on_failover, exc)
     except asyncio.CancelledError:
         _unregister(control, task)
         if control is not None and control.interrupted:

@@ -81,6 +81,8 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[
 return 0
 """
 _POLL_FIRST = 0.005  # seconds between lock attempts: starts short, doubles up to _POLL_MAX
+_RELEASE_WAIT = 1.0
+"""Seconds a cancelled acquire waits to give back a lock it may have taken."""
 _POLL_MAX = 0.1
 
 
@@ -163,15 +165,26 @@ class RedisStateStore:
         with _typed_errors(f"locking session {user_id}/{session_id} in Redis"):
             client = self._redis()
             scripts = self._scripts
+            task = asyncio.current_task()
+            cancels = task.cancelling() if task is not None else 0
             try:
-                while not await client.set(key, token, nx=True, px=ttl_ms):
+                while True:
+                    taken = await client.set(key, token, nx=True, px=ttl_ms)
+                    if task is not None and task.cancelling() > cancels:
+                        # A cancellation that lands inside a redis-py command can be swallowed
+                        # there (its timeout and retry logic); seen or not, it ends the wait.
+                        raise asyncio.CancelledError
+                    if taken:
+                        break
                     await asyncio.sleep(delay * random.uniform(0.5, 1.5))  # jitter: waiters spread out
                     delay = min(delay * 2, _POLL_MAX)
             except asyncio.CancelledError:
                 # A SET cancelled in flight may still have taken the lock on the server: give it
-                # back rather than block the session for lock_timeout.
-                with contextlib.suppress(RedisError, OSError):
-                    await asyncio.shield(scripts["release"](keys=[key], args=[token]))
+                # back rather than block the session for lock_timeout. Bounded: a connection cut
+                # mid-command can leave the release waiting for ever, and so the canceller.
+                with contextlib.suppress(RedisError, OSError, TimeoutError):
+                    async with asyncio.timeout(min(self.lock_timeout, _RELEASE_WAIT)):
+                        await scripts["release"](keys=[key], args=[token])
                 raise
         keeper = asyncio.create_task(self._keep_lock(scripts["refresh"], key, token, ttl_ms))
         try:
