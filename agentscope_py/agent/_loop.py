@@ -39,6 +39,7 @@ from ..events import (
     trusted,
 )
 from ..message import (
+    ChatUsage,
     GenerateReason,
     Msg,
     TextBlock,
@@ -128,6 +129,22 @@ class PendingToolCallsError(ResumeError):
 class Execution:
     """The state of one execution. Built fresh for every iteration of ``agent.stream(...)``."""
 
+    # Immutable starting values, shared until an execution sets its own (fewer stores per run).
+    structured: Any = None  # the validated structured output, once there is one
+    _structured_failures = 0
+    tool_calls = 0
+    model_calls = 0
+    usage: ChatUsage = NO_USAGE
+    iteration = 0
+    final: Msg | None = None
+    reason: GenerateReason | None = None
+    state: AgentState | None = None
+    version = 0
+    system_msg: Msg | None = None
+    _reminded = False
+    _builder: ReplyBuilder | None = None
+    _last_value: Any = None
+
     def __init__(
         self,
         agent: ReActAgent,
@@ -140,8 +157,6 @@ class Execution:
         self.reply_id = new_id("reply_")
         self.control = RunControl()
         self.structured_model = structured_model
-        self.structured: Any = None  # the validated structured output, once there is one
-        self._structured_failures = 0
         self._options: Any = agent.model_options
         self._native_structured = structured_model is not None and supports_structured_output(agent.model)
         if structured_model is not None:
@@ -151,19 +166,7 @@ class Execution:
                 self.toolkit = agent.toolkit.copy()
                 self.toolkit.register(_response_tool(self, structured_model))
         self.preapproved: set[str] = set()
-        self.tool_calls = 0
-        self.model_calls = 0
-        self.usage = NO_USAGE
-        self.iteration = 0
-        self.final: Msg | None = None
-        self.reason: GenerateReason | None = None
-        self.state: AgentState | None = None
-        self.version = 0
-        self.system_msg: Msg | None = None
-        self._reminded = False
-        self._builder: ReplyBuilder | None = None
         self._transient: list[Msg] = []
-        self._last_value: Any = None
         parts = agent._participants
         trace = agent._trace
         self._model_call = compose(ExtensionPoint.ON_MODEL_CALL, parts, agent, ctx, self._model_core, trace,
@@ -537,7 +540,8 @@ class Execution:
         if builder is None:
             return Msg(id=self.reply_id, role="assistant", name=self.agent.name, generate_reason=reason)
         self.model_calls += builder.calls_made
-        self.usage = self.usage + builder.usage_total
+        used, usage = builder.usage_total, self.usage
+        self.usage = used if usage is NO_USAGE else usage if used is NO_USAGE else usage + used
         self._builder = None
         return builder.build(new_id("msg_"), self.agent.name, reason)
 
