@@ -457,3 +457,32 @@ async def test_sub_agent_as_tool_forwards_events_with_a_source_path() -> None:
     result = boss_model.requests[1].messages[-1].tool_results[0]
     assert (result.id, result.output) == ("w1", "worker says hi")  # only the worker's answer is remembered
     assert worker_model.requests[0].messages[-1].text == "say hi"
+
+
+async def test_runs_leave_no_cyclic_garbage() -> None:
+    """A finished run is freed by reference counting alone (what `serve`'s collector settings rely
+    on): no reference cycle through the execution, its chains or its tasks."""
+    import gc
+
+    class PassThrough(MiddlewareBase):
+        def on_model_call(self, agent: Any, ctx: Any, input: Any, next: Any) -> Any:
+            return next(input)
+
+        def on_acting(self, agent: Any, ctx: Any, input: Any, next: Any) -> Any:
+            return next(input).map(lambda e: e)
+
+    steps = [ModelStep.tool_call("echo", {"text": "x"}), ModelStep.text("done")] * 40
+    agent = ReActAgent.builder().model(ScriptedModel(steps)).tools(echo).middleware(PassThrough()).build()
+    for _ in range(2):  # warm-up: first-use caches (chains, schemas)
+        await agent.call("hi", ctx=RuntimeContext(session_id="warm"))
+    gc.collect()
+    gc.disable()
+    try:
+        for i in range(10):
+            await agent.call("hi", ctx=RuntimeContext(session_id=f"s{i}"))
+            async for _ in agent.stream("hi", ctx=RuntimeContext(session_id=f"t{i}")):
+                pass
+        found = gc.collect()
+    finally:
+        gc.enable()
+    assert found == 0
