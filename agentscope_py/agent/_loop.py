@@ -578,7 +578,8 @@ class Execution:
             self._end(pause, GenerateReason.TOOL_SUSPENDED, remember=False)
 
     async def _act(self, calls: Sequence[ToolUseBlock], assistant: Msg) -> AsyncIterator[AgentEvent]:
-        """An acting pass as a generator (resuming pending calls)."""
+        """An acting pass as a generator, for resuming pending calls (the rounds in `_run` inline
+        the same loop: one async level less for every tool event)."""
         steps, acting = self._act_pass(calls, assistant)
         it = steps.__aiter__()
         try:
