@@ -178,40 +178,36 @@ async def _run_single(
     exe: Execution, call: ToolUseBlock, tool: Tool, context: contextvars.Context
 ) -> AsyncGenerator[AgentEvent, None]:
     """One call of a tool that returns once (not a generator), run inline in this task, in its own
-    copy of ``context``, started at once (so ToolResultStart means it has started, and a quick
-    tool needs no task and no loop turn). While the tool is awaited, an interrupt cancels this
-    task: the tool ends with an INTERRUPTED result and the cancellation is taken back."""
+    copy of ``context``: no task and no loop turn for a quick tool. The tool starts when the event
+    after ToolResultStart is asked for, and runs only while this stream is awaited, as a plain
+    ``await`` would (so a timeout the tool sets cancels what it should). While it runs, an
+    interrupt cancels this task: the tool ends with an INTERRUPTED result and the cancellation is
+    taken back."""
     reply_id, cid, name = exe.reply_id, call.id, call.name
     exe.tool_calls += 1
-    output: list[Any] = []
     control = exe.control
-    run = _Inline(context.copy(), _invoke(exe, call, tool, output))
-    try:
-        yield _ToolResultStart(reply_id=reply_id, tool_call_id=cid, tool_name=name)
-    except BaseException:  # closed early: the tool sees the cancellation and cleans up
-        if not run.done:
-            await run.cancel()
-        raise
-    if not run.done and control.interrupted:  # interrupted while the consumer held the Start
-        await run.cancel()
-    if not run.done:
+    yield _ToolResultStart(reply_id=reply_id, tool_call_id=cid, tool_name=name)
+    output: list[Any] = []
+    if control.interrupted:  # while the consumer held the Start: the tool never starts
+        state, error_text = ToolResultState.INTERRUPTED, INTERRUPTED_TEXT
+    else:
         current = asyncio.current_task()
         assert current is not None
         cancels = current.cancelling()
         control.tasks.add(current)
         try:
-            await run
+            run = _Inline(context.copy(), _invoke(exe, call, tool, output))
+            if not run.done:
+                await run
         finally:
             control.tasks.discard(current)
             if control.interrupted and current.cancelling() > cancels:
                 current.uncancel()  # the interrupt's cancellation: the tool's result reports it
-            if not run.done:  # this stream was closed or cancelled: so is the tool
-                await run.cancel()
         if current.cancelling() > cancels:
             # Cancelling this task reached the tool, which ended with a result instead of
             # raising: the cancellation is this stream's, so it goes on.
             raise asyncio.CancelledError
-    state, error_text = run.result
+        state, error_text = run.result
     for chunk in output:
         yield cast(AgentEvent, chunk) if isinstance(chunk, EventBase) else _delta(reply_id, cid, name, chunk)
     if error_text is not None:
@@ -220,8 +216,9 @@ async def _run_single(
 
 
 class _Inline:
-    """Runs a coroutine in the current task with every step inside ``ctx`` (what an eager task
-    does, without the task): the first step runs at construction; awaiting runs the rest."""
+    """Runs a coroutine in the current task with every step inside ``ctx`` (a task's isolation,
+    without the task): the first step runs at construction; awaiting runs the rest, handing the
+    future it waits on to the current task, as a plain ``await`` would."""
 
     __slots__ = ("coro", "ctx", "done", "pending", "result")
 
@@ -248,11 +245,6 @@ class _Inline:
             else:
                 self._step(self.coro.send, value)
         return self.result
-
-    async def cancel(self) -> None:
-        self._step(self.coro.throw, asyncio.CancelledError())
-        if not self.done:
-            await self
 
 
 async def _run_tool(exe: Execution, call: ToolUseBlock, channel: _Channel) -> None:

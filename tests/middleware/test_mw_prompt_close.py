@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import AsyncIterator
 from typing import Any
 
 from agentscope_py import MiddlewareBase, ModelStep, ReActAgent, ScriptedModel, tool
@@ -41,14 +42,15 @@ async def test_closing_mid_tool_call_cancels_the_tool_before_aclose_returns() ->
     cancelled = asyncio.Event()
 
     @tool
-    async def slow() -> str:
-        """Takes a while."""
+    async def slow() -> AsyncIterator[str]:
+        """Takes a while (a generator tool: it runs in a task of its own, started before its
+        ToolResultStart)."""
         try:
             await asyncio.sleep(10)
         except asyncio.CancelledError:
             cancelled.set()
             raise
-        return "never"
+        yield "never"
 
     model = ScriptedModel([ModelStep.tool_call("slow", {}), ModelStep.text("unused")])
     agent = ReActAgent.builder().model(model).tools(slow).middleware(Finalisers(log)).build()
