@@ -89,8 +89,11 @@ class ChatUsage(BaseModel):
     reasoning_tokens: int = 0
 
     def __add__(self, other: ChatUsage) -> ChatUsage:
-        if type(other) is ChatUsage and self.__dict__ == _NO_TOKENS:  # the start of a sum
+        # Usage is immutable: a sum with zero (the start of every total) is the other side.
+        if type(other) is ChatUsage and self.__dict__ == _NO_TOKENS:
             return other
+        if type(self) is ChatUsage and other.__dict__ == _NO_TOKENS:
+            return self
         values = {
             "input_tokens": self.input_tokens + other.input_tokens,
             "output_tokens": self.output_tokens + other.output_tokens,

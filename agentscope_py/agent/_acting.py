@@ -104,7 +104,7 @@ async def _gate_and_run(
         yield AllToolsDenied(reply_id=reply_id, denied_tool_calls=denied)
         return
     if allowed:
-        it = _single(exe, allowed, context) or _execute(exe, allowed, context)
+        it = _execute(exe, allowed, context)
         try:
             async for ev in it:
                 yield ev

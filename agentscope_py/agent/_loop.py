@@ -540,8 +540,7 @@ class Execution:
         if builder is None:
             return Msg(id=self.reply_id, role="assistant", name=self.agent.name, generate_reason=reason)
         self.model_calls += builder.calls_made
-        used, usage = builder.usage_total, self.usage
-        self.usage = used if usage is NO_USAGE else usage if used is NO_USAGE else usage + used
+        self.usage = self.usage + builder.usage_total
         self._builder = None
         return builder.build(new_id("msg_"), self.agent.name, reason)
 

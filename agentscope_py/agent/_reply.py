@@ -317,8 +317,7 @@ class ReplyBuilder:
             self.usage = ev.usage
             self.finish_reason = ev.finish_reason
             if ev.usage is not None:
-                total = self.usage_total
-                self.usage_total = ev.usage if total is NO_USAGE else total + ev.usage
+                self.usage_total = self.usage_total + ev.usage
 
     def build(self, reply_id: str, name: str | None, reason: GenerateReason | None = None) -> Msg:
         content: list[Block] = []
