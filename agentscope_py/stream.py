@@ -536,30 +536,42 @@ _EMPTY: Any = object()
 
 
 def prefetched(
-    source: Callable[[], AsyncIterator[T]], size: int = 64, context: contextvars.Context | None = None
+    source: Callable[[], AsyncIterator[Any]],
+    size: int = 64,
+    context: contextvars.Context | None = None,
+    make: Callable[[str, Any], T] | None = None,
 ) -> EventStream[T]:
-    """`EventStream.prefetch` of what ``source()`` returns (internal: no stream in between)."""
+    """`EventStream.prefetch` of what ``source()`` returns (internal: no stream in between).
+
+    With ``make``, the source may hand over a ``str`` in place of an item: the drain, in the
+    consumer's task, replaces it with ``make(text, last)``, ``last`` being the latest item that
+    was not a ``str``. A buffer that a slow consumer lets fill then holds strings, and the items
+    are made just before they are used (and die young)."""
     ctx = context if context is not None else contextvars.copy_context()
-    return EventStream(_Prefetch(source, size, ctx))
+    return EventStream(_Prefetch(source, size, ctx, make))
 
 
 class _Prefetch:
     """The factory of a prefetched stream; ``with_steps`` applies fused maps in the drain (the
     consumer's side, as `_fused` would, without a layer of its own)."""
 
-    __slots__ = ("ctx", "size", "source")
+    __slots__ = ("ctx", "make", "size", "source")
 
-    def __init__(self, source: Callable[[], AsyncIterator[Any]], size: int, ctx: contextvars.Context) -> None:
+    def __init__(
+        self, source: Callable[[], AsyncIterator[Any]], size: int, ctx: contextvars.Context,
+        make: Callable[[str, Any], Any] | None = None,
+    ) -> None:
         self.source = source
         self.size = size
         self.ctx = ctx
+        self.make = make
 
     def __call__(self) -> AsyncIterator[Any]:
-        return _prefetch(self.source, self.size, self.ctx, ())
+        return _prefetch(self.source, self.size, self.ctx, (), self.make)
 
     def with_steps(self, steps: tuple[Step, ...]) -> AsyncIterator[Any]:
         if all(kind == _MAP for kind, _ in steps):  # maps: applied by the drain
-            return _prefetch(self.source, self.size, self.ctx, tuple(fn for _, fn in steps))
+            return _prefetch(self.source, self.size, self.ctx, tuple(fn for _, fn in steps), self.make)
         return _fused(self(), steps)
 
 
@@ -585,7 +597,7 @@ class InContext:
 
 async def _prefetch(
     source: Callable[[], AsyncIterator[Any]], size: int, ctx: contextvars.Context,
-    maps: tuple[Callable[[Any], Any], ...],
+    maps: tuple[Callable[[Any], Any], ...], make: Callable[[str, Any], Any] | None = None,
 ) -> AsyncIterator[Any]:
     channel = _Channel(size)
 
@@ -615,9 +627,14 @@ async def _prefetch(
         # Give the task its first step in this same loop turn: a source that is ready at once (a
         # cache, an in-process model) has filled the channel by then, so no waiter is needed.
         await asyncio.sleep(0)
+        last = None
         while True:  # channel.drain(), inlined: one async layer less per item
             item = take()
             if item is not _EMPTY:
+                if make is not None and type(item) is str:
+                    item = make(item, last)
+                else:
+                    last = item
                 for fn in maps:
                     item = fn(item)
                 yield item

@@ -486,3 +486,63 @@ async def test_runs_leave_no_cyclic_garbage() -> None:
     finally:
         gc.enable()
     assert found == 0
+
+
+async def test_a_slow_consumer_buffers_text_not_events() -> None:
+    """The model call runs ahead of its consumer into a bounded buffer; a text delta waits there
+    as the chunk's string, and its event is made when the consumer takes it (a loaded server
+    holds far less, and the events die young)."""
+    import gc
+
+    from agentscope_py.events import TextBlockDelta
+    from agentscope_py.model.base import ChatChunk
+
+    produced = 0
+
+    class Fast:
+        name = "fast"
+
+        async def stream(self, request: Any) -> AsyncIterator[ChatChunk]:
+            nonlocal produced
+            for k in range(3):
+                yield ChatChunk(thinking=f"h{k} ")
+            for k in range(40):
+                produced += 1
+                yield ChatChunk(text=f"t{k} ")
+            yield ChatChunk(thinking="again", text="both")  # a thinking block, then a text block
+            yield ChatChunk(finish_reason="stop")
+
+    def count() -> int:
+        return sum(1 for o in gc.get_objects() if type(o) is TextBlockDelta)
+
+    agent = ReActAgent.builder().model(Fast()).build()
+    gc.collect()
+    before = count()
+    deltas: list[str] = []
+    kinds: list[tuple[str, str]] = []
+    block: tuple[str, str] | None = None
+    live: int | None = None
+    async with contextlib.aclosing(agent.stream("go").__aiter__()) as events:
+        async for ev in events:
+            if ev.type.endswith("_block_start"):
+                block = (ev.reply_id, ev.block_id)
+            if ev.type.endswith("_block_start") or ev.type.endswith("_block_delta"):
+                kinds.append((ev.type, getattr(ev, "delta", "")))
+                assert (ev.reply_id, ev.block_id) == block  # each delta under its block's Start
+            if isinstance(ev, AgentResult):
+                final = ev.result
+            if isinstance(ev, TextBlockDelta):
+                deltas.append(ev.delta)
+                if live is None:
+                    for _ in range(5):  # the model's task runs ahead while we hold the first delta
+                        await asyncio.sleep(0)
+                    assert produced == 40
+                    live = count() - before
+    assert live == 1  # only the one we hold (before: one per buffered delta)
+    assert deltas == [f"t{k} " for k in range(40)] + ["both"]
+    assert kinds == [("thinking_block_start", ""), *(("thinking_block_delta", f"h{k} ") for k in range(3)),
+                     ("text_block_start", ""), *(("text_block_delta", f"t{k} ") for k in range(40)),
+                     ("thinking_block_start", ""), ("thinking_block_delta", "again"),
+                     ("text_block_start", ""), ("text_block_delta", "both")]
+    assert [(b.type, getattr(b, "thinking", None) or getattr(b, "text", None)) for b in final.content] == [
+        ("thinking", "h0 h1 h2 "), ("text", "".join(deltas[:40])), ("thinking", "again"), ("text", "both")]

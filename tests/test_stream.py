@@ -13,7 +13,7 @@ import reactivex
 from reactivex import operators as ops
 
 from agentscope_py import EventStream
-from agentscope_py.stream import to_stream
+from agentscope_py.stream import prefetched, to_stream
 
 
 class Producer:
@@ -270,6 +270,26 @@ async def test_a_failing_map_after_prefetch_stops_the_producer(no_leaked_tasks: 
     for _ in range(3):
         await asyncio.sleep(0)
     assert p.closed == 1 and p.produced < 100
+
+
+async def test_a_prefetch_make_builds_str_items_first_on_the_consumer_side(no_leaked_tasks: None) -> None:
+    consumer = asyncio.current_task()
+    tasks: list[Any] = []
+
+    def make(text: str, last: Any) -> str:
+        tasks.append(asyncio.current_task())
+        return f"{last}:{text}"
+
+    async def source() -> AsyncIterator[Any]:
+        for item in (1, "a", "b", 2, "c"):
+            yield item
+
+    assert await prefetched(source, 2).to_list() == [1, "a", "b", 2, "c"]  # no make: items as they are
+    s = prefetched(source, 2, make=make)
+    assert await s.to_list() == [1, "1:a", "1:b", 2, "2:c"]
+    assert await s.map(lambda x: f"<{x}>").to_list() == ["<1>", "<1:a>", "<1:b>", "<2>", "<2:c>"]  # then maps
+    assert await s.filter(lambda x: x != 2).to_list() == [1, "1:a", "1:b", "2:c"]  # then other steps
+    assert len(tasks) == 9 and all(task is consumer for task in tasks)
 
 
 # -- reactivex and aioreactive interop -----------------------------------------------------------

@@ -64,7 +64,7 @@ from ..model.base import ModelRequest, supports_structured_output
 from ..stream import EventStream, aclose, prefetched
 from ..tool.toolkit import Tool, clean_schema
 from ._acting import acting_events
-from ._reply import NO_USAGE, ReplyBuilder, ToolResultCollector, model_events
+from ._reply import NO_USAGE, ReplyBuilder, ToolResultCollector, block_delta, model_events
 from ._session import AgentInterrupted, RunControl
 from .state import AgentState
 from .store import StateStoreError
@@ -196,7 +196,7 @@ class Execution:
         control = self.control
         # The model's task registers itself with the run's control (an interrupt cancels it).
         return prefetched(lambda: model_events(models, request, reply_id, agent._retry, agent._failover_listener,
-                                               control))
+                                               control), make=block_delta)
 
     def _reasoning_core(self, input: ReasoningInput) -> EventStream[AgentEvent]:
         mc_input = ModelCallInput(

@@ -50,7 +50,7 @@ from ..message import (
 from ..model.base import ChatChunk, ChatModel, ModelError, ModelRequest
 from ._session import AgentInterrupted, RunControl
 
-__all__ = ["ReplyBuilder", "RetryPolicy", "ToolResultCollector", "model_events"]
+__all__ = ["ReplyBuilder", "RetryPolicy", "ToolResultCollector", "block_delta", "model_events"]
 
 # Events built from values made here, or from ChatChunk fields (typed by the ChatModel protocol),
 # skip validation (`events.trusted`: the same objects at half the cost). The model's name and its
@@ -156,9 +156,13 @@ async def model_events(
     policy: RetryPolicy,
     on_failover: FailoverListener | None,
     control: RunControl | None = None,
-) -> AsyncIterator[AgentEvent]:
+) -> AsyncIterator[AgentEvent | str]:
     """The block events of one model call. Nothing is emitted until the first chunk arrives, so a
     failure before it can be retried or failed over (here, or by a middleware) cleanly.
+
+    A text or thinking delta is emitted as the chunk's ``str``: `block_delta`, on the consumer's
+    side of the prefetch, makes its event. A consumer slower than the model (a loaded server) then buffers
+    strings, not events, and each event lives only from its making to its use.
 
     With ``control`` (the run's interrupt switch), the task running this generator is registered
     for the call's lifetime, so an interrupt cancels it, and that cancellation surfaces as
@@ -204,7 +208,7 @@ async def model_events(
                     text_id = None
                     thinking_id = new_id("blk_")
                     yield _ThinkingBlockStart(reply_id=reply_id, block_id=thinking_id)
-                yield _ThinkingBlockDelta(reply_id=reply_id, block_id=thinking_id, delta=chunk.thinking)
+                yield chunk.thinking  # made into its event by block_delta, on the consumer's side
             if chunk.thinking_signature:
                 signature = (signature or "") + chunk.thinking_signature
             if chunk.text:
@@ -214,7 +218,7 @@ async def model_events(
                         thinking_id, signature = None, None
                     text_id = new_id("blk_")
                     yield _TextBlockStart(reply_id=reply_id, block_id=text_id)
-                yield _TextBlockDelta(reply_id=reply_id, block_id=text_id, delta=chunk.text)
+                yield chunk.text  # the same
             tc = chunk.tool_call
             if tc is not None:
                 if thinking_id is not None:
@@ -259,6 +263,16 @@ async def model_events(
             await _close(it)
         finally:
             _unregister(control, task)
+
+
+def block_delta(text: str, start: TextBlockStart | ThinkingBlockStart) -> AgentEvent:
+    """The consumer's half of `model_events` (its prefetch's ``make``): the event of a text or
+    thinking delta, which leaves the model's task as the chunk's ``str``. ``start`` is the item
+    before the run of deltas it belongs to, always its block's Start: `model_events` opens a
+    block only after closing the other kind, and a tool call closes both."""
+    if type(start) is TextBlockStart:
+        return _TextBlockDelta(reply_id=start.reply_id, block_id=start.block_id, delta=text)
+    return _ThinkingBlockDelta(reply_id=start.reply_id, block_id=start.block_id, delta=text)
 
 
 def _register(control: RunControl | None) -> asyncio.Task[Any] | None:
