@@ -611,7 +611,8 @@ async def _prefetch(
                 async for item in it:
                     if len(items) < size:  # put() without the coroutine when there is room
                         items.append(item)
-                        channel.wake()
+                        if channel.waiter is not None:
+                            channel.wake()
                     else:
                         await channel.put(item)
             finally:
@@ -629,7 +630,8 @@ async def _prefetch(
         await asyncio.sleep(0)
         last = None
         while True:  # channel.drain(), inlined: one async layer less per item
-            item = take()
+            # take(), inlined when no producer waits for room
+            item = items.pop(0) if items and not channel.spaces else take()
             if item is not _EMPTY:
                 if make is not None and type(item) is str:
                     item = make(item, last)

@@ -351,3 +351,24 @@ async def test_reactivex_observable_hook_rewrites_events() -> None:
     agent, _ = make_agent([ModelStep.text("quiet")], Upper())
     events = await agent.stream("hi").to_list()
     assert [e.delta for e in events if type(e) is TextBlockDelta] == ["QUIET"]
+
+
+async def test_a_run_keeps_no_inner_layer_streams_once_the_chain_is_built() -> None:
+    """The layers' bookkeeping (which stream each returned) is dropped when the outermost hook
+    returns: a run in flight holds only what its subscription uses."""
+    import weakref
+
+    refs: list[weakref.ref[Any]] = []
+
+    class Keep(MiddlewareBase):
+        def on_model_call(self, agent: Any, ctx: Any, input: Any, next: Any) -> Any:
+            inner = next(input)
+            refs.append(weakref.ref(inner))
+            return inner.map(lambda e: e)
+
+    agent, _ = make_agent([ModelStep.text("a b c")], Keep(), Keep(), Keep())
+    alive: list[int] = []
+    async for ev in agent.stream("hi"):
+        if isinstance(ev, TextBlockDelta):
+            alive.append(sum(ref() is not None for ref in refs))
+    assert len(refs) == 3 and alive and alive == [0] * len(alive)

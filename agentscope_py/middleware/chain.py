@@ -93,12 +93,16 @@ class _Run:
     """What one execution's layers share: its context, its core, and the stream each layer last
     returned (so the layer outside it can tell a hook that passed its inner stream through)."""
 
-    __slots__ = ("core", "ctx", "outs")
+    __slots__ = ("blank", "core", "ctx", "outs")
 
     def __init__(self, ctx: RuntimeContext, core: Layer, n: int) -> None:
         self.ctx = ctx
         self.core = core
-        self.outs: list[EventStream[Any] | None] = [None] * (n + 1)
+        self.blank = _BLANKS[n] if n < len(_BLANKS) else (None,) * (n + 1)
+        self.outs: list[EventStream[Any] | None] = list(self.blank)
+
+
+_BLANKS = tuple((None,) * (n + 1) for n in range(32))
 
 
 class _Chain:
@@ -133,6 +137,8 @@ def _layer(
     hook = getattr(mw, point.value)
     partial = functools.partial
 
+    outermost = index == 0
+
     def layer(run: _Run, input: Any) -> EventStream[Any]:
         c = contextvars.copy_context()
         stream: EventStream[Any] = c.run(hook, agent, run.ctx, input, partial(inner, run))
@@ -140,14 +146,19 @@ def _layer(
         if stream is outs[index + 1] and inner_bound:
             # Passed through: the inner layer already runs in a copy of this context, taken when
             # next() was called (a copy made later would add nothing the inner code can see).
-            outs[index] = stream
-            return stream
-        if type(stream) is not EventStream:
-            stream = c.run(_normalise, stream, mw, point)
-        # The inner factory runs in the copy; its fused operators are carried out to this layer's
-        # stream, so the maps of stacked hooks stay fused in one loop (one async layer in all).
-        # They run in the consumer's context either way: a generator runs where it is iterated.
-        wrapped = outs[index] = EventStream(InContext(c, stream._factory), stream._steps)
+            wrapped = stream
+        else:
+            if type(stream) is not EventStream:
+                stream = c.run(_normalise, stream, mw, point)
+            # The inner factory runs in the copy; its fused operators are carried out to this
+            # layer's stream, so the maps of stacked hooks stay fused in one loop (one async layer
+            # in all). They run in the consumer's context either way: a generator runs where it
+            # is iterated.
+            wrapped = EventStream(InContext(c, stream._factory), stream._steps)
+        if outermost:  # the bookkeeping is done: let the inner streams go while the run goes on
+            outs[:] = run.blank
+        else:
+            outs[index] = wrapped
         return wrapped
 
     return layer
