@@ -498,6 +498,13 @@ class _Channel:
         self.items.append(item)
         self.wake()
 
+    async def room(self) -> None:
+        """Wait until there is room for one more item."""
+        while len(self.items) >= self.size:
+            room = self.loop.create_future()
+            self.spaces.append(room)
+            await room
+
     def finish(self, error: BaseException | None) -> None:
         if not self.done:
             self.done = True
@@ -536,42 +543,48 @@ _EMPTY: Any = object()
 
 
 def prefetched(
-    source: Callable[[], AsyncIterator[Any]],
+    source: Callable[[], AsyncIterator[Any]] | Callable[[_Channel], Awaitable[None]],
     size: int = 64,
     context: contextvars.Context | None = None,
     make: Callable[[str, Any], T] | None = None,
+    push: bool = False,
 ) -> EventStream[T]:
     """`EventStream.prefetch` of what ``source()`` returns (internal: no stream in between).
+
+    With ``push``, ``source(channel)`` is the producer itself: a coroutine, run as the task, that
+    puts items into the channel's ``items`` (waking its waiter, waiting for ``room()`` when full),
+    saving the generator step per item that a pump over an iterator takes.
 
     With ``make``, the source may hand over a ``str`` in place of an item: the drain, in the
     consumer's task, replaces it with ``make(text, last)``, ``last`` being the latest item that
     was not a ``str``. A buffer that a slow consumer lets fill then holds strings, and the items
     are made just before they are used (and die young)."""
     ctx = context if context is not None else contextvars.copy_context()
-    return EventStream(_Prefetch(source, size, ctx, make))
+    return EventStream(_Prefetch(source, size, ctx, make, push))
 
 
 class _Prefetch:
     """The factory of a prefetched stream; ``with_steps`` applies fused maps in the drain (the
     consumer's side, as `_fused` would, without a layer of its own)."""
 
-    __slots__ = ("ctx", "make", "size", "source")
+    __slots__ = ("ctx", "make", "push", "size", "source")
 
     def __init__(
-        self, source: Callable[[], AsyncIterator[Any]], size: int, ctx: contextvars.Context,
-        make: Callable[[str, Any], Any] | None = None,
+        self, source: Callable[..., Any], size: int, ctx: contextvars.Context,
+        make: Callable[[str, Any], Any] | None = None, push: bool = False,
     ) -> None:
         self.source = source
         self.size = size
         self.ctx = ctx
         self.make = make
+        self.push = push
 
     def __call__(self) -> AsyncIterator[Any]:
-        return _prefetch(self.source, self.size, self.ctx, (), self.make)
+        return _prefetch(self.source, self.size, self.ctx, (), self.make, self.push)
 
     def with_steps(self, steps: tuple[Step, ...]) -> AsyncIterator[Any]:
         if all(kind == _MAP for kind, _ in steps):  # maps: applied by the drain
-            return _prefetch(self.source, self.size, self.ctx, tuple(fn for _, fn in steps), self.make)
+            return _prefetch(self.source, self.size, self.ctx, tuple(fn for _, fn in steps), self.make, self.push)
         return _fused(self(), steps)
 
 
@@ -596,8 +609,8 @@ class InContext:
 
 
 async def _prefetch(
-    source: Callable[[], AsyncIterator[Any]], size: int, ctx: contextvars.Context,
-    maps: tuple[Callable[[Any], Any], ...], make: Callable[[str, Any], Any] | None = None,
+    source: Callable[..., Any], size: int, ctx: contextvars.Context,
+    maps: tuple[Callable[[Any], Any], ...], make: Callable[[str, Any], Any] | None = None, push: bool = False,
 ) -> AsyncIterator[Any]:
     channel = _Channel(size)
 
@@ -606,6 +619,9 @@ async def _prefetch(
     async def pump() -> None:
         error: BaseException | None = None
         try:
+            if push:
+                await source(channel)
+                return
             it = source()
             try:
                 async for item in it:

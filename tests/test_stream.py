@@ -292,6 +292,38 @@ async def test_a_prefetch_make_builds_str_items_first_on_the_consumer_side(no_le
     assert len(tasks) == 9 and all(task is consumer for task in tasks)
 
 
+async def test_a_push_producer_fills_the_channel_within_its_bound_and_is_cancelled_on_close(
+    no_leaked_tasks: None,
+) -> None:
+    most: list[int] = []
+    cancelled: list[bool] = []
+
+    async def fill(channel: Any) -> None:
+        try:
+            for i in range(1000):
+                channel.items.append(i)
+                most.append(len(channel.items))
+                if channel.waiter is not None:
+                    channel.wake()
+                if len(channel.items) >= channel.size:
+                    await channel.room()
+        except asyncio.CancelledError:
+            cancelled.append(True)
+            raise
+
+    assert await prefetched(fill, 4, push=True).take(10).to_list() == list(range(10))
+    for _ in range(3):
+        await asyncio.sleep(0)
+    assert max(most) == 4 and cancelled == [True]
+
+    async def fail(channel: Any) -> None:
+        channel.items.append("a")
+        raise ValueError("producer failed")
+
+    with pytest.raises(ValueError, match="producer failed"):
+        await prefetched(fail, 4, push=True).to_list()
+
+
 # -- reactivex and aioreactive interop -----------------------------------------------------------
 
 

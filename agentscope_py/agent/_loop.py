@@ -195,8 +195,8 @@ class Execution:
         reply_id = self.reply_id
         control = self.control
         # The model's task registers itself with the run's control (an interrupt cancels it).
-        return prefetched(lambda: model_events(models, request, reply_id, agent._retry, agent._failover_listener,
-                                               control), make=block_delta)
+        return prefetched(lambda out: model_events(out, models, request, reply_id, agent._retry,
+                                                   agent._failover_listener, control), make=block_delta, push=True)
 
     def _reasoning_core(self, input: ReasoningInput) -> EventStream[AgentEvent]:
         mc_input = ModelCallInput(

@@ -48,6 +48,7 @@ from ..message import (
     trusted_model,
 )
 from ..model.base import ChatChunk, ChatModel, ModelError, ModelRequest
+from ..stream import _Channel as Channel
 from ._session import AgentInterrupted, RunControl
 
 __all__ = ["ReplyBuilder", "RetryPolicy", "ToolResultCollector", "block_delta", "model_events"]
@@ -150,23 +151,27 @@ async def _close(it: Any) -> None:
 
 
 async def model_events(
+    out: Channel,
     models: Sequence[ChatModel],
     request: ModelRequest,
     reply_id: str,
     policy: RetryPolicy,
     on_failover: FailoverListener | None,
     control: RunControl | None = None,
-) -> AsyncIterator[AgentEvent | str]:
-    """The block events of one model call. Nothing is emitted until the first chunk arrives, so a
-    failure before it can be retried or failed over (here, or by a middleware) cleanly.
+) -> None:
+    """Put the block events of one model call into ``out`` (the model call's prefetch buffer: this
+    runs as the prefetch's producer, in the model call's own task). Nothing is emitted until the
+    first chunk arrives, so a failure before it can be retried or failed over (here, or by a
+    middleware) cleanly.
 
     A text or thinking delta is emitted as the chunk's ``str``: `block_delta`, on the consumer's
-    side of the prefetch, makes its event. A consumer slower than the model (a loaded server) then buffers
-    strings, not events, and each event lives only from its making to its use.
+    side of the prefetch, makes its event. A consumer slower than the model (a loaded server) then
+    buffers strings, not events, and each event lives only from its making to its use. The events
+    of one chunk go in together; then, if the buffer is full, this waits for room.
 
-    With ``control`` (the run's interrupt switch), the task running this generator is registered
-    for the call's lifetime, so an interrupt cancels it, and that cancellation surfaces as
-    `AgentInterrupted` (done here rather than in a wrapping generator: one async layer less)."""
+    With ``control`` (the run's interrupt switch), the task running this is registered for the
+    call's lifetime, so an interrupt cancels it, and that cancellation surfaces as
+    `AgentInterrupted`."""
     task = _register(control)
     try:
         if control is not None:
@@ -190,6 +195,8 @@ async def model_events(
     except BaseException:
         _unregister(control, task)
         raise
+    items, size = out.items, out.size
+    put = items.append
     text_id: str | None = None
     thinking_id: str | None = None
     signature: str | None = None
@@ -199,61 +206,65 @@ async def model_events(
     try:
         model_name = model.name
         make_start = _ModelCallStart if type(model_name) is str else ModelCallStart
-        yield make_start(reply_id=reply_id, model=model_name)
+        put(make_start(reply_id=reply_id, model=model_name))
         while chunk is not None:
             if chunk.thinking:
                 if thinking_id is None:
-                    for ev in _close_text(reply_id, text_id):
-                        yield ev
-                    text_id = None
+                    if text_id is not None:
+                        put(_TextBlockEnd(reply_id=reply_id, block_id=text_id))
+                        text_id = None
                     thinking_id = new_id("blk_")
-                    yield _ThinkingBlockStart(reply_id=reply_id, block_id=thinking_id)
-                yield chunk.thinking  # made into its event by block_delta, on the consumer's side
+                    put(_ThinkingBlockStart(reply_id=reply_id, block_id=thinking_id))
+                put(chunk.thinking)  # made into its event by block_delta, on the consumer's side
             if chunk.thinking_signature:
                 signature = (signature or "") + chunk.thinking_signature
             if chunk.text:
                 if text_id is None:
                     if thinking_id is not None:
-                        yield _ThinkingBlockEnd(reply_id=reply_id, block_id=thinking_id, signature=signature)
+                        put(_ThinkingBlockEnd(reply_id=reply_id, block_id=thinking_id, signature=signature))
                         thinking_id, signature = None, None
                     text_id = new_id("blk_")
-                    yield _TextBlockStart(reply_id=reply_id, block_id=text_id)
-                yield chunk.text  # the same
+                    put(_TextBlockStart(reply_id=reply_id, block_id=text_id))
+                put(chunk.text)  # the same
             tc = chunk.tool_call
             if tc is not None:
                 if thinking_id is not None:
-                    yield _ThinkingBlockEnd(reply_id=reply_id, block_id=thinking_id, signature=signature)
+                    put(_ThinkingBlockEnd(reply_id=reply_id, block_id=thinking_id, signature=signature))
                     thinking_id, signature = None, None
-                for ev in _close_text(reply_id, text_id):
-                    yield ev
-                text_id = None
+                if text_id is not None:
+                    put(_TextBlockEnd(reply_id=reply_id, block_id=text_id))
+                    text_id = None
                 known = calls.get(tc.index)
                 if known is None or (tc.id is not None and tc.id != known[0]):
                     if known is not None:  # a provider reusing an index for a new call
-                        yield _ToolCallEnd(reply_id=reply_id, tool_call_id=known[0], tool_name=known[1])
+                        put(_ToolCallEnd(reply_id=reply_id, tool_call_id=known[0], tool_name=known[1]))
                     known = (tc.id or new_id("call_"), tc.name or "")
                     calls[tc.index] = known
-                    yield _ToolCallStart(reply_id=reply_id, tool_call_id=known[0], tool_name=known[1])
+                    put(_ToolCallStart(reply_id=reply_id, tool_call_id=known[0], tool_name=known[1]))
                 if tc.arguments:
-                    yield _ToolCallDelta(
+                    put(_ToolCallDelta(
                         reply_id=reply_id, tool_call_id=known[0], tool_name=known[1], delta=tc.arguments
-                    )
+                    ))
             if chunk.usage is not None:
                 usage = chunk.usage  # providers report cumulative usage: the last one wins
             if chunk.finish_reason is not None:
                 finish = chunk.finish_reason
+            if out.waiter is not None:
+                out.wake()
+            if len(items) >= size:
+                await out.room()
             try:
                 chunk = await it.__anext__()
             except StopAsyncIteration:
                 chunk = None
         if thinking_id is not None:
-            yield _ThinkingBlockEnd(reply_id=reply_id, block_id=thinking_id, signature=signature)
-        for ev in _close_text(reply_id, text_id):
-            yield ev
+            put(_ThinkingBlockEnd(reply_id=reply_id, block_id=thinking_id, signature=signature))
+        if text_id is not None:
+            put(_TextBlockEnd(reply_id=reply_id, block_id=text_id))
         for call_id, name in calls.values():
-            yield _ToolCallEnd(reply_id=reply_id, tool_call_id=call_id, tool_name=name)
+            put(_ToolCallEnd(reply_id=reply_id, tool_call_id=call_id, tool_name=name))
         make_end = _ModelCallEnd if usage is None or type(usage) is ChatUsage else ModelCallEnd
-        yield make_end(reply_id=reply_id, usage=usage, finish_reason=finish)
+        put(make_end(reply_id=reply_id, usage=usage, finish_reason=finish))
     except asyncio.CancelledError:
         if control is not None and control.interrupted:
             raise AgentInterrupted("the model call was interrupted") from None
@@ -287,10 +298,6 @@ def _register(control: RunControl | None) -> asyncio.Task[Any] | None:
 def _unregister(control: RunControl | None, task: asyncio.Task[Any] | None) -> None:
     if control is not None and task is not None:
         control.tasks.discard(task)
-
-
-def _close_text(reply_id: str, text_id: str | None) -> tuple[AgentEvent, ...]:
-    return () if text_id is None else (_TextBlockEnd(reply_id=reply_id, block_id=text_id),)
 
 
 class ReplyBuilder:
