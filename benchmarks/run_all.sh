@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Regenerate every table and plot of benchmarks/RESULTS.md (about 6 minutes on the 2-core VM;
+# Regenerate every table and plot of benchmarks/RESULTS.md (about 9 minutes on the 2-core VM;
 # run it on a quiet machine: other jobs make every figure slower, see RESULTS.md).
 #
 #   benchmarks/run_all.sh                 # PY=.venv/bin/python  BENCH_PY=/work/bench-venv/bin/python
@@ -17,7 +17,7 @@ mkdir -p "$OUT"
 
 "$PY" benchmarks/bench_chain.py --json-out "$OUT/chain.json" | tee "$OUT/chain.txt"
 "$BENCH_PY" benchmarks/bench_agents.py --sweeps 7 --verbose --json-out "$OUT/agents.json" | tee "$OUT/agents.txt"
-"$PY" benchmarks/bench_concurrency.py --floor --json-out "$OUT/concurrency.json" | tee "$OUT/concurrency.txt"
+"$PY" benchmarks/bench_concurrency.py --floor --repeat 5 --json-out "$OUT/concurrency.json" | tee "$OUT/concurrency.txt"
 "$PY" benchmarks/bench_concurrency.py --floor --sessions 100,300 \
     --json-out "$OUT/concurrency_small.json" | tee "$OUT/concurrency_small.txt"
 "$PY" benchmarks/bench_concurrency.py --floor --gc python \

@@ -63,10 +63,12 @@ def test_bench_agents_reports_a_missing_peer_instead_of_failing() -> None:
 def test_bench_concurrency_runs_a_small_level() -> None:
     result = run_json(
         "bench_concurrency.py", "--sessions", "20", "--tokens", "5", "--interval", "0.005",
-        "--ramp", "0.01", "--deadline", "30",
+        "--ramp", "0.01", "--deadline", "30", "--repeat", "3",
     )
     assert result["finished"] is True
-    (level,) = result["levels"]
+    (level,) = result["levels"]  # three runs, one level: the median run stands for it
+    assert level["runs"] == 3 and len(level["cpu_us_per_event_runs"]) == 3
+    assert level["cpu_us_per_event"] == sorted(level["cpu_us_per_event_runs"])[1]
     assert level["completed"] == 20
     assert level["events_published"] > 0
     assert level["cpu_us_per_event"] > 0
