@@ -267,12 +267,15 @@ def report(r: dict[str, Any], n: int, floor: bool, suffix: str) -> None:
 
 
 def summarise(runs: list[dict[str, Any]], n: int, floor: bool, repeat: int) -> dict[str, Any]:
-    """The run with the median CPU per event stands for the level; every run's figure is kept."""
+    """The run with the median CPU per event stands for the level; every run's figure is kept.
+    The peak RSS is the largest of the runs: later runs in the process reuse the heap the first
+    one grew (as a long-running server does), so only the first shows what a session costs."""
     cpu = [r["cpu_us_per_event"] for r in runs if r["cpu_us_per_event"] is not None]
     ordered = sorted(runs, key=lambda r: r["cpu_us_per_event"] if r["cpu_us_per_event"] is not None else float("inf"))
     chosen = dict(ordered[(len(ordered) - 1) // 2])
     chosen["runs"] = len(runs)
     chosen["cpu_us_per_event_runs"] = cpu
+    chosen["peak_rss_kib_per_session"] = max(r["peak_rss_kib_per_session"] for r in runs)
     if repeat > 1 and cpu:
         print(f"{'floor' if floor else 'agent':<10}{n:>9,}  CPU µs/event over {len(runs)} runs: median "
               f"{statistics.median(cpu):.2f}, {min(cpu):.2f}–{max(cpu):.2f}", flush=True)

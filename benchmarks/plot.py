@@ -4,7 +4,8 @@
 
 * ``agents_us_per_run.png`` — µs per run by framework and middleware count (call and stream),
   log scale, from ``results/agents.json`` (bench_agents.py --json-out).
-* ``concurrency_cpu_per_event.png`` — CPU µs per published event and p50/p99 added latency
+* ``concurrency_cpu_per_event.png`` — CPU µs per published event (the median run, with the range
+  of the runs when ``--repeat`` gave several) and p50/p99 added latency
   against the number of concurrent sessions, agent and floor, from ``results/concurrency.json``
   (``serve``'s collector settings), plus the CPU of ``results/concurrency_gcpython.json``, the
   same run with Python's default collector settings.
@@ -73,8 +74,14 @@ def plot_concurrency(plt: Any, data: dict[str, Any], other: dict[str, Any] | Non
             if not rows:
                 continue
             xs = [r["sessions"] for r in rows]
-            ax1.plot(xs, [r["cpu_us_per_event"] for r in rows], marker=marker, linestyle=style,
-                     label=variant + suffix)
+            line = ax1.plot(xs, [r["cpu_us_per_event"] for r in rows], marker=marker, linestyle=style,
+                            label=variant + suffix)[0]
+            spread = [r.get("cpu_us_per_event_runs") or [r["cpu_us_per_event"]] for r in rows]
+            if any(len(runs) > 1 for runs in spread):  # --repeat: the median run, and the range
+                ys = [r["cpu_us_per_event"] for r in rows]
+                ax1.errorbar(xs, ys, yerr=[[y - min(v) for y, v in zip(ys, spread, strict=True)],
+                                           [max(v) - y for y, v in zip(ys, spread, strict=True)]],
+                             fmt="none", ecolor=line.get_color(), capsize=3)
             for r in rows:
                 ax1.annotate(f"{r['cpu_us_per_event']:.1f}", (r["sessions"], r["cpu_us_per_event"]), fontsize=7)
             if suffix:
