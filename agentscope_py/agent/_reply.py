@@ -249,7 +249,7 @@ async def model_events(
                 usage = chunk.usage  # providers report cumulative usage: the last one wins
             if chunk.finish_reason is not None:
                 finish = chunk.finish_reason
-            if out.waiter is not None:
+            if out.waiter is not None and items:  # (a chunk with usage only adds nothing)
                 out.wake()
             if len(items) >= size:
                 await out.room()
