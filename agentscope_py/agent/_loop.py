@@ -48,6 +48,7 @@ from ..message import (
     ToolUseBlock,
     copy_with,
     new_id,
+    trusted_model,
     update_fresh,
 )
 from ..middleware.base import (
@@ -114,6 +115,7 @@ def _response_tool(exe: Execution, model: type[Any]) -> Tool:
 
 # Lifecycle events of values made here skip validation (`events.trusted`: the same objects).
 _AgentStart = trusted(AgentStart, "reply_id", "name", "session_id")
+_NewState = trusted_model(AgentState, "user_id", "session_id")
 _AgentResult = trusted(AgentResult, "result")
 _AgentEnd = trusted(AgentEnd, "reply_id")
 
@@ -373,8 +375,9 @@ class Execution:
             # so no message is lost; this call's save stores it. If the version moved, another
             # writer's state wins, as a CAS conflict would have decided.
             state = unsaved[0]
-        if state is None:
-            state = AgentState(user_id=ctx.user_id, session_id=ctx.session_id)
+        if state is None:  # a new session (ids from a validated RuntimeContext are str; else validate)
+            plain = type(ctx.user_id) is str and type(ctx.session_id) is str
+            state = (_NewState if plain else AgentState)(user_id=ctx.user_id, session_id=ctx.session_id)
         self.state = state
         ctx.agent_state = state
         ctx.agent = agent
