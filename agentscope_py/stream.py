@@ -491,10 +491,8 @@ class _Channel:
                 w.set_result(None)
 
     async def put(self, item: Any) -> None:
-        while len(self.items) >= self.size:
-            room = self.loop.create_future()
-            self.spaces.append(room)
-            await room
+        if len(self.items) >= self.size:
+            await self.room()
         self.items.append(item)
         self.wake()
 

@@ -93,16 +93,12 @@ class _Run:
     """What one execution's layers share: its context, its core, and the stream each layer last
     returned (so the layer outside it can tell a hook that passed its inner stream through)."""
 
-    __slots__ = ("blank", "core", "ctx", "outs")
+    __slots__ = ("core", "ctx", "outs")
 
     def __init__(self, ctx: RuntimeContext, core: Layer, n: int) -> None:
         self.ctx = ctx
         self.core = core
-        self.blank = _BLANKS[n] if n < len(_BLANKS) else (None,) * (n + 1)
-        self.outs: list[EventStream[Any] | None] = list(self.blank)
-
-
-_BLANKS = tuple((None,) * (n + 1) for n in range(32))
+        self.outs: list[EventStream[Any] | None] = [None] * (n + 1)
 
 
 class _Chain:
@@ -156,7 +152,7 @@ def _layer(
             # is iterated.
             wrapped = EventStream(InContext(c, stream._factory), stream._steps)
         if outermost:  # the bookkeeping is done: let the inner streams go while the run goes on
-            outs[:] = run.blank
+            run.outs = [None] * len(outs)
         else:
             outs[index] = wrapped
         return wrapped
