@@ -36,8 +36,8 @@ _counter = itertools.count(1)
 
 
 def new_id(kind: str = "") -> str:
-    """A short unique id, e.g. ``msg_3fa2c1d0_1a``."""
-    return f"{kind}{_PREFIX}_{next(_counter):x}"
+    """A short unique id, e.g. ``msg_3fa2c1d0_26``."""
+    return f"{kind}{_PREFIX}_{next(_counter)}"
 
 
 def id_factory(kind: str) -> Callable[[], str]:
@@ -247,51 +247,110 @@ def trusted_model(cls: type[_M], *names: str) -> Callable[..., _M]:
     validating: only for values that already have their field's type and need no conversion (no
     dicts for models). The fields named are keyword-only and required. A model with validators,
     extras or private attributes gets ``cls`` itself (validated)."""
-    fields = cls.model_fields
-    plain = (not cls.__pydantic_decorators__.field_validators and not cls.__pydantic_decorators__.model_validators
-             and not cls.__private_attributes__ and cls.model_config.get("extra") in (None, "ignore"))
-    if not plain or any(n not in fields for n in names):
+    fields = _plain_fields(cls, names)
+    if fields is None:
         return cls
-    env: dict[str, Any] = {"_cls": cls, "_new": _new_object, "_set": _set_attr, "_fs": _set_fields_set,
-                           "_ex": _set_extra, "_pr": _set_private, "_next_id": _counter.__next__}
-    items = []
-    for name, f in fields.items():
-        factory = f.default_factory
-        if name in names:
-            items.append(f"{name!r}: {name}")
-        elif factory is not None and not f.default_factory_takes_validated_data:
-            # Factories the runtime's own models use are inlined: each call counts per event.
-            if factory is dict or factory is list:
-                items.append(f"{name!r}: {factory()!r}")
-            elif isinstance(kind := getattr(factory, "id_kind", None), str):
-                env[f"_p_{name}"] = f"{kind}{_PREFIX}_"
-                items.append(f"{name!r}: f'{{_p_{name}}}{{_next_id():x}}'")
-            else:
-                env[f"_f_{name}"] = factory
-                items.append(f"{name!r}: _f_{name}()")
-        elif not f.is_required() and f.default_factory is None and isinstance(f.default, _IMMUTABLE_DEFAULTS):
-            env[f"_d_{name}"] = f.default
-            items.append(f"{name!r}: _d_{name}")
-        else:
-            return cls
-    fields_set = f"{{{', '.join(repr(n) for n in names)}}}"
-    if cls.model_config.get("frozen"):
-        # Nothing mutates a frozen model's fields set (copies copy it): one serves every instance.
-        env["_fields_set"] = set(names)
-        fields_set = "_fields_set"
+    env = _trusted_env(cls, names)
+    items = [f"{name!r}: {_value_code(name, f, names, env)}" for name, f in fields.items()]
     code = (
         f"def make(*, {', '.join(names)}):\n"
         "    o = _new(_cls)\n"
         f"    _set(o, '__dict__', {{{', '.join(items)}}})\n"
-        f"    _fs(o, {fields_set})\n"
-        "    _ex(o, None)\n"
-        "    _pr(o, None)\n"
-        "    return o\n"
+        f"{_SLOTS_CODE}"
     )
+    return _compiled(cls, code, env, "make")  # type: ignore[no-any-return]
+
+
+def trusted_binder(cls: type[_M], bound: tuple[str, ...], names: tuple[str, ...]) -> Callable[..., Callable[..., _M]]:
+    """``trusted_binder(C, ("a",), ("b",))(a=x)`` is a maker: ``maker(y)`` gives what
+    ``trusted_model(C, "a", "b")(a=x, b=y)`` gives. For objects made many times with the same
+    ``bound`` values (the deltas of one block): the maker copies a dict that holds them and sets
+    the rest, cheaper than building the whole ``__dict__`` each time. A model `trusted_model`
+    would not build unvalidated gets validated makers."""
+    fields = _plain_fields(cls, bound + names)
+    if fields is None:
+        def validated_bind(**fixed: Any) -> Callable[..., _M]:
+            return lambda *values: cls(**fixed, **dict(zip(names, values, strict=True)))
+
+        return validated_bind
+    env = _trusted_env(cls, bound + names)
+    template, per_call = [], []
+    for name, f in fields.items():
+        value = _value_code(name, f, bound + names, env)
+        if name in bound or value.startswith("_d_"):  # the same in every object of one maker
+            template.append(f"{name!r}: {value}")
+        else:
+            template.append(f"{name!r}: None")  # a placeholder: keeps the field order
+            per_call.append(f"        d[{name!r}] = {value}\n")
+    code = (
+        f"def bind(*, {', '.join(bound)}):\n"
+        f"    t = {{{', '.join(template)}}}\n"
+        f"    def make({', '.join(names)}):\n"
+        "        d = t.copy()\n"
+        f"{''.join(per_call)}"
+        "        o = _new(_cls)\n"
+        "        _set(o, '__dict__', d)\n"
+        + _SLOTS_CODE.replace("    ", "        ")
+        + "    return make\n"
+    )
+    return _compiled(cls, code, env, "bind")  # type: ignore[no-any-return]
+
+
+_SLOTS_CODE = "    _fs(o, _fields_set)\n    _ex(o, None)\n    _pr(o, None)\n    return o\n"
+
+
+def _plain_fields(cls: type[BaseModel], names: tuple[str, ...]) -> dict[str, Any] | None:
+    """``cls``'s fields, when objects of it may be built without validation (else None)."""
+    decorators = cls.__pydantic_decorators__
+    plain = (not decorators.field_validators and not decorators.model_validators
+             and not cls.__private_attributes__ and cls.model_config.get("extra") in (None, "ignore"))
+    fields = cls.model_fields
+    if not plain or any(n not in fields for n in names):
+        return None
+    for name, f in fields.items():
+        immutable_default = (not f.is_required() and f.default_factory is None
+                             and isinstance(f.default, _IMMUTABLE_DEFAULTS))
+        factory = f.default_factory is not None and not f.default_factory_takes_validated_data
+        if name not in names and not factory and not immutable_default:
+            return None
+    return dict(fields)
+
+
+def _trusted_env(cls: type[BaseModel], names: tuple[str, ...]) -> dict[str, Any]:
+    return {"_cls": cls, "_new": _new_object, "_set": _set_attr, "_fs": _set_fields_set, "_ex": _set_extra,
+            "_pr": _set_private, "_next_id": _counter.__next__,
+            # Nothing mutates a frozen model's fields set (copies copy it): one serves every
+            # instance; other models get their own.
+            "_fields_set": set(names)}
+
+
+def _value_code(name: str, f: Any, names: tuple[str, ...], env: dict[str, Any]) -> str:
+    """The expression of field ``name``'s value in generated code (its argument, its default, or
+    its factory's call), adding what it refers to to ``env``. `_plain_fields` has checked that
+    there is one."""
+    if name in names:
+        return name
+    factory = f.default_factory
+    if factory is None:
+        env[f"_d_{name}"] = f.default
+        return f"_d_{name}"
+    # Factories the runtime's own models use are inlined: each call counts per event.
+    if factory is dict or factory is list:
+        return repr(factory())
+    if isinstance(kind := getattr(factory, "id_kind", None), str):
+        env[f"_p_{name}"] = f"{kind}{_PREFIX}_"
+        return f"f'{{_p_{name}}}{{_next_id()}}'"
+    env[f"_f_{name}"] = factory
+    return f"_f_{name}()"
+
+
+def _compiled(cls: type[BaseModel], code: str, env: dict[str, Any], name: str) -> Any:
+    if not cls.model_config.get("frozen"):
+        code = code.replace("_fs(o, _fields_set)", "_fs(o, set(_fields_set))")
     exec(compile(code, f"<trusted {cls.__name__}>", "exec"), env)  # named for profiles
-    make: Callable[..., _M] = env["make"]
-    make.__qualname__ = f"trusted_model.{cls.__name__}"
-    return make
+    made = env[name]
+    made.__qualname__ = f"trusted_model.{cls.__name__}"
+    return made
 
 
 def update_fresh(model: _M, update: dict[str, Any]) -> _M:

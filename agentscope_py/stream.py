@@ -544,7 +544,7 @@ def prefetched(
     source: Callable[[], AsyncIterator[Any]] | Callable[[_Channel], Awaitable[None]],
     size: int = 64,
     context: contextvars.Context | None = None,
-    make: Callable[[str, Any], T] | None = None,
+    make: Callable[[Any], Callable[[str], T]] | None = None,
     push: bool = False,
 ) -> EventStream[T]:
     """`EventStream.prefetch` of what ``source()`` returns (internal: no stream in between).
@@ -554,9 +554,10 @@ def prefetched(
     saving the generator step per item that a pump over an iterator takes.
 
     With ``make``, the source may hand over a ``str`` in place of an item: the drain, in the
-    consumer's task, replaces it with ``make(text, last)``, ``last`` being the latest item that
-    was not a ``str``. A buffer that a slow consumer lets fill then holds strings, and the items
-    are made just before they are used (and die young)."""
+    consumer's task, replaces it with ``maker(text)``, where ``maker = make(last)`` was made for
+    ``last``, the latest item that was not a ``str`` (one maker serves the run of strings after
+    it). A buffer that a slow consumer lets fill then holds strings, and the items are made just
+    before they are used (and die young)."""
     ctx = context if context is not None else contextvars.copy_context()
     return EventStream(_Prefetch(source, size, ctx, make, push))
 
@@ -569,7 +570,7 @@ class _Prefetch:
 
     def __init__(
         self, source: Callable[..., Any], size: int, ctx: contextvars.Context,
-        make: Callable[[str, Any], Any] | None = None, push: bool = False,
+        make: Callable[[Any], Callable[[str], Any]] | None = None, push: bool = False,
     ) -> None:
         self.source = source
         self.size = size
@@ -608,7 +609,8 @@ class InContext:
 
 async def _prefetch(
     source: Callable[..., Any], size: int, ctx: contextvars.Context,
-    maps: tuple[Callable[[Any], Any], ...], make: Callable[[str, Any], Any] | None = None, push: bool = False,
+    maps: tuple[Callable[[Any], Any], ...], make: Callable[[Any], Callable[[str], Any]] | None = None,
+    push: bool = False,
 ) -> AsyncIterator[Any]:
     channel = _Channel(size)
 
@@ -637,20 +639,23 @@ async def _prefetch(
             channel.finish(error)
 
     task = channel.loop.create_task(pump(), context=ctx)
-    take = channel.take
+    take, spaces, empty = channel.take, channel.spaces, _EMPTY
     try:
         # Give the task its first step in this same loop turn: a source that is ready at once (a
         # cache, an in-process model) has filled the channel by then, so no waiter is needed.
         await asyncio.sleep(0)
-        last = None
+        last: Any = None
+        maker: Callable[[str], Any] | None = None
         while True:  # channel.drain(), inlined: one async layer less per item
             # take(), inlined when no producer waits for room
-            item = items.pop(0) if items and not channel.spaces else take()
-            if item is not _EMPTY:
+            item = items.pop(0) if items and not spaces else take()
+            if item is not empty:
                 if make is not None and type(item) is str:
-                    item = make(item, last)
+                    if maker is None:
+                        maker = make(last)
+                    item = maker(item)
                 else:
-                    last = item
+                    last, maker = item, None
                 for fn in maps:
                     item = fn(item)
                 yield item

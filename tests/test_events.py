@@ -101,3 +101,77 @@ def test_msg_helpers_and_round_trip() -> None:
     assert RESULT.text == "a"
     assert (ChatUsage(input_tokens=1, output_tokens=2) + ChatUsage(input_tokens=3, reasoning_tokens=1)) == ChatUsage(
         input_tokens=4, output_tokens=2, reasoning_tokens=1)
+
+
+# -- unvalidated construction (internal): the same objects as validation gives --------------------
+
+
+def _same_object(made: typing.Any, validated: typing.Any) -> None:
+    """Equal but for the fresh id and timestamp; the same fields set, slots and field order."""
+    assert type(made) is type(validated)
+    per_object = {"id", "created_at"}
+    assert list(made.__dict__) == list(validated.__dict__)
+    assert {k: v for k, v in made.__dict__.items() if k not in per_object} == \
+        {k: v for k, v in validated.__dict__.items() if k not in per_object}
+    assert made.model_fields_set == validated.model_fields_set
+    assert made.__pydantic_extra__ is None and made.__pydantic_private__ is None
+    assert type(made).model_validate_json(made.model_dump_json()) == made
+
+
+def test_a_trusted_maker_gives_what_validation_gives() -> None:
+    from agentscope_py.message import trusted_model
+
+    made = trusted_model(ev.ToolCallDelta, "reply_id", "tool_call_id", "tool_name", "delta")
+    a = made(reply_id="r", tool_call_id="c", tool_name="t", delta='{"x"')
+    b = made(reply_id="r", tool_call_id="c", tool_name="t", delta='{"x"')
+    _same_object(a, ev.ToolCallDelta(reply_id="r", tool_call_id="c", tool_name="t", delta='{"x"'))
+    assert a.id != b.id and a.metadata is not b.metadata  # factories run per object
+    # A model that is not frozen gets a fields set of its own per object.
+    from pydantic import BaseModel
+
+    class Open(BaseModel):
+        text: str
+        tags: list[str] = []
+        n: int = 1
+
+    make_open = trusted_model(Open, "text")
+    o1, o2 = make_open(text="a"), make_open(text="b")
+    assert list(o1.__dict__.items()) == list(Open(text="a").__dict__.items())
+    assert o1.model_fields_set == {"text"} and o1.model_fields_set is not o2.model_fields_set
+    # A mutable default that is not a factory's is left to validation (which copies it).
+    assert trusted_model(Open, "text", "n") is Open
+
+
+def test_a_trusted_binder_makes_objects_that_share_the_bound_fields() -> None:
+    from agentscope_py.message import trusted_binder
+
+    bind = trusted_binder(ev.TextBlockDelta, ("reply_id", "block_id"), ("delta",))
+    maker = bind(reply_id="r", block_id="b")
+    a, b = maker("one"), maker("two")
+    _same_object(a, ev.TextBlockDelta(reply_id="r", block_id="b", delta="one"))
+    _same_object(b, ev.TextBlockDelta(reply_id="r", block_id="b", delta="two"))
+    assert a.id != b.id and a.metadata is not b.metadata and a.__dict__ is not b.__dict__
+    assert bind(reply_id="r2", block_id="b2")("x").block_id == "b2" and maker("y").block_id == "b"
+
+
+def test_a_model_with_a_validator_is_validated_by_its_trusted_makers() -> None:
+    from pydantic import BaseModel, field_validator
+
+    from agentscope_py.message import trusted_binder, trusted_model
+
+    class Checked(BaseModel):
+        a: str
+        b: str
+
+        @field_validator("b")
+        @classmethod
+        def no_empty(cls, v: str) -> str:
+            if not v:
+                raise ValueError("empty")
+            return v
+
+    assert trusted_model(Checked, "a", "b") is Checked
+    maker = trusted_binder(Checked, ("a",), ("b",))(a="x")
+    assert maker("y") == Checked(a="x", b="y")
+    with pytest.raises(ValidationError):
+        maker("")

@@ -275,10 +275,16 @@ async def test_a_failing_map_after_prefetch_stops_the_producer(no_leaked_tasks: 
 async def test_a_prefetch_make_builds_str_items_first_on_the_consumer_side(no_leaked_tasks: None) -> None:
     consumer = asyncio.current_task()
     tasks: list[Any] = []
+    makers: list[Any] = []
 
-    def make(text: str, last: Any) -> str:
-        tasks.append(asyncio.current_task())
-        return f"{last}:{text}"
+    def make(last: Any) -> Any:  # one maker per run of strings, for the item before it
+        makers.append(last)
+
+        def maker(text: str) -> str:
+            tasks.append(asyncio.current_task())
+            return f"{last}:{text}"
+
+        return maker
 
     async def source() -> AsyncIterator[Any]:
         for item in (1, "a", "b", 2, "c"):
@@ -290,6 +296,7 @@ async def test_a_prefetch_make_builds_str_items_first_on_the_consumer_side(no_le
     assert await s.map(lambda x: f"<{x}>").to_list() == ["<1>", "<1:a>", "<1:b>", "<2>", "<2:c>"]  # then maps
     assert await s.filter(lambda x: x != 2).to_list() == [1, "1:a", "1:b", "2:c"]  # then other steps
     assert len(tasks) == 9 and all(task is consumer for task in tasks)
+    assert makers == [1, 2] * 3
 
 
 async def test_a_push_producer_fills_the_channel_within_its_bound_and_is_cancelled_on_close(

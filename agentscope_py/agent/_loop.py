@@ -65,7 +65,7 @@ from ..model.base import ModelRequest, supports_structured_output
 from ..stream import EventStream, aclose, prefetched
 from ..tool.toolkit import Tool, clean_schema
 from ._acting import acting_events
-from ._reply import NO_USAGE, ReplyBuilder, ToolResultCollector, block_delta, model_events
+from ._reply import NO_USAGE, ReplyBuilder, ToolResultCollector, delta_maker, model_events
 from ._session import AgentInterrupted, RunControl
 from .state import AgentState
 from .store import StateStoreError
@@ -198,7 +198,7 @@ class Execution:
         control = self.control
         # The model's task registers itself with the run's control (an interrupt cancels it).
         return prefetched(lambda out: model_events(out, models, request, reply_id, agent._retry,
-                                                   agent._failover_listener, control), make=block_delta, push=True)
+                                                   agent._failover_listener, control), make=delta_maker, push=True)
 
     def _reasoning_core(self, input: ReasoningInput) -> EventStream[AgentEvent]:
         mc_input = ModelCallInput(

@@ -45,13 +45,14 @@ from ..message import (
     ToolResultState,
     ToolUseBlock,
     new_id,
+    trusted_binder,
     trusted_model,
 )
 from ..model.base import ChatChunk, ChatModel, ModelError, ModelRequest
 from ..stream import _Channel as Channel
 from ._session import AgentInterrupted, RunControl
 
-__all__ = ["ReplyBuilder", "RetryPolicy", "ToolResultCollector", "block_delta", "model_events"]
+__all__ = ["ReplyBuilder", "RetryPolicy", "ToolResultCollector", "delta_maker", "model_events"]
 
 # Events built from values made here, or from ChatChunk fields (typed by the ChatModel protocol),
 # skip validation (`events.trusted`: the same objects at half the cost). The model's name and its
@@ -59,10 +60,11 @@ __all__ = ["ReplyBuilder", "RetryPolicy", "ToolResultCollector", "block_delta", 
 _ModelCallStart = trusted(ModelCallStart, "reply_id", "model")
 _ModelCallEnd = trusted(ModelCallEnd, "reply_id", "usage", "finish_reason")
 _TextBlockStart = trusted(TextBlockStart, "reply_id", "block_id")
-_TextBlockDelta = trusted(TextBlockDelta, "reply_id", "block_id", "delta")
+# A block's deltas share its reply and block ids: a maker per block copies a dict that has them.
+_bind_text_delta = trusted_binder(TextBlockDelta, ("reply_id", "block_id"), ("delta",))
+_bind_thinking_delta = trusted_binder(ThinkingBlockDelta, ("reply_id", "block_id"), ("delta",))
 _TextBlockEnd = trusted(TextBlockEnd, "reply_id", "block_id")
 _ThinkingBlockStart = trusted(ThinkingBlockStart, "reply_id", "block_id")
-_ThinkingBlockDelta = trusted(ThinkingBlockDelta, "reply_id", "block_id", "delta")
 _ThinkingBlockEnd = trusted(ThinkingBlockEnd, "reply_id", "block_id", "signature")
 _ToolCallStart = trusted(ToolCallStart, "reply_id", "tool_call_id", "tool_name")
 _ToolCallDelta = trusted(ToolCallDelta, "reply_id", "tool_call_id", "tool_name", "delta")
@@ -164,9 +166,10 @@ async def model_events(
     first chunk arrives, so a failure before it can be retried or failed over (here, or by a
     middleware) cleanly.
 
-    A text or thinking delta is emitted as the chunk's ``str``: `block_delta`, on the consumer's
-    side of the prefetch, makes its event. A consumer slower than the model (a loaded server) then
-    buffers strings, not events, and each event lives only from its making to its use. The events
+    A text or thinking delta is emitted as the chunk's ``str``; on the consumer's side of the
+    prefetch, a `delta_maker` makes its event. A consumer slower than the model (a loaded
+    server) then buffers strings, not events, and each event lives only from its making to its
+    use. The events
     of one chunk go in together; then, if the buffer is full, this waits for room.
 
     With ``control`` (the run's interrupt switch), the task running this is registered for the
@@ -215,7 +218,7 @@ async def model_events(
                         text_id = None
                     thinking_id = new_id("blk_")
                     put(_ThinkingBlockStart(reply_id=reply_id, block_id=thinking_id))
-                put(chunk.thinking)  # made into its event by block_delta, on the consumer's side
+                put(chunk.thinking)  # made into its event on the consumer's side (delta_maker)
             if chunk.thinking_signature:
                 signature = (signature or "") + chunk.thinking_signature
             if chunk.text:
@@ -276,14 +279,14 @@ async def model_events(
             _unregister(control, task)
 
 
-def block_delta(text: str, start: TextBlockStart | ThinkingBlockStart) -> AgentEvent:
-    """The consumer's half of `model_events` (its prefetch's ``make``): the event of a text or
-    thinking delta, which leaves the model's task as the chunk's ``str``. ``start`` is the item
-    before the run of deltas it belongs to, always its block's Start: `model_events` opens a
-    block only after closing the other kind, and a tool call closes both."""
-    if type(start) is TextBlockStart:
-        return _TextBlockDelta(reply_id=start.reply_id, block_id=start.block_id, delta=text)
-    return _ThinkingBlockDelta(reply_id=start.reply_id, block_id=start.block_id, delta=text)
+def delta_maker(start: TextBlockStart | ThinkingBlockStart) -> Callable[[str], AgentEvent]:
+    """The consumer's half of `model_events` (its prefetch's ``make``): what makes the events of
+    the text or thinking deltas that follow ``start``, which leave the model's task as the
+    chunk's ``str``. ``start`` is the item before the run of deltas it belongs to, always its
+    block's Start: `model_events` opens a block only after closing the other kind, and a tool call
+    closes both."""
+    bind = _bind_text_delta if type(start) is TextBlockStart else _bind_thinking_delta
+    return bind(reply_id=start.reply_id, block_id=start.block_id)
 
 
 def _register(control: RunControl | None) -> asyncio.Task[Any] | None:
@@ -315,13 +318,17 @@ class ReplyBuilder:
         self.calls_made = 0
 
     def add(self, ev: Any) -> None:
-        t = ev.type
+        # Deltas, the common case, are read from the fields dict: an event's class has a
+        # __getattr__ (pydantic's), so each attribute read takes the slow path.
+        fields = ev.__dict__
+        t = fields["type"]
         if t == "text_block_delta" or t == "thinking_block_delta":
-            entry = self._blocks.get(ev.block_id)
+            block_id = fields["block_id"]
+            entry = self._blocks.get(block_id)
             if entry is None:
                 kind = "text" if t == "text_block_delta" else "thinking"
-                entry = self._blocks[ev.block_id] = [kind, [], None]
-            entry[1].append(ev.delta)
+                entry = self._blocks[block_id] = [kind, [], None]
+            entry[1].append(fields["delta"])
         elif t == "tool_call_start":
             self._blocks.setdefault(ev.tool_call_id, ["tool", [], ev.tool_name])
         elif t == "tool_call_delta":
