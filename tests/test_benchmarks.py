@@ -73,3 +73,18 @@ def test_bench_concurrency_runs_a_small_level() -> None:
     assert level["events_published"] > 0
     assert level["cpu_us_per_event"] > 0
     assert level["latency_ms_p50"] is not None
+
+
+def test_bench_instructions_token_workload_streams_every_token() -> None:
+    # The workload valgrind counts (valgrind itself is not needed to run it).
+    for variant in ("agent", "floor"):
+        proc = subprocess.run(
+            [sys.executable, str(BENCH / "bench_instructions.py"), "--child", "--mode", f"tokens-{variant}",
+             "--runs", "7", "--middleware", "2", "--burst", "3"],
+            capture_output=True, text=True, timeout=60, cwd=BENCH.parent, check=False,
+        )
+        assert proc.returncode == 0, proc.stderr
+        done = json.loads(proc.stdout.strip().splitlines()[-1])
+        assert done["deltas"] == 300 * 7, variant
+        if variant == "agent":  # start, model call start/end, block start/end, end, result: 7 more
+            assert done["frames"] > done["deltas"] + 300 * 4
