@@ -53,11 +53,11 @@ def encode_sse(event: AgentEvent) -> bytes:
     JSON into the frame."""
     if type(event) in _FLAT:
         fields = event.__dict__
-        if not fields["metadata"]:
-            try:
+        try:
+            if not fields["metadata"]:
                 return b"data: %b\n\n" % _dumps(fields)  # type: ignore[misc]
-            except TypeError:  # orjson's JSONEncodeError is one
-                pass
+        except (KeyError, TypeError):  # not a whole fields dict, or orjson refused a value (its error is a TypeError)
+            pass
     return b"data: %b\n\n" % type(event).__pydantic_serializer__.to_json(event)
 
 

@@ -63,3 +63,9 @@ def test_without_orjson_pydantic_encodes_everything(monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr(sse_module, "_FLAT", frozenset())
     delta = ev.TextBlockDelta(reply_id="r", block_id="b", delta="x")
     assert encode_sse(delta) == pydantic_frame(delta)
+
+
+def test_an_event_missing_a_field_in_its_dict_is_left_to_pydantic() -> None:
+    delta = ev.TextBlockDelta(reply_id="r", block_id="b", delta="x")
+    del delta.__dict__["metadata"]  # what no constructor gives; pydantic decides what it means
+    assert encode_sse(delta) == pydantic_frame(delta)  # (it leaves the field out)
