@@ -17,6 +17,7 @@ import typing
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
+import pydantic_core
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
@@ -27,6 +28,10 @@ try:  # the server extra installs it; without it every frame is encoded by pydan
     from orjson import dumps as _dumps
 except ImportError:  # pragma: no cover - exercised by forcing the fallback in the tests
     _dumps = None
+
+plain_json: Callable[[Any], bytes] = _dumps if _dumps is not None else pydantic_core.to_json
+"""JSON bytes of plain data (``str`` keys; strings, numbers, ``bool``, ``None``, lists and dicts of
+them): orjson's when installed, else pydantic-core's; the two write the same bytes for these."""
 
 __all__ = ["HEARTBEAT", "SSE_HEADERS", "SSEResponse", "encode_error", "encode_sse", "with_heartbeat"]
 

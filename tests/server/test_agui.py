@@ -329,7 +329,20 @@ def test_mapper_closes_everything_before_run_finished() -> None:
     "plain", 'quotes " and \\ backslash', "unicode é 漢字 🚀", "ctrl \x00\x01\x1f\x7f", "lines\n\r\t\u2028\u2029",
     "</script><b>", "x" * 10_000,
 ])
-def test_fast_delta_frames_are_the_official_encoders_bytes(delta: str) -> None:
+@pytest.mark.parametrize("serializer", ["orjson", "pydantic-core"])
+def test_fast_delta_frames_are_the_official_encoders_bytes(
+    delta: str, serializer: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import pydantic_core
+
+    from agentscope_py.server import sse
+
+    if serializer == "pydantic-core":  # what the frames are without orjson
+        monkeypatch.setattr(sse, "plain_json", pydantic_core.to_json)
+    else:
+        import orjson
+
+        assert sse.plain_json is orjson.dumps
     mapper = AguiMapper("t", "r")
     for ev in (ModelCallStart(reply_id="r", model="m"), TextBlockStart(reply_id="r", block_id="b"),
                ThinkingBlockStart(reply_id="r", block_id="k"), ToolCallStart(reply_id="r", tool_call_id="c", tool_name="n")):
