@@ -30,8 +30,8 @@ except ImportError:  # pragma: no cover - exercised by forcing the fallback in t
     _dumps = None
 
 plain_json: Callable[[Any], bytes] = _dumps if _dumps is not None else pydantic_core.to_json
-"""JSON bytes of plain data (``str`` keys; strings, numbers, ``bool``, ``None``, lists and dicts of
-them): orjson's when installed, else pydantic-core's; the two write the same bytes for these."""
+"""JSON bytes of a dict of strings (the AG-UI delta frames): orjson's when installed, else
+pydantic-core's; the two write the same bytes for these (a test holds them to ag-ui's encoder)."""
 
 __all__ = ["HEARTBEAT", "SSE_HEADERS", "SSEResponse", "encode_error", "encode_sse", "with_heartbeat"]
 
