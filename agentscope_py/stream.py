@@ -607,38 +607,40 @@ class InContext:
         return self.ctx.run(inner, steps)  # type: ignore[no-any-return]
 
 
+async def _pump(channel: _Channel, source: Callable[..., Any], push: bool) -> None:
+    """The producer task of `_prefetch`: runs ``source`` into ``channel`` (a function, not a
+    closure: a closure's cells are objects each model call would keep alive)."""
+    error: BaseException | None = None
+    try:
+        if push:
+            await source(channel)
+            return
+        items, size = channel.items, channel.size
+        it = source()
+        try:
+            async for item in it:
+                if len(items) < size:  # put() without the coroutine when there is room
+                    items.append(item)
+                    if channel.waiter is not None:
+                        channel.wake()
+                else:
+                    await channel.put(item)
+        finally:
+            await aclose(it)
+    except BaseException as exc:  # handed to the consumer, which re-raises it
+        error = exc
+    finally:
+        channel.finish(error)
+
+
 async def _prefetch(
     source: Callable[..., Any], size: int, ctx: contextvars.Context,
     maps: tuple[Callable[[Any], Any], ...], make: Callable[[Any], Callable[[str], Any]] | None = None,
     push: bool = False,
 ) -> AsyncIterator[Any]:
     channel = _Channel(size)
-
-    items, size = channel.items, channel.size
-
-    async def pump() -> None:
-        error: BaseException | None = None
-        try:
-            if push:
-                await source(channel)
-                return
-            it = source()
-            try:
-                async for item in it:
-                    if len(items) < size:  # put() without the coroutine when there is room
-                        items.append(item)
-                        if channel.waiter is not None:
-                            channel.wake()
-                    else:
-                        await channel.put(item)
-            finally:
-                await aclose(it)
-        except BaseException as exc:  # handed to the consumer, which re-raises it
-            error = exc
-        finally:
-            channel.finish(error)
-
-    task = channel.loop.create_task(pump(), context=ctx)
+    items = channel.items
+    task = channel.loop.create_task(_pump(channel, source, push), context=ctx)
     take, spaces, empty = channel.take, channel.spaces, _EMPTY
     try:
         # Give the task its first step in this same loop turn: a source that is ready at once (a

@@ -194,11 +194,11 @@ class Execution:
         agent = self.agent
         fallbacks = agent._fallback_models
         models = (input.model, *fallbacks) if fallbacks else (input.model,)
-        reply_id = self.reply_id
-        control = self.control
-        # The model's task registers itself with the run's control (an interrupt cancels it).
-        return prefetched(lambda out: model_events(out, models, request, reply_id, agent._retry,
-                                                   agent._failover_listener, control), make=delta_maker, push=True)
+        # The model's task registers itself with the run's control (an interrupt cancels it). A
+        # partial, not a lambda: no closure cells for the call to keep alive.
+        source = functools.partial(model_events, models, request, self.reply_id, agent._retry,
+                                   agent._failover_listener, self.control)
+        return prefetched(source, make=delta_maker, push=True)
 
     def _reasoning_core(self, input: ReasoningInput) -> EventStream[AgentEvent]:
         mc_input = ModelCallInput(

@@ -153,13 +153,13 @@ async def _close(it: Any) -> None:
 
 
 async def model_events(
-    out: Channel,
     models: Sequence[ChatModel],
     request: ModelRequest,
     reply_id: str,
     policy: RetryPolicy,
     on_failover: FailoverListener | None,
-    control: RunControl | None = None,
+    control: RunControl | None,
+    out: Channel,
 ) -> None:
     """Put the block events of one model call into ``out`` (the model call's prefetch buffer: this
     runs as the prefetch's producer, in the model call's own task). Nothing is emitted until the
