@@ -256,7 +256,7 @@ def trusted_model(cls: type[_M], *names: str) -> Callable[..., _M]:
         f"def make(*, {', '.join(names)}):\n"
         "    o = _new(_cls)\n"
         f"    _set(o, '__dict__', {{{', '.join(items)}}})\n"
-        f"{_SLOTS_CODE}"
+        f"{_slots_code(cls, '    ')}"
     )
     return _compiled(cls, code, env, "make")  # type: ignore[no-any-return]
 
@@ -277,7 +277,7 @@ def trusted_binder(cls: type[_M], bound: tuple[str, ...], names: tuple[str, ...]
     template, per_call = [], []
     for name, f in fields.items():
         value = _value_code(name, f, bound + names, env)
-        if name in bound or value.startswith("_d_"):  # the same in every object of one maker
+        if name in bound or (name not in names and f.default_factory is None):  # the same in every object
             template.append(f"{name!r}: {value}")
         else:
             template.append(f"{name!r}: None")  # a placeholder: keeps the field order
@@ -290,13 +290,18 @@ def trusted_binder(cls: type[_M], bound: tuple[str, ...], names: tuple[str, ...]
         f"{''.join(per_call)}"
         "        o = _new(_cls)\n"
         "        _set(o, '__dict__', d)\n"
-        + _SLOTS_CODE.replace("    ", "        ")
-        + "    return make\n"
+        f"{_slots_code(cls, '        ')}"
+        "    return make\n"
     )
     return _compiled(cls, code, env, "bind")  # type: ignore[no-any-return]
 
 
-_SLOTS_CODE = "    _fs(o, _fields_set)\n    _ex(o, None)\n    _pr(o, None)\n    return o\n"
+def _slots_code(cls: type[BaseModel], indent: str) -> str:
+    """The generated lines that set a new object's slots and return it. Nothing mutates a frozen
+    model's fields set (copies copy it): one serves every instance; other models get their own."""
+    fields_set = "_fields_set" if cls.model_config.get("frozen") else "set(_fields_set)"
+    lines = (f"_fs(o, {fields_set})", "_ex(o, None)", "_pr(o, None)", "return o")
+    return "".join(f"{indent}{line}\n" for line in lines)
 
 
 def _plain_fields(cls: type[BaseModel], names: tuple[str, ...]) -> dict[str, Any] | None:
@@ -318,10 +323,7 @@ def _plain_fields(cls: type[BaseModel], names: tuple[str, ...]) -> dict[str, Any
 
 def _trusted_env(cls: type[BaseModel], names: tuple[str, ...]) -> dict[str, Any]:
     return {"_cls": cls, "_new": _new_object, "_set": _set_attr, "_fs": _set_fields_set, "_ex": _set_extra,
-            "_pr": _set_private, "_next_id": _counter.__next__,
-            # Nothing mutates a frozen model's fields set (copies copy it): one serves every
-            # instance; other models get their own.
-            "_fields_set": set(names)}
+            "_pr": _set_private, "_next_id": _counter.__next__, "_fields_set": set(names)}
 
 
 def _value_code(name: str, f: Any, names: tuple[str, ...], env: dict[str, Any]) -> str:
@@ -345,8 +347,6 @@ def _value_code(name: str, f: Any, names: tuple[str, ...], env: dict[str, Any]) 
 
 
 def _compiled(cls: type[BaseModel], code: str, env: dict[str, Any], name: str) -> Any:
-    if not cls.model_config.get("frozen"):
-        code = code.replace("_fs(o, _fields_set)", "_fs(o, set(_fields_set))")
     exec(compile(code, f"<trusted {cls.__name__}>", "exec"), env)  # named for profiles
     made = env[name]
     made.__qualname__ = f"trusted_model.{cls.__name__}"

@@ -169,8 +169,8 @@ async def model_events(
     A text or thinking delta is emitted as the chunk's ``str``; on the consumer's side of the
     prefetch, a `delta_maker` makes its event. A consumer slower than the model (a loaded
     server) then buffers strings, not events, and each event lives only from its making to its
-    use. The events
-    of one chunk go in together; then, if the buffer is full, this waits for room.
+    use. The events of one chunk go in together; then, if the buffer is full, this waits for
+    room.
 
     With ``control`` (the run's interrupt switch), the task running this is registered for the
     call's lifetime, so an interrupt cancels it, and that cancellation surfaces as

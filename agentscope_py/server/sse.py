@@ -60,7 +60,7 @@ def encode_sse(event: AgentEvent) -> bytes:
         fields = event.__dict__
         try:
             if not fields["metadata"]:
-                return b"data: %b\n\n" % _dumps(fields)  # type: ignore[misc]
+                return b"data: %b\n\n" % plain_json(fields)  # orjson: _FLAT is empty without it
         except (KeyError, TypeError):  # not a whole fields dict, or orjson refused a value (its error is a TypeError)
             pass
     return b"data: %b\n\n" % type(event).__pydantic_serializer__.to_json(event)
