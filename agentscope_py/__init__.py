@@ -15,6 +15,7 @@ from .agent import (
     StructuredOutputError,
     confirm_message,
 )
+from .errors import AgentScopeError, InputError, MiddlewareError
 from .events import AgentEvent, ConfirmResult, parse_event
 from .message import (
     ChatUsage,
@@ -48,6 +49,7 @@ __all__ = [
     "AgentInput",
     "AgentInterrupted",
     "AgentRun",
+    "AgentScopeError",
     "AgentState",
     "ChatModel",
     "ChatUsage",
@@ -58,8 +60,10 @@ __all__ = [
     "FinalAnswerFilterMiddleware",
     "GenerateReason",
     "InMemoryStateStore",
+    "InputError",
     "LoggingMiddleware",
     "MiddlewareBase",
+    "MiddlewareError",
     "ModelCallInput",
     "ModelError",
     "ModelStep",

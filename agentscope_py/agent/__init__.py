@@ -2,12 +2,18 @@
 
 from typing import Any
 
-from ._loop import PendingToolCallsError, ResumeError, StructuredOutputError
-from ._session import AgentInterrupted
+from ..errors import (
+    AgentInterrupted,
+    PendingToolCallsError,
+    ResumeError,
+    StateConflictError,
+    StateStoreError,
+    StructuredOutputError,
+)
 from .context import RuntimeContext
 from .react import Builder, ReActAgent, confirm_message
 from .state import AgentState, TodoItem
-from .store import AgentStateStore, InMemoryStateStore, StateConflictError, StateStoreError
+from .store import AgentStateStore, InMemoryStateStore
 
 __all__ = [
     "AgentInterrupted",

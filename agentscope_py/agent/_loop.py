@@ -22,6 +22,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from ..errors import AgentInterrupted, PendingToolCallsError, ResumeError, StateStoreError, StructuredOutputError
 from ..events import (
     AgentEnd,
     AgentEvent,
@@ -66,9 +67,8 @@ from ..stream import EventStream, aclose, prefetched
 from ..tool.toolkit import Tool, clean_schema
 from ._acting import acting_events
 from ._reply import NO_USAGE, ReplyBuilder, ToolResultCollector, delta_maker, model_events
-from ._session import AgentInterrupted, RunControl
+from ._session import RunControl
 from .state import AgentState
-from .store import StateStoreError
 
 if TYPE_CHECKING:
     from .context import RuntimeContext
@@ -90,10 +90,6 @@ SUMMARY_PROMPT = (
 
 MAX_STRUCTURED_RETRIES = 3
 RESPONSE_TOOL = "generate_response"
-
-
-class StructuredOutputError(ValueError):
-    """The model did not produce a valid structured output within the retries."""
 
 
 def _response_tool(exe: Execution, model: type[Any]) -> Tool:
@@ -118,14 +114,6 @@ _AgentStart = trusted(AgentStart, "reply_id", "name", "session_id")
 _NewState = trusted_model(AgentState, "user_id", "session_id")
 _AgentResult = trusted(AgentResult, "result")
 _AgentEnd = trusted(AgentEnd, "reply_id")
-
-
-class ResumeError(ValueError):
-    """A resume input does not fit the pending tool calls (unknown or duplicate ids…)."""
-
-
-class PendingToolCallsError(ResumeError):
-    """The session has tool calls waiting for confirmation or external results."""
 
 
 class Execution:

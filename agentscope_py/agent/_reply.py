@@ -15,6 +15,7 @@ import random
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
+from ..errors import AgentInterrupted
 from ..events import (
     AgentEvent,
     ModelCallEnd,
@@ -50,7 +51,7 @@ from ..message import (
 )
 from ..model.base import ChatChunk, ChatModel, ModelError, ModelRequest
 from ..stream import _Channel as Channel
-from ._session import AgentInterrupted, RunControl
+from ._session import RunControl
 
 __all__ = ["ReplyBuilder", "RetryPolicy", "ToolResultCollector", "delta_maker", "model_events"]
 

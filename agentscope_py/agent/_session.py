@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from ..errors import AgentInterrupted
+
 __all__ = ["AgentInterrupted", "RunControl", "SessionGates"]
 
 
@@ -13,12 +15,6 @@ def _current_task() -> asyncio.Task[object] | None:
         return asyncio.current_task()
     except RuntimeError:  # no running loop
         return None
-
-
-class AgentInterrupted(asyncio.CancelledError):
-    """Raised inside a run that ``agent.interrupt(...)`` stopped. A CancelledError, so middleware
-    treats it as cancellation (no retry, no fallback); the loop turns it into an INTERRUPTED
-    reply."""
 
 
 class RunControl:

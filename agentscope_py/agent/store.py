@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Literal, Protocol, runtime_checkable
 
+from ..errors import StateConflictError, StateStoreError
 from .state import AgentState
 
 __all__ = [
@@ -23,21 +24,6 @@ ConflictPolicy = Literal["fail", "overwrite"]
 """What ``save`` does when the stored version moved: ``"fail"`` raises `StateConflictError`
 (the default: two writers cannot silently overwrite each other); ``"overwrite"`` ignores the
 version, last writer wins."""
-
-
-class StateStoreError(Exception):
-    """The store failed (unreachable, corrupted data…). The in-memory state is kept intact."""
-
-
-class StateConflictError(StateStoreError):
-    """Another writer saved this session since it was loaded."""
-
-    def __init__(self, user_id: str, session_id: str, expected: int, actual: int) -> None:
-        super().__init__(
-            f"state of session {user_id}/{session_id} moved: expected version {expected}, found {actual}"
-        )
-        self.expected = expected
-        self.actual = actual
 
 
 def check_conflict_policy(policy: str) -> ConflictPolicy:

@@ -8,17 +8,18 @@ from .base import (
     BadRequestError,
     ChatChunk,
     ChatModel,
-    ConnectionError,
     ContextLengthError,
     MalformedStreamError,
+    ModelConnectionError,
     ModelError,
     ModelRequest,
+    ModelTimeoutError,
     OverloadedError,
     RateLimitError,
     ServerError,
-    TimeoutError,
     ToolCallChunk,
     ToolSchema,
+    renamed_error,
 )
 from .registry import resolve_model
 from .scripted import ModelStep, ScriptedModel, ScriptExhaustedError
@@ -29,12 +30,13 @@ __all__ = [
     "BadRequestError",
     "ChatChunk",
     "ChatModel",
-    "ConnectionError",
     "ContextLengthError",
     "MalformedStreamError",
+    "ModelConnectionError",
     "ModelError",
     "ModelRequest",
     "ModelStep",
+    "ModelTimeoutError",
     "OllamaChatModel",
     "OpenAIChatModel",
     "OverloadedError",
@@ -42,7 +44,6 @@ __all__ = [
     "ScriptExhaustedError",
     "ScriptedModel",
     "ServerError",
-    "TimeoutError",
     "ToolCallChunk",
     "ToolSchema",
     "resolve_model",
@@ -60,4 +61,4 @@ def __getattr__(name: str) -> Any:
         import importlib
 
         return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
-    raise AttributeError(name)
+    return renamed_error(name, __name__)  # the old TimeoutError / ConnectionError, deprecated

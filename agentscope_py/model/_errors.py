@@ -15,14 +15,14 @@ from typing import Any
 from .base import (
     AuthenticationError,
     BadRequestError,
-    ConnectionError,
     ContextLengthError,
     MalformedStreamError,
+    ModelConnectionError,
     ModelError,
+    ModelTimeoutError,
     OverloadedError,
     RateLimitError,
     ServerError,
-    TimeoutError,
 )
 
 __all__ = [
@@ -52,7 +52,7 @@ _BY_TYPE: dict[str, type[ModelError]] = {
     "not_found_error": BadRequestError,
     "request_too_large": BadRequestError,
     "context_length_exceeded": ContextLengthError,
-    "timeout_error": TimeoutError,
+    "timeout_error": ModelTimeoutError,
     "api_error": ServerError,
     "server_error": ServerError,
 }
@@ -136,7 +136,7 @@ def error_from_status(
         if code == "insufficient_quota":  # a 429 that waiting does not fix
             retryable = False
     elif status == 408:
-        cls = TimeoutError
+        cls = ModelTimeoutError
     elif status == 529 or kind == "overloaded_error":
         cls = OverloadedError
     elif status >= 500:
@@ -174,7 +174,7 @@ def transport_error(provider: str, exc: BaseException, *, in_body: bool, timeout
     """A failure below HTTP: a timeout, a refused connection, or a response cut off."""
     detail = str(exc) or type(exc).__name__
     if timeout:
-        return TimeoutError(f"{provider}: request timed out ({detail})", provider=provider)
+        return ModelTimeoutError(f"{provider}: request timed out ({detail})", provider=provider)
     if in_body:  # the response had started: the stream is incomplete
         return malformed(provider, f"the connection closed before the stream ended ({detail})")
-    return ConnectionError(f"{provider}: connection failed ({detail})", provider=provider)
+    return ModelConnectionError(f"{provider}: connection failed ({detail})", provider=provider)

@@ -11,6 +11,18 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from ..errors import (
+    AuthenticationError,
+    BadRequestError,
+    ContextLengthError,
+    MalformedStreamError,
+    ModelConnectionError,
+    ModelError,
+    ModelTimeoutError,
+    OverloadedError,
+    RateLimitError,
+    ServerError,
+)
 from ..message import ChatUsage, Msg
 
 __all__ = [
@@ -18,15 +30,15 @@ __all__ = [
     "BadRequestError",
     "ChatChunk",
     "ChatModel",
-    "ConnectionError",
     "ContextLengthError",
     "MalformedStreamError",
+    "ModelConnectionError",
     "ModelError",
     "ModelRequest",
+    "ModelTimeoutError",
     "OverloadedError",
     "RateLimitError",
     "ServerError",
-    "TimeoutError",
     "ToolCallChunk",
     "ToolSchema",
 ]
@@ -99,66 +111,22 @@ def supports_structured_output(model: ChatModel) -> bool:
     return bool(getattr(model, "supports_structured_output", False))
 
 
-# -- errors --------------------------------------------------------------------------------------
+# -- errors: defined in agentscope_py.errors, importable from here as before ---------------------
+
+_RENAMED = {"TimeoutError": ModelTimeoutError, "ConnectionError": ModelConnectionError}
 
 
-class ModelError(Exception):
-    """A model call failed. ``retryable`` says whether trying again may help; ``retry_after`` is
-    the provider's hint in seconds."""
-
-    retryable: bool = False
-
-    def __init__(
-        self,
-        message: str,
-        *,
-        provider: str | None = None,
-        status_code: int | None = None,
-        retry_after: float | None = None,
-        retryable: bool | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.message = message
-        self.provider = provider
-        self.status_code = status_code
-        self.retry_after = retry_after
-        if retryable is not None:
-            self.retryable = retryable
+def __getattr__(name: str) -> Any:
+    return renamed_error(name, __name__)
 
 
-class AuthenticationError(ModelError):
-    retryable = False
+def renamed_error(name: str, module: str) -> Any:
+    """The old names of the model errors that shadowed builtins, with a DeprecationWarning."""
+    new = _RENAMED.get(name)
+    if new is None:
+        raise AttributeError(f"module {module!r} has no attribute {name!r}")
+    import warnings
 
-
-class RateLimitError(ModelError):
-    retryable = True
-
-
-class BadRequestError(ModelError):
-    retryable = False
-
-
-class ContextLengthError(BadRequestError):
-    retryable = False
-
-
-class ServerError(ModelError):
-    retryable = True
-
-
-class OverloadedError(ServerError):
-    retryable = True
-
-
-class TimeoutError(ModelError):
-    retryable = True
-
-
-class ConnectionError(ModelError):
-    retryable = True
-
-
-class MalformedStreamError(ModelError):
-    """The stream broke its protocol: cut off mid-message, garbage lines, missing terminator."""
-
-    retryable = False
+    warnings.warn(f"{module}.{name} is deprecated (it shadows the builtin): use {new.__name__}, which is "
+                  f"also a builtin {name}", DeprecationWarning, stacklevel=3)
+    return new

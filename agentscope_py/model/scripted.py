@@ -13,13 +13,14 @@ import json
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
+from ..errors import AgentScopeError
 from ..message import ChatUsage, ToolUseBlock, new_id
 from .base import ChatChunk, ModelRequest, ToolCallChunk
 
 __all__ = ["ModelStep", "ScriptExhaustedError", "ScriptedModel"]
 
 
-class ScriptExhaustedError(AssertionError):
+class ScriptExhaustedError(AgentScopeError, AssertionError):
     """The agent called the model more often than the script has steps."""
 
 

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, get_type_hints, overload
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
+from ..errors import ToolArgumentError
 from ..events import EventBase
 from ..message import DataBlock, TextBlock, ToolUseBlock
 from ..model.base import ToolSchema
@@ -38,10 +39,6 @@ class PermissionDecision(StrEnum):
 
 PermissionCheck = Callable[[ToolUseBlock, "RuntimeContext"], Any]
 """``fn(call, ctx) -> PermissionDecision`` (may be async)."""
-
-
-class ToolArgumentError(ValueError):
-    """The model's arguments do not fit the tool's schema (the message says how)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,221 @@
+"""Every exception agentscope-py raises on purpose, in one tree (like httpx's ``_exceptions``).
+
+```
+AgentScopeError
+├── ModelError                       a model call failed (``retryable``, ``retry_after``)
+│   ├── AuthenticationError          bad or missing key (401/403)
+│   ├── RateLimitError               429; waiting may help (``retry_after``)
+│   ├── BadRequestError              the request was refused (4xx)
+│   │   └── ContextLengthError       … because it is too long for the model
+│   ├── ServerError                  5xx
+│   │   └── OverloadedError          529 / "overloaded"
+│   ├── ModelTimeoutError            also a builtin TimeoutError
+│   ├── ModelConnectionError         also a builtin ConnectionError
+│   └── MalformedStreamError         the stream broke its protocol
+├── StateStoreError                  a session store failed
+│   └── StateConflictError           another writer saved first
+├── ToolArgumentError                a tool got arguments its schema refuses (also a ValueError)
+├── ResumeError                      a resume input does not fit the pending tool calls (ValueError)
+│   └── PendingToolCallsError        the session has tool calls waiting for an answer
+├── StructuredOutputError            no valid structured output within the retries (ValueError)
+├── MiddlewareError                  a middleware broke the hook contract (also a TypeError)
+├── MiddlewareTermination            a middleware ended the run on purpose (guardrails…)
+│   ├── GuardrailTripped             … because a guardrail tripped
+│   ├── RateLimitExceeded            … because a rate limit said no
+│   └── BudgetExceeded               … because a token or cost budget was used up
+└── InputError                       what the caller passed cannot be a run's input (ValueError)
+AgentInterrupted                     a run stopped by ``agent.interrupt(...)`` (a CancelledError)
+```
+
+Where an exception is also a builtin kind (a timeout is a `TimeoutError`, bad arguments are a
+`ValueError`), it subclasses that builtin too, so ``except TimeoutError`` catches a model timeout.
+The names used before this module existed stay importable where they were (``TimeoutError`` and
+``ConnectionError`` from `agentscope_py.model`, with a `DeprecationWarning`: they shadow builtins).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+__all__ = [
+    "AgentInterrupted",
+    "AgentScopeError",
+    "AuthenticationError",
+    "BadRequestError",
+    "BudgetExceeded",
+    "ContextLengthError",
+    "GuardrailTripped",
+    "InputError",
+    "MalformedStreamError",
+    "MiddlewareError",
+    "MiddlewareTermination",
+    "ModelConnectionError",
+    "ModelError",
+    "ModelTimeoutError",
+    "OverloadedError",
+    "PendingToolCallsError",
+    "RateLimitError",
+    "RateLimitExceeded",
+    "ResumeError",
+    "ServerError",
+    "StateConflictError",
+    "StateStoreError",
+    "StructuredOutputError",
+    "ToolArgumentError",
+]
+
+
+class AgentScopeError(Exception):
+    """The base of every error agentscope-py raises on purpose."""
+
+
+# -- models --------------------------------------------------------------------------------------
+
+
+class ModelError(AgentScopeError):
+    """A model call failed. ``retryable`` says whether trying again may help; ``retry_after`` is
+    the provider's hint in seconds."""
+
+    retryable: bool = False
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        provider: str | None = None,
+        status_code: int | None = None,
+        retry_after: float | None = None,
+        retryable: bool | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.provider = provider
+        self.status_code = status_code
+        self.retry_after = retry_after
+        if retryable is not None:
+            self.retryable = retryable
+
+
+class AuthenticationError(ModelError):
+    retryable = False
+
+
+class RateLimitError(ModelError):
+    retryable = True
+
+
+class BadRequestError(ModelError):
+    retryable = False
+
+
+class ContextLengthError(BadRequestError):
+    retryable = False
+
+
+class ServerError(ModelError):
+    retryable = True
+
+
+class OverloadedError(ServerError):
+    retryable = True
+
+
+class ModelTimeoutError(ModelError, TimeoutError):
+    """The provider did not answer (or stopped answering) in time."""
+
+    retryable = True
+
+
+class ModelConnectionError(ModelError, ConnectionError):
+    """The provider could not be reached."""
+
+    retryable = True
+
+
+class MalformedStreamError(ModelError):
+    """The stream broke its protocol: cut off mid-message, garbage lines, missing terminator."""
+
+    retryable = False
+
+
+# -- sessions ------------------------------------------------------------------------------------
+
+
+class StateStoreError(AgentScopeError):
+    """The store failed (unreachable, corrupted data…). The in-memory state is kept intact."""
+
+
+class StateConflictError(StateStoreError):
+    """Another writer saved this session since it was loaded."""
+
+    def __init__(self, user_id: str, session_id: str, expected: int, actual: int) -> None:
+        super().__init__(
+            f"state of session {user_id}/{session_id} moved: expected version {expected}, found {actual}"
+        )
+        self.expected = expected
+        self.actual = actual
+
+
+# -- tools, resuming, structured output ----------------------------------------------------------
+
+
+class ToolArgumentError(AgentScopeError, ValueError):
+    """The model's arguments for a tool do not fit its schema (or are not JSON)."""
+
+
+class ResumeError(AgentScopeError, ValueError):
+    """A resume input does not fit the pending tool calls (unknown or duplicate ids…)."""
+
+
+class PendingToolCallsError(ResumeError):
+    """The session has tool calls waiting for confirmation or external results."""
+
+
+class StructuredOutputError(AgentScopeError, ValueError):
+    """The model did not produce a valid structured output within the retries."""
+
+
+class InputError(AgentScopeError, ValueError):
+    """What was passed to ``call``/``stream`` cannot be a run's input (says what to pass)."""
+
+
+# -- middleware ----------------------------------------------------------------------------------
+
+
+class MiddlewareError(AgentScopeError, TypeError):
+    """A middleware broke the hook contract (its stream carried something that is not an event,
+    or a delta without text). The message names the middleware and the point."""
+
+
+class MiddlewareTermination(AgentScopeError):
+    """Raised by a middleware to end the run on purpose (seed 001's guardrail block)."""
+
+
+class GuardrailTripped(MiddlewareTermination):
+    """A guardrail stopped the run: ``guardrail`` names it, ``reason`` says why."""
+
+    def __init__(self, guardrail: str, reason: str) -> None:
+        super().__init__(f"guardrail {guardrail} tripped: {reason}")
+        self.guardrail = guardrail
+        self.reason = reason
+
+
+class RateLimitExceeded(MiddlewareTermination):
+    """A rate limit refused the call (``retry_after``: seconds until it would pass)."""
+
+    def __init__(self, message: str, *, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class BudgetExceeded(MiddlewareTermination):
+    """A token or cost budget was used up."""
+
+
+# -- interruption --------------------------------------------------------------------------------
+
+
+class AgentInterrupted(asyncio.CancelledError):
+    """Raised inside a run that ``agent.interrupt(...)`` stopped. A CancelledError, so middleware
+    treats it as cancellation (no retry, no fallback); the loop turns it into an INTERRUPTED
+    reply."""
