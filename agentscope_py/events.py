@@ -111,10 +111,17 @@ class ModelCallStart(EventBase):
 
 
 class ModelCallEnd(EventBase):
+    """The end of one model call. ``usage`` is None when the provider reported none (unknown, not
+    zero). ``error`` is set (``"Type: message"``) when the call failed, was interrupted or was cut
+    short; ``discarded`` is true when its partial reply was not remembered (a failed attempt that a
+    retry or fallback replaced, or a run that ended in that error): a UI can strike it out."""
+
     type: Literal["model_call_end"] = "model_call_end"
     reply_id: str
     usage: ChatUsage | None = None
     finish_reason: str | None = None
+    error: str | None = None
+    discarded: bool = False
 
 
 # -- content blocks ------------------------------------------------------------------------------

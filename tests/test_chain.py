@@ -288,8 +288,11 @@ async def test_model_call_rewrites_change_memory_reasoning_and_agent_rewrites_on
     )
     events = await agent.stream("hi").to_list()
     assert [e.delta for e in events if type(e) is TextBlockDelta] == ["tMRA"]
-    assert events[-2].result.text == "tM"  # the remembered reply: model-call rewrites only
+    # The result is what callers saw leaving on_reasoning (DESIGN §8); on_agent rewrites are the
+    # caller's own business and stay out of it.
+    assert events[-2].result.text == "tMR"
     state, _ = await agent.state_store.load("default", "default")
+    # Memory keeps what left on_model_call.
     assert state is not None and state.context[-1].text == "tM"
     await agent.call("again")
     assert model.requests[1].messages[-2].text == "tM"  # what the model sees next

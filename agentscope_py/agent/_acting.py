@@ -13,6 +13,7 @@ import contextvars
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine, Generator, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
+from .._sanitize import MAX_DEPTH, clean
 from ..events import (
     AgentEvent,
     AllToolsDenied,
@@ -276,7 +277,8 @@ async def _invoke(
             available = ", ".join(exe.toolkit.names) or "none"
             raise ToolArgumentError(f"unknown tool {name!r}; available tools: {available}")
         if call.raw_input is not None:
-            raise ToolArgumentError(f"the arguments for {name} are not a JSON object: {call.raw_input[:500]!r}")
+            raise ToolArgumentError(f"the arguments for {name} are not a JSON object (nested at most "
+                                    f"{MAX_DEPTH} levels): {call.raw_input[:500]!r}")
         if tool.timeout is None:
             await _output(exe, call, tool, sink)
         else:
@@ -289,9 +291,9 @@ async def _invoke(
             return ToolResultState.ERROR, f"Error: TimeoutError: {exc}"
         return ToolResultState.ERROR, f"Error: {name} timed out after {tool.timeout} s."
     except ToolArgumentError as exc:
-        return ToolResultState.ERROR, f"Error: {exc}"
+        return ToolResultState.ERROR, clean(f"Error: {exc}")
     except Exception as exc:
-        return ToolResultState.ERROR, f"Error: {type(exc).__name__}: {exc}"
+        return ToolResultState.ERROR, clean(f"Error: {type(exc).__name__}: {exc}")
     return ToolResultState.SUCCESS, None
 
 
@@ -307,8 +309,9 @@ async def _output(exe: Execution, call: ToolUseBlock, tool: Tool, sink: _Channel
 
 
 def _delta(reply_id: str, cid: str, name: str, chunk: Any) -> AgentEvent:
+    # A tool's text enters the session here: made encodable (`_sanitize`), so no output can poison it.
     if type(chunk) is str:
-        return _ToolResultTextDelta(reply_id=reply_id, tool_call_id=cid, tool_name=name, delta=chunk)
+        return _ToolResultTextDelta(reply_id=reply_id, tool_call_id=cid, tool_name=name, delta=clean(chunk))
     if isinstance(chunk, str):
-        return ToolResultTextDelta(reply_id=reply_id, tool_call_id=cid, tool_name=name, delta=chunk)
+        return ToolResultTextDelta(reply_id=reply_id, tool_call_id=cid, tool_name=name, delta=clean(str(chunk)))
     return ToolResultDataDelta(reply_id=reply_id, tool_call_id=cid, tool_name=name, data=chunk)

@@ -22,13 +22,23 @@ import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..errors import AgentInterrupted, PendingToolCallsError, ResumeError, StateStoreError, StructuredOutputError
+from .._sanitize import MAX_DEPTH, clean, clean_value, depth_exceeds
+from ..errors import (
+    AgentInterrupted,
+    InputError,
+    MiddlewareError,
+    PendingToolCallsError,
+    ResumeError,
+    StateStoreError,
+    StructuredOutputError,
+)
 from ..events import (
     AgentEnd,
     AgentEvent,
     AgentResult,
     AgentStart,
     ConfirmResult,
+    EventBase,
     ExceedMaxIters,
     ExternalExecutionResult,
     MiddlewareStarted,
@@ -66,6 +76,7 @@ from ..model.base import ModelRequest, supports_structured_output
 from ..stream import EventStream, aclose, prefetched
 from ..tool.toolkit import Tool, clean_schema
 from ._acting import acting_events
+from ._brackets import BRACKET_TYPES, Brackets, describe
 from ._reply import NO_USAGE, ReplyBuilder, ToolResultCollector, delta_maker, model_events
 from ._session import RunControl
 from .state import AgentState
@@ -133,7 +144,13 @@ class Execution:
     system_msg: Msg | None = None
     _reminded = False
     _builder: ReplyBuilder | None = None
+    _view: ReplyBuilder | None = None  # the caller's view of this round's reply (on_reasoning hooks only)
+    _shown_assistant: Msg | None = None
     _last_value: Any = None
+    input_msgs: Sequence[Msg] = ()
+    _input_taken = False  # the input is in memory (or was control input for a resume)
+    _finish_error: Exception | None = None  # the first on_agent_finish hook's error
+    _saved = False
 
     def __init__(
         self,
@@ -157,6 +174,7 @@ class Execution:
                 self.toolkit.register(_response_tool(self, structured_model))
         self.preapproved: set[str] = set()
         self._transient: list[Msg] = []
+        self._finished_hooks: list[MiddlewareBase] = []
         parts = agent._participants
         trace = agent._trace
         self._model_call = compose(ExtensionPoint.ON_MODEL_CALL, parts, agent, ctx, self._model_core, trace,
@@ -221,73 +239,67 @@ class Execution:
         yield (_AgentStart if plain else AgentStart)(reply_id=self.reply_id, name=agent.name,
                                                      session_id=ctx.session_id)
         key = (ctx.user_id, ctx.session_id)
+        brackets = Brackets()
+        see = brackets.see
         async with agent._gates.hold(key, agent._store):
             agent._gates.active[key] = self.control
             try:
                 error: BaseException | None = None
                 try:
-                    msgs = list(input.msgs)
-                    steps: Any = self._traced_prelude(msgs) if agent._trace else await self._prepare(msgs)
-                    if steps is not None:  # tracing, or resuming pending tool calls
-                        try:
-                            async for ev in steps:
-                                yield ev
-                        except BaseException:
-                            await steps.aclose()
-                            raise
-                    # The ReAct rounds run in this generator, not in one of their own: every
-                    # event of a run passes here, and each async level costs per event.
-                    on_event: Callable[[Any], None]
-                    while self.final is None:
-                        if self.iteration >= agent.max_iters:
-                            steps, on_event = self._summarise(), _ignore
-                        else:
-                            self.control.check()
-                            steps, on_event = self._reason()
+                    self.input_msgs = list(input.msgs)
+                    step = await self._prelude(self.input_msgs)
+                    # Every step (prelude, reasoning, acting, summary) runs in this one loop, not in
+                    # generators of its own: every event of a run passes here, and each async level
+                    # costs per event.
+                    while step is not None or self.final is None:
+                        if step is None:
+                            step = self._round()
+                        on_event = step.on_event
                         stop: RequestStop | None = None
-                        steps = steps.__aiter__()
+                        steps = step.stream.__aiter__()
                         try:
                             async for ev in steps:
-                                on_event(ev)
+                                if type(ev) in BRACKET_TYPES:
+                                    for early in see(ev):
+                                        yield early
+                                try:
+                                    on_event(ev)
+                                except Exception:
+                                    if isinstance(ev, EventBase):
+                                        raise
+                                    raise not_an_event(ev, step.point, agent) from None
                                 if type(ev) is RequestStop and ev.source is None:
                                     stop = ev
                                 yield ev
-                        except BaseException:
+                        except BaseException as exc:
                             await aclose(steps)
+                            self._step_failed(step, exc)
+                            if isinstance(exc, Exception | AgentInterrupted):  # (a consumer that left gets nothing)
+                                for end in brackets.close(exc):
+                                    yield end
                             raise
-                        if self.final is not None:  # the max-iterations summary ended the run
-                            break
-                        calls = self._after_reasoning(stop)
-                        if calls is None:
-                            continue
-                        steps, acting = self._act_pass(calls, self.state.context[-1])  # type: ignore[union-attr]
-                        steps = steps.__aiter__()
-                        try:
-                            async for ev in steps:
-                                acting.add(ev)
-                                yield ev
-                        except BaseException:
-                            await aclose(steps)
-                            raise
-                        self._acted(acting)
-                        if self.final is None and self.structured_model is not None:
-                            self._structured_after_acting(acting.assistant)
+                        for end in brackets.close(None):  # a layer stopped reading with brackets open
+                            yield end
+                        step = self._step_done(step, stop)
                 except AgentInterrupted:
                     self._interrupt_state()
                 except (GeneratorExit, asyncio.CancelledError):
                     # The consumer went away: no more events, but persist an INTERRUPTED turn.
                     self._interrupt_state()
-                    try:
-                        async for _ in self._finish(None):
-                            pass
-                    except Exception:  # nobody is left to receive it; the state stays unsaved
-                        logger.exception("finishing the cancelled run of %s/%s failed", *key)
+                    await self._finish_quietly(self._finish(None))
                     raise
                 except Exception as exc:
                     error = exc
                 if agent._participants.hooks[ExtensionPoint.ON_AGENT_FINISH]:
-                    async for ev in self._finish(error):
-                        yield ev
+                    finish = self._finish(error)
+                    try:
+                        async for ev in finish:
+                            yield ev
+                    except (GeneratorExit, asyncio.CancelledError):
+                        # The consumer left during the finish (at a trace event, or while a hook
+                        # awaited): the hooks still run once and the turn is still saved.
+                        await self._finish_quietly(finish)
+                        raise
                 else:
                     await self._save()
             finally:
@@ -298,22 +310,64 @@ class Execution:
                 self._model_call = self._reasoning = self._acting = _finished
         if error is not None:
             raise error
+        if self._finish_error is not None:
+            raise self._finish_error
         assert self.final is not None
         yield _AgentResult(result=self.final)
         yield _AgentEnd(reply_id=self.reply_id)
 
     async def _finish(self, error: BaseException | None) -> AsyncIterator[AgentEvent]:
-        """on_agent_finish, then the checkpoint. A generator so traced hooks can emit events."""
+        """on_agent_finish, then the checkpoint. A generator so traced hooks can emit events.
+
+        Every participant is notified once, even when an earlier one raised; the turn is saved
+        whatever they did (the caller already saw it), and then the first hook's error reaches the
+        caller (after the run's own error, if the run failed)."""
         run = AgentRun(
             msg=self.final, error=error, reason=self.reason, usage=self.usage,
             model_calls=self.model_calls, tool_calls=self.tool_calls, iterations=self.iteration,
         )
         agent = self.agent
-        for mw in agent._participants.hooks[ExtensionPoint.ON_AGENT_FINISH]:
-            point = ExtensionPoint.ON_AGENT_FINISH
-            async for ev in self._notify(mw, point, mw.on_agent_finish(agent, self.ctx, run)):
-                yield ev
-        await self._save()
+        point = ExtensionPoint.ON_AGENT_FINISH
+        cancelled: BaseException | None = None
+        try:
+            for mw in agent._participants.hooks[point]:
+                if mw in self._finished_hooks:
+                    continue  # notified before the consumer left (see _finish_quietly)
+                self._finished_hooks.append(mw)
+                try:
+                    async for ev in self._notify(mw, point, mw.on_agent_finish(agent, self.ctx, run)):
+                        yield ev
+                except Exception as exc:
+                    logger.warning("%s.on_agent_finish raised %s; the turn is saved all the same", mw.name,
+                                   describe(exc))
+                    if self._finish_error is None:
+                        self._finish_error = exc
+        except asyncio.CancelledError as exc:  # cancelled while a hook awaited: save, then go on
+            cancelled = exc
+        if cancelled is not None:
+            await asyncio.shield(self._save_once())
+            raise cancelled
+        await self._save_once()
+
+    async def _finish_quietly(self, finish: AsyncIterator[AgentEvent]) -> None:
+        """Drive ``finish`` to its end with nobody left to receive its events."""
+        try:
+            async for _ in finish:
+                pass
+        except asyncio.CancelledError:
+            pass
+        except Exception:  # nobody is left to receive it; the state stays unsaved (see _save)
+            logger.exception("finishing the cancelled run of %s/%s failed", self.ctx.user_id, self.ctx.session_id)
+        if not self._saved:  # the finish was cut before its checkpoint
+            try:
+                await asyncio.shield(self._save_once())
+            except Exception:
+                logger.exception("saving the cancelled run of %s/%s failed", self.ctx.user_id, self.ctx.session_id)
+
+    async def _save_once(self) -> None:
+        if not self._saved:
+            self._saved = True
+            await self._save()
 
     async def _save(self) -> None:
         state = self.state
@@ -358,11 +412,18 @@ class Execution:
         except Exception as exc:
             raise StateStoreError(f"loading session {ctx.user_id}/{ctx.session_id} failed: {exc}") from exc
         unsaved = agent._unsaved.pop((ctx.user_id, ctx.session_id), None)
-        if unsaved is not None and unsaved[1] == self.version:
-            # The last checkpoint failed and nobody saved since: go on from the unsaved state,
-            # so no message is lost; this call's save stores it. If the version moved, another
-            # writer's state wins, as a CAS conflict would have decided.
-            state = unsaved[0]
+        if unsaved is not None:
+            if unsaved[1] == self.version or state is None:
+                # The last checkpoint failed and nobody saved since (or the store came back empty:
+                # a Redis restarted without persistence): go on from the unsaved state, so no
+                # message is lost; this call's save stores it.
+                if state is None and unsaved[1] != 0:
+                    logger.warning("session %s/%s: the store no longer has it; restoring the turn this "
+                                   "process could not save", ctx.user_id, ctx.session_id)
+                state = unsaved[0]
+            else:  # another writer saved since: its state wins, as a CAS conflict would decide
+                logger.warning("session %s/%s: a turn this process could not save is dropped: another "
+                               "writer saved version %d since", ctx.user_id, ctx.session_id, self.version)
         if state is None:  # a new session (ids from a validated RuntimeContext are str; else validate)
             plain = type(ctx.user_id) is str and type(ctx.session_id) is str
             state = (_NewState if plain else AgentState)(user_id=ctx.user_id, session_id=ctx.session_id)
@@ -370,6 +431,16 @@ class Execution:
         ctx.agent_state = state
         ctx.agent = agent
         return state
+
+    async def _prelude(self, input_msgs: list[Msg]) -> _Step | None:
+        """The prelude's step: its trace events and, when tool calls are pending, the resume."""
+        if self.agent._trace:
+            return _Step(_PRELUDE, EventStream(lambda: self._traced_prelude(input_msgs)), _require_event,
+                         ExtensionPoint.ON_ACTING)
+        resume = await self._prepare(input_msgs)
+        if resume is None:
+            return None
+        return _Step(_PRELUDE, EventStream(lambda: resume), _require_event, ExtensionPoint.ON_ACTING)
 
     async def _prepare(self, input_msgs: list[Msg]) -> AsyncIterator[AgentEvent] | None:
         """The prelude, untraced: state, notifications, system prompt, input. Returns the resume
@@ -415,12 +486,13 @@ class Execution:
             self.system_msg = _system_message(prompt) if type(prompt) is str else Msg.system(prompt)
         else:
             self.system_msg = None
+        self._input_taken = True
         pending = self._pending_calls()
         if pending:
             return self._resume(pending, input_msgs)
         _check_no_control_input(input_msgs)
         assert self.state is not None
-        self.state.context.extend(input_msgs)
+        self.state.context.extend(admit(m) for m in input_msgs)
         return None
 
     # -- rounds ----------------------------------------------------------------------------------
@@ -437,17 +509,49 @@ class Execution:
     def _tools(self) -> tuple[Any, ...]:
         return self.toolkit.schemas()
 
-    def _reason(self) -> tuple[EventStream[AgentEvent], Callable[[Any], None]]:
-        """One round's reasoning stream, and what to call with each of its events."""
+    def _round(self) -> _Step:
+        """The next round's step: reasoning, or the summary once the iterations are used up."""
+        if self.iteration >= self.agent.max_iters:
+            return _Step(_SUMMARY, EventStream(self._summarise), _require_event, ExtensionPoint.ON_MODEL_CALL)
+        self.control.check()
+        return self._reason()
+
+    def _reason(self) -> _Step:
+        """One round's reasoning step."""
         messages, tools = self._messages(), self._tools()
         if self._direct_reasoning:
             # No on_reasoning hook: the model-call chain is the round's stream, and the reply is
             # rebuilt here rather than in a reasoning core (one async level less per event).
             builder = self._builder = ReplyBuilder()
+            self._view = None  # callers see what memory keeps
             mc_input = ModelCallInput(messages=messages, tools=tools, options=self._options, model=self.agent.model)
-            return self._model_call(mc_input), builder.add
+            return _Step(_REASON, self._model_call(mc_input), builder.add, ExtensionPoint.ON_MODEL_CALL)
         self._builder = None
-        return self._reasoning(ReasoningInput(messages=messages, tools=tools, options=self._options)), _ignore
+        # What callers see of the reply (after every on_reasoning rewrite) is what the result holds;
+        # memory keeps what left on_model_call (rebuilt in the reasoning core).
+        view = self._view = ReplyBuilder()
+        stream = self._reasoning(ReasoningInput(messages=messages, tools=tools, options=self._options))
+        return _Step(_REASON, stream, view.add, ExtensionPoint.ON_REASONING)
+
+    def _step_done(self, step: _Step, stop: RequestStop | None) -> _Step | None:
+        """What a step that completed leads to: the acting step of a reply's tool calls, or None
+        (the run ended, or another round is due)."""
+        kind = step.kind
+        if kind == _REASON:
+            calls = self._after_reasoning(stop)
+            return None if calls is None else self._act_step(calls)
+        if kind == _ACT:
+            acting = step.acting
+            assert acting is not None
+            self._acted(acting)
+            if self.final is None and self.structured_model is not None:
+                self._structured_after_acting(acting.assistant)
+        return None
+
+    def _step_failed(self, step: _Step, error: BaseException) -> None:
+        """A step's stream raised (or was closed): what it produced so far is kept consistent."""
+        if step.acting is not None:
+            self._keep_results(step.acting, error)
 
     def _after_reasoning(self, stop: RequestStop | None) -> Sequence[ToolUseBlock] | None:
         """What a round's reply leads to: its tool calls, remembered and due to run, or None (the
@@ -456,24 +560,39 @@ class Execution:
         assert state is not None
         self.iteration += 1
         state.cur_iter = self.iteration
+        if self._builder is None and self._view is not None:
+            # An on_reasoning hook answered without calling next: what it emitted is the reply.
+            self._builder, self._view = self._view, None
+        if self._builder is None or not self._builder.produced:
+            _warn_empty(self.agent)
         msg = self._take_reply(None)  # built here: updated in place below, not copied
+        shown = self._shown(msg)
         calls = msg.tool_calls
         if stop is not None:
-            self._end(msg, stop.generate_reason, fresh=True)
+            self._end(msg, stop.generate_reason, fresh=True, shown=shown)
             self._close_calls(calls, "Not executed: the run was stopped before tools ran.", ToolResultState.ERROR)
             return None
         if not calls:
             if self.structured_model is not None:
                 self._structured_answer(msg)
             elif msg.text.strip() or self._reminded:
-                self._end(msg, GenerateReason.MODEL_STOP, fresh=True)
+                self._end(msg, GenerateReason.MODEL_STOP, fresh=True, shown=shown)
             else:
                 self._reminded = True
                 self._transient = [Msg.user(EMPTY_REPLY_REMINDER, name="system", synthetic=True)]
             return None
         state.context.append(update_fresh(msg, {"generate_reason": GenerateReason.TOOL_CALLS}))
+        self._shown_assistant = shown
         self.control.check()
         return calls
+
+    def _shown(self, msg: Msg) -> Msg | None:
+        """The caller's view of the reply ``msg`` (None when it is ``msg`` itself)."""
+        view = self._view
+        if view is None:
+            return None
+        self._view = None
+        return view.build(msg.id, msg.name)
 
     # -- structured output -----------------------------------------------------------------------
 
@@ -535,28 +654,44 @@ class Execution:
         self._builder = None
         return builder.build(new_id("msg_"), self.agent.name, reason)
 
-    def _end(self, msg: Msg, reason: GenerateReason, remember: bool = True, fresh: bool = False) -> None:
-        """End the run with ``msg`` (``fresh``: just built here, so updated rather than copied)."""
-        final = (update_fresh if fresh else copy_with)(msg, {"generate_reason": reason, "usage": self.usage})
+    def _end(
+        self, msg: Msg, reason: GenerateReason, remember: bool = True, fresh: bool = False, shown: Msg | None = None,
+    ) -> None:
+        """End the run with ``msg`` (``fresh``: just built here, so updated rather than copied).
+        ``shown``: the caller's view of it, when on_reasoning rewrote what callers saw; the
+        result holds that, memory ``msg``."""
+        update = {"generate_reason": reason, "usage": self.usage}
+        final = (update_fresh if fresh else copy_with)(msg, update)
         if remember:
             assert self.state is not None
             self.state.context.append(final)
-        self.final = final
+        self.final = final if shown is None else update_fresh(shown, update)
         self.reason = reason
 
-    def _act_pass(self, calls: Sequence[ToolUseBlock], assistant: Msg) -> tuple[EventStream[AgentEvent], _Acting]:
+    def _act_step(self, calls: Sequence[ToolUseBlock]) -> _Step:
         """One acting pass: its stream, and what gathers its results from the events."""
-        return self._acting(ActingInput(tool_calls=tuple(calls))), _Acting(calls, assistant)
+        assert self.state is not None
+        # The result of a run that ends in this pass (a stop, a pause) is the reply as callers saw it.
+        assistant = self._shown_assistant or self.state.context[-1]
+        self._shown_assistant = None
+        acting = _Acting(calls, assistant)
+        stream = self._acting(ActingInput(tool_calls=tuple(calls)))
+        return _Step(_ACT, stream, acting.add, ExtensionPoint.ON_ACTING, acting)
 
     def _acted(self, acting: _Acting) -> None:
         """Results into memory; a stop, a pause or a suspension ends the run."""
         state = self.state
         assert state is not None
         calls, found = acting.calls, acting.collector.results
+        waiting = acting.waiting()
         results = [found[c.id] for c in calls if c.id in found]
+        # A call with no result that nobody waits on (an on_acting layer dropped its events) gets an
+        # error result: the conversation stays well-formed, and the session usable.
+        results += [_result(c, DROPPED_TEXT, ToolResultState.ERROR) for c in calls
+                    if c.id not in found and c.id not in waiting]
         if results:
             state.context.append(Msg.tool(results))
-        state.pending_tool_calls = [c.id for c in calls if c.id not in found]
+        state.pending_tool_calls = [c.id for c in calls if c.id in waiting and c.id not in found]
         if self.control.interrupted:
             raise AgentInterrupted("the run was interrupted")
         assistant = acting.assistant
@@ -567,17 +702,36 @@ class Execution:
             pause = assistant.model_copy(update={"content": [*assistant.content, *running]})
             self._end(pause, GenerateReason.TOOL_SUSPENDED, remember=False)
 
+    def _keep_results(self, acting: _Acting, error: BaseException) -> None:
+        """An acting pass failed or was cut: the results it produced are remembered, and (for an
+        error) every other call gets an error result, so no call is left dangling and the next
+        call of the session is not refused for pending tool calls. An interrupted pass leaves the
+        rest to `_interrupt_state` (interrupted results)."""
+        state = self.state
+        assert state is not None
+        found = acting.collector.results
+        results = [found[c.id] for c in acting.calls if c.id in found]
+        if isinstance(error, Exception):
+            text = f"Error: the tool call did not complete: {describe(error)}"
+            results += [_result(c, text, ToolResultState.ERROR) for c in acting.calls if c.id not in found]
+        if results:
+            state.context.append(Msg.tool(results))
+        state.pending_tool_calls = []
+
     async def _act(self, calls: Sequence[ToolUseBlock], assistant: Msg) -> AsyncIterator[AgentEvent]:
-        """An acting pass as a generator, for resuming pending calls (the rounds in `_run` inline
-        the same loop: one async level less for every tool event)."""
-        steps, acting = self._act_pass(calls, assistant)
-        it = steps.__aiter__()
+        """An acting pass as a generator, for resuming pending calls."""
+        self._shown_assistant = assistant
+        step = self._act_step(calls)
+        acting = step.acting
+        assert acting is not None
+        it = step.stream.__aiter__()
         try:
             async for ev in it:
                 acting.add(ev)
                 yield ev
-        except BaseException:
+        except BaseException as exc:
             await aclose(it)
+            self._keep_results(acting, exc)
             raise
         self._acted(acting)
 
@@ -703,20 +857,32 @@ class Execution:
         if state is None or self.final is not None:
             return
         text = "The tool call was interrupted."
+        if not self._input_taken:  # cut in the prelude: the input is remembered with the note after it
+            self._input_taken = True
+            if not self._pending_calls():
+                state.context.extend(admit(m) for m in self.input_msgs
+                                     if m.role != "tool" and not m.metadata.get("confirm_results"))
         self._close_calls(self._pending_calls(), text, ToolResultState.INTERRUPTED)  # calls of earlier rounds
+        if self._builder is None and self._view is not None:
+            self._builder, self._view = self._view, None
         partial = self._take_reply(None) if self._builder is not None else None
+        shown = self._shown(partial) if partial is not None else None
         if partial is None or not partial.content:
             partial = Msg(role="assistant", name=self.agent.name,
                           content=[TextBlock(text="[The reply was interrupted.]")])
-        self._end(partial.model_copy(update={"metadata": {**partial.metadata, "interrupted": True}}),
-                  GenerateReason.INTERRUPTED)
+            shown = None
+        mark = {"interrupted": True}
+        if shown is not None:
+            shown = shown.model_copy(update={"metadata": {**shown.metadata, **mark}})
+        self._end(partial.model_copy(update={"metadata": {**partial.metadata, **mark}}),
+                  GenerateReason.INTERRUPTED, shown=shown)
         self._close_calls(self._pending_calls(), text, ToolResultState.INTERRUPTED)  # calls of the partial reply
 
 
 class _Acting:
     """What one acting pass produced, read from the events leaving the acting chain."""
 
-    __slots__ = ("assistant", "calls", "collector", "stop", "suspended")
+    __slots__ = ("asking", "assistant", "calls", "collector", "stop", "suspended")
 
     def __init__(self, calls: Sequence[ToolUseBlock], assistant: Msg) -> None:
         self.calls = calls
@@ -724,6 +890,7 @@ class _Acting:
         self.collector = ToolResultCollector()
         self.stop: RequestStop | None = None
         self.suspended: list[ToolUseBlock] = []
+        self.asking: list[ToolUseBlock] = []
 
     def add(self, ev: Any) -> None:
         if ev.source is not None:
@@ -735,6 +902,95 @@ class _Acting:
             self.stop = ev
         elif t == "require_external_execution":
             self.suspended.extend(ev.tool_calls)
+        elif t == "require_user_confirm":
+            self.asking.extend(ev.tool_calls)
+
+    def waiting(self) -> set[str]:
+        """The calls that wait, rightly, for a confirmation or an external result."""
+        return {c.id for c in (*self.suspended, *self.asking)}
+
+
+_PRELUDE, _REASON, _ACT, _SUMMARY = range(4)
+
+
+class _Step:
+    """One step of a run as the loop drives it: its stream, what to call with each of its events
+    (a reply builder, an acting collector, or a check), the extension point its events leave
+    (named in errors), and for acting the pass it belongs to."""
+
+    __slots__ = ("acting", "kind", "on_event", "point", "stream")
+
+    def __init__(
+        self, kind: int, stream: EventStream[AgentEvent], on_event: Callable[[Any], None], point: ExtensionPoint,
+        acting: _Acting | None = None,
+    ) -> None:
+        self.kind = kind
+        self.stream = stream
+        self.on_event = on_event
+        self.point = point
+        self.acting = acting
+
+
+DROPPED_TEXT = "Error: the tool call produced no result (an on_acting middleware dropped its events)."
+
+
+def _result(call: ToolUseBlock, text: str, state: ToolResultState) -> ToolResultBlock:
+    return ToolResultBlock(id=call.id, name=call.name, state=state, output=text)
+
+
+def _require_event(item: Any) -> None:
+    if not isinstance(item, EventBase):
+        raise TypeError(type(item).__name__)
+
+
+def not_an_event(item: Any, point: ExtensionPoint, agent: ReActAgent) -> MiddlewareError:
+    """The error for a non-event leaving ``point``'s chain, naming the middleware that can have
+    emitted it (the point's rewriting participants)."""
+    names = [mw.name for mw in agent._participants.hooks[point]]
+    who = (names[0] if len(names) == 1 else f"one of {', '.join(names)}") if names else "a middleware"
+    shown = repr(item)
+    shown = shown if len(shown) <= 120 else shown[:117] + "..."
+    return MiddlewareError(
+        f"{who} at {point.value} emitted a {type(item).__name__} ({shown}), not an AgentEvent: hooks must "
+        "emit events (an operator such as buffer_with_count groups them into lists; flatten them again "
+        "with concat_map, or use one that keeps single events)"
+    )
+
+
+def _warn_empty(agent: ReActAgent) -> None:
+    """Log, once per agent, that a round got an empty stream: a hook at on_reasoning or
+    on_model_call short-circuited without a single event, so the reply is empty and no model was
+    called. Allowed (a hook may short-circuit), but rarely meant."""
+    if agent._warned_empty:
+        return
+    agent._warned_empty = True
+    hooks = agent._participants.hooks
+    names = [mw.name for mw in (*hooks[ExtensionPoint.ON_REASONING], *hooks[ExtensionPoint.ON_MODEL_CALL])]
+    logger.warning(
+        "agent %s: a round's reasoning stream was empty (no model call, no event): %s returned an empty "
+        "stream without calling next(); the reply is empty", agent.name, ", ".join(names) or "a middleware")
+
+
+def admit(msg: Msg) -> Msg:
+    """A caller's message as it enters memory: its text made encodable and its metadata nested
+    within reach (`_sanitize`: what is saved must always load)."""
+    if msg.metadata and depth_exceeds(msg.metadata):
+        raise InputError(f"the metadata of the input message {msg.id} nests deeper than {MAX_DEPTH} levels: "
+                         "flatten it (a session must be able to load what it saves)")
+    if all(_clean_block(b) is b for b in msg.content):
+        return msg
+    return msg.model_copy(update={"content": [_clean_block(b) for b in msg.content],
+                                  "metadata": clean_value(msg.metadata)})
+
+
+def _clean_block(block: Any) -> Any:
+    if type(block) is TextBlock:
+        text = clean(block.text)
+        return block if text is block.text else block.model_copy(update={"text": text})
+    if type(block) is ToolResultBlock and isinstance(block.output, str):
+        output = clean(block.output)
+        return block if output is block.output else block.model_copy(update={"output": output})
+    return block
 
 
 @functools.lru_cache(maxsize=128)
@@ -742,10 +998,6 @@ def _system_message(prompt: str) -> Msg:
     """The system message of a prompt. Messages are immutable, so executions with the same prompt
     share one (it is never remembered, only sent): no 1 KiB message and no validation per call."""
     return Msg.system(prompt)
-
-
-def _ignore(event: Any) -> None:
-    pass
 
 
 def _finished(input: Any) -> EventStream[AgentEvent]:

@@ -15,7 +15,8 @@ import random
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
-from ..errors import AgentInterrupted
+from .._sanitize import SurrogateCarry, clean, depth_exceeds
+from ..errors import AgentInterrupted, MiddlewareError
 from ..events import (
     AgentEvent,
     ModelCallEnd,
@@ -51,6 +52,7 @@ from ..message import (
 )
 from ..model.base import ChatChunk, ChatModel, ModelError, ModelRequest
 from ..stream import _Channel as Channel
+from ._brackets import describe
 from ._session import RunControl
 
 __all__ = ["ReplyBuilder", "RetryPolicy", "ToolResultCollector", "delta_maker", "model_events"]
@@ -204,39 +206,55 @@ async def model_events(
     text_id: str | None = None
     thinking_id: str | None = None
     signature: str | None = None
+    # Text crosses as it came, except that a surrogate pair a provider split across two chunks is
+    # joined and a lone half replaced (`_sanitize`): non-ASCII text only, through a carry per kind.
+    text_carry: SurrogateCarry | None = None
+    thinking_carry: SurrogateCarry | None = None
     calls: dict[int, tuple[str, str]] = {}  # index -> (id, name), open tool calls in order
     usage: ChatUsage | None = None
     finish: str | None = None
+    started = False
     try:
         model_name = model.name
         make_start = _ModelCallStart if type(model_name) is str else ModelCallStart
         put(make_start(reply_id=reply_id, model=model_name))
+        started = True
         while chunk is not None:
-            if chunk.thinking:
+            thinking = chunk.thinking
+            if thinking:
                 if thinking_id is None:
                     if text_id is not None:
-                        put(_TextBlockEnd(reply_id=reply_id, block_id=text_id))
+                        _end_text(put, reply_id, text_id, text_carry)
                         text_id = None
                     thinking_id = new_id("blk_")
                     put(_ThinkingBlockStart(reply_id=reply_id, block_id=thinking_id))
-                put(chunk.thinking)  # made into its event on the consumer's side (delta_maker)
+                if not thinking.isascii():
+                    thinking_carry = thinking_carry or SurrogateCarry()
+                    thinking = thinking_carry.feed(thinking)
+                if thinking:
+                    put(thinking)  # made into its event on the consumer's side (delta_maker)
             if chunk.thinking_signature:
                 signature = (signature or "") + chunk.thinking_signature
-            if chunk.text:
+            text = chunk.text
+            if text:
                 if text_id is None:
                     if thinking_id is not None:
-                        put(_ThinkingBlockEnd(reply_id=reply_id, block_id=thinking_id, signature=signature))
+                        _end_thinking(put, reply_id, thinking_id, signature, thinking_carry)
                         thinking_id, signature = None, None
                     text_id = new_id("blk_")
                     put(_TextBlockStart(reply_id=reply_id, block_id=text_id))
-                put(chunk.text)  # the same
+                if not text.isascii():
+                    text_carry = text_carry or SurrogateCarry()
+                    text = text_carry.feed(text)
+                if text:
+                    put(text)  # the same
             tc = chunk.tool_call
             if tc is not None:
                 if thinking_id is not None:
-                    put(_ThinkingBlockEnd(reply_id=reply_id, block_id=thinking_id, signature=signature))
+                    _end_thinking(put, reply_id, thinking_id, signature, thinking_carry)
                     thinking_id, signature = None, None
                 if text_id is not None:
-                    put(_TextBlockEnd(reply_id=reply_id, block_id=text_id))
+                    _end_text(put, reply_id, text_id, text_carry)
                     text_id = None
                 known = calls.get(tc.index)
                 if known is None or (tc.id is not None and tc.id != known[0]):
@@ -247,7 +265,7 @@ async def model_events(
                     put(_ToolCallStart(reply_id=reply_id, tool_call_id=known[0], tool_name=known[1]))
                 if tc.arguments:
                     put(_ToolCallDelta(
-                        reply_id=reply_id, tool_call_id=known[0], tool_name=known[1], delta=tc.arguments
+                        reply_id=reply_id, tool_call_id=known[0], tool_name=known[1], delta=clean(tc.arguments)
                     ))
             if chunk.usage is not None:
                 usage = chunk.usage  # providers report cumulative usage: the last one wins
@@ -262,22 +280,51 @@ async def model_events(
             except StopAsyncIteration:
                 chunk = None
         if thinking_id is not None:
-            put(_ThinkingBlockEnd(reply_id=reply_id, block_id=thinking_id, signature=signature))
+            _end_thinking(put, reply_id, thinking_id, signature, thinking_carry)
         if text_id is not None:
-            put(_TextBlockEnd(reply_id=reply_id, block_id=text_id))
+            _end_text(put, reply_id, text_id, text_carry)
         for call_id, name in calls.values():
             put(_ToolCallEnd(reply_id=reply_id, tool_call_id=call_id, tool_name=name))
         make_end = _ModelCallEnd if usage is None or type(usage) is ChatUsage else ModelCallEnd
         put(make_end(reply_id=reply_id, usage=usage, finish_reason=finish))
-    except asyncio.CancelledError:
-        if control is not None and control.interrupted:
-            raise AgentInterrupted("the model call was interrupted") from None
-        raise
+    except BaseException as exc:
+        error = exc
+        interrupted = isinstance(exc, asyncio.CancelledError) and control is not None and control.interrupted
+        if interrupted:
+            error = AgentInterrupted("the model call was interrupted")
+        if started:
+            # The closing guarantee (`_brackets`): this call's open blocks end, and ModelCallEnd
+            # says why, before the error goes out. Put without waiting: after a cancellation nobody
+            # may be reading, and the consumer takes these before it sees the error.
+            if thinking_id is not None:
+                put(_ThinkingBlockEnd(reply_id=reply_id, block_id=thinking_id, signature=signature))
+            if text_id is not None:
+                put(_TextBlockEnd(reply_id=reply_id, block_id=text_id))
+            for call_id, name in calls.values():
+                put(_ToolCallEnd(reply_id=reply_id, tool_call_id=call_id, tool_name=name))
+            put(ModelCallEnd(reply_id=reply_id, usage=usage, error=describe(error), discarded=not interrupted))
+        if error is exc:
+            raise
+        raise error from None
     finally:
         try:
             await _close(it)
         finally:
             _unregister(control, task)
+
+
+def _end_text(put: Callable[[Any], None], reply_id: str, block_id: str, carry: SurrogateCarry | None) -> None:
+    if carry is not None and carry.held:
+        put(carry.flush())
+    put(_TextBlockEnd(reply_id=reply_id, block_id=block_id))
+
+
+def _end_thinking(
+    put: Callable[[Any], None], reply_id: str, block_id: str, signature: str | None, carry: SurrogateCarry | None
+) -> None:
+    if carry is not None and carry.held:
+        put(carry.flush())
+    put(_ThinkingBlockEnd(reply_id=reply_id, block_id=block_id, signature=signature))
 
 
 def delta_maker(start: TextBlockStart | ThinkingBlockStart) -> Callable[[str], AgentEvent]:
@@ -348,19 +395,37 @@ class ReplyBuilder:
             if ev.usage is not None:
                 self.usage_total = self.usage_total + ev.usage
 
+    @property
+    def produced(self) -> bool:
+        """Whether any model call or block reached this builder (an empty stream did not)."""
+        return self.calls_made > 0 or bool(self._blocks)
+
     def build(self, reply_id: str, name: str | None, reason: GenerateReason | None = None) -> Msg:
         content: list[Block] = []
         for key, (kind, parts, extra) in self._blocks.items():
+            try:
+                joined = "".join(parts)
+            except TypeError:
+                raise _bad_delta(kind, parts) from None
             if kind == "text":
-                content.append(_TextBlock(text="".join(parts)))
+                content.append(_TextBlock(text=joined))
             elif kind == "thinking":
-                content.append(_ThinkingBlock(thinking="".join(parts), signature=extra))
+                content.append(_ThinkingBlock(thinking=joined, signature=extra))
             else:
-                content.append(_tool_use(key, extra or "", "".join(parts)))
+                content.append(_tool_use(key, extra or "", joined))
         usage = self.usage
         make = (_AssistantMsg if (name is None or type(name) is str) and (usage is None or type(usage) is ChatUsage)
                 and (reason is None or type(reason) is GenerateReason) else Msg)
         return make(id=reply_id, name=name, role="assistant", content=content, generate_reason=reason, usage=usage)
+
+
+def _bad_delta(kind: str, parts: list[Any]) -> MiddlewareError:
+    wrong = next(p for p in parts if not isinstance(p, str))
+    what = "tool call" if kind == "tool" else f"{kind} block"
+    return MiddlewareError(
+        f"a {what} delta is {type(wrong).__name__} ({wrong!r}), not str: a middleware at on_model_call or "
+        "on_reasoning rewrote it (deltas must stay strings; use \"\" to drop the text)"
+    )
 
 
 def _tool_use(call_id: str, name: str, raw: str) -> ToolUseBlock:
@@ -368,9 +433,9 @@ def _tool_use(call_id: str, name: str, raw: str) -> ToolUseBlock:
         return _ToolUse(id=call_id, name=name, input={})
     try:
         value = json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):  # (nested a few thousand deep: the parser's own limit)
         return _ToolUseRaw(id=call_id, name=name, input={}, raw_input=raw)
-    if not isinstance(value, dict):
+    if not isinstance(value, dict) or depth_exceeds(value):  # what is remembered must load again
         return _ToolUseRaw(id=call_id, name=name, input={}, raw_input=raw)
     return _ToolUse(id=call_id, name=name, input=value)  # JSON objects have str keys
 

@@ -89,6 +89,7 @@ class ReActAgent:
         # Per session, a state whose checkpoint failed and the version it was loaded at: the
         # next call on the session resumes from it instead of losing the turn.
         self._unsaved: dict[tuple[str, str], tuple[AgentState, int]] = {}
+        self._warned_empty = False  # see _loop._warn_empty: once per agent
 
     @staticmethod
     def builder() -> Builder:

@@ -251,11 +251,15 @@ async def test_an_error_after_chunks_is_not_retried(server: FakeServer, make_ope
         Reply(oa_text("must not be used")),
     )
     agent = ReActAgent.builder().model(make_openai()).max_retries(3).build()
-    seen: list[str] = []
+    seen: list[Any] = []
     with pytest.raises(ServerError, match="went away"):
         async for ev in agent.stream("hi"):
-            seen.append(ev.type)
-    assert "text_block_delta" in seen and "model_call_end" not in seen
+            seen.append(ev)
+    # The failed attempt is closed (the closing guarantee), and marked as failed and discarded.
+    types = [e.type for e in seen]
+    assert types == ["agent_start", "model_call_start", "text_block_start", "text_block_delta",
+                     "text_block_end", "model_call_end"]
+    assert seen[-1].error.startswith("ServerError") and "went away" in seen[-1].error and seen[-1].discarded
     assert len(server.requests) == 1
 
 
@@ -263,11 +267,13 @@ async def test_truncated_stream_is_never_a_complete_answer(server: FakeServer, m
     cut = oa_chunk({"content": "The answer is"})
     server.queue(Reply([oa_chunk({"content": "Partial "}), cut[: len(cut) // 2]], end="cut"))
     agent = ReActAgent.builder().model(make_openai()).build()
-    seen: list[str] = []
+    seen: list[Any] = []
     with pytest.raises(MalformedStreamError):
         async for ev in agent.stream("hi"):
-            seen.append(ev.type)
-    assert "agent_result" not in seen and "model_call_end" not in seen
+            seen.append(ev)
+    assert "agent_result" not in [e.type for e in seen]
+    end = seen[-1]  # the call is closed, marked as failed: never a complete answer
+    assert end.type == "model_call_end" and end.discarded and end.error.startswith("MalformedStreamError")
     state, _ = await agent.state_store.load("default", "default")
     assert state is None or all("Partial" not in m.text for m in state.context)
 
