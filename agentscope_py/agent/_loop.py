@@ -675,7 +675,11 @@ class Execution:
         assistant = self._shown_assistant or self.state.context[-1]
         self._shown_assistant = None
         acting = _Acting(calls, assistant)
-        stream = self._acting(ActingInput(tool_calls=tuple(calls)))
+        try:
+            stream = self._acting(ActingInput(tool_calls=tuple(calls)))
+        except Exception as exc:  # a hook that raised before returning a stream
+            self._keep_results(acting, exc)
+            raise
         return _Step(_ACT, stream, acting.add, ExtensionPoint.ON_ACTING, acting)
 
     def _acted(self, acting: _Acting) -> None:

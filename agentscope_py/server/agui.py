@@ -241,7 +241,10 @@ class AguiMapper:
     # -- model calls and content -----------------------------------------------------------------
 
     def _on_model_start(self, ev: Any, out: list[BaseEvent]) -> None:
-        out.extend(self._close_all())
+        # The runtime closes every block of a model call before the next starts (its closing
+        # guarantee): the mapper follows its End events and closes nothing on its own here.
+        if self._step is not None:
+            out.append(StepFinishedEvent(step_name=self._step))
         self._model = ev.model
         self._step = f"model:{ev.model}"
         self._assistant_id = new_id("msg_")
@@ -251,7 +254,11 @@ class AguiMapper:
         if ev.usage is not None:
             before = self._usage.get(self._model)
             self._usage[self._model] = ev.usage if before is None else before + ev.usage
-        out.extend(self._close_content())
+        if ev.discarded and self._assistant_id is not None:
+            # A failed attempt that a retry or fallback replaced (or a run that failed): a client
+            # can strike out what it showed of it.
+            out.append(CustomEvent(name="model_call_discarded",
+                                   value={"messageId": self._assistant_id, "error": ev.error}))
         if self._step is not None:
             out.append(StepFinishedEvent(step_name=self._step))
             self._step = None

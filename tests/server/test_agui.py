@@ -137,8 +137,10 @@ def test_error_mid_message_closes_everything_then_run_error() -> None:
         events = post(client, run_input("t1", user("hi")))
     assert types(events) == [
         "RUN_STARTED", "STEP_STARTED", "TEXT_MESSAGE_START", "TEXT_MESSAGE_CONTENT", "TEXT_MESSAGE_CONTENT",
-        "TEXT_MESSAGE_END", "STEP_FINISHED", "RUN_ERROR",
+        "TEXT_MESSAGE_END", "CUSTOM", "STEP_FINISHED", "RUN_ERROR",
     ]
+    # The runtime closed the message (its closing guarantee) and marked the attempt discarded.
+    assert events[6]["name"] == "model_call_discarded" and events[6]["value"]["error"] == "ValueError: stream broke"
     assert events[-1]["code"] == "ValueError"
 
 
