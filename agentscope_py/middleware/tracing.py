@@ -4,9 +4,10 @@ Spans (instrumentation scope ``agentscope_py``):
 
 * ``invoke_agent {agent}`` (INTERNAL) around each execution (``on_agent``);
 * ``chat {model}`` (CLIENT) around each model invocation (``on_model_call``), a child of it;
-* ``execute_tool {tool}`` (INTERNAL) around each round's batch of tool calls (``on_acting``),
-  named ``execute_tool {first} (+N more)`` for a batch of several. A sub-agent called from inside
-  a tool nests under that tool's span.
+* ``execute_tool {tool}`` (INTERNAL) for each tool call (in ``on_acting``, from its
+  ToolResultStart to its ToolResultEnd), each with its own ``gen_ai.tool.call.id``; a child of
+  the ``invoke_agent`` span (of the acting point's context), status ERROR for an ``error`` or
+  ``interrupted`` result. A sub-agent called from a lone tool call nests under that call's span.
 
 Status: OK when the stream completes; ERROR with the exception recorded (and ``error.type`` set)
 when it fails; ERROR ``"cancelled"`` when the consumer cancels or closes it early. Every span is
@@ -41,6 +42,7 @@ from typing import TYPE_CHECKING, Any
 try:
     from opentelemetry import context as otel_context
     from opentelemetry import trace
+    from opentelemetry.context import Context
     from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer, TracerProvider
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError(
@@ -87,7 +89,8 @@ TOOL_COUNT = "gen_ai.request.tools.count"
 TOOL_NAME = "gen_ai.tool.name"
 TOOL_CALL_ID = "gen_ai.tool.call.id"
 TOOL_TYPE = "gen_ai.tool.type"
-TOOL_CALL_COUNT = "gen_ai.tool.call.count"
+TOOL_DESCRIPTION = "gen_ai.tool.description"
+TOOL_STATE = "agentscope.tool.result.state"
 TOOL_ARGUMENTS = "gen_ai.tool.call.arguments"
 TOOL_RESULT = "gen_ai.tool.call.result"
 TOOL_DEFINITIONS = "gen_ai.tool.definitions"
@@ -153,7 +156,7 @@ class OtelTracingMiddleware(MiddlewareBase):
             return attrs
 
         name = f"invoke_agent {agent.name}" if agent.name else "invoke_agent"
-        return self._traced(name, SpanKind.INTERNAL, attributes, lambda: next(input), self._observe_agent)
+        return self._traced(name, SpanKind.INTERNAL, attributes, lambda: next(input), self._observe_agent, _tool_parent)
 
     def on_model_call(self, agent: ReActAgent, ctx: RuntimeContext, input: ModelCallInput, next: Next) -> Any:
         if self._get_tracer() is None:
@@ -187,25 +190,42 @@ class OtelTracingMiddleware(MiddlewareBase):
         if self._get_tracer() is None:
             return next(input)
         calls = input.tool_calls
-        if not calls:
-            name = "execute_tool"
-        elif len(calls) == 1:
-            name = f"execute_tool {calls[0].name}"
-        else:
-            name = f"execute_tool {calls[0].name} (+{len(calls) - 1} more)"
 
-        def attributes() -> dict[str, Any]:
-            attrs: dict[str, Any] = {OPERATION: "execute_tool", TOOL_TYPE: "function", TOOL_CALL_COUNT: len(calls)}
-            if calls:
-                attrs[TOOL_NAME] = calls[0].name
-                attrs[TOOL_CALL_ID] = calls[0].id
-                if self.capture_content:
-                    attrs[TOOL_ARGUMENTS] = _arguments_json(calls)
-            return attrs
+        def subscribe() -> AsyncIterator[Any]:
+            # As in _traced: a private context per subscription, where next() builds the tools'
+            # context (so a sub-agent can find its tool's span through _TOOL_SPANS).
+            return _Isolated(self._tool_pump(agent, calls, lambda: next(input)), contextvars.copy_context())
 
-        return self._traced(
-            name, SpanKind.INTERNAL, attributes, lambda: next(input), lambda: self._observe_tools(calls)
-        )
+        return EventStream(subscribe)
+
+    async def _tool_pump(
+        self, agent: ReActAgent, calls: Sequence[ToolUseBlock], call_next: Callable[[], EventStream[AgentEvent]]
+    ) -> AsyncIterator[Any]:
+        spans = _ToolSpans(self, agent, calls)
+        _TOOL_SPANS.set(spans)  # in this private context only
+        outcome: BaseException | None = _CANCELLED
+        it: AsyncIterator[Any] | None = None
+        try:
+            it = call_next().__aiter__()
+            async for event in it:
+                if event.source is None:  # a sub-agent's forwarded events are its own spans
+                    try:
+                        spans.observe(event)
+                    except Exception:
+                        self._warn("recording span attributes")
+                yield event
+            outcome = None
+        except (GeneratorExit, asyncio.CancelledError):
+            raise
+        except BaseException as exc:
+            outcome = exc
+            raise
+        finally:
+            try:
+                if it is not None:
+                    await aclose(it)
+            finally:
+                spans.close(outcome)  # calls still open: the stream ended before their results
 
     # -- the span around a stream ----------------------------------------------------------------
 
@@ -216,13 +236,15 @@ class OtelTracingMiddleware(MiddlewareBase):
         attributes: Callable[[], dict[str, Any]],
         call_next: Callable[[], EventStream[AgentEvent]],
         observer: Callable[[], tuple[Observer, Closer | None]],
+        parent: Callable[[], Context | None] | None = None,
     ) -> EventStream[Any]:
         def subscribe() -> AsyncIterator[Any]:
             # Every step of this subscription runs in a private copy of the subscriber's context,
             # where the span is made current once it is open: next() builds the inner layers in it
             # (so the model call's task inherits it) and the inner stream is stepped in it (so the
             # loop body and the tool tasks do too). Nothing is attached anywhere else.
-            return _Isolated(self._pump(name, kind, attributes, call_next, observer), contextvars.copy_context())
+            pump = self._pump(name, kind, attributes, call_next, observer, parent)
+            return _Isolated(pump, contextvars.copy_context())
 
         return EventStream(subscribe)  # deferred: a span per subscription, opened at its first pull
 
@@ -233,10 +255,13 @@ class OtelTracingMiddleware(MiddlewareBase):
         attributes: Callable[[], dict[str, Any]],
         call_next: Callable[[], EventStream[AgentEvent]],
         observer: Callable[[], tuple[Observer, Closer | None]],
+        parent: Callable[[], Context | None] | None,
     ) -> AsyncIterator[Any]:
         # The span opens at the first pull, not at __aiter__: a subscription that is closed
         # before it is pulled never runs this body, so it must not leave a span open.
-        span = self._start(name, kind, attributes)
+        span = self._start(name, kind, attributes, parent() if parent is not None else None)
+        if parent is not None:
+            _TOOL_SPANS.set(None)  # found (or not): the calls of this run are its own
         if span is None:  # no span after all (the provider failed): just the inner stream
             async with contextlib.aclosing(call_next().__aiter__()) as plain:  # type: ignore[type-var]
                 async for event in plain:
@@ -272,14 +297,17 @@ class OtelTracingMiddleware(MiddlewareBase):
                         self._warn("recording span attributes")
                 self._end(span, outcome)
 
-    def _start(self, name: str, kind: SpanKind, attributes: Callable[[], dict[str, Any]]) -> Span | None:
-        """A recording (or sampled-out but propagating) span, or None when there is nothing to do."""
+    def _start(
+        self, name: str, kind: SpanKind, attributes: Callable[[], dict[str, Any]], parent: Context | None = None
+    ) -> Span | None:
+        """A recording (or sampled-out but propagating) span, or None when there is nothing to do.
+        ``parent``: the context to start it in (default: the current one)."""
         tracer = self._get_tracer()
         if tracer is None:
             return None
         try:
-            span = tracer.start_span(name, kind=kind, attributes=attributes())
-            if not span.is_recording() and span.get_span_context() == trace.get_current_span().get_span_context():
+            span = tracer.start_span(name, context=parent, kind=kind, attributes=attributes())
+            if not span.is_recording() and span.get_span_context() == trace.get_current_span(parent).get_span_context():
                 return None  # a no-op tracer hands back the current span: nothing to add
             return span
         except Exception:
@@ -376,21 +404,104 @@ class OtelTracingMiddleware(MiddlewareBase):
 
         return observe, close
 
-    def _observe_tools(self, calls: Sequence[ToolUseBlock]) -> tuple[Observer, Closer | None]:
-        if not self.capture_content:
-            return _ignore, None
-        outputs: dict[str, list[str]] = {c.id: [] for c in calls}
+class _ToolSpans:
+    """The ``execute_tool {tool}`` spans of one acting subscription: one per call, opened at its
+    ToolResultStart and ended at its ToolResultEnd (status from the result's state), children of
+    the acting point's context. A sub-agent a tool runs nests under that tool's span when the
+    batch has one call (it may ask before the Start has passed here: the span opens then); with
+    several calls running at once which one started it is unknowable, so it nests under the
+    acting point's span, beside them."""
 
-        def observe(span: Span, event: Any) -> None:
-            if event.source is None and event.type == "tool_result_text_delta" and event.tool_call_id in outputs:
-                outputs[event.tool_call_id].append(event.delta)
+    def __init__(self, mw: OtelTracingMiddleware, agent: ReActAgent, calls: Sequence[ToolUseBlock]) -> None:
+        self.mw = mw
+        self.agent = agent
+        self.calls = {c.id: c for c in calls}
+        self.parent = otel_context.get_current()
+        self.open: dict[str, tuple[Span, list[str]]] = {}
+        self.done: set[str] = set()
 
-        def close(span: Span) -> None:
-            texts = {cid: "".join(parts) for cid, parts in outputs.items()}
-            value = next(iter(texts.values()), "") if len(texts) == 1 else _dumps(texts)
-            span.set_attribute(TOOL_RESULT, value)
+    def start(self, call_id: str, name: str) -> Span | None:
+        if call_id in self.open or call_id in self.done:
+            return self.open[call_id][0] if call_id in self.open else None
+        call = self.calls.get(call_id)
+        attrs: dict[str, Any] = {OPERATION: "execute_tool", TOOL_NAME: name, TOOL_CALL_ID: call_id,
+                                 TOOL_TYPE: "function"}
+        tool = self.agent.toolkit.get(name)
+        if tool is not None and tool.description:
+            attrs[TOOL_DESCRIPTION] = tool.description
+        if self.mw.capture_content and call is not None:
+            attrs[TOOL_ARGUMENTS] = _dumps(call.input)
+        span = self.mw._start(f"execute_tool {name}", SpanKind.INTERNAL, lambda: attrs, self.parent)
+        if span is None:
+            self.done.add(call_id)  # no span for it after all: do not try again
+            return None
+        self.open[call_id] = (span, [])
+        return span
 
-        return observe, close
+    def for_sub_agent(self) -> Span | None:
+        if len(self.calls) != 1:
+            return None
+        (call,) = self.calls.values()
+        return self.start(call.id, call.name)
+
+    def observe(self, event: Any) -> None:
+        t = event.type
+        if t == "tool_result_start":
+            self.start(event.tool_call_id, event.tool_name)
+        elif t == "tool_result_text_delta":
+            entry = self.open.get(event.tool_call_id)
+            if entry is not None and self.mw.capture_content:
+                entry[1].append(event.delta)
+        elif t == "tool_result_end":
+            self.end(event.tool_call_id, event.state.value)
+
+    def end(self, call_id: str, state: str | None, outcome: BaseException | None = None) -> None:
+        entry = self.open.pop(call_id, None)
+        self.done.add(call_id)
+        if entry is None:
+            return
+        span, parts = entry
+        try:
+            if state is not None:
+                span.set_attribute(TOOL_STATE, state)
+                if self.mw.capture_content:
+                    span.set_attribute(TOOL_RESULT, "".join(parts))
+        except Exception:
+            self.mw._warn("recording span attributes")
+        if state == "success" or state is None:
+            self.mw._end(span, outcome)
+        elif state in ("error", "interrupted"):
+            try:  # an error result is the tool's failure, told to the model, not an exception here
+                if state == "error":
+                    span.set_attribute(ERROR_TYPE, "_OTHER")
+                span.set_status(Status(StatusCode.ERROR, f"the tool call ended with an {state} result"))
+            except Exception:
+                self.mw._warn("setting the span status")
+            _end_span(self.mw, span)
+        else:  # denied (or running): not run here, not failed
+            _end_span(self.mw, span)
+
+    def close(self, outcome: BaseException | None) -> None:
+        for call_id in list(self.open):
+            self.end(call_id, None, outcome if outcome is not None else _CANCELLED)
+
+
+_TOOL_SPANS: contextvars.ContextVar[_ToolSpans | None] = contextvars.ContextVar("agentscope_otel_tools", default=None)
+"""Set in an acting subscription's private context, so the tools' context carries it."""
+
+
+def _tool_parent() -> Context | None:
+    """The context a sub-agent's ``invoke_agent`` starts in: its tool's span when known."""
+    spans = _TOOL_SPANS.get()
+    span = spans.for_sub_agent() if spans is not None else None
+    return trace.set_span_in_context(span) if span is not None else None
+
+
+def _end_span(mw: OtelTracingMiddleware, span: Span) -> None:
+    try:
+        span.end()
+    except Exception:
+        mw._warn("ending a span")
 
 
 class _Cancelled(BaseException):
@@ -398,10 +509,6 @@ class _Cancelled(BaseException):
 
 
 _CANCELLED = _Cancelled()
-
-
-def _ignore(span: Span, event: Any) -> None:
-    pass
 
 
 def _model_name(model: ChatModel | None) -> str:
@@ -467,10 +574,3 @@ def _tools_json(tools: Sequence[ToolSchema]) -> str:
         [{"type": "function", "name": t.name, "description": t.description, "parameters": t.parameters}
          for t in tools]
     )
-
-
-def _arguments_json(calls: Sequence[ToolUseBlock]) -> str:
-    if len(calls) == 1:
-        return _dumps(calls[0].input)
-    return _dumps({c.id: c.input for c in calls})
-
