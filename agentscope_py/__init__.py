@@ -37,6 +37,7 @@ from .middleware import (
     ReasoningInput,
 )
 from .model import ChatModel, ModelError, ModelStep, ScriptedModel
+from .render import Renderer, render
 from .stream import EventStream
 from .tool import PermissionDecision, Tool, Toolkit, tool
 
@@ -69,6 +70,7 @@ __all__ = [
     "PermissionDecision",
     "ReActAgent",
     "ReasoningInput",
+    "Renderer",
     "ResumeError",
     "RuntimeContext",
     "ScriptedModel",
@@ -87,6 +89,7 @@ __all__ = [
     "UsageAccountingMiddleware",
     "confirm_message",
     "parse_event",
+    "render",
     "tool",
 ]
 
