@@ -275,3 +275,36 @@ def test_tools_are_never_none_and_replace_normalises_too() -> None:
     assert ReasoningInput(messages=(), tools=None).tools == ()  # type: ignore[arg-type]
     same = (Msg.user("c"),)
     assert AgentInput(msgs=same).msgs is same  # a tuple is kept as it is: no copy on the hot path
+
+
+# -- typed structured output ------------------------------------------------------------------------
+
+
+async def test_structured_output_comes_back_typed_also_after_a_json_round_trip() -> None:
+    from pydantic import BaseModel, ValidationError
+
+    class City(BaseModel):
+        name: str
+        country: str
+
+    model = ScriptedModel([ModelStep.tool_call("generate_response", {"name": "Paris", "country": "France"})])
+    msg = await ReActAgent.builder().model(model).build().call("Eiffel tower?", structured_model=City)
+    assert msg.structured_output == City(name="Paris", country="France")
+    city: City = msg.structured(City)
+    assert city is msg.structured_output
+    stored = Msg.model_validate_json(msg.model_dump_json())  # what a state store gives back
+    assert stored.structured_output == {"name": "Paris", "country": "France"}
+    assert stored.structured(City) == City(name="Paris", country="France")
+
+    class Other(BaseModel):
+        population: int
+
+    with pytest.raises(ValidationError):
+        stored.structured(Other)
+    plain = Msg.assistant("no structure")
+    assert plain.structured_output is None
+    with pytest.raises(ValueError) as err:
+        plain.structured(City)
+    assert str(err.value) == (
+        f"message {plain.id} has no structured output (ask for one: call(..., structured_model=M))"
+    )
