@@ -239,9 +239,8 @@ class Msg(BaseModel):
         return self.metadata.get("structured_output")
 
     def structured(self, model: type[_M]) -> _M:
-        """The structured output as a validated ``model`` instance (typed as ``model``), whether it
-        is stored as one or as JSON data. Raises ValueError when the message has none, and
-        pydantic's ValidationError (a ValueError) when it does not fit ``model``."""
+        """The structured output as a validated ``model`` (stored as one, or as JSON data). Raises
+        ValueError when there is none, pydantic's ValidationError when it does not fit."""
         value = self.metadata.get("structured_output")
         if value is None:
             raise ValueError(f"message {self.id} has no structured output (ask for one: call(..., structured_model=M))")

@@ -33,7 +33,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
-import json
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -51,9 +50,36 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 
 from ..agent._reply import ReplyBuilder
 from ..events import AgentEvent
-from ..message import ChatUsage, Msg, TextBlock, ThinkingBlock, ToolResultBlock, ToolUseBlock
-from ..model.base import ChatModel, ToolSchema, model_provider
+from ..message import ChatUsage, Msg, ToolUseBlock
+from ..model.base import ChatModel, model_provider
 from ..stream import EventStream, aclose
+from ._otel_conventions import (
+    AGENT_ID,
+    AGENT_NAME,
+    CACHE_READ_TOKENS,
+    CACHE_WRITE_TOKENS,
+    CONVERSATION_ID,
+    ERROR_TYPE,
+    FINISH_REASONS,
+    INPUT_MESSAGES,
+    INPUT_TOKENS,
+    MESSAGE_COUNT,
+    OPERATION,
+    OUTPUT_MESSAGES,
+    OUTPUT_TOKENS,
+    PROVIDER,
+    REASONING_TOKENS,
+    REPLY_ID,
+    REQUEST_MODEL,
+    REQUEST_OPTIONS,
+    RESPONSE_MODEL,
+    TIME_TO_FIRST_CHUNK,
+    TOOL_COUNT,
+    TOOL_DEFINITIONS,
+    messages_json,
+    tools_json,
+)
+from ._otel_tools import TOOL_SPANS, ToolSpans, tool_parent
 from .base import ActingInput, AgentInput, ExtensionPoint, MiddlewareBase, ModelCallInput, Next
 from .chain import _Isolated
 
@@ -67,49 +93,6 @@ SCOPE = "agentscope_py"
 """The instrumentation scope name of every span."""
 
 _log = logging.getLogger(__name__)
-
-# Attribute names (the GenAI conventions are experimental; we keep our own constants rather than
-# import the incubating semconv module). The ``*.count`` ones follow AgentScope Java.
-OPERATION = "gen_ai.operation.name"
-PROVIDER = "gen_ai.provider.name"
-AGENT_NAME = "gen_ai.agent.name"
-AGENT_ID = "gen_ai.agent.id"
-CONVERSATION_ID = "gen_ai.conversation.id"
-REQUEST_MODEL = "gen_ai.request.model"
-RESPONSE_MODEL = "gen_ai.response.model"
-FINISH_REASONS = "gen_ai.response.finish_reasons"
-TIME_TO_FIRST_CHUNK = "gen_ai.response.time_to_first_chunk"
-INPUT_TOKENS = "gen_ai.usage.input_tokens"
-OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
-CACHE_READ_TOKENS = "gen_ai.usage.cache_read.input_tokens"
-CACHE_WRITE_TOKENS = "gen_ai.usage.cache_creation.input_tokens"
-REASONING_TOKENS = "gen_ai.usage.reasoning.output_tokens"
-MESSAGE_COUNT = "gen_ai.request.messages.count"
-TOOL_COUNT = "gen_ai.request.tools.count"
-TOOL_NAME = "gen_ai.tool.name"
-TOOL_CALL_ID = "gen_ai.tool.call.id"
-TOOL_TYPE = "gen_ai.tool.type"
-TOOL_DESCRIPTION = "gen_ai.tool.description"
-TOOL_STATE = "agentscope.tool.result.state"
-TOOL_ARGUMENTS = "gen_ai.tool.call.arguments"
-TOOL_RESULT = "gen_ai.tool.call.result"
-TOOL_DEFINITIONS = "gen_ai.tool.definitions"
-INPUT_MESSAGES = "gen_ai.input.messages"
-OUTPUT_MESSAGES = "gen_ai.output.messages"
-ERROR_TYPE = "error.type"
-REPLY_ID = "agentscope.agent.reply_id"
-
-# Model options that have a gen_ai.request.* attribute.
-_REQUEST_OPTIONS = {
-    "temperature": "gen_ai.request.temperature",
-    "top_p": "gen_ai.request.top_p",
-    "top_k": "gen_ai.request.top_k",
-    "max_tokens": "gen_ai.request.max_tokens",
-    "seed": "gen_ai.request.seed",
-    "frequency_penalty": "gen_ai.request.frequency_penalty",
-    "presence_penalty": "gen_ai.request.presence_penalty",
-    "stop": "gen_ai.request.stop_sequences",
-}
 
 # Providers that mean "no SDK configured" (the API's defaults).
 _UNCONFIGURED = (trace.NoOpTracerProvider, trace.ProxyTracerProvider)
@@ -152,11 +135,11 @@ class OtelTracingMiddleware(MiddlewareBase):
                 MESSAGE_COUNT: len(input.msgs),
             }
             if self.capture_content:
-                attrs[INPUT_MESSAGES] = _messages_json(input.msgs)
+                attrs[INPUT_MESSAGES] = messages_json(input.msgs)
             return attrs
 
         name = f"invoke_agent {agent.name}" if agent.name else "invoke_agent"
-        return self._traced(name, SpanKind.INTERNAL, attributes, lambda: next(input), self._observe_agent, _tool_parent)
+        return self._traced(name, SpanKind.INTERNAL, attributes, lambda: next(input), self._observe_agent, tool_parent)
 
     def on_model_call(self, agent: ReActAgent, ctx: RuntimeContext, input: ModelCallInput, next: Next) -> Any:
         if self._get_tracer() is None:
@@ -172,16 +155,16 @@ class OtelTracingMiddleware(MiddlewareBase):
                 MESSAGE_COUNT: len(input.messages),
                 TOOL_COUNT: len(input.tools),
             }
-            for option, key in _REQUEST_OPTIONS.items():
+            for option, key in REQUEST_OPTIONS.items():
                 value = input.options.get(option)
                 if isinstance(value, str) and option == "stop":
                     value = (value,)
                 if isinstance(value, bool | int | float | str | tuple | list):
                     attrs[key] = tuple(value) if isinstance(value, list) else value
             if self.capture_content:
-                attrs[INPUT_MESSAGES] = _messages_json(input.messages)
+                attrs[INPUT_MESSAGES] = messages_json(input.messages)
                 if input.tools:
-                    attrs[TOOL_DEFINITIONS] = _tools_json(input.tools)
+                    attrs[TOOL_DEFINITIONS] = tools_json(input.tools)
             return attrs
 
         return self._traced(f"chat {model}", SpanKind.CLIENT, attributes, lambda: next(input), self._observe_chat)
@@ -193,7 +176,7 @@ class OtelTracingMiddleware(MiddlewareBase):
 
         def subscribe() -> AsyncIterator[Any]:
             # As in _traced: a private context per subscription, where next() builds the tools'
-            # context (so a sub-agent can find its tool's span through _TOOL_SPANS).
+            # context (so a sub-agent can find its tool's span through TOOL_SPANS).
             return _Isolated(self._tool_pump(agent, calls, lambda: next(input)), contextvars.copy_context())
 
         return EventStream(subscribe)
@@ -201,8 +184,8 @@ class OtelTracingMiddleware(MiddlewareBase):
     async def _tool_pump(
         self, agent: ReActAgent, calls: Sequence[ToolUseBlock], call_next: Callable[[], EventStream[AgentEvent]]
     ) -> AsyncIterator[Any]:
-        spans = _ToolSpans(self, agent, calls)
-        _TOOL_SPANS.set(spans)  # in this private context only
+        spans = ToolSpans(self, agent, calls)
+        TOOL_SPANS.set(spans)  # in this private context only
         outcome: BaseException | None = _CANCELLED
         it: AsyncIterator[Any] | None = None
         try:
@@ -225,7 +208,7 @@ class OtelTracingMiddleware(MiddlewareBase):
                 if it is not None:
                     await aclose(it)
             finally:
-                spans.close(outcome)  # calls still open: the stream ended before their results
+                spans.close(outcome if outcome is not None else _CANCELLED)
 
     # -- the span around a stream ----------------------------------------------------------------
 
@@ -261,7 +244,7 @@ class OtelTracingMiddleware(MiddlewareBase):
         # before it is pulled never runs this body, so it must not leave a span open.
         span = self._start(name, kind, attributes, parent() if parent is not None else None)
         if parent is not None:
-            _TOOL_SPANS.set(None)  # found (or not): the calls of this run are its own
+            TOOL_SPANS.set(None)  # found (or not): the calls of this run are its own
         if span is None:  # no span after all (the provider failed): just the inner stream
             async with contextlib.aclosing(call_next().__aiter__()) as plain:  # type: ignore[type-var]
                 async for event in plain:
@@ -374,7 +357,7 @@ class OtelTracingMiddleware(MiddlewareBase):
                 if result.usage is not None:
                     _set_usage(span, result.usage)
                 if capture:
-                    span.set_attribute(OUTPUT_MESSAGES, _messages_json([result]))
+                    span.set_attribute(OUTPUT_MESSAGES, messages_json([result]))
 
         return observe, None
 
@@ -400,109 +383,9 @@ class OtelTracingMiddleware(MiddlewareBase):
         def close(span: Span) -> None:
             if builder is not None:
                 reply = builder.build("output", None)
-                span.set_attribute(OUTPUT_MESSAGES, _messages_json([reply], builder.finish_reason))
+                span.set_attribute(OUTPUT_MESSAGES, messages_json([reply], builder.finish_reason))
 
         return observe, close
-
-class _ToolSpans:
-    """The ``execute_tool {tool}`` spans of one acting subscription: one per call, opened at its
-    ToolResultStart and ended at its ToolResultEnd (status from the result's state), children of
-    the acting point's context. A sub-agent a tool runs nests under that tool's span when the
-    batch has one call (it may ask before the Start has passed here: the span opens then); with
-    several calls running at once which one started it is unknowable, so it nests under the
-    acting point's span, beside them."""
-
-    def __init__(self, mw: OtelTracingMiddleware, agent: ReActAgent, calls: Sequence[ToolUseBlock]) -> None:
-        self.mw = mw
-        self.agent = agent
-        self.calls = {c.id: c for c in calls}
-        self.parent = otel_context.get_current()
-        self.open: dict[str, tuple[Span, list[str]]] = {}
-        self.done: set[str] = set()
-
-    def start(self, call_id: str, name: str) -> Span | None:
-        if call_id in self.open or call_id in self.done:
-            return self.open[call_id][0] if call_id in self.open else None
-        call = self.calls.get(call_id)
-        attrs: dict[str, Any] = {OPERATION: "execute_tool", TOOL_NAME: name, TOOL_CALL_ID: call_id,
-                                 TOOL_TYPE: "function"}
-        tool = self.agent.toolkit.get(name)
-        if tool is not None and tool.description:
-            attrs[TOOL_DESCRIPTION] = tool.description
-        if self.mw.capture_content and call is not None:
-            attrs[TOOL_ARGUMENTS] = _dumps(call.input)
-        span = self.mw._start(f"execute_tool {name}", SpanKind.INTERNAL, lambda: attrs, self.parent)
-        if span is None:
-            self.done.add(call_id)  # no span for it after all: do not try again
-            return None
-        self.open[call_id] = (span, [])
-        return span
-
-    def for_sub_agent(self) -> Span | None:
-        if len(self.calls) != 1:
-            return None
-        (call,) = self.calls.values()
-        return self.start(call.id, call.name)
-
-    def observe(self, event: Any) -> None:
-        t = event.type
-        if t == "tool_result_start":
-            self.start(event.tool_call_id, event.tool_name)
-        elif t == "tool_result_text_delta":
-            entry = self.open.get(event.tool_call_id)
-            if entry is not None and self.mw.capture_content:
-                entry[1].append(event.delta)
-        elif t == "tool_result_end":
-            self.end(event.tool_call_id, event.state.value)
-
-    def end(self, call_id: str, state: str | None, outcome: BaseException | None = None) -> None:
-        entry = self.open.pop(call_id, None)
-        self.done.add(call_id)
-        if entry is None:
-            return
-        span, parts = entry
-        try:
-            if state is not None:
-                span.set_attribute(TOOL_STATE, state)
-                if self.mw.capture_content:
-                    span.set_attribute(TOOL_RESULT, "".join(parts))
-        except Exception:
-            self.mw._warn("recording span attributes")
-        if state == "success" or state is None:
-            self.mw._end(span, outcome)
-        elif state in ("error", "interrupted"):
-            try:  # an error result is the tool's failure, told to the model, not an exception here
-                if state == "error":
-                    span.set_attribute(ERROR_TYPE, "_OTHER")
-                span.set_status(Status(StatusCode.ERROR, f"the tool call ended with an {state} result"))
-            except Exception:
-                self.mw._warn("setting the span status")
-            _end_span(self.mw, span)
-        else:  # denied (or running): not run here, not failed
-            _end_span(self.mw, span)
-
-    def close(self, outcome: BaseException | None) -> None:
-        for call_id in list(self.open):
-            self.end(call_id, None, outcome if outcome is not None else _CANCELLED)
-
-
-_TOOL_SPANS: contextvars.ContextVar[_ToolSpans | None] = contextvars.ContextVar("agentscope_otel_tools", default=None)
-"""Set in an acting subscription's private context, so the tools' context carries it."""
-
-
-def _tool_parent() -> Context | None:
-    """The context a sub-agent's ``invoke_agent`` starts in: its tool's span when known."""
-    spans = _TOOL_SPANS.get()
-    span = spans.for_sub_agent() if spans is not None else None
-    return trace.set_span_in_context(span) if span is not None else None
-
-
-def _end_span(mw: OtelTracingMiddleware, span: Span) -> None:
-    try:
-        span.end()
-    except Exception:
-        mw._warn("ending a span")
-
 
 class _Cancelled(BaseException):
     """Marks an iteration that ended without completing or failing (closed or cancelled)."""
@@ -530,47 +413,3 @@ def _set_usage(span: Span, usage: ChatUsage) -> None:
         span.set_attribute(CACHE_WRITE_TOKENS, usage.cache_write_tokens)
     if usage.reasoning_tokens:
         span.set_attribute(REASONING_TOKENS, usage.reasoning_tokens)
-
-
-# -- content capture: the conventions' structured message shape, as JSON strings -----------------
-
-
-def _dumps(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, default=str)
-
-
-def _parts(msg: Msg) -> list[dict[str, Any]]:
-    parts: list[dict[str, Any]] = []
-    for block in msg.content:
-        if isinstance(block, TextBlock):
-            parts.append({"type": "text", "content": block.text})
-        elif isinstance(block, ThinkingBlock):
-            parts.append({"type": "reasoning", "content": block.thinking})
-        elif isinstance(block, ToolUseBlock):
-            parts.append({"type": "tool_call", "id": block.id, "name": block.name, "arguments": block.input})
-        elif isinstance(block, ToolResultBlock):
-            parts.append({"type": "tool_call_response", "id": block.id, "result": block.text})
-        elif block.url is not None:
-            parts.append({"type": "uri", "mime_type": block.media_type, "uri": block.url})
-        else:
-            parts.append({"type": "blob", "mime_type": block.media_type, "content": block.data})
-    return parts
-
-
-def _messages_json(msgs: Sequence[Msg], finish_reason: str | None = None) -> str:
-    out: list[dict[str, Any]] = []
-    for msg in msgs:
-        entry: dict[str, Any] = {"role": msg.role, "parts": _parts(msg)}
-        if msg.name:
-            entry["name"] = msg.name
-        if finish_reason is not None:
-            entry["finish_reason"] = finish_reason
-        out.append(entry)
-    return _dumps(out)
-
-
-def _tools_json(tools: Sequence[ToolSchema]) -> str:
-    return _dumps(
-        [{"type": "function", "name": t.name, "description": t.description, "parameters": t.parameters}
-         for t in tools]
-    )
