@@ -308,3 +308,16 @@ async def test_structured_output_comes_back_typed_also_after_a_json_round_trip()
     assert str(err.value) == (
         f"message {plain.id} has no structured output (ask for one: call(..., structured_model=M))"
     )
+
+
+async def test_a_generator_tool_that_yields_a_coroutine_is_an_error_result_too() -> None:
+    @tool(name="gen", description="Streams.")
+    async def gen() -> Any:
+        yield "part one, "
+        yield _later()
+
+    agent, model = _agent(ModelStep.tool_call("gen", {}), ModelStep.text("done"), tools=(gen,))
+    await agent.call("go")
+    result = model.requests[1].messages[-1].tool_results[0]
+    assert result.state == ToolResultState.ERROR
+    assert result.output == "part one, " + FORGOT.format("gen")

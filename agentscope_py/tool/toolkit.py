@@ -113,9 +113,7 @@ class Tool:
             result = await asyncio.to_thread(self.fn, **kwargs)
         else:
             raise TypeError(f"{self.name} is a generator tool: iterate run() instead")
-        if inspect.iscoroutine(result):
-            raise _forgotten_await(self.name, result)
-        return _chunks(result)
+        return _chunks(result, self.name)
 
     async def run(self, arguments: Mapping[str, Any], ctx: RuntimeContext | None) -> AsyncIterator[Any]:
         """Validate, call, and yield the output as chunks (``str`` or `DataBlock`)."""
@@ -124,7 +122,7 @@ class Tool:
                 yield part
             return
         async for chunk in self.fn(**self._kwargs(arguments, ctx)):
-            for part in _chunks(chunk):
+            for part in _chunks(chunk, self.name):
                 yield part
 
 
@@ -139,7 +137,7 @@ def _forgotten_await(name: str, coro: Any) -> TypeError:
     )
 
 
-def _chunks(value: Any) -> tuple[Any, ...]:
+def _chunks(value: Any, name: str) -> tuple[Any, ...]:
     if value is None:
         return ()
     if isinstance(value, str | DataBlock | EventBase):  # events: a sub-agent's, forwarded as they are
@@ -152,6 +150,8 @@ def _chunks(value: Any) -> tuple[Any, ...]:
         return (value.model_dump_json(),)
     if isinstance(value, dict | list | tuple | int | float | bool):
         return (json.dumps(value, default=str, ensure_ascii=False),)
+    if inspect.iscoroutine(value):  # checked last: the usual outputs never pay for it
+        raise _forgotten_await(name, value)
     return (str(value),)
 
 
