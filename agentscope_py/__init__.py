@@ -38,6 +38,7 @@ from .middleware import (
     ReasoningInput,
 )
 from .model import ChatModel, ModelError, ModelStep, ScriptedModel
+from .render import Renderer, render
 from .stream import EventStream
 from .tool import PermissionDecision, Tool, Toolkit, tool
 
@@ -73,6 +74,7 @@ __all__ = [
     "PermissionDecision",
     "ReActAgent",
     "ReasoningInput",
+    "Renderer",
     "ResumeError",
     "RuntimeContext",
     "ScriptedModel",
@@ -91,6 +93,7 @@ __all__ = [
     "UsageAccountingMiddleware",
     "confirm_message",
     "parse_event",
+    "render",
     "tool",
 ]
 

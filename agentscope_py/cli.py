@@ -5,109 +5,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
+import contextlib
 import sys
 from collections.abc import Sequence
 from typing import Any, TextIO
 
-from .events import (
-    AgentEvent,
-    AgentResult,
-    AgentStart,
-    Custom,
-    ExceedMaxIters,
-    ModelCallEnd,
-    ModelCallStart,
-    TextBlockDelta,
-    TextBlockEnd,
-    TextBlockStart,
-    ThinkingBlockDelta,
-    ThinkingBlockEnd,
-    ThinkingBlockStart,
-    ToolCallDelta,
-    ToolCallEnd,
-    ToolCallStart,
-    ToolResultEnd,
-    ToolResultStart,
-    ToolResultTextDelta,
-)
-from .message import ToolResultState
+from .render import render
 
 DEFAULT_PROMPT = "What is (17 + 4) * 2, and what time is it?"
-
-
-class Renderer:
-    """Prints events as they stream: text inline, thinking dimmed, tool calls and results as
-    labelled lines, usage and timing in grey."""
-
-    def __init__(self, out: TextIO, colour: bool) -> None:
-        self.out = out
-        self.colour = colour
-        self.args: dict[str, list[str]] = {}
-        self.at_line_start = True
-
-    def _c(self, code: str, text: str) -> str:
-        return f"\033[{code}m{text}\033[0m" if self.colour else text
-
-    def _line(self, text: str) -> None:
-        if not self.at_line_start:
-            self.out.write("\n")
-        self.out.write(text + "\n")
-        self.at_line_start = True
-
-    def _inline(self, text: str) -> None:
-        self.out.write(text)
-        self.at_line_start = text.endswith("\n")
-
-    def render(self, ev: AgentEvent) -> None:
-        match ev:
-            case AgentStart():
-                self._line(self._c("1;35", f"● {ev.name}") + self._c("90", f"  session {ev.session_id}"))
-            case ModelCallStart():
-                self._line(self._c("90", f"┌ model {ev.model}"))
-            case ThinkingBlockStart():
-                self._inline(self._c("2;3", "  thinking: "))
-            case ThinkingBlockDelta():
-                self._inline(self._c("2;3", ev.delta))
-            case TextBlockStart():
-                self._inline("  ")
-            case TextBlockDelta():
-                self._inline(ev.delta.replace("\n", "\n  "))
-            case TextBlockEnd() | ThinkingBlockEnd():
-                self._inline("" if self.at_line_start else "\n")
-            case ToolCallStart():
-                self.args[ev.tool_call_id] = []
-            case ToolCallDelta():
-                self.args.setdefault(ev.tool_call_id, []).append(ev.delta)
-            case ToolCallEnd():
-                args = "".join(self.args.pop(ev.tool_call_id, []))
-                self._line(self._c("36", f"  ⚙ {ev.tool_name}({args})"))
-            case ModelCallEnd():
-                u = ev.usage
-                used = f"{u.input_tokens} in / {u.output_tokens} out" if u else "usage unknown"
-                self._line(self._c("90", f"└ {ev.finish_reason or 'done'} · {used}"))
-            case ToolResultStart():
-                self._inline(self._c("32", f"  ↳ {ev.tool_name}: "))
-            case ToolResultTextDelta():
-                self._inline(self._c("32", ev.delta))
-            case ToolResultEnd():
-                failed = ev.state is not ToolResultState.SUCCESS
-                self._inline((self._c("31", f" [{ev.state.value}]") if failed else "") + "\n")
-            case Custom(name="timing"):
-                v = ev.value
-                self._line(self._c("90", f"  ⏱ {v['kind']} {v['label']}: {v['ms']} ms"))
-            case ExceedMaxIters():
-                self._line(self._c("33", f"  max iterations ({ev.max_iters}) reached"))
-            case AgentResult():
-                msg = ev.result
-                reason = msg.generate_reason.value if msg.generate_reason else "?"
-                u = msg.usage
-                total = f" · {u.input_tokens} in / {u.output_tokens} out" if u else ""
-                self._line(self._c("1", "Final answer (as remembered): ") + msg.text)
-                self._line(self._c("90", f"({reason}{total})"))
-            case _:
-                pass
-        self.out.flush()
 
 
 async def run_demo(args: argparse.Namespace, out: TextIO) -> int:
@@ -118,16 +23,8 @@ async def run_demo(args: argparse.Namespace, out: TextIO) -> int:
         kwargs["base_url"] = args.base_url
     agent = build_demo_agent(args.model, delay=0.0 if args.json else args.delay, **kwargs)
     stream = agent.stream(args.prompt)
-    if args.json:
-        try:
-            async for ev in stream:
-                out.write(ev.model_dump_json() + "\n")
-        except BrokenPipeError:  # piped into head & co.
-            pass
-        return 0
-    renderer = Renderer(out, colour=out.isatty() and "NO_COLOR" not in os.environ)
-    async for ev in stream:
-        renderer.render(ev)
+    with contextlib.suppress(BrokenPipeError):  # piped into head & co.
+        await render(stream, file=out, json=args.json)
     return 0
 
 

@@ -232,6 +232,22 @@ class Msg(BaseModel):
     def tool_results(self) -> list[ToolResultBlock]:
         return [b for b in self.content if isinstance(b, ToolResultBlock)]
 
+    @property
+    def structured_output(self) -> Any:
+        """A ``call(..., structured_model=M)`` reply's output as stored: an ``M``, or a dict after a
+        JSON round trip (a state store); None if absent. `structured` gives it typed."""
+        return self.metadata.get("structured_output")
+
+    def structured(self, model: type[_M]) -> _M:
+        """The structured output as a validated ``model`` (stored as one, or as JSON data). Raises
+        ValueError when there is none, pydantic's ValidationError when it does not fit."""
+        value = self.metadata.get("structured_output")
+        if value is None:
+            raise ValueError(f"message {self.id} has no structured output (ask for one: call(..., structured_model=M))")
+        if isinstance(value, model):
+            return value
+        return model.model_validate(value.model_dump() if isinstance(value, BaseModel) else value)
+
 
 # -- construction without validation, for values the runtime made itself (internal) -----------
 

@@ -16,6 +16,8 @@ import contextlib
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+from pydantic import ValidationError
+
 from ..events import AgentEvent, AgentResult, ConfirmResult
 from ..message import Msg
 from ..middleware.base import AgentInput, ExtensionPoint, MiddlewareBase
@@ -30,19 +32,62 @@ from .context import RuntimeContext
 from .state import AgentState
 from .store import AgentStateStore, InMemoryStateStore
 
-__all__ = ["Builder", "ReActAgent", "confirm_message"]
+__all__ = ["Builder", "MsgInput", "ReActAgent", "check_input", "confirm_message"]
 
-MsgInput = str | Msg | Sequence[Msg] | None
+MsgInput = str | Msg | Mapping[str, Any] | Iterable[str | Msg | Mapping[str, Any]] | None
+"""What ``call``/``stream`` accept: text (a user message), a `Msg`, a dict in the `Msg` shape
+(validated as one), or a list of those; ``None`` or ``[]`` only to resume pending tool calls."""
+
+EMPTY_INPUT = (
+    "the agent input is empty: pass the user's text (agent.call('hi')) or messages (Msg.user(...)); "
+    "an empty input only resumes tool calls that are waiting"
+)
+_SHAPE = (
+    "use Msg.user(...) for text, or a dict in the Msg shape: "
+    "{'role': 'user', 'content': [{'type': 'text', 'text': '...'}]}"
+)
+
+
+def check_input(msgs: Sequence[Msg], *, resuming: bool) -> None:
+    """Reject an execution that would give the model nothing new: no input messages and no pending
+    tool calls to resume (``resuming``). Whether calls are pending is session state, known only
+    once the state is loaded, so the loop calls this there; `_as_msgs` rejects blank text early."""
+    if not msgs and not resuming:
+        raise ValueError(EMPTY_INPUT)
 
 
 def _as_msgs(value: MsgInput) -> tuple[Msg, ...]:
+    """The input as messages, or a TypeError/ValueError that says what to pass instead."""
     if value is None:
         return ()
     if isinstance(value, str):
-        return (Msg.user(value),)
+        return (_as_msg(value, ""),)
     if isinstance(value, Msg):
         return (value,)
-    return tuple(value)
+    if isinstance(value, Mapping):
+        return (_as_msg(value, ""),)
+    if isinstance(value, bytes | bytearray) or not isinstance(value, Iterable):
+        raise TypeError(f"the agent input is of type {type(value).__name__}, not a message or a list: {_SHAPE}")
+    return tuple(m if isinstance(m, Msg) else _as_msg(m, f" (item {i})") for i, m in enumerate(value))
+
+
+def _as_msg(value: Any, where: str) -> Msg:
+    if isinstance(value, str):
+        if not value.strip():
+            raise ValueError(f"the agent input{where} is blank: pass the user's text (agent.call('hi')) or a Msg")
+        return Msg.user(value)
+    if isinstance(value, Msg):
+        return value
+    if not isinstance(value, Mapping):
+        raise TypeError(f"the agent input{where} is of type {type(value).__name__}, not a message: {_SHAPE}")
+    unknown = sorted(str(k) for k in value if k not in Msg.model_fields)
+    if unknown:  # pydantic would drop them silently (a message with no content)
+        raise ValueError(f"the agent input{where} is not a Msg: unknown field(s) {', '.join(unknown)}; {_SHAPE}")
+    try:
+        return Msg.model_validate(value)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'msg'}: {e['msg']}" for e in exc.errors())
+        raise ValueError(f"the agent input{where} is not a Msg ({problems}); {_SHAPE}") from None
 
 
 def confirm_message(*results: ConfirmResult | Mapping[str, Any]) -> Msg:
@@ -113,7 +158,14 @@ class ReActAgent:
         structured_model: type[Any] | None = None,
     ) -> EventStream[AgentEvent]:
         """The events of one execution per iteration (cold). Without ``ctx``, the default session."""
-        return EventStream(lambda: self._start(_as_msgs(msgs), ctx, structured_model)[1])
+        # Converted here, so a bad input fails at this call, not at the first iteration; a
+        # re-iteration converts again (text becomes a new message, with an id of its own).
+        first = [_as_msgs(msgs)]
+
+        def start() -> Any:
+            return self._start(first.pop() if first else _as_msgs(msgs), ctx, structured_model)[1]
+
+        return EventStream(start)
 
     async def call(
         self,

@@ -18,7 +18,7 @@ passes through and costs nothing; a hook that is overridden but not declared in
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING, Any, TypeAlias
@@ -60,6 +60,10 @@ class ExtensionPoint(Enum):
 
 
 class _Record:
+    """Immutable: the sequence fields hold tuples (a list given is copied, so appending to it
+    later does not change the record) and ``None`` for one becomes ``()``. `replace` builds a new
+    record the same way."""
+
     __slots__ = ()
 
     def replace(self, **changes: Any) -> Any:
@@ -67,11 +71,22 @@ class _Record:
         return dataclasses.replace(self, **changes)  # type: ignore[type-var]
 
 
+_set = object.__setattr__
+
+
+def _frozen(value: Iterable[Any] | None) -> tuple[Any, ...]:
+    # tuple() of a tuple is the tuple itself: the loop's own records cost nothing more.
+    return () if value is None else tuple(value)
+
+
 @dataclass(frozen=True, slots=True)
 class AgentInput(_Record):
     """The messages one ``call``/``stream`` execution was given."""
 
     msgs: Sequence[Msg]
+
+    def __post_init__(self) -> None:
+        _set(self, "msgs", _frozen(self.msgs))
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +98,10 @@ class ReasoningInput(_Record):
     tools: Sequence[ToolSchema] = ()
     options: Mapping[str, Any] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        _set(self, "messages", _frozen(self.messages))
+        _set(self, "tools", _frozen(self.tools))
+
 
 @dataclass(frozen=True, slots=True)
 class ModelCallInput(_Record):
@@ -93,12 +112,19 @@ class ModelCallInput(_Record):
     options: Mapping[str, Any]
     model: ChatModel
 
+    def __post_init__(self) -> None:
+        _set(self, "messages", _frozen(self.messages))
+        _set(self, "tools", _frozen(self.tools))
+
 
 @dataclass(frozen=True, slots=True)
 class ActingInput(_Record):
     """One round's batch of tool calls."""
 
     tool_calls: Sequence[ToolUseBlock]
+
+    def __post_init__(self) -> None:
+        _set(self, "tool_calls", _frozen(self.tool_calls))
 
 
 @dataclass(slots=True)

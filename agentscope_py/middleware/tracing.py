@@ -4,9 +4,10 @@ Spans (instrumentation scope ``agentscope_py``):
 
 * ``invoke_agent {agent}`` (INTERNAL) around each execution (``on_agent``);
 * ``chat {model}`` (CLIENT) around each model invocation (``on_model_call``), a child of it;
-* ``execute_tool {tool}`` (INTERNAL) around each round's batch of tool calls (``on_acting``),
-  named ``execute_tool {first} (+N more)`` for a batch of several. A sub-agent called from inside
-  a tool nests under that tool's span.
+* ``execute_tool {tool}`` (INTERNAL) for each tool call (in ``on_acting``, from its
+  ToolResultStart to its ToolResultEnd), each with its own ``gen_ai.tool.call.id``; a child of
+  the ``invoke_agent`` span (of the acting point's context), status ERROR for an ``error`` or
+  ``interrupted`` result. A sub-agent called from a lone tool call nests under that call's span.
 
 Status: OK when the stream completes; ERROR with the exception recorded (and ``error.type`` set)
 when it fails; ERROR ``"cancelled"`` when the consumer cancels or closes it early. Every span is
@@ -32,7 +33,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
-import json
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 try:
     from opentelemetry import context as otel_context
     from opentelemetry import trace
+    from opentelemetry.context import Context
     from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer, TracerProvider
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError(
@@ -49,9 +50,36 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 
 from ..agent._reply import ReplyBuilder
 from ..events import AgentEvent
-from ..message import ChatUsage, Msg, TextBlock, ThinkingBlock, ToolResultBlock, ToolUseBlock
-from ..model.base import ChatModel, ToolSchema, model_provider
+from ..message import ChatUsage, Msg, ToolUseBlock
+from ..model.base import ChatModel, model_provider
 from ..stream import EventStream, aclose
+from ._otel_conventions import (
+    AGENT_ID,
+    AGENT_NAME,
+    CACHE_READ_TOKENS,
+    CACHE_WRITE_TOKENS,
+    CONVERSATION_ID,
+    ERROR_TYPE,
+    FINISH_REASONS,
+    INPUT_MESSAGES,
+    INPUT_TOKENS,
+    MESSAGE_COUNT,
+    OPERATION,
+    OUTPUT_MESSAGES,
+    OUTPUT_TOKENS,
+    PROVIDER,
+    REASONING_TOKENS,
+    REPLY_ID,
+    REQUEST_MODEL,
+    REQUEST_OPTIONS,
+    RESPONSE_MODEL,
+    TIME_TO_FIRST_CHUNK,
+    TOOL_COUNT,
+    TOOL_DEFINITIONS,
+    messages_json,
+    tools_json,
+)
+from ._otel_tools import TOOL_SPANS, ToolSpans, tool_parent
 from .base import ActingInput, AgentInput, ExtensionPoint, MiddlewareBase, ModelCallInput, Next
 from .chain import _Isolated
 
@@ -65,48 +93,6 @@ SCOPE = "agentscope_py"
 """The instrumentation scope name of every span."""
 
 _log = logging.getLogger(__name__)
-
-# Attribute names (the GenAI conventions are experimental; we keep our own constants rather than
-# import the incubating semconv module). The ``*.count`` ones follow AgentScope Java.
-OPERATION = "gen_ai.operation.name"
-PROVIDER = "gen_ai.provider.name"
-AGENT_NAME = "gen_ai.agent.name"
-AGENT_ID = "gen_ai.agent.id"
-CONVERSATION_ID = "gen_ai.conversation.id"
-REQUEST_MODEL = "gen_ai.request.model"
-RESPONSE_MODEL = "gen_ai.response.model"
-FINISH_REASONS = "gen_ai.response.finish_reasons"
-TIME_TO_FIRST_CHUNK = "gen_ai.response.time_to_first_chunk"
-INPUT_TOKENS = "gen_ai.usage.input_tokens"
-OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
-CACHE_READ_TOKENS = "gen_ai.usage.cache_read.input_tokens"
-CACHE_WRITE_TOKENS = "gen_ai.usage.cache_creation.input_tokens"
-REASONING_TOKENS = "gen_ai.usage.reasoning.output_tokens"
-MESSAGE_COUNT = "gen_ai.request.messages.count"
-TOOL_COUNT = "gen_ai.request.tools.count"
-TOOL_NAME = "gen_ai.tool.name"
-TOOL_CALL_ID = "gen_ai.tool.call.id"
-TOOL_TYPE = "gen_ai.tool.type"
-TOOL_CALL_COUNT = "gen_ai.tool.call.count"
-TOOL_ARGUMENTS = "gen_ai.tool.call.arguments"
-TOOL_RESULT = "gen_ai.tool.call.result"
-TOOL_DEFINITIONS = "gen_ai.tool.definitions"
-INPUT_MESSAGES = "gen_ai.input.messages"
-OUTPUT_MESSAGES = "gen_ai.output.messages"
-ERROR_TYPE = "error.type"
-REPLY_ID = "agentscope.agent.reply_id"
-
-# Model options that have a gen_ai.request.* attribute.
-_REQUEST_OPTIONS = {
-    "temperature": "gen_ai.request.temperature",
-    "top_p": "gen_ai.request.top_p",
-    "top_k": "gen_ai.request.top_k",
-    "max_tokens": "gen_ai.request.max_tokens",
-    "seed": "gen_ai.request.seed",
-    "frequency_penalty": "gen_ai.request.frequency_penalty",
-    "presence_penalty": "gen_ai.request.presence_penalty",
-    "stop": "gen_ai.request.stop_sequences",
-}
 
 # Providers that mean "no SDK configured" (the API's defaults).
 _UNCONFIGURED = (trace.NoOpTracerProvider, trace.ProxyTracerProvider)
@@ -149,11 +135,11 @@ class OtelTracingMiddleware(MiddlewareBase):
                 MESSAGE_COUNT: len(input.msgs),
             }
             if self.capture_content:
-                attrs[INPUT_MESSAGES] = _messages_json(input.msgs)
+                attrs[INPUT_MESSAGES] = messages_json(input.msgs)
             return attrs
 
         name = f"invoke_agent {agent.name}" if agent.name else "invoke_agent"
-        return self._traced(name, SpanKind.INTERNAL, attributes, lambda: next(input), self._observe_agent)
+        return self._traced(name, SpanKind.INTERNAL, attributes, lambda: next(input), self._observe_agent, tool_parent)
 
     def on_model_call(self, agent: ReActAgent, ctx: RuntimeContext, input: ModelCallInput, next: Next) -> Any:
         if self._get_tracer() is None:
@@ -169,16 +155,16 @@ class OtelTracingMiddleware(MiddlewareBase):
                 MESSAGE_COUNT: len(input.messages),
                 TOOL_COUNT: len(input.tools),
             }
-            for option, key in _REQUEST_OPTIONS.items():
+            for option, key in REQUEST_OPTIONS.items():
                 value = input.options.get(option)
                 if isinstance(value, str) and option == "stop":
                     value = (value,)
                 if isinstance(value, bool | int | float | str | tuple | list):
                     attrs[key] = tuple(value) if isinstance(value, list) else value
             if self.capture_content:
-                attrs[INPUT_MESSAGES] = _messages_json(input.messages)
+                attrs[INPUT_MESSAGES] = messages_json(input.messages)
                 if input.tools:
-                    attrs[TOOL_DEFINITIONS] = _tools_json(input.tools)
+                    attrs[TOOL_DEFINITIONS] = tools_json(input.tools)
             return attrs
 
         return self._traced(f"chat {model}", SpanKind.CLIENT, attributes, lambda: next(input), self._observe_chat)
@@ -187,25 +173,42 @@ class OtelTracingMiddleware(MiddlewareBase):
         if self._get_tracer() is None:
             return next(input)
         calls = input.tool_calls
-        if not calls:
-            name = "execute_tool"
-        elif len(calls) == 1:
-            name = f"execute_tool {calls[0].name}"
-        else:
-            name = f"execute_tool {calls[0].name} (+{len(calls) - 1} more)"
 
-        def attributes() -> dict[str, Any]:
-            attrs: dict[str, Any] = {OPERATION: "execute_tool", TOOL_TYPE: "function", TOOL_CALL_COUNT: len(calls)}
-            if calls:
-                attrs[TOOL_NAME] = calls[0].name
-                attrs[TOOL_CALL_ID] = calls[0].id
-                if self.capture_content:
-                    attrs[TOOL_ARGUMENTS] = _arguments_json(calls)
-            return attrs
+        def subscribe() -> AsyncIterator[Any]:
+            # As in _traced: a private context per subscription, where next() builds the tools'
+            # context (so a sub-agent can find its tool's span through TOOL_SPANS).
+            return _Isolated(self._tool_pump(agent, calls, lambda: next(input)), contextvars.copy_context())
 
-        return self._traced(
-            name, SpanKind.INTERNAL, attributes, lambda: next(input), lambda: self._observe_tools(calls)
-        )
+        return EventStream(subscribe)
+
+    async def _tool_pump(
+        self, agent: ReActAgent, calls: Sequence[ToolUseBlock], call_next: Callable[[], EventStream[AgentEvent]]
+    ) -> AsyncIterator[Any]:
+        spans = ToolSpans(self, agent, calls)
+        TOOL_SPANS.set(spans)  # in this private context only
+        outcome: BaseException | None = _CANCELLED
+        it: AsyncIterator[Any] | None = None
+        try:
+            it = call_next().__aiter__()
+            async for event in it:
+                if event.source is None:  # a sub-agent's forwarded events are its own spans
+                    try:
+                        spans.observe(event)
+                    except Exception:
+                        self._warn("recording span attributes")
+                yield event
+            outcome = None
+        except (GeneratorExit, asyncio.CancelledError):
+            raise
+        except BaseException as exc:
+            outcome = exc
+            raise
+        finally:
+            try:
+                if it is not None:
+                    await aclose(it)
+            finally:
+                spans.close(outcome if outcome is not None else _CANCELLED)
 
     # -- the span around a stream ----------------------------------------------------------------
 
@@ -216,13 +219,15 @@ class OtelTracingMiddleware(MiddlewareBase):
         attributes: Callable[[], dict[str, Any]],
         call_next: Callable[[], EventStream[AgentEvent]],
         observer: Callable[[], tuple[Observer, Closer | None]],
+        parent: Callable[[], Context | None] | None = None,
     ) -> EventStream[Any]:
         def subscribe() -> AsyncIterator[Any]:
             # Every step of this subscription runs in a private copy of the subscriber's context,
             # where the span is made current once it is open: next() builds the inner layers in it
             # (so the model call's task inherits it) and the inner stream is stepped in it (so the
             # loop body and the tool tasks do too). Nothing is attached anywhere else.
-            return _Isolated(self._pump(name, kind, attributes, call_next, observer), contextvars.copy_context())
+            pump = self._pump(name, kind, attributes, call_next, observer, parent)
+            return _Isolated(pump, contextvars.copy_context())
 
         return EventStream(subscribe)  # deferred: a span per subscription, opened at its first pull
 
@@ -233,10 +238,13 @@ class OtelTracingMiddleware(MiddlewareBase):
         attributes: Callable[[], dict[str, Any]],
         call_next: Callable[[], EventStream[AgentEvent]],
         observer: Callable[[], tuple[Observer, Closer | None]],
+        parent: Callable[[], Context | None] | None,
     ) -> AsyncIterator[Any]:
         # The span opens at the first pull, not at __aiter__: a subscription that is closed
         # before it is pulled never runs this body, so it must not leave a span open.
-        span = self._start(name, kind, attributes)
+        span = self._start(name, kind, attributes, parent() if parent is not None else None)
+        if parent is not None:
+            TOOL_SPANS.set(None)  # found (or not): the calls of this run are its own
         if span is None:  # no span after all (the provider failed): just the inner stream
             async with contextlib.aclosing(call_next().__aiter__()) as plain:  # type: ignore[type-var]
                 async for event in plain:
@@ -272,14 +280,17 @@ class OtelTracingMiddleware(MiddlewareBase):
                         self._warn("recording span attributes")
                 self._end(span, outcome)
 
-    def _start(self, name: str, kind: SpanKind, attributes: Callable[[], dict[str, Any]]) -> Span | None:
-        """A recording (or sampled-out but propagating) span, or None when there is nothing to do."""
+    def _start(
+        self, name: str, kind: SpanKind, attributes: Callable[[], dict[str, Any]], parent: Context | None = None
+    ) -> Span | None:
+        """A recording (or sampled-out but propagating) span, or None when there is nothing to do.
+        ``parent``: the context to start it in (default: the current one)."""
         tracer = self._get_tracer()
         if tracer is None:
             return None
         try:
-            span = tracer.start_span(name, kind=kind, attributes=attributes())
-            if not span.is_recording() and span.get_span_context() == trace.get_current_span().get_span_context():
+            span = tracer.start_span(name, context=parent, kind=kind, attributes=attributes())
+            if not span.is_recording() and span.get_span_context() == trace.get_current_span(parent).get_span_context():
                 return None  # a no-op tracer hands back the current span: nothing to add
             return span
         except Exception:
@@ -346,7 +357,7 @@ class OtelTracingMiddleware(MiddlewareBase):
                 if result.usage is not None:
                     _set_usage(span, result.usage)
                 if capture:
-                    span.set_attribute(OUTPUT_MESSAGES, _messages_json([result]))
+                    span.set_attribute(OUTPUT_MESSAGES, messages_json([result]))
 
         return observe, None
 
@@ -372,36 +383,15 @@ class OtelTracingMiddleware(MiddlewareBase):
         def close(span: Span) -> None:
             if builder is not None:
                 reply = builder.build("output", None)
-                span.set_attribute(OUTPUT_MESSAGES, _messages_json([reply], builder.finish_reason))
+                span.set_attribute(OUTPUT_MESSAGES, messages_json([reply], builder.finish_reason))
 
         return observe, close
-
-    def _observe_tools(self, calls: Sequence[ToolUseBlock]) -> tuple[Observer, Closer | None]:
-        if not self.capture_content:
-            return _ignore, None
-        outputs: dict[str, list[str]] = {c.id: [] for c in calls}
-
-        def observe(span: Span, event: Any) -> None:
-            if event.source is None and event.type == "tool_result_text_delta" and event.tool_call_id in outputs:
-                outputs[event.tool_call_id].append(event.delta)
-
-        def close(span: Span) -> None:
-            texts = {cid: "".join(parts) for cid, parts in outputs.items()}
-            value = next(iter(texts.values()), "") if len(texts) == 1 else _dumps(texts)
-            span.set_attribute(TOOL_RESULT, value)
-
-        return observe, close
-
 
 class _Cancelled(BaseException):
     """Marks an iteration that ended without completing or failing (closed or cancelled)."""
 
 
 _CANCELLED = _Cancelled()
-
-
-def _ignore(span: Span, event: Any) -> None:
-    pass
 
 
 def _model_name(model: ChatModel | None) -> str:
@@ -423,54 +413,3 @@ def _set_usage(span: Span, usage: ChatUsage) -> None:
         span.set_attribute(CACHE_WRITE_TOKENS, usage.cache_write_tokens)
     if usage.reasoning_tokens:
         span.set_attribute(REASONING_TOKENS, usage.reasoning_tokens)
-
-
-# -- content capture: the conventions' structured message shape, as JSON strings -----------------
-
-
-def _dumps(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, default=str)
-
-
-def _parts(msg: Msg) -> list[dict[str, Any]]:
-    parts: list[dict[str, Any]] = []
-    for block in msg.content:
-        if isinstance(block, TextBlock):
-            parts.append({"type": "text", "content": block.text})
-        elif isinstance(block, ThinkingBlock):
-            parts.append({"type": "reasoning", "content": block.thinking})
-        elif isinstance(block, ToolUseBlock):
-            parts.append({"type": "tool_call", "id": block.id, "name": block.name, "arguments": block.input})
-        elif isinstance(block, ToolResultBlock):
-            parts.append({"type": "tool_call_response", "id": block.id, "result": block.text})
-        elif block.url is not None:
-            parts.append({"type": "uri", "mime_type": block.media_type, "uri": block.url})
-        else:
-            parts.append({"type": "blob", "mime_type": block.media_type, "content": block.data})
-    return parts
-
-
-def _messages_json(msgs: Sequence[Msg], finish_reason: str | None = None) -> str:
-    out: list[dict[str, Any]] = []
-    for msg in msgs:
-        entry: dict[str, Any] = {"role": msg.role, "parts": _parts(msg)}
-        if msg.name:
-            entry["name"] = msg.name
-        if finish_reason is not None:
-            entry["finish_reason"] = finish_reason
-        out.append(entry)
-    return _dumps(out)
-
-
-def _tools_json(tools: Sequence[ToolSchema]) -> str:
-    return _dumps(
-        [{"type": "function", "name": t.name, "description": t.description, "parameters": t.parameters}
-         for t in tools]
-    )
-
-
-def _arguments_json(calls: Sequence[ToolUseBlock]) -> str:
-    if len(calls) == 1:
-        return _dumps(calls[0].input)
-    return _dumps({c.id: c.input for c in calls})
-

@@ -12,23 +12,26 @@ import asyncio
 import dataclasses
 import inspect
 import json
-import re
+import os
+import sys
+import warnings
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, get_type_hints, overload
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
+from pydantic import BaseModel, Field, ValidationError
 
 from ..errors import ToolArgumentError
 from ..events import EventBase
 from ..message import DataBlock, TextBlock, ToolUseBlock
 from ..model.base import ToolSchema
+from ._schema import arguments_model, clean_schema, parse_docstring
 
 if TYPE_CHECKING:
     from ..agent.context import RuntimeContext
 
-__all__ = ["PermissionDecision", "Tool", "ToolArgumentError", "Toolkit", "tool"]
+__all__ = ["PermissionDecision", "Tool", "ToolArgumentError", "Toolkit", "clean_schema", "tool"]
 
 
 class PermissionDecision(StrEnum):
@@ -107,7 +110,7 @@ class Tool:
             result = await asyncio.to_thread(self.fn, **kwargs)
         else:
             raise TypeError(f"{self.name} is a generator tool: iterate run() instead")
-        return _chunks(result)
+        return _chunks(result, self.name)
 
     async def run(self, arguments: Mapping[str, Any], ctx: RuntimeContext | None) -> AsyncIterator[Any]:
         """Validate, call, and yield the output as chunks (``str`` or `DataBlock`)."""
@@ -116,11 +119,22 @@ class Tool:
                 yield part
             return
         async for chunk in self.fn(**self._kwargs(arguments, ctx)):
-            for part in _chunks(chunk):
+            for part in _chunks(chunk, self.name):
                 yield part
 
 
-def _chunks(value: Any) -> tuple[Any, ...]:
+def _forgotten_await(name: str, coro: Any) -> TypeError:
+    """The error of a tool that returned a coroutine (a missing ``await``): the model must not be
+    told ``<coroutine object …>`` succeeded. Closing the coroutine keeps Python's "never awaited"
+    warning from surfacing later, far from the cause."""
+    coro.close()
+    return TypeError(
+        f"tool {name!r} returned a coroutine instead of its result (a missing `await`?): "
+        "await it inside the tool, or declare the tool `async def`"
+    )
+
+
+def _chunks(value: Any, name: str) -> tuple[Any, ...]:
     if value is None:
         return ()
     if isinstance(value, str | DataBlock | EventBase):  # events: a sub-agent's, forwarded as they are
@@ -133,6 +147,8 @@ def _chunks(value: Any) -> tuple[Any, ...]:
         return (value.model_dump_json(),)
     if isinstance(value, dict | list | tuple | int | float | bool):
         return (json.dumps(value, default=str, ensure_ascii=False),)
+    if inspect.iscoroutine(value):  # checked last: the usual outputs never pay for it
+        raise _forgotten_await(name, value)
     return (str(value),)
 
 
@@ -191,7 +207,8 @@ def _make_tool(fn: Callable[..., Any], *, name: str | None, description: str | N
     from ..agent.context import RuntimeContext
     from ..agent.state import AgentState
 
-    doc_description, param_docs = _parse_docstring(inspect.getdoc(fn) or "")
+    tool_name = name or _tool_name(fn)
+    doc_description, param_docs = parse_docstring(inspect.getdoc(fn) or "")
     try:
         hints = get_type_hints(fn)
     except Exception:  # unresolvable forward references: fall back to Any
@@ -213,76 +230,50 @@ def _make_tool(fn: Callable[..., Any], *, name: str | None, description: str | N
             continue
         default = ... if p.default is inspect.Parameter.empty else p.default
         fields[p.name] = (annotation, Field(default, description=param_docs.get(p.name)))
-    tool_name = name or fn.__name__
-    args_model = create_model(  # type: ignore[call-overload]
-        f"{tool_name}_arguments", __config__=ConfigDict(extra="forbid"), **fields
-    )
+    args_model, parameters = arguments_model(tool_name, fields)
+    tool_description = description if description is not None else doc_description
+    if not tool_description.strip():
+        _warn_no_description(tool_name)
     return Tool(
         fn=fn,
         name=tool_name,
-        description=description if description is not None else doc_description,
-        parameters=clean_schema(args_model.model_json_schema()),
+        description=tool_description,
+        parameters=parameters,
         args_model=args_model,
         injected=injected,
         **options,
     )
 
 
-def clean_schema(schema: dict[str, Any]) -> dict[str, Any]:
-    """Drop pydantic's generated titles: models read names, titles only cost tokens."""
-    out: dict[str, Any] = {}
-    for key, value in schema.items():
-        if key == "title" and isinstance(value, str):
-            continue
-        if key == "properties" and isinstance(value, dict):
-            out[key] = {k: clean_schema(v) if isinstance(v, dict) else v for k, v in value.items()}
-        elif isinstance(value, dict):
-            out[key] = clean_schema(value)
-        elif isinstance(value, list):
-            out[key] = [clean_schema(v) if isinstance(v, dict) else v for v in value]
-        else:
-            out[key] = value
-    out.setdefault("type", "object")
-    if out.get("type") == "object" and "properties" not in out and "$ref" not in out:
-        out["properties"] = {}
-    return out
+def _tool_name(fn: Callable[..., Any]) -> str:
+    """``fn``'s own name, when it has a usable one: a lambda (``'<lambda>'``) or a nameless
+    callable (a ``functools.partial``, an object with ``__call__``) would reach the model under a
+    name no provider accepts, so it is refused here, where the fix is obvious."""
+    own = getattr(fn, "__name__", None)
+    if isinstance(own, str) and own.isidentifier():
+        return own
+    what = "a lambda" if own == "<lambda>" else f"a callable without a usable __name__ ({fn!r})"
+    raise ValueError(
+        f"cannot make a tool of {what}: name it, e.g. tool(name='my_tool')(fn) or "
+        "toolkit.register(fn, name='my_tool')"
+    )
 
 
-_SECTION = re.compile(r"^(Args|Arguments|Parameters|Returns|Raises|Yields|Example|Examples|Note|Notes):\s*$")
-_GOOGLE_PARAM = re.compile(r"^\s*(\*{0,2}\w+)\s*(?:\([^)]*\))?\s*:\s*(.*)$")
-_REST_PARAM = re.compile(r"^:param\s+(?:[^:]*\s)?(\w+):\s*(.*)$")
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # agentscope_py/
 
 
-def _parse_docstring(doc: str) -> tuple[str, dict[str, str]]:
-    """The description (text before the first section) and per-parameter descriptions."""
-    description: list[str] = []
-    params: dict[str, str] = {}
-    section: str | None = None
-    current: str | None = None
-    for raw in doc.splitlines():
-        line = raw.rstrip()
-        rest = _REST_PARAM.match(line.strip())
-        if rest:
-            current = rest.group(1)
-            params[current] = rest.group(2).strip()
-            section = "rest"
-            continue
-        header = _SECTION.match(line.strip())
-        if header:
-            section, current = header.group(1), None
-            continue
-        if section is None:
-            description.append(line)
-        elif section in ("Args", "Arguments", "Parameters"):
-            m = _GOOGLE_PARAM.match(line)
-            if m and (len(line) - len(line.lstrip())) <= 4:
-                current = m.group(1).lstrip("*")
-                params[current] = m.group(2).strip()
-            elif current and line.strip():
-                params[current] = f"{params[current]} {line.strip()}".strip()
-        elif section == "rest" and current and line.strip() and not line.strip().startswith(":"):
-            params[current] = f"{params[current]} {line.strip()}"
-    return "\n".join(description).strip(), params
+def _warn_no_description(tool_name: str) -> None:
+    """A `UserWarning` pointing at the user's line (the first frame outside this package): models
+    choose tools by their descriptions, so an empty one is almost always a mistake."""
+    level, frame = 1, sys._getframe(0)
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(
+        f"tool {tool_name!r} has no description (models choose tools by their descriptions): "
+        "give the function a docstring or pass description='...'",
+        UserWarning,
+        stacklevel=level,
+    )
 
 
 # -- Toolkit --------------------------------------------------------------------------------------

@@ -149,23 +149,14 @@ async def test_span_tree_names_kinds_parents_attributes_and_status(
     assert _attrs(tool_span) == {
         "gen_ai.operation.name": "execute_tool",
         "gen_ai.tool.type": "function",
-        "gen_ai.tool.call.count": 1,
         "gen_ai.tool.name": "echo",
         "gen_ai.tool.call.id": "tc-1",
+        "gen_ai.tool.description": "Echo the text back.",
+        "agentscope.tool.result.state": "success",
     }
 
 
-async def test_a_batch_of_tools_is_one_span_named_after_the_first(
-    provider: TracerProvider, exporter: InMemorySpanExporter
-) -> None:
-    model = ScriptedModel([ModelStep.tool_calls_of(("echo", {"text": "a"}), ("shout", {"text": "b"}),
-                                                   ("echo", {"text": "c"})),
-                           ModelStep.text("done")])
-    await _agent(model, OtelTracingMiddleware(provider), echo, shout).call("go")
-    (span,) = _by_name(exporter.get_finished_spans())["execute_tool echo (+2 more)"]
-    assert span.attributes is not None
-    assert span.attributes["gen_ai.tool.name"] == "echo"
-    assert span.attributes["gen_ai.tool.call.count"] == 3
+# One span per tool call (not per batch): tests/middleware/test_mw_tool_spans.py.
 
 
 async def test_request_options_become_request_attributes(
