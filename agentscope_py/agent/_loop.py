@@ -971,8 +971,9 @@ def _warn_empty(agent: ReActAgent) -> None:
     hooks = agent._participants.hooks
     names = [mw.name for mw in (*hooks[ExtensionPoint.ON_REASONING], *hooks[ExtensionPoint.ON_MODEL_CALL])]
     logger.warning(
-        "agent %s: a round's reasoning stream was empty (no model call, no event): %s returned an empty "
-        "stream without calling next(); the reply is empty", agent.name, ", ".join(names) or "a middleware")
+        "agent %s: a round's reasoning stream carried no event (no model call reached the loop): a middleware "
+        "at on_reasoning/on_model_call (%s) returned an empty stream or stopped before the first event; the "
+        "reply is empty", agent.name, ", ".join(names) or "none")
 
 
 def admit(msg: Msg) -> Msg:
