@@ -94,7 +94,7 @@ async def test_blank_text_is_rejected_before_anything_runs(text: str) -> None:
 
 
 def test_check_input_rejects_an_empty_input_unless_it_resumes() -> None:
-    from agentscope_py.agent.react import EMPTY_INPUT, check_input
+    from agentscope_py.agent._input import EMPTY_INPUT, check_input
 
     with pytest.raises(ValueError) as err:
         check_input((), resuming=False)
@@ -103,7 +103,6 @@ def test_check_input_rejects_an_empty_input_unless_it_resumes() -> None:
     check_input((Msg.user("hi"),), resuming=False)
 
 
-@pytest.mark.xfail(strict=True, reason="the loop calls react.check_input in _take_input (core's part of #13)")
 async def test_an_empty_call_with_nothing_pending_is_rejected() -> None:
     agent, model = _agent()
     with pytest.raises(ValueError, match="the agent input is empty"):

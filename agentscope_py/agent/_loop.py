@@ -77,6 +77,7 @@ from ..stream import EventStream, aclose, prefetched
 from ..tool.toolkit import Tool, clean_schema
 from ._acting import acting_events
 from ._brackets import BRACKET_TYPES, Brackets, describe
+from ._input import check_input
 from ._reply import NO_USAGE, ReplyBuilder, ToolResultCollector, delta_maker, model_events
 from ._session import RunControl
 from .state import AgentState
@@ -490,6 +491,7 @@ class Execution:
         pending = self._pending_calls()
         if pending:
             return self._resume(pending, input_msgs)
+        check_input(input_msgs, resuming=False)
         _check_no_control_input(input_msgs)
         assert self.state is not None
         self.state.context.extend(admit(m) for m in input_msgs)

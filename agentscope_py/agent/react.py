@@ -18,6 +18,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from ..errors import InputError
 from ..events import AgentEvent, AgentResult, ConfirmResult
 from ..message import Msg
 from ..middleware.base import AgentInput, ExtensionPoint, MiddlewareBase
@@ -25,6 +26,7 @@ from ..middleware.chain import Participants, compose
 from ..model.base import ChatModel
 from ..stream import EventStream, aclose
 from ..tool.toolkit import Tool, Toolkit, tool
+from ._input import check_input
 from ._loop import Execution
 from ._reply import FailoverListener, RetryPolicy
 from ._session import SessionGates
@@ -38,22 +40,10 @@ MsgInput = str | Msg | Mapping[str, Any] | Iterable[str | Msg | Mapping[str, Any
 """What ``call``/``stream`` accept: text (a user message), a `Msg`, a dict in the `Msg` shape
 (validated as one), or a list of those; ``None`` or ``[]`` only to resume pending tool calls."""
 
-EMPTY_INPUT = (
-    "the agent input is empty: pass the user's text (agent.call('hi')) or messages (Msg.user(...)); "
-    "an empty input only resumes tool calls that are waiting"
-)
 _SHAPE = (
     "use Msg.user(...) for text, or a dict in the Msg shape: "
     "{'role': 'user', 'content': [{'type': 'text', 'text': '...'}]}"
 )
-
-
-def check_input(msgs: Sequence[Msg], *, resuming: bool) -> None:
-    """Reject an execution that would give the model nothing new: no input messages and no pending
-    tool calls to resume (``resuming``). Whether calls are pending is session state, known only
-    once the state is loaded, so the loop calls this there; `_as_msgs` rejects blank text early."""
-    if not msgs and not resuming:
-        raise ValueError(EMPTY_INPUT)
 
 
 def _as_msgs(value: MsgInput) -> tuple[Msg, ...]:
@@ -74,7 +64,7 @@ def _as_msgs(value: MsgInput) -> tuple[Msg, ...]:
 def _as_msg(value: Any, where: str) -> Msg:
     if isinstance(value, str):
         if not value.strip():
-            raise ValueError(f"the agent input{where} is blank: pass the user's text (agent.call('hi')) or a Msg")
+            raise InputError(f"the agent input{where} is blank: pass the user's text (agent.call('hi')) or a Msg")
         return Msg.user(value)
     if isinstance(value, Msg):
         return value
@@ -82,12 +72,12 @@ def _as_msg(value: Any, where: str) -> Msg:
         raise TypeError(f"the agent input{where} is of type {type(value).__name__}, not a message: {_SHAPE}")
     unknown = sorted(str(k) for k in value if k not in Msg.model_fields)
     if unknown:  # pydantic would drop them silently (a message with no content)
-        raise ValueError(f"the agent input{where} is not a Msg: unknown field(s) {', '.join(unknown)}; {_SHAPE}")
+        raise InputError(f"the agent input{where} is not a Msg: unknown field(s) {', '.join(unknown)}; {_SHAPE}")
     try:
         return Msg.model_validate(value)
     except ValidationError as exc:
         problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'msg'}: {e['msg']}" for e in exc.errors())
-        raise ValueError(f"the agent input{where} is not a Msg ({problems}); {_SHAPE}") from None
+        raise InputError(f"the agent input{where} is not a Msg ({problems}); {_SHAPE}") from None
 
 
 def confirm_message(*results: ConfirmResult | Mapping[str, Any]) -> Msg:
