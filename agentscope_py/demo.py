@@ -18,7 +18,7 @@ from typing import Any
 from .agent.react import ReActAgent
 from .events import AgentEvent, Custom, TextBlockDelta, TextBlockEnd
 from .message import ChatUsage, Msg, ToolUseBlock, new_id
-from .middleware.base import ActingInput, MiddlewareBase, ModelCallInput, Next, ReasoningInput
+from .middleware.base import ActingInput, MiddlewareBase, ModelCallInput, Next
 from .model.base import ChatModel, ModelRequest
 from .model.scripted import ModelStep, ScriptedModel
 from .stream import EventStream
@@ -95,12 +95,12 @@ _EMAIL = re.compile(r"[\w.+-]+@[\w-]+\.[\w.]+")
 
 
 class RedactEmailsMiddleware(MiddlewareBase):
-    """Rewrites what callers see with a stream operator: e-mail addresses in streamed text become
-    ``[email]``. An address can straddle deltas, so the tail after the last space is held back
-    until the next delta or the end of the block. (Memory keeps the original text: it is built
-    from the model-call chain, and this hook sits on the reasoning chain.)"""
+    """Redacts with a stream operator: e-mail addresses in streamed text become ``[email]``. An
+    address can straddle deltas, so the tail after the last space is held back until the next
+    delta or the end of the block. It sits on the model-call chain, so what callers see, what the
+    result holds and what memory keeps (the model's next input) are all redacted."""
 
-    def on_reasoning(self, agent: Any, ctx: Any, input: ReasoningInput, next: Next) -> Any:
+    def on_model_call(self, agent: Any, ctx: Any, input: ModelCallInput, next: Next) -> Any:
         def subscribe() -> EventStream[Any]:
             held: dict[str, str] = {}  # per subscription: block id -> text not yet released
 

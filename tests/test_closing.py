@@ -209,3 +209,37 @@ async def test_an_empty_stream_at_a_reasoning_point_is_logged_once(caplog: pytes
     assert msg.text == "" and not model.requests
     warnings = [r for r in caplog.records if "empty" in r.getMessage()]
     assert len(warnings) == 1 and "Empty" in warnings[0].getMessage() and "quiet" in warnings[0].getMessage()
+
+
+class AgentBuffer(MiddlewareBase):
+    def on_agent(self, agent: Any, ctx: Any, input: Any, next: Any) -> Any:
+        from reactivex import operators as ops
+
+        return next(input).pipe(ops.buffer_with_count(2))
+
+
+class AgentCut(MiddlewareBase):
+    def on_agent(self, agent: Any, ctx: Any, input: Any, next: Any) -> Any:
+        return next(input).take_while(lambda e: type(e) is not TextBlockDelta or "stop" not in e.delta)
+
+
+async def test_on_agent_hooks_must_emit_events_and_their_cuts_are_closed() -> None:
+    agent = ReActAgent.builder().model(ScriptedModel([ModelStep.text("hi")])).middleware(AgentBuffer()).build()
+    with pytest.raises(MiddlewareError, match="AgentBuffer at on_agent emitted a list"):
+        await agent.stream("hi").to_list()
+    model = ScriptedModel([ModelStep.text("go on stop here", chunks=3)])
+    events = await ReActAgent.builder().model(model).middleware(AgentCut()).build().stream("hi").to_list()
+    assert balance(events) == Counter() and types(events)[-2:] == ["text_block_end", "model_call_end"]
+
+
+async def test_the_demo_redacts_what_callers_see_the_result_and_memory() -> None:
+    from agentscope_py.demo import build_demo_agent
+
+    agent = build_demo_agent()
+    events = await agent.stream("What is 17 * 23?").to_list()
+    shown = "".join(e.delta for e in events if type(e) is TextBlockDelta)
+    result = events[-2].result
+    state, _ = await agent.state_store.load("default", "default")
+    assert state is not None
+    for text in (shown, result.text, state.context[-1].text):
+        assert "[email]" in text and "demo@example.com" not in text

@@ -65,14 +65,11 @@ def describe(error: BaseException) -> str:
     return f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
 
 
-def _key(kind: str, ev: Any) -> tuple[str, str | None, str]:
-    if kind == "model":
-        ident = ev.reply_id
-    elif kind in ("call", "result"):
-        ident = ev.tool_call_id
-    else:
-        ident = ev.block_id
-    return kind, ev.source, ident
+_IDS: dict[type[Any], str] = {cls: "reply_id" for cls in (ModelCallStart, ModelCallEnd)}
+_IDS.update({cls: "tool_call_id" for cls in (ToolCallStart, ToolCallEnd, ToolResultStart, ToolResultEnd)})
+_IDS.update({cls: "block_id" for cls in (TextBlockStart, TextBlockEnd, ThinkingBlockStart, ThinkingBlockEnd,
+                                         DataBlockStart, DataBlockEnd)})
+_NOTHING: list[AgentEvent] = []  # what `see` returns almost always (never appended to)
 
 
 class Brackets:
@@ -86,14 +83,18 @@ class Brackets:
     def see(self, ev: Any) -> list[AgentEvent]:
         """Note ``ev`` (one of `BRACKET_TYPES`); returns what must be emitted before it."""
         cls = type(ev)
+        fields = ev.__dict__  # (pydantic's __getattr__ makes attribute reads slow)
         kind = _OPENS.get(cls)
         if kind is None:
-            self._open.pop(_key(_CLOSES[cls], ev), None)
-            return []
-        key = _key(kind, ev)
-        early = self._close_from(key, SUPERSEDED, discarded=True) if kind == "model" and key in self._open else []
+            self._open.pop((_CLOSES[cls], fields["source"], fields[_IDS[cls]]), None)
+            return _NOTHING
+        key = (kind, fields["source"], fields[_IDS[cls]])
+        if kind == "model" and key in self._open:
+            early = self._close_from(key, SUPERSEDED, discarded=True)
+            self._open[key] = ev
+            return early
         self._open[key] = ev
-        return early
+        return _NOTHING
 
     def close(self, error: BaseException | None) -> list[AgentEvent]:
         """The Ends of everything still open, innermost first: the step that opened them ended

@@ -86,7 +86,7 @@ if TYPE_CHECKING:
     from .context import RuntimeContext
     from .react import ReActAgent
 
-__all__ = ["Execution", "PendingToolCallsError", "ResumeError", "StructuredOutputError"]
+__all__ = ["Execution", "PendingToolCallsError", "ResumeError", "StructuredOutputError", "guarded"]
 
 logger = logging.getLogger("agentscope_py")
 
@@ -963,6 +963,28 @@ def not_an_event(item: Any, point: ExtensionPoint, agent: ReActAgent) -> Middlew
     )
 
 
+async def guarded(events: AsyncIterator[Any], agent: ReActAgent) -> AsyncIterator[AgentEvent]:
+    """The caller's stream when on_agent hooks shape it: each item must be an event, and what a
+    hook left open when it stopped reading (or raised) is closed (`_brackets`)."""
+    brackets = Brackets()
+    try:
+        async for ev in events:
+            if type(ev) in BRACKET_TYPES:
+                for early in brackets.see(ev):
+                    yield early
+            elif not isinstance(ev, EventBase):
+                raise not_an_event(ev, ExtensionPoint.ON_AGENT, agent)
+            yield ev
+    except Exception as exc:
+        for end in brackets.close(exc):
+            yield end
+        raise
+    finally:
+        await aclose(events)
+    for end in brackets.close(None):
+        yield end
+
+
 def _warn_empty(agent: ReActAgent) -> None:
     """Log, once per agent, that a round got an empty stream: a hook at on_reasoning or
     on_model_call short-circuited without a single event, so the reply is empty and no model was
@@ -984,7 +1006,10 @@ def admit(msg: Msg) -> Msg:
     if msg.metadata and depth_exceeds(msg.metadata):
         raise InputError(f"the metadata of the input message {msg.id} nests deeper than {MAX_DEPTH} levels: "
                          "flatten it (a session must be able to load what it saves)")
-    if all(_clean_block(b) is b for b in msg.content):
+    for block in msg.content:
+        if _clean_block(block) is not block:
+            break
+    else:
         return msg
     return msg.model_copy(update={"content": [_clean_block(b) for b in msg.content],
                                   "metadata": clean_value(msg.metadata)})

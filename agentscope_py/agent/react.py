@@ -27,7 +27,7 @@ from ..model.base import ChatModel
 from ..stream import EventStream, aclose
 from ..tool.toolkit import Tool, Toolkit, tool
 from ._input import check_input
-from ._loop import Execution
+from ._loop import Execution, guarded
 from ._reply import FailoverListener, RetryPolicy
 from ._session import SessionGates
 from .context import RuntimeContext
@@ -184,7 +184,10 @@ class ReActAgent:
     ) -> tuple[Execution, Any]:
         exe = Execution(self, ctx if ctx is not None else RuntimeContext(), structured_model)
         chain = compose(ExtensionPoint.ON_AGENT, self._participants, self, exe.ctx, exe.agent_core, self._trace)
-        return exe, chain(AgentInput(msgs=msgs)).__aiter__()
+        events = chain(AgentInput(msgs=msgs)).__aiter__()
+        if self._participants.hooks[ExtensionPoint.ON_AGENT]:
+            events = guarded(events, self)  # what on_agent hooks emit is the caller's stream
+        return exe, events
 
     def as_tool(self, name: str | None = None, description: str | None = None) -> Tool:
         """This agent as a tool of another: the sub-agent runs in its own session under the
