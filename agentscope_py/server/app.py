@@ -180,6 +180,8 @@ class _Server:
         except HTTPError as exc:
             log.info("request %s: POST /v1/runs refused (%s): %s", rid, exc.status, exc.detail)
             return exc.response(rid)
+        except Exception as exc:  # an authenticate() that failed
+            return _internal_error(exc, rid, "POST /v1/runs")
         msgs: list[Msg] = []
         if body.confirm:
             msgs.append(confirm_message(*body.confirm))
@@ -197,7 +199,10 @@ class _Server:
             body = await self._body(request, InterruptRequest, "")
             user_id = await self.identity.user(request, body.user_id)
         except HTTPError as exc:
+            log.info("request %s: POST /v1/interrupt refused (%s): %s", rid, exc.status, exc.detail)
             return exc.response(rid)
+        except Exception as exc:
+            return _internal_error(exc, rid, "POST /v1/interrupt")
         return JSONResponse({"interrupted": self.agent.interrupt(user_id=user_id, session_id=body.session_id)})
 
     def _pending(self, user_id: str, session_id: str) -> Callable[[], Awaitable[list[str]]]:
