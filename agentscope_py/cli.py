@@ -197,7 +197,8 @@ def serve(args: argparse.Namespace) -> int:
               "max_connections": args.max_connections, "log_level": args.log_level}
     try:
         if args.workers > 1:
-            load_target(args.target) if args.target else None  # fail here, not in every worker
+            if args.target:
+                load_target(args.target)  # fail here, not in every worker
             print("note: each worker process has its own memory of threads unless the agent uses a shared "
                   "state store (RedisStateStore)", file=sys.stderr)
             os.environ[_WORKER_ENV] = json.dumps(options)

@@ -138,18 +138,22 @@ def _announce(host: str, port: int, token: bool) -> None:
 
 def _wait_then_announce(host: str, port: int, token: bool, stop: threading.Event) -> None:
     """For worker processes: print once ``/healthz`` answers."""
-    import httpx
+    import urllib.error
+    import urllib.request
 
     target = "127.0.0.1" if host in ("0.0.0.0", "") else "::1" if host == "::" else host
-    base = f"http://{f'[{target}]' if ':' in target else target}:{port}"
+    url = f"http://{f'[{target}]' if ':' in target else target}:{port}/healthz"
     while not stop.is_set():
         try:
-            if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
-                _announce(host, port, token)
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.05)
+            with urllib.request.urlopen(url, timeout=1):
+                pass
+        except urllib.error.HTTPError:
+            pass  # an answer all the same (a Host outside allowed_hosts is a 400)
+        except OSError:  # not listening or not serving yet (URLError is an OSError)
+            time.sleep(0.05)
+            continue
+        _announce(host, port, token)
+        return
 
 
 def serve(
