@@ -218,16 +218,21 @@ class SSEResponse(Response):
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
         loop = asyncio.get_running_loop()
+        self._sent = 0
+        self._sending = False
         pump = loop.create_task(self._pump(send))
         watch = loop.create_task(_disconnected(receive))
+        tasks = {pump, watch}
+        if self.stall_timeout is not None and self.stall_timeout > 0:
+            tasks.add(loop.create_task(self._stalled(self.stall_timeout)))
         try:
-            await asyncio.wait({pump, watch}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            watch.cancel()
-            if not pump.done():
-                pump.cancel()
+            for task in tasks:
+                if not task.done():
+                    task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await asyncio.shield(asyncio.gather(pump, watch, return_exceptions=True))
+                await asyncio.shield(asyncio.gather(*tasks, return_exceptions=True))
         if not pump.cancelled() and (exc := pump.exception()) is not None and not isinstance(exc, OSError):
             log.error("SSE stream failed", exc_info=exc)
 
@@ -235,14 +240,26 @@ class SSEResponse(Response):
         frames = with_heartbeat(self.frames(), self.heartbeat, self.buffer_bytes)
         async with contextlib.aclosing(frames):  # type: ignore[type-var]
             async for frame in frames:
-                try:
-                    async with asyncio.timeout(self.stall_timeout):
-                        await send({"type": "http.response.body", "body": frame, "more_body": True})
-                except TimeoutError:
-                    # Returning without finishing the response makes the server close the connection.
-                    log.warning("dropped a client that read nothing for %s s", self.stall_timeout)
-                    return
+                # Two stores per frame instead of a timer per send: `_stalled` reads them.
+                self._sending = True
+                await send({"type": "http.response.body", "body": frame, "more_body": True})
+                self._sending = False
+                self._sent += 1
         await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def _stalled(self, seconds: float) -> None:
+        """Returns (which drops the client, as a disconnect does) once one ``send`` has waited
+        ``seconds``: the client's socket buffers are full and it is not reading."""
+        step = seconds / 4
+        waited, last = 0.0, -1
+        while waited < seconds:
+            await asyncio.sleep(step)
+            if self._sending and self._sent == last:
+                waited += step
+            else:
+                waited, last = 0.0, self._sent
+        # Returning without finishing the response makes the server close the connection.
+        log.warning("dropped a client that took nothing for %s s", seconds)
 
 
 async def _disconnected(receive: Receive) -> None:
