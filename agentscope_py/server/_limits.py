@@ -20,7 +20,7 @@ class Limits:
 
     ``max_json_depth``: how deep the body's JSON may nest (``{"a": [1]}`` is 2);
     ``max_messages``: messages in one request (AG-UI ``messages``, native ``input``);
-    ``max_message_chars``: characters of text in one message;
+    ``max_message_chars``: characters of text in one message (inline binary data not counted);
     ``buffer_bytes``: frames one client may have waiting for its socket; past it the run pauses;
     ``stall_timeout``: seconds a client may go without taking a frame before it is dropped (its run
     is cancelled as if it had disconnected; ``None``: never)."""
@@ -95,6 +95,8 @@ def _deeper_than(value: Any, limit: int) -> bool:
 
 
 def _chars(value: Any) -> int:
+    """Characters of text in a message's JSON. Inline binary data (an AG-UI ``{"type": "data",
+    "value"}`` source, a native ``DataBlock``) is not text: ``max_body_bytes`` bounds it."""
     total = 0
     stack = [value]
     while stack:
@@ -102,7 +104,8 @@ def _chars(value: Any) -> int:
         if isinstance(item, str):
             total += len(item)
         elif isinstance(item, dict):
-            stack.extend(item.values())
+            if item.get("type") != "data":
+                stack.extend(item.values())
         elif isinstance(item, list):
             stack.extend(item)
     return total

@@ -75,6 +75,15 @@ def test_a_body_past_a_limit_is_422_naming_it(live: Live, path: str, body: str, 
     assert agent.model.requests == []  # type: ignore[attr-defined]
 
 
+def test_inline_binary_data_is_not_counted_as_text(live: Live) -> None:
+    agent = scripted_agent(ModelStep.text("ok"), loop=True)
+    server = live(create_app(agent, limits=Limits(max_message_chars=500)))
+    image = {"type": "image", "source": {"type": "data", "value": "A" * 4_000, "mimeType": "image/png"}}
+    body = run_input("t", {"id": "u", "role": "user", "content": [{"type": "text", "text": "what is this?"}, image]})
+    response = httpx.post(f"{server.url}/agui", json=body, timeout=10)
+    assert response.status_code == 200, response.text
+
+
 def test_runs_needs_input_or_confirm(live: Live) -> None:
     server = live(create_app(scripted_agent(ModelStep.text("ok"), loop=True)))
     for body in ({"session_id": "s"}, {"session_id": "s", "input": ""}, {"session_id": "s", "input": []}):
