@@ -3,6 +3,7 @@ messages, and what one client may keep buffered. Everything is checked before an
 
 from __future__ import annotations
 
+import asyncio
 import json
 from dataclasses import dataclass
 from typing import Any
@@ -23,30 +24,36 @@ class Limits:
     ``max_message_chars``: characters of text in one message (inline binary data not counted);
     ``buffer_bytes``: frames one client may have waiting for its socket; past it the run pauses;
     ``stall_timeout``: seconds a client may go without taking a frame before it is dropped (its run
-    is cancelled as if it had disconnected; ``None``: never)."""
+    is cancelled as if it had disconnected; ``None``: never);
+    ``body_timeout``: seconds a client has to send its whole body (408 after; ``None``: no limit)."""
 
     max_json_depth: int = 32
     max_messages: int = 1_000
     max_message_chars: int = 200_000
     buffer_bytes: int = 256 * 1024
     stall_timeout: float | None = 30.0
+    body_timeout: float | None = 30.0
 
 
-async def read_json(request: Request, limit: int, depth: int) -> Any:
-    """The JSON body, counting the bytes actually read (a lying Content-Length cannot pass)."""
+async def read_json(request: Request, limit: int, depth: int, seconds: float | None = None) -> Any:
+    """The JSON body, counting the bytes actually read (a lying Content-Length cannot pass), and
+    read within ``seconds`` (a body sent a byte at a time holds a connection otherwise)."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise HTTPError(413, "body_too_large", f"request body too large: limit is {limit} bytes")
     chunks: list[bytes] = []
     size = 0
     try:
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit:
-                raise HTTPError(413, "body_too_large", f"request body too large: limit is {limit} bytes")
-            chunks.append(chunk)
+        async with asyncio.timeout(seconds):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise HTTPError(413, "body_too_large", f"request body too large: limit is {limit} bytes")
+                chunks.append(chunk)
     except ClientDisconnect:
         raise HTTPError(400, "client_disconnected", "the client disconnected while sending the body") from None
+    except TimeoutError:
+        raise HTTPError(408, "body_timeout", f"the body did not arrive within body_timeout={seconds} s") from None
     try:
         data = json.loads(b"".join(chunks))
     except RecursionError:  # the parser's own guard, far past any sane depth

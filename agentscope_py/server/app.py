@@ -123,7 +123,7 @@ class _Server:
                            stall_timeout=self.limits.stall_timeout)
 
     async def _body(self, request: Request, model: type[Any], messages_key: str) -> Any:
-        data = await read_json(request, self.max_body_bytes, self.limits.max_json_depth)
+        data = await read_json(request, self.max_body_bytes, self.limits.max_json_depth, self.limits.body_timeout)
         check_shape(data, messages_key, self.limits)
         return _validate(model, data)
 

@@ -165,6 +165,21 @@ def test_slowloris_is_cut_off_by_the_header_timeout(live: Live) -> None:
             time.sleep(0.3)
 
 
+def test_a_body_that_trickles_in_is_408(live: Live) -> None:
+    from agentscope_py.server import Limits
+
+    agent = scripted_agent(ModelStep.text("ok"))
+    server = live(create_app(agent, limits=Limits(body_timeout=0.5)))
+    with socket.create_connection(("127.0.0.1", server.port), timeout=5) as sock:
+        sock.sendall(b"POST /agui HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 1000\r\n\r\n{")
+        started = time.monotonic()
+        reply = sock.recv(4096)
+    assert reply.startswith(b"HTTP/1.1 408"), reply
+    assert time.monotonic() - started < 3 and b"body_timeout=0.5" in reply
+    assert agent.model.requests == []  # type: ignore[attr-defined]
+
+
 def test_connections_per_process_are_capped(live: Live) -> None:
     server = live(create_app(scripted_agent(ModelStep.text("ok"))), hardened=True, max_connections=3)
     held = [socket.create_connection(("127.0.0.1", server.port), timeout=5) for _ in range(3)]
