@@ -199,6 +199,7 @@ def serve(args: argparse.Namespace) -> int:
         if args.workers > 1:
             if args.target:
                 load_target(args.target)  # fail here, not in every worker
+            _serve.warn_if_open(args.host, args.allowed_host)
             print("note: each worker process has its own memory of threads unless the agent uses a shared "
                   "state store (RedisStateStore)", file=sys.stderr)
             os.environ[_WORKER_ENV] = json.dumps(options)

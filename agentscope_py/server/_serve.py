@@ -156,6 +156,16 @@ def _wait_then_announce(host: str, port: int, token: bool, stop: threading.Event
         return
 
 
+def warn_if_open(host: str, allowed_hosts: Sequence[str] | None) -> None:
+    """Off loopback the Host check is the caller's to configure: without it a rebinding name
+    that resolves to this machine's address is answered."""
+    from ._security import is_loopback
+
+    if allowed_hosts is None and not is_loopback(host):
+        print(f"warning: serving on {host} without allowed_hosts answers any Host name (DNS rebinding); "
+              "pass allowed_hosts (--allowed-host) with the names clients use", file=sys.stderr, flush=True)
+
+
 def serve(
     agent_or_factory: Any,
     host: str = "127.0.0.1",
@@ -175,14 +185,9 @@ def serve(
     picks a free one. ``gc_tuning``: apply `tune_gc` once the app is built; ``app_options`` go to
     `create_app` (``authenticate``, ``limits``…); the timeouts and ``max_connections`` are
     `uvicorn_config`'s."""
-    from ._security import is_loopback
     from .app import create_app
 
-    if allowed_hosts is None and not is_loopback(host):
-        # Off loopback the Host check is the caller's to configure: without it a rebinding name
-        # that resolves to this machine's address is answered.
-        print(f"warning: serving on {host} without allowed_hosts answers any Host name (DNS rebinding); "
-              "pass allowed_hosts (--allowed-host) with the names clients use", file=sys.stderr, flush=True)
+    warn_if_open(host, allowed_hosts)
     app: Starlette = create_app(agent_or_factory, auth_token=auth_token, allowed_origins=allowed_origins,
                                 allowed_hosts=allowed_hosts, **(app_options or {}))
     if gc_tuning:
