@@ -191,3 +191,13 @@ def test_connections_per_process_are_capped(live: Live) -> None:
             sock.close()
     time.sleep(0.2)
     assert httpx.get(f"{server.url}/healthz", timeout=5).status_code == 200
+
+
+def test_serving_off_loopback_without_allowed_hosts_warns(capsys: pytest.CaptureFixture[str]) -> None:
+    from agentscope_py.server._serve import warn_if_open
+
+    for host, hosts in (("127.0.0.1", None), ("::1", None), ("localhost", None), ("0.0.0.0", ["agent.example"])):
+        warn_if_open(host, hosts)
+    assert capsys.readouterr().err == ""
+    warn_if_open("0.0.0.0", None)
+    assert "DNS rebinding" in capsys.readouterr().err
