@@ -13,7 +13,7 @@ from typing import Any, Literal
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
-__all__ = ["ClientError", "HTTPError", "describe", "new_request_id", "request_id"]
+__all__ = ["ClientError", "HTTPError", "describe", "log_failure", "new_request_id", "request_id"]
 
 log = logging.getLogger("agentscope_py.server")
 
