@@ -27,7 +27,7 @@ BUILT = []
 
 
 def build() -> ReActAgent:
-    time.sleep(1.0)  # a slow start: loading a model, opening a store
+    time.sleep(3.0)  # a slow start: loading a model, opening a store
     BUILT.append(1)
     model = ScriptedModel([ModelStep.text("served by my agent")], name="mine", loop=True)
     return ReActAgent.builder().name("mine").model(model).build()
@@ -121,8 +121,8 @@ def test_serve_your_factory_prints_the_url_once_it_answers(serving: list[Serving
     s = Serving("myagents:build", cwd=agents_dir)
     serving.append(s)
     s.wait_for_url()
-    # The factory sleeps a second at startup: the URL must not appear before it has run.
-    assert httpx.get(f"{s.url}/healthz", timeout=0.5).status_code == 200
+    # The factory sleeps 3 s at startup: the URL must not appear before it has run.
+    assert httpx.get(f"{s.url}/healthz", timeout=1.5).status_code == 200
     events = agui_events(httpx.post(f"{s.url}/agui", json=run_input("t", user("hi")), timeout=10).text)
     assert "".join(e["delta"] for e in events if e["type"] == "TEXT_MESSAGE_CONTENT") == "served by my agent"
 
