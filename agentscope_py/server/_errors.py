@@ -88,8 +88,8 @@ def describe(exc: BaseException, rid: str, vocabulary: Vocabulary, pending: Sequ
     if names & _SHOWN and not names & _HIDDEN:
         message = str(exc) or type(exc).__name__
         if vocabulary == "agui" and "ResumeError" in names:
-            message = message.replace("confirm results were", "resume entries were").replace(
-                "confirm result", "resume entry")
+            message = (message.replace("confirm results were", "resume entries were")
+                       .replace("confirm result", "resume entry").replace("for confirmation", "for approval"))
         return ClientError(type(exc).__name__, message, bool(names & _MISTAKES))
     return ClientError("InternalError", f"the run failed on the server (request id {rid})", False)
 

@@ -113,6 +113,14 @@ def test_a_pending_confirmation_is_explained_in_each_endpoints_words(
         assert len(mine) == 1 and mine[0].exc_info is None and "\n" not in mine[0].getMessage()
 
 
+def test_a_resume_with_nothing_pending_is_explained_in_agui_words(live: Live) -> None:
+    server = live(create_app(scripted_agent(ModelStep.text("ok"), loop=True)))
+    body = run_input("t", user("hi"), resume=[{"interruptId": "call-9", "status": "resolved", "payload": {}}])
+    error = agui_events(httpx.post(f"{server.url}/agui", json=body, timeout=10).text)[-1]
+    assert error["type"] == "RUN_ERROR" and error["code"] == "ResumeError"
+    assert "resume entries were given" in error["message"] and "confirm" not in error["message"]
+
+
 class Flood:
     """A model streaming ``total`` chunks of ``size`` characters (then usage), counting them."""
 
