@@ -1,11 +1,13 @@
-"""The ``agentscope-py`` command: ``demo`` runs the demo agent in the terminal, ``serve`` serves it
-to a browser and to AG-UI clients."""
+"""The ``agentscope-py`` command: ``demo`` runs the demo agent in the terminal, ``serve`` serves an
+agent (yours, or the demo) to a browser and to AG-UI clients."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import contextlib
+import json
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any, TextIO
@@ -28,15 +30,89 @@ async def run_demo(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
-def serve(args: argparse.Namespace) -> int:
-    from .demo import build_demo_agent
-    from .server import serve as serve_app
+TOKEN_ENV = "AGENTSCOPE_PY_TOKEN"
+"""The token, when not given with ``--token`` (a command line is visible to every local user)."""
+_WORKER_ENV = "AGENTSCOPE_PY_SERVE"
 
-    kwargs: dict[str, Any] = {}
-    if args.base_url:
-        kwargs["base_url"] = args.base_url
-    agent = build_demo_agent(args.model, delay=0.03, **kwargs)
-    serve_app(agent, host=args.host, port=args.port, auth_token=args.token)
+
+def load_target(target: str) -> Any:
+    """The agent or factory named by ``pkg.module:attr`` (imported with the current directory on
+    the path, as uvicorn does)."""
+    import importlib
+
+    from .agent.react import ReActAgent
+
+    module_name, sep, attr = target.partition(":")
+    if not sep or not module_name or not attr:
+        raise ValueError(f"{target!r} is not pkg.module:factory (or pkg.module:agent)")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        value: Any = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ValueError(f"cannot import {module_name!r}: {exc}") from None
+    for part in attr.split("."):
+        if not hasattr(value, part):
+            raise ValueError(f"{module_name!r} has no attribute {attr!r}")
+        value = getattr(value, part)
+    if not isinstance(value, ReActAgent) and not callable(value):
+        raise ValueError(f"{target} is a {type(value).__name__}: give a ReActAgent or a function returning one")
+    return value
+
+
+def _agent_source(options: dict[str, Any]) -> Any:
+    if options.get("target"):
+        return load_target(options["target"])
+    from .demo import build_demo_agent
+
+    kwargs: dict[str, Any] = {"base_url": options["base_url"]} if options.get("base_url") else {}
+    return build_demo_agent(options.get("model"), delay=0.03, **kwargs)
+
+
+def worker_app() -> Any:
+    """The app of one ``--workers`` process (uvicorn calls it in each): the options come from the
+    parent through the environment, the token too (never through a command line)."""
+    from .server import create_app, tune_gc
+
+    options = json.loads(os.environ[_WORKER_ENV])
+    app = create_app(_agent_source(options), auth_token=os.environ.get(TOKEN_ENV) or None,
+                     allowed_origins=options["allowed_origins"], allowed_hosts=options["allowed_hosts"])
+    tune_gc()
+    return app
+
+
+def serve(args: argparse.Namespace) -> int:
+    from .server import _serve
+
+    if args.target and (args.model or args.base_url):
+        print("error: --model and --base-url configure the demo agent; your agent has its own model",
+              file=sys.stderr)
+        return 2
+    token = args.token or os.environ.get(TOKEN_ENV) or None
+    options = {"target": args.target, "model": args.model, "base_url": args.base_url,
+               "allowed_origins": args.allowed_origin, "allowed_hosts": args.allowed_host}
+    limits = {"header_timeout": args.header_timeout, "idle_timeout": args.idle_timeout,
+              "max_connections": args.max_connections, "log_level": args.log_level}
+    try:
+        if args.workers > 1:
+            if args.target:
+                load_target(args.target)  # fail here, not in every worker
+            _serve.warn_if_open(args.host, args.allowed_host)
+            print("note: each worker process has its own memory of threads unless the agent uses a shared "
+                  "state store (RedisStateStore)", file=sys.stderr)
+            os.environ[_WORKER_ENV] = json.dumps(options)
+            if token:
+                os.environ[TOKEN_ENV] = token
+            pythonpath = os.environ.get("PYTHONPATH")
+            os.environ["PYTHONPATH"] = os.getcwd() + (os.pathsep + pythonpath if pythonpath else "")
+            _serve.serve_workers(f"{__name__}:worker_app", args.host, args.port, args.workers, bool(token), **limits)
+            return 0
+        source = _agent_source(options)
+    except (ImportError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    _serve.serve(source, host=args.host, port=args.port, auth_token=token, allowed_origins=args.allowed_origin,
+                 allowed_hosts=args.allowed_host, **limits)
     return 0
 
 
@@ -49,12 +125,34 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--model", help="a model id such as openai:gpt-4o-mini (default: offline script)")
     demo.add_argument("--base-url", help="the provider's base URL")
     demo.add_argument("--delay", type=float, default=0.02, help="pause between scripted chunks (s)")
-    srv = sub.add_parser("serve", help="serve the demo agent over HTTP (web page + AG-UI)")
-    srv.add_argument("--model")
-    srv.add_argument("--base-url")
-    srv.add_argument("--host", default="127.0.0.1")
-    srv.add_argument("--port", type=int, default=8000)
-    srv.add_argument("--token", help="require Authorization: Bearer TOKEN")
+    srv = sub.add_parser("serve", help="serve an agent over HTTP (web page, AG-UI, native events)",
+                         description="Serve an agent over HTTP: the web page at /, AG-UI at POST /agui, "
+                                     "native events at POST /v1/runs.")
+    srv.add_argument("target", nargs="?", help="your agent: pkg.module:factory (a function returning a ReActAgent, "
+                     "called once at startup) or pkg.module:agent; default: the demo agent")
+    srv.add_argument("--model", help="the demo agent's model id, e.g. openai:gpt-4o-mini (default: offline script)")
+    srv.add_argument("--base-url", help="the demo agent's provider base URL")
+    srv.add_argument("--host", default="127.0.0.1", help="the address to bind (default: %(default)s, this machine "
+                     "only; 0.0.0.0 exposes the server: use a token or authenticate, TLS and --allowed-host)")
+    srv.add_argument("--port", type=int, default=8000, help="the port (default: %(default)s; 0 picks a free one)")
+    srv.add_argument("--token", help=f"require Authorization: Bearer TOKEN on the API (or set {TOKEN_ENV}, "
+                     "which other users cannot see in the process list)")
+    srv.add_argument("--allowed-origin", action="append", default=[], metavar="ORIGIN",
+                     help="a browser origin (https://app.example.com) allowed to call the API besides the "
+                     "server's own; repeatable")
+    srv.add_argument("--allowed-host", action="append", default=None, metavar="HOST",
+                     help="a Host name to answer to (*.example.com patterns allowed); repeatable; default: "
+                     "loopback names on loopback connections")
+    srv.add_argument("--workers", type=int, default=1, help="worker processes (default: %(default)s); more than "
+                     "one needs a shared state store for thread memory")
+    srv.add_argument("--max-connections", type=int, default=1_000,
+                     help="concurrent connections per process before 503 (default: %(default)s)")
+    srv.add_argument("--header-timeout", type=float, default=10.0,
+                     help="seconds a client has to send its request headers (default: %(default)s)")
+    srv.add_argument("--idle-timeout", type=int, default=5,
+                     help="seconds an idle keep-alive connection stays open (default: %(default)s)")
+    srv.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
+                     help="the server log's level (default: %(default)s)")
     return parser
 
 

@@ -35,3 +35,16 @@ def test_demo_json_prints_one_event_per_line() -> None:
 def test_unknown_model_id_is_a_clear_error() -> None:
     proc = run("demo", "--model", "nosuch:thing")
     assert proc.returncode == 2 and "unknown model id" in proc.stderr
+
+
+def test_every_serve_option_is_described() -> None:
+    from agentscope_py.cli import _parser
+
+    parser = _parser()
+    serve = next(a for a in parser._subparsers._group_actions if a.dest == "command").choices["serve"]  # type: ignore[union-attr]
+    undocumented = [a.dest for a in serve._actions if not a.help]
+    assert undocumented == [], undocumented
+    text = run("serve", "--help").stdout
+    for option in ("target", "--host", "--port", "--token", "--allowed-origin", "--allowed-host", "--workers",
+                   "--max-connections", "--header-timeout", "--idle-timeout", "--log-level", "--model", "--base-url"):
+        assert option in text, option

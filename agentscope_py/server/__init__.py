@@ -13,13 +13,18 @@ Encoders for code that streams events itself (benchmarks, other frameworks):
   ``ag_ui.core`` event objects.
 """
 
+from ._identity import Identity
+from ._limits import Limits
+from ._serve import GC_THRESHOLDS, serve, tune_gc, uvicorn_config
 from .agui import AguiMapper, select_new_messages
-from .app import GC_THRESHOLDS, RunRequest, create_app, serve, tune_gc
+from .app import RunRequest, create_app
 from .sse import SSEResponse, encode_error, encode_sse
 
 __all__ = [
     "GC_THRESHOLDS",
     "AguiMapper",
+    "Identity",
+    "Limits",
     "RunRequest",
     "SSEResponse",
     "create_app",
@@ -28,4 +33,5 @@ __all__ = [
     "select_new_messages",
     "serve",
     "tune_gc",
+    "uvicorn_config",
 ]

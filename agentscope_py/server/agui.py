@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, Literal
 
 from ag_ui.core import (
     AssistantMessage,
@@ -86,6 +86,8 @@ __all__ = [
     "INTERRUPT_REASON",
     "AguiInputError",
     "AguiMapper",
+    "SystemPolicy",
+    "apply_system_policy",
     "confirm_results",
     "select_new_messages",
     "to_msgs",
@@ -105,6 +107,12 @@ _RESPONSE_SCHEMA: dict[str, Any] = {
     },
     "required": ["approved"],
 }
+
+
+SystemPolicy = Literal["drop", "user", "system"]
+"""What becomes of system and developer messages a client sends: dropped (the default: a client
+must not outrank the developer's instructions), kept as ``user`` messages, or trusted as
+``system`` ones."""
 
 
 class AguiInputError(ValueError):
@@ -257,8 +265,10 @@ class AguiMapper:
         if ev.discarded and self._assistant_id is not None:
             # A failed attempt that a retry or fallback replaced (or a run that failed): a client
             # can strike out what it showed of it.
-            out.append(CustomEvent(name="model_call_discarded",
-                                   value={"messageId": self._assistant_id, "error": ev.error}))
+            # Only the error's type: its text may carry internals (server/_errors keeps those in the log).
+            error = ev.error.split(":", 1)[0] if ev.error else None
+            value = {"messageId": self._assistant_id, "error": error}
+            out.append(CustomEvent(name="model_call_discarded", value=value))
         if self._step is not None:
             out.append(StepFinishedEvent(step_name=self._step))
             self._step = None
@@ -480,9 +490,11 @@ def select_new_messages(
     return [m for m in messages[last_seen + 1:] if m.role not in ("reasoning", "activity")]
 
 
-def to_msgs(messages: Sequence[Message], history: Sequence[Message] = ()) -> list[Msg]:
+def to_msgs(messages: Sequence[Message], history: Sequence[Message] = (), *,
+            system: SystemPolicy = "drop") -> list[Msg]:
     """Our messages for AG-UI ones (ids kept). ``history`` is searched for the names of the tools
-    that tool messages answer. Raises `AguiInputError` for content we cannot represent."""
+    that tool messages answer; ``system`` says what becomes of system and developer messages.
+    Raises `AguiInputError` for content we cannot represent."""
     names = {tc.id: tc.function.name for m in history if isinstance(m, AssistantMessage)
              for tc in m.tool_calls or ()}
     out: list[Msg] = []
@@ -490,7 +502,8 @@ def to_msgs(messages: Sequence[Message], history: Sequence[Message] = ()) -> lis
         if isinstance(m, UserMessage):
             out.append(Msg(id=m.id, role="user", name=m.name, content=_user_content(m)))
         elif isinstance(m, SystemMessage | DeveloperMessage):
-            out.append(Msg(id=m.id, role="system", content=[TextBlock(text=m.content)]))
+            if system != "drop":
+                out.append(Msg(id=m.id, role=system, content=[TextBlock(text=m.content)]))
         elif isinstance(m, AssistantMessage):
             content: list[Block] = [TextBlock(text=m.content)] if m.content else []
             content.extend(_tool_use(tc.id, tc.function.name, tc.function.arguments) for tc in m.tool_calls or ())
@@ -502,6 +515,14 @@ def to_msgs(messages: Sequence[Message], history: Sequence[Message] = ()) -> lis
             block = ToolResultBlock(id=m.tool_call_id, name=names.get(m.tool_call_id, ""), output=output, state=state)
             out.append(Msg(id=m.id, role="tool", content=[block]))
     return out
+
+
+def apply_system_policy(msgs: Sequence[Msg], system: SystemPolicy) -> list[Msg]:
+    """``msgs`` with their system messages dropped or made user messages, as ``system`` says."""
+    if system == "system":
+        return list(msgs)
+    return [m if m.role != "system" else m.model_copy(update={"role": "user"})
+            for m in msgs if m.role != "system" or system == "user"]
 
 
 def confirm_results(resume: Sequence[ResumeEntry]) -> list[ConfirmResult]:

@@ -1,7 +1,10 @@
 """The ASGI app: AG-UI at ``POST /agui``, native events at ``POST /v1/runs``, the page at ``GET /``.
 
 One agent serves every thread. Its state store keeps each thread's memory (the AG-UI thread id is
-the session id) and its per-session gate runs a thread's runs one at a time, in arrival order.
+the session id, scoped to the user `Identity` decides) and its per-session gate runs a thread's
+runs one at a time, in arrival order. `Guard` (``_security``) checks host, token, origin and body
+type before any endpoint runs; ``_limits`` bounds what a body may hold; ``_errors`` decides what a
+client hears when something fails.
 """
 
 from __future__ import annotations
@@ -9,45 +12,42 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
-import gc
-import hmac
-import json
 import logging
-import sys
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from importlib import resources
 from typing import Any
-from urllib.parse import parse_qs
 
 from ag_ui.core import RunAgentInput, Tool
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from starlette.applications import Starlette
-from starlette.requests import ClientDisconnect, Request
+from starlette.middleware.cors import CORSMiddleware
+from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
-from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ..agent.context import RuntimeContext
 from ..agent.react import ReActAgent, confirm_message
-from ..events import AgentEvent, ConfirmResult
-from ..message import Msg
+from ..events import AgentEvent, AgentResult, ConfirmResult
+from ..message import Msg, TextBlock, ThinkingBlock
 from ..stream import EventStream
-from .agui import AguiInputError, AguiMapper, confirm_results, select_new_messages, to_msgs
+from . import agui as agui_module
+from ._errors import HTTPError, Vocabulary, describe, log_failure, request_id
+from ._identity import USER_HEADER, Authenticate, Identity
+from ._limits import Limits, check_shape, read_json
+from ._security import Guard
+from .agui import AguiInputError, AguiMapper, SystemPolicy, confirm_results, select_new_messages, to_msgs
 from .sse import SSEResponse, encode_error, encode_sse
 
-__all__ = ["GC_THRESHOLDS", "RunRequest", "create_app", "serve", "tune_gc"]
+__all__ = ["USER_HEADER", "Limits", "RunRequest", "create_app"]
 
 log = logging.getLogger("agentscope_py.server")
-
-USER_HEADER = "x-user-id"
-"""Requests name their user with this header (default ``"default"``); memory is per (user, thread)."""
 
 AgentOrFactory = ReActAgent | Callable[[], ReActAgent]
 
 
 class RunRequest(BaseModel):
-    """The body of ``POST /v1/runs``."""
+    """The body of ``POST /v1/runs``: ``input`` (text or messages), ``confirm`` results, or both."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -56,26 +56,18 @@ class RunRequest(BaseModel):
     input: str | list[Msg] | None = None
     confirm: list[ConfirmResult] = Field(default_factory=list)
 
+    @model_validator(mode="after")
+    def _something_to_do(self) -> RunRequest:
+        if not self.input and not self.confirm:
+            raise ValueError("give `input` (text or messages) or `confirm` (answers to pending tool calls)")
+        return self
+
 
 class InterruptRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     session_id: str = Field(min_length=1)
     user_id: str | None = None
-
-
-class _HTTPError(Exception):
-    def __init__(self, status: int, detail: str, errors: list[dict[str, Any]] | None = None) -> None:
-        super().__init__(detail)
-        self.status = status
-        self.detail = detail
-        self.errors = errors
-
-    def response(self) -> JSONResponse:
-        body: dict[str, Any] = {"detail": self.detail}
-        if self.errors:
-            body["errors"] = self.errors
-        return JSONResponse(body, status_code=self.status)
 
 
 class _Ledger:
@@ -98,13 +90,19 @@ class _Ledger:
 
 
 class _Server:
-    """The endpoints, sharing one agent, one ledger and the limits."""
+    """The endpoints, sharing one agent, one ledger, the identity rules and the limits."""
 
-    def __init__(self, agent_or_factory: AgentOrFactory, max_body_bytes: int, heartbeat: float | None) -> None:
+    def __init__(self, agent_or_factory: AgentOrFactory, identity: Identity, *, max_body_bytes: int,
+                 heartbeat: float | None, limits: Limits, system_messages: SystemPolicy,
+                 result_text: bool) -> None:
         self._source = agent_or_factory
         self._agent = agent_or_factory if isinstance(agent_or_factory, ReActAgent) else None
+        self.identity = identity
         self.max_body_bytes = max_body_bytes
         self.heartbeat = heartbeat
+        self.limits = limits
+        self.system_messages = system_messages
+        self.result_text = result_text
         self.ledger = _Ledger()
         self.page = resources.files(__package__).joinpath("static/index.html").read_bytes()
 
@@ -120,6 +118,15 @@ class _Server:
             self._agent = agent
         return self._agent
 
+    def _sse(self, frames: Callable[[], AsyncIterator[bytes]]) -> SSEResponse:
+        return SSEResponse(frames, heartbeat=self.heartbeat, buffer_bytes=self.limits.buffer_bytes,
+                           stall_timeout=self.limits.stall_timeout)
+
+    async def _body(self, request: Request, model: type[Any], messages_key: str) -> Any:
+        data = await read_json(request, self.max_body_bytes, self.limits.max_json_depth, self.limits.body_timeout)
+        check_shape(data, messages_key, self.limits)
+        return _validate(model, data)
+
     # -- endpoints -------------------------------------------------------------------------------
 
     async def index(self, request: Request) -> Response:
@@ -129,21 +136,25 @@ class _Server:
         return JSONResponse({"status": "ok"})
 
     async def agui(self, request: Request) -> Response:
+        rid = request_id(request)
         try:
-            data = await _read_json(request, self.max_body_bytes)
-            run_input = _validate(RunAgentInput, data)
+            run_input = await self._body(request, RunAgentInput, "messages")
             if not run_input.thread_id.strip():
-                raise _HTTPError(422, "threadId: must not be empty")
-            user_id = request.headers.get(USER_HEADER) or "default"
+                raise HTTPError(422, "invalid_request", "threadId: must not be empty")
+            user_id = await self.identity.user(request)
             agent = _with_frontend_tools(self.agent, run_input.tools or [])
             emitted = self.ledger.get((user_id, run_input.thread_id))
             msgs = await self._agui_input(agent, user_id, run_input, emitted)
-        except _HTTPError as exc:
-            return exc.response()
+        except HTTPError as exc:
+            log.info("request %s: POST /agui refused (%s): %s", rid, exc.status, exc.detail)
+            return exc.response(rid)
+        except Exception as exc:  # a store failing while the thread's memory loads
+            return _internal_error(exc, rid, "POST /agui")
         ctx = RuntimeContext(user_id=user_id, session_id=run_input.thread_id, agui_input=run_input)
         stream = agent.stream(msgs, ctx=ctx)
         mapper = AguiMapper(run_input.thread_id, run_input.run_id, emitted_ids=emitted)
-        return SSEResponse(lambda: _agui_frames(stream, mapper), heartbeat=self.heartbeat)
+        pending = self._pending(user_id, run_input.thread_id)
+        return self._sse(lambda: _agui_frames(stream, mapper, rid, pending))
 
     async def _agui_input(
         self, agent: ReActAgent, user_id: str, run_input: RunAgentInput, emitted: set[str]
@@ -152,41 +163,77 @@ class _Server:
         remembered = state.context if state is not None else []
         new = select_new_messages(run_input.messages, remembered, emitted)
         try:
-            msgs = to_msgs(new, run_input.messages)
+            msgs = to_msgs(new, run_input.messages, system=self.system_messages)
             if run_input.resume:
                 msgs.insert(0, confirm_message(*confirm_results(run_input.resume)))
         except AguiInputError as exc:
-            raise _HTTPError(422, str(exc)) from None
+            raise HTTPError(422, "invalid_request", str(exc)) from None
         # Input ids are not added to the ledger: memory recognises them once the run has stored
         # them, so input of a run that never got that far (cancelled in the gate) is taken again.
         return msgs
 
     async def runs(self, request: Request) -> Response:
+        rid = request_id(request)
         try:
-            body = _validate(RunRequest, await _read_json(request, self.max_body_bytes))
-        except _HTTPError as exc:
-            return exc.response()
-        user_id = body.user_id or request.headers.get(USER_HEADER) or "default"
+            body = await self._body(request, RunRequest, "input")
+            user_id = await self.identity.user(request, body.user_id)
+        except HTTPError as exc:
+            log.info("request %s: POST /v1/runs refused (%s): %s", rid, exc.status, exc.detail)
+            return exc.response(rid)
+        except Exception as exc:  # an authenticate() that failed
+            return _internal_error(exc, rid, "POST /v1/runs")
         msgs: list[Msg] = []
         if body.confirm:
             msgs.append(confirm_message(*body.confirm))
         if isinstance(body.input, str):
             msgs.append(Msg.user(body.input))
         elif body.input:
-            msgs.extend(body.input)
+            msgs.extend(agui_module.apply_system_policy(body.input, self.system_messages))
         stream = self.agent.stream(msgs, ctx=RuntimeContext(user_id=user_id, session_id=body.session_id))
-        return SSEResponse(lambda: _native_frames(stream), heartbeat=self.heartbeat)
+        pending = self._pending(user_id, body.session_id)
+        return self._sse(lambda: _native_frames(stream, rid, pending, self.result_text))
 
     async def interrupt(self, request: Request) -> Response:
+        rid = request_id(request)
         try:
-            body = _validate(InterruptRequest, await _read_json(request, self.max_body_bytes))
-        except _HTTPError as exc:
-            return exc.response()
-        user_id = body.user_id or request.headers.get(USER_HEADER) or "default"
+            body = await self._body(request, InterruptRequest, "")
+            user_id = await self.identity.user(request, body.user_id)
+        except HTTPError as exc:
+            log.info("request %s: POST /v1/interrupt refused (%s): %s", rid, exc.status, exc.detail)
+            return exc.response(rid)
+        except Exception as exc:
+            return _internal_error(exc, rid, "POST /v1/interrupt")
         return JSONResponse({"interrupted": self.agent.interrupt(user_id=user_id, session_id=body.session_id)})
 
+    def _pending(self, user_id: str, session_id: str) -> Callable[[], Awaitable[list[str]]]:
+        """Reads the session's waiting tool call ids, to name them in a refusal."""
 
-async def _agui_frames(stream: EventStream[AgentEvent], mapper: AguiMapper) -> AsyncIterator[bytes]:
+        async def pending() -> list[str]:
+            try:
+                state, _ = await self.agent.state_store.load(user_id, session_id)
+            except Exception:  # only decoration for a message: the refusal stands without it
+                return []
+            return list(state.pending_tool_calls) if state is not None else []
+
+        return pending
+
+
+def _internal_error(exc: BaseException, rid: str, what: str) -> Response:
+    error = describe(exc, rid, "native")
+    log_failure(exc, error, rid, what)
+    return HTTPError(500, "internal_error", error.message).response(rid)
+
+
+async def _report(exc: BaseException, rid: str, vocabulary: Vocabulary,
+                  pending: Callable[[], Awaitable[list[str]]], what: str) -> tuple[str, str]:
+    ids = await pending() if type(exc).__name__ == "PendingToolCallsError" else []
+    error = describe(exc, rid, vocabulary, ids)
+    log_failure(exc, error, rid, what)
+    return error.code, error.message
+
+
+async def _agui_frames(stream: EventStream[AgentEvent], mapper: AguiMapper, rid: str,
+                       pending: Callable[[], Awaitable[list[str]]]) -> AsyncIterator[bytes]:
     yield mapper.encode_start()
     try:
         async with contextlib.aclosing(stream.__aiter__()) as events:  # type: ignore[type-var]
@@ -197,22 +244,42 @@ async def _agui_frames(stream: EventStream[AgentEvent], mapper: AguiMapper) -> A
     except BaseException as exc:
         if not _is_failure(exc):
             raise
-        log.warning("AG-UI run %s failed: %s: %s", mapper.run_id, type(exc).__name__, exc, exc_info=exc)
-        yield mapper.encode_fail(exc)
+        code, message = await _report(exc, rid, "agui", pending, f"AG-UI run {mapper.run_id}")
+        out = mapper.fail(exc)
+        # The mapper closed what was open; its RUN_ERROR gets the safe message instead of str(exc).
+        out[-1] = out[-1].model_copy(update={"message": message, "code": code})
+        yield agui_module.encode(out)
         return
     yield mapper.encode_finish()
 
 
-async def _native_frames(stream: EventStream[AgentEvent]) -> AsyncIterator[bytes]:
+async def _native_frames(stream: EventStream[AgentEvent], rid: str, pending: Callable[[], Awaitable[list[str]]],
+                         result_text: bool) -> AsyncIterator[bytes]:
     try:
         async with contextlib.aclosing(stream.__aiter__()) as events:  # type: ignore[type-var]
             async for event in events:
+                if type(event) is AgentResult and not result_text:
+                    event = _without_text(event)
                 yield encode_sse(event)
     except BaseException as exc:
         if not _is_failure(exc):
             raise
-        log.warning("run failed: %s: %s", type(exc).__name__, exc, exc_info=exc)
-        yield encode_error(exc)
+        code, message = await _report(exc, rid, "native", pending, "run")
+        yield encode_error(exc, message=message, code=code, request_id=rid)
+
+
+def _without_text(event: AgentResult) -> AgentResult:
+    """The final frame without the reply's text and thinking (the client has them from the deltas;
+    repeating a long reply doubled what a slow client kept buffered): the blocks stay, empty, and
+    ``metadata.text_omitted`` says so."""
+    msg = event.result
+    if not any(isinstance(b, TextBlock | ThinkingBlock) for b in msg.content):
+        return event
+    content = [b.model_copy(update={"text": ""}) if isinstance(b, TextBlock)
+               else b.model_copy(update={"thinking": ""}) if isinstance(b, ThinkingBlock) else b
+               for b in msg.content]
+    result = msg.model_copy(update={"content": content, "metadata": {**msg.metadata, "text_omitted": True}})
+    return event.model_copy(update={"result": result})
 
 
 def _is_failure(exc: BaseException) -> bool:
@@ -234,36 +301,13 @@ def _with_frontend_tools(agent: ReActAgent, tools: list[Tool]) -> ReActAgent:
     toolkit = agent.toolkit.copy()
     for t in tools:
         if t.name in agent.toolkit:
-            raise _HTTPError(422, f"tools: {t.name!r} is a server tool; frontend tools need other names")
+            raise HTTPError(422, "invalid_request",
+                            f"tools: {t.name!r} is a server tool; frontend tools need other names")
         parameters = t.parameters if isinstance(t.parameters, dict) else {"type": "object", "properties": {}}
         toolkit.register_schema(t.name, t.description, parameters)
     run_agent = copy.copy(agent)
     run_agent.toolkit = toolkit
     return run_agent
-
-
-# -- request bodies ------------------------------------------------------------------------------
-
-
-async def _read_json(request: Request, limit: int) -> Any:
-    """The JSON body, counting the bytes actually read (a lying Content-Length cannot pass)."""
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise _HTTPError(413, f"request body too large: limit is {limit} bytes")
-    chunks: list[bytes] = []
-    size = 0
-    try:
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit:
-                raise _HTTPError(413, f"request body too large: limit is {limit} bytes")
-            chunks.append(chunk)
-    except ClientDisconnect:
-        raise _HTTPError(400, "the client disconnected while sending the body") from None
-    try:
-        return json.loads(b"".join(chunks))
-    except ValueError as exc:
-        raise _HTTPError(422, f"the body is not valid JSON: {exc}") from None
 
 
 def _validate(model: type[Any], data: Any) -> Any:
@@ -272,40 +316,7 @@ def _validate(model: type[Any], data: Any) -> Any:
     except ValidationError as exc:
         errors = [{"loc": ".".join(str(p) for p in e["loc"]) or "(body)", "msg": e["msg"]} for e in exc.errors()]
         detail = "; ".join(f"{e['loc']}: {e['msg']}" for e in errors)
-        raise _HTTPError(422, f"invalid {model.__name__}: {detail}", errors) from None
-
-
-# -- auth ----------------------------------------------------------------------------------------
-
-
-class BearerAuth:
-    """Every path but ``/healthz`` needs ``Authorization: Bearer <token>``. A browser cannot set
-    headers when it opens a page, so ``GET /`` also accepts ``?token=<token>`` (the page keeps the
-    token and sends it as a header from then on)."""
-
-    def __init__(self, app: ASGIApp, token: str) -> None:
-        self.app = app
-        self.token = token.encode()
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] == "/healthz" or self._allowed(scope):
-            await self.app(scope, receive, send)
-            return
-        response = JSONResponse(
-            {"detail": "missing or invalid bearer token (send Authorization: Bearer <token>)"},
-            status_code=401, headers={"www-authenticate": "Bearer"},
-        )
-        await response(scope, receive, send)
-
-    def _allowed(self, scope: Scope) -> bool:
-        for name, value in scope["headers"]:
-            if name == b"authorization":
-                scheme, _, token = value.partition(b" ")
-                return scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self.token)
-        if scope["path"] == "/" and scope["method"] in ("GET", "HEAD"):
-            given = parse_qs(scope.get("query_string", b"").decode("latin-1")).get("token", [""])[0]
-            return hmac.compare_digest(given.encode(), self.token)
-        return False
+        raise HTTPError(422, "invalid_request", f"invalid {model.__name__}: {detail}", errors) from None
 
 
 # -- public --------------------------------------------------------------------------------------
@@ -315,17 +326,32 @@ def create_app(
     agent_or_factory: AgentOrFactory,
     *,
     auth_token: str | None = None,
+    authenticate: Authenticate | None = None,
+    allowed_origins: Sequence[str] = (),
+    allowed_hosts: Sequence[str] | None = None,
     max_body_bytes: int = 1_000_000,
     heartbeat: float | None = 15.0,
+    limits: Limits | None = None,
+    client_system_messages: SystemPolicy = "drop",
+    result_text: bool = False,
 ) -> Starlette:
     """The ASGI app serving ``agent_or_factory``: a `ReActAgent`, or a zero-argument callable
     returning one, called once at startup. Routes: ``POST /agui`` (AG-UI), ``POST /v1/runs``
     (native events), ``POST /v1/interrupt``, ``GET /`` (the page), ``GET /healthz``.
 
-    ``auth_token`` requires ``Authorization: Bearer <token>`` everywhere but ``/healthz`` (the page
-    also accepts ``/?token=``); ``max_body_bytes`` caps request bodies (413); ``heartbeat`` is the
-    idle time in seconds before a ``: ping`` comment (``None`` disables it)."""
-    server = _Server(agent_or_factory, max_body_bytes, heartbeat)
+    ``auth_token``: require ``Authorization: Bearer <token>`` everywhere but ``/`` and ``/healthz``.
+    ``authenticate``: ``fn(request) -> user_id`` (sync or async); every session, run and interrupt
+    is that user's (see `Identity`). ``allowed_origins``: browser origins allowed to ``POST``
+    besides the server's own (they also get CORS headers). ``allowed_hosts``: ``Host`` names to
+    answer (default: loopback names on a loopback connection, anything otherwise).
+    ``max_body_bytes`` caps request bodies (413); ``limits`` the rest (`Limits`); ``heartbeat``
+    is the idle time in seconds before a ``: ping`` comment (``None`` disables it).
+    ``client_system_messages``: what happens to system/developer messages a client sends:
+    ``"drop"`` (default), ``"user"`` (kept as user messages) or ``"system"`` (trusted as system
+    instructions). ``result_text``: repeat the reply's text in the native ``agent_result`` frame."""
+    identity = Identity(authenticate, token_configured=bool(auth_token))
+    server = _Server(agent_or_factory, identity, max_body_bytes=max_body_bytes, heartbeat=heartbeat,
+                     limits=limits or Limits(), system_messages=client_system_messages, result_text=result_text)
 
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         server.agent  # noqa: B018 - the factory runs at startup, so a broken one fails early
@@ -339,49 +365,10 @@ def create_app(
         Route("/v1/interrupt", server.interrupt, methods=["POST"]),
     ]
     app = Starlette(routes=routes, lifespan=contextlib.asynccontextmanager(lifespan))
-    if auth_token:
-        app.add_middleware(BearerAuth, token=auth_token)
+    app.add_middleware(Guard, token=auth_token, allowed_hosts=allowed_hosts, allowed_origins=list(allowed_origins))
+    if allowed_origins:  # outermost: a preflight carries no token and gets its answer here
+        app.add_middleware(CORSMiddleware, allow_origins=list(allowed_origins), allow_methods=["GET", "POST"],
+                           allow_headers=["authorization", "content-type", USER_HEADER],
+                           expose_headers=["x-request-id"])
     app.state.server = server
     return app
-
-
-GC_THRESHOLDS = (50_000, 20, 100)
-"""The collector's thresholds `tune_gc` sets (Python's are 700, 10, 10)."""
-
-
-def tune_gc(thresholds: tuple[int, int, int] = GC_THRESHOLDS) -> None:
-    """Collector settings for a long-running server: what start-up allocated (modules, schemas,
-    the agent) moves to the permanent generation (``gc.freeze``), and young collections run
-    every 50,000 allocations instead of 700. With thousands of streams in flight most young
-    objects are events waiting in a buffer, so each default collection walked and promoted
-    them; see ``benchmarks/RESULTS.md``. The runtime makes no reference cycles per run, so
-    collecting less often does not grow memory. Process-wide: `serve` calls it, the library
-    never does on its own."""
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(*thresholds)
-
-
-def serve(
-    agent_or_factory: AgentOrFactory,
-    host: str = "127.0.0.1",
-    port: int = 8000,
-    auth_token: str | None = None,
-    gc_tuning: bool = True,
-    **uvicorn_options: Any,
-) -> None:
-    """Serve the app with uvicorn (blocking) and print the page's URL. ``port=0`` picks a free one.
-    ``gc_tuning``: apply `tune_gc` once the app is built."""
-    import uvicorn
-
-    app = create_app(agent_or_factory, auth_token=auth_token)
-    if gc_tuning:
-        tune_gc()
-    config = uvicorn.Config(app, host=host, port=port, **uvicorn_options)
-    sock = config.bind_socket()
-    shown = f"[{host}]" if ":" in host else host
-    url = f"http://{shown}:{sock.getsockname()[1]}/"
-    if auth_token:
-        url += f"?token={auth_token}"
-    print(f"agentscope-py is serving at {url}", file=sys.stdout, flush=True)
-    uvicorn.Server(config).run(sockets=[sock])

@@ -46,6 +46,9 @@ SSE_HEADERS: dict[str, str] = {
 BUFFER = 16
 """Frames the producer may run ahead of the client: a small constant, so a slow reader pauses the
 agent (and, through its bounded prefetch, the model request) instead of growing memory."""
+BUFFER_BYTES = 256 * 1024
+"""Bytes of frames the producer may run ahead of the client (a frame larger than this still goes,
+alone): with big chunks, frames rather than their count are what costs memory."""
 
 
 def encode_sse(event: AgentEvent) -> bytes:
@@ -109,29 +112,42 @@ _FLAT: frozenset[type[EventBase]] = frozenset(
 )
 
 
-def encode_error(error: BaseException) -> bytes:
+def encode_error(error: BaseException, *, message: str | None = None, code: str | None = None,
+                 request_id: str | None = None) -> bytes:
     """The native stream's terminal error frame: ``event: error`` with ``{"type": "error",
-    "message", "code"}`` (``code`` is the exception class), so clients tell it from events."""
-    body = json.dumps({"type": "error", "message": str(error) or type(error).__name__,
-                       "code": type(error).__name__})
-    return b"event: error\ndata: " + body.encode() + b"\n\n"
+    "message", "code"}`` (``code`` is the exception class), so clients tell it from events. The
+    server passes a safe ``message`` and ``code`` and the ``request_id`` its log line carries."""
+    body: dict[str, Any] = {"type": "error", "message": message or str(error) or type(error).__name__,
+                            "code": code or type(error).__name__}
+    if request_id is not None:
+        body["request_id"] = request_id
+    return b"event: error\ndata: " + json.dumps(body).encode() + b"\n\n"
 
 
 _ITEM, _END, _ERROR = 0, 1, 2
 
 
-async def with_heartbeat(source: AsyncIterator[bytes], interval: float | None) -> AsyncIterator[bytes]:
+async def with_heartbeat(source: AsyncIterator[bytes], interval: float | None,
+                         buffer_bytes: int = BUFFER_BYTES) -> AsyncIterator[bytes]:
     """``source``'s frames, plus `HEARTBEAT` whenever nothing was sent for ``interval`` seconds.
 
     ``source`` runs in one producer task (so the agent's generators keep one task and context
-    throughout) feeding a queue of `BUFFER` frames; closing this iterator cancels the producer
-    once and waits for its cleanup, which is how a disconnect cancels the run."""
+    throughout) feeding a queue of at most `BUFFER` frames and ``buffer_bytes`` bytes; closing
+    this iterator cancels the producer once and waits for its cleanup, which is how a disconnect
+    cancels the run."""
     queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue(BUFFER)
+    buffered = 0
+    room = asyncio.Event()
 
     async def produce() -> None:
+        nonlocal buffered
         try:
             async with contextlib.aclosing(source):  # type: ignore[type-var]
                 async for frame in source:
+                    while buffered and buffered + len(frame) > buffer_bytes:
+                        room.clear()
+                        await room.wait()
+                    buffered += len(frame)
                     await queue.put((_ITEM, frame))
         except asyncio.CancelledError:
             task = asyncio.current_task()
@@ -156,6 +172,8 @@ async def with_heartbeat(source: AsyncIterator[bytes], interval: float | None) -
                 yield HEARTBEAT
                 continue
             if kind == _ITEM:
+                buffered -= len(value)
+                room.set()
                 yield value
             elif kind == _END:
                 return
@@ -174,7 +192,8 @@ class SSEResponse(Response):
 
     The body is pulled only as fast as ``send`` completes (the server's flow control), a heartbeat
     comment goes out when idle, and a client disconnect (``http.disconnect``) cancels the stream
-    at once, even while the agent is waiting on a tool."""
+    at once, even while the agent is waiting on a tool. A client that takes no frame for
+    ``stall_timeout`` seconds (its socket buffers full) is dropped the same way."""
 
     media_type = "text/event-stream"
 
@@ -184,10 +203,14 @@ class SSEResponse(Response):
         *,
         heartbeat: float | None = 15.0,
         headers: Mapping[str, str] | None = None,
+        buffer_bytes: int = BUFFER_BYTES,
+        stall_timeout: float | None = None,
     ) -> None:
         # Like StreamingResponse, no body to render: only status and headers are set up here.
         self.frames = frames
         self.heartbeat = heartbeat
+        self.buffer_bytes = buffer_bytes
+        self.stall_timeout = stall_timeout
         self.status_code = 200
         self.background = None
         self.init_headers({**SSE_HEADERS, **(headers or {})})
@@ -195,25 +218,48 @@ class SSEResponse(Response):
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
         loop = asyncio.get_running_loop()
+        self._sent = 0
+        self._sending = False
         pump = loop.create_task(self._pump(send))
         watch = loop.create_task(_disconnected(receive))
+        tasks = {pump, watch}
+        if self.stall_timeout is not None and self.stall_timeout > 0:
+            tasks.add(loop.create_task(self._stalled(self.stall_timeout)))
         try:
-            await asyncio.wait({pump, watch}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            watch.cancel()
-            if not pump.done():
-                pump.cancel()
+            for task in tasks:
+                if not task.done():
+                    task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await asyncio.shield(asyncio.gather(pump, watch, return_exceptions=True))
+                await asyncio.shield(asyncio.gather(*tasks, return_exceptions=True))
         if not pump.cancelled() and (exc := pump.exception()) is not None and not isinstance(exc, OSError):
             log.error("SSE stream failed", exc_info=exc)
 
     async def _pump(self, send: Send) -> None:
-        frames = with_heartbeat(self.frames(), self.heartbeat)
+        frames = with_heartbeat(self.frames(), self.heartbeat, self.buffer_bytes)
         async with contextlib.aclosing(frames):  # type: ignore[type-var]
             async for frame in frames:
+                # Two stores per frame instead of a timer per send: `_stalled` reads them.
+                self._sending = True
                 await send({"type": "http.response.body", "body": frame, "more_body": True})
+                self._sending = False
+                self._sent += 1
         await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def _stalled(self, seconds: float) -> None:
+        """Returns (which drops the client, as a disconnect does) once one ``send`` has waited
+        ``seconds``: the client's socket buffers are full and it is not reading."""
+        step = seconds / 4
+        waited, last = 0.0, -1
+        while waited < seconds:
+            await asyncio.sleep(step)
+            if self._sending and self._sent == last:
+                waited += step
+            else:
+                waited, last = 0.0, self._sent
+        # Returning without finishing the response makes the server close the connection.
+        log.warning("dropped a client that took nothing for %s s", seconds)
 
 
 async def _disconnected(receive: Receive) -> None:

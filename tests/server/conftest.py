@@ -26,20 +26,26 @@ from agentscope_py import (
     ToolUseBlock,
     tool,
 )
+from agentscope_py.server import uvicorn_config
 
 
 class LiveServer:
-    """``app`` served by uvicorn in a thread on 127.0.0.1:<free port>."""
+    """``app`` served by uvicorn in a thread on 127.0.0.1:<free port>; ``hardened=True`` runs it
+    with `serve`'s configuration (`uvicorn_config`: header timeout, connection cap), whose
+    ``options`` then go to it."""
 
-    def __init__(self, app: Starlette) -> None:
+    def __init__(self, app: Starlette, *, hardened: bool = False, **options: Any) -> None:
         self.app = app
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind(("127.0.0.1", 0))
         self.port: int = self.sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
-        config = uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=2,
-                                limit_concurrency=1000, backlog=512)
+        if hardened:
+            config = uvicorn_config(app, log_level="warning", timeout_graceful_shutdown=2, **options)
+        else:
+            config = uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=2,
+                                    limit_concurrency=1000, backlog=512)
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
 
@@ -63,11 +69,11 @@ class LiveServer:
 
 @pytest.fixture
 def live() -> Iterator[Callable[[Starlette], LiveServer]]:
-    """``live(app)`` starts a server for the test; all are stopped at the end."""
+    """``live(app, **options)`` starts a server for the test; all are stopped at the end."""
     started: list[LiveServer] = []
 
-    def start(app: Starlette) -> LiveServer:
-        server = LiveServer(app).__enter__()
+    def start(app: Starlette, **options: Any) -> LiveServer:
+        server = LiveServer(app, **options).__enter__()
         started.append(server)
         return server
 

@@ -123,12 +123,14 @@ def test_thinking_maps_to_reasoning() -> None:
 
 
 def test_error_before_output_is_run_error_and_terminal() -> None:
-    agent = scripted_agent(ModelStep.error(RuntimeError("the model is down")))
+    from agentscope_py.model.base import ServerError
+
+    agent = scripted_agent(ModelStep.error(ServerError("the model is down")))
     with TestClient(create_app(agent)) as client:
         events = post(client, run_input("t1", user("hi")))
     assert types(events) == ["RUN_STARTED", "RUN_ERROR"]
-    assert events[1]["message"] == "the model is down"
-    assert events[1]["code"] == "RuntimeError"
+    assert events[1]["message"] == "the model is down"  # a provider's error is meant to be read
+    assert events[1]["code"] == "ServerError"
 
 
 def test_error_mid_message_closes_everything_then_run_error() -> None:
@@ -139,9 +141,11 @@ def test_error_mid_message_closes_everything_then_run_error() -> None:
         "RUN_STARTED", "STEP_STARTED", "TEXT_MESSAGE_START", "TEXT_MESSAGE_CONTENT", "TEXT_MESSAGE_CONTENT",
         "TEXT_MESSAGE_END", "CUSTOM", "STEP_FINISHED", "RUN_ERROR",
     ]
-    # The runtime closed the message (its closing guarantee) and marked the attempt discarded.
-    assert events[6]["name"] == "model_call_discarded" and events[6]["value"]["error"] == "ValueError: stream broke"
-    assert events[-1]["code"] == "ValueError"
+    # The runtime closed the message (its closing guarantee) and marked the attempt discarded; the
+    # client learns the error's type only (its text stays in the server log).
+    assert events[6]["name"] == "model_call_discarded" and events[6]["value"]["error"] == "ValueError"
+    assert events[-1]["code"] == "InternalError"  # any other exception's text stays in the server log
+    assert "stream broke" not in events[-1]["message"] and "request id req_" in events[-1]["message"]
 
 
 def test_approval_pause_then_resume() -> None:
@@ -361,4 +365,4 @@ def test_a_stray_cancellation_inside_the_agent_is_a_run_error() -> None:
     with TestClient(create_app(agent)) as client:
         events = post(client, run_input("t1", user("hi")))
     assert types(events) == ["RUN_STARTED", "RUN_ERROR"]
-    assert events[-1]["code"] == "CancelledError"
+    assert events[-1]["code"] == "InternalError"

@@ -3,20 +3,25 @@ downloaded one). CI installs chromium; without it these tests fail and say so.""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from starlette.applications import Starlette
+from starlette.responses import HTMLResponse
+from starlette.routing import Route
 
 from agentscope_py import ChatUsage, ModelStep, ReActAgent, ScriptedModel, Toolkit, ToolUseBlock
 from agentscope_py.message import new_id
-from agentscope_py.model.base import ModelRequest
+from agentscope_py.model.base import ChatChunk, ModelRequest
+from agentscope_py.model.base import ConnectionError as ModelConnectionError
 from agentscope_py.server import create_app
 
-from .conftest import LiveServer, SlowTool, add, delete_file
+from .conftest import LiveServer, SlowTool, add, delete_file, scripted_agent
 
 pytestmark = pytest.mark.browser
 
@@ -44,8 +49,26 @@ def _respond(request: ModelRequest) -> ModelStep:
     if words[0] == "delete":
         return ModelStep.tool_call("delete_file", {"path": words[1]}, text="This needs your approval.", usage=usage)
     if words[0] == "fail":
-        return ModelStep.error(ConnectionError("the model endpoint is unreachable"))
+        return ModelStep.error(ModelConnectionError("the model endpoint is unreachable"))
     return ModelStep.text("Try: add 2 3, slow, delete /tmp/a or fail.", usage=usage)
+
+
+class NoUsageFor:
+    """The scripted model, except that for the prompt "no usage" it reports no token usage (as
+    some providers do)."""
+
+    def __init__(self, inner: ScriptedModel) -> None:
+        self.inner = inner
+        self.name = inner.name
+
+    async def _without_usage(self, request: ModelRequest) -> AsyncIterator[ChatChunk]:
+        async for chunk in self.inner.stream(request):
+            yield dataclasses.replace(chunk, usage=None)
+
+    def stream(self, request: ModelRequest) -> AsyncIterator[ChatChunk]:
+        if request.messages[-1].text == "no usage":
+            return self._without_usage(request)
+        return self.inner.stream(request)
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +78,7 @@ def slow_tool() -> SlowTool:
 
 @pytest.fixture(scope="module")
 def server(slow_tool: SlowTool) -> Iterator[LiveServer]:
-    model = ScriptedModel([ModelStep(respond=_respond)], name="browser-demo", loop=True)
+    model = NoUsageFor(ScriptedModel([ModelStep(respond=_respond)], name="browser-demo", loop=True))
     agent = ReActAgent.builder().name("demo").model(model).toolkit(Toolkit([add, delete_file, slow_tool.slow])).build()
     with LiveServer(create_app(agent, auth_token="tok")) as live:
         yield live
@@ -79,7 +102,8 @@ def browser() -> Iterator[Any]:
 def _page(browser: Any, server: LiveServer, **context: Any) -> Any:
     page = browser.new_context(**context).new_page()
     page.set_default_timeout(10_000)
-    page.goto(f"{server.url}/?token=tok")
+    page.goto(f"{server.url}/#token=tok")
+    assert page.url == f"{server.url}/", "the token stayed in the address bar"
     return page
 
 
@@ -175,7 +199,53 @@ def test_deny_and_errors_are_shown(browser: Any, server: LiveServer, tmp_path: P
     _shot(page, tmp_path / "dark-deny-error.png")
 
 
+def test_usage_unknown_when_the_model_reports_none(browser: Any, server: LiveServer) -> None:
+    page = _page(browser, server)
+    _send(page, "no usage")
+    page.locator('[data-testid="run-status"][data-status="done"]').wait_for()
+    usage = page.get_by_test_id("usage").last.inner_text()
+    assert "usage unknown" in usage and "0 in" not in usage
+
+
+def test_the_token_survives_a_reload_but_not_in_the_url(browser: Any, server: LiveServer) -> None:
+    page = _page(browser, server)
+    page.reload()
+    _send(page, "add 1 2")
+    page.locator('[data-testid="run-status"][data-status="done"]').wait_for()
+
+
 def test_page_without_token_explains_401(browser: Any, server: LiveServer) -> None:
     page = browser.new_context().new_page()
+    page.set_default_timeout(10_000)
     response = page.goto(f"{server.url}/")
-    assert response.status == 401
+    assert response.status == 200  # the page holds no secret; the API needs the token
+    _send(page, "hello")
+    error = page.get_by_test_id("run-error")
+    error.wait_for()
+    assert "/#token=" in error.inner_text() and "HTTP 401" in error.inner_text()
+
+
+def test_a_cross_site_request_runs_nothing(browser: Any) -> None:
+    """CSRF: a page on another origin POSTs a text/plain body (no preflight) to a server without a
+    token; the request is refused before the agent runs its tools."""
+    slow = SlowTool(seconds=0.01)
+    victim_agent = scripted_agent(ModelStep.tool_call("slow", {"label": "csrf"}, id="c1"), ModelStep.text("done"),
+                                  tools=[slow.slow])
+    body = '{"threadId": "t", "runId": "r", "messages": [{"id": "u", "role": "user", "content": "go"}]}'
+    with LiveServer(create_app(victim_agent)) as victim:
+        attack = f"""<!doctype html><script>
+          window.results = [];
+          for (const type of ["text/plain", "application/x-www-form-urlencoded"]) {{
+            window.results.push(fetch("{victim.url}/agui", {{method: "POST", mode: "no-cors",
+              headers: {{"Content-Type": type}}, body: {body!r}}}).then(() => "sent", (e) => String(e)));
+          }}
+          window.done = Promise.all(window.results);
+        </script>"""
+        evil = Starlette(routes=[Route("/", lambda request: HTMLResponse(attack))])
+        with LiveServer(evil) as attacker:
+            page = browser.new_context().new_page()
+            page.goto(f"{attacker.url}/")
+            assert page.evaluate("window.done") == ["sent", "sent"]
+            time.sleep(0.3)
+    assert not slow.started.is_set(), "the cross-site request ran the agent's tool"
+    assert victim_agent.model.requests == []  # type: ignore[attr-defined]

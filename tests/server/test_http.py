@@ -17,7 +17,7 @@ from .conftest import SlowTool, agui_types, delete_file, frames, run_input, scri
 
 
 def test_native_stream_round_trips_through_parse_event() -> None:
-    agent = scripted_agent(ModelStep(thinking="hm", text="Hello", chunks=2))
+    agent = scripted_agent(ModelStep(thinking="hm", text="Hello", chunks=2), loop=True)
     with TestClient(create_app(agent)) as client, \
             client.stream("POST", "/v1/runs", json={"session_id": "s1", "input": "hi"}) as response:
         assert response.status_code == 200
@@ -32,13 +32,19 @@ def test_native_stream_round_trips_through_parse_event() -> None:
     ]
     assert [e.model_dump_json() for e in events] == payloads  # byte-exact round trip
     assert events[0].session_id == "s1"  # type: ignore[union-attr]
-    assert events[-2].result.text == "Hello"  # type: ignore[union-attr]
+    # The final frame does not repeat the reply (the deltas carried it) unless asked to.
+    result = events[-2].result  # type: ignore[union-attr]
+    assert result.text == "" and result.metadata["text_omitted"] is True
+    assert [b.type for b in result.content] == ["thinking", "text"]
+    with TestClient(create_app(agent, result_text=True)) as client:
+        kept = [parse_event(p) for p in frames(client.post("/v1/runs", json={"session_id": "s2", "input": "hi"}).text)]
+    assert kept[-2].result.text == "Hello"  # type: ignore[union-attr]
 
 
 def test_native_input_as_messages_and_confirm() -> None:
     agent = scripted_agent(ModelStep.tool_call("delete_file", {"path": "a"}, id="c1"), ModelStep.text("gone"),
                            tools=[delete_file])
-    with TestClient(create_app(agent)) as client:
+    with TestClient(create_app(agent, result_text=True)) as client:
         body = {"session_id": "s", "user_id": "bob", "input": [json.loads(Msg.user("delete a").model_dump_json())]}
         first = [parse_event(p) for p in frames(client.post("/v1/runs", json=body).text)]
         assert [e.type for e in first][-4:] == ["require_user_confirm", "request_stop", "agent_result", "agent_end"]
@@ -52,12 +58,20 @@ def test_native_input_as_messages_and_confirm() -> None:
 
 
 def test_native_error_is_a_final_error_frame() -> None:
-    agent = scripted_agent(ModelStep.error(KeyError("nope")))
+    from agentscope_py.model.base import ServerError
+
+    agent = scripted_agent(ModelStep.error(ServerError("the provider is down")), ModelStep.error(KeyError("nope")))
     with TestClient(create_app(agent)) as client:
-        body = client.post("/v1/runs", json={"session_id": "s", "input": "x"}).text
-    last = body.strip().split("\n\n")[-1]
-    assert last.startswith("event: error\ndata: ")
-    assert json.loads(last.split("data: ", 1)[1]) == {"type": "error", "message": "'nope'", "code": "KeyError"}
+        shown = client.post("/v1/runs", json={"session_id": "s", "input": "x"})
+        hidden = client.post("/v1/runs", json={"session_id": "s", "input": "y"})
+    for response, code, message in [(shown, "ServerError", "the provider is down"),
+                                    (hidden, "InternalError", "the run failed on the server")]:
+        last = response.text.strip().split("\n\n")[-1]
+        assert last.startswith("event: error\ndata: ")
+        rid = response.headers["x-request-id"]
+        assert json.loads(last.split("data: ", 1)[1]) == {
+            "type": "error", "code": code, "request_id": rid,
+            "message": message if code == "ServerError" else f"{message} (request id {rid})"}
 
 
 # -- validation and limits -----------------------------------------------------------------------
@@ -122,7 +136,7 @@ def test_auth_token_guards_everything_but_healthz() -> None:
     good = {"Authorization": "Bearer s3cret"}
     with TestClient(create_app(agent, auth_token="s3cret")) as client:
         assert client.get("/healthz").json() == {"status": "ok"}
-        for method, path, body in [("GET", "/", None), ("POST", "/agui", run_input("t", user("x"))),
+        for method, path, body in [("POST", "/agui", run_input("t", user("x"))),
                                    ("POST", "/v1/runs", {"session_id": "s", "input": "x"}),
                                    ("POST", "/v1/interrupt", {"session_id": "s"})]:
             for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "Basic s3cret"}):
@@ -131,10 +145,9 @@ def test_auth_token_guards_everything_but_healthz() -> None:
                 assert response.headers["www-authenticate"] == "Bearer"
                 assert "bearer token" in response.json()["detail"]
             assert client.request(method, path, json=body, headers=good).status_code == 200
-        # The page can be opened with ?token= (a browser cannot send headers on navigation) ...
-        assert client.get("/?token=s3cret").status_code == 200
-        assert client.get("/?token=nope").status_code == 401
-        # ... but the API takes the header only.
+        # The page holds no secret and loads without the token (it reads it from the URL's
+        # fragment, which never reaches the server); the API takes the header only.
+        assert client.get("/").status_code == 200
         assert client.post("/agui?token=s3cret", json=run_input("t", user("x"))).status_code == 401
 
 

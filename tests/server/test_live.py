@@ -119,7 +119,7 @@ def test_a_slow_reader_pauses_the_agent(live: Live) -> None:
     sock = socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16_384)
     sock.connect(("127.0.0.1", server.port))
-    sock.sendall(b"POST /v1/runs HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    sock.sendall(b"POST /v1/runs HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                  + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
     try:
         time.sleep(1.0)  # the client reads nothing

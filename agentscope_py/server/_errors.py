@@ -1,0 +1,113 @@
+"""What clients hear about failures: a type, a safe message and the request id. The details (the
+exception, its traceback, file paths a store put in its message) go to the server log under the
+same request id, so an operator can find them from what a user reports."""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+
+__all__ = ["ClientError", "HTTPError", "describe", "log_failure", "new_request_id", "request_id"]
+
+log = logging.getLogger("agentscope_py.server")
+
+REQUEST_ID_HEADER = "x-request-id"
+
+# Exceptions whose messages are written for the person using the agent (a provider's error, a
+# guardrail, a budget): shown as they are. Matched by class name along the MRO, so the classes
+# of `agentscope_py.errors` qualify whichever module defines them.
+_SHOWN = frozenset({
+    "ModelError", "ResumeError", "ToolArgumentError", "StructuredOutputError", "GuardrailTripped",
+    "RateLimitExceeded", "BudgetExceeded", "MiddlewareTermination",
+})
+# ... except these, whose messages name files, hosts or keys of the deployment.
+_HIDDEN = frozenset({"StateStoreError", "OSError"})
+# The client asked for something that cannot be done: one log line, no traceback.
+_MISTAKES = frozenset({"ResumeError", "ToolArgumentError"})
+
+Vocabulary = Literal["agui", "native"]
+
+
+def new_request_id() -> str:
+    """A fresh id (never one the client sent: it goes into log lines)."""
+    return "req_" + secrets.token_hex(8)
+
+
+def request_id(request: Request) -> str:
+    """The id `Guard` gave this request (one is made when the app runs without it)."""
+    state = request.scope.setdefault("state", {})
+    rid = state.get("request_id")
+    if not isinstance(rid, str):
+        rid = state["request_id"] = new_request_id()
+    return rid
+
+
+class HTTPError(Exception):
+    """A refusal before anything runs: ``status``, a stable ``type`` and a readable ``detail``."""
+
+    def __init__(self, status: int, type: str, detail: str, errors: list[dict[str, Any]] | None = None) -> None:
+        super().__init__(detail)
+        self.status = status
+        self.type = type
+        self.detail = detail
+        self.errors = errors
+
+    def response(self, rid: str, headers: dict[str, str] | None = None) -> JSONResponse:
+        body: dict[str, Any] = {"type": self.type, "detail": self.detail, "request_id": rid}
+        if self.errors:
+            body["errors"] = self.errors
+        return JSONResponse(body, status_code=self.status, headers=headers)
+
+
+@dataclass(frozen=True)
+class ClientError:
+    """How a failure is reported: ``code`` (the exception class when its message is shown, else
+    ``InternalError``), ``message`` (safe to show) and whether it was the client's mistake."""
+
+    code: str
+    message: str
+    client_mistake: bool
+
+
+def _names(exc: BaseException) -> set[str]:
+    return {cls.__name__ for cls in type(exc).__mro__}
+
+
+def describe(exc: BaseException, rid: str, vocabulary: Vocabulary, pending: Sequence[str] = ()) -> ClientError:
+    """The client's view of ``exc``, in the words of the endpoint it used (``pending``: the ids of
+    the session's waiting tool calls, for a `PendingToolCallsError`)."""
+    names = _names(exc)
+    if "PendingToolCallsError" in names:
+        return ClientError(type(exc).__name__, _pending_message(vocabulary, pending), True)
+    if names & _SHOWN and not names & _HIDDEN:
+        message = str(exc) or type(exc).__name__
+        if vocabulary == "agui" and "ResumeError" in names:
+            message = (message.replace("confirm results were", "resume entries were")
+                       .replace("confirm result", "resume entry").replace("for confirmation", "for approval"))
+        return ClientError(type(exc).__name__, message, bool(names & _MISTAKES))
+    return ClientError("InternalError", f"the run failed on the server (request id {rid})", False)
+
+
+def _pending_message(vocabulary: Vocabulary, pending: Sequence[str]) -> str:
+    ids = ", ".join(pending) or "see the last run"
+    if vocabulary == "agui":
+        return (f"this thread has tool calls waiting ({ids}): answer them first with `resume` (one entry per "
+                "interrupt: interruptId = the tool call id, status \"resolved\" with payload {\"approved\": true} "
+                "or {\"approved\": false}, or status \"cancelled\"), or with `tool` messages for frontend tools")
+    return (f"this session has tool calls waiting ({ids}): answer them first with `confirm` "
+            "([{\"tool_call_id\": ..., \"confirmed\": true}]), or with tool-role messages in `input` "
+            "for external tools")
+
+
+def log_failure(exc: BaseException, error: ClientError, rid: str, what: str) -> None:
+    """One line for a client's mistake; the traceback for anything else."""
+    if error.client_mistake:
+        log.info("request %s: %s refused: %s: %s", rid, what, type(exc).__name__, exc)
+    else:
+        log.warning("request %s: %s failed: %s: %s", rid, what, type(exc).__name__, exc, exc_info=exc)

@@ -1,0 +1,59 @@
+"""Who a request acts for. Every session, run and interrupt is scoped to the user `Identity.user`
+returns, so one client cannot write into, read back or stop another user's thread."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Awaitable, Callable
+
+from starlette.requests import Request
+
+from ._errors import HTTPError
+
+__all__ = ["DEFAULT_USER", "USER_HEADER", "Authenticate", "Identity"]
+
+USER_HEADER = "x-user-id"
+"""Without ``authenticate`` and without a token, requests may name their user with this header."""
+
+DEFAULT_USER = "default"
+
+Authenticate = Callable[[Request], "str | Awaitable[str | None] | None"]
+"""``fn(request) -> user_id`` (or a coroutine function): the user the request proves it is, from
+the bearer token, a header set by a trusted proxy or a cookie; ``None`` or ``""`` means not
+authenticated (401)."""
+
+
+class Identity:
+    """The one place that decides a request's user (other endpoints call `user` too).
+
+    * With ``authenticate``: its answer. A user id the client also sends (``X-User-Id``, a body's
+      ``user_id``) must be the same one, or the request is refused (403).
+    * With a shared token and no ``authenticate``: everyone holding the token is the same user,
+      ``"default"``; a client-chosen id is refused (403), since nothing proves it.
+    * With neither: whatever the client says (default ``"default"``). Anyone who can reach the
+      server can then act as any user: fit for a single user on loopback, not more."""
+
+    def __init__(self, authenticate: Authenticate | None, token_configured: bool) -> None:
+        self.authenticate = authenticate
+        self.token_configured = token_configured
+
+    async def user(self, request: Request, claimed: str | None = None) -> str:
+        """The user ``request`` acts for; ``claimed`` is a user id from its body."""
+        header = request.headers.get(USER_HEADER) or None
+        claims = [c for c in (claimed, header) if c]
+        if self.authenticate is not None:
+            answer = self.authenticate(request)
+            user = await answer if inspect.isawaitable(answer) else answer
+            if not user:
+                raise HTTPError(401, "unauthenticated", "the request is not authenticated")
+            if not isinstance(user, str):
+                raise TypeError(f"authenticate() returned {type(user).__name__}, not a user id string")
+            if any(c != user for c in claims):
+                raise HTTPError(403, "forbidden", "the user id in the request is not the authenticated user")
+            return user
+        if self.token_configured:
+            if any(c != DEFAULT_USER for c in claims):
+                raise HTTPError(403, "forbidden", "this server cannot tell users apart (one shared token): "
+                                "a client may not choose its user id; the server needs create_app(authenticate=...)")
+            return DEFAULT_USER
+        return claimed or header or DEFAULT_USER

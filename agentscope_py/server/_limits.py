@@ -1,0 +1,118 @@
+"""What one request may cost: the body's size, its JSON's nesting, the number and length of its
+messages, and what one client may keep buffered. Everything is checked before anything runs."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.requests import ClientDisconnect, Request
+
+from ._errors import HTTPError
+
+__all__ = ["Limits", "check_shape", "read_json"]
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Per-request and per-client limits of `create_app` (each refusal is a 422 naming the limit).
+
+    ``max_json_depth``: how deep the body's JSON may nest (``{"a": [1]}`` is 2);
+    ``max_messages``: messages in one request (AG-UI ``messages``, native ``input``);
+    ``max_message_chars``: characters of text in one message (inline binary data not counted);
+    ``buffer_bytes``: frames one client may have waiting for its socket; past it the run pauses;
+    ``stall_timeout``: seconds a client may go without taking a frame before it is dropped (its run
+    is cancelled as if it had disconnected; ``None``: never);
+    ``body_timeout``: seconds a client has to send its whole body (408 after; ``None``: no limit)."""
+
+    max_json_depth: int = 32
+    max_messages: int = 1_000
+    max_message_chars: int = 200_000
+    buffer_bytes: int = 256 * 1024
+    stall_timeout: float | None = 30.0
+    body_timeout: float | None = 30.0
+
+
+async def read_json(request: Request, limit: int, depth: int, seconds: float | None = None) -> Any:
+    """The JSON body, counting the bytes actually read (a lying Content-Length cannot pass), and
+    read within ``seconds`` (a body sent a byte at a time holds a connection otherwise)."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise HTTPError(413, "body_too_large", f"request body too large: limit is {limit} bytes")
+    chunks: list[bytes] = []
+    size = 0
+    try:
+        async with asyncio.timeout(seconds):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise HTTPError(413, "body_too_large", f"request body too large: limit is {limit} bytes")
+                chunks.append(chunk)
+    except ClientDisconnect:
+        raise HTTPError(400, "client_disconnected", "the client disconnected while sending the body") from None
+    except TimeoutError:
+        raise HTTPError(408, "body_timeout", f"the body did not arrive within body_timeout={seconds} s") from None
+    try:
+        data = json.loads(b"".join(chunks))
+    except RecursionError:  # the parser's own guard, far past any sane depth
+        raise _too_deep(depth) from None
+    except ValueError as exc:
+        raise HTTPError(422, "invalid_json", f"the body is not valid JSON: {exc}") from None
+    if _deeper_than(data, depth):
+        raise _too_deep(depth)
+    return data
+
+
+def check_shape(data: Any, key: str, limits: Limits) -> None:
+    """Refuse a body whose ``data[key]`` holds more than ``max_messages`` messages or a message
+    with more than ``max_message_chars`` characters of text (a string ``data[key]`` is one)."""
+    if not isinstance(data, dict):
+        return
+    messages = data.get(key)
+    if isinstance(messages, str):
+        messages = [messages]
+    if not isinstance(messages, list):
+        return
+    if len(messages) > limits.max_messages:
+        raise HTTPError(422, "limit_exceeded",
+                        f"{key}: {len(messages)} messages; the limit is max_messages={limits.max_messages}")
+    for i, message in enumerate(messages):
+        chars = _chars(message)
+        if chars > limits.max_message_chars:
+            raise HTTPError(422, "limit_exceeded", f"{key}.{i}: {chars} characters; the limit is "
+                            f"max_message_chars={limits.max_message_chars}")
+
+
+def _too_deep(depth: int) -> HTTPError:
+    return HTTPError(422, "limit_exceeded", f"the body's JSON nests too deep; the limit is max_json_depth={depth}")
+
+
+def _deeper_than(value: Any, limit: int) -> bool:
+    # Iterative: the point is to refuse what would make recursive code (validation, copies) blow up.
+    stack = [(value, 1)] if isinstance(value, dict | list) else []
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item
+        if depth > limit:
+            return True
+        stack.extend((c, depth + 1) for c in children if isinstance(c, dict | list))
+    return False
+
+
+def _chars(value: Any) -> int:
+    """Characters of text in a message's JSON. Inline binary data (an AG-UI ``{"type": "data",
+    "value"}`` source, a native ``DataBlock``) is not text: ``max_body_bytes`` bounds it."""
+    total = 0
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            total += len(item)
+        elif isinstance(item, dict):
+            if item.get("type") != "data":
+                stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return total

@@ -1,0 +1,227 @@
+"""Running the app: uvicorn with the limits a server exposed to a network needs (a deadline for
+request headers, idle keep-alive connections closed, a cap on connections per process), an access
+log that never shows a token, and the page's URL printed only once the server answers."""
+
+from __future__ import annotations
+
+import gc
+import logging
+import re
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import uvicorn
+from starlette.applications import Starlette
+from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.supervisors import Multiprocess
+
+try:  # uvicorn's faster parser, when installed, is what "auto" picks
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as _Base
+except ImportError:
+    _Base = H11Protocol  # type: ignore[assignment,misc]
+
+__all__ = ["GC_THRESHOLDS", "HeaderTimeoutProtocol", "redact_access_log", "serve", "serve_workers", "tune_gc",
+           "uvicorn_config"]
+
+log = logging.getLogger("agentscope_py.server")
+
+HEADER_TIMEOUT = 10.0
+"""Seconds a connection has to send a request's headers (slowloris holds connections otherwise)."""
+IDLE_TIMEOUT = 5
+"""Seconds an idle keep-alive connection stays open."""
+MAX_CONNECTIONS = 1_000
+"""Concurrent connections per process; past it requests get 503 (each connection is a file
+descriptor: 1,024 is a common default limit)."""
+
+GC_THRESHOLDS = (50_000, 20, 100)
+"""The collector's thresholds `tune_gc` sets (Python's are 700, 10, 10)."""
+
+
+class HeaderTimeoutProtocol(_Base):  # type: ignore[misc,valid-type]
+    """uvicorn's HTTP protocol, closing a connection whose request headers are not complete
+    within ``config.header_timeout`` seconds of it opening (or of its previous response ending).
+    uvicorn's own timeouts cover idle keep-alive connections, not a client sending slowly."""
+
+    _timer: Any = None
+    _armed_cycle: Any = None
+
+    def connection_made(self, transport: Any) -> None:
+        super().connection_made(transport)
+        self._arm()
+
+    def _arm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._armed_cycle = self.cycle
+        self._timer = self.loop.call_later(getattr(self.config, "header_timeout", HEADER_TIMEOUT), self._expire)
+
+    def _expire(self) -> None:
+        self._timer = None
+        cycle = self.cycle
+        waiting = cycle is self._armed_cycle and (cycle is None or cycle.response_complete)
+        if waiting and not self.transport.is_closing():
+            self.transport.close()
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        if self._timer is not None and self.cycle is not self._armed_cycle:  # headers are in
+            self._timer.cancel()
+            self._timer = None
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if not self.transport.is_closing():
+            self._arm()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        super().connection_lost(exc)
+
+
+_SECRET_PARAM = re.compile(r"([?&#](?:token|access_token|api_key|key)=)[^&\s]*", re.I)
+
+
+class _Redact(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple):
+            record.args = tuple(_SECRET_PARAM.sub(r"\1[redacted]", a) if isinstance(a, str) else a
+                                for a in record.args)
+        return True
+
+
+def redact_access_log() -> None:
+    """Blank ``token=``-like query values in uvicorn's access log (idempotent). The server never
+    takes a token from a URL, but an old bookmark may still carry one."""
+    access = logging.getLogger("uvicorn.access")
+    if not any(isinstance(f, _Redact) for f in access.filters):
+        access.addFilter(_Redact())
+
+
+def uvicorn_config(app: Any, host: str = "127.0.0.1", port: int = 8000, *, header_timeout: float = HEADER_TIMEOUT,
+                   idle_timeout: int = IDLE_TIMEOUT, max_connections: int | None = MAX_CONNECTIONS,
+                   **uvicorn_options: Any) -> Any:
+    """The ``uvicorn.Config`` `serve` runs: `HeaderTimeoutProtocol`, ``timeout_keep_alive`` =
+    ``idle_timeout``, ``limit_concurrency`` = ``max_connections``; other options pass through."""
+    options: dict[str, Any] = {"http": f"{__name__}:HeaderTimeoutProtocol", "timeout_keep_alive": idle_timeout,
+                               "limit_concurrency": max_connections, **uvicorn_options}
+    config = uvicorn.Config(app, host=host, port=port, **options)
+    config.header_timeout = header_timeout  # type: ignore[attr-defined]  # read by the protocol, pickled to workers
+    redact_access_log()
+    return config
+
+
+def tune_gc(thresholds: tuple[int, int, int] = GC_THRESHOLDS) -> None:
+    """Collector settings for a long-running server: what start-up allocated (modules, schemas,
+    the agent) moves to the permanent generation (``gc.freeze``), and young collections run
+    every 50,000 allocations instead of 700. With thousands of streams in flight most young
+    objects are events waiting in a buffer, so each default collection walked and promoted
+    them; see ``benchmarks/RESULTS.md``. The runtime makes no reference cycles per run, so
+    collecting less often does not grow memory. Process-wide: `serve` calls it, the library
+    never does on its own."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(*thresholds)
+
+
+def _announce(host: str, port: int, token: bool) -> None:
+    shown = f"[{host}]" if ":" in host else host
+    url = f"http://{shown}:{port}/"
+    hint = f" (the API needs the token: open {url}#token=<your token>)" if token else ""
+    # The token itself is never printed: consoles end up in logs.
+    print(f"agentscope-py is serving at {url}{hint}", file=sys.stdout, flush=True)
+
+
+def _wait_then_announce(host: str, port: int, token: bool, stop: threading.Event) -> None:
+    """For worker processes: print once ``/healthz`` answers."""
+    import urllib.error
+    import urllib.request
+
+    target = "127.0.0.1" if host in ("0.0.0.0", "") else "::1" if host == "::" else host
+    url = f"http://{f'[{target}]' if ':' in target else target}:{port}/healthz"
+    while not stop.is_set():
+        try:
+            with urllib.request.urlopen(url, timeout=1):
+                pass
+        except urllib.error.HTTPError:
+            pass  # an answer all the same (a Host outside allowed_hosts is a 400)
+        except OSError:  # not listening or not serving yet (URLError is an OSError)
+            time.sleep(0.05)
+            continue
+        _announce(host, port, token)
+        return
+
+
+def warn_if_open(host: str, allowed_hosts: Sequence[str] | None) -> None:
+    """Off loopback the Host check is the caller's to configure: without it a rebinding name
+    that resolves to this machine's address is answered."""
+    from ._security import is_loopback
+
+    if allowed_hosts is None and not is_loopback(host):
+        print(f"warning: serving on {host} without allowed_hosts answers any Host name (DNS rebinding); "
+              "pass allowed_hosts (--allowed-host) with the names clients use", file=sys.stderr, flush=True)
+
+
+def serve(
+    agent_or_factory: Any,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    auth_token: str | None = None,
+    gc_tuning: bool = True,
+    *,
+    allowed_origins: Sequence[str] = (),
+    allowed_hosts: Sequence[str] | None = None,
+    header_timeout: float = HEADER_TIMEOUT,
+    idle_timeout: int = IDLE_TIMEOUT,
+    max_connections: int | None = MAX_CONNECTIONS,
+    app_options: dict[str, Any] | None = None,
+    **uvicorn_options: Any,
+) -> None:
+    """Serve the app with uvicorn (blocking) and print the page's URL once it answers. ``port=0``
+    picks a free one. ``gc_tuning``: apply `tune_gc` once the app is built; ``app_options`` go to
+    `create_app` (``authenticate``, ``limits``…); the timeouts and ``max_connections`` are
+    `uvicorn_config`'s."""
+    from .app import create_app
+
+    warn_if_open(host, allowed_hosts)
+    app: Starlette = create_app(agent_or_factory, auth_token=auth_token, allowed_origins=allowed_origins,
+                                allowed_hosts=allowed_hosts, **(app_options or {}))
+    if gc_tuning:
+        tune_gc()
+    config = uvicorn_config(app, host, port, header_timeout=header_timeout, idle_timeout=idle_timeout,
+                            max_connections=max_connections, **uvicorn_options)
+    sock = config.bind_socket()
+    server = _AnnouncingServer(config, host, sock.getsockname()[1], bool(auth_token))
+    server.run(sockets=[sock])
+
+
+def serve_workers(import_string: str, host: str, port: int, workers: int, token: bool, **options: Any) -> None:
+    """``workers`` processes, each building its app from ``import_string`` (a factory)."""
+    config = uvicorn_config(import_string, host, port, factory=True, workers=workers, **options)
+    sock = config.bind_socket()
+    stop = threading.Event()
+    threading.Thread(target=_wait_then_announce, args=(host, sock.getsockname()[1], token, stop),
+                     daemon=True).start()
+    try:
+        Multiprocess(config, sockets=[sock]).run()
+    finally:
+        stop.set()
+        sock.close()
+
+
+class _AnnouncingServer(uvicorn.Server):
+    """Prints the URL after startup: the app's lifespan (the agent factory) has run and the
+    socket is being served, so the URL works the moment it appears."""
+
+    def __init__(self, config: Any, host: str, port: int, token: bool) -> None:
+        super().__init__(config)
+        self._where = (host, port, token)
+
+    async def startup(self, sockets: Any = None) -> None:
+        await super().startup(sockets=sockets)
+        if self.started:
+            _announce(*self._where)

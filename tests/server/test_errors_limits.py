@@ -1,0 +1,177 @@
+"""Over real HTTP: what clients hear when something fails (a type, a safe message, the request id;
+details only in the log), errors in the endpoint's own words, the limits on one body, and the
+memory one client may hold (the final frame, a stalled reader)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import sqlite3
+import threading
+from collections.abc import AsyncIterator, Callable
+
+import httpx
+import pytest
+
+from agentscope_py import ChatUsage, InMemoryStateStore, ModelStep, ReActAgent
+from agentscope_py.agent.state import AgentState
+from agentscope_py.model.base import ChatChunk, ModelRequest
+from agentscope_py.server import Limits, create_app
+
+from .conftest import LiveServer, agui_events, delete_file, frames, run_input, scripted_agent, user
+
+Live = Callable[..., LiveServer]
+SECRET_PATH = "/srv/secret/agent-states.db"
+
+
+class BrokenStore(InMemoryStateStore):
+    async def load(self, user_id: str, session_id: str) -> tuple[AgentState | None, int]:
+        raise sqlite3.OperationalError(f"unable to open database file {SECRET_PATH}")
+
+
+@pytest.fixture
+def server_log(caplog: pytest.LogCaptureFixture) -> pytest.LogCaptureFixture:
+    caplog.set_level(logging.INFO, logger="agentscope_py.server")
+    return caplog
+
+
+def test_a_store_failure_is_a_safe_error_with_a_request_id(live: Live, server_log: pytest.LogCaptureFixture) -> None:
+    agent = scripted_agent(ModelStep.text("never"), state_store=BrokenStore())
+    server = live(create_app(agent))
+    setup = httpx.post(f"{server.url}/agui", json=run_input("t", user("hi")), timeout=10)
+    assert setup.status_code == 500
+    rid = setup.headers["x-request-id"]
+    assert setup.json() == {"type": "internal_error", "request_id": rid,
+                            "detail": f"the run failed on the server (request id {rid})"}
+    native = httpx.post(f"{server.url}/v1/runs", json={"session_id": "t", "input": "hi"}, timeout=10)
+    last = json.loads(native.text.strip().split("\n\n")[-1].split("data: ", 1)[1])
+    assert last["code"] == "InternalError" and last["request_id"] == native.headers["x-request-id"]
+    for body in (setup.text, native.text):
+        assert SECRET_PATH not in body and "sqlite" not in body.lower()
+    # The operator finds the details under the request id.
+    logged = [r for r in server_log.records if rid in r.getMessage()]
+    assert logged and SECRET_PATH in logged[0].getMessage() and logged[0].exc_info is not None
+
+
+@pytest.mark.parametrize(("path", "body", "limit"), [
+    ("/agui", '{"threadId": "t", "runId": "r", "messages": [], "state": ' + "[" * 5000 + "]" * 5000 + "}",
+     "max_json_depth=32"),
+    ("/agui", json.dumps(run_input("t", user("x"), state={"a": json.loads("[" * 40 + "]" * 40)})), "max_json_depth=32"),
+    ("/v1/runs", '{"session_id": "s", "input": ' + "[" * 3000 + "]" * 3000 + "}", "max_json_depth=32"),
+    ("/agui", json.dumps(run_input("t", *[user("x", id=f"u{i}") for i in range(11)])), "max_messages=10"),
+    ("/agui", json.dumps(run_input("t", user("y" * 501))), "max_message_chars=500"),
+    ("/agui", json.dumps(run_input("t", {"id": "u", "role": "user", "content": [
+        {"type": "text", "text": "y" * 300}, {"type": "text", "text": "y" * 300}]})), "max_message_chars=500"),
+    ("/v1/runs", json.dumps({"session_id": "s", "input": "y" * 501}), "max_message_chars=500"),
+])
+def test_a_body_past_a_limit_is_422_naming_it(live: Live, path: str, body: str, limit: str) -> None:
+    agent = scripted_agent(ModelStep.text("ok"), loop=True)
+    server = live(create_app(agent, limits=Limits(max_messages=10, max_message_chars=500)))
+    response = httpx.post(f"{server.url}{path}", content=body.encode(), headers={"content-type": "application/json"},
+                          timeout=10)
+    assert response.status_code == 422, response.text
+    assert response.json()["type"] == "limit_exceeded" and limit in response.json()["detail"]
+    assert agent.model.requests == []  # type: ignore[attr-defined]
+
+
+def test_inline_binary_data_is_not_counted_as_text(live: Live) -> None:
+    agent = scripted_agent(ModelStep.text("ok"), loop=True)
+    server = live(create_app(agent, limits=Limits(max_message_chars=500)))
+    image = {"type": "image", "source": {"type": "data", "value": "A" * 4_000, "mimeType": "image/png"}}
+    body = run_input("t", {"id": "u", "role": "user", "content": [{"type": "text", "text": "what is this?"}, image]})
+    response = httpx.post(f"{server.url}/agui", json=body, timeout=10)
+    assert response.status_code == 200, response.text
+
+
+def test_runs_needs_input_or_confirm(live: Live) -> None:
+    server = live(create_app(scripted_agent(ModelStep.text("ok"), loop=True)))
+    for body in ({"session_id": "s"}, {"session_id": "s", "input": ""}, {"session_id": "s", "input": []}):
+        response = httpx.post(f"{server.url}/v1/runs", json=body, timeout=5)
+        assert response.status_code == 422, body
+        assert "give `input`" in response.json()["detail"]
+
+
+def test_a_pending_confirmation_is_explained_in_each_endpoints_words(
+        live: Live, server_log: pytest.LogCaptureFixture) -> None:
+    agent = scripted_agent(ModelStep.tool_call("delete_file", {"path": "a"}, id="call-1"), tools=[delete_file])
+    server = live(create_app(agent))
+    first = agui_events(httpx.post(f"{server.url}/agui", json=run_input("t", user("delete a")), timeout=10).text)
+    assert first[-1]["outcome"]["type"] == "interrupt"
+    again = httpx.post(f"{server.url}/agui", json=run_input("t", user("something else", id="u2"), run="r2"), timeout=10)
+    error = agui_events(again.text)[-1]
+    assert error["type"] == "RUN_ERROR" and error["code"] == "PendingToolCallsError"
+    assert "call-1" in error["message"] and "`resume`" in error["message"] and "interruptId" in error["message"]
+    assert "confirm_message" not in error["message"] and "agentscope_py" not in error["message"]
+    native = httpx.post(f"{server.url}/v1/runs", json={"session_id": "t", "input": "and now?"}, timeout=10)
+    frame = json.loads(native.text.strip().split("\n\n")[-1].split("data: ", 1)[1])
+    assert "call-1" in frame["message"] and "`confirm`" in frame["message"] and "tool_call_id" in frame["message"]
+    assert "confirm_message" not in frame["message"]
+    # A client's mistake is one log line, not a traceback.
+    for response in (again, native):
+        mine = [r for r in server_log.records if response.headers["x-request-id"] in r.getMessage()]
+        assert len(mine) == 1 and mine[0].exc_info is None and "\n" not in mine[0].getMessage()
+
+
+def test_a_resume_with_nothing_pending_is_explained_in_agui_words(live: Live) -> None:
+    server = live(create_app(scripted_agent(ModelStep.text("ok"), loop=True)))
+    body = run_input("t", user("hi"), resume=[{"interruptId": "call-9", "status": "resolved", "payload": {}}])
+    error = agui_events(httpx.post(f"{server.url}/agui", json=body, timeout=10).text)[-1]
+    assert error["type"] == "RUN_ERROR" and error["code"] == "ResumeError"
+    assert "resume entries were given" in error["message"] and "confirm" not in error["message"]
+
+
+class Flood:
+    """A model streaming ``total`` chunks of ``size`` characters (then usage), counting them."""
+
+    name = "flood"
+
+    def __init__(self, size: int = 32_768, total: int = 64) -> None:
+        self.size, self.total = size, total
+        self.produced = 0
+        self.closed = threading.Event()
+
+    async def _stream(self) -> AsyncIterator[ChatChunk]:
+        try:
+            for _ in range(self.total):
+                self.produced += 1
+                yield ChatChunk(text="x" * self.size)
+            yield ChatChunk(usage=ChatUsage(input_tokens=1, output_tokens=1), finish_reason="stop")
+        finally:
+            self.closed.set()
+
+    def stream(self, request: ModelRequest) -> AsyncIterator[ChatChunk]:
+        return self._stream()
+
+
+def test_the_final_frame_does_not_repeat_a_long_reply(live: Live) -> None:
+    sizes: dict[bool, int] = {}
+    for keep in (False, True):
+        agent = ReActAgent.builder().model(Flood()).build()  # 2 MB of reply
+        server = live(create_app(agent, result_text=keep))
+        body = httpx.post(f"{server.url}/v1/runs", json={"session_id": "s", "input": "go"}, timeout=30).text
+        result = next(f for f in frames(body) if '"type":"agent_result"' in f[:300])
+        sizes[keep] = len(result)
+    assert sizes[False] < 2_000, sizes
+    assert sizes[True] > 2_000_000
+
+
+def test_a_client_that_stops_reading_is_dropped(live: Live, server_log: pytest.LogCaptureFixture) -> None:
+    model = Flood(total=100_000)
+    agent = ReActAgent.builder().model(model).build()
+    server = live(create_app(agent, limits=Limits(stall_timeout=0.5, buffer_bytes=65_536)))
+    body = json.dumps({"session_id": "s", "input": "flood"}).encode()
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16_384)
+    sock.connect(("127.0.0.1", server.port))
+    try:
+        sock.sendall(b"POST /v1/runs HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                     + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        # The socket stays open and unread: only the stall timeout can end the run.
+        assert model.closed.wait(10), "a stalled client kept its run (and its buffers) alive"
+        assert model.produced < 1_000
+    finally:
+        sock.close()
+    assert any("dropped a client" in r.getMessage() for r in server_log.records)
+
+
