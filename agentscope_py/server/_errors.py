@@ -15,21 +15,30 @@ from starlette.responses import JSONResponse
 
 __all__ = ["ClientError", "HTTPError", "describe", "log_failure", "new_request_id", "request_id"]
 
+from ..errors import (
+    InputError,
+    MiddlewareTermination,
+    ModelError,
+    PendingToolCallsError,
+    ResumeError,
+    StateStoreError,
+    StructuredOutputError,
+    ToolArgumentError,
+)
+
 log = logging.getLogger("agentscope_py.server")
 
 REQUEST_ID_HEADER = "x-request-id"
 
 # Exceptions whose messages are written for the person using the agent (a provider's error, a
-# guardrail, a budget): shown as they are. Matched by class name along the MRO, so the classes
-# of `agentscope_py.errors` qualify whichever module defines them.
-_SHOWN = frozenset({
-    "ModelError", "ResumeError", "ToolArgumentError", "StructuredOutputError", "GuardrailTripped",
-    "RateLimitExceeded", "BudgetExceeded", "MiddlewareTermination",
-})
+# guardrail, a budget, a mistake in the input): shown as they are.
+_SHOWN: tuple[type[BaseException], ...] = (
+    ModelError, ResumeError, ToolArgumentError, StructuredOutputError, MiddlewareTermination, InputError,
+)
 # ... except these, whose messages name files, hosts or keys of the deployment.
-_HIDDEN = frozenset({"StateStoreError", "OSError"})
+_HIDDEN: tuple[type[BaseException], ...] = (StateStoreError,)
 # The client asked for something that cannot be done: one log line, no traceback.
-_MISTAKES = frozenset({"ResumeError", "ToolArgumentError"})
+_MISTAKES: tuple[type[BaseException], ...] = (ResumeError, ToolArgumentError, InputError)
 
 Vocabulary = Literal["agui", "native"]
 
@@ -75,22 +84,17 @@ class ClientError:
     client_mistake: bool
 
 
-def _names(exc: BaseException) -> set[str]:
-    return {cls.__name__ for cls in type(exc).__mro__}
-
-
 def describe(exc: BaseException, rid: str, vocabulary: Vocabulary, pending: Sequence[str] = ()) -> ClientError:
     """The client's view of ``exc``, in the words of the endpoint it used (``pending``: the ids of
     the session's waiting tool calls, for a `PendingToolCallsError`)."""
-    names = _names(exc)
-    if "PendingToolCallsError" in names:
+    if isinstance(exc, PendingToolCallsError):
         return ClientError(type(exc).__name__, _pending_message(vocabulary, pending), True)
-    if names & _SHOWN and not names & _HIDDEN:
+    if isinstance(exc, _SHOWN) and not isinstance(exc, _HIDDEN):
         message = str(exc) or type(exc).__name__
-        if vocabulary == "agui" and "ResumeError" in names:
+        if vocabulary == "agui" and isinstance(exc, ResumeError):
             message = (message.replace("confirm results were", "resume entries were")
                        .replace("confirm result", "resume entry").replace("for confirmation", "for approval"))
-        return ClientError(type(exc).__name__, message, bool(names & _MISTAKES))
+        return ClientError(type(exc).__name__, message, isinstance(exc, _MISTAKES))
     return ClientError("InternalError", f"the run failed on the server (request id {rid})", False)
 
 

@@ -46,8 +46,10 @@ def test_a_body_that_is_not_json_is_415_before_anything_runs(live: Live, content
 
 def test_json_content_types_pass(live: Live) -> None:
     server = live(create_app(scripted_agent(ModelStep.text("ok"), loop=True)))
-    for content_type in ("application/json", "application/json; charset=utf-8", "application/vnd.ag-ui+json"):
-        response = httpx.post(f"{server.url}/agui", content=json.dumps(BODY).encode(),
+    for i, content_type in enumerate(("application/json", "application/json; charset=utf-8",
+                                      "application/vnd.ag-ui+json")):
+        body = run_input(f"t{i}", user("go"))  # a new thread each: a run without new input is refused
+        response = httpx.post(f"{server.url}/agui", content=json.dumps(body).encode(),
                               headers={"content-type": content_type}, timeout=5)
         assert response.status_code == 200, content_type
         assert agui_types(response.text)[-1] == "RUN_FINISHED"
