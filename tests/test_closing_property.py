@@ -244,3 +244,16 @@ async def test_the_http_streams_of_random_runs_are_balanced(endpoint: str) -> No
             for start, end in AGUI_PAIRS:
                 assert names[start] == names[end], (seed, start, names)
             assert names["RUN_FINISHED"] + names["RUN_ERROR"] == 1
+
+
+async def test_model_call_errors_reach_http_clients_as_their_type_only() -> None:
+    from agentscope_py import ModelStep, ScriptedModel
+
+    model = ScriptedModel([ModelStep("partial", chunks=2, error=ValueError("db at /srv/secret.db"), error_after=1)])
+    app = create_app(ReActAgent.builder().model(model).build())
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1") as client:
+        response = await client.post("/v1/runs", json={"session_id": "s", "input": "go"})
+    assert "/srv/secret.db" not in response.text
+    ends = [parse_event(line[6:]) for line in response.text.split("\n")
+            if line.startswith("data: ") and "model_call_end" in line]
+    assert [(e.error, e.discarded) for e in ends] == [("ValueError", True)]

@@ -28,7 +28,7 @@ from starlette.routing import Route
 
 from ..agent.context import RuntimeContext
 from ..agent.react import ReActAgent, confirm_message
-from ..events import AgentEvent, AgentResult, ConfirmResult
+from ..events import AgentEvent, AgentResult, ConfirmResult, ModelCallEnd
 from ..message import Msg, TextBlock, ThinkingBlock
 from ..stream import EventStream
 from . import agui as agui_module
@@ -260,6 +260,10 @@ async def _native_frames(stream: EventStream[AgentEvent], rid: str, pending: Cal
             async for event in events:
                 if type(event) is AgentResult and not result_text:
                     event = _without_text(event)
+                elif type(event) is ModelCallEnd and event.error:
+                    # The error's type only: its text may carry internals (it goes to the log with
+                    # the run's own error).
+                    event = event.model_copy(update={"error": event.error.split(":", 1)[0]})
                 yield encode_sse(event)
     except BaseException as exc:
         if not _is_failure(exc):
