@@ -42,9 +42,9 @@ from ..events import (
 )
 from ..message import ToolResultState
 
-__all__ = ["BRACKET_TYPES", "CUT_SHORT", "Brackets", "describe"]
+__all__ = ["BRACKET_TYPES", "CUT_SHORT", "OPENS", "Brackets", "describe"]
 
-_OPENS: dict[type[Any], str] = {
+OPENS: dict[type[Any], str] = {
     ModelCallStart: "model", TextBlockStart: "text", ThinkingBlockStart: "thinking",
     DataBlockStart: "data", ToolCallStart: "call", ToolResultStart: "result",
 }
@@ -52,7 +52,7 @@ _CLOSES: dict[type[Any], str] = {
     ModelCallEnd: "model", TextBlockEnd: "text", ThinkingBlockEnd: "thinking",
     DataBlockEnd: "data", ToolCallEnd: "call", ToolResultEnd: "result",
 }
-BRACKET_TYPES = frozenset(_OPENS) | frozenset(_CLOSES)
+BRACKET_TYPES = frozenset(OPENS) | frozenset(_CLOSES)
 """The event classes `Brackets.see` cares about (the loop tests membership inline: most events
 are deltas, which need no call)."""
 
@@ -69,38 +69,62 @@ _IDS: dict[type[Any], str] = {cls: "reply_id" for cls in (ModelCallStart, ModelC
 _IDS.update({cls: "tool_call_id" for cls in (ToolCallStart, ToolCallEnd, ToolResultStart, ToolResultEnd)})
 _IDS.update({cls: "block_id" for cls in (TextBlockStart, TextBlockEnd, ThinkingBlockStart, ThinkingBlockEnd,
                                          DataBlockStart, DataBlockEnd)})
-_NOTHING: list[AgentEvent] = []  # what `see` returns almost always (never appended to)
+_NOTHING: list[AgentEvent] = []  # (never appended to)
 
 
 class Brackets:
-    """The brackets the published stream has opened and not yet closed, in opening order."""
+    """The bracket events one step published, kept in order (`log`, appended to by the loop
+    itself: a list append per bracket event, nothing per delta); what is still open is worked
+    out only when the step ends or a model call starts. Brackets are keyed by their id (block id,
+    tool call id, or the reply id for a model call): ids are unique per kind, and a tool call's
+    result reuses its id only after the call's End."""
 
-    __slots__ = ("_open",)
+    __slots__ = ("early", "log")
 
     def __init__(self) -> None:
-        self._open: dict[tuple[str, str | None, str], Any] = {}
+        self.log: list[Any] = []
+        self.early: list[AgentEvent] = []  # what `superseding` said must be emitted first
 
-    def see(self, ev: Any) -> list[AgentEvent]:
-        """Note ``ev`` (one of `BRACKET_TYPES`); returns what must be emitted before it."""
-        cls = type(ev)
-        fields = ev.__dict__  # (pydantic's __getattr__ makes attribute reads slow)
-        kind = _OPENS.get(cls)
-        if kind is None:
-            self._open.pop((_CLOSES[cls], fields["source"], fields[_IDS[cls]]), None)
-            return _NOTHING
-        key = (kind, fields["source"], fields[_IDS[cls]])
-        if kind == "model" and key in self._open:
-            early = self._close_from(key, SUPERSEDED, discarded=True)
-            self._open[key] = ev
-            return early
-        self._open[key] = ev
-        return _NOTHING
+    def _opened(self) -> dict[str, Any]:
+        opened: dict[str, Any] = {}
+        for ev in self.log:
+            cls = type(ev)
+            key = ev.__dict__[_IDS[cls]]  # (pydantic's __getattr__ makes attribute reads slow)
+            if cls in OPENS:
+                opened[key] = ev
+            else:
+                opened.pop(key, None)
+        return opened
 
-    def close(self, error: BaseException | None) -> list[AgentEvent]:
+    def superseding(self, start: Any) -> bool:
+        """True when ``start`` begins a model call whose id (the reply) is still open: a middleware
+        abandoned that attempt for a new one. ``early`` then holds the Ends of the abandoned attempt
+        (and of everything of its source opened after it), to emit before ``start``."""
+        if not self.log:
+            return False
+        opened = self._opened()
+        key = start.reply_id
+        if key not in opened or opened[key].source != start.source:
+            return False
+        keys = list(opened)
+        later = [k for k in keys[keys.index(key):] if opened[k].source == start.source]
+        self.early = [_end(opened[k], SUPERSEDED, True, True) for k in reversed(later)]
+        self.log.extend(self.early)
+        return True
+
+    def close(self, error: BaseException | None, starts: int) -> list[AgentEvent]:
         """The Ends of everything still open, innermost first: the step that opened them ended
-        (``error``: how; None when it completed although a layer had stopped reading)."""
-        if not self._open:
-            return []
+        (``error``: how; None when it completed although a layer had stopped reading). ``starts``:
+        how many of the logged events are Starts (the loop counts them: when they are half the log,
+        every Start met its End and there is nothing to work out)."""
+        log = self.log
+        if starts * 2 == len(log):
+            log.clear()
+            return _NOTHING
+        opened = self._opened()
+        log.clear()
+        if not opened:
+            return _NOTHING
         if error is None:
             why, discarded = CUT_SHORT, False
         else:
@@ -108,16 +132,7 @@ class Brackets:
             # ends the run does not.
             why, discarded = describe(error), not isinstance(error, AgentInterrupted)
         failed = error is not None and not isinstance(error, asyncio.CancelledError)
-        out = [_end(start, why, discarded, failed) for start in reversed(self._open.values())]
-        self._open.clear()
-        return out
-
-    def _close_from(self, key: tuple[str, str | None, str], why: str, *, discarded: bool) -> list[AgentEvent]:
-        """Close the bracket ``key`` and everything of its source opened after it."""
-        keys = list(self._open)
-        later = [k for k in keys[keys.index(key):] if k[1] == key[1]]
-        out = [_end(self._open.pop(k), why, discarded, True) for k in reversed(later)]
-        return out
+        return [_end(start, why, discarded, failed) for start in reversed(opened.values())]
 
 
 def _end(start: Any, why: str, discarded: bool, failed: bool) -> AgentEvent:

@@ -42,6 +42,7 @@ from ..events import (
     ExceedMaxIters,
     ExternalExecutionResult,
     MiddlewareStarted,
+    ModelCallStart,
     RequestStop,
     ToolResultEnd,
     ToolResultStart,
@@ -76,7 +77,7 @@ from ..model.base import ModelRequest, supports_structured_output
 from ..stream import EventStream, aclose, prefetched
 from ..tool.toolkit import Tool, clean_schema
 from ._acting import acting_events
-from ._brackets import BRACKET_TYPES, Brackets, describe
+from ._brackets import BRACKET_TYPES, OPENS, Brackets, describe
 from ._input import check_input
 from ._reply import NO_USAGE, ReplyBuilder, ToolResultCollector, delta_maker, model_events
 from ._session import RunControl
@@ -85,6 +86,11 @@ from .state import AgentState
 if TYPE_CHECKING:
     from .context import RuntimeContext
     from .react import ReActAgent
+
+_START, _END, _STOP = "start", "end", "stop"
+_MARKS: dict[type[Any], str] = {cls: (_START if cls in OPENS else _END) for cls in BRACKET_TYPES}
+_MARKS[RequestStop] = _STOP
+"""The event classes the loop looks at itself: the brackets of `_brackets`, and a stop."""
 
 __all__ = ["Execution", "PendingToolCallsError", "ResumeError", "StructuredOutputError", "guarded"]
 
@@ -241,46 +247,60 @@ class Execution:
                                                      session_id=ctx.session_id)
         key = (ctx.user_id, ctx.session_id)
         brackets = Brackets()
-        see = brackets.see
+        logged = brackets.log
+        log = logged.append
+        marks = _MARKS.get
         async with agent._gates.hold(key, agent._store):
             agent._gates.active[key] = self.control
             try:
                 error: BaseException | None = None
                 try:
                     self.input_msgs = list(input.msgs)
-                    step = await self._prelude(self.input_msgs)
+                    step = (self._traced_prelude_step(self.input_msgs) if agent._trace
+                            else await self._prepare(self.input_msgs))
                     # Every step (prelude, reasoning, acting, summary) runs in this one loop, not in
                     # generators of its own: every event of a run passes here, and each async level
                     # costs per event.
                     while step is not None or self.final is None:
-                        if step is None:
-                            step = self._round()
+                        if step is None:  # a new round: reasoning, or the summary once the iterations are used up
+                            step = self._summary_step() if self.iteration >= agent.max_iters else self._reason()
                         on_event = step.on_event
                         stop: RequestStop | None = None
+                        starts = 0  # of the step's bracket events (`_brackets`)
                         steps = step.stream.__aiter__()
                         try:
                             async for ev in steps:
-                                if type(ev) in BRACKET_TYPES:
-                                    for early in see(ev):
-                                        yield early
+                                mark = marks(type(ev))  # most events (deltas) are none of these
+                                if mark is not None:
+                                    if mark is _START:
+                                        if starts and type(ev) is ModelCallStart and brackets.superseding(ev):
+                                            for early in brackets.early:
+                                                yield early
+                                        starts += 1
+                                        log(ev)
+                                    elif mark is _END:
+                                        log(ev)
+                                    elif ev.source is None:
+                                        stop = ev  # type: ignore[assignment]
                                 try:
                                     on_event(ev)
                                 except Exception:
                                     if isinstance(ev, EventBase):
                                         raise
                                     raise not_an_event(ev, step.point, agent) from None
-                                if type(ev) is RequestStop and ev.source is None:
-                                    stop = ev
                                 yield ev
                         except BaseException as exc:
                             await aclose(steps)
                             self._step_failed(step, exc)
                             if isinstance(exc, Exception | AgentInterrupted):  # (a consumer that left gets nothing)
-                                for end in brackets.close(exc):
+                                for end in brackets.close(exc, starts):
                                     yield end
                             raise
-                        for end in brackets.close(None):  # a layer stopped reading with brackets open
-                            yield end
+                        if starts * 2 != len(logged):  # a layer stopped reading with brackets open
+                            for end in brackets.close(None, starts):
+                                yield end
+                        elif logged:
+                            logged.clear()
                         step = self._step_done(step, stop)
                 except AgentInterrupted:
                     self._interrupt_state()
@@ -433,19 +453,14 @@ class Execution:
         ctx.agent = agent
         return state
 
-    async def _prelude(self, input_msgs: list[Msg]) -> _Step | None:
-        """The prelude's step: its trace events and, when tool calls are pending, the resume."""
-        if self.agent._trace:
-            return _Step(_PRELUDE, EventStream(lambda: self._traced_prelude(input_msgs)), _require_event,
-                         ExtensionPoint.ON_ACTING)
-        resume = await self._prepare(input_msgs)
-        if resume is None:
-            return None
-        return _Step(_PRELUDE, EventStream(lambda: resume), _require_event, ExtensionPoint.ON_ACTING)
+    def _traced_prelude_step(self, input_msgs: list[Msg]) -> _Step:
+        """The prelude as a step whose events are its trace events (and the resume's)."""
+        return _Step(_PRELUDE, EventStream(lambda: self._traced_prelude(input_msgs)), _require_event,
+                     ExtensionPoint.ON_ACTING)
 
-    async def _prepare(self, input_msgs: list[Msg]) -> AsyncIterator[AgentEvent] | None:
-        """The prelude, untraced: state, notifications, system prompt, input. Returns the resume
-        steps when tool calls are pending (a plain coroutine otherwise: nothing to emit)."""
+    async def _prepare(self, input_msgs: list[Msg]) -> _Step | None:
+        """The prelude, untraced: state, notifications, system prompt, input. Returns the resume's
+        step when tool calls are pending (a plain coroutine otherwise: nothing to emit)."""
         agent, ctx = self.agent, self.ctx
         state = await self._load()
         for mw in agent._participants.hooks[ExtensionPoint.ON_AGENT_STATE_READY]:
@@ -454,7 +469,10 @@ class Execution:
         for mw in agent._participants.hooks[ExtensionPoint.ON_SYSTEM_PROMPT]:
             result: Any = mw.on_system_prompt(agent, ctx, prompt)
             prompt = await result if asyncio.iscoroutine(result) else result
-        return self._take_input(prompt, input_msgs)
+        resume = self._take_input(prompt, input_msgs)
+        if resume is None:
+            return None
+        return _Step(_PRELUDE, EventStream(lambda: resume), _require_event, ExtensionPoint.ON_ACTING)
 
     async def _traced_prelude(self, input_msgs: list[Msg]) -> AsyncIterator[AgentEvent]:
         """`_prepare` with every notification and transformer bracketed by trace events."""
@@ -494,7 +512,9 @@ class Execution:
         check_input(input_msgs, resuming=False)
         _check_no_control_input(input_msgs)
         assert self.state is not None
-        self.state.context.extend(admit(m) for m in input_msgs)
+        remember = self.state.context.append
+        for m in input_msgs:
+            remember(admit(m))
         return None
 
     # -- rounds ----------------------------------------------------------------------------------
@@ -511,15 +531,12 @@ class Execution:
     def _tools(self) -> tuple[Any, ...]:
         return self.toolkit.schemas()
 
-    def _round(self) -> _Step:
-        """The next round's step: reasoning, or the summary once the iterations are used up."""
-        if self.iteration >= self.agent.max_iters:
-            return _Step(_SUMMARY, EventStream(self._summarise), _require_event, ExtensionPoint.ON_MODEL_CALL)
-        self.control.check()
-        return self._reason()
+    def _summary_step(self) -> _Step:
+        return _Step(_SUMMARY, EventStream(self._summarise), _require_event, ExtensionPoint.ON_MODEL_CALL)
 
     def _reason(self) -> _Step:
         """One round's reasoning step."""
+        self.control.check()
         messages, tools = self._messages(), self._tools()
         if self._direct_reasoning:
             # No on_reasoning hook: the model-call chain is the round's stream, and the reply is
@@ -967,21 +984,27 @@ async def guarded(events: AsyncIterator[Any], agent: ReActAgent) -> AsyncIterato
     """The caller's stream when on_agent hooks shape it: each item must be an event, and what a
     hook left open when it stopped reading (or raised) is closed (`_brackets`)."""
     brackets = Brackets()
+    starts = 0
     try:
         async for ev in events:
-            if type(ev) in BRACKET_TYPES:
-                for early in brackets.see(ev):
-                    yield early
+            cls = type(ev)
+            if cls in BRACKET_TYPES:
+                if cls in OPENS:
+                    if starts and cls is ModelCallStart and brackets.superseding(ev):
+                        for early in brackets.early:
+                            yield early
+                    starts += 1
+                brackets.log.append(ev)
             elif not isinstance(ev, EventBase):
                 raise not_an_event(ev, ExtensionPoint.ON_AGENT, agent)
             yield ev
     except Exception as exc:
-        for end in brackets.close(exc):
+        for end in brackets.close(exc, starts):
             yield end
         raise
     finally:
         await aclose(events)
-    for end in brackets.close(None):
+    for end in brackets.close(None, starts):
         yield end
 
 
@@ -1003,13 +1026,16 @@ def _warn_empty(agent: ReActAgent) -> None:
 def admit(msg: Msg) -> Msg:
     """A caller's message as it enters memory: its text made encodable and its metadata nested
     within reach (`_sanitize`: what is saved must always load)."""
-    if msg.metadata and depth_exceeds(msg.metadata):
+    fields = msg.__dict__
+    if fields["metadata"] and depth_exceeds(fields["metadata"]):
         raise InputError(f"the metadata of the input message {msg.id} nests deeper than {MAX_DEPTH} levels: "
                          "flatten it (a session must be able to load what it saves)")
-    for block in msg.content:
-        if _clean_block(block) is not block:
+    for block in fields["content"]:
+        if type(block) is not TextBlock or not block.text.isascii():
             break
-    else:
+    else:  # plain text, the common case
+        return msg
+    if all(_clean_block(b) is b for b in fields["content"]):
         return msg
     return msg.model_copy(update={"content": [_clean_block(b) for b in msg.content],
                                   "metadata": clean_value(msg.metadata)})

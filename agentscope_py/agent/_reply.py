@@ -15,7 +15,7 @@ import random
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
-from .._sanitize import SurrogateCarry, clean, depth_exceeds
+from .._sanitize import MAX_DEPTH, SurrogateCarry, clean, depth_exceeds
 from ..errors import AgentInterrupted, MiddlewareError
 from ..events import (
     AgentEvent,
@@ -435,7 +435,8 @@ def _tool_use(call_id: str, name: str, raw: str) -> ToolUseBlock:
         value = json.loads(raw)
     except (ValueError, RecursionError):  # (nested a few thousand deep: the parser's own limit)
         return _ToolUseRaw(id=call_id, name=name, input={}, raw_input=raw)
-    if not isinstance(value, dict) or depth_exceeds(value):  # what is remembered must load again
+    if not isinstance(value, dict) or (raw.count("{") + raw.count("[") > MAX_DEPTH and depth_exceeds(value)):
+        # (what is remembered must load again; fewer brackets than the limit cannot nest deeper)
         return _ToolUseRaw(id=call_id, name=name, input={}, raw_input=raw)
     return _ToolUse(id=call_id, name=name, input=value)  # JSON objects have str keys
 

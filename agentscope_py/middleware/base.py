@@ -86,7 +86,8 @@ class AgentInput(_Record):
     msgs: Sequence[Msg]
 
     def __post_init__(self) -> None:
-        _set(self, "msgs", _frozen(self.msgs))
+        if type(self.msgs) is not tuple:
+            _set(self, "msgs", _frozen(self.msgs))
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,8 +100,10 @@ class ReasoningInput(_Record):
     options: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        _set(self, "messages", _frozen(self.messages))
-        _set(self, "tools", _frozen(self.tools))
+        if type(self.messages) is not tuple:
+            _set(self, "messages", _frozen(self.messages))
+        if type(self.tools) is not tuple:
+            _set(self, "tools", _frozen(self.tools))
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,8 +116,10 @@ class ModelCallInput(_Record):
     model: ChatModel
 
     def __post_init__(self) -> None:
-        _set(self, "messages", _frozen(self.messages))
-        _set(self, "tools", _frozen(self.tools))
+        if type(self.messages) is not tuple:
+            _set(self, "messages", _frozen(self.messages))
+        if type(self.tools) is not tuple:
+            _set(self, "tools", _frozen(self.tools))
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,7 +129,8 @@ class ActingInput(_Record):
     tool_calls: Sequence[ToolUseBlock]
 
     def __post_init__(self) -> None:
-        _set(self, "tool_calls", _frozen(self.tool_calls))
+        if type(self.tool_calls) is not tuple:
+            _set(self, "tool_calls", _frozen(self.tool_calls))
 
 
 @dataclass(slots=True)
