@@ -79,7 +79,7 @@ from ..tool.toolkit import Tool, clean_schema
 from ._acting import acting_events
 from ._brackets import BRACKET_TYPES, OPENS, Brackets, describe
 from ._input import check_input
-from ._reply import NO_USAGE, ReplyBuilder, ToolResultCollector, delta_maker, model_events
+from ._reply import ReplyBuilder, ToolResultCollector, delta_maker, model_events
 from ._session import RunControl
 from .state import AgentState
 
@@ -142,7 +142,7 @@ class Execution:
     _structured_failures = 0
     tool_calls = 0
     model_calls = 0
-    usage: ChatUsage = NO_USAGE
+    usage: ChatUsage | None = None  # None until a model call reports usage: unknown, not zero
     iteration = 0
     final: Msg | None = None
     reason: GenerateReason | None = None
@@ -669,7 +669,8 @@ class Execution:
         if builder is None:
             return Msg(id=self.reply_id, role="assistant", name=self.agent.name, generate_reason=reason)
         self.model_calls += builder.calls_made
-        self.usage = self.usage + builder.usage_total
+        if builder.usage_total is not None:
+            self.usage = builder.usage_total if self.usage is None else self.usage + builder.usage_total
         self._builder = None
         return builder.build(new_id("msg_"), self.agent.name, reason)
 

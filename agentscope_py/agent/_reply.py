@@ -84,8 +84,6 @@ _ToolUseRaw = trusted_model(ToolUseBlock, "id", "name", "input", "raw_input")
 _ToolResultBlock = trusted_model(ToolResultBlock, "id", "name", "output", "state")
 _AssistantMsg = trusted_model(Msg, "id", "name", "role", "content", "generate_reason", "usage")
 
-NO_USAGE = ChatUsage()
-"""Zero usage, shared (ChatUsage is frozen): the start of every sum."""
 
 FailoverListener = Callable[[ChatModel, BaseException, ChatModel], Any]
 
@@ -361,7 +359,7 @@ class ReplyBuilder:
         self._blocks: dict[str, list[Any]] = {}  # block/call id -> [kind, parts, extra]
         self._calls: set[str] = set()
         self.usage: ChatUsage | None = None
-        self.usage_total = NO_USAGE
+        self.usage_total: ChatUsage | None = None  # None: no call of this builder reported usage
         self.finish_reason: str | None = None
         self.calls_made = 0
 
@@ -393,7 +391,8 @@ class ReplyBuilder:
             self.usage = ev.usage
             self.finish_reason = ev.finish_reason
             if ev.usage is not None:
-                self.usage_total = self.usage_total + ev.usage
+                total = self.usage_total
+                self.usage_total = ev.usage if total is None else total + ev.usage
 
     @property
     def produced(self) -> bool:

@@ -140,7 +140,8 @@ class AgentRun:
     msg: Msg | None = None
     error: BaseException | None = None
     reason: GenerateReason | None = None
-    usage: ChatUsage = field(default_factory=ChatUsage)
+    usage: ChatUsage | None = None
+    """The run's token totals; None when no model call reported usage (unknown, not zero)."""
     model_calls: int = 0
     tool_calls: int = 0
     iterations: int = 0
