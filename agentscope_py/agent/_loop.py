@@ -582,7 +582,7 @@ class Execution:
         if self._builder is None and self._view is not None:
             # An on_reasoning hook answered without calling next: what it emitted is the reply.
             self._builder, self._view = self._view, None
-        if self._builder is None or not self._builder.produced:
+        if self._builder is None or not (self._builder.calls_made or self._builder.produced):
             _warn_empty(self.agent)
         msg = self._take_reply(None)  # built here: updated in place below, not copied
         shown = self._shown(msg)
@@ -707,15 +707,18 @@ class Execution:
         state = self.state
         assert state is not None
         calls, found = acting.calls, acting.collector.results
-        waiting = acting.waiting()
         results = [found[c.id] for c in calls if c.id in found]
-        # A call with no result that nobody waits on (an on_acting layer dropped its events) gets an
-        # error result: the conversation stays well-formed, and the session usable.
-        results += [_result(c, DROPPED_TEXT, ToolResultState.ERROR) for c in calls
-                    if c.id not in found and c.id not in waiting]
+        if len(results) < len(calls):
+            # A call with no result that nobody waits on (an on_acting layer dropped its events) gets
+            # an error result: the conversation stays well-formed, and the session usable.
+            waiting = acting.waiting()
+            results += [_result(c, DROPPED_TEXT, ToolResultState.ERROR) for c in calls
+                        if c.id not in found and c.id not in waiting]
+            state.pending_tool_calls = [c.id for c in calls if c.id in waiting and c.id not in found]
+        else:
+            state.pending_tool_calls = []
         if results:
             state.context.append(Msg.tool(results))
-        state.pending_tool_calls = [c.id for c in calls if c.id in waiting and c.id not in found]
         if self.control.interrupted:
             raise AgentInterrupted("the run was interrupted")
         assistant = acting.assistant

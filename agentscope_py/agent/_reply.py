@@ -280,7 +280,9 @@ async def model_events(
         if thinking_id is not None:
             _end_thinking(put, reply_id, thinking_id, signature, thinking_carry)
         if text_id is not None:
-            _end_text(put, reply_id, text_id, text_carry)
+            if text_carry is not None and text_carry.held:
+                put(text_carry.flush())
+            put(_TextBlockEnd(reply_id=reply_id, block_id=text_id))
         for call_id, name in calls.values():
             put(_ToolCallEnd(reply_id=reply_id, tool_call_id=call_id, tool_name=name))
         make_end = _ModelCallEnd if usage is None or type(usage) is ChatUsage else ModelCallEnd
