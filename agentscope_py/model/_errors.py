@@ -31,8 +31,13 @@ __all__ = [
     "malformed",
     "message_of",
     "parse_retry_after",
+    "quote",
     "transport_error",
 ]
+
+QUOTE_LIMIT = 500
+"""How much of what a server sent goes into an error message: enough to recognise an HTML error
+page or a proxy's complaint, not so much that a log line becomes the whole body."""
 
 _CONTEXT = re.compile(
     r"context[ _-]?(length|window)|maximum context|too long|too many tokens|exceeds? the context",
@@ -164,6 +169,14 @@ def error_from_body(body: Any, *, provider: str) -> ModelError:
     if cls is BadRequestError:
         cls = _bad_request(message, kind)
     return cls(f"{provider}: {message}", provider=provider)
+
+
+def quote(text: str | bytes, limit: int = QUOTE_LIMIT) -> str:
+    """The first ``limit`` characters of ``text`` as a Python literal, marked when cut short."""
+    if isinstance(text, bytes):
+        text = text.decode("utf-8", errors="replace")
+    head = repr(text[:limit])
+    return head + "…" if len(text) > limit else head
 
 
 def malformed(provider: str, detail: str) -> MalformedStreamError:

@@ -199,8 +199,10 @@ class _EventReader:
         if isinstance(usage, Mapping):  # message_delta repeats counts cumulatively: replace
             self.tokens.update({k: v for k, v in usage.items() if isinstance(v, int)})
 
-    def _usage(self) -> ChatUsage:
+    def _usage(self) -> ChatUsage | None:
         t = self.tokens
+        if not t:  # no counts at all (a proxy or compatible server that strips them): unknown
+            return None
         cache_write = t.get("cache_creation_input_tokens", 0)
         cache_read = t.get("cache_read_input_tokens", 0)
         return ChatUsage(
