@@ -29,6 +29,14 @@ async def server() -> AsyncIterator[FakeServer]:
 
 
 @pytest.fixture
+async def strict_server() -> AsyncIterator[FakeServer]:
+    srv = FakeServer(strict=True)
+    await srv.start()
+    yield srv
+    await srv.stop()
+
+
+@pytest.fixture
 async def backup_server() -> AsyncIterator[FakeServer]:
     srv = FakeServer()
     await srv.start()

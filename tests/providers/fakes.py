@@ -52,7 +52,12 @@ class Request:
 
 
 class FakeServer:
-    def __init__(self) -> None:
+    """``strict=True`` refuses Chat Completions bodies that strict servers refuse (see `strict`),
+    as llama.cpp's server does, and lists them in ``rejected``; the scripted reply stays queued."""
+
+    def __init__(self, *, strict: bool = False) -> None:
+        self.strict = strict
+        self.rejected: list[list[str]] = []
         self.replies: deque[Reply] = deque()
         self.requests: list[Request] = []
         self.hangups = 0
@@ -129,6 +134,13 @@ class FakeServer:
         raw = await reader.readexactly(int(headers.get("content-length", "0")))
         body = json.loads(raw) if raw else None
         self.requests.append(Request(method, path, headers, body, conn))
+        if self.strict and path.endswith("/chat/completions"):
+            from .strict import problems, rejection  # strict builds on this module's Reply
+
+            found = problems(body)
+            if found:
+                self.rejected.append(found)
+                return await self._send(rejection(found), reader, writer)
         reply = self.replies.popleft() if self.replies else Reply.json_error(
             500, {"error": {"message": "the fake server has no reply scripted", "type": "server_error"}})
         return await self._send(reply, reader, writer)
