@@ -179,9 +179,12 @@ class _PartReader:
         if not isinstance(payload, Mapping):
             raise malformed(PROVIDER, f"a line is not a JSON object: {quote(line)}")
         error = payload.get("error")
-        if error:  # the model runner failed while generating
-            text = error if isinstance(error, str) else json.dumps(error)
-            raise error_from_body({"error": {"message": text}}, provider=PROVIDER)
+        if isinstance(error, str) and error:  # the model runner failed while generating
+            raise error_from_body({"error": {"message": error}}, provider=PROVIDER)
+        if isinstance(error, Mapping):  # an OpenAI-style error object (from a proxy in front)
+            raise error_from_body({"error": error}, provider=PROVIDER)
+        if error:
+            raise malformed(PROVIDER, f"an error line whose error is not a text: {quote(line)}")
         try:
             part = ollama.ChatResponse.model_validate(payload)
         except pydantic.ValidationError as exc:
