@@ -3,6 +3,8 @@ missing provider extra only matters when that provider is used)."""
 
 from typing import Any
 
+from ._cassette import Cassette, CassetteMismatchError
+from ._recording import RecordingModel, ReplayModel
 from .base import (
     AuthenticationError,
     BadRequestError,
@@ -27,6 +29,8 @@ __all__ = [
     "AnthropicChatModel",
     "AuthenticationError",
     "BadRequestError",
+    "Cassette",
+    "CassetteMismatchError",
     "ChatChunk",
     "ChatModel",
     "ConnectionError",
@@ -39,6 +43,8 @@ __all__ = [
     "OpenAIChatModel",
     "OverloadedError",
     "RateLimitError",
+    "RecordingModel",
+    "ReplayModel",
     "ScriptExhaustedError",
     "ScriptedModel",
     "ServerError",

@@ -105,6 +105,12 @@ class AnthropicChatModel:
             )
         return self._client
 
+    @property
+    def http_client(self) -> httpx2.AsyncClient:
+        """The SDK's HTTP client (what `RecordingModel` and `ReplayModel` plug into)."""
+        http: httpx2.AsyncClient = self.client._client
+        return http
+
     async def aclose(self) -> None:
         if self._client is not None:
             await self._client.close()

