@@ -135,6 +135,11 @@ class AnthropicChatModel:
                 {"name": t.name, "description": t.description, "input_schema": t.parameters}
                 for t in request.tools
             ]
+        elif not options.get("tools"):
+            # The API refuses tool_choice without tools ("tool_choice may only be specified while
+            # providing tools"); the agent sends its options on tool-less calls (the summary) too.
+            for key in ("tools", "tool_choice"):
+                options.pop(key, None)
         if options:
             params["extra_body"] = options
         return params

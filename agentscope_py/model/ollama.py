@@ -41,6 +41,9 @@ with tool calls ends with ``tool_calls`` (Ollama itself says ``stop``)."""
 # Request fields of /api/chat; every other option is a model option (temperature, num_ctx, …).
 _TOP_LEVEL = ("think", "keep_alive", "format", "logprobs", "top_logprobs")
 _ALIASES = {"max_tokens": "num_predict"}
+# OpenAI's tool options have no counterpart in /api/chat; as model options they would only be
+# logged as invalid by the server, so an agent configured for OpenAI can fall back to Ollama.
+_UNSUPPORTED = ("tool_choice", "parallel_tool_calls")
 
 
 class OllamaChatModel:
@@ -99,6 +102,8 @@ class OllamaChatModel:
         """The JSON body of ``POST /api/chat`` for ``request``. Empty fields are left out, as the
         ollama client does (no ``tools: []``, no ``content: ""`` next to tool calls)."""
         options = merge_options(self.options, request.options)
+        for key in _UNSUPPORTED:
+            options.pop(key, None)
         params: dict[str, Any] = {k: options.pop(k) for k in _TOP_LEVEL if options.get(k) is not None}
         model_options = dict(options.pop("options", None) or {})
         model_options.update({_ALIASES.get(k, k): v for k, v in options.items()})

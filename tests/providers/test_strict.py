@@ -15,7 +15,10 @@ import openai
 import pytest
 
 from agentscope_py import Msg, ReActAgent, tool
+from agentscope_py.message import TextBlock
 from agentscope_py.model import ModelRequest, ToolSchema
+from agentscope_py.model.anthropic import AnthropicChatModel
+from agentscope_py.model.ollama import OllamaChatModel
 from agentscope_py.model.openai import OpenAIChatModel
 
 from .fakes import FakeServer, Reply, oa_text, oa_tool_calls
@@ -153,3 +156,29 @@ def test_tool_only_options_go_only_with_tools(options: dict[str, Any]) -> None:
     body = full["extra_body"]
     assert body["tools"] == [tools[0].to_openai()]
     assert {k: body[k] for k in options if k != "tools"} == {k: v for k, v in options.items() if k != "tools"}
+
+
+@pytest.mark.parametrize("options", [{"tool_choice": {"type": "any"}}, {"tool_choice": {"type": "auto"}, "tools": []}])
+def test_anthropic_sends_tool_choice_only_with_tools(options: dict[str, Any]) -> None:
+    model = AnthropicChatModel("claude-x", base_url="http://127.0.0.1:9", api_key="k")
+    bare = model.request_params(ModelRequest(messages=[Msg.user("hi")], options=dict(options)))
+    assert "extra_body" not in bare and "tools" not in bare
+    tools = [ToolSchema("get_weather", "The weather", {"type": "object"})]
+    full = model.request_params(ModelRequest(messages=[Msg.user("hi")], tools=tools, options=dict(options)))
+    assert full["extra_body"]["tool_choice"] == options["tool_choice"] and len(full["tools"]) == 1
+
+
+def test_anthropic_leaves_out_empty_text_blocks() -> None:
+    model = AnthropicChatModel("claude-x", base_url="http://127.0.0.1:9", api_key="k")
+    history = [Msg.user("hi"), Msg(role="assistant", content=[TextBlock(text="")]), Msg.user("again")]
+    params = model.request_params(ModelRequest(messages=history))
+    assert params["messages"] == [{"role": "user", "content": [{"type": "text", "text": "hi"},
+                                                               {"type": "text", "text": "again"}]}]
+
+
+def test_ollama_has_no_tool_choice_and_no_empty_fields() -> None:
+    model = OllamaChatModel("llama-x", host="http://127.0.0.1:9", tool_choice="required", parallel_tool_calls=True)
+    history = [Msg.user("hi"), Msg(role="assistant", content=[TextBlock(text="")]), Msg.user("again")]
+    body = model.request_params(ModelRequest(messages=history))
+    assert body == {"model": "llama-x", "stream": True, "messages": [
+        {"role": "user", "content": "hi"}, {"role": "assistant"}, {"role": "user", "content": "again"}]}
