@@ -44,6 +44,11 @@ _CONTEXT = re.compile(
     re.IGNORECASE,
 )
 
+# llama-cpp-python's server answers a request its pydantic model refuses with HTTP 500 and
+# "N validation errors:\n  {'type': …, 'loc': ('body', …), …}": a bad request, not a server fault,
+# and retrying it cannot help.
+_REQUEST_VALIDATION = re.compile(r"validation errors?:?\s.*'loc': \('body'", re.DOTALL)
+
 # Error ``type`` / ``code`` strings of OpenAI-compatible servers and Anthropic, for error frames
 # that arrive without an HTTP status (mid-stream).
 _BY_TYPE: dict[str, type[ModelError]] = {
@@ -144,6 +149,8 @@ def error_from_status(
         cls = TimeoutError
     elif status == 529 or kind == "overloaded_error":
         cls = OverloadedError
+    elif status == 500 and _REQUEST_VALIDATION.search(message):
+        cls = BadRequestError
     elif status >= 500:
         cls = ServerError
     elif status >= 400:

@@ -119,6 +119,10 @@ def rejection(found: list[str]) -> Reply:
     """llama-cpp-python's answer to a body its request model refuses."""
     # The real one reads "7 validation errors:\n  {'type': 'string_type', 'loc': ('body', …), …}".
     noun = "validation error" if len(found) == 1 else "validation errors"
-    message = f"{len(found)} {noun}:\n  " + "\n  ".join(found)
+    lines = []
+    for problem in found:
+        loc, _, msg = problem.partition("): ")
+        lines.append(f"{{'loc': {loc}), 'msg': {msg!r}}}")
+    message = f"{len(found)} {noun}:\n  " + "\n  ".join(lines)
     body = {"error": {"message": message, "type": "internal_server_error", "param": None, "code": None}}
     return Reply(parts=[json.dumps(body).encode()], status=500, content_type="application/json", chunked=False)

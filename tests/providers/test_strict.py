@@ -16,7 +16,8 @@ import pytest
 
 from agentscope_py import Msg, ReActAgent, tool
 from agentscope_py.message import TextBlock
-from agentscope_py.model import ModelRequest, ToolSchema
+from agentscope_py.model import BadRequestError, ModelRequest, ServerError, ToolSchema
+from agentscope_py.model._errors import error_from_status
 from agentscope_py.model.anthropic import AnthropicChatModel
 from agentscope_py.model.ollama import OllamaChatModel
 from agentscope_py.model.openai import OpenAIChatModel
@@ -61,7 +62,7 @@ TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": 
     ({"messages": [{"role": "user", "content": "hi"},
                    {"role": "assistant", "content": None, "tool_calls": [CALL]},
                    {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}], "tools": TOOLS},
-     "'messages', 1, 'ChatCompletionRequestAssistantMessage', 'content'): Input should be a valid string"),
+     "'messages', 1, 'ChatCompletionRequestAssistantMessage', 'content'), 'msg': 'Input should be a valid string"),
     ({"messages": [{"role": "user", "content": "hi"}], "tool_choice": FORCE_WEATHER},
      "'tool_choice' is only allowed when 'tools' are specified"),
     ({"messages": [{"role": "user", "content": "hi"}], "parallel_tool_calls": False},
@@ -182,3 +183,23 @@ def test_ollama_has_no_tool_choice_and_no_empty_fields() -> None:
     body = model.request_params(ModelRequest(messages=history))
     assert body == {"model": "llama-x", "stream": True, "messages": [
         {"role": "user", "content": "hi"}, {"role": "assistant"}, {"role": "user", "content": "again"}]}
+
+
+async def test_a_refused_request_is_a_bad_request_not_retried(strict_server: FakeServer) -> None:
+    # llama-cpp-python answers a body it refuses with 500; retrying the same body cannot help.
+    model = model_for(strict_server)
+    agent = ReActAgent.builder().model(model).model_options(messages="not a list").max_retries(3).build()
+    try:
+        with pytest.raises(BadRequestError, match="validation error") as info:
+            await agent.call("hi")
+    finally:
+        await model.aclose()
+    assert info.value.status_code == 500 and not info.value.retryable
+    assert len(strict_server.rejected) == 1  # no retries
+
+
+def test_llama_cpp_validation_500_is_a_bad_request() -> None:
+    message = ("1 validation error:\n  {'type': 'literal_error', 'loc': ('body', 'response_format', 'type'), "
+               "'msg': \"Input should be 'text' or 'json_object'\", 'input': 'json_schema'}")
+    assert type(error_from_status(500, message, provider="openai")) is BadRequestError
+    assert type(error_from_status(500, "CUDA out of memory", provider="openai")) is ServerError
