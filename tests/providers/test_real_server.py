@@ -16,7 +16,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from agentscope_py.model import OpenAIChatModel, RecordingModel
+from agentscope_py import Msg
+from agentscope_py.model import BadRequestError, ModelRequest, OpenAIChatModel, RecordingModel
 
 from .scenarios import SCENARIOS, check
 
@@ -81,3 +82,18 @@ async def test_cancelling_mid_stream_closes_the_connection(llama_server_url: str
     assert response.status_code == 200 and waited < 30
     if before is not None:  # the server's own word that the client went away
         assert hangups_logged() == before + 1
+
+
+async def test_native_structured_output_is_refused_as_a_bad_request(llama_server_url: str) -> None:
+    # llama-cpp-python 0.3.36 takes response_format {"type": "json_object"} only; its 500 is a
+    # validation report, which must not be retried.
+    model = OpenAIChatModel(MODEL, base_url=llama_server_url, timeout=120)
+    request = ModelRequest(messages=[Msg.user("hi")], structured_output={"title": "Answer", "type": "object"},
+                           options={"max_tokens": 8})
+    try:
+        with pytest.raises(BadRequestError, match=r"'response_format', 'type'") as info:
+            async for _ in model.stream(request):
+                pass
+    finally:
+        await model.aclose()
+    assert info.value.status_code == 500 and not info.value.retryable
