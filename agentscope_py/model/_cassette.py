@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import difflib
+import functools
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -247,6 +248,7 @@ class RecordingTransport:
         await self.inner.aclose()
 
 
+@functools.cache
 def _tee(http: ModuleType) -> Any:
     class Tee(http.AsyncByteStream):  # type: ignore[name-defined,misc]
         def __init__(self, inner: Any, entry: Interaction, finish: Any) -> None:
@@ -306,6 +308,7 @@ class ReplayTransport:
         pass
 
 
+@functools.cache
 def _replay(http: ModuleType) -> Any:
     class Replay(http.AsyncByteStream):  # type: ignore[name-defined,misc]
         def __init__(self, recorded: Interaction, transport: ReplayTransport, request: Any, index: int) -> None:

@@ -28,7 +28,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 from ..message import ChatUsage, DataBlock, Msg, TextBlock, ThinkingBlock, ToolResultBlock, ToolUseBlock, new_id
 from ._convert import PAYLOAD_ERRORS, merge_options, reference, result_parts
 from ._errors import error_from_body, error_from_status, malformed, message_of, quote, transport_error
-from .base import ChatChunk, ModelRequest, ToolCallChunk
+from .base import ChatChunk, ModelError, ModelRequest, ToolCallChunk
 
 __all__ = ["OllamaChatModel", "read_ndjson", "to_ollama_messages"]
 
@@ -135,6 +135,8 @@ class OllamaChatModel:
                 async with contextlib.aclosing(chunks):
                     async for chunk in chunks:
                         yield chunk
+        except ModelError:
+            raise  # already typed (a ModelError may also be a builtins.ConnectionError)
         except httpx.TimeoutException as exc:
             raise transport_error(PROVIDER, exc, in_body=False, timeout=True) from exc
         except (httpx.TransportError, builtins.ConnectionError) as exc:
