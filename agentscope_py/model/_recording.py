@@ -75,7 +75,10 @@ def _unwrap(exc: BaseException) -> CassetteMismatchError | None:
 class RecordingModel:
     """Wraps a provider model and writes every HTTP exchange it makes to the cassette at ``path``
     (rewritten as each response ends, so a run that crashes still leaves what it did). ``note``
-    is stored in the file (say which server and version it came from)."""
+    is stored in the file (say which server and version it came from). The recording transport
+    is put into the model's own HTTP client on the first call, so the wrapped model records from
+    then on even when used directly. Models without HTTP traffic (``ScriptedModel``) have no
+    wire to record and are refused with a ``TypeError``."""
 
     def __init__(self, model: ChatModel, path: str | Path, *, note: str | None = None) -> None:
         _http_client(model)  # fail now, not on the first call, for a model we cannot record
