@@ -3,6 +3,8 @@ missing provider extra only matters when that provider is used)."""
 
 from typing import Any
 
+from ._cassette import Cassette, CassetteMismatchError
+from ._recording import RecordingModel, ReplayModel
 from .base import (
     AuthenticationError,
     BadRequestError,
@@ -28,6 +30,8 @@ __all__ = [
     "AnthropicChatModel",
     "AuthenticationError",
     "BadRequestError",
+    "Cassette",
+    "CassetteMismatchError",
     "ChatChunk",
     "ChatModel",
     "ContextLengthError",
@@ -41,6 +45,8 @@ __all__ = [
     "OpenAIChatModel",
     "OverloadedError",
     "RateLimitError",
+    "RecordingModel",
+    "ReplayModel",
     "ScriptExhaustedError",
     "ScriptedModel",
     "ServerError",

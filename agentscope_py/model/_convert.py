@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ..message import DataBlock, TextBlock, ToolResultBlock, ToolUseBlock
-from ._errors import error_from_body, malformed, transport_error
+from ._errors import error_from_body, malformed, quote, transport_error
 from .base import ChatChunk
 
 __all__ = [
@@ -28,6 +28,13 @@ __all__ = [
     "sse_events",
     "stream_chunks",
 ]
+
+PAYLOAD_ERRORS: tuple[type[Exception], ...] = (
+    AttributeError, IndexError, KeyError, TypeError, ValueError, OverflowError, RecursionError,
+)
+"""What reading a JSON payload of the wrong shape raises (``"index": Infinity`` is an
+OverflowError in ``int()``, JSON nested thousands deep a RecursionError): the server's fault, so a
+`MalformedStreamError`, never a raw exception that retry and fallback would not recognise."""
 
 # Keys the agent core puts in the options that are not provider request parameters.
 _INTERNAL_OPTIONS = frozenset({"structured_output"})
@@ -81,8 +88,8 @@ class SSEvent:
     def json(self, provider: str) -> Any:
         try:
             return json.loads(self.data)
-        except ValueError:
-            raise malformed(provider, f"invalid JSON in event data: {self.data[:120]!r}") from None
+        except (ValueError, RecursionError):
+            raise malformed(provider, f"invalid JSON in event data: {quote(self.data)}") from None
 
 
 async def sse_events(lines: AsyncIterator[str], provider: str) -> AsyncGenerator[SSEvent, None]:
@@ -109,7 +116,7 @@ async def sse_events(lines: AsyncIterator[str], provider: str) -> AsyncGenerator
             elif field == "event":
                 event = value
             elif field not in ("id", "retry"):
-                raise malformed(provider, f"unexpected line: {line[:120]!r}")
+                raise malformed(provider, f"unexpected line: {quote(line)}")
         if data or event is not None:
             yield SSEvent(event, "\n".join(data))
     finally:
@@ -156,22 +163,23 @@ async def stream_chunks(
     decoder saw ``terminator``, and maps the HTTP library's read errors (given as classes, so
     this module needs neither library) to `TimeoutError` / `MalformedStreamError`."""
     content_type = response.headers.get("content-type", "")
-    if content_type.startswith("application/json"):  # an error (or an unstreamed reply) sent as 200
-        await response.aread()
+    if content_type.startswith(("application/json", "text/html", "text/plain")):
+        # An error (or an unstreamed reply, or a proxy's HTML page) sent as 200.
+        raw = await response.aread()
         try:
             body = response.json()
-        except ValueError:
+        except (ValueError, RecursionError):
             body = None
         if isinstance(body, Mapping) and body.get("error"):
             raise error_from_body(body, provider=provider)
-        raise malformed(provider, f"expected an event stream, got {content_type}")
+        raise malformed(provider, f"expected an event stream, got {content_type}: {quote(raw)}")
     try:
         async with contextlib.aclosing(sse_events(response.aiter_lines(), provider)) as events:
             async for sse in events:
                 try:
                     chunks = list(decoder.read(sse))
-                except (AttributeError, KeyError, TypeError, ValueError) as exc:  # a payload of the wrong shape
-                    raise malformed(provider, f"unexpected event {sse.data[:120]!r} ({exc})") from exc
+                except PAYLOAD_ERRORS as exc:  # a payload of the wrong shape
+                    raise malformed(provider, f"unexpected event {quote(sse.data)} ({_reason(exc)})") from exc
                 for chunk in chunks:
                     yield chunk
                 if decoder.done:
@@ -183,6 +191,13 @@ async def stream_chunks(
         raise transport_error(provider, exc, in_body=True, timeout=False) from exc
     if not decoder.done:
         raise malformed(provider, f"the stream ended without {terminator}; the reply is incomplete")
+
+
+def _reason(exc: BaseException) -> str:
+    # A RecursionError's text names Python's stack, not the payload; say what it means.
+    if isinstance(exc, RecursionError):
+        return "JSON nested too deeply"
+    return f"{type(exc).__name__}: {exc}"
 
 
 async def _drain(events: AsyncIterator[SSEvent]) -> None:

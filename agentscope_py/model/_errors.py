@@ -31,13 +31,23 @@ __all__ = [
     "malformed",
     "message_of",
     "parse_retry_after",
+    "quote",
     "transport_error",
 ]
+
+QUOTE_LIMIT = 500
+"""How much of what a server sent goes into an error message: enough to recognise an HTML error
+page or a proxy's complaint, not so much that a log line becomes the whole body."""
 
 _CONTEXT = re.compile(
     r"context[ _-]?(length|window)|maximum context|too long|too many tokens|exceeds? the context",
     re.IGNORECASE,
 )
+
+# llama-cpp-python's server answers a request its pydantic model refuses with HTTP 500 and
+# "N validation errors:\n  {'type': …, 'loc': ('body', …), …}": a bad request, not a server fault,
+# and retrying it cannot help.
+_REQUEST_VALIDATION = re.compile(r"validation errors?:?\s.*'loc': \('body'", re.DOTALL)
 
 # Error ``type`` / ``code`` strings of OpenAI-compatible servers and Anthropic, for error frames
 # that arrive without an HTTP status (mid-stream).
@@ -139,6 +149,8 @@ def error_from_status(
         cls = ModelTimeoutError
     elif status == 529 or kind == "overloaded_error":
         cls = OverloadedError
+    elif status == 500 and _REQUEST_VALIDATION.search(message):
+        cls = BadRequestError
     elif status >= 500:
         cls = ServerError
     elif status >= 400:
@@ -164,6 +176,14 @@ def error_from_body(body: Any, *, provider: str) -> ModelError:
     if cls is BadRequestError:
         cls = _bad_request(message, kind)
     return cls(f"{provider}: {message}", provider=provider)
+
+
+def quote(text: str | bytes, limit: int = QUOTE_LIMIT) -> str:
+    """The first ``limit`` characters of ``text`` as a Python literal, marked when cut short."""
+    if isinstance(text, bytes):
+        text = text.decode("utf-8", errors="replace")
+    head = repr(text[:limit])
+    return head + "…" if len(text) > limit else head
 
 
 def malformed(provider: str, detail: str) -> MalformedStreamError:

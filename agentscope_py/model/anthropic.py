@@ -105,6 +105,12 @@ class AnthropicChatModel:
             )
         return self._client
 
+    @property
+    def http_client(self) -> httpx2.AsyncClient:
+        """The SDK's HTTP client (what `RecordingModel` and `ReplayModel` plug into)."""
+        http: httpx2.AsyncClient = self.client._client
+        return http
+
     async def aclose(self) -> None:
         if self._client is not None:
             await self._client.close()
@@ -129,6 +135,11 @@ class AnthropicChatModel:
                 {"name": t.name, "description": t.description, "input_schema": t.parameters}
                 for t in request.tools
             ]
+        elif not options.get("tools"):
+            # The API refuses tool_choice without tools ("tool_choice may only be specified while
+            # providing tools"); the agent sends its options on tool-less calls (the summary) too.
+            for key in ("tools", "tool_choice"):
+                options.pop(key, None)
         if options:
             params["extra_body"] = options
         return params
@@ -199,8 +210,10 @@ class _EventReader:
         if isinstance(usage, Mapping):  # message_delta repeats counts cumulatively: replace
             self.tokens.update({k: v for k, v in usage.items() if isinstance(v, int)})
 
-    def _usage(self) -> ChatUsage:
+    def _usage(self) -> ChatUsage | None:
         t = self.tokens
+        if not t:  # no counts at all (a proxy or compatible server that strips them): unknown
+            return None
         cache_write = t.get("cache_creation_input_tokens", 0)
         cache_read = t.get("cache_read_input_tokens", 0)
         return ChatUsage(

@@ -10,9 +10,9 @@ without it the reply is a `MalformedStreamError`.
 from __future__ import annotations
 
 import builtins
+import contextlib
 import json
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
-from contextvars import ContextVar
+from collections.abc import AsyncGenerator, Iterator, Mapping, Sequence
 from typing import Any
 
 import pydantic
@@ -26,11 +26,11 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
     ) from exc
 
 from ..message import ChatUsage, DataBlock, Msg, TextBlock, ThinkingBlock, ToolResultBlock, ToolUseBlock, new_id
-from ._convert import merge_options, reference, result_parts
-from ._errors import error_from_body, error_from_status, malformed, transport_error
-from .base import BadRequestError, ChatChunk, ModelError, ModelRequest, ToolCallChunk
+from ._convert import PAYLOAD_ERRORS, merge_options, reference, result_parts
+from ._errors import error_from_body, error_from_status, malformed, message_of, quote, transport_error
+from .base import ChatChunk, ModelError, ModelRequest, ToolCallChunk
 
-__all__ = ["OllamaChatModel", "to_ollama_messages"]
+__all__ = ["OllamaChatModel", "read_ndjson", "to_ollama_messages"]
 
 PROVIDER = "ollama"
 
@@ -41,15 +41,9 @@ with tool calls ends with ``tool_calls`` (Ollama itself says ``stop``)."""
 # Request fields of /api/chat; every other option is a model option (temperature, num_ctx, …).
 _TOP_LEVEL = ("think", "keep_alive", "format", "logprobs", "top_logprobs")
 _ALIASES = {"max_tokens": "num_predict"}
-
-# The ollama client raises its errors without the response headers; a response hook keeps the
-# headers of the last error response of this task, for Retry-After.
-_error_headers: ContextVar[Mapping[str, str] | None] = ContextVar("ollama_error_headers", default=None)
-
-
-async def _keep_error_headers(response: httpx.Response) -> None:
-    if response.status_code >= 400:
-        _error_headers.set(dict(response.headers))
+# OpenAI's tool options have no counterpart in /api/chat; as model options they would only be
+# logged as invalid by the server, so an agent configured for OpenAI can fall back to Ollama.
+_UNSUPPORTED = ("tool_choice", "parallel_tool_calls")
 
 
 class OllamaChatModel:
@@ -59,7 +53,11 @@ class OllamaChatModel:
     Keyword arguments are default options: ``think``, ``keep_alive`` and ``format`` go to the
     request, the rest (``temperature``, ``num_ctx``, ``max_tokens`` → ``num_predict``, …) into its
     ``options``. ``timeout`` bounds the connect and every read (none by default: local models can
-    take long to load). ``client`` injects a ready ``ollama.AsyncClient``."""
+    take long to load). ``client`` injects a ready ``ollama.AsyncClient``.
+
+    The client supplies the connection (host, ``OLLAMA_API_KEY``, headers); the request is sent
+    and the NDJSON read by us, because the client turns a line that is not a JSON object into a
+    raw ``AttributeError`` and never says which line it was."""
 
     provider = PROVIDER
     supports_structured_output = True
@@ -87,74 +85,127 @@ class OllamaChatModel:
     def client(self) -> ollama.AsyncClient:
         """The ollama client, created on first use."""
         if self._client is None:
-            self._client = ollama.AsyncClient(
-                host=self._host,
-                timeout=self._timeout,
-                event_hooks={"response": [_keep_error_headers]},
-            )
+            self._client = ollama.AsyncClient(host=self._host, timeout=self._timeout)
         return self._client
+
+    @property
+    def http_client(self) -> httpx.AsyncClient:
+        """The client's httpx client (base URL, headers, timeout), which sends our requests."""
+        http: httpx.AsyncClient = self.client._client
+        return http
 
     async def aclose(self) -> None:
         if self._client is not None:
             await self._client.close()  # type: ignore[no-untyped-call]
 
     def request_params(self, request: ModelRequest) -> dict[str, Any]:
-        """The keyword arguments of ``AsyncClient.chat`` for ``request``."""
+        """The JSON body of ``POST /api/chat`` for ``request``. Empty fields are left out, as the
+        ollama client does (no ``tools: []``, no ``content: ""`` next to tool calls)."""
         options = merge_options(self.options, request.options)
-        params: dict[str, Any] = {k: options.pop(k) for k in _TOP_LEVEL if k in options}
+        for key in _UNSUPPORTED:
+            options.pop(key, None)
+        params: dict[str, Any] = {k: options.pop(k) for k in _TOP_LEVEL if options.get(k) is not None}
         model_options = dict(options.pop("options", None) or {})
         model_options.update({_ALIASES.get(k, k): v for k, v in options.items()})
-        params.update(model=self.name, messages=to_ollama_messages(request.messages), stream=True)
+        messages = [{k: v for k, v in m.items() if v} for m in to_ollama_messages(request.messages)]
+        body: dict[str, Any] = {"model": self.name, "messages": messages}
         if request.tools:
-            params["tools"] = [tool.to_openai() for tool in request.tools]
+            body["tools"] = [tool.to_openai() for tool in request.tools]
+        body["stream"] = True
+        body.update(params)
         if request.structured_output is not None:
-            params["format"] = dict(request.structured_output)
+            body["format"] = dict(request.structured_output)
         if model_options:
-            params["options"] = model_options
-        return params
+            body["options"] = model_options
+        return body
 
-    async def stream(self, request: ModelRequest) -> AsyncIterator[ChatChunk]:
-        params = self.request_params(request)
-        reader = _PartReader()
-        _error_headers.set(None)
+    async def stream(self, request: ModelRequest) -> AsyncGenerator[ChatChunk, None]:
+        body = self.request_params(request)
         try:
-            parts = await self.client.chat(**params)
-            try:
-                async for part in parts:
-                    for chunk in reader.read(part):
+            async with self.http_client.stream("POST", "/api/chat", json=body) as response:
+                if response.status_code >= 400:
+                    raw = await response.aread()
+                    raise error_from_status(
+                        response.status_code,
+                        _error_message(raw),
+                        provider=PROVIDER,
+                        headers=response.headers,
+                    )
+                chunks = read_ndjson(response)
+                async with contextlib.aclosing(chunks):
+                    async for chunk in chunks:
                         yield chunk
-            finally:
-                # Closing the client's generator closes the HTTP response (cancellation, early exit).
-                aclose = getattr(parts, "aclose", None)
-                if aclose is not None:
-                    await aclose()
-        except ollama.ResponseError as exc:
-            raise _response_error(exc) from exc
-        except ollama.RequestError as exc:
-            raise BadRequestError(f"{PROVIDER}: {exc.error}", provider=PROVIDER) from exc
+        except ModelError:
+            raise  # already typed (a ModelError may also be a builtins.ConnectionError)
         except httpx.TimeoutException as exc:
-            raise transport_error(PROVIDER, exc, in_body=reader.started, timeout=True) from exc
+            raise transport_error(PROVIDER, exc, in_body=False, timeout=True) from exc
         except (httpx.TransportError, builtins.ConnectionError) as exc:
-            connect = isinstance(exc, httpx.ConnectError | builtins.ConnectionError)
-            raise transport_error(PROVIDER, exc, in_body=reader.started and not connect, timeout=False) from exc
-        except ValueError as exc:  # a line that is not JSON, or not a chat response
-            raise malformed(PROVIDER, _describe(exc)) from exc
-        if not reader.done:
-            raise malformed(PROVIDER, "the stream ended without a done line; the reply is incomplete")
+            raise transport_error(PROVIDER, exc, in_body=False, timeout=False) from exc
+
+
+def _error_message(raw: bytes) -> str:
+    try:
+        body = json.loads(raw)
+    except (ValueError, RecursionError):
+        body = None
+    return message_of(body, raw.decode("utf-8", errors="replace")[:500] or "(no body)")
+
+
+async def read_ndjson(response: httpx.Response) -> AsyncGenerator[ChatChunk, None]:
+    """The chunks of an ``/api/chat`` NDJSON body. A stream must end with ``done: true``; a line
+    that is not a chat response is a `MalformedStreamError` quoting it."""
+    reader = _PartReader()
+    try:
+        async for line in response.aiter_lines():
+            if not line.strip():
+                continue
+            for chunk in reader.read(line):
+                yield chunk
+            if reader.done:
+                return
+    except httpx.TimeoutException as exc:
+        raise transport_error(PROVIDER, exc, in_body=True, timeout=True) from exc
+    except httpx.TransportError as exc:
+        raise transport_error(PROVIDER, exc, in_body=True, timeout=False) from exc
+    raise malformed(PROVIDER, "the stream ended without a done line; the reply is incomplete")
 
 
 class _PartReader:
-    __slots__ = ("calls", "done", "started")
+    __slots__ = ("calls", "done")
 
     def __init__(self) -> None:
-        self.started = False
         self.done = False
         self.calls = 0
 
-    def read(self, part: ollama.ChatResponse) -> Iterator[ChatChunk]:
-        self.started = True
-        if self.done:
-            return
+    def read(self, line: str) -> list[ChatChunk]:
+        try:
+            payload = json.loads(line)
+        except (ValueError, RecursionError) as exc:
+            detail = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+            raise malformed(PROVIDER, f"a line is not JSON ({detail}): {quote(line)}") from None
+        if not isinstance(payload, Mapping):
+            raise malformed(PROVIDER, f"a line is not a JSON object: {quote(line)}")
+        error = payload.get("error")
+        if isinstance(error, str) and error:  # the model runner failed while generating
+            raise error_from_body({"error": {"message": error}}, provider=PROVIDER)
+        if isinstance(error, Mapping):  # an OpenAI-style error object (from a proxy in front)
+            raise error_from_body({"error": error}, provider=PROVIDER)
+        if error:
+            raise malformed(PROVIDER, f"an error line whose error is not a text: {quote(line)}")
+        try:
+            part = ollama.ChatResponse.model_validate(payload)
+        except pydantic.ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"])
+            raise malformed(
+                PROVIDER, f"a line is not a chat response ({where}: {first['msg']}): {quote(line)}"
+            ) from None
+        try:
+            return list(self._chunks(part))
+        except PAYLOAD_ERRORS as exc:  # arguments that json cannot write back (nan, deep nesting)
+            raise malformed(PROVIDER, f"unexpected line {quote(line)} ({type(exc).__name__})") from exc
+
+    def _chunks(self, part: ollama.ChatResponse) -> Iterator[ChatChunk]:
         message = part.message
         if message.thinking:
             yield ChatChunk(thinking=message.thinking)
@@ -174,23 +225,10 @@ class _PartReader:
             finish = DONE_REASONS.get(reason, reason) if reason else None
             if self.calls and finish in (None, "stop"):
                 finish = "tool_calls"
-            usage = ChatUsage(input_tokens=part.prompt_eval_count or 0, output_tokens=part.eval_count or 0)
+            usage = None  # a done line without counts leaves the usage unknown, not zero
+            if part.prompt_eval_count is not None or part.eval_count is not None:
+                usage = ChatUsage(input_tokens=part.prompt_eval_count or 0, output_tokens=part.eval_count or 0)
             yield ChatChunk(usage=usage, finish_reason=finish, model=part.model)
-
-
-def _describe(exc: ValueError) -> str:
-    if isinstance(exc, pydantic.ValidationError):
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        return f"a line is not a chat response ({where}: {first['msg']})"
-    return f"a line is not JSON ({exc})"
-
-
-def _response_error(exc: ollama.ResponseError) -> ModelError:
-    if exc.status_code > 0:
-        return error_from_status(exc.status_code, str(exc.error), provider=PROVIDER, headers=_error_headers.get())
-    # An error line inside the stream: the model runner failed while generating.
-    return error_from_body({"error": {"message": str(exc.error)}}, provider=PROVIDER)
 
 
 # -- messages → wire ---------------------------------------------------------------------------

@@ -55,6 +55,9 @@ FINISH_REASONS = {
 
 # Options that configure the HTTP call rather than the request body.
 _CLIENT_OPTIONS = ("timeout", "extra_headers", "extra_query")
+# Options that only mean something next to ``tools``: OpenAI rejects them without tools, and the
+# agent sends its model options also on calls that carry none (the max-iterations summary).
+_TOOL_OPTIONS = ("tool_choice", "parallel_tool_calls")
 # A key for servers that need none (local vLLM, llama.cpp): the SDK refuses to start without one.
 _NO_KEY = "not-needed"
 
@@ -118,6 +121,12 @@ class OpenAIChatModel:
             )
         return self._client
 
+    @property
+    def http_client(self) -> httpx2.AsyncClient:
+        """The SDK's HTTP client (what `RecordingModel` and `ReplayModel` plug into)."""
+        http: httpx2.AsyncClient = self.client._client
+        return http
+
     async def aclose(self) -> None:
         """Close the HTTP client (idle pooled connections)."""
         if self._client is not None:
@@ -130,11 +139,16 @@ class OpenAIChatModel:
         body: dict[str, Any] = {}
         if self.stream_usage:
             body["stream_options"] = {"include_usage": True}
-        if request.tools:
-            body["tools"] = [tool.to_openai() for tool in request.tools]
         if request.structured_output is not None:
             body["response_format"] = _response_format(request.structured_output)
         body.update(options)
+        if request.tools:
+            body["tools"] = [tool.to_openai() for tool in request.tools]
+        # Strict servers (llama.cpp, vLLM, OpenAI) reject an empty ``tools`` array and the
+        # tool-only options without tools, so both go unless the request has tools.
+        if not body.get("tools"):
+            for key in ("tools", *_TOOL_OPTIONS):
+                body.pop(key, None)
         messages = to_openai_messages(request.messages, send_reasoning=self.send_reasoning)
         return {
             "model": self.name,
@@ -191,9 +205,9 @@ class _ChunkReader:
         for choice in payload.get("choices") or ():
             if isinstance(choice, Mapping) and choice.get("index", 0) == 0:
                 yield from self._choice(choice)
-        usage = payload.get("usage")
-        if isinstance(usage, Mapping):
-            yield ChatChunk(usage=_usage(usage), model=self.model)
+        usage = _usage(payload.get("usage"))
+        if usage is not None:
+            yield ChatChunk(usage=usage, model=self.model)
 
     def _choice(self, choice: Mapping[str, Any]) -> Iterator[ChatChunk]:
         delta = choice.get("delta") or {}
@@ -228,9 +242,17 @@ def _int(value: Any) -> int:
     return value if isinstance(value, int) else 0
 
 
-def _usage(usage: Mapping[str, Any]) -> ChatUsage:
-    prompt = usage.get("prompt_tokens_details") or {}
-    completion = usage.get("completion_tokens_details") or {}
+def _usage(usage: Any) -> ChatUsage | None:
+    """The usage a chunk reports, or None when it reports none: a server that sends no counts
+    (llama.cpp's ignores ``include_usage``) leaves the usage unknown, which is not zero."""
+    if not isinstance(usage, Mapping) or not any(
+        isinstance(usage.get(k), int) for k in ("prompt_tokens", "completion_tokens")
+    ):
+        return None
+    prompt = usage.get("prompt_tokens_details")
+    completion = usage.get("completion_tokens_details")
+    prompt = prompt if isinstance(prompt, Mapping) else {}
+    completion = completion if isinstance(completion, Mapping) else {}
     return ChatUsage(
         input_tokens=_int(usage.get("prompt_tokens")),
         output_tokens=_int(usage.get("completion_tokens")),
@@ -299,7 +321,9 @@ def _assistant(msg: Msg, send_reasoning: bool) -> dict[str, Any]:
             })
         elif isinstance(block, DataBlock):
             text.append(reference(block))
-    wire: dict[str, Any] = {"role": "assistant", "content": "".join(text) if text or not calls else None}
+    # Always a string: OpenAI takes ``null`` next to tool calls, but llama.cpp's server (and
+    # other strict servers) reject it, and every server takes "".
+    wire: dict[str, Any] = {"role": "assistant", "content": "".join(text)}
     if calls:
         wire["tool_calls"] = calls
     if send_reasoning and thinking:

@@ -6,6 +6,7 @@ test can assert that a closed stream left no connection behind on the client sid
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -23,6 +24,14 @@ Model = OpenAIChatModel | AnthropicChatModel | OllamaChatModel
 @pytest.fixture
 async def server() -> AsyncIterator[FakeServer]:
     srv = FakeServer()
+    await srv.start()
+    yield srv
+    await srv.stop()
+
+
+@pytest.fixture
+async def strict_server() -> AsyncIterator[FakeServer]:
+    srv = FakeServer(strict=True)
     await srv.start()
     yield srv
     await srv.stop()
@@ -82,3 +91,13 @@ def _open_connections(model: Model) -> int:
 @pytest.fixture
 def open_connections() -> Callable[[Model], int]:
     return _open_connections
+
+
+@pytest.fixture
+def llama_server_url() -> str:
+    """The real OpenAI-compatible server of the ``real_server`` tests (``LLAMA_SERVER_URL``, e.g.
+    ``http://127.0.0.1:8089/v1``); the tests skip without it: CI replays their cassettes instead."""
+    url = os.environ.get("LLAMA_SERVER_URL")
+    if not url:
+        pytest.skip("LLAMA_SERVER_URL is not set (start one with ../shared/tools/llama-peer.sh start)")
+    return url

@@ -52,7 +52,12 @@ class Request:
 
 
 class FakeServer:
-    def __init__(self) -> None:
+    """``strict=True`` refuses Chat Completions bodies that strict servers refuse (see `strict`),
+    as llama.cpp's server does, and lists them in ``rejected``; the scripted reply stays queued."""
+
+    def __init__(self, *, strict: bool = False) -> None:
+        self.strict = strict
+        self.rejected: list[list[str]] = []
         self.replies: deque[Reply] = deque()
         self.requests: list[Request] = []
         self.hangups = 0
@@ -128,10 +133,21 @@ class FakeServer:
                 headers[name.strip().lower()] = value.strip()
         raw = await reader.readexactly(int(headers.get("content-length", "0")))
         body = json.loads(raw) if raw else None
-        self.requests.append(Request(method, path, headers, body, conn))
-        reply = self.replies.popleft() if self.replies else Reply.json_error(
+        request = Request(method, path, headers, body, conn)
+        self.requests.append(request)
+        return await self._send(self.reply_for(request), reader, writer)
+
+    def reply_for(self, request: Request) -> Reply:
+        """The answer to ``request``: the next scripted reply (a subclass may answer otherwise)."""
+        if self.strict and request.path.endswith("/chat/completions"):
+            from .strict import problems, rejection  # strict builds on this module's Reply
+
+            found = problems(request.body)
+            if found:
+                self.rejected.append(found)
+                return rejection(found)
+        return self.replies.popleft() if self.replies else Reply.json_error(
             500, {"error": {"message": "the fake server has no reply scripted", "type": "server_error"}})
-        return await self._send(reply, reader, writer)
 
     async def _send(self, reply: Reply, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
         head = [f"HTTP/1.1 {reply.status} {_REASONS.get(reply.status, 'Status')}",

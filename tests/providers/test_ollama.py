@@ -63,7 +63,7 @@ async def test_thinking_text_usage_and_options(server: FakeServer, make_ollama: 
     (request,) = server.requests
     assert request.path == "/api/chat"
     assert request.body == {
-        "model": "llama-fake", "messages": [{"role": "user", "content": "hi"}], "tools": [], "stream": True,
+        "model": "llama-fake", "messages": [{"role": "user", "content": "hi"}], "stream": True,  # no empty tools array
         "think": True, "keep_alive": "5m", "format": schema,
         "options": {"temperature": 0.3, "num_predict": 64, "num_ctx": 4096},
     }

@@ -178,7 +178,7 @@ async def test_react_agent_tool_round_then_answer(server: FakeServer, make_opena
     second = server.bodies[1]["messages"]
     assert second[0] == {"role": "system", "content": "Be brief."}
     assert second[1] == {"role": "user", "content": "Weather in Paris and Oslo?"}
-    assert second[2] == {"role": "assistant", "content": None, "tool_calls": [
+    assert second[2] == {"role": "assistant", "content": "", "tool_calls": [
         {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}},
         {"id": "call_2", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}},
     ]}
