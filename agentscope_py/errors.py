@@ -18,6 +18,7 @@ AgentScopeError
 ├── ResumeError                      a resume input does not fit the pending tool calls (ValueError)
 │   └── PendingToolCallsError        the session has tool calls waiting for an answer
 ├── StructuredOutputError            no valid structured output within the retries (ValueError)
+├── CassetteMismatchError            a replayed run's request differs from the recording (AssertionError)
 ├── MiddlewareError                  a middleware broke the hook contract (also a TypeError)
 ├── MiddlewareTermination            a middleware ended the run on purpose (guardrails…)
 │   ├── GuardrailTripped             … because a guardrail tripped
@@ -43,6 +44,7 @@ __all__ = [
     "AuthenticationError",
     "BadRequestError",
     "BudgetExceeded",
+    "CassetteMismatchError",
     "ContextLengthError",
     "GuardrailTripped",
     "InputError",
@@ -173,6 +175,17 @@ class PendingToolCallsError(ResumeError):
 
 class StructuredOutputError(AgentScopeError, ValueError):
     """The model did not produce a valid structured output within the retries."""
+
+
+class CassetteMismatchError(AgentScopeError, AssertionError):
+    """A replayed run sent a request that differs from the recorded one (or one too many).
+    ``field`` is the first differing field (``body.messages[2].content``); a test failure, hence
+    an AssertionError too."""
+
+    def __init__(self, message: str, *, index: int, field: str) -> None:
+        super().__init__(message)
+        self.index = index
+        self.field = field
 
 
 class InputError(AgentScopeError, ValueError):

@@ -21,6 +21,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Literal
 
+from ..errors import CassetteMismatchError
+
 __all__ = ["Cassette", "CassetteMismatchError", "Interaction", "RecordingTransport", "ReplayTransport"]
 
 VERSION = 1
@@ -32,16 +34,6 @@ dropped mid-body; a read timed out; or no response at all (the connection failed
 # Response headers that change how a body is read; the rest (dates, ids, cookies) are left out.
 _KEPT_HEADERS = ("content-type", "content-encoding", "retry-after", "retry-after-ms")
 _MISSING = "<missing>"
-
-
-class CassetteMismatchError(AssertionError):
-    """A replayed run sent a request that differs from the recorded one (or one too many).
-    ``field`` is the first differing field (``body.messages[2].content``)."""
-
-    def __init__(self, message: str, *, index: int, field: str) -> None:
-        super().__init__(message)
-        self.index = index
-        self.field = field
 
 
 @dataclass

@@ -19,8 +19,10 @@ from agentscope_py.model import (
     OverloadedError,
     RateLimitError,
     ServerError,
-    TimeoutError,
     ToolSchema,
+)
+from agentscope_py.model import (
+    ModelTimeoutError as TimeoutError,
 )
 from agentscope_py.model.anthropic import AnthropicChatModel
 from agentscope_py.model.registry import resolve_model

@@ -17,7 +17,9 @@ from agentscope_py.model import (
     OverloadedError,
     RateLimitError,
     ServerError,
-    TimeoutError,
+)
+from agentscope_py.model import (
+    ModelTimeoutError as TimeoutError,
 )
 from agentscope_py.model._errors import error_from_body, error_from_status, parse_retry_after
 

@@ -13,13 +13,17 @@ from agentscope_py import Msg, ReActAgent, tool
 from agentscope_py.message import ChatUsage
 from agentscope_py.model import (
     BadRequestError,
-    ConnectionError,
     MalformedStreamError,
     ModelRequest,
     RateLimitError,
     ServerError,
-    TimeoutError,
     ToolSchema,
+)
+from agentscope_py.model import (
+    ModelConnectionError as ConnectionError,
+)
+from agentscope_py.model import (
+    ModelTimeoutError as TimeoutError,
 )
 from agentscope_py.model.ollama import OllamaChatModel
 from agentscope_py.model.registry import resolve_model

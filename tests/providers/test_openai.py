@@ -13,15 +13,19 @@ from agentscope_py.message import ChatUsage, ToolResultState
 from agentscope_py.model import (
     AuthenticationError,
     BadRequestError,
-    ConnectionError,
     ContextLengthError,
     MalformedStreamError,
     ModelRequest,
     OverloadedError,
     RateLimitError,
     ServerError,
-    TimeoutError,
     ToolSchema,
+)
+from agentscope_py.model import (
+    ModelConnectionError as ConnectionError,
+)
+from agentscope_py.model import (
+    ModelTimeoutError as TimeoutError,
 )
 from agentscope_py.model.openai import OpenAIChatModel
 from agentscope_py.model.registry import resolve_model

@@ -17,8 +17,7 @@ from starlette.routing import Route
 
 from agentscope_py import ChatUsage, ModelStep, ReActAgent, ScriptedModel, Toolkit, ToolUseBlock
 from agentscope_py.message import new_id
-from agentscope_py.model.base import ChatChunk, ModelRequest
-from agentscope_py.model.base import ConnectionError as ModelConnectionError
+from agentscope_py.model.base import ChatChunk, ModelConnectionError, ModelRequest
 from agentscope_py.server import create_app
 
 from .conftest import LiveServer, SlowTool, add, delete_file, scripted_agent
