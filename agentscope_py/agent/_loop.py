@@ -19,14 +19,11 @@ import contextvars
 import functools
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from .._sanitize import MAX_DEPTH, clean, clean_value, depth_exceeds
 from ..errors import (
     AgentInterrupted,
-    InputError,
-    MiddlewareError,
     PendingToolCallsError,
     ResumeError,
     StateStoreError,
@@ -37,17 +34,11 @@ from ..events import (
     AgentEvent,
     AgentResult,
     AgentStart,
-    ConfirmResult,
     EventBase,
     ExceedMaxIters,
-    ExternalExecutionResult,
     MiddlewareStarted,
     ModelCallStart,
     RequestStop,
-    ToolResultEnd,
-    ToolResultStart,
-    ToolResultTextDelta,
-    UserConfirmResult,
     trusted,
 )
 from ..message import (
@@ -77,22 +68,20 @@ from ..model.base import ModelRequest, supports_structured_output
 from ..stream import EventStream, aclose, prefetched
 from ..tool.toolkit import Tool, clean_schema
 from ._acting import acting_events
-from ._brackets import BRACKET_TYPES, OPENS, Brackets, describe
+from ._boundaries import admit, not_an_event, require_event, warn_empty
+from ._brackets import Brackets, describe
 from ._input import check_input
-from ._reply import ReplyBuilder, ToolResultCollector, delta_maker, model_events
+from ._reply import ReplyBuilder, delta_maker, model_events
+from ._resume import check_no_control_input, resume
 from ._session import RunControl
+from ._steps import ACT, DROPPED_TEXT, END, MARKS, PRELUDE, REASON, START, SUMMARY, Acting, Step, result_block
 from .state import AgentState
 
 if TYPE_CHECKING:
     from .context import RuntimeContext
     from .react import ReActAgent
 
-_START, _END, _STOP = "start", "end", "stop"
-_MARKS: dict[type[Any], str] = {cls: (_START if cls in OPENS else _END) for cls in BRACKET_TYPES}
-_MARKS[RequestStop] = _STOP
-"""The event classes the loop looks at itself: the brackets of `_brackets`, and a stop."""
-
-__all__ = ["Execution", "PendingToolCallsError", "ResumeError", "StructuredOutputError", "guarded"]
+__all__ = ["Execution", "PendingToolCallsError", "ResumeError", "StructuredOutputError"]
 
 logger = logging.getLogger("agentscope_py")
 
@@ -249,7 +238,7 @@ class Execution:
         brackets = Brackets()
         logged = brackets.log
         log = logged.append
-        marks = _MARKS.get
+        marks = MARKS.get
         async with agent._gates.hold(key, agent._store):
             agent._gates.active[key] = self.control
             try:
@@ -272,13 +261,13 @@ class Execution:
                             async for ev in steps:
                                 mark = marks(type(ev))  # most events (deltas) are none of these
                                 if mark is not None:
-                                    if mark is _START:
+                                    if mark is START:
                                         if starts and type(ev) is ModelCallStart and brackets.superseding(ev):
                                             for early in brackets.early:
                                                 yield early
                                         starts += 1
                                         log(ev)
-                                    elif mark is _END:
+                                    elif mark is END:
                                         log(ev)
                                     elif ev.source is None:
                                         stop = ev  # type: ignore[assignment]
@@ -453,12 +442,12 @@ class Execution:
         ctx.agent = agent
         return state
 
-    def _traced_prelude_step(self, input_msgs: list[Msg]) -> _Step:
+    def _traced_prelude_step(self, input_msgs: list[Msg]) -> Step:
         """The prelude as a step whose events are its trace events (and the resume's)."""
-        return _Step(_PRELUDE, EventStream(lambda: self._traced_prelude(input_msgs)), _require_event,
+        return Step(PRELUDE, EventStream(lambda: self._traced_prelude(input_msgs)), require_event,
                      ExtensionPoint.ON_ACTING)
 
-    async def _prepare(self, input_msgs: list[Msg]) -> _Step | None:
+    async def _prepare(self, input_msgs: list[Msg]) -> Step | None:
         """The prelude, untraced: state, notifications, system prompt, input. Returns the resume's
         step when tool calls are pending (a plain coroutine otherwise: nothing to emit)."""
         agent, ctx = self.agent, self.ctx
@@ -472,7 +461,7 @@ class Execution:
         resume = self._take_input(prompt, input_msgs)
         if resume is None:
             return None
-        return _Step(_PRELUDE, EventStream(lambda: resume), _require_event, ExtensionPoint.ON_ACTING)
+        return Step(PRELUDE, EventStream(lambda: resume), require_event, ExtensionPoint.ON_ACTING)
 
     async def _traced_prelude(self, input_msgs: list[Msg]) -> AsyncIterator[AgentEvent]:
         """`_prepare` with every notification and transformer bracketed by trace events."""
@@ -506,11 +495,11 @@ class Execution:
         else:
             self.system_msg = None
         self._input_taken = True
-        pending = self._pending_calls()
+        pending = self.pending_calls()
         if pending:
-            return self._resume(pending, input_msgs)
+            return resume(self, pending, input_msgs)
         check_input(input_msgs, resuming=False)
-        _check_no_control_input(input_msgs)
+        check_no_control_input(input_msgs)
         assert self.state is not None
         remember = self.state.context.append
         for m in input_msgs:
@@ -531,10 +520,10 @@ class Execution:
     def _tools(self) -> tuple[Any, ...]:
         return self.toolkit.schemas()
 
-    def _summary_step(self) -> _Step:
-        return _Step(_SUMMARY, EventStream(self._summarise), _require_event, ExtensionPoint.ON_MODEL_CALL)
+    def _summary_step(self) -> Step:
+        return Step(SUMMARY, EventStream(self._summarise), require_event, ExtensionPoint.ON_MODEL_CALL)
 
-    def _reason(self) -> _Step:
+    def _reason(self) -> Step:
         """One round's reasoning step."""
         self.control.check()
         messages, tools = self._messages(), self._tools()
@@ -544,22 +533,22 @@ class Execution:
             builder = self._builder = ReplyBuilder()
             self._view = None  # callers see what memory keeps
             mc_input = ModelCallInput(messages=messages, tools=tools, options=self._options, model=self.agent.model)
-            return _Step(_REASON, self._model_call(mc_input), builder.add, ExtensionPoint.ON_MODEL_CALL)
+            return Step(REASON, self._model_call(mc_input), builder.add, ExtensionPoint.ON_MODEL_CALL)
         self._builder = None
         # What callers see of the reply (after every on_reasoning rewrite) is what the result holds;
         # memory keeps what left on_model_call (rebuilt in the reasoning core).
         view = self._view = ReplyBuilder()
         stream = self._reasoning(ReasoningInput(messages=messages, tools=tools, options=self._options))
-        return _Step(_REASON, stream, view.add, ExtensionPoint.ON_REASONING)
+        return Step(REASON, stream, view.add, ExtensionPoint.ON_REASONING)
 
-    def _step_done(self, step: _Step, stop: RequestStop | None) -> _Step | None:
+    def _step_done(self, step: Step, stop: RequestStop | None) -> Step | None:
         """What a step that completed leads to: the acting step of a reply's tool calls, or None
         (the run ended, or another round is due)."""
         kind = step.kind
-        if kind == _REASON:
+        if kind == REASON:
             calls = self._after_reasoning(stop)
             return None if calls is None else self._act_step(calls)
-        if kind == _ACT:
+        if kind == ACT:
             acting = step.acting
             assert acting is not None
             self._acted(acting)
@@ -567,7 +556,7 @@ class Execution:
                 self._structured_after_acting(acting.assistant)
         return None
 
-    def _step_failed(self, step: _Step, error: BaseException) -> None:
+    def _step_failed(self, step: Step, error: BaseException) -> None:
         """A step's stream raised (or was closed): what it produced so far is kept consistent."""
         if step.acting is not None:
             self._keep_results(step.acting, error)
@@ -583,19 +572,19 @@ class Execution:
             # An on_reasoning hook answered without calling next: what it emitted is the reply.
             self._builder, self._view = self._view, None
         if self._builder is None or not (self._builder.calls_made or self._builder.produced):
-            _warn_empty(self.agent)
+            warn_empty(self.agent)
         msg = self._take_reply(None)  # built here: updated in place below, not copied
         shown = self._shown(msg)
         calls = msg.tool_calls
         if stop is not None:
-            self._end(msg, stop.generate_reason, fresh=True, shown=shown)
+            self.end(msg, stop.generate_reason, fresh=True, shown=shown)
             self._close_calls(calls, "Not executed: the run was stopped before tools ran.", ToolResultState.ERROR)
             return None
         if not calls:
             if self.structured_model is not None:
                 self._structured_answer(msg)
             elif msg.text.strip() or self._reminded:
-                self._end(msg, GenerateReason.MODEL_STOP, fresh=True, shown=shown)
+                self.end(msg, GenerateReason.MODEL_STOP, fresh=True, shown=shown)
             else:
                 self._reminded = True
                 self._transient = [Msg.user(EMPTY_REPLY_REMINDER, name="system", synthetic=True)]
@@ -627,7 +616,7 @@ class Execution:
                 problem = f"Your reply is not valid JSON for the required schema: {exc}. Reply again with JSON only."
                 self._structured_retry(msg, problem)
                 return False
-            self._end(msg.model_copy(update={"metadata": {**msg.metadata, "structured_output": self.structured}}),
+            self.end(msg.model_copy(update={"metadata": {**msg.metadata, "structured_output": self.structured}}),
                       GenerateReason.STRUCTURED_OUTPUT)
             return True
         self._structured_retry(msg, f"Call the {RESPONSE_TOOL} tool to give your final answer in the required form.")
@@ -639,7 +628,7 @@ class Execution:
                 "content": [TextBlock(text=self.structured.model_dump_json())],
                 "metadata": {**assistant.metadata, "structured_output": self.structured},
             })
-            self._end(final, GenerateReason.STRUCTURED_OUTPUT, remember=False)
+            self.end(final, GenerateReason.STRUCTURED_OUTPUT, remember=False)
         elif any(c.name == RESPONSE_TOOL for c in assistant.tool_calls):
             self._count_structured_failure()  # the model saw the validation error as the tool result
 
@@ -674,7 +663,7 @@ class Execution:
         self._builder = None
         return builder.build(new_id("msg_"), self.agent.name, reason)
 
-    def _end(
+    def end(
         self, msg: Msg, reason: GenerateReason, remember: bool = True, fresh: bool = False, shown: Msg | None = None,
     ) -> None:
         """End the run with ``msg`` (``fresh``: just built here, so updated rather than copied).
@@ -688,21 +677,21 @@ class Execution:
         self.final = final if shown is None else update_fresh(shown, update)
         self.reason = reason
 
-    def _act_step(self, calls: Sequence[ToolUseBlock]) -> _Step:
+    def _act_step(self, calls: Sequence[ToolUseBlock]) -> Step:
         """One acting pass: its stream, and what gathers its results from the events."""
         assert self.state is not None
         # The result of a run that ends in this pass (a stop, a pause) is the reply as callers saw it.
         assistant = self._shown_assistant or self.state.context[-1]
         self._shown_assistant = None
-        acting = _Acting(calls, assistant)
+        acting = Acting(calls, assistant)
         try:
             stream = self._acting(ActingInput(tool_calls=tuple(calls)))
         except Exception as exc:  # a hook that raised before returning a stream
             self._keep_results(acting, exc)
             raise
-        return _Step(_ACT, stream, acting.add, ExtensionPoint.ON_ACTING, acting)
+        return Step(ACT, stream, acting.add, ExtensionPoint.ON_ACTING, acting)
 
-    def _acted(self, acting: _Acting) -> None:
+    def _acted(self, acting: Acting) -> None:
         """Results into memory; a stop, a pause or a suspension ends the run."""
         state = self.state
         assert state is not None
@@ -712,7 +701,7 @@ class Execution:
             # A call with no result that nobody waits on (an on_acting layer dropped its events) gets
             # an error result: the conversation stays well-formed, and the session usable.
             waiting = acting.waiting()
-            results += [_result(c, DROPPED_TEXT, ToolResultState.ERROR) for c in calls
+            results += [result_block(c, DROPPED_TEXT, ToolResultState.ERROR) for c in calls
                         if c.id not in found and c.id not in waiting]
             state.pending_tool_calls = [c.id for c in calls if c.id in waiting and c.id not in found]
         else:
@@ -723,13 +712,13 @@ class Execution:
             raise AgentInterrupted("the run was interrupted")
         assistant = acting.assistant
         if acting.stop is not None:
-            self._end(assistant, acting.stop.generate_reason, remember=False)
+            self.end(assistant, acting.stop.generate_reason, remember=False)
         elif acting.suspended:
             running = [ToolResultBlock(id=c.id, name=c.name, state=ToolResultState.RUNNING) for c in acting.suspended]
             pause = assistant.model_copy(update={"content": [*assistant.content, *running]})
-            self._end(pause, GenerateReason.TOOL_SUSPENDED, remember=False)
+            self.end(pause, GenerateReason.TOOL_SUSPENDED, remember=False)
 
-    def _keep_results(self, acting: _Acting, error: BaseException) -> None:
+    def _keep_results(self, acting: Acting, error: BaseException) -> None:
         """An acting pass failed or was cut: the results it produced are remembered, and (for an
         error) every other call gets an error result, so no call is left dangling and the next
         call of the session is not refused for pending tool calls. An interrupted pass leaves the
@@ -740,12 +729,12 @@ class Execution:
         results = [found[c.id] for c in acting.calls if c.id in found]
         if isinstance(error, Exception):
             text = f"Error: the tool call did not complete: {describe(error)}"
-            results += [_result(c, text, ToolResultState.ERROR) for c in acting.calls if c.id not in found]
+            results += [result_block(c, text, ToolResultState.ERROR) for c in acting.calls if c.id not in found]
         if results:
             state.context.append(Msg.tool(results))
         state.pending_tool_calls = []
 
-    async def _act(self, calls: Sequence[ToolUseBlock], assistant: Msg) -> AsyncIterator[AgentEvent]:
+    async def act(self, calls: Sequence[ToolUseBlock], assistant: Msg) -> AsyncIterator[AgentEvent]:
         """An acting pass as a generator, for resuming pending calls."""
         self._shown_assistant = assistant
         step = self._act_step(calls)
@@ -766,7 +755,7 @@ class Execution:
         state = self.state
         assert state is not None
         self._close_calls(
-            self._pending_calls(),
+            self.pending_calls(),
             "Error: not executed, the maximum number of iterations was reached.",
             ToolResultState.ERROR,
         )
@@ -779,11 +768,11 @@ class Execution:
             async for ev in it:
                 builder.add(ev)
                 yield ev
-        self._end(self._take_reply(None), GenerateReason.MAX_ITERATIONS)
+        self.end(self._take_reply(None), GenerateReason.MAX_ITERATIONS)
 
     # -- pending tool calls: confirmation and external results -----------------------------------
 
-    def _pending_calls(self) -> list[ToolUseBlock]:
+    def pending_calls(self) -> list[ToolUseBlock]:
         """Tool calls of the last assistant message that have no result yet."""
         assert self.state is not None
         context = self.state.context
@@ -794,86 +783,6 @@ class Execution:
             for block in msg.tool_results:
                 answered.add(block.id)
         return []
-
-    async def _resume(self, pending: list[ToolUseBlock], input_msgs: list[Msg]) -> AsyncIterator[AgentEvent]:
-        state = self.state
-        assert state is not None
-        confirms = _confirm_results(input_msgs)
-        results = [b for m in input_msgs if m.role == "tool" for b in m.tool_results]
-        by_id = {c.id: c for c in pending}
-        if confirms:
-            _check_ids([c.tool_call_id for c in confirms], by_id, "confirm result")
-            yield UserConfirmResult(reply_id=self.reply_id, confirm_results=confirms)
-            answered = {c.tool_call_id: c for c in confirms}
-            run: list[ToolUseBlock] = []
-            denied: list[ToolResultBlock] = []
-            for call in pending:
-                answer = answered.get(call.id)
-                if answer is None:
-                    run.append(call)  # still asking: the gate asks again
-                elif not answer.confirmed:
-                    reason = f" Reason: {answer.reason}" if answer.reason else ""
-                    denied.append(ToolResultBlock(id=call.id, name=call.name, state=ToolResultState.DENIED,
-                                                  output=f"The user denied this tool call.{reason}"))
-                else:
-                    if answer.input is not None:
-                        call = call.model_copy(update={"input": answer.input, "raw_input": None})
-                        self._edit_call(call)
-                    self.preapproved.add(call.id)
-                    run.append(call)
-            for block in denied:
-                for ev in _result_events(self.reply_id, block):
-                    yield ev
-            if denied:
-                state.context.append(Msg.tool(denied))
-            assistant = self._last_assistant()
-            if run:
-                async with contextlib.aclosing(self._act(run, assistant)) as steps:  # type: ignore[type-var]
-                    async for ev in steps:
-                        yield ev
-            state.pending_tool_calls = [c.id for c in self._pending_calls()]
-            return
-        if results:
-            _check_ids([r.id for r in results], by_id, "tool result")
-            yield ExternalExecutionResult(reply_id=self.reply_id, tool_results=results)
-            state.context.append(Msg.tool(results))
-            left = self._pending_calls()
-            state.pending_tool_calls = [c.id for c in left]
-            if left:
-                running = [ToolResultBlock(id=c.id, name=c.name, state=ToolResultState.RUNNING) for c in left]
-                assistant = self._last_assistant()
-                pause = assistant.model_copy(update={"content": [*assistant.content, *running]})
-                self._end(pause, GenerateReason.TOOL_SUSPENDED, remember=False)
-            return
-        if input_msgs:
-            ids = ", ".join(c.id for c in pending)
-            raise PendingToolCallsError(
-                f"session {self.ctx.user_id}/{self.ctx.session_id} has tool calls waiting ({ids}): "
-                "answer them with confirm results (agentscope_py.confirm_message) or tool results first"
-            )
-        # An empty input resumes acting on what is pending (e.g. after a restart).
-        async with contextlib.aclosing(self._act(pending, self._last_assistant())) as steps:  # type: ignore[type-var]
-            async for ev in steps:
-                yield ev
-
-    def _last_assistant(self) -> Msg:
-        assert self.state is not None
-        for msg in reversed(self.state.context):
-            if msg.role == "assistant":
-                return msg
-        raise ResumeError("no assistant message to resume")
-
-    def _edit_call(self, call: ToolUseBlock) -> None:
-        """Replace a call's arguments in memory, so the model sees what actually ran."""
-        assert self.state is not None
-        context = self.state.context
-        for i in range(len(context) - 1, -1, -1):
-            msg = context[i]
-            if msg.role == "assistant":
-                content = [call if getattr(b, "id", None) == call.id and b.type == "tool_use" else b
-                           for b in msg.content]
-                context[i] = msg.model_copy(update={"content": content})
-                return
 
     # -- interruption ----------------------------------------------------------------------------
 
@@ -886,10 +795,10 @@ class Execution:
         text = "The tool call was interrupted."
         if not self._input_taken:  # cut in the prelude: the input is remembered with the note after it
             self._input_taken = True
-            if not self._pending_calls():
+            if not self.pending_calls():
                 state.context.extend(admit(m) for m in self.input_msgs
                                      if m.role != "tool" and not m.metadata.get("confirm_results"))
-        self._close_calls(self._pending_calls(), text, ToolResultState.INTERRUPTED)  # calls of earlier rounds
+        self._close_calls(self.pending_calls(), text, ToolResultState.INTERRUPTED)  # calls of earlier rounds
         if self._builder is None and self._view is not None:
             self._builder, self._view = self._view, None
         partial = self._take_reply(None) if self._builder is not None else None
@@ -901,158 +810,9 @@ class Execution:
         mark = {"interrupted": True}
         if shown is not None:
             shown = shown.model_copy(update={"metadata": {**shown.metadata, **mark}})
-        self._end(partial.model_copy(update={"metadata": {**partial.metadata, **mark}}),
+        self.end(partial.model_copy(update={"metadata": {**partial.metadata, **mark}}),
                   GenerateReason.INTERRUPTED, shown=shown)
-        self._close_calls(self._pending_calls(), text, ToolResultState.INTERRUPTED)  # calls of the partial reply
-
-
-class _Acting:
-    """What one acting pass produced, read from the events leaving the acting chain."""
-
-    __slots__ = ("asking", "assistant", "calls", "collector", "stop", "suspended")
-
-    def __init__(self, calls: Sequence[ToolUseBlock], assistant: Msg) -> None:
-        self.calls = calls
-        self.assistant = assistant
-        self.collector = ToolResultCollector()
-        self.stop: RequestStop | None = None
-        self.suspended: list[ToolUseBlock] = []
-        self.asking: list[ToolUseBlock] = []
-
-    def add(self, ev: Any) -> None:
-        if ev.source is not None:
-            return  # a sub-agent's event, forwarded: not this agent's results or stop
-        t = ev.type
-        if t.startswith("tool_result"):
-            self.collector.add(ev)
-        elif t == "request_stop":
-            self.stop = ev
-        elif t == "require_external_execution":
-            self.suspended.extend(ev.tool_calls)
-        elif t == "require_user_confirm":
-            self.asking.extend(ev.tool_calls)
-
-    def waiting(self) -> set[str]:
-        """The calls that wait, rightly, for a confirmation or an external result."""
-        return {c.id for c in (*self.suspended, *self.asking)}
-
-
-_PRELUDE, _REASON, _ACT, _SUMMARY = range(4)
-
-
-class _Step:
-    """One step of a run as the loop drives it: its stream, what to call with each of its events
-    (a reply builder, an acting collector, or a check), the extension point its events leave
-    (named in errors), and for acting the pass it belongs to."""
-
-    __slots__ = ("acting", "kind", "on_event", "point", "stream")
-
-    def __init__(
-        self, kind: int, stream: EventStream[AgentEvent], on_event: Callable[[Any], None], point: ExtensionPoint,
-        acting: _Acting | None = None,
-    ) -> None:
-        self.kind = kind
-        self.stream = stream
-        self.on_event = on_event
-        self.point = point
-        self.acting = acting
-
-
-DROPPED_TEXT = "Error: the tool call produced no result (an on_acting middleware dropped its events)."
-
-
-def _result(call: ToolUseBlock, text: str, state: ToolResultState) -> ToolResultBlock:
-    return ToolResultBlock(id=call.id, name=call.name, state=state, output=text)
-
-
-def _require_event(item: Any) -> None:
-    if not isinstance(item, EventBase):
-        raise TypeError(type(item).__name__)
-
-
-def not_an_event(item: Any, point: ExtensionPoint, agent: ReActAgent) -> MiddlewareError:
-    """The error for a non-event leaving ``point``'s chain, naming the middleware that can have
-    emitted it (the point's rewriting participants)."""
-    names = [mw.name for mw in agent._participants.hooks[point]]
-    who = (names[0] if len(names) == 1 else f"one of {', '.join(names)}") if names else "a middleware"
-    shown = repr(item)
-    shown = shown if len(shown) <= 120 else shown[:117] + "..."
-    return MiddlewareError(
-        f"{who} at {point.value} emitted a {type(item).__name__} ({shown}), not an AgentEvent: hooks must "
-        "emit events (an operator such as buffer_with_count groups them into lists; flatten them again "
-        "with concat_map, or use one that keeps single events)"
-    )
-
-
-async def guarded(events: AsyncIterator[Any], agent: ReActAgent) -> AsyncIterator[AgentEvent]:
-    """The caller's stream when on_agent hooks shape it: each item must be an event, and what a
-    hook left open when it stopped reading (or raised) is closed (`_brackets`)."""
-    brackets = Brackets()
-    starts = 0
-    try:
-        async for ev in events:
-            cls = type(ev)
-            if cls in BRACKET_TYPES:
-                if cls in OPENS:
-                    if starts and cls is ModelCallStart and brackets.superseding(ev):
-                        for early in brackets.early:
-                            yield early
-                    starts += 1
-                brackets.log.append(ev)
-            elif not isinstance(ev, EventBase):
-                raise not_an_event(ev, ExtensionPoint.ON_AGENT, agent)
-            yield ev
-    except Exception as exc:
-        for end in brackets.close(exc, starts):
-            yield end
-        raise
-    finally:
-        await aclose(events)
-    for end in brackets.close(None, starts):
-        yield end
-
-
-def _warn_empty(agent: ReActAgent) -> None:
-    """Log, once per agent, that a round got an empty stream: a hook at on_reasoning or
-    on_model_call short-circuited without a single event, so the reply is empty and no model was
-    called. Allowed (a hook may short-circuit), but rarely meant."""
-    if agent._warned_empty:
-        return
-    agent._warned_empty = True
-    hooks = agent._participants.hooks
-    names = [mw.name for mw in (*hooks[ExtensionPoint.ON_REASONING], *hooks[ExtensionPoint.ON_MODEL_CALL])]
-    logger.warning(
-        "agent %s: a round's reasoning stream carried no event (no model call reached the loop): a middleware "
-        "at on_reasoning/on_model_call (%s) returned an empty stream or stopped before the first event; the "
-        "reply is empty", agent.name, ", ".join(names) or "none")
-
-
-def admit(msg: Msg) -> Msg:
-    """A caller's message as it enters memory: its text made encodable and its metadata nested
-    within reach (`_sanitize`: what is saved must always load)."""
-    fields = msg.__dict__
-    if fields["metadata"] and depth_exceeds(fields["metadata"]):
-        raise InputError(f"the metadata of the input message {msg.id} nests deeper than {MAX_DEPTH} levels: "
-                         "flatten it (a session must be able to load what it saves)")
-    for block in fields["content"]:
-        if type(block) is not TextBlock or not block.text.isascii():
-            break
-    else:  # plain text, the common case
-        return msg
-    if all(_clean_block(b) is b for b in fields["content"]):
-        return msg
-    return msg.model_copy(update={"content": [_clean_block(b) for b in msg.content],
-                                  "metadata": clean_value(msg.metadata)})
-
-
-def _clean_block(block: Any) -> Any:
-    if type(block) is TextBlock:
-        text = clean(block.text)
-        return block if text is block.text else block.model_copy(update={"text": text})
-    if type(block) is ToolResultBlock and isinstance(block.output, str):
-        output = clean(block.output)
-        return block if output is block.output else block.model_copy(update={"output": output})
-    return block
+        self._close_calls(self.pending_calls(), text, ToolResultState.INTERRUPTED)  # calls of the partial reply
 
 
 @functools.lru_cache(maxsize=128)
@@ -1064,37 +824,3 @@ def _system_message(prompt: str) -> Msg:
 
 def _finished(input: Any) -> EventStream[AgentEvent]:
     raise RuntimeError("this execution has finished")
-
-
-def _confirm_results(msgs: list[Msg]) -> list[ConfirmResult]:
-    out: list[ConfirmResult] = []
-    for m in msgs:
-        for raw in m.metadata.get("confirm_results", ()):
-            out.append(raw if isinstance(raw, ConfirmResult) else ConfirmResult.model_validate(raw))
-    return out
-
-
-def _check_no_control_input(msgs: list[Msg]) -> None:
-    for m in msgs:
-        if m.metadata.get("confirm_results"):
-            raise ResumeError("confirm results were given, but no tool call is waiting for confirmation")
-        if m.role == "tool":
-            raise ResumeError("tool results were given, but no tool call is waiting for a result")
-
-
-def _check_ids(ids: list[str], pending: dict[str, ToolUseBlock], what: str) -> None:
-    seen: set[str] = set()
-    for i in ids:
-        if i not in pending:
-            raise ResumeError(f"{what} for {i!r}, which is not a pending tool call (pending: {', '.join(pending)})")
-        if i in seen:
-            raise ResumeError(f"duplicate {what} for {i!r}")
-        seen.add(i)
-
-
-def _result_events(reply_id: str, block: ToolResultBlock) -> tuple[AgentEvent, ...]:
-    return (
-        ToolResultStart(reply_id=reply_id, tool_call_id=block.id, tool_name=block.name),
-        ToolResultTextDelta(reply_id=reply_id, tool_call_id=block.id, tool_name=block.name, delta=block.text),
-        ToolResultEnd(reply_id=reply_id, tool_call_id=block.id, tool_name=block.name, state=block.state),
-    )

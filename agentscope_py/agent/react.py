@@ -26,8 +26,9 @@ from ..middleware.chain import Participants, compose
 from ..model.base import ChatModel
 from ..stream import EventStream, aclose
 from ..tool.toolkit import Tool, Toolkit, tool
+from ._boundaries import guarded
 from ._input import check_input
-from ._loop import Execution, guarded
+from ._loop import Execution
 from ._reply import FailoverListener, RetryPolicy
 from ._session import SessionGates
 from .context import RuntimeContext

@@ -1,0 +1,113 @@
+"""What crosses into and out of a run is checked here: the caller's input is made storable, what
+hooks emit must be events, and an on_agent hook's cuts are closed (`_brackets`)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
+
+from .._sanitize import MAX_DEPTH, clean, clean_value, depth_exceeds
+from ..errors import InputError, MiddlewareError
+from ..events import AgentEvent, EventBase, ModelCallStart
+from ..message import Msg, TextBlock, ToolResultBlock
+from ..middleware.base import ExtensionPoint
+from ..stream import aclose
+from ._brackets import BRACKET_TYPES, OPENS, Brackets
+
+if TYPE_CHECKING:
+    from .react import ReActAgent
+
+__all__ = ["admit", "guarded", "not_an_event", "require_event", "warn_empty"]
+
+logger = logging.getLogger("agentscope_py")
+
+
+def require_event(item: Any) -> None:
+    if not isinstance(item, EventBase):
+        raise TypeError(type(item).__name__)
+
+
+def not_an_event(item: Any, point: ExtensionPoint, agent: ReActAgent) -> MiddlewareError:
+    """The error for a non-event leaving ``point``'s chain, naming the middleware that can have
+    emitted it (the point's rewriting participants)."""
+    names = [mw.name for mw in agent._participants.hooks[point]]
+    who = (names[0] if len(names) == 1 else f"one of {', '.join(names)}") if names else "a middleware"
+    shown = repr(item)
+    shown = shown if len(shown) <= 120 else shown[:117] + "..."
+    return MiddlewareError(
+        f"{who} at {point.value} emitted a {type(item).__name__} ({shown}), not an AgentEvent: hooks must "
+        "emit events (an operator such as buffer_with_count groups them into lists; flatten them again "
+        "with concat_map, or use one that keeps single events)"
+    )
+
+
+async def guarded(events: AsyncIterator[Any], agent: ReActAgent) -> AsyncIterator[AgentEvent]:
+    """The caller's stream when on_agent hooks shape it: each item must be an event, and what a
+    hook left open when it stopped reading (or raised) is closed (`_brackets`)."""
+    brackets = Brackets()
+    starts = 0
+    try:
+        async for ev in events:
+            cls = type(ev)
+            if cls in BRACKET_TYPES:
+                if cls in OPENS:
+                    if starts and cls is ModelCallStart and brackets.superseding(ev):
+                        for early in brackets.early:
+                            yield early
+                    starts += 1
+                brackets.log.append(ev)
+            elif not isinstance(ev, EventBase):
+                raise not_an_event(ev, ExtensionPoint.ON_AGENT, agent)
+            yield ev
+    except Exception as exc:
+        for end in brackets.close(exc, starts):
+            yield end
+        raise
+    finally:
+        await aclose(events)
+    for end in brackets.close(None, starts):
+        yield end
+
+
+def warn_empty(agent: ReActAgent) -> None:
+    """Log, once per agent, that a round got an empty stream: a hook at on_reasoning or
+    on_model_call short-circuited without a single event, so the reply is empty and no model was
+    called. Allowed (a hook may short-circuit), but rarely meant."""
+    if agent._warned_empty:
+        return
+    agent._warned_empty = True
+    hooks = agent._participants.hooks
+    names = [mw.name for mw in (*hooks[ExtensionPoint.ON_REASONING], *hooks[ExtensionPoint.ON_MODEL_CALL])]
+    logger.warning(
+        "agent %s: a round's reasoning stream carried no event (no model call reached the loop): a middleware "
+        "at on_reasoning/on_model_call (%s) returned an empty stream or stopped before the first event; the "
+        "reply is empty", agent.name, ", ".join(names) or "none")
+
+
+def admit(msg: Msg) -> Msg:
+    """A caller's message as it enters memory: its text made encodable and its metadata nested
+    within reach (`_sanitize`: what is saved must always load)."""
+    fields = msg.__dict__
+    if fields["metadata"] and depth_exceeds(fields["metadata"]):
+        raise InputError(f"the metadata of the input message {msg.id} nests deeper than {MAX_DEPTH} levels: "
+                         "flatten it (a session must be able to load what it saves)")
+    for block in fields["content"]:
+        if type(block) is not TextBlock or not block.text.isascii():
+            break
+    else:  # plain text, the common case
+        return msg
+    if all(_clean_block(b) is b for b in fields["content"]):
+        return msg
+    return msg.model_copy(update={"content": [_clean_block(b) for b in msg.content],
+                                  "metadata": clean_value(msg.metadata)})
+
+
+def _clean_block(block: Any) -> Any:
+    if type(block) is TextBlock:
+        text = clean(block.text)
+        return block if text is block.text else block.model_copy(update={"text": text})
+    if type(block) is ToolResultBlock and isinstance(block.output, str):
+        output = clean(block.output)
+        return block if output is block.output else block.model_copy(update={"output": output})
+    return block

@@ -1,0 +1,142 @@
+"""Resuming a run whose tool calls wait: confirm results answer asking calls (run, denied or
+edited), tool-result messages answer external calls, an empty input runs what is pending (after a
+restart). Anything else is a `ResumeError` that says what the session waits for."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
+
+from ..errors import PendingToolCallsError, ResumeError
+from ..events import (
+    AgentEvent,
+    ConfirmResult,
+    ExternalExecutionResult,
+    ToolResultEnd,
+    ToolResultStart,
+    ToolResultTextDelta,
+    UserConfirmResult,
+)
+from ..message import GenerateReason, Msg, ToolResultBlock, ToolResultState, ToolUseBlock
+
+if TYPE_CHECKING:
+    from ._loop import Execution
+
+__all__ = ["check_no_control_input", "edit_call", "last_assistant", "resume"]
+
+
+async def resume(exe: Execution, pending: list[ToolUseBlock], input_msgs: list[Msg]) -> AsyncIterator[AgentEvent]:
+    state = exe.state
+    assert state is not None
+    confirms = _confirm_results(input_msgs)
+    results = [b for m in input_msgs if m.role == "tool" for b in m.tool_results]
+    by_id = {c.id: c for c in pending}
+    if confirms:
+        _check_ids([c.tool_call_id for c in confirms], by_id, "confirm result")
+        yield UserConfirmResult(reply_id=exe.reply_id, confirm_results=confirms)
+        answered = {c.tool_call_id: c for c in confirms}
+        run: list[ToolUseBlock] = []
+        denied: list[ToolResultBlock] = []
+        for call in pending:
+            answer = answered.get(call.id)
+            if answer is None:
+                run.append(call)  # still asking: the gate asks again
+            elif not answer.confirmed:
+                reason = f" Reason: {answer.reason}" if answer.reason else ""
+                denied.append(ToolResultBlock(id=call.id, name=call.name, state=ToolResultState.DENIED,
+                                              output=f"The user denied this tool call.{reason}"))
+            else:
+                if answer.input is not None:
+                    call = call.model_copy(update={"input": answer.input, "raw_input": None})
+                    edit_call(exe, call)
+                exe.preapproved.add(call.id)
+                run.append(call)
+        for block in denied:
+            for ev in _result_events(exe.reply_id, block):
+                yield ev
+        if denied:
+            state.context.append(Msg.tool(denied))
+        assistant = last_assistant(exe)
+        if run:
+            async with contextlib.aclosing(exe.act(run, assistant)) as steps:  # type: ignore[type-var]
+                async for ev in steps:
+                    yield ev
+        state.pending_tool_calls = [c.id for c in exe.pending_calls()]
+        return
+    if results:
+        _check_ids([r.id for r in results], by_id, "tool result")
+        yield ExternalExecutionResult(reply_id=exe.reply_id, tool_results=results)
+        state.context.append(Msg.tool(results))
+        left = exe.pending_calls()
+        state.pending_tool_calls = [c.id for c in left]
+        if left:
+            running = [ToolResultBlock(id=c.id, name=c.name, state=ToolResultState.RUNNING) for c in left]
+            assistant = last_assistant(exe)
+            pause = assistant.model_copy(update={"content": [*assistant.content, *running]})
+            exe.end(pause, GenerateReason.TOOL_SUSPENDED, remember=False)
+        return
+    if input_msgs:
+        ids = ", ".join(c.id for c in pending)
+        raise PendingToolCallsError(
+            f"session {exe.ctx.user_id}/{exe.ctx.session_id} has tool calls waiting ({ids}): "
+            "answer them with confirm results (agentscope_py.confirm_message) or tool results first"
+        )
+    # An empty input resumes acting on what is pending (e.g. after a restart).
+    async with contextlib.aclosing(exe.act(pending, last_assistant(exe))) as steps:  # type: ignore[type-var]
+        async for ev in steps:
+            yield ev
+
+def last_assistant(exe: Execution) -> Msg:
+    assert exe.state is not None
+    for msg in reversed(exe.state.context):
+        if msg.role == "assistant":
+            return msg
+    raise ResumeError("no assistant message to resume")
+
+def edit_call(exe: Execution, call: ToolUseBlock) -> None:
+    """Replace a call's arguments in memory, so the model sees what actually ran."""
+    assert exe.state is not None
+    context = exe.state.context
+    for i in range(len(context) - 1, -1, -1):
+        msg = context[i]
+        if msg.role == "assistant":
+            content = [call if getattr(b, "id", None) == call.id and b.type == "tool_use" else b
+                       for b in msg.content]
+            context[i] = msg.model_copy(update={"content": content})
+            return
+
+
+
+def _confirm_results(msgs: list[Msg]) -> list[ConfirmResult]:
+    out: list[ConfirmResult] = []
+    for m in msgs:
+        for raw in m.metadata.get("confirm_results", ()):
+            out.append(raw if isinstance(raw, ConfirmResult) else ConfirmResult.model_validate(raw))
+    return out
+
+
+def check_no_control_input(msgs: list[Msg]) -> None:
+    for m in msgs:
+        if m.metadata.get("confirm_results"):
+            raise ResumeError("confirm results were given, but no tool call is waiting for confirmation")
+        if m.role == "tool":
+            raise ResumeError("tool results were given, but no tool call is waiting for a result")
+
+
+def _check_ids(ids: list[str], pending: dict[str, ToolUseBlock], what: str) -> None:
+    seen: set[str] = set()
+    for i in ids:
+        if i not in pending:
+            raise ResumeError(f"{what} for {i!r}, which is not a pending tool call (pending: {', '.join(pending)})")
+        if i in seen:
+            raise ResumeError(f"duplicate {what} for {i!r}")
+        seen.add(i)
+
+
+def _result_events(reply_id: str, block: ToolResultBlock) -> tuple[AgentEvent, ...]:
+    return (
+        ToolResultStart(reply_id=reply_id, tool_call_id=block.id, tool_name=block.name),
+        ToolResultTextDelta(reply_id=reply_id, tool_call_id=block.id, tool_name=block.name, delta=block.text),
+        ToolResultEnd(reply_id=reply_id, tool_call_id=block.id, tool_name=block.name, state=block.state),
+    )
