@@ -29,9 +29,9 @@ from ..model.base import ChatModel, ToolSchema
 from ..stream import EventStream
 
 if TYPE_CHECKING:
-    from ..agent.context import RuntimeContext
+    from .._context import RuntimeContext
+    from .._state import AgentState
     from ..agent.react import ReActAgent
-    from ..agent.state import AgentState
 
 __all__ = [
     "ActingInput",

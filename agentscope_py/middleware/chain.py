@@ -30,7 +30,7 @@ from ..stream import EventStream, InContext, to_stream
 from .base import ONION_POINTS, ExtensionPoint, MiddlewareBase, overrides
 
 if TYPE_CHECKING:
-    from ..agent.context import RuntimeContext
+    from .._context import RuntimeContext
 
 __all__ = ["Participants", "compose"]
 

@@ -32,9 +32,9 @@ from .base import (
 )
 
 if TYPE_CHECKING:
-    from ..agent.context import RuntimeContext
+    from .._context import RuntimeContext
+    from .._state import AgentState
     from ..agent.react import ReActAgent
-    from ..agent.state import AgentState
 
 __all__ = ["LoggingMiddleware", "RunUsage", "UsageAccountingMiddleware"]
 

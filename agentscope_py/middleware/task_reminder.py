@@ -21,7 +21,7 @@ from ..tool.todo import render_tasks
 from .base import ExtensionPoint, MiddlewareBase, Next, ReasoningInput
 
 if TYPE_CHECKING:
-    from ..agent.context import RuntimeContext
+    from .._context import RuntimeContext
     from ..agent.react import ReActAgent
 
 __all__ = ["TASK_LIST_PROMPT", "TaskReminderMiddleware"]

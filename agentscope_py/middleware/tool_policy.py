@@ -16,7 +16,7 @@ from ..message import GenerateReason
 from .base import ActingInput, ExtensionPoint, MiddlewareBase, Next
 
 if TYPE_CHECKING:
-    from ..agent.context import RuntimeContext
+    from .._context import RuntimeContext
     from ..agent.react import ReActAgent
 
 __all__ = ["StopOnAllDeniedMiddleware"]

@@ -84,7 +84,7 @@ from .base import ActingInput, AgentInput, ExtensionPoint, MiddlewareBase, Model
 from .chain import _Isolated
 
 if TYPE_CHECKING:
-    from ..agent.context import RuntimeContext
+    from .._context import RuntimeContext
     from ..agent.react import ReActAgent
 
 __all__ = ["SCOPE", "OtelTracingMiddleware"]

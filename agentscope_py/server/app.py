@@ -26,7 +26,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
-from ..agent.context import RuntimeContext
+from .._context import RuntimeContext
 from ..agent.react import ReActAgent, confirm_message
 from ..events import AgentEvent, AgentResult, ConfirmResult, ModelCallEnd
 from ..message import Msg, TextBlock, ThinkingBlock

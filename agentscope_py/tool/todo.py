@@ -17,7 +17,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from ..agent.state import AgentState, TodoItem
+from .._state import AgentState, TodoItem
 from .toolkit import tool
 
 __all__ = ["TodoEntry", "TodoTools", "render_tasks"]

@@ -18,18 +18,17 @@ import warnings
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any, get_type_hints, overload
+from typing import Any, get_type_hints, overload
 
 from pydantic import BaseModel, Field, ValidationError
 
+from .._context import RuntimeContext
+from .._state import AgentState
 from ..errors import ToolArgumentError
 from ..events import EventBase
 from ..message import DataBlock, TextBlock, ToolUseBlock
 from ..model.base import ToolSchema
 from ._schema import arguments_model, clean_schema, parse_docstring
-
-if TYPE_CHECKING:
-    from ..agent.context import RuntimeContext
 
 __all__ = ["PermissionDecision", "Tool", "ToolArgumentError", "Toolkit", "clean_schema", "tool"]
 
@@ -204,9 +203,6 @@ def tool(
 
 
 def _make_tool(fn: Callable[..., Any], *, name: str | None, description: str | None, **options: Any) -> Tool:
-    from ..agent.context import RuntimeContext
-    from ..agent.state import AgentState
-
     tool_name = name or _tool_name(fn)
     doc_description, param_docs = parse_docstring(inspect.getdoc(fn) or "")
     try:

@@ -1,0 +1,61 @@
+"""`RuntimeContext`: the one object every hook and tool of a call shares.
+
+It lives below `tool/`, `middleware/` and `agent/` (all of which use it), so none of them imports
+another to reach it; `agentscope_py.agent.context` re-exports it."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, TypeVar, overload
+
+if TYPE_CHECKING:
+    from ._state import AgentState
+    from .agent.react import ReActAgent
+
+__all__ = ["RuntimeContext"]
+
+T = TypeVar("T")
+_MISSING: Any = object()
+
+
+class RuntimeContext:
+    """Per-call context: who is calling (``user_id``, ``session_id``), the bound ``agent_state``,
+    and a small key/value store for middleware and tools (``put``/``get``, or typed by class).
+
+    Pass one to ``agent.call(..., ctx=...)``; without one, a fresh context for the default session
+    is made. The same instance reaches every hook and tool of the call; tools receive it by
+    declaring a parameter of type `RuntimeContext` (or `AgentState` for the state itself)."""
+
+    __slots__ = ("_values", "agent", "agent_state", "session_id", "user_id")
+
+    def __init__(self, user_id: str = "default", session_id: str = "default", **values: Any) -> None:
+        self.user_id = user_id
+        self.session_id = session_id
+        self.agent_state: AgentState | None = None
+        self.agent: ReActAgent | None = None  # the agent running the call (bound with the state)
+        self._values: dict[Any, Any] = dict(values)
+
+    def put(self, key: Any, value: Any) -> None:
+        """Store ``value`` under ``key``; a class as key enables the typed ``get(Class)``."""
+        self._values[key] = value
+
+    @overload
+    def get(self, key: type[T]) -> T | None: ...
+    @overload
+    def get(self, key: type[T], default: T) -> T: ...
+    @overload
+    def get(self, key: Any, default: Any = None) -> Any: ...
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        if key in self._values:
+            return self._values[key]
+        if isinstance(key, type):
+            for value in self._values.values():
+                if isinstance(value, key):
+                    return value
+        return default
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._values
+
+    def __repr__(self) -> str:
+        return f"RuntimeContext(user_id={self.user_id!r}, session_id={self.session_id!r})"
