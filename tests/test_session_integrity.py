@@ -295,3 +295,28 @@ async def test_a_turn_the_store_could_not_save_survives_a_store_that_comes_back_
     assert (await stored(agent))[0] == ["first", "one", "second", "two", "third", "three"]
 
 
+
+
+@tool(external=True)
+def browser_action(url: str) -> str:
+    """Run in the client's browser.
+
+    Args:
+        url: the page
+    """
+    raise AssertionError("external tools run in the client")
+
+
+async def test_an_external_result_with_a_lone_surrogate_never_poisons_a_session(tmp_path: Path) -> None:
+    from agentscope_py import ToolResultBlock
+
+    store = SqliteStateStore(tmp_path / "s.db")
+    model = ScriptedModel([ModelStep.tool_call("browser_action", {"url": "x"}, id="c1"), ModelStep.text("done")])
+    agent = ReActAgent.builder().model(model).toolkit(Toolkit([browser_action])).state_store(store).build()
+    first = await agent.call("go", ctx=ctx())
+    assert first.generate_reason.value == "tool_suspended"
+    reply = Msg.tool([ToolResultBlock(id="c1", name="browser_action", output="page \udc00 text")])
+    assert (await agent.call(reply, ctx=ctx())).text == "done"
+    state, version = await store.load("u", "s")
+    assert version == 2 and state is not None
+    assert any(b.output == "page \ufffd text" for m in state.context for b in m.tool_results)

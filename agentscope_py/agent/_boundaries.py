@@ -18,7 +18,7 @@ from ._brackets import BRACKET_TYPES, OPENS, Brackets
 if TYPE_CHECKING:
     from .react import ReActAgent
 
-__all__ = ["admit", "guarded", "not_an_event", "require_event", "warn_empty"]
+__all__ = ["admit", "clean_block", "guarded", "not_an_event", "require_event", "warn_empty"]
 
 logger = logging.getLogger("agentscope_py")
 
@@ -97,13 +97,13 @@ def admit(msg: Msg) -> Msg:
             break
     else:  # plain text, the common case
         return msg
-    if all(_clean_block(b) is b for b in fields["content"]):
+    if all(clean_block(b) is b for b in fields["content"]):
         return msg
-    return msg.model_copy(update={"content": [_clean_block(b) for b in msg.content],
+    return msg.model_copy(update={"content": [clean_block(b) for b in msg.content],
                                   "metadata": clean_value(msg.metadata)})
 
 
-def _clean_block(block: Any) -> Any:
+def clean_block(block: Any) -> Any:
     if type(block) is TextBlock:
         text = clean(block.text)
         return block if text is block.text else block.model_copy(update={"text": text})

@@ -19,6 +19,7 @@ from ..events import (
     UserConfirmResult,
 )
 from ..message import GenerateReason, Msg, ToolResultBlock, ToolResultState, ToolUseBlock
+from ._boundaries import clean_block
 
 if TYPE_CHECKING:
     from ._loop import Execution
@@ -30,7 +31,8 @@ async def resume(exe: Execution, pending: list[ToolUseBlock], input_msgs: list[M
     state = exe.state
     assert state is not None
     confirms = _confirm_results(input_msgs)
-    results = [b for m in input_msgs if m.role == "tool" for b in m.tool_results]
+    # External results come from the client: made storable like any input (`_boundaries.admit`).
+    results = [clean_block(b) for m in input_msgs if m.role == "tool" for b in m.tool_results]
     by_id = {c.id: c for c in pending}
     if confirms:
         _check_ids([c.tool_call_id for c in confirms], by_id, "confirm result")
