@@ -8,7 +8,7 @@ import json
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import pytest
@@ -26,6 +26,7 @@ from agentscope_py import (
     ToolUseBlock,
     tool,
 )
+from agentscope_py.model.base import ChatChunk, ModelRequest
 from agentscope_py.server import uvicorn_config
 
 
@@ -175,3 +176,26 @@ class SlowTool:
 
 
 USAGE = ChatUsage(input_tokens=12, output_tokens=5)
+
+
+class Firehose:
+    """A model that streams big text chunks until it is closed, counting what it produced."""
+
+    name = "firehose"
+
+    def __init__(self, chunk: int = 32_768, total: int = 5_000) -> None:
+        self.chunk, self.total = chunk, total
+        self.produced = 0
+        self.closed = threading.Event()
+
+    async def _stream(self) -> AsyncIterator[ChatChunk]:
+        try:
+            for _ in range(self.total):
+                self.produced += 1
+                yield ChatChunk(text="x" * self.chunk)
+            yield ChatChunk(usage=ChatUsage(input_tokens=1, output_tokens=1), finish_reason="stop")
+        finally:
+            self.closed.set()
+
+    def stream(self, request: ModelRequest) -> AsyncIterator[ChatChunk]:
+        return self._stream()

@@ -8,18 +8,16 @@ import json
 import logging
 import socket
 import sqlite3
-import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 
 import httpx
 import pytest
 
-from agentscope_py import ChatUsage, InMemoryStateStore, ModelStep, ReActAgent
+from agentscope_py import InMemoryStateStore, ModelStep, ReActAgent
 from agentscope_py.agent.state import AgentState
-from agentscope_py.model.base import ChatChunk, ModelRequest
 from agentscope_py.server import Limits, create_app
 
-from .conftest import LiveServer, agui_events, delete_file, frames, run_input, scripted_agent, user
+from .conftest import Firehose, LiveServer, agui_events, delete_file, frames, run_input, scripted_agent, user
 
 Live = Callable[..., LiveServer]
 SECRET_PATH = "/srv/secret/agent-states.db"
@@ -121,33 +119,10 @@ def test_a_resume_with_nothing_pending_is_explained_in_agui_words(live: Live) ->
     assert "resume entries were given" in error["message"] and "confirm" not in error["message"]
 
 
-class Flood:
-    """A model streaming ``total`` chunks of ``size`` characters (then usage), counting them."""
-
-    name = "flood"
-
-    def __init__(self, size: int = 32_768, total: int = 64) -> None:
-        self.size, self.total = size, total
-        self.produced = 0
-        self.closed = threading.Event()
-
-    async def _stream(self) -> AsyncIterator[ChatChunk]:
-        try:
-            for _ in range(self.total):
-                self.produced += 1
-                yield ChatChunk(text="x" * self.size)
-            yield ChatChunk(usage=ChatUsage(input_tokens=1, output_tokens=1), finish_reason="stop")
-        finally:
-            self.closed.set()
-
-    def stream(self, request: ModelRequest) -> AsyncIterator[ChatChunk]:
-        return self._stream()
-
-
 def test_the_final_frame_does_not_repeat_a_long_reply(live: Live) -> None:
     sizes: dict[bool, int] = {}
     for keep in (False, True):
-        agent = ReActAgent.builder().model(Flood()).build()  # 2 MB of reply
+        agent = ReActAgent.builder().model(Firehose(total=64)).build()  # 2 MB of reply
         server = live(create_app(agent, result_text=keep))
         body = httpx.post(f"{server.url}/v1/runs", json={"session_id": "s", "input": "go"}, timeout=30).text
         result = next(f for f in frames(body) if '"type":"agent_result"' in f[:300])
@@ -157,7 +132,7 @@ def test_the_final_frame_does_not_repeat_a_long_reply(live: Live) -> None:
 
 
 def test_a_client_that_stops_reading_is_dropped(live: Live, server_log: pytest.LogCaptureFixture) -> None:
-    model = Flood(total=100_000)
+    model = Firehose(total=100_000)
     agent = ReActAgent.builder().model(model).build()
     server = live(create_app(agent, limits=Limits(stall_timeout=0.5, buffer_bytes=65_536)))
     body = json.dumps({"session_id": "s", "input": "flood"}).encode()

@@ -8,18 +8,18 @@ import json
 import socket
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
 
 import httpx
 import pytest
 from httpx_sse import aconnect_sse, connect_sse
 
-from agentscope_py import ChatUsage, ModelStep, ReActAgent, ScriptedModel, Toolkit
-from agentscope_py.model.base import ChatChunk, ModelRequest
+from agentscope_py import ModelStep, ReActAgent, ScriptedModel, Toolkit
+from agentscope_py.model.base import ModelRequest
 from agentscope_py.server import create_app
 
-from .conftest import LiveServer, SlowTool, add, run_input, scripted_agent, user
+from .conftest import Firehose, LiveServer, SlowTool, add, run_input, scripted_agent, user
 
 Live = Callable[..., LiveServer]
 
@@ -84,29 +84,6 @@ def test_disconnect_mid_tool_cancels_the_run(live: Live) -> None:
     request = agent.model.requests[-1]  # type: ignore[attr-defined]
     results = [b for m in request.messages for b in m.tool_results]
     assert [(r.id, r.state.value) for r in results] == [("c1", "interrupted")]
-
-
-class Firehose:
-    """A model that streams big text chunks until it is closed, counting what it produced."""
-
-    name = "firehose"
-
-    def __init__(self, chunk: int = 32_768, total: int = 5_000) -> None:
-        self.chunk, self.total = chunk, total
-        self.produced = 0
-        self.closed = threading.Event()
-
-    async def _stream(self) -> AsyncIterator[ChatChunk]:
-        try:
-            for _ in range(self.total):
-                self.produced += 1
-                yield ChatChunk(text="x" * self.chunk)
-            yield ChatChunk(usage=ChatUsage(input_tokens=1, output_tokens=1), finish_reason="stop")
-        finally:
-            self.closed.set()
-
-    def stream(self, request: ModelRequest) -> AsyncIterator[ChatChunk]:
-        return self._stream()
 
 
 def test_a_slow_reader_pauses_the_agent(live: Live) -> None:
