@@ -77,7 +77,8 @@ def worker_app() -> Any:
     options = json.loads(os.environ[_WORKER_ENV])
     app = create_app(_agent_source(options), auth_token=os.environ.get(TOKEN_ENV) or None,
                      allowed_origins=options["allowed_origins"], allowed_hosts=options["allowed_hosts"])
-    tune_gc()
+    if options.get("tune_gc"):
+        tune_gc()
     return app
 
 
@@ -90,7 +91,7 @@ def serve(args: argparse.Namespace) -> int:
         return 2
     token = args.token or os.environ.get(TOKEN_ENV) or None
     options = {"target": args.target, "model": args.model, "base_url": args.base_url,
-               "allowed_origins": args.allowed_origin, "allowed_hosts": args.allowed_host}
+               "allowed_origins": args.allowed_origin, "allowed_hosts": args.allowed_host, "tune_gc": args.tune_gc}
     limits = {"header_timeout": args.header_timeout, "idle_timeout": args.idle_timeout,
               "max_connections": args.max_connections, "log_level": args.log_level}
     try:
@@ -112,7 +113,7 @@ def serve(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     _serve.serve(source, host=args.host, port=args.port, auth_token=token, allowed_origins=args.allowed_origin,
-                 allowed_hosts=args.allowed_host, **limits)
+                 allowed_hosts=args.allowed_host, gc_tuning=args.tune_gc, **limits)
     return 0
 
 
@@ -153,6 +154,9 @@ def _parser() -> argparse.ArgumentParser:
                      help="seconds an idle keep-alive connection stays open (default: %(default)s)")
     srv.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
                      help="the server log's level (default: %(default)s)")
+    srv.add_argument("--tune-gc", action="store_true",
+                     help="tune Python's garbage collector for many concurrent streams (gc.freeze after start-up, "
+                          "young collections every 50,000 allocations; see docs/server.md; default: Python's own)")
     return parser
 
 

@@ -48,3 +48,10 @@ def test_every_serve_option_is_described() -> None:
     for option in ("target", "--host", "--port", "--token", "--allowed-origin", "--allowed-host", "--workers",
                    "--max-connections", "--header-timeout", "--idle-timeout", "--log-level", "--model", "--base-url"):
         assert option in text, option
+
+
+def test_serve_leaves_the_collector_alone_unless_asked() -> None:
+    from agentscope_py.cli import _parser
+
+    assert _parser().parse_args(["serve"]).tune_gc is False
+    assert _parser().parse_args(["serve", "--tune-gc"]).tune_gc is True

@@ -171,7 +171,7 @@ def serve(
     host: str = "127.0.0.1",
     port: int = 8000,
     auth_token: str | None = None,
-    gc_tuning: bool = True,
+    gc_tuning: bool = False,
     *,
     allowed_origins: Sequence[str] = (),
     allowed_hosts: Sequence[str] | None = None,
@@ -182,7 +182,8 @@ def serve(
     **uvicorn_options: Any,
 ) -> None:
     """Serve the app with uvicorn (blocking) and print the page's URL once it answers. ``port=0``
-    picks a free one. ``gc_tuning``: apply `tune_gc` once the app is built; ``app_options`` go to
+    picks a free one. ``gc_tuning``: apply `tune_gc` once the app is built (opt-in: it changes the
+    whole process's collector); ``app_options`` go to
     `create_app` (``authenticate``, ``limits``…); the timeouts and ``max_connections`` are
     `uvicorn_config`'s."""
     from .app import create_app
