@@ -25,7 +25,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Literal, TypeAlias
 
 from ..errors import MiddlewareError, MiddlewareTermination, ModelError
-from ..events import AgentEvent
+from ..events import AgentEvent, MiddlewareCompleted, MiddlewareStarted
 from ..stream import EventStream, aclose
 
 __all__ = [
@@ -128,12 +128,16 @@ def note_earlier(error: BaseException, earlier: list[tuple[str, BaseException]])
     in ``error.earlier_errors``."""
     if earlier:
         for label, exc in earlier:
-            error.add_note(f"earlier attempt ({label}) failed: {type(exc).__name__}: {exc}")
+            error.add_note(f"earlier attempt {label} failed: {describe(exc)}")
         # (an exception class with __slots__ refuses the attribute: the notes still say it)
         with contextlib.suppress(AttributeError):
             error.earlier_errors = tuple(exc for _, exc in earlier)  # type: ignore[attr-defined]
     return error
 
+
+# Hook tracing's brackets (``trace_middleware``) come before an inner layer's first real event; they
+# are balanced on failure too, so they pass without making the attempt "started".
+_BOOKKEEPING = (MiddlewareStarted, MiddlewareCompleted)
 
 Again: TypeAlias = Callable[[BaseException, bool], Awaitable["EventStream[AgentEvent] | None"]]
 """``again(error, emitted)``: the next attempt's stream (after any wait), or None to give up
@@ -178,7 +182,8 @@ class Attempts:
             except Exception as exc:
                 await self._next_attempt(exc, False)
                 continue
-            self._live = True
+            if type(item) not in _BOOKKEEPING:
+                self._live = True
             return item
 
     async def _guarded(self) -> AgentEvent:
@@ -219,6 +224,7 @@ class Attempts:
         self._it = stream.__aiter__()
 
     async def aclose(self) -> None:
+        self._live = False  # (a read after closing ends at once, in _first)
         it, self._it = self._it, None
         if it is not None:
             await aclose(it)

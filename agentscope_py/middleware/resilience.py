@@ -134,7 +134,7 @@ class RetryMiddleware(MiddlewareBase):
                         return EventStream.of(*_error_reply(reply_id, input.model, error, retry + 1))
                     return None
                 delay = self.backoff.delay(retry, error)
-                earlier.append((f"{retry + 1} of {input.model.name}", error))
+                earlier.append((f"{retry + 1} ({input.model.name})", error))
                 if self._on_retry is not None:
                     await _maybe_await(self._on_retry(retry + 1, error, delay))
                 await self.backoff.sleep(delay)
@@ -191,7 +191,7 @@ class ModelFallbackMiddleware(MiddlewareBase):
                     note_earlier(error, earlier)
                     return None
                 failed, following = chain[i], chain[i + 1]
-                earlier.append((failed.name, error))
+                earlier.append((f"{i + 1} ({failed.name})", error))
                 if self._on_failover is not None:
                     await _maybe_await(self._on_failover(failed, error, following))
                 return next(input.replace(model=following))

@@ -5,6 +5,7 @@ fake sleep, composition, and balance."""
 from __future__ import annotations
 
 import asyncio
+import inspect
 import random
 import time
 from collections import Counter
@@ -256,7 +257,7 @@ async def test_fallback_re_raises_the_last_error_with_the_earlier_ones_attached(
     with pytest.raises(RateLimitError) as info:
         await agent_with(primary, ModelFallbackMiddleware(backup)).call("hi")
     assert info.value is e2 and info.value.earlier_errors == (e1,)  # type: ignore[attr-defined]
-    assert info.value.__notes__ == ["earlier attempt (primary) failed: ServerError: primary down"]
+    assert info.value.__notes__ == ["earlier attempt 1 (primary) failed: ServerError: primary down"]
 
 
 async def test_fallback_does_not_fail_over_a_deliberate_stop_and_takes_a_filter() -> None:
@@ -538,3 +539,91 @@ async def test_installed_but_untriggered_the_trace_is_unchanged() -> None:
            TimeoutMiddleware(model_timeout=10, tool_timeout=10, run_timeout=10)]
     wrapped = await agent_with(ScriptedModel([ModelStep.text("same", chunks=3)]), *mws).stream("hi").to_list()
     assert types(wrapped) == types(plain)
+
+
+# -- the cost when nothing fails, and more edges -------------------------------------------------
+
+
+async def test_after_the_first_event_attempts_hand_the_inner_awaitables_through() -> None:
+    from agentscope_py.middleware._resilience_common import Attempts
+    from agentscope_py.stream import EventStream
+
+    async def again(error: BaseException, emitted: bool) -> None:
+        raise AssertionError("nothing failed")
+
+    attempts = Attempts(EventStream.of(1, 2, 3), again, "first")
+    assert await attempts.__anext__() == 1
+    step = attempts.__anext__()
+    assert not inspect.iscoroutine(step)  # the inner generator's own awaitable: no frame of ours
+    assert await step == 2
+    await attempts.aclose()
+    with pytest.raises(StopAsyncIteration):
+        await attempts.__anext__()
+
+
+async def test_on_retry_is_told_each_retry_and_its_wait() -> None:
+    seen: list[tuple[int, str, float]] = []
+
+    async def on_retry(n: int, error: BaseException, delay: float) -> None:
+        seen.append((n, str(error), delay))
+
+    model = ScriptedModel([ModelStep.error(ServerError("a")), ModelStep.error(ServerError("b")), ModelStep.text("ok")])
+    mw = RetryMiddleware(2, initial_delay=0.5, jitter=False, on_retry=on_retry, sleep=FakeSleep())
+    assert (await agent_with(model, mw).call("hi")).text == "ok"
+    assert seen == [(1, "a", 0.5), (2, "b", 1.0)]
+
+
+async def test_fallback_after_the_first_event_shows_both_models_balanced() -> None:
+    primary = ScriptedModel([ModelStep("partial", chunks=3, error=ServerError("cut"), error_after=2)], name="primary")
+    backup = ScriptedModel([ModelStep.text("complete")], name="backup")
+    events = await agent_with(primary, ModelFallbackMiddleware(backup, after_first_event=True)).stream("hi").to_list()
+    assert model_trace(events) == [("start", "primary"), ("end", True, "ServerError: cut"),
+                                   ("start", "backup"), ("end", False, None)]
+    assert not balance(events) and events[-2].result.text == "complete"
+
+
+async def test_a_deadline_passed_while_the_consumer_was_busy_fails_the_next_read() -> None:
+    model = ScriptedModel([ModelStep.text("a b c", chunks=3)])
+    agent = agent_with(model, TimeoutMiddleware(model_timeout=0.05))
+    events: list[Any] = []
+    with pytest.raises(ModelTimeoutError):
+        async for e in agent.stream("hi"):
+            events.append(e)
+            if e.type == "text_block_delta":
+                await asyncio.sleep(0.1)  # a slow consumer: the model is done, the deadline passes
+    assert len([e for e in events if e.type == "text_block_delta"]) == 1
+    assert not balance(events)
+
+
+async def test_a_timed_out_tool_is_retried_by_a_tool_retry_outside_it() -> None:
+    runs: list[int] = []
+
+    @tool
+    async def sometimes_slow(n: int) -> str:
+        """Slow the first time."""
+        runs.append(n)
+        if len(runs) == 1:
+            await asyncio.sleep(5)
+        return "fast now"
+
+    toolkit = Toolkit()
+    toolkit.register(sometimes_slow)
+    model = ScriptedModel([ModelStep.tool_call("sometimes_slow", {"n": 1}), ModelStep.text("done")])
+    agent = agent_with(model, ToolRetryMiddleware(1, sleep=FakeSleep()), TimeoutMiddleware(tool_timeout=0.05),
+                       toolkit=toolkit)
+    events = await agent.stream("hi").to_list()
+    assert runs == [1, 1]
+    assert [e.state for e in events if e.type == "tool_result_end"] == [ToolResultState.SUCCESS]
+    assert model.requests[1].messages[-1].content[0].output == "fast now"
+
+
+async def test_retry_and_fallback_with_hook_tracing_stay_balanced() -> None:
+    primary = ScriptedModel([ModelStep.error(ServerError("x"))], name="primary")
+    backup = ScriptedModel([ModelStep.text("ok")], name="backup")
+    agent = (ReActAgent.builder().model(primary).trace_middleware(True)
+             .middlewares([ModelFallbackMiddleware(backup), RetryMiddleware(0, sleep=FakeSleep())]).build())
+    events = await agent.stream("hi").to_list()
+    assert events[-2].result.text == "ok" and not balance(events)
+    started = [e for e in events if e.type == "middleware_started"]
+    completed = [e for e in events if e.type == "middleware_completed"]
+    assert len(started) == len(completed) > 0
