@@ -75,7 +75,7 @@ def matcher(spec: Any, default: Callable[[BaseException], bool], name: str) -> C
         return lambda error: isinstance(error, spec)
     if isinstance(spec, tuple) and spec and all(isinstance(t, type) and issubclass(t, BaseException) for t in spec):
         return lambda error: isinstance(error, spec)
-    if callable(spec):
+    if callable(spec) and not isinstance(spec, type | tuple):  # (a class that is no exception is not a predicate)
         return spec  # type: ignore[no-any-return]
     raise ValueError(f"{name} must be an exception type, a tuple of them, or a predicate; got {spec!r}")
 

@@ -182,7 +182,8 @@ async def test_retry_is_per_subscription_and_a_retrying_wait_is_cancellable() ->
 def test_bad_retry_settings_are_refused_at_construction() -> None:
     for kwargs in ({"max_retries": -1}, {"initial_delay": 0}, {"initial_delay": -1.0}, {"backoff_factor": 0.5},
                    {"max_delay": 0.1, "initial_delay": 1.0}, {"jitter": 1.5}, {"on_failure": "ignore"},
-                   {"retry_on": 3}, {"buffer": True, "after_first_event": True}):
+                   {"retry_on": 3}, {"retry_on": int}, {"retry_on": (KeyError, "x")},
+                   {"buffer": True, "after_first_event": True}):
         with pytest.raises(ValueError):
             RetryMiddleware(**kwargs)  # type: ignore[arg-type]
     with pytest.raises(ValueError):
@@ -337,3 +338,16 @@ async def test_retry_and_fallback_with_hook_tracing_stay_balanced() -> None:
     started = [e for e in events if e.type == "middleware_started"]
     completed = [e for e in events if e.type == "middleware_completed"]
     assert len(started) == len(completed) > 0
+
+
+async def test_a_mid_stream_timeout_retried_after_the_first_event_stays_balanced() -> None:
+    model = ScriptedModel([ModelStep.text("a b c d", chunks=4, delay=0.05), ModelStep.text("quick")])
+    agent = agent_with(model, RetryMiddleware(1, after_first_event=True, sleep=FakeSleep()),
+                       TimeoutMiddleware(model_timeout=0.12))
+    events = await agent.stream("hi").to_list()
+    trace = model_trace(events)
+    # The cut attempt is closed by the runtime when the retry starts the next one (discarded).
+    assert trace[0] == ("start", "scripted") and trace[1][:2] == ("end", True) and trace[1][2].startswith("abandoned")
+    assert trace[2:] == [("start", "scripted"), ("end", False, None)]
+    assert not balance(events) and events[-2].result.text == "quick"
+    assert model.closed_streams == 2
