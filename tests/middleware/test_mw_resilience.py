@@ -163,7 +163,7 @@ async def test_after_first_event_retries_on_a_balanced_stream_and_remembers_the_
     assert state is not None and state.context[-1].text == "whole answer"
 
 
-async def test_retry_is_per_subscription_and_a_retrying_wait_is_cancellable() -> None:
+async def test_a_retrying_wait_is_cancellable() -> None:
     started = asyncio.Event()
 
     async def slow_sleep(delay: float) -> None:
@@ -351,3 +351,16 @@ async def test_a_mid_stream_timeout_retried_after_the_first_event_stays_balanced
     assert trace[2:] == [("start", "scripted"), ("end", False, None)]
     assert not balance(events) and events[-2].result.text == "quick"
     assert model.closed_streams == 2
+
+
+async def test_continue_applies_to_used_up_retries_only_and_retries_count_per_model_call() -> None:
+    model = ScriptedModel([ModelStep.error(BadRequestError("refused"))])
+    mw = RetryMiddleware(2, on_failure="continue", sleep=FakeSleep())
+    with pytest.raises(BadRequestError):  # not retryable: it goes on, no error reply
+        await agent_with(model, mw).call("hi")
+    sleep = FakeSleep()
+    model = ScriptedModel([ModelStep.error(ServerError("a")), ModelStep.tool_call("nope", {}),
+                           ModelStep.error(ServerError("b")), ModelStep.text("done")])
+    agent = agent_with(model, RetryMiddleware(1, jitter=False, sleep=sleep))
+    assert (await agent.call("hi")).text == "done"  # each model call gets its own retry budget
+    assert sleep.delays == [1.0, 1.0]
