@@ -68,9 +68,10 @@ class RetryMiddleware(MiddlewareBase):
     ``initial_delay * backoff_factor ** n`` seconds before retry ``n`` (0-based), at most
     ``max_delay``, spread by ``±jitter`` (``True`` = ±25 %), never less than the error's
     ``retry_after``. ``on_failure`` when the retries are used up: ``"raise"`` (the last error,
-    with the earlier ones in ``__notes__`` and ``earlier_errors``) or ``"continue"`` (the model
+    with the earlier ones in ``__notes__`` and ``earlier_errors``), ``"continue"`` (the model
     call answers with a text reply saying what failed: the run goes on and the model sees it in
-    memory next round; ``ModelCallEnd.error`` says why). Errors ``retry_on`` does not match go on
+    memory next round; ``ModelCallEnd.error`` says why), or a function ``fn(error) -> str``
+    (continue, with that text as the reply). Errors ``retry_on`` does not match go on
     at once. ``buffer`` / ``after_first_event``: the streaming contract (module docstring).
     ``sleep`` and ``rng`` are injectable for tests."""
 
@@ -79,7 +80,7 @@ class RetryMiddleware(MiddlewareBase):
         max_retries: int = 2,
         *,
         retry_on: ErrorFilter | None = None,
-        on_failure: Literal["raise", "continue"] = "raise",
+        on_failure: Literal["raise", "continue"] | Callable[[BaseException], str] = "raise",
         initial_delay: float = 1.0,
         backoff_factor: float = 2.0,
         max_delay: float = 60.0,
@@ -90,8 +91,8 @@ class RetryMiddleware(MiddlewareBase):
         sleep: Sleep | None = None,
         rng: random.Random | None = None,
     ) -> None:
-        if on_failure not in ("raise", "continue"):
-            raise ValueError(f"on_failure must be 'raise' or 'continue', got {on_failure!r}")
+        if not callable(on_failure) and on_failure not in ("raise", "continue"):
+            raise ValueError(f"on_failure must be 'raise', 'continue' or a function, got {on_failure!r}")
         self.backoff = Backoff(max_retries, initial_delay, backoff_factor, max_delay, jitter, sleep, rng)
         self.max_retries = max_retries
         self.on_failure = on_failure
@@ -101,7 +102,7 @@ class RetryMiddleware(MiddlewareBase):
         self._reply_key = object()  # where on_agent leaves the run's reply id in ctx
 
     def active_points(self) -> frozenset[ExtensionPoint]:
-        if self.on_failure == "continue":  # the error reply needs the run's reply id (AgentStart's)
+        if self.on_failure != "raise":  # the error reply needs the run's reply id (AgentStart's)
             return frozenset({ExtensionPoint.ON_MODEL_CALL, ExtensionPoint.ON_AGENT})
         return frozenset({ExtensionPoint.ON_MODEL_CALL})
 
@@ -129,9 +130,11 @@ class RetryMiddleware(MiddlewareBase):
                 retry = len(earlier)
                 if retry >= self.max_retries:
                     note_earlier(error, earlier)
-                    if self.on_failure == "continue":
+                    if self.on_failure != "raise":
                         reply_id = ctx.get(self._reply_key) or new_id("reply_")
-                        return EventStream.of(*_error_reply(reply_id, input.model, error, retry + 1))
+                        text = (self.on_failure(error) if callable(self.on_failure)
+                                else _failure_text(error, retry + 1))
+                        return EventStream.of(*_error_reply(reply_id, input.model, error, text))
                     return None
                 delay = self.backoff.delay(retry, error)
                 earlier.append((f"{retry + 1} ({input.model.name})", error))
@@ -201,12 +204,16 @@ class ModelFallbackMiddleware(MiddlewareBase):
         return EventStream(attempts)
 
 
-def _error_reply(reply_id: str, model: ChatModel, error: BaseException, attempts: int) -> tuple[AgentEvent, ...]:
-    """What ``on_failure="continue"`` answers with: a text reply the model will see."""
-    block = new_id("blk_")
+def _failure_text(error: BaseException, attempts: int) -> str:
     text = f"The model call failed after {attempts} attempt(s): {describe(error)}"
     if isinstance(error, ModelError) and error.retry_after:
         text += f" (retry after {error.retry_after} s)"
+    return text
+
+
+def _error_reply(reply_id: str, model: ChatModel, error: BaseException, text: str) -> tuple[AgentEvent, ...]:
+    """What ``on_failure="continue"`` answers with: a text reply the model will see."""
+    block = new_id("blk_")
     return (
         ModelCallStart(reply_id=reply_id, model=model.name),
         TextBlockStart(reply_id=reply_id, block_id=block),

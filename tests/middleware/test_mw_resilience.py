@@ -364,3 +364,9 @@ async def test_continue_applies_to_used_up_retries_only_and_retries_count_per_mo
     agent = agent_with(model, RetryMiddleware(1, jitter=False, sleep=sleep))
     assert (await agent.call("hi")).text == "done"  # each model call gets its own retry budget
     assert sleep.delays == [1.0, 1.0]
+
+
+async def test_on_failure_may_be_a_function_giving_the_reply_text() -> None:
+    model = ScriptedModel([ModelStep.error(ServerError("down"))])
+    mw = RetryMiddleware(0, on_failure=lambda e: f"Sorry, the service is down ({type(e).__name__}).")
+    assert (await agent_with(model, mw).call("hi")).text == "Sorry, the service is down (ServerError)."
