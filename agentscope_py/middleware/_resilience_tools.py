@@ -157,8 +157,10 @@ class ToolRetryMiddleware(MiddlewareBase):
         self, call: ToolUseBlock, events: list[Any], held: bool, tries: dict[str, int], input: ActingInput,
         next: Next, text: str | None = None,
     ) -> AsyncIterator[AgentEvent]:
-        """``call``'s result was an error: its retry's events (``events``, the failed attempt's, are
-        dropped), or the failed attempt's and what ``on_failure`` says."""
+        """``call``'s result was an error: run the call again and stream that (the failed attempt's
+        ``events``, held so far, are dropped unseen); or, with the retries used up or ``retry_on``
+        saying no, pass those events on and do what ``on_failure`` says. ``held``: whether
+        ``events`` were held (else the failed result is already out)."""
         if text is None:
             text = "".join(e.delta for e in events if type(e) is ToolResultTextDelta)
         retry = tries.get(call.id, 0)

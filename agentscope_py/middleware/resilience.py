@@ -110,9 +110,11 @@ class RetryMiddleware(MiddlewareBase):
         inner = next(input)
         key = self._reply_key
 
-        def seen(event: Any) -> None:
-            if event.type == "agent_start":
+        def seen(event: Any) -> bool:
+            if event.type == "agent_start" and event.source is None:
                 ctx.put(key, event.reply_id)
+                return True
+            return False  # (hook tracing's MiddlewareStarted can come first)
 
         return EventStream(lambda: _FirstItemTap(inner.__aiter__(), seen))
 
@@ -224,12 +226,13 @@ def _error_reply(reply_id: str, model: ChatModel, error: BaseException, text: st
 
 
 class _FirstItemTap:
-    """Calls ``fn`` on the first item, then forwards the inner iterator's awaitables unchanged
-    (one method call per item, no frame of its own)."""
+    """Calls ``fn`` on the items until it returns True (the first, or one of the first few), then
+    forwards the inner iterator's awaitables unchanged (one method call per item, no frame of its
+    own)."""
 
     __slots__ = ("_fn", "_it", "_seen")
 
-    def __init__(self, it: AsyncIterator[Any], fn: Callable[[Any], None]) -> None:
+    def __init__(self, it: AsyncIterator[Any], fn: Callable[[Any], bool]) -> None:
         self._it = it
         self._fn = fn
         self._seen = False
@@ -244,8 +247,7 @@ class _FirstItemTap:
 
     async def _first(self) -> Any:
         item = await self._it.__anext__()
-        self._seen = True
-        self._fn(item)
+        self._seen = self._fn(item)
         return item
 
     async def aclose(self) -> None:

@@ -370,3 +370,13 @@ async def test_on_failure_may_be_a_function_giving_the_reply_text() -> None:
     model = ScriptedModel([ModelStep.error(ServerError("down"))])
     mw = RetryMiddleware(0, on_failure=lambda e: f"Sorry, the service is down ({type(e).__name__}).")
     assert (await agent_with(model, mw).call("hi")).text == "Sorry, the service is down (ServerError)."
+
+
+async def test_the_error_reply_carries_the_run_reply_id_under_hook_tracing_too() -> None:
+    model = ScriptedModel([ModelStep.error(ServerError("down"))])
+    agent = (ReActAgent.builder().model(model).trace_middleware(True)
+             .middlewares([RetryMiddleware(0, on_failure="continue"), TimeoutMiddleware(run_timeout=30)]).build())
+    events = await agent.stream("hi").to_list()
+    assert events[0].type == "middleware_started" and events[1].type == "middleware_started"  # before AgentStart
+    start = next(e for e in events if e.type == "agent_start")
+    assert [e.reply_id for e in events if e.type == "model_call_start"] == [start.reply_id]
