@@ -380,3 +380,10 @@ async def test_the_error_reply_carries_the_run_reply_id_under_hook_tracing_too()
     assert events[0].type == "middleware_started" and events[1].type == "middleware_started"  # before AgentStart
     start = next(e for e in events if e.type == "agent_start")
     assert [e.reply_id for e in events if e.type == "model_call_start"] == [start.reply_id]
+
+
+def test_fallback_models_may_be_ids_and_unknown_ids_are_refused() -> None:
+    mw = ModelFallbackMiddleware("ollama:qwen3")  # built, not called: no server needed
+    assert [m.name for m in mw.models] == ["qwen3"]
+    with pytest.raises(ValueError, match="unknown model id"):
+        ModelFallbackMiddleware("no-such-provider")
