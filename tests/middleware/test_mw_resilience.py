@@ -341,9 +341,9 @@ async def test_retry_and_fallback_with_hook_tracing_stay_balanced() -> None:
 
 
 async def test_a_mid_stream_timeout_retried_after_the_first_event_stays_balanced() -> None:
-    model = ScriptedModel([ModelStep.text("a b c d", chunks=4, delay=0.05), ModelStep.text("quick")])
+    model = ScriptedModel([ModelStep.text("a b c d", chunks=4, delay=0.1), ModelStep.text("quick")])
     agent = agent_with(model, RetryMiddleware(1, after_first_event=True, sleep=FakeSleep()),
-                       TimeoutMiddleware(model_timeout=0.12))
+                       TimeoutMiddleware(model_timeout=0.25))
     events = await agent.stream("hi").to_list()
     trace = model_trace(events)
     # The cut attempt is closed by the runtime when the retry starts the next one (discarded).
