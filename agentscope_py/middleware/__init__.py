@@ -22,11 +22,15 @@ __all__ = [
     "LoggingMiddleware",
     "MiddlewareBase",
     "ModelCallInput",
+    "ModelFallbackMiddleware",
     "Next",
     "OtelTracingMiddleware",
     "ReasoningInput",
+    "RetryMiddleware",
     "StopOnAllDeniedMiddleware",
     "TaskReminderMiddleware",
+    "TimeoutMiddleware",
+    "ToolRetryMiddleware",
     "UsageAccountingMiddleware",
 ]
 
@@ -38,6 +42,10 @@ _LAZY = {
     "StopOnAllDeniedMiddleware": "tool_policy",
     "LoggingMiddleware": "observe",
     "UsageAccountingMiddleware": "observe",
+    "RetryMiddleware": "resilience",
+    "ToolRetryMiddleware": "resilience",
+    "TimeoutMiddleware": "resilience",
+    "ModelFallbackMiddleware": "resilience",
 }
 
 

@@ -1,0 +1,230 @@
+"""What the resilience built-ins share: validated backoff, error matching, and `Attempts`, the
+async iterator that re-runs a failed model call without costing the happy path anything.
+
+`Attempts` has three ways to treat a failure, the streaming contract of `RetryMiddleware` and
+`ModelFallbackMiddleware`:
+
+* ``"first"`` (the default): only a failure before the attempt's first event starts another one.
+  Until then ``__anext__`` runs a coroutine; after the first event it hands back the inner
+  iterator's own awaitable (one method call per event, no frame of its own), so a call that
+  streams costs nothing more than the layer's iterator;
+* ``"buffer"``: the attempt's events are held until it completes; a failed attempt is dropped
+  whole, so the layers outside never see it (they see its events only once it succeeded);
+* ``"always"``: a failure after events went out starts another attempt too. Those events cannot
+  be taken back: the runtime has closed the failed attempt (its open blocks end, then
+  ``ModelCallEnd(discarded=True)``) before the error reaches this layer, and memory keeps only the
+  attempt that completed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, Literal, TypeAlias
+
+from ..errors import MiddlewareError, MiddlewareTermination, ModelError
+from ..events import AgentEvent, MiddlewareCompleted, MiddlewareStarted
+from ..stream import EventStream, aclose
+
+__all__ = [
+    "Attempts",
+    "Backoff",
+    "ErrorFilter",
+    "Mode",
+    "Sleep",
+    "describe",
+    "matcher",
+    "mode_of",
+    "note_earlier",
+]
+
+Sleep: TypeAlias = Callable[[float], Awaitable[Any]]
+ErrorFilter: TypeAlias = "type[BaseException] | tuple[type[BaseException], ...] | Callable[[BaseException], bool]"
+Mode = Literal["first", "buffer", "always"]
+
+
+def describe(error: BaseException) -> str:
+    """``"Type: message"``, the form of ``ModelCallEnd.error``."""
+    return f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+
+
+def mode_of(buffer: bool, after_first_event: bool) -> Mode:
+    if buffer and after_first_event:
+        raise ValueError("buffer=True already retries any failure unseen; drop after_first_event")
+    return "buffer" if buffer else "always" if after_first_event else "first"
+
+
+def retryable_model_error(error: BaseException) -> bool:
+    """The default of `RetryMiddleware`: a `ModelError` that says trying again may help."""
+    return isinstance(error, ModelError) and error.retryable
+
+
+def any_failure(error: BaseException) -> bool:
+    """The default of `ModelFallbackMiddleware`: any error but a middleware's deliberate stop
+    (a guardrail, a rate limit, a budget) or a broken hook contract: another model cannot help."""
+    return not isinstance(error, MiddlewareTermination | MiddlewareError)
+
+
+def matcher(spec: Any, default: Callable[[BaseException], bool], name: str) -> Callable[[BaseException], bool]:
+    """``spec``: None (the default), an exception type, a tuple of types, or a predicate."""
+    if spec is None:
+        return default
+    if isinstance(spec, type) and issubclass(spec, BaseException):
+        return lambda error: isinstance(error, spec)
+    if isinstance(spec, tuple) and spec and all(isinstance(t, type) and issubclass(t, BaseException) for t in spec):
+        return lambda error: isinstance(error, spec)
+    if callable(spec) and not isinstance(spec, type | tuple):  # (a class that is no exception is not a predicate)
+        return spec  # type: ignore[no-any-return]
+    raise ValueError(f"{name} must be an exception type, a tuple of them, or a predicate; got {spec!r}")
+
+
+class Backoff:
+    """Exponential backoff: the wait before retry ``n`` (0-based) is ``initial_delay *
+    backoff_factor ** n``, at most ``max_delay``, spread by ``±jitter`` (a fraction; ``True`` is
+    ±25 %, LangChain's). A provider's ``retry_after`` hint is a floor (waiting less would fail
+    again); ``max_delay`` caps every wait, the hint included."""
+
+    __slots__ = ("backoff_factor", "initial_delay", "jitter", "max_delay", "max_retries", "rng", "sleep")
+
+    def __init__(
+        self, max_retries: int, initial_delay: float, backoff_factor: float, max_delay: float,
+        jitter: bool | float, sleep: Sleep | None, rng: random.Random | None,
+    ) -> None:
+        if isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0:
+            raise ValueError(f"max_retries must be an int >= 0, got {max_retries!r}")
+        if not initial_delay > 0:
+            raise ValueError(f"initial_delay must be > 0 seconds, got {initial_delay!r}")
+        if not backoff_factor >= 1:
+            raise ValueError(f"backoff_factor must be >= 1 (1 keeps the delay constant), got {backoff_factor!r}")
+        if not max_delay >= initial_delay:
+            raise ValueError(f"max_delay must be >= initial_delay ({initial_delay}), got {max_delay!r}")
+        spread = 0.25 if jitter is True else 0.0 if jitter is False else float(jitter)
+        if not 0 <= spread < 1:
+            raise ValueError(f"jitter must be a bool or a fraction in [0, 1), got {jitter!r}")
+        self.max_retries = max_retries
+        self.initial_delay = float(initial_delay)
+        self.backoff_factor = float(backoff_factor)
+        self.max_delay = float(max_delay)
+        self.jitter = spread
+        self.sleep: Sleep = sleep or asyncio.sleep
+        self.rng = rng or random.Random()
+
+    def delay(self, retry: int, error: BaseException | None = None) -> float:
+        """The wait before retry number ``retry`` (0 for the first retry)."""
+        base = min(self.max_delay, self.initial_delay * self.backoff_factor**retry)
+        if self.jitter:
+            base *= 1 + self.rng.uniform(-self.jitter, self.jitter)
+        hint = getattr(error, "retry_after", None)
+        if isinstance(hint, int | float) and not isinstance(hint, bool) and hint > base:
+            base = float(hint)
+        return min(base, self.max_delay)
+
+
+def note_earlier(error: BaseException, earlier: list[tuple[str, BaseException]]) -> BaseException:
+    """Attach the earlier attempts' errors to the last one, which is re-raised as it is (its type
+    is what callers catch): one ``__notes__`` line each, and the errors themselves, oldest first,
+    in ``error.earlier_errors``."""
+    if earlier:
+        for label, exc in earlier:
+            error.add_note(f"earlier attempt {label} failed: {describe(exc)}")
+        # (an exception class with __slots__ refuses the attribute: the notes still say it)
+        with contextlib.suppress(AttributeError):
+            error.earlier_errors = tuple(exc for _, exc in earlier)  # type: ignore[attr-defined]
+    return error
+
+
+# Hook tracing's brackets (``trace_middleware``) come before an inner layer's first real event; they
+# are balanced on failure too, so they pass without making the attempt "started".
+_BOOKKEEPING = (MiddlewareStarted, MiddlewareCompleted)
+
+Again: TypeAlias = Callable[[BaseException, bool], Awaitable["EventStream[AgentEvent] | None"]]
+"""``again(error, emitted)``: the next attempt's stream (after any wait), or None to give up
+(then the error goes on). ``emitted``: events of the failed attempt went out."""
+
+
+class Attempts:
+    """The events of the first attempt that does not fail (see the module docstring)."""
+
+    __slots__ = ("_again", "_buffer", "_done", "_it", "_live", "_mode")
+
+    def __init__(self, first: EventStream[AgentEvent], again: Again, mode: Mode) -> None:
+        self._it: AsyncIterator[AgentEvent] | None = first.__aiter__()
+        self._again = again
+        self._mode = mode
+        self._live = False  # "first": the first event is out; forward from now on
+        self._buffer: list[AgentEvent] = []
+        self._done = False
+
+    def __aiter__(self) -> Attempts:
+        return self
+
+    def __anext__(self) -> Awaitable[AgentEvent]:
+        if self._live:
+            return self._it.__anext__()  # type: ignore[union-attr]  # the happy path: no frame here
+        if self._mode == "buffer":
+            return self._buffered()
+        if self._mode == "always":
+            return self._guarded()
+        return self._first()
+
+    async def _first(self) -> AgentEvent:
+        while True:
+            it = self._it
+            if it is None:
+                raise StopAsyncIteration
+            try:
+                item = await it.__anext__()
+            except StopAsyncIteration:
+                self._live = True
+                raise
+            except Exception as exc:
+                await self._next_attempt(exc, False)
+                continue
+            if type(item) not in _BOOKKEEPING:
+                self._live = True
+            return item
+
+    async def _guarded(self) -> AgentEvent:
+        while True:
+            it = self._it
+            if it is None:
+                raise StopAsyncIteration
+            try:
+                return await it.__anext__()
+            except StopAsyncIteration:
+                self._it = None
+                raise
+            except Exception as exc:
+                await self._next_attempt(exc, True)
+
+    async def _buffered(self) -> AgentEvent:
+        while not self._buffer:
+            if self._done or self._it is None:
+                raise StopAsyncIteration
+            items: list[AgentEvent] = []
+            try:
+                async for item in self._it:
+                    items.append(item)
+            except Exception as exc:
+                await self._next_attempt(exc, False)  # its events were never seen: drop them
+                continue
+            self._done = True
+            items.reverse()  # popped from the end
+            self._buffer = items
+        return self._buffer.pop()
+
+    async def _next_attempt(self, error: Exception, emitted: bool) -> None:
+        it, self._it = self._it, None
+        await aclose(it)
+        stream = await self._again(error, emitted)
+        if stream is None:
+            raise error
+        self._it = stream.__aiter__()
+
+    async def aclose(self) -> None:
+        self._live = False  # (a read after closing ends at once, in _first)
+        it, self._it = self._it, None
+        if it is not None:
+            await aclose(it)

@@ -1,0 +1,259 @@
+"""Resilience built-ins: retry, timeouts and model fallback, streaming-safe by contract.
+
+* `RetryMiddleware` (``on_model_call``) runs a failed model call again, with exponential backoff
+  that honours the provider's ``retry_after``;
+* `ToolRetryMiddleware` (``on_acting``) runs a failed tool call again (that call only);
+* `TimeoutMiddleware` bounds a model call (time to first event and total time, separately), each
+  tool call, and the whole run;
+* `ModelFallbackMiddleware` tries other models in turn when one fails.
+
+Streaming contract (DESIGN §4: events already emitted cannot be taken back). By default a failure
+is retried (or failed over) only when it happens before the attempt's first event, so the layers
+outside never see a failed attempt. ``buffer=True`` holds each attempt's events until it
+completes, so any failure is retried unseen (at the price of streaming: the events come at once).
+``after_first_event=True`` retries a failure after events went out too: the runtime has closed
+the failed attempt by then (its blocks end, then ``ModelCallEnd(discarded=True)``), so the stream
+stays balanced and a UI can strike the attempt out; memory keeps only the attempt that completed.
+
+Installed but not triggered, retry and fallback cost one method call per event (see
+`_resilience_common.Attempts`).
+"""
+
+from __future__ import annotations
+
+import inspect
+import random
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Literal
+
+from ..errors import ModelError
+from ..events import AgentEvent, ModelCallEnd, ModelCallStart, TextBlockDelta, TextBlockEnd, TextBlockStart
+from ..message import new_id
+from ..model.base import ChatModel
+from ..stream import EventStream, aclose
+from ._resilience_common import (
+    Attempts,
+    Backoff,
+    ErrorFilter,
+    Sleep,
+    any_failure,
+    describe,
+    matcher,
+    mode_of,
+    note_earlier,
+    retryable_model_error,
+)
+from ._resilience_timeout import TimeoutMiddleware
+from ._resilience_tools import ToolRetryMiddleware
+from .base import AgentInput, ExtensionPoint, MiddlewareBase, ModelCallInput, Next
+
+if TYPE_CHECKING:
+    from ..agent.context import RuntimeContext
+    from ..agent.react import ReActAgent
+
+__all__ = ["ModelFallbackMiddleware", "RetryMiddleware", "TimeoutMiddleware", "ToolRetryMiddleware"]
+
+OnRetry = Callable[[int, BaseException, float], Any]
+"""``on_retry(retry, error, delay)``: retry number ``retry`` (1-based) starts after ``delay`` s."""
+FailoverListener = Callable[[ChatModel, BaseException, ChatModel], Any]
+"""``listener(failed_model, error, next_model)``, the builder's ``failover_listener`` shape; may
+be ``async``."""
+
+
+class RetryMiddleware(MiddlewareBase):
+    """Runs a failed model call again, at most ``max_retries`` times.
+
+    ``retry_on``: an exception type, a tuple of types, or a predicate; by default a `ModelError`
+    whose ``retryable`` is true (rate limits, 5xx, timeouts, connection errors). Waits:
+    ``initial_delay * backoff_factor ** n`` seconds before retry ``n`` (0-based), at most
+    ``max_delay``, spread by ``±jitter`` (``True`` = ±25 %), never less than the error's
+    ``retry_after``. ``on_failure`` when the retries are used up: ``"raise"`` (the last error,
+    with the earlier ones in ``__notes__`` and ``earlier_errors``), ``"continue"`` (the model
+    call answers with a text reply saying what failed: the run goes on and the model sees it in
+    memory next round; ``ModelCallEnd.error`` says why), or a function ``fn(error) -> str``
+    (continue, with that text as the reply). Errors ``retry_on`` does not match go on
+    at once. ``buffer`` / ``after_first_event``: the streaming contract (module docstring).
+    ``sleep`` and ``rng`` are injectable for tests."""
+
+    def __init__(
+        self,
+        max_retries: int = 2,
+        *,
+        retry_on: ErrorFilter | None = None,
+        on_failure: Literal["raise", "continue"] | Callable[[BaseException], str] = "raise",
+        initial_delay: float = 1.0,
+        backoff_factor: float = 2.0,
+        max_delay: float = 60.0,
+        jitter: bool | float = True,
+        buffer: bool = False,
+        after_first_event: bool = False,
+        on_retry: OnRetry | None = None,
+        sleep: Sleep | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        if not callable(on_failure) and on_failure not in ("raise", "continue"):
+            raise ValueError(f"on_failure must be 'raise', 'continue' or a function, got {on_failure!r}")
+        self.backoff = Backoff(max_retries, initial_delay, backoff_factor, max_delay, jitter, sleep, rng)
+        self.max_retries = max_retries
+        self.on_failure = on_failure
+        self.mode = mode_of(buffer, after_first_event)
+        self._retry_on = matcher(retry_on, retryable_model_error, "retry_on")
+        self._on_retry = on_retry
+        self._reply_key = object()  # where on_agent leaves the run's reply id in ctx
+
+    def active_points(self) -> frozenset[ExtensionPoint]:
+        if self.on_failure != "raise":  # the error reply needs the run's reply id (AgentStart's)
+            return frozenset({ExtensionPoint.ON_MODEL_CALL, ExtensionPoint.ON_AGENT})
+        return frozenset({ExtensionPoint.ON_MODEL_CALL})
+
+    def on_agent(self, agent: ReActAgent, ctx: RuntimeContext, input: AgentInput, next: Next) -> Any:
+        inner = next(input)
+        key = self._reply_key
+
+        def seen(event: Any) -> bool:
+            if event.type == "agent_start" and event.source is None:
+                ctx.put(key, event.reply_id)
+                return True
+            return False  # (hook tracing's MiddlewareStarted can come first)
+
+        return EventStream(lambda: _FirstItemTap(inner.__aiter__(), seen))
+
+    def on_model_call(self, agent: ReActAgent, ctx: RuntimeContext, input: ModelCallInput, next: Next) -> Any:
+        first = next(input)
+
+        def attempts() -> Attempts:
+            # Per subscription: a re-run of this stream counts its retries afresh.
+            earlier: list[tuple[str, BaseException]] = []
+
+            async def again(error: BaseException, emitted: bool) -> EventStream[AgentEvent] | None:
+                if not self._retry_on(error):
+                    note_earlier(error, earlier)
+                    return None
+                retry = len(earlier)
+                if retry >= self.max_retries:
+                    note_earlier(error, earlier)
+                    if self.on_failure != "raise":
+                        reply_id = ctx.get(self._reply_key) or new_id("reply_")
+                        text = (self.on_failure(error) if callable(self.on_failure)
+                                else _failure_text(error, retry + 1))
+                        return EventStream.of(*_error_reply(reply_id, input.model, error, text))
+                    return None
+                delay = self.backoff.delay(retry, error)
+                earlier.append((f"{retry + 1} ({input.model.name})", error))
+                if self._on_retry is not None:
+                    await _maybe_await(self._on_retry(retry + 1, error, delay))
+                await self.backoff.sleep(delay)
+                return next(input)
+
+            return Attempts(first, again, self.mode)
+
+        return EventStream(attempts)
+
+
+class ModelFallbackMiddleware(MiddlewareBase):
+    """Tries ``models`` in turn when the model call fails: the agent's model first, then each of
+    these (a `ChatModel`, or an id such as ``"openai:gpt-4o-mini"``).
+
+    ``fallback_on``: an exception type, a tuple, or a predicate; by default every error except a
+    middleware's deliberate stop (`MiddlewareTermination`: a guardrail, a rate limit, a budget)
+    and a broken hook contract. ``ModelCallStart.model`` says which model served each attempt.
+    ``on_failover(failed, error, next_model)`` is called (and awaited if async) before each
+    switch. When the last model fails too, its error is re-raised as it is (``except
+    RateLimitError`` still works), with the earlier models' errors attached: one ``__notes__``
+    line each, and the errors, oldest first, in ``error.earlier_errors``. ``buffer`` /
+    ``after_first_event``: the streaming contract (module docstring)."""
+
+    def __init__(
+        self,
+        *models: ChatModel | str,
+        fallback_on: ErrorFilter | None = None,
+        on_failover: FailoverListener | None = None,
+        buffer: bool = False,
+        after_first_event: bool = False,
+    ) -> None:
+        if not models:
+            raise ValueError("ModelFallbackMiddleware needs at least one model to fall back to")
+        from ..model.registry import resolve_model
+
+        self.models: tuple[ChatModel, ...] = tuple(resolve_model(m) if isinstance(m, str) else m for m in models)
+        self.mode = mode_of(buffer, after_first_event)
+        self._fallback_on = matcher(fallback_on, any_failure, "fallback_on")
+        self._on_failover = on_failover
+
+    def active_points(self) -> frozenset[ExtensionPoint]:
+        return frozenset({ExtensionPoint.ON_MODEL_CALL})
+
+    def on_model_call(self, agent: ReActAgent, ctx: RuntimeContext, input: ModelCallInput, next: Next) -> Any:
+        first = next(input)
+        chain = (input.model, *self.models)
+
+        def attempts() -> Attempts:
+            earlier: list[tuple[str, BaseException]] = []
+
+            async def again(error: BaseException, emitted: bool) -> EventStream[AgentEvent] | None:
+                i = len(earlier)
+                if not self._fallback_on(error) or i + 1 >= len(chain):
+                    note_earlier(error, earlier)
+                    return None
+                failed, following = chain[i], chain[i + 1]
+                earlier.append((f"{i + 1} ({failed.name})", error))
+                if self._on_failover is not None:
+                    await _maybe_await(self._on_failover(failed, error, following))
+                return next(input.replace(model=following))
+
+            return Attempts(first, again, self.mode)
+
+        return EventStream(attempts)
+
+
+def _failure_text(error: BaseException, attempts: int) -> str:
+    text = f"The model call failed after {attempts} attempt(s): {describe(error)}"
+    if isinstance(error, ModelError) and error.retry_after:
+        text += f" (retry after {error.retry_after} s)"
+    return text
+
+
+def _error_reply(reply_id: str, model: ChatModel, error: BaseException, text: str) -> tuple[AgentEvent, ...]:
+    """What ``on_failure="continue"`` answers with: a text reply the model will see."""
+    block = new_id("blk_")
+    return (
+        ModelCallStart(reply_id=reply_id, model=model.name),
+        TextBlockStart(reply_id=reply_id, block_id=block),
+        TextBlockDelta(reply_id=reply_id, block_id=block, delta=text),
+        TextBlockEnd(reply_id=reply_id, block_id=block),
+        ModelCallEnd(reply_id=reply_id, error=describe(error), finish_reason="error"),
+    )
+
+
+class _FirstItemTap:
+    """Calls ``fn`` on the items until it returns True (the first, or one of the first few), then
+    forwards the inner iterator's awaitables unchanged (one method call per item, no frame of its
+    own)."""
+
+    __slots__ = ("_fn", "_it", "_seen")
+
+    def __init__(self, it: AsyncIterator[Any], fn: Callable[[Any], bool]) -> None:
+        self._it = it
+        self._fn = fn
+        self._seen = False
+
+    def __aiter__(self) -> _FirstItemTap:
+        return self
+
+    def __anext__(self) -> Awaitable[Any]:
+        if self._seen:
+            return self._it.__anext__()
+        return self._first()
+
+    async def _first(self) -> Any:
+        item = await self._it.__anext__()
+        self._seen = self._fn(item)
+        return item
+
+    async def aclose(self) -> None:
+        await aclose(self._it)
+
+
+async def _maybe_await(value: Any) -> None:
+    if inspect.isawaitable(value):
+        await value

@@ -1,0 +1,48 @@
+"""Helpers of the resilience tests: balance, a fake sleep, model-call traces."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from agentscope_py import ReActAgent, Toolkit
+
+
+def balance(events: list[Any]) -> Counter[str]:
+    """Start minus End per bracket kind: empty when every Start has its End."""
+    count: Counter[str] = Counter()
+    for e in events:
+        for kind in ("text_block", "thinking_block", "data_block", "tool_call", "tool_result", "model_call"):
+            if e.type == f"{kind}_start":
+                count[kind] += 1
+            elif e.type == f"{kind}_end":
+                count[kind] -= 1
+    return +count + -count
+
+
+class FakeSleep:
+    """Records the waits instead of waiting."""
+
+    def __init__(self) -> None:
+        self.delays: list[float] = []
+
+    async def __call__(self, delay: float) -> None:
+        self.delays.append(delay)
+
+
+def model_trace(events: list[Any]) -> list[Any]:
+    """The model-call brackets, with the model name, discarded and error."""
+    out: list[Any] = []
+    for e in events:
+        if e.type == "model_call_start":
+            out.append(("start", e.model))
+        elif e.type == "model_call_end":
+            out.append(("end", e.discarded, e.error))
+    return out
+
+
+def agent_with(model: Any, *mws: Any, toolkit: Toolkit | None = None) -> ReActAgent:
+    b = ReActAgent.builder().model(model).middlewares(list(mws))
+    if toolkit is not None:
+        b = b.toolkit(toolkit)
+    return b.build()

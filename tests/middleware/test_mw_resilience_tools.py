@@ -1,0 +1,267 @@
+"""The resilience built-ins, part 2: TimeoutMiddleware (model calls, tool calls, runs; the
+request closed) and ToolRetryMiddleware (that call only; the streaming choices), with balance."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import pytest
+from conftest import types
+from resilience_helpers import FakeSleep, agent_with, balance, model_trace
+
+from agentscope_py import ModelStep, ScriptedModel, Toolkit, tool
+from agentscope_py.errors import MiddlewareTermination, ModelTimeoutError
+from agentscope_py.message import ToolResultState
+from agentscope_py.middleware import ExtensionPoint, RetryMiddleware, TimeoutMiddleware, ToolRetryMiddleware
+
+pytestmark = pytest.mark.timeout(60)
+P = ExtensionPoint
+
+
+# -- TimeoutMiddleware ---------------------------------------------------------------------------
+
+
+async def test_time_to_first_event_times_out_and_closes_the_model_stream() -> None:
+    model = ScriptedModel([ModelStep.text("late", delay=5.0)])
+    agent = agent_with(model, TimeoutMiddleware(first_event_timeout=0.05))
+    started = time.perf_counter()
+    with pytest.raises(ModelTimeoutError, match=r"sent nothing within 0\.05 s"):
+        await agent.call("hi")
+    assert time.perf_counter() - started < 2.0
+    assert model.closed_streams == 1  # the provider's stream (its connection) was closed
+
+
+async def test_total_model_time_times_out_mid_stream_and_the_trace_stays_balanced() -> None:
+    model = ScriptedModel([ModelStep.text("a b c d e f", chunks=6, delay=0.1)])
+    agent = agent_with(model, TimeoutMiddleware(first_event_timeout=1.0, model_timeout=0.35))
+    events: list[Any] = []
+    with pytest.raises(ModelTimeoutError, match=r"did not finish within 0\.35 s"):
+        async for e in agent.stream("hi"):
+            events.append(e)
+    deltas = [e for e in events if e.type == "text_block_delta"]
+    assert 1 <= len(deltas) < 6
+    assert not balance(events)
+    assert model_trace(events)[-1][1] is True  # the cut attempt is discarded
+    assert model.closed_streams == 1
+
+
+async def test_a_call_inside_its_deadlines_passes_unchanged() -> None:
+    model = ScriptedModel([ModelStep.text("quick", chunks=2, delay=0.01)])
+    mw = TimeoutMiddleware(first_event_timeout=1.0, model_timeout=2.0)
+    assert mw.active_points() == frozenset({P.ON_MODEL_CALL})
+    assert (await agent_with(model, mw).call("hi")).text == "quick"
+
+
+async def test_a_timeout_is_retried_by_a_retry_outside_it() -> None:
+    model = ScriptedModel([ModelStep.text("late", delay=5.0), ModelStep.text("on time")])
+    sleep = FakeSleep()
+    agent = agent_with(model, RetryMiddleware(1, sleep=sleep), TimeoutMiddleware(first_event_timeout=0.05))
+    events = await agent.stream("hi").to_list()
+    assert events[-2].result.text == "on time"
+    assert model_trace(events) == [("start", "scripted"), ("end", False, None)]
+    assert len(sleep.delays) == 1 and model.closed_streams == 2
+
+
+async def test_a_slow_tool_gets_an_error_result_and_the_rest_of_the_batch_runs() -> None:
+    ran: list[str] = []
+
+    @tool(concurrency_safe=False)
+    async def slow(x: str) -> str:
+        """Slow."""
+        ran.append(f"slow:{x}")
+        await asyncio.sleep(5)
+        return "never"
+
+    @tool(concurrency_safe=False)
+    async def fast(x: str) -> str:
+        """Fast."""
+        ran.append(f"fast:{x}")
+        return f"fast {x}"
+
+    toolkit = Toolkit()
+    toolkit.register(slow)
+    toolkit.register(fast)
+    model = ScriptedModel([ModelStep.tool_calls_of(("slow", {"x": "1"}), ("fast", {"x": "2"})), ModelStep.text("done")])
+    mw = TimeoutMiddleware(tool_timeout=0.05)
+    assert mw.active_points() == frozenset({P.ON_ACTING})
+    events = await agent_with(model, mw, toolkit=toolkit).stream("hi").to_list()
+    ends = [(e.tool_name, e.state) for e in events if e.type == "tool_result_end"]
+    assert ends == [("slow", ToolResultState.ERROR), ("fast", ToolResultState.SUCCESS)]
+    assert ran == ["slow:1", "fast:2"]
+    results = {b.name: b.output for m in model.requests[1].messages if m.role == "tool" for b in m.content}
+    assert results == {"slow": "Error: slow timed out after 0.05 s (TimeoutMiddleware).", "fast": "fast 2"}
+    assert not balance(events)
+
+
+async def test_a_run_timeout_fails_the_run_with_a_balanced_stream() -> None:
+    model = ScriptedModel([ModelStep.text("slow reply", chunks=5, delay=0.1)])
+    agent = agent_with(model, TimeoutMiddleware(run_timeout=0.15))
+    assert agent.middlewares_at(P.ON_AGENT) and not agent.middlewares_at(P.ON_MODEL_CALL)
+    events: list[Any] = []
+    with pytest.raises(MiddlewareTermination, match=r"within 0\.15 s"):
+        async for e in agent.stream("hi"):
+            events.append(e)
+    assert events[0].type == "agent_start"
+    assert not balance(events)
+    assert model.closed_streams == 1
+
+
+def test_bad_timeouts_are_refused_at_construction() -> None:
+    for kwargs in ({}, {"model_timeout": 0}, {"first_event_timeout": -1}, {"tool_timeout": "5"},
+                   {"run_timeout": True}):
+        with pytest.raises(ValueError):
+            TimeoutMiddleware(**kwargs)  # type: ignore[arg-type]
+
+
+# -- ToolRetryMiddleware -------------------------------------------------------------------------
+
+
+def flaky_toolkit(failures: int, log: list[str]) -> Toolkit:
+    @tool
+    async def flaky(x: str) -> str:
+        """Fails ``failures`` times."""
+        log.append(x)
+        tries = sum(1 for entry in log if not entry.startswith("steady"))
+        if tries <= failures:
+            raise ConnectionError(f"try {tries}")
+        return f"ok {x}"
+
+    @tool
+    async def steady(x: str) -> str:
+        """Never fails."""
+        log.append(f"steady {x}")
+        return f"steady {x}"
+
+    toolkit = Toolkit()
+    toolkit.register(flaky)
+    toolkit.register(steady)
+    return toolkit
+
+
+async def test_a_failed_tool_call_is_retried_alone_and_unseen() -> None:
+    log: list[str] = []
+    sleep = FakeSleep()
+    model = ScriptedModel([ModelStep.tool_calls_of(("flaky", {"x": "a"})), ModelStep.text("done")])
+    agent = agent_with(model, ToolRetryMiddleware(3, jitter=False, sleep=sleep), toolkit=flaky_toolkit(2, log))
+    events = await agent.stream("hi").to_list()
+    results = [e for e in events if e.type.startswith("tool_result")]
+    assert types(results) == ["tool_result_start", "tool_result_text_delta", "tool_result_end"]
+    assert results[-1].state is ToolResultState.SUCCESS
+    assert log == ["a", "a", "a"] and sleep.delays == [1.0, 2.0]
+    assert model.requests[1].messages[-1].content[0].output == "ok a"
+
+
+async def test_tool_retry_runs_only_the_failed_call_of_a_batch() -> None:
+    log: list[str] = []
+    model = ScriptedModel([ModelStep.tool_calls_of(("steady", {"x": "s"}), ("flaky", {"x": "f"})),
+                           ModelStep.text("done")])
+    agent = agent_with(model, ToolRetryMiddleware(2, sleep=FakeSleep()), toolkit=flaky_toolkit(1, log))
+    events = await agent.stream("hi").to_list()
+    assert sorted(log) == sorted(["steady s", "f", "f"])  # steady ran once
+    ends = [(e.tool_name, e.state) for e in events if e.type == "tool_result_end"]
+    assert ends == [("steady", ToolResultState.SUCCESS), ("flaky", ToolResultState.SUCCESS)]
+    assert not balance(events)
+
+
+async def test_exhausted_tool_retries_continue_with_the_error_result_or_raise() -> None:
+    log: list[str] = []
+    model = ScriptedModel([ModelStep.tool_calls_of(("flaky", {"x": "a"})), ModelStep.text("done")])
+    agent = agent_with(model, ToolRetryMiddleware(1, sleep=FakeSleep()), toolkit=flaky_toolkit(9, log))
+    events = await agent.stream("hi").to_list()
+    ends = [e.state for e in events if e.type == "tool_result_end"]
+    assert ends == [ToolResultState.ERROR] and log == ["a", "a"]
+    assert model.requests[1].messages[-1].content[0].output == "Error: ConnectionError: try 2"
+
+    log.clear()
+    model = ScriptedModel([ModelStep.tool_calls_of(("flaky", {"x": "a"})), ModelStep.text("never")])
+    agent = agent_with(model, ToolRetryMiddleware(1, on_failure="raise", sleep=FakeSleep()),
+                       toolkit=flaky_toolkit(9, log))
+    events = []
+    with pytest.raises(MiddlewareTermination, match=r"flaky .* failed after 2 attempt"):
+        async for e in agent.stream("hi"):
+            events.append(e)
+    assert [e.state for e in events if e.type == "tool_result_end"] == [ToolResultState.ERROR]
+    assert not balance(events)
+
+
+async def test_tool_retry_filters_by_tool_name_and_by_result_text() -> None:
+    log: list[str] = []
+    model = ScriptedModel([ModelStep.tool_calls_of(("flaky", {"x": "a"})), ModelStep.text("done")])
+    agent = agent_with(model, ToolRetryMiddleware(2, tools=["steady"], sleep=FakeSleep()),
+                       toolkit=flaky_toolkit(1, log))
+    await agent.call("hi")
+    assert log == ["a"]  # flaky is not in tools=
+    log.clear()
+    model = ScriptedModel([ModelStep.tool_calls_of(("flaky", {"x": "a"})), ModelStep.text("done")])
+    agent = agent_with(model, ToolRetryMiddleware(2, retry_on=lambda text: "Permission" in text, sleep=FakeSleep()),
+                       toolkit=flaky_toolkit(1, log))
+    await agent.call("hi")
+    assert log == ["a"]  # the error text does not match
+
+
+async def test_a_streaming_tool_that_fails_after_output_is_retried_only_when_asked() -> None:
+    runs: list[int] = []
+
+    @tool
+    async def feed(n: int) -> Any:
+        """Streams, then fails on the first run."""
+        runs.append(n)
+        yield "part one, "
+        yield "part two, "
+        if len(runs) == 1:
+            raise ConnectionError("dropped")
+        yield "part three"
+
+    for mode, expected_runs, expected_ends in (
+        ({}, 1, [ToolResultState.ERROR]),
+        ({"after_first_event": True}, 2, [ToolResultState.ERROR, ToolResultState.SUCCESS]),
+        ({"buffer": True}, 2, [ToolResultState.SUCCESS]),
+    ):
+        runs.clear()
+        toolkit = Toolkit()
+        toolkit.register(feed)
+        model = ScriptedModel([ModelStep.tool_call("feed", {"n": 1}, id="c1"), ModelStep.text("done")])
+        agent = agent_with(model, ToolRetryMiddleware(2, sleep=FakeSleep(), **mode), toolkit=toolkit)
+        events = await agent.stream("hi").to_list()
+        assert len(runs) == expected_runs, mode
+        assert [e.state for e in events if e.type == "tool_result_end"] == expected_ends, mode
+        assert not balance(events), mode
+        if expected_runs == 2:
+            assert model.requests[1].messages[-1].content[0].output == "part one, part two, part three"
+
+
+async def test_a_deadline_passed_while_the_consumer_was_busy_fails_the_next_read() -> None:
+    model = ScriptedModel([ModelStep.text("a b c", chunks=3)])
+    agent = agent_with(model, TimeoutMiddleware(model_timeout=0.2))
+    events: list[Any] = []
+    with pytest.raises(ModelTimeoutError):
+        async for e in agent.stream("hi"):
+            events.append(e)
+            if e.type == "text_block_delta":
+                await asyncio.sleep(0.4)  # a slow consumer: the model is done, the deadline passes
+    assert len([e for e in events if e.type == "text_block_delta"]) == 1
+    assert not balance(events)
+
+
+async def test_a_timed_out_tool_is_retried_by_a_tool_retry_outside_it() -> None:
+    runs: list[int] = []
+
+    @tool
+    async def sometimes_slow(n: int) -> str:
+        """Slow the first time."""
+        runs.append(n)
+        if len(runs) == 1:
+            await asyncio.sleep(5)
+        return "fast now"
+
+    toolkit = Toolkit()
+    toolkit.register(sometimes_slow)
+    model = ScriptedModel([ModelStep.tool_call("sometimes_slow", {"n": 1}), ModelStep.text("done")])
+    agent = agent_with(model, ToolRetryMiddleware(1, sleep=FakeSleep()), TimeoutMiddleware(tool_timeout=0.05),
+                       toolkit=toolkit)
+    events = await agent.stream("hi").to_list()
+    assert runs == [1, 1]
+    assert [e.state for e in events if e.type == "tool_result_end"] == [ToolResultState.SUCCESS]
+    assert model.requests[1].messages[-1].content[0].output == "fast now"
