@@ -17,16 +17,23 @@ __all__ = [
     "ActingInput",
     "AgentInput",
     "AgentRun",
+    "CallLimitExceeded",
+    "ConcurrencyLimitMiddleware",
     "ExtensionPoint",
     "FinalAnswerFilterMiddleware",
+    "InMemoryBucketStore",
     "LoggingMiddleware",
     "MiddlewareBase",
     "ModelCallInput",
+    "ModelCallLimitMiddleware",
     "Next",
     "OtelTracingMiddleware",
+    "RateLimitMiddleware",
     "ReasoningInput",
+    "RedisBucketStore",
     "StopOnAllDeniedMiddleware",
     "TaskReminderMiddleware",
+    "ToolCallLimitMiddleware",
     "UsageAccountingMiddleware",
 ]
 
@@ -38,6 +45,14 @@ _LAZY = {
     "StopOnAllDeniedMiddleware": "tool_policy",
     "LoggingMiddleware": "observe",
     "UsageAccountingMiddleware": "observe",
+    # limits and rate limits (issue #17)
+    "CallLimitExceeded": "limits",
+    "ConcurrencyLimitMiddleware": "limits",
+    "ModelCallLimitMiddleware": "limits",
+    "ToolCallLimitMiddleware": "limits",
+    "RateLimitMiddleware": "rate_limit",
+    "InMemoryBucketStore": "rate_limit",
+    "RedisBucketStore": "rate_limit",
 }
 
 
