@@ -160,8 +160,10 @@ class ConcurrencyLimitMiddleware(MiddlewareBase):
         self._forget(key, slots)
 
     def _forget(self, key: Hashable, slots: _Slots) -> None:
-        if slots.free == self.limit and not slots.waiters:
-            del self._slots[key]  # idle: per-session keys do not pile up
+        # Idle: per-session keys do not pile up. (A waiter cancelled late may hold an entry that
+        # was already dropped.)
+        if slots.free == self.limit and not slots.waiters and self._slots.get(key) is slots:
+            del self._slots[key]
 
 
 # -- call limits ---------------------------------------------------------------------------------

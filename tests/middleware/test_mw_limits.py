@@ -258,17 +258,21 @@ async def _settle() -> None:
 
 async def test_concurrency_limit_runs_at_most_n_and_serves_waiters_in_order() -> None:
     limit, gate = ConcurrencyLimitMiddleware(1), Gate()
-    model = ScriptedModel([ModelStep(respond=lambda r: ModelStep.text(r.messages[-1].text)) for _ in range(3)])
+    model = ScriptedModel([ModelStep(respond=lambda r: ModelStep.text(r.messages[-1].text)) for _ in range(4)])
     agent = build(model, limit, gate)
     tasks = [asyncio.create_task(agent.call(t, ctx=RuntimeContext(session_id=t))) for t in ("a", "b", "c")]
-    order = []
-    for _ in range(3):
+    for i in range(3):
         release = await asyncio.wait_for(gate.entered.get(), 5)
         await _settle()
         assert limit.in_flight() == 1 and gate.entered.empty()  # nobody else got in
-        order.append(len(order))
+        assert limit.waiting() == (2, 2, 1)[i]
+        if i == 0:  # a newcomer while b and c wait queues behind them (no barging)
+            tasks.append(asyncio.create_task(agent.call("d", ctx=RuntimeContext(session_id="d"))))
+            await _settle()
         release.set()
-    assert [(await t).text for t in tasks] == ["a", "b", "c"]  # first come, first served
+    (await asyncio.wait_for(gate.entered.get(), 5)).set()
+    assert [(await t).text for t in tasks] == ["a", "b", "c", "d"]
+    assert [r.messages[-1].text for r in model.requests] == ["a", "b", "c", "d"]  # first come, first served
     assert limit.in_flight() == 0 and limit._slots == {}
 
 
@@ -291,6 +295,22 @@ async def test_a_cancelled_waiter_never_takes_a_slot() -> None:
     release_c.set()
     assert [(await first).text, (await third).text] == ["a", "c"]
     assert [r.messages[-1].text for r in model.requests] == ["a", "c"]
+    assert limit._slots == {}
+
+
+async def test_a_waiter_handed_a_slot_as_it_is_cancelled_passes_it_on() -> None:
+    limit, key = ConcurrencyLimitMiddleware(1), (P.ON_MODEL_CALL, "*")
+    await limit._acquire(key)
+    b, c, d = (asyncio.create_task(limit._acquire(key)) for _ in range(3))
+    await _settle()
+    limit._release(key)  # the slot is handed to b ...
+    b.cancel()  # ... which is cancelled before it resumes; c is cancelled while waiting
+    c.cancel()
+    results = await asyncio.gather(b, c, return_exceptions=True)
+    assert all(isinstance(r, asyncio.CancelledError) for r in results)
+    await asyncio.wait_for(d, 5)  # the slot reached d
+    assert limit.in_flight() == 1 and limit.waiting() == 0
+    limit._release(key)
     assert limit._slots == {}
 
 
