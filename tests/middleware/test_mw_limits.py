@@ -214,6 +214,15 @@ async def test_tool_limit_error_runs_nothing_and_leaves_the_session_usable() -> 
     assert (await agent.call("again")).text == "later"
 
 
+async def test_a_batch_entirely_over_the_limit_runs_no_tool_and_goes_on() -> None:
+    model = ScriptedModel([batch("add"), batch("add", "search"), ModelStep.text("ok")])
+    agent = build(model, ToolCallLimitMiddleware(run_limit=1))
+    events = await agent.stream("go").to_list()
+    assert calls_made == ["add"]
+    assert [b.state.value for b in model.requests[2].messages[-1].content] == ["error", "error"]
+    assert events[-2].result.text == "ok" and balance(events) == Counter()
+
+
 async def test_tool_session_limit_counts_across_runs() -> None:
     store = InMemoryStateStore()
     model = ScriptedModel([batch("add"), ModelStep.text("a"), batch("add", "add"), ModelStep.text("b")])
@@ -232,6 +241,7 @@ async def test_a_batch_within_the_limit_passes_through_untouched() -> None:
 
     call = ToolUseBlock(id="x", name="add", input={})
     assert mw._act(RuntimeContext(), ActingInput(tool_calls=[call]), lambda i: inner) is inner
+    assert ModelCallLimitMiddleware(run_limit=5)._admit(RuntimeContext(), inner) is inner
 
 
 # -- ConcurrencyLimitMiddleware -------------------------------------------------------------------
