@@ -6,6 +6,7 @@ RateLimitMiddleware (a token bucket per key), together on one agent.
 """
 
 import asyncio
+import time
 
 from agentscope_py import ModelStep, ReActAgent, RuntimeContext, ScriptedModel, ToolUseBlock, tool
 from agentscope_py.errors import RateLimitExceeded
@@ -57,6 +58,17 @@ async def main() -> None:
           f"(retry after {refused[0].retry_after:.2f} s), model calls: {len(model.requests)}")
     assert [r.state.value for r in results] == ["success", "success", "error"]
     assert len(model.requests) == 2 and len(refused) == 1
+
+    # 4. Waiting instead: 10 model calls per second, no burst. A token bucket bounds the rate of
+    #    admissions (4 calls take at least 0.3 s), not the gap between any two calls a busy loop sees.
+    model = ScriptedModel([searches(1)] * 3 + [ModelStep.text("done")])
+    agent = (ReActAgent.builder().model(model).tools(search)
+             .middleware(RateLimitMiddleware(rate=10, burst=1)).build())
+    started = time.monotonic()
+    await agent.call("four calls")
+    took = time.monotonic() - started
+    print(f"4 model calls at 10/s took >= 0.3 s: {took >= 0.3}")
+    assert took >= 0.3
 
 
 asyncio.run(main())
