@@ -47,8 +47,9 @@ async def main() -> None:
     reason = events[-2].result.generate_reason.value
     print(f"model calls: {len(model.requests)}; stopped: {stop.reason}; reason: {reason}")
 
-    # 3. At most 2 model calls in flight, 20 per second per user; a refused call never reaches the model.
-    limits = [ConcurrencyLimitMiddleware(2), RateLimitMiddleware(rate=20, burst=2, key="user", on_limit="reject")]
+    # 3. At most 2 model calls in flight; per user 1 per second, bursts of 2; a refused call never
+    #    reaches the model.
+    limits = [ConcurrencyLimitMiddleware(2), RateLimitMiddleware(rate=1, burst=2, key="user", on_limit="reject")]
     model = ScriptedModel([ModelStep.text("ok", delay=0.01) for _ in range(3)])
     agent = ReActAgent.builder().model(model).middlewares(limits).build()
     runs = [agent.call("hi", ctx=RuntimeContext(user_id="ada", session_id=f"s{i}")) for i in range(3)]
