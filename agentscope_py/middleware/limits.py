@@ -1,0 +1,352 @@
+"""Call limits and concurrency limits.
+
+* `ConcurrencyLimitMiddleware(limit)`: at most ``limit`` model calls (``points=`` for tool passes
+  or runs) in flight per key; the others wait, first come first served. A waiter that is
+  cancelled never takes a slot; a slot is given back when its stream completes, fails or is
+  closed early (``max_wait``: a waiter that waits longer fails with `RateLimitExceeded`).
+* `ModelCallLimitMiddleware` / `ToolCallLimitMiddleware` (LangChain v1's, with its parameter
+  names): ``run_limit`` calls per execution, ``session_limit`` (alias ``thread_limit``) per session,
+  counted in ``AgentState.metadata["call_limits"]`` so the count survives restarts with a store.
+  ``exit_behavior``: ``"end"`` (a `RequestStop`; the run ends with MIDDLEWARE_STOP_REQUESTED and
+  the model never sees the reason), ``"error"`` (`CallLimitExceeded`, a `MiddlewareTermination`)
+  or, for tools, ``"continue"`` (only the calls over the limit get an error result the model
+  sees; the run goes on).
+
+A call counts when it starts (its stream is subscribed): a failed model call counts too, and a
+retry outside the limit re-counts each attempt (put the limit outside retries to count calls
+once). The checks run once per call; a call within the limits is the inner stream itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+from collections import deque
+from collections.abc import AsyncIterator, Collection, Hashable, Sequence
+from typing import TYPE_CHECKING, Any, Literal
+
+from ..errors import MiddlewareTermination, RateLimitExceeded
+from ..events import RequestStop, ToolResultEnd, ToolResultStart, ToolResultTextDelta
+from ..message import Msg, ToolResultState, ToolUseBlock
+from ..stream import EventStream
+from .base import ActingInput, AgentInput, ExtensionPoint, MiddlewareBase, ModelCallInput, Next
+from .rate_limit import KeySpec, check_points, key_function
+
+if TYPE_CHECKING:
+    from ..agent.context import RuntimeContext
+    from ..agent.react import ReActAgent
+    from ..agent.state import AgentState
+
+__all__ = ["CallLimitExceeded", "ConcurrencyLimitMiddleware", "ModelCallLimitMiddleware", "ToolCallLimitMiddleware"]
+
+STATE_KEY = "call_limits"  # AgentState.metadata[STATE_KEY][counter] = calls so far in the session
+
+
+class CallLimitExceeded(MiddlewareTermination):
+    """A call limit was reached with ``exit_behavior="error"``: ``kind`` (``"model"`` or
+    ``"tool"``), ``scope`` (``"run"`` or ``"session"``), ``limit``, and ``tool_name`` (None: all)."""
+
+    def __init__(self, message: str, *, kind: str, scope: str, limit: int, tool_name: str | None = None) -> None:
+        super().__init__(message)
+        self.kind, self.scope, self.limit, self.tool_name = kind, scope, limit, tool_name
+
+
+# -- concurrency ---------------------------------------------------------------------------------
+
+
+class _Slots:
+    __slots__ = ("free", "waiters")
+
+    def __init__(self, free: int) -> None:
+        self.free = free
+        self.waiters: deque[asyncio.Future[None]] = deque()
+
+
+class ConcurrencyLimitMiddleware(MiddlewareBase):
+    """At most ``limit`` calls in flight per key (``key`` as for `RateLimitMiddleware`).
+
+    At ``on_acting`` the unit is one round's batch of tool calls (the runtime runs a batch
+    together; a batch's own parallelism is the tools' ``concurrency_safe`` business)."""
+
+    def __init__(
+        self,
+        limit: int,
+        *,
+        key: KeySpec = "global",
+        points: Collection[ExtensionPoint | str] = (ExtensionPoint.ON_MODEL_CALL,),
+        max_wait: float | None = None,
+    ) -> None:
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise ValueError(f"limit must be an int >= 1, not {limit!r}")
+        if max_wait is not None and (isinstance(max_wait, bool) or not max_wait >= 0):
+            raise ValueError(f"max_wait must be >= 0 seconds or None, not {max_wait!r}")
+        self.limit = limit
+        self.max_wait = max_wait
+        self.points = check_points(points)
+        self._key = key_function(key)
+        self._slots: dict[Hashable, _Slots] = {}  # only keys with a call in flight or waiting
+
+    def active_points(self) -> frozenset[ExtensionPoint]:
+        return self.points
+
+    def in_flight(self, point: ExtensionPoint = ExtensionPoint.ON_MODEL_CALL, key: Hashable = "*") -> int:
+        """Calls holding a slot for ``key`` (as the key function returns it) at ``point``."""
+        slots = self._slots.get((point, key))
+        return 0 if slots is None else self.limit - slots.free
+
+    def waiting(self, point: ExtensionPoint = ExtensionPoint.ON_MODEL_CALL, key: Hashable = "*") -> int:
+        slots = self._slots.get((point, key))
+        return 0 if slots is None else sum(not f.done() for f in slots.waiters)
+
+    def on_model_call(self, agent: ReActAgent, ctx: RuntimeContext, input: ModelCallInput, next: Next) -> Any:
+        inner = next(input)
+        return EventStream(lambda: self._held((ExtensionPoint.ON_MODEL_CALL, self._key(ctx)), inner))
+
+    def on_acting(self, agent: ReActAgent, ctx: RuntimeContext, input: ActingInput, next: Next) -> Any:
+        inner = next(input)
+        return EventStream(lambda: self._held((ExtensionPoint.ON_ACTING, self._key(ctx)), inner))
+
+    def on_agent(self, agent: ReActAgent, ctx: RuntimeContext, input: AgentInput, next: Next) -> Any:
+        inner = next(input)
+        return EventStream(lambda: self._held((ExtensionPoint.ON_AGENT, self._key(ctx)), inner))
+
+    async def _held(self, key: Hashable, inner: EventStream[Any]) -> AsyncIterator[Any]:
+        # The slot is taken inside the generator: a stream closed before its first item never
+        # took one, and once taken, the finally gives it back however the stream ends.
+        await self._acquire(key)
+        try:
+            async with contextlib.aclosing(inner.__aiter__()) as it:  # type: ignore[type-var]
+                async for event in it:
+                    yield event
+        finally:
+            self._release(key)
+
+    async def _acquire(self, key: Hashable) -> None:
+        slots = self._slots.get(key)
+        if slots is None:
+            slots = self._slots[key] = _Slots(self.limit)
+        if slots.free > 0 and not slots.waiters:
+            slots.free -= 1  # no await: an uncontended call never yields to the loop here
+            return
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        slots.waiters.append(waiter)
+        try:
+            async with asyncio.timeout(self.max_wait):
+                await waiter
+        except BaseException as exc:
+            if waiter.done() and not waiter.cancelled():
+                self._release(key)  # handed a slot just as it was cancelled: pass it on
+            else:
+                waiter.cancel()
+                with contextlib.suppress(ValueError):
+                    slots.waiters.remove(waiter)
+                self._forget(key, slots)
+            if isinstance(exc, TimeoutError):
+                raise RateLimitExceeded(
+                    f"{self.limit} call(s) already in flight for key {key[1]!r}; waited {self.max_wait} s",  # type: ignore[index]
+                    retry_after=None,
+                ) from None
+            raise
+
+    def _release(self, key: Hashable) -> None:
+        slots = self._slots[key]
+        while slots.waiters:
+            waiter = slots.waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)  # the slot goes straight to the first waiter (FIFO, no barging)
+                return
+        slots.free += 1
+        self._forget(key, slots)
+
+    def _forget(self, key: Hashable, slots: _Slots) -> None:
+        # Idle: per-session keys do not pile up. (A waiter cancelled late may hold an entry that
+        # was already dropped.)
+        if slots.free == self.limit and not slots.waiters and self._slots.get(key) is slots:
+            del self._slots[key]
+
+
+# -- call limits ---------------------------------------------------------------------------------
+
+
+class _RunCount:
+    __slots__ = ("n",)
+
+    def __init__(self) -> None:
+        self.n = 0
+
+
+ExitBehavior = Literal["end", "error", "continue"]
+
+
+class _CallLimit(MiddlewareBase):
+    kind = ""
+    point = ExtensionPoint.ON_MODEL_CALL
+    behaviours: tuple[str, ...] = ()
+
+    def __init__(self, run_limit: int | None, session_limit: int | None, thread_limit: int | None,
+                 exit_behavior: str, state_key: str) -> None:
+        if thread_limit is not None:
+            if session_limit is not None:
+                raise ValueError("give session_limit or thread_limit (LangChain's name for it), not both")
+            session_limit = thread_limit
+        for name, value in (("run_limit", run_limit), ("session_limit", session_limit)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+                raise ValueError(f"{name} must be an int >= 0 or None, not {value!r}")
+        if run_limit is None and session_limit is None:
+            raise ValueError("give at least one of run_limit and session_limit")
+        if exit_behavior not in self.behaviours:
+            raise ValueError(f"exit_behavior must be one of {', '.join(map(repr, self.behaviours))}, "
+                             f"not {exit_behavior!r}")
+        self.run_limit, self.session_limit = run_limit, session_limit
+        self.exit_behavior = exit_behavior
+        self.state_key = state_key
+        self._run_key = object()  # this instance's per-execution counter in the RuntimeContext
+
+    def active_points(self) -> frozenset[ExtensionPoint]:
+        if self.run_limit is None:
+            return frozenset({self.point})
+        return frozenset({self.point, ExtensionPoint.ON_AGENT_STATE_READY})
+
+    def on_agent_state_ready(
+        self, agent: ReActAgent, ctx: RuntimeContext, state: AgentState, input_messages: list[Msg]
+    ) -> None:
+        ctx.put(self._run_key, _RunCount())  # once per execution: the run count starts at 0
+
+    def session_count(self, state: AgentState | None) -> int:
+        """Calls counted so far in the session of ``state``."""
+        return 0 if state is None else int(state.metadata.get(STATE_KEY, {}).get(self.state_key, 0))
+
+    def _left(self, ctx: RuntimeContext) -> tuple[float, str, int]:
+        """How many calls may still start, and the limit that binds (scope, limit)."""
+        left, scope, limit = math.inf, "", 0
+        if self.run_limit is not None:
+            run = ctx.get(self._run_key)
+            left, scope, limit = self.run_limit - (run.n if run is not None else 0), "run", self.run_limit
+        if self.session_limit is not None:
+            s_left = self.session_limit - self.session_count(ctx.agent_state)
+            if s_left < left:
+                left, scope, limit = s_left, "session", self.session_limit
+        return max(0, left), scope, limit
+
+    def _count(self, ctx: RuntimeContext, n: int) -> None:
+        if self.run_limit is not None:
+            run = ctx.get(self._run_key)
+            if run is None:  # (a hook run outside an execution: count from here)
+                run = _RunCount()
+                ctx.put(self._run_key, run)
+            run.n += n
+        state = ctx.agent_state
+        if self.session_limit is not None and state is not None:
+            counts = state.metadata.setdefault(STATE_KEY, {})
+            counts[self.state_key] = int(counts.get(self.state_key, 0)) + n
+
+    def _message(self, scope: str, limit: int, what: str) -> str:
+        per = "run" if scope == "run" else "session"
+        return f"{what} limit reached: at most {limit} per {per}"
+
+
+class ModelCallLimitMiddleware(_CallLimit):
+    """Limits model calls per run (``run_limit``) and per session (``session_limit`` /
+    ``thread_limit``). ``exit_behavior``: ``"end"`` (default) or ``"error"``."""
+
+    kind = "model"
+    point = ExtensionPoint.ON_MODEL_CALL
+    behaviours = ("end", "error")
+
+    def __init__(
+        self,
+        run_limit: int | None = None,
+        session_limit: int | None = None,
+        *,
+        thread_limit: int | None = None,
+        exit_behavior: Literal["end", "error"] = "end",
+        state_key: str = "model",
+    ) -> None:
+        super().__init__(run_limit, session_limit, thread_limit, exit_behavior, state_key)
+
+    def on_model_call(self, agent: ReActAgent, ctx: RuntimeContext, input: ModelCallInput, next: Next) -> Any:
+        inner = next(input)
+        return EventStream.defer(lambda: self._admit(ctx, inner))
+
+    def _admit(self, ctx: RuntimeContext, inner: EventStream[Any]) -> Any:
+        left, scope, limit = self._left(ctx)
+        if left >= 1:
+            self._count(ctx, 1)
+            return inner
+        message = self._message(scope, limit, "model call")
+        if self.exit_behavior == "error":
+            return EventStream.error(CallLimitExceeded(message, kind="model", scope=scope, limit=limit))
+        return EventStream.of(RequestStop(reason=message))
+
+
+class ToolCallLimitMiddleware(_CallLimit):
+    """Limits tool calls — all of them, or those of ``tool_name`` — per run and per session.
+    ``exit_behavior``: ``"continue"`` (default: the calls over the limit get an error result, the
+    others run), ``"end"`` (the same, then the run stops) or ``"error"`` (no call of the batch
+    runs; `CallLimitExceeded` ends the run and every call of the batch gets an error result)."""
+
+    kind = "tool"
+    point = ExtensionPoint.ON_ACTING
+    behaviours = ("continue", "end", "error")
+
+    def __init__(
+        self,
+        tool_name: str | None = None,
+        run_limit: int | None = None,
+        session_limit: int | None = None,
+        *,
+        thread_limit: int | None = None,
+        exit_behavior: ExitBehavior = "continue",
+        state_key: str | None = None,
+    ) -> None:
+        super().__init__(run_limit, session_limit, thread_limit, exit_behavior,
+                         state_key or f"tool:{tool_name or '*'}")
+        self.tool_name = tool_name
+
+    def on_acting(self, agent: ReActAgent, ctx: RuntimeContext, input: ActingInput, next: Next) -> Any:
+        return EventStream.defer(lambda: self._act(ctx, input, next))
+
+    def _act(self, ctx: RuntimeContext, input: ActingInput, next: Next) -> Any:
+        calls = input.tool_calls
+        name = self.tool_name
+        matching = [c for c in calls if name is None or c.name == name]
+        left, scope, limit = self._left(ctx)
+        if len(matching) <= left:
+            self._count(ctx, len(matching))
+            return next(input)
+        what = "tool call" if name is None else f"{name} call"
+        message = self._message(scope, limit, what)
+        if self.exit_behavior == "error":
+            return EventStream.error(CallLimitExceeded(message, kind="tool", scope=scope, limit=limit, tool_name=name))
+        n = int(left)
+        self._count(ctx, n)
+        blocked_ids = {c.id for c in matching[n:]}
+        allowed = [c for c in calls if c.id not in blocked_ids]
+        blocked = [c for c in calls if c.id in blocked_ids]
+        stop = RequestStop(reason=message) if self.exit_behavior == "end" else None
+        inner = next(input.replace(tool_calls=allowed)) if allowed else None
+        return EventStream(lambda: _with_blocked(inner, blocked, message, stop))
+
+
+async def _with_blocked(
+    inner: EventStream[Any] | None, blocked: Sequence[ToolUseBlock], message: str, stop: RequestStop | None
+) -> AsyncIterator[Any]:
+    """The allowed calls' events, then an error result per blocked call (and the stop)."""
+    # The execution's reply id is not reachable from on_acting: take it from the pass's own
+    # events (only this triggered path looks at them).
+    reply_id = ""
+    if inner is not None:
+        async with contextlib.aclosing(inner.__aiter__()) as it:  # type: ignore[type-var]
+            async for event in it:
+                if not reply_id:
+                    reply_id = getattr(event, "reply_id", "") or ""
+                yield event
+    for call in blocked:
+        rid, cid, name = reply_id, call.id, call.name
+        yield ToolResultStart(reply_id=rid, tool_call_id=cid, tool_name=name)
+        yield ToolResultTextDelta(reply_id=rid, tool_call_id=cid, tool_name=name,
+                                  delta=f"Error: {message}; {name} was not called. Do not call it again.")
+        yield ToolResultEnd(reply_id=rid, tool_call_id=cid, tool_name=name, state=ToolResultState.ERROR)
+    if stop is not None:
+        yield stop

@@ -1,0 +1,327 @@
+"""Rate limiting: a token bucket per key, in memory or in Redis (shared by processes).
+
+`RateLimitMiddleware(rate, burst)` lets ``rate`` calls per second through per key, with bursts of
+up to ``burst``. The key is a function of the `RuntimeContext` (``"global"`` — one bucket, the
+default —, ``"user"``, ``"session"``, or any ``ctx -> hashable``, e.g. a tenant read with
+``ctx.get("tenant")``). It limits model calls (``on_model_call``) by default; ``points=`` adds tool
+calls (``on_acting``: a batch takes ``cost`` tokens per call) or whole runs (``on_agent``). Each
+point has buckets of its own.
+
+The bucket reserves: a call that finds too few tokens takes them anyway (the bucket goes into
+debt) and waits until its turn, so waiters go in arrival order — across processes too, with
+Redis. ``on_limit="reject"`` (or a wait longer than ``max_wait``) takes nothing and fails the
+call with `RateLimitExceeded` (``retry_after`` in seconds) before the model is called. A waiter
+that is cancelled (or whose stream is closed) gives its tokens back.
+
+Cost when not triggered: the check runs once per call when its stream is subscribed, and with
+the in-memory store a call that finds its tokens is the inner stream itself (no layer per event).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import time
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Hashable
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Protocol
+from urllib.parse import quote
+
+from ..errors import RateLimitExceeded
+from ..stream import EventStream
+from .base import ActingInput, AgentInput, ExtensionPoint, MiddlewareBase, ModelCallInput, Next
+
+if TYPE_CHECKING:
+    from ..agent.context import RuntimeContext
+    from ..agent.react import ReActAgent
+
+__all__ = [
+    "BucketStore",
+    "InMemoryBucketStore",
+    "RateLimitMiddleware",
+    "RedisBucketStore",
+    "Reservation",
+]
+
+KeySpec = Literal["global", "user", "session"] | Callable[["RuntimeContext"], Hashable]
+Sleep = Callable[[float], Awaitable[Any]]
+
+# Points a limit may sit at; the tag names the point's buckets (in Redis keys too).
+_POINTS = {ExtensionPoint.ON_MODEL_CALL: "model", ExtensionPoint.ON_ACTING: "tools", ExtensionPoint.ON_AGENT: "runs"}
+
+
+def key_function(key: KeySpec) -> Callable[[RuntimeContext], Hashable]:
+    """``key`` as a function of the context (shared with `ConcurrencyLimitMiddleware`)."""
+    if key == "global":
+        return lambda ctx: "*"
+    if key == "user":
+        return lambda ctx: ctx.user_id
+    if key == "session":
+        return lambda ctx: (ctx.user_id, ctx.session_id)
+    if callable(key):
+        return key
+    raise ValueError(f"key must be 'global', 'user', 'session' or a function of the RuntimeContext, not {key!r}")
+
+
+def check_points(points: Collection[ExtensionPoint | str]) -> frozenset[ExtensionPoint]:
+    """``points`` as extension points (names like ``"on_acting"`` accepted), checked."""
+    out: set[ExtensionPoint] = set()
+    for p in points:
+        point = p if isinstance(p, ExtensionPoint) else ExtensionPoint(str(p).lower())
+        if point not in _POINTS:
+            raise ValueError(f"a limit can sit at on_model_call, on_acting or on_agent, not {point.value}")
+        out.add(point)
+    if not out:
+        raise ValueError("points must name at least one extension point")
+    return frozenset(out)
+
+
+def positive(name: str, value: float | None, *, allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    if value is None or isinstance(value, bool) or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be a positive number, not {value!r}")
+
+
+class Reservation(NamedTuple):
+    """A bucket's answer: ``granted`` (the tokens are taken; go after ``wait`` seconds), or not
+    (nothing taken; ``wait`` is how long until the tokens would be there)."""
+
+    granted: bool
+    wait: float
+
+
+class BucketStore(Protocol):
+    """Where bucket state lives. ``reserve_nowait`` answers without awaiting, or returns None
+    when it cannot (then ``reserve`` is awaited)."""
+
+    def reserve_nowait(self, key: Hashable, need: float, rate: float, burst: float,
+                       max_wait: float) -> Reservation | None: ...
+
+    async def reserve(self, key: Hashable, need: float, rate: float, burst: float, max_wait: float) -> Reservation: ...
+
+    async def refund(self, key: Hashable, need: float, rate: float, burst: float) -> None: ...
+
+
+class InMemoryBucketStore:
+    """Buckets of one process. ``clock`` is injectable (tests drive it); ``max_keys`` bounds
+    memory: the least recently used bucket is forgotten first (which only makes it full again)."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic, max_keys: int = 100_000) -> None:
+        positive("max_keys", max_keys)
+        self._clock = clock
+        self._max_keys = max_keys
+        self._buckets: OrderedDict[Hashable, list[float]] = OrderedDict()  # key -> [tokens, at]
+
+    def tokens(self, key: Hashable, rate: float, burst: float) -> float:
+        """The tokens ``key`` holds now (negative: in debt)."""
+        entry = self._buckets.get(key)
+        return burst if entry is None else min(burst, entry[0] + (self._clock() - entry[1]) * rate)
+
+    def reserve_nowait(self, key: Hashable, need: float, rate: float, burst: float, max_wait: float) -> Reservation:
+        now = self._clock()
+        buckets = self._buckets
+        entry = buckets.get(key)
+        if entry is None:
+            entry = buckets[key] = [burst, now]
+            if len(buckets) > self._max_keys:
+                buckets.popitem(last=False)
+        else:
+            buckets.move_to_end(key)
+            if now > entry[1]:
+                entry[0] = min(burst, entry[0] + (now - entry[1]) * rate)
+                entry[1] = now
+        # A request bigger than the bucket goes once the bucket is full (and leaves it in debt).
+        wait = max(0.0, (min(need, burst) - entry[0]) / rate)
+        if wait > max_wait:
+            return Reservation(False, wait)
+        entry[0] -= need
+        return Reservation(True, wait)
+
+    async def reserve(self, key: Hashable, need: float, rate: float, burst: float, max_wait: float) -> Reservation:
+        return self.reserve_nowait(key, need, rate, burst, max_wait)
+
+    def refund_nowait(self, key: Hashable, need: float, burst: float) -> None:
+        entry = self._buckets.get(key)
+        if entry is not None:
+            entry[0] = min(burst, entry[0] + need)
+
+    async def refund(self, key: Hashable, need: float, rate: float, burst: float) -> None:
+        self.refund_nowait(key, need, burst)
+
+
+# KEYS[1] bucket hash; ARGV: rate, burst, need, max_wait, now ('' = the server's clock), ttl slack (ms).
+# The same arithmetic as InMemoryBucketStore, atomic on the server. Numbers go back as strings
+# (Redis would truncate Lua numbers to integers).
+_RESERVE = """
+local rate, burst, need, max_wait = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local now
+if ARGV[5] == '' then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+else
+  now = tonumber(ARGV[5])
+end
+local state = redis.call('HMGET', KEYS[1], 'tokens', 'at')
+local tokens, at = tonumber(state[1]), tonumber(state[2])
+if tokens == nil then
+  tokens, at = burst, now
+elseif now > at then
+  tokens, at = math.min(burst, tokens + (now - at) * rate), now
+end
+local wait = math.max(0, (math.min(need, burst) - tokens) / rate)
+if wait > max_wait then
+  return {0, tostring(wait)}
+end
+tokens = tokens - need
+redis.call('HSET', KEYS[1], 'tokens', tostring(tokens), 'at', tostring(at))
+redis.call('PEXPIRE', KEYS[1], math.ceil((burst - tokens) / rate * 1000) + tonumber(ARGV[6]))
+return {1, tostring(wait)}
+"""
+# KEYS[1] bucket hash; ARGV: need, burst.
+_REFUND = """
+local tokens = tonumber(redis.call('HGET', KEYS[1], 'tokens'))
+if tokens ~= nil then
+  redis.call('HSET', KEYS[1], 'tokens', tostring(math.min(tonumber(ARGV[2]), tokens + tonumber(ARGV[1]))))
+end
+return 0
+"""
+
+
+class RedisBucketStore:
+    """Buckets in Redis: several processes (or hosts) with the same ``prefix`` share each limit.
+
+    Each reservation is one Lua script (``EVALSHA``), so concurrent callers never both take the
+    last token. Time is the Redis server's (``TIME``), so the hosts' clocks need not agree;
+    ``clock=`` replaces it (tests pass a fake one). A bucket's key expires once it would be full
+    again. ``client``: a ``redis.asyncio.Redis`` or a URL."""
+
+    def __init__(self, client: Any, *, prefix: str = "agentscope:ratelimit",
+                 clock: Callable[[], float] | None = None) -> None:
+        try:
+            from redis.asyncio import Redis
+        except ImportError as exc:  # pragma: no cover - depends on the installed extras
+            raise ImportError("RedisBucketStore needs the redis client: pip install 'agentscope-py[redis]'") from exc
+        self._owned = isinstance(client, str)
+        self.client = Redis.from_url(client) if isinstance(client, str) else client
+        self.prefix = prefix
+        self._clock = clock
+        self._reserve = self.client.register_script(_RESERVE)
+        self._refund = self.client.register_script(_REFUND)
+
+    def redis_key(self, key: Hashable) -> str:
+        # Parts are percent-encoded: a ':' inside an id cannot make two keys collide.
+        parts = key if isinstance(key, tuple) else (key,)
+        return ":".join((self.prefix, *(quote(str(p), safe="") for p in parts)))
+
+    def reserve_nowait(self, key: Hashable, need: float, rate: float, burst: float, max_wait: float) -> None:
+        return None  # always a round trip
+
+    async def reserve(self, key: Hashable, need: float, rate: float, burst: float, max_wait: float) -> Reservation:
+        now = "" if self._clock is None else repr(self._clock())
+        args: list[str] = [repr(rate), repr(burst), repr(need), repr(min(max_wait, 1e300)), now, "1000"]
+        granted, wait = await self._reserve(keys=[self.redis_key(key)], args=args)
+        return Reservation(bool(int(granted)), float(wait))
+
+    async def refund(self, key: Hashable, need: float, rate: float, burst: float) -> None:
+        await self._refund(keys=[self.redis_key(key)], args=[repr(need), repr(burst)])
+
+    async def close(self) -> None:
+        """Closes the client if this store made it (from a URL)."""
+        if self._owned:
+            await self.client.aclose()
+
+
+class RateLimitMiddleware(MiddlewareBase):
+    """A token bucket per key in front of model calls (and, with ``points=``, tool calls or runs).
+
+    ``rate``: tokens per second; ``burst``: the bucket's size (default ``max(1, rate)``);
+    ``cost``: tokens per call; ``on_limit``: ``"wait"`` (the default) or ``"reject"``;
+    ``max_wait``: with ``"wait"``, a call that would wait longer is rejected instead;
+    ``store``: an `InMemoryBucketStore` (the default, using ``clock``) or a `RedisBucketStore`;
+    ``sleep``: how to wait (injectable for tests)."""
+
+    def __init__(
+        self,
+        rate: float,
+        burst: float | None = None,
+        *,
+        key: KeySpec = "global",
+        on_limit: Literal["wait", "reject"] = "wait",
+        max_wait: float | None = None,
+        cost: float = 1.0,
+        points: Collection[ExtensionPoint | str] = (ExtensionPoint.ON_MODEL_CALL,),
+        store: BucketStore | None = None,
+        clock: Callable[[], float] | None = None,
+        sleep: Sleep = asyncio.sleep,
+    ) -> None:
+        positive("rate", rate)
+        burst = max(1.0, rate) if burst is None else burst
+        if isinstance(burst, bool) or not math.isfinite(burst) or burst < 1:
+            raise ValueError(f"burst must be a number >= 1, not {burst!r}")
+        positive("cost", cost)
+        if on_limit not in ("wait", "reject"):
+            raise ValueError(f"on_limit must be 'wait' or 'reject', not {on_limit!r}")
+        if max_wait is not None and (isinstance(max_wait, bool) or not max_wait >= 0):
+            raise ValueError(f"max_wait must be >= 0 seconds or None, not {max_wait!r}")
+        if store is not None and clock is not None:
+            raise ValueError("clock= is for the default in-memory store; give the store its own clock")
+        self.rate, self.burst, self.cost = float(rate), float(burst), float(cost)
+        self.on_limit = on_limit
+        self.max_wait = 0.0 if on_limit == "reject" else math.inf if max_wait is None else float(max_wait)
+        self.points = check_points(points)
+        self.store: BucketStore = store if store is not None else InMemoryBucketStore(clock or time.monotonic)
+        self._key = key_function(key)
+        self._sleep = sleep
+
+    def active_points(self) -> frozenset[ExtensionPoint]:
+        return self.points
+
+    def on_model_call(self, agent: ReActAgent, ctx: RuntimeContext, input: ModelCallInput, next: Next) -> Any:
+        inner = next(input)
+        return EventStream.defer(lambda: self._admit("model", ctx, self.cost, inner))
+
+    def on_acting(self, agent: ReActAgent, ctx: RuntimeContext, input: ActingInput, next: Next) -> Any:
+        inner = next(input)
+        need = self.cost * max(1, len(input.tool_calls))
+        return EventStream.defer(lambda: self._admit("tools", ctx, need, inner))
+
+    def on_agent(self, agent: ReActAgent, ctx: RuntimeContext, input: AgentInput, next: Next) -> Any:
+        inner = next(input)
+        return EventStream.defer(lambda: self._admit("runs", ctx, self.cost, inner))
+
+    def _admit(self, tag: str, ctx: RuntimeContext, need: float, inner: EventStream[Any]) -> EventStream[Any]:
+        """Runs once per subscription: the inner stream itself when the tokens are there."""
+        key = (tag, self._key(ctx))
+        found = self.store.reserve_nowait(key, need, self.rate, self.burst, self.max_wait)
+        if found is not None:
+            if found.granted and found.wait <= 0:
+                return inner
+            if not found.granted:
+                return EventStream.error(self._refused(key, found.wait))
+        return EventStream(lambda: self._waited(key, need, found, inner))
+
+    async def _waited(self, key: tuple[str, Hashable], need: float, found: Reservation | None,
+                      inner: EventStream[Any]) -> AsyncIterator[Any]:
+        if found is None:
+            found = await self.store.reserve(key, need, self.rate, self.burst, self.max_wait)
+            if not found.granted:
+                raise self._refused(key, found.wait)
+        if found.wait > 0:
+            try:
+                await self._sleep(found.wait)
+            except BaseException:
+                # Cancelled while waiting: the call never ran, so its tokens go back.
+                with contextlib.suppress(Exception):
+                    await self.store.refund(key, need, self.rate, self.burst)
+                raise
+        async with contextlib.aclosing(inner.__aiter__()) as it:  # type: ignore[type-var]
+            async for event in it:
+                yield event
+
+    def _refused(self, key: tuple[str, Hashable], wait: float) -> RateLimitExceeded:
+        what = {"model": "model call", "tools": "tool calls", "runs": "run"}[key[0]]
+        return RateLimitExceeded(
+            f"rate limit of {self.rate:g}/s (burst {self.burst:g}) reached for key {key[1]!r}: the {what} "
+            f"would pass in {wait:.3f} s", retry_after=wait)
