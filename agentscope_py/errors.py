@@ -23,6 +23,8 @@ AgentScopeError
 ├── MiddlewareTermination            a middleware ended the run on purpose (guardrails…)
 │   ├── GuardrailTripped             … because a guardrail tripped
 │   ├── RateLimitExceeded            … because a rate limit said no
+│   ├── CallLimitExceeded            … because a model or tool call limit was reached
+│   ├── RunTimeoutError              … because the run took too long (also a TimeoutError)
 │   └── BudgetExceeded               … because a token or cost budget was used up
 └── InputError                       what the caller passed cannot be a run's input (ValueError)
 AgentInterrupted                     a run stopped by ``agent.interrupt(...)`` (a CancelledError)
@@ -44,6 +46,7 @@ __all__ = [
     "AuthenticationError",
     "BadRequestError",
     "BudgetExceeded",
+    "CallLimitExceeded",
     "CassetteMismatchError",
     "ContextLengthError",
     "GuardrailTripped",
@@ -59,6 +62,7 @@ __all__ = [
     "RateLimitError",
     "RateLimitExceeded",
     "ResumeError",
+    "RunTimeoutError",
     "ServerError",
     "StateConflictError",
     "StateStoreError",
@@ -219,6 +223,19 @@ class RateLimitExceeded(MiddlewareTermination):
     def __init__(self, message: str, *, retry_after: float | None = None) -> None:
         super().__init__(message)
         self.retry_after = retry_after
+
+
+class CallLimitExceeded(MiddlewareTermination):
+    """A call limit was reached with ``exit_behavior="error"``: ``kind`` (``"model"`` or
+    ``"tool"``), ``scope`` (``"run"`` or ``"session"``), ``limit``, and ``tool_name`` (None: all)."""
+
+    def __init__(self, message: str, *, kind: str, scope: str, limit: int, tool_name: str | None = None) -> None:
+        super().__init__(message)
+        self.kind, self.scope, self.limit, self.tool_name = kind, scope, limit, tool_name
+
+
+class RunTimeoutError(MiddlewareTermination, TimeoutError):
+    """A whole run took longer than `TimeoutMiddleware`'s ``run_timeout``."""
 
 
 class BudgetExceeded(MiddlewareTermination):

@@ -243,3 +243,16 @@ async def test_the_demo_redacts_what_callers_see_the_result_and_memory() -> None
     assert state is not None
     for text in (shown, result.text, state.context[-1].text):
         assert "[email]" in text and "demo@example.com" not in text
+
+
+class StopsAtOnce(MiddlewareBase):
+    def on_model_call(self, agent: Any, ctx: Any, input: Any, next: Any) -> Any:
+        return [RequestStop(reason="limit reached")]
+
+
+async def test_a_round_stopped_on_purpose_is_not_warned_about(caplog: pytest.LogCaptureFixture) -> None:
+    agent = ReActAgent.builder().model(ScriptedModel([])).middleware(StopsAtOnce()).build()
+    with caplog.at_level(logging.WARNING, logger="agentscope_py"):
+        msg = await agent.call("hi")
+    assert msg.generate_reason == GenerateReason.MIDDLEWARE_STOP_REQUESTED
+    assert not [r for r in caplog.records if "carried no event" in r.getMessage()]

@@ -571,8 +571,8 @@ class Execution:
         if self._builder is None and self._view is not None:
             # An on_reasoning hook answered without calling next: what it emitted is the reply.
             self._builder, self._view = self._view, None
-        if self._builder is None or not (self._builder.calls_made or self._builder.produced):
-            warn_empty(self.agent)
+        if stop is None and (self._builder is None or not (self._builder.calls_made or self._builder.produced)):
+            warn_empty(self.agent)  # (a round a middleware stopped on purpose is not "empty")
         msg = self._take_reply(None)  # built here: updated in place below, not copied
         shown = self._shown(msg)
         calls = msg.tool_calls

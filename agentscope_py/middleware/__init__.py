@@ -54,7 +54,7 @@ _LAZY = {
     "TimeoutMiddleware": "resilience",
     "ModelFallbackMiddleware": "resilience",
     # limits and rate limits (issue #17)
-    "CallLimitExceeded": "limits",
+    "CallLimitExceeded": "limits",  # (defined in agentscope_py.errors)
     "ConcurrencyLimitMiddleware": "limits",
     "ModelCallLimitMiddleware": "limits",
     "ToolCallLimitMiddleware": "limits",

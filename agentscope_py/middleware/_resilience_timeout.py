@@ -26,7 +26,7 @@ import asyncio
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
-from ..errors import MiddlewareTermination, ModelTimeoutError
+from ..errors import ModelTimeoutError, RunTimeoutError
 from ..events import AgentEvent, ToolResultEnd, ToolResultStart, ToolResultTextDelta
 from ..message import ToolResultState
 from ..stream import EventStream, aclose
@@ -84,7 +84,7 @@ class TimeoutMiddleware(MiddlewareBase):
         assert limit is not None
 
         def timed_out() -> BaseException:
-            return MiddlewareTermination(f"the run did not finish within {limit:g} s (TimeoutMiddleware)")
+            return RunTimeoutError(f"the run did not finish within {limit:g} s (TimeoutMiddleware)")
 
         return EventStream(lambda: _timed(inner, None, limit, timed_out, timed_out))
 

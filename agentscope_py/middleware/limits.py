@@ -26,7 +26,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Collection, Hashable, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
-from ..errors import MiddlewareTermination, RateLimitExceeded
+from ..errors import CallLimitExceeded, RateLimitExceeded
 from ..events import RequestStop, ToolResultEnd, ToolResultStart, ToolResultTextDelta
 from ..message import Msg, ToolResultState, ToolUseBlock
 from ..stream import EventStream
@@ -41,15 +41,6 @@ if TYPE_CHECKING:
 __all__ = ["CallLimitExceeded", "ConcurrencyLimitMiddleware", "ModelCallLimitMiddleware", "ToolCallLimitMiddleware"]
 
 STATE_KEY = "call_limits"  # AgentState.metadata[STATE_KEY][counter] = calls so far in the session
-
-
-class CallLimitExceeded(MiddlewareTermination):
-    """A call limit was reached with ``exit_behavior="error"``: ``kind`` (``"model"`` or
-    ``"tool"``), ``scope`` (``"run"`` or ``"session"``), ``limit``, and ``tool_name`` (None: all)."""
-
-    def __init__(self, message: str, *, kind: str, scope: str, limit: int, tool_name: str | None = None) -> None:
-        super().__init__(message)
-        self.kind, self.scope, self.limit, self.tool_name = kind, scope, limit, tool_name
 
 
 # -- concurrency ---------------------------------------------------------------------------------

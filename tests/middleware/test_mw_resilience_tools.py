@@ -12,7 +12,7 @@ from conftest import types
 from resilience_helpers import FakeSleep, agent_with, balance, model_trace
 
 from agentscope_py import ModelStep, ScriptedModel, Toolkit, tool
-from agentscope_py.errors import MiddlewareTermination, ModelTimeoutError
+from agentscope_py.errors import MiddlewareTermination, ModelTimeoutError, RunTimeoutError
 from agentscope_py.message import ToolResultState
 from agentscope_py.middleware import ExtensionPoint, RetryMiddleware, TimeoutMiddleware, ToolRetryMiddleware
 
@@ -100,9 +100,10 @@ async def test_a_run_timeout_fails_the_run_with_a_balanced_stream() -> None:
     agent = agent_with(model, TimeoutMiddleware(run_timeout=0.15))
     assert agent.middlewares_at(P.ON_AGENT) and not agent.middlewares_at(P.ON_MODEL_CALL)
     events: list[Any] = []
-    with pytest.raises(MiddlewareTermination, match=r"within 0\.15 s"):
+    with pytest.raises(RunTimeoutError, match=r"within 0\.15 s") as info:
         async for e in agent.stream("hi"):
             events.append(e)
+    assert isinstance(info.value, MiddlewareTermination) and isinstance(info.value, TimeoutError)
     assert events[0].type == "agent_start"
     assert not balance(events)
     assert model.closed_streams == 1
