@@ -88,3 +88,10 @@ def test_bench_instructions_token_workload_streams_every_token() -> None:
         assert done["deltas"] == 300 * 7, variant
         if variant == "agent":  # start, model call start/end, block start/end, end, result: 7 more
             assert done["frames"] > done["deltas"] + 300 * 4
+
+
+def test_bench_builtins_reports_its_two_ratios() -> None:
+    result = run_json("bench_builtins.py", "--runs", "5", "--repeat", "2")
+    for key in ("builtins_vs_passthrough", "hit_vs_miss", "passthrough_us_per_run", "builtins_us_per_run",
+                "miss_us_per_run", "hit_us_per_run"):
+        assert isinstance(result[key], float) and result[key] > 0, key
