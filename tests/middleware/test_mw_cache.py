@@ -31,8 +31,8 @@ from agentscope_py.middleware import (
     ToolResultCacheMiddleware,
     UsageAccountingMiddleware,
 )
-from agentscope_py.middleware.cache import request_key
 from agentscope_py.middleware.base import ModelCallInput
+from agentscope_py.middleware.cache import request_key
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -58,9 +58,9 @@ def balanced(events: list[Any]) -> bool:
     for e in events:
         if e.type.endswith("_start") and e.type != "agent_start":
             opened.append(e.type[: -len("_start")])
-        elif e.type.endswith("_end") and e.type != "agent_end":
-            if not opened or opened.pop() != e.type[: -len("_end")]:
-                return False
+        elif (e.type.endswith("_end") and e.type != "agent_end"
+              and (not opened or opened.pop() != e.type[: -len("_end")])):
+            return False
     return not opened
 
 
