@@ -328,6 +328,8 @@ class BudgetMiddleware(MiddlewareBase):
         async def call() -> Any:
             refused = self._check(ctx, await self.store.get(ctx.user_id), est_tokens, est_cost)
             if refused is not None:
+                if self.on_exceeded == "error":
+                    raise BudgetExceeded(refused["reason"])
                 for ev in self._refuse(refused):
                     yield ev
                 return
