@@ -189,9 +189,25 @@ class RedisBudgetStore:
             await client.aclose()
 
 
+_TOOL_CHARS: dict[int, tuple[Sequence[Any], int]] = {}  # id(tools) -> (tools, chars), as in cache.py
+
+
+def _tool_chars(tools: Sequence[Any]) -> int:
+    if not tools:
+        return 0
+    entry = _TOOL_CHARS.get(id(tools))
+    if entry is not None and entry[0] is tools:
+        return entry[1]
+    chars = sum(len(t.name) + len(t.description) + len(json.dumps(t.parameters)) for t in tools)
+    if len(_TOOL_CHARS) >= 64:
+        _TOOL_CHARS.clear()
+    _TOOL_CHARS[id(tools)] = (tools, chars)
+    return chars
+
+
 def estimate_tokens(input: ModelCallInput) -> int:
     """``ceil(characters / 4)`` over the messages' content and the tool schemas."""
-    chars = 0
+    chars = _tool_chars(input.tools)
     for msg in input.messages:
         for block in msg.content:
             t = block.type
@@ -204,8 +220,6 @@ def estimate_tokens(input: ModelCallInput) -> int:
             elif t == "tool_result":
                 out = block.output  # type: ignore[union-attr]
                 chars += len(out) if isinstance(out, str) else sum(len(getattr(b, "text", "") or "") for b in out)
-    for tool in input.tools:
-        chars += len(tool.name) + len(tool.description) + len(json.dumps(tool.parameters))
     return math.ceil(chars / 4)
 
 
@@ -313,7 +327,7 @@ class BudgetMiddleware(MiddlewareBase):
             problem = f"strict budget: no price for model {model_name!r}; pass prices={{...}}"
             return EventStream.error(ValueError(problem))
         est_tokens = self.estimate(input)
-        est_cost = price.cost(ChatUsage(input_tokens=est_tokens)) if price is not None else 0.0
+        est_cost = est_tokens * price.input / 1_000_000 if price is not None else 0.0
         if price is None and "cost" in {k for _, k in self.limits} and model_name not in self._warned:
             self._warned.add(model_name)
             log.warning("%s: no price for model %r: its calls count as cost 0", self.name, model_name)
