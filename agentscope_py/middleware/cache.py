@@ -68,6 +68,8 @@ HIT = "hit"
 
 
 def _json_default(value: Any) -> Any:
+    if isinstance(value, Mapping):  # (a MappingProxyType of options, say)
+        return dict(value)
     if isinstance(value, BaseModel):
         return value.model_dump(mode="json")
     if isinstance(value, set | frozenset):
