@@ -426,3 +426,28 @@ async def test_without_a_miss_first_the_hits_of_a_run_share_one_fresh_reply_id()
     replayed = {e.reply_id for e in events if hasattr(e, "reply_id") and e.type != "agent_start"
                 and e.type != "agent_end"}
     assert cache.hits == 2 and len(replayed) == 1 and replayed != {events[0].reply_id}
+
+
+async def test_an_interrupted_reply_is_not_stored() -> None:
+    cache = ResponseCacheMiddleware()
+    model = ScriptedModel([ModelStep.text("slow reply here", chunks=5, delay=0.02), answer("whole")])
+    agent = ReActAgent.builder().model(model).middleware(cache).build()
+    events = []
+    async for e in agent.stream("hi", ctx=ctx("a")):
+        events.append(e)
+        if e.type == "text_block_delta":
+            agent.interrupt(user_id="u", session_id="a")
+    assert events[-2].result.generate_reason.value == "interrupted" and balanced(events)
+    assert (await agent.call("hi", ctx=ctx("b"))).text == "whole"     # the cut reply was not stored
+    assert cache.hits == 0
+
+
+async def test_hits_under_hook_tracing_keep_brackets_balanced() -> None:
+    cache = ResponseCacheMiddleware()
+    model = ScriptedModel([answer()])
+    agent = ReActAgent.builder().model(model).middleware(cache).trace_middleware(True).build()
+    await agent.call("hi", ctx=ctx("a"))
+    events = await agent.stream("hi", ctx=ctx("b")).to_list()
+    assert len(model.requests) == 1 and balanced(events)
+    assert [e.type for e in events if e.type.startswith("middleware")].count("middleware_started") == \
+        [e.type for e in events if e.type.startswith("middleware")].count("middleware_completed")
