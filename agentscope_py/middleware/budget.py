@@ -38,7 +38,7 @@ import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 from ..errors import BudgetExceeded
 from ..events import Custom, ModelCallEnd, RequestStop
@@ -114,25 +114,43 @@ def _tool_chars(tools: Sequence[Any]) -> int:
     return chars
 
 
+_MSG_CHARS: dict[int, tuple[Msg, int]] = {}  # id(msg) -> (msg, chars): a session's messages recur every round
+
+
 def estimate_tokens(input: ModelCallInput) -> int:
     """``ceil(characters / 4)`` over the messages' content and the tool schemas."""
     chars = _tool_chars(input.tools)
+    memo = _MSG_CHARS
     for msg in input.messages:
-        for block in msg.content:
-            t = block.type
-            if t == "text":
-                chars += len(block.text)  # type: ignore[union-attr]
-            elif t == "thinking":
-                chars += len(block.thinking)  # type: ignore[union-attr]
-            elif t == "tool_use":
-                chars += len(block.name) + len(json.dumps(block.input))  # type: ignore[union-attr]
-            elif t == "tool_result":
-                out = block.output  # type: ignore[union-attr]
-                chars += len(out) if isinstance(out, str) else sum(len(getattr(b, "text", "") or "") for b in out)
+        entry = memo.get(id(msg))
+        if entry is not None and entry[0] is msg:
+            chars += entry[1]
+            continue
+        n = _msg_chars(msg)
+        if len(memo) >= 1024:
+            memo.clear()
+        memo[id(msg)] = (msg, n)
+        chars += n
     return math.ceil(chars / 4)
 
 
-_SCOPES = ("run", "session", "user")
+def _msg_chars(msg: Msg) -> int:
+    chars = 0
+    for block in msg.content:
+        t = block.type
+        if t == "text":
+            chars += len(block.text)  # type: ignore[union-attr]
+        elif t == "thinking":
+            chars += len(block.thinking)  # type: ignore[union-attr]
+        elif t == "tool_use":
+            chars += len(block.name) + len(json.dumps(block.input))  # type: ignore[union-attr]
+        elif t == "tool_result":
+            out = block.output  # type: ignore[union-attr]
+            chars += len(out) if isinstance(out, str) else sum(len(getattr(b, "text", "") or "") for b in out)
+    return chars
+
+
+_UNSEEN: Any = object()
 
 
 class BudgetMiddleware(MiddlewareBase):
@@ -181,6 +199,8 @@ class BudgetMiddleware(MiddlewareBase):
         self._run_key = f"agentscope.{name}.run"
         self._user_seen: dict[str, Spend] = {}
         self._warned: set[str] = set()
+        self._price_of: dict[str, ModelPrice | None] = {}
+        self._cost_limited = any(kind == "cost" for _, kind in self.limits)
         if strict:
             for model in models:
                 model_name = model if isinstance(model, str) else getattr(model, "name", repr(model))
@@ -196,6 +216,15 @@ class BudgetMiddleware(MiddlewareBase):
 
     def price(self, model: str) -> ModelPrice | None:
         """The price of ``model`` (exact name, else the longest prefix entry), or None."""
+        known = self._price_of.get(model, _UNSEEN)
+        if known is not _UNSEEN:
+            return cast("ModelPrice | None", known)
+        found = self._look_up(model)
+        if len(self._price_of) < 1024:
+            self._price_of[model] = found
+        return found
+
+    def _look_up(self, model: str) -> ModelPrice | None:
         for sep in (":", "/"):
             if sep in model:
                 model = model.split(sep, 1)[1]
@@ -237,7 +266,7 @@ class BudgetMiddleware(MiddlewareBase):
             return EventStream.error(ValueError(problem))
         est_tokens = self.estimate(input)
         est_cost = est_tokens * price.input / 1_000_000 if price is not None else 0.0
-        if price is None and "cost" in {k for _, k in self.limits} and model_name not in self._warned:
+        if price is None and self._cost_limited and model_name not in self._warned:
             self._warned.add(model_name)
             log.warning("%s: no price for model %r: its calls count as cost 0", self.name, model_name)
         if not self._needs_user or self._sync_store:
@@ -337,13 +366,18 @@ class _After:
         state = ctx.agent_state
         session = Spend()
         if state is not None:
-            session = budget.session_spent(state).plus(tokens, cost)
-            state.metadata[budget.name_key] = session.as_dict()
+            raw = state.metadata.get(budget.name_key)
+            if not isinstance(raw, dict):
+                raw = state.metadata[budget.name_key] = {"tokens": 0, "cost": 0.0, "calls": 0}
+            raw["tokens"] += tokens  # in place: the state is this session's own
+            raw["cost"] += cost
+            raw["calls"] += 1
+            session = Spend(raw["tokens"], raw["cost"], raw["calls"])
         if user is not None:
             budget._user_seen[ctx.user_id] = user
         totals = {"run": run, "session": session, "user": user or Spend()}
         info = {"call": {"tokens": tokens, "cost": cost, "estimated": ev.usage is None},
-                **{scope: totals[scope].as_dict() for scope in _SCOPES},
+                "run": run.as_dict(), "session": session.as_dict(), "user": totals["user"].as_dict(),
                 "exceeded": budget._first_crossed(totals)}
         return ev.model_copy(update={"metadata": {**ev.metadata, budget.name_key: info}})
 

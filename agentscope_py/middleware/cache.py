@@ -189,14 +189,15 @@ def _replay(events: Sequence[AgentEvent], reply_id: str, call: ToolUseBlock | No
                 update["tool_call_id"], update["tool_name"] = call.id, call.name
             else:
                 update["tool_call_id"] = ids.get(call_id) or ids.setdefault(call_id, new_id("call_"))
+        # The brackets' metadata described the recorded call (an inner budget's totals, say), not
+        # this one: a replayed bracket carries only the hit marks.
         cls = type(ev)
         if cls is ModelCallEnd:
             usage = fields["usage"]
             update["usage"] = ChatUsage()
-            update["metadata"] = {**ev.metadata, "cache": HIT,
-                                  "cached_usage": None if usage is None else usage.model_dump()}
+            update["metadata"] = {"cache": HIT, "cached_usage": None if usage is None else usage.model_dump()}
         elif cls is ModelCallStart or cls is ToolResultStart or cls is ToolResultEnd:
-            update["metadata"] = {**ev.metadata, "cache": HIT}
+            update["metadata"] = {"cache": HIT}
         out.append(ev.model_copy(update=update))
     return out
 

@@ -229,8 +229,10 @@ async def test_a_cache_hit_in_front_of_the_budget_costs_nothing() -> None:
     agent = ReActAgent.builder().model(model).middlewares([ResponseCacheMiddleware(), budget]).build()
     c1, c2 = RuntimeContext(session_id="a"), RuntimeContext(session_id="b")
     await agent.call("hi", ctx=c1)
-    await agent.call("hi", ctx=c2)
+    events = await agent.stream("hi", ctx=c2).to_list()
     assert budget.spent(c1)["run"].tokens == 110 and budget.spent(c2)["run"] == Spend()
+    end = next(e for e in events if e.type == "model_call_end")
+    assert end.metadata["cache"] == "hit" and "budget" not in end.metadata   # not the recorded run's totals
 
 
 async def test_strict_prices_unknown_models_are_errors() -> None:
