@@ -201,6 +201,7 @@ class BudgetMiddleware(MiddlewareBase):
         self._warned: set[str] = set()
         self._price_of: dict[str, ModelPrice | None] = {}
         self._cost_limited = any(kind == "cost" for _, kind in self.limits)
+        self._limit_list = tuple((scope, kind, limit) for (scope, kind), limit in self.limits.items())
         if strict:
             for model in models:
                 model_name = model if isinstance(model, str) else getattr(model, "name", repr(model))
@@ -301,12 +302,19 @@ class BudgetMiddleware(MiddlewareBase):
     def _check(
         self, ctx: RuntimeContext, user: Spend | None, est_tokens: int, est_cost: float
     ) -> dict[str, Any] | None:
-        totals = self.spent(ctx)
+        # On every call: reads the totals in place (no Spend is built unless a limit is hit).
+        run = ctx.get(self._run_key)
+        state = ctx.agent_state
+        session = state.metadata.get(self.name_key) if state is not None else None
         if user is not None:
-            totals["user"] = user
             self._user_seen[ctx.user_id] = user
-        for (scope, kind), limit in self.limits.items():
-            spent = totals[scope].tokens if kind == "tokens" else totals[scope].cost
+        for scope, kind, limit in self._limit_list:
+            if scope == "run":
+                spent: float = 0 if run is None else (run.tokens if kind == "tokens" else run.cost)
+            elif scope == "session":
+                spent = session.get(kind, 0) if isinstance(session, dict) else 0
+            else:
+                spent = 0 if user is None else (user.tokens if kind == "tokens" else user.cost)
             estimate = est_tokens if kind == "tokens" else est_cost
             if spent + estimate > limit:
                 unit = "tokens" if kind == "tokens" else "USD"
