@@ -18,7 +18,8 @@ per event, no stream layer of its own), and stored when the ModelCallEnd / ToolR
 
 How a hit shows: the replayed ModelCallStart and ModelCallEnd (ToolResultStart and ToolResultEnd)
 carry ``metadata["cache"] == "hit"``; a replayed ModelCallEnd has ``usage=ChatUsage()`` (a hit costs
-no tokens) and the recorded usage in ``metadata["cached_usage"]``. Store failures are logged and
+no tokens) and the recorded usage in ``metadata["cached_usage"]``; the recorded brackets' other
+metadata described the recorded call and is not replayed. Store failures are logged and
 the call goes on as a miss: a cache never breaks a run.
 
 Reply ids: replayed events carry the run's ``reply_id`` once this run's events have shown it (a

@@ -261,6 +261,21 @@ async def test_redis_store_is_shared_and_expires(redis_url: str, redis_prefix: s
         await s2.close()
 
 
+@pytest.mark.redis
+async def test_tool_cache_on_redis_across_two_middlewares(redis_url: str, redis_prefix: str) -> None:  # noqa: F811
+    s1, s2 = RedisCacheStore(redis_url, prefix=redis_prefix), RedisCacheStore(redis_url, prefix=redis_prefix)
+    try:
+        for store, city in ((s1, "first"), (s2, "second")):
+            model = ScriptedModel([two_calls("Oslo"), answer(city)])
+            agent = ReActAgent.builder().model(model).tools(weather).middleware(ToolResultCacheMiddleware(store)).build()
+            await agent.call("1", ctx=ctx(city))
+            assert model.requests[1].messages[-1].tool_results[0].output == "sunny in Oslo"
+        assert CALLS == ["Oslo"]
+    finally:
+        await s1.close()
+        await s2.close()
+
+
 def test_bad_input_is_a_value_error_at_construction() -> None:
     with pytest.raises(ValueError, match="ttl"):
         ResponseCacheMiddleware(ttl=-1)
