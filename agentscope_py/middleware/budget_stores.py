@@ -1,0 +1,106 @@
+"""Where `BudgetMiddleware` keeps per-user totals: in this process or in Redis.
+
+`Spend` is the totals of one scope; a `BudgetStore` holds them per user id. `InMemoryBudgetStore`
+also answers synchronously (``get_nowait``/``add_nowait``), which keeps an untriggered budget as
+cheap as a pass-through hook. A store that fails fails the call: a budget is never silently
+skipped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+__all__ = ["BudgetStore", "InMemoryBudgetStore", "RedisBudgetStore", "Spend"]
+
+
+@dataclass(frozen=True, slots=True)
+class Spend:
+    """Totals of one scope: tokens (input + output), cost in USD, model calls."""
+
+    tokens: int = 0
+    cost: float = 0.0
+    calls: int = 0
+
+    def plus(self, tokens: int, cost: float) -> Spend:
+        return Spend(self.tokens + tokens, self.cost + cost, self.calls + 1)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"tokens": self.tokens, "cost": self.cost, "calls": self.calls}
+
+
+class BudgetStore(Protocol):
+    """Per-user totals; ``add`` is atomic and returns the new totals."""
+
+    async def get(self, user_id: str) -> Spend: ...
+
+    async def add(self, user_id: str, tokens: int, cost: float) -> Spend: ...
+
+
+class InMemoryBudgetStore:
+    """Per-user totals in this process (shared by every agent given the same store)."""
+
+    sync = True
+
+    def __init__(self) -> None:
+        self._users: dict[str, Spend] = {}
+
+    def get_nowait(self, user_id: str) -> Spend:
+        return self._users.get(user_id) or Spend()
+
+    def add_nowait(self, user_id: str, tokens: int, cost: float) -> Spend:
+        spend = self._users[user_id] = self.get_nowait(user_id).plus(tokens, cost)
+        return spend
+
+    async def get(self, user_id: str) -> Spend:
+        return self.get_nowait(user_id)
+
+    async def add(self, user_id: str, tokens: int, cost: float) -> Spend:
+        return self.add_nowait(user_id, tokens, cost)
+
+    def reset(self, user_id: str | None = None) -> None:
+        if user_id is None:
+            self._users.clear()
+        else:
+            self._users.pop(user_id, None)
+
+
+class RedisBudgetStore:
+    """Per-user totals in Redis: a hash ``{prefix}:{user_id}`` (``tokens``, ``cost``, ``calls``)
+    grown with HINCRBY/HINCRBYFLOAT in one MULTI, so concurrent processes never lose an add."""
+
+    sync = False
+
+    def __init__(self, url: str = "redis://localhost:6379/0", *, prefix: str = "agentscope:budget",
+                 socket_timeout: float = 5.0) -> None:
+        self.url = url
+        self.prefix = prefix
+        self.socket_timeout = socket_timeout
+        self._clients: dict[int, Any] = {}
+
+    def _client(self) -> Any:
+        from redis.asyncio import Redis
+
+        loop = id(asyncio.get_running_loop())
+        client = self._clients.get(loop)
+        if client is None:
+            client = self._clients[loop] = Redis.from_url(
+                self.url, socket_timeout=self.socket_timeout, socket_connect_timeout=self.socket_timeout)
+        return client
+
+    async def get(self, user_id: str) -> Spend:
+        tokens, cost, calls = await self._client().hmget(f"{self.prefix}:{user_id}", "tokens", "cost", "calls")
+        return Spend(int(tokens or 0), float(cost or 0.0), int(calls or 0))
+
+    async def add(self, user_id: str, tokens: int, cost: float) -> Spend:
+        key = f"{self.prefix}:{user_id}"
+        async with self._client().pipeline(transaction=True) as pipe:
+            pipe.hincrby(key, "tokens", tokens).hincrbyfloat(key, "cost", cost).hincrby(key, "calls", 1)
+            new_tokens, new_cost, new_calls = await pipe.execute()
+        return Spend(int(new_tokens), float(new_cost), int(new_calls))
+
+    async def close(self) -> None:
+        client = self._clients.pop(id(asyncio.get_running_loop()), None)
+        if client is not None:
+            await client.aclose()
