@@ -25,13 +25,16 @@ class RuntimeContext:
     is made. The same instance reaches every hook and tool of the call; tools receive it by
     declaring a parameter of type `RuntimeContext` (or `AgentState` for the state itself)."""
 
-    __slots__ = ("_values", "agent", "agent_state", "session_id", "user_id")
+    __slots__ = ("_values", "agent", "agent_state", "reply_id", "session_id", "user_id")
 
     def __init__(self, user_id: str = "default", session_id: str = "default", **values: Any) -> None:
         self.user_id = user_id
         self.session_id = session_id
         self.agent_state: AgentState | None = None
         self.agent: ReActAgent | None = None  # the agent running the call (bound with the state)
+        # The running execution's reply id (AgentStart's): what events a middleware makes itself
+        # carry, at any point (on_acting and on_model_call are not told it otherwise).
+        self.reply_id: str | None = None
         self._values: dict[Any, Any] = dict(values)
 
     def put(self, key: Any, value: Any) -> None:

@@ -320,3 +320,20 @@ async def test_a_generator_tool_that_yields_a_coroutine_is_an_error_result_too()
     result = model.requests[1].messages[-1].tool_results[0]
     assert result.state == ToolResultState.ERROR
     assert result.output == "part one, " + FORGOT.format("gen")
+
+
+async def test_the_context_carries_the_running_executions_reply_id() -> None:
+    from agentscope_py import MiddlewareBase, ModelStep, ReActAgent, RuntimeContext, ScriptedModel
+
+    seen: list[str | None] = []
+
+    class Look(MiddlewareBase):
+        def on_model_call(self, agent: Any, ctx: Any, input: Any, next: Any) -> Any:
+            seen.append(ctx.reply_id)
+            return next(input)
+
+    agent = ReActAgent.builder().model(ScriptedModel([ModelStep.text("a"), ModelStep.text("b")])).middleware(Look()).build()
+    ctx = RuntimeContext()
+    first = await agent.stream("one", ctx=ctx).to_list()
+    second = await agent.stream("two", ctx=ctx).to_list()
+    assert seen == [first[0].reply_id, second[0].reply_id] and seen[0] != seen[1]

@@ -157,7 +157,7 @@ class Execution:
         self.agent = agent
         self.ctx = ctx
         self.toolkit = agent.toolkit
-        self.reply_id = new_id("reply_")
+        self.reply_id = ctx.reply_id = new_id("reply_")
         self.control = RunControl()
         self.structured_model = structured_model
         self._options: Any = agent.model_options

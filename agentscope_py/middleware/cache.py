@@ -66,8 +66,10 @@ HIT = "hit"
 
 
 def _reply_id(ctx: RuntimeContext) -> str:
+    if ctx.reply_id is not None:  # the running execution's (the loop sets it)
+        return ctx.reply_id
     rid = ctx.get(_REPLY)
-    if not isinstance(rid, str):  # not known yet: one fresh id, shared by this run's hits
+    if not isinstance(rid, str):  # outside a run (a hook driven by hand): one fresh id, shared by its hits
         rid = new_id("reply_")
         ctx.put(_REPLY, rid)
     return rid

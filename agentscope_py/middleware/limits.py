@@ -317,16 +317,15 @@ class ToolCallLimitMiddleware(_CallLimit):
         blocked = [c for c in calls if c.id in blocked_ids]
         stop = RequestStop(reason=message) if self.exit_behavior == "end" else None
         inner = next(input.replace(tool_calls=allowed)) if allowed else None
-        return EventStream(lambda: _with_blocked(inner, blocked, message, stop))
+        return EventStream(lambda: _with_blocked(inner, blocked, message, stop, ctx.reply_id))
 
 
 async def _with_blocked(
-    inner: EventStream[Any] | None, blocked: Sequence[ToolUseBlock], message: str, stop: RequestStop | None
+    inner: EventStream[Any] | None, blocked: Sequence[ToolUseBlock], message: str, stop: RequestStop | None,
+    reply_id_of: str | None,
 ) -> AsyncIterator[Any]:
     """The allowed calls' events, then an error result per blocked call (and the stop)."""
-    # The execution's reply id is not reachable from on_acting: take it from the pass's own
-    # events (only this triggered path looks at them).
-    reply_id = ""
+    reply_id = reply_id_of or ""
     if inner is not None:
         async with contextlib.aclosing(inner.__aiter__()) as it:  # type: ignore[type-var]
             async for event in it:
