@@ -3,6 +3,8 @@ limit, a cache in front of a retry, a budget behind a cache — exact requests a
 
 from __future__ import annotations
 
+from resilience_helpers import balance
+
 from agentscope_py import ChatUsage, ModelStep, ReActAgent, RuntimeContext, ScriptedModel
 from agentscope_py.errors import ServerError
 from agentscope_py.middleware import (
@@ -12,8 +14,6 @@ from agentscope_py.middleware import (
     ResponseCacheMiddleware,
     RetryMiddleware,
 )
-
-from resilience_helpers import balance
 
 
 async def no_sleep(seconds: float) -> None:
