@@ -53,8 +53,8 @@ _CLOSES: dict[type[Any], str] = {
     DataBlockEnd: "data", ToolCallEnd: "call", ToolResultEnd: "result",
 }
 BRACKET_TYPES = frozenset(OPENS) | frozenset(_CLOSES)
-"""The event classes `Brackets.see` cares about (the loop tests membership inline: most events
-are deltas, which need no call)."""
+"""The event classes the loop logs for `Brackets` (it tests the class inline: most events are
+deltas, which cost nothing more)."""
 
 CUT_SHORT = "cut short: the stream ended before the model call did"
 SUPERSEDED = "abandoned: a new attempt of the model call started"
