@@ -18,7 +18,7 @@ import reactivex
 from reactivex.disposable import Disposable
 from reactivex.scheduler.eventloop import AsyncIOScheduler
 
-from .stream import EventStream, _Channel, aclose
+from .stream import Channel, EventStream, aclose
 
 __all__ = [
     "from_async_observable",
@@ -263,7 +263,7 @@ def from_async_observable(observable: Any, buffer: int = 64) -> EventStream[Any]
     from aioreactive import AsyncAnonymousObserver
 
     async def gen() -> AsyncIterator[Any]:
-        channel = _Channel(buffer)
+        channel = Channel(buffer)
 
         async def athrow(exc: Exception) -> None:
             channel.finish(exc)

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeAlias, TypeVar, cast
 if TYPE_CHECKING:
     import reactivex
 
-__all__ = ["EventStream", "StreamLike", "Subscription", "to_stream"]
+__all__ = ["Channel", "EventStream", "StreamLike", "Subscription", "to_stream"]
 
 T = TypeVar("T")
 U = TypeVar("U")
@@ -469,8 +469,14 @@ async def _finally(source: EventStream[Any], fn: Callable[[], Any]) -> AsyncIter
             await _maybe_await(fn())
 
 
-class _Channel:
-    """A bounded buffer between producer task(s) and one consumer."""
+class Channel:
+    """A bounded buffer between producer task(s) and one consumer: the one buffer type of the
+    runtime (the model call's prefetch, parallel tool calls, merges, the reactivex bridge).
+
+    Internal API, used across the package: a producer appends to ``items`` (or awaits `put`,
+    which waits for room), calls `wake` after appending, awaits `room` when ``len(items) >= size``,
+    and ends with `finish(error)`; the consumer takes with `take` (or iterates `drain`), waiting
+    on ``waiter`` when empty. One consumer only."""
 
     __slots__ = ("done", "error", "items", "loop", "size", "spaces", "waiter")
 
@@ -541,7 +547,7 @@ _EMPTY: Any = object()
 
 
 def prefetched(
-    source: Callable[[], AsyncIterator[Any]] | Callable[[_Channel], Awaitable[None]],
+    source: Callable[[], AsyncIterator[Any]] | Callable[[Channel], Awaitable[None]],
     size: int = 64,
     context: contextvars.Context | None = None,
     make: Callable[[Any], Callable[[str], T]] | None = None,
@@ -607,7 +613,7 @@ class InContext:
         return self.ctx.run(inner, steps)  # type: ignore[no-any-return]
 
 
-async def _pump(channel: _Channel, source: Callable[..., Any], push: bool) -> None:
+async def _pump(channel: Channel, source: Callable[..., Any], push: bool) -> None:
     """The producer task of `_prefetch`: runs ``source`` into ``channel`` (a function, not a
     closure: a closure's cells are objects each model call would keep alive)."""
     error: BaseException | None = None
@@ -638,7 +644,7 @@ async def _prefetch(
     maps: tuple[Callable[[Any], Any], ...], make: Callable[[Any], Callable[[str], Any]] | None = None,
     push: bool = False,
 ) -> AsyncIterator[Any]:
-    channel = _Channel(size)
+    channel = Channel(size)
     items = channel.items
     task = channel.loop.create_task(_pump(channel, source, push), context=ctx)
     take, spaces, empty = channel.take, channel.spaces, _EMPTY
@@ -682,7 +688,7 @@ async def _merge(
     max_concurrent: int | None = None,
 ) -> AsyncIterator[Any]:
     """Run inner streams concurrently into one channel; an error anywhere cancels the rest."""
-    channel = _Channel(buffer)
+    channel = Channel(buffer)
     tasks: set[asyncio.Task[None]] = set()
     limit = asyncio.Semaphore(max_concurrent) if max_concurrent else None
     outer_done = False

@@ -28,7 +28,7 @@ from ..events import (
     trusted,
 )
 from ..message import GenerateReason, ToolResultState, ToolUseBlock
-from ..stream import _Channel
+from ..stream import Channel
 from ..tool.toolkit import PermissionDecision, Tool, ToolArgumentError
 from ._reply import result_events
 
@@ -140,7 +140,7 @@ async def _execute(
                 await single.aclose()
                 raise
             continue
-        channels = [_Channel(256) for _ in group]
+        channels = [Channel(256) for _ in group]
         tasks = [loop.create_task(_run_tool(exe, call, ch), context=context.copy())
                  for call, ch in zip(group, channels, strict=True)]
         exe.control.tasks.update(tasks)
@@ -248,7 +248,7 @@ class _Inline:
         return self.result
 
 
-async def _run_tool(exe: Execution, call: ToolUseBlock, channel: _Channel) -> None:
+async def _run_tool(exe: Execution, call: ToolUseBlock, channel: Channel) -> None:
     """A call whose output is streamed as it comes (a generator tool, or one of a parallel
     group), through ``channel``."""
     reply_id, cid, name = exe.reply_id, call.id, call.name
@@ -267,7 +267,7 @@ INTERRUPTED_TEXT = "The tool call was interrupted."
 
 
 async def _invoke(
-    exe: Execution, call: ToolUseBlock, tool: Tool | None, sink: _Channel | list[Any]
+    exe: Execution, call: ToolUseBlock, tool: Tool | None, sink: Channel | list[Any]
 ) -> tuple[ToolResultState, str | None]:
     """Run the tool, handing its output to ``sink`` (as events for a channel, raw for a list);
     every failure becomes the state and text of the result the model sees."""
@@ -297,11 +297,11 @@ async def _invoke(
     return ToolResultState.SUCCESS, None
 
 
-async def _output(exe: Execution, call: ToolUseBlock, tool: Tool, sink: _Channel | list[Any]) -> None:
+async def _output(exe: Execution, call: ToolUseBlock, tool: Tool, sink: Channel | list[Any]) -> None:
     if type(sink) is list:
         sink.extend(await tool.call_once(call.input, exe.ctx))
         return
-    assert isinstance(sink, _Channel)
+    assert isinstance(sink, Channel)
     reply_id, cid, name = exe.reply_id, call.id, call.name
     async for chunk in tool.run(call.input, exe.ctx):
         # A sub-agent's events (they carry a source path) are forwarded as they are.

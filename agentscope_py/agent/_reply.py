@@ -51,7 +51,7 @@ from ..message import (
     trusted_model,
 )
 from ..model.base import ChatChunk, ChatModel, ModelError, ModelRequest
-from ..stream import _Channel as Channel
+from ..stream import Channel
 from ._brackets import describe
 from ._session import RunControl
 
