@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
@@ -51,33 +50,25 @@ class _TrackingScheduler(AsyncIOScheduler):  # type: ignore[misc]
         return super().schedule_absolute(duetime, action, state)
 
 
-class _Sink:
-    """Collects what a reactivex pipeline emits and wakes the pulling coroutine."""
+class _Sink(Channel):
+    """A `Channel` that a reactivex pipeline pushes into (an observer): reactivex calls back
+    synchronously, so items are appended without waiting for room (the pulling coroutine takes
+    them before it pulls the upstream again, which bounds them)."""
 
-    __slots__ = ("done", "error", "items", "waiter")
+    __slots__ = ()
 
     def __init__(self) -> None:
-        self.items: deque[Any] = deque()
-        self.done = False
-        self.error: BaseException | None = None
-        self.waiter: asyncio.Future[None] | None = None
-
-    def wake(self) -> None:
-        w = self.waiter
-        if w is not None and not w.done():
-            w.set_result(None)
+        super().__init__(1 << 30)
 
     def on_next(self, item: Any) -> None:
         self.items.append(item)
         self.wake()
 
     def on_error(self, error: BaseException) -> None:
-        self.done, self.error = True, error
-        self.wake()
+        self.finish(error)
 
     def on_completed(self) -> None:
-        self.done = True
-        self.wake()
+        self.finish(None)
 
 
 async def pipe_operators(upstream: AsyncIterator[Any], operators: Sequence[Any]) -> AsyncIterator[Any]:
@@ -103,7 +94,7 @@ async def pipe_operators(upstream: AsyncIterator[Any], operators: Sequence[Any])
     try:
         while True:
             while sink.items:
-                yield sink.items.popleft()
+                yield sink.items.pop(0)
             if sink.done:
                 if sink.error is not None:
                     raise sink.error
@@ -196,7 +187,7 @@ def from_observable(observable: reactivex.Observable[Any]) -> EventStream[Any]:
         try:
             while True:
                 while sink.items:
-                    yield sink.items.popleft()
+                    yield sink.items.pop(0)
                 if sink.done:
                     if sink.error is not None:
                         raise sink.error
