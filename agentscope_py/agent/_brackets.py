@@ -5,7 +5,7 @@ brackets (text, thinking and data blocks, tool calls, tool results, model calls)
 keep it:
 
 * The model call closes its own open blocks and emits ``ModelCallEnd(error=…)`` when the provider
-  fails mid-stream (`_reply.model_events`), before the error travels outward, so a middleware
+  fails mid-stream (`_model_call.model_events`), before the error travels outward, so a middleware
   that retries or falls back by calling ``next`` again starts the next attempt on a balanced
   stream.
 * `Brackets` watches the events the loop publishes. When a step's stream ends (completes, fails,

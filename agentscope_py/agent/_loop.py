@@ -71,7 +71,8 @@ from ._acting import acting_events
 from ._boundaries import admit, not_an_event, require_event, warn_empty
 from ._brackets import Brackets, describe
 from ._input import check_input
-from ._reply import ReplyBuilder, delta_maker, model_events
+from ._model_call import delta_maker, model_events
+from ._reply import ReplyBuilder
 from ._resume import check_no_control_input, resume
 from ._session import RunControl
 from ._steps import ACT, DROPPED_TEXT, END, MARKS, PRELUDE, REASON, START, SUMMARY, Acting, Step, result_block

@@ -29,7 +29,7 @@ from ..tool.toolkit import Tool, Toolkit, tool
 from ._boundaries import guarded
 from ._input import check_input
 from ._loop import Execution
-from ._reply import FailoverListener, RetryPolicy
+from ._model_call import FailoverListener, RetryPolicy
 from ._session import SessionGates
 from .context import RuntimeContext
 from .state import AgentState
