@@ -31,9 +31,9 @@ class Spend:
 
 
 _new = object.__new__
-_set_tokens = Spend.tokens.__set__  # type: ignore[misc]  # the slots' own descriptors
-_set_cost = Spend.cost.__set__  # type: ignore[misc]
-_set_calls = Spend.calls.__set__  # type: ignore[misc]
+_set_tokens = Spend.tokens.__set__  # type: ignore[misc, attr-defined]  # the slots' own descriptors
+_set_cost = Spend.cost.__set__  # type: ignore[misc, attr-defined]
+_set_calls = Spend.calls.__set__  # type: ignore[misc, attr-defined]
 
 
 def spend(tokens: int, cost: float, calls: int) -> Spend:
