@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ModelTimeoutError, RunTimeoutError
@@ -82,24 +83,15 @@ class TimeoutMiddleware(MiddlewareBase):
         inner = next(input)
         limit = self.run_timeout
         assert limit is not None
-
-        def timed_out() -> BaseException:
-            return RunTimeoutError(f"the run did not finish within {limit:g} s (TimeoutMiddleware)")
-
-        return EventStream(lambda: _timed(inner, None, limit, timed_out, timed_out))
+        return EventStream(partial(_timed, inner, None, limit, partial(_run_timed_out, limit)))
 
     def on_model_call(self, agent: ReActAgent, ctx: RuntimeContext, input: ModelCallInput, next: Next) -> Any:
         inner = next(input)
-        first, total, name = self.first_event_timeout, self.model_timeout, input.model.name
-        provider = getattr(input.model, "provider", None)
-
-        def no_first() -> BaseException:
-            return ModelTimeoutError(f"model {name} sent nothing within {first:g} s", provider=provider)
-
-        def too_long() -> BaseException:
-            return ModelTimeoutError(f"model {name} did not finish within {total:g} s", provider=provider)
-
-        return EventStream(lambda: _timed(inner, first, total, no_first, too_long))
+        first, total = self.first_event_timeout, self.model_timeout
+        model = input.model
+        # C partials, no closures: the errors are made only when a deadline passes.
+        timed_out = partial(_model_timed_out, model.name, getattr(model, "provider", None), first, total)
+        return EventStream(partial(_timed, inner, first, total, timed_out))
 
     def on_acting(self, agent: ReActAgent, ctx: RuntimeContext, input: ActingInput, next: Next) -> Any:
         inner = next(input)
@@ -108,14 +100,25 @@ class TimeoutMiddleware(MiddlewareBase):
         return EventStream(lambda: _timed_tools(inner, input, next, limit))
 
 
+def _run_timed_out(limit: float, first: bool) -> BaseException:
+    return RunTimeoutError(f"the run did not finish within {limit:g} s (TimeoutMiddleware)")
+
+
+def _model_timed_out(name: str, provider: Any, first: float | None, total: float | None,
+                     before_first: bool) -> BaseException:
+    if before_first:
+        return ModelTimeoutError(f"model {name} sent nothing within {first:g} s", provider=provider)
+    return ModelTimeoutError(f"model {name} did not finish within {total:g} s", provider=provider)
+
+
 class _Watch:
     """One deadline timer for a stream read by ``task`` (module docstring)."""
 
     __slots__ = ("cancelled", "fired", "handle", "loop", "task", "waiting")
 
     def __init__(self) -> None:
-        self.loop = asyncio.get_running_loop()
-        task = asyncio.current_task()
+        self.loop = loop = asyncio.get_running_loop()
+        task = asyncio.current_task(loop)  # (given the loop: it is not looked up twice)
         assert task is not None
         self.task = task
         self.waiting = False
@@ -153,8 +156,10 @@ class _Watch:
 
 async def _timed(
     inner: EventStream[AgentEvent], first: float | None, total: float | None,
-    no_first: Callable[[], BaseException], too_long: Callable[[], BaseException],
+    timed_out: Callable[[bool], BaseException],
 ) -> AsyncIterator[AgentEvent]:
+    """``timed_out(before_first)``: the error of the deadline that passed (the first event's, or
+    the whole stream's)."""
     watch = _Watch()
     now = watch.loop.time()
     end = None if total is None else now + total
@@ -163,23 +168,26 @@ async def _timed(
     waiting_first = first_end is not None and (end is None or first_end < end)
     watch.arm(first_end if waiting_first else end)
     it = inner.__aiter__()
+    anext = it.__anext__  # (bound once, not per event)
+    # Per event: a test of ``fired``, two stores of ``waiting`` and a test of ``cancelled`` (what
+    # ``took_back`` tests first, inlined: a method call per event was a fifth of this loop).
     try:
         while True:
             if watch.fired:
-                raise (no_first if waiting_first else too_long)()
+                raise timed_out(waiting_first)
             watch.waiting = True
             try:
-                ev = await it.__anext__()
+                ev = await anext()
             except StopAsyncIteration:
                 return
             except asyncio.CancelledError:
-                if watch.took_back():
-                    raise (no_first if waiting_first else too_long)() from None
+                if watch.cancelled and watch.took_back():
+                    raise timed_out(waiting_first) from None
                 raise
             finally:
                 watch.waiting = False
-            if watch.took_back():  # an inner layer swallowed the cancellation
-                raise (no_first if waiting_first else too_long)()
+            if watch.cancelled and watch.took_back():  # an inner layer swallowed the cancellation
+                raise timed_out(waiting_first)
             if waiting_first:
                 waiting_first = False
                 watch.arm(end)
@@ -197,28 +205,30 @@ async def _timed_tools(
     started: set[str] = set()
     open_call: ToolResultStart | None = None
     it: AsyncIterator[Any] = inner.__aiter__()
+    anext = it.__anext__
     try:
         while True:
             if watch.fired and open_call is not None:
                 break  # it fired while the consumer was busy: the open call timed out
             watch.waiting = True
             try:
-                ev = await it.__anext__()
+                ev = await anext()
             except StopAsyncIteration:
                 return
             except asyncio.CancelledError:
-                if not watch.took_back():
+                if not (watch.cancelled and watch.took_back()):
                     raise
                 break  # the open call timed out
             finally:
                 watch.waiting = False
-            if watch.took_back():  # an inner layer swallowed the cancellation
+            if watch.cancelled and watch.took_back():  # an inner layer swallowed the cancellation
                 break
             cls = type(ev)
-            if cls is ToolResultStart and ev.source is None and ev.tool_call_id in ids:
-                open_call = ev
-                started.add(ev.tool_call_id)
-                watch.arm(watch.loop.time() + limit)
+            if cls is ToolResultStart:
+                if ev.source is None and ev.tool_call_id in ids:
+                    open_call = ev
+                    started.add(ev.tool_call_id)
+                    watch.arm(watch.loop.time() + limit)
             elif cls is ToolResultEnd and open_call is not None and ev.tool_call_id == open_call.tool_call_id:
                 open_call = None
                 watch.arm(None)
