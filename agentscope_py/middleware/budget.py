@@ -115,23 +115,27 @@ def _tool_chars(tools: Sequence[Any]) -> int:
     return chars
 
 
-_MSG_CHARS: dict[int, tuple[Msg, int]] = {}  # id(msg) -> (msg, chars): a session's messages recur every round
+# The last call's messages: id(msg) -> (msg, chars). A session's messages recur in every round,
+# so each call counts only the messages that are new since the call before it; the memo is
+# replaced by each call's own, so it keeps alive only messages that call still had (a memo that
+# kept every message it saw for a while held up to a thousand dead ones, and the allocator's
+# fresh memory cost an untriggered budget more than counting them again).
+_last_chars: dict[int, tuple[Msg, int]] = {}
 
 
 def estimate_tokens(input: ModelCallInput) -> int:
     """``ceil(characters / 4)`` over the messages' content and the tool schemas."""
+    global _last_chars
     chars = _tool_chars(input.tools)
-    memo = _MSG_CHARS
+    last = _last_chars
+    memo: dict[int, tuple[Msg, int]] = {}
     for msg in input.messages:
-        entry = memo.get(id(msg))
-        if entry is not None and entry[0] is msg:
-            chars += entry[1]
-            continue
-        n = _msg_chars(msg)
-        if len(memo) >= 1024:
-            memo.clear()
-        memo[id(msg)] = (msg, n)
-        chars += n
+        entry = last.get(id(msg))
+        if entry is None or entry[0] is not msg:
+            entry = (msg, _msg_chars(msg))
+        memo[id(msg)] = entry
+        chars += entry[1]
+    _last_chars = memo
     return math.ceil(chars / 4)
 
 

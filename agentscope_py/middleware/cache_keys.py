@@ -43,18 +43,8 @@ try:  # orjson (the server extra) encodes a request ~5x faster; its output is js
             return orjson.dumps(payload, default=_json_default, option=_ORJSON_OPTS)
         except (TypeError, orjson.JSONEncodeError):  # (a lone surrogate, say): the json module's form
             return _json_canonical(payload)
-
-    def _fast(payload: Any) -> bytes | None:
-        """orjson's form, or None where `_canonical` would fall back to the json module's."""
-        try:
-            return orjson.dumps(payload, default=_json_default, option=_ORJSON_OPTS)
-        except (TypeError, orjson.JSONEncodeError):
-            return None
 except ImportError:  # pragma: no cover - depends on the installed extras
     def _canonical(payload: Any) -> bytes:
-        return _json_canonical(payload)
-
-    def _fast(payload: Any) -> bytes | None:
         return _json_canonical(payload)
 
 
@@ -83,13 +73,44 @@ def _block(block: Any, alias: Callable[[str], int]) -> Any:
     return (t, block.model_dump(mode="json", exclude={"id"}))
 
 
+# The messages' normal forms, per message: id(msg) -> (msg, the call ids it names in order of
+# appearance, the aliases they got, its normal form). A session's history recurs in every round's
+# request, so an untriggered cache normalises only the messages that are new since the last round
+# (the request is still encoded whole, in one C call). A normal form depends on the aliases of the
+# calls it names: it is reused only when those ids get the same aliases again (checked by replaying
+# them, which advances the aliases exactly as normalising the message would).
+_MSGS: dict[int, tuple[Msg, tuple[str, ...], tuple[int, ...], Any]] = {}
+
+
 def _messages(messages: Sequence[Msg]) -> list[Any]:
     aliases: dict[str, int] = {}
+    setdefault = aliases.setdefault
+    seen: list[str] = []
 
     def alias(call_id: str) -> int:
-        return aliases.setdefault(call_id, len(aliases))
+        seen.append(call_id)
+        return setdefault(call_id, len(aliases))
 
-    return [(m.role, m.name, [_block(b, alias) for b in m.content]) for m in messages]
+    memo = _MSGS
+    out: list[Any] = []
+    for m in messages:
+        entry = memo.get(id(m))
+        if entry is not None and entry[0] is m:
+            ids = entry[1]
+            if not ids or tuple([setdefault(i, len(aliases)) for i in ids]) == entry[2]:
+                out.append(entry[3])
+                continue
+        start = len(seen)
+        norm = (m.role, m.name, [_block(b, alias) for b in m.content])
+        if len(memo) >= 1024:
+            memo.clear()
+        if len(seen) == start:
+            memo[id(m)] = (m, (), (), norm)
+        else:
+            ids = tuple(seen[start:])
+            memo[id(m)] = (m, ids, tuple([aliases[i] for i in ids]), norm)
+        out.append(norm)
+    return out
 
 
 _TOOLS: dict[int, tuple[Sequence[Any], str]] = {}  # id(tools) -> (tools, digest): the toolkit's tuple is reused
@@ -110,63 +131,13 @@ def _tools_digest(tools: Sequence[Any]) -> str:
     return digest
 
 
-# The messages' encodings, per message: id(msg) -> (msg, its call ids in order of appearance, the
-# aliases they had, its encoding). A session's history recurs in every round's request, so an
-# untriggered cache encodes only the messages that are new since the last round. An encoding
-# depends on the aliases of the calls it names: it is reused only when the same ids get the same
-# aliases again (checked by replaying them, which advances the aliases as encoding would).
-_MSGS: dict[int, tuple[Msg, tuple[str, ...], tuple[int, ...], bytes]] = {}
-
-
-def _encode_message(m: Msg, aliases: dict[str, int], seen: list[str]) -> bytes | None:
-    def alias(call_id: str) -> int:
-        seen.append(call_id)
-        return aliases.setdefault(call_id, len(aliases))
-
-    # Encoded at the depth it has in the request (inside the request and the message list), so
-    # orjson's nesting limit treats it as it would there.
-    return _fast([[(m.role, m.name, [_block(b, alias) for b in m.content])]])
-
-
-def _message_parts(messages: Sequence[Msg]) -> list[bytes] | None:
-    """Each message's encoding in the whole request's canonical form, or None when one of them
-    takes the json module's form (then the whole request does: see `request_key`)."""
-    aliases: dict[str, int] = {}
-    setdefault = aliases.setdefault
-    memo = _MSGS
-    parts: list[bytes] = []
-    for m in messages:
-        entry = memo.get(id(m))
-        if entry is not None and entry[0] is m:
-            ids = entry[1]
-            if not ids or tuple([setdefault(i, len(aliases)) for i in ids]) == entry[2]:
-                parts.append(entry[3])
-                continue
-        seen: list[str] = []
-        wrapped = _encode_message(m, aliases, seen)
-        if wrapped is None:
-            return None
-        data = wrapped[2:-2]
-        if len(memo) >= 1024:
-            memo.clear()
-        memo[id(m)] = (m, tuple(seen), tuple([aliases[i] for i in seen]), data)
-        parts.append(data)
-    return parts
-
-
 def request_key(input: ModelCallInput) -> str:
     """The cache key of a model call: a hex SHA-256 of its normalised request."""
     model = input.model
-    head = ("model_call", type(model).__qualname__, getattr(model, "name", ""))
-    tools = _tools_digest(input.tools)
-    parts = _message_parts(input.messages)
-    if parts is not None:
-        # The canonical form of the whole tuple, put together from its parts: a JSON array is its
-        # items' encodings joined by commas, so this is byte for byte what encoding it whole gives.
-        first, last = _fast(head), _fast((tools, input.options))
-        if first is not None and last is not None:
-            return hashlib.sha256(b"".join((first[:-1], b",[", b",".join(parts), b"],", last[1:]))).hexdigest()
-    return _digest((*head, _messages(input.messages), tools, input.options))
+    return _digest((
+        "model_call", type(model).__qualname__, getattr(model, "name", ""), _messages(input.messages),
+        _tools_digest(input.tools), input.options,
+    ))
 
 
 def tool_call_key(call: ToolUseBlock) -> str:
