@@ -73,16 +73,19 @@ def _block(block: Any, alias: Callable[[str], int]) -> Any:
     return (t, block.model_dump(mode="json", exclude={"id"}))
 
 
-# The messages' normal forms, per message: id(msg) -> (msg, the call ids it names in order of
-# appearance, the aliases they got, its normal form). A session's history recurs in every round's
-# request, so an untriggered cache normalises only the messages that are new since the last round
-# (the request is still encoded whole, in one C call). A normal form depends on the aliases of the
-# calls it names: it is reused only when those ids get the same aliases again (checked by replaying
-# them, which advances the aliases exactly as normalising the message would).
-_MSGS: dict[int, tuple[Msg, tuple[str, ...], tuple[int, ...], Any]] = {}
+# The last request's messages and their normal forms: id(msg) -> (msg, the call ids it names in
+# order of appearance, the aliases they got, its normal form). A session's history recurs in every
+# round's request, so an untriggered cache normalises only the messages that are new since the
+# request before (the request is still encoded whole, in one C call). Each request's memo replaces
+# the last one: it keeps alive only messages that request still had (as in `estimate_tokens`). A
+# normal form depends on the aliases of the calls it names: it is reused only when those ids get
+# the same aliases again (checked by replaying them, which advances the aliases exactly as
+# normalising the message would).
+_last: dict[int, tuple[Msg, tuple[str, ...], tuple[int, ...], Any]] = {}
 
 
 def _messages(messages: Sequence[Msg]) -> list[Any]:
+    global _last
     aliases: dict[str, int] = {}
     setdefault = aliases.setdefault
     seen: list[str] = []
@@ -91,25 +94,23 @@ def _messages(messages: Sequence[Msg]) -> list[Any]:
         seen.append(call_id)
         return setdefault(call_id, len(aliases))
 
-    memo = _MSGS
+    last = _last
+    memo: dict[int, tuple[Msg, tuple[str, ...], tuple[int, ...], Any]] = {}
     out: list[Any] = []
     for m in messages:
-        entry = memo.get(id(m))
-        if entry is not None and entry[0] is m:
-            ids = entry[1]
-            if not ids or tuple([setdefault(i, len(aliases)) for i in ids]) == entry[2]:
-                out.append(entry[3])
-                continue
-        start = len(seen)
-        norm = (m.role, m.name, [_block(b, alias) for b in m.content])
-        if len(memo) >= 1024:
-            memo.clear()
-        if len(seen) == start:
-            memo[id(m)] = (m, (), (), norm)
-        else:
-            ids = tuple(seen[start:])
-            memo[id(m)] = (m, ids, tuple([aliases[i] for i in ids]), norm)
-        out.append(norm)
+        entry = last.get(id(m))
+        if entry is None or entry[0] is not m or (
+                entry[1] and tuple([setdefault(i, len(aliases)) for i in entry[1]]) != entry[2]):
+            start = len(seen)
+            norm = (m.role, m.name, [_block(b, alias) for b in m.content])
+            if len(seen) == start:
+                entry = (m, (), (), norm)
+            else:
+                ids = tuple(seen[start:])
+                entry = (m, ids, tuple([aliases[i] for i in ids]), norm)
+        memo[id(m)] = entry
+        out.append(entry[3])
+    _last = memo
     return out
 
 
