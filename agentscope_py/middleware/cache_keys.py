@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable, Mapping, Sequence
+from operator import is_ as _is
 from typing import Any
 
 from pydantic import BaseModel
@@ -73,44 +74,29 @@ def _block(block: Any, alias: Callable[[str], int]) -> Any:
     return (t, block.model_dump(mode="json", exclude={"id"}))
 
 
-# The last request's messages and their normal forms: id(msg) -> (msg, the call ids it names in
-# order of appearance, the aliases they got, its normal form). A session's history recurs in every
-# round's request, so an untriggered cache normalises only the messages that are new since the
-# request before (the request is still encoded whole, in one C call). Each request's memo replaces
-# the last one: it keeps alive only messages that request still had (as in `estimate_tokens`). A
-# normal form depends on the aliases of the calls it names: it is reused only when those ids get
-# the same aliases again (checked by replaying them, which advances the aliases exactly as
-# normalising the message would).
-_last: dict[int, tuple[Msg, tuple[str, ...], tuple[int, ...], Any]] = {}
+# The last request's messages, their normal forms and the aliases after them. A session's request
+# is the request before it plus the messages since (the same objects, in the same order), so an
+# untriggered cache normalises only those (the request is still encoded whole, in one C call). The
+# prefix is recognised by identity, in C; any other request (another session's, say) is
+# normalised whole. Only the last request is kept, so no dead message is kept alive for long.
+_prev: tuple[tuple[Msg, ...], list[Any], dict[str, int]] = ((), [], {})
 
 
 def _messages(messages: Sequence[Msg]) -> list[Any]:
-    global _last
-    aliases: dict[str, int] = {}
-    setdefault = aliases.setdefault
-    seen: list[str] = []
+    global _prev
+    done, done_out, done_aliases = _prev
+    n = len(done)
+    if n and len(messages) >= n and all(map(_is, messages, done)):
+        aliases = dict(done_aliases)  # (the aliases of the prefix: what normalising it again gives)
+        rest, out = messages[n:], done_out
+    else:
+        aliases, rest, out = {}, messages, []
 
     def alias(call_id: str) -> int:
-        seen.append(call_id)
-        return setdefault(call_id, len(aliases))
+        return aliases.setdefault(call_id, len(aliases))
 
-    last = _last
-    memo: dict[int, tuple[Msg, tuple[str, ...], tuple[int, ...], Any]] = {}
-    out: list[Any] = []
-    for m in messages:
-        entry = last.get(id(m))
-        if entry is None or entry[0] is not m or (
-                entry[1] and tuple([setdefault(i, len(aliases)) for i in entry[1]]) != entry[2]):
-            start = len(seen)
-            norm = (m.role, m.name, [_block(b, alias) for b in m.content])
-            if len(seen) == start:
-                entry = (m, (), (), norm)
-            else:
-                ids = tuple(seen[start:])
-                entry = (m, ids, tuple([aliases[i] for i in ids]), norm)
-        memo[id(m)] = entry
-        out.append(entry[3])
-    _last = memo
+    out = out + [(m.role, m.name, [_block(b, alias) for b in m.content]) for m in rest]
+    _prev = (tuple(messages), out, aliases)
     return out
 
 
