@@ -39,6 +39,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial as _partial
+from operator import is_ as _is
 from typing import TYPE_CHECKING, Any, Literal, cast
 
 from ..errors import BudgetExceeded
@@ -115,28 +116,28 @@ def _tool_chars(tools: Sequence[Any]) -> int:
     return chars
 
 
-# The last call's messages: id(msg) -> (msg, chars). A session's messages recur in every round,
-# so each call counts only the messages that are new since the call before it; the memo is
-# replaced by each call's own, so it keeps alive only messages that call still had (a memo that
-# kept every message it saw for a while held up to a thousand dead ones, and the allocator's
-# fresh memory cost an untriggered budget more than counting them again).
-_last_chars: dict[int, tuple[Msg, int]] = {}
+# The last call's messages and their characters (tool schemas left out). A session's request is the
+# request before it plus the messages since (the same objects, in the same order): those are all
+# that is counted, the prefix recognised by identity, in C (as `cache_keys` does). Only the last
+# call is kept, so no dead message is kept alive for long (a memo of every message seen held up to
+# a thousand dead ones, which cost an untriggered budget more than counting them again).
+_prev: tuple[tuple[Msg, ...], int] = ((), 0)
 
 
 def estimate_tokens(input: ModelCallInput) -> int:
     """``ceil(characters / 4)`` over the messages' content and the tool schemas."""
-    global _last_chars
-    chars = _tool_chars(input.tools)
-    last = _last_chars
-    memo: dict[int, tuple[Msg, int]] = {}
-    for msg in input.messages:
-        entry = last.get(id(msg))
-        if entry is None or entry[0] is not msg:
-            entry = (msg, _msg_chars(msg))
-        memo[id(msg)] = entry
-        chars += entry[1]
-    _last_chars = memo
-    return math.ceil(chars / 4)
+    global _prev
+    messages = input.messages
+    done, chars = _prev
+    n = len(done)
+    if n and len(messages) >= n and all(map(_is, messages, done)):
+        rest: Sequence[Msg] = messages[n:]
+    else:
+        rest, chars = messages, 0
+    for msg in rest:
+        chars += _msg_chars(msg)
+    _prev = (tuple(messages), chars)
+    return math.ceil((chars + _tool_chars(input.tools)) / 4)
 
 
 def _msg_chars(msg: Msg) -> int:
