@@ -97,7 +97,7 @@ class TimeoutMiddleware(MiddlewareBase):
         inner = next(input)
         limit = self.tool_timeout
         assert limit is not None
-        return EventStream(lambda: _timed_tools(inner, input, next, limit))
+        return EventStream(partial(_timed_tools, inner, input, next, limit))
 
 
 def _run_timed_out(limit: float, first: bool) -> BaseException:
