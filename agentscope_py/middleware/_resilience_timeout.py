@@ -1,8 +1,9 @@
 """`TimeoutMiddleware`: deadlines for a model call, each tool call, and the whole run.
 
-How a deadline is kept without a timer per event: one `_Watch` per timed stream holds one loop
-timer. The layer marks when it is waiting on the inner stream; when the timer fires while it
-waits, it cancels the waiting task (as ``asyncio.timeout`` does), the cancellation runs through
+How a deadline is kept without a timer per event: one `_Watch` per timed stream holds one
+deadline, kept by its loop's `_Clock` (one loop timer for all of them). The layer marks when it is
+waiting on the inner stream; when the deadline passes while it waits, it cancels the waiting
+task (as ``asyncio.timeout`` does), the cancellation runs through
 the inner layers, which close what they opened (the model call's own task is cancelled and the
 provider's stream closed, so its connection goes), and the layer takes the cancellation back and
 raises its typed error. A timer that fires while the consumer is busy elsewhere only marks the
@@ -23,6 +24,9 @@ watch: the next read fails at once. Per event that costs two attribute stores an
 from __future__ import annotations
 
 import asyncio
+import heapq
+import math
+import weakref
 from collections.abc import AsyncIterator, Callable
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -111,34 +115,114 @@ def _model_timed_out(name: str, provider: Any, first: float | None, total: float
     return ModelTimeoutError(f"model {name} did not finish within {total:g} s", provider=provider)
 
 
-class _Watch:
-    """One deadline timer for a stream read by ``task`` (module docstring)."""
+class _Clock:
+    """The deadlines of a loop's watches behind one loop timer, armed for the earliest of them.
 
-    __slots__ = ("cancelled", "fired", "handle", "loop", "task", "waiting")
+    Arming a watch is a heap push (tuples: the comparisons are C's, where the loop's own heap of
+    `TimerHandle` compares in Python) and at most one loop timer; disarming is a store. A deadline
+    left behind (its stream ended first, as nearly all do) is dropped when it reaches the top of
+    the heap, or when the stale ones are half the heap (so it stays small however long the
+    deadlines). Watches fire in the order of their deadlines, as their own timers would."""
+
+    __slots__ = ("armed", "handle", "heap", "loop", "seq", "stale")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.heap: list[tuple[float, int, _Watch]] = []
+        self.handle: asyncio.TimerHandle | None = None
+        self.armed = math.inf  # when the loop timer fires
+        self.seq = 0
+        self.stale = 0
+
+    def add(self, watch: _Watch, when: float) -> int:
+        self.seq = seq = self.seq + 1
+        heapq.heappush(self.heap, (when, seq, watch))
+        if when < self.armed:
+            self._arm(when)
+        return seq
+
+    def drop(self) -> None:
+        """A deadline was disarmed (its entry stays in the heap until it is dropped)."""
+        self.stale = stale = self.stale + 1
+        heap = self.heap
+        if stale > 32 and stale * 2 > len(heap):
+            self.heap = [e for e in heap if e[2].seq == e[1]]
+            heapq.heapify(self.heap)
+            self.stale = 0
+
+    def _arm(self, when: float) -> None:
+        if self.handle is not None:
+            self.handle.cancel()
+        self.armed = when
+        self.handle = self.loop.call_at(when, self._tick)
+
+    def _tick(self) -> None:
+        self.handle = None
+        due = max(self.armed, self.loop.time())
+        self.armed = math.inf
+        heap = self.heap
+        while heap:
+            when, seq, watch = heap[0]
+            if watch.seq != seq:  # disarmed or armed again since: stale
+                heapq.heappop(heap)
+                self.stale = max(0, self.stale - 1)
+                continue
+            if when > due:
+                self._arm(when)
+                return
+            heapq.heappop(heap)
+            watch.seq = 0
+            watch.fire()
+        self.stale = 0  # (the heap is empty)
+
+
+_clocks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Clock] = weakref.WeakKeyDictionary()
+# [loop, clock] of the last watch, so the weak dictionary is read only when the loop changes (it
+# keeps that one loop alive until a watch on another loop is made).
+_last_clock: list[Any] = [None, None]
+
+
+def _clock_of(loop: asyncio.AbstractEventLoop) -> _Clock:
+    if _last_clock[0] is loop:
+        return _last_clock[1]  # type: ignore[no-any-return]
+    try:
+        clock = _clocks.get(loop)
+        if clock is None:
+            clock = _clocks[loop] = _Clock(loop)
+    except TypeError:  # a loop without weak references: a clock of the watch's own
+        return _Clock(loop)
+    _last_clock[0], _last_clock[1] = loop, clock
+    return clock
+
+
+class _Watch:
+    """One deadline for a stream read by ``task`` (module docstring), kept by its loop's `_Clock`."""
+
+    __slots__ = ("cancelled", "clock", "fired", "loop", "seq", "task", "waiting")
 
     def __init__(self) -> None:
         self.loop = loop = asyncio.get_running_loop()
         task = asyncio.current_task(loop)  # (given the loop: it is not looked up twice)
         assert task is not None
         self.task = task
+        self.clock = _clock_of(loop)
         self.waiting = False
         self.fired = False
         self.cancelled = False
-        self.handle: asyncio.TimerHandle | None = None
+        self.seq = 0  # the clock's entry of the armed deadline (0: none)
 
     def arm(self, when: float | None) -> None:
         self.disarm()
         self.fired = False
         if when is not None:
-            self.handle = self.loop.call_at(when, self._fire)
+            self.seq = self.clock.add(self, when)
 
     def disarm(self) -> None:
-        if self.handle is not None:
-            self.handle.cancel()
-            self.handle = None
+        if self.seq:
+            self.seq = 0
+            self.clock.drop()
 
-    def _fire(self) -> None:
-        self.handle = None
+    def fire(self) -> None:
         self.fired = True
         if self.waiting and not self.cancelled:
             self.cancelled = True
