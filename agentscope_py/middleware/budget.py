@@ -33,13 +33,10 @@ are checked there (`ValueError`), any other at its first call.
 
 from __future__ import annotations
 
-import json
 import logging
-import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial as _partial
-from operator import is_ as _is
 from typing import TYPE_CHECKING, Any, Literal, cast
 
 from ..errors import BudgetExceeded
@@ -47,6 +44,7 @@ from ..events import Custom, ModelCallEnd, RequestStop
 from ..message import ChatUsage, Msg, copy_with
 from ..stream import EventStream
 from .base import ExtensionPoint, MiddlewareBase, ModelCallInput, Next
+from .budget_estimate import estimate_tokens
 from .budget_stores import ZERO, BudgetStore, InMemoryBudgetStore, RedisBudgetStore, Spend, spend
 
 if TYPE_CHECKING:
@@ -98,62 +96,6 @@ DEFAULT_PRICES: Mapping[str, ModelPrice] = {
     "claude-opus-4": ModelPrice(15.00, 75.00, 1.50, 18.75),
     "claude-3-5-haiku": ModelPrice(0.80, 4.00, 0.08, 1.00),
 }
-
-
-_TOOL_CHARS: dict[int, tuple[Sequence[Any], int]] = {}  # id(tools) -> (tools, chars), as in cache.py
-
-
-def _tool_chars(tools: Sequence[Any]) -> int:
-    if not tools:
-        return 0
-    entry = _TOOL_CHARS.get(id(tools))
-    if entry is not None and entry[0] is tools:
-        return entry[1]
-    chars = sum(len(t.name) + len(t.description) + len(json.dumps(t.parameters)) for t in tools)
-    if len(_TOOL_CHARS) >= 64:
-        _TOOL_CHARS.clear()
-    _TOOL_CHARS[id(tools)] = (tools, chars)
-    return chars
-
-
-# The last call's messages and their characters (tool schemas left out). A session's request is the
-# request before it plus the messages since (the same objects, in the same order): those are all
-# that is counted, the prefix recognised by identity, in C (as `cache_keys` does). Only the last
-# call is kept, so no dead message is kept alive for long (a memo of every message seen held up to
-# a thousand dead ones, which cost an untriggered budget more than counting them again).
-_prev: tuple[tuple[Msg, ...], int] = ((), 0)
-
-
-def estimate_tokens(input: ModelCallInput) -> int:
-    """``ceil(characters / 4)`` over the messages' content and the tool schemas."""
-    global _prev
-    messages = input.messages
-    done, chars = _prev
-    n = len(done)
-    if n and len(messages) >= n and all(map(_is, messages, done)):
-        rest: Sequence[Msg] = messages[n:]
-    else:
-        rest, chars = messages, 0
-    for msg in rest:
-        chars += _msg_chars(msg)
-    _prev = (tuple(messages), chars)
-    return math.ceil((chars + _tool_chars(input.tools)) / 4)
-
-
-def _msg_chars(msg: Msg) -> int:
-    chars = 0
-    for block in msg.content:
-        t = block.type
-        if t == "text":
-            chars += len(block.text)  # type: ignore[union-attr]
-        elif t == "thinking":
-            chars += len(block.thinking)  # type: ignore[union-attr]
-        elif t == "tool_use":
-            chars += len(block.name) + len(json.dumps(block.input))  # type: ignore[union-attr]
-        elif t == "tool_result":
-            out = block.output  # type: ignore[union-attr]
-            chars += len(out) if isinstance(out, str) else sum(len(getattr(b, "text", "") or "") for b in out)
-    return chars
 
 
 _UNSEEN: Any = object()
