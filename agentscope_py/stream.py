@@ -336,13 +336,25 @@ async def _iterate(items: Iterable[Any]) -> AsyncIterator[Any]:
         yield item
 
 
+def _maps_of(steps: tuple[Step, ...]) -> tuple[Callable[[Any], Any], ...] | None:
+    """The functions of ``steps`` when all are maps, else None. (A plain loop: the generator
+    expressions this replaces cost a frame each, at every subscription of a mapped stream.)"""
+    fns = []
+    for kind, fn in steps:
+        if kind != _MAP:
+            return None
+        fns.append(fn)
+    return tuple(fns)
+
+
 def _fused(it: AsyncIterator[Any], steps: tuple[Step, ...]) -> AsyncIterator[Any]:
     """The one async layer that applies ``steps``; maps only (the common case) take a loop
     without per-step dispatch."""
-    if all(kind == _MAP for kind, _ in steps):
-        if len(steps) == 1:
-            return _apply_map(it, steps[0][1])
-        return _apply_maps(it, tuple(fn for _, fn in steps))
+    fns = _maps_of(steps)
+    if fns is not None:
+        if len(fns) == 1:
+            return _apply_map(it, fns[0])
+        return _apply_maps(it, fns)
     return _apply_steps(it, steps)
 
 
@@ -588,8 +600,9 @@ class _Prefetch:
         return _prefetch(self.source, self.size, self.ctx, (), self.make, self.push)
 
     def with_steps(self, steps: tuple[Step, ...]) -> AsyncIterator[Any]:
-        if all(kind == _MAP for kind, _ in steps):  # maps: applied by the drain
-            return _prefetch(self.source, self.size, self.ctx, tuple(fn for _, fn in steps), self.make, self.push)
+        fns = _maps_of(steps)
+        if fns is not None:  # maps: applied by the drain
+            return _prefetch(self.source, self.size, self.ctx, fns, self.make, self.push)
         return _fused(self(), steps)
 
 

@@ -1,8 +1,9 @@
 """`TimeoutMiddleware`: deadlines for a model call, each tool call, and the whole run.
 
-How a deadline is kept without a timer per event: one `_Watch` per timed stream holds one loop
-timer. The layer marks when it is waiting on the inner stream; when the timer fires while it
-waits, it cancels the waiting task (as ``asyncio.timeout`` does), the cancellation runs through
+How a deadline is kept without a timer per event: one `_Watch` per timed stream holds one
+deadline, kept by its loop's `_Clock` (one loop timer for all of them). The layer marks when it is
+waiting on the inner stream; when the deadline passes while it waits, it cancels the waiting
+task (as ``asyncio.timeout`` does), the cancellation runs through
 the inner layers, which close what they opened (the model call's own task is cancelled and the
 provider's stream closed, so its connection goes), and the layer takes the cancellation back and
 raises its typed error. A timer that fires while the consumer is busy elsewhere only marks the
@@ -23,7 +24,11 @@ watch: the next read fails at once. Per event that costs two attribute stores an
 from __future__ import annotations
 
 import asyncio
+import heapq
+import math
+import weakref
 from collections.abc import AsyncIterator, Callable
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ModelTimeoutError, RunTimeoutError
@@ -82,60 +87,142 @@ class TimeoutMiddleware(MiddlewareBase):
         inner = next(input)
         limit = self.run_timeout
         assert limit is not None
-
-        def timed_out() -> BaseException:
-            return RunTimeoutError(f"the run did not finish within {limit:g} s (TimeoutMiddleware)")
-
-        return EventStream(lambda: _timed(inner, None, limit, timed_out, timed_out))
+        return EventStream(partial(_timed, inner, None, limit, partial(_run_timed_out, limit)))
 
     def on_model_call(self, agent: ReActAgent, ctx: RuntimeContext, input: ModelCallInput, next: Next) -> Any:
         inner = next(input)
-        first, total, name = self.first_event_timeout, self.model_timeout, input.model.name
-        provider = getattr(input.model, "provider", None)
-
-        def no_first() -> BaseException:
-            return ModelTimeoutError(f"model {name} sent nothing within {first:g} s", provider=provider)
-
-        def too_long() -> BaseException:
-            return ModelTimeoutError(f"model {name} did not finish within {total:g} s", provider=provider)
-
-        return EventStream(lambda: _timed(inner, first, total, no_first, too_long))
+        first, total = self.first_event_timeout, self.model_timeout
+        model = input.model
+        # C partials, no closures: the errors are made only when a deadline passes.
+        timed_out = partial(_model_timed_out, model.name, getattr(model, "provider", None), first, total)
+        return EventStream(partial(_timed, inner, first, total, timed_out))
 
     def on_acting(self, agent: ReActAgent, ctx: RuntimeContext, input: ActingInput, next: Next) -> Any:
         inner = next(input)
         limit = self.tool_timeout
         assert limit is not None
-        return EventStream(lambda: _timed_tools(inner, input, next, limit))
+        return EventStream(partial(_timed_tools, inner, input, next, limit))
+
+
+def _run_timed_out(limit: float, first: bool) -> BaseException:
+    return RunTimeoutError(f"the run did not finish within {limit:g} s (TimeoutMiddleware)")
+
+
+def _model_timed_out(name: str, provider: Any, first: float | None, total: float | None,
+                     before_first: bool) -> BaseException:
+    if before_first:
+        return ModelTimeoutError(f"model {name} sent nothing within {first:g} s", provider=provider)
+    return ModelTimeoutError(f"model {name} did not finish within {total:g} s", provider=provider)
+
+
+class _Clock:
+    """The deadlines of a loop's watches behind one loop timer, armed for the earliest of them.
+
+    Arming a watch is a heap push (tuples: the comparisons are C's, where the loop's own heap of
+    `TimerHandle` compares in Python) and at most one loop timer; disarming is a store. A deadline
+    left behind (its stream ended first, as nearly all do) is dropped when it reaches the top of
+    the heap, or when the stale ones are half the heap (so it stays small however long the
+    deadlines). Watches fire in the order of their deadlines, as their own timers would."""
+
+    __slots__ = ("armed", "handle", "heap", "loop", "seq", "stale")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.heap: list[tuple[float, int, _Watch]] = []
+        self.handle: asyncio.TimerHandle | None = None
+        self.armed = math.inf  # when the loop timer fires
+        self.seq = 0
+        self.stale = 0
+
+    def add(self, watch: _Watch, when: float) -> int:
+        self.seq = seq = self.seq + 1
+        heapq.heappush(self.heap, (when, seq, watch))
+        if when < self.armed:
+            self._arm(when)
+        return seq
+
+    def drop(self) -> None:
+        """A deadline was disarmed (its entry stays in the heap until it is dropped)."""
+        self.stale = stale = self.stale + 1
+        heap = self.heap
+        if stale > 32 and stale * 2 > len(heap):
+            self.heap = [e for e in heap if e[2].seq == e[1]]
+            heapq.heapify(self.heap)
+            self.stale = 0
+
+    def _arm(self, when: float) -> None:
+        if self.handle is not None:
+            self.handle.cancel()
+        self.armed = when
+        self.handle = self.loop.call_at(when, self._tick)
+
+    def _tick(self) -> None:
+        self.handle = None
+        due = max(self.armed, self.loop.time())
+        self.armed = math.inf
+        heap = self.heap
+        while heap:
+            when, seq, watch = heap[0]
+            if watch.seq != seq:  # disarmed or armed again since: stale
+                heapq.heappop(heap)
+                self.stale = max(0, self.stale - 1)
+                continue
+            if when > due:
+                self._arm(when)
+                return
+            heapq.heappop(heap)
+            watch.seq = 0
+            watch.fire()
+        self.stale = 0  # (the heap is empty)
+
+
+_clocks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Clock] = weakref.WeakKeyDictionary()
+# [loop, clock] of the last watch, so the weak dictionary is read only when the loop changes (it
+# keeps that one loop alive until a watch on another loop is made).
+_last_clock: list[Any] = [None, None]
+
+
+def _clock_of(loop: asyncio.AbstractEventLoop) -> _Clock:
+    if _last_clock[0] is loop:
+        return _last_clock[1]  # type: ignore[no-any-return]
+    try:
+        clock = _clocks.get(loop)
+        if clock is None:
+            clock = _clocks[loop] = _Clock(loop)
+    except TypeError:  # a loop without weak references: a clock of the watch's own
+        return _Clock(loop)
+    _last_clock[0], _last_clock[1] = loop, clock
+    return clock
 
 
 class _Watch:
-    """One deadline timer for a stream read by ``task`` (module docstring)."""
+    """One deadline for a stream read by ``task`` (module docstring), kept by its loop's `_Clock`."""
 
-    __slots__ = ("cancelled", "fired", "handle", "loop", "task", "waiting")
+    __slots__ = ("cancelled", "clock", "fired", "loop", "seq", "task", "waiting")
 
     def __init__(self) -> None:
-        self.loop = asyncio.get_running_loop()
-        task = asyncio.current_task()
+        self.loop = loop = asyncio.get_running_loop()
+        task = asyncio.current_task(loop)  # (given the loop: it is not looked up twice)
         assert task is not None
         self.task = task
+        self.clock = _clock_of(loop)
         self.waiting = False
         self.fired = False
         self.cancelled = False
-        self.handle: asyncio.TimerHandle | None = None
+        self.seq = 0  # the clock's entry of the armed deadline (0: none)
 
     def arm(self, when: float | None) -> None:
         self.disarm()
         self.fired = False
         if when is not None:
-            self.handle = self.loop.call_at(when, self._fire)
+            self.seq = self.clock.add(self, when)
 
     def disarm(self) -> None:
-        if self.handle is not None:
-            self.handle.cancel()
-            self.handle = None
+        if self.seq:
+            self.seq = 0
+            self.clock.drop()
 
-    def _fire(self) -> None:
-        self.handle = None
+    def fire(self) -> None:
         self.fired = True
         if self.waiting and not self.cancelled:
             self.cancelled = True
@@ -153,8 +240,10 @@ class _Watch:
 
 async def _timed(
     inner: EventStream[AgentEvent], first: float | None, total: float | None,
-    no_first: Callable[[], BaseException], too_long: Callable[[], BaseException],
+    timed_out: Callable[[bool], BaseException],
 ) -> AsyncIterator[AgentEvent]:
+    """``timed_out(before_first)``: the error of the deadline that passed (the first event's, or
+    the whole stream's)."""
     watch = _Watch()
     now = watch.loop.time()
     end = None if total is None else now + total
@@ -163,23 +252,26 @@ async def _timed(
     waiting_first = first_end is not None and (end is None or first_end < end)
     watch.arm(first_end if waiting_first else end)
     it = inner.__aiter__()
+    anext = it.__anext__  # (bound once, not per event)
+    # Per event: a test of ``fired``, two stores of ``waiting`` and a test of ``cancelled`` (what
+    # ``took_back`` tests first, inlined: a method call per event was a fifth of this loop).
     try:
         while True:
             if watch.fired:
-                raise (no_first if waiting_first else too_long)()
+                raise timed_out(waiting_first)
             watch.waiting = True
             try:
-                ev = await it.__anext__()
+                ev = await anext()
             except StopAsyncIteration:
                 return
             except asyncio.CancelledError:
-                if watch.took_back():
-                    raise (no_first if waiting_first else too_long)() from None
+                if watch.cancelled and watch.took_back():
+                    raise timed_out(waiting_first) from None
                 raise
             finally:
                 watch.waiting = False
-            if watch.took_back():  # an inner layer swallowed the cancellation
-                raise (no_first if waiting_first else too_long)()
+            if watch.cancelled and watch.took_back():  # an inner layer swallowed the cancellation
+                raise timed_out(waiting_first)
             if waiting_first:
                 waiting_first = False
                 watch.arm(end)
@@ -197,28 +289,30 @@ async def _timed_tools(
     started: set[str] = set()
     open_call: ToolResultStart | None = None
     it: AsyncIterator[Any] = inner.__aiter__()
+    anext = it.__anext__
     try:
         while True:
             if watch.fired and open_call is not None:
                 break  # it fired while the consumer was busy: the open call timed out
             watch.waiting = True
             try:
-                ev = await it.__anext__()
+                ev = await anext()
             except StopAsyncIteration:
                 return
             except asyncio.CancelledError:
-                if not watch.took_back():
+                if not (watch.cancelled and watch.took_back()):
                     raise
                 break  # the open call timed out
             finally:
                 watch.waiting = False
-            if watch.took_back():  # an inner layer swallowed the cancellation
+            if watch.cancelled and watch.took_back():  # an inner layer swallowed the cancellation
                 break
             cls = type(ev)
-            if cls is ToolResultStart and ev.source is None and ev.tool_call_id in ids:
-                open_call = ev
-                started.add(ev.tool_call_id)
-                watch.arm(watch.loop.time() + limit)
+            if cls is ToolResultStart:
+                if ev.source is None and ev.tool_call_id in ids:
+                    open_call = ev
+                    started.add(ev.tool_call_id)
+                    watch.arm(watch.loop.time() + limit)
             elif cls is ToolResultEnd and open_call is not None and ev.tool_call_id == open_call.tool_call_id:
                 open_call = None
                 watch.arm(None)

@@ -33,11 +33,10 @@ are checked there (`ValueError`), any other at its first call.
 
 from __future__ import annotations
 
-import json
 import logging
-import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial as _partial
 from typing import TYPE_CHECKING, Any, Literal, cast
 
 from ..errors import BudgetExceeded
@@ -45,7 +44,8 @@ from ..events import Custom, ModelCallEnd, RequestStop
 from ..message import ChatUsage, Msg, copy_with
 from ..stream import EventStream
 from .base import ExtensionPoint, MiddlewareBase, ModelCallInput, Next
-from .budget_stores import BudgetStore, InMemoryBudgetStore, RedisBudgetStore, Spend
+from .budget_estimate import estimate_tokens
+from .budget_stores import ZERO, BudgetStore, InMemoryBudgetStore, RedisBudgetStore, Spend, spend
 
 if TYPE_CHECKING:
     from ..agent.context import RuntimeContext
@@ -96,58 +96,6 @@ DEFAULT_PRICES: Mapping[str, ModelPrice] = {
     "claude-opus-4": ModelPrice(15.00, 75.00, 1.50, 18.75),
     "claude-3-5-haiku": ModelPrice(0.80, 4.00, 0.08, 1.00),
 }
-
-
-_TOOL_CHARS: dict[int, tuple[Sequence[Any], int]] = {}  # id(tools) -> (tools, chars), as in cache.py
-
-
-def _tool_chars(tools: Sequence[Any]) -> int:
-    if not tools:
-        return 0
-    entry = _TOOL_CHARS.get(id(tools))
-    if entry is not None and entry[0] is tools:
-        return entry[1]
-    chars = sum(len(t.name) + len(t.description) + len(json.dumps(t.parameters)) for t in tools)
-    if len(_TOOL_CHARS) >= 64:
-        _TOOL_CHARS.clear()
-    _TOOL_CHARS[id(tools)] = (tools, chars)
-    return chars
-
-
-_MSG_CHARS: dict[int, tuple[Msg, int]] = {}  # id(msg) -> (msg, chars): a session's messages recur every round
-
-
-def estimate_tokens(input: ModelCallInput) -> int:
-    """``ceil(characters / 4)`` over the messages' content and the tool schemas."""
-    chars = _tool_chars(input.tools)
-    memo = _MSG_CHARS
-    for msg in input.messages:
-        entry = memo.get(id(msg))
-        if entry is not None and entry[0] is msg:
-            chars += entry[1]
-            continue
-        n = _msg_chars(msg)
-        if len(memo) >= 1024:
-            memo.clear()
-        memo[id(msg)] = (msg, n)
-        chars += n
-    return math.ceil(chars / 4)
-
-
-def _msg_chars(msg: Msg) -> int:
-    chars = 0
-    for block in msg.content:
-        t = block.type
-        if t == "text":
-            chars += len(block.text)  # type: ignore[union-attr]
-        elif t == "thinking":
-            chars += len(block.thinking)  # type: ignore[union-attr]
-        elif t == "tool_use":
-            chars += len(block.name) + len(json.dumps(block.input))  # type: ignore[union-attr]
-        elif t == "tool_result":
-            out = block.output  # type: ignore[union-attr]
-            chars += len(out) if isinstance(out, str) else sum(len(getattr(b, "text", "") or "") for b in out)
-    return chars
 
 
 _UNSEEN: Any = object()
@@ -257,11 +205,13 @@ class BudgetMiddleware(MiddlewareBase):
     def on_agent_state_ready(
         self, agent: ReActAgent, ctx: RuntimeContext, state: AgentState, input_messages: list[Msg]
     ) -> None:
-        ctx.put(self._run_key, Spend())
+        ctx.put(self._run_key, ZERO)
 
     def on_model_call(self, agent: ReActAgent, ctx: RuntimeContext, input: ModelCallInput, next: Next) -> Any:
         model_name = str(getattr(input.model, "name", ""))
-        price = self.price(model_name)
+        price = self._price_of.get(model_name, _UNSEEN)  # self.price(), inlined: one frame less per call
+        if price is _UNSEEN:
+            price = self.price(model_name)
         if price is None and self.strict:
             problem = f"strict budget: no price for model {model_name!r}; pass prices={{...}}"
             return EventStream.error(ValueError(problem))
@@ -275,7 +225,8 @@ class BudgetMiddleware(MiddlewareBase):
             refused = self._check(ctx, user, est_tokens, est_cost)
             if refused is not None:
                 return self._refuse(refused)
-            return next(input).map(_After(self, ctx, price, est_tokens, est_cost))
+            # A C partial over a bound method: no per-call object of ours, no closure cells.
+            return next(input).map(_partial(self._after, ctx, price, est_tokens, est_cost))
         inner = next(input)
 
         async def call() -> Any:
@@ -286,13 +237,12 @@ class BudgetMiddleware(MiddlewareBase):
                 for ev in self._refuse(refused):
                     yield ev
                 return
-            after = _After(self, ctx, price, est_tokens, est_cost)
             async with _closing(inner.__aiter__()) as it:
                 async for ev in it:
                     if ev.__class__ is ModelCallEnd and ev.source is None:
-                        tokens, cost = after.measure(ev)
+                        tokens, cost = _measure(ev, price, est_tokens, est_cost)
                         user = await self.store.add(ctx.user_id, tokens, cost)
-                        ev = after.account(ev, tokens, cost, user)
+                        ev = self._account(ctx, ev, tokens, cost, user)
                     yield ev
 
         return EventStream(call)
@@ -303,15 +253,19 @@ class BudgetMiddleware(MiddlewareBase):
         self, ctx: RuntimeContext, user: Spend | None, est_tokens: int, est_cost: float
     ) -> dict[str, Any] | None:
         # On every call: reads the totals in place (no Spend is built unless a limit is hit).
-        run = ctx.get(self._run_key)
-        state = ctx.agent_state
-        session = state.metadata.get(self.name_key) if state is not None else None
         if user is not None:
             self._user_seen[ctx.user_id] = user
+        run: Any = _MISSING
+        session: Any = _MISSING
         for scope, kind, limit in self._limit_list:
             if scope == "run":
+                if run is _MISSING:
+                    run = ctx.get(self._run_key)
                 spent: float = 0 if run is None else (run.tokens if kind == "tokens" else run.cost)
             elif scope == "session":
+                if session is _MISSING:
+                    state = ctx.agent_state
+                    session = state.metadata.get(self.name_key) if state is not None else None
                 spent = session.get(kind, 0) if isinstance(session, dict) else 0
             else:
                 spent = 0 if user is None else (user.tokens if kind == "tokens" else user.cost)
@@ -329,65 +283,73 @@ class BudgetMiddleware(MiddlewareBase):
             return EventStream.error(BudgetExceeded(info["reason"]))
         return (Custom(name="budget_exceeded", value=info), RequestStop(reason=info["reason"]))
 
-    def _first_crossed(self, totals: Mapping[str, Spend]) -> str | None:
-        for (scope, kind), limit in self.limits.items():
-            spent = totals[scope].tokens if kind == "tokens" else totals[scope].cost
-            if spent > limit:
-                return f"{scope} {kind} limit {limit} crossed: spent {spent:g}"
-        return None
-
-
-class _After:
-    """A fused map: at the call's ModelCallEnd, count the actual usage (the estimate when
-    unknown) into the run, the session and (in-memory store) the user, and annotate the event."""
-
-    __slots__ = ("budget", "ctx", "est_cost", "est_tokens", "price")
-
-    def __init__(self, budget: BudgetMiddleware, ctx: RuntimeContext, price: ModelPrice | None,
-                 est_tokens: int, est_cost: float) -> None:
-        self.budget = budget
-        self.ctx = ctx
-        self.price = price
-        self.est_tokens = est_tokens
-        self.est_cost = est_cost
-
-    def __call__(self, ev: Any) -> Any:
+    def _after(self, ctx: RuntimeContext, price: ModelPrice | None, est_tokens: int, est_cost: float, ev: Any) -> Any:
+        """The fused map of a call (in-memory store): at the call's own ModelCallEnd, count the
+        actual usage (the estimate when unknown) and annotate the event; every other event passes
+        after one class test."""
         if ev.__class__ is not ModelCallEnd or ev.source is not None:
             return ev
-        tokens, cost = self.measure(ev)
-        budget = self.budget
-        user = budget.store.add_nowait(self.ctx.user_id, tokens, cost) if budget._needs_user else None  # type: ignore[attr-defined]
-        return self.account(ev, tokens, cost, user)
+        tokens, cost = _measure(ev, price, est_tokens, est_cost)
+        user = self.store.add_nowait(ctx.user_id, tokens, cost) if self._needs_user else None  # type: ignore[attr-defined]
+        return self._account(ctx, ev, tokens, cost, user)
 
-    def measure(self, ev: ModelCallEnd) -> tuple[int, float]:
-        usage = ev.usage
-        if usage is None:  # unknown: count what the call was estimated to cost
-            return self.est_tokens, self.est_cost
-        cost = self.price.cost(usage) if self.price is not None else 0.0
-        return usage.input_tokens + usage.output_tokens, cost
-
-    def account(self, ev: ModelCallEnd, tokens: int, cost: float, user: Spend | None) -> ModelCallEnd:
-        budget, ctx = self.budget, self.ctx
-        run = ctx.get(budget._run_key)
-        run = (run if isinstance(run, Spend) else Spend()).plus(tokens, cost)
-        ctx.put(budget._run_key, run)
+    def _account(self, ctx: RuntimeContext, ev: ModelCallEnd, tokens: int, cost: float,
+                 user: Spend | None) -> ModelCallEnd:
+        """Grow the run's and the session's totals (the user's is grown by the store) and return
+        ``ev`` annotated. The totals are read into locals once: no Spend but the run's new one,
+        no dict but the annotation's own."""
+        key = self._run_key
+        run = ctx.get(key)
+        if isinstance(run, Spend):
+            r_tokens, r_cost, r_calls = run.tokens + tokens, run.cost + cost, run.calls + 1
+        else:
+            r_tokens, r_cost, r_calls = tokens, 0.0 + cost, 1
+        ctx.put(key, spend(r_tokens, r_cost, r_calls))
         state = ctx.agent_state
-        session = Spend()
+        name = self.name_key
         if state is not None:
-            raw = state.metadata.get(budget.name_key)
+            raw = state.metadata.get(name)
             if not isinstance(raw, dict):
-                raw = state.metadata[budget.name_key] = {"tokens": 0, "cost": 0.0, "calls": 0}
+                raw = state.metadata[name] = {"tokens": 0, "cost": 0.0, "calls": 0}
             raw["tokens"] += tokens  # in place: the state is this session's own
             raw["cost"] += cost
             raw["calls"] += 1
-            session = Spend(raw["tokens"], raw["cost"], raw["calls"])
+            s_tokens, s_cost, s_calls = raw["tokens"], raw["cost"], raw["calls"]
+        else:
+            s_tokens, s_cost, s_calls = 0, 0.0, 0
         if user is not None:
-            budget._user_seen[ctx.user_id] = user
-        totals = {"run": run, "session": session, "user": user or Spend()}
+            self._user_seen[ctx.user_id] = user
+            u_tokens, u_cost, u_calls = user.tokens, user.cost, user.calls
+        else:
+            u_tokens, u_cost, u_calls = 0, 0.0, 0
+        exceeded = None
+        for scope, kind, limit in self._limit_list:  # the first limit crossed, in the limits' order
+            if scope == "run":
+                spent: float = r_tokens if kind == "tokens" else r_cost
+            elif scope == "session":
+                spent = s_tokens if kind == "tokens" else s_cost
+            else:
+                spent = u_tokens if kind == "tokens" else u_cost
+            if spent > limit:
+                exceeded = f"{scope} {kind} limit {limit} crossed: spent {spent:g}"
+                break
         info = {"call": {"tokens": tokens, "cost": cost, "estimated": ev.usage is None},
-                "run": run.as_dict(), "session": session.as_dict(), "user": totals["user"].as_dict(),
-                "exceeded": budget._first_crossed(totals)}
-        return copy_with(ev, {"metadata": {**ev.metadata, budget.name_key: info}})  # (model_copy: 3x the cost)
+                "run": {"tokens": r_tokens, "cost": r_cost, "calls": r_calls},
+                "session": {"tokens": s_tokens, "cost": s_cost, "calls": s_calls},
+                "user": {"tokens": u_tokens, "cost": u_cost, "calls": u_calls},
+                "exceeded": exceeded}
+        return copy_with(ev, {"metadata": {**ev.metadata, name: info}})  # (model_copy: 3x the cost)
+
+
+_MISSING: Any = object()
+
+
+def _measure(ev: ModelCallEnd, price: ModelPrice | None, est_tokens: int, est_cost: float) -> tuple[int, float]:
+    usage = ev.usage
+    if usage is None:  # unknown: count what the call was estimated to cost
+        return est_tokens, est_cost
+    cost = price.cost(usage) if price is not None else 0.0
+    return usage.input_tokens + usage.output_tokens, cost
 
 
 class _closing:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable, Mapping, Sequence
+from operator import is_ as _is
 from typing import Any
 
 from pydantic import BaseModel
@@ -73,13 +74,30 @@ def _block(block: Any, alias: Callable[[str], int]) -> Any:
     return (t, block.model_dump(mode="json", exclude={"id"}))
 
 
+# The last request's messages, their normal forms and the aliases after them. A session's request
+# is the request before it plus the messages since (the same objects, in the same order), so an
+# untriggered cache normalises only those (the request is still encoded whole, in one C call). The
+# prefix is recognised by identity, in C; any other request (another session's, say) is
+# normalised whole. Only the last request is kept, so no dead message is kept alive for long.
+_prev: tuple[tuple[Msg, ...], list[Any], dict[str, int]] = ((), [], {})
+
+
 def _messages(messages: Sequence[Msg]) -> list[Any]:
-    aliases: dict[str, int] = {}
+    global _prev
+    done, done_out, done_aliases = _prev
+    n = len(done)
+    if n and len(messages) >= n and all(map(_is, messages, done)):
+        aliases = dict(done_aliases)  # (the aliases of the prefix: what normalising it again gives)
+        rest, out = messages[n:], done_out
+    else:
+        aliases, rest, out = {}, messages, []
 
     def alias(call_id: str) -> int:
         return aliases.setdefault(call_id, len(aliases))
 
-    return [(m.role, m.name, [_block(b, alias) for b in m.content]) for m in messages]
+    out = out + [(m.role, m.name, [_block(b, alias) for b in m.content]) for m in rest]
+    _prev = (tuple(messages), out, aliases)
+    return out
 
 
 _TOOLS: dict[int, tuple[Sequence[Any], str]] = {}  # id(tools) -> (tools, digest): the toolkit's tuple is reused

@@ -1,0 +1,71 @@
+"""`estimate_tokens`, `BudgetMiddleware`'s default estimate of a call's input: ``ceil(characters /
+4)`` over the messages' content (text, thinking, tool arguments and results) and the tool schemas.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from operator import is_ as _is
+from typing import Any
+
+from ..message import Msg
+from .base import ModelCallInput
+
+__all__ = ["estimate_tokens"]
+
+_TOOL_CHARS: dict[int, tuple[Sequence[Any], int]] = {}  # id(tools) -> (tools, chars), as in cache.py
+
+
+def _tool_chars(tools: Sequence[Any]) -> int:
+    if not tools:
+        return 0
+    entry = _TOOL_CHARS.get(id(tools))
+    if entry is not None and entry[0] is tools:
+        return entry[1]
+    chars = sum(len(t.name) + len(t.description) + len(json.dumps(t.parameters)) for t in tools)
+    if len(_TOOL_CHARS) >= 64:
+        _TOOL_CHARS.clear()
+    _TOOL_CHARS[id(tools)] = (tools, chars)
+    return chars
+
+
+# The last call's messages and their characters (tool schemas left out). A session's request is the
+# request before it plus the messages since (the same objects, in the same order): those are all
+# that is counted, the prefix recognised by identity, in C (as `cache_keys` does). Only the last
+# call is kept, so no dead message is kept alive for long (the memo of every message seen that this
+# replaces kept up to a thousand dead ones alive, and cost more per call when the history is short).
+_prev: tuple[tuple[Msg, ...], int] = ((), 0)
+
+
+def estimate_tokens(input: ModelCallInput) -> int:
+    """``ceil(characters / 4)`` over the messages' content and the tool schemas."""
+    global _prev
+    messages = input.messages
+    done, chars = _prev
+    n = len(done)
+    if n and len(messages) >= n and all(map(_is, messages, done)):
+        rest: Sequence[Msg] = messages[n:]
+    else:
+        rest, chars = messages, 0
+    for msg in rest:
+        chars += _msg_chars(msg)
+    _prev = (tuple(messages), chars)
+    return math.ceil((chars + _tool_chars(input.tools)) / 4)
+
+
+def _msg_chars(msg: Msg) -> int:
+    chars = 0
+    for block in msg.content:
+        t = block.type
+        if t == "text":
+            chars += len(block.text)  # type: ignore[union-attr]
+        elif t == "thinking":
+            chars += len(block.thinking)  # type: ignore[union-attr]
+        elif t == "tool_use":
+            chars += len(block.name) + len(json.dumps(block.input))  # type: ignore[union-attr]
+        elif t == "tool_result":
+            out = block.output  # type: ignore[union-attr]
+            chars += len(out) if isinstance(out, str) else sum(len(getattr(b, "text", "") or "") for b in out)
+    return chars
