@@ -3,7 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterable
+import os
+import shutil
+import socket
+import subprocess
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterable, Iterator
 from typing import Any
 
 import pytest
@@ -70,3 +76,72 @@ async def no_leaked_tasks() -> AsyncIterator[None]:
         await asyncio.sleep(0)
     leaked = [t for t in asyncio.all_tasks() - before if not t.done() and t is not asyncio.current_task()]
     assert not leaked, f"leaked tasks: {leaked}"
+
+
+# -- Redis: REDIS_URL (CI), else a private redis-server on a free loopback port -----------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _redis_ping(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5) as s:
+            s.sendall(b"PING\r\n")
+            return s.recv(16).startswith(b"+PONG")
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> Iterator[str]:
+    env = os.environ.get("REDIS_URL")
+    if env:
+        yield env
+        return
+    binary = shutil.which("redis-server")
+    if binary is None:
+        pytest.fail(
+            "the redis tests need a Redis server: set REDIS_URL (e.g. redis://127.0.0.1:6379/0) or "
+            "install redis-server (apt-get install -y redis-server) so the fixture can start one",
+            pytrace=False,
+        )
+    port = free_port()
+    proc = subprocess.Popen(
+        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 10
+        while not _redis_ping(port):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"redis-server did not start on port {port} (exit code {proc.poll()})",
+                            pytrace=False)
+            time.sleep(0.02)
+        yield f"redis://127.0.0.1:{port}/0"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.fixture
+def redis_prefix(redis_url: str) -> Iterator[str]:
+    """A key prefix per test, so tests (and a shared CI server) never see each other's keys;
+    the test's keys are deleted after it. Sync, so async tests may ``getfixturevalue`` it."""
+    from redis import Redis
+
+    prefix = f"test-{uuid.uuid4().hex[:12]}"
+    yield prefix
+    client = Redis.from_url(redis_url)
+    keys = list(client.scan_iter(match=f"{prefix}:*"))
+    if keys:
+        client.delete(*keys)
+    client.close()

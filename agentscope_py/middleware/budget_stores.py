@@ -8,9 +8,10 @@ skipped.
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass
 from typing import Any, Protocol
+
+from ._redis_clients import LoopClients
 
 __all__ = ["BudgetStore", "InMemoryBudgetStore", "RedisBudgetStore", "Spend"]
 
@@ -97,17 +98,10 @@ class RedisBudgetStore:
         self.url = url
         self.prefix = prefix
         self.socket_timeout = socket_timeout
-        self._clients: dict[int, Any] = {}
+        self._clients = LoopClients(url, socket_timeout)
 
     def _client(self) -> Any:
-        from redis.asyncio import Redis
-
-        loop = id(asyncio.get_running_loop())
-        client = self._clients.get(loop)
-        if client is None:
-            client = self._clients[loop] = Redis.from_url(
-                self.url, socket_timeout=self.socket_timeout, socket_connect_timeout=self.socket_timeout)
-        return client
+        return self._clients.get()
 
     async def get(self, user_id: str) -> Spend:
         tokens, cost, calls = await self._client().hmget(f"{self.prefix}:{user_id}", "tokens", "cost", "calls")
@@ -121,6 +115,4 @@ class RedisBudgetStore:
         return Spend(int(new_tokens), float(new_cost), int(new_calls))
 
     async def close(self) -> None:
-        client = self._clients.pop(id(asyncio.get_running_loop()), None)
-        if client is not None:
-            await client.aclose()
+        await self._clients.close()

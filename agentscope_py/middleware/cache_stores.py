@@ -29,6 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from ..events import AgentEvent, parse_event
+from ._redis_clients import LoopClients
 
 __all__ = ["CacheStore", "InMemoryCacheStore", "RedisCacheStore", "SqliteCacheStore"]
 
@@ -201,17 +202,10 @@ class RedisCacheStore:
         self.url = url
         self.prefix = prefix
         self.socket_timeout = socket_timeout
-        self._clients: dict[int, Any] = {}
+        self._clients = LoopClients(url, socket_timeout)
 
     def _client(self) -> Any:
-        from redis.asyncio import Redis
-
-        loop = id(asyncio.get_running_loop())
-        client = self._clients.get(loop)
-        if client is None:
-            client = self._clients[loop] = Redis.from_url(
-                self.url, socket_timeout=self.socket_timeout, socket_connect_timeout=self.socket_timeout)
-        return client
+        return self._clients.get()
 
     async def get(self, key: str) -> Events | None:
         data = await self._client().get(f"{self.prefix}:{key}")
@@ -222,6 +216,4 @@ class RedisCacheStore:
         await self._client().set(f"{self.prefix}:{key}", encode_events(events), px=px)
 
     async def close(self) -> None:
-        client = self._clients.pop(id(asyncio.get_running_loop()), None)
-        if client is not None:
-            await client.aclose()
+        await self._clients.close()

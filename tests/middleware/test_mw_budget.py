@@ -9,7 +9,6 @@ from typing import Any
 
 import pytest
 from conftest import types
-from stores.conftest import redis_prefix, redis_url  # noqa: F401  (fixtures)
 
 from agentscope_py import (
     ChatUsage,
@@ -155,7 +154,7 @@ async def test_user_limit_spans_sessions_and_agents_through_a_shared_store() -> 
 
 
 @pytest.mark.redis
-async def test_redis_user_store_is_shared_and_atomic(redis_url: str, redis_prefix: str) -> None:  # noqa: F811
+async def test_redis_user_store_is_shared_and_atomic(redis_url: str, redis_prefix: str) -> None:
     s1 = RedisBudgetStore(redis_url, prefix=redis_prefix)
     s2 = RedisBudgetStore(redis_url, prefix=redis_prefix)
     try:

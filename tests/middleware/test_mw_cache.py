@@ -9,7 +9,6 @@ from typing import Any
 
 import pytest
 from conftest import types
-from stores.conftest import redis_prefix, redis_url  # noqa: F401  (fixtures)
 
 from agentscope_py import (
     ChatUsage,
@@ -240,7 +239,7 @@ async def test_sqlite_store_is_shared_by_two_agents_on_one_file(tmp_path: Path) 
 
 
 @pytest.mark.redis
-async def test_redis_store_is_shared_and_expires(redis_url: str, redis_prefix: str) -> None:  # noqa: F811
+async def test_redis_store_is_shared_and_expires(redis_url: str, redis_prefix: str) -> None:
     s1 = RedisCacheStore(redis_url, prefix=redis_prefix)
     s2 = RedisCacheStore(redis_url, prefix=redis_prefix)
     try:
@@ -262,7 +261,7 @@ async def test_redis_store_is_shared_and_expires(redis_url: str, redis_prefix: s
 
 
 @pytest.mark.redis
-async def test_tool_cache_on_redis_across_two_middlewares(redis_url: str, redis_prefix: str) -> None:  # noqa: F811
+async def test_tool_cache_on_redis_across_two_middlewares(redis_url: str, redis_prefix: str) -> None:
     s1, s2 = RedisCacheStore(redis_url, prefix=redis_prefix), RedisCacheStore(redis_url, prefix=redis_prefix)
     try:
         for store, city in ((s1, "first"), (s2, "second")):
