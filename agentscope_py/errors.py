@@ -26,8 +26,8 @@ AgentScopeError
 │   ├── CallLimitExceeded            … because a model or tool call limit was reached
 │   ├── RunTimeoutError              … because the run took too long (also a TimeoutError)
 │   └── BudgetExceeded               … because a token or cost budget was used up
-└── InputError                       what the caller passed cannot be a run's input (ValueError)
-AgentInterrupted                     a run stopped by ``agent.interrupt(...)`` (a CancelledError)
+├── InputError                       what the caller passed cannot be a run's input (ValueError)
+└── AgentInterrupted                 a run stopped by ``agent.interrupt(...)``
 ```
 
 Where an exception is also a builtin kind (a timeout is a `TimeoutError`, bad arguments are a
@@ -37,8 +37,6 @@ The names used before this module existed stay importable where they were (``Tim
 """
 
 from __future__ import annotations
-
-import asyncio
 
 __all__ = [
     "AgentInterrupted",
@@ -245,7 +243,9 @@ class BudgetExceeded(MiddlewareTermination):
 # -- interruption --------------------------------------------------------------------------------
 
 
-class AgentInterrupted(asyncio.CancelledError):
-    """Raised inside a run that ``agent.interrupt(...)`` stopped. A CancelledError, so middleware
-    treats it as cancellation (no retry, no fallback); the loop turns it into an INTERRUPTED
-    reply."""
+class AgentInterrupted(AgentScopeError):
+    """Raised inside a run that ``agent.interrupt(...)`` stopped, once the run's child tasks (the
+    model request, the tools) are cancelled: an ordinary exception, raised in the run's own task,
+    which is never cancelled by an interrupt. Middleware sees it pass through its hooks (retries
+    and fallbacks do not act on it); the loop turns it into an INTERRUPTED reply, so ``call``
+    returns that reply rather than raising."""

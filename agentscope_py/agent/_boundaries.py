@@ -16,6 +16,8 @@ from ..stream import aclose
 from ._brackets import BRACKET_TYPES, OPENS, Brackets
 
 if TYPE_CHECKING:
+    from ..middleware.chain import Participants
+    from ._runtime import AgentRuntime
     from .react import ReActAgent
 
 __all__ = ["admit", "clean_block", "guarded", "not_an_event", "require_event", "warn_empty"]
@@ -28,10 +30,10 @@ def require_event(item: Any) -> None:
         raise TypeError(type(item).__name__)
 
 
-def not_an_event(item: Any, point: ExtensionPoint, agent: ReActAgent) -> MiddlewareError:
+def not_an_event(item: Any, point: ExtensionPoint, participants: Participants) -> MiddlewareError:
     """The error for a non-event leaving ``point``'s chain, naming the middleware that can have
     emitted it (the point's rewriting participants)."""
-    names = [mw.name for mw in agent._participants.hooks[point]]
+    names = [mw.name for mw in participants.hooks[point]]
     who = (names[0] if len(names) == 1 else f"one of {', '.join(names)}") if names else "a middleware"
     shown = repr(item)
     shown = shown if len(shown) <= 120 else shown[:117] + "..."
@@ -42,7 +44,7 @@ def not_an_event(item: Any, point: ExtensionPoint, agent: ReActAgent) -> Middlew
     )
 
 
-async def guarded(events: AsyncIterator[Any], agent: ReActAgent) -> AsyncIterator[AgentEvent]:
+async def guarded(events: AsyncIterator[Any], participants: Participants) -> AsyncIterator[AgentEvent]:
     """The caller's stream when on_agent hooks shape it: each item must be an event, and what a
     hook left open when it stopped reading (or raised) is closed (`_brackets`)."""
     brackets = Brackets()
@@ -58,7 +60,7 @@ async def guarded(events: AsyncIterator[Any], agent: ReActAgent) -> AsyncIterato
                     starts += 1
                 brackets.log.append(ev)
             elif not isinstance(ev, EventBase):
-                raise not_an_event(ev, ExtensionPoint.ON_AGENT, agent)
+                raise not_an_event(ev, ExtensionPoint.ON_AGENT, participants)
             yield ev
     except Exception as exc:
         for end in brackets.close(exc, starts):
@@ -70,14 +72,14 @@ async def guarded(events: AsyncIterator[Any], agent: ReActAgent) -> AsyncIterato
         yield end
 
 
-def warn_empty(agent: ReActAgent) -> None:
+def warn_empty(agent: ReActAgent, runtime: AgentRuntime) -> None:
     """Log, once per agent, that a round got an empty stream: a hook at on_reasoning or
     on_model_call short-circuited without a single event, so the reply is empty and no model was
     called. Allowed (a hook may short-circuit), but rarely meant."""
-    if agent._warned_empty:
+    if runtime.warned_empty:
         return
-    agent._warned_empty = True
-    hooks = agent._participants.hooks
+    runtime.warned_empty = True
+    hooks = runtime.participants.hooks
     names = [mw.name for mw in (*hooks[ExtensionPoint.ON_REASONING], *hooks[ExtensionPoint.ON_MODEL_CALL])]
     logger.warning(
         "agent %s: a round's reasoning stream carried no event (no model call reached the loop): a middleware "

@@ -131,7 +131,7 @@ class Brackets:
             # An interrupt keeps the partial reply (it is remembered as INTERRUPTED); an error that
             # ends the run does not.
             why, discarded = describe(error), not isinstance(error, AgentInterrupted)
-        failed = error is not None and not isinstance(error, asyncio.CancelledError)
+        failed = error is not None and not isinstance(error, asyncio.CancelledError | AgentInterrupted)
         return [_end(start, why, discarded, failed) for start in reversed(opened.values())]
 
 

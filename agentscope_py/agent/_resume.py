@@ -28,7 +28,7 @@ __all__ = ["check_no_control_input", "edit_call", "last_assistant", "resume"]
 
 
 async def resume(exe: Execution, pending: list[ToolUseBlock], input_msgs: list[Msg]) -> AsyncIterator[AgentEvent]:
-    state = exe.state
+    state = exe.run.session
     assert state is not None
     confirms = _confirm_results(input_msgs)
     # External results come from the client: made storable like any input (`_boundaries.admit`).
@@ -52,7 +52,7 @@ async def resume(exe: Execution, pending: list[ToolUseBlock], input_msgs: list[M
                 if answer.input is not None:
                     call = call.model_copy(update={"input": answer.input, "raw_input": None})
                     edit_call(exe, call)
-                exe.preapproved.add(call.id)
+                exe.run.preapproved.add(call.id)
                 run.append(call)
         for block in denied:
             for ev in _result_events(exe.reply_id, block):
@@ -64,19 +64,19 @@ async def resume(exe: Execution, pending: list[ToolUseBlock], input_msgs: list[M
             async with contextlib.aclosing(exe.act(run, assistant)) as steps:  # type: ignore[type-var]
                 async for ev in steps:
                     yield ev
-        state.pending_tool_calls = [c.id for c in exe.pending_calls()]
+        state.pending_tool_calls = [c.id for c in exe.run.pending_calls()]
         return
     if results:
         _check_ids([r.id for r in results], by_id, "tool result")
         yield ExternalExecutionResult(reply_id=exe.reply_id, tool_results=results)
         state.context.append(Msg.tool(results))
-        left = exe.pending_calls()
+        left = exe.run.pending_calls()
         state.pending_tool_calls = [c.id for c in left]
         if left:
             running = [ToolResultBlock(id=c.id, name=c.name, state=ToolResultState.RUNNING) for c in left]
             assistant = last_assistant(exe)
             pause = assistant.model_copy(update={"content": [*assistant.content, *running]})
-            exe.end(pause, GenerateReason.TOOL_SUSPENDED, remember=False)
+            exe.run.end(pause, GenerateReason.TOOL_SUSPENDED, remember=False)
         return
     if input_msgs:
         ids = ", ".join(c.id for c in pending)
@@ -90,16 +90,16 @@ async def resume(exe: Execution, pending: list[ToolUseBlock], input_msgs: list[M
             yield ev
 
 def last_assistant(exe: Execution) -> Msg:
-    assert exe.state is not None
-    for msg in reversed(exe.state.context):
+    assert exe.run.session is not None
+    for msg in reversed(exe.run.session.context):
         if msg.role == "assistant":
             return msg
     raise ResumeError("no assistant message to resume")
 
 def edit_call(exe: Execution, call: ToolUseBlock) -> None:
     """Replace a call's arguments in memory, so the model sees what actually ran."""
-    assert exe.state is not None
-    context = exe.state.context
+    assert exe.run.session is not None
+    context = exe.run.session.context
     for i in range(len(context) - 1, -1, -1):
         msg = context[i]
         if msg.role == "assistant":

@@ -1,20 +1,24 @@
 """The steps of a run as the loop drives them (`_loop.Execution._run`): one `Step` per prelude,
-reasoning round, acting pass or summary, each with its stream and what reads its events."""
+reasoning round, acting pass or summary, each with its stream and what reads its events; and
+what a completed step leads to, as a typed value (`NextStep`)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, TypeAlias
 
+from ..errors import AgentInterrupted
 from ..events import AgentEvent, RequestStop
-from ..message import Msg, ToolResultBlock, ToolResultState, ToolUseBlock
+from ..message import GenerateReason, Msg, ToolResultBlock, ToolResultState, ToolUseBlock
 from ..middleware.base import ExtensionPoint
 from ..stream import EventStream
-from ._brackets import BRACKET_TYPES, OPENS
+from ._brackets import BRACKET_TYPES, OPENS, describe
 from ._reply import ToolResultCollector
+from ._run_state import RunState
 
-__all__ = ["ACT", "DROPPED_TEXT", "END", "MARKS", "PRELUDE", "REASON", "START", "STOP", "SUMMARY", "Acting", "Step",
-           "result_block"]
+__all__ = ["ACT", "DROPPED_TEXT", "END", "MARKS", "PRELUDE", "REASON", "RUN_AGAIN", "START", "STOP", "SUMMARY",
+           "Acting", "NextStep", "NextStepAct", "NextStepFinalOutput", "NextStepRunAgain", "Step", "result_block"]
 
 PRELUDE, REASON, ACT, SUMMARY = range(4)
 
@@ -23,6 +27,31 @@ MARKS: dict[type[Any], str] = {cls: (START if cls in OPENS else END) for cls in 
 MARKS[RequestStop] = STOP
 """The event classes the loop looks at itself: the brackets of `_brackets`, and a stop."""
 
+
+@dataclass(frozen=True, slots=True)
+class NextStepRunAgain:
+    """Another round is due: reasoning, or the summary once the iterations are used up."""
+
+
+@dataclass(frozen=True, slots=True)
+class NextStepAct:
+    """The reply's tool calls are remembered and due to run. ``assistant``: the reply as the
+    caller saw it (the result of a run that ends in this pass)."""
+
+    calls: Sequence[ToolUseBlock]
+    assistant: Msg
+
+
+@dataclass(frozen=True, slots=True)
+class NextStepFinalOutput:
+    """The run has its final message (an answer, a stop, a pause for confirmation or external
+    results, the summary)."""
+
+    msg: Msg
+
+
+NextStep: TypeAlias = NextStepRunAgain | NextStepAct | NextStepFinalOutput
+RUN_AGAIN = NextStepRunAgain()
 
 
 class Acting:
@@ -54,6 +83,51 @@ class Acting:
     def waiting(self) -> set[str]:
         """The calls that wait, rightly, for a confirmation or an external result."""
         return {c.id for c in (*self.suspended, *self.asking)}
+
+    def remember(self, run: RunState) -> None:
+        """The pass's results into memory. A call with no result that nobody waits on (an
+        on_acting layer dropped its events) gets an error result: the conversation stays
+        well-formed, and the session usable."""
+        session = run.session
+        assert session is not None
+        calls, found = self.calls, self.collector.results
+        results = [found[c.id] for c in calls if c.id in found]
+        if len(results) < len(calls):
+            waiting = self.waiting()
+            results += [result_block(c, DROPPED_TEXT, ToolResultState.ERROR) for c in calls
+                        if c.id not in found and c.id not in waiting]
+            session.pending_tool_calls = [c.id for c in calls if c.id in waiting and c.id not in found]
+        else:
+            session.pending_tool_calls = []
+        if results:
+            session.context.append(Msg.tool(results))
+
+    def end_run(self, run: RunState) -> None:
+        """A stop, a pause for confirmation or a suspension for external results ends the run
+        (its result: the reply as the caller saw it, with the suspended calls running)."""
+        assistant = self.assistant
+        if self.stop is not None:
+            run.end(assistant, self.stop.generate_reason, remember=False)
+        elif self.suspended:
+            running = [ToolResultBlock(id=c.id, name=c.name, state=ToolResultState.RUNNING) for c in self.suspended]
+            pause = assistant.model_copy(update={"content": [*assistant.content, *running]})
+            run.end(pause, GenerateReason.TOOL_SUSPENDED, remember=False)
+
+    def keep_results(self, run: RunState, error: BaseException) -> None:
+        """The pass failed or was cut: the results it produced are remembered, and (for an error)
+        every other call gets an error result, so no call is left dangling and the next call of
+        the session is not refused for pending tool calls. An interrupted pass leaves the rest to
+        `RunState.end_interrupted` (interrupted results)."""
+        session = run.session
+        assert session is not None
+        found = self.collector.results
+        results = [found[c.id] for c in self.calls if c.id in found]
+        if isinstance(error, Exception) and not isinstance(error, AgentInterrupted):
+            text = f"Error: the tool call did not complete: {describe(error)}"
+            results += [result_block(c, text, ToolResultState.ERROR) for c in self.calls if c.id not in found]
+        if results:
+            session.context.append(Msg.tool(results))
+        session.pending_tool_calls = []
 
 
 class Step:

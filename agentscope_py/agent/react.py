@@ -30,9 +30,9 @@ from ._boundaries import guarded
 from ._input import check_input
 from ._loop import Execution
 from ._model_call import FailoverListener, RetryPolicy
+from ._runtime import AgentRuntime
 from ._session import SessionGates
 from .context import RuntimeContext
-from .state import AgentState
 from .store import AgentStateStore, InMemoryStateStore
 
 __all__ = ["Builder", "MsgInput", "ReActAgent", "check_input", "confirm_message"]
@@ -114,18 +114,17 @@ class ReActAgent:
         self.toolkit = toolkit
         self.max_iters = max_iters
         self.model_options: Mapping[str, Any] = dict(model_options or {})
-        self._store = state_store
-        self._trace = trace_middleware
-        self._fallback_models = tuple(fallback_models)
-        self._retry = retry or RetryPolicy()
-        self._failover_listener = failover_listener
-        self._participants = Participants(middlewares)
         self._middlewares = tuple(middlewares)
-        self._gates = SessionGates()
-        # Per session, a state whose checkpoint failed and the version it was loaded at: the
-        # next call on the session resumes from it instead of losing the turn.
-        self._unsaved: dict[tuple[str, str], tuple[AgentState, int]] = {}
-        self._warned_empty = False  # see _loop._warn_empty: once per agent
+        # What every execution gets beside the public attributes above (`_runtime`).
+        self._runtime = AgentRuntime(
+            participants=Participants(middlewares),
+            trace=trace_middleware,
+            store=state_store,
+            gates=SessionGates(),
+            fallback_models=tuple(fallback_models),
+            retry=retry or RetryPolicy(),
+            failover_listener=failover_listener,
+        )
 
     @staticmethod
     def builder() -> Builder:
@@ -133,11 +132,11 @@ class ReActAgent:
 
     @property
     def state_store(self) -> AgentStateStore:
-        return self._store
+        return self._runtime.store
 
     def middlewares_at(self, point: ExtensionPoint) -> tuple[MiddlewareBase, ...]:
         """The participants of ``point``, outermost first (fixed at build)."""
-        return self._participants.at(point)
+        return self._runtime.participants.at(point)
 
     # -- running ---------------------------------------------------------------------------------
 
@@ -183,11 +182,13 @@ class ReActAgent:
     def _start(
         self, msgs: tuple[Msg, ...], ctx: RuntimeContext | None, structured_model: type[Any] | None
     ) -> tuple[Execution, Any]:
-        exe = Execution(self, ctx if ctx is not None else RuntimeContext(), structured_model)
-        chain = compose(ExtensionPoint.ON_AGENT, self._participants, self, exe.ctx, exe.agent_core, self._trace)
+        runtime = self._runtime
+        exe = Execution(self, runtime, ctx if ctx is not None else RuntimeContext(), structured_model)
+        participants = runtime.participants
+        chain = compose(ExtensionPoint.ON_AGENT, participants, self, exe.ctx, exe.agent_core, runtime.trace)
         events = chain(AgentInput(msgs=msgs)).__aiter__()
-        if self._participants.hooks[ExtensionPoint.ON_AGENT]:
-            events = guarded(events, self)  # what on_agent hooks emit is the caller's stream
+        if participants.hooks[ExtensionPoint.ON_AGENT]:
+            events = guarded(events, participants)  # what on_agent hooks emit is the caller's stream
         return exe, events
 
     def as_tool(self, name: str | None = None, description: str | None = None) -> Tool:
@@ -218,7 +219,7 @@ class ReActAgent:
         """Stop the run in flight on that session (safe from any task; not async). The model
         request is closed, pending tool calls get interrupted results, and an INTERRUPTED reply is
         persisted. Returns whether a run was in flight."""
-        control = self._gates.active.get((user_id, session_id))
+        control = self._runtime.gates.active.get((user_id, session_id))
         if control is None:
             return False
         control.interrupt()

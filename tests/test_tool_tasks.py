@@ -1,7 +1,6 @@
-"""A lone call to a tool that returns once runs inline in the run's task (no task of its own), in
-its own context copy, only while the stream is awaited: it starts when the event after
-ToolResultStart is asked for, an interrupt cancels it without disturbing the consumer, and it
-times out like any other call."""
+"""Every tool call runs in a task of its own, in its own context copy: an interrupt cancels the
+tool without disturbing the consumer or the run's task, a tool that cancels its own task only
+interrupts itself, and timeouts become error results."""
 
 from __future__ import annotations
 
@@ -39,22 +38,25 @@ async def tool_results(agent: ReActAgent, ctx: RuntimeContext | None = None) -> 
     return [b for m in state.context for b in m.tool_results]
 
 
-async def test_the_tool_starts_when_the_event_after_its_start_is_asked_for() -> None:
-    started: list[bool] = []
+async def test_a_tool_that_cancels_its_own_task_interrupts_only_itself() -> None:
+    """A lone tool used to run inline in the run's task, where cancelling "its" task cancelled
+    the run; in a task of its own, only the call ends (interrupted) and the run goes on."""
 
     @tool
-    async def probe() -> str:
-        """Records that it started."""
-        started.append(True)
-        await asyncio.sleep(0.01)
-        return "done"
+    async def self_cancelling() -> str:
+        """Cancels the task it runs in."""
+        task = asyncio.current_task()
+        assert task is not None
+        task.cancel()
+        await asyncio.sleep(1)
+        return "never"
 
-    agent = agent_with(probe, ModelStep.tool_call("probe", {}), ModelStep.text("ok"))
-    seen_at_start: list[bool] = []
-    async for ev in agent.stream("go"):
-        if ev.type == "tool_result_start":
-            seen_at_start.append(bool(started))
-    assert seen_at_start == [False] and started == [True]
+    agent = agent_with(self_cancelling, ModelStep.tool_call("self_cancelling", {}), ModelStep.text("went on"))
+    caller = asyncio.create_task(agent.call("go"))
+    msg = await asyncio.wait_for(caller, 2)
+    assert msg.text == "went on" and msg.generate_reason is GenerateReason.MODEL_STOP
+    assert caller.cancelling() == 0
+    assert [r.state for r in await tool_results(agent)] == [ToolResultState.INTERRUPTED]
 
 
 @pytest.mark.parametrize("awaits", [False, True])
@@ -82,13 +84,13 @@ async def test_a_tool_that_interrupts_its_own_run_finishes_and_ends_it_without_a
 
 
 async def test_interrupt_while_the_consumer_holds_the_start_event_spares_the_consumer() -> None:
-    ran: list[bool] = []
+    finished: list[bool] = []
 
     @tool
     async def slow() -> str:
         """Takes long."""
-        ran.append(True)
         await asyncio.sleep(30)
+        finished.append(True)
         return "never"
 
     agent = agent_with(slow, ModelStep.tool_call("slow", {}), ModelStep.text("unused"))
@@ -98,15 +100,15 @@ async def test_interrupt_while_the_consumer_holds_the_start_event_spares_the_con
         if ev.type == "tool_result_start":
             agent.interrupt()
             await asyncio.sleep(0.01)  # the consumer's own await is not cancelled
-    assert ran == []  # interrupted before it started: it never runs
+    assert finished == []  # the tool was cancelled
     assert kinds[-2:] == ["agent_result", "agent_end"]
     results = await tool_results(agent)
     assert [r.state for r in results] == [ToolResultState.INTERRUPTED]
 
 
 async def test_a_timeout_inside_the_tool_never_cancels_the_consumer_while_it_holds_an_event() -> None:
-    """The tool runs only while the stream is awaited, so a timeout it sets (``asyncio.timeout``
-    cancels the current task) fires inside the tool, not in the consumer's own code."""
+    """A timeout the tool sets (``asyncio.timeout`` cancels the current task) fires inside the
+    tool's task, never in the consumer's own code."""
 
     @tool
     async def bounded() -> str:
@@ -195,14 +197,14 @@ async def test_timeouts_and_a_tools_own_timeout_error_become_error_results() -> 
         assert events[-2].result.text == "fine"
 
 
-async def test_closing_the_stream_at_the_start_event_never_runs_the_tool() -> None:
-    ran: list[bool] = []
+async def test_closing_the_stream_at_the_start_event_cancels_the_tool() -> None:
+    finished: list[bool] = []
 
     @tool
     async def slow() -> str:
         """Takes long."""
-        ran.append(True)
         await asyncio.sleep(30)
+        finished.append(True)
         return "never"
 
     agent = agent_with(slow, ModelStep.tool_call("slow", {}), ModelStep.text("unused"))
@@ -211,6 +213,8 @@ async def test_closing_the_stream_at_the_start_event_never_runs_the_tool() -> No
         if ev.type == "tool_result_start":
             break
     await stream.aclose()  # type: ignore[attr-defined]
-    assert ran == []
+    await asyncio.sleep(0.05)
+    assert finished == []
+    assert [t for t in asyncio.all_tasks() if t is not asyncio.current_task()] == []  # no tool task left
     assert asyncio.current_task().cancelling() == 0  # type: ignore[union-attr]
     assert [r.state for r in await tool_results(agent)] == [ToolResultState.INTERRUPTED]

@@ -1,0 +1,134 @@
+"""The session's state in and out of the store: loaded and bound in the prelude, checkpointed
+once at the end of the run, after ``on_agent_finish``.
+
+A run that fails, is interrupted or loses its consumer still saves its turn: the finish hooks run
+once each (even when an earlier one raised), then the checkpoint, then the first hook's error
+reaches the caller. A checkpoint that fails keeps the state in memory (`AgentRuntime.unsaved`),
+so the next call on the session starts from it instead of losing the turn."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
+
+from ..errors import StateStoreError
+from ..events import AgentEvent
+from ..message import ChatUsage
+from ..middleware.base import AgentRun, ExtensionPoint
+from ._brackets import describe
+from ._hooks import HookCall
+from ._run_state import RunState
+from .state import AgentState
+
+if TYPE_CHECKING:
+    from ._runtime import AgentRuntime
+    from .context import RuntimeContext
+    from .react import ReActAgent
+
+__all__ = ["finish", "finish_quietly", "load_session", "save_once"]
+
+logger = logging.getLogger("agentscope_py")
+
+
+async def load_session(runtime: AgentRuntime, ctx: RuntimeContext, run: RunState) -> AgentState:
+    """Load the session's state into ``run`` (a new one for a new session)."""
+    key = (ctx.user_id, ctx.session_id)
+    try:
+        state, run.version = await runtime.store.load(*key)
+    except StateStoreError:
+        raise
+    except Exception as exc:
+        raise StateStoreError(f"loading session {ctx.user_id}/{ctx.session_id} failed: {exc}") from exc
+    unsaved = runtime.unsaved.pop(key, None)
+    if unsaved is not None:
+        if unsaved[1] == run.version or state is None:
+            # The last checkpoint failed and nobody saved since (or the store came back empty: a
+            # Redis restarted without persistence): go on from the unsaved state, so no message is
+            # lost; this call's save stores it.
+            if state is None and unsaved[1] != 0:
+                logger.warning("session %s/%s: the store no longer has it; restoring the turn this "
+                               "process could not save", ctx.user_id, ctx.session_id)
+            state = unsaved[0]
+        else:  # another writer saved since: its state wins, as a CAS conflict would decide
+            logger.warning("session %s/%s: a turn this process could not save is dropped: another "
+                           "writer saved version %d since", ctx.user_id, ctx.session_id, run.version)
+    if state is None:
+        state = AgentState(user_id=ctx.user_id, session_id=ctx.session_id)
+    run.session = state
+    return state
+
+
+async def save_once(runtime: AgentRuntime, ctx: RuntimeContext, run: RunState) -> None:
+    """Checkpoint the run's session state, once per run."""
+    if run.saved or run.session is None:
+        return
+    run.saved = True
+    key = (ctx.user_id, ctx.session_id)
+    try:
+        run.version = await runtime.store.save(*key, run.session, run.version)
+    except Exception as exc:
+        # Keep the turn: the next call on this session starts from it (see load_session).
+        runtime.unsaved[key] = (run.session, run.version)
+        if isinstance(exc, StateStoreError):
+            raise
+        raise StateStoreError(f"saving session {ctx.user_id}/{ctx.session_id} failed: {exc}") from exc
+    runtime.unsaved.pop(key, None)
+
+
+async def finish(
+    agent: ReActAgent, ctx: RuntimeContext, runtime: AgentRuntime, run: RunState,
+    error: BaseException | None, tool_calls: int, extra_usage: ChatUsage | None = None,
+) -> AsyncIterator[AgentEvent]:
+    """on_agent_finish, then the checkpoint. A generator so traced hooks can emit events.
+
+    Every participant is notified once, even when an earlier one raised; the turn is saved
+    whatever they did (the caller already saw it), and then the first hook's error reaches the
+    caller (after the run's own error, if the run failed)."""
+    usage = run.usage if extra_usage is None else (extra_usage if run.usage is None else run.usage + extra_usage)
+    outcome = AgentRun(
+        msg=run.final, error=error, reason=run.reason, usage=usage,
+        model_calls=run.model_calls, tool_calls=tool_calls, iterations=run.iteration,
+    )
+    point = ExtensionPoint.ON_AGENT_FINISH
+    cancelled: BaseException | None = None
+    try:
+        for mw in runtime.participants.hooks[point]:
+            if mw in run.finished_hooks:
+                continue  # notified before the consumer left (see finish_quietly)
+            run.finished_hooks.append(mw)
+            hook = HookCall(mw, point, lambda mw=mw: mw.on_agent_finish(agent, ctx, outcome),  # type: ignore[misc]
+                            runtime.trace)
+            try:
+                async for ev in hook.events():
+                    yield ev
+            except Exception as exc:
+                logger.warning("%s.on_agent_finish raised %s; the turn is saved all the same", mw.name,
+                               describe(exc))
+                if run.finish_error is None:
+                    run.finish_error = exc
+    except asyncio.CancelledError as exc:  # cancelled while a hook awaited: save, then go on
+        cancelled = exc
+    if cancelled is not None:
+        await asyncio.shield(save_once(runtime, ctx, run))
+        raise cancelled
+    await save_once(runtime, ctx, run)
+
+
+async def finish_quietly(
+    runtime: AgentRuntime, ctx: RuntimeContext, run: RunState, finishing: AsyncIterator[AgentEvent]
+) -> None:
+    """Drive ``finishing`` to its end with nobody left to receive its events."""
+    try:
+        async for _ in finishing:
+            pass
+    except asyncio.CancelledError:
+        pass
+    except Exception:  # nobody is left to receive it; the state stays unsaved (see save_once)
+        logger.exception("finishing the cancelled run of %s/%s failed", ctx.user_id, ctx.session_id)
+    if not run.saved:  # the finish was cut before its checkpoint
+        try:
+            await asyncio.shield(save_once(runtime, ctx, run))
+        except Exception:
+            logger.exception("saving the cancelled run of %s/%s failed", ctx.user_id, ctx.session_id)

@@ -1,0 +1,156 @@
+"""The state of one run, in one record: what the steps of `_loop` read and write.
+
+Everything an execution learns while it runs lives here (not in flags on the execution), and
+the few rules that keep it consistent — how a reply ends the run, how calls that will never run
+get results — are methods of it, so every step applies them the same way."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..message import ChatUsage, GenerateReason, Msg, TextBlock, ToolResultBlock, ToolResultState, ToolUseBlock, new_id
+from ..middleware.base import MiddlewareBase
+from ._boundaries import admit
+from ._reply import ReplyBuilder
+from .state import AgentState
+
+__all__ = ["RunState"]
+
+
+@dataclass(slots=True, eq=False)
+class RunState:
+    reply_id: str
+    agent_name: str
+    input_msgs: list[Msg] = field(default_factory=list)
+    session: AgentState | None = None
+    """The session's state (bound to the context once loaded); what is checkpointed."""
+    version: int = 0
+    """The store version ``session`` was loaded at (compare-and-set on save)."""
+    system_msg: Msg | None = None
+    input_taken: bool = False
+    """The input is in memory (or was control input for a resume)."""
+
+    iteration: int = 0
+    model_calls: int = 0
+    usage: ChatUsage | None = None
+    """None until a model call reports usage: unknown, not zero."""
+    final: Msg | None = None
+    reason: GenerateReason | None = None
+
+    builder: ReplyBuilder | None = None
+    """This round's reply as memory keeps it (rebuilt from what left on_model_call)."""
+    view: ReplyBuilder | None = None
+    """The caller's view of this round's reply, when on_reasoning hooks may rewrite it."""
+    transient: list[Msg] = field(default_factory=list)
+    """Messages sent with the next request only (a reminder, a validation problem)."""
+    reminded: bool = False
+    preapproved: set[str] = field(default_factory=set)
+    """Call ids the user confirmed: the permission gate lets them through."""
+
+    structured: Any = None
+    """The validated structured output, once there is one."""
+    structured_failures: int = 0
+
+    finished_hooks: list[MiddlewareBase] = field(default_factory=list)
+    finish_error: Exception | None = None
+    """The first on_agent_finish hook's error (raised after the turn is saved)."""
+    saved: bool = False
+
+    # -- the session's messages ------------------------------------------------------------------
+
+    @property
+    def context(self) -> list[Msg]:
+        assert self.session is not None, "the session is loaded in the prelude"
+        return self.session.context
+
+    def messages(self) -> list[Msg]:
+        """The next request's messages: system, memory, then the transient ones (sent once)."""
+        msgs = [self.system_msg] if self.system_msg is not None else []
+        msgs.extend(self.context)
+        if self.transient:
+            msgs.extend(self.transient)
+            self.transient = []
+        return msgs
+
+    def pending_calls(self) -> list[ToolUseBlock]:
+        """Tool calls of the last assistant message that have no result yet."""
+        answered: set[str] = set()
+        for msg in reversed(self.context):
+            if msg.role == "assistant":
+                return [c for c in msg.tool_calls if c.id not in answered]
+            for block in msg.tool_results:
+                answered.add(block.id)
+        return []
+
+    def close_calls(self, calls: Sequence[ToolUseBlock], text: str, state: ToolResultState) -> None:
+        """Give calls that will never run a result, so the conversation stays well-formed."""
+        if calls:
+            self.context.append(
+                Msg.tool([ToolResultBlock(id=c.id, name=c.name, state=state, output=text) for c in calls])
+            )
+            assert self.session is not None
+            self.session.pending_tool_calls = []
+
+    # -- the reply and the end of the run --------------------------------------------------------
+
+    def take_reply(self) -> Msg:
+        """The round's reply as built from its events (its calls and usage counted)."""
+        builder = self.builder
+        if builder is None:
+            return Msg(id=self.reply_id, role="assistant", name=self.agent_name)
+        self.model_calls += builder.calls_made
+        if builder.usage_total is not None:
+            self.usage = builder.usage_total if self.usage is None else self.usage + builder.usage_total
+        self.builder = None
+        return builder.build(new_id("msg_"), self.agent_name, None)
+
+    def adopt_view(self) -> None:
+        """An on_reasoning hook answered without calling next: what it emitted is the reply."""
+        if self.builder is None and self.view is not None:
+            self.builder, self.view = self.view, None
+
+    def shown(self, msg: Msg) -> Msg | None:
+        """The caller's view of the reply ``msg`` (None when it is ``msg`` itself)."""
+        view = self.view
+        if view is None:
+            return None
+        self.view = None
+        return view.build(msg.id, msg.name)
+
+    def end(self, msg: Msg, reason: GenerateReason, remember: bool = True, shown: Msg | None = None) -> None:
+        """End the run with ``msg``. ``shown``: the caller's view of it, when on_reasoning rewrote
+        what callers saw; the result holds that, memory ``msg``."""
+        update = {"generate_reason": reason, "usage": self.usage}
+        final = msg.model_copy(update=update)
+        if remember:
+            self.context.append(final)
+        self.final = final if shown is None else shown.model_copy(update=update)
+        self.reason = reason
+
+    def end_interrupted(self) -> None:
+        """Persist one INTERRUPTED reply (the partial one, or a short recovery note) and give
+        every pending call an interrupted result."""
+        if self.session is None or self.final is not None:
+            return
+        text = "The tool call was interrupted."
+        if not self.input_taken:  # cut in the prelude: the input is remembered with the note after it
+            self.input_taken = True
+            if not self.pending_calls():
+                self.context.extend(admit(m) for m in self.input_msgs
+                                    if m.role != "tool" and not m.metadata.get("confirm_results"))
+        self.close_calls(self.pending_calls(), text, ToolResultState.INTERRUPTED)  # calls of earlier rounds
+        self.adopt_view()
+        partial = self.take_reply() if self.builder is not None else None
+        shown = self.shown(partial) if partial is not None else None
+        if partial is None or not partial.content:
+            partial = Msg(role="assistant", name=self.agent_name,
+                          content=[TextBlock(text="[The reply was interrupted.]")])
+            shown = None
+        mark = {"interrupted": True}
+        if shown is not None:
+            shown = shown.model_copy(update={"metadata": {**shown.metadata, **mark}})
+        self.end(partial.model_copy(update={"metadata": {**partial.metadata, **mark}}),
+                 GenerateReason.INTERRUPTED, shown=shown)
+        self.close_calls(self.pending_calls(), text, ToolResultState.INTERRUPTED)  # calls of the partial reply

@@ -1,0 +1,39 @@
+"""What an agent gives each of its executions beside its public attributes: the middleware
+participants, the session machinery and the model-call policy, fixed at build.
+
+The loop reads these through this one record (not through the agent's private attributes), so
+what an execution depends on is written down in one place."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..middleware.chain import Participants
+    from ..model.base import ChatModel
+    from ._model_call import FailoverListener, RetryPolicy
+    from ._session import SessionGates
+    from .state import AgentState
+    from .store import AgentStateStore
+
+__all__ = ["AgentRuntime"]
+
+
+@dataclass(slots=True, eq=False)
+class AgentRuntime:
+    participants: Participants
+    """The middleware of every extension point, outermost first."""
+    trace: bool
+    """Bracket every hook invocation with MiddlewareStarted/MiddlewareCompleted events."""
+    store: AgentStateStore
+    gates: SessionGates
+    """The per-session FIFO gates, and the control of each session's run in flight."""
+    fallback_models: tuple[ChatModel, ...]
+    retry: RetryPolicy
+    failover_listener: FailoverListener | None
+    unsaved: dict[tuple[str, str], tuple[AgentState, int]] = field(default_factory=dict)
+    """Per session, a state whose checkpoint failed and the version it was loaded at: the next
+    call on the session resumes from it instead of losing the turn (`_persist`)."""
+    warned_empty: bool = False
+    """An empty reasoning stream is logged once per agent (`_boundaries.warn_empty`)."""
