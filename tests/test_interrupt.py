@@ -85,3 +85,22 @@ async def test_cancelling_the_caller_is_still_a_cancellation() -> None:
     assert model.closed and mw.seen == []  # a cancellation is no error middleware handles
     state, _ = await agent.state_store.load("default", "default")
     assert state is not None and state.context[-1].generate_reason is GenerateReason.INTERRUPTED
+
+
+async def test_no_retry_and_no_fallback_acts_on_an_interrupt() -> None:
+    from agentscope_py import ModelStep, ScriptedModel
+    from agentscope_py.middleware import ModelFallbackMiddleware, RetryMiddleware
+
+    model = Stalling()
+    backup = ScriptedModel([ModelStep.text("from the backup")])
+    acted: list[str] = []
+    retry = RetryMiddleware(max_retries=3, retry_on=Exception, initial_delay=0.01, after_first_event=True,
+                            on_retry=lambda *a: acted.append("retry"))
+    fallback = ModelFallbackMiddleware(backup, after_first_event=True, on_failover=lambda *a: acted.append("failover"))
+    agent = ReActAgent.builder().model(model).middleware(retry).middleware(fallback).build()  # type: ignore[arg-type]
+    caller = asyncio.create_task(agent.call("go"))
+    await asyncio.wait_for(model.streaming.wait(), 2)
+    agent.interrupt()
+    msg = await asyncio.wait_for(caller, 2)
+    assert msg.generate_reason is GenerateReason.INTERRUPTED
+    assert acted == [] and backup.requests == []  # nothing was retried, no other model tried

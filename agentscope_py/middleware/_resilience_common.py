@@ -24,7 +24,7 @@ import random
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Literal, TypeAlias
 
-from ..errors import MiddlewareError, MiddlewareTermination, ModelError
+from ..errors import AgentInterrupted, MiddlewareError, MiddlewareTermination, ModelError
 from ..events import AgentEvent, MiddlewareCompleted, MiddlewareStarted
 from ..stream import EventStream, aclose
 
@@ -68,7 +68,13 @@ def any_failure(error: BaseException) -> bool:
 
 
 def matcher(spec: Any, default: Callable[[BaseException], bool], name: str) -> Callable[[BaseException], bool]:
-    """``spec``: None (the default), an exception type, a tuple of types, or a predicate."""
+    """``spec``: None (the default), an exception type, a tuple of types, or a predicate. An
+    interrupt never matches: the user stopped the run, and no retry or other model may go on."""
+    match = _match(spec, default, name)
+    return lambda error: not isinstance(error, AgentInterrupted) and match(error)
+
+
+def _match(spec: Any, default: Callable[[BaseException], bool], name: str) -> Callable[[BaseException], bool]:
     if spec is None:
         return default
     if isinstance(spec, type) and issubclass(spec, BaseException):
