@@ -7,7 +7,8 @@ Saves are versioned: ``save(..., expected_version)`` succeeds only if the stored
 
 from __future__ import annotations
 
-from typing import Literal, Protocol, runtime_checkable
+from types import TracebackType
+from typing import Literal, Protocol, Self, runtime_checkable
 
 from ..errors import StateConflictError, StateStoreError
 from .state import AgentState
@@ -45,6 +46,22 @@ def decode_state(data: str | bytes, user_id: str, session_id: str) -> AgentState
             f"the stored state of session {user_id}/{session_id} is corrupted and cannot be read "
             f"({type(exc).__name__}: {str(exc).splitlines()[0]}); it was left untouched"
         ) from exc
+
+
+class ClosableStore:
+    """``async with store:`` closes the store on the way out: the base of the stores that hold
+    connections (`SqliteStateStore`, `RedisStateStore`), which define ``close()``."""
+
+    async def close(self) -> None:
+        raise NotImplementedError
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
 
 
 @runtime_checkable

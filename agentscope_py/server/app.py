@@ -127,6 +127,11 @@ class _Server:
         check_shape(data, messages_key, self.limits)
         return _validate(model, data)
 
+    async def _body_and_user(self, request: Request, model: type[Any], messages_key: str) -> tuple[Any, str]:
+        """A native endpoint's body and the user it runs for (the body may name one)."""
+        body = await self._body(request, model, messages_key)
+        return body, await self.identity.user(request, body.user_id)
+
     # -- endpoints -------------------------------------------------------------------------------
 
     async def index(self, request: Request) -> Response:
@@ -145,11 +150,8 @@ class _Server:
             agent = _with_frontend_tools(self.agent, run_input.tools or [])
             emitted = self.ledger.get((user_id, run_input.thread_id))
             msgs = await self._agui_input(agent, user_id, run_input, emitted)
-        except HTTPError as exc:
-            log.info("request %s: POST /agui refused (%s): %s", rid, exc.status, exc.detail)
-            return exc.response(rid)
-        except Exception as exc:  # a store failing while the thread's memory loads
-            return _internal_error(exc, rid, "POST /agui")
+        except Exception as exc:  # HTTPError, or a store failing while the thread's memory loads
+            return _refused(exc, rid, "POST /agui")
         ctx = RuntimeContext(user_id=user_id, session_id=run_input.thread_id, agui_input=run_input)
         stream = agent.stream(msgs, ctx=ctx)
         mapper = AguiMapper(run_input.thread_id, run_input.run_id, emitted_ids=emitted)
@@ -175,13 +177,9 @@ class _Server:
     async def runs(self, request: Request) -> Response:
         rid = request_id(request)
         try:
-            body = await self._body(request, RunRequest, "input")
-            user_id = await self.identity.user(request, body.user_id)
-        except HTTPError as exc:
-            log.info("request %s: POST /v1/runs refused (%s): %s", rid, exc.status, exc.detail)
-            return exc.response(rid)
-        except Exception as exc:  # an authenticate() that failed
-            return _internal_error(exc, rid, "POST /v1/runs")
+            body, user_id = await self._body_and_user(request, RunRequest, "input")
+        except Exception as exc:  # HTTPError, or an authenticate() that failed
+            return _refused(exc, rid, "POST /v1/runs")
         msgs: list[Msg] = []
         if body.confirm:
             msgs.append(confirm_message(*body.confirm))
@@ -196,13 +194,9 @@ class _Server:
     async def interrupt(self, request: Request) -> Response:
         rid = request_id(request)
         try:
-            body = await self._body(request, InterruptRequest, "")
-            user_id = await self.identity.user(request, body.user_id)
-        except HTTPError as exc:
-            log.info("request %s: POST /v1/interrupt refused (%s): %s", rid, exc.status, exc.detail)
-            return exc.response(rid)
+            body, user_id = await self._body_and_user(request, InterruptRequest, "")
         except Exception as exc:
-            return _internal_error(exc, rid, "POST /v1/interrupt")
+            return _refused(exc, rid, "POST /v1/interrupt")
         return JSONResponse({"interrupted": self.agent.interrupt(user_id=user_id, session_id=body.session_id)})
 
     def _pending(self, user_id: str, session_id: str) -> Callable[[], Awaitable[list[str]]]:
@@ -218,7 +212,12 @@ class _Server:
         return pending
 
 
-def _internal_error(exc: BaseException, rid: str, what: str) -> Response:
+def _refused(exc: Exception, rid: str, what: str) -> Response:
+    """The answer to a request that failed before its run started: the client's fault (an
+    `HTTPError`, logged at info level) or ours (a safe 500; the details go to the log)."""
+    if isinstance(exc, HTTPError):
+        log.info("request %s: %s refused (%s): %s", rid, what, exc.status, exc.detail)
+        return exc.response(rid)
     error = describe(exc, rid, "native")
     log_failure(exc, error, rid, what)
     return HTTPError(500, "internal_error", error.message).response(rid)
