@@ -13,7 +13,6 @@ import asyncio
 import contextlib
 import copy
 import logging
-from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from importlib import resources
 from typing import Any
@@ -28,12 +27,14 @@ from starlette.routing import Route
 
 from .._context import RuntimeContext
 from ..agent.react import ReActAgent, confirm_message
+from ..agent.store import InMemoryStateStore
 from ..events import AgentEvent, AgentResult, ConfirmResult, ModelCallEnd
 from ..message import Msg, TextBlock, ThinkingBlock
 from ..stream import EventStream
 from . import agui as agui_module
 from ._errors import HTTPError, Vocabulary, describe, log_failure, request_id
 from ._identity import USER_HEADER, Authenticate, Identity
+from ._ledger import Emitted, Ledger
 from ._limits import Limits, check_shape, read_json
 from ._security import Guard
 from .agui import AguiInputError, AguiMapper, SystemPolicy, confirm_results, select_new_messages, to_msgs
@@ -70,25 +71,6 @@ class InterruptRequest(BaseModel):
     user_id: str | None = None
 
 
-class _Ledger:
-    """Message ids this server emitted per (user, thread), so resent history is recognised.
-    Bounded: the least recently used threads are forgotten (memory then recognises them)."""
-
-    def __init__(self, max_threads: int = 10_000) -> None:
-        self._ids: OrderedDict[tuple[str, str], set[str]] = OrderedDict()
-        self._max = max_threads
-
-    def get(self, key: tuple[str, str]) -> set[str]:
-        ids = self._ids.get(key)
-        if ids is None:
-            ids = self._ids[key] = set()
-            if len(self._ids) > self._max:
-                self._ids.popitem(last=False)
-        else:
-            self._ids.move_to_end(key)
-        return ids
-
-
 class _Server:
     """The endpoints, sharing one agent, one ledger, the identity rules and the limits."""
 
@@ -96,25 +78,31 @@ class _Server:
                  heartbeat: float | None, limits: Limits, system_messages: SystemPolicy,
                  result_text: bool) -> None:
         self._source = agent_or_factory
-        self._agent = agent_or_factory if isinstance(agent_or_factory, ReActAgent) else None
+        self._agent: ReActAgent | None = None
         self.identity = identity
         self.max_body_bytes = max_body_bytes
         self.heartbeat = heartbeat
         self.limits = limits
         self.system_messages = system_messages
         self.result_text = result_text
-        self.ledger = _Ledger()
+        self.ledger = Ledger()
         self.page = resources.files(__package__).joinpath("static/index.html").read_bytes()
 
     @property
     def agent(self) -> ReActAgent:
         """The agent; a factory is called once, at startup (or on first use without lifespan)."""
         if self._agent is None:
-            if not callable(self._source):
-                raise TypeError("create_app() needs a ReActAgent or a zero-argument callable returning one")
-            agent = self._source()
+            agent = self._source
             if not isinstance(agent, ReActAgent):
-                raise TypeError(f"the agent factory returned {type(agent).__name__}, not a ReActAgent")
+                if not callable(agent):
+                    raise TypeError("create_app() needs a ReActAgent or a zero-argument callable returning one")
+                agent = agent()
+                if not isinstance(agent, ReActAgent):
+                    raise TypeError(f"the agent factory returned {type(agent).__name__}, not a ReActAgent")
+            store = agent.state_store
+            if isinstance(store, InMemoryStateStore) and not store.bounded:
+                # A served process meets sessions without end: keep the idle ones bounded.
+                store.bound(max_sessions=self.limits.max_sessions, idle_ttl=self.limits.session_idle_ttl)
             self._agent = agent
         return self._agent
 
@@ -159,9 +147,18 @@ class _Server:
         return self._sse(lambda: _agui_frames(stream, mapper, rid, pending))
 
     async def _agui_input(
-        self, agent: ReActAgent, user_id: str, run_input: RunAgentInput, emitted: set[str]
+        self, agent: ReActAgent, user_id: str, run_input: RunAgentInput, emitted: Emitted
     ) -> list[Msg]:
         state, _ = await agent.state_store.load(user_id, run_input.thread_id)
+        if state is not None:
+            emitted.remembered = True
+        elif emitted.remembered:
+            # The store dropped the thread (evicted, deleted): the client's copy of the
+            # conversation is all that is left of it, so the whole of it is this run's input.
+            log.info("thread %s/%s: its memory is gone; taking the client's history as input",
+                     user_id, run_input.thread_id)
+            emitted.clear()
+            emitted.remembered = False
         remembered = state.context if state is not None else []
         new = select_new_messages(run_input.messages, remembered, emitted)
         try:
