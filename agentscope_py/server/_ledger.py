@@ -9,9 +9,9 @@ __all__ = ["Emitted", "Ledger"]
 
 
 class Emitted(set[str]):
-    """The message ids this server emitted on one thread. ``remembered``: the thread's memory
-    was seen holding it, so finding it empty later means the store dropped it (evicted, deleted,
-    expired)."""
+    """The message ids this server emitted on one thread. ``remembered``: the store has held the
+    thread (a load found it, or a run of ours on it ended well, which saves it), so finding it
+    empty later means the store dropped it (evicted, expired, deleted)."""
 
     remembered = False
 

@@ -144,7 +144,7 @@ class _Server:
         stream = agent.stream(msgs, ctx=ctx)
         mapper = AguiMapper(run_input.thread_id, run_input.run_id, emitted_ids=emitted)
         pending = self._pending(user_id, run_input.thread_id)
-        return self._sse(lambda: _agui_frames(stream, mapper, rid, pending))
+        return self._sse(lambda: _agui_frames(stream, mapper, rid, pending, emitted))
 
     async def _agui_input(
         self, agent: ReActAgent, user_id: str, run_input: RunAgentInput, emitted: Emitted
@@ -229,7 +229,7 @@ async def _report(exc: BaseException, rid: str, vocabulary: Vocabulary,
 
 
 async def _agui_frames(stream: EventStream[AgentEvent], mapper: AguiMapper, rid: str,
-                       pending: Callable[[], Awaitable[list[str]]]) -> AsyncIterator[bytes]:
+                       pending: Callable[[], Awaitable[list[str]]], emitted: Emitted) -> AsyncIterator[bytes]:
     yield mapper.encode_start()
     try:
         async with contextlib.aclosing(stream.__aiter__()) as events:  # type: ignore[type-var]
@@ -246,6 +246,7 @@ async def _agui_frames(stream: EventStream[AgentEvent], mapper: AguiMapper, rid:
         out[-1] = out[-1].model_copy(update={"message": message, "code": code})
         yield agui_module.encode(out)
         return
+    emitted.remembered = True  # the run ended well, so its save stored the thread
     yield mapper.encode_finish()
 
 
