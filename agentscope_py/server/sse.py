@@ -161,6 +161,7 @@ async def with_heartbeat(source: AsyncIterator[bytes], interval: float | None,
         channel.finish(error)
 
     producer = loop.create_task(produce())
+    beat = _Heartbeat(channel, interval) if interval is not None and interval > 0 else None
     try:
         while True:
             if channel.items:
@@ -168,27 +169,58 @@ async def with_heartbeat(source: AsyncIterator[bytes], interval: float | None,
                 buffered -= len(frame)
                 bytes_room.set()
                 yield frame
+                if beat is not None:
+                    beat.sent()
             elif channel.done:
                 if channel.error is not None:
                     raise channel.error
                 return
+            elif beat is not None and beat.due:
+                yield HEARTBEAT
+                beat.sent()
             else:
-                waiter = channel.waiter = loop.create_future()
-                if interval is None or interval <= 0:
-                    await waiter
-                    continue
-                # asyncio.wait leaves the waiter alone on a timeout (the producer may still
-                # complete it, harmlessly); a heartbeat goes out when nothing came in time.
-                done, _ = await asyncio.wait((waiter,), timeout=interval)
-                if not done:
-                    channel.waiter = None
-                    yield HEARTBEAT
+                channel.waiter = loop.create_future()
+                await channel.waiter
     finally:
+        if beat is not None:
+            beat.stop()
         if not producer.done():
             producer.cancel()
         # Shielded: an ASGI server that cancels us repeatedly must not cut the run's cleanup short.
         with contextlib.suppress(asyncio.CancelledError):
             await asyncio.shield(asyncio.gather(producer, return_exceptions=True))
+
+
+class _Heartbeat:
+    """Sets ``due`` and wakes the consumer once nothing was sent for ``interval`` seconds. One
+    timer per interval, re-armed for the time left: a timeout around every wait for a frame would
+    cost a timer per frame, and most frames are waited for (the model is slower than the socket)."""
+
+    __slots__ = ("channel", "due", "handle", "interval", "last")
+
+    def __init__(self, channel: Channel, interval: float) -> None:
+        self.channel = channel
+        self.interval = interval
+        self.due = False
+        self.last = channel.loop.time()
+        self.handle = channel.loop.call_later(interval, self._check)
+
+    def sent(self) -> None:
+        self.last = self.channel.loop.time()
+        self.due = False
+
+    def _check(self) -> None:
+        loop = self.channel.loop
+        left = self.last + self.interval - loop.time()
+        if left > 0.001:  # something was sent since: wait for the rest of the interval
+            self.handle = loop.call_later(left, self._check)
+            return
+        self.due = True
+        self.channel.wake()
+        self.handle = loop.call_later(self.interval, self._check)
+
+    def stop(self) -> None:
+        self.handle.cancel()
 
 
 class SSEResponse(Response):

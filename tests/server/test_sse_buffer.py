@@ -90,6 +90,31 @@ async def test_a_heartbeat_goes_out_while_the_run_is_silent() -> None:
     assert 2 <= got.count(sse.HEARTBEAT) == len(got) - 2
 
 
+async def test_no_heartbeat_while_frames_keep_coming() -> None:
+    async def steady() -> AsyncIterator[bytes]:
+        for i in range(30):  # a frame every 10 ms for 0.3 s: never 200 ms of silence
+            await asyncio.sleep(0.01)
+            yield b"%d" % i
+
+    got = [f async for f in sse.with_heartbeat(steady(), 0.2)]
+    assert got == [b"%d" % i for i in range(30)]
+
+
+async def test_a_heartbeat_counts_the_silence_from_the_last_frame_sent() -> None:
+    async def bursts() -> AsyncIterator[bytes]:
+        yield b"a"
+        await asyncio.sleep(0.12)  # under the interval: no heartbeat
+        yield b"b"
+        await asyncio.sleep(0.12)  # 240 ms after "a", 120 after "b": still none
+        yield b"c"
+        await asyncio.sleep(0.5)  # past the interval: heartbeats
+        yield b"d"
+
+    got = [f async for f in sse.with_heartbeat(bursts(), 0.3)]
+    assert got[:3] == [b"a", b"b", b"c"] and got[-1] == b"d"
+    assert got[3:-1] and set(got[3:-1]) == {sse.HEARTBEAT}
+
+
 async def test_no_heartbeat_when_disabled() -> None:
     async def slow() -> AsyncIterator[bytes]:
         await asyncio.sleep(0.1)
