@@ -111,6 +111,7 @@ class InMemoryStateStore:
         self._clock = clock
         self._max: int | None = None
         self._ttl: float | None = None
+        self._bounded = False  # either bound set: one test on the hot path of every call
         self._idle: OrderedDict[tuple[str, str], float] = OrderedDict()  # idle sessions, least recent first
         self._pins: dict[tuple[str, str], int] = {}  # sessions whose call runs -> how many calls
         self.bound(max_sessions=max_sessions, idle_ttl=idle_ttl)
@@ -125,19 +126,20 @@ class InMemoryStateStore:
 
     @property
     def bounded(self) -> bool:
-        return self._max is not None or self._ttl is not None
+        return self._bounded
 
     def bound(self, *, max_sessions: int | None, idle_ttl: float | None) -> None:
         """Set (or, with ``None``, lift) the bounds; they apply at once. Bound a store before its
         agent serves calls: a call already running when the bound is set is not pinned."""
         check_session_bounds(max_sessions, idle_ttl)
-        was_bounded = self.bounded
+        was_bounded = self._bounded
         self._max, self._ttl = max_sessions, idle_ttl
-        if self.bounded and not was_bounded:
+        self._bounded = max_sessions is not None or idle_ttl is not None
+        if self._bounded and not was_bounded:
             now = self._clock()
             self._idle = OrderedDict((key, now) for key in self._data)
             self.session_lock = self._pinned
-        elif not self.bounded and was_bounded:
+        elif not self._bounded and was_bounded:
             del self.session_lock
             self._idle.clear()
             self._pins.clear()
@@ -145,7 +147,7 @@ class InMemoryStateStore:
 
     async def load(self, user_id: str, session_id: str) -> tuple[AgentState | None, int]:
         key = (user_id, session_id)
-        if self._max is not None or self._ttl is not None:
+        if self._bounded:
             now = self._clock()
             self._evict(now, None)
             if key in self._idle:
@@ -161,7 +163,7 @@ class InMemoryStateStore:
         if version != expected_version and self.conflict_policy == "fail":
             raise StateConflictError(user_id, session_id, expected_version, version)
         self._data[key] = (state, version + 1)
-        if self._max is not None or self._ttl is not None:
+        if self._bounded:
             now = self._clock()
             if key not in self._pins:
                 self._idle[key] = now
@@ -197,7 +199,7 @@ class InMemoryStateStore:
             self._pins[key] = held
             return
         self._pins.pop(key, None)
-        if key in self._data and self.bounded:
+        if key in self._data and self._bounded:
             now = self._clock()
             self._idle[key] = now  # its idle time starts now
             self._idle.move_to_end(key)
