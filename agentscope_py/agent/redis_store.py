@@ -34,12 +34,12 @@ import random
 import secrets
 from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime
-from types import TracebackType
 from typing import Any
 from urllib.parse import quote, unquote
 
 from .state import AgentState
 from .store import (
+    ClosableStore,
     ConflictPolicy,
     StateConflictError,
     StateStoreError,
@@ -97,7 +97,7 @@ def _typed_errors(what: str) -> Iterator[None]:
         raise StateStoreError(f"{what} failed: {type(exc).__name__}: {exc}") from exc
 
 
-class RedisStateStore:
+class RedisStateStore(ClosableStore):
     """Versioned agent states in Redis at ``url``, plus a cross-process session lock.
 
     ``lock_timeout``: seconds a session lock outlives a holder that stopped refreshing it (a
@@ -226,14 +226,6 @@ class RedisStateStore:
         if client is not None and loop is asyncio.get_running_loop():
             with _typed_errors("closing the Redis client"):
                 await client.aclose()
-
-    async def __aenter__(self) -> RedisStateStore:
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.close()
 
     def __repr__(self) -> str:
         return f"RedisStateStore({self.url!r}, prefix={self.prefix!r}, conflict_policy={self.conflict_policy!r})"

@@ -25,11 +25,11 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
-from types import TracebackType
 from typing import TypeVar
 
 from .state import AgentState
 from .store import (
+    ClosableStore,
     ConflictPolicy,
     StateConflictError,
     StateStoreError,
@@ -54,7 +54,7 @@ CREATE TABLE IF NOT EXISTS agent_state (
 _WHERE = "WHERE user_id = ? AND session_id = ?"
 
 
-class SqliteStateStore:
+class SqliteStateStore(ClosableStore):
     """Versioned agent states in the SQLite file at ``path`` (created on first use).
 
     All SQLite work runs on one private thread per store: a sqlite3 connection must not be shared
@@ -151,14 +151,6 @@ class SqliteStateStore:
         self._closed = True
         await asyncio.get_running_loop().run_in_executor(self._executor, self._close_connection)
         self._executor.shutdown(wait=False)
-
-    async def __aenter__(self) -> SqliteStateStore:
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.close()
 
     def __repr__(self) -> str:
         return f"SqliteStateStore({self.path!r}, conflict_policy={self.conflict_policy!r})"

@@ -7,7 +7,12 @@ Saves are versioned: ``save(..., expected_version)`` succeeds only if the stored
 
 from __future__ import annotations
 
-from typing import Literal, Protocol, runtime_checkable
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
+from types import TracebackType
+from typing import Literal, Protocol, Self, runtime_checkable
 
 from ..errors import StateConflictError, StateStoreError
 from .state import AgentState
@@ -35,6 +40,16 @@ def check_conflict_policy(policy: str) -> ConflictPolicy:
     raise ValueError(f"conflict_policy must be 'fail' or 'overwrite', not {policy!r}")
 
 
+def check_session_bounds(max_sessions: object, idle_ttl: object, ttl_name: str = "idle_ttl") -> None:
+    """ValueError unless ``max_sessions`` is a positive int or None and ``idle_ttl`` a positive
+    number of seconds or None (a zero or negative bound would evict every session at once)."""
+    if max_sessions is not None and (type(max_sessions) is not int or max_sessions < 1):
+        raise ValueError(f"max_sessions must be a positive int or None (no bound), not {max_sessions!r}")
+    if idle_ttl is not None and (isinstance(idle_ttl, bool) or not isinstance(idle_ttl, int | float)
+                                 or not idle_ttl > 0):
+        raise ValueError(f"{ttl_name} must be a positive number of seconds or None (no TTL), not {idle_ttl!r}")
+
+
 def decode_state(data: str | bytes, user_id: str, session_id: str) -> AgentState:
     """Parse a stored state (for store implementations): invalid JSON or a shape that is not an
     `AgentState` raises `StateStoreError` naming the session, never a bare ValidationError."""
@@ -45,6 +60,22 @@ def decode_state(data: str | bytes, user_id: str, session_id: str) -> AgentState
             f"the stored state of session {user_id}/{session_id} is corrupted and cannot be read "
             f"({type(exc).__name__}: {str(exc).splitlines()[0]}); it was left untouched"
         ) from exc
+
+
+class ClosableStore:
+    """``async with store:`` closes the store on the way out: the base of the stores that hold
+    connections (`SqliteStateStore`, `RedisStateStore`), which define ``close()``."""
+
+    async def close(self) -> None:
+        raise NotImplementedError
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
 
 
 @runtime_checkable
@@ -59,14 +90,70 @@ class AgentStateStore(Protocol):
 
 
 class InMemoryStateStore:
-    """The default store: states live in this process, shared by reference (no copy per call)."""
+    """The default store: states live in this process, shared by reference (no copy per call).
 
-    def __init__(self, *, conflict_policy: ConflictPolicy = "fail") -> None:
+    Unbounded by default (a script or a test keeps what it made). ``max_sessions`` bounds how many
+    sessions it keeps: past it, the least recently used idle session is evicted. ``idle_ttl``
+    evicts a session not used (loaded, saved, or called) for that many seconds. Neither ever
+    evicts a session whose call is running: with a bound, the store offers the agent a
+    ``session_lock`` that pins the session for the whole call, and its idle time starts when the
+    call ends (so the store may hold more than ``max_sessions`` while that many calls run).
+    ``clock`` (seconds, monotonic) is for tests. `serve` bounds an unbounded store it serves
+    (`Limits.max_sessions`, `Limits.session_idle_ttl`)."""
+
+    session_lock: Callable[[str, str], AbstractAsyncContextManager[None]]
+    """Present only when bounded (the agent then holds it for every call): see the class doc."""
+
+    def __init__(self, *, conflict_policy: ConflictPolicy = "fail", max_sessions: int | None = None,
+                 idle_ttl: float | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         self.conflict_policy = check_conflict_policy(conflict_policy)
         self._data: dict[tuple[str, str], tuple[AgentState, int]] = {}
+        self._clock = clock
+        self._max: int | None = None
+        self._ttl: float | None = None
+        self._bounded = False  # either bound set: one test on the hot path of every call
+        self._idle: OrderedDict[tuple[str, str], float] = OrderedDict()  # idle sessions, least recent first
+        self._pins: dict[tuple[str, str], int] = {}  # sessions whose call runs -> how many calls
+        self.bound(max_sessions=max_sessions, idle_ttl=idle_ttl)
+
+    @property
+    def max_sessions(self) -> int | None:
+        return self._max
+
+    @property
+    def idle_ttl(self) -> float | None:
+        return self._ttl
+
+    @property
+    def bounded(self) -> bool:
+        return self._bounded
+
+    def bound(self, *, max_sessions: int | None, idle_ttl: float | None) -> None:
+        """Set (or, with ``None``, lift) the bounds; they apply at once. Bound a store before its
+        agent serves calls: a call already running when the bound is set is not pinned."""
+        check_session_bounds(max_sessions, idle_ttl)
+        was_bounded = self._bounded
+        self._max, self._ttl = max_sessions, idle_ttl
+        self._bounded = max_sessions is not None or idle_ttl is not None
+        if self._bounded and not was_bounded:
+            now = self._clock()
+            self._idle = OrderedDict((key, now) for key in self._data)
+            self.session_lock = self._pinned
+        elif not self._bounded and was_bounded:
+            del self.session_lock
+            self._idle.clear()
+            self._pins.clear()
+        self._evict(self._clock(), None)
 
     async def load(self, user_id: str, session_id: str) -> tuple[AgentState | None, int]:
-        entry = self._data.get((user_id, session_id))
+        key = (user_id, session_id)
+        if self._bounded:
+            now = self._clock()
+            self._evict(now, None)
+            if key in self._idle:
+                self._idle.move_to_end(key)
+                self._idle[key] = now
+        entry = self._data.get(key)
         return (None, 0) if entry is None else entry
 
     async def save(self, user_id: str, session_id: str, state: AgentState, expected_version: int) -> int:
@@ -76,7 +163,81 @@ class InMemoryStateStore:
         if version != expected_version and self.conflict_policy == "fail":
             raise StateConflictError(user_id, session_id, expected_version, version)
         self._data[key] = (state, version + 1)
+        if self._bounded:
+            now = self._clock()
+            if key not in self._pins:
+                self._idle[key] = now
+                self._idle.move_to_end(key)
+            self._evict(now, key)
         return version + 1
 
+    async def delete(self, user_id: str, session_id: str) -> bool:
+        """Forget a session; whether it existed (an unknown session is a no-op). A call running on
+        it while it is deleted finds it gone when it saves: a `StateConflictError`, as with the
+        other stores."""
+        key = (user_id, session_id)
+        self._idle.pop(key, None)
+        return self._data.pop(key, None) is not None
+
     def sessions(self) -> list[tuple[str, str]]:
+        if self._ttl is not None:
+            self._evict(self._clock(), None)
         return list(self._data)
+
+    # -- the bounds ------------------------------------------------------------------------------
+
+    def _pinned(self, user_id: str, session_id: str) -> AbstractAsyncContextManager[None]:
+        return _Pin(self, (user_id, session_id))
+
+    def _pin(self, key: tuple[str, str]) -> None:
+        self._pins[key] = self._pins.get(key, 0) + 1
+        self._idle.pop(key, None)
+
+    def _unpin(self, key: tuple[str, str]) -> None:
+        held = self._pins.get(key, 0) - 1
+        if held > 0:
+            self._pins[key] = held
+            return
+        self._pins.pop(key, None)
+        if key in self._data and self._bounded:
+            now = self._clock()
+            self._idle[key] = now  # its idle time starts now
+            self._idle.move_to_end(key)
+            self._evict(now, key)
+
+    def _evict(self, now: float, keep: tuple[str, str] | None) -> None:
+        """Drop idle sessions past ``idle_ttl``, then the least recently used ones while more than
+        ``max_sessions`` are stored (never ``keep``, the session just used, nor a pinned one)."""
+        idle, data = self._idle, self._data
+        if self._ttl is not None:
+            oldest = now - self._ttl
+            while idle:
+                key, used = next(iter(idle.items()))
+                if used > oldest:
+                    break
+                del idle[key]
+                data.pop(key, None)
+        if self._max is not None:
+            while len(data) > self._max and idle:
+                key = next(iter(idle))
+                if key == keep:  # the most recent (callers put it last): nothing older is idle
+                    break
+                del idle[key]
+                data.pop(key, None)
+
+
+class _Pin:
+    """`InMemoryStateStore.session_lock`: no lock (the agent's gate already runs a session's
+    calls one at a time in this process), only a pin that keeps the session from eviction."""
+
+    __slots__ = ("_key", "_store")
+
+    def __init__(self, store: InMemoryStateStore, key: tuple[str, str]) -> None:
+        self._store = store
+        self._key = key
+
+    async def __aenter__(self) -> None:
+        self._store._pin(self._key)
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        self._store._unpin(self._key)

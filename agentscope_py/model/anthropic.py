@@ -10,14 +10,14 @@ so a stream without ``message_stop`` is a `MalformedStreamError`. SDK retries ar
 
 from __future__ import annotations
 
-import contextlib
 import json
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, cast
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 try:
     import anthropic
-    import httpx2
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise ImportError(
         'the Anthropic provider needs the anthropic SDK: pip install "agentscope-py[anthropic]"'
@@ -33,8 +33,9 @@ from ..message import (
     ToolResultState,
     ToolUseBlock,
 )
-from ._convert import SSEvent, merge_options, reference, result_parts, stream_chunks
-from ._errors import error_from_body, error_from_status, malformed, message_of, transport_error
+from ._convert import SSEvent, merge_options, reference, result_parts
+from ._errors import error_from_body, malformed
+from ._sdk import SDKModel
 from .base import AuthenticationError, ChatChunk, ModelError, ModelRequest, ToolCallChunk
 
 if TYPE_CHECKING:
@@ -57,7 +58,7 @@ STOP_REASONS = {
 _CLIENT_OPTIONS = ("timeout", "extra_headers", "extra_query")
 
 
-class AnthropicChatModel:
+class AnthropicChatModel(SDKModel[anthropic.AsyncAnthropic]):
     """A Claude model through the Messages API.
 
     ``api_key`` defaults to the SDK's lookup (``ANTHROPIC_API_KEY``, ``ANTHROPIC_AUTH_TOKEN``),
@@ -69,6 +70,8 @@ class AnthropicChatModel:
 
     provider = PROVIDER
     supports_structured_output = False
+    sdk: ClassVar[ModuleType] = anthropic
+    terminator = "message_stop"
 
     def __init__(
         self,
@@ -81,39 +84,12 @@ class AnthropicChatModel:
         max_tokens: int = 4096,
         **options: Any,
     ) -> None:
-        self.name = model
+        super().__init__(model, base_url, api_key, client=client, timeout=timeout, options=options)
         self.max_tokens = max_tokens
-        self.options = options
-        self._base_url = base_url
-        self._api_key = api_key
-        self._timeout = timeout
-        # An injected client keeps its settings, except retries: ours are the only ones.
-        self._client = client.with_options(max_retries=0) if client is not None else None
 
-    def __repr__(self) -> str:
-        return f"AnthropicChatModel({self.name!r})"
-
-    @property
-    def client(self) -> anthropic.AsyncAnthropic:
-        """The SDK client, created on first use."""
-        if self._client is None:
-            self._client = anthropic.AsyncAnthropic(
-                api_key=self._api_key,
-                base_url=self._base_url,
-                max_retries=0,
-                timeout=self._timeout if self._timeout is not None else anthropic.DEFAULT_TIMEOUT,
-            )
-        return self._client
-
-    @property
-    def http_client(self) -> httpx2.AsyncClient:
-        """The SDK's HTTP client (what `RecordingModel` and `ReplayModel` plug into)."""
-        http: httpx2.AsyncClient = self.client._client
-        return http
-
-    async def aclose(self) -> None:
-        if self._client is not None:
-            await self._client.close()
+    def _make_client(self) -> anthropic.AsyncAnthropic:
+        return anthropic.AsyncAnthropic(api_key=self._api_key, base_url=self._base_url, max_retries=0,
+                                        timeout=self._client_timeout())
 
     def request_params(self, request: ModelRequest) -> dict[str, Any]:
         """The keyword arguments of the SDK call for ``request``."""
@@ -144,28 +120,17 @@ class AnthropicChatModel:
             params["extra_body"] = options
         return params
 
-    async def stream(self, request: ModelRequest) -> AsyncIterator[ChatChunk]:
-        params = self.request_params(request)
-        try:
-            async with self.client.messages.with_streaming_response.create(**params) as response:
-                chunks = stream_chunks(
-                    response.http_response,
-                    _EventReader(),
-                    provider=PROVIDER,
-                    terminator="message_stop",
-                    timeout_errors=httpx2.TimeoutException,
-                    transport_errors=httpx2.TransportError,
-                )
-                async with contextlib.aclosing(chunks):
-                    async for chunk in chunks:
-                        yield chunk
-        except anthropic.APIError as exc:
-            raise _model_error(exc) from exc
-        except TypeError as exc:
+    def _open(self, params: dict[str, Any]) -> AbstractAsyncContextManager[Any]:
+        return self.client.messages.with_streaming_response.create(**params)
+
+    def _decoder(self) -> _EventReader:
+        return _EventReader()
+
+    def _error(self, exc: Exception) -> ModelError | None:
+        if isinstance(exc, TypeError) and "authentication" in str(exc):
             # The SDK's way of saying no credentials were found (raised before any I/O).
-            if "authentication" not in str(exc):
-                raise
-            raise AuthenticationError(f"{PROVIDER}: {exc}", provider=PROVIDER) from exc
+            return AuthenticationError(f"{PROVIDER}: {exc}", provider=PROVIDER)
+        return super()._error(exc)
 
 
 # -- reading the stream ------------------------------------------------------------------------
@@ -257,23 +222,6 @@ def _block_delta(index: int, delta: Mapping[str, Any]) -> Iterator[ChatChunk]:
         yield ChatChunk(thinking_signature=delta["signature"])
     elif kind == "input_json_delta" and delta.get("partial_json"):
         yield ChatChunk(tool_call=ToolCallChunk(index=index, arguments=delta["partial_json"]))
-
-
-def _model_error(exc: anthropic.APIError) -> ModelError:
-    if isinstance(exc, anthropic.APIStatusError):
-        return error_from_status(
-            exc.status_code,
-            message_of(exc.body, exc.message),
-            provider=PROVIDER,
-            headers=exc.response.headers,
-            body=exc.body,
-        )
-    if isinstance(exc, anthropic.APIConnectionError):
-        return transport_error(
-            PROVIDER, exc.__cause__ or exc, in_body=False, timeout=isinstance(exc, anthropic.APITimeoutError)
-        )
-    body = exc.body if isinstance(exc.body, Mapping) else {"message": exc.message}
-    return error_from_body({"error": body}, provider=PROVIDER)
 
 
 # -- messages → wire ---------------------------------------------------------------------------

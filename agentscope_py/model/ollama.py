@@ -26,6 +26,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
     ) from exc
 
 from ..message import ChatUsage, DataBlock, Msg, TextBlock, ThinkingBlock, ToolResultBlock, ToolUseBlock, new_id
+from ._client import ClientModel
 from ._convert import PAYLOAD_ERRORS, merge_options, reference, result_parts
 from ._errors import error_from_body, error_from_status, malformed, message_of, quote, transport_error
 from .base import ChatChunk, ModelError, ModelRequest, ToolCallChunk
@@ -46,7 +47,7 @@ _ALIASES = {"max_tokens": "num_predict"}
 _UNSUPPORTED = ("tool_choice", "parallel_tool_calls")
 
 
-class OllamaChatModel:
+class OllamaChatModel(ClientModel[ollama.AsyncClient]):
     """A model served by Ollama.
 
     ``host`` (or its alias ``base_url``) defaults to ``OLLAMA_HOST`` or ``http://localhost:11434``.
@@ -72,31 +73,11 @@ class OllamaChatModel:
         timeout: float | None = None,
         **options: Any,
     ) -> None:
-        self.name = model
-        self.options = options
+        super().__init__(model, client=client, timeout=timeout, options=options)
         self._host = host or base_url
-        self._timeout = timeout
-        self._client = client
 
-    def __repr__(self) -> str:
-        return f"OllamaChatModel({self.name!r})"
-
-    @property
-    def client(self) -> ollama.AsyncClient:
-        """The ollama client, created on first use."""
-        if self._client is None:
-            self._client = ollama.AsyncClient(host=self._host, timeout=self._timeout)
-        return self._client
-
-    @property
-    def http_client(self) -> httpx.AsyncClient:
-        """The client's httpx client (base URL, headers, timeout), which sends our requests."""
-        http: httpx.AsyncClient = self.client._client
-        return http
-
-    async def aclose(self) -> None:
-        if self._client is not None:
-            await self._client.close()  # type: ignore[no-untyped-call]
+    def _make_client(self) -> ollama.AsyncClient:
+        return ollama.AsyncClient(host=self._host, timeout=self._timeout)
 
     def request_params(self, request: ModelRequest) -> dict[str, Any]:
         """The JSON body of ``POST /api/chat`` for ``request``. Empty fields are left out, as the

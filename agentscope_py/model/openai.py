@@ -10,14 +10,14 @@ a shorter answer. SDK retries are off: the agent's ``max_retries`` is the only r
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, cast
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 try:
-    import httpx2
     import openai
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise ImportError(
@@ -32,10 +32,10 @@ from ._convert import (
     merge_options,
     reference,
     result_parts,
-    stream_chunks,
 )
-from ._errors import error_from_body, error_from_status, malformed, message_of, transport_error
-from .base import AuthenticationError, ChatChunk, ModelError, ModelRequest, ToolCallChunk
+from ._errors import error_from_body, malformed
+from ._sdk import SDKModel
+from .base import AuthenticationError, ChatChunk, ModelRequest, ToolCallChunk
 
 if TYPE_CHECKING:
     from openai.types.chat import ChatCompletionMessageParam
@@ -62,7 +62,7 @@ _TOOL_OPTIONS = ("tool_choice", "parallel_tool_calls")
 _NO_KEY = "not-needed"
 
 
-class OpenAIChatModel:
+class OpenAIChatModel(SDKModel[openai.AsyncOpenAI]):
     """A model served by an OpenAI-compatible Chat Completions endpoint.
 
     ``base_url`` defaults to ``OPENAI_BASE_URL`` or OpenAI's; ``api_key`` to ``OPENAI_API_KEY``
@@ -76,6 +76,8 @@ class OpenAIChatModel:
 
     provider = PROVIDER
     supports_structured_output = True
+    sdk: ClassVar[ModuleType] = openai
+    terminator = "[DONE]"
 
     def __init__(
         self,
@@ -89,48 +91,17 @@ class OpenAIChatModel:
         stream_usage: bool = True,
         **options: Any,
     ) -> None:
-        self.name = model
-        self.options = options
+        super().__init__(model, base_url, api_key, client=client, timeout=timeout, options=options)
         self.send_reasoning = send_reasoning
         self.stream_usage = stream_usage
-        self._base_url = base_url
-        self._api_key = api_key
-        self._timeout = timeout
-        # An injected client keeps its settings, except retries: ours are the only ones.
-        self._client = client.with_options(max_retries=0) if client is not None else None
 
-    def __repr__(self) -> str:
-        return f"OpenAIChatModel({self.name!r})"
-
-    @property
-    def client(self) -> openai.AsyncOpenAI:
-        """The SDK client, created on first use (so building a model needs no key or network)."""
-        if self._client is None:
-            key = self._api_key or os.environ.get("OPENAI_API_KEY")
-            if not key and (self._base_url or os.environ.get("OPENAI_BASE_URL")):
-                key = _NO_KEY
-            if not key:
-                raise AuthenticationError(
-                    "openai: no API key; pass api_key= or set OPENAI_API_KEY", provider=PROVIDER
-                )
-            self._client = openai.AsyncOpenAI(
-                api_key=key,
-                base_url=self._base_url,
-                max_retries=0,
-                timeout=self._timeout if self._timeout is not None else openai.DEFAULT_TIMEOUT,
-            )
-        return self._client
-
-    @property
-    def http_client(self) -> httpx2.AsyncClient:
-        """The SDK's HTTP client (what `RecordingModel` and `ReplayModel` plug into)."""
-        http: httpx2.AsyncClient = self.client._client
-        return http
-
-    async def aclose(self) -> None:
-        """Close the HTTP client (idle pooled connections)."""
-        if self._client is not None:
-            await self._client.close()
+    def _make_client(self) -> openai.AsyncOpenAI:
+        key = self._api_key or os.environ.get("OPENAI_API_KEY")
+        if not key and (self._base_url or os.environ.get("OPENAI_BASE_URL")):
+            key = _NO_KEY
+        if not key:
+            raise AuthenticationError("openai: no API key; pass api_key= or set OPENAI_API_KEY", provider=PROVIDER)
+        return openai.AsyncOpenAI(api_key=key, base_url=self._base_url, max_retries=0, timeout=self._client_timeout())
 
     def request_params(self, request: ModelRequest) -> dict[str, Any]:
         """The keyword arguments of the SDK call for ``request`` (the wire request, for tests)."""
@@ -158,24 +129,11 @@ class OpenAIChatModel:
             **client_side,
         }
 
-    async def stream(self, request: ModelRequest) -> AsyncIterator[ChatChunk]:
-        params = self.request_params(request)
-        client = self.client
-        try:
-            async with client.chat.completions.with_streaming_response.create(**params) as response:
-                chunks = stream_chunks(
-                    response.http_response,
-                    _ChunkReader(),
-                    provider=PROVIDER,
-                    terminator="[DONE]",
-                    timeout_errors=httpx2.TimeoutException,
-                    transport_errors=httpx2.TransportError,
-                )
-                async with contextlib.aclosing(chunks):
-                    async for chunk in chunks:
-                        yield chunk
-        except openai.APIError as exc:
-            raise _model_error(exc) from exc
+    def _open(self, params: dict[str, Any]) -> AbstractAsyncContextManager[Any]:
+        return self.client.chat.completions.with_streaming_response.create(**params)
+
+    def _decoder(self) -> _ChunkReader:
+        return _ChunkReader()
 
 
 # -- reading the stream ------------------------------------------------------------------------
@@ -264,23 +222,6 @@ def _usage(usage: Any) -> ChatUsage | None:
 def _response_format(schema: Mapping[str, Any]) -> dict[str, Any]:
     name = re.sub(r"[^A-Za-z0-9_-]", "_", str(schema.get("title") or "response"))[:64]
     return {"type": "json_schema", "json_schema": {"name": name, "schema": dict(schema)}}
-
-
-def _model_error(exc: openai.APIError) -> ModelError:
-    if isinstance(exc, openai.APIStatusError):
-        return error_from_status(
-            exc.status_code,
-            message_of(exc.body, exc.message),
-            provider=PROVIDER,
-            headers=exc.response.headers,
-            body=exc.body,
-        )
-    if isinstance(exc, openai.APIConnectionError):
-        return transport_error(
-            PROVIDER, exc.__cause__ or exc, in_body=False, timeout=isinstance(exc, openai.APITimeoutError)
-        )
-    body = exc.body if isinstance(exc.body, Mapping) else {"message": exc.message}
-    return error_from_body({"error": body}, provider=PROVIDER)
 
 
 # -- messages → wire ---------------------------------------------------------------------------

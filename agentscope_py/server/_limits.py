@@ -1,5 +1,6 @@
 """What one request may cost: the body's size, its JSON's nesting, the number and length of its
-messages, and what one client may keep buffered. Everything is checked before anything runs."""
+messages, and what one client may keep buffered; everything is checked before anything runs. And
+how many idle sessions a served process keeps in memory."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any
 
 from starlette.requests import ClientDisconnect, Request
 
+from ..agent.store import check_session_bounds
 from ._errors import HTTPError
 
 __all__ = ["Limits", "check_shape", "read_json"]
@@ -25,7 +27,10 @@ class Limits:
     ``buffer_bytes``: frames one client may have waiting for its socket; past it the run pauses;
     ``stall_timeout``: seconds a client may go without taking a frame before it is dropped (its run
     is cancelled as if it had disconnected; ``None``: never);
-    ``body_timeout``: seconds a client has to send its whole body (408 after; ``None``: no limit)."""
+    ``body_timeout``: seconds a client has to send its whole body (408 after; ``None``: no limit);
+    ``max_sessions`` and ``session_idle_ttl``: the bounds given to the agent's state store when it
+    is an `InMemoryStateStore` without bounds of its own (the builder's default), so a served
+    process does not keep every session it ever saw (``None`` for both: keep them all)."""
 
     max_json_depth: int = 32
     max_messages: int = 1_000
@@ -33,6 +38,11 @@ class Limits:
     buffer_bytes: int = 256 * 1024
     stall_timeout: float | None = 30.0
     body_timeout: float | None = 30.0
+    max_sessions: int | None = 10_000
+    session_idle_ttl: float | None = 3600.0
+
+    def __post_init__(self) -> None:
+        check_session_bounds(self.max_sessions, self.session_idle_ttl, "session_idle_ttl")
 
 
 async def read_json(request: Request, limit: int, depth: int, seconds: float | None = None) -> Any:

@@ -4,7 +4,8 @@
 open), so concurrent runs never share it. Feed it every event of the run, then call ``finish()``
 (or ``fail(exc)``); it closes whatever is still open before the terminal event, the order the
 official client verifies (RUN_STARTED first; RUN_FINISHED only when nothing is open; nothing after
-RUN_ERROR).
+RUN_ERROR). The mapper owns the run's lifecycle (steps, usage, outcome); the open messages and
+tool calls are `_agui_content.OpenContent`'s, and the input side is `_agui_input`'s.
 
 ==========================  ==================================================================
 our event                   AG-UI
@@ -36,11 +37,6 @@ from ag_ui.core import (
     BaseEvent,
     CustomEvent,
     Interrupt,
-    ReasoningEndEvent,
-    ReasoningMessageContentEvent,
-    ReasoningMessageEndEvent,
-    ReasoningMessageStartEvent,
-    ReasoningStartEvent,
     RunErrorEvent,
     RunFinishedCancelledOutcome,
     RunFinishedEvent,
@@ -49,27 +45,13 @@ from ag_ui.core import (
     RunStartedEvent,
     StepFinishedEvent,
     StepStartedEvent,
-    TextMessageContentEvent,
-    TextMessageEndEvent,
-    TextMessageStartEvent,
     TokenUsage,
-    ToolCallArgsEvent,
-    ToolCallEndEvent,
-    ToolCallResultEvent,
-    ToolCallStartEvent,
 )
 from ag_ui.encoder import EventEncoder
 
-from ..events import AgentEvent, TextBlockDelta, ThinkingBlockDelta, ToolCallDelta
-from ..message import (
-    ChatUsage,
-    GenerateReason,
-    Msg,
-    ToolResultState,
-    ToolUseBlock,
-    new_id,
-)
-from . import sse
+from ..events import AgentEvent
+from ..message import ChatUsage, GenerateReason, Msg, ToolResultState, ToolUseBlock
+from ._agui_content import OpenContent
 from ._agui_input import (
     AguiInputError,
     SystemPolicy,
@@ -128,12 +110,8 @@ class AguiMapper:
         self.run_id = run_id
         self.emitted_ids: set[str] = emitted_ids if emitted_ids is not None else set()
         self.done = False
+        self._content = content = OpenContent(self.emitted_ids)
         self._step: str | None = None
-        self._assistant_id: str | None = None  # the message of the current model call
-        self._texts: dict[str, str] = {}  # open text block id -> message id
-        self._reasoning: set[str] = set()  # open reasoning message ids (= thinking block ids)
-        self._calls: set[str] = set()  # open tool call ids (arguments still streaming)
-        self._results: dict[str, list[str]] = {}  # tool call id -> result text so far
         self._usage: dict[str, ChatUsage] = {}  # model name -> summed usage
         self._model = ""
         self._asking: list[ToolUseBlock] = []
@@ -146,18 +124,18 @@ class AguiMapper:
             "agent_result": self._on_result,
             "model_call_start": self._on_model_start,
             "model_call_end": self._on_model_end,
-            "text_block_start": self._on_text_start,
-            "text_block_delta": self._on_text_delta,
-            "text_block_end": self._on_text_end,
-            "thinking_block_start": self._on_thinking_start,
-            "thinking_block_delta": self._on_thinking_delta,
-            "thinking_block_end": self._on_thinking_end,
-            "tool_call_start": self._on_call_start,
-            "tool_call_delta": self._on_call_delta,
-            "tool_call_end": self._on_call_end,
-            "tool_result_start": self._on_result_start,
-            "tool_result_text_delta": self._on_result_delta,
-            "tool_result_end": self._on_result_end,
+            "text_block_start": content.on_text_start,
+            "text_block_delta": content.on_text_delta,
+            "text_block_end": content.on_text_end,
+            "thinking_block_start": content.on_thinking_start,
+            "thinking_block_delta": content.on_thinking_delta,
+            "thinking_block_end": content.on_thinking_end,
+            "tool_call_start": content.on_call_start,
+            "tool_call_delta": content.on_call_delta,
+            "tool_call_end": content.on_call_end,
+            "tool_result_start": content.on_result_start,
+            "tool_result_text_delta": content.on_result_delta,
+            "tool_result_end": content.on_result_end,
             "require_user_confirm": self._on_confirm,
             "require_external_execution": self._on_external,
             "custom": self._on_custom,
@@ -209,21 +187,11 @@ class AguiMapper:
         return encode(self.start())
 
     def encode(self, event: AgentEvent) -> bytes:
-        """The SSE bytes for one of our events (``b""`` when it maps to nothing).
-
-        Deltas, almost every event of a run, take a fast path: the frame is serialised straight
-        from a dict (by orjson, or by pydantic-core, the serializer ``EventEncoder`` ends in), so
-        the bytes are the same (a test holds them equal) at a fraction of the cost of building
-        the model."""
-        if isinstance(event, TextBlockDelta):
-            message_id = self._texts.get(event.block_id)
-            if message_id is not None and event.delta:
-                return _frame("TEXT_MESSAGE_CONTENT", "messageId", message_id, event.delta)
-        elif isinstance(event, ThinkingBlockDelta):
-            if event.block_id in self._reasoning and event.delta:
-                return _frame("REASONING_MESSAGE_CONTENT", "messageId", event.block_id, event.delta)
-        elif isinstance(event, ToolCallDelta) and event.tool_call_id in self._calls and event.delta:
-            return _frame("TOOL_CALL_ARGS", "toolCallId", event.tool_call_id, event.delta)
+        """The SSE bytes for one of our events (``b""`` when it maps to nothing). Deltas, almost
+        every event of a run, take a fast path (`OpenContent.delta_frame`)."""
+        frame = self._content.delta_frame(event)
+        if frame is not None:
+            return frame
         out = self.map(event)
         return encode(out) if out else b""
 
@@ -233,122 +201,31 @@ class AguiMapper:
     def encode_fail(self, error: BaseException) -> bytes:
         return encode(self.fail(error))
 
-    # -- model calls and content -----------------------------------------------------------------
+    # -- model calls ------------------------------------------------------------------------------
 
     def _on_model_start(self, ev: Any, out: list[BaseEvent]) -> None:
-        # The runtime closes every block of a model call before the next starts (its closing
-        # guarantee): the mapper follows its End events and closes nothing on its own here.
         if self._step is not None:
             out.append(StepFinishedEvent(step_name=self._step))
         self._model = ev.model
         self._step = f"model:{ev.model}"
-        self._assistant_id = new_id("msg_")
+        self._content.new_model_call()
         out.append(StepStartedEvent(step_name=self._step))
 
     def _on_model_end(self, ev: Any, out: list[BaseEvent]) -> None:
         if ev.usage is not None:
             before = self._usage.get(self._model)
             self._usage[self._model] = ev.usage if before is None else before + ev.usage
-        if ev.discarded and self._assistant_id is not None:
+        assistant_id = self._content.assistant_id
+        if ev.discarded and assistant_id is not None:
             # A failed attempt that a retry or fallback replaced (or a run that failed): a client
             # can strike out what it showed of it.
             # Only the error's type: its text may carry internals (server/_errors keeps those in the log).
             error = ev.error.split(":", 1)[0] if ev.error else None
-            value = {"messageId": self._assistant_id, "error": error}
+            value = {"messageId": assistant_id, "error": error}
             out.append(CustomEvent(name="model_call_discarded", value=value))
         if self._step is not None:
             out.append(StepFinishedEvent(step_name=self._step))
             self._step = None
-
-    def _assistant(self) -> str:
-        if self._assistant_id is None:  # content outside a model call (a middleware's own text)
-            self._assistant_id = new_id("msg_")
-        return self._assistant_id
-
-    def _on_text_start(self, ev: Any, out: list[BaseEvent]) -> None:
-        self._open_text(ev.block_id, out)
-
-    def _open_text(self, block_id: str, out: list[BaseEvent]) -> str:
-        message_id = self._assistant()
-        if message_id in self._texts.values():  # two text blocks open at once: keep them apart
-            message_id = new_id("msg_")
-        self._texts[block_id] = message_id
-        self.emitted_ids.add(message_id)
-        out.append(TextMessageStartEvent(message_id=message_id, role="assistant"))
-        return message_id
-
-    def _on_text_delta(self, ev: Any, out: list[BaseEvent]) -> None:
-        if not ev.delta:  # AG-UI rejects empty deltas
-            return
-        message_id = self._texts.get(ev.block_id) or self._open_text(ev.block_id, out)
-        out.append(TextMessageContentEvent(message_id=message_id, delta=ev.delta))
-
-    def _on_text_end(self, ev: Any, out: list[BaseEvent]) -> None:
-        message_id = self._texts.pop(ev.block_id, None)
-        if message_id is not None:
-            out.append(TextMessageEndEvent(message_id=message_id))
-
-    def _on_thinking_start(self, ev: Any, out: list[BaseEvent]) -> None:
-        self._open_reasoning(ev.block_id, out)
-
-    def _open_reasoning(self, block_id: str, out: list[BaseEvent]) -> None:
-        self._reasoning.add(block_id)
-        self.emitted_ids.add(block_id)
-        out.append(ReasoningStartEvent(message_id=block_id))
-        out.append(ReasoningMessageStartEvent(message_id=block_id, role="reasoning"))
-
-    def _on_thinking_delta(self, ev: Any, out: list[BaseEvent]) -> None:
-        if not ev.delta:
-            return
-        if ev.block_id not in self._reasoning:
-            self._open_reasoning(ev.block_id, out)
-        out.append(ReasoningMessageContentEvent(message_id=ev.block_id, delta=ev.delta))
-
-    def _on_thinking_end(self, ev: Any, out: list[BaseEvent]) -> None:
-        if ev.block_id in self._reasoning:
-            self._reasoning.discard(ev.block_id)
-            out.append(ReasoningMessageEndEvent(message_id=ev.block_id))
-            out.append(ReasoningEndEvent(message_id=ev.block_id))
-
-    # -- tool calls and results ------------------------------------------------------------------
-
-    def _on_call_start(self, ev: Any, out: list[BaseEvent]) -> None:
-        self._open_call(ev.tool_call_id, ev.tool_name, out)
-
-    def _open_call(self, call_id: str, name: str, out: list[BaseEvent]) -> None:
-        parent = self._assistant()
-        self.emitted_ids.add(parent)
-        self._calls.add(call_id)
-        out.append(ToolCallStartEvent(tool_call_id=call_id, tool_call_name=name, parent_message_id=parent))
-
-    def _on_call_delta(self, ev: Any, out: list[BaseEvent]) -> None:
-        if ev.tool_call_id not in self._calls:
-            self._open_call(ev.tool_call_id, ev.tool_name, out)
-        if ev.delta:
-            out.append(ToolCallArgsEvent(tool_call_id=ev.tool_call_id, delta=ev.delta))
-
-    def _on_call_end(self, ev: Any, out: list[BaseEvent]) -> None:
-        if ev.tool_call_id in self._calls:
-            self._calls.discard(ev.tool_call_id)
-            out.append(ToolCallEndEvent(tool_call_id=ev.tool_call_id))
-
-    def _on_result_start(self, ev: Any, out: list[BaseEvent]) -> None:
-        # The arguments are complete before the tool runs, whatever the producer did.
-        self._on_call_end(ev, out)
-        self._results[ev.tool_call_id] = []
-
-    def _on_result_delta(self, ev: Any, out: list[BaseEvent]) -> None:
-        self._results.setdefault(ev.tool_call_id, []).append(ev.delta)
-
-    def _on_result_end(self, ev: Any, out: list[BaseEvent]) -> None:
-        self._on_call_end(ev, out)
-        text = "".join(self._results.pop(ev.tool_call_id, ()))
-        message_id = new_id("toolmsg_")
-        self.emitted_ids.add(message_id)
-        out.append(ToolCallResultEvent(
-            message_id=message_id, tool_call_id=ev.tool_call_id, content=text, role="tool",
-            metadata={"state": ev.state.value},  # AG-UI has no error flag on results; the page reads this
-        ))
 
     # -- pauses, results, custom events ----------------------------------------------------------
 
@@ -373,20 +250,8 @@ class AguiMapper:
 
     # -- closing ---------------------------------------------------------------------------------
 
-    def _close_content(self) -> list[BaseEvent]:
-        out: list[BaseEvent] = []
-        for block_id in list(self._reasoning):
-            out.append(ReasoningMessageEndEvent(message_id=block_id))
-            out.append(ReasoningEndEvent(message_id=block_id))
-        self._reasoning.clear()
-        out.extend(TextMessageEndEvent(message_id=m) for m in self._texts.values())
-        self._texts.clear()
-        out.extend(ToolCallEndEvent(tool_call_id=c) for c in self._calls)
-        self._calls.clear()
-        return out
-
     def _close_all(self) -> list[BaseEvent]:
-        out = self._close_content()
+        out = self._content.close()
         if self._step is not None:
             out.append(StepFinishedEvent(step_name=self._step))
             self._step = None
@@ -407,10 +272,6 @@ class AguiMapper:
             )
             for model, u in self._usage.items()
         ]
-
-
-def _frame(event_type: str, id_key: str, id_value: str, delta: str) -> bytes:
-    return b"data: %b\n\n" % sse.plain_json({"type": event_type, id_key: id_value, "delta": delta})
 
 
 def _ignore(ev: Any, out: list[BaseEvent]) -> None:
@@ -438,5 +299,3 @@ def _interrupt(call: ToolUseBlock) -> Interrupt:
         metadata={"toolName": call.name, "arguments": call.input},
     )
 
-
-# -- input: RunAgentInput -> Msg -----------------------------------------------------------------

@@ -13,7 +13,6 @@ import asyncio
 import contextlib
 import copy
 import logging
-from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from importlib import resources
 from typing import Any
@@ -28,12 +27,14 @@ from starlette.routing import Route
 
 from .._context import RuntimeContext
 from ..agent.react import ReActAgent, confirm_message
+from ..agent.store import InMemoryStateStore
 from ..events import AgentEvent, AgentResult, ConfirmResult, ModelCallEnd
 from ..message import Msg, TextBlock, ThinkingBlock
 from ..stream import EventStream
 from . import agui as agui_module
 from ._errors import HTTPError, Vocabulary, describe, log_failure, request_id
 from ._identity import USER_HEADER, Authenticate, Identity
+from ._ledger import Emitted, Ledger
 from ._limits import Limits, check_shape, read_json
 from ._security import Guard
 from .agui import AguiInputError, AguiMapper, SystemPolicy, confirm_results, select_new_messages, to_msgs
@@ -70,25 +71,6 @@ class InterruptRequest(BaseModel):
     user_id: str | None = None
 
 
-class _Ledger:
-    """Message ids this server emitted per (user, thread), so resent history is recognised.
-    Bounded: the least recently used threads are forgotten (memory then recognises them)."""
-
-    def __init__(self, max_threads: int = 10_000) -> None:
-        self._ids: OrderedDict[tuple[str, str], set[str]] = OrderedDict()
-        self._max = max_threads
-
-    def get(self, key: tuple[str, str]) -> set[str]:
-        ids = self._ids.get(key)
-        if ids is None:
-            ids = self._ids[key] = set()
-            if len(self._ids) > self._max:
-                self._ids.popitem(last=False)
-        else:
-            self._ids.move_to_end(key)
-        return ids
-
-
 class _Server:
     """The endpoints, sharing one agent, one ledger, the identity rules and the limits."""
 
@@ -96,25 +78,31 @@ class _Server:
                  heartbeat: float | None, limits: Limits, system_messages: SystemPolicy,
                  result_text: bool) -> None:
         self._source = agent_or_factory
-        self._agent = agent_or_factory if isinstance(agent_or_factory, ReActAgent) else None
+        self._agent: ReActAgent | None = None
         self.identity = identity
         self.max_body_bytes = max_body_bytes
         self.heartbeat = heartbeat
         self.limits = limits
         self.system_messages = system_messages
         self.result_text = result_text
-        self.ledger = _Ledger()
+        self.ledger = Ledger()
         self.page = resources.files(__package__).joinpath("static/index.html").read_bytes()
 
     @property
     def agent(self) -> ReActAgent:
         """The agent; a factory is called once, at startup (or on first use without lifespan)."""
         if self._agent is None:
-            if not callable(self._source):
-                raise TypeError("create_app() needs a ReActAgent or a zero-argument callable returning one")
-            agent = self._source()
+            agent = self._source
             if not isinstance(agent, ReActAgent):
-                raise TypeError(f"the agent factory returned {type(agent).__name__}, not a ReActAgent")
+                if not callable(agent):
+                    raise TypeError("create_app() needs a ReActAgent or a zero-argument callable returning one")
+                agent = agent()
+                if not isinstance(agent, ReActAgent):
+                    raise TypeError(f"the agent factory returned {type(agent).__name__}, not a ReActAgent")
+            store = agent.state_store
+            if isinstance(store, InMemoryStateStore) and not store.bounded:
+                # A served process meets sessions without end: keep the idle ones bounded.
+                store.bound(max_sessions=self.limits.max_sessions, idle_ttl=self.limits.session_idle_ttl)
             self._agent = agent
         return self._agent
 
@@ -126,6 +114,11 @@ class _Server:
         data = await read_json(request, self.max_body_bytes, self.limits.max_json_depth, self.limits.body_timeout)
         check_shape(data, messages_key, self.limits)
         return _validate(model, data)
+
+    async def _body_and_user(self, request: Request, model: type[Any], messages_key: str) -> tuple[Any, str]:
+        """A native endpoint's body and the user it runs for (the body may name one)."""
+        body = await self._body(request, model, messages_key)
+        return body, await self.identity.user(request, body.user_id)
 
     # -- endpoints -------------------------------------------------------------------------------
 
@@ -145,21 +138,27 @@ class _Server:
             agent = _with_frontend_tools(self.agent, run_input.tools or [])
             emitted = self.ledger.get((user_id, run_input.thread_id))
             msgs = await self._agui_input(agent, user_id, run_input, emitted)
-        except HTTPError as exc:
-            log.info("request %s: POST /agui refused (%s): %s", rid, exc.status, exc.detail)
-            return exc.response(rid)
-        except Exception as exc:  # a store failing while the thread's memory loads
-            return _internal_error(exc, rid, "POST /agui")
+        except Exception as exc:  # HTTPError, or a store failing while the thread's memory loads
+            return _refused(exc, rid, "POST /agui")
         ctx = RuntimeContext(user_id=user_id, session_id=run_input.thread_id, agui_input=run_input)
         stream = agent.stream(msgs, ctx=ctx)
         mapper = AguiMapper(run_input.thread_id, run_input.run_id, emitted_ids=emitted)
         pending = self._pending(user_id, run_input.thread_id)
-        return self._sse(lambda: _agui_frames(stream, mapper, rid, pending))
+        return self._sse(lambda: _agui_frames(stream, mapper, rid, pending, emitted))
 
     async def _agui_input(
-        self, agent: ReActAgent, user_id: str, run_input: RunAgentInput, emitted: set[str]
+        self, agent: ReActAgent, user_id: str, run_input: RunAgentInput, emitted: Emitted
     ) -> list[Msg]:
         state, _ = await agent.state_store.load(user_id, run_input.thread_id)
+        if state is not None:
+            emitted.remembered = True
+        elif emitted.remembered:
+            # The store dropped the thread (evicted, deleted): the client's copy of the
+            # conversation is all that is left of it, so the whole of it is this run's input.
+            log.info("thread %s/%s: its memory is gone; taking the client's history as input",
+                     user_id, run_input.thread_id)
+            emitted.clear()
+            emitted.remembered = False
         remembered = state.context if state is not None else []
         new = select_new_messages(run_input.messages, remembered, emitted)
         try:
@@ -175,13 +174,9 @@ class _Server:
     async def runs(self, request: Request) -> Response:
         rid = request_id(request)
         try:
-            body = await self._body(request, RunRequest, "input")
-            user_id = await self.identity.user(request, body.user_id)
-        except HTTPError as exc:
-            log.info("request %s: POST /v1/runs refused (%s): %s", rid, exc.status, exc.detail)
-            return exc.response(rid)
-        except Exception as exc:  # an authenticate() that failed
-            return _internal_error(exc, rid, "POST /v1/runs")
+            body, user_id = await self._body_and_user(request, RunRequest, "input")
+        except Exception as exc:  # HTTPError, or an authenticate() that failed
+            return _refused(exc, rid, "POST /v1/runs")
         msgs: list[Msg] = []
         if body.confirm:
             msgs.append(confirm_message(*body.confirm))
@@ -196,13 +191,9 @@ class _Server:
     async def interrupt(self, request: Request) -> Response:
         rid = request_id(request)
         try:
-            body = await self._body(request, InterruptRequest, "")
-            user_id = await self.identity.user(request, body.user_id)
-        except HTTPError as exc:
-            log.info("request %s: POST /v1/interrupt refused (%s): %s", rid, exc.status, exc.detail)
-            return exc.response(rid)
+            body, user_id = await self._body_and_user(request, InterruptRequest, "")
         except Exception as exc:
-            return _internal_error(exc, rid, "POST /v1/interrupt")
+            return _refused(exc, rid, "POST /v1/interrupt")
         return JSONResponse({"interrupted": self.agent.interrupt(user_id=user_id, session_id=body.session_id)})
 
     def _pending(self, user_id: str, session_id: str) -> Callable[[], Awaitable[list[str]]]:
@@ -218,7 +209,12 @@ class _Server:
         return pending
 
 
-def _internal_error(exc: BaseException, rid: str, what: str) -> Response:
+def _refused(exc: Exception, rid: str, what: str) -> Response:
+    """The answer to a request that failed before its run started: the client's fault (an
+    `HTTPError`, logged at info level) or ours (a safe 500; the details go to the log)."""
+    if isinstance(exc, HTTPError):
+        log.info("request %s: %s refused (%s): %s", rid, what, exc.status, exc.detail)
+        return exc.response(rid)
     error = describe(exc, rid, "native")
     log_failure(exc, error, rid, what)
     return HTTPError(500, "internal_error", error.message).response(rid)
@@ -233,7 +229,7 @@ async def _report(exc: BaseException, rid: str, vocabulary: Vocabulary,
 
 
 async def _agui_frames(stream: EventStream[AgentEvent], mapper: AguiMapper, rid: str,
-                       pending: Callable[[], Awaitable[list[str]]]) -> AsyncIterator[bytes]:
+                       pending: Callable[[], Awaitable[list[str]]], emitted: Emitted) -> AsyncIterator[bytes]:
     yield mapper.encode_start()
     try:
         async with contextlib.aclosing(stream.__aiter__()) as events:  # type: ignore[type-var]
@@ -250,6 +246,7 @@ async def _agui_frames(stream: EventStream[AgentEvent], mapper: AguiMapper, rid:
         out[-1] = out[-1].model_copy(update={"message": message, "code": code})
         yield agui_module.encode(out)
         return
+    emitted.remembered = True  # the run ended well, so its save stored the thread
     yield mapper.encode_finish()
 
 

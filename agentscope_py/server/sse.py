@@ -22,6 +22,7 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from ..events import AgentEvent, EventBase
+from ..stream import Channel
 
 _dumps: Callable[[Any], bytes] | None
 try:  # the server extra installs it; without it every frame is encoded by pydantic
@@ -124,67 +125,102 @@ def encode_error(error: BaseException, *, message: str | None = None, code: str 
     return b"event: error\ndata: " + json.dumps(body).encode() + b"\n\n"
 
 
-_ITEM, _END, _ERROR = 0, 1, 2
-
-
 async def with_heartbeat(source: AsyncIterator[bytes], interval: float | None,
                          buffer_bytes: int = BUFFER_BYTES) -> AsyncIterator[bytes]:
     """``source``'s frames, plus `HEARTBEAT` whenever nothing was sent for ``interval`` seconds.
 
     ``source`` runs in one producer task (so the agent's generators keep one task and context
-    throughout) feeding a queue of at most `BUFFER` frames and ``buffer_bytes`` bytes; closing
+    throughout) feeding a `Channel` of at most `BUFFER` frames and ``buffer_bytes`` bytes; closing
     this iterator cancels the producer once and waits for its cleanup, which is how a disconnect
     cancels the run."""
-    queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue(BUFFER)
+    channel = Channel(BUFFER)
+    loop = channel.loop
+    # The channel bounds the frame count; the bytes are a second bound, checked by the producer
+    # before each put and released by the consumer as frames leave.
+    bytes_room = asyncio.Event()
     buffered = 0
-    room = asyncio.Event()
 
     async def produce() -> None:
         nonlocal buffered
+        error: BaseException | None = None
         try:
             async with contextlib.aclosing(source):  # type: ignore[type-var]
                 async for frame in source:
                     while buffered and buffered + len(frame) > buffer_bytes:
-                        room.clear()
-                        await room.wait()
+                        bytes_room.clear()
+                        await bytes_room.wait()
                     buffered += len(frame)
-                    await queue.put((_ITEM, frame))
-        except asyncio.CancelledError:
+                    await channel.put(frame)
+        except asyncio.CancelledError as exc:
             task = asyncio.current_task()
             if task is not None and task.cancelling():
                 raise  # we were cancelled: the consumer is gone
-            await queue.put((_ERROR, asyncio.CancelledError()))
+            error = exc  # a stray one the run raised: the consumer reports it
         except BaseException as exc:  # reported to the consumer, which decides
-            await queue.put((_ERROR, exc))
-        else:
-            await queue.put((_END, None))
+            error = exc
+        channel.finish(error)
 
-    producer = asyncio.get_running_loop().create_task(produce())
+    producer = loop.create_task(produce())
+    beat = _Heartbeat(channel, interval) if interval is not None and interval > 0 else None
     try:
         while True:
-            try:
-                if interval is None or interval <= 0:
-                    kind, value = await queue.get()
-                else:
-                    async with asyncio.timeout(interval):
-                        kind, value = await queue.get()
-            except TimeoutError:
-                yield HEARTBEAT
-                continue
-            if kind == _ITEM:
-                buffered -= len(value)
-                room.set()
-                yield value
-            elif kind == _END:
+            if channel.items:
+                frame = channel.take()
+                buffered -= len(frame)
+                bytes_room.set()
+                yield frame
+                if beat is not None:
+                    beat.sent()
+            elif channel.done:
+                if channel.error is not None:
+                    raise channel.error
                 return
+            elif beat is not None and beat.due:
+                yield HEARTBEAT
+                beat.sent()
             else:
-                raise value
+                channel.waiter = loop.create_future()
+                await channel.waiter
     finally:
+        if beat is not None:
+            beat.stop()
         if not producer.done():
             producer.cancel()
         # Shielded: an ASGI server that cancels us repeatedly must not cut the run's cleanup short.
         with contextlib.suppress(asyncio.CancelledError):
             await asyncio.shield(asyncio.gather(producer, return_exceptions=True))
+
+
+class _Heartbeat:
+    """Sets ``due`` and wakes the consumer once nothing was sent for ``interval`` seconds. One
+    timer per interval, re-armed for the time left: a timeout around every wait for a frame would
+    cost a timer per frame, and most frames are waited for (the model is slower than the socket)."""
+
+    __slots__ = ("channel", "due", "handle", "interval", "last")
+
+    def __init__(self, channel: Channel, interval: float) -> None:
+        self.channel = channel
+        self.interval = interval
+        self.due = False
+        self.last = channel.loop.time()
+        self.handle = channel.loop.call_later(interval, self._check)
+
+    def sent(self) -> None:
+        self.last = self.channel.loop.time()
+        self.due = False
+
+    def _check(self) -> None:
+        loop = self.channel.loop
+        left = self.last + self.interval - loop.time()
+        if left > 0.001:  # something was sent since: wait for the rest of the interval
+            self.handle = loop.call_later(left, self._check)
+            return
+        self.due = True
+        self.channel.wake()
+        self.handle = loop.call_later(self.interval, self._check)
+
+    def stop(self) -> None:
+        self.handle.cancel()
 
 
 class SSEResponse(Response):

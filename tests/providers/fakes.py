@@ -15,6 +15,9 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from agentscope_py import Msg, tool
+from agentscope_py.model import ModelRequest
+
 End = Literal["complete", "cut", "stall"]
 
 _REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden", 404: "Not Found",
@@ -331,3 +334,20 @@ def calls_of(chunks: list[Any]) -> dict[int, tuple[str | None, str | None, str]]
             call_id, name, args = calls.get(tc.index, (None, None, ""))
             calls[tc.index] = (call_id or tc.id, name or tc.name, args + tc.arguments)
     return calls
+
+
+# -- what the provider tests ask ------------------------------------------------------------------
+
+
+@tool
+def get_weather(city: str) -> str:
+    """The weather in a city.
+
+    Args:
+        city: the city
+    """
+    return f"sunny in {city}"
+
+
+def ask(text: str = "hi", **kw: Any) -> ModelRequest:
+    return ModelRequest(messages=[Msg.user(text)], **kw)

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from agentscope_py import Msg, ReActAgent, tool
+from agentscope_py import Msg, ReActAgent
 from agentscope_py.message import ChatUsage
 from agentscope_py.model import (
     AuthenticationError,
@@ -40,21 +40,12 @@ from .fakes import (
     an_tool_block,
     calls_of,
     collect,
+    get_weather,
     text_of,
     thinking_of,
 )
 
 pytestmark = pytest.mark.timeout(15)
-
-
-@tool
-def get_weather(city: str) -> str:
-    """The weather in a city.
-
-    Args:
-        city: the city
-    """
-    return f"sunny in {city}"
 
 
 def ask(text: str = "hi", **kw: Any) -> ModelRequest:

@@ -9,12 +9,11 @@ from typing import Any
 
 import pytest
 
-from agentscope_py import Msg, ReActAgent, tool
+from agentscope_py import ReActAgent
 from agentscope_py.message import ChatUsage
 from agentscope_py.model import (
     BadRequestError,
     MalformedStreamError,
-    ModelRequest,
     RateLimitError,
     ServerError,
     ToolSchema,
@@ -28,23 +27,22 @@ from agentscope_py.model import (
 from agentscope_py.model.ollama import OllamaChatModel
 from agentscope_py.model.registry import resolve_model
 
-from .fakes import FakeServer, Reply, calls_of, collect, ndjson, ol_done, ol_line, ol_text, text_of, thinking_of
+from .fakes import (
+    FakeServer,
+    Reply,
+    ask,
+    calls_of,
+    collect,
+    get_weather,
+    ndjson,
+    ol_done,
+    ol_line,
+    ol_text,
+    text_of,
+    thinking_of,
+)
 
 pytestmark = pytest.mark.timeout(15)
-
-
-@tool
-def get_weather(city: str) -> str:
-    """The weather in a city.
-
-    Args:
-        city: the city
-    """
-    return f"sunny in {city}"
-
-
-def ask(text: str = "hi", **kw: Any) -> ModelRequest:
-    return ModelRequest(messages=[Msg.user(text)], **kw)
 
 
 def weather_call(city: str) -> dict[str, Any]:

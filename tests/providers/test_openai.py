@@ -8,14 +8,13 @@ from typing import Any
 
 import pytest
 
-from agentscope_py import Msg, ReActAgent, tool
+from agentscope_py import ReActAgent
 from agentscope_py.message import ChatUsage, ToolResultState
 from agentscope_py.model import (
     AuthenticationError,
     BadRequestError,
     ContextLengthError,
     MalformedStreamError,
-    ModelRequest,
     OverloadedError,
     RateLimitError,
     ServerError,
@@ -34,8 +33,10 @@ from .fakes import (
     DONE,
     FakeServer,
     Reply,
+    ask,
     calls_of,
     collect,
+    get_weather,
     oa_chunk,
     oa_text,
     oa_tool_calls,
@@ -46,20 +47,6 @@ from .fakes import (
 )
 
 pytestmark = pytest.mark.timeout(15)
-
-
-@tool
-def get_weather(city: str) -> str:
-    """The weather in a city.
-
-    Args:
-        city: the city
-    """
-    return f"sunny in {city}"
-
-
-def ask(text: str = "hi", **kw: Any) -> ModelRequest:
-    return ModelRequest(messages=[Msg.user(text)], **kw)
 
 
 # -- streaming ---------------------------------------------------------------------------------

@@ -116,6 +116,22 @@ async def test_concurrent_writers_retrying_on_conflict_lose_nothing(any_store: A
                 await close(store)
 
 
+async def test_delete_forgets_a_session_and_an_unknown_one_is_a_no_op(any_store: Any) -> None:
+    """Every store: ``delete`` says whether the session existed, touches no other session, and a
+    deleted session starts again at version 0."""
+    await any_store.save("u", "s", state_with("a"), 0)
+    await any_store.save("u", "s", state_with("a", "b"), 1)
+    await any_store.save("u", "keep", state_with("k"), 0)
+    assert await any_store.delete("u", "unknown") is False
+    assert await any_store.delete("nobody", "s") is False
+    assert await any_store.delete("u", "s") is True
+    assert await any_store.delete("u", "s") is False
+    assert await any_store.load("u", "s") == (None, 0)
+    assert await any_store.save("u", "s", state_with("new"), 0) == 1
+    kept, version = await any_store.load("u", "keep")
+    assert (texts(kept), version) == (["k"], 1)
+
+
 @pytest.mark.parametrize("kind", ["sqlite", pytest.param("redis", marks=pytest.mark.redis)])
 async def test_sqlite_and_redis_list_and_delete_sessions(kind: str, tmp_path: Path,
                                                          request: pytest.FixtureRequest) -> None:

@@ -1,0 +1,178 @@
+"""The content of one AG-UI run: which text message, reasoning message and tool call is open, and
+the tool results being gathered — the bookkeeping behind `AguiMapper`, kept apart from the run's
+lifecycle (steps, usage, outcome), which the mapper owns.
+
+One assistant message per model call: text blocks and tool calls of a call share its id (a second
+text block open at the same time gets its own). Every id a client will see is added to
+``emitted_ids``, so the server tells them apart from new input later.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ag_ui.core import (
+    BaseEvent,
+    ReasoningEndEvent,
+    ReasoningMessageContentEvent,
+    ReasoningMessageEndEvent,
+    ReasoningMessageStartEvent,
+    ReasoningStartEvent,
+    TextMessageContentEvent,
+    TextMessageEndEvent,
+    TextMessageStartEvent,
+    ToolCallArgsEvent,
+    ToolCallEndEvent,
+    ToolCallResultEvent,
+    ToolCallStartEvent,
+)
+
+from ..events import AgentEvent, TextBlockDelta, ThinkingBlockDelta, ToolCallDelta
+from ..message import new_id
+from . import sse
+
+__all__ = ["OpenContent"]
+
+
+class OpenContent:
+    """The open messages and tool calls of one run. Each ``on_*`` method appends the AG-UI
+    events for one of our events to ``out``."""
+
+    __slots__ = ("assistant_id", "calls", "emitted_ids", "reasoning", "results", "texts")
+
+    def __init__(self, emitted_ids: set[str]) -> None:
+        self.emitted_ids = emitted_ids
+        self.assistant_id: str | None = None  # the message of the current model call
+        self.texts: dict[str, str] = {}  # open text block id -> message id
+        self.reasoning: set[str] = set()  # open reasoning message ids (= thinking block ids)
+        self.calls: set[str] = set()  # open tool call ids (arguments still streaming)
+        self.results: dict[str, list[str]] = {}  # tool call id -> result text so far
+
+    def new_model_call(self) -> None:
+        # The runtime closes every block of a model call before the next starts (its closing
+        # guarantee): this follows its End events and closes nothing on its own here.
+        self.assistant_id = new_id("msg_")
+
+    def delta_frame(self, event: AgentEvent) -> bytes | None:
+        """The SSE frame of a delta into something open, built straight from a dict (by orjson,
+        or by pydantic-core, the serializer ``EventEncoder`` ends in: the same bytes, a test holds
+        them equal, at a fraction of the cost of building the model); None for anything else."""
+        if isinstance(event, TextBlockDelta):
+            message_id = self.texts.get(event.block_id)
+            if message_id is not None and event.delta:
+                return _frame("TEXT_MESSAGE_CONTENT", "messageId", message_id, event.delta)
+        elif isinstance(event, ThinkingBlockDelta):
+            if event.block_id in self.reasoning and event.delta:
+                return _frame("REASONING_MESSAGE_CONTENT", "messageId", event.block_id, event.delta)
+        elif isinstance(event, ToolCallDelta) and event.tool_call_id in self.calls and event.delta:
+            return _frame("TOOL_CALL_ARGS", "toolCallId", event.tool_call_id, event.delta)
+        return None
+
+    def close(self) -> list[BaseEvent]:
+        """End events for everything still open (before a terminal event)."""
+        out: list[BaseEvent] = []
+        for block_id in list(self.reasoning):
+            out.append(ReasoningMessageEndEvent(message_id=block_id))
+            out.append(ReasoningEndEvent(message_id=block_id))
+        self.reasoning.clear()
+        out.extend(TextMessageEndEvent(message_id=m) for m in self.texts.values())
+        self.texts.clear()
+        out.extend(ToolCallEndEvent(tool_call_id=c) for c in self.calls)
+        self.calls.clear()
+        return out
+
+    def _assistant(self) -> str:
+        if self.assistant_id is None:  # content outside a model call (a middleware's own text)
+            self.assistant_id = new_id("msg_")
+        return self.assistant_id
+
+    # -- text and reasoning ----------------------------------------------------------------------
+
+    def on_text_start(self, ev: Any, out: list[BaseEvent]) -> None:
+        self._open_text(ev.block_id, out)
+
+    def _open_text(self, block_id: str, out: list[BaseEvent]) -> str:
+        message_id = self._assistant()
+        if message_id in self.texts.values():  # two text blocks open at once: keep them apart
+            message_id = new_id("msg_")
+        self.texts[block_id] = message_id
+        self.emitted_ids.add(message_id)
+        out.append(TextMessageStartEvent(message_id=message_id, role="assistant"))
+        return message_id
+
+    def on_text_delta(self, ev: Any, out: list[BaseEvent]) -> None:
+        if not ev.delta:  # AG-UI rejects empty deltas
+            return
+        message_id = self.texts.get(ev.block_id) or self._open_text(ev.block_id, out)
+        out.append(TextMessageContentEvent(message_id=message_id, delta=ev.delta))
+
+    def on_text_end(self, ev: Any, out: list[BaseEvent]) -> None:
+        message_id = self.texts.pop(ev.block_id, None)
+        if message_id is not None:
+            out.append(TextMessageEndEvent(message_id=message_id))
+
+    def on_thinking_start(self, ev: Any, out: list[BaseEvent]) -> None:
+        self._open_reasoning(ev.block_id, out)
+
+    def _open_reasoning(self, block_id: str, out: list[BaseEvent]) -> None:
+        self.reasoning.add(block_id)
+        self.emitted_ids.add(block_id)
+        out.append(ReasoningStartEvent(message_id=block_id))
+        out.append(ReasoningMessageStartEvent(message_id=block_id, role="reasoning"))
+
+    def on_thinking_delta(self, ev: Any, out: list[BaseEvent]) -> None:
+        if not ev.delta:
+            return
+        if ev.block_id not in self.reasoning:
+            self._open_reasoning(ev.block_id, out)
+        out.append(ReasoningMessageContentEvent(message_id=ev.block_id, delta=ev.delta))
+
+    def on_thinking_end(self, ev: Any, out: list[BaseEvent]) -> None:
+        if ev.block_id in self.reasoning:
+            self.reasoning.discard(ev.block_id)
+            out.append(ReasoningMessageEndEvent(message_id=ev.block_id))
+            out.append(ReasoningEndEvent(message_id=ev.block_id))
+
+    # -- tool calls and results ------------------------------------------------------------------
+
+    def on_call_start(self, ev: Any, out: list[BaseEvent]) -> None:
+        self._open_call(ev.tool_call_id, ev.tool_name, out)
+
+    def _open_call(self, call_id: str, name: str, out: list[BaseEvent]) -> None:
+        parent = self._assistant()
+        self.emitted_ids.add(parent)
+        self.calls.add(call_id)
+        out.append(ToolCallStartEvent(tool_call_id=call_id, tool_call_name=name, parent_message_id=parent))
+
+    def on_call_delta(self, ev: Any, out: list[BaseEvent]) -> None:
+        if ev.tool_call_id not in self.calls:
+            self._open_call(ev.tool_call_id, ev.tool_name, out)
+        if ev.delta:
+            out.append(ToolCallArgsEvent(tool_call_id=ev.tool_call_id, delta=ev.delta))
+
+    def on_call_end(self, ev: Any, out: list[BaseEvent]) -> None:
+        if ev.tool_call_id in self.calls:
+            self.calls.discard(ev.tool_call_id)
+            out.append(ToolCallEndEvent(tool_call_id=ev.tool_call_id))
+
+    def on_result_start(self, ev: Any, out: list[BaseEvent]) -> None:
+        # The arguments are complete before the tool runs, whatever the producer did.
+        self.on_call_end(ev, out)
+        self.results[ev.tool_call_id] = []
+
+    def on_result_delta(self, ev: Any, out: list[BaseEvent]) -> None:
+        self.results.setdefault(ev.tool_call_id, []).append(ev.delta)
+
+    def on_result_end(self, ev: Any, out: list[BaseEvent]) -> None:
+        self.on_call_end(ev, out)
+        text = "".join(self.results.pop(ev.tool_call_id, ()))
+        message_id = new_id("toolmsg_")
+        self.emitted_ids.add(message_id)
+        out.append(ToolCallResultEvent(
+            message_id=message_id, tool_call_id=ev.tool_call_id, content=text, role="tool",
+            metadata={"state": ev.state.value},  # AG-UI has no error flag on results; the page reads this
+        ))
+
+
+def _frame(event_type: str, id_key: str, id_value: str, delta: str) -> bytes:
+    return b"data: %b\n\n" % sse.plain_json({"type": event_type, id_key: id_value, "delta": delta})
