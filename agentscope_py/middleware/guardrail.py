@@ -132,7 +132,8 @@ class GuardrailMiddleware(MiddlewareBase):
                 if pending_input:
                     ctx.put(self._input_key, ())  # the first model call of the execution checks it
                     text = "\n".join(m.text for m in pending_input)
-                    await self._run("input", self.input_checks, GuardrailCheck("input", text, pending_input, agent, ctx))
+                    check = GuardrailCheck("input", text, pending_input, agent, ctx)
+                    await self._run("input", self.input_checks, check)
                 it = next(input).__aiter__()
                 async for out in self._checked(agent, ctx, input, it, pending, released):
                     released.see(out)

@@ -256,10 +256,7 @@ class StreamRedactor:
         return self._release(text, len(self._context), len(text))
 
     def _release(self, text: str, pos: int, cut: int, matches: list[PIIMatch] | None = None) -> str:
-        if matches is None:
-            matches = self.redactor.matches(text, pos)
-        else:
-            matches = [m for m in matches if m.end <= cut]
+        matches = self.redactor.matches(text, pos) if matches is None else [m for m in matches if m.end <= cut]
         out = self.redactor._apply(text, pos, cut, matches) if cut > pos else ""
         self._held = text[cut:]
         self._context = text[max(0, cut - _CONTEXT):cut]

@@ -5,17 +5,24 @@ Override any of ``before_agent`` / ``after_agent``, ``before_model`` / ``on_mode
 ``async`` no-op by default, and a hook that is not overridden costs nothing (the middleware joins
 only the points whose hooks it overrides). How they map onto the onion:
 
-| hook | point | when |
-|---|---|---|
-| ``before_agent(agent, ctx, input)`` | on_agent | before the execution starts; may return a new `AgentInput` |
-| ``after_agent(agent, ctx, result)`` | on_agent | when the run's `AgentResult` passes; may return a new `Msg` (the caller's result) |
-| ``before_model(agent, ctx, input)`` | on_model_call | before each model call; may return a new `ModelCallInput` |
-| ``on_model_delta(agent, ctx, delta)`` | on_model_call | each text, thinking or tool-call delta; may return a rewritten delta event |
-| ``after_model(agent, ctx, reply)`` | on_model_call | a model call completed (its ``ModelCallEnd`` carries no error); ``reply`` is the assistant `Msg` |
-| ``before_tool(agent, ctx, call)`` | on_acting | before each tool call of the batch, in order; may return a new `ToolUseBlock` |
-| ``on_tool_delta(agent, ctx, delta)`` | on_acting | each `ToolResultTextDelta`; may return a rewritten one |
-| ``after_tool(agent, ctx, result)`` | on_acting | a tool result ended; ``result`` is the `ToolResultBlock` |
-| ``on_error(agent, ctx, error)`` | on_agent | the run failed |
+hook (point): when — what it may return
+
+* ``before_agent(agent, ctx, input)`` (on_agent): before the execution — a new `AgentInput`
+* ``after_agent(agent, ctx, result)`` (on_agent): the run's `AgentResult` passes — a new `Msg`
+  (the caller's result)
+* ``before_model(agent, ctx, input)`` (on_model_call): before each model call — a new
+  `ModelCallInput`
+* ``on_model_delta(agent, ctx, delta)`` (on_model_call): each text, thinking or tool-call delta —
+  a rewritten delta event
+* ``after_model(agent, ctx, reply)`` (on_model_call): a model call completed (its
+  ``ModelCallEnd`` carries no error); ``reply`` is the assistant `Msg`
+* ``before_tool(agent, ctx, call)`` (on_acting): before each tool call of the batch, in order — a
+  new `ToolUseBlock`
+* ``on_tool_delta(agent, ctx, delta)`` (on_acting): each `ToolResultTextDelta` — a rewritten one
+* ``after_tool(agent, ctx, result)`` (on_acting): a tool result ended (`ToolResultBlock`)
+* ``on_error(agent, ctx, error)`` (on_agent): the run failed
+
+Returning None keeps the value.
 
 Order (seed 000): ``before_*`` run in middleware order (outermost first), ``after_*`` in reverse —
 each is an onion layer. Errors (seed 000's rule): the first hook that raises short-circuits (what

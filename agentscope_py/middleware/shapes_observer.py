@@ -8,7 +8,7 @@ order of notifications is the order of things):
 | ``on_turn_start(agent, ctx, input_messages)`` | an execution starts |
 | ``on_turn_end(agent, ctx, run)`` | it ended (`AgentRun`: the result or error, reason, usage, counters) |
 | ``on_model_start(agent, ctx, request)`` | a model call starts (`ModelCallInput`) |
-| ``on_model_end(agent, ctx, reply, end)`` | it ended: the assistant `Msg` and its `ModelCallEnd` (``end.error`` set when it failed) |
+| ``on_model_end(agent, ctx, reply, end)`` | it ended: the reply `Msg`, its `ModelCallEnd` (``end.error``: failed) |
 | ``on_tool_start(agent, ctx, call)`` | a tool call of the batch is about to run (`ToolUseBlock`) |
 | ``on_tool_end(agent, ctx, result)`` | its result ended (`ToolResultBlock`) |
 | ``on_event(agent, ctx, event)`` | every event the caller's stream carries (at ``on_agent``) |

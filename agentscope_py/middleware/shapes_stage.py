@@ -6,7 +6,7 @@ attribute, default all three) says where it runs:
 | stage | point | request fields | result field (set once ``call_next()`` returned) |
 |---|---|---|---|
 | ``TURN`` | on_agent | ``input_messages`` | ``turn_result: Msg`` (the run's result) |
-| ``CHAT`` | on_model_call | ``messages``, ``tools``, ``options``, ``model`` | ``chat_result: Msg`` (the assistant reply) |
+| ``CHAT`` | on_model_call | ``messages``, ``tools``, ``options``, ``model`` | ``chat_result: Msg`` (the reply) |
 | ``TOOL`` | on_acting | ``tool_calls`` | ``tool_result: tuple[ToolResultBlock, ...]`` (in call order) |
 
 * Do work, ``await call_next()``, do more work: that is the onion. Request fields changed before
@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -132,7 +132,11 @@ class StageMiddleware(MiddlewareBase):
 
     def on_acting(self, agent: ReActAgent, ctx: RuntimeContext, input: ActingInput, next: Next) -> Any:
         context = MiddlewareContext(MiddlewareStage.TOOL, agent, ctx, tool_calls=list(input.tool_calls))
-        return EventStream(lambda: self._drive(context, lambda: next(input.replace(tool_calls=context.tool_calls or ()))))
+
+        def inner() -> EventStream[Any]:
+            return next(input.replace(tool_calls=context.tool_calls or ()))
+
+        return EventStream(lambda: self._drive(context, inner))
 
     # -- the adapter -----------------------------------------------------------------------------
 
@@ -260,11 +264,15 @@ def _block_events(reply_id: str, msg: Msg) -> list[Any]:
                     ThinkingBlockDelta(reply_id=reply_id, block_id=bid, delta=block.thinking),
                     ThinkingBlockEnd(reply_id=reply_id, block_id=bid, signature=block.signature)]
         elif isinstance(block, ToolUseBlock):
-            ids: Mapping[str, str] = {"reply_id": reply_id, "tool_call_id": block.id, "tool_name": block.name}
-            out += [ToolCallStart(**ids), ToolCallDelta(**ids, delta=json.dumps(block.input)), ToolCallEnd(**ids)]
+            rid, cid, name = reply_id, block.id, block.name
+            out += [ToolCallStart(reply_id=rid, tool_call_id=cid, tool_name=name),
+                    ToolCallDelta(reply_id=rid, tool_call_id=cid, tool_name=name, delta=json.dumps(block.input)),
+                    ToolCallEnd(reply_id=rid, tool_call_id=cid, tool_name=name)]
     return out
 
 
 def _result_events(reply_id: str, result: ToolResultBlock) -> list[Any]:
-    ids = {"reply_id": reply_id, "tool_call_id": result.id, "tool_name": result.name}
-    return [ToolResultStart(**ids), ToolResultTextDelta(**ids, delta=result.text), ToolResultEnd(**ids, state=result.state)]
+    rid, cid, name = reply_id, result.id, result.name
+    return [ToolResultStart(reply_id=rid, tool_call_id=cid, tool_name=name),
+            ToolResultTextDelta(reply_id=rid, tool_call_id=cid, tool_name=name, delta=result.text),
+            ToolResultEnd(reply_id=rid, tool_call_id=cid, tool_name=name, state=result.state)]
