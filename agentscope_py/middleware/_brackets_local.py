@@ -24,7 +24,7 @@ __all__ = ["OpenBrackets"]
 _STARTS = (ModelCallStart, TextBlockStart, ThinkingBlockStart, DataBlockStart, ToolCallStart)
 _END_OF: dict[type[Any], type[Any]] = {
     ModelCallEnd: ModelCallStart, TextBlockEnd: TextBlockStart, ThinkingBlockEnd: ThinkingBlockStart,
-           DataBlockEnd: DataBlockStart, ToolCallEnd: ToolCallStart}
+    DataBlockEnd: DataBlockStart, ToolCallEnd: ToolCallStart}
 _BLOCK_ENDS: dict[type[Any], type[Any]] = {TextBlockStart: TextBlockEnd, ThinkingBlockStart: ThinkingBlockEnd,
                                            DataBlockStart: DataBlockEnd}
 
