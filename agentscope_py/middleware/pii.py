@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import GuardrailTripped
 from ..events import GuardrailTripped as GuardrailTrippedEvent
-from ..events import TextBlockDelta, ThinkingBlockDelta, ToolResultTextDelta
+from ..events import ModelCallEnd, TextBlockDelta, ThinkingBlockDelta, ToolResultEnd, ToolResultTextDelta
 from ..message import Msg, TextBlock
 from ..stream import EventStream, aclose
 from .base import ActingInput, ExtensionPoint, MiddlewareBase, ModelCallInput, Next
@@ -145,14 +145,25 @@ class PIIRedactionMiddleware(MiddlewareBase):
         self, inner: EventStream[Any], deltas: tuple[type[Any], ...], ends: Iterable[str], key: str
     ) -> AsyncIterator[Any]:
         buffers: dict[str, tuple[StreamRedactor, Any]] = {}  # block/call id -> (buffer, last delta)
+        # A model block that ended with text held back: whether that text goes out depends on the
+        # next event. A failed call ends its blocks, then says so in its ModelCallEnd: the tail of
+        # a failed attempt may be the start of an address cut off mid-way, and is dropped.
+        pending: tuple[tuple[StreamRedactor, Any], Any] | None = None
         it = inner.__aiter__()
         try:
             async for event in it:
+                if pending is not None:
+                    ended, end = pending
+                    pending = None
+                    if not (type(event) is ModelCallEnd and event.error):
+                        async for out in self._flush(ended):
+                            yield out
+                    yield end
                 cls = type(event)
                 if cls in deltas and event.source is None:
                     ident = getattr(event, key)
-                    entry = buffers.get(ident)
-                    buffer = entry[0] if entry is not None else self.stream_redactor()
+                    known = buffers.get(ident)
+                    buffer = known[0] if known is not None else self.stream_redactor()
                     buffers[ident] = (buffer, event)
                     try:
                         text = buffer.feed(event.delta)
@@ -163,18 +174,36 @@ class PIIRedactionMiddleware(MiddlewareBase):
                         yield event.model_copy(update={"delta": text})
                     continue
                 if event.type in ends and event.source is None:
-                    entry = buffers.pop(getattr(event, key), None)
-                    if entry is not None and entry[0].held:
-                        try:
-                            rest = entry[0].flush()
-                        except GuardrailTripped as trip:
-                            yield GuardrailTrippedEvent(guardrail=trip.guardrail, reason=trip.reason)
-                            raise
-                        if rest:
-                            yield entry[1].model_copy(update={"delta": rest})
+                    done = buffers.pop(getattr(event, key), None)
+                    if done is not None and done[0].held:
+                        if cls is ToolResultEnd:
+                            async for out in self._flush(done):
+                                yield out
+                        else:
+                            pending = (done, event)
+                            continue
                 yield event
+        except Exception:
+            if pending is not None:
+                yield pending[1]  # (the held tail is dropped: the stream failed)
+            raise
         finally:
             await aclose(it)
+        if pending is not None:
+            async for out in self._flush(pending[0]):
+                yield out
+            yield pending[1]
+
+    @staticmethod
+    async def _flush(entry: tuple[StreamRedactor, Any]) -> AsyncIterator[Any]:
+        buffer, last = entry
+        try:
+            rest = buffer.flush()
+        except GuardrailTripped as trip:
+            yield GuardrailTrippedEvent(guardrail=trip.guardrail, reason=trip.reason)
+            raise
+        if rest:
+            yield last.model_copy(update={"delta": rest})
 
 
 def _detectors(types: Iterable[str | PIIDetector], custom: Mapping[str, Any]) -> list[PIIDetector]:

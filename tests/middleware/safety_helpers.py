@@ -13,18 +13,19 @@ from agentscope_py.model.base import ChatChunk, ModelRequest
 
 class ChunkModel:
     """Streams each reply as the given text chunks. ``delay`` paces them; ``fail_after`` raises
-    ``ConnectionError`` after that many chunks. ``produced`` counts the chunks handed out and
+    ``ConnectionError`` after that many chunks (``fail_once_after``: in the first reply only). ``produced`` counts the chunks handed out and
     ``closed`` the streams whose generator was closed (finally ran)."""
 
     provider = "test"
     supports_structured_output = False
 
     def __init__(self, *replies: Sequence[str], name: str = "chunks", delay: float = 0.0,
-                 fail_after: int | None = None) -> None:
+                 fail_after: int | None = None, fail_once_after: int | None = None) -> None:
         self.name = name
         self.replies = [list(r) for r in replies]
         self.delay = delay
         self.fail_after = fail_after
+        self.fail_once_after = fail_once_after
         self.requests: list[ModelRequest] = []
         self.produced = 0
         self.closed = 0
@@ -32,12 +33,13 @@ class ChunkModel:
 
     def stream(self, request: ModelRequest) -> AsyncIterator[ChatChunk]:
         self.requests.append(request)
-        return self._play(self.replies[min(len(self.requests), len(self.replies)) - 1])
+        fail = self.fail_once_after if len(self.requests) == 1 and self.fail_once_after is not None else self.fail_after
+        return self._play(self.replies[min(len(self.requests), len(self.replies)) - 1], fail)
 
-    async def _play(self, chunks: list[str]) -> AsyncIterator[ChatChunk]:
+    async def _play(self, chunks: list[str], fail: int | None) -> AsyncIterator[ChatChunk]:
         try:
             for i, chunk in enumerate(chunks):
-                if self.fail_after is not None and i == self.fail_after:
+                if fail is not None and i == fail:
                     raise ConnectionError("the connection dropped")
                 if self.delay:
                     await asyncio.sleep(self.delay)

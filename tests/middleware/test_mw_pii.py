@@ -170,7 +170,7 @@ def test_block_on_input_raises_at_once() -> None:
         PIIRedactionMiddleware(strategy="block").redact("ada@example.com")
 
 
-async def test_a_model_failing_mid_stream_flushes_what_is_held_and_stays_balanced() -> None:
+async def test_a_model_failing_mid_stream_drops_what_is_held_and_stays_balanced() -> None:
     model = ChunkModel(["mail ada@exa", "mple.com"], fail_after=1)
     agent = ReActAgent.builder().model(model).middleware(PIIRedactionMiddleware()).build()
     events: list[Any] = []
@@ -178,7 +178,11 @@ async def test_a_model_failing_mid_stream_flushes_what_is_held_and_stays_balance
         async for event in agent.stream("hi"):
             events.append(event)
     deltas = "".join(e.delta for e in events if e.type == "text_block_delta")
-    assert deltas == "mail ada@exa"  # flushed at the block's End: no match was complete
+    # "ada@exa" was held (it may have been the start of an address) when the call failed: a failed
+    # attempt's held tail is dropped, not released.
+    assert deltas == "mail "
+    ends = [e for e in events if e.type == "model_call_end"]
+    assert len(ends) == 1 and ends[0].error == "ConnectionError: the connection dropped"
     assert balance(events) == {}
 
 
@@ -216,3 +220,15 @@ def test_unknown_types_and_detectors_are_refused() -> None:
         PIIDetector("x", r"\d", charset="[")
     with pytest.raises(ValueError, match="identifier"):
         PIIDetector("two words", r"\d")
+
+
+async def test_inside_retry_with_buffer_the_caller_sees_only_the_redacted_attempt_that_completed() -> None:
+    from agentscope_py.middleware import RetryMiddleware
+
+    model = ChunkModel(["write to ada@exa", "mple.com"], ["write to bob@exa", "mple.org ok"], fail_once_after=1)
+    retry = RetryMiddleware(max_retries=1, initial_delay=0.001, jitter=False, retry_on=ConnectionError, buffer=True)
+    agent = ReActAgent.builder().model(model).middlewares([retry, PIIRedactionMiddleware()]).build()
+    events = await agent.stream("hi").to_list()
+    assert "".join(e.delta for e in events if e.type == "text_block_delta") == "write to [REDACTED_EMAIL] ok"
+    assert [e.type for e in events].count("model_call_start") == 1  # the failed attempt was never shown
+    assert events[-2].result.text == "write to [REDACTED_EMAIL] ok" and balance(events) == {}
