@@ -54,7 +54,8 @@ class PIIRedactionMiddleware(MiddlewareBase):
     ``"phone"``; default: all) and/or `PIIDetector`\\ s. ``custom``: more detectors by name, each a
     regex string (or compiled pattern), a callable ``fn(text) -> [(start, end), ...]`` or a
     `PIIDetector`. ``strategy``: one for all kinds, or a mapping kind -> strategy (kinds not named
-    get ``"redact"``): ``redact`` (``[REDACTED_EMAIL]``; ``replacement`` is the template),
+    get ``"redact"``): ``redact`` (``[REDACTED_EMAIL]``; ``replacement`` is the template:
+    ``{kind}`` the kind upper-cased, ``{name}`` as it is),
     ``mask`` (``a***@example.com``, ``**** **** **** 1111``), ``hash`` (``<email_hash:1a2b3c4d>``,
     the same value gives the same hash) or ``block`` (`GuardrailTripped`). ``max_hold``: the most
     characters the streaming buffer holds back before it releases what it has."""
@@ -78,9 +79,10 @@ class PIIRedactionMiddleware(MiddlewareBase):
         if not isinstance(replacement, str):
             raise TypeError("replacement must be a str template such as '[REDACTED_{kind}]'")
         try:
-            replacement.format(kind="X")
+            replacement.format(kind="X", name="x")
         except (KeyError, IndexError, ValueError) as exc:
-            raise ValueError(f"replacement {replacement!r} is not a valid template ({exc}); use {{kind}}") from None
+            raise ValueError(f"replacement {replacement!r} is not a valid template ({exc}); use {{kind}} or {{name}}"
+                             ) from None
         if isinstance(max_hold, bool) or not isinstance(max_hold, int) or max_hold < 1:
             raise ValueError(f"max_hold must be an int >= 1, not {max_hold!r}")
         self.redactor = Redactor(detectors, strategies, replacement=replacement, on_block=_blocked)

@@ -160,7 +160,7 @@ def _mask(kind: str, text: str) -> str:
 
 class Redactor:
     """Applies detectors and per-kind strategies to text. ``replacement``: a template for the
-    redact strategy (``{kind}`` is the detector's name upper-cased)."""
+    redact strategy (``{kind}`` is the detector's name upper-cased, ``{name}`` the name as it is)."""
 
     def __init__(
         self,
@@ -201,7 +201,7 @@ class Redactor:
         if strategy == "hash":
             digest = hashlib.sha256(match.text.encode()).hexdigest()[:8]
             return f"<{match.kind}_hash:{digest}>"
-        return self.replacement.format(kind=match.kind.upper())
+        return self.replacement.format(kind=match.kind.upper(), name=match.kind)
 
     def redact(self, text: str) -> str:
         """``text`` with every match replaced (a ``block`` match raises)."""
