@@ -4,8 +4,10 @@ whether its stream was closed), and the splits of a text."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 from collections.abc import AsyncIterator, Iterator, Sequence
+from typing import Any
 
 from agentscope_py.message import ChatUsage
 from agentscope_py.model.base import ChatChunk, ModelRequest
@@ -56,3 +58,14 @@ def splits(text: str, ways: int) -> Iterator[list[str]]:
     for cuts in itertools.combinations(range(1, len(text)), ways - 1):
         bounds = (0, *cuts, len(text))
         yield [text[a:b] for a, b in itertools.pairwise(bounds)]
+
+
+async def leave_at_first_delta(stream: Any) -> None:
+    """Reads ``stream`` up to its first text delta, then stops reading (closing it), as a
+    consumer that goes away does; fails if that takes more than 5 s."""
+    async with asyncio.timeout(5):
+        it = stream.__aiter__()
+        async with contextlib.aclosing(it):
+            async for event in it:
+                if event.type == "text_block_delta":
+                    break

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
 import logging
 from pathlib import Path
@@ -13,7 +11,7 @@ import pytest
 
 from agentscope_py import ChatUsage, ModelStep, ReActAgent, RuntimeContext, ScriptedModel, Toolkit, tool
 from agentscope_py.middleware import AuditLogMiddleware, PIIRedactionMiddleware
-from tests.middleware.safety_helpers import ChunkModel
+from tests.middleware.safety_helpers import ChunkModel, leave_at_first_delta
 
 
 @tool
@@ -93,12 +91,7 @@ async def test_failed_and_cut_short_calls_are_audited() -> None:
     records.clear()
     model = ChunkModel(["a ", "b ", "c "], delay=0.01)
     agent = ReActAgent.builder().model(model).middleware(AuditLogMiddleware(records.append)).build()
-    async with asyncio.timeout(5):
-        stream = agent.stream("go").__aiter__()
-        async with contextlib.aclosing(stream):  # type: ignore[type-var]
-            async for event in stream:
-                if event.type == "text_block_delta":
-                    break
+    await leave_at_first_delta(agent.stream("go"))
     assert [r["state"] for r in records] == ["cut_short"]
 
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 from typing import Any
 
 import pytest
@@ -12,7 +10,7 @@ from agentscope_py import ExtensionPoint, ModelStep, ReActAgent, ScriptedModel, 
 from agentscope_py.message import Msg
 from agentscope_py.middleware import LifecycleMiddleware
 from tests.middleware.resilience_helpers import balance
-from tests.middleware.safety_helpers import ChunkModel
+from tests.middleware.safety_helpers import ChunkModel, leave_at_first_delta
 
 
 @tool
@@ -175,10 +173,5 @@ async def test_cancellation_is_not_an_error() -> None:
     log: list[str] = []
     model = ChunkModel(["a ", "b ", "c "], delay=0.01)
     agent = ReActAgent.builder().model(model).middleware(Recording("A", log)).build()
-    async with asyncio.timeout(5):
-        stream = agent.stream("go").__aiter__()
-        async with contextlib.aclosing(stream):  # type: ignore[type-var]
-            async for event in stream:
-                if event.type == "text_block_delta":
-                    break
+    await leave_at_first_delta(agent.stream("go"))
     assert not any("on_error" in line for line in log) and model.closed == 1

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import re
 from typing import Any
 
@@ -13,7 +11,7 @@ from agentscope_py import ModelStep, ReActAgent, ScriptedModel, Toolkit, tool
 from agentscope_py.errors import GuardrailTripped
 from agentscope_py.middleware import PIIDetector, PIIRedactionMiddleware
 from tests.middleware.resilience_helpers import balance
-from tests.middleware.safety_helpers import ChunkModel, splits
+from tests.middleware.safety_helpers import ChunkModel, leave_at_first_delta, splits
 
 # (text, what the default redaction makes of it)
 EXAMPLES = [
@@ -189,12 +187,7 @@ async def test_a_model_failing_mid_stream_drops_what_is_held_and_stays_balanced(
 async def test_a_consumer_that_leaves_closes_the_model_stream() -> None:
     model = ChunkModel(["one ", "two ", "three ", "four "], delay=0.01)
     agent = ReActAgent.builder().model(model).middleware(PIIRedactionMiddleware()).build()
-    async with asyncio.timeout(5):
-        stream = agent.stream("hi").__aiter__()
-        async with contextlib.aclosing(stream):  # type: ignore[type-var]
-            async for event in stream:
-                if event.type == "text_block_delta":
-                    break
+    await leave_at_first_delta(agent.stream("hi"))
     assert model.closed == 1 and model.finished == 0
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from typing import Any
 
 import pytest
@@ -13,7 +12,7 @@ from agentscope_py.errors import MiddlewareError, MiddlewareTermination
 from agentscope_py.message import Msg, ToolResultBlock
 from agentscope_py.middleware import MiddlewareContext, MiddlewareStage, StageMiddleware
 from tests.middleware.resilience_helpers import balance
-from tests.middleware.safety_helpers import ChunkModel
+from tests.middleware.safety_helpers import ChunkModel, leave_at_first_delta
 
 ran: list[str] = []
 
@@ -234,12 +233,7 @@ async def test_a_consumer_that_leaves_cancels_process_and_closes_the_model() -> 
 
     model = ChunkModel(["a ", "b ", "c ", "d "], delay=0.02)
     agent = ReActAgent.builder().model(model).middleware(Slow()).build()
-    async with asyncio.timeout(5):
-        stream = agent.stream("hi").__aiter__()
-        async with contextlib.aclosing(stream):  # type: ignore[type-var]
-            async for event in stream:
-                if event.type == "text_block_delta":
-                    break
+    await leave_at_first_delta(agent.stream("hi"))
     assert cancelled == [True] and model.closed == 1 and model.finished == 0
 
 
