@@ -47,8 +47,16 @@ def _card(text: str) -> bool:
     return 13 <= len(digits) <= 19 and luhn_valid(digits)
 
 
+_DATE = re.compile(r"\d{4}[./-]\d{1,2}[./-]\d{1,2}|\d{1,2}[./-]\d{1,2}[./-]\d{2,4}")
+
+
 def _phone(text: str) -> bool:
-    return 7 <= sum(ch.isdigit() for ch in text) <= 15
+    digits = sum(ch.isdigit() for ch in text)
+    if _DATE.fullmatch(text):
+        return False  # 2024-01-15 is a date
+    if text.isdigit():
+        return 10 <= digits <= 15  # a bare number must be long to be a phone number (not an order id)
+    return 7 <= digits <= 15
 
 
 def _ip(text: str) -> bool:
@@ -131,7 +139,8 @@ BUILTIN_DETECTORS: Mapping[str, PIIDetector] = {
     )
 }
 """email, credit_card (Luhn-checked), url (scheme:// or www.), ip (IPv4 and IPv6, checked by
-`ipaddress`), phone (7–15 digits with the usual separators). Earlier in this order wins when two
+`ipaddress`), phone (7–15 digits with the usual separators; a bare number needs 10; dates are not
+phone numbers). Earlier in this order wins when two
 overlap at the same place: a card number is not also a phone number."""
 
 

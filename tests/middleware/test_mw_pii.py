@@ -20,6 +20,7 @@ EXAMPLES = [
     ("card 4111 1111 1111 1111 ok", "card [REDACTED_CREDIT_CARD] ok"),
     ("pay 4111-1111-1111-1111", "pay [REDACTED_CREDIT_CARD]"),
     ("call +1 555 123 4567, thanks", "call [REDACTED_PHONE], thanks"),
+    ("or (020) 7946-0958 or 4155550123", "or [REDACTED_PHONE] or [REDACTED_PHONE]"),
     ("see https://example.com/a?b=1, ok", "see [REDACTED_URL], ok"),
     ("from 192.168.10.1 and fe80::1", "from [REDACTED_IP] and [REDACTED_IP]"),
     ("two: a@b.io and 10.0.0.7", "two: [REDACTED_EMAIL] and [REDACTED_IP]"),
@@ -29,6 +30,7 @@ NOT_PII = [
     "version 1.2.3 and 2024 were fine",
     "a cafe, a face, 12:30",
     "user@localhost is not an address",
+    "due 2024-01-15 or 15.01.2024, order 1234567",
 ]
 
 
