@@ -161,9 +161,7 @@ class GuardrailMiddleware(MiddlewareBase):
         parts: list[str] = []
         since = 0  # text characters since the last stream check
         messages = tuple(input.messages)
-        async for ev in it:
-            if pending:
-                _raise_finished(pending)
+        async for ev in _racing(it, pending):
             cls = type(ev)
             top = ev.source is None
             if cls is TextBlockDelta and top:
@@ -260,6 +258,40 @@ def _judge(guardrail: Guardrail, value: Any, stage: Stage) -> None:
 
 async def _judged(guardrail: Guardrail, value: Any) -> None:
     _judge(guardrail, await value, "stream")
+
+
+async def _step(it: Any) -> tuple[bool, Any]:
+    try:
+        return True, await it.__anext__()
+    except StopAsyncIteration:
+        return False, None
+
+
+async def _racing(it: Any, pending: set[asyncio.Future[Any]]) -> AsyncIterator[Any]:
+    """``it``'s events; while background checks are pending, the wait for the next event races
+    them, so a check that trips while the model is between chunks stops it at once (`_Trip`)."""
+    step: asyncio.Future[tuple[bool, Any]] | None = None
+    try:
+        while True:
+            if not pending:
+                more, ev = await _step(it) if step is None else await step
+                step = None
+            else:
+                if step is None:
+                    step = asyncio.ensure_future(_step(it))
+                await asyncio.wait({step, *pending}, return_when=asyncio.FIRST_COMPLETED)
+                _raise_finished(pending)  # a trip (or a failed check) wins over the event
+                if not step.done():
+                    continue
+                more, ev = step.result()
+                step = None
+            if not more:
+                return
+            yield ev
+    finally:
+        if step is not None and not step.done():
+            step.cancel()  # (the inner stream is closed by the caller once this returns)
+            await asyncio.gather(step, return_exceptions=True)
 
 
 def _raise_finished(pending: set[asyncio.Future[Any]]) -> None:

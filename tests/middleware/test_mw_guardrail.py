@@ -107,6 +107,22 @@ async def test_non_blocking_async_checks_run_beside_the_stream() -> None:
     assert balance(events) == {}
 
 
+async def test_a_background_check_that_trips_between_chunks_stops_the_model_at_once() -> None:
+    async def quick(check: GuardrailCheck) -> str | None:
+        await asyncio.sleep(0.01)
+        return "mentions the secret" if "secret" in check.text else None
+
+    model = ChunkModel(["the secret ", "a ", "b ", "c"], delay=0.3)
+    agent = ReActAgent.builder().model(model).middleware(GuardrailMiddleware(stream=quick)).build()
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    events = await agent.stream("hi").to_list()
+    assert loop.time() - started < 0.55  # the trip did not wait for the next chunk (due at 0.6 s)
+    assert [e.delta for e in events if e.type == "text_block_delta"] == ["the secret "]
+    assert model.produced == 1 and model.closed == 1
+    assert balance(events) == {}
+
+
 async def test_blocking_holds_each_delta_until_its_check_passed() -> None:
     checked: list[str] = []
     shown_when_checked: list[int] = []
