@@ -11,8 +11,9 @@
 ``blocking=True``: nothing reaches the caller before the checks covering it passed — deltas are
 held until the stream check after them passes (async checks are awaited), and with output checks
 the whole reply is held until they pass. ``blocking=False`` (default): deltas go out at once and
-async stream checks run beside the stream; a trip is acted on at the next event (or the end of
-the reply), so a few deltas after the offending text may have gone out.
+async stream checks run beside the stream; a trip is acted on as soon as the check answers (the
+wait for the model's next chunk races the pending checks), but the deltas that arrived while the
+check was running have gone out.
 
 A trip (a check answered a reason): the model request is closed at once (its stream is closed,
 so a provider's HTTP request ends), every block this layer let out is closed, the model call ends
