@@ -227,3 +227,19 @@ async def test_inside_retry_with_buffer_the_caller_sees_only_the_redacted_attemp
     assert "".join(e.delta for e in events if e.type == "text_block_delta") == "write to [REDACTED_EMAIL] ok"
     assert [e.type for e in events].count("model_call_start") == 1  # the failed attempt was never shown
     assert events[-2].result.text == "write to [REDACTED_EMAIL] ok" and balance(events) == {}
+
+
+async def test_thinking_is_redacted_too_and_remembered_so() -> None:
+    model = ScriptedModel([ModelStep(thinking="the user is ada@example.com", text="Hello!", chunks=4)])
+    agent = ReActAgent.builder().model(model).middleware(PIIRedactionMiddleware("email")).build()
+    events = await agent.stream("hi").to_list()
+    thinking = "".join(e.delta for e in events if e.type == "thinking_block_delta")
+    assert thinking == "the user is [REDACTED_EMAIL]"
+    state, _ = await agent.state_store.load("default", "default")
+    assert state is not None and "ada@" not in repr(state.context[-1].content)
+
+
+def test_max_hold_bounds_what_the_buffer_holds() -> None:
+    buffer = PIIRedactionMiddleware("url", max_hold=32).stream_redactor()
+    blob = "x" * 40  # no break: could be the tail of a URL, but the buffer may hold only 32 characters
+    assert buffer.feed(blob) == blob and buffer.held == ""
