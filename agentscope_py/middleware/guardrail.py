@@ -27,7 +27,8 @@ its reason saying which guardrail tripped) or ``"error"`` raises the `GuardrailT
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+import contextlib
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 from ..errors import GuardrailTripped
@@ -136,9 +137,10 @@ class GuardrailMiddleware(MiddlewareBase):
                     check = GuardrailCheck("input", text, pending_input, agent, ctx)
                     await self._run("input", self.input_checks, check)
                 it = next(input).__aiter__()
-                async for out in self._checked(agent, ctx, input, it, pending, released):
-                    released.see(out)
-                    yield out
+                async with contextlib.aclosing(self._checked(agent, ctx, input, it, pending, released)) as checked:
+                    async for out in checked:
+                        released.see(out)
+                        yield out
             except _Trip as trip:
                 if it is not None:
                     await aclose(it)  # the model request ends now
@@ -153,7 +155,7 @@ class GuardrailMiddleware(MiddlewareBase):
                 await aclose(it)
 
     async def _checked(self, agent: ReActAgent, ctx: RuntimeContext, input: ModelCallInput, it: Any,
-                       pending: set[asyncio.Future[Any]], released: OpenBrackets) -> AsyncIterator[Any]:
+                       pending: set[asyncio.Future[Any]], released: OpenBrackets) -> AsyncGenerator[Any, None]:
         """The inner events, checked; in blocking mode held until the checks covering them passed."""
         stream_checks, every = self.stream_checks, self.stream_every
         blocking = self.blocking
@@ -162,40 +164,41 @@ class GuardrailMiddleware(MiddlewareBase):
         parts: list[str] = []
         since = 0  # text characters since the last stream check
         messages = tuple(input.messages)
-        async for ev in _racing(it, pending):
-            cls = type(ev)
-            top = ev.source is None
-            if cls is TextBlockDelta and top:
-                parts.append(ev.delta)
-                since += len(ev.delta)
-                if stream_checks and since >= every:
+        async with contextlib.aclosing(_racing(it, pending)) as events:
+            async for ev in events:
+                cls = type(ev)
+                top = ev.source is None
+                if cls is TextBlockDelta and top:
+                    parts.append(ev.delta)
+                    since += len(ev.delta)
+                    if stream_checks and since >= every:
+                        await self._stream_check(agent, ctx, messages, parts, since, pending)
+                        since = 0
+                    elif blocking:  # unchecked text waits
+                        held.append(ev)
+                        continue
+                elif blocking and since and stream_checks:  # nothing goes out past unchecked text
                     await self._stream_check(agent, ctx, messages, parts, since, pending)
                     since = 0
-                elif blocking:  # unchecked text waits
+                if cls is ModelCallEnd and top:
+                    if stream_checks and since:
+                        await self._stream_check(agent, ctx, messages, parts, since, pending)
+                        since = 0
+                    if pending:
+                        await _settle(pending)
+                    if self.output_checks:
+                        text = "".join(parts)
+                        check = GuardrailCheck("output", text, messages, agent, ctx, reply=Msg.assistant(text))
+                        await self._run("output", self.output_checks, check)
+                    hold_all = False
+                if hold_all:
                     held.append(ev)
                     continue
-            elif blocking and since and stream_checks:  # nothing goes out past unchecked text
-                await self._stream_check(agent, ctx, messages, parts, since, pending)
-                since = 0
-            if cls is ModelCallEnd and top:
-                if stream_checks and since:
-                    await self._stream_check(agent, ctx, messages, parts, since, pending)
-                    since = 0
-                if pending:
-                    await _settle(pending)
-                if self.output_checks:
-                    text = "".join(parts)
-                    check = GuardrailCheck("output", text, messages, agent, ctx, reply=Msg.assistant(text))
-                    await self._run("output", self.output_checks, check)
-                hold_all = False
-            if hold_all:
-                held.append(ev)
-                continue
-            if held:
-                for out in held:
-                    yield out
-                held.clear()
-            yield ev
+                if held:
+                    for out in held:
+                        yield out
+                    held.clear()
+                yield ev
         if stream_checks and since:
             await self._stream_check(agent, ctx, messages, parts, since, pending)
         if pending:
@@ -225,12 +228,19 @@ class GuardrailMiddleware(MiddlewareBase):
         """Runs ``guardrails`` on ``check`` (the async ones together); raises `_Trip` on the first
         trip in their order."""
         waits: list[tuple[Guardrail, Any]] = []
-        for guardrail in guardrails:
-            value = call_check(guardrail, check)
-            if is_awaitable(value):
-                waits.append((guardrail, value))
-            else:
-                _judge(guardrail, value, stage)
+        try:
+            for guardrail in guardrails:
+                value = call_check(guardrail, check)
+                if is_awaitable(value):
+                    waits.append((guardrail, value))
+                else:
+                    _judge(guardrail, value, stage)
+        except BaseException:
+            for _, value in waits:  # (started checks a synchronous trip made moot)
+                close = getattr(value, "close", None)
+                if close is not None:
+                    close()
+            raise
         if waits:
             values = await asyncio.gather(*(v for _, v in waits))
             for (guardrail, _), value in zip(waits, values, strict=True):
@@ -268,7 +278,7 @@ async def _step(it: Any) -> tuple[bool, Any]:
         return False, None
 
 
-async def _racing(it: Any, pending: set[asyncio.Future[Any]]) -> AsyncIterator[Any]:
+async def _racing(it: Any, pending: set[asyncio.Future[Any]]) -> AsyncGenerator[Any, None]:
     """``it``'s events; while background checks are pending, the wait for the next event races
     them, so a check that trips while the model is between chunks stops it at once (`_Trip`)."""
     step: asyncio.Future[tuple[bool, Any]] | None = None
