@@ -1,4 +1,5 @@
-"""The demo agent: two real tools, two middleware, and an offline scripted model.
+"""The demo agent: two real tools, two middleware (timing, and e-mail redaction by the built-in
+`PIIRedactionMiddleware`), and an offline scripted model.
 
 ``build_demo_agent()`` runs offline on a `ScriptedModel` that plans like a real model would (it
 reads the request: a question first gets tool calls, tool results then get an answer);
@@ -16,15 +17,16 @@ from datetime import UTC, datetime
 from typing import Any
 
 from .agent.react import ReActAgent
-from .events import AgentEvent, Custom, TextBlockDelta, TextBlockEnd
+from .events import AgentEvent, Custom
 from .message import ChatUsage, Msg, ToolUseBlock, new_id
 from .middleware.base import ActingInput, MiddlewareBase, ModelCallInput, Next
+from .middleware.pii import PIIRedactionMiddleware
 from .model.base import ChatModel, ModelRequest
 from .model.scripted import ModelStep, ScriptedModel
 from .stream import EventStream
 from .tool.toolkit import Toolkit, tool
 
-__all__ = ["RedactEmailsMiddleware", "TimingMiddleware", "build_demo_agent", "demo_model"]
+__all__ = ["TimingMiddleware", "build_demo_agent", "demo_model", "redaction"]
 
 _OPS: dict[type, Callable[..., Any]] = {
     ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
@@ -91,36 +93,11 @@ class TimingMiddleware(MiddlewareBase):
         return EventStream.defer(subscribe)
 
 
-_EMAIL = re.compile(r"[\w.+-]+@[\w-]+\.[\w.]+")
-
-
-class RedactEmailsMiddleware(MiddlewareBase):
-    """Redacts with a stream operator: e-mail addresses in streamed text become ``[email]``. An
-    address can straddle deltas, so the tail after the last space is held back until the next
-    delta or the end of the block. It sits on the model-call chain, so what callers see, what the
-    result holds and what memory keeps (the model's next input) are all redacted."""
-
-    def on_model_call(self, agent: Any, ctx: Any, input: ModelCallInput, next: Next) -> Any:
-        def subscribe() -> EventStream[Any]:
-            held: dict[str, str] = {}  # per subscription: block id -> text not yet released
-
-            def rewrite(event: Any) -> tuple[Any, ...]:
-                if type(event) is TextBlockDelta:
-                    text = held.pop(event.block_id, "") + event.delta
-                    cut = max(text.rfind(" "), text.rfind("\n")) + 1
-                    if cut < len(text):
-                        held[event.block_id] = text[cut:]
-                    if not cut:
-                        return ()
-                    return (event.model_copy(update={"delta": _EMAIL.sub("[email]", text[:cut])}),)
-                if type(event) is TextBlockEnd and event.block_id in held:
-                    rest = _EMAIL.sub("[email]", held.pop(event.block_id))
-                    return (TextBlockDelta(reply_id=event.reply_id, block_id=event.block_id, delta=rest), event)
-                return (event,)
-
-            return next(input).concat_map(rewrite)
-
-        return EventStream.defer(subscribe)
+def redaction() -> PIIRedactionMiddleware:
+    """The demo's redaction: e-mail addresses in what the model streams become ``[email]`` — for
+    callers, the result and memory alike (it sits on the model-call chain), caught even when an
+    address straddles deltas (`PIIRedactionMiddleware`'s look-back buffer)."""
+    return PIIRedactionMiddleware("email", replacement="[{name}]", apply_to_input=False, apply_to_tool_results=False)
 
 
 def _plan(request: ModelRequest, delay: float) -> ModelStep:
@@ -156,7 +133,7 @@ def build_demo_agent(model: ChatModel | str | None = None, *, delay: float = 0.0
                     "current_time for the date; then answer briefly.")
         .model(model if model is not None else demo_model(delay), **model_kwargs)
         .toolkit(toolkit)
-        .middlewares([TimingMiddleware(), RedactEmailsMiddleware()])
+        .middlewares([TimingMiddleware(), redaction()])
         .max_iters(6)
         .build()
     )

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Annotated, Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
@@ -43,6 +43,7 @@ __all__ = [
     "ExceedMaxIters",
     "ExternalExecutionResult",
     "GenerateReason",
+    "GuardrailTripped",
     "HintBlock",
     "MiddlewareCompleted",
     "MiddlewareStarted",
@@ -397,3 +398,24 @@ def parse_event(data: str | bytes | dict[str, Any]) -> AgentEvent:
         return _adapter.validate_python(data)
     return _adapter.validate_json(data)
 
+
+# -- issue 18 (safety while streaming): appended in isolation; the integrator may fold the class
+# into the catalogue above and drop the rebinding below.
+
+
+class GuardrailTripped(EventBase):
+    """A guardrail stopped the run (`GuardrailMiddleware`, `PIIRedactionMiddleware`'s ``block``):
+    ``guardrail`` names the check, ``reason`` says why. The exception of the same name
+    (`agentscope_py.errors.GuardrailTripped`) is what a run that ends in error raises; this event
+    is what the caller's stream carries either way."""
+
+    type: Literal["guardrail_tripped"] = "guardrail_tripped"
+    guardrail: str
+    reason: str
+    stage: str | None = None
+    """``"input"``, ``"stream"`` or ``"output"`` for `GuardrailMiddleware`'s checks."""
+
+
+if not TYPE_CHECKING:  # (statically the union above; at run time it includes the appended events)
+    AgentEvent = Annotated[get_args(AgentEvent)[0] | GuardrailTripped, Field(discriminator="type")]
+    _adapter = TypeAdapter(AgentEvent)

@@ -19,7 +19,7 @@ def test_demo_renders_tool_calls_results_and_the_answer() -> None:
     out = proc.stdout
     assert "⚙ calculate" in out and "↳ calculate: (17 + 4) * 2 = 42" in out
     assert "⏱ model demo-model" in out and "Final answer" in out and "(model_stop" in out
-    assert "[email]" in out  # the operator-based middleware rewrote what callers see
+    assert "[email]" in out and "demo@example.com" not in out  # PIIRedactionMiddleware rewrote what callers see
 
 
 def test_demo_json_prints_one_event_per_line() -> None:
@@ -30,6 +30,25 @@ def test_demo_json_prints_one_event_per_line() -> None:
     results = [e.delta for e in events if e.type == "tool_result_text_delta"]
     assert "6*7 = 42" in results
     assert any(e.type == "custom" and e.name == "timing" for e in events)
+
+
+def test_demo_json_never_carries_the_address_in_any_delta() -> None:
+    proc = run("demo", "--json", "What is 6*7?")
+    assert proc.returncode == 0, proc.stderr
+    events = [parse_event(line) for line in proc.stdout.splitlines()]
+    deltas = [e.delta for e in events if e.type == "text_block_delta"]
+    assert "[email]" in "".join(deltas)
+    assert not any(part in d for d in deltas for part in ("demo@", "@example", "example.com"))
+
+
+async def test_the_demo_redacts_with_the_built_in_middleware() -> None:
+    from agentscope_py.demo import build_demo_agent
+    from agentscope_py.middleware import ExtensionPoint, PIIRedactionMiddleware
+
+    agent = build_demo_agent()
+    assert any(isinstance(m, PIIRedactionMiddleware) for m in agent.middlewares_at(ExtensionPoint.ON_MODEL_CALL))
+    text = (await agent.call("What is 17 * 23?")).text
+    assert "[email]" in text and "demo@example.com" not in text
 
 
 def test_unknown_model_id_is_a_clear_error() -> None:

@@ -9,13 +9,18 @@
   per execution (``runs()``, ``last_run()``).
 
 Both are plain counters for one event loop; read them between or after runs.
+
+* `DynamicPromptMiddleware(fn)` is the dynamic system prompt as a ready middleware: ``fn(agent,
+  ctx, prompt)`` (sync or ``async``) returns the system prompt of this call (``""``: none), at
+  ``on_system_prompt``, once per call.
 """
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -36,7 +41,7 @@ if TYPE_CHECKING:
     from .._state import AgentState
     from ..agent.react import ReActAgent
 
-__all__ = ["LoggingMiddleware", "RunUsage", "UsageAccountingMiddleware"]
+__all__ = ["DynamicPromptMiddleware", "LoggingMiddleware", "RunUsage", "UsageAccountingMiddleware"]
 
 _log = logging.getLogger(__name__)
 
@@ -189,3 +194,28 @@ class UsageAccountingMiddleware(MiddlewareBase):
         run = self._run(reply_id, ctx)
         run.usage = run.usage + usage
         run.model_calls += 1
+
+
+PromptFn = Callable[["ReActAgent", "RuntimeContext", str], "str | Awaitable[str]"]
+
+
+class DynamicPromptMiddleware(MiddlewareBase):
+    """The system prompt computed per call: ``fn(agent, ctx, prompt) -> str`` (or an awaitable of
+    it), given the prompt so far (the builder's ``sys_prompt``, as earlier middleware left it)."""
+
+    def __init__(self, fn: PromptFn) -> None:
+        if not callable(fn):
+            raise TypeError(f"DynamicPromptMiddleware needs a function fn(agent, ctx, prompt) -> str, not {fn!r}")
+        self.fn = fn
+
+    def active_points(self) -> frozenset[ExtensionPoint]:
+        return frozenset({ExtensionPoint.ON_SYSTEM_PROMPT})
+
+    async def on_system_prompt(self, agent: ReActAgent, ctx: RuntimeContext, prompt: str) -> str:
+        value = self.fn(agent, ctx, prompt)
+        if inspect.isawaitable(value):
+            value = await value
+        if not isinstance(value, str):
+            raise TypeError(f"DynamicPromptMiddleware: {getattr(self.fn, '__name__', self.fn)!r} returned "
+                            f"{type(value).__name__}, not the prompt (a str; \"\" for none)")
+        return value

@@ -1,0 +1,45 @@
+"""The brackets one middleware layer let out, so it can close them itself when it ends a model
+call early (a guardrail that trips mid-stream): the caller's stream stays balanced and the
+``ModelCallEnd`` says why. The Ends are made as the runtime's closing guarantee makes them
+(`agent._brackets`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..agent._brackets import _CLOSES, _IDS, OPENS, _end
+from ..events import ModelCallStart, ToolResultStart
+
+__all__ = ["OpenBrackets"]
+
+
+class OpenBrackets:
+    """Starts seen (top-level events only) without their End, in order; tool results excluded
+    (a model-call layer sees none)."""
+
+    __slots__ = ("open", "reply_id")
+
+    def __init__(self) -> None:
+        self.open: dict[tuple[str, str], Any] = {}
+        self.reply_id: str | None = None
+
+    def see(self, ev: Any) -> None:
+        cls = type(ev)
+        ident = _IDS.get(cls)
+        if ident is None or ev.__dict__.get("source") is not None:
+            return
+        key = (OPENS.get(cls) or _CLOSES[cls], ev.__dict__[ident])
+        if cls in OPENS:
+            if cls is not ToolResultStart:
+                self.open[key] = ev
+            if cls is ModelCallStart:
+                self.reply_id = ev.reply_id
+        else:
+            self.open.pop(key, None)
+
+    def close(self, why: str, *, discarded: bool) -> list[Any]:
+        """The Ends of what is open, innermost first (the model call's says ``why``)."""
+        out = [_end(start, why, discarded, False) for start in reversed(self.open.values())]
+        self.open.clear()
+        return out
+

@@ -1,0 +1,201 @@
+"""`AuditLogMiddleware`: one JSON line per model call and per tool call, to a file or a logger.
+
+A model-call line::
+
+    {"event": "model_call", "ts": 1764590000.12, "agent": "assistant", "user_id": "u",
+     "session_id": "s", "reply_id": "reply_…", "model": "gpt-4o-mini", "state": "success",
+     "error": null, "finish_reason": "stop", "tool_calls": ["search"],
+     "usage": {"input_tokens": 12, "output_tokens": 30, …}, "duration_ms": 412.3}
+
+A tool-call line: ``"event": "tool_call"``, ``tool``, ``tool_call_id``, ``arguments``, ``state``
+(``success``, ``error``, ``denied``, ``interrupted``), ``duration_ms`` (from the result's start to
+its end). ``state`` of a model call: ``success``, ``error`` (``error`` says what), or
+``cut_short`` (the stream was closed before the call ended). With ``include_content=True`` the
+lines also carry the content: ``messages`` and ``reply`` (model calls), ``output`` (tool calls);
+``include_arguments=False`` leaves tool arguments out.
+
+Sinks: a path (appended to, one line per record, flushed), a `logging.Logger` (INFO), or any
+callable taking the record dict. The audit log **never raises into the run**: a failing sink is
+reported once per sink on the ``agentscope_py.middleware.audit`` logger and the run goes on.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..agent._reply import ReplyBuilder, ToolResultCollector
+from ..events import ModelCallEnd, ModelCallStart, ToolResultEnd, ToolResultStart
+from ..stream import EventStream, aclose
+from .base import ActingInput, ExtensionPoint, MiddlewareBase, ModelCallInput, Next
+
+if TYPE_CHECKING:
+    from .._context import RuntimeContext
+    from ..agent.react import ReActAgent
+
+__all__ = ["AuditLogMiddleware"]
+
+_log = logging.getLogger(__name__)
+Sink = str | os.PathLike[str] | logging.Logger | Callable[[dict[str, Any]], Any]
+
+
+class AuditLogMiddleware(MiddlewareBase):
+    """Writes the audit trail of every model and tool call (module docstring)."""
+
+    def __init__(
+        self,
+        sink: Sink,
+        *,
+        include_content: bool = False,
+        include_arguments: bool = True,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        if isinstance(sink, str | os.PathLike):
+            path = Path(sink)
+            if path.is_dir():
+                raise ValueError(f"sink {str(path)!r} is a directory: give a file path (lines are appended to it)")
+            self._write: Callable[[dict[str, Any]], Any] = _FileSink(path)
+        elif isinstance(sink, logging.Logger):
+            logger = sink
+            self._write = lambda record: logger.info(json.dumps(record, default=str))
+        elif callable(sink):
+            self._write = sink
+        else:
+            raise TypeError(f"sink must be a file path, a logging.Logger or a callable, not {type(sink).__name__}")
+        self.sink = sink
+        self.include_content = include_content
+        self.include_arguments = include_arguments
+        self.clock = clock
+        self._warned = False
+
+    def order(self) -> int:
+        return 900  # outside most built-ins: a retried call is audited per attempt anyway (one end each)
+
+    def active_points(self) -> frozenset[ExtensionPoint]:
+        return frozenset({ExtensionPoint.ON_MODEL_CALL, ExtensionPoint.ON_ACTING})
+
+    def _emit(self, record: dict[str, Any]) -> None:
+        try:
+            self._write(record)
+        except Exception:
+            if not self._warned:  # (once: a broken sink must not flood the log either)
+                self._warned = True
+                _log.warning("audit sink %r failed; audit records are being dropped", self.sink, exc_info=True)
+
+    def _base(self, kind: str, agent: ReActAgent, ctx: RuntimeContext) -> dict[str, Any]:
+        return {"event": kind, "ts": self.clock(), "agent": agent.name, "user_id": ctx.user_id,
+                "session_id": ctx.session_id, "reply_id": ctx.reply_id}
+
+    # -- model calls -----------------------------------------------------------------------------
+
+    def on_model_call(self, agent: ReActAgent, ctx: RuntimeContext, input: ModelCallInput, next: Next) -> Any:
+        return EventStream(lambda: self._model(agent, ctx, input, next))
+
+    async def _model(self, agent: ReActAgent, ctx: RuntimeContext, input: ModelCallInput, next: Next
+                     ) -> AsyncIterator[Any]:
+        started = time.perf_counter()
+        builder = ReplyBuilder()
+        model: str = getattr(input.model, "name", type(input.model).__name__)
+        open_call = False
+        it: Any = next(input).__aiter__()
+        try:
+            async for ev in it:
+                if ev.source is None:
+                    cls = type(ev)
+                    builder.add(ev)
+                    if cls is ModelCallStart:
+                        open_call, model = True, ev.model
+                    elif cls is ModelCallEnd:
+                        open_call = False
+                        self._emit(self._model_record(agent, ctx, input, model, builder, ev, started))
+                        started = time.perf_counter()  # (a retry inside starts its own clock)
+                yield ev
+        finally:
+            await aclose(it)
+            if open_call:
+                self._emit(self._model_record(agent, ctx, input, model, builder, None, started))
+
+    def _model_record(self, agent: ReActAgent, ctx: RuntimeContext, input: ModelCallInput, model: str,
+                      builder: ReplyBuilder, end: ModelCallEnd | None, started: float) -> dict[str, Any]:
+        record = self._base("model_call", agent, ctx)
+        try:
+            reply = builder.build(end.reply_id if end is not None else "", agent.name)
+        except Exception:  # (a broken delta is the runtime's to report, not the audit's)
+            reply = None
+        record.update({
+            "model": model,
+            "state": "cut_short" if end is None else ("error" if end.error else "success"),
+            "error": None if end is None else end.error,
+            "finish_reason": None if end is None else end.finish_reason,
+            "tool_calls": [] if reply is None else [c.name for c in reply.tool_calls],
+            "usage": None if end is None or end.usage is None else end.usage.model_dump(),
+            "duration_ms": round((time.perf_counter() - started) * 1000, 3),
+        })
+        if self.include_content:
+            record["messages"] = [m.model_dump(mode="json") for m in input.messages]
+            record["reply"] = None if reply is None else reply.model_dump(mode="json")
+        return record
+
+    # -- tool calls ------------------------------------------------------------------------------
+
+    def on_acting(self, agent: ReActAgent, ctx: RuntimeContext, input: ActingInput, next: Next) -> Any:
+        return EventStream(lambda: self._acting(agent, ctx, input, next))
+
+    async def _acting(self, agent: ReActAgent, ctx: RuntimeContext, input: ActingInput, next: Next
+                      ) -> AsyncIterator[Any]:
+        calls = {c.id: c for c in input.tool_calls}
+        starts: dict[str, float] = {}
+        collector = ToolResultCollector()
+        batch = time.perf_counter()
+        it: Any = next(input).__aiter__()
+        try:
+            async for ev in it:
+                if ev.source is None:
+                    cls = type(ev)
+                    collector.add(ev)
+                    if cls is ToolResultStart:
+                        starts[ev.tool_call_id] = time.perf_counter()
+                    elif cls is ToolResultEnd:
+                        began = starts.pop(ev.tool_call_id, batch)
+                        record = self._base("tool_call", agent, ctx)
+                        call = calls.get(ev.tool_call_id)
+                        record.update({"tool": ev.tool_name, "tool_call_id": ev.tool_call_id,
+                                       "state": str(ev.state.value),
+                                       "duration_ms": round((time.perf_counter() - began) * 1000, 3)})
+                        if self.include_arguments:
+                            record["arguments"] = None if call is None else call.input
+                        if self.include_content:
+                            result = collector.results.get(ev.tool_call_id)
+                            record["output"] = None if result is None else result.text
+                        self._emit(record)
+                yield ev
+        finally:
+            await aclose(it)
+
+
+class _FileSink:
+    """Appends one JSON line per record; the file is opened on first use and kept open. A lock
+    keeps lines whole when agents in several threads share the sink."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._file: Any = None
+        self._lock = threading.Lock()
+
+    def __call__(self, record: dict[str, Any]) -> None:
+        line = json.dumps(record, default=str, ensure_ascii=False) + "\n"
+        with self._lock:
+            if self._file is None:
+                self._file = self.path.open("a", encoding="utf-8")
+            self._file.write(line)
+            self._file.flush()
+
+    def __del__(self) -> None:
+        if self._file is not None:
+            self._file.close()

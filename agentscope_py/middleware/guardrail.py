@@ -1,0 +1,323 @@
+"""`GuardrailMiddleware`: input, streaming and final output checks with a tripwire (``on_model_call``).
+
+* **input** checks see the call's input messages before the model is first called (the input is
+  captured at ``on_agent_state_ready``): a trip means the model is never called.
+* **stream** checks run while the reply streams: once at least ``stream_every`` new characters of
+  text arrived (and at the end of the reply), on the text so far or its last ``stream_window``
+  characters. A synchronous check runs before the delta that triggered it is released.
+* **output** checks see the whole reply (``GuardrailCheck.reply``) before its ``ModelCallEnd``
+  is let through.
+
+``blocking=True``: nothing reaches the caller before the checks covering it passed — deltas are
+held until the stream check after them passes (async checks are awaited), and with output checks
+the whole reply is held until they pass. ``blocking=False`` (default): deltas go out at once and
+async stream checks run beside the stream; a trip is acted on as soon as the check answers (the
+wait for the model's next chunk races the pending checks), but the deltas that arrived while the
+check was running have gone out.
+
+A trip (a check answered a reason): the model request is closed at once (its stream is closed,
+so a provider's HTTP request ends), every block this layer let out is closed, the model call ends
+with ``ModelCallEnd(error="GuardrailTripped: …")``, an optional ``refusal`` text block follows,
+then the `GuardrailTripped` **event** (``guardrail``, ``reason``, ``stage``). Then, by
+``exit_behavior``: ``"end"`` emits ``RequestStop`` (the run ends with MIDDLEWARE_STOP_REQUESTED,
+its reason saying which guardrail tripped) or ``"error"`` raises the `GuardrailTripped`
+**exception** (`agentscope_py.errors`, a `MiddlewareTermination`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from typing import TYPE_CHECKING, Any, Literal
+
+from ..errors import GuardrailTripped
+from ..events import GuardrailTripped as GuardrailTrippedEvent
+from ..events import (
+    ModelCallEnd,
+    RequestStop,
+    TextBlockDelta,
+    TextBlockEnd,
+    TextBlockStart,
+)
+from ..message import Msg, new_id
+from ..stream import EventStream, aclose
+from ._brackets_local import OpenBrackets
+from .base import ExtensionPoint, MiddlewareBase, ModelCallInput, Next
+from .guardrail_checks import (
+    Guardrail,
+    GuardrailCheck,
+    GuardrailResult,
+    Stage,
+    as_guardrails,
+    call_check,
+    is_awaitable,
+    verdict_of,
+)
+
+if TYPE_CHECKING:
+    from .._context import RuntimeContext
+    from .._state import AgentState
+    from ..agent.react import ReActAgent
+
+__all__ = ["Guardrail", "GuardrailCheck", "GuardrailMiddleware", "GuardrailResult"]
+
+
+class _Trip(Exception):
+    def __init__(self, guardrail: str, reason: str, stage: Stage) -> None:
+        super().__init__(reason)
+        self.guardrail, self.reason, self.stage = guardrail, reason, stage
+
+
+class GuardrailMiddleware(MiddlewareBase):
+    """Checks input, streamed output and whole replies; a trip ends the run (module docstring).
+
+    ``input`` / ``stream`` / ``output``: a check, a `Guardrail`, or a sequence of them."""
+
+    def __init__(
+        self,
+        *,
+        input: Any = None,
+        stream: Any = None,
+        output: Any = None,
+        stream_window: int | None = None,
+        stream_every: int = 1,
+        blocking: bool = False,
+        exit_behavior: Literal["end", "error"] = "end",
+        refusal: str | None = None,
+    ) -> None:
+        self.input_checks = as_guardrails(input, "input")
+        self.stream_checks = as_guardrails(stream, "stream")
+        self.output_checks = as_guardrails(output, "output")
+        if not (self.input_checks or self.stream_checks or self.output_checks):
+            raise ValueError("GuardrailMiddleware needs at least one check: input=, stream= or output=")
+        if stream_window is not None and (isinstance(stream_window, bool) or not isinstance(stream_window, int)
+                                          or stream_window < 1):
+            raise ValueError(f"stream_window must be an int >= 1 (characters) or None, not {stream_window!r}")
+        if isinstance(stream_every, bool) or not isinstance(stream_every, int) or stream_every < 1:
+            raise ValueError(f"stream_every must be an int >= 1 (characters), not {stream_every!r}")
+        if exit_behavior not in ("end", "error"):
+            raise ValueError(f"exit_behavior must be 'end' or 'error', not {exit_behavior!r}")
+        if refusal is not None and not isinstance(refusal, str):
+            raise TypeError("refusal must be a str (the reply's text after a trip) or None")
+        self.stream_window = stream_window
+        self.stream_every = stream_every
+        self.blocking = blocking
+        self.exit_behavior = exit_behavior
+        self.refusal = refusal
+        self._input_key = object()  # ctx: the input messages still to check (once per execution)
+
+    def active_points(self) -> frozenset[ExtensionPoint]:
+        points = {ExtensionPoint.ON_MODEL_CALL}
+        if self.input_checks:
+            points.add(ExtensionPoint.ON_AGENT_STATE_READY)
+        return frozenset(points)
+
+    def on_agent_state_ready(
+        self, agent: ReActAgent, ctx: RuntimeContext, state: AgentState, input_messages: list[Msg]
+    ) -> None:
+        ctx.put(self._input_key, tuple(input_messages))
+
+    def on_model_call(self, agent: ReActAgent, ctx: RuntimeContext, input: ModelCallInput, next: Next) -> Any:
+        return EventStream(lambda: self._guard(agent, ctx, input, next))
+
+    # -- the guarded model call ------------------------------------------------------------------
+
+    async def _guard(self, agent: ReActAgent, ctx: RuntimeContext, input: ModelCallInput, next: Next
+                     ) -> AsyncIterator[Any]:
+        released = OpenBrackets()
+        pending: set[asyncio.Future[Any]] = set()
+        it: Any = None
+        try:
+            try:
+                pending_input = ctx.get(self._input_key)
+                if pending_input:
+                    ctx.put(self._input_key, ())  # the first model call of the execution checks it
+                    text = "\n".join(m.text for m in pending_input)
+                    check = GuardrailCheck("input", text, pending_input, agent, ctx)
+                    await self._run("input", self.input_checks, check)
+                it = next(input).__aiter__()
+                async with contextlib.aclosing(self._checked(agent, ctx, input, it, pending, released)) as checked:
+                    async for out in checked:
+                        released.see(out)
+                        yield out
+            except _Trip as trip:
+                if it is not None:
+                    await aclose(it)  # the model request ends now
+                for ev in self._trip_events(trip, released, ctx):
+                    yield ev
+                if self.exit_behavior == "error":
+                    raise GuardrailTripped(trip.guardrail, trip.reason) from None
+        finally:
+            for task in pending:
+                task.cancel()
+            if it is not None:
+                await aclose(it)
+
+    async def _checked(self, agent: ReActAgent, ctx: RuntimeContext, input: ModelCallInput, it: Any,
+                       pending: set[asyncio.Future[Any]], released: OpenBrackets) -> AsyncGenerator[Any, None]:
+        """The inner events, checked; in blocking mode held until the checks covering them passed."""
+        stream_checks, every = self.stream_checks, self.stream_every
+        blocking = self.blocking
+        hold_all = blocking and bool(self.output_checks)  # the whole reply waits for the output check
+        held: list[Any] = []
+        parts: list[str] = []
+        since = 0  # text characters since the last stream check
+        messages = tuple(input.messages)
+        async with contextlib.aclosing(_racing(it, pending)) as events:
+            async for ev in events:
+                cls = type(ev)
+                top = ev.source is None
+                if cls is TextBlockDelta and top:
+                    parts.append(ev.delta)
+                    since += len(ev.delta)
+                    if stream_checks and since >= every:
+                        await self._stream_check(agent, ctx, messages, parts, since, pending)
+                        since = 0
+                    elif blocking:  # unchecked text waits
+                        held.append(ev)
+                        continue
+                elif blocking and since and stream_checks:  # nothing goes out past unchecked text
+                    await self._stream_check(agent, ctx, messages, parts, since, pending)
+                    since = 0
+                if cls is ModelCallEnd and top:
+                    if stream_checks and since:
+                        await self._stream_check(agent, ctx, messages, parts, since, pending)
+                        since = 0
+                    if pending:
+                        await _settle(pending)
+                    if self.output_checks:
+                        text = "".join(parts)
+                        check = GuardrailCheck("output", text, messages, agent, ctx, reply=Msg.assistant(text))
+                        await self._run("output", self.output_checks, check)
+                    hold_all = False
+                if hold_all:
+                    held.append(ev)
+                    continue
+                if held:
+                    for out in held:
+                        yield out
+                    held.clear()
+                yield ev
+        if stream_checks and since:
+            await self._stream_check(agent, ctx, messages, parts, since, pending)
+        if pending:
+            await _settle(pending)
+        for out in held:  # (an inner layer that ended without a ModelCallEnd)
+            yield out
+
+    async def _stream_check(self, agent: ReActAgent, ctx: RuntimeContext, messages: tuple[Msg, ...],
+                            parts: list[str], since: int, pending: set[asyncio.Future[Any]]) -> None:
+        window = self.stream_window
+        text = "".join(parts)
+        if len(parts) > 1:
+            parts[:] = [text]
+        seen = text if window is None else text[-window:]
+        check = GuardrailCheck("stream", seen, messages, agent, ctx, delta=text[-since:])
+        if self.blocking:
+            await self._run("stream", self.stream_checks, check)
+            return
+        for guardrail in self.stream_checks:
+            value = call_check(guardrail, check)
+            if is_awaitable(value):
+                pending.add(asyncio.ensure_future(_judged(guardrail, value)))
+            else:
+                _judge(guardrail, value, "stream")
+
+    async def _run(self, stage: Stage, guardrails: Sequence[Guardrail], check: GuardrailCheck) -> None:
+        """Runs ``guardrails`` on ``check`` (the async ones together); raises `_Trip` on the first
+        trip in their order."""
+        waits: list[tuple[Guardrail, Any]] = []
+        try:
+            for guardrail in guardrails:
+                value = call_check(guardrail, check)
+                if is_awaitable(value):
+                    waits.append((guardrail, value))
+                else:
+                    _judge(guardrail, value, stage)
+        except BaseException:
+            for _, value in waits:  # (started checks a synchronous trip made moot)
+                close = getattr(value, "close", None)
+                if close is not None:
+                    close()
+            raise
+        if waits:
+            values = await asyncio.gather(*(v for _, v in waits))
+            for (guardrail, _), value in zip(waits, values, strict=True):
+                _judge(guardrail, value, stage)
+
+    def _trip_events(self, trip: _Trip, released: OpenBrackets, ctx: RuntimeContext) -> list[Any]:
+        why = f"GuardrailTripped: guardrail {trip.guardrail} tripped: {trip.reason}"
+        events = released.close(why, discarded=self.exit_behavior == "error")
+        if self.refusal:
+            reply_id = released.reply_id or ctx.reply_id or ""
+            block = new_id("blk_")
+            events += [TextBlockStart(reply_id=reply_id, block_id=block),
+                       TextBlockDelta(reply_id=reply_id, block_id=block, delta=self.refusal),
+                       TextBlockEnd(reply_id=reply_id, block_id=block)]
+        events.append(GuardrailTrippedEvent(guardrail=trip.guardrail, reason=trip.reason, stage=trip.stage))
+        if self.exit_behavior == "end":
+            events.append(RequestStop(reason=f"guardrail {trip.guardrail} tripped: {trip.reason}"))
+        return events
+
+
+def _judge(guardrail: Guardrail, value: Any, stage: Stage) -> None:
+    reason = verdict_of(guardrail, value)
+    if reason is not None:
+        raise _Trip(guardrail.name, reason, stage)
+
+
+async def _judged(guardrail: Guardrail, value: Any) -> None:
+    _judge(guardrail, await value, "stream")
+
+
+async def _step(it: Any) -> tuple[bool, Any]:
+    try:
+        return True, await it.__anext__()
+    except StopAsyncIteration:
+        return False, None
+
+
+async def _racing(it: Any, pending: set[asyncio.Future[Any]]) -> AsyncGenerator[Any, None]:
+    """``it``'s events; while background checks are pending, the wait for the next event races
+    them, so a check that trips while the model is between chunks stops it at once (`_Trip`)."""
+    step: asyncio.Future[tuple[bool, Any]] | None = None
+    try:
+        while True:
+            if not pending:
+                more, ev = await _step(it) if step is None else await step
+                step = None
+            else:
+                if step is None:
+                    step = asyncio.ensure_future(_step(it))
+                await asyncio.wait({step, *pending}, return_when=asyncio.FIRST_COMPLETED)
+                _raise_finished(pending)  # a trip (or a failed check) wins over the event
+                if not step.done():
+                    continue
+                more, ev = step.result()
+                step = None
+            if not more:
+                return
+            yield ev
+    finally:
+        if step is not None and not step.done():
+            step.cancel()  # (the inner stream is closed by the caller once this returns)
+            await asyncio.gather(step, return_exceptions=True)
+
+
+def _raise_finished(pending: set[asyncio.Future[Any]]) -> None:
+    for task in [t for t in pending if t.done()]:
+        pending.discard(task)
+        task.result()  # a trip (or the check's own error) surfaces here
+
+
+async def _settle(pending: set[asyncio.Future[Any]]) -> None:
+    """Waits for the background checks; the first trip (or failure) cancels the others."""
+    try:
+        while pending:
+            task = pending.pop()
+            await task
+    finally:
+        for task in pending:
+            task.cancel()
+        pending.clear()

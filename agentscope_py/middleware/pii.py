@@ -1,0 +1,249 @@
+"""`PIIRedactionMiddleware`: e-mail addresses, phone numbers, card numbers, IPs, URLs and your own
+patterns redacted, masked, hashed or blocked — in the input, in the model's output *while it
+streams*, and in tool results.
+
+Where it acts (each switchable):
+
+* ``apply_to_input`` (``on_agent_state_ready``): the call's input messages, before they enter
+  memory, so neither memory nor the model ever holds the original.
+* ``apply_to_output`` (``on_model_call``): text and thinking deltas, through a look-back buffer
+  per block (`pii_detectors.StreamRedactor`): a match split across deltas (``"ada@exa"`` +
+  ``"mple.com"``) is caught before any of it goes out; text is released as soon as it cannot be
+  part of a match, and the block's End flushes the rest. At ``on_model_call`` the rewrite reaches
+  memory, the result and the caller alike (DESIGN §4).
+* ``apply_to_tool_results`` (``on_acting``): tool output deltas, the same way per tool call; the
+  remembered result (what the model sees next) is the redacted one.
+
+``block`` raises `GuardrailTripped` (``guardrail="pii:<kind>"``) before anything of the match is
+emitted; in a stream a `GuardrailTripped` event goes out first. Tool-call arguments are left
+alone (a tool needs the real address to send the mail).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from ..errors import GuardrailTripped
+from ..events import GuardrailTripped as GuardrailTrippedEvent
+from ..events import ModelCallEnd, TextBlockDelta, ThinkingBlockDelta, ToolResultEnd, ToolResultTextDelta
+from ..message import Msg, TextBlock
+from ..stream import EventStream, aclose
+from .base import ActingInput, ExtensionPoint, MiddlewareBase, ModelCallInput, Next
+from .pii_detectors import BUILTIN_DETECTORS, STRATEGIES, PIIDetector, PIIMatch, Redactor, Strategy, StreamRedactor
+
+if TYPE_CHECKING:
+    from .._context import RuntimeContext
+    from .._state import AgentState
+    from ..agent.react import ReActAgent
+
+__all__ = ["PIIDetector", "PIIRedactionMiddleware"]
+
+_DELTAS = (TextBlockDelta, ThinkingBlockDelta)
+_ENDS = frozenset({"text_block_end", "thinking_block_end"})
+
+
+def _blocked(match: PIIMatch) -> GuardrailTripped:
+    return GuardrailTripped(f"pii:{match.kind}", f"{match.kind} detected; the block strategy refuses it")
+
+
+class PIIRedactionMiddleware(MiddlewareBase):
+    """Detects PII and applies a strategy to it.
+
+    ``pii_types``: built-in kinds (``"email"``, ``"credit_card"``, ``"url"``, ``"ip"``,
+    ``"phone"``; default: all) and/or `PIIDetector`\\ s. ``custom``: more detectors by name, each a
+    regex string (or compiled pattern), a callable ``fn(text) -> [(start, end), ...]`` or a
+    `PIIDetector`. ``strategy``: one for all kinds, or a mapping kind -> strategy (kinds not named
+    get ``"redact"``): ``redact`` (``[REDACTED_EMAIL]``; ``replacement`` is the template:
+    ``{kind}`` the kind upper-cased, ``{name}`` as it is),
+    ``mask`` (``a***@example.com``, ``**** **** **** 1111``), ``hash`` (``<email_hash:1a2b3c4d>``,
+    the same value gives the same hash) or ``block`` (`GuardrailTripped`). ``max_hold``: the most
+    characters the streaming buffer holds back before it releases what it has."""
+
+    def __init__(
+        self,
+        *pii_types: str | PIIDetector,
+        custom: Mapping[str, Any] | None = None,
+        strategy: Strategy | Mapping[str, Strategy] = "redact",
+        apply_to_input: bool = True,
+        apply_to_output: bool = True,
+        apply_to_tool_results: bool = True,
+        replacement: str = "[REDACTED_{kind}]",
+        max_hold: int = 4096,
+    ) -> None:
+        detectors = _detectors(pii_types or tuple(BUILTIN_DETECTORS), custom or {})
+        names = [d.name for d in detectors]
+        if len(set(names)) != len(names):
+            raise ValueError(f"PIIRedactionMiddleware: each kind once, got {names}")
+        strategies = _strategies(strategy, names)
+        if not isinstance(replacement, str):
+            raise TypeError("replacement must be a str template such as '[REDACTED_{kind}]'")
+        try:
+            replacement.format(kind="X", name="x")
+        except (KeyError, IndexError, ValueError) as exc:
+            raise ValueError(f"replacement {replacement!r} is not a valid template ({exc}); use {{kind}} or {{name}}"
+                             ) from None
+        if isinstance(max_hold, bool) or not isinstance(max_hold, int) or max_hold < 1:
+            raise ValueError(f"max_hold must be an int >= 1, not {max_hold!r}")
+        self.redactor = Redactor(detectors, strategies, replacement=replacement, on_block=_blocked)
+        self.apply_to_input = apply_to_input
+        self.apply_to_output = apply_to_output
+        self.apply_to_tool_results = apply_to_tool_results
+        self.max_hold = max_hold
+
+    @property
+    def detectors(self) -> tuple[PIIDetector, ...]:
+        return self.redactor.detectors
+
+    def active_points(self) -> frozenset[ExtensionPoint]:
+        points = set()
+        if self.apply_to_input:
+            points.add(ExtensionPoint.ON_AGENT_STATE_READY)
+        if self.apply_to_output:
+            points.add(ExtensionPoint.ON_MODEL_CALL)
+        if self.apply_to_tool_results:
+            points.add(ExtensionPoint.ON_ACTING)
+        return frozenset(points)
+
+    def redact(self, text: str) -> str:
+        """``text`` with every match handled by its strategy (``block`` raises)."""
+        return self.redactor.redact(text)
+
+    def stream_redactor(self) -> StreamRedactor:
+        """A fresh look-back buffer, for redacting a stream of your own."""
+        return StreamRedactor(self.redactor, self.max_hold)
+
+    # -- input -----------------------------------------------------------------------------------
+
+    def on_agent_state_ready(
+        self, agent: ReActAgent, ctx: RuntimeContext, state: AgentState, input_messages: list[Msg]
+    ) -> None:
+        for i, msg in enumerate(input_messages):
+            input_messages[i] = self.redact_msg(msg)
+
+    def redact_msg(self, msg: Msg) -> Msg:
+        """``msg`` with its text blocks redacted (the same object when nothing changed)."""
+        changed = False
+        content: list[Any] = []
+        for block in msg.content:
+            if isinstance(block, TextBlock):
+                text = self.redact(block.text)
+                if text != block.text:
+                    block, changed = block.model_copy(update={"text": text}), True
+            content.append(block)
+        return msg.model_copy(update={"content": content}) if changed else msg
+
+    # -- output and tool results -----------------------------------------------------------------
+
+    def on_model_call(self, agent: ReActAgent, ctx: RuntimeContext, input: ModelCallInput, next: Next) -> Any:
+        inner = next(input)
+        return EventStream(lambda: self._rewrite(inner, _DELTAS, _ENDS, "block_id"))
+
+    def on_acting(self, agent: ReActAgent, ctx: RuntimeContext, input: ActingInput, next: Next) -> Any:
+        inner = next(input)
+        return EventStream(lambda: self._rewrite(inner, (ToolResultTextDelta,), {"tool_result_end"}, "tool_call_id"))
+
+    async def _rewrite(
+        self, inner: EventStream[Any], deltas: tuple[type[Any], ...], ends: Iterable[str], key: str
+    ) -> AsyncIterator[Any]:
+        buffers: dict[str, tuple[StreamRedactor, Any]] = {}  # block/call id -> (buffer, last delta)
+        # A model block that ended with text held back: whether that text goes out depends on the
+        # next event. A failed call ends its blocks, then says so in its ModelCallEnd: the tail of
+        # a failed attempt may be the start of an address cut off mid-way, and is dropped.
+        pending: tuple[tuple[StreamRedactor, Any], Any] | None = None
+        it = inner.__aiter__()
+        try:
+            async for event in it:
+                if pending is not None:
+                    ended, end = pending
+                    pending = None
+                    if not (type(event) is ModelCallEnd and event.error):
+                        async for out in self._flush(ended):
+                            yield out
+                    yield end
+                cls = type(event)
+                if cls in deltas and event.source is None:
+                    ident = getattr(event, key)
+                    known = buffers.get(ident)
+                    buffer = known[0] if known is not None else self.stream_redactor()
+                    buffers[ident] = (buffer, event)
+                    try:
+                        text = buffer.feed(event.delta)
+                    except GuardrailTripped as trip:
+                        yield GuardrailTrippedEvent(guardrail=trip.guardrail, reason=trip.reason)
+                        raise
+                    if text:
+                        yield event.model_copy(update={"delta": text})
+                    continue
+                if event.type in ends and event.source is None:
+                    done = buffers.pop(getattr(event, key), None)
+                    if done is not None and done[0].held:
+                        if cls is ToolResultEnd:
+                            async for out in self._flush(done):
+                                yield out
+                        else:
+                            pending = (done, event)
+                            continue
+                yield event
+        except Exception:
+            if pending is not None:
+                yield pending[1]  # (the held tail is dropped: the stream failed)
+            raise
+        finally:
+            await aclose(it)
+        if pending is not None:
+            async for out in self._flush(pending[0]):
+                yield out
+            yield pending[1]
+
+    @staticmethod
+    async def _flush(entry: tuple[StreamRedactor, Any]) -> AsyncIterator[Any]:
+        buffer, last = entry
+        try:
+            rest = buffer.flush()
+        except GuardrailTripped as trip:
+            yield GuardrailTrippedEvent(guardrail=trip.guardrail, reason=trip.reason)
+            raise
+        if rest:
+            yield last.model_copy(update={"delta": rest})
+
+
+def _detectors(types: Iterable[str | PIIDetector], custom: Mapping[str, Any]) -> list[PIIDetector]:
+    out: list[PIIDetector] = []
+    for kind in types:
+        if isinstance(kind, PIIDetector):
+            out.append(kind)
+        elif isinstance(kind, str) and kind in BUILTIN_DETECTORS:
+            out.append(BUILTIN_DETECTORS[kind])
+        else:
+            raise ValueError(f"unknown PII type {kind!r}: use one of {sorted(BUILTIN_DETECTORS)}, a PIIDetector, "
+                             "or custom={name: regex | callable}")
+    if not isinstance(custom, Mapping):
+        raise TypeError("custom must be a mapping {name: regex | callable | PIIDetector}")
+    for name, spec in custom.items():
+        if isinstance(spec, PIIDetector):
+            out.append(spec)
+        elif isinstance(spec, str) or hasattr(spec, "finditer"):
+            out.append(PIIDetector(name, pattern=spec))
+        elif callable(spec):
+            out.append(PIIDetector(name, find=spec))
+        else:
+            raise TypeError(f"custom[{name!r}] must be a regex, a callable fn(text) -> spans or a PIIDetector, "
+                            f"not {type(spec).__name__}")
+    return out
+
+
+def _strategies(strategy: Strategy | Mapping[str, Strategy], names: list[str]) -> dict[str, Strategy]:
+    if isinstance(strategy, str):
+        chosen: dict[str, Strategy] = dict.fromkeys(names, strategy)
+    elif isinstance(strategy, Mapping):
+        unknown = set(strategy) - set(names)
+        if unknown:
+            raise ValueError(f"strategy names kinds that are not detected: {sorted(unknown)} (detected: {names})")
+        chosen = {n: strategy.get(n, "redact") for n in names}
+    else:
+        raise TypeError(f"strategy must be one of {STRATEGIES} or a mapping kind -> strategy")
+    for kind, value in chosen.items():
+        if value not in STRATEGIES:
+            raise ValueError(f"strategy for {kind!r} must be one of {STRATEGIES}, not {value!r}")
+    return chosen

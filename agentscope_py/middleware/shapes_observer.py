@@ -1,0 +1,143 @@
+"""`ObserverMiddleware`: seed 001's hooks — read-only notifications beside the call path.
+
+Override any of these (each may be sync or ``async``; an async one is awaited in place, so the
+order of notifications is the order of things):
+
+| hook | when |
+|---|---|
+| ``on_turn_start(agent, ctx, input_messages)`` | an execution starts |
+| ``on_turn_end(agent, ctx, run)`` | it ended (`AgentRun`: the result or error, reason, usage, counters) |
+| ``on_model_start(agent, ctx, request)`` | a model call starts (`ModelCallInput`) |
+| ``on_model_end(agent, ctx, reply, end)`` | it ended: the reply `Msg`, its `ModelCallEnd` (``end.error``: failed) |
+| ``on_tool_start(agent, ctx, call)`` | a tool call of the batch is about to run (`ToolUseBlock`) |
+| ``on_tool_end(agent, ctx, result)`` | its result ended (`ToolResultBlock`) |
+| ``on_event(agent, ctx, event)`` | every event the caller's stream carries (at ``on_agent``) |
+| ``on_error(agent, ctx, error)`` | the run failed (not for cancellation) |
+
+An observer can change nothing: it is given immutable values, what it returns is ignored, and an
+exception it raises is logged (``agentscope_py.middleware.shapes_observer``, with the traceback)
+and swallowed — the run never notices. Use a middleware to influence behaviour; use an observer
+for metrics and logging that must never affect the run.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
+
+from ..agent._reply import ReplyBuilder, ToolResultCollector
+from ..events import ModelCallEnd, ToolResultEnd
+from ..message import Msg, ToolResultBlock, ToolUseBlock
+from ..stream import EventStream, aclose
+from .base import ActingInput, AgentInput, AgentRun, ExtensionPoint, MiddlewareBase, ModelCallInput, Next
+
+if TYPE_CHECKING:
+    from .._context import RuntimeContext
+    from ..agent.react import ReActAgent
+
+__all__ = ["ObserverMiddleware"]
+
+_log = logging.getLogger(__name__)
+_HOOKS = {
+    ExtensionPoint.ON_AGENT: ("on_turn_start", "on_event", "on_error"),
+    ExtensionPoint.ON_AGENT_FINISH: ("on_turn_end",),
+    ExtensionPoint.ON_MODEL_CALL: ("on_model_start", "on_model_end"),
+    ExtensionPoint.ON_ACTING: ("on_tool_start", "on_tool_end"),
+}
+
+
+class ObserverMiddleware(MiddlewareBase):
+    """Read-only notifications (module docstring). Subclass and override what you observe."""
+
+    def order(self) -> int:
+        return 1000  # outermost: an observer sees what the caller sees
+
+    def on_turn_start(self, agent: ReActAgent, ctx: RuntimeContext, input_messages: tuple[Msg, ...]) -> Any: ...
+    def on_turn_end(self, agent: ReActAgent, ctx: RuntimeContext, run: AgentRun) -> Any: ...
+    def on_model_start(self, agent: ReActAgent, ctx: RuntimeContext, request: ModelCallInput) -> Any: ...
+    def on_model_end(self, agent: ReActAgent, ctx: RuntimeContext, reply: Msg, end: ModelCallEnd) -> Any: ...
+    def on_tool_start(self, agent: ReActAgent, ctx: RuntimeContext, call: ToolUseBlock) -> Any: ...
+    def on_tool_end(self, agent: ReActAgent, ctx: RuntimeContext, result: ToolResultBlock) -> Any: ...
+    def on_event(self, agent: ReActAgent, ctx: RuntimeContext, event: Any) -> Any: ...
+    def on_error(self, agent: ReActAgent, ctx: RuntimeContext, error: BaseException) -> Any: ...
+
+    # -- the adapter -----------------------------------------------------------------------------
+
+    def _overrides(self, hook: str) -> bool:
+        return getattr(type(self), hook) is not getattr(ObserverMiddleware, hook)
+
+    def active_points(self) -> frozenset[ExtensionPoint]:
+        return frozenset(p for p, hooks in _HOOKS.items() if any(self._overrides(h) for h in hooks))
+
+    async def _tell(self, hook: str, *args: Any) -> None:
+        try:
+            value = getattr(self, hook)(*args)
+            if inspect.isawaitable(value):
+                await value
+        except Exception:
+            _log.warning("observer %s.%s raised; ignored", self.name, hook, exc_info=True)
+
+    def on_agent(self, agent: ReActAgent, ctx: RuntimeContext, input: AgentInput, next: Next) -> Any:
+        return EventStream(lambda: self._agent(agent, ctx, input, next))
+
+    async def _agent(self, agent: ReActAgent, ctx: RuntimeContext, input: AgentInput, next: Next
+                     ) -> AsyncIterator[Any]:
+        if self._overrides("on_turn_start"):
+            await self._tell("on_turn_start", agent, ctx, tuple(input.msgs))
+        events = self._overrides("on_event")
+        it = next(input).__aiter__()
+        try:
+            async for ev in it:
+                if events:
+                    await self._tell("on_event", agent, ctx, ev)
+                yield ev
+        except Exception as error:
+            if self._overrides("on_error"):
+                await self._tell("on_error", agent, ctx, error)
+            raise
+        finally:
+            await aclose(it)
+
+    async def on_agent_finish(self, agent: ReActAgent, ctx: RuntimeContext, run: AgentRun) -> None:
+        await self._tell("on_turn_end", agent, ctx, run)
+
+    def on_model_call(self, agent: ReActAgent, ctx: RuntimeContext, input: ModelCallInput, next: Next) -> Any:
+        return EventStream(lambda: self._model(agent, ctx, input, next))
+
+    async def _model(self, agent: ReActAgent, ctx: RuntimeContext, input: ModelCallInput, next: Next
+                     ) -> AsyncIterator[Any]:
+        if self._overrides("on_model_start"):
+            await self._tell("on_model_start", agent, ctx, input)
+        builder = ReplyBuilder() if self._overrides("on_model_end") else None
+        it = next(input).__aiter__()
+        try:
+            async for ev in it:
+                if builder is not None and ev.source is None:
+                    builder.add(ev)
+                    if type(ev) is ModelCallEnd:
+                        await self._tell("on_model_end", agent, ctx, builder.build(ev.reply_id, agent.name), ev)
+                yield ev
+        finally:
+            await aclose(it)
+
+    def on_acting(self, agent: ReActAgent, ctx: RuntimeContext, input: ActingInput, next: Next) -> Any:
+        return EventStream(lambda: self._acting(agent, ctx, input, next))
+
+    async def _acting(self, agent: ReActAgent, ctx: RuntimeContext, input: ActingInput, next: Next
+                      ) -> AsyncIterator[Any]:
+        if self._overrides("on_tool_start"):
+            for call in input.tool_calls:
+                await self._tell("on_tool_start", agent, ctx, call)
+        collector = ToolResultCollector() if self._overrides("on_tool_end") else None
+        it = next(input).__aiter__()
+        try:
+            async for ev in it:
+                if collector is not None and ev.source is None:
+                    collector.add(ev)
+                    if type(ev) is ToolResultEnd:
+                        await self._tell("on_tool_end", agent, ctx, collector.results[ev.tool_call_id])
+                yield ev
+        finally:
+            await aclose(it)

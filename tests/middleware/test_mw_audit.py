@@ -1,0 +1,102 @@
+"""AuditLogMiddleware: one JSON line per model and tool call, content only when asked, never raising."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agentscope_py import ChatUsage, ModelStep, ReActAgent, RuntimeContext, ScriptedModel, Toolkit, tool
+from agentscope_py.middleware import AuditLogMiddleware, PIIRedactionMiddleware
+from tests.middleware.safety_helpers import ChunkModel, leave_at_first_delta
+
+
+@tool
+def echo(text: str) -> str:
+    """Echo."""
+    return text
+
+
+def script() -> ScriptedModel:
+    return ScriptedModel([
+        ModelStep.tool_call("echo", {"text": "ada@example.com"}, id="c1", usage=ChatUsage(input_tokens=5, output_tokens=2)),
+        ModelStep.text("done", usage=ChatUsage(input_tokens=9, output_tokens=1)),
+    ], name="m1")
+
+
+def agent_with(*mws: Any) -> ReActAgent:
+    return ReActAgent.builder().name("auditor").model(script()).toolkit(Toolkit([echo])).middlewares(list(mws)).build()
+
+
+async def test_a_line_per_model_call_and_tool_call_to_a_file(tmp_path: Path) -> None:
+    path = tmp_path / "audit.jsonl"
+    agent = agent_with(AuditLogMiddleware(path, clock=lambda: 1000.0))
+    await agent.call("go", ctx=RuntimeContext(user_id="ada", session_id="s1"))
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [line["event"] for line in lines] == ["model_call", "tool_call", "model_call"]
+    first, tool_line, last = lines
+    common = {"ts": 1000.0, "agent": "auditor", "user_id": "ada", "session_id": "s1"}
+    assert {k: first[k] for k in common} == common and first["reply_id"].startswith("reply_")
+    assert (first["model"], first["state"], first["error"], first["finish_reason"], first["tool_calls"]) == \
+        ("m1", "success", None, "tool_calls", ["echo"])
+    assert first["usage"]["input_tokens"] == 5 and last["usage"]["output_tokens"] == 1
+    assert (tool_line["tool"], tool_line["tool_call_id"], tool_line["arguments"], tool_line["state"]) == \
+        ("echo", "c1", {"text": "ada@example.com"}, "success")
+    assert all(line["duration_ms"] >= 0 for line in lines)
+    assert not {"messages", "reply", "output"} & {k for line in lines for k in line}  # no content unless asked
+
+
+async def test_content_only_when_asked_and_what_redaction_inside_left(tmp_path: Path) -> None:
+    records: list[dict[str, Any]] = []
+    agent = agent_with(AuditLogMiddleware(records.append, include_content=True), PIIRedactionMiddleware())
+    await agent.call("go")
+    model_line, tool_line, _ = records
+    assert model_line["messages"][-1]["content"][0]["text"] == "go"
+    assert model_line["reply"]["content"][0]["name"] == "echo"
+    assert tool_line["output"] == "[REDACTED_EMAIL]"  # the audit sits outside the redaction
+    records.clear()
+    await agent_with(AuditLogMiddleware(records.append, include_arguments=False)).call("go")
+    assert "arguments" not in records[1]
+
+
+async def test_to_a_logger(caplog: pytest.LogCaptureFixture) -> None:
+    logger = logging.getLogger("audit.test")
+    with caplog.at_level(logging.INFO, logger="audit.test"):
+        await agent_with(AuditLogMiddleware(logger)).call("go")
+    lines = [json.loads(r.getMessage()) for r in caplog.records if r.name == "audit.test"]
+    assert [line["event"] for line in lines] == ["model_call", "tool_call", "model_call"]
+
+
+async def test_a_failing_sink_never_reaches_the_run(caplog: pytest.LogCaptureFixture) -> None:
+    def broken(record: dict[str, Any]) -> None:
+        raise OSError("disk full")
+
+    with caplog.at_level(logging.WARNING, logger="agentscope_py.middleware.audit"):
+        msg = await agent_with(AuditLogMiddleware(broken)).call("go")
+    assert msg.text == "done"
+    warnings = [r for r in caplog.records if r.name == "agentscope_py.middleware.audit"]
+    assert len(warnings) == 1 and "audit records are being dropped" in warnings[0].getMessage()
+
+
+async def test_failed_and_cut_short_calls_are_audited() -> None:
+    records: list[dict[str, Any]] = []
+    model = ChunkModel(["par", "tial"], fail_after=1)
+    agent = ReActAgent.builder().model(model).middleware(AuditLogMiddleware(records.append)).build()
+    with pytest.raises(ConnectionError):
+        await agent.call("go")
+    assert [(r["state"], r["error"]) for r in records] == [("error", "ConnectionError: the connection dropped")]
+    records.clear()
+    model = ChunkModel(["a ", "b ", "c "], delay=0.01)
+    agent = ReActAgent.builder().model(model).middleware(AuditLogMiddleware(records.append)).build()
+    await leave_at_first_delta(agent.stream("go"))
+    assert [r["state"] for r in records] == ["cut_short"]
+
+
+def test_bad_sinks(tmp_path: Path) -> None:
+    with pytest.raises(TypeError, match="sink must be"):
+        AuditLogMiddleware(42)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="is a directory"):
+        AuditLogMiddleware(tmp_path)
