@@ -301,21 +301,29 @@ class Execution:
         run.adopt_view()
         if stop is None and (run.builder is None or not (run.builder.calls_made or run.builder.produced)):
             warn_empty(self.agent, self.runtime)  # (a round a middleware stopped on purpose is not "empty")
-        msg = run.take_reply()
+        # The reply is built once, with the reason it will end with (no copy to set it after).
+        calls_tools = run.builder is not None and run.builder.calls_tools
+        if stop is not None:
+            reason: GenerateReason | None = stop.generate_reason
+        elif calls_tools:
+            reason = GenerateReason.TOOL_CALLS
+        else:
+            reason = None if self.structured is not None else GenerateReason.MODEL_STOP
+        final = reason is not None and reason is not GenerateReason.TOOL_CALLS
+        msg = run.take_reply(reason, final)
         shown = run.shown(msg)
         calls = msg.tool_calls
         if stop is not None:
-            run.end(msg, stop.generate_reason, shown=shown)
+            run.end(msg, stop.generate_reason, shown=shown, built=True)
             run.close_calls(calls, "Not executed: the run was stopped before tools ran.", ToolResultState.ERROR)
         elif calls:
-            remembered = msg.model_copy(update={"generate_reason": GenerateReason.TOOL_CALLS})
-            session.context.append(remembered)
+            session.context.append(msg)
             self.control.check()
-            return NextStepAct(calls, shown or remembered)
+            return NextStepAct(calls, shown or msg)
         elif self.structured is not None:
             self.structured.answer(run, msg)
         elif msg.text.strip() or run.reminded:
-            run.end(msg, GenerateReason.MODEL_STOP, shown=shown)
+            run.end(msg, GenerateReason.MODEL_STOP, shown=shown, built=True)
         else:
             run.reminded = True
             run.transient = [Msg.user(EMPTY_REPLY_REMINDER, name="system", synthetic=True)]
@@ -366,7 +374,7 @@ class Execution:
             async for ev in it:
                 builder.add(ev)
                 yield ev
-        run.end(run.take_reply(), GenerateReason.MAX_ITERATIONS)
+        run.end(run.take_reply(GenerateReason.MAX_ITERATIONS, final=True), GenerateReason.MAX_ITERATIONS, built=True)
 
 
 def _finished(input: Any) -> EventStream[AgentEvent]:

@@ -6,7 +6,7 @@ chains, so what a middleware rewrote there is what is remembered.
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Literal
 
 from .._sanitize import MAX_DEPTH, depth_exceeds
 from ..errors import MiddlewareError
@@ -93,11 +93,18 @@ class ReplyBuilder:
                 self.usage_total = ev.usage if total is None else total + ev.usage
 
     @property
+    def calls_tools(self) -> bool:
+        """Whether the reply built so far has tool calls."""
+        return any(entry[0] == "tool" for entry in self._blocks.values())
+
+    @property
     def produced(self) -> bool:
         """Whether any model call or block reached this builder (an empty stream did not)."""
         return self.calls_made > 0 or bool(self._blocks)
 
-    def build(self, reply_id: str, name: str | None, reason: GenerateReason | None = None) -> Msg:
+    def build(self, reply_id: str, name: str | None, reason: GenerateReason | None = None,
+              usage: ChatUsage | Literal["last"] | None = "last") -> Msg:
+        """The reply as a message; ``usage``: its usage (by default the last model call's)."""
         content: list[Block] = []
         for key, (kind, parts, extra) in self._blocks.items():
             try:
@@ -110,7 +117,8 @@ class ReplyBuilder:
                 content.append(_ThinkingBlock(thinking=joined, signature=extra))
             else:
                 content.append(_tool_use(key, extra or "", joined))
-        usage = self.usage
+        if isinstance(usage, str):
+            usage = self.usage
         make = (_AssistantMsg if (name is None or type(name) is str) and (usage is None or type(usage) is ChatUsage)
                 and (reason is None or type(reason) is GenerateReason) else Msg)
         return make(id=reply_id, name=name, role="assistant", content=content, generate_reason=reason, usage=usage)

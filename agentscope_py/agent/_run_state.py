@@ -95,16 +95,19 @@ class RunState:
 
     # -- the reply and the end of the run --------------------------------------------------------
 
-    def take_reply(self) -> Msg:
-        """The round's reply as built from its events (its calls and usage counted)."""
+    def take_reply(self, reason: GenerateReason | None = None, final: bool = False) -> Msg:
+        """The round's reply as built from its events (its calls and usage counted), with
+        ``reason``; ``final``: as the run's final message, with the run's usage (else the last
+        model call's), ready for `end` (``built=True``)."""
         builder = self.builder
         if builder is None:
-            return Msg(id=self.reply_id, role="assistant", name=self.agent_name)
+            return Msg(id=self.reply_id, role="assistant", name=self.agent_name, generate_reason=reason,
+                       usage=self.usage if final else None)
         self.model_calls += builder.calls_made
         if builder.usage_total is not None:
             self.usage = builder.usage_total if self.usage is None else self.usage + builder.usage_total
         self.builder = None
-        return builder.build(new_id("msg_"), self.agent_name, None)
+        return builder.build(new_id("msg_"), self.agent_name, reason, self.usage if final else "last")
 
     def adopt_view(self) -> None:
         """An on_reasoning hook answered without calling next: what it emitted is the reply."""
@@ -117,16 +120,22 @@ class RunState:
         if view is None:
             return None
         self.view = None
-        return view.build(msg.id, msg.name)
+        return view.build(msg.id, msg.name, msg.generate_reason, msg.usage)
 
-    def end(self, msg: Msg, reason: GenerateReason, remember: bool = True, shown: Msg | None = None) -> None:
+    def end(
+        self, msg: Msg, reason: GenerateReason, remember: bool = True, shown: Msg | None = None, built: bool = False,
+    ) -> None:
         """End the run with ``msg``. ``shown``: the caller's view of it, when on_reasoning rewrote
-        what callers saw; the result holds that, memory ``msg``."""
-        update = {"generate_reason": reason, "usage": self.usage}
-        final = msg.model_copy(update=update)
+        what callers saw; the result holds that, memory ``msg``. ``built``: both already carry
+        ``reason`` and the run's usage (`take_reply(reason, final=True)`), else they are copied
+        with them."""
+        if not built:
+            update = {"generate_reason": reason, "usage": self.usage}
+            msg = msg.model_copy(update=update)
+            shown = None if shown is None else shown.model_copy(update=update)
         if remember:
-            self.context.append(final)
-        self.final = final if shown is None else shown.model_copy(update=update)
+            self.context.append(msg)
+        self.final = msg if shown is None else shown
         self.reason = reason
 
     def end_interrupted(self) -> None:
