@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, overload
 if TYPE_CHECKING:
     from ._state import AgentState
     from .agent.react import ReActAgent
+    from .message import ChatUsage
 
 __all__ = ["RuntimeContext"]
 
@@ -25,7 +26,7 @@ class RuntimeContext:
     is made. The same instance reaches every hook and tool of the call; tools receive it by
     declaring a parameter of type `RuntimeContext` (or `AgentState` for the state itself)."""
 
-    __slots__ = ("_values", "agent", "agent_state", "reply_id", "session_id", "user_id")
+    __slots__ = ("_extra_usage", "_values", "agent", "agent_state", "reply_id", "session_id", "user_id")
 
     def __init__(self, user_id: str = "default", session_id: str = "default", **values: Any) -> None:
         self.user_id = user_id
@@ -36,6 +37,22 @@ class RuntimeContext:
         # carry, at any point (on_acting and on_model_call are not told it otherwise).
         self.reply_id: str | None = None
         self._values: dict[Any, Any] = dict(values)
+        self._extra_usage: ChatUsage | None = None
+
+    # -- usage of model calls made beside the loop (middleware's internal calls) ------------------
+
+    @property
+    def extra_usage(self) -> ChatUsage | None:
+        """The summed usage of the model calls made for this call outside the ReAct loop (a
+        summariser's, a tool selector's: `agentscope_py.middleware.internal_model_call`); None
+        until one reported usage. The loop adds it to `AgentRun.usage` and the final reply's."""
+        return self._extra_usage
+
+    def add_usage(self, usage: ChatUsage | None) -> None:
+        """Count ``usage`` (one internal model call's) into `extra_usage`; None (the provider
+        reported none) counts nothing."""
+        if usage is not None:
+            self._extra_usage = usage if self._extra_usage is None else self._extra_usage + usage
 
     def put(self, key: Any, value: Any) -> None:
         """Store ``value`` under ``key``; a class as key enables the typed ``get(Class)``."""

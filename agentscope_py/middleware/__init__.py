@@ -49,6 +49,7 @@ __all__ = [
     "ToolResultCacheMiddleware",
     "ToolRetryMiddleware",
     "UsageAccountingMiddleware",
+    "internal_model_call",
 ]
 
 # Built-ins load on first use (tracing imports OpenTelemetry only then).
@@ -82,6 +83,8 @@ _LAZY = {
     "ModelPrice": "budget",
     "InMemoryBudgetStore": "budget",
     "RedisBudgetStore": "budget",
+    # tool policy and context (issue 18, part 1)
+    "internal_model_call": "_internal",
 }
 
 
