@@ -46,6 +46,7 @@ __all__ = [
     "TaskReminderMiddleware",
     "TimeoutMiddleware",
     "ToolCallLimitMiddleware",
+    "ToolPolicyMiddleware",
     "ToolResultCacheMiddleware",
     "ToolRetryMiddleware",
     "UsageAccountingMiddleware",
@@ -85,6 +86,7 @@ _LAZY = {
     "RedisBudgetStore": "budget",
     # tool policy and context (issue 18, part 1)
     "internal_model_call": "_internal",
+    "ToolPolicyMiddleware": "tool_policy",
 }
 
 
