@@ -26,6 +26,7 @@ __all__ = [
     "InMemoryBucketStore",
     "InMemoryBudgetStore",
     "InMemoryCacheStore",
+    "LLMToolSelectorMiddleware",
     "LoggingMiddleware",
     "MiddlewareBase",
     "ModelCallInput",
@@ -49,6 +50,7 @@ __all__ = [
     "ToolPolicyMiddleware",
     "ToolResultCacheMiddleware",
     "ToolRetryMiddleware",
+    "ToolSelectorMiddleware",
     "UsageAccountingMiddleware",
     "internal_model_call",
 ]
@@ -87,6 +89,8 @@ _LAZY = {
     # tool policy and context (issue 18, part 1)
     "internal_model_call": "_internal",
     "ToolPolicyMiddleware": "tool_policy",
+    "ToolSelectorMiddleware": "tool_selection",
+    "LLMToolSelectorMiddleware": "tool_selection",
 }
 
 
