@@ -17,12 +17,16 @@ __all__ = [
     "ActingInput",
     "AgentInput",
     "AgentRun",
+    "ApprovalConfig",
+    "Approve",
     "BudgetMiddleware",
     "CacheStore",
     "CallLimitExceeded",
     "ConcurrencyLimitMiddleware",
+    "Edit",
     "ExtensionPoint",
     "FinalAnswerFilterMiddleware",
+    "HumanApprovalMiddleware",
     "InMemoryBucketStore",
     "InMemoryBudgetStore",
     "InMemoryCacheStore",
@@ -40,6 +44,8 @@ __all__ = [
     "RedisBucketStore",
     "RedisBudgetStore",
     "RedisCacheStore",
+    "Reject",
+    "Respond",
     "ResponseCacheMiddleware",
     "RetryMiddleware",
     "SqliteCacheStore",
@@ -52,6 +58,7 @@ __all__ = [
     "ToolRetryMiddleware",
     "ToolSelectorMiddleware",
     "UsageAccountingMiddleware",
+    "approval_message",
     "internal_model_call",
 ]
 
@@ -91,6 +98,13 @@ _LAZY = {
     "ToolPolicyMiddleware": "tool_policy",
     "ToolSelectorMiddleware": "tool_selection",
     "LLMToolSelectorMiddleware": "tool_selection",
+    "HumanApprovalMiddleware": "approval",
+    "ApprovalConfig": "approval",
+    "Approve": "approval",
+    "Edit": "approval",
+    "Reject": "approval",
+    "Respond": "approval",
+    "approval_message": "approval",
 }
 
 
