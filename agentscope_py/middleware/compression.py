@@ -24,6 +24,7 @@ is a `Summarizer`; an ``async def fn(messages, agent, ctx)`` is accepted too.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
@@ -223,8 +224,9 @@ class ContextCompressionMiddleware(MiddlewareBase):
                 record = state.summaries[-1]
                 yield Compressed(removed_messages=record.removed_messages, kept_messages=record.kept_messages,
                                  summary=summary, metadata={"summary_id": record.summary_id})
-        async for ev in next(input):
-            yield ev
+        async with contextlib.aclosing(next(input).__aiter__()) as it:  # type: ignore[type-var]
+            async for ev in it:
+                yield ev
 
     def _apply(self, agent: ReActAgent, ctx: RuntimeContext, input: ReasoningInput, context: list[Msg],
                removed: list[Msg], cut: int, summary: str) -> ReasoningInput:
