@@ -3,8 +3,9 @@
 ``HumanApprovalMiddleware(interrupt_on={"delete_file": True, "send_email": ApprovalConfig(
 allowed_decisions=("approve", "reject"), description="Sends mail")})`` (LangChain v1's
 HumanInTheLoopMiddleware): a round's calls to those tools (names or glob patterns; ``False``
-exempts a name) are not run; the round's other calls run, then one `RequireUserConfirm` lists
-every call waiting (with the core gate's own asking calls, if any) and the run stops with
+exempts a name; `ApprovalConfig.when` asks only for some calls) are not run; the round's other
+calls run, then one `RequireUserConfirm` lists every call waiting (with the core gate's own asking
+calls, if any; ``mode="per_call"``: one event per call) and the run stops with
 ``PERMISSION_ASKING``, as the gate does. Its metadata ``"approval"`` maps each call id to
 ``{"tool", "description", "allowed_decisions"}`` for the UI.
 
@@ -93,11 +94,13 @@ Decision = Approve | Edit | Reject | Respond
 
 @dataclass(frozen=True)
 class ApprovalConfig:
-    """How one tool's calls are approved: the decisions the human may take, and the description
-    shown with the request (a str, or ``fn(call, ctx) -> str``)."""
+    """How one tool's calls are approved: the decisions the human may take, the description
+    shown with the request (a str, or ``fn(call, ctx) -> str``), and ``when(call, ctx) -> bool``
+    (None: always) — a call it says False to runs without asking."""
 
     allowed_decisions: Sequence[DecisionType] = ALL_DECISIONS
     description: str | Callable[[ToolUseBlock, RuntimeContext], str] | None = None
+    when: Callable[[ToolUseBlock, RuntimeContext], bool] | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.allowed_decisions, str):
@@ -106,6 +109,8 @@ class ApprovalConfig:
         if bad or not self.allowed_decisions:
             raise ValueError(f"allowed_decisions: {bad or 'empty'} — choose among {', '.join(ALL_DECISIONS)}")
         object.__setattr__(self, "allowed_decisions", tuple(self.allowed_decisions))
+        if self.when is not None and not callable(self.when):
+            raise TypeError(f"when must be a callable when(call, ctx) -> bool, not {type(self.when).__name__}")
 
 
 def approval_message(
@@ -149,7 +154,16 @@ class _Decided:
 class HumanApprovalMiddleware(MiddlewareBase):
     """Pauses the run for a human's decision on calls to the tools of ``interrupt_on``."""
 
-    def __init__(self, interrupt_on: Mapping[str, bool | ApprovalConfig], *, toolkit: Toolkit | None = None) -> None:
+    def __init__(
+        self,
+        interrupt_on: Mapping[str, bool | ApprovalConfig],
+        *,
+        mode: Literal["batched", "per_call"] = "batched",
+        toolkit: Toolkit | None = None,
+    ) -> None:
+        if mode not in ("batched", "per_call"):
+            raise ValueError(f"mode must be 'batched' or 'per_call', not {mode!r}")
+        self.mode = mode
         if not isinstance(interrupt_on, Mapping) or not interrupt_on:
             raise TypeError("interrupt_on must be a non-empty mapping {tool name: True | False | ApprovalConfig}")
         self.configs: dict[str, ApprovalConfig | None] = {}
@@ -224,7 +238,7 @@ class HumanApprovalMiddleware(MiddlewareBase):
         for call in input.tool_calls:
             if call.id in decided.responses:
                 answered.append(call)
-            elif call.id not in decided.approved and self.config_for(call.name) is not None:
+            elif call.id not in decided.approved and self._asks(call, ctx):
                 asking.append(call)
             else:
                 rest.append(call)
@@ -250,12 +264,23 @@ class HumanApprovalMiddleware(MiddlewareBase):
                         continue
                     yield ev
         if asking:
-            ids = {c.id for c in (*asking, *gate_asking)}
-            waiting = [c for c in input.tool_calls if c.id in ids]
-            meta = {"approval": {c.id: self._describe(c, ctx) for c in asking}}
-            yield RequireUserConfirm(reply_id=reply_id, tool_calls=waiting, metadata=meta)
+            if self.mode == "batched":
+                ids = {c.id for c in (*asking, *gate_asking)}
+                waiting = [c for c in input.tool_calls if c.id in ids]
+                meta = {"approval": {c.id: self._describe(c, ctx) for c in asking}}
+                yield RequireUserConfirm(reply_id=reply_id, tool_calls=waiting, metadata=meta)
+            else:  # one request per call (each may be answered on its own; the others keep waiting)
+                if gate_asking:
+                    yield RequireUserConfirm(reply_id=reply_id, tool_calls=gate_asking)
+                for call in asking:
+                    yield RequireUserConfirm(reply_id=reply_id, tool_calls=[call],
+                                             metadata={"approval": {call.id: self._describe(call, ctx)}})
             yield held_stop or RequestStop(reason="waiting for a human to approve tool calls",
                                            generate_reason=GenerateReason.PERMISSION_ASKING)
+
+    def _asks(self, call: ToolUseBlock, ctx: RuntimeContext) -> bool:
+        config = self.config_for(call.name)
+        return config is not None and (config.when is None or bool(config.when(call, ctx)))
 
     def _describe(self, call: ToolUseBlock, ctx: RuntimeContext) -> dict[str, Any]:
         config = self.config_for(call.name)

@@ -237,3 +237,36 @@ async def test_with_tool_call_limit_outer() -> None:
     assert paused.generate_reason is GenerateReason.PERMISSION_ASKING
     final = await agent.call(approval_message(Approve(), tool_calls=[paused.tool_calls[0], paused.tool_calls[2]]))
     assert final.text == "done" and ran == ["read /r", "email a@x: hi", "delete /d"]
+
+
+async def test_when_asks_only_for_some_calls() -> None:
+    def outside(call: ToolUseBlock, ctx: RuntimeContext) -> bool:
+        return not str(call.input["to"]).endswith("@corp")
+
+    mw = HumanApprovalMiddleware({"send_email": ApprovalConfig(when=outside)})
+    agent, _ = _agent([ModelStep.tool_calls_of(("send_email", {"to": "me@corp", "body": "x"}),
+                                               ("send_email", {"to": "you@else", "body": "y"}))], mw)
+    events = await agent.stream("go").to_list()
+    ask = next(e for e in events if e.type == "require_user_confirm")
+    assert [c.input["to"] for c in ask.tool_calls] == ["you@else"]
+    assert ran == ["email me@corp: x"]
+    with pytest.raises(TypeError, match="when must be a callable"):
+        ApprovalConfig(when=True)  # type: ignore[arg-type]
+
+
+async def test_per_call_mode_one_request_per_call() -> None:
+    mw = HumanApprovalMiddleware({"delete_file": True}, mode="per_call")
+    agent, model = _agent([ModelStep.tool_calls_of(("delete_file", {"path": "/1"}), ("delete_file", {"path": "/2"})),
+                           ModelStep.text("done")], mw)
+    events = await agent.stream("go").to_list()
+    asks = [e for e in events if e.type == "require_user_confirm"]
+    assert [[c.input["path"] for c in e.tool_calls] for e in asks] == [["/1"], ["/2"]]
+    assert [e.type for e in events].count("request_stop") == 1
+    first = await agent.call(approval_message({asks[0].tool_calls[0].id: Approve()}))
+    assert first.generate_reason is GenerateReason.PERMISSION_ASKING and ran == ["delete /1"]
+    final = await agent.call(approval_message({asks[1].tool_calls[0].id: Reject("keep /2")}))
+    assert final.text == "done" and ran == ["delete /1"]
+    denied = [r for m in model.requests[1].messages for r in m.tool_results if r.state is ToolResultState.DENIED]
+    assert len(denied) == 1 and "keep /2" in denied[0].text
+    with pytest.raises(ValueError, match="mode must be"):
+        HumanApprovalMiddleware({"delete_file": True}, mode="each")  # type: ignore[arg-type]
