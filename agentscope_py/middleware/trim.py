@@ -11,13 +11,19 @@ budget. The newest unit is always kept, even when it alone is over the budget (t
 the current turn). ``start_on_user=True`` also drops what precedes the first kept user message
 (providers that want the conversation to open with a user turn), unless no user message is left.
 
+Clearing old tool results (LangChain v1's ContextEditing / ClearToolUsesEdit): with
+``keep_tool_results=N`` every tool result but the last N has its output replaced by
+``placeholder`` in the request (the call and its result stay, so nothing is orphaned; tools named
+in ``clear_exclude`` are never cleared). Clearing runs first, so the token budget counts what is
+left.
+
 A trim is reported in the model call's request only; nothing is emitted. ``trimmed`` on the
 middleware counts the messages dropped from the last request (for tests and debugging).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..message import Msg
@@ -28,7 +34,7 @@ if TYPE_CHECKING:
     from .._context import RuntimeContext
     from ..agent.react import ReActAgent
 
-__all__ = ["MessageTrimMiddleware", "trim_messages"]
+__all__ = ["MessageTrimMiddleware", "clear_tool_results", "trim_messages"]
 
 
 def _positive(value: int | None, name: str) -> int | None:
@@ -45,8 +51,15 @@ def trim_messages(
     token_counter: TokenCounter = approximate_tokens,
     keep_system: bool = True,
     start_on_user: bool = False,
+    keep_tool_results: int | None = None,
+    placeholder: str = "[cleared]",
+    clear_exclude: Collection[str] = (),
 ) -> list[Msg]:
     """The messages `MessageTrimMiddleware` would send (see the module docs)."""
+    if keep_tool_results is not None:
+        messages = clear_tool_results(messages, keep_tool_results, placeholder, clear_exclude)
+    if max_messages is None and max_tokens is None:
+        return list(messages)
     head = leading_system(messages) if keep_system else 0
     system, rest = list(messages[:head]), messages[head:]
     budget = None if max_tokens is None else max_tokens - sum(token_counter(m) for m in system)
@@ -69,6 +82,31 @@ def trim_messages(
     return system + list(rest[start:])
 
 
+def clear_tool_results(
+    messages: Sequence[Msg], keep: int, placeholder: str = "[cleared]", exclude: Collection[str] = ()
+) -> list[Msg]:
+    """``messages`` with the output of every tool result but the last ``keep`` replaced by
+    ``placeholder`` (new messages where something changed; the others are the same objects)."""
+    out = list(messages)
+    seen = 0
+    for i in range(len(out) - 1, -1, -1):
+        msg = out[i]
+        if msg.role != "tool":
+            continue
+        content: list[Any] = []
+        changed = False
+        for block in reversed(msg.content):
+            if block.type == "tool_result" and block.name not in exclude:  # type: ignore[union-attr]
+                seen += 1
+                if seen > keep and block.output != placeholder:  # type: ignore[union-attr]
+                    block = block.model_copy(update={"output": placeholder})
+                    changed = True
+            content.append(block)
+        if changed:
+            out[i] = msg.model_copy(update={"content": list(reversed(content))})
+    return out
+
+
 class MessageTrimMiddleware(MiddlewareBase):
     """Sends the model only the last messages that fit; memory is untouched."""
 
@@ -80,11 +118,22 @@ class MessageTrimMiddleware(MiddlewareBase):
         token_counter: TokenCounter | None = None,
         keep_system: bool = True,
         start_on_user: bool = False,
+        keep_tool_results: int | None = None,
+        placeholder: str = "[cleared]",
+        clear_exclude: Collection[str] = (),
     ) -> None:
         self.max_messages = _positive(max_messages, "max_messages")
         self.max_tokens = _positive(max_tokens, "max_tokens")
-        if max_messages is None and max_tokens is None:
-            raise ValueError("MessageTrimMiddleware needs max_messages or max_tokens (or both)")
+        if keep_tool_results is not None and (isinstance(keep_tool_results, bool)
+                                              or not isinstance(keep_tool_results, int) or keep_tool_results < 0):
+            raise ValueError(f"keep_tool_results must be an int >= 0 or None, not {keep_tool_results!r}")
+        if max_messages is None and max_tokens is None and keep_tool_results is None:
+            raise ValueError("MessageTrimMiddleware needs max_messages, max_tokens or keep_tool_results")
+        if isinstance(clear_exclude, str):
+            raise TypeError("clear_exclude must be a collection of tool names, not a str: wrap it in a list")
+        self.keep_tool_results = keep_tool_results
+        self.placeholder = placeholder
+        self.clear_exclude = frozenset(clear_exclude)
         if token_counter is not None and not callable(token_counter):
             raise TypeError(f"token_counter must be a callable counter(msg) -> int, not {type(token_counter).__name__}")
         self.token_counter: TokenCounter = token_counter or approximate_tokens
@@ -98,6 +147,8 @@ class MessageTrimMiddleware(MiddlewareBase):
     def on_model_call(self, agent: ReActAgent, ctx: RuntimeContext, input: ModelCallInput, next: Next) -> Any:
         kept = trim_messages(input.messages, max_messages=self.max_messages, max_tokens=self.max_tokens,
                              token_counter=self.token_counter, keep_system=self.keep_system,
-                             start_on_user=self.start_on_user)
+                             start_on_user=self.start_on_user, keep_tool_results=self.keep_tool_results,
+                             placeholder=self.placeholder, clear_exclude=self.clear_exclude)
         self.trimmed = len(input.messages) - len(kept)
-        return next(input.replace(messages=kept) if self.trimmed else input)
+        same = not self.trimmed and all(a is b for a, b in zip(kept, input.messages, strict=True))
+        return next(input if same else input.replace(messages=kept))

@@ -61,7 +61,7 @@ def test_token_budget_with_a_pluggable_counter() -> None:
 
 
 def test_bad_configuration() -> None:
-    with pytest.raises(ValueError, match="needs max_messages or max_tokens"):
+    with pytest.raises(ValueError, match="needs max_messages, max_tokens or keep_tool_results"):
         MessageTrimMiddleware()
     with pytest.raises(ValueError, match="max_tokens must be a positive int"):
         MessageTrimMiddleware(max_tokens=0)
@@ -164,3 +164,31 @@ def test_property_never_orphans_nor_splits(
         if len(spans) and first != spans[-1][0]:
             assert max_messages is None or len(body) <= max_messages
             assert max_tokens is None or system_tokens + sum(approximate_tokens(m) for m in body) <= max_tokens
+
+
+def test_clearing_old_tool_results_keeps_the_pairs() -> None:
+    from agentscope_py.middleware.trim import clear_tool_results
+
+    h = [Msg.user("u"), _call_msg(["c1", "c2"]), _results(["c1", "c2"]), _call_msg(["c3"]), _results(["c3"]),
+         Msg.assistant("a")]
+    out = clear_tool_results(h, keep=2)
+    assert [[(r.id, r.text) for r in m.tool_results] for m in out if m.role == "tool"] == [
+        [("c1", "[cleared]"), ("c2", "result c2")], [("c3", "result c3")]]
+    assert out[1] is h[1] and out[4] is h[4]  # untouched messages are the same objects
+    assert [m.role for m in out] == [m.role for m in h]
+    assert clear_tool_results(h, keep=0, exclude={"t"}) == h
+    assert h[2].tool_results[0].text == "result c1"  # the input is not changed
+
+
+async def test_clearing_in_the_request_only() -> None:
+    model = ScriptedModel([ModelStep.tool_call("t", {"x": "1"}), ModelStep.tool_call("t", {"x": "2"}),
+                           ModelStep.text("done")])
+    agent = (ReActAgent.builder().model(model).toolkit(Toolkit([t]))
+             .middleware(MessageTrimMiddleware(keep_tool_results=1, placeholder="[old]")).build())
+    await agent.call("go")
+    last = model.requests[2].messages
+    assert [r.text for m in last for r in m.tool_results] == ["[old]", "r2"]
+    state, _ = await agent.state_store.load("default", "default")
+    assert state is not None and [r.text for m in state.context for r in m.tool_results] == ["r1", "r2"]
+    with pytest.raises(ValueError, match="keep_tool_results must be an int >= 0"):
+        MessageTrimMiddleware(keep_tool_results=-1)
