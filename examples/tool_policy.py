@@ -8,6 +8,7 @@ edits the message before it goes out.
 import asyncio
 
 from agentscope_py import ModelStep, ReActAgent, RuntimeContext, ScriptedModel, Toolkit, tool
+from agentscope_py.message import ToolUseBlock
 from agentscope_py.middleware import (
     Edit,
     HumanApprovalMiddleware,
@@ -35,7 +36,7 @@ def send_email(to: str, body: str) -> str:
     return f"sent to {to}: {body}"
 
 
-def admins_only(call, ctx):  # type: ignore[no-untyped-def]
+def admins_only(call: ToolUseBlock, ctx: RuntimeContext) -> bool | str:
     return ctx.get("role") == "admin" or "guests cannot delete files"
 
 

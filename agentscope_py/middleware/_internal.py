@@ -15,16 +15,21 @@ back as one `Msg`. What still sees it:
 
 The request is sent once: no retry, no fallback (a middleware that wants them wraps the call).
 Errors propagate as the model raised them (providers raise the `ModelError` kinds); a
-cancellation closes the model's stream (its HTTP request) before it propagates.
+cancellation closes the model's stream (its HTTP request) before it propagates. While a run of
+the session is in flight, ``agent.interrupt(...)`` cancels the call too, which then raises
+`AgentInterrupted` (the loop makes that an INTERRUPTED reply).
 """
 
 from __future__ import annotations
 
+import asyncio
 import sys
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..agent._reply import _tool_use
+from ..agent._session import RunControl
+from ..errors import AgentInterrupted
 from ..message import Block, ChatUsage, GenerateReason, Msg, TextBlock, ThinkingBlock, new_id
 from ..model.base import ChatChunk, ChatModel, ModelRequest, ToolSchema, model_provider
 from ..stream import aclose
@@ -70,12 +75,40 @@ async def internal_model_call(
         messages=list(messages), tools=tuple(tools), options=opts, structured_output=opts.get("structured_output")
     )
     tracing = _tracing_middleware(agent)
-    if tracing is None:
-        reply = await _collect(chosen, request)
-    else:
-        reply = await _traced(tracing, chosen, request, ctx, purpose)
+    # The run's interrupt switch: while the call is awaited, an interrupt of the session cancels it
+    # (as it cancels the agent's own model call), and it ends as AgentInterrupted.
+    control = _run_control(agent, ctx)
+    if control is not None:
+        control.check()
+    task = asyncio.current_task()
+    cancels = task.cancelling() if task is not None else 0
+    if control is not None and task is not None:
+        control.tasks.add(task)
+    try:
+        if tracing is None:
+            reply = await _collect(chosen, request)
+        else:
+            reply = await _traced(tracing, chosen, request, ctx, purpose)
+    except asyncio.CancelledError:
+        if control is None or not control.interrupted or task is None:
+            raise
+        if task.cancelling() > cancels:
+            task.uncancel()  # the interrupt's cancellation, reported as AgentInterrupted instead
+        raise AgentInterrupted(f"the internal model call ({purpose}) was interrupted") from None
+    finally:
+        if control is not None and task is not None:
+            control.tasks.discard(task)
     ctx.add_usage(reply.usage)
     return reply
+
+
+def _run_control(agent: Any, ctx: RuntimeContext) -> RunControl | None:
+    gates = getattr(agent, "_gates", None)
+    active = getattr(gates, "active", None)
+    if not isinstance(active, dict):
+        return None
+    control = active.get((ctx.user_id, ctx.session_id))
+    return control if isinstance(control, RunControl) else None
 
 
 async def _collect(model: ChatModel, request: ModelRequest, span: Any = None) -> Msg:

@@ -214,3 +214,25 @@ async def test_failed_internal_call_span_is_an_error(provider: TracerProvider,
     assert span.parent is None  # no current span: a root
     assert span.status.status_code == StatusCode.ERROR
     assert span.attributes is not None and span.attributes["error.type"].endswith("RateLimitError")
+
+
+async def test_interrupting_the_run_cancels_an_internal_call() -> None:
+    # A summariser that hangs: interrupting the session closes its stream, the run ends
+    # INTERRUPTED, and the history is left as it was (no summary).
+    from agentscope_py.middleware import ContextCompressionMiddleware, ModelSummarizer
+
+    side = Hanging()
+    main = ScriptedModel([ModelStep.text("a1"), ModelStep.text("never")], name="main")
+    agent = _agent(main, ContextCompressionMiddleware(ModelSummarizer(side), trigger_messages=2, keep_messages=1))
+    await agent.call("q1")
+    task = asyncio.create_task(agent.call("q2"))
+    await asyncio.wait_for(side.started.wait(), 5)
+    assert agent.interrupt()
+    reply = await asyncio.wait_for(task, 5)
+    assert reply.generate_reason is not None and reply.generate_reason.value == "interrupted"
+    assert side.closed.is_set()
+    assert len(main.requests) == 1  # the second round's model call never happened
+    state, _ = await agent.state_store.load("default", "default")
+    assert state is not None and state.summaries == []
+    assert [m.text for m in state.context][:3] == ["q1", "a1", "q2"]
+    assert not agent.interrupt()  # no run left in flight: the session was released
