@@ -8,8 +8,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 if TYPE_CHECKING:
+    from ._control import RunControl
     from ._state import AgentState
     from .agent.react import ReActAgent
+    from .message import ChatUsage
 
 __all__ = ["RuntimeContext"]
 
@@ -25,7 +27,7 @@ class RuntimeContext:
     is made. The same instance reaches every hook and tool of the call; tools receive it by
     declaring a parameter of type `RuntimeContext` (or `AgentState` for the state itself)."""
 
-    __slots__ = ("_values", "agent", "agent_state", "reply_id", "session_id", "user_id")
+    __slots__ = ("_extra_usage", "_values", "agent", "agent_state", "control", "reply_id", "session_id", "user_id")
 
     def __init__(self, user_id: str = "default", session_id: str = "default", **values: Any) -> None:
         self.user_id = user_id
@@ -35,7 +37,33 @@ class RuntimeContext:
         # The running execution's reply id (AgentStart's): what events a middleware makes itself
         # carry, at any point (on_acting and on_model_call are not told it otherwise).
         self.reply_id: str | None = None
+        # The running execution's interrupt switch: work done beside the loop (a middleware's
+        # internal model call) registers its task there, so an interrupt cancels it too.
+        self.control: RunControl | None = None
         self._values: dict[Any, Any] = dict(values)
+        self._extra_usage: ChatUsage | None = None
+
+    def begin_run(self, reply_id: str, control: RunControl) -> None:
+        """Bind a new execution's reply id and interrupt switch (the loop calls this; a context
+        reused for several calls counts each call's internal usage afresh)."""
+        self.reply_id = reply_id
+        self.control = control
+        self._extra_usage = None
+
+    # -- usage of model calls made beside the loop (middleware's internal calls) ------------------
+
+    @property
+    def extra_usage(self) -> ChatUsage | None:
+        """The summed usage of the model calls made for this call outside the ReAct loop (a
+        summariser's, a tool selector's: `agentscope_py.middleware.internal_model_call`); None
+        until one reported usage. The loop adds it to `AgentRun.usage` and the final reply's."""
+        return self._extra_usage
+
+    def add_usage(self, usage: ChatUsage | None) -> None:
+        """Count ``usage`` (one internal model call's) into `extra_usage`; None (the provider
+        reported none) counts nothing."""
+        if usage is not None:
+            self._extra_usage = usage if self._extra_usage is None else self._extra_usage + usage
 
     def put(self, key: Any, value: Any) -> None:
         """Store ``value`` under ``key``; a class as key enables the typed ``get(Class)``."""

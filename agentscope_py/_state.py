@@ -11,7 +11,7 @@ from pydantic import BaseModel, Field
 
 from .message import Msg
 
-__all__ = ["AgentState", "TodoItem"]
+__all__ = ["AgentState", "SummaryRecord", "TodoItem"]
 
 
 class TodoItem(BaseModel):
@@ -19,6 +19,25 @@ class TodoItem(BaseModel):
     content: str
     status: Literal["pending", "in_progress", "completed"] = "pending"
     priority: Literal["high", "medium", "low"] = "medium"
+
+
+class SummaryRecord(BaseModel):
+    """One compression of the context (`ContextCompressionMiddleware`): the summary that replaced
+    ``removed_messages`` older messages (ids ``first_id`` … ``last_id``), ``kept_messages`` kept
+    verbatim, by which ``summarizer``, when (epoch seconds), and the estimated tokens before and
+    after."""
+
+    summary: str
+    removed_messages: int
+    kept_messages: int
+    first_id: str | None = None
+    last_id: str | None = None
+    summary_id: str | None = None
+    """The id of the summary message put into the context."""
+    summarizer: str = ""
+    created_at: float = 0.0
+    tokens_before: int = 0
+    tokens_after: int = 0
 
 
 class AgentState(BaseModel):
@@ -36,6 +55,8 @@ class AgentState(BaseModel):
     pending_tool_calls: list[str] = Field(default_factory=list)
     cur_iter: int = 0
     summary: str = ""
+    summaries: list[SummaryRecord] = Field(default_factory=list)
+    """The context's compressions, oldest first (empty until one happens)."""
     metadata: dict[str, Any] = Field(default_factory=dict)
 
     def to_json(self) -> str:

@@ -32,6 +32,7 @@ __all__ = [
     "AgentResult",
     "AgentStart",
     "AllToolsDenied",
+    "CacheLayoutChanged",
     "ChatUsage",
     "Compressed",
     "ConfirmResult",
@@ -342,6 +343,14 @@ class Compressed(EventBase):
     summary: str = ""
 
 
+class CacheLayoutChanged(EventBase):
+    """A request's cacheable prefix differs from the session's previous one (``changed``: parts)."""
+
+    type: Literal["cache_layout_changed"] = "cache_layout_changed"
+    changed: list[str]
+    reply_id: str | None = None
+
+
 AgentEvent = Annotated[
     AgentStart
     | AgentEnd
@@ -375,7 +384,8 @@ AgentEvent = Annotated[
     | Custom
     | MiddlewareStarted
     | MiddlewareCompleted
-    | Compressed,
+    | Compressed
+    | CacheLayoutChanged,
     Field(discriminator="type"),
 ]
 

@@ -62,6 +62,7 @@ SAMPLES: list[ev.EventBase] = [
     ev.MiddlewareCompleted(middleware="M", point="ON_AGENT", duration_ms=0.5, error="ValueError: x"),
     ev.Compressed(removed_messages=4, kept_messages=2, summary="s"),
     ev.GuardrailTripped(guardrail="no_secrets", reason="a key", stage="stream"),
+    ev.CacheLayoutChanged(changed=["system", "tools"], reply_id="r"),
 ]
 
 

@@ -84,9 +84,10 @@ class Execution:
         self.agent = agent
         self.runtime = runtime
         self.ctx = ctx
-        self.reply_id = ctx.reply_id = new_id("reply_")
+        self.reply_id = new_id("reply_")
         self.control = RunControl()
-        self.run = run = RunState(self.reply_id, agent.name)
+        ctx.begin_run(self.reply_id, self.control)
+        self.run = run = RunState(self.reply_id, agent.name, ctx)
         self.options: Any = agent.model_options
         toolkit = agent.toolkit
         self.structured: StructuredOutput | None = None

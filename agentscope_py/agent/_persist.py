@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING
 
 from ..errors import StateStoreError
 from ..events import AgentEvent
-from ..message import ChatUsage
 from ..middleware.base import AgentRun, ExtensionPoint
 from ._brackets import describe
 from ._hooks import HookCall
@@ -79,16 +78,15 @@ async def save_once(runtime: AgentRuntime, ctx: RuntimeContext, run: RunState) -
 
 async def finish(
     agent: ReActAgent, ctx: RuntimeContext, runtime: AgentRuntime, run: RunState,
-    error: BaseException | None, tool_calls: int, extra_usage: ChatUsage | None = None,
+    error: BaseException | None, tool_calls: int,
 ) -> AsyncIterator[AgentEvent]:
     """on_agent_finish, then the checkpoint. A generator so traced hooks can emit events.
 
     Every participant is notified once, even when an earlier one raised; the turn is saved
     whatever they did (the caller already saw it), and then the first hook's error reaches the
     caller (after the run's own error, if the run failed)."""
-    usage = run.usage if extra_usage is None else (extra_usage if run.usage is None else run.usage + extra_usage)
     outcome = AgentRun(
-        msg=run.final, error=error, reason=run.reason, usage=usage,
+        msg=run.final, error=error, reason=run.reason, usage=run.total_usage,
         model_calls=run.model_calls, tool_calls=tool_calls, iterations=run.iteration,
     )
     point = ExtensionPoint.ON_AGENT_FINISH

@@ -8,13 +8,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..message import ChatUsage, GenerateReason, Msg, TextBlock, ToolResultBlock, ToolResultState, ToolUseBlock, new_id
 from ..middleware.base import MiddlewareBase
 from ._boundaries import admit
 from ._reply import ReplyBuilder
 from .state import AgentState
+
+if TYPE_CHECKING:
+    from .context import RuntimeContext
 
 __all__ = ["RunState"]
 
@@ -23,6 +26,7 @@ __all__ = ["RunState"]
 class RunState:
     reply_id: str
     agent_name: str
+    ctx: RuntimeContext | None = None
     input_msgs: list[Msg] = field(default_factory=list)
     session: AgentState | None = None
     """The session's state (bound to the context once loaded); what is checkpointed."""
@@ -35,7 +39,7 @@ class RunState:
     iteration: int = 0
     model_calls: int = 0
     usage: ChatUsage | None = None
-    """None until a model call reports usage: unknown, not zero."""
+    """The loop's model calls' usage; None until one reports usage: unknown, not zero."""
     final: Msg | None = None
     reason: GenerateReason | None = None
 
@@ -57,6 +61,16 @@ class RunState:
     finish_error: Exception | None = None
     """The first on_agent_finish hook's error (raised after the turn is saved)."""
     saved: bool = False
+
+    @property
+    def total_usage(self) -> ChatUsage | None:
+        """The loop's usage plus that of the model calls made beside it (middleware's internal
+        calls: `RuntimeContext.extra_usage`): the run's usage, as `AgentRun` and the final
+        message report it."""
+        extra = self.ctx.extra_usage if self.ctx is not None else None
+        if extra is None:
+            return self.usage
+        return extra if self.usage is None else self.usage + extra
 
     # -- the session's messages ------------------------------------------------------------------
 
@@ -102,12 +116,12 @@ class RunState:
         builder = self.builder
         if builder is None:
             return Msg(id=self.reply_id, role="assistant", name=self.agent_name, generate_reason=reason,
-                       usage=self.usage if final else None)
+                       usage=self.total_usage if final else None)
         self.model_calls += builder.calls_made
         if builder.usage_total is not None:
             self.usage = builder.usage_total if self.usage is None else self.usage + builder.usage_total
         self.builder = None
-        return builder.build(new_id("msg_"), self.agent_name, reason, self.usage if final else "last")
+        return builder.build(new_id("msg_"), self.agent_name, reason, self.total_usage if final else "last")
 
     def adopt_view(self) -> None:
         """An on_reasoning hook answered without calling next: what it emitted is the reply."""
@@ -130,7 +144,7 @@ class RunState:
         ``reason`` and the run's usage (`take_reply(reason, final=True)`), else they are copied
         with them."""
         if not built:
-            update = {"generate_reason": reason, "usage": self.usage}
+            update = {"generate_reason": reason, "usage": self.total_usage}
             msg = msg.model_copy(update=update)
             shown = None if shown is None else shown.model_copy(update=update)
         if remember:

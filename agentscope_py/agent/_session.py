@@ -5,39 +5,10 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from .._control import RunControl
 from ..errors import AgentInterrupted
 
 __all__ = ["AgentInterrupted", "RunControl", "SessionGates"]
-
-
-def _current_task() -> asyncio.Task[object] | None:
-    try:
-        return asyncio.current_task()
-    except RuntimeError:  # no running loop
-        return None
-
-
-class RunControl:
-    """The interrupt switch of one execution, and the tasks an interrupt must cancel."""
-
-    __slots__ = ("interrupted", "tasks")
-
-    def __init__(self) -> None:
-        self.interrupted = False
-        self.tasks: set[asyncio.Task[object]] = set()
-
-    def interrupt(self) -> None:
-        self.interrupted = True
-        current = _current_task()
-        for task in list(self.tasks):
-            # The task running the run itself is here while it runs a tool inline; called from
-            # inside that tool, the flag alone stops the run once the tool returns.
-            if task is not current:
-                task.cancel()
-
-    def check(self) -> None:
-        if self.interrupted:
-            raise AgentInterrupted("the run was interrupted")
 
 
 Key = tuple[str, str]

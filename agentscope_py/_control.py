@@ -1,0 +1,43 @@
+"""`RunControl`: the interrupt switch of one run, and the tasks an interrupt cancels.
+
+It lives below `agent/` and `middleware/` so that what runs beside the loop (a middleware's
+internal model call, `RuntimeContext.control`) can register with it without reaching into the
+agent's modules."""
+
+from __future__ import annotations
+
+import asyncio
+
+from .errors import AgentInterrupted
+
+__all__ = ["RunControl"]
+
+
+def _current_task() -> asyncio.Task[object] | None:
+    try:
+        return asyncio.current_task()
+    except RuntimeError:  # no running loop
+        return None
+
+
+class RunControl:
+    """The interrupt switch of one execution, and the tasks an interrupt must cancel."""
+
+    __slots__ = ("interrupted", "tasks")
+
+    def __init__(self) -> None:
+        self.interrupted = False
+        self.tasks: set[asyncio.Task[object]] = set()
+
+    def interrupt(self) -> None:
+        self.interrupted = True
+        current = _current_task()
+        for task in list(self.tasks):
+            # The task running the run itself is here while it runs a tool inline; called from
+            # inside that tool, the flag alone stops the run once the tool returns.
+            if task is not current:
+                task.cancel()
+
+    def check(self) -> None:
+        if self.interrupted:
+            raise AgentInterrupted("the run was interrupted")

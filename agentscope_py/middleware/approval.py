@@ -1,0 +1,306 @@
+"""`HumanApprovalMiddleware`: declarative human-in-the-loop over today's permission gate.
+
+``HumanApprovalMiddleware(interrupt_on={"delete_file": True, "send_email": ApprovalConfig(
+allowed_decisions=("approve", "reject"), description="Sends mail")})`` (LangChain v1's
+HumanInTheLoopMiddleware): a round's calls to those tools (names or glob patterns; ``False``
+exempts a name; `ApprovalConfig.when` asks only for some calls) are not run; the round's other
+calls run, then one `RequireUserConfirm` lists every call waiting (with the core gate's own asking
+calls, if any; ``mode="per_call"``: one event per call) and the run stops with
+``PERMISSION_ASKING``, as the gate does. Its metadata ``"approval"`` maps each call id to
+``{"tool", "description", "allowed_decisions"}`` for the UI.
+
+The human answers with `approval_message` — per call (``{call_id: decision}``) or one decision for
+the whole batch (``approval_message(Approve(), tool_calls=event.tool_calls)``) — and the run
+resumes on the same session:
+
+* `Approve()`: the call runs as proposed;
+* `Edit(arguments)`: it runs with the new arguments (memory shows what ran);
+* `Reject(message)`: it gets a ``denied`` result the model sees, with the message;
+* `Respond(text)`: it does not run; ``text`` is its (successful) result, what the model sees.
+
+Calls left unanswered keep waiting. A decision a tool's `ApprovalConfig` does not allow is a
+`ResumeError` before anything runs. A plain `confirm_message` answer still works (confirmed ⇒
+approve or edit, refused ⇒ reject). The resume itself is the loop's (`agent/_resume.py`): the
+decisions travel as confirm results, plus ``metadata["approval_decisions"]`` for ``respond``,
+which this middleware answers at ``on_acting`` when the resumed call comes through.
+
+Tool names: checked against ``toolkit=`` at construction, else at the first run (a `ValueError`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fnmatch
+import json
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+from ..agent._reply import result_events
+from ..errors import ResumeError
+from ..events import ConfirmResult, RequestStop, RequireUserConfirm
+from ..message import GenerateReason, Msg, ToolResultState, ToolUseBlock
+from ..stream import EventStream
+from .base import ActingInput, ExtensionPoint, MiddlewareBase, Next
+from .tool_policy import check_tool_names
+
+if TYPE_CHECKING:
+    from .._context import RuntimeContext
+    from .._state import AgentState
+    from ..agent.react import ReActAgent
+    from ..tool.toolkit import Toolkit
+
+__all__ = ["ApprovalConfig", "Approve", "Decision", "Edit", "HumanApprovalMiddleware", "Reject", "Respond",
+           "approval_message"]
+
+DecisionType = Literal["approve", "edit", "reject", "respond"]
+ALL_DECISIONS: tuple[DecisionType, ...] = ("approve", "edit", "reject", "respond")
+DECISIONS_KEY = "approval_decisions"  # the resume message's metadata: call id -> decision dict
+
+
+@dataclass(frozen=True)
+class Approve:
+    """Run the call as proposed."""
+
+    type: Literal["approve"] = field(default="approve", init=False)
+
+
+@dataclass(frozen=True)
+class Edit:
+    """Run the call with ``arguments`` instead."""
+
+    arguments: dict[str, Any]
+    type: Literal["edit"] = field(default="edit", init=False)
+
+
+@dataclass(frozen=True)
+class Reject:
+    """Do not run the call; the model sees a denied result with ``message``."""
+
+    message: str = ""
+    type: Literal["reject"] = field(default="reject", init=False)
+
+
+@dataclass(frozen=True)
+class Respond:
+    """Do not run the call; ``text`` (the human's answer) is its result."""
+
+    text: str
+    type: Literal["respond"] = field(default="respond", init=False)
+
+
+Decision = Approve | Edit | Reject | Respond
+
+
+@dataclass(frozen=True)
+class ApprovalConfig:
+    """How one tool's calls are approved: the decisions the human may take, the description
+    shown with the request (a str, or ``fn(call, ctx) -> str``), and ``when(call, ctx) -> bool``
+    (None: always) — a call it says False to runs without asking."""
+
+    allowed_decisions: Sequence[DecisionType] = ALL_DECISIONS
+    description: str | Callable[[ToolUseBlock, RuntimeContext], str] | None = None
+    when: Callable[[ToolUseBlock, RuntimeContext], bool] | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.allowed_decisions, str):
+            raise TypeError("allowed_decisions must be a list of decisions, not a str: wrap it in a list")
+        bad = [d for d in self.allowed_decisions if d not in ALL_DECISIONS]
+        if bad or not self.allowed_decisions:
+            raise ValueError(f"allowed_decisions: {bad or 'empty'} — choose among {', '.join(ALL_DECISIONS)}")
+        object.__setattr__(self, "allowed_decisions", tuple(self.allowed_decisions))
+        if self.when is not None and not callable(self.when):
+            raise TypeError(f"when must be a callable when(call, ctx) -> bool, not {type(self.when).__name__}")
+
+
+def approval_message(
+    decisions: Mapping[str, Decision] | Decision, *, tool_calls: Iterable[ToolUseBlock | str] | None = None
+) -> Msg:
+    """The input that answers waiting calls: ``{call_id: decision}``, or one decision applied to
+    every call of ``tool_calls`` (calls or ids, e.g. ``RequireUserConfirm.tool_calls``)."""
+    if isinstance(decisions, Approve | Edit | Reject | Respond):
+        if tool_calls is None:
+            raise TypeError("approval_message: one decision for a batch needs tool_calls= (the calls it answers)")
+        ids = [c if isinstance(c, str) else c.id for c in tool_calls]
+        per_call: Mapping[str, Decision] = dict.fromkeys(ids, decisions)
+    else:
+        per_call = decisions
+    results: list[ConfirmResult] = []
+    raw: dict[str, dict[str, Any]] = {}
+    for call_id, d in per_call.items():
+        if not isinstance(d, Approve | Edit | Reject | Respond):
+            raise TypeError(f"approval_message: the decision for {call_id!r} must be Approve, Edit, Reject or "
+                            f"Respond, not {type(d).__name__}")
+        if isinstance(d, Reject):
+            results.append(ConfirmResult(tool_call_id=call_id, confirmed=False, reason=d.message or None))
+        else:
+            # respond is confirmed too: the resumed call reaches on_acting, where its text is the result
+            results.append(ConfirmResult(tool_call_id=call_id, confirmed=True,
+                                         input=d.arguments if isinstance(d, Edit) else None))
+        raw[call_id] = {"type": d.type, **({"text": d.text} if isinstance(d, Respond) else {})}
+    return Msg(role="user", content=[], metadata={"confirm_results": results, DECISIONS_KEY: raw})
+
+
+class _Decided:
+    """The decisions of this execution's resume input (kept in the RuntimeContext)."""
+
+    __slots__ = ("approved", "responses")
+
+    def __init__(self) -> None:
+        self.approved: set[str] = set()
+        self.responses: dict[str, str] = {}
+
+
+class HumanApprovalMiddleware(MiddlewareBase):
+    """Pauses the run for a human's decision on calls to the tools of ``interrupt_on``."""
+
+    def __init__(
+        self,
+        interrupt_on: Mapping[str, bool | ApprovalConfig],
+        *,
+        mode: Literal["batched", "per_call"] = "batched",
+        toolkit: Toolkit | None = None,
+    ) -> None:
+        if mode not in ("batched", "per_call"):
+            raise ValueError(f"mode must be 'batched' or 'per_call', not {mode!r}")
+        self.mode = mode
+        if not isinstance(interrupt_on, Mapping) or not interrupt_on:
+            raise TypeError("interrupt_on must be a non-empty mapping {tool name: True | False | ApprovalConfig}")
+        self.configs: dict[str, ApprovalConfig | None] = {}
+        for name, value in interrupt_on.items():
+            if not isinstance(name, str) or not name:
+                raise TypeError(f"interrupt_on: a key must be a tool name (str), not {name!r}")
+            if isinstance(value, ApprovalConfig):
+                self.configs[name] = value
+            elif value is True:
+                self.configs[name] = ApprovalConfig()
+            elif value is False:
+                self.configs[name] = None
+            else:
+                raise TypeError(f"interrupt_on[{name!r}] must be True, False or an ApprovalConfig, not {value!r}")
+        self._checked: set[tuple[str, ...]] = set()
+        if toolkit is not None:
+            self._check(toolkit.names)
+
+    def active_points(self) -> frozenset[ExtensionPoint]:
+        return frozenset({ExtensionPoint.ON_ACTING, ExtensionPoint.ON_AGENT_STATE_READY})
+
+    def config_for(self, name: str) -> ApprovalConfig | None:
+        """The tool's config (None: its calls run without asking)."""
+        if name in self.configs:
+            return self.configs[name]
+        for pattern, config in self.configs.items():
+            if fnmatch.fnmatchcase(name, pattern):
+                return config
+        return None
+
+    # -- resuming: the human's decisions ---------------------------------------------------------
+
+    def on_agent_state_ready(
+        self, agent: ReActAgent, ctx: RuntimeContext, state: AgentState, input_messages: list[Msg]
+    ) -> None:
+        self._check(agent.toolkit.names)
+        decided = _Decided()
+        ctx.put(_Decided, decided)  # fresh per execution, even when the caller reuses its ctx
+        if not state.pending_tool_calls:
+            return
+        names = {c.id: c.name for c in _last_calls(state)}
+        for msg in input_messages:
+            raw = msg.metadata.get(DECISIONS_KEY) or {}
+            for result in msg.metadata.get("confirm_results", ()):
+                answer = result if isinstance(result, ConfirmResult) else ConfirmResult.model_validate(result)
+                name = names.get(answer.tool_call_id)
+                config = self.config_for(name) if name is not None else None
+                if config is None:
+                    continue  # not a call of ours (the loop checks the ids)
+                given = raw.get(answer.tool_call_id, {})
+                kind = given.get("type") or ("reject" if not answer.confirmed else
+                                             "edit" if answer.input is not None else "approve")
+                if kind not in config.allowed_decisions:
+                    raise ResumeError(f"decision {kind!r} is not allowed for {name} (call {answer.tool_call_id}); "
+                                      f"allowed: {', '.join(config.allowed_decisions)}")
+                if kind == "respond":
+                    decided.responses[answer.tool_call_id] = str(given.get("text", ""))
+                elif kind != "reject":
+                    decided.approved.add(answer.tool_call_id)
+
+    # -- acting: ask, or answer what was decided -------------------------------------------------
+
+    def on_acting(self, agent: ReActAgent, ctx: RuntimeContext, input: ActingInput, next: Next) -> Any:
+        return EventStream(lambda: self._act(ctx, input, next))
+
+    async def _act(self, ctx: RuntimeContext, input: ActingInput, next: Next) -> AsyncIterator[Any]:
+        decided = ctx.get(_Decided) or _Decided()
+        reply_id = ctx.reply_id or ""
+        asking: list[ToolUseBlock] = []
+        answered: list[ToolUseBlock] = []
+        rest: list[ToolUseBlock] = []
+        for call in input.tool_calls:
+            if call.id in decided.responses:
+                answered.append(call)
+            elif call.id not in decided.approved and self._asks(call, ctx):
+                asking.append(call)
+            else:
+                rest.append(call)
+        if not asking and not answered:
+            async with contextlib.aclosing(next(input).__aiter__()) as it:  # type: ignore[type-var]
+                async for ev in it:
+                    yield ev
+            return
+        for call in answered:
+            for ev in result_events(reply_id, call, decided.responses[call.id], ToolResultState.SUCCESS):
+                yield ev
+        gate_asking: list[ToolUseBlock] = []
+        held_stop: RequestStop | None = None
+        if rest:
+            async with contextlib.aclosing(next(input.replace(tool_calls=rest)).__aiter__()) as it:  # type: ignore[type-var]
+                async for ev in it:
+                    if asking and ev.source is None and type(ev) is RequireUserConfirm:
+                        gate_asking.extend(ev.tool_calls)  # merged into one request below
+                        continue
+                    if (asking and ev.source is None and type(ev) is RequestStop
+                            and ev.generate_reason is GenerateReason.PERMISSION_ASKING):
+                        held_stop = ev
+                        continue
+                    yield ev
+        if asking:
+            if self.mode == "batched":
+                ids = {c.id for c in (*asking, *gate_asking)}
+                waiting = [c for c in input.tool_calls if c.id in ids]
+                meta = {"approval": {c.id: self._describe(c, ctx) for c in asking}}
+                yield RequireUserConfirm(reply_id=reply_id, tool_calls=waiting, metadata=meta)
+            else:  # one request per call (each may be answered on its own; the others keep waiting)
+                if gate_asking:
+                    yield RequireUserConfirm(reply_id=reply_id, tool_calls=gate_asking)
+                for call in asking:
+                    yield RequireUserConfirm(reply_id=reply_id, tool_calls=[call],
+                                             metadata={"approval": {call.id: self._describe(call, ctx)}})
+            yield held_stop or RequestStop(reason="waiting for a human to approve tool calls",
+                                           generate_reason=GenerateReason.PERMISSION_ASKING)
+
+    def _asks(self, call: ToolUseBlock, ctx: RuntimeContext) -> bool:
+        config = self.config_for(call.name)
+        return config is not None and (config.when is None or bool(config.when(call, ctx)))
+
+    def _describe(self, call: ToolUseBlock, ctx: RuntimeContext) -> dict[str, Any]:
+        config = self.config_for(call.name)
+        assert config is not None
+        text = config.description
+        if callable(text):
+            text = text(call, ctx)
+        if text is None:
+            text = f"Tool execution requires approval\n\nTool: {call.name}\nArgs: {json.dumps(call.input, default=str)}"
+        return {"tool": call.name, "description": text, "allowed_decisions": list(config.allowed_decisions)}
+
+    def _check(self, names: Sequence[str]) -> None:
+        key = tuple(names)
+        if key not in self._checked:
+            check_tool_names(self.configs, key, "interrupt_on")
+            self._checked.add(key)
+
+
+def _last_calls(state: AgentState) -> list[ToolUseBlock]:
+    for msg in reversed(state.context):
+        if msg.role == "assistant":
+            return msg.tool_calls
+    return []

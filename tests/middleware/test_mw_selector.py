@@ -1,0 +1,168 @@
+"""ToolSelectorMiddleware / LLMToolSelectorMiddleware: what the model is offered each round, the
+selector's internal call kept out of the stream, max_tools / always_include, failures."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from agentscope_py import ChatUsage, Msg, ReActAgent, RuntimeContext, ScriptedModel, Toolkit, tool
+from agentscope_py.errors import ServerError, StructuredOutputError
+from agentscope_py.middleware import (
+    LLMToolSelectorMiddleware,
+    OtelTracingMiddleware,
+    ToolPolicyMiddleware,
+    ToolSelectorMiddleware,
+)
+from agentscope_py.model import ModelStep
+from agentscope_py.model.base import ToolSchema
+
+pytestmark = pytest.mark.timeout(20)
+
+
+@tool
+def weather(city: str) -> str:
+    """Current weather in a city."""
+    return f"sunny in {city}"
+
+
+@tool
+def stocks(symbol: str) -> str:
+    """Stock price."""
+    return "42"
+
+
+@tool
+def search(query: str) -> str:
+    """Web search."""
+    return "results"
+
+
+@tool
+def calculator(expr: str) -> str:
+    """Evaluate arithmetic."""
+    return "4"
+
+
+def _agent(model: ScriptedModel, *mws: Any) -> ReActAgent:
+    return (ReActAgent.builder().model(model).toolkit(Toolkit([weather, stocks, search, calculator]))
+            .middlewares(list(mws)).build())
+
+
+def _offered(model: ScriptedModel, i: int = 0) -> list[str]:
+    return [t.name for t in model.requests[i].tools]
+
+
+async def test_select_fn_sees_ctx_and_messages_each_round() -> None:
+    seen: list[tuple[str, int, list[str]]] = []
+
+    async def select(ctx: RuntimeContext, messages: Sequence[Msg], tools: Sequence[ToolSchema]) -> list[str]:
+        seen.append((ctx.get("tier"), len(messages), [t.name for t in tools]))
+        return ["weather"] if len(messages) < 4 else ["stocks"]
+
+    model = ScriptedModel([ModelStep.tool_call("weather", {"city": "Oslo"}), ModelStep.text("sunny")])
+    agent = _agent(model, ToolSelectorMiddleware(select, always_include=["calculator"]))
+    events = await agent.stream("weather in Oslo?", ctx=RuntimeContext(tier="free")).to_list()
+    assert _offered(model, 0) == ["weather", "calculator"]
+    assert _offered(model, 1) == ["stocks", "calculator"]
+    # always_include tools are not offered to the selector; one choice per round
+    assert seen == [("free", 2, ["weather", "stocks", "search"]), ("free", 4, ["weather", "stocks", "search"])]
+    reported = [e.value["tools"] for e in events if e.type == "custom" and e.name == "tools_selected"]
+    assert reported == [["weather", "calculator"], ["stocks", "calculator"]]
+
+
+async def test_select_returning_an_unknown_name_is_an_error() -> None:
+    agent = _agent(ScriptedModel([ModelStep.text("x")]), ToolSelectorMiddleware(lambda c, m, t: ["nuke"]))
+    with pytest.raises(ValueError, match="'nuke', not among the round's tools"):
+        await agent.call("go")
+
+
+async def test_bad_construction() -> None:
+    with pytest.raises(TypeError, match="select must be a callable"):
+        ToolSelectorMiddleware("weather")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="max_tools must be a positive int"):
+        LLMToolSelectorMiddleware(max_tools=0)
+    with pytest.raises(ValueError, match="on_error"):
+        LLMToolSelectorMiddleware(on_error="ignore")  # type: ignore[arg-type]
+    agent = _agent(ScriptedModel([ModelStep.text("x")]),
+                   LLMToolSelectorMiddleware(ScriptedModel([]), always_include=["calc"]))
+    with pytest.raises(ValueError, match="always_include: no tool matches 'calc'"):
+        await agent.call("go")
+
+
+def _pick(*names: str, usage: ChatUsage | None = None) -> ModelStep:
+    return ModelStep.tool_call("select_tools", {"tools": list(names)}, usage=usage)
+
+
+async def test_llm_selector_is_an_internal_call() -> None:
+    selector = ScriptedModel([_pick("search", "invented", "weather", "stocks", usage=ChatUsage(input_tokens=30,
+                                                                                                output_tokens=5))],
+                             name="selector")
+    main = ScriptedModel([ModelStep.text("It is sunny.")], name="main")
+    ctx = RuntimeContext()
+    agent = _agent(main, LLMToolSelectorMiddleware(selector, max_tools=2, always_include=["calculator"]))
+    events = await agent.stream("weather in Oslo?", ctx=ctx).to_list()
+    # invented names dropped, capped at 2 in the selector's order, always_include on top
+    assert sorted(_offered(main)) == ["calculator", "search", "weather"]
+    assert [e.model for e in events if e.type == "model_call_start"] == ["main"]
+    assert not any(e.type == "tool_call_start" for e in events)  # the select_tools call stayed inside
+    req = selector.requests[0]
+    assert [t.name for t in req.tools] == ["select_tools"]
+    assert req.tools[0].parameters["properties"]["tools"]["items"]["enum"] == ["weather", "stocks", "search"]
+    assert req.messages[-1].text == "weather in Oslo?"
+    assert "- stocks: Stock price." in req.messages[0].text and "at most 2" in req.messages[0].text
+    assert ctx.extra_usage == ChatUsage(input_tokens=30, output_tokens=5)
+
+
+async def test_llm_selector_json_text_answer() -> None:
+    selector = ScriptedModel([ModelStep.text('{"tools": ["stocks"]}')])
+    main = ScriptedModel([ModelStep.text("42")])
+    await _agent(main, LLMToolSelectorMiddleware(selector)).call("price of X?")
+    assert _offered(main) == ["stocks"]
+
+
+async def test_llm_selector_failure_keeps_all_tools_or_raises() -> None:
+    main = ScriptedModel([ModelStep.text("ok"), ModelStep.text("ok")])
+    failing = ScriptedModel([ModelStep.error(ServerError("down")), ModelStep.text("no idea")])
+    agent = _agent(main, LLMToolSelectorMiddleware(failing))
+    assert (await agent.call("a")).text == "ok"
+    assert len(_offered(main, 0)) == 4
+    assert (await agent.call("b")).text == "ok"  # an answer without a selection: all tools too
+    assert len(_offered(main, 1)) == 4
+
+    strict = _agent(ScriptedModel([]), LLMToolSelectorMiddleware(ScriptedModel([ModelStep.text("hmm")]),
+                                                                  on_error="raise"))
+    with pytest.raises(StructuredOutputError, match="no list of tools"):
+        await strict.call("c")
+
+
+async def test_selector_call_is_traced_as_internal() -> None:
+    exporter = InMemorySpanExporter()
+    tp = TracerProvider()
+    tp.add_span_processor(SimpleSpanProcessor(exporter))
+    selector = ScriptedModel([_pick("weather")], name="sel")
+    agent = _agent(ScriptedModel([ModelStep.text("x")], name="main"),
+                   OtelTracingMiddleware(tracer_provider=tp), LLMToolSelectorMiddleware(selector))
+    await agent.call("go")
+    spans = {s.name: s for s in exporter.get_finished_spans()}
+    sel = spans["chat sel (tool_selection)"]
+    assert sel.attributes is not None and sel.attributes["agentscope.internal"] is True
+    (agent_span,) = [s for n, s in spans.items() if n.startswith("invoke_agent")]
+    # selected at on_reasoning, inside the run's span, before the round's own chat span
+    assert sel.parent is not None and sel.parent.span_id == agent_span.context.span_id
+    assert sel.end_time is not None and sel.end_time <= spans["chat main"].start_time
+    tp.shutdown()
+
+
+async def test_selector_with_policy_narrows_both() -> None:
+    main = ScriptedModel([ModelStep.text("x")])
+    agent = _agent(main, ToolPolicyMiddleware(deny=["search"]),
+                   ToolSelectorMiddleware(lambda c, m, tools: [t.name for t in tools][:3]))
+    await agent.call("go")
+    # the selector picked weather, stocks, search; the policy hid search at the model call
+    assert _offered(main) == ["weather", "stocks"]
