@@ -1,5 +1,6 @@
-"""`AgentState` and `TodoItem` (defined in `agentscope_py._state`, below the packages that use them)."""
+"""`AgentState`, `TodoItem` and `SummaryRecord` (defined in `agentscope_py._state`, below the
+packages that use them)."""
 
-from .._state import AgentState, TodoItem
+from .._state import AgentState, SummaryRecord, TodoItem
 
-__all__ = ["AgentState", "TodoItem"]
+__all__ = ["AgentState", "SummaryRecord", "TodoItem"]
