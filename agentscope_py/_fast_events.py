@@ -1,0 +1,97 @@
+"""Fast constructors for the per-token delta events (internal).
+
+Everything else in the runtime is built with pydantic's validating constructors. The delta events
+are the exception because there is one per streamed token: validating ``TextBlockDelta(...)``
+costs about 1.7x what this module's makers do, and that difference shows per token (see
+docs/stream.md, "What a token costs").
+
+`delta_maker` is handed the ids a block's deltas share, once per block, and returns a function of
+the delta text that builds the event. What it builds is the object the validating constructor
+gives (the same ``__dict__`` with the same field order, the same ``model_fields_set``, no extras,
+no private attributes), which `tests/test_fast_events.py` checks field by field. It is safe
+because of what it is given and what it is used for:
+
+* only the runtime calls it, with values it made itself and that already have the field's type:
+  ids it generated or read from typed events, and text that has crossed the model call as ``str``
+  (`agent/_model_call.py` puts only ``str`` deltas in transit);
+* the delta classes have no validators, no extras and no private attributes (checked at import:
+  a class that gains one fails loudly here instead of silently skipping its validation);
+* events are frozen, so the fields set that every delta of a kind shares is never mutated in
+  place (pydantic's ``model_copy`` copies it first).
+
+No code is generated: each maker is a plain closure over a template dict.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from .events import EventBase, TextBlockDelta, ThinkingBlockDelta, ToolCallDelta, ToolResultTextDelta
+from .message import id_parts
+
+__all__ = ["delta_maker"]
+
+_D = TypeVar("_D", TextBlockDelta, ThinkingBlockDelta, ToolCallDelta, ToolResultTextDelta)
+
+_new = object.__new__
+_set = object.__setattr__
+_id_prefix, _next_serial = id_parts("ev_")  # what EventBase's id factory generates, inline
+
+
+class _Kind:
+    """What every delta of one class shares: its field order (a validated sample's) and the
+    fields an ordinary construction sets."""
+
+    __slots__ = ("bound", "cls", "fields_set", "template")
+
+    def __init__(self, cls: type[EventBase], **sample: str) -> None:
+        decorators = cls.__pydantic_decorators__
+        if (decorators.field_validators or decorators.model_validators or cls.__private_attributes__
+                or cls.model_config.get("extra") not in (None, "ignore")):
+            raise TypeError(f"{cls.__name__} needs validation: build it with its constructor")
+        made = cls.model_validate({**sample, "delta": ""})
+        self.cls = cls
+        self.bound = tuple(sample)
+        self.template: dict[str, Any] = dict(made.__dict__)
+        self.fields_set = made.__pydantic_fields_set__
+
+
+_KINDS: dict[type[EventBase], _Kind] = {
+    TextBlockDelta: _Kind(TextBlockDelta, reply_id="", block_id=""),
+    ThinkingBlockDelta: _Kind(ThinkingBlockDelta, reply_id="", block_id=""),
+    ToolCallDelta: _Kind(ToolCallDelta, reply_id="", tool_call_id="", tool_name=""),
+    ToolResultTextDelta: _Kind(ToolResultTextDelta, reply_id="", tool_call_id="", tool_name=""),
+}
+
+
+def delta_maker(cls: type[_D], **bound: Any) -> Callable[[str], _D]:
+    """``delta_maker(C, **ids)(text)`` gives the event ``C(**ids, delta=text)`` gives (a fresh
+    ``id``, ``created_at`` and ``metadata`` each), without validating. ``ids``: every field of
+    ``C`` but ``delta`` (``reply_id`` and ``block_id``, or ``reply_id``, ``tool_call_id`` and
+    ``tool_name``); only for values the runtime made itself. Ids that are not exactly ``str`` (a
+    provider's tool name of another type) get a maker that validates."""
+    kind = _KINDS[cls]
+    if bound.keys() != set(kind.bound):
+        raise TypeError(f"delta_maker({cls.__name__}) takes {', '.join(kind.bound)}")
+    if any(type(v) is not str for v in bound.values()):
+        return lambda delta: cls.model_validate({**bound, "delta": delta})
+    template = {**kind.template, **bound}
+    fields_set = kind.fields_set
+    prefix, serial, now, new, set_ = _id_prefix, _next_serial, time.time, _new, _set
+
+    def make(delta: str) -> _D:
+        values = template.copy()
+        values["id"] = f"{prefix}{serial()}"
+        values["created_at"] = now()
+        values["metadata"] = {}
+        values["delta"] = delta
+        event: _D = new(cls)
+        set_(event, "__dict__", values)
+        set_(event, "__pydantic_fields_set__", fields_set)
+        set_(event, "__pydantic_extra__", None)
+        set_(event, "__pydantic_private__", None)
+        return event
+
+    return make
