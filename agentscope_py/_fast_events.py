@@ -28,6 +28,8 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from pydantic import BaseModel
+
 from .events import EventBase, TextBlockDelta, ThinkingBlockDelta, ToolCallDelta, ToolResultTextDelta
 from .message import id_parts
 
@@ -37,6 +39,10 @@ _D = TypeVar("_D", TextBlockDelta, ThinkingBlockDelta, ToolCallDelta, ToolResult
 
 _new = object.__new__
 _set = object.__setattr__
+# pydantic's own slots of a model, set through their descriptors (what ``__copy__`` sets too)
+_set_fields_set = BaseModel.__dict__["__pydantic_fields_set__"].__set__
+_set_extra = BaseModel.__dict__["__pydantic_extra__"].__set__
+_set_private = BaseModel.__dict__["__pydantic_private__"].__set__
 _id_prefix, _next_serial = id_parts("ev_")  # what EventBase's id factory generates, inline
 
 
@@ -80,6 +86,7 @@ def delta_maker(cls: type[_D], **bound: Any) -> Callable[[str], _D]:
     template = {**kind.template, **bound}
     fields_set = kind.fields_set
     prefix, serial, now, new, set_ = _id_prefix, _next_serial, time.time, _new, _set
+    set_fields_set, set_extra, set_private = _set_fields_set, _set_extra, _set_private
 
     def make(delta: str) -> _D:
         values = template.copy()
@@ -89,9 +96,9 @@ def delta_maker(cls: type[_D], **bound: Any) -> Callable[[str], _D]:
         values["delta"] = delta
         event: _D = new(cls)
         set_(event, "__dict__", values)
-        set_(event, "__pydantic_fields_set__", fields_set)
-        set_(event, "__pydantic_extra__", None)
-        set_(event, "__pydantic_private__", None)
+        set_fields_set(event, fields_set)
+        set_extra(event, None)
+        set_private(event, None)
         return event
 
     return make

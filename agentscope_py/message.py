@@ -41,10 +41,11 @@ def new_id(kind: str = "") -> str:
 
 
 def id_factory(kind: str) -> Callable[[], str]:
-    """``new_id(kind)`` as a field's default factory."""
+    """``new_id(kind)`` as a field's default factory (one call, not two: every event calls it)."""
+    prefix, serial = f"{kind}{_PREFIX}_", _counter.__next__
 
     def make_id() -> str:
-        return new_id(kind)
+        return f"{prefix}{serial()}"
 
     return make_id
 

@@ -384,14 +384,14 @@ def prefetched(
     context: contextvars.Context | None = None,
     push: bool = False,
     *,
-    first: Callable[[], Callable[[Any], Any]] | None = None,
-    make: Callable[[], Callable[[Any], Any]] | None = None,
+    deferred: bool = False,
+    make: object = None,
 ) -> EventStream[Any]:
     """`EventStream.prefetch` of what ``source()`` returns (internal: no stream in between); see
     `_stream.concurrent.Prefetch` for ``push`` (a producer that fills the channel itself) and
-    ``first`` (a map made fresh per subscription, applied in the drain before the stream's).
+    ``deferred`` (items the drain makes from ``(make, value)`` pairs in the consumer's task).
 
-    ``make``: deprecated internal, ``first`` under its old name, for agent/_loop.py until it calls
-    `agent._model_call.model_call_stream`; to be removed when that caller moves."""
+    ``make``: deprecated internal, to be removed when agent/_loop.py calls
+    `agent._model_call.model_call_stream`: any value turns ``deferred`` on."""
     ctx = context if context is not None else contextvars.copy_context()
-    return EventStream(Prefetch(source, size, ctx, push, first if first is not None else make))
+    return EventStream(Prefetch(source, size, ctx, push, deferred or make is not None))

@@ -272,37 +272,27 @@ async def test_a_failing_map_after_prefetch_stops_the_producer(no_leaked_tasks: 
     assert p.closed == 1 and p.produced < 100
 
 
-async def test_a_prefetch_first_map_is_fresh_per_subscription_and_runs_first_on_the_consumer_side(
-    no_leaked_tasks: None,
-) -> None:
+async def test_a_deferring_prefetch_makes_deferred_items_on_the_consumer_side(no_leaked_tasks: None) -> None:
     consumer = asyncio.current_task()
-    tasks: list[Any] = []
-    made = 0
+    producers: list[Any] = []
+    makers: list[Any] = []
 
-    def first() -> Any:  # a stateful map: labels each str with the last item that was not one
-        nonlocal made
-        made += 1
-        last: list[Any] = [None]
-
-        def label(item: Any) -> Any:
-            tasks.append(asyncio.current_task())
-            if type(item) is str:
-                return f"{last[0]}:{item}"
-            last[0] = item
-            return item
-
-        return label
+    def label(text: str) -> str:  # what a deferred item is made with, in the consumer's task
+        makers.append(asyncio.current_task())
+        return f"made:{text}"
 
     async def source() -> AsyncIterator[Any]:
-        for item in (1, "a", "b", 2, "c"):
+        producers.append(asyncio.current_task())
+        for item in (1, (label, "a"), (label, "b"), 2):
             yield item
 
-    assert await prefetched(source, 2).to_list() == [1, "a", "b", 2, "c"]  # no first map: items as they are
-    s = prefetched(source, 2, first=first)
-    assert await s.to_list() == [1, "1:a", "1:b", 2, "2:c"]
-    assert await s.map(lambda x: f"<{x}>").to_list() == ["<1>", "<1:a>", "<1:b>", "<2>", "<2:c>"]  # then maps
-    assert await s.filter(lambda x: x != 2).to_list() == [1, "1:a", "1:b", "2:c"]  # then other steps
-    assert made == 3 and len(tasks) == 15 and all(task is consumer for task in tasks)
+    assert await prefetched(source, 2).to_list() == [1, (label, "a"), (label, "b"), 2]  # not deferring: as they are
+    s = prefetched(source, 2, deferred=True)
+    assert await s.to_list() == [1, "made:a", "made:b", 2]
+    assert await s.map(lambda x: f"<{x}>").to_list() == ["<1>", "<made:a>", "<made:b>", "<2>"]  # then maps
+    assert await s.filter(lambda x: x != 2).to_list() == [1, "made:a", "made:b"]  # then other steps
+    assert len(makers) == 6 and all(task is consumer for task in makers)
+    assert producers and all(task is not consumer for task in producers)  # the producer has its own task
 
 
 async def test_a_push_producer_fills_the_channel_within_its_bound_and_is_cancelled_on_close(

@@ -12,7 +12,10 @@ from typing import Any
 from .channel import EMPTY, Channel
 from .operators import Maps, MapSource, aclose
 
-__all__ = ["Prefetch", "Producer", "merge"]
+__all__ = ["Deferred", "Prefetch", "Producer", "merge"]
+
+Deferred = tuple[Callable[[Any], Any], Any]
+"""``(make, value)``: an item a deferring prefetch makes in the consumer's task, ``make(value)``."""
 
 Producer = Callable[[], AsyncIterator[Any]] | Callable[[Channel], Awaitable[None]]
 """What a prefetch runs in its task: an iterator factory, or (``push``) a coroutine function that
@@ -28,27 +31,25 @@ class Prefetch(MapSource):
     appends items to the channel's ``items`` (calling `Channel.wake`, awaiting `Channel.room`
     when full), saving the generator step per item that a pump over an iterator takes.
 
-    With ``first``, ``first()`` is called at each subscription and the map it returns is applied
-    to every item in the drain, before the stream's maps: a stateful map, fresh per subscription,
-    that runs in the consumer's task (a producer can hand over cheap placeholders that it turns
-    into items just before they are used)."""
+    With ``deferred``, the producer may put a `Deferred` pair ``(make, value)`` in place of an
+    item: the drain replaces it by ``make(value)``, in the consumer's task, before the maps. A
+    producer faster than its consumer then buffers the cheap ``value`` and the item is made just
+    before it is used (and dies young). Any tuple is taken for such a pair, so only producers
+    that put no other tuples turn it on."""
 
-    __slots__ = ("ctx", "first", "push", "size", "source")
+    __slots__ = ("ctx", "deferred", "push", "size", "source")
 
     def __init__(
-        self, source: Producer, size: int, ctx: contextvars.Context, push: bool = False,
-        first: Callable[[], Callable[[Any], Any]] | None = None,
+        self, source: Producer, size: int, ctx: contextvars.Context, push: bool = False, deferred: bool = False,
     ) -> None:
         self.source = source
         self.size = size
         self.ctx = ctx
         self.push = push
-        self.first = first
+        self.deferred = deferred
 
     def with_maps(self, maps: Maps) -> AsyncIterator[Any]:
-        if self.first is not None:
-            maps = (self.first(), *maps)
-        return _prefetch(self.source, self.size, self.ctx, maps, self.push)
+        return _prefetch(self.source, self.size, self.ctx, maps, self.push, self.deferred)
 
 
 async def _pump(channel: Channel, source: Callable[..., Any], push: bool) -> None:
@@ -78,7 +79,7 @@ async def _pump(channel: Channel, source: Callable[..., Any], push: bool) -> Non
 
 
 async def _prefetch(
-    source: Callable[..., Any], size: int, ctx: contextvars.Context, maps: Maps, push: bool,
+    source: Callable[..., Any], size: int, ctx: contextvars.Context, maps: Maps, push: bool, deferred: bool,
 ) -> AsyncIterator[Any]:
     channel = Channel(size)
     items = channel.items
@@ -92,6 +93,8 @@ async def _prefetch(
             # take(), inlined when no producer waits for room
             item = items.pop(0) if items and not spaces else take()
             if item is not empty:
+                if deferred and type(item) is tuple:
+                    item = item[0](item[1])
                 for fn in maps:
                     item = fn(item)
                 yield item

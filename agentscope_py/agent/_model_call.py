@@ -4,11 +4,11 @@
 streams the model (retrying and failing over before the first chunk) and puts ModelCallStart,
 the block Start/Delta/End events and ModelCallEnd into the prefetch buffer, in a task of its own.
 
-Text and thinking deltas cross that buffer as the chunk's ``str``, not as events: a consumer
-slower than the model (a loaded server) then buffers strings, and each delta event is made just
-before it is used, in the consumer's task, by `_delta_events` (the prefetch's ``first`` map).
-Both halves of that trick live here and nowhere else: the prefetch knows only that a map runs
-first in its drain.
+Text and thinking deltas cross that buffer as the chunk's ``str`` with the block's delta maker,
+``(make, text)``, not as events: a consumer slower than the model (a loaded server) then buffers
+strings, and each delta event is made just before it is used, in the consumer's task (the
+prefetch's ``deferred`` items). What crosses as a string, and how its event is made, is decided
+here and nowhere else: the prefetch only calls ``make(text)``.
 """
 
 from __future__ import annotations
@@ -125,7 +125,7 @@ def model_call_stream(
     around the innermost ``next()`` parents the model call). See `model_events`."""
     # A partial, not a lambda: no closure cells for the call to keep alive.
     source = functools.partial(model_events, models, request, reply_id, policy, on_failover, control)
-    return prefetched(source, push=True, first=_delta_events)
+    return prefetched(source, push=True, deferred=True)
 
 
 async def model_events(
@@ -142,10 +142,10 @@ async def model_events(
     first chunk arrives, so a failure before it can be retried or failed over (here, or by a
     middleware) cleanly.
 
-    A text or thinking delta is emitted as the chunk's ``str``; on the consumer's side of the
-    prefetch, `_delta_events` makes its event. A consumer slower than the model (a loaded
-    server) then buffers strings, not events, and each event lives only from its making to its
-    use. The events of one chunk go in together; then, if the buffer is full, this waits for
+    A text or thinking delta is emitted as the chunk's ``str`` with its block's maker (a deferred
+    item, ``(make, text)``); on the consumer's side of the prefetch, ``make(text)`` makes its
+    event. A consumer slower than the model (a loaded server) then buffers strings, not events,
+    and each event lives only from its making to its use. The events of one chunk go in together; then, if the buffer is full, this waits for
     room.
 
     With ``control`` (the run's interrupt switch), the task running this is registered for the
@@ -178,6 +178,9 @@ async def model_events(
     put = items.append
     text_id: str | None = None
     thinking_id: str | None = None
+    # The open blocks' delta makers: a delta crosses as (make, text), made on the consumer's side.
+    text_make: Callable[[str], TextBlockDelta] | None = None
+    thinking_make: Callable[[str], ThinkingBlockDelta] | None = None
     signature: str | None = None
     # Text crosses as it came, except that a surrogate pair a provider split across two chunks is
     # joined and a lone half replaced (`_sanitize`): non-ASCII text only, through a carry per kind.
@@ -196,37 +199,39 @@ async def model_events(
             if thinking:
                 if thinking_id is None:
                     if text_id is not None:
-                        _end_text(put, reply_id, text_id, text_carry)
+                        _end_text(put, reply_id, text_id, text_carry, text_make)
                         text_id = None
                     thinking_id = new_id("blk_")
+                    thinking_make = fast_delta(ThinkingBlockDelta, reply_id=reply_id, block_id=thinking_id)
                     put(ThinkingBlockStart(reply_id=reply_id, block_id=thinking_id))
                 if not thinking.isascii():
                     thinking_carry = thinking_carry or SurrogateCarry()
                     thinking = thinking_carry.feed(thinking)
                 if thinking:
-                    put(thinking)  # made into its event on the consumer's side (delta_maker)
+                    put((thinking_make, thinking))  # its event is made on the consumer's side
             if chunk.thinking_signature:
                 signature = (signature or "") + chunk.thinking_signature
             text = chunk.text
             if text:
                 if text_id is None:
                     if thinking_id is not None:
-                        _end_thinking(put, reply_id, thinking_id, signature, thinking_carry)
+                        _end_thinking(put, reply_id, thinking_id, signature, thinking_carry, thinking_make)
                         thinking_id, signature = None, None
                     text_id = new_id("blk_")
+                    text_make = fast_delta(TextBlockDelta, reply_id=reply_id, block_id=text_id)
                     put(TextBlockStart(reply_id=reply_id, block_id=text_id))
                 if not text.isascii():
                     text_carry = text_carry or SurrogateCarry()
                     text = text_carry.feed(text)
                 if text:
-                    put(text)  # the same
+                    put((text_make, text))  # the same
             tc = chunk.tool_call
             if tc is not None:
                 if thinking_id is not None:
-                    _end_thinking(put, reply_id, thinking_id, signature, thinking_carry)
+                    _end_thinking(put, reply_id, thinking_id, signature, thinking_carry, thinking_make)
                     thinking_id, signature = None, None
                 if text_id is not None:
-                    _end_text(put, reply_id, text_id, text_carry)
+                    _end_text(put, reply_id, text_id, text_carry, text_make)
                     text_id = None
                 known = calls.get(tc.index)
                 if known is None or (tc.id is not None and tc.id != known[0]):
@@ -251,11 +256,9 @@ async def model_events(
             except StopAsyncIteration:
                 chunk = None
         if thinking_id is not None:
-            _end_thinking(put, reply_id, thinking_id, signature, thinking_carry)
+            _end_thinking(put, reply_id, thinking_id, signature, thinking_carry, thinking_make)
         if text_id is not None:
-            if text_carry is not None and text_carry.held:
-                put(text_carry.flush())
-            put(TextBlockEnd(reply_id=reply_id, block_id=text_id))
+            _end_text(put, reply_id, text_id, text_carry, text_make)
         for call_id, name, _ in calls.values():
             put(ToolCallEnd(reply_id=reply_id, tool_call_id=call_id, tool_name=name))
         put(ModelCallEnd(reply_id=reply_id, usage=usage, finish_reason=finish))
@@ -285,50 +288,26 @@ async def model_events(
             _unregister(control, task)
 
 
-def _end_text(put: Callable[[Any], None], reply_id: str, block_id: str, carry: SurrogateCarry | None) -> None:
+def _end_text(
+    put: Callable[[Any], None], reply_id: str, block_id: str, carry: SurrogateCarry | None, make: Any,
+) -> None:
     if carry is not None and carry.held:
-        put(carry.flush())
+        put((make, carry.flush()))
     put(TextBlockEnd(reply_id=reply_id, block_id=block_id))
 
 
 def _end_thinking(
-    put: Callable[[Any], None], reply_id: str, block_id: str, signature: str | None, carry: SurrogateCarry | None
+    put: Callable[[Any], None], reply_id: str, block_id: str, signature: str | None, carry: SurrogateCarry | None,
+    make: Any,
 ) -> None:
     if carry is not None and carry.held:
-        put(carry.flush())
+        put((make, carry.flush()))
     put(ThinkingBlockEnd(reply_id=reply_id, block_id=block_id, signature=signature))
 
 
-def _delta_events() -> Callable[[Any], Any]:
-    """The consumer's half of `model_events`, made fresh per subscription: the map that turns each
-    ``str`` in transit into the event of its text or thinking delta, in the consumer's task, and
-    passes the other items as they are. A ``str`` belongs to the block last opened: `model_events`
-    puts a block's deltas only between its Start and its End, and opens a block only after
-    closing the other kind (a tool call closes both)."""
-    make: Callable[[str], Any] = _no_block
-
-    def to_event(item: Any) -> Any:
-        nonlocal make
-        cls = type(item)
-        if cls is str:
-            return make(item)
-        if cls is TextBlockStart:
-            make = fast_delta(TextBlockDelta, reply_id=item.reply_id, block_id=item.block_id)
-        elif cls is ThinkingBlockStart:
-            make = fast_delta(ThinkingBlockDelta, reply_id=item.reply_id, block_id=item.block_id)
-        return item
-
-    return to_event
-
-
-def _no_block(text: str) -> Any:
-    raise AssertionError(f"model_events put a delta outside a block: {text!r}")
-
-
-def delta_maker() -> Callable[[Any], Any]:
-    """Deprecated internal: `_delta_events`, for agent/_loop.py's ``prefetched(make=...)`` until it
-    calls `model_call_stream`; to be removed when that caller moves."""
-    return _delta_events()
+def delta_maker() -> None:
+    """Deprecated internal, to be removed when agent/_loop.py calls `model_call_stream` (it hands
+    this to ``prefetched(make=...)``, which only needs a value there)."""
 
 
 def _register(control: RunControl | None) -> asyncio.Task[Any] | None:
