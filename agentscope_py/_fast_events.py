@@ -31,7 +31,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel
 
 from .events import EventBase, TextBlockDelta, ThinkingBlockDelta, ToolCallDelta, ToolResultTextDelta
-from .message import id_parts
+from .message import id_factory
 
 __all__ = ["delta_maker"]
 
@@ -43,7 +43,7 @@ _set = object.__setattr__
 _set_fields_set = BaseModel.__dict__["__pydantic_fields_set__"].__set__
 _set_extra = BaseModel.__dict__["__pydantic_extra__"].__set__
 _set_private = BaseModel.__dict__["__pydantic_private__"].__set__
-_id_prefix, _next_serial = id_parts("ev_")  # what EventBase's id factory generates, inline
+_event_id = id_factory("ev_")  # what EventBase's id field defaults to
 
 
 class _Kind:
@@ -85,12 +85,12 @@ def delta_maker(cls: type[_D], **bound: Any) -> Callable[[str], _D]:
         return lambda delta: cls.model_validate({**bound, "delta": delta})
     template = {**kind.template, **bound}
     fields_set = kind.fields_set
-    prefix, serial, now, new, set_ = _id_prefix, _next_serial, time.time, _new, _set
+    event_id, now, new, set_ = _event_id, time.time, _new, _set
     set_fields_set, set_extra, set_private = _set_fields_set, _set_extra, _set_private
 
     def make(delta: str) -> _D:
         values = template.copy()
-        values["id"] = f"{prefix}{serial()}"
+        values["id"] = event_id()
         values["created_at"] = now()
         values["metadata"] = {}
         values["delta"] = delta

@@ -145,8 +145,8 @@ async def model_events(
     A text or thinking delta is emitted as the chunk's ``str`` with its block's maker (a deferred
     item, ``(make, text)``); on the consumer's side of the prefetch, ``make(text)`` makes its
     event. A consumer slower than the model (a loaded server) then buffers strings, not events,
-    and each event lives only from its making to its use. The events of one chunk go in together; then, if the buffer is full, this waits for
-    room.
+    and each event lives only from its making to its use. The events of one chunk go in
+    together; then, if the buffer is full, this waits for room.
 
     With ``control`` (the run's interrupt switch), the task running this is registered for the
     call's lifetime, so an interrupt cancels it, and that cancellation surfaces as
@@ -305,9 +305,14 @@ def _end_thinking(
     put(ThinkingBlockEnd(reply_id=reply_id, block_id=block_id, signature=signature))
 
 
-def delta_maker() -> None:
-    """Deprecated internal, to be removed when agent/_loop.py calls `model_call_stream` (it hands
-    this to ``prefetched(make=...)``, which only needs a value there)."""
+def delta_maker(start: TextBlockStart | ThinkingBlockStart) -> Callable[[str], TextBlockDelta | ThinkingBlockDelta]:
+    """Deprecated internal, to be removed when its last callers move: what makes the deltas of the
+    block ``start`` opens, as `model_events` does. agent/_loop.py hands it to
+    ``prefetched(make=...)`` (which only needs a value there) until it calls `model_call_stream`;
+    tests/server/test_encode_sse.py makes deltas with it."""
+    if type(start) is TextBlockStart:
+        return fast_delta(TextBlockDelta, reply_id=start.reply_id, block_id=start.block_id)
+    return fast_delta(ThinkingBlockDelta, reply_id=start.reply_id, block_id=start.block_id)
 
 
 def _register(control: RunControl | None) -> asyncio.Task[Any] | None:
