@@ -9,7 +9,6 @@ immutable and round-trip through JSON: ``parse_event(e.model_dump_json()) == e``
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
@@ -23,7 +22,6 @@ from .message import (
     ToolResultState,
     ToolUseBlock,
     id_factory,
-    trusted_model,
 )
 
 __all__ = [
@@ -73,8 +71,6 @@ __all__ = [
 
 
 _event_id = id_factory("ev_")
-
-
 
 
 class EventBase(BaseModel):
@@ -395,11 +391,11 @@ _adapter: TypeAdapter[AgentEvent] = TypeAdapter(AgentEvent)
 _E = TypeVar("_E", bound=EventBase)
 
 
-def trusted(cls: type[_E], *names: str) -> Callable[..., _E]:
-    """A constructor for the events the runtime builds from values it made itself (internal):
-    ``trusted(C, "a", "b")(a=..., b=...)`` gives the object ``C(a=..., b=...)`` gives, with a fresh
-    ``id``/``created_at``/``metadata``, without validation. See `message.trusted_model`."""
-    return trusted_model(cls, *names)
+def trusted(cls: type[_E], *names: str) -> type[_E]:
+    """Deprecated internal, to be removed when the last caller moves: ``cls`` itself (events are
+    built with their validating constructors; see `_fast_events` for the per-token deltas)."""
+    del names
+    return cls
 
 
 def parse_event(data: str | bytes | dict[str, Any]) -> AgentEvent:

@@ -94,14 +94,12 @@ async def pipe_operators(upstream: AsyncIterator[Any], operators: Sequence[Any])
     try:
         while True:
             while sink.items:
-                yield sink.items.pop(0)
+                yield sink.take()
             if sink.done:
-                if sink.error is not None:
-                    raise sink.error
+                sink.end()
                 return
             if upstream_done or not observers:
-                sink.waiter = loop.create_future()
-                await sink.waiter
+                await sink.wait()
                 continue
             if scheduler.used:
                 # Items may arrive from the loop while the upstream is quiet: race the two.
@@ -185,15 +183,8 @@ def from_observable(observable: reactivex.Observable[Any]) -> EventStream[Any]:
             scheduler=AsyncIOScheduler(loop),
         )
         try:
-            while True:
-                while sink.items:
-                    yield sink.items.pop(0)
-                if sink.done:
-                    if sink.error is not None:
-                        raise sink.error
-                    return
-                sink.waiter = loop.create_future()
-                await sink.waiter
+            async for item in sink.drain():
+                yield item
         finally:
             sub.dispose()
 

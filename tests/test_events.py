@@ -105,7 +105,7 @@ def test_msg_helpers_and_round_trip() -> None:
         input_tokens=4, output_tokens=2, reasoning_tokens=1)
 
 
-# -- unvalidated construction (internal): the same objects as validation gives --------------------
+# -- the per-token delta constructors (internal): the same objects as validation gives -------------
 
 
 def _same_object(made: typing.Any, validated: typing.Any) -> None:
@@ -120,60 +120,35 @@ def _same_object(made: typing.Any, validated: typing.Any) -> None:
     assert type(made).model_validate_json(made.model_dump_json()) == made
 
 
-def test_a_trusted_maker_gives_what_validation_gives() -> None:
-    from agentscope_py.message import trusted_model
+@pytest.mark.parametrize(("cls", "ids"), [
+    (ev.TextBlockDelta, {"reply_id": "r", "block_id": "b"}),
+    (ev.ThinkingBlockDelta, {"reply_id": "r", "block_id": "b"}),
+    (ev.ToolCallDelta, {"reply_id": "r", "tool_call_id": "c", "tool_name": "t"}),
+    (ev.ToolResultTextDelta, {"reply_id": "r", "tool_call_id": "c", "tool_name": "t"}),
+])
+def test_a_delta_maker_gives_what_validation_gives(cls: typing.Any, ids: dict[str, str]) -> None:
+    from agentscope_py._fast_events import delta_maker
 
-    made = trusted_model(ev.ToolCallDelta, "reply_id", "tool_call_id", "tool_name", "delta")
-    a = made(reply_id="r", tool_call_id="c", tool_name="t", delta='{"x"')
-    b = made(reply_id="r", tool_call_id="c", tool_name="t", delta='{"x"')
-    _same_object(a, ev.ToolCallDelta(reply_id="r", tool_call_id="c", tool_name="t", delta='{"x"'))
-    assert a.id != b.id and a.metadata is not b.metadata  # factories run per object
-    # A model that is not frozen gets a fields set of its own per object.
-    from pydantic import BaseModel
-
-    class Open(BaseModel):
-        text: str
-        tags: list[str] = []
-        n: int = 1
-
-    make_open = trusted_model(Open, "text")
-    o1, o2 = make_open(text="a"), make_open(text="b")
-    assert list(o1.__dict__.items()) == list(Open(text="a").__dict__.items())
-    assert o1.model_fields_set == {"text"} and o1.model_fields_set is not o2.model_fields_set
-    # A mutable default that is not a factory's is left to validation (which copies it).
-    assert trusted_model(Open, "text", "n") is Open
+    make = delta_maker(cls, **ids)
+    a, b = make("one"), make('{"x"')
+    _same_object(a, cls(**ids, delta="one"))
+    _same_object(b, cls(**ids, delta='{"x"'))
+    assert a.id != b.id and a.id.startswith("ev_") and a.metadata is not b.metadata  # fresh per event
+    assert a.model_copy(update={"delta": "z"}).model_fields_set == a.model_fields_set  # copies work as ever
+    with pytest.raises(ValidationError):  # frozen like any event
+        a.delta = "no"  # type: ignore[misc]
 
 
-def test_a_trusted_binder_makes_objects_that_share_the_bound_fields() -> None:
-    from agentscope_py.message import trusted_binder
+def test_a_delta_maker_validates_what_is_not_a_plain_str_and_refuses_wrong_fields() -> None:
+    from agentscope_py._fast_events import delta_maker
 
-    bind = trusted_binder(ev.TextBlockDelta, ("reply_id", "block_id"), ("delta",))
-    maker = bind(reply_id="r", block_id="b")
-    a, b = maker("one"), maker("two")
-    _same_object(a, ev.TextBlockDelta(reply_id="r", block_id="b", delta="one"))
-    _same_object(b, ev.TextBlockDelta(reply_id="r", block_id="b", delta="two"))
-    assert a.id != b.id and a.metadata is not b.metadata and a.__dict__ is not b.__dict__
-    assert bind(reply_id="r2", block_id="b2")("x").block_id == "b2" and maker("y").block_id == "b"
+    class Name(str):
+        pass
 
-
-def test_a_model_with_a_validator_is_validated_by_its_trusted_makers() -> None:
-    from pydantic import BaseModel, field_validator
-
-    from agentscope_py.message import trusted_binder, trusted_model
-
-    class Checked(BaseModel):
-        a: str
-        b: str
-
-        @field_validator("b")
-        @classmethod
-        def no_empty(cls, v: str) -> str:
-            if not v:
-                raise ValueError("empty")
-            return v
-
-    assert trusted_model(Checked, "a", "b") is Checked
-    maker = trusted_binder(Checked, ("a",), ("b",))(a="x")
-    assert maker("y") == Checked(a="x", b="y")
+    made = delta_maker(ev.ToolCallDelta, reply_id="r", tool_call_id="c", tool_name=Name("t"))("{}")
+    assert type(made.tool_name) is str and made == ev.ToolCallDelta(
+        id=made.id, created_at=made.created_at, reply_id="r", tool_call_id="c", tool_name="t", delta="{}")
     with pytest.raises(ValidationError):
-        maker("")
+        delta_maker(ev.ToolCallDelta, reply_id="r", tool_call_id="c", tool_name=3)("{}")
+    with pytest.raises(TypeError, match="reply_id, block_id"):
+        delta_maker(ev.TextBlockDelta, reply_id="r")

@@ -272,31 +272,27 @@ async def test_a_failing_map_after_prefetch_stops_the_producer(no_leaked_tasks: 
     assert p.closed == 1 and p.produced < 100
 
 
-async def test_a_prefetch_make_builds_str_items_first_on_the_consumer_side(no_leaked_tasks: None) -> None:
+async def test_a_deferring_prefetch_makes_deferred_items_on_the_consumer_side(no_leaked_tasks: None) -> None:
     consumer = asyncio.current_task()
-    tasks: list[Any] = []
+    producers: list[Any] = []
     makers: list[Any] = []
 
-    def make(last: Any) -> Any:  # one maker per run of strings, for the item before it
-        makers.append(last)
-
-        def maker(text: str) -> str:
-            tasks.append(asyncio.current_task())
-            return f"{last}:{text}"
-
-        return maker
+    def label(text: str) -> str:  # what a deferred item is made with, in the consumer's task
+        makers.append(asyncio.current_task())
+        return f"made:{text}"
 
     async def source() -> AsyncIterator[Any]:
-        for item in (1, "a", "b", 2, "c"):
+        producers.append(asyncio.current_task())
+        for item in (1, (label, "a"), (label, "b"), 2):
             yield item
 
-    assert await prefetched(source, 2).to_list() == [1, "a", "b", 2, "c"]  # no make: items as they are
-    s = prefetched(source, 2, make=make)
-    assert await s.to_list() == [1, "1:a", "1:b", 2, "2:c"]
-    assert await s.map(lambda x: f"<{x}>").to_list() == ["<1>", "<1:a>", "<1:b>", "<2>", "<2:c>"]  # then maps
-    assert await s.filter(lambda x: x != 2).to_list() == [1, "1:a", "1:b", "2:c"]  # then other steps
-    assert len(tasks) == 9 and all(task is consumer for task in tasks)
-    assert makers == [1, 2] * 3
+    assert await prefetched(source, 2).to_list() == [1, (label, "a"), (label, "b"), 2]  # not deferring: as they are
+    s = prefetched(source, 2, deferred=True)
+    assert await s.to_list() == [1, "made:a", "made:b", 2]
+    assert await s.map(lambda x: f"<{x}>").to_list() == ["<1>", "<made:a>", "<made:b>", "<2>"]  # then maps
+    assert await s.filter(lambda x: x != 2).to_list() == [1, "made:a", "made:b"]  # then other steps
+    assert len(makers) == 6 and all(task is consumer for task in makers)
+    assert producers and all(task is not consumer for task in producers)  # the producer has its own task
 
 
 async def test_a_push_producer_fills_the_channel_within_its_bound_and_is_cancelled_on_close(

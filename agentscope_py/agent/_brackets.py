@@ -24,51 +24,16 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from .._bracket_kinds import BRACKET_TYPES, IDS, OPENS, close_event, describe
 from ..errors import AgentInterrupted
-from ..events import (
-    AgentEvent,
-    DataBlockEnd,
-    DataBlockStart,
-    ModelCallEnd,
-    ModelCallStart,
-    TextBlockEnd,
-    TextBlockStart,
-    ThinkingBlockEnd,
-    ThinkingBlockStart,
-    ToolCallEnd,
-    ToolCallStart,
-    ToolResultEnd,
-    ToolResultStart,
-)
-from ..message import ToolResultState
+from ..events import AgentEvent
 
 __all__ = ["BRACKET_TYPES", "CUT_SHORT", "OPENS", "Brackets", "describe"]
-
-OPENS: dict[type[Any], str] = {
-    ModelCallStart: "model", TextBlockStart: "text", ThinkingBlockStart: "thinking",
-    DataBlockStart: "data", ToolCallStart: "call", ToolResultStart: "result",
-}
-_CLOSES: dict[type[Any], str] = {
-    ModelCallEnd: "model", TextBlockEnd: "text", ThinkingBlockEnd: "thinking",
-    DataBlockEnd: "data", ToolCallEnd: "call", ToolResultEnd: "result",
-}
-BRACKET_TYPES = frozenset(OPENS) | frozenset(_CLOSES)
-"""The event classes the loop logs for `Brackets` (it tests the class inline: most events are
-deltas, which cost nothing more)."""
 
 CUT_SHORT = "cut short: the stream ended before the model call did"
 SUPERSEDED = "abandoned: a new attempt of the model call started"
 
 
-def describe(error: BaseException) -> str:
-    """``"Type: message"``, the form of ``ModelCallEnd.error`` and ``MiddlewareCompleted.error``."""
-    return f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
-
-
-_IDS: dict[type[Any], str] = {cls: "reply_id" for cls in (ModelCallStart, ModelCallEnd)}
-_IDS.update({cls: "tool_call_id" for cls in (ToolCallStart, ToolCallEnd, ToolResultStart, ToolResultEnd)})
-_IDS.update({cls: "block_id" for cls in (TextBlockStart, TextBlockEnd, ThinkingBlockStart, ThinkingBlockEnd,
-                                         DataBlockStart, DataBlockEnd)})
 _NOTHING: list[AgentEvent] = []  # (never appended to)
 
 
@@ -89,7 +54,7 @@ class Brackets:
         opened: dict[str, Any] = {}
         for ev in self.log:
             cls = type(ev)
-            key = ev.__dict__[_IDS[cls]]  # (pydantic's __getattr__ makes attribute reads slow)
+            key = ev.__dict__[IDS[cls]]  # (pydantic's __getattr__ makes attribute reads slow)
             if cls in OPENS:
                 opened[key] = ev
             else:
@@ -108,7 +73,7 @@ class Brackets:
             return False
         keys = list(opened)
         later = [k for k in keys[keys.index(key):] if opened[k].source == start.source]
-        self.early = [_end(opened[k], SUPERSEDED, True, True) for k in reversed(later)]
+        self.early = [close_event(opened[k], SUPERSEDED, True, True) for k in reversed(later)]
         self.log.extend(self.early)
         return True
 
@@ -132,26 +97,4 @@ class Brackets:
             # ends the run does not.
             why, discarded = describe(error), not isinstance(error, AgentInterrupted)
         failed = error is not None and not isinstance(error, asyncio.CancelledError | AgentInterrupted)
-        return [_end(start, why, discarded, failed) for start in reversed(opened.values())]
-
-
-def _end(start: Any, why: str, discarded: bool, failed: bool) -> AgentEvent:
-    """The End that closes ``start``."""
-    source = start.source
-    cls = type(start)
-    if cls is ModelCallStart:
-        return ModelCallEnd(reply_id=start.reply_id, error=why, discarded=discarded, source=source)
-    if cls is ToolResultStart:
-        state = ToolResultState.ERROR if failed else ToolResultState.INTERRUPTED
-        return ToolResultEnd(reply_id=start.reply_id, tool_call_id=start.tool_call_id, tool_name=start.tool_name,
-                             state=state, source=source)
-    if cls is ToolCallStart:
-        return ToolCallEnd(reply_id=start.reply_id, tool_call_id=start.tool_call_id, tool_name=start.tool_name,
-                           source=source)
-    end_cls: Any = _BLOCK_ENDS[cls]
-    return end_cls(reply_id=start.reply_id, block_id=start.block_id, source=source)  # type: ignore[no-any-return]
-
-
-_BLOCK_ENDS: dict[type[Any], type[Any]] = {
-    TextBlockStart: TextBlockEnd, ThinkingBlockStart: ThinkingBlockEnd, DataBlockStart: DataBlockEnd,
-}
+        return [close_event(start, why, discarded, failed) for start in reversed(opened.values())]

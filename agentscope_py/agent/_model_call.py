@@ -1,19 +1,25 @@
 """The innermost model call: chunks into events, in the model call's own task.
 
-`model_events` streams the model (retrying and failing over before the first chunk) and puts
-ModelCallStart, the block Start/Delta/End events and ModelCallEnd into the call's prefetch
-buffer (`stream.prefetched(push=True)`: it runs as the producer, in its own task). Text and
-thinking deltas cross that buffer as the chunk's ``str``; `delta_maker`, the consumer's half,
-makes their events in the run's task. Both halves of that trick live here.
+`model_call_stream` is the model call as a stream: a prefetch whose producer, `model_events`,
+streams the model (retrying and failing over before the first chunk) and puts ModelCallStart,
+the block Start/Delta/End events and ModelCallEnd into the prefetch buffer, in a task of its own.
+
+Text and thinking deltas cross that buffer as the chunk's ``str`` with the block's delta maker,
+``(make, text)``, not as events: a consumer slower than the model (a loaded server) then buffers
+strings, and each delta event is made just before it is used, in the consumer's task (the
+prefetch's ``deferred`` items). What crosses as a string, and how its event is made, is decided
+here and nowhere else: the prefetch only calls ``make(text)``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import random
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
+from .._fast_events import delta_maker as fast_delta
 from .._sanitize import SurrogateCarry, clean
 from ..errors import AgentInterrupted
 from ..events import (
@@ -29,36 +35,14 @@ from ..events import (
     ToolCallDelta,
     ToolCallEnd,
     ToolCallStart,
-    trusted,
 )
-from ..message import (
-    ChatUsage,
-    new_id,
-    trusted_binder,
-)
+from ..message import ChatUsage, new_id
 from ..model.base import ChatChunk, ChatModel, ModelError, ModelRequest
-from ..stream import Channel
+from ..stream import Channel, EventStream, prefetched
 from ._brackets import describe
 from ._session import RunControl
 
-__all__ = ["FailoverListener", "RetryPolicy", "delta_maker", "model_events"]
-
-# Events built from values made here, or from ChatChunk fields (typed by the ChatModel protocol),
-# skip validation (`events.trusted`: the same objects at half the cost). The model's name and its
-# usage are checked: a provider may hand over something a validator would convert or reject.
-_ModelCallStart = trusted(ModelCallStart, "reply_id", "model")
-_ModelCallEnd = trusted(ModelCallEnd, "reply_id", "usage", "finish_reason")
-_TextBlockStart = trusted(TextBlockStart, "reply_id", "block_id")
-# A block's deltas share its reply and block ids: a maker per block copies a dict that has them.
-_bind_text_delta = trusted_binder(TextBlockDelta, ("reply_id", "block_id"), ("delta",))
-_bind_thinking_delta = trusted_binder(ThinkingBlockDelta, ("reply_id", "block_id"), ("delta",))
-_TextBlockEnd = trusted(TextBlockEnd, "reply_id", "block_id")
-_ThinkingBlockStart = trusted(ThinkingBlockStart, "reply_id", "block_id")
-_ThinkingBlockEnd = trusted(ThinkingBlockEnd, "reply_id", "block_id", "signature")
-_ToolCallStart = trusted(ToolCallStart, "reply_id", "tool_call_id", "tool_name")
-_ToolCallDelta = trusted(ToolCallDelta, "reply_id", "tool_call_id", "tool_name", "delta")
-_ToolCallEnd = trusted(ToolCallEnd, "reply_id", "tool_call_id", "tool_name")
-
+__all__ = ["FailoverListener", "RetryPolicy", "delta_maker", "model_call_stream", "model_events"]
 
 FailoverListener = Callable[[ChatModel, BaseException, ChatModel], Any]
 
@@ -128,6 +112,22 @@ async def _close(it: Any) -> None:
             pass
 
 
+def model_call_stream(
+    models: Sequence[ChatModel],
+    request: ModelRequest,
+    reply_id: str,
+    policy: RetryPolicy,
+    on_failover: FailoverListener | None,
+    control: RunControl | None,
+) -> EventStream[AgentEvent]:
+    """The events of one model call (``models[0]``, then its fallbacks), produced in a task of
+    their own that starts at each subscription, in the context current *now* (so a span opened
+    around the innermost ``next()`` parents the model call). See `model_events`."""
+    # A partial, not a lambda: no closure cells for the call to keep alive.
+    source = functools.partial(model_events, models, request, reply_id, policy, on_failover, control)
+    return prefetched(source, push=True, deferred=True)
+
+
 async def model_events(
     models: Sequence[ChatModel],
     request: ModelRequest,
@@ -142,11 +142,11 @@ async def model_events(
     first chunk arrives, so a failure before it can be retried or failed over (here, or by a
     middleware) cleanly.
 
-    A text or thinking delta is emitted as the chunk's ``str``; on the consumer's side of the
-    prefetch, a `delta_maker` makes its event. A consumer slower than the model (a loaded
-    server) then buffers strings, not events, and each event lives only from its making to its
-    use. The events of one chunk go in together; then, if the buffer is full, this waits for
-    room.
+    A text or thinking delta is emitted as the chunk's ``str`` with its block's maker (a deferred
+    item, ``(make, text)``); on the consumer's side of the prefetch, ``make(text)`` makes its
+    event. A consumer slower than the model (a loaded server) then buffers strings, not events,
+    and each event lives only from its making to its use. The events of one chunk go in
+    together; then, if the buffer is full, this waits for room.
 
     With ``control`` (the run's interrupt switch), the task running this is registered for the
     call's lifetime, so an interrupt cancels it, and that cancellation surfaces as
@@ -178,68 +178,71 @@ async def model_events(
     put = items.append
     text_id: str | None = None
     thinking_id: str | None = None
+    # The open blocks' delta makers: a delta crosses as (make, text), made on the consumer's side.
+    text_make: Callable[[str], TextBlockDelta] | None = None
+    thinking_make: Callable[[str], ThinkingBlockDelta] | None = None
     signature: str | None = None
     # Text crosses as it came, except that a surrogate pair a provider split across two chunks is
     # joined and a lone half replaced (`_sanitize`): non-ASCII text only, through a carry per kind.
     text_carry: SurrogateCarry | None = None
     thinking_carry: SurrogateCarry | None = None
-    calls: dict[int, tuple[str, str]] = {}  # index -> (id, name), open tool calls in order
+    # index -> (id, name, delta maker), the open tool calls in order
+    calls: dict[int, tuple[str, str, Callable[[str], ToolCallDelta]]] = {}
     usage: ChatUsage | None = None
     finish: str | None = None
     started = False
     try:
-        model_name = model.name
-        make_start = _ModelCallStart if type(model_name) is str else ModelCallStart
-        put(make_start(reply_id=reply_id, model=model_name))
+        put(ModelCallStart(reply_id=reply_id, model=model.name))
         started = True
         while chunk is not None:
             thinking = chunk.thinking
             if thinking:
                 if thinking_id is None:
                     if text_id is not None:
-                        _end_text(put, reply_id, text_id, text_carry)
+                        _end_text(put, reply_id, text_id, text_carry, text_make)
                         text_id = None
                     thinking_id = new_id("blk_")
-                    put(_ThinkingBlockStart(reply_id=reply_id, block_id=thinking_id))
+                    thinking_make = fast_delta(ThinkingBlockDelta, reply_id=reply_id, block_id=thinking_id)
+                    put(ThinkingBlockStart(reply_id=reply_id, block_id=thinking_id))
                 if not thinking.isascii():
                     thinking_carry = thinking_carry or SurrogateCarry()
                     thinking = thinking_carry.feed(thinking)
                 if thinking:
-                    put(thinking)  # made into its event on the consumer's side (delta_maker)
+                    put((thinking_make, thinking))  # its event is made on the consumer's side
             if chunk.thinking_signature:
                 signature = (signature or "") + chunk.thinking_signature
             text = chunk.text
             if text:
                 if text_id is None:
                     if thinking_id is not None:
-                        _end_thinking(put, reply_id, thinking_id, signature, thinking_carry)
+                        _end_thinking(put, reply_id, thinking_id, signature, thinking_carry, thinking_make)
                         thinking_id, signature = None, None
                     text_id = new_id("blk_")
-                    put(_TextBlockStart(reply_id=reply_id, block_id=text_id))
+                    text_make = fast_delta(TextBlockDelta, reply_id=reply_id, block_id=text_id)
+                    put(TextBlockStart(reply_id=reply_id, block_id=text_id))
                 if not text.isascii():
                     text_carry = text_carry or SurrogateCarry()
                     text = text_carry.feed(text)
                 if text:
-                    put(text)  # the same
+                    put((text_make, text))  # the same
             tc = chunk.tool_call
             if tc is not None:
                 if thinking_id is not None:
-                    _end_thinking(put, reply_id, thinking_id, signature, thinking_carry)
+                    _end_thinking(put, reply_id, thinking_id, signature, thinking_carry, thinking_make)
                     thinking_id, signature = None, None
                 if text_id is not None:
-                    _end_text(put, reply_id, text_id, text_carry)
+                    _end_text(put, reply_id, text_id, text_carry, text_make)
                     text_id = None
                 known = calls.get(tc.index)
                 if known is None or (tc.id is not None and tc.id != known[0]):
                     if known is not None:  # a provider reusing an index for a new call
-                        put(_ToolCallEnd(reply_id=reply_id, tool_call_id=known[0], tool_name=known[1]))
-                    known = (tc.id or new_id("call_"), tc.name or "")
-                    calls[tc.index] = known
-                    put(_ToolCallStart(reply_id=reply_id, tool_call_id=known[0], tool_name=known[1]))
+                        put(ToolCallEnd(reply_id=reply_id, tool_call_id=known[0], tool_name=known[1]))
+                    call_id, name = tc.id or new_id("call_"), tc.name or ""
+                    known = calls[tc.index] = (call_id, name, fast_delta(
+                        ToolCallDelta, reply_id=reply_id, tool_call_id=call_id, tool_name=name))
+                    put(ToolCallStart(reply_id=reply_id, tool_call_id=call_id, tool_name=name))
                 if tc.arguments:
-                    put(_ToolCallDelta(
-                        reply_id=reply_id, tool_call_id=known[0], tool_name=known[1], delta=clean(tc.arguments)
-                    ))
+                    put(known[2](clean(tc.arguments)))
             if chunk.usage is not None:
                 usage = chunk.usage  # providers report cumulative usage: the last one wins
             if chunk.finish_reason is not None:
@@ -253,15 +256,12 @@ async def model_events(
             except StopAsyncIteration:
                 chunk = None
         if thinking_id is not None:
-            _end_thinking(put, reply_id, thinking_id, signature, thinking_carry)
+            _end_thinking(put, reply_id, thinking_id, signature, thinking_carry, thinking_make)
         if text_id is not None:
-            if text_carry is not None and text_carry.held:
-                put(text_carry.flush())
-            put(_TextBlockEnd(reply_id=reply_id, block_id=text_id))
-        for call_id, name in calls.values():
-            put(_ToolCallEnd(reply_id=reply_id, tool_call_id=call_id, tool_name=name))
-        make_end = _ModelCallEnd if usage is None or type(usage) is ChatUsage else ModelCallEnd
-        put(make_end(reply_id=reply_id, usage=usage, finish_reason=finish))
+            _end_text(put, reply_id, text_id, text_carry, text_make)
+        for call_id, name, _ in calls.values():
+            put(ToolCallEnd(reply_id=reply_id, tool_call_id=call_id, tool_name=name))
+        put(ModelCallEnd(reply_id=reply_id, usage=usage, finish_reason=finish))
     except BaseException as exc:
         error = exc
         interrupted = isinstance(exc, asyncio.CancelledError) and control is not None and control.interrupted
@@ -272,11 +272,11 @@ async def model_events(
             # says why, before the error goes out. Put without waiting: after a cancellation nobody
             # may be reading, and the consumer takes these before it sees the error.
             if thinking_id is not None:
-                put(_ThinkingBlockEnd(reply_id=reply_id, block_id=thinking_id, signature=signature))
+                put(ThinkingBlockEnd(reply_id=reply_id, block_id=thinking_id, signature=signature))
             if text_id is not None:
-                put(_TextBlockEnd(reply_id=reply_id, block_id=text_id))
-            for call_id, name in calls.values():
-                put(_ToolCallEnd(reply_id=reply_id, tool_call_id=call_id, tool_name=name))
+                put(TextBlockEnd(reply_id=reply_id, block_id=text_id))
+            for call_id, name, _ in calls.values():
+                put(ToolCallEnd(reply_id=reply_id, tool_call_id=call_id, tool_name=name))
             put(ModelCallEnd(reply_id=reply_id, usage=usage, error=describe(error), discarded=not interrupted))
         if error is exc:
             raise
@@ -288,28 +288,31 @@ async def model_events(
             _unregister(control, task)
 
 
-def _end_text(put: Callable[[Any], None], reply_id: str, block_id: str, carry: SurrogateCarry | None) -> None:
+def _end_text(
+    put: Callable[[Any], None], reply_id: str, block_id: str, carry: SurrogateCarry | None, make: Any,
+) -> None:
     if carry is not None and carry.held:
-        put(carry.flush())
-    put(_TextBlockEnd(reply_id=reply_id, block_id=block_id))
+        put((make, carry.flush()))
+    put(TextBlockEnd(reply_id=reply_id, block_id=block_id))
 
 
 def _end_thinking(
-    put: Callable[[Any], None], reply_id: str, block_id: str, signature: str | None, carry: SurrogateCarry | None
+    put: Callable[[Any], None], reply_id: str, block_id: str, signature: str | None, carry: SurrogateCarry | None,
+    make: Any,
 ) -> None:
     if carry is not None and carry.held:
-        put(carry.flush())
-    put(_ThinkingBlockEnd(reply_id=reply_id, block_id=block_id, signature=signature))
+        put((make, carry.flush()))
+    put(ThinkingBlockEnd(reply_id=reply_id, block_id=block_id, signature=signature))
 
 
-def delta_maker(start: TextBlockStart | ThinkingBlockStart) -> Callable[[str], AgentEvent]:
-    """The consumer's half of `model_events` (its prefetch's ``make``): what makes the events of
-    the text or thinking deltas that follow ``start``, which leave the model's task as the
-    chunk's ``str``. ``start`` is the item before the run of deltas it belongs to, always its
-    block's Start: `model_events` opens a block only after closing the other kind, and a tool call
-    closes both."""
-    bind = _bind_text_delta if type(start) is TextBlockStart else _bind_thinking_delta
-    return bind(reply_id=start.reply_id, block_id=start.block_id)
+def delta_maker(start: TextBlockStart | ThinkingBlockStart) -> Callable[[str], TextBlockDelta | ThinkingBlockDelta]:
+    """Deprecated internal, to be removed when its last callers move: what makes the deltas of the
+    block ``start`` opens, as `model_events` does. agent/_loop.py hands it to
+    ``prefetched(make=...)`` (which only needs a value there) until it calls `model_call_stream`;
+    tests/server/test_encode_sse.py makes deltas with it."""
+    if type(start) is TextBlockStart:
+        return fast_delta(TextBlockDelta, reply_id=start.reply_id, block_id=start.block_id)
+    return fast_delta(ThinkingBlockDelta, reply_id=start.reply_id, block_id=start.block_id)
 
 
 def _register(control: RunControl | None) -> asyncio.Task[Any] | None:

@@ -1,13 +1,13 @@
 """The brackets one middleware layer let out, so it can close them itself when it ends a model
 call early (a guardrail that trips mid-stream): the caller's stream stays balanced and the
 ``ModelCallEnd`` says why. The Ends are made as the runtime's closing guarantee makes them
-(`agent._brackets`)."""
+(`agentscope_py._bracket_kinds`)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from ..agent._brackets import _CLOSES, _IDS, OPENS, _end
+from .._bracket_kinds import CLOSES, IDS, OPENS, close_event
 from ..events import ModelCallStart, ToolResultStart
 
 __all__ = ["OpenBrackets"]
@@ -25,10 +25,10 @@ class OpenBrackets:
 
     def see(self, ev: Any) -> None:
         cls = type(ev)
-        ident = _IDS.get(cls)
+        ident = IDS.get(cls)
         if ident is None or ev.__dict__.get("source") is not None:
             return
-        key = (OPENS.get(cls) or _CLOSES[cls], ev.__dict__[ident])
+        key = (OPENS.get(cls) or CLOSES[cls], ev.__dict__[ident])
         if cls in OPENS:
             if cls is not ToolResultStart:
                 self.open[key] = ev
@@ -39,7 +39,7 @@ class OpenBrackets:
 
     def close(self, why: str, *, discarded: bool) -> list[Any]:
         """The Ends of what is open, innermost first (the model call's says ``why``)."""
-        out = [_end(start, why, discarded, False) for start in reversed(self.open.values())]
+        out = [close_event(start, why, discarded, False) for start in reversed(self.open.values())]
         self.open.clear()
         return out
 

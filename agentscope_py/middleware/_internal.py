@@ -28,7 +28,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .._control import RunControl
-from ..agent._reply import _tool_use
+from .._replies import tool_use_block
 from ..errors import AgentInterrupted
 from ..message import Block, ChatUsage, GenerateReason, Msg, TextBlock, ThinkingBlock, new_id
 from ..model.base import ChatChunk, ChatModel, ModelRequest, ToolSchema, model_provider
@@ -145,7 +145,7 @@ async def _collect(model: ChatModel, request: ModelRequest, span: Any = None) ->
     if texts:
         content.append(TextBlock(text="".join(texts)))
     for call_id, name, parts in calls:
-        content.append(_tool_use(call_id or new_id("call_"), name, "".join(parts)))
+        content.append(tool_use_block(call_id or new_id("call_"), name, "".join(parts)))
     reason = GenerateReason.TOOL_CALLS if calls else GenerateReason.MODEL_STOP
     if span is not None:
         _record(span, usage, response_model)
@@ -202,11 +202,11 @@ async def _traced(
 
 def _record(span: Any, usage: ChatUsage | None, response_model: str | None) -> None:
     from ._otel_conventions import RESPONSE_MODEL
-    from .tracing import _set_usage
+    from ._otel_records import set_usage
 
     try:
         if usage is not None:
-            _set_usage(span, usage)
+            set_usage(span, usage)
         if response_model:
             span.set_attribute(RESPONSE_MODEL, response_model)
     except Exception:  # a broken span must not fail the call (as in the tracing middleware)

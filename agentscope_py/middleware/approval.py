@@ -36,7 +36,7 @@ from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from ..agent._reply import result_events
+from .._replies import result_events
 from ..errors import ResumeError
 from ..events import ConfirmResult, RequestStop, RequireUserConfirm
 from ..message import GenerateReason, Msg, ToolResultState, ToolUseBlock

@@ -30,7 +30,7 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..agent._reply import ReplyBuilder, ToolResultCollector
+from .._replies import ReplyBuilder, ToolResultCollector
 from ..events import ModelCallEnd, ModelCallStart, ToolResultEnd, ToolResultStart
 from ..stream import EventStream, aclose
 from .base import ActingInput, ExtensionPoint, MiddlewareBase, ModelCallInput, Next

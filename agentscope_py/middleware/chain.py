@@ -12,7 +12,7 @@ the hook returned in that same copy: a contextvar (or an OpenTelemetry span) a h
 consumer. A hook that returns its inner stream unchanged adds no wrapper (the inner layer already
 runs in a copy taken inside this one). ``async def`` generator hooks are driven step by step
 inside their copy for the same reason (that costs ~1 µs per event; stream-returning hooks cost
-nothing per event)."""
+nothing per event). Both ways are `_stream.context`'s (`InContext`, `stepped`)."""
 
 from __future__ import annotations
 
@@ -21,12 +21,13 @@ import contextvars
 import functools
 import inspect
 import time
-from collections.abc import AsyncIterator, Callable, Generator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
+from .._stream.context import InContext, stepped
 from ..events import MiddlewareCompleted, MiddlewareStarted
-from ..stream import EventStream, InContext, to_stream
+from ..stream import EventStream, to_stream
 from .base import ONION_POINTS, ExtensionPoint, MiddlewareBase, overrides
 
 if TYPE_CHECKING:
@@ -173,7 +174,7 @@ def _traced_layer(
 def _normalise(result: Any, mw: MiddlewareBase, point: ExtensionPoint) -> EventStream[Any]:
     """What a hook returned, as an EventStream (run in the hook's context copy)."""
     if inspect.isasyncgen(result):
-        return EventStream(lambda: _Isolated(result, contextvars.copy_context()))
+        return EventStream(lambda: stepped(result, contextvars.copy_context()))
     try:
         return to_stream(result)
     except TypeError as exc:
@@ -236,46 +237,3 @@ def completed_event(
         duration_ms=(time.perf_counter() - started) * 1000.0,
         error=None if error is None else f"{type(error).__name__}: {error}",
     )
-
-
-class _Isolated:
-    """Drives an async generator with every step inside ``ctx`` (what a Task does for its coroutine,
-    without a task): a contextvar the generator sets stays in ``ctx``."""
-
-    __slots__ = ("_ctx", "_it")
-
-    def __init__(self, it: Any, ctx: contextvars.Context) -> None:
-        self._it = it
-        self._ctx = ctx
-
-    def __aiter__(self) -> _Isolated:
-        return self
-
-    def __anext__(self) -> _InContext:
-        return _InContext(self._ctx, self._ctx.run(self._it.__anext__))
-
-    def aclose(self) -> _InContext:
-        return _InContext(self._ctx, self._ctx.run(self._it.aclose))
-
-
-class _InContext:
-    __slots__ = ("_coro", "_ctx")
-
-    def __init__(self, ctx: contextvars.Context, coro: Any) -> None:
-        self._ctx = ctx
-        self._coro = coro
-
-    def __await__(self) -> Generator[Any, Any, Any]:
-        ctx, coro = self._ctx, self._coro
-        value: Any = None
-        error: BaseException | None = None
-        while True:
-            try:
-                step = ctx.run(coro.send, value) if error is None else ctx.run(coro.throw, error)
-            except StopIteration as stop:
-                return stop.value
-            try:
-                value = yield step
-                error = None
-            except BaseException as exc:
-                error = exc

@@ -27,7 +27,7 @@ import logging
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
-from ..agent._reply import ReplyBuilder, ToolResultCollector
+from .._replies import ReplyBuilder, ToolResultCollector
 from ..events import ModelCallEnd, ToolResultEnd
 from ..message import Msg, ToolResultBlock, ToolUseBlock
 from ..stream import EventStream, aclose

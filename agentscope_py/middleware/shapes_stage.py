@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from ..agent._reply import ReplyBuilder, ToolResultCollector
+from .._replies import ReplyBuilder, ToolResultCollector
 from ..errors import MiddlewareError
 from ..events import (
     AgentEnd,

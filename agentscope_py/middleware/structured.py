@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ValidationError
 
-from ..agent._reply import ReplyBuilder
+from .._replies import ReplyBuilder
 from ..errors import StructuredOutputError
 from ..events import AgentResult, ModelCallEnd
 from ..message import Msg

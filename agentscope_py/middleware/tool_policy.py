@@ -26,7 +26,7 @@ import fnmatch
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..agent._reply import result_events
+from .._replies import result_events
 from ..events import AllToolsDenied, RequestStop
 from ..message import GenerateReason, ToolResultState, ToolUseBlock
 from ..stream import EventStream

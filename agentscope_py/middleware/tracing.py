@@ -19,13 +19,13 @@ resolved lazily at each hook call until one is configured. With no SDK configure
 passes straight through (no span, no wrapper). A provider that fails to create a span never
 breaks the run: the hook passes through and the failure is logged once.
 
-Context: each subscription of a hook's stream opens its span (at the first pull, so a
-subscription closed unpulled leaves nothing open), makes it current in a private ``contextvars``
-copy, and calls ``next(input)`` and steps the inner stream inside that copy. Stepping inside it
-matters: the loop body and the tool tasks run in the context of whoever steps their stream, so
-this is what parents the ``chat`` and ``execute_tool`` spans (and a sub-agent's ``invoke_agent``)
-correctly. Nothing is ever attached in the consumer's context (OpenTelemetry contexts attached
-across ``yield`` break when a generator is closed from another task), and no span leaks into it.
+Context: each subscription of a hook's stream opens its span at the first pull (one closed
+unpulled leaves nothing open), makes it current in a private ``contextvars`` copy, and calls
+``next(input)`` and steps the inner stream inside that copy (`_stream.context.stepped`): the loop
+body and the tool tasks run in the context of whoever steps their stream, so this is what parents
+the ``chat`` and ``execute_tool`` spans (and a sub-agent's ``invoke_agent``) correctly. Nothing is
+attached in the consumer's context (OpenTelemetry contexts attached across ``yield`` break when a
+generator is closed from another task), and no span leaks into it.
 """
 
 from __future__ import annotations
@@ -34,8 +34,7 @@ import asyncio
 import contextlib
 import contextvars
 import logging
-import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
 try:
@@ -48,40 +47,29 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
         "OtelTracingMiddleware needs OpenTelemetry: pip install 'agentscope-py[otel]'"
     ) from exc
 
-from ..agent._reply import ReplyBuilder
+from .._stream.context import stepped
 from ..events import AgentEvent
-from ..message import ChatUsage, Msg, ToolUseBlock
 from ..model.base import ChatModel, model_provider
 from ..stream import EventStream, aclose
 from ._otel_conventions import (
     AGENT_ID,
     AGENT_NAME,
-    CACHE_READ_TOKENS,
-    CACHE_WRITE_TOKENS,
     CONVERSATION_ID,
     ERROR_TYPE,
-    FINISH_REASONS,
     INPUT_MESSAGES,
-    INPUT_TOKENS,
     MESSAGE_COUNT,
     OPERATION,
-    OUTPUT_MESSAGES,
-    OUTPUT_TOKENS,
     PROVIDER,
-    REASONING_TOKENS,
-    REPLY_ID,
     REQUEST_MODEL,
     REQUEST_OPTIONS,
-    RESPONSE_MODEL,
-    TIME_TO_FIRST_CHUNK,
     TOOL_COUNT,
     TOOL_DEFINITIONS,
     messages_json,
     tools_json,
 )
+from ._otel_records import Closer, Observer, Records, agent_records, chat_records
 from ._otel_tools import TOOL_SPANS, ToolSpans, tool_parent
 from .base import ActingInput, AgentInput, ExtensionPoint, MiddlewareBase, ModelCallInput, Next
-from .chain import _Isolated
 
 if TYPE_CHECKING:
     from .._context import RuntimeContext
@@ -97,8 +85,9 @@ _log = logging.getLogger(__name__)
 # Providers that mean "no SDK configured" (the API's defaults).
 _UNCONFIGURED = (trace.NoOpTracerProvider, trace.ProxyTracerProvider)
 
-Observer = Callable[[Span, Any], None]
-Closer = Callable[[Span], None]
+Watch = tuple[Observer, Callable[[BaseException | None], None]]
+"""What watches one subscription: what sees each event, and what ends it given the outcome (None:
+completed; the error; `_CANCELLED`: closed or cancelled)."""
 
 
 class OtelTracingMiddleware(MiddlewareBase):
@@ -117,6 +106,12 @@ class OtelTracingMiddleware(MiddlewareBase):
 
     def active_points(self) -> frozenset[ExtensionPoint]:
         return frozenset({ExtensionPoint.ON_AGENT, ExtensionPoint.ON_MODEL_CALL, ExtensionPoint.ON_ACTING})
+
+    def _agent_records(self, span: Span) -> Records:
+        return agent_records(span, self.capture_content)
+
+    def _chat_records(self, span: Span) -> Records:
+        return chat_records(span, self.capture_content)
 
     # -- hooks -----------------------------------------------------------------------------------
 
@@ -139,7 +134,7 @@ class OtelTracingMiddleware(MiddlewareBase):
             return attrs
 
         name = f"invoke_agent {agent.name}" if agent.name else "invoke_agent"
-        return self._traced(name, SpanKind.INTERNAL, attributes, lambda: next(input), self._observe_agent, tool_parent)
+        return self._traced(name, SpanKind.INTERNAL, attributes, lambda: next(input), self._agent_records, tool_parent)
 
     def on_model_call(self, agent: ReActAgent, ctx: RuntimeContext, input: ModelCallInput, next: Next) -> Any:
         if self._get_tracer() is None:
@@ -167,50 +162,31 @@ class OtelTracingMiddleware(MiddlewareBase):
                     attrs[TOOL_DEFINITIONS] = tools_json(input.tools)
             return attrs
 
-        return self._traced(f"chat {model}", SpanKind.CLIENT, attributes, lambda: next(input), self._observe_chat)
+        return self._traced(f"chat {model}", SpanKind.CLIENT, attributes, lambda: next(input), self._chat_records)
 
     def on_acting(self, agent: ReActAgent, ctx: RuntimeContext, input: ActingInput, next: Next) -> Any:
         if self._get_tracer() is None:
             return next(input)
         calls = input.tool_calls
 
-        def subscribe() -> AsyncIterator[Any]:
-            # As in _traced: a private context per subscription, where next() builds the tools'
-            # context (so a sub-agent can find its tool's span through TOOL_SPANS).
-            return _Isolated(self._tool_pump(agent, calls, lambda: next(input)), contextvars.copy_context())
+        def open_tools() -> Watch:
+            # Built in the private context of the subscription, where next() then builds the
+            # tools' context (so a sub-agent can find its tool's span through TOOL_SPANS).
+            spans = ToolSpans(self, agent, calls)
+            TOOL_SPANS.set(spans)
 
-        return EventStream(subscribe)
-
-    async def _tool_pump(
-        self, agent: ReActAgent, calls: Sequence[ToolUseBlock], call_next: Callable[[], EventStream[AgentEvent]]
-    ) -> AsyncIterator[Any]:
-        spans = ToolSpans(self, agent, calls)
-        TOOL_SPANS.set(spans)  # in this private context only
-        outcome: BaseException | None = _CANCELLED
-        it: AsyncIterator[Any] | None = None
-        try:
-            it = call_next().__aiter__()
-            async for event in it:
+            def observe(event: Any) -> None:
                 if event.source is None:  # a sub-agent's forwarded events are its own spans
-                    try:
-                        spans.observe(event)
-                    except Exception:
-                        self._warn("recording span attributes")
-                yield event
-            outcome = None
-        except (GeneratorExit, asyncio.CancelledError):
-            raise
-        except BaseException as exc:
-            outcome = exc
-            raise
-        finally:
-            try:
-                if it is not None:
-                    await aclose(it)
-            finally:
+                    spans.observe(event)
+
+            def finish(outcome: BaseException | None) -> None:
                 spans.close(outcome if outcome is not None else _CANCELLED)
 
-    # -- the span around a stream ----------------------------------------------------------------
+            return observe, finish
+
+        return self._subscribed(open_tools, lambda: next(input))
+
+    # -- the spans around a stream ---------------------------------------------------------------
 
     def _traced(
         self,
@@ -218,47 +194,59 @@ class OtelTracingMiddleware(MiddlewareBase):
         kind: SpanKind,
         attributes: Callable[[], dict[str, Any]],
         call_next: Callable[[], EventStream[AgentEvent]],
-        observer: Callable[[], tuple[Observer, Closer | None]],
+        observer: Callable[[Span], tuple[Observer, Closer | None]],
         parent: Callable[[], Context | None] | None = None,
     ) -> EventStream[Any]:
-        def subscribe() -> AsyncIterator[Any]:
-            # Every step of this subscription runs in a private copy of the subscriber's context,
-            # where the span is made current once it is open: next() builds the inner layers in it
-            # (so the model call's task inherits it) and the inner stream is stepped in it (so the
-            # loop body and the tool tasks do too). Nothing is attached anywhere else.
-            pump = self._pump(name, kind, attributes, call_next, observer, parent)
-            return _Isolated(pump, contextvars.copy_context())
+        def open_span() -> Watch | None:
+            span = self._start(name, kind, attributes, parent() if parent is not None else None)
+            if parent is not None:
+                TOOL_SPANS.set(None)  # found (or not): the calls of this run are its own
+            if span is None:  # no span after all (the provider failed): just the inner stream
+                return None
+            otel_context.attach(trace.set_span_in_context(span))  # in this private context; never detached
+            observe, close = observer(span)  # fresh per subscription: a re-iteration starts clean
 
-        return EventStream(subscribe)  # deferred: a span per subscription, opened at its first pull
+            def finish(outcome: BaseException | None) -> None:
+                if close is not None and outcome is None:
+                    try:
+                        close(span)
+                    except Exception:
+                        self._warn("recording span attributes")
+                self._end(span, outcome)
 
-    async def _pump(
-        self,
-        name: str,
-        kind: SpanKind,
-        attributes: Callable[[], dict[str, Any]],
-        call_next: Callable[[], EventStream[AgentEvent]],
-        observer: Callable[[], tuple[Observer, Closer | None]],
-        parent: Callable[[], Context | None] | None,
+            return observe, finish
+
+        return self._subscribed(open_span, call_next)
+
+    def _subscribed(
+        self, open_: Callable[[], Watch | None], call_next: Callable[[], EventStream[AgentEvent]]
+    ) -> EventStream[Any]:
+        """The inner stream, watched: per subscription, every step runs in a private copy of the
+        subscriber's context, where ``open_`` opens the spans (and makes one current) at the first
+        pull; next() then builds the inner layers in it (so the model call's task inherits it) and
+        the inner stream is stepped in it (so the loop body and the tool tasks do too). Nothing is
+        attached anywhere else."""
+        return EventStream(lambda: stepped(self._watch(open_, call_next), contextvars.copy_context()))
+
+    async def _watch(
+        self, open_: Callable[[], Watch | None], call_next: Callable[[], EventStream[AgentEvent]],
     ) -> AsyncIterator[Any]:
-        # The span opens at the first pull, not at __aiter__: a subscription that is closed
+        # The spans open at the first pull, not at __aiter__: a subscription that is closed
         # before it is pulled never runs this body, so it must not leave a span open.
-        span = self._start(name, kind, attributes, parent() if parent is not None else None)
-        if parent is not None:
-            TOOL_SPANS.set(None)  # found (or not): the calls of this run are its own
-        if span is None:  # no span after all (the provider failed): just the inner stream
+        watch = open_()
+        if watch is None:
             async with contextlib.aclosing(call_next().__aiter__()) as plain:  # type: ignore[type-var]
                 async for event in plain:
                     yield event
             return
-        otel_context.attach(trace.set_span_in_context(span))  # in this private context; never detached
-        observe, close = observer()  # fresh per subscription: a re-iteration starts clean
+        observe, finish = watch
         outcome: BaseException | None = _CANCELLED  # left as is when the consumer goes away
         it: AsyncIterator[Any] | None = None
         try:
             it = call_next().__aiter__()
             async for event in it:
                 try:
-                    observe(span, event)
+                    observe(event)
                 except Exception:
                     self._warn("recording span attributes")
                 yield event
@@ -273,12 +261,7 @@ class OtelTracingMiddleware(MiddlewareBase):
                 if it is not None:
                     await aclose(it)  # children end before their parent
             finally:
-                if close is not None and outcome is None:
-                    try:
-                        close(span)
-                    except Exception:
-                        self._warn("recording span attributes")
-                self._end(span, outcome)
+                finish(outcome)
 
     def _start(
         self, name: str, kind: SpanKind, attributes: Callable[[], dict[str, Any]], parent: Context | None = None
@@ -339,53 +322,6 @@ class OtelTracingMiddleware(MiddlewareBase):
         else:
             _log.debug("OtelTracingMiddleware: %s failed", what, exc_info=True)
 
-    # -- what each span records from the events --------------------------------------------------
-
-    def _observe_agent(self) -> tuple[Observer, Closer | None]:
-        capture = self.capture_content
-
-        def observe(span: Span, event: Any) -> None:
-            if event.source is not None:
-                return
-            t = event.type
-            if t == "agent_start":
-                span.set_attribute(REPLY_ID, event.reply_id)
-            elif t == "agent_result":
-                result: Msg = event.result
-                if result.generate_reason is not None:
-                    span.set_attribute(FINISH_REASONS, (result.generate_reason.value,))
-                if result.usage is not None:
-                    _set_usage(span, result.usage)
-                if capture:
-                    span.set_attribute(OUTPUT_MESSAGES, messages_json([result]))
-
-        return observe, None
-
-    def _observe_chat(self) -> tuple[Observer, Closer | None]:
-        started = time.perf_counter()
-        builder = ReplyBuilder() if self.capture_content else None
-
-        def observe(span: Span, event: Any) -> None:
-            if event.source is not None:
-                return
-            if builder is not None:
-                builder.add(event)
-            t = event.type
-            if t == "model_call_start":
-                span.set_attribute(RESPONSE_MODEL, event.model)
-                span.set_attribute(TIME_TO_FIRST_CHUNK, time.perf_counter() - started)
-            elif t == "model_call_end":
-                if event.usage is not None:
-                    _set_usage(span, event.usage)
-                if event.finish_reason:
-                    span.set_attribute(FINISH_REASONS, (event.finish_reason,))
-
-        def close(span: Span) -> None:
-            if builder is not None:
-                reply = builder.build("output", None)
-                span.set_attribute(OUTPUT_MESSAGES, messages_json([reply], builder.finish_reason))
-
-        return observe, close
 
 class _Cancelled(BaseException):
     """Marks an iteration that ended without completing or failing (closed or cancelled)."""
@@ -401,15 +337,3 @@ def _model_name(model: ChatModel | None) -> str:
 def _error_type(exc: BaseException) -> str:
     cls = type(exc)
     return cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
-
-
-def _set_usage(span: Span, usage: ChatUsage) -> None:
-    span.set_attribute(INPUT_TOKENS, usage.input_tokens)
-    span.set_attribute(OUTPUT_TOKENS, usage.output_tokens)
-    # The detailed counts only when the provider reported them.
-    if usage.cache_read_tokens:
-        span.set_attribute(CACHE_READ_TOKENS, usage.cache_read_tokens)
-    if usage.cache_write_tokens:
-        span.set_attribute(CACHE_WRITE_TOKENS, usage.cache_write_tokens)
-    if usage.reasoning_tokens:
-        span.set_attribute(REASONING_TOKENS, usage.reasoning_tokens)

@@ -85,7 +85,7 @@ def to_msgs(messages: Sequence[Message], history: Sequence[Message] = (), *,
                 out.append(Msg(id=m.id, role=system, content=[TextBlock(text=m.content)]))
         elif isinstance(m, AssistantMessage):
             content: list[Block] = [TextBlock(text=m.content)] if m.content else []
-            content.extend(_tool_use(tc.id, tc.function.name, tc.function.arguments) for tc in m.tool_calls or ())
+            content.extend(tool_use_block(tc.id, tc.function.name, tc.function.arguments) for tc in m.tool_calls or ())
             out.append(Msg(id=m.id, role="assistant", name=m.name, content=content))
         elif isinstance(m, ToolMessage):
             text = m.content if isinstance(m.content, str) else _parts_text(m.content)
@@ -122,7 +122,7 @@ def confirm_results(resume: Sequence[ResumeEntry]) -> list[ConfirmResult]:
     return out
 
 
-def _tool_use(call_id: str, name: str, arguments: str) -> ToolUseBlock:
+def tool_use_block(call_id: str, name: str, arguments: str) -> ToolUseBlock:
     try:
         value = json.loads(arguments) if arguments.strip() else {}
     except ValueError:

@@ -1,0 +1,187 @@
+"""Events back into messages: `ReplyBuilder` and `ToolResultCollector` rebuild the assistant
+message and the tool results from the events that leave the model-call and acting chains, so what
+a middleware rewrote there is what is remembered (the agent loop), or what is recorded as a model
+call's output (the tracing middleware).
+
+Internal API, below both the agent and the middleware (`agent._reply` re-exports it for the loop).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+from ._sanitize import MAX_DEPTH, depth_exceeds
+from .errors import MiddlewareError
+from .events import (
+    AgentEvent,
+    ToolResultEnd,
+    ToolResultStart,
+    ToolResultTextDelta,
+)
+from .message import (
+    Block,
+    ChatUsage,
+    DataBlock,
+    GenerateReason,
+    Msg,
+    TextBlock,
+    ThinkingBlock,
+    ToolResultBlock,
+    ToolResultState,
+    ToolUseBlock,
+)
+
+__all__ = ["ReplyBuilder", "ToolResultCollector", "result_events"]
+
+class ReplyBuilder:
+    """Rebuilds the assistant message from block events (starting over at each ModelCallStart,
+    so a retried or failed-over call leaves only its own reply)."""
+
+    __slots__ = ("_blocks", "_calls", "calls_made", "finish_reason", "usage", "usage_total")
+
+    def __init__(self) -> None:
+        self._blocks: dict[str, list[Any]] = {}  # block/call id -> [kind, parts, extra]
+        self._calls: set[str] = set()
+        self.usage: ChatUsage | None = None
+        self.usage_total: ChatUsage | None = None  # None: no call of this builder reported usage
+        self.finish_reason: str | None = None
+        self.calls_made = 0
+
+    def add(self, ev: Any) -> None:
+        # Deltas, the common case, are read from the fields dict: an event's class has a
+        # __getattr__ (pydantic's), so each attribute read takes the slow path.
+        fields = ev.__dict__
+        t = fields["type"]
+        if t == "text_block_delta" or t == "thinking_block_delta":
+            block_id = fields["block_id"]
+            entry = self._blocks.get(block_id)
+            if entry is None:
+                kind = "text" if t == "text_block_delta" else "thinking"
+                entry = self._blocks[block_id] = [kind, [], None]
+            entry[1].append(fields["delta"])
+        elif t == "tool_call_start":
+            self._blocks.setdefault(ev.tool_call_id, ["tool", [], ev.tool_name])
+        elif t == "tool_call_delta":
+            self._blocks.setdefault(ev.tool_call_id, ["tool", [], ev.tool_name])[1].append(ev.delta)
+        elif t == "thinking_block_end":
+            entry = self._blocks.setdefault(ev.block_id, ["thinking", [], None])
+            entry[2] = ev.signature
+        elif t == "model_call_start":
+            self._blocks = {}
+            self.usage = None
+            self.finish_reason = None
+            self.calls_made += 1
+        elif t == "model_call_end":
+            self.usage = ev.usage
+            self.finish_reason = ev.finish_reason
+            if ev.usage is not None:
+                total = self.usage_total
+                self.usage_total = ev.usage if total is None else total + ev.usage
+
+    @property
+    def produced(self) -> bool:
+        """Whether any model call or block reached this builder (an empty stream did not)."""
+        return self.calls_made > 0 or bool(self._blocks)
+
+    @property
+    def calls_tools(self) -> bool:
+        """Whether the reply built so far has tool calls."""
+        return any(entry[0] == "tool" for entry in self._blocks.values())
+
+    def build(self, reply_id: str, name: str | None, reason: GenerateReason | None = None,
+              usage: ChatUsage | Literal["last"] | None = "last") -> Msg:
+        """The reply as a message; ``usage``: its usage (by default the last model call's)."""
+        content: list[Block] = []
+        for key, (kind, parts, extra) in self._blocks.items():
+            try:
+                joined = "".join(parts)
+            except TypeError:
+                raise _bad_delta(kind, parts) from None
+            if kind == "text":
+                content.append(TextBlock(text=joined))
+            elif kind == "thinking":
+                content.append(ThinkingBlock(thinking=joined, signature=extra))
+            else:
+                content.append(tool_use_block(key, extra or "", joined))
+        if isinstance(usage, str):
+            usage = self.usage
+        return Msg(id=reply_id, name=name, role="assistant", content=content, generate_reason=reason, usage=usage)
+
+
+def _bad_delta(kind: str, parts: list[Any]) -> MiddlewareError:
+    wrong = next(p for p in parts if not isinstance(p, str))
+    what = "tool call" if kind == "tool" else f"{kind} block"
+    return MiddlewareError(
+        f"a {what} delta is {type(wrong).__name__} ({wrong!r}), not str: a middleware at on_model_call or "
+        "on_reasoning rewrote it (deltas must stay strings; use \"\" to drop the text)"
+    )
+
+
+def tool_use_block(call_id: str, name: str, raw: str) -> ToolUseBlock:
+    if not raw.strip():
+        return ToolUseBlock(id=call_id, name=name, input={})
+    try:
+        value = json.loads(raw)
+    except (ValueError, RecursionError):  # (nested a few thousand deep: the parser's own limit)
+        return ToolUseBlock(id=call_id, name=name, input={}, raw_input=raw)
+    if not isinstance(value, dict) or (raw.count("{") + raw.count("[") > MAX_DEPTH and depth_exceeds(value)):
+        # (what is remembered must load again; fewer brackets than the limit cannot nest deeper)
+        return ToolUseBlock(id=call_id, name=name, input={}, raw_input=raw)
+    return ToolUseBlock(id=call_id, name=name, input=value)
+
+
+class ToolResultCollector:
+    """Rebuilds tool results from ToolResult* events, keyed by call id."""
+
+    __slots__ = ("_parts", "results")
+
+    def __init__(self) -> None:
+        self._parts: dict[str, tuple[str, list[str | DataBlock]]] = {}
+        self.results: dict[str, ToolResultBlock] = {}
+
+    def add(self, ev: Any) -> None:
+        t = ev.type
+        if t == "tool_result_text_delta":
+            self._entry(ev)[1].append(ev.delta)
+        elif t == "tool_result_data_delta":
+            self._entry(ev)[1].append(ev.data)
+        elif t == "tool_result_start":
+            self._entry(ev)
+        elif t == "tool_result_end":
+            name, parts = self._parts.pop(ev.tool_call_id, (ev.tool_name, []))
+            self.results[ev.tool_call_id] = ToolResultBlock(
+                id=ev.tool_call_id, name=name, output=_join(parts), state=ev.state
+            )
+
+    def _entry(self, ev: Any) -> tuple[str, list[str | DataBlock]]:
+        entry = self._parts.get(ev.tool_call_id)
+        if entry is None:
+            entry = self._parts[ev.tool_call_id] = (ev.tool_name, [])
+        return entry
+
+
+def _join(parts: list[str | DataBlock]) -> str | list[TextBlock | DataBlock]:
+    if all(isinstance(p, str) for p in parts):
+        return "".join(p for p in parts if isinstance(p, str))
+    out: list[TextBlock | DataBlock] = []
+    for p in parts:
+        if isinstance(p, DataBlock):
+            out.append(p)
+        elif out and isinstance(out[-1], TextBlock):
+            out[-1] = TextBlock(text=out[-1].text + p)
+        else:
+            out.append(TextBlock(text=p))
+    return out
+
+
+def result_events(
+    reply_id: str, call: ToolUseBlock, text: str, state: ToolResultState
+) -> tuple[AgentEvent, ...]:
+    """The three events of a result known up front (denied, invalid, interrupted…)."""
+    return (
+        ToolResultStart(reply_id=reply_id, tool_call_id=call.id, tool_name=call.name),
+        ToolResultTextDelta(reply_id=reply_id, tool_call_id=call.id, tool_name=call.name, delta=text),
+        ToolResultEnd(reply_id=reply_id, tool_call_id=call.id, tool_name=call.name, state=state),
+    )
+

@@ -1,0 +1,171 @@
+"""The operators that run producers in tasks: ``prefetch`` (one producer ahead of its consumer)
+and ``merge`` (many producers into one consumer), both through a `Channel`."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from .channel import EMPTY, Channel
+from .operators import Maps, MapSource, aclose
+
+__all__ = ["Deferred", "Prefetch", "Producer", "merge"]
+
+Deferred = tuple[Callable[[Any], Any], Any]
+"""``(make, value)``: an item a deferring prefetch makes in the consumer's task, ``make(value)``."""
+
+Producer = Callable[[], AsyncIterator[Any]] | Callable[[Channel], Awaitable[None]]
+"""What a prefetch runs in its task: an iterator factory, or (``push``) a coroutine function that
+fills the channel itself."""
+
+
+class Prefetch(MapSource):
+    """The factory of a prefetched stream: each subscription starts ``source`` in a task of its
+    own, in ``ctx``, ahead of the consumer by at most ``size`` items, and drains it applying the
+    stream's maps in the drain (`MapSource`).
+
+    With ``push``, ``source(channel)`` is the producer itself: a coroutine, run as the task, that
+    appends items to the channel's ``items`` (calling `Channel.wake`, awaiting `Channel.room`
+    when full), saving the generator step per item that a pump over an iterator takes.
+
+    With ``deferred``, the producer may put a `Deferred` pair ``(make, value)`` in place of an
+    item: the drain replaces it by ``make(value)``, in the consumer's task, before the maps. A
+    producer faster than its consumer then buffers the cheap ``value`` and the item is made just
+    before it is used (and dies young). Any tuple is taken for such a pair, so only producers
+    that put no other tuples turn it on."""
+
+    __slots__ = ("ctx", "deferred", "push", "size", "source")
+
+    def __init__(
+        self, source: Producer, size: int, ctx: contextvars.Context, push: bool = False, deferred: bool = False,
+    ) -> None:
+        self.source = source
+        self.size = size
+        self.ctx = ctx
+        self.push = push
+        self.deferred = deferred
+
+    def with_maps(self, maps: Maps) -> AsyncIterator[Any]:
+        return _prefetch(self.source, self.size, self.ctx, maps, self.push, self.deferred)
+
+
+async def _pump(channel: Channel, source: Callable[..., Any], push: bool) -> None:
+    """The producer task of `_prefetch`: runs ``source`` into ``channel`` (a function, not a
+    closure: a closure's cells are objects each model call would keep alive)."""
+    error: BaseException | None = None
+    try:
+        if push:
+            await source(channel)
+            return
+        items, size = channel.items, channel.size
+        it = source()
+        try:
+            async for item in it:
+                if len(items) < size:  # put() without the coroutine when there is room
+                    items.append(item)
+                    if channel.waiter is not None:
+                        channel.wake()
+                else:
+                    await channel.put(item)
+        finally:
+            await aclose(it)
+    except BaseException as exc:  # handed to the consumer, which re-raises it
+        error = exc
+    finally:
+        channel.finish(error)
+
+
+async def _prefetch(
+    source: Callable[..., Any], size: int, ctx: contextvars.Context, maps: Maps, push: bool, deferred: bool,
+) -> AsyncIterator[Any]:
+    channel = Channel(size)
+    items = channel.items
+    task = channel.loop.create_task(_pump(channel, source, push), context=ctx)
+    take, spaces, empty = channel.take, channel.spaces, EMPTY
+    try:
+        # Give the task its first step in this same loop turn: a source that is ready at once (a
+        # cache, an in-process model) has filled the channel by then, so no waiter is needed.
+        await asyncio.sleep(0)
+        while True:  # channel.drain(), inlined: one async layer less per item
+            # take(), inlined when no producer waits for room
+            item = items.pop(0) if items and not spaces else take()
+            if item is not empty:
+                if deferred and type(item) is tuple:
+                    item = item[0](item[1])
+                for fn in maps:
+                    item = fn(item)
+                yield item
+            elif channel.done:
+                channel.end()
+                return
+            else:  # channel.wait(), inlined: a coroutine less per wake-up
+                channel.waiter = channel.loop.create_future()
+                await channel.waiter
+    finally:
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
+
+
+async def merge(
+    sources: AsyncIterator[Any],
+    inner_of: Callable[[Any], AsyncIterable[Any]],
+    buffer: int,
+    max_concurrent: int | None = None,
+) -> AsyncIterator[Any]:
+    """Run ``inner_of(item)`` for each item of ``sources`` concurrently, into one channel; an
+    error anywhere cancels the rest."""
+    channel = Channel(buffer)
+    tasks: set[asyncio.Task[None]] = set()
+    limit = asyncio.Semaphore(max_concurrent) if max_concurrent else None
+    outer_done = False
+
+    async def run_inner(stream: AsyncIterable[Any]) -> None:
+        try:
+            async with contextlib.aclosing(stream.__aiter__()) as it:  # type: ignore[type-var]
+                async for item in it:
+                    await channel.put(item)
+        finally:
+            if limit is not None:
+                limit.release()
+
+    def inner_done(task: asyncio.Task[None]) -> None:
+        tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None and not channel.done:
+            channel.finish(task.exception())
+        elif outer_done and not tasks and not channel.done:
+            channel.finish(None)
+
+    async def pump() -> None:
+        nonlocal outer_done
+        try:
+            async for item in sources:
+                inner = inner_of(item)
+                if limit is not None:
+                    await limit.acquire()
+                t = channel.loop.create_task(run_inner(inner))
+                tasks.add(t)
+                t.add_done_callback(inner_done)
+        except BaseException as exc:
+            channel.finish(exc)
+            raise
+        finally:
+            await aclose(sources)
+        outer_done = True
+        if not tasks and not channel.done:
+            channel.finish(None)
+
+    pump_task = channel.loop.create_task(pump())
+    try:
+        async for item in channel.drain():
+            yield item
+    finally:
+        pending = [t for t in (pump_task, *tasks) if not t.done()]
+        for t in pending:
+            t.cancel()
+        if pending:
+            await asyncio.gather(*pending, return_exceptions=True)

@@ -1,0 +1,187 @@
+"""The fused steps (``map``, ``filter``, ``do``) and the operators that wrap one iterator.
+
+Every operator closes what it opened, on completion, error and early exit. None of these knows
+`EventStream`: a source here is anything with ``__aiter__`` (a stream is re-subscribed by calling
+it again, which is how ``retry`` re-runs its source).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable
+from typing import Any
+
+__all__ = [
+    "DO",
+    "FILTER",
+    "MAP",
+    "MapSource",
+    "Maps",
+    "Step",
+    "aclose",
+    "apply_maps",
+    "finally_",
+    "fused",
+    "iterate",
+    "maps_of",
+    "maybe_await",
+    "retry",
+    "take",
+    "take_while",
+]
+
+MAP, FILTER, DO = 0, 1, 2
+Step = tuple[int, Callable[[Any], Any]]
+Maps = tuple[Callable[[Any], Any], ...]
+
+
+class MapSource:
+    """A stream factory that applies the stream's fused maps itself (internal API).
+
+    A stream whose fused steps are all maps subscribes such a factory with
+    ``factory.with_maps(maps)`` instead of wrapping ``factory()`` in the async layer `fused`
+    would add: where items are already handled one by one (the drain of a prefetch buffer), the
+    maps run there, one generator step less per item. ``with_maps`` must apply them in order, to
+    every item, in the consumer's task (where `fused` would). Subclasses: `concurrent.Prefetch`,
+    `context.InContext`, and the model call's stream (`agent._model_call`)."""
+
+    __slots__ = ()
+
+    def __call__(self) -> AsyncIterator[Any]:
+        return self.with_maps(())
+
+    def with_maps(self, maps: Maps) -> AsyncIterator[Any]:
+        raise NotImplementedError
+
+
+async def aclose(it: object) -> None:
+    """Close an async iterator if it can be closed."""
+    close = getattr(it, "aclose", None)
+    if close is not None:
+        await close()
+
+
+async def maybe_await(value: Any) -> None:
+    if isinstance(value, Awaitable):
+        await value
+
+
+async def iterate(items: Iterable[Any]) -> AsyncIterator[Any]:
+    for item in items:
+        yield item
+
+
+def maps_of(steps: tuple[Step, ...]) -> Maps | None:
+    """The functions of ``steps`` when all are maps, else None. (A plain loop: the generator
+    expressions this replaces cost a frame each, at every subscription of a mapped stream.)"""
+    fns = []
+    for kind, fn in steps:
+        if kind != MAP:
+            return None
+        fns.append(fn)
+    return tuple(fns)
+
+
+def fused(it: AsyncIterator[Any], steps: tuple[Step, ...]) -> AsyncIterator[Any]:
+    """The one async layer that applies ``steps``; maps only (the common case) take a loop
+    without per-step dispatch."""
+    fns = maps_of(steps)
+    if fns is not None:
+        return apply_maps(it, fns)
+    return _apply_steps(it, steps)
+
+
+def apply_maps(it: AsyncIterator[Any], fns: Maps) -> AsyncIterator[Any]:
+    """The one async layer that applies the maps ``fns`` in order."""
+    if len(fns) == 1:
+        return _apply_map(it, fns[0])
+    return _apply_maps(it, fns)
+
+
+async def _apply_map(it: AsyncIterator[Any], fn: Callable[[Any], Any]) -> AsyncIterator[Any]:
+    try:
+        async for item in it:
+            yield fn(item)
+    finally:
+        await aclose(it)
+
+
+async def _apply_maps(it: AsyncIterator[Any], fns: Maps) -> AsyncIterator[Any]:
+    try:
+        async for item in it:
+            for fn in fns:
+                item = fn(item)
+            yield item
+    finally:
+        await aclose(it)
+
+
+async def _apply_steps(it: AsyncIterator[Any], steps: tuple[Step, ...]) -> AsyncIterator[Any]:
+    _map, _filter = MAP, FILTER
+    try:
+        async for item in it:
+            for kind, fn in steps:
+                if kind == _map:
+                    item = fn(item)
+                elif kind == _filter:
+                    if not fn(item):
+                        break
+                else:
+                    fn(item)
+            else:
+                yield item
+    finally:
+        await aclose(it)
+
+
+async def retry(source: AsyncIterable[Any], retries: int) -> AsyncIterator[Any]:
+    attempt = 0
+    while True:
+        it = source.__aiter__()
+        try:
+            async for item in it:
+                yield item
+            return
+        except Exception:
+            if attempt >= retries:
+                raise
+            attempt += 1
+        finally:
+            await aclose(it)
+
+
+async def take(source: AsyncIterable[Any], count: int) -> AsyncIterator[Any]:
+    if count <= 0:
+        return
+    it = source.__aiter__()
+    try:
+        n = 0
+        async for item in it:
+            yield item
+            n += 1
+            if n >= count:
+                return
+    finally:
+        await aclose(it)
+
+
+async def take_while(source: AsyncIterable[Any], predicate: Callable[[Any], bool]) -> AsyncIterator[Any]:
+    it = source.__aiter__()
+    try:
+        async for item in it:
+            if not predicate(item):
+                return
+            yield item
+    finally:
+        await aclose(it)
+
+
+async def finally_(source: AsyncIterable[Any], fn: Callable[[], Any]) -> AsyncIterator[Any]:
+    it = source.__aiter__()
+    try:
+        async for item in it:
+            yield item
+    finally:
+        try:
+            await aclose(it)
+        finally:
+            await maybe_await(fn())

@@ -1,0 +1,94 @@
+"""What `OtelTracingMiddleware`'s ``invoke_agent`` and ``chat`` spans record from the events."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from opentelemetry.trace import Span
+
+from .._replies import ReplyBuilder
+from ..message import ChatUsage, Msg
+from ._otel_conventions import (
+    CACHE_READ_TOKENS,
+    CACHE_WRITE_TOKENS,
+    FINISH_REASONS,
+    INPUT_TOKENS,
+    OUTPUT_MESSAGES,
+    OUTPUT_TOKENS,
+    REASONING_TOKENS,
+    REPLY_ID,
+    RESPONSE_MODEL,
+    TIME_TO_FIRST_CHUNK,
+    messages_json,
+)
+
+__all__ = ["Closer", "Observer", "Records", "agent_records", "chat_records"]
+
+Observer = Callable[[Any], None]
+Closer = Callable[[Span], None]
+Records = tuple[Observer, Closer | None]
+"""What sees each event of a span's stream, and what records the rest when it completes."""
+
+
+def agent_records(span: Span, capture: bool) -> Records:
+    """What an ``invoke_agent`` span records: the reply id, the result's finish reason and usage
+    (and, with ``capture``, the result)."""
+
+    def observe(event: Any) -> None:
+        if event.source is not None:
+            return
+        t = event.type
+        if t == "agent_start":
+            span.set_attribute(REPLY_ID, event.reply_id)
+        elif t == "agent_result":
+            result: Msg = event.result
+            if result.generate_reason is not None:
+                span.set_attribute(FINISH_REASONS, (result.generate_reason.value,))
+            if result.usage is not None:
+                set_usage(span, result.usage)
+            if capture:
+                span.set_attribute(OUTPUT_MESSAGES, messages_json([result]))
+
+    return observe, None
+
+def chat_records(span: Span, capture: bool) -> Records:
+    """What a ``chat`` span records: the response model, the time to the first chunk, usage and
+    finish reason (and, with ``capture``, the reply rebuilt from the events)."""
+    started = time.perf_counter()
+    builder = ReplyBuilder() if capture else None
+
+    def observe(event: Any) -> None:
+        if event.source is not None:
+            return
+        if builder is not None:
+            builder.add(event)
+        t = event.type
+        if t == "model_call_start":
+            span.set_attribute(RESPONSE_MODEL, event.model)
+            span.set_attribute(TIME_TO_FIRST_CHUNK, time.perf_counter() - started)
+        elif t == "model_call_end":
+            if event.usage is not None:
+                set_usage(span, event.usage)
+            if event.finish_reason:
+                span.set_attribute(FINISH_REASONS, (event.finish_reason,))
+
+    def close(span: Span) -> None:
+        if builder is not None:
+            reply = builder.build("output", None)
+            span.set_attribute(OUTPUT_MESSAGES, messages_json([reply], builder.finish_reason))
+
+    return observe, close
+
+
+def set_usage(span: Span, usage: ChatUsage) -> None:
+    span.set_attribute(INPUT_TOKENS, usage.input_tokens)
+    span.set_attribute(OUTPUT_TOKENS, usage.output_tokens)
+    # The detailed counts only when the provider reported them.
+    if usage.cache_read_tokens:
+        span.set_attribute(CACHE_READ_TOKENS, usage.cache_read_tokens)
+    if usage.cache_write_tokens:
+        span.set_attribute(CACHE_WRITE_TOKENS, usage.cache_write_tokens)
+    if usage.reasoning_tokens:
+        span.set_attribute(REASONING_TOKENS, usage.reasoning_tokens)
