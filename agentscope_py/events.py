@@ -9,7 +9,7 @@ immutable and round-trip through JSON: ``parse_event(e.model_dump_json()) == e``
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar, get_args
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
@@ -25,48 +25,14 @@ from .message import (
 )
 
 __all__ = [
-    "AgentEnd",
-    "AgentEvent",
-    "AgentResult",
-    "AgentStart",
-    "AllToolsDenied",
-    "CacheLayoutChanged",
-    "ChatUsage",
-    "Compressed",
-    "ConfirmResult",
-    "Custom",
-    "DataBlockDelta",
-    "DataBlockEnd",
-    "DataBlockStart",
-    "EventBase",
-    "ExceedMaxIters",
-    "ExternalExecutionResult",
-    "GenerateReason",
-    "GuardrailTripped",
-    "HintBlock",
-    "MiddlewareCompleted",
-    "MiddlewareStarted",
-    "ModelCallEnd",
-    "ModelCallStart",
-    "RequestStop",
-    "RequireExternalExecution",
-    "RequireUserConfirm",
-    "TextBlockDelta",
-    "TextBlockEnd",
-    "TextBlockStart",
-    "ThinkingBlockDelta",
-    "ThinkingBlockEnd",
-    "ThinkingBlockStart",
-    "ToolCallDelta",
-    "ToolCallEnd",
-    "ToolCallStart",
-    "ToolResultDataDelta",
-    "ToolResultEnd",
-    "ToolResultStart",
-    "ToolResultState",
-    "ToolResultTextDelta",
-    "UserConfirmResult",
-    "parse_event",
+    "AgentEnd", "AgentEvent", "AgentResult", "AgentStart", "AllToolsDenied", "CacheLayoutChanged",
+    "ChatUsage", "Compressed", "ConfirmResult", "Custom", "DataBlockDelta", "DataBlockEnd", "DataBlockStart",
+    "EventBase", "ExceedMaxIters", "ExternalExecutionResult", "GenerateReason", "GuardrailTripped",
+    "HintBlock", "MiddlewareCompleted", "MiddlewareStarted", "ModelCallEnd", "ModelCallStart", "RequestStop",
+    "RequireExternalExecution", "RequireUserConfirm", "TextBlockDelta", "TextBlockEnd", "TextBlockStart",
+    "ThinkingBlockDelta", "ThinkingBlockEnd", "ThinkingBlockStart", "ToolCallDelta", "ToolCallEnd",
+    "ToolCallStart", "ToolResultDataDelta", "ToolResultEnd", "ToolResultStart", "ToolResultState",
+    "ToolResultTextDelta", "UserConfirmResult", "parse_event",
 ]
 
 
@@ -347,6 +313,19 @@ class CacheLayoutChanged(EventBase):
     reply_id: str | None = None
 
 
+class GuardrailTripped(EventBase):
+    """A guardrail stopped the run (`GuardrailMiddleware`, `PIIRedactionMiddleware`'s ``block``):
+    ``guardrail`` names the check, ``reason`` says why. The exception of the same name
+    (`agentscope_py.errors.GuardrailTripped`) is what a run that ends in error raises; this event
+    is what the caller's stream carries either way."""
+
+    type: Literal["guardrail_tripped"] = "guardrail_tripped"
+    guardrail: str
+    reason: str
+    stage: str | None = None
+    """``"input"``, ``"stream"`` or ``"output"`` for `GuardrailMiddleware`'s checks."""
+
+
 AgentEvent = Annotated[
     AgentStart
     | AgentEnd
@@ -381,21 +360,12 @@ AgentEvent = Annotated[
     | MiddlewareStarted
     | MiddlewareCompleted
     | Compressed
-    | CacheLayoutChanged,
+    | CacheLayoutChanged
+    | GuardrailTripped,
     Field(discriminator="type"),
 ]
 
 _adapter: TypeAdapter[AgentEvent] = TypeAdapter(AgentEvent)
-
-
-_E = TypeVar("_E", bound=EventBase)
-
-
-def trusted(cls: type[_E], *names: str) -> type[_E]:
-    """Deprecated internal, to be removed when the last caller moves: ``cls`` itself (events are
-    built with their validating constructors; see `_fast_events` for the per-token deltas)."""
-    del names
-    return cls
 
 
 def parse_event(data: str | bytes | dict[str, Any]) -> AgentEvent:
@@ -403,25 +373,3 @@ def parse_event(data: str | bytes | dict[str, Any]) -> AgentEvent:
     if isinstance(data, dict):
         return _adapter.validate_python(data)
     return _adapter.validate_json(data)
-
-
-# -- issue 18 (safety while streaming): appended in isolation; the integrator may fold the class
-# into the catalogue above and drop the rebinding below.
-
-
-class GuardrailTripped(EventBase):
-    """A guardrail stopped the run (`GuardrailMiddleware`, `PIIRedactionMiddleware`'s ``block``):
-    ``guardrail`` names the check, ``reason`` says why. The exception of the same name
-    (`agentscope_py.errors.GuardrailTripped`) is what a run that ends in error raises; this event
-    is what the caller's stream carries either way."""
-
-    type: Literal["guardrail_tripped"] = "guardrail_tripped"
-    guardrail: str
-    reason: str
-    stage: str | None = None
-    """``"input"``, ``"stream"`` or ``"output"`` for `GuardrailMiddleware`'s checks."""
-
-
-if not TYPE_CHECKING:  # (statically the union above; at run time it includes the appended events)
-    AgentEvent = Annotated[get_args(AgentEvent)[0] | GuardrailTripped, Field(discriminator="type")]
-    _adapter = TypeAdapter(AgentEvent)
