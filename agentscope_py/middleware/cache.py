@@ -13,7 +13,7 @@
 What is stored: only complete, successful replies — a model call whose ModelCallEnd passed with
 no ``error`` and not ``discarded`` (never one that raised, was cut short or closed early), a tool
 result that ended with state ``success``. Misses are recorded by a fused ``map`` (one list append
-per event, no stream layer of its own), and stored when the ModelCallEnd / ToolResultEnd passes
+and one class test per event, no stream layer of its own), and stored when the ModelCallEnd / ToolResultEnd passes
 (the async stores: when the stream completes).
 
 How a hit shows: the replayed ModelCallStart and ModelCallEnd (ToolResultStart and ToolResultEnd)
@@ -167,6 +167,48 @@ class _ModelRecorder:
         return ev
 
 
+def _model_tap(done: Callable[[list[AgentEvent]], None]) -> Callable[[Any], Any]:
+    """`_ModelRecorder`'s work for a run (``ctx.reply_id`` known: nothing to learn from the
+    events): a fused map that only appends each event, and at a ModelCallEnd of this call takes
+    the events from the last ModelCallStart (an inner retry's earlier attempts fall away) and
+    hands them to ``done`` when the call succeeded. One append and one class test per event."""
+    buf: list[AgentEvent] = []
+    append = buf.append
+    end_cls = ModelCallEnd
+
+    def record(ev: Any) -> Any:
+        append(ev)
+        if ev.__class__ is end_cls and ev.source is None:
+            _take_call(buf, done)
+        return ev
+
+    return record
+
+
+def _take_call(buf: list[AgentEvent], done: Callable[[list[AgentEvent]], None]) -> None:
+    end: Any = buf[-1]
+    # The call's ModelCallStart is nearly always the first event recorded; else the last start
+    # before the end (found in C: the classes, reversed).
+    first: Any = buf[0]
+    if first.__class__ is ModelCallStart and first.source is None and ModelCallStart not in map(type, buf[1:]):
+        i = 0
+    else:
+        i = _last_start(buf)
+    events = buf[i:] if i >= 0 else None
+    del buf[:]
+    if events is not None and end.error is None and not end.discarded:
+        done(events)
+
+
+def _last_start(buf: list[AgentEvent]) -> int:
+    """The index of the last ModelCallStart of this call (not a sub-agent's) in ``buf``, or -1."""
+    for i in range(len(buf) - 2, -1, -1):
+        ev: Any = buf[i]
+        if ev.__class__ is ModelCallStart and ev.source is None:
+            return i
+    return -1
+
+
 class _ToolRecorder:
     """A fused map over the misses of an acting batch: per cacheable call, its result events,
     handed to ``done`` when the result ends with state success."""
@@ -264,7 +306,12 @@ class ResponseCacheMiddleware(_CacheBase):
                 self.hits += 1
                 return EventStream.defer(lambda: _replay(recorded, _reply_id(ctx)))
             self.misses += 1
-            return next(input).map(_ModelRecorder(ctx, lambda events: store.set_nowait(key, events, ttl)))
+            def store_it(events: list[AgentEvent]) -> None:
+                store.set_nowait(key, events, ttl)
+
+            if ctx.reply_id is not None:  # in a run: the lean recorder (the reply id is known)
+                return next(input).map(_model_tap(store_it))
+            return next(input).map(_ModelRecorder(ctx, store_it))
         inner = next(input)  # built here, in the hook's context (a span around it parents the call)
 
         async def call() -> AsyncIterator[AgentEvent]:
