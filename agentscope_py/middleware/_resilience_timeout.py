@@ -242,34 +242,49 @@ async def _timed(
     if when is not None:
         watch.arm(when)
     it = inner.__aiter__()
-    anext = it.__anext__  # (bound once, not per event)
-    # Per event: a test of ``fired`` before the read, one of ``cancelled`` after it.
+    # Per event: a test of ``fired`` after the read (a cancellation an inner layer swallowed) and
+    # one after the consumer gave control back (it fired while the consumer held the event: the
+    # next read fails at once).
     try:
-        while True:
-            if watch.fired:  # it fired while the consumer held the last event: this read fails
-                raise _timed_out(model, first, total, waiting_first)
-            try:
-                ev = await anext()
-            except StopAsyncIteration:
-                return
-            except asyncio.CancelledError:
-                if watch.cancelled and watch.took_back():
-                    raise _timed_out(model, first, total, waiting_first) from None
-                raise
-            if watch.cancelled and watch.took_back():  # an inner layer swallowed the cancellation
-                raise _timed_out(model, first, total, waiting_first)
-            if waiting_first:
+        if waiting_first:
+            async for ev in it:
+                if watch.fired:
+                    _swallowed(watch)
+                    raise _timed_out(model, first, total, True)
                 waiting_first = False
                 if end is None:
                     watch.disarm()
                 else:
                     watch.arm(end)
+                yield ev
+                break
+            else:
+                return
+        if watch.fired:
+            raise _timed_out(model, first, total, False)
+        async for ev in it:
+            if watch.fired:
+                _swallowed(watch)
+                raise _timed_out(model, first, total, False)
             yield ev
+            if watch.fired:
+                raise _timed_out(model, first, total, False)
+    except asyncio.CancelledError:
+        if watch.cancelled and watch.took_back():
+            raise _timed_out(model, first, total, waiting_first) from None
+        raise
     finally:
         watch.disarm()
         close = getattr(it, "aclose", None)
         if close is not None:
             await close()
+
+
+def _swallowed(watch: _Watch) -> None:
+    """The watch fired during a read that returned anyway: an inner layer swallowed its
+    cancellation (take it back), or it fired just as the event came."""
+    if watch.cancelled:
+        watch.took_back()
 
 
 def _timed_tools_stream(inner: EventStream[AgentEvent], input: ActingInput, next: Next,
@@ -290,21 +305,14 @@ async def _timed_tools(
     started: list[str] = []
     open_call: ToolResultStart | None = None
     it: AsyncIterator[Any] = inner.__aiter__()
-    anext = it.__anext__
+    # Per event: a test of ``fired`` after the read (a cancellation an inner layer swallowed) and
+    # one after the consumer gave control back (it fired while the consumer held the event).
     try:
-        while True:
-            if watch.fired and open_call is not None:
-                break  # it fired while the consumer held the last event: the open call timed out
-            try:
-                ev = await anext()
-            except StopAsyncIteration:
-                return
-            except asyncio.CancelledError:
-                if not (watch.cancelled and watch.took_back()):
-                    raise
+        async for ev in it:
+            if watch.fired:
+                if watch.cancelled:
+                    watch.took_back()
                 break  # the open call timed out
-            if watch.cancelled and watch.took_back():  # an inner layer swallowed the cancellation
-                break
             cls = type(ev)
             if cls is ToolResultStart:
                 call_id = ev.tool_call_id
@@ -316,6 +324,14 @@ async def _timed_tools(
                 open_call = None
                 watch.disarm()
             yield ev
+            if watch.fired:
+                break  # the open call timed out
+        else:
+            return
+    except asyncio.CancelledError:
+        if not (watch.cancelled and watch.took_back()):
+            raise
+        # the open call timed out
     finally:
         watch.disarm()
         close = getattr(it, "aclose", None)

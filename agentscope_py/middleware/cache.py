@@ -7,7 +7,7 @@
   Start/Delta/End and ModelCallEnd with fresh event, block and tool-call ids, the same content and
   the same delta boundaries, and never reaches the model (nor the middleware inside this one).
 * `ToolResultCacheMiddleware` (``on_acting``): the same for calls of tools marked ``read_only``,
-  keyed by tool name and arguments. In a batch, the calls that hit are answered from the cache
+  keyed by tool name, arguments and user (``shared=`` tools: by name and arguments only). In a batch, the calls that hit are answered from the cache
   (their ToolResultStart/Delta/End first, in call order) and only the others go inward.
 
 What is stored: only complete, successful replies — a model call whose ModelCallEnd passed with
@@ -167,11 +167,12 @@ class _ModelRecorder:
         return ev
 
 
-def _model_tap(done: Callable[[list[AgentEvent]], None]) -> Callable[[Any], Any]:
-    """`_ModelRecorder`'s work for a run (``ctx.reply_id`` known: nothing to learn from the
-    events): a fused map that only appends each event, and at a ModelCallEnd of this call takes
-    the events from the last ModelCallStart (an inner retry's earlier attempts fall away) and
-    hands them to ``done`` when the call succeeded. One append and one class test per event."""
+def _model_tap(store: Any, key: str, ttl: float | None) -> Callable[[Any], Any]:
+    """`_ModelRecorder`'s work in a run (``ctx.reply_id`` known: nothing to learn from the events),
+    for a store that answers at once: a fused map that only appends each event; at a ModelCallEnd
+    of this call it takes the events from the last ModelCallStart (an inner retry's earlier
+    attempts fall away) and stores them when the call succeeded. One append and one class test
+    per event."""
     buf: list[AgentEvent] = []
     append = buf.append
     end_cls = ModelCallEnd
@@ -179,16 +180,20 @@ def _model_tap(done: Callable[[list[AgentEvent]], None]) -> Callable[[Any], Any]
     def record(ev: Any) -> Any:
         append(ev)
         if ev.__class__ is end_cls and ev.source is None:
-            _take_call(buf, done)
+            events = _take_call(buf)
+            if events is not None:
+                store.set_nowait(key, events, ttl)
         return ev
 
     return record
 
 
-def _take_call(buf: list[AgentEvent], done: Callable[[list[AgentEvent]], None]) -> None:
+def _take_call(buf: list[AgentEvent]) -> list[AgentEvent] | None:
+    """At a ModelCallEnd (the last of ``buf``): this call's events if it succeeded; ``buf`` is
+    emptied."""
     end: Any = buf[-1]
     # The call's ModelCallStart is nearly always the first event recorded; else the last start
-    # before the end (found in C: the classes, reversed).
+    # before the end.
     first: Any = buf[0]
     if first.__class__ is ModelCallStart and first.source is None and ModelCallStart not in map(type, buf[1:]):
         i = 0
@@ -196,8 +201,7 @@ def _take_call(buf: list[AgentEvent], done: Callable[[list[AgentEvent]], None]) 
         i = _last_start(buf)
     events = buf[i:] if i >= 0 else None
     del buf[:]
-    if events is not None and end.error is None and not end.discarded:
-        done(events)
+    return events if end.error is None and not end.discarded else None
 
 
 def _last_start(buf: list[AgentEvent]) -> int:
@@ -306,12 +310,9 @@ class ResponseCacheMiddleware(_CacheBase):
                 self.hits += 1
                 return EventStream.defer(lambda: _replay(recorded, _reply_id(ctx)))
             self.misses += 1
-            def store_it(events: list[AgentEvent]) -> None:
-                store.set_nowait(key, events, ttl)
-
             if ctx.reply_id is not None:  # in a run: the lean recorder (the reply id is known)
-                return next(input).map(_model_tap(store_it))
-            return next(input).map(_ModelRecorder(ctx, store_it))
+                return next(input).map(_model_tap(store, key, ttl))
+            return next(input).map(_ModelRecorder(ctx, lambda events: store.set_nowait(key, events, ttl)))
         inner = next(input)  # built here, in the hook's context (a span around it parents the call)
 
         async def call() -> AsyncIterator[AgentEvent]:
@@ -338,7 +339,12 @@ class ToolResultCacheMiddleware(_CacheBase):
     ``ttl``: the default lifetime; ``ttls``: per tool name (None there: no expiry for that tool);
     ``tools``: only these tool names (default: every read-only tool). A call is cacheable when its
     tool is ``read_only``, not external, has no ``check_permissions`` and the toolkit no
-    ``policy`` (a hit must never skip a permission check), and its arguments parsed."""
+    ``policy`` (a hit must never skip a permission check), and its arguments parsed.
+
+    Results are kept per user (``ctx.user_id`` is part of the key): a result recorded for one user
+    is never served to another, since a read-only tool may still read who is asking (its
+    `RuntimeContext`). ``shared``: names of tools whose results do not depend on the caller (a
+    public lookup), shared by every user."""
 
     def __init__(
         self,
@@ -347,16 +353,20 @@ class ToolResultCacheMiddleware(_CacheBase):
         ttl: float | None = None,
         ttls: Mapping[str, float | None] | None = None,
         tools: Collection[str] | None = None,
+        shared: Collection[str] = (),
         max_entries: int = 1024,
     ) -> None:
         super().__init__(store, ttl, max_entries)
         self.ttls = {name: check_ttl(t, f"ttls[{name!r}]") for name, t in (ttls or {}).items()}
         self.tools = frozenset(tools) if tools is not None else None
+        if isinstance(shared, str) or not all(isinstance(name, str) for name in shared):
+            raise ValueError(f"shared must be a collection of tool names, e.g. shared=[\"weather\"], got {shared!r}")
+        self.shared = frozenset(shared)
 
     def active_points(self) -> frozenset[ExtensionPoint]:
         return frozenset({ExtensionPoint.ON_ACTING, ExtensionPoint.ON_AGENT_STATE_READY})
 
-    def _cacheable(self, agent: ReActAgent, calls: Sequence[ToolUseBlock]) -> dict[str, str]:
+    def _cacheable(self, agent: ReActAgent, ctx: RuntimeContext, calls: Sequence[ToolUseBlock]) -> dict[str, str]:
         toolkit = agent.toolkit
         if toolkit.policy is not None:
             return {}
@@ -366,7 +376,7 @@ class ToolResultCacheMiddleware(_CacheBase):
             if (tool is None or not tool.read_only or tool.external or tool.check_permissions is not None
                     or c.raw_input is not None or (self.tools is not None and c.name not in self.tools)):
                 continue
-            keys[c.id] = tool_call_key(c)
+            keys[c.id] = tool_call_key(c, None if c.name in self.shared else ctx.user_id)
         return keys
 
     def _ttl(self, name: str) -> float | None:
@@ -374,7 +384,7 @@ class ToolResultCacheMiddleware(_CacheBase):
 
     def on_acting(self, agent: ReActAgent, ctx: RuntimeContext, input: ActingInput, next: Next) -> Any:
         calls = input.tool_calls
-        keys = self._cacheable(agent, calls)
+        keys = self._cacheable(agent, ctx, calls)
         if not keys:
             return next(input)  # nothing cacheable: a pure pass-through
         names = {c.id: c.name for c in calls}
