@@ -34,7 +34,7 @@ are checked there (`ValueError`), any other at its first call.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial as _partial
 from typing import TYPE_CHECKING, Any, Literal, cast
@@ -45,7 +45,7 @@ from ..message import ChatUsage, Msg
 from ..stream import EventStream
 from .base import ExtensionPoint, MiddlewareBase, ModelCallInput, Next, publish_metric
 from .budget_estimate import estimate_tokens
-from .budget_stores import BudgetStore, InMemoryBudgetStore, RedisBudgetStore, Spend, spend
+from .budget_stores import BudgetStore, InMemoryBudgetStore, RedisBudgetStore, RunTotals, Spend
 
 if TYPE_CHECKING:
     from ..agent.context import RuntimeContext
@@ -54,7 +54,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_PRICES", "BudgetMiddleware", "BudgetStore", "InMemoryBudgetStore", "ModelPrice", "RedisBudgetStore",
-    "Spend", "estimate_tokens",
+    "RunTotals", "Spend", "estimate_tokens",
 ]
 
 log = logging.getLogger(__name__)
@@ -295,9 +295,13 @@ class BudgetMiddleware(MiddlewareBase):
         """The fused map of a call (in-memory store): at the call's own ModelCallEnd, count the
         actual usage (the estimate when unknown) and annotate the event; every other event passes
         after one class test."""
-        if ev.__class__ is not ModelCallEnd or ev.source is not None:
+        if ev.__class__ is not _ModelCallEnd or ev.source is not None:
             return ev
-        tokens, cost = _measure(ev, price, est_tokens, est_cost)
+        usage = ev.usage  # _measure(), inlined
+        if usage is None:  # unknown: count what the call was estimated to cost
+            tokens, cost = est_tokens, est_cost
+        else:
+            tokens, cost = usage.input_tokens + usage.output_tokens, price.cost(usage) if price is not None else 0.0
         user = self.store.add_nowait(ctx.user_id, tokens, cost) if self._needs_user else None  # type: ignore[attr-defined]
         return self._account(ctx, ev, tokens, cost, user)
 
@@ -354,50 +358,13 @@ class BudgetMiddleware(MiddlewareBase):
         return ev
 
 
-class RunTotals(Mapping[str, Spend]):
-    """One execution's totals, kept in its `RuntimeContext` and grown in place at each call's
-    ModelCallEnd; as a read-only mapping (what `AgentRun.metrics` ``[name]`` shows), the
-    ``{"run", "session", "user"}`` `Spend` of `BudgetMiddleware.spent`, read when asked."""
-
-    __slots__ = ("_budget", "_ctx", "calls", "cost", "tokens")
-
-    def __init__(self, budget: BudgetMiddleware, ctx: RuntimeContext) -> None:
-        self._budget = budget
-        self._ctx = ctx
-        self.tokens = 0
-        self.cost = 0.0
-        self.calls = 0
-
-    def spend(self) -> Spend:
-        """The run's totals."""
-        return spend(self.tokens, self.cost, self.calls)
-
-    def __getitem__(self, scope: str) -> Spend:
-        if scope == "run":
-            return self.spend()
-        if scope == "session":
-            state = self._ctx.agent_state
-            return self._budget.session_spent(state) if state is not None else Spend()
-        if scope == "user":
-            return self._budget._user_seen.get(self._ctx.user_id) or Spend()
-        raise KeyError(scope)
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(("run", "session", "user"))
-
-    def __len__(self) -> int:
-        return 3
-
-    def __repr__(self) -> str:
-        return f"RunTotals({dict(self)!r})"
-
-
 def _exceeded(info: Mapping[str, Any]) -> BudgetExceeded:
     return BudgetExceeded(info["reason"], scope=info["scope"], kind=info["kind"], limit=info["limit"],
                           spent=info["spent"], estimate=info["estimate"])
 
 
 _MISSING: Any = object()
+_ModelCallEnd = ModelCallEnd  # (a module global: read per event by the fused map)
 
 
 def _measure(ev: ModelCallEnd, price: ModelPrice | None, est_tokens: int, est_cost: float) -> tuple[int, float]:

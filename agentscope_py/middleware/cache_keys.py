@@ -4,8 +4,9 @@
 timestamps, metadata and thinking signatures left out; tool-call ids replaced by their order of
 appearance, so the pairing of calls and results still counts), the tool schemas (digested once per
 tuple: the toolkit hands the same tuple to every round), the options, the model's class and name.
-`tool_call_key` is the tool name, the arguments and (unless the tool is shared) the user. orjson encodes when installed (else the json
-module; the two spell some floats differently, so processes sharing a store should match).
+`tool_call_key` is the tool name, the arguments and (unless the tool is shared) the user. orjson
+encodes when installed (else the json module; the two spell some floats differently, so
+processes sharing a store should match).
 """
 
 from __future__ import annotations
