@@ -36,7 +36,6 @@ import gc
 import itertools
 import json
 import os
-import re
 import shutil
 import statistics
 import subprocess
@@ -196,19 +195,13 @@ async def count_child(name: str, runs: int) -> None:
 
 def instructions(names: list[str], runs: int) -> dict[str, float]:
     """Instructions per run of each variant, two valgrind processes per variant at a time."""
+    from bench_instructions import collected  # (this script's directory is on the path)
 
     def start(name: str, n: int) -> subprocess.Popen[str]:
         cmd = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable, __file__,
                "--child", name, "--runs", str(n)]
         return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 env={**os.environ, "PYTHONHASHSEED": "0"})
-
-    def collected(proc: subprocess.Popen[str]) -> int:
-        _, err = proc.communicate()
-        found = re.search(r"Collected\s*:\s*(\d+)", err)
-        if proc.returncode != 0 or found is None:
-            raise RuntimeError(f"valgrind run failed ({proc.returncode}): {err[-2000:]}")
-        return int(found.group(1))
 
     out: dict[str, float] = {}
     for name in names:
