@@ -237,7 +237,21 @@ class RunTimeoutError(MiddlewareTermination, TimeoutError):
 
 
 class BudgetExceeded(MiddlewareTermination):
-    """A token or cost budget was used up."""
+    """A token or cost budget was used up (`BudgetMiddleware`). Which one: ``scope`` (``"run"``,
+    ``"session"`` or ``"user"``) and ``kind`` (``"tokens"`` or ``"cost"``, USD); ``limit``, what
+    was ``spent`` before the refused call, and that call's ``estimate`` (its estimated input, in
+    the limit's unit). None where not known (an error made by hand with a message only)."""
+
+    def __init__(
+        self, message: str, *, scope: str | None = None, kind: str | None = None, limit: float | None = None,
+        spent: float | None = None, estimate: float | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.scope = scope
+        self.kind = kind
+        self.limit = limit
+        self.spent = spent
+        self.estimate = estimate
 
 
 # -- interruption --------------------------------------------------------------------------------

@@ -20,6 +20,12 @@ apart cancel a shared machine's drifts). ``--json`` prints the ratios as the las
 
     .venv/bin/python benchmarks/bench_builtins.py                   # 20 runs per batch, 31 sweeps
     .venv/bin/python benchmarks/bench_builtins.py --runs 10 --repeat 3 --json   # quick (a test runs this)
+    .venv/bin/python benchmarks/bench_builtins.py --instructions     # valgrind: instructions per run
+
+``--instructions`` counts instructions per run under valgrind (``bench_instructions.py``'s method:
+(start-up + warm-up + N runs) − (start-up + warm-up), ÷ N, ``PYTHONHASHSEED=0``), for the two
+variants and for each built-in in place of one of the five pass-throughs: figures the host's
+speed swings do not move.
 """
 
 from __future__ import annotations
@@ -29,7 +35,11 @@ import asyncio
 import gc
 import itertools
 import json
+import os
+import shutil
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -92,6 +102,21 @@ def builtins() -> list[MiddlewareBase]:
         ResponseCacheMiddleware(),
         BudgetMiddleware(run_tokens=10**12),
     ]
+
+
+EACH = ("RetryMiddleware", "TimeoutMiddleware", "RateLimitMiddleware", "ResponseCacheMiddleware", "BudgetMiddleware")
+
+
+def variant(name: str) -> list[MiddlewareBase]:
+    """``passthrough``, ``builtins``, or a built-in's class name: it in place of one pass-through."""
+    if name == "passthrough":
+        return [PassThrough() for _ in range(5)]
+    if name == "builtins":
+        return builtins()
+    one = [m for m in builtins() if type(m).__name__ == name]
+    if not one:
+        raise SystemExit(f"unknown variant {name!r}")
+    return [one[0]] + [PassThrough() for _ in range(4)]
 
 
 def react_runner(middlewares: list[MiddlewareBase]) -> Callable[[int], Awaitable[Any]]:
@@ -161,12 +186,56 @@ async def measure(runs: int, repeat: int) -> dict[str, float]:
     }
 
 
+async def count_child(name: str, runs: int) -> None:
+    counter = itertools.count()
+    run = react_runner(variant(name))
+    for _ in range(30 + runs):  # 30 warm-up runs in both processes
+        await run(next(counter))
+
+
+def instructions(names: list[str], runs: int) -> dict[str, float]:
+    """Instructions per run of each variant, two valgrind processes per variant at a time."""
+    from bench_instructions import collected  # (this script's directory is on the path)
+
+    def start(name: str, n: int) -> subprocess.Popen[str]:
+        cmd = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable, __file__,
+               "--child", name, "--runs", str(n)]
+        return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env={**os.environ, "PYTHONHASHSEED": "0"})
+
+    out: dict[str, float] = {}
+    for name in names:
+        base, full = start(name, 0), start(name, runs)
+        out[name] = (collected(full) - collected(base)) / runs
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--runs", type=int, default=20, help="runs per batch")
     p.add_argument("--repeat", type=int, default=31, help="sweeps (the median of paired ratios counts)")
     p.add_argument("--json", action="store_true", help="print the figures as JSON on the last line")
+    p.add_argument("--instructions", nargs="?", const="passthrough,builtins," + ",".join(EACH),
+                   help="count instructions per run under valgrind instead (comma-separated variants: "
+                        "passthrough, builtins, or a built-in's class name in place of one pass-through)")
+    p.add_argument("--child", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.child:
+        asyncio.run(count_child(args.child, args.runs))
+        return 0
+    if args.instructions:
+        if shutil.which("valgrind") is None:
+            print("bench_builtins: valgrind is not installed (apt-get install valgrind)", file=sys.stderr)
+            return 2
+        names = [n for n in args.instructions.split(",") if n]
+        counts = instructions(names, 200 if args.runs == 20 else args.runs)
+        base = counts.get("passthrough")
+        for name, per_run in counts.items():
+            ratio = f"  ({per_run / base:.3f}× passthrough)" if base else ""
+            print(f"{name}: {per_run / 1000:,.1f} k instructions per run{ratio}")
+        if args.json:
+            print(json.dumps({"instructions_per_run": counts}))
+        return 0
     out = asyncio.run(measure(args.runs, args.repeat))
     print(f"5 built-ins (not triggered) ÷ 5 pass-throughs: {out['builtins_vs_passthrough']:.3f}  (target ≤ 1.3)")
     print(f"  best batch: pass-through {out['passthrough_us_per_run']:.0f} µs/run, "

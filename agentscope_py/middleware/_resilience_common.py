@@ -145,23 +145,27 @@ def note_earlier(error: BaseException, earlier: list[tuple[str, BaseException]])
 # are balanced on failure too, so they pass without making the attempt "started".
 _BOOKKEEPING = (MiddlewareStarted, MiddlewareCompleted)
 
-Again: TypeAlias = Callable[[BaseException, bool], Awaitable["EventStream[AgentEvent] | None"]]
-"""``again(error, emitted)``: the next attempt's stream (after any wait), or None to give up
-(then the error goes on). ``emitted``: events of the failed attempt went out."""
+Again: TypeAlias = Callable[[list[tuple[str, BaseException]], BaseException, bool],
+                            Awaitable["EventStream[AgentEvent] | None"]]
+"""``again(earlier, error, emitted)``: the next attempt's stream (after any wait), or None to give
+up (then the error goes on). ``earlier``: this subscription's failed attempts so far (``again``
+appends to it); ``emitted``: events of the failed attempt went out."""
 
 
 class Attempts:
     """The events of the first attempt that does not fail (see the module docstring)."""
 
-    __slots__ = ("_again", "_buffer", "_done", "_it", "_live", "_mode")
+    __slots__ = ("_again", "_buffer", "_done", "_earlier", "_it", "_live", "_mode")
 
     def __init__(self, first: EventStream[AgentEvent], again: Again, mode: Mode) -> None:
         self._it: AsyncIterator[AgentEvent] | None = first.__aiter__()
         self._again = again
         self._mode = mode
         self._live = False  # "first": the first event is out; forward from now on
-        self._buffer: list[AgentEvent] = []
-        self._done = False
+        self._earlier: list[tuple[str, BaseException]] | None = None  # made at the first failure
+        if mode == "buffer":
+            self._buffer: list[AgentEvent] = []
+            self._done = False
 
     def __aiter__(self) -> Attempts:
         return self
@@ -224,7 +228,9 @@ class Attempts:
     async def _next_attempt(self, error: Exception, emitted: bool) -> None:
         it, self._it = self._it, None
         await aclose(it)
-        stream = await self._again(error, emitted)
+        if self._earlier is None:
+            self._earlier = []
+        stream = await self._again(self._earlier, error, emitted)
         if stream is None:
             raise error
         self._it = stream.__aiter__()

@@ -1,13 +1,13 @@
 """`TimeoutMiddleware`: deadlines for a model call, each tool call, and the whole run.
 
 How a deadline is kept without a timer per event: one `_Watch` per timed stream holds one
-deadline, kept by its loop's `_Clock` (one loop timer for all of them). The layer marks when it is
-waiting on the inner stream; when the deadline passes while it waits, it cancels the waiting
-task (as ``asyncio.timeout`` does), the cancellation runs through
-the inner layers, which close what they opened (the model call's own task is cancelled and the
-provider's stream closed, so its connection goes), and the layer takes the cancellation back and
-raises its typed error. A timer that fires while the consumer is busy elsewhere only marks the
-watch: the next read fails at once. Per event that costs two attribute stores and a test.
+deadline, kept by its loop's `_Clock` (one loop timer for all of them). When the deadline passes
+while the layer's generator waits on the inner stream (its ``ag_await`` is set: nothing is marked
+per event), the watch cancels the waiting task (as ``asyncio.timeout`` does), the cancellation
+runs through the inner layers, which close what they opened (the model call's own task is
+cancelled and the provider's stream closed, so its connection goes), and the layer takes the
+cancellation back and raises its typed error. A timer that fires while the consumer holds an
+event only marks the watch: the next read fails at once. Per event that costs two tests.
 
 * Model call: ``first_event_timeout`` bounds the wait for the call's first event,
   ``model_timeout`` its whole duration (both from the subscription); either raises
@@ -24,17 +24,17 @@ watch: the next read fails at once. Per event that costs two attribute stores an
 from __future__ import annotations
 
 import asyncio
-import heapq
 import math
 import weakref
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ModelTimeoutError, RunTimeoutError
 from ..events import AgentEvent, ToolResultEnd, ToolResultStart, ToolResultTextDelta
 from ..message import ToolResultState
-from ..stream import EventStream, aclose
+from ..model.base import ChatModel
+from ..stream import EventStream
 from .base import ActingInput, AgentInput, ExtensionPoint, MiddlewareBase, ModelCallInput, Next
 
 if TYPE_CHECKING:
@@ -87,29 +87,26 @@ class TimeoutMiddleware(MiddlewareBase):
         inner = next(input)
         limit = self.run_timeout
         assert limit is not None
-        return EventStream(partial(_timed, inner, None, limit, partial(_run_timed_out, limit)))
+        return EventStream(partial(_timed_stream, inner, None, limit, None))
 
     def on_model_call(self, agent: ReActAgent, ctx: RuntimeContext, input: ModelCallInput, next: Next) -> Any:
-        inner = next(input)
-        first, total = self.first_event_timeout, self.model_timeout
-        model = input.model
-        # C partials, no closures: the errors are made only when a deadline passes.
-        timed_out = partial(_model_timed_out, model.name, getattr(model, "provider", None), first, total)
-        return EventStream(partial(_timed, inner, first, total, timed_out))
+        # A C partial, no closure: the error is made only when a deadline passes.
+        return EventStream(partial(_timed_stream, next(input), self.first_event_timeout, self.model_timeout,
+                                   input.model))
 
     def on_acting(self, agent: ReActAgent, ctx: RuntimeContext, input: ActingInput, next: Next) -> Any:
         inner = next(input)
         limit = self.tool_timeout
         assert limit is not None
-        return EventStream(partial(_timed_tools, inner, input, next, limit))
+        return EventStream(partial(_timed_tools_stream, inner, input, next, limit))
 
 
-def _run_timed_out(limit: float, first: bool) -> BaseException:
-    return RunTimeoutError(f"the run did not finish within {limit:g} s (TimeoutMiddleware)")
-
-
-def _model_timed_out(name: str, provider: Any, first: float | None, total: float | None,
-                     before_first: bool) -> BaseException:
+def _timed_out(model: ChatModel | None, first: float | None, total: float | None,
+               before_first: bool) -> BaseException:
+    """The error of the deadline that passed: a model call's (``model``), else the run's."""
+    if model is None:
+        return RunTimeoutError(f"the run did not finish within {total:g} s (TimeoutMiddleware)")
+    name, provider = model.name, getattr(model, "provider", None)
     if before_first:
         return ModelTimeoutError(f"model {name} sent nothing within {first:g} s", provider=provider)
     return ModelTimeoutError(f"model {name} did not finish within {total:g} s", provider=provider)
@@ -118,37 +115,19 @@ def _model_timed_out(name: str, provider: Any, first: float | None, total: float
 class _Clock:
     """The deadlines of a loop's watches behind one loop timer, armed for the earliest of them.
 
-    Arming a watch is a heap push (tuples: the comparisons are C's, where the loop's own heap of
-    `TimerHandle` compares in Python) and at most one loop timer; disarming is a store. A deadline
-    left behind (its stream ended first, as nearly all do) is dropped when it reaches the top of
-    the heap, or when the stale ones are half the heap (so it stays small however long the
-    deadlines). Watches fire in the order of their deadlines, as their own timers would."""
+    Arming a watch is a dict store (and a loop timer only when its deadline is the earliest);
+    disarming is a dict delete: no timer is made or cancelled per stream. When the timer fires,
+    the live watches are scanned once: the due ones fire (in the order of their deadlines, as their
+    own timers would), and the timer is armed again for the earliest of the rest. A stream that
+    ends first (as nearly all do) leaves nothing behind."""
 
-    __slots__ = ("armed", "handle", "heap", "loop", "seq", "stale")
+    __slots__ = ("armed", "handle", "live", "loop")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
-        self.heap: list[tuple[float, int, _Watch]] = []
+        self.live: dict[_Watch, float] = {}  # watch -> its deadline
         self.handle: asyncio.TimerHandle | None = None
         self.armed = math.inf  # when the loop timer fires
-        self.seq = 0
-        self.stale = 0
-
-    def add(self, watch: _Watch, when: float) -> int:
-        self.seq = seq = self.seq + 1
-        heapq.heappush(self.heap, (when, seq, watch))
-        if when < self.armed:
-            self._arm(when)
-        return seq
-
-    def drop(self) -> None:
-        """A deadline was disarmed (its entry stays in the heap until it is dropped)."""
-        self.stale = stale = self.stale + 1
-        heap = self.heap
-        if stale > 32 and stale * 2 > len(heap):
-            self.heap = [e for e in heap if e[2].seq == e[1]]
-            heapq.heapify(self.heap)
-            self.stale = 0
 
     def _arm(self, when: float) -> None:
         if self.handle is not None:
@@ -160,20 +139,14 @@ class _Clock:
         self.handle = None
         due = max(self.armed, self.loop.time())
         self.armed = math.inf
-        heap = self.heap
-        while heap:
-            when, seq, watch = heap[0]
-            if watch.seq != seq:  # disarmed or armed again since: stale
-                heapq.heappop(heap)
-                self.stale = max(0, self.stale - 1)
-                continue
-            if when > due:
-                self._arm(when)
-                return
-            heapq.heappop(heap)
-            watch.seq = 0
+        live = self.live
+        fired = sorted((when, i, w) for i, (w, when) in enumerate(live.items()) if when <= due)
+        for _, _, watch in fired:
+            del live[watch]
+        for _, _, watch in fired:
             watch.fire()
-        self.stale = 0  # (the heap is empty)
+        if live and self.handle is None:
+            self._arm(min(live.values()))
 
 
 _clocks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Clock] = weakref.WeakKeyDictionary()
@@ -196,35 +169,43 @@ def _clock_of(loop: asyncio.AbstractEventLoop) -> _Clock:
 
 
 class _Watch:
-    """One deadline for a stream read by ``task`` (module docstring), kept by its loop's `_Clock`."""
+    """One deadline for the timed stream ``agen``, read by ``task`` (module docstring), kept by its
+    loop's `_Clock`. Whether the stream is waiting on its inner stream when the deadline passes is
+    the generator's own state (``ag_await``: set while it awaits, None while the consumer holds
+    an event), so the happy path marks nothing per event."""
 
-    __slots__ = ("cancelled", "clock", "fired", "loop", "seq", "task", "waiting")
+    __slots__ = ("agen", "cancelled", "clock", "fired", "task")
+
+    agen: Any  # the timed generator (set by its factory)
+    task: asyncio.Task[Any]
+    clock: _Clock
 
     def __init__(self) -> None:
-        self.loop = loop = asyncio.get_running_loop()
+        self.fired = self.cancelled = False
+
+    def start(self) -> float:
+        """At the stream's first step, in the task that reads it: the loop's time."""
+        loop = asyncio.get_running_loop()
         task = asyncio.current_task(loop)  # (given the loop: it is not looked up twice)
         assert task is not None
         self.task = task
-        self.clock = _clock_of(loop)
-        self.waiting = False
-        self.fired = False
-        self.cancelled = False
-        self.seq = 0  # the clock's entry of the armed deadline (0: none)
+        # The clock of the last watch's loop, else the loop's (the weak dictionary read only then).
+        self.clock = _last_clock[1] if _last_clock[0] is loop else _clock_of(loop)
+        return loop.time()
 
-    def arm(self, when: float | None) -> None:
-        self.disarm()
+    def arm(self, when: float) -> None:
+        clock = self.clock
         self.fired = False
-        if when is not None:
-            self.seq = self.clock.add(self, when)
+        clock.live[self] = when
+        if when < clock.armed:
+            clock._arm(when)
 
     def disarm(self) -> None:
-        if self.seq:
-            self.seq = 0
-            self.clock.drop()
+        self.clock.live.pop(self, None)
 
     def fire(self) -> None:
         self.fired = True
-        if self.waiting and not self.cancelled:
+        if self.agen.ag_await is not None and not self.cancelled:  # waiting on the inner stream
             self.cancelled = True
             self.task.cancel()
 
@@ -238,88 +219,124 @@ class _Watch:
         return True
 
 
-async def _timed(
-    inner: EventStream[AgentEvent], first: float | None, total: float | None,
-    timed_out: Callable[[bool], BaseException],
+def _timed_stream(
+    inner: EventStream[AgentEvent], first: float | None, total: float | None, model: ChatModel | None,
 ) -> AsyncIterator[AgentEvent]:
-    """``timed_out(before_first)``: the error of the deadline that passed (the first event's, or
-    the whole stream's)."""
+    """The factory of a timed model call (``model``) or run (None): the generator, and the watch
+    that knows it."""
     watch = _Watch()
-    now = watch.loop.time()
+    agen = watch.agen = _timed(inner, watch, first, total, model)
+    return agen
+
+
+async def _timed(
+    inner: EventStream[AgentEvent], watch: _Watch, first: float | None, total: float | None,
+    model: ChatModel | None,
+) -> AsyncIterator[AgentEvent]:
+    now = watch.start()
     end = None if total is None else now + total
     first_end = None if first is None else now + first
     # Until the first event, the earlier deadline is the one that counts.
     waiting_first = first_end is not None and (end is None or first_end < end)
-    watch.arm(first_end if waiting_first else end)
+    when = first_end if waiting_first else end
+    if when is not None:
+        watch.arm(when)
     it = inner.__aiter__()
-    anext = it.__anext__  # (bound once, not per event)
-    # Per event: a test of ``fired``, two stores of ``waiting`` and a test of ``cancelled`` (what
-    # ``took_back`` tests first, inlined: a method call per event was a fifth of this loop).
+    # Per event: a test of ``fired`` after the read (a cancellation an inner layer swallowed) and
+    # one after the consumer gave control back (it fired while the consumer held the event: the
+    # next read fails at once).
     try:
-        while True:
-            if watch.fired:
-                raise timed_out(waiting_first)
-            watch.waiting = True
-            try:
-                ev = await anext()
-            except StopAsyncIteration:
-                return
-            except asyncio.CancelledError:
-                if watch.cancelled and watch.took_back():
-                    raise timed_out(waiting_first) from None
-                raise
-            finally:
-                watch.waiting = False
-            if watch.cancelled and watch.took_back():  # an inner layer swallowed the cancellation
-                raise timed_out(waiting_first)
-            if waiting_first:
+        if waiting_first:
+            async for ev in it:
+                if watch.fired:
+                    _swallowed(watch)
+                    raise _timed_out(model, first, total, True)
                 waiting_first = False
-                watch.arm(end)
+                if end is None:
+                    watch.disarm()
+                else:
+                    watch.arm(end)
+                yield ev
+                break
+            else:
+                return
+        if watch.fired:
+            raise _timed_out(model, first, total, False)
+        async for ev in it:
+            if watch.fired:
+                _swallowed(watch)
+                raise _timed_out(model, first, total, False)
             yield ev
+            if watch.fired:
+                raise _timed_out(model, first, total, False)
+    except asyncio.CancelledError:
+        if watch.cancelled and watch.took_back():
+            raise _timed_out(model, first, total, waiting_first) from None
+        raise
     finally:
         watch.disarm()
-        await aclose(it)
+        close = getattr(it, "aclose", None)
+        if close is not None:
+            await close()
+
+
+def _swallowed(watch: _Watch) -> None:
+    """The watch fired during a read that returned anyway: an inner layer swallowed its
+    cancellation (take it back), or it fired just as the event came."""
+    if watch.cancelled:
+        watch.took_back()
+
+
+def _timed_tools_stream(inner: EventStream[AgentEvent], input: ActingInput, next: Next,
+                        limit: float) -> AsyncIterator[AgentEvent]:
+    watch = _Watch()
+    agen = watch.agen = _timed_tools(inner, watch, input, next, limit)
+    return agen
 
 
 async def _timed_tools(
-    inner: EventStream[AgentEvent], input: ActingInput, next: Next, limit: float,
+    inner: EventStream[AgentEvent], watch: _Watch, input: ActingInput, next: Next, limit: float,
 ) -> AsyncIterator[AgentEvent]:
-    watch = _Watch()
-    ids = {c.id for c in input.tool_calls}
-    started: set[str] = set()
+    watch.start()
+    loop_time = watch.clock.loop.time
+    calls = input.tool_calls
+    ids = {c.id for c in calls} if len(calls) > 1 else None  # (one call: compared directly)
+    only = calls[0].id if calls else None
+    started: list[str] = []
     open_call: ToolResultStart | None = None
     it: AsyncIterator[Any] = inner.__aiter__()
-    anext = it.__anext__
+    # Per event: a test of ``fired`` after the read (a cancellation an inner layer swallowed) and
+    # one after the consumer gave control back (it fired while the consumer held the event).
     try:
-        while True:
-            if watch.fired and open_call is not None:
-                break  # it fired while the consumer was busy: the open call timed out
-            watch.waiting = True
-            try:
-                ev = await anext()
-            except StopAsyncIteration:
-                return
-            except asyncio.CancelledError:
-                if not (watch.cancelled and watch.took_back()):
-                    raise
+        async for ev in it:
+            if watch.fired:
+                if watch.cancelled:
+                    watch.took_back()
                 break  # the open call timed out
-            finally:
-                watch.waiting = False
-            if watch.cancelled and watch.took_back():  # an inner layer swallowed the cancellation
-                break
             cls = type(ev)
             if cls is ToolResultStart:
-                if ev.source is None and ev.tool_call_id in ids:
+                call_id = ev.tool_call_id
+                if ev.source is None and (call_id == only if ids is None else call_id in ids):
                     open_call = ev
-                    started.add(ev.tool_call_id)
-                    watch.arm(watch.loop.time() + limit)
+                    started.append(call_id)
+                    watch.arm(loop_time() + limit)
             elif cls is ToolResultEnd and open_call is not None and ev.tool_call_id == open_call.tool_call_id:
                 open_call = None
-                watch.arm(None)
+                watch.disarm()
             yield ev
+            if watch.fired:
+                break  # the open call timed out
+        else:
+            return
+    except asyncio.CancelledError:
+        if not (watch.cancelled and watch.took_back()):
+            raise
+        # the open call timed out
     finally:
         watch.disarm()
-        await aclose(it)
+        close = getattr(it, "aclose", None)
+        if close is not None:
+            await close()
     # A call timed out: the acting stream was cut. Give it its error result, then run the rest.
     assert open_call is not None
     cut = open_call
@@ -330,5 +347,5 @@ async def _timed_tools(
     rest = [c for c in input.tool_calls if c.id not in started]
     if rest:
         again = input.replace(tool_calls=rest)
-        async for ev in _timed_tools(next(again), again, next, limit):
+        async for ev in _timed_tools_stream(next(again), again, next, limit):
             yield ev

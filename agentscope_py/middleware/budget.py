@@ -41,11 +41,11 @@ from typing import TYPE_CHECKING, Any, Literal, cast
 
 from ..errors import BudgetExceeded
 from ..events import Custom, ModelCallEnd, RequestStop
-from ..message import ChatUsage, Msg, copy_with
+from ..message import ChatUsage, Msg
 from ..stream import EventStream
-from .base import ExtensionPoint, MiddlewareBase, ModelCallInput, Next
+from .base import ExtensionPoint, MiddlewareBase, ModelCallInput, Next, publish_metric
 from .budget_estimate import estimate_tokens
-from .budget_stores import ZERO, BudgetStore, InMemoryBudgetStore, RedisBudgetStore, Spend, spend
+from .budget_stores import BudgetStore, InMemoryBudgetStore, RedisBudgetStore, RunTotals, Spend
 
 if TYPE_CHECKING:
     from ..agent.context import RuntimeContext
@@ -54,7 +54,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_PRICES", "BudgetMiddleware", "BudgetStore", "InMemoryBudgetStore", "ModelPrice", "RedisBudgetStore",
-    "Spend", "estimate_tokens",
+    "RunTotals", "Spend", "estimate_tokens",
 ]
 
 log = logging.getLogger(__name__)
@@ -149,7 +149,9 @@ class BudgetMiddleware(MiddlewareBase):
         self._warned: set[str] = set()
         self._price_of: dict[str, ModelPrice | None] = {}
         self._cost_limited = any(kind == "cost" for _, kind in self.limits)
-        self._limit_list = tuple((scope, kind, limit) for (scope, kind), limit in self.limits.items())
+        self._limit_list = tuple((scope, kind, limit, kind == "tokens") for (scope, kind), limit in self.limits.items())
+        self._run_limited = any(scope == "run" for scope, _ in self.limits)
+        self._session_limited = any(scope == "session" for scope, _ in self.limits)
         if strict:
             for model in models:
                 model_name = model if isinstance(model, str) else getattr(model, "name", repr(model))
@@ -189,7 +191,7 @@ class BudgetMiddleware(MiddlewareBase):
         (``await user_spent(...)`` reads the store)."""
         run = ctx.get(self._run_key)
         state = ctx.agent_state
-        return {"run": run if isinstance(run, Spend) else Spend(),
+        return {"run": run.spend() if isinstance(run, RunTotals) else Spend(),
                 "session": self.session_spent(state) if state is not None else Spend(),
                 "user": self._user_seen.get(ctx.user_id) or Spend()}
 
@@ -205,7 +207,9 @@ class BudgetMiddleware(MiddlewareBase):
     def on_agent_state_ready(
         self, agent: ReActAgent, ctx: RuntimeContext, state: AgentState, input_messages: list[Msg]
     ) -> None:
-        ctx.put(self._run_key, ZERO)
+        totals = RunTotals(self, ctx)
+        ctx.put(self._run_key, totals)
+        publish_metric(ctx, self.name_key, totals)  # AgentRun.metrics[name]
 
     def on_model_call(self, agent: ReActAgent, ctx: RuntimeContext, input: ModelCallInput, next: Next) -> Any:
         model_name = str(getattr(input.model, "name", ""))
@@ -220,8 +224,14 @@ class BudgetMiddleware(MiddlewareBase):
         if price is None and self._cost_limited and model_name not in self._warned:
             self._warned.add(model_name)
             log.warning("%s: no price for model %r: its calls count as cost 0", self.name, model_name)
-        if not self._needs_user or self._sync_store:
-            user = self.store.get_nowait(ctx.user_id) if self._needs_user else None  # type: ignore[attr-defined]
+        if not self._needs_user:
+            refused = self._check(ctx, None, est_tokens, est_cost)
+            if refused is not None:
+                return self._refuse(refused)
+            # A C partial over a bound method: no per-call object of ours, no closure cells.
+            return next(input).map(_partial(self._after, ctx, price, est_tokens, est_cost))
+        if self._sync_store:
+            user = self.store.get_nowait(ctx.user_id)  # type: ignore[attr-defined]
             refused = self._check(ctx, user, est_tokens, est_cost)
             if refused is not None:
                 return self._refuse(refused)
@@ -233,7 +243,7 @@ class BudgetMiddleware(MiddlewareBase):
             refused = self._check(ctx, await self.store.get(ctx.user_id), est_tokens, est_cost)
             if refused is not None:
                 if self.on_exceeded == "error":
-                    raise BudgetExceeded(refused["reason"])
+                    raise _exceeded(refused)
                 for ev in self._refuse(refused):
                     yield ev
                 return
@@ -255,23 +265,21 @@ class BudgetMiddleware(MiddlewareBase):
         # On every call: reads the totals in place (no Spend is built unless a limit is hit).
         if user is not None:
             self._user_seen[ctx.user_id] = user
-        run: Any = _MISSING
-        session: Any = _MISSING
-        for scope, kind, limit in self._limit_list:
+        run: Any = ctx.get(self._run_key) if self._run_limited else None
+        session: Any = None
+        if self._session_limited:
+            state = ctx.agent_state
+            session = state.metadata.get(self.name_key) if state is not None else None
+        for scope, kind, limit, tokens_kind in self._limit_list:
             if scope == "run":
-                if run is _MISSING:
-                    run = ctx.get(self._run_key)
-                spent: float = 0 if run is None else (run.tokens if kind == "tokens" else run.cost)
+                spent: float = 0 if run is None else (run.tokens if tokens_kind else run.cost)
             elif scope == "session":
-                if session is _MISSING:
-                    state = ctx.agent_state
-                    session = state.metadata.get(self.name_key) if state is not None else None
                 spent = session.get(kind, 0) if isinstance(session, dict) else 0
             else:
-                spent = 0 if user is None else (user.tokens if kind == "tokens" else user.cost)
-            estimate = est_tokens if kind == "tokens" else est_cost
+                spent = 0 if user is None else (user.tokens if tokens_kind else user.cost)
+            estimate = est_tokens if tokens_kind else est_cost
             if spent + estimate > limit:
-                unit = "tokens" if kind == "tokens" else "USD"
+                unit = "tokens" if tokens_kind else "USD"
                 reason = (f"budget exceeded: {scope} {kind} limit {limit} {unit}; spent {spent:g}, "
                           f"this call ~{estimate:g} more (estimated)")
                 return {"scope": scope, "kind": kind, "limit": limit, "spent": spent, "estimate": estimate,
@@ -280,31 +288,36 @@ class BudgetMiddleware(MiddlewareBase):
 
     def _refuse(self, info: dict[str, Any]) -> Any:
         if self.on_exceeded == "error":
-            return EventStream.error(BudgetExceeded(info["reason"]))
+            return EventStream.error(_exceeded(info))
         return (Custom(name="budget_exceeded", value=info), RequestStop(reason=info["reason"]))
 
     def _after(self, ctx: RuntimeContext, price: ModelPrice | None, est_tokens: int, est_cost: float, ev: Any) -> Any:
         """The fused map of a call (in-memory store): at the call's own ModelCallEnd, count the
         actual usage (the estimate when unknown) and annotate the event; every other event passes
         after one class test."""
-        if ev.__class__ is not ModelCallEnd or ev.source is not None:
+        if ev.__class__ is not _ModelCallEnd or ev.source is not None:
             return ev
-        tokens, cost = _measure(ev, price, est_tokens, est_cost)
+        usage = ev.usage  # _measure(), inlined
+        if usage is None:  # unknown: count what the call was estimated to cost
+            tokens, cost = est_tokens, est_cost
+        else:
+            tokens, cost = usage.input_tokens + usage.output_tokens, price.cost(usage) if price is not None else 0.0
         user = self.store.add_nowait(ctx.user_id, tokens, cost) if self._needs_user else None  # type: ignore[attr-defined]
         return self._account(ctx, ev, tokens, cost, user)
 
     def _account(self, ctx: RuntimeContext, ev: ModelCallEnd, tokens: int, cost: float,
                  user: Spend | None) -> ModelCallEnd:
         """Grow the run's and the session's totals (the user's is grown by the store) and return
-        ``ev`` annotated. The totals are read into locals once: no Spend but the run's new one,
-        no dict but the annotation's own."""
-        key = self._run_key
-        run = ctx.get(key)
-        if isinstance(run, Spend):
-            r_tokens, r_cost, r_calls = run.tokens + tokens, run.cost + cost, run.calls + 1
-        else:
-            r_tokens, r_cost, r_calls = tokens, 0.0 + cost, 1
-        ctx.put(key, spend(r_tokens, r_cost, r_calls))
+        ``ev`` annotated. The totals are grown in place: no Spend, no copy of the event, no dict
+        but the annotation's own."""
+        run = ctx.get(self._run_key)
+        if run is None:  # (a hook driven by hand, outside a run: no state-ready hook made them)
+            run = RunTotals(self, ctx)
+            ctx.put(self._run_key, run)
+        run.tokens += tokens  # in place: the run's own totals
+        run.cost += cost
+        run.calls += 1
+        r_tokens, r_cost, r_calls = run.tokens, run.cost, run.calls
         state = ctx.agent_state
         name = self.name_key
         if state is not None:
@@ -323,25 +336,35 @@ class BudgetMiddleware(MiddlewareBase):
         else:
             u_tokens, u_cost, u_calls = 0, 0.0, 0
         exceeded = None
-        for scope, kind, limit in self._limit_list:  # the first limit crossed, in the limits' order
+        for scope, kind, limit, tokens_kind in self._limit_list:  # the first limit crossed, in order
             if scope == "run":
-                spent: float = r_tokens if kind == "tokens" else r_cost
+                spent: float = r_tokens if tokens_kind else r_cost
             elif scope == "session":
-                spent = s_tokens if kind == "tokens" else s_cost
+                spent = s_tokens if tokens_kind else s_cost
             else:
-                spent = u_tokens if kind == "tokens" else u_cost
+                spent = u_tokens if tokens_kind else u_cost
             if spent > limit:
                 exceeded = f"{scope} {kind} limit {limit} crossed: spent {spent:g}"
                 break
-        info = {"call": {"tokens": tokens, "cost": cost, "estimated": ev.usage is None},
-                "run": {"tokens": r_tokens, "cost": r_cost, "calls": r_calls},
-                "session": {"tokens": s_tokens, "cost": s_cost, "calls": s_calls},
-                "user": {"tokens": u_tokens, "cost": u_cost, "calls": u_calls},
-                "exceeded": exceeded}
-        return copy_with(ev, {"metadata": {**ev.metadata, name: info}})  # (model_copy: 3x the cost)
+        # Annotated in place, not copied: the metadata dict is this event's own (every event gets
+        # a fresh one), and the event has not left this layer yet.
+        ev.metadata[name] = {
+            "call": {"tokens": tokens, "cost": cost, "estimated": ev.usage is None},
+            "run": {"tokens": r_tokens, "cost": r_cost, "calls": r_calls},
+            "session": {"tokens": s_tokens, "cost": s_cost, "calls": s_calls},
+            "user": {"tokens": u_tokens, "cost": u_cost, "calls": u_calls},
+            "exceeded": exceeded,
+        }
+        return ev
+
+
+def _exceeded(info: Mapping[str, Any]) -> BudgetExceeded:
+    return BudgetExceeded(info["reason"], scope=info["scope"], kind=info["kind"], limit=info["limit"],
+                          spent=info["spent"], estimate=info["estimate"])
 
 
 _MISSING: Any = object()
+_ModelCallEnd = ModelCallEnd  # (a module global: read per event by the fused map)
 
 
 def _measure(ev: ModelCallEnd, price: ModelPrice | None, est_tokens: int, est_cost: float) -> tuple[int, float]:

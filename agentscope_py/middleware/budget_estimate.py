@@ -5,7 +5,6 @@
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Sequence
 from operator import is_ as _is
 from typing import Any
@@ -14,6 +13,27 @@ from ..message import Msg
 from .base import ModelCallInput
 
 __all__ = ["estimate_tokens"]
+
+def _json_length_of() -> Any:
+    """``len(json.dumps(value))``, without the module's Python-level wrappers where the C encoder
+    is there (the same output: json.dumps' defaults, circular references aside, which arguments
+    parsed from a model's JSON cannot have)."""
+    make = getattr(json.encoder, "c_make_encoder", None)
+    if make is None:  # pragma: no cover - CPython has it
+        return lambda value: len(json.dumps(value))
+    encode = make(None, json.JSONEncoder().default, json.encoder.encode_basestring_ascii, None, ": ", ", ",
+                  False, False, True)
+    join = "".join
+
+    def length(value: Any) -> int:
+        if isinstance(value, str):  # (json.dumps' own fast path for a bare string)
+            return len(json.encoder.encode_basestring_ascii(value))
+        return len(join(encode(value, 0)))
+
+    return length
+
+
+_json_len = _json_length_of()
 
 _TOOL_CHARS: dict[int, tuple[Sequence[Any], int]] = {}  # id(tools) -> (tools, chars), as in cache.py
 
@@ -52,7 +72,11 @@ def estimate_tokens(input: ModelCallInput) -> int:
     for msg in rest:
         chars += _msg_chars(msg)
     _prev = (tuple(messages), chars)
-    return math.ceil((chars + _tool_chars(input.tools)) / 4)
+    tools = input.tools
+    if tools:
+        entry = _TOOL_CHARS.get(id(tools))  # _tool_chars(), its common case inlined
+        chars += entry[1] if entry is not None and entry[0] is tools else _tool_chars(tools)
+    return -(-chars // 4)  # ceil(chars / 4), in integers
 
 
 def _msg_chars(msg: Msg) -> int:
@@ -64,7 +88,7 @@ def _msg_chars(msg: Msg) -> int:
         elif t == "thinking":
             chars += len(block.thinking)  # type: ignore[union-attr]
         elif t == "tool_use":
-            chars += len(block.name) + len(json.dumps(block.input))  # type: ignore[union-attr]
+            chars += len(block.name) + _json_len(block.input)  # type: ignore[union-attr]
         elif t == "tool_result":
             out = block.output  # type: ignore[union-attr]
             chars += len(out) if isinstance(out, str) else sum(len(getattr(b, "text", "") or "") for b in out)

@@ -8,12 +8,17 @@ skipped.
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ._redis_clients import LoopClients
 
-__all__ = ["BudgetStore", "InMemoryBudgetStore", "RedisBudgetStore", "Spend"]
+if TYPE_CHECKING:
+    from .._context import RuntimeContext
+    from .budget import BudgetMiddleware
+
+__all__ = ["BudgetStore", "InMemoryBudgetStore", "RedisBudgetStore", "RunTotals", "Spend"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +54,44 @@ def spend(tokens: int, cost: float, calls: int) -> Spend:
 
 
 ZERO = Spend()  # (immutable: one instance serves every fresh total)
+
+
+class RunTotals(Mapping[str, Spend]):
+    """One execution's totals, kept in its `RuntimeContext` and grown in place at each call's
+    ModelCallEnd; as a read-only mapping (what `AgentRun.metrics` ``[name]`` shows), the
+    ``{"run", "session", "user"}`` `Spend` of `BudgetMiddleware.spent`, read when asked."""
+
+    __slots__ = ("_budget", "_ctx", "calls", "cost", "tokens")
+
+    def __init__(self, budget: BudgetMiddleware, ctx: RuntimeContext) -> None:
+        self._budget = budget
+        self._ctx = ctx
+        self.tokens = 0
+        self.cost = 0.0
+        self.calls = 0
+
+    def spend(self) -> Spend:
+        """The run's totals."""
+        return spend(self.tokens, self.cost, self.calls)
+
+    def __getitem__(self, scope: str) -> Spend:
+        if scope == "run":
+            return self.spend()
+        if scope == "session":
+            state = self._ctx.agent_state
+            return self._budget.session_spent(state) if state is not None else Spend()
+        if scope == "user":
+            return self._budget._user_seen.get(self._ctx.user_id) or Spend()
+        raise KeyError(scope)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(("run", "session", "user"))
+
+    def __len__(self) -> int:
+        return 3
+
+    def __repr__(self) -> str:
+        return f"RunTotals({dict(self)!r})"
 
 
 class BudgetStore(Protocol):

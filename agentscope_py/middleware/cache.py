@@ -7,13 +7,14 @@
   Start/Delta/End and ModelCallEnd with fresh event, block and tool-call ids, the same content and
   the same delta boundaries, and never reaches the model (nor the middleware inside this one).
 * `ToolResultCacheMiddleware` (``on_acting``): the same for calls of tools marked ``read_only``,
-  keyed by tool name and arguments. In a batch, the calls that hit are answered from the cache
-  (their ToolResultStart/Delta/End first, in call order) and only the others go inward.
+  keyed by tool name, arguments and user (``shared=`` tools: name and arguments only). In a
+  batch, the calls that hit are answered from the cache (their ToolResultStart/Delta/End first,
+  in call order) and only the others go inward.
 
 What is stored: only complete, successful replies — a model call whose ModelCallEnd passed with
 no ``error`` and not ``discarded`` (never one that raised, was cut short or closed early), a tool
 result that ended with state ``success``. Misses are recorded by a fused ``map`` (one list append
-per event, no stream layer of its own), and stored when the ModelCallEnd / ToolResultEnd passes
+and one class test per event, no stream layer of its own), and stored when the ModelCallEnd / ToolResultEnd passes
 (the async stores: when the stream completes).
 
 How a hit shows: the replayed ModelCallStart and ModelCallEnd (ToolResultStart and ToolResultEnd)
@@ -32,19 +33,15 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import time
 from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..events import (
     AgentEvent,
-    ModelCallEnd,
-    ModelCallStart,
-    ToolResultEnd,
-    ToolResultStart,
 )
-from ..message import ChatUsage, Msg, ToolResultState, ToolUseBlock, new_id
+from ..message import Msg, ToolUseBlock, new_id
 from ..stream import EventStream
+from ._cache_record import REPLY, ModelRecorder, ToolRecorder, model_tap, replay
 from .base import ActingInput, ExtensionPoint, MiddlewareBase, ModelCallInput, Next
 from .cache_keys import request_key, tool_call_key
 from .cache_stores import CacheStore, InMemoryCacheStore, check_ttl
@@ -58,8 +55,6 @@ __all__ = ["ResponseCacheMiddleware", "ToolResultCacheMiddleware", "request_key"
 
 log = logging.getLogger(__name__)
 
-_REPLY = "agentscope.cache.reply_id"  # ctx key: the run's reply id, once its events showed it
-HIT = "hit"
 
 
 # -- recording and replaying ---------------------------------------------------------------------
@@ -68,134 +63,11 @@ HIT = "hit"
 def _reply_id(ctx: RuntimeContext) -> str:
     if ctx.reply_id is not None:  # the running execution's (the loop sets it)
         return ctx.reply_id
-    rid = ctx.get(_REPLY)
+    rid = ctx.get(REPLY)
     if not isinstance(rid, str):  # outside a run (a hook driven by hand): one fresh id, shared by its hits
         rid = new_id("reply_")
-        ctx.put(_REPLY, rid)
+        ctx.put(REPLY, rid)
     return rid
-
-
-_new_object = object.__new__
-_set_attr = object.__setattr__
-# A plan per recorded tuple: what each replayed event copies, and which ids it renews. The memory
-# store hands out the same tuple on every hit, so the plan is made once (identity-checked).
-_PLANS: dict[int, tuple[Sequence[AgentEvent], list[tuple[Any, ...]]]] = {}
-
-
-def _plan(events: Sequence[AgentEvent]) -> list[tuple[Any, ...]]:
-    entry = _PLANS.get(id(events))
-    if entry is not None and entry[0] is events:
-        return entry[1]
-    plan: list[tuple[Any, ...]] = []
-    for ev in events:
-        fields = dict(ev.__dict__)
-        cls = type(ev)
-        # The brackets' metadata described the recorded call (an inner budget's totals, say), not
-        # this one: a replayed bracket carries only the hit marks.
-        if cls is ModelCallEnd:
-            usage = fields["usage"]
-            fields["usage"] = ChatUsage()
-            fields["metadata"] = {"cache": HIT, "cached_usage": None if usage is None else usage.model_dump()}
-        elif cls is ModelCallStart or cls is ToolResultStart or cls is ToolResultEnd:
-            fields["metadata"] = {"cache": HIT}
-        changed = {"id", "created_at", "metadata", "usage"} & fields.keys()
-        plan.append((cls, fields, ev.__pydantic_fields_set__ | changed, "reply_id" in fields,
-                     fields.get("block_id"), fields.get("tool_call_id")))
-    if len(_PLANS) >= 256:
-        _PLANS.clear()
-    _PLANS[id(events)] = (events, plan)
-    return plan
-
-
-def _replay(events: Sequence[AgentEvent], reply_id: str, call: ToolUseBlock | None = None) -> list[AgentEvent]:
-    """Fresh copies of ``events``: new event, block and tool-call ids (a tool result takes
-    ``call``'s id and name), the run's reply id, the same content; the brackets marked as hits.
-    Built without validation: every value is one the recorded event already held."""
-    ids: dict[str, str] = {}
-    now = time.time()
-    out: list[AgentEvent] = []
-    append = out.append
-    for cls, template, fields_set, has_reply, block_id, call_id in _plan(events):
-        fields = template.copy()
-        fields["id"] = new_id("ev_")
-        fields["created_at"] = now
-        if has_reply:
-            fields["reply_id"] = reply_id
-        if block_id is not None:
-            fields["block_id"] = ids.get(block_id) or ids.setdefault(block_id, new_id("blk_"))
-        if call_id is not None:
-            if call is not None:
-                fields["tool_call_id"], fields["tool_name"] = call.id, call.name
-            else:
-                fields["tool_call_id"] = ids.get(call_id) or ids.setdefault(call_id, new_id("call_"))
-        metadata = fields["metadata"]
-        fields["metadata"] = dict(metadata) if metadata else {}  # each event its own (mutable) dict
-        ev = _new_object(cls)
-        _set_attr(ev, "__dict__", fields)
-        _set_attr(ev, "__pydantic_fields_set__", set(fields_set))
-        _set_attr(ev, "__pydantic_extra__", None)
-        _set_attr(ev, "__pydantic_private__", None)
-        append(ev)
-    return out
-
-
-class _ModelRecorder:
-    """A fused map over a miss's events: collects one model call's events, from its
-    ModelCallStart to a successful ModelCallEnd, then hands them to ``done``. A new
-    ModelCallStart (an inner retry's next attempt) starts over; a failed end drops them."""
-
-    __slots__ = ("buf", "ctx", "done")
-
-    def __init__(self, ctx: RuntimeContext, done: Callable[[list[AgentEvent]], None]) -> None:
-        self.ctx = ctx
-        self.done = done
-        self.buf: list[AgentEvent] | None = None
-
-    def __call__(self, ev: Any) -> Any:
-        cls = ev.__class__
-        if cls is ModelCallStart and ev.source is None:
-            self.buf = [ev]
-            self.ctx.put(_REPLY, ev.reply_id)
-            return ev
-        buf = self.buf
-        if buf is not None:
-            buf.append(ev)
-            if cls is ModelCallEnd and ev.source is None:
-                self.buf = None
-                if ev.error is None and not ev.discarded:
-                    self.done(buf)
-        return ev
-
-
-class _ToolRecorder:
-    """A fused map over the misses of an acting batch: per cacheable call, its result events,
-    handed to ``done`` when the result ends with state success."""
-
-    __slots__ = ("bufs", "ctx", "done", "keys")
-
-    def __init__(self, ctx: RuntimeContext, keys: Mapping[str, str], done: Callable[[str, list[AgentEvent]], None]):
-        self.ctx = ctx
-        self.keys = keys  # tool call id -> cache key, of the cacheable misses
-        self.done = done
-        self.bufs: dict[str, list[AgentEvent]] = {}
-
-    def __call__(self, ev: Any) -> Any:
-        cls = ev.__class__
-        if cls is ToolResultStart:
-            if ev.source is None:
-                self.ctx.put(_REPLY, ev.reply_id)
-                if ev.tool_call_id in self.keys:
-                    self.bufs[ev.tool_call_id] = [ev]
-            return ev
-        if self.bufs and ev.source is None:
-            buf = self.bufs.get(getattr(ev, "tool_call_id", ""))
-            if buf is not None:
-                buf.append(ev)
-                if cls is ToolResultEnd:
-                    del self.bufs[ev.tool_call_id]
-                    if ev.state is ToolResultState.SUCCESS:
-                        self.done(self.keys[ev.tool_call_id], buf)
-        return ev
 
 
 class _CacheBase(MiddlewareBase):
@@ -215,7 +87,7 @@ class _CacheBase(MiddlewareBase):
     def on_agent_state_ready(
         self, agent: ReActAgent, ctx: RuntimeContext, state: AgentState, input_messages: list[Msg]
     ) -> None:
-        ctx.put(_REPLY, None)  # a new execution: a reply id learned by the last one is not this one's
+        ctx.put(REPLY, None)  # a new execution: a reply id learned by the last one is not this one's
 
     async def _get(self, key: str) -> tuple[AgentEvent, ...] | None:
         try:
@@ -262,21 +134,23 @@ class ResponseCacheMiddleware(_CacheBase):
             recorded = store.get_nowait(key)
             if recorded is not None:
                 self.hits += 1
-                return EventStream.defer(lambda: _replay(recorded, _reply_id(ctx)))
+                return EventStream.defer(lambda: replay(recorded, _reply_id(ctx)))
             self.misses += 1
-            return next(input).map(_ModelRecorder(ctx, lambda events: store.set_nowait(key, events, ttl)))
+            if ctx.reply_id is not None:  # in a run: the lean recorder (the reply id is known)
+                return next(input).map(model_tap(store, key, ttl))
+            return next(input).map(ModelRecorder(ctx, lambda events: store.set_nowait(key, events, ttl)))
         inner = next(input)  # built here, in the hook's context (a span around it parents the call)
 
         async def call() -> AsyncIterator[AgentEvent]:
             recorded = await self._get(key)
             if recorded is not None:
                 self.hits += 1
-                for ev in _replay(recorded, _reply_id(ctx)):
+                for ev in replay(recorded, _reply_id(ctx)):
                     yield ev
                 return
             self.misses += 1
             done: list[list[AgentEvent]] = []
-            async with contextlib.aclosing(inner.map(_ModelRecorder(ctx, done.append)).__aiter__()) as it:  # type: ignore[type-var]
+            async with contextlib.aclosing(inner.map(ModelRecorder(ctx, done.append)).__aiter__()) as it:  # type: ignore[type-var]
                 async for ev in it:
                     yield ev
             if done:
@@ -291,7 +165,12 @@ class ToolResultCacheMiddleware(_CacheBase):
     ``ttl``: the default lifetime; ``ttls``: per tool name (None there: no expiry for that tool);
     ``tools``: only these tool names (default: every read-only tool). A call is cacheable when its
     tool is ``read_only``, not external, has no ``check_permissions`` and the toolkit no
-    ``policy`` (a hit must never skip a permission check), and its arguments parsed."""
+    ``policy`` (a hit must never skip a permission check), and its arguments parsed.
+
+    Results are kept per user (``ctx.user_id`` is part of the key): a result recorded for one user
+    is never served to another, since a read-only tool may still read who is asking (its
+    `RuntimeContext`). ``shared``: names of tools whose results do not depend on the caller (a
+    public lookup), shared by every user."""
 
     def __init__(
         self,
@@ -300,16 +179,20 @@ class ToolResultCacheMiddleware(_CacheBase):
         ttl: float | None = None,
         ttls: Mapping[str, float | None] | None = None,
         tools: Collection[str] | None = None,
+        shared: Collection[str] = (),
         max_entries: int = 1024,
     ) -> None:
         super().__init__(store, ttl, max_entries)
         self.ttls = {name: check_ttl(t, f"ttls[{name!r}]") for name, t in (ttls or {}).items()}
         self.tools = frozenset(tools) if tools is not None else None
+        if isinstance(shared, str) or not all(isinstance(name, str) for name in shared):
+            raise ValueError(f"shared must be a collection of tool names, e.g. shared=[\"weather\"], got {shared!r}")
+        self.shared = frozenset(shared)
 
     def active_points(self) -> frozenset[ExtensionPoint]:
         return frozenset({ExtensionPoint.ON_ACTING, ExtensionPoint.ON_AGENT_STATE_READY})
 
-    def _cacheable(self, agent: ReActAgent, calls: Sequence[ToolUseBlock]) -> dict[str, str]:
+    def _cacheable(self, agent: ReActAgent, ctx: RuntimeContext, calls: Sequence[ToolUseBlock]) -> dict[str, str]:
         toolkit = agent.toolkit
         if toolkit.policy is not None:
             return {}
@@ -319,7 +202,7 @@ class ToolResultCacheMiddleware(_CacheBase):
             if (tool is None or not tool.read_only or tool.external or tool.check_permissions is not None
                     or c.raw_input is not None or (self.tools is not None and c.name not in self.tools)):
                 continue
-            keys[c.id] = tool_call_key(c)
+            keys[c.id] = tool_call_key(c, None if c.name in self.shared else ctx.user_id)
         return keys
 
     def _ttl(self, name: str) -> float | None:
@@ -327,7 +210,7 @@ class ToolResultCacheMiddleware(_CacheBase):
 
     def on_acting(self, agent: ReActAgent, ctx: RuntimeContext, input: ActingInput, next: Next) -> Any:
         calls = input.tool_calls
-        keys = self._cacheable(agent, calls)
+        keys = self._cacheable(agent, ctx, calls)
         if not keys:
             return next(input)  # nothing cacheable: a pure pass-through
         names = {c.id: c.name for c in calls}
@@ -342,15 +225,15 @@ class ToolResultCacheMiddleware(_CacheBase):
             store.set_nowait(key, events, self._ttl(events[0].__dict__["tool_name"]))
 
         if not hits:
-            return next(input).map(_ToolRecorder(ctx, keys, done))
+            return next(input).map(ToolRecorder(ctx, keys, done))
         misses = [c for c in calls if c.id not in hits]
         replayed = EventStream.defer(lambda: [ev for c in calls if c.id in hits
-                                              for ev in _replay(hits[c.id], _reply_id(ctx), c)])
+                                              for ev in replay(hits[c.id], _reply_id(ctx), c)])
         if not misses:
             return replayed
         rest = next(input.replace(tool_calls=misses))
         miss_keys = {cid: key for cid, key in keys.items() if cid not in hits}
-        return EventStream.concat(replayed, rest.map(_ToolRecorder(ctx, miss_keys, done)))
+        return EventStream.concat(replayed, rest.map(ToolRecorder(ctx, miss_keys, done)))
 
     async def _async_acting(
         self, ctx: RuntimeContext, input: ActingInput, next: Next, keys: dict[str, str], names: dict[str, str]
@@ -365,7 +248,7 @@ class ToolResultCacheMiddleware(_CacheBase):
         self.misses += len(keys) - len(hits)
         for c in calls:
             if c.id in hits:
-                for ev in _replay(hits[c.id], _reply_id(ctx), c):
+                for ev in replay(hits[c.id], _reply_id(ctx), c):
                     yield ev
         misses = [c for c in calls if c.id not in hits]
         if not misses:
@@ -373,7 +256,7 @@ class ToolResultCacheMiddleware(_CacheBase):
         done: list[tuple[str, list[AgentEvent]]] = []
         miss_keys = {cid: key for cid, key in keys.items() if cid not in hits}
         rest = next(input if not hits else input.replace(tool_calls=misses))
-        recorder = _ToolRecorder(ctx, miss_keys, lambda key, events: done.append((key, events)))
+        recorder = ToolRecorder(ctx, miss_keys, lambda key, events: done.append((key, events)))
         async with contextlib.aclosing(rest.map(recorder).__aiter__()) as it:  # type: ignore[type-var]
             async for ev in it:
                 yield ev

@@ -4,15 +4,16 @@
 timestamps, metadata and thinking signatures left out; tool-call ids replaced by their order of
 appearance, so the pairing of calls and results still counts), the tool schemas (digested once per
 tuple: the toolkit hands the same tuple to every round), the options, the model's class and name.
-`tool_call_key` is the tool name and the arguments. orjson encodes when installed (else the json
-module; the two spell some floats differently, so processes sharing a store should match).
+`tool_call_key` is the tool name, the arguments and (unless the tool is shared) the user. orjson
+encodes when installed (else the json module; the two spell some floats differently, so
+processes sharing a store should match).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from operator import is_ as _is
 from typing import Any
 
@@ -54,48 +55,54 @@ def _json_canonical(payload: Any) -> bytes:
     return text.encode("utf-8", "surrogatepass")
 
 
+_sha256 = hashlib.sha256
+
+
 def _digest(payload: Any) -> str:
-    return hashlib.sha256(_canonical(payload)).hexdigest()
+    return _sha256(_canonical(payload)).hexdigest()
 
 
-def _block(block: Any, alias: Callable[[str], int]) -> Any:
+def _block(block: Any, aliases: dict[str, int]) -> Any:
     t = block.type
     if t == "text":
         return ("t", block.text)
     if t == "thinking":
         return ("k", block.thinking)  # (a signature is opaque and differs per reply: left out)
     if t == "tool_use":
-        return ("u", alias(block.id), block.name, block.input, block.raw_input)
+        return ("u", aliases.setdefault(block.id, len(aliases)), block.name, block.input, block.raw_input)
     if t == "tool_result":
-        out = block.output if isinstance(block.output, str) else [_block(b, alias) for b in block.output]
-        return ("r", alias(block.id), block.name, out, str(block.state))
+        out = block.output if isinstance(block.output, str) else [_block(b, aliases) for b in block.output]
+        return ("r", aliases.setdefault(block.id, len(aliases)), block.name, out, str(block.state))
     if t == "data":
         return ("d", block.media_type, block.data, block.url)
     return (t, block.model_dump(mode="json", exclude={"id"}))
 
 
-# The last request's messages, their normal forms and the aliases after them. A session's request
-# is the request before it plus the messages since (the same objects, in the same order), so an
-# untriggered cache normalises only those (the request is still encoded whole, in one C call). The
-# prefix is recognised by identity, in C; any other request (another session's, say) is
-# normalised whole. Only the last request is kept, so no dead message is kept alive for long.
+# The last request's messages, their normal forms and the aliases (tool-call id -> order of
+# appearance) after them. A session's request is the request before it plus the messages since
+# (the same objects, in the same order), so an untriggered cache normalises only those (the
+# request is still encoded whole, in one C call). The prefix is recognised by identity, in C; any
+# other request (another session's, say) is normalised whole. Only the last request is kept, so
+# no dead message is kept alive for long.
 _prev: tuple[tuple[Msg, ...], list[Any], dict[str, int]] = ((), [], {})
 
 
 def _messages(messages: Sequence[Msg]) -> list[Any]:
     global _prev
-    done, done_out, done_aliases = _prev
+    done, out, aliases = _prev
     n = len(done)
     if n and len(messages) >= n and all(map(_is, messages, done)):
-        aliases = dict(done_aliases)  # (the aliases of the prefix: what normalising it again gives)
-        rest, out = messages[n:], done_out
+        aliases = dict(aliases)  # (the aliases of the prefix: what normalising it again gives)
+        out = list(out)
+        rest: Sequence[Msg] = messages[n:]
     else:
         aliases, rest, out = {}, messages, []
-
-    def alias(call_id: str) -> int:
-        return aliases.setdefault(call_id, len(aliases))
-
-    out = out + [(m.role, m.name, [_block(b, alias) for b in m.content]) for m in rest]
+    append = out.append
+    for m in rest:
+        blocks = []
+        for b in m.content:
+            blocks.append(("t", b.text) if b.type == "text" else _block(b, aliases))  # type: ignore[union-attr]
+        append((m.role, m.name, blocks))
     _prev = (tuple(messages), out, aliases)
     return out
 
@@ -121,12 +128,18 @@ def _tools_digest(tools: Sequence[Any]) -> str:
 def request_key(input: ModelCallInput) -> str:
     """The cache key of a model call: a hex SHA-256 of its normalised request."""
     model = input.model
-    return _digest((
+    tools = input.tools
+    entry = _TOOLS.get(id(tools)) if tools else None  # _tools_digest(), its common case inlined
+    tools_digest = entry[1] if entry is not None and entry[0] is tools else _tools_digest(tools)
+    return _sha256(_canonical((
         "model_call", type(model).__qualname__, getattr(model, "name", ""), _messages(input.messages),
-        _tools_digest(input.tools), input.options,
-    ))
+        tools_digest, input.options,
+    ))).hexdigest()
 
 
-def tool_call_key(call: ToolUseBlock) -> str:
-    """The cache key of a tool call: a hex SHA-256 of the tool name and the arguments."""
-    return _digest(("tool_call", call.name, call.input))
+def tool_call_key(call: ToolUseBlock, user: str | None = None) -> str:
+    """The cache key of a tool call: a hex SHA-256 of the tool name and the arguments, and of
+    ``user`` when given (a result kept per user; None: shared by every user)."""
+    if user is None:
+        return _digest(("tool_call", call.name, call.input))
+    return _digest(("tool_call", call.name, call.input, "user", user))

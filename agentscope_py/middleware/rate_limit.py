@@ -13,8 +13,10 @@ Redis. ``on_limit="reject"`` (or a wait longer than ``max_wait``) takes nothing 
 call with `RateLimitExceeded` (``retry_after`` in seconds) before the model is called. A waiter
 that is cancelled (or whose stream is closed) gives its tokens back.
 
-Cost when not triggered: the check runs once per call when its stream is subscribed, and with
-the in-memory store a call that finds its tokens is the inner stream itself (no layer per event).
+Cost when not triggered: the check runs once per call, when its stream is built (the hook runs as
+``next()`` reaches this layer), and with the in-memory store a call that finds its tokens gets the
+inner stream itself, unchanged (no layer: as cheap as a pass-through hook). A call whose tokens
+are not there yet waits when its stream is subscribed.
 """
 
 from __future__ import annotations
@@ -141,6 +143,29 @@ class InMemoryBucketStore:
 
     async def reserve(self, key: Hashable, need: float, rate: float, burst: float, max_wait: float) -> Reservation:
         return self.reserve_nowait(key, need, rate, burst, max_wait)
+
+    def take_nowait(self, key: Hashable, need: float, rate: float, burst: float) -> bool:
+        """Take ``need`` tokens if they are there now (True), else take nothing (False: then
+        `reserve_nowait` says how long to wait). The untriggered path: no `Reservation` made."""
+        now = self._clock()
+        buckets = self._buckets
+        entry = buckets.get(key)
+        if entry is None:
+            if len(buckets) >= self._max_keys or need > burst:
+                return False  # (the general path evicts, or handles a request bigger than the bucket)
+            buckets[key] = [burst - need, now]
+            return True
+        tokens = entry[0]
+        if now > entry[1]:
+            tokens = tokens + (now - entry[1]) * rate
+            if tokens > burst:
+                tokens = burst
+        if tokens < need:
+            return False
+        buckets.move_to_end(key)
+        entry[0] = tokens - need
+        entry[1] = now if now > entry[1] else entry[1]
+        return True
 
     def refund_nowait(self, key: Hashable, need: float, burst: float) -> None:
         entry = self._buckets.get(key)
@@ -273,33 +298,37 @@ class RateLimitMiddleware(MiddlewareBase):
         self.points = check_points(points)
         self.store: BucketStore = store if store is not None else InMemoryBucketStore(clock or time.monotonic)
         self._key = key_function(key)
+        # One global bucket per point: its key made once, not per call.
+        self._keys = {tag: (tag, "*") for tag in _POINTS.values()} if key == "global" else {}
+        self._take = self.store.take_nowait if type(self.store) is InMemoryBucketStore else None
         self._sleep = sleep
 
     def active_points(self) -> frozenset[ExtensionPoint]:
         return self.points
 
     def on_model_call(self, agent: ReActAgent, ctx: RuntimeContext, input: ModelCallInput, next: Next) -> Any:
-        inner = next(input)
-        return EventStream.defer(lambda: self._admit("model", ctx, self.cost, inner))
+        return self._admit("model", ctx, self.cost, next, input)
 
     def on_acting(self, agent: ReActAgent, ctx: RuntimeContext, input: ActingInput, next: Next) -> Any:
-        inner = next(input)
-        need = self.cost * max(1, len(input.tool_calls))
-        return EventStream.defer(lambda: self._admit("tools", ctx, need, inner))
+        return self._admit("tools", ctx, self.cost * max(1, len(input.tool_calls)), next, input)
 
     def on_agent(self, agent: ReActAgent, ctx: RuntimeContext, input: AgentInput, next: Next) -> Any:
-        inner = next(input)
-        return EventStream.defer(lambda: self._admit("runs", ctx, self.cost, inner))
+        return self._admit("runs", ctx, self.cost, next, input)
 
-    def _admit(self, tag: str, ctx: RuntimeContext, need: float, inner: EventStream[Any]) -> EventStream[Any]:
-        """Runs once per subscription: the inner stream itself when the tokens are there."""
-        key = (tag, self._key(ctx))
-        found = self.store.reserve_nowait(key, need, self.rate, self.burst, self.max_wait)
+    def _admit(self, tag: str, ctx: RuntimeContext, need: float, next: Next, input: Any) -> Any:
+        """Runs once per call, when its stream is built (``next()`` reaching this layer): a call
+        that finds its tokens is the inner stream itself, returned unchanged (no layer at all)."""
+        key = self._keys.get(tag) or (tag, self._key(ctx))
+        store = self.store
+        if self._take is not None and self._take(key, need, self.rate, self.burst):
+            return next(input)
+        found = store.reserve_nowait(key, need, self.rate, self.burst, self.max_wait)
         if found is not None:
             if found.granted and found.wait <= 0:
-                return inner
+                return next(input)
             if not found.granted:
                 return EventStream.error(self._refused(key, found.wait))
+        inner = next(input)  # built here, in the hook's context (a span around it parents the call)
         return EventStream(lambda: self._waited(key, need, found, inner))
 
     async def _waited(self, key: tuple[str, Hashable], need: float, found: Reservation | None,

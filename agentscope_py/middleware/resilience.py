@@ -24,6 +24,7 @@ from __future__ import annotations
 import inspect
 import random
 from collections.abc import AsyncIterator, Awaitable, Callable
+from functools import partial
 from typing import TYPE_CHECKING, Any, Literal
 
 from ..errors import ModelError
@@ -119,35 +120,30 @@ class RetryMiddleware(MiddlewareBase):
         return EventStream(lambda: _FirstItemTap(inner.__aiter__(), seen))
 
     def on_model_call(self, agent: ReActAgent, ctx: RuntimeContext, input: ModelCallInput, next: Next) -> Any:
-        first = next(input)
+        # C partials, no closures: each subscription's Attempts counts its own retries afresh.
+        return EventStream(partial(Attempts, next(input), partial(self._again, ctx, input, next), self.mode))
 
-        def attempts() -> Attempts:
-            # Per subscription: a re-run of this stream counts its retries afresh.
-            earlier: list[tuple[str, BaseException]] = []
-
-            async def again(error: BaseException, emitted: bool) -> EventStream[AgentEvent] | None:
-                if not self._retry_on(error):
-                    note_earlier(error, earlier)
-                    return None
-                retry = len(earlier)
-                if retry >= self.max_retries:
-                    note_earlier(error, earlier)
-                    if self.on_failure != "raise":
-                        reply_id = ctx.get(self._reply_key) or new_id("reply_")
-                        text = (self.on_failure(error) if callable(self.on_failure)
-                                else _failure_text(error, retry + 1))
-                        return EventStream.of(*_error_reply(reply_id, input.model, error, text))
-                    return None
-                delay = self.backoff.delay(retry, error)
-                earlier.append((f"{retry + 1} ({input.model.name})", error))
-                if self._on_retry is not None:
-                    await _maybe_await(self._on_retry(retry + 1, error, delay))
-                await self.backoff.sleep(delay)
-                return next(input)
-
-            return Attempts(first, again, self.mode)
-
-        return EventStream(attempts)
+    async def _again(self, ctx: RuntimeContext, input: ModelCallInput, next: Next,
+                     earlier: list[tuple[str, BaseException]], error: BaseException,
+                     emitted: bool) -> EventStream[AgentEvent] | None:
+        if not self._retry_on(error):
+            note_earlier(error, earlier)
+            return None
+        retry = len(earlier)
+        if retry >= self.max_retries:
+            note_earlier(error, earlier)
+            if self.on_failure != "raise":
+                reply_id = ctx.get(self._reply_key) or new_id("reply_")
+                text = (self.on_failure(error) if callable(self.on_failure)
+                        else _failure_text(error, retry + 1))
+                return EventStream.of(*_error_reply(reply_id, input.model, error, text))
+            return None
+        delay = self.backoff.delay(retry, error)
+        earlier.append((f"{retry + 1} ({input.model.name})", error))
+        if self._on_retry is not None:
+            await _maybe_await(self._on_retry(retry + 1, error, delay))
+        await self.backoff.sleep(delay)
+        return next(input)
 
 
 class ModelFallbackMiddleware(MiddlewareBase):
@@ -188,9 +184,8 @@ class ModelFallbackMiddleware(MiddlewareBase):
         chain = (input.model, *self.models)
 
         def attempts() -> Attempts:
-            earlier: list[tuple[str, BaseException]] = []
-
-            async def again(error: BaseException, emitted: bool) -> EventStream[AgentEvent] | None:
+            async def again(earlier: list[tuple[str, BaseException]], error: BaseException,
+                            emitted: bool) -> EventStream[AgentEvent] | None:
                 i = len(earlier)
                 if not self._fallback_on(error) or i + 1 >= len(chain):
                     note_earlier(error, earlier)

@@ -363,6 +363,25 @@ async def test_a_fully_cached_batch_runs_no_tool() -> None:
     assert CALLS == ["Oslo"] and (tc.hits, tc.misses) == (1, 1)
 
 
+async def test_tool_results_are_kept_per_user_unless_the_tool_is_shared() -> None:
+    script = [two_calls("Oslo"), answer("a")] * 3
+    tc = ToolResultCacheMiddleware()
+    agent = ReActAgent.builder().model(ScriptedModel(script)).tools(weather).middleware(tc).build()
+    await agent.call("1", ctx=RuntimeContext(user_id="ada", session_id="s1"))
+    await agent.call("2", ctx=RuntimeContext(user_id="bob", session_id="s2"))   # another user: a miss
+    assert CALLS == ["Oslo", "Oslo"] and (tc.hits, tc.misses) == (0, 2)
+    await agent.call("3", ctx=RuntimeContext(user_id="ada", session_id="s3"))   # ada's own result
+    assert CALLS == ["Oslo", "Oslo"] and tc.hits == 1
+    CALLS.clear()
+    shared = ToolResultCacheMiddleware(shared=["weather"])
+    agent = ReActAgent.builder().model(ScriptedModel(script)).tools(weather).middleware(shared).build()
+    await agent.call("1", ctx=RuntimeContext(user_id="ada", session_id="s1"))
+    await agent.call("2", ctx=RuntimeContext(user_id="bob", session_id="s2"))   # shared: bob hits ada's
+    assert CALLS == ["Oslo"] and (shared.hits, shared.misses) == (1, 1)
+    with pytest.raises(ValueError, match="shared must be a collection of tool names"):
+        ToolResultCacheMiddleware(shared="weather")
+
+
 async def test_only_read_only_unguarded_successful_results_are_cached() -> None:
     tc = ToolResultCacheMiddleware()
     steps = [ModelStep.tool_calls_of(("book", {"city": "Oslo"}), ("flaky", {"city": "Oslo"}),

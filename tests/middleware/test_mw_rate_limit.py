@@ -24,6 +24,7 @@ from agentscope_py import (
 )
 from agentscope_py.errors import MiddlewareTermination, RateLimitExceeded
 from agentscope_py.middleware import InMemoryBucketStore, RateLimitMiddleware, RedisBucketStore
+from agentscope_py.middleware.base import ActingInput
 from agentscope_py.stream import EventStream
 
 P = ExtensionPoint
@@ -198,9 +199,13 @@ async def test_waiters_are_served_in_arrival_order() -> None:
 
 
 async def test_not_triggered_the_hook_returns_the_inner_stream_itself() -> None:
-    mw = RateLimitMiddleware(rate=1000, burst=1000)
+    mw = RateLimitMiddleware(rate=1000, burst=1000, points=("on_model_call", "on_acting"))
     inner = EventStream.of(1, 2)
-    assert mw._admit("model", RuntimeContext(), 1, inner) is inner  # no layer per event
+    # Passed through unchanged: the chain adds no layer (as for a pass-through hook).
+    assert mw.on_model_call(None, RuntimeContext(), None, lambda _: inner) is inner  # type: ignore[arg-type]
+    acting = ActingInput(tool_calls=())
+    assert mw.on_acting(None, RuntimeContext(), acting, lambda _: inner) is inner  # type: ignore[arg-type]
+    assert mw.store.tokens(("model", "*"), 1000, 1000) == pytest.approx(999, abs=1)  # the token was taken
 
 
 async def test_bucket_memory_is_bounded() -> None:

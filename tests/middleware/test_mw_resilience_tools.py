@@ -266,3 +266,20 @@ async def test_a_timed_out_tool_is_retried_by_a_tool_retry_outside_it() -> None:
     assert runs == [1, 1]
     assert [e.state for e in events if e.type == "tool_result_end"] == [ToolResultState.SUCCESS]
     assert model.requests[1].messages[-1].content[0].output == "fast now"
+
+
+async def test_concurrent_deadlines_on_one_loop_fire_each_at_its_own_time() -> None:
+    # One loop timer serves every watch of the loop: a long deadline armed first must not hold
+    # back a shorter one armed later, and streams that end first leave nothing due behind.
+    slow = agent_with(ScriptedModel([ModelStep.text("late", delay=0.6)]), TimeoutMiddleware(model_timeout=0.3))
+    patient = agent_with(ScriptedModel([ModelStep.text("fine", delay=0.4)]), TimeoutMiddleware(model_timeout=5))
+    quick = agent_with(ScriptedModel([ModelStep.text("ok")], loop=True), TimeoutMiddleware(model_timeout=0.05))
+    for _ in range(50):  # many short streams that end before their deadline
+        assert (await quick.call("hi")).text == "ok"
+    started = time.perf_counter()
+    results = await asyncio.gather(patient.call("a"), slow.call("b"), return_exceptions=True)
+    assert results[0].text == "fine"                                    # type: ignore[union-attr]
+    assert isinstance(results[1], ModelTimeoutError) and "0.3 s" in str(results[1])
+    assert time.perf_counter() - started < 2.0
+    await asyncio.sleep(0.1)  # past the quick calls' deadlines: nothing fires into a later call
+    assert (await quick.call("again")).text == "ok"

@@ -1,0 +1,188 @@
+"""Recording a miss and replaying a hit, for `cache`'s middleware (see its docstring)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from ..events import AgentEvent, ModelCallEnd, ModelCallStart, ToolResultEnd, ToolResultStart
+from ..message import ChatUsage, ToolResultState, ToolUseBlock, new_id
+
+if TYPE_CHECKING:
+    from ..agent.context import RuntimeContext
+
+__all__ = ["HIT", "REPLY", "ModelRecorder", "ToolRecorder", "model_tap", "replay"]
+
+REPLY = "agentscope.cache.reply_id"  # ctx key: the run's reply id, once its events showed it
+HIT = "hit"
+
+_new_object = object.__new__
+_set_attr = object.__setattr__
+# A plan per recorded tuple: what each replayed event copies, and which ids it renews. The memory
+# store hands out the same tuple on every hit, so the plan is made once (identity-checked).
+_PLANS: dict[int, tuple[Sequence[AgentEvent], list[tuple[Any, ...]]]] = {}
+
+
+def _plan(events: Sequence[AgentEvent]) -> list[tuple[Any, ...]]:
+    entry = _PLANS.get(id(events))
+    if entry is not None and entry[0] is events:
+        return entry[1]
+    plan: list[tuple[Any, ...]] = []
+    for ev in events:
+        fields = dict(ev.__dict__)
+        cls = type(ev)
+        # The brackets' metadata described the recorded call (an inner budget's totals, say), not
+        # this one: a replayed bracket carries only the hit marks.
+        if cls is ModelCallEnd:
+            usage = fields["usage"]
+            fields["usage"] = ChatUsage()
+            fields["metadata"] = {"cache": HIT, "cached_usage": None if usage is None else usage.model_dump()}
+        elif cls is ModelCallStart or cls is ToolResultStart or cls is ToolResultEnd:
+            fields["metadata"] = {"cache": HIT}
+        changed = {"id", "created_at", "metadata", "usage"} & fields.keys()
+        plan.append((cls, fields, ev.__pydantic_fields_set__ | changed, "reply_id" in fields,
+                     fields.get("block_id"), fields.get("tool_call_id")))
+    if len(_PLANS) >= 256:
+        _PLANS.clear()
+    _PLANS[id(events)] = (events, plan)
+    return plan
+
+
+def replay(events: Sequence[AgentEvent], reply_id: str, call: ToolUseBlock | None = None) -> list[AgentEvent]:
+    """Fresh copies of ``events``: new event, block and tool-call ids (a tool result takes
+    ``call``'s id and name), the run's reply id, the same content; the brackets marked as hits.
+    Built without validation: every value is one the recorded event already held."""
+    ids: dict[str, str] = {}
+    now = time.time()
+    out: list[AgentEvent] = []
+    append = out.append
+    for cls, template, fields_set, has_reply, block_id, call_id in _plan(events):
+        fields = template.copy()
+        fields["id"] = new_id("ev_")
+        fields["created_at"] = now
+        if has_reply:
+            fields["reply_id"] = reply_id
+        if block_id is not None:
+            fields["block_id"] = ids.get(block_id) or ids.setdefault(block_id, new_id("blk_"))
+        if call_id is not None:
+            if call is not None:
+                fields["tool_call_id"], fields["tool_name"] = call.id, call.name
+            else:
+                fields["tool_call_id"] = ids.get(call_id) or ids.setdefault(call_id, new_id("call_"))
+        metadata = fields["metadata"]
+        fields["metadata"] = dict(metadata) if metadata else {}  # each event its own (mutable) dict
+        ev = _new_object(cls)
+        _set_attr(ev, "__dict__", fields)
+        _set_attr(ev, "__pydantic_fields_set__", set(fields_set))
+        _set_attr(ev, "__pydantic_extra__", None)
+        _set_attr(ev, "__pydantic_private__", None)
+        append(ev)
+    return out
+
+
+class ModelRecorder:
+    """A fused map over a miss's events: collects one model call's events, from its
+    ModelCallStart to a successful ModelCallEnd, then hands them to ``done``. A new
+    ModelCallStart (an inner retry's next attempt) starts over; a failed end drops them."""
+
+    __slots__ = ("buf", "ctx", "done")
+
+    def __init__(self, ctx: RuntimeContext, done: Callable[[list[AgentEvent]], None]) -> None:
+        self.ctx = ctx
+        self.done = done
+        self.buf: list[AgentEvent] | None = None
+
+    def __call__(self, ev: Any) -> Any:
+        cls = ev.__class__
+        if cls is ModelCallStart and ev.source is None:
+            self.buf = [ev]
+            self.ctx.put(REPLY, ev.reply_id)
+            return ev
+        buf = self.buf
+        if buf is not None:
+            buf.append(ev)
+            if cls is ModelCallEnd and ev.source is None:
+                self.buf = None
+                if ev.error is None and not ev.discarded:
+                    self.done(buf)
+        return ev
+
+
+def model_tap(store: Any, key: str, ttl: float | None) -> Callable[[Any], Any]:
+    """`ModelRecorder`'s work in a run (``ctx.reply_id`` known: nothing to learn from the events),
+    for a store that answers at once: a fused map that only appends each event; at a ModelCallEnd
+    of this call it takes the events from the last ModelCallStart (an inner retry's earlier
+    attempts fall away) and stores them when the call succeeded. One append and one class test
+    per event."""
+    buf: list[AgentEvent] = []
+    append = buf.append
+    end_cls = ModelCallEnd
+
+    def record(ev: Any) -> Any:
+        append(ev)
+        if ev.__class__ is end_cls and ev.source is None:
+            events = _take_call(buf)
+            if events is not None:
+                store.set_nowait(key, events, ttl)
+        return ev
+
+    return record
+
+
+def _take_call(buf: list[AgentEvent]) -> list[AgentEvent] | None:
+    """At a ModelCallEnd (the last of ``buf``): this call's events if it succeeded; ``buf`` is
+    emptied."""
+    end: Any = buf[-1]
+    # The call's ModelCallStart is nearly always the first event recorded; else the last start
+    # before the end.
+    first: Any = buf[0]
+    if first.__class__ is ModelCallStart and first.source is None and ModelCallStart not in map(type, buf[1:]):
+        i = 0
+    else:
+        i = _last_start(buf)
+    events = buf[i:] if i >= 0 else None
+    del buf[:]
+    return events if end.error is None and not end.discarded else None
+
+
+def _last_start(buf: list[AgentEvent]) -> int:
+    """The index of the last ModelCallStart of this call (not a sub-agent's) in ``buf``, or -1."""
+    for i in range(len(buf) - 2, -1, -1):
+        ev: Any = buf[i]
+        if ev.__class__ is ModelCallStart and ev.source is None:
+            return i
+    return -1
+
+
+class ToolRecorder:
+    """A fused map over the misses of an acting batch: per cacheable call, its result events,
+    handed to ``done`` when the result ends with state success."""
+
+    __slots__ = ("bufs", "ctx", "done", "keys")
+
+    def __init__(self, ctx: RuntimeContext, keys: Mapping[str, str], done: Callable[[str, list[AgentEvent]], None]):
+        self.ctx = ctx
+        self.keys = keys  # tool call id -> cache key, of the cacheable misses
+        self.done = done
+        self.bufs: dict[str, list[AgentEvent]] = {}
+
+    def __call__(self, ev: Any) -> Any:
+        cls = ev.__class__
+        if cls is ToolResultStart:
+            if ev.source is None:
+                self.ctx.put(REPLY, ev.reply_id)
+                if ev.tool_call_id in self.keys:
+                    self.bufs[ev.tool_call_id] = [ev]
+            return ev
+        if self.bufs and ev.source is None:
+            buf = self.bufs.get(getattr(ev, "tool_call_id", ""))
+            if buf is not None:
+                buf.append(ev)
+                if cls is ToolResultEnd:
+                    del self.bufs[ev.tool_call_id]
+                    if ev.state is ToolResultState.SUCCESS:
+                        self.done(self.keys[ev.tool_call_id], buf)
+        return ev
+
+
