@@ -5,6 +5,8 @@ another to reach it; `agentscope_py.agent.context` re-exports it."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 if TYPE_CHECKING:
@@ -27,7 +29,8 @@ class RuntimeContext:
     is made. The same instance reaches every hook and tool of the call; tools receive it by
     declaring a parameter of type `RuntimeContext` (or `AgentState` for the state itself)."""
 
-    __slots__ = ("_extra_usage", "_values", "agent", "agent_state", "control", "reply_id", "session_id", "user_id")
+    __slots__ = ("_extra_usage", "_metrics", "_values", "agent", "agent_state", "control", "reply_id", "session_id",
+                 "user_id")
 
     def __init__(self, user_id: str = "default", session_id: str = "default", **values: Any) -> None:
         self.user_id = user_id
@@ -42,6 +45,7 @@ class RuntimeContext:
         self.control: RunControl | None = None
         self._values: dict[Any, Any] = dict(values)
         self._extra_usage: ChatUsage | None = None
+        self._metrics: dict[str, Any] = {}
 
     def begin_run(self, reply_id: str, control: RunControl) -> None:
         """Bind a new execution's reply id and interrupt switch (the loop calls this; a context
@@ -49,6 +53,20 @@ class RuntimeContext:
         self.reply_id = reply_id
         self.control = control
         self._extra_usage = None
+        self._metrics = {}
+
+    # -- per-run values middleware publish (`AgentRun.metrics`) ----------------------------------
+
+    def publish_metric(self, name: str, value: Any) -> None:
+        """Publish ``value`` under ``name`` for the running execution (e.g. `BudgetMiddleware`'s
+        totals): ``on_agent_finish`` sees it in `AgentRun.metrics`; the next call on this context
+        starts with none."""
+        self._metrics[name] = value
+
+    @property
+    def run_metrics(self) -> Mapping[str, Any]:
+        """What middleware published for the running execution, read-only."""
+        return MappingProxyType(self._metrics)
 
     # -- usage of model calls made beside the loop (middleware's internal calls) ------------------
 

@@ -224,27 +224,3 @@ class Msg(BaseModel):
         if isinstance(value, model):
             return value
         return model.model_validate(value.model_dump() if isinstance(value, BaseModel) else value)
-
-
-# -- deprecated internal: to be removed when the last caller moves -------------------------------
-# The runtime once built its objects through generated constructors that skipped validation;
-# everything is now built with pydantic's own constructors and copied with ``model_copy``. These
-# names stay only while callers outside this module's owners still import them; they do nothing
-# but forward to pydantic.
-
-
-def trusted_model(cls: type[_M], *names: str) -> type[_M]:
-    """Deprecated internal: ``cls`` itself (its constructor validates)."""
-    del names
-    return cls
-
-
-def copy_with(model: _M, update: dict[str, Any]) -> _M:
-    """Deprecated internal: ``model.model_copy(update=update)``."""
-    return model.model_copy(update=update)
-
-
-def update_fresh(model: _M, update: dict[str, Any]) -> _M:
-    """Deprecated internal: ``model.model_copy(update=update)`` (a copy; the model is left as it
-    was). Callers use the returned model."""
-    return model.model_copy(update=update)

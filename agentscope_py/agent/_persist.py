@@ -87,7 +87,7 @@ async def finish(
     caller (after the run's own error, if the run failed)."""
     outcome = AgentRun(
         msg=run.final, error=error, reason=run.reason, usage=run.total_usage,
-        model_calls=run.model_calls, tool_calls=tool_calls, iterations=run.iteration,
+        model_calls=run.model_calls, tool_calls=tool_calls, iterations=run.iteration, metrics=ctx.run_metrics,
     )
     point = ExtensionPoint.ON_AGENT_FINISH
     cancelled: BaseException | None = None

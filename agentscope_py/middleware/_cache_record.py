@@ -17,67 +17,43 @@ __all__ = ["HIT", "REPLY", "ModelRecorder", "ToolRecorder", "model_tap", "replay
 REPLY = "agentscope.cache.reply_id"  # ctx key: the run's reply id, once its events showed it
 HIT = "hit"
 
-_new_object = object.__new__
-_set_attr = object.__setattr__
-# A plan per recorded tuple: what each replayed event copies, and which ids it renews. The memory
-# store hands out the same tuple on every hit, so the plan is made once (identity-checked).
-_PLANS: dict[int, tuple[Sequence[AgentEvent], list[tuple[Any, ...]]]] = {}
-
-
-def _plan(events: Sequence[AgentEvent]) -> list[tuple[Any, ...]]:
-    entry = _PLANS.get(id(events))
-    if entry is not None and entry[0] is events:
-        return entry[1]
-    plan: list[tuple[Any, ...]] = []
-    for ev in events:
-        fields = dict(ev.__dict__)
-        cls = type(ev)
-        # The brackets' metadata described the recorded call (an inner budget's totals, say), not
-        # this one: a replayed bracket carries only the hit marks.
-        if cls is ModelCallEnd:
-            usage = fields["usage"]
-            fields["usage"] = ChatUsage()
-            fields["metadata"] = {"cache": HIT, "cached_usage": None if usage is None else usage.model_dump()}
-        elif cls is ModelCallStart or cls is ToolResultStart or cls is ToolResultEnd:
-            fields["metadata"] = {"cache": HIT}
-        changed = {"id", "created_at", "metadata", "usage"} & fields.keys()
-        plan.append((cls, fields, ev.__pydantic_fields_set__ | changed, "reply_id" in fields,
-                     fields.get("block_id"), fields.get("tool_call_id")))
-    if len(_PLANS) >= 256:
-        _PLANS.clear()
-    _PLANS[id(events)] = (events, plan)
-    return plan
+def _marks(ev: AgentEvent) -> dict[str, Any]:
+    """What a replayed bracket carries instead of the recorded one's metadata (which described the
+    recorded call — an inner budget's totals, say — not this one): the hit marks."""
+    cls = type(ev)
+    if cls is ModelCallEnd:
+        usage = ev.usage  # type: ignore[union-attr]
+        return {"usage": ChatUsage(),
+                "metadata": {"cache": HIT, "cached_usage": None if usage is None else usage.model_dump()}}
+    if cls is ModelCallStart or cls is ToolResultStart or cls is ToolResultEnd:
+        return {"metadata": {"cache": HIT}}
+    return {"metadata": dict(ev.metadata)}  # each event its own dict
 
 
 def replay(events: Sequence[AgentEvent], reply_id: str, call: ToolUseBlock | None = None) -> list[AgentEvent]:
     """Fresh copies of ``events``: new event, block and tool-call ids (a tool result takes
     ``call``'s id and name), the run's reply id, the same content; the brackets marked as hits.
-    Built without validation: every value is one the recorded event already held."""
+    Copies (``model_copy``): every value is one the recorded event already held."""
     ids: dict[str, str] = {}
     now = time.time()
     out: list[AgentEvent] = []
-    append = out.append
-    for cls, template, fields_set, has_reply, block_id, call_id in _plan(events):
-        fields = template.copy()
-        fields["id"] = new_id("ev_")
-        fields["created_at"] = now
-        if has_reply:
-            fields["reply_id"] = reply_id
+    for ev in events:
+        fields = ev.__dict__
+        update = _marks(ev)
+        update["id"] = new_id("ev_")
+        update["created_at"] = now
+        if "reply_id" in fields:
+            update["reply_id"] = reply_id
+        block_id = fields.get("block_id")
         if block_id is not None:
-            fields["block_id"] = ids.get(block_id) or ids.setdefault(block_id, new_id("blk_"))
+            update["block_id"] = ids.get(block_id) or ids.setdefault(block_id, new_id("blk_"))
+        call_id = fields.get("tool_call_id")
         if call_id is not None:
             if call is not None:
-                fields["tool_call_id"], fields["tool_name"] = call.id, call.name
+                update["tool_call_id"], update["tool_name"] = call.id, call.name
             else:
-                fields["tool_call_id"] = ids.get(call_id) or ids.setdefault(call_id, new_id("call_"))
-        metadata = fields["metadata"]
-        fields["metadata"] = dict(metadata) if metadata else {}  # each event its own (mutable) dict
-        ev = _new_object(cls)
-        _set_attr(ev, "__dict__", fields)
-        _set_attr(ev, "__pydantic_fields_set__", set(fields_set))
-        _set_attr(ev, "__pydantic_extra__", None)
-        _set_attr(ev, "__pydantic_private__", None)
-        append(ev)
+                update["tool_call_id"] = ids.get(call_id) or ids.setdefault(call_id, new_id("call_"))
+        out.append(ev.model_copy(update=update))
     return out
 
 

@@ -35,7 +35,6 @@ if TYPE_CHECKING:
     from ..agent.react import ReActAgent
 
 __all__ = [
-    "RUN_METRICS",
     "ActingInput",
     "AgentInput",
     "AgentRun",
@@ -136,23 +135,13 @@ class ActingInput(_Record):
             _set(self, "tool_calls", _frozen(self.tool_calls))
 
 
-RUN_METRICS = "agentscope.run_metrics"
-"""The `RuntimeContext` key under which middleware publish per-run values (`publish_metric`):
-``(reply_id, {name: value})``, the running execution's. `AgentRun.metrics` is a read-only view of
-them."""
+def publish_metric(ctx: RuntimeContext, name: str, value: Any) -> None:
+    """Publish ``value`` under ``name`` for ``ctx``'s running execution: ``on_agent_finish`` sees
+    it in `AgentRun.metrics` (`RuntimeContext.publish_metric`)."""
+    ctx.publish_metric(name, value)
+
 
 _NO_METRICS: Mapping[str, Any] = MappingProxyType({})
-
-
-def publish_metric(ctx: RuntimeContext, name: str, value: Any) -> None:
-    """Publish ``value`` under ``name`` for the running execution of ``ctx`` (``ctx.reply_id``'s):
-    `AgentRun.metrics` shows it to ``on_agent_finish``. A later run on the same context starts
-    with none (values are kept per reply id)."""
-    current = ctx.get(RUN_METRICS)
-    if current is None or current[0] != ctx.reply_id:
-        current = (ctx.reply_id, {})
-        ctx.put(RUN_METRICS, current)
-    current[1][name] = value
 
 
 @dataclass(slots=True)
@@ -170,15 +159,6 @@ class AgentRun:
     metrics: Mapping[str, Any] = field(default_factory=lambda: _NO_METRICS)
     """What middleware published for this run (`publish_metric`; e.g. ``metrics["budget"]``, the
     `BudgetMiddleware` totals), read-only; empty when none did."""
-
-    @staticmethod
-    def metrics_of(ctx: RuntimeContext) -> Mapping[str, Any]:
-        """A read-only view of what middleware published for ``ctx``'s running execution (what the
-        loop passes as ``metrics``)."""
-        current = ctx.get(RUN_METRICS)
-        if current is None or current[0] != ctx.reply_id:
-            return _NO_METRICS
-        return MappingProxyType(current[1])
 
 
 Next: TypeAlias = Callable[[Any], EventStream[AgentEvent]]

@@ -346,16 +346,15 @@ class BudgetMiddleware(MiddlewareBase):
             if spent > limit:
                 exceeded = f"{scope} {kind} limit {limit} crossed: spent {spent:g}"
                 break
-        # Annotated in place, not copied: the metadata dict is this event's own (every event gets
-        # a fresh one), and the event has not left this layer yet.
-        ev.metadata[name] = {
+        # A copy: events are immutable, and an inner layer (a cache recording, an audit) may hold
+        # this very object.
+        return ev.model_copy(update={"metadata": {**ev.metadata, name: {
             "call": {"tokens": tokens, "cost": cost, "estimated": ev.usage is None},
             "run": {"tokens": r_tokens, "cost": r_cost, "calls": r_calls},
             "session": {"tokens": s_tokens, "cost": s_cost, "calls": s_calls},
             "user": {"tokens": u_tokens, "cost": u_cost, "calls": u_calls},
             "exceeded": exceeded,
-        }
-        return ev
+        }}})
 
 
 def _exceeded(info: Mapping[str, Any]) -> BudgetExceeded:
