@@ -50,7 +50,7 @@ class _Kind:
     """What every delta of one class shares: its field order (a validated sample's) and the
     fields an ordinary construction sets."""
 
-    __slots__ = ("bound", "cls", "fields_set", "template")
+    __slots__ = ("bound", "cls", "fields_set", "names", "template")
 
     def __init__(self, cls: type[EventBase], **sample: str) -> None:
         decorators = cls.__pydantic_decorators__
@@ -60,6 +60,7 @@ class _Kind:
         made = cls.model_validate({**sample, "delta": ""})
         self.cls = cls
         self.bound = tuple(sample)
+        self.names = frozenset(sample)
         self.template: dict[str, Any] = dict(made.__dict__)
         self.fields_set = made.__pydantic_fields_set__
 
@@ -79,10 +80,11 @@ def delta_maker(cls: type[_D], **bound: Any) -> Callable[[str], _D]:
     ``tool_name``); only for values the runtime made itself. Ids that are not exactly ``str`` (a
     provider's tool name of another type) get a maker that validates."""
     kind = _KINDS[cls]
-    if bound.keys() != set(kind.bound):
+    if bound.keys() != kind.names:
         raise TypeError(f"delta_maker({cls.__name__}) takes {', '.join(kind.bound)}")
-    if any(type(v) is not str for v in bound.values()):
-        return lambda delta: cls.model_validate({**bound, "delta": delta})
+    for value in bound.values():  # (a loop: a generator expression costs a frame per block)
+        if type(value) is not str:
+            return lambda delta: cls.model_validate({**bound, "delta": delta})
     template = {**kind.template, **bound}
     fields_set = kind.fields_set
     event_id, now, new, set_ = _event_id, time.time, _new, _set

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import reactivex
 from reactivex.disposable import Disposable
@@ -26,6 +26,9 @@ __all__ = [
     "to_async_observable",
     "to_observable",
 ]
+
+
+T = TypeVar("T")
 
 
 class _TrackingScheduler(AsyncIOScheduler):  # type: ignore[misc]
@@ -142,7 +145,7 @@ async def pipe_operators(upstream: AsyncIterator[Any], operators: Sequence[Any])
         await aclose(upstream)
 
 
-def to_observable(stream: EventStream[Any]) -> reactivex.Observable[Any]:
+def to_observable(stream: EventStream[T]) -> reactivex.Observable[T]:
     """A cold reactivex Observable: each subscription iterates the stream in a task (subscribe
     inside a running loop); disposing cancels the task and closes the producer."""
 
@@ -168,19 +171,18 @@ def to_observable(stream: EventStream[Any]) -> reactivex.Observable[Any]:
     return reactivex.create(subscribe)
 
 
-def from_observable(observable: reactivex.Observable[Any]) -> EventStream[Any]:
+def from_observable(observable: reactivex.Observable[T]) -> EventStream[T]:
     """Subscribe at each iteration (on the AsyncIOScheduler); closing the iteration disposes.
 
     reactivex pushes without backpressure, so items wait in an unbounded buffer."""
 
-    async def gen() -> AsyncIterator[Any]:
-        loop = asyncio.get_running_loop()
+    async def gen() -> AsyncIterator[T]:
         sink = _Sink()
         sub = observable.subscribe(
             on_next=sink.on_next,
             on_error=sink.on_error,
             on_completed=sink.on_completed,
-            scheduler=AsyncIOScheduler(loop),
+            scheduler=AsyncIOScheduler(sink.loop),
         )
         try:
             async for item in sink.drain():

@@ -48,6 +48,9 @@ class Prefetch(MapSource):
         self.push = push
         self.deferred = deferred
 
+    def __call__(self) -> AsyncIterator[Any]:
+        return _prefetch(self.source, self.size, self.ctx, (), self.push, self.deferred)
+
     def with_maps(self, maps: Maps) -> AsyncIterator[Any]:
         return _prefetch(self.source, self.size, self.ctx, maps, self.push, self.deferred)
 

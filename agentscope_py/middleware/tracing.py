@@ -196,7 +196,7 @@ class OtelTracingMiddleware(MiddlewareBase):
         call_next: Callable[[], EventStream[AgentEvent]],
         observer: Callable[[Span], tuple[Observer, Closer | None]],
         parent: Callable[[], Context | None] | None = None,
-    ) -> EventStream[Any]:
+    ) -> EventStream[AgentEvent]:
         def open_span() -> Watch | None:
             span = self._start(name, kind, attributes, parent() if parent is not None else None)
             if parent is not None:
@@ -220,7 +220,7 @@ class OtelTracingMiddleware(MiddlewareBase):
 
     def _subscribed(
         self, open_: Callable[[], Watch | None], call_next: Callable[[], EventStream[AgentEvent]]
-    ) -> EventStream[Any]:
+    ) -> EventStream[AgentEvent]:
         """The inner stream, watched: per subscription, every step runs in a private copy of the
         subscriber's context, where ``open_`` opens the spans (and makes one current) at the first
         pull; next() then builds the inner layers in it (so the model call's task inherits it) and
@@ -230,7 +230,7 @@ class OtelTracingMiddleware(MiddlewareBase):
 
     async def _watch(
         self, open_: Callable[[], Watch | None], call_next: Callable[[], EventStream[AgentEvent]],
-    ) -> AsyncIterator[Any]:
+    ) -> AsyncIterator[AgentEvent]:
         # The spans open at the first pull, not at __aiter__: a subscription that is closed
         # before it is pulled never runs this body, so it must not leave a span open.
         watch = open_()
