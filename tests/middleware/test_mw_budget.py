@@ -291,8 +291,8 @@ async def test_the_run_totals_are_published_for_the_run() -> None:
     agent, _ = build(budget, [step_tool(), step_text(), step_text()])
     ctx = RuntimeContext(user_id="ada", session_id="s")
     await agent.call("go", ctx=ctx)
-    from agentscope_py.middleware.base import AgentRun
-    published = ctx.run_metrics["budget"]     # what the loop hands to AgentRun.metrics
+    published = ctx.run_metrics["budget"]
+    assert budget.runs[0].metrics["budget"] == published  # what on_agent_finish was told
     assert published["run"] == Spend(tokens=220, cost=0.00024, calls=2)
     assert published["session"].tokens == 220 and dict(published).keys() == {"run", "session", "user"}
     await agent.call("again", ctx=ctx)  # a new run on the same context: its own totals
