@@ -3,7 +3,7 @@ message and the tool results from the events that leave the model-call and actin
 a middleware rewrote there is what is remembered (the agent loop), or what is recorded as a model
 call's output (the tracing middleware).
 
-Internal API, below both the agent and the middleware (`agent._reply` re-exports it for the loop).
+Internal API, below both the agent and the middleware.
 """
 
 from __future__ import annotations

@@ -385,13 +385,9 @@ def prefetched(
     push: bool = False,
     *,
     deferred: bool = False,
-    make: object = None,
 ) -> EventStream[Any]:
     """`EventStream.prefetch` of what ``source()`` returns (internal: no stream in between); see
     `_stream.concurrent.Prefetch` for ``push`` (a producer that fills the channel itself) and
-    ``deferred`` (items the drain makes from ``(make, value)`` pairs in the consumer's task).
-
-    ``make``: deprecated internal, to be removed when agent/_loop.py calls
-    `agent._model_call.model_call_stream`: any value turns ``deferred`` on."""
+    ``deferred`` (items the drain makes from ``(make, value)`` pairs in the consumer's task)."""
     ctx = context if context is not None else contextvars.copy_context()
-    return EventStream(Prefetch(source, size, ctx, push, deferred or make is not None))
+    return EventStream(Prefetch(source, size, ctx, push, deferred))

@@ -17,8 +17,10 @@ import asyncio
 import contextvars
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from .._fast_events import delta_maker
+from .._replies import result_events
 from .._sanitize import MAX_DEPTH, clean
 from ..events import (
     AgentEvent,
@@ -35,7 +37,6 @@ from ..events import (
 from ..message import GenerateReason, ToolResultState, ToolUseBlock
 from ..stream import Channel
 from ..tool.toolkit import PermissionDecision, Tool, ToolArgumentError, Toolkit
-from ._reply import result_events
 from ._session import RunControl
 
 if TYPE_CHECKING:
@@ -214,13 +215,13 @@ async def _invoke(
 
 async def _output(scope: ToolScope, call: ToolUseBlock, tool: Tool, channel: Channel) -> None:
     reply_id, cid, name = scope.reply_id, call.id, call.name
+    text_delta = delta_maker(ToolResultTextDelta, reply_id=reply_id, tool_call_id=cid, tool_name=name)
     async for chunk in tool.run(call.input, scope.ctx):
-        # A sub-agent's events (they carry a source path) are forwarded as they are.
-        await channel.put(chunk if isinstance(chunk, EventBase) else _delta(reply_id, cid, name, chunk))
-
-
-def _delta(reply_id: str, cid: str, name: str, chunk: Any) -> AgentEvent:
-    # A tool's text enters the session here: made encodable (`_sanitize`), so no output can poison it.
-    if isinstance(chunk, str):
-        return ToolResultTextDelta(reply_id=reply_id, tool_call_id=cid, tool_name=name, delta=clean(str(chunk)))
-    return ToolResultDataDelta(reply_id=reply_id, tool_call_id=cid, tool_name=name, data=chunk)
+        if isinstance(chunk, EventBase):
+            await channel.put(chunk)  # a sub-agent's events (they carry a source path), as they are
+        elif isinstance(chunk, str):
+            # A tool's text enters the session here: made encodable (`_sanitize`), so no output
+            # can poison it.
+            await channel.put(text_delta(clean(str(chunk))))
+        else:
+            await channel.put(ToolResultDataDelta(reply_id=reply_id, tool_call_id=cid, tool_name=name, data=chunk))

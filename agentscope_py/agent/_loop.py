@@ -19,24 +19,23 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
-import functools
 from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING, Any
 
+from .._replies import ReplyBuilder
 from ..errors import AgentInterrupted, PendingToolCallsError, ResumeError, StructuredOutputError
 from ..events import AgentEnd, AgentEvent, AgentResult, AgentStart, EventBase, ExceedMaxIters, ModelCallStart
 from ..message import GenerateReason, Msg, ToolResultState, ToolUseBlock, new_id
 from ..middleware.base import ActingInput, AgentInput, ExtensionPoint, ModelCallInput, ReasoningInput
 from ..middleware.chain import compose
 from ..model.base import ModelRequest
-from ..stream import EventStream, aclose, prefetched
+from ..stream import EventStream, aclose
 from ._acting import ToolScope, acting_events
 from ._boundaries import not_an_event, require_event, warn_empty
 from ._brackets import Brackets
-from ._model_call import delta_maker, model_events
+from ._model_call import model_call_stream
 from ._persist import finish, finish_quietly, save_once
 from ._prelude import prelude
-from ._reply import ReplyBuilder
 from ._run_state import RunState
 from ._session import RunControl
 from ._steps import (
@@ -124,9 +123,8 @@ class Execution:
         fallbacks = runtime.fallback_models
         models = (input.model, *fallbacks) if fallbacks else (input.model,)
         # The model's task registers itself with the run's control (an interrupt cancels it).
-        source = functools.partial(model_events, models, request, self.reply_id, runtime.retry,
-                                   runtime.failover_listener, self.control)
-        return prefetched(source, make=delta_maker, push=True)
+        return model_call_stream(models, request, self.reply_id, runtime.retry, runtime.failover_listener,
+                                 self.control)
 
     def _reasoning_core(self, input: ReasoningInput) -> EventStream[AgentEvent]:
         mc_input = ModelCallInput(

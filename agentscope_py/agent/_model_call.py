@@ -42,7 +42,7 @@ from ..stream import Channel, EventStream, prefetched
 from ._brackets import describe
 from ._session import RunControl
 
-__all__ = ["FailoverListener", "RetryPolicy", "delta_maker", "model_call_stream", "model_events"]
+__all__ = ["FailoverListener", "RetryPolicy", "model_call_stream", "model_events"]
 
 FailoverListener = Callable[[ChatModel, BaseException, ChatModel], Any]
 
@@ -303,16 +303,6 @@ def _end_thinking(
     if carry is not None and carry.held:
         put((make, carry.flush()))
     put(ThinkingBlockEnd(reply_id=reply_id, block_id=block_id, signature=signature))
-
-
-def delta_maker(start: TextBlockStart | ThinkingBlockStart) -> Callable[[str], TextBlockDelta | ThinkingBlockDelta]:
-    """Deprecated internal, to be removed when its last callers move: what makes the deltas of the
-    block ``start`` opens, as `model_events` does. agent/_loop.py hands it to
-    ``prefetched(make=...)`` (which only needs a value there) until it calls `model_call_stream`;
-    tests/server/test_encode_sse.py makes deltas with it."""
-    if type(start) is TextBlockStart:
-        return fast_delta(TextBlockDelta, reply_id=start.reply_id, block_id=start.block_id)
-    return fast_delta(ThinkingBlockDelta, reply_id=start.reply_id, block_id=start.block_id)
 
 
 def _register(control: RunControl | None) -> asyncio.Task[Any] | None:

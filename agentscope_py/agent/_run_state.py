@@ -10,10 +10,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from .._replies import ReplyBuilder
 from ..message import ChatUsage, GenerateReason, Msg, TextBlock, ToolResultBlock, ToolResultState, ToolUseBlock, new_id
 from ..middleware.base import MiddlewareBase
 from ._boundaries import admit
-from ._reply import ReplyBuilder
 from .state import AgentState
 
 if TYPE_CHECKING:

@@ -8,13 +8,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeAlias
 
+from .._replies import ToolResultCollector
 from ..errors import AgentInterrupted
 from ..events import AgentEvent, RequestStop
 from ..message import GenerateReason, Msg, ToolResultBlock, ToolResultState, ToolUseBlock
 from ..middleware.base import ExtensionPoint
 from ..stream import EventStream
 from ._brackets import BRACKET_TYPES, OPENS, describe
-from ._reply import ToolResultCollector
 from ._run_state import RunState
 
 __all__ = ["ACT", "DROPPED_TEXT", "END", "MARKS", "PRELUDE", "REASON", "RUN_AGAIN", "START", "STOP", "SUMMARY",

@@ -8,7 +8,7 @@ import typing
 import pytest
 
 from agentscope_py import events as ev
-from agentscope_py.agent._model_call import delta_maker
+from agentscope_py._fast_events import delta_maker
 from agentscope_py.events import parse_event
 from agentscope_py.server import encode_sse
 from agentscope_py.server import sse as sse_module
@@ -43,7 +43,7 @@ def test_every_event_gives_pydantics_frame(event: ev.EventBase) -> None:
 def test_the_runtimes_deltas_give_pydantics_frame() -> None:
     start = ev.TextBlockStart(reply_id="r", block_id="b")
     for text in ("plain", 'quote " and \\ backslash', "line\nbreak\ttab\x00nul", "é 漢字 🙂", ""):
-        made = delta_maker(start)(text)
+        made = delta_maker(ev.TextBlockDelta, reply_id=start.reply_id, block_id=start.block_id)(text)
         assert encode_sse(made) == pydantic_frame(made)
         assert parse_event(encode_sse(made)[6:-2]) == made
 
