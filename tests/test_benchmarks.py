@@ -95,3 +95,12 @@ def test_bench_builtins_reports_its_two_ratios() -> None:
     for key in ("builtins_vs_passthrough", "hit_vs_miss", "passthrough_us_per_run", "builtins_us_per_run",
                 "miss_us_per_run", "hit_us_per_run"):
         assert isinstance(result[key], float) and result[key] > 0, key
+
+
+def test_bench_ab_compares_two_trees_in_alternating_batches() -> None:
+    tree = str(BENCH.parent)  # the same tree on both sides: a ratio near 1, both cells reported
+    result = run_json("bench_ab.py", "--before", tree, "--after", tree, "--middleware", "0",
+                      "--batches", "2", "--runs", "3", timeout=120)
+    assert set(result["cells"]) == {"call 0", "stream 0"}
+    for cell in result["cells"].values():
+        assert cell["before_min"] > 0 and cell["after_min"] > 0 and cell["ratio_min"] > 0

@@ -23,8 +23,11 @@ from ..events import AgentEvent, AgentResult, ConfirmResult
 from ..message import Msg
 from ..middleware.base import AgentInput, ExtensionPoint, MiddlewareBase
 from ..middleware.chain import Participants, compose
+from ..middleware.task_reminder import TaskReminderMiddleware
 from ..model.base import ChatModel
+from ..model.registry import resolve_model
 from ..stream import EventStream, aclose
+from ..tool.todo import TodoTools
 from ..tool.toolkit import Tool, Toolkit, tool
 from ._boundaries import guarded
 from ._input import check_input
@@ -328,14 +331,9 @@ class Builder:
     def build(self) -> ReActAgent:
         if self._model is None:
             raise ValueError("a model is required: .model(ChatModel or 'provider:name')")
-        from ..model.registry import resolve_model
-
         toolkit = self._toolkit.copy() if self._toolkit is not None else Toolkit()
         middlewares = list(self._middlewares)
         if self._task_list:
-            from ..middleware.task_reminder import TaskReminderMiddleware
-            from ..tool.todo import TodoTools
-
             toolkit.register_object(TodoTools())
             middlewares.append(TaskReminderMiddleware())  # after the user's: inner at equal order
         return ReActAgent(
