@@ -37,6 +37,7 @@ BRACKET_TYPES = frozenset(OPENS) | frozenset(CLOSES)
 """The event classes the loop logs for `Brackets` (it tests the class inline: most events are
 deltas, which cost nothing more)."""
 
+
 def describe(error: BaseException) -> str:
     """``"Type: message"``, the form of ``ModelCallEnd.error`` and ``MiddlewareCompleted.error``."""
     return f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
@@ -46,6 +47,8 @@ IDS: dict[type[Any], str] = {cls: "reply_id" for cls in (ModelCallStart, ModelCa
 IDS.update({cls: "tool_call_id" for cls in (ToolCallStart, ToolCallEnd, ToolResultStart, ToolResultEnd)})
 IDS.update({cls: "block_id" for cls in (TextBlockStart, TextBlockEnd, ThinkingBlockStart, ThinkingBlockEnd,
                                          DataBlockStart, DataBlockEnd)})
+
+
 def close_event(start: Any, why: str, discarded: bool, failed: bool) -> AgentEvent:
     """The End that closes ``start``."""
     source = start.source

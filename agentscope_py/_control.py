@@ -33,8 +33,8 @@ class RunControl:
         self.interrupted = True
         current = _current_task()
         for task in list(self.tasks):
-            # The task running the run itself is here while it runs a tool inline; called from
-            # inside that tool, the flag alone stops the run once the tool returns.
+            # Called from inside one of them (a tool interrupting its own run), that task is not
+            # cancelled: it finishes, and the flag stops the run after it.
             if task is not current:
                 task.cancel()
 

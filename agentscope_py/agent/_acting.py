@@ -19,6 +19,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from .._control import RunControl
 from .._fast_events import delta_maker
 from .._replies import result_events
 from .._sanitize import MAX_DEPTH, clean
@@ -37,7 +38,6 @@ from ..events import (
 from ..message import GenerateReason, ToolResultState, ToolUseBlock
 from ..stream import Channel
 from ..tool.toolkit import PermissionDecision, Tool, ToolArgumentError, Toolkit
-from ._session import RunControl
 
 if TYPE_CHECKING:
     from .context import RuntimeContext

@@ -9,6 +9,7 @@ so the next call on the session starts from it instead of losing the turn."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
@@ -96,8 +97,7 @@ async def finish(
             if mw in run.finished_hooks:
                 continue  # notified before the consumer left (see finish_quietly)
             run.finished_hooks.append(mw)
-            hook = HookCall(mw, point, lambda mw=mw: mw.on_agent_finish(agent, ctx, outcome),  # type: ignore[misc]
-                            runtime.trace)
+            hook = HookCall(mw, point, functools.partial(mw.on_agent_finish, agent, ctx, outcome), runtime.trace)
             try:
                 async for ev in hook.events():
                     yield ev

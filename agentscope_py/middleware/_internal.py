@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Coroutine, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .._control import RunControl
@@ -76,35 +76,32 @@ async def internal_model_call(
         messages=list(messages), tools=tuple(tools), options=opts, structured_output=opts.get("structured_output")
     )
     tracing = _tracing_middleware(agent)
-    # The run's interrupt switch: while the call is awaited, an interrupt of the session cancels it
-    # (as it cancels the agent's own model call), and it ends as AgentInterrupted.
-    control = _run_control(agent, ctx)
-    if control is not None:
+    call = _collect(chosen, request) if tracing is None else _traced(tracing, chosen, request, ctx, purpose)
+    control = ctx.control  # the run's interrupt switch (None outside a run)
+    if control is None:
+        reply = await call
+    else:
         control.check()
-    task = asyncio.current_task()
-    cancels = task.cancelling() if task is not None else 0
-    if control is not None and task is not None:
-        control.tasks.add(task)
-    try:
-        if tracing is None:
-            reply = await _collect(chosen, request)
-        else:
-            reply = await _traced(tracing, chosen, request, ctx, purpose)
-    except asyncio.CancelledError:
-        if control is None or not control.interrupted or task is None:
-            raise
-        if task.cancelling() > cancels:
-            task.uncancel()  # the interrupt's cancellation, reported as AgentInterrupted instead
-        raise AgentInterrupted(f"the internal model call ({purpose}) was interrupted") from None
-    finally:
-        if control is not None and task is not None:
-            control.tasks.discard(task)
+        reply = await _interruptible(call, control, purpose)
     ctx.add_usage(reply.usage)
     return reply
 
 
-def _run_control(agent: Any, ctx: RuntimeContext) -> RunControl | None:
-    return ctx.control
+async def _interruptible(call: Coroutine[Any, Any, Msg], control: RunControl, purpose: str) -> Msg:
+    """``call`` in a task of its own, registered with the run's control as the agent's own model
+    call is: an interrupt cancels that task (never the caller's), and the call ends as
+    `AgentInterrupted`; the caller's own cancellation stays a cancellation."""
+    child = asyncio.get_running_loop().create_task(call)
+    control.tasks.add(child)
+    try:
+        return await child
+    except asyncio.CancelledError:
+        current = asyncio.current_task()
+        if control.interrupted and child.cancelled() and (current is None or not current.cancelling()):
+            raise AgentInterrupted(f"the internal model call ({purpose}) was interrupted") from None
+        raise
+    finally:
+        control.tasks.discard(child)
 
 
 async def _collect(model: ChatModel, request: ModelRequest, span: Any = None) -> Msg:
