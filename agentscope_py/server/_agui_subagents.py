@@ -124,13 +124,11 @@ class Subagents:
             end_step(run.step, ev, run.content, out)
             run.step = None
         elif kind == "agent_result":
+            # Only a structured output is SUBAGENT_FINISHED's result: the text is the caller's
+            # TOOL_CALL_RESULT already, and repeating a long one doubles what a slow client buffers.
             msg: Msg = ev.result
             run.reason = msg.generate_reason
-            run.result = msg.metadata.get("structured_output")
-            if run.result is None:
-                run.result = msg.text
-            elif hasattr(run.result, "model_dump"):
-                run.result = run.result.model_dump(mode="json")
+            run.result = jsonable(msg.metadata.get("structured_output"))
         elif kind == "agent_end":
             self._finish(run, None, out)
             return
@@ -142,6 +140,15 @@ class Subagents:
         else:
             out.append(CustomEvent(name=kind, value=ev.model_dump(mode="json")))
         attribute(out[first:], run.id)
+
+    def delta_frame(self, ev: Any) -> bytes | None:
+        """A child's delta as a frame, on the top level's fast path (`OpenContent.delta_frame`)."""
+        reply_id = getattr(ev, "reply_id", None)
+        run = self._runs.get(reply_id) if reply_id is not None else None
+        if run is None:
+            return None
+        self._latest[run.source] = run
+        return run.content.delta_frame(ev)
 
     def close_call(self, call_id: str, state: str, out: list[BaseEvent], owner: SubRun | None = None) -> None:
         """A tool call of ``owner`` (None: the top level) has its result: the children it ran and

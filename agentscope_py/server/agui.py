@@ -199,10 +199,9 @@ class AguiMapper:
     def encode(self, event: AgentEvent) -> bytes:
         """The SSE bytes for one of our events (``b""`` when it maps to nothing). Deltas, almost
         every event of a run, take a fast path (`OpenContent.delta_frame`)."""
-        if event.source is None:
-            frame = self._content.delta_frame(event)
-            if frame is not None:
-                return frame
+        frame = self._content.delta_frame(event) if event.source is None else self._subagents.delta_frame(event)
+        if frame is not None:
+            return frame
         out = self.map(event)
         return encode(out) if out else b""
 

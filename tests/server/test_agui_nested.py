@@ -145,7 +145,7 @@ def test_one_level_nests_the_child_under_the_tool_call() -> None:
     assert child_text == "Adding.It is 5"
     assert parent_text_all == "Delegating.The researcher says 5."
     finished = by_type["SUBAGENT_FINISHED", True]
-    assert finished == {"type": "SUBAGENT_FINISHED", "subagentRunId": started["subagentRunId"], "result": "It is 5"}
+    assert finished == {"type": "SUBAGENT_FINISHED", "subagentRunId": started["subagentRunId"]}
     result = by_type["TOOL_CALL_RESULT", False]
     assert (result["toolCallId"], result["content"]) == ("b-call", "It is 5")
     child_result = by_type["TOOL_CALL_RESULT", True]
@@ -477,3 +477,37 @@ def test_a_thread_whose_memory_is_gone_takes_none_of_the_childs_messages() -> No
     seen = [(m.role, m.text) for m in request.messages if m.role != "system"]
     assert seen == [("user", "2+3?"), ("assistant", "Delegating."), ("assistant", "The researcher says 5."),
                     ("user", "again")]
+
+
+def test_a_childs_structured_output_is_its_result() -> None:
+    answer = {"city": "Paris", "population": 2_100_000}
+    events = mapped([
+        ToolResultStart(reply_id="top", tool_call_id="c1", tool_name="kid"),
+        AgentStart(reply_id="k1", name="kid", source=S),
+        AgentResult(result=Msg(role="assistant", content=[TextBlock(text="Paris")],
+                               generate_reason=GenerateReason.STRUCTURED_OUTPUT,
+                               metadata={"structured_output": answer}), source=S),
+        AgentEnd(reply_id="k1", source=S),
+        ToolResultEnd(reply_id="top", tool_call_id="c1", tool_name="kid"),
+    ])
+    finished = next(e for e in events if e["type"] == "SUBAGENT_FINISHED")
+    assert finished["result"] == answer
+
+
+@pytest.mark.node
+def test_every_cut_of_a_nested_run_is_a_valid_stream(verify: Callable[..., list[str]]) -> None:
+    """The run ends (``finish``) or fails (``fail``) after every prefix of a two-level run and of
+    two interleaved children: each stream closes what it opened and the official verifier accepts
+    it."""
+    runs = [asyncio.run(streamed(two_levels())), _parallel_same_child()]
+    streams = []
+    for events in runs:
+        for k in range(len(events) + 1):
+            streams.append(mapped(events[:k]))
+            streams.append(mapped(events[:k], fail=RuntimeError("cut")))
+    verdicts = verify(*streams)
+    assert verdicts == ["ok"] * len(streams), next(v for v in verdicts if v != "ok")
+    for stream in streams:  # every invocation started is ended, once
+        started = [e["subagentRunId"] for e in stream if e["type"] == "SUBAGENT_STARTED"]
+        ended = [e["subagentRunId"] for e in stream if e["type"] in ("SUBAGENT_FINISHED", "SUBAGENT_ERROR")]
+        assert sorted(started) == sorted(ended)
