@@ -34,9 +34,10 @@ from ag_ui.core import (
 from ..message import ChatUsage, GenerateReason, Msg, ToolUseBlock, new_id
 from ._agui_content import OpenContent, attribute, end_step, jsonable, start_step
 
-__all__ = ["Subagents"]
+__all__ = ["SUSPENDED", "Subagents"]
 
-_SUSPENDED = (GenerateReason.PERMISSION_ASKING, GenerateReason.TOOL_SUSPENDED)
+SUSPENDED = (GenerateReason.PERMISSION_ASKING, GenerateReason.TOOL_SUSPENDED)
+"""The reasons of a reply that paused for an answer (an approval, an external result)."""
 
 # Our content events, handled by the invocation's own `OpenContent` exactly as at the top level.
 _CONTENT: dict[str, Callable[[OpenContent, Any, list[BaseEvent]], None]] = {
@@ -90,6 +91,7 @@ class Subagents:
         self._runs: dict[str, SubRun] = {}  # reply id -> open invocation
         self._latest: dict[str, SubRun] = {}  # source -> the open invocation that spoke last
         self._claimed: set[str] = set()  # tool call ids that run (or ran) a child
+        self._ended: set[str] = set()  # invocations closed (AG-UI never lets an id start twice)
         self.asking: list[tuple[ToolUseBlock, str]] = []
 
     @property
@@ -99,12 +101,14 @@ class Subagents:
     def map(self, ev: Any, out: list[BaseEvent]) -> None:
         """The AG-UI events for one event of a child (``ev.source`` is set)."""
         kind = ev.type
-        if kind == "agent_start":
+        if kind == "agent_start" and ev.reply_id not in self._runs:
             self._start(ev.reply_id, ev.name, ev.source, out)
             return
         run = self._find(ev)
-        if run is None:  # a forwarded event of a run we saw no start of: open one for it
-            reply_id = getattr(ev, "reply_id", None) or new_id("subrun_")
+        if run is None:  # a forwarded event of a run we saw no start of (or saw end): open one for it
+            reply_id = getattr(ev, "reply_id", None)
+            if reply_id is None or reply_id in self._ended:
+                reply_id = new_id("subrun_")
             run = self._start(reply_id, ev.source.rsplit("/", 1)[-1], ev.source, out)
         self._latest[run.source] = run
         first = len(out)
@@ -203,12 +207,13 @@ class Subagents:
             error = ("the sub-agent was interrupted", "interrupted")
         if error is not None:
             out.append(SubagentErrorEvent(subagent_run_id=run.id, message=error[0], code=error[1]))
-        elif run.reason in _SUSPENDED and run.asking:
+        elif run.reason in SUSPENDED and run.asking:
             outcome = SubagentFinishedSuspendedOutcome(interrupt_ids=[c.id for c in run.asking])
             out.append(SubagentFinishedEvent(subagent_run_id=run.id, outcome=outcome))
         else:
             out.append(SubagentFinishedEvent(subagent_run_id=run.id, result=run.result))
         del self._runs[run.id]
+        self._ended.add(run.id)
         if self._latest.get(run.source) is run:
             del self._latest[run.source]
 

@@ -22,6 +22,8 @@ RequireUserConfirm          RUN_FINISHED outcome interrupt (one Interrupt per as
 RequireExternalExecution    RUN_FINISHED outcome success with pendingToolCallIds
 reply INTERRUPTED           RUN_FINISHED outcome cancelled
 Custom(name, value)         CUSTOM(name, value)
+a sub-agent's (``source``)  the same, inside SUBAGENT_STARTED / FINISHED (or ERROR), each event with
+                            the invocation's subagentRunId (`_agui_subagents`)
 anything else               CUSTOM(name=<event type>, value=<event JSON>)
 (run ends / fails)          RUN_FINISHED(usage) / RUN_ERROR(message, code=exception class)
 ==========================  ==================================================================
@@ -59,7 +61,7 @@ from ._agui_input import (
     select_new_messages,
     to_msgs,
 )
-from ._agui_subagents import Subagents
+from ._agui_subagents import SUSPENDED, Subagents
 
 __all__ = [
     "INTERRUPT_REASON",
@@ -71,8 +73,6 @@ __all__ = [
     "select_new_messages",
     "to_msgs",
 ]
-
-_SUSPENDED = (GenerateReason.PERMISSION_ASKING, GenerateReason.TOOL_SUSPENDED)
 
 INTERRUPT_REASON = "tool_call_confirmation"
 """``Interrupt.reason`` of a tool call waiting for the user's approval."""
@@ -257,7 +257,7 @@ class AguiMapper:
 
     def _interrupts(self) -> list[Interrupt]:
         interrupts = [_interrupt(c) for c in self._asking]
-        if self._reason in _SUSPENDED:
+        if self._reason in SUSPENDED:
             # A child's approval request is the run's when the run itself paused on it (the
             # parent waits for the child); a child that asked and then let its parent go on is
             # not waiting for anyone.

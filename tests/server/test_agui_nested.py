@@ -511,3 +511,18 @@ def test_every_cut_of_a_nested_run_is_a_valid_stream(verify: Callable[..., list[
         started = [e["subagentRunId"] for e in stream if e["type"] == "SUBAGENT_STARTED"]
         ended = [e["subagentRunId"] for e in stream if e["type"] in ("SUBAGENT_FINISHED", "SUBAGENT_ERROR")]
         assert sorted(started) == sorted(ended)
+
+
+@pytest.mark.node
+def test_stray_events_never_start_an_invocation_twice(verify: Callable[..., list[str]]) -> None:
+    """A repeated AgentStart, and a child's events after its end, keep the stream valid."""
+    events = mapped([
+        ToolResultStart(reply_id="top", tool_call_id="c1", tool_name="kid"),
+        AgentStart(reply_id="k1", name="kid", source=S), AgentStart(reply_id="k1", name="kid", source=S),
+        AgentEnd(reply_id="k1", source=S),
+        *_child("k1", "late"),
+        ToolResultEnd(reply_id="top", tool_call_id="c1", tool_name="kid"),
+    ])
+    starts = [e["subagentRunId"] for e in events if e["type"] == "SUBAGENT_STARTED"]
+    assert len(starts) == len(set(starts)) == 2 and starts[0] == "k1"
+    assert verify(events) == ["ok"]
