@@ -9,15 +9,20 @@ text block open at the same time gets its own). Every id a client will see is ad
 
 from __future__ import annotations
 
-from typing import Any
+import json
+from functools import partial
+from typing import Any, cast
 
 from ag_ui.core import (
     BaseEvent,
+    CustomEvent,
     ReasoningEndEvent,
     ReasoningMessageContentEvent,
     ReasoningMessageEndEvent,
     ReasoningMessageStartEvent,
     ReasoningStartEvent,
+    StepFinishedEvent,
+    StepStartedEvent,
     TextMessageContentEvent,
     TextMessageEndEvent,
     TextMessageStartEvent,
@@ -31,22 +36,29 @@ from ..events import AgentEvent, TextBlockDelta, ThinkingBlockDelta, ToolCallDel
 from ..message import new_id
 from . import sse
 
-__all__ = ["OpenContent"]
+__all__ = ["OpenContent", "attribute", "end_step", "jsonable", "start_step"]
 
 
 class OpenContent:
     """The open messages and tool calls of one run. Each ``on_*`` method appends the AG-UI
     events for one of our events to ``out``."""
 
-    __slots__ = ("assistant_id", "calls", "emitted_ids", "reasoning", "results", "texts")
+    __slots__ = ("_frame", "assistant_id", "call_messages", "calls", "emitted_ids", "reasoning", "results",
+                 "running", "texts")
 
-    def __init__(self, emitted_ids: set[str]) -> None:
+    def __init__(self, emitted_ids: set[str], subagent_run_id: str | None = None) -> None:
         self.emitted_ids = emitted_ids
         self.assistant_id: str | None = None  # the message of the current model call
         self.texts: dict[str, str] = {}  # open text block id -> message id
         self.reasoning: set[str] = set()  # open reasoning message ids (= thinking block ids)
         self.calls: set[str] = set()  # open tool call ids (arguments still streaming)
         self.results: dict[str, list[str]] = {}  # tool call id -> result text so far
+        # For sub-agents (`_agui_subagents`): the tools running now (call id -> tool name, in
+        # start order) and the assistant message that carried each call.
+        self.running: dict[str, str] = {}
+        self.call_messages: dict[str, str] = {}
+        # A sub-agent's content frames carry its subagentRunId; the top level's stay as they were.
+        self._frame = _frame if subagent_run_id is None else partial(_sub_frame, subagent_run_id)
 
     def new_model_call(self) -> None:
         # The runtime closes every block of a model call before the next starts (its closing
@@ -60,12 +72,12 @@ class OpenContent:
         if isinstance(event, TextBlockDelta):
             message_id = self.texts.get(event.block_id)
             if message_id is not None and event.delta:
-                return _frame("TEXT_MESSAGE_CONTENT", "messageId", message_id, event.delta)
+                return self._frame("TEXT_MESSAGE_CONTENT", "messageId", message_id, event.delta)
         elif isinstance(event, ThinkingBlockDelta):
             if event.block_id in self.reasoning and event.delta:
-                return _frame("REASONING_MESSAGE_CONTENT", "messageId", event.block_id, event.delta)
+                return self._frame("REASONING_MESSAGE_CONTENT", "messageId", event.block_id, event.delta)
         elif isinstance(event, ToolCallDelta) and event.tool_call_id in self.calls and event.delta:
-            return _frame("TOOL_CALL_ARGS", "toolCallId", event.tool_call_id, event.delta)
+            return self._frame("TOOL_CALL_ARGS", "toolCallId", event.tool_call_id, event.delta)
         return None
 
     def close(self) -> list[BaseEvent]:
@@ -142,6 +154,7 @@ class OpenContent:
         parent = self._assistant()
         self.emitted_ids.add(parent)
         self.calls.add(call_id)
+        self.call_messages[call_id] = parent
         out.append(ToolCallStartEvent(tool_call_id=call_id, tool_call_name=name, parent_message_id=parent))
 
     def on_call_delta(self, ev: Any, out: list[BaseEvent]) -> None:
@@ -159,12 +172,15 @@ class OpenContent:
         # The arguments are complete before the tool runs, whatever the producer did.
         self.on_call_end(ev, out)
         self.results[ev.tool_call_id] = []
+        self.running[ev.tool_call_id] = ev.tool_name
 
     def on_result_delta(self, ev: Any, out: list[BaseEvent]) -> None:
         self.results.setdefault(ev.tool_call_id, []).append(ev.delta)
 
     def on_result_end(self, ev: Any, out: list[BaseEvent]) -> None:
         self.on_call_end(ev, out)
+        self.running.pop(ev.tool_call_id, None)
+        self.call_messages.pop(ev.tool_call_id, None)
         text = "".join(self.results.pop(ev.tool_call_id, ()))
         message_id = new_id("toolmsg_")
         self.emitted_ids.add(message_id)
@@ -176,3 +192,52 @@ class OpenContent:
 
 def _frame(event_type: str, id_key: str, id_value: str, delta: str) -> bytes:
     return b"data: %b\n\n" % sse.plain_json({"type": event_type, id_key: id_value, "delta": delta})
+
+
+def _sub_frame(subagent_run_id: str, event_type: str, id_key: str, id_value: str, delta: str) -> bytes:
+    # The key order of the official encoder: subagentRunId comes before the event's own fields.
+    data = {"type": event_type, "subagentRunId": subagent_run_id, id_key: id_value, "delta": delta}
+    return b"data: %b\n\n" % sse.plain_json(data)
+
+
+# -- model calls as steps (the top level's and each sub-agent's) ------------------------------------
+
+
+def start_step(open_step: str | None, model: str, content: OpenContent, out: list[BaseEvent]) -> str:
+    """STEP_STARTED for a model call (after closing ``open_step``); returns the new step name."""
+    if open_step is not None:
+        out.append(StepFinishedEvent(step_name=open_step))
+    step = f"model:{model}"
+    content.new_model_call()
+    out.append(StepStartedEvent(step_name=step))
+    return step
+
+
+def end_step(open_step: str | None, ev: Any, content: OpenContent, out: list[BaseEvent]) -> None:
+    """The end of a model call: a discarded attempt is reported, then its step finishes."""
+    assistant_id = content.assistant_id
+    if ev.discarded and assistant_id is not None:
+        # A failed attempt that a retry or fallback replaced (or a run that failed): a client
+        # can strike out what it showed of it.
+        # Only the error's type: its text may carry internals (server/_errors keeps those in the log).
+        error = ev.error.split(":", 1)[0] if ev.error else None
+        out.append(CustomEvent(name="model_call_discarded", value={"messageId": assistant_id, "error": error}))
+    if open_step is not None:
+        out.append(StepFinishedEvent(step_name=open_step))
+
+
+def attribute(events: list[BaseEvent], subagent_run_id: str) -> None:
+    """Marks ``events`` as a sub-agent's: every event a sub-agent's content produces has the
+    field (AG-UI's "attributable" events), `BaseEvent` itself does not declare it."""
+    for e in events:
+        cast(Any, e).subagent_run_id = subagent_run_id
+
+
+def jsonable(value: Any) -> Any:
+    if hasattr(value, "model_dump"):
+        return value.model_dump(mode="json")
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError):
+        return json.loads(json.dumps(value, default=str))
+    return value

@@ -44,7 +44,7 @@ def select_new_messages(
     tool message answers a call whose result is remembered, or an assistant message carries
     remembered tool calls or a remembered reply's text (so a restarted server with a persistent
     store still recognises its own replies). Everything up to the last seen message is old;
-    what follows is new. Reasoning and activity messages are never input.
+    what follows is new. Reasoning and activity messages are never input, nor a sub-agent's.
     """
     remembered_ids = {m.id for m in remembered}
     result_ids = {b.id for m in remembered for b in m.tool_results}
@@ -66,7 +66,10 @@ def select_new_messages(
     for i, m in enumerate(messages):
         if seen(m):
             last_seen = i
-    return [m for m in messages[last_seen + 1:] if m.role not in ("reasoning", "activity")]
+    # A sub-agent's messages (``subagentRunId``, see `_agui_subagents`) are its session's, never
+    # the parent's input, even when the parent's memory is gone and the history is all there is.
+    return [m for m in messages[last_seen + 1:]
+            if m.role not in ("reasoning", "activity") and m.subagent_run_id is None]
 
 
 def to_msgs(messages: Sequence[Message], history: Sequence[Message] = (), *,

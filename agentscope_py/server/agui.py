@@ -22,6 +22,8 @@ RequireUserConfirm          RUN_FINISHED outcome interrupt (one Interrupt per as
 RequireExternalExecution    RUN_FINISHED outcome success with pendingToolCallIds
 reply INTERRUPTED           RUN_FINISHED outcome cancelled
 Custom(name, value)         CUSTOM(name, value)
+a sub-agent's (``source``)  the same, inside SUBAGENT_STARTED / FINISHED (or ERROR), each event with
+                            the invocation's subagentRunId (`_agui_subagents`)
 anything else               CUSTOM(name=<event type>, value=<event JSON>)
 (run ends / fails)          RUN_FINISHED(usage) / RUN_ERROR(message, code=exception class)
 ==========================  ==================================================================
@@ -44,14 +46,13 @@ from ag_ui.core import (
     RunFinishedSuccessOutcome,
     RunStartedEvent,
     StepFinishedEvent,
-    StepStartedEvent,
     TokenUsage,
 )
 from ag_ui.encoder import EventEncoder
 
 from ..events import AgentEvent
 from ..message import ChatUsage, GenerateReason, Msg, ToolResultState, ToolUseBlock
-from ._agui_content import OpenContent
+from ._agui_content import OpenContent, end_step, jsonable, start_step
 from ._agui_input import (
     AguiInputError,
     SystemPolicy,
@@ -60,6 +61,7 @@ from ._agui_input import (
     select_new_messages,
     to_msgs,
 )
+from ._agui_subagents import SUSPENDED, Subagents
 
 __all__ = [
     "INTERRUPT_REASON",
@@ -111,6 +113,7 @@ class AguiMapper:
         self.emitted_ids: set[str] = emitted_ids if emitted_ids is not None else set()
         self.done = False
         self._content = content = OpenContent(self.emitted_ids)
+        self._subagents = Subagents(content, self.emitted_ids, self._add_usage)
         self._step: str | None = None
         self._usage: dict[str, ChatUsage] = {}  # model name -> summed usage
         self._model = ""
@@ -135,7 +138,7 @@ class AguiMapper:
             "tool_call_end": content.on_call_end,
             "tool_result_start": content.on_result_start,
             "tool_result_text_delta": content.on_result_delta,
-            "tool_result_end": content.on_result_end,
+            "tool_result_end": self._on_result_end,
             "require_user_confirm": self._on_confirm,
             "require_external_execution": self._on_external,
             "custom": self._on_custom,
@@ -149,6 +152,9 @@ class AguiMapper:
     def map(self, event: AgentEvent) -> list[BaseEvent]:
         """The AG-UI events for one of ours (often one, sometimes none or several)."""
         out: list[BaseEvent] = []
+        if event.source is not None:  # a sub-agent's event (`_agui_subagents`)
+            self._subagents.map(event, out)
+            return out
         handler = self._handlers.get(event.type)
         if handler is None:
             out.append(CustomEvent(name=event.type, value=event.model_dump(mode="json")))
@@ -158,13 +164,15 @@ class AguiMapper:
 
     def finish(self) -> list[BaseEvent]:
         """Close what is open, then RUN_FINISHED with the outcome and the token usage."""
-        out = self._close_all()
+        interrupted = self._reason is GenerateReason.INTERRUPTED
+        out = self._close_all(("the run was interrupted", "interrupted") if interrupted else None)
         outcome: Any
-        if self._asking:
-            outcome = RunFinishedInterruptOutcome(interrupts=[_interrupt(c) for c in self._asking])
+        interrupts = self._interrupts()
+        if interrupts:
+            outcome = RunFinishedInterruptOutcome(interrupts=interrupts)
         elif self._external:
             outcome = RunFinishedSuccessOutcome(pending_tool_call_ids=list(self._external))
-        elif self._reason is GenerateReason.INTERRUPTED:
+        elif interrupted:
             outcome = RunFinishedCancelledOutcome()
         else:
             outcome = RunFinishedSuccessOutcome()
@@ -177,7 +185,9 @@ class AguiMapper:
 
     def fail(self, error: BaseException) -> list[BaseEvent]:
         """Close what is open, then RUN_ERROR: the terminal event, nothing may follow it."""
-        out = self._close_all()
+        # The sub-agents' errors name only the type: the server replaces RUN_ERROR's message with a
+        # safe one, and these must not carry what it hides.
+        out = self._close_all(("the run failed", type(error).__name__))
         message = str(error) or type(error).__name__
         out.append(RunErrorEvent(message=message, code=type(error).__name__, usage=self._token_usage()))
         self.done = True
@@ -189,7 +199,7 @@ class AguiMapper:
     def encode(self, event: AgentEvent) -> bytes:
         """The SSE bytes for one of our events (``b""`` when it maps to nothing). Deltas, almost
         every event of a run, take a fast path (`OpenContent.delta_frame`)."""
-        frame = self._content.delta_frame(event)
+        frame = self._content.delta_frame(event) if event.source is None else self._subagents.delta_frame(event)
         if frame is not None:
             return frame
         out = self.map(event)
@@ -204,28 +214,18 @@ class AguiMapper:
     # -- model calls ------------------------------------------------------------------------------
 
     def _on_model_start(self, ev: Any, out: list[BaseEvent]) -> None:
-        if self._step is not None:
-            out.append(StepFinishedEvent(step_name=self._step))
         self._model = ev.model
-        self._step = f"model:{ev.model}"
-        self._content.new_model_call()
-        out.append(StepStartedEvent(step_name=self._step))
+        self._step = start_step(self._step, ev.model, self._content, out)
 
     def _on_model_end(self, ev: Any, out: list[BaseEvent]) -> None:
         if ev.usage is not None:
-            before = self._usage.get(self._model)
-            self._usage[self._model] = ev.usage if before is None else before + ev.usage
-        assistant_id = self._content.assistant_id
-        if ev.discarded and assistant_id is not None:
-            # A failed attempt that a retry or fallback replaced (or a run that failed): a client
-            # can strike out what it showed of it.
-            # Only the error's type: its text may carry internals (server/_errors keeps those in the log).
-            error = ev.error.split(":", 1)[0] if ev.error else None
-            value = {"messageId": assistant_id, "error": error}
-            out.append(CustomEvent(name="model_call_discarded", value=value))
-        if self._step is not None:
-            out.append(StepFinishedEvent(step_name=self._step))
-            self._step = None
+            self._add_usage(self._model, ev.usage)
+        end_step(self._step, ev, self._content, out)
+        self._step = None
+
+    def _add_usage(self, model: str, usage: ChatUsage) -> None:
+        before = self._usage.get(model)
+        self._usage[model] = usage if before is None else before + usage
 
     # -- pauses, results, custom events ----------------------------------------------------------
 
@@ -246,12 +246,33 @@ class AguiMapper:
             self._external = [b.id for b in msg.tool_results if b.state is ToolResultState.RUNNING]
 
     def _on_custom(self, ev: Any, out: list[BaseEvent]) -> None:
-        out.append(CustomEvent(name=ev.name, value=_jsonable(ev.value)))
+        out.append(CustomEvent(name=ev.name, value=jsonable(ev.value)))
+
+    def _on_result_end(self, ev: Any, out: list[BaseEvent]) -> None:
+        if self._subagents.open:  # a child this call ran and that sent no end closes before the result
+            self._subagents.close_call(ev.tool_call_id, ev.state.value, out)
+        self._content.on_result_end(ev, out)
 
     # -- closing ---------------------------------------------------------------------------------
 
-    def _close_all(self) -> list[BaseEvent]:
-        out = self._content.close()
+    def _interrupts(self) -> list[Interrupt]:
+        interrupts = [_interrupt(c) for c in self._asking]
+        if self._reason in SUSPENDED:
+            # A child's approval request is the run's when the run itself paused on it (the
+            # parent waits for the child); a child that asked and then let its parent go on is
+            # not waiting for anyone.
+            seen = {c.id for c in self._asking}
+            for call, run_id in self._subagents.asking:
+                if call.id not in seen:
+                    seen.add(call.id)
+                    interrupts.append(_interrupt(call).model_copy(update={"subagent_run_id": run_id}))
+        return interrupts
+
+    def _close_all(self, error: tuple[str, str] | None = None) -> list[BaseEvent]:
+        out: list[BaseEvent] = []
+        if self._subagents.open:
+            self._subagents.close_all(out, error)
+        out.extend(self._content.close())
         if self._step is not None:
             out.append(StepFinishedEvent(step_name=self._step))
             self._step = None
@@ -276,16 +297,6 @@ class AguiMapper:
 
 def _ignore(ev: Any, out: list[BaseEvent]) -> None:
     return None
-
-
-def _jsonable(value: Any) -> Any:
-    if hasattr(value, "model_dump"):
-        return value.model_dump(mode="json")
-    try:
-        json.dumps(value)
-    except (TypeError, ValueError):
-        return json.loads(json.dumps(value, default=str))
-    return value
 
 
 def _interrupt(call: ToolUseBlock) -> Interrupt:
