@@ -274,6 +274,9 @@ def test_tools_are_never_none_and_replace_normalises_too() -> None:
     assert ReasoningInput(messages=(), tools=None).tools == ()  # type: ignore[arg-type]
     same = (Msg.user("c"),)
     assert AgentInput(msgs=same).msgs is same  # a tuple is kept as it is: no copy on the hot path
+    assert mc.messages == () and replaced.model is mc.model and replaced.options is mc.options
+    with pytest.raises(TypeError, match=r"ModelCallInput.replace\(\) got unknown fields: tool"):
+        mc.replace(tool=())
 
 
 # -- typed structured output ------------------------------------------------------------------------

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from .._control import RunControl
+from .._deadline import Deadline, DeadlineTimer
 from .._fast_events import delta_maker
 from .._replies import result_events
 from .._sanitize import MAX_DEPTH, clean
@@ -74,10 +75,11 @@ async def _decide(scope: ToolScope, call: ToolUseBlock, tool: Tool) -> Permissio
 
 
 async def acting_events(
-    scope: ToolScope, calls: Sequence[ToolUseBlock], context: contextvars.Context
+    scope: ToolScope, calls: Sequence[ToolUseBlock], context: contextvars.Context,
+    deadline: Deadline | None = None,
 ) -> AsyncIterator[AgentEvent]:
     """The acting core's events: the permission gate, then the tools (in tasks made in
-    ``context``)."""
+    ``context``, each keeping ``deadline`` or its tool's own timeout, the shorter)."""
     reply_id, toolkit = scope.reply_id, scope.toolkit
     allowed: list[ToolUseBlock] = []
     asking: list[ToolUseBlock] = []
@@ -109,7 +111,7 @@ async def acting_events(
         yield AllToolsDenied(reply_id=reply_id, denied_tool_calls=denied)
         return
     for group in _groups(toolkit, allowed):
-        it = _run_group(scope, group, context)
+        it = _run_group(scope, group, context, deadline)
         try:
             async for ev in it:
                 yield ev
@@ -141,12 +143,12 @@ def _groups(toolkit: Toolkit, calls: Sequence[ToolUseBlock]) -> list[list[ToolUs
 
 
 async def _run_group(
-    scope: ToolScope, group: Sequence[ToolUseBlock], context: contextvars.Context
+    scope: ToolScope, group: Sequence[ToolUseBlock], context: contextvars.Context, deadline: Deadline | None,
 ) -> AsyncGenerator[AgentEvent, None]:
     """The calls of one group, each in its own task; their events in call order."""
     loop = asyncio.get_running_loop()
     channels = [Channel(256) for _ in group]
-    tasks = [loop.create_task(_run_tool(scope, call, ch), context=context.copy())
+    tasks = [loop.create_task(_run_tool(scope, call, ch, deadline), context=context.copy())
              for call, ch in zip(group, channels, strict=True)]
     scope.control.tasks.update(tasks)
     try:
@@ -162,7 +164,7 @@ async def _run_group(
             await asyncio.gather(*pending, return_exceptions=True)
 
 
-async def _run_tool(scope: ToolScope, call: ToolUseBlock, channel: Channel) -> None:
+async def _run_tool(scope: ToolScope, call: ToolUseBlock, channel: Channel, deadline: Deadline | None) -> None:
     """One call, its output streamed through ``channel`` as it comes."""
     reply_id, cid, name = scope.reply_id, call.id, call.name
     scope.started += 1
@@ -170,7 +172,7 @@ async def _run_tool(scope: ToolScope, call: ToolUseBlock, channel: Channel) -> N
     error_text: str | None = INTERRUPTED_TEXT
     state = ToolResultState.INTERRUPTED
     if not scope.control.interrupted:  # (while the consumer held the Start, the tool never starts)
-        state, error_text = await _invoke(scope, call, scope.toolkit.get(name), channel)
+        state, error_text = await _invoke(scope, call, scope.toolkit.get(name), channel, deadline)
     # After a cancellation nobody may be reading: append without waiting for room.
     if error_text is not None:
         channel.items.append(ToolResultTextDelta(reply_id=reply_id, tool_call_id=cid, tool_name=name,
@@ -183,11 +185,16 @@ INTERRUPTED_TEXT = "The tool call was interrupted."
 
 
 async def _invoke(
-    scope: ToolScope, call: ToolUseBlock, tool: Tool | None, channel: Channel
+    scope: ToolScope, call: ToolUseBlock, tool: Tool | None, channel: Channel, deadline: Deadline | None,
 ) -> tuple[ToolResultState, str | None]:
     """Run the tool, handing its output to ``channel`` as events; every failure becomes the state
     and text of the result the model sees."""
     name = call.name
+    limit = None if tool is None else tool.timeout
+    by = ""  # who set the limit when it is not the tool's own timeout
+    if deadline is not None and deadline.total is not None and (limit is None or deadline.total < limit):
+        limit, by = deadline.total, f" ({deadline.by})"
+    timer: DeadlineTimer | None = None
     try:
         if tool is None:
             available = ", ".join(scope.toolkit.names) or "none"
@@ -195,21 +202,22 @@ async def _invoke(
         if call.raw_input is not None:
             raise ToolArgumentError(f"the arguments for {name} are not a JSON object (nested at most "
                                     f"{MAX_DEPTH} levels): {call.raw_input[:500]!r}")
-        if tool.timeout is None:
-            await _output(scope, call, tool, channel)
-        else:
-            async with asyncio.timeout(tool.timeout):
-                await _output(scope, call, tool, channel)
+        if limit is not None:
+            timer = DeadlineTimer(limit)  # kept in this task: it cancels the tool, not the run
+        await _output(scope, call, tool, channel)
     except asyncio.CancelledError:
+        if timer is not None and timer.stop() and not scope.control.interrupted:
+            return ToolResultState.ERROR, f"Error: {name} timed out after {limit:g} s{by}."
         return ToolResultState.INTERRUPTED, INTERRUPTED_TEXT
-    except TimeoutError as exc:
-        if tool is None or tool.timeout is None:  # raised by the tool itself
-            return ToolResultState.ERROR, f"Error: TimeoutError: {exc}"
-        return ToolResultState.ERROR, f"Error: {name} timed out after {tool.timeout} s."
+    except TimeoutError as exc:  # raised by the tool itself
+        return ToolResultState.ERROR, f"Error: TimeoutError: {exc}"
     except ToolArgumentError as exc:
         return ToolResultState.ERROR, clean(f"Error: {exc}")
     except Exception as exc:
         return ToolResultState.ERROR, clean(f"Error: {type(exc).__name__}: {exc}")
+    finally:
+        if timer is not None:
+            timer.stop()
     return ToolResultState.SUCCESS, None
 
 

@@ -124,7 +124,7 @@ class Execution:
         models = (input.model, *fallbacks) if fallbacks else (input.model,)
         # The model's task registers itself with the run's control (an interrupt cancels it).
         return model_call_stream(models, request, self.reply_id, runtime.retry, runtime.failover_listener,
-                                 self.control)
+                                 self.control, input.deadline)
 
     def _reasoning_core(self, input: ReasoningInput) -> EventStream[AgentEvent]:
         mc_input = ModelCallInput(
@@ -150,7 +150,7 @@ class Execution:
         # Tools run in tasks made in the context current now (inside the innermost next()), so a
         # span an acting middleware opened around next() parents the tools (and sub-agents).
         context = contextvars.copy_context()
-        return EventStream(lambda: acting_events(self.tools, input.tool_calls, context))
+        return EventStream(lambda: acting_events(self.tools, input.tool_calls, context, input.deadline))
 
     # -- the execution ---------------------------------------------------------------------------
 

@@ -19,6 +19,7 @@ import random
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
+from .._deadline import Deadline, DeadlineTimer
 from .._fast_events import delta_maker as fast_delta
 from .._sanitize import SurrogateCarry, clean
 from ..errors import AgentInterrupted
@@ -119,12 +120,13 @@ def model_call_stream(
     policy: RetryPolicy,
     on_failover: FailoverListener | None,
     control: RunControl | None,
+    deadline: Deadline | None = None,
 ) -> EventStream[AgentEvent]:
     """The events of one model call (``models[0]``, then its fallbacks), produced in a task of
     their own that starts at each subscription, in the context current *now* (so a span opened
     around the innermost ``next()`` parents the model call). See `model_events`."""
     # A partial, not a lambda: no closure cells for the call to keep alive.
-    source = functools.partial(model_events, models, request, reply_id, policy, on_failover, control)
+    source = functools.partial(model_events, models, request, reply_id, policy, on_failover, control, deadline)
     return prefetched(source, push=True, deferred=True)
 
 
@@ -135,6 +137,7 @@ async def model_events(
     policy: RetryPolicy,
     on_failover: FailoverListener | None,
     control: RunControl | None,
+    deadline: Deadline | None,
     out: Channel,
 ) -> None:
     """Put the block events of one model call into ``out`` (the model call's prefetch buffer: this
@@ -150,12 +153,16 @@ async def model_events(
 
     With ``control`` (the run's interrupt switch), the task running this is registered for the
     call's lifetime, so an interrupt cancels it, and that cancellation surfaces as
-    `AgentInterrupted`."""
+    `AgentInterrupted`.
+
+    With a ``deadline`` (`_deadline`), a timer in this task keeps it: when it passes, the task is
+    cancelled (the provider's stream closes) and the call fails with `ModelTimeoutError`."""
     task = _register(control)
+    timer = None if deadline is None else DeadlineTimer(deadline.total, deadline.first_event)
+    model = models[0]
     try:
         if control is not None:
             control.check()
-        model = models[0]
         it: Any = None
         try:
             it = model.stream(request).__aiter__()
@@ -168,12 +175,19 @@ async def model_events(
             model, it, chunk = await _recover(models, request, policy, on_failover, exc)
     except asyncio.CancelledError:
         _unregister(control, task)
+        timed_out = timer is not None and timer.stop()
         if control is not None and control.interrupted:
             raise AgentInterrupted("the model call was interrupted") from None
+        if timed_out and timer is not None:
+            raise timer.error(model) from None
         raise
     except BaseException:
         _unregister(control, task)
+        if timer is not None:
+            timer.stop()
         raise
+    if timer is not None:
+        timer.first_arrived()
     items, size = out.items, out.size
     put = items.append
     text_id: str | None = None
@@ -264,9 +278,12 @@ async def model_events(
         put(ModelCallEnd(reply_id=reply_id, usage=usage, finish_reason=finish))
     except BaseException as exc:
         error = exc
-        interrupted = isinstance(exc, asyncio.CancelledError) and control is not None and control.interrupted
+        cancelled = isinstance(exc, asyncio.CancelledError)
+        interrupted = cancelled and control is not None and control.interrupted
         if interrupted:
             error = AgentInterrupted("the model call was interrupted")
+        elif cancelled and timer is not None and timer.expired:
+            error = timer.error(model)
         if started:
             # The closing guarantee (`_brackets`): this call's open blocks end, and ModelCallEnd
             # says why, before the error goes out. Put without waiting: after a cancellation nobody
@@ -282,6 +299,8 @@ async def model_events(
             raise
         raise error from None
     finally:
+        if timer is not None:
+            timer.stop()  # before the close awaits: a deadline passing now must not cancel it
         try:
             await _close(it)
         finally:

@@ -1,39 +1,38 @@
 """`TimeoutMiddleware`: deadlines for a model call, each tool call, and the whole run.
 
-How a deadline is kept without a timer per event: one `_Watch` per timed stream holds one
-deadline, kept by its loop's `_Clock` (one loop timer for all of them). When the deadline passes
-while the layer's generator waits on the inner stream (its ``ag_await`` is set: nothing is marked
-per event), the watch cancels the waiting task (as ``asyncio.timeout`` does), the cancellation
-runs through the inner layers, which close what they opened (the model call's own task is
-cancelled and the provider's stream closed, so its connection goes), and the layer takes the
-cancellation back and raises its typed error. A timer that fires while the consumer holds an
-event only marks the watch: the next read fails at once. Per event that costs two tests.
+A model call's and a tool call's deadlines are not kept by a layer around their streams: the hook
+passes a `Deadline` inward on the record (``input.replace(deadline=…)``) and the innermost call
+keeps it in the task it runs in (`_deadline`). So an installed timeout that never fires costs
+about what a pass-through hook does, a consumer busy with an event is never interrupted, and a
+call that finished in time never fails because its consumer was slow to read it.
 
-* Model call: ``first_event_timeout`` bounds the wait for the call's first event,
-  ``model_timeout`` its whole duration (both from the subscription); either raises
-  `ModelTimeoutError` (``retryable``: a `RetryMiddleware` outside retries it). Events already out
-  are closed by the runtime (``ModelCallEnd(error=…, discarded=True)``).
-* Tool call: ``tool_timeout`` runs from the call's ``ToolResultStart`` leaving the acting stream
-  to its End (for calls of a parallel group, from when its turn in the output comes). The call
-  gets an error result the model sees; the calls of the batch that had not started to stream are
-  then run (again, for a parallel sibling the timeout cut short).
-* Run: ``run_timeout`` bounds the whole execution (``on_agent``); the run fails with
-  `MiddlewareTermination` (its open brackets closed by the runtime).
+* Model call: ``first_event_timeout`` bounds the wait for the call's first chunk,
+  ``model_timeout`` its whole duration (both from when the model call starts; each attempt of a
+  retry or fallback *outside* gets its own); either raises `ModelTimeoutError` (``retryable``: a
+  `RetryMiddleware` outside retries it). The cancellation runs through the provider's stream,
+  which closes. Events already out are closed by the runtime (``ModelCallEnd(error=…,
+  discarded=True)``).
+* Tool call: ``tool_timeout`` bounds each call from when it starts, in its own task (the tool's
+  own ``timeout`` counts when it is shorter): the call gets an error result the model sees, and
+  the other calls of the batch run as they would.
+* Run: ``run_timeout`` bounds the whole execution (``on_agent``), as a layer around the run's
+  stream: when the deadline passes while the layer waits for its inner stream, the wait is
+  cancelled (as ``asyncio.timeout`` does) and the cancellation taken back; the run fails with
+  `RunTimeoutError`, a `MiddlewareTermination` (its open brackets closed by the runtime).
+
+Timeouts nest: a `Deadline` already on the record is tightened, never loosened (`Deadline.within`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import math
-import weakref
 from collections.abc import AsyncIterator
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ModelTimeoutError, RunTimeoutError
-from ..events import AgentEvent, ToolResultEnd, ToolResultStart, ToolResultTextDelta
-from ..message import ToolResultState
-from ..model.base import ChatModel
+from .._deadline import Deadline
+from ..errors import RunTimeoutError
+from ..events import AgentEvent
 from ..stream import EventStream
 from .base import ActingInput, AgentInput, ExtensionPoint, MiddlewareBase, ModelCallInput, Next
 
@@ -72,6 +71,8 @@ class TimeoutMiddleware(MiddlewareBase):
         if not any((model_timeout, first_event_timeout, tool_timeout, run_timeout)):
             raise ValueError("TimeoutMiddleware needs at least one of model_timeout, first_event_timeout, "
                              "tool_timeout, run_timeout")
+        self._model_deadline = Deadline(self.model_timeout, self.first_event_timeout)
+        self._tool_deadline = Deadline(self.tool_timeout)
 
     def active_points(self) -> frozenset[ExtensionPoint]:
         points = set()
@@ -87,123 +88,45 @@ class TimeoutMiddleware(MiddlewareBase):
         inner = next(input)
         limit = self.run_timeout
         assert limit is not None
-        return EventStream(partial(_timed_stream, inner, None, limit, None))
+        return EventStream(partial(_timed_stream, inner, limit))
 
     def on_model_call(self, agent: ReActAgent, ctx: RuntimeContext, input: ModelCallInput, next: Next) -> Any:
-        # A C partial, no closure: the error is made only when a deadline passes.
-        return EventStream(partial(_timed_stream, next(input), self.first_event_timeout, self.model_timeout,
-                                   input.model))
+        return next(input.replace(deadline=self._model_deadline.within(input.deadline)))
 
     def on_acting(self, agent: ReActAgent, ctx: RuntimeContext, input: ActingInput, next: Next) -> Any:
-        inner = next(input)
-        limit = self.tool_timeout
-        assert limit is not None
-        return EventStream(partial(_timed_tools_stream, inner, input, next, limit))
-
-
-def _timed_out(model: ChatModel | None, first: float | None, total: float | None,
-               before_first: bool) -> BaseException:
-    """The error of the deadline that passed: a model call's (``model``), else the run's."""
-    if model is None:
-        return RunTimeoutError(f"the run did not finish within {total:g} s (TimeoutMiddleware)")
-    name, provider = model.name, getattr(model, "provider", None)
-    if before_first:
-        return ModelTimeoutError(f"model {name} sent nothing within {first:g} s", provider=provider)
-    return ModelTimeoutError(f"model {name} did not finish within {total:g} s", provider=provider)
-
-
-class _Clock:
-    """The deadlines of a loop's watches behind one loop timer, armed for the earliest of them.
-
-    Arming a watch is a dict store (and a loop timer only when its deadline is the earliest);
-    disarming is a dict delete: no timer is made or cancelled per stream. When the timer fires,
-    the live watches are scanned once: the due ones fire (in the order of their deadlines, as their
-    own timers would), and the timer is armed again for the earliest of the rest. A stream that
-    ends first (as nearly all do) leaves nothing behind."""
-
-    __slots__ = ("armed", "handle", "live", "loop")
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
-        self.live: dict[_Watch, float] = {}  # watch -> its deadline
-        self.handle: asyncio.TimerHandle | None = None
-        self.armed = math.inf  # when the loop timer fires
-
-    def _arm(self, when: float) -> None:
-        if self.handle is not None:
-            self.handle.cancel()
-        self.armed = when
-        self.handle = self.loop.call_at(when, self._tick)
-
-    def _tick(self) -> None:
-        self.handle = None
-        due = max(self.armed, self.loop.time())
-        self.armed = math.inf
-        live = self.live
-        fired = sorted((when, i, w) for i, (w, when) in enumerate(live.items()) if when <= due)
-        for _, _, watch in fired:
-            del live[watch]
-        for _, _, watch in fired:
-            watch.fire()
-        if live and self.handle is None:
-            self._arm(min(live.values()))
-
-
-_clocks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Clock] = weakref.WeakKeyDictionary()
-# [loop, clock] of the last watch, so the weak dictionary is read only when the loop changes (it
-# keeps that one loop alive until a watch on another loop is made).
-_last_clock: list[Any] = [None, None]
-
-
-def _clock_of(loop: asyncio.AbstractEventLoop) -> _Clock:
-    if _last_clock[0] is loop:
-        return _last_clock[1]  # type: ignore[no-any-return]
-    try:
-        clock = _clocks.get(loop)
-        if clock is None:
-            clock = _clocks[loop] = _Clock(loop)
-    except TypeError:  # a loop without weak references: a clock of the watch's own
-        return _Clock(loop)
-    _last_clock[0], _last_clock[1] = loop, clock
-    return clock
+        return next(input.replace(deadline=self._tool_deadline.within(input.deadline)))
 
 
 class _Watch:
-    """One deadline for the timed stream ``agen``, read by ``task`` (module docstring), kept by its
-    loop's `_Clock`. Whether the stream is waiting on its inner stream when the deadline passes is
-    the generator's own state (``ag_await``: set while it awaits, None while the consumer holds
-    an event), so the happy path marks nothing per event."""
+    """The run's deadline for the timed stream ``agen``, read by ``task``: one loop timer. Whether
+    the stream is waiting on its inner stream when the deadline passes is the generator's own
+    state (``ag_await``: set while it awaits, None while the consumer holds an event), so nothing
+    is marked per event."""
 
-    __slots__ = ("agen", "cancelled", "clock", "fired", "task")
+    __slots__ = ("agen", "cancelled", "fired", "handle", "task")
 
     agen: Any  # the timed generator (set by its factory)
     task: asyncio.Task[Any]
-    clock: _Clock
 
     def __init__(self) -> None:
         self.fired = self.cancelled = False
+        self.handle: asyncio.TimerHandle | None = None
 
-    def start(self) -> float:
-        """At the stream's first step, in the task that reads it: the loop's time."""
+    def arm(self, seconds: float) -> None:
+        """At the stream's first step, in the task that reads it."""
         loop = asyncio.get_running_loop()
-        task = asyncio.current_task(loop)  # (given the loop: it is not looked up twice)
+        task = asyncio.current_task(loop)
         assert task is not None
         self.task = task
-        # The clock of the last watch's loop, else the loop's (the weak dictionary read only then).
-        self.clock = _last_clock[1] if _last_clock[0] is loop else _clock_of(loop)
-        return loop.time()
-
-    def arm(self, when: float) -> None:
-        clock = self.clock
-        self.fired = False
-        clock.live[self] = when
-        if when < clock.armed:
-            clock._arm(when)
+        self.handle = loop.call_later(seconds, self.fire)
 
     def disarm(self) -> None:
-        self.clock.live.pop(self, None)
+        if self.handle is not None:
+            self.handle.cancel()
+            self.handle = None
 
     def fire(self) -> None:
+        self.handle = None
         self.fired = True
         if self.agen.ag_await is not None and not self.cancelled:  # waiting on the inner stream
             self.cancelled = True
@@ -219,59 +142,31 @@ class _Watch:
         return True
 
 
-def _timed_stream(
-    inner: EventStream[AgentEvent], first: float | None, total: float | None, model: ChatModel | None,
-) -> AsyncIterator[AgentEvent]:
-    """The factory of a timed model call (``model``) or run (None): the generator, and the watch
-    that knows it."""
+def _timed_stream(inner: EventStream[AgentEvent], total: float) -> AsyncIterator[AgentEvent]:
+    """The factory of a timed run: the generator, and the watch that knows it."""
     watch = _Watch()
-    agen = watch.agen = _timed(inner, watch, first, total, model)
+    agen = watch.agen = _timed(inner, watch, total)
     return agen
 
 
-async def _timed(
-    inner: EventStream[AgentEvent], watch: _Watch, first: float | None, total: float | None,
-    model: ChatModel | None,
-) -> AsyncIterator[AgentEvent]:
-    now = watch.start()
-    end = None if total is None else now + total
-    first_end = None if first is None else now + first
-    # Until the first event, the earlier deadline is the one that counts.
-    waiting_first = first_end is not None and (end is None or first_end < end)
-    when = first_end if waiting_first else end
-    if when is not None:
-        watch.arm(when)
+async def _timed(inner: EventStream[AgentEvent], watch: _Watch, total: float) -> AsyncIterator[AgentEvent]:
+    watch.arm(total)
     it = inner.__aiter__()
     # Per event: a test of ``fired`` after the read (a cancellation an inner layer swallowed) and
     # one after the consumer gave control back (it fired while the consumer held the event: the
     # next read fails at once).
     try:
-        if waiting_first:
-            async for ev in it:
-                if watch.fired:
-                    _swallowed(watch)
-                    raise _timed_out(model, first, total, True)
-                waiting_first = False
-                if end is None:
-                    watch.disarm()
-                else:
-                    watch.arm(end)
-                yield ev
-                break
-            else:
-                return
-        if watch.fired:
-            raise _timed_out(model, first, total, False)
         async for ev in it:
             if watch.fired:
-                _swallowed(watch)
-                raise _timed_out(model, first, total, False)
+                if watch.cancelled:
+                    watch.took_back()
+                raise _timed_out(total)
             yield ev
             if watch.fired:
-                raise _timed_out(model, first, total, False)
+                raise _timed_out(total)
     except asyncio.CancelledError:
         if watch.cancelled and watch.took_back():
-            raise _timed_out(model, first, total, waiting_first) from None
+            raise _timed_out(total) from None
         raise
     finally:
         watch.disarm()
@@ -280,72 +175,5 @@ async def _timed(
             await close()
 
 
-def _swallowed(watch: _Watch) -> None:
-    """The watch fired during a read that returned anyway: an inner layer swallowed its
-    cancellation (take it back), or it fired just as the event came."""
-    if watch.cancelled:
-        watch.took_back()
-
-
-def _timed_tools_stream(inner: EventStream[AgentEvent], input: ActingInput, next: Next,
-                        limit: float) -> AsyncIterator[AgentEvent]:
-    watch = _Watch()
-    agen = watch.agen = _timed_tools(inner, watch, input, next, limit)
-    return agen
-
-
-async def _timed_tools(
-    inner: EventStream[AgentEvent], watch: _Watch, input: ActingInput, next: Next, limit: float,
-) -> AsyncIterator[AgentEvent]:
-    watch.start()
-    loop_time = watch.clock.loop.time
-    calls = input.tool_calls
-    ids = {c.id for c in calls} if len(calls) > 1 else None  # (one call: compared directly)
-    only = calls[0].id if calls else None
-    started: list[str] = []
-    open_call: ToolResultStart | None = None
-    it: AsyncIterator[Any] = inner.__aiter__()
-    # Per event: a test of ``fired`` after the read (a cancellation an inner layer swallowed) and
-    # one after the consumer gave control back (it fired while the consumer held the event).
-    try:
-        async for ev in it:
-            if watch.fired:
-                if watch.cancelled:
-                    watch.took_back()
-                break  # the open call timed out
-            cls = type(ev)
-            if cls is ToolResultStart:
-                call_id = ev.tool_call_id
-                if ev.source is None and (call_id == only if ids is None else call_id in ids):
-                    open_call = ev
-                    started.append(call_id)
-                    watch.arm(loop_time() + limit)
-            elif cls is ToolResultEnd and open_call is not None and ev.tool_call_id == open_call.tool_call_id:
-                open_call = None
-                watch.disarm()
-            yield ev
-            if watch.fired:
-                break  # the open call timed out
-        else:
-            return
-    except asyncio.CancelledError:
-        if not (watch.cancelled and watch.took_back()):
-            raise
-        # the open call timed out
-    finally:
-        watch.disarm()
-        close = getattr(it, "aclose", None)
-        if close is not None:
-            await close()
-    # A call timed out: the acting stream was cut. Give it its error result, then run the rest.
-    assert open_call is not None
-    cut = open_call
-    yield ToolResultTextDelta(reply_id=cut.reply_id, tool_call_id=cut.tool_call_id, tool_name=cut.tool_name,
-                              delta=f"Error: {cut.tool_name} timed out after {limit:g} s (TimeoutMiddleware).")
-    yield ToolResultEnd(reply_id=cut.reply_id, tool_call_id=cut.tool_call_id, tool_name=cut.tool_name,
-                        state=ToolResultState.ERROR)
-    rest = [c for c in input.tool_calls if c.id not in started]
-    if rest:
-        again = input.replace(tool_calls=rest)
-        async for ev in _timed_tools_stream(next(again), again, next, limit):
-            yield ev
+def _timed_out(total: float) -> RunTimeoutError:
+    return RunTimeoutError(f"the run did not finish within {total:g} s (TimeoutMiddleware)")

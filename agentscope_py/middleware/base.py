@@ -17,13 +17,13 @@ passes through and costs nothing; a hook that is overridden but not declared in
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, TypeAlias
 
+from .._deadline import Deadline
 from ..events import AgentEvent
 from ..message import ChatUsage, GenerateReason, Msg, ToolUseBlock
 from ..model.base import ChatModel, ToolSchema
@@ -38,6 +38,7 @@ __all__ = [
     "ActingInput",
     "AgentInput",
     "AgentRun",
+    "Deadline",
     "ExtensionPoint",
     "MiddlewareBase",
     "ModelCallInput",
@@ -70,10 +71,23 @@ class _Record:
 
     def replace(self, **changes: Any) -> Any:
         """A copy with ``changes`` applied; this record is left as it was."""
-        return dataclasses.replace(self, **changes)  # type: ignore[type-var]
+        # What dataclasses.replace does for these records (every field in __init__, no InitVar),
+        # in one pass: a hook that passes an input inward changed calls it on every call.
+        cls = type(self)
+        new = _new(cls)
+        for name in cls.__match_args__:  # type: ignore[attr-defined]
+            _set(new, name, changes.pop(name) if name in changes else getattr(self, name))
+        if changes:
+            raise TypeError(f"{cls.__name__}.replace() got unknown fields: {', '.join(changes)}")
+        new.__post_init__()
+        return new
+
+    def __post_init__(self) -> None:
+        pass
 
 
 _set = object.__setattr__
+_new = object.__new__
 
 
 def _frozen(value: Iterable[Any] | None) -> tuple[Any, ...]:
@@ -110,12 +124,15 @@ class ReasoningInput(_Record):
 
 @dataclass(frozen=True, slots=True)
 class ModelCallInput(_Record):
-    """One model invocation. ``tools`` is never None (``()`` for the max-iterations summary)."""
+    """One model invocation. ``tools`` is never None (``()`` for the max-iterations summary).
+    ``deadline``: time limits the model call keeps in its own task (`TimeoutMiddleware` sets it;
+    `Deadline.within` to add one inside another)."""
 
     messages: Sequence[Msg]
     tools: Sequence[ToolSchema]
     options: Mapping[str, Any]
     model: ChatModel
+    deadline: Deadline | None = None
 
     def __post_init__(self) -> None:
         if type(self.messages) is not tuple:
@@ -126,9 +143,11 @@ class ModelCallInput(_Record):
 
 @dataclass(frozen=True, slots=True)
 class ActingInput(_Record):
-    """One round's batch of tool calls."""
+    """One round's batch of tool calls. ``deadline``: a time limit (``total``) each call keeps in
+    its own task, with the tool's own ``timeout`` if that is shorter (`TimeoutMiddleware` sets it)."""
 
     tool_calls: Sequence[ToolUseBlock]
+    deadline: Deadline | None = None
 
     def __post_init__(self) -> None:
         if type(self.tool_calls) is not tuple:

@@ -14,7 +14,7 @@ from resilience_helpers import FakeSleep, agent_with, balance, model_trace
 from agentscope_py import ModelStep, ScriptedModel, Toolkit, tool
 from agentscope_py.errors import MiddlewareTermination, ModelTimeoutError, RunTimeoutError
 from agentscope_py.message import ToolResultState
-from agentscope_py.middleware import ExtensionPoint, RetryMiddleware, TimeoutMiddleware, ToolRetryMiddleware
+from agentscope_py.middleware import Deadline, ExtensionPoint, RetryMiddleware, TimeoutMiddleware, ToolRetryMiddleware
 
 pytestmark = pytest.mark.timeout(60)
 P = ExtensionPoint
@@ -109,11 +109,60 @@ async def test_a_run_timeout_fails_the_run_with_a_balanced_stream() -> None:
     assert model.closed_streams == 1
 
 
+async def test_parallel_tool_calls_each_keep_their_deadline_from_their_own_start() -> None:
+    @tool
+    async def slow(x: str) -> str:
+        """Slow."""
+        await asyncio.sleep(5)
+        return "never"
+
+    toolkit = Toolkit()
+    toolkit.register(slow)
+    model = ScriptedModel([ModelStep.tool_calls_of(("slow", {"x": "1"}), ("slow", {"x": "2"})), ModelStep.text("done")])
+    agent = agent_with(model, TimeoutMiddleware(tool_timeout=0.2), toolkit=toolkit)
+    started = time.perf_counter()
+    events = await agent.stream("hi").to_list()
+    assert time.perf_counter() - started < 0.38  # in parallel: one deadline's time, not two
+    assert [e.state for e in events if e.type == "tool_result_end"] == [ToolResultState.ERROR] * 2
+    assert not balance(events)
+
+
+async def test_nested_deadlines_only_tighten_and_the_shorter_names_its_setter() -> None:
+    @tool(timeout=0.05)
+    async def own(x: str) -> str:
+        """Has its own, shorter timeout."""
+        await asyncio.sleep(5)
+        return "never"
+
+    @tool
+    async def plain(x: str) -> str:
+        """No timeout of its own."""
+        await asyncio.sleep(5)
+        return "never"
+
+    toolkit = Toolkit()
+    toolkit.register(own)
+    toolkit.register(plain)
+    model = ScriptedModel([ModelStep.tool_calls_of(("own", {"x": "1"}), ("plain", {"x": "2"})), ModelStep.text("done")])
+    agent = agent_with(model, TimeoutMiddleware(tool_timeout=5), TimeoutMiddleware(tool_timeout=0.1), toolkit=toolkit)
+    await agent.call("hi")
+    results = {b.name: b.output for m in model.requests[1].messages if m.role == "tool" for b in m.content}
+    assert results == {"own": "Error: own timed out after 0.05 s.",
+                       "plain": "Error: plain timed out after 0.1 s (TimeoutMiddleware)."}
+    outer = Deadline(total=5, first_event=1)
+    inner = Deadline(total=0.1)
+    assert inner.within(outer) == Deadline(total=0.1, first_event=1)
+    assert outer.within(inner) == Deadline(total=0.1, first_event=1)
+    assert inner.within(None) is inner
+
+
 def test_bad_timeouts_are_refused_at_construction() -> None:
     for kwargs in ({}, {"model_timeout": 0}, {"first_event_timeout": -1}, {"tool_timeout": "5"},
                    {"run_timeout": True}):
         with pytest.raises(ValueError):
             TimeoutMiddleware(**kwargs)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="total must be a number of seconds > 0"):
+        Deadline(total=0)
 
 
 # -- ToolRetryMiddleware -------------------------------------------------------------------------
@@ -233,17 +282,36 @@ async def test_a_streaming_tool_that_fails_after_output_is_retried_only_when_ask
             assert model.requests[1].messages[-1].content[0].output == "part one, part two, part three"
 
 
-async def test_a_deadline_passed_while_the_consumer_was_busy_fails_the_next_read() -> None:
+async def test_a_call_that_finished_in_time_never_fails_because_its_consumer_was_slow() -> None:
     model = ScriptedModel([ModelStep.text("a b c", chunks=3)])
     agent = agent_with(model, TimeoutMiddleware(model_timeout=0.2))
     events: list[Any] = []
-    with pytest.raises(ModelTimeoutError):
+    async for e in agent.stream("hi"):
+        events.append(e)
+        if e.type == "text_block_delta":
+            await asyncio.sleep(0.3)  # a slow consumer: the model was done long before the deadline
+    assert events[-2].result.text == "a b c"
+    assert not balance(events)
+
+
+async def test_a_deadline_passing_while_the_consumer_is_busy_never_cancels_the_consumer() -> None:
+    # The deadline is kept in the model call's own task: the consumer's await is never cancelled;
+    # it reads what came in time, the call's closing events, then the typed error.
+    model = ScriptedModel([ModelStep.text("a b c d e f", chunks=6, delay=0.1)])
+    agent = agent_with(model, TimeoutMiddleware(model_timeout=0.25))
+    events: list[Any] = []
+    slept: list[float] = []
+    with pytest.raises(ModelTimeoutError, match=r"did not finish within 0\.25 s"):
         async for e in agent.stream("hi"):
             events.append(e)
-            if e.type == "text_block_delta":
-                await asyncio.sleep(0.4)  # a slow consumer: the model is done, the deadline passes
-    assert len([e for e in events if e.type == "text_block_delta"]) == 1
+            if e.type == "text_block_delta" and not slept:
+                started = time.perf_counter()
+                await asyncio.sleep(0.4)  # busy past the deadline
+                slept.append(time.perf_counter() - started)
+    assert slept and slept[0] >= 0.35  # the sleep ran to its end
+    assert 1 <= len([e for e in events if e.type == "text_block_delta"]) < 6
     assert not balance(events)
+    assert model_trace(events)[-1][1] is True and model.closed_streams == 1
 
 
 async def test_a_timed_out_tool_is_retried_by_a_tool_retry_outside_it() -> None:

@@ -1,0 +1,169 @@
+"""Deadlines kept in the task that does the work: a model call's own task, each tool call's own.
+
+`TimeoutMiddleware` does not wrap the stream it times. It puts a `Deadline` on the record it
+passes inward (`ModelCallInput.deadline`, `ActingInput.deadline`), and the innermost call keeps it
+in the task it runs in (`agent/_model_call.py`, `agent/_acting.py`). Why there:
+
+* nothing is done per event, and an installed timeout that never fires costs about what a
+  pass-through hook does (no stream layer);
+* only the call's own task is ever cancelled: a consumer busy with an event is never interrupted,
+  and a call that finished in time never fails because its consumer was slow to read it;
+* the cancellation runs through the provider's stream, which closes (and its connection with it).
+
+`DeadlineTimer` keeps one call's deadline: armed for the first-event deadline (when it is the
+earlier) and moved to the total deadline when the first chunk arrives; when it passes it cancels
+the call's task, and the call takes that cancellation back (``uncancel``, as ``asyncio.timeout``
+does) and raises its typed error (`ModelTimeoutError`, or a tool's error result). The timers of a
+loop share one loop timer (`_Clock`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import ModelTimeoutError
+
+__all__ = ["Deadline", "DeadlineTimer"]
+
+
+def _check(name: str, value: float | None) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise ValueError(f"{name} must be a number of seconds > 0 (or None), got {value!r}")
+    return float(value)
+
+
+def _earlier(a: float | None, b: float | None) -> float | None:
+    return b if a is None else a if b is None else min(a, b)
+
+
+@dataclass(frozen=True, slots=True)
+class Deadline:
+    """Time limits for the innermost call, from when it starts: ``total`` seconds for the whole call
+    and, for a model call, ``first_event`` seconds to its first chunk. ``by`` names who set them
+    (a timed-out tool's error result says it)."""
+
+    total: float | None = None
+    first_event: float | None = None
+    by: str = "TimeoutMiddleware"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "total", _check("total", self.total))
+        object.__setattr__(self, "first_event", _check("first_event", self.first_event))
+
+    def within(self, outer: Deadline | None) -> Deadline:
+        """This deadline inside one already on the record (``outer``): each limit the earlier of
+        the two, so nesting timeouts only ever tightens them."""
+        if outer is None or outer == self:
+            return self
+        total, first = _earlier(self.total, outer.total), _earlier(self.first_event, outer.first_event)
+        by = self.by if total == self.total else outer.by
+        return Deadline(total, first, by)
+
+
+class _Clock:
+    """The live deadlines of one loop behind one loop timer, armed for the earliest of them.
+
+    A model call arms a deadline and nearly always disarms it long before it passes. A loop timer
+    per call would be made and cancelled each time, and cancelled timers stay in the loop's heap
+    until they are due; here arming is a dict store (and a loop timer only when the deadline is
+    the earliest) and disarming a dict delete. When the timer fires, the due deadlines fire in
+    the order of their times, and the timer is armed again for the earliest of the rest."""
+
+    __slots__ = ("armed", "handle", "live", "loop")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.live: dict[DeadlineTimer, float] = {}
+        self.handle: asyncio.TimerHandle | None = None
+        self.armed = math.inf  # when the loop timer fires
+
+    def arm(self, timer: DeadlineTimer, when: float) -> None:
+        self.live[timer] = when
+        if when < self.armed:
+            if self.handle is not None:
+                self.handle.cancel()
+            self.armed = when
+            self.handle = self.loop.call_at(when, self._tick)
+
+    def _tick(self) -> None:
+        self.handle = None
+        due = max(self.armed, self.loop.time())
+        self.armed = math.inf
+        live = self.live
+        fired = sorted((when, i, t) for i, (t, when) in enumerate(live.items()) if when <= due)
+        for _, _, timer in fired:
+            del live[timer]
+        for _, _, timer in fired:
+            timer.fire()
+        if live and self.handle is None:
+            self.arm(*min(live.items(), key=lambda item: item[1]))
+
+
+_clocks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Clock] = weakref.WeakKeyDictionary()
+
+
+def _clock_of(loop: asyncio.AbstractEventLoop) -> _Clock:
+    clock = _clocks.get(loop)
+    if clock is None:
+        clock = _clocks[loop] = _Clock(loop)
+    return clock
+
+
+class DeadlineTimer:
+    """A call's deadline, in the call's own task (see the module docstring). Made when the call
+    starts; `first_arrived` at its first chunk (model calls); `stop` when it ends, before anything
+    else is awaited."""
+
+    __slots__ = ("clock", "expired", "first_event", "started", "task", "total", "waiting_first")
+
+    def __init__(self, total: float | None, first_event: float | None = None) -> None:
+        loop = asyncio.get_running_loop()
+        task = asyncio.current_task(loop)
+        assert task is not None
+        self.task = task
+        self.total, self.first_event = total, first_event
+        self.expired = False
+        self.clock = clock = _clock_of(loop)
+        self.started = now = loop.time()
+        first = first_event
+        # Until the first chunk, the earlier deadline is the one that counts.
+        self.waiting_first = first is not None and (total is None or first < total)
+        when = first if self.waiting_first else total
+        if when is not None:
+            clock.arm(self, now + when)
+
+    def fire(self) -> None:
+        self.expired = True
+        self.task.cancel()
+
+    def first_arrived(self) -> None:
+        if not self.waiting_first:
+            return
+        self.waiting_first = False
+        total = self.total
+        if total is None:
+            self.clock.live.pop(self, None)
+        else:
+            self.clock.arm(self, self.started + total)
+
+    def error(self, model: Any) -> ModelTimeoutError:
+        """The error of this deadline, passed while calling ``model``."""
+        name, provider = model.name, getattr(model, "provider", None)
+        if self.waiting_first:
+            return ModelTimeoutError(f"model {name} sent nothing within {self.first_event:g} s", provider=provider)
+        return ModelTimeoutError(f"model {name} did not finish within {self.total:g} s", provider=provider)
+
+    def stop(self) -> bool:
+        """Disarm; whether the deadline passed (its cancellation is then taken back)."""
+        self.clock.live.pop(self, None)
+        if not self.expired:
+            return False
+        self.expired = False
+        self.task.uncancel()
+        return True
