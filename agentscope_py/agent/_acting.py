@@ -37,7 +37,7 @@ from ..events import (
 )
 from ..message import GenerateReason, ToolResultState, ToolUseBlock
 from ..stream import Channel
-from ..tool.toolkit import PermissionDecision, Tool, ToolArgumentError, Toolkit
+from ..tool.toolkit import PermissionDecision, Tool, ToolArgumentError, Toolkit, current_tool_call
 
 if TYPE_CHECKING:
     from .context import RuntimeContext
@@ -166,16 +166,21 @@ async def _run_tool(scope: ToolScope, call: ToolUseBlock, channel: Channel) -> N
     """One call, its output streamed through ``channel`` as it comes."""
     reply_id, cid, name = scope.reply_id, call.id, call.name
     scope.started += 1
-    await channel.put(ToolResultStart(reply_id=reply_id, tool_call_id=cid, tool_name=name))
+    tool = scope.toolkit.get(name)
+    # A tool's metadata (an MCP tool's server) goes on its call's brackets; most tools have none.
+    meta = dict(tool.metadata) if tool is not None and tool.metadata else {}
+    current_tool_call.set(call)  # this task's own context: the tool can name its call
+    await channel.put(ToolResultStart(reply_id=reply_id, tool_call_id=cid, tool_name=name, metadata=meta))
     error_text: str | None = INTERRUPTED_TEXT
     state = ToolResultState.INTERRUPTED
     if not scope.control.interrupted:  # (while the consumer held the Start, the tool never starts)
-        state, error_text = await _invoke(scope, call, scope.toolkit.get(name), channel)
+        state, error_text = await _invoke(scope, call, tool, channel)
     # After a cancellation nobody may be reading: append without waiting for room.
     if error_text is not None:
         channel.items.append(ToolResultTextDelta(reply_id=reply_id, tool_call_id=cid, tool_name=name,
                                                  delta=error_text))
-    channel.items.append(ToolResultEnd(reply_id=reply_id, tool_call_id=cid, tool_name=name, state=state))
+    channel.items.append(ToolResultEnd(reply_id=reply_id, tool_call_id=cid, tool_name=name, state=state,
+                                       metadata=meta))
     channel.finish(None)
 
 

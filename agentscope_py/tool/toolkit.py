@@ -9,6 +9,7 @@ model that sends bad arguments gets a readable error result instead of a crash. 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import dataclasses
 import inspect
 import json
@@ -18,7 +19,7 @@ import warnings
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, get_type_hints, overload
+from typing import TYPE_CHECKING, Any, Protocol, get_type_hints, overload
 
 from pydantic import BaseModel, Field, ValidationError
 
@@ -30,7 +31,16 @@ from ..message import DataBlock, TextBlock, ToolUseBlock
 from ..model.base import ToolSchema
 from ._schema import arguments_model, clean_schema, parse_docstring
 
-__all__ = ["PermissionDecision", "Tool", "ToolArgumentError", "Toolkit", "clean_schema", "tool"]
+if TYPE_CHECKING:
+    from ..mcp import MCPClient, MCPToolset
+
+__all__ = ["PermissionDecision", "Tool", "ToolArgumentError", "ToolSource", "Toolkit", "clean_schema",
+           "current_tool_call", "tool"]
+
+current_tool_call: contextvars.ContextVar[ToolUseBlock | None] = contextvars.ContextVar(
+    "agentscope_current_tool_call", default=None)
+"""The call a tool runs for, in the tool's own task (set by the acting core): a tool that reports
+progress or asks questions can name its call."""
 
 
 class PermissionDecision(StrEnum):
@@ -58,6 +68,9 @@ class Tool:
     external: bool = False
     timeout: float | None = None
     check_permissions: PermissionCheck | None = None
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+    """Copied into the metadata of the call's ToolResultStart/End events and, for str/number
+    values, into its ``execute_tool`` span's attributes (e.g. an MCP tool's server name)."""
 
     kind: str = field(init=False, repr=False, compare=False)
     """How to call ``fn``: "stream" (async generator), "await" (coroutine) or "thread"; fixed here
@@ -275,6 +288,18 @@ def _warn_no_description(tool_name: str) -> None:
 # -- Toolkit --------------------------------------------------------------------------------------
 
 
+class ToolSource(Protocol):
+    """Tools that come and go while the toolkit is in use (an MCP server's): ``tools()`` gives
+    the current ones (sync, cached by the source); each run enters the sources before its first
+    round (``enter_run``, async: it may connect and list) and leaves them when it ends."""
+
+    def tools(self) -> Mapping[str, Tool]: ...
+
+    async def enter_run(self, ctx: RuntimeContext) -> None: ...
+
+    def exit_run(self, ctx: RuntimeContext) -> None: ...
+
+
 class Toolkit:
     """A named set of tools. Starts empty; the agent copies it at ``build()``.
 
@@ -285,6 +310,7 @@ class Toolkit:
     def __init__(self, tools: Iterable[Any] = (), *, policy: PermissionCheck | None = None) -> None:
         self._tools: dict[str, Tool] = {}
         self._schemas: tuple[tuple[Tool, ...], tuple[ToolSchema, ...]] | None = None
+        self._sources: list[ToolSource] = []
         self.policy = policy
         for t in tools:
             self.register(t)
@@ -322,28 +348,73 @@ class Toolkit:
         self._tools[name] = t
         return t
 
+    def register_mcp(
+        self, client: MCPClient | Callable[[RuntimeContext], MCPClient], *, include: Iterable[str] | None = None,
+        exclude: Iterable[str] = (), prefix: str = "", **options: Any,
+    ) -> MCPToolset:
+        """Add an MCP server's tools (``agentscope_py.mcp``; needs the ``mcp`` extra): all of
+        them, or those in ``include``, minus ``exclude``, named ``prefix + name``. ``client`` is an
+        `MCPClient`, or a per-run factory ``fn(ctx) -> MCPClient`` (per-user credentials)."""
+        from ..mcp import MCPToolset
+
+        return MCPToolset(client, include=include, exclude=exclude, prefix=prefix, **options).add_to(self)
+
+    def add_source(self, source: ToolSource) -> None:
+        """Add a `ToolSource`: its current tools join the toolkit's (a registered tool of the same
+        name wins)."""
+        self._sources.append(source)
+
+    @property
+    def sources(self) -> tuple[ToolSource, ...]:
+        return tuple(self._sources)
+
+    async def enter_run(self, ctx: RuntimeContext) -> None:
+        """Enter every source for a run (the loop calls this before the first round)."""
+        for source in self._sources:
+            await source.enter_run(ctx)
+
+    def exit_run(self, ctx: RuntimeContext) -> None:
+        """Leave every source (the loop calls this when the run ends, however it ends)."""
+        for source in self._sources:
+            source.exit_run(ctx)
+
     def remove(self, name: str) -> None:
         del self._tools[name]
 
+    def _all(self) -> Mapping[str, Tool]:
+        if not self._sources:
+            return self._tools
+        merged: dict[str, Tool] = {}
+        for source in self._sources:
+            merged.update(source.tools())
+        merged.update(self._tools)
+        return merged
+
     def get(self, name: str) -> Tool | None:
-        return self._tools.get(name)
+        found = self._tools.get(name)
+        if found is None and self._sources:
+            for source in self._sources:
+                found = source.tools().get(name)
+                if found is not None:
+                    break
+        return found
 
     def __contains__(self, name: object) -> bool:
-        return name in self._tools
+        return name in self._all()
 
     def __len__(self) -> int:
-        return len(self._tools)
+        return len(self._all())
 
     def __iter__(self) -> Any:
-        return iter(self._tools.values())
+        return iter(self._all().values())
 
     @property
     def names(self) -> list[str]:
-        return list(self._tools)
+        return list(self._all())
 
     def schemas(self) -> tuple[ToolSchema, ...]:
         # Asked for every round: kept until the tools change (what the schemas are made of).
-        key = tuple(self._tools.values())
+        key = tuple(self._all().values())
         if self._schemas is None or self._schemas[0] != key:
             self._schemas = (key, tuple(t.schema for t in key))
         return self._schemas[1]
@@ -351,4 +422,5 @@ class Toolkit:
     def copy(self) -> Toolkit:
         other = Toolkit(policy=self.policy)
         other._tools = dict(self._tools)
+        other._sources = list(self._sources)
         return other

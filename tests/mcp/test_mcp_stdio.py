@@ -1,0 +1,163 @@
+"""MCP tools through a full agent turn over stdio, against the SDK-built test server: results
+(text, image, structured content, errors, the size cap), progress events, metadata, sharing."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agentscope_py import ModelStep, ReActAgent, ScriptedModel, ToolResultState, Toolkit
+from agentscope_py.events import Custom, ToolResultDataDelta, ToolResultEnd, ToolResultStart
+from agentscope_py.mcp import MCPClient, MCPConnectionError, MCPTimeoutError
+
+from mcp_helpers import stdio_client
+
+pytestmark = [pytest.mark.mcp, pytest.mark.timeout(30)]
+
+
+def agent_for(client: Any, steps: list[ModelStep], **options: Any) -> tuple[ReActAgent, ScriptedModel]:
+    model = ScriptedModel(steps)
+    return ReActAgent.builder().name("a").model(model).mcp(client, **options).build(), model
+
+
+async def events_of(agent: ReActAgent, text: str = "go") -> list[Any]:
+    return [ev async for ev in agent.stream(text)]
+
+
+async def test_a_full_agent_turn_over_stdio(log: Path) -> None:
+    client = stdio_client(log)
+    agent, model = agent_for(client, [ModelStep.tool_call("echo", {"text": "hello"}, id="c1"),
+                                      ModelStep.text("done")])
+    events = await events_of(agent)
+    # The model was offered the server's tools, and saw the result.
+    assert "echo" in [t.name for t in model.requests[0].tools]
+    assert model.requests[1].messages[-1].tool_results[0].output == "hello"
+    start = next(e for e in events if isinstance(e, ToolResultStart))
+    end = next(e for e in events if isinstance(e, ToolResultEnd))
+    assert start.metadata["mcp.server.name"] == "mcp_test_server" == end.metadata["mcp.server.name"]
+    assert end.state is ToolResultState.SUCCESS
+    assert events[-2].result.text == "done"
+    # Nobody holds the session after the run: it was opened lazily and closed with the run.
+    await client.wait_closed()
+    assert not client.connected and client.users == 0 and client.connects == 1
+    assert "echo hello" in log.read_text()
+
+
+async def test_images_structured_content_errors_and_prefix(log: Path) -> None:
+    client = stdio_client(log)
+    agent, model = agent_for(client, [
+        ModelStep(tool_calls=[_call("c1", "t_picture", {}), _call("c2", "t_weather", {"city": "Oslo"}),
+                              _call("c3", "t_boom", {})]),
+        ModelStep.text("ok"),
+    ], prefix="t_", exclude=["hang"])
+    events = await events_of(agent)
+    assert "t_hang" not in [t.name for t in model.requests[0].tools]
+    data = [e for e in events if isinstance(e, ToolResultDataDelta)]
+    assert len(data) == 1 and data[0].data.media_type == "image/png" and data[0].data.data
+    structured = [e for e in events if isinstance(e, Custom) and e.name == "mcp.structured_content"]
+    weather = next(e for e in structured if e.value["tool"] == "weather")
+    assert weather.value["data"] == {"city": "Oslo", "temperature_c": 21.5}
+    assert weather.value["tool_call_id"] == "c2"
+    results = {r.id: r for r in model.requests[1].messages[-1].tool_results}
+    assert results["c1"].state is ToolResultState.SUCCESS and "a red dot" in results["c1"].text
+    assert results["c3"].state is ToolResultState.ERROR and "boom" in results["c3"].text
+
+
+async def test_progress_notifications_become_events(log: Path) -> None:
+    agent, _ = agent_for(stdio_client(log), [ModelStep.tool_call("slow", {"steps": 3}, id="p1"),
+                                             ModelStep.text("ok")])
+    events = await events_of(agent)
+    progress = [e for e in events if isinstance(e, Custom) and e.name == "mcp.progress"]
+    assert [(p.value["progress"], p.value["total"]) for p in progress] == [(1, 3), (2, 3), (3, 3)]
+    assert {p.value["tool_call_id"] for p in progress} == {"p1"}
+    end = next(e for e in events if isinstance(e, ToolResultEnd))
+    assert events.index(progress[-1]) < events.index(end)
+
+
+async def test_results_over_the_cap_are_truncated_with_a_note(log: Path) -> None:
+    agent, model = agent_for(stdio_client(log, max_result_chars=1000),
+                             [ModelStep.tool_call("big", {"size": 5000}, id="b1"), ModelStep.text("ok")])
+    await events_of(agent)
+    text = model.requests[1].messages[-1].tool_results[0].text
+    assert text.startswith("x" * 1000) and "x" * 1001 not in text
+    assert "[truncated: the result was 5000 characters" in text
+
+
+async def test_two_agents_share_one_session(log: Path) -> None:
+    client = stdio_client(log)
+    first, _ = agent_for(client, [ModelStep.tool_call("count", {}, id="a"), ModelStep.text("1")])
+    second, model2 = agent_for(client, [ModelStep.tool_call("count", {}, id="b"), ModelStep.text("2")])
+    async with client:
+        await first.call("go")
+        await second.call("go")
+        assert client.connected
+    # The server kept its state between the agents' calls: one process, one session.
+    assert model2.requests[1].messages[-1].tool_results[0].text == "2"
+    assert client.connects == 1
+    await client.wait_closed()
+    assert not client.connected
+
+
+async def test_a_per_run_factory_gives_each_user_their_own_server(log: Path) -> None:
+    clients: dict[str, MCPClient] = {}
+
+    def for_user(ctx: Any) -> MCPClient:
+        if ctx.user_id not in clients:
+            clients[ctx.user_id] = stdio_client(log, env={"MCP_TEST_USER": ctx.user_id})
+        return clients[ctx.user_id]
+
+    from agentscope_py import RuntimeContext
+
+    agent, model = agent_for(for_user, [ModelStep.tool_call("whoami", {}, id="w1"), ModelStep.text("a"),
+                                        ModelStep.tool_call("whoami", {}, id="w2"), ModelStep.text("b")])
+    await agent.call("go", ctx=RuntimeContext(user_id="ada"))
+    await agent.call("go", ctx=RuntimeContext(user_id="bob"))
+    assert model.requests[1].messages[-1].tool_results[0].text == "ada"
+    assert model.requests[3].messages[-1].tool_results[0].text == "bob"
+
+
+async def test_the_published_time_server_over_stdio() -> None:
+    client = MCPClient.stdio(sys.executable, ["-m", "mcp_server_time", "--local-timezone", "UTC"], name="time")
+    agent, model = agent_for(client, [ModelStep.tool_call("get_current_time", {"timezone": "Europe/Paris"}, id="t1"),
+                                      ModelStep.text("it is late")])
+    events = await events_of(agent)
+    assert "convert_time" in [t.name for t in model.requests[0].tools]
+    result = model.requests[1].messages[-1].tool_results[0]
+    assert result.state is ToolResultState.SUCCESS and "Europe/Paris" in result.text
+    assert next(e for e in events if isinstance(e, ToolResultStart)).metadata["mcp.server.name"] == "time"
+
+
+async def test_a_server_that_never_answers_the_handshake_times_out() -> None:
+    client = MCPClient.stdio(sys.executable, ["-c", "import time; time.sleep(30)"], init_timeout=0.5)
+    with pytest.raises(MCPTimeoutError, match="handshake"):
+        await client.list_tools()
+    missing = MCPClient.stdio("/nonexistent/mcp-server", init_timeout=2)
+    with pytest.raises(MCPConnectionError):
+        await missing.list_tools()
+    # A run whose server cannot start fails with the typed error (nothing stuck).
+    agent, _ = agent_for(missing, [ModelStep.text("never")])
+    with pytest.raises(MCPConnectionError):
+        await agent.call("go")
+    assert missing.users == 0
+
+
+def test_bad_configuration_is_refused_at_construction() -> None:
+    with pytest.raises(ValueError, match="command"):
+        MCPClient.stdio("")
+    with pytest.raises(ValueError, match="url"):
+        MCPClient.http("ftp://example")
+    with pytest.raises(ValueError, match="timeout"):
+        MCPClient.stdio("x", timeout=0)
+    with pytest.raises(TypeError, match="MCPClient"):
+        Toolkit().register_mcp("not a client")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="list of tool names"):
+        Toolkit().register_mcp(MCPClient.stdio("x"), include="echo")
+
+
+def _call(cid: str, name: str, args: dict[str, Any]) -> Any:
+    from agentscope_py import ToolUseBlock
+
+    return ToolUseBlock(id=cid, name=name, input=args)
