@@ -283,9 +283,9 @@ class Builder:
         return self
 
     def mcp(self, client: Any, **options: Any) -> Builder:
-        """Shortcut: the tools of an MCP server (an `agentscope_py.mcp.MCPClient`, or a per-run
-        factory ``fn(ctx) -> MCPClient``) in a new (or the current) toolkit; ``options`` as for
-        `Toolkit.register_mcp` (``include``, ``exclude``, ``prefix``, ``read_only``)."""
+        """Shortcut: the tools of an MCP server (an `agentscope_py.mcp.MCPClient`, or
+        ``MCPClient.per_run(fn)``) in a new (or the current) toolkit; ``options`` as for
+        `Toolkit.register_mcp` (``include``, ``exclude``, ``prefix``, ``read_only``, …)."""
         if self._toolkit is None:
             self._toolkit = Toolkit()
         self._toolkit.register_mcp(client, **options)

@@ -15,7 +15,7 @@ from ..errors import MCPClientError, MCPConnectionError, MCPServerRestarted, MCP
 from ._callbacks import Elicitation, ElicitationAnswer, ElicitationHandler, SamplingHandler
 from ._client import DEFAULT_INIT_TIMEOUT, DEFAULT_TIMEOUT, MCPClient, ProgressCallback
 from ._pause import ElicitationPause
-from ._tools import MCPToolset
+from ._tools import MCPToolset, PerRunClient
 from ._transport import AuthCallback, HttpTransport, StdioTransport
 
 __all__ = [
@@ -34,6 +34,7 @@ __all__ = [
     "MCPTimeoutError",
     "MCPToolError",
     "MCPToolset",
+    "PerRunClient",
     "ProgressCallback",
     "SamplingHandler",
     "StdioTransport",

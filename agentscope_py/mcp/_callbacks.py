@@ -42,7 +42,7 @@ ElicitationAnswer = Mapping[str, Any] | Literal["decline", "cancel"] | None
 """A mapping accepts with that content; ``"decline"`` / None declines; ``"cancel"`` cancels."""
 ElicitationHandler = Callable[[Elicitation], ElicitationAnswer | Awaitable[ElicitationAnswer]]
 SamplingHandler = Callable[[types.CreateMessageRequestParams],
-                           "types.CreateMessageResult | None | Awaitable[types.CreateMessageResult | None]"]
+                           "types.CreateMessageResult | Awaitable[types.CreateMessageResult | None] | None"]
 """Returns the completion, or None to refuse the request."""
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from types import EllipsisType
 from typing import Any, cast
 
 import mcp_types as types
@@ -21,6 +22,7 @@ from ._callbacks import (
     sampling_callback,
 )
 from ._session import Connection, is_connection_lost, tools_changed_handler
+from ._tools import ClientFactory, MCPToolset, PerRunClient
 from ._transport import AuthCallback, HttpTransport, StdioTransport, Transport
 
 __all__ = ["DEFAULT_INIT_TIMEOUT", "DEFAULT_TIMEOUT", "MCPClient", "ProgressCallback"]
@@ -117,6 +119,16 @@ class MCPClient:
         called before each request and returns headers to add (e.g. a fresh bearer token)."""
         return cls(HttpTransport(url, dict(headers or {}), auth), **options)
 
+    @staticmethod
+    def per_run(fn: ClientFactory) -> PerRunClient:
+        """For ``register_mcp`` / ``Builder.mcp``: ``fn(ctx) -> MCPClient`` called once per run
+        (per-user credentials: return the same client for the same user to share its session)."""
+        return PerRunClient(fn)
+
+    def toolset(self, **options: Any) -> MCPToolset:
+        """This server's tools for a `Toolkit` (what ``toolkit.register_mcp(client)`` adds)."""
+        return MCPToolset(self, **options)
+
     # -- the shared session ----------------------------------------------------------------------
 
     async def __aenter__(self) -> MCPClient:
@@ -196,7 +208,7 @@ class MCPClient:
             sampling_callback=sampling_callback(self) if self.sampling is not None else None,
         )
 
-    async def _request(self, call: Callable[[Client], Awaitable[Any]], timeout: float | None,
+    async def _request(self, call: Callable[[Client], Awaitable[Any]], limit: float | None,
                        retry: bool) -> Any:
         """``call`` over the session (held for the request if nobody holds it). A lost session
         is reconnected; the request is sent again only if ``retry``."""
@@ -204,7 +216,7 @@ class MCPClient:
         try:
             conn = await self._connection()
             try:
-                return await conn.request(call, timeout)
+                return await conn.request(call, limit)
             except Exception as exc:
                 if not (is_connection_lost(exc) or isinstance(exc, MCPConnectionError)):
                     raise _protocol_error(self.name, exc) from exc
@@ -222,7 +234,7 @@ class MCPClient:
                     "reconnected; the call was not repeated since it may have had its effect", server=self.name,
                 ) from lost
             try:
-                return await conn.request(call, timeout)
+                return await conn.request(call, limit)
             except Exception as exc:
                 if is_connection_lost(exc) or isinstance(exc, MCPConnectionError):
                     raise MCPConnectionError(f"MCP server {self.name!r} went away again: {exc}",
@@ -258,6 +270,8 @@ class MCPClient:
             raise
         self._tools = tools
         self.tools_version += 1
+        if self._tools_changed is not None:
+            self._tools_changed.set()
         return tools
 
     @property
@@ -268,8 +282,6 @@ class MCPClient:
     def _on_tools_changed(self) -> None:
         # Runs in the owner task: refresh in a task of our own, so the next round sees the change.
         self._tools_stale = True
-        if self._tools_changed is not None:
-            self._tools_changed.set()
         if self._refresh is None or self._refresh.done():
             self._refresh = asyncio.get_running_loop().create_task(self._refresh_tools())
 
@@ -279,24 +291,23 @@ class MCPClient:
         except Exception:  # the next run lists them again
             self._tools_stale = True
 
-    async def wait_tools_changed(self, timeout: float | None = None) -> list[types.Tool]:
-        """Wait for the server's next tool-list change and give the refreshed list."""
+    async def wait_tools_changed(self, timeout: float | None = None) -> list[types.Tool]:  # noqa: ASYNC109
+        """Wait for the server's next tool-list change and give the refreshed list (``timeout``
+        in seconds; the public name every peer uses)."""
         event = self._tools_changed = asyncio.Event()
-        version = self.tools_version
         async with asyncio.timeout(timeout):
             await event.wait()
-            while self.tools_version == version:
-                await asyncio.sleep(0.01)
         return self._tools or []
 
     async def call_tool(
-        self, name: str, arguments: Mapping[str, Any] | None = None, *, timeout: float | None = -1.0,
+        self, name: str, arguments: Mapping[str, Any] | None = None, *,
+        timeout: float | EllipsisType | None = ...,  # noqa: ASYNC109 - the per-call bound, as users name it
         progress: ProgressCallback | None = None, idempotent: bool = False, info: CallInfo | None = None,
     ) -> types.CallToolResult:
         """Call tool ``name``. ``timeout``: seconds (default the client's; None: no bound);
         ``progress(progress, total, message)`` is awaited for each progress notification;
         ``idempotent``: safe to send again if the session is lost during the call."""
-        limit = self.timeout if timeout == -1.0 else timeout
+        limit = self.timeout if isinstance(timeout, EllipsisType) else timeout
         args = dict(arguments or {})
 
         async def call(client: Client) -> types.CallToolResult:

@@ -72,31 +72,33 @@ class Connection:
     _task: asyncio.Task[None] | None = None
     _requests: set[_Request] = field(default_factory=set)
 
-    async def open(self, timeout: float) -> None:
-        """Start the owner task and wait for the handshake (at most ``timeout`` seconds)."""
+    async def open(self, limit: float) -> None:
+        """Start the owner task and wait for the handshake (at most ``limit`` seconds)."""
         loop = asyncio.get_running_loop()
         self._ready = loop.create_future()
+        self._ready.add_done_callback(_retrieve)
         # The owner task must not inherit a run's context (its spans, its contextvars): it
         # outlives the run that happened to open it.
         self._task = loop.create_task(self._own(), name=f"mcp-session:{self.name}",
                                       context=_clean_context())
         try:
-            async with asyncio.timeout(timeout):
+            async with asyncio.timeout(limit):
                 await asyncio.shield(self._ready)
         except TimeoutError:
             self.close()
-            raise MCPTimeoutError(f"MCP server {self.name!r} did not finish its handshake in {timeout} s",
+            raise MCPTimeoutError(f"MCP server {self.name!r} did not finish its handshake in {limit} s",
                                   server=self.name) from None
         except asyncio.CancelledError:
             self.close()
             raise
 
-    async def request(self, call: Call, timeout: float | None) -> Any:
+    async def request(self, call: Call, limit: float | None) -> Any:
         """Run ``call(client)`` in the owner's task group and give its result. Cancelling the
         caller cancels the request (the server is told); the connection stays usable."""
         if self.lost:
             raise MCPConnectionError(f"the session with MCP server {self.name!r} is closed", server=self.name)
-        req = _Request(call, asyncio.get_running_loop().create_future(), timeout)
+        req = _Request(call, asyncio.get_running_loop().create_future(), limit)
+        req.future.add_done_callback(_retrieve)  # a caller that left never reads its outcome
         self._queue.put_nowait(req)
         try:
             return await asyncio.shield(req.future)
@@ -133,7 +135,10 @@ class Connection:
                 tg.cancel_scope.cancel()
         except BaseException as exc:  # the owner's end is reported to its callers, never lost
             if not self._ready.done():
-                self._ready.set_exception(_connect_error(self.name, exc))
+                if isinstance(exc, asyncio.CancelledError):
+                    self._ready.cancel()
+                else:
+                    self._ready.set_exception(_connect_error(self.name, exc))
             if not isinstance(exc, Exception | asyncio.CancelledError):
                 raise
         finally:
@@ -198,6 +203,11 @@ class Connection:
             async with client.listen(tools_list_changed=True) as sub:
                 async for _event in sub:
                     self.on_tools_changed()
+
+
+def _retrieve(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()
 
 
 def _listens(client: Client) -> bool:

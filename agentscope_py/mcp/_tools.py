@@ -10,23 +10,43 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable, Collection, Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import mcp_types as types
 
 from .._context import RuntimeContext
 from ..events import Custom
-from ..tool.toolkit import Tool, Toolkit, clean_schema, current_tool_call
+from ..tool.toolkit import Tool, clean_schema, current_tool_call
 from ._callbacks import CallInfo
-from ._client import MCPClient
 from ._pause import ElicitationPause, answer_for
 from ._results import convert_result
 
-__all__ = ["MCPToolset"]
+if TYPE_CHECKING:
+    from ._client import MCPClient
+
+__all__ = ["MCPToolset", "PerRunClient"]
 
 _CTX = "__agentscope_ctx__"  # the injected context's parameter name: no MCP tool argument has it
 
-ClientFactory = Callable[[RuntimeContext], MCPClient]
+ClientFactory = Callable[[RuntimeContext], "MCPClient"]
+
+
+def _is_client(value: Any) -> bool:
+    # (duck-typed: `_client` imports this module, not the other way round)
+    return hasattr(value, "call_tool") and hasattr(value, "acquire") and hasattr(value, "cached_tools")
+
+
+class PerRunClient:
+    """``MCPClient.per_run(fn)``: ``fn(ctx) -> MCPClient`` is called once per run (a client per
+    user, with that user's credentials; return the same client for a user to share its session)."""
+
+    def __init__(self, fn: ClientFactory) -> None:
+        if not callable(fn) or _is_client(fn):
+            raise TypeError("MCPClient.per_run takes a function fn(ctx) -> MCPClient")
+        self.fn = fn
+
+    def toolset(self, **options: Any) -> MCPToolset:
+        return MCPToolset(self.fn, **options)
 
 
 class MCPToolset:
@@ -41,17 +61,20 @@ class MCPToolset:
     """
 
     def __init__(
-        self, client: MCPClient | ClientFactory, *, include: Iterable[str] | None = None, exclude: Iterable[str] = (),
+        self, client: MCPClient | PerRunClient | ClientFactory, *, include: Iterable[str] | None = None,
+        exclude: Iterable[str] = (),
         prefix: str = "", read_only: Collection[str] | None = None, concurrency_safe: bool = True,
         max_result_chars: int | None = None,
     ) -> None:
-        if isinstance(client, MCPClient):
-            self._client: MCPClient | None = client
+        if _is_client(client):
+            self._client: MCPClient | None = client  # type: ignore[assignment]
             self._factory: ClientFactory | None = None
+        elif isinstance(client, PerRunClient):
+            self._client, self._factory = None, client.fn
         elif callable(client):
             self._client, self._factory = None, client
         else:
-            raise TypeError("client must be an MCPClient or a function fn(ctx) -> MCPClient")
+            raise TypeError("client must be an MCPClient, MCPClient.per_run(fn), or a function fn(ctx) -> MCPClient")
         if isinstance(include, str) or isinstance(exclude, str):
             raise TypeError("include and exclude take a list of tool names, not one string")
         if not isinstance(prefix, str):
@@ -67,10 +90,6 @@ class MCPToolset:
         self._runs: dict[str, MCPClient] = {}
         self._shown: MCPClient | None = self._client
         self._cache: tuple[int, int, dict[str, Tool]] | None = None
-
-    def add_to(self, toolkit: Toolkit) -> MCPToolset:
-        toolkit.add_source(self)
-        return self
 
     # -- ToolSource ------------------------------------------------------------------------------
 
@@ -95,7 +114,7 @@ class MCPToolset:
         if client is None:
             assert self._factory is not None
             client = self._factory(ctx)
-            if not isinstance(client, MCPClient):
+            if not _is_client(client):
                 raise TypeError(f"the MCP client factory returned {type(client).__name__}, not an MCPClient")
         await client.acquire()
         try:

@@ -9,7 +9,6 @@ model that sends bad arguments gets a readable error result instead of a crash. 
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import dataclasses
 import inspect
 import json
@@ -19,7 +18,7 @@ import warnings
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any, Protocol, get_type_hints, overload
+from typing import TYPE_CHECKING, Any, get_type_hints, overload
 
 from pydantic import BaseModel, Field, ValidationError
 
@@ -30,18 +29,13 @@ from ..events import EventBase
 from ..message import DataBlock, TextBlock, ToolUseBlock
 from ..model.base import ToolSchema
 from ._schema import arguments_model, clean_schema, parse_docstring
+from ._source import ToolSource, current_tool_call
 
 if TYPE_CHECKING:
-    from ..mcp import MCPClient, MCPToolset
+    from ._source import MCPToolsetMaker
 
 __all__ = ["PermissionDecision", "Tool", "ToolArgumentError", "ToolSource", "Toolkit", "clean_schema",
            "current_tool_call", "tool"]
-
-current_tool_call: contextvars.ContextVar[ToolUseBlock | None] = contextvars.ContextVar(
-    "agentscope_current_tool_call", default=None)
-"""The call a tool runs for, in the tool's own task (set by the acting core): a tool that reports
-progress or asks questions can name its call."""
-
 
 class PermissionDecision(StrEnum):
     ALLOW = "allow"
@@ -69,8 +63,7 @@ class Tool:
     timeout: float | None = None
     check_permissions: PermissionCheck | None = None
     metadata: Mapping[str, Any] = field(default_factory=dict)
-    """Copied into the metadata of the call's ToolResultStart/End events and, for str/number
-    values, into its ``execute_tool`` span's attributes (e.g. an MCP tool's server name)."""
+    """On the call's ToolResultStart/End metadata and ``execute_tool`` span (an MCP server name)."""
 
     kind: str = field(init=False, repr=False, compare=False)
     """How to call ``fn``: "stream" (async generator), "await" (coroutine) or "thread"; fixed here
@@ -288,18 +281,6 @@ def _warn_no_description(tool_name: str) -> None:
 # -- Toolkit --------------------------------------------------------------------------------------
 
 
-class ToolSource(Protocol):
-    """Tools that come and go while the toolkit is in use (an MCP server's): ``tools()`` gives
-    the current ones (sync, cached by the source); each run enters the sources before its first
-    round (``enter_run``, async: it may connect and list) and leaves them when it ends."""
-
-    def tools(self) -> Mapping[str, Tool]: ...
-
-    async def enter_run(self, ctx: RuntimeContext) -> None: ...
-
-    def exit_run(self, ctx: RuntimeContext) -> None: ...
-
-
 class Toolkit:
     """A named set of tools. Starts empty; the agent copies it at ``build()``.
 
@@ -348,20 +329,20 @@ class Toolkit:
         self._tools[name] = t
         return t
 
-    def register_mcp(
-        self, client: MCPClient | Callable[[RuntimeContext], MCPClient], *, include: Iterable[str] | None = None,
-        exclude: Iterable[str] = (), prefix: str = "", **options: Any,
-    ) -> MCPToolset:
-        """Add an MCP server's tools (``agentscope_py.mcp``; needs the ``mcp`` extra): all of
-        them, or those in ``include``, minus ``exclude``, named ``prefix + name``. ``client`` is an
-        `MCPClient`, or a per-run factory ``fn(ctx) -> MCPClient`` (per-user credentials)."""
-        from ..mcp import MCPToolset
-
-        return MCPToolset(client, include=include, exclude=exclude, prefix=prefix, **options).add_to(self)
+    def register_mcp(self, client: MCPToolsetMaker, **options: Any) -> ToolSource:
+        """Add an MCP server's tools (``agentscope_py.mcp``, the ``mcp`` extra): ``client`` is an
+        `MCPClient`, or ``MCPClient.per_run(fn)`` for a client per run (per-user credentials);
+        ``options``: ``include``, ``exclude``, ``prefix``, ``read_only``, ``max_result_chars``."""
+        make = getattr(client, "toolset", None)
+        if make is None:
+            raise TypeError("register_mcp takes an MCPClient, or MCPClient.per_run(fn) for a client per run "
+                            f"(got {type(client).__name__})")
+        source: ToolSource = make(**options)
+        self.add_source(source)
+        return source
 
     def add_source(self, source: ToolSource) -> None:
-        """Add a `ToolSource`: its current tools join the toolkit's (a registered tool of the same
-        name wins)."""
+        """Add a `ToolSource`: its tools join the toolkit's (a registered tool of a name wins)."""
         self._sources.append(source)
 
     @property
@@ -369,13 +350,11 @@ class Toolkit:
         return tuple(self._sources)
 
     async def enter_run(self, ctx: RuntimeContext) -> None:
-        """Enter every source for a run (the loop calls this before the first round)."""
-        for source in self._sources:
+        for source in self._sources:  # the loop: before the first round
             await source.enter_run(ctx)
 
     def exit_run(self, ctx: RuntimeContext) -> None:
-        """Leave every source (the loop calls this when the run ends, however it ends)."""
-        for source in self._sources:
+        for source in self._sources:  # the loop: when the run ends, however it ends
             source.exit_run(ctx)
 
     def remove(self, name: str) -> None:

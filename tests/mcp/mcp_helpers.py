@@ -1,8 +1,9 @@
 """Helpers of the MCP tests (real servers): the SDK-built test server over stdio and over
 loopback HTTP, and the published ``mcp-server-time``.
 
-(Not "conftest" helpers imported relatively: this directory must not be a package, or it would
-shadow the ``mcp`` SDK.)"""
+The fixtures live here, imported by the test modules: this directory cannot be a package (it
+would shadow the ``mcp`` SDK), and a conftest.py outside a package would take the name
+``conftest`` from tests/conftest.py."""
 
 
 from __future__ import annotations
@@ -13,8 +14,11 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from agentscope_py.mcp import MCPClient
 
@@ -67,3 +71,18 @@ class HttpServer:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGKILL)
             self.proc.wait(5)
+
+
+@pytest.fixture
+def log(tmp_path: Path) -> Path:
+    path = tmp_path / "server.log"
+    path.touch()
+    return path
+
+
+@pytest.fixture
+def http_server(log: Path) -> Iterator[HttpServer]:
+    srv = HttpServer(log)
+    srv.start()
+    yield srv
+    srv.kill()

@@ -3,19 +3,33 @@
 
 from __future__ import annotations
 
+import asyncio
 import sys
-from pathlib import Path
 from typing import Any
 
+import mcp_helpers
 import pytest
+import pytest_asyncio
+from mcp_helpers import stdio_client
 
-from agentscope_py import ModelStep, ReActAgent, ScriptedModel, ToolResultState, Toolkit
+from agentscope_py import ModelStep, ReActAgent, ScriptedModel, Toolkit, ToolResultState
 from agentscope_py.events import Custom, ToolResultDataDelta, ToolResultEnd, ToolResultStart
 from agentscope_py.mcp import MCPClient, MCPConnectionError, MCPTimeoutError
 
-from mcp_helpers import stdio_client
+# One server process for the module (starting one costs seconds on a busy machine): the tests
+# hold it with `async with`, so they also show that a held session serves many runs.
+log = mcp_helpers.log  # a fixture
+pytestmark = [pytest.mark.mcp, pytest.mark.timeout(30), pytest.mark.asyncio(loop_scope="module")]
 
-pytestmark = [pytest.mark.mcp, pytest.mark.timeout(30)]
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def shared(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    log = tmp_path_factory.mktemp("mcp") / "server.log"
+    log.touch()
+    client = stdio_client(log)
+    async with client:
+        yield client
+    await client.wait_closed()
 
 
 def agent_for(client: Any, steps: list[ModelStep], **options: Any) -> tuple[ReActAgent, ScriptedModel]:
@@ -27,8 +41,8 @@ async def events_of(agent: ReActAgent, text: str = "go") -> list[Any]:
     return [ev async for ev in agent.stream(text)]
 
 
-async def test_a_full_agent_turn_over_stdio(log: Path) -> None:
-    client = stdio_client(log)
+async def test_a_full_agent_turn_over_stdio(shared: MCPClient) -> None:
+    client = shared
     agent, model = agent_for(client, [ModelStep.tool_call("echo", {"text": "hello"}, id="c1"),
                                       ModelStep.text("done")])
     events = await events_of(agent)
@@ -40,14 +54,11 @@ async def test_a_full_agent_turn_over_stdio(log: Path) -> None:
     assert start.metadata["mcp.server.name"] == "mcp_test_server" == end.metadata["mcp.server.name"]
     assert end.state is ToolResultState.SUCCESS
     assert events[-2].result.text == "done"
-    # Nobody holds the session after the run: it was opened lazily and closed with the run.
-    await client.wait_closed()
-    assert not client.connected and client.users == 0 and client.connects == 1
-    assert "echo hello" in log.read_text()
+    assert client.users == 1  # the run held it, and let go
 
 
-async def test_images_structured_content_errors_and_prefix(log: Path) -> None:
-    client = stdio_client(log)
+async def test_images_structured_content_errors_and_prefix(shared: MCPClient) -> None:
+    client = shared
     agent, model = agent_for(client, [
         ModelStep(tool_calls=[_call("c1", "t_picture", {}), _call("c2", "t_weather", {"city": "Oslo"}),
                               _call("c3", "t_boom", {})]),
@@ -66,8 +77,8 @@ async def test_images_structured_content_errors_and_prefix(log: Path) -> None:
     assert results["c3"].state is ToolResultState.ERROR and "boom" in results["c3"].text
 
 
-async def test_progress_notifications_become_events(log: Path) -> None:
-    agent, _ = agent_for(stdio_client(log), [ModelStep.tool_call("slow", {"steps": 3}, id="p1"),
+async def test_progress_notifications_become_events(shared: MCPClient) -> None:
+    agent, _ = agent_for(shared, [ModelStep.tool_call("slow", {"steps": 3}, id="p1"),
                                              ModelStep.text("ok")])
     events = await events_of(agent)
     progress = [e for e in events if isinstance(e, Custom) and e.name == "mcp.progress"]
@@ -77,46 +88,39 @@ async def test_progress_notifications_become_events(log: Path) -> None:
     assert events.index(progress[-1]) < events.index(end)
 
 
-async def test_results_over_the_cap_are_truncated_with_a_note(log: Path) -> None:
-    agent, model = agent_for(stdio_client(log, max_result_chars=1000),
-                             [ModelStep.tool_call("big", {"size": 5000}, id="b1"), ModelStep.text("ok")])
+async def test_results_over_the_cap_are_truncated_with_a_note(shared: MCPClient) -> None:
+    agent, model = agent_for(shared, [ModelStep.tool_call("big", {"size": 5000}, id="b1"), ModelStep.text("ok")],
+                             max_result_chars=1000)
     await events_of(agent)
     text = model.requests[1].messages[-1].tool_results[0].text
     assert text.startswith("x" * 1000) and "x" * 1001 not in text
     assert "[truncated: the result was 5000 characters" in text
 
 
-async def test_two_agents_share_one_session(log: Path) -> None:
-    client = stdio_client(log)
-    first, _ = agent_for(client, [ModelStep.tool_call("count", {}, id="a"), ModelStep.text("1")])
-    second, model2 = agent_for(client, [ModelStep.tool_call("count", {}, id="b"), ModelStep.text("2")])
-    async with client:
-        await first.call("go")
-        await second.call("go")
-        assert client.connected
+async def test_two_agents_share_one_session(shared: MCPClient) -> None:
+    first, model1 = agent_for(shared, [ModelStep.tool_call("count", {}, id="a"), ModelStep.text("1")])
+    second, model2 = agent_for(shared, [ModelStep.tool_call("count", {}, id="b"), ModelStep.text("2")])
+    connects = shared.connects
+    await first.call("go")
+    await second.call("go")
     # The server kept its state between the agents' calls: one process, one session.
-    assert model2.requests[1].messages[-1].tool_results[0].text == "2"
-    assert client.connects == 1
-    await client.wait_closed()
-    assert not client.connected
+    n1 = int(model1.requests[1].messages[-1].tool_results[0].text)
+    n2 = int(model2.requests[1].messages[-1].tool_results[0].text)
+    assert n2 == n1 + 1 and shared.connects == connects
 
 
-async def test_a_per_run_factory_gives_each_user_their_own_server(log: Path) -> None:
-    clients: dict[str, MCPClient] = {}
-
-    def for_user(ctx: Any) -> MCPClient:
-        if ctx.user_id not in clients:
-            clients[ctx.user_id] = stdio_client(log, env={"MCP_TEST_USER": ctx.user_id})
-        return clients[ctx.user_id]
-
-    from agentscope_py import RuntimeContext
-
-    agent, model = agent_for(for_user, [ModelStep.tool_call("whoami", {}, id="w1"), ModelStep.text("a"),
-                                        ModelStep.tool_call("whoami", {}, id="w2"), ModelStep.text("b")])
-    await agent.call("go", ctx=RuntimeContext(user_id="ada"))
-    await agent.call("go", ctx=RuntimeContext(user_id="bob"))
-    assert model.requests[1].messages[-1].tool_results[0].text == "ada"
-    assert model.requests[3].messages[-1].tool_results[0].text == "bob"
+async def test_a_tool_list_change_reaches_the_next_round(shared: MCPClient) -> None:
+    agent, model = agent_for(shared, [ModelStep.tool_call("add_tool", {"name": "fresh"}, id="n1"),
+                                      ModelStep.text("added"), ModelStep.tool_call("fresh", {}, id="n2"),
+                                      ModelStep.text("used")])
+    assert "fresh" not in [t.name for t in await shared.list_tools()]
+    changed = asyncio.ensure_future(shared.wait_tools_changed(timeout=10))
+    await asyncio.sleep(0)
+    await agent.call("go")
+    assert "fresh" in [t.name for t in await changed]
+    await agent.call("again")
+    assert "fresh" in [t.name for t in model.requests[2].tools]
+    assert model.requests[3].messages[-1].tool_results[0].text == "I am fresh"
 
 
 async def test_the_published_time_server_over_stdio() -> None:
