@@ -71,6 +71,7 @@ __all__ = [
     "StateStoreError",
     "StructuredOutputError",
     "ToolArgumentError",
+    "ToolInputRequired",
 ]
 
 
@@ -170,6 +171,17 @@ class StateConflictError(StateStoreError):
 
 class ToolArgumentError(AgentScopeError, ValueError):
     """The model's arguments for a tool do not fit its schema (or are not JSON)."""
+
+
+class ToolInputRequired(AgentScopeError):
+    """Raised by a running tool that cannot go on without the user's answer (an MCP server's
+    elicitation): the call pauses like a call that asks for approval — `RequireUserConfirm` with
+    ``question`` in its metadata, the run stops with PERMISSION_ASKING — and runs again when the
+    user resumes with ``ConfirmResult(tool_call_id, confirmed=True, answer={...})``."""
+
+    def __init__(self, message: str, question: dict[str, object] | None = None) -> None:
+        super().__init__(message)
+        self.question = question or {}
 
 
 class ResumeError(AgentScopeError, ValueError):

@@ -23,6 +23,7 @@ from .._control import RunControl
 from .._fast_events import delta_maker
 from .._replies import result_events
 from .._sanitize import MAX_DEPTH, clean
+from ..errors import ToolInputRequired
 from ..events import (
     AgentEvent,
     AllToolsDenied,
@@ -174,7 +175,17 @@ async def _run_tool(scope: ToolScope, call: ToolUseBlock, channel: Channel) -> N
     error_text: str | None = INTERRUPTED_TEXT
     state = ToolResultState.INTERRUPTED
     if not scope.control.interrupted:  # (while the consumer held the Start, the tool never starts)
-        state, error_text = await _invoke(scope, call, tool, channel)
+        try:
+            state, error_text = await _invoke(scope, call, tool, channel)
+        except ToolInputRequired as exc:  # the call waits for the user, like an asking call
+            ends = ToolResultEnd(reply_id=reply_id, tool_call_id=cid, tool_name=name,
+                                 state=ToolResultState.RUNNING, metadata=meta)
+            channel.items.extend((ends, RequireUserConfirm(reply_id=reply_id, tool_calls=[call],
+                                                           metadata={**meta, "question": exc.question}),
+                                  RequestStop(reason=f"waiting for the user's answer to {name}: {exc}",
+                                              generate_reason=GenerateReason.PERMISSION_ASKING)))
+            channel.finish(None)
+            return
     # After a cancellation nobody may be reading: append without waiting for room.
     if error_text is not None:
         channel.items.append(ToolResultTextDelta(reply_id=reply_id, tool_call_id=cid, tool_name=name,
@@ -207,6 +218,8 @@ async def _invoke(
                 await _output(scope, call, tool, channel)
     except asyncio.CancelledError:
         return ToolResultState.INTERRUPTED, INTERRUPTED_TEXT
+    except ToolInputRequired:
+        raise
     except TimeoutError as exc:
         if tool is None or tool.timeout is None:  # raised by the tool itself
             return ToolResultState.ERROR, f"Error: TimeoutError: {exc}"

@@ -11,10 +11,16 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError('agentscope_py.mcp needs the MCP SDK: pip install "agentscope-py[mcp]"') from exc
 
-from ..errors import MCPClientError, MCPConnectionError, MCPServerRestarted, MCPTimeoutError, MCPToolError
+from ..errors import (
+    MCPClientError,
+    MCPConnectionError,
+    MCPServerRestarted,
+    MCPTimeoutError,
+    MCPToolError,
+    ToolInputRequired,
+)
 from ._callbacks import Elicitation, ElicitationAnswer, ElicitationHandler, SamplingHandler
 from ._client import DEFAULT_INIT_TIMEOUT, DEFAULT_TIMEOUT, MCPClient, ProgressCallback
-from ._pause import ElicitationPause
 from ._tools import MCPToolset, PerRunClient
 from ._transport import AuthCallback, HttpTransport, StdioTransport
 
@@ -25,7 +31,6 @@ __all__ = [
     "Elicitation",
     "ElicitationAnswer",
     "ElicitationHandler",
-    "ElicitationPause",
     "HttpTransport",
     "MCPClient",
     "MCPClientError",
@@ -38,4 +43,5 @@ __all__ = [
     "ProgressCallback",
     "SamplingHandler",
     "StdioTransport",
+    "ToolInputRequired",
 ]

@@ -82,10 +82,17 @@ def elicitation_callback(client: MCPClient) -> Any:
                 answer = await answer
             return _result(answer)
         if info is not None and info.tool_call_id is not None:
-            info.asked.append(question)  # the tool pauses the run and asks the user
-        return types.ElicitResult(action="cancel")
+            # Nobody here can answer: the call stops (the server's tool does not go on with a
+            # made-up answer) and the run pauses for the user, who resumes with the answer.
+            info.asked.append(question)
+            raise QuestionForTheUser(question.message)
+        return types.ElicitResult(action="decline")
 
     return elicit
+
+
+class QuestionForTheUser(Exception):
+    """Ends a call whose server asked what only the user can answer (see `_pause`)."""
 
 
 def _result(answer: Any) -> types.ElicitResult:

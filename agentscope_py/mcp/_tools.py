@@ -18,7 +18,7 @@ from .._context import RuntimeContext
 from ..events import Custom
 from ..tool.toolkit import Tool, clean_schema, current_tool_call
 from ._callbacks import CallInfo
-from ._pause import ElicitationPause, answer_for
+from ._pause import answer_for, pause_for
 from ._results import convert_result
 
 if TYPE_CHECKING:
@@ -193,13 +193,15 @@ class MCPToolset:
                     getter.cancel()
                     break
                 yield _progress_event(client.name, remote, getter.result(), meta)
-            result = task.result()
         finally:
             if not task.done():  # the run was cut: cancel the request (the server is told)
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
-        if info.asked:
-            raise ElicitationPause(info.asked[0])
+        if info.asked:  # a question nobody here can answer: the call waits for the user
+            if not task.cancelled():
+                task.exception()  # (the call's own end: read, so it is not reported as lost)
+            raise pause_for(info.asked[0])
+        result = task.result()
         out = convert_result(result, self.max_result_chars or client.max_result_chars)
         if out.structured is not None:
             yield Custom(name="mcp.structured_content", metadata=meta,

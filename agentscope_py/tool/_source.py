@@ -12,12 +12,25 @@ if TYPE_CHECKING:
     from .._context import RuntimeContext
     from .toolkit import Tool
 
-__all__ = ["MCPToolsetMaker", "ToolSource", "current_tool_call"]
+__all__ = ["MCPToolsetMaker", "ToolSource", "current_tool_call", "tool_answers"]
 
 current_tool_call: contextvars.ContextVar[ToolUseBlock | None] = contextvars.ContextVar(
     "agentscope_current_tool_call", default=None)
 """The call a tool runs for, in the tool's own task (set by the acting core): a tool that reports
 progress or asks questions can name its call."""
+
+
+_ANSWERS = "agentscope.tool_answers"
+
+
+def tool_answers(ctx: RuntimeContext) -> dict[str, Any]:
+    """The user's answers (`ConfirmResult.answer`) to the questions running tools asked, by call
+    id, for this context's run: the resume puts them here, the call that runs again reads them."""
+    answers = ctx.get(_ANSWERS)
+    if not isinstance(answers, dict):
+        answers = {}
+        ctx.put(_ANSWERS, answers)
+    return answers
 
 
 class ToolSource(Protocol):

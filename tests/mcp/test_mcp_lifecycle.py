@@ -15,7 +15,7 @@ import mcp_helpers
 import pytest
 from mcp_helpers import stdio_client, wait_for_line
 
-from agentscope_py import ModelStep, ReActAgent, ScriptedModel, ToolResultState
+from agentscope_py import ModelStep, ReActAgent, ScriptedModel, Toolkit, ToolResultState
 from agentscope_py.events import ToolResultEnd, ToolResultStart
 from agentscope_py.mcp import MCPClient, MCPServerRestarted
 
@@ -105,3 +105,16 @@ async def test_a_killed_server_is_restarted_on_the_next_call(log: Path) -> None:
         with pytest.raises(MCPServerRestarted):
             await client.call_tool("count")
         assert (await client.call_tool("count")).content[0].text == "1"  # type: ignore[union-attr]
+
+
+def test_bad_configuration_is_refused_at_construction() -> None:
+    with pytest.raises(ValueError, match="command"):
+        MCPClient.stdio("")
+    with pytest.raises(ValueError, match="url"):
+        MCPClient.http("ftp://example")
+    with pytest.raises(ValueError, match="timeout"):
+        MCPClient.stdio("x", timeout=0)
+    with pytest.raises(TypeError, match="MCPClient"):
+        Toolkit().register_mcp("not a client")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="list of tool names"):
+        Toolkit().register_mcp(MCPClient.stdio("x"), include="echo")

@@ -12,7 +12,7 @@ import pytest
 import pytest_asyncio
 from mcp_helpers import stdio_client
 
-from agentscope_py import ModelStep, ReActAgent, ScriptedModel, Toolkit, ToolResultState
+from agentscope_py import ModelStep, ReActAgent, ScriptedModel, ToolResultState
 from agentscope_py.events import Custom, ToolResultDataDelta, ToolResultEnd, ToolResultStart
 from agentscope_py.mcp import MCPClient, MCPConnectionError, MCPTimeoutError
 
@@ -148,17 +148,43 @@ async def test_a_server_that_never_answers_the_handshake_times_out() -> None:
     assert missing.users == 0
 
 
-def test_bad_configuration_is_refused_at_construction() -> None:
-    with pytest.raises(ValueError, match="command"):
-        MCPClient.stdio("")
-    with pytest.raises(ValueError, match="url"):
-        MCPClient.http("ftp://example")
-    with pytest.raises(ValueError, match="timeout"):
-        MCPClient.stdio("x", timeout=0)
-    with pytest.raises(TypeError, match="MCPClient"):
-        Toolkit().register_mcp("not a client")  # type: ignore[arg-type]
-    with pytest.raises(TypeError, match="list of tool names"):
-        Toolkit().register_mcp(MCPClient.stdio("x"), include="echo")
+async def test_elicitation_is_answered_by_the_handler(shared: MCPClient) -> None:
+    asked: list[Any] = []
+
+    def handler(question: Any) -> dict[str, str]:
+        asked.append(question)
+        return {"colour": "blue"}
+
+    shared.elicitation = handler
+    try:
+        agent, model = agent_for(shared, [ModelStep.tool_call("favourite_colour", {}, id="q1"), ModelStep.text("ok")])
+        await agent.call("go")
+    finally:
+        shared.elicitation = None
+    assert model.requests[1].messages[-1].tool_results[0].text == "the user likes blue"
+    assert asked[0].message == "What is your favourite colour?" and asked[0].tool_call_id == "q1"
+    assert "colour" in asked[0].schema["properties"]
+
+
+async def test_elicitation_without_a_handler_pauses_for_the_user_and_resumes_with_the_answer(
+    shared: MCPClient,
+) -> None:
+    from agentscope_py import ConfirmResult, GenerateReason, confirm_message
+    from agentscope_py.events import RequireUserConfirm
+
+    agent, model = agent_for(shared, [ModelStep.tool_call("favourite_colour", {}, id="q2"), ModelStep.text("noted")])
+    events = await events_of(agent)
+    ask = next(e for e in events if isinstance(e, RequireUserConfirm))
+    assert [c.id for c in ask.tool_calls] == ["q2"]
+    assert ask.metadata["question"]["message"] == "What is your favourite colour?"
+    assert ask.metadata["mcp.server.name"] == "mcp_test_server"
+    assert next(e for e in events if isinstance(e, ToolResultEnd)).state is ToolResultState.RUNNING
+    assert events[-2].result.generate_reason is GenerateReason.PERMISSION_ASKING
+    assert len(model.requests) == 1  # the model waits with the user
+    reply = await agent.call(confirm_message(ConfirmResult(tool_call_id="q2", confirmed=True,
+                                                           answer={"colour": "green"})))
+    assert reply.text == "noted"
+    assert model.requests[1].messages[-1].tool_results[0].text == "the user likes green"
 
 
 def _call(cid: str, name: str, args: dict[str, Any]) -> Any:
