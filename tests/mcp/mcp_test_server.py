@@ -15,8 +15,8 @@ import os
 from typing import Annotated
 
 from mcp.server.mcpserver import Context, ElicitationResult, MCPServer, Resolve
-from mcp.server.mcpserver.resolve import Elicit
-from mcp_types import ImageContent, TextContent, ToolAnnotations
+from mcp.server.mcpserver.resolve import Elicit, Sample
+from mcp_types import CreateMessageResult, ImageContent, SamplingMessage, TextContent, ToolAnnotations
 from pydantic import BaseModel
 
 PNG_1PX = ("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg==")
@@ -138,6 +138,16 @@ def whoami(ctx: Context) -> str:
     """Who the server runs for: its MCP_TEST_USER variable, or the request's Authorization header."""
     headers = ctx.headers or {}
     return os.environ.get("MCP_TEST_USER") or headers.get("authorization", "nobody")
+
+
+def _ask_model() -> Sample:
+    return Sample([SamplingMessage(role="user", content=TextContent(type="text", text="Say hi"))], max_tokens=10)
+
+
+@server.tool()
+async def summarise(completion: Annotated[CreateMessageResult, Resolve(_ask_model)]) -> str:
+    """Ask the client's model for a completion (sampling)."""
+    return f"the model said: {getattr(completion.content, 'text', completion.content)}"
 
 
 @server.tool(annotations=ToolAnnotations(read_only_hint=True))

@@ -17,7 +17,7 @@ from mcp_helpers import stdio_client, wait_for_line
 
 from agentscope_py import ModelStep, ReActAgent, ScriptedModel, Toolkit, ToolResultState
 from agentscope_py.events import ToolResultEnd, ToolResultStart
-from agentscope_py.mcp import MCPClient, MCPServerRestarted
+from agentscope_py.mcp import MCPClient
 
 log = mcp_helpers.log  # a fixture
 pytestmark = [pytest.mark.mcp, pytest.mark.timeout(40)]
@@ -99,12 +99,6 @@ async def test_a_killed_server_is_restarted_on_the_next_call(log: Path) -> None:
         echoed = await client.call_tool("echo", {"text": "again"}, idempotent=True)
         assert echoed.content[0].text == "again"  # type: ignore[union-attr]
         assert client.connects == 3
-        # A call that is not safe to repeat is not repeated: the caller hears of the restart.
-        os.kill(await server_pid(client), signal.SIGKILL)
-        await asyncio.sleep(0.2)
-        with pytest.raises(MCPServerRestarted):
-            await client.call_tool("count")
-        assert (await client.call_tool("count")).content[0].text == "1"  # type: ignore[union-attr]
 
 
 def test_bad_configuration_is_refused_at_construction() -> None:

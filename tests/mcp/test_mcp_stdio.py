@@ -12,7 +12,7 @@ import pytest
 import pytest_asyncio
 from mcp_helpers import stdio_client
 
-from agentscope_py import ModelStep, ReActAgent, ScriptedModel, ToolResultState
+from agentscope_py import ModelStep, ReActAgent, ScriptedModel, Toolkit, ToolResultState
 from agentscope_py.events import Custom, ToolResultDataDelta, ToolResultEnd, ToolResultStart
 from agentscope_py.mcp import MCPClient, MCPConnectionError, MCPTimeoutError
 
@@ -185,6 +185,46 @@ async def test_elicitation_without_a_handler_pauses_for_the_user_and_resumes_wit
                                                            answer={"colour": "green"})))
     assert reply.text == "noted"
     assert model.requests[1].messages[-1].tool_results[0].text == "the user likes green"
+
+
+async def test_sampling_is_refused_unless_a_handler_allows_it(shared: MCPClient) -> None:
+    import mcp_types
+
+    agent, model = agent_for(shared, [ModelStep.tool_call("summarise", {}, id="s1"), ModelStep.text("no"),
+                                      ModelStep.tool_call("summarise", {}, id="s2"), ModelStep.text("yes")])
+    await agent.call("go")
+    refused = model.requests[1].messages[-1].tool_results[0]
+    assert refused.state is ToolResultState.ERROR and "the model said" not in refused.text
+    # Allowing it takes a new session: the sampling capability is declared at the handshake.
+    seen: list[Any] = []
+
+    def allow(params: Any) -> Any:
+        seen.append(params)
+        return mcp_types.CreateMessageResult(role="assistant", model="scripted",
+                                             content=mcp_types.TextContent(type="text", text="hi there"))
+
+    shared.sampling = allow
+    try:
+        await shared.aclose()  # (the module still holds it: the next use opens a new session)
+        await agent.call("go")
+    finally:
+        shared.sampling = None
+    assert model.requests[3].messages[-1].tool_results[0].text == "the model said: hi there"
+    assert seen and seen[0].max_tokens == 10
+
+
+async def test_mcp_tools_pass_the_same_permission_gate(shared: MCPClient) -> None:
+    from agentscope_py import PermissionDecision
+    from agentscope_py.events import RequireUserConfirm
+
+    toolkit = Toolkit(policy=lambda call, ctx: PermissionDecision.ASK if call.name == "count" else "allow")
+    toolkit.register_mcp(shared)
+    model = ScriptedModel([ModelStep.tool_call("count", {}, id="g1")])
+    agent = ReActAgent.builder().model(model).toolkit(toolkit).build()
+    events = [ev async for ev in agent.stream("go")]
+    ask = next(e for e in events if isinstance(e, RequireUserConfirm))
+    assert [c.name for c in ask.tool_calls] == ["count"]
+    assert not any(isinstance(e, ToolResultStart) for e in events)  # never sent to the server
 
 
 def _call(cid: str, name: str, args: dict[str, Any]) -> Any:
