@@ -65,6 +65,8 @@ CURRENT_CALL: contextvars.ContextVar[CallInfo | None] = contextvars.ContextVar("
 def elicitation_callback(client: MCPClient) -> Any:
     async def elicit(_ctx: Any, params: types.ElicitRequestParams) -> types.ElicitResult | types.ErrorData:
         info = CURRENT_CALL.get()
+        if info is None and len(client.calls_in_flight) == 1:
+            (info,) = client.calls_in_flight  # a 2025-era server asks outside the call's task
         url = getattr(params, "url", None)
         schema: Any = getattr(params, "requested_schema", None)
         if hasattr(schema, "model_dump"):

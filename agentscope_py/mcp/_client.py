@@ -90,6 +90,9 @@ class MCPClient:
         """Sessions opened so far (a reconnect or a restarted server counts one more)."""
         self.tools_version = 0
         """Bumped each time the cached tool list is replaced."""
+        self.calls_in_flight: set[CallInfo] = set()
+        """Tool calls being served: a 2025-era server's question (sent on its own, not inside the
+        call's task) belongs to the call when only one runs."""
         self._conn: Connection | None = None
         self._lock: asyncio.Lock | None = None
         self._tools: list[types.Tool] | None = None
@@ -314,7 +317,12 @@ class MCPClient:
             # Runs in the owner's request task: the server's questions during the call arrive
             # there, and `CURRENT_CALL` tells them which call (and run) they belong to.
             CURRENT_CALL.set(info)
-            return await client.call_tool(name, args, progress_callback=cast(Any, progress))
+            if info is not None:
+                self.calls_in_flight.add(info)
+            try:
+                return await client.call_tool(name, args, progress_callback=cast(Any, progress))
+            finally:
+                self.calls_in_flight.discard(info)  # type: ignore[arg-type]
 
         result: types.CallToolResult = await self._request(call, limit, retry=idempotent)
         return result
