@@ -94,7 +94,7 @@ class MCPClient:
         """Tool calls being served: a 2025-era server's question (sent on its own, not inside the
         call's task) belongs to the call when only one runs."""
         self._conn: Connection | None = None
-        self._lock: asyncio.Lock | None = None
+        self._lock: tuple[asyncio.AbstractEventLoop, asyncio.Lock] | None = None
         self._tools: list[types.Tool] | None = None
         self._tools_stale = True
         self._tools_changed: asyncio.Event | None = None
@@ -185,9 +185,12 @@ class MCPClient:
             self._closing.discard(conn)
 
     async def _connection(self) -> Connection:
-        if self._lock is None:
-            self._lock = asyncio.Lock()
-        async with self._lock:
+        loop = asyncio.get_running_loop()
+        if self._lock is None or self._lock[0] is not loop:  # (a client reused by a new event loop)
+            if self._conn is not None and self._lock is not None:
+                self._conn = None  # its owner task died with the old loop
+            self._lock = (loop, asyncio.Lock())
+        async with self._lock[1]:
             conn = self._conn
             if conn is not None and not conn.lost:
                 return conn
@@ -289,6 +292,8 @@ class MCPClient:
             self._refresh = asyncio.get_running_loop().create_task(self._refresh_tools())
 
     async def _refresh_tools(self) -> None:
+        if not self.connected or self.users == 0:
+            return  # nobody uses the session: the next user lists them (no server started for it)
         try:
             await self.list_tools(refresh=True)
         except Exception:  # the next run lists them again
