@@ -159,6 +159,11 @@ class MCPClient:
             self._drop(self._conn)
 
     @property
+    def protocol_version(self) -> str | None:
+        """The protocol revision of the open session (None when closed)."""
+        return self._conn.protocol_version if self._conn is not None else None
+
+    @property
     def connected(self) -> bool:
         return self._conn is not None and not self._conn.lost
 

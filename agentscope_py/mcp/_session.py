@@ -66,6 +66,7 @@ class Connection:
     make_client: Callable[[], Client]
     on_tools_changed: Callable[[], None]
     lost: bool = False
+    protocol_version: str | None = None
     """The session is gone: the owner task has ended or is ending; open a new `Connection`."""
     _queue: asyncio.Queue[_Request | None] = field(default_factory=asyncio.Queue)
     _ready: asyncio.Future[None] | None = None
@@ -123,6 +124,7 @@ class Connection:
         assert self._ready is not None
         try:
             async with self.make_client() as client, anyio.create_task_group() as tg:
+                self.protocol_version = client.protocol_version
                 if not self._ready.done():
                     self._ready.set_result(None)
                 if _listens(client):

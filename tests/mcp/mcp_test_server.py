@@ -113,7 +113,10 @@ async def add_tool(name: str, ctx: Context) -> str:
         return f"I am {name}"
 
     server.add_tool(added, name=name, description=f"A tool added at run time: {name}.")
-    await ctx.notify_tools_changed()
+    if (ctx.protocol_version or "") >= "2026-07-28":
+        await ctx.notify_tools_changed()  # to subscriptions/listen streams
+    else:
+        await ctx.session.send_tool_list_changed()  # the 2025 notification
     return f"added {name}"
 
 

@@ -76,6 +76,17 @@ async def test_cancellation_and_timeouts_reach_the_server_and_the_session_stays_
         assert client.connects == 1
 
 
+async def test_a_2025_era_session_hears_of_tool_list_changes_too(log: Path) -> None:
+    client = stdio_client(log, mode="legacy")  # the initialize handshake; no subscriptions/listen
+    async with client:
+        assert client.protocol_version is not None and client.protocol_version < "2026"
+        assert "late" not in [t.name for t in await client.list_tools()]
+        changed = asyncio.ensure_future(client.wait_tools_changed(timeout=10))
+        await asyncio.sleep(0)
+        await client.call_tool("add_tool", {"name": "late"})
+        assert "late" in [t.name for t in await changed]
+
+
 async def test_a_killed_server_is_restarted_on_the_next_call(log: Path) -> None:
     client = stdio_client(log)
     async with client:

@@ -47,7 +47,7 @@ async def test_a_typescript_server_over_stdio(everything: str) -> None:
     ])
     agent = ReActAgent.builder().model(model).mcp(client).build()
     async with client:
-        assert client._conn is not None  # (a 2025-era session: the initialize handshake)
+        assert client.protocol_version is not None and client.protocol_version < "2026"  # the 2025 handshake
         events = [ev async for ev in agent.stream("go")]
         results = {r.id: r for r in model.requests[1].messages[-1].tool_results}
         assert results["e1"].text == "Echo: hi"

@@ -55,6 +55,7 @@ async def test_a_full_agent_turn_over_stdio(shared: MCPClient) -> None:
     assert end.state is ToolResultState.SUCCESS
     assert events[-2].result.text == "done"
     assert client.users == 1  # the run held it, and let go
+    assert client.protocol_version == "2026-07-28"
 
 
 async def test_images_structured_content_errors_and_prefix(shared: MCPClient) -> None:
