@@ -4,9 +4,9 @@ per-run factory and the auth callback, a server restart the next call recovers f
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
-import mcp_helpers
 import pytest
 from mcp_helpers import HttpServer
 from opentelemetry.sdk.trace import TracerProvider
@@ -17,8 +17,17 @@ from agentscope_py import ModelStep, ReActAgent, RuntimeContext, ScriptedModel, 
 from agentscope_py.mcp import MCPClient
 from agentscope_py.middleware import OtelTracingMiddleware
 
-http_server = mcp_helpers.http_server  # a fixture
-log = mcp_helpers.log  # a fixture
+
+@pytest.fixture(scope="module")
+def http_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HttpServer]:
+    # One server process for the module (a start costs seconds on a busy machine).
+    log = tmp_path_factory.mktemp("mcp-http") / "server.log"
+    log.touch()
+    srv = HttpServer(log)
+    srv.start()
+    yield srv
+    srv.kill()
+
 pytestmark = [pytest.mark.mcp, pytest.mark.timeout(40)]
 
 
