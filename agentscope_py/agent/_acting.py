@@ -17,7 +17,7 @@ import asyncio
 import contextvars
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .._control import RunControl
 from .._fast_events import delta_maker
@@ -169,9 +169,10 @@ async def _run_tool(scope: ToolScope, call: ToolUseBlock, channel: Channel) -> N
     scope.started += 1
     tool = scope.toolkit.get(name)
     # A tool's metadata (an MCP tool's server) goes on its call's brackets; most tools have none.
-    meta = dict(tool.metadata) if tool is not None and tool.metadata else {}
+    # Passed only when there is some, so other tools' events stay exactly as they were.
+    meta: dict[str, Any] = {"metadata": dict(tool.metadata)} if tool is not None and tool.metadata else {}
     current_tool_call.set(call)  # this task's own context: the tool can name its call
-    await channel.put(ToolResultStart(reply_id=reply_id, tool_call_id=cid, tool_name=name, metadata=meta))
+    await channel.put(ToolResultStart(reply_id=reply_id, tool_call_id=cid, tool_name=name, **meta))
     error_text: str | None = INTERRUPTED_TEXT
     state = ToolResultState.INTERRUPTED
     if not scope.control.interrupted:  # (while the consumer held the Start, the tool never starts)
@@ -179,9 +180,9 @@ async def _run_tool(scope: ToolScope, call: ToolUseBlock, channel: Channel) -> N
             state, error_text = await _invoke(scope, call, tool, channel)
         except ToolInputRequired as exc:  # the call waits for the user, like an asking call
             ends = ToolResultEnd(reply_id=reply_id, tool_call_id=cid, tool_name=name,
-                                 state=ToolResultState.RUNNING, metadata=meta)
-            channel.items.extend((ends, RequireUserConfirm(reply_id=reply_id, tool_calls=[call],
-                                                           metadata={**meta, "question": exc.question}),
+                                 state=ToolResultState.RUNNING, **meta)
+            question = {**meta.get("metadata", {}), "question": exc.question}
+            channel.items.extend((ends, RequireUserConfirm(reply_id=reply_id, tool_calls=[call], metadata=question),
                                   RequestStop(reason=f"waiting for the user's answer to {name}: {exc}",
                                               generate_reason=GenerateReason.PERMISSION_ASKING)))
             channel.finish(None)
@@ -190,8 +191,7 @@ async def _run_tool(scope: ToolScope, call: ToolUseBlock, channel: Channel) -> N
     if error_text is not None:
         channel.items.append(ToolResultTextDelta(reply_id=reply_id, tool_call_id=cid, tool_name=name,
                                                  delta=error_text))
-    channel.items.append(ToolResultEnd(reply_id=reply_id, tool_call_id=cid, tool_name=name, state=state,
-                                       metadata=meta))
+    channel.items.append(ToolResultEnd(reply_id=reply_id, tool_call_id=cid, tool_name=name, state=state, **meta))
     channel.finish(None)
 
 
