@@ -36,7 +36,10 @@ def is_connection_lost(exc: BaseException) -> bool:
     """Whether ``exc`` means the session is gone (the server died, closed its pipes, or forgot
     the HTTP session), so the next request must reconnect rather than reuse it."""
     if isinstance(exc, MCPError):
-        return exc.code == CONNECTION_CLOSED or "session terminated" in str(exc).lower()
+        # An HTTP server that forgot the session answers 404: the SDK's stand-in says "Session
+        # terminated", the SDK's own server's body "Session not found".
+        text = str(exc).lower()
+        return exc.code == CONNECTION_CLOSED or "session terminated" in text or "session not found" in text
     return isinstance(exc, httpx2.TransportError | anyio.ClosedResourceError | anyio.BrokenResourceError
                       | BrokenPipeError | ConnectionError | EOFError)
 

@@ -79,3 +79,18 @@ async def test_the_next_call_recovers_after_the_http_server_restarts(http_server
     # answers the old client directly; a session-keeping server is reconnected (connects == 2).
     assert client.connects in (1, 2)
     await client.wait_closed()
+
+
+async def test_a_terminated_http_session_is_reconnected(http_server: HttpServer) -> None:
+    # The 2025 handshake keeps an HTTP session (Mcp-Session-Id); a restarted server has forgotten
+    # it and answers 404 "Session terminated": the client opens a new session and, the tool being
+    # read-only, sends the call again.
+    client = MCPClient.http(http_server.url, mode="legacy")
+    async with client:
+        assert (await client.call_tool("echo", {"text": "one"}, idempotent=True)).content[0].text == "one"  # type: ignore[union-attr]
+        http_server.kill()
+        http_server.start()
+        again = await client.call_tool("echo", {"text": "two"}, idempotent=True)
+        assert again.content[0].text == "two"  # type: ignore[union-attr]
+        assert client.connects == 2
+    await client.wait_closed()
