@@ -185,15 +185,17 @@ class MCPToolset:
         task = asyncio.ensure_future(client.call_tool(remote, args, progress=on_progress, idempotent=retry,
                                                       info=info))
         meta = {"mcp.server.name": client.name, "tool_call_id": call_id}
+        getter: asyncio.Future[Any] | None = None
         try:
             while True:
                 getter = asyncio.ensure_future(progress.get())
                 done, _ = await asyncio.wait({task, getter}, return_when=asyncio.FIRST_COMPLETED)
                 if getter not in done:
-                    getter.cancel()
                     break
                 yield _progress_event(client.name, remote, getter.result(), meta)
         finally:
+            if getter is not None and not getter.done():
+                getter.cancel()
             if not task.done():  # the run was cut: cancel the request (the server is told)
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
