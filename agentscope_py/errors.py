@@ -49,6 +49,11 @@ __all__ = [
     "ContextLengthError",
     "GuardrailTripped",
     "InputError",
+    "MCPClientError",
+    "MCPConnectionError",
+    "MCPServerRestarted",
+    "MCPTimeoutError",
+    "MCPToolError",
     "MalformedStreamError",
     "MiddlewareError",
     "MiddlewareTermination",
@@ -66,6 +71,7 @@ __all__ = [
     "StateStoreError",
     "StructuredOutputError",
     "ToolArgumentError",
+    "ToolInputRequired",
 ]
 
 
@@ -167,6 +173,17 @@ class ToolArgumentError(AgentScopeError, ValueError):
     """The model's arguments for a tool do not fit its schema (or are not JSON)."""
 
 
+class ToolInputRequired(AgentScopeError):
+    """Raised by a running tool that cannot go on without the user's answer (an MCP server's
+    elicitation): the call pauses like a call that asks for approval — `RequireUserConfirm` with
+    ``question`` in its metadata, the run stops with PERMISSION_ASKING — and runs again when the
+    user resumes with ``ConfirmResult(tool_call_id, confirmed=True, answer={...})``."""
+
+    def __init__(self, message: str, question: dict[str, object] | None = None) -> None:
+        super().__init__(message)
+        self.question = question or {}
+
+
 class ResumeError(AgentScopeError, ValueError):
     """A resume input does not fit the pending tool calls (unknown or duplicate ids…)."""
 
@@ -263,3 +280,32 @@ class AgentInterrupted(AgentScopeError):
     which is never cancelled by an interrupt. Middleware sees it pass through its hooks (retries
     and fallbacks do not act on it); the loop turns it into an INTERRUPTED reply, so ``call``
     returns that reply rather than raising."""
+
+
+# -- MCP servers (agentscope_py.mcp) -------------------------------------------------------------
+
+
+class MCPClientError(AgentScopeError):
+    """Talking to an MCP server failed. ``server`` is the client's name for it."""
+
+    def __init__(self, message: str, *, server: str | None = None) -> None:
+        super().__init__(message)
+        self.server = server
+
+
+class MCPConnectionError(MCPClientError, ConnectionError):
+    """The server could not be started or reached, its handshake failed, or it went away."""
+
+
+class MCPTimeoutError(MCPClientError, TimeoutError):
+    """The handshake or a request did not finish in time (the request was cancelled)."""
+
+
+class MCPServerRestarted(MCPConnectionError):
+    """The session died during a call that is not safe to repeat: the server was reconnected (or
+    restarted) but the call was not sent again, since it may already have had its effect."""
+
+
+class MCPToolError(MCPClientError):
+    """The server answered a request with a protocol error (not a tool's own ``isError`` result,
+    which the model sees as an error result)."""

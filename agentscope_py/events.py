@@ -219,7 +219,9 @@ class ExceedMaxIters(EventBase):
 
 
 class ConfirmResult(BaseModel):
-    """A user's answer to one asking tool call; ``input`` replaces the arguments when given."""
+    """A user's answer to one asking tool call; ``input`` replaces the arguments when given;
+    ``answer`` answers the question a running tool asked (`ToolInputRequired`: an MCP
+    elicitation) when the call runs again."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -227,6 +229,7 @@ class ConfirmResult(BaseModel):
     confirmed: bool
     input: dict[str, Any] | None = None
     reason: str | None = None
+    answer: dict[str, Any] | None = None
 
 
 class RequireUserConfirm(EventBase):

@@ -17,13 +17,14 @@ import asyncio
 import contextvars
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .._control import RunControl
 from .._deadline import Deadline, DeadlineTimer
 from .._fast_events import delta_maker
 from .._replies import result_events
 from .._sanitize import MAX_DEPTH, clean
+from ..errors import ToolInputRequired
 from ..events import (
     AgentEvent,
     AllToolsDenied,
@@ -38,7 +39,7 @@ from ..events import (
 )
 from ..message import GenerateReason, ToolResultState, ToolUseBlock
 from ..stream import Channel
-from ..tool.toolkit import PermissionDecision, Tool, ToolArgumentError, Toolkit
+from ..tool.toolkit import PermissionDecision, Tool, ToolArgumentError, Toolkit, current_tool_call
 
 if TYPE_CHECKING:
     from .context import RuntimeContext
@@ -168,16 +169,31 @@ async def _run_tool(scope: ToolScope, call: ToolUseBlock, channel: Channel, dead
     """One call, its output streamed through ``channel`` as it comes."""
     reply_id, cid, name = scope.reply_id, call.id, call.name
     scope.started += 1
-    await channel.put(ToolResultStart(reply_id=reply_id, tool_call_id=cid, tool_name=name))
+    tool = scope.toolkit.get(name)
+    # A tool's metadata (an MCP tool's server) goes on its call's brackets; most tools have none.
+    # Passed only when there is some, so other tools' events stay exactly as they were.
+    meta: dict[str, Any] = {"metadata": dict(tool.metadata)} if tool is not None and tool.metadata else {}
+    current_tool_call.set(call)  # this task's own context: the tool can name its call
+    await channel.put(ToolResultStart(reply_id=reply_id, tool_call_id=cid, tool_name=name, **meta))
     error_text: str | None = INTERRUPTED_TEXT
     state = ToolResultState.INTERRUPTED
     if not scope.control.interrupted:  # (while the consumer held the Start, the tool never starts)
-        state, error_text = await _invoke(scope, call, scope.toolkit.get(name), channel, deadline)
+        try:
+            state, error_text = await _invoke(scope, call, tool, channel, deadline)
+        except ToolInputRequired as exc:  # the call waits for the user, like an asking call
+            ends = ToolResultEnd(reply_id=reply_id, tool_call_id=cid, tool_name=name,
+                                 state=ToolResultState.RUNNING, **meta)
+            question = {**meta.get("metadata", {}), "question": exc.question}
+            channel.items.extend((ends, RequireUserConfirm(reply_id=reply_id, tool_calls=[call], metadata=question),
+                                  RequestStop(reason=f"waiting for the user's answer to {name}: {exc}",
+                                              generate_reason=GenerateReason.PERMISSION_ASKING)))
+            channel.finish(None)
+            return
     # After a cancellation nobody may be reading: append without waiting for room.
     if error_text is not None:
         channel.items.append(ToolResultTextDelta(reply_id=reply_id, tool_call_id=cid, tool_name=name,
                                                  delta=error_text))
-    channel.items.append(ToolResultEnd(reply_id=reply_id, tool_call_id=cid, tool_name=name, state=state))
+    channel.items.append(ToolResultEnd(reply_id=reply_id, tool_call_id=cid, tool_name=name, state=state, **meta))
     channel.finish(None)
 
 
@@ -209,6 +225,8 @@ async def _invoke(
         if timer is not None and timer.stop() and not scope.control.interrupted:
             return ToolResultState.ERROR, f"Error: {name} timed out after {limit:g} s{by}."
         return ToolResultState.INTERRUPTED, INTERRUPTED_TEXT
+    except ToolInputRequired:
+        raise
     except TimeoutError as exc:  # raised by the tool itself
         return ToolResultState.ERROR, f"Error: TimeoutError: {exc}"
     except ToolArgumentError as exc:

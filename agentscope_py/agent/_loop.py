@@ -167,6 +167,8 @@ class Execution:
             try:
                 error: BaseException | None = None
                 try:
+                    if self.tools.toolkit.sources:  # MCP servers: held (and listed) for the run
+                        await self.tools.toolkit.enter_run(ctx)
                     run.input_msgs = list(input.msgs)
                     step = Step(PRELUDE, EventStream(lambda: prelude(self)), require_event, ExtensionPoint.ON_ACTING)
                     # Every step runs in this one loop, not in generators of its own: every event
@@ -236,6 +238,8 @@ class Execution:
                 else:
                     await save_once(runtime, ctx, run)
             finally:
+                if self.tools.toolkit.sources:
+                    self.tools.toolkit.exit_run(ctx)
                 if runtime.gates.active.get(key) is self.control:
                     del runtime.gates.active[key]
                 # The chains reach back to this execution through its cores (a reference cycle):

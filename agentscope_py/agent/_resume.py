@@ -19,6 +19,7 @@ from ..events import (
     UserConfirmResult,
 )
 from ..message import GenerateReason, Msg, ToolResultBlock, ToolResultState, ToolUseBlock
+from ..tool._source import tool_answers
 from ._boundaries import clean_block
 
 if TYPE_CHECKING:
@@ -52,6 +53,8 @@ async def resume(exe: Execution, pending: list[ToolUseBlock], input_msgs: list[M
                 if answer.input is not None:
                     call = call.model_copy(update={"input": answer.input, "raw_input": None})
                     edit_call(exe, call)
+                if answer.answer is not None:  # for the question the tool asked (ToolInputRequired)
+                    tool_answers(exe.ctx)[call.id] = answer.answer
                 exe.run.preapproved.add(call.id)
                 run.append(call)
         for block in denied:

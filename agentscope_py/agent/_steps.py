@@ -91,6 +91,8 @@ class Acting:
         session = run.session
         assert session is not None
         calls, found = self.calls, self.collector.results
+        if self.asking:  # a call paused mid-run (`ToolInputRequired`) ended RUNNING: no result yet
+            found = {k: r for k, r in found.items() if r.state is not ToolResultState.RUNNING}
         results = [found[c.id] for c in calls if c.id in found]
         if len(results) < len(calls):
             waiting = self.waiting()

@@ -282,6 +282,15 @@ class Builder:
             self._toolkit.register(fn)
         return self
 
+    def mcp(self, client: Any, **options: Any) -> Builder:
+        """Shortcut: the tools of an MCP server (an `agentscope_py.mcp.MCPClient`, or
+        ``MCPClient.per_run(fn)``) in a new (or the current) toolkit; ``options`` as for
+        `Toolkit.register_mcp` (``include``, ``exclude``, ``prefix``, ``read_only``, …)."""
+        if self._toolkit is None:
+            self._toolkit = Toolkit()
+        self._toolkit.register_mcp(client, **options)
+        return self
+
     def middlewares(self, middlewares: Iterable[MiddlewareBase]) -> Builder:
         self._middlewares.extend(middlewares)
         return self

@@ -57,6 +57,8 @@ class ToolSpans:
         tool = self.agent.toolkit.get(name)
         if tool is not None and tool.description:
             attrs[TOOL_DESCRIPTION] = tool.description
+        if tool is not None and tool.metadata:  # e.g. an MCP tool's mcp.server.name
+            attrs.update({k: v for k, v in tool.metadata.items() if isinstance(v, str | int | float | bool)})
         if self.mw.capture_content and call is not None:
             attrs[TOOL_ARGUMENTS] = dumps(call.input)
         span = self.mw._start(f"execute_tool {name}", SpanKind.INTERNAL, lambda: attrs, self.parent)

@@ -18,7 +18,7 @@ import warnings
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, get_type_hints, overload
+from typing import TYPE_CHECKING, Any, get_type_hints, overload
 
 from pydantic import BaseModel, Field, ValidationError
 
@@ -29,9 +29,13 @@ from ..events import EventBase
 from ..message import DataBlock, TextBlock, ToolUseBlock
 from ..model.base import ToolSchema
 from ._schema import arguments_model, clean_schema, parse_docstring
+from ._source import ToolSource, current_tool_call
 
-__all__ = ["PermissionDecision", "Tool", "ToolArgumentError", "Toolkit", "clean_schema", "tool"]
+if TYPE_CHECKING:
+    from ._source import MCPToolsetMaker
 
+__all__ = ["PermissionDecision", "Tool", "ToolArgumentError", "ToolSource", "Toolkit", "clean_schema",
+           "current_tool_call", "tool"]
 
 class PermissionDecision(StrEnum):
     ALLOW = "allow"
@@ -58,6 +62,8 @@ class Tool:
     external: bool = False
     timeout: float | None = None
     check_permissions: PermissionCheck | None = None
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+    """On the call's ToolResultStart/End metadata and ``execute_tool`` span (an MCP server name)."""
 
     kind: str = field(init=False, repr=False, compare=False)
     """How to call ``fn``: "stream" (async generator), "await" (coroutine) or "thread"; fixed here
@@ -285,6 +291,7 @@ class Toolkit:
     def __init__(self, tools: Iterable[Any] = (), *, policy: PermissionCheck | None = None) -> None:
         self._tools: dict[str, Tool] = {}
         self._schemas: tuple[tuple[Tool, ...], tuple[ToolSchema, ...]] | None = None
+        self._sources: list[ToolSource] = []
         self.policy = policy
         for t in tools:
             self.register(t)
@@ -322,28 +329,71 @@ class Toolkit:
         self._tools[name] = t
         return t
 
+    def register_mcp(self, client: MCPToolsetMaker, **options: Any) -> ToolSource:
+        """Add an MCP server's tools (``agentscope_py.mcp``, the ``mcp`` extra): ``client`` is an
+        `MCPClient`, or ``MCPClient.per_run(fn)`` for a client per run (per-user credentials);
+        ``options``: ``include``, ``exclude``, ``prefix``, ``read_only``, ``max_result_chars``."""
+        make = getattr(client, "toolset", None)
+        if make is None:
+            raise TypeError("register_mcp takes an MCPClient, or MCPClient.per_run(fn) for a client per run "
+                            f"(got {type(client).__name__})")
+        source: ToolSource = make(**options)
+        self.add_source(source)
+        return source
+
+    def add_source(self, source: ToolSource) -> None:
+        """Add a `ToolSource`: its tools join the toolkit's (a registered tool of a name wins)."""
+        self._sources.append(source)
+
+    @property
+    def sources(self) -> tuple[ToolSource, ...]:
+        return tuple(self._sources)
+
+    async def enter_run(self, ctx: RuntimeContext) -> None:
+        for source in self._sources:  # the loop: before the first round
+            await source.enter_run(ctx)
+
+    def exit_run(self, ctx: RuntimeContext) -> None:
+        for source in self._sources:  # the loop: when the run ends, however it ends
+            source.exit_run(ctx)
+
     def remove(self, name: str) -> None:
         del self._tools[name]
 
+    def _all(self) -> Mapping[str, Tool]:
+        if not self._sources:
+            return self._tools
+        merged: dict[str, Tool] = {}
+        for source in self._sources:
+            merged.update(source.tools())
+        merged.update(self._tools)
+        return merged
+
     def get(self, name: str) -> Tool | None:
-        return self._tools.get(name)
+        found = self._tools.get(name)
+        if found is None and self._sources:
+            for source in self._sources:
+                found = source.tools().get(name)
+                if found is not None:
+                    break
+        return found
 
     def __contains__(self, name: object) -> bool:
-        return name in self._tools
+        return name in self._all()
 
     def __len__(self) -> int:
-        return len(self._tools)
+        return len(self._all())
 
     def __iter__(self) -> Any:
-        return iter(self._tools.values())
+        return iter(self._all().values())
 
     @property
     def names(self) -> list[str]:
-        return list(self._tools)
+        return list(self._all())
 
     def schemas(self) -> tuple[ToolSchema, ...]:
         # Asked for every round: kept until the tools change (what the schemas are made of).
-        key = tuple(self._tools.values())
+        key = tuple(self._all().values())
         if self._schemas is None or self._schemas[0] != key:
             self._schemas = (key, tuple(t.schema for t in key))
         return self._schemas[1]
@@ -351,4 +401,5 @@ class Toolkit:
     def copy(self) -> Toolkit:
         other = Toolkit(policy=self.policy)
         other._tools = dict(self._tools)
+        other._sources = list(self._sources)
         return other

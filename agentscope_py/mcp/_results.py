@@ -1,0 +1,71 @@
+"""An MCP ``CallToolResult`` as a tool's output: text for the model, images (and audio, blobs)
+as `DataBlock`s, the structured content kept beside them; results over the cap cut with a note."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import mcp_types as types
+
+from ..message import DataBlock
+
+__all__ = ["Output", "convert_result"]
+
+
+@dataclass(frozen=True)
+class Output:
+    parts: list[str | DataBlock]
+    structured: dict[str, Any] | None
+    is_error: bool
+    truncated: bool
+
+
+def convert_result(result: types.CallToolResult, max_chars: int) -> Output:
+    parts: list[str | DataBlock] = []
+    for item in result.content:
+        parts.extend(_part(item))
+    structured = result.structured_content
+    if structured is not None and not any(isinstance(p, str) for p in parts):
+        # No text rendering came with the structured content: the model gets it as JSON.
+        parts.insert(0, json.dumps(structured, ensure_ascii=False, default=str))
+    parts, truncated = _cap(parts, max_chars)
+    return Output(parts, dict(structured) if structured is not None else None, bool(result.is_error), truncated)
+
+
+def _part(item: Any) -> list[str | DataBlock]:
+    kind = getattr(item, "type", None)
+    if kind == "text":
+        return [item.text]
+    if kind in ("image", "audio"):
+        return [DataBlock(media_type=item.mime_type, data=item.data)]
+    if kind == "resource":
+        res = item.resource
+        text = getattr(res, "text", None)
+        if text is not None:
+            return [text]
+        return [DataBlock(media_type=getattr(res, "mime_type", None) or "application/octet-stream",
+                          data=getattr(res, "blob", None))]
+    if kind == "resource_link":
+        return [f"[resource {item.name}: {item.uri}]"]
+    return [f"[unsupported MCP content: {kind}]"]
+
+
+def _cap(parts: list[str | DataBlock], max_chars: int) -> tuple[list[str | DataBlock], bool]:
+    """Text beyond ``max_chars`` (data counts its base64 length) is cut, and the model is told."""
+    out: list[str | DataBlock] = []
+    used = 0
+    for p in parts:
+        size = len(p) if isinstance(p, str) else len(p.data or p.url or "")
+        if used + size <= max_chars:
+            out.append(p)
+            used += size
+            continue
+        total = sum(len(q) if isinstance(q, str) else len(q.data or q.url or "") for q in parts)
+        if isinstance(p, str) and max_chars - used > 0:
+            out.append(p[: max_chars - used])
+        out.append(f"\n[truncated: the result was {total} characters; only the first {max_chars} are shown. "
+                   "Ask for less (a narrower query, a page) if you need the rest.]")
+        return out, True
+    return out, False

@@ -1,0 +1,52 @@
+"""Tools that come and go while a toolkit is in use (`ToolSource`), and the call a tool runs for."""
+
+from __future__ import annotations
+
+import contextvars
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Protocol
+
+from ..message import ToolUseBlock
+
+if TYPE_CHECKING:
+    from .._context import RuntimeContext
+    from .toolkit import Tool
+
+__all__ = ["MCPToolsetMaker", "ToolSource", "current_tool_call", "tool_answers"]
+
+current_tool_call: contextvars.ContextVar[ToolUseBlock | None] = contextvars.ContextVar(
+    "agentscope_current_tool_call", default=None)
+"""The call a tool runs for, in the tool's own task (set by the acting core): a tool that reports
+progress or asks questions can name its call."""
+
+
+_ANSWERS = "agentscope.tool_answers"
+
+
+def tool_answers(ctx: RuntimeContext) -> dict[str, Any]:
+    """The user's answers (`ConfirmResult.answer`) to the questions running tools asked, by call
+    id, for this context's run: the resume puts them here, the call that runs again reads them."""
+    answers = ctx.get(_ANSWERS)
+    if not isinstance(answers, dict):
+        answers = {}
+        ctx.put(_ANSWERS, answers)
+    return answers
+
+
+class ToolSource(Protocol):
+    """Tools that come and go (an MCP server's): ``tools()`` gives the current ones (sync, cached
+    by the source); each run enters the sources before its first round (``enter_run``, async: it
+    may connect and list) and leaves them when it ends, however it ends (``exit_run``)."""
+
+    def tools(self) -> Mapping[str, Tool]: ...
+
+    async def enter_run(self, ctx: RuntimeContext) -> None: ...
+
+    def exit_run(self, ctx: RuntimeContext) -> None: ...
+
+
+class MCPToolsetMaker(Protocol):
+    """What `Toolkit.register_mcp` takes: an `agentscope_py.mcp.MCPClient` (or its ``per_run``),
+    which makes the `ToolSource` (the toolkit never imports the optional MCP package)."""
+
+    def toolset(self, **options: Any) -> ToolSource: ...
