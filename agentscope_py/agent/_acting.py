@@ -23,6 +23,7 @@ from .._control import RunControl
 from .._fast_events import delta_maker
 from .._replies import result_events
 from .._sanitize import MAX_DEPTH, clean
+from ..errors import SubAgentPaused
 from ..events import (
     AgentEvent,
     AllToolsDenied,
@@ -42,7 +43,11 @@ from ..tool.toolkit import PermissionDecision, Tool, ToolArgumentError, Toolkit
 if TYPE_CHECKING:
     from .context import RuntimeContext
 
-__all__ = ["INTERRUPTED_TEXT", "ToolScope", "acting_events"]
+__all__ = ["INTERRUPTED_TEXT", "TOOL_CALL", "ToolScope", "acting_events"]
+
+TOOL_CALL: contextvars.ContextVar[ToolUseBlock | None] = contextvars.ContextVar("agentscope_tool_call", default=None)
+"""The call a tool runs for, set in the tool's own task (a sub-agent tool keys its session and
+its pending confirmations by the call id)."""
 
 
 @dataclass(slots=True, eq=False)
@@ -58,6 +63,9 @@ class ToolScope:
     """Call ids the user confirmed: the gate lets them through without asking again."""
     started: int = 0
     """Tool calls started so far (`AgentRun.tool_calls`)."""
+    paused: bool = False
+    """A sub-agent call of this pass paused for a confirmation (`SubAgentPaused`): the pass ends
+    the run with PERMISSION_ASKING."""
 
 
 async def _decide(scope: ToolScope, call: ToolUseBlock, tool: Tool) -> PermissionDecision:
@@ -116,8 +124,11 @@ async def acting_events(
         except BaseException:  # closed early: cancel the tool tasks before returning
             await it.aclose()
             raise
-    if asking:
-        yield RequireUserConfirm(reply_id=reply_id, tool_calls=asking)
+    if asking or scope.paused:
+        if asking:
+            yield RequireUserConfirm(reply_id=reply_id, tool_calls=asking)
+        # (a paused sub-agent's own RequireUserConfirm reached the caller, with its source)
+        scope.paused = False
         yield RequestStop(reason="waiting for the user to confirm tool calls",
                           generate_reason=GenerateReason.PERMISSION_ASKING)
     elif external:
@@ -166,6 +177,7 @@ async def _run_tool(scope: ToolScope, call: ToolUseBlock, channel: Channel) -> N
     """One call, its output streamed through ``channel`` as it comes."""
     reply_id, cid, name = scope.reply_id, call.id, call.name
     scope.started += 1
+    TOOL_CALL.set(call)  # in this task's own context: nothing to reset
     await channel.put(ToolResultStart(reply_id=reply_id, tool_call_id=cid, tool_name=name))
     error_text: str | None = INTERRUPTED_TEXT
     state = ToolResultState.INTERRUPTED
@@ -202,6 +214,11 @@ async def _invoke(
                 await _output(scope, call, tool, channel)
     except asyncio.CancelledError:
         return ToolResultState.INTERRUPTED, INTERRUPTED_TEXT
+    except SubAgentPaused:
+        # The call waits for its sub-agent's confirmation: no result yet (a "running" end closes
+        # the bracket; the acting pass keeps the call pending and pauses the run).
+        scope.paused = True
+        return ToolResultState.RUNNING, None
     except TimeoutError as exc:
         if tool is None or tool.timeout is None:  # raised by the tool itself
             return ToolResultState.ERROR, f"Error: TimeoutError: {exc}"
