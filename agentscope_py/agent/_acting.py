@@ -23,7 +23,7 @@ from .._control import RunControl
 from .._fast_events import delta_maker
 from .._replies import result_events
 from .._sanitize import MAX_DEPTH, clean
-from ..errors import SubAgentPaused
+from ..errors import AgentInterrupted, SubAgentPaused
 from ..events import (
     AgentEvent,
     AllToolsDenied,
@@ -45,9 +45,11 @@ if TYPE_CHECKING:
 
 __all__ = ["INTERRUPTED_TEXT", "TOOL_CALL", "ToolScope", "acting_events"]
 
-TOOL_CALL: contextvars.ContextVar[ToolUseBlock | None] = contextvars.ContextVar("agentscope_tool_call", default=None)
-"""The call a tool runs for, set in the tool's own task (a sub-agent tool keys its session and
-its pending confirmations by the call id)."""
+TOOL_CALL: contextvars.ContextVar[tuple[ToolUseBlock, Channel] | None] = contextvars.ContextVar(
+    "agentscope_tool_call", default=None)
+"""The call a tool runs for and the channel of its events, set in the tool's own task: a sub-agent
+tool keys its session and pending confirmations by the call id, and closes what its sub-agent left
+open in the channel when it is cancelled."""
 
 
 @dataclass(slots=True, eq=False)
@@ -177,7 +179,7 @@ async def _run_tool(scope: ToolScope, call: ToolUseBlock, channel: Channel) -> N
     """One call, its output streamed through ``channel`` as it comes."""
     reply_id, cid, name = scope.reply_id, call.id, call.name
     scope.started += 1
-    TOOL_CALL.set(call)  # in this task's own context: nothing to reset
+    TOOL_CALL.set((call, channel))  # in this task's own context: nothing to reset
     await channel.put(ToolResultStart(reply_id=reply_id, tool_call_id=cid, tool_name=name))
     error_text: str | None = INTERRUPTED_TEXT
     state = ToolResultState.INTERRUPTED
@@ -212,7 +214,7 @@ async def _invoke(
         else:
             async with asyncio.timeout(tool.timeout):
                 await _output(scope, call, tool, channel)
-    except asyncio.CancelledError:
+    except (asyncio.CancelledError, AgentInterrupted):  # (a sub-agent interrupted with its caller)
         return ToolResultState.INTERRUPTED, INTERRUPTED_TEXT
     except SubAgentPaused:
         # The call waits for its sub-agent's confirmation: no result yet (a "running" end closes

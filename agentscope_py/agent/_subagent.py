@@ -27,6 +27,7 @@ caller's (``ctx.parent``; ``ctx.agent_path`` extends the caller's):
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import re
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -34,13 +35,15 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, Field
 
+from .._bracket_kinds import BRACKET_TYPES
 from .._context import RuntimeContext
-from ..errors import BudgetExceeded, SubAgentError, SubAgentPaused, ToolArgumentError
+from ..errors import AgentInterrupted, BudgetExceeded, SubAgentError, SubAgentPaused, ToolArgumentError
 from ..events import AgentResult, Custom, ModelCallEnd, RequestStop, RequireUserConfirm
 from ..message import ChatUsage, GenerateReason, Msg, new_id
 from ..tool._schema import arguments_model, clean_schema
 from ..tool.toolkit import Tool
 from ._acting import TOOL_CALL
+from ._brackets import Brackets as _Opened
 from ._subagent_tree import DEFAULT_MAX_DEPTH, InheritSpec, check_limits, inherited_runtime, set_waiting, take_confirms
 
 if TYPE_CHECKING:
@@ -172,8 +175,8 @@ class SubAgentTool:
 
     async def run(self, **arguments: Any) -> AsyncIterator[Any]:
         ctx: RuntimeContext = arguments.pop(_CTX)
-        call = TOOL_CALL.get()
-        call_id = call.id if call is not None else new_id("call_")
+        current = TOOL_CALL.get()
+        call_id = current[0].id if current is not None else new_id("call_")
         check_limits(ctx, self.agent, self.name, self.max_depth)
         confirms = take_confirms(ctx, call_id)
         if confirms is None:
@@ -186,6 +189,17 @@ class SubAgentTool:
         source = "/".join(sub_ctx.agent_path)
         watch = _Watch()
         exe, events = self.agent._start((msgs,) if msgs is not None else (), sub_ctx, self.output_model, runtime)
+        control = ctx.control
+        if control is not None:
+            if control.interrupted:
+                raise AgentInterrupted("the caller was interrupted")
+            # An interrupt of the caller interrupts the sub-agent (which then ends as an interrupted
+            # run, its brackets closed, its turn saved) instead of cancelling this task mid-event.
+            control.links.append(exe.control)
+            task = asyncio.current_task()
+            if task is not None:
+                control.tasks.discard(task)  # type: ignore[arg-type]
+        opened = _Opened()
         try:
             async with contextlib.aclosing(events) as it:
                 async for ev in it:
@@ -194,10 +208,24 @@ class SubAgentTool:
                         ev = ev.model_copy(update={"source": source})
                     elif type(ev) is RequireUserConfirm:
                         watch.asking.extend(c.id for c in ev.tool_calls)  # a deeper sub-agent's
+                    if type(ev) in BRACKET_TYPES:
+                        opened.log.append(ev)
                     yield ev
+        except BaseException as exc:
+            # Cancelled (a timeout, the caller's consumer left) or failed with the sub-agent's
+            # brackets open: close them before the call's own ToolResultEnd, without waiting (no
+            # one may be reading any more).
+            if current is not None:
+                current[1].items.extend(opened.close(exc, -1))
+            raise
         finally:  # the tree's usage, whatever the outcome (an interrupted sub-agent spent too)
             ctx.add_usage(watch.usage(sub_ctx))
+            if control is not None:
+                with contextlib.suppress(ValueError):
+                    control.links.remove(exe.control)
         final = watch.final if watch.final is not None else exe.final
+        if final is not None and final.generate_reason is GenerateReason.INTERRUPTED:
+            raise AgentInterrupted(f"sub-agent {self.name} was interrupted")
         for out in self._outcome(ctx, call_id, final, watch):
             yield out
 
