@@ -200,17 +200,26 @@ class SubAgentTool:
             if task is not None:
                 control.tasks.discard(task)  # type: ignore[arg-type]
         opened = _Opened()
+        log = opened.log.append
+        # The events go straight into the call's channel (in call order, before the result the
+        # tool yields): no generator layer of the tool's per event.
+        put = current[1].put if current is not None else None
         try:
             async with contextlib.aclosing(events) as it:
                 async for ev in it:
+                    cls = type(ev)
                     if ev.source is None:
-                        watch.see(ev)
-                        ev = ev.model_copy(update={"source": source})
-                    elif type(ev) is RequireUserConfirm:
+                        if cls in _WATCHED:
+                            watch.see(ev)
+                        ev = _with_source(ev, source)
+                    elif cls is RequireUserConfirm:
                         watch.asking.extend(c.id for c in ev.tool_calls)  # a deeper sub-agent's
-                    if type(ev) in BRACKET_TYPES:
-                        opened.log.append(ev)
-                    yield ev
+                    if cls in BRACKET_TYPES:
+                        log(ev)
+                    if put is not None:
+                        await put(ev)
+                    else:
+                        yield ev
         except BaseException as exc:
             # Cancelled (a timeout, the caller's consumer left) or failed with the sub-agent's
             # brackets open: close them before the call's own ToolResultEnd, without waiting (no
@@ -262,6 +271,30 @@ class SubAgentTool:
                 return [value.model_dump_json()]
             raise SubAgentError(f"sub-agent {self.name} gave no structured output ({self.output_model.__name__})")
         return [final.text]
+
+
+_new = object.__new__
+_set = object.__setattr__
+_set_fields_set = BaseModel.__dict__["__pydantic_fields_set__"].__set__
+_set_extra = BaseModel.__dict__["__pydantic_extra__"].__set__
+_set_private = BaseModel.__dict__["__pydantic_private__"].__set__
+_SOURCE = frozenset({"source"})
+
+
+def _with_source(ev: Any, source: str) -> Any:
+    """``ev.model_copy(update={"source": source})``, without its generic machinery (once per
+    forwarded event): the same ``__dict__`` but ``source``, the fields set plus ``source``."""
+    values = ev.__dict__.copy()
+    values["source"] = source
+    new = _new(type(ev))
+    _set(new, "__dict__", values)
+    _set_fields_set(new, ev.__pydantic_fields_set__ | _SOURCE)
+    _set_extra(new, ev.__pydantic_extra__)
+    _set_private(new, ev.__pydantic_private__)
+    return new
+
+
+_WATCHED = frozenset({ModelCallEnd, AgentResult, RequireUserConfirm, RequestStop, Custom})
 
 
 class _Watch:
