@@ -71,8 +71,8 @@ class RuntimeContext:
         self._extra_usage = None
         self._metrics = {}
         self._runtime = runtime
-        if self.parent is None and name is not None:
-            self._path = (name,)
+        if self.parent is None and name is not None and (not self._path or self._path[0] != name):
+            self._path = (name,)  # (a context reused by the same agent keeps its tuple)
 
     @property
     def agent_path(self) -> tuple[str, ...]:

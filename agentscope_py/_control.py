@@ -31,12 +31,13 @@ class RunControl:
         # The controls of sub-agent runs started from this run (`agent._subagent`): an interrupt
         # interrupts them, so they end as interrupted runs (closing what they opened) rather than
         # being cut off.
-        self.links: list[RunControl] = []
+        self.links: list[RunControl] | None = None  # (made by the first sub-agent call)
 
     def interrupt(self) -> None:
         self.interrupted = True
-        for link in list(self.links):
-            link.interrupt()
+        if self.links:
+            for link in list(self.links):
+                link.interrupt()
         current = _current_task()
         for task in list(self.tasks):
             # Called from inside one of them (a tool interrupting its own run), that task is not

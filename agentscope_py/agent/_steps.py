@@ -66,7 +66,7 @@ class Acting:
         self.stop: RequestStop | None = None
         self.suspended: list[ToolUseBlock] = []
         self.asking: list[ToolUseBlock] = []
-        self.paused: list[str] = []
+        self.paused: list[str] | None = None
         """Sub-agent calls paused for a confirmation (a ``running`` end): pending, no result."""
 
     def add(self, ev: Any) -> None:
@@ -75,6 +75,8 @@ class Acting:
         t = ev.type
         if t.startswith("tool_result"):
             if t == "tool_result_end" and ev.state is ToolResultState.RUNNING:
+                if self.paused is None:
+                    self.paused = []
                 self.paused.append(ev.tool_call_id)
                 return
             self.collector.add(ev)
@@ -87,7 +89,8 @@ class Acting:
 
     def waiting(self) -> set[str]:
         """The calls that wait, rightly, for a confirmation or an external result."""
-        return {c.id for c in (*self.suspended, *self.asking)} | set(self.paused)
+        waiting = {c.id for c in (*self.suspended, *self.asking)}
+        return waiting.union(self.paused) if self.paused else waiting
 
     def remember(self, run: RunState) -> None:
         """The pass's results into memory. A call with no result that nobody waits on (an

@@ -195,6 +195,8 @@ class SubAgentTool:
                 raise AgentInterrupted("the caller was interrupted")
             # An interrupt of the caller interrupts the sub-agent (which then ends as an interrupted
             # run, its brackets closed, its turn saved) instead of cancelling this task mid-event.
+            if control.links is None:
+                control.links = []
             control.links.append(exe.control)
             task = asyncio.current_task()
             if task is not None:
@@ -229,7 +231,7 @@ class SubAgentTool:
             raise
         finally:  # the tree's usage, whatever the outcome (an interrupted sub-agent spent too)
             ctx.add_usage(watch.usage(sub_ctx))
-            if control is not None:
+            if control is not None and control.links:
                 with contextlib.suppress(ValueError):
                     control.links.remove(exe.control)
         final = watch.final if watch.final is not None else exe.final

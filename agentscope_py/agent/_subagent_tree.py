@@ -17,6 +17,7 @@ from ..events import ConfirmResult
 from ..middleware.base import ExtensionPoint, MiddlewareBase, overrides
 from ..middleware.chain import Participants
 from ..middleware.final_answer import FinalAnswerFilterMiddleware
+from ..middleware.limits import ConcurrencyLimitMiddleware
 from ..middleware.observe import DynamicPromptMiddleware
 from ..middleware.structured import StructuredOutputValidationMiddleware
 from ..middleware.task_reminder import TaskReminderMiddleware
@@ -68,7 +69,14 @@ def inherits(mw: MiddlewareBase) -> bool:
     own = getattr(mw, "inherit_to_subagents", None)
     if isinstance(own, bool):
         return own
+    if isinstance(mw, ConcurrencyLimitMiddleware):
+        # A slot held by the caller's whole run or acting batch would be waited for by its own
+        # sub-agent (a deadlock at the limit): only model-call limits reach down by default.
+        return not (mw.points & _HELD_POINTS)
     return not isinstance(mw, _AGENT_LOCAL)
+
+
+_HELD_POINTS = frozenset({ExtensionPoint.ON_AGENT, ExtensionPoint.ON_ACTING, ExtensionPoint.ON_REASONING})
 
 
 def inherited_runtime(

@@ -4,6 +4,7 @@ instance seeing every model call of the tree, and ``ctx.agent_path``."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -202,3 +203,36 @@ async def test_plain_runs_keep_their_participants(point: ExtensionPoint) -> None
     child = agent("child", [ModelStep.text("x")], mws=[CountModelCalls()])
     agent("root", [ModelStep.text("y")], child.as_tool(), mws=[CountModelCalls()])
     assert len(child.middlewares_at(point)) == 1
+
+
+async def test_two_levels_exact_trace_in_call_mode() -> None:
+    seen: list[Any] = []
+
+    class Outer(MiddlewareBase):
+        """The outermost on_agent layer of the root: what `call` consumes."""
+
+        inherit_to_subagents = False
+
+        def order(self) -> int:
+            return 1000
+
+        def on_agent(self, agent: Any, ctx: Any, input: Any, next: Any) -> Any:
+            return next(input).do(seen.append)
+
+    root, _, _ = two_levels(root_mws=[Outer()])
+    msg = await root.call("go")
+    assert msg.text == "root done"
+    assert trace(seen) == TWO_LEVELS
+
+
+async def test_a_concurrency_limit_held_by_the_run_is_not_inherited() -> None:
+    from agentscope_py.middleware import ConcurrencyLimitMiddleware
+
+    # limit 1 per run: inherited, the child's run would wait for the slot its caller holds.
+    per_run = ConcurrencyLimitMiddleware(limit=1, points=(ExtensionPoint.ON_AGENT,))
+    per_call = ConcurrencyLimitMiddleware(limit=1)  # at on_model_call: the tree shares it
+    counter = CountModelCalls()
+    root, _, _ = two_levels(root_mws=[per_run, per_call, counter])
+    async with asyncio.timeout(5):
+        assert (await root.call("go")).text == "root done"
+    assert len(counter.paths) == 6
