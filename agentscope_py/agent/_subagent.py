@@ -178,6 +178,9 @@ class SubAgentTool:
         current = TOOL_CALL.get()
         call_id = current[0].id if current is not None else new_id("call_")
         check_limits(ctx, self.agent, self.name, self.max_depth)
+        control = ctx.control
+        if control is not None and control.interrupted:
+            raise AgentInterrupted("the caller was interrupted")
         confirms = take_confirms(ctx, call_id)
         if confirms is None:
             msgs: Msg | None = Msg.user(self._task(arguments))
@@ -189,10 +192,7 @@ class SubAgentTool:
         source = "/".join(sub_ctx.agent_path)
         watch = _Watch()
         exe, events = self.agent._start((msgs,) if msgs is not None else (), sub_ctx, self.output_model, runtime)
-        control = ctx.control
         if control is not None:
-            if control.interrupted:
-                raise AgentInterrupted("the caller was interrupted")
             # An interrupt of the caller interrupts the sub-agent (which then ends as an interrupted
             # run, its brackets closed, its turn saved) instead of cancelling this task mid-event.
             if control.links is None:
