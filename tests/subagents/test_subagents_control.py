@@ -237,3 +237,22 @@ def test_the_confirmation_resumes_the_sub_agent_after_a_process_restart(tmp_path
     confirmed = run("confirm")
     assert confirmed == {"text": "root done", "ran": ["/tmp/x"], "child_pending": [], "root_pending": [],
                          "waits": None}
+
+
+async def test_a_sub_agents_human_approval_middleware_pauses_and_resumes_through_the_root() -> None:
+    from subagent_helpers import echo
+
+    from agentscope_py.middleware import HumanApprovalMiddleware
+
+    child = agent("child", [ModelStep.tool_call("echo", {"text": "x"}, id="c-e"), ModelStep.text("child done")], echo,
+                  mws=[HumanApprovalMiddleware({"echo": True})])
+    root = agent("root", [ModelStep.tool_call("child", {"task": "t"}, id="r1"), ModelStep.text("root done")],
+                 child.as_tool())
+    ctx = RuntimeContext(session_id="s")
+    events = await root.stream("go", ctx=ctx).to_list()
+    asks = [(e.source, [c.id for c in e.tool_calls]) for e in events if type(e) is RequireUserConfirm]
+    assert asks == [("root/child", ["c-e"])]
+    assert events[-2].result.generate_reason is GenerateReason.PERMISSION_ASKING
+    msg = await root.call(confirm_message(ConfirmResult(tool_call_id="c-e", confirmed=True)), ctx=ctx)
+    assert msg.text == "root done"
+    assert child.model.requests[1].messages[-1].tool_results[0].text == "x"  # type: ignore[attr-defined]
