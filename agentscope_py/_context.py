@@ -29,12 +29,27 @@ class RuntimeContext:
     is made. The same instance reaches every hook and tool of the call; tools receive it by
     declaring a parameter of type `RuntimeContext` (or `AgentState` for the state itself)."""
 
-    __slots__ = ("_extra_usage", "_metrics", "_values", "agent", "agent_state", "control", "reply_id", "session_id",
-                 "user_id")
+    __slots__ = ("_extra_usage", "_metrics", "_path", "_runtime", "_values", "agent", "agent_state", "control",
+                 "parent", "reply_id", "session_id", "user_id")
 
-    def __init__(self, user_id: str = "default", session_id: str = "default", **values: Any) -> None:
+    def __init__(
+        self, user_id: str = "default", session_id: str = "default", *, parent: RuntimeContext | None = None,
+        name: str | None = None, **values: Any,
+    ) -> None:
         self.user_id = user_id
         self.session_id = session_id
+        # A sub-agent's context links to its caller's (`agentscope_py.agent._subagent`): its path
+        # extends the caller's, and ``get`` falls back to the caller's values.
+        self.parent = parent
+        if parent is not None:
+            if not name:
+                raise ValueError("a sub-agent's RuntimeContext needs name= (its name in the agent path)")
+            self._path: tuple[str, ...] = (*parent.agent_path, name)
+        else:
+            self._path = (name,) if name else ()
+        # The running execution's `AgentRuntime` (its effective middleware): what a sub-agent
+        # started from this run inherits.
+        self._runtime: Any = None
         self.agent_state: AgentState | None = None
         self.agent: ReActAgent | None = None  # the agent running the call (bound with the state)
         # The running execution's reply id (AgentStart's): what events a middleware makes itself
@@ -47,13 +62,34 @@ class RuntimeContext:
         self._extra_usage: ChatUsage | None = None
         self._metrics: dict[str, Any] = {}
 
-    def begin_run(self, reply_id: str, control: RunControl) -> None:
+    def begin_run(self, reply_id: str, control: RunControl, name: str | None = None, runtime: Any = None) -> None:
         """Bind a new execution's reply id and interrupt switch (the loop calls this; a context
-        reused for several calls counts each call's internal usage afresh)."""
+        reused for several calls counts each call's internal usage afresh). ``name``: the running
+        agent's, the path of a top-level context; ``runtime``: the execution's `AgentRuntime`."""
         self.reply_id = reply_id
         self.control = control
         self._extra_usage = None
         self._metrics = {}
+        self._runtime = runtime
+        if self.parent is None and name is not None and (not self._path or self._path[0] != name):
+            self._path = (name,)  # (a context reused by the same agent keeps its tuple)
+
+    @property
+    def agent_path(self) -> tuple[str, ...]:
+        """The names of the agents from the root to the one running this context: ``("root",)``
+        for a top-level run, ``("root", "child")`` inside a sub-agent it called (a sub-agent's
+        name is the one it was registered under). Middleware inherited by sub-agents tell where
+        they run by it; events forwarded from a sub-agent carry ``"/".join(agent_path)`` as
+        ``source``."""
+        return self._path
+
+    @property
+    def root(self) -> RuntimeContext:
+        """The top-level context of a tree of sub-agent calls (this one, outside any)."""
+        ctx = self
+        while ctx.parent is not None:
+            ctx = ctx.parent
+        return ctx
 
     # -- per-run values middleware publish (`AgentRun.metrics`) ----------------------------------
 
@@ -95,16 +131,21 @@ class RuntimeContext:
     def get(self, key: Any, default: Any = None) -> Any: ...
 
     def get(self, key: Any, default: Any = None) -> Any:
+        """The value under ``key`` (a class: the first value of that class); in a sub-agent's
+        context, the caller's value when this one has none."""
         if key in self._values:
             return self._values[key]
         if isinstance(key, type):
             for value in self._values.values():
                 if isinstance(value, key):
                     return value
+        if self.parent is not None:
+            return self.parent.get(key, default)
         return default
 
     def __contains__(self, key: object) -> bool:
         return key in self._values
 
     def __repr__(self) -> str:
-        return f"RuntimeContext(user_id={self.user_id!r}, session_id={self.session_id!r})"
+        path = f", agent_path={self._path!r}" if self.parent is not None else ""
+        return f"RuntimeContext(user_id={self.user_id!r}, session_id={self.session_id!r}{path})"

@@ -23,14 +23,21 @@ def _current_task() -> asyncio.Task[object] | None:
 class RunControl:
     """The interrupt switch of one execution, and the tasks an interrupt must cancel."""
 
-    __slots__ = ("interrupted", "tasks")
+    __slots__ = ("interrupted", "links", "tasks")
 
     def __init__(self) -> None:
         self.interrupted = False
         self.tasks: set[asyncio.Task[object]] = set()
+        # The controls of sub-agent runs started from this run (`agent._subagent`): an interrupt
+        # interrupts them, so they end as interrupted runs (closing what they opened) rather than
+        # being cut off.
+        self.links: list[RunControl] | None = None  # (made by the first sub-agent call)
 
     def interrupt(self) -> None:
         self.interrupted = True
+        if self.links:
+            for link in list(self.links):
+                link.interrupt()
         current = _current_task()
         for task in list(self.tasks):
             # Called from inside one of them (a tool interrupting its own run), that task is not

@@ -27,6 +27,9 @@ AgentScopeError
 │   ├── RunTimeoutError              … because the run took too long (also a TimeoutError)
 │   └── BudgetExceeded               … because a token or cost budget was used up
 ├── InputError                       what the caller passed cannot be a run's input (ValueError)
+├── SubAgentError                    a sub-agent cannot run where it was put
+│   ├── SubAgentCycleError           … because it is reachable from itself (also a ValueError)
+│   └── SubAgentDepthError           … because the tree is deeper than its limit
 └── AgentInterrupted                 a run stopped by ``agent.interrupt(...)``
 ```
 
@@ -70,6 +73,10 @@ __all__ = [
     "StateConflictError",
     "StateStoreError",
     "StructuredOutputError",
+    "SubAgentCycleError",
+    "SubAgentDepthError",
+    "SubAgentError",
+    "SubAgentPaused",
     "ToolArgumentError",
     "ToolInputRequired",
 ]
@@ -269,6 +276,39 @@ class BudgetExceeded(MiddlewareTermination):
         self.limit = limit
         self.spent = spent
         self.estimate = estimate
+
+
+# -- sub-agents ----------------------------------------------------------------------------------
+
+
+class SubAgentError(AgentScopeError):
+    """A sub-agent (`agent.as_tool`, `Toolkit.register_agent`) cannot run where it was put. At
+    build time it is raised to the caller; at run time the tool call's error result names it."""
+
+
+class SubAgentCycleError(SubAgentError, ValueError):
+    """An agent would be its own sub-agent (directly or through others): registering it raises,
+    and a cycle built around `register_agent` is refused when the call would enter it."""
+
+
+class SubAgentDepthError(SubAgentError):
+    """Calling the sub-agent would make the tree deeper than its ``max_depth`` (``depth`` is the
+    depth the call would reach; the root is depth 0)."""
+
+    def __init__(self, message: str, *, depth: int | None = None, max_depth: int | None = None) -> None:
+        super().__init__(message)
+        self.depth = depth
+        self.max_depth = max_depth
+
+
+class SubAgentPaused(AgentScopeError):
+    """Internal: a sub-agent's run paused for the user to confirm its tool calls (``waiting``: their
+    ids). Raised by the sub-agent tool to the acting core, which keeps the parent's call pending
+    (a ``running`` result) and pauses the parent with PERMISSION_ASKING; it never reaches callers."""
+
+    def __init__(self, waiting: list[str]) -> None:
+        super().__init__(f"waiting for the user to confirm {', '.join(waiting)}")
+        self.waiting = waiting
 
 
 # -- interruption --------------------------------------------------------------------------------

@@ -30,6 +30,10 @@ event). Method: a warm-up, then ``--sweeps`` sweeps; in each sweep every (framew
 ``--runs`` runs back to back, round-robin across frameworks in one process; the median per-run
 time of a sweep is kept, and the best (lowest) median over the sweeps is reported.
 
+Sub-agents (issue 19, agentscope-py only; ``--no-subagent`` skips it): a parent whose tool is a
+child agent against the same work done as two separate runs (`_subagent_variant`), reported as
+``targets.subagent_over_separate_{call,stream}``.
+
 Memory: ``--inflight`` runs (5 middleware) are started at once; every fake model holds its second
 call (after the tool) until all of them are in flight; the growth of tracemalloc's traced memory
 from before the start to that moment, divided by the count, is the KiB per in-flight run.
@@ -627,6 +631,15 @@ async def measure(args: argparse.Namespace, res: Results, deadline: float) -> No
         if args.verbose:
             print(f"sweep {sweep + 1}/{args.sweeps} done", file=sys.stderr)
 
+    if args.subagent and "agentscope-py" in runners_of(runners) and "agentscope-py" not in failed:
+        import _subagent_variant  # (benchmarks/: the script's directory)
+
+        try:
+            res.fw("agentscope-py")["subagent"] = await _subagent_variant.measure(args.runs, args.sweeps, args.warmup)
+        except Exception as exc:
+            res.fw("agentscope-py")["subagent_error"] = f"{type(exc).__name__}: {exc}"
+            print(f"error: the sub-agent variant failed: {exc}", file=sys.stderr)
+
     if args.inflight > 0:
         for name in args.frameworks:
             if name in failed:
@@ -645,6 +658,10 @@ async def measure(args: argparse.Namespace, res: Results, deadline: float) -> No
                 res.fw(name)["memory_error"] = f"{type(exc).__name__}: {exc}"
                 print(f"error: {name} memory measurement failed: {exc}", file=sys.stderr)
     res.finished = True
+
+
+def runners_of(runners: dict[tuple[str, int], Runner]) -> set[str]:
+    return {name for name, _ in runners}
 
 
 def _fail(res: Results, failed: set[str], name: str, exc: BaseException) -> None:
@@ -751,6 +768,10 @@ def summarise(args: argparse.Namespace, res: Results) -> dict[str, Any]:
         targets["us_per_hook_call_vs_0"] = (call["20"] - call["0"]) / (3 * 20)
     if "5" in call and "5" in stream:
         targets["stream_over_call_5mw"] = stream["5"] / call["5"]
+    sub = res.frameworks.get("agentscope-py", {}).get("subagent")
+    if sub:  # issue 19: a parent whose tool is a child agent ÷ the same work as two separate runs
+        targets["subagent_over_separate_call"] = sub["nested_over_separate_call"]
+        targets["subagent_over_separate_stream"] = sub["nested_over_separate_stream"]
     kib = res.frameworks.get("agentscope-py", {}).get("kib_per_inflight_run")
     if kib is not None:
         targets["kib_per_inflight_run"] = kib
@@ -797,6 +818,9 @@ def print_table(summary: dict[str, Any]) -> None:
             ("mw20_over_mw5_call", "20 mw ÷ 5 mw (< 2)", lambda v: v < 2),
             ("stream_over_call_5mw", "stream ÷ call, 5 mw (≤ 1.10)", lambda v: v <= 1.10),
             ("kib_per_inflight_run", "KiB per in-flight run (≤ 20)", lambda v: v <= 20),
+            # ≤ 1.5: nested − separate, the cost a sub-agent call adds, is at most one run's (half the pair)
+            ("subagent_over_separate_call", "sub-agent call ÷ 2 separate runs, call (≤ 1.5)", lambda v: v <= 1.5),
+            ("subagent_over_separate_stream", "… stream (≤ 1.5)", lambda v: v <= 1.5),
         ]
         for key, label, ok in checks:
             if key in t:
@@ -818,6 +842,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sweeps", type=int, default=5, help="sweeps; the best per-sweep median counts")
     p.add_argument("--warmup", type=int, default=20, help="warm-up runs per (framework, n, mode)")
     p.add_argument("--inflight", type=int, default=500, help="concurrent runs for the memory figure (0: skip)")
+    p.add_argument("--no-subagent", dest="subagent", action="store_false",
+                   help="skip the sub-agent variant (agentscope-py: a parent whose tool is a child agent)")
     p.add_argument("--deadline", type=float, default=1500.0, help="seconds; stop and report what is done")
     p.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     p.add_argument("--json-out", help="also write the JSON summary to this file")

@@ -24,7 +24,7 @@ from .._deadline import Deadline, DeadlineTimer
 from .._fast_events import delta_maker
 from .._replies import result_events
 from .._sanitize import MAX_DEPTH, clean
-from ..errors import ToolInputRequired
+from ..errors import AgentInterrupted, SubAgentPaused, ToolInputRequired
 from ..events import (
     AgentEvent,
     AllToolsDenied,
@@ -44,7 +44,13 @@ from ..tool.toolkit import PermissionDecision, Tool, ToolArgumentError, Toolkit,
 if TYPE_CHECKING:
     from .context import RuntimeContext
 
-__all__ = ["INTERRUPTED_TEXT", "ToolScope", "acting_events"]
+__all__ = ["INTERRUPTED_TEXT", "TOOL_CALL", "ToolScope", "acting_events"]
+
+TOOL_CALL: contextvars.ContextVar[tuple[ToolUseBlock, Channel] | None] = contextvars.ContextVar(
+    "agentscope_tool_call", default=None)
+"""The call a tool runs for and the channel of its events, set in the tool's own task: a sub-agent
+tool keys its session and pending confirmations by the call id, and closes what its sub-agent left
+open in the channel when it is cancelled."""
 
 
 @dataclass(slots=True, eq=False)
@@ -60,6 +66,9 @@ class ToolScope:
     """Call ids the user confirmed: the gate lets them through without asking again."""
     started: int = 0
     """Tool calls started so far (`AgentRun.tool_calls`)."""
+    paused: bool = False
+    """A sub-agent call of this pass paused for a confirmation (`SubAgentPaused`): the pass ends
+    the run with PERMISSION_ASKING."""
 
 
 async def _decide(scope: ToolScope, call: ToolUseBlock, tool: Tool) -> PermissionDecision:
@@ -119,8 +128,11 @@ async def acting_events(
         except BaseException:  # closed early: cancel the tool tasks before returning
             await it.aclose()
             raise
-    if asking:
-        yield RequireUserConfirm(reply_id=reply_id, tool_calls=asking)
+    if asking or scope.paused:
+        if asking:
+            yield RequireUserConfirm(reply_id=reply_id, tool_calls=asking)
+        # (a paused sub-agent's own RequireUserConfirm reached the caller, with its source)
+        scope.paused = False
         yield RequestStop(reason="waiting for the user to confirm tool calls",
                           generate_reason=GenerateReason.PERMISSION_ASKING)
     elif external:
@@ -173,7 +185,10 @@ async def _run_tool(scope: ToolScope, call: ToolUseBlock, channel: Channel, dead
     # A tool's metadata (an MCP tool's server) goes on its call's brackets; most tools have none.
     # Passed only when there is some, so other tools' events stay exactly as they were.
     meta: dict[str, Any] = {"metadata": dict(tool.metadata)} if tool is not None and tool.metadata else {}
-    current_tool_call.set(call)  # this task's own context: the tool can name its call
+    # In this task's own context (nothing to reset): the tool can name its call, and a sub-agent
+    # forwards its events straight into the call's channel.
+    current_tool_call.set(call)
+    TOOL_CALL.set((call, channel))
     await channel.put(ToolResultStart(reply_id=reply_id, tool_call_id=cid, tool_name=name, **meta))
     error_text: str | None = INTERRUPTED_TEXT
     state = ToolResultState.INTERRUPTED
@@ -221,10 +236,15 @@ async def _invoke(
         if limit is not None:
             timer = DeadlineTimer(limit)  # kept in this task: it cancels the tool, not the run
         await _output(scope, call, tool, channel)
-    except asyncio.CancelledError:
+    except (asyncio.CancelledError, AgentInterrupted):  # (a sub-agent interrupted with its caller)
         if timer is not None and timer.stop() and not scope.control.interrupted:
             return ToolResultState.ERROR, f"Error: {name} timed out after {limit:g} s{by}."
         return ToolResultState.INTERRUPTED, INTERRUPTED_TEXT
+    except SubAgentPaused:
+        # The call waits for its sub-agent's confirmation: no result yet (a "running" end closes
+        # the bracket; the acting pass keeps the call pending and pauses the run).
+        scope.paused = True
+        return ToolResultState.RUNNING, None
     except ToolInputRequired:
         raise
     except TimeoutError as exc:  # raised by the tool itself

@@ -85,7 +85,7 @@ class Execution:
         self.ctx = ctx
         self.reply_id = new_id("reply_")
         self.control = RunControl()
-        ctx.begin_run(self.reply_id, self.control)
+        ctx.begin_run(self.reply_id, self.control, agent.name, runtime)
         self.run = run = RunState(self.reply_id, agent.name, ctx)
         self.options: Any = agent.model_options
         toolkit = agent.toolkit

@@ -21,6 +21,7 @@ from ..events import (
 from ..message import GenerateReason, Msg, ToolResultBlock, ToolResultState, ToolUseBlock
 from ..tool._source import tool_answers
 from ._boundaries import clean_block
+from ._subagent_tree import route_confirms
 
 if TYPE_CHECKING:
     from ._loop import Execution
@@ -36,14 +37,19 @@ async def resume(exe: Execution, pending: list[ToolUseBlock], input_msgs: list[M
     results = [clean_block(b) for m in input_msgs if m.role == "tool" for b in m.tool_results]
     by_id = {c.id: c for c in pending}
     if confirms:
-        _check_ids([c.tool_call_id for c in confirms], by_id, "confirm result")
+        # Confirms for the calls a paused sub-agent waits on go to its call (run again below).
+        own, rerun = route_confirms(exe.ctx, state, by_id, confirms)
+        _check_ids([c.tool_call_id for c in own], by_id, "confirm result")
         yield UserConfirmResult(reply_id=exe.reply_id, confirm_results=confirms)
-        answered = {c.tool_call_id: c for c in confirms}
+        answered = {c.tool_call_id: c for c in own}
         run: list[ToolUseBlock] = []
         denied: list[ToolResultBlock] = []
         for call in pending:
             answer = answered.get(call.id)
-            if answer is None:
+            if call.id in rerun:
+                exe.run.preapproved.add(call.id)  # its sub-agent asks, not the gate
+                run.append(call)
+            elif answer is None:
                 run.append(call)  # still asking: the gate asks again
             elif not answer.confirmed:
                 reason = f" Reason: {answer.reason}" if answer.reason else ""

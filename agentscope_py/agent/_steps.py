@@ -57,7 +57,7 @@ RUN_AGAIN = NextStepRunAgain()
 class Acting:
     """What one acting pass produced, read from the events leaving the acting chain."""
 
-    __slots__ = ("asking", "assistant", "calls", "collector", "stop", "suspended")
+    __slots__ = ("asking", "assistant", "calls", "collector", "paused", "stop", "suspended")
 
     def __init__(self, calls: Sequence[ToolUseBlock], assistant: Msg) -> None:
         self.calls = calls
@@ -66,12 +66,19 @@ class Acting:
         self.stop: RequestStop | None = None
         self.suspended: list[ToolUseBlock] = []
         self.asking: list[ToolUseBlock] = []
+        self.paused: list[str] | None = None
+        """Sub-agent calls paused for a confirmation (a ``running`` end): pending, no result."""
 
     def add(self, ev: Any) -> None:
         if ev.source is not None:
             return  # a sub-agent's event, forwarded: not this agent's results or stop
         t = ev.type
         if t.startswith("tool_result"):
+            if t == "tool_result_end" and ev.state is ToolResultState.RUNNING:
+                if self.paused is None:
+                    self.paused = []
+                self.paused.append(ev.tool_call_id)
+                return
             self.collector.add(ev)
         elif t == "request_stop":
             self.stop = ev
@@ -82,7 +89,8 @@ class Acting:
 
     def waiting(self) -> set[str]:
         """The calls that wait, rightly, for a confirmation or an external result."""
-        return {c.id for c in (*self.suspended, *self.asking)}
+        waiting = {c.id for c in (*self.suspended, *self.asking)}
+        return waiting.union(self.paused) if self.paused else waiting
 
     def remember(self, run: RunState) -> None:
         """The pass's results into memory. A call with no result that nobody waits on (an

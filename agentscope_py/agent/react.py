@@ -12,11 +12,10 @@ returns the final message.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, Literal
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from ..errors import InputError
 from ..events import AgentEvent, AgentResult, ConfirmResult
@@ -28,13 +27,15 @@ from ..model.base import ChatModel
 from ..model.registry import resolve_model
 from ..stream import EventStream, aclose
 from ..tool.todo import TodoTools
-from ..tool.toolkit import Tool, Toolkit, tool
+from ..tool.toolkit import Tool, Toolkit
 from ._boundaries import guarded
 from ._input import check_input
 from ._loop import Execution
 from ._model_call import FailoverListener, RetryPolicy
 from ._runtime import AgentRuntime
 from ._session import SessionGates
+from ._subagent import SessionMode, SubAgentTool
+from ._subagent_tree import DEFAULT_MAX_DEPTH, InheritSpec
 from .context import RuntimeContext
 from .store import AgentStateStore, InMemoryStateStore
 
@@ -183,9 +184,11 @@ class ReActAgent:
         return result
 
     def _start(
-        self, msgs: tuple[Msg, ...], ctx: RuntimeContext | None, structured_model: type[Any] | None
+        self, msgs: tuple[Msg, ...], ctx: RuntimeContext | None, structured_model: type[Any] | None,
+        runtime: AgentRuntime | None = None,
     ) -> tuple[Execution, Any]:
-        runtime = self._runtime
+        # ``runtime``: a sub-agent's, with its caller's middleware around its own (`_subagent`).
+        runtime = runtime if runtime is not None else self._runtime
         exe = Execution(self, runtime, ctx if ctx is not None else RuntimeContext(), structured_model)
         participants = runtime.participants
         chain = compose(ExtensionPoint.ON_AGENT, participants, self, exe.ctx, exe.agent_core, runtime.trace)
@@ -194,29 +197,35 @@ class ReActAgent:
             events = guarded(events, participants)  # what on_agent hooks emit is the caller's stream
         return exe, events
 
-    def as_tool(self, name: str | None = None, description: str | None = None) -> Tool:
-        """This agent as a tool of another: the sub-agent runs in its own session under the
-        caller's (``{session}/{name}``), its events are forwarded into the caller's stream with
-        ``source`` set to ``"{caller}/{name}"`` (nested sub-agents extend the path), and its final
-        text is the tool result. The caller's middleware sees the sub-agent's events on its acting
-        chain; the sub-agent's own middleware shapes its run."""
-        tool_name = name or self.name
-        sub = self
-
-        async def run(task: str, ctx: RuntimeContext) -> AsyncIterator[Any]:
-            caller = ctx.agent.name if ctx.agent is not None else "agent"
-            sub_ctx = RuntimeContext(user_id=ctx.user_id, session_id=f"{ctx.session_id}/{tool_name}")
-            prefix = f"{caller}/{tool_name}"
-            final: Msg | None = None
-            async with contextlib.aclosing(sub.stream(task, ctx=sub_ctx).__aiter__()) as events:  # type: ignore[type-var]
-                async for ev in events:
-                    if type(ev) is AgentResult and ev.source is None:
-                        final = ev.result
-                    yield ev.model_copy(update={"source": prefix if ev.source is None else f"{prefix}/{ev.source}"})
-            yield final.text if final is not None else ""
-
-        run.__name__ = tool_name
-        return tool(name=tool_name, description=description or f"Ask the {tool_name} agent to do a task.")(run)
+    def as_tool(
+        self,
+        name: str | None = None,
+        description: str | None = None,
+        *,
+        input_model: type[BaseModel] | None = None,
+        output_model: type[BaseModel] | None = None,
+        session: SessionMode = "derived",
+        inherit_middleware: InheritSpec = True,
+        max_depth: int = DEFAULT_MAX_DEPTH,
+        concurrency_safe: bool = True,
+        on_stop: Literal["error", "stop"] = "error",
+        render: Callable[[BaseModel], str] | None = None,
+    ) -> Tool:
+        """This agent as a tool of another (docs/subagents.md). The tool takes a ``task`` string,
+        or the fields of ``input_model`` (its JSON schema is the tool's parameters; the agent gets
+        it rendered, as JSON unless ``render`` says otherwise); its result is the final text, or
+        with ``output_model`` the structured output as JSON. The sub-agent runs in a session of
+        its own (``session``: ``"derived"`` ``{caller session}/{name}``, ``"fresh"`` per call,
+        ``"shared"`` per user, or ``fn(ctx, call_id)``), with the caller's middleware around its
+        own (``inherit_middleware``), its events forwarded into the caller's stream with
+        ``source`` set, its usage counted in the caller's, at most ``max_depth`` levels deep.
+        ``on_stop``: a sub-agent stopped by a middleware (a budget) is the call's error result
+        (``"error"``), or stops the caller too (``"stop"``)."""
+        return SubAgentTool(
+            self, name=name, description=description, input_model=input_model, output_model=output_model,
+            session=session, inherit_middleware=inherit_middleware, max_depth=max_depth,
+            concurrency_safe=concurrency_safe, on_stop=on_stop, render=render,
+        ).tool
 
     def interrupt(self, user_id: str = "default", session_id: str = "default") -> bool:
         """Stop the run in flight on that session (safe from any task; not async). The model

@@ -3,6 +3,8 @@
 Where the totals live:
 
 * **run** — in the `RuntimeContext` (reset when each execution's state is ready);
+  a sub-agent that inherits this instance (`agent.as_tool`) shares its caller's run totals, and
+  counts in the root's session: one budget for the whole tree;
 * **session** — in ``AgentState.metadata[name]`` (``{"tokens", "cost", "calls"}``), so with a
   SQLite or Redis state store it survives restarts and is shared by every process of the session;
 * **user** — in a `BudgetStore`: `InMemoryBudgetStore` (this process; the default) or
@@ -207,7 +209,11 @@ class BudgetMiddleware(MiddlewareBase):
     def on_agent_state_ready(
         self, agent: ReActAgent, ctx: RuntimeContext, state: AgentState, input_messages: list[Msg]
     ) -> None:
-        totals = RunTotals(self, ctx)
+        parent = ctx.parent
+        shared = parent.get(self._run_key) if parent is not None else None
+        # Inherited by a sub-agent (this instance runs in a caller's run too): one budget for the
+        # tree, the root run's totals (whose context holds the session the scope counts in).
+        totals = shared if isinstance(shared, RunTotals) else RunTotals(self, ctx)
         ctx.put(self._run_key, totals)
         publish_metric(ctx, self.name_key, totals)  # AgentRun.metrics[name]
 
@@ -265,10 +271,10 @@ class BudgetMiddleware(MiddlewareBase):
         # On every call: reads the totals in place (no Spend is built unless a limit is hit).
         if user is not None:
             self._user_seen[ctx.user_id] = user
-        run: Any = ctx.get(self._run_key) if self._run_limited else None
+        run: Any = ctx.get(self._run_key) if self._run_limited or self._session_limited else None
         session: Any = None
         if self._session_limited:
-            state = ctx.agent_state
+            state = run._ctx.agent_state if run is not None else ctx.agent_state  # the tree's root session
             session = state.metadata.get(self.name_key) if state is not None else None
         for scope, kind, limit, tokens_kind in self._limit_list:
             if scope == "run":
@@ -318,7 +324,7 @@ class BudgetMiddleware(MiddlewareBase):
         run.cost += cost
         run.calls += 1
         r_tokens, r_cost, r_calls = run.tokens, run.cost, run.calls
-        state = ctx.agent_state
+        state = run._ctx.agent_state  # (a sub-agent's calls count in its tree's root session)
         name = self.name_key
         if state is not None:
             raw = state.metadata.get(name)

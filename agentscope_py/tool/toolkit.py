@@ -24,7 +24,7 @@ from pydantic import BaseModel, Field, ValidationError
 
 from .._context import RuntimeContext
 from .._state import AgentState
-from ..errors import ToolArgumentError
+from ..errors import SubAgentCycleError, ToolArgumentError
 from ..events import EventBase
 from ..message import DataBlock, TextBlock, ToolUseBlock
 from ..model.base import ToolSchema
@@ -311,6 +311,23 @@ class Toolkit:
             if isinstance(inspect.getattr_static(type(obj), attr, None), Tool):
                 added.append(self.register(getattr(obj, attr)))
         return added
+
+    def register_agent(self, agent: Any, name: str | None = None, description: str | None = None,
+                       **options: Any) -> Tool:
+        """Add a sub-agent as a tool: ``agent.as_tool(name=..., description=..., **options)``
+        (``input_model``, ``output_model``, ``session``, ``inherit_middleware``, ``max_depth``…;
+        docs/subagents.md). An agent that can reach this toolkit through its own sub-agents (it
+        would call itself) is refused: `SubAgentCycleError`."""
+        as_tool = getattr(agent, "as_tool", None)
+        if not callable(as_tool):
+            raise TypeError(f"register_agent takes an agent (ReActAgent), got {type(agent).__name__}: "
+                            "register a function with register()")
+        t: Tool = as_tool(name=name, description=description, **options)
+        owner = getattr(t.fn, "__self__", None)
+        if owner is not None and owner.reaches(self):
+            raise SubAgentCycleError(f"agent {getattr(agent, 'name', agent)!r} reaches this toolkit through its "
+                                     "sub-agents: registering it here would make an agent its own sub-agent")
+        return self.register(t)
 
     def register_schema(self, name: str, description: str, parameters: Mapping[str, Any]) -> Tool:
         """Add a schema-only (external) tool: the agent never runs it; the caller does."""
