@@ -121,6 +121,8 @@ class RedisRunLog(RunLog):
             raise ValueError(f"lease must be positive seconds, got {lease!r}")
         if not socket_timeout > 0:
             raise ValueError(f"socket_timeout must be positive seconds, got {socket_timeout!r}")
+        if not url.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError(f"the Redis url {url!r} must start with redis://, rediss:// or unix://")
         self.url = url
         self.prefix = prefix
         self.retention = retention
