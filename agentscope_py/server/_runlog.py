@@ -176,41 +176,50 @@ class _Run:
     record: RunRecord
     frames: list[bytes] = field(default_factory=list)
     base: int = 0  # the id of the frame before frames[0] (frames trimmed off the front)
-    ended_at: float | None = None
+    data: bytes | None = None  # an ended run's frames, joined (one object instead of one per frame)
     changed: asyncio.Event | None = None
 
 
 class InMemoryRunLog(RunLog):
-    """Runs in this process's memory: ended runs stay ``retention`` seconds (and at most
-    ``max_runs`` of them, the oldest forgotten first); a run keeps its last ``max_events`` frames.
-    The frames are the same bytes objects the owner sent, so the log costs a pointer per frame."""
+    """Runs in this process's memory. A run in progress is followed in the owner's own memory
+    (`_runs.LiveRun`); the log gets its frames when it ends and keeps them, joined into one bytes
+    object, ``retention`` seconds — within ``max_runs`` ended runs and ``max_bytes`` of their
+    frames, the oldest forgotten first, so a busy server's memory stays bounded; a run keeps its
+    last ``max_events`` frames."""
 
-    def __init__(self, *, retention: float = 300.0, max_events: int = 100_000, max_runs: int = 10_000) -> None:
+    def __init__(self, *, retention: float = 300.0, max_events: int = 100_000, max_runs: int = 10_000,
+                 max_bytes: int = 64 * 1024 * 1024) -> None:
         check_log_bounds(retention, max_events)
-        if not (isinstance(max_runs, int) and max_runs > 0):
-            raise ValueError(f"max_runs must be a positive int (ended runs kept), got {max_runs!r}")
+        for name, value in (("max_runs", max_runs), ("max_bytes", max_bytes)):
+            if not (isinstance(value, int) and value > 0):
+                raise ValueError(f"{name} must be a positive int (what ended runs may keep), got {value!r}")
         self.owner = new_owner_id()
         self.retention = retention
         self.max_events = max_events
         self.max_runs = max_runs
+        self.max_bytes = max_bytes
         self._runs: dict[str, _Run] = {}
         self._ended: OrderedDict[str, float] = OrderedDict()  # run id -> when it ended, oldest first
+        self._bytes = 0  # of the ended runs' frames
 
     def _expire(self) -> None:
         now = time.monotonic()
         while self._ended:
             run_id, ended = next(iter(self._ended.items()))
-            if ended + self.retention > now and len(self._ended) <= self.max_runs:
+            if ended + self.retention > now and len(self._ended) <= self.max_runs and self._bytes <= self.max_bytes:
                 break
             del self._ended[run_id]
-            self._runs.pop(run_id, None)
+            run = self._runs.pop(run_id, None)
+            if run is not None and run.data is not None:
+                self._bytes -= len(run.data)
 
     async def create(self, record: RunRecord) -> bool:
         self._expire()
         old = self._runs.get(record.run_id)
         if old is not None and old.record.running:
             return False
-        self._ended.pop(record.run_id, None)
+        if self._ended.pop(record.run_id, None) is not None and old is not None and old.data is not None:
+            self._bytes -= len(old.data)
         self._runs[record.run_id] = _Run(record)
         return True
 
@@ -238,6 +247,9 @@ class InMemoryRunLog(RunLog):
         if run is None:
             return
         run.record = replace(run.record, status=status, last=last)
+        run.data = b"".join(run.frames)
+        run.frames = []
+        self._bytes += len(run.data)
         self._ended[run_id] = time.monotonic()
         self._changed(run)
         self._expire()
@@ -261,6 +273,8 @@ class InMemoryRunLog(RunLog):
                     await run.changed.wait()
             except TimeoutError:
                 pass
+        if run.data is not None:
+            return _read_joined(run, after)
         start = max(after - run.base, 0)
         frames = run.frames[start:start + 256]
         last = run.base + start + len(frames) if frames else after
@@ -270,3 +284,23 @@ class InMemoryRunLog(RunLog):
     def _changed(run: _Run) -> None:
         if run.changed is not None:
             run.changed.set()
+
+
+READ_BYTES = 256 * 1024
+"""About how much of an ended run one read returns (cut at a frame's end)."""
+
+
+def _read_joined(run: _Run, after: int) -> Slice:
+    """Frames after ``after`` from an ended run's joined frames, up to about `READ_BYTES`."""
+    data, last, record = run.data or b"", run.record.last, run.record
+    if after >= last:
+        return Slice(b"", after, record)
+    if after < run.base:
+        return Slice(b"", after, record, gap=True)
+    at = 0 if after == run.base else frame_offset(data, after + 1)
+    end = data.find(b"\n\nid: ", at + READ_BYTES)
+    if end < 0:
+        return Slice(data[at:], last, record)
+    end += 2
+    next_id = int(data[end + 4:data.index(b"\n", end)])
+    return Slice(data[at:end], next_id - 1, record)

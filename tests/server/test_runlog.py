@@ -166,3 +166,31 @@ def test_logs_refuse_bad_bounds(tmp_path: Path) -> None:
         SqliteRunLog(tmp_path / "x.db", max_events=0)
     with pytest.raises(ValueError, match="lease"):
         RedisRunLog(lease=0)
+
+
+async def test_a_long_ended_run_reads_back_in_pieces_whole(make: Any) -> None:
+    log = make()
+    await log.renew()
+    await log.create(record(log))
+    await log.append([Batch("r1", 1, [b"id: %d\ndata: %b\n\n" % (n, b"x" * 200) for n in range(1, 5001)])])
+    await log.end("r1", "finished", 5000)
+    out, cursor, reads = b"", 0, 0
+    while True:
+        piece = await log.read("r1", cursor, 0)
+        assert piece is not None and not piece.gap
+        if not piece.data:
+            break
+        out += piece.data
+        cursor, reads = piece.last, reads + 1
+    assert cursor == 5000 and reads > 1
+    assert out == b"".join(b"id: %d\ndata: %b\n\n" % (n, b"x" * 200) for n in range(1, 5001))
+
+
+async def test_memory_keeps_ended_runs_within_a_byte_budget() -> None:
+    log = InMemoryRunLog(max_bytes=10_000)
+    for i in range(5):
+        await log.create(RunRecord(f"r{i}", "u", "s", "native", log.owner))
+        await log.append([Batch(f"r{i}", 1, [b"id: 1\ndata: %b\n\n" % (b"x" * 4_000)])])
+        await log.end(f"r{i}", "finished", 1)
+    kept = [i for i in range(5) if await log.get(f"r{i}") is not None]
+    assert kept == [3, 4]  # the oldest went first; what is left fits the budget
