@@ -13,6 +13,7 @@ import textwrap
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -116,3 +117,38 @@ def test_serve_refuses_a_bad_redis_url(tmp_path: Path) -> None:
     out = subprocess.run([sys.executable, "-m", "agentscope_py.cli", "serve", "--redis", "nope://x", "--port", "0"],
                          capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert out.returncode == 2 and "redis" in out.stderr.lower(), out.stderr
+
+
+async def test_users_are_scoped_across_processes(live: Any, redis_url: str, redis_prefix: str) -> None:
+    """Two servers on one Redis, each with ``authenticate``: bob, through either, never gets
+    alice's run (403, no events), cannot stop it; alice resumes it through the other one, in
+    AG-UI too."""
+    from agentscope_py import ModelStep, ReActAgent, ScriptedModel
+    from agentscope_py.server import RedisRunLog, create_app
+
+    from .conftest import run_input, user
+    from .test_runs import by_token
+
+    def app() -> Any:
+        model = ScriptedModel([ModelStep.text(TEXT, chunks=40, delay=0.03)], name="m", loop=True)
+        agent = ReActAgent.builder().model(model).build()
+        return create_app(agent, authenticate=by_token, run_log=RedisRunLog(redis_url, prefix=redis_prefix))
+
+    a, b = live(app()), live(app())
+    alice, bob = {"Authorization": "Bearer alice-token"}, {"Authorization": "Bearer bob-token"}
+    body = run_input("t-alice", user("hi"), run=f"{redis_prefix}-run", forwardedProps={"detach": True})
+    async with httpx.AsyncClient(timeout=30) as client:
+        async with client.stream("POST", f"{a.url}/agui", json=body, headers=alice) as r:
+            seen = parse(await read_some(r, 5))
+        await asyncio.sleep(0.1)
+        run_id = body["runId"]
+        for server in (a, b):
+            peek = await client.get(f"{server.url}/agui/runs/{run_id}/events?threadId=t-alice", headers=bob)
+            assert peek.status_code == 403 and "w1" not in peek.text
+            stop = await client.post(f"{server.url}/v1/runs/{run_id}/interrupt", json={}, headers=bob)
+            assert stop.status_code == 403
+        rest = await client.get(f"{b.url}/agui/runs/{run_id}/events?threadId=t-alice",
+                                headers={**alice, "Last-Event-ID": str(seen[-1][0])})
+    whole = seen + parse(rest.text)
+    assert [i for i, _, _ in whole] == list(range(1, len(whole) + 1))
+    assert text_of(whole) == TEXT and whole[-1][2]["type"] == "RUN_FINISHED"
