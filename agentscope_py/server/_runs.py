@@ -21,8 +21,9 @@ from .._context import RuntimeContext
 from ..errors import RunLogError
 from ._errors import HTTPError
 from ._limits import Limits
-from ._live import CHUNK_FRAMES, LiveRun, gap_frame, terminal_frame
+from ._live import CHUNK_FRAMES, PACE, LiveRun, gap_frame, terminal_frame
 from ._runlog import Batch, RunLog, RunRecord
+from .sse import HEARTBEAT
 
 __all__ = ["Runs", "parse_after"]
 
@@ -135,9 +136,11 @@ class Runs:
         frames = source(live)
         try:
             async with contextlib.aclosing(frames):  # type: ignore[type-var]
+                paced = not live.detach
+                cursors = live.cursors
                 async for data in frames:
                     live.publish(data)
-                    if not live.detach and live.cursors:
+                    if paced and cursors and live.last - min(cursors.values()) > PACE:
                         await live.pace()
         except asyncio.CancelledError:
             status = "cancelled"
@@ -173,7 +176,8 @@ class Runs:
 
     # -- following -------------------------------------------------------------------------------
 
-    async def resume(self, run_id: str, user_id: str, after: int) -> tuple[RunRecord, Frames]:
+    async def resume(self, run_id: str, user_id: str, after: int,
+                     heartbeat: float | None = None) -> tuple[RunRecord, Frames]:
         """The run's record and its frames after ``after`` (then live, until it ends): 404 for
         an unknown or expired run, 403 for another user's, 400 for a position past its log."""
         live = self.live.get(run_id)
@@ -181,7 +185,7 @@ class Runs:
             _owned(live.record, user_id)
             if after > live.last:
                 raise _ahead(after, live.last)
-            return live.record, lambda: self.follow(live, after)
+            return live.record, lambda: self.follow(live, after, heartbeat)
         record = await self._record(run_id)
         _owned(record, user_id)
         if after > record.last and record.running and record.owner != self.log.owner:
@@ -191,7 +195,7 @@ class Runs:
             record = await self._record(run_id)
         if after > record.last:
             raise _ahead(after, record.last)
-        return record, lambda: self._follow_log(record, after)
+        return record, lambda: self._follow_log(record, after, heartbeat)
 
     async def _record(self, run_id: str) -> RunRecord:
         try:
@@ -203,14 +207,18 @@ class Runs:
             raise HTTPError(404, "run_not_found", f"no run {run_id!r}: it never existed here, or its log expired")
         return record
 
-    async def follow(self, live: LiveRun, after: int) -> AsyncIterator[bytes]:
-        """The frames of a run of this process after ``after``, as they come, until it ends."""
+    async def follow(self, live: LiveRun, after: int, heartbeat: float | None = None) -> AsyncIterator[bytes]:
+        """The frames of a run of this process after ``after``, as they come, until it ends; all
+        that is ready goes in one piece (up to `CHUNK_FRAMES`), and `HEARTBEAT` after
+        ``heartbeat`` idle seconds. Pulled by the response's write loop itself: it takes the next
+        piece once the last one was sent, so a slow client holds nothing but its position."""
         cursor = after
         loop = asyncio.get_running_loop()
         me = id(object())
         while me in live.cursors:  # ids of dead objects repeat
             me += 1
         live.moved(me, cursor)
+        beat = _Beat(loop, heartbeat) if heartbeat is not None and heartbeat > 0 else None
         try:
             while True:
                 start = cursor - live.base
@@ -223,13 +231,22 @@ class Runs:
                     cursor = live.base + end
                     yield frames[start] if end == start + 1 else b"".join(frames[start:end])
                     live.moved(me, cursor)
+                    if beat is not None:
+                        beat.sent()
                 elif live.done:
                     return
+                elif beat is not None and beat.due:
+                    yield HEARTBEAT
+                    beat.sent()
                 else:
                     waiter = loop.create_future()
                     live.waiters.append(waiter)
+                    if beat is not None:
+                        beat.waiter = waiter
                     await waiter
         finally:
+            if beat is not None:
+                beat.stop()
             live.moved(me, -1)
             if not live.detach and live.followers == 0 and not live.done and live.task is not None:
                 # Its last client left: a run tied to its clients stops, as it always did.
@@ -237,13 +254,15 @@ class Runs:
                 with contextlib.suppress(asyncio.CancelledError):
                     await asyncio.shield(asyncio.gather(live.task, return_exceptions=True))
 
-    async def _follow_log(self, record: RunRecord, after: int) -> AsyncIterator[bytes]:
+    async def _follow_log(self, record: RunRecord, after: int, heartbeat: float | None) -> AsyncIterator[bytes]:
         """The frames of a run held in the log (ended, or running in another process)."""
         run_id, cursor = record.run_id, after
+        loop = asyncio.get_running_loop()
+        sent = loop.time()
         while True:
             live = self.live.get(run_id)
             if live is not None:  # ours after all (a log shared with ourselves): follow it here
-                async for chunk in self.follow(live, cursor):
+                async for chunk in self.follow(live, cursor, heartbeat):
                     yield chunk
                 return
             piece = await self.log.read(run_id, cursor, self.poll)
@@ -256,7 +275,11 @@ class Runs:
             if piece.data:
                 cursor = piece.last
                 yield piece.data
+                sent = loop.time()
                 continue
+            if heartbeat is not None and heartbeat > 0 and loop.time() - sent >= heartbeat:
+                yield HEARTBEAT
+                sent = loop.time()
             record = piece.record
             if not record.running:
                 if cursor >= record.last:
@@ -333,3 +356,36 @@ def _ahead(after: int, last: int) -> HTTPError:
 def _busy(message: str, limits: Limits) -> HTTPError:
     seconds = max(1, round(limits.retry_after))
     return HTTPError(429, "too_many_runs", f"{message}; retry in {seconds} s", headers={"retry-after": str(seconds)})
+
+
+class _Beat:
+    """Wakes a waiting follower once nothing was sent for ``interval`` seconds: one timer per
+    interval, re-armed for the time left (a timer around every wait would cost one per frame)."""
+
+    __slots__ = ("due", "handle", "interval", "last", "loop", "waiter")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, interval: float) -> None:
+        self.loop = loop
+        self.interval = interval
+        self.due = False
+        self.last = loop.time()
+        self.waiter: asyncio.Future[None] | None = None
+        self.handle = loop.call_later(interval, self._check)
+
+    def sent(self) -> None:
+        self.last = self.loop.time()
+        self.due = False
+
+    def _check(self) -> None:
+        left = self.last + self.interval - self.loop.time()
+        if left > 0.001:
+            self.handle = self.loop.call_later(left, self._check)
+            return
+        self.due = True
+        waiter = self.waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+        self.handle = self.loop.call_later(self.interval, self._check)
+
+    def stop(self) -> None:
+        self.handle.cancel()

@@ -119,8 +119,9 @@ class _Server:
         return self._agent
 
     def _sse(self, frames: Callable[[], AsyncIterator[bytes]], run_id: str) -> SSEResponse:
+        # Run followers pace themselves and send their own heartbeats (`Runs.follow`).
         return SSEResponse(frames, heartbeat=self.heartbeat, buffer_bytes=self.limits.buffer_bytes,
-                           stall_timeout=self.limits.stall_timeout, headers={RUN_ID_HEADER: run_id})
+                           stall_timeout=self.limits.stall_timeout, headers={RUN_ID_HEADER: run_id}, direct=True)
 
     async def _body(self, request: Request, model: type[Any], messages_key: str) -> Any:
         data = await read_json(request, self.max_body_bytes, self.limits.max_json_depth, self.limits.body_timeout)
@@ -164,7 +165,7 @@ class _Server:
                                          cancelled_agui(mapper))
         except Exception as exc:  # HTTPError, or a store failing while the thread's memory loads
             return _refused(exc, rid, "POST /agui")
-        return self._sse(lambda: self.registry.follow(live, 0), live.run_id)
+        return self._sse(lambda: self.registry.follow(live, 0, self.heartbeat), live.run_id)
 
     def _detach(self, request: Request, asked: Any) -> bool:
         """``detach`` from the body (or ``?detach=``), else the server's default."""
@@ -226,7 +227,7 @@ class _Server:
                                          cancelled_native(rid))
         except Exception as exc:  # HTTPError, or an authenticate() that failed
             return _refused(exc, rid, "POST /v1/runs")
-        return self._sse(lambda: self.registry.follow(live, 0), live.run_id)
+        return self._sse(lambda: self.registry.follow(live, 0, self.heartbeat), live.run_id)
 
     async def run_events(self, request: Request) -> Response:
         """``GET /v1/runs/{run_id}/events``: the run's frames after ``Last-Event-ID`` (or
@@ -245,7 +246,7 @@ class _Server:
             after = parse_after(request.headers.get("last-event-id"), request.query_params.get("after"))
             user_id = await self.identity.user(request)
             try:
-                record, frames = await self.registry.resume(run_id, user_id, after)
+                record, frames = await self.registry.resume(run_id, user_id, after, self.heartbeat)
             except HTTPError as exc:
                 thread = request.query_params.get("threadId")
                 if not (snapshot and exc.status == 404 and thread):
