@@ -24,7 +24,9 @@ class Limits:
     ``max_json_depth``: how deep the body's JSON may nest (``{"a": [1]}`` is 2);
     ``max_messages``: messages in one request (AG-UI ``messages``, native ``input``);
     ``max_message_chars``: characters of text in one message (inline binary data not counted);
-    ``buffer_bytes``: frames one client may have waiting for its socket; past it the run pauses;
+    ``buffer_bytes``: frames one client may have waiting for its socket, for a response fed by a producer
+    task (run streams are pulled from the run's log instead, and a run not detached waits for its slowest
+    client: `_live.PACE`);
     ``stall_timeout``: seconds a client may go without taking a frame before it is dropped (its run
     is cancelled as if it had disconnected; ``None``: never);
     ``body_timeout``: seconds a client has to send its whole body (408 after; ``None``: no limit);
