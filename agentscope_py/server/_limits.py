@@ -27,8 +27,9 @@ class Limits:
     ``buffer_bytes``: frames one client may have waiting for its socket, for a response fed by a producer
     task (run streams are pulled from the run's log instead, and a run not detached waits for its slowest
     client: `_live.PACE`);
-    ``stall_timeout``: seconds a client may go without taking a frame before it is dropped (its run
-    is cancelled as if it had disconnected; ``None``: never);
+    ``stall_timeout``: seconds a client may go without taking a frame before it is dropped, as if it
+    had disconnected (a run not detached is cancelled; the client may resume from the log; ``None``:
+    never);
     ``body_timeout``: seconds a client has to send its whole body (408 after; ``None``: no limit);
     ``max_sessions`` and ``session_idle_ttl``: the bounds given to the agent's state store when it
     is an `InMemoryStateStore` without bounds of its own (the builder's default), so a served

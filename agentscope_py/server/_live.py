@@ -13,7 +13,7 @@ from . import agui as agui_module
 from ._runlog import RunRecord
 from .sse import encode_error
 
-__all__ = ["CHUNK_FRAMES", "PACE", "LiveRun", "terminal_frame"]
+__all__ = ["CHUNK_FRAMES", "PACE", "Beat", "LiveRun", "gap_frame", "terminal_frame"]
 
 CHUNK_FRAMES = 256
 """Frames a follower takes in one go (one write to its client, bounded in size)."""
@@ -92,12 +92,8 @@ class LiveRun:
         self.wake()
 
     def wake(self) -> None:
-        waiters = self.waiters
-        if waiters:
-            self.waiters = []
-            for w in waiters:
-                if not w.done():
-                    w.set_result(None)
+        if self.waiters:
+            self.waiters = _resolve(self.waiters)
 
     @property
     def followers(self) -> int:
@@ -117,12 +113,8 @@ class LiveRun:
             self.cursors.pop(follower, None)
         else:
             self.cursors[follower] = cursor
-        rooms = self.rooms
-        if rooms:
-            self.rooms = []
-            for r in rooms:
-                if not r.done():
-                    r.set_result(None)
+        if self.rooms:
+            self.rooms = _resolve(self.rooms)
 
     def trim(self) -> None:
         """Forget the oldest frames past ``keep`` (of a shared log, only those it holds)."""
@@ -144,3 +136,44 @@ class LiveRun:
         else:
             self.task.cancel()
         return True
+
+
+def _resolve(futures: list[asyncio.Future[None]]) -> list[asyncio.Future[None]]:
+    """Wake every waiter; the empty list that replaces them."""
+    for f in futures:
+        if not f.done():
+            f.set_result(None)
+    return []
+
+
+class Beat:
+    """Wakes a waiting follower once nothing was sent for ``interval`` seconds: one timer per
+    interval, re-armed for the time left (a timer around every wait would cost one per frame)."""
+
+    __slots__ = ("due", "handle", "interval", "last", "loop", "waiter")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, interval: float) -> None:
+        self.loop = loop
+        self.interval = interval
+        self.due = False
+        self.last = loop.time()
+        self.waiter: asyncio.Future[None] | None = None
+        self.handle = loop.call_later(interval, self._check)
+
+    def sent(self) -> None:
+        self.last = self.loop.time()
+        self.due = False
+
+    def _check(self) -> None:
+        left = self.last + self.interval - self.loop.time()
+        if left > 0.001:
+            self.handle = self.loop.call_later(left, self._check)
+            return
+        self.due = True
+        waiter = self.waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+        self.handle = self.loop.call_later(self.interval, self._check)
+
+    def stop(self) -> None:
+        self.handle.cancel()

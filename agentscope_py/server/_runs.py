@@ -21,11 +21,11 @@ from .._context import RuntimeContext
 from ..errors import RunLogError
 from ._errors import HTTPError
 from ._limits import Limits
-from ._live import CHUNK_FRAMES, PACE, LiveRun, gap_frame, terminal_frame
+from ._live import CHUNK_FRAMES, PACE, Beat, LiveRun, gap_frame, terminal_frame
 from ._runlog import Batch, RunLog, RunRecord
 from .sse import HEARTBEAT
 
-__all__ = ["Runs", "parse_after"]
+__all__ = ["Runs", "detach_of", "parse_after"]
 
 log = logging.getLogger("agentscope_py.server")
 
@@ -51,6 +51,19 @@ def parse_after(header: str | None, query: str | None) -> int:
         raise HTTPError(400, "invalid_last_event_id",
                         f"{source}: {value[:40]!r} is not an event id (a non-negative integer from a frame's `id:`)")
     return int(value)
+
+
+def detach_of(asked: object, query: str | None, default: bool) -> bool:
+    """Whether a run is detached: the body's ``detach`` (a bool), else ``?detach=``, else ``default``."""
+    if asked is None and query is not None:
+        if query.lower() not in ("1", "true", "0", "false"):
+            raise HTTPError(422, "invalid_request", "detach: give true or false")
+        asked = query.lower() in ("1", "true")
+    if asked is None:
+        return default
+    if not isinstance(asked, bool):
+        raise HTTPError(422, "invalid_request", "detach: give true or false")
+    return asked
 
 
 class Runs:
@@ -218,7 +231,7 @@ class Runs:
         while me in live.cursors:  # ids of dead objects repeat
             me += 1
         live.moved(me, cursor)
-        beat = _Beat(loop, heartbeat) if heartbeat is not None and heartbeat > 0 else None
+        beat = Beat(loop, heartbeat) if heartbeat is not None and heartbeat > 0 else None
         try:
             while True:
                 start = cursor - live.base
@@ -356,36 +369,3 @@ def _ahead(after: int, last: int) -> HTTPError:
 def _busy(message: str, limits: Limits) -> HTTPError:
     seconds = max(1, round(limits.retry_after))
     return HTTPError(429, "too_many_runs", f"{message}; retry in {seconds} s", headers={"retry-after": str(seconds)})
-
-
-class _Beat:
-    """Wakes a waiting follower once nothing was sent for ``interval`` seconds: one timer per
-    interval, re-armed for the time left (a timer around every wait would cost one per frame)."""
-
-    __slots__ = ("due", "handle", "interval", "last", "loop", "waiter")
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, interval: float) -> None:
-        self.loop = loop
-        self.interval = interval
-        self.due = False
-        self.last = loop.time()
-        self.waiter: asyncio.Future[None] | None = None
-        self.handle = loop.call_later(interval, self._check)
-
-    def sent(self) -> None:
-        self.last = self.loop.time()
-        self.due = False
-
-    def _check(self) -> None:
-        left = self.last + self.interval - self.loop.time()
-        if left > 0.001:
-            self.handle = self.loop.call_later(left, self._check)
-            return
-        self.due = True
-        waiter = self.waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
-        self.handle = self.loop.call_later(self.interval, self._check)
-
-    def stop(self) -> None:
-        self.handle.cancel()

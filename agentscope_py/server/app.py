@@ -38,7 +38,7 @@ from ._identity import USER_HEADER, Authenticate, Identity
 from ._ledger import Emitted, Ledger
 from ._limits import Limits, check_shape, read_json
 from ._runlog import InMemoryRunLog, RunLog, RunRecord
-from ._runs import Runs, parse_after
+from ._runs import Runs, detach_of, parse_after
 from ._security import Guard
 from .agui import AguiInputError, AguiMapper, SystemPolicy, confirm_results, select_new_messages, to_msgs
 from .sse import SSEResponse
@@ -169,17 +169,7 @@ class _Server:
 
     def _detach(self, request: Request, asked: Any) -> bool:
         """``detach`` from the body (or ``?detach=``), else the server's default."""
-        if asked is None:
-            asked = request.query_params.get("detach")
-            if isinstance(asked, str):
-                if asked.lower() not in ("1", "true", "0", "false"):
-                    raise HTTPError(422, "invalid_request", "detach: give true or false")
-                asked = asked.lower() in ("1", "true")
-        if asked is None:
-            return self.detach_default
-        if not isinstance(asked, bool):
-            raise HTTPError(422, "invalid_request", "detach: give true or false")
-        return asked
+        return detach_of(asked, request.query_params.get("detach"), self.detach_default)
 
     async def _agui_input(
         self, agent: ReActAgent, user_id: str, run_input: RunAgentInput, emitted: Emitted

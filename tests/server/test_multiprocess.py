@@ -55,6 +55,16 @@ def two(tmp_path: Path, redis_url: str, redis_prefix: str) -> Iterator[list[Serv
                 s.stop()
 
 
+async def start_detached(client: httpx.AsyncClient, server: Serving, session: str) -> str:
+    """A detached run on ``server``, left after its first frames; its id (once a batch reached Redis)."""
+    async with client.stream("POST", f"{server.url}/v1/runs",
+                             json={"session_id": session, "input": "hi", "detach": True}) as r:
+        run_id = r.headers["x-run-id"]
+        await read_some(r, 4)
+    await asyncio.sleep(0.1)
+    return run_id
+
+
 async def test_a_client_resumes_through_another_process_and_sessions_are_shared(two: list[Serving]) -> None:
     a, b = two
     async with httpx.AsyncClient(timeout=30) as client:
@@ -75,11 +85,7 @@ async def test_a_client_resumes_through_another_process_and_sessions_are_shared(
 async def test_an_interrupt_through_another_process_stops_the_run(two: list[Serving]) -> None:
     a, b = two
     async with httpx.AsyncClient(timeout=30) as client:
-        async with client.stream("POST", f"{a.url}/v1/runs",
-                                 json={"session_id": "mp-2", "input": "hi", "detach": True}) as r:
-            run_id = r.headers["x-run-id"]
-            await read_some(r, 4)
-        await asyncio.sleep(0.1)  # a batch reaches Redis
+        run_id = await start_detached(client, a, "mp-2")  # a batch reaches Redis
         answer = await client.post(f"{b.url}/v1/runs/{run_id}/interrupt", json={})
         assert answer.json() == {"run_id": run_id, "interrupted": True}
         frames = parse((await client.get(f"{b.url}/v1/runs/{run_id}/events")).text)
@@ -91,11 +97,7 @@ async def test_an_interrupt_through_another_process_stops_the_run(two: list[Serv
 async def test_a_process_killed_mid_run_leaves_the_run_lost_not_hanging(two: list[Serving]) -> None:
     a, b = two
     async with httpx.AsyncClient(timeout=30) as client:
-        async with client.stream("POST", f"{a.url}/v1/runs",
-                                 json={"session_id": "mp-3", "input": "hi", "detach": True}) as r:
-            run_id = r.headers["x-run-id"]
-            await read_some(r, 4)
-        await asyncio.sleep(0.1)
+        run_id = await start_detached(client, a, "mp-3")
         # A client follows it through B; then A dies without a word.
         follower = asyncio.create_task(client.get(f"{b.url}/v1/runs/{run_id}/events"))
         await asyncio.sleep(0.3)
