@@ -129,13 +129,12 @@ class Runs:
             raise _busy(f"this server is running its limit of {limits.max_runs} runs (max_runs)", limits)
         if limits.max_runs_per_user is not None and mine >= limits.max_runs_per_user:
             raise _busy(f"you have {mine} runs in progress, the limit per user (max_runs_per_user)", limits)
-        await self.start()
         record = replace(record, owner=self.log.owner)
         try:
+            await self.start()
             created = await self.log.create(record)
         except RunLogError as exc:
-            raise HTTPError(503, "run_log_unavailable", "the run log is unavailable; try again",
-                            headers={"retry-after": "1"}) from exc
+            raise _unavailable() from exc
         if not created:
             raise HTTPError(409, "run_id_in_use", f"run id {record.run_id!r} is in use: send a new id for each run")
         live = LiveRun(record, ctx, detach, keep=self.log.max_events, shared=self.log.shared)
@@ -214,8 +213,7 @@ class Runs:
         try:
             record = await self.log.get(run_id)
         except RunLogError as exc:
-            raise HTTPError(503, "run_log_unavailable", "the run log is unavailable; try again",
-                            headers={"retry-after": "1"}) from exc
+            raise _unavailable() from exc
         if record is None:
             raise HTTPError(404, "run_not_found", f"no run {run_id!r}: it never existed here, or its log expired")
         return record
@@ -278,7 +276,15 @@ class Runs:
                 async for chunk in self.follow(live, cursor, heartbeat):
                     yield chunk
                 return
-            piece = await self.log.read(run_id, cursor, self.poll)
+            try:
+                piece = await self.log.read(run_id, cursor, self.poll)
+                if piece is not None and not piece.data and piece.record.running:
+                    await self._check_owner(piece.record)
+            except RunLogError as exc:
+                log.warning("run %s: reading its log failed: %s", run_id, exc)
+                yield terminal_frame(record.kind, "RunLogUnavailable", "the run log became unavailable; "
+                                     f"resume after the last event id received ({cursor})")
+                return
             if piece is None:
                 yield terminal_frame(record.kind, "RunLogExpired", "the run's log expired while it was read")
                 return
@@ -294,14 +300,17 @@ class Runs:
                 yield HEARTBEAT
                 sent = loop.time()
             record = piece.record
-            if not record.running:
-                if cursor >= record.last:
-                    return
-                continue
-            alive = record.owner != self.log.owner and await self.log.owner_alive(record.owner)
-            if not alive:
-                message = "the server process running this run stopped; the run is lost"
-                await self.log.mark_lost(run_id, terminal_frame(record.kind, "RunLost", message))
+            if not record.running and cursor >= record.last:
+                return
+
+    async def _check_owner(self, record: RunRecord) -> None:
+        """A run that sent nothing for a poll: if its owner's lease is gone, mark it lost."""
+        if record.run_id in self.live:
+            return
+        if record.owner != self.log.owner and await self.log.owner_alive(record.owner):
+            return
+        message = "the server process running this run stopped; the run is lost"
+        await self.log.mark_lost(record.run_id, terminal_frame(record.kind, "RunLost", message))
 
     # -- interrupting ----------------------------------------------------------------------------
 
@@ -369,3 +378,7 @@ def _ahead(after: int, last: int) -> HTTPError:
 def _busy(message: str, limits: Limits) -> HTTPError:
     seconds = max(1, round(limits.retry_after))
     return HTTPError(429, "too_many_runs", f"{message}; retry in {seconds} s", headers={"retry-after": str(seconds)})
+
+
+def _unavailable() -> HTTPError:
+    return HTTPError(503, "run_log_unavailable", "the run log is unavailable; try again", headers={"retry-after": "1"})

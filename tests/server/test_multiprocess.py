@@ -109,7 +109,7 @@ async def test_a_process_killed_mid_run_leaves_the_run_lost_not_hanging(two: lis
         frames = parse(body)
         assert frames[-1][1] == "error" and frames[-1][2]["code"] == "RunLost"
         assert [i for i, _, _ in frames] == list(range(1, len(frames) + 1))
-        assert waited < 5  # lease 1 s + a poll: the client is told, not left waiting
+        assert waited < 10  # lease 1 s + a poll (~2 s): the client is told, not left waiting
         # A client that comes later hears the same ending.
         later = parse((await client.get(f"{b.url}/v1/runs/{run_id}/events")).text)
         assert later == frames
