@@ -331,3 +331,32 @@ async def test_a_stalled_client_is_dropped_and_resumes_from_the_log(live: Any, c
         resumed = parse((await client.get(f"/v1/runs/{run_id}/events")).text)
     assert model.produced == 2_000
     assert len(text_of(resumed)) == 2_000 * 2_000 and resumed[-1][2]["type"] == "agent_end"
+
+
+async def test_an_agui_run_id_in_progress_cannot_start_another_run(live: Any) -> None:
+    server = live(create_app(slow_agent()))
+    body = run_input("t", user("hi"), run="twice", forwardedProps={"detach": True})
+    async with httpx.AsyncClient(base_url=server.url, timeout=20) as client:
+        async with client.stream("POST", "/agui", json=body) as r:
+            await read_some(r, 2)
+        again = await client.post("/agui", json=run_input("t2", user("hi"), run="twice"))
+        assert again.status_code == 409 and again.json()["type"] == "run_id_in_use"
+        first = parse((await client.get("/v1/runs/twice/events")).text)
+    assert text_of(first) == TEXT  # the refusal did not touch the run in progress
+
+
+async def test_a_sqlite_run_log_outlives_the_app(tmp_path: Any) -> None:
+    from agentscope_py.server import SqliteRunLog
+
+    async def in_app(app: Any, *requests: tuple[str, str, dict[str, Any] | None]) -> list[httpx.Response]:
+        async with app.router.lifespan_context(app), httpx.AsyncClient(
+                transport=httpx.ASGITransport(app=app), base_url="http://x", timeout=30) as client:
+            return [await client.request(method, path, json=body) for method, path, body in requests]
+
+    [run] = await in_app(create_app(slow_agent(delay=0), run_log=SqliteRunLog(tmp_path / "runs.db")),
+                         ("POST", "/v1/runs", {"session_id": "s", "input": "hi"}))
+    run_id = run.headers["x-run-id"]
+    # A new app (a restarted server) on the same file: the ended run reads back whole.
+    [again] = await in_app(create_app(slow_agent(), run_log=SqliteRunLog(tmp_path / "runs.db")),
+                           ("GET", f"/v1/runs/{run_id}/events", None))
+    assert parse(again.text) == parse(run.text) and text_of(parse(again.text)) == TEXT
