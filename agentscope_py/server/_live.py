@@ -147,32 +147,28 @@ def _resolve(futures: list[asyncio.Future[None]]) -> list[asyncio.Future[None]]:
 
 
 class Beat:
-    """Wakes a waiting follower once nothing was sent for ``interval`` seconds: one timer per
-    interval, re-armed for the time left (a timer around every wait would cost one per frame)."""
+    """Wakes a waiting follower once nothing was sent for a whole ``interval`` (one to two
+    intervals after the last frame): one timer per interval, and a counter the follower bumps
+    per piece sent (a timer or a clock read per frame would cost more than the frame)."""
 
-    __slots__ = ("due", "handle", "interval", "last", "loop", "waiter")
+    __slots__ = ("due", "handle", "interval", "loop", "seen", "sent", "waiter")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, interval: float) -> None:
         self.loop = loop
         self.interval = interval
         self.due = False
-        self.last = loop.time()
+        self.sent = 0  # pieces sent; bumped by the follower
+        self.seen = 0  # ``sent`` at the last check
         self.waiter: asyncio.Future[None] | None = None
         self.handle = loop.call_later(interval, self._check)
 
-    def sent(self) -> None:
-        self.last = self.loop.time()
-        self.due = False
-
     def _check(self) -> None:
-        left = self.last + self.interval - self.loop.time()
-        if left > 0.001:
-            self.handle = self.loop.call_later(left, self._check)
-            return
-        self.due = True
-        waiter = self.waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
+        if self.sent == self.seen:  # nothing went out for an interval
+            self.due = True
+            waiter = self.waiter
+            if waiter is not None and not waiter.done():
+                waiter.set_result(None)
+        self.seen = self.sent
         self.handle = self.loop.call_later(self.interval, self._check)
 
     def stop(self) -> None:

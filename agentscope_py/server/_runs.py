@@ -152,7 +152,7 @@ class Runs:
                 cursors = live.cursors
                 async for data in frames:
                     live.publish(data)
-                    if paced and cursors and live.last - min(cursors.values()) > PACE:
+                    if paced and cursors and live.base + len(live.frames) - min(cursors.values()) > PACE:
                         await live.pace()
         except asyncio.CancelledError:
             status = "cancelled"
@@ -243,12 +243,12 @@ class Runs:
                     yield frames[start] if end == start + 1 else b"".join(frames[start:end])
                     live.moved(me, cursor)
                     if beat is not None:
-                        beat.sent()
+                        beat.sent += 1
                 elif live.done:
                     return
                 elif beat is not None and beat.due:
+                    beat.due = False
                     yield HEARTBEAT
-                    beat.sent()
                 else:
                     waiter = loop.create_future()
                     live.waiters.append(waiter)

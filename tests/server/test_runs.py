@@ -360,3 +360,16 @@ async def test_a_sqlite_run_log_outlives_the_app(tmp_path: Any) -> None:
     [again] = await in_app(create_app(slow_agent(), run_log=SqliteRunLog(tmp_path / "runs.db")),
                            ("GET", f"/v1/runs/{run_id}/events", None))
     assert parse(again.text) == parse(run.text) and text_of(parse(again.text)) == TEXT
+
+
+async def test_a_follower_of_a_silent_run_gets_heartbeats(live: Any) -> None:
+    slow = SlowTool(seconds=1.0)
+    agent = scripted_agent(ModelStep.tool_call("slow", {"label": "x"}), ModelStep.text("after"), tools=[slow.slow])
+    server = live(create_app(agent, heartbeat=0.05))
+    async with httpx.AsyncClient(base_url=server.url, timeout=20) as client:
+        async with client.stream("POST", "/v1/runs", json={"session_id": "s", "input": "go", "detach": True}) as r:
+            run_id = r.headers["x-run-id"]
+            await read_some(r, 1)
+        resumed = await client.get(f"/v1/runs/{run_id}/events", headers={"Last-Event-ID": "1"})
+    assert resumed.text.count(": ping\n\n") >= 3  # the tool runs a second: the client hears the run is alive
+    assert any(d["type"] == "agent_end" for _, _, d in parse(resumed.text))
