@@ -20,7 +20,7 @@ import time
 from abc import ABC, abstractmethod
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 __all__ = [
     "ENDED",
@@ -62,6 +62,11 @@ class RunRecord:
     @property
     def running(self) -> bool:
         return self.status == RUNNING
+
+    def moved(self, *, status: str | None = None, last: int | None = None, owner: str | None = None) -> RunRecord:
+        """A copy with some fields changed (`dataclasses.replace` costs ten times more)."""
+        return RunRecord(self.run_id, self.user_id, self.session_id, self.kind, self.owner if owner is None else owner,
+                         self.status if status is None else status, self.last if last is None else last)
 
 
 @dataclass(slots=True)
@@ -238,7 +243,7 @@ class InMemoryRunLog(RunLog):
             if over > self.max_events // 4:  # trimmed in chunks: deleting a list's head is O(n)
                 del run.frames[:over]
                 run.base += over
-            run.record = replace(run.record, last=batch.last)
+            run.record = run.record.moved(last=batch.last)
             self._changed(run)
         return refused
 
@@ -246,7 +251,7 @@ class InMemoryRunLog(RunLog):
         run = self._runs.get(run_id)
         if run is None:
             return
-        run.record = replace(run.record, status=status, last=last)
+        run.record = run.record.moved(status=status, last=last)
         run.data = b"".join(run.frames)
         run.frames = []
         self._bytes += len(run.data)

@@ -15,7 +15,6 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
-from dataclasses import replace
 
 from .._context import RuntimeContext
 from ..errors import RunLogError
@@ -129,7 +128,7 @@ class Runs:
             raise _busy(f"this server is running its limit of {limits.max_runs} runs (max_runs)", limits)
         if limits.max_runs_per_user is not None and mine >= limits.max_runs_per_user:
             raise _busy(f"you have {mine} runs in progress, the limit per user (max_runs_per_user)", limits)
-        record = replace(record, owner=self.log.owner)
+        record = record.moved(owner=self.log.owner)
         try:
             await self.start()
             created = await self.log.create(record)

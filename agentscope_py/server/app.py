@@ -169,7 +169,8 @@ class _Server:
 
     def _detach(self, request: Request, asked: Any) -> bool:
         """``detach`` from the body (or ``?detach=``), else the server's default."""
-        return detach_of(asked, request.query_params.get("detach"), self.detach_default)
+        query = request.query_params.get("detach") if request.scope.get("query_string") else None
+        return detach_of(asked, query, self.detach_default)
 
     async def _agui_input(
         self, agent: ReActAgent, user_id: str, run_input: RunAgentInput, emitted: Emitted
