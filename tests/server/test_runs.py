@@ -258,6 +258,15 @@ async def test_a_reconnect_storm_of_a_thousand_clients_is_all_answered() -> None
         async with asyncio.timeout(60):
             answers = await asyncio.gather(*(resume(i) for i in range(1000)))
             other = await live_run
+            # And 300 clients joining one run while it streams (an AG-UI run: its id is the
+            # client's): each gets all of it, once.
+            started = asyncio.create_task(client.post("/agui", json=run_input("c", user("hi"), run="storm")))
+            await asyncio.sleep(0.1)
+            joined = await asyncio.gather(*(client.get("/v1/runs/storm/events") for _ in range(300)))
+            running = await started
+    assert running.status_code == 200
+    assert all(j.status_code == 200 and parse(j.text) == parse(running.text) for j in joined)
+    assert text_of(parse(running.text)) == TEXT
     for i, status, body in answers:
         if i % 10 == 0:
             assert status == 400 and "invalid_last_event_id" in body
