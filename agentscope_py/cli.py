@@ -31,6 +31,9 @@ async def run_demo(args: argparse.Namespace, out: TextIO) -> int:
 
 
 TOKEN_ENV = "AGENTSCOPE_PY_TOKEN"
+REDIS_ENV = "AGENTSCOPE_REDIS_URL"
+"""The Redis that ``serve`` processes share (sessions, run logs, interrupts), when not given
+with ``--redis``."""
 """The token, when not given with ``--token`` (a command line is visible to every local user)."""
 _WORKER_ENV = "AGENTSCOPE_PY_SERVE"
 
@@ -62,11 +65,51 @@ def load_target(target: str) -> Any:
 
 def _agent_source(options: dict[str, Any]) -> Any:
     if options.get("target"):
-        return load_target(options["target"])
-    from .demo import build_demo_agent
+        source = load_target(options["target"])
+    else:
+        from .demo import build_demo_agent
 
-    kwargs: dict[str, Any] = {"base_url": options["base_url"]} if options.get("base_url") else {}
-    return build_demo_agent(options.get("model"), delay=0.03, **kwargs)
+        kwargs: dict[str, Any] = {"base_url": options["base_url"]} if options.get("base_url") else {}
+        source = build_demo_agent(options.get("model"), delay=0.03, **kwargs)
+    if options.get("redis"):
+        return _shared_sessions(source, options["redis"], options.get("redis_prefix") or "agentscope")
+    return source
+
+
+def _shared_sessions(source: Any, url: str, prefix: str) -> Any:
+    """A factory of the agent whose sessions live in the Redis at ``url``: an agent built with the
+    default in-memory store gets a `RedisStateStore` instead (one built with a store of its own
+    keeps it)."""
+    from .agent.react import ReActAgent
+    from .agent.redis_store import RedisStateStore
+    from .agent.store import InMemoryStateStore
+
+    def build() -> ReActAgent:
+        agent = source if isinstance(source, ReActAgent) else source()
+        if isinstance(agent, ReActAgent) and isinstance(agent.state_store, InMemoryStateStore):
+            # The store is fixed at build; the builder's default is swapped here, before any run.
+            agent._runtime.store = RedisStateStore(url, prefix=prefix)
+        return agent  # type: ignore[no-any-return]
+
+    return build
+
+
+def _app_options(options: dict[str, Any]) -> dict[str, Any]:
+    """`create_app` options of ``serve``'s flags: the run log (Redis with ``--redis``) and the
+    default for ``detach``."""
+    app: dict[str, Any] = {"detach_default": bool(options.get("detach"))}
+    retention = float(options.get("run_retention") or 300.0)
+    if options.get("redis"):
+        from .server import RedisRunLog
+
+        app["run_log"] = RedisRunLog(options["redis"], prefix=options.get("redis_prefix") or "agentscope",
+                                     lease=options.get("run_lease") or 10.0,
+                                     retention=retention)
+    else:
+        from .server import InMemoryRunLog
+
+        app["run_log"] = InMemoryRunLog(retention=retention)
+    return app
 
 
 def worker_app() -> Any:
@@ -76,7 +119,8 @@ def worker_app() -> Any:
 
     options = json.loads(os.environ[_WORKER_ENV])
     app = create_app(_agent_source(options), auth_token=os.environ.get(TOKEN_ENV) or None,
-                     allowed_origins=options["allowed_origins"], allowed_hosts=options["allowed_hosts"])
+                     allowed_origins=options["allowed_origins"], allowed_hosts=options["allowed_hosts"],
+                     **_app_options(options))
     if options.get("tune_gc"):
         tune_gc()
     return app
@@ -90,8 +134,11 @@ def serve(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 2
     token = args.token or os.environ.get(TOKEN_ENV) or None
+    redis = args.redis or os.environ.get(REDIS_ENV) or None
     options = {"target": args.target, "model": args.model, "base_url": args.base_url,
-               "allowed_origins": args.allowed_origin, "allowed_hosts": args.allowed_host, "tune_gc": args.tune_gc}
+               "allowed_origins": args.allowed_origin, "allowed_hosts": args.allowed_host, "tune_gc": args.tune_gc,
+               "redis": redis, "detach": args.detach, "run_retention": args.run_retention,
+               "run_lease": args.run_lease, "redis_prefix": args.redis_prefix}
     limits = {"header_timeout": args.header_timeout, "idle_timeout": args.idle_timeout,
               "max_connections": args.max_connections, "log_level": args.log_level}
     try:
@@ -99,8 +146,9 @@ def serve(args: argparse.Namespace) -> int:
             if args.target:
                 load_target(args.target)  # fail here, not in every worker
             _serve.warn_if_open(args.host, args.allowed_host)
-            print("note: each worker process has its own memory of threads unless the agent uses a shared "
-                  "state store (RedisStateStore)", file=sys.stderr)
+            if not redis:
+                print("note: each worker process has its own memory of threads and runs unless they share a "
+                      "Redis (--redis URL)", file=sys.stderr)
             os.environ[_WORKER_ENV] = json.dumps(options)
             if token:
                 os.environ[TOKEN_ENV] = token
@@ -109,11 +157,12 @@ def serve(args: argparse.Namespace) -> int:
             _serve.serve_workers(f"{__name__}:worker_app", args.host, args.port, args.workers, bool(token), **limits)
             return 0
         source = _agent_source(options)
+        app_options = _app_options(options)
     except (ImportError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     _serve.serve(source, host=args.host, port=args.port, auth_token=token, allowed_origins=args.allowed_origin,
-                 allowed_hosts=args.allowed_host, gc_tuning=args.tune_gc, **limits)
+                 allowed_hosts=args.allowed_host, gc_tuning=args.tune_gc, app_options=app_options, **limits)
     return 0
 
 
@@ -154,6 +203,17 @@ def _parser() -> argparse.ArgumentParser:
                      help="seconds an idle keep-alive connection stays open (default: %(default)s)")
     srv.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
                      help="the server log's level (default: %(default)s)")
+    srv.add_argument("--redis", metavar="URL", help=f"share sessions, run logs and interrupts with the other serve "
+                     f"processes using this Redis, e.g. redis://127.0.0.1:6379/0 (or set {REDIS_ENV})")
+    srv.add_argument("--redis-prefix", default="agentscope", metavar="PREFIX",
+                     help="the prefix of every Redis key (default: %(default)s)")
+    srv.add_argument("--detach", action="store_true", help="runs outlive their client's connection unless the "
+                     "request says detach=false (default: a run stops when its client leaves)")
+    srv.add_argument("--run-retention", type=float, default=300.0, metavar="SECONDS",
+                     help="how long an ended run's events stay readable (default: %(default)s)")
+    srv.add_argument("--run-lease", type=float, default=10.0, metavar="SECONDS",
+                     help="with --redis: seconds after which the runs of a process that stopped answering are "
+                          "marked lost (default: %(default)s)")
     srv.add_argument("--tune-gc", action="store_true",
                      help="tune Python's garbage collector for many concurrent streams (gc.freeze after start-up, "
                           "young collections every 50,000 allocations; see docs/server.md; default: Python's own)")

@@ -68,6 +68,7 @@ __all__ = [
     "RateLimitError",
     "RateLimitExceeded",
     "ResumeError",
+    "RunLogError",
     "RunTimeoutError",
     "ServerError",
     "StateConflictError",
@@ -171,6 +172,11 @@ class StateConflictError(StateStoreError):
         )
         self.expected = expected
         self.actual = actual
+
+
+class RunLogError(AgentScopeError):
+    """The run log (the per-run event log of a served agent: in memory, SQLite or Redis) failed:
+    unreachable, or a run's events are no longer held. Clients hear a safe message."""
 
 
 # -- tools, resuming, structured output ----------------------------------------------------------

@@ -5,6 +5,10 @@ web page (``GET /``). Needs the ``server`` extra: ``pip install "agentscope-py[s
 >>> app = create_app(agent)                  # any ASGI server runs it
 >>> serve(agent, port=8000)                  # or: uvicorn, printing the page's URL
 
+Every run has a ``run_id`` and a log (`InMemoryRunLog`; `SqliteRunLog`, `RedisRunLog` for
+several processes): a client resumes it with ``GET /v1/runs/{run_id}/events`` and
+``Last-Event-ID``, and stops it with ``POST /v1/runs/{run_id}/interrupt`` (see docs/serving.md).
+
 Encoders for code that streams events itself (benchmarks, other frameworks):
 
 * `encode_sse` (event) -> bytes: one native frame, ``data: <event JSON>\\n\\n``;
@@ -13,20 +17,30 @@ Encoders for code that streams events itself (benchmarks, other frameworks):
   ``ag_ui.core`` event objects.
 """
 
+from typing import Any
+
 from ._identity import Identity
 from ._limits import Limits
+from ._runlog import InMemoryRunLog, RunLog, RunRecord
+from ._runlog_sqlite import SqliteRunLog
 from ._serve import GC_THRESHOLDS, serve, tune_gc, uvicorn_config
 from .agui import AguiMapper, select_new_messages
-from .app import RunRequest, create_app
+from .app import RUN_ID_HEADER, RunRequest, create_app
 from .sse import SSEResponse, encode_error, encode_sse
 
 __all__ = [
     "GC_THRESHOLDS",
+    "RUN_ID_HEADER",
     "AguiMapper",
     "Identity",
+    "InMemoryRunLog",
     "Limits",
+    "RedisRunLog",
+    "RunLog",
+    "RunRecord",
     "RunRequest",
     "SSEResponse",
+    "SqliteRunLog",
     "create_app",
     "encode_error",
     "encode_sse",
@@ -35,3 +49,11 @@ __all__ = [
     "tune_gc",
     "uvicorn_config",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "RedisRunLog":  # imported on use: it needs the redis extra
+        from ._runlog_redis import RedisRunLog
+
+        return RedisRunLog
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -60,18 +60,20 @@ def request_id(request: Request) -> str:
 class HTTPError(Exception):
     """A refusal before anything runs: ``status``, a stable ``type`` and a readable ``detail``."""
 
-    def __init__(self, status: int, type: str, detail: str, errors: list[dict[str, Any]] | None = None) -> None:
+    def __init__(self, status: int, type: str, detail: str, errors: list[dict[str, Any]] | None = None,
+                 headers: dict[str, str] | None = None) -> None:
         super().__init__(detail)
         self.status = status
         self.type = type
         self.detail = detail
         self.errors = errors
+        self.headers = headers  # e.g. Retry-After of a 429
 
     def response(self, rid: str, headers: dict[str, str] | None = None) -> JSONResponse:
         body: dict[str, Any] = {"type": self.type, "detail": self.detail, "request_id": rid}
         if self.errors:
             body["errors"] = self.errors
-        return JSONResponse(body, status_code=self.status, headers=headers)
+        return JSONResponse(body, status_code=self.status, headers={**(self.headers or {}), **(headers or {})})
 
 
 @dataclass(frozen=True)

@@ -24,13 +24,19 @@ class Limits:
     ``max_json_depth``: how deep the body's JSON may nest (``{"a": [1]}`` is 2);
     ``max_messages``: messages in one request (AG-UI ``messages``, native ``input``);
     ``max_message_chars``: characters of text in one message (inline binary data not counted);
-    ``buffer_bytes``: frames one client may have waiting for its socket; past it the run pauses;
-    ``stall_timeout``: seconds a client may go without taking a frame before it is dropped (its run
-    is cancelled as if it had disconnected; ``None``: never);
+    ``buffer_bytes``: frames one client may have waiting for its socket, for a response fed by a producer
+    task (run streams are pulled from the run's log instead, and a run not detached waits for its slowest
+    client: `_live.PACE`);
+    ``stall_timeout``: seconds a client may go without taking a frame before it is dropped, as if it
+    had disconnected (a run not detached is cancelled; the client may resume from the log; ``None``:
+    never);
     ``body_timeout``: seconds a client has to send its whole body (408 after; ``None``: no limit);
     ``max_sessions`` and ``session_idle_ttl``: the bounds given to the agent's state store when it
     is an `InMemoryStateStore` without bounds of its own (the builder's default), so a served
-    process does not keep every session it ever saw (``None`` for both: keep them all)."""
+    process does not keep every session it ever saw (``None`` for both: keep them all);
+    ``max_runs``: runs in progress in this process (those waiting for their session's turn
+    included), ``max_runs_per_user``: of them, one user's (``None``: no limit); past either a new
+    run is refused with 429 and ``Retry-After: retry_after`` seconds."""
 
     max_json_depth: int = 32
     max_messages: int = 1_000
@@ -40,9 +46,18 @@ class Limits:
     body_timeout: float | None = 30.0
     max_sessions: int | None = 10_000
     session_idle_ttl: float | None = 3600.0
+    max_runs: int | None = 10_000
+    max_runs_per_user: int | None = None
+    retry_after: float = 1.0
 
     def __post_init__(self) -> None:
         check_session_bounds(self.max_sessions, self.session_idle_ttl, "session_idle_ttl")
+        for name in ("max_runs", "max_runs_per_user"):
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, int) and value > 0):
+                raise ValueError(f"Limits({name}=...) must be a positive int or None (no limit), got {value!r}")
+        if not self.retry_after > 0:
+            raise ValueError(f"Limits(retry_after=...) must be positive seconds, got {self.retry_after!r}")
 
 
 async def read_json(request: Request, limit: int, depth: int, seconds: float | None = None) -> Any:

@@ -9,10 +9,10 @@ client hears when something fails.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import copy
 import logging
+import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from importlib import resources
 from typing import Any
@@ -28,19 +28,26 @@ from starlette.routing import Route
 from .._context import RuntimeContext
 from ..agent.react import ReActAgent, confirm_message
 from ..agent.store import InMemoryStateStore
-from ..events import AgentEvent, AgentResult, ConfirmResult, ModelCallEnd
-from ..message import Msg, TextBlock, ThinkingBlock
-from ..stream import EventStream
+from ..events import ConfirmResult
+from ..message import Msg
 from . import agui as agui_module
-from ._errors import HTTPError, Vocabulary, describe, log_failure, request_id
+from ._agui_snapshot import snapshot_frames
+from ._errors import HTTPError, describe, log_failure, request_id
+from ._frames import agui_frames, cancelled_agui, cancelled_native, native_frames
 from ._identity import USER_HEADER, Authenticate, Identity
 from ._ledger import Emitted, Ledger
 from ._limits import Limits, check_shape, read_json
+from ._runlog import InMemoryRunLog, RunLog, RunRecord
+from ._runs import Runs, detach_of, parse_after
 from ._security import Guard
 from .agui import AguiInputError, AguiMapper, SystemPolicy, confirm_results, select_new_messages, to_msgs
-from .sse import SSEResponse, encode_error, encode_sse
+from .sse import SSEResponse
 
-__all__ = ["USER_HEADER", "Limits", "RunRequest", "create_app"]
+__all__ = ["RUN_ID_HEADER", "USER_HEADER", "Limits", "RunRequest", "create_app"]
+
+RUN_ID_HEADER = "x-run-id"
+"""The response header of ``POST /v1/runs`` and ``POST /agui`` naming the run (its events'
+first frame carries it too)."""
 
 log = logging.getLogger("agentscope_py.server")
 
@@ -56,6 +63,9 @@ class RunRequest(BaseModel):
     user_id: str | None = None
     input: str | list[Msg] | None = None
     confirm: list[ConfirmResult] = Field(default_factory=list)
+    detach: bool | None = None
+    """Keep running when the client disconnects (resume with ``GET /v1/runs/{run_id}/events``);
+    ``None``: the server's default (``create_app(detach_default=...)``)."""
 
     @model_validator(mode="after")
     def _something_to_do(self) -> RunRequest:
@@ -76,7 +86,7 @@ class _Server:
 
     def __init__(self, agent_or_factory: AgentOrFactory, identity: Identity, *, max_body_bytes: int,
                  heartbeat: float | None, limits: Limits, system_messages: SystemPolicy,
-                 result_text: bool) -> None:
+                 result_text: bool, run_log: RunLog, detach_default: bool) -> None:
         self._source = agent_or_factory
         self._agent: ReActAgent | None = None
         self.identity = identity
@@ -86,6 +96,8 @@ class _Server:
         self.system_messages = system_messages
         self.result_text = result_text
         self.ledger = Ledger()
+        self.registry = Runs(run_log, limits)
+        self.detach_default = detach_default
         self.page = resources.files(__package__).joinpath("static/index.html").read_bytes()
 
     @property
@@ -106,9 +118,10 @@ class _Server:
             self._agent = agent
         return self._agent
 
-    def _sse(self, frames: Callable[[], AsyncIterator[bytes]]) -> SSEResponse:
+    def _sse(self, frames: Callable[[], AsyncIterator[bytes]], run_id: str) -> SSEResponse:
+        # Run followers pace themselves and send their own heartbeats (`Runs.follow`).
         return SSEResponse(frames, heartbeat=self.heartbeat, buffer_bytes=self.limits.buffer_bytes,
-                           stall_timeout=self.limits.stall_timeout)
+                           stall_timeout=self.limits.stall_timeout, headers={RUN_ID_HEADER: run_id}, direct=True)
 
     async def _body(self, request: Request, model: type[Any], messages_key: str) -> Any:
         data = await read_json(request, self.max_body_bytes, self.limits.max_json_depth, self.limits.body_timeout)
@@ -134,17 +147,30 @@ class _Server:
             run_input = await self._body(request, RunAgentInput, "messages")
             if not run_input.thread_id.strip():
                 raise HTTPError(422, "invalid_request", "threadId: must not be empty")
+            if not run_input.run_id.strip():
+                raise HTTPError(422, "invalid_request", "runId: must not be empty")
             user_id = await self.identity.user(request)
             agent = _with_frontend_tools(self.agent, run_input.tools or [])
             emitted = self.ledger.get((user_id, run_input.thread_id))
             msgs = await self._agui_input(agent, user_id, run_input, emitted)
+            props = run_input.forwarded_props if isinstance(run_input.forwarded_props, dict) else {}
+            detach = self._detach(request, props.get("detach"))
+            ctx = RuntimeContext(user_id=user_id, session_id=run_input.thread_id, agui_input=run_input)
+            stream = agent.stream(msgs, ctx=ctx)
+            mapper = AguiMapper(run_input.thread_id, run_input.run_id, emitted_ids=emitted)
+            pending = self._pending(user_id, run_input.thread_id)
+            record = RunRecord(run_input.run_id, user_id, run_input.thread_id, "agui", owner="")
+            live = await self.registry.begin(record, ctx, detach,
+                                         lambda live: agui_frames(stream, mapper, rid, pending, emitted, live),
+                                         cancelled_agui(mapper))
         except Exception as exc:  # HTTPError, or a store failing while the thread's memory loads
             return _refused(exc, rid, "POST /agui")
-        ctx = RuntimeContext(user_id=user_id, session_id=run_input.thread_id, agui_input=run_input)
-        stream = agent.stream(msgs, ctx=ctx)
-        mapper = AguiMapper(run_input.thread_id, run_input.run_id, emitted_ids=emitted)
-        pending = self._pending(user_id, run_input.thread_id)
-        return self._sse(lambda: _agui_frames(stream, mapper, rid, pending, emitted))
+        return self._sse(lambda: self.registry.follow(live, 0, self.heartbeat), live.run_id)
+
+    def _detach(self, request: Request, asked: Any) -> bool:
+        """``detach`` from the body (or ``?detach=``), else the server's default."""
+        query = request.query_params.get("detach") if request.scope.get("query_string") else None
+        return detach_of(asked, query, self.detach_default)
 
     async def _agui_input(
         self, agent: ReActAgent, user_id: str, run_input: RunAgentInput, emitted: Emitted
@@ -175,18 +201,67 @@ class _Server:
         rid = request_id(request)
         try:
             body, user_id = await self._body_and_user(request, RunRequest, "input")
+            detach = self._detach(request, body.detach)
+            msgs: list[Msg] = []
+            if body.confirm:
+                msgs.append(confirm_message(*body.confirm))
+            if isinstance(body.input, str):
+                msgs.append(Msg.user(body.input))
+            elif body.input:
+                msgs.extend(agui_module.apply_system_policy(body.input, self.system_messages))
+            ctx = RuntimeContext(user_id=user_id, session_id=body.session_id)
+            stream = self.agent.stream(msgs, ctx=ctx)
+            pending = self._pending(user_id, body.session_id)
+            record = RunRecord("run_" + secrets.token_hex(12), user_id, body.session_id, "native", owner="")
+            live = await self.registry.begin(record, ctx, detach,
+                                         lambda live: native_frames(stream, rid, pending, self.result_text, live),
+                                         cancelled_native(rid))
         except Exception as exc:  # HTTPError, or an authenticate() that failed
             return _refused(exc, rid, "POST /v1/runs")
-        msgs: list[Msg] = []
-        if body.confirm:
-            msgs.append(confirm_message(*body.confirm))
-        if isinstance(body.input, str):
-            msgs.append(Msg.user(body.input))
-        elif body.input:
-            msgs.extend(agui_module.apply_system_policy(body.input, self.system_messages))
-        stream = self.agent.stream(msgs, ctx=RuntimeContext(user_id=user_id, session_id=body.session_id))
-        pending = self._pending(user_id, body.session_id)
-        return self._sse(lambda: _native_frames(stream, rid, pending, self.result_text))
+        return self._sse(lambda: self.registry.follow(live, 0, self.heartbeat), live.run_id)
+
+    async def run_events(self, request: Request) -> Response:
+        """``GET /v1/runs/{run_id}/events``: the run's frames after ``Last-Event-ID`` (or
+        ``?after=``), then live until it ends."""
+        return await self._resume(request, snapshot=False)
+
+    async def agui_run_events(self, request: Request) -> Response:
+        """``GET /agui/runs/{run_id}/events?threadId=``: the same for AG-UI clients; a run whose
+        log is gone answers with the thread's MESSAGES_SNAPSHOT (given ``threadId``)."""
+        return await self._resume(request, snapshot=True)
+
+    async def _resume(self, request: Request, snapshot: bool) -> Response:
+        rid = request_id(request)
+        run_id = request.path_params["run_id"]
+        try:
+            after = parse_after(request.headers.get("last-event-id"), request.query_params.get("after"))
+            user_id = await self.identity.user(request)
+            try:
+                record, frames = await self.registry.resume(run_id, user_id, after, self.heartbeat)
+            except HTTPError as exc:
+                thread = request.query_params.get("threadId")
+                if not (snapshot and exc.status == 404 and thread):
+                    raise
+                state, _ = await self.agent.state_store.load(user_id, thread)
+                data = snapshot_frames(thread, run_id, state.context if state is not None else [])
+
+                async def once() -> AsyncIterator[bytes]:
+                    yield data
+
+                return self._sse(once, run_id)
+        except Exception as exc:
+            return _refused(exc, rid, f"GET {request.url.path}")
+        return self._sse(frames, record.run_id)
+
+    async def run_interrupt(self, request: Request) -> Response:
+        """``POST /v1/runs/{run_id}/interrupt``: stop the run, in whichever process runs it."""
+        rid = request_id(request)
+        try:
+            user_id = await self.identity.user(request)
+            answer = await self.registry.interrupt(request.path_params["run_id"], user_id)
+        except Exception as exc:
+            return _refused(exc, rid, "POST /v1/runs/{run_id}/interrupt")
+        return JSONResponse(answer)
 
     async def interrupt(self, request: Request) -> Response:
         rid = request_id(request)
@@ -218,79 +293,6 @@ def _refused(exc: Exception, rid: str, what: str) -> Response:
     error = describe(exc, rid, "native")
     log_failure(exc, error, rid, what)
     return HTTPError(500, "internal_error", error.message).response(rid)
-
-
-async def _report(exc: BaseException, rid: str, vocabulary: Vocabulary,
-                  pending: Callable[[], Awaitable[list[str]]], what: str) -> tuple[str, str]:
-    ids = await pending() if type(exc).__name__ == "PendingToolCallsError" else []
-    error = describe(exc, rid, vocabulary, ids)
-    log_failure(exc, error, rid, what)
-    return error.code, error.message
-
-
-async def _agui_frames(stream: EventStream[AgentEvent], mapper: AguiMapper, rid: str,
-                       pending: Callable[[], Awaitable[list[str]]], emitted: Emitted) -> AsyncIterator[bytes]:
-    yield mapper.encode_start()
-    try:
-        async with contextlib.aclosing(stream.__aiter__()) as events:  # type: ignore[type-var]
-            async for event in events:
-                frames = mapper.encode(event)
-                if frames:
-                    yield frames
-    except BaseException as exc:
-        if not _is_failure(exc):
-            raise
-        code, message = await _report(exc, rid, "agui", pending, f"AG-UI run {mapper.run_id}")
-        out = mapper.fail(exc)
-        # The mapper closed what was open; its RUN_ERROR gets the safe message instead of str(exc).
-        out[-1] = out[-1].model_copy(update={"message": message, "code": code})
-        yield agui_module.encode(out)
-        return
-    emitted.remembered = True  # the run ended well, so its save stored the thread
-    yield mapper.encode_finish()
-
-
-async def _native_frames(stream: EventStream[AgentEvent], rid: str, pending: Callable[[], Awaitable[list[str]]],
-                         result_text: bool) -> AsyncIterator[bytes]:
-    try:
-        async with contextlib.aclosing(stream.__aiter__()) as events:  # type: ignore[type-var]
-            async for event in events:
-                if type(event) is AgentResult and not result_text:
-                    event = _without_text(event)
-                elif type(event) is ModelCallEnd and event.error:
-                    # The error's type only: its text may carry internals (it goes to the log with
-                    # the run's own error).
-                    event = event.model_copy(update={"error": event.error.split(":", 1)[0]})
-                yield encode_sse(event)
-    except BaseException as exc:
-        if not _is_failure(exc):
-            raise
-        code, message = await _report(exc, rid, "native", pending, "run")
-        yield encode_error(exc, message=message, code=code, request_id=rid)
-
-
-def _without_text(event: AgentResult) -> AgentResult:
-    """The final frame without the reply's text and thinking (the client has them from the deltas;
-    repeating a long reply doubled what a slow client kept buffered): the blocks stay, empty, and
-    ``metadata.text_omitted`` says so."""
-    msg = event.result
-    if not any(isinstance(b, TextBlock | ThinkingBlock) for b in msg.content):
-        return event
-    content = [b.model_copy(update={"text": ""}) if isinstance(b, TextBlock)
-               else b.model_copy(update={"thinking": ""}) if isinstance(b, ThinkingBlock) else b
-               for b in msg.content]
-    result = msg.model_copy(update={"content": content, "metadata": {**msg.metadata, "text_omitted": True}})
-    return event.model_copy(update={"result": result})
-
-
-def _is_failure(exc: BaseException) -> bool:
-    """An error the client should hear about: any exception, and a CancelledError that does not
-    come from our own task being cancelled (the client leaving) — a stray one must still end the
-    run with an error event rather than cut the stream off."""
-    if isinstance(exc, asyncio.CancelledError):
-        task = asyncio.current_task()
-        return task is None or not task.cancelling()
-    return isinstance(exc, Exception)
 
 
 def _with_frontend_tools(agent: ReActAgent, tools: list[Tool]) -> ReActAgent:
@@ -335,6 +337,8 @@ def create_app(
     limits: Limits | None = None,
     client_system_messages: SystemPolicy = "drop",
     result_text: bool = False,
+    run_log: RunLog | None = None,
+    detach_default: bool = False,
 ) -> Starlette:
     """The ASGI app serving ``agent_or_factory``: a `ReActAgent`, or a zero-argument callable
     returning one, called once at startup. Routes: ``POST /agui`` (AG-UI), ``POST /v1/runs``
@@ -349,14 +353,27 @@ def create_app(
     is the idle time in seconds before a ``: ping`` comment (``None`` disables it).
     ``client_system_messages``: what happens to system/developer messages a client sends:
     ``"drop"`` (default), ``"user"`` (kept as user messages) or ``"system"`` (trusted as system
-    instructions). ``result_text``: repeat the reply's text in the native ``agent_result`` frame."""
+    instructions). ``result_text``: repeat the reply's text in the native ``agent_result`` frame.
+
+    Every run gets a ``run_id`` (the ``x-run-id`` header; the first event's ``metadata.run_id``,
+    AG-UI's RUN_STARTED ``runId``) and its frames carry ``id:``. ``run_log`` keeps them
+    (`InMemoryRunLog` by default; ``SqliteRunLog``, ``RedisRunLog`` to share runs between
+    processes): ``GET /v1/runs/{run_id}/events`` (``GET /agui/runs/{run_id}/events``) resumes after
+    ``Last-Event-ID`` or ``?after=``, ``POST /v1/runs/{run_id}/interrupt`` stops a run.
+    ``detach_default``: whether runs outlive their client's connection when the request does not
+    say (``detach`` in the body, AG-UI ``forwardedProps.detach``, or ``?detach=``)."""
     identity = Identity(authenticate, token_configured=bool(auth_token))
     server = _Server(agent_or_factory, identity, max_body_bytes=max_body_bytes, heartbeat=heartbeat,
-                     limits=limits or Limits(), system_messages=client_system_messages, result_text=result_text)
+                     limits=limits or Limits(), system_messages=client_system_messages, result_text=result_text,
+                     run_log=run_log if run_log is not None else InMemoryRunLog(), detach_default=detach_default)
 
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         server.agent  # noqa: B018 - the factory runs at startup, so a broken one fails early
-        yield
+        await server.registry.start()
+        try:
+            yield
+        finally:
+            await server.registry.close()
 
     routes = [
         Route("/", server.index, methods=["GET"]),
@@ -364,12 +381,15 @@ def create_app(
         Route("/agui", server.agui, methods=["POST"]),
         Route("/v1/runs", server.runs, methods=["POST"]),
         Route("/v1/interrupt", server.interrupt, methods=["POST"]),
+        Route("/v1/runs/{run_id}/events", server.run_events, methods=["GET"]),
+        Route("/v1/runs/{run_id}/interrupt", server.run_interrupt, methods=["POST"]),
+        Route("/agui/runs/{run_id}/events", server.agui_run_events, methods=["GET"]),
     ]
     app = Starlette(routes=routes, lifespan=contextlib.asynccontextmanager(lifespan))
     app.add_middleware(Guard, token=auth_token, allowed_hosts=allowed_hosts, allowed_origins=list(allowed_origins))
     if allowed_origins:  # outermost: a preflight carries no token and gets its answer here
         app.add_middleware(CORSMiddleware, allow_origins=list(allowed_origins), allow_methods=["GET", "POST"],
-                           allow_headers=["authorization", "content-type", USER_HEADER],
-                           expose_headers=["x-request-id"])
+                           allow_headers=["authorization", "content-type", "last-event-id", USER_HEADER],
+                           expose_headers=["x-request-id", RUN_ID_HEADER])
     app.state.server = server
     return app

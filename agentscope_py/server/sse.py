@@ -241,12 +241,16 @@ class SSEResponse(Response):
         headers: Mapping[str, str] | None = None,
         buffer_bytes: int = BUFFER_BYTES,
         stall_timeout: float | None = None,
+        direct: bool = False,
     ) -> None:
         # Like StreamingResponse, no body to render: only status and headers are set up here.
         self.frames = frames
         self.heartbeat = heartbeat
         self.buffer_bytes = buffer_bytes
         self.stall_timeout = stall_timeout
+        # ``frames()`` paces itself and sends its own heartbeats (a run log follower): the write
+        # loop pulls it directly, without a producer task and buffer in between.
+        self.direct = direct
         self.status_code = 200
         self.background = None
         self.init_headers({**SSE_HEADERS, **(headers or {})})
@@ -273,7 +277,7 @@ class SSEResponse(Response):
             log.error("SSE stream failed", exc_info=exc)
 
     async def _pump(self, send: Send) -> None:
-        frames = with_heartbeat(self.frames(), self.heartbeat, self.buffer_bytes)
+        frames = self.frames() if self.direct else with_heartbeat(self.frames(), self.heartbeat, self.buffer_bytes)
         async with contextlib.aclosing(frames):  # type: ignore[type-var]
             async for frame in frames:
                 # Two stores per frame instead of a timer per send: `_stalled` reads them.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 
 import pytest
@@ -67,7 +68,7 @@ def test_native_error_is_a_final_error_frame() -> None:
     for response, code, message in [(shown, "ServerError", "the provider is down"),
                                     (hidden, "InternalError", "the run failed on the server")]:
         last = response.text.strip().split("\n\n")[-1]
-        assert last.startswith("event: error\ndata: ")
+        assert re.match(r"id: \d+\nevent: error\ndata: ", last), last  # every frame carries its id
         rid = response.headers["x-request-id"]
         assert json.loads(last.split("data: ", 1)[1]) == {
             "type": "error", "code": code, "request_id": rid,

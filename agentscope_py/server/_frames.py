@@ -1,0 +1,127 @@
+"""A run's events as SSE frames, in either vocabulary: what the run's task publishes to its log.
+
+Failures become the stream's terminal frame (a safe message; the details go to the log under the
+request id); a cancellation of the run's own task (its clients left, shutdown) is not a failure
+and propagates, and `cancelled_frame` then ends the log."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+from ..events import AgentEvent, AgentResult, ModelCallEnd
+from ..message import TextBlock, ThinkingBlock
+from ..stream import EventStream
+from . import agui as agui_module
+from ._errors import Vocabulary, describe, log_failure
+from ._ledger import Emitted
+from ._live import LiveRun
+from .agui import AguiMapper
+from .sse import encode_error, encode_sse
+
+__all__ = ["CANCELLED", "agui_frames", "cancelled_agui", "cancelled_native", "native_frames"]
+
+Pending = Callable[[], Awaitable[list[str]]]
+
+CANCELLED = "the run was cancelled: its clients left (it was not detached), or the server stopped"
+
+
+async def _report(exc: BaseException, rid: str, vocabulary: Vocabulary, pending: Pending,
+                  what: str) -> tuple[str, str]:
+    ids = await pending() if type(exc).__name__ == "PendingToolCallsError" else []
+    error = describe(exc, rid, vocabulary, ids)
+    log_failure(exc, error, rid, what)
+    return error.code, error.message
+
+
+async def agui_frames(stream: EventStream[AgentEvent], mapper: AguiMapper, rid: str, pending: Pending,
+                      emitted: Emitted, live: LiveRun) -> AsyncIterator[bytes]:
+    yield mapper.encode_start()
+    try:
+        async with contextlib.aclosing(stream.__aiter__()) as events:  # type: ignore[type-var]
+            async for event in events:
+                frames = mapper.encode(event)
+                if frames:
+                    yield frames
+    except BaseException as exc:
+        if not _is_failure(exc):
+            raise
+        code, message = await _report(exc, rid, "agui", pending, f"AG-UI run {mapper.run_id}")
+        out = mapper.fail(exc)
+        # The mapper closed what was open; its RUN_ERROR gets the safe message instead of str(exc).
+        out[-1] = out[-1].model_copy(update={"message": message, "code": code})
+        live.failed = True
+        yield agui_module.encode(out)
+        return
+    emitted.remembered = True  # the run ended well, so its save stored the thread
+    yield mapper.encode_finish()
+
+
+def cancelled_agui(mapper: AguiMapper) -> Callable[[LiveRun], bytes]:
+    """The end of a cancelled AG-UI run: what was open closed, then RUN_ERROR."""
+
+    def frame(live: LiveRun) -> bytes:
+        if mapper.done:
+            return b""
+        out = mapper.fail(asyncio.CancelledError())
+        out[-1] = out[-1].model_copy(update={"message": CANCELLED, "code": "RunCancelled"})
+        return agui_module.encode(out)
+
+    return frame
+
+
+def cancelled_native(rid: str) -> Callable[[LiveRun], bytes]:
+    def frame(live: LiveRun) -> bytes:
+        return encode_error(asyncio.CancelledError(), message=CANCELLED, code="RunCancelled", request_id=rid)
+
+    return frame
+
+
+async def native_frames(stream: EventStream[AgentEvent], rid: str, pending: Pending, result_text: bool,
+                        live: LiveRun) -> AsyncIterator[bytes]:
+    first = True
+    try:
+        async with contextlib.aclosing(stream.__aiter__()) as events:  # type: ignore[type-var]
+            async for event in events:
+                if first:  # the run's id, in its first event (the x-run-id header has it too)
+                    first = False
+                    event = event.model_copy(update={"metadata": {**event.metadata, "run_id": live.run_id}})
+                if type(event) is AgentResult and not result_text:
+                    event = _without_text(event)
+                elif type(event) is ModelCallEnd and event.error:
+                    # The error's type only: its text may carry internals (it goes to the log with
+                    # the run's own error).
+                    event = event.model_copy(update={"error": event.error.split(":", 1)[0]})
+                yield encode_sse(event)
+    except BaseException as exc:
+        if not _is_failure(exc):
+            raise
+        code, message = await _report(exc, rid, "native", pending, f"run {live.run_id}")
+        live.failed = True
+        yield encode_error(exc, message=message, code=code, request_id=rid)
+
+
+def _without_text(event: AgentResult) -> AgentResult:
+    """The final frame without the reply's text and thinking (the client has them from the deltas;
+    repeating a long reply doubled what a slow client kept buffered): the blocks stay, empty, and
+    ``metadata.text_omitted`` says so."""
+    msg = event.result
+    if not any(isinstance(b, TextBlock | ThinkingBlock) for b in msg.content):
+        return event
+    content = [b.model_copy(update={"text": ""}) if isinstance(b, TextBlock)
+               else b.model_copy(update={"thinking": ""}) if isinstance(b, ThinkingBlock) else b
+               for b in msg.content]
+    result = msg.model_copy(update={"content": content, "metadata": {**msg.metadata, "text_omitted": True}})
+    return event.model_copy(update={"result": result})
+
+
+def _is_failure(exc: BaseException) -> bool:
+    """An error the client should hear about: any exception, and a CancelledError that does not
+    come from our own task being cancelled (the run's clients leaving) — a stray one must still
+    end the run with an error event rather than cut the stream off."""
+    if isinstance(exc, asyncio.CancelledError):
+        task = asyncio.current_task()
+        return task is None or not task.cancelling()
+    return isinstance(exc, Exception)
+

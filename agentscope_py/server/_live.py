@@ -1,0 +1,175 @@
+"""One run in progress in this process (`LiveRun`): its task, its frames so far (each with its
+``id:`` line) and the clients following it; and the frames that end a stream in either
+vocabulary when the run cannot (cancelled, lost, trimmed away)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from ag_ui.core import RunErrorEvent
+
+from .._context import RuntimeContext
+from . import agui as agui_module
+from ._runlog import RunRecord
+from .sse import encode_error
+
+__all__ = ["CHUNK_FRAMES", "PACE", "Beat", "LiveRun", "gap_frame", "terminal_frame"]
+
+CHUNK_FRAMES = 256
+"""Frames a follower takes in one go (one write to its client, bounded in size)."""
+PACE = 64
+"""Frames a run tied to its clients (not detached) may run ahead of its slowest one: a slow
+reader pauses the agent, and through its bounded prefetch the model request, as a run inside its
+request always did. A detached run does not wait for anyone: its log holds what it made."""
+
+
+def terminal_frame(kind: str, code: str, message: str) -> bytes:
+    """A stream's last frame, without its ``id:`` line: the native ``event: error`` frame, or an
+    AG-UI RUN_ERROR (nothing may follow either)."""
+    if kind == "agui":
+        return agui_module.encode([RunErrorEvent(message=message, code=code)])
+    return encode_error(RuntimeError(message), message=message, code=code)
+
+
+def gap_frame(kind: str, after: int) -> bytes:
+    """What a client hears when the frames after ``after`` were trimmed off the log."""
+    return terminal_frame(kind, "RunLogTrimmed", f"the run's log no longer holds the events after id {after} "
+                          "(it keeps the most recent ones only); start the stream again from the beginning")
+
+
+class LiveRun:
+    """A run this process is running. ``frames[i]`` is frame ``base + i + 1`` as it goes on the
+    wire; a follower keeps a position and waits on ``waiters`` for more. ``detach``: the run
+    outlives its clients (otherwise it is cancelled once the last one leaves)."""
+
+    __slots__ = ("base", "ctx", "cursors", "detach", "done", "failed", "flushed", "frames", "keep", "record",
+                 "rooms", "shared", "task", "waiters")
+
+    def __init__(self, record: RunRecord, ctx: RuntimeContext, detach: bool, *, keep: int = 100_000,
+                 shared: bool = False) -> None:
+        self.record = record
+        self.keep = keep  # frames kept (the log's max_events)
+        self.shared = shared  # frames reach the log in batches during the run (else at its end)
+        self.ctx = ctx
+        self.detach = detach
+        self.frames: list[bytes] = []
+        self.base = 0
+        self.flushed = 0  # the id of the last frame handed to the log
+        self.waiters: list[asyncio.Future[None]] = []
+        self.cursors: dict[int, int] = {}  # follower -> the id of the last frame it took
+        self.rooms: list[asyncio.Future[None]] = []  # the run waiting for its slowest follower
+        self.done = False
+        self.failed = False  # the stream ended with an error frame
+        self.task: asyncio.Task[None] | None = None
+
+    @property
+    def run_id(self) -> str:
+        return self.record.run_id
+
+    @property
+    def kind(self) -> str:
+        return self.record.kind
+
+    @property
+    def last(self) -> int:
+        return self.base + len(self.frames)
+
+    def publish(self, data: bytes) -> None:
+        """Add ``data`` (one or more whole frames) and wake the followers. Every SSE event gets
+        an id of its own, so a client cut off between two frames of one event group resumes at
+        the right one."""
+        if not data:
+            return
+        frames = self.frames
+        if data.count(b"\n\n") == 1:  # the common case: a delta is one frame
+            frames.append(b"id: %d\n%b" % (self.base + len(frames) + 1, data))
+        else:
+            for part in data.split(b"\n\n"):
+                if part:
+                    frames.append(b"id: %d\n%b\n\n" % (self.base + len(frames) + 1, part))
+        if len(frames) > self.keep:
+            self.trim()
+        self.wake()
+
+    def wake(self) -> None:
+        if self.waiters:
+            self.waiters = _resolve(self.waiters)
+
+    @property
+    def followers(self) -> int:
+        return len(self.cursors)
+
+    async def pace(self) -> None:
+        """Wait while the slowest follower is more than `PACE` frames behind (runs not detached)."""
+        cursors = self.cursors
+        while cursors and self.last - min(cursors.values()) > PACE:
+            room = asyncio.get_running_loop().create_future()
+            self.rooms.append(room)
+            await room
+
+    def moved(self, follower: int, cursor: int) -> None:
+        """A follower took frames up to ``cursor`` (or left, with -1)."""
+        if cursor < 0:
+            self.cursors.pop(follower, None)
+        else:
+            self.cursors[follower] = cursor
+        if self.rooms:
+            self.rooms = _resolve(self.rooms)
+
+    def trim(self) -> None:
+        """Forget the oldest frames past ``keep`` (of a shared log, only those it holds)."""
+        over = len(self.frames) - self.keep
+        if self.shared:
+            over = min(over, self.flushed - self.base)
+        if over > self.keep // 4:  # in chunks: deleting a list's head is O(n)
+            del self.frames[:over]
+            self.base += over
+
+    def interrupt(self) -> bool:
+        """Stop the run: the agent's interrupt once it runs (an INTERRUPTED reply is saved), a
+        cancel while it still waits for its session's turn. Whether it was in progress."""
+        if self.done or self.task is None:
+            return False
+        control = self.ctx.control
+        if control is not None:
+            control.interrupt()
+        else:
+            self.task.cancel()
+        return True
+
+
+def _resolve(futures: list[asyncio.Future[None]]) -> list[asyncio.Future[None]]:
+    """Wake every waiter; the empty list that replaces them."""
+    for f in futures:
+        if not f.done():
+            f.set_result(None)
+    return []
+
+
+class Beat:
+    """Wakes a waiting follower once nothing was sent for a whole ``interval`` (one to two
+    intervals after the last frame): one timer per interval, and a counter the follower bumps
+    per piece sent (a timer or a clock read per frame would cost more than the frame)."""
+
+    __slots__ = ("due", "handle", "interval", "loop", "seen", "sent", "waiter")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, interval: float) -> None:
+        self.loop = loop
+        self.interval = interval
+        self.due = False
+        self.sent = 0  # pieces sent; bumped by the follower
+        self.seen = 0  # ``sent`` at the last check
+        self.waiter: asyncio.Future[None] | None = None
+        self.handle = loop.call_later(interval, self._check)
+
+    def _check(self) -> None:
+        if self.sent == self.seen:  # nothing went out for an interval
+            self.due = True
+            waiter = self.waiter
+            if waiter is not None and not waiter.done():
+                waiter.set_result(None)
+        self.seen = self.sent
+        self.handle = self.loop.call_later(self.interval, self._check)
+
+    def stop(self) -> None:
+        self.handle.cancel()

@@ -1,0 +1,301 @@
+"""`RedisRunLog`: run logs in Redis, shared by every ``agentscope-py serve`` process using it.
+
+Keys (ids percent-encoded): ``{prefix}:run:{run_id}`` — a hash (``user``, ``session``, ``kind``,
+``owner``, ``status``, ``last``); ``{prefix}:run:{run_id}:log`` — a Redis Stream with one entry
+per batch of frames, entry id ``<last frame id>-0`` (fields ``f``: the first frame id, ``d``: the
+frames' bytes), and the end marker ``<last>-1`` (field ``e``: how the run ended), so a reader
+``XREAD``s from ``<its position>-0`` and blocks for more; ``XADD MAXLEN ~ max_events`` bounds a
+stream, and both keys expire ``retention`` seconds after the run ends (a day while it runs, so an
+abandoned one goes too). ``{prefix}:owner:{owner}`` — a process's lease (``SET PX``, renewed every
+lease / 3 s): a run whose owner's lease is gone is marked ``lost`` by the first reader that finds
+it so, with a terminal frame, so its clients never wait for ever. An owner that was only cut off
+finds its next batch refused (its ids no longer follow) and stops the run. Interrupts go to the
+owner on the channel ``{prefix}:interrupt:{owner}``.
+
+Each write is one Lua script (atomic: a batch and the record's ``last`` move together, and only
+while the run is still its owner's); the batches of every run of a process go in one pipeline.
+Every Redis failure is a `RunLogError`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Iterator, Sequence
+from typing import Any
+from urllib.parse import quote
+
+from ..errors import RunLogError
+from ._runlog import (
+    RUNNING,
+    Batch,
+    InterruptHandler,
+    RunLog,
+    RunRecord,
+    Slice,
+    check_log_bounds,
+    frame_offset,
+    new_owner_id,
+)
+
+try:
+    from redis.asyncio import Redis
+    from redis.exceptions import RedisError
+except ImportError as exc:  # pragma: no cover - depends on the installed extras
+    raise ImportError("RedisRunLog needs the redis client: pip install 'agentscope-py[redis]'") from exc
+
+__all__ = ["RedisRunLog"]
+
+log = logging.getLogger("agentscope_py.server")
+
+_RUNNING_TTL_MS = 86_400_000
+READ_BATCHES = 64
+
+# KEYS meta, stream; ARGV user, session, kind, owner, running ttl ms.
+_CREATE = """
+if redis.call('HGET', KEYS[1], 'status') == 'running' then return 0 end
+redis.call('DEL', KEYS[1], KEYS[2])
+redis.call('HSET', KEYS[1], 'user', ARGV[1], 'session', ARGV[2], 'kind', ARGV[3], 'owner', ARGV[4],
+           'status', 'running', 'last', 0)
+redis.call('PEXPIRE', KEYS[1], ARGV[5])
+return 1
+"""
+# KEYS meta, stream; ARGV owner, entry id, first, data, maxlen, running ttl ms, last.
+_APPEND = """
+if redis.call('HGET', KEYS[1], 'status') ~= 'running' or redis.call('HGET', KEYS[1], 'owner') ~= ARGV[1] then
+  return 0
+end
+redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[5], ARGV[2], 'f', ARGV[3], 'd', ARGV[4])
+redis.call('HSET', KEYS[1], 'last', ARGV[7])
+redis.call('PEXPIRE', KEYS[2], ARGV[6])
+return 1
+"""
+# KEYS meta, stream; ARGV owner, status, last, retention ms.
+_END = """
+if redis.call('HGET', KEYS[1], 'status') ~= 'running' or redis.call('HGET', KEYS[1], 'owner') ~= ARGV[1] then
+  return 0
+end
+redis.call('XADD', KEYS[2], ARGV[3] .. '-1', 'e', ARGV[2])
+redis.call('HSET', KEYS[1], 'status', ARGV[2], 'last', ARGV[3])
+redis.call('PEXPIRE', KEYS[1], ARGV[4])
+redis.call('PEXPIRE', KEYS[2], ARGV[4])
+return 1
+"""
+# KEYS meta, stream, owner lease; ARGV frame (without its id line), retention ms.
+_LOST = """
+if redis.call('HGET', KEYS[1], 'status') ~= 'running' then return 0 end
+if redis.call('EXISTS', KEYS[3]) == 1 then return 0 end
+local top = redis.call('XREVRANGE', KEYS[2], '+', '-', 'COUNT', 1)
+local n = 1
+if #top > 0 then n = tonumber(string.match(top[1][1], '^(%d+)')) + 1 end
+redis.call('XADD', KEYS[2], n .. '-0', 'f', n, 'd', 'id: ' .. n .. '\\n' .. ARGV[1])
+redis.call('XADD', KEYS[2], n .. '-1', 'e', 'lost')
+redis.call('HSET', KEYS[1], 'status', 'lost', 'last', n)
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+redis.call('PEXPIRE', KEYS[2], ARGV[2])
+return 1
+"""
+
+
+@contextlib.contextmanager
+def _typed(what: str) -> Iterator[None]:
+    try:
+        yield
+    except (RedisError, OSError) as exc:
+        raise RunLogError(f"the run log in Redis failed while {what}: {type(exc).__name__}: {exc}") from exc
+
+
+class RedisRunLog(RunLog):
+    """Run logs in the Redis at ``url`` (see the module docstring). ``retention``: seconds an
+    ended run stays readable; ``max_events``: stream entries (batches) kept per run; ``lease``:
+    seconds after which a silent owner's runs count as lost."""
+
+    shared = True
+
+    def __init__(self, url: str = "redis://localhost:6379/0", *, prefix: str = "agentscope",
+                 retention: float = 300.0, max_events: int = 100_000, lease: float = 10.0,
+                 socket_timeout: float = 5.0) -> None:
+        check_log_bounds(retention, max_events)
+        if not lease > 0:
+            raise ValueError(f"lease must be positive seconds, got {lease!r}")
+        if not socket_timeout > 0:
+            raise ValueError(f"socket_timeout must be positive seconds, got {socket_timeout!r}")
+        if not url.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError(f"the Redis url {url!r} must start with redis://, rediss:// or unix://")
+        self.url = url
+        self.prefix = prefix
+        self.retention = retention
+        self.max_events = max_events
+        self.lease = lease
+        self.socket_timeout = socket_timeout
+        self.owner = new_owner_id()
+        self._client: Redis | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._scripts: dict[str, Any] = {}
+        self._listener: asyncio.Task[None] | None = None
+
+    def _redis(self) -> Redis:
+        loop = asyncio.get_running_loop()
+        if self._client is None or self._loop is not loop:
+            # Blocking reads wait up to a poll interval on top of the socket timeout.
+            self._client = Redis.from_url(self.url, socket_timeout=self.socket_timeout + 5,
+                                          socket_connect_timeout=self.socket_timeout)
+            self._loop = loop
+            self._scripts = {name: self._client.register_script(source) for name, source in
+                             (("create", _CREATE), ("append", _APPEND), ("end", _END), ("lost", _LOST))}
+        return self._client
+
+    def _keys(self, run_id: str) -> list[str]:
+        meta = f"{self.prefix}:run:{quote(run_id, safe='')}"
+        return [meta, meta + ":log"]
+
+    def _owner_key(self, owner: str) -> str:
+        return f"{self.prefix}:owner:{owner}"
+
+    def _channel(self, owner: str) -> str:
+        return f"{self.prefix}:interrupt:{owner}"
+
+    # -- the log ---------------------------------------------------------------------------------
+
+    async def create(self, record: RunRecord) -> bool:
+        with _typed(f"creating run {record.run_id}"):
+            self._redis()
+            args = [record.user_id, record.session_id, record.kind, record.owner, _RUNNING_TTL_MS]
+            return bool(await self._scripts["create"](keys=self._keys(record.run_id), args=args))
+
+    async def append(self, batches: Sequence[Batch]) -> list[str]:
+        with _typed(f"appending {len(batches)} batches"):
+            client = self._redis()
+            script = self._scripts["append"]
+            async with client.pipeline(transaction=False) as pipe:
+                for b in batches:
+                    args = [self.owner, f"{b.last}-0", b.first, b"".join(b.frames), self.max_events,
+                            _RUNNING_TTL_MS, b.last]
+                    await script(keys=self._keys(b.run_id), args=args, client=pipe)
+                results = await pipe.execute()
+        return [b.run_id for b, ok in zip(batches, results, strict=True) if not ok]
+
+    async def end(self, run_id: str, status: str, last: int) -> None:
+        with _typed(f"ending run {run_id}"):
+            self._redis()
+            args = [self.owner, status, last, round(self.retention * 1000)]
+            await self._scripts["end"](keys=self._keys(run_id), args=args)
+
+    async def get(self, run_id: str) -> RunRecord | None:
+        with _typed(f"reading run {run_id}"):
+            fields = await self._redis().hgetall(self._keys(run_id)[0])
+        return _record(run_id, fields)
+
+    async def read(self, run_id: str, after: int, wait: float) -> Slice | None:
+        meta, stream = self._keys(run_id)
+        with _typed(f"reading run {run_id}"):
+            client = self._redis()
+            record = _record(run_id, await client.hgetall(meta))
+            if record is None:
+                return None
+            block = round(wait * 1000) if wait > 0 and record.running else None
+            answer: Any = await client.xread({stream: f"{after}-0"}, count=READ_BATCHES, block=block)
+        pieces: list[bytes] = []
+        cursor = after
+        entry_id: bytes
+        fields: dict[bytes, bytes]
+        for _, entries in answer or []:
+            for entry_id, fields in entries:
+                if b"d" not in fields:  # the end marker
+                    continue
+                first, last = int(fields[b"f"]), int(entry_id.split(b"-")[0])
+                data = fields[b"d"]
+                if first > cursor + 1:
+                    return Slice(b"".join(pieces), cursor, record, gap=not pieces)
+                if first <= cursor:
+                    at = frame_offset(data, cursor + 1)
+                    if at < 0:
+                        continue
+                    data = data[at:]
+                pieces.append(data)
+                cursor = last
+        if pieces and record.running:  # it may have ended meanwhile: the caller reads on
+            return Slice(b"".join(pieces), cursor, record)
+        if not pieces:
+            with _typed(f"reading run {run_id}"):
+                record = _record(run_id, await client.hgetall(meta)) or record
+        return Slice(b"".join(pieces), cursor, record)
+
+    async def mark_lost(self, run_id: str, frame: bytes) -> bool:
+        record = await self.get(run_id)
+        if record is None:
+            return False
+        with _typed(f"marking run {run_id} lost"):
+            self._redis()
+            keys = [*self._keys(run_id), self._owner_key(record.owner)]
+            lost = bool(await self._scripts["lost"](keys=keys, args=[frame, round(self.retention * 1000)]))
+        if lost:
+            log.warning("run %s: its process (%s) stopped renewing its lease; marked lost", run_id, record.owner)
+        return lost
+
+    # -- owners ----------------------------------------------------------------------------------
+
+    async def owner_alive(self, owner: str) -> bool:
+        with _typed("checking an owner's lease"):
+            return bool(await self._redis().exists(self._owner_key(owner)))
+
+    async def renew(self) -> None:
+        with _typed("renewing this process's lease"):
+            await self._redis().set(self._owner_key(self.owner), b"1", px=round(self.lease * 1000))
+
+    async def send_interrupt(self, record: RunRecord) -> bool:
+        with _typed(f"sending an interrupt for run {record.run_id}"):
+            heard = await self._redis().publish(self._channel(record.owner), record.run_id)
+        return bool(heard)
+
+    async def start(self, on_interrupt: InterruptHandler) -> None:
+        if self._listener is not None and not self._listener.done():
+            return
+        with _typed("subscribing to interrupts"):
+            pubsub = self._redis().pubsub()
+            await pubsub.subscribe(self._channel(self.owner))
+        self._listener = asyncio.get_running_loop().create_task(self._listen(pubsub, on_interrupt))
+
+    async def _listen(self, pubsub: Any, on_interrupt: InterruptHandler) -> None:
+        try:
+            while True:
+                try:
+                    message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
+                except (RedisError, OSError) as exc:
+                    log.warning("the run log's interrupt subscription failed (%s); retrying", exc)
+                    await asyncio.sleep(1.0)
+                    with contextlib.suppress(RedisError, OSError):
+                        await pubsub.subscribe(self._channel(self.owner))
+                    continue
+                if message is not None and message.get("type") == "message":
+                    run_id = message["data"].decode()
+                    log.info("interrupt for run %s from another process", run_id)
+                    await on_interrupt(run_id)
+        finally:
+            with contextlib.suppress(Exception):
+                await pubsub.aclose()
+
+    async def close(self) -> None:
+        if self._listener is not None:
+            self._listener.cancel()
+            await asyncio.gather(self._listener, return_exceptions=True)
+            self._listener = None
+        if self._client is not None:
+            with contextlib.suppress(RedisError, OSError, RuntimeError):
+                # Our runs ended (cancelled at shutdown, and the log heard so): the lease can go.
+                await self._client.delete(self._owner_key(self.owner))
+                await self._client.aclose()
+            self._client = None
+
+
+def _record(run_id: str, fields: Any) -> RunRecord | None:
+    """The record of a run's hash (redis-py types its replies loosely: bytes here)."""
+    if not fields or b"status" not in fields:
+        return None
+
+    def text(name: str) -> str:
+        return str(fields.get(name.encode(), b"").decode())
+
+    return RunRecord(run_id, text("user"), text("session"), text("kind"), text("owner"),
+                     text("status") or RUNNING, int(fields.get(b"last", b"0")))

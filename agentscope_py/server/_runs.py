@@ -1,0 +1,383 @@
+"""Runs detached from requests: `Runs` starts each run in a task of its own, publishes its frames
+to the clients following it and, in batches, to the `RunLog`; lets clients resume from an event
+id (here or through another process), interrupts runs wherever they run, and bounds how many run
+at once (per process and per user).
+
+Each follower reads the run's frames at its own pace from a position, so a slow client never
+holds frames of its own (its buffer is the run's log, bounded by ``max_events``), and a client
+dropped for stalling resumes from the log. A run without ``detach`` is cancelled once its last
+client leaves, as a run tied to its request always was.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable
+
+from .._context import RuntimeContext
+from ..errors import RunLogError
+from ._errors import HTTPError
+from ._limits import Limits
+from ._live import CHUNK_FRAMES, PACE, Beat, LiveRun, gap_frame, terminal_frame
+from ._runlog import Batch, RunLog, RunRecord
+from .sse import HEARTBEAT
+
+__all__ = ["Runs", "detach_of", "parse_after"]
+
+log = logging.getLogger("agentscope_py.server")
+
+FLUSH_INTERVAL = 0.02
+"""Seconds between batches to a shared log: what a client reconnecting through another process
+may wait for, against one round trip per token."""
+POLL = 1.0
+"""Seconds a follower of a run in another process waits for frames before it checks that the
+owner is still alive."""
+
+FrameSource = Callable[[LiveRun], AsyncIterator[bytes]]
+Frames = Callable[[], AsyncIterator[bytes]]
+
+
+def parse_after(header: str | None, query: str | None) -> int:
+    """The position to resume after: ``Last-Event-ID`` (preferred) or ``?after=``; 0 without."""
+    value = header if header is not None else query
+    if value is None or value == "":
+        return 0
+    value = value.strip()
+    if not value.isdigit() or len(value) > 18:
+        source = "Last-Event-ID" if header is not None else "after"
+        raise HTTPError(400, "invalid_last_event_id",
+                        f"{source}: {value[:40]!r} is not an event id (a non-negative integer from a frame's `id:`)")
+    return int(value)
+
+
+def detach_of(asked: object, query: str | None, default: bool) -> bool:
+    """Whether a run is detached: the body's ``detach`` (a bool), else ``?detach=``, else ``default``."""
+    if asked is None and query is not None:
+        if query.lower() not in ("1", "true", "0", "false"):
+            raise HTTPError(422, "invalid_request", "detach: give true or false")
+        asked = query.lower() in ("1", "true")
+    if asked is None:
+        return default
+    if not isinstance(asked, bool):
+        raise HTTPError(422, "invalid_request", "detach: give true or false")
+    return asked
+
+
+class Runs:
+    """The runs of one app. Tasks (the flusher, the owner's lease) start on first use, in the
+    running loop; `close` flushes and stops them."""
+
+    def __init__(self, run_log: RunLog, limits: Limits, *, flush_interval: float = FLUSH_INTERVAL,
+                 poll: float = POLL) -> None:
+        self.log = run_log
+        self.limits = limits
+        self.flush_interval = flush_interval
+        self.poll = poll
+        self.live: dict[str, LiveRun] = {}
+        self._per_user: dict[str, int] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._started: asyncio.Future[None] | None = None
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        if self._loop is loop and self._started is not None:
+            await self._started
+            return
+        self._loop = loop
+        self._started = loop.create_future()
+        try:
+            await self.log.start(self._interrupt_here)
+            await self.log.renew()
+        except BaseException as exc:
+            self._started.set_exception(exc)
+            self._started.exception()  # retrieved: the next start tries again
+            self._started = None
+            raise
+        self._started.set_result(None)
+        if self.log.shared:
+            self._tasks = [loop.create_task(self._flusher()), loop.create_task(self._renewer())]
+
+    async def close(self) -> None:
+        for live in list(self.live.values()):
+            if live.task is not None and not live.done:
+                live.task.cancel()
+        pending = [live.task for live in self.live.values() if live.task is not None]
+        if pending:
+            await asyncio.gather(*pending, return_exceptions=True)
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks = []
+        await self.log.close()
+        self._started = None
+
+    # -- starting --------------------------------------------------------------------------------
+
+    async def begin(self, record: RunRecord, ctx: RuntimeContext, detach: bool, source: FrameSource,
+                    cancelled_frame: Callable[[LiveRun], bytes]) -> LiveRun:
+        """Register the run and start it in a task; 429 past a limit, 409 when its id is taken."""
+        limits = self.limits
+        active = len(self.live)
+        mine = self._per_user.get(record.user_id, 0)
+        if limits.max_runs is not None and active >= limits.max_runs:
+            raise _busy(f"this server is running its limit of {limits.max_runs} runs (max_runs)", limits)
+        if limits.max_runs_per_user is not None and mine >= limits.max_runs_per_user:
+            raise _busy(f"you have {mine} runs in progress, the limit per user (max_runs_per_user)", limits)
+        record = record.moved(owner=self.log.owner)
+        try:
+            await self.start()
+            created = await self.log.create(record)
+        except RunLogError as exc:
+            raise _unavailable() from exc
+        if not created:
+            raise HTTPError(409, "run_id_in_use", f"run id {record.run_id!r} is in use: send a new id for each run")
+        live = LiveRun(record, ctx, detach, keep=self.log.max_events, shared=self.log.shared)
+        self.live[record.run_id] = live
+        self._per_user[record.user_id] = mine + 1
+        live.task = asyncio.get_running_loop().create_task(self._drive(live, source, cancelled_frame))
+        return live
+
+    async def _drive(self, live: LiveRun, source: FrameSource, cancelled_frame: Callable[[LiveRun], bytes]) -> None:
+        status = "finished"
+        frames = source(live)
+        try:
+            async with contextlib.aclosing(frames):  # type: ignore[type-var]
+                paced = not live.detach
+                cursors = live.cursors
+                async for data in frames:
+                    live.publish(data)
+                    if paced and cursors and live.base + len(live.frames) - min(cursors.values()) > PACE:
+                        await live.pace()
+        except asyncio.CancelledError:
+            status = "cancelled"
+            live.publish(cancelled_frame(live))
+            raise
+        except BaseException as exc:  # the frame sources report failures as frames: this is a bug
+            status = "failed"
+            log.error("run %s failed outside its stream", live.run_id, exc_info=exc)
+            live.publish(terminal_frame(live.kind, "InternalError", "the run failed on the server"))
+        finally:
+            if status == "finished" and live.failed:
+                status = "failed"
+            live.done = True
+            live.wake()
+            # Shielded: the log must hear the end even when the run was cancelled.
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.shield(self._finish(live, status))
+
+    async def _finish(self, live: LiveRun, status: str) -> None:
+        try:
+            if live.last > live.flushed:
+                await self.log.append([self._batch(live)])
+            await self.log.end(live.run_id, status, live.last)
+        except Exception as exc:  # the clients here have every frame; others see the run lost
+            log.warning("run %s: could not write its end to the run log: %s", live.run_id, exc)
+        finally:
+            self.live.pop(live.run_id, None)
+            left = self._per_user.get(live.record.user_id, 1) - 1
+            if left > 0:
+                self._per_user[live.record.user_id] = left
+            else:
+                self._per_user.pop(live.record.user_id, None)
+
+    # -- following -------------------------------------------------------------------------------
+
+    async def resume(self, run_id: str, user_id: str, after: int,
+                     heartbeat: float | None = None) -> tuple[RunRecord, Frames]:
+        """The run's record and its frames after ``after`` (then live, until it ends): 404 for
+        an unknown or expired run, 403 for another user's, 400 for a position past its log."""
+        live = self.live.get(run_id)
+        if live is not None:
+            _owned(live.record, user_id)
+            if after > live.last:
+                raise _ahead(after, live.last)
+            return live.record, lambda: self.follow(live, after, heartbeat)
+        record = await self._record(run_id)
+        _owned(record, user_id)
+        if after > record.last and record.running and record.owner != self.log.owner:
+            # Its owner sends frames in batches: a client of that process may have seen some
+            # the log does not hold yet.
+            await asyncio.sleep(self.flush_interval * 3)
+            record = await self._record(run_id)
+        if after > record.last:
+            raise _ahead(after, record.last)
+        return record, lambda: self._follow_log(record, after, heartbeat)
+
+    async def _record(self, run_id: str) -> RunRecord:
+        try:
+            record = await self.log.get(run_id)
+        except RunLogError as exc:
+            raise _unavailable() from exc
+        if record is None:
+            raise HTTPError(404, "run_not_found", f"no run {run_id!r}: it never existed here, or its log expired")
+        return record
+
+    async def follow(self, live: LiveRun, after: int, heartbeat: float | None = None) -> AsyncIterator[bytes]:
+        """The frames of a run of this process after ``after``, as they come, until it ends; all
+        that is ready goes in one piece (up to `CHUNK_FRAMES`), and `HEARTBEAT` after
+        ``heartbeat`` idle seconds. Pulled by the response's write loop itself: it takes the next
+        piece once the last one was sent, so a slow client holds nothing but its position."""
+        cursor = after
+        loop = asyncio.get_running_loop()
+        me = id(object())
+        while me in live.cursors:  # ids of dead objects repeat
+            me += 1
+        live.moved(me, cursor)
+        beat = Beat(loop, heartbeat) if heartbeat is not None and heartbeat > 0 else None
+        try:
+            while True:
+                start = cursor - live.base
+                if start < 0:
+                    yield gap_frame(live.kind, cursor)
+                    return
+                frames = live.frames
+                if start < len(frames):
+                    end = min(len(frames), start + CHUNK_FRAMES)
+                    cursor = live.base + end
+                    yield frames[start] if end == start + 1 else b"".join(frames[start:end])
+                    live.moved(me, cursor)
+                    if beat is not None:
+                        beat.sent += 1
+                elif live.done:
+                    return
+                elif beat is not None and beat.due:
+                    beat.due = False
+                    yield HEARTBEAT
+                else:
+                    waiter = loop.create_future()
+                    live.waiters.append(waiter)
+                    if beat is not None:
+                        beat.waiter = waiter
+                    await waiter
+        finally:
+            if beat is not None:
+                beat.stop()
+            live.moved(me, -1)
+            if not live.detach and live.followers == 0 and not live.done and live.task is not None:
+                # Its last client left: a run tied to its clients stops, as it always did.
+                live.task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await asyncio.shield(asyncio.gather(live.task, return_exceptions=True))
+
+    async def _follow_log(self, record: RunRecord, after: int, heartbeat: float | None) -> AsyncIterator[bytes]:
+        """The frames of a run held in the log (ended, or running in another process)."""
+        run_id, cursor = record.run_id, after
+        loop = asyncio.get_running_loop()
+        sent = loop.time()
+        while True:
+            live = self.live.get(run_id)
+            if live is not None:  # ours after all (a log shared with ourselves): follow it here
+                async for chunk in self.follow(live, cursor, heartbeat):
+                    yield chunk
+                return
+            try:
+                piece = await self.log.read(run_id, cursor, self.poll)
+                if piece is not None and not piece.data and piece.record.running:
+                    await self._check_owner(piece.record)
+            except RunLogError as exc:
+                log.warning("run %s: reading its log failed: %s", run_id, exc)
+                yield terminal_frame(record.kind, "RunLogUnavailable", "the run log became unavailable; "
+                                     f"resume after the last event id received ({cursor})")
+                return
+            if piece is None:
+                yield terminal_frame(record.kind, "RunLogExpired", "the run's log expired while it was read")
+                return
+            if piece.gap:
+                yield gap_frame(record.kind, cursor)
+                return
+            if piece.data:
+                cursor = piece.last
+                yield piece.data
+                sent = loop.time()
+                continue
+            if heartbeat is not None and heartbeat > 0 and loop.time() - sent >= heartbeat:
+                yield HEARTBEAT
+                sent = loop.time()
+            record = piece.record
+            if not record.running and cursor >= record.last:
+                return
+
+    async def _check_owner(self, record: RunRecord) -> None:
+        """A run that sent nothing for a poll: if its owner's lease is gone, mark it lost."""
+        if record.run_id in self.live:
+            return
+        if record.owner != self.log.owner and await self.log.owner_alive(record.owner):
+            return
+        message = "the server process running this run stopped; the run is lost"
+        await self.log.mark_lost(record.run_id, terminal_frame(record.kind, "RunLost", message))
+
+    # -- interrupting ----------------------------------------------------------------------------
+
+    async def interrupt(self, run_id: str, user_id: str) -> dict[str, object]:
+        live = self.live.get(run_id)
+        if live is not None:
+            _owned(live.record, user_id)
+            return {"run_id": run_id, "interrupted": live.interrupt()}
+        record = await self._record(run_id)
+        _owned(record, user_id)
+        if not record.running:
+            return {"run_id": run_id, "interrupted": False, "status": record.status}
+        return {"run_id": run_id, "interrupted": await self.log.send_interrupt(record)}
+
+    async def _interrupt_here(self, run_id: str) -> bool:
+        live = self.live.get(run_id)
+        return live.interrupt() if live is not None else False
+
+    # -- the shared log's background work --------------------------------------------------------
+
+    def _batch(self, live: LiveRun) -> Batch:
+        first = max(live.flushed, live.base) + 1
+        batch = Batch(live.run_id, first, live.frames[first - live.base - 1:])
+        live.flushed = live.last
+        if len(live.frames) > live.keep:
+            live.trim()
+        return batch
+
+    async def _flusher(self) -> None:
+        while True:
+            await asyncio.sleep(self.flush_interval)
+            batches = [self._batch(live) for live in list(self.live.values()) if live.last > live.flushed]
+            if not batches:
+                continue
+            try:
+                refused = await self.log.append(batches)
+            except Exception as exc:  # a shared log down: clients here keep streaming
+                log.warning("could not write %d batches to the run log: %s", len(batches), exc)
+                continue
+            for run_id in refused:  # declared lost by another process: stop working for nobody
+                live = self.live.get(run_id)
+                if live is not None and live.task is not None:
+                    log.warning("run %s was marked lost by another process; stopping it", run_id)
+                    live.task.cancel()
+
+    async def _renewer(self) -> None:
+        while True:
+            await asyncio.sleep(self.log.lease / 3)
+            try:
+                await self.log.renew()
+            except Exception as exc:
+                log.warning("could not renew this process's lease in the run log: %s", exc)
+
+
+def _owned(record: RunRecord, user_id: str) -> None:
+    if record.user_id != user_id:
+        raise HTTPError(403, "forbidden", "this run belongs to another user")
+
+
+def _ahead(after: int, last: int) -> HTTPError:
+    return HTTPError(400, "last_event_id_ahead", f"event id {after} is past this run's log, which ends at id {last}: "
+                     "it is not an id of this run")
+
+
+def _busy(message: str, limits: Limits) -> HTTPError:
+    seconds = max(1, round(limits.retry_after))
+    return HTTPError(429, "too_many_runs", f"{message}; retry in {seconds} s", headers={"retry-after": str(seconds)})
+
+
+def _unavailable() -> HTTPError:
+    return HTTPError(503, "run_log_unavailable", "the run log is unavailable; try again", headers={"retry-after": "1"})
