@@ -199,7 +199,8 @@ class HumanApprovalMiddleware(MiddlewareBase):
     def on_agent_state_ready(
         self, agent: ReActAgent, ctx: RuntimeContext, state: AgentState, input_messages: list[Msg]
     ) -> None:
-        self._check(agent.toolkit.names)
+        if ctx.parent is None:  # (inherited by a sub-agent: checked at the root, against the whole tree)
+            self._check(agent.toolkit.tree_names)
         decided = _Decided()
         ctx.put(_Decided, decided)  # fresh per execution, even when the caller reuses its ctx
         if not state.pending_tool_calls:

@@ -126,7 +126,8 @@ class ToolPolicyMiddleware(MiddlewareBase):
     def on_agent_state_ready(
         self, agent: ReActAgent, ctx: RuntimeContext, state: AgentState, input_messages: list[Msg]
     ) -> None:
-        self._check(agent.toolkit.names)
+        if ctx.parent is None:  # (inherited by a sub-agent: checked at the root, against the whole tree)
+            self._check(agent.toolkit.tree_names)
 
     def on_model_call(self, agent: ReActAgent, ctx: RuntimeContext, input: ModelCallInput, next: Next) -> Any:
         tools = tuple(t for t in input.tools if self.listed(t.name))

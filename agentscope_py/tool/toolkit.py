@@ -282,6 +282,26 @@ class Toolkit:
     def names(self) -> list[str]:
         return list(self._all())
 
+    @property
+    def tree_names(self) -> list[str]:
+        """The names of this toolkit's tools and of the tools of every sub-agent below it (through
+        `register_agent`): what a middleware inherited by the whole tree may name."""
+        names: dict[str, None] = {}
+        seen: set[int] = set()
+        stack = [self]
+        while stack:
+            toolkit = stack.pop()
+            if id(toolkit) in seen:
+                continue
+            seen.add(id(toolkit))
+            for t in toolkit:
+                names.setdefault(t.name, None)
+                owner = getattr(t.fn, "__self__", None)
+                agent = getattr(owner, "agent", None) if owner is not None and hasattr(owner, "reaches") else None
+                if agent is not None:
+                    stack.append(agent.toolkit)
+        return list(names)
+
     def schemas(self) -> tuple[ToolSchema, ...]:
         # Asked for every round: kept until the tools change (what the schemas are made of).
         key = tuple(self._all().values())

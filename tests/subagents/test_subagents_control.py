@@ -256,3 +256,25 @@ async def test_a_sub_agents_human_approval_middleware_pauses_and_resumes_through
     msg = await root.call(confirm_message(ConfirmResult(tool_call_id="c-e", confirmed=True)), ctx=ctx)
     assert msg.text == "root done"
     assert child.model.requests[1].messages[-1].tool_results[0].text == "x"  # type: ignore[attr-defined]
+
+
+async def test_approval_registered_on_the_root_for_a_sub_agents_tool_pauses_and_resumes() -> None:
+    # The root's middleware names a tool only the child has: checked against the whole tree, and
+    # inherited by the child, where it asks.
+    from subagent_helpers import echo
+
+    from agentscope_py.middleware import HumanApprovalMiddleware, ToolPolicyMiddleware
+
+    child = agent("child", [ModelStep.tool_call("echo", {"text": "x"}, id="c-e"), ModelStep.text("child done")], echo)
+    root = agent("root", [ModelStep.tool_call("child", {"task": "t"}, id="r1"), ModelStep.text("root done")],
+                 child.as_tool(), mws=[HumanApprovalMiddleware({"echo": True}), ToolPolicyMiddleware(allow=["echo", "child"])])
+    assert sorted(root.toolkit.tree_names) == ["child", "echo"]
+    ctx = RuntimeContext(session_id="s")
+    events = await root.stream("go", ctx=ctx).to_list()
+    asks = [(e.source, [c.id for c in e.tool_calls]) for e in events if type(e) is RequireUserConfirm]
+    assert asks == [("root/child", ["c-e"])]
+    msg = await root.call(confirm_message(ConfirmResult(tool_call_id="c-e", confirmed=True)), ctx=ctx)
+    assert msg.text == "root done"
+    bad = agent("root2", [ModelStep.text("never")], child.as_tool(), mws=[HumanApprovalMiddleware({"nope": True})])
+    with pytest.raises(ValueError, match="no tool matches 'nope'"):
+        await bad.call("go")
