@@ -39,7 +39,7 @@ from agentscope_py.message import GenerateReason, Msg, TextBlock
 from agentscope_py.server import AguiMapper, create_app
 from agentscope_py.server.agui import encode
 
-from .conftest import USAGE, LiveServer, add, agui_events, run_input, user
+from .conftest import USAGE, LiveServer, add, agui_events, delete_file, run_input, user
 from .test_agui_client import NODE, client_modules
 
 __all__ = ["client_modules"]  # the fixture, shared with the conformance tests
@@ -526,3 +526,32 @@ def test_stray_events_never_start_an_invocation_twice(verify: Callable[..., list
     starts = [e["subagentRunId"] for e in events if e["type"] == "SUBAGENT_STARTED"]
     assert len(starts) == len(set(starts)) == 2 and starts[0] == "k1"
     assert verify(events) == ["ok"]
+
+
+def test_a_childs_approval_resumed_over_agui_resumes_the_child_and_finishes_the_parent() -> None:
+    # End to end: the child's tool asks; the run ends in an interrupt naming the child's call; the
+    # client's resume goes to the parent, which routes it to the child where it stopped.
+    keeper = agent("keeper", ModelStep.tool_call("delete_file", {"path": "/tmp/a"}, id="k-del"),
+                   ModelStep.text("Deleted."), tools=[delete_file])
+    boss = agent("boss", ModelStep.tool_call("keeper", {"task": "clean up"}, id="b-k"), ModelStep.text("All clean."),
+                 tools=[keeper.as_tool()])
+    with TestClient(create_app(boss)) as client:
+        def run(body: dict[str, Any]) -> list[dict[str, Any]]:
+            with client.stream("POST", "/agui", json=body) as response:
+                assert response.status_code == 200
+                events = agui_events(response.read().decode())
+            for e in events:
+                EVENT.validate_python(e)
+            return events
+
+        first = run(run_input("t1", user("clean up")))
+        [interrupt] = first[-1]["outcome"]["interrupts"]
+        assert first[-1]["outcome"]["type"] == "interrupt"
+        assert (interrupt["id"], interrupt["toolCallId"]) == ("k-del", "k-del") and interrupt["subagentRunId"]
+        resume = [{"interruptId": "k-del", "status": "resolved", "payload": {"approved": True}}]
+        second = run(run_input("t1", user("clean up"), run="run-2", resume=resume))
+    assert second[-1] == {**second[-1], "type": "RUN_FINISHED", "outcome": {"type": "success"}}
+    results = {e["toolCallId"]: e["content"] for e in second if e["type"] == "TOOL_CALL_RESULT"}
+    assert results["k-del"] == "deleted /tmp/a" and results["b-k"] == "Deleted."
+    texts = "".join(e["delta"] for e in second if e["type"] == "TEXT_MESSAGE_CONTENT" and "subagentRunId" not in e)
+    assert texts == "All clean."
