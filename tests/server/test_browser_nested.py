@@ -13,7 +13,7 @@ import pytest
 from agentscope_py import ModelStep, ReActAgent, ScriptedModel, Toolkit, ToolUseBlock
 from agentscope_py.server import create_app
 
-from .conftest import LiveServer, add
+from .conftest import LiveServer, add, delete_file
 from .test_browser import _page, _send, _shot, browser
 
 __all__ = ["browser"]  # the fixture, shared with the page's other tests
@@ -52,6 +52,14 @@ def flaky_tree() -> ReActAgent:
                                        error_after=1))
     return agent("boss", ModelStep.tool_call("flaky", {"task": "try"}, id="b-flaky", text="Asking flaky."),
                  ModelStep.text("flaky failed."), tools=[failing.as_tool()])
+
+
+def asking_tree() -> ReActAgent:
+    """boss --keeper-->, whose tool asks the user first."""
+    keeper = agent("keeper", ModelStep.tool_call("delete_file", {"path": "/tmp/a"}, id="k-del"),
+                   ModelStep.text("Deleted it."), tools=[delete_file])
+    return agent("boss", ModelStep.tool_call("keeper", {"task": "clean up"}, id="b-keep", text="Asking keeper."),
+                 ModelStep.text("All clean."), tools=[keeper.as_tool()])
 
 
 @pytest.fixture
@@ -128,3 +136,22 @@ def test_a_failing_sub_agent_shows_its_error_in_its_box(browser: Any, server: Li
     assert "error" in box.locator(".subagent-error").inner_text()
     assert card.get_attribute("data-status") == "error"
     _shot(page, tmp_path / "nested-failed.png")
+
+
+@pytest.mark.parametrize("server", [asking_tree], indirect=True)
+def test_approving_a_sub_agents_tool_call_resumes_it_and_the_parent(browser: Any, server: LiveServer,
+                                                                     tmp_path: Path) -> None:
+    page = _page(browser, server, viewport={"width": 1024, "height": 800})
+    _send(page, "clean up")
+    card = page.locator('[data-testid="tool-call"][data-tool-call-id="b-keep"]')
+    box = card.locator('[data-testid="subagent"][data-name="keeper"]')
+    box.get_by_test_id("approve-button").wait_for()  # the question is asked inside the child's box
+    assert page.get_by_test_id("run-status").get_attribute("data-status") == "waiting"
+    _shot(page, tmp_path / "nested-approval.png")
+    box.get_by_test_id("approve-button").click()
+    page.locator('[data-testid="run-status"][data-status="done"]').wait_for()
+    assert _top_level_texts(page)[-1] == "All clean."
+    inner = page.locator('[data-testid="tool-call"][data-tool-call-id="k-del"]').last
+    assert inner.get_by_test_id("tool-result").inner_text().endswith("deleted /tmp/a")
+    assert page.get_by_test_id("approve-button").count() == 0
+    _shot(page, tmp_path / "nested-approved.png")
