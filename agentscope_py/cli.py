@@ -93,7 +93,8 @@ def serve(args: argparse.Namespace) -> int:
     options = {"target": args.target, "model": args.model, "base_url": args.base_url,
                "allowed_origins": args.allowed_origin, "allowed_hosts": args.allowed_host, "tune_gc": args.tune_gc}
     limits = {"header_timeout": args.header_timeout, "idle_timeout": args.idle_timeout,
-              "max_connections": args.max_connections, "log_level": args.log_level}
+              "max_connections": args.max_connections, "log_level": args.log_level, "http": args.http,
+              "loop": args.loop}
     try:
         if args.workers > 1:
             if args.target:
@@ -154,6 +155,10 @@ def _parser() -> argparse.ArgumentParser:
                      help="seconds an idle keep-alive connection stays open (default: %(default)s)")
     srv.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
                      help="the server log's level (default: %(default)s)")
+    srv.add_argument("--http", default="auto", choices=["auto", "h11", "httptools"],
+                     help="uvicorn's HTTP parser (default: %(default)s, httptools when installed)")
+    srv.add_argument("--loop", default="auto", choices=["auto", "asyncio", "uvloop"],
+                     help="the event loop (default: %(default)s, uvloop when installed)")
     srv.add_argument("--tune-gc", action="store_true",
                      help="tune Python's garbage collector for many concurrent streams (gc.freeze after start-up, "
                           "young collections every 50,000 allocations; see docs/server.md; default: Python's own)")
