@@ -142,9 +142,15 @@ def servers(args: argparse.Namespace, notes: dict[str, str]) -> Iterator[dict[st
         serve = [python, "-m", "agentscope_py.cli", "serve", "serving_apps:agentscope_agent", "--port", "0",
                  "--max-connections", "100000", "--log-level", "warning", "--http", http, "--loop", loop]
         out: dict[str, Proc] = {}
+        if args.baseline:  # the same agentscope-py server from another tree (a before/after run)
+            SERVERS["a0"] = f"agentscope-py @ {Path(args.baseline).name}"
+            base_env = {**env, "PYTHONPATH": os.pathsep.join([str(Path(args.baseline).resolve()), env["PYTHONPATH"]])}
+            flags = [f for f in serve if f not in ("--http", http, "--loop", loop)]  # its serve may lack them
+            out["a0"] = Proc(SERVERS["a0"], flags + args.baseline_flags.split(), base_env, _serve_port)
+            started.append(out["a0"])
         for key in args.servers:
             if key == "a":
-                out[key] = Proc(SERVERS[key], serve, env, _serve_port)
+                out[key] = Proc(SERVERS[key], serve + args.serve_flags.split(), env, _serve_port)
             elif key == "b":
                 out[key] = Proc(SERVERS[key], [python, "serving_apps.py", "relay", "--http", http, "--loop", loop],
                                 env, _json_port)
@@ -199,6 +205,14 @@ class RSSSampler:
         self.thread.join()
 
 
+def level_servers(level: str, procs: dict[str, Proc]) -> tuple[str, dict[str, Proc]]:
+    """``sat:5000@ab`` loads only (a) and (b) (and a0, the baseline, when there is one)."""
+    level, _, only = level.partition("@")
+    if not only:
+        return level, procs
+    return level, {k: p for k, p in procs.items() if k in only or k == "a0"}
+
+
 def level_spec(args: argparse.Namespace, level: str, ports: dict[str, int]) -> dict[str, Any]:
     kind, _, count = level.partition(":")
     n = int(count)
@@ -216,6 +230,7 @@ def level_spec(args: argparse.Namespace, level: str, ports: dict[str, int]) -> d
 
 
 def run_level(args: argparse.Namespace, level: str, procs: dict[str, Proc], upstream_pid: int | None) -> dict[str, Any]:
+    level, procs = level_servers(level, procs)
     spec = level_spec(args, level, {k: p.port for k, p in procs.items()})
     pids = {k: p.pid for k, p in procs.items()}
     before = {k: cpu_seconds(p) for k, p in pids.items()}
@@ -286,22 +301,35 @@ def main() -> None:
     parser.add_argument("--levels", default="light:100,light:1000,sat:100,sat:1000,sat:5000")
     parser.add_argument("--servers", default="a,b,c,d", help="a agentscope-py, b bare relay, c pydantic-ai, "
                         "d agentscope-py with the Redis run log (default: %(default)s)")
-    parser.add_argument("--stack", default="fast", choices=sorted(STACKS),
-                        help="fast: uvloop + httptools; h11: asyncio + h11 (every server alike)")
+    parser.add_argument("--stack", default="auto", choices=["auto", *sorted(STACKS)],
+                        help="fast: uvloop + httptools; h11: asyncio + h11 (every server alike); auto: fast "
+                        "when both are installed")
     parser.add_argument("--tokens", type=int, default=100)
     parser.add_argument("--tool-share", type=float, default=0.2, help="share of runs with a tool turn first")
     parser.add_argument("--light-rate", type=float, default=1000.0, help="tokens/s per server at light load")
     parser.add_argument("--sat-dt", type=float, default=0.01, help="seconds between tokens at saturation")
     parser.add_argument("--connect-rate", type=float, default=2500.0, help="new streams/s per server")
     parser.add_argument("--deadline", type=float, default=0.0, help="seconds per level (default: its length + 120)")
+    parser.add_argument("--baseline", help="also serve agentscope-py from this tree (its `serve` defaults: "
+                        "uvloop + httptools when installed), side by side, as a0")
+    parser.add_argument("--serve-flags", default="", help="more flags for (a)'s `agentscope-py serve`")
+    parser.add_argument("--baseline-flags", default="", help="more flags for a0's `agentscope-py serve`")
     parser.add_argument("--warmup", type=int, default=50, help="streams per server before the levels (0: none)")
     parser.add_argument("--quick", action="store_true", help="a smoke test: small levels, few tokens")
     parser.add_argument("--json", action="store_true", help="print the results as one JSON line, last")
     parser.add_argument("--json-out", help="also write the JSON here")
     args = parser.parse_args()
+    if args.stack == "auto":
+        try:
+            import httptools  # noqa: F401
+            import uvloop  # noqa: F401
+
+            args.stack = "fast"
+        except ImportError:
+            args.stack = "h11"
     if args.quick:
-        args.levels, args.tokens, args.warmup = "light:20,sat:50", 20, 5
-        args.light_rate = 400.0
+        args.levels, args.tokens, args.warmup = "light:10,sat:30", 20, 3
+        args.light_rate = 200.0
     args.servers = [s.strip() for s in args.servers.split(",") if s.strip()]
     if unknown := [s for s in args.servers if s not in SERVERS]:
         raise SystemExit(f"--servers: unknown {unknown}; use a, b, c, d")
@@ -311,6 +339,7 @@ def main() -> None:
         upstream_pid = None
         if args.warmup:
             run_level(argparse.Namespace(**{**vars(args), "deadline": 60}), f"sat:{args.warmup}", procs, None)
+            print(f"warmed up ({args.warmup} streams each)", file=sys.stderr, flush=True)
         for level in args.levels.split(","):
             result = run_level(args, level.strip(), procs, upstream_pid)
             results.append(result)
