@@ -244,7 +244,9 @@ def run_level(args: argparse.Namespace, level: str, procs: dict[str, Proc], upst
     if proc.returncode != 0:
         raise RuntimeError(f"the clients failed: {proc.stderr[-3000:]}")
     clients = json.loads(proc.stdout.strip().splitlines()[-1])
-    out: dict[str, Any] = {"level": level, "n": spec["n"], "dt_s": spec["dt"], "wall_s": wall, "servers": {}}
+    # The host's other load, which slows every server alike (the ratios stand, the spans do not).
+    out: dict[str, Any] = {"level": level, "n": spec["n"], "dt_s": spec["dt"], "wall_s": wall,
+                           "loadavg_1m_after": os.getloadavg()[0], "servers": {}}
     if upstream_pid:
         out["upstream_cpu_s"] = cpu_seconds(upstream_pid) - upstream_before
     for key, pid in pids.items():
@@ -271,13 +273,14 @@ def _f(value: Any, fmt: str = "{:.0f}") -> str:
 
 
 def table(results: list[dict[str, Any]]) -> str:
-    lines = ["| level | server | µs CPU/token | × relay | tokens/s (span) | tokens/s per core | TTFT p50 / p99 ms "
-             "| RSS KiB/session | errors |", "|---|---|---:|---:|---:|---:|---:|---:|---|"]
+    lines = ["| level (load avg) | server | µs CPU/token | × relay | tokens/s (span) | tokens/s per core "
+             "| TTFT p50 / p99 ms | RSS KiB/session | errors |", "|---|---|---:|---:|---:|---:|---:|---:|---|"]
     for r in results:
         for key, s in r["servers"].items():
             errors = ", ".join(f"{k}: {v}" for k, v in s["errors"].items()) or "0"
             lines.append(
-                f"| {r['level']} | ({key}) {SERVERS[key]} | {_f(s['cpu_us_per_token'])} | "
+                f"| {r['level']} ({r.get('loadavg_1m_after', 0):.1f}) | ({key}) {SERVERS[key]} | "
+                f"{_f(s['cpu_us_per_token'])} | "
                 f"{_f(s['cpu_vs_relay'], '{:.2f}×')} | {_f(s['tokens_per_s'])} | {_f(s['core_tokens_per_s'])} | "
                 f"{_f(s['ttft_ms_p50'], '{:.1f}')} / {_f(s['ttft_ms_p99'], '{:.1f}')} | "
                 f"{_f(s['rss_kib_per_session'], '{:.1f}')} | {errors} |")

@@ -43,8 +43,10 @@ def _openai_client() -> Any:
     import openai
 
     limits = httpx2.Limits(max_connections=POOL, max_keepalive_connections=POOL)
-    return openai.AsyncOpenAI(base_url=upstream(), api_key="bench", max_retries=0,
-                              http_client=openai.DefaultAsyncHttpxClient(limits=limits))
+    # The relay's timeouts (600 s for everything): the SDK's 5 s connect timeout counts event-loop
+    # time, and a server far behind its load would fail streams on it that the relay keeps.
+    return openai.AsyncOpenAI(base_url=upstream(), api_key="bench", max_retries=0, timeout=httpx2.Timeout(600.0),
+                              http_client=openai.DefaultAsyncHttpxClient(limits=limits, timeout=httpx2.Timeout(600.0)))
 
 
 # -- (a) agentscope-py ---------------------------------------------------------------------------

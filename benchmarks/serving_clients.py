@@ -30,7 +30,7 @@ _TAIL = max(len(DELTA), len(FINISHED), len(FAILED)) - 1
 
 
 class Stream(asyncio.Protocol):
-    __slots__ = ("buf", "deltas", "done", "failed", "finished", "first", "head", "sent", "status", "tail",
+    __slots__ = ("buf", "code", "deltas", "done", "failed", "finished", "first", "head", "sent", "status", "tail",
                  "transport")
 
     def __init__(self, request: bytes, done: asyncio.Future[None]) -> None:
@@ -42,6 +42,7 @@ class Stream(asyncio.Protocol):
         self.deltas = 0
         self.finished = False
         self.failed = False
+        self.code = ""
         self.first: float | None = None
         self.sent = 0.0
         self.transport: asyncio.Transport | None = None
@@ -67,8 +68,10 @@ class Stream(asyncio.Protocol):
             self.deltas += n
         if FINISHED in chunk:
             self.finished = True
-        if FAILED in chunk:
+        if FAILED in chunk and not self.failed:
             self.failed = True
+            at = chunk.find(b'"code":"', chunk.find(FAILED))
+            self.code = chunk[at + 8:chunk.find(b'"', at + 8)].decode(errors="replace") if at >= 0 else "?"
         self.tail = chunk[-_TAIL:]
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -105,7 +108,8 @@ async def one(loop: asyncio.AbstractEventLoop, port: int, payload: bytes, delay:
     except TimeoutError:
         transport.close()
         return {"error": "deadline", "started": started, "ended": time.perf_counter(), "deltas": stream.deltas}
-    return {"status": stream.status, "deltas": stream.deltas, "finished": stream.finished, "failed": stream.failed,
+    return {"status": stream.status, "deltas": stream.deltas, "finished": stream.finished,
+            "failed": stream.code if stream.failed else None,
             "ttft": None if stream.first is None else stream.first - stream.sent,
             "started": started, "ended": time.perf_counter()}
 
@@ -143,7 +147,7 @@ async def run(spec: dict[str, Any]) -> dict[str, Any]:
             if kind is None and r["status"] != 200:
                 kind = f"status {r['status']}"
             elif kind is None and r["failed"]:
-                kind = "RUN_ERROR"
+                kind = f"RUN_ERROR {r['failed']}"
             elif kind is None and not r["finished"]:
                 kind = "no RUN_FINISHED"
             elif kind is None and r["deltas"] != tokens:
