@@ -180,7 +180,7 @@ def main() -> None:
 
     app = APPS[args.app]()
     config = uvicorn.Config(app, host="127.0.0.1", port=args.port, http=args.http, loop=args.loop,
-                            log_level="warning", access_log=False, backlog=4096, timeout_keep_alive=5)
+                            log_level="warning", access_log=False, timeout_keep_alive=5)
     sock = config.bind_socket()
     print(json.dumps({"port": sock.getsockname()[1]}), flush=True)
     uvicorn.Server(config).run(sockets=[sock])

@@ -168,7 +168,7 @@ class Upstream(asyncio.Protocol):
 
 async def main(port: int) -> None:
     loop = asyncio.get_running_loop()
-    server = await loop.create_server(Upstream, "127.0.0.1", port, backlog=4096)
+    server = await loop.create_server(Upstream, "127.0.0.1", port, backlog=8192)
     print(json.dumps({"port": server.sockets[0].getsockname()[1]}), flush=True)
     async with server:
         await server.serve_forever()

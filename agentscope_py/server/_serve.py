@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import gc
 import logging
+import os
 import re
+import socket
 import sys
 import threading
 import time
@@ -67,8 +69,15 @@ class _HeaderTimeout:
         self._timer = None
         cycle = self.cycle
         waiting = cycle is self._armed_cycle and (cycle is None or cycle.response_complete)
-        if waiting and not self.transport.is_closing():
-            self.transport.close()
+        if not waiting or self.transport.is_closing():
+            return
+        if _unread(self.transport):
+            # The client did send; we have not read it: the loop is behind (uvloop runs due timers
+            # before it polls the sockets). Dropping it would fail a healthy client under load
+            # (measured: 1,138 of 5,000 streams at once). Look again once the loop has read it.
+            self._timer = self.loop.call_later(_RECHECK, self._expire)
+            return
+        self.transport.close()
 
     def data_received(self, data: bytes) -> None:
         super().data_received(data)  # type: ignore[misc]
@@ -86,6 +95,23 @@ class _HeaderTimeout:
             self._timer.cancel()
             self._timer = None
         super().connection_lost(exc)  # type: ignore[misc]
+
+
+_RECHECK = 0.5
+"""Seconds before the header deadline is checked again for a client whose bytes wait unread."""
+
+
+def _unread(transport: Any) -> bool:
+    """Whether bytes wait in the connection's socket that the loop has not read yet (a peek on a
+    duplicate of its descriptor: the loop's own socket object may not offer ``recv``)."""
+    sock = transport.get_extra_info("socket")
+    if sock is None:
+        return False
+    try:
+        with socket.socket(fileno=os.dup(sock.fileno())) as peek:
+            return bool(peek.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT))
+    except OSError:  # nothing waiting (BlockingIOError), or the connection is gone
+        return False
 
 
 class H11HeaderTimeoutProtocol(_HeaderTimeout, H11Protocol):  # type: ignore[misc]
