@@ -94,7 +94,7 @@ def serve(args: argparse.Namespace) -> int:
                "allowed_origins": args.allowed_origin, "allowed_hosts": args.allowed_host, "tune_gc": args.tune_gc}
     limits = {"header_timeout": args.header_timeout, "idle_timeout": args.idle_timeout,
               "max_connections": args.max_connections, "log_level": args.log_level, "http": args.http,
-              "loop": args.loop}
+              "loop": args.loop, "backlog": args.backlog}
     try:
         if args.workers > 1:
             if args.target:
@@ -159,6 +159,9 @@ def _parser() -> argparse.ArgumentParser:
                      help="uvicorn's HTTP parser (default: %(default)s, httptools when installed)")
     srv.add_argument("--loop", default="auto", choices=["auto", "asyncio", "uvloop"],
                      help="the event loop (default: %(default)s, uvloop when installed)")
+    srv.add_argument("--backlog", type=int, default=2048,
+                     help="connections waiting to be accepted (default: %(default)s; the kernel caps it at "
+                          "net.core.somaxconn): raise it for reconnect storms")
     srv.add_argument("--tune-gc", action="store_true",
                      help="tune Python's garbage collector for many concurrent streams (gc.freeze after start-up, "
                           "young collections every 50,000 allocations; see docs/server.md; default: Python's own)")

@@ -18,7 +18,9 @@ Levels: ``light:N`` — N streams sharing ``--light-rate`` (1,000) tokens/s per 
 token, more than one process can relay. Per server and level: server CPU µs per relayed token
 (utime + stime of its process from /proc), tokens/s over the level's span and the per-core
 ceiling 10⁶ / (µs per token), time to first token p50/p99 (all of it added by the server: the
-upstream writes token 0 when it reads the request), peak RSS growth per session, errors.
+upstream writes token 0 when it reads the request), peak RSS growth per session (only a server's
+first level shows its memory per session: later levels show what they add beyond that peak) and
+the process's peak RSS, errors.
 
     .venv/bin/python benchmarks/bench_server.py                 # the RESULTS.md levels
     .venv/bin/python benchmarks/bench_server.py --quick --json  # a smoke test (~20 s)
@@ -45,6 +47,9 @@ HERE = Path(__file__).resolve().parent
 PAGE = os.sysconf("SC_PAGE_SIZE")
 TICK = os.sysconf("SC_CLK_TCK")
 STACKS = {"h11": ("h11", "asyncio"), "fast": ("httptools", "uvloop")}
+BACKLOG = 4096
+"""Every server's listen backlog (the kernel's somaxconn here): with uvicorn's 2,048 a burst of
+5,000 connections against a loop that is behind overflows it, for every server alike."""
 SERVERS = {"a": "agentscope-py", "b": "bare relay", "c": "pydantic-ai", "d": "agentscope-py + redis log"}
 
 
@@ -129,7 +134,7 @@ def serve_has_redis(python: str) -> bool:
 
 
 @contextlib.contextmanager
-def servers(args: argparse.Namespace, notes: dict[str, str]) -> Iterator[dict[str, Proc]]:
+def servers(args: argparse.Namespace, notes: dict[str, str], out_upstream: list[int]) -> Iterator[dict[str, Proc]]:
     python = sys.executable
     http, loop = STACKS[args.stack]
     started: list[Proc] = []
@@ -140,20 +145,22 @@ def servers(args: argparse.Namespace, notes: dict[str, str]) -> Iterator[dict[st
         env = {**os.environ, "BENCH_UPSTREAM": f"http://127.0.0.1:{upstream.port}",
                "PYTHONPATH": str(HERE) + os.pathsep + os.environ.get("PYTHONPATH", "")}
         serve = [python, "-m", "agentscope_py.cli", "serve", "serving_apps:agentscope_agent", "--port", "0",
-                 "--max-connections", "100000", "--log-level", "warning", "--http", http, "--loop", loop]
+                 "--max-connections", "100000", "--backlog", str(BACKLOG), "--log-level", "warning",
+                 "--http", http, "--loop", loop]
         out: dict[str, Proc] = {}
         if args.baseline:  # the same agentscope-py server from another tree (a before/after run)
             SERVERS["a0"] = f"agentscope-py @ {Path(args.baseline).name}"
             base_env = {**env, "PYTHONPATH": os.pathsep.join([str(Path(args.baseline).resolve()), env["PYTHONPATH"]])}
-            flags = [f for f in serve if f not in ("--http", http, "--loop", loop)]  # its serve may lack them
+            # Its serve may lack these options.
+            flags = [f for f in serve if f not in ("--http", http, "--loop", loop, "--backlog", str(BACKLOG))]
             out["a0"] = Proc(SERVERS["a0"], flags + args.baseline_flags.split(), base_env, _serve_port)
             started.append(out["a0"])
         for key in args.servers:
             if key == "a":
                 out[key] = Proc(SERVERS[key], serve + args.serve_flags.split(), env, _serve_port)
             elif key == "b":
-                out[key] = Proc(SERVERS[key], [python, "serving_apps.py", "relay", "--http", http, "--loop", loop],
-                                env, _json_port)
+                out[key] = Proc(SERVERS[key], [python, "serving_apps.py", "relay", "--http", http, "--loop", loop,
+                                               "--backlog", str(BACKLOG)], env, _json_port)
             elif key == "c":
                 try:
                     import pydantic_ai  # noqa: F401
@@ -161,7 +168,7 @@ def servers(args: argparse.Namespace, notes: dict[str, str]) -> Iterator[dict[st
                     notes[key] = f"not run: {exc} (pip install -e '.[bench]')"
                     continue
                 out[key] = Proc(SERVERS[key], [python, "serving_apps.py", "pydantic_ai", "--http", http,
-                                               "--loop", loop], env, _json_port)
+                                               "--loop", loop, "--backlog", str(BACKLOG)], env, _json_port)
             elif key == "d":
                 if not serve_has_redis(python):
                     notes[key] = "not run: `agentscope-py serve` has no --redis run log in this tree yet"
@@ -175,6 +182,7 @@ def servers(args: argparse.Namespace, notes: dict[str, str]) -> Iterator[dict[st
                 time.sleep(0.5)
                 out[key] = Proc(SERVERS[key], [*serve, "--redis", f"redis://127.0.0.1:{port}/0"], env, _serve_port)
             started.append(out[key]) if key in out else None
+        out_upstream[0] = upstream.pid
         yield out
     finally:
         for proc in reversed(started):
@@ -224,7 +232,7 @@ def level_spec(args: argparse.Namespace, level: str, ports: dict[str, int]) -> d
         ramp = max(0.05, n / args.connect_rate)
     else:
         raise SystemExit(f"--levels: {level!r} is not light:N or sat:N")
-    deadline = args.deadline or (args.tokens * dt + ramp + 120)
+    deadline = args.deadline or max(900.0, args.tokens * dt + ramp + 120)
     return {"targets": ports, "n": n, "tokens": args.tokens, "dt": dt, "ramp": ramp, "tool_share": args.tool_share,
             "level": level.replace(":", ""), "deadline": deadline}
 
@@ -274,7 +282,8 @@ def _f(value: Any, fmt: str = "{:.0f}") -> str:
 
 def table(results: list[dict[str, Any]]) -> str:
     lines = ["| level (load avg) | server | µs CPU/token | × relay | tokens/s (span) | tokens/s per core "
-             "| TTFT p50 / p99 ms | RSS KiB/session | errors |", "|---|---|---:|---:|---:|---:|---:|---:|---|"]
+             "| TTFT p50 / p99 ms | RSS KiB/session | peak RSS MiB | errors |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in results:
         for key, s in r["servers"].items():
             errors = ", ".join(f"{k}: {v}" for k, v in s["errors"].items()) or "0"
@@ -283,7 +292,7 @@ def table(results: list[dict[str, Any]]) -> str:
                 f"{_f(s['cpu_us_per_token'])} | "
                 f"{_f(s['cpu_vs_relay'], '{:.2f}×')} | {_f(s['tokens_per_s'])} | {_f(s['core_tokens_per_s'])} | "
                 f"{_f(s['ttft_ms_p50'], '{:.1f}')} / {_f(s['ttft_ms_p99'], '{:.1f}')} | "
-                f"{_f(s['rss_kib_per_session'], '{:.1f}')} | {errors} |")
+                f"{_f(s['rss_kib_per_session'], '{:.1f}')} | {_f(s['rss_mib_peak'])} | {errors} |")
     return "\n".join(lines)
 
 
@@ -301,7 +310,9 @@ def bars(results: list[dict[str, Any]], width: int = 48) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--levels", default="light:100,light:1000,sat:100,sat:1000,sat:5000")
+    parser.add_argument("--levels", default="light:100@abd,light:1000@abd,sat:100,sat:1000@abd,sat:5000@abd",
+                        help="light:N / sat:N, comma-separated; @abd loads only those servers (default: "
+                        "%(default)s — (c) alone at 1,000 tokens/s needs more than this 2-core host)")
     parser.add_argument("--servers", default="a,b,c,d", help="a agentscope-py, b bare relay, c pydantic-ai, "
                         "d agentscope-py with the Redis run log (default: %(default)s)")
     parser.add_argument("--stack", default="auto", choices=["auto", *sorted(STACKS)],
@@ -312,7 +323,8 @@ def main() -> None:
     parser.add_argument("--light-rate", type=float, default=1000.0, help="tokens/s per server at light load")
     parser.add_argument("--sat-dt", type=float, default=0.01, help="seconds between tokens at saturation")
     parser.add_argument("--connect-rate", type=float, default=2500.0, help="new streams/s per server")
-    parser.add_argument("--deadline", type=float, default=0.0, help="seconds per level (default: its length + 120)")
+    parser.add_argument("--deadline", type=float, default=0.0,
+                        help="seconds per level before its streams are cut (default: its length + 120, at least 900)")
     parser.add_argument("--baseline", help="also serve agentscope-py from this tree (its `serve` defaults: "
                         "uvloop + httptools when installed), side by side, as a0")
     parser.add_argument("--serve-flags", default="", help="more flags for (a)'s `agentscope-py serve`")
@@ -333,13 +345,15 @@ def main() -> None:
     if args.quick:
         args.levels, args.tokens, args.warmup = "light:10,sat:30", 20, 3
         args.light_rate = 200.0
+        args.deadline = args.deadline or 60.0
     args.servers = [s.strip() for s in args.servers.split(",") if s.strip()]
     if unknown := [s for s in args.servers if s not in SERVERS]:
         raise SystemExit(f"--servers: unknown {unknown}; use a, b, c, d")
     notes: dict[str, str] = {}
     results: list[dict[str, Any]] = []
-    with servers(args, notes) as procs:
-        upstream_pid = None
+    upstream: list[int] = [0]
+    with servers(args, notes, upstream) as procs:
+        upstream_pid = upstream[0]
         if args.warmup:
             run_level(argparse.Namespace(**{**vars(args), "deadline": 60}), f"sat:{args.warmup}", procs, None)
             print(f"warmed up ({args.warmup} streams each)", file=sys.stderr, flush=True)

@@ -175,12 +175,14 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--http", default="h11")
     parser.add_argument("--loop", default="asyncio")
+    parser.add_argument("--backlog", type=int, default=2048)
     args = parser.parse_args()
     import uvicorn
 
     app = APPS[args.app]()
     config = uvicorn.Config(app, host="127.0.0.1", port=args.port, http=args.http, loop=args.loop,
-                            log_level="warning", access_log=False, timeout_keep_alive=5)
+                            log_level="warning", access_log=False, timeout_keep_alive=5,
+                            backlog=args.backlog)
     sock = config.bind_socket()
     print(json.dumps({"port": sock.getsockname()[1]}), flush=True)
     uvicorn.Server(config).run(sockets=[sock])
