@@ -104,6 +104,43 @@ class SSEvent:
             raise malformed(provider, f"invalid JSON in event data: {quote(self.data)}") from None
 
 
+class _EventParser:
+    """SSE lines (bytes, without their endings) → events; the state between lines."""
+
+    __slots__ = ("data", "event", "provider")
+
+    def __init__(self, provider: str) -> None:
+        self.provider = provider
+        self.event: str | None = None
+        self.data: list[bytes] = []
+
+    def feed(self, lines: list[bytes]) -> list[SSEvent]:
+        out: list[SSEvent] = []
+        for line in lines:
+            if not line:
+                if self.data or self.event is not None:
+                    out.append(self.end())
+                continue
+            if line[0] == 58:  # ":" a comment, used as a keep-alive
+                continue
+            field, _, value = line.partition(b":")
+            if value[:1] == b" ":
+                value = value[1:]
+            if field == b"data":
+                self.data.append(value)
+            elif field == b"event":
+                self.event = value.decode("utf-8", "replace")
+            elif field not in (b"id", b"retry"):
+                raise malformed(self.provider, f"unexpected line: {quote(line.decode('utf-8', 'replace'))}")
+        return out
+
+    def end(self) -> SSEvent:
+        """The event the lines so far make (and a fresh start)."""
+        sse = SSEvent(self.event, b"\n".join(self.data).decode("utf-8", "replace"))
+        self.event, self.data = None, []
+        return sse
+
+
 async def sse_events(body: AsyncIterator[bytes], provider: str) -> AsyncGenerator[SSEvent, None]:
     """Events of an SSE body given as byte chunks, split into lines here.
 
@@ -114,8 +151,7 @@ async def sse_events(body: AsyncIterator[bytes], provider: str) -> AsyncGenerato
     comment raises `MalformedStreamError`; an event left open at the end of the body is still
     dispatched (so a cut-off JSON payload fails to parse rather than vanishing, and a final
     ``[DONE]`` without its blank line still counts)."""
-    event: str | None = None
-    data: list[bytes] = []
+    parser = _EventParser(provider)
     rest = b""  # the start of a line the next chunk ends
     after_cr = False  # the last chunk ended with CR: a LF first in the next one belongs to it
     try:
@@ -132,35 +168,13 @@ async def sse_events(body: AsyncIterator[bytes], provider: str) -> AsyncGenerato
             last = chunk[-1]
             after_cr = last == 13
             rest = lines.pop() if last not in (10, 13) else b""
-            for line in lines:
-                if not line:
-                    if data or event is not None:
-                        yield SSEvent(event, b"\n".join(data).decode("utf-8", "replace"))
-                    event, data = None, []
-                    continue
-                if line[0] == 58:  # ":" a comment, used as a keep-alive
-                    continue
-                field, _, value = line.partition(b":")
-                if value[:1] == b" ":
-                    value = value[1:]
-                if field == b"data":
-                    data.append(value)
-                elif field == b"event":
-                    event = value.decode("utf-8", "replace")
-                elif field not in (b"id", b"retry"):
-                    raise malformed(provider, f"unexpected line: {quote(line.decode('utf-8', 'replace'))}")
+            for sse in parser.feed(lines):
+                yield sse
         if rest:  # the body ended without a line ending
-            field, _, value = rest.partition(b":")
-            if value[:1] == b" ":
-                value = value[1:]
-            if field == b"data":
-                data.append(value)
-            elif field == b"event":
-                event = value.decode("utf-8", "replace")
-            elif rest[0] != 58 and field not in (b"id", b"retry"):
-                raise malformed(provider, f"unexpected line: {quote(rest.decode('utf-8', 'replace'))}")
-        if data or event is not None:
-            yield SSEvent(event, b"\n".join(data).decode("utf-8", "replace"))
+            for sse in parser.feed([rest]):
+                yield sse
+        if parser.data or parser.event is not None:
+            yield parser.end()
     finally:
         aclose = getattr(body, "aclose", None)
         if aclose is not None:
