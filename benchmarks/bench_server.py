@@ -226,7 +226,9 @@ def level_spec(args: argparse.Namespace, level: str, ports: dict[str, int]) -> d
     n = int(count)
     if kind == "light":
         dt = n / args.light_rate
-        ramp = dt
+        # Arrivals over a quarter of a stream's length: 1,000 requests in one second are a
+        # reconnect storm (each costs the server milliseconds to set up), not light load.
+        ramp = args.light_ramp if args.light_ramp is not None else max(dt, args.tokens * dt / 4)
     elif kind == "sat":
         dt = args.sat_dt
         ramp = max(0.05, n / args.connect_rate)
@@ -234,7 +236,7 @@ def level_spec(args: argparse.Namespace, level: str, ports: dict[str, int]) -> d
         raise SystemExit(f"--levels: {level!r} is not light:N or sat:N")
     deadline = args.deadline or max(900.0, args.tokens * dt + ramp + 120)
     return {"targets": ports, "n": n, "tokens": args.tokens, "dt": dt, "ramp": ramp, "tool_share": args.tool_share,
-            "level": level.replace(":", ""), "deadline": deadline}
+            "level": f"{level.replace(':', '')}-{time.monotonic_ns()}", "deadline": deadline}  # fresh ids per level
 
 
 def run_level(args: argparse.Namespace, level: str, procs: dict[str, Proc], upstream_pid: int | None) -> dict[str, Any]:
@@ -321,6 +323,8 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=100)
     parser.add_argument("--tool-share", type=float, default=0.2, help="share of runs with a tool turn first")
     parser.add_argument("--light-rate", type=float, default=1000.0, help="tokens/s per server at light load")
+    parser.add_argument("--light-ramp", type=float, default=None,
+                        help="seconds over which a light level's streams start (default: a quarter of a stream's length)")
     parser.add_argument("--sat-dt", type=float, default=0.01, help="seconds between tokens at saturation")
     parser.add_argument("--connect-rate", type=float, default=2500.0, help="new streams/s per server")
     parser.add_argument("--deadline", type=float, default=0.0,
