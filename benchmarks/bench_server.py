@@ -324,7 +324,8 @@ def main() -> None:
     parser.add_argument("--tool-share", type=float, default=0.2, help="share of runs with a tool turn first")
     parser.add_argument("--light-rate", type=float, default=1000.0, help="tokens/s per server at light load")
     parser.add_argument("--light-ramp", type=float, default=None,
-                        help="seconds over which a light level's streams start (default: a quarter of a stream's length)")
+                        help="seconds over which a light level's streams start (default: a quarter of a "
+                        "stream's length)")
     parser.add_argument("--sat-dt", type=float, default=0.01, help="seconds between tokens at saturation")
     parser.add_argument("--connect-rate", type=float, default=2500.0, help="new streams/s per server")
     parser.add_argument("--deadline", type=float, default=0.0,
