@@ -140,7 +140,8 @@ def serve(args: argparse.Namespace) -> int:
                "redis": redis, "detach": args.detach, "run_retention": args.run_retention,
                "run_lease": args.run_lease, "redis_prefix": args.redis_prefix}
     limits = {"header_timeout": args.header_timeout, "idle_timeout": args.idle_timeout,
-              "max_connections": args.max_connections, "log_level": args.log_level}
+              "max_connections": args.max_connections, "log_level": args.log_level, "http": args.http,
+              "loop": args.loop, "backlog": args.backlog}
     try:
         if args.workers > 1:
             if args.target:
@@ -214,6 +215,13 @@ def _parser() -> argparse.ArgumentParser:
     srv.add_argument("--run-lease", type=float, default=10.0, metavar="SECONDS",
                      help="with --redis: seconds after which the runs of a process that stopped answering are "
                           "marked lost (default: %(default)s)")
+    srv.add_argument("--http", default="auto", choices=["auto", "h11", "httptools"],
+                     help="uvicorn's HTTP parser (default: %(default)s, httptools when installed)")
+    srv.add_argument("--loop", default="auto", choices=["auto", "asyncio", "uvloop"],
+                     help="the event loop (default: %(default)s, uvloop when installed)")
+    srv.add_argument("--backlog", type=int, default=2048,
+                     help="connections waiting to be accepted (default: %(default)s; the kernel caps it at "
+                          "net.core.somaxconn): raise it for reconnect storms")
     srv.add_argument("--tune-gc", action="store_true",
                      help="tune Python's garbage collector for many concurrent streams (gc.freeze after start-up, "
                           "young collections every 50,000 allocations; see docs/server.md; default: Python's own)")

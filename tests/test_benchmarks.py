@@ -104,3 +104,18 @@ def test_bench_ab_compares_two_trees_in_alternating_batches() -> None:
     assert set(result["cells"]) == {"call 0", "stream 0"}
     for cell in result["cells"].values():
         assert cell["before_min"] > 0 and cell["after_min"] > 0 and cell["ratio_min"] > 0
+
+
+def test_bench_server_quick_relays_every_token_with_no_error() -> None:
+    # Real processes on loopback: the upstream, agentscope-py `serve`, the bare relay (and Pydantic
+    # AI's adapter when it is installed), and the clients; every stream must end complete.
+    result = run_json("bench_server.py", "--quick", "--servers", "a,b,c", timeout=240)
+    assert result["errors"] == 0
+    assert [r["level"] for r in result["levels"]] == ["light:10", "sat:30"]
+    for level in result["levels"]:
+        assert {"a", "b"} <= set(level["servers"])
+        for key, server in level["servers"].items():
+            assert server["completed"] == server["streams"] == level["n"], key
+            assert server["tokens"] == 20 * level["n"], key  # 20 text deltas per stream, none lost
+            assert server["cpu_us_per_token"] > 0, key
+            assert server["ttft_ms_p50"] is not None, key

@@ -130,7 +130,13 @@ class OpenAIChatModel(SDKModel[openai.AsyncOpenAI]):
         }
 
     def _open(self, params: dict[str, Any]) -> AbstractAsyncContextManager[Any]:
-        return self.client.chat.completions.with_streaming_response.create(**params)
+        # The SDK's create() walks ``messages`` against its TypedDict unions before sending: ~2 ms
+        # per request, measured, more than relaying a 100-token reply costs. Ours are plain JSON
+        # already, so they travel in ``extra_body``, which the SDK sends as it is over the empty
+        # list it checked: the same bytes on the wire.
+        body = {"messages": params["messages"], **params["extra_body"]}
+        return self.client.chat.completions.with_streaming_response.create(
+            **{**params, "messages": [], "extra_body": body})
 
     def _decoder(self) -> _ChunkReader:
         return _ChunkReader()

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import gc
 import logging
+import os
 import re
+import socket
 import sys
 import threading
 import time
@@ -18,13 +20,13 @@ from starlette.applications import Starlette
 from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.supervisors import Multiprocess
 
-try:  # uvicorn's faster parser, when installed, is what "auto" picks
-    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as _Base
-except ImportError:
-    _Base = H11Protocol  # type: ignore[assignment,misc]
+try:  # uvicorn's faster parser (the server extra installs it through uvicorn[standard])
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+except ImportError:  # pragma: no cover - uvicorn without httptools
+    HttpToolsProtocol = None  # type: ignore[assignment,misc]
 
-__all__ = ["GC_THRESHOLDS", "HeaderTimeoutProtocol", "redact_access_log", "serve", "serve_workers", "tune_gc",
-           "uvicorn_config"]
+__all__ = ["GC_THRESHOLDS", "HTTP_PARSERS", "HeaderTimeoutProtocol", "redact_access_log", "serve", "serve_workers",
+           "tune_gc", "uvicorn_config"]
 
 log = logging.getLogger("agentscope_py.server")
 
@@ -40,16 +42,21 @@ GC_THRESHOLDS = (50_000, 20, 100)
 """The collector's thresholds `tune_gc` sets (Python's are 700, 10, 10)."""
 
 
-class HeaderTimeoutProtocol(_Base):  # type: ignore[misc,valid-type]
-    """uvicorn's HTTP protocol, closing a connection whose request headers are not complete
+class _HeaderTimeout:
+    """A mixin over one of uvicorn's HTTP protocols, closing a connection whose request headers are not complete
     within ``config.header_timeout`` seconds of it opening (or of its previous response ending).
     uvicorn's own timeouts cover idle keep-alive connections, not a client sending slowly."""
 
     _timer: Any = None
     _armed_cycle: Any = None
+    # The protocol's own (uvicorn's) attributes this mixin reads:
+    cycle: Any
+    loop: Any
+    config: Any
+    transport: Any
 
     def connection_made(self, transport: Any) -> None:
-        super().connection_made(transport)
+        super().connection_made(transport)  # type: ignore[misc]
         self._arm()
 
     def _arm(self) -> None:
@@ -62,17 +69,24 @@ class HeaderTimeoutProtocol(_Base):  # type: ignore[misc,valid-type]
         self._timer = None
         cycle = self.cycle
         waiting = cycle is self._armed_cycle and (cycle is None or cycle.response_complete)
-        if waiting and not self.transport.is_closing():
-            self.transport.close()
+        if not waiting or self.transport.is_closing():
+            return
+        if _unread(self.transport):
+            # The client did send; we have not read it: the loop is behind (uvloop runs due timers
+            # before it polls the sockets). Dropping it would fail a healthy client under load
+            # (measured: 1,138 of 5,000 streams at once). Look again once the loop has read it.
+            self._timer = self.loop.call_later(_RECHECK, self._expire)
+            return
+        self.transport.close()
 
     def data_received(self, data: bytes) -> None:
-        super().data_received(data)
+        super().data_received(data)  # type: ignore[misc]
         if self._timer is not None and self.cycle is not self._armed_cycle:  # headers are in
             self._timer.cancel()
             self._timer = None
 
     def on_response_complete(self) -> None:
-        super().on_response_complete()
+        super().on_response_complete()  # type: ignore[misc]
         if not self.transport.is_closing():
             self._arm()
 
@@ -80,7 +94,42 @@ class HeaderTimeoutProtocol(_Base):  # type: ignore[misc,valid-type]
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        super().connection_lost(exc)
+        super().connection_lost(exc)  # type: ignore[misc]
+
+
+_RECHECK = 0.5
+"""Seconds before the header deadline is checked again for a client whose bytes wait unread."""
+
+
+def _unread(transport: Any) -> bool:
+    """Whether bytes wait in the connection's socket that the loop has not read yet (a peek on a
+    duplicate of its descriptor: the loop's own socket object may not offer ``recv``)."""
+    sock = transport.get_extra_info("socket")
+    if sock is None:
+        return False
+    try:
+        with socket.socket(fileno=os.dup(sock.fileno())) as peek:
+            return bool(peek.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT))
+    except OSError:  # nothing waiting (BlockingIOError), or the connection is gone
+        return False
+
+
+class H11HeaderTimeoutProtocol(_HeaderTimeout, H11Protocol):  # type: ignore[misc]
+    """`_HeaderTimeout` over uvicorn's pure-Python h11 parser."""
+
+
+if HttpToolsProtocol is not None:
+    class HttpToolsHeaderTimeoutProtocol(_HeaderTimeout, HttpToolsProtocol):  # type: ignore[misc]
+        """`_HeaderTimeout` over uvicorn's httptools (llhttp) parser."""
+
+    HeaderTimeoutProtocol: type = HttpToolsHeaderTimeoutProtocol
+else:  # pragma: no cover - uvicorn without httptools
+    HeaderTimeoutProtocol = H11HeaderTimeoutProtocol
+
+HTTP_PARSERS = {"auto": "HeaderTimeoutProtocol", "h11": "H11HeaderTimeoutProtocol",
+                "httptools": "HttpToolsHeaderTimeoutProtocol"}
+"""``http=`` of `uvicorn_config` → the protocol class. ``auto`` is httptools when installed: over
+real HTTP it cut the server's CPU per relayed token against h11 (``benchmarks/RESULTS.md``)."""
 
 
 _SECRET_PARAM = re.compile(r"([?&#](?:token|access_token|api_key|key)=)[^&\s]*", re.I)
@@ -104,10 +153,15 @@ def redact_access_log() -> None:
 
 def uvicorn_config(app: Any, host: str = "127.0.0.1", port: int = 8000, *, header_timeout: float = HEADER_TIMEOUT,
                    idle_timeout: int = IDLE_TIMEOUT, max_connections: int | None = MAX_CONNECTIONS,
-                   **uvicorn_options: Any) -> Any:
-    """The ``uvicorn.Config`` `serve` runs: `HeaderTimeoutProtocol`, ``timeout_keep_alive`` =
-    ``idle_timeout``, ``limit_concurrency`` = ``max_connections``; other options pass through."""
-    options: dict[str, Any] = {"http": f"{__name__}:HeaderTimeoutProtocol", "timeout_keep_alive": idle_timeout,
+                   http: str = "auto", **uvicorn_options: Any) -> Any:
+    """The ``uvicorn.Config`` `serve` runs: the header-timeout protocol over the ``http`` parser
+    (``auto``, ``h11`` or ``httptools``; see `HTTP_PARSERS`), ``timeout_keep_alive`` =
+    ``idle_timeout``, ``limit_concurrency`` = ``max_connections``; other options (``loop``:
+    ``auto`` is uvloop when installed) pass through."""
+    if http not in HTTP_PARSERS or (http == "httptools" and HttpToolsProtocol is None):
+        raise ValueError(f"http={http!r}: use 'auto' or 'h11'" + ("" if HttpToolsProtocol is None else
+                                                                  " or 'httptools'"))
+    options: dict[str, Any] = {"http": f"{__name__}:{HTTP_PARSERS[http]}", "timeout_keep_alive": idle_timeout,
                                "limit_concurrency": max_connections, **uvicorn_options}
     config = uvicorn.Config(app, host=host, port=port, **options)
     config.header_timeout = header_timeout  # type: ignore[attr-defined]  # read by the protocol, pickled to workers

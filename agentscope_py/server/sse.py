@@ -126,13 +126,15 @@ def encode_error(error: BaseException, *, message: str | None = None, code: str 
 
 
 async def with_heartbeat(source: AsyncIterator[bytes], interval: float | None,
-                         buffer_bytes: int = BUFFER_BYTES) -> AsyncIterator[bytes]:
+                         buffer_bytes: int = BUFFER_BYTES, *, coalesce: bool = False) -> AsyncIterator[bytes]:
     """``source``'s frames, plus `HEARTBEAT` whenever nothing was sent for ``interval`` seconds.
 
     ``source`` runs in one producer task (so the agent's generators keep one task and context
     throughout) feeding a `Channel` of at most `BUFFER` frames and ``buffer_bytes`` bytes; closing
     this iterator cancels the producer once and waits for its cleanup, which is how a disconnect
-    cancels the run."""
+    cancels the run. ``coalesce``: every frame waiting when the consumer takes one comes joined
+    to it, in order, as one item (one socket write for tokens that arrived together; a frame that
+    arrives alone still goes at once: nothing waits to be batched)."""
     channel = Channel(BUFFER)
     loop = channel.loop
     # The channel bounds the frame count; the bytes are a second bound, checked by the producer
@@ -166,6 +168,11 @@ async def with_heartbeat(source: AsyncIterator[bytes], interval: float | None,
         while True:
             if channel.items:
                 frame = channel.take()
+                if coalesce and channel.items:
+                    parts = [frame]
+                    while channel.items:
+                        parts.append(channel.take())
+                    frame = b"".join(parts)
                 buffered -= len(frame)
                 bytes_room.set()
                 yield frame
@@ -277,7 +284,12 @@ class SSEResponse(Response):
             log.error("SSE stream failed", exc_info=exc)
 
     async def _pump(self, send: Send) -> None:
-        frames = self.frames() if self.direct else with_heartbeat(self.frames(), self.heartbeat, self.buffer_bytes)
+        # Coalesced: under load the upstream's tokens arrive several per read, and each body
+        # message costs a trip through the middleware's send wrappers, the HTTP protocol and a
+        # socket write (see "End-to-end serving" in benchmarks/RESULTS.md). A run's followers
+        # (``direct``) read frames joined already by the run log.
+        frames = self.frames() if self.direct else with_heartbeat(self.frames(), self.heartbeat, self.buffer_bytes,
+                                                                  coalesce=True)
         async with contextlib.aclosing(frames):  # type: ignore[type-var]
             async for frame in frames:
                 # Two stores per frame instead of a timer per send: `_stalled` reads them.

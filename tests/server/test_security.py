@@ -205,3 +205,34 @@ def test_serving_off_loopback_without_allowed_hosts_warns(capsys: pytest.Capture
     assert capsys.readouterr().err == ""
     warn_if_open("0.0.0.0", None)
     assert "DNS rebinding" in capsys.readouterr().err
+
+
+def test_a_request_waiting_unread_while_the_server_is_busy_is_not_cut_off(live: Live) -> None:
+    # Under load the loop can be late to read a request that arrived in time: the deadline, due
+    # meanwhile, then ran before the read (uvloop runs due timers before it polls) and closed a
+    # healthy connection. The deadline is for clients that do not send, not for a busy server.
+    server = live(create_app(scripted_agent(ModelStep.text("ok"))), hardened=True, header_timeout=0.3)
+    loop = server.server_loop()
+    wake, trigger = socket.socketpair()
+
+    def busy() -> None:  # runs while the loop handles I/O: a long burst of work past the deadline
+        wake.recv(1)
+        time.sleep(0.8)
+
+    try:
+        with socket.create_connection(("127.0.0.1", server.port), timeout=5) as sock:
+            time.sleep(0.1)  # accepted: the deadline runs
+            loop.call_soon_threadsafe(loop.add_reader, wake.fileno(), busy)
+            time.sleep(0.05)
+            trigger.send(b"x")
+            time.sleep(0.1)  # the loop is busy now; the request arrives in time, and waits
+            sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+            answer = b""
+            while chunk := sock.recv(65536):
+                answer += chunk
+        assert answer.startswith(b"HTTP/1.1 200"), answer[:100]
+    finally:
+        loop.call_soon_threadsafe(loop.remove_reader, wake.fileno())
+        time.sleep(0.05)
+        wake.close()
+        trigger.close()

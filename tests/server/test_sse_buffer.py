@@ -197,3 +197,43 @@ async def test_a_reader_cancelled_while_waiting_cancels_the_run() -> None:
     with pytest.raises(asyncio.CancelledError):
         await task
     assert source_cleaned.is_set()
+
+
+async def test_coalescing_joins_the_frames_that_wait_into_one_item_in_order() -> None:
+    source = Source(100)
+    frames = sse.with_heartbeat(source.frames(), None, coalesce=True)
+    got = [f async for f in frames]
+    # The producer fills the buffer (BUFFER frames) before the consumer runs: each item is all
+    # that waited, never more than the bound.
+    assert b"".join(got) == b"x" * 800
+    assert all(len(f) <= 8 * sse.BUFFER for f in got)
+    assert len(got[0]) == 8 * sse.BUFFER
+    assert len(got) < 100
+
+
+async def test_coalescing_keeps_the_order_and_never_holds_a_frame_back() -> None:
+    async def paced() -> AsyncIterator[bytes]:
+        for i in range(5):
+            await asyncio.sleep(0.01)  # one frame at a time: each must go as it comes
+            yield b"%d," % i
+        for i in range(5, 40):  # then a burst, ready together
+            yield b"%d," % i
+
+    got = [f async for f in sse.with_heartbeat(paced(), None, coalesce=True)]
+    assert got[:4] == [b"0,", b"1,", b"2,", b"3,"]  # (4 was made with the burst, right after it)
+    assert b"".join(got) == b"".join(b"%d," % i for i in range(40))
+    assert len(got) < 40  # the burst went in fewer writes than frames
+
+
+async def test_coalescing_still_bounds_what_the_run_gets_ahead() -> None:
+    source = Source(1000, size=10_000)
+    frames = sse.with_heartbeat(source.frames(), None, buffer_bytes=32_000, coalesce=True)
+    async with contextlib.aclosing(frames):
+        taken = 0
+        for _ in range(3):
+            item = await anext(frames)
+            assert len(item) <= 40_000  # what waited: within the byte bound, plus the one past it
+            taken += len(item) // 10_000
+            await _settle()
+            # 3 frames (30 kB) fit in 32 kB; a 4th is made and waits for room.
+            assert source.made - taken <= 3 + 1
