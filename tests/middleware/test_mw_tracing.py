@@ -6,13 +6,11 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
@@ -26,20 +24,6 @@ from agentscope_py import (
     tool,
 )
 from agentscope_py.middleware import OtelTracingMiddleware
-
-
-# An application-owned provider per test: the global one can be set only once per process.
-@pytest.fixture
-def exporter() -> InMemorySpanExporter:
-    return InMemorySpanExporter()
-
-
-@pytest.fixture
-def provider(exporter: InMemorySpanExporter) -> Iterator[TracerProvider]:
-    tp = TracerProvider()
-    tp.add_span_processor(SimpleSpanProcessor(exporter))
-    yield tp
-    tp.shutdown()
 
 
 @tool
