@@ -1,5 +1,6 @@
 """The ``agentscope-py`` command: ``demo`` runs the demo agent in the terminal, ``serve`` serves an
-agent (yours, or the demo) to a browser and to AG-UI clients."""
+agent (yours, or the demo) to a browser and to AG-UI clients, ``worker`` runs durable runs on
+Temporal."""
 
 from __future__ import annotations
 
@@ -217,7 +218,36 @@ def _parser() -> argparse.ArgumentParser:
     srv.add_argument("--tune-gc", action="store_true",
                      help="tune Python's garbage collector for many concurrent streams (gc.freeze after start-up, "
                           "young collections every 50,000 allocations; see docs/server.md; default: Python's own)")
+    wrk = sub.add_parser("worker", help="run a Temporal worker for durable runs (docs/durable.md)",
+                         description="Run durable runs of the given agents: the workflow and the model/tool call "
+                                     "activities on a task queue of a Temporal server (needs the temporal extra).")
+    wrk.add_argument("--temporal", required=True, metavar="HOST:PORT", help="the Temporal server's address")
+    wrk.add_argument("--agents", required=True, action="append", metavar="pkg.module:factory",
+                     help="an agent factory whose runs this worker runs; repeatable")
+    wrk.add_argument("--task-queue", default="agentscope", help="the task queue (default: %(default)s)")
+    wrk.add_argument("--namespace", default="default", help="the Temporal namespace (default: %(default)s)")
+    wrk.add_argument("--config", metavar="pkg.module:attr", help="a DurableConfig: the activities' timeouts and "
+                     "retry policies (default: DurableConfig(), see docs/durable.md)")
     return parser
+
+
+def run_worker(args: argparse.Namespace) -> int:
+    try:
+        from .durable import run_worker as run
+    except ImportError as exc:
+        print(f"error: durable runs need the temporal extra (pip install 'agentscope-py[temporal]'): {exc}",
+              file=sys.stderr)
+        return 2
+    try:
+        asyncio.run(run(args.temporal, args.agents, task_queue=args.task_queue, namespace=args.namespace,
+                        config=args.config))
+    except (ValueError, TypeError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except RuntimeError as exc:  # the server cannot be reached
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -230,6 +260,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         except (ImportError, ValueError) as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
+    if args.command == "worker":
+        return run_worker(args)
     return serve(args)
 
 

@@ -1,0 +1,64 @@
+"""Where a durable run finds its agent: a factory named ``pkg.module:factory`` (as ``serve``
+takes), called in the workflow (for the loop and the middleware) and once per worker process
+(for the models and tools the activities run)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..agent.react import ReActAgent
+
+__all__ = ["build_agent", "check_factory", "load_config", "worker_agent"]
+
+_worker_agents: dict[str, ReActAgent] = {}
+
+
+def check_factory(path: str) -> None:
+    """Fail now (ValueError naming the problem) if ``path`` names no agent or factory."""
+    if not isinstance(path, str) or ":" not in path:
+        raise ValueError(f"factory must be 'pkg.module:factory' (a function returning a ReActAgent), got {path!r}")
+    from ..cli import load_target
+
+    load_target(path)
+
+
+def build_agent(path: str) -> ReActAgent:
+    """A fresh agent from the factory at ``path`` (the workflow's own: each workflow run has an
+    event loop of its own, and an agent's session gates belong to one loop)."""
+    from ..cli import load_target
+
+    source: Any = load_target(path)
+    agent = source if isinstance(source, ReActAgent) else source()
+    if not isinstance(agent, ReActAgent):
+        raise TypeError(f"the factory {path} returned a {type(agent).__name__}, not a ReActAgent")
+    return agent
+
+
+def worker_agent(path: str) -> ReActAgent:
+    """The agent whose models and tools this worker's activities run (built once per process)."""
+    agent = _worker_agents.get(path)
+    if agent is None:
+        agent = _worker_agents[path] = build_agent(path)
+    return agent
+
+
+def load_config(path: str) -> Any:
+    """The `DurableConfig` named by ``pkg.module:attr`` (``agentscope-py worker --config``)."""
+    import importlib
+    import os
+    import sys
+
+    from ._config import DurableConfig
+
+    module_name, sep, attr = path.partition(":")
+    if not sep or not module_name or not attr:
+        raise ValueError(f"--config {path!r} is not pkg.module:attr (a DurableConfig)")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        value = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise ValueError(f"--config {path!r}: {exc}") from None
+    if not isinstance(value, DurableConfig):
+        raise TypeError(f"--config {path} is a {type(value).__name__}, not a DurableConfig")
+    return value

@@ -1,0 +1,47 @@
+"""The agents the durable tests run (factories by path: ``durable_agents:build`` …). Their model
+is the loopback model server at ``DURABLE_MODEL_URL``; ``DURABLE_TOOL_LOG`` gets a line per tool
+start; with ``DURABLE_HANG_FIRST=1`` the first start of ``add`` hangs (the test kills its worker
+there)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+from agentscope_py import PermissionDecision, ReActAgent, tool
+from agentscope_py.durable import ActivityConfig, DurableConfig
+from agentscope_py.model.openai import OpenAIChatModel
+
+
+def _log_start() -> bool:
+    """Log this start (the worker's pid); whether it is the first."""
+    with open(os.environ["DURABLE_TOOL_LOG"], "a+") as f:
+        f.seek(0)
+        first = not f.read()
+        f.write(f"{os.getpid()}\n")
+    return first
+
+
+async def _add(a: int, b: int) -> str:
+    """Add two integers."""
+    if _log_start() and os.environ.get("DURABLE_HANG_FIRST") == "1":
+        await asyncio.sleep(60)
+    await asyncio.sleep(float(os.environ.get("DURABLE_TOOL_SLEEP", "0")))
+    return str(a + b)
+
+
+def _model() -> OpenAIChatModel:
+    return OpenAIChatModel("scripted", base_url=os.environ["DURABLE_MODEL_URL"], api_key="x")
+
+
+def build() -> ReActAgent:
+    return ReActAgent.builder().name("durable").model(_model()).tools(tool(name="add")(_add)).build()
+
+
+def build_asking() -> ReActAgent:
+    asking = tool(name="add", check_permissions=lambda call, ctx: PermissionDecision.ASK)(_add)
+    return ReActAgent.builder().name("durable").model(_model()).tools(asking).build()
+
+
+FAST = DurableConfig(model=ActivityConfig(heartbeat=1.0), tool=ActivityConfig(heartbeat=1.0))
+"""Heartbeats of 1 s: a killed worker's activity is retried elsewhere about a second later."""
