@@ -10,7 +10,7 @@ from typing import Any
 from temporalio.client import Client, WorkflowHandle
 
 from ..events import AgentEvent, ConfirmResult, parse_event
-from ..message import Msg
+from ..message import Msg, ToolUseBlock
 from ._config import DEFAULT_TASK_QUEUE, WORKFLOW_NAME
 
 __all__ = ["DurableAgent", "DurableRun"]
@@ -49,10 +49,20 @@ class DurableRun:
         """Whether the run waits for ``confirm``."""
         return bool(await self.handle.query("waiting"))
 
+    async def asking(self) -> list[ToolUseBlock]:
+        """The tool calls a waiting run asks the user to confirm (none when it is not waiting)."""
+        return [ToolUseBlock.model_validate(c) for c in await self.handle.query("asking")]
+
     async def confirm(self, *results: ConfirmResult) -> None:
+        """Answer the asking calls: the run continues (on any worker) with the answers."""
+        if not results or not all(isinstance(r, ConfirmResult) for r in results):
+            raise TypeError("confirm takes one or more ConfirmResult")
         await self.handle.signal("confirm", [r.model_dump(mode="json") for r in results])
 
     async def interrupt(self) -> None:
+        """Interrupt the turn in flight: its current activity is cancelled, and the run ends with
+        an INTERRUPTED reply (as ``agent.interrupt`` does locally); a waiting run ends with its
+        asking reply."""
         await self.handle.signal("interrupt")
 
 

@@ -15,7 +15,7 @@ from temporalio import workflow
 from ..agent.context import RuntimeContext
 from ..agent.react import ReActAgent, confirm_message
 from ..agent.store import InMemoryStateStore
-from ..events import AgentResult, ConfirmResult
+from ..events import AgentResult, ConfirmResult, RequireUserConfirm
 from ..message import GenerateReason, Msg
 from ._config import WORKFLOW_NAME, DurableConfig
 from ._executors import install
@@ -35,6 +35,7 @@ class AgentRunWorkflow:
         self._interrupted = False
         self._answers: list[ConfirmResult] | None = None
         self._waiting = False
+        self._asking: list[dict[str, Any]] = []
 
     @workflow.run
     async def run(self, inp: dict[str, Any]) -> dict[str, Any]:
@@ -54,6 +55,8 @@ class AgentRunWorkflow:
                 events.append(ev.model_dump(mode="json"))
                 if type(ev) is AgentResult:
                     final = ev.result
+                elif type(ev) is RequireUserConfirm and ev.source is None:
+                    self._asking.extend(call.model_dump(mode="json") for call in ev.tool_calls)
             assert final is not None
             if final.generate_reason is not GenerateReason.PERMISSION_ASKING or self._interrupted:
                 break
@@ -62,7 +65,7 @@ class AgentRunWorkflow:
             self._waiting = False
             if self._answers is None:  # interrupted while waiting: the asking reply stands
                 break
-            msgs, self._answers = [confirm_message(*self._answers)], None
+            msgs, self._answers, self._asking = [confirm_message(*self._answers)], None, []
         return {"result": final.model_dump(mode="json"), "events": events}
 
     @workflow.signal(name="interrupt")
@@ -79,3 +82,8 @@ class AgentRunWorkflow:
     def waiting(self) -> bool:
         """Whether the run waits for a ``confirm`` signal."""
         return self._waiting
+
+    @workflow.query(name="asking")
+    def asking(self) -> list[dict[str, Any]]:
+        """The tool calls the waiting run asks the user to confirm."""
+        return self._asking if self._waiting else []

@@ -25,7 +25,12 @@ def _log_start() -> bool:
 async def _add(a: int, b: int) -> str:
     """Add two integers."""
     if _log_start() and os.environ.get("DURABLE_HANG_FIRST") == "1":
-        await asyncio.sleep(60)
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            with open(os.environ["DURABLE_TOOL_LOG"], "a") as f:  # noqa: ASYNC230 - a test's log line
+                f.write("cancelled\n")
+            raise
     await asyncio.sleep(float(os.environ.get("DURABLE_TOOL_SLEEP", "0")))
     return str(a + b)
 
