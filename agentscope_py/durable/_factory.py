@@ -14,12 +14,14 @@ _worker_agents: dict[str, ReActAgent] = {}
 
 
 def check_factory(path: str) -> None:
-    """Fail now (ValueError naming the problem) if ``path`` names no agent or factory."""
+    """Fail now (ValueError naming the problem) if ``path`` names no agent or factory; a new
+    worker builds its agent afresh."""
     if not isinstance(path, str) or ":" not in path:
         raise ValueError(f"factory must be 'pkg.module:factory' (a function returning a ReActAgent), got {path!r}")
     from ..cli import load_target
 
     load_target(path)
+    _worker_agents.pop(path, None)
 
 
 def build_agent(path: str) -> ReActAgent:

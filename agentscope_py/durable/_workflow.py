@@ -4,7 +4,11 @@ a replay on another worker takes their results from the history instead of calli
 
 A run that ends asking for confirmation waits here (no worker is held: the workflow leaves the
 worker's cache and is replayed when the ``confirm`` signal comes), then continues with the
-answers as a new turn on the same session; ``interrupt`` interrupts the turn in flight."""
+answers as a new turn on the same session; ``interrupt`` interrupts the turn in flight.
+
+A typed error of the run (`AgentScopeError`: a model call failing for good, a middleware's
+termination) fails the workflow; any other exception fails only the workflow *task*, which
+Temporal retries (a bug fixed and deployed lets the run go on from its history)."""
 
 from __future__ import annotations
 
@@ -15,6 +19,7 @@ from temporalio import workflow
 from ..agent.context import RuntimeContext
 from ..agent.react import ReActAgent, confirm_message
 from ..agent.store import InMemoryStateStore
+from ..errors import AgentScopeError
 from ..events import AgentResult, ConfirmResult, RequireUserConfirm
 from ..message import GenerateReason, Msg
 from ._config import WORKFLOW_NAME, DurableConfig
@@ -27,7 +32,7 @@ configs: dict[str, DurableConfig] = {}
 """Per factory path, the activities' schedules this worker process was started with."""
 
 
-@workflow.defn(name=WORKFLOW_NAME)
+@workflow.defn(name=WORKFLOW_NAME, failure_exception_types=[AgentScopeError])
 class AgentRunWorkflow:
     def __init__(self) -> None:
         self._agent: ReActAgent | None = None

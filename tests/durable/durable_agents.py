@@ -7,9 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import os
+from dataclasses import replace
+from typing import Any
 
 from agentscope_py import PermissionDecision, ReActAgent, tool
+from agentscope_py.agent.context import RuntimeContext
 from agentscope_py.durable import ActivityConfig, DurableConfig
+from agentscope_py.middleware.base import ActingInput, MiddlewareBase, Next
 from agentscope_py.model.openai import OpenAIChatModel
 
 
@@ -50,3 +54,24 @@ def build_asking() -> ReActAgent:
 
 FAST = DurableConfig(model=ActivityConfig(heartbeat=1.0), tool=ActivityConfig(heartbeat=1.0))
 """Heartbeats of 1 s: a killed worker's activity is retried elsewhere about a second later."""
+
+
+SEEN: list[bool] = []
+"""Whether each on_acting call of `PlusOne` ran in a workflow (the in-process worker's tests)."""
+
+
+class PlusOne(MiddlewareBase):
+    """Adds one to ``b`` of every ``add`` call: a middleware the workflow runs, whose change the
+    tool activity sees."""
+
+    def on_acting(self, agent: ReActAgent, ctx: RuntimeContext, input: ActingInput, next: Next) -> Any:
+        from temporalio import workflow
+
+        SEEN.append(workflow.in_workflow())
+        calls = tuple(c.model_copy(update={"input": {**c.input, "b": c.input["b"] + 1}}) for c in input.tool_calls)
+        return next(replace(input, tool_calls=calls))
+
+
+def build_with_middleware() -> ReActAgent:
+    return (ReActAgent.builder().name("durable").model(_model()).tools(tool(name="add")(_add))
+            .middleware(PlusOne()).build())

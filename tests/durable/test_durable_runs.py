@@ -13,7 +13,14 @@ from durable_helpers import Workers, model_server, requests, temporal_address, w
 from temporalio.client import Client
 
 from agentscope_py import GenerateReason, ToolResultState
-from agentscope_py.durable import MODEL_ACTIVITY, TOOL_ACTIVITY, DurableAgent, make_worker
+from agentscope_py.durable import (
+    MODEL_ACTIVITY,
+    TOOL_ACTIVITY,
+    ActivityConfig,
+    DurableAgent,
+    DurableConfig,
+    make_worker,
+)
 from agentscope_py.events import AgentResult, ModelCallStart, ToolResultEnd
 
 __all__ = ["model_server", "temporal_address"]  # fixtures, used by name
@@ -103,3 +110,35 @@ async def test_two_workers_on_one_task_queue_share_the_runs(
     assert requests(model_server[1]) == 20
     ran = tool_log.read_text().split()
     assert len(ran) == 10 and set(ran) == {str(pid) for pid in pids}  # both workers took tool calls
+
+
+async def test_middleware_runs_in_the_workflow_and_its_changes_reach_the_activities(
+        temporal_address: str, env: dict[str, str]) -> None:
+    import durable_agents
+
+    durable_agents.SEEN.clear()
+    client = await Client.connect(temporal_address)
+    queue = _queue()
+    async with make_worker(client, ["durable_agents:build_with_middleware"], task_queue=queue):
+        agent = DurableAgent(client, factory="durable_agents:build_with_middleware", task_queue=queue)
+        async with asyncio.timeout(20):
+            reply = await agent.call("What is 2 + 40?")
+    assert reply.text == "The answer is 43."  # the tool activity got the middleware's arguments
+    assert durable_agents.SEEN and all(durable_agents.SEEN)
+
+
+async def test_a_model_call_failing_for_good_fails_the_run_with_a_typed_error(
+        temporal_address: str, env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    from temporalio.client import WorkflowFailureError
+
+    monkeypatch.setenv("DURABLE_MODEL_URL", "http://127.0.0.1:9/v1")  # nothing listens: connection refused
+    client = await Client.connect(temporal_address)
+    queue = _queue()
+    config = DurableConfig(model=ActivityConfig(max_attempts=2, initial_interval=0.1))
+    async with make_worker(client, ["durable_agents:build"], task_queue=queue, config=config):
+        agent = DurableAgent(client, factory="durable_agents:build", task_queue=queue)
+        async with asyncio.timeout(20):
+            with pytest.raises(WorkflowFailureError) as caught:
+                await agent.call("What is 2 + 40?")
+    text = str(caught.value.cause)
+    assert "DurableActivityError" in text and "model call to scripted failed" in text, text
