@@ -13,6 +13,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any, TextIO
 
+from ._targets import import_target
 from .render import render
 
 DEFAULT_PROMPT = "What is (17 + 4) * 2, and what time is it?"
@@ -42,23 +43,9 @@ _WORKER_ENV = "AGENTSCOPE_PY_SERVE"
 def load_target(target: str) -> Any:
     """The agent or factory named by ``pkg.module:attr`` (imported with the current directory on
     the path, as uvicorn does)."""
-    import importlib
-
     from .agent.react import ReActAgent
 
-    module_name, sep, attr = target.partition(":")
-    if not sep or not module_name or not attr:
-        raise ValueError(f"{target!r} is not pkg.module:factory (or pkg.module:agent)")
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    try:
-        value: Any = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ValueError(f"cannot import {module_name!r}: {exc}") from None
-    for part in attr.split("."):
-        if not hasattr(value, part):
-            raise ValueError(f"{module_name!r} has no attribute {attr!r}")
-        value = getattr(value, part)
+    value = import_target(target)
     if not isinstance(value, ReActAgent) and not callable(value):
         raise ValueError(f"{target} is a {type(value).__name__}: give a ReActAgent or a function returning one")
     return value

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .._targets import import_target
 from ..agent.react import ReActAgent
 
 __all__ = ["build_agent", "check_factory", "load_config", "worker_agent"]
@@ -13,24 +14,29 @@ __all__ = ["build_agent", "check_factory", "load_config", "worker_agent"]
 _worker_agents: dict[str, ReActAgent] = {}
 
 
+def build_source(path: str) -> Any:
+    """The factory at ``path``. Not an agent: every workflow run builds its own (an agent's
+    session gates belong to one event loop, and each workflow run has its own)."""
+    value = import_target(path)
+    if isinstance(value, ReActAgent) or not callable(value):
+        raise ValueError(f"{path} is a {type(value).__name__}: durable runs need a function returning a ReActAgent "
+                         "(pkg.module:factory), called once per run")
+    return value
+
+
 def check_factory(path: str) -> None:
     """Fail now (ValueError naming the problem) if ``path`` names no agent or factory; a new
     worker builds its agent afresh."""
     if not isinstance(path, str) or ":" not in path:
         raise ValueError(f"factory must be 'pkg.module:factory' (a function returning a ReActAgent), got {path!r}")
-    from ..cli import load_target
-
-    load_target(path)
+    build_source(path)
     _worker_agents.pop(path, None)
 
 
 def build_agent(path: str) -> ReActAgent:
     """A fresh agent from the factory at ``path`` (the workflow's own: each workflow run has an
     event loop of its own, and an agent's session gates belong to one loop)."""
-    from ..cli import load_target
-
-    source: Any = load_target(path)
-    agent = source if isinstance(source, ReActAgent) else source()
+    agent = build_source(path)()
     if not isinstance(agent, ReActAgent):
         raise TypeError(f"the factory {path} returned a {type(agent).__name__}, not a ReActAgent")
     return agent
@@ -46,21 +52,9 @@ def worker_agent(path: str) -> ReActAgent:
 
 def load_config(path: str) -> Any:
     """The `DurableConfig` named by ``pkg.module:attr`` (``agentscope-py worker --config``)."""
-    import importlib
-    import os
-    import sys
-
     from ._config import DurableConfig
 
-    module_name, sep, attr = path.partition(":")
-    if not sep or not module_name or not attr:
-        raise ValueError(f"--config {path!r} is not pkg.module:attr (a DurableConfig)")
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    try:
-        value = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
-        raise ValueError(f"--config {path!r}: {exc}") from None
+    value = import_target(path, "pkg.module:attr (a DurableConfig)")
     if not isinstance(value, DurableConfig):
         raise TypeError(f"--config {path} is a {type(value).__name__}, not a DurableConfig")
     return value

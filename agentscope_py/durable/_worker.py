@@ -61,7 +61,8 @@ async def run_worker(address: str, factories: Sequence[str], *, task_queue: str 
     from ._factory import load_config
 
     resolved: DurableConfig | None = load_config(config) if isinstance(config, str) else config
-
+    for path in factories:  # before connecting: a typo is reported as such
+        check_factory(path)
     client = await Client.connect(address, namespace=namespace)
     worker = make_worker(client, factories, task_queue=task_queue, config=resolved)
     stop = asyncio.Event()
