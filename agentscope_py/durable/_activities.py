@@ -81,7 +81,7 @@ async def model_call_activity(payload: dict[str, Any]) -> list[dict[str, Any]]:
                 events.append(ev)
     except ModelError as exc:
         # Temporal retries it unless the provider said trying again cannot help.
-        raise ApplicationError(f"{type(exc).__name__}: {exc}", type=type(exc).__name__,
+        raise ApplicationError(str(exc), type=type(exc).__name__,
                                non_retryable=not exc.retryable) from exc
     finally:
         await aclose(it)

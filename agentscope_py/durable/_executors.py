@@ -31,7 +31,8 @@ def _failure(exc: ActivityError, what: str) -> DurableActivityError:
     cause = exc.cause
     message = cause.message if isinstance(cause, ApplicationError) else str(cause or exc)
     kind = cause.type if isinstance(cause, ApplicationError) else None
-    return DurableActivityError(f"{what} failed: {message}", error_type=kind)
+    return DurableActivityError(f"{what} failed: {kind}: {message}" if kind else f"{what} failed: {message}",
+                                error_type=kind)
 
 
 async def _activity(name: str, payload: dict[str, Any], options: dict[str, Any], control: RunControl,

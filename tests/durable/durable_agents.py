@@ -75,3 +75,13 @@ class PlusOne(MiddlewareBase):
 def build_with_middleware() -> ReActAgent:
     return (ReActAgent.builder().name("durable").model(_model()).tools(tool(name="add")(_add))
             .middleware(PlusOne()).build())
+
+
+async def _add_failing(a: int, b: int) -> str:
+    """Add two integers (and fail)."""
+    _log_start()
+    raise RuntimeError("boom")
+
+
+def build_failing() -> ReActAgent:
+    return ReActAgent.builder().name("durable").model(_model()).tools(tool(name="add")(_add_failing)).build()

@@ -142,3 +142,19 @@ async def test_a_model_call_failing_for_good_fails_the_run_with_a_typed_error(
                 await agent.call("What is 2 + 40?")
     text = str(caught.value.cause)
     assert "DurableActivityError" in text and "model call to scripted failed" in text, text
+
+
+async def test_a_failing_tool_is_retried_then_its_error_is_the_result_the_model_sees(
+        temporal_address: str, env: dict[str, str], tmp_path: Path) -> None:
+    client = await Client.connect(temporal_address)
+    queue = _queue()
+    config = DurableConfig(tool=ActivityConfig(max_attempts=2, initial_interval=0.1))
+    async with make_worker(client, ["durable_agents:build_failing"], task_queue=queue, config=config):
+        agent = DurableAgent(client, factory="durable_agents:build_failing", task_queue=queue)
+        async with asyncio.timeout(20):
+            run = await agent.start("What is 2 + 40?")
+            reply, events = await run.result(), await run.events()
+    assert len((tmp_path / "tool_log").read_text().split()) == 2  # two attempts, as configured
+    assert [(ev.tool_name, ev.state) for ev in events if isinstance(ev, ToolResultEnd)] == [
+        ("add", ToolResultState.ERROR)]
+    assert "tool call add failed: RuntimeError: boom" in reply.text, reply.text
