@@ -5,7 +5,7 @@ middleware run in the workflow and every model call and tool call is a step of i
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 from temporalio import workflow
@@ -36,9 +36,13 @@ def _failure(exc: ActivityError, what: str) -> DurableActivityError:
 
 
 async def _activity(name: str, payload: dict[str, Any], options: dict[str, Any], control: RunControl,
-                    what: str) -> Any:
+                    what: str, stopped: Callable[[], bool]) -> Any:
     """Run the activity as a task of the run's control: an interrupt cancels it (and Temporal
-    asks the activity to stop), and that surfaces as `AgentInterrupted`."""
+    asks the activity to stop), and that surfaces as `AgentInterrupted`. ``stopped``: the
+    workflow was interrupted (perhaps before this run was in flight): nothing is scheduled."""
+    if stopped():
+        control.interrupt()
+        raise AgentInterrupted(f"the run was interrupted before the {what}")
     task = asyncio.ensure_future(workflow.execute_activity(name, payload, **options))
     control.tasks.add(task)
     try:
@@ -55,8 +59,10 @@ async def _activity(name: str, payload: dict[str, Any], options: dict[str, Any],
         control.tasks.discard(task)
 
 
-def install(agent: ReActAgent, factory: str, config: DurableConfig, user_id: str, session_id: str) -> None:
-    """Make ``agent`` (built in the workflow) run its model and tool calls as activities."""
+def install(agent: ReActAgent, factory: str, config: DurableConfig, user_id: str, session_id: str,
+            stopped: Callable[[], bool]) -> None:
+    """Make ``agent`` (built in the workflow) run its model and tool calls as activities;
+    ``stopped`` says whether the workflow was interrupted."""
 
     def model_executor(models: Sequence[ChatModel], request: ModelRequest, reply_id: str, control: RunControl,
                        deadline: Deadline | None) -> EventStream[AgentEvent]:
@@ -66,7 +72,8 @@ def install(agent: ReActAgent, factory: str, config: DurableConfig, user_id: str
             options = config.for_model(models[0].name).options()
             if deadline is not None and deadline.total is not None:  # a middleware's deadline bounds the attempt
                 options["schedule_to_close_timeout"] = _seconds(deadline.total)
-            data = await _activity(MODEL_ACTIVITY, payload, options, control, f"model call to {models[0].name}")
+            data = await _activity(MODEL_ACTIVITY, payload, options, control, f"model call to {models[0].name}",
+                                   stopped)
             for ev in load_events(data, reply_id, data[0].get("reply_id", reply_id) if data else reply_id):
                 yield ev
 
@@ -76,7 +83,8 @@ def install(agent: ReActAgent, factory: str, config: DurableConfig, user_id: str
         payload = {"factory": factory, "call": call.model_dump(mode="json"), "user_id": user_id,
                    "session_id": session_id}
         options = config.for_tool(call.name, tool.timeout).options()
-        out = await _activity(TOOL_ACTIVITY, payload, options, scope.control, f"tool call {call.name}")
+        out = await _activity(TOOL_ACTIVITY, payload, options, scope.control, f"tool call {call.name}",
+                              stopped)
         from ..events import ToolResultDataDelta, ToolResultTextDelta
 
         for kind, value in out:

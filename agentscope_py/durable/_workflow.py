@@ -49,7 +49,8 @@ class AgentRunWorkflow:
         # The session lives in the workflow (its history is the durable copy): a store doing I/O
         # cannot run on the workflow's loop.
         agent._runtime.store = InMemoryStateStore()
-        install(agent, factory, configs.get(factory, DurableConfig()), user_id, session_id)
+        install(agent, factory, configs.get(factory, DurableConfig()), user_id, session_id,
+                lambda: self._interrupted)
         self._ids = (user_id, session_id)
         ctx = RuntimeContext(user_id, session_id)
         msgs = [Msg.model_validate(m) for m in inp["messages"]]
@@ -77,6 +78,7 @@ class AgentRunWorkflow:
     def interrupt(self) -> None:
         self._interrupted = True
         if self._agent is not None:
+            # A run in flight is interrupted now; one not yet there stops at its first activity.
             self._agent.interrupt(*self._ids)
 
     @workflow.signal(name="confirm")

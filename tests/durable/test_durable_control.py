@@ -78,3 +78,17 @@ async def test_interrupt_cancels_the_activity_and_ends_the_run_interrupted(
     # the cancellation reached the tool on the worker (at its next heartbeat)
     await asyncio.to_thread(wait_lines, tool_log, 2, 5.0)
     assert tool_log.read_text().split()[-1] == "cancelled"
+
+
+async def test_an_interrupt_sent_with_the_start_stops_the_run_before_its_model_is_called(
+        temporal_address: str, model_server: tuple[str, Path], workers: Workers) -> None:
+    queue = f"q-{uuid.uuid4().hex[:8]}"
+    client = await Client.connect(temporal_address)
+    agent = DurableAgent(client, factory="durable_agents:build", task_queue=queue)
+    run = await agent.start("2 + 40?")
+    await run.interrupt()  # no worker yet: the signal waits in the history with the start
+    workers.start("durable_agents:build", queue)
+    async with asyncio.timeout(15):
+        reply = await run.result()
+    assert reply.generate_reason is GenerateReason.INTERRUPTED
+    assert requests(model_server[1]) == 0

@@ -122,8 +122,10 @@ async def test_middleware_runs_in_the_workflow_and_its_changes_reach_the_activit
     async with make_worker(client, ["durable_agents:build_with_middleware"], task_queue=queue):
         agent = DurableAgent(client, factory="durable_agents:build_with_middleware", task_queue=queue)
         async with asyncio.timeout(20):
-            reply = await agent.call("What is 2 + 40?")
+            events = [ev async for ev in agent.stream("What is 2 + 40?")]
+    reply = next(ev.result for ev in events if isinstance(ev, AgentResult))
     assert reply.text == "The answer is 43."  # the tool activity got the middleware's arguments
+    assert events[0].type == "agent_start" and events[-1].type == "agent_end"
     assert durable_agents.SEEN and all(durable_agents.SEEN)
 
 
