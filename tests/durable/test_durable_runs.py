@@ -4,8 +4,9 @@ process: a tool turn as a workflow, the steps in its history, a worker killed mi
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
@@ -45,6 +46,16 @@ def _queue() -> str:
     return f"q-{uuid.uuid4().hex[:8]}"
 
 
+@contextlib.asynccontextmanager
+async def _in_process(address: str, factory: str, config: DurableConfig | None = None,
+                      ) -> AsyncIterator[tuple[Client, DurableAgent]]:
+    """A worker in this process (on a queue of its own) and a client of the agent."""
+    client = await Client.connect(address)
+    queue = _queue()
+    async with make_worker(client, [factory], task_queue=queue, config=config):
+        yield client, DurableAgent(client, factory=factory, task_queue=queue)
+
+
 async def _activities(client: Client, run_id: str) -> list[str]:
     names = []
     async for event in client.get_workflow_handle(run_id).fetch_history_events():
@@ -55,10 +66,7 @@ async def _activities(client: Client, run_id: str) -> list[str]:
 
 async def test_a_tool_turn_completes_as_a_workflow(temporal_address: str, env: dict[str, str],
                                                    model_server: tuple[str, Path]) -> None:
-    client = await Client.connect(temporal_address)
-    queue = _queue()
-    async with make_worker(client, ["durable_agents:build"], task_queue=queue):
-        agent = DurableAgent(client, factory="durable_agents:build", task_queue=queue)
+    async with _in_process(temporal_address, "durable_agents:build") as (client, agent):
         async with asyncio.timeout(20):
             run = await agent.start("What is 2 + 40?", user_id="u1", session_id="s1")
             reply = await run.result()
@@ -117,10 +125,7 @@ async def test_middleware_runs_in_the_workflow_and_its_changes_reach_the_activit
     import durable_agents
 
     durable_agents.SEEN.clear()
-    client = await Client.connect(temporal_address)
-    queue = _queue()
-    async with make_worker(client, ["durable_agents:build_with_middleware"], task_queue=queue):
-        agent = DurableAgent(client, factory="durable_agents:build_with_middleware", task_queue=queue)
+    async with _in_process(temporal_address, "durable_agents:build_with_middleware") as (_, agent):
         async with asyncio.timeout(20):
             events = [ev async for ev in agent.stream("What is 2 + 40?")]
     reply = next(ev.result for ev in events if isinstance(ev, AgentResult))
@@ -134,11 +139,8 @@ async def test_a_model_call_failing_for_good_fails_the_run_with_a_typed_error(
     from temporalio.client import WorkflowFailureError
 
     monkeypatch.setenv("DURABLE_MODEL_URL", "http://127.0.0.1:9/v1")  # nothing listens: connection refused
-    client = await Client.connect(temporal_address)
-    queue = _queue()
     config = DurableConfig(model=ActivityConfig(max_attempts=2, initial_interval=0.1))
-    async with make_worker(client, ["durable_agents:build"], task_queue=queue, config=config):
-        agent = DurableAgent(client, factory="durable_agents:build", task_queue=queue)
+    async with _in_process(temporal_address, "durable_agents:build", config) as (_, agent):
         async with asyncio.timeout(20):
             with pytest.raises(WorkflowFailureError) as caught:
                 await agent.call("What is 2 + 40?")
@@ -148,11 +150,8 @@ async def test_a_model_call_failing_for_good_fails_the_run_with_a_typed_error(
 
 async def test_a_failing_tool_is_retried_then_its_error_is_the_result_the_model_sees(
         temporal_address: str, env: dict[str, str], tmp_path: Path) -> None:
-    client = await Client.connect(temporal_address)
-    queue = _queue()
     config = DurableConfig(tool=ActivityConfig(max_attempts=2, initial_interval=0.1))
-    async with make_worker(client, ["durable_agents:build_failing"], task_queue=queue, config=config):
-        agent = DurableAgent(client, factory="durable_agents:build_failing", task_queue=queue)
+    async with _in_process(temporal_address, "durable_agents:build_failing", config) as (_, agent):
         async with asyncio.timeout(20):
             run = await agent.start("What is 2 + 40?")
             reply, events = await run.result(), await run.events()
