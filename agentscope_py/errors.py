@@ -50,6 +50,7 @@ __all__ = [
     "CallLimitExceeded",
     "CassetteMismatchError",
     "ContextLengthError",
+    "DurableActivityError",
     "GuardrailTripped",
     "InputError",
     "MCPClientError",
@@ -326,6 +327,19 @@ class AgentInterrupted(AgentScopeError):
     which is never cancelled by an interrupt. Middleware sees it pass through its hooks (retries
     and fallbacks do not act on it); the loop turns it into an INTERRUPTED reply, so ``call``
     returns that reply rather than raising."""
+
+
+# -- durable runs (agentscope_py.durable) --------------------------------------------------------
+
+
+class DurableActivityError(AgentScopeError):
+    """A durable run's model or tool activity failed for good (its retries used up, or an error
+    marked not retryable). ``error_type`` is the class name of the error the activity raised,
+    when it was one of the activity's own."""
+
+    def __init__(self, message: str, *, error_type: str | None = None) -> None:
+        super().__init__(message)
+        self.error_type = error_type
 
 
 # -- MCP servers (agentscope_py.mcp) -------------------------------------------------------------

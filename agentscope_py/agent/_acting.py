@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -44,7 +44,7 @@ from ..tool.toolkit import PermissionDecision, Tool, ToolArgumentError, Toolkit,
 if TYPE_CHECKING:
     from .context import RuntimeContext
 
-__all__ = ["INTERRUPTED_TEXT", "TOOL_CALL", "ToolScope", "acting_events"]
+__all__ = ["INTERRUPTED_TEXT", "TOOL_CALL", "ToolExecutor", "ToolScope", "acting_events"]
 
 TOOL_CALL: contextvars.ContextVar[tuple[ToolUseBlock, Channel] | None] = contextvars.ContextVar(
     "agentscope_tool_call", default=None)
@@ -69,6 +69,13 @@ class ToolScope:
     paused: bool = False
     """A sub-agent call of this pass paused for a confirmation (`SubAgentPaused`): the pass ends
     the run with PERMISSION_ASKING."""
+    executor: ToolExecutor | None = None
+    """Runs a permitted tool's body in place of `_output` (`AgentRuntime.tool_executor`)."""
+
+
+ToolExecutor = Callable[[ToolScope, ToolUseBlock, Tool, Channel], Awaitable[None]]
+"""What runs a permitted tool's body and hands its output to the channel as events, in place of
+`_output` (a durable run makes it an activity); failures are handled by `_invoke` as for `_output`."""
 
 
 async def _decide(scope: ToolScope, call: ToolUseBlock, tool: Tool) -> PermissionDecision:
@@ -235,7 +242,7 @@ async def _invoke(
                                     f"{MAX_DEPTH} levels): {call.raw_input[:500]!r}")
         if limit is not None:
             timer = DeadlineTimer(limit)  # kept in this task: it cancels the tool, not the run
-        await _output(scope, call, tool, channel)
+        await (_output if scope.executor is None else scope.executor)(scope, call, tool, channel)
     except (asyncio.CancelledError, AgentInterrupted):  # (a sub-agent interrupted with its caller)
         if timer is not None and timer.stop() and not scope.control.interrupted:
             return ToolResultState.ERROR, f"Error: {name} timed out after {limit:g} s{by}."

@@ -93,7 +93,8 @@ class Execution:
         if structured_model is not None:
             self.structured = StructuredOutput(structured_model, agent.model, self.options, toolkit, run)
             self.options, toolkit = self.structured.options, self.structured.toolkit
-        self.tools = ToolScope(toolkit, ctx, self.reply_id, self.control, run.preapproved)
+        self.tools = ToolScope(toolkit, ctx, self.reply_id, self.control, run.preapproved,
+                               executor=runtime.tool_executor)
         parts, trace = runtime.participants, runtime.trace
         self._model_call = compose(ExtensionPoint.ON_MODEL_CALL, parts, agent, ctx, self._model_core, trace,
                                    core_bound=True)
@@ -122,6 +123,8 @@ class Execution:
         runtime = self.runtime
         fallbacks = runtime.fallback_models
         models = (input.model, *fallbacks) if fallbacks else (input.model,)
+        if runtime.model_executor is not None:  # a durable run: the call is an activity
+            return runtime.model_executor(models, request, self.reply_id, self.control, input.deadline)
         # The model's task registers itself with the run's control (an interrupt cancels it).
         return model_call_stream(models, request, self.reply_id, runtime.retry, runtime.failover_listener,
                                  self.control, input.deadline)

@@ -43,9 +43,13 @@ from ..stream import Channel, EventStream, prefetched
 from ._brackets import describe
 from ._session import RunControl
 
-__all__ = ["FailoverListener", "RetryPolicy", "model_call_stream", "model_events"]
+__all__ = ["FailoverListener", "ModelExecutor", "RetryPolicy", "model_call_stream", "model_events"]
 
 FailoverListener = Callable[[ChatModel, BaseException, ChatModel], Any]
+ModelExecutor = Callable[
+    [Sequence[ChatModel], ModelRequest, str, RunControl, Deadline | None], EventStream[AgentEvent]]
+"""What runs a model call instead of `model_call_stream` (``models``, the request, the reply id,
+the run's control, the deadline): `AgentRuntime.model_executor`."""
 
 
 class RetryPolicy:

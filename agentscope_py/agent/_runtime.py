@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from ..middleware.chain import Participants
     from ..model.base import ChatModel
-    from ._model_call import FailoverListener, RetryPolicy
+    from ._acting import ToolExecutor
+    from ._model_call import FailoverListener, ModelExecutor, RetryPolicy
     from ._session import SessionGates
     from .state import AgentState
     from .store import AgentStateStore
@@ -35,5 +36,10 @@ class AgentRuntime:
     unsaved: dict[tuple[str, str], tuple[AgentState, int]] = field(default_factory=dict)
     """Per session, a state whose checkpoint failed and the version it was loaded at: the next
     call on the session resumes from it instead of losing the turn (`_persist`)."""
+    model_executor: ModelExecutor | None = None
+    """Runs each model call in place of `_model_call.model_call_stream` when set (a durable run
+    makes it an activity, `agentscope_py.durable`); None is the normal, in-process path."""
+    tool_executor: ToolExecutor | None = None
+    """Runs each permitted tool's body in place of `_acting._output` when set (the same)."""
     warned_empty: bool = False
     """An empty reasoning stream is logged once per agent (`_boundaries.warn_empty`)."""

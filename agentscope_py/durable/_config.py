@@ -1,0 +1,101 @@
+"""How the activities of a durable run are scheduled: timeouts and retry policies per model and
+per tool, with documented defaults (docs/durable.md)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+__all__ = ["DEFAULT_TASK_QUEUE", "MODEL_ACTIVITY", "TOOL_ACTIVITY", "WORKFLOW_NAME", "ActivityConfig", "DurableConfig"]
+
+WORKFLOW_NAME = "agentscope.agent_run"
+MODEL_ACTIVITY = "agentscope.model_call"
+TOOL_ACTIVITY = "agentscope.tool_call"
+DEFAULT_TASK_QUEUE = "agentscope"
+
+
+@dataclass(frozen=True, slots=True)
+class ActivityConfig:
+    """One activity's schedule. ``start_to_close`` bounds one attempt (a worker that dies is
+    noticed when it passes, or when ``heartbeat`` passes without a heartbeat); ``max_attempts``
+    counts the first attempt (1 = never retried); the delay between attempts starts at
+    ``initial_interval`` and grows by ``backoff`` up to ``max_interval``."""
+
+    start_to_close: float = 60.0
+    heartbeat: float | None = None
+    max_attempts: int = 3
+    initial_interval: float = 1.0
+    backoff: float = 2.0
+    max_interval: float = 30.0
+    non_retryable: tuple[str, ...] = ()
+    """Error type names (the exception's class name) that are never retried."""
+
+    def __post_init__(self) -> None:
+        if not self.start_to_close > 0:
+            raise ValueError(f"start_to_close must be > 0 seconds, got {self.start_to_close!r}")
+        if self.heartbeat is not None and not self.heartbeat > 0:
+            raise ValueError(f"heartbeat must be > 0 seconds or None, got {self.heartbeat!r}")
+        if self.max_attempts < 1:
+            raise ValueError(f"max_attempts must be >= 1 (1 = no retry), got {self.max_attempts!r}")
+        if not self.initial_interval > 0 or self.backoff < 1 or self.max_interval < self.initial_interval:
+            raise ValueError("initial_interval must be > 0, backoff >= 1 and max_interval >= initial_interval")
+
+    def options(self) -> dict[str, Any]:
+        """The keyword arguments of ``workflow.execute_activity``."""
+        from temporalio.common import RetryPolicy
+
+        return {
+            "start_to_close_timeout": timedelta(seconds=self.start_to_close),
+            "heartbeat_timeout": None if self.heartbeat is None else timedelta(seconds=self.heartbeat),
+            "retry_policy": RetryPolicy(
+                initial_interval=timedelta(seconds=self.initial_interval),
+                backoff_coefficient=self.backoff,
+                maximum_interval=timedelta(seconds=self.max_interval),
+                maximum_attempts=self.max_attempts,
+                non_retryable_error_types=list(self.non_retryable) or None,
+            ),
+        }
+
+
+# Heartbeats every few seconds (the activities send them on their own): a dead worker's call is
+# retried on another about 10 s later rather than when start_to_close passes.
+MODEL_DEFAULT = ActivityConfig(start_to_close=120.0, heartbeat=10.0, max_attempts=3)
+# A tool may have side effects: retried once only unless configured otherwise.
+TOOL_DEFAULT = ActivityConfig(start_to_close=120.0, heartbeat=10.0, max_attempts=2)
+
+
+@dataclass(frozen=True, slots=True)
+class DurableConfig:
+    """The activities' schedules: ``model`` and ``tool`` apply to every model and tool call, and
+    ``models`` / ``tools`` (by model name / tool name) override them. A tool with its own
+    ``timeout`` gets that (plus 5 s) as its start-to-close unless ``tools`` names it."""
+
+    model: ActivityConfig = MODEL_DEFAULT
+    tool: ActivityConfig = TOOL_DEFAULT
+    models: Mapping[str, ActivityConfig] = field(default_factory=dict)
+    tools: Mapping[str, ActivityConfig] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for label, value in (("model", self.model), ("tool", self.tool)):
+            if not isinstance(value, ActivityConfig):
+                raise TypeError(f"DurableConfig.{label} must be an ActivityConfig, got {type(value).__name__}")
+        for label, table in (("models", self.models), ("tools", self.tools)):
+            for key, value in table.items():
+                if not isinstance(value, ActivityConfig):
+                    raise TypeError(f"DurableConfig.{label}[{key!r}] must be an ActivityConfig, "
+                                    f"got {type(value).__name__}")
+
+    def for_model(self, name: str) -> ActivityConfig:
+        return self.models.get(name, self.model)
+
+    def for_tool(self, name: str, timeout: float | None) -> ActivityConfig:
+        found = self.tools.get(name)
+        if found is not None:
+            return found
+        if timeout is not None:
+            from dataclasses import replace
+
+            return replace(self.tool, start_to_close=timeout + 5.0)
+        return self.tool

@@ -1,0 +1,108 @@
+"""The workflow's side of the seam: the runtime's model and tool executors
+(`AgentRuntime.model_executor` / ``tool_executor``) replaced by activities, so the loop and the
+middleware run in the workflow and every model call and tool call is a step of its history."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any
+
+from temporalio import workflow
+from temporalio.exceptions import ActivityError, ApplicationError
+
+from .._control import RunControl
+from .._deadline import Deadline
+from ..agent._acting import ToolScope
+from ..agent.react import ReActAgent
+from ..errors import AgentInterrupted, DurableActivityError
+from ..events import AgentEvent, parse_event
+from ..message import DataBlock, ToolUseBlock
+from ..model.base import ChatModel, ModelRequest
+from ..stream import Channel, EventStream
+from ..tool.toolkit import Tool
+from ._codec import dump_request, load_events
+from ._config import MODEL_ACTIVITY, TOOL_ACTIVITY, DurableConfig
+
+__all__ = ["install"]
+
+
+def _failure(exc: ActivityError, what: str) -> DurableActivityError:
+    cause = exc.cause
+    message = cause.message if isinstance(cause, ApplicationError) else str(cause or exc)
+    kind = cause.type if isinstance(cause, ApplicationError) else None
+    return DurableActivityError(f"{what} failed: {kind}: {message}" if kind else f"{what} failed: {message}",
+                                error_type=kind)
+
+
+async def _activity(name: str, payload: dict[str, Any], options: dict[str, Any], control: RunControl,
+                    what: str, stopped: Callable[[], bool]) -> Any:
+    """Run the activity as a task of the run's control: an interrupt cancels it (and Temporal
+    asks the activity to stop), and that surfaces as `AgentInterrupted`. ``stopped``: the
+    workflow was interrupted (perhaps before this run was in flight): nothing is scheduled."""
+    if stopped():
+        control.interrupt()
+        raise AgentInterrupted(f"the run was interrupted before the {what}")
+    task = asyncio.ensure_future(workflow.execute_activity(name, payload, **options))
+    control.tasks.add(task)
+    try:
+        return await task
+    except asyncio.CancelledError:
+        if control.interrupted:
+            raise AgentInterrupted(f"the {what} was interrupted") from None
+        raise
+    except ActivityError as exc:
+        if control.interrupted:
+            raise AgentInterrupted(f"the {what} was interrupted") from None
+        raise _failure(exc, what) from None
+    finally:
+        control.tasks.discard(task)
+
+
+def install(agent: ReActAgent, factory: str, config: DurableConfig, user_id: str, session_id: str,
+            stopped: Callable[[], bool]) -> None:
+    """Make ``agent`` (built in the workflow) run its model and tool calls as activities;
+    ``stopped`` says whether the workflow was interrupted."""
+
+    def model_executor(models: Sequence[ChatModel], request: ModelRequest, reply_id: str, control: RunControl,
+                       deadline: Deadline | None) -> EventStream[AgentEvent]:
+        async def events() -> AsyncIterator[AgentEvent]:
+            payload = {"factory": factory, "models": [m.name for m in models], "request": dump_request(request),
+                       "reply_id": reply_id}
+            options = config.for_model(models[0].name).options()
+            if deadline is not None and deadline.total is not None:  # a middleware's deadline bounds the attempt
+                options["schedule_to_close_timeout"] = _seconds(deadline.total)
+            data = await _activity(MODEL_ACTIVITY, payload, options, control, f"model call to {models[0].name}",
+                                   stopped)
+            for ev in load_events(data, reply_id, data[0].get("reply_id", reply_id) if data else reply_id):
+                yield ev
+
+        return EventStream(events)
+
+    async def tool_executor(scope: ToolScope, call: ToolUseBlock, tool: Tool, channel: Channel) -> None:
+        payload = {"factory": factory, "call": call.model_dump(mode="json"), "user_id": user_id,
+                   "session_id": session_id}
+        options = config.for_tool(call.name, tool.timeout).options()
+        out = await _activity(TOOL_ACTIVITY, payload, options, scope.control, f"tool call {call.name}",
+                              stopped)
+        from ..events import ToolResultDataDelta, ToolResultTextDelta
+
+        for kind, value in out:
+            if kind == "text":
+                await channel.put(ToolResultTextDelta(reply_id=scope.reply_id, tool_call_id=call.id,
+                                                      tool_name=call.name, delta=value))
+            elif kind == "data":
+                await channel.put(ToolResultDataDelta(reply_id=scope.reply_id, tool_call_id=call.id,
+                                                      tool_name=call.name, data=DataBlock.model_validate(value)))
+            else:
+                await channel.put(parse_event(value))
+
+    runtime = agent._runtime
+    runtime.model_executor = model_executor
+    runtime.tool_executor = tool_executor
+
+
+def _seconds(value: float) -> Any:
+    from datetime import timedelta
+
+    return timedelta(seconds=value)

