@@ -27,10 +27,11 @@ from typing import Any
 
 from .errors import ModelTimeoutError
 
-__all__ = ["Deadline", "DeadlineTimer"]
+__all__ = ["Deadline", "DeadlineTimer", "check_seconds"]
 
 
-def _check(name: str, value: float | None) -> float | None:
+def check_seconds(name: str, value: float | None) -> float | None:
+    """``value`` as seconds (a number > 0, or None), else a ValueError naming ``name``."""
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
@@ -53,8 +54,8 @@ class Deadline:
     by: str = "TimeoutMiddleware"
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "total", _check("total", self.total))
-        object.__setattr__(self, "first_event", _check("first_event", self.first_event))
+        object.__setattr__(self, "total", check_seconds("total", self.total))
+        object.__setattr__(self, "first_event", check_seconds("first_event", self.first_event))
 
     def within(self, outer: Deadline | None) -> Deadline:
         """This deadline inside one already on the record (``outer``): each limit the earlier of

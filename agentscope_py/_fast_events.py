@@ -8,7 +8,7 @@ docs/stream.md, "What a token costs").
 `delta_maker` is handed the ids a block's deltas share, once per block, and returns a function of
 the delta text that builds the event. What it builds is the object the validating constructor
 gives (the same ``__dict__`` with the same field order, the same ``model_fields_set``, no extras,
-no private attributes), which `tests/test_fast_events.py` checks field by field. It is safe
+no private attributes), which `tests/test_events.py` checks field by field. It is safe
 because of what it is given and what it is used for:
 
 * only the runtime calls it, with values it made itself and that already have the field's type:
@@ -19,7 +19,8 @@ because of what it is given and what it is used for:
 * events are frozen, so the fields set that every delta of a kind shares is never mutated in
   place (pydantic's ``model_copy`` copies it first).
 
-No code is generated: each maker is a plain closure over a template dict.
+No code is generated: each maker is a plain closure over a template dict. `with_source` is the
+same kind of copy for the events a sub-agent forwards (its ``source`` set), one per event.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from pydantic import BaseModel
 from .events import EventBase, TextBlockDelta, ThinkingBlockDelta, ToolCallDelta, ToolResultTextDelta
 from .message import id_factory
 
-__all__ = ["delta_maker"]
+__all__ = ["delta_maker", "with_source"]
 
 _D = TypeVar("_D", TextBlockDelta, ThinkingBlockDelta, ToolCallDelta, ToolResultTextDelta)
 
@@ -104,3 +105,21 @@ def delta_maker(cls: type[_D], **bound: Any) -> Callable[[str], _D]:
         return event
 
     return make
+
+
+_SOURCE = frozenset({"source"})
+
+
+def with_source(ev: EventBase, source: str) -> Any:
+    """``ev.model_copy(update={"source": source})`` without its generic machinery, for the events a
+    sub-agent forwards into its caller's stream (one per event, `agent/_subagent.py`): the same
+    ``__dict__`` but ``source``, the fields set plus ``source``, the same extras and private
+    attributes. ``source`` is a ``str`` the runtime made (the agent path)."""
+    values = ev.__dict__.copy()
+    values["source"] = source
+    new = _new(type(ev))
+    _set(new, "__dict__", values)
+    _set_fields_set(new, ev.__pydantic_fields_set__ | _SOURCE)
+    _set_extra(new, ev.__pydantic_extra__)
+    _set_private(new, ev.__pydantic_private__)
+    return new

@@ -139,6 +139,18 @@ def test_a_delta_maker_gives_what_validation_gives(cls: typing.Any, ids: dict[st
         a.delta = "no"  # type: ignore[misc]
 
 
+def test_with_source_gives_what_model_copy_gives() -> None:
+    from agentscope_py._fast_events import with_source
+
+    for original in (ev.TextBlockDelta(reply_id="r", block_id="b", delta="hi"),
+                     ev.ModelCallEnd(reply_id="r", finish_reason="stop", metadata={"k": 1})):
+        made, copied = with_source(original, "boss/child"), original.model_copy(update={"source": "boss/child"})
+        assert made == copied and made.id == original.id and made.source == "boss/child"
+        assert list(made.__dict__) == list(copied.__dict__)
+        assert made.model_fields_set == copied.model_fields_set
+        assert original.source is None  # the forwarded event is a copy
+
+
 def test_a_delta_maker_validates_what_is_not_a_plain_str_and_refuses_wrong_fields() -> None:
     from agentscope_py._fast_events import delta_maker
 

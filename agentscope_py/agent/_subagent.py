@@ -37,6 +37,7 @@ from pydantic import BaseModel, Field
 
 from .._bracket_kinds import BRACKET_TYPES
 from .._context import RuntimeContext
+from .._fast_events import with_source
 from ..errors import AgentInterrupted, BudgetExceeded, SubAgentError, SubAgentPaused, ToolArgumentError
 from ..events import AgentResult, Custom, ModelCallEnd, RequestStop, RequireUserConfirm
 from ..message import ChatUsage, GenerateReason, Msg, new_id
@@ -129,24 +130,13 @@ class SubAgentTool:
             concurrency_safe=concurrency_safe,
         )
 
-    # -- reachability (the toolkit's build-time cycle check) ------------------------------------
+    # -- the tree ---------------------------------------------------------------------------------
 
-    def reaches(self, toolkit: Any) -> bool:
-        """Whether ``toolkit`` is this sub-agent's own or one of the toolkits below it."""
-        seen: set[int] = set()
-        stack = [self.agent]
-        while stack:
-            agent = stack.pop()
-            if id(agent) in seen:
-                continue
-            seen.add(id(agent))
-            if agent.toolkit is toolkit:
-                return True
-            for t in agent.toolkit:
-                owner = getattr(t.fn, "__self__", None)
-                if isinstance(owner, SubAgentTool):
-                    stack.append(owner.agent)
-        return False
+    @property
+    def subagent(self) -> ReActAgent:
+        """The agent this tool runs: the toolkit walks a tree of agents through it (its cycle
+        check at `register_agent`, `Toolkit.reachable`)."""
+        return self.agent
 
     # -- one call ----------------------------------------------------------------------------------
 
@@ -213,7 +203,7 @@ class SubAgentTool:
                     if ev.source is None:
                         if cls in _WATCHED:
                             watch.see(ev)
-                        ev = _with_source(ev, source)
+                        ev = with_source(ev, source)
                     elif cls is RequireUserConfirm:
                         watch.asking.extend(c.id for c in ev.tool_calls)  # a deeper sub-agent's
                     if cls in BRACKET_TYPES:
@@ -273,27 +263,6 @@ class SubAgentTool:
                 return [value.model_dump_json()]
             raise SubAgentError(f"sub-agent {self.name} gave no structured output ({self.output_model.__name__})")
         return [final.text]
-
-
-_new = object.__new__
-_set = object.__setattr__
-_set_fields_set = BaseModel.__dict__["__pydantic_fields_set__"].__set__
-_set_extra = BaseModel.__dict__["__pydantic_extra__"].__set__
-_set_private = BaseModel.__dict__["__pydantic_private__"].__set__
-_SOURCE = frozenset({"source"})
-
-
-def _with_source(ev: Any, source: str) -> Any:
-    """``ev.model_copy(update={"source": source})``, without its generic machinery (once per
-    forwarded event): the same ``__dict__`` but ``source``, the fields set plus ``source``."""
-    values = ev.__dict__.copy()
-    values["source"] = source
-    new = _new(type(ev))
-    _set(new, "__dict__", values)
-    _set_fields_set(new, ev.__pydantic_fields_set__ | _SOURCE)
-    _set_extra(new, ev.__pydantic_extra__)
-    _set_private(new, ev.__pydantic_private__)
-    return new
 
 
 _WATCHED = frozenset({ModelCallEnd, AgentResult, RequireUserConfirm, RequestStop, Custom})

@@ -30,7 +30,7 @@ from collections.abc import AsyncIterator
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from .._deadline import Deadline
+from .._deadline import Deadline, check_seconds
 from ..errors import RunTimeoutError
 from ..events import AgentEvent
 from ..stream import EventStream
@@ -42,13 +42,6 @@ if TYPE_CHECKING:
 
 __all__ = ["TimeoutMiddleware"]
 
-
-def _seconds(name: str, value: float | None) -> float | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-        raise ValueError(f"{name} must be a number of seconds > 0 (or None), got {value!r}")
-    return float(value)
 
 
 class TimeoutMiddleware(MiddlewareBase):
@@ -64,10 +57,10 @@ class TimeoutMiddleware(MiddlewareBase):
         tool_timeout: float | None = None,
         run_timeout: float | None = None,
     ) -> None:
-        self.model_timeout = _seconds("model_timeout", model_timeout)
-        self.first_event_timeout = _seconds("first_event_timeout", first_event_timeout)
-        self.tool_timeout = _seconds("tool_timeout", tool_timeout)
-        self.run_timeout = _seconds("run_timeout", run_timeout)
+        self.model_timeout = check_seconds("model_timeout", model_timeout)
+        self.first_event_timeout = check_seconds("first_event_timeout", first_event_timeout)
+        self.tool_timeout = check_seconds("tool_timeout", tool_timeout)
+        self.run_timeout = check_seconds("run_timeout", run_timeout)
         if not any((model_timeout, first_event_timeout, tool_timeout, run_timeout)):
             raise ValueError("TimeoutMiddleware needs at least one of model_timeout, first_event_timeout, "
                              "tool_timeout, run_timeout")

@@ -197,8 +197,8 @@ class Toolkit:
             raise TypeError(f"register_agent takes an agent (ReActAgent), got {type(agent).__name__}: "
                             "register a function with register()")
         t: Tool = as_tool(name=name, description=description, **options)
-        owner = getattr(t.fn, "__self__", None)
-        if owner is not None and owner.reaches(self):
+        child = _subagent_of(t)
+        if child is not None and any(below is self for below in child.toolkit.reachable()):
             raise SubAgentCycleError(f"agent {getattr(agent, 'name', agent)!r} reaches this toolkit through its "
                                      "sub-agents: registering it here would make an agent its own sub-agent")
         return self.register(t)
@@ -282,11 +282,10 @@ class Toolkit:
     def names(self) -> list[str]:
         return list(self._all())
 
-    @property
-    def tree_names(self) -> list[str]:
-        """The names of this toolkit's tools and of the tools of every sub-agent below it (through
-        `register_agent`): what a middleware inherited by the whole tree may name."""
-        names: dict[str, None] = {}
+    def reachable(self) -> list[Toolkit]:
+        """This toolkit and the toolkits of every sub-agent below it (through `register_agent`),
+        each once: what a middleware inherited by the tree may name, and what a cycle reaches."""
+        found: list[Toolkit] = []
         seen: set[int] = set()
         stack = [self]
         while stack:
@@ -294,13 +293,17 @@ class Toolkit:
             if id(toolkit) in seen:
                 continue
             seen.add(id(toolkit))
+            found.append(toolkit)
             for t in toolkit:
-                names.setdefault(t.name, None)
-                owner = getattr(t.fn, "__self__", None)
-                agent = getattr(owner, "agent", None) if owner is not None and hasattr(owner, "reaches") else None
+                agent = _subagent_of(t)
                 if agent is not None:
                     stack.append(agent.toolkit)
-        return list(names)
+        return found
+
+    @property
+    def tree_names(self) -> list[str]:
+        """The names of this toolkit's tools and of the tools of every sub-agent below it."""
+        return list(dict.fromkeys(name for toolkit in self.reachable() for name in toolkit.names))
 
     def schemas(self) -> tuple[ToolSchema, ...]:
         # Asked for every round: kept until the tools change (what the schemas are made of).
@@ -314,3 +317,9 @@ class Toolkit:
         other._tools = dict(self._tools)
         other._sources = list(self._sources)
         return other
+
+
+def _subagent_of(t: Tool) -> Any:
+    """The agent a sub-agent tool runs (`agent.as_tool`), else None: the tool's function is a
+    method of an object that names it as ``subagent``."""
+    return getattr(getattr(t.fn, "__self__", None), "subagent", None)

@@ -199,3 +199,14 @@ class Firehose:
 
     def stream(self, request: ModelRequest) -> AsyncIterator[ChatChunk]:
         return self._stream()
+
+
+def stalled_post(port: int, path: str, body: bytes) -> socket.socket:
+    """A raw POST from a client that will not read its answer: a small receive buffer, the
+    request sent, the socket left open (close it)."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16_384)
+    sock.connect(("127.0.0.1", port))
+    sock.sendall(f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n".encode()
+                 + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+    return sock

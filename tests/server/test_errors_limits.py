@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import logging
-import socket
 import sqlite3
 from collections.abc import Callable
 
@@ -17,7 +16,17 @@ from agentscope_py import InMemoryStateStore, ModelStep, ReActAgent
 from agentscope_py.agent.state import AgentState
 from agentscope_py.server import Limits, create_app
 
-from .conftest import Firehose, LiveServer, agui_events, delete_file, frames, run_input, scripted_agent, user
+from .conftest import (
+    Firehose,
+    LiveServer,
+    agui_events,
+    delete_file,
+    frames,
+    run_input,
+    scripted_agent,
+    stalled_post,
+    user,
+)
 
 Live = Callable[..., LiveServer]
 SECRET_PATH = "/srv/secret/agent-states.db"
@@ -136,12 +145,8 @@ def test_a_client_that_stops_reading_is_dropped(live: Live, server_log: pytest.L
     agent = ReActAgent.builder().model(model).build()
     server = live(create_app(agent, limits=Limits(stall_timeout=0.5, buffer_bytes=65_536)))
     body = json.dumps({"session_id": "s", "input": "flood"}).encode()
-    sock = socket.socket()
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16_384)
-    sock.connect(("127.0.0.1", server.port))
+    sock = stalled_post(server.port, "/v1/runs", body)
     try:
-        sock.sendall(b"POST /v1/runs HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-                     + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
         # The socket stays open and unread: only the stall timeout can end the run.
         assert model.closed.wait(10), "a stalled client kept its run (and its buffers) alive"
         assert model.produced < 1_000

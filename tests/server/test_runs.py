@@ -313,20 +313,14 @@ def test_limits_refuse_bad_values() -> None:
 
 
 async def test_a_stalled_client_is_dropped_and_resumes_from_the_log(live: Any, caplog: pytest.LogCaptureFixture) -> None:
-    import socket
-
-    from .conftest import Firehose
+    from .conftest import Firehose, stalled_post
 
     model = Firehose(chunk=2_000, total=2_000)
     agent = ReActAgent.builder().model(model).build()
     server = live(create_app(agent, limits=Limits(stall_timeout=0.5, buffer_bytes=65_536)))
     body = json.dumps({"session_id": "s", "input": "flood", "detach": True}).encode()
-    sock = socket.socket()
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16_384)
-    sock.connect(("127.0.0.1", server.port))
+    sock = stalled_post(server.port, "/v1/runs", body)
     try:
-        sock.sendall(b"POST /v1/runs HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-                     + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
         head = sock.recv(4096).decode("latin-1")
         run_id = re.search(r"x-run-id: (\S+)", head, re.I).group(1)  # type: ignore[union-attr]
         # Never read again: the client is dropped, and the detached run goes on to its end.
