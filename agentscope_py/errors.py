@@ -51,6 +51,7 @@ __all__ = [
     "CassetteMismatchError",
     "ContextLengthError",
     "DurableActivityError",
+    "DurableSessionBusy",
     "GuardrailTripped",
     "InputError",
     "MCPClientError",
@@ -340,6 +341,17 @@ class DurableActivityError(AgentScopeError):
     def __init__(self, message: str, *, error_type: str | None = None) -> None:
         super().__init__(message)
         self.error_type = error_type
+
+
+class DurableSessionBusy(AgentScopeError):
+    """A durable run of this agent is already in flight on the session (one run per session at a
+    time, as the local agent's session gate has it): ``run_id`` is the running one's. Wait for it
+    (``DurableAgent.start(..., if_busy="wait")``) or interrupt it."""
+
+    def __init__(self, user_id: str, session_id: str, run_id: str) -> None:
+        super().__init__(f"session {user_id}/{session_id} has a durable run in flight ({run_id}): wait for it "
+                         "(start(..., if_busy='wait')) or interrupt it")
+        self.user_id, self.session_id, self.run_id = user_id, session_id, run_id
 
 
 # -- MCP servers (agentscope_py.mcp) -------------------------------------------------------------

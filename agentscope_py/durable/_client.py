@@ -1,19 +1,45 @@
 """The caller's side: start a durable run of an agent by its factory path, and get its reply or
-its events, answer its confirmations, interrupt it."""
+its events, answer its confirmations, questions and external tool calls, interrupt it.
+
+One run per session at a time: a run's workflow id is derived from the agent and the session
+(`session_workflow_id`), so Temporal itself refuses a second one while the first is in flight
+(`DurableSessionBusy`), on any number of clients."""
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from collections.abc import AsyncIterator, Iterable
-from typing import Any
+from typing import Any, Literal
+from urllib.parse import quote
 
-from temporalio.client import Client, WorkflowHandle
+from pydantic import BaseModel
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
+from temporalio.exceptions import WorkflowAlreadyStartedError
 
+from ..errors import DurableSessionBusy, ResumeError
 from ..events import AgentEvent, ConfirmResult, parse_event
-from ..message import Msg, ToolUseBlock
+from ..message import Msg, ToolResultBlock, ToolUseBlock
 from ._config import DEFAULT_TASK_QUEUE, WORKFLOW_NAME
 
-__all__ = ["DurableAgent", "DurableRun"]
+__all__ = ["DurableAgent", "DurableRun", "session_workflow_id"]
+
+
+def session_workflow_id(factory: str, user_id: str, session_id: str) -> str:
+    """The workflow id of the session's runs (each part quoted: no two sessions share one)."""
+    return "agentscope/" + "/".join(quote(part, safe="") for part in (factory, user_id, session_id))
+
+
+def _model_path(model: type[Any] | None) -> str | None:
+    """``module:qualname`` of a structured-output model: the workflow imports it on the worker."""
+    if model is None:
+        return None
+    if not (isinstance(model, type) and issubclass(model, BaseModel)):
+        raise TypeError(f"structured_model must be a pydantic BaseModel class, got {model!r}")
+    if "<locals>" in model.__qualname__ or model.__module__ == "__main__":
+        raise ValueError(f"structured_model {model.__qualname__} must be importable by the workers: define it at "
+                         "the top level of a module they can import (not in a function or __main__)")
+    return f"{model.__module__}:{model.__qualname__}"
 
 
 def _msgs(msgs: str | Msg | Iterable[Msg | str]) -> list[dict[str, Any]]:
@@ -23,12 +49,27 @@ def _msgs(msgs: str | Msg | Iterable[Msg | str]) -> list[dict[str, Any]]:
     return [(Msg.user(m) if isinstance(m, str) else m).model_dump(mode="json") for m in items]
 
 
+def _check_ids(ids: list[str], waiting: list[ToolUseBlock], what: str) -> None:
+    known = {c.id for c in waiting}
+    for i in ids:
+        if i not in known:
+            raise ResumeError(f"{what} for {i!r}, which the run does not wait on "
+                              f"(waiting: {', '.join(sorted(known)) or 'nothing'})")
+    if len(set(ids)) != len(ids):
+        raise ResumeError(f"a duplicate {what}")
+
+
 class DurableRun:
     """One durable run (a workflow): ``result()`` waits for its reply, ``events()`` for its
-    events; ``confirm`` answers a run waiting for confirmation; ``interrupt`` stops it."""
+    events; ``confirm`` answers a run waiting for confirmation, ``send_tool_results`` one waiting
+    for external tools; ``interrupt`` stops it. ``id`` is the session's workflow id, ``run_id``
+    this run's own id."""
 
-    def __init__(self, handle: WorkflowHandle[Any, Any]) -> None:
+    def __init__(self, handle: WorkflowHandle[Any, Any], run_id: str = "",
+                 structured_model: type[BaseModel] | None = None) -> None:
         self.handle = handle
+        self.run_id = run_id or handle.id
+        self.structured_model = structured_model
 
     @property
     def id(self) -> str:
@@ -39,25 +80,55 @@ class DurableRun:
         return out
 
     async def result(self) -> Msg:
-        return Msg.model_validate((await self._output())["result"])
+        """The final reply; with a structured model, ``metadata["structured_output"]`` is the
+        validated instance (as a local ``call`` gives it)."""
+        msg = Msg.model_validate((await self._output())["result"])
+        if self.structured_model is not None and msg.structured_output is not None:
+            value = msg.structured(self.structured_model)
+            msg = msg.model_copy(update={"metadata": {**msg.metadata, "structured_output": value}})
+        return msg
 
     async def events(self) -> list[AgentEvent]:
         """The run's events, once it has ended (live events are not published yet)."""
         return [parse_event(d) for d in (await self._output())["events"]]
 
     async def waiting(self) -> bool:
-        """Whether the run waits for ``confirm``."""
+        """Whether the run waits for ``confirm`` or ``send_tool_results``."""
         return bool(await self.handle.query("waiting"))
 
     async def asking(self) -> list[ToolUseBlock]:
-        """The tool calls a waiting run asks the user to confirm (none when it is not waiting)."""
+        """The tool calls a waiting run asks the user to confirm, or to answer a question (see
+        ``questions``); none when it is not waiting."""
         return [ToolUseBlock.model_validate(c) for c in await self.handle.query("asking")]
 
+    async def questions(self) -> dict[str, dict[str, Any]]:
+        """By call id, the questions the run's tools asked (`ToolInputRequired`, an MCP
+        elicitation: ``server``, ``message``, ``schema``…); answer them with ``confirm(
+        ConfirmResult(tool_call_id=..., confirmed=True, answer={...}))``."""
+        found: dict[str, dict[str, Any]] = await self.handle.query("questions")
+        return found
+
+    async def external(self) -> list[ToolUseBlock]:
+        """The external tool calls the run waits on: execute them, then ``send_tool_results``."""
+        return [ToolUseBlock.model_validate(c) for c in await self.handle.query("external")]
+
     async def confirm(self, *results: ConfirmResult) -> None:
-        """Answer the asking calls: the run continues (on any worker) with the answers."""
+        """Answer the asking calls: the run continues (on any worker) with the answers. Calls
+        left unanswered keep asking. `ResumeError` if a result names a call that does not ask."""
         if not results or not all(isinstance(r, ConfirmResult) for r in results):
             raise TypeError("confirm takes one or more ConfirmResult")
+        _check_ids([r.tool_call_id for r in results], await self.asking(), "confirm result")
         await self.handle.signal("confirm", [r.model_dump(mode="json") for r in results])
+
+    async def send_tool_results(self, *results: ToolResultBlock) -> None:
+        """Hand back the results of external tool calls (``ToolResultBlock(id=call.id,
+        name=call.name, output=...)``): the run continues with them, as a local agent does with
+        ``Msg.tool([...])``; calls left without a result keep waiting. `ResumeError` if a result
+        names a call that does not wait."""
+        if not results or not all(isinstance(r, ToolResultBlock) for r in results):
+            raise TypeError("send_tool_results takes one or more ToolResultBlock")
+        _check_ids([r.id for r in results], await self.external(), "tool result")
+        await self.handle.signal("tool_results", [r.model_dump(mode="json") for r in results])
 
     async def interrupt(self) -> None:
         """Interrupt the turn in flight: its current activity is cancelled, and the run ends with
@@ -68,7 +139,8 @@ class DurableRun:
 
 class DurableAgent:
     """An agent whose runs are Temporal workflows, run by workers that know ``factory``
-    (``pkg.module:factory``, the same path the workers were started with)."""
+    (``pkg.module:factory``, the same path the workers were started with). With a state store in
+    the factory (SQLite, Redis), a session's runs remember each other, one run at a time."""
 
     def __init__(self, client: Client, *, factory: str, task_queue: str = DEFAULT_TASK_QUEUE) -> None:
         if not isinstance(client, Client):
@@ -80,12 +152,43 @@ class DurableAgent:
         self.client, self.factory, self.task_queue = client, factory, task_queue
 
     async def start(self, msgs: str | Msg | Iterable[Msg | str], *, user_id: str = "default",
-                    session_id: str = "default", run_id: str | None = None) -> DurableRun:
-        """Start a run (its workflow id is ``run_id``, or a fresh one)."""
-        payload = {"factory": self.factory, "messages": _msgs(msgs), "user_id": user_id, "session_id": session_id}
-        handle = await self.client.start_workflow(
-            WORKFLOW_NAME, payload, id=run_id or f"agentscope-{uuid.uuid4().hex}", task_queue=self.task_queue)
-        return DurableRun(handle)
+                    session_id: str = "default", run_id: str | None = None,
+                    structured_model: type[BaseModel] | None = None,
+                    if_busy: Literal["error", "wait"] = "error") -> DurableRun:
+        """Start a run on the session (its id is ``run_id``, or a fresh one). Starting again with
+        the ``run_id`` of the run in flight returns that run (a retried start is harmless).
+        Another run in flight on the session raises `DurableSessionBusy`, or with
+        ``if_busy="wait"`` this waits for it to end first (callers that wait are not served in
+        any order). ``structured_model``: as ``agent.call(..., structured_model=M)`` (``M``
+        importable by the workers)."""
+        if if_busy not in ("error", "wait"):
+            raise ValueError(f"if_busy must be 'error' or 'wait', got {if_busy!r}")
+        run_id = run_id or f"agentscope-{uuid.uuid4().hex}"
+        payload = {"factory": self.factory, "messages": _msgs(msgs), "user_id": user_id, "session_id": session_id,
+                   "run_id": run_id, "structured_model": _model_path(structured_model)}
+        workflow_id = session_workflow_id(self.factory, user_id, session_id)
+        while True:
+            try:
+                handle = await self.client.start_workflow(
+                    WORKFLOW_NAME, payload, id=workflow_id, task_queue=self.task_queue, memo={"run_id": run_id})
+                return DurableRun(handle, run_id, structured_model)
+            except WorkflowAlreadyStartedError:
+                running = self.client.get_workflow_handle(workflow_id)
+                described = await running.describe()
+                running_id = str((await described.memo()).get("run_id", ""))
+                current = self.client.get_workflow_handle(workflow_id, run_id=described.run_id)
+                if described.status is not WorkflowExecutionStatus.RUNNING:
+                    continue  # it ended in between: start again
+                if running_id == run_id:
+                    return DurableRun(current, run_id, structured_model)
+                if if_busy == "error":
+                    raise DurableSessionBusy(user_id, session_id, running_id) from None
+                with contextlib.suppress(Exception):  # its outcome is its caller's; this one goes next
+                    await current.result()
+
+    def session(self, user_id: str = "default", session_id: str = "default") -> DurableRun:
+        """The session's latest run (in flight or ended), e.g. from another process."""
+        return DurableRun(self.client.get_workflow_handle(session_workflow_id(self.factory, user_id, session_id)))
 
     async def call(self, msgs: str | Msg | Iterable[Msg | str], **kwargs: Any) -> Msg:
         """Run and return the final reply."""

@@ -8,11 +8,16 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-__all__ = ["DEFAULT_TASK_QUEUE", "MODEL_ACTIVITY", "TOOL_ACTIVITY", "WORKFLOW_NAME", "ActivityConfig", "DurableConfig"]
+__all__ = [
+    "DEFAULT_TASK_QUEUE", "LOAD_STATE_ACTIVITY", "MODEL_ACTIVITY", "SAVE_STATE_ACTIVITY", "TOOL_ACTIVITY",
+    "WORKFLOW_NAME", "ActivityConfig", "DurableConfig",
+]
 
 WORKFLOW_NAME = "agentscope.agent_run"
 MODEL_ACTIVITY = "agentscope.model_call"
 TOOL_ACTIVITY = "agentscope.tool_call"
+LOAD_STATE_ACTIVITY = "agentscope.load_state"
+SAVE_STATE_ACTIVITY = "agentscope.save_state"
 DEFAULT_TASK_QUEUE = "agentscope"
 
 
@@ -20,12 +25,12 @@ DEFAULT_TASK_QUEUE = "agentscope"
 class ActivityConfig:
     """One activity's schedule. ``start_to_close`` bounds one attempt (a worker that dies is
     noticed when it passes, or when ``heartbeat`` passes without a heartbeat); ``max_attempts``
-    counts the first attempt (1 = never retried); the delay between attempts starts at
+    counts the first attempt (1 = never retried; None = retried until it succeeds); the delay between attempts starts at
     ``initial_interval`` and grows by ``backoff`` up to ``max_interval``."""
 
     start_to_close: float = 60.0
     heartbeat: float | None = None
-    max_attempts: int = 3
+    max_attempts: int | None = 3
     initial_interval: float = 1.0
     backoff: float = 2.0
     max_interval: float = 30.0
@@ -37,8 +42,8 @@ class ActivityConfig:
             raise ValueError(f"start_to_close must be > 0 seconds, got {self.start_to_close!r}")
         if self.heartbeat is not None and not self.heartbeat > 0:
             raise ValueError(f"heartbeat must be > 0 seconds or None, got {self.heartbeat!r}")
-        if self.max_attempts < 1:
-            raise ValueError(f"max_attempts must be >= 1 (1 = no retry), got {self.max_attempts!r}")
+        if self.max_attempts is not None and self.max_attempts < 1:
+            raise ValueError(f"max_attempts must be >= 1 (1 = no retry) or None (no limit), got {self.max_attempts!r}")
         if not self.initial_interval > 0 or self.backoff < 1 or self.max_interval < self.initial_interval:
             raise ValueError("initial_interval must be > 0, backoff >= 1 and max_interval >= initial_interval")
 
@@ -53,7 +58,7 @@ class ActivityConfig:
                 initial_interval=timedelta(seconds=self.initial_interval),
                 backoff_coefficient=self.backoff,
                 maximum_interval=timedelta(seconds=self.max_interval),
-                maximum_attempts=self.max_attempts,
+                maximum_attempts=self.max_attempts or 0,  # Temporal: 0 = no limit
                 non_retryable_error_types=list(self.non_retryable) or None,
             ),
         }
@@ -64,21 +69,26 @@ class ActivityConfig:
 MODEL_DEFAULT = ActivityConfig(start_to_close=120.0, heartbeat=10.0, max_attempts=3)
 # A tool may have side effects: retried once only unless configured otherwise.
 TOOL_DEFAULT = ActivityConfig(start_to_close=120.0, heartbeat=10.0, max_attempts=2)
+# Loading and saving the session: retried until the store answers, so no turn is lost to a store
+# that is down for a while (the run waits, holding no worker between attempts).
+STATE_DEFAULT = ActivityConfig(start_to_close=30.0, max_attempts=None, max_interval=30.0)
 
 
 @dataclass(frozen=True, slots=True)
 class DurableConfig:
     """The activities' schedules: ``model`` and ``tool`` apply to every model and tool call, and
     ``models`` / ``tools`` (by model name / tool name) override them. A tool with its own
-    ``timeout`` gets that (plus 5 s) as its start-to-close unless ``tools`` names it."""
+    ``timeout`` gets that (plus 5 s) as its start-to-close unless ``tools`` names it. ``state``
+    schedules the session's load and save (``agentscope.load_state`` / ``agentscope.save_state``)."""
 
     model: ActivityConfig = MODEL_DEFAULT
     tool: ActivityConfig = TOOL_DEFAULT
     models: Mapping[str, ActivityConfig] = field(default_factory=dict)
     tools: Mapping[str, ActivityConfig] = field(default_factory=dict)
+    state: ActivityConfig = STATE_DEFAULT
 
     def __post_init__(self) -> None:
-        for label, value in (("model", self.model), ("tool", self.tool)):
+        for label, value in (("model", self.model), ("tool", self.tool), ("state", self.state)):
             if not isinstance(value, ActivityConfig):
                 raise TypeError(f"DurableConfig.{label} must be an ActivityConfig, got {type(value).__name__}")
         for label, table in (("models", self.models), ("tools", self.tools)):

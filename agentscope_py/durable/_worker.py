@@ -1,4 +1,5 @@
-"""A worker: the workflow and the two activities on a task queue, for the given factories."""
+"""A worker: the workflow and its activities (model call, tool call, the session's load and save)
+on a task queue, for the given factories."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxR
 from ._activities import model_call_activity, tool_call_activity
 from ._config import DEFAULT_TASK_QUEUE, DurableConfig
 from ._factory import check_factory
+from ._sessions import load_state_activity, save_state_activity
 from ._workflow import AgentRunWorkflow, configs
 
 __all__ = ["PASSTHROUGH", "make_worker", "run_worker"]
@@ -48,7 +50,8 @@ def make_worker(
         **worker_options,
     }
     return Worker(client, task_queue=task_queue, workflows=[AgentRunWorkflow],
-                  activities=[model_call_activity, tool_call_activity], **options)
+                  activities=[model_call_activity, tool_call_activity, load_state_activity, save_state_activity],
+                  **options)
 
 
 async def run_worker(address: str, factories: Sequence[str], *, task_queue: str = DEFAULT_TASK_QUEUE,

@@ -2,9 +2,11 @@
 workflow's deterministic event loop; the model and tool calls are activities (`_executors`), so
 a replay on another worker takes their results from the history instead of calling again.
 
-A run that ends asking for confirmation waits here (no worker is held: the workflow leaves the
-worker's cache and is replayed when the ``confirm`` signal comes), then continues with the
-answers as a new turn on the same session; ``interrupt`` interrupts the turn in flight.
+A run that ends asking for confirmation (or for a question a tool asked), or waiting for external
+tool results, waits here (no worker is held: the workflow leaves the worker's cache and is
+replayed when the ``confirm`` / ``tool_results`` signal comes), then continues with the answers
+as a new turn on the same session; ``interrupt`` interrupts the turn in flight. The session is
+loaded and saved by activities on the workers' store (`_sessions`).
 
 A typed error of the run (`AgentScopeError`: a model call failing for good, a middleware's
 termination) fails the workflow; any other exception fails only the workflow *task*, which
@@ -16,15 +18,17 @@ from typing import Any
 
 from temporalio import workflow
 
+from .._targets import import_target
 from ..agent.context import RuntimeContext
-from ..agent.react import ReActAgent, confirm_message
-from ..agent.store import InMemoryStateStore
+from ..agent.react import ReActAgent
 from ..errors import AgentScopeError
-from ..events import AgentResult, ConfirmResult, RequireUserConfirm
-from ..message import GenerateReason, Msg
+from ..events import AgentResult, ConfirmResult
+from ..message import Msg, ToolResultBlock
 from ._config import WORKFLOW_NAME, DurableConfig
 from ._executors import install
 from ._factory import build_agent
+from ._sessions import session_store
+from ._waits import Waits
 
 __all__ = ["AgentRunWorkflow", "configs"]
 
@@ -38,40 +42,38 @@ class AgentRunWorkflow:
         self._agent: ReActAgent | None = None
         self._ids = ("default", "default")
         self._interrupted = False
-        self._answers: list[ConfirmResult] | None = None
-        self._waiting = False
-        self._asking: list[dict[str, Any]] = []
+        self._waits = Waits()
 
     @workflow.run
     async def run(self, inp: dict[str, Any]) -> dict[str, Any]:
         factory, user_id, session_id = inp["factory"], inp["user_id"], inp["session_id"]
         agent = self._agent = build_agent(factory)
-        # The session lives in the workflow (its history is the durable copy): a store doing I/O
-        # cannot run on the workflow's loop.
-        agent._runtime.store = InMemoryStateStore()
-        install(agent, factory, configs.get(factory, DurableConfig()), user_id, session_id,
-                lambda: self._interrupted)
+        config = configs.get(factory, DurableConfig())
+        # The workflow's loop does no I/O: the factory's store is reached through activities.
+        agent._runtime.store = session_store(agent.state_store, factory, config.state)
+        install(agent, factory, config, user_id, session_id, lambda: self._interrupted)
         self._ids = (user_id, session_id)
         ctx = RuntimeContext(user_id, session_id)
+        structured = import_target(inp["structured_model"]) if inp.get("structured_model") else None
         msgs = [Msg.model_validate(m) for m in inp["messages"]]
         events: list[dict[str, Any]] = []
         final: Msg | None = None
+        waits = self._waits
         while True:
-            async for ev in agent.stream(msgs, ctx=ctx):
+            async for ev in agent.stream(msgs, ctx=ctx, structured_model=structured):
                 events.append(ev.model_dump(mode="json"))
                 if type(ev) is AgentResult:
                     final = ev.result
-                elif type(ev) is RequireUserConfirm and ev.source is None:
-                    self._asking.extend(call.model_dump(mode="json") for call in ev.tool_calls)
+                waits.see(ev)
             assert final is not None
-            if final.generate_reason is not GenerateReason.PERMISSION_ASKING or self._interrupted:
+            if not waits.begin(final) or self._interrupted:
                 break
-            self._waiting = True
-            await workflow.wait_condition(lambda: self._answers is not None or self._interrupted)
-            self._waiting = False
-            if self._answers is None:  # interrupted while waiting: the asking reply stands
+            await workflow.wait_condition(lambda: waits.answered() or self._interrupted)
+            waits.waiting = False
+            if not waits.answered():  # interrupted while waiting: the waiting reply stands
                 break
-            msgs, self._answers, self._asking = [confirm_message(*self._answers)], None, []
+            msgs = waits.next_input()
+        waits.waiting = False  # a run that ends waits for nothing
         return {"result": final.model_dump(mode="json"), "events": events}
 
     @workflow.signal(name="interrupt")
@@ -83,14 +85,33 @@ class AgentRunWorkflow:
 
     @workflow.signal(name="confirm")
     def confirm(self, answers: list[dict[str, Any]]) -> None:
-        self._answers = [ConfirmResult.model_validate(a) for a in answers]
+        bad = self._waits.confirm([ConfirmResult.model_validate(a) for a in answers])
+        if bad:
+            workflow.logger.warning("confirm answers for calls that do not ask (%s) were dropped", bad)
+
+    @workflow.signal(name="tool_results")
+    def tool_results(self, results: list[dict[str, Any]]) -> None:
+        bad = self._waits.tool_results([ToolResultBlock.model_validate(r) for r in results])
+        if bad:
+            workflow.logger.warning("tool results for calls that do not wait (%s) were dropped", bad)
 
     @workflow.query(name="waiting")
     def waiting(self) -> bool:
-        """Whether the run waits for a ``confirm`` signal."""
-        return self._waiting
+        """Whether the run waits for a ``confirm`` or ``tool_results`` signal."""
+        return self._waits.waiting
 
     @workflow.query(name="asking")
     def asking(self) -> list[dict[str, Any]]:
-        """The tool calls the waiting run asks the user to confirm."""
-        return self._asking if self._waiting else []
+        """The tool calls the waiting run asks the user to confirm (or to answer a question)."""
+        return self._waits.asking if self._waits.waiting else []
+
+    @workflow.query(name="questions")
+    def questions(self) -> dict[str, dict[str, Any]]:
+        """By call id, the questions running tools asked (`ToolInputRequired`: server, message,
+        schema…): answer with ``ConfirmResult(..., confirmed=True, answer={...})``."""
+        return self._waits.questions if self._waits.waiting else {}
+
+    @workflow.query(name="external")
+    def external(self) -> list[dict[str, Any]]:
+        """The external tool calls the waiting run waits on (the caller executes them)."""
+        return self._waits.external if self._waits.waiting else []
