@@ -171,7 +171,9 @@ class DurableAgent:
             try:
                 handle = await self.client.start_workflow(
                     WORKFLOW_NAME, payload, id=workflow_id, task_queue=self.task_queue, memo={"run_id": run_id})
-                return DurableRun(handle, run_id, structured_model)
+                # Pinned to this execution: the session's later runs share its workflow id.
+                pinned = self.client.get_workflow_handle(workflow_id, run_id=handle.first_execution_run_id)
+                return DurableRun(pinned, run_id, structured_model)
             except WorkflowAlreadyStartedError:
                 running = self.client.get_workflow_handle(workflow_id)
                 described = await running.describe()

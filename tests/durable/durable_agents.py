@@ -11,8 +11,11 @@ from dataclasses import replace
 from typing import Any
 
 from agentscope_py import PermissionDecision, ReActAgent, tool
+from agentscope_py.agent.sqlite_store import SqliteStateStore
+from agentscope_py.agent.state import AgentState
 from agentscope_py.agent.context import RuntimeContext
 from agentscope_py.durable import ActivityConfig, DurableConfig
+from agentscope_py.errors import StateStoreError
 from agentscope_py.middleware.base import ActingInput, MiddlewareBase, Next
 from agentscope_py.model.openai import OpenAIChatModel
 
@@ -52,8 +55,11 @@ def build_asking() -> ReActAgent:
     return ReActAgent.builder().name("durable").model(_model()).tools(asking).build()
 
 
-FAST = DurableConfig(model=ActivityConfig(heartbeat=1.0), tool=ActivityConfig(heartbeat=1.0))
-"""Heartbeats of 1 s: a killed worker's activity is retried elsewhere about a second later."""
+FAST = DurableConfig(model=ActivityConfig(heartbeat=1.0), tool=ActivityConfig(heartbeat=1.0),
+                     state=ActivityConfig(start_to_close=10.0, max_attempts=None, initial_interval=0.2,
+                                          max_interval=0.5))
+"""Heartbeats of 1 s: a killed worker's activity is retried elsewhere about a second later; a
+session save that fails is tried again every half second."""
 
 
 SEEN: list[bool] = []
@@ -85,3 +91,22 @@ async def _add_failing(a: int, b: int) -> str:
 
 def build_failing() -> ReActAgent:
     return ReActAgent.builder().name("durable").model(_model()).tools(tool(name="add")(_add_failing)).build()
+
+
+class FlakyStore(SqliteStateStore):
+    """A SQLite store whose saves fail while the file ``DURABLE_STORE_DOWN`` exists (a store that
+    is down for a while); each failed save adds a line to it."""
+
+    async def save(self, user_id: str, session_id: str, state: AgentState, expected_version: int) -> int:
+        down = os.environ.get("DURABLE_STORE_DOWN", "")
+        if down and os.path.exists(down):
+            with open(down, "a") as f:  # noqa: ASYNC230 - a test's log line
+                f.write("save failed\n")
+            raise StateStoreError("the store is down")
+        return await super().save(user_id, session_id, state, expected_version)
+
+
+def build_sqlite() -> ReActAgent:
+    """The agent with its sessions in the SQLite file ``DURABLE_STORE`` (shared by the workers)."""
+    return (ReActAgent.builder().name("durable").model(_model()).tools(tool(name="add")(_add))
+            .state_store(FlakyStore(os.environ["DURABLE_STORE"])).build())

@@ -30,6 +30,8 @@ class Handler(BaseHTTPRequestHandler):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         with open(COUNT_FILE, "a") as f:
             f.write(json.dumps(body["messages"][-1].get("role")) + "\n")
+        with open(COUNT_FILE + ".messages", "a") as f:  # what each request saw (the session's memory)
+            f.write(json.dumps([m.get("role") for m in body["messages"]]) + "\n")
         tool = next((m for m in body.get("tools") or [] if m["function"]["name"] == "add"), None)
         if body["messages"][-1]["role"] == "tool" or tool is None:
             text = "The answer is " + str(body["messages"][-1].get("content")) + "."
