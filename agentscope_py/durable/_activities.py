@@ -14,10 +14,12 @@ from temporalio.exceptions import ApplicationError
 
 from ..agent.context import RuntimeContext
 from ..agent.react import ReActAgent
+from ..errors import ToolInputRequired
 from ..events import EventBase
 from ..message import ToolUseBlock
 from ..model.base import ChatModel, ModelError
 from ..stream import aclose
+from ..tool._source import current_tool_call, tool_answers
 from ._codec import dump_events, load_request
 from ._config import MODEL_ACTIVITY, TOOL_ACTIVITY
 from ._factory import worker_agent
@@ -99,13 +101,19 @@ async def tool_call_activity(payload: dict[str, Any]) -> list[list[Any]]:
     if tool is None:
         raise ApplicationError(f"the worker's agent has no tool {call.name!r}", non_retryable=True)
     ctx = RuntimeContext(payload["user_id"], payload["session_id"])
+    if payload.get("answer") is not None:  # the user's answer to the question this call asked
+        tool_answers(ctx)[call.id] = payload["answer"]
+    current_tool_call.set(call)  # (this activity's own task) the call an MCP tool names
     out: list[list[Any]] = []
-    async with _heartbeats():
-        async for chunk in tool.run(call.input, ctx):
-            if isinstance(chunk, EventBase):
-                out.append(["event", chunk.model_dump(mode="json")])
-            elif isinstance(chunk, str):
-                out.append(["text", chunk])
-            else:
-                out.append(["data", chunk.model_dump(mode="json") if isinstance(chunk, BaseModel) else chunk])
+    try:
+        async with _heartbeats():
+            async for chunk in tool.run(call.input, ctx):
+                if isinstance(chunk, EventBase):
+                    out.append(["event", chunk.model_dump(mode="json")])
+                elif isinstance(chunk, str):
+                    out.append(["text", chunk])
+                else:
+                    out.append(["data", chunk.model_dump(mode="json") if isinstance(chunk, BaseModel) else chunk])
+    except ToolInputRequired as exc:  # the call waits for the user: the workflow pauses the run
+        raise ApplicationError(str(exc), exc.question, type="ToolInputRequired", non_retryable=True) from exc
     return out

@@ -15,11 +15,12 @@ from .._control import RunControl
 from .._deadline import Deadline
 from ..agent._acting import ToolScope
 from ..agent.react import ReActAgent
-from ..errors import AgentInterrupted, DurableActivityError
+from ..errors import AgentInterrupted, DurableActivityError, ToolInputRequired
 from ..events import AgentEvent, parse_event
 from ..message import DataBlock, ToolUseBlock
 from ..model.base import ChatModel, ModelRequest
 from ..stream import Channel, EventStream
+from ..tool._source import tool_answers
 from ..tool.toolkit import Tool
 from ._codec import dump_request, load_events
 from ._config import MODEL_ACTIVITY, TOOL_ACTIVITY, DurableConfig
@@ -54,6 +55,9 @@ async def _activity(name: str, payload: dict[str, Any], options: dict[str, Any],
     except ActivityError as exc:
         if control.interrupted:
             raise AgentInterrupted(f"the {what} was interrupted") from None
+        cause = exc.cause
+        if isinstance(cause, ApplicationError) and cause.type == "ToolInputRequired":  # the run pauses
+            raise ToolInputRequired(cause.message, *cause.details[:1]) from None
         raise _failure(exc, what) from None
     finally:
         control.tasks.discard(task)
@@ -81,7 +85,7 @@ def install(agent: ReActAgent, factory: str, config: DurableConfig, user_id: str
 
     async def tool_executor(scope: ToolScope, call: ToolUseBlock, tool: Tool, channel: Channel) -> None:
         payload = {"factory": factory, "call": call.model_dump(mode="json"), "user_id": user_id,
-                   "session_id": session_id}
+                   "session_id": session_id, "answer": tool_answers(scope.ctx).pop(call.id, None)}
         options = config.for_tool(call.name, tool.timeout).options()
         out = await _activity(TOOL_ACTIVITY, payload, options, scope.control, f"tool call {call.name}",
                               stopped)

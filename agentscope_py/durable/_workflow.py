@@ -27,6 +27,7 @@ from ..message import Msg, ToolResultBlock
 from ._config import WORKFLOW_NAME, DurableConfig
 from ._executors import install
 from ._factory import build_agent
+from ._local_tools import with_local_tools
 from ._sessions import session_store
 from ._waits import Waits
 
@@ -52,6 +53,8 @@ class AgentRunWorkflow:
         # The workflow's loop does no I/O: the factory's store is reached through activities.
         agent._runtime.store = session_store(agent.state_store, factory, config.state)
         install(agent, factory, config, user_id, session_id, lambda: self._interrupted)
+        assert agent._runtime.tool_executor is not None
+        agent._runtime.tool_executor = with_local_tools(agent, agent._runtime.tool_executor)
         self._ids = (user_id, session_id)
         ctx = RuntimeContext(user_id, session_id)
         structured = import_target(inp["structured_model"]) if inp.get("structured_model") else None

@@ -10,14 +10,17 @@ import os
 from dataclasses import replace
 from typing import Any
 
-from agentscope_py import PermissionDecision, ReActAgent, tool
+from pydantic import BaseModel
+
+from agentscope_py import ModelStep, PermissionDecision, ReActAgent, ScriptedModel, Toolkit, tool
+from agentscope_py.agent.context import RuntimeContext
 from agentscope_py.agent.sqlite_store import SqliteStateStore
 from agentscope_py.agent.state import AgentState
-from agentscope_py.agent.context import RuntimeContext
 from agentscope_py.durable import ActivityConfig, DurableConfig
-from agentscope_py.errors import StateStoreError
+from agentscope_py.errors import StateStoreError, ToolInputRequired
 from agentscope_py.middleware.base import ActingInput, MiddlewareBase, Next
 from agentscope_py.model.openai import OpenAIChatModel
+from agentscope_py.tool._source import current_tool_call, tool_answers
 
 
 def _log_start() -> bool:
@@ -99,7 +102,7 @@ class FlakyStore(SqliteStateStore):
 
     async def save(self, user_id: str, session_id: str, state: AgentState, expected_version: int) -> int:
         down = os.environ.get("DURABLE_STORE_DOWN", "")
-        if down and os.path.exists(down):
+        if down and os.path.exists(down):  # noqa: ASYNC240 - a test switch
             with open(down, "a") as f:  # noqa: ASYNC230 - a test's log line
                 f.write("save failed\n")
             raise StateStoreError("the store is down")
@@ -110,3 +113,39 @@ def build_sqlite() -> ReActAgent:
     """The agent with its sessions in the SQLite file ``DURABLE_STORE`` (shared by the workers)."""
     return (ReActAgent.builder().name("durable").model(_model()).tools(tool(name="add")(_add))
             .state_store(FlakyStore(os.environ["DURABLE_STORE"])).build())
+
+
+def build_external() -> ReActAgent:
+    """``add`` is an external tool: the caller runs it and sends the result."""
+    toolkit = Toolkit()
+    toolkit.register_schema("add", "Add two integers.", {
+        "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]})
+    return ReActAgent.builder().name("durable").model(_model()).toolkit(toolkit).build()
+
+
+async def _add_in_base(a: int, b: int, ctx: RuntimeContext) -> str:
+    """Add two integers (in the base the user names)."""
+    _log_start()
+    call = current_tool_call.get()
+    answer = tool_answers(ctx).pop(call.id, None) if call is not None else None
+    if answer is None:  # as an MCP server's elicitation reaches the tool (`agentscope_py.mcp`)
+        raise ToolInputRequired("which base?", {"message": "In which base?",
+                                                "schema": {"type": "object", "properties": {"base": {"type": "integer"}}}})
+    return f"{a + b} (base {answer['base']})"
+
+
+def build_questioning() -> ReActAgent:
+    """``add`` asks the user a question the first time it runs for a call."""
+    return ReActAgent.builder().name("durable").model(_model()).tools(tool(name="add")(_add_in_base)).build()
+
+
+class City(BaseModel):
+    name: str
+    country: str
+
+
+def build_structured() -> ReActAgent:
+    """A scripted model answering in the ``City`` form (a first, invalid answer is sent back)."""
+    model = ScriptedModel([ModelStep.tool_call("generate_response", {"name": "Paris"}),
+                           ModelStep.tool_call("generate_response", {"name": "Paris", "country": "France"})])
+    return ReActAgent.builder().name("durable").model(model).build()
