@@ -8,6 +8,7 @@ from ..errors import DurableSessionBusy
 from ._client import DurableAgent, DurableRun, session_workflow_id
 from ._config import (
     DEFAULT_TASK_QUEUE,
+    LIST_TOOLS_ACTIVITY,
     LOAD_STATE_ACTIVITY,
     MODEL_ACTIVITY,
     SAVE_STATE_ACTIVITY,
@@ -21,6 +22,7 @@ from ._workflow import AgentRunWorkflow
 
 __all__ = [
     "DEFAULT_TASK_QUEUE",
+    "LIST_TOOLS_ACTIVITY",
     "LOAD_STATE_ACTIVITY",
     "MODEL_ACTIVITY",
     "SAVE_STATE_ACTIVITY",

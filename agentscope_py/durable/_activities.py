@@ -23,6 +23,7 @@ from ..tool._source import current_tool_call, tool_answers
 from ._codec import dump_events, load_request
 from ._config import MODEL_ACTIVITY, TOOL_ACTIVITY
 from ._factory import worker_agent
+from ._sources import entered
 
 __all__ = ["model_call_activity", "tool_call_activity"]
 
@@ -97,23 +98,28 @@ async def tool_call_activity(payload: dict[str, Any]) -> list[list[Any]]:
     the last one becomes the error result the model sees)."""
     agent = worker_agent(payload["factory"])
     call = ToolUseBlock.model_validate(payload["call"])
+    ctx = RuntimeContext(payload["user_id"], payload["session_id"])
+    # An MCP server's tools: the worker's session, entered for this call (heartbeating meanwhile).
+    async with _heartbeats(), entered(agent.toolkit, ctx):
+        return await _run_tool(agent, call, ctx, payload.get("answer"))
+
+
+async def _run_tool(agent: ReActAgent, call: ToolUseBlock, ctx: RuntimeContext, answer: Any) -> list[list[Any]]:
     tool = agent.toolkit.get(call.name)
     if tool is None:
         raise ApplicationError(f"the worker's agent has no tool {call.name!r}", non_retryable=True)
-    ctx = RuntimeContext(payload["user_id"], payload["session_id"])
-    if payload.get("answer") is not None:  # the user's answer to the question this call asked
-        tool_answers(ctx)[call.id] = payload["answer"]
+    if answer is not None:  # the user's answer to the question this call asked
+        tool_answers(ctx)[call.id] = answer
     current_tool_call.set(call)  # (this activity's own task) the call an MCP tool names
     out: list[list[Any]] = []
     try:
-        async with _heartbeats():
-            async for chunk in tool.run(call.input, ctx):
-                if isinstance(chunk, EventBase):
-                    out.append(["event", chunk.model_dump(mode="json")])
-                elif isinstance(chunk, str):
-                    out.append(["text", chunk])
-                else:
-                    out.append(["data", chunk.model_dump(mode="json") if isinstance(chunk, BaseModel) else chunk])
+        async for chunk in tool.run(call.input, ctx):
+            if isinstance(chunk, EventBase):
+                out.append(["event", chunk.model_dump(mode="json")])
+            elif isinstance(chunk, str):
+                out.append(["text", chunk])
+            else:
+                out.append(["data", chunk.model_dump(mode="json") if isinstance(chunk, BaseModel) else chunk])
     except ToolInputRequired as exc:  # the call waits for the user: the workflow pauses the run
         raise ApplicationError(str(exc), exc.question, type="ToolInputRequired", non_retryable=True) from exc
     return out

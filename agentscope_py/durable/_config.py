@@ -9,8 +9,8 @@ from datetime import timedelta
 from typing import Any
 
 __all__ = [
-    "DEFAULT_TASK_QUEUE", "LOAD_STATE_ACTIVITY", "MODEL_ACTIVITY", "SAVE_STATE_ACTIVITY", "TOOL_ACTIVITY",
-    "WORKFLOW_NAME", "ActivityConfig", "DurableConfig",
+    "DEFAULT_TASK_QUEUE", "LIST_TOOLS_ACTIVITY", "LOAD_STATE_ACTIVITY", "MODEL_ACTIVITY", "SAVE_STATE_ACTIVITY",
+    "TOOL_ACTIVITY", "WORKFLOW_NAME", "ActivityConfig", "DurableConfig",
 ]
 
 WORKFLOW_NAME = "agentscope.agent_run"
@@ -18,6 +18,7 @@ MODEL_ACTIVITY = "agentscope.model_call"
 TOOL_ACTIVITY = "agentscope.tool_call"
 LOAD_STATE_ACTIVITY = "agentscope.load_state"
 SAVE_STATE_ACTIVITY = "agentscope.save_state"
+LIST_TOOLS_ACTIVITY = "agentscope.list_tools"
 DEFAULT_TASK_QUEUE = "agentscope"
 
 

@@ -1,5 +1,5 @@
-"""A worker: the workflow and its activities (model call, tool call, the session's load and save)
-on a task queue, for the given factories."""
+"""A worker: the workflow and its activities (model call, tool call, the session's load and save,
+the listing of an MCP server's tools) on a task queue, for the given factories."""
 
 from __future__ import annotations
 
@@ -13,8 +13,9 @@ from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxR
 
 from ._activities import model_call_activity, tool_call_activity
 from ._config import DEFAULT_TASK_QUEUE, DurableConfig
-from ._factory import check_factory
+from ._factory import check_factory, worker_agent
 from ._sessions import load_state_activity, save_state_activity
+from ._sources import list_tools_activity
 from ._workflow import AgentRunWorkflow, configs
 
 __all__ = ["PASSTHROUGH", "make_worker", "run_worker"]
@@ -40,6 +41,9 @@ def make_worker(
         raise TypeError(f"config must be a DurableConfig, got {type(config).__name__}")
     for path in factories:
         check_factory(path)
+        # Built now, outside the workflow sandbox: what the factory imports when called (an MCP
+        # SDK, a store's driver) is then imported once, not re-imported by the sandbox per run.
+        worker_agent(path)
         configs[path] = config or DurableConfig()
     roots = {path.partition(":")[0].split(".")[0] for path in factories}
     restrictions = SandboxRestrictions.default.with_passthrough_modules(*PASSTHROUGH, *roots, *passthrough)
@@ -50,7 +54,8 @@ def make_worker(
         **worker_options,
     }
     return Worker(client, task_queue=task_queue, workflows=[AgentRunWorkflow],
-                  activities=[model_call_activity, tool_call_activity, load_state_activity, save_state_activity],
+                  activities=[model_call_activity, tool_call_activity, load_state_activity, save_state_activity,
+                              list_tools_activity],
                   **options)
 
 

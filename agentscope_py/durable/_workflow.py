@@ -14,6 +14,7 @@ Temporal retries (a bug fixed and deployed lets the run go on from its history).
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from temporalio import workflow
@@ -29,6 +30,7 @@ from ._executors import install
 from ._factory import build_agent
 from ._local_tools import with_local_tools
 from ._sessions import session_store
+from ._sources import use_activity_sources
 from ._waits import Waits
 
 __all__ = ["AgentRunWorkflow", "configs"]
@@ -55,6 +57,7 @@ class AgentRunWorkflow:
         install(agent, factory, config, user_id, session_id, lambda: self._interrupted)
         assert agent._runtime.tool_executor is not None
         agent._runtime.tool_executor = with_local_tools(agent, agent._runtime.tool_executor)
+        use_activity_sources(agent, factory, replace(config.tool, heartbeat=None))  # MCP servers' tools
         self._ids = (user_id, session_id)
         ctx = RuntimeContext(user_id, session_id)
         structured = import_target(inp["structured_model"]) if inp.get("structured_model") else None

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sys
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel
@@ -149,3 +151,17 @@ def build_structured() -> ReActAgent:
     model = ScriptedModel([ModelStep.tool_call("generate_response", {"name": "Paris"}),
                            ModelStep.tool_call("generate_response", {"name": "Paris", "country": "France"})])
     return ReActAgent.builder().name("durable").model(model).build()
+
+
+# (at import: the factory also runs in the workflow, where a file system call is refused)
+MCP_SERVER = str(Path(__file__).resolve().parent.parent / "mcp" / "mcp_test_server.py")
+
+
+def build_mcp() -> ReActAgent:
+    """The tools of the MCP test server (tests/mcp, over stdio; ``DURABLE_MCP_LOG`` is its log): a
+    scripted model calls ``favourite_colour``, which asks the user (an elicitation, no handler)."""
+    from agentscope_py.mcp import MCPClient
+
+    client = MCPClient.stdio(sys.executable, [MCP_SERVER], env={"MCP_TEST_LOG": os.environ["DURABLE_MCP_LOG"]})
+    model = ScriptedModel([ModelStep.tool_call("favourite_colour", {}, id="q1"), ModelStep.text("noted")])
+    return ReActAgent.builder().name("durable").model(model).mcp(client).build()

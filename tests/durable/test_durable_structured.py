@@ -1,10 +1,13 @@
-"""Structured output in durable runs: the output tool runs in the workflow (it records the
-output in the run), the model calls are activities, and the caller gets the validated object."""
+"""Structured output and MCP servers in durable runs (in-process workers, scripted models): the
+output tool runs in the workflow (it records the output in the run) and the caller gets the
+validated object; an MCP server's tools are listed and called by the workers, and its question
+to the user (an elicitation) is answered through the run."""
 
 from __future__ import annotations
 
 import asyncio
 import uuid
+from pathlib import Path
 
 import pytest
 from durable_agents import City
@@ -14,10 +17,18 @@ from temporalio.client import Client
 
 from agentscope_py import GenerateReason
 from agentscope_py.durable import MODEL_ACTIVITY, DurableAgent, make_worker
-from agentscope_py.events import ToolResultEnd
+from agentscope_py.events import ConfirmResult, ToolResultEnd, ToolResultTextDelta
 from agentscope_py.message import ToolResultState
 
 __all__ = ["temporal_address"]  # a fixture, used by name
+
+
+async def _activities(client: Client, workflow_id: str) -> list[str]:
+    names = []
+    async for event in client.get_workflow_handle(workflow_id).fetch_history_events():
+        if event.HasField("activity_task_scheduled_event_attributes"):
+            names.append(event.activity_task_scheduled_event_attributes.activity_type.name)
+    return names
 
 
 async def test_structured_output_returns_the_validated_object(temporal_address: str) -> None:
@@ -29,10 +40,7 @@ async def test_structured_output_returns_the_validated_object(temporal_address: 
             run = await agent.start("Which city has the Eiffel tower?", structured_model=City)
             msg = await run.result()
             events = await run.events()
-        names = []
-        async for event in client.get_workflow_handle(run.id).fetch_history_events():
-            if event.HasField("activity_task_scheduled_event_attributes"):
-                names.append(event.activity_task_scheduled_event_attributes.activity_type.name)
+        names = await _activities(client, run.id)
     assert msg.generate_reason is GenerateReason.STRUCTURED_OUTPUT
     assert msg.metadata["structured_output"] == City(name="Paris", country="France")
     assert msg.structured(City).country == "France"
@@ -51,3 +59,35 @@ async def test_a_structured_model_the_workers_cannot_import_fails_at_start(tempo
         await agent.start("hi", structured_model=Inner)
     with pytest.raises(TypeError, match="pydantic BaseModel class"):
         await agent.start("hi", structured_model=dict)
+
+
+@pytest.mark.mcp
+async def test_an_mcp_elicitation_is_answered_through_the_durable_run(
+        temporal_address: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from agentscope_py.durable import LIST_TOOLS_ACTIVITY, TOOL_ACTIVITY
+
+    log = tmp_path / "mcp.log"
+    log.touch()
+    monkeypatch.setenv("DURABLE_MCP_LOG", str(log))
+    client = await Client.connect(temporal_address)
+    queue = f"q-{uuid.uuid4().hex[:8]}"
+    async with make_worker(client, ["durable_agents:build_mcp"], task_queue=queue):
+        agent = DurableAgent(client, factory="durable_agents:build_mcp", task_queue=queue)
+        async with asyncio.timeout(40):
+            run = await agent.start("What colour do I like?")
+            while not await run.waiting():
+                await asyncio.sleep(0.1)
+            assert [c.name for c in await run.asking()] == ["favourite_colour"]
+            question = (await run.questions())["q1"]
+            assert question["message"] == "What is your favourite colour?" and "colour" in question["schema"]["properties"]
+            await run.confirm(ConfirmResult(tool_call_id="q1", confirmed=True, answer={"colour": "green"}))
+            reply = await run.result()
+            events = await run.events()
+        names = await _activities(client, run.id)
+    assert reply.text == "noted"
+    results = [ev for ev in events if isinstance(ev, ToolResultEnd)]
+    assert [ev.state for ev in results] == [ToolResultState.RUNNING, ToolResultState.SUCCESS]
+    texts = "".join(ev.delta for ev in events if isinstance(ev, ToolResultTextDelta))
+    assert "the user likes green" in texts
+    # the server's tools were listed by a worker (once per turn), and called as tool activities
+    assert names.count(LIST_TOOLS_ACTIVITY) == 2 and names.count(TOOL_ACTIVITY) == 2
