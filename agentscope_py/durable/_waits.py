@@ -67,16 +67,19 @@ class Waits:
 
     def confirm(self, answers: list[ConfirmResult]) -> list[str]:
         """Take confirm answers; the ids that were not asking (then nothing is taken)."""
-        ids = {c["id"] for c in self.asking}
-        bad = [a.tool_call_id for a in answers if a.tool_call_id not in ids]
+        bad = _unknown([a.tool_call_id for a in answers], self.asking)
         if not bad and answers and self.waiting:
             self.answers = answers
         return bad
 
     def tool_results(self, results: list[ToolResultBlock]) -> list[str]:
         """Take external results; the ids that were not waiting (then nothing is taken)."""
-        ids = {c["id"] for c in self.external}
-        bad = [r.id for r in results if r.id not in ids]
+        bad = _unknown([r.id for r in results], self.external)
         if not bad and results and self.waiting:
             self.results = results
         return bad
+
+
+def _unknown(ids: list[str], calls: list[dict[str, Any]]) -> list[str]:
+    known = {c["id"] for c in calls}
+    return [i for i in ids if i not in known]

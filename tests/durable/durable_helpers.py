@@ -4,6 +4,7 @@ server process, and worker processes (``agentscope-py worker``)."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import signal
@@ -11,10 +12,14 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+import uuid
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
 import pytest
+from temporalio.client import Client
+
+from agentscope_py.durable import DurableAgent, DurableRun
 
 HERE = Path(__file__).parent
 
@@ -118,3 +123,39 @@ def wait_lines(path: Path, n: int, timeout: float = 15.0) -> None:
             return
         time.sleep(0.05)
     raise TimeoutError(f"{path} did not reach {n} lines in {timeout} s")
+
+
+@pytest.fixture
+def workers(temporal_address: str, model_server: tuple[str, Path], tmp_path: Path) -> Iterator[Workers]:
+    """Worker processes reaching the model server, logging tool starts to ``tmp_path/tool_log``."""
+    procs = Workers(temporal_address, {"DURABLE_MODEL_URL": model_server[0],
+                                       "DURABLE_TOOL_LOG": str(tmp_path / "tool_log")})
+    yield procs
+    procs.close()
+
+
+async def until(check: Callable[[], Awaitable[bool]]) -> None:
+    """Poll ``check`` (a run's ``waiting``) until it is true (15 s at most)."""
+    async with asyncio.timeout(15):
+        while not await check():
+            await asyncio.sleep(0.1)
+
+
+async def activity_names(client: Client, workflow_id: str, run_id: str | None = None) -> list[str]:
+    """The activities a run scheduled, in order (its history's steps)."""
+    names = []
+    async for event in client.get_workflow_handle(workflow_id, run_id=run_id).fetch_history_events():
+        if event.HasField("activity_task_scheduled_event_attributes"):
+            names.append(event.activity_task_scheduled_event_attributes.activity_type.name)
+    return names
+
+
+async def waiting_run(workers: Workers, factory: str) -> tuple[DurableRun, subprocess.Popen[bytes], str]:
+    """A run of ``factory`` ("2 + 40?") on a queue of its own served by one worker process, once
+    it waits for the caller: the run, the worker, the queue."""
+    queue = f"q-{uuid.uuid4().hex[:8]}"
+    worker = workers.start(factory, queue)
+    client = await Client.connect(workers.address)
+    run = await DurableAgent(client, factory=factory, task_queue=queue).start("2 + 40?")
+    await until(run.waiting)
+    return run, worker, queue

@@ -6,41 +6,21 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
-import pytest
-from durable_helpers import Workers, model_server, requests, temporal_address, wait_lines
+from durable_helpers import Workers, model_server, requests, temporal_address, wait_lines, waiting_run, workers
 from temporalio.client import Client
 
 from agentscope_py import GenerateReason, ToolResultState
 from agentscope_py.durable import DurableAgent
 from agentscope_py.events import ConfirmResult, RequireUserConfirm, ToolResultEnd
 
-__all__ = ["model_server", "temporal_address"]  # fixtures, used by name
-
-
-@pytest.fixture
-def workers(temporal_address: str, model_server: tuple[str, Path], tmp_path: Path) -> Iterator[Workers]:
-    procs = Workers(temporal_address, {"DURABLE_MODEL_URL": model_server[0],
-                                       "DURABLE_TOOL_LOG": str(tmp_path / "tool_log")})
-    yield procs
-    procs.close()
-
-
-async def _until(check: Callable[[], Awaitable[bool]]) -> None:
-    async with asyncio.timeout(15):
-        while not await check():
-            await asyncio.sleep(0.1)
+__all__ = ["model_server", "temporal_address", "workers"]  # fixtures, used by name
 
 
 async def test_approval_waits_in_the_workflow_across_a_worker_restart(
         temporal_address: str, model_server: tuple[str, Path], workers: Workers, tmp_path: Path) -> None:
-    queue = f"q-{uuid.uuid4().hex[:8]}"
-    first = workers.start("durable_agents:build_asking", queue)
-    client = await Client.connect(temporal_address)
-    run = await DurableAgent(client, factory="durable_agents:build_asking", task_queue=queue).start("2 + 40?")
-    await _until(run.waiting)
+    run, first, queue = await waiting_run(workers, "durable_agents:build_asking")
     asking = await run.asking()
     assert [(c.name, c.input) for c in asking] == [("add", {"a": 2, "b": 40})]
     assert not (tmp_path / "tool_log").exists()  # asked, not run

@@ -5,16 +5,14 @@ raises), each waiting in the workflow with no worker held, resumed across a work
 from __future__ import annotations
 
 import asyncio
-import uuid
-from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
 import pytest
-from durable_helpers import Workers, model_server, requests, temporal_address
+from durable_helpers import Workers, activity_names, model_server, requests, temporal_address, waiting_run, workers
 from temporalio.client import Client
 
 from agentscope_py import GenerateReason, ToolResultState
-from agentscope_py.durable import TOOL_ACTIVITY, DurableAgent
+from agentscope_py.durable import TOOL_ACTIVITY
 from agentscope_py.errors import ResumeError
 from agentscope_py.events import (
     ConfirmResult,
@@ -25,38 +23,12 @@ from agentscope_py.events import (
 )
 from agentscope_py.message import ToolResultBlock
 
-__all__ = ["model_server", "temporal_address"]  # fixtures, used by name
-
-
-@pytest.fixture
-def workers(temporal_address: str, model_server: tuple[str, Path], tmp_path: Path) -> Iterator[Workers]:
-    procs = Workers(temporal_address, {"DURABLE_MODEL_URL": model_server[0],
-                                       "DURABLE_TOOL_LOG": str(tmp_path / "tool_log")})
-    yield procs
-    procs.close()
-
-
-async def _until(check: Callable[[], Awaitable[bool]]) -> None:
-    async with asyncio.timeout(15):
-        while not await check():
-            await asyncio.sleep(0.1)
-
-
-async def _activity_names(client: Client, workflow_id: str) -> list[str]:
-    names = []
-    async for event in client.get_workflow_handle(workflow_id).fetch_history_events():
-        if event.HasField("activity_task_scheduled_event_attributes"):
-            names.append(event.activity_task_scheduled_event_attributes.activity_type.name)
-    return names
+__all__ = ["model_server", "temporal_address", "workers"]  # fixtures, used by name
 
 
 async def test_an_external_tool_waits_for_the_caller_s_result_across_a_worker_restart(
         temporal_address: str, model_server: tuple[str, Path], workers: Workers) -> None:
-    queue = f"q-{uuid.uuid4().hex[:8]}"
-    first = workers.start("durable_agents:build_external", queue)
-    client = await Client.connect(temporal_address)
-    run = await DurableAgent(client, factory="durable_agents:build_external", task_queue=queue).start("2 + 40?")
-    await _until(run.waiting)
+    run, first, queue = await waiting_run(workers, "durable_agents:build_external")
     calls = await run.external()
     assert [(c.name, c.input) for c in calls] == [("add", {"a": 2, "b": 40})]
     assert await run.asking() == [] and await run.questions() == {}
@@ -74,17 +46,13 @@ async def test_an_external_tool_waits_for_the_caller_s_result_across_a_worker_re
     assert [type(ev) for ev in events].count(RequireExternalExecution) == 1
     results = [ev for ev in events if isinstance(ev, ExternalExecutionResult)]
     assert [r.tool_results[0].output for r in results] == ["42"]
-    assert TOOL_ACTIVITY not in await _activity_names(client, run.id)  # the caller ran it
+    assert TOOL_ACTIVITY not in await activity_names(await Client.connect(temporal_address), run.id)  # the caller ran it
     assert not await run.waiting()
 
 
 async def test_a_tool_s_question_is_answered_through_the_durable_run(
         temporal_address: str, model_server: tuple[str, Path], workers: Workers, tmp_path: Path) -> None:
-    queue = f"q-{uuid.uuid4().hex[:8]}"
-    first = workers.start("durable_agents:build_questioning", queue)
-    client = await Client.connect(temporal_address)
-    run = await DurableAgent(client, factory="durable_agents:build_questioning", task_queue=queue).start("2 + 40?")
-    await _until(run.waiting)
+    run, first, queue = await waiting_run(workers, "durable_agents:build_questioning")
     asking = await run.asking()
     assert [c.name for c in asking] == ["add"]
     questions = await run.questions()

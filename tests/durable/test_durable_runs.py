@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
-from durable_helpers import Workers, model_server, requests, temporal_address, wait_lines
+from durable_helpers import Workers, activity_names, model_server, requests, temporal_address, wait_lines
 from temporalio.client import Client
 
 from agentscope_py import GenerateReason, ToolResultState
@@ -56,14 +56,6 @@ async def _in_process(address: str, factory: str, config: DurableConfig | None =
         yield client, DurableAgent(client, factory=factory, task_queue=queue)
 
 
-async def _activities(client: Client, run_id: str) -> list[str]:
-    names = []
-    async for event in client.get_workflow_handle(run_id).fetch_history_events():
-        if event.HasField("activity_task_scheduled_event_attributes"):
-            names.append(event.activity_task_scheduled_event_attributes.activity_type.name)
-    return names
-
-
 async def test_a_tool_turn_completes_as_a_workflow(temporal_address: str, env: dict[str, str],
                                                    model_server: tuple[str, Path]) -> None:
     async with _in_process(temporal_address, "durable_agents:build") as (client, agent):
@@ -78,7 +70,7 @@ async def test_a_tool_turn_completes_as_a_workflow(temporal_address: str, env: d
     assert len([ev for ev in events if isinstance(ev, ModelCallStart)]) == 2
     assert isinstance(events[-2], AgentResult) and events[-2].result.text == reply.text
     # every model call and tool call is a step of the workflow's history, under its stable name
-    assert await _activities(client, run.id) == [MODEL_ACTIVITY, TOOL_ACTIVITY, MODEL_ACTIVITY]
+    assert await activity_names(client, run.id) == [MODEL_ACTIVITY, TOOL_ACTIVITY, MODEL_ACTIVITY]
     assert requests(model_server[1]) == 2
 
 
@@ -102,7 +94,7 @@ async def test_a_killed_worker_s_run_completes_on_another_without_calling_the_mo
     assert requests(model_server[1]) == 2
     # the tool call was retried on the second worker (the first one's attempt died with it)
     assert tool_log.read_text().split() == [str(first.pid), str(second.pid)]
-    assert await _activities(client, run.id) == [MODEL_ACTIVITY, TOOL_ACTIVITY, MODEL_ACTIVITY]
+    assert await activity_names(client, run.id) == [MODEL_ACTIVITY, TOOL_ACTIVITY, MODEL_ACTIVITY]
 
 
 async def test_two_workers_on_one_task_queue_share_the_runs(

@@ -11,10 +11,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from durable_helpers import Workers, model_server, requests, temporal_address, wait_lines
+from durable_helpers import Workers, activity_names, model_server, requests, temporal_address, wait_lines
 from temporalio.client import Client
 
 from agentscope_py.agent.sqlite_store import SqliteStateStore
+from agentscope_py.agent.state import AgentState
 from agentscope_py.durable import (
     LOAD_STATE_ACTIVITY,
     MODEL_ACTIVITY,
@@ -59,14 +60,6 @@ async def _context(store: Path, user_id: str, session_id: str) -> list[str]:
     return [] if state is None else [m.role for m in state.context]
 
 
-async def _activities(client: Client, workflow_id: str, run_id: str) -> list[str]:
-    names = []
-    async for event in client.get_workflow_handle(workflow_id, run_id=run_id).fetch_history_events():
-        if event.HasField("activity_task_scheduled_event_attributes"):
-            names.append(event.activity_task_scheduled_event_attributes.activity_type.name)
-    return names
-
-
 async def test_a_second_run_remembers_the_first_across_a_worker_restart(
         temporal_address: str, model_server: tuple[str, Path], workers: Workers, store: Path) -> None:
     queue = _queue()
@@ -90,7 +83,7 @@ async def test_a_second_run_remembers_the_first_across_a_worker_restart(
     assert seen[4].count("user") == 1  # another session starts empty
     assert await _context(store, "alice", "chat") == TURN * 2
     # the session is loaded and saved by activities, around the turn's own steps
-    assert await _activities(client, two.id, two.handle.run_id or "?") == [
+    assert await activity_names(client, two.id, two.handle.run_id) == [
         LOAD_STATE_ACTIVITY, MODEL_ACTIVITY, TOOL_ACTIVITY, MODEL_ACTIVITY, SAVE_STATE_ACTIVITY]
     assert one.id == two.id and one.run_id != two.run_id  # one workflow id per session, a run id per run
 
@@ -139,3 +132,49 @@ async def test_a_failing_save_is_retried_until_the_store_is_back_and_no_turn_is_
         assert (await run.result()).text == "The answer is 42."
     assert await _context(store, "default", "flaky") == TURN
     assert requests(model_server[1]) == 2  # the turn was not run again
+
+
+async def test_a_session_another_writer_saved_meanwhile_fails_the_run_with_a_conflict(
+        temporal_address: str, model_server: tuple[str, Path], workers: Workers, store: Path,
+        tmp_path: Path) -> None:
+    from temporalio.client import WorkflowFailureError
+
+    queue, down = _queue(), tmp_path / "store_down"
+    down.touch()
+    workers.start(FACTORY, queue)
+    client = await Client.connect(temporal_address)
+    run = await DurableAgent(client, factory=FACTORY, task_queue=queue).start("2 + 40?", session_id="both")
+    await asyncio.to_thread(wait_lines, down, 1)  # the run's save waits for the store
+    async with SqliteStateStore(store) as db:  # a local agent saves the session meanwhile
+        await db.save("default", "both", AgentState(user_id="default", session_id="both"), 0)
+    down.unlink()
+    async with asyncio.timeout(30):
+        with pytest.raises(WorkflowFailureError) as caught:
+            await run.result()
+    assert "StateConflictError" in repr(caught.value.cause) or "moved" in str(caught.value.cause)
+    assert await _context(store, "default", "both") == []  # the other writer's state stands
+
+
+async def test_a_save_retried_after_it_succeeded_finds_its_own_state(
+        store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from temporalio.testing import ActivityEnvironment
+
+    from agentscope_py.durable._factory import check_factory
+    from agentscope_py.durable._sessions import save_state_activity
+
+    monkeypatch.setenv("DURABLE_STORE", str(store))
+    monkeypatch.setenv("DURABLE_MODEL_URL", "http://127.0.0.1:9/v1")
+    check_factory(FACTORY)  # this process's worker agent, on this test's store
+    state = AgentState(user_id="u", session_id="s", summary="one turn")
+    payload = {"factory": FACTORY, "user_id": "u", "session_id": "s", "state": state.to_json(), "version": 0}
+    env = ActivityEnvironment()
+    try:
+        assert await env.run(save_state_activity, payload) == 1
+        # the attempt that saved died before reporting it: the retry is the same save
+        assert await env.run(save_state_activity, payload) == 1
+        other = {**payload, "state": AgentState(user_id="u", session_id="s", summary="another").to_json()}
+        with pytest.raises(Exception, match="moved") as caught:  # a different state at that version
+            await env.run(save_state_activity, other)
+        assert getattr(caught.value, "non_retryable", False)
+    finally:
+        check_factory(FACTORY)

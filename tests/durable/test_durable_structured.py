@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from durable_agents import City
-from durable_helpers import temporal_address
+from durable_helpers import activity_names, temporal_address
 from pydantic import BaseModel
 from temporalio.client import Client
 
@@ -23,14 +23,6 @@ from agentscope_py.message import ToolResultState
 __all__ = ["temporal_address"]  # a fixture, used by name
 
 
-async def _activities(client: Client, workflow_id: str) -> list[str]:
-    names = []
-    async for event in client.get_workflow_handle(workflow_id).fetch_history_events():
-        if event.HasField("activity_task_scheduled_event_attributes"):
-            names.append(event.activity_task_scheduled_event_attributes.activity_type.name)
-    return names
-
-
 async def test_structured_output_returns_the_validated_object(temporal_address: str) -> None:
     client = await Client.connect(temporal_address)
     queue = f"q-{uuid.uuid4().hex[:8]}"
@@ -40,7 +32,7 @@ async def test_structured_output_returns_the_validated_object(temporal_address: 
             run = await agent.start("Which city has the Eiffel tower?", structured_model=City)
             msg = await run.result()
             events = await run.events()
-        names = await _activities(client, run.id)
+        names = await activity_names(client, run.id)
     assert msg.generate_reason is GenerateReason.STRUCTURED_OUTPUT
     assert msg.metadata["structured_output"] == City(name="Paris", country="France")
     assert msg.structured(City).country == "France"
@@ -83,7 +75,7 @@ async def test_an_mcp_elicitation_is_answered_through_the_durable_run(
             await run.confirm(ConfirmResult(tool_call_id="q1", confirmed=True, answer={"colour": "green"}))
             reply = await run.result()
             events = await run.events()
-        names = await _activities(client, run.id)
+        names = await activity_names(client, run.id)
     assert reply.text == "noted"
     results = [ev for ev in events if isinstance(ev, ToolResultEnd)]
     assert [ev.state for ev in results] == [ToolResultState.RUNNING, ToolResultState.SUCCESS]
