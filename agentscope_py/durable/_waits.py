@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..events import AgentEvent, ConfirmResult, RequireUserConfirm
+from ..events import AgentEvent, ConfirmResult, RequireExternalExecution, RequireUserConfirm
 from ..message import GenerateReason, Msg, ToolResultBlock, ToolResultState
 
 __all__ = ["Waits", "external_calls"]
@@ -36,18 +36,21 @@ class Waits:
 
     def see(self, ev: AgentEvent) -> None:
         """Note what a top-level event of the turn asks for (a sub-agent's own events carry a
-        ``source`` and are answered through its call). External calls are read from the
-        TOOL_SUSPENDED reply (`begin`): after partial results it lists only the rest."""
+        ``source`` and are answered through its call). The calls are known from here on, so an
+        answer sent as soon as the caller sees the event (before the turn has saved and ended)
+        is taken, and acted on when the turn ends."""
         if type(ev) is RequireUserConfirm and ev.source is None:
             self.asking.extend(call.model_dump(mode="json") for call in ev.tool_calls)
             question = ev.metadata.get("question")
             if question:
                 for call in ev.tool_calls:
                     self.questions[call.id] = question
+        elif type(ev) is RequireExternalExecution and ev.source is None:
+            self.external.extend(call.model_dump(mode="json") for call in ev.tool_calls)
     def begin(self, final: Msg) -> bool:
         """After a turn: whether the run now waits (for confirms or external results)."""
         if final.generate_reason is GenerateReason.TOOL_SUSPENDED:
-            self.external = external_calls(final)
+            self.external = external_calls(final)  # after partial results, only the rest
         self.waiting = final.generate_reason in (GenerateReason.PERMISSION_ASKING, GenerateReason.TOOL_SUSPENDED)
         return self.waiting
 
@@ -68,14 +71,14 @@ class Waits:
     def confirm(self, answers: list[ConfirmResult]) -> list[str]:
         """Take confirm answers; the ids that were not asking (then nothing is taken)."""
         bad = _unknown([a.tool_call_id for a in answers], self.asking)
-        if not bad and answers and self.waiting:
+        if not bad and answers:
             self.answers = answers
         return bad
 
     def tool_results(self, results: list[ToolResultBlock]) -> list[str]:
         """Take external results; the ids that were not waiting (then nothing is taken)."""
         bad = _unknown([r.id for r in results], self.external)
-        if not bad and results and self.waiting:
+        if not bad and results:
             self.results = results
         return bad
 

@@ -79,7 +79,7 @@ class AgentRunWorkflow:
             if not waits.answered():  # interrupted while waiting: the waiting reply stands
                 break
             msgs = waits.next_input()
-        waits.waiting = False  # a run that ends waits for nothing
+        waits.clear()  # a run that ends waits for nothing
         return {"result": final.model_dump(mode="json"), "events": events}
 
     @workflow.signal(name="interrupt")
@@ -108,16 +108,17 @@ class AgentRunWorkflow:
 
     @workflow.query(name="asking")
     def asking(self) -> list[dict[str, Any]]:
-        """The tool calls the waiting run asks the user to confirm (or to answer a question)."""
-        return self._waits.asking if self._waits.waiting else []
+        """The tool calls the run asks the user to confirm (or to answer a question): from the
+        event that asks (the turn may still be saving) until the answers start the next turn."""
+        return self._waits.asking
 
     @workflow.query(name="questions")
     def questions(self) -> dict[str, dict[str, Any]]:
         """By call id, the questions running tools asked (`ToolInputRequired`: server, message,
         schema…): answer with ``ConfirmResult(..., confirmed=True, answer={...})``."""
-        return self._waits.questions if self._waits.waiting else {}
+        return self._waits.questions
 
     @workflow.query(name="external")
     def external(self) -> list[dict[str, Any]]:
-        """The external tool calls the waiting run waits on (the caller executes them)."""
-        return self._waits.external if self._waits.waiting else []
+        """The external tool calls the run waits on (the caller executes them), as `asking`."""
+        return self._waits.external
