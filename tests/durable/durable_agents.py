@@ -165,3 +165,11 @@ def build_mcp() -> ReActAgent:
     client = MCPClient.stdio(sys.executable, [MCP_SERVER], env={"MCP_TEST_LOG": os.environ["DURABLE_MCP_LOG"]})
     model = ScriptedModel([ModelStep.tool_call("favourite_colour", {}, id="q1"), ModelStep.text("noted")])
     return ReActAgent.builder().name("durable").model(model).mcp(client).build()
+
+
+def build_redis() -> ReActAgent:
+    """The agent with its sessions in the Redis at ``DURABLE_REDIS_URL`` (prefix ``DURABLE_PREFIX``)."""
+    from agentscope_py.agent.redis_store import RedisStateStore
+
+    store = RedisStateStore(os.environ["DURABLE_REDIS_URL"], prefix=os.environ["DURABLE_PREFIX"])
+    return ReActAgent.builder().name("durable").model(_model()).tools(tool(name="add")(_add)).state_store(store).build()

@@ -178,3 +178,25 @@ async def test_a_save_retried_after_it_succeeded_finds_its_own_state(
         assert getattr(caught.value, "non_retryable", False)
     finally:
         check_factory(FACTORY)
+
+
+@pytest.mark.redis
+async def test_a_session_in_redis_is_shared_by_workers_on_other_processes(
+        temporal_address: str, model_server: tuple[str, Path], workers: Workers, redis_url: str) -> None:
+    from agentscope_py.agent.redis_store import RedisStateStore
+
+    queue, prefix = _queue(), f"durable-{uuid.uuid4().hex[:8]}"
+    env = {"DURABLE_REDIS_URL": redis_url, "DURABLE_PREFIX": prefix}
+    first = workers.start("durable_agents:build_redis", queue, **env)
+    client = await Client.connect(temporal_address)
+    agent = DurableAgent(client, factory="durable_agents:build_redis", task_queue=queue)
+    async with asyncio.timeout(30):
+        assert (await agent.call("2 + 40?", user_id="bob", session_id="r")).text == "The answer is 42."
+        first.kill()
+        first.wait(5)
+        workers.start("durable_agents:build_redis", queue, **env)
+        assert (await agent.call("again?", user_id="bob", session_id="r")).text == "The answer is 42."
+    assert _seen(model_server[1])[2][-5:] == [*TURN, "user"]
+    async with RedisStateStore(redis_url, prefix=prefix) as db:
+        state, version = await db.load("bob", "r")
+    assert state is not None and [m.role for m in state.context] == TURN * 2 and version == 2
