@@ -21,9 +21,10 @@ from ._workflow import AgentRunWorkflow, configs
 __all__ = ["PASSTHROUGH", "make_worker", "run_worker"]
 
 PASSTHROUGH = ("agentscope_py", "pydantic", "pydantic_core", "reactivex", "aioreactive", "expression",
-               "openai", "anthropic", "httpx", "httpcore", "anyio", "ollama", "opentelemetry", "mcp")
+               "openai", "anthropic", "httpx", "httpcore", "anyio", "ollama", "opentelemetry", "mcp", "redis")
 """Modules the workflow sandbox imports once, not per run: the runtime and what it imports (the
-workflow code runs on them; they are not re-imported, so their module state is shared)."""
+workflow code runs on them; they are not re-imported, so their module state is shared), and the
+drivers a factory's store or MCP client brings (constructed in the workflow, used on the worker)."""
 
 
 def make_worker(

@@ -200,3 +200,13 @@ async def test_a_session_in_redis_is_shared_by_workers_on_other_processes(
     async with RedisStateStore(redis_url, prefix=prefix) as db:
         state, version = await db.load("bob", "r")
     assert state is not None and [m.role for m in state.context] == TURN * 2 and version == 2
+
+
+async def test_session_ids_are_distinct_and_a_bad_if_busy_fails_at_start(temporal_address: str) -> None:
+    from agentscope_py.durable import session_workflow_id
+
+    # a separator inside an id cannot make two sessions share a workflow (and so a gate)
+    assert session_workflow_id("m:f", "a/b", "c") != session_workflow_id("m:f", "a", "b/c")
+    agent = DurableAgent(await Client.connect(temporal_address), factory=FACTORY)
+    with pytest.raises(ValueError, match="if_busy"):
+        await agent.start("hi", if_busy="queue")  # type: ignore[arg-type]
