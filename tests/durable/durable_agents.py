@@ -173,3 +173,10 @@ def build_redis() -> ReActAgent:
 
     store = RedisStateStore(os.environ["DURABLE_REDIS_URL"], prefix=os.environ["DURABLE_PREFIX"])
     return ReActAgent.builder().name("durable").model(_model()).tools(tool(name="add")(_add)).state_store(store).build()
+
+
+def build_sqlite_asking() -> ReActAgent:
+    """`build_sqlite` whose ``add`` asks for approval."""
+    asking = tool(name="add", check_permissions=lambda call, ctx: PermissionDecision.ASK)(_add)
+    return (ReActAgent.builder().name("durable").model(_model()).tools(asking)
+            .state_store(FlakyStore(os.environ["DURABLE_STORE"])).build())

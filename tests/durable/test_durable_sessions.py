@@ -210,3 +210,24 @@ async def test_session_ids_are_distinct_and_a_bad_if_busy_fails_at_start(tempora
     agent = DurableAgent(await Client.connect(temporal_address), factory=FACTORY)
     with pytest.raises(ValueError, match="if_busy"):
         await agent.start("hi", if_busy="queue")  # type: ignore[arg-type]
+
+
+async def test_an_answer_sent_while_the_asking_turn_still_saves_is_taken(
+        temporal_address: str, model_server: tuple[str, Path], workers: Workers, store: Path,
+        tmp_path: Path) -> None:
+    from agentscope_py.events import ConfirmResult
+
+    queue, down = _queue(), tmp_path / "store_down"
+    down.touch()
+    workers.start("durable_agents:build_sqlite_asking", queue)
+    client = await Client.connect(temporal_address)
+    run = await DurableAgent(client, factory="durable_agents:build_sqlite_asking", task_queue=queue).start("2 + 40?")
+    await asyncio.to_thread(wait_lines, down, 1)  # the asking turn is over but not saved yet
+    asking = await run.asking()  # (what a caller watching the events sees asking)
+    assert [c.name for c in asking] == ["add"] and not await run.waiting()
+    await run.confirm(ConfirmResult(tool_call_id=asking[0].id, confirmed=True))
+    down.unlink()
+    async with asyncio.timeout(30):
+        assert (await run.result()).text == "The answer is 42."
+    assert await _context(store, "default", "default") == TURN
+    assert requests(model_server[1]) == 2
