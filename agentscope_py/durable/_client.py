@@ -188,9 +188,13 @@ class DurableAgent:
                 with contextlib.suppress(Exception):  # its outcome is its caller's; this one goes next
                     await current.result()
 
-    def session(self, user_id: str = "default", session_id: str = "default") -> DurableRun:
-        """The session's latest run (in flight or ended), e.g. from another process."""
-        return DurableRun(self.client.get_workflow_handle(session_workflow_id(self.factory, user_id, session_id)))
+    async def session(self, user_id: str = "default", session_id: str = "default") -> DurableRun:
+        """The session's latest run (in flight or ended), e.g. from another process; Temporal's
+        `RPCError` (not found) if the session never had one."""
+        described = await self.client.get_workflow_handle(session_workflow_id(self.factory, user_id,
+                                                                              session_id)).describe()
+        handle = self.client.get_workflow_handle(described.id, run_id=described.run_id)
+        return DurableRun(handle, str((await described.memo()).get("run_id", "")))
 
     async def call(self, msgs: str | Msg | Iterable[Msg | str], **kwargs: Any) -> Msg:
         """Run and return the final reply."""

@@ -46,10 +46,13 @@ class AgentRunWorkflow:
         self._ids = ("default", "default")
         self._interrupted = False
         self._waits = Waits()
+        self.run_id = ""
+        """This run's own id (`DurableRun.run_id`): the session's runs share the workflow id."""
 
     @workflow.run
     async def run(self, inp: dict[str, Any]) -> dict[str, Any]:
         factory, user_id, session_id = inp["factory"], inp["user_id"], inp["session_id"]
+        self.run_id = inp.get("run_id") or workflow.info().workflow_id
         agent = self._agent = build_agent(factory)
         config = configs.get(factory, DurableConfig())
         # The workflow's loop does no I/O: the factory's store is reached through activities.

@@ -86,6 +86,8 @@ async def test_a_second_run_remembers_the_first_across_a_worker_restart(
     assert await activity_names(client, two.id, two.handle.run_id) == [
         LOAD_STATE_ACTIVITY, MODEL_ACTIVITY, TOOL_ACTIVITY, MODEL_ACTIVITY, SAVE_STATE_ACTIVITY]
     assert one.id == two.id and one.run_id != two.run_id  # one workflow id per session, a run id per run
+    latest = await agent.session("alice", "chat")  # found from the session alone (another process)
+    assert latest.run_id == two.run_id and (await latest.result()).text == "The answer is 42."
 
 
 async def test_one_run_per_session_at_a_time(
