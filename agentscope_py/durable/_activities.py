@@ -14,7 +14,7 @@ from temporalio.exceptions import ApplicationError
 
 from ..agent.context import RuntimeContext
 from ..agent.react import ReActAgent
-from ..errors import ToolInputRequired
+from ..errors import SubAgentPaused, ToolInputRequired
 from ..events import EventBase
 from ..message import ToolUseBlock
 from ..model.base import ChatModel, ModelError
@@ -122,4 +122,7 @@ async def _run_tool(agent: ReActAgent, call: ToolUseBlock, ctx: RuntimeContext, 
                 out.append(["data", chunk.model_dump(mode="json") if isinstance(chunk, BaseModel) else chunk])
     except ToolInputRequired as exc:  # the call waits for the user: the workflow pauses the run
         raise ApplicationError(str(exc), exc.question, type="ToolInputRequired", non_retryable=True) from exc
+    except SubAgentPaused as exc:  # resuming it would need the sub-run's state here: not durable (yet)
+        raise ApplicationError(f"a sub-agent cannot wait for the user inside a durable tool call ({exc})",
+                               type="SubAgentPaused", non_retryable=True) from exc
     return out

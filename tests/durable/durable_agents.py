@@ -180,3 +180,12 @@ def build_sqlite_asking() -> ReActAgent:
     asking = tool(name="add", check_permissions=lambda call, ctx: PermissionDecision.ASK)(_add)
     return (ReActAgent.builder().name("durable").model(_model()).tools(asking)
             .state_store(FlakyStore(os.environ["DURABLE_STORE"])).build())
+
+
+def build_subagent_asking() -> ReActAgent:
+    """A sub-agent tool whose own ``add`` asks for approval (scripted models)."""
+    asking = tool(name="add", check_permissions=lambda call, ctx: PermissionDecision.ASK)(_add)
+    sub = (ReActAgent.builder().name("helper").model(ScriptedModel([ModelStep.tool_call("add", {"a": 2, "b": 40})]))
+           .tools(asking).build())
+    model = ScriptedModel([ModelStep.tool_call("helper", {"task": "add 2 and 40"}), ModelStep.text("could not")])
+    return ReActAgent.builder().name("durable").model(model).tools(sub.as_tool("helper")).build()

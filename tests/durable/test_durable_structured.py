@@ -16,7 +16,7 @@ from pydantic import BaseModel
 from temporalio.client import Client
 
 from agentscope_py import GenerateReason
-from agentscope_py.durable import MODEL_ACTIVITY, DurableAgent, make_worker
+from agentscope_py.durable import MODEL_ACTIVITY, TOOL_ACTIVITY, DurableAgent, make_worker
 from agentscope_py.events import ConfirmResult, ToolResultEnd, ToolResultTextDelta
 from agentscope_py.message import ToolResultState
 
@@ -56,7 +56,7 @@ async def test_a_structured_model_the_workers_cannot_import_fails_at_start(tempo
 @pytest.mark.mcp
 async def test_an_mcp_elicitation_is_answered_through_the_durable_run(
         temporal_address: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from agentscope_py.durable import LIST_TOOLS_ACTIVITY, TOOL_ACTIVITY
+    from agentscope_py.durable import LIST_TOOLS_ACTIVITY
 
     log = tmp_path / "mcp.log"
     log.touch()
@@ -83,3 +83,23 @@ async def test_an_mcp_elicitation_is_answered_through_the_durable_run(
     assert "the user likes green" in texts
     # the server's tools were listed by a worker (once per turn), and called as tool activities
     assert names.count(LIST_TOOLS_ACTIVITY) == 2 and names.count(TOOL_ACTIVITY) == 2
+
+
+async def test_a_sub_agent_asking_inside_a_tool_activity_fails_the_call_once_with_a_clear_error(
+        temporal_address: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DURABLE_TOOL_LOG", str(tmp_path / "tool_log"))
+    client = await Client.connect(temporal_address)
+    queue = f"q-{uuid.uuid4().hex[:8]}"
+    async with make_worker(client, ["durable_agents:build_subagent_asking"], task_queue=queue):
+        agent = DurableAgent(client, factory="durable_agents:build_subagent_asking", task_queue=queue)
+        async with asyncio.timeout(20):
+            run = await agent.start("add 2 and 40")
+            reply, events = await run.result(), await run.events()
+        names = await activity_names(client, run.id)
+        attempts = [event.activity_task_started_event_attributes.attempt
+                    async for event in client.get_workflow_handle(run.id).fetch_history_events()
+                    if event.HasField("activity_task_started_event_attributes")]
+    assert reply.text == "could not"
+    texts = "".join(ev.delta for ev in events if isinstance(ev, ToolResultTextDelta) and ev.source is None)
+    assert "a sub-agent cannot wait for the user inside a durable tool call" in texts, texts
+    assert names.count(TOOL_ACTIVITY) == 1 and set(attempts) == {1}  # not retried: trying again cannot help
