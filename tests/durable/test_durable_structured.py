@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 from durable_agents import City
@@ -17,29 +18,39 @@ from temporalio.client import Client
 
 from agentscope_py import GenerateReason
 from agentscope_py.durable import MODEL_ACTIVITY, TOOL_ACTIVITY, DurableAgent, make_worker
-from agentscope_py.events import ConfirmResult, ToolResultEnd, ToolResultTextDelta
-from agentscope_py.message import ToolResultState
+from agentscope_py.events import AgentEvent, ConfirmResult, ToolResultEnd, ToolResultTextDelta
+from agentscope_py.message import Msg, ToolResultState
 
 __all__ = ["temporal_address"]  # a fixture, used by name
 
 
-async def test_structured_output_returns_the_validated_object(temporal_address: str) -> None:
-    client = await Client.connect(temporal_address)
+async def _run(address: str, factory: str, text: str, **start: Any) -> tuple[Msg, list[AgentEvent], list[Any]]:
+    """One run on an in-process worker: its reply, its events, and its history's events."""
+    client = await Client.connect(address)
     queue = f"q-{uuid.uuid4().hex[:8]}"
-    async with make_worker(client, ["durable_agents:build_structured"], task_queue=queue):
-        agent = DurableAgent(client, factory="durable_agents:build_structured", task_queue=queue)
+    async with make_worker(client, [factory], task_queue=queue):
         async with asyncio.timeout(20):
-            run = await agent.start("Which city has the Eiffel tower?", structured_model=City)
-            msg = await run.result()
-            events = await run.events()
-        names = await activity_names(client, run.id)
+            run = await DurableAgent(client, factory=factory, task_queue=queue).start(text, **start)
+            reply, events = await run.result(), await run.events()
+        history = [event async for event in client.get_workflow_handle(run.id).fetch_history_events()]
+    return reply, events, history
+
+
+def _names(history: list[Any]) -> list[str]:
+    return [e.activity_task_scheduled_event_attributes.activity_type.name for e in history
+            if e.HasField("activity_task_scheduled_event_attributes")]
+
+
+async def test_structured_output_returns_the_validated_object(temporal_address: str) -> None:
+    msg, events, history = await _run(temporal_address, "durable_agents:build_structured",
+                                      "Which city has the Eiffel tower?", structured_model=City)
     assert msg.generate_reason is GenerateReason.STRUCTURED_OUTPUT
     assert msg.metadata["structured_output"] == City(name="Paris", country="France")
     assert msg.structured(City).country == "France"
     # the first answer did not validate: the model saw the error and answered again
     assert [ev.state for ev in events if isinstance(ev, ToolResultEnd)] == [ToolResultState.ERROR,
                                                                             ToolResultState.SUCCESS]
-    assert names == [MODEL_ACTIVITY, MODEL_ACTIVITY]  # the output tool ran in the workflow
+    assert _names(history) == [MODEL_ACTIVITY, MODEL_ACTIVITY]  # the output tool ran in the workflow
 
 
 async def test_a_structured_model_the_workers_cannot_import_fails_at_start(temporal_address: str) -> None:
@@ -88,18 +99,10 @@ async def test_an_mcp_elicitation_is_answered_through_the_durable_run(
 async def test_a_sub_agent_asking_inside_a_tool_activity_fails_the_call_once_with_a_clear_error(
         temporal_address: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DURABLE_TOOL_LOG", str(tmp_path / "tool_log"))
-    client = await Client.connect(temporal_address)
-    queue = f"q-{uuid.uuid4().hex[:8]}"
-    async with make_worker(client, ["durable_agents:build_subagent_asking"], task_queue=queue):
-        agent = DurableAgent(client, factory="durable_agents:build_subagent_asking", task_queue=queue)
-        async with asyncio.timeout(20):
-            run = await agent.start("add 2 and 40")
-            reply, events = await run.result(), await run.events()
-        names = await activity_names(client, run.id)
-        attempts = [event.activity_task_started_event_attributes.attempt
-                    async for event in client.get_workflow_handle(run.id).fetch_history_events()
-                    if event.HasField("activity_task_started_event_attributes")]
+    reply, events, history = await _run(temporal_address, "durable_agents:build_subagent_asking", "add 2 and 40")
+    attempts = [e.activity_task_started_event_attributes.attempt for e in history
+                if e.HasField("activity_task_started_event_attributes")]
     assert reply.text == "could not"
     texts = "".join(ev.delta for ev in events if isinstance(ev, ToolResultTextDelta) and ev.source is None)
     assert "a sub-agent cannot wait for the user inside a durable tool call" in texts, texts
-    assert names.count(TOOL_ACTIVITY) == 1 and set(attempts) == {1}  # not retried: trying again cannot help
+    assert _names(history).count(TOOL_ACTIVITY) == 1 and set(attempts) == {1}  # not retried: trying again cannot help
