@@ -223,6 +223,8 @@ def _parser() -> argparse.ArgumentParser:
     wrk.add_argument("--namespace", default="default", help="the Temporal namespace (default: %(default)s)")
     wrk.add_argument("--config", metavar="pkg.module:attr", help="a DurableConfig: the activities' timeouts and "
                      "retry policies (default: DurableConfig(), see docs/durable.md)")
+    wrk.add_argument("--events", metavar="URL", help="a Redis URL: publish the runs' live events there, for the "
+                     "callers and `serve --temporal` to watch (default: events only with each run's result)")
     return parser
 
 
@@ -235,7 +237,7 @@ def run_worker(args: argparse.Namespace) -> int:
         return 2
     try:
         asyncio.run(run(args.temporal, args.agents, task_queue=args.task_queue, namespace=args.namespace,
-                        config=args.config))
+                        config=args.config, events=args.events))
     except (ValueError, TypeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

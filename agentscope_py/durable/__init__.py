@@ -1,6 +1,9 @@
 """Durable runs on Temporal (docs/durable.md): the agent loop and middleware run in a workflow,
 each model call (``agentscope.model_call``) and tool call (``agentscope.tool_call``) is an
-activity, so a run survives a dying worker and spreads over many. Needs the ``temporal`` extra."""
+activity, so a run survives a dying worker and spreads over many. Needs the ``temporal`` extra.
+Live events go to an `EventLog` (`RedisEventLog`: the ``redis`` extra too)."""
+
+from typing import Any
 
 from ._client import DurableAgent, DurableRun
 from ._config import (
@@ -11,6 +14,7 @@ from ._config import (
     ActivityConfig,
     DurableConfig,
 )
+from ._publish import EventLog, MemoryEventLog
 from ._worker import make_worker, run_worker
 from ._workflow import AgentRunWorkflow
 
@@ -24,6 +28,17 @@ __all__ = [
     "DurableAgent",
     "DurableConfig",
     "DurableRun",
+    "EventLog",
+    "MemoryEventLog",
+    "RedisEventLog",
     "make_worker",
     "run_worker",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "RedisEventLog":  # the redis client is an extra of its own
+        from ._publish_redis import RedisEventLog
+
+        return RedisEventLog
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

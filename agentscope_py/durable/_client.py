@@ -12,6 +12,8 @@ from temporalio.client import Client, WorkflowHandle
 from ..events import AgentEvent, ConfirmResult, parse_event
 from ..message import Msg, ToolUseBlock
 from ._config import DEFAULT_TASK_QUEUE, WORKFLOW_NAME
+from ._publish import EventLog
+from ._watch import watch
 
 __all__ = ["DurableAgent", "DurableRun"]
 
@@ -27,8 +29,9 @@ class DurableRun:
     """One durable run (a workflow): ``result()`` waits for its reply, ``events()`` for its
     events; ``confirm`` answers a run waiting for confirmation; ``interrupt`` stops it."""
 
-    def __init__(self, handle: WorkflowHandle[Any, Any]) -> None:
+    def __init__(self, handle: WorkflowHandle[Any, Any], events: EventLog | None = None) -> None:
         self.handle = handle
+        self.log = events
 
     @property
     def id(self) -> str:
@@ -42,8 +45,19 @@ class DurableRun:
         return Msg.model_validate((await self._output())["result"])
 
     async def events(self) -> list[AgentEvent]:
-        """The run's events, once it has ended (live events are not published yet)."""
-        return [parse_event(d) for d in (await self._output())["events"]]
+        """The run's events, once it has ended."""
+        return [ev async for ev in self.stream()]
+
+    async def stream(self, after: int = 0) -> AsyncIterator[AgentEvent]:
+        """The run's events after the ``after`` first ones, live as they are published (with an
+        event log; else when the run ends), until its last one; a failed run raises as
+        ``result()`` does."""
+        if self.log is None:
+            for data in (await self._output())["events"][after:]:
+                yield parse_event(data)
+            return
+        async for data in watch(self.handle, self.log, after):
+            yield parse_event(data)
 
     async def waiting(self) -> bool:
         """Whether the run waits for ``confirm``."""
@@ -68,30 +82,35 @@ class DurableRun:
 
 class DurableAgent:
     """An agent whose runs are Temporal workflows, run by workers that know ``factory``
-    (``pkg.module:factory``, the same path the workers were started with)."""
+    (``pkg.module:factory``, the same path the workers were started with). ``events``: the log
+    the workers publish the runs' live events to (the workers' ``events``)."""
 
-    def __init__(self, client: Client, *, factory: str, task_queue: str = DEFAULT_TASK_QUEUE) -> None:
+    def __init__(self, client: Client, *, factory: str, task_queue: str = DEFAULT_TASK_QUEUE,
+                 events: EventLog | None = None) -> None:
         if not isinstance(client, Client):
             raise TypeError(f"client must be a temporalio.client.Client, got {type(client).__name__}")
         if not isinstance(factory, str) or ":" not in factory:
             raise ValueError(f"factory must be 'pkg.module:factory', got {factory!r}")
         if not task_queue:
             raise ValueError("task_queue must be a non-empty name")
-        self.client, self.factory, self.task_queue = client, factory, task_queue
+        if events is not None and not isinstance(events, EventLog):
+            raise TypeError(f"events must be an EventLog (RedisEventLog, MemoryEventLog), got {type(events).__name__}")
+        self.client, self.factory, self.task_queue, self.events = client, factory, task_queue, events
 
     async def start(self, msgs: str | Msg | Iterable[Msg | str], *, user_id: str = "default",
                     session_id: str = "default", run_id: str | None = None) -> DurableRun:
         """Start a run (its workflow id is ``run_id``, or a fresh one)."""
-        payload = {"factory": self.factory, "messages": _msgs(msgs), "user_id": user_id, "session_id": session_id}
+        payload = {"factory": self.factory, "messages": _msgs(msgs), "user_id": user_id, "session_id": session_id,
+                   "live": self.events is not None}
         handle = await self.client.start_workflow(
             WORKFLOW_NAME, payload, id=run_id or f"agentscope-{uuid.uuid4().hex}", task_queue=self.task_queue)
-        return DurableRun(handle)
+        return DurableRun(handle, self.events)
 
     async def call(self, msgs: str | Msg | Iterable[Msg | str], **kwargs: Any) -> Msg:
         """Run and return the final reply."""
         return await (await self.start(msgs, **kwargs)).result()
 
     async def stream(self, msgs: str | Msg | Iterable[Msg | str], **kwargs: Any) -> AsyncIterator[AgentEvent]:
-        """The run's events (delivered when the run ends, in this slice)."""
-        for ev in await (await self.start(msgs, **kwargs)).events():
+        """The run's events, live with an event log (``events=``), else when the run ends."""
+        async for ev in (await self.start(msgs, **kwargs)).stream():
             yield ev

@@ -25,6 +25,7 @@ from ..message import GenerateReason, Msg
 from ._config import WORKFLOW_NAME, DurableConfig
 from ._executors import install
 from ._factory import build_agent
+from ._journal import Journal
 
 __all__ = ["AgentRunWorkflow", "configs"]
 
@@ -49,16 +50,18 @@ class AgentRunWorkflow:
         # The session lives in the workflow (its history is the durable copy): a store doing I/O
         # cannot run on the workflow's loop.
         agent._runtime.store = InMemoryStateStore()
+        # Live events (`_journal`): numbered and renamed the same on every replay.
+        journal = Journal(workflow.info().workflow_id, workflow.uuid4().hex[:8], bool(inp.get("live")))
         install(agent, factory, configs.get(factory, DurableConfig()), user_id, session_id,
-                lambda: self._interrupted)
+                lambda: self._interrupted, journal)
         self._ids = (user_id, session_id)
         ctx = RuntimeContext(user_id, session_id)
         msgs = [Msg.model_validate(m) for m in inp["messages"]]
-        events: list[dict[str, Any]] = []
+        events = journal.events
         final: Msg | None = None
         while True:
             async for ev in agent.stream(msgs, ctx=ctx):
-                events.append(ev.model_dump(mode="json"))
+                journal.add(ev)
                 if type(ev) is AgentResult:
                     final = ev.result
                 elif type(ev) is RequireUserConfirm and ev.source is None:
@@ -66,12 +69,14 @@ class AgentRunWorkflow:
             assert final is not None
             if final.generate_reason is not GenerateReason.PERMISSION_ASKING or self._interrupted:
                 break
+            await journal.flush()  # what a watcher must see before the run waits
             self._waiting = True
             await workflow.wait_condition(lambda: self._answers is not None or self._interrupted)
             self._waiting = False
             if self._answers is None:  # interrupted while waiting: the asking reply stands
                 break
             msgs, self._answers, self._asking = [confirm_message(*self._answers)], None, []
+        await journal.flush("interrupted" if final.generate_reason is GenerateReason.INTERRUPTED else "finished")
         return {"result": final.model_dump(mode="json"), "events": events}
 
     @workflow.signal(name="interrupt")

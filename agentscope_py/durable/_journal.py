@@ -1,0 +1,78 @@
+"""The workflow's side of live events: each event of the run gets its position and its stable
+ids here, in the order the agent yields them (the same on every replay), and what the log has
+not confirmed yet goes with the next activity (which publishes it before its own events) or with
+a local activity at the run's end and before it waits for a confirmation (`flush`)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from temporalio import workflow
+
+from ..events import AgentEvent
+from ._publish import StableIds
+
+__all__ = ["PUBLISH_ACTIVITY", "Journal"]
+
+PUBLISH_ACTIVITY = "agentscope.publish_events"
+
+
+class Journal:
+    """A run's events, renamed (`StableIds`) and numbered from 1. ``live``: the caller asked for
+    live events (otherwise nothing is published and the events are only the run's result)."""
+
+    def __init__(self, run_id: str, token: str, live: bool) -> None:
+        self.run_id, self.token, self.live = run_id, token, live
+        self.ids = StableIds(token, "w")
+        self.events: list[dict[str, Any]] = []
+        self.known = 0  # the log's last position, as an activity or a flush reported it
+
+    def add(self, event: AgentEvent) -> dict[str, Any]:
+        data: dict[str, Any] = self.ids.rename(event.model_dump(mode="json"))
+        self.events.append(data)
+        return data
+
+    @property
+    def next(self) -> int:
+        """The position of the next event."""
+        return len(self.events) + 1
+
+    @property
+    def confirmed(self) -> int:
+        """The positions of this run's events the log is known to hold (an activity may have
+        published events the run has not yielded yet)."""
+        return min(self.known, len(self.events))
+
+    def pending(self) -> dict[str, Any]:
+        """What an activity publishes before its own events: the positions not confirmed yet."""
+        if not self.live:
+            return {}
+        return {"run_id": self.run_id, "token": self.token, "first": self.confirmed + 1,
+                "events": self.events[self.confirmed:]}
+
+    def confirm(self, last: int) -> None:
+        self.known = max(self.known, last)
+
+    async def flush(self, outcome: str | None = None) -> None:
+        """Publish what is pending (and, with ``outcome``, the run's end) from the workflow: a
+        local activity, recorded in the history, so a replay does not publish again — and
+        when it does (a worker died before the record reached the server), the log ignores
+        the positions it already holds."""
+        if not self.live or (outcome is None and self.confirmed >= len(self.events)):
+            return
+        payload = {**self.pending(), "end": outcome, "last": len(self.events)}
+        try:
+            last = await workflow.execute_local_activity(
+                PUBLISH_ACTIVITY, payload, start_to_close_timeout=timedelta(seconds=10),
+                retry_policy=_retries())
+        except Exception as exc:  # the log is a view: its readers fall back on the workflow's result
+            workflow.logger.warning("run %s: publishing its events failed: %s", self.run_id, exc)
+            return
+        self.confirm(int(last))
+
+
+def _retries() -> Any:
+    from temporalio.common import RetryPolicy
+
+    return RetryPolicy(initial_interval=timedelta(seconds=0.2), maximum_attempts=3)

@@ -1,0 +1,165 @@
+"""`RedisEventLog`: durable runs' live events in Redis, shared by the workers publishing them and
+the callers and ``serve`` processes reading them.
+
+Keys (ids percent-encoded): ``{prefix}:durable:{run_id}`` — a Redis Stream, one entry per event,
+entry id ``<position>-0`` (field ``e``: the event's JSON), and the end marker ``<last>-1``
+(field ``x``: how the run ended), so a reader ``XREAD``s from ``<its position>-0`` and blocks for
+more; ``{prefix}:durable:{run_id}:meta`` — a hash: who the run belongs to (``describe``) and
+``ended``. Both expire ``retention`` seconds after the run ends (a day while it runs, so an
+abandoned one goes too). Each write is one Lua script: positions already there are skipped, so
+publishing again (a replay, a retried call) changes nothing. Redis failures are `RunLogError`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import Iterator, Sequence
+from typing import Any
+from urllib.parse import quote
+
+from ..errors import RunLogError
+from ._publish import EventLog, Page
+
+try:
+    from redis.asyncio import Redis
+    from redis.exceptions import RedisError
+except ImportError as exc:  # pragma: no cover - depends on the installed extras
+    raise ImportError("RedisEventLog needs the redis client: pip install 'agentscope-py[redis]'") from exc
+
+__all__ = ["RedisEventLog"]
+
+_RUNNING_TTL_MS = 86_400_000
+READ_COUNT = 512
+
+# KEYS stream, meta; ARGV ttl ms, first, event JSON….
+_PUBLISH = """
+local top = 0
+local t = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
+if #t > 0 then top = tonumber(string.match(t[1][1], '^(%d+)')) end
+if redis.call('HGET', KEYS[2], 'ended') then return top end
+local first = tonumber(ARGV[2])
+if first > top + 1 then return top end
+for i = 3, #ARGV do
+  local seq = first + i - 3
+  if seq > top then
+    redis.call('XADD', KEYS[1], seq .. '-0', 'e', ARGV[i])
+    top = seq
+  end
+end
+redis.call('PEXPIRE', KEYS[1], ARGV[1])
+redis.call('HSET', KEYS[2], 'last', top)
+redis.call('PEXPIRE', KEYS[2], ARGV[1])
+return top
+"""
+# KEYS stream, meta; ARGV last, outcome, retention ms.
+_END = """
+if redis.call('HGET', KEYS[2], 'ended') then return 0 end
+local t = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
+local top = 0
+if #t > 0 then top = tonumber(string.match(t[1][1], '^(%d+)')) end
+if top < tonumber(ARGV[1]) then return 0 end
+redis.call('XADD', KEYS[1], ARGV[1] .. '-1', 'x', ARGV[2])
+redis.call('HSET', KEYS[2], 'ended', ARGV[2])
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
+redis.call('PEXPIRE', KEYS[2], ARGV[3])
+return 1
+"""
+# KEYS meta; ARGV ttl ms, field, value….
+_DESCRIBE = """
+if redis.call('EXISTS', KEYS[1]) == 1 and not redis.call('HGET', KEYS[1], 'ended') then return 0 end
+redis.call('DEL', KEYS[1], KEYS[2])
+for i = 2, #ARGV, 2 do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
+redis.call('PEXPIRE', KEYS[1], ARGV[1])
+return 1
+"""
+
+
+@contextlib.contextmanager
+def _typed(what: str) -> Iterator[None]:
+    try:
+        yield
+    except (RedisError, OSError) as exc:
+        raise RunLogError(f"the durable event log in Redis failed while {what}: {type(exc).__name__}: {exc}") from exc
+
+
+class RedisEventLog(EventLog):
+    """Durable runs' events in the Redis at ``url`` (see the module docstring); ``retention``:
+    seconds an ended run's events stay readable."""
+
+    def __init__(self, url: str = "redis://localhost:6379/0", *, prefix: str = "agentscope",
+                 retention: float = 300.0, socket_timeout: float = 5.0) -> None:
+        if not url.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError(f"the Redis url {url!r} must start with redis://, rediss:// or unix://")
+        if not retention > 0:
+            raise ValueError(f"retention must be positive seconds, got {retention!r}")
+        if not socket_timeout > 0:
+            raise ValueError(f"socket_timeout must be positive seconds, got {socket_timeout!r}")
+        self.url, self.prefix, self.retention, self.socket_timeout = url, prefix, retention, socket_timeout
+        self._client: Redis | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._scripts: dict[str, Any] = {}
+
+    def _redis(self) -> Redis:
+        loop = asyncio.get_running_loop()
+        if self._client is None or self._loop is not loop:
+            # Blocking reads wait up to their wait on top of the socket timeout.
+            self._client = Redis.from_url(self.url, socket_timeout=self.socket_timeout + 5,
+                                          socket_connect_timeout=self.socket_timeout)
+            self._loop = loop
+            self._scripts = {name: self._client.register_script(source) for name, source in
+                             (("publish", _PUBLISH), ("end", _END), ("describe", _DESCRIBE))}
+        return self._client
+
+    def _keys(self, run_id: str) -> list[str]:
+        stream = f"{self.prefix}:durable:{quote(run_id, safe='')}"
+        return [stream, stream + ":meta"]
+
+    async def publish(self, run_id: str, first: int, events: Sequence[dict[str, Any]]) -> int:
+        if not events:
+            return 0
+        with _typed(f"publishing events of run {run_id}"):
+            self._redis()
+            args: list[Any] = [_RUNNING_TTL_MS, first, *(json.dumps(e, separators=(",", ":")) for e in events)]
+            return int(await self._scripts["publish"](keys=self._keys(run_id), args=args))
+
+    async def end(self, run_id: str, last: int, outcome: str) -> None:
+        with _typed(f"ending run {run_id}"):
+            self._redis()
+            await self._scripts["end"](keys=self._keys(run_id), args=[last, outcome, round(self.retention * 1000)])
+
+    async def read(self, run_id: str, after: int, wait: float) -> Page:
+        stream, _ = self._keys(run_id)
+        with _typed(f"reading run {run_id}"):
+            answer: Any = await self._redis().xread({stream: f"{after}-0"}, count=READ_COUNT,
+                                                    block=round(wait * 1000) if wait > 0 else None)
+        events: list[dict[str, Any]] = []
+        for _, entries in answer or []:
+            for _entry_id, fields in entries:
+                if b"x" in fields:
+                    return Page(events, fields[b"x"].decode())
+                events.append(json.loads(fields[b"e"]))
+        return Page(events)
+
+    async def describe(self, run_id: str, meta: dict[str, str]) -> bool:
+        with _typed(f"recording run {run_id}"):
+            self._redis()
+            args: list[Any] = [_RUNNING_TTL_MS]
+            for key, value in meta.items():
+                args += [key, value]
+            stream, hash_key = self._keys(run_id)
+            return bool(await self._scripts["describe"](keys=[hash_key, stream], args=args))
+
+    async def meta(self, run_id: str) -> dict[str, str] | None:
+        with _typed(f"reading run {run_id}"):
+            fields: Any = await self._redis().hgetall(self._keys(run_id)[1])
+        if not fields:
+            return None
+        return {k.decode(): v.decode() for k, v in fields.items() if k not in (b"last", b"ended")}
+
+    async def close(self) -> None:
+        if self._client is not None:
+            with contextlib.suppress(RedisError, OSError, RuntimeError):
+                await self._client.aclose()
+            self._client = None
