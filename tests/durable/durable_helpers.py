@@ -95,10 +95,10 @@ class Workers:
         self.address, self.env = address, env
         self.procs: list[subprocess.Popen[bytes]] = []
 
-    def start(self, factory: str, task_queue: str, **env: str) -> subprocess.Popen[bytes]:
+    def start(self, factory: str, task_queue: str, *args: str, **env: str) -> subprocess.Popen[bytes]:
         proc = subprocess.Popen(
             [sys.executable, "-m", "agentscope_py.cli", "worker", "--temporal", self.address, "--agents", factory,
-             "--task-queue", task_queue, "--config", "durable_agents:FAST"],
+             "--task-queue", task_queue, "--config", "durable_agents:FAST", *args],
             cwd=HERE, env={**os.environ, **self.env, **env}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         self.procs.append(proc)
         assert proc.stdout is not None

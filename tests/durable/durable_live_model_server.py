@@ -44,7 +44,7 @@ class Handler(BaseHTTPRequestHandler):
             f.write(json.dumps(body["messages"][-1].get("role")) + "\n")
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
-        self.send_header("Connection", "close")  # the body ends when the connection does
+        self.send_header("Transfer-Encoding", "chunked")  # pieces as they come
         self.end_headers()
         last = body["messages"][-1]
         try:
@@ -60,12 +60,12 @@ class Handler(BaseHTTPRequestHandler):
                         "function": {"name": "add", "arguments": json.dumps({"a": 2, "b": 40})}}
                 self._send(_chunk({"role": "assistant", "tool_calls": [call]}) + _chunk({}, "tool_calls")
                            + b"data: [DONE]\n\n")
+            self.wfile.write(b"0\r\n\r\n")
         except OSError:  # its client (a killed worker) is gone
-            pass
-        self.close_connection = True
+            self.close_connection = True
 
     def _send(self, data: bytes) -> None:
-        self.wfile.write(data)
+        self.wfile.write(b"%x\r\n%b\r\n" % (len(data), data))
         self.wfile.flush()
 
 

@@ -6,14 +6,16 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
-from durable_helpers import temporal_address
+from durable_helpers import Workers, temporal_address
 from durable_live_helpers import held_model, release
 from temporalio.client import Client
 
-from agentscope_py.durable import DurableAgent, MemoryEventLog, make_worker
+from agentscope_py.durable import DurableAgent, MemoryEventLog, RedisEventLog, make_worker
 from agentscope_py.events import AgentEvent, TextBlockDelta
 
 __all__ = ["held_model", "temporal_address"]  # fixtures, used by name
@@ -55,3 +57,50 @@ async def test_the_first_delta_is_watched_before_the_run_ends(
     # the live stream is the run's stream: the same events, under the same ids, as its result's
     out = await run.handle.result()
     assert [ev.model_dump(mode="json") for ev in seen] == out["events"]
+
+
+@pytest.fixture
+def workers(temporal_address: str, held_model: tuple[str, Path], tmp_path: Path) -> Iterator[Workers]:
+    procs = Workers(temporal_address, {"DURABLE_MODEL_URL": held_model[0],
+                                       "DURABLE_TOOL_LOG": str(tmp_path / "tool_log")})
+    yield procs
+    procs.close()
+
+
+async def test_a_worker_killed_mid_answer_the_watched_stream_has_no_duplicate_and_ends_balanced(
+        temporal_address: str, held_model: tuple[str, Path], workers: Workers, redis_url: str,
+        redis_prefix: str) -> None:
+    queue = f"q-{uuid.uuid4().hex[:8]}"
+    first = workers.start("durable_agents:build", queue, "--events", redis_url)
+    client = await Client.connect(temporal_address)
+    log = RedisEventLog(redis_url, prefix="agentscope")  # the workers' prefix
+    run = await DurableAgent(client, factory="durable_agents:build", task_queue=queue, events=log).start("2 + 40?")
+    seen: list[AgentEvent] = []
+    async with asyncio.timeout(40):
+        stream = run.stream().__aiter__()
+        while not _text(seen):  # up to the answer's first piece: the model holds the rest
+            seen.append(await anext(stream))
+        first.kill()  # SIGKILL mid-answer: its model call starts again on the next worker
+        first.wait(5)
+        workers.start("durable_agents:build", queue, "--events", redis_url)
+        release(held_model[0])
+        seen += [ev async for ev in stream]
+        reply = await run.result()
+    await log.close()
+    assert reply.text == "The answer is 42."
+    assert _text(seen) == "The answer is 42."  # the retried call's first piece was not shown again
+    # the answer was asked for twice at least (cut off, then again; more if a heartbeat was late)
+    roles = held_model[1].read_text().split()
+    assert roles.count('"tool"') >= 2, roles
+    kinds = [ev.type for ev in seen]
+    for opened, closed in (("model_call_start", "model_call_end"), ("text_block_start", "text_block_end"),
+                           ("tool_call_start", "tool_call_end"), ("tool_result_start", "tool_result_end")):
+        assert kinds.count(opened) == kinds.count(closed) > 0, (opened, kinds)
+    assert kinds[0] == "agent_start" and kinds[-1] == "agent_end"
+    # what was watched is the run's stream, under the same ids, though two workers made it (the
+    # replay's own events were made again: their clocks differ)
+    assert _no_clock([ev.model_dump(mode="json") for ev in seen]) == _no_clock((await run.handle.result())["events"])
+
+
+def _no_clock(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{k: v for k, v in ev.items() if k != "created_at"} for ev in events]
