@@ -21,10 +21,10 @@ from ..stream import aclose
 from ._codec import load_request
 from ._config import MODEL_ACTIVITY, TOOL_ACTIVITY
 from ._factory import worker_agent
-from ._journal import PUBLISH_ACTIVITY
+from ._journal import PUBLISH_ACTIVITY, SEAL_ACTIVITY
 from ._publish import LivePublisher, StableIds, log_for
 
-__all__ = ["model_call_activity", "publish_activity", "tool_call_activity"]
+__all__ = ["model_call_activity", "publish_activity", "seal_activity", "tool_call_activity"]
 
 
 @contextlib.asynccontextmanager
@@ -65,13 +65,13 @@ def _models(agent: ReActAgent, names: list[str]) -> list[ChatModel]:
     return found
 
 
-def _publisher(live: dict[str, Any]) -> LivePublisher | None:
+def _publisher(live: dict[str, Any], writer: str | None = None) -> LivePublisher | None:
     """The publisher of a run's live events (``live``: the workflow's pending events, see
     `Journal.pending`), with those pending events handed to it first; None without a log."""
     event_log = log_for(activity.info().task_queue) if live else None
     if event_log is None:
         return None
-    publisher = LivePublisher(event_log, live["run_id"], live["first"])
+    publisher = LivePublisher(event_log, live["run_id"], live["first"], writer)
     if live["events"]:
         publisher.add(live["events"])
     return publisher
@@ -90,7 +90,7 @@ async def model_call_activity(payload: dict[str, Any]) -> dict[str, Any]:
     runtime = agent._runtime
     reply_id = payload["reply_id"]
     live = payload.get("live") or {}
-    publisher = _publisher(live)
+    publisher = _publisher(live, f"m{payload.get('seq', 0)}")
     deltas = publisher if live.get("deltas", True) else None
     # Renamed for the log; the reply id keeps the run's own in what goes back to the workflow.
     ids = StableIds(payload.get("token", ""), f"m{payload.get('seq', 0)}.", {reply_id: reply_id})
@@ -158,3 +158,13 @@ async def publish_activity(payload: dict[str, Any]) -> int:
     if payload["end"] is not None and last >= payload["last"]:
         await event_log.end(payload["run_id"], payload["last"], payload["end"])
     return last
+
+
+@activity.defn(name=SEAL_ACTIVITY)
+async def seal_activity(payload: dict[str, Any]) -> list[dict[str, Any]]:
+    """A model call the run gave up on (interrupted, failed): its publishing stops, and what it
+    published comes back to the run (a local activity, `Journal.seal`)."""
+    event_log = log_for(activity.info().task_queue)
+    if event_log is None:
+        return []
+    return await event_log.seal(payload["run_id"], payload["writer"], payload["after"])

@@ -85,14 +85,21 @@ def install(agent: ReActAgent, factory: str, config: DurableConfig, user_id: str
         async def events() -> AsyncIterator[AgentEvent]:
             # The run is pulled event by event: every event before this call has its position.
             live = journal.pending()
+            seq, reply_name = journal.next, journal.ids.stable(reply_id)
             payload = {"factory": factory, "models": [m.name for m in models], "request": dump_request(request),
-                       "reply_id": reply_id, "token": journal.token, "seq": journal.next,
-                       "reply_name": journal.ids.stable(reply_id), "live": {**live, "deltas": deltas} if live else {}}
+                       "reply_id": reply_id, "token": journal.token, "seq": seq,
+                       "reply_name": reply_name, "live": {**live, "deltas": deltas} if live else {}}
             options = config.for_model(models[0].name).options()
             if deadline is not None and deadline.total is not None:  # a middleware's deadline bounds the attempt
                 options["schedule_to_close_timeout"] = _seconds(deadline.total)
-            out = await _activity(MODEL_ACTIVITY, payload, options, control, f"model call to {models[0].name}",
-                                  stopped)
+            try:
+                out = await _activity(MODEL_ACTIVITY, payload, options, control, f"model call to {models[0].name}",
+                                      stopped)
+            except (AgentInterrupted, DurableActivityError):
+                if live and deltas:  # what the call published is the run's: it is closed as locally
+                    for ev in load_events(await journal.seal(f"m{seq}"), reply_id, reply_name):
+                        yield ev
+                raise
             journal.confirm(out["published"])
             data = out["events"]
             for ev in load_events(data, reply_id, data[0].get("reply_id", reply_id) if data else reply_id):

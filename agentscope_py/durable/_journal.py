@@ -13,9 +13,10 @@ from temporalio import workflow
 from ..events import AgentEvent
 from ._publish import StableIds
 
-__all__ = ["PUBLISH_ACTIVITY", "Journal"]
+__all__ = ["PUBLISH_ACTIVITY", "SEAL_ACTIVITY", "Journal"]
 
 PUBLISH_ACTIVITY = "agentscope.publish_events"
+SEAL_ACTIVITY = "agentscope.seal_events"
 
 
 class Journal:
@@ -62,14 +63,26 @@ class Journal:
         if not self.live or (outcome is None and self.confirmed >= len(self.events)):
             return
         payload = {**self.pending(), "end": outcome, "last": len(self.events)}
+        last = await self._local(PUBLISH_ACTIVITY, payload)
+        if last is not None:
+            self.confirm(int(last))
+
+    async def seal(self, writer: str) -> list[dict[str, Any]]:
+        """The events a model call the run gives up on (interrupted, failed) published from the
+        next position on, its publishing stopped: the run yields them as its own, so the run's
+        positions and the log's stay one, and closes what they opened as it would locally."""
+        if not self.live:
+            return []
+        out = await self._local(SEAL_ACTIVITY, {"run_id": self.run_id, "writer": writer, "after": len(self.events)})
+        return list(out or [])
+
+    async def _local(self, name: str, payload: dict[str, Any]) -> Any:
         try:
-            last = await workflow.execute_local_activity(
-                PUBLISH_ACTIVITY, payload, start_to_close_timeout=timedelta(seconds=10),
-                retry_policy=_retries())
+            return await workflow.execute_local_activity(
+                name, payload, start_to_close_timeout=timedelta(seconds=10), retry_policy=_retries())
         except Exception as exc:  # the log is a view: its readers fall back on the workflow's result
             workflow.logger.warning("run %s: publishing its events failed: %s", self.run_id, exc)
-            return
-        self.confirm(int(last))
+            return None
 
 
 def _retries() -> Any:

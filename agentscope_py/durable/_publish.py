@@ -89,11 +89,19 @@ class EventLog(ABC):
     """Where durable runs' events are published (by the workers) and read (by callers, ``serve``)."""
 
     @abstractmethod
-    async def publish(self, run_id: str, first: int, events: Sequence[dict[str, Any]]) -> int:
+    async def publish(self, run_id: str, first: int, events: Sequence[dict[str, Any]],
+                      writer: str | None = None) -> int:
         """Events at positions ``first``, ``first + 1``…: those past the log's last position are
         appended, the others ignored (already there). The log's last position after it. A batch
         that would leave a hole (``first`` past the last position + 1) is refused (nothing
-        appended): its publisher sends from further back next time."""
+        appended): its publisher sends from further back next time; so is one of a ``writer``
+        that was sealed (`seal`)."""
+
+    @abstractmethod
+    async def seal(self, run_id: str, writer: str, after: int) -> list[dict[str, Any]]:
+        """Refuse ``writer``'s batches from now on (a model call that the run gave up on: it may
+        still be publishing), and return the events after position ``after`` (what it published:
+        the run takes them as its own, so its positions and the log's stay one)."""
 
     @abstractmethod
     async def end(self, run_id: str, last: int, outcome: str) -> None:
@@ -110,7 +118,8 @@ class EventLog(ABC):
 
     @abstractmethod
     async def meta(self, run_id: str) -> dict[str, str] | None:
-        """What `describe` recorded, or None (unknown, or expired)."""
+        """What `describe` recorded (and ``ended``: the run's outcome, once its log ended), or
+        None (unknown, or expired)."""
 
     async def close(self) -> None:  # noqa: B027 - optional
         """Release connections."""
@@ -122,6 +131,7 @@ class _Run:
     ended: str | None = None
     meta: dict[str, str] | None = None
     changed: asyncio.Condition | None = None
+    sealed: set[str] = field(default_factory=set)
 
 
 class MemoryEventLog(EventLog):
@@ -147,13 +157,19 @@ class MemoryEventLog(EventLog):
             async with run.changed:
                 run.changed.notify_all()
 
-    async def publish(self, run_id: str, first: int, events: Sequence[dict[str, Any]]) -> int:
+    async def publish(self, run_id: str, first: int, events: Sequence[dict[str, Any]],
+                      writer: str | None = None) -> int:
         run = self._run(run_id)
         top = len(run.events)
-        if run.ended is None and first <= top + 1:
+        if run.ended is None and first <= top + 1 and writer not in run.sealed:
             run.events.extend(events[top + 1 - first:])
             await self._wake(run)
         return len(run.events)
+
+    async def seal(self, run_id: str, writer: str, after: int) -> list[dict[str, Any]]:
+        run = self._run(run_id)
+        run.sealed.add(writer)
+        return run.events[after:]
 
     async def end(self, run_id: str, last: int, outcome: str) -> None:
         run = self._run(run_id)
@@ -183,7 +199,9 @@ class MemoryEventLog(EventLog):
 
     async def meta(self, run_id: str) -> dict[str, str] | None:
         run = self._runs.get(run_id)
-        return None if run is None or run.meta is None else dict(run.meta)
+        if run is None or run.meta is None:
+            return None
+        return {**run.meta, "ended": run.ended} if run.ended is not None else dict(run.meta)
 
 
 _logs: dict[str, EventLog] = {}
@@ -207,8 +225,9 @@ class LivePublisher:
     next batch: the workflow publishes the same positions again when the activity returns, and
     the workflow's result is the readers' last resort, so the call itself never fails for it."""
 
-    def __init__(self, event_log: EventLog, run_id: str, first: int, interval: float = PUBLISH_INTERVAL) -> None:
-        self.log, self.run_id, self.interval = event_log, run_id, interval
+    def __init__(self, event_log: EventLog, run_id: str, first: int, writer: str | None = None,
+                 interval: float = PUBLISH_INTERVAL) -> None:
+        self.log, self.run_id, self.writer, self.interval = event_log, run_id, writer, interval
         self.next = first  # the position of pending[0]
         self.pending: list[dict[str, Any]] = []
         self.last = first - 1  # the log's last position, as far as we know
@@ -226,14 +245,15 @@ class LivePublisher:
         batch, first = self.pending, self.next
         self.pending = []  # events added while the batch is on its way wait for the next one
         try:
-            self.last = await self.log.publish(self.run_id, first, batch)
+            self.last = await self.log.publish(self.run_id, first, batch, self.writer)
         except Exception as exc:
             log.warning("run %s: could not publish %d events: %s", self.run_id, len(batch), exc)
             self.pending = batch + self.pending
             return
         if self.last < first - 1:
             # A hole before our first position (the workflow's events before this call did not
-            # reach the log): the workflow publishes them, and ours, when the call returns.
+            # reach the log: the workflow publishes them, and ours, when the call returns), or
+            # the run gave up on this call (sealed).
             self.stopped, self.pending = True, []
             return
         self.next = first + len(batch)

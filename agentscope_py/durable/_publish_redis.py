@@ -33,16 +33,17 @@ __all__ = ["RedisEventLog"]
 _RUNNING_TTL_MS = 86_400_000
 READ_COUNT = 512
 
-# KEYS stream, meta; ARGV ttl ms, first, event JSON….
+# KEYS stream, meta; ARGV ttl ms, first, writer ('' for none), event JSON….
 _PUBLISH = """
 local top = 0
 local t = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
 if #t > 0 then top = tonumber(string.match(t[1][1], '^(%d+)')) end
 if redis.call('HGET', KEYS[2], 'ended') then return top end
+if ARGV[3] ~= '' and redis.call('HGET', KEYS[2], 'sealed:' .. ARGV[3]) then return top end
 local first = tonumber(ARGV[2])
 if first > top + 1 then return top end
-for i = 3, #ARGV do
-  local seq = first + i - 3
+for i = 4, #ARGV do
+  local seq = first + i - 4
   if seq > top then
     redis.call('XADD', KEYS[1], seq .. '-0', 'e', ARGV[i])
     top = seq
@@ -52,6 +53,12 @@ redis.call('PEXPIRE', KEYS[1], ARGV[1])
 redis.call('HSET', KEYS[2], 'last', top)
 redis.call('PEXPIRE', KEYS[2], ARGV[1])
 return top
+"""
+# KEYS stream, meta; ARGV writer, after, ttl ms.
+_SEAL = """
+redis.call('HSET', KEYS[2], 'sealed:' .. ARGV[1], 1)
+redis.call('PEXPIRE', KEYS[2], ARGV[3])
+return redis.call('XRANGE', KEYS[1], '(' .. ARGV[2] .. '-0', '+')
 """
 # KEYS stream, meta; ARGV last, outcome, retention ms.
 _END = """
@@ -84,6 +91,11 @@ def _typed(what: str) -> Iterator[None]:
         raise RunLogError(f"the durable event log in Redis failed while {what}: {type(exc).__name__}: {exc}") from exc
 
 
+def _fields(values: list[bytes]) -> dict[bytes, bytes]:
+    """A stream entry's fields, as a Lua script returns them (a flat list)."""
+    return dict(zip(values[::2], values[1::2], strict=True))
+
+
 class RedisEventLog(EventLog):
     """Durable runs' events in the Redis at ``url`` (see the module docstring); ``retention``:
     seconds an ended run's events stay readable."""
@@ -109,20 +121,26 @@ class RedisEventLog(EventLog):
                                           socket_connect_timeout=self.socket_timeout)
             self._loop = loop
             self._scripts = {name: self._client.register_script(source) for name, source in
-                             (("publish", _PUBLISH), ("end", _END), ("describe", _DESCRIBE))}
+                             (("publish", _PUBLISH), ("seal", _SEAL), ("end", _END), ("describe", _DESCRIBE))}
         return self._client
 
     def _keys(self, run_id: str) -> list[str]:
         stream = f"{self.prefix}:durable:{quote(run_id, safe='')}"
         return [stream, stream + ":meta"]
 
-    async def publish(self, run_id: str, first: int, events: Sequence[dict[str, Any]]) -> int:
-        if not events:
-            return 0
+    async def publish(self, run_id: str, first: int, events: Sequence[dict[str, Any]],
+                      writer: str | None = None) -> int:
         with _typed(f"publishing events of run {run_id}"):
             self._redis()
-            args: list[Any] = [_RUNNING_TTL_MS, first, *(json.dumps(e, separators=(",", ":")) for e in events)]
+            args: list[Any] = [_RUNNING_TTL_MS, first, writer or "",
+                               *(json.dumps(e, separators=(",", ":")) for e in events)]
             return int(await self._scripts["publish"](keys=self._keys(run_id), args=args))
+
+    async def seal(self, run_id: str, writer: str, after: int) -> list[dict[str, Any]]:
+        with _typed(f"sealing a writer of run {run_id}"):
+            self._redis()
+            entries: Any = await self._scripts["seal"](keys=self._keys(run_id), args=[writer, after, _RUNNING_TTL_MS])
+        return [json.loads(_fields(values)[b"e"]) for _, values in entries if b"e" in _fields(values)]
 
     async def end(self, run_id: str, last: int, outcome: str) -> None:
         with _typed(f"ending run {run_id}"):
@@ -156,7 +174,8 @@ class RedisEventLog(EventLog):
             fields: Any = await self._redis().hgetall(self._keys(run_id)[1])
         if not fields:
             return None
-        return {k.decode(): v.decode() for k, v in fields.items() if k not in (b"last", b"ended")}
+        return {k.decode(): v.decode() for k, v in fields.items()
+                if k != b"last" and not k.startswith(b"sealed:")}
 
     async def close(self) -> None:
         if self._client is not None:

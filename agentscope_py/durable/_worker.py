@@ -10,7 +10,7 @@ from temporalio.client import Client
 from temporalio.worker import Worker
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
-from ._activities import model_call_activity, publish_activity, tool_call_activity
+from ._activities import model_call_activity, publish_activity, seal_activity, tool_call_activity
 from ._config import DEFAULT_TASK_QUEUE, DurableConfig
 from ._factory import check_factory
 from ._publish import EventLog, register_log
@@ -54,7 +54,8 @@ def make_worker(
         **worker_options,
     }
     return Worker(client, task_queue=task_queue, workflows=[AgentRunWorkflow],
-                  activities=[model_call_activity, tool_call_activity, publish_activity], **options)
+                  activities=[model_call_activity, tool_call_activity, publish_activity, seal_activity],
+                  **options)
 
 
 async def run_worker(address: str, factories: Sequence[str], *, task_queue: str = DEFAULT_TASK_QUEUE,

@@ -29,13 +29,14 @@ from ._frames import agui_frames, native_frames
 from ._ledger import Emitted
 from ._limits import Limits
 from ._live import PACE, LiveRun
-from ._runlog import InMemoryRunLog, RunLog, RunRecord
+from ._runlog import RUNNING, InMemoryRunLog, RunLog, RunRecord
 from ._runs import Frames, FrameSource, Runs
 from .agui import AguiMapper
 
 try:
     from temporalio.client import Client, WorkflowExecutionStatus
     from temporalio.exceptions import WorkflowAlreadyStartedError
+    from temporalio.service import RPCError
 
     from ..durable import DEFAULT_TASK_QUEUE, DurableAgent, EventLog
     from ..durable._watch import watch
@@ -146,13 +147,18 @@ class DurableRuns(Runs):
         return record, lambda: self.follow(live, after, heartbeat)
 
     async def interrupt(self, run_id: str, user_id: str) -> dict[str, object]:
-        await self._durable_record(run_id, user_id)
+        ended = (await self._durable_record(run_id, user_id)).status
+        if ended != RUNNING:  # its log says how it ended
+            return {"run_id": run_id, "interrupted": False, "status": ended}
         handle = (await self.serving.client()).get_workflow_handle(run_id)
         status = (await handle.describe()).status
-        if status != WorkflowExecutionStatus.RUNNING:
-            return {"run_id": run_id, "interrupted": False, "status": status.name.lower() if status else "unknown"}
-        await handle.signal("interrupt")
-        return {"run_id": run_id, "interrupted": True}
+        if status == WorkflowExecutionStatus.RUNNING:
+            try:
+                await handle.signal("interrupt")
+                return {"run_id": run_id, "interrupted": True}
+            except RPCError:  # it ended meanwhile
+                status = (await handle.describe()).status
+        return {"run_id": run_id, "interrupted": False, "status": status.name.lower() if status else "unknown"}
 
     async def _durable_record(self, run_id: str, user_id: str) -> RunRecord:
         try:
@@ -164,7 +170,7 @@ class DurableRuns(Runs):
             raise HTTPError(404, "run_not_found", f"no run {run_id!r}: it never existed here, or its log expired")
         if meta["user"] != user_id:
             raise HTTPError(403, "forbidden", "this run belongs to another user")
-        return RunRecord(run_id, meta["user"], meta["session"], meta["kind"], DURABLE_OWNER)
+        return RunRecord(run_id, meta["user"], meta["session"], meta["kind"], DURABLE_OWNER, meta.get("ended", RUNNING))
 
     def _frames(self, record: RunRecord) -> FrameSource:
         """The frames of a run, in its vocabulary, made from its events from the first."""
