@@ -5,11 +5,13 @@ a local activity at the run's end and before it waits for a confirmation (`flush
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterable, AsyncIterator
 from datetime import timedelta
 from typing import Any
 
 from temporalio import workflow
 
+from ..errors import AgentScopeError
 from ..events import AgentEvent
 from ._publish import StableIds
 
@@ -33,6 +35,18 @@ class Journal:
         data: dict[str, Any] = self.ids.rename(event.model_dump(mode="json"))
         self.events.append(data)
         return data
+
+    async def track(self, events: AsyncIterable[AgentEvent]) -> AsyncIterator[AgentEvent]:
+        """``events`` (a turn of the run), each added as it passes; a typed failure of the run
+        publishes what is pending and the log's end first, so a watcher sees the events so far,
+        then the failure (from the workflow)."""
+        try:
+            async for event in events:
+                self.add(event)
+                yield event
+        except AgentScopeError:
+            await self.flush("failed")
+            raise
 
     @property
     def next(self) -> int:

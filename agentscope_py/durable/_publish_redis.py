@@ -12,18 +12,17 @@ publishing again (a replay, a retried call) changes nothing. Redis failures are 
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
+import functools
 import json
-from collections.abc import Iterator, Sequence
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, ClassVar
 from urllib.parse import quote
 
-from ..errors import RunLogError
+from .._redis import LoopRedis, redis_errors
 from ._publish import EventLog, Page
 
 try:
-    from redis.asyncio import Redis
     from redis.exceptions import RedisError
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise ImportError("RedisEventLog needs the redis client: pip install 'agentscope-py[redis]'") from exc
@@ -83,12 +82,7 @@ return 1
 """
 
 
-@contextlib.contextmanager
-def _typed(what: str) -> Iterator[None]:
-    try:
-        yield
-    except (RedisError, OSError) as exc:
-        raise RunLogError(f"the durable event log in Redis failed while {what}: {type(exc).__name__}: {exc}") from exc
+_typed = functools.partial(redis_errors, "the durable event log")
 
 
 def _fields(values: list[bytes]) -> dict[bytes, bytes]:
@@ -96,33 +90,18 @@ def _fields(values: list[bytes]) -> dict[bytes, bytes]:
     return dict(zip(values[::2], values[1::2], strict=True))
 
 
-class RedisEventLog(EventLog):
+class RedisEventLog(EventLog, LoopRedis):
     """Durable runs' events in the Redis at ``url`` (see the module docstring); ``retention``:
     seconds an ended run's events stay readable."""
 
+    SCRIPTS: ClassVar[dict[str, str]] = {"publish": _PUBLISH, "seal": _SEAL, "end": _END, "describe": _DESCRIBE}
+
     def __init__(self, url: str = "redis://localhost:6379/0", *, prefix: str = "agentscope",
                  retention: float = 300.0, socket_timeout: float = 5.0) -> None:
-        if not url.startswith(("redis://", "rediss://", "unix://")):
-            raise ValueError(f"the Redis url {url!r} must start with redis://, rediss:// or unix://")
         if not retention > 0:
             raise ValueError(f"retention must be positive seconds, got {retention!r}")
-        if not socket_timeout > 0:
-            raise ValueError(f"socket_timeout must be positive seconds, got {socket_timeout!r}")
-        self.url, self.prefix, self.retention, self.socket_timeout = url, prefix, retention, socket_timeout
-        self._client: Redis | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._scripts: dict[str, Any] = {}
-
-    def _redis(self) -> Redis:
-        loop = asyncio.get_running_loop()
-        if self._client is None or self._loop is not loop:
-            # Blocking reads wait up to their wait on top of the socket timeout.
-            self._client = Redis.from_url(self.url, socket_timeout=self.socket_timeout + 5,
-                                          socket_connect_timeout=self.socket_timeout)
-            self._loop = loop
-            self._scripts = {name: self._client.register_script(source) for name, source in
-                             (("publish", _PUBLISH), ("seal", _SEAL), ("end", _END), ("describe", _DESCRIBE))}
-        return self._client
+        self._init_redis(url, socket_timeout)
+        self.prefix, self.retention = prefix, retention
 
     def _keys(self, run_id: str) -> list[str]:
         stream = f"{self.prefix}:durable:{quote(run_id, safe='')}"

@@ -60,8 +60,7 @@ class AgentRunWorkflow:
         events = journal.events
         final: Msg | None = None
         while True:
-            async for ev in agent.stream(msgs, ctx=ctx):
-                journal.add(ev)
+            async for ev in journal.track(agent.stream(msgs, ctx=ctx)):
                 if type(ev) is AgentResult:
                     final = ev.result
                 elif type(ev) is RequireUserConfirm and ev.source is None:

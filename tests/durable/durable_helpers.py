@@ -69,19 +69,24 @@ def temporal_address() -> Iterator[str]:
         _stop(proc)
 
 
-@pytest.fixture
-def model_server(tmp_path: Path) -> Iterator[tuple[str, Path]]:
-    """The loopback model server process: its base URL, and the file counting its requests."""
+def model_process(tmp_path: Path, script: str, *args: str) -> Iterator[tuple[str, Path]]:
+    """A loopback model server process (``script`` in this directory): its base URL, and the
+    file counting its requests."""
     count = tmp_path / "model_requests"
     count.touch()
-    proc = subprocess.Popen([sys.executable, str(HERE / "durable_model_server.py"), str(count)],
-                            stdout=subprocess.PIPE)
+    proc = subprocess.Popen([sys.executable, str(HERE / script), str(count), *args], stdout=subprocess.PIPE)
     try:
         assert proc.stdout is not None
         port = int(proc.stdout.readline())
         yield f"http://127.0.0.1:{port}/v1", count
     finally:
         _stop(proc)
+
+
+@pytest.fixture
+def model_server(tmp_path: Path) -> Iterator[tuple[str, Path]]:
+    """The loopback model server process: its base URL, and the file counting its requests."""
+    yield from model_process(tmp_path, "durable_model_server.py")
 
 
 def requests(count: Path) -> int:
@@ -109,6 +114,13 @@ class Workers:
     def close(self) -> None:
         for proc in self.procs:
             _stop(proc)
+
+
+def model_workers(address: str, model_url: str, tmp_path: Path) -> Iterator[Workers]:
+    """Worker processes whose agents' model is at ``model_url`` (a fixture's body)."""
+    procs = Workers(address, {"DURABLE_MODEL_URL": model_url, "DURABLE_TOOL_LOG": str(tmp_path / "tool_log")})
+    yield procs
+    procs.close()
 
 
 def wait_lines(path: Path, n: int, timeout: float = 15.0) -> None:

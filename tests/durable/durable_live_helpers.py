@@ -14,23 +14,20 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from durable_helpers import HERE, _stop, _wait_port, free_port
+from durable_helpers import HERE, Workers, _stop, _wait_port, free_port, model_process, model_workers
 
 
 @pytest.fixture
 def held_model(tmp_path: Path) -> Iterator[tuple[str, Path]]:
-    """The model server holding its first answer after ``The answer ``: its base URL, and the
-    file counting its requests (`release` lets the answer go on)."""
-    count = tmp_path / "model_requests"
-    count.touch()
-    proc = subprocess.Popen([sys.executable, str(HERE / "durable_live_model_server.py"), str(count), "--hold"],
-                            stdout=subprocess.PIPE)
-    try:
-        assert proc.stdout is not None
-        port = int(proc.stdout.readline())
-        yield f"http://127.0.0.1:{port}/v1", count
-    finally:
-        _stop(proc)
+    """The model server holding its first answer after ``The answer `` (`release` lets it go
+    on): its base URL, and the file counting its requests."""
+    yield from model_process(tmp_path, "durable_live_model_server.py", "--hold")
+
+
+@pytest.fixture
+def workers(temporal_address: str, held_model: tuple[str, Path], tmp_path: Path) -> Iterator[Workers]:
+    """Worker processes whose agents' model is `held_model`."""
+    yield from model_workers(temporal_address, held_model[0], tmp_path)
 
 
 def release(base_url: str) -> None:

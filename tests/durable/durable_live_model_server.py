@@ -11,8 +11,10 @@ from __future__ import annotations
 import json
 import sys
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from http.server import ThreadingHTTPServer
+
+import durable_model_server
+from durable_model_server import _chunk
 
 COUNT_FILE = sys.argv[1] if len(sys.argv) > 1 else ""
 HOLD = "--hold" in sys.argv
@@ -20,18 +22,7 @@ released = threading.Event()
 held = threading.Event()  # set once the first answer was held (later ones are not)
 
 
-def _chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
-    body = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 0, "model": "scripted",
-            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
-    return f"data: {json.dumps(body)}\n\n".encode()
-
-
-class Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-
-    def log_message(self, *args: Any) -> None:
-        pass
-
+class Handler(durable_model_server.Handler):
     def do_GET(self) -> None:  # /release
         released.set()
         self.send_response(204)

@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
 import pytest
-from durable_helpers import Workers, model_server, requests, temporal_address, wait_lines
+from durable_helpers import Workers, model_server, model_workers, requests, temporal_address, wait_lines
 from temporalio.client import Client
 
 from agentscope_py import GenerateReason, ToolResultState
@@ -22,10 +22,7 @@ __all__ = ["model_server", "temporal_address"]  # fixtures, used by name
 
 @pytest.fixture
 def workers(temporal_address: str, model_server: tuple[str, Path], tmp_path: Path) -> Iterator[Workers]:
-    procs = Workers(temporal_address, {"DURABLE_MODEL_URL": model_server[0],
-                                       "DURABLE_TOOL_LOG": str(tmp_path / "tool_log")})
-    yield procs
-    procs.close()
+    yield from model_workers(temporal_address, model_server[0], tmp_path)
 
 
 async def _until(check: Callable[[], Awaitable[bool]]) -> None:

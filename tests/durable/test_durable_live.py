@@ -6,19 +6,18 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from durable_helpers import Workers, temporal_address
-from durable_live_helpers import held_model, release
+from durable_live_helpers import held_model, release, workers
 from temporalio.client import Client
 
 from agentscope_py.durable import DurableAgent, MemoryEventLog, RedisEventLog, make_worker
 from agentscope_py.events import AgentEvent, TextBlockDelta
 
-__all__ = ["held_model", "temporal_address"]  # fixtures, used by name
+__all__ = ["held_model", "temporal_address", "workers"]  # fixtures, used by name
 
 
 @pytest.fixture
@@ -59,14 +58,6 @@ async def test_the_first_delta_is_watched_before_the_run_ends(
     assert [ev.model_dump(mode="json") for ev in seen] == out["events"]
 
 
-@pytest.fixture
-def workers(temporal_address: str, held_model: tuple[str, Path], tmp_path: Path) -> Iterator[Workers]:
-    procs = Workers(temporal_address, {"DURABLE_MODEL_URL": held_model[0],
-                                       "DURABLE_TOOL_LOG": str(tmp_path / "tool_log")})
-    yield procs
-    procs.close()
-
-
 async def test_a_worker_killed_mid_answer_the_watched_stream_has_no_duplicate_and_ends_balanced(
         temporal_address: str, held_model: tuple[str, Path], workers: Workers, redis_url: str,
         redis_prefix: str) -> None:
@@ -104,3 +95,24 @@ async def test_a_worker_killed_mid_answer_the_watched_stream_has_no_duplicate_an
 
 def _no_clock(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{k: v for k, v in ev.items() if k != "created_at"} for ev in events]
+
+
+async def test_a_failing_run_is_watched_to_its_failure(temporal_address: str, env: None,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    from temporalio.client import WorkflowFailureError
+
+    from agentscope_py.durable import ActivityConfig, DurableConfig
+
+    monkeypatch.setenv("DURABLE_MODEL_URL", "http://127.0.0.1:9/v1")  # nothing listens: connection refused
+    client = await Client.connect(temporal_address)
+    queue, log = f"q-{uuid.uuid4().hex[:8]}", MemoryEventLog()
+    config = DurableConfig(model=ActivityConfig(max_attempts=2, initial_interval=0.1))
+    seen: list[AgentEvent] = []
+    async with make_worker(client, ["durable_agents:build"], task_queue=queue, events=log, config=config):
+        run = await DurableAgent(client, factory="durable_agents:build", task_queue=queue, events=log).start("2+40?")
+        async with asyncio.timeout(20):
+            with pytest.raises(WorkflowFailureError):
+                async for ev in run.stream():
+                    seen.append(ev)
+    assert seen and seen[0].type == "agent_start"  # what the run did, then its failure
+    assert (await log.read(run.id, len(seen), 0)).ended == "failed"

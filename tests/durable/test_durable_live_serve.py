@@ -18,24 +18,16 @@ from typing import Any
 import httpx
 import pytest
 from durable_helpers import Workers, temporal_address
-from durable_live_helpers import Frame, Serves, held_model, release, sse
+from durable_live_helpers import Frame, Serves, held_model, release, sse, workers
 from server.test_agui_client import NODE, client_modules
 from server.test_agui_nested import VERIFY_SCRIPT
 
-__all__ = ["client_modules", "held_model", "temporal_address"]  # fixtures, used by name
+__all__ = ["client_modules", "held_model", "temporal_address", "workers"]  # fixtures, used by name
 
 
 @pytest.fixture
 def queue() -> str:
     return f"q-{uuid.uuid4().hex[:8]}"
-
-
-@pytest.fixture
-def workers(temporal_address: str, held_model: tuple[str, Path], tmp_path: Path) -> Iterator[Workers]:
-    procs = Workers(temporal_address, {"DURABLE_MODEL_URL": held_model[0],
-                                       "DURABLE_TOOL_LOG": str(tmp_path / "tool_log")})
-    yield procs
-    procs.close()
 
 
 @pytest.fixture
