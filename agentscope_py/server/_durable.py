@@ -30,7 +30,7 @@ from ._ledger import Emitted
 from ._limits import Limits
 from ._live import PACE, LiveRun
 from ._runlog import RUNNING, InMemoryRunLog, RunLog, RunRecord
-from ._runs import Frames, FrameSource, Runs
+from ._runs import Frames, FrameSource, Runs, _unavailable
 from .agui import AguiMapper
 
 try:
@@ -123,18 +123,16 @@ class DurableRuns(Runs):
         self.serving, self.result_text = serving, result_text
 
     async def _create(self, record: RunRecord) -> bool:
-        try:
-            return await self.serving.start(record)
-        finally:
-            self.serving._inputs.pop(record.run_id, None)
+        return await self.serving.start(record)
 
     async def begin(self, record: RunRecord, ctx: RuntimeContext, detach: bool, source: FrameSource,
                     cancelled_frame: Callable[[LiveRun], bytes]) -> LiveRun:
         try:
             return await super().begin(record, ctx, True, _renamed(source, record.run_id), cancelled_frame)
         except RunLogError as exc:  # the event log, on starting
-            raise HTTPError(503, "run_log_unavailable", "the run log is unavailable; try again",
-                            headers={"retry-after": "1"}) from exc
+            raise _unavailable() from exc
+        finally:  # started, or refused (a limit, a taken id): its input is not kept
+            self.serving._inputs.pop(record.run_id, None)
 
     async def resume(self, run_id: str, user_id: str, after: int,
                      heartbeat: float | None = None) -> tuple[RunRecord, Frames]:
@@ -164,8 +162,7 @@ class DurableRuns(Runs):
         try:
             meta = await self.serving.events.meta(run_id)
         except RunLogError as exc:
-            raise HTTPError(503, "run_log_unavailable", "the run log is unavailable; try again",
-                            headers={"retry-after": "1"}) from exc
+            raise _unavailable() from exc
         if not meta or "user" not in meta:
             raise HTTPError(404, "run_not_found", f"no run {run_id!r}: it never existed here, or its log expired")
         if meta["user"] != user_id:
