@@ -68,7 +68,19 @@ async def _measure(client: Client, label: str, events: EventLog | None) -> None:
           f"  events {counts[0]}")
 
 
-async def main() -> None:
+async def _bench(port: int, redis_url: str) -> None:
+    for _ in range(400):
+        try:
+            client = await Client.connect(f"127.0.0.1:{port}")
+            break
+        except RuntimeError:
+            await asyncio.sleep(0.05)
+    for label, events in (("no event log", None), ("MemoryEventLog", MemoryEventLog()),
+                          ("RedisEventLog", RedisEventLog(redis_url, prefix=f"bench-{uuid.uuid4().hex[:6]}"))):
+        await _measure(client, label, events)
+
+
+def main() -> None:
     redis_url = sys.argv[1] if len(sys.argv) > 1 else "redis://127.0.0.1:6379/0"
     home = Path(tempfile.mkdtemp())
     (home / "bench_live_agents.py").write_text(textwrap.dedent(AGENTS))
@@ -80,19 +92,11 @@ async def main() -> None:
                                str(_free_port()), "--headless", "--log-level", "error"],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        for _ in range(400):
-            try:
-                client = await Client.connect(f"127.0.0.1:{port}")
-                break
-            except RuntimeError:
-                await asyncio.sleep(0.05)
-        for label, events in (("no event log", None), ("MemoryEventLog", MemoryEventLog()),
-                              ("RedisEventLog", RedisEventLog(redis_url, prefix=f"bench-{uuid.uuid4().hex[:6]}"))):
-            await _measure(client, label, events)
+        asyncio.run(_bench(port, redis_url))
     finally:
         server.terminate()
         server.wait(10)
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    main()

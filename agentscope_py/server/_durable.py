@@ -128,7 +128,10 @@ class DurableRuns(Runs):
     async def begin(self, record: RunRecord, ctx: RuntimeContext, detach: bool, source: FrameSource,
                     cancelled_frame: Callable[[LiveRun], bytes]) -> LiveRun:
         try:
-            return await super().begin(record, ctx, True, _renamed(source, record.run_id), cancelled_frame)
+            # Always detached: the workflow goes on without its clients. Cancelled (this server
+            # stopping), the stream just ends, with no frame of this process's own: its clients
+            # resume elsewhere with their Last-Event-ID, and every process numbers frames alike.
+            return await super().begin(record, ctx, True, _renamed(source, record.run_id), lambda live: b"")
         except RunLogError as exc:  # the event log, on starting
             raise _unavailable() from exc
         finally:  # started, or refused (a limit, a taken id): its input is not kept
