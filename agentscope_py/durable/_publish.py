@@ -246,9 +246,14 @@ class LivePublisher:
         self.pending = []  # events added while the batch is on its way wait for the next one
         try:
             self.last = await self.log.publish(self.run_id, first, batch, self.writer)
-        except Exception as exc:
-            log.warning("run %s: could not publish %d events: %s", self.run_id, len(batch), exc)
+        except BaseException as exc:
+            # Sent again from the same position next time (positions already taken are ignored):
+            # a batch dropped here would put every later event one batch early. A cancellation
+            # (`close` stopping the batches mid-flight) goes on.
             self.pending = batch + self.pending
+            if not isinstance(exc, Exception):
+                raise
+            log.warning("run %s: could not publish %d events: %s", self.run_id, len(batch), exc)
             return
         if self.last < first - 1:
             # A hole before our first position (the workflow's events before this call did not

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 
@@ -102,3 +103,20 @@ def test_serve_temporal_needs_the_agent_and_an_event_log() -> None:
     out = subprocess.run([sys.executable, "-m", "agentscope_py.cli", "serve", "--temporal", "127.0.0.1:9"],
                          capture_output=True, text=True, timeout=30)
     assert out.returncode == 2 and "serve --temporal needs your agent" in out.stderr, out.stderr
+
+
+async def test_a_batch_cut_off_by_close_is_sent_again_from_its_position() -> None:
+    from agentscope_py.durable._publish import LivePublisher
+
+    class SlowLog(MemoryEventLog):
+        async def publish(self, run_id: str, first: int, events: Any, writer: str | None = None) -> int:
+            await asyncio.sleep(0.2)  # a round trip in flight when the call ends
+            return await super().publish(run_id, first, events, writer)
+
+    log = SlowLog()
+    publisher = LivePublisher(log, "r", 1, interval=0.01)
+    publisher.add([ev(1), ev(2)])
+    await asyncio.sleep(0.05)  # the first batch is on its way
+    publisher.add([ev(3)])
+    await publisher.close()  # cuts that batch off: it must not be lost, nor 3 put at its place
+    assert [e["delta"] for e in (await log.read("r", 0, 0)).events] == ["1", "2", "3"]
