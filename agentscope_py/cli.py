@@ -97,7 +97,22 @@ def _app_options(options: dict[str, Any]) -> dict[str, Any]:
         from .server import InMemoryRunLog
 
         app["run_log"] = InMemoryRunLog(retention=retention)
+    if options.get("temporal"):
+        app["runner"] = _durable_runner(options)
     return app
+
+
+def _durable_runner(options: dict[str, Any]) -> Any:
+    """``serve --temporal``: durable runs of the target, watched through the workers' event log."""
+    events = options.get("events") or options.get("redis")
+    if not options.get("target") or not events:
+        raise ValueError("serve --temporal needs your agent (pkg.module:factory, as the workers were started "
+                         "with) and --events URL (the Redis the workers publish to; or --redis)")
+    from .durable import RedisEventLog
+    from .server import DurableServing
+
+    return DurableServing(options["temporal"], factory=options["target"], task_queue=options["task_queue"],
+                          events=RedisEventLog(events, prefix=options.get("redis_prefix") or "agentscope"))
 
 
 def worker_app() -> Any:
@@ -126,7 +141,8 @@ def serve(args: argparse.Namespace) -> int:
     options = {"target": args.target, "model": args.model, "base_url": args.base_url,
                "allowed_origins": args.allowed_origin, "allowed_hosts": args.allowed_host, "tune_gc": args.tune_gc,
                "redis": redis, "detach": args.detach, "run_retention": args.run_retention,
-               "run_lease": args.run_lease, "redis_prefix": args.redis_prefix}
+               "run_lease": args.run_lease, "redis_prefix": args.redis_prefix, "temporal": args.temporal,
+               "task_queue": args.task_queue, "events": args.events}
     limits = {"header_timeout": args.header_timeout, "idle_timeout": args.idle_timeout,
               "max_connections": args.max_connections, "log_level": args.log_level, "http": args.http,
               "loop": args.loop, "backlog": args.backlog}
@@ -203,6 +219,12 @@ def _parser() -> argparse.ArgumentParser:
     srv.add_argument("--run-lease", type=float, default=10.0, metavar="SECONDS",
                      help="with --redis: seconds after which the runs of a process that stopped answering are "
                           "marked lost (default: %(default)s)")
+    srv.add_argument("--temporal", metavar="HOST:PORT", help="serve durable runs: each run is a workflow on this "
+                     "Temporal server, run by `agentscope-py worker` processes (docs/durable.md)")
+    srv.add_argument("--task-queue", default="agentscope", help="with --temporal: the workers' task queue "
+                     "(default: %(default)s)")
+    srv.add_argument("--events", metavar="URL", help="with --temporal: the Redis the workers publish the runs' "
+                     "events to (their --events; default: --redis)")
     srv.add_argument("--http", default="auto", choices=["auto", "h11", "httptools"],
                      help="uvicorn's HTTP parser (default: %(default)s, httptools when installed)")
     srv.add_argument("--loop", default="auto", choices=["auto", "asyncio", "uvloop"],
@@ -223,6 +245,8 @@ def _parser() -> argparse.ArgumentParser:
     wrk.add_argument("--namespace", default="default", help="the Temporal namespace (default: %(default)s)")
     wrk.add_argument("--config", metavar="pkg.module:attr", help="a DurableConfig: the activities' timeouts and "
                      "retry policies (default: DurableConfig(), see docs/durable.md)")
+    wrk.add_argument("--events", metavar="URL", help="a Redis URL: publish the runs' live events there, for the "
+                     "callers and `serve --temporal` to watch (default: events only with each run's result)")
     return parser
 
 
@@ -235,7 +259,7 @@ def run_worker(args: argparse.Namespace) -> int:
         return 2
     try:
         asyncio.run(run(args.temporal, args.agents, task_queue=args.task_queue, namespace=args.namespace,
-                        config=args.config))
+                        config=args.config, events=args.events))
     except (ValueError, TypeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -2,7 +2,10 @@
 each model call (``agentscope.model_call``) and tool call (``agentscope.tool_call``) is an
 activity, and the session is loaded and saved through the agent's store on the workers
 (``agentscope.load_state`` / ``agentscope.save_state``), so a run survives a dying worker and
-spreads over many. Needs the ``temporal`` extra."""
+spreads over many. Needs the ``temporal`` extra. Live events go to an `EventLog`
+(`RedisEventLog`: the ``redis`` extra too)."""
+
+from typing import Any
 
 from ..errors import DurableSessionBusy
 from ._client import DurableAgent, DurableRun, session_workflow_id
@@ -17,6 +20,7 @@ from ._config import (
     ActivityConfig,
     DurableConfig,
 )
+from ._publish import EventLog, MemoryEventLog
 from ._worker import make_worker, run_worker
 from ._workflow import AgentRunWorkflow
 
@@ -34,7 +38,18 @@ __all__ = [
     "DurableConfig",
     "DurableRun",
     "DurableSessionBusy",
+    "EventLog",
+    "MemoryEventLog",
+    "RedisEventLog",
     "make_worker",
     "run_worker",
     "session_workflow_id",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "RedisEventLog":  # the redis client is an extra of its own
+        from ._publish_redis import RedisEventLog
+
+        return RedisEventLog
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -20,12 +20,14 @@ from ..message import ToolUseBlock
 from ..model.base import ChatModel, ModelError
 from ..stream import aclose
 from ..tool._source import current_tool_call, tool_answers
-from ._codec import dump_events, load_request
+from ._codec import load_request
 from ._config import MODEL_ACTIVITY, TOOL_ACTIVITY
 from ._factory import worker_agent
+from ._journal import PUBLISH_ACTIVITY, SEAL_ACTIVITY
+from ._publish import LivePublisher, StableIds, log_for
 from ._sources import entered
 
-__all__ = ["model_call_activity", "tool_call_activity"]
+__all__ = ["model_call_activity", "publish_activity", "seal_activity", "tool_call_activity"]
 
 
 @contextlib.asynccontextmanager
@@ -66,42 +68,76 @@ def _models(agent: ReActAgent, names: list[str]) -> list[ChatModel]:
     return found
 
 
+def _publisher(live: dict[str, Any], writer: str | None = None) -> LivePublisher | None:
+    """The publisher of a run's live events (``live``: the workflow's pending events, see
+    `Journal.pending`), with those pending events handed to it first; None without a log."""
+    event_log = log_for(activity.info().task_queue) if live else None
+    if event_log is None:
+        return None
+    publisher = LivePublisher(event_log, live["run_id"], live["first"], writer)
+    if live["events"]:
+        publisher.add(live["events"])
+    return publisher
+
+
 @activity.defn(name=MODEL_ACTIVITY)
-async def model_call_activity(payload: dict[str, Any]) -> list[dict[str, Any]]:
-    """One model call (the named model, then its fallbacks): the events of the call."""
+async def model_call_activity(payload: dict[str, Any]) -> dict[str, Any]:
+    """One model call (the named model, then its fallbacks): the events of the call, their
+    generated ids renamed after the call's position (the same on every attempt: an attempt on
+    another worker publishes the same positions under the same names), and the log's last
+    position once they were published (0: no log)."""
     from ..agent._model_call import model_call_stream
 
     agent = worker_agent(payload["factory"])
     models = _models(agent, payload["models"])
     runtime = agent._runtime
-    stream = model_call_stream(models, load_request(payload["request"]), payload["reply_id"], runtime.retry,
+    reply_id = payload["reply_id"]
+    live = payload.get("live") or {}
+    publisher = _publisher(live, f"m{payload.get('seq', 0)}")
+    deltas = publisher if live.get("deltas", True) else None
+    # Renamed for the log; the reply id keeps the run's own in what goes back to the workflow.
+    ids = StableIds(payload.get("token", ""), f"m{payload.get('seq', 0)}.", {reply_id: reply_id})
+    reply_name = payload.get("reply_name", reply_id)
+    stream = model_call_stream(models, load_request(payload["request"]), reply_id, runtime.retry,
                                runtime.failover_listener, None)
-    events = []
+    events: list[dict[str, Any]] = []
     it = stream.__aiter__()
     try:
         async with _heartbeats():
             async for ev in it:
-                events.append(ev)
+                data = ids.rename(ev.model_dump(mode="json"))
+                events.append(data)
+                if deltas is not None:
+                    deltas.add([{**data, "reply_id": reply_name} if data.get("reply_id") == reply_id else data])
     except ModelError as exc:
         # Temporal retries it unless the provider said trying again cannot help.
         raise ApplicationError(str(exc), type=type(exc).__name__,
                                non_retryable=not exc.retryable) from exc
     finally:
         await aclose(it)
-    return dump_events(events)
+        if publisher is not None:
+            await publisher.close()
+    return {"events": events, "published": publisher.last if publisher is not None else 0}
 
 
 @activity.defn(name=TOOL_ACTIVITY)
 async def tool_call_activity(payload: dict[str, Any]) -> list[list[Any]]:
     """One tool call's output: ``["text", str]``, ``["data", value]`` and ``["event", dict]`` (a
     sub-agent's events) in order. A tool's exception fails the activity (retried as configured;
-    the last one becomes the error result the model sees)."""
+    the last one becomes the error result the model sees). With live events, first
+    ``["published", n]``: the workflow's pending events were published, the log ends at ``n``."""
     agent = worker_agent(payload["factory"])
     call = ToolUseBlock.model_validate(payload["call"])
     ctx = RuntimeContext(payload["user_id"], payload["session_id"])
+    out: list[list[Any]] = []
+    publisher = _publisher(payload.get("live") or {})
+    if publisher is not None:  # the workflow's events before the call: live before it runs
+        await publisher.close()
+        out.append(["published", publisher.last])
     # An MCP server's tools: the worker's session, entered for this call (heartbeating meanwhile).
     async with _heartbeats(), entered(agent.toolkit, ctx):
-        return await _run_tool(agent, call, ctx, payload.get("answer"))
+        out.extend(await _run_tool(agent, call, ctx, payload.get("answer")))
+    return out
 
 
 async def _run_tool(agent: ReActAgent, call: ToolUseBlock, ctx: RuntimeContext, answer: Any) -> list[list[Any]]:
@@ -126,3 +162,28 @@ async def _run_tool(agent: ReActAgent, call: ToolUseBlock, ctx: RuntimeContext, 
         raise ApplicationError(f"a sub-agent cannot wait for the user inside a durable tool call ({exc})",
                                type="SubAgentPaused", non_retryable=True) from exc
     return out
+
+
+@activity.defn(name=PUBLISH_ACTIVITY)
+async def publish_activity(payload: dict[str, Any]) -> int:
+    """The workflow's own events (a local activity, `Journal.flush`), and the run's end: the
+    log's last position after it."""
+    event_log = log_for(activity.info().task_queue)
+    if event_log is None:
+        return 0
+    last = int(payload["first"]) - 1
+    if payload["events"]:
+        last = await event_log.publish(payload["run_id"], payload["first"], payload["events"])
+    if payload["end"] is not None and last >= payload["last"]:
+        await event_log.end(payload["run_id"], payload["last"], payload["end"])
+    return last
+
+
+@activity.defn(name=SEAL_ACTIVITY)
+async def seal_activity(payload: dict[str, Any]) -> list[dict[str, Any]]:
+    """A model call the run gave up on (interrupted, failed): its publishing stops, and what it
+    published comes back to the run (a local activity, `Journal.seal`)."""
+    event_log = log_for(activity.info().task_queue)
+    if event_log is None:
+        return []
+    return await event_log.seal(payload["run_id"], payload["writer"], payload["after"])

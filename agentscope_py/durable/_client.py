@@ -21,6 +21,8 @@ from ..errors import DurableSessionBusy, ResumeError
 from ..events import AgentEvent, ConfirmResult, parse_event
 from ..message import Msg, ToolResultBlock, ToolUseBlock
 from ._config import DEFAULT_TASK_QUEUE, WORKFLOW_NAME
+from ._publish import EventLog
+from ._watch import watch
 
 __all__ = ["DurableAgent", "DurableRun", "session_workflow_id"]
 
@@ -66,10 +68,11 @@ class DurableRun:
     this run's own id."""
 
     def __init__(self, handle: WorkflowHandle[Any, Any], run_id: str = "",
-                 structured_model: type[BaseModel] | None = None) -> None:
+                 structured_model: type[BaseModel] | None = None, events: EventLog | None = None) -> None:
         self.handle = handle
         self.run_id = run_id or handle.id
         self.structured_model = structured_model
+        self.log = events
 
     @property
     def id(self) -> str:
@@ -89,8 +92,19 @@ class DurableRun:
         return msg
 
     async def events(self) -> list[AgentEvent]:
-        """The run's events, once it has ended (live events are not published yet)."""
-        return [parse_event(d) for d in (await self._output())["events"]]
+        """The run's events, once it has ended."""
+        return [ev async for ev in self.stream()]
+
+    async def stream(self, after: int = 0) -> AsyncIterator[AgentEvent]:
+        """The run's events after the ``after`` first ones, live as they are published (with an
+        event log; else when the run ends), until its last one; a failed run raises as
+        ``result()`` does."""
+        if self.log is None:
+            for data in (await self._output())["events"][after:]:
+                yield parse_event(data)
+            return
+        async for data in watch(self.handle, self.log, self.run_id, after):
+            yield parse_event(data)
 
     async def waiting(self) -> bool:
         """Whether the run waits for ``confirm`` or ``send_tool_results``."""
@@ -140,16 +154,20 @@ class DurableRun:
 class DurableAgent:
     """An agent whose runs are Temporal workflows, run by workers that know ``factory``
     (``pkg.module:factory``, the same path the workers were started with). With a state store in
-    the factory (SQLite, Redis), a session's runs remember each other, one run at a time."""
+    the factory (SQLite, Redis), a session's runs remember each other, one run at a time.
+    ``events``: the log the workers publish the runs' live events to (the workers' ``events``)."""
 
-    def __init__(self, client: Client, *, factory: str, task_queue: str = DEFAULT_TASK_QUEUE) -> None:
+    def __init__(self, client: Client, *, factory: str, task_queue: str = DEFAULT_TASK_QUEUE,
+                 events: EventLog | None = None) -> None:
         if not isinstance(client, Client):
             raise TypeError(f"client must be a temporalio.client.Client, got {type(client).__name__}")
         if not isinstance(factory, str) or ":" not in factory:
             raise ValueError(f"factory must be 'pkg.module:factory', got {factory!r}")
         if not task_queue:
             raise ValueError("task_queue must be a non-empty name")
-        self.client, self.factory, self.task_queue = client, factory, task_queue
+        if events is not None and not isinstance(events, EventLog):
+            raise TypeError(f"events must be an EventLog (RedisEventLog, MemoryEventLog), got {type(events).__name__}")
+        self.client, self.factory, self.task_queue, self.events = client, factory, task_queue, events
 
     async def start(self, msgs: str | Msg | Iterable[Msg | str], *, user_id: str = "default",
                     session_id: str = "default", run_id: str | None = None,
@@ -165,7 +183,8 @@ class DurableAgent:
             raise ValueError(f"if_busy must be 'error' or 'wait', got {if_busy!r}")
         run_id = run_id or f"agentscope-{uuid.uuid4().hex}"
         payload = {"factory": self.factory, "messages": _msgs(msgs), "user_id": user_id, "session_id": session_id,
-                   "run_id": run_id, "structured_model": _model_path(structured_model)}
+                   "run_id": run_id, "structured_model": _model_path(structured_model),
+                   "live": self.events is not None}
         workflow_id = session_workflow_id(self.factory, user_id, session_id)
         while True:
             try:
@@ -173,7 +192,7 @@ class DurableAgent:
                     WORKFLOW_NAME, payload, id=workflow_id, task_queue=self.task_queue, memo={"run_id": run_id})
                 # Pinned to this execution: the session's later runs share its workflow id.
                 pinned = self.client.get_workflow_handle(workflow_id, run_id=handle.first_execution_run_id)
-                return DurableRun(pinned, run_id, structured_model)
+                return DurableRun(pinned, run_id, structured_model, self.events)
             except WorkflowAlreadyStartedError:
                 running = self.client.get_workflow_handle(workflow_id)
                 described = await running.describe()
@@ -182,7 +201,7 @@ class DurableAgent:
                 if described.status is not WorkflowExecutionStatus.RUNNING:
                     continue  # it ended in between: start again
                 if running_id == run_id:
-                    return DurableRun(current, run_id, structured_model)
+                    return DurableRun(current, run_id, structured_model, self.events)
                 if if_busy == "error":
                     raise DurableSessionBusy(user_id, session_id, running_id) from None
                 with contextlib.suppress(Exception):  # its outcome is its caller's; this one goes next
@@ -194,13 +213,13 @@ class DurableAgent:
         described = await self.client.get_workflow_handle(session_workflow_id(self.factory, user_id,
                                                                               session_id)).describe()
         handle = self.client.get_workflow_handle(described.id, run_id=described.run_id)
-        return DurableRun(handle, str((await described.memo()).get("run_id", "")))
+        return DurableRun(handle, str((await described.memo()).get("run_id", "")), events=self.events)
 
     async def call(self, msgs: str | Msg | Iterable[Msg | str], **kwargs: Any) -> Msg:
         """Run and return the final reply."""
         return await (await self.start(msgs, **kwargs)).result()
 
     async def stream(self, msgs: str | Msg | Iterable[Msg | str], **kwargs: Any) -> AsyncIterator[AgentEvent]:
-        """The run's events (delivered when the run ends, in this slice)."""
-        for ev in await (await self.start(msgs, **kwargs)).events():
+        """The run's events, live with an event log (``events=``), else when the run ends."""
+        async for ev in (await self.start(msgs, **kwargs)).stream():
             yield ev

@@ -10,7 +10,7 @@ from ..events import AgentEvent, parse_event
 from ..message import Msg
 from ..model.base import ModelRequest, ToolSchema
 
-__all__ = ["dump_events", "dump_request", "load_events", "load_request"]
+__all__ = ["dump_request", "load_events", "load_request"]
 
 
 def dump_request(request: ModelRequest) -> dict[str, Any]:
@@ -29,10 +29,6 @@ def load_request(data: dict[str, Any]) -> ModelRequest:
         options=dict(data["options"]),
         structured_output=data["structured_output"],
     )
-
-
-def dump_events(events: Sequence[AgentEvent]) -> list[dict[str, Any]]:
-    return [ev.model_dump(mode="json") for ev in events]
 
 
 def load_events(data: Sequence[dict[str, Any]], reply_id: str, activity_reply_id: str) -> list[AgentEvent]:

@@ -24,6 +24,7 @@ from ..tool._source import tool_answers
 from ..tool.toolkit import Tool
 from ._codec import dump_request, load_events
 from ._config import MODEL_ACTIVITY, TOOL_ACTIVITY, DurableConfig
+from ._journal import Journal
 
 __all__ = ["install"]
 
@@ -63,21 +64,48 @@ async def _activity(name: str, payload: dict[str, Any], options: dict[str, Any],
         control.tasks.discard(task)
 
 
+def _deltas_live(agent: ReActAgent) -> bool:
+    """Whether a model call's events may be published by its activity as they come: they are
+    the events the run yields only when no middleware between the model and the run may change
+    them (``on_model_call``, ``on_reasoning``), unless each such middleware says it passes them
+    through unchanged (``durable_live_events = True``). Otherwise they are published when the
+    call returns, as the run yields them."""
+    from ..middleware.base import ExtensionPoint
+
+    hooks = agent._runtime.participants.hooks
+    return all(getattr(mw, "durable_live_events", False)
+               for point in (ExtensionPoint.ON_MODEL_CALL, ExtensionPoint.ON_REASONING) for mw in hooks[point])
+
+
 def install(agent: ReActAgent, factory: str, config: DurableConfig, user_id: str, session_id: str,
-            stopped: Callable[[], bool]) -> None:
+            stopped: Callable[[], bool], journal: Journal) -> None:
     """Make ``agent`` (built in the workflow) run its model and tool calls as activities;
-    ``stopped`` says whether the workflow was interrupted."""
+    ``stopped`` says whether the workflow was interrupted; ``journal`` numbers the run's events
+    (the activities publish the pending ones, `Journal.pending`)."""
+    deltas = _deltas_live(agent)
 
     def model_executor(models: Sequence[ChatModel], request: ModelRequest, reply_id: str, control: RunControl,
                        deadline: Deadline | None) -> EventStream[AgentEvent]:
         async def events() -> AsyncIterator[AgentEvent]:
+            # The run is pulled event by event: every event before this call has its position.
+            live = journal.pending()
+            seq, reply_name = journal.next, journal.ids.stable(reply_id)
             payload = {"factory": factory, "models": [m.name for m in models], "request": dump_request(request),
-                       "reply_id": reply_id}
+                       "reply_id": reply_id, "token": journal.token, "seq": seq,
+                       "reply_name": reply_name, "live": {**live, "deltas": deltas} if live else {}}
             options = config.for_model(models[0].name).options()
             if deadline is not None and deadline.total is not None:  # a middleware's deadline bounds the attempt
                 options["schedule_to_close_timeout"] = _seconds(deadline.total)
-            data = await _activity(MODEL_ACTIVITY, payload, options, control, f"model call to {models[0].name}",
-                                   stopped)
+            try:
+                out = await _activity(MODEL_ACTIVITY, payload, options, control, f"model call to {models[0].name}",
+                                      stopped)
+            except (AgentInterrupted, DurableActivityError):
+                if live and deltas:  # what the call published is the run's: it is closed as locally
+                    for ev in load_events(await journal.seal(f"m{seq}"), reply_id, reply_name):
+                        yield ev
+                raise
+            journal.confirm(out["published"])
+            data = out["events"]
             for ev in load_events(data, reply_id, data[0].get("reply_id", reply_id) if data else reply_id):
                 yield ev
 
@@ -85,7 +113,8 @@ def install(agent: ReActAgent, factory: str, config: DurableConfig, user_id: str
 
     async def tool_executor(scope: ToolScope, call: ToolUseBlock, tool: Tool, channel: Channel) -> None:
         payload = {"factory": factory, "call": call.model_dump(mode="json"), "user_id": user_id,
-                   "session_id": session_id, "answer": tool_answers(scope.ctx).pop(call.id, None)}
+                   "session_id": session_id, "answer": tool_answers(scope.ctx).pop(call.id, None),
+                   "live": journal.pending()}
         options = config.for_tool(call.name, tool.timeout).options()
         out = await _activity(TOOL_ACTIVITY, payload, options, scope.control, f"tool call {call.name}",
                               stopped)
@@ -95,6 +124,8 @@ def install(agent: ReActAgent, factory: str, config: DurableConfig, user_id: str
             if kind == "text":
                 await channel.put(ToolResultTextDelta(reply_id=scope.reply_id, tool_call_id=call.id,
                                                       tool_name=call.name, delta=value))
+            elif kind == "published":
+                journal.confirm(value)
             elif kind == "data":
                 await channel.put(ToolResultDataDelta(reply_id=scope.reply_id, tool_call_id=call.id,
                                                       tool_name=call.name, data=DataBlock.model_validate(value)))

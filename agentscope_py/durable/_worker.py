@@ -11,9 +11,10 @@ from temporalio.client import Client
 from temporalio.worker import Worker
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
-from ._activities import model_call_activity, tool_call_activity
+from ._activities import model_call_activity, publish_activity, seal_activity, tool_call_activity
 from ._config import DEFAULT_TASK_QUEUE, DurableConfig
 from ._factory import check_factory, worker_agent
+from ._publish import EventLog, register_log
 from ._sessions import load_state_activity, save_state_activity
 from ._sources import list_tools_activity
 from ._workflow import AgentRunWorkflow, configs
@@ -29,23 +30,28 @@ drivers a factory's store or MCP client brings (constructed in the workflow, use
 
 def make_worker(
     client: Client, factories: Sequence[str], *, task_queue: str = DEFAULT_TASK_QUEUE,
-    config: DurableConfig | None = None, passthrough: Sequence[str] = (), **worker_options: Any,
+    config: DurableConfig | None = None, passthrough: Sequence[str] = (), events: EventLog | None = None,
+    **worker_options: Any,
 ) -> Worker:
     """A Temporal worker running durable runs of the agents of ``factories`` (each
     ``pkg.module:factory``) on ``task_queue``. ``passthrough`` adds modules the workflow sandbox
     must not re-import (the factories' own packages are added); ``worker_options`` go to
     ``temporalio.worker.Worker`` (``workflow_runner=UnsandboxedWorkflowRunner()`` drops the
-    sandbox: faster, and nothing is checked)."""
+    sandbox: faster, and nothing is checked). ``events``: the log the runs' live events are
+    published to (`RedisEventLog`, or `MemoryEventLog` for callers in this process)."""
     if isinstance(factories, str) or not factories:
         raise ValueError("factories must be a non-empty list of 'pkg.module:factory' paths")
     if config is not None and not isinstance(config, DurableConfig):
         raise TypeError(f"config must be a DurableConfig, got {type(config).__name__}")
+    if events is not None and not isinstance(events, EventLog):
+        raise TypeError(f"events must be an EventLog (RedisEventLog, MemoryEventLog), got {type(events).__name__}")
     for path in factories:
         check_factory(path)
         # Built now, outside the workflow sandbox: what the factory imports when called (an MCP
         # SDK, a store's driver) is then imported once, not re-imported by the sandbox per run.
         worker_agent(path)
         configs[path] = config or DurableConfig()
+    register_log(task_queue, events)
     roots = {path.partition(":")[0].split(".")[0] for path in factories}
     restrictions = SandboxRestrictions.default.with_passthrough_modules(*PASSTHROUGH, *roots, *passthrough)
     options: dict[str, Any] = {
@@ -55,16 +61,17 @@ def make_worker(
         **worker_options,
     }
     return Worker(client, task_queue=task_queue, workflows=[AgentRunWorkflow],
-                  activities=[model_call_activity, tool_call_activity, load_state_activity, save_state_activity,
-                              list_tools_activity],
+                  activities=[model_call_activity, tool_call_activity, publish_activity, seal_activity,
+                              load_state_activity, save_state_activity, list_tools_activity],
                   **options)
 
 
 async def run_worker(address: str, factories: Sequence[str], *, task_queue: str = DEFAULT_TASK_QUEUE,
-                     namespace: str = "default", config: DurableConfig | str | None = None) -> None:
+                     namespace: str = "default", config: DurableConfig | str | None = None,
+                     events: str | None = None) -> None:
     """Connect to the Temporal server at ``address`` and run a worker until SIGINT/SIGTERM (the
-    ``agentscope-py worker`` command). ``config`` may be a ``pkg.module:attr`` path. Says on
-    stdout when it polls."""
+    ``agentscope-py worker`` command). ``config`` may be a ``pkg.module:attr`` path; ``events``
+    a Redis URL, where the runs' live events go (`RedisEventLog`). Says on stdout when it polls."""
     import asyncio
     import signal
 
@@ -74,7 +81,12 @@ async def run_worker(address: str, factories: Sequence[str], *, task_queue: str 
     for path in factories:  # before connecting: a typo is reported as such
         check_factory(path)
     client = await Client.connect(address, namespace=namespace)
-    worker = make_worker(client, factories, task_queue=task_queue, config=resolved)
+    event_log = None
+    if events is not None:
+        from ._publish_redis import RedisEventLog
+
+        event_log = RedisEventLog(events)
+    worker = make_worker(client, factories, task_queue=task_queue, config=resolved, events=event_log)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -24,10 +24,11 @@ from ..agent.context import RuntimeContext
 from ..agent.react import ReActAgent
 from ..errors import AgentScopeError
 from ..events import AgentResult, ConfirmResult
-from ..message import Msg, ToolResultBlock
+from ..message import GenerateReason, Msg, ToolResultBlock
 from ._config import WORKFLOW_NAME, DurableConfig
 from ._executors import install
 from ._factory import build_agent
+from ._journal import Journal
 from ._local_tools import with_local_tools
 from ._sessions import session_store
 from ._sources import use_activity_sources
@@ -57,7 +58,9 @@ class AgentRunWorkflow:
         config = configs.get(factory, DurableConfig())
         # The workflow's loop does no I/O: the factory's store is reached through activities.
         agent._runtime.store = session_store(agent.state_store, factory, config.state)
-        install(agent, factory, config, user_id, session_id, lambda: self._interrupted)
+        # Live events (`_journal`): numbered and renamed the same on every replay.
+        journal = Journal(self.run_id, workflow.uuid4().hex[:8], bool(inp.get("live")))
+        install(agent, factory, config, user_id, session_id, lambda: self._interrupted, journal)
         assert agent._runtime.tool_executor is not None
         agent._runtime.tool_executor = with_local_tools(agent, agent._runtime.tool_executor)
         use_activity_sources(agent, factory, replace(config.tool, heartbeat=None))  # MCP servers' tools
@@ -65,24 +68,25 @@ class AgentRunWorkflow:
         ctx = RuntimeContext(user_id, session_id)
         structured = import_target(inp["structured_model"]) if inp.get("structured_model") else None
         msgs = [Msg.model_validate(m) for m in inp["messages"]]
-        events: list[dict[str, Any]] = []
+        events = journal.events
         final: Msg | None = None
         waits = self._waits
         while True:
-            async for ev in agent.stream(msgs, ctx=ctx, structured_model=structured):
-                events.append(ev.model_dump(mode="json"))
+            async for ev in journal.track(agent.stream(msgs, ctx=ctx, structured_model=structured)):
                 if type(ev) is AgentResult:
                     final = ev.result
                 waits.see(ev)
             assert final is not None
             if not waits.begin(final) or self._interrupted:
                 break
+            await journal.flush()  # what a watcher must see before the run waits
             await workflow.wait_condition(lambda: waits.answered() or self._interrupted)
             waits.waiting = False
             if not waits.answered():  # interrupted while waiting: the waiting reply stands
                 break
             msgs = waits.next_input()
         waits.clear()  # a run that ends waits for nothing
+        await journal.flush("interrupted" if final.generate_reason is GenerateReason.INTERRUPTED else "finished")
         return {"result": final.model_dump(mode="json"), "events": events}
 
     @workflow.signal(name="interrupt")

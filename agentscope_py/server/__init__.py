@@ -8,6 +8,7 @@ web page (``GET /``). Needs the ``server`` extra: ``pip install "agentscope-py[s
 Every run has a ``run_id`` and a log (`InMemoryRunLog`; `SqliteRunLog`, `RedisRunLog` for
 several processes): a client resumes it with ``GET /v1/runs/{run_id}/events`` and
 ``Last-Event-ID``, and stops it with ``POST /v1/runs/{run_id}/interrupt`` (see docs/serving.md).
+``create_app(..., runner=DurableServing(...))`` serves durable runs on Temporal (docs/durable.md).
 
 Encoders for code that streams events itself (benchmarks, other frameworks):
 
@@ -32,6 +33,7 @@ __all__ = [
     "GC_THRESHOLDS",
     "RUN_ID_HEADER",
     "AguiMapper",
+    "DurableServing",
     "Identity",
     "InMemoryRunLog",
     "Limits",
@@ -56,4 +58,8 @@ def __getattr__(name: str) -> Any:
         from ._runlog_redis import RedisRunLog
 
         return RedisRunLog
+    if name == "DurableServing":  # imported on use: it needs the temporal extra
+        from ._durable import DurableServing
+
+        return DurableServing
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

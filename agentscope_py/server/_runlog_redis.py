@@ -21,12 +21,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
-from collections.abc import Iterator, Sequence
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, ClassVar
 from urllib.parse import quote
 
-from ..errors import RunLogError
+from .._redis import LoopRedis, redis_errors
 from ._runlog import (
     RUNNING,
     Batch,
@@ -40,7 +41,6 @@ from ._runlog import (
 )
 
 try:
-    from redis.asyncio import Redis
     from redis.exceptions import RedisError
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise ImportError("RedisRunLog needs the redis client: pip install 'agentscope-py[redis]'") from exc
@@ -98,20 +98,16 @@ return 1
 """
 
 
-@contextlib.contextmanager
-def _typed(what: str) -> Iterator[None]:
-    try:
-        yield
-    except (RedisError, OSError) as exc:
-        raise RunLogError(f"the run log in Redis failed while {what}: {type(exc).__name__}: {exc}") from exc
+_typed = functools.partial(redis_errors, "the run log")
 
 
-class RedisRunLog(RunLog):
+class RedisRunLog(RunLog, LoopRedis):
     """Run logs in the Redis at ``url`` (see the module docstring). ``retention``: seconds an
     ended run stays readable; ``max_events``: stream entries (batches) kept per run; ``lease``:
     seconds after which a silent owner's runs count as lost."""
 
     shared = True
+    SCRIPTS: ClassVar[dict[str, str]] = {"create": _CREATE, "append": _APPEND, "end": _END, "lost": _LOST}
 
     def __init__(self, url: str = "redis://localhost:6379/0", *, prefix: str = "agentscope",
                  retention: float = 300.0, max_events: int = 100_000, lease: float = 10.0,
@@ -119,32 +115,13 @@ class RedisRunLog(RunLog):
         check_log_bounds(retention, max_events)
         if not lease > 0:
             raise ValueError(f"lease must be positive seconds, got {lease!r}")
-        if not socket_timeout > 0:
-            raise ValueError(f"socket_timeout must be positive seconds, got {socket_timeout!r}")
-        if not url.startswith(("redis://", "rediss://", "unix://")):
-            raise ValueError(f"the Redis url {url!r} must start with redis://, rediss:// or unix://")
-        self.url = url
+        self._init_redis(url, socket_timeout)
         self.prefix = prefix
         self.retention = retention
         self.max_events = max_events
         self.lease = lease
-        self.socket_timeout = socket_timeout
         self.owner = new_owner_id()
-        self._client: Redis | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._scripts: dict[str, Any] = {}
         self._listener: asyncio.Task[None] | None = None
-
-    def _redis(self) -> Redis:
-        loop = asyncio.get_running_loop()
-        if self._client is None or self._loop is not loop:
-            # Blocking reads wait up to a poll interval on top of the socket timeout.
-            self._client = Redis.from_url(self.url, socket_timeout=self.socket_timeout + 5,
-                                          socket_connect_timeout=self.socket_timeout)
-            self._loop = loop
-            self._scripts = {name: self._client.register_script(source) for name, source in
-                             (("create", _CREATE), ("append", _APPEND), ("end", _END), ("lost", _LOST))}
-        return self._client
 
     def _keys(self, run_id: str) -> list[str]:
         meta = f"{self.prefix}:run:{quote(run_id, safe='')}"

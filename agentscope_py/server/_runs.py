@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
+from typing import Any, Protocol
 
 from .._context import RuntimeContext
 from ..errors import RunLogError
@@ -24,7 +25,7 @@ from ._live import CHUNK_FRAMES, PACE, Beat, LiveRun, gap_frame, terminal_frame
 from ._runlog import Batch, RunLog, RunRecord
 from .sse import HEARTBEAT
 
-__all__ = ["Runs", "detach_of", "parse_after"]
+__all__ = ["Runner", "Runs", "detach_of", "parse_after"]
 
 log = logging.getLogger("agentscope_py.server")
 
@@ -37,6 +38,16 @@ owner is still alive."""
 
 FrameSource = Callable[[LiveRun], AsyncIterator[bytes]]
 Frames = Callable[[], AsyncIterator[bytes]]
+
+
+class Runner(Protocol):
+    """Where an app's runs run, when not in the app's own process: ``create_app(runner=...)``
+    (`DurableServing`: Temporal workflows). ``runs`` is the app's registry of runs; ``stream``
+    the events of a run the app is starting (``msgs`` for the user and session of ``ctx``)."""
+
+    def runs(self, run_log: RunLog, limits: Limits, result_text: bool) -> Runs: ...
+
+    def stream(self, agent: Any, msgs: list[Any], ctx: RuntimeContext, run_id: str) -> Any: ...
 
 
 def parse_after(header: str | None, query: str | None) -> int:
@@ -131,7 +142,7 @@ class Runs:
         record = record.moved(owner=self.log.owner)
         try:
             await self.start()
-            created = await self.log.create(record)
+            created = await self._create(record)
         except RunLogError as exc:
             raise _unavailable() from exc
         if not created:
@@ -141,6 +152,11 @@ class Runs:
         self._per_user[record.user_id] = mine + 1
         live.task = asyncio.get_running_loop().create_task(self._drive(live, source, cancelled_frame))
         return live
+
+    async def _create(self, record: RunRecord) -> bool:
+        """Register the run where it is followed (the log here; durable runs, `_durable`, start
+        their workflow); False when its id is taken."""
+        return await self.log.create(record)
 
     async def _drive(self, live: LiveRun, source: FrameSource, cancelled_frame: Callable[[LiveRun], bytes]) -> None:
         status = "finished"

@@ -38,7 +38,7 @@ from ._identity import USER_HEADER, Authenticate, Identity
 from ._ledger import Emitted, Ledger
 from ._limits import Limits, check_shape, read_json
 from ._runlog import InMemoryRunLog, RunLog, RunRecord
-from ._runs import Runs, detach_of, parse_after
+from ._runs import Runner, Runs, detach_of, parse_after
 from ._security import Guard
 from .agui import AguiInputError, AguiMapper, SystemPolicy, confirm_results, select_new_messages, to_msgs
 from .sse import SSEResponse
@@ -86,7 +86,7 @@ class _Server:
 
     def __init__(self, agent_or_factory: AgentOrFactory, identity: Identity, *, max_body_bytes: int,
                  heartbeat: float | None, limits: Limits, system_messages: SystemPolicy,
-                 result_text: bool, run_log: RunLog, detach_default: bool) -> None:
+                 result_text: bool, run_log: RunLog, detach_default: bool, runner: Runner | None = None) -> None:
         self._source = agent_or_factory
         self._agent: ReActAgent | None = None
         self.identity = identity
@@ -96,7 +96,8 @@ class _Server:
         self.system_messages = system_messages
         self.result_text = result_text
         self.ledger = Ledger()
-        self.registry = Runs(run_log, limits)
+        self.registry = runner.runs(run_log, limits, result_text) if runner is not None else Runs(run_log, limits)
+        self._stream = runner.stream if runner is not None else _local_stream
         self.detach_default = detach_default
         self.page = resources.files(__package__).joinpath("static/index.html").read_bytes()
 
@@ -156,7 +157,7 @@ class _Server:
             props = run_input.forwarded_props if isinstance(run_input.forwarded_props, dict) else {}
             detach = self._detach(request, props.get("detach"))
             ctx = RuntimeContext(user_id=user_id, session_id=run_input.thread_id, agui_input=run_input)
-            stream = agent.stream(msgs, ctx=ctx)
+            stream = self._stream(agent, msgs, ctx, run_input.run_id)
             mapper = AguiMapper(run_input.thread_id, run_input.run_id, emitted_ids=emitted)
             pending = self._pending(user_id, run_input.thread_id)
             record = RunRecord(run_input.run_id, user_id, run_input.thread_id, "agui", owner="")
@@ -210,9 +211,10 @@ class _Server:
             elif body.input:
                 msgs.extend(agui_module.apply_system_policy(body.input, self.system_messages))
             ctx = RuntimeContext(user_id=user_id, session_id=body.session_id)
-            stream = self.agent.stream(msgs, ctx=ctx)
+            run_id = "run_" + secrets.token_hex(12)
+            stream = self._stream(self.agent, msgs, ctx, run_id)
             pending = self._pending(user_id, body.session_id)
-            record = RunRecord("run_" + secrets.token_hex(12), user_id, body.session_id, "native", owner="")
+            record = RunRecord(run_id, user_id, body.session_id, "native", owner="")
             live = await self.registry.begin(record, ctx, detach,
                                          lambda live: native_frames(stream, rid, pending, self.result_text, live),
                                          cancelled_native(rid))
@@ -284,6 +286,10 @@ class _Server:
         return pending
 
 
+def _local_stream(agent: ReActAgent, msgs: list[Msg], ctx: RuntimeContext, run_id: str) -> Any:
+    return agent.stream(msgs, ctx=ctx)
+
+
 def _refused(exc: Exception, rid: str, what: str) -> Response:
     """The answer to a request that failed before its run started: the client's fault (an
     `HTTPError`, logged at info level) or ours (a safe 500; the details go to the log)."""
@@ -339,6 +345,7 @@ def create_app(
     result_text: bool = False,
     run_log: RunLog | None = None,
     detach_default: bool = False,
+    runner: Runner | None = None,
 ) -> Starlette:
     """The ASGI app serving ``agent_or_factory``: a `ReActAgent`, or a zero-argument callable
     returning one, called once at startup. Routes: ``POST /agui`` (AG-UI), ``POST /v1/runs``
@@ -361,11 +368,13 @@ def create_app(
     processes): ``GET /v1/runs/{run_id}/events`` (``GET /agui/runs/{run_id}/events``) resumes after
     ``Last-Event-ID`` or ``?after=``, ``POST /v1/runs/{run_id}/interrupt`` stops a run.
     ``detach_default``: whether runs outlive their client's connection when the request does not
-    say (``detach`` in the body, AG-UI ``forwardedProps.detach``, or ``?detach=``)."""
+    say (``detach`` in the body, AG-UI ``forwardedProps.detach``, or ``?detach=``). ``runner``:
+    where runs run, if not here (`DurableServing`: Temporal workflows, docs/durable.md)."""
     identity = Identity(authenticate, token_configured=bool(auth_token))
     server = _Server(agent_or_factory, identity, max_body_bytes=max_body_bytes, heartbeat=heartbeat,
                      limits=limits or Limits(), system_messages=client_system_messages, result_text=result_text,
-                     run_log=run_log if run_log is not None else InMemoryRunLog(), detach_default=detach_default)
+                     run_log=run_log if run_log is not None else InMemoryRunLog(), detach_default=detach_default,
+                     runner=runner)
 
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         server.agent  # noqa: B018 - the factory runs at startup, so a broken one fails early

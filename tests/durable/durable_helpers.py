@@ -74,19 +74,24 @@ def temporal_address() -> Iterator[str]:
         _stop(proc)
 
 
-@pytest.fixture
-def model_server(tmp_path: Path) -> Iterator[tuple[str, Path]]:
-    """The loopback model server process: its base URL, and the file counting its requests."""
+def model_process(tmp_path: Path, script: str, *args: str) -> Iterator[tuple[str, Path]]:
+    """A loopback model server process (``script`` in this directory): its base URL, and the
+    file counting its requests."""
     count = tmp_path / "model_requests"
     count.touch()
-    proc = subprocess.Popen([sys.executable, str(HERE / "durable_model_server.py"), str(count)],
-                            stdout=subprocess.PIPE)
+    proc = subprocess.Popen([sys.executable, str(HERE / script), str(count), *args], stdout=subprocess.PIPE)
     try:
         assert proc.stdout is not None
         port = int(proc.stdout.readline())
         yield f"http://127.0.0.1:{port}/v1", count
     finally:
         _stop(proc)
+
+
+@pytest.fixture
+def model_server(tmp_path: Path) -> Iterator[tuple[str, Path]]:
+    """The loopback model server process: its base URL, and the file counting its requests."""
+    yield from model_process(tmp_path, "durable_model_server.py")
 
 
 def requests(count: Path) -> int:
@@ -100,10 +105,10 @@ class Workers:
         self.address, self.env = address, env
         self.procs: list[subprocess.Popen[bytes]] = []
 
-    def start(self, factory: str, task_queue: str, **env: str) -> subprocess.Popen[bytes]:
+    def start(self, factory: str, task_queue: str, *args: str, **env: str) -> subprocess.Popen[bytes]:
         proc = subprocess.Popen(
             [sys.executable, "-m", "agentscope_py.cli", "worker", "--temporal", self.address, "--agents", factory,
-             "--task-queue", task_queue, "--config", "durable_agents:FAST"],
+             "--task-queue", task_queue, "--config", "durable_agents:FAST", *args],
             cwd=HERE, env={**os.environ, **self.env, **env}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         self.procs.append(proc)
         assert proc.stdout is not None
@@ -114,6 +119,13 @@ class Workers:
     def close(self) -> None:
         for proc in self.procs:
             _stop(proc)
+
+
+def model_workers(address: str, model_url: str, tmp_path: Path) -> Iterator[Workers]:
+    """Worker processes whose agents' model is at ``model_url`` (a fixture's body)."""
+    procs = Workers(address, {"DURABLE_MODEL_URL": model_url, "DURABLE_TOOL_LOG": str(tmp_path / "tool_log")})
+    yield procs
+    procs.close()
 
 
 def wait_lines(path: Path, n: int, timeout: float = 15.0) -> None:
@@ -128,10 +140,7 @@ def wait_lines(path: Path, n: int, timeout: float = 15.0) -> None:
 @pytest.fixture
 def workers(temporal_address: str, model_server: tuple[str, Path], tmp_path: Path) -> Iterator[Workers]:
     """Worker processes reaching the model server, logging tool starts to ``tmp_path/tool_log``."""
-    procs = Workers(temporal_address, {"DURABLE_MODEL_URL": model_server[0],
-                                       "DURABLE_TOOL_LOG": str(tmp_path / "tool_log")})
-    yield procs
-    procs.close()
+    yield from model_workers(temporal_address, model_server[0], tmp_path)
 
 
 async def until(check: Callable[[], Awaitable[bool]]) -> None:

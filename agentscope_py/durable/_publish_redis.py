@@ -1,0 +1,169 @@
+"""`RedisEventLog`: durable runs' live events in Redis, shared by the workers publishing them and
+the callers and ``serve`` processes reading them.
+
+Keys (ids percent-encoded): ``{prefix}:durable:{run_id}`` — a Redis Stream, one entry per event,
+entry id ``<position>-0`` (field ``e``: the event's JSON), and the end marker ``<last>-1``
+(field ``x``: how the run ended), so a reader ``XREAD``s from ``<its position>-0`` and blocks for
+more; ``{prefix}:durable:{run_id}:meta`` — a hash: who the run belongs to (``describe``) and
+``ended``. Both expire ``retention`` seconds after the run ends (a day while it runs, so an
+abandoned one goes too). Each write is one Lua script: positions already there are skipped, so
+publishing again (a replay, a retried call) changes nothing. Redis failures are `RunLogError`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+from collections.abc import Sequence
+from typing import Any, ClassVar
+from urllib.parse import quote
+
+from .._redis import LoopRedis, redis_errors
+from ._publish import EventLog, Page
+
+try:
+    from redis.exceptions import RedisError
+except ImportError as exc:  # pragma: no cover - depends on the installed extras
+    raise ImportError("RedisEventLog needs the redis client: pip install 'agentscope-py[redis]'") from exc
+
+__all__ = ["RedisEventLog"]
+
+_RUNNING_TTL_MS = 86_400_000
+READ_COUNT = 512
+
+# KEYS stream, meta; ARGV ttl ms, first, writer ('' for none), event JSON….
+_PUBLISH = """
+local top = 0
+local t = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
+if #t > 0 then top = tonumber(string.match(t[1][1], '^(%d+)')) end
+if redis.call('HGET', KEYS[2], 'ended') then return top end
+if ARGV[3] ~= '' and redis.call('HGET', KEYS[2], 'sealed:' .. ARGV[3]) then return top end
+local first = tonumber(ARGV[2])
+if first > top + 1 then return top end
+for i = 4, #ARGV do
+  local seq = first + i - 4
+  if seq > top then
+    redis.call('XADD', KEYS[1], seq .. '-0', 'e', ARGV[i])
+    top = seq
+  end
+end
+redis.call('PEXPIRE', KEYS[1], ARGV[1])
+redis.call('HSET', KEYS[2], 'last', top)
+redis.call('PEXPIRE', KEYS[2], ARGV[1])
+return top
+"""
+# KEYS stream, meta; ARGV writer, after, ttl ms.
+_SEAL = """
+redis.call('HSET', KEYS[2], 'sealed:' .. ARGV[1], 1)
+redis.call('PEXPIRE', KEYS[2], ARGV[3])
+return redis.call('XRANGE', KEYS[1], '(' .. ARGV[2] .. '-0', '+')
+"""
+# KEYS stream, meta; ARGV last, outcome, retention ms.
+_END = """
+if redis.call('HGET', KEYS[2], 'ended') then return 0 end
+local t = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
+local top = 0
+if #t > 0 then top = tonumber(string.match(t[1][1], '^(%d+)')) end
+if top < tonumber(ARGV[1]) then return 0 end
+redis.call('XADD', KEYS[1], ARGV[1] .. '-1', 'x', ARGV[2])
+redis.call('HSET', KEYS[2], 'ended', ARGV[2])
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
+redis.call('PEXPIRE', KEYS[2], ARGV[3])
+return 1
+"""
+# KEYS meta; ARGV ttl ms, field, value….
+_DESCRIBE = """
+if redis.call('EXISTS', KEYS[1]) == 1 and not redis.call('HGET', KEYS[1], 'ended') then return 0 end
+redis.call('DEL', KEYS[1], KEYS[2])
+for i = 2, #ARGV, 2 do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
+redis.call('PEXPIRE', KEYS[1], ARGV[1])
+return 1
+"""
+
+
+_typed = functools.partial(redis_errors, "the durable event log")
+
+
+def _fields(values: list[bytes]) -> dict[bytes, bytes]:
+    """A stream entry's fields, as a Lua script returns them (a flat list)."""
+    return dict(zip(values[::2], values[1::2], strict=True))
+
+
+class RedisEventLog(EventLog, LoopRedis):
+    """Durable runs' events in the Redis at ``url`` (see the module docstring); ``retention``:
+    seconds an ended run's events stay readable."""
+
+    SCRIPTS: ClassVar[dict[str, str]] = {"publish": _PUBLISH, "seal": _SEAL, "end": _END, "describe": _DESCRIBE}
+
+    def __init__(self, url: str = "redis://localhost:6379/0", *, prefix: str = "agentscope",
+                 retention: float = 300.0, socket_timeout: float = 5.0) -> None:
+        if not retention > 0:
+            raise ValueError(f"retention must be positive seconds, got {retention!r}")
+        self._init_redis(url, socket_timeout)
+        self.prefix, self.retention = prefix, retention
+
+    def _keys(self, run_id: str) -> list[str]:
+        stream = f"{self.prefix}:durable:{quote(run_id, safe='')}"
+        return [stream, stream + ":meta"]
+
+    async def publish(self, run_id: str, first: int, events: Sequence[dict[str, Any]],
+                      writer: str | None = None) -> int:
+        with _typed(f"publishing events of run {run_id}"):
+            self._redis()
+            args: list[Any] = [_RUNNING_TTL_MS, first, writer or "",
+                               *(json.dumps(e, separators=(",", ":")) for e in events)]
+            return int(await self._scripts["publish"](keys=self._keys(run_id), args=args))
+
+    async def seal(self, run_id: str, writer: str, after: int) -> list[dict[str, Any]]:
+        with _typed(f"sealing a writer of run {run_id}"):
+            self._redis()
+            entries: Any = await self._scripts["seal"](keys=self._keys(run_id), args=[writer, after, _RUNNING_TTL_MS])
+        return [json.loads(_fields(values)[b"e"]) for _, values in entries if b"e" in _fields(values)]
+
+    async def end(self, run_id: str, last: int, outcome: str) -> None:
+        with _typed(f"ending run {run_id}"):
+            self._redis()
+            await self._scripts["end"](keys=self._keys(run_id), args=[last, outcome, round(self.retention * 1000)])
+
+    async def read(self, run_id: str, after: int, wait: float) -> Page:
+        stream, _ = self._keys(run_id)
+        with _typed(f"reading run {run_id}"):
+            answer: Any = await self._redis().xread({stream: f"{after}-0"}, count=READ_COUNT,
+                                                    block=round(wait * 1000) if wait > 0 else None)
+        events: list[dict[str, Any]] = []
+        for _, entries in answer or []:
+            for _entry_id, fields in entries:
+                if b"x" in fields:
+                    return Page(events, fields[b"x"].decode())
+                events.append(json.loads(fields[b"e"]))
+        return Page(events)
+
+    async def describe(self, run_id: str, meta: dict[str, str]) -> bool:
+        with _typed(f"recording run {run_id}"):
+            self._redis()
+            args: list[Any] = [_RUNNING_TTL_MS]
+            for key, value in meta.items():
+                args += [key, value]
+            stream, hash_key = self._keys(run_id)
+            return bool(await self._scripts["describe"](keys=[hash_key, stream], args=args))
+
+    async def annotate(self, run_id: str, meta: dict[str, str]) -> None:
+        with _typed(f"recording run {run_id}"):
+            # HSET keeps the hash's expiry: an annotated record lives as long as it would have.
+            fields: Any = meta  # redis-py's mapping type is invariant in its keys
+            await self._redis().hset(self._keys(run_id)[1], mapping=fields)  # type: ignore[misc]
+
+    async def meta(self, run_id: str) -> dict[str, str] | None:
+        with _typed(f"reading run {run_id}"):
+            fields: Any = await self._redis().hgetall(self._keys(run_id)[1])
+        if not fields:
+            return None
+        return {k.decode(): v.decode() for k, v in fields.items()
+                if k != b"last" and not k.startswith(b"sealed:")}
+
+    async def close(self) -> None:
+        if self._client is not None:
+            with contextlib.suppress(RedisError, OSError, RuntimeError):
+                await self._client.aclose()
+            self._client = None

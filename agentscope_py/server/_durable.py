@@ -1,0 +1,232 @@
+"""Serving durable runs (docs/durable.md): ``POST /v1/runs`` and ``POST /agui`` start a Temporal
+workflow, and every client — the one that started it, one resuming with ``Last-Event-ID``, in
+this process or any other — watches it through the run's event log (`EventLog`), which the
+workers fill; ``POST /v1/runs/{run_id}/interrupt`` signals the workflow.
+
+A durable run's *owner* is its workflow, not a serve process. A client's frames are made here
+from the run's events (the native or AG-UI vocabulary, the same way every time: the ids the
+AG-UI mapper makes are renamed by order of appearance), so any serve process makes the same
+frames with the same ids, and a serve process that dies takes nothing with it: nothing is
+marked ``lost`` for it. A durable run is lost only when its workflow is (`_watch`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import re
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from .._context import RuntimeContext
+from ..errors import RunLogError
+from ..events import AgentEvent, parse_event
+from ..message import Msg
+from ..stream import EventStream
+from ._errors import HTTPError
+from ._frames import agui_frames, native_frames
+from ._ledger import Emitted
+from ._limits import Limits
+from ._live import PACE, LiveRun
+from ._runlog import RUNNING, InMemoryRunLog, RunLog, RunRecord
+from ._runs import Frames, FrameSource, Runs, _unavailable
+from .agui import AguiMapper
+
+try:
+    from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
+    from temporalio.exceptions import WorkflowAlreadyStartedError
+    from temporalio.service import RPCError
+
+    from ..durable import DEFAULT_TASK_QUEUE, DurableAgent, DurableSessionBusy, EventLog, session_workflow_id
+    from ..durable._watch import watch
+except ImportError as exc:  # pragma: no cover - depends on the installed extras
+    raise ImportError("serving durable runs needs the temporal extra: pip install 'agentscope-py[temporal]'") from exc
+
+__all__ = ["DURABLE_OWNER", "DurableServing"]
+
+DURABLE_OWNER = "temporal"
+"""The owner of a durable run's record: its workflow (no serve process holds a lease on it)."""
+
+_GENERATED = re.compile(rb'"([A-Za-z_]*?)[0-9a-f]{8}_(\d+)"')
+
+
+class DurableServing:
+    """Serve durable runs of the agent at ``factory`` (``pkg.module:factory``, as the workers
+    were started with): ``create_app(agent_factory, runner=DurableServing(...))``. ``temporal``:
+    a connected `temporalio.client.Client` or the server's ``HOST:PORT`` (connected on first
+    use); ``events``: the log the workers publish to (a `RedisEventLog` with the same URL and
+    prefix as the workers' ``--events``)."""
+
+    def __init__(self, temporal: str | Client, *, factory: str, events: EventLog,
+                 task_queue: str = DEFAULT_TASK_QUEUE, namespace: str = "default") -> None:
+        if not isinstance(temporal, str | Client) or not temporal:
+            raise TypeError("temporal must be a temporalio Client or the server's 'HOST:PORT'")
+        if not isinstance(factory, str) or ":" not in factory:
+            raise ValueError(f"factory must be 'pkg.module:factory', got {factory!r}")
+        if not isinstance(events, EventLog):
+            raise TypeError(f"events must be an EventLog (RedisEventLog), got {type(events).__name__}")
+        if not task_queue:
+            raise ValueError("task_queue must be a non-empty name")
+        self.temporal, self.factory, self.events = temporal, factory, events
+        self.task_queue, self.namespace = task_queue, namespace
+        self._client: Client | None = temporal if isinstance(temporal, Client) else None
+        self._inputs: dict[str, list[Msg]] = {}  # runs being started: their input
+
+    async def client(self) -> Client:
+        if self._client is None:
+            assert isinstance(self.temporal, str)
+            self._client = await Client.connect(self.temporal, namespace=self.namespace)
+        return self._client
+
+    # -- the Runner protocol (`_runs.Runner`) ----------------------------------------------------
+
+    def runs(self, run_log: RunLog, limits: Limits, result_text: bool) -> Runs:
+        return DurableRuns(self, limits, result_text)
+
+    def stream(self, agent: Any, msgs: list[Any], ctx: RuntimeContext, run_id: str) -> EventStream[AgentEvent]:
+        """The events of a run about to start (`DurableRuns._create` starts it). Iterated
+        again, it watches again from the run's first event."""
+        self._inputs[run_id] = list(msgs)
+        return self.events_of(run_id)
+
+    def events_of(self, run_id: str) -> EventStream[AgentEvent]:
+        async def events() -> AsyncIterator[AgentEvent]:
+            async for data in watch(await self.handle(run_id), self.events, run_id):
+                yield parse_event(data)
+
+        return EventStream(events)
+
+    async def handle(self, run_id: str) -> WorkflowHandle[Any, Any]:
+        """The run's own workflow execution: a session's runs share one workflow id, so the
+        execution ``start`` recorded in the log's record; before it is recorded, the session's
+        latest (a session runs one at a time: the one starting)."""
+        meta = await self.events.meta(run_id) or {}
+        workflow_id = meta.get("workflow") or session_workflow_id(
+            self.factory, meta.get("user", "default"), meta.get("session", "default"))
+        return (await self.client()).get_workflow_handle(workflow_id, run_id=meta.get("execution") or None)
+
+    async def start(self, record: RunRecord) -> bool:
+        """Start the run's workflow; False when its id is taken."""
+        msgs = self._inputs.pop(record.run_id)
+        meta = {"user": record.user_id, "session": record.session_id, "kind": record.kind}
+        if not await self.events.describe(record.run_id, meta):
+            return False
+        agent = DurableAgent(await self.client(), factory=self.factory, task_queue=self.task_queue,
+                             events=self.events)
+        try:
+            run = await agent.start(msgs, user_id=record.user_id, session_id=record.session_id,
+                                    run_id=record.run_id)
+        except WorkflowAlreadyStartedError:
+            return False
+        except DurableSessionBusy as exc:  # the record says so: no watcher waits on it
+            await self.events.end(record.run_id, 0, "refused")
+            raise HTTPError(409, "session_busy", str(exc)) from exc
+        await self.events.annotate(record.run_id, {"workflow": run.id, "execution": run.handle.run_id or ""})
+        return True
+
+
+class DurableRuns(Runs):
+    """The registry of an app serving durable runs: the runs it started are followed as any
+    (`Runs.follow`, frames numbered by `LiveRun`), always detached (the workflow goes on without
+    its clients); any other is followed by making its frames afresh from its event log."""
+
+    def __init__(self, serving: DurableServing, limits: Limits, result_text: bool) -> None:
+        super().__init__(InMemoryRunLog(), limits)
+        self.serving, self.result_text = serving, result_text
+
+    async def _create(self, record: RunRecord) -> bool:
+        return await self.serving.start(record)
+
+    async def begin(self, record: RunRecord, ctx: RuntimeContext, detach: bool, source: FrameSource,
+                    cancelled_frame: Callable[[LiveRun], bytes]) -> LiveRun:
+        try:
+            # Always detached: the workflow goes on without its clients. Cancelled (this server
+            # stopping), the stream just ends, with no frame of this process's own: its clients
+            # resume elsewhere with their Last-Event-ID, and every process numbers frames alike.
+            return await super().begin(record, ctx, True, _renamed(source, record.run_id), lambda live: b"")
+        except RunLogError as exc:  # the event log, on starting
+            raise _unavailable() from exc
+        finally:  # started, or refused (a limit, a taken id): its input is not kept
+            self.serving._inputs.pop(record.run_id, None)
+
+    async def resume(self, run_id: str, user_id: str, after: int,
+                     heartbeat: float | None = None) -> tuple[RunRecord, Frames]:
+        if run_id in self.live:
+            return await super().resume(run_id, user_id, after, heartbeat)
+        record = await self._durable_record(run_id, user_id)
+        live = LiveRun(record, RuntimeContext(record.user_id, record.session_id), False, keep=self.log.max_events)
+        live.task = asyncio.get_running_loop().create_task(_relay(live, _renamed(self._frames(record), run_id)(live)))
+        # Not detached: once its client leaves, making its frames stops (`Runs.follow`).
+        return record, lambda: self.follow(live, after, heartbeat)
+
+    async def interrupt(self, run_id: str, user_id: str) -> dict[str, object]:
+        ended = (await self._durable_record(run_id, user_id)).status
+        if ended != RUNNING:  # its log says how it ended
+            return {"run_id": run_id, "interrupted": False, "status": ended}
+        handle = await self.serving.handle(run_id)
+        status = (await handle.describe()).status
+        if status == WorkflowExecutionStatus.RUNNING:
+            try:
+                await handle.signal("interrupt")
+                return {"run_id": run_id, "interrupted": True}
+            except RPCError:  # it ended meanwhile
+                status = (await handle.describe()).status
+        return {"run_id": run_id, "interrupted": False, "status": status.name.lower() if status else "unknown"}
+
+    async def _durable_record(self, run_id: str, user_id: str) -> RunRecord:
+        try:
+            meta = await self.serving.events.meta(run_id)
+        except RunLogError as exc:
+            raise _unavailable() from exc
+        if not meta or "user" not in meta:
+            raise HTTPError(404, "run_not_found", f"no run {run_id!r}: it never existed here, or its log expired")
+        if meta["user"] != user_id:
+            raise HTTPError(403, "forbidden", "this run belongs to another user")
+        return RunRecord(run_id, meta["user"], meta["session"], meta["kind"], DURABLE_OWNER, meta.get("ended", RUNNING))
+
+    def _frames(self, record: RunRecord) -> FrameSource:
+        """The frames of a run, in its vocabulary, made from its events from the first."""
+        stream = self.serving.events_of(record.run_id)
+
+        async def pending() -> list[str]:
+            return []
+
+        if record.kind == "agui":
+            mapper = AguiMapper(record.session_id, record.run_id)
+            return lambda live: agui_frames(stream, mapper, "durable", pending, Emitted(), live)
+        return lambda live: native_frames(stream, "durable", pending, self.result_text, live)
+
+
+def _renamed(source: FrameSource, run_id: str) -> FrameSource:
+    """``source`` with the ids the frames' makers generate (AG-UI message ids) renamed after the
+    order they appear in, so every making of a run's frames names them alike."""
+    token = hashlib.sha256(run_id.encode()).hexdigest()[:8].encode()
+
+    async def frames(live: LiveRun) -> AsyncIterator[bytes]:
+        names: dict[bytes, bytes] = {}
+
+        def rename(found: re.Match[bytes]) -> bytes:
+            name = names.get(found.group(0))
+            if name is None:
+                name = names[found.group(0)] = b'"%s%sf%d"' % (found.group(1), token, len(names))
+            return name
+
+        async with contextlib.aclosing(source(live)) as inner:  # type: ignore[type-var]
+            async for data in inner:
+                yield _GENERATED.sub(rename, data)
+
+    return frames
+
+
+async def _relay(live: LiveRun, frames: AsyncIterator[bytes]) -> None:
+    """Make a followed run's frames into ``live`` at its follower's pace."""
+    try:
+        async with contextlib.aclosing(frames):  # type: ignore[type-var]
+            async for data in frames:
+                live.publish(data)
+                if live.cursors and live.last - min(live.cursors.values()) > PACE:
+                    await live.pace()
+    finally:
+        live.done = True
+        live.wake()
