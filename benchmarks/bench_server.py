@@ -37,11 +37,15 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+import serving_clients
+import serving_probe
 
 HERE = Path(__file__).resolve().parent
 PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -50,6 +54,9 @@ STACKS = {"h11": ("h11", "asyncio"), "fast": ("httptools", "uvloop")}
 BACKLOG = 4096
 """Every server's listen backlog (the kernel's somaxconn here): with uvicorn's 2,048 a burst of
 5,000 connections against a loop that is behind overflows it, for every server alike."""
+CLIENT_LAG_MS = 5.0
+"""A client process whose loop ran a timer more than this late at p99 is flagged: its lag is in the
+times to first token it measured (a tenth of the 50 ms target)."""
 SERVERS = {"a": "agentscope-py", "b": "bare relay", "c": "pydantic-ai", "d": "agentscope-py + redis log"}
 
 
@@ -140,9 +147,10 @@ def servers(args: argparse.Namespace, notes: dict[str, str], out_upstream: list[
     started: list[Proc] = []
     redis: subprocess.Popen[bytes] | None = None
     try:
-        upstream = Proc("upstream", [python, "serving_upstream.py"], dict(os.environ), _json_port)
+        probed = {**os.environ, serving_probe.ENV: args.probe_dir}
+        upstream = Proc("upstream", [python, "serving_upstream.py"], probed, _json_port)
         started.append(upstream)
-        env = {**os.environ, "BENCH_UPSTREAM": f"http://127.0.0.1:{upstream.port}",
+        env = {**probed, "BENCH_UPSTREAM": f"http://127.0.0.1:{upstream.port}",
                "PYTHONPATH": str(HERE) + os.pathsep + os.environ.get("PYTHONPATH", "")}
         serve = [python, "-m", "agentscope_py.cli", "serve", "serving_apps:agentscope_agent", "--port", "0",
                  "--max-connections", "100000", "--backlog", str(BACKLOG), "--log-level", "warning",
@@ -239,6 +247,24 @@ def level_spec(args: argparse.Namespace, level: str, ports: dict[str, int]) -> d
             "level": f"{level.replace(':', '')}-{time.monotonic_ns()}", "deadline": deadline}  # fresh ids per level
 
 
+def run_clients(args: argparse.Namespace, spec: dict[str, Any]) -> list[dict[str, Any]]:
+    """The level's streams over ``--client-procs`` processes (stream i in process i mod k), each
+    one's result: one process holding thousands of streams to several servers falls behind them,
+    and its lag would be counted as theirs."""
+    shards = max(1, min(args.client_procs, spec["n"]))
+    procs = [subprocess.Popen([sys.executable, "serving_clients.py", "--spec",
+                               json.dumps({**spec, "shard": [i, shards]})],
+                              cwd=HERE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for i in range(shards)]
+    out = []
+    for proc in procs:
+        stdout, stderr = proc.communicate(timeout=spec["deadline"] + 120)
+        if proc.returncode != 0:
+            raise RuntimeError(f"the clients failed: {stderr[-3000:]}")
+        out.append(json.loads(stdout.strip().splitlines()[-1]))
+    return out
+
+
 def run_level(args: argparse.Namespace, level: str, procs: dict[str, Proc], upstream_pid: int | None) -> dict[str, Any]:
     level, procs = level_servers(level, procs)
     spec = level_spec(args, level, {k: p.port for k, p in procs.items()})
@@ -246,17 +272,19 @@ def run_level(args: argparse.Namespace, level: str, procs: dict[str, Proc], upst
     before = {k: cpu_seconds(p) for k, p in pids.items()}
     upstream_before = cpu_seconds(upstream_pid) if upstream_pid else 0.0
     rss = RSSSampler(pids)
+    probe_pids = {**pids, **({"upstream": upstream_pid} if upstream_pid else {})}
+    serving_probe.collect(probe_pids, args.probe_dir)  # start every process's probe afresh
     started = time.monotonic()
-    proc = subprocess.run([sys.executable, "serving_clients.py", "--spec", json.dumps(spec)], cwd=HERE,
-                          capture_output=True, text=True, check=False, timeout=spec["deadline"] + 120)
+    shards = run_clients(args, spec)
     wall = time.monotonic() - started
     rss.close()
-    if proc.returncode != 0:
-        raise RuntimeError(f"the clients failed: {proc.stderr[-3000:]}")
-    clients = json.loads(proc.stdout.strip().splitlines()[-1])
+    probes = serving_probe.collect(probe_pids, args.probe_dir)
+    for i, shard in enumerate(shards):
+        probes[f"client {i + 1}/{len(shards)}"] = shard["probe"]
+    clients = serving_clients.summarise(shards, probes.get("upstream", {}).pop("reads", {}))
     # The host's other load, which slows every server alike (the ratios stand, the spans do not).
     out: dict[str, Any] = {"level": level, "n": spec["n"], "dt_s": spec["dt"], "wall_s": wall,
-                           "loadavg_1m_after": os.getloadavg()[0], "servers": {}}
+                           "loadavg_1m_after": os.getloadavg()[0], "servers": {}, "probes": probes}
     if upstream_pid:
         out["upstream_cpu_s"] = cpu_seconds(upstream_pid) - upstream_before
     for key, pid in pids.items():
@@ -275,6 +303,8 @@ def run_level(args: argparse.Namespace, level: str, procs: dict[str, Proc], upst
     base = out["servers"].get("b", {}).get("cpu_us_per_token")
     for s in out["servers"].values():
         s["cpu_vs_relay"] = s["cpu_us_per_token"] / base if base and s["cpu_us_per_token"] else None
+    lagging = [k for k, p in probes.items() if k.startswith("client") and (p["lag_ms"]["p99"] or 0) > CLIENT_LAG_MS]
+    out["client_lagged"] = lagging
     return out
 
 
@@ -284,17 +314,43 @@ def _f(value: Any, fmt: str = "{:.0f}") -> str:
 
 def table(results: list[dict[str, Any]]) -> str:
     lines = ["| level (load avg) | server | µs CPU/token | × relay | tokens/s (span) | tokens/s per core "
-             "| TTFT p50 / p99 ms | RSS KiB/session | peak RSS MiB | errors |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+             "| TTFT p50 / p99 ms | in p50 / p99 | out p50 / p99 | RSS KiB/session | peak RSS MiB | errors |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in results:
         for key, s in r["servers"].items():
             errors = ", ".join(f"{k}: {v}" for k, v in s["errors"].items()) or "0"
+            into, back = s.get("ttft_in_ms") or {}, s.get("ttft_out_ms") or {}
             lines.append(
                 f"| {r['level']} ({r.get('loadavg_1m_after', 0):.1f}) | ({key}) {SERVERS[key]} | "
                 f"{_f(s['cpu_us_per_token'])} | "
                 f"{_f(s['cpu_vs_relay'], '{:.2f}×')} | {_f(s['tokens_per_s'])} | {_f(s['core_tokens_per_s'])} | "
                 f"{_f(s['ttft_ms_p50'], '{:.1f}')} / {_f(s['ttft_ms_p99'], '{:.1f}')} | "
+                f"{_f(into.get('p50'), '{:.1f}')} / {_f(into.get('p99'), '{:.1f}')} | "
+                f"{_f(back.get('p50'), '{:.1f}')} / {_f(back.get('p99'), '{:.1f}')} | "
                 f"{_f(s['rss_kib_per_session'], '{:.1f}')} | {_f(s['rss_mib_peak'])} | {errors} |")
+    return "\n".join(lines)
+
+
+def probe_table(results: list[dict[str, Any]]) -> str:
+    """Per level and process: how late its loop ran a timer, and what its collector paused."""
+    lines = ["| level | process | loop lag p50 / p99 / max ms | GC gen 0+1: n, CPU ms | GC gen 2: n, CPU ms, "
+             "longest wall ms | objects |", "|---|---|---:|---:|---:|---:|"]
+    for r in results:
+        for key, p in r.get("probes", {}).items():
+            if not p:
+                lines.append(f"| {r['level']} | {key} | (no answer) | | | |")
+                continue
+            lag, gc = p["lag_ms"], p["gc"]
+            young = gc["0"]["count"] + gc["1"]["count"], gc["0"]["cpu_ms_total"] + gc["1"]["cpu_ms_total"]
+            name = f"({key}) {SERVERS[key]}" if key in SERVERS else key
+            lines.append(
+                f"| {r['level']} | {name} | {_f(lag['p50'], '{:.2f}')} / {_f(lag['p99'], '{:.1f}')} / "
+                f"{_f(lag['max'], '{:.0f}')} | {young[0]}, {young[1]:.0f} | {gc['2']['count']}, "
+                f"{gc['2']['cpu_ms_total']:.0f}, {gc['2']['wall_ms_max']:.0f} | {p['gc_objects']:,} |")
+        if r.get("client_lagged"):
+            lines.append(f"\n**{r['level']}: the clients lagged** ({', '.join(r['client_lagged'])} p99 > "
+                         f"{CLIENT_LAG_MS:.0f} ms): its times to first token hold the harness's own delay; "
+                         "re-run with more --client-procs or on a quieter host.")
     return "\n".join(lines)
 
 
@@ -334,6 +390,8 @@ def main() -> None:
                         "uvloop + httptools when installed), side by side, as a0")
     parser.add_argument("--serve-flags", default="", help="more flags for (a)'s `agentscope-py serve`")
     parser.add_argument("--baseline-flags", default="", help="more flags for a0's `agentscope-py serve`")
+    parser.add_argument("--client-procs", type=int, default=4,
+                        help="client processes a level's streams are spread over (default: %(default)s)")
     parser.add_argument("--warmup", type=int, default=50, help="streams per server before the levels (0: none)")
     parser.add_argument("--quick", action="store_true", help="a smoke test: small levels, few tokens")
     parser.add_argument("--json", action="store_true", help="print the results as one JSON line, last")
@@ -357,7 +415,8 @@ def main() -> None:
     notes: dict[str, str] = {}
     results: list[dict[str, Any]] = []
     upstream: list[int] = [0]
-    with servers(args, notes, upstream) as procs:
+    with tempfile.TemporaryDirectory(prefix="bench-probe-") as args.probe_dir, \
+            servers(args, notes, upstream) as procs:
         upstream_pid = upstream[0]
         if args.warmup:
             run_level(argparse.Namespace(**{**vars(args), "deadline": 60}), f"sat:{args.warmup}", procs, None)
@@ -366,6 +425,7 @@ def main() -> None:
             result = run_level(args, level.strip(), procs, upstream_pid)
             results.append(result)
             print(table([result]).split("\n", 2)[2], file=sys.stderr, flush=True)
+            print(probe_table([result]).split("\n", 2)[2], file=sys.stderr, flush=True)
     report = {"stack": args.stack, "tokens": args.tokens, "tool_share": args.tool_share, "notes": notes,
               "levels": results, "errors": sum(sum(s["errors"].values()) for r in results
                                                for s in r["servers"].values())}
@@ -374,6 +434,11 @@ def main() -> None:
     for key, note in notes.items():
         print(f"({key}) {SERVERS[key]}: {note}")
     print(table(results))
+    print()
+    print("TTFT in: from the request's write to the upstream reading it (the server's request setup); out: "
+          "from there (the upstream writes token 0 at once) to the client reading the first delta.")
+    print()
+    print(probe_table(results))
     print()
     print(bars(results))
     if args.json_out:

@@ -1,0 +1,144 @@
+"""What `bench_server.py` reads from inside each of its processes (upstream, servers, clients):
+how late the event loop runs a timer, and how long the garbage collector pauses the process.
+
+A time to first token of seconds says a loop was behind, not whose: a client process holding
+thousands of streams delays every first delta it timestamps as surely as a server does. So every
+process of a run carries a `Probe`:
+
+* **loop lag**: a timer due every `EVERY` seconds records how late it ran (a loop busy with work,
+  or a process the host did not schedule, both show);
+* **GC pauses** (``gc.callbacks``): each collection's wall time and CPU time (the CPU time does
+  not depend on the host's load: it is the collector walking this process's heap), by generation.
+
+A server process installs it from its app's startup (`install`, when ``BENCH_PROBE`` names a
+directory); `bench_server.py` sends ``SIGUSR1`` at the end of a level and the process writes what
+it saw since the previous signal to ``<dir>/<pid>.json`` and starts over. The signal's handler
+runs in the main thread between two bytecodes, so it answers even while the loop is behind.
+The clients' process includes its own snapshot in its result instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import json
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+EVERY = 0.01
+"""Seconds between the lag timer's runs (100 a second: a few hundred µs of CPU per second)."""
+ENV = "BENCH_PROBE"
+
+
+def quantiles(values: list[float], scale: float = 1000.0) -> dict[str, float | None]:
+    """p50 / p99 / max of ``values`` (seconds), in ms."""
+    if not values:
+        return {"p50": None, "p99": None, "max": None}
+    s = sorted(values)
+    return {"p50": scale * s[len(s) // 2], "p99": scale * s[min(len(s) - 1, int(0.99 * len(s)))],
+            "max": scale * s[-1]}
+
+
+class Probe:
+    def __init__(self) -> None:
+        self.lags: list[float] = []
+        self.pauses: dict[int, list[tuple[float, float]]] = {0: [], 1: [], 2: []}  # generation -> (wall, cpu)
+        self.extra: dict[str, Any] = {}
+        """More to report in the next snapshot (the upstream's per-request times)."""
+        self._gc_started: tuple[float, float] | None = None
+        self._since = time.perf_counter()
+        self._handle: asyncio.TimerHandle | None = None
+        gc.callbacks.append(self._on_gc)
+
+    # -- the loop's lag ------------------------------------------------------------------------
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._handle = loop.call_later(EVERY, self._tick, loop, time.perf_counter() + EVERY)
+
+    def _tick(self, loop: asyncio.AbstractEventLoop, due: float) -> None:
+        # perf_counter, not loop.time(): uvloop's clock moves in whole milliseconds.
+        now = time.perf_counter()
+        self.lags.append(max(0.0, now - due))
+        self._handle = loop.call_later(EVERY, self._tick, loop, now + EVERY)
+
+    # -- the collector ---------------------------------------------------------------------------
+
+    def _on_gc(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._gc_started = (time.perf_counter(), time.thread_time())
+        elif self._gc_started is not None:
+            wall, cpu = self._gc_started
+            self.pauses[info["generation"]].append((time.perf_counter() - wall, time.thread_time() - cpu))
+            self._gc_started = None
+
+    # -- reporting -------------------------------------------------------------------------------
+
+    def snapshot(self, reset: bool = True) -> dict[str, Any]:
+        """What was seen since the last reset: lag ms (p50/p99/max), per generation the number of
+        collections, their total and longest wall ms and total CPU ms."""
+        now = time.perf_counter()
+        out: dict[str, Any] = {"pid": os.getpid(), "seconds": now - self._since, "lag_ms": quantiles(self.lags),
+                               "lag_samples": len(self.lags), "gc": {}, **self.extra}
+        for gen, seen in self.pauses.items():
+            walls = [w for w, _ in seen]
+            out["gc"][str(gen)] = {"count": len(seen), "wall_ms_total": 1000 * sum(walls),
+                                   "wall_ms_max": 1000 * max(walls, default=0.0),
+                                   "cpu_ms_total": 1000 * sum(c for _, c in seen),
+                                   "cpu_ms_max": 1000 * max((c for _, c in seen), default=0.0)}
+        out["gc_objects"] = len(gc.get_objects())  # what a full collection walks (the heap's containers)
+        if reset:
+            self.lags = []
+            self.pauses = {0: [], 1: [], 2: []}
+            self.extra = {}
+            self._since = now
+        return out
+
+    def dump_on_signal(self, directory: str) -> None:
+        """On ``SIGUSR1`` write a snapshot to ``directory/<pid>.json`` (atomically) and reset."""
+        target = Path(directory) / f"{os.getpid()}.json"
+
+        def dump(signum: int, frame: object) -> None:
+            tmp = target.with_suffix(".tmp")
+            tmp.write_text(json.dumps(self.snapshot()))
+            tmp.replace(target)
+
+        signal.signal(signal.SIGUSR1, dump)
+        target.with_suffix(".ready").touch()  # only now may the signal come (its default kills)
+
+
+_PROBE: Probe | None = None
+
+
+def install(loop: asyncio.AbstractEventLoop | None = None) -> Probe | None:
+    """The process's probe, started on ``loop`` (the running one by default) once, when
+    ``BENCH_PROBE`` is set; None otherwise (the app then runs as it would unprobed)."""
+    global _PROBE
+    directory = os.environ.get(ENV)
+    if not directory:
+        return None
+    if _PROBE is None:
+        _PROBE = Probe()
+        _PROBE.start(loop or asyncio.get_running_loop())
+        _PROBE.dump_on_signal(directory)
+    return _PROBE
+
+
+def collect(pids: dict[str, int], directory: str, timeout: float = 30.0) -> dict[str, dict[str, Any]]:
+    """Signal each process that runs a probe and read its snapshot (``{}`` for one that has no
+    probe or did not answer in time)."""
+    paths = {k: Path(directory) / f"{pid}.json" for k, pid in pids.items()
+             if (Path(directory) / f"{pid}.ready").exists()}
+    for k, path in paths.items():
+        path.unlink(missing_ok=True)
+        os.kill(pids[k], signal.SIGUSR1)
+    out: dict[str, dict[str, Any]] = {}
+    end = time.monotonic() + timeout
+    while len(out) < len(paths) and time.monotonic() < end:
+        for k, path in paths.items():
+            if k not in out and path.exists():
+                out[k] = json.loads(path.read_text())
+        time.sleep(0.02)
+    return {k: out.get(k, {}) for k in pids}
