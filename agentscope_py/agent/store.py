@@ -14,6 +14,8 @@ from contextlib import AbstractAsyncContextManager
 from types import TracebackType
 from typing import Literal, Protocol, Self, runtime_checkable
 
+from pydantic_core import PydanticSerializationError
+
 from ..errors import StateConflictError, StateStoreError
 from .state import AgentState
 
@@ -90,7 +92,14 @@ class AgentStateStore(Protocol):
 
 
 class InMemoryStateStore:
-    """The default store: states live in this process, shared by reference (no copy per call).
+    """The default store: states live in this process, each kept as its JSON (bytes) and parsed
+    again by every ``load``, like the other stores. A kept state is then one object, not the
+    dozens of a conversation's messages and blocks: a server keeps thousands of finished sessions,
+    and every full collection of Python's garbage collector walks every object kept, pausing
+    every stream at once (``benchmarks/RESULTS.md`` §12). A state that cannot be written as JSON
+    (an object in ``metadata`` that pydantic cannot serialise), or of a subclass of `AgentState`,
+    is kept as it is, by reference. A loaded state is the caller's own: changing it changes
+    nothing stored until it is saved.
 
     Unbounded by default (a script or a test keeps what it made). ``max_sessions`` bounds how many
     sessions it keeps: past it, the least recently used idle session is evicted. ``idle_ttl``
@@ -107,7 +116,7 @@ class InMemoryStateStore:
     def __init__(self, *, conflict_policy: ConflictPolicy = "fail", max_sessions: int | None = None,
                  idle_ttl: float | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         self.conflict_policy = check_conflict_policy(conflict_policy)
-        self._data: dict[tuple[str, str], tuple[AgentState, int]] = {}
+        self._data: dict[tuple[str, str], tuple[bytes | AgentState, int]] = {}
         self._clock = clock
         self._max: int | None = None
         self._ttl: float | None = None
@@ -154,7 +163,10 @@ class InMemoryStateStore:
                 self._idle.move_to_end(key)
                 self._idle[key] = now
         entry = self._data.get(key)
-        return (None, 0) if entry is None else entry
+        if entry is None:
+            return None, 0
+        kept, version = entry
+        return (_thaw(kept) if isinstance(kept, bytes) else kept), version
 
     async def save(self, user_id: str, session_id: str, state: AgentState, expected_version: int) -> int:
         key = (user_id, session_id)
@@ -162,7 +174,7 @@ class InMemoryStateStore:
         version = 0 if current is None else current[1]
         if version != expected_version and self.conflict_policy == "fail":
             raise StateConflictError(user_id, session_id, expected_version, version)
-        self._data[key] = (state, version + 1)
+        self._data[key] = (_freeze(state), version + 1)
         if self._bounded:
             now = self._clock()
             if key not in self._pins:
@@ -224,6 +236,23 @@ class InMemoryStateStore:
                     break
                 del idle[key]
                 data.pop(key, None)
+
+
+def _freeze(state: AgentState) -> bytes | AgentState:
+    """The state as `InMemoryStateStore` keeps it: its JSON, or itself when it has none."""
+    if type(state) is not AgentState:  # a subclass would come back as an AgentState
+        return state
+    try:
+        return _SERIALIZER.to_json(state)
+    except (PydanticSerializationError, ValueError, TypeError):
+        return state
+
+
+def _thaw(data: bytes) -> AgentState:
+    return AgentState.model_validate_json(data)
+
+
+_SERIALIZER = AgentState.__pydantic_serializer__
 
 
 class _Pin:
