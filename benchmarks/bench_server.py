@@ -281,7 +281,10 @@ def run_level(args: argparse.Namespace, level: str, procs: dict[str, Proc], upst
     probes = serving_probe.collect(probe_pids, args.probe_dir)
     for i, shard in enumerate(shards):
         probes[f"client {i + 1}/{len(shards)}"] = shard["probe"]
-    clients = serving_clients.summarise(shards, probes.get("upstream", {}).pop("reads", {}))
+    clients = serving_clients.summarise(shards, probes.get("upstream", {}).pop("reads", {}),
+                                        {k: p.get("stalls", []) for k, p in probes.items()})
+    for p in probes.values():
+        p.pop("stalls", None)  # matched with the first tokens above; too long for the report
     # The host's other load, which slows every server alike (the ratios stand, the spans do not).
     out: dict[str, Any] = {"level": level, "n": spec["n"], "dt_s": spec["dt"], "wall_s": wall,
                            "loadavg_1m_after": os.getloadavg()[0], "servers": {}, "probes": probes}
@@ -331,14 +334,28 @@ def table(results: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def slow_table(results: list[dict[str, Any]]) -> str:
+    """Per level and server: the first tokens slower than the target, by what held them up."""
+    causes = serving_clients.CAUSES
+    lines = [f"| level | server | TTFT > {1000 * serving_clients.SLOW:.0f} ms | " + " | ".join(causes) + " |",
+             "|---|---|---:|" + "---:|" * len(causes)]
+    for r in results:
+        for key, s in r["servers"].items():
+            slow = s.get("ttft_slow") or {}
+            lines.append(f"| {r['level']} | ({key}) {SERVERS[key]} | {sum(slow.values())} of "
+                         f"{s.get('ttft_measured', 0)} | " + " | ".join(str(slow.get(c, 0)) for c in causes) + " |")
+    return "\n".join(lines)
+
+
 def probe_table(results: list[dict[str, Any]]) -> str:
     """Per level and process: how late its loop ran a timer, and what its collector paused."""
     lines = ["| level | process | loop lag p50 / p99 / max ms | GC gen 0+1: n, CPU ms | GC gen 2: n, CPU ms, "
-             "longest wall ms | objects |", "|---|---|---:|---:|---:|---:|"]
+             "longest wall ms | objects walked by a full GC (most) | objects after |",
+             "|---|---|---:|---:|---:|---:|---:|"]
     for r in results:
         for key, p in r.get("probes", {}).items():
             if not p:
-                lines.append(f"| {r['level']} | {key} | (no answer) | | | |")
+                lines.append(f"| {r['level']} | {key} | (no probe) | | | | |")
                 continue
             lag, gc = p["lag_ms"], p["gc"]
             young = gc["0"]["count"] + gc["1"]["count"], gc["0"]["cpu_ms_total"] + gc["1"]["cpu_ms_total"]
@@ -346,7 +363,8 @@ def probe_table(results: list[dict[str, Any]]) -> str:
             lines.append(
                 f"| {r['level']} | {name} | {_f(lag['p50'], '{:.2f}')} / {_f(lag['p99'], '{:.1f}')} / "
                 f"{_f(lag['max'], '{:.0f}')} | {young[0]}, {young[1]:.0f} | {gc['2']['count']}, "
-                f"{gc['2']['cpu_ms_total']:.0f}, {gc['2']['wall_ms_max']:.0f} | {p['gc_objects']:,} |")
+                f"{gc['2']['cpu_ms_total']:.0f}, {gc['2']['wall_ms_max']:.0f} | {gc['2'].get('walked_max', 0):,} | "
+                f"{p['gc_objects']:,} |")
         if r.get("client_lagged"):
             lines.append(f"\n**{r['level']}: the clients lagged** ({', '.join(r['client_lagged'])} p99 > "
                          f"{CLIENT_LAG_MS:.0f} ms): its times to first token hold the harness's own delay; "
@@ -426,6 +444,7 @@ def main() -> None:
             results.append(result)
             print(table([result]).split("\n", 2)[2], file=sys.stderr, flush=True)
             print(probe_table([result]).split("\n", 2)[2], file=sys.stderr, flush=True)
+            print(slow_table([result]).split("\n", 2)[2], file=sys.stderr, flush=True)
     report = {"stack": args.stack, "tokens": args.tokens, "tool_share": args.tool_share, "notes": notes,
               "levels": results, "errors": sum(sum(s["errors"].values()) for r in results
                                                for s in r["servers"].values())}
@@ -439,6 +458,11 @@ def main() -> None:
           "from there (the upstream writes token 0 at once) to the client reading the first delta.")
     print()
     print(probe_table(results))
+    print()
+    print("What held up the slow first tokens (the first cause found with a stall of at least "
+          f"{1000 * serving_probe.STALL:.0f} ms inside the wait):")
+    print()
+    print(slow_table(results))
     print()
     print(bars(results))
     if args.json_out:

@@ -175,10 +175,34 @@ async def run(spec: dict[str, Any]) -> dict[str, Any]:
     return {"targets": out, "probe": probe.snapshot()}
 
 
-def summarise(shards: list[dict[str, Any]], reads: dict[str, float]) -> dict[str, dict[str, Any]]:
+SLOW = 0.05
+"""A first token later than this (s; the issue's p99 target) is a slow one, whose cause `summarise` looks for."""
+CAUSES = ("server full GC", "server GC", "server loop late", "client late", "upstream late", "none of these")
+
+
+def blame(sent: float, first: float, server: list[list[Any]], clients: list[list[Any]],
+          upstream: list[list[Any]]) -> str:
+    """What held up a slow first token: the first of `CAUSES` with a stall inside its wait."""
+    def hit(stalls: list[list[Any]], kinds: tuple[str, ...]) -> bool:
+        return any(start < first and end > sent and kind in kinds for start, end, kind in stalls)
+
+    for cause, stalls, kinds in (("server full GC", server, ("gc2",)), ("server GC", server, ("gc",)),
+                                 ("server loop late", server, ("lag",)), ("client late", clients, ("lag", "gc", "gc2")),
+                                 ("upstream late", upstream, ("lag", "gc", "gc2"))):
+        if hit(stalls, kinds):
+            return cause
+    return "none of these"
+
+
+def summarise(shards: list[dict[str, Any]], reads: dict[str, float],
+              stalls: dict[str, list[list[Any]]] | None = None) -> dict[str, dict[str, Any]]:
     """The shards' results merged per target: streams, errors, tokens, tokens/s over the span,
     time to first token p50/p99 ms, and its two legs where the upstream's ``reads`` (stream id →
-    when it read the request) are known: in (written → read) and out (read → first delta)."""
+    when it read the request) are known: in (written → read) and out (read → first delta). With
+    the processes' ``stalls`` (target name, ``"upstream"``; the clients' come with their shards),
+    what held up each first token slower than `SLOW` (`blame`)."""
+    stalls = stalls or {}
+    clients = [stall for s in shards for stall in s["probe"].get("stalls", [])]
     out: dict[str, dict[str, Any]] = {}
     for name in shards[0]["targets"]:
         parts = [s["targets"][name] for s in shards]
@@ -194,10 +218,15 @@ def summarise(shards: list[dict[str, Any]], reads: dict[str, float]) -> dict[str
         legs = [(reads[sid] - sent, first - reads[sid]) for sid, sent, first in firsts if sid in reads]
         into = serving_probe.quantiles([a for a, _ in legs])
         back = serving_probe.quantiles([b for _, b in legs])
+        slow = dict.fromkeys(CAUSES, 0)
+        for _, sent, first in firsts:
+            if first - sent > SLOW:
+                slow[blame(sent, first, stalls.get(name, []), clients, stalls.get("upstream", []))] += 1
         out[name] = {"streams": streams, "completed": streams - sum(errors.values()), "errors": errors,
                      "tokens": tokens, "span_s": span, "tokens_per_s": tokens / span if span > 0 else None,
                      "ttft_ms_p50": ttft["p50"], "ttft_ms_p99": ttft["p99"], "ttft_ms_max": ttft["max"],
-                     "ttft_in_ms": into, "ttft_out_ms": back, "ttft_split": len(legs)}
+                     "ttft_in_ms": into, "ttft_out_ms": back, "ttft_split": len(legs), "ttft_measured": len(firsts),
+                     "ttft_slow": slow}
     return out
 
 

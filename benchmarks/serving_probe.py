@@ -30,6 +30,9 @@ from typing import Any
 
 EVERY = 0.01
 """Seconds between the lag timer's runs (100 a second: a few hundred µs of CPU per second)."""
+STALL = 0.005
+"""A collection or a timer's lateness this long (seconds) is recorded as a stall, with when it
+happened, so a slow first token can be matched with what held it up."""
 ENV = "BENCH_PROBE"
 
 
@@ -46,6 +49,11 @@ class Probe:
     def __init__(self) -> None:
         self.lags: list[float] = []
         self.pauses: dict[int, list[tuple[float, float]]] = {0: [], 1: [], 2: []}  # generation -> (wall, cpu)
+        self.stalls: list[tuple[float, float, str]] = []
+        """(start, end, kind) on the shared clock: ``gc2`` a full collection, ``gc`` a younger one
+        of at least `STALL`, ``lag`` the loop late by at least `STALL` (GC or not)."""
+        self.walked: list[int] = []
+        """Objects each full collection walked (those still tracked after it, and those it freed)."""
         self.extra: dict[str, Any] = {}
         """More to report in the next snapshot (the upstream's per-request times)."""
         self._gc_started: tuple[float, float] | None = None
@@ -62,6 +70,8 @@ class Probe:
         # perf_counter, not loop.time(): uvloop's clock moves in whole milliseconds.
         now = time.perf_counter()
         self.lags.append(max(0.0, now - due))
+        if now - due >= STALL:
+            self.stalls.append((due, now, "lag"))
         self._handle = loop.call_later(EVERY, self._tick, loop, now + EVERY)
 
     # -- the collector ---------------------------------------------------------------------------
@@ -71,8 +81,13 @@ class Probe:
             self._gc_started = (time.perf_counter(), time.thread_time())
         elif self._gc_started is not None:
             wall, cpu = self._gc_started
-            self.pauses[info["generation"]].append((time.perf_counter() - wall, time.thread_time() - cpu))
+            end = time.perf_counter()
+            self.pauses[info["generation"]].append((end - wall, time.thread_time() - cpu))
             self._gc_started = None
+            if info["generation"] == 2 or end - wall >= STALL:
+                self.stalls.append((wall, end, "gc2" if info["generation"] == 2 else "gc"))
+            if info["generation"] == 2:  # a few ms, after the pause measured: full collections are rare
+                self.walked.append(len(gc.get_objects()) + info["collected"])
 
     # -- reporting -------------------------------------------------------------------------------
 
@@ -81,15 +96,18 @@ class Probe:
         collections, their total and longest wall ms and total CPU ms."""
         now = time.perf_counter()
         out: dict[str, Any] = {"pid": os.getpid(), "seconds": now - self._since, "lag_ms": quantiles(self.lags),
-                               "lag_samples": len(self.lags), "gc": {}, **self.extra}
+                               "lag_samples": len(self.lags), "gc": {}, "stalls": self.stalls, **self.extra}
         for gen, seen in self.pauses.items():
             walls = [w for w, _ in seen]
             out["gc"][str(gen)] = {"count": len(seen), "wall_ms_total": 1000 * sum(walls),
                                    "wall_ms_max": 1000 * max(walls, default=0.0),
                                    "cpu_ms_total": 1000 * sum(c for _, c in seen),
                                    "cpu_ms_max": 1000 * max((c for _, c in seen), default=0.0)}
-        out["gc_objects"] = len(gc.get_objects())  # what a full collection walks (the heap's containers)
+        out["gc"]["2"]["walked_max"] = max(self.walked, default=0)
+        out["gc_objects"] = len(gc.get_objects())  # what a full collection would walk now
         if reset:
+            self.walked = []
+            self.stalls = []
             self.lags = []
             self.pauses = {0: [], 1: [], 2: []}
             self.extra = {}
@@ -105,8 +123,24 @@ class Probe:
             tmp.write_text(json.dumps(self.snapshot()))
             tmp.replace(target)
 
+        def census(signum: int, frame: object) -> None:
+            tmp = target.with_suffix(".tmp")
+            tmp.write_text(json.dumps(type_census()))
+            tmp.replace(target.with_suffix(".types.json"))
+
         signal.signal(signal.SIGUSR1, dump)
+        signal.signal(signal.SIGUSR2, census)
         target.with_suffix(".ready").touch()  # only now may the signal come (its default kills)
+
+
+def type_census(top: int = 60) -> dict[str, int]:
+    """The objects the collector tracks, by type (the most common ``top``): what a full
+    collection walks (``SIGUSR2`` writes it to ``<dir>/<pid>.types.json``)."""
+    counts: dict[str, int] = {}
+    for obj in gc.get_objects():
+        name = f"{type(obj).__module__}.{type(obj).__qualname__}"
+        counts[name] = counts.get(name, 0) + 1
+    return dict(sorted(counts.items(), key=lambda kv: -kv[1])[:top])
 
 
 _PROBE: Probe | None = None

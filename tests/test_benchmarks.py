@@ -119,3 +119,15 @@ def test_bench_server_quick_relays_every_token_with_no_error() -> None:
             assert server["tokens"] == 20 * level["n"], key  # 20 text deltas per stream, none lost
             assert server["cpu_us_per_token"] > 0, key
             assert server["ttft_ms_p50"] is not None, key
+            # Every first token measured is split at the upstream's read, and the slow ones are
+            # all accounted for (by a cause, or by none of them).
+            assert server["ttft_split"] == server["ttft_measured"] > 0, key
+            assert server["ttft_in_ms"]["p50"] is not None and server["ttft_out_ms"]["p50"] is not None, key
+            assert sum(server["ttft_slow"].values()) <= server["ttft_measured"], key
+        # Every process reported its loop's lag and its collector's pauses: the upstream, each
+        # server that runs the probe, and each client process.
+        probes = level["probes"]
+        assert {"a", "b", "upstream"} <= set(probes) and any(k.startswith("client") for k in probes)
+        for key, probe in probes.items():
+            assert probe["lag_samples"] > 0 and probe["lag_ms"]["p50"] is not None, key
+            assert set(probe["gc"]) == {"0", "1", "2"}, key
