@@ -335,15 +335,17 @@ def table(results: list[dict[str, Any]]) -> str:
 
 
 def slow_table(results: list[dict[str, Any]]) -> str:
-    """Per level and server: the first tokens slower than the target, by what held them up."""
+    """Per level and server: the first tokens slower than the target, and where their waits went."""
     causes = serving_clients.CAUSES
-    lines = [f"| level | server | TTFT > {1000 * serving_clients.SLOW:.0f} ms | " + " | ".join(causes) + " |",
-             "|---|---|---:|" + "---:|" * len(causes)]
+    lines = [f"| level | server | TTFT > {1000 * serving_clients.SLOW:.0f} ms | their wait, s | "
+             + " | ".join(causes) + " |", "|---|---|---:|---:|" + "---:|" * len(causes)]
     for r in results:
         for key, s in r["servers"].items():
-            slow = s.get("ttft_slow") or {}
-            lines.append(f"| {r['level']} | ({key}) {SERVERS[key]} | {sum(slow.values())} of "
-                         f"{s.get('ttft_measured', 0)} | " + " | ".join(str(slow.get(c, 0)) for c in causes) + " |")
+            wait = s.get("ttft_slow_wait_s") or {}
+            total = sum(wait.values())
+            shares = " | ".join(f"{100 * wait.get(c, 0) / total:.0f} %" if total else "—" for c in causes)
+            lines.append(f"| {r['level']} | ({key}) {SERVERS[key]} | {s.get('ttft_slow', 0)} of "
+                         f"{s.get('ttft_measured', 0)} | {total:.1f} | {shares} |")
     return "\n".join(lines)
 
 
@@ -459,8 +461,9 @@ def main() -> None:
     print()
     print(probe_table(results))
     print()
-    print("What held up the slow first tokens (the first cause found with a stall of at least "
-          f"{1000 * serving_probe.STALL:.0f} ms inside the wait):")
+    print("Where the slow first tokens' waits went (stalls of at least "
+          f"{1000 * serving_probe.STALL:.0f} ms in each process's timeline; the rest: the server's loop "
+          "busy with other work, or without the CPU):")
     print()
     print(slow_table(results))
     print()

@@ -176,22 +176,45 @@ async def run(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 SLOW = 0.05
-"""A first token later than this (s; the issue's p99 target) is a slow one, whose cause `summarise` looks for."""
-CAUSES = ("server full GC", "server GC", "server loop late", "client late", "upstream late", "none of these")
+"""A first token later than this (s; the issue's p99 target) is a slow one, whose wait `summarise` splits."""
+CAUSES = ("server full GC", "server young GC", "server loop late otherwise", "client late", "upstream late",
+          "the rest")
 
 
-def blame(sent: float, first: float, server: list[list[Any]], clients: list[list[Any]],
-          upstream: list[list[Any]]) -> str:
-    """What held up a slow first token: the first of `CAUSES` with a stall inside its wait."""
-    def hit(stalls: list[list[Any]], kinds: tuple[str, ...]) -> bool:
-        return any(start < first and end > sent and kind in kinds for start, end, kind in stalls)
+def covered(intervals: list[tuple[float, float]], lo: float, hi: float) -> float:
+    """Seconds of ``[lo, hi]`` inside the union of ``intervals``."""
+    total, reach = 0.0, lo
+    for start, end in sorted((max(a, lo), min(b, hi)) for a, b in intervals if b > lo and a < hi):
+        if end > reach:
+            total += end - max(start, reach)
+            reach = end
+    return total
 
-    for cause, stalls, kinds in (("server full GC", server, ("gc2",)), ("server GC", server, ("gc",)),
-                                 ("server loop late", server, ("lag",)), ("client late", clients, ("lag", "gc", "gc2")),
-                                 ("upstream late", upstream, ("lag", "gc", "gc2"))):
-        if hit(stalls, kinds):
-            return cause
-    return "none of these"
+
+def split_wait(sent: float, first: float, server: list[list[Any]], clients: list[list[Any]],
+               upstream: list[list[Any]]) -> dict[str, float]:
+    """Seconds of one first token's wait by `CAUSES`: inside a collection of the server's (full,
+    or younger), its loop otherwise late, the clients' or the upstream's loop late (their own
+    collections included), and the rest: the server's loop running, but on other work (other
+    requests' setup, other streams' tokens) or without the CPU (the host)."""
+    def kinds(stalls: list[list[Any]], *names: str) -> list[tuple[float, float]]:
+        return [(a, b) for a, b, kind in stalls if kind in names]
+
+    full = covered(kinds(server, "gc2"), sent, first)
+    young = covered(kinds(server, "gc"), sent, first)
+    server_any = covered(kinds(server, "gc2", "gc", "lag"), sent, first)
+    harness = covered(kinds(clients, "gc2", "gc", "lag") + kinds(upstream, "gc2", "gc", "lag"), sent, first)
+    client = covered(kinds(clients, "gc2", "gc", "lag"), sent, first)
+    # Harness stalls count where the server was not stalled itself (both at once: the host).
+    either = covered(kinds(server, "gc2", "gc", "lag") + kinds(clients, "gc2", "gc", "lag")
+                     + kinds(upstream, "gc2", "gc", "lag"), sent, first)
+    outside = either - server_any
+    client_share = outside * (client / harness) if harness else 0.0
+    out = {"server full GC": full, "server young GC": young,
+           "server loop late otherwise": max(0.0, server_any - full - young),
+           "client late": client_share, "upstream late": outside - client_share}
+    out["the rest"] = max(0.0, (first - sent) - sum(out.values()))
+    return out
 
 
 def summarise(shards: list[dict[str, Any]], reads: dict[str, float],
@@ -200,7 +223,7 @@ def summarise(shards: list[dict[str, Any]], reads: dict[str, float],
     time to first token p50/p99 ms, and its two legs where the upstream's ``reads`` (stream id →
     when it read the request) are known: in (written → read) and out (read → first delta). With
     the processes' ``stalls`` (target name, ``"upstream"``; the clients' come with their shards),
-    what held up each first token slower than `SLOW` (`blame`)."""
+    where the waits of the first tokens slower than `SLOW` went (`split_wait`)."""
     stalls = stalls or {}
     clients = [stall for s in shards for stall in s["probe"].get("stalls", [])]
     out: dict[str, dict[str, Any]] = {}
@@ -218,15 +241,19 @@ def summarise(shards: list[dict[str, Any]], reads: dict[str, float],
         legs = [(reads[sid] - sent, first - reads[sid]) for sid, sent, first in firsts if sid in reads]
         into = serving_probe.quantiles([a for a, _ in legs])
         back = serving_probe.quantiles([b for _, b in legs])
-        slow = dict.fromkeys(CAUSES, 0)
+        slow = dict.fromkeys(CAUSES, 0.0)
+        n_slow = 0
         for _, sent, first in firsts:
             if first - sent > SLOW:
-                slow[blame(sent, first, stalls.get(name, []), clients, stalls.get("upstream", []))] += 1
+                n_slow += 1
+                for cause, seconds in split_wait(sent, first, stalls.get(name, []), clients,
+                                                 stalls.get("upstream", [])).items():
+                    slow[cause] += seconds
         out[name] = {"streams": streams, "completed": streams - sum(errors.values()), "errors": errors,
                      "tokens": tokens, "span_s": span, "tokens_per_s": tokens / span if span > 0 else None,
                      "ttft_ms_p50": ttft["p50"], "ttft_ms_p99": ttft["p99"], "ttft_ms_max": ttft["max"],
                      "ttft_in_ms": into, "ttft_out_ms": back, "ttft_split": len(legs), "ttft_measured": len(firsts),
-                     "ttft_slow": slow}
+                     "ttft_slow": n_slow, "ttft_slow_wait_s": slow}
     return out
 
 
