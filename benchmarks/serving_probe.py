@@ -24,7 +24,10 @@ import gc
 import json
 import os
 import signal
+import sys
 import time
+import traceback
+import types
 from pathlib import Path
 from typing import Any
 
@@ -118,27 +121,56 @@ class Probe:
         """On ``SIGUSR1`` write a snapshot to ``directory/<pid>.json`` (atomically) and reset."""
         target = Path(directory) / f"{os.getpid()}.json"
 
+        def write(path: Path, report: Any) -> None:
+            # Never raise: an exception in a signal handler surfaces in whatever the server runs.
+            try:
+                tmp = target.with_suffix(".tmp")
+                tmp.write_text(json.dumps(report()))
+                tmp.replace(path)
+            except Exception:
+                traceback.print_exc(file=sys.stderr)
+
         def dump(signum: int, frame: object) -> None:
-            tmp = target.with_suffix(".tmp")
-            tmp.write_text(json.dumps(self.snapshot()))
-            tmp.replace(target)
+            write(target, self.snapshot)
 
         def census(signum: int, frame: object) -> None:
-            tmp = target.with_suffix(".tmp")
-            tmp.write_text(json.dumps(type_census()))
-            tmp.replace(target.with_suffix(".types.json"))
+            write(target.with_suffix(".types.json"), type_census)
 
         signal.signal(signal.SIGUSR1, dump)
         signal.signal(signal.SIGUSR2, census)
         target.with_suffix(".ready").touch()  # only now may the signal come (its default kills)
 
 
-def type_census(top: int = 60) -> dict[str, int]:
-    """The objects the collector tracks, by type (the most common ``top``): what a full
-    collection walks (``SIGUSR2`` writes it to ``<dir>/<pid>.types.json``)."""
+def _census_name(obj: object) -> str:
+    """An object's type, and for code in flight (coroutines, generators, bound methods, tasks)
+    whose code: which part of a server holds it."""
+    kind = type(obj)
+    name = f"{kind.__module__}.{kind.__qualname__}"
+    code: object = None
+    # By the type alone (issubclass), and only these types' attributes: a lazy proxy answers
+    # isinstance and getattr by importing what it stands for (or failing).
+    if issubclass(kind, types.CoroutineType):
+        code = obj.cr_code  # type: ignore[attr-defined]
+    elif issubclass(kind, types.AsyncGeneratorType):
+        code = obj.ag_code  # type: ignore[attr-defined]
+    elif issubclass(kind, types.GeneratorType):
+        code = obj.gi_code  # type: ignore[attr-defined]
+    elif issubclass(kind, asyncio.Task):
+        code = getattr(obj.get_coro(), "cr_code", None)  # type: ignore[attr-defined]
+    elif issubclass(kind, types.MethodType):
+        code = getattr(obj.__func__, "__code__", None)  # type: ignore[attr-defined]
+    if isinstance(code, types.CodeType):
+        name += f" {code.co_filename.rsplit('/site-packages/', 1)[-1].rsplit('/work/', 1)[-1]}:{code.co_qualname}"
+    return name
+
+
+def type_census(top: int = 400) -> dict[str, int]:
+    """The objects the collector tracks, by type and, for code in flight, by its code (the most
+    common ``top``): what a full collection walks (``SIGUSR2`` writes it to
+    ``<dir>/<pid>.types.json``)."""
     counts: dict[str, int] = {}
     for obj in gc.get_objects():
-        name = f"{type(obj).__module__}.{type(obj).__qualname__}"
+        name = _census_name(obj)
         counts[name] = counts.get(name, 0) + 1
     return dict(sorted(counts.items(), key=lambda kv: -kv[1])[:top])
 
