@@ -177,8 +177,8 @@ async def run(spec: dict[str, Any]) -> dict[str, Any]:
 
 SLOW = 0.05
 """A first token later than this (s; the issue's p99 target) is a slow one, whose wait `summarise` splits."""
-CAUSES = ("server full GC", "server young GC", "server loop late otherwise", "client late", "upstream late",
-          "the rest")
+CAUSES = ("server full GC", "server young GC", "server busy", "server not run by the host", "client late",
+           "upstream late", "the rest")
 
 
 def covered(intervals: list[tuple[float, float]], lo: float, hi: float) -> float:
@@ -194,24 +194,27 @@ def covered(intervals: list[tuple[float, float]], lo: float, hi: float) -> float
 def split_wait(sent: float, first: float, server: list[list[Any]], clients: list[list[Any]],
                upstream: list[list[Any]]) -> dict[str, float]:
     """Seconds of one first token's wait by `CAUSES`: inside a collection of the server's (full,
-    or younger), its loop otherwise late, the clients' or the upstream's loop late (their own
-    collections included), and the rest: the server's loop running, but on other work (other
-    requests' setup, other streams' tokens) or without the CPU (the host)."""
+    or younger), its loop otherwise late with the thread running (busy: other requests' setup,
+    other streams' tokens) or not (the host ran other processes), the clients' or the
+    upstream's loop late (their own collections included; only where the server was not stalled
+    itself), and the rest: no stall of 5 ms anywhere (the request's own work, many short waits)."""
     def kinds(stalls: list[list[Any]], *names: str) -> list[tuple[float, float]]:
         return [(a, b) for a, b, kind in stalls if kind in names]
 
+    every = ("gc2", "gc", "busy", "host")
     full = covered(kinds(server, "gc2"), sent, first)
     young = covered(kinds(server, "gc"), sent, first)
-    server_any = covered(kinds(server, "gc2", "gc", "lag"), sent, first)
-    harness = covered(kinds(clients, "gc2", "gc", "lag") + kinds(upstream, "gc2", "gc", "lag"), sent, first)
-    client = covered(kinds(clients, "gc2", "gc", "lag"), sent, first)
+    collecting = covered(kinds(server, "gc2", "gc"), sent, first)
+    busy = covered(kinds(server, "gc2", "gc", "busy"), sent, first) - collecting
+    server_any = covered(kinds(server, *every), sent, first)
+    harness = covered(kinds(clients, *every) + kinds(upstream, *every), sent, first)
+    client = covered(kinds(clients, *every), sent, first)
     # Harness stalls count where the server was not stalled itself (both at once: the host).
-    either = covered(kinds(server, "gc2", "gc", "lag") + kinds(clients, "gc2", "gc", "lag")
-                     + kinds(upstream, "gc2", "gc", "lag"), sent, first)
-    outside = either - server_any
+    anyone = kinds(server, *every) + kinds(clients, *every) + kinds(upstream, *every)
+    outside = covered(anyone, sent, first) - server_any
     client_share = outside * (client / harness) if harness else 0.0
-    out = {"server full GC": full, "server young GC": young,
-           "server loop late otherwise": max(0.0, server_any - full - young),
+    out = {"server full GC": full, "server young GC": young, "server busy": max(0.0, busy),
+           "server not run by the host": max(0.0, server_any - collecting - max(0.0, busy)),
            "client late": client_share, "upstream late": outside - client_share}
     out["the rest"] = max(0.0, (first - sent) - sum(out.values()))
     return out

@@ -54,7 +54,8 @@ class Probe:
         self.pauses: dict[int, list[tuple[float, float]]] = {0: [], 1: [], 2: []}  # generation -> (wall, cpu)
         self.stalls: list[tuple[float, float, str]] = []
         """(start, end, kind) on the shared clock: ``gc2`` a full collection, ``gc`` a younger one
-        of at least `STALL`, ``lag`` the loop late by at least `STALL` (GC or not)."""
+        of at least `STALL`; the loop late by at least `STALL` (GC or not): ``busy`` when the
+        thread ran most of that time (its own work), ``host`` when it did not (not scheduled)."""
         self.walked: list[int] = []
         """Objects each full collection walked (those still tracked after it, and those it freed)."""
         self.extra: dict[str, Any] = {}
@@ -67,15 +68,18 @@ class Probe:
     # -- the loop's lag ------------------------------------------------------------------------
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._handle = loop.call_later(EVERY, self._tick, loop, time.perf_counter() + EVERY)
+        self._handle = loop.call_later(EVERY, self._tick, loop, time.perf_counter() + EVERY, time.thread_time())
 
-    def _tick(self, loop: asyncio.AbstractEventLoop, due: float) -> None:
+    def _tick(self, loop: asyncio.AbstractEventLoop, due: float, cpu_then: float) -> None:
         # perf_counter, not loop.time(): uvloop's clock moves in whole milliseconds.
-        now = time.perf_counter()
+        now, cpu = time.perf_counter(), time.thread_time()
         self.lags.append(max(0.0, now - due))
         if now - due >= STALL:
-            self.stalls.append((due, now, "lag"))
-        self._handle = loop.call_later(EVERY, self._tick, loop, now + EVERY)
+            # Late because the loop was busy (the thread ran most of the time since the last tick),
+            # or because the host did not run the process: "busy" or "host".
+            ran = (cpu - cpu_then) / max(1e-9, now - (due - EVERY))
+            self.stalls.append((due, now, "busy" if ran >= 0.5 else "host"))
+        self._handle = loop.call_later(EVERY, self._tick, loop, now + EVERY, cpu)
 
     # -- the collector ---------------------------------------------------------------------------
 

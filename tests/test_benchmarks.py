@@ -141,12 +141,13 @@ def test_bench_server_splits_a_slow_first_tokens_wait_by_what_stalled() -> None:
     finally:
         sys.path.remove(str(BENCH))
     # A wait from 10.0 to 11.0 s: the server in a full collection 10.1-10.4 (its loop late
-    # 10.1-10.5 because of it), a young one 10.6-10.65; the client late 10.5-10.7 (its part
-    # outside the server's own stalls: 10.5-10.6 and 10.65-10.7); the upstream late 12-13 (after).
-    server = [[10.1, 10.4, "gc2"], [10.1, 10.5, "lag"], [10.6, 10.65, "gc"]]
-    wait = serving_clients.split_wait(10.0, 11.0, server, [[10.5, 10.7, "lag"]], [[12.0, 13.0, "lag"]])
-    expected = {"server full GC": 0.3, "server young GC": 0.05, "server loop late otherwise": 0.1,
-                "client late": 0.15, "upstream late": 0.0, "the rest": 0.4}
+    # 10.1-10.5 because of it, busy), a young one 10.6-10.65, not run by the host 10.8-10.9; the
+    # client late 10.5-10.7 (its part outside the server's own stalls: 10.5-10.6 and 10.65-10.7);
+    # the upstream late 12-13 (after the first token).
+    server = [[10.1, 10.4, "gc2"], [10.1, 10.5, "busy"], [10.6, 10.65, "gc"], [10.8, 10.9, "host"]]
+    wait = serving_clients.split_wait(10.0, 11.0, server, [[10.5, 10.7, "busy"]], [[12.0, 13.0, "host"]])
+    expected = {"server full GC": 0.3, "server young GC": 0.05, "server busy": 0.1,
+                "server not run by the host": 0.1, "client late": 0.15, "upstream late": 0.0, "the rest": 0.3}
     assert set(wait) == set(serving_clients.CAUSES) == set(expected)
     for cause, seconds in expected.items():
         assert abs(wait[cause] - seconds) < 1e-9, (cause, wait[cause])
