@@ -7,6 +7,7 @@ Saves are versioned: ``save(..., expected_version)`` succeeds only if the stored
 
 from __future__ import annotations
 
+import math
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -17,6 +18,7 @@ from typing import Literal, Protocol, Self, runtime_checkable
 from pydantic_core import PydanticSerializationError
 
 from ..errors import StateConflictError, StateStoreError
+from ..message import Msg, ToolUseBlock
 from .state import AgentState
 
 __all__ = [
@@ -96,10 +98,10 @@ class InMemoryStateStore:
     again by every ``load``, like the other stores. A kept state is then one object, not the
     dozens of a conversation's messages and blocks: a server keeps thousands of finished sessions,
     and every full collection of Python's garbage collector walks every object kept, pausing
-    every stream at once (``benchmarks/RESULTS.md`` §12). A state that cannot be written as JSON
-    (an object in ``metadata`` that pydantic cannot serialise), or of a subclass of `AgentState`,
-    is kept as it is, by reference. A loaded state is the caller's own: changing it changes
-    nothing stored until it is saved.
+    every stream at once (``benchmarks/RESULTS.md`` §12). A state JSON would not give back as it
+    is — a Python object in a ``metadata`` (a structured output's model, a tuple), a subclass of
+    `AgentState` or `Msg` — is kept as it is, by reference, as before. A state kept as JSON is the
+    caller's own once loaded: changing it changes nothing stored until it is saved.
 
     Unbounded by default (a script or a test keeps what it made). ``max_sessions`` bounds how many
     sessions it keeps: past it, the least recently used idle session is evicted. ``idle_ttl``
@@ -239,12 +241,13 @@ class InMemoryStateStore:
 
 
 def _freeze(state: AgentState) -> bytes | AgentState:
-    """The state as `InMemoryStateStore` keeps it: its JSON, or itself when it has none."""
-    if type(state) is not AgentState:  # a subclass would come back as an AgentState
+    """The state as `InMemoryStateStore` keeps it: its JSON when JSON gives it back as it is, else
+    itself."""
+    if not _json_exact(state):
         return state
     try:
         return _SERIALIZER.to_json(state)
-    except (PydanticSerializationError, ValueError, TypeError):
+    except (PydanticSerializationError, ValueError, TypeError):  # a lone surrogate in a string, say
         return state
 
 
@@ -253,6 +256,47 @@ def _thaw(data: bytes) -> AgentState:
 
 
 _SERIALIZER = AgentState.__pydantic_serializer__
+
+
+def _json_exact(state: AgentState) -> bool:
+    """Whether the state read back from its JSON equals it: of its own classes (a subclass would
+    come back as the base), and its free-form values (``metadata``, a tool call's ``input``) only
+    JSON's own types — a pydantic model kept in a message's metadata (structured output) would
+    come back as a dict, a tuple as a list."""
+    if type(state) is not AgentState or not _plain(state.metadata):
+        return False
+    for msg in state.context:
+        if type(msg) is not Msg or (msg.metadata and not _plain(msg.metadata)):
+            return False
+        for block in msg.content:
+            if type(block) is ToolUseBlock and block.input and not _plain(block.input):
+                return False
+    return True
+
+
+def _plain(value: object) -> bool:
+    """Whether ``value`` holds only what JSON writes and reads back unchanged: dicts with string
+    keys, lists, strings, ints, bools, None and finite floats (iterative: a deep value cannot
+    exhaust the stack)."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if type(item) is dict:
+            for key, child in item.items():
+                if type(key) is not str:
+                    return False
+                stack.append(child)
+        elif type(item) is list:
+            stack.extend(item)
+        elif type(item) is float:
+            if not math.isfinite(item):
+                return False
+        elif type(item) not in _SCALARS:  # exact types: a str or int subclass (an enum) comes back plain
+            return False
+    return True
+
+
+_SCALARS = (str, int, bool, type(None))
 
 
 class _Pin:

@@ -6,12 +6,15 @@ its own: no aliasing between a stored state and a live one."""
 from __future__ import annotations
 
 import gc
+from enum import StrEnum
 from typing import Any
 
 import pytest
+from pydantic import BaseModel
 
 from agentscope_py import ModelStep, Msg, ReActAgent, RuntimeContext, ScriptedModel
 from agentscope_py.agent import AgentState, InMemoryStateStore
+from agentscope_py.message import TextBlock, ToolUseBlock
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -63,22 +66,57 @@ async def test_two_loads_are_two_states_and_the_saved_one_is_unchanged() -> None
     assert again is not None and len(again.context) == 2
 
 
-async def test_a_state_json_cannot_hold_is_kept_as_it_is() -> None:
-    class Opaque:
-        pass
+class City(BaseModel):
+    name: str
 
+
+class Color(StrEnum):
+    RED = "red"
+
+
+@pytest.mark.parametrize("metadata", [{"handle": object()}, {"city": City(name="Oslo")}, {"pair": (1, 2)},
+                                      {"ratio": float("nan")}, {"color": Color.RED}],
+                         ids=["object", "model", "tuple", "nan", "enum"])
+async def test_a_state_json_would_not_give_back_as_it_is_is_kept_as_it_is(metadata: dict[Any, Any]) -> None:
+    """On the state, on a message or in a tool call's input: a structured output's model must come
+    back a model, a tuple a tuple (as they did when every state was kept by reference)."""
+    store = InMemoryStateStore()
+    on_state = AgentState(user_id="u", session_id="a", metadata=metadata)
+    reply = Msg(role="assistant", content=[TextBlock(text="hi")], metadata=metadata)
+    on_message = AgentState(user_id="u", session_id="b", context=[reply])
+    call = Msg(role="assistant", content=[ToolUseBlock(id="c1", name="f", input=dict(metadata))])
+    in_tool_input = AgentState(user_id="u", session_id="c", context=[call])
+    for state in (on_state, on_message, in_tool_input):
+        await store.save("u", state.session_id, state, 0)
+        loaded, _ = await store.load("u", state.session_id)
+        assert loaded is state
+
+
+async def test_a_subclass_of_the_state_or_of_a_message_is_kept_as_it_is() -> None:
     class Richer(AgentState):
         note: str = ""
 
+    class Tagged(Msg):
+        tag: str = ""
+
     store = InMemoryStateStore()
-    odd = AgentState(user_id="u", session_id="odd", metadata={"handle": Opaque()})
     richer = Richer(user_id="u", session_id="richer", note="kept")
-    await store.save("u", "odd", odd, 0)
+    tagged = AgentState(user_id="u", session_id="tagged", context=[Tagged(role="user", tag="t")])
     await store.save("u", "richer", richer, 0)
-    loaded_odd, _ = await store.load("u", "odd")
-    loaded_richer, _ = await store.load("u", "richer")
-    assert loaded_odd is odd and isinstance(loaded_odd.metadata["handle"], Opaque)
-    assert loaded_richer is richer and isinstance(loaded_richer, Richer)
+    await store.save("u", "tagged", tagged, 0)
+    assert (await store.load("u", "richer"))[0] is richer
+    loaded, _ = await store.load("u", "tagged")
+    assert loaded is tagged and isinstance(loaded.context[0], Tagged)
+
+
+async def test_plain_values_in_metadata_and_tool_inputs_go_as_json() -> None:
+    plain = {"n": 1, "x": 0.5, "ok": True, "none": None, "nested": {"list": ["a", 2, [3.25]]}}
+    call = Msg(role="assistant", content=[ToolUseBlock(id="c1", name="f", input=plain)], metadata=plain)
+    state = AgentState(user_id="u", session_id="s", context=[call], metadata=plain)
+    store = InMemoryStateStore()
+    await store.save("u", "s", state, 0)
+    loaded, _ = await store.load("u", "s")
+    assert loaded is not state and loaded == state
 
 
 async def test_an_agent_remembers_its_sessions_through_the_json() -> None:
