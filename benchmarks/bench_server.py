@@ -159,7 +159,8 @@ def servers(args: argparse.Namespace, notes: dict[str, str], out_upstream: list[
                  "--http", http, "--loop", loop]
         out: dict[str, Proc] = {}
         if args.baseline:  # the same agentscope-py server from another tree (a before/after run)
-            SERVERS["a0"] = f"agentscope-py @ {Path(args.baseline).name}"
+            flags_shown = f" {args.baseline_flags}" if args.baseline_flags else ""
+            SERVERS["a0"] = f"agentscope-py @ {Path(args.baseline).resolve().name}{flags_shown}"
             base_env = {**env, "PYTHONPATH": os.pathsep.join([str(Path(args.baseline).resolve()), env["PYTHONPATH"]])}
             # Its serve may lack these options.
             flags = [f for f in serve if f not in ("--http", http, "--loop", loop, "--backlog", str(BACKLOG))]
