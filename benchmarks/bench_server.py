@@ -9,9 +9,14 @@ One run starts, each in a process of its own:
   provider, (b) a bare relay (httpx → parse → AG-UI text deltas → Starlette, one write per delta),
   (c) Pydantic AI's AG-UI adapter over its OpenAI model, (d) agentscope-py with the Redis run log,
   when ``serve`` has one (``--redis``; detected, else reported as unavailable);
-* per level, one client process (`serving_clients.py`) holding N AG-UI streams to *each* server
-  at once, so every server sees the same load at the same time (sequential runs on this host
-  swing too much to compare).
+* per level, client processes (`serving_clients.py`, ``--client-procs``) holding N AG-UI streams to
+  *each* server at once, so every server sees the same load at the same time (sequential runs on
+  this host swing too much to compare).
+
+Every process carries a probe (`serving_probe.py`): its loop's lag, its collector's pauses, the
+stalls of each with when they happened; a first token's wait is split at the upstream's read of
+the request (in: the server's request setup; out: token 0's way back), and a slow one's wait by
+what stalled meanwhile (`serving_report.py` prints the tables).
 
 Levels: ``light:N`` — N streams sharing ``--light-rate`` (1,000) tokens/s per server, token
 ``k`` of a stream at ``k × N / rate``; ``sat:N`` — N streams each at ``--sat-dt`` (10 ms) per
@@ -37,11 +42,16 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+import serving_clients
+import serving_probe
+from serving_report import CLIENT_LAG_MS, SERVERS, bars, probe_table, slow_table, table
 
 HERE = Path(__file__).resolve().parent
 PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -50,7 +60,6 @@ STACKS = {"h11": ("h11", "asyncio"), "fast": ("httptools", "uvloop")}
 BACKLOG = 4096
 """Every server's listen backlog (the kernel's somaxconn here): with uvicorn's 2,048 a burst of
 5,000 connections against a loop that is behind overflows it, for every server alike."""
-SERVERS = {"a": "agentscope-py", "b": "bare relay", "c": "pydantic-ai", "d": "agentscope-py + redis log"}
 
 
 def cpu_seconds(pid: int) -> float:
@@ -140,16 +149,18 @@ def servers(args: argparse.Namespace, notes: dict[str, str], out_upstream: list[
     started: list[Proc] = []
     redis: subprocess.Popen[bytes] | None = None
     try:
-        upstream = Proc("upstream", [python, "serving_upstream.py"], dict(os.environ), _json_port)
+        probed = {**os.environ, serving_probe.ENV: args.probe_dir}
+        upstream = Proc("upstream", [python, "serving_upstream.py"], probed, _json_port)
         started.append(upstream)
-        env = {**os.environ, "BENCH_UPSTREAM": f"http://127.0.0.1:{upstream.port}",
+        env = {**probed, "BENCH_UPSTREAM": f"http://127.0.0.1:{upstream.port}",
                "PYTHONPATH": str(HERE) + os.pathsep + os.environ.get("PYTHONPATH", "")}
         serve = [python, "-m", "agentscope_py.cli", "serve", "serving_apps:agentscope_agent", "--port", "0",
                  "--max-connections", "100000", "--backlog", str(BACKLOG), "--log-level", "warning",
                  "--http", http, "--loop", loop]
         out: dict[str, Proc] = {}
         if args.baseline:  # the same agentscope-py server from another tree (a before/after run)
-            SERVERS["a0"] = f"agentscope-py @ {Path(args.baseline).name}"
+            flags_shown = f" {args.baseline_flags}" if args.baseline_flags else ""
+            SERVERS["a0"] = f"agentscope-py @ {Path(args.baseline).resolve().name}{flags_shown}"
             base_env = {**env, "PYTHONPATH": os.pathsep.join([str(Path(args.baseline).resolve()), env["PYTHONPATH"]])}
             # Its serve may lack these options.
             flags = [f for f in serve if f not in ("--http", http, "--loop", loop, "--backlog", str(BACKLOG))]
@@ -239,6 +250,24 @@ def level_spec(args: argparse.Namespace, level: str, ports: dict[str, int]) -> d
             "level": f"{level.replace(':', '')}-{time.monotonic_ns()}", "deadline": deadline}  # fresh ids per level
 
 
+def run_clients(args: argparse.Namespace, spec: dict[str, Any]) -> list[dict[str, Any]]:
+    """The level's streams over ``--client-procs`` processes (stream i in process i mod k), each
+    one's result: one process holding thousands of streams to several servers falls behind them,
+    and its lag would be counted as theirs."""
+    shards = max(1, min(args.client_procs, spec["n"]))
+    procs = [subprocess.Popen([sys.executable, "serving_clients.py", "--spec",
+                               json.dumps({**spec, "shard": [i, shards]})],
+                              cwd=HERE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for i in range(shards)]
+    out = []
+    for proc in procs:
+        stdout, stderr = proc.communicate(timeout=spec["deadline"] + 120)
+        if proc.returncode != 0:
+            raise RuntimeError(f"the clients failed: {stderr[-3000:]}")
+        out.append(json.loads(stdout.strip().splitlines()[-1]))
+    return out
+
+
 def run_level(args: argparse.Namespace, level: str, procs: dict[str, Proc], upstream_pid: int | None) -> dict[str, Any]:
     level, procs = level_servers(level, procs)
     spec = level_spec(args, level, {k: p.port for k, p in procs.items()})
@@ -246,17 +275,22 @@ def run_level(args: argparse.Namespace, level: str, procs: dict[str, Proc], upst
     before = {k: cpu_seconds(p) for k, p in pids.items()}
     upstream_before = cpu_seconds(upstream_pid) if upstream_pid else 0.0
     rss = RSSSampler(pids)
+    probe_pids = {**pids, **({"upstream": upstream_pid} if upstream_pid else {})}
+    serving_probe.collect(probe_pids, args.probe_dir)  # start every process's probe afresh
     started = time.monotonic()
-    proc = subprocess.run([sys.executable, "serving_clients.py", "--spec", json.dumps(spec)], cwd=HERE,
-                          capture_output=True, text=True, check=False, timeout=spec["deadline"] + 120)
+    shards = run_clients(args, spec)
     wall = time.monotonic() - started
     rss.close()
-    if proc.returncode != 0:
-        raise RuntimeError(f"the clients failed: {proc.stderr[-3000:]}")
-    clients = json.loads(proc.stdout.strip().splitlines()[-1])
+    probes = serving_probe.collect(probe_pids, args.probe_dir)
+    for i, shard in enumerate(shards):
+        probes[f"client {i + 1}/{len(shards)}"] = shard["probe"]
+    clients = serving_clients.summarise(shards, probes.get("upstream", {}).pop("reads", {}),
+                                        {k: p.get("stalls", []) for k, p in probes.items()})
+    for p in probes.values():
+        p.pop("stalls", None)  # matched with the first tokens above; too long for the report
     # The host's other load, which slows every server alike (the ratios stand, the spans do not).
     out: dict[str, Any] = {"level": level, "n": spec["n"], "dt_s": spec["dt"], "wall_s": wall,
-                           "loadavg_1m_after": os.getloadavg()[0], "servers": {}}
+                           "loadavg_1m_after": os.getloadavg()[0], "servers": {}, "probes": probes}
     if upstream_pid:
         out["upstream_cpu_s"] = cpu_seconds(upstream_pid) - upstream_before
     for key, pid in pids.items():
@@ -275,39 +309,9 @@ def run_level(args: argparse.Namespace, level: str, procs: dict[str, Proc], upst
     base = out["servers"].get("b", {}).get("cpu_us_per_token")
     for s in out["servers"].values():
         s["cpu_vs_relay"] = s["cpu_us_per_token"] / base if base and s["cpu_us_per_token"] else None
+    lagging = [k for k, p in probes.items() if k.startswith("client") and (p["lag_ms"]["p99"] or 0) > CLIENT_LAG_MS]
+    out["client_lagged"] = lagging
     return out
-
-
-def _f(value: Any, fmt: str = "{:.0f}") -> str:
-    return "—" if value is None else fmt.format(value)
-
-
-def table(results: list[dict[str, Any]]) -> str:
-    lines = ["| level (load avg) | server | µs CPU/token | × relay | tokens/s (span) | tokens/s per core "
-             "| TTFT p50 / p99 ms | RSS KiB/session | peak RSS MiB | errors |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---|"]
-    for r in results:
-        for key, s in r["servers"].items():
-            errors = ", ".join(f"{k}: {v}" for k, v in s["errors"].items()) or "0"
-            lines.append(
-                f"| {r['level']} ({r.get('loadavg_1m_after', 0):.1f}) | ({key}) {SERVERS[key]} | "
-                f"{_f(s['cpu_us_per_token'])} | "
-                f"{_f(s['cpu_vs_relay'], '{:.2f}×')} | {_f(s['tokens_per_s'])} | {_f(s['core_tokens_per_s'])} | "
-                f"{_f(s['ttft_ms_p50'], '{:.1f}')} / {_f(s['ttft_ms_p99'], '{:.1f}')} | "
-                f"{_f(s['rss_kib_per_session'], '{:.1f}')} | {_f(s['rss_mib_peak'])} | {errors} |")
-    return "\n".join(lines)
-
-
-def bars(results: list[dict[str, Any]], width: int = 48) -> str:
-    """An ASCII plot of CPU µs per token: one bar per server and level."""
-    top = max((s["cpu_us_per_token"] or 0) for r in results for s in r["servers"].values()) or 1
-    lines = []
-    for r in results:
-        lines.append(f"{r['level']}")
-        for key, s in r["servers"].items():
-            us = s["cpu_us_per_token"] or 0
-            lines.append(f"  ({key}) {SERVERS[key]:<26} {'#' * max(1, round(width * us / top)):<{width}} {us:.0f} µs")
-    return "\n".join(lines)
 
 
 def main() -> None:
@@ -334,6 +338,8 @@ def main() -> None:
                         "uvloop + httptools when installed), side by side, as a0")
     parser.add_argument("--serve-flags", default="", help="more flags for (a)'s `agentscope-py serve`")
     parser.add_argument("--baseline-flags", default="", help="more flags for a0's `agentscope-py serve`")
+    parser.add_argument("--client-procs", type=int, default=4,
+                        help="client processes a level's streams are spread over (default: %(default)s)")
     parser.add_argument("--warmup", type=int, default=50, help="streams per server before the levels (0: none)")
     parser.add_argument("--quick", action="store_true", help="a smoke test: small levels, few tokens")
     parser.add_argument("--json", action="store_true", help="print the results as one JSON line, last")
@@ -357,7 +363,8 @@ def main() -> None:
     notes: dict[str, str] = {}
     results: list[dict[str, Any]] = []
     upstream: list[int] = [0]
-    with servers(args, notes, upstream) as procs:
+    with tempfile.TemporaryDirectory(prefix="bench-probe-") as args.probe_dir, \
+            servers(args, notes, upstream) as procs:
         upstream_pid = upstream[0]
         if args.warmup:
             run_level(argparse.Namespace(**{**vars(args), "deadline": 60}), f"sat:{args.warmup}", procs, None)
@@ -366,6 +373,8 @@ def main() -> None:
             result = run_level(args, level.strip(), procs, upstream_pid)
             results.append(result)
             print(table([result]).split("\n", 2)[2], file=sys.stderr, flush=True)
+            print(probe_table([result]).split("\n", 2)[2], file=sys.stderr, flush=True)
+            print(slow_table([result]).split("\n", 2)[2], file=sys.stderr, flush=True)
     report = {"stack": args.stack, "tokens": args.tokens, "tool_share": args.tool_share, "notes": notes,
               "levels": results, "errors": sum(sum(s["errors"].values()) for r in results
                                                for s in r["servers"].values())}
@@ -374,6 +383,17 @@ def main() -> None:
     for key, note in notes.items():
         print(f"({key}) {SERVERS[key]}: {note}")
     print(table(results))
+    print()
+    print("TTFT in: from the request's write to the upstream reading it (the server's request setup); out: "
+          "from there (the upstream writes token 0 at once) to the client reading the first delta.")
+    print()
+    print(probe_table(results))
+    print()
+    print("Where the slow first tokens' waits went (stalls of at least "
+          f"{1000 * serving_probe.STALL:.0f} ms in each process's timeline; the rest: no such stall "
+          "anywhere):")
+    print()
+    print(slow_table(results))
     print()
     print(bars(results))
     if args.json_out:

@@ -19,11 +19,15 @@ Every HTTP client to the upstream gets the same pool (no connection cap): the SD
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
 import json
 import os
 import sys
 from collections.abc import AsyncIterator
 from typing import Any
+
+import serving_probe
 
 POOL = 100_000
 SYSTEM = "You are a benchmark assistant."
@@ -31,6 +35,13 @@ SYSTEM = "You are a benchmark assistant."
 
 def upstream() -> str:
     return os.environ["BENCH_UPSTREAM"].rstrip("/") + "/v1"
+
+
+@contextlib.asynccontextmanager
+async def probed(app: Any) -> AsyncIterator[None]:
+    """The Starlette apps' lifespan: the benchmark's probe (loop lag, GC pauses) when asked for."""
+    serving_probe.install()
+    yield
 
 
 def lookup(query: str) -> str:
@@ -63,6 +74,8 @@ def agentscope_agent() -> Any:
         def on_model_call(self, agent: Any, ctx: Any, input: Any, next: Any) -> Any:
             return next(input)
 
+    with contextlib.suppress(RuntimeError):  # `serve` calls the factory at startup, on its loop
+        serving_probe.install(asyncio.get_running_loop())
     model = OpenAIChatModel("bench-model", client=_openai_client())
     return (ReActAgent.builder().name("bench").sys_prompt(SYSTEM).model(model).tools(lookup)
             .middlewares([PassThrough() for _ in range(5)]).build())
@@ -141,7 +154,7 @@ def relay_app() -> Any:
         body = await request.json()
         return StreamingResponse(events(body), media_type="text/event-stream")
 
-    return Starlette(routes=[Route("/agui", agui, methods=["POST"])])
+    return Starlette(routes=[Route("/agui", agui, methods=["POST"])], lifespan=probed)
 
 
 # -- (c) Pydantic AI -----------------------------------------------------------------------------
@@ -163,7 +176,7 @@ def pydantic_ai_app() -> Any:
     async def agui(request: Request) -> Response:
         return await AGUIAdapter.dispatch_request(request, agent=agent)
 
-    return Starlette(routes=[Route("/agui", agui, methods=["POST"])])
+    return Starlette(routes=[Route("/agui", agui, methods=["POST"])], lifespan=probed)
 
 
 APPS = {"relay": relay_app, "pydantic_ai": pydantic_ai_app}

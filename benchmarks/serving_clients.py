@@ -10,6 +10,14 @@ The time to first token is from writing the request to the first byte that holds
 for the runs without a tool turn; the upstream writes the first token as soon as it has read the
 request, so all of it is time the server under test (and loopback) added.
 
+One process may hold a share of the streams only (``shard``: ``[i, k]`` takes every k-th stream
+from the i-th): the client's own loop lag is measured (`serving_probe`) and reported with its
+results, since a client that is behind delays the first deltas it timestamps as much as a server
+does; `bench_server.py` spreads a level over several client processes and merges their results
+(`summarise`). Each stream's text carries its id (``id=…``), which the upstream records with the
+time it read the request, so a time to first token splits into the way in (request written →
+upstream read it) and the way out (upstream wrote token 0 → the client read its delta).
+
     python benchmarks/serving_clients.py --spec '{"targets": {"relay": 8001}, "n": 100, ...}'
 """
 
@@ -22,6 +30,8 @@ import random
 import sys
 import time
 from typing import Any
+
+import serving_probe
 
 DELTA = b"TEXT_MESSAGE_CONTENT"
 FINISHED = b"RUN_FINISHED"
@@ -85,9 +95,13 @@ def request(port: int, body: bytes) -> bytes:
             % (port, len(body), body))
 
 
+def stream_id(level: str, name: str, i: int) -> str:
+    return f"{level}-{name}-{i}"
+
+
 def body(name: str, i: int, tokens: int, dt: float, tool: bool, level: str) -> bytes:
-    run = f"{level}-{name}-{i}"
-    text = f"Answer. tokens={tokens} dt={dt:.6f} tool={int(tool)}"
+    run = stream_id(level, name, i)
+    text = f"Answer. tokens={tokens} dt={dt:.6f} tool={int(tool)} id={run}"
     return json.dumps({"threadId": f"t-{run}", "runId": f"r-{run}", "state": {}, "tools": [], "context": [],
                        "forwardedProps": {}, "messages": [{"id": f"m-{run}", "role": "user", "content": text}]}
                       ).encode()
@@ -110,39 +124,38 @@ async def one(loop: asyncio.AbstractEventLoop, port: int, payload: bytes, delay:
         return {"error": "deadline", "started": started, "ended": time.perf_counter(), "deltas": stream.deltas}
     return {"status": stream.status, "deltas": stream.deltas, "finished": stream.finished,
             "failed": stream.code if stream.failed else None,
-            "ttft": None if stream.first is None else stream.first - stream.sent,
+            "ttft": None if stream.first is None else stream.first - stream.sent, "sent": stream.sent,
+            "first": stream.first,
             "started": started, "ended": time.perf_counter()}
 
 
-def _quantile(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    values = sorted(values)
-    return values[min(len(values) - 1, int(q * len(values)))]
-
-
 async def run(spec: dict[str, Any]) -> dict[str, Any]:
+    """This process's share of the streams: per target its raw outcome (errors, tokens, the span's
+    ends, and for each tool-free stream its id, write time and first delta's time)."""
     loop = asyncio.get_running_loop()
+    probe = serving_probe.Probe()
+    probe.start(loop)
     n, tokens, dt, ramp = spec["n"], spec["tokens"], spec["dt"], spec["ramp"]
     tool_share, level = spec["tool_share"], spec["level"]
+    shard, shards = spec.get("shard", [0, 1])
     deadline = loop.time() + spec["deadline"]
     rng = random.Random(7)
-    tasks: dict[str, list[asyncio.Task[dict[str, Any]]]] = {}
+    tasks: dict[str, list[tuple[str, bool, asyncio.Task[dict[str, Any]]]]] = {}
     for name, port in spec["targets"].items():
         tasks[name] = []
         for i in range(n):
-            tool = rng.random() < tool_share
-            tasks[name].append(loop.create_task(
-                one(loop, port, body(name, i, tokens, dt, tool, level), ramp * i / max(1, n), deadline),
-                name=f"{name}:{i}:{int(tool)}"))
+            tool = rng.random() < tool_share  # drawn for every stream: the same runs have tools in every shard
+            if i % shards != shard:
+                continue
+            task = loop.create_task(one(loop, port, body(name, i, tokens, dt, tool, level), ramp * i / max(1, n),
+                                        deadline))
+            tasks[name].append((stream_id(level, name, i), tool, task))
     out: dict[str, Any] = {}
     for name, group in tasks.items():
-        results = await asyncio.gather(*group)
+        results = await asyncio.gather(*(t for _, _, t in group))
         errors: dict[str, int] = {}
-        ttft: list[float] = []
-        deltas = 0
-        for task, r in zip(group, results, strict=True):
-            deltas += r.get("deltas", 0)
+        firsts: list[tuple[str, float, float]] = []
+        for (sid, tool, _), r in zip(group, results, strict=True):
             kind = r.get("error")
             if kind is None and r["status"] != 200:
                 kind = f"status {r['status']}"
@@ -154,19 +167,102 @@ async def run(spec: dict[str, Any]) -> dict[str, Any]:
                 kind = "wrong token count"
             if kind is not None:
                 errors[kind] = errors.get(kind, 0) + 1
-            elif r["ttft"] is not None and task.get_name().endswith(":0"):
-                ttft.append(r["ttft"])
-        span = max(r["ended"] for r in results) - min(r["started"] for r in results)
-        out[name] = {"streams": n, "completed": n - sum(errors.values()), "errors": errors, "tokens": deltas,
-                     "span_s": span, "tokens_per_s": deltas / span if span > 0 else None,
-                     "ttft_ms_p50": None if not ttft else 1000 * (_quantile(ttft, 0.5) or 0),
-                     "ttft_ms_p99": None if not ttft else 1000 * (_quantile(ttft, 0.99) or 0)}
+            elif r["ttft"] is not None and not tool:
+                firsts.append((sid, r["sent"], r["first"]))
+        out[name] = {"streams": len(group), "errors": errors, "tokens": sum(r.get("deltas", 0) for r in results),
+                     "started": min((r["started"] for r in results), default=0.0),
+                     "ended": max((r["ended"] for r in results), default=0.0), "firsts": firsts}
+    return {"targets": out, "probe": probe.snapshot()}
+
+
+SLOW = 0.05
+"""A first token later than this (s; the issue's p99 target) is a slow one, whose wait `summarise` splits."""
+CAUSES = ("server full GC", "server young GC", "server busy", "server not run by the host", "client late",
+           "upstream late", "the rest")
+
+
+def covered(intervals: list[tuple[float, float]], lo: float, hi: float) -> float:
+    """Seconds of ``[lo, hi]`` inside the union of ``intervals``."""
+    total, reach = 0.0, lo
+    for start, end in sorted((max(a, lo), min(b, hi)) for a, b in intervals if b > lo and a < hi):
+        if end > reach:
+            total += end - max(start, reach)
+            reach = end
+    return total
+
+
+def split_wait(sent: float, first: float, server: list[list[Any]], clients: list[list[Any]],
+               upstream: list[list[Any]]) -> dict[str, float]:
+    """Seconds of one first token's wait by `CAUSES`: inside a collection of the server's (full,
+    or younger), its loop otherwise late with the thread running (busy: other requests' setup,
+    other streams' tokens) or not (the host ran other processes), the clients' or the
+    upstream's loop late (their own collections included; only where the server was not stalled
+    itself), and the rest: no stall of 5 ms anywhere (the request's own work, many short waits)."""
+    def kinds(stalls: list[list[Any]], *names: str) -> list[tuple[float, float]]:
+        return [(a, b) for a, b, kind in stalls if kind in names]
+
+    every = ("gc2", "gc", "busy", "host")
+    full = covered(kinds(server, "gc2"), sent, first)
+    young = covered(kinds(server, "gc"), sent, first)
+    collecting = covered(kinds(server, "gc2", "gc"), sent, first)
+    busy = covered(kinds(server, "gc2", "gc", "busy"), sent, first) - collecting
+    server_any = covered(kinds(server, *every), sent, first)
+    harness = covered(kinds(clients, *every) + kinds(upstream, *every), sent, first)
+    client = covered(kinds(clients, *every), sent, first)
+    # Harness stalls count where the server was not stalled itself (both at once: the host).
+    anyone = kinds(server, *every) + kinds(clients, *every) + kinds(upstream, *every)
+    outside = covered(anyone, sent, first) - server_any
+    client_share = outside * (client / harness) if harness else 0.0
+    out = {"server full GC": full, "server young GC": young, "server busy": max(0.0, busy),
+           "server not run by the host": max(0.0, server_any - collecting - max(0.0, busy)),
+           "client late": client_share, "upstream late": outside - client_share}
+    out["the rest"] = max(0.0, (first - sent) - sum(out.values()))
+    return out
+
+
+def summarise(shards: list[dict[str, Any]], reads: dict[str, float],
+              stalls: dict[str, list[list[Any]]] | None = None) -> dict[str, dict[str, Any]]:
+    """The shards' results merged per target: streams, errors, tokens, tokens/s over the span,
+    time to first token p50/p99 ms, and its two legs where the upstream's ``reads`` (stream id →
+    when it read the request) are known: in (written → read) and out (read → first delta). With
+    the processes' ``stalls`` (target name, ``"upstream"``; the clients' come with their shards),
+    where the waits of the first tokens slower than `SLOW` went (`split_wait`)."""
+    stalls = stalls or {}
+    clients = [stall for s in shards for stall in s["probe"].get("stalls", [])]
+    out: dict[str, dict[str, Any]] = {}
+    for name in shards[0]["targets"]:
+        parts = [s["targets"][name] for s in shards]
+        errors: dict[str, int] = {}
+        for p in parts:
+            for kind, count in p["errors"].items():
+                errors[kind] = errors.get(kind, 0) + count
+        streams = sum(p["streams"] for p in parts)
+        tokens = sum(p["tokens"] for p in parts)
+        span = max(p["ended"] for p in parts) - min(p["started"] for p in parts)
+        firsts = [f for p in parts for f in p["firsts"]]
+        ttft = serving_probe.quantiles([first - sent for _, sent, first in firsts])
+        legs = [(reads[sid] - sent, first - reads[sid]) for sid, sent, first in firsts if sid in reads]
+        into = serving_probe.quantiles([a for a, _ in legs])
+        back = serving_probe.quantiles([b for _, b in legs])
+        slow = dict.fromkeys(CAUSES, 0.0)
+        n_slow = 0
+        for _, sent, first in firsts:
+            if first - sent > SLOW:
+                n_slow += 1
+                for cause, seconds in split_wait(sent, first, stalls.get(name, []), clients,
+                                                 stalls.get("upstream", [])).items():
+                    slow[cause] += seconds
+        out[name] = {"streams": streams, "completed": streams - sum(errors.values()), "errors": errors,
+                     "tokens": tokens, "span_s": span, "tokens_per_s": tokens / span if span > 0 else None,
+                     "ttft_ms_p50": ttft["p50"], "ttft_ms_p99": ttft["p99"], "ttft_ms_max": ttft["max"],
+                     "ttft_in_ms": into, "ttft_out_ms": back, "ttft_split": len(legs), "ttft_measured": len(firsts),
+                     "ttft_slow": n_slow, "ttft_slow_wait_s": slow}
     return out
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--spec", required=True, help="JSON: targets {name: port}, n, tokens, dt, ramp, ...")
+    parser.add_argument("--spec", required=True, help="JSON: targets {name: port}, n, tokens, dt, ramp, shard...")
     spec = json.loads(parser.parse_args().spec)
     try:
         import uvloop  # the harness, not a server under test

@@ -23,11 +23,16 @@ import asyncio
 import json
 import re
 import sys
+import time
 from typing import Any
+
+import serving_probe
+
+PROBE: serving_probe.Probe | None = None
 
 TOKEN = " tok"
 _HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
-_SPEC = re.compile(r"tokens=(\d+)\s+dt=([0-9.]+)\s+tool=([01])")
+_SPEC = re.compile(r"tokens=(\d+)\s+dt=([0-9.]+)\s+tool=([01])(?:\s+id=(\S+))?")
 
 
 def _chunk(delta: dict[str, Any], finish: str | None = None, *, usage: dict[str, int] | None = None,
@@ -63,8 +68,8 @@ def _frames(usage: bool) -> dict[str, bytes]:
 FRAMES = {True: _frames(True), False: _frames(False)}
 
 
-def _spec(body: dict[str, Any]) -> tuple[int, float, bool, bool]:
-    """(tokens, dt, answer with a tool call, usage chunk wanted) for a request body."""
+def _spec(body: dict[str, Any]) -> tuple[int, float, bool, bool, str | None]:
+    """(tokens, dt, answer with a tool call, usage chunk wanted, the stream's id) for a request body."""
     messages = body.get("messages") or []
     text = ""
     for m in messages:
@@ -77,7 +82,7 @@ def _spec(body: dict[str, Any]) -> tuple[int, float, bool, bool]:
     tokens, dt, tool = (int(found[1]), float(found[2]), found[3] == "1") if found else (100, 0.01, False)
     answered = any(m.get("role") == "tool" for m in messages)
     usage = bool((body.get("stream_options") or {}).get("include_usage"))
-    return tokens, dt, tool and not answered, usage
+    return tokens, dt, tool and not answered, usage, found[4] if found else None
 
 
 class Upstream(asyncio.Protocol):
@@ -119,7 +124,11 @@ class Upstream(asyncio.Protocol):
         body = json.loads(self.buffer[end + 4:end + 4 + length] or b"{}")
         self.buffer = self.buffer[end + 4 + length:]
         Upstream.requests += 1
-        tokens, dt, tool, usage = _spec(body)
+        tokens, dt, tool, usage, stream = _spec(body)
+        if stream is not None and not tool and PROBE is not None:
+            # When the request was read, for the clients' split of the time to first token (token
+            # 0 is written now): the same clock (CLOCK_MONOTONIC) in every process.
+            PROBE.extra.setdefault("reads", {})[stream] = time.perf_counter()
         frames = FRAMES[usage]
         assert self.transport is not None
         self.busy = True
@@ -167,7 +176,9 @@ class Upstream(asyncio.Protocol):
 
 
 async def main(port: int) -> None:
+    global PROBE
     loop = asyncio.get_running_loop()
+    PROBE = serving_probe.install(loop)
     server = await loop.create_server(Upstream, "127.0.0.1", port, backlog=8192)
     print(json.dumps({"port": server.sockets[0].getsockname()[1]}), flush=True)
     async with server:

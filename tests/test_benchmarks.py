@@ -119,3 +119,36 @@ def test_bench_server_quick_relays_every_token_with_no_error() -> None:
             assert server["tokens"] == 20 * level["n"], key  # 20 text deltas per stream, none lost
             assert server["cpu_us_per_token"] > 0, key
             assert server["ttft_ms_p50"] is not None, key
+            # Every first token measured is split at the upstream's read, and the slow ones are
+            # all accounted for (by a cause, or by none of them).
+            assert server["ttft_split"] == server["ttft_measured"] > 0, key
+            assert server["ttft_in_ms"]["p50"] is not None and server["ttft_out_ms"]["p50"] is not None, key
+            assert 0 <= server["ttft_slow"] <= server["ttft_measured"], key
+            assert "the rest" in server["ttft_slow_wait_s"], key
+        # Every process reported its loop's lag and its collector's pauses: the upstream, each
+        # server that runs the probe, and each client process.
+        probes = level["probes"]
+        assert {"a", "b", "upstream"} <= set(probes) and any(k.startswith("client") for k in probes)
+        for key, probe in probes.items():
+            assert probe["lag_samples"] > 0 and probe["lag_ms"]["p50"] is not None, key
+            assert set(probe["gc"]) == {"0", "1", "2"}, key
+
+
+def test_bench_server_splits_a_slow_first_tokens_wait_by_what_stalled() -> None:
+    sys.path.insert(0, str(BENCH))
+    try:
+        import serving_clients
+    finally:
+        sys.path.remove(str(BENCH))
+    # A wait from 10.0 to 11.0 s: the server in a full collection 10.1-10.4 (its loop late
+    # 10.1-10.5 because of it, busy), a young one 10.6-10.65, not run by the host 10.8-10.9; the
+    # client late 10.5-10.7 (its part outside the server's own stalls: 10.5-10.6 and 10.65-10.7);
+    # the upstream late 12-13 (after the first token).
+    server = [[10.1, 10.4, "gc2"], [10.1, 10.5, "busy"], [10.6, 10.65, "gc"], [10.8, 10.9, "host"]]
+    wait = serving_clients.split_wait(10.0, 11.0, server, [[10.5, 10.7, "busy"]], [[12.0, 13.0, "host"]])
+    expected = {"server full GC": 0.3, "server young GC": 0.05, "server busy": 0.1,
+                "server not run by the host": 0.1, "client late": 0.15, "upstream late": 0.0, "the rest": 0.3}
+    assert set(wait) == set(serving_clients.CAUSES) == set(expected)
+    for cause, seconds in expected.items():
+        assert abs(wait[cause] - seconds) < 1e-9, (cause, wait[cause])
+    assert serving_clients.covered([(0.0, 2.0), (1.0, 3.0), (5.0, 6.0)], 0.5, 5.5) == 3.0

@@ -7,6 +7,7 @@ Saves are versioned: ``save(..., expected_version)`` succeeds only if the stored
 
 from __future__ import annotations
 
+import math
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -14,7 +15,10 @@ from contextlib import AbstractAsyncContextManager
 from types import TracebackType
 from typing import Literal, Protocol, Self, runtime_checkable
 
+from pydantic_core import PydanticSerializationError
+
 from ..errors import StateConflictError, StateStoreError
+from ..message import Msg, ToolUseBlock
 from .state import AgentState
 
 __all__ = [
@@ -90,7 +94,14 @@ class AgentStateStore(Protocol):
 
 
 class InMemoryStateStore:
-    """The default store: states live in this process, shared by reference (no copy per call).
+    """The default store: states live in this process, each kept as its JSON (bytes) and parsed
+    again by every ``load``, like the other stores. A kept state is then one object, not the
+    dozens of a conversation's messages and blocks: a server keeps thousands of finished sessions,
+    and every full collection of Python's garbage collector walks every object kept, pausing
+    every stream at once (``benchmarks/RESULTS.md`` §12). A state JSON would not give back as it
+    is — a Python object in a ``metadata`` (a structured output's model, a tuple), a subclass of
+    `AgentState` or `Msg` — is kept as it is, by reference, as before. A state kept as JSON is the
+    caller's own once loaded: changing it changes nothing stored until it is saved.
 
     Unbounded by default (a script or a test keeps what it made). ``max_sessions`` bounds how many
     sessions it keeps: past it, the least recently used idle session is evicted. ``idle_ttl``
@@ -107,7 +118,7 @@ class InMemoryStateStore:
     def __init__(self, *, conflict_policy: ConflictPolicy = "fail", max_sessions: int | None = None,
                  idle_ttl: float | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         self.conflict_policy = check_conflict_policy(conflict_policy)
-        self._data: dict[tuple[str, str], tuple[AgentState, int]] = {}
+        self._data: dict[tuple[str, str], tuple[bytes | AgentState, int]] = {}
         self._clock = clock
         self._max: int | None = None
         self._ttl: float | None = None
@@ -154,7 +165,10 @@ class InMemoryStateStore:
                 self._idle.move_to_end(key)
                 self._idle[key] = now
         entry = self._data.get(key)
-        return (None, 0) if entry is None else entry
+        if entry is None:
+            return None, 0
+        kept, version = entry
+        return (_thaw(kept) if isinstance(kept, bytes) else kept), version
 
     async def save(self, user_id: str, session_id: str, state: AgentState, expected_version: int) -> int:
         key = (user_id, session_id)
@@ -162,7 +176,7 @@ class InMemoryStateStore:
         version = 0 if current is None else current[1]
         if version != expected_version and self.conflict_policy == "fail":
             raise StateConflictError(user_id, session_id, expected_version, version)
-        self._data[key] = (state, version + 1)
+        self._data[key] = (_freeze(state), version + 1)
         if self._bounded:
             now = self._clock()
             if key not in self._pins:
@@ -224,6 +238,65 @@ class InMemoryStateStore:
                     break
                 del idle[key]
                 data.pop(key, None)
+
+
+def _freeze(state: AgentState) -> bytes | AgentState:
+    """The state as `InMemoryStateStore` keeps it: its JSON when JSON gives it back as it is, else
+    itself."""
+    if not _json_exact(state):
+        return state
+    try:
+        return _SERIALIZER.to_json(state)
+    except (PydanticSerializationError, ValueError, TypeError):  # a lone surrogate in a string, say
+        return state
+
+
+def _thaw(data: bytes) -> AgentState:
+    return AgentState.model_validate_json(data)
+
+
+_SERIALIZER = AgentState.__pydantic_serializer__
+
+
+def _json_exact(state: AgentState) -> bool:
+    """Whether the state read back from its JSON equals it: of its own classes (a subclass would
+    come back as the base), and its free-form values (``metadata``, a tool call's ``input``) only
+    JSON's own types — a pydantic model kept in a message's metadata (structured output) would
+    come back as a dict, a tuple as a list."""
+    if type(state) is not AgentState or not _plain(state.metadata):
+        return False
+    for msg in state.context:
+        if type(msg) is not Msg or (msg.metadata and not _plain(msg.metadata)):
+            return False
+        for block in msg.content:
+            if type(block) is ToolUseBlock and block.input and not _plain(block.input):
+                return False
+    return True
+
+
+def _plain(value: object) -> bool:
+    """Whether ``value`` holds only what JSON writes and reads back unchanged: dicts with string
+    keys, lists, strings, ints, bools, None and finite floats (iterative: a deep value cannot
+    exhaust the stack)."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if type(item) is dict:
+            for key, child in item.items():
+                if type(key) is not str:
+                    return False
+                stack.append(child)
+        elif type(item) is list:
+            stack.extend(item)
+        elif type(item) is float:
+            if not math.isfinite(item):
+                return False
+        elif type(item) not in _SCALARS:  # exact types: a str or int subclass (an enum) comes back plain
+            return False
+    return True
+
+
+_SCALARS = (str, int, bool, type(None))
 
 
 class _Pin:

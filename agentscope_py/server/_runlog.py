@@ -179,10 +179,13 @@ def new_owner_id() -> str:
 @dataclass(slots=True, eq=False)
 class _Run:
     record: RunRecord
-    frames: list[bytes] = field(default_factory=list)
+    frames: list[bytes] | None = field(default_factory=list)  # None once ended: its frames are then ``data``
     base: int = 0  # the id of the frame before frames[0] (frames trimmed off the front)
     data: bytes | None = None  # an ended run's frames, joined (one object instead of one per frame)
     changed: asyncio.Event | None = None
+    # An ended run keeps two objects the garbage collector tracks (this and its record), not five
+    # (its empty list, an Event and its deque): a busy server keeps thousands, and every full
+    # collection walks them all.
 
 
 class InMemoryRunLog(RunLog):
@@ -232,16 +235,17 @@ class InMemoryRunLog(RunLog):
         refused = []
         for batch in batches:
             run = self._runs.get(batch.run_id)
-            if run is None or not run.record.running:
+            if run is None or not run.record.running or run.frames is None:
                 refused.append(batch.run_id)
                 continue
-            if batch.first != run.base + len(run.frames) + 1:  # the owner trimmed frames in between
-                run.frames.clear()
+            frames = run.frames
+            if batch.first != run.base + len(frames) + 1:  # the owner trimmed frames in between
+                frames.clear()
                 run.base = batch.first - 1
-            run.frames.extend(batch.frames)
-            over = len(run.frames) - self.max_events
+            frames.extend(batch.frames)
+            over = len(frames) - self.max_events
             if over > self.max_events // 4:  # trimmed in chunks: deleting a list's head is O(n)
-                del run.frames[:over]
+                del frames[:over]
                 run.base += over
             run.record = run.record.moved(last=batch.last)
             self._changed(run)
@@ -252,11 +256,12 @@ class InMemoryRunLog(RunLog):
         if run is None:
             return
         run.record = run.record.moved(status=status, last=last)
-        run.data = b"".join(run.frames)
-        run.frames = []
+        run.data = b"".join(run.frames or ())
+        run.frames = None
         self._bytes += len(run.data)
         self._ended[run_id] = time.monotonic()
         self._changed(run)
+        run.changed = None  # its waiters are woken; an ended run is never waited on again
         self._expire()
 
     async def get(self, run_id: str) -> RunRecord | None:
@@ -281,7 +286,7 @@ class InMemoryRunLog(RunLog):
         if run.data is not None:
             return _read_joined(run, after)
         start = max(after - run.base, 0)
-        frames = run.frames[start:start + 256]
+        frames = (run.frames or [])[start:start + 256]
         last = run.base + start + len(frames) if frames else after
         return Slice(b"".join(frames), last, run.record, gap=after < run.base)
 

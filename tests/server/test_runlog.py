@@ -194,3 +194,25 @@ async def test_memory_keeps_ended_runs_within_a_byte_budget() -> None:
         await log.end(f"r{i}", "finished", 1)
     kept = [i for i in range(5) if await log.get(f"r{i}") is not None]
     assert kept == [3, 4]  # the oldest went first; what is left fits the budget
+
+
+async def test_ended_runs_in_memory_keep_two_objects_each_for_the_collector() -> None:
+    """A busy server keeps thousands of ended runs, and every full collection walks what they hold."""
+    import gc
+
+    log = InMemoryRunLog()
+    gc.collect()
+    before = len(gc.get_objects())
+    for i in range(1_000):
+        run_id = f"r{i}"
+        assert await log.create(RunRecord(run_id, "u", f"t{i}", "agui", owner=log.owner))
+        await log.append([Batch(run_id, 1, frames(1, 50))])
+        follower = asyncio.ensure_future(log.read(run_id, 50, 5))  # waits for more until the end
+        await asyncio.sleep(0)
+        await log.end(run_id, "finished", 50)
+        woken = await asyncio.wait_for(follower, 1)
+        assert woken is not None and woken.record.status == "finished"
+    gc.collect()
+    assert (len(gc.get_objects()) - before) / 1_000 <= 2.1  # the run and its record (five before)
+    read = await log.read("r7", 40, 0)
+    assert read is not None and read.data == b"".join(frames(41, 50)) and read.last == 50
