@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from functools import partial as _partial
 from typing import TYPE_CHECKING, Any, Literal, cast
 
+from .._fast_events import with_metadata
 from ..errors import BudgetExceeded
 from ..events import Custom, ModelCallEnd, RequestStop
 from ..message import ChatUsage, Msg
@@ -353,14 +354,14 @@ class BudgetMiddleware(MiddlewareBase):
                 exceeded = f"{scope} {kind} limit {limit} crossed: spent {spent:g}"
                 break
         # A copy: events are immutable, and an inner layer (a cache recording, an audit) may hold
-        # this very object.
-        return ev.model_copy(update={"metadata": {**ev.metadata, name: {
+        # this very object (`with_metadata`: model_copy's result, without its generic machinery).
+        return with_metadata(ev, {**ev.metadata, name: {
             "call": {"tokens": tokens, "cost": cost, "estimated": ev.usage is None},
             "run": {"tokens": r_tokens, "cost": r_cost, "calls": r_calls},
             "session": {"tokens": s_tokens, "cost": s_cost, "calls": s_calls},
             "user": {"tokens": u_tokens, "cost": u_cost, "calls": u_calls},
             "exceeded": exceeded,
-        }}})
+        }})
 
 
 def _exceeded(info: Mapping[str, Any]) -> BudgetExceeded:
