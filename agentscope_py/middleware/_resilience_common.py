@@ -155,7 +155,9 @@ appends to it); ``emitted``: events of the failed attempt went out."""
 class Attempts:
     """The events of the first attempt that does not fail (see the module docstring)."""
 
-    __slots__ = ("_again", "_buffer", "_done", "_earlier", "_it", "_live", "_mode")
+    # (``__weakref__``: the stream keeps a weak reference to its last iterator, for its
+    # ``aclose``; without the slot every subscription would raise and catch a TypeError.)
+    __slots__ = ("__weakref__", "_again", "_buffer", "_done", "_earlier", "_it", "_live", "_mode")
 
     def __init__(self, first: EventStream[AgentEvent], again: Again, mode: Mode) -> None:
         self._it: AsyncIterator[AgentEvent] | None = first.__aiter__()

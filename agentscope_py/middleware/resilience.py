@@ -225,7 +225,7 @@ class _FirstItemTap:
     forwards the inner iterator's awaitables unchanged (one method call per item, no frame of its
     own)."""
 
-    __slots__ = ("_fn", "_it", "_seen")
+    __slots__ = ("__weakref__", "_fn", "_it", "_seen")  # (a weak reference: `Attempts`' note)
 
     def __init__(self, it: AsyncIterator[Any], fn: Callable[[Any], bool]) -> None:
         self._it = it

@@ -307,6 +307,30 @@ async def test_after_the_first_event_attempts_hand_the_inner_awaitables_through(
         await attempts.__anext__()
 
 
+async def test_closing_a_retry_stream_closes_the_attempt_it_reads() -> None:
+    # EventStream.aclose() closes the stream's last iteration, which it finds by a weak reference:
+    # the retry's iterator must take one (it did not, and aclose() left the attempt open).
+    from agentscope_py.stream import EventStream
+
+    closed: list[str] = []
+
+    async def inner() -> Any:
+        try:
+            for i in range(3):
+                yield i
+        finally:
+            closed.append("inner")
+
+    def next_(input: Any) -> Any:
+        return EventStream(inner)
+
+    stream = RetryMiddleware().on_model_call(None, None, None, next_)  # type: ignore[arg-type]
+    it = stream.__aiter__()
+    assert await it.__anext__() == 0
+    await stream.aclose()
+    assert closed == ["inner"]
+
+
 async def test_on_retry_is_told_each_retry_and_its_wait() -> None:
     seen: list[tuple[int, str, float]] = []
 
