@@ -107,12 +107,15 @@ class _Clock:
 
 
 _clocks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Clock] = weakref.WeakKeyDictionary()
+_last: _Clock | None = None  # the clock of the loop that armed a deadline last: nearly always the one loop
 
 
 def _clock_of(loop: asyncio.AbstractEventLoop) -> _Clock:
+    global _last
     clock = _clocks.get(loop)
     if clock is None:
         clock = _clocks[loop] = _Clock(loop)
+    _last = clock
     return clock
 
 
@@ -124,20 +127,32 @@ class DeadlineTimer:
     __slots__ = ("clock", "expired", "first_event", "started", "task", "total", "waiting_first")
 
     def __init__(self, total: float | None, first_event: float | None = None) -> None:
+        # (Made per timed call: the common cases inlined — the last loop's clock, a deadline that
+        # is not the earliest live one, which is a dict store.)
         loop = asyncio.get_running_loop()
         task = asyncio.current_task(loop)
         assert task is not None
         self.task = task
         self.total, self.first_event = total, first_event
         self.expired = False
-        self.clock = clock = _clock_of(loop)
+        clock = _last
+        if clock is None or clock.loop is not loop:
+            clock = _clock_of(loop)
+        self.clock = clock
         self.started = now = loop.time()
-        first = first_event
         # Until the first chunk, the earlier deadline is the one that counts.
-        self.waiting_first = first is not None and (total is None or first < total)
-        when = first if self.waiting_first else total
-        if when is not None:
-            clock.arm(self, now + when)
+        if first_event is not None and (total is None or first_event < total):
+            self.waiting_first = True
+            when = now + first_event
+        elif total is not None:
+            self.waiting_first = False
+            when = now + total
+        else:
+            self.waiting_first = False
+            return
+        clock.live[self] = when
+        if when < clock.armed:
+            clock.arm(self, when)
 
     def fire(self) -> None:
         self.expired = True

@@ -39,6 +39,7 @@ from .message import id_factory
 __all__ = ["delta_maker", "with_metadata", "with_source"]
 
 _D = TypeVar("_D", TextBlockDelta, ThinkingBlockDelta, ToolCallDelta, ToolResultTextDelta)
+_E = TypeVar("_E", bound=EventBase)
 
 _new = object.__new__
 _set = object.__setattr__
@@ -130,7 +131,7 @@ def with_source(ev: EventBase, source: str) -> Any:
 _METADATA = frozenset({"metadata"})
 
 
-def with_metadata(ev: EventBase, metadata: dict[str, Any]) -> Any:
+def with_metadata(ev: _E, metadata: dict[str, Any]) -> _E:
     """``ev.model_copy(update={"metadata": metadata})`` the same way, for an annotation a middleware
     adds as the event passes (`BudgetMiddleware`'s, one per model call). A copy: events are
     immutable, and an inner layer may hold ``ev`` itself. ``metadata``: a new ``dict`` of the
@@ -138,7 +139,7 @@ def with_metadata(ev: EventBase, metadata: dict[str, Any]) -> Any:
     helper would cost it a frame each.)"""
     values = ev.__dict__.copy()
     values["metadata"] = metadata
-    new = _new(type(ev))
+    new: _E = _new(type(ev))
     _set(new, "__dict__", values)
     _set_fields_set(new, ev.__pydantic_fields_set__ | _METADATA)
     _set_extra(new, ev.__pydantic_extra__)
