@@ -16,6 +16,7 @@ __all__ = [
     "MAP",
     "MapSource",
     "Maps",
+    "Recovery",
     "Step",
     "aclose",
     "apply_maps",
@@ -51,6 +52,33 @@ class MapSource:
 
     def with_maps(self, maps: Maps) -> AsyncIterator[Any]:
         raise NotImplementedError
+
+    def recovering(self, maps: Maps, recovery: Recovery) -> AsyncIterator[Any] | None:
+        """`with_maps`, and a failure before the first item handed to ``recovery`` (see there);
+        None when this source cannot (the caller then wraps the stream instead). Only sources
+        that handle each item themselves can, at no cost per item: `concurrent.Prefetch`, and
+        `context.InContext` around one."""
+        return None
+
+
+class Recovery:
+    """What a stream subscribed with `MapSource.recovering` does when it fails before its first
+    item — the retry of a failure before the first event (`RetryMiddleware`), without a layer of
+    its own around a call that does not fail.
+
+    The first ``inner`` maps are the stream's own (an error they raise on the first item counts
+    as a failure of the stream, as it would seen from outside it); the rest are the maps of the
+    layers outside, applied to every item, the resumed ones too (``resume`` applies them). Items
+    of a type in ``passes`` (hook tracing's brackets) do not count as the first item.
+    ``resume(error)``: the items that follow instead of the error (an async iterator, which may
+    raise it after all); it is called once the failed stream's producer has stopped."""
+
+    __slots__ = ("inner", "passes", "resume")
+
+    def __init__(self, inner: int, passes: tuple[type, ...], resume: Callable[[Exception], AsyncIterator[Any]]):
+        self.inner = inner
+        self.passes = passes
+        self.resume = resume
 
 
 async def aclose(it: object) -> None:

@@ -23,6 +23,7 @@ from agentscope_py.errors import (
 )
 from agentscope_py.middleware import (
     ExtensionPoint,
+    MiddlewareBase,
     ModelFallbackMiddleware,
     RetryMiddleware,
     TimeoutMiddleware,
@@ -329,6 +330,83 @@ async def test_closing_a_retry_stream_closes_the_attempt_it_reads() -> None:
     assert await it.__anext__() == 0
     await stream.aclose()
     assert closed == ["inner"]
+
+
+class _Seen(MiddlewareBase):
+    """Maps every event of the model call (a fused map, as the caches and budgets add)."""
+
+    def __init__(self, fail_first: int = 0) -> None:
+        self.seen: list[str] = []
+        self.fail_first = fail_first  # raise on the first event of this many calls
+
+    def active_points(self) -> Any:
+        return (P.ON_MODEL_CALL,)
+
+    def on_model_call(self, agent: Any, ctx: Any, input: Any, next: Any) -> Any:
+        def see(ev: Any) -> Any:
+            if self.fail_first and ev.type == "model_call_start":
+                self.fail_first -= 1
+                raise ServerError("the map failed on the first event")
+            self.seen.append(ev.type)
+            return ev
+
+        return next(input).map(see)
+
+
+async def test_a_retry_in_the_model_calls_own_stream_keeps_outer_and_inner_maps() -> None:
+    # Without a layer of its own (the model call's stream takes a failure before its first event),
+    # the maps of the layers outside the retry see each event once, and an inner layer's maps
+    # only the attempt that served.
+    sleep = FakeSleep()
+    outer, inner = _Seen(), _Seen()
+    model = ScriptedModel([ModelStep.error(ServerError("503")), ModelStep.error(ServerError("503")),
+                           ModelStep.text("ok", chunks=2)])
+    agent = agent_with(model, outer, RetryMiddleware(3, jitter=False, sleep=sleep), inner)
+    events = await agent.stream("hi").to_list()
+    model_events = [e.type for e in events if e.type not in ("agent_start", "agent_result", "agent_end")]
+    assert outer.seen == inner.seen == model_events
+    assert model_events == ["model_call_start", "text_block_start", "text_block_delta", "text_block_delta",
+                            "text_block_end", "model_call_end"]
+    assert sleep.delays == [1.0, 2.0] and len(model.requests) == 3
+
+
+async def test_an_inner_map_failing_on_the_first_event_is_retried_like_the_model() -> None:
+    # The inner layer's map is part of the attempt: its failure on the first event is a failure
+    # before the first event (retried), as the model's own would be.
+    sleep = FakeSleep()
+    inner = _Seen(fail_first=1)
+    model = ScriptedModel([ModelStep.text("first"), ModelStep.text("second")])
+    agent = agent_with(model, RetryMiddleware(2, jitter=False, sleep=sleep), inner)
+    events = await agent.stream("hi").to_list()
+    assert events[-2].result.text == "second" and sleep.delays == [1.0]
+    assert balance(events) == {} and inner.seen.count("model_call_start") == 1
+
+
+async def test_an_untriggered_retry_hands_out_the_model_calls_own_iterator() -> None:
+    # The cost of an installed retry: the consumer reads the model call's stream itself, no
+    # iterator of the retry's in between (until a failure).
+    from agentscope_py.middleware._resilience_common import Attempts
+
+    got: list[Any] = []
+
+    class Probe(MiddlewareBase):
+        def active_points(self) -> Any:
+            return (P.ON_MODEL_CALL,)
+
+        def on_model_call(self, agent: Any, ctx: Any, input: Any, next: Any) -> Any:
+            stream = next(input)
+
+            async def read() -> Any:
+                it = stream.__aiter__()
+                got.append(type(it))
+                async for ev in it:
+                    yield ev
+
+            return read()
+
+    agent = agent_with(ScriptedModel([ModelStep.text("ok")]), Probe(), RetryMiddleware())
+    assert (await agent.call("hi")).text == "ok"
+    assert got and got[0] is not Attempts and getattr(got[0], "__name__", "") == "async_generator"
 
 
 async def test_on_retry_is_told_each_retry_and_its_wait() -> None:
