@@ -144,6 +144,11 @@ def _layer(
             # Passed through: the inner layer already runs in a copy of this context, taken when
             # next() was called (a copy made later would add nothing the inner code can see).
             wrapped = stream
+        elif (inner_bound and type(stream) is EventStream and (below := outs[index + 1]) is not None
+              and stream._factory is below._factory):
+            # Only fused maps added to the inner stream (the caches' and budgets' way): the same,
+            # and the maps run in the consumer's context either way.
+            wrapped = stream
         else:
             if type(stream) is not EventStream:
                 stream = c.run(_normalise, stream, mw, point)
