@@ -99,7 +99,8 @@ async def _prefetch(
         if recovery is not None:
             # Until the first item (`Recovery`): a failure goes to ``recovery``, not out. A loop of
             # its own, so the loop below (every item of every prefetch) stays as it is.
-            inner, outer = maps[:recovery.inner], maps[recovery.inner:]
+            n, passes, resume = recovery
+            inner, outer = maps[:n], maps[n:]
             error: Exception | None = None
             while True:
                 item = items.pop(0) if items and not spaces else take()
@@ -112,7 +113,7 @@ async def _prefetch(
                     except Exception as exc:
                         error = exc
                         break
-                    first = type(item) not in recovery.passes
+                    first = type(item) not in passes
                     for fn in outer:
                         item = fn(item)
                     yield item
@@ -129,7 +130,7 @@ async def _prefetch(
                     await channel.waiter
             if error is not None:
                 await _stopped(task)
-                resumed = recovery.resume(error)
+                resumed = resume(error)
                 try:
                     async for item in resumed:
                         yield item

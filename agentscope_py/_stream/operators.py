@@ -61,24 +61,17 @@ class MapSource:
         return None
 
 
-class Recovery:
-    """What a stream subscribed with `MapSource.recovering` does when it fails before its first
-    item — the retry of a failure before the first event (`RetryMiddleware`), without a layer of
-    its own around a call that does not fail.
+Recovery = tuple[int, tuple[type, ...], Callable[[Exception], AsyncIterator[Any]]]
+"""``(inner, passes, resume)``: what a stream subscribed with `MapSource.recovering` does when it
+fails before its first item — the retry of a failure before the first event (`RetryMiddleware`),
+without a layer of its own around a call that does not fail. (A tuple: one is made per model call.)
 
-    The first ``inner`` maps are the stream's own (an error they raise on the first item counts
-    as a failure of the stream, as it would seen from outside it); the rest are the maps of the
-    layers outside, applied to every item, the resumed ones too (``resume`` applies them). Items
-    of a type in ``passes`` (hook tracing's brackets) do not count as the first item.
-    ``resume(error)``: the items that follow instead of the error (an async iterator, which may
-    raise it after all); it is called once the failed stream's producer has stopped."""
-
-    __slots__ = ("inner", "passes", "resume")
-
-    def __init__(self, inner: int, passes: tuple[type, ...], resume: Callable[[Exception], AsyncIterator[Any]]):
-        self.inner = inner
-        self.passes = passes
-        self.resume = resume
+The first ``inner`` maps are the stream's own (an error they raise on the first item counts as a
+failure of the stream, as it would seen from outside it); the rest are the maps of the layers
+outside, applied to every item, the resumed ones too (``resume`` applies them). Items of a type
+in ``passes`` (hook tracing's brackets) do not count as the first item. ``resume(error)``: the
+items that follow instead of the error (an async iterator, which may raise it after all); it is
+called once the failed stream's producer has stopped."""
 
 
 async def aclose(it: object) -> None:

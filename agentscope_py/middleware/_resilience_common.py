@@ -269,7 +269,7 @@ class FirstFailure(MapSource):
         first = self.first
         factory, own = first._factory, maps_of(first._steps)
         if own is not None and isinstance(factory, MapSource):
-            recovery = Recovery(len(own), _BOOKKEEPING, partial(self._resume, maps))
+            recovery: Recovery = (len(own), _BOOKKEEPING, partial(self._resume, maps))
             it = factory.recovering(own + maps, recovery)
             if it is not None:
                 return it
