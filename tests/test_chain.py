@@ -416,3 +416,29 @@ async def test_hooks_that_only_add_maps_keep_their_context_to_themselves() -> No
     assert (await agent.call("hi")).text == "ok"
     assert seen["model"] == "inner before next()"
     assert set(seen["map"]) == {"unset"} and var.get() == "unset"
+
+
+@pytest.mark.parametrize("trace", [False, True])
+async def test_an_async_state_ready_hook_is_awaited_before_the_first_round(trace: bool) -> None:
+    # Untraced, the state-ready hooks are called straight (no per-hook wrapper): an ``async def``
+    # one is still awaited before the model is called, and its error still aborts the call.
+    log: list[str] = []
+
+    class Ready(MiddlewareBase):
+        async def on_agent_state_ready(self, agent: Any, ctx: Any, state: Any, input_messages: Any) -> None:
+            log.append("ready")
+
+        def on_model_call(self, agent: Any, ctx: Any, input: Any, next: Any) -> Any:
+            log.append("model")
+            return next(input)
+
+    class Broken(MiddlewareBase):
+        async def on_agent_state_ready(self, agent: Any, ctx: Any, state: Any, input_messages: Any) -> None:
+            raise LookupError("no such tenant")
+
+    agent, _ = make_agent([ModelStep.text("ok")], Ready(), trace_middleware=trace)
+    assert (await agent.call("hi")).text == "ok" and log == ["ready", "model"]
+    broken, model = make_agent([ModelStep.text("never")], Broken(), trace_middleware=trace)
+    with pytest.raises(LookupError, match="no such tenant"):
+        await broken.call("hi")
+    assert model.requests == []
