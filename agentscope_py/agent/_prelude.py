@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import functools
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..events import AgentEvent
 from ..message import Msg
@@ -37,8 +37,8 @@ async def prelude(exe: Execution) -> AsyncIterator[AgentEvent]:
     input_msgs = run.input_msgs
     for mw in hooks[ExtensionPoint.ON_AGENT_STATE_READY]:
         if not trace:  # no trace events to emit: the hook called as HookCall would, without it
-            result = mw.on_agent_state_ready(agent, ctx, state, input_msgs)
-            if result is not None and asyncio.iscoroutine(result):
+            result: Any = mw.on_agent_state_ready(agent, ctx, state, input_msgs)  # type: ignore[func-returns-value]
+            if result is not None and asyncio.iscoroutine(result):  # (an ``async def`` hook)
                 await result
             continue
         ready = HookCall(mw, ExtensionPoint.ON_AGENT_STATE_READY,
