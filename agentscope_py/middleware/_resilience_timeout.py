@@ -91,7 +91,8 @@ class TimeoutMiddleware(MiddlewareBase):
         return EventStream(partial(_timed_stream, inner, limit))
 
     def on_model_call(self, agent: ReActAgent, ctx: RuntimeContext, input: ModelCallInput, next: Next) -> Any:
-        deadline = self._model_deadline.within(input.deadline)
+        outer = input.deadline  # (within(None) is the deadline itself: no call for the common case)
+        deadline = self._model_deadline if outer is None else self._model_deadline.within(outer)
         if type(input) is not ModelCallInput:  # (a subclass: its own fields are replace()'s to copy)
             return next(input.replace(deadline=deadline))
         # input.replace(deadline=...) by the record's own constructor: replace() is generic (a loop
@@ -99,7 +100,8 @@ class TimeoutMiddleware(MiddlewareBase):
         return next(ModelCallInput(input.messages, input.tools, input.options, input.model, deadline))
 
     def on_acting(self, agent: ReActAgent, ctx: RuntimeContext, input: ActingInput, next: Next) -> Any:
-        deadline = self._tool_deadline.within(input.deadline)
+        outer = input.deadline
+        deadline = self._tool_deadline if outer is None else self._tool_deadline.within(outer)
         if type(input) is not ActingInput:
             return next(input.replace(deadline=deadline))
         return next(ActingInput(input.tool_calls, deadline))  # (as on_model_call)

@@ -214,7 +214,8 @@ class BudgetMiddleware(MiddlewareBase):
         shared = parent.get(self._run_key) if parent is not None else None
         # Inherited by a sub-agent (this instance runs in a caller's run too): one budget for the
         # tree, the root run's totals (whose context holds the session the scope counts in).
-        totals = shared if isinstance(shared, RunTotals) else RunTotals(self, ctx)
+        # (type(), not isinstance(): RunTotals is a Mapping, whose isinstance is Python-level code)
+        totals = shared if type(shared) is RunTotals else RunTotals(self, ctx)
         ctx.put(self._run_key, totals)
         publish_metric(ctx, self.name_key, totals)  # AgentRun.metrics[name]
 
@@ -227,10 +228,13 @@ class BudgetMiddleware(MiddlewareBase):
             problem = f"strict budget: no price for model {model_name!r}; pass prices={{...}}"
             return EventStream.error(ValueError(problem))
         est_tokens = self.estimate(input)
-        est_cost = est_tokens * price.input / 1_000_000 if price is not None else 0.0
-        if price is None and self._cost_limited and model_name not in self._warned:
-            self._warned.add(model_name)
-            log.warning("%s: no price for model %r: its calls count as cost 0", self.name, model_name)
+        if price is not None:
+            est_cost = est_tokens * price.input / 1_000_000
+        else:
+            est_cost = 0.0
+            if self._cost_limited and model_name not in self._warned:
+                self._warned.add(model_name)
+                log.warning("%s: no price for model %r: its calls count as cost 0", self.name, model_name)
         run = ctx.get(self._run_key)  # this execution's totals, read once per call
         if run is None:  # (a hook driven by hand, outside a run: no state-ready hook made them)
             run = RunTotals(self, ctx)
