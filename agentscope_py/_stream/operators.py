@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable
 from operator import itemgetter
-from typing import Any
+from typing import Any, ClassVar
 
 __all__ = [
     "DO",
@@ -47,6 +47,11 @@ class MapSource:
     `context.InContext`, and the model call's stream (`agent._model_call`)."""
 
     __slots__ = ()
+
+    context_free: ClassVar[bool] = False
+    """True for a factory that reads no context of its own when subscribed: it only subscribes
+    streams that were built elsewhere and carry their own (`_resilience_common.FirstFailure`). A
+    middleware layer then returns the hook's stream as it is, with no context wrapper (`chain`)."""
 
     def __call__(self) -> AsyncIterator[Any]:
         return self.with_maps(())

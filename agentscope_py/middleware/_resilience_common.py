@@ -261,6 +261,10 @@ class FirstFailure(MapSource):
 
     __slots__ = ("again", "first")
 
+    # Subscribing reads no context: ``first`` was built by next() inside the hook (it carries its
+    # own), and the next attempts are made where the consumer reads (as `Attempts` makes them).
+    context_free = True
+
     def __init__(self, first: EventStream[AgentEvent], again: Again) -> None:
         self.first = first
         self.again = again

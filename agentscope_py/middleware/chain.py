@@ -149,6 +149,10 @@ def _layer(
             # Only fused maps added to the inner stream (the caches' and budgets' way): the same,
             # and the maps run in the consumer's context either way.
             wrapped = stream
+        elif inner_bound and type(stream) is EventStream and getattr(stream._factory, "context_free", False) is True:
+            # A factory that only subscribes streams built inside this hook (`MapSource.context_free`,
+            # a retry's): what they run already runs in their own copies.
+            wrapped = stream
         else:
             if type(stream) is not EventStream:
                 stream = c.run(_normalise, stream, mw, point)

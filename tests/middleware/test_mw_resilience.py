@@ -490,3 +490,41 @@ def test_fallback_models_may_be_ids_and_unknown_ids_are_refused() -> None:
     assert [m.name for m in mw.models] == ["qwen3"]
     with pytest.raises(ValueError, match="unknown model id"):
         ModelFallbackMiddleware("no-such-provider")
+
+
+async def test_the_contexts_of_the_hooks_inside_a_retry_hold_for_every_attempt() -> None:
+    # A retry's stream gets no context wrapper of its own (it only subscribes streams built inside
+    # its hook): what an inner hook sets around next() still reaches the model on every attempt,
+    # and nothing leaks to the consumer.
+    import contextvars
+
+    from agentscope_py.model.base import ChatChunk
+
+    var: contextvars.ContextVar[str] = contextvars.ContextVar("var", default="unset")
+    seen: list[str] = []
+
+    class Model:
+        name = "m"
+
+        def stream(self, request: Any) -> Any:
+            seen.append(var.get())
+            return self._play(len(seen))
+
+        async def _play(self, attempt: int) -> Any:
+            if attempt == 1:
+                raise ServerError("503")
+            yield ChatChunk(text="ok")
+            yield ChatChunk(finish_reason="stop")
+
+    class Setter(MiddlewareBase):
+        def active_points(self) -> Any:
+            return (P.ON_MODEL_CALL,)
+
+        def on_model_call(self, agent: Any, ctx: Any, input: Any, next: Any) -> Any:
+            var.set("inner")
+            return next(input)
+
+    sleep = FakeSleep()
+    agent = agent_with(Model(), RetryMiddleware(2, jitter=False, sleep=sleep), Setter())
+    assert (await agent.call("hi")).text == "ok"
+    assert seen == ["inner", "inner"] and sleep.delays == [1.0] and var.get() == "unset"
