@@ -351,4 +351,3 @@ async def test_concurrent_deadlines_on_one_loop_fire_each_at_its_own_time() -> N
     assert time.perf_counter() - started < 2.0
     await asyncio.sleep(0.1)  # past the quick calls' deadlines: nothing fires into a later call
     assert (await quick.call("again")).text == "ok"
-
