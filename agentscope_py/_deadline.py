@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import asyncio
 import math
+import time
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -76,10 +78,15 @@ class _Clock:
     the earliest) and disarming a dict delete. When the timer fires, the due deadlines fire in
     the order of their times, and the timer is armed again for the earliest of the rest."""
 
-    __slots__ = ("armed", "handle", "live", "loop")
+    __slots__ = ("armed", "handle", "live", "loop", "time")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
+        # The loop's clock, read once per timed call: asyncio's own loops read time.monotonic
+        # through a Python method (BaseEventLoop.time), so it is read here directly; any other
+        # loop (uvloop: its own cached clock) through its time().
+        uses_monotonic = getattr(type(loop), "time", None) is asyncio.BaseEventLoop.time
+        self.time: Callable[[], float] = time.monotonic if uses_monotonic else loop.time
         self.live: dict[DeadlineTimer, float] = {}
         self.handle: asyncio.TimerHandle | None = None
         self.armed = math.inf  # when the loop timer fires
@@ -106,13 +113,17 @@ class _Clock:
             self.arm(*min(live.items(), key=lambda item: item[1]))
 
 
+_running_loop, _current_task = asyncio.get_running_loop, asyncio.current_task  # (read per timed call)
 _clocks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Clock] = weakref.WeakKeyDictionary()
+_last: _Clock | None = None  # the clock of the loop that armed a deadline last: nearly always the one loop
 
 
 def _clock_of(loop: asyncio.AbstractEventLoop) -> _Clock:
+    global _last
     clock = _clocks.get(loop)
     if clock is None:
         clock = _clocks[loop] = _Clock(loop)
+    _last = clock
     return clock
 
 
@@ -124,20 +135,32 @@ class DeadlineTimer:
     __slots__ = ("clock", "expired", "first_event", "started", "task", "total", "waiting_first")
 
     def __init__(self, total: float | None, first_event: float | None = None) -> None:
-        loop = asyncio.get_running_loop()
-        task = asyncio.current_task(loop)
+        # (Made per timed call: the common cases inlined — the last loop's clock, a deadline that
+        # is not the earliest live one, which is a dict store.)
+        loop = _running_loop()
+        task = _current_task(loop)
         assert task is not None
         self.task = task
         self.total, self.first_event = total, first_event
         self.expired = False
-        self.clock = clock = _clock_of(loop)
-        self.started = now = loop.time()
-        first = first_event
+        clock = _last
+        if clock is None or clock.loop is not loop:
+            clock = _clock_of(loop)
+        self.clock = clock
+        self.started = now = clock.time()
         # Until the first chunk, the earlier deadline is the one that counts.
-        self.waiting_first = first is not None and (total is None or first < total)
-        when = first if self.waiting_first else total
-        if when is not None:
-            clock.arm(self, now + when)
+        if first_event is not None and (total is None or first_event < total):
+            self.waiting_first = True
+            when = now + first_event
+        elif total is not None:
+            self.waiting_first = False
+            when = now + total
+        else:
+            self.waiting_first = False
+            return
+        clock.live[self] = when
+        if when < clock.armed:
+            clock.arm(self, when)
 
     def fire(self) -> None:
         self.expired = True

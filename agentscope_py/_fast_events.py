@@ -20,7 +20,9 @@ because of what it is given and what it is used for:
   place (pydantic's ``model_copy`` copies it first).
 
 No code is generated: each maker is a plain closure over a template dict. `with_source` is the
-same kind of copy for the events a sub-agent forwards (its ``source`` set), one per event.
+same kind of copy for the events a sub-agent forwards (its ``source`` set), one per event, and
+`with_metadata` for an event a middleware annotates as it passes (`BudgetMiddleware`'s
+ModelCallEnd, one per model call).
 """
 
 from __future__ import annotations
@@ -34,9 +36,10 @@ from pydantic import BaseModel
 from .events import EventBase, TextBlockDelta, ThinkingBlockDelta, ToolCallDelta, ToolResultTextDelta
 from .message import id_factory
 
-__all__ = ["delta_maker", "with_source"]
+__all__ = ["delta_maker", "with_metadata", "with_source"]
 
 _D = TypeVar("_D", TextBlockDelta, ThinkingBlockDelta, ToolCallDelta, ToolResultTextDelta)
+_E = TypeVar("_E", bound=EventBase)
 
 _new = object.__new__
 _set = object.__setattr__
@@ -120,6 +123,25 @@ def with_source(ev: EventBase, source: str) -> Any:
     new = _new(type(ev))
     _set(new, "__dict__", values)
     _set_fields_set(new, ev.__pydantic_fields_set__ | _SOURCE)
+    _set_extra(new, ev.__pydantic_extra__)
+    _set_private(new, ev.__pydantic_private__)
+    return new
+
+
+_METADATA = frozenset({"metadata"})
+
+
+def with_metadata(ev: _E, metadata: dict[str, Any]) -> _E:
+    """``ev.model_copy(update={"metadata": metadata})`` the same way, for an annotation a middleware
+    adds as the event passes (`BudgetMiddleware`'s, one per model call). A copy: events are
+    immutable, and an inner layer may hold ``ev`` itself. ``metadata``: a new ``dict`` of the
+    caller's. (Not one helper with `with_source`: that one runs per forwarded event, and a shared
+    helper would cost it a frame each.)"""
+    values = ev.__dict__.copy()
+    values["metadata"] = metadata
+    new: _E = _new(type(ev))
+    _set(new, "__dict__", values)
+    _set_fields_set(new, ev.__pydantic_fields_set__ | _METADATA)
     _set_extra(new, ev.__pydantic_extra__)
     _set_private(new, ev.__pydantic_private__)
     return new

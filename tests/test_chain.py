@@ -375,3 +375,70 @@ async def test_a_run_keeps_no_inner_layer_streams_once_the_chain_is_built() -> N
         if isinstance(ev, TextBlockDelta):
             alive.append(sum(ref() is not None for ref in refs))
     assert len(refs) == 3 and alive and alive == [0] * len(alive)
+
+
+async def test_hooks_that_only_add_maps_keep_their_context_to_themselves() -> None:
+    # A hook returning its inner stream with a map added (the caches' and budgets' way) is not
+    # given a context wrapper of its own: what it set around next() still reaches the model call,
+    # what it set after does not, and nothing leaks to the consumer or into the maps.
+    var: contextvars.ContextVar[str] = contextvars.ContextVar("var", default="unset")
+    seen: dict[str, Any] = {"map": []}
+
+    class Model:
+        name = "m"
+
+        def stream(self, request: Any) -> Any:
+            seen["model"] = var.get()
+            return self._play()
+
+        async def _play(self) -> Any:
+            from agentscope_py.model.base import ChatChunk
+
+            yield ChatChunk(text="ok")
+            yield ChatChunk(finish_reason="stop")
+
+    class Mapper(MiddlewareBase):
+        def __init__(self, tag: str) -> None:
+            self.tag = tag
+
+        def on_model_call(self, agent: Any, ctx: Any, input: Any, next: Any) -> Any:
+            var.set(f"{self.tag} before next()")
+            stream = next(input)
+            var.set(f"{self.tag} after next()")
+
+            def look(ev: Any) -> Any:
+                seen["map"].append(var.get())
+                return ev
+
+            return stream.map(look)
+
+    agent = ReActAgent.builder().model(Model()).middlewares([Mapper("outer"), Mapper("inner")]).build()  # type: ignore[arg-type]
+    assert (await agent.call("hi")).text == "ok"
+    assert seen["model"] == "inner before next()"
+    assert set(seen["map"]) == {"unset"} and var.get() == "unset"
+
+
+@pytest.mark.parametrize("trace", [False, True])
+async def test_an_async_state_ready_hook_is_awaited_before_the_first_round(trace: bool) -> None:
+    # Untraced, the state-ready hooks are called straight (no per-hook wrapper): an ``async def``
+    # one is still awaited before the model is called, and its error still aborts the call.
+    log: list[str] = []
+
+    class Ready(MiddlewareBase):
+        async def on_agent_state_ready(self, agent: Any, ctx: Any, state: Any, input_messages: Any) -> None:
+            log.append("ready")
+
+        def on_model_call(self, agent: Any, ctx: Any, input: Any, next: Any) -> Any:
+            log.append("model")
+            return next(input)
+
+    class Broken(MiddlewareBase):
+        async def on_agent_state_ready(self, agent: Any, ctx: Any, state: Any, input_messages: Any) -> None:
+            raise LookupError("no such tenant")
+
+    agent, _ = make_agent([ModelStep.text("ok")], Ready(), trace_middleware=trace)
+    assert (await agent.call("hi")).text == "ok" and log == ["ready", "model"]
+    broken, model = make_agent([ModelStep.text("never")], Broken(), trace_middleware=trace)
+    with pytest.raises(LookupError, match="no such tenant"):
+        await broken.call("hi")
+    assert model.requests == []

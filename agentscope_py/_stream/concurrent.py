@@ -10,7 +10,7 @@ from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from .channel import EMPTY, Channel
-from .operators import Maps, MapSource, aclose
+from .operators import Maps, MapSource, Recovery, aclose
 
 __all__ = ["Deferred", "Prefetch", "Producer", "merge"]
 
@@ -54,6 +54,9 @@ class Prefetch(MapSource):
     def with_maps(self, maps: Maps) -> AsyncIterator[Any]:
         return _prefetch(self.source, self.size, self.ctx, maps, self.push, self.deferred)
 
+    def recovering(self, maps: Maps, recovery: Recovery) -> AsyncIterator[Any]:
+        return _prefetch(self.source, self.size, self.ctx, maps, self.push, self.deferred, recovery)
+
 
 async def _pump(channel: Channel, source: Callable[..., Any], push: bool) -> None:
     """The producer task of `_prefetch`: runs ``source`` into ``channel`` (a function, not a
@@ -83,6 +86,7 @@ async def _pump(channel: Channel, source: Callable[..., Any], push: bool) -> Non
 
 async def _prefetch(
     source: Callable[..., Any], size: int, ctx: contextvars.Context, maps: Maps, push: bool, deferred: bool,
+    recovery: Recovery | None = None,
 ) -> AsyncIterator[Any]:
     channel = Channel(size)
     items = channel.items
@@ -92,6 +96,47 @@ async def _prefetch(
         # Give the task its first step in this same loop turn: a source that is ready at once (a
         # cache, an in-process model) has filled the channel by then, so no waiter is needed.
         await asyncio.sleep(0)
+        if recovery is not None:
+            # Until the first item (`Recovery`): a failure goes to ``recovery``, not out. A loop of
+            # its own, so the loop below (every item of every prefetch) stays as it is.
+            n, passes, resume = recovery
+            inner, outer = maps[:n], maps[n:]
+            error: Exception | None = None
+            while True:
+                item = items.pop(0) if items and not spaces else take()
+                if item is not empty:
+                    try:
+                        if deferred and type(item) is tuple:
+                            item = item[0](item[1])
+                        for fn in inner:
+                            item = fn(item)
+                    except Exception as exc:
+                        error = exc
+                        break
+                    first = type(item) not in passes
+                    for fn in outer:
+                        item = fn(item)
+                    yield item
+                    if first:
+                        break
+                elif channel.done:
+                    if not isinstance(channel.error, Exception):
+                        channel.end()  # (a BaseException goes on; None: the stream is complete)
+                        return
+                    error = channel.error
+                    break
+                else:
+                    channel.waiter = channel.loop.create_future()
+                    await channel.waiter
+            if error is not None:
+                await _stopped(task)
+                resumed = resume(error)
+                try:
+                    async for item in resumed:
+                        yield item
+                finally:
+                    await aclose(resumed)
+                return
         while True:  # channel.drain(), inlined: one async layer less per item
             # take(), inlined when no producer waits for room
             item = items.pop(0) if items and not spaces else take()
@@ -108,10 +153,16 @@ async def _prefetch(
                 channel.waiter = channel.loop.create_future()
                 await channel.waiter
     finally:
-        if not task.done():
-            task.cancel()
-            with contextlib.suppress(BaseException):
-                await task
+        if not task.done():  # (tested here: a coroutine less when the producer has finished)
+            await _stopped(task)
+
+
+async def _stopped(task: asyncio.Task[None]) -> None:
+    """Cancel the producer task and wait for it to end."""
+    if not task.done():
+        task.cancel()
+        with contextlib.suppress(BaseException):
+            await task
 
 
 async def merge(

@@ -18,7 +18,7 @@ import contextvars
 from collections.abc import AsyncIterator, Callable, Coroutine, Generator
 from typing import Any
 
-from .operators import Maps, MapSource, apply_maps
+from .operators import Maps, MapSource, Recovery, apply_maps
 
 __all__ = ["InContext", "stepped"]
 
@@ -41,6 +41,12 @@ class InContext(MapSource):
         if isinstance(factory, MapSource):
             return self.ctx.run(factory.with_maps, maps)
         return apply_maps(self.ctx.run(factory), maps)
+
+    def recovering(self, maps: Maps, recovery: Recovery) -> AsyncIterator[Any] | None:
+        factory = self.factory
+        if isinstance(factory, MapSource):
+            return self.ctx.run(factory.recovering, maps, recovery)
+        return None
 
 
 def stepped(it: AsyncIterator[Any], ctx: contextvars.Context) -> AsyncIterator[Any]:

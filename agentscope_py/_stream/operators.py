@@ -8,7 +8,8 @@ it again, which is how ``retry`` re-runs its source).
 from __future__ import annotations
 
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable
-from typing import Any
+from operator import itemgetter
+from typing import Any, ClassVar
 
 __all__ = [
     "DO",
@@ -16,6 +17,7 @@ __all__ = [
     "MAP",
     "MapSource",
     "Maps",
+    "Recovery",
     "Step",
     "aclose",
     "apply_maps",
@@ -29,7 +31,7 @@ __all__ = [
     "take_while",
 ]
 
-MAP, FILTER, DO = 0, 1, 2
+MAP, FILTER, DO = 0, 1, 2  # (MAP must stay 0: `maps_of` tests the kinds for truth)
 Step = tuple[int, Callable[[Any], Any]]
 Maps = tuple[Callable[[Any], Any], ...]
 
@@ -46,11 +48,36 @@ class MapSource:
 
     __slots__ = ()
 
+    context_free: ClassVar[bool] = False
+    """True for a factory that reads no context of its own when subscribed: it only subscribes
+    streams that were built elsewhere and carry their own (`_resilience_common.FirstFailure`). A
+    middleware layer then returns the hook's stream as it is, with no context wrapper (`chain`)."""
+
     def __call__(self) -> AsyncIterator[Any]:
         return self.with_maps(())
 
     def with_maps(self, maps: Maps) -> AsyncIterator[Any]:
         raise NotImplementedError
+
+    def recovering(self, maps: Maps, recovery: Recovery) -> AsyncIterator[Any] | None:
+        """`with_maps`, and a failure before the first item handed to ``recovery`` (see there);
+        None when this source cannot (the caller then wraps the stream instead). Only sources
+        that handle each item themselves can, at no cost per item: `concurrent.Prefetch`, and
+        `context.InContext` around one."""
+        return None
+
+
+Recovery = tuple[int, tuple[type, ...], Callable[[Exception], AsyncIterator[Any]]]
+"""``(inner, passes, resume)``: what a stream subscribed with `MapSource.recovering` does when it
+fails before its first item — the retry of a failure before the first event (`RetryMiddleware`),
+without a layer of its own around a call that does not fail. (A tuple: one is made per model call.)
+
+The first ``inner`` maps are the stream's own (an error they raise on the first item counts as a
+failure of the stream, as it would seen from outside it); the rest are the maps of the layers
+outside, applied to every item, the resumed ones too (``resume`` applies them). Items of a type
+in ``passes`` (hook tracing's brackets) do not count as the first item. ``resume(error)``: the
+items that follow instead of the error (an async iterator, which may raise it after all); it is
+called once the failed stream's producer has stopped."""
 
 
 async def aclose(it: object) -> None:
@@ -71,14 +98,14 @@ async def iterate(items: Iterable[Any]) -> AsyncIterator[Any]:
 
 
 def maps_of(steps: tuple[Step, ...]) -> Maps | None:
-    """The functions of ``steps`` when all are maps, else None. (A plain loop: the generator
-    expressions this replaces cost a frame each, at every subscription of a mapped stream.)"""
-    fns = []
-    for kind, fn in steps:
-        if kind != MAP:
-            return None
-        fns.append(fn)
-    return tuple(fns)
+    """The functions of ``steps`` when all are maps, else None. In C, with no Python frame per
+    step: every subscription of a mapped stream asks (``MAP`` is the only kind that is 0)."""
+    if any(map(_kind, steps)):
+        return None
+    return tuple(map(_fn, steps))
+
+
+_kind, _fn = itemgetter(0), itemgetter(1)
 
 
 def fused(it: AsyncIterator[Any], steps: tuple[Step, ...]) -> AsyncIterator[Any]:

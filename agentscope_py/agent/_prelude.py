@@ -7,10 +7,11 @@ the run's first step (`_steps.PRELUDE`), so one path serves traced and untraced 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..events import AgentEvent
 from ..message import Msg
@@ -35,6 +36,11 @@ async def prelude(exe: Execution) -> AsyncIterator[AgentEvent]:
     hooks, trace = runtime.participants.hooks, runtime.trace
     input_msgs = run.input_msgs
     for mw in hooks[ExtensionPoint.ON_AGENT_STATE_READY]:
+        if not trace:  # no trace events to emit: the hook called as HookCall would, without it
+            result: Any = mw.on_agent_state_ready(agent, ctx, state, input_msgs)  # type: ignore[func-returns-value]
+            if result is not None and asyncio.iscoroutine(result):  # (an ``async def`` hook)
+                await result
+            continue
         ready = HookCall(mw, ExtensionPoint.ON_AGENT_STATE_READY,
                          functools.partial(mw.on_agent_state_ready, agent, ctx, state, input_msgs), trace)
         async for ev in ready.events():

@@ -106,20 +106,23 @@ def model_tap(store: Any, key: str, ttl: float | None) -> Callable[[Any], Any]:
     return record
 
 
-def _take_call(buf: list[AgentEvent]) -> list[AgentEvent] | None:
+def _take_call(buf: list[AgentEvent]) -> tuple[AgentEvent, ...] | None:
     """At a ModelCallEnd (the last of ``buf``): this call's events if it succeeded; ``buf`` is
     emptied."""
     end: Any = buf[-1]
+    if end.error is not None or end.discarded:  # failed or cut short: nothing is stored
+        buf.clear()
+        return None
     # The call's ModelCallStart is nearly always the first event recorded; else the last start
     # before the end.
     first: Any = buf[0]
     if first.__class__ is ModelCallStart and first.source is None and ModelCallStart not in map(type, buf[1:]):
-        i = 0
+        events: tuple[AgentEvent, ...] | None = tuple(buf)  # (the store keeps a tuple: no second copy)
     else:
         i = _last_start(buf)
-    events = buf[i:] if i >= 0 else None
-    del buf[:]
-    return events if end.error is None and not end.discarded else None
+        events = tuple(buf[i:]) if i >= 0 else None
+    buf.clear()
+    return events
 
 
 def _last_start(buf: list[AgentEvent]) -> int:

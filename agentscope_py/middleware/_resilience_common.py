@@ -22,8 +22,10 @@ import asyncio
 import contextlib
 import random
 from collections.abc import AsyncIterator, Awaitable, Callable
+from functools import partial
 from typing import Any, Literal, TypeAlias
 
+from .._stream.operators import Maps, MapSource, Recovery, apply_maps, maps_of
 from ..errors import AgentInterrupted, MiddlewareError, MiddlewareTermination, ModelError
 from ..events import AgentEvent, MiddlewareCompleted, MiddlewareStarted
 from ..stream import EventStream, aclose
@@ -32,6 +34,7 @@ __all__ = [
     "Attempts",
     "Backoff",
     "ErrorFilter",
+    "FirstFailure",
     "Mode",
     "Sleep",
     "describe",
@@ -155,14 +158,18 @@ appends to it); ``emitted``: events of the failed attempt went out."""
 class Attempts:
     """The events of the first attempt that does not fail (see the module docstring)."""
 
-    __slots__ = ("_again", "_buffer", "_done", "_earlier", "_it", "_live", "_mode")
+    # (``__weakref__``: the stream keeps a weak reference to its last iterator, for its
+    # ``aclose``; without the slot every subscription would raise and catch a TypeError.)
+    __slots__ = ("__weakref__", "_again", "_buffer", "_done", "_earlier", "_it", "_live", "_mode")
 
-    def __init__(self, first: EventStream[AgentEvent], again: Again, mode: Mode) -> None:
+    def __init__(self, first: EventStream[AgentEvent], again: Again, mode: Mode,
+                 earlier: list[tuple[str, BaseException]] | None = None) -> None:
         self._it: AsyncIterator[AgentEvent] | None = first.__aiter__()
         self._again = again
         self._mode = mode
         self._live = False  # "first": the first event is out; forward from now on
-        self._earlier: list[tuple[str, BaseException]] | None = None  # made at the first failure
+        # The failed attempts so far: made at the first failure (or handed on by `FirstFailure`).
+        self._earlier: list[tuple[str, BaseException]] | None = earlier
         if mode == "buffer":
             self._buffer: list[AgentEvent] = []
             self._done = False
@@ -239,4 +246,51 @@ class Attempts:
         self._live = False  # (a read after closing ends at once, in _first)
         it, self._it = self._it, None
         if it is not None:
+            await aclose(it)
+
+
+class FirstFailure(MapSource):
+    """The stream factory of the default mode (``"first"``: only a failure before the attempt's
+    first event starts another one), at no cost to a call that does not fail.
+
+    Where the inner stream can take the failure itself (`MapSource.recovering`: the model call's
+    prefetch, under any number of hooks that only add maps), the subscription is that stream's
+    own iterator, and the next attempts (`Attempts`) are only made after a failure: a call that
+    does not fail passes through no iterator of ours. Elsewhere (a hook inside that wraps the
+    stream, hook tracing) `Attempts` does it, as it does the other modes."""
+
+    __slots__ = ("again", "first")
+
+    # Subscribing reads no context: ``first`` was built by next() inside the hook (it carries its
+    # own), and the next attempts are made where the consumer reads (as `Attempts` makes them).
+    context_free = True
+
+    def __init__(self, first: EventStream[AgentEvent], again: Again) -> None:
+        self.first = first
+        self.again = again
+
+    def with_maps(self, maps: Maps) -> AsyncIterator[AgentEvent]:
+        first = self.first
+        factory, own = first._factory, maps_of(first._steps)
+        if own is not None and isinstance(factory, MapSource):
+            recovery: Recovery = (len(own), _BOOKKEEPING, partial(self._resume, maps))
+            it = factory.recovering(own + maps, recovery)
+            if it is not None:
+                return it
+        attempts = Attempts(first, self.again, "first")
+        return apply_maps(attempts, maps) if maps else attempts
+
+    async def _resume(self, maps: Maps, error: Exception) -> AsyncIterator[AgentEvent]:
+        """The first attempt failed before its first event: the next attempts, as `Attempts` makes
+        them (with the maps of the layers outside)."""
+        earlier: list[tuple[str, BaseException]] = []
+        stream = await self.again(earlier, error, False)
+        if stream is None:
+            raise error
+        attempts = Attempts(stream, self.again, "first", earlier)
+        it = apply_maps(attempts, maps) if maps else attempts
+        try:
+            async for ev in it:
+                yield ev
+        finally:
             await aclose(it)

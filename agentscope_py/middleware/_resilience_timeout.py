@@ -44,6 +44,13 @@ __all__ = ["TimeoutMiddleware"]
 
 
 
+# The hooks below copy the records field by field: a record that gains a field must be copied
+# here too (this fails at import instead of dropping the field silently).
+if (ModelCallInput.__match_args__ != ("messages", "tools", "options", "model", "deadline")  # type: ignore[attr-defined]
+        or ActingInput.__match_args__ != ("tool_calls", "deadline")):  # type: ignore[attr-defined]
+    raise TypeError("TimeoutMiddleware copies ModelCallInput/ActingInput by their fields: update it")
+
+
 class TimeoutMiddleware(MiddlewareBase):
     """Deadlines, each optional (at least one): ``first_event_timeout`` and ``model_timeout`` per
     model call, ``tool_timeout`` per tool call, ``run_timeout`` per run. Active only at the points
@@ -84,10 +91,20 @@ class TimeoutMiddleware(MiddlewareBase):
         return EventStream(partial(_timed_stream, inner, limit))
 
     def on_model_call(self, agent: ReActAgent, ctx: RuntimeContext, input: ModelCallInput, next: Next) -> Any:
-        return next(input.replace(deadline=self._model_deadline.within(input.deadline)))
+        outer = input.deadline  # (within(None) is the deadline itself: no call for the common case)
+        deadline = self._model_deadline if outer is None else self._model_deadline.within(outer)
+        if type(input) is not ModelCallInput:  # (a subclass: its own fields are replace()'s to copy)
+            return next(input.replace(deadline=deadline))
+        # input.replace(deadline=...) by the record's own constructor: replace() is generic (a loop
+        # over the fields by name), and this runs on every model call.
+        return next(ModelCallInput(input.messages, input.tools, input.options, input.model, deadline))
 
     def on_acting(self, agent: ReActAgent, ctx: RuntimeContext, input: ActingInput, next: Next) -> Any:
-        return next(input.replace(deadline=self._tool_deadline.within(input.deadline)))
+        outer = input.deadline
+        deadline = self._tool_deadline if outer is None else self._tool_deadline.within(outer)
+        if type(input) is not ActingInput:
+            return next(input.replace(deadline=deadline))
+        return next(ActingInput(input.tool_calls, deadline))  # (as on_model_call)
 
 
 class _Watch:

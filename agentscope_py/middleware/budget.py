@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from functools import partial as _partial
 from typing import TYPE_CHECKING, Any, Literal, cast
 
+from .._fast_events import with_metadata
 from ..errors import BudgetExceeded
 from ..events import Custom, ModelCallEnd, RequestStop
 from ..message import ChatUsage, Msg
@@ -213,7 +214,8 @@ class BudgetMiddleware(MiddlewareBase):
         shared = parent.get(self._run_key) if parent is not None else None
         # Inherited by a sub-agent (this instance runs in a caller's run too): one budget for the
         # tree, the root run's totals (whose context holds the session the scope counts in).
-        totals = shared if isinstance(shared, RunTotals) else RunTotals(self, ctx)
+        # (type(), not isinstance(): RunTotals is a Mapping, whose isinstance is Python-level code)
+        totals = shared if type(shared) is RunTotals else RunTotals(self, ctx)
         ctx.put(self._run_key, totals)
         publish_metric(ctx, self.name_key, totals)  # AgentRun.metrics[name]
 
@@ -226,27 +228,33 @@ class BudgetMiddleware(MiddlewareBase):
             problem = f"strict budget: no price for model {model_name!r}; pass prices={{...}}"
             return EventStream.error(ValueError(problem))
         est_tokens = self.estimate(input)
-        est_cost = est_tokens * price.input / 1_000_000 if price is not None else 0.0
-        if price is None and self._cost_limited and model_name not in self._warned:
-            self._warned.add(model_name)
-            log.warning("%s: no price for model %r: its calls count as cost 0", self.name, model_name)
+        if price is not None:
+            est_cost = est_tokens * price.input / 1_000_000
+        else:
+            est_cost = 0.0
+            if self._cost_limited and model_name not in self._warned:
+                self._warned.add(model_name)
+                log.warning("%s: no price for model %r: its calls count as cost 0", self.name, model_name)
+        run = ctx.get(self._run_key)  # this execution's totals, read once per call
+        if run is None:  # (a hook driven by hand, outside a run: no state-ready hook made them)
+            run = RunTotals(self, ctx)
+            ctx.put(self._run_key, run)
         if not self._needs_user:
-            refused = self._check(ctx, None, est_tokens, est_cost)
+            refused = self._check(ctx, run, None, est_tokens, est_cost)
             if refused is not None:
                 return self._refuse(refused)
             # A C partial over a bound method: no per-call object of ours, no closure cells.
-            return next(input).map(_partial(self._after, ctx, price, est_tokens, est_cost))
+            return next(input).map(_partial(self._after, ctx, run, price, est_tokens, est_cost))
         if self._sync_store:
             user = self.store.get_nowait(ctx.user_id)  # type: ignore[attr-defined]
-            refused = self._check(ctx, user, est_tokens, est_cost)
+            refused = self._check(ctx, run, user, est_tokens, est_cost)
             if refused is not None:
                 return self._refuse(refused)
-            # A C partial over a bound method: no per-call object of ours, no closure cells.
-            return next(input).map(_partial(self._after, ctx, price, est_tokens, est_cost))
+            return next(input).map(_partial(self._after, ctx, run, price, est_tokens, est_cost))
         inner = next(input)
 
         async def call() -> Any:
-            refused = self._check(ctx, await self.store.get(ctx.user_id), est_tokens, est_cost)
+            refused = self._check(ctx, run, await self.store.get(ctx.user_id), est_tokens, est_cost)
             if refused is not None:
                 if self.on_exceeded == "error":
                     raise _exceeded(refused)
@@ -258,7 +266,7 @@ class BudgetMiddleware(MiddlewareBase):
                     if ev.__class__ is ModelCallEnd and ev.source is None:
                         tokens, cost = _measure(ev, price, est_tokens, est_cost)
                         user = await self.store.add(ctx.user_id, tokens, cost)
-                        ev = self._account(ctx, ev, tokens, cost, user)
+                        ev = self._account(ctx, run, ev, tokens, cost, user)
                     yield ev
 
         return EventStream(call)
@@ -266,19 +274,18 @@ class BudgetMiddleware(MiddlewareBase):
     # -- internals -------------------------------------------------------------------------------
 
     def _check(
-        self, ctx: RuntimeContext, user: Spend | None, est_tokens: int, est_cost: float
+        self, ctx: RuntimeContext, run: RunTotals, user: Spend | None, est_tokens: int, est_cost: float
     ) -> dict[str, Any] | None:
         # On every call: reads the totals in place (no Spend is built unless a limit is hit).
         if user is not None:
             self._user_seen[ctx.user_id] = user
-        run: Any = ctx.get(self._run_key) if self._run_limited or self._session_limited else None
         session: Any = None
         if self._session_limited:
-            state = run._ctx.agent_state if run is not None else ctx.agent_state  # the tree's root session
+            state = run._ctx.agent_state  # the tree's root session
             session = state.metadata.get(self.name_key) if state is not None else None
         for scope, kind, limit, tokens_kind in self._limit_list:
             if scope == "run":
-                spent: float = 0 if run is None else (run.tokens if tokens_kind else run.cost)
+                spent: float = run.tokens if tokens_kind else run.cost
             elif scope == "session":
                 spent = session.get(kind, 0) if isinstance(session, dict) else 0
             else:
@@ -297,7 +304,8 @@ class BudgetMiddleware(MiddlewareBase):
             return EventStream.error(_exceeded(info))
         return (Custom(name="budget_exceeded", value=info), RequestStop(reason=info["reason"]))
 
-    def _after(self, ctx: RuntimeContext, price: ModelPrice | None, est_tokens: int, est_cost: float, ev: Any) -> Any:
+    def _after(self, ctx: RuntimeContext, run: RunTotals, price: ModelPrice | None, est_tokens: int,
+               est_cost: float, ev: Any) -> Any:
         """The fused map of a call (in-memory store): at the call's own ModelCallEnd, count the
         actual usage (the estimate when unknown) and annotate the event; every other event passes
         after one class test."""
@@ -309,31 +317,25 @@ class BudgetMiddleware(MiddlewareBase):
         else:
             tokens, cost = usage.input_tokens + usage.output_tokens, price.cost(usage) if price is not None else 0.0
         user = self.store.add_nowait(ctx.user_id, tokens, cost) if self._needs_user else None  # type: ignore[attr-defined]
-        return self._account(ctx, ev, tokens, cost, user)
+        return self._account(ctx, run, ev, tokens, cost, user)
 
-    def _account(self, ctx: RuntimeContext, ev: ModelCallEnd, tokens: int, cost: float,
+    def _account(self, ctx: RuntimeContext, run: RunTotals, ev: ModelCallEnd, tokens: int, cost: float,
                  user: Spend | None) -> ModelCallEnd:
         """Grow the run's and the session's totals (the user's is grown by the store) and return
-        ``ev`` annotated. The totals are grown in place: no Spend, no copy of the event, no dict
-        but the annotation's own."""
-        run = ctx.get(self._run_key)
-        if run is None:  # (a hook driven by hand, outside a run: no state-ready hook made them)
-            run = RunTotals(self, ctx)
-            ctx.put(self._run_key, run)
-        run.tokens += tokens  # in place: the run's own totals
-        run.cost += cost
-        run.calls += 1
-        r_tokens, r_cost, r_calls = run.tokens, run.cost, run.calls
+        ``ev`` annotated. The totals are grown in place: no Spend, and no dict but the
+        annotation's own."""
+        run.tokens = r_tokens = run.tokens + tokens  # in place: the run's own totals
+        run.cost = r_cost = run.cost + cost
+        run.calls = r_calls = run.calls + 1
         state = run._ctx.agent_state  # (a sub-agent's calls count in its tree's root session)
         name = self.name_key
         if state is not None:
             raw = state.metadata.get(name)
             if not isinstance(raw, dict):
                 raw = state.metadata[name] = {"tokens": 0, "cost": 0.0, "calls": 0}
-            raw["tokens"] += tokens  # in place: the state is this session's own
-            raw["cost"] += cost
-            raw["calls"] += 1
-            s_tokens, s_cost, s_calls = raw["tokens"], raw["cost"], raw["calls"]
+            raw["tokens"] = s_tokens = raw["tokens"] + tokens  # in place: the state is this session's own
+            raw["cost"] = s_cost = raw["cost"] + cost
+            raw["calls"] = s_calls = raw["calls"] + 1
         else:
             s_tokens, s_cost, s_calls = 0, 0.0, 0
         if user is not None:
@@ -353,14 +355,14 @@ class BudgetMiddleware(MiddlewareBase):
                 exceeded = f"{scope} {kind} limit {limit} crossed: spent {spent:g}"
                 break
         # A copy: events are immutable, and an inner layer (a cache recording, an audit) may hold
-        # this very object.
-        return ev.model_copy(update={"metadata": {**ev.metadata, name: {
+        # this very object (`with_metadata`: model_copy's result, without its generic machinery).
+        return with_metadata(ev, {**ev.metadata, name: {
             "call": {"tokens": tokens, "cost": cost, "estimated": ev.usage is None},
             "run": {"tokens": r_tokens, "cost": r_cost, "calls": r_calls},
             "session": {"tokens": s_tokens, "cost": s_cost, "calls": s_calls},
             "user": {"tokens": u_tokens, "cost": u_cost, "calls": u_calls},
             "exceeded": exceeded,
-        }}})
+        }})
 
 
 def _exceeded(info: Mapping[str, Any]) -> BudgetExceeded:

@@ -23,10 +23,9 @@ no tokens) and the recorded usage in ``metadata["cached_usage"]``; the recorded 
 metadata described the recorded call and is not replayed. Store failures are logged and
 the call goes on as a miss: a cache never breaks a run.
 
-Reply ids: replayed events carry the run's ``reply_id`` once this run's events have shown it (a
-miss earlier in the run); a hit on the run's first model call gets a fresh reply id, since hooks
-at ``on_model_call``/``on_acting`` are not told the run's (learning it at ``on_agent`` would put a
-layer on every event of every run).
+Reply ids: replayed events carry the run's ``reply_id`` (the loop binds it to the context before
+any hook runs). A hook driven by hand, outside any run, uses the reply id a miss on that context
+showed, else one fresh id its hits share.
 """
 
 from __future__ import annotations
@@ -39,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 from ..events import (
     AgentEvent,
 )
-from ..message import Msg, ToolUseBlock, new_id
+from ..message import ToolUseBlock, new_id
 from ..stream import EventStream
 from ._cache_record import REPLY, ModelRecorder, ToolRecorder, model_tap, replay
 from .base import ActingInput, ExtensionPoint, MiddlewareBase, ModelCallInput, Next
@@ -49,7 +48,6 @@ from .cache_stores import CacheStore, InMemoryCacheStore, check_ttl
 if TYPE_CHECKING:
     from ..agent.context import RuntimeContext
     from ..agent.react import ReActAgent
-    from ..agent.state import AgentState
 
 __all__ = ["ResponseCacheMiddleware", "ToolResultCacheMiddleware", "request_key", "tool_call_key"]
 
@@ -61,7 +59,10 @@ log = logging.getLogger(__name__)
 
 
 def _reply_id(ctx: RuntimeContext) -> str:
-    if ctx.reply_id is not None:  # the running execution's (the loop sets it)
+    # In a run the context holds the execution's own reply id (the loop binds it before any hook
+    # runs), so what a miss learned (REPLY) matters only to hooks driven by hand, outside any run:
+    # no state-ready hook is needed to forget the last run's (it would cost every run a call).
+    if ctx.reply_id is not None:
         return ctx.reply_id
     rid = ctx.get(REPLY)
     if not isinstance(rid, str):  # outside a run (a hook driven by hand): one fresh id, shared by its hits
@@ -83,11 +84,6 @@ class _CacheBase(MiddlewareBase):
         self._sync = getattr(store, "sync", False) is True
         self.hits = 0
         self.misses = 0
-
-    def on_agent_state_ready(
-        self, agent: ReActAgent, ctx: RuntimeContext, state: AgentState, input_messages: list[Msg]
-    ) -> None:
-        ctx.put(REPLY, None)  # a new execution: a reply id learned by the last one is not this one's
 
     async def _get(self, key: str) -> tuple[AgentEvent, ...] | None:
         try:
@@ -122,7 +118,7 @@ class ResponseCacheMiddleware(_CacheBase):
         self.key = key or request_key
 
     def active_points(self) -> frozenset[ExtensionPoint]:
-        return frozenset({ExtensionPoint.ON_MODEL_CALL, ExtensionPoint.ON_AGENT_STATE_READY})
+        return frozenset({ExtensionPoint.ON_MODEL_CALL})
 
     def on_model_call(self, agent: ReActAgent, ctx: RuntimeContext, input: ModelCallInput, next: Next) -> Any:
         key = self.key(input)
@@ -190,7 +186,7 @@ class ToolResultCacheMiddleware(_CacheBase):
         self.shared = frozenset(shared)
 
     def active_points(self) -> frozenset[ExtensionPoint]:
-        return frozenset({ExtensionPoint.ON_ACTING, ExtensionPoint.ON_AGENT_STATE_READY})
+        return frozenset({ExtensionPoint.ON_ACTING})
 
     def _cacheable(self, agent: ReActAgent, ctx: RuntimeContext, calls: Sequence[ToolUseBlock]) -> dict[str, str]:
         toolkit = agent.toolkit

@@ -144,6 +144,15 @@ def _layer(
             # Passed through: the inner layer already runs in a copy of this context, taken when
             # next() was called (a copy made later would add nothing the inner code can see).
             wrapped = stream
+        elif (inner_bound and type(stream) is EventStream and (below := outs[index + 1]) is not None
+              and stream._factory is below._factory):
+            # Only fused maps added to the inner stream (the caches' and budgets' way): the same,
+            # and the maps run in the consumer's context either way.
+            wrapped = stream
+        elif inner_bound and type(stream) is EventStream and getattr(stream._factory, "context_free", False) is True:
+            # A factory that only subscribes streams built inside this hook (`MapSource.context_free`,
+            # a retry's): what they run already runs in their own copies.
+            wrapped = stream
         else:
             if type(stream) is not EventStream:
                 stream = c.run(_normalise, stream, mw, point)

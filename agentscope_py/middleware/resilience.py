@@ -15,8 +15,10 @@ completes, so any failure is retried unseen (at the price of streaming: the even
 the failed attempt by then (its blocks end, then ``ModelCallEnd(discarded=True)``), so the stream
 stays balanced and a UI can strike the attempt out; memory keeps only the attempt that completed.
 
-Installed but not triggered, retry and fallback cost one method call per event (see
-`_resilience_common.Attempts`).
+Installed but not triggered, retry and fallback in the default mode add no iterator: the model
+call's own stream takes a failure before its first event (`_resilience_common.FirstFailure`);
+where it cannot (a hook inside that wraps the stream), and in the other modes, they cost one method
+call per event (`_resilience_common.Attempts`).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from ._resilience_common import (
     Attempts,
     Backoff,
     ErrorFilter,
+    FirstFailure,
     Sleep,
     any_failure,
     describe,
@@ -120,8 +123,11 @@ class RetryMiddleware(MiddlewareBase):
         return EventStream(lambda: _FirstItemTap(inner.__aiter__(), seen))
 
     def on_model_call(self, agent: ReActAgent, ctx: RuntimeContext, input: ModelCallInput, next: Next) -> Any:
-        # C partials, no closures: each subscription's Attempts counts its own retries afresh.
-        return EventStream(partial(Attempts, next(input), partial(self._again, ctx, input, next), self.mode))
+        # C partials, no closures: each subscription counts its own retries afresh.
+        again = partial(self._again, ctx, input, next)
+        if self.mode == "first":
+            return EventStream(FirstFailure(next(input), again))
+        return EventStream(partial(Attempts, next(input), again, self.mode))
 
     async def _again(self, ctx: RuntimeContext, input: ModelCallInput, next: Next,
                      earlier: list[tuple[str, BaseException]], error: BaseException,
@@ -183,22 +189,22 @@ class ModelFallbackMiddleware(MiddlewareBase):
         first = next(input)
         chain = (input.model, *self.models)
 
-        def attempts() -> Attempts:
-            async def again(earlier: list[tuple[str, BaseException]], error: BaseException,
-                            emitted: bool) -> EventStream[AgentEvent] | None:
-                i = len(earlier)
-                if not self._fallback_on(error) or i + 1 >= len(chain):
-                    note_earlier(error, earlier)
-                    return None
-                failed, following = chain[i], chain[i + 1]
-                earlier.append((f"{i + 1} ({failed.name})", error))
-                if self._on_failover is not None:
-                    await _maybe_await(self._on_failover(failed, error, following))
-                return next(input.replace(model=following))
+        async def again(earlier: list[tuple[str, BaseException]], error: BaseException,
+                        emitted: bool) -> EventStream[AgentEvent] | None:
+            # (Stateless: each subscription's attempts so far are ``earlier``.)
+            i = len(earlier)
+            if not self._fallback_on(error) or i + 1 >= len(chain):
+                note_earlier(error, earlier)
+                return None
+            failed, following = chain[i], chain[i + 1]
+            earlier.append((f"{i + 1} ({failed.name})", error))
+            if self._on_failover is not None:
+                await _maybe_await(self._on_failover(failed, error, following))
+            return next(input.replace(model=following))
 
-            return Attempts(first, again, self.mode)
-
-        return EventStream(attempts)
+        if self.mode == "first":
+            return EventStream(FirstFailure(first, again))
+        return EventStream(partial(Attempts, first, again, self.mode))
 
 
 def _failure_text(error: BaseException, attempts: int) -> str:
@@ -225,7 +231,7 @@ class _FirstItemTap:
     forwards the inner iterator's awaitables unchanged (one method call per item, no frame of its
     own)."""
 
-    __slots__ = ("_fn", "_it", "_seen")
+    __slots__ = ("__weakref__", "_fn", "_it", "_seen")  # (a weak reference: `Attempts`' note)
 
     def __init__(self, it: AsyncIterator[Any], fn: Callable[[Any], bool]) -> None:
         self._it = it

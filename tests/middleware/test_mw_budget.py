@@ -329,3 +329,11 @@ async def test_the_annotation_is_a_copy_an_inner_layers_event_is_never_changed()
     outer_end = next(e for e in events if e.type == "model_call_end")
     inner_end = next(e for e in kept if e.type == "model_call_end")
     assert "budget" in outer_end.metadata and "budget" not in inner_end.metadata
+    # The copy is made without pydantic's generic machinery (`with_metadata`): it must be the
+    # event ``model_copy(update={"metadata": ...})`` gives, field for field.
+    expected = inner_end.model_copy(update={"metadata": outer_end.metadata})
+    assert type(outer_end) is type(expected) and list(outer_end.__dict__.items()) == list(expected.__dict__.items())
+    assert outer_end.model_fields_set == expected.model_fields_set
+    assert (outer_end.__pydantic_extra__, outer_end.__pydantic_private__) == (
+        expected.__pydantic_extra__, expected.__pydantic_private__)
+

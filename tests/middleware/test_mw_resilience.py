@@ -23,6 +23,7 @@ from agentscope_py.errors import (
 )
 from agentscope_py.middleware import (
     ExtensionPoint,
+    MiddlewareBase,
     ModelFallbackMiddleware,
     RetryMiddleware,
     TimeoutMiddleware,
@@ -307,6 +308,107 @@ async def test_after_the_first_event_attempts_hand_the_inner_awaitables_through(
         await attempts.__anext__()
 
 
+async def test_closing_a_retry_stream_closes_the_attempt_it_reads() -> None:
+    # EventStream.aclose() closes the stream's last iteration, which it finds by a weak reference:
+    # the retry's iterator must take one (it did not, and aclose() left the attempt open).
+    from agentscope_py.stream import EventStream
+
+    closed: list[str] = []
+
+    async def inner() -> Any:
+        try:
+            for i in range(3):
+                yield i
+        finally:
+            closed.append("inner")
+
+    def next_(input: Any) -> Any:
+        return EventStream(inner)
+
+    stream = RetryMiddleware().on_model_call(None, None, None, next_)  # type: ignore[arg-type]
+    it = stream.__aiter__()
+    assert await it.__anext__() == 0
+    await stream.aclose()
+    assert closed == ["inner"]
+
+
+class _Seen(MiddlewareBase):
+    """Maps every event of the model call (a fused map, as the caches and budgets add)."""
+
+    def __init__(self, fail_first: int = 0) -> None:
+        self.seen: list[str] = []
+        self.fail_first = fail_first  # raise on the first event of this many calls
+
+    def active_points(self) -> Any:
+        return (P.ON_MODEL_CALL,)
+
+    def on_model_call(self, agent: Any, ctx: Any, input: Any, next: Any) -> Any:
+        def see(ev: Any) -> Any:
+            if self.fail_first and ev.type == "model_call_start":
+                self.fail_first -= 1
+                raise ServerError("the map failed on the first event")
+            self.seen.append(ev.type)
+            return ev
+
+        return next(input).map(see)
+
+
+async def test_a_retry_in_the_model_calls_own_stream_keeps_outer_and_inner_maps() -> None:
+    # Without a layer of its own (the model call's stream takes a failure before its first event),
+    # the maps of the layers outside the retry see each event once, and an inner layer's maps
+    # only the attempt that served.
+    sleep = FakeSleep()
+    outer, inner = _Seen(), _Seen()
+    model = ScriptedModel([ModelStep.error(ServerError("503")), ModelStep.error(ServerError("503")),
+                           ModelStep.text("ok", chunks=2)])
+    agent = agent_with(model, outer, RetryMiddleware(3, jitter=False, sleep=sleep), inner)
+    events = await agent.stream("hi").to_list()
+    model_events = [e.type for e in events if e.type not in ("agent_start", "agent_result", "agent_end")]
+    assert outer.seen == inner.seen == model_events
+    assert model_events == ["model_call_start", "text_block_start", "text_block_delta", "text_block_delta",
+                            "text_block_end", "model_call_end"]
+    assert sleep.delays == [1.0, 2.0] and len(model.requests) == 3
+
+
+async def test_an_inner_map_failing_on_the_first_event_is_retried_like_the_model() -> None:
+    # The inner layer's map is part of the attempt: its failure on the first event is a failure
+    # before the first event (retried), as the model's own would be.
+    sleep = FakeSleep()
+    inner = _Seen(fail_first=1)
+    model = ScriptedModel([ModelStep.text("first"), ModelStep.text("second")])
+    agent = agent_with(model, RetryMiddleware(2, jitter=False, sleep=sleep), inner)
+    events = await agent.stream("hi").to_list()
+    assert events[-2].result.text == "second" and sleep.delays == [1.0]
+    assert balance(events) == {} and inner.seen.count("model_call_start") == 1
+
+
+async def test_an_untriggered_retry_hands_out_the_model_calls_own_iterator() -> None:
+    # The cost of an installed retry: the consumer reads the model call's stream itself, no
+    # iterator of the retry's in between (until a failure).
+    from agentscope_py.middleware._resilience_common import Attempts
+
+    got: list[Any] = []
+
+    class Probe(MiddlewareBase):
+        def active_points(self) -> Any:
+            return (P.ON_MODEL_CALL,)
+
+        def on_model_call(self, agent: Any, ctx: Any, input: Any, next: Any) -> Any:
+            stream = next(input)
+
+            async def read() -> Any:
+                it = stream.__aiter__()
+                got.append(type(it))
+                async for ev in it:
+                    yield ev
+
+            return read()
+
+    agent = agent_with(ScriptedModel([ModelStep.text("ok")]), Probe(), RetryMiddleware())
+    assert (await agent.call("hi")).text == "ok"
+    assert got and got[0] is not Attempts and getattr(got[0], "__name__", "") == "async_generator"
+
+
 async def test_on_retry_is_told_each_retry_and_its_wait() -> None:
     seen: list[tuple[int, str, float]] = []
 
@@ -388,3 +490,41 @@ def test_fallback_models_may_be_ids_and_unknown_ids_are_refused() -> None:
     assert [m.name for m in mw.models] == ["qwen3"]
     with pytest.raises(ValueError, match="unknown model id"):
         ModelFallbackMiddleware("no-such-provider")
+
+
+async def test_the_contexts_of_the_hooks_inside_a_retry_hold_for_every_attempt() -> None:
+    # A retry's stream gets no context wrapper of its own (it only subscribes streams built inside
+    # its hook): what an inner hook sets around next() still reaches the model on every attempt,
+    # and nothing leaks to the consumer.
+    import contextvars
+
+    from agentscope_py.model.base import ChatChunk
+
+    var: contextvars.ContextVar[str] = contextvars.ContextVar("var", default="unset")
+    seen: list[str] = []
+
+    class Model:
+        name = "m"
+
+        def stream(self, request: Any) -> Any:
+            seen.append(var.get())
+            return self._play(len(seen))
+
+        async def _play(self, attempt: int) -> Any:
+            if attempt == 1:
+                raise ServerError("503")
+            yield ChatChunk(text="ok")
+            yield ChatChunk(finish_reason="stop")
+
+    class Setter(MiddlewareBase):
+        def active_points(self) -> Any:
+            return (P.ON_MODEL_CALL,)
+
+        def on_model_call(self, agent: Any, ctx: Any, input: Any, next: Any) -> Any:
+            var.set("inner")
+            return next(input)
+
+    sleep = FakeSleep()
+    agent = agent_with(Model(), RetryMiddleware(2, jitter=False, sleep=sleep), Setter())
+    assert (await agent.call("hi")).text == "ok"
+    assert seen == ["inner", "inner"] and sleep.delays == [1.0] and var.get() == "unset"
