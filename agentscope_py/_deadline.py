@@ -78,15 +78,18 @@ class _Clock:
     the earliest) and disarming a dict delete. When the timer fires, the due deadlines fire in
     the order of their times, and the timer is armed again for the earliest of the rest."""
 
-    __slots__ = ("armed", "handle", "live", "loop", "time")
+    __slots__ = ("__weakref__", "armed", "handle", "live", "loop", "time")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
+        # The loop by a weak reference: the clocks are kept per loop in a weak mapping, and a
+        # clock holding its loop would keep every loop that ever timed a call alive (each
+        # ``asyncio.run``'s, with whatever it still references).
+        self.loop = ref = weakref.ref(loop)
         # The loop's clock, read once per timed call: asyncio's own loops read time.monotonic
         # through a Python method (BaseEventLoop.time), so it is read here directly; any other
         # loop (uvloop: its own cached clock) through its time().
         uses_monotonic = getattr(type(loop), "time", None) is asyncio.BaseEventLoop.time
-        self.time: Callable[[], float] = time.monotonic if uses_monotonic else loop.time
+        self.time: Callable[[], float] = time.monotonic if uses_monotonic else lambda: _alive(ref).time()
         self.live: dict[DeadlineTimer, float] = {}
         self.handle: asyncio.TimerHandle | None = None
         self.armed = math.inf  # when the loop timer fires
@@ -97,11 +100,11 @@ class _Clock:
             if self.handle is not None:
                 self.handle.cancel()
             self.armed = when
-            self.handle = self.loop.call_at(when, self._tick)
+            self.handle = _alive(self.loop).call_at(when, self._tick)
 
     def _tick(self) -> None:
         self.handle = None
-        due = max(self.armed, self.loop.time())
+        due = max(self.armed, self.time())
         self.armed = math.inf
         live = self.live
         fired = sorted((when, i, t) for i, (t, when) in enumerate(live.items()) if when <= due)
@@ -113,16 +116,27 @@ class _Clock:
             self.arm(*min(live.items(), key=lambda item: item[1]))
 
 
+def _alive(ref: weakref.ref[asyncio.AbstractEventLoop]) -> asyncio.AbstractEventLoop:
+    loop = ref()
+    assert loop is not None  # (a clock is used only from its own running loop)
+    return loop
+
+
 _running_loop, _current_task = asyncio.get_running_loop, asyncio.current_task  # (read per timed call)
-_clocks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Clock] = weakref.WeakKeyDictionary()
+# Per loop, its clock, weakly both ways: a clock's pending loop timer references the loop, so a
+# clock held here would keep the loop alive. A clock lives while its loop timer is pending or one
+# of its deadlines is live (each holds it), and ``_last`` keeps the most recent one.
+_clocks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, weakref.ref[_Clock]] = weakref.WeakKeyDictionary()
 _last: _Clock | None = None  # the clock of the loop that armed a deadline last: nearly always the one loop
 
 
 def _clock_of(loop: asyncio.AbstractEventLoop) -> _Clock:
     global _last
-    clock = _clocks.get(loop)
+    ref = _clocks.get(loop)
+    clock = ref() if ref is not None else None
     if clock is None:
-        clock = _clocks[loop] = _Clock(loop)
+        clock = _Clock(loop)
+        _clocks[loop] = weakref.ref(clock)
     _last = clock
     return clock
 
@@ -144,7 +158,7 @@ class DeadlineTimer:
         self.total, self.first_event = total, first_event
         self.expired = False
         clock = _last
-        if clock is None or clock.loop is not loop:
+        if clock is None or clock.loop() is not loop:
             clock = _clock_of(loop)
         self.clock = clock
         self.started = now = clock.time()

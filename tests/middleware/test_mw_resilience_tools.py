@@ -54,6 +54,25 @@ async def test_a_call_inside_its_deadlines_passes_unchanged() -> None:
     assert (await agent_with(model, mw).call("hi")).text == "quick"
 
 
+def test_a_loop_that_timed_calls_is_not_kept_alive_after_it_ends() -> None:
+    # Each asyncio.run makes a loop; the deadlines' clock per loop must not hold its loop (nor a
+    # pending loop timer of a disarmed deadline keep it), or every run of a script leaks one.
+    import gc
+    import weakref
+
+    loops: list[weakref.ref[asyncio.AbstractEventLoop]] = []
+
+    async def one() -> str:
+        loops.append(weakref.ref(asyncio.get_running_loop()))
+        model = ScriptedModel([ModelStep.text("quick")])
+        return (await agent_with(model, TimeoutMiddleware(model_timeout=600)).call("hi")).text
+
+    for _ in range(3):
+        assert asyncio.run(one()) == "quick"
+    gc.collect()
+    assert [ref() for ref in loops[:-1]] == [None, None]  # (the last may stay the clocks' most recent)
+
+
 async def test_a_timeout_is_retried_by_a_retry_outside_it() -> None:
     model = ScriptedModel([ModelStep.text("late", delay=5.0), ModelStep.text("on time")])
     sleep = FakeSleep()
