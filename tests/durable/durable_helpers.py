@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from temporalio.client import Client
+from temporalio.service import RPCError
 
 from agentscope_py.durable import DurableAgent, DurableRun
 
@@ -69,9 +70,24 @@ def temporal_address() -> Iterator[str]:
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         _wait_port(port, proc, 20.0)
+        asyncio.run(_wait_healthy(f"127.0.0.1:{port}", seconds=30.0))
         yield f"127.0.0.1:{port}"
     finally:
         _stop(proc)
+
+
+async def _wait_healthy(address: str, *, seconds: float) -> None:
+    """Until the server answers a health check: its port opens before its frontend serves (on
+    a loaded host, the first clients then fail with "frontend not healthy yet")."""
+    async with asyncio.timeout(seconds):
+        while True:
+            try:
+                client = await Client.connect(address)
+                if await client.service_client.check_health():
+                    return
+            except (RuntimeError, RPCError):  # not serving yet: the connect or the check is refused
+                pass
+            await asyncio.sleep(0.1)
 
 
 def model_process(tmp_path: Path, script: str, *args: str) -> Iterator[tuple[str, Path]]:
