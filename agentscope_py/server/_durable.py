@@ -48,6 +48,9 @@ __all__ = ["DURABLE_OWNER", "DurableServing"]
 DURABLE_OWNER = "temporal"
 """The owner of a durable run's record: its workflow (no serve process holds a lease on it)."""
 
+CLOSING_WAIT = 10.0
+"""Seconds a start waits for the session's previous run to close once its log has ended."""
+
 _GENERATED = re.compile(rb'"([A-Za-z_]*?)[0-9a-f]{8}_(\d+)"')
 
 
@@ -115,13 +118,26 @@ class DurableServing:
         agent = DurableAgent(await self.client(), factory=self.factory, task_queue=self.task_queue,
                              events=self.events)
         try:
-            run = await agent.start(msgs, user_id=record.user_id, session_id=record.session_id,
-                                    run_id=record.run_id)
+            try:
+                run = await agent.start(msgs, user_id=record.user_id, session_id=record.session_id,
+                                        run_id=record.run_id)
+            except DurableSessionBusy as exc:
+                # A run whose log has ended is closing its workflow (saving the session): its
+                # client has seen its end and may send the next message at once, so this one
+                # waits for it; a run still going (or waiting for an answer) refuses the start.
+                ended = (await self.events.meta(exc.run_id) or {}).get("ended")
+                if ended is None:
+                    raise
+                async with asyncio.timeout(CLOSING_WAIT):
+                    run = await agent.start(msgs, user_id=record.user_id, session_id=record.session_id,
+                                            run_id=record.run_id, if_busy="wait")
         except WorkflowAlreadyStartedError:
             return False
-        except DurableSessionBusy as exc:  # the record says so: no watcher waits on it
+        except (DurableSessionBusy, TimeoutError) as exc:  # the record says so: no watcher waits on it
             await self.events.end(record.run_id, 0, "refused")
-            raise HTTPError(409, "session_busy", str(exc)) from exc
+            detail = str(exc) if isinstance(exc, DurableSessionBusy) else (
+                f"session {record.user_id}/{record.session_id}: its last run is still closing; try again")
+            raise HTTPError(409, "session_busy", detail) from exc
         await self.events.annotate(record.run_id, {"workflow": run.id, "execution": run.handle.run_id or ""})
         return True
 
