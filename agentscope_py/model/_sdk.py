@@ -27,7 +27,7 @@ from ._convert import EventDecoder, stream_chunks
 from ._errors import error_from_body, error_from_status, message_of, transport_error
 from .base import ChatChunk, ModelError, ModelRequest
 
-__all__ = ["SDKModel", "sdk_error"]
+__all__ = ["SDKModel", "sdk_error", "streamed"]
 
 
 class _SDKClient(Protocol):
@@ -65,6 +65,7 @@ class SDKModel(ClientModel[S]):
         raise NotImplementedError
 
     def _open(self, params: dict[str, Any]) -> AbstractAsyncContextManager[Any]:
+        """The streamed HTTP response (an ``httpx2.Response``) to the request ``params``."""
         raise NotImplementedError
 
     def _decoder(self) -> EventDecoder:
@@ -81,7 +82,7 @@ class SDKModel(ClientModel[S]):
         try:
             async with self._open(params) as response:
                 chunks = stream_chunks(
-                    response.http_response,
+                    response,
                     self._decoder(),
                     provider=self.provider,
                     terminator=self.terminator,
@@ -96,6 +97,13 @@ class SDKModel(ClientModel[S]):
             if error is None:
                 raise
             raise error from exc
+
+
+@contextlib.asynccontextmanager
+async def streamed(opened: AbstractAsyncContextManager[Any]) -> AsyncIterator[httpx2.Response]:
+    """The HTTP response inside an SDK's ``with_streaming_response`` call."""
+    async with opened as response:
+        yield response.http_response
 
 
 def sdk_error(exc: Any, sdk: ModuleType, provider: str) -> ModelError:

@@ -35,7 +35,7 @@ from ..message import (
 )
 from ._convert import SSEvent, merge_options, reference, result_parts
 from ._errors import error_from_body, malformed
-from ._sdk import SDKModel
+from ._sdk import SDKModel, streamed
 from .base import AuthenticationError, ChatChunk, ModelError, ModelRequest, ToolCallChunk
 
 if TYPE_CHECKING:
@@ -121,7 +121,7 @@ class AnthropicChatModel(SDKModel[anthropic.AsyncAnthropic]):
         return params
 
     def _open(self, params: dict[str, Any]) -> AbstractAsyncContextManager[Any]:
-        return self.client.messages.with_streaming_response.create(**params)
+        return streamed(self.client.messages.with_streaming_response.create(**params))
 
     def _decoder(self) -> _EventReader:
         return _EventReader()
