@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, ClassVar, cast
@@ -153,7 +153,11 @@ class OpenAIChatModel(SDKModel[openai.AsyncOpenAI]):
 
 
 class _ChunkReader:
-    """Turns ``chat.completion.chunk`` payloads into `ChatChunk`s (choice 0 only)."""
+    """Turns ``chat.completion.chunk`` payloads into `ChatChunk`s (choice 0 only).
+
+    Runs once per token: the payloads orjson (or json) gives are dicts, checked as such before the
+    general ``Mapping`` check (an ABC's isinstance costs several times more), and the chunks of a
+    payload are returned as a list rather than through a generator."""
 
     __slots__ = ("done", "model", "saw_tool_call")
 
@@ -162,51 +166,58 @@ class _ChunkReader:
         self.model: str | None = None
         self.saw_tool_call = False
 
-    def read(self, sse: SSEvent) -> Iterator[ChatChunk]:
-        if sse.data.strip() == "[DONE]":
+    def read(self, sse: SSEvent) -> list[ChatChunk]:
+        data = sse.data
+        # A JSON object starts with "{": only anything else can be the terminator.
+        if data[:1] != "{" and data.strip() == "[DONE]":
             self.done = True
-            return
+            return []
         payload = sse.json(PROVIDER)
-        if not isinstance(payload, Mapping):
+        if type(payload) is not dict and not isinstance(payload, Mapping):
             raise malformed(PROVIDER, f"expected a JSON object, got {sse.data[:120]!r}")
         if sse.event == "error" or payload.get("error"):
             raise error_from_body(payload, provider=PROVIDER)
-        if isinstance(payload.get("model"), str):
-            self.model = payload["model"]
+        model = payload.get("model")
+        if isinstance(model, str):
+            self.model = model
+        out: list[ChatChunk] = []
         for choice in payload.get("choices") or ():
-            if isinstance(choice, Mapping) and choice.get("index", 0) == 0:
-                yield from self._choice(choice)
-        usage = _usage(payload.get("usage"))
+            if (type(choice) is dict or isinstance(choice, Mapping)) and choice.get("index", 0) == 0:
+                self._choice(choice, out)
+        usage = payload.get("usage")
         if usage is not None:
-            yield ChatChunk(usage=usage, model=self.model)
+            read = _usage(usage)
+            if read is not None:
+                out.append(ChatChunk(usage=read, model=self.model))
+        return out
 
-    def _choice(self, choice: Mapping[str, Any]) -> Iterator[ChatChunk]:
+    def _choice(self, choice: Mapping[str, Any], out: list[ChatChunk]) -> None:
         delta = choice.get("delta") or {}
         # Reasoning servers disagree on the field: DeepSeek and vLLM say reasoning_content,
         # OpenRouter and Ollama say reasoning.
         thinking = delta.get("reasoning_content") or delta.get("reasoning")
         if isinstance(thinking, str) and thinking:
-            yield ChatChunk(thinking=thinking)
+            out.append(ChatChunk(thinking=thinking))
         text = delta.get("content")
         if isinstance(text, str) and text:
-            yield ChatChunk(text=text)
+            out.append(ChatChunk(text=text))
         for position, call in enumerate(delta.get("tool_calls") or ()):
             self.saw_tool_call = True
             function = call.get("function") or {}
-            yield ChatChunk(
+            out.append(ChatChunk(
                 tool_call=ToolCallChunk(
                     index=int(call.get("index", position)),
                     id=call.get("id") or None,
                     name=function.get("name") or None,
                     arguments=function.get("arguments") or "",
                 )
-            )
+            ))
         reason = choice.get("finish_reason")
         if isinstance(reason, str) and reason:
             mapped = FINISH_REASONS.get(reason, reason)
             if mapped == "stop" and self.saw_tool_call:  # some compatible servers say stop
                 mapped = "tool_calls"
-            yield ChatChunk(finish_reason=mapped, model=self.model)
+            out.append(ChatChunk(finish_reason=mapped, model=self.model))
 
 
 def _int(value: Any) -> int:
