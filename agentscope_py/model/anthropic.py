@@ -36,7 +36,7 @@ from ..message import (
 from ._convert import SSEvent, merge_options, reference, result_parts
 from ._errors import error_from_body, malformed
 from ._sdk import SDKModel, streamed
-from .base import AuthenticationError, ChatChunk, ModelError, ModelRequest, ToolCallChunk
+from .base import AuthenticationError, ChatChunk, ModelError, ModelRequest, ToolCallChunk, text_chunk, thinking_chunk
 
 if TYPE_CHECKING:
     from anthropic.types import MessageParam
@@ -215,9 +215,9 @@ def _block_start(index: int, block: Mapping[str, Any]) -> Iterator[ChatChunk]:
 def _block_delta(index: int, delta: Mapping[str, Any]) -> Iterator[ChatChunk]:
     kind = delta.get("type")
     if kind == "text_delta" and delta.get("text"):
-        yield ChatChunk(text=delta["text"])
+        yield text_chunk(delta["text"])
     elif kind == "thinking_delta" and delta.get("thinking"):
-        yield ChatChunk(thinking=delta["thinking"])
+        yield thinking_chunk(delta["thinking"])
     elif kind == "signature_delta" and delta.get("signature"):
         yield ChatChunk(thinking_signature=delta["signature"])
     elif kind == "input_json_delta" and delta.get("partial_json"):

@@ -36,7 +36,7 @@ from ._convert import (
 from ._direct import DirectSend
 from ._errors import error_from_body, malformed
 from ._sdk import SDKModel, streamed
-from .base import AuthenticationError, ChatChunk, ModelRequest, ToolCallChunk
+from .base import AuthenticationError, ChatChunk, ModelRequest, ToolCallChunk, text_chunk, thinking_chunk
 
 if TYPE_CHECKING:
     from openai.types.chat import ChatCompletionMessageParam
@@ -197,10 +197,10 @@ class _ChunkReader:
         # OpenRouter and Ollama say reasoning.
         thinking = delta.get("reasoning_content") or delta.get("reasoning")
         if isinstance(thinking, str) and thinking:
-            out.append(ChatChunk(thinking=thinking))
+            out.append(thinking_chunk(thinking))
         text = delta.get("content")
         if isinstance(text, str) and text:
-            out.append(ChatChunk(text=text))
+            out.append(text_chunk(text))
         for position, call in enumerate(delta.get("tool_calls") or ()):
             self.saw_tool_call = True
             function = call.get("function") or {}
