@@ -77,26 +77,18 @@ class SDKModel(ClientModel[S]):
             return sdk_error(exc, self.sdk, self.provider)
         return None
 
-    async def stream(self, request: ModelRequest) -> AsyncIterator[ChatChunk]:
-        params = self.request_params(request)
-        try:
-            async with self._open(params) as response:
-                chunks = stream_chunks(
-                    response,
-                    self._decoder(),
-                    provider=self.provider,
-                    terminator=self.terminator,
-                    timeout_errors=httpx2.TimeoutException,
-                    transport_errors=httpx2.TransportError,
-                )
-                async with contextlib.aclosing(chunks):
-                    async for chunk in chunks:
-                        yield chunk
-        except Exception as exc:
-            error = self._error(exc)
-            if error is None:
-                raise
-            raise error from exc
+    def stream(self, request: ModelRequest) -> AsyncIterator[ChatChunk]:
+        # The reading generator itself, not one wrapping it (`stream_chunks`): the request is
+        # built and sent when it is first iterated.
+        return stream_chunks(
+            lambda: self._open(self.request_params(request)),
+            self._decoder(),
+            provider=self.provider,
+            terminator=self.terminator,
+            timeout_errors=httpx2.TimeoutException,
+            transport_errors=httpx2.TransportError,
+            open_error=self._error,
+        )
 
 
 @contextlib.asynccontextmanager
