@@ -19,15 +19,19 @@ Only for a client whose requests cannot differ in anything but the body: a plain
 ``openai.AsyncOpenAI`` (not a subclass such as Azure's, which rewrites requests), over an
 ``httpx2.AsyncClient``, with a static API key (no key provider, workload identity, provider
 runtime or custom auth), no SDK retries, and calls without per-call ``timeout``,
-``extra_headers`` or ``extra_query``. The template is rebuilt when the client's key, base URL or
-timeout change. Anything else goes through ``create()`` as before.
+``extra_headers`` or ``extra_query``; and while the SDK's ``create()`` is the one it shipped (an
+instrumentation that wraps it, such as OpenTelemetry's, keeps seeing every request). The template
+is rebuilt when the client's key, base URL or timeout change. Anything else goes through
+``create()`` as before.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import os
 import ssl
+import types
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -59,14 +63,26 @@ def _body_bytes(body: dict[str, Any]) -> bytes:
     return json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
 
 
+def _shipped(fn: Any, sdk_dir: str) -> bool:
+    """Whether ``fn`` is a plain function whose code lives in the SDK (its own decorators'
+    included): an instrumentation's wrapper, a ``functools.wraps`` function or a wrapt proxy,
+    has code of its own, elsewhere, or is no function at all."""
+    return type(fn) is types.FunctionType and fn.__code__.co_filename.startswith(sdk_dir)
+
+
 class DirectSend:
     """Sends ``POST {path}`` for one SDK client, as described in the module docstring."""
 
-    __slots__ = ("_headers", "_key", "_path", "_sdk", "_timeout", "_url")
+    __slots__ = ("_checked", "_headers", "_key", "_owner", "_path", "_sdk", "_sdk_dir", "_timeout", "_url")
 
-    def __init__(self, sdk: Any, path: str) -> None:
+    def __init__(self, sdk: Any, path: str, owner: type) -> None:
         self._sdk = sdk
         self._path = path
+        self._sdk_dir = os.path.dirname(sdk.__file__)
+        # The resource class whose ``create`` the SDK path calls, and the last ``create`` seen
+        # there that was the shipped one: a wrapper installed at any time is noticed per call.
+        self._owner = owner
+        self._checked: Any = None
         self._key: tuple[Any, ...] | None = None
         self._url = ""
         self._headers: list[tuple[str, str]] = []
@@ -79,6 +95,11 @@ class DirectSend:
             return False
         if any(k in params for k in ("timeout", "extra_headers", "extra_query")):
             return False
+        create = self._owner.__dict__.get("create")
+        if create is not self._checked:
+            if not _shipped(create, self._sdk_dir):
+                return False  # instrumented: the SDK sends, through the instrumentation
+            self._checked = create
         for name in ("_api_key_provider", "_workload_identity_auth", "workload_identity", "_provider_runtime",
                      "custom_auth"):
             if getattr(client, name, None) is not None:

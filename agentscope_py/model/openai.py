@@ -95,7 +95,7 @@ class OpenAIChatModel(SDKModel[openai.AsyncOpenAI]):
         super().__init__(model, base_url, api_key, client=client, timeout=timeout, options=options)
         self.send_reasoning = send_reasoning
         self.stream_usage = stream_usage
-        self._direct = DirectSend(openai, "/chat/completions")
+        self._direct = DirectSend(openai, "/chat/completions", openai.resources.chat.completions.AsyncCompletions)
 
     def _make_client(self) -> openai.AsyncOpenAI:
         key = self._api_key or os.environ.get("OPENAI_API_KEY")

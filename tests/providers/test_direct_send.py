@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -144,3 +145,26 @@ async def test_no_answer_times_out_as_on_the_sdk_path(server: FakeServer, make_o
             await fresh.aclose()
     assert isinstance(direct, ModelTimeoutError)
     assert _error_of(direct) == _error_of(via_sdk)
+
+
+async def test_an_instrumented_create_sees_every_request(server: FakeServer, make_openai: Any,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """An instrumentation (OpenTelemetry's, say) installed at startup wraps the SDK's create():
+    every request keeps going through it."""
+    from openai.resources.chat.completions import AsyncCompletions
+
+    shipped = AsyncCompletions.create
+    seen: list[str] = []
+
+    @functools.wraps(shipped)
+    def traced(self: Any, *args: Any, **kwargs: Any) -> Any:
+        seen.append(kwargs["model"])
+        return shipped(self, *args, **kwargs)
+
+    monkeypatch.setattr(AsyncCompletions, "create", traced)
+    model = make_openai()
+    server.queue(Reply(oa_text("one")), Reply(oa_text("two")), Reply(oa_text("three")))
+    for _ in range(3):
+        await collect(model.stream(ask()))
+    assert seen == ["gpt-fake"] * 3
+    assert len(server.requests) == 3
