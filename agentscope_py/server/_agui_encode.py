@@ -64,7 +64,7 @@ class FrameEncoder:
         if _dumps is not None:
             try:
                 return b"data: %b\n\n" % _dumps(self._model(event))
-            except (_Refused, TypeError):  # TypeError: orjson refused a value
+            except (_Refused, TypeError, KeyError):  # orjson refused a value; a field never set
                 pass
         return self._official.encode(event).encode()
 

@@ -149,3 +149,9 @@ def test_an_unknown_model_in_a_value_is_refused() -> None:
     value: Any = {"odd": Odd()}
     with pytest.raises(AttributeError):
         _NoOfficial().frame(CustomEvent.model_construct(name="odd", value=value))
+
+
+def test_a_model_built_without_a_required_field_is_the_official_encoders_to_judge() -> None:
+    event = TextMessageContentEvent.model_construct(delta="x")  # no message_id
+    with pytest.raises(AttributeError):  # the fast path gave up; the official encoder decides
+        _NoOfficial().frame(event)
