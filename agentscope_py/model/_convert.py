@@ -26,7 +26,6 @@ __all__ = [
     "merge_options",
     "reference",
     "result_parts",
-    "sse_events",
     "stream_chunks",
 ]
 
@@ -173,19 +172,6 @@ class _EventParser:
         sse = SSEvent(self.event, b"\n".join(self.data).decode("utf-8", "replace"))
         self.event, self.data = None, []
         return sse
-
-
-async def sse_events(body: AsyncIterator[bytes], provider: str) -> AsyncGenerator[SSEvent, None]:
-    """Events of an SSE body given as byte chunks (`_EventParser` says how lines are split)."""
-    parser = _EventParser(provider)
-    try:
-        async for chunk in body:
-            for sse in parser.feed_bytes(chunk):
-                yield sse
-        for sse in parser.finish():
-            yield sse
-    finally:
-        await _aclose(body)
 
 
 async def _aclose(it: AsyncIterator[Any]) -> None:
