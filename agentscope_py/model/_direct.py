@@ -73,15 +73,19 @@ def _shipped(fn: Any, sdk_dir: str) -> bool:
 class DirectSend:
     """Sends ``POST {path}`` for one SDK client, as described in the module docstring."""
 
-    __slots__ = ("_checked", "_headers", "_key", "_owner", "_path", "_sdk", "_sdk_dir", "_timeout", "_url")
+    __slots__ = ("_checked", "_find_owner", "_headers", "_key", "_owner", "_path", "_sdk", "_sdk_dir", "_timeout",
+                 "_url")
 
-    def __init__(self, sdk: Any, path: str, owner: type) -> None:
+    def __init__(self, sdk: Any, path: str, owner: Callable[[], type]) -> None:
         self._sdk = sdk
         self._path = path
-        self._sdk_dir = os.path.dirname(sdk.__file__)
+        # Found at the first call, not here: a model may be built where the SDK's modules and the
+        # file system are off limits (a Temporal workflow's sandbox builds the agent).
+        self._sdk_dir = ""
+        self._find_owner = owner
         # The resource class whose ``create`` the SDK path calls, and the last ``create`` seen
         # there that was the shipped one: a wrapper installed at any time is noticed per call.
-        self._owner = owner
+        self._owner: type | None = None
         self._checked: Any = None
         self._key: tuple[Any, ...] | None = None
         self._url = ""
@@ -95,6 +99,9 @@ class DirectSend:
             return False
         if any(k in params for k in ("timeout", "extra_headers", "extra_query")):
             return False
+        if self._owner is None:
+            self._owner = self._find_owner()
+            self._sdk_dir = os.path.dirname(self._sdk.__file__)
         create = self._owner.__dict__.get("create")
         if create is not self._checked:
             if not _shipped(create, self._sdk_dir):

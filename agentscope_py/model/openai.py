@@ -95,7 +95,7 @@ class OpenAIChatModel(SDKModel[openai.AsyncOpenAI]):
         super().__init__(model, base_url, api_key, client=client, timeout=timeout, options=options)
         self.send_reasoning = send_reasoning
         self.stream_usage = stream_usage
-        self._direct = DirectSend(openai, "/chat/completions", openai.resources.chat.completions.AsyncCompletions)
+        self._direct = DirectSend(openai, "/chat/completions", _completions_class)
 
     def _make_client(self) -> openai.AsyncOpenAI:
         key = self._api_key or os.environ.get("OPENAI_API_KEY")
@@ -147,6 +147,10 @@ class OpenAIChatModel(SDKModel[openai.AsyncOpenAI]):
 
     def _decoder(self) -> _ChunkReader:
         return _ChunkReader()
+
+
+def _completions_class() -> type:
+    return openai.resources.chat.completions.AsyncCompletions  # type: ignore[no-any-return]
 
 
 # -- reading the stream ------------------------------------------------------------------------
