@@ -38,13 +38,7 @@ from typing import Any
 import anyio
 import httpx2
 
-__all__ = ["DirectSend"]
-
-_dumps: Callable[[Any], bytes] | None
-try:
-    from orjson import dumps as _dumps
-except ImportError:  # pragma: no cover - exercised only without orjson
-    _dumps = None
+__all__ = ["DirectSend", "body_bytes"]
 
 # What the SDK's request() turns into APIConnectionError (openai/_httpx2.py, request_exceptions).
 _CONNECTION_ERRORS = (httpx2.RequestError, ssl.SSLError, anyio.EndOfStream)
@@ -52,15 +46,14 @@ _CONNECTION_ERRORS = (httpx2.RequestError, ssl.SSLError, anyio.EndOfStream)
 _RAW_RESPONSE = {"X-Stainless-Raw-Response": "stream"}
 
 
-def _body_bytes(body: dict[str, Any]) -> bytes:
-    """The body as the SDK's ``openapi_dumps`` writes it (compact, UTF-8, no NaN): orjson's bytes
-    are the same for plain JSON; whatever orjson refuses goes through the stdlib as the SDK's."""
-    if _dumps is not None:
-        try:
-            return _dumps(body)
-        except TypeError:
-            pass
-    return json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+def body_bytes(body: dict[str, Any]) -> bytes | None:
+    """The body as the SDK's ``openapi_dumps`` writes plain JSON: the stdlib's compact UTF-8,
+    refusing NaN as it does (orjson would write null). None for a value only the SDK's encoder
+    writes (a datetime, a pydantic model in an option): that call goes through the SDK."""
+    try:
+        return json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+    except TypeError:
+        return None
 
 
 def _shipped(fn: Any, sdk_dir: str) -> bool:
@@ -129,11 +122,12 @@ class DirectSend:
         self._key = key
 
     @contextlib.asynccontextmanager
-    async def open(self, client: Any, body: dict[str, Any]) -> AsyncIterator[httpx2.Response]:
-        """The streamed response to ``body``; raises the SDK's errors as its ``create()`` would."""
+    async def open(self, client: Any, body: bytes) -> AsyncIterator[httpx2.Response]:
+        """The streamed response to ``body`` (`body_bytes`); raises the SDK's errors as its
+        ``create()`` would."""
         await self._template(client)
         http: httpx2.AsyncClient = client._client
-        request = http.build_request("POST", self._url, headers=self._headers, content=_body_bytes(body),
+        request = http.build_request("POST", self._url, headers=self._headers, content=body,
                                      timeout=self._timeout)
         try:
             response = await http.send(request, stream=True)

@@ -33,7 +33,7 @@ from ._convert import (
     reference,
     result_parts,
 )
-from ._direct import DirectSend
+from ._direct import DirectSend, body_bytes
 from ._errors import error_from_body, malformed
 from ._sdk import SDKModel, streamed
 from .base import AuthenticationError, ChatChunk, ModelRequest, ToolCallChunk, text_chunk, thinking_chunk
@@ -135,8 +135,10 @@ class OpenAIChatModel(SDKModel[openai.AsyncOpenAI]):
         client = self.client
         if self._direct.usable(client, params):
             # The SDK's body, in its key order: its parameters, then extra_body's.
-            return self._direct.open(client, {"messages": params["messages"], "model": params["model"],
-                                              "stream": True, **params["extra_body"]})
+            content = body_bytes({"messages": params["messages"], "model": params["model"], "stream": True,
+                                  **params["extra_body"]})
+            if content is not None:
+                return self._direct.open(client, content)
         # The SDK's create() walks ``messages`` against its TypedDict unions before sending: ~2 ms
         # per request, measured, more than relaying a 100-token reply costs. Ours are plain JSON
         # already, so they travel in ``extra_body``, which the SDK sends as it is over the empty

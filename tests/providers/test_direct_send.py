@@ -168,3 +168,21 @@ async def test_an_instrumented_create_sees_every_request(server: FakeServer, mak
         await collect(model.stream(ask()))
     assert seen == ["gpt-fake"] * 3
     assert len(server.requests) == 3
+
+
+async def test_a_value_only_the_sdk_can_encode_goes_through_the_sdk(server: FakeServer, make_openai: Any) -> None:
+    import datetime
+
+    model = make_openai()
+    await _warm(server, model)
+    server.queue(Reply(oa_text("ok")))
+    when = datetime.datetime(2026, 1, 2, 3, 4, 5)
+    await collect(model.stream(ask(options={"metadata": {"at": when}})))
+    assert server.requests[-1].body["metadata"] == {"at": when.isoformat()}  # the SDK's encoder wrote it
+
+
+async def test_nan_is_refused_as_the_sdk_refuses_it(server: FakeServer, make_openai: Any) -> None:
+    model = make_openai()
+    await _warm(server, model)
+    with pytest.raises(ValueError, match="JSON compliant"):
+        await collect(model.stream(ask(options={"temperature": float("nan")})))
