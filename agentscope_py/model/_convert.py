@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import json
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Mapping
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -25,7 +26,6 @@ __all__ = [
     "merge_options",
     "reference",
     "result_parts",
-    "sse_events",
     "stream_chunks",
 ]
 
@@ -105,14 +105,47 @@ class SSEvent:
 
 
 class _EventParser:
-    """SSE lines (bytes, without their endings) → events; the state between lines."""
+    """An SSE body's bytes → events: the line splitting and the state between lines and chunks.
 
-    __slots__ = ("data", "event", "provider")
+    Lines end at CR, LF or CRLF, the SSE spec's three, and nowhere else: a payload may hold a raw
+    U+2028 or form feed (JSON allows them in strings), where httpx's ``aiter_lines`` would cut it.
+    Plain calls per chunk of bytes, not a generator: this runs once per token, in the one
+    generator that reads the body (`stream_chunks`). A line that is neither a known field nor a
+    comment raises `MalformedStreamError`; an event left open at the end of the body is still
+    dispatched (`finish`), so a cut-off JSON payload fails to parse rather than vanishing, and a
+    final ``[DONE]`` without its blank line still counts."""
+
+    __slots__ = ("after_cr", "data", "event", "provider", "rest")
 
     def __init__(self, provider: str) -> None:
         self.provider = provider
         self.event: str | None = None
         self.data: list[bytes] = []
+        self.rest = b""  # the start of a line the next chunk ends
+        self.after_cr = False  # the last chunk ended with CR: a LF first in the next one belongs to it
+
+    def feed_bytes(self, chunk: bytes) -> list[SSEvent]:
+        if self.after_cr:
+            self.after_cr = False
+            if chunk[:1] == b"\n":
+                chunk = chunk[1:]
+        if not chunk:
+            return []
+        if self.rest:
+            chunk = self.rest + chunk
+        lines = chunk.splitlines()  # bytes: CR, LF and CRLF only
+        last = chunk[-1]
+        self.after_cr = last == 13
+        self.rest = lines.pop() if last not in (10, 13) else b""
+        return self.feed(lines)
+
+    def finish(self) -> list[SSEvent]:
+        """What the body's end dispatches: its last line without an ending, an event left open."""
+        out = self.feed([self.rest]) if self.rest else []
+        self.rest = b""
+        if self.data or self.event is not None:
+            out.append(self.end())
+        return out
 
     def feed(self, lines: list[bytes]) -> list[SSEvent]:
         out: list[SSEvent] = []
@@ -141,44 +174,10 @@ class _EventParser:
         return sse
 
 
-async def sse_events(body: AsyncIterator[bytes], provider: str) -> AsyncGenerator[SSEvent, None]:
-    """Events of an SSE body given as byte chunks, split into lines here.
-
-    Lines end at CR, LF or CRLF, the SSE spec's three, and nowhere else: a payload may hold a raw
-    U+2028 or form feed (JSON allows them in strings), where httpx's ``aiter_lines`` would cut it.
-    One generator over the bytes, instead of the text decoder and the line decoder under
-    ``aiter_lines``: this reader runs once per token. A line that is neither a known field nor a
-    comment raises `MalformedStreamError`; an event left open at the end of the body is still
-    dispatched (so a cut-off JSON payload fails to parse rather than vanishing, and a final
-    ``[DONE]`` without its blank line still counts)."""
-    parser = _EventParser(provider)
-    rest = b""  # the start of a line the next chunk ends
-    after_cr = False  # the last chunk ended with CR: a LF first in the next one belongs to it
-    try:
-        async for chunk in body:
-            if after_cr:
-                after_cr = False
-                if chunk[:1] == b"\n":
-                    chunk = chunk[1:]
-            if not chunk:
-                continue
-            if rest:
-                chunk = rest + chunk
-            lines = chunk.splitlines()  # bytes: CR, LF and CRLF only
-            last = chunk[-1]
-            after_cr = last == 13
-            rest = lines.pop() if last not in (10, 13) else b""
-            for sse in parser.feed(lines):
-                yield sse
-        if rest:  # the body ended without a line ending
-            for sse in parser.feed([rest]):
-                yield sse
-        if parser.data or parser.event is not None:
-            yield parser.end()
-    finally:
-        aclose = getattr(body, "aclose", None)
-        if aclose is not None:
-            await aclose()
+async def _aclose(it: AsyncIterator[Any]) -> None:
+    aclose = getattr(it, "aclose", None)
+    if aclose is not None:
+        await aclose()
 
 
 class EventDecoder(Protocol):
@@ -207,46 +206,75 @@ _DRAIN_SECONDS = 0.1
 
 
 async def stream_chunks(
-    response: StreamingResponse,
+    open_response: Callable[[], AbstractAsyncContextManager[StreamingResponse]],
     decoder: EventDecoder,
     *,
     provider: str,
     terminator: str,
     timeout_errors: type[BaseException] | tuple[type[BaseException], ...],
     transport_errors: type[BaseException] | tuple[type[BaseException], ...],
+    open_error: Callable[[Exception], BaseException | None] | None = None,
 ) -> AsyncGenerator[ChatChunk, None]:
-    """The chunks of an SSE response; raises `MalformedStreamError` if it ends before the
-    decoder saw ``terminator``, and maps the HTTP library's read errors (given as classes, so
-    this module needs neither library) to `TimeoutError` / `MalformedStreamError`."""
-    content_type = response.headers.get("content-type", "")
-    if content_type.startswith(("application/json", "text/html", "text/plain")):
-        # An error (or an unstreamed reply, or a proxy's HTML page) sent as 200.
-        raw = await response.aread()
-        try:
-            body = response.json()
-        except (ValueError, RecursionError):
-            body = None
-        if isinstance(body, Mapping) and body.get("error"):
-            raise error_from_body(body, provider=provider)
-        raise malformed(provider, f"expected an event stream, got {content_type}: {quote(raw)}")
+    """The chunks of the SSE response ``open_response()`` opens (and closes); raises
+    `MalformedStreamError` if it ends before the decoder saw ``terminator``, maps the HTTP
+    library's read errors (given as classes, so this module needs neither library) to
+    `TimeoutError` / `MalformedStreamError`, and any other exception through ``open_error``
+    (the SDK's errors; None: raised as it is).
+
+    One generator from the body's bytes to the chunks, the parser and the decoder plain calls
+    inside it: each layer of generators costs a resumption per token, and a provider's
+    ``stream()`` returns this generator itself."""
     try:
-        async with contextlib.aclosing(sse_events(response.aiter_bytes(), provider)) as events:
-            async for sse in events:
-                try:
-                    chunks = list(decoder.read(sse))
-                except PAYLOAD_ERRORS as exc:  # a payload of the wrong shape
-                    raise malformed(provider, f"unexpected event {quote(sse.data)} ({_reason(exc)})") from exc
-                for chunk in chunks:
-                    yield chunk
-                if decoder.done:
-                    await _drain(events)
-                    break
-    except timeout_errors as exc:
-        raise transport_error(provider, exc, in_body=True, timeout=True) from exc
-    except transport_errors as exc:
-        raise transport_error(provider, exc, in_body=True, timeout=False) from exc
+        async with open_response() as response:
+            content_type = response.headers.get("content-type", "")
+            if content_type.startswith(("application/json", "text/html", "text/plain")):
+                raise await _unstreamed(response, content_type, provider)
+            parser = _EventParser(provider)
+            body = response.aiter_bytes()
+            try:
+                async for piece in body:
+                    for sse in parser.feed_bytes(piece):
+                        for chunk in _read(decoder, sse, provider):
+                            yield chunk
+                        if decoder.done:
+                            await _drain(body)
+                            return
+                for sse in parser.finish():
+                    for chunk in _read(decoder, sse, provider):
+                        yield chunk
+            except timeout_errors as exc:
+                raise transport_error(provider, exc, in_body=True, timeout=True) from exc
+            except transport_errors as exc:
+                raise transport_error(provider, exc, in_body=True, timeout=False) from exc
+            finally:
+                await _aclose(body)
+    except Exception as exc:
+        mapped = open_error(exc) if open_error is not None else None
+        if mapped is None:
+            raise
+        raise mapped from exc
     if not decoder.done:
         raise malformed(provider, f"the stream ended without {terminator}; the reply is incomplete")
+
+
+async def _unstreamed(response: StreamingResponse, content_type: str, provider: str) -> Exception:
+    """The error for a body that is not an event stream: an error (or an unstreamed reply, or a
+    proxy's HTML page) sent as 200."""
+    raw = await response.aread()
+    try:
+        body = response.json()
+    except (ValueError, RecursionError):
+        body = None
+    if isinstance(body, Mapping) and body.get("error"):
+        return error_from_body(body, provider=provider)
+    return malformed(provider, f"expected an event stream, got {content_type}: {quote(raw)}")
+
+
+def _read(decoder: EventDecoder, sse: SSEvent, provider: str) -> list[ChatChunk]:
+    try:
+        return list(decoder.read(sse))
+    except PAYLOAD_ERRORS as exc:  # a payload of the wrong shape
+        raise malformed(provider, f"unexpected event {quote(sse.data)} ({_reason(exc)})") from exc
 
 
 def _reason(exc: BaseException) -> str:
@@ -256,10 +284,10 @@ def _reason(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-async def _drain(events: AsyncIterator[SSEvent]) -> None:
+async def _drain(body: AsyncIterator[bytes]) -> None:
     # The reply is complete; the rest of the body only matters for connection reuse, so give up
     # quickly and ignore whatever comes.
     with contextlib.suppress(Exception):
         async with asyncio.timeout(_DRAIN_SECONDS):
-            async for _ in events:
+            async for _ in body:
                 pass

@@ -27,7 +27,7 @@ from ._convert import EventDecoder, stream_chunks
 from ._errors import error_from_body, error_from_status, message_of, transport_error
 from .base import ChatChunk, ModelError, ModelRequest
 
-__all__ = ["SDKModel", "sdk_error"]
+__all__ = ["SDKModel", "sdk_error", "streamed"]
 
 
 class _SDKClient(Protocol):
@@ -65,6 +65,7 @@ class SDKModel(ClientModel[S]):
         raise NotImplementedError
 
     def _open(self, params: dict[str, Any]) -> AbstractAsyncContextManager[Any]:
+        """The streamed HTTP response (an ``httpx2.Response``) to the request ``params``."""
         raise NotImplementedError
 
     def _decoder(self) -> EventDecoder:
@@ -76,26 +77,25 @@ class SDKModel(ClientModel[S]):
             return sdk_error(exc, self.sdk, self.provider)
         return None
 
-    async def stream(self, request: ModelRequest) -> AsyncIterator[ChatChunk]:
-        params = self.request_params(request)
-        try:
-            async with self._open(params) as response:
-                chunks = stream_chunks(
-                    response.http_response,
-                    self._decoder(),
-                    provider=self.provider,
-                    terminator=self.terminator,
-                    timeout_errors=httpx2.TimeoutException,
-                    transport_errors=httpx2.TransportError,
-                )
-                async with contextlib.aclosing(chunks):
-                    async for chunk in chunks:
-                        yield chunk
-        except Exception as exc:
-            error = self._error(exc)
-            if error is None:
-                raise
-            raise error from exc
+    def stream(self, request: ModelRequest) -> AsyncIterator[ChatChunk]:
+        # The reading generator itself, not one wrapping it (`stream_chunks`): the request is
+        # built and sent when it is first iterated.
+        return stream_chunks(
+            lambda: self._open(self.request_params(request)),
+            self._decoder(),
+            provider=self.provider,
+            terminator=self.terminator,
+            timeout_errors=httpx2.TimeoutException,
+            transport_errors=httpx2.TransportError,
+            open_error=self._error,
+        )
+
+
+@contextlib.asynccontextmanager
+async def streamed(opened: AbstractAsyncContextManager[Any]) -> AsyncIterator[httpx2.Response]:
+    """The HTTP response inside an SDK's ``with_streaming_response`` call."""
+    async with opened as response:
+        yield response.http_response
 
 
 def sdk_error(exc: Any, sdk: ModuleType, provider: str) -> ModelError:

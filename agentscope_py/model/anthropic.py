@@ -35,8 +35,8 @@ from ..message import (
 )
 from ._convert import SSEvent, merge_options, reference, result_parts
 from ._errors import error_from_body, malformed
-from ._sdk import SDKModel
-from .base import AuthenticationError, ChatChunk, ModelError, ModelRequest, ToolCallChunk
+from ._sdk import SDKModel, streamed
+from .base import AuthenticationError, ChatChunk, ModelError, ModelRequest, ToolCallChunk, text_chunk, thinking_chunk
 
 if TYPE_CHECKING:
     from anthropic.types import MessageParam
@@ -121,7 +121,7 @@ class AnthropicChatModel(SDKModel[anthropic.AsyncAnthropic]):
         return params
 
     def _open(self, params: dict[str, Any]) -> AbstractAsyncContextManager[Any]:
-        return self.client.messages.with_streaming_response.create(**params)
+        return streamed(self.client.messages.with_streaming_response.create(**params))
 
     def _decoder(self) -> _EventReader:
         return _EventReader()
@@ -215,9 +215,9 @@ def _block_start(index: int, block: Mapping[str, Any]) -> Iterator[ChatChunk]:
 def _block_delta(index: int, delta: Mapping[str, Any]) -> Iterator[ChatChunk]:
     kind = delta.get("type")
     if kind == "text_delta" and delta.get("text"):
-        yield ChatChunk(text=delta["text"])
+        yield text_chunk(delta["text"])
     elif kind == "thinking_delta" and delta.get("thinking"):
-        yield ChatChunk(thinking=delta["thinking"])
+        yield thinking_chunk(delta["thinking"])
     elif kind == "signature_delta" and delta.get("signature"):
         yield ChatChunk(thinking_signature=delta["signature"])
     elif kind == "input_json_delta" and delta.get("partial_json"):

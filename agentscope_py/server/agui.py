@@ -48,11 +48,11 @@ from ag_ui.core import (
     StepFinishedEvent,
     TokenUsage,
 )
-from ag_ui.encoder import EventEncoder
 
 from ..events import AgentEvent
 from ..message import ChatUsage, GenerateReason, Msg, ToolResultState, ToolUseBlock
 from ._agui_content import OpenContent, end_step, jsonable, start_step
+from ._agui_encode import FrameEncoder
 from ._agui_input import (
     AguiInputError,
     SystemPolicy,
@@ -77,7 +77,7 @@ __all__ = [
 INTERRUPT_REASON = "tool_call_confirmation"
 """``Interrupt.reason`` of a tool call waiting for the user's approval."""
 
-_ENCODER = EventEncoder()
+_ENCODER = FrameEncoder()
 
 # The answer an approval interrupt expects in ``ResumeEntry.payload``.
 _RESPONSE_SCHEMA: dict[str, Any] = {
@@ -91,8 +91,9 @@ _RESPONSE_SCHEMA: dict[str, Any] = {
 
 
 def encode(events: Iterable[BaseEvent]) -> bytes:
-    """SSE frames (``data: <json>\\n\\n`` each) of AG-UI events, through the official encoder."""
-    return "".join([_ENCODER.encode(e) for e in events]).encode()
+    """SSE frames (``data: <json>\\n\\n`` each) of AG-UI events: the official encoder's bytes
+    (`FrameEncoder`)."""
+    return _ENCODER.encode(events)
 
 
 class AguiMapper:

@@ -161,3 +161,14 @@ def test_data_the_providers_cannot_take_becomes_a_text_reference() -> None:
         {"type": "document", "source": {"type": "base64", "media_type": "application/pdf", "data": "JVBERi0="}},
         {"type": "text", "text": "[application/zip: https://example.com/a.zip]"},
     ]
+
+
+@pytest.mark.parametrize("value", ["x", "naïve ☃", " ", "\u2028"])
+def test_the_fast_chunk_makers_make_the_constructors_chunks(value: str) -> None:
+    from agentscope_py.model.base import ChatChunk, text_chunk, thinking_chunk
+
+    made = [text_chunk(value), thinking_chunk(value)]
+    assert made == [ChatChunk(text=value), ChatChunk(thinking=value)]
+    assert [hash(c) for c in made] == [hash(ChatChunk(text=value)), hash(ChatChunk(thinking=value))]
+    with pytest.raises(AttributeError):  # as frozen as the constructor's
+        made[0].text = "changed"  # type: ignore[misc]

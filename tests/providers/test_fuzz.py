@@ -110,7 +110,7 @@ async def _body(pieces: list[bytes]) -> AsyncIterator[bytes]:
 def _sse(decoder: Callable[[], Any], provider: str, terminator: str) -> Callable[[list[bytes]], AsyncIterator[ChatChunk]]:
     def read(pieces: list[bytes]) -> AsyncIterator[ChatChunk]:
         response = httpx2.Response(200, headers={"content-type": "text/event-stream"}, content=_body(pieces))
-        return stream_chunks(response, decoder(), provider=provider, terminator=terminator,
+        return stream_chunks(lambda: contextlib.nullcontext(response), decoder(), provider=provider, terminator=terminator,
                              timeout_errors=httpx2.TimeoutException, transport_errors=httpx2.TransportError)
     return read
 
