@@ -18,7 +18,7 @@ from importlib import resources
 from typing import Any
 
 from ag_ui.core import RunAgentInput, Tool
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import ValidationError
 from starlette.applications import Starlette
 from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
@@ -28,7 +28,6 @@ from starlette.routing import Route
 from .._context import RuntimeContext
 from ..agent.react import ReActAgent, confirm_message
 from ..agent.store import InMemoryStateStore
-from ..events import ConfirmResult
 from ..message import Msg
 from . import agui as agui_module
 from ._agui_snapshot import snapshot_frames
@@ -37,6 +36,7 @@ from ._frames import agui_frames, cancelled_agui, cancelled_native, native_frame
 from ._identity import USER_HEADER, Authenticate, Identity
 from ._ledger import Emitted, Ledger
 from ._limits import Limits, check_shape, read_json
+from ._requests import InterruptRequest, RunRequest
 from ._runlog import InMemoryRunLog, RunLog, RunRecord
 from ._runs import Runner, Runs, detach_of, parse_after
 from ._security import Guard
@@ -52,33 +52,6 @@ first frame carries it too)."""
 log = logging.getLogger("agentscope_py.server")
 
 AgentOrFactory = ReActAgent | Callable[[], ReActAgent]
-
-
-class RunRequest(BaseModel):
-    """The body of ``POST /v1/runs``: ``input`` (text or messages), ``confirm`` results, or both."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    session_id: str = Field(min_length=1)
-    user_id: str | None = None
-    input: str | list[Msg] | None = None
-    confirm: list[ConfirmResult] = Field(default_factory=list)
-    detach: bool | None = None
-    """Keep running when the client disconnects (resume with ``GET /v1/runs/{run_id}/events``);
-    ``None``: the server's default (``create_app(detach_default=...)``)."""
-
-    @model_validator(mode="after")
-    def _something_to_do(self) -> RunRequest:
-        if not self.input and not self.confirm:
-            raise ValueError("give `input` (text or messages) or `confirm` (answers to pending tool calls)")
-        return self
-
-
-class InterruptRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    session_id: str = Field(min_length=1)
-    user_id: str | None = None
 
 
 class _Server:

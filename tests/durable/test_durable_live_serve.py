@@ -8,6 +8,7 @@ without duplicated text and balanced, as the official client's verifier says."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import subprocess
 import uuid
@@ -49,6 +50,17 @@ async def _until(frames: AsyncIterator[Frame], seen: list[Frame], done: Callable
     raise AssertionError(f"the stream ended first: {[f.data.get('type') for f in seen]}")
 
 
+@contextlib.asynccontextmanager
+async def _answering(http: httpx.AsyncClient, url: str) -> AsyncIterator[tuple[str, AsyncIterator[Frame], list[Frame]]]:
+    """A run started on session s1 and read up to its first delta (the model holds the rest):
+    its id, the rest of its frames, and the frames seen."""
+    seen: list[Frame] = []
+    async with http.stream("POST", url + "/v1/runs", json={"session_id": "s1", "input": "2 + 40?"}) as answer:
+        frames = sse(answer.aiter_lines())
+        await _until(frames, seen, lambda f: f.data.get("type") == "text_block_delta")
+        yield answer.headers["x-run-id"], frames, seen
+
+
 async def test_watched_live_through_serve_and_resumed_through_another_after_the_first_died(
         held_model: tuple[str, Path], workers: Workers, serves: Serves, queue: str, redis_url: str) -> None:
     workers.start("durable_agents:build", queue, "--events", redis_url)
@@ -81,12 +93,8 @@ async def test_the_interrupt_endpoint_reaches_the_workflow(
         held_model: tuple[str, Path], workers: Workers, serves: Serves, queue: str, redis_url: str) -> None:
     workers.start("durable_agents:build", queue, "--events", redis_url)
     url, _ = serves.start(queue)
-    seen: list[Frame] = []
     async with asyncio.timeout(40), httpx.AsyncClient(timeout=30) as http:
-        async with http.stream("POST", url + "/v1/runs", json={"session_id": "s1", "input": "2 + 40?"}) as answer:
-            run_id = answer.headers["x-run-id"]
-            frames = sse(answer.aiter_lines())
-            await _until(frames, seen, lambda f: f.data.get("type") == "text_block_delta")
+        async with _answering(http, url) as (run_id, frames, seen):
             stopped = await http.post(f"{url}/v1/runs/{run_id}/interrupt", json={})
             assert stopped.status_code == 200 and stopped.json() == {"run_id": run_id, "interrupted": True}
             seen += [f async for f in frames]  # the model still holds its answer: the interrupt ends it
@@ -104,12 +112,8 @@ async def test_a_second_run_on_a_busy_session_is_refused_and_the_first_goes_on(
         held_model: tuple[str, Path], workers: Workers, serves: Serves, queue: str, redis_url: str) -> None:
     workers.start("durable_agents:build", queue, "--events", redis_url)
     url, _ = serves.start(queue)
-    seen: list[Frame] = []
     async with asyncio.timeout(40), httpx.AsyncClient(timeout=30) as http:
-        async with http.stream("POST", url + "/v1/runs", json={"session_id": "s1", "input": "2 + 40?"}) as answer:
-            first_id = answer.headers["x-run-id"]
-            frames = sse(answer.aiter_lines())
-            await _until(frames, seen, lambda f: f.data.get("type") == "text_block_delta")
+        async with _answering(http, url) as (first_id, frames, seen):
             busy = await http.post(url + "/v1/runs", json={"session_id": "s1", "input": "again?"})
             other = await http.post(url + "/v1/runs", json={"session_id": "s2", "input": "2 + 40?",
                                                             "detach": True})
