@@ -1,7 +1,8 @@
 """Serving durable runs (docs/durable.md): ``POST /v1/runs`` and ``POST /agui`` start a Temporal
 workflow, and every client — the one that started it, one resuming with ``Last-Event-ID``, in
 this process or any other — watches it through the run's event log (`EventLog`), which the
-workers fill; ``POST /v1/runs/{run_id}/interrupt`` signals the workflow.
+workers fill; ``POST /v1/runs/{run_id}/interrupt`` signals the workflow. A request's confirm
+answers go to the session's waiting run, whose stream goes on (`_durable_answers`).
 
 A durable run's *owner* is its workflow, not a serve process. A client's frames are made here
 from the run's events (the native or AG-UI vocabulary, the same way every time: the ids the

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,14 +27,18 @@ CALL = "call_add_1"  # the loopback model's tool call
 
 
 @pytest.fixture
-def queue() -> str:
-    return f"q-{uuid.uuid4().hex[:8]}"
-
-
-@pytest.fixture
-def serves(temporal_address: str, model_server: tuple[str, Path], redis_url: str) -> Iterator[Serves]:
+def served(temporal_address: str, model_server: tuple[str, Path], redis_url: str,
+           workers: Workers) -> Iterator[Callable[..., str]]:
+    """``served(factory, **worker_env)``: a worker and a serve process of ``factory`` on a task
+    queue of their own, publishing to Redis; the serve process's URL."""
     procs = Serves(temporal_address, redis_url, {"DURABLE_MODEL_URL": model_server[0]})
-    yield procs
+
+    def start(factory: str = ASKING, **env: str) -> str:
+        queue = f"q-{uuid.uuid4().hex[:8]}"
+        workers.start(factory, queue, "--events", redis_url, **env)
+        return procs.start(queue, factory)[0]
+
+    yield start
     procs.close()
 
 
@@ -65,9 +69,8 @@ async def _asking(http: httpx.AsyncClient, url: str, session: str = "s1") -> tup
 
 
 async def test_approved_through_serve_the_same_run_goes_on_to_the_tools_result(
-        workers: Workers, serves: Serves, queue: str, redis_url: str, tmp_path: Path) -> None:
-    workers.start(ASKING, queue, "--events", redis_url)
-    url, _ = serves.start(queue, ASKING)
+        served: Callable[..., str], tmp_path: Path) -> None:
+    url = served()
     async with asyncio.timeout(60), httpx.AsyncClient(timeout=50) as http:
         run_id, asked = await _asking(http, url)
         assert not (tmp_path / "tool_log").exists()  # the tool waits for the answer
@@ -95,9 +98,8 @@ async def _lines(text: str) -> AsyncIterator[str]:
 
 
 async def test_denied_through_serve_the_tool_never_runs_and_the_run_ends(
-        workers: Workers, serves: Serves, queue: str, redis_url: str, tmp_path: Path) -> None:
-    workers.start(ASKING, queue, "--events", redis_url)
-    url, _ = serves.start(queue, ASKING)
+        served: Callable[..., str], tmp_path: Path) -> None:
+    url = served()
     async with asyncio.timeout(60), httpx.AsyncClient(timeout=50) as http:
         run_id, _ = await _asking(http, url)
         answer, rest = await _post(http, url + "/v1/runs", {"session_id": "s1", "confirm": [
@@ -112,10 +114,8 @@ async def test_denied_through_serve_the_tool_never_runs_and_the_run_ends(
     assert again.status_code == 409 and again.json()["type"] == "not_waiting", again.text  # it ended
 
 
-async def test_a_confirm_with_nothing_waiting_is_refused(
-        workers: Workers, serves: Serves, queue: str, redis_url: str) -> None:
-    workers.start(ASKING, queue, "--events", redis_url)
-    url, _ = serves.start(queue, ASKING)
+async def test_a_confirm_with_nothing_waiting_is_refused(served: Callable[..., str]) -> None:
+    url = served()
     async with asyncio.timeout(30), httpx.AsyncClient(timeout=20) as http:
         never = await http.post(url + "/v1/runs", json={"session_id": "fresh",
                                                         "confirm": [{"tool_call_id": CALL, "confirmed": True}]})
@@ -128,20 +128,18 @@ async def test_a_confirm_with_nothing_waiting_is_refused(
 
 
 async def test_approved_through_agui_the_resumed_stream_passes_the_official_verifier(
-        workers: Workers, serves: Serves, queue: str, redis_url: str, client_modules: Path,
-        tmp_path: Path) -> None:
-    workers.start(ASKING, queue, "--events", redis_url)
-    url, _ = serves.start(queue, ASKING)
+        served: Callable[..., str], client_modules: Path, tmp_path: Path) -> None:
+    url, tag = served(), uuid.uuid4().hex[:8]
     history = [{"id": "u1", "role": "user", "content": "2 + 40?"}]
-    body = {"threadId": "t1", "runId": f"r1-{queue}", "messages": history, "tools": [], "context": [],
+    body = {"threadId": "t1", "runId": f"r1-{tag}", "messages": history, "tools": [], "context": [],
             "state": {}, "forwardedProps": {}}
     async with asyncio.timeout(60), httpx.AsyncClient(timeout=50) as http:
         first, asked = await _post(http, url + "/agui", body)
         finished = asked[-1].data
         assert finished["type"] == "RUN_FINISHED", [f.data["type"] for f in asked]
-        interrupts = finished["outcome"]["interrupts"] if "outcome" in finished else finished["interrupts"]
+        interrupts = finished["outcome"]["interrupts"]  # the approval the run waits for
         resume = [{"interruptId": i["id"], "status": "resolved", "payload": {"approved": True}} for i in interrupts]
-        answer, rest = await _post(http, url + "/agui", {**body, "runId": f"r2-{queue}", "resume": resume})
+        answer, rest = await _post(http, url + "/agui", {**body, "runId": f"r2-{tag}", "resume": resume})
     assert [i["id"] for i in interrupts] == [CALL]
     assert answer.status_code == 200 and answer.headers["x-run-id"] == first.headers["x-run-id"]
     events = [f.data for f in rest]
@@ -153,9 +151,8 @@ async def test_approved_through_agui_the_resumed_stream_passes_the_official_veri
 
 
 async def test_the_session_interrupt_reaches_its_durable_run(
-        workers: Workers, serves: Serves, queue: str, redis_url: str, tmp_path: Path) -> None:
-    workers.start("durable_agents:build", queue, "--events", redis_url, DURABLE_TOOL_SLEEP="30")
-    url, _ = serves.start(queue)
+        served: Callable[..., str], tmp_path: Path) -> None:
+    url = served("durable_agents:build", DURABLE_TOOL_SLEEP="30")
     async with asyncio.timeout(40), httpx.AsyncClient(timeout=30) as http:
         idle = await http.post(url + "/v1/interrupt", json={"session_id": "s1"})
         async with http.stream("POST", url + "/v1/runs", json={"session_id": "s1", "input": "2 + 40?"}) as answer:
