@@ -159,7 +159,9 @@ class DurableRuns(Runs):
     def __init__(self, serving: DurableServing, limits: Limits, result_text: bool) -> None:
         super().__init__(InMemoryRunLog(), limits)
         self.serving, self.result_text = serving, result_text
-        self._starts: dict[int, int] = {}  # id(live) -> the frame id its request's stream starts after
+        # id(live) -> (live, the frame id its request's stream starts after); the live run held
+        # until its request follows it, so its id is not reused meanwhile.
+        self._starts: dict[int, tuple[LiveRun, int]] = {}
 
     async def _create(self, record: RunRecord) -> bool:
         return await self.serving.start(record)
@@ -191,8 +193,11 @@ class DurableRuns(Runs):
         # AG-UI: the messages beside `resume` are the client's copy of the thread, which the
         # workflow holds already.
         await self.serving.client()
-        run, end = await signal_answers(self.serving.agent(), self.serving.events, record.user_id,
-                                        record.session_id, answers)
+        try:
+            run, end = await signal_answers(self.serving.agent(), self.serving.events, record.user_id,
+                                            record.session_id, answers)
+        except TimeoutError as exc:  # the asking turn's events never reached the log
+            raise _unavailable() from exc
         answered = RunRecord(run.run_id, record.user_id, record.session_id, record.kind, DURABLE_OWNER, RUNNING)
         live = LiveRun(answered, ctx, False, keep=self.log.max_events)
         stream = self.serving.events_of(run.run_id, end, stop_at_wait=True)
@@ -201,13 +206,15 @@ class DurableRuns(Runs):
             mapper = AguiMapper(record.session_id, run.run_id)
             frames = lambda live: agui_frames(stream, mapper, "durable", _no_pending, Emitted(), live)  # noqa: E731
         else:
-            live.base = self._starts[id(live)] = end
+            live.base = end
+            self._starts[id(live)] = (live, end)
             frames = lambda live: native_frames(stream, "durable", _no_pending, self.result_text, live)  # noqa: E731
         live.task = asyncio.get_running_loop().create_task(_relay(live, _renamed(frames, run.run_id)(live)))
         return live
 
     async def follow(self, live: LiveRun, after: int, heartbeat: float | None = None) -> AsyncIterator[bytes]:
-        start = self._starts.pop(id(live), 0)
+        entry = self._starts.pop(id(live), None)
+        start = entry[1] if entry is not None and entry[0] is live else 0
         async for piece in super().follow(live, max(after, start), heartbeat):
             yield piece
 
