@@ -213,6 +213,8 @@ class DurableRuns(Runs):
         return live
 
     async def follow(self, live: LiveRun, after: int, heartbeat: float | None = None) -> AsyncIterator[bytes]:
+        """As `Runs.follow`; an answered run's request follows from where its asking stream ended
+        (the app follows every new request's run from 0)."""
         entry = self._starts.pop(id(live), None)
         start = entry[1] if entry is not None and entry[0] is live else 0
         async for piece in super().follow(live, max(after, start), heartbeat):
