@@ -1,7 +1,8 @@
 """Serving durable runs (docs/durable.md): ``POST /v1/runs`` and ``POST /agui`` start a Temporal
 workflow, and every client — the one that started it, one resuming with ``Last-Event-ID``, in
 this process or any other — watches it through the run's event log (`EventLog`), which the
-workers fill; ``POST /v1/runs/{run_id}/interrupt`` signals the workflow.
+workers fill; ``POST /v1/runs/{run_id}/interrupt`` signals the workflow. A request's confirm
+answers go to the session's waiting run, whose stream goes on (`_durable_answers`).
 
 A durable run's *owner* is its workflow, not a serve process. A client's frames are made here
 from the run's events (the native or AG-UI vocabulary, the same way every time: the ids the
@@ -21,7 +22,7 @@ from typing import Any
 
 from .._context import RuntimeContext
 from ..errors import RunLogError
-from ..events import AgentEvent, parse_event
+from ..events import AgentEvent, ConfirmResult, parse_event
 from ..message import Msg
 from ..stream import EventStream
 from ._errors import HTTPError
@@ -40,6 +41,7 @@ try:
 
     from ..durable import DEFAULT_TASK_QUEUE, DurableAgent, DurableSessionBusy, EventLog, session_workflow_id
     from ..durable._watch import watch
+    from ._durable_answers import answers_of, session_run, signal_answers, until_wait
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise ImportError("serving durable runs needs the temporal extra: pip install 'agentscope-py[temporal]'") from exc
 
@@ -91,14 +93,21 @@ class DurableServing:
         """The events of a run about to start (`DurableRuns._create` starts it). Iterated
         again, it watches again from the run's first event."""
         self._inputs[run_id] = list(msgs)
-        return self.events_of(run_id)
+        return self.events_of(run_id, stop_at_wait=True)
 
-    def events_of(self, run_id: str) -> EventStream[AgentEvent]:
+    def events_of(self, run_id: str, after: int = 0, stop_at_wait: bool = False) -> EventStream[AgentEvent]:
+        """The run's events after position ``after``; with ``stop_at_wait``, up to the end of
+        the first turn that waits (a request's stream: its answer's request follows on)."""
         async def events() -> AsyncIterator[AgentEvent]:
-            async for data in watch(await self.handle(run_id), self.events, run_id):
+            found = watch(await self.handle(run_id), self.events, run_id, after)
+            async for data in until_wait(found) if stop_at_wait else found:
                 yield parse_event(data)
 
         return EventStream(events)
+
+    def agent(self) -> DurableAgent:
+        assert self._client is not None, "connect first (await client())"
+        return DurableAgent(self._client, factory=self.factory, task_queue=self.task_queue, events=self.events)
 
     async def handle(self, run_id: str) -> WorkflowHandle[Any, Any]:
         """The run's own workflow execution: a session's runs share one workflow id, so the
@@ -115,8 +124,8 @@ class DurableServing:
         meta = {"user": record.user_id, "session": record.session_id, "kind": record.kind}
         if not await self.events.describe(record.run_id, meta):
             return False
-        agent = DurableAgent(await self.client(), factory=self.factory, task_queue=self.task_queue,
-                             events=self.events)
+        await self.client()
+        agent = self.agent()
         try:
             try:
                 run = await agent.start(msgs, user_id=record.user_id, session_id=record.session_id,
@@ -150,13 +159,19 @@ class DurableRuns(Runs):
     def __init__(self, serving: DurableServing, limits: Limits, result_text: bool) -> None:
         super().__init__(InMemoryRunLog(), limits)
         self.serving, self.result_text = serving, result_text
+        # id(live) -> (live, the frame id its request's stream starts after); the live run held
+        # until its request follows it, so its id is not reused meanwhile.
+        self._starts: dict[int, tuple[LiveRun, int]] = {}
 
     async def _create(self, record: RunRecord) -> bool:
         return await self.serving.start(record)
 
     async def begin(self, record: RunRecord, ctx: RuntimeContext, detach: bool, source: FrameSource,
                     cancelled_frame: Callable[[LiveRun], bytes]) -> LiveRun:
+        answers, rest = answers_of(self.serving._inputs.get(record.run_id, []))
         try:
+            if answers:  # they go to the session's waiting run, which goes on
+                return await self._answer(record, ctx, answers, rest)
             # Always detached: the workflow goes on without its clients. Cancelled (this server
             # stopping), the stream just ends, with no frame of this process's own: its clients
             # resume elsewhere with their Last-Event-ID, and every process numbers frames alike.
@@ -165,6 +180,57 @@ class DurableRuns(Runs):
             raise _unavailable() from exc
         finally:  # started, or refused (a limit, a taken id): its input is not kept
             self.serving._inputs.pop(record.run_id, None)
+
+    async def _answer(self, record: RunRecord, ctx: RuntimeContext, answers: list[ConfirmResult],
+                      rest: list[Msg]) -> LiveRun:
+        """Signal ``answers`` to the session's waiting run; its stream from where the asking
+        turn ended (native frames numbered on from there, as the run's own log numbers them)."""
+        if rest and record.kind == "native":
+            # Both at once would be two runs on one busy session: the answers first, then the
+            # input once the answered run ended (as two requests).
+            raise HTTPError(400, "invalid_request", "a durable run waiting for confirmation takes `confirm` alone: "
+                            "send the answers, then `input` as the next run once this one ended")
+        # AG-UI: the messages beside `resume` are the client's copy of the thread, which the
+        # workflow holds already.
+        await self.serving.client()
+        try:
+            run, end = await signal_answers(self.serving.agent(), self.serving.events, record.user_id,
+                                            record.session_id, answers)
+        except TimeoutError as exc:  # the asking turn's events never reached the log
+            raise _unavailable() from exc
+        answered = RunRecord(run.run_id, record.user_id, record.session_id, record.kind, DURABLE_OWNER, RUNNING)
+        live = LiveRun(answered, ctx, False, keep=self.log.max_events)
+        stream = self.serving.events_of(run.run_id, end, stop_at_wait=True)
+        frames: FrameSource
+        if record.kind == "agui":  # a run of its own to the AG-UI client: RUN_STARTED .. RUN_FINISHED
+            mapper = AguiMapper(record.session_id, run.run_id)
+            frames = lambda live: agui_frames(stream, mapper, "durable", _no_pending, Emitted(), live)  # noqa: E731
+        else:
+            live.base = end
+            self._starts[id(live)] = (live, end)
+            frames = lambda live: native_frames(stream, "durable", _no_pending, self.result_text, live)  # noqa: E731
+        live.task = asyncio.get_running_loop().create_task(_relay(live, _renamed(frames, run.run_id)(live)))
+        return live
+
+    async def follow(self, live: LiveRun, after: int, heartbeat: float | None = None) -> AsyncIterator[bytes]:
+        """As `Runs.follow`; an answered run's request follows from where its asking stream ended
+        (the app follows every new request's run from 0)."""
+        entry = self._starts.pop(id(live), None)
+        start = entry[1] if entry is not None and entry[0] is live else 0
+        async for piece in super().follow(live, max(after, start), heartbeat):
+            yield piece
+
+    async def interrupt_session(self, user_id: str, session_id: str) -> dict[str, object]:
+        """``POST /v1/interrupt``: signal the session's run in flight, if any."""
+        await self.serving.client()
+        run = await session_run(self.serving.agent(), user_id, session_id)
+        if run is None:
+            return {"interrupted": False}
+        try:
+            await run.interrupt()
+        except RPCError:  # it ended meanwhile
+            return {"interrupted": False}
+        return {"interrupted": True, "run_id": run.run_id}
 
     async def resume(self, run_id: str, user_id: str, after: int,
                      heartbeat: float | None = None) -> tuple[RunRecord, Frames]:
@@ -204,14 +270,14 @@ class DurableRuns(Runs):
     def _frames(self, record: RunRecord) -> FrameSource:
         """The frames of a run, in its vocabulary, made from its events from the first."""
         stream = self.serving.events_of(record.run_id)
-
-        async def pending() -> list[str]:
-            return []
-
         if record.kind == "agui":
             mapper = AguiMapper(record.session_id, record.run_id)
-            return lambda live: agui_frames(stream, mapper, "durable", pending, Emitted(), live)
-        return lambda live: native_frames(stream, "durable", pending, self.result_text, live)
+            return lambda live: agui_frames(stream, mapper, "durable", _no_pending, Emitted(), live)
+        return lambda live: native_frames(stream, "durable", _no_pending, self.result_text, live)
+
+
+async def _no_pending() -> list[str]:
+    return []
 
 
 def _renamed(source: FrameSource, run_id: str) -> FrameSource:

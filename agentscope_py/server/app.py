@@ -242,6 +242,9 @@ class _Server:
         rid = request_id(request)
         try:
             body, user_id = await self._body_and_user(request, InterruptRequest, "")
+            by_session = getattr(self.registry, "interrupt_session", None)  # durable runs: their workflow
+            if by_session is not None:
+                return JSONResponse(await by_session(user_id, body.session_id))
         except Exception as exc:
             return _refused(exc, rid, "POST /v1/interrupt")
         return JSONResponse({"interrupted": self.agent.interrupt(user_id=user_id, session_id=body.session_id)})

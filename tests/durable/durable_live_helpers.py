@@ -36,17 +36,17 @@ def release(base_url: str) -> None:
 
 
 class Serves:
-    """``agentscope-py serve --temporal`` processes of ``durable_agents:build`` (stopped at the
+    """``agentscope-py serve --temporal`` processes (``durable_agents:build`` unless told; stopped at the
     test's end): each on a free loopback port."""
 
     def __init__(self, temporal: str, events: str, env: dict[str, str]) -> None:
         self.temporal, self.events, self.env = temporal, events, env
         self.procs: list[subprocess.Popen[bytes]] = []
 
-    def start(self, task_queue: str) -> tuple[str, subprocess.Popen[bytes]]:
+    def start(self, task_queue: str, factory: str = "durable_agents:build") -> tuple[str, subprocess.Popen[bytes]]:
         port = free_port()
         proc = subprocess.Popen(
-            [sys.executable, "-m", "agentscope_py.cli", "serve", "durable_agents:build", "--temporal", self.temporal,
+            [sys.executable, "-m", "agentscope_py.cli", "serve", factory, "--temporal", self.temporal,
              "--task-queue", task_queue, "--events", self.events, "--port", str(port), "--log-level", "warning"],
             cwd=HERE, env={**os.environ, **self.env}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self.procs.append(proc)
