@@ -94,14 +94,17 @@ class AgentStateStore(Protocol):
 
 
 class InMemoryStateStore:
-    """The default store: states live in this process, each kept as its JSON (bytes) and parsed
-    again by every ``load``, like the other stores. A kept state is then one object, not the
-    dozens of a conversation's messages and blocks: a server keeps thousands of finished sessions,
-    and every full collection of Python's garbage collector walks every object kept, pausing
-    every stream at once (``benchmarks/RESULTS.md`` §12). A state JSON would not give back as it
-    is — a Python object in a ``metadata`` (a structured output's model, a tuple), a subclass of
-    `AgentState` or `Msg` — is kept as it is, by reference, as before. A state kept as JSON is the
-    caller's own once loaded: changing it changes nothing stored until it is saved.
+    """The default store: states live in this process. By default a saved state is kept as it
+    is, by reference (a script's or a test's sessions cost nothing to keep or to load). With
+    ``as_json=True`` — what `serve` / `create_app` set on the store they serve — each is kept as
+    its JSON (bytes) and parsed again by every ``load``, like the other stores: a kept state is
+    then one object, not the dozens of a conversation's messages and blocks, and a server keeps
+    thousands of finished sessions that every full collection of Python's garbage collector would
+    otherwise walk, pausing every stream at once (``benchmarks/RESULTS.md`` §12); that costs a
+    serialisation per save and a parse per load (~50 µs for a one-turn session). A state JSON
+    would not give back as it is — a Python object in a ``metadata`` (a structured output's model,
+    a tuple), a subclass of `AgentState` or `Msg` — is kept by reference either way. A state kept
+    as JSON is the caller's own once loaded: changing it changes nothing stored until it is saved.
 
     Unbounded by default (a script or a test keeps what it made). ``max_sessions`` bounds how many
     sessions it keeps: past it, the least recently used idle session is evicted. ``idle_ttl``
@@ -116,8 +119,13 @@ class InMemoryStateStore:
     """Present only when bounded (the agent then holds it for every call): see the class doc."""
 
     def __init__(self, *, conflict_policy: ConflictPolicy = "fail", max_sessions: int | None = None,
-                 idle_ttl: float | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+                 idle_ttl: float | None = None, clock: Callable[[], float] = time.monotonic,
+                 as_json: bool = False) -> None:
         self.conflict_policy = check_conflict_policy(conflict_policy)
+        if not isinstance(as_json, bool):
+            raise TypeError(f"as_json must be True or False, not {as_json!r}")
+        self.as_json = as_json
+        """Keep each state as its JSON (see the class doc); applies to the saves after it is set."""
         self._data: dict[tuple[str, str], tuple[bytes | AgentState, int]] = {}
         self._clock = clock
         self._max: int | None = None
@@ -176,7 +184,7 @@ class InMemoryStateStore:
         version = 0 if current is None else current[1]
         if version != expected_version and self.conflict_policy == "fail":
             raise StateConflictError(user_id, session_id, expected_version, version)
-        self._data[key] = (_freeze(state), version + 1)
+        self._data[key] = (_freeze(state) if self.as_json else state, version + 1)
         if self._bounded:
             now = self._clock()
             if key not in self._pins:

@@ -87,8 +87,10 @@ class _Server:
                     raise TypeError(f"the agent factory returned {type(agent).__name__}, not a ReActAgent")
             store = agent.state_store
             if isinstance(store, InMemoryStateStore) and not store.bounded:
-                # A served process meets sessions without end: keep the idle ones bounded.
+                # A served process meets sessions without end: keep the idle ones bounded, and
+                # each as its JSON (one object for the collector to walk, not dozens).
                 store.bound(max_sessions=self.limits.max_sessions, idle_ttl=self.limits.session_idle_ttl)
+                store.as_json = True
             self._agent = agent
         return self._agent
 

@@ -23,6 +23,7 @@ def test_the_default_in_memory_store_is_bounded_when_served() -> None:
     store = agent.state_store
     assert isinstance(store, InMemoryStateStore) and not store.bounded
     with TestClient(create_app(agent)):
+        assert store.as_json  # kept sessions: one object each
         assert (store.max_sessions, store.idle_ttl) == (Limits().max_sessions, Limits().session_idle_ttl)
     assert (Limits().max_sessions, Limits().session_idle_ttl) == (10_000, 3600.0)
 

@@ -32,7 +32,7 @@ def tracked() -> int:
 
 
 async def test_a_kept_session_costs_the_collector_one_object_or_so() -> None:
-    store = InMemoryStateStore()
+    store = InMemoryStateStore(as_json=True)
     before = tracked()
     for i in range(1_000):
         await store.save("u", f"s{i}", conversation(5), 0)
@@ -43,7 +43,7 @@ async def test_a_kept_session_costs_the_collector_one_object_or_so() -> None:
 
 
 async def test_a_saved_state_changed_afterwards_changes_nothing_stored() -> None:
-    store = InMemoryStateStore()
+    store = InMemoryStateStore(as_json=True)
     state = conversation(1)
     version = await store.save("u", "s", state, 0)
     state.context.append(Msg.user("not saved"))
@@ -56,7 +56,7 @@ async def test_a_saved_state_changed_afterwards_changes_nothing_stored() -> None
 
 
 async def test_two_loads_are_two_states_and_the_saved_one_is_unchanged() -> None:
-    store = InMemoryStateStore()
+    store = InMemoryStateStore(as_json=True)
     await store.save("u", "s", conversation(1), 0)
     first, _ = await store.load("u", "s")
     second, _ = await store.load("u", "s")
@@ -80,7 +80,7 @@ class Color(StrEnum):
 async def test_a_state_json_would_not_give_back_as_it_is_is_kept_as_it_is(metadata: dict[Any, Any]) -> None:
     """On the state, on a message or in a tool call's input: a structured output's model must come
     back a model, a tuple a tuple (as they did when every state was kept by reference)."""
-    store = InMemoryStateStore()
+    store = InMemoryStateStore(as_json=True)
     on_state = AgentState(user_id="u", session_id="a", metadata=metadata)
     reply = Msg(role="assistant", content=[TextBlock(text="hi")], metadata=metadata)
     on_message = AgentState(user_id="u", session_id="b", context=[reply])
@@ -99,7 +99,7 @@ async def test_a_subclass_of_the_state_or_of_a_message_is_kept_as_it_is() -> Non
     class Tagged(Msg):
         tag: str = ""
 
-    store = InMemoryStateStore()
+    store = InMemoryStateStore(as_json=True)
     richer = Richer(user_id="u", session_id="richer", note="kept")
     tagged = AgentState(user_id="u", session_id="tagged", context=[Tagged(role="user", tag="t")])
     await store.save("u", "richer", richer, 0)
@@ -113,7 +113,7 @@ async def test_plain_values_in_metadata_and_tool_inputs_go_as_json() -> None:
     plain = {"n": 1, "x": 0.5, "ok": True, "none": None, "nested": {"list": ["a", 2, [3.25]]}}
     call = Msg(role="assistant", content=[ToolUseBlock(id="c1", name="f", input=plain)], metadata=plain)
     state = AgentState(user_id="u", session_id="s", context=[call], metadata=plain)
-    store = InMemoryStateStore()
+    store = InMemoryStateStore(as_json=True)
     await store.save("u", "s", state, 0)
     loaded, _ = await store.load("u", "s")
     assert loaded is not state and loaded == state
@@ -121,7 +121,7 @@ async def test_plain_values_in_metadata_and_tool_inputs_go_as_json() -> None:
 
 async def test_an_agent_remembers_its_sessions_through_the_json() -> None:
     model = ScriptedModel([ModelStep.text("one"), ModelStep.text("two")])
-    store = InMemoryStateStore(max_sessions=10)
+    store = InMemoryStateStore(max_sessions=10, as_json=True)
     agent = ReActAgent.builder().model(model).state_store(store).build()
     ctx: Any = RuntimeContext(user_id="u", session_id="s")
     await agent.call("first", ctx=ctx)
@@ -131,3 +131,13 @@ async def test_an_agent_remembers_its_sessions_through_the_json() -> None:
     state, version = await store.load("u", "s")
     assert version == 2 and state is not None and [m.text for m in state.context] == ["first", "one", "second",
                                                                                     "two"]
+
+
+async def test_by_default_a_state_is_kept_as_it_is_and_serving_keeps_json() -> None:
+    # A script's or a test's store: no serialisation per save, no parse per load.
+    store = InMemoryStateStore()
+    state = conversation(1)
+    await store.save("u", "s", state, 0)
+    assert (await store.load("u", "s"))[0] is state
+    with pytest.raises(TypeError, match="as_json must be True or False"):
+        InMemoryStateStore(as_json="yes")  # type: ignore[arg-type]
