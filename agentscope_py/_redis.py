@@ -18,7 +18,7 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise ImportError("the Redis logs need the redis client: pip install 'agentscope-py[redis]'") from exc
 
-__all__ = ["LoopRedis", "redis_errors"]
+__all__ = ["LoopRedis", "RedisError", "redis_errors"]
 
 
 @contextlib.contextmanager

@@ -19,13 +19,8 @@ from collections.abc import Sequence
 from typing import Any, ClassVar
 from urllib.parse import quote
 
-from .._redis import LoopRedis, redis_errors
+from .._redis import LoopRedis, RedisError, redis_errors
 from ._publish import EventLog, Page
-
-try:
-    from redis.exceptions import RedisError
-except ImportError as exc:  # pragma: no cover - depends on the installed extras
-    raise ImportError("RedisEventLog needs the redis client: pip install 'agentscope-py[redis]'") from exc
 
 __all__ = ["RedisEventLog"]
 

@@ -91,6 +91,9 @@ def _chunk_maker(field_name: str) -> Callable[[str], ChatChunk]:
     that call ends in) on an instance made without ``__init__``, every name bound locally. The
     chunks equal the constructor's (tests/providers/test_convert.py)."""
     new = object.__new__
+    # The other slots are set to None: a field gaining another default must not go unnoticed.
+    if any(f.default is not None for f in fields(ChatChunk)):
+        raise TypeError("_chunk_maker sets ChatChunk's other fields to None: every field's default must be None")
     setters = {f.name: ChatChunk.__dict__[f.name].__set__ for f in fields(ChatChunk)}
     set_value = setters.pop(field_name)
     others = tuple(setters.values())

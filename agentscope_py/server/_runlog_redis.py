@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from typing import Any, ClassVar
 from urllib.parse import quote
 
-from .._redis import LoopRedis, redis_errors
+from .._redis import LoopRedis, RedisError, redis_errors
 from ._runlog import (
     RUNNING,
     Batch,
@@ -39,11 +39,6 @@ from ._runlog import (
     frame_offset,
     new_owner_id,
 )
-
-try:
-    from redis.exceptions import RedisError
-except ImportError as exc:  # pragma: no cover - depends on the installed extras
-    raise ImportError("RedisRunLog needs the redis client: pip install 'agentscope-py[redis]'") from exc
 
 __all__ = ["RedisRunLog"]
 
