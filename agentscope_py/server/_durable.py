@@ -1,14 +1,16 @@
 """Serving durable runs (docs/durable.md): ``POST /v1/runs`` and ``POST /agui`` start a Temporal
 workflow, and every client — the one that started it, one resuming with ``Last-Event-ID``, in
 this process or any other — watches it through the run's event log (`EventLog`), which the
-workers fill; ``POST /v1/runs/{run_id}/interrupt`` signals the workflow. A request's confirm
-answers go to the session's waiting run, whose stream goes on (`_durable_answers`).
+workers fill; ``POST /v1/runs/{run_id}/interrupt`` signals the workflow. A request's answers
+(confirm answers, external tool results) go to the session's waiting run, whose stream goes on
+(`_durable_answers`), counted in the run limits (`_durable_slots`).
 
 A durable run's *owner* is its workflow, not a serve process. A client's frames are made here
-from the run's events (the native or AG-UI vocabulary, the same way every time: the ids the
-AG-UI mapper makes are renamed by order of appearance), so any serve process makes the same
-frames with the same ids, and a serve process that dies takes nothing with it: nothing is
-marked ``lost`` for it. A durable run is lost only when its workflow is (`_watch`).
+from the run's events (the native or AG-UI vocabulary, the same way every time: AG-UI frames are
+one AG-UI run per piece of the run, `_durable_agui`, and the ids the mapper makes are renamed by
+order of appearance), so every serve process and every stream of the run makes the same frames
+with the same ids, and a serve process that dies takes nothing with it: nothing is marked
+``lost`` for it. A durable run is lost only when its workflow is (`_watch`).
 """
 
 from __future__ import annotations

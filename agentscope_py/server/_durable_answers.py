@@ -1,6 +1,7 @@
 """Answering a served durable run that waits (docs/durable.md "Serving durable runs"): a request's
-confirm answers (``POST /v1/runs`` ``confirm``, AG-UI ``resume``) are signalled to the session's
-waiting workflow, and the request's stream follows *that* run's events from where its asking
+confirm answers (``POST /v1/runs`` ``confirm``, AG-UI ``resume``) or external tool results (the
+tool messages ending its input: native ``Msg.tool`` input, AG-UI ``ToolMessage``s) are signalled
+to the session's waiting workflow, and the request's stream follows *that* run's events from where its asking
 turn ended, until it ends or waits again; ``POST /v1/interrupt`` signals the session's run.
 
 A durable run that asks does not end: it waits in its workflow, on the same run id and event log

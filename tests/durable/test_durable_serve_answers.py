@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -18,7 +19,7 @@ import httpx
 import pytest
 from durable_helpers import Workers, model_server, temporal_address, workers
 from durable_live_helpers import Frame, Serves, sse
-from server.test_agui_client import client_modules
+from server.test_agui_client import NODE, client_modules
 from test_durable_live_serve import _verify
 
 __all__ = ["client_modules", "model_server", "temporal_address", "workers"]  # fixtures, used by name
@@ -103,6 +104,17 @@ async def test_an_agui_answer_cut_mid_stream_resumes_through_another_serve_proce
     assert _agui_text(answered) == "The answer is 42."  # once: nothing repeated, nothing missing
     assert (tmp_path / "tool_log").read_text().count("\n") == 1
     assert _verify(client_modules, tmp_path, [f.data for f in answered]) == "ok"
+    # the whole run: the asking run, then the answer's, one after the other
+    assert _verdict(tmp_path, [f.data for f in whole]) == "ok"
+
+
+def _verdict(tmp_path: Path, events: list[dict[str, Any]]) -> str:
+    """`_verify` again in the same directory (its node_modules link made)."""
+    done = subprocess.run([str(NODE), "verify.mjs"], cwd=tmp_path, input=json.dumps([events]), capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    verdict: str = json.loads(done.stdout.strip().splitlines()[-1])[0]
+    return verdict
 
 
 def _native(frames: list[Frame], kind: str) -> list[dict[str, Any]]:
