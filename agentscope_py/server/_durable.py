@@ -171,8 +171,9 @@ class DurableRuns(Runs):
     def __init__(self, serving: DurableServing, limits: Limits, result_text: bool) -> None:
         super().__init__(InMemoryRunLog(), limits)
         self.serving, self.result_text = serving, result_text
-        # id(live) -> (live, the frame id its request's stream starts after); the live run held
-        # until its request follows it, so its id is not reused meanwhile.
+        # id(live) -> (live, the frame id its request's stream starts after: known once the
+        # frames before it are made); the live run held until its request follows it, so its id
+        # is not reused meanwhile.
         self._starts: dict[int, tuple[LiveRun, asyncio.Future[int]]] = {}
         self.slots = Slots(self)
 
@@ -219,11 +220,10 @@ class DurableRuns(Runs):
             await self.serving.client()
             run, end = await signal_answers(self.serving.agent(), self.serving.events, record.user_id,
                                             record.session_id, answers)
-        except TimeoutError as exc:  # the asking turn's events never reached the log
+        except BaseException as exc:  # refused, or failed: nothing streams
             slot.release()
-            raise _unavailable() from exc
-        except BaseException:
-            slot.release()
+            if isinstance(exc, TimeoutError):  # the asking turn's events never reached the log
+                raise _unavailable() from exc
             raise
         answered = RunRecord(run.run_id, record.user_id, record.session_id, record.kind, DURABLE_OWNER, RUNNING)
         live = LiveRun(answered, ctx, False, keep=self.log.max_events)
