@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import uuid
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Sequence
 from typing import Any, Literal
 from urllib.parse import quote
 
@@ -20,6 +20,7 @@ from temporalio.exceptions import WorkflowAlreadyStartedError
 from ..errors import DurableSessionBusy, ResumeError
 from ..events import AgentEvent, ConfirmResult, parse_event
 from ..message import Msg, ToolResultBlock, ToolUseBlock
+from ..model.base import ToolSchema
 from ._config import DEFAULT_TASK_QUEUE, WORKFLOW_NAME
 from ._publish import EventLog
 from ._watch import watch
@@ -49,6 +50,19 @@ def _msgs(msgs: str | Msg | Iterable[Msg | str]) -> list[dict[str, Any]]:
     if not items:
         raise ValueError("msgs must be a text, a Msg or a non-empty list of them")
     return [(Msg.user(m) if isinstance(m, str) else m).model_dump(mode="json") for m in items]
+
+
+def _tools(tools: Sequence[ToolSchema]) -> dict[str, Any]:
+    """The workflow input's ``tools`` (none: no key, so a run without them has the input it had)."""
+    if isinstance(tools, ToolSchema | str) or not all(isinstance(t, ToolSchema) for t in tools):
+        raise TypeError("tools must be a sequence of ToolSchema(name, description, parameters)")
+    names = [t.name for t in tools]
+    if len(set(names)) != len(names) or not all(names):
+        raise ValueError(f"tools: each needs a name of its own, got {names}")
+    if not tools:
+        return {}
+    return {"tools": [{"name": t.name, "description": t.description, "parameters": dict(t.parameters)}
+                      for t in tools]}
 
 
 def _check_ids(ids: list[str], waiting: list[ToolUseBlock], what: str) -> None:
@@ -172,19 +186,22 @@ class DurableAgent:
     async def start(self, msgs: str | Msg | Iterable[Msg | str], *, user_id: str = "default",
                     session_id: str = "default", run_id: str | None = None,
                     structured_model: type[BaseModel] | None = None,
-                    if_busy: Literal["error", "wait"] = "error") -> DurableRun:
+                    if_busy: Literal["error", "wait"] = "error", tools: Sequence[ToolSchema] = ()) -> DurableRun:
         """Start a run on the session (its id is ``run_id``, or a fresh one). Starting again with
         the ``run_id`` of the run in flight returns that run (a retried start is harmless).
         Another run in flight on the session raises `DurableSessionBusy`, or with
         ``if_busy="wait"`` this waits for it to end first (callers that wait are not served in
         any order). ``structured_model``: as ``agent.call(..., structured_model=M)`` (``M``
-        importable by the workers)."""
+        importable by the workers). ``tools``: schema-only (external) tools the run's agent
+        offers its model besides the factory's (AG-UI frontend tools): a call to one ends the
+        turn ``TOOL_SUSPENDED``, answered with ``send_tool_results``; they ride in the workflow's
+        input, so they stay the run's for all its turns."""
         if if_busy not in ("error", "wait"):
             raise ValueError(f"if_busy must be 'error' or 'wait', got {if_busy!r}")
         run_id = run_id or f"agentscope-{uuid.uuid4().hex}"
         payload = {"factory": self.factory, "messages": _msgs(msgs), "user_id": user_id, "session_id": session_id,
                    "run_id": run_id, "structured_model": _model_path(structured_model),
-                   "live": self.events is not None}
+                   "live": self.events is not None, **_tools(tools)}
         workflow_id = session_workflow_id(self.factory, user_id, session_id)
         while True:
             try:

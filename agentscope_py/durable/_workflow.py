@@ -55,6 +55,13 @@ class AgentRunWorkflow:
         factory, user_id, session_id = inp["factory"], inp["user_id"], inp["session_id"]
         self.run_id = inp.get("run_id") or workflow.info().workflow_id
         agent = self._agent = build_agent(factory)
+        if inp.get("tools"):  # the caller's external tools (AG-UI frontend tools), on a copy: a
+            agent.toolkit = agent.toolkit.copy()  # factory may share its toolkit between agents
+        for spec in inp.get("tools") or ():
+            if spec["name"] in agent.toolkit:  # the factory's own tool of that name stays
+                workflow.logger.warning("tool %r is the agent's own: the caller's schema is not used", spec["name"])
+            else:
+                agent.toolkit.register_schema(spec["name"], spec["description"], spec["parameters"])
         config = configs.get(factory, DurableConfig())
         # The workflow's loop does no I/O: the factory's store is reached through activities.
         agent._runtime.store = session_store(agent.state_store, factory, config.state)

@@ -1,14 +1,16 @@
 """Serving durable runs (docs/durable.md): ``POST /v1/runs`` and ``POST /agui`` start a Temporal
 workflow, and every client — the one that started it, one resuming with ``Last-Event-ID``, in
 this process or any other — watches it through the run's event log (`EventLog`), which the
-workers fill; ``POST /v1/runs/{run_id}/interrupt`` signals the workflow. A request's confirm
-answers go to the session's waiting run, whose stream goes on (`_durable_answers`).
+workers fill; ``POST /v1/runs/{run_id}/interrupt`` signals the workflow. A request's answers
+(confirm answers, external tool results) go to the session's waiting run, whose stream goes on
+(`_durable_answers`), counted in the run limits (`_durable_slots`).
 
 A durable run's *owner* is its workflow, not a serve process. A client's frames are made here
-from the run's events (the native or AG-UI vocabulary, the same way every time: the ids the
-AG-UI mapper makes are renamed by order of appearance), so any serve process makes the same
-frames with the same ids, and a serve process that dies takes nothing with it: nothing is
-marked ``lost`` for it. A durable run is lost only when its workflow is (`_watch`).
+from the run's events (the native or AG-UI vocabulary, the same way every time: AG-UI frames are
+one AG-UI run per piece of the run, `_durable_agui`, and the ids the mapper makes are renamed by
+order of appearance), so every serve process and every stream of the run makes the same frames
+with the same ids, and a serve process that dies takes nothing with it: nothing is marked
+``lost`` for it. A durable run is lost only when its workflow is (`_watch`).
 """
 
 from __future__ import annotations
@@ -22,17 +24,16 @@ from typing import Any
 
 from .._context import RuntimeContext
 from ..errors import RunLogError
-from ..events import AgentEvent, ConfirmResult, parse_event
+from ..events import AgentEvent, parse_event
 from ..message import Msg
+from ..model.base import ToolSchema
 from ..stream import EventStream
 from ._errors import HTTPError
-from ._frames import agui_frames, native_frames
-from ._ledger import Emitted
+from ._frames import native_frames
 from ._limits import Limits
 from ._live import PACE, LiveRun
 from ._runlog import RUNNING, InMemoryRunLog, RunLog, RunRecord
 from ._runs import Frames, FrameSource, Runs, _unavailable
-from .agui import AguiMapper
 
 try:
     from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
@@ -41,7 +42,9 @@ try:
 
     from ..durable import DEFAULT_TASK_QUEUE, DurableAgent, DurableSessionBusy, EventLog, session_workflow_id
     from ..durable._watch import watch
-    from ._durable_answers import answers_of, session_run, signal_answers, until_wait
+    from ._durable_agui import durable_agui_frames
+    from ._durable_answers import Answers, answers_of, session_run, signal_answers, until_wait
+    from ._durable_slots import Slot, Slots
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise ImportError("serving durable runs needs the temporal extra: pip install 'agentscope-py[temporal]'") from exc
 
@@ -77,6 +80,7 @@ class DurableServing:
         self.task_queue, self.namespace = task_queue, namespace
         self._client: Client | None = temporal if isinstance(temporal, Client) else None
         self._inputs: dict[str, list[Msg]] = {}  # runs being started: their input
+        self._tools: dict[str, list[ToolSchema]] = {}  # and their frontend tools
 
     async def client(self) -> Client:
         if self._client is None:
@@ -93,17 +97,24 @@ class DurableServing:
         """The events of a run about to start (`DurableRuns._create` starts it). Iterated
         again, it watches again from the run's first event."""
         self._inputs[run_id] = list(msgs)
+        agui_input = ctx.get("agui_input")
+        if agui_input is not None and agui_input.tools:  # AG-UI frontend tools: the workflow's agent's too
+            self._tools[run_id] = [ToolSchema(t.name, t.description, t.parameters if isinstance(t.parameters, dict)
+                                              else {"type": "object", "properties": {}}) for t in agui_input.tools]
         return self.events_of(run_id, stop_at_wait=True)
 
     def events_of(self, run_id: str, after: int = 0, stop_at_wait: bool = False) -> EventStream[AgentEvent]:
         """The run's events after position ``after``; with ``stop_at_wait``, up to the end of
         the first turn that waits (a request's stream: its answer's request follows on)."""
-        async def events() -> AsyncIterator[AgentEvent]:
-            found = watch(await self.handle(run_id), self.events, run_id, after)
-            async for data in until_wait(found) if stop_at_wait else found:
-                yield parse_event(data)
+        return EventStream(lambda: _parsed(self.event_data(run_id, after, stop_at_wait)))
 
-        return EventStream(events)
+    async def event_data(self, run_id: str, after: int = 0, stop_at_wait: bool = False,
+                         skip: int = 0) -> AsyncIterator[dict[str, Any]]:
+        """`events_of` as JSON; ``skip``: with ``stop_at_wait``, the first ``skip`` events (from
+        ``after``) end no stream (turns already answered)."""
+        found = watch(await self.handle(run_id), self.events, run_id, after)
+        async for data in until_wait(found, skip) if stop_at_wait else found:
+            yield data
 
     def agent(self) -> DurableAgent:
         assert self._client is not None, "connect first (await client())"
@@ -121,6 +132,7 @@ class DurableServing:
     async def start(self, record: RunRecord) -> bool:
         """Start the run's workflow; False when its id is taken."""
         msgs = self._inputs.pop(record.run_id)
+        tools = self._tools.pop(record.run_id, [])
         meta = {"user": record.user_id, "session": record.session_id, "kind": record.kind}
         if not await self.events.describe(record.run_id, meta):
             return False
@@ -129,7 +141,7 @@ class DurableServing:
         try:
             try:
                 run = await agent.start(msgs, user_id=record.user_id, session_id=record.session_id,
-                                        run_id=record.run_id)
+                                        run_id=record.run_id, tools=tools)
             except DurableSessionBusy as exc:
                 # A run whose log has ended is closing its workflow (saving the session): its
                 # client has seen its end and may send the next message at once, so this one
@@ -139,7 +151,7 @@ class DurableServing:
                     raise
                 async with asyncio.timeout(CLOSING_WAIT):
                     run = await agent.start(msgs, user_id=record.user_id, session_id=record.session_id,
-                                            run_id=record.run_id, if_busy="wait")
+                                            run_id=record.run_id, tools=tools, if_busy="wait")
         except WorkflowAlreadyStartedError:
             return False
         except (DurableSessionBusy, TimeoutError) as exc:  # the record says so: no watcher waits on it
@@ -159,19 +171,24 @@ class DurableRuns(Runs):
     def __init__(self, serving: DurableServing, limits: Limits, result_text: bool) -> None:
         super().__init__(InMemoryRunLog(), limits)
         self.serving, self.result_text = serving, result_text
-        # id(live) -> (live, the frame id its request's stream starts after); the live run held
-        # until its request follows it, so its id is not reused meanwhile.
-        self._starts: dict[int, tuple[LiveRun, int]] = {}
+        # id(live) -> (live, the frame id its request's stream starts after: known once the
+        # frames before it are made); the live run held until its request follows it, so its id
+        # is not reused meanwhile.
+        self._starts: dict[int, tuple[LiveRun, asyncio.Future[int]]] = {}
+        self.slots = Slots(self)
 
     async def _create(self, record: RunRecord) -> bool:
         return await self.serving.start(record)
 
     async def begin(self, record: RunRecord, ctx: RuntimeContext, detach: bool, source: FrameSource,
                     cancelled_frame: Callable[[LiveRun], bytes]) -> LiveRun:
-        answers, rest = answers_of(self.serving._inputs.get(record.run_id, []))
+        answers = answers_of(self.serving._inputs.get(record.run_id, []))
         try:
             if answers:  # they go to the session's waiting run, which goes on
-                return await self._answer(record, ctx, answers, rest)
+                return await self._answer(record, ctx, answers)
+            if record.kind == "agui":  # its first piece, made as every stream of the run makes it
+                source = durable_agui_frames(lambda: self._events(record.run_id, stop_at_wait=True),
+                                             record.session_id, record.run_id)
             # Always detached: the workflow goes on without its clients. Cancelled (this server
             # stopping), the stream just ends, with no frame of this process's own: its clients
             # resume elsewhere with their Last-Event-ID, and every process numbers frames alike.
@@ -180,43 +197,73 @@ class DurableRuns(Runs):
             raise _unavailable() from exc
         finally:  # started, or refused (a limit, a taken id): its input is not kept
             self.serving._inputs.pop(record.run_id, None)
+            self.serving._tools.pop(record.run_id, None)
 
-    async def _answer(self, record: RunRecord, ctx: RuntimeContext, answers: list[ConfirmResult],
-                      rest: list[Msg]) -> LiveRun:
+    def _events(self, run_id: str, after: int = 0, stop_at_wait: bool = False,
+                skip: int = 0) -> AsyncIterator[dict[str, Any]]:
+        return self.serving.event_data(run_id, after, stop_at_wait, skip)
+
+    async def _answer(self, record: RunRecord, ctx: RuntimeContext, answers: Answers) -> LiveRun:
         """Signal ``answers`` to the session's waiting run; its stream from where the asking
-        turn ended (native frames numbered on from there, as the run's own log numbers them)."""
-        if rest and record.kind == "native":
+        turn ended, numbered on from there as every stream of the run numbers it. Counted in the
+        limits as any run (429 past them, before anything is signalled)."""
+        if answers.rest and record.kind == "native":
             # Both at once would be two runs on one busy session: the answers first, then the
             # input once the answered run ended (as two requests).
-            raise HTTPError(400, "invalid_request", "a durable run waiting for confirmation takes `confirm` alone: "
+            what = "`confirm`" if answers.confirm else "tool results"
+            raise HTTPError(400, "invalid_request", f"a durable run waiting for an answer takes {what} alone: "
                             "send the answers, then `input` as the next run once this one ended")
-        # AG-UI: the messages beside `resume` are the client's copy of the thread, which the
+        # AG-UI: the messages beside the answers are the client's copy of the thread, which the
         # workflow holds already.
-        await self.serving.client()
+        slot = self.slots.take(record)
         try:
+            await self.serving.client()
             run, end = await signal_answers(self.serving.agent(), self.serving.events, record.user_id,
                                             record.session_id, answers)
-        except TimeoutError as exc:  # the asking turn's events never reached the log
-            raise _unavailable() from exc
+        except BaseException as exc:  # refused, or failed: nothing streams
+            slot.release()
+            if isinstance(exc, TimeoutError):  # the asking turn's events never reached the log
+                raise _unavailable() from exc
+            raise
         answered = RunRecord(run.run_id, record.user_id, record.session_id, record.kind, DURABLE_OWNER, RUNNING)
         live = LiveRun(answered, ctx, False, keep=self.log.max_events)
-        stream = self.serving.events_of(run.run_id, end, stop_at_wait=True)
+        start: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         frames: FrameSource
-        if record.kind == "agui":  # a run of its own to the AG-UI client: RUN_STARTED .. RUN_FINISHED
-            mapper = AguiMapper(record.session_id, run.run_id)
-            frames = lambda live: agui_frames(stream, mapper, "durable", _no_pending, Emitted(), live)  # noqa: E731
-        else:
+        if record.kind == "agui":
+            # The run's frames from its first event, as `resume` makes them; the client's start
+            # after the piece that ended at ``end`` (the asking turn): the next one is a run of
+            # its own to the AG-UI client, RUN_STARTED .. RUN_FINISHED.
+            def boundary(position: int, last: int) -> None:
+                if position >= end and not start.done():
+                    start.set_result(last)
+
+            frames = durable_agui_frames(lambda: self._events(run.run_id, stop_at_wait=True, skip=end),
+                                         record.session_id, run.run_id, boundary)
+        else:  # native frames are the events, one each: numbered on from the asking turn's end
             live.base = end
-            self._starts[id(live)] = (live, end)
+            start.set_result(end)
+            stream = self.serving.events_of(run.run_id, end, stop_at_wait=True)
             frames = lambda live: native_frames(stream, "durable", _no_pending, self.result_text, live)  # noqa: E731
-        live.task = asyncio.get_running_loop().create_task(_relay(live, _renamed(frames, run.run_id)(live)))
+        self._starts[id(live)] = (live, start)
+        slot.hold(live)
+        live.task = asyncio.get_running_loop().create_task(
+            self._answering(live, _renamed(frames, run.run_id)(live), start, slot))
         return live
+
+    async def _answering(self, live: LiveRun, frames: AsyncIterator[bytes], start: asyncio.Future[int],
+                         slot: Slot) -> None:
+        try:
+            await _relay(live, frames)
+        finally:
+            if not start.done():  # it failed before the asking turn's end: its client sees it all
+                start.set_result(0)
+            slot.release()
 
     async def follow(self, live: LiveRun, after: int, heartbeat: float | None = None) -> AsyncIterator[bytes]:
         """As `Runs.follow`; an answered run's request follows from where its asking stream ended
         (the app follows every new request's run from 0)."""
         entry = self._starts.pop(id(live), None)
-        start = entry[1] if entry is not None and entry[0] is live else 0
+        start = await entry[1] if entry is not None and entry[0] is live else 0
         async for piece in super().follow(live, max(after, start), heartbeat):
             yield piece
 
@@ -269,15 +316,19 @@ class DurableRuns(Runs):
 
     def _frames(self, record: RunRecord) -> FrameSource:
         """The frames of a run, in its vocabulary, made from its events from the first."""
-        stream = self.serving.events_of(record.run_id)
         if record.kind == "agui":
-            mapper = AguiMapper(record.session_id, record.run_id)
-            return lambda live: agui_frames(stream, mapper, "durable", _no_pending, Emitted(), live)
+            return durable_agui_frames(lambda: self._events(record.run_id), record.session_id, record.run_id)
+        stream = self.serving.events_of(record.run_id)
         return lambda live: native_frames(stream, "durable", _no_pending, self.result_text, live)
 
 
 async def _no_pending() -> list[str]:
     return []
+
+
+async def _parsed(events: AsyncIterator[dict[str, Any]]) -> AsyncIterator[AgentEvent]:
+    async for data in events:
+        yield parse_event(data)
 
 
 def _renamed(source: FrameSource, run_id: str) -> FrameSource:

@@ -1,6 +1,7 @@
 """Answering a served durable run that waits (docs/durable.md "Serving durable runs"): a request's
-confirm answers (``POST /v1/runs`` ``confirm``, AG-UI ``resume``) are signalled to the session's
-waiting workflow, and the request's stream follows *that* run's events from where its asking
+confirm answers (``POST /v1/runs`` ``confirm``, AG-UI ``resume``) or external tool results (the
+tool messages ending its input: native ``Msg.tool`` input, AG-UI ``ToolMessage``s) are signalled
+to the session's waiting workflow, and the request's stream follows *that* run's events from where its asking
 turn ended, until it ends or waits again; ``POST /v1/interrupt`` signals the session's run.
 
 A durable run that asks does not end: it waits in its workflow, on the same run id and event log
@@ -11,7 +12,8 @@ next piece of the same run."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from temporalio.client import WorkflowExecutionStatus
@@ -20,10 +22,11 @@ from temporalio.service import RPCError
 from ..durable import DurableAgent, DurableRun, EventLog
 from ..errors import ResumeError
 from ..events import ConfirmResult
-from ..message import GenerateReason, Msg
+from ..message import GenerateReason, Msg, ToolResultBlock
 from ._errors import HTTPError
 
-__all__ = ["FIND_END_WAIT", "answers_of", "asking_end", "session_run", "signal_answers", "until_wait"]
+__all__ = ["FIND_END_WAIT", "Answers", "TurnEnds", "answers_of", "asking_end", "session_run", "signal_answers",
+           "until_wait"]
 
 FIND_END_WAIT = 10.0
 """Seconds an answer waits for the asking turn's last events to reach the log (the workflow
@@ -32,8 +35,23 @@ publishes them as it starts to wait)."""
 _WAITING = (GenerateReason.PERMISSION_ASKING.value, GenerateReason.TOOL_SUSPENDED.value)
 
 
-def answers_of(msgs: list[Msg]) -> tuple[list[ConfirmResult], list[Msg]]:
-    """The confirm answers among a request's input (`confirm_message`s), and the rest."""
+@dataclass
+class Answers:
+    """What a request to a session whose run may wait carries: confirm answers, external tool
+    results (the trailing tool messages of its input), and the rest of its input."""
+
+    confirm: list[ConfirmResult]
+    results: list[ToolResultBlock]
+    rest: list[Msg]
+
+    def __bool__(self) -> bool:
+        return bool(self.confirm or self.results)
+
+
+def answers_of(msgs: list[Msg]) -> Answers:
+    """The answers among a request's input: `confirm_message`s, and the tool messages at its
+    end (what a local run takes as external tools' results; an AG-UI client's ``ToolMessage``s
+    after the calls it ran — earlier ones are its copy of the thread)."""
     answers: list[ConfirmResult] = []
     rest: list[Msg] = []
     for msg in msgs:
@@ -42,10 +60,14 @@ def answers_of(msgs: list[Msg]) -> tuple[list[ConfirmResult], list[Msg]]:
             answers.extend(r if isinstance(r, ConfirmResult) else ConfirmResult.model_validate(r) for r in found)
         else:
             rest.append(msg)
-    return answers, rest
+    tail = len(rest)
+    while tail and rest[tail - 1].role == "tool" and rest[tail - 1].tool_results:
+        tail -= 1
+    results = [] if answers else [b for m in rest[tail:] for b in m.tool_results]
+    return Answers(answers, results, rest if answers else rest[:tail])
 
 
-class _TurnEnds:
+class TurnEnds:
     """Tells, event by event (JSON), whether a top-level turn that waits has just ended."""
 
     def __init__(self) -> None:
@@ -61,13 +83,14 @@ class _TurnEnds:
         return False
 
 
-async def until_wait(events: AsyncIterator[dict[str, Any]]) -> AsyncIterator[dict[str, Any]]:
+async def until_wait(events: AsyncIterator[dict[str, Any]], skip: int = 0) -> AsyncIterator[dict[str, Any]]:
     """``events`` up to the end of the first top-level turn that waits (confirmation, external
-    tools), or all of them."""
-    ends = _TurnEnds()
+    tools) after the first ``skip`` events (turns already answered), or all of them."""
+    ends, position = TurnEnds(), 0
     async for data in events:
+        position += 1
         yield data
-        if ends.ends_waiting(data):
+        if ends.ends_waiting(data) and position > skip:
             return
 
 
@@ -75,7 +98,7 @@ async def asking_end(log: EventLog, run_id: str) -> int:
     """The position of the last event of the run's latest turn (a run that waits: that turn
     asked). The run waits once the turn ended, and publishes the turn's tail as it starts to
     wait: this reads until the log's last event ends a waiting turn."""
-    cursor, ends, last_end = 0, _TurnEnds(), -1
+    cursor, ends, last_end = 0, TurnEnds(), -1
     async with asyncio.timeout(FIND_END_WAIT):
         while True:
             page = await log.read(run_id, cursor, 0.2)
@@ -98,19 +121,34 @@ async def session_run(agent: DurableAgent, user_id: str, session_id: str) -> Dur
 
 
 async def signal_answers(agent: DurableAgent, log: EventLog, user_id: str, session_id: str,
-                         answers: list[ConfirmResult]) -> tuple[DurableRun, int]:
-    """Send ``answers`` to the session's waiting run; the run and the position its asking turn
-    ended at (its answer's stream follows from there). 409 ``not_waiting`` when no run of the
-    session waits for confirmation, 400 ``invalid_confirm`` for an answer to a call it does not
-    ask about (the workflow would drop it: nothing would happen)."""
+                         answers: Answers) -> tuple[DurableRun, int]:
+    """Send ``answers`` (confirm answers, or else external tool results) to the session's
+    waiting run; the run and the position its asking turn ended at (its answer's stream follows
+    from there). 409 ``not_waiting`` when no run of the session waits for them, 400
+    ``invalid_confirm`` / ``invalid_tool_results`` for an answer to a call it does not wait on
+    (the workflow would drop it: nothing would happen)."""
     run = await session_run(agent, user_id, session_id)
-    if run is None or not await run.waiting():
-        what = "no run in flight" if run is None else f"its run {run.run_id} is not waiting"
-        raise HTTPError(409, "not_waiting", f"session {user_id}/{session_id}: {what}; there is nothing to "
-                        "confirm (a run asks for confirmation when its reply is PERMISSION_ASKING)")
+    waits = run is not None and await run.waiting()
+    send: Callable[[], Awaitable[None]]
+    if answers.confirm:
+        if run is None or not waits:
+            what = "no run in flight" if run is None else f"its run {run.run_id} is not waiting"
+            raise HTTPError(409, "not_waiting", f"session {user_id}/{session_id}: {what}; there is nothing to "
+                            "confirm (a run asks for confirmation when its reply is PERMISSION_ASKING)")
+        confirm = answers.confirm
+        send, kind = (lambda: run.confirm(*confirm)), "invalid_confirm"
+    else:
+        waiting = await run.external() if run is not None and waits else []
+        if run is None or not waiting:
+            what = "no run in flight" if run is None else f"its run {run.run_id} waits for no tool results"
+            raise HTTPError(409, "not_waiting", f"session {user_id}/{session_id}: {what}; there are no external "
+                            "tool calls to answer (a run waits for them when its reply is TOOL_SUSPENDED)")
+        names = {c.id: c.name for c in waiting}  # an AG-UI ToolMessage names no tool
+        results = [r if r.name else r.model_copy(update={"name": names.get(r.id, "")}) for r in answers.results]
+        send, kind = (lambda: run.send_tool_results(*results)), "invalid_tool_results"
     end = await asking_end(log, run.run_id)  # before the answers: then the next turn's events come
     try:
-        await run.confirm(*answers)
+        await send()
     except ResumeError as exc:
-        raise HTTPError(400, "invalid_confirm", str(exc)) from None
+        raise HTTPError(400, kind, str(exc)) from None
     return run, end

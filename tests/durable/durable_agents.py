@@ -189,3 +189,8 @@ def build_subagent_asking() -> ReActAgent:
            .tools(asking).build())
     model = ScriptedModel([ModelStep.tool_call("helper", {"task": "add 2 and 40"}), ModelStep.text("could not")])
     return ReActAgent.builder().name("durable").model(model).tools(sub.as_tool("helper")).build()
+
+
+def build_plain() -> ReActAgent:
+    """No tools of its own: an AG-UI client's frontend tools are the only ones its model sees."""
+    return ReActAgent.builder().name("durable").model(_model()).build()
