@@ -14,6 +14,7 @@ import copy
 import logging
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from functools import partial
 from importlib import resources
 from typing import Any
 
@@ -136,9 +137,9 @@ class _Server:
             mapper = AguiMapper(run_input.thread_id, run_input.run_id, emitted_ids=emitted)
             pending = self._pending(user_id, run_input.thread_id)
             record = RunRecord(run_input.run_id, user_id, run_input.thread_id, "agui", owner="")
-            live = await self.registry.begin(record, ctx, detach,
-                                         lambda live: agui_frames(stream, mapper, rid, pending, emitted, live),
-                                         cancelled_agui(mapper))
+            # Partials, not closures: a stream in flight holds them (fewer objects to collect).
+            live = await self.registry.begin(record, ctx, detach, partial(agui_frames, stream, mapper, rid, pending,
+                                                                          emitted), cancelled_agui(mapper))
         except Exception as exc:  # HTTPError, or a store failing while the thread's memory loads
             return _refused(exc, rid, "POST /agui")
         return self._sse(lambda: self.registry.follow(live, 0, self.heartbeat), live.run_id)
@@ -191,8 +192,8 @@ class _Server:
             pending = self._pending(user_id, body.session_id)
             record = RunRecord(run_id, user_id, body.session_id, "native", owner="")
             live = await self.registry.begin(record, ctx, detach,
-                                         lambda live: native_frames(stream, rid, pending, self.result_text, live),
-                                         cancelled_native(rid))
+                                             partial(native_frames, stream, rid, pending, self.result_text),
+                                             cancelled_native(rid))
         except Exception as exc:  # HTTPError, or an authenticate() that failed
             return _refused(exc, rid, "POST /v1/runs")
         return self._sse(lambda: self.registry.follow(live, 0, self.heartbeat), live.run_id)
@@ -253,15 +254,14 @@ class _Server:
 
     def _pending(self, user_id: str, session_id: str) -> Callable[[], Awaitable[list[str]]]:
         """Reads the session's waiting tool call ids, to name them in a refusal."""
+        return partial(self._pending_ids, user_id, session_id)
 
-        async def pending() -> list[str]:
-            try:
-                state, _ = await self.agent.state_store.load(user_id, session_id)
-            except Exception:  # only decoration for a message: the refusal stands without it
-                return []
-            return list(state.pending_tool_calls) if state is not None else []
-
-        return pending
+    async def _pending_ids(self, user_id: str, session_id: str) -> list[str]:
+        try:
+            state, _ = await self.agent.state_store.load(user_id, session_id)
+        except Exception:  # only decoration for a message: the refusal stands without it
+            return []
+        return list(state.pending_tool_calls) if state is not None else []
 
 
 def _local_stream(agent: ReActAgent, msgs: list[Msg], ctx: RuntimeContext, run_id: str) -> Any:
