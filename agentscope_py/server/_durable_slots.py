@@ -11,22 +11,21 @@ import itertools
 from .._context import RuntimeContext
 from ._live import LiveRun
 from ._runlog import RunRecord
-from ._runs import Runs, _busy
+from ._runs import Runs
 
 __all__ = ["Slot", "Slots"]
 
 
 class Slot:
-    """One stream's place among the app's runs (`Runs.live` and its per-user count), until
-    `release`. Registered under a key of its own: the run's id is not this process's to follow
-    (`Runs.resume` makes a durable run's frames afresh from its log)."""
+    """One stream's place among the app's runs (`Runs.count`), until `release`. Counted under a
+    key of its own: the run's id is not this process's to follow (`Runs.resume` makes a durable
+    run's frames afresh from its log)."""
 
     def __init__(self, runs: Runs, record: RunRecord, key: str) -> None:
         self.runs, self.user_id, self.key = runs, record.user_id, key
         self.held = True
         # A stand-in until the stream's LiveRun exists: counted, with no task to cancel.
-        runs.live[key] = LiveRun(record, RuntimeContext(record.user_id, record.session_id), False)
-        runs._per_user[self.user_id] = runs._per_user.get(self.user_id, 0) + 1
+        runs.count(key, LiveRun(record, RuntimeContext(record.user_id, record.session_id), False))
 
     def hold(self, live: LiveRun) -> None:
         """The stream's own LiveRun takes the place (so closing the app cancels it)."""
@@ -34,15 +33,9 @@ class Slot:
             self.runs.live[self.key] = live
 
     def release(self) -> None:
-        if not self.held:
-            return
-        self.held = False
-        self.runs.live.pop(self.key, None)
-        left = self.runs._per_user.get(self.user_id, 1) - 1
-        if left > 0:
-            self.runs._per_user[self.user_id] = left
-        else:
-            self.runs._per_user.pop(self.user_id, None)
+        if self.held:
+            self.held = False
+            self.runs.uncount(self.key, self.user_id)
 
 
 class Slots:
@@ -54,10 +47,5 @@ class Slots:
 
     def take(self, record: RunRecord) -> Slot:
         """A slot for the stream of ``record``'s user; 429 past a limit."""
-        runs, limits = self.runs, self.runs.limits
-        mine = runs._per_user.get(record.user_id, 0)
-        if limits.max_runs is not None and len(runs.live) >= limits.max_runs:
-            raise _busy(f"this server is running its limit of {limits.max_runs} runs (max_runs)", limits)
-        if limits.max_runs_per_user is not None and mine >= limits.max_runs_per_user:
-            raise _busy(f"you have {mine} runs in progress, the limit per user (max_runs_per_user)", limits)
-        return Slot(runs, record, f"answer:{next(self._serial)}:{record.run_id}")
+        self.runs.admit(record.user_id)
+        return Slot(self.runs, record, f"answer:{next(self._serial)}:{record.run_id}")

@@ -141,3 +141,17 @@ def _chars(value: Any) -> int:
         elif isinstance(item, list):
             stack.extend(item)
     return total
+
+
+def admit_run(limits: Limits, running: int, mine: int) -> None:
+    """429 with ``Retry-After`` when one more run (``running`` in this process, ``mine`` of its
+    user's) would pass ``limits``."""
+    if limits.max_runs is not None and running >= limits.max_runs:
+        raise _busy(f"this server is running its limit of {limits.max_runs} runs (max_runs)", limits)
+    if limits.max_runs_per_user is not None and mine >= limits.max_runs_per_user:
+        raise _busy(f"you have {mine} runs in progress, the limit per user (max_runs_per_user)", limits)
+
+
+def _busy(message: str, limits: Limits) -> HTTPError:
+    seconds = max(1, round(limits.retry_after))
+    return HTTPError(429, "too_many_runs", f"{message}; retry in {seconds} s", headers={"retry-after": str(seconds)})

@@ -20,7 +20,7 @@ from typing import Any, Protocol
 from .._context import RuntimeContext
 from ..errors import RunLogError
 from ._errors import HTTPError
-from ._limits import Limits
+from ._limits import Limits, admit_run
 from ._live import CHUNK_FRAMES, PACE, Beat, LiveRun, gap_frame, terminal_frame
 from ._runlog import Batch, RunLog, RunRecord
 from .sse import HEARTBEAT
@@ -132,13 +132,7 @@ class Runs:
     async def begin(self, record: RunRecord, ctx: RuntimeContext, detach: bool, source: FrameSource,
                     cancelled_frame: Callable[[LiveRun], bytes]) -> LiveRun:
         """Register the run and start it in a task; 429 past a limit, 409 when its id is taken."""
-        limits = self.limits
-        active = len(self.live)
-        mine = self._per_user.get(record.user_id, 0)
-        if limits.max_runs is not None and active >= limits.max_runs:
-            raise _busy(f"this server is running its limit of {limits.max_runs} runs (max_runs)", limits)
-        if limits.max_runs_per_user is not None and mine >= limits.max_runs_per_user:
-            raise _busy(f"you have {mine} runs in progress, the limit per user (max_runs_per_user)", limits)
+        self.admit(record.user_id)
         record = record.moved(owner=self.log.owner)
         try:
             await self.start()
@@ -148,8 +142,7 @@ class Runs:
         if not created:
             raise HTTPError(409, "run_id_in_use", f"run id {record.run_id!r} is in use: send a new id for each run")
         live = LiveRun(record, ctx, detach, keep=self.log.max_events, shared=self.log.shared)
-        self.live[record.run_id] = live
-        self._per_user[record.user_id] = mine + 1
+        self.count(record.run_id, live)
         live.task = asyncio.get_running_loop().create_task(self._drive(live, source, cancelled_frame))
         return live
 
@@ -194,12 +187,24 @@ class Runs:
         except Exception as exc:  # the clients here have every frame; others see the run lost
             log.warning("run %s: could not write its end to the run log: %s", live.run_id, exc)
         finally:
-            self.live.pop(live.run_id, None)
-            left = self._per_user.get(live.record.user_id, 1) - 1
+            self.uncount(live.run_id, live.record.user_id)
+
+    def admit(self, user_id: str) -> None:
+        """429 when one more run of ``user_id`` would pass the limits (`count` counts it)."""
+        admit_run(self.limits, len(self.live), self._per_user.get(user_id, 0))
+
+    def count(self, key: str, live: LiveRun) -> None:
+        """``live`` counts in the limits, under ``key``, until `uncount`."""
+        self.live[key] = live
+        self._per_user[live.record.user_id] = self._per_user.get(live.record.user_id, 0) + 1
+
+    def uncount(self, key: str, user_id: str) -> None:
+        if self.live.pop(key, None) is not None:
+            left = self._per_user.get(user_id, 1) - 1
             if left > 0:
-                self._per_user[live.record.user_id] = left
+                self._per_user[user_id] = left
             else:
-                self._per_user.pop(live.record.user_id, None)
+                self._per_user.pop(user_id, None)
 
     # -- following -------------------------------------------------------------------------------
 
@@ -388,11 +393,6 @@ def _owned(record: RunRecord, user_id: str) -> None:
 def _ahead(after: int, last: int) -> HTTPError:
     return HTTPError(400, "last_event_id_ahead", f"event id {after} is past this run's log, which ends at id {last}: "
                      "it is not an id of this run")
-
-
-def _busy(message: str, limits: Limits) -> HTTPError:
-    seconds = max(1, round(limits.retry_after))
-    return HTTPError(429, "too_many_runs", f"{message}; retry in {seconds} s", headers={"retry-after": str(seconds)})
 
 
 def _unavailable() -> HTTPError:
