@@ -61,6 +61,7 @@ from ._agui_input import (
     select_new_messages,
     to_msgs,
 )
+from ._agui_subagents import _CONTENT as _ON_CONTENT
 from ._agui_subagents import SUSPENDED, Subagents
 
 __all__ = [
@@ -282,9 +283,10 @@ def _ignore(mapper: AguiMapper, ev: Any, out: list[BaseEvent]) -> None:
     return None
 
 
-# What each event type maps through: class-level tables of plain functions, called with the mapper
-# or its `OpenContent`. Per-instance tables of bound methods were 21 objects per run for the
-# collector to walk for as long as the run streams (a served process holds thousands of runs).
+# What each event type maps through: tables of plain functions, called with the mapper or its
+# `OpenContent` (the content events' table is the sub-agents' one, `_agui_subagents._CONTENT`).
+# Per-instance tables of bound methods were 21 objects per run for the collector to walk for as
+# long as the run streams (a served process holds thousands of runs).
 _HANDLERS: dict[str, Callable[[AguiMapper, Any, list[BaseEvent]], None]] = {
     "agent_start": _ignore,
     "agent_end": _ignore,
@@ -295,19 +297,6 @@ _HANDLERS: dict[str, Callable[[AguiMapper, Any, list[BaseEvent]], None]] = {
     "require_user_confirm": AguiMapper._on_confirm,
     "require_external_execution": AguiMapper._on_external,
     "custom": AguiMapper._on_custom,
-}
-_ON_CONTENT: dict[str, Callable[[OpenContent, Any, list[BaseEvent]], None]] = {
-    "text_block_start": OpenContent.on_text_start,
-    "text_block_delta": OpenContent.on_text_delta,
-    "text_block_end": OpenContent.on_text_end,
-    "thinking_block_start": OpenContent.on_thinking_start,
-    "thinking_block_delta": OpenContent.on_thinking_delta,
-    "thinking_block_end": OpenContent.on_thinking_end,
-    "tool_call_start": OpenContent.on_call_start,
-    "tool_call_delta": OpenContent.on_call_delta,
-    "tool_call_end": OpenContent.on_call_end,
-    "tool_result_start": OpenContent.on_result_start,
-    "tool_result_text_delta": OpenContent.on_result_delta,
 }
 
 
