@@ -154,12 +154,7 @@ class ReActAgent:
         """The events of one execution per iteration (cold). Without ``ctx``, the default session."""
         # Converted here, so a bad input fails at this call, not at the first iteration; a
         # re-iteration converts again (text becomes a new message, with an id of its own).
-        first = [_as_msgs(msgs)]
-
-        def start() -> Any:
-            return self._start(first.pop() if first else _as_msgs(msgs), ctx, structured_model)[1]
-
-        return EventStream(start)
+        return EventStream(_Start(self, _as_msgs(msgs), msgs, ctx, structured_model))
 
     async def call(
         self,
@@ -368,3 +363,28 @@ class Builder:
             failover_listener=self._failover_listener,
             model_options=self._model_options,
         )
+
+
+class _Start:
+    """What `ReActAgent.stream`'s stream runs at each iteration: an execution of the agent, the
+    first over the messages converted when the stream was made. One object, not a closure: it
+    lives as long as its stream (a served run's whole life), and a closure was seven objects
+    for the collector to walk."""
+
+    __slots__ = ("agent", "ctx", "first", "msgs", "structured_model")
+
+    def __init__(self, agent: ReActAgent, first: tuple[Msg, ...], msgs: MsgInput, ctx: RuntimeContext | None,
+                 structured_model: type[Any] | None) -> None:
+        self.agent = agent
+        self.first: tuple[Msg, ...] | None = first
+        self.msgs = msgs
+        self.ctx = ctx
+        self.structured_model = structured_model
+
+    def __call__(self) -> Any:
+        first = self.first
+        if first is None:  # a re-iteration converts again (text becomes a new message, with an id of its own)
+            first = _as_msgs(self.msgs)
+        else:
+            self.first = None
+        return self.agent._start(first, self.ctx, self.structured_model)[1]

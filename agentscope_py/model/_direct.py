@@ -27,12 +27,11 @@ is rebuilt when the client's key, base URL or timeout change. Anything else goes
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import ssl
 import types
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
 
 import anyio
@@ -121,10 +120,12 @@ class DirectSend:
         self._timeout = httpx2.Timeout(**timeout) if isinstance(timeout, dict) else timeout
         self._key = key
 
-    @contextlib.asynccontextmanager
-    async def open(self, client: Any, body: bytes) -> AsyncIterator[httpx2.Response]:
-        """The streamed response to ``body`` (`body_bytes`); raises the SDK's errors as its
-        ``create()`` would."""
+    def open(self, client: Any, body: bytes) -> _Opened:
+        """The streamed response to ``body`` (`body_bytes`), as an async context manager; raises
+        the SDK's errors as its ``create()`` would."""
+        return _Opened(self, client, body)
+
+    async def _send(self, client: Any, body: bytes) -> httpx2.Response:
         await self._template(client)
         http: httpx2.AsyncClient = client._client
         request = http.build_request("POST", self._url, headers=self._headers, content=body,
@@ -135,10 +136,33 @@ class DirectSend:
             raise self._sdk.APITimeoutError(request=request) from exc
         except _CONNECTION_ERRORS as exc:
             raise self._sdk.APIConnectionError(request=request) from exc
-        try:
-            if response.status_code >= 400:
+        if response.status_code >= 400:
+            try:
                 await response.aread()
                 raise client._make_status_error_from_response(response) from None
-            yield response
-        finally:
+            finally:
+                await response.aclose()
+        return response
+
+
+
+class _Opened:
+    """`DirectSend.open`'s context manager: one object, where ``asynccontextmanager`` made five
+    (its generator, the manager, their arguments) that lived as long as the reply streamed."""
+
+    __slots__ = ("body", "client", "direct", "response")
+
+    def __init__(self, direct: DirectSend, client: Any, body: bytes) -> None:
+        self.direct = direct
+        self.client = client
+        self.body = body
+        self.response: httpx2.Response | None = None
+
+    async def __aenter__(self) -> httpx2.Response:
+        self.response = response = await self.direct._send(self.client, self.body)
+        return response
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        response, self.response = self.response, None
+        if response is not None:
             await response.aclose()

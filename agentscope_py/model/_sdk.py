@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator, Mapping
 from contextlib import AbstractAsyncContextManager
+from functools import partial
 from types import ModuleType
 from typing import Any, ClassVar, Protocol, Self, TypeVar
 
@@ -81,7 +82,7 @@ class SDKModel(ClientModel[S]):
         # The reading generator itself, not one wrapping it (`stream_chunks`): the request is
         # built and sent when it is first iterated.
         return stream_chunks(
-            lambda: self._open(self.request_params(request)),
+            partial(_open_request, self, request),  # (not a lambda: two objects less while it streams)
             self._decoder(),
             provider=self.provider,
             terminator=self.terminator,
@@ -89,6 +90,10 @@ class SDKModel(ClientModel[S]):
             transport_errors=httpx2.TransportError,
             open_error=self._error,
         )
+
+
+def _open_request(model: SDKModel[Any], request: ModelRequest) -> Any:
+    return model._open(model.request_params(request))
 
 
 @contextlib.asynccontextmanager

@@ -61,6 +61,7 @@ from ._agui_input import (
     select_new_messages,
     to_msgs,
 )
+from ._agui_subagents import _CONTENT as _ON_CONTENT
 from ._agui_subagents import SUSPENDED, Subagents
 
 __all__ = [
@@ -122,29 +123,6 @@ class AguiMapper:
         self._external: list[str] = []
         self._reason: GenerateReason | None = None
         self._result: Any = None
-        self._handlers: dict[str, Callable[[Any, list[BaseEvent]], None]] = {
-            "agent_start": _ignore,
-            "agent_end": _ignore,
-            "agent_result": self._on_result,
-            "model_call_start": self._on_model_start,
-            "model_call_end": self._on_model_end,
-            "text_block_start": content.on_text_start,
-            "text_block_delta": content.on_text_delta,
-            "text_block_end": content.on_text_end,
-            "thinking_block_start": content.on_thinking_start,
-            "thinking_block_delta": content.on_thinking_delta,
-            "thinking_block_end": content.on_thinking_end,
-            "tool_call_start": content.on_call_start,
-            "tool_call_delta": content.on_call_delta,
-            "tool_call_end": content.on_call_end,
-            "tool_result_start": content.on_result_start,
-            "tool_result_text_delta": content.on_result_delta,
-            "tool_result_end": self._on_result_end,
-            "require_user_confirm": self._on_confirm,
-            "require_external_execution": self._on_external,
-            "custom": self._on_custom,
-        }
-
     # -- public API ------------------------------------------------------------------------------
 
     def start(self) -> list[BaseEvent]:
@@ -156,11 +134,16 @@ class AguiMapper:
         if event.source is not None:  # a sub-agent's event (`_agui_subagents`)
             self._subagents.map(event, out)
             return out
-        handler = self._handlers.get(event.type)
+        kind = event.type
+        on_content = _ON_CONTENT.get(kind)
+        if on_content is not None:
+            on_content(self._content, event, out)
+            return out
+        handler = _HANDLERS.get(kind)
         if handler is None:
-            out.append(CustomEvent(name=event.type, value=event.model_dump(mode="json")))
+            out.append(CustomEvent(name=kind, value=event.model_dump(mode="json")))
         else:
-            handler(event, out)
+            handler(self, event, out)
         return out
 
     def finish(self) -> list[BaseEvent]:
@@ -296,8 +279,25 @@ class AguiMapper:
         ]
 
 
-def _ignore(ev: Any, out: list[BaseEvent]) -> None:
+def _ignore(mapper: AguiMapper, ev: Any, out: list[BaseEvent]) -> None:
     return None
+
+
+# What each event type maps through: tables of plain functions, called with the mapper or its
+# `OpenContent` (the content events' table is the sub-agents' one, `_agui_subagents._CONTENT`).
+# Per-instance tables of bound methods were 21 objects per run for the collector to walk for as
+# long as the run streams (a served process holds thousands of runs).
+_HANDLERS: dict[str, Callable[[AguiMapper, Any, list[BaseEvent]], None]] = {
+    "agent_start": _ignore,
+    "agent_end": _ignore,
+    "agent_result": AguiMapper._on_result,
+    "model_call_start": AguiMapper._on_model_start,
+    "model_call_end": AguiMapper._on_model_end,
+    "tool_result_end": AguiMapper._on_result_end,
+    "require_user_confirm": AguiMapper._on_confirm,
+    "require_external_execution": AguiMapper._on_external,
+    "custom": AguiMapper._on_custom,
+}
 
 
 def _interrupt(call: ToolUseBlock) -> Interrupt:

@@ -90,3 +90,27 @@ async def test_payloads_orjson_refuses_are_read_by_the_stdlib(server: FakeServer
     server.queue(Reply([big, oa_chunk({}, "stop"), DONE]))
     chunks = await collect(make_openai().stream(ask()))
     assert text_of(chunks) == "big"
+
+
+@pytest.mark.parametrize("pieces", [
+    [b'data: {"a": 1}\n\n', b'data: {"b": 2}\n\n'],
+    [b"data: \xe2\x80\xa8 \x0c \xc2\x85\n\n"],  # U+2028, a form feed, U+0085: text, not line ends
+    [b"data: \xff\xfe\n\n"],  # invalid UTF-8: replaced, as the general path does
+    [b"data: half", b"data: rest\n\n"],  # something pending: the next piece is not a whole event
+    [b"event: error\n", b'data: {"e": 1}\n\n'],  # an event name pending
+    [b"data: one\ndata: two\n\n"],  # two data lines: one event of two lines
+    [b"data: a\rdata: b\n\n"],  # a lone CR inside: two lines
+    [b"data: x\r", b"\n\n"],  # a CR ending a read, its LF in the next
+    [b"data: x\r\n\r\n", b'data: {"c": 3}\n\n'],
+    [b"data:x\n\n", b"data:  two spaces\n\n", b": keep-alive\n\n", b"id: 7\ndata: y\n\n"],
+])
+def test_a_whole_event_per_read_is_read_as_the_general_path_reads_it(pieces: list[bytes]) -> None:
+    # `_EventParser.feed_bytes` makes a read that is one whole ``data:`` event at once; fed byte by
+    # byte the same body goes through the line splitter, and must give the same events.
+    from agentscope_py.model._convert import _EventParser
+
+    whole, by_byte = _EventParser("openai"), _EventParser("openai")
+    got = [e for piece in pieces for e in whole.feed_bytes(piece)] + whole.finish()
+    expected = [e for piece in pieces for i in range(len(piece)) for e in by_byte.feed_bytes(piece[i:i + 1])]
+    assert got == expected + by_byte.finish()
+    assert got  # every case makes events
