@@ -255,16 +255,21 @@ def run_clients(args: argparse.Namespace, spec: dict[str, Any]) -> list[dict[str
     one's result: one process holding thousands of streams to several servers falls behind them,
     and its lag would be counted as theirs."""
     shards = max(1, min(args.client_procs, spec["n"]))
-    procs = [subprocess.Popen([sys.executable, "serving_clients.py", "--spec",
-                               json.dumps({**spec, "shard": [i, shards]})],
-                              cwd=HERE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for i in range(shards)]
-    out = []
-    for proc in procs:
-        stdout, stderr = proc.communicate(timeout=spec["deadline"] + 120)
-        if proc.returncode != 0:
-            raise RuntimeError(f"the clients failed: {stderr[-3000:]}")
-        out.append(json.loads(stdout.strip().splitlines()[-1]))
+    # Each process writes its result to a file of its own: a result line of over 64 KiB read
+    # from its stdout came cut once (a level of 1,000 streams lost).
+    with tempfile.TemporaryDirectory(prefix="bench-clients-") as tmp:
+        results = [os.path.join(tmp, f"{i}.json") for i in range(shards)]
+        procs = [subprocess.Popen([sys.executable, "serving_clients.py", "--spec",
+                                   json.dumps({**spec, "shard": [i, shards], "result": results[i]})],
+                                  cwd=HERE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                 for i in range(shards)]
+        out = []
+        for proc, result in zip(procs, results, strict=True):
+            _, stderr = proc.communicate(timeout=spec["deadline"] + 120)
+            if proc.returncode != 0:
+                raise RuntimeError(f"the clients failed: {stderr[-3000:]}")
+            with open(result) as f:
+                out.append(json.load(f))
     return out
 
 
