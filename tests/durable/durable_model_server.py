@@ -1,6 +1,6 @@
 """A loopback OpenAI-compatible Chat Completions server in a process of its own, so every worker
 process reaches the same one: a two-step script (a tool call to ``add``, then the answer once a
-tool result is in the request), one line appended to ``COUNT_FILE`` per request.
+tool result is in the request; a second call first when the user asked "twice"), one line appended to ``COUNT_FILE`` per request.
 
 Run: ``python durable_model_server.py COUNT_FILE`` — prints the port it listens on."""
 
@@ -33,11 +33,15 @@ class Handler(BaseHTTPRequestHandler):
         with open(COUNT_FILE + ".messages", "a") as f:  # what each request saw (the session's memory)
             f.write(json.dumps([m.get("role") for m in body["messages"]]) + "\n")
         tool = next((m for m in body.get("tools") or [] if m["function"]["name"] == "add"), None)
-        if body["messages"][-1]["role"] == "tool" or tool is None:
+        # A user who asks "twice" gets a second call once the first one's result is in.
+        asked = next((m for m in reversed(body["messages"]) if m["role"] == "user"), {})
+        results = sum(1 for m in body["messages"] if m["role"] == "tool")
+        again = "twice" in str(asked.get("content")) and results == 1
+        if (body["messages"][-1]["role"] == "tool" and not again) or tool is None:
             text = "The answer is " + str(body["messages"][-1].get("content")) + "."
             parts = [_chunk({"role": "assistant", "content": text}), _chunk({}, "stop")]
         else:
-            call = {"index": 0, "id": "call_add_1", "type": "function",
+            call = {"index": 0, "id": f"call_add_{results + 1}", "type": "function",
                     "function": {"name": "add", "arguments": json.dumps({"a": 2, "b": 40})}}
             parts = [_chunk({"role": "assistant", "tool_calls": [call]}), _chunk({}, "tool_calls")]
         data = b"".join(parts) + b"data: [DONE]\n\n"

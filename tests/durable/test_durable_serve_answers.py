@@ -108,6 +108,40 @@ async def test_an_agui_answer_cut_mid_stream_resumes_through_another_serve_proce
     assert _verdict(tmp_path, [f.data for f in whole]) == "ok"
 
 
+async def test_an_agui_run_that_waits_twice_streams_three_pieces_numbered_as_the_whole_run(
+        served: Callable[..., list[str]], client_modules: Path, tmp_path: Path) -> None:
+    url, other = served("durable_agents:build_asking", 2)
+    tag = uuid.uuid4().hex[:8]
+
+    def resume_of(frames: list[Frame]) -> list[dict[str, Any]]:
+        return [{"interruptId": i["id"], "status": "resolved", "payload": {"approved": True}}
+                for i in frames[-1].data["outcome"]["interrupts"]]
+
+    twice = [{"id": "u1", "role": "user", "content": "2 + 40, twice?"}]
+    async with asyncio.timeout(120), httpx.AsyncClient(timeout=60) as http:
+        first, asked = await _post(http, url + "/agui", _body(tag, messages=twice))
+        run_id = first.headers["x-run-id"]
+        _, again = await _post(http, url + "/agui", _body(tag, runId=f"r2-{tag}", messages=twice,
+                                                           resume=resume_of(asked)))
+        # the second answer through the other serve process, cut, then resumed there
+        _, cut = await _post(http, other + "/agui", _body(tag, runId=f"r3-{tag}", messages=twice,
+                                                           resume=resume_of(again)), cut=3)
+        rest = await _get(http, f"{other}/agui/runs/{run_id}/events", after=cut[-1].id)
+        whole = await _get(http, f"{url}/agui/runs/{run_id}/events")
+    pieces = [asked, again, cut + rest]
+    assert _verify(client_modules, tmp_path, [f.data for f in asked]) == "ok"
+    for piece in pieces:
+        assert _types(piece)[0] == "RUN_STARTED" and _types(piece)[-1] == "RUN_FINISHED"
+        assert _verdict(tmp_path, [f.data for f in piece]) == "ok"
+    assert again[-1].data["outcome"]["interrupts"]  # it asked a second time
+    # three pieces, one numbering: the whole run's frames, ids and data alike
+    assert [(f.id, f.data) for p in pieces for f in p] == [(f.id, f.data) for f in whole]
+    assert [f.id for f in whole] == list(range(1, len(whole) + 1))
+    assert _agui_text(cut + rest) == "The answer is 42."
+    assert (tmp_path / "tool_log").read_text().count("\n") == 2
+    assert _verdict(tmp_path, [f.data for f in whole]) == "ok"
+
+
 def _verdict(tmp_path: Path, events: list[dict[str, Any]]) -> str:
     """`_verify` again in the same directory (its node_modules link made)."""
     done = subprocess.run([str(NODE), "verify.mjs"], cwd=tmp_path, input=json.dumps([events]), capture_output=True,
