@@ -60,11 +60,14 @@ def build_asking() -> ReActAgent:
     return ReActAgent.builder().name("durable").model(_model()).tools(asking).build()
 
 
-FAST = DurableConfig(model=ActivityConfig(heartbeat=1.0), tool=ActivityConfig(heartbeat=1.0),
+FAST = DurableConfig(model=ActivityConfig(heartbeat=2.0, max_attempts=None),
+                     tool=ActivityConfig(heartbeat=2.0, max_attempts=None),
                      state=ActivityConfig(start_to_close=10.0, max_attempts=None, initial_interval=0.2,
                                           max_interval=0.5))
-"""Heartbeats of 1 s: a killed worker's activity is retried elsewhere about a second later; a
-session save that fails is tried again every half second."""
+"""Heartbeats of 2 s: a killed worker's activity is retried elsewhere about two seconds later; a
+loaded host (the suite on 2 cores) may miss one and retry a live call too, so model and tool calls
+are retried until they succeed (the tests' own timeouts bound them; tests of giving up set their
+own attempts); a session save that fails is tried again every half second."""
 
 
 SEEN: list[bool] = []
