@@ -144,14 +144,13 @@ def _layer(
             # Passed through: the inner layer already runs in a copy of this context, taken when
             # next() was called (a copy made later would add nothing the inner code can see).
             wrapped = stream
-        elif (inner_bound and type(stream) is EventStream and (below := outs[index + 1]) is not None
-              and stream._factory is below._factory):
-            # Only fused maps added to the inner stream (the caches' and budgets' way): the same,
-            # and the maps run in the consumer's context either way.
-            wrapped = stream
-        elif inner_bound and type(stream) is EventStream and getattr(stream._factory, "context_free", False) is True:
-            # A factory that only subscribes streams built inside this hook (`MapSource.context_free`,
-            # a retry's): what they run already runs in their own copies.
+        elif inner_bound and type(stream) is EventStream and (
+                ((below := outs[index + 1]) is not None and stream._factory is below._factory)
+                or getattr(stream._factory, "context_free", False) is True):
+            # Runs in contexts of its own already: the inner stream with only fused maps added (the
+            # caches' and budgets' way; the maps run in the consumer's context either way), or a
+            # factory that only subscribes streams built inside this hook (`MapSource.context_free`,
+            # a retry's).
             wrapped = stream
         else:
             if type(stream) is not EventStream:

@@ -10,6 +10,7 @@ text block open at the same time gets its own). Every id a client will see is ad
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from functools import partial
 from typing import Any, cast
 
@@ -36,7 +37,7 @@ from ..events import AgentEvent, TextBlockDelta, ThinkingBlockDelta, ToolCallDel
 from ..message import new_id
 from . import sse
 
-__all__ = ["OpenContent", "attribute", "end_step", "jsonable", "start_step"]
+__all__ = ["CONTENT_HANDLERS", "OpenContent", "attribute", "end_step", "jsonable", "start_step"]
 
 
 class OpenContent:
@@ -241,3 +242,20 @@ def jsonable(value: Any) -> Any:
     except (TypeError, ValueError):
         return json.loads(json.dumps(value, default=str))
     return value
+
+
+CONTENT_HANDLERS: dict[str, Callable[[OpenContent, Any, list[BaseEvent]], None]] = {
+    "text_block_start": OpenContent.on_text_start,
+    "text_block_delta": OpenContent.on_text_delta,
+    "text_block_end": OpenContent.on_text_end,
+    "thinking_block_start": OpenContent.on_thinking_start,
+    "thinking_block_delta": OpenContent.on_thinking_delta,
+    "thinking_block_end": OpenContent.on_thinking_end,
+    "tool_call_start": OpenContent.on_call_start,
+    "tool_call_delta": OpenContent.on_call_delta,
+    "tool_call_end": OpenContent.on_call_end,
+    "tool_result_start": OpenContent.on_result_start,
+    "tool_result_text_delta": OpenContent.on_result_delta,
+}
+"""Our content events, each handled by an `OpenContent` (the top level's, or a sub-agent
+invocation's, `_agui_subagents`): one table for both, at module level."""

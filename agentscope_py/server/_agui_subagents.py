@@ -32,27 +32,13 @@ from ag_ui.core import (
 )
 
 from ..message import ChatUsage, GenerateReason, Msg, ToolUseBlock, new_id
-from ._agui_content import OpenContent, attribute, end_step, jsonable, start_step
+from ._agui_content import CONTENT_HANDLERS, OpenContent, attribute, end_step, jsonable, start_step
 
 __all__ = ["SUSPENDED", "Subagents"]
 
 SUSPENDED = (GenerateReason.PERMISSION_ASKING, GenerateReason.TOOL_SUSPENDED)
 """The reasons of a reply that paused for an answer (an approval, an external result)."""
 
-# Our content events, handled by the invocation's own `OpenContent` exactly as at the top level.
-_CONTENT: dict[str, Callable[[OpenContent, Any, list[BaseEvent]], None]] = {
-    "text_block_start": OpenContent.on_text_start,
-    "text_block_delta": OpenContent.on_text_delta,
-    "text_block_end": OpenContent.on_text_end,
-    "thinking_block_start": OpenContent.on_thinking_start,
-    "thinking_block_delta": OpenContent.on_thinking_delta,
-    "thinking_block_end": OpenContent.on_thinking_end,
-    "tool_call_start": OpenContent.on_call_start,
-    "tool_call_delta": OpenContent.on_call_delta,
-    "tool_call_end": OpenContent.on_call_end,
-    "tool_result_start": OpenContent.on_result_start,
-    "tool_result_text_delta": OpenContent.on_result_delta,
-}
 
 
 class SubRun:
@@ -112,7 +98,7 @@ class Subagents:
             run = self._start(reply_id, ev.source.rsplit("/", 1)[-1], ev.source, out)
         self._latest[run.source] = run
         first = len(out)
-        content = _CONTENT.get(kind)
+        content = CONTENT_HANDLERS.get(kind)
         if content is not None:
             content(run.content, ev, out)
         elif kind == "tool_result_end":

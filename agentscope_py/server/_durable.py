@@ -42,7 +42,7 @@ try:
 
     from ..durable import DEFAULT_TASK_QUEUE, DurableAgent, DurableSessionBusy, EventLog, session_workflow_id
     from ..durable._watch import watch
-    from ._durable_agui import durable_agui_frames
+    from ._durable_agui import durable_agui_frames, no_pending
     from ._durable_answers import Answers, answers_of, session_run, signal_answers, until_wait
     from ._durable_slots import Slot, Slots
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
@@ -243,7 +243,7 @@ class DurableRuns(Runs):
             live.base = end
             start.set_result(end)
             stream = self.serving.events_of(run.run_id, end, stop_at_wait=True)
-            frames = lambda live: native_frames(stream, "durable", _no_pending, self.result_text, live)  # noqa: E731
+            frames = lambda live: native_frames(stream, "durable", no_pending, self.result_text, live)  # noqa: E731
         self._starts[id(live)] = (live, start)
         slot.hold(live)
         live.task = asyncio.get_running_loop().create_task(
@@ -319,11 +319,7 @@ class DurableRuns(Runs):
         if record.kind == "agui":
             return durable_agui_frames(lambda: self._events(record.run_id), record.session_id, record.run_id)
         stream = self.serving.events_of(record.run_id)
-        return lambda live: native_frames(stream, "durable", _no_pending, self.result_text, live)
-
-
-async def _no_pending() -> list[str]:
-    return []
+        return lambda live: native_frames(stream, "durable", no_pending, self.result_text, live)
 
 
 async def _parsed(events: AsyncIterator[dict[str, Any]]) -> AsyncIterator[AgentEvent]:

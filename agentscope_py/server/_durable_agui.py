@@ -22,13 +22,14 @@ from ._ledger import Emitted
 from ._live import LiveRun
 from .agui import AguiMapper
 
-__all__ = ["Boundary", "durable_agui_frames"]
+__all__ = ["Boundary", "durable_agui_frames", "no_pending"]
 
 Boundary = Callable[[int, int], None]
 """Told, as each piece ends: the position of its last event, and the id of its last frame."""
 
 
-async def _no_pending() -> list[str]:
+async def no_pending() -> list[str]:
+    """A durable run's pending tool calls, for a refusal's text: none (the workflow holds them)."""
     return []
 
 
@@ -72,7 +73,7 @@ def durable_agui_frames(events: Callable[[], AsyncIterator[dict[str, Any]]], thr
                         head, failure = [], exc
                 first = False
                 mapper = AguiMapper(thread_id, run_id)
-                async for data in agui_frames(EventStream(piece), mapper, "durable", _no_pending, Emitted(), live):
+                async for data in agui_frames(EventStream(piece), mapper, "durable", no_pending, Emitted(), live):
                     yield data
                 head = []
                 if boundary is not None:  # resumed after the last yield: its frames are published

@@ -51,7 +51,7 @@ from ag_ui.core import (
 
 from ..events import AgentEvent
 from ..message import ChatUsage, GenerateReason, Msg, ToolResultState, ToolUseBlock
-from ._agui_content import OpenContent, end_step, jsonable, start_step
+from ._agui_content import CONTENT_HANDLERS, OpenContent, end_step, jsonable, start_step
 from ._agui_encode import FrameEncoder
 from ._agui_input import (
     AguiInputError,
@@ -61,7 +61,6 @@ from ._agui_input import (
     select_new_messages,
     to_msgs,
 )
-from ._agui_subagents import _CONTENT as _ON_CONTENT
 from ._agui_subagents import SUSPENDED, Subagents
 
 __all__ = [
@@ -135,7 +134,7 @@ class AguiMapper:
             self._subagents.map(event, out)
             return out
         kind = event.type
-        on_content = _ON_CONTENT.get(kind)
+        on_content = CONTENT_HANDLERS.get(kind)
         if on_content is not None:
             on_content(self._content, event, out)
             return out
@@ -284,7 +283,7 @@ def _ignore(mapper: AguiMapper, ev: Any, out: list[BaseEvent]) -> None:
 
 
 # What each event type maps through: tables of plain functions, called with the mapper or its
-# `OpenContent` (the content events' table is the sub-agents' one, `_agui_subagents._CONTENT`).
+# `OpenContent` (the content events' table is `_agui_content.CONTENT_HANDLERS`, the sub-agents' too).
 # Per-instance tables of bound methods were 21 objects per run for the collector to walk for as
 # long as the run streams (a served process holds thousands of runs).
 _HANDLERS: dict[str, Callable[[AguiMapper, Any, list[BaseEvent]], None]] = {
