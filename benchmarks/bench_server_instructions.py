@@ -96,7 +96,7 @@ class Counted:
             raise SystemExit(f"{self.key}: {deltas} text deltas for a reply of {tokens} tokens")
         # The upstream's pace from the first token to the last: a server that kept up shows it.
         paced = (tokens - 1) * self.args.dt
-        if tokens >= SHORT and last - first > 1.5 * paced:
+        if paced and tokens >= SHORT and last - first > 1.5 * paced:
             self.slow.append((last - first) / paced)
 
     def counted(self, tokens: int) -> int:
@@ -158,7 +158,8 @@ def main() -> None:
     finally:
         upstream.stop()
     base = results.get("b", {}).get("k_per_token_at_100")
-    print(f"instructions in the server's process, light load (dt {args.dt} s), tool turn: {bool(args.tool)}")
+    pace = f"light load, a token every {args.dt} s" if args.dt else "a burst: every token of a reply at once"
+    print(f"instructions in the server's process, {pace}, tool turn: {bool(args.tool)}")
     print("| server | k / token | k / request | k / token at 100 per reply | × relay | fell behind |")
     print("|---|---:|---:|---:|---:|---|")
     for key, r in results.items():
