@@ -20,4 +20,7 @@ fi
 
 [ -x .venv/bin/python ] || python3 -m venv .venv
 .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[dev]"
-exec .venv/bin/python -m pytest "$@"
+# Two pytest-xdist processes, each taking a whole test module at a time (its module fixtures set up
+# once, its tests in their order): much of the suite waits on real processes (Temporal, workers,
+# serve processes, chromium) rather than computing. Later options win: `-n 0` runs in one process.
+exec .venv/bin/python -m pytest -n 2 --dist loadscope "$@"

@@ -43,11 +43,16 @@ def _wait_port(port: int, proc: subprocess.Popen[bytes], timeout: float) -> None
     raise TimeoutError(f"nothing served on 127.0.0.1:{port} after {timeout} s")
 
 
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
+def _stop(*procs: subprocess.Popen[bytes]) -> None:
+    """SIGTERM to every process still running, then each waited for (killed after 5 s): they stop
+    together (one after another, their graceful stops added up to seconds of a test)."""
+    live = [proc for proc in procs if proc.poll() is None]
+    for proc in live:
         proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + 5
+    for proc in live:
         try:
-            proc.wait(5)
+            proc.wait(max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(5)
@@ -123,19 +128,29 @@ class Workers:
         self.procs: list[subprocess.Popen[bytes]] = []
 
     def start(self, factory: str, task_queue: str, *args: str, **env: str) -> subprocess.Popen[bytes]:
+        """A worker, once it polls ``task_queue``."""
+        proc = self.spawn(factory, task_queue, *args, **env)
+        self.ready(proc)
+        return proc
+
+    def spawn(self, factory: str, task_queue: str, *args: str, **env: str) -> subprocess.Popen[bytes]:
+        """A worker starting (`ready` waits until it polls): the test starts its other processes
+        meanwhile, rather than waiting for each process's imports in turn."""
         proc = subprocess.Popen(
             [sys.executable, "-m", "agentscope_py.cli", "worker", "--temporal", self.address, "--agents", factory,
              "--task-queue", task_queue, "--config", "durable_agents:FAST", *args],
             cwd=HERE, env={**os.environ, **self.env, **env}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         self.procs.append(proc)
+        return proc
+
+    @staticmethod
+    def ready(proc: subprocess.Popen[bytes]) -> None:
         assert proc.stdout is not None
         line = proc.stdout.readline().decode()  # the worker says when it polls
         assert "polling" in line, line + proc.stdout.read().decode()
-        return proc
 
     def close(self) -> None:
-        for proc in self.procs:
-            _stop(proc)
+        _stop(*self.procs)
 
 
 def model_workers(address: str, model_url: str, tmp_path: Path) -> Iterator[Workers]:

@@ -44,18 +44,29 @@ class Serves:
         self.procs: list[subprocess.Popen[bytes]] = []
 
     def start(self, task_queue: str, factory: str = "durable_agents:build") -> tuple[str, subprocess.Popen[bytes]]:
-        port = free_port()
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "agentscope_py.cli", "serve", factory, "--temporal", self.temporal,
-             "--task-queue", task_queue, "--events", self.events, "--port", str(port), "--log-level", "warning"],
-            cwd=HERE, env={**os.environ, **self.env}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        self.procs.append(proc)
-        _wait_port(port, proc, 30.0)
-        return f"http://127.0.0.1:{port}", proc
+        return self.start_all(task_queue, 1, factory)[0]
+
+    def start_all(self, task_queue: str, n: int,
+                  factory: str = "durable_agents:build") -> list[tuple[str, subprocess.Popen[bytes]]]:
+        """``n`` serve processes, started together, once each serves: their URLs and processes."""
+        ports: list[int] = []
+        while len(ports) < n:  # picked before any binds: distinct
+            if (port := free_port()) not in ports:
+                ports.append(port)
+        started = []
+        for port in ports:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "agentscope_py.cli", "serve", factory, "--temporal", self.temporal,
+                 "--task-queue", task_queue, "--events", self.events, "--port", str(port), "--log-level", "warning"],
+                cwd=HERE, env={**os.environ, **self.env}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            self.procs.append(proc)
+            started.append((port, proc))
+        for port, proc in started:
+            _wait_port(port, proc, 30.0)
+        return [(f"http://127.0.0.1:{port}", proc) for port, proc in started]
 
     def close(self) -> None:
-        for proc in self.procs:
-            _stop(proc)
+        _stop(*self.procs)
 
 
 @dataclass

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -55,12 +56,13 @@ async def test_bad_factories_fail_when_the_worker_is_made(temporal_address: str)
 
 
 def test_the_worker_command_reports_a_bad_factory() -> None:
-    out = subprocess.run([sys.executable, "-m", "agentscope_py.cli", "worker", "--temporal", "127.0.0.1:9",
-                          "--agents", "durable_agents:build", "--config", "durable_agents:build"],
-                         cwd=HERE, capture_output=True, text=True, timeout=30)
+    worker = [sys.executable, "-m", "agentscope_py.cli", "worker", "--temporal", "127.0.0.1:9", "--agents",
+              "durable_agents:build"]
+    # both commands at once (each spends seconds importing): a bad --config, an unreachable server
+    with ThreadPoolExecutor(2) as pool:
+        out, unreachable = pool.map(
+            lambda args: subprocess.run(args, cwd=HERE, capture_output=True, text=True, timeout=30),
+            [[*worker, "--config", "durable_agents:build"], worker])
     assert out.returncode == 2
     assert "error: --config durable_agents:build is a function, not a DurableConfig" in out.stderr, out.stderr
-    unreachable = subprocess.run([sys.executable, "-m", "agentscope_py.cli", "worker", "--temporal", "127.0.0.1:9",
-                                  "--agents", "durable_agents:build"], cwd=HERE, capture_output=True, text=True,
-                                 timeout=30)
     assert unreachable.returncode == 1 and "error:" in unreachable.stderr, unreachable.stderr

@@ -63,9 +63,9 @@ async def _answering(http: httpx.AsyncClient, url: str) -> AsyncIterator[tuple[s
 
 async def test_watched_live_through_serve_and_resumed_through_another_after_the_first_died(
         held_model: tuple[str, Path], workers: Workers, serves: Serves, queue: str, redis_url: str) -> None:
-    workers.start("durable_agents:build", queue, "--events", redis_url)
-    first, first_proc = serves.start(queue)
-    second, _ = serves.start(queue)
+    worker = workers.spawn("durable_agents:build", queue, "--events", redis_url)
+    (first, first_proc), (second, _) = serves.start_all(queue, 2)
+    workers.ready(worker)
     seen: list[Frame] = []
     async with asyncio.timeout(40), httpx.AsyncClient(timeout=30) as http:
         async with http.stream("POST", first + "/v1/runs", json={"session_id": "s1", "input": "2 + 40?"}) as answer:
@@ -91,8 +91,9 @@ async def test_watched_live_through_serve_and_resumed_through_another_after_the_
 
 async def test_the_interrupt_endpoint_reaches_the_workflow(
         held_model: tuple[str, Path], workers: Workers, serves: Serves, queue: str, redis_url: str) -> None:
-    workers.start("durable_agents:build", queue, "--events", redis_url)
+    worker = workers.spawn("durable_agents:build", queue, "--events", redis_url)
     url, _ = serves.start(queue)
+    workers.ready(worker)
     async with asyncio.timeout(40), httpx.AsyncClient(timeout=30) as http:
         async with _answering(http, url) as (run_id, frames, seen):
             stopped = await http.post(f"{url}/v1/runs/{run_id}/interrupt", json={})
@@ -110,8 +111,9 @@ async def test_the_interrupt_endpoint_reaches_the_workflow(
 
 async def test_a_second_run_on_a_busy_session_is_refused_and_the_first_goes_on(
         held_model: tuple[str, Path], workers: Workers, serves: Serves, queue: str, redis_url: str) -> None:
-    workers.start("durable_agents:build", queue, "--events", redis_url)
+    worker = workers.spawn("durable_agents:build", queue, "--events", redis_url)
     url, _ = serves.start(queue)
+    workers.ready(worker)
     async with asyncio.timeout(40), httpx.AsyncClient(timeout=30) as http:
         async with _answering(http, url) as (first_id, frames, seen):
             busy = await http.post(url + "/v1/runs", json={"session_id": "s1", "input": "again?"})
@@ -130,8 +132,9 @@ async def test_a_second_run_on_a_busy_session_is_refused_and_the_first_goes_on(
 async def test_a_worker_killed_mid_answer_the_agui_stream_is_whole_and_balanced(
         held_model: tuple[str, Path], workers: Workers, serves: Serves, queue: str, redis_url: str,
         client_modules: Path, tmp_path: Path) -> None:
-    worker = workers.start("durable_agents:build", queue, "--events", redis_url)
+    worker = workers.spawn("durable_agents:build", queue, "--events", redis_url)
     url, _ = serves.start(queue)
+    workers.ready(worker)
     body = {"threadId": "t1", "runId": f"r-{queue}", "messages": [{"id": "u1", "role": "user", "content": "2 + 40?"}],
             "tools": [], "context": [], "state": {}, "forwardedProps": {}}
     seen: list[Frame] = []

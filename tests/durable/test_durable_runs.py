@@ -101,7 +101,10 @@ async def test_two_workers_on_one_task_queue_share_the_runs(
         temporal_address: str, env: dict[str, str], model_server: tuple[str, Path], workers: Workers,
         tmp_path: Path) -> None:
     queue, tool_log = _queue(), tmp_path / "tool_log"
-    pids = {workers.start("durable_agents:build", queue, DURABLE_TOOL_SLEEP="0.3").pid for _ in range(2)}
+    both = [workers.spawn("durable_agents:build", queue, DURABLE_TOOL_SLEEP="0.3") for _ in range(2)]
+    for worker in both:
+        workers.ready(worker)
+    pids = {worker.pid for worker in both}
     client = await Client.connect(temporal_address)
     agent = DurableAgent(client, factory="durable_agents:build", task_queue=queue)
     async with asyncio.timeout(30):

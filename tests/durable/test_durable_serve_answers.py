@@ -38,8 +38,10 @@ def served(temporal_address: str, model_server: tuple[str, Path], redis_url: str
 
     def start(factory: str, n: int = 1) -> list[str]:
         queue = f"q-{uuid.uuid4().hex[:8]}"
-        workers.start(factory, queue, "--events", redis_url)
-        return [procs.start(queue, factory)[0] for _ in range(n)]
+        worker = workers.spawn(factory, queue, "--events", redis_url)
+        urls = [url for url, _ in procs.start_all(queue, n, factory)]
+        workers.ready(worker)
+        return urls
 
     yield start
     procs.close()

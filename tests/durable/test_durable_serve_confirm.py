@@ -35,8 +35,10 @@ def served(temporal_address: str, model_server: tuple[str, Path], redis_url: str
 
     def start(factory: str = ASKING, **env: str) -> str:
         queue = f"q-{uuid.uuid4().hex[:8]}"
-        workers.start(factory, queue, "--events", redis_url, **env)
-        return procs.start(queue, factory)[0]
+        worker = workers.spawn(factory, queue, "--events", redis_url, **env)
+        url = procs.start(queue, factory)[0]
+        workers.ready(worker)
+        return url
 
     yield start
     procs.close()

@@ -55,7 +55,7 @@ def two(tmp_path: Path, redis_url: str, redis_prefix: str) -> Iterator[list[Serv
     finally:
         for s in servers:
             if s.proc.poll() is None:
-                s.stop()
+                print(f"serve on {s.port}:", s.stop())  # its log, shown if the test failed
 
 
 async def start_detached(client: httpx.AsyncClient, server: Serving, session: str) -> str:
@@ -70,7 +70,7 @@ async def start_detached(client: httpx.AsyncClient, server: Serving, session: st
 
 async def test_a_client_resumes_through_another_process_and_sessions_are_shared(two: list[Serving]) -> None:
     a, b = two
-    async with httpx.AsyncClient(timeout=30) as client:
+    async with asyncio.timeout(45), httpx.AsyncClient(timeout=30) as client:  # a hang fails at its await
         async with client.stream("POST", f"{a.url}/v1/runs",
                                  json={"session_id": "mp-1", "input": "hi", "detach": True}) as r:
             run_id = r.headers["x-run-id"]
