@@ -144,7 +144,7 @@ def main() -> None:
     args = parser.parse_args()
     if shutil.which("valgrind") is None:
         raise SystemExit("bench_server_instructions: valgrind is not installed (apt-get install valgrind)")
-    keys = (["a0"] if args.baseline else []) + args.servers.split(",")
+    keys = (["a0"] if args.baseline else []) + [k for k in args.servers.split(",") if k]
     results: dict[str, dict[str, Any]] = {}
     upstream = Proc("upstream", [sys.executable, "serving_upstream.py"], dict(os.environ), _json_port)
     try:
