@@ -31,6 +31,13 @@ def terminal_frame(kind: str, code: str, message: str) -> bytes:
     return encode_error(RuntimeError(message), message=message, code=code)
 
 
+def incomplete_frame(kind: str, after: int) -> bytes:
+    """What a client hears when a run's log ended without the events after ``after`` (a write to
+    the log failed while the run went on)."""
+    return terminal_frame(kind, "RunLogIncomplete", f"the run's log ended without the events after id {after}: "
+                          "writing them to the log failed; the run itself has ended")
+
+
 def gap_frame(kind: str, after: int) -> bytes:
     """What a client hears when the frames after ``after`` were trimmed off the log."""
     return terminal_frame(kind, "RunLogTrimmed", f"the run's log no longer holds the events after id {after} "

@@ -21,8 +21,9 @@ from .._context import RuntimeContext
 from ..errors import RunLogError
 from ._errors import HTTPError
 from ._limits import Limits, admit_run
-from ._live import CHUNK_FRAMES, PACE, Beat, LiveRun, gap_frame, terminal_frame
-from ._runlog import Batch, RunLog, RunRecord
+from ._live import CHUNK_FRAMES, PACE, Beat, LiveRun, gap_frame, incomplete_frame, terminal_frame
+from ._logwrites import LogWrites
+from ._runlog import RunLog, RunRecord
 from .sse import HEARTBEAT
 
 __all__ = ["Runner", "Runs", "detach_of", "parse_after"]
@@ -87,6 +88,7 @@ class Runs:
         self.flush_interval = flush_interval
         self.poll = poll
         self.live: dict[str, LiveRun] = {}
+        self.writes = LogWrites(run_log)
         self._per_user: dict[str, int] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -101,6 +103,7 @@ class Runs:
             return
         self._loop = loop
         self._started = loop.create_future()
+        self.writes.rebind()
         try:
             await self.log.start(self._interrupt_here)
             await self.log.renew()
@@ -124,6 +127,7 @@ class Runs:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks = []
+        await self.writes.settle()
         await self.log.close()
         self._started = None
 
@@ -181,11 +185,7 @@ class Runs:
 
     async def _finish(self, live: LiveRun, status: str) -> None:
         try:
-            if live.last > live.flushed:
-                await self.log.append([self._batch(live)])
-            await self.log.end(live.run_id, status, live.last)
-        except Exception as exc:  # the clients here have every frame; others see the run lost
-            log.warning("run %s: could not write its end to the run log: %s", live.run_id, exc)
+            await self.writes.end(live, status)
         finally:
             self.uncount(live.run_id, live.record.user_id)
 
@@ -290,6 +290,7 @@ class Runs:
         run_id, cursor = record.run_id, after
         loop = asyncio.get_running_loop()
         sent = loop.time()
+        short = False
         while True:
             live = self.live.get(run_id)
             if live is not None:  # ours after all (a log shared with ourselves): follow it here
@@ -320,8 +321,16 @@ class Runs:
                 yield HEARTBEAT
                 sent = loop.time()
             record = piece.record
-            if not record.running and cursor >= record.last:
-                return
+            if not record.running:
+                if cursor >= record.last:
+                    return
+                # Ended, yet nothing past ``cursor`` came: the log lacks frames its record counts
+                # (a write that failed). Read once more (an end is written after its frames, so
+                # a second read sees any that raced the first), then say so rather than poll on.
+                if short:
+                    yield incomplete_frame(record.kind, cursor)
+                    return
+                short = True
 
     async def _check_owner(self, record: RunRecord) -> None:
         """A run that sent nothing for a poll: if its owner's lease is gone, mark it lost."""
@@ -351,25 +360,10 @@ class Runs:
 
     # -- the shared log's background work --------------------------------------------------------
 
-    def _batch(self, live: LiveRun) -> Batch:
-        first = max(live.flushed, live.base) + 1
-        batch = Batch(live.run_id, first, live.frames[first - live.base - 1:])
-        live.flushed = live.last
-        if len(live.frames) > live.keep:
-            live.trim()
-        return batch
-
     async def _flusher(self) -> None:
         while True:
             await asyncio.sleep(self.flush_interval)
-            batches = [self._batch(live) for live in list(self.live.values()) if live.last > live.flushed]
-            if not batches:
-                continue
-            try:
-                refused = await self.log.append(batches)
-            except Exception as exc:  # a shared log down: clients here keep streaming
-                log.warning("could not write %d batches to the run log: %s", len(batches), exc)
-                continue
+            refused = await self.writes.flush(list(self.live.values()))
             for run_id in refused:  # declared lost by another process: stop working for nobody
                 live = self.live.get(run_id)
                 if live is not None and live.task is not None:

@@ -1,0 +1,107 @@
+"""`LogWrites`: how this process writes its runs' frames and ends to the run log.
+
+Every write goes one at a time. A run's last frames and its end must never overtake a batch the
+flusher took and is still writing: the log would refuse that batch (its run already ended, its
+ids behind the stream's) and lose frames this process's clients had, so a client resuming through
+another process would find a gap.
+
+An end that could not be written (the log away for a while) is owed, not dropped: the flusher
+writes it again, backing off, until the log takes it. Otherwise a run whose owner lives on would
+read as running for as long as its record lasts (a day), and every follower in another process
+would wait for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from ._live import LiveRun
+from ._runlog import Batch, RunLog
+
+__all__ = ["LogWrites"]
+
+log = logging.getLogger("agentscope_py.server")
+
+RETRY_FIRST = 0.5
+RETRY_MAX = 30.0
+
+
+@dataclass(slots=True)
+class _Owed:
+    """An end the log has not taken yet, and when to try it again."""
+
+    status: str
+    last: int
+    at: float
+    delay: float
+
+
+class LogWrites:
+    """The writes of one process's runs to ``run_log``, in order (see the module docstring)."""
+
+    def __init__(self, run_log: RunLog) -> None:
+        self.log = run_log
+        self._lock = asyncio.Lock()
+        self._owed: dict[str, _Owed] = {}
+
+    def rebind(self) -> None:
+        """A fresh lock for a new event loop (an app served again on another loop, as tests do)."""
+        self._lock = asyncio.Lock()
+
+    @staticmethod
+    def batch(live: LiveRun) -> Batch:
+        """The frames of ``live`` not handed to the log yet, as one batch (now counted as handed)."""
+        first = max(live.flushed, live.base) + 1
+        batch = Batch(live.run_id, first, live.frames[first - live.base - 1:])
+        live.flushed = live.last
+        if len(live.frames) > live.keep:
+            live.trim()
+        return batch
+
+    async def end(self, live: LiveRun, status: str) -> None:
+        """The run's last frames, then its end; an end the log refuses to take now is owed."""
+        async with self._lock:
+            try:
+                if live.last > live.flushed:
+                    await self.log.append([self.batch(live)])
+                await self.log.end(live.run_id, status, live.last)
+            except Exception as exc:  # the clients here have every frame; the end is written later
+                log.warning("run %s: could not write its end to the run log (trying again): %s", live.run_id, exc)
+                now = asyncio.get_running_loop().time()
+                self._owed[live.run_id] = _Owed(status, live.last, now + RETRY_FIRST, RETRY_FIRST)
+
+    async def flush(self, runs: Iterable[LiveRun]) -> list[str]:
+        """One write of every run's new frames, then the ends owed that are due; the ids of the
+        runs whose batches the log refused (another process declared them lost)."""
+        async with self._lock:
+            refused: list[str] = []
+            batches = [self.batch(live) for live in runs if live.last > live.flushed]
+            if batches:
+                try:
+                    refused = await self.log.append(batches)
+                except Exception as exc:  # a shared log down: clients here keep streaming
+                    log.warning("could not write %d batches to the run log: %s", len(batches), exc)
+            if self._owed:
+                await self._pay(asyncio.get_running_loop().time())
+            return refused
+
+    async def settle(self) -> None:
+        """Try every owed end once more, due or not (the process is stopping)."""
+        async with self._lock:
+            await self._pay(float("inf"))
+
+    async def _pay(self, now: float) -> None:
+        for run_id, owed in list(self._owed.items()):
+            if owed.at > now:
+                continue
+            try:
+                await self.log.end(run_id, owed.status, owed.last)
+            except Exception as exc:
+                owed.delay = min(owed.delay * 2, RETRY_MAX)
+                owed.at = asyncio.get_running_loop().time() + owed.delay
+                log.warning("run %s: its end is still not written to the run log: %s", run_id, exc)
+            else:
+                del self._owed[run_id]
