@@ -264,24 +264,40 @@ class SSEResponse(Response):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+        # The body is written from this task; a task of its own watches for the disconnect and a
+        # timer for a stall, and either stops the writing by cancelling this task (and taking
+        # that cancellation back). Not a writer task and a stall task waited on with
+        # `asyncio.wait`: per request that was two tasks, a wait and a gather more, for nothing
+        # the client sees.
         loop = asyncio.get_running_loop()
+        task = asyncio.current_task()
+        assert task is not None
         self._sent = 0
         self._sending = False
-        pump = loop.create_task(self._pump(send))
+        stop = _Stop(task)
         watch = loop.create_task(_disconnected(receive))
-        tasks = {pump, watch}
-        if self.stall_timeout is not None and self.stall_timeout > 0:
-            tasks.add(loop.create_task(self._stalled(self.stall_timeout)))
+        watch.add_done_callback(stop.client_left)
+        stall = _StallWatch(loop, self, self.stall_timeout, stop) if self.stall_timeout else None
         try:
-            await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for task in tasks:
-                if not task.done():
-                    task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await asyncio.shield(asyncio.gather(*tasks, return_exceptions=True))
-        if not pump.cancelled() and (exc := pump.exception()) is not None and not isinstance(exc, OSError):
+            await self._pump(send)
+        except asyncio.CancelledError:
+            if not stop.took_back():
+                raise  # cancelled from outside (the server shutting down): not ours to swallow
+        except OSError:
+            pass  # the connection went away mid-write: quiet, as a disconnect is
+        except Exception as exc:
             log.error("SSE stream failed", exc_info=exc)
+        finally:
+            stop.done = True
+            if stop.cancels:  # ours, but swallowed on the way (the writing ended anyway)
+                stop.took_back()
+            if stall is not None:
+                stall.cancel()
+            if not watch.done():
+                watch.cancel()
+                # Shielded: an ASGI server that cancels us repeatedly must not cut this short.
+                with contextlib.suppress(asyncio.CancelledError):
+                    await asyncio.shield(asyncio.gather(watch, return_exceptions=True))
 
     async def _pump(self, send: Send) -> None:
         # Coalesced: under load the upstream's tokens arrive several per read, and each body
@@ -292,26 +308,71 @@ class SSEResponse(Response):
                                                                   coalesce=True)
         async with contextlib.aclosing(frames):  # type: ignore[type-var]
             async for frame in frames:
-                # Two stores per frame instead of a timer per send: `_stalled` reads them.
+                # Two stores per frame instead of a timer per send: `_StallWatch` reads them.
                 self._sending = True
                 await send({"type": "http.response.body", "body": frame, "more_body": True})
                 self._sending = False
                 self._sent += 1
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
-    async def _stalled(self, seconds: float) -> None:
-        """Returns (which drops the client, as a disconnect does) once one ``send`` has waited
-        ``seconds``: the client's socket buffers are full and it is not reading."""
-        step = seconds / 4
-        waited, last = 0.0, -1
-        while waited < seconds:
-            await asyncio.sleep(step)
-            if self._sending and self._sent == last:
-                waited += step
-            else:
-                waited, last = 0.0, self._sent
-        # Returning without finishing the response makes the server close the connection.
-        log.warning("dropped a client that took nothing for %s s", seconds)
+
+class _Stop:
+    """Stops a response's writing task once its client left (or stalled): a cancel of that task
+    that `took_back` recognises as ours (counted, and taken back with ``uncancel``, as
+    ``asyncio.timeout`` does), so a cancellation from outside still propagates."""
+
+    __slots__ = ("cancels", "done", "task")
+
+    def __init__(self, task: asyncio.Task[Any]) -> None:
+        self.task = task
+        self.cancels = 0
+        self.done = False
+
+    def now(self) -> None:
+        if not self.done and not self.cancels:
+            self.cancels += 1
+            self.task.cancel()
+
+    def client_left(self, watch: asyncio.Task[None]) -> None:
+        if not watch.cancelled():
+            self.now()
+
+    def took_back(self) -> bool:
+        """Whether the cancellation being handled is only ours (then it is taken back)."""
+        if not self.cancels:
+            return False
+        self.cancels = 0
+        return self.task.uncancel() == 0
+
+
+class _StallWatch:
+    """Drops the client (`_Stop`) once one ``send`` has waited ``seconds``: its socket buffers
+    are full and it is not reading. A timer every ``seconds / 4`` reading the response's two
+    counters, not a timer per send."""
+
+    __slots__ = ("handle", "last", "loop", "response", "seconds", "step", "stop", "waited")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, response: SSEResponse, seconds: float, stop: _Stop) -> None:
+        self.loop, self.response, self.seconds, self.stop = loop, response, seconds, stop
+        self.step = seconds / 4
+        self.waited, self.last = 0.0, -1
+        self.handle = loop.call_later(self.step, self._check)
+
+    def _check(self) -> None:
+        response = self.response
+        if response._sending and response._sent == self.last:
+            self.waited += self.step
+        else:
+            self.waited, self.last = 0.0, response._sent
+        if self.waited >= self.seconds:
+            # Not finishing the response makes the server close the connection.
+            log.warning("dropped a client that took nothing for %s s", self.seconds)
+            self.stop.now()
+            return
+        self.handle = self.loop.call_later(self.step, self._check)
+
+    def cancel(self) -> None:
+        self.handle.cancel()
 
 
 async def _disconnected(receive: Receive) -> None:
