@@ -13,9 +13,10 @@ responses stream through untouched):
 from __future__ import annotations
 
 import fnmatch
+import functools
 import hmac
 import ipaddress
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 
 from starlette.datastructures import MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -32,7 +33,9 @@ JSON_TYPES = ("application/json",)
 """Body types accepted for POST; ``application/<anything>+json`` (e.g. AG-UI's vendor types) too."""
 
 
+@functools.lru_cache(maxsize=256)
 def is_loopback(host: str) -> bool:
+    # Cached: every request asks it of the address the server listens on.
     try:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
@@ -67,7 +70,9 @@ class Guard:
         scope.setdefault("state", {})["request_id"] = rid
         page = scope["path"] == "/"
 
-        async def send_with_headers(message: Message) -> None:
+        def send_with_headers(message: Message) -> Awaitable[None]:
+            # A plain function handing back ``send``'s awaitable: a streamed response sends every
+            # frame through here, and an ``async def`` would be one coroutine more per frame.
             if message["type"] == "http.response.start":
                 headers = MutableHeaders(scope=message)
                 headers[REQUEST_ID_HEADER] = rid
@@ -75,7 +80,7 @@ class Guard:
                 headers.setdefault("x-frame-options", "DENY")
                 headers.setdefault("referrer-policy", "no-referrer")
                 headers.setdefault("content-security-policy", PAGE_CSP if page else _API_CSP)
-            await send(message)
+            return send(message)
 
         error = self._check(scope)
         if error is not None:
@@ -85,7 +90,7 @@ class Guard:
         await self.app(scope, receive, send_with_headers)
 
     def _check(self, scope: Scope) -> HTTPError | None:
-        headers = {k: v for k, v in scope["headers"]}  # later duplicates win; only single-valued ones are read
+        headers = dict(scope["headers"])  # later duplicates win; only single-valued ones are read
         host = headers.get(b"host", b"").decode("latin-1").lower()
         if not self._host_allowed(scope, host):
             return HTTPError(400, "invalid_host", "the Host header is not one this server answers to")
