@@ -15,6 +15,7 @@ import logging
 import types
 import typing
 from collections.abc import AsyncIterator, Callable, Mapping
+from functools import partial
 from typing import Any
 
 import pydantic_core
@@ -264,40 +265,34 @@ class SSEResponse(Response):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
-        # The body is written from this task; a task of its own watches for the disconnect and a
-        # timer for a stall, and either stops the writing by cancelling this task (and taking
-        # that cancellation back). Not a writer task and a stall task waited on with
-        # `asyncio.wait`: per request that was two tasks, a wait and a gather more, for nothing
-        # the client sees.
+        # The body is written by a task of its own (each frame resumes only that short chain of
+        # coroutines, not the whole ASGI stack's), a second task watches for the disconnect and
+        # a timer for a stall; whichever ends first resolves ``ended``. Not `asyncio.wait` over
+        # three tasks: per request that was a task, a wait and a wider gather more.
         loop = asyncio.get_running_loop()
-        task = asyncio.current_task()
-        assert task is not None
         self._sent = 0
         self._sending = False
-        stop = _Stop(task)
+        ended: asyncio.Future[None] = loop.create_future()
+        pump = loop.create_task(self._pump(send))
         watch = loop.create_task(_disconnected(receive))
-        watch.add_done_callback(stop.client_left)
-        stall = _StallWatch(loop, self, self.stall_timeout, stop) if self.stall_timeout else None
+        pump.add_done_callback(partial(_end, ended))
+        watch.add_done_callback(partial(_end, ended))
+        stall = None
+        if self.stall_timeout is not None and self.stall_timeout > 0:
+            stall = _StallWatch(loop, self, self.stall_timeout, ended)
         try:
-            await self._pump(send)
-        except asyncio.CancelledError:
-            if not stop.took_back():
-                raise  # cancelled from outside (the server shutting down): not ours to swallow
-        except OSError:
-            pass  # the connection went away mid-write: quiet, as a disconnect is
-        except Exception as exc:
-            log.error("SSE stream failed", exc_info=exc)
+            await ended
         finally:
-            stop.done = True
-            if stop.cancels:  # ours, but swallowed on the way (the writing ended anyway)
-                stop.took_back()
             if stall is not None:
                 stall.cancel()
-            if not watch.done():
-                watch.cancel()
-                # Shielded: an ASGI server that cancels us repeatedly must not cut this short.
-                with contextlib.suppress(asyncio.CancelledError):
-                    await asyncio.shield(asyncio.gather(watch, return_exceptions=True))
+            for task in (pump, watch):
+                if not task.done():
+                    task.cancel()
+            # Shielded: an ASGI server that cancels us repeatedly must not cut the run's cleanup short.
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.shield(asyncio.gather(pump, watch, return_exceptions=True))
+        if not pump.cancelled() and (exc := pump.exception()) is not None and not isinstance(exc, OSError):
+            log.error("SSE stream failed", exc_info=exc)
 
     async def _pump(self, send: Send) -> None:
         # Coalesced: under load the upstream's tokens arrive several per read, and each body
@@ -316,44 +311,21 @@ class SSEResponse(Response):
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
-class _Stop:
-    """Stops a response's writing task once its client left (or stalled): a cancel of that task
-    that `took_back` recognises as ours (counted, and taken back with ``uncancel``, as
-    ``asyncio.timeout`` does), so a cancellation from outside still propagates."""
-
-    __slots__ = ("cancels", "done", "task")
-
-    def __init__(self, task: asyncio.Task[Any]) -> None:
-        self.task = task
-        self.cancels = 0
-        self.done = False
-
-    def now(self) -> None:
-        if not self.done and not self.cancels:
-            self.cancels += 1
-            self.task.cancel()
-
-    def client_left(self, watch: asyncio.Task[None]) -> None:
-        if not watch.cancelled():
-            self.now()
-
-    def took_back(self) -> bool:
-        """Whether the cancellation being handled is only ours (then it is taken back)."""
-        if not self.cancels:
-            return False
-        self.cancels = 0
-        return self.task.uncancel() == 0
+def _end(ended: asyncio.Future[None], task: asyncio.Task[None]) -> None:
+    if not ended.done():
+        ended.set_result(None)
 
 
 class _StallWatch:
-    """Drops the client (`_Stop`) once one ``send`` has waited ``seconds``: its socket buffers
-    are full and it is not reading. A timer every ``seconds / 4`` reading the response's two
-    counters, not a timer per send."""
+    """Drops the client (resolves ``ended``) once one ``send`` has waited ``seconds``: its socket
+    buffers are full and it is not reading. A timer every ``seconds / 4`` reading the response's
+    two counters, not a timer per send nor a task of its own."""
 
-    __slots__ = ("handle", "last", "loop", "response", "seconds", "step", "stop", "waited")
+    __slots__ = ("ended", "handle", "last", "loop", "response", "seconds", "step", "waited")
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, response: SSEResponse, seconds: float, stop: _Stop) -> None:
-        self.loop, self.response, self.seconds, self.stop = loop, response, seconds, stop
+    def __init__(self, loop: asyncio.AbstractEventLoop, response: SSEResponse, seconds: float,
+                 ended: asyncio.Future[None]) -> None:
+        self.loop, self.response, self.seconds, self.ended = loop, response, seconds, ended
         self.step = seconds / 4
         self.waited, self.last = 0.0, -1
         self.handle = loop.call_later(self.step, self._check)
@@ -367,7 +339,8 @@ class _StallWatch:
         if self.waited >= self.seconds:
             # Not finishing the response makes the server close the connection.
             log.warning("dropped a client that took nothing for %s s", self.seconds)
-            self.stop.now()
+            if not self.ended.done():
+                self.ended.set_result(None)
             return
         self.handle = self.loop.call_later(self.step, self._check)
 

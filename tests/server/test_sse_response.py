@@ -76,7 +76,7 @@ async def test_a_client_that_leaves_ends_the_call_quietly_after_the_frames_clean
     await asyncio.wait_for(call, 5)  # returns: no CancelledError reaches the server
     assert not call.cancelled() and call.exception() is None
     assert frames.closed.is_set()
-    assert call.cancelling() == 0  # the cancellation it used was taken back
+    assert call.cancelling() == 0  # no cancellation is left pending on the server's task
     assert _tasks() - before == set(), "the response left a task behind"
 
 
