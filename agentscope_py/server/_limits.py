@@ -116,14 +116,20 @@ def _too_deep(depth: int) -> HTTPError:
 
 def _deeper_than(value: Any, limit: int) -> bool:
     # Iterative: the point is to refuse what would make recursive code (validation, copies) blow up.
-    stack = [(value, 1)] if isinstance(value, dict | list) else []
+    # A plain loop over a tuple of types: a generator and a ``dict | list`` union made per container
+    # cost more than the walk itself (every request's body passes here).
+    stack = [(value, 1)] if isinstance(value, _CONTAINERS) else []
     while stack:
         item, depth = stack.pop()
-        children = item.values() if isinstance(item, dict) else item
         if depth > limit:
             return True
-        stack.extend((c, depth + 1) for c in children if isinstance(c, dict | list))
+        for child in item.values() if isinstance(item, dict) else item:
+            if isinstance(child, _CONTAINERS):
+                stack.append((child, depth + 1))
     return False
+
+
+_CONTAINERS = (dict, list)
 
 
 def _chars(value: Any) -> int:

@@ -45,6 +45,7 @@ SSE_HEADERS: dict[str, str] = {
     "cache-control": "no-cache",
     "x-accel-buffering": "no",  # nginx: do not buffer the stream
 }
+_SSE_RAW = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in SSE_HEADERS.items()]
 BUFFER = 16
 """Frames the producer may run ahead of the client: a small constant, so a slow reader pauses the
 agent (and, through its bounded prefetch, the model request) instead of growing memory."""
@@ -261,7 +262,12 @@ class SSEResponse(Response):
         self.direct = direct
         self.status_code = 200
         self.background = None
-        self.init_headers({**SSE_HEADERS, **(headers or {})})
+        if headers is None or not any(k in SSE_HEADERS for k in headers):
+            # What ``init_headers`` makes of these, with the constant part encoded once.
+            self.raw_headers = [*_SSE_RAW, *((k.lower().encode("latin-1"), v.encode("latin-1"))
+                                             for k, v in (headers or {}).items())]
+        else:
+            self.init_headers({**SSE_HEADERS, **headers})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
