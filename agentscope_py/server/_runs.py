@@ -25,7 +25,7 @@ from ._live import CHUNK_FRAMES, PACE, Beat, LiveRun, gap_frame, terminal_frame
 from ._runlog import Batch, RunLog, RunRecord
 from .sse import HEARTBEAT
 
-__all__ = ["Runner", "Runs", "detach_of", "parse_after"]
+__all__ = ["Runner", "Runs"]
 
 log = logging.getLogger("agentscope_py.server")
 
@@ -48,32 +48,6 @@ class Runner(Protocol):
     def runs(self, run_log: RunLog, limits: Limits, result_text: bool) -> Runs: ...
 
     def stream(self, agent: Any, msgs: list[Any], ctx: RuntimeContext, run_id: str) -> Any: ...
-
-
-def parse_after(header: str | None, query: str | None) -> int:
-    """The position to resume after: ``Last-Event-ID`` (preferred) or ``?after=``; 0 without."""
-    value = header if header is not None else query
-    if value is None or value == "":
-        return 0
-    value = value.strip()
-    if not value.isdigit() or len(value) > 18:
-        source = "Last-Event-ID" if header is not None else "after"
-        raise HTTPError(400, "invalid_last_event_id",
-                        f"{source}: {value[:40]!r} is not an event id (a non-negative integer from a frame's `id:`)")
-    return int(value)
-
-
-def detach_of(asked: object, query: str | None, default: bool) -> bool:
-    """Whether a run is detached: the body's ``detach`` (a bool), else ``?detach=``, else ``default``."""
-    if asked is None and query is not None:
-        if query.lower() not in ("1", "true", "0", "false"):
-            raise HTTPError(422, "invalid_request", "detach: give true or false")
-        asked = query.lower() in ("1", "true")
-    if asked is None:
-        return default
-    if not isinstance(asked, bool):
-        raise HTTPError(422, "invalid_request", "detach: give true or false")
-    return asked
 
 
 class Runs:
@@ -175,9 +149,11 @@ class Runs:
                 status = "failed"
             live.done = True
             live.wake()
-            # Shielded: the log must hear the end even when the run was cancelled.
-            with contextlib.suppress(asyncio.CancelledError):
-                await asyncio.shield(self._finish(live, status))
+            if self.log.instant:  # nothing in it waits, so no cancellation can cut it short
+                await self._finish(live, status)
+            else:  # shielded: the log must hear the end even when the run was cancelled
+                with contextlib.suppress(asyncio.CancelledError):
+                    await asyncio.shield(self._finish(live, status))
 
     async def _finish(self, live: LiveRun, status: str) -> None:
         try:
