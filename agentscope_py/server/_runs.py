@@ -129,13 +129,15 @@ class Runs:
         status = "finished"
         frames = source(live)
         try:
-            async with contextlib.aclosing(frames):  # type: ignore[type-var]
+            try:  # not ``aclosing``: a try/finally is two objects and two coroutines fewer per run
                 paced = not live.detach
                 cursors = live.cursors
                 async for data in frames:
                     live.publish(data)
                     if paced and cursors and live.base + len(live.frames) - min(cursors.values()) > PACE:
                         await live.pace()
+            finally:
+                await frames.aclose()  # type: ignore[attr-defined]
         except asyncio.CancelledError:
             status = "cancelled"
             live.publish(cancelled_frame(live))
