@@ -38,9 +38,11 @@ except ImportError:  # pragma: no cover - exercised only without orjson
 _OMITTING = "_omit_fields_without_value"  # the ag_ui models' wrap serializer
 _PLAIN = (str, int, bool)
 
-# Per model class: its fields as (attribute, JSON key, left out when None), or None when the
-# class must go through pydantic.
-_Plan = tuple[tuple[str, str, bool], ...] | None
+# Per model class: its fields as (attribute, JSON key, left out when None, default, the default's
+# JSON), or None when the class must go through pydantic. A value that *is* its field's default
+# (an event's ``type`` enum, always) is written as that JSON, found once per class.
+_Plan = tuple[tuple[str, str, bool, Any, Any], ...] | None
+_NO_DEFAULT = object()  # never a field's value: compared by identity
 
 
 class _Refused(Exception):
@@ -69,10 +71,6 @@ class FrameEncoder:
         return self._official.encode(event).encode()
 
     def _plan(self, cls: type[BaseModel]) -> _Plan:
-        try:
-            return self._plans[cls]
-        except KeyError:
-            pass
         decorators = cls.__pydantic_decorators__
         serializers = set(decorators.model_serializers)
         plan: _Plan = None
@@ -82,22 +80,27 @@ class FrameEncoder:
             if not any(f.exclude for f in fields.values()):
                 plan = tuple(
                     (name, f.serialization_alias or f.alias or name,
-                     omitting and not f.is_required() and f.default is None)
+                     omitting and not f.is_required() and f.default is None, *_default_json(f.default))
                     for name, f in fields.items())
         self._plans[cls] = plan
         return plan
 
     def _model(self, model: BaseModel) -> dict[str, Any]:
-        plan = self._plan(type(model))
+        try:
+            plan = self._plans[type(model)]
+        except KeyError:
+            plan = self._plan(type(model))
         if plan is None:
             raise _Refused
         attrs = model.__dict__
         out: dict[str, Any] = {}
-        for name, key, omit in plan:
+        for name, key, omit, default, default_json in plan:
             value = attrs[name]
             if value is None:
                 if not omit:
                     out[key] = None
+            elif value is default:
+                out[key] = default_json
             elif type(value) is str:
                 out[key] = value
             else:
@@ -112,8 +115,8 @@ class FrameEncoder:
         if value is None or type(value) in _PLAIN:
             return value
         if isinstance(value, enum.Enum):
-            if isinstance(value.value, str):
-                return value.value
+            if isinstance(value._value_, str):  # the member's own attribute: ``.value`` is a property
+                return value._value_
             raise _Refused
         if isinstance(value, BaseModel):
             return self._model(value)
@@ -127,3 +130,13 @@ class FrameEncoder:
                 out[key] = self._value(item)
             return out
         raise _Refused
+
+
+def _default_json(default: Any) -> tuple[Any, Any]:
+    """A field's default and its JSON, for the defaults this encoder writes as they are (a str, or
+    an enum whose value is a str); anything else never matches (`_NO_DEFAULT`)."""
+    if type(default) is str:
+        return default, default
+    if isinstance(default, enum.Enum) and isinstance(default._value_, str):
+        return default, default._value_
+    return _NO_DEFAULT, None

@@ -9,7 +9,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from starlette.requests import ClientDisconnect, Request
+from starlette.requests import Request
+from starlette.types import Receive
 
 from ..agent.store import check_session_bounds
 from ._errors import HTTPError
@@ -66,21 +67,13 @@ async def read_json(request: Request, limit: int, depth: int, seconds: float | N
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise HTTPError(413, "body_too_large", f"request body too large: limit is {limit} bytes")
-    chunks: list[bytes] = []
-    size = 0
     try:
         async with asyncio.timeout(seconds):
-            async for chunk in request.stream():
-                size += len(chunk)
-                if size > limit:
-                    raise HTTPError(413, "body_too_large", f"request body too large: limit is {limit} bytes")
-                chunks.append(chunk)
-    except ClientDisconnect:
-        raise HTTPError(400, "client_disconnected", "the client disconnected while sending the body") from None
+            body = await _body(request.receive, limit)
     except TimeoutError:
         raise HTTPError(408, "body_timeout", f"the body did not arrive within body_timeout={seconds} s") from None
     try:
-        data = json.loads(b"".join(chunks))
+        data = json.loads(body)
     except RecursionError:  # the parser's own guard, far past any sane depth
         raise _too_deep(depth) from None
     except ValueError as exc:
@@ -88,6 +81,26 @@ async def read_json(request: Request, limit: int, depth: int, seconds: float | N
     if _deeper_than(data, depth):
         raise _too_deep(depth)
     return data
+
+
+async def _body(receive: Receive, limit: int) -> bytes:
+    """The request's body from its ASGI messages (what Starlette's ``request.stream()`` reads,
+    without an async generator in between: most bodies are one message)."""
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        kind = message["type"]
+        if kind == "http.request":
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                raise HTTPError(413, "body_too_large", f"request body too large: limit is {limit} bytes")
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        elif kind == "http.disconnect":
+            raise HTTPError(400, "client_disconnected", "the client disconnected while sending the body")
 
 
 def check_shape(data: Any, key: str, limits: Limits) -> None:
@@ -116,14 +129,20 @@ def _too_deep(depth: int) -> HTTPError:
 
 def _deeper_than(value: Any, limit: int) -> bool:
     # Iterative: the point is to refuse what would make recursive code (validation, copies) blow up.
-    stack = [(value, 1)] if isinstance(value, dict | list) else []
+    # A plain loop over a tuple of types: a generator and a ``dict | list`` union made per container
+    # cost more than the walk itself (every request's body passes here).
+    stack = [(value, 1)] if isinstance(value, _CONTAINERS) else []
     while stack:
         item, depth = stack.pop()
-        children = item.values() if isinstance(item, dict) else item
         if depth > limit:
             return True
-        stack.extend((c, depth + 1) for c in children if isinstance(c, dict | list))
+        for child in item.values() if isinstance(item, dict) else item:
+            if isinstance(child, _CONTAINERS):
+                stack.append((child, depth + 1))
     return False
+
+
+_CONTAINERS = (dict, list)
 
 
 def _chars(value: Any) -> int:

@@ -125,6 +125,10 @@ class RunLog(ABC):
     come (otherwise once, when the run ends; this process's clients follow the run itself)."""
     lease: float = 10.0
     """Seconds an owner's lease lasts without renewal (shared logs; renewed every lease / 3)."""
+    instant: bool = False
+    """Its ``append`` and ``end`` never wait (the log is this process's memory): a run's end is
+    written at once, with nothing to shield from a cancellation. A subclass whose writes wait
+    must set it False."""
 
     @abstractmethod
     async def create(self, record: RunRecord) -> bool:
@@ -194,6 +198,8 @@ class InMemoryRunLog(RunLog):
     object, ``retention`` seconds — within ``max_runs`` ended runs and ``max_bytes`` of their
     frames, the oldest forgotten first, so a busy server's memory stays bounded; a run keeps its
     last ``max_events`` frames."""
+
+    instant = True
 
     def __init__(self, *, retention: float = 300.0, max_events: int = 100_000, max_runs: int = 10_000,
                  max_bytes: int = 64 * 1024 * 1024) -> None:

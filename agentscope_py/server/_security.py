@@ -13,9 +13,10 @@ responses stream through untouched):
 from __future__ import annotations
 
 import fnmatch
+import functools
 import hmac
 import ipaddress
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 
 from starlette.datastructures import MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -28,11 +29,19 @@ PAGE_CSP = ("default-src 'self'; script-src 'unsafe-inline'; style-src 'unsafe-i
             "connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'none'")
 _API_CSP = "default-src 'none'; frame-ancestors 'none'"
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
+_RID = REQUEST_ID_HEADER.encode("latin-1")
+_FIXED = ((b"x-content-type-options", b"nosniff"), (b"x-frame-options", b"DENY"), (b"referrer-policy", b"no-referrer"))
+_PAGE = (*_FIXED, (b"content-security-policy", PAGE_CSP.encode("latin-1")))
+_API = (*_FIXED, (b"content-security-policy", _API_CSP.encode("latin-1")))
+_ADDED = frozenset({_RID, *(k for k, _ in _PAGE)})
+"""The response headers every answer gets (raw, as `MutableHeaders` would append them)."""
 JSON_TYPES = ("application/json",)
 """Body types accepted for POST; ``application/<anything>+json`` (e.g. AG-UI's vendor types) too."""
 
 
+@functools.lru_cache(maxsize=256)
 def is_loopback(host: str) -> bool:
+    # Cached: every request asks it of the address the server listens on.
     try:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
@@ -67,15 +76,21 @@ class Guard:
         scope.setdefault("state", {})["request_id"] = rid
         page = scope["path"] == "/"
 
-        async def send_with_headers(message: Message) -> None:
+        def send_with_headers(message: Message) -> Awaitable[None]:
+            # A plain function handing back ``send``'s awaitable: a streamed response sends every
+            # frame through here, and an ``async def`` would be one coroutine more per frame.
             if message["type"] == "http.response.start":
-                headers = MutableHeaders(scope=message)
-                headers[REQUEST_ID_HEADER] = rid
-                headers.setdefault("x-content-type-options", "nosniff")
-                headers.setdefault("x-frame-options", "DENY")
-                headers.setdefault("referrer-policy", "no-referrer")
-                headers.setdefault("content-security-policy", PAGE_CSP if page else _API_CSP)
-            await send(message)
+                raw = message.get("headers", ())
+                if any(k in _ADDED for k, _ in raw):  # some are set already: keep them (or replace the id)
+                    headers = MutableHeaders(scope=message)
+                    headers[REQUEST_ID_HEADER] = rid
+                    headers.setdefault("x-content-type-options", "nosniff")
+                    headers.setdefault("x-frame-options", "DENY")
+                    headers.setdefault("referrer-policy", "no-referrer")
+                    headers.setdefault("content-security-policy", PAGE_CSP if page else _API_CSP)
+                else:  # the common case: what those five calls append, at once
+                    message["headers"] = [*raw, (_RID, rid.encode("latin-1")), *(_PAGE if page else _API)]
+            return send(message)
 
         error = self._check(scope)
         if error is not None:
@@ -85,7 +100,7 @@ class Guard:
         await self.app(scope, receive, send_with_headers)
 
     def _check(self, scope: Scope) -> HTTPError | None:
-        headers = {k: v for k, v in scope["headers"]}  # later duplicates win; only single-valued ones are read
+        headers = dict(scope["headers"])  # later duplicates win; only single-valued ones are read
         host = headers.get(b"host", b"").decode("latin-1").lower()
         if not self._host_allowed(scope, host):
             return HTTPError(400, "invalid_host", "the Host header is not one this server answers to")

@@ -37,9 +37,9 @@ from ._frames import agui_frames, cancelled_agui, cancelled_native, native_frame
 from ._identity import USER_HEADER, Authenticate, Identity
 from ._ledger import Emitted, Ledger
 from ._limits import Limits, check_shape, read_json
-from ._requests import InterruptRequest, RunRequest
+from ._requests import InterruptRequest, RunRequest, detach_of, parse_after
 from ._runlog import InMemoryRunLog, RunLog, RunRecord
-from ._runs import Runner, Runs, detach_of, parse_after
+from ._runs import Runner, Runs
 from ._security import Guard
 from .agui import AguiInputError, AguiMapper, SystemPolicy, confirm_results, select_new_messages, to_msgs
 from .sse import SSEResponse

@@ -15,6 +15,7 @@ import logging
 import types
 import typing
 from collections.abc import AsyncIterator, Callable, Mapping
+from functools import partial
 from typing import Any
 
 import pydantic_core
@@ -44,6 +45,7 @@ SSE_HEADERS: dict[str, str] = {
     "cache-control": "no-cache",
     "x-accel-buffering": "no",  # nginx: do not buffer the stream
 }
+_SSE_RAW = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in SSE_HEADERS.items()]
 BUFFER = 16
 """Frames the producer may run ahead of the client: a small constant, so a slow reader pauses the
 agent (and, through its bounded prefetch, the model request) instead of growing memory."""
@@ -260,26 +262,41 @@ class SSEResponse(Response):
         self.direct = direct
         self.status_code = 200
         self.background = None
-        self.init_headers({**SSE_HEADERS, **(headers or {})})
+        if headers is None or not any(k in SSE_HEADERS for k in headers):
+            # What ``init_headers`` makes of these, with the constant part encoded once.
+            self.raw_headers = [*_SSE_RAW, *((k.lower().encode("latin-1"), v.encode("latin-1"))
+                                             for k, v in (headers or {}).items())]
+        else:
+            self.init_headers({**SSE_HEADERS, **headers})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+        # The body is written by a task of its own (each frame resumes only that short chain of
+        # coroutines, not the whole ASGI stack's), a second task watches for the disconnect and
+        # a timer for a stall; whichever ends first resolves ``ended``. Not `asyncio.wait` over
+        # three tasks: per request that was a task, a wait and a wider gather more.
         loop = asyncio.get_running_loop()
         self._sent = 0
         self._sending = False
+        ended: asyncio.Future[None] = loop.create_future()
         pump = loop.create_task(self._pump(send))
         watch = loop.create_task(_disconnected(receive))
-        tasks = {pump, watch}
+        pump.add_done_callback(partial(_end, ended))
+        watch.add_done_callback(partial(_end, ended))
+        stall = None
         if self.stall_timeout is not None and self.stall_timeout > 0:
-            tasks.add(loop.create_task(self._stalled(self.stall_timeout)))
+            stall = _StallWatch(loop, self, self.stall_timeout, ended)
         try:
-            await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            await ended
         finally:
-            for task in tasks:
+            if stall is not None:
+                stall.cancel()
+            for task in (pump, watch):
                 if not task.done():
                     task.cancel()
+            # Shielded: an ASGI server that cancels us repeatedly must not cut the run's cleanup short.
             with contextlib.suppress(asyncio.CancelledError):
-                await asyncio.shield(asyncio.gather(*tasks, return_exceptions=True))
+                await asyncio.shield(asyncio.gather(pump, watch, return_exceptions=True))
         if not pump.cancelled() and (exc := pump.exception()) is not None and not isinstance(exc, OSError):
             log.error("SSE stream failed", exc_info=exc)
 
@@ -292,26 +309,49 @@ class SSEResponse(Response):
                                                                   coalesce=True)
         async with contextlib.aclosing(frames):  # type: ignore[type-var]
             async for frame in frames:
-                # Two stores per frame instead of a timer per send: `_stalled` reads them.
+                # Two stores per frame instead of a timer per send: `_StallWatch` reads them.
                 self._sending = True
                 await send({"type": "http.response.body", "body": frame, "more_body": True})
                 self._sending = False
                 self._sent += 1
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
-    async def _stalled(self, seconds: float) -> None:
-        """Returns (which drops the client, as a disconnect does) once one ``send`` has waited
-        ``seconds``: the client's socket buffers are full and it is not reading."""
-        step = seconds / 4
-        waited, last = 0.0, -1
-        while waited < seconds:
-            await asyncio.sleep(step)
-            if self._sending and self._sent == last:
-                waited += step
-            else:
-                waited, last = 0.0, self._sent
-        # Returning without finishing the response makes the server close the connection.
-        log.warning("dropped a client that took nothing for %s s", seconds)
+
+def _end(ended: asyncio.Future[None], task: asyncio.Task[None]) -> None:
+    if not ended.done():
+        ended.set_result(None)
+
+
+class _StallWatch:
+    """Drops the client (resolves ``ended``) once one ``send`` has waited ``seconds``: its socket
+    buffers are full and it is not reading. A timer every ``seconds / 4`` reading the response's
+    two counters, not a timer per send nor a task of its own."""
+
+    __slots__ = ("ended", "handle", "last", "loop", "response", "seconds", "step", "waited")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, response: SSEResponse, seconds: float,
+                 ended: asyncio.Future[None]) -> None:
+        self.loop, self.response, self.seconds, self.ended = loop, response, seconds, ended
+        self.step = seconds / 4
+        self.waited, self.last = 0.0, -1
+        self.handle = loop.call_later(self.step, self._check)
+
+    def _check(self) -> None:
+        response = self.response
+        if response._sending and response._sent == self.last:
+            self.waited += self.step
+        else:
+            self.waited, self.last = 0.0, response._sent
+        if self.waited >= self.seconds:
+            # Not finishing the response makes the server close the connection.
+            log.warning("dropped a client that took nothing for %s s", self.seconds)
+            if not self.ended.done():
+                self.ended.set_result(None)
+            return
+        self.handle = self.loop.call_later(self.step, self._check)
+
+    def cancel(self) -> None:
+        self.handle.cancel()
 
 
 async def _disconnected(receive: Receive) -> None:

@@ -7,6 +7,7 @@ import json
 import socket
 import time
 from collections.abc import Callable
+from typing import Any
 
 import httpx
 import pytest
@@ -236,3 +237,32 @@ def test_a_request_waiting_unread_while_the_server_is_busy_is_not_cut_off(live: 
         time.sleep(0.05)
         wake.close()
         trigger.close()
+
+
+async def test_the_guard_adds_each_security_header_once_and_keeps_those_a_response_set() -> None:
+    from agentscope_py.server._security import Guard
+
+    async def answer(headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+        sent: list[Any] = []
+
+        async def app(scope: Any, receive: Any, send: Any) -> None:
+            await send({"type": "http.response.start", "status": 200, "headers": list(headers)})
+
+        async def send(message: Any) -> None:
+            sent.append(message)
+
+        scope = {"type": "http", "method": "GET", "path": "/agui", "headers": [(b"host", b"127.0.0.1")],
+                 "server": ("127.0.0.1", 8000)}
+        await Guard(app, token=None, allowed_hosts=None, allowed_origins=[])(scope, None, send)  # type: ignore[arg-type]
+        return list(sent[0]["headers"])
+
+    plain = await answer([(b"content-type", b"text/plain")])
+    names = [k for k, _ in plain]
+    assert names[0] == b"content-type"
+    for name in (b"x-request-id", b"x-content-type-options", b"x-frame-options", b"referrer-policy",
+                 b"content-security-policy"):
+        assert names.count(name) == 1, name
+    assert dict(plain)[b"x-frame-options"] == b"DENY"
+    own = dict(await answer([(b"x-frame-options", b"SAMEORIGIN"), (b"x-request-id", b"mine")]))
+    assert own[b"x-frame-options"] == b"SAMEORIGIN"  # a response's own choice stays
+    assert own[b"x-request-id"] != b"mine" and own[b"x-request-id"].startswith(b"req_")  # the id is always ours
