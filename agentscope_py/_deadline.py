@@ -146,7 +146,7 @@ class DeadlineTimer:
     starts; `first_arrived` at its first chunk (model calls); `stop` when it ends, before anything
     else is awaited."""
 
-    __slots__ = ("clock", "expired", "first_event", "started", "task", "total", "waiting_first")
+    __slots__ = ("cancelled", "clock", "expired", "first_event", "started", "task", "total", "waiting_first")
 
     def __init__(self, total: float | None, first_event: float | None = None) -> None:
         # (Made per timed call: the common cases inlined — the last loop's clock, a deadline that
@@ -154,7 +154,11 @@ class DeadlineTimer:
         loop = _running_loop()
         task = _current_task(loop)
         assert task is not None
-        self.task = task
+        # The task the deadline cancels when it passes: the call's own. A model call read by its
+        # consumer's task sets it only while it reads and None otherwise (`agent._model_call`):
+        # a deadline passing then only marks the call (``expired``).
+        self.task: asyncio.Task[Any] | None = task
+        self.cancelled: asyncio.Task[Any] | None = None  # the task it cancelled, until taken back
         self.total, self.first_event = total, first_event
         self.expired = False
         clock = _last
@@ -178,7 +182,10 @@ class DeadlineTimer:
 
     def fire(self) -> None:
         self.expired = True
-        self.task.cancel()
+        task = self.task
+        if task is not None:
+            self.cancelled = task
+            task.cancel()
 
     def first_arrived(self) -> None:
         if not self.waiting_first:
@@ -203,5 +210,7 @@ class DeadlineTimer:
         if not self.expired:
             return False
         self.expired = False
-        self.task.uncancel()
+        task, self.cancelled = self.cancelled, None
+        if task is not None:
+            task.uncancel()
         return True
