@@ -146,7 +146,7 @@ class DeadlineTimer:
     starts; `first_arrived` at its first chunk (model calls); `stop` when it ends, before anything
     else is awaited."""
 
-    __slots__ = ("cancelled", "clock", "expired", "first_event", "started", "task", "total", "waiting_first")
+    __slots__ = ("clock", "expired", "first_event", "started", "task", "total", "waiting_first")
 
     def __init__(self, total: float | None, first_event: float | None = None) -> None:
         # (Made per timed call: the common cases inlined — the last loop's clock, a deadline that
@@ -154,11 +154,7 @@ class DeadlineTimer:
         loop = _running_loop()
         task = _current_task(loop)
         assert task is not None
-        # The task the deadline cancels when it passes: the call's own. A model call read by its
-        # consumer's task sets it only while it reads and None otherwise (`agent._model_call`):
-        # a deadline passing then only marks the call (``expired``).
-        self.task: asyncio.Task[Any] | None = task
-        self.cancelled: asyncio.Task[Any] | None = None  # the task it cancelled, until taken back
+        self.task = task
         self.total, self.first_event = total, first_event
         self.expired = False
         clock = _last
@@ -182,10 +178,7 @@ class DeadlineTimer:
 
     def fire(self) -> None:
         self.expired = True
-        task = self.task
-        if task is not None:
-            self.cancelled = task
-            task.cancel()
+        self.task.cancel()
 
     def first_arrived(self) -> None:
         if not self.waiting_first:
@@ -210,7 +203,5 @@ class DeadlineTimer:
         if not self.expired:
             return False
         self.expired = False
-        task, self.cancelled = self.cancelled, None
-        if task is not None:
-            task.uncancel()
+        self.task.uncancel()
         return True

@@ -385,11 +385,9 @@ def prefetched(
     push: bool = False,
     *,
     deferred: bool = False,
-    steps: bool = False,
 ) -> EventStream[Any]:
     """`EventStream.prefetch` of what ``source()`` returns (internal: no stream in between); see
-    `_stream.concurrent.Prefetch` for ``push`` (a producer that fills the channel itself),
-    ``deferred`` (items the drain makes from ``(make, value)`` pairs in the consumer's task) and
-    ``steps`` (a producer stepped by its consumer while it keeps up)."""
+    `_stream.concurrent.Prefetch` for ``push`` (a producer that fills the channel itself) and
+    ``deferred`` (items the drain makes from ``(make, value)`` pairs in the consumer's task)."""
     ctx = context if context is not None else contextvars.copy_context()
-    return EventStream(Prefetch(source, size, ctx, push, deferred, steps))
+    return EventStream(Prefetch(source, size, ctx, push, deferred))

@@ -15,13 +15,12 @@ the code inside it and never leaks out into the consumer. Two granularities, one
 from __future__ import annotations
 
 import contextvars
-import types
 from collections.abc import AsyncIterator, Callable, Coroutine, Generator
 from typing import Any
 
 from .operators import Maps, MapSource, Recovery, apply_maps
 
-__all__ = ["InContext", "step_in", "stepped"]
+__all__ = ["InContext", "stepped"]
 
 
 class InContext(MapSource):
@@ -65,28 +64,33 @@ class _Stepped:
     def __aiter__(self) -> _Stepped:
         return self
 
-    def __anext__(self) -> Any:  # (an awaitable: `step_in`)
-        return step_in(self._ctx, self._ctx.run(self._it.__anext__))
+    def __anext__(self) -> _Step:
+        return _Step(self._ctx, self._ctx.run(self._it.__anext__))
 
-    def aclose(self) -> Any:
-        return step_in(self._ctx, self._ctx.run(self._it.aclose))
+    def aclose(self) -> _Step:
+        return _Step(self._ctx, self._ctx.run(self._it.aclose))
 
 
-@types.coroutine
-def step_in(ctx: contextvars.Context, coro: Coroutine[Any, Any, Any]) -> Generator[Any, Any, Any]:
-    """Await ``coro`` with each of its sends and throws run inside ``ctx``: what a Task made with
-    ``context=ctx`` does for its coroutine, without a task (`stepped`'s steps, and a stepped
-    prefetch's reads in its consumer's task, `concurrent`). A generator-based coroutine: one
-    frame per resumption, no object of its own."""
-    value: Any = None
-    error: BaseException | None = None
-    while True:
-        try:
-            step = ctx.run(coro.send, value) if error is None else ctx.run(coro.throw, error)
-        except StopIteration as stop:
-            return stop.value
-        try:
-            value = yield step
-            error = None
-        except BaseException as exc:
-            error = exc
+class _Step:
+    """One awaited step of a coroutine, each of whose sends and throws runs inside ``ctx``."""
+
+    __slots__ = ("_coro", "_ctx")
+
+    def __init__(self, ctx: contextvars.Context, coro: Coroutine[Any, Any, Any]) -> None:
+        self._ctx = ctx
+        self._coro = coro
+
+    def __await__(self) -> Generator[Any, Any, Any]:
+        ctx, coro = self._ctx, self._coro
+        value: Any = None
+        error: BaseException | None = None
+        while True:
+            try:
+                step = ctx.run(coro.send, value) if error is None else ctx.run(coro.throw, error)
+            except StopIteration as stop:
+                return stop.value
+            try:
+                value = yield step
+                error = None
+            except BaseException as exc:
+                error = exc

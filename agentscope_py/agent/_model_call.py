@@ -1,11 +1,8 @@
-"""The innermost model call: chunks into events.
+"""The innermost model call: chunks into events, in the model call's own task.
 
-`model_call_stream` is the model call as a stream: a stepped prefetch whose producer,
-`ModelEvents`, streams the model (retrying and failing over before the first chunk) and puts
-ModelCallStart, the block Start/Delta/End events and ModelCallEnd into the prefetch buffer, a
-chunk per step. The steps run in the consumer's task while it waits for the next event (the
-common case: no task hop per token), and in a task of their own once the consumer has been away
-for a loop turn (`_stream.concurrent.Prefetch`, ``steps``).
+`model_call_stream` is the model call as a stream: a prefetch whose producer, `model_events`,
+streams the model (retrying and failing over before the first chunk) and puts ModelCallStart,
+the block Start/Delta/End events and ModelCallEnd into the prefetch buffer, in a task of its own.
 
 Text and thinking deltas cross that buffer as the chunk's ``str`` with the block's delta maker,
 ``(make, text)``, not as events: a consumer slower than the model (a loaded server) then buffers
@@ -18,7 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Callable, Sequence
+import random
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 from .._deadline import Deadline, DeadlineTimer
@@ -40,18 +38,83 @@ from ..events import (
     ToolCallStart,
 )
 from ..message import ChatUsage, new_id
-from ..model.base import ChatChunk, ChatModel, ModelRequest
+from ..model.base import ChatChunk, ChatModel, ModelError, ModelRequest
 from ..stream import Channel, EventStream, prefetched
 from ._brackets import describe
-from ._model_retry import FailoverListener, RetryPolicy, close_quietly, recover
 from ._session import RunControl
 
-__all__ = ["FailoverListener", "ModelEvents", "ModelExecutor", "RetryPolicy", "model_call_stream"]
+__all__ = ["FailoverListener", "ModelExecutor", "RetryPolicy", "model_call_stream", "model_events"]
 
+FailoverListener = Callable[[ChatModel, BaseException, ChatModel], Any]
 ModelExecutor = Callable[
     [Sequence[ChatModel], ModelRequest, str, RunControl, Deadline | None], EventStream[AgentEvent]]
 """What runs a model call instead of `model_call_stream` (``models``, the request, the reply id,
 the run's control, the deadline): `AgentRuntime.model_executor`."""
+
+
+class RetryPolicy:
+    """Retries of retryable errors that happen before the first chunk: exponential backoff with
+    full jitter, honouring the provider's retry-after."""
+
+    __slots__ = ("base_delay", "max_delay", "max_retries")
+
+    def __init__(self, max_retries: int = 0, base_delay: float = 0.5, max_delay: float = 20.0) -> None:
+        self.max_retries = max_retries
+        self.base_delay = base_delay
+        self.max_delay = max_delay
+
+    def delay(self, attempt: int, error: BaseException) -> float:
+        hint = getattr(error, "retry_after", None)
+        if isinstance(hint, int | float) and hint >= 0:
+            return min(float(hint), self.max_delay)
+        return random.uniform(0, min(self.max_delay, self.base_delay * (2**attempt)))
+
+
+def _retryable(error: BaseException) -> bool:
+    return isinstance(error, ModelError) and error.retryable
+
+
+async def _recover(
+    models: Sequence[ChatModel],
+    request: ModelRequest,
+    policy: RetryPolicy,
+    on_failover: FailoverListener | None,
+    error: Exception,
+) -> tuple[ChatModel, AsyncIterator[ChatChunk], ChatChunk | None]:
+    """The first attempt (``models[0]``) failed with ``error``: retry retryable errors as the
+    policy says, then fail over to the next model, until one produces a chunk (or ends cleanly)."""
+    i, attempt = 0, 0
+    while True:
+        if _retryable(error) and attempt < policy.max_retries:
+            await asyncio.sleep(policy.delay(attempt, error))
+            attempt += 1
+        elif i + 1 < len(models):
+            if on_failover is not None:
+                on_failover(models[i], error, models[i + 1])
+            i, attempt = i + 1, 0
+        else:
+            raise error
+        model = models[i]
+        it: AsyncIterator[ChatChunk] | None = None
+        try:
+            it = model.stream(request).__aiter__()
+            return model, it, await it.__anext__()
+        except StopAsyncIteration:
+            assert it is not None
+            return model, it, None
+        except Exception as exc:
+            if it is not None:
+                await _close(it)
+            error = exc
+
+
+async def _close(it: Any) -> None:
+    close = getattr(it, "aclose", None)
+    if close is not None:
+        try:  # noqa: SIM105 - cheaper than contextlib.suppress, once per model call
+            await close()
+        except Exception:
+            pass
 
 
 def model_call_stream(
@@ -63,268 +126,189 @@ def model_call_stream(
     control: RunControl | None,
     deadline: Deadline | None = None,
 ) -> EventStream[AgentEvent]:
-    """The events of one model call (``models[0]``, then its fallbacks), its producer stepped in
-    the context current *now* (so a span opened around the innermost ``next()`` parents the model
-    call) at each subscription. See `ModelEvents`."""
+    """The events of one model call (``models[0]``, then its fallbacks), produced in a task of
+    their own that starts at each subscription, in the context current *now* (so a span opened
+    around the innermost ``next()`` parents the model call). See `model_events`."""
     # A partial, not a lambda: no closure cells for the call to keep alive.
-    source = functools.partial(ModelEvents, models, request, reply_id, policy, on_failover, control, deadline)
-    return prefetched(source, deferred=True, steps=True)
+    source = functools.partial(model_events, models, request, reply_id, policy, on_failover, control, deadline)
+    return prefetched(source, push=True, deferred=True)
 
 
-_current_task = asyncio.current_task
+async def model_events(
+    models: Sequence[ChatModel],
+    request: ModelRequest,
+    reply_id: str,
+    policy: RetryPolicy,
+    on_failover: FailoverListener | None,
+    control: RunControl | None,
+    deadline: Deadline | None,
+    out: Channel,
+) -> None:
+    """Put the block events of one model call into ``out`` (the model call's prefetch buffer: this
+    runs as the prefetch's producer, in the model call's own task). Nothing is emitted until the
+    first chunk arrives, so a failure before it can be retried or failed over (here, or by a
+    middleware) cleanly.
 
+    A text or thinking delta is emitted as the chunk's ``str`` with its block's maker (a deferred
+    item, ``(make, text)``); on the consumer's side of the prefetch, ``make(text)`` makes its
+    event. A consumer slower than the model (a loaded server) then buffers strings, not events,
+    and each event lives only from its making to its use. The events of one chunk go in
+    together; then, if the buffer is full, this waits for room.
 
-class ModelEvents:
-    """One model call's events into ``out`` (its prefetch buffer), a chunk per `step`: the one
-    implementation of the model call's semantics, whichever task steps it (`model_call_stream`).
+    With ``control`` (the run's interrupt switch), the task running this is registered for the
+    call's lifetime, so an interrupt cancels it, and that cancellation surfaces as
+    `AgentInterrupted`.
 
-    Nothing is emitted until the first chunk arrives, so a failure before it can be retried or
-    failed over (here, `_recover`, or by a middleware) cleanly. A text or thinking delta is put
-    as the chunk's ``str`` with its block's maker (a deferred item, ``(make, text)``); on the
-    consumer's side of the prefetch, ``make(text)`` makes its event. A consumer slower than the
-    model (a loaded server) then buffers strings, not events, and each event lives only from its
-    making to its use. The events of one chunk go in together. A failure after the first chunk
-    ends this call's open blocks and puts ModelCallEnd saying why before it goes out (the closing
-    guarantee, `_brackets`).
-
-    **Where a cancellation may land: only inside a step's read** (the wait for room, the
-    provider's next chunk). The task reading — the consumer's, or the prefetch's own — is the one
-    the run's interrupt (``control``) and the ``deadline`` cancel, and only while it reads:
-
-    * it is registered with ``control`` for the read; an interrupt cancels it there, this takes
-      the cancellation back (``uncancel``, as ``asyncio.timeout`` does) and the call fails with
-      `AgentInterrupted`. An interrupt while nobody reads (the consumer busy with an event) only
-      marks the control, and the next step fails the call;
-    * the deadline's timer (`DeadlineTimer`) is pointed at it for the read, likewise: cancelled
-      there and taken back, `ModelTimeoutError`; passed while nobody reads, it marks the call,
-      and the next step fails it. A call that has ended (its last event put) never fails;
-    * any other cancellation of the reading task (the consumer's own) is not taken back: the
-      provider's stream closes and the cancellation goes on."""
-
-    __slots__ = (
-        "calls", "control", "finish", "it", "model", "models", "on_failover", "opened", "out", "policy",
-        "reply_id", "request", "signature", "started", "text_carry", "text_id", "text_make", "thinking_carry",
-        "thinking_id", "thinking_make", "timer", "usage",
-    )
-
-    def __init__(
-        self, models: Sequence[ChatModel], request: ModelRequest, reply_id: str, policy: RetryPolicy,
-        on_failover: FailoverListener | None, control: RunControl | None, deadline: Deadline | None, out: Channel,
-    ) -> None:
-        self.models, self.request, self.reply_id = models, request, reply_id
-        self.policy, self.on_failover, self.control, self.out = policy, on_failover, control, out
-        self.model = models[0]
-        self.timer: DeadlineTimer | None = None
-        if deadline is not None:
-            self.timer = DeadlineTimer(deadline.total, deadline.first_event)
-            self.timer.task = None  # pointed at the reading task only while it reads
-        self.it: Any = None
-        self.opened = False  # the first read done
-        self.started = False  # ModelCallStart put
-        self.text_id: str | None = None
-        self.thinking_id: str | None = None
-        # The open blocks' delta makers: a delta crosses as (make, text), made on the consumer's side.
-        self.text_make: Callable[[str], TextBlockDelta] | None = None
-        self.thinking_make: Callable[[str], ThinkingBlockDelta] | None = None
-        self.signature: str | None = None
-        # Text crosses as it came, except that a surrogate pair a provider split across two chunks
-        # is joined and a lone half replaced (`_sanitize`): non-ASCII text only, a carry per kind.
-        self.text_carry: SurrogateCarry | None = None
-        self.thinking_carry: SurrogateCarry | None = None
-        # index -> (id, name, delta maker), the open tool calls in order
-        self.calls: dict[int, tuple[str, str, Callable[[str], ToolCallDelta]]] = {}
-        self.usage: ChatUsage | None = None
-        self.finish: str | None = None
-
-    async def step(self) -> bool:
-        """Read the next chunk and put its events; False once the call has ended (its last event
-        put, the provider's stream closed). A failure puts the closing events and raises."""
-        out, control, timer = self.out, self.control, self.timer
-        try:
-            if control is not None and control.interrupted:  # (marked while nobody read)
-                raise AgentInterrupted("the model call was interrupted" if self.opened else "the run was interrupted")
-            if timer is not None and timer.expired:  # likewise
-                raise timer.error(self.model)
-            # The read: the only place this call's interrupt or deadline cancels (see the class).
-            task = _current_task()
-            assert task is not None
-            tasks = None if control is None or task in control.tasks else control.tasks
-            if tasks is not None:
-                tasks.add(task)
-            if timer is not None:
-                timer.task = task
-            entry = task.cancelling()
-            caught: BaseException | None = None
-            chunk: ChatChunk | None = None
-            try:
-                if len(out.items) >= out.size:  # (only a task ahead of its consumer finds it full)
-                    await out.room()
-                if self.opened:
-                    chunk = await self.it.__anext__()
-                else:
-                    chunk = await self._open()
-            except StopAsyncIteration:
-                chunk = None
-            except BaseException as exc:
-                caught = exc
-            ours = 0
-            if tasks is not None:
-                tasks.discard(task)
-                if control is not None and control.interrupted:  # it cancelled this task, once
-                    ours = 1
-            if timer is not None:
-                timer.task = None
-                if timer.cancelled is task:
-                    timer.cancelled = None
-                    ours += 1
-            if ours:
-                left = entry
-                for _ in range(ours):
-                    left = task.uncancel()
-                if left <= entry and (caught is None or isinstance(caught, asyncio.CancelledError)):
-                    if control is not None and control.interrupted:
-                        caught = AgentInterrupted("the model call was interrupted")
-                    else:
-                        assert timer is not None
-                        caught = timer.error(self.model)
-            if caught is not None:
-                raise caught
-            put = out.items.append
-            if not self.started:
-                if timer is not None:
-                    timer.first_arrived()
-                put(ModelCallStart(reply_id=self.reply_id, model=self.model.name))
-                self.started = True
-            if chunk is None:
-                self._end(put)
-            else:  # the chunk's events
-                reply_id = self.reply_id
-                thinking = chunk.thinking
-                if thinking:
-                    if self.thinking_id is None:
-                        if self.text_id is not None:
-                            _end_text(put, reply_id, self.text_id, self.text_carry, self.text_make)
-                            self.text_id = None
-                        self.thinking_id = block_id = new_id("blk_")
-                        self.thinking_make = fast_delta(ThinkingBlockDelta, reply_id=reply_id, block_id=block_id)
-                        put(ThinkingBlockStart(reply_id=reply_id, block_id=block_id))
-                    if not thinking.isascii():
-                        self.thinking_carry = self.thinking_carry or SurrogateCarry()
-                        thinking = self.thinking_carry.feed(thinking)
-                    if thinking:
-                        put((self.thinking_make, thinking))  # its event is made on the consumer's side
-                if chunk.thinking_signature:
-                    self.signature = (self.signature or "") + chunk.thinking_signature
-                text = chunk.text
-                if text:
-                    if self.text_id is None:
-                        if self.thinking_id is not None:
-                            self._end_thinking(put)
-                        self.text_id = block_id = new_id("blk_")
-                        self.text_make = fast_delta(TextBlockDelta, reply_id=reply_id, block_id=block_id)
-                        put(TextBlockStart(reply_id=reply_id, block_id=block_id))
-                    if not text.isascii():
-                        self.text_carry = self.text_carry or SurrogateCarry()
-                        text = self.text_carry.feed(text)
-                    if text:
-                        put((self.text_make, text))  # the same
-                tc = chunk.tool_call
-                if tc is not None:
-                    if self.thinking_id is not None:
-                        self._end_thinking(put)
-                    if self.text_id is not None:
-                        _end_text(put, reply_id, self.text_id, self.text_carry, self.text_make)
-                        self.text_id = None
-                    calls = self.calls
-                    known = calls.get(tc.index)
-                    if known is None or (tc.id is not None and tc.id != known[0]):
-                        if known is not None:  # a provider reusing an index for a new call
-                            put(ToolCallEnd(reply_id=reply_id, tool_call_id=known[0], tool_name=known[1]))
-                        call_id, name = tc.id or new_id("call_"), tc.name or ""
-                        known = calls[tc.index] = (call_id, name, fast_delta(
-                            ToolCallDelta, reply_id=reply_id, tool_call_id=call_id, tool_name=name))
-                        put(ToolCallStart(reply_id=reply_id, tool_call_id=call_id, tool_name=name))
-                    if tc.arguments:
-                        put(known[2](clean(tc.arguments)))
-                if chunk.usage is not None:
-                    self.usage = chunk.usage  # providers report cumulative usage: the last one wins
-                if chunk.finish_reason is not None:
-                    self.finish = chunk.finish_reason
-                if out.waiter is not None and out.items:  # (a chunk with usage only adds nothing)
-                    out.wake()
-                return True
-        except BaseException as exc:
-            self._failed(exc)
-            await self._release()
-            raise
-        await self._release()
-        return False
-
-    async def _open(self) -> ChatChunk | None:
-        """The first chunk: ``models[0]``'s, or after retries and fallbacks (`_recover`)."""
-        self.opened = True
+    With a ``deadline`` (`_deadline`), a timer in this task keeps it: when it passes, the task is
+    cancelled (the provider's stream closes) and the call fails with `ModelTimeoutError`."""
+    task = _register(control)
+    timer = None if deadline is None else DeadlineTimer(deadline.total, deadline.first_event)
+    model = models[0]
+    try:
+        if control is not None:
+            control.check()
         it: Any = None
         try:
-            it = self.it = self.model.stream(self.request).__aiter__()
-            return await it.__anext__()  # type: ignore[no-any-return]
+            it = model.stream(request).__aiter__()
+            chunk: ChatChunk | None = await it.__anext__()
         except StopAsyncIteration:
-            return None
+            chunk = None
         except Exception as exc:  # retries and fallback live off the common path
             if it is not None:
-                self.it = None
-                await close_quietly(it)
-            self.model, self.it, chunk = await recover(self.models, self.request, self.policy, self.on_failover, exc)
-            return chunk
-
-    def _end_thinking(self, put: Callable[[Any], None]) -> None:
-        assert self.thinking_id is not None
-        if self.thinking_carry is not None and self.thinking_carry.held:
-            put((self.thinking_make, self.thinking_carry.flush()))
-        put(ThinkingBlockEnd(reply_id=self.reply_id, block_id=self.thinking_id, signature=self.signature))
-        self.thinking_id, self.signature = None, None
-
-    def _end(self, put: Callable[[Any], None]) -> None:
-        """The provider's stream ended: the open blocks' ends, then ModelCallEnd."""
-        reply_id = self.reply_id
-        if self.thinking_id is not None:
-            self._end_thinking(put)
-        if self.text_id is not None:
-            _end_text(put, reply_id, self.text_id, self.text_carry, self.text_make)
-            self.text_id = None
-        for call_id, name, _ in self.calls.values():
+                await _close(it)
+            model, it, chunk = await _recover(models, request, policy, on_failover, exc)
+    except asyncio.CancelledError:
+        _unregister(control, task)
+        timed_out = timer is not None and timer.stop()
+        if control is not None and control.interrupted:
+            raise AgentInterrupted("the model call was interrupted") from None
+        if timed_out and timer is not None:
+            raise timer.error(model) from None
+        raise
+    except BaseException:
+        _unregister(control, task)
+        if timer is not None:
+            timer.stop()
+        raise
+    if timer is not None:
+        timer.first_arrived()
+    items, size = out.items, out.size
+    put = items.append
+    text_id: str | None = None
+    thinking_id: str | None = None
+    # The open blocks' delta makers: a delta crosses as (make, text), made on the consumer's side.
+    text_make: Callable[[str], TextBlockDelta] | None = None
+    thinking_make: Callable[[str], ThinkingBlockDelta] | None = None
+    signature: str | None = None
+    # Text crosses as it came, except that a surrogate pair a provider split across two chunks is
+    # joined and a lone half replaced (`_sanitize`): non-ASCII text only, through a carry per kind.
+    text_carry: SurrogateCarry | None = None
+    thinking_carry: SurrogateCarry | None = None
+    # index -> (id, name, delta maker), the open tool calls in order
+    calls: dict[int, tuple[str, str, Callable[[str], ToolCallDelta]]] = {}
+    usage: ChatUsage | None = None
+    finish: str | None = None
+    started = False
+    try:
+        put(ModelCallStart(reply_id=reply_id, model=model.name))
+        started = True
+        while chunk is not None:
+            thinking = chunk.thinking
+            if thinking:
+                if thinking_id is None:
+                    if text_id is not None:
+                        _end_text(put, reply_id, text_id, text_carry, text_make)
+                        text_id = None
+                    thinking_id = new_id("blk_")
+                    thinking_make = fast_delta(ThinkingBlockDelta, reply_id=reply_id, block_id=thinking_id)
+                    put(ThinkingBlockStart(reply_id=reply_id, block_id=thinking_id))
+                if not thinking.isascii():
+                    thinking_carry = thinking_carry or SurrogateCarry()
+                    thinking = thinking_carry.feed(thinking)
+                if thinking:
+                    put((thinking_make, thinking))  # its event is made on the consumer's side
+            if chunk.thinking_signature:
+                signature = (signature or "") + chunk.thinking_signature
+            text = chunk.text
+            if text:
+                if text_id is None:
+                    if thinking_id is not None:
+                        _end_thinking(put, reply_id, thinking_id, signature, thinking_carry, thinking_make)
+                        thinking_id, signature = None, None
+                    text_id = new_id("blk_")
+                    text_make = fast_delta(TextBlockDelta, reply_id=reply_id, block_id=text_id)
+                    put(TextBlockStart(reply_id=reply_id, block_id=text_id))
+                if not text.isascii():
+                    text_carry = text_carry or SurrogateCarry()
+                    text = text_carry.feed(text)
+                if text:
+                    put((text_make, text))  # the same
+            tc = chunk.tool_call
+            if tc is not None:
+                if thinking_id is not None:
+                    _end_thinking(put, reply_id, thinking_id, signature, thinking_carry, thinking_make)
+                    thinking_id, signature = None, None
+                if text_id is not None:
+                    _end_text(put, reply_id, text_id, text_carry, text_make)
+                    text_id = None
+                known = calls.get(tc.index)
+                if known is None or (tc.id is not None and tc.id != known[0]):
+                    if known is not None:  # a provider reusing an index for a new call
+                        put(ToolCallEnd(reply_id=reply_id, tool_call_id=known[0], tool_name=known[1]))
+                    call_id, name = tc.id or new_id("call_"), tc.name or ""
+                    known = calls[tc.index] = (call_id, name, fast_delta(
+                        ToolCallDelta, reply_id=reply_id, tool_call_id=call_id, tool_name=name))
+                    put(ToolCallStart(reply_id=reply_id, tool_call_id=call_id, tool_name=name))
+                if tc.arguments:
+                    put(known[2](clean(tc.arguments)))
+            if chunk.usage is not None:
+                usage = chunk.usage  # providers report cumulative usage: the last one wins
+            if chunk.finish_reason is not None:
+                finish = chunk.finish_reason
+            if out.waiter is not None and items:  # (a chunk with usage only adds nothing)
+                out.wake()
+            if len(items) >= size:
+                await out.room()
+            try:
+                chunk = await it.__anext__()
+            except StopAsyncIteration:
+                chunk = None
+        if thinking_id is not None:
+            _end_thinking(put, reply_id, thinking_id, signature, thinking_carry, thinking_make)
+        if text_id is not None:
+            _end_text(put, reply_id, text_id, text_carry, text_make)
+        for call_id, name, _ in calls.values():
             put(ToolCallEnd(reply_id=reply_id, tool_call_id=call_id, tool_name=name))
-        self.calls = {}
-        put(ModelCallEnd(reply_id=reply_id, usage=self.usage, finish_reason=self.finish))
-
-    def _failed(self, error: BaseException) -> None:
-        """``error`` ends the call (a cancellation by its interrupt or deadline is typed already,
-        in `step`; any other stays what it is): the closing events, when it had started."""
-        if self.started:
+        put(ModelCallEnd(reply_id=reply_id, usage=usage, finish_reason=finish))
+    except BaseException as exc:
+        error = exc
+        cancelled = isinstance(exc, asyncio.CancelledError)
+        interrupted = cancelled and control is not None and control.interrupted
+        if interrupted:
+            error = AgentInterrupted("the model call was interrupted")
+        elif cancelled and timer is not None and timer.expired:
+            error = timer.error(model)
+        if started:
             # The closing guarantee (`_brackets`): this call's open blocks end, and ModelCallEnd
             # says why, before the error goes out. Put without waiting: after a cancellation nobody
             # may be reading, and the consumer takes these before it sees the error.
-            put, reply_id = self.out.items.append, self.reply_id
-            if self.thinking_id is not None:
-                put(ThinkingBlockEnd(reply_id=reply_id, block_id=self.thinking_id, signature=self.signature))
-            if self.text_id is not None:
-                put(TextBlockEnd(reply_id=reply_id, block_id=self.text_id))
-            for call_id, name, _ in self.calls.values():
+            if thinking_id is not None:
+                put(ThinkingBlockEnd(reply_id=reply_id, block_id=thinking_id, signature=signature))
+            if text_id is not None:
+                put(TextBlockEnd(reply_id=reply_id, block_id=text_id))
+            for call_id, name, _ in calls.values():
                 put(ToolCallEnd(reply_id=reply_id, tool_call_id=call_id, tool_name=name))
-            interrupted = isinstance(error, AgentInterrupted)
-            put(ModelCallEnd(reply_id=reply_id, usage=self.usage, error=describe(error), discarded=not interrupted))
-            self.started = False  # (closed: nothing more is put)
-
-    async def _release(self) -> None:
-        """The call has ended: its deadline disarmed (before the close awaits: a deadline passing
-        now must not cancel it), the provider's stream closed."""
-        if self.timer is not None:
-            self.timer.stop()
-        it, self.it = self.it, None
-        await close_quietly(it)
-
-    async def close(self) -> None:
-        """The consumer left between steps, for good: the provider's stream closes."""
-        await self._release()
+            put(ModelCallEnd(reply_id=reply_id, usage=usage, error=describe(error), discarded=not interrupted))
+        if error is exc:
+            raise
+        raise error from None
+    finally:
+        if timer is not None:
+            timer.stop()  # before the close awaits: a deadline passing now must not cancel it
+        try:
+            await _close(it)
+        finally:
+            _unregister(control, task)
 
 
 def _end_text(
@@ -342,3 +326,17 @@ def _end_thinking(
     if carry is not None and carry.held:
         put((make, carry.flush()))
     put(ThinkingBlockEnd(reply_id=reply_id, block_id=block_id, signature=signature))
+
+
+def _register(control: RunControl | None) -> asyncio.Task[Any] | None:
+    if control is None:
+        return None
+    task = asyncio.current_task()
+    assert task is not None
+    control.tasks.add(task)
+    return task
+
+
+def _unregister(control: RunControl | None, task: asyncio.Task[Any] | None) -> None:
+    if control is not None and task is not None:
+        control.tasks.discard(task)
