@@ -83,7 +83,7 @@ async def test_the_model_is_read_ahead_while_the_consumer_is_away() -> None:
     # Away for loop turns: the reads go on ahead of the consumer; nothing is lost or reordered.
     model = Chunks(30)
     seen: list[str] = []
-    async with contextlib.aclosing(agent_of(model).stream("go").__aiter__()) as events:
+    async with contextlib.aclosing(agent_of(model).stream("go").__aiter__()) as events:  # type: ignore[type-var]
         async for ev in events:
             if ev.type != "text_block_delta":
                 continue
@@ -99,7 +99,7 @@ async def test_the_model_is_read_ahead_while_the_consumer_is_away() -> None:
 async def test_a_consumer_that_leaves_between_reads_closes_the_model_stream() -> None:
     model = Chunks(50, stall=True)
     agent = agent_of(model)
-    async with contextlib.aclosing(agent.stream("go").__aiter__()) as events:
+    async with contextlib.aclosing(agent.stream("go").__aiter__()) as events:  # type: ignore[type-var]
         async for ev in events:
             if ev.type == "text_block_delta":
                 break  # while it holds this event, nobody reads the model
