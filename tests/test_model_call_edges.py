@@ -139,18 +139,6 @@ async def test_an_interrupt_with_the_consumers_cancellation_stays_a_cancellation
     assert model.closed
 
 
-async def test_an_interrupt_while_the_call_waits_for_its_provider_is_raised_typed() -> None:
-    model = Chunks(1, stall=True)
-    agent = agent_of(model)
-    caller = asyncio.create_task(agent.call("go"))
-    await asyncio.wait_for(model.waiting.wait(), 5)
-    assert agent.interrupt()
-    msg = await asyncio.wait_for(caller, 5)
-    assert msg.generate_reason is GenerateReason.INTERRUPTED and msg.text == "t0 "
-    assert model.cancelled and model.closed
-    assert caller.cancelling() == 0  # the run's task carries no cancellation
-
-
 async def test_an_interrupt_while_the_consumer_holds_an_event_ends_the_call_before_more_text() -> None:
     # Called from the consumer's own task while it holds an event: the call ends (closing its
     # block, then AgentInterrupted) before any more text reaches the consumer.
