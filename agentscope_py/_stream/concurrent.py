@@ -103,7 +103,7 @@ async def _prefetch(
             inner, outer = maps[:n], maps[n:]
             error: Exception | None = None
             while True:
-                item = items.pop(0) if items and not spaces else take()
+                item = (items.pop(0) if not spaces else take()) if items else empty
                 if item is not empty:
                     try:
                         if deferred and type(item) is tuple:
@@ -138,8 +138,8 @@ async def _prefetch(
                     await aclose(resumed)
                 return
         while True:  # channel.drain(), inlined: one async layer less per item
-            # take(), inlined when no producer waits for room
-            item = items.pop(0) if items and not spaces else take()
+            # take(), inlined when no producer waits for room (and when nothing waits: no call)
+            item = (items.pop(0) if not spaces else take()) if items else empty
             if item is not empty:
                 if deferred and type(item) is tuple:
                     item = item[0](item[1])

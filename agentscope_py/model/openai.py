@@ -188,8 +188,27 @@ class _ChunkReader:
             self.model = model
         out: list[ChatChunk] = []
         for choice in payload.get("choices") or ():
-            if (type(choice) is dict or isinstance(choice, Mapping)) and choice.get("index", 0) == 0:
-                self._choice(choice, out)
+            if (type(choice) is not dict and not isinstance(choice, Mapping)) or choice.get("index", 0) != 0:
+                continue
+            # (the choice's chunks here, not in a method of their own: this runs per token)
+            delta = choice.get("delta") or {}
+            # Reasoning servers disagree on the field: DeepSeek and vLLM say reasoning_content,
+            # OpenRouter and Ollama say reasoning.
+            thinking = delta.get("reasoning_content") or delta.get("reasoning")
+            if isinstance(thinking, str) and thinking:
+                out.append(thinking_chunk(thinking))
+            text = delta.get("content")
+            if isinstance(text, str) and text:
+                out.append(text_chunk(text))
+            calls = delta.get("tool_calls")
+            if calls:
+                self._tool_calls(calls, out)
+            reason = choice.get("finish_reason")
+            if isinstance(reason, str) and reason:
+                mapped = FINISH_REASONS.get(reason, reason)
+                if mapped == "stop" and self.saw_tool_call:  # some compatible servers say stop
+                    mapped = "tool_calls"
+                out.append(ChatChunk(finish_reason=mapped, model=self.model))
         usage = payload.get("usage")
         if usage is not None:
             read = _usage(usage)
@@ -197,17 +216,8 @@ class _ChunkReader:
                 out.append(ChatChunk(usage=read, model=self.model))
         return out
 
-    def _choice(self, choice: Mapping[str, Any], out: list[ChatChunk]) -> None:
-        delta = choice.get("delta") or {}
-        # Reasoning servers disagree on the field: DeepSeek and vLLM say reasoning_content,
-        # OpenRouter and Ollama say reasoning.
-        thinking = delta.get("reasoning_content") or delta.get("reasoning")
-        if isinstance(thinking, str) and thinking:
-            out.append(thinking_chunk(thinking))
-        text = delta.get("content")
-        if isinstance(text, str) and text:
-            out.append(text_chunk(text))
-        for position, call in enumerate(delta.get("tool_calls") or ()):
+    def _tool_calls(self, calls: Any, out: list[ChatChunk]) -> None:
+        for position, call in enumerate(calls):
             self.saw_tool_call = True
             function = call.get("function") or {}
             out.append(ChatChunk(
@@ -218,12 +228,6 @@ class _ChunkReader:
                     arguments=function.get("arguments") or "",
                 )
             ))
-        reason = choice.get("finish_reason")
-        if isinstance(reason, str) and reason:
-            mapped = FINISH_REASONS.get(reason, reason)
-            if mapped == "stop" and self.saw_tool_call:  # some compatible servers say stop
-                mapped = "tool_calls"
-            out.append(ChatChunk(finish_reason=mapped, model=self.model))
 
 
 def _int(value: Any) -> int:

@@ -1,0 +1,244 @@
+"""The model call as its consumer sees it, at the edges of its reads (`agent._model_call`): a
+consumer that keeps up, one away for loop turns (the call runs ahead), one that leaves between
+reads; a cancellation, an interrupt or a deadline landing while the model call waits for its
+provider, or while the consumer holds an event (or blocks the loop) and nobody waits; an
+interrupt together with the consumer's own cancellation. Each ends with the model's stream
+closed, every block the consumer saw opened also closed, the typed error (or the cancellation)
+where it belongs, and the consumer's task carrying no cancellation it did not ask for."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from agentscope_py import AgentInterrupted, GenerateReason, ReActAgent, RuntimeContext
+from agentscope_py.errors import ModelTimeoutError
+from agentscope_py.middleware import TimeoutMiddleware
+from agentscope_py.model.base import ChatChunk, ModelRequest
+
+pytestmark = pytest.mark.timeout(30)
+
+
+class Chunks:
+    """A model that streams ``n`` text chunks, each after ``gap`` seconds (0: a bare loop turn),
+    then, with ``stall``, waits until it is cancelled. It records how far it got and its close."""
+
+    name = "chunks"
+
+    def __init__(self, n: int, gap: float = 0.0, stall: bool = False) -> None:
+        self.n, self.gap, self.stall = n, gap, stall
+        self.produced = 0
+        self.closed = False
+        self.cancelled = False
+        self.waiting = asyncio.Event()  # set while it waits for the stall's end
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[ChatChunk]:
+        try:
+            for k in range(self.n):
+                if k:
+                    await asyncio.sleep(self.gap)
+                self.produced += 1
+                yield ChatChunk(text=f"t{k} ")
+            if self.stall:
+                self.waiting.set()
+                await asyncio.sleep(30)
+            yield ChatChunk(finish_reason="stop")
+        except asyncio.CancelledError:
+            self.cancelled = True
+            raise
+        finally:
+            self.closed = True
+
+
+def open_blocks(events: list[Any]) -> list[str]:
+    """The kinds of the blocks a list of events left open (empty: every Start has its End)."""
+    opened: list[str] = []
+    for e in events:
+        kind = e.type.rsplit("_", 1)[0]
+        if e.type.endswith("_start") and kind != "agent":
+            opened.append(kind)
+        elif e.type.endswith("_end") and kind != "agent" and kind in opened:
+            opened.remove(kind)
+    return opened
+
+
+def agent_of(model: Any, *middleware: Any) -> ReActAgent:
+    return ReActAgent.builder().model(model).middlewares(list(middleware)).build()
+
+
+async def test_a_consumer_that_keeps_up_gets_every_event_in_order() -> None:
+    model = Chunks(20)
+    events = await agent_of(model).stream("go").to_list()
+    deltas = [e.delta for e in events if e.type == "text_block_delta"]
+    assert deltas == [f"t{k} " for k in range(20)]
+    assert not open_blocks(events) and model.closed
+
+
+async def test_the_model_is_read_ahead_while_the_consumer_is_away() -> None:
+    # Away for loop turns: the reads go on ahead of the consumer; nothing is lost or reordered.
+    model = Chunks(30)
+    seen: list[str] = []
+    async with contextlib.aclosing(agent_of(model).stream("go").__aiter__()) as events:  # type: ignore[type-var]
+        async for ev in events:
+            if ev.type != "text_block_delta":
+                continue
+            seen.append(ev.delta)
+            if len(seen) == 2:
+                before = model.produced
+                for _ in range(10):
+                    await asyncio.sleep(0)
+                assert model.produced > before + 3  # it ran ahead while this consumer was away
+    assert seen == [f"t{k} " for k in range(30)] and model.closed
+
+
+async def test_a_consumer_that_leaves_between_reads_closes_the_model_stream() -> None:
+    model = Chunks(50, stall=True)
+    agent = agent_of(model)
+    async with contextlib.aclosing(agent.stream("go").__aiter__()) as events:  # type: ignore[type-var]
+        async for ev in events:
+            if ev.type == "text_block_delta":
+                break  # while it holds this event, nobody reads the model
+    assert model.closed and model.produced < 50
+    assert asyncio.all_tasks() == {asyncio.current_task()}  # nothing left running
+    state, _ = await agent.state_store.load("default", "default")
+    assert state is not None and state.context[-1].generate_reason is GenerateReason.INTERRUPTED
+
+
+async def test_cancelling_the_consumer_inside_its_read_is_a_cancellation() -> None:
+    model = Chunks(1, stall=True)
+    got: list[str] = []
+
+    async def consume() -> None:
+        async for ev in agent_of(model).stream("go"):
+            got.append(ev.type)
+
+    consumer = asyncio.create_task(consume())
+    await asyncio.wait_for(model.waiting.wait(), 5)  # the call waits for its provider now
+    consumer.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(consumer, 5)
+    assert model.cancelled and model.closed
+    assert "text_block_delta" in got
+
+
+async def test_an_interrupt_with_the_consumers_cancellation_stays_a_cancellation() -> None:
+    # Both while the call waits for its provider: the run's task stays cancelled.
+    model = Chunks(1, stall=True)
+    agent = agent_of(model)
+    consumer = asyncio.create_task(agent.call("go"))
+    await asyncio.wait_for(model.waiting.wait(), 5)
+    consumer.cancel()
+    assert agent.interrupt()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(consumer, 5)
+    assert model.closed
+
+
+async def test_an_interrupt_while_the_consumer_holds_an_event_ends_the_call_before_more_text() -> None:
+    # Called from the consumer's own task while it holds an event: the call ends (closing its
+    # block, then AgentInterrupted) before any more text reaches the consumer.
+    model = Chunks(50, stall=True)
+    agent = agent_of(model)
+    events: list[Any] = []
+    async for ev in agent.stream("go"):
+        events.append(ev)
+        if ev.type == "text_block_delta" and len(events) < 10:
+            assert agent.interrupt()
+    types = [e.type for e in events]
+    assert types.count("text_block_delta") == 1
+    assert types.index("text_block_end") > types.index("text_block_delta")
+    end = next(e for e in events if e.type == "model_call_end")
+    assert end.error is not None and "AgentInterrupted" in end.error and end.discarded is False
+    assert events[-2].result.generate_reason is GenerateReason.INTERRUPTED
+    assert not open_blocks(events) and model.closed and model.produced == 1
+
+
+async def test_a_deadline_while_the_call_waits_fails_it_and_leaves_the_consumer_uncancelled() -> None:
+    model = Chunks(1, stall=True)
+    agent = agent_of(model, TimeoutMiddleware(model_timeout=0.2))
+    events: list[Any] = []
+
+    async def consume() -> None:
+        async for ev in agent.stream("go"):
+            events.append(ev)
+
+    consumer = asyncio.create_task(consume())
+    with pytest.raises(ModelTimeoutError, match=r"did not finish within 0\.2 s"):
+        await asyncio.wait_for(consumer, 5)
+    assert consumer.cancelling() == 0
+    assert not open_blocks(events) and model.cancelled and model.closed
+    await asyncio.sleep(0)  # this task can still await: it was not left cancelled
+
+
+async def test_a_deadline_passing_while_the_consumer_blocks_the_loop_fails_the_call() -> None:
+    # The consumer blocks the loop with an event in hand, past the deadline: the call fails once
+    # the loop runs again, closing its block, and no later text reaches the consumer.
+    model = Chunks(5, gap=0.01)
+    agent = agent_of(model, TimeoutMiddleware(model_timeout=0.1))
+    events: list[Any] = []
+    with pytest.raises(ModelTimeoutError, match=r"did not finish within 0\.1 s"):
+        async for ev in agent.stream("go"):
+            events.append(ev)
+            if ev.type == "text_block_delta" and len(events) < 6:
+                time.sleep(0.2)  # noqa: ASYNC251 - blocking on purpose: no loop turn until it is over
+    assert [e.delta for e in events if e.type == "text_block_delta"] == ["t0 "]
+    end = next(e for e in events if e.type == "model_call_end")
+    assert end.error is not None and "ModelTimeoutError" in end.error
+    assert not open_blocks(events) and model.closed
+
+
+async def test_a_call_read_ahead_that_ends_in_time_never_fails_for_a_slow_consumer() -> None:
+    # Read ahead while the consumer sleeps, the call ends in time; the consumer, slower than the
+    # deadline, still gets all of it.
+    model = Chunks(4)
+    agent = agent_of(model, TimeoutMiddleware(model_timeout=0.1))
+    deltas: list[str] = []
+    async for ev in agent.stream("go"):
+        if ev.type == "text_block_delta":
+            deltas.append(ev.delta)
+            await asyncio.sleep(0.06)
+    assert deltas == ["t0 ", "t1 ", "t2 ", "t3 "]
+
+
+async def test_two_consumers_on_one_loop_each_get_their_own_call() -> None:
+    # A fast and a slow consumer on one loop: each call keeps its order and its own reads.
+    fast, slow = Chunks(30), Chunks(30)
+    agent = ReActAgent.builder().model(fast).build()
+    other = ReActAgent.builder().model(slow).build()
+
+    async def deltas(a: ReActAgent, sid: str, pause: bool) -> list[str]:
+        out: list[str] = []
+        async for ev in a.stream("go", ctx=RuntimeContext(session_id=sid)):
+            if ev.type == "text_block_delta":
+                out.append(ev.delta)
+                if pause:
+                    await asyncio.sleep(0.001)
+        return out
+
+    a, b = await asyncio.gather(deltas(agent, "a", False), deltas(other, "b", True))
+    assert a == b == [f"t{k} " for k in range(30)]
+    assert fast.closed and slow.closed
+
+
+async def test_an_interrupt_of_a_run_read_by_its_consumer_raises_in_the_run_not_as_a_cancellation() -> None:
+    # The run ends as interrupted: its consumer's iteration ends normally, not cancelled.
+    model = Chunks(1, stall=True)
+    agent = agent_of(model)
+    events: list[Any] = []
+
+    async def consume() -> None:
+        async for ev in agent.stream("go"):
+            events.append(ev)
+
+    consumer = asyncio.create_task(consume())
+    await asyncio.wait_for(model.waiting.wait(), 5)
+    agent.interrupt()
+    await asyncio.wait_for(consumer, 5)  # ends normally: the run ended as interrupted
+    assert events[-2].result.generate_reason is GenerateReason.INTERRUPTED
+    assert not open_blocks(events)
+    assert issubclass(AgentInterrupted, Exception)
