@@ -155,7 +155,9 @@ class Runs:
                 status = "failed"
             live.done = True
             live.wake()
-            if self.log.instant:  # nothing in it waits, so no cancellation can cut it short
+            # An instant log's writes never wait (and `LogWrites`' lock is only ever held by the
+            # flusher of a shared log): no cancellation can cut them short.
+            if self.log.instant:
                 await self._finish(live, status)
             else:  # shielded: the log must hear the end even when the run was cancelled
                 with contextlib.suppress(asyncio.CancelledError):

@@ -18,7 +18,6 @@ import hmac
 import ipaddress
 from collections.abc import Awaitable, Sequence
 
-from starlette.datastructures import MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ._errors import REQUEST_ID_HEADER, HTTPError, new_request_id
@@ -33,8 +32,6 @@ _RID = REQUEST_ID_HEADER.encode("latin-1")
 _FIXED = ((b"x-content-type-options", b"nosniff"), (b"x-frame-options", b"DENY"), (b"referrer-policy", b"no-referrer"))
 _PAGE = (*_FIXED, (b"content-security-policy", PAGE_CSP.encode("latin-1")))
 _API = (*_FIXED, (b"content-security-policy", _API_CSP.encode("latin-1")))
-_ADDED = frozenset({_RID, *(k for k, _ in _PAGE)})
-"""The response headers every answer gets (raw, as `MutableHeaders` would append them)."""
 JSON_TYPES = ("application/json",)
 """Body types accepted for POST; ``application/<anything>+json`` (e.g. AG-UI's vendor types) too."""
 
@@ -80,16 +77,12 @@ class Guard:
             # A plain function handing back ``send``'s awaitable: a streamed response sends every
             # frame through here, and an ``async def`` would be one coroutine more per frame.
             if message["type"] == "http.response.start":
-                raw = message.get("headers", ())
-                if any(k in _ADDED for k, _ in raw):  # some are set already: keep them (or replace the id)
-                    headers = MutableHeaders(scope=message)
-                    headers[REQUEST_ID_HEADER] = rid
-                    headers.setdefault("x-content-type-options", "nosniff")
-                    headers.setdefault("x-frame-options", "DENY")
-                    headers.setdefault("referrer-policy", "no-referrer")
-                    headers.setdefault("content-security-policy", PAGE_CSP if page else _API_CSP)
-                else:  # the common case: what those five calls append, at once
-                    message["headers"] = [*raw, (_RID, rid.encode("latin-1")), *(_PAGE if page else _API)]
+                # The id is always ours; the policy headers only where the response set none.
+                # (Names compared in lower case, as `MutableHeaders` does.)
+                raw = [h for h in message.get("headers", ()) if h[0].lower() != _RID]
+                present = {k.lower() for k, _ in raw}
+                policy = [h for h in (_PAGE if page else _API) if h[0] not in present]
+                message["headers"] = [*raw, (_RID, rid.encode("latin-1")), *policy]
             return send(message)
 
         error = self._check(scope)
