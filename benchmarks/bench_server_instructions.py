@@ -30,6 +30,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -44,10 +45,17 @@ from bench_server import HERE, Proc, _json_port, _serve_port
 LONG, SHORT = 100, 10
 
 
-def _server_cmd(key: str, python: str, valgrind: list[str]) -> tuple[list[str], Any]:
-    if key in ("a", "a0"):
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _server_cmd(key: str, python: str, valgrind: list[str], redis: str | None) -> tuple[list[str], Any]:
+    if key in ("a", "a0", "d"):
+        log = ["--redis", redis] if key == "d" and redis else []
         return ([*valgrind, python, "-m", "agentscope_py.cli", "serve", "serving_apps:agentscope_agent",
-                 "--port", "0", "--log-level", "warning", "--http", "httptools", "--loop", "uvloop"], _serve_port)
+                 "--port", "0", "--log-level", "warning", "--http", "httptools", "--loop", "uvloop", *log], _serve_port)
     return ([*valgrind, python, "serving_apps.py", "relay", "--http", "httptools", "--loop", "uvloop", "--port", "0"],
             _json_port)
 
@@ -55,14 +63,15 @@ def _server_cmd(key: str, python: str, valgrind: list[str]) -> tuple[list[str], 
 class Counted:
     """One server under callgrind, its counters zeroed and dumped around each measurement."""
 
-    def __init__(self, key: str, args: argparse.Namespace, upstream: int, out_dir: str) -> None:
+    def __init__(self, key: str, args: argparse.Namespace, upstream: int, out_dir: str,
+                 redis: str | None = None) -> None:
         self.key, self.args, self.out = key, args, f"{out_dir}/{key}"
         env = {**os.environ, "BENCH_UPSTREAM": f"http://127.0.0.1:{upstream}", "PYTHONHASHSEED": "0",
                "PYTHONPATH": os.pathsep.join(
                    [*([str(Path(args.baseline).resolve())] if key == "a0" else []), str(HERE),
                     os.environ.get("PYTHONPATH", "")])}
         valgrind = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={self.out}.%p", "--dump-instr=no"]
-        cmd, port_of = _server_cmd(key, sys.executable, valgrind)
+        cmd, port_of = _server_cmd(key, sys.executable, valgrind, redis)
         self.proc = Proc(key, cmd, env, port_of, timeout=300)
         self.url = f"http://127.0.0.1:{self.proc.port}/agui"
         self.client = httpx.Client(timeout=600)
@@ -134,7 +143,8 @@ class Counted:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--servers", default="a,b", help="a: agentscope-py serve, b: the bare relay")
+    parser.add_argument("--servers", default="a,b",
+                        help="a: agentscope-py serve, b: the bare relay, d: (a) with the Redis run log")
     parser.add_argument("--baseline", help="also count agentscope-py from this tree (a0)")
     parser.add_argument("--runs", type=int, default=4, help="replies per measurement")
     parser.add_argument("--dt", type=float, default=0.05, help="seconds between tokens (valgrind is ~50× slower)")
@@ -147,16 +157,25 @@ def main() -> None:
     keys = (["a0"] if args.baseline else []) + [k for k in args.servers.split(",") if k]
     results: dict[str, dict[str, Any]] = {}
     upstream = Proc("upstream", [sys.executable, "serving_upstream.py"], dict(os.environ), _json_port)
+    redis, redis_url = None, None
+    if "d" in keys:  # (d)'s log, a redis-server of its own (not counted: only the server's process is)
+        port = _free_port()
+        redis = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                                  "--appendonly", "no"], stdout=subprocess.DEVNULL)
+        redis_url = f"redis://127.0.0.1:{port}/0"
     try:
         with tempfile.TemporaryDirectory(prefix="bench-callgrind-") as out_dir:
             for key in keys:
-                server = Counted(key, args, upstream.port, out_dir)
+                server = Counted(key, args, upstream.port, out_dir, redis_url)
                 try:
                     results[key] = server.measure()
                 finally:
                     server.proc.stop()
     finally:
         upstream.stop()
+        if redis is not None:
+            redis.terminate()
+            redis.wait()
     base = results.get("b", {}).get("k_per_token_at_100")
     pace = f"light load, a token every {args.dt} s" if args.dt else "a burst: every token of a reply at once"
     print(f"instructions in the server's process, {pace}, tool turn: {bool(args.tool)}")

@@ -49,15 +49,24 @@ def lookup(query: str) -> str:
     return f"found: {query}"
 
 
-def _openai_client() -> Any:
+def _openai_client(*, ours: bool = False) -> Any:
+    """The SDK's client with the benchmark's pool: over httpx2's default transport, or (``ours``)
+    over agentscope-py's `Http1Transport`, which an `OpenAIChatModel` that makes its own client
+    uses too."""
     import httpx2
     import openai
 
     limits = httpx2.Limits(max_connections=POOL, max_keepalive_connections=POOL)
     # The relay's timeouts (600 s for everything): the SDK's 5 s connect timeout counts event-loop
     # time, and a server far behind its load would fail streams on it that the relay keeps.
+    if ours:
+        from agentscope_py.model import Http1Transport
+
+        http = openai.DefaultAsyncHttpxClient(transport=Http1Transport(limits=limits), timeout=httpx2.Timeout(600.0))
+    else:
+        http = openai.DefaultAsyncHttpxClient(limits=limits, timeout=httpx2.Timeout(600.0))
     return openai.AsyncOpenAI(base_url=upstream(), api_key="bench", max_retries=0, timeout=httpx2.Timeout(600.0),
-                              http_client=openai.DefaultAsyncHttpxClient(limits=limits, timeout=httpx2.Timeout(600.0)))
+                              http_client=http)
 
 
 # -- (a) agentscope-py ---------------------------------------------------------------------------
@@ -76,7 +85,10 @@ def agentscope_agent() -> Any:
 
     with contextlib.suppress(RuntimeError):  # `serve` calls the factory at startup, on its loop
         serving_probe.install(asyncio.get_running_loop())
-    model = OpenAIChatModel("bench-model", client=_openai_client())
+    # A tree from before Http1Transport (a baseline) keeps httpx2's default transport.
+    import agentscope_py.model as models
+
+    model = OpenAIChatModel("bench-model", client=_openai_client(ours=hasattr(models, "Http1Transport")))
     return (ReActAgent.builder().name("bench").sys_prompt(SYSTEM).model(model).tools(lookup)
             .middlewares([PassThrough() for _ in range(5)]).build())
 

@@ -35,6 +35,7 @@ __all__ = [
     "ChatChunk",
     "ChatModel",
     "ContextLengthError",
+    "Http1Transport",
     "MalformedStreamError",
     "ModelConnectionError",
     "ModelError",
@@ -56,6 +57,7 @@ __all__ = [
 ]
 
 _LAZY = {
+    "Http1Transport": "_transport",
     "OpenAIChatModel": "openai",
     "AnthropicChatModel": "anthropic",
     "OllamaChatModel": "ollama",

@@ -58,6 +58,25 @@ class SDKModel(ClientModel[S]):
         self._base_url = base_url
         self._api_key = api_key
 
+    def _sdk_client(self, cls: Any, default_url: str, **kw: Any) -> Any:
+        """The SDK client ``cls(**kw)`` we make, over `Http1Transport` (``_transport.py``: the
+        same requests, limits, timeouts and errors as httpx2's default transport, a token read for
+        a few calls instead of ~100) where it applies: not behind a proxy from the environment,
+        and with httptools installed (it comes with the providers' extras)."""
+        http: Any = None
+        try:
+            from ._transport import Http1Transport, usable_for
+        except ImportError:
+            pass
+        else:
+            if usable_for(str(self._base_url or default_url)):
+                transport = Http1Transport(limits=self.sdk.DEFAULT_CONNECTION_LIMITS)
+                http = self.sdk.DefaultAsyncHttpxClient(transport=transport)
+        client = cls(base_url=self._base_url, max_retries=0, timeout=self._client_timeout(), http_client=http, **kw)
+        if http is not None:
+            http.base_url = client.base_url  # as on the HTTP client the SDK makes itself
+        return client
+
     def _client_timeout(self) -> Any:
         """The timeout for a client we make: ours, or the SDK's default."""
         return self._timeout if self._timeout is not None else self.sdk.DEFAULT_TIMEOUT

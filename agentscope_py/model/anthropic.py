@@ -11,6 +11,7 @@ so a stream without ``message_stop`` is a `MalformedStreamError`. SDK retries ar
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from types import ModuleType
@@ -88,8 +89,9 @@ class AnthropicChatModel(SDKModel[anthropic.AsyncAnthropic]):
         self.max_tokens = max_tokens
 
     def _make_client(self) -> anthropic.AsyncAnthropic:
-        return anthropic.AsyncAnthropic(api_key=self._api_key, base_url=self._base_url, max_retries=0,
-                                        timeout=self._client_timeout())
+        default_url = os.environ.get("ANTHROPIC_BASE_URL") or "https://api.anthropic.com"
+        return self._sdk_client(anthropic.AsyncAnthropic, default_url,  # type: ignore[no-any-return]
+                                api_key=self._api_key)
 
     def request_params(self, request: ModelRequest) -> dict[str, Any]:
         """The keyword arguments of the SDK call for ``request``."""

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from agentscope_py.model._transport import Http1Transport
 from agentscope_py.model.anthropic import AnthropicChatModel
 from agentscope_py.model.ollama import OllamaChatModel
 from agentscope_py.model.openai import OpenAIChatModel
@@ -84,8 +85,10 @@ def make_ollama(server: FakeServer, closing: list[Model]) -> Callable[..., Ollam
 
 def _open_connections(model: Model) -> int:
     """Connections the model's HTTP client still holds open (idle in the pool or in use)."""
-    pool = model.client._client._transport._pool
-    return sum(1 for c in pool.connections if not c.is_closed())
+    transport = model.client._client._transport
+    if isinstance(transport, Http1Transport):
+        return transport.open_connections
+    return sum(1 for c in transport._pool.connections if not c.is_closed())
 
 
 @pytest.fixture
