@@ -13,7 +13,7 @@ finds its next batch refused (its ids no longer follow) and stops the run. Inter
 owner on the channel ``{prefix}:interrupt:{owner}``.
 
 Each write is one Lua script (atomic: a batch and the record's ``last`` move together, and only
-while the run is still its owner's); the batches of every run of a process go in one pipeline.
+while the run is still its owner's); the batches of every run of a process go in one call of it.
 Every Redis failure is a `RunLogError`.
 """
 
@@ -56,15 +56,25 @@ redis.call('HSET', KEYS[1], 'user', ARGV[1], 'session', ARGV[2], 'kind', ARGV[3]
 redis.call('PEXPIRE', KEYS[1], ARGV[5])
 return 1
 """
-# KEYS meta, stream; ARGV owner, entry id, first, data, maxlen, running ttl ms, last.
+# Every batch of a flush in one call (one round trip, one command for redis-py to encode):
+# KEYS meta, stream of each batch in turn; ARGV owner, maxlen, running ttl ms, then per batch
+# entry id, first, data, last. Per batch 1 (written) or 0 (refused: the run is not its owner's
+# and running any more, or its ids no longer follow, which XADD refuses without stopping the rest).
 _APPEND = """
-if redis.call('HGET', KEYS[1], 'status') ~= 'running' or redis.call('HGET', KEYS[1], 'owner') ~= ARGV[1] then
-  return 0
+local out = {}
+for i = 1, #KEYS / 2 do
+  local meta, stream, a = KEYS[2 * i - 1], KEYS[2 * i], 4 * i
+  out[i] = 0
+  if redis.call('HGET', meta, 'status') == 'running' and redis.call('HGET', meta, 'owner') == ARGV[1] then
+    local added = redis.pcall('XADD', stream, 'MAXLEN', '~', ARGV[2], ARGV[a], 'f', ARGV[a + 1], 'd', ARGV[a + 2])
+    if type(added) ~= 'table' or not added.err then
+      redis.call('HSET', meta, 'last', ARGV[a + 3])
+      redis.call('PEXPIRE', stream, ARGV[3])
+      out[i] = 1
+    end
+  end
 end
-redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[5], ARGV[2], 'f', ARGV[3], 'd', ARGV[4])
-redis.call('HSET', KEYS[1], 'last', ARGV[7])
-redis.call('PEXPIRE', KEYS[2], ARGV[6])
-return 1
+return out
 """
 # KEYS meta, stream; ARGV owner, status, last, retention ms.
 _END = """
@@ -138,14 +148,13 @@ class RedisRunLog(RunLog, LoopRedis):
 
     async def append(self, batches: Sequence[Batch]) -> list[str]:
         with _typed(f"appending {len(batches)} batches"):
-            client = self._redis()
-            script = self._scripts["append"]
-            async with client.pipeline(transaction=False) as pipe:
-                for b in batches:
-                    args = [self.owner, f"{b.last}-0", b.first, b"".join(b.frames), self.max_events,
-                            _RUNNING_TTL_MS, b.last]
-                    await script(keys=self._keys(b.run_id), args=args, client=pipe)
-                results = await pipe.execute()
+            self._redis()
+            keys: list[str] = []
+            args: list[Any] = [self.owner, self.max_events, _RUNNING_TTL_MS]
+            for b in batches:
+                keys += self._keys(b.run_id)
+                args += (f"{b.last}-0", b.first, b"".join(b.frames), b.last)
+            results = await self._scripts["append"](keys=keys, args=args)
         return [b.run_id for b, ok in zip(batches, results, strict=True) if not ok]
 
     async def end(self, run_id: str, status: str, last: int) -> None:

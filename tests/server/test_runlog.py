@@ -128,6 +128,25 @@ async def test_a_silent_owners_run_is_marked_lost_and_its_batches_refused(make: 
     assert await owner.append([Batch("r1", 3, frames(3, 3))]) == ["r1"]
 
 
+async def test_a_refused_batch_leaves_the_others_of_its_write_written(make: Any) -> None:
+    """One write carries every run's batch (one round trip for the shared logs): the batch of a
+    run declared lost is refused, and the others in the same write still land."""
+    if make.kind == "memory":
+        return  # one process: nothing is ever declared lost
+    owner = make(lease=0.3)
+    reader = make()
+    await owner.renew()
+    for run_id in ("r1", "r2"):
+        await owner.create(record(owner, run_id))
+    assert await owner.append([Batch("r1", 1, frames(1, 1)), Batch("r2", 1, frames(1, 1))]) == []
+    await asyncio.sleep(0.5)
+    assert await reader.mark_lost("r1", b"data: {}\n\n")
+    await owner.renew()  # back (it was only cut off): r2 is still its own
+    assert await owner.append([Batch("r1", 2, frames(2, 3)), Batch("r2", 2, frames(2, 3))]) == ["r1"]
+    got = await reader.read("r2", 0, 0)
+    assert got is not None and got.data == b"".join(frames(1, 3)) and got.record.last == 3
+
+
 async def test_redis_interrupts_reach_the_owner(redis_url: str, redis_prefix: str) -> None:
     heard: list[str] = []
 
