@@ -67,6 +67,7 @@ class Counted:
                  redis: str | None = None) -> None:
         self.key, self.args, self.out = key, args, f"{out_dir}/{key}"
         env = {**os.environ, "BENCH_UPSTREAM": f"http://127.0.0.1:{upstream}", "PYTHONHASHSEED": "0",
+               **({"BENCH_RELAY_TRANSPORT": "http1"} if key == "b1" else {}),
                "PYTHONPATH": os.pathsep.join(
                    [*([str(Path(args.baseline).resolve())] if key == "a0" else []), str(HERE),
                     os.environ.get("PYTHONPATH", "")])}
@@ -144,7 +145,8 @@ class Counted:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--servers", default="a,b",
-                        help="a: agentscope-py serve, b: the bare relay, d: (a) with the Redis run log")
+                        help="a: agentscope-py serve, b: the bare relay, b1: the relay reading the upstream "
+                             "through agentscope-py's Http1Transport, d: (a) with the Redis run log")
     parser.add_argument("--baseline", help="also count agentscope-py from this tree (a0)")
     parser.add_argument("--runs", type=int, default=4, help="replies per measurement")
     parser.add_argument("--dt", type=float, default=0.05, help="seconds between tokens (valgrind is ~50× slower)")

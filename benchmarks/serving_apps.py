@@ -104,8 +104,17 @@ def relay_app() -> Any:
     from starlette.responses import StreamingResponse
     from starlette.routing import Route
 
-    client = httpx.AsyncClient(limits=httpx.Limits(max_connections=POOL, max_keepalive_connections=POOL),
-                               timeout=httpx.Timeout(600.0))
+    client: Any = httpx.AsyncClient(limits=httpx.Limits(max_connections=POOL, max_keepalive_connections=POOL),
+                                    timeout=httpx.Timeout(600.0))
+    if os.environ.get("BENCH_RELAY_TRANSPORT") == "http1":
+        # (b1): the same relay reading the upstream through agentscope-py's transport (httpx2's
+        # client API is httpx's), to tell the transport's share from the rest.
+        import httpx2
+
+        from agentscope_py.model import Http1Transport
+
+        limits = httpx2.Limits(max_connections=POOL, max_keepalive_connections=POOL)
+        client = httpx2.AsyncClient(transport=Http1Transport(limits=limits), timeout=httpx2.Timeout(600.0))
     tools = [{"type": "function", "function": {
         "name": "lookup", "description": "Look something up.",
         "parameters": {"type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]}}}]

@@ -154,7 +154,7 @@ class RedisRunLog(RunLog, LoopRedis):
             for b in batches:
                 keys += self._keys(b.run_id)
                 args += (f"{b.last}-0", b.first, b"".join(b.frames), b.last)
-            results = await self._scripts["append"](keys=keys, args=args)
+            results = await self._scripts["append"](keys=keys, args=args, client=self._writer())
         return [b.run_id for b, ok in zip(batches, results, strict=True) if not ok]
 
     async def end(self, run_id: str, status: str, last: int) -> None:
@@ -266,8 +266,7 @@ class RedisRunLog(RunLog, LoopRedis):
             with contextlib.suppress(RedisError, OSError, RuntimeError):
                 # Our runs ended (cancelled at shutdown, and the log heard so): the lease can go.
                 await self._client.delete(self._owner_key(self.owner))
-                await self._client.aclose()
-            self._client = None
+        await self._close_redis()
 
 
 def _record(run_id: str, fields: Any) -> RunRecord | None:
