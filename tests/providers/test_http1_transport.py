@@ -19,6 +19,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from agentscope_py.model._transport import Http1Transport, usable_for
+from agentscope_py.model.anthropic import AnthropicChatModel
+from agentscope_py.model.openai import OpenAIChatModel
+
+from .fakes import FakeServer, Reply, an_text, ask, collect, oa_text, text_of
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -434,3 +438,43 @@ def test_any_cut_or_fragmentation_gives_the_whole_body_or_a_typed_error(cut: int
                 assert cut == len(_WIRE) and got == _BODY
 
     asyncio.run(asyncio.wait_for(scenario(), 10))
+
+
+# -- the models' own clients ---------------------------------------------------------------------
+
+
+def _no_proxies(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("http_proxy", "https_proxy", "all_proxy", "no_proxy"):
+        monkeypatch.delenv(name, raising=False)
+        monkeypatch.delenv(name.upper(), raising=False)
+
+
+@pytest.mark.parametrize("provider", ["openai", "anthropic"])
+async def test_a_model_behind_an_environment_proxy_still_goes_through_it(
+        provider: str, server: FakeServer, closing: list[Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Http1Transport speaks no proxy protocol: a model whose host an environment proxy covers
+    keeps httpx2's transport, so its request reaches the proxy (absolute-form), not the host."""
+    _no_proxies(monkeypatch)
+    monkeypatch.setenv("HTTP_PROXY", server.url)
+    if provider == "openai":
+        server.queue(Reply(oa_text("via the proxy")))
+        model: Any = OpenAIChatModel("gpt-fake", base_url="http://upstream.invalid/v1", api_key="sk-test", timeout=5)
+        path = "http://upstream.invalid/v1/chat/completions"
+    else:
+        server.queue(Reply(an_text("via the proxy")))
+        model = AnthropicChatModel("claude-fake", base_url="http://upstream.invalid", api_key="sk-ant", timeout=5)
+        path = "http://upstream.invalid/v1/messages"
+    closing.append(model)
+    assert text_of(await collect(model.stream(ask()))) == "via the proxy"
+    assert [r.path for r in server.requests] == [path]
+
+
+async def test_a_models_own_client_reuses_its_connection(
+        server: FakeServer, closing: list[Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    _no_proxies(monkeypatch)
+    server.queue(Reply(oa_text("one")), Reply(oa_text("two")))
+    model = OpenAIChatModel("gpt-fake", base_url=f"{server.url}/v1", api_key="sk-test", timeout=5)
+    closing.append(model)
+    assert [text_of(await collect(model.stream(ask()))) for _ in range(2)] == ["one", "two"]
+    assert [r.connection for r in server.requests] == [1, 1]
+    assert isinstance(model.http_client._transport, Http1Transport)
