@@ -56,19 +56,21 @@ redis.call('HSET', KEYS[1], 'user', ARGV[1], 'session', ARGV[2], 'kind', ARGV[3]
 redis.call('PEXPIRE', KEYS[1], ARGV[5])
 return 1
 """
-# Every batch of a flush in one call (one round trip, one command for redis-py to encode):
-# KEYS meta, stream of each batch in turn; ARGV owner, maxlen, running ttl ms, then per batch
-# entry id, first, data, last. Per batch 1 (written) or 0 (refused: the run is not its owner's
-# and running any more, or its ids no longer follow, which XADD refuses without stopping the rest).
+# Every batch of a flush in one call (one round trip): KEYS the stream of each batch in turn (its
+# record's key is the stream's less ":log"); ARGV owner, maxlen, running ttl ms, then per batch
+# first, last, data. Per batch 1 (written) or 0 (refused: the run is not its owner's and running
+# any more, or its ids no longer follow, which XADD refuses without stopping the rest).
 _APPEND = """
 local out = {}
-for i = 1, #KEYS / 2 do
-  local meta, stream, a = KEYS[2 * i - 1], KEYS[2 * i], 4 * i
+for i = 1, #KEYS do
+  local stream, a = KEYS[i], 3 * i + 1
+  local meta = string.sub(stream, 1, -5)
   out[i] = 0
   if redis.call('HGET', meta, 'status') == 'running' and redis.call('HGET', meta, 'owner') == ARGV[1] then
-    local added = redis.pcall('XADD', stream, 'MAXLEN', '~', ARGV[2], ARGV[a], 'f', ARGV[a + 1], 'd', ARGV[a + 2])
+    local entry = ARGV[a + 1] .. '-0'
+    local added = redis.pcall('XADD', stream, 'MAXLEN', '~', ARGV[2], entry, 'f', ARGV[a], 'd', ARGV[a + 2])
     if type(added) ~= 'table' or not added.err then
-      redis.call('HSET', meta, 'last', ARGV[a + 3])
+      redis.call('HSET', meta, 'last', ARGV[a + 1])
       redis.call('PEXPIRE', stream, ARGV[3])
       out[i] = 1
     end
@@ -152,9 +154,9 @@ class RedisRunLog(RunLog, LoopRedis):
             keys: list[str] = []
             args: list[Any] = [self.owner, self.max_events, _RUNNING_TTL_MS]
             for b in batches:
-                keys += self._keys(b.run_id)
-                args += (f"{b.last}-0", b.first, b"".join(b.frames), b.last)
-            results = await self._scripts["append"](keys=keys, args=args, client=self._writer())
+                keys.append(self._keys(b.run_id)[1])
+                args += (b.first, b.last, b"".join(b.frames))
+            results = await self._write_script("append", keys, args)
         return [b.run_id for b, ok in zip(batches, results, strict=True) if not ok]
 
     async def end(self, run_id: str, status: str, last: int) -> None:
