@@ -116,7 +116,9 @@ class AguiMapper:
         self.done = False
         self._content = content = OpenContent(self.emitted_ids)
         self._prefixes = content.text_prefixes  # `encode`'s per-token path reads it
-        self._subagents = Subagents(content, self.emitted_ids, self._add_usage)
+        # Made at the first sub-agent event: most runs have none, and a run in flight holds what
+        # it made for as long as it streams (five objects more for the collector to walk).
+        self._subagents: Subagents | None = None
         self._step: str | None = None
         self._usage: dict[str, ChatUsage] = {}  # model name -> summed usage
         self._model = ""
@@ -154,7 +156,7 @@ class AguiMapper:
             if prefix is not None and event.delta and event.source is None:
                 return b"%b%b}\n\n" % (prefix, plain_json(event.delta))
         # The other deltas take `OpenContent.delta_frame` (a dict straight to JSON).
-        frame = self._content.delta_frame(event) if event.source is None else self._subagents.delta_frame(event)
+        frame = self._content.delta_frame(event) if event.source is None else self._children().delta_frame(event)
         if frame is not None:
             return frame
         out = self._map(event)
@@ -176,7 +178,7 @@ class AguiMapper:
     def _map(self, event: AgentEvent) -> list[AguiEvent]:
         out: list[AguiEvent] = []
         if event.source is not None:  # a sub-agent's event (`_agui_subagents`)
-            self._subagents.map(event, out)
+            self._children().map(event, out)
             return out
         kind = event.type
         on_content = CONTENT_HANDLERS.get(kind)
@@ -231,6 +233,11 @@ class AguiMapper:
         end_step(self._step, ev, self._content, out)
         self._step = None
 
+    def _children(self) -> Subagents:
+        if self._subagents is None:
+            self._subagents = Subagents(self._content, self.emitted_ids, self._add_usage)
+        return self._subagents
+
     def _add_usage(self, model: str, usage: ChatUsage) -> None:
         before = self._usage.get(model)
         self._usage[model] = usage if before is None else before + usage
@@ -257,15 +264,16 @@ class AguiMapper:
         out.append(CustomEvent(name=ev.name, value=jsonable(ev.value)))
 
     def _on_result_end(self, ev: Any, out: list[AguiEvent]) -> None:
-        if self._subagents.open:  # a child this call ran and that sent no end closes before the result
-            self._subagents.close_call(ev.tool_call_id, ev.state.value, out)
+        children = self._subagents
+        if children is not None and children.open:  # a child this call ran and sent no end closes first
+            children.close_call(ev.tool_call_id, ev.state.value, out)
         self._content.on_result_end(ev, out)
 
     # -- closing ---------------------------------------------------------------------------------
 
     def _interrupts(self) -> list[Interrupt]:
         interrupts = [_interrupt(c) for c in self._asking]
-        if self._reason in SUSPENDED:
+        if self._reason in SUSPENDED and self._subagents is not None:
             # A child's approval request is the run's when the run itself paused on it (the
             # parent waits for the child); a child that asked and then let its parent go on is
             # not waiting for anyone.
@@ -278,8 +286,9 @@ class AguiMapper:
 
     def _close_all(self, error: tuple[str, str] | None = None) -> list[AguiEvent]:
         out: list[AguiEvent] = []
-        if self._subagents.open:
-            self._subagents.close_all(out, error)
+        children = self._subagents
+        if children is not None and children.open:
+            children.close_all(out, error)
         out.extend(self._content.close())
         if self._step is not None:
             out.append(wire.step_finished(self._step))
