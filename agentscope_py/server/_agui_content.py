@@ -39,8 +39,10 @@ class OpenContent:
         # Open text block id -> its TEXT_MESSAGE_CONTENT frame up to the delta's JSON string (the
         # top level's only): `AguiMapper.encode` writes a token as this head, the string and `}`.
         self.text_prefixes: dict[str, bytes] = {}
-        self.reasoning: set[str] = set()  # open reasoning message ids (= thinking block ids)
-        self.calls: set[str] = set()  # open tool call ids (arguments still streaming)
+        # Dicts as ordered sets: one of strs is not tracked by the collector (a set always is),
+        # and a run in flight holds these as long as it streams; they close in opening order.
+        self.reasoning: dict[str, None] = {}  # open reasoning message ids (= thinking block ids)
+        self.calls: dict[str, None] = {}  # open tool call ids (arguments still streaming)
         self.results: dict[str, list[str]] = {}  # tool call id -> result text so far
         # For sub-agents (`_agui_subagents`): the tools running now (call id -> tool name, in
         # start order) and the assistant message that carried each call.
@@ -121,7 +123,7 @@ class OpenContent:
         self._open_reasoning(ev.block_id, out)
 
     def _open_reasoning(self, block_id: str, out: list[AguiEvent]) -> None:
-        self.reasoning.add(block_id)
+        self.reasoning[block_id] = None
         self.emitted_ids.add(block_id)
         out.append(wire.reasoning_start(block_id))
         out.append(wire.reasoning_message_start(block_id))
@@ -135,7 +137,7 @@ class OpenContent:
 
     def on_thinking_end(self, ev: Any, out: list[AguiEvent]) -> None:
         if ev.block_id in self.reasoning:
-            self.reasoning.discard(ev.block_id)
+            del self.reasoning[ev.block_id]
             out.append(wire.reasoning_message_end(ev.block_id))
             out.append(wire.reasoning_end(ev.block_id))
 
@@ -147,7 +149,7 @@ class OpenContent:
     def _open_call(self, call_id: str, name: str, out: list[AguiEvent]) -> None:
         parent = self._assistant()
         self.emitted_ids.add(parent)
-        self.calls.add(call_id)
+        self.calls[call_id] = None
         self.call_messages[call_id] = parent
         out.append(wire.tool_call_start(call_id, name, parent))
 
@@ -159,7 +161,7 @@ class OpenContent:
 
     def on_call_end(self, ev: Any, out: list[AguiEvent]) -> None:
         if ev.tool_call_id in self.calls:
-            self.calls.discard(ev.tool_call_id)
+            del self.calls[ev.tool_call_id]
             out.append(wire.tool_call_end(ev.tool_call_id))
 
     def on_result_start(self, ev: Any, out: list[AguiEvent]) -> None:

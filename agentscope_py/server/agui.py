@@ -122,8 +122,9 @@ class AguiMapper:
         self._step: str | None = None
         self._usage: dict[str, ChatUsage] = {}  # model name -> summed usage
         self._model = ""
-        self._asking: list[ToolUseBlock] = []
-        self._external: list[str] = []
+        # Tuples: the empty one is shared and untracked (a run in flight holds these as it streams).
+        self._asking: tuple[ToolUseBlock, ...] = ()
+        self._external: tuple[str, ...] = ()
         self._reason: GenerateReason | None = None
         self._result: Any = None
     # -- public API ------------------------------------------------------------------------------
@@ -245,10 +246,10 @@ class AguiMapper:
     # -- pauses, results, custom events ----------------------------------------------------------
 
     def _on_confirm(self, ev: Any, out: list[AguiEvent]) -> None:
-        self._asking.extend(ev.tool_calls)
+        self._asking += tuple(ev.tool_calls)
 
     def _on_external(self, ev: Any, out: list[AguiEvent]) -> None:
-        self._external.extend(c.id for c in ev.tool_calls)
+        self._external += tuple(c.id for c in ev.tool_calls)
 
     def _on_result(self, ev: Any, out: list[AguiEvent]) -> None:
         msg: Msg = ev.result
@@ -258,7 +259,7 @@ class AguiMapper:
             self._result = self._result.model_dump(mode="json")
         if msg.generate_reason is GenerateReason.TOOL_SUSPENDED and not self._external:
             # Resumed with some results: the calls still waiting are marked RUNNING in the reply.
-            self._external = [b.id for b in msg.tool_results if b.state is ToolResultState.RUNNING]
+            self._external = tuple(b.id for b in msg.tool_results if b.state is ToolResultState.RUNNING)
 
     def _on_custom(self, ev: Any, out: list[AguiEvent]) -> None:
         out.append(CustomEvent(name=ev.name, value=jsonable(ev.value)))
