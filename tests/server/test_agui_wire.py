@@ -39,7 +39,7 @@ from pydantic import TypeAdapter, ValidationError
 from pydantic_core import PydanticSerializationError
 
 from agentscope_py import events as ev
-from agentscope_py.message import ChatUsage, Msg
+from agentscope_py.message import ChatUsage, GenerateReason, Msg, ToolUseBlock
 from agentscope_py.server import _agui_encode
 from agentscope_py.server import _agui_wire as wire
 from agentscope_py.server._agui_content import attribute
@@ -202,3 +202,40 @@ def test_the_public_methods_hand_out_models() -> None:
     assert all(isinstance(e, BaseEvent) for e in finished)
     assert isinstance(finished[-1], RunFinishedEvent)
     assert isinstance(finished[-1].outcome, RunFinishedSuccessOutcome)
+
+
+def _finished(frames: bytes) -> dict[str, Any]:
+    _official(frames)
+    last: dict[str, Any] = json.loads(frames.split(b"\n\n")[-2][6:])
+    assert last["type"] == "RUN_FINISHED"
+    return last
+
+
+def test_a_result_and_pending_calls_finish_the_run_as_before() -> None:
+    call = ToolUseBlock(id="c1", name="ask", input={"q": 0.5})
+    mapper = AguiMapper("t", "r")
+    mapper.encode(ev.RequireExternalExecution(reply_id="r1", tool_calls=[call]))
+    reply = Msg.assistant("done").model_copy(update={"metadata": {"structured_output": {"score": 0.25, "ok": True}}})
+    mapper.encode(ev.AgentResult(result=reply))
+    last = _finished(mapper.encode_finish())
+    assert last["result"] == {"score": 0.25, "ok": True}  # a float: the model's own JSON writes it
+    assert last["outcome"] == {"type": "success", "pendingToolCallIds": ["c1"]}
+
+    mapper = AguiMapper("t", "r")
+    mapper.encode(ev.RequireExternalExecution(reply_id="r1", tool_calls=[call]))
+    assert _finished(mapper.encode_finish())["outcome"] == {"type": "success", "pendingToolCallIds": ["c1"]}
+
+
+def test_an_interrupted_reply_finishes_cancelled_with_what_was_open_closed() -> None:
+    mapper = AguiMapper("t", "r")
+    mapper.encode(ev.ModelCallStart(model="m", reply_id="r1"))
+    mapper.encode(ev.TextBlockDelta(block_id="b1", delta="par", reply_id="r1"))
+    mapper.encode(ev.ThinkingBlockDelta(block_id="k1", delta="hm", reply_id="r1"))
+    mapper.encode(ev.ToolCallDelta(tool_call_id="c1", tool_name="t", delta="{", reply_id="r1"))
+    reply = Msg.assistant("par").model_copy(update={"generate_reason": GenerateReason.INTERRUPTED})
+    mapper.encode(ev.AgentResult(result=reply))
+    frames = mapper.encode_finish()
+    assert _finished(frames)["outcome"] == {"type": "cancelled"}
+    assert [json.loads(p[6:])["type"] for p in frames.split(b"\n\n")[:-1]] == [
+        "REASONING_MESSAGE_END", "REASONING_END", "TEXT_MESSAGE_END", "TOOL_CALL_END", "STEP_FINISHED",
+        "RUN_FINISHED"]
