@@ -201,7 +201,8 @@ class AguiMapper:
         outcome = (wire.success(list(self._external)) if self._external
                    else wire.cancelled() if interrupted else wire.success())
         if interrupts or self._result is not None:
-            # Interrupts or a result are values of the caller's: this event stays a model.
+            # Interrupts or a result are values of the caller's: this event stays a model (the
+            # outcome's wire dict validated into its class).
             out.append(RunFinishedEvent(
                 thread_id=self.thread_id, run_id=self.run_id, result=self._result,
                 outcome=RunFinishedInterruptOutcome(interrupts=interrupts) if interrupts else outcome,  # type: ignore[arg-type]
