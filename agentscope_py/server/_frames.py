@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
+from functools import partial
 
 from ..events import AgentEvent, AgentResult, ModelCallEnd
 from ..message import TextBlock, ThinkingBlock
@@ -61,20 +62,22 @@ async def agui_frames(stream: EventStream[AgentEvent], mapper: AguiMapper, rid: 
 
 def cancelled_agui(mapper: AguiMapper) -> Callable[[LiveRun], bytes]:
     """The end of a cancelled AG-UI run: what was open closed, then RUN_ERROR."""
+    # Partials, not closures: a run in flight holds them (fewer objects for the collector).
+    return partial(_cancelled_agui, mapper)
 
-    def frame(live: LiveRun) -> bytes:
-        if mapper.done:
-            return b""
-        return mapper.encode_fail(asyncio.CancelledError(), message=CANCELLED, code="RunCancelled")
 
-    return frame
+def _cancelled_agui(mapper: AguiMapper, live: LiveRun) -> bytes:
+    if mapper.done:
+        return b""
+    return mapper.encode_fail(asyncio.CancelledError(), message=CANCELLED, code="RunCancelled")
 
 
 def cancelled_native(rid: str) -> Callable[[LiveRun], bytes]:
-    def frame(live: LiveRun) -> bytes:
-        return encode_error(asyncio.CancelledError(), message=CANCELLED, code="RunCancelled", request_id=rid)
+    return partial(_cancelled_native, rid)
 
-    return frame
+
+def _cancelled_native(rid: str, live: LiveRun) -> bytes:
+    return encode_error(asyncio.CancelledError(), message=CANCELLED, code="RunCancelled", request_id=rid)
 
 
 async def native_frames(stream: EventStream[AgentEvent], rid: str, pending: Pending, result_text: bool,
