@@ -14,28 +14,13 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any, cast
 
-from ag_ui.core import (
-    BaseEvent,
-    CustomEvent,
-    ReasoningEndEvent,
-    ReasoningMessageContentEvent,
-    ReasoningMessageEndEvent,
-    ReasoningMessageStartEvent,
-    ReasoningStartEvent,
-    StepFinishedEvent,
-    StepStartedEvent,
-    TextMessageContentEvent,
-    TextMessageEndEvent,
-    TextMessageStartEvent,
-    ToolCallArgsEvent,
-    ToolCallEndEvent,
-    ToolCallResultEvent,
-    ToolCallStartEvent,
-)
+from ag_ui.core import CustomEvent
 
 from ..events import AgentEvent, TextBlockDelta, ThinkingBlockDelta, ToolCallDelta
 from ..message import new_id
+from . import _agui_wire as wire
 from . import sse
+from ._agui_wire import AguiEvent
 
 __all__ = ["CONTENT_HANDLERS", "OpenContent", "attribute", "end_step", "jsonable", "start_step"]
 
@@ -45,14 +30,19 @@ class OpenContent:
     events for one of our events to ``out``."""
 
     __slots__ = ("_frame", "assistant_id", "call_messages", "calls", "emitted_ids", "reasoning", "results",
-                 "running", "texts")
+                 "running", "text_prefixes", "texts")
 
     def __init__(self, emitted_ids: set[str], subagent_run_id: str | None = None) -> None:
         self.emitted_ids = emitted_ids
         self.assistant_id: str | None = None  # the message of the current model call
         self.texts: dict[str, str] = {}  # open text block id -> message id
-        self.reasoning: set[str] = set()  # open reasoning message ids (= thinking block ids)
-        self.calls: set[str] = set()  # open tool call ids (arguments still streaming)
+        # Open text block id -> its TEXT_MESSAGE_CONTENT frame up to the delta's JSON string (the
+        # top level's only): `AguiMapper.encode` writes a token as this head, the string and `}`.
+        self.text_prefixes: dict[str, bytes] = {}
+        # Dicts as ordered sets: one of strs is not tracked by the collector (a set always is),
+        # and a run in flight holds these as long as it streams; they close in opening order.
+        self.reasoning: dict[str, None] = {}  # open reasoning message ids (= thinking block ids)
+        self.calls: dict[str, None] = {}  # open tool call ids (arguments still streaming)
         self.results: dict[str, list[str]] = {}  # tool call id -> result text so far
         # For sub-agents (`_agui_subagents`): the tools running now (call id -> tool name, in
         # start order) and the assistant message that carried each call.
@@ -81,16 +71,17 @@ class OpenContent:
             return self._frame("TOOL_CALL_ARGS", "toolCallId", event.tool_call_id, event.delta)
         return None
 
-    def close(self) -> list[BaseEvent]:
+    def close(self) -> list[AguiEvent]:
         """End events for everything still open (before a terminal event)."""
-        out: list[BaseEvent] = []
+        out: list[AguiEvent] = []
         for block_id in list(self.reasoning):
-            out.append(ReasoningMessageEndEvent(message_id=block_id))
-            out.append(ReasoningEndEvent(message_id=block_id))
+            out.append(wire.reasoning_message_end(block_id))
+            out.append(wire.reasoning_end(block_id))
         self.reasoning.clear()
-        out.extend(TextMessageEndEvent(message_id=m) for m in self.texts.values())
+        out.extend(wire.text_end(m) for m in self.texts.values())
         self.texts.clear()
-        out.extend(ToolCallEndEvent(tool_call_id=c) for c in self.calls)
+        self.text_prefixes.clear()
+        out.extend(wire.tool_call_end(c) for c in self.calls)
         self.calls.clear()
         return out
 
@@ -101,94 +92,96 @@ class OpenContent:
 
     # -- text and reasoning ----------------------------------------------------------------------
 
-    def on_text_start(self, ev: Any, out: list[BaseEvent]) -> None:
+    def on_text_start(self, ev: Any, out: list[AguiEvent]) -> None:
         self._open_text(ev.block_id, out)
 
-    def _open_text(self, block_id: str, out: list[BaseEvent]) -> str:
+    def _open_text(self, block_id: str, out: list[AguiEvent]) -> str:
         message_id = self._assistant()
         if message_id in self.texts.values():  # two text blocks open at once: keep them apart
             message_id = new_id("msg_")
         self.texts[block_id] = message_id
+        if self._frame is _frame:  # the top level's
+            head = _frame("TEXT_MESSAGE_CONTENT", "messageId", message_id, "")
+            self.text_prefixes[block_id] = head[:head.rindex(b'""}')]
         self.emitted_ids.add(message_id)
-        out.append(TextMessageStartEvent(message_id=message_id, role="assistant"))
+        out.append(wire.text_start(message_id))
         return message_id
 
-    def on_text_delta(self, ev: Any, out: list[BaseEvent]) -> None:
+    def on_text_delta(self, ev: Any, out: list[AguiEvent]) -> None:
         if not ev.delta:  # AG-UI rejects empty deltas
             return
         message_id = self.texts.get(ev.block_id) or self._open_text(ev.block_id, out)
-        out.append(TextMessageContentEvent(message_id=message_id, delta=ev.delta))
+        out.append(wire.text_content(message_id, ev.delta))
 
-    def on_text_end(self, ev: Any, out: list[BaseEvent]) -> None:
+    def on_text_end(self, ev: Any, out: list[AguiEvent]) -> None:
         message_id = self.texts.pop(ev.block_id, None)
+        self.text_prefixes.pop(ev.block_id, None)
         if message_id is not None:
-            out.append(TextMessageEndEvent(message_id=message_id))
+            out.append(wire.text_end(message_id))
 
-    def on_thinking_start(self, ev: Any, out: list[BaseEvent]) -> None:
+    def on_thinking_start(self, ev: Any, out: list[AguiEvent]) -> None:
         self._open_reasoning(ev.block_id, out)
 
-    def _open_reasoning(self, block_id: str, out: list[BaseEvent]) -> None:
-        self.reasoning.add(block_id)
+    def _open_reasoning(self, block_id: str, out: list[AguiEvent]) -> None:
+        self.reasoning[block_id] = None
         self.emitted_ids.add(block_id)
-        out.append(ReasoningStartEvent(message_id=block_id))
-        out.append(ReasoningMessageStartEvent(message_id=block_id, role="reasoning"))
+        out.append(wire.reasoning_start(block_id))
+        out.append(wire.reasoning_message_start(block_id))
 
-    def on_thinking_delta(self, ev: Any, out: list[BaseEvent]) -> None:
+    def on_thinking_delta(self, ev: Any, out: list[AguiEvent]) -> None:
         if not ev.delta:
             return
         if ev.block_id not in self.reasoning:
             self._open_reasoning(ev.block_id, out)
-        out.append(ReasoningMessageContentEvent(message_id=ev.block_id, delta=ev.delta))
+        out.append(wire.reasoning_content(ev.block_id, ev.delta))
 
-    def on_thinking_end(self, ev: Any, out: list[BaseEvent]) -> None:
+    def on_thinking_end(self, ev: Any, out: list[AguiEvent]) -> None:
         if ev.block_id in self.reasoning:
-            self.reasoning.discard(ev.block_id)
-            out.append(ReasoningMessageEndEvent(message_id=ev.block_id))
-            out.append(ReasoningEndEvent(message_id=ev.block_id))
+            del self.reasoning[ev.block_id]
+            out.append(wire.reasoning_message_end(ev.block_id))
+            out.append(wire.reasoning_end(ev.block_id))
 
     # -- tool calls and results ------------------------------------------------------------------
 
-    def on_call_start(self, ev: Any, out: list[BaseEvent]) -> None:
+    def on_call_start(self, ev: Any, out: list[AguiEvent]) -> None:
         self._open_call(ev.tool_call_id, ev.tool_name, out)
 
-    def _open_call(self, call_id: str, name: str, out: list[BaseEvent]) -> None:
+    def _open_call(self, call_id: str, name: str, out: list[AguiEvent]) -> None:
         parent = self._assistant()
         self.emitted_ids.add(parent)
-        self.calls.add(call_id)
+        self.calls[call_id] = None
         self.call_messages[call_id] = parent
-        out.append(ToolCallStartEvent(tool_call_id=call_id, tool_call_name=name, parent_message_id=parent))
+        out.append(wire.tool_call_start(call_id, name, parent))
 
-    def on_call_delta(self, ev: Any, out: list[BaseEvent]) -> None:
+    def on_call_delta(self, ev: Any, out: list[AguiEvent]) -> None:
         if ev.tool_call_id not in self.calls:
             self._open_call(ev.tool_call_id, ev.tool_name, out)
         if ev.delta:
-            out.append(ToolCallArgsEvent(tool_call_id=ev.tool_call_id, delta=ev.delta))
+            out.append(wire.tool_call_args(ev.tool_call_id, ev.delta))
 
-    def on_call_end(self, ev: Any, out: list[BaseEvent]) -> None:
+    def on_call_end(self, ev: Any, out: list[AguiEvent]) -> None:
         if ev.tool_call_id in self.calls:
-            self.calls.discard(ev.tool_call_id)
-            out.append(ToolCallEndEvent(tool_call_id=ev.tool_call_id))
+            del self.calls[ev.tool_call_id]
+            out.append(wire.tool_call_end(ev.tool_call_id))
 
-    def on_result_start(self, ev: Any, out: list[BaseEvent]) -> None:
+    def on_result_start(self, ev: Any, out: list[AguiEvent]) -> None:
         # The arguments are complete before the tool runs, whatever the producer did.
         self.on_call_end(ev, out)
         self.results[ev.tool_call_id] = []
         self.running[ev.tool_call_id] = ev.tool_name
 
-    def on_result_delta(self, ev: Any, out: list[BaseEvent]) -> None:
+    def on_result_delta(self, ev: Any, out: list[AguiEvent]) -> None:
         self.results.setdefault(ev.tool_call_id, []).append(ev.delta)
 
-    def on_result_end(self, ev: Any, out: list[BaseEvent]) -> None:
+    def on_result_end(self, ev: Any, out: list[AguiEvent]) -> None:
         self.on_call_end(ev, out)
         self.running.pop(ev.tool_call_id, None)
         self.call_messages.pop(ev.tool_call_id, None)
         text = "".join(self.results.pop(ev.tool_call_id, ()))
         message_id = new_id("toolmsg_")
         self.emitted_ids.add(message_id)
-        out.append(ToolCallResultEvent(
-            message_id=message_id, tool_call_id=ev.tool_call_id, content=text, role="tool",
-            metadata={"state": ev.state.value},  # AG-UI has no error flag on results; the page reads this
-        ))
+        # AG-UI has no error flag on results; the page reads ``metadata.state``.
+        out.append(wire.tool_call_result(message_id, ev.tool_call_id, text, ev.state.value))
 
 
 def _frame(event_type: str, id_key: str, id_value: str, delta: str) -> bytes:
@@ -204,17 +197,17 @@ def _sub_frame(subagent_run_id: str, event_type: str, id_key: str, id_value: str
 # -- model calls as steps (the top level's and each sub-agent's) ------------------------------------
 
 
-def start_step(open_step: str | None, model: str, content: OpenContent, out: list[BaseEvent]) -> str:
+def start_step(open_step: str | None, model: str, content: OpenContent, out: list[AguiEvent]) -> str:
     """STEP_STARTED for a model call (after closing ``open_step``); returns the new step name."""
     if open_step is not None:
-        out.append(StepFinishedEvent(step_name=open_step))
+        out.append(wire.step_finished(open_step))
     step = f"model:{model}"
     content.new_model_call()
-    out.append(StepStartedEvent(step_name=step))
+    out.append(wire.step_started(step))
     return step
 
 
-def end_step(open_step: str | None, ev: Any, content: OpenContent, out: list[BaseEvent]) -> None:
+def end_step(open_step: str | None, ev: Any, content: OpenContent, out: list[AguiEvent]) -> None:
     """The end of a model call: a discarded attempt is reported, then its step finishes."""
     assistant_id = content.assistant_id
     if ev.discarded and assistant_id is not None:
@@ -224,14 +217,17 @@ def end_step(open_step: str | None, ev: Any, content: OpenContent, out: list[Bas
         error = ev.error.split(":", 1)[0] if ev.error else None
         out.append(CustomEvent(name="model_call_discarded", value={"messageId": assistant_id, "error": error}))
     if open_step is not None:
-        out.append(StepFinishedEvent(step_name=open_step))
+        out.append(wire.step_finished(open_step))
 
 
-def attribute(events: list[BaseEvent], subagent_run_id: str) -> None:
-    """Marks ``events`` as a sub-agent's: every event a sub-agent's content produces has the
-    field (AG-UI's "attributable" events), `BaseEvent` itself does not declare it."""
+def attribute(events: list[AguiEvent], subagent_run_id: str) -> None:
+    """Marks ``events`` as a sub-agent's, in place: every event a sub-agent's content produces has
+    the field (AG-UI's "attributable" events), `BaseEvent` itself does not declare it."""
     for e in events:
-        cast(Any, e).subagent_run_id = subagent_run_id
+        if type(e) is dict:
+            wire.attribute(e, subagent_run_id)
+        else:
+            cast(Any, e).subagent_run_id = subagent_run_id
 
 
 def jsonable(value: Any) -> Any:
@@ -244,7 +240,7 @@ def jsonable(value: Any) -> Any:
     return value
 
 
-CONTENT_HANDLERS: dict[str, Callable[[OpenContent, Any, list[BaseEvent]], None]] = {
+CONTENT_HANDLERS: dict[str, Callable[[OpenContent, Any, list[AguiEvent]], None]] = {
     "text_block_start": OpenContent.on_text_start,
     "text_block_delta": OpenContent.on_text_delta,
     "text_block_end": OpenContent.on_text_end,

@@ -23,9 +23,10 @@ import enum
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from ag_ui.core import BaseEvent
 from ag_ui.encoder import EventEncoder
 from pydantic import BaseModel
+
+from ._agui_wire import AguiEvent, to_model
 
 __all__ = ["FrameEncoder"]
 
@@ -59,16 +60,20 @@ class FrameEncoder:
         self._official = EventEncoder()
         self._plans: dict[type[BaseModel], _Plan] = {}
 
-    def encode(self, events: Iterable[BaseEvent]) -> bytes:
+    def encode(self, events: Iterable[AguiEvent]) -> bytes:
         return b"".join([self.frame(e) for e in events])
 
-    def frame(self, event: BaseEvent) -> bytes:
+    def frame(self, event: AguiEvent) -> bytes:
+        """One event's frame: a model, or a lifecycle event's wire dict (`_agui_wire`), which is
+        its JSON already."""
         if _dumps is not None:
             try:
-                return b"data: %b\n\n" % _dumps(self._model(event))
+                if type(event) is dict:
+                    return b"data: %b\n\n" % _dumps(event)
+                return b"data: %b\n\n" % _dumps(self._model(event))  # type: ignore[arg-type]
             except (_Refused, TypeError, KeyError):  # orjson refused a value; a field never set
                 pass
-        return self._official.encode(event).encode()
+        return self._official.encode(to_model(event)).encode()
 
     def _plan(self, cls: type[BaseModel]) -> _Plan:
         decorators = cls.__pydantic_decorators__

@@ -22,9 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ag_ui.core import (
-    BaseEvent,
     CustomEvent,
-    StepFinishedEvent,
     SubagentErrorEvent,
     SubagentFinishedEvent,
     SubagentFinishedSuspendedOutcome,
@@ -32,7 +30,9 @@ from ag_ui.core import (
 )
 
 from ..message import ChatUsage, GenerateReason, Msg, ToolUseBlock, new_id
+from . import _agui_wire as wire
 from ._agui_content import CONTENT_HANDLERS, OpenContent, attribute, end_step, jsonable, start_step
+from ._agui_wire import AguiEvent
 
 __all__ = ["SUSPENDED", "Subagents"]
 
@@ -84,7 +84,7 @@ class Subagents:
     def open(self) -> bool:
         return bool(self._runs)
 
-    def map(self, ev: Any, out: list[BaseEvent]) -> None:
+    def map(self, ev: Any, out: list[AguiEvent]) -> None:
         """The AG-UI events for one event of a child (``ev.source`` is set)."""
         kind = ev.type
         if kind == "agent_start" and ev.reply_id not in self._runs:
@@ -140,21 +140,21 @@ class Subagents:
         self._latest[run.source] = run
         return run.content.delta_frame(ev)
 
-    def close_call(self, call_id: str, state: str, out: list[BaseEvent], owner: SubRun | None = None) -> None:
+    def close_call(self, call_id: str, state: str, out: list[AguiEvent], owner: SubRun | None = None) -> None:
         """A tool call of ``owner`` (None: the top level) has its result: the children it ran and
         that are still open end here, in error unless the call succeeded (a child that raised, or
         was cut, sends no end of its own)."""
         for run in [r for r in self._runs.values() if r.call_id == call_id and r.parent is owner]:
             self._finish(run, None if state == "success" else (f"the {run.name} tool call ended: {state}", state), out)
 
-    def close_all(self, out: list[BaseEvent], error: tuple[str, str] | None) -> None:
+    def close_all(self, out: list[AguiEvent], error: tuple[str, str] | None) -> None:
         """End every open invocation (the run is ending), innermost first."""
         for run in [r for r in self._runs.values() if r.parent is None]:
             self._finish(run, error or ("the run ended before the sub-agent did", "unfinished"), out)
 
     # -- lifecycle -------------------------------------------------------------------------------
 
-    def _start(self, run_id: str, name: str, source: str, out: list[BaseEvent]) -> SubRun:
+    def _start(self, run_id: str, name: str, source: str, out: list[AguiEvent]) -> SubRun:
         segments = source.split("/")
         parent: SubRun | None = None
         for run in self._runs.values():  # the caller: the open run with the longest prefix of our path
@@ -180,13 +180,13 @@ class Subagents:
             self._claimed.add(call_id)
         return call_id
 
-    def _finish(self, run: SubRun, error: tuple[str, str] | None, out: list[BaseEvent]) -> None:
+    def _finish(self, run: SubRun, error: tuple[str, str] | None, out: list[AguiEvent]) -> None:
         for child in [r for r in self._runs.values() if r.parent is run]:
             self._finish(child, error or ("the calling sub-agent ended first", "unfinished"), out)
         first = len(out)
         out.extend(run.content.close())
         if run.step is not None:
-            out.append(StepFinishedEvent(step_name=run.step))
+            out.append(wire.step_finished(run.step))
             run.step = None
         attribute(out[first:], run.id)
         if error is None and run.reason is GenerateReason.INTERRUPTED:

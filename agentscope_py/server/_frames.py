@@ -9,11 +9,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
+from functools import partial
 
 from ..events import AgentEvent, AgentResult, ModelCallEnd
 from ..message import TextBlock, ThinkingBlock
 from ..stream import EventStream
-from . import agui as agui_module
 from ._errors import Vocabulary, describe, log_failure
 from ._ledger import Emitted
 from ._live import LiveRun
@@ -52,11 +52,9 @@ async def agui_frames(stream: EventStream[AgentEvent], mapper: AguiMapper, rid: 
         if not _is_failure(exc):
             raise
         code, message = await _report(exc, rid, "agui", pending, f"AG-UI run {mapper.run_id}")
-        out = mapper.fail(exc)
-        # The mapper closed what was open; its RUN_ERROR gets the safe message instead of str(exc).
-        out[-1] = out[-1].model_copy(update={"message": message, "code": code})
         live.failed = True
-        yield agui_module.encode(out)
+        # The mapper closes what was open; its RUN_ERROR gets the safe message instead of str(exc).
+        yield mapper.encode_fail(exc, message=message, code=code)
         return
     emitted.remembered = True  # the run ended well, so its save stored the thread
     yield mapper.encode_finish()
@@ -64,22 +62,22 @@ async def agui_frames(stream: EventStream[AgentEvent], mapper: AguiMapper, rid: 
 
 def cancelled_agui(mapper: AguiMapper) -> Callable[[LiveRun], bytes]:
     """The end of a cancelled AG-UI run: what was open closed, then RUN_ERROR."""
+    # Partials, not closures: a run in flight holds them (fewer objects for the collector).
+    return partial(_cancelled_agui, mapper)
 
-    def frame(live: LiveRun) -> bytes:
-        if mapper.done:
-            return b""
-        out = mapper.fail(asyncio.CancelledError())
-        out[-1] = out[-1].model_copy(update={"message": CANCELLED, "code": "RunCancelled"})
-        return agui_module.encode(out)
 
-    return frame
+def _cancelled_agui(mapper: AguiMapper, live: LiveRun) -> bytes:
+    if mapper.done:
+        return b""
+    return mapper.encode_fail(asyncio.CancelledError(), message=CANCELLED, code="RunCancelled")
 
 
 def cancelled_native(rid: str) -> Callable[[LiveRun], bytes]:
-    def frame(live: LiveRun) -> bytes:
-        return encode_error(asyncio.CancelledError(), message=CANCELLED, code="RunCancelled", request_id=rid)
+    return partial(_cancelled_native, rid)
 
-    return frame
+
+def _cancelled_native(rid: str, live: LiveRun) -> bytes:
+    return encode_error(asyncio.CancelledError(), message=CANCELLED, code="RunCancelled", request_id=rid)
 
 
 async def native_frames(stream: EventStream[AgentEvent], rid: str, pending: Pending, result_text: bool,

@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import asyncio
 
-from ag_ui.core import RunErrorEvent
-
 from .._context import RuntimeContext
+from . import _agui_wire as wire
 from . import agui as agui_module
 from ._runlog import RunRecord
 from .sse import encode_error
@@ -27,7 +26,7 @@ def terminal_frame(kind: str, code: str, message: str) -> bytes:
     """A stream's last frame, without its ``id:`` line: the native ``event: error`` frame, or an
     AG-UI RUN_ERROR (nothing may follow either)."""
     if kind == "agui":
-        return agui_module.encode([RunErrorEvent(message=message, code=code)])
+        return agui_module.encode([wire.run_error(message, code)])
     return encode_error(RuntimeError(message), message=message, code=code)
 
 
@@ -96,7 +95,8 @@ class LiveRun:
                     frames.append(b"id: %d\n%b\n\n" % (self.base + len(frames) + 1, part))
         if len(frames) > self.keep:
             self.trim()
-        self.wake()
+        if self.waiters:  # `wake`, inline: a call fewer per token
+            self.waiters = _resolve(self.waiters)
 
     def wake(self) -> None:
         if self.waiters:

@@ -229,6 +229,7 @@ class Runs:
         while me in live.cursors:  # ids of dead objects repeat
             me += 1
         live.moved(me, cursor)
+        cursors = live.cursors
         beat = Beat(loop, heartbeat) if heartbeat is not None and heartbeat > 0 else None
         try:
             while True:
@@ -237,11 +238,18 @@ class Runs:
                     yield gap_frame(live.kind, cursor)
                     return
                 frames = live.frames
-                if start < len(frames):
-                    end = min(len(frames), start + CHUNK_FRAMES)
-                    cursor = live.base + end
-                    yield frames[start] if end == start + 1 else b"".join(frames[start:end])
-                    live.moved(me, cursor)
+                ready = len(frames)
+                if start < ready:
+                    if start + 1 == ready:  # one frame: each token at light load
+                        piece = frames[start]
+                    else:
+                        ready = min(ready, start + CHUNK_FRAMES)
+                        piece = b"".join(frames[start:ready])
+                    cursor = live.base + ready
+                    yield piece
+                    cursors[me] = cursor
+                    if live.rooms:  # the run waits for room (`moved`; inline, as this is per token)
+                        live.moved(me, cursor)
                     if beat is not None:
                         beat.sent += 1
                 elif live.done:

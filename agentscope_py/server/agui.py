@@ -39,18 +39,14 @@ from ag_ui.core import (
     BaseEvent,
     CustomEvent,
     Interrupt,
-    RunErrorEvent,
-    RunFinishedCancelledOutcome,
     RunFinishedEvent,
     RunFinishedInterruptOutcome,
-    RunFinishedSuccessOutcome,
-    RunStartedEvent,
-    StepFinishedEvent,
     TokenUsage,
 )
 
-from ..events import AgentEvent
+from ..events import AgentEvent, TextBlockDelta
 from ..message import ChatUsage, GenerateReason, Msg, ToolResultState, ToolUseBlock
+from . import _agui_wire as wire
 from ._agui_content import CONTENT_HANDLERS, OpenContent, end_step, jsonable, start_step
 from ._agui_encode import FrameEncoder
 from ._agui_input import (
@@ -62,6 +58,8 @@ from ._agui_input import (
     to_msgs,
 )
 from ._agui_subagents import SUSPENDED, Subagents
+from ._agui_wire import AguiEvent, WireEvent, models
+from .sse import plain_json
 
 __all__ = [
     "INTERRUPT_REASON",
@@ -90,9 +88,9 @@ _RESPONSE_SCHEMA: dict[str, Any] = {
 }
 
 
-def encode(events: Iterable[BaseEvent]) -> bytes:
-    """SSE frames (``data: <json>\\n\\n`` each) of AG-UI events: the official encoder's bytes
-    (`FrameEncoder`)."""
+def encode(events: Iterable[AguiEvent]) -> bytes:
+    """SSE frames (``data: <json>\\n\\n`` each) of AG-UI events (models, or the lifecycle
+    events' wire dicts, `_agui_wire`): the official encoder's bytes (`FrameEncoder`)."""
     return _ENCODER.encode(events)
 
 
@@ -106,6 +104,9 @@ class AguiMapper:
 
     ``map(event)`` returns the AG-UI event objects instead of bytes. ``emitted_ids`` collects every
     message id the client will see, so the server can tell them apart from new input later.
+
+    The ``encode*`` methods never build the lifecycle events' models: those are their wire dicts
+    (`_agui_wire`), and the public ``start`` / ``map`` / ``finish`` / ``fail`` turn them into models.
     """
 
     def __init__(self, thread_id: str, run_id: str, *, emitted_ids: set[str] | None = None) -> None:
@@ -114,24 +115,71 @@ class AguiMapper:
         self.emitted_ids: set[str] = emitted_ids if emitted_ids is not None else set()
         self.done = False
         self._content = content = OpenContent(self.emitted_ids)
-        self._subagents = Subagents(content, self.emitted_ids, self._add_usage)
+        self._prefixes = content.text_prefixes  # `encode`'s per-token path reads it
+        # Made at the first sub-agent event: most runs have none, and a run in flight holds what
+        # it made for as long as it streams (five objects more for the collector to walk).
+        self._subagents: Subagents | None = None
         self._step: str | None = None
         self._usage: dict[str, ChatUsage] = {}  # model name -> summed usage
         self._model = ""
-        self._asking: list[ToolUseBlock] = []
-        self._external: list[str] = []
+        # Tuples: the empty one is shared and untracked (a run in flight holds these as it streams).
+        self._asking: tuple[ToolUseBlock, ...] = ()
+        self._external: tuple[str, ...] = ()
         self._reason: GenerateReason | None = None
         self._result: Any = None
     # -- public API ------------------------------------------------------------------------------
 
     def start(self) -> list[BaseEvent]:
-        return [RunStartedEvent(thread_id=self.thread_id, run_id=self.run_id)]
+        return models(self._start())
 
     def map(self, event: AgentEvent) -> list[BaseEvent]:
         """The AG-UI events for one of ours (often one, sometimes none or several)."""
-        out: list[BaseEvent] = []
+        return models(self._map(event))
+
+    def finish(self) -> list[BaseEvent]:
+        """Close what is open, then RUN_FINISHED with the outcome and the token usage."""
+        return models(self._finish())
+
+    def fail(self, error: BaseException) -> list[BaseEvent]:
+        """Close what is open, then RUN_ERROR: the terminal event, nothing may follow it."""
+        return models(self._fail(error))
+
+    def encode_start(self) -> bytes:
+        return encode(self._start())
+
+    def encode(self, event: AgentEvent) -> bytes:
+        """The SSE bytes for one of our events (``b""`` when it maps to nothing)."""
+        if type(event) is TextBlockDelta:
+            # The per-token path, almost every event of a run: a text delta into an open message
+            # of the top level is its frame's constant head (made when the message opened,
+            # `OpenContent.text_prefixes`) and the delta's JSON string, in this one call.
+            prefix = self._prefixes.get(event.block_id)
+            if prefix is not None and event.delta and event.source is None:
+                return b"%b%b}\n\n" % (prefix, plain_json(event.delta))
+        # The other deltas take `OpenContent.delta_frame` (a dict straight to JSON).
+        frame = self._content.delta_frame(event) if event.source is None else self._children().delta_frame(event)
+        if frame is not None:
+            return frame
+        out = self._map(event)
+        return encode(out) if out else b""
+
+    def encode_finish(self) -> bytes:
+        return encode(self._finish())
+
+    def encode_fail(self, error: BaseException, *, message: str | None = None, code: str | None = None) -> bytes:
+        """RUN_ERROR's frames (`fail`); ``message`` and ``code`` replace the error's own (the
+        server sends a safe message instead of ``str(error)``)."""
+        return encode(self._fail(error, message, code))
+
+    # -- the events, as the encoder takes them ----------------------------------------------------
+
+    def _start(self) -> list[AguiEvent]:
+        return [wire.run_started(self.thread_id, self.run_id)]
+
+    def _map(self, event: AgentEvent) -> list[AguiEvent]:
+        out: list[AguiEvent] = []
         if event.source is not None:  # a sub-agent's event (`_agui_subagents`)
-            self._subagents.map(event, out)
+            self._children().map(event, out)
             return out
         kind = event.type
         on_content = CONTENT_HANDLERS.get(kind)
@@ -145,66 +193,52 @@ class AguiMapper:
             handler(self, event, out)
         return out
 
-    def finish(self) -> list[BaseEvent]:
-        """Close what is open, then RUN_FINISHED with the outcome and the token usage."""
+    def _finish(self) -> list[AguiEvent]:
         interrupted = self._reason is GenerateReason.INTERRUPTED
         out = self._close_all(("the run was interrupted", "interrupted") if interrupted else None)
-        outcome: Any
+        usage = self._token_usage()
         interrupts = self._interrupts()
-        if interrupts:
-            outcome = RunFinishedInterruptOutcome(interrupts=interrupts)
-        elif self._external:
-            outcome = RunFinishedSuccessOutcome(pending_tool_call_ids=list(self._external))
-        elif interrupted:
-            outcome = RunFinishedCancelledOutcome()
+        outcome = (wire.success(list(self._external)) if self._external
+                   else wire.cancelled() if interrupted else wire.success())
+        if interrupts or self._result is not None:
+            # Interrupts or a result are values of the caller's: this event stays a model (the
+            # outcome's wire dict validated into its class).
+            out.append(RunFinishedEvent(
+                thread_id=self.thread_id, run_id=self.run_id, result=self._result,
+                outcome=RunFinishedInterruptOutcome(interrupts=interrupts) if interrupts else outcome,  # type: ignore[arg-type]
+                usage=[TokenUsage.model_validate(u) for u in usage] if usage is not None else None,
+            ))
         else:
-            outcome = RunFinishedSuccessOutcome()
-        out.append(RunFinishedEvent(
-            thread_id=self.thread_id, run_id=self.run_id, outcome=outcome, usage=self._token_usage(),
-            result=self._result,
-        ))
+            out.append(wire.run_finished(self.thread_id, self.run_id, outcome, usage))
         self.done = True
         return out
 
-    def fail(self, error: BaseException) -> list[BaseEvent]:
-        """Close what is open, then RUN_ERROR: the terminal event, nothing may follow it."""
+    def _fail(self, error: BaseException, message: str | None = None, code: str | None = None) -> list[AguiEvent]:
         # The sub-agents' errors name only the type: the server replaces RUN_ERROR's message with a
         # safe one, and these must not carry what it hides.
         out = self._close_all(("the run failed", type(error).__name__))
-        message = str(error) or type(error).__name__
-        out.append(RunErrorEvent(message=message, code=type(error).__name__, usage=self._token_usage()))
+        if message is None:
+            message = str(error) or type(error).__name__
+        out.append(wire.run_error(message, code if code is not None else type(error).__name__, self._token_usage()))
         self.done = True
         return out
 
-    def encode_start(self) -> bytes:
-        return encode(self.start())
-
-    def encode(self, event: AgentEvent) -> bytes:
-        """The SSE bytes for one of our events (``b""`` when it maps to nothing). Deltas, almost
-        every event of a run, take a fast path (`OpenContent.delta_frame`)."""
-        frame = self._content.delta_frame(event) if event.source is None else self._subagents.delta_frame(event)
-        if frame is not None:
-            return frame
-        out = self.map(event)
-        return encode(out) if out else b""
-
-    def encode_finish(self) -> bytes:
-        return encode(self.finish())
-
-    def encode_fail(self, error: BaseException) -> bytes:
-        return encode(self.fail(error))
-
     # -- model calls ------------------------------------------------------------------------------
 
-    def _on_model_start(self, ev: Any, out: list[BaseEvent]) -> None:
+    def _on_model_start(self, ev: Any, out: list[AguiEvent]) -> None:
         self._model = ev.model
         self._step = start_step(self._step, ev.model, self._content, out)
 
-    def _on_model_end(self, ev: Any, out: list[BaseEvent]) -> None:
+    def _on_model_end(self, ev: Any, out: list[AguiEvent]) -> None:
         if ev.usage is not None:
             self._add_usage(self._model, ev.usage)
         end_step(self._step, ev, self._content, out)
         self._step = None
+
+    def _children(self) -> Subagents:
+        if self._subagents is None:
+            self._subagents = Subagents(self._content, self.emitted_ids, self._add_usage)
+        return self._subagents
 
     def _add_usage(self, model: str, usage: ChatUsage) -> None:
         before = self._usage.get(model)
@@ -212,13 +246,13 @@ class AguiMapper:
 
     # -- pauses, results, custom events ----------------------------------------------------------
 
-    def _on_confirm(self, ev: Any, out: list[BaseEvent]) -> None:
-        self._asking.extend(ev.tool_calls)
+    def _on_confirm(self, ev: Any, out: list[AguiEvent]) -> None:
+        self._asking += tuple(ev.tool_calls)
 
-    def _on_external(self, ev: Any, out: list[BaseEvent]) -> None:
-        self._external.extend(c.id for c in ev.tool_calls)
+    def _on_external(self, ev: Any, out: list[AguiEvent]) -> None:
+        self._external += tuple(c.id for c in ev.tool_calls)
 
-    def _on_result(self, ev: Any, out: list[BaseEvent]) -> None:
+    def _on_result(self, ev: Any, out: list[AguiEvent]) -> None:
         msg: Msg = ev.result
         self._reason = msg.generate_reason
         self._result = msg.metadata.get("structured_output")
@@ -226,21 +260,22 @@ class AguiMapper:
             self._result = self._result.model_dump(mode="json")
         if msg.generate_reason is GenerateReason.TOOL_SUSPENDED and not self._external:
             # Resumed with some results: the calls still waiting are marked RUNNING in the reply.
-            self._external = [b.id for b in msg.tool_results if b.state is ToolResultState.RUNNING]
+            self._external = tuple(b.id for b in msg.tool_results if b.state is ToolResultState.RUNNING)
 
-    def _on_custom(self, ev: Any, out: list[BaseEvent]) -> None:
+    def _on_custom(self, ev: Any, out: list[AguiEvent]) -> None:
         out.append(CustomEvent(name=ev.name, value=jsonable(ev.value)))
 
-    def _on_result_end(self, ev: Any, out: list[BaseEvent]) -> None:
-        if self._subagents.open:  # a child this call ran and that sent no end closes before the result
-            self._subagents.close_call(ev.tool_call_id, ev.state.value, out)
+    def _on_result_end(self, ev: Any, out: list[AguiEvent]) -> None:
+        children = self._subagents
+        if children is not None and children.open:  # a child this call ran and sent no end closes first
+            children.close_call(ev.tool_call_id, ev.state.value, out)
         self._content.on_result_end(ev, out)
 
     # -- closing ---------------------------------------------------------------------------------
 
     def _interrupts(self) -> list[Interrupt]:
         interrupts = [_interrupt(c) for c in self._asking]
-        if self._reason in SUSPENDED:
+        if self._reason in SUSPENDED and self._subagents is not None:
             # A child's approval request is the run's when the run itself paused on it (the
             # parent waits for the child); a child that asked and then let its parent go on is
             # not waiting for anyone.
@@ -251,34 +286,28 @@ class AguiMapper:
                     interrupts.append(_interrupt(call).model_copy(update={"subagent_run_id": run_id}))
         return interrupts
 
-    def _close_all(self, error: tuple[str, str] | None = None) -> list[BaseEvent]:
-        out: list[BaseEvent] = []
-        if self._subagents.open:
-            self._subagents.close_all(out, error)
+    def _close_all(self, error: tuple[str, str] | None = None) -> list[AguiEvent]:
+        out: list[AguiEvent] = []
+        children = self._subagents
+        if children is not None and children.open:
+            children.close_all(out, error)
         out.extend(self._content.close())
         if self._step is not None:
-            out.append(StepFinishedEvent(step_name=self._step))
+            out.append(wire.step_finished(self._step))
             self._step = None
         return out
 
-    def _token_usage(self) -> list[TokenUsage] | None:
+    def _token_usage(self) -> list[WireEvent] | None:
         if not self._usage:
             return None
         return [
-            TokenUsage(
-                model=model or None,
-                input_tokens=u.input_tokens,
-                output_tokens=u.output_tokens,
-                total_tokens=u.total_tokens,
-                reasoning_tokens=u.reasoning_tokens or None,
-                cached_input_tokens=u.cache_read_tokens or None,
-                cache_write_input_tokens=u.cache_write_tokens or None,
-            )
+            wire.token_usage(model or None, u.input_tokens, u.output_tokens, u.total_tokens,
+                             u.reasoning_tokens or None, u.cache_read_tokens or None, u.cache_write_tokens or None)
             for model, u in self._usage.items()
         ]
 
 
-def _ignore(mapper: AguiMapper, ev: Any, out: list[BaseEvent]) -> None:
+def _ignore(mapper: AguiMapper, ev: Any, out: list[AguiEvent]) -> None:
     return None
 
 
@@ -286,7 +315,7 @@ def _ignore(mapper: AguiMapper, ev: Any, out: list[BaseEvent]) -> None:
 # `OpenContent` (the content events' table is `_agui_content.CONTENT_HANDLERS`, the sub-agents' too).
 # Per-instance tables of bound methods were 21 objects per run for the collector to walk for as
 # long as the run streams (a served process holds thousands of runs).
-_HANDLERS: dict[str, Callable[[AguiMapper, Any, list[BaseEvent]], None]] = {
+_HANDLERS: dict[str, Callable[[AguiMapper, Any, list[AguiEvent]], None]] = {
     "agent_start": _ignore,
     "agent_end": _ignore,
     "agent_result": AguiMapper._on_result,

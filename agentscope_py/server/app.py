@@ -142,7 +142,7 @@ class _Server:
                                                                           emitted), cancelled_agui(mapper))
         except Exception as exc:  # HTTPError, or a store failing while the thread's memory loads
             return _refused(exc, rid, "POST /agui")
-        return self._sse(lambda: self.registry.follow(live, 0, self.heartbeat), live.run_id)
+        return self._sse(partial(self.registry.follow, live, 0, self.heartbeat), live.run_id)
 
     def _detach(self, request: Request, asked: Any) -> bool:
         """``detach`` from the body (or ``?detach=``), else the server's default."""
@@ -196,7 +196,7 @@ class _Server:
                                              cancelled_native(rid))
         except Exception as exc:  # HTTPError, or an authenticate() that failed
             return _refused(exc, rid, "POST /v1/runs")
-        return self._sse(lambda: self.registry.follow(live, 0, self.heartbeat), live.run_id)
+        return self._sse(partial(self.registry.follow, live, 0, self.heartbeat), live.run_id)
 
     async def run_events(self, request: Request) -> Response:
         """``GET /v1/runs/{run_id}/events``: the run's frames after ``Last-Event-ID`` (or
