@@ -48,14 +48,18 @@ class LiveRun:
     wire; a follower keeps a position and waits on ``waiters`` for more. ``detach``: the run
     outlives its clients (otherwise it is cancelled once the last one leaves)."""
 
-    __slots__ = ("base", "ctx", "cursors", "detach", "done", "failed", "flushed", "frames", "keep", "record",
-                 "rooms", "shared", "task", "waiters")
+    __slots__ = ("base", "ctx", "cursors", "detach", "done", "failed", "flushed", "frames", "keep", "outbox",
+                 "record", "rooms", "shared", "task", "waiters")
 
     def __init__(self, record: RunRecord, ctx: RuntimeContext, detach: bool, *, keep: int = 100_000,
-                 shared: bool = False) -> None:
+                 outbox: set[LiveRun] | None = None) -> None:
         self.record = record
         self.keep = keep  # frames kept (the log's max_events)
-        self.shared = shared  # frames reach the log in batches during the run (else at its end)
+        # A shared log gets frames in batches during the run (else all at its end): a run with
+        # frames not handed to it yet is in ``outbox``, so a flush looks at those runs only, not
+        # at every run in flight.
+        self.outbox = outbox
+        self.shared = outbox is not None
         self.ctx = ctx
         self.detach = detach
         self.frames: list[bytes] = []
@@ -95,6 +99,8 @@ class LiveRun:
                     frames.append(b"id: %d\n%b\n\n" % (self.base + len(frames) + 1, part))
         if len(frames) > self.keep:
             self.trim()
+        if self.outbox is not None:
+            self.outbox.add(self)
         if self.waiters:  # `wake`, inline: a call fewer per token
             self.waiters = _resolve(self.waiters)
 

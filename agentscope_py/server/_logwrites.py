@@ -78,10 +78,7 @@ class LogWrites:
         runs whose batches the log refused (another process declared them lost)."""
         async with self._lock:
             refused: list[str] = []
-            # Every live run is looked at every flush (50 times a second): the check is inline,
-            # not `LiveRun.last` (a property call per run per flush was most of a flush's cost at
-            # a thousand runs).
-            batches = [self.batch(live) for live in runs if live.base + len(live.frames) > live.flushed]
+            batches = [self.batch(live) for live in runs if live.last > live.flushed]
             if batches:
                 try:
                     refused = await self.log.append(batches)

@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import re
 from collections.abc import Sequence
 from typing import Any, ClassVar
 from urllib.parse import quote
@@ -106,6 +107,7 @@ return 1
 
 
 _typed = functools.partial(redis_errors, "the run log")
+_UNQUOTED = re.compile(r"[A-Za-z0-9_.~-]*")  # what urllib.parse.quote(safe="") never changes
 
 
 class RedisRunLog(RunLog, LoopRedis):
@@ -131,7 +133,10 @@ class RedisRunLog(RunLog, LoopRedis):
         self._listener: asyncio.Task[None] | None = None
 
     def _keys(self, run_id: str) -> list[str]:
-        meta = f"{self.prefix}:run:{quote(run_id, safe='')}"
+        # (a run id that quoting leaves as it is, such as a UUID, skips it: a flush names a key
+        # per batch)
+        encoded = run_id if _UNQUOTED.fullmatch(run_id) else quote(run_id, safe="")
+        meta = f"{self.prefix}:run:{encoded}"
         return [meta, meta + ":log"]
 
     def _owner_key(self, owner: str) -> str:

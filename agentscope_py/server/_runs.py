@@ -62,6 +62,7 @@ class Runs:
         self.flush_interval = flush_interval
         self.poll = poll
         self.live: dict[str, LiveRun] = {}
+        self._outbox: set[LiveRun] = set()  # runs with frames the shared log has not had yet
         self.writes = LogWrites(run_log)
         self._per_user: dict[str, int] = {}
         self._tasks: list[asyncio.Task[None]] = []
@@ -119,7 +120,8 @@ class Runs:
             raise _unavailable() from exc
         if not created:
             raise HTTPError(409, "run_id_in_use", f"run id {record.run_id!r} is in use: send a new id for each run")
-        live = LiveRun(record, ctx, detach, keep=self.log.max_events, shared=self.log.shared)
+        live = LiveRun(record, ctx, detach, keep=self.log.max_events,
+                       outbox=self._outbox if self.log.shared else None)
         self.count(record.run_id, live)
         live.task = asyncio.get_running_loop().create_task(self._drive(live, source, cancelled_frame))
         return live
@@ -351,7 +353,9 @@ class Runs:
     async def _flusher(self) -> None:
         while True:
             await asyncio.sleep(self.flush_interval)
-            refused = await self.writes.flush(list(self.live.values()))
+            pending = list(self._outbox)
+            self._outbox.clear()
+            refused = await self.writes.flush(pending)
             for run_id in refused:  # declared lost by another process: stop working for nobody
                 live = self.live.get(run_id)
                 if live is not None and live.task is not None:
