@@ -20,6 +20,11 @@ the share of a reply's deltas that reached the client together, in one read, is 
     .venv/bin/python benchmarks/bench_server_instructions.py                    # (a) and (b)
     .venv/bin/python benchmarks/bench_server_instructions.py --servers a --baseline /work/before
     .venv/bin/python benchmarks/bench_server_instructions.py --tool 1          # a tool turn per run
+    .venv/bin/python benchmarks/bench_server_instructions.py --servers d,b1    # the Redis run log; the
+                                                     # relay reading the upstream over Http1Transport
+
+(d)'s redis-server is started here and not counted (another process, as the upstream is); with one
+client every token of (d) is a flush of its own, the shared log's worst case.
 """
 
 from __future__ import annotations
