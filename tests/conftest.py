@@ -136,6 +136,36 @@ def redis_url() -> Iterator[str]:
 
 
 @pytest.fixture
+def own_redis() -> Iterator[Any]:
+    """A redis-server of this test's own, which it may stop and start again on the same port."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        pytest.fail("this test needs redis-server on PATH", pytrace=False)
+    port = free_port()
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def start() -> None:
+        procs.append(subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                                       "--appendonly", "no"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        deadline = time.monotonic() + 10
+        while not _redis_ping(port):
+            assert time.monotonic() < deadline, "redis-server did not start"
+            time.sleep(0.02)
+
+    def stop() -> None:
+        procs[-1].kill()
+        procs[-1].wait()
+
+    start()
+    yield type("OwnRedis", (), {"url": f"redis://127.0.0.1:{port}/0", "start": staticmethod(start),
+                                "stop": staticmethod(stop)})
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.fixture
 def redis_prefix(redis_url: str) -> Iterator[str]:
     """A key prefix per test, so tests (and a shared CI server) never see each other's keys;
     the test's keys are deleted after it. Sync, so async tests may ``getfixturevalue`` it."""

@@ -6,11 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import shutil
-import socket
-import subprocess
-import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -71,51 +66,6 @@ async def test_a_stalled_server_is_a_typed_error_and_its_late_reply_is_never_rea
     finally:
         await admin.aclose()
         await log.close()
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def answers(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.5) as sock:
-            sock.sendall(b"PING\r\n")
-            return sock.recv(16).startswith(b"+PONG")
-    except OSError:
-        return False
-
-
-@pytest.fixture
-def own_redis() -> Iterator[Any]:
-    """A redis-server of this test's own, which it may stop and start again on the same port."""
-    binary = shutil.which("redis-server")
-    if binary is None:
-        pytest.fail("this test needs redis-server on PATH", pytrace=False)
-    port = free_port()
-    procs: list[subprocess.Popen[bytes]] = []
-
-    def start() -> None:
-        procs.append(subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                                       "--appendonly", "no"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        deadline = time.monotonic() + 10
-        while not answers(port):
-            assert time.monotonic() < deadline, "redis-server did not start"
-            time.sleep(0.02)
-
-    def stop() -> None:
-        procs[-1].kill()
-        procs[-1].wait()
-
-    start()
-    yield type("OwnRedis", (), {"url": f"redis://127.0.0.1:{port}/0", "start": staticmethod(start),
-                                "stop": staticmethod(stop)})
-    for proc in procs:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
 
 
 async def test_a_dead_server_is_a_typed_error_and_a_restarted_one_takes_writes_again(own_redis: Any) -> None:
