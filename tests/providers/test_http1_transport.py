@@ -478,3 +478,108 @@ async def test_a_models_own_client_reuses_its_connection(
     assert [text_of(await collect(model.stream(ask()))) for _ in range(2)] == ["one", "two"]
     assert [r.connection for r in server.requests] == [1, 1]
     assert isinstance(model.http_client._transport, Http1Transport)
+
+
+async def test_a_request_cancelled_while_waiting_for_its_answer_closes_its_connection() -> None:
+    seen_eof = asyncio.Event()
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
+        await read_request(reader)
+        if n == 1:
+            await reader.read()  # never answers; the client's cancel ends the connection
+            seen_eof.set()
+            return
+        writer.write(response(b"fresh"))
+        await reader.read()
+
+    transport = Http1Transport(limits=httpx2.Limits(max_connections=1, max_keepalive_connections=1))
+    async with RawServer(handler) as srv, httpx2.AsyncClient(transport=transport, timeout=5.0) as http:
+        waiting = asyncio.ensure_future(http.get(srv.url))
+        await asyncio.sleep(0.1)
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        await asyncio.wait_for(seen_eof.wait(), 5)
+        assert transport.open_connections == 0
+        # The pool's one slot is free again: the next request gets a new connection at once.
+        assert (await http.get(srv.url)).text == "fresh" and srv.connections == 2
+
+
+async def test_a_reader_cancelled_midway_closes_its_connection_and_frees_its_slot() -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
+        await read_request(reader)
+        if n == 1:
+            writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nfirst\r\n")
+            await reader.read()
+            return
+        writer.write(response(b"next"))
+        await reader.read()
+
+    transport = Http1Transport(limits=httpx2.Limits(max_connections=1, max_keepalive_connections=1))
+    async with RawServer(handler) as srv, httpx2.AsyncClient(transport=transport, timeout=5.0) as http:
+        got: list[bytes] = []
+
+        async def read_all() -> None:
+            async with http.stream("GET", srv.url) as reply:
+                async for piece in reply.aiter_raw():
+                    got.append(piece)
+
+        reading = asyncio.ensure_future(read_all())
+        await asyncio.sleep(0.1)
+        reading.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await reading
+        assert got == [b"first"] and transport.open_connections == 0
+        assert (await http.get(srv.url)).text == "next"
+
+
+async def test_the_pools_slots_survive_any_mix_of_failures() -> None:
+    """200 requests, 20 at a time, through a pool of 5 connections, each answered at random (whole,
+    cut midway, closed unanswered, stalled past the read timeout, or left by its reader): each
+    ends with its body or a typed error, and no slot leaks (a leak would starve the last ones into
+    PoolTimeout)."""
+    import random
+
+    rng = random.Random(20)
+    fates = [rng.choice(["whole", "cut", "unanswered", "stall", "left"]) for _ in range(200)]
+    queue = list(fates)
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
+        while queue:
+            await read_request(reader)
+            fate = queue.pop(0)
+            if fate == "unanswered":
+                return
+            if fate == "cut":
+                writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 50\r\n\r\npart")
+                return
+            if fate == "stall":
+                writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 50\r\n\r\npart")
+                await reader.read()
+                return
+            writer.write(response(b"x" * 1000, framing="chunked"))
+            await writer.drain()
+
+    limits = httpx2.Limits(max_connections=5, max_keepalive_connections=5)
+    transport = Http1Transport(limits=limits)
+    outcomes: list[str] = []
+    async with RawServer(handler) as srv, httpx2.AsyncClient(
+            transport=transport, timeout=httpx2.Timeout(0.3, pool=10.0)) as http:
+        gate = asyncio.Semaphore(20)
+
+        async def one(leave: bool) -> None:
+            async with gate:
+                try:
+                    async with http.stream("GET", srv.url) as reply:
+                        if leave:
+                            outcomes.append("left")
+                            return
+                        body = await reply.aread()
+                        assert body == b"x" * 1000
+                        outcomes.append("ok")
+                except (httpx2.RemoteProtocolError, httpx2.ReadTimeout):
+                    outcomes.append("typed error")
+
+        await asyncio.gather(*(one(fate == "left") for fate in fates))
+        assert transport.open_connections <= 5
+    assert len(outcomes) == 200 and {"ok", "typed error", "left"} <= set(outcomes)
