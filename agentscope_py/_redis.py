@@ -113,6 +113,11 @@ def _packed(args: Sequence[bytes | str | int]) -> bytes:
     """One command in RESP: an array of bulk strings."""
     parts = [b"*%d\r\n" % len(args)]
     for arg in args:
-        data = arg if type(arg) is bytes else str(arg).encode()
+        if type(arg) is bytes:
+            data = arg
+        elif type(arg) is int:
+            data = b"%d" % arg
+        else:
+            data = str(arg).encode()
         parts.append(b"$%d\r\n%s\r\n" % (len(data), data))
     return b"".join(parts)

@@ -56,7 +56,7 @@ class LogWrites:
         """The frames of ``live`` not handed to the log yet, as one batch (now counted as handed)."""
         first = max(live.flushed, live.base) + 1
         batch = Batch(live.run_id, first, live.frames[first - live.base - 1:])
-        live.flushed = live.last
+        live.flushed = live.base + len(live.frames)  # (`live.last`, inline: per run per flush)
         if len(live.frames) > live.keep:
             live.trim()
         return batch

@@ -158,9 +158,9 @@ class RedisRunLog(RunLog, LoopRedis):
             self._redis()
             keys: list[str] = []
             args: list[Any] = [self.owner, self.max_events, _RUNNING_TTL_MS]
-            for b in batches:
+            for b in batches:  # (per batch, so per token at light load: `Batch.last` inline)
                 keys.append(self._keys(b.run_id)[1])
-                args += (b.first, b.last, b"".join(b.frames))
+                args += (b.first, b.first + len(b.frames) - 1, b"".join(b.frames))
             results = await self._write_script("append", keys, args)
         return [b.run_id for b, ok in zip(batches, results, strict=True) if not ok]
 
