@@ -293,7 +293,7 @@ def _body(response: StreamingResponse) -> AsyncIterator[bytes]:
     extensions: dict[str, Any] = getattr(response, "extensions", None) or {}
     raw = extensions.get(BODY_EXTENSION)
     if raw is not None and response.headers.get("content-encoding", "identity").lower() == "identity":
-        chunks: AsyncIterator[bytes] = raw.chunks()
+        chunks: AsyncIterator[bytes] = aiter(raw)
         stream = getattr(response, "stream", None)
         if stream is raw or getattr(stream, "_stream", None) is raw:
             return chunks

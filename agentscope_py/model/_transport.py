@@ -65,10 +65,6 @@ class _Body(httpx2.AsyncByteStream):
     def __aiter__(self) -> AsyncIterator[bytes]:  # type: ignore[override]
         return self._iter
 
-    def chunks(self) -> AsyncIterator[bytes]:
-        """The same iterator, for a reader that holds the response (`_convert._body`)."""
-        return self._iter
-
     async def aclose(self) -> None:
         await self._iter.aclose()  # type: ignore[attr-defined]
         self._conn.done()  # (a generator never started runs no ``finally``)
@@ -112,19 +108,14 @@ class Http1Transport(httpx2.AsyncBaseTransport):
                 await conn.send(head, body, chunks, head_only=head_only,
                                 timeouts=(timeouts.get("write"), timeouts.get("read")))
                 await conn.head()
-            except httpx2.RemoteProtocolError:
+            except BaseException as exc:
                 conn.abort()
                 self._release(conn)
-                if attempt == 1 and reused and not conn.got_bytes and chunks is None:
+                stale = isinstance(exc, httpx2.RemoteProtocolError) and reused and not conn.got_bytes
+                if stale and attempt == 1 and chunks is None:
                     continue  # a stale keep-alive connection: the server never read the request
-                raise
-            except TimeoutError as exc:
-                conn.abort()
-                self._release(conn)
-                raise httpx2.WriteTimeout("timed out writing the request", request=request) from exc
-            except BaseException:
-                conn.abort()
-                self._release(conn)
+                if isinstance(exc, TimeoutError):  # (only the write waits under asyncio.timeout)
+                    raise httpx2.WriteTimeout("timed out writing the request", request=request) from exc
                 raise
             break
         conn.on_done = self._finished

@@ -49,7 +49,7 @@ class LiveRun:
     outlives its clients (otherwise it is cancelled once the last one leaves)."""
 
     __slots__ = ("base", "ctx", "cursors", "detach", "done", "failed", "flushed", "frames", "keep", "outbox",
-                 "record", "rooms", "shared", "task", "waiters")
+                 "record", "rooms", "task", "waiters")
 
     def __init__(self, record: RunRecord, ctx: RuntimeContext, detach: bool, *, keep: int = 100_000,
                  outbox: set[LiveRun] | None = None) -> None:
@@ -59,7 +59,6 @@ class LiveRun:
         # frames not handed to it yet is in ``outbox``, so a flush looks at those runs only, not
         # at every run in flight.
         self.outbox = outbox
-        self.shared = outbox is not None
         self.ctx = ctx
         self.detach = detach
         self.frames: list[bytes] = []
@@ -132,7 +131,7 @@ class LiveRun:
     def trim(self) -> None:
         """Forget the oldest frames past ``keep`` (of a shared log, only those it holds)."""
         over = len(self.frames) - self.keep
-        if self.shared:
+        if self.outbox is not None:
             over = min(over, self.flushed - self.base)
         if over > self.keep // 4:  # in chunks: deleting a list's head is O(n)
             del self.frames[:over]
