@@ -4,17 +4,24 @@ memory one client may hold (the final frame, a stalled reader)."""
 
 from __future__ import annotations
 
+import asyncio
+import gc
 import json
 import logging
 import sqlite3
+import sys
 from collections.abc import Callable
+from typing import Any
 
 import httpx
 import pytest
+from starlette.requests import Request
 
 from agentscope_py import InMemoryStateStore, ModelStep, ReActAgent
 from agentscope_py.agent.state import AgentState
 from agentscope_py.server import Limits, create_app
+from agentscope_py.server._errors import HTTPError
+from agentscope_py.server._limits import read_json
 
 from .conftest import (
     Firehose,
@@ -80,6 +87,63 @@ def test_a_body_past_a_limit_is_422_naming_it(live: Live, path: str, body: str, 
     assert response.status_code == 422, response.text
     assert response.json()["type"] == "limit_exceeded" and limit in response.json()["detail"]
     assert agent.model.requests == []  # type: ignore[attr-defined]
+
+
+def _read(body: bytes, depth: int = 32) -> Any:
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": body, "more_body": False}
+    request = Request({"type": "http", "method": "POST", "headers": []}, receive)
+    return asyncio.run(read_json(request, 10_000_000, depth))
+
+
+def test_a_deep_body_is_refused_before_the_parser_recurses(monkeypatch: pytest.MonkeyPatch) -> None:
+    # CI once failed on the 5,000-deep body above: json.loads recursed to the interpreter's limit, a
+    # garbage collection ran there, and the hook reporting a finalizer's error had no stack left.
+    # A collection on every allocation, each checking it has stack to spare, shows the parser stays shallow.
+    unraisable: list[Any] = []
+    monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
+    short: list[int] = []
+
+    def spare(levels: int) -> int:
+        return 0 if levels == 0 else spare(levels - 1)
+
+    def probe(phase: str, info: dict[str, int]) -> None:
+        try:
+            spare(50)
+        except RecursionError:
+            short.append(1)
+
+    threshold = gc.get_threshold()
+    gc.callbacks.append(probe)
+    gc.set_threshold(1)
+    try:
+        for body in (b"[" * 5000 + b"]" * 5000, b'{"a": ' + b"[" * 3000 + b'"x', b"[" * 40 + b"]" * 40):
+            with pytest.raises(HTTPError) as refused:
+                _read(body)
+            assert "max_json_depth=32" in refused.value.detail
+    finally:
+        gc.callbacks.remove(probe)
+        gc.set_threshold(*threshold)
+    assert short == [] and unraisable == []
+
+
+@pytest.mark.parametrize(("body", "value"), [
+    (b'{"a": "[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[", "b": [1]}', {"a": "[" * 46, "b": [1]}),
+    (b'["\\"[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[\\\\", ["x"]]', ['"' + "[" * 40 + "\\", ["x"]]),
+    (b'{"k\\\\": [[1]], "v": "\\\\\\"{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{"}', {"k\\": [[1]], "v": '\\"' + "{" * 36}),
+    (b"[" + b",".join([b"[{}]"] * 50) + b"]", [[{}]] * 50),
+    ('["\u00e9[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[["]'.encode("utf-16"), ["\u00e9" + "[" * 36]),
+    (b"\xef\xbb\xbf" + b'{"a": "{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{"}', {"a": "{" * 34}),
+])
+def test_brackets_in_strings_do_not_count_toward_the_depth(body: bytes, value: Any) -> None:
+    def nesting(item: Any) -> int:
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        return 0 if children is None else 1 + max(map(nesting, children), default=0)
+
+    assert _read(body) == value
+    assert _read(body, depth=nesting(value)) == value
+    with pytest.raises(HTTPError, match=f"max_json_depth={nesting(value) - 1}"):
+        _read(body, depth=nesting(value) - 1)
 
 
 def test_inline_binary_data_is_not_counted_as_text(live: Live) -> None:
