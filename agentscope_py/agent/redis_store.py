@@ -34,9 +34,9 @@ import random
 import secrets
 from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime
-from typing import Any
 from urllib.parse import quote, unquote
 
+from .._redis import Arg, PackedCommands
 from .state import AgentState
 from .store import (
     ClosableStore,
@@ -80,6 +80,7 @@ _REFRESH = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
 return 0
 """
+_SCRIPTS = {"save": _SAVE, "release": _RELEASE, "refresh": _REFRESH}
 _POLL_FIRST = 0.005  # seconds between lock attempts: starts short, doubles up to _POLL_MAX
 _RELEASE_WAIT = 1.0
 """Seconds a cancelled acquire waits to give back a lock it may have taken."""
@@ -127,7 +128,7 @@ class RedisStateStore(ClosableStore):
         self.lock_timeout = lock_timeout
         self.socket_timeout = socket_timeout
         self._client: Redis | None = None
-        self._scripts: dict[str, Any] = {}
+        self._packed: PackedCommands | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
     # -- the store protocol ----------------------------------------------------------------------
@@ -135,7 +136,8 @@ class RedisStateStore(ClosableStore):
     async def load(self, user_id: str, session_id: str) -> tuple[AgentState | None, int]:
         what = f"loading session {user_id}/{session_id} from Redis"
         with _typed_errors(what):
-            version, data = await self._redis().hmget(self._key("state", user_id, session_id), ["version", "state"])
+            version, data = await self._commands().call("HMGET", self._key("state", user_id, session_id),
+                                                         "version", "state")
         if version is None:
             return None, 0
         if data is None or not version.isdigit():
@@ -144,10 +146,9 @@ class RedisStateStore(ClosableStore):
         return decode_state(data, user_id, session_id), int(version)
 
     async def save(self, user_id: str, session_id: str, state: AgentState, expected_version: int) -> int:
-        args = [expected_version, state.to_json(), datetime.now(UTC).isoformat(), self.conflict_policy]
+        args: list[Arg] = [expected_version, state.to_json(), datetime.now(UTC).isoformat(), self.conflict_policy]
         with _typed_errors(f"saving session {user_id}/{session_id} to Redis"):
-            self._redis()  # makes the client (and its scripts) for this loop
-            saved, version = await self._scripts["save"](keys=[self._key("state", user_id, session_id)], args=args)
+            saved, version = await self._commands().script("save", [self._key("state", user_id, session_id)], args)
         if not saved:
             raise StateConflictError(user_id, session_id, expected_version, int(version))
         return int(version)
@@ -163,16 +164,15 @@ class RedisStateStore(ClosableStore):
         ttl_ms = max(1, round(self.lock_timeout * 1000))
         delay = _POLL_FIRST
         with _typed_errors(f"locking session {user_id}/{session_id} in Redis"):
-            client = self._redis()
-            scripts = self._scripts
+            commands = self._commands()
             task = asyncio.current_task()
             cancels = task.cancelling() if task is not None else 0
             try:
                 while True:
-                    taken = await client.set(key, token, nx=True, px=ttl_ms)
+                    taken = await commands.call("SET", key, token, "NX", "PX", ttl_ms)
                     if task is not None and task.cancelling() > cancels:
-                        # A cancellation that lands inside a redis-py command can be swallowed
-                        # there (its timeout and retry logic); seen or not, it ends the wait.
+                        # A cancellation that lands inside a command may end as its timeout;
+                        # seen or not, it ends the wait.
                         raise asyncio.CancelledError
                     if taken:
                         break
@@ -184,16 +184,16 @@ class RedisStateStore(ClosableStore):
                 # mid-command can leave the release waiting for ever, and so the canceller.
                 with contextlib.suppress(RedisError, OSError, TimeoutError):
                     async with asyncio.timeout(min(self.lock_timeout, _RELEASE_WAIT)):
-                        await scripts["release"](keys=[key], args=[token])
+                        await commands.script("release", [key], [token])
                 raise
-        keeper = asyncio.create_task(self._keep_lock(scripts["refresh"], key, token, ttl_ms))
+        keeper = asyncio.create_task(self._keep_lock(commands, key, token, ttl_ms))
         try:
             yield
         finally:
             # No need to await the keeper: a refresh racing the release checks the token.
             keeper.cancel()
             try:
-                await scripts["release"](keys=[key], args=[token])
+                await commands.script("release", [key], [token])
             except (RedisError, OSError) as exc:
                 log.warning("could not release the lock of session %s/%s (%s); it expires in %.1f s",
                             user_id, session_id, exc, self.lock_timeout)
@@ -219,11 +219,12 @@ class RedisStateStore(ClosableStore):
 
     async def close(self) -> None:
         """Close the client's connections (a later call opens new ones)."""
-        client, loop = self._client, self._loop
-        self._client = self._loop = None
+        client, packed, loop = self._client, self._packed, self._loop
+        self._client = self._packed = self._loop = None
         # A client of another (finished) loop cannot be closed from here; dropping it is all
         # that is left to do.
-        if client is not None and loop is asyncio.get_running_loop():
+        if client is not None and packed is not None and loop is asyncio.get_running_loop():
+            await packed.close()
             with _typed_errors("closing the Redis client"):
                 await client.aclose()
 
@@ -247,19 +248,21 @@ class RedisStateStore(ClosableStore):
                 retry=Retry(NoBackoff(), 1),
             )
             self._client, self._loop = client, loop
-            self._scripts = {
-                "save": client.register_script(_SAVE),
-                "release": client.register_script(_RELEASE),
-                "refresh": client.register_script(_REFRESH),
-            }
+            self._packed = PackedCommands(self.url, self.socket_timeout, _SCRIPTS)
         return self._client
 
-    async def _keep_lock(self, refresh: Any, key: str, token: str, ttl_ms: int) -> None:
+    def _commands(self) -> PackedCommands:
+        """This loop's `PackedCommands`: for what every run does (lock, load, save, release)."""
+        self._redis()
+        assert self._packed is not None
+        return self._packed
+
+    async def _keep_lock(self, commands: PackedCommands, key: str, token: str, ttl_ms: int) -> None:
         """Push the lock's expiry forward every third of its lifetime while the body runs."""
         while True:
             await asyncio.sleep(self.lock_timeout / 3)
             try:
-                held = await refresh(keys=[key], args=[token, ttl_ms])
+                held = await commands.script("refresh", [key], [token, ttl_ms])
             except (RedisError, OSError) as exc:
                 log.warning("could not refresh the session lock %s (%s); retrying", key, exc)
                 continue

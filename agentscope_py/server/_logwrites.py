@@ -53,11 +53,14 @@ class LogWrites:
 
     @staticmethod
     def batch(live: LiveRun) -> Batch:
-        """The frames of ``live`` not handed to the log yet, as one batch (now counted as handed)."""
-        first = max(live.flushed, live.base) + 1
-        batch = Batch(live.run_id, first, live.frames[first - live.base - 1:])
-        live.flushed = live.base + len(live.frames)  # (`live.last`, inline: per run per flush)
-        if len(live.frames) > live.keep:
+        """The frames of ``live`` not handed to the log yet, as one batch (now counted as handed).
+        (`LiveRun.last` and ``max`` inline: a flush makes a batch per run with new frames, at
+        light load one per token.)"""
+        frames, base, flushed = live.frames, live.base, live.flushed
+        first = (flushed if flushed > base else base) + 1
+        batch = Batch(live.record.run_id, first, frames[first - base - 1:])
+        live.flushed = base + len(frames)
+        if live.flushed - base > live.keep:
             live.trim()
         return batch
 
@@ -78,7 +81,7 @@ class LogWrites:
         runs whose batches the log refused (another process declared them lost)."""
         async with self._lock:
             refused: list[str] = []
-            batches = [self.batch(live) for live in runs if live.last > live.flushed]
+            batches = [self.batch(live) for live in runs if live.base + len(live.frames) > live.flushed]
             if batches:
                 try:
                     refused = await self.log.append(batches)

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from typing import Any, ClassVar
 from urllib.parse import quote
 
-from .._redis import LoopRedis, RedisError, redis_errors
+from .._redis import Arg, LoopRedis, RedisError, bulk, redis_errors
 from ._runlog import (
     RUNNING,
     Batch,
@@ -59,19 +59,23 @@ return 1
 """
 # Every batch of a flush in one call (one round trip): KEYS the stream of each batch in turn (its
 # record's key is the stream's less ":log"); ARGV owner, maxlen, running ttl ms, then per batch
-# first, last, data. Per batch 1 (written) or 0 (refused: the run is not its owner's and running
-# any more, or its ids no longer follow, which XADD refuses without stopping the rest).
+# its frame ids, first and last, as two 20-digit numbers in one string (fixed width: packed without
+# measuring them, `RedisRunLog.append`), and its data. Per batch 1 (written) or 0 (refused: the run
+# is not its owner's and running any more, or its ids no longer follow, which XADD refuses without
+# stopping the rest).
 _APPEND = """
 local out = {}
 for i = 1, #KEYS do
-  local stream, a = KEYS[i], 3 * i + 1
+  local stream, a = KEYS[i], 2 * i + 2
   local meta = string.sub(stream, 1, -5)
   out[i] = 0
   if redis.call('HGET', meta, 'status') == 'running' and redis.call('HGET', meta, 'owner') == ARGV[1] then
-    local entry = ARGV[a + 1] .. '-0'
-    local added = redis.pcall('XADD', stream, 'MAXLEN', '~', ARGV[2], entry, 'f', ARGV[a], 'd', ARGV[a + 2])
+    local ids = ARGV[a]
+    local first = string.format('%d', tonumber(string.sub(ids, 1, 20)))
+    local last = string.format('%d', tonumber(string.sub(ids, 21, 40)))
+    local added = redis.pcall('XADD', stream, 'MAXLEN', '~', ARGV[2], last .. '-0', 'f', first, 'd', ARGV[a + 1])
     if type(added) ~= 'table' or not added.err then
-      redis.call('HSET', meta, 'last', ARGV[a + 1])
+      redis.call('HSET', meta, 'last', last)
       redis.call('PEXPIRE', stream, ARGV[3])
       out[i] = 1
     end
@@ -131,6 +135,10 @@ class RedisRunLog(RunLog, LoopRedis):
         self.lease = lease
         self.owner = new_owner_id()
         self._listener: asyncio.Task[None] | None = None
+        # The append script's first three args, and the stream key of each run this process
+        # created and has not ended, packed (`append`).
+        self._append_head = b"".join(map(bulk, (self.owner.encode(), b"%d" % max_events, b"%d" % _RUNNING_TTL_MS)))
+        self._streams: dict[str, bytes] = {}
 
     def _keys(self, run_id: str) -> list[str]:
         # (a run id that quoting leaves as it is, such as a UUID, skips it: a flush names a key
@@ -148,27 +156,33 @@ class RedisRunLog(RunLog, LoopRedis):
     # -- the log ---------------------------------------------------------------------------------
 
     async def create(self, record: RunRecord) -> bool:
+        keys = self._keys(record.run_id)
         with _typed(f"creating run {record.run_id}"):
-            self._redis()
-            args = [record.user_id, record.session_id, record.kind, record.owner, _RUNNING_TTL_MS]
-            return bool(await self._scripts["create"](keys=self._keys(record.run_id), args=args))
+            args: list[Arg] = [record.user_id, record.session_id, record.kind, record.owner, _RUNNING_TTL_MS]
+            created = bool(await self._commands().script("create", keys, args))
+        if created:
+            self._streams[record.run_id] = bulk(keys[1].encode())
+        return created
 
     async def append(self, batches: Sequence[Batch]) -> list[str]:
+        # Packed here, run by run: at light load every token is a batch of its own. A run of
+        # this process has its stream key packed since `create`.
+        streams = self._streams
+        keys = [streams.get(b.run_id) or bulk(self._keys(b.run_id)[1].encode()) for b in batches]
+        args: list[bytes] = []
+        for b in batches:
+            data = b"".join(b.frames)
+            args.append(b"$40\r\n%020d%020d\r\n$%d\r\n%s\r\n" % (b.first, b.first + len(b.frames) - 1, len(data), data))
         with _typed(f"appending {len(batches)} batches"):
-            self._redis()
-            keys: list[str] = []
-            args: list[Any] = [self.owner, self.max_events, _RUNNING_TTL_MS]
-            for b in batches:  # (per batch, so per token at light load: `Batch.last` inline)
-                keys.append(self._keys(b.run_id)[1])
-                args += (b.first, b.first + len(b.frames) - 1, b"".join(b.frames))
-            results = await self._write_script("append", keys, args)
+            results = await self._commands().script_packed(
+                "append", len(keys), 3 + 2 * len(args), b"".join(keys) + self._append_head + b"".join(args))
         return [b.run_id for b, ok in zip(batches, results, strict=True) if not ok]
 
     async def end(self, run_id: str, status: str, last: int) -> None:
         with _typed(f"ending run {run_id}"):
-            self._redis()
-            args = [self.owner, status, last, round(self.retention * 1000)]
-            await self._scripts["end"](keys=self._keys(run_id), args=args)
+            args: list[Arg] = [self.owner, status, last, round(self.retention * 1000)]
+            await self._commands().script("end", self._keys(run_id), args)
+        self._streams.pop(run_id, None)
 
     async def get(self, run_id: str) -> RunRecord | None:
         with _typed(f"reading run {run_id}"):

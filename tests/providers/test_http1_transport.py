@@ -5,9 +5,7 @@ byte, back-pressure, the pool's limits, TLS, and httpx2's exceptions for each fa
 from __future__ import annotations
 
 import asyncio
-import datetime
 import gzip
-import ipaddress
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -15,6 +13,7 @@ from typing import Any
 
 import httpx2
 import pytest
+from conftest import self_signed
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -355,26 +354,10 @@ async def test_a_second_event_loop_gets_new_connections() -> None:
 
 
 def _certificate(tmp: Path) -> tuple[ssl.SSLContext, ssl.SSLContext]:
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
-            .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(days=1))
-            .not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), False)
-            .add_extension(x509.BasicConstraints(ca=True, path_length=None), True)
-            .sign(key, hashes.SHA256()))
-    (tmp / "cert.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    (tmp / "key.pem").write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                                    serialization.NoEncryption()))
+    cert, key = self_signed(tmp)
     server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    server.load_cert_chain(tmp / "cert.pem", tmp / "key.pem")
-    trusting = ssl.create_default_context(cafile=str(tmp / "cert.pem"))
+    server.load_cert_chain(cert, key)
+    trusting = ssl.create_default_context(cafile=str(cert))
     return server, trusting
 
 
