@@ -171,8 +171,8 @@ class RedisStateStore(ClosableStore):
                 while True:
                     taken = await commands.call("SET", key, token, "NX", "PX", ttl_ms)
                     if task is not None and task.cancelling() > cancels:
-                        # A cancellation that lands inside a command may end as its timeout;
-                        # seen or not, it ends the wait.
+                        # A cancellation that landed as the command answered (the await
+                        # returned): seen here or not, it ends the wait.
                         raise asyncio.CancelledError
                     if taken:
                         break
