@@ -76,6 +76,8 @@ class _Wire(asyncio.Protocol):
 
     def send(self, command: bytes) -> asyncio.Future[Any]:
         """Write ``command``; the future of its reply (an error reply is a `ResponseError` value)."""
+        if not self.open:  # failed already: nothing would answer, nor time it out
+            raise RedisConnectionError("the connection to Redis is closed")
         future = self._loop.create_future()
         self._waiting.append((future, self._loop.time()))
         assert self._transport is not None

@@ -257,3 +257,17 @@ async def test_bytes_that_are_not_resp_fail_the_connection_and_the_next_command_
     finally:
         await commands.close()
         server.close()
+
+
+async def test_a_command_on_a_connection_that_failed_is_an_error_not_a_wait(redis_url: str) -> None:
+    commands = PackedCommands(redis_url, 2.0)
+    try:
+        assert await commands.call("PING") == b"PONG"
+        wire = commands._wire
+        assert wire is not None
+        wire.close()
+        with pytest.raises(RedisConnectionError, match="is closed"):
+            await asyncio.wait_for(wire.send(b"*1\r\n$4\r\nPING\r\n"), 1.0)
+        assert await commands.call("PING") == b"PONG"  # the next command opens a new connection
+    finally:
+        await commands.close()
