@@ -35,7 +35,8 @@ def redis_errors(log: str, what: str) -> Iterator[None]:
 class LoopRedis:
     """A mixin: this loop's redis-py client (``_redis()``, with ``SCRIPTS``, name -> Lua source,
     registered on it as ``_scripts[name]``) and its `PackedCommands` (``_commands()``, the same
-    scripts), both made again for a new event loop."""
+    scripts), both made again for a new event loop. The run log runs its scripts through
+    ``_commands()``; the durable event log through ``_scripts``."""
 
     SCRIPTS: ClassVar[dict[str, str]] = {}
     url: str

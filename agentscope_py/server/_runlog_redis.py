@@ -229,9 +229,8 @@ class RedisRunLog(RunLog, LoopRedis):
         if record is None:
             return False
         with _typed(f"marking run {run_id} lost"):
-            self._redis()
             keys = [*self._keys(run_id), self._owner_key(record.owner)]
-            lost = bool(await self._scripts["lost"](keys=keys, args=[frame, round(self.retention * 1000)]))
+            lost = bool(await self._commands().script("lost", keys, [frame, round(self.retention * 1000)]))
         if lost:
             log.warning("run %s: its process (%s) stopped renewing its lease; marked lost", run_id, record.owner)
         return lost
