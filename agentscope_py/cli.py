@@ -234,7 +234,8 @@ def _parser() -> argparse.ArgumentParser:
                           "net.core.somaxconn): raise it for reconnect storms")
     srv.add_argument("--tune-gc", action="store_true",
                      help="tune Python's garbage collector for many concurrent streams (gc.freeze after start-up, "
-                          "young collections every 50,000 allocations; see docs/server.md; default: Python's own)")
+                          "full collections at most once per ~100 million allocations; see docs/server.md; "
+                          "default: Python's own)")
     wrk = sub.add_parser("worker", help="run a Temporal worker for durable runs (docs/durable.md)",
                          description="Run durable runs of the given agents: the workflow and the model/tool call "
                                      "activities on a task queue of a Temporal server (needs the temporal extra).")

@@ -307,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="auto: agentscope_py.server.encode_sse when importable; fallback: model_dump_json")
     p.add_argument("--gc", choices=("serve", "python"), default="serve",
                    help="serve: the collector settings `agentscope-py serve` applies (agentscope_py.server."
-                        "tune_gc: gc.freeze() after start-up, thresholds 50000/20/100); python: Python's defaults")
+                        "tune_gc: gc.freeze() after start-up, thresholds GC_THRESHOLDS); python: Python's defaults")
     p.add_argument("--gc-threshold", type=int, default=0,
                    help="then set gc threshold0 (generation 0) to this, e.g. 50000")
     p.add_argument("--json", action="store_true", help="print one JSON object as the last line")

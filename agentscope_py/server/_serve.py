@@ -38,8 +38,11 @@ MAX_CONNECTIONS = 1_000
 """Concurrent connections per process; past it requests get 503 (each connection is a file
 descriptor: 1,024 is a common default limit)."""
 
-GC_THRESHOLDS = (50_000, 20, 100)
-"""The collector's thresholds `tune_gc` sets (Python's are 700, 10, 10)."""
+GC_THRESHOLDS = (2_000, 10, 5_000)
+"""The collector's thresholds `tune_gc` sets (Python's are 700, 10, 10): young collections a little
+rarer than Python's and as short (a generation-1 collection walks at most ~20,000 young objects),
+full collections at most once per 5,000 generation-1 ones (~100 million allocations) where Python
+runs one whenever the old generation has grown by a quarter."""
 
 
 class _HeaderTimeout:
@@ -170,13 +173,17 @@ def uvicorn_config(app: Any, host: str = "127.0.0.1", port: int = 8000, *, heade
 
 
 def tune_gc(thresholds: tuple[int, int, int] = GC_THRESHOLDS) -> None:
-    """Collector settings for a long-running server: what start-up allocated (modules, schemas,
-    the agent) moves to the permanent generation (``gc.freeze``), and young collections run
-    every 50,000 allocations instead of 700. With thousands of streams in flight most young
-    objects are events waiting in a buffer, so each default collection walked and promoted
-    them; see ``benchmarks/RESULTS.md``. The runtime makes no reference cycles per run, so
-    collecting less often does not grow memory. Process-wide: `serve` calls it, the library
-    never does on its own."""
+    """Collector settings for a long-running server with many streams in flight. What start-up
+    allocated (modules, schemas, the agent) moves to the permanent generation (``gc.freeze``), and
+    full collections come at most once per ~100 million allocations (`GC_THRESHOLDS`). Why: Python
+    collects everything whenever the old generation has grown by a quarter, and a full collection
+    walks every tracked object — ~1 µs each on a served heap, ~450 ms at 1,000 streams in flight —
+    so while a thousand streams start, four such pauses hold up every first token arriving
+    meanwhile (``benchmarks/RESULTS.md`` §12, Session 13). Young collections stay as short as
+    Python's: raising their threshold to tens of thousands made each one a pause of its own. The
+    runtime makes no reference cycles per run, so collecting rarely does not grow its memory;
+    cycles made by other code live until the next full collection. Process-wide: `serve` calls it
+    when asked (``--tune-gc``), the library never does on its own."""
     gc.collect()
     gc.freeze()
     gc.set_threshold(*thresholds)
