@@ -3,9 +3,11 @@ are process-wide)."""
 
 from __future__ import annotations
 
+import functools
 import json
 import subprocess
 import sys
+from typing import Any
 
 SETTINGS = """
 import gc, json
@@ -41,22 +43,23 @@ print(json.dumps({"full_collections": len(full), "cycles_made": 20_000, "cycles_
 """
 
 
-def _child(code: str, *args: str) -> dict[str, object]:
+@functools.cache  # the tuned growth serves two tests; each case is a fresh process either way
+def _child(code: str, *args: str) -> dict[str, Any]:
     out = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120, check=True)
-    result: dict[str, object] = json.loads(out.stdout.strip().splitlines()[-1])
+    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
     return result
 
 
 def test_tune_gc_freezes_start_up_objects_and_sets_the_thresholds() -> None:
     result = _child(SETTINGS)
-    assert result["thresholds"] == list(result["expected"]) == [2_000, 10, 5_000]  # type: ignore[arg-type]
-    assert result["frozen_before"] == 0 and result["frozen_after"] > 10_000  # type: ignore[operator]
+    assert result["thresholds"] == list(result["expected"]) == [2_000, 10, 5_000]
+    assert result["frozen_before"] == 0 and result["frozen_after"] > 10_000
 
 
 def test_a_growing_heap_triggers_full_collections_by_default_and_none_when_tuned() -> None:
     # Python's own settings walk the whole heap several times while it grows (the pauses that
     # hold up first tokens, RESULTS §12 Session 13); the recipe's do not.
-    assert _child(GROWTH, "default")["full_collections"] >= 3  # type: ignore[operator]
+    assert _child(GROWTH, "default")["full_collections"] >= 3
     tuned = _child(GROWTH, "tuned")
     assert tuned["full_collections"] == 0
 
@@ -64,4 +67,4 @@ def test_a_growing_heap_triggers_full_collections_by_default_and_none_when_tuned
 def test_young_cycles_are_still_collected_when_tuned() -> None:
     # Young collections still run: cycles dropped while young are freed without a gc.collect().
     tuned = _child(GROWTH, "tuned")
-    assert tuned["cycles_freed"] >= 0.9 * tuned["cycles_made"]  # type: ignore[operator]
+    assert tuned["cycles_freed"] >= 0.9 * tuned["cycles_made"]
