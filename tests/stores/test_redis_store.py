@@ -67,14 +67,15 @@ async def test_the_lock_excludes_others_and_expires_with_its_holder(redis_store:
 
 
 async def test_a_long_run_keeps_its_lock_by_refreshing_it(redis_url: str, redis_prefix: str, raw: Redis) -> None:
-    store = RedisStateStore(redis_url, prefix=redis_prefix, lock_timeout=0.6)
+    store = RedisStateStore(redis_url, prefix=redis_prefix, lock_timeout=1.5)
     other = RedisStateStore(redis_url, prefix=redis_prefix)
     async with store.session_lock("u", "s"):
         # Hold it for 2.5 lifetimes of the lock: nobody else may get in meanwhile. (Refreshes
-        # come every 0.2 s, so a loaded machine may stall the loop for 0.4 s without harm.)
+        # come every 0.5 s, so a loaded machine may stall the loop for 1 s without harm: CI's
+        # two workers once stalled it past the 0.4 s a 0.6 s lock allowed.)
         with pytest.raises(TimeoutError):
-            await asyncio.wait_for(take_and_release(other), 1.5)
-        assert 0 < await raw.pttl(f"{redis_prefix}:lock:u:s") <= 600
+            await asyncio.wait_for(take_and_release(other), 3.75)
+        assert 0 < await raw.pttl(f"{redis_prefix}:lock:u:s") <= 1_500
     await store.close()
     await other.close()
 
