@@ -161,6 +161,15 @@ def test_a_turn_the_page_gave_up_on_is_shown_failed_after_a_reload_with_every_du
     time.sleep(0.3)
     assert not [u for u in requests if "/agui" in u], requests  # nothing to resume
 
+    # Asked to, it follows the run again: this server process has neither its events nor its
+    # thread, and the page says the outcome is unknown (not "Done").
+    page.get_by_test_id("reconnect-button").click()
+    page.locator('[data-testid="run-status"][data-status="unknown"]').wait_for()
+    assert page.get_by_test_id("run-lost").is_visible() and page.get_by_test_id("run-error").count() == 0
+    assert page.get_by_test_id("message-assistant").last.inner_text() == shown
+    page.reload()
+    page.locator('[data-testid="run-status"][data-status="unknown"]').wait_for()
+
 
 def test_the_page_reconnects_past_a_restart_and_the_lease_and_shows_the_runs_end(
         browser: Any, serve: Callable[..., Restartable], redis_url: str, redis_prefix: str) -> None:  # noqa: F811
