@@ -105,16 +105,17 @@ def _footers(page: Any) -> list[str]:
     return [u.inner_text() for u in page.get_by_test_id("usage").all()]
 
 
-def _some_text(page: Any, length: int = 12) -> None:
+def _some_text(page: Any, turn: int, length: int) -> None:
+    """Until the ``turn``-th answer (from 1) has more than ``length`` characters."""
     answers = page.get_by_test_id("message-assistant")
-    _until(page, lambda: answers.count() > 0 and len(answers.last.inner_text()) > length)
+    _until(page, lambda: answers.count() >= turn and len(answers.nth(turn - 1).inner_text()) > length)
 
 
 def _between_frames(page: Any) -> None:
     """Just after a text delta of the long reply (its deltas come every 0.4 s): the serve process
     has written it to its log (in batches of 20 ms), so a kill now loses no frame the page saw."""
     answers = page.get_by_test_id("message-assistant")
-    _some_text(page, 3)
+    _some_text(page, 1, 3)
     before = answers.last.inner_text()
     _until(page, lambda: answers.last.inner_text() != before)
     time.sleep(0.15)
@@ -129,15 +130,14 @@ def test_a_turn_the_page_gave_up_on_is_shown_failed_after_a_reload_with_every_du
     page.goto(f"{server.url}/#token=tok")
     # The first turn, reloaded mid-stream: its time counts from when it was sent, not the reload.
     _send(page, "quick")
-    _some_text(page)
+    _some_text(page, 1, 12)
     page.reload()
     page.locator('[data-testid="run-status"][data-status="done"]').wait_for()
     first = _footers(page)
     assert len(first) == 1 and float(first[0].split(" s")[0].split()[-1]) >= 0.9, first
 
     _send(page, "long")
-    page.locator('[data-testid="run-status"][data-status="running"]').wait_for()
-    _some_text(page, 3)
+    _some_text(page, 2, 3)
     server.kill()
     page.get_by_test_id("reconnecting").wait_for()
     # Minutes of the page's time with no server: it gives up and says so.
