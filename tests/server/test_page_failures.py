@@ -112,10 +112,12 @@ def _some_text(page: Any, turn: int, length: int) -> None:
 
 
 def _between_frames(page: Any) -> None:
-    """Just after a text delta of the long reply (its deltas come every 0.4 s): the serve process
-    has written it to its log (in batches of 20 ms), so a kill now loses no frame the page saw."""
+    """Just after a text delta of the long reply, the page's last (its deltas come every 0.4 s):
+    the serve process has written it to its log (in batches of 20 ms), so a kill now loses no
+    frame the page saw."""
     answers = page.get_by_test_id("message-assistant")
-    _some_text(page, 1, 3)
+    _until(page, lambda: page.locator(".msg.assistant.streaming").count() == 1)
+    _some_text(page, answers.count(), 3)
     before = answers.last.inner_text()
     _until(page, lambda: answers.last.inner_text() != before)
     time.sleep(0.15)
@@ -171,7 +173,7 @@ def test_a_turn_the_page_gave_up_on_is_shown_failed_after_a_reload_with_every_du
     page.locator('[data-testid="run-status"][data-status="unknown"]').wait_for()
 
 
-def test_the_page_reconnects_past_a_restart_and_the_lease_and_shows_the_runs_end(
+def test_the_page_reconnects_past_a_restart_and_the_lease_and_shows_each_runs_end(
         browser: Any, serve: Callable[..., Restartable], redis_url: str, redis_prefix: str) -> None:  # noqa: F811
     shared = ("--redis", redis_url, "--redis-prefix", redis_prefix, "--run-lease", "2")
     server = serve(*shared)
@@ -179,14 +181,28 @@ def test_the_page_reconnects_past_a_restart_and_the_lease_and_shows_the_runs_end
     page.clock.install()
     page.set_default_timeout(10_000)
     page.goto(f"{server.url}/#token=tok")
+    _send(page, "quick")
+    page.locator('[data-testid="run-status"][data-status="done"]').wait_for()
+
+    # A message sent while the server is down never reached it: once the server is back (the
+    # thread kept in Redis, this run unknown), the turn's outcome is unknown; the first turn's
+    # reply is not shown as this one's.
+    server.kill()
+    _send(page, "quick")
+    page.locator('[data-testid="run-status"][data-status="reconnecting"]').wait_for()
+    server = serve(*shared)
+    _until(page, lambda: _status(page) == "unknown", page_seconds_per_step=1)
+    assert page.get_by_test_id("run-lost").is_visible()
+    assert page.get_by_test_id("message-assistant").count() == 1
+
+    # A run whose process is killed mid-run: the page keeps retrying through 20 s of its time
+    # without a server (a restart takes that long on a busy host) and then shows the run's end.
     _send(page, "long")
     _between_frames(page)
     server.kill()
     page.locator('[data-testid="run-status"][data-status="reconnecting"]').wait_for()
     assert page.get_by_test_id("reconnecting").is_visible()
     shown = page.get_by_test_id("message-assistant").last.inner_text()
-    # 20 s of the page's time without a server (a restart takes that long on a busy host): it
-    # still retries.
     for _ in range(10):
         page.clock.fast_forward(2_000)
         time.sleep(0.05)
