@@ -217,13 +217,17 @@ def test_the_page_reconnects_past_a_restart_and_the_lease_and_shows_each_runs_en
     assert page.get_by_test_id("message-assistant").last.inner_text() == shown  # what it had, kept
 
 
-def _always_a_tool(request: ModelRequest) -> ModelStep:
+def _think_or_call_a_tool(request: ModelRequest) -> ModelStep:
+    if request.messages[-1].text == "think":
+        return ModelStep(thinking="Let me weigh this slowly, one step after another.", text="Done thinking.",
+                         chunks=8, delay=0.1)
     return ModelStep.tool_call("add", {"a": 1, "b": 2}, id=new_id("call_"))
 
 
 @pytest.fixture(scope="module")
 def limited() -> Iterator[LiveServer]:
-    model = ScriptedModel([ModelStep(respond=_always_a_tool)], name="looping", loop=True)
+    """An agent that calls a tool every step (up to its limit of 2), or thinks for about a second."""
+    model = ScriptedModel([ModelStep(respond=_think_or_call_a_tool)], name="looping", loop=True)
     agent = ReActAgent.builder().name("looping").model(model).toolkit(Toolkit([add])).max_iters(2).build()
     with LiveServer(create_app(agent, auth_token="tok")) as live:
         yield live
@@ -241,3 +245,16 @@ def test_a_run_that_reached_its_step_limit_without_an_answer_says_so(
     page.reload()
     page.locator('[data-testid="run-status"][data-status="limit"]').wait_for()
     assert page.get_by_test_id("step-limit").count() == 1
+
+
+def test_a_thinking_time_survives_a_reload(browser: Any, limited: LiveServer) -> None:  # noqa: F811
+    page = _page(browser, limited)
+    _send(page, "think")
+    page.locator('[data-testid="run-status"][data-status="done"]').wait_for()
+    thought = page.get_by_test_id("thinking").locator("summary").inner_text()
+    assert thought.startswith("Thought for ") and float(thought.split()[2]) >= 0.3, thought
+    footer = _footers(page)
+    page.reload()
+    page.locator('[data-testid="run-status"][data-status="done"]').wait_for()
+    assert page.get_by_test_id("thinking").locator("summary").inner_text() == thought
+    assert _footers(page) == footer
