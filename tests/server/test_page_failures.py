@@ -221,12 +221,16 @@ def _think_or_call_a_tool(request: ModelRequest) -> ModelStep:
     if request.messages[-1].text == "think":
         return ModelStep(thinking="Let me weigh this slowly, one step after another.", text="Done thinking.",
                          chunks=8, delay=0.1)
+    if not request.tools and any(m.text == "loop, then answer" for m in request.messages):
+        return ModelStep.text("My best answer without tools.")  # the call after the step limit
     return ModelStep.tool_call("add", {"a": 1, "b": 2}, id=new_id("call_"))
 
 
 @pytest.fixture(scope="module")
 def limited() -> Iterator[LiveServer]:
-    """An agent that calls a tool every step (up to its limit of 2), or thinks for about a second."""
+    """An agent that calls a tool every step (up to its limit of 2; after it, asked for an answer
+    without tools, it calls one again or, for "loop, then answer", answers), or thinks for about a
+    second."""
     model = ScriptedModel([ModelStep(respond=_think_or_call_a_tool)], name="looping", loop=True)
     agent = ReActAgent.builder().name("looping").model(model).toolkit(Toolkit([add])).max_iters(2).build()
     with LiveServer(create_app(agent, auth_token="tok")) as live:
@@ -245,6 +249,14 @@ def test_a_run_that_reached_its_step_limit_without_an_answer_says_so(
     page.reload()
     page.locator('[data-testid="run-status"][data-status="limit"]').wait_for()
     assert page.get_by_test_id("step-limit").count() == 1
+    # The thread goes on (the call that never ran has a result saying so); with an answer after
+    # the limit: done, and the limit still said.
+    _send(page, "loop, then answer")
+    page.locator('[data-testid="run-status"][data-status="done"]').wait_for()
+    assert page.get_by_test_id("run-status").inner_text() == "Done · step limit reached"
+    assert page.get_by_test_id("message-assistant").last.inner_text() == "My best answer without tools."
+    assert page.get_by_test_id("step-limit").last.inner_text() == (
+        "The run reached its step limit (2 steps): the answer is the agent's best without more tool calls.")
 
 
 def test_a_thinking_time_survives_a_reload(browser: Any, limited: LiveServer) -> None:  # noqa: F811
