@@ -1,8 +1,9 @@
 """The page tells the truth after a failure (Debian's chromium through Playwright, a real
 ``agentscope-py serve`` SIGKILLed and started again on the same port): a turn the page gave up on
-is still shown failed after a reload, the turns' durations survive a reload, the page keeps
-reconnecting past a restart and the lease and then shows the run's real end, and a run that
-reached its step limit says so.
+is still shown failed after a reload (and can be followed again), the turns' durations and
+thinking times survive a reload, the page keeps reconnecting past a restart and the lease and then
+shows the run's real end (or that its outcome is unknown, never an earlier turn's reply), and a
+run that reached its step limit says so.
 
 The page's waits are its own timers: Playwright's clock moves the page's time forward (the
 reconnect schedule is the page's default, seen through minutes of page time in a second of ours)."""
