@@ -216,6 +216,18 @@ async def test_max_iters_summarises_without_tools() -> None:
     assert log.count("r:reasoning") == 2 and log.count("r:model_call") == 3 and log.count("r:finish") == 1
 
 
+async def test_a_summary_that_asks_for_a_tool_leaves_no_call_waiting() -> None:
+    steps = [ModelStep.tool_call("echo", {"text": "1"}), ModelStep.tool_call("echo", {"text": "2"}),
+             ModelStep.text("next turn")]
+    agent, _ = build(steps, max_iters=1)
+    msg = await agent.call("loop")  # the summary call (offered no tools) asks for one anyway
+    assert msg.generate_reason is GenerateReason.MAX_ITERATIONS and msg.tool_calls
+    state, _ = await agent.state_store.load("default", "default")
+    assert state is not None and state.context[-1].tool_results[0].state is ToolResultState.ERROR
+    assert "not executed" in state.context[-1].tool_results[0].text
+    assert (await agent.call("again")).text == "next turn"  # the session is usable
+
+
 async def test_empty_reply_gets_one_reminder_round() -> None:
     agent, model = build([ModelStep.text(""), ModelStep.text("now with words")])
     msg = await agent.call("hi")

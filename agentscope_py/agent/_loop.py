@@ -67,6 +67,7 @@ EMPTY_REPLY_REMINDER = (
     "<system-reminder>Your last reply was empty. Continue with the task: call a tool or give "
     "your final answer.</system-reminder>"
 )
+NOT_EXECUTED = "Error: not executed, the maximum number of iterations was reached."
 SUMMARY_PROMPT = (
     "<system-reminder>You have reached the maximum number of reasoning steps. Do not call tools. "
     "Summarise what you have done and give the best final answer you can now.</system-reminder>"
@@ -369,8 +370,7 @@ class Execution:
 
     async def _summarise(self) -> AsyncIterator[AgentEvent]:
         run = self.run
-        run.close_calls(run.pending_calls(), "Error: not executed, the maximum number of iterations was reached.",
-                        ToolResultState.ERROR)
+        run.close_calls(run.pending_calls(), NOT_EXECUTED, ToolResultState.ERROR)
         yield ExceedMaxIters(reply_id=self.reply_id, max_iters=self.agent.max_iters, current_iter=run.iteration)
         run.transient = [Msg.user(SUMMARY_PROMPT, name="system", synthetic=True)]
         mc_input = ModelCallInput(messages=run.messages(), tools=(), options=self.agent.model_options,
@@ -381,6 +381,9 @@ class Execution:
                 builder.add(ev)
                 yield ev
         run.end(run.take_reply(GenerateReason.MAX_ITERATIONS, final=True), GenerateReason.MAX_ITERATIONS, built=True)
+        # A model offered no tools may still ask for some: those calls never run, and get a result
+        # saying so, or the session's next turn would be refused as having calls waiting.
+        run.close_calls(run.pending_calls(), NOT_EXECUTED, ToolResultState.ERROR)
 
 
 def _finished(input: Any) -> EventStream[AgentEvent]:
