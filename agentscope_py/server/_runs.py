@@ -292,6 +292,7 @@ class Runs:
             while True:
                 live = self.live.get(run_id)
                 if live is not None:  # ours after all (a log shared with ourselves): follow it here
+                    self._leave(tail, me)
                     async for chunk in self.follow(live, cursor, heartbeat):
                         yield chunk
                     return
@@ -328,10 +329,7 @@ class Runs:
                 else:
                     await tail.wait(cursor)
         finally:
-            if tail.leave(me) and not tail.done and tail.task is not None:
-                tail.task.cancel()  # nobody here follows the run any more
-                if self._tails.get(run_id) is tail:
-                    del self._tails[run_id]
+            self._leave(tail, me)
 
     def _tail(self, record: RunRecord, after: int) -> LogTail:
         """This process's read of the run's log, started from ``after`` when there is none."""
@@ -346,6 +344,13 @@ class Runs:
 
             task.add_done_callback(forget)
         return tail
+
+    def _leave(self, tail: LogTail, follower: int) -> None:
+        """The follower leaves the tail (a second time changes nothing); the last to leave stops its read."""
+        if tail.leave(follower) and not tail.done and tail.task is not None:
+            tail.task.cancel()  # nobody here follows the run any more
+            if self._tails.get(tail.record.run_id) is tail:
+                del self._tails[tail.record.run_id]
 
     async def _check_owner(self, record: RunRecord) -> None:
         """A run that sent nothing for a poll: if its owner's lease is gone, mark it lost."""
