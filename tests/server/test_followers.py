@@ -67,7 +67,8 @@ class Logged(Serving):
 def pair(tmp_path: Path, redis_url: str, redis_prefix: str) -> Iterator[list[Logged]]:
     (tmp_path / "slow_agents.py").write_text(textwrap.dedent(AGENTS))
     # A lease of 3 s, renewed every second: three renewals in a row must fail for the runs to be
-    # lost, and the test watches every renewal.
+    # lost, and the test watches every renewal. The HTTP connection cap well above the followers:
+    # this test is about Redis connections.
     servers = [Logged("slow_agents:build", "--redis", redis_url, "--redis-prefix", redis_prefix,
                       "--run-lease", "3", "--log-level", "warning", "--max-connections", "4000",
                       cwd=tmp_path, env={"PYTHONPATH": os.getcwd()}) for _ in range(2)]
