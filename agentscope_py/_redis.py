@@ -56,13 +56,17 @@ class LoopRedis:
     def _redis(self) -> Redis:
         loop = asyncio.get_running_loop()
         if self._client is None or self._loop is not loop:
-            # Blocking reads wait up to their own wait on top of the socket timeout.
-            self._client = Redis.from_url(self.url, socket_timeout=self.socket_timeout + 5,
-                                          socket_connect_timeout=self.socket_timeout)
+            self._client = self._connect()
             self._packed = PackedCommands(self.url, self.socket_timeout, self.SCRIPTS)
             self._loop = loop
             self._scripts = {name: self._client.register_script(source) for name, source in self.SCRIPTS.items()}
         return self._client
+
+    def _connect(self) -> Redis:
+        """A new client for ``_redis()`` (a subclass may give it another pool)."""
+        # Blocking reads wait up to their own wait on top of the socket timeout.
+        return Redis.from_url(self.url, socket_timeout=self.socket_timeout + 5,
+                              socket_connect_timeout=self.socket_timeout)
 
     def _commands(self) -> PackedCommands:
         """This loop's `PackedCommands`: for the writes every run makes (its record, its frames, its end)."""
@@ -77,4 +81,6 @@ class LoopRedis:
         if self._client is not None:
             with contextlib.suppress(RedisError, OSError, RuntimeError):
                 await self._client.aclose()
+                # (a client made on a pool of its own leaves it open when it closes)
+                await self._client.connection_pool.disconnect()
         self._client = self._packed = None

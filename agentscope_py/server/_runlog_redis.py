@@ -15,6 +15,14 @@ owner on the channel ``{prefix}:interrupt:{owner}``.
 Each write is one Lua script (atomic: a batch and the record's ``last`` move together, and only
 while the run is still its owner's); the batches of every run of a process go in one call of it.
 Every Redis failure is a `RunLogError`.
+
+Connections, per event loop, so that no follower ever delays what keeps this process's own runs
+alive: the writes (records, batches, ends, a lost run's last frame) go pipelined on one connection
+of their own (`PackedCommands`); the lease and the interrupt subscription on a client of their own
+(one connection each); the reads (resumes, followers, owner checks, interrupts sent) share a pool
+of ``max_connections``, where a read waits for a free connection (up to ``socket_timeout``) rather
+than failing. A run followed from the log holds one of those connections while it waits for frames,
+however many clients follow it here (`_logtail.LogTail`).
 """
 
 from __future__ import annotations
@@ -27,6 +35,8 @@ import re
 from collections.abc import Sequence
 from typing import Any, ClassVar
 from urllib.parse import quote
+
+from redis.asyncio import BlockingConnectionPool, Redis
 
 from .._redis import Arg, LoopRedis, RedisError, bulk, redis_errors
 from ._runlog import (
@@ -117,18 +127,25 @@ _UNQUOTED = re.compile(r"[A-Za-z0-9_.~-]*")  # what urllib.parse.quote(safe="") 
 class RedisRunLog(RunLog, LoopRedis):
     """Run logs in the Redis at ``url`` (see the module docstring). ``retention``: seconds an
     ended run stays readable; ``max_events``: stream entries (batches) kept per run; ``lease``:
-    seconds after which a silent owner's runs count as lost."""
+    seconds after which a silent owner's runs count as lost; ``max_connections``: the connections
+    reads share (resumes, and one per run followed from the log while it waits for frames)."""
 
     shared = True
     SCRIPTS: ClassVar[dict[str, str]] = {"create": _CREATE, "append": _APPEND, "end": _END, "lost": _LOST}
 
     def __init__(self, url: str = "redis://localhost:6379/0", *, prefix: str = "agentscope",
                  retention: float = 300.0, max_events: int = 100_000, lease: float = 10.0,
-                 socket_timeout: float = 5.0) -> None:
+                 socket_timeout: float = 5.0, max_connections: int = 100) -> None:
         check_log_bounds(retention, max_events)
         if not lease > 0:
             raise ValueError(f"lease must be positive seconds, got {lease!r}")
+        if not (isinstance(max_connections, int) and max_connections > 0):
+            raise ValueError(f"max_connections must be a positive int (the connections reads share), "
+                             f"got {max_connections!r}")
         self._init_redis(url, socket_timeout)
+        self.max_connections = max_connections
+        self._upkeep_client: Redis | None = None
+        self._upkeep_loop: asyncio.AbstractEventLoop | None = None
         self.prefix = prefix
         self.retention = retention
         self.max_events = max_events
@@ -139,6 +156,24 @@ class RedisRunLog(RunLog, LoopRedis):
         # created and has not ended, packed (`append`).
         self._append_head = b"".join(map(bulk, (self.owner.encode(), b"%d" % max_events, b"%d" % _RUNNING_TTL_MS)))
         self._streams: dict[str, bytes] = {}
+
+    def _connect(self) -> Redis:
+        # The reads' client: a pool that makes a read wait for a free connection, not fail.
+        pool = BlockingConnectionPool.from_url(
+            self.url, max_connections=self.max_connections, timeout=self.socket_timeout,
+            socket_timeout=self.socket_timeout + 5, socket_connect_timeout=self.socket_timeout)
+        return Redis(connection_pool=pool)
+
+    def _upkeep(self) -> Redis:
+        """This loop's client for the process's own upkeep: its lease and its interrupt
+        subscription, on connections nothing else takes (a renewal that waits behind reads can
+        let the lease lapse, and this process's live runs would be marked lost)."""
+        self._redis()  # (a new loop: its clients are made again)
+        if self._upkeep_client is None or self._upkeep_loop is not self._loop:
+            self._upkeep_client = Redis.from_url(self.url, socket_timeout=self.socket_timeout,
+                                                 socket_connect_timeout=self.socket_timeout)
+            self._upkeep_loop = self._loop
+        return self._upkeep_client
 
     def _keys(self, run_id: str) -> list[str]:
         # (a run id that quoting leaves as it is, such as a UUID, skips it: a flush names a key
@@ -243,7 +278,7 @@ class RedisRunLog(RunLog, LoopRedis):
 
     async def renew(self) -> None:
         with _typed("renewing this process's lease"):
-            await self._redis().set(self._owner_key(self.owner), b"1", px=round(self.lease * 1000))
+            await self._upkeep().set(self._owner_key(self.owner), b"1", px=round(self.lease * 1000))
 
     async def send_interrupt(self, record: RunRecord) -> bool:
         with _typed(f"sending an interrupt for run {record.run_id}"):
@@ -254,7 +289,7 @@ class RedisRunLog(RunLog, LoopRedis):
         if self._listener is not None and not self._listener.done():
             return
         with _typed("subscribing to interrupts"):
-            pubsub = self._redis().pubsub()
+            pubsub = self._upkeep().pubsub()
             await pubsub.subscribe(self._channel(self.owner))
         self._listener = asyncio.get_running_loop().create_task(self._listen(pubsub, on_interrupt))
 
@@ -282,10 +317,13 @@ class RedisRunLog(RunLog, LoopRedis):
             self._listener.cancel()
             await asyncio.gather(self._listener, return_exceptions=True)
             self._listener = None
-        if self._client is not None:
+        upkeep, self._upkeep_client = self._upkeep_client, None
+        if upkeep is not None:
             with contextlib.suppress(RedisError, OSError, RuntimeError):
                 # Our runs ended (cancelled at shutdown, and the log heard so): the lease can go.
-                await self._client.delete(self._owner_key(self.owner))
+                await upkeep.delete(self._owner_key(self.owner))
+            with contextlib.suppress(RedisError, OSError, RuntimeError):
+                await upkeep.aclose()
         await self._close_redis()
 
 

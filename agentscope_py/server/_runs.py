@@ -6,7 +6,8 @@ at once (per process and per user).
 Each follower reads the run's frames at its own pace from a position, so a slow client never
 holds frames of its own (its buffer is the run's log, bounded by ``max_events``), and a client
 dropped for stalling resumes from the log. A run without ``detach`` is cancelled once its last
-client leaves, as a run tied to its request always was.
+client leaves, as a run tied to its request always was. The followers here of a run held in the
+log share one read of it (`LogTail`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from ..errors import RunLogError
 from ._errors import HTTPError
 from ._limits import Limits, admit_run
 from ._live import CHUNK_FRAMES, PACE, Beat, LiveRun, gap_frame, incomplete_frame, terminal_frame
+from ._logtail import LogTail, expired_frame, unavailable_frame
 from ._logwrites import LogWrites
 from ._runlog import RunLog, RunRecord
 from .sse import HEARTBEAT
@@ -63,6 +65,7 @@ class Runs:
         self.poll = poll
         self.live: dict[str, LiveRun] = {}
         self._outbox: set[LiveRun] = set()  # runs with frames the shared log has not had yet
+        self._tails: dict[str, LogTail] = {}  # runs followed here from the log, by id
         self.writes = LogWrites(run_log)
         self._per_user: dict[str, int] = {}
         self._tasks: list[asyncio.Task[None]] = []
@@ -98,10 +101,12 @@ class Runs:
         pending = [live.task for live in self.live.values() if live.task is not None]
         if pending:
             await asyncio.gather(*pending, return_exceptions=True)
-        for task in self._tasks:
+        tasks = self._tasks + [tail.task for tail in self._tails.values() if tail.task is not None]
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
         self._tasks = []
+        self._tails.clear()
         await self.writes.settle()
         await self.log.close()
         self._started = None
@@ -276,51 +281,76 @@ class Runs:
                     await asyncio.shield(asyncio.gather(live.task, return_exceptions=True))
 
     async def _follow_log(self, record: RunRecord, after: int, heartbeat: float | None) -> AsyncIterator[bytes]:
-        """The frames of a run held in the log (ended, or running in another process)."""
-        run_id, cursor = record.run_id, after
+        """The frames of a run held in the log (ended, or running in another process), from
+        this process's one read of it (`LogTail`), or from the log itself while behind that."""
+        run_id, kind, cursor = record.run_id, record.kind, after
         loop = asyncio.get_running_loop()
         sent = loop.time()
-        short = False
-        while True:
-            live = self.live.get(run_id)
-            if live is not None:  # ours after all (a log shared with ourselves): follow it here
-                async for chunk in self.follow(live, cursor, heartbeat):
-                    yield chunk
-                return
-            try:
-                piece = await self.log.read(run_id, cursor, self.poll)
-                if piece is not None and not piece.data and piece.record.running:
-                    await self._check_owner(piece.record)
-            except RunLogError as exc:
-                log.warning("run %s: reading its log failed: %s", run_id, exc)
-                yield terminal_frame(record.kind, "RunLogUnavailable", "the run log became unavailable; "
-                                     f"resume after the last event id received ({cursor})")
-                return
-            if piece is None:
-                yield terminal_frame(record.kind, "RunLogExpired", "the run's log expired while it was read")
-                return
-            if piece.gap:
-                yield gap_frame(record.kind, cursor)
-                return
-            if piece.data:
-                cursor = piece.last
-                yield piece.data
-                sent = loop.time()
-                continue
-            if heartbeat is not None and heartbeat > 0 and loop.time() - sent >= heartbeat:
-                yield HEARTBEAT
-                sent = loop.time()
-            record = piece.record
-            if not record.running:
-                if cursor >= record.last:
+        tail = self._tail(record, after)
+        me = tail.join(cursor)
+        try:
+            while True:
+                live = self.live.get(run_id)
+                if live is not None:  # ours after all (a log shared with ourselves): follow it here
+                    self._leave(tail, me)
+                    async for chunk in self.follow(live, cursor, heartbeat):
+                        yield chunk
                     return
-                # Ended, yet nothing past ``cursor`` came: the log lacks frames its record counts
-                # (a write that failed). Read once more (an end is written after its frames, so
-                # a second read sees any that raced the first), then say so rather than poll on.
-                if short:
-                    yield incomplete_frame(record.kind, cursor)
+                taken = tail.take(cursor)
+                if taken is None and cursor < tail.last:  # behind what the tail holds
+                    try:
+                        piece = await self.log.read(run_id, cursor, 0)
+                    except RunLogError as exc:
+                        log.warning("run %s: reading its log failed: %s", run_id, exc)
+                        yield unavailable_frame(kind, cursor)
+                        return
+                    if piece is None:
+                        yield expired_frame(kind, cursor)
+                        return
+                    if piece.gap:
+                        yield gap_frame(kind, cursor)
+                        return
+                    if not piece.data:  # the tail read past here, yet the log holds nothing more
+                        yield incomplete_frame(kind, cursor)
+                        return
+                    taken = piece.data, piece.last
+                if taken is not None:
+                    data, cursor = taken
+                    yield data
+                    tail.moved(me, cursor)
+                    sent = loop.time()
+                elif tail.done:
+                    if tail.ending is not None:
+                        yield tail.ending(kind, cursor)
                     return
-                short = True
+                elif heartbeat is not None and heartbeat > 0 and loop.time() - sent >= heartbeat:
+                    yield HEARTBEAT
+                    sent = loop.time()
+                else:
+                    await tail.wait(cursor)
+        finally:
+            self._leave(tail, me)
+
+    def _tail(self, record: RunRecord, after: int) -> LogTail:
+        """This process's read of the run's log, started from ``after`` when there is none."""
+        tail = self._tails.get(record.run_id)
+        if tail is None or tail.done:
+            tail = self._tails[record.run_id] = LogTail(self.log, record, after, self.poll, self._check_owner)
+            task = tail.task = asyncio.get_running_loop().create_task(tail.run())
+
+            def forget(_: asyncio.Task[None], tail: LogTail = tail) -> None:
+                if self._tails.get(tail.record.run_id) is tail:
+                    del self._tails[tail.record.run_id]
+
+            task.add_done_callback(forget)
+        return tail
+
+    def _leave(self, tail: LogTail, follower: int) -> None:
+        """The follower leaves the tail (a second time changes nothing); the last to leave stops its read."""
+        if tail.leave(follower) and not tail.done and tail.task is not None:
+            tail.task.cancel()  # nobody here follows the run any more
+            if self._tails.get(tail.record.run_id) is tail:
+                del self._tails[tail.record.run_id]
 
     async def _check_owner(self, record: RunRecord) -> None:
         """A run that sent nothing for a poll: if its owner's lease is gone, mark it lost."""
