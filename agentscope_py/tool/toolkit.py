@@ -97,6 +97,11 @@ def _make_tool(fn: Callable[..., Any], *, name: str | None, description: str | N
     for p in params:
         if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
             continue
+        if p.annotation is inspect.Parameter.empty:
+            _warn_at_caller(
+                f"tool {tool_name!r}: parameter {p.name!r} has no type annotation, so the model is told "
+                f"it may be anything: annotate it (e.g. `{p.name}: str`) so the model knows what to send"
+            )
         annotation = hints.get(p.name, Any)
         if annotation is RuntimeContext:
             injected[p.name] = "ctx"
@@ -109,7 +114,10 @@ def _make_tool(fn: Callable[..., Any], *, name: str | None, description: str | N
     args_model, parameters = arguments_model(tool_name, fields)
     tool_description = description if description is not None else doc_description
     if not tool_description.strip():
-        _warn_no_description(tool_name)
+        _warn_at_caller(
+            f"tool {tool_name!r} has no description (models choose tools by their descriptions): "
+            "give the function a docstring or pass description='...'"
+        )
     return Tool(
         fn=fn,
         name=tool_name,
@@ -138,18 +146,13 @@ def _tool_name(fn: Callable[..., Any]) -> str:
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # agentscope_py/
 
 
-def _warn_no_description(tool_name: str) -> None:
-    """A `UserWarning` pointing at the user's line (the first frame outside this package): models
-    choose tools by their descriptions, so an empty one is almost always a mistake."""
+def _warn_at_caller(message: str) -> None:
+    """A `UserWarning` pointing at the user's line (the first frame outside this package): a
+    mistake in a tool's definition is found where the tool is defined, not when a model misuses it."""
     level, frame = 1, sys._getframe(0)
     while frame.f_back is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
         frame, level = frame.f_back, level + 1
-    warnings.warn(
-        f"tool {tool_name!r} has no description (models choose tools by their descriptions): "
-        "give the function a docstring or pass description='...'",
-        UserWarning,
-        stacklevel=level,
-    )
+    warnings.warn(message, UserWarning, stacklevel=level)
 
 
 # -- Toolkit --------------------------------------------------------------------------------------
