@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
-from ._sanitize import MAX_DEPTH, depth_exceeds
+from ._sanitize import MAX_DEPTH, clean_value, depth_exceeds
 from .errors import MiddlewareError
 from .events import (
     AgentEvent,
@@ -128,6 +128,9 @@ def tool_use_block(call_id: str, name: str, raw: str) -> ToolUseBlock:
     if not isinstance(value, dict) or (raw.count("{") + raw.count("[") > MAX_DEPTH and depth_exceeds(value)):
         # (what is remembered must load again; fewer brackets than the limit cannot nest deeper)
         return ToolUseBlock(id=call_id, name=name, input={}, raw_input=raw)
+    if "\\u" in raw or not raw.isascii():
+        # A ``\ud800`` escape decodes to a lone surrogate, which no later save could encode.
+        value = clean_value(value)
     return ToolUseBlock(id=call_id, name=name, input=value)
 
 
