@@ -235,7 +235,7 @@ class MiddlewareError(AgentScopeError, TypeError):
 
 
 class MiddlewareTermination(AgentScopeError):
-    """Raised by a middleware to end the run on purpose (seed 001's guardrail block)."""
+    """Raised by a middleware to end the run on purpose (a guardrail's block, for instance)."""
 
 
 class GuardrailTripped(MiddlewareTermination):
