@@ -81,6 +81,7 @@ __all__ = [
     "SubAgentError",
     "SubAgentPaused",
     "ToolArgumentError",
+    "ToolConflictError",
     "ToolInputRequired",
 ]
 
@@ -186,6 +187,11 @@ class RunLogError(AgentScopeError):
 
 class ToolArgumentError(AgentScopeError, ValueError):
     """The model's arguments for a tool do not fit its schema (or are not JSON)."""
+
+
+class ToolConflictError(AgentScopeError, ValueError):
+    """Two tool sources (MCP servers) offer tools of one name: a call could reach only one of
+    them. The message names both and the fix (a ``prefix=``)."""
 
 
 class ToolInputRequired(AgentScopeError):
