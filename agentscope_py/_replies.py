@@ -36,7 +36,8 @@ __all__ = ["ReplyBuilder", "ToolResultCollector", "result_events"]
 
 class ReplyBuilder:
     """Rebuilds the assistant message from block events (starting over at each ModelCallStart,
-    so a retried or failed-over call leaves only its own reply)."""
+    so a retried or failed-over call leaves only its own reply, and dropping a call whose
+    ModelCallEnd says ``discarded``: what follows it, such as a guardrail's refusal, is the reply)."""
 
     __slots__ = ("_blocks", "_calls", "calls_made", "finish_reason", "usage", "usage_total")
 
@@ -73,6 +74,8 @@ class ReplyBuilder:
             self.finish_reason = None
             self.calls_made += 1
         elif t == "model_call_end":
+            if ev.discarded:  # its partial reply is not remembered (what ``discarded`` says)
+                self._blocks = {}
             self.usage = ev.usage
             self.finish_reason = ev.finish_reason
             if ev.usage is not None:

@@ -248,7 +248,9 @@ class GuardrailMiddleware(MiddlewareBase):
 
     def _trip_events(self, trip: _Trip, released: OpenBrackets, ctx: RuntimeContext) -> list[Any]:
         why = f"GuardrailTripped: guardrail {trip.guardrail} tripped: {trip.reason}"
-        events = released.close(why, discarded=self.exit_behavior == "error")
+        # With a refusal, the partial text the caller saw is struck (its call ends discarded) and
+        # the refusal is the reply; without one, what went out stays the reply.
+        events = released.close(why, discarded=self.exit_behavior == "error" or bool(self.refusal))
         if self.refusal:
             reply_id = released.reply_id or ctx.reply_id or ""
             block = new_id("blk_")
