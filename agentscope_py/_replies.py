@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
-from ._sanitize import MAX_DEPTH, depth_exceeds
+from ._sanitize import MAX_DEPTH, clean_value, depth_exceeds
 from .errors import MiddlewareError
 from .events import (
     AgentEvent,
@@ -36,7 +36,8 @@ __all__ = ["ReplyBuilder", "ToolResultCollector", "result_events"]
 
 class ReplyBuilder:
     """Rebuilds the assistant message from block events (starting over at each ModelCallStart,
-    so a retried or failed-over call leaves only its own reply)."""
+    so a retried or failed-over call leaves only its own reply, and dropping a call whose
+    ModelCallEnd says ``discarded``: what follows it, such as a guardrail's refusal, is the reply)."""
 
     __slots__ = ("_blocks", "_calls", "calls_made", "finish_reason", "usage", "usage_total")
 
@@ -73,6 +74,8 @@ class ReplyBuilder:
             self.finish_reason = None
             self.calls_made += 1
         elif t == "model_call_end":
+            if ev.discarded:  # its partial reply is not remembered (what ``discarded`` says)
+                self._blocks = {}
             self.usage = ev.usage
             self.finish_reason = ev.finish_reason
             if ev.usage is not None:
@@ -128,6 +131,9 @@ def tool_use_block(call_id: str, name: str, raw: str) -> ToolUseBlock:
     if not isinstance(value, dict) or (raw.count("{") + raw.count("[") > MAX_DEPTH and depth_exceeds(value)):
         # (what is remembered must load again; fewer brackets than the limit cannot nest deeper)
         return ToolUseBlock(id=call_id, name=name, input={}, raw_input=raw)
+    if "\\u" in raw or not raw.isascii():
+        # A ``\ud800`` escape decodes to a lone surrogate, which no later save could encode.
+        value = clean_value(value)
     return ToolUseBlock(id=call_id, name=name, input=value)
 
 

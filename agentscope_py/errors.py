@@ -81,6 +81,7 @@ __all__ = [
     "SubAgentError",
     "SubAgentPaused",
     "ToolArgumentError",
+    "ToolConflictError",
     "ToolInputRequired",
 ]
 
@@ -188,6 +189,11 @@ class ToolArgumentError(AgentScopeError, ValueError):
     """The model's arguments for a tool do not fit its schema (or are not JSON)."""
 
 
+class ToolConflictError(AgentScopeError, ValueError):
+    """Two tool sources (MCP servers) offer tools of one name: a call could reach only one of
+    them. The message names both and the fix (a ``prefix=``)."""
+
+
 class ToolInputRequired(AgentScopeError):
     """Raised by a running tool that cannot go on without the user's answer (an MCP server's
     elicitation): the call pauses like a call that asks for approval — `RequireUserConfirm` with
@@ -235,7 +241,7 @@ class MiddlewareError(AgentScopeError, TypeError):
 
 
 class MiddlewareTermination(AgentScopeError):
-    """Raised by a middleware to end the run on purpose (seed 001's guardrail block)."""
+    """Raised by a middleware to end the run on purpose (a guardrail's block, for instance)."""
 
 
 class GuardrailTripped(MiddlewareTermination):

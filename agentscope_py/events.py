@@ -59,8 +59,12 @@ class AgentStart(EventBase):
 
 
 class AgentEnd(EventBase):
+    """The run's last event. ``error`` names the exception a failed run raises right after it
+    (``"TypeName: message"``); None when the run ended with its `AgentResult`."""
+
     type: Literal["agent_end"] = "agent_end"
     reply_id: str
+    error: str | None = None
 
 
 class AgentResult(EventBase):

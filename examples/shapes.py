@@ -1,7 +1,7 @@
-"""The seeds' other two middleware shapes, and read-only observers, side by side.
+"""Two other middleware shapes, and read-only observers, side by side.
 
-* LifecycleMiddleware: before/after hooks (seed 000), here timing each tool call;
-* StageMiddleware: one ``process(context, call_next)`` for every stage (seed 001), here a
+* LifecycleMiddleware: before/after hooks, here timing each tool call;
+* StageMiddleware: one ``process(context, call_next)`` for every stage (a pipeline), here a
   per-stage trace and a cache that short-circuits repeated model calls;
 * ObserverMiddleware: notifications beside the call path; its bug never reaches the run.
 """

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +31,25 @@ async def test_page_examples_run(page: Path) -> None:
         result = eval(code, namespace)
         if asyncio.iscoroutine(result):
             await asyncio.wait_for(result, 30)
+
+
+@pytest.mark.parametrize("page", [p for p in PAGES if p.exists()], ids=lambda p: p.name)
+def test_page_programs_run_as_files(page: Path, tmp_path: Path) -> None:
+    """A block written as a program (a ``__main__`` guard) is pasted into a file and run, as a
+    reader would run it: in the namespace test above its guard never fires."""
+    programs = [source for source in blocks(page) if 'if __name__ == "__main__":' in source]
+    for i, source in enumerate(programs):
+        script = tmp_path / f"program_{i}.py"
+        script.write_text(source, encoding="utf-8")
+        done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60,
+                              cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)})
+        assert done.returncode == 0, f"{page.name} program {i + 1} failed:\n{done.stderr}"
+        assert done.stdout.strip(), f"{page.name} program {i + 1} printed nothing"
+
+
+def test_the_readme_starts_with_a_program() -> None:
+    first = blocks(ROOT / "README.md")[0]
+    assert 'if __name__ == "__main__":' in first and "asyncio.run(main())" in first
 
 
 def test_every_concept_has_a_page_with_examples() -> None:

@@ -20,6 +20,7 @@ from agentscope_py import (
     StateStoreError,
     Toolkit,
     ToolResultState,
+    ToolUseBlock,
     tool,
 )
 from agentscope_py.agent import InMemoryStateStore, SqliteStateStore
@@ -320,3 +321,28 @@ async def test_an_external_result_with_a_lone_surrogate_never_poisons_a_session(
     state, version = await store.load("u", "s")
     assert version == 2 and state is not None
     assert any(b.output == "page \ufffd text" for m in state.context for b in m.tool_results)
+
+
+@tool
+def echo_text(text: str) -> str:
+    """Echo the text.
+
+    Args:
+        text: what to echo
+    """
+    return f"got {text}"
+
+
+@pytest.mark.parametrize("raw", ['{"text": "\\ud800"}', '{"text": "\ud800"}', '{"text": "a\\udc00b"}'],
+                         ids=["escaped", "literal", "escaped-low"])
+async def test_a_lone_surrogate_in_tool_arguments_never_poisons_a_session(tmp_path: Path, raw: str) -> None:
+    store = SqliteStateStore(tmp_path / "s.db")
+    step = ModelStep(tool_calls=[ToolUseBlock(id="c1", name="echo_text")], raw_tool_arguments={"c1": raw})
+    model = ScriptedModel([step, ModelStep.text("done"), ModelStep.text("again")])
+    agent = ReActAgent.builder().model(model).toolkit(Toolkit([echo_text])).state_store(store).build()
+    assert (await agent.call("go", ctx=ctx())).text == "done"
+    assert (await agent.call("next", ctx=ctx())).text == "again"  # the session still saves and loads
+    state, version = await store.load("u", "s")
+    assert version == 2 and state is not None
+    call = state.context[1].tool_calls[0]
+    assert "\ufffd" in call.input["text"] and str(state.context[2].tool_results[0].output).startswith("got ")

@@ -1,6 +1,6 @@
 """The closing guarantee: every Start the caller's stream carries gets exactly one matching End.
 
-Seed 000 guarantees balanced MiddlewareStarted/Completed; this does the same for the content
+Traced middleware is guaranteed balanced MiddlewareStarted/Completed; this does the same for the content
 brackets (text, thinking and data blocks, tool calls, tool results, model calls). Two places
 keep it:
 

@@ -22,6 +22,7 @@ import contextvars
 from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING, Any
 
+from .._bracket_kinds import describe
 from .._replies import ReplyBuilder
 from ..errors import AgentInterrupted, PendingToolCallsError, ResumeError, StructuredOutputError
 from ..events import AgentEnd, AgentEvent, AgentResult, AgentStart, EventBase, ExceedMaxIters, ModelCallStart
@@ -249,10 +250,12 @@ class Execution:
                 # The chains reach back to this execution through its cores (a reference cycle):
                 # dropping them lets a finished execution be freed at once, not by the collector.
                 self._model_call = self._reasoning = self._acting = _finished
-        if error is not None:
-            raise error
-        if run.finish_error is not None:
-            raise run.finish_error
+        failure = error if error is not None else run.finish_error
+        if failure is not None:
+            # The run's own bracket closes too: the caller's stream ends with AgentEnd naming the
+            # error, then the error itself is raised.
+            yield AgentEnd(reply_id=self.reply_id, error=describe(failure))
+            raise failure
         assert run.final is not None
         yield AgentResult(result=run.final)
         yield AgentEnd(reply_id=self.reply_id)

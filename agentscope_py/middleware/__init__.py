@@ -116,7 +116,7 @@ _LAZY = {
     "ModelPrice": "budget",
     "InMemoryBudgetStore": "budget",
     "RedisBudgetStore": "budget",
-    # safety, observe and the seeds' other shapes (issue 18, part 2)
+    # safety, observe and the other middleware shapes
     "PIIRedactionMiddleware": "pii",
     "PIIDetector": "pii_detectors",
     "GuardrailMiddleware": "guardrail",

@@ -74,6 +74,9 @@ class _Record:
         # What dataclasses.replace does for these records (every field in __init__, no InitVar),
         # in one pass: a hook that passes an input inward changed calls it on every call.
         cls = type(self)
+        for name, kind in _TYPED_ITEMS:
+            if name in changes:
+                changes[name] = _checked_items(cls.__name__, name, changes[name], kind)
         new = _new(cls)
         for name in cls.__match_args__:  # type: ignore[attr-defined]
             _set(new, name, changes.pop(name) if name in changes else getattr(self, name))
@@ -88,6 +91,36 @@ class _Record:
 
 _set = object.__setattr__
 _new = object.__new__
+
+# The sequence fields a hook replaces most, with what each item must be and how to make one: a
+# dict in their place would otherwise reach the model and fail there, far from the hook.
+_TYPED_ITEMS: tuple[tuple[str, type], ...] = (
+    ("msgs", Msg), ("messages", Msg), ("tool_calls", ToolUseBlock), ("tools", ToolSchema),
+)
+_HOW_TO_MAKE = {
+    Msg: 'Msg.user("…"), Msg.system("…") or Msg(role=…, content=…)',
+    ToolUseBlock: "ToolUseBlock(id=…, name=…, input={…})",
+    ToolSchema: "ToolSchema(name=…, description=…, parameters={…})",
+}
+
+
+def _checked_items(record: str, name: str, value: Any, kind: type) -> tuple[Any, ...] | None:
+    """``value`` as a tuple (an iterator is read once, here) when every item is a ``kind``."""
+    if value is None:
+        return None
+    if isinstance(value, str | bytes | Mapping) or not isinstance(value, Iterable):
+        raise TypeError(
+            f"{record}.replace({name}=…) takes a sequence of {kind.__name__}, got {type(value).__name__}; "
+            f"make each item with {_HOW_TO_MAKE[kind]}"
+        )
+    items = tuple(value)
+    for i, item in enumerate(items):
+        if not isinstance(item, kind):
+            raise TypeError(
+                f"{record}.replace({name}=…): item {i} is a {type(item).__name__}, not a {kind.__name__}; "
+                f"make it with {_HOW_TO_MAKE[kind]}"
+            )
+    return items
 
 
 def _frozen(value: Iterable[Any] | None) -> tuple[Any, ...]:

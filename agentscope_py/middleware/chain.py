@@ -186,7 +186,21 @@ def _normalise(result: Any, mw: MiddlewareBase, point: ExtensionPoint) -> EventS
     try:
         return to_stream(result)
     except TypeError as exc:
-        raise TypeError(f"{mw.name}.{point.value} must return a stream: {exc}") from None
+        raise TypeError(f"{mw.name}.{point.value} must return a stream: {exc}. {_fix_for(result)}") from None
+
+
+def _fix_for(result: Any) -> str:
+    """What to write instead, for the two mistakes a hook is most often written with."""
+    if result is None:
+        return "Did the hook forget `return`? Write `return next(input)` (or return the rewritten stream)."
+    if inspect.iscoroutine(result):
+        result.close()  # never awaited: closing it keeps Python from warning about it later
+        return (
+            "The hook is an `async def` that returns: an onion hook is a plain `def` returning "
+            "`next(input)` (or a stream built from it), or an `async def` generator that yields "
+            "events (`async for event in next(input): yield event`)."
+        )
+    return "Return `next(input)`, a stream built from it, or an `async def` generator of events."
 
 
 def _traced(mw: MiddlewareBase, point: ExtensionPoint, invoke: Layer) -> Layer:

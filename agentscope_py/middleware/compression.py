@@ -1,4 +1,4 @@
-"""`ContextCompressionMiddleware` (seed 000; LangChain v1's SummarizationMiddleware): older context
+"""`ContextCompressionMiddleware` (LangChain v1's SummarizationMiddleware): older context
 condensed into a summary once the conversation grows past a threshold.
 
 At each round (``on_reasoning``): below the threshold (``trigger_tokens`` over the round's request,

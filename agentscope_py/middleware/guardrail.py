@@ -2,11 +2,13 @@
 
 * **input** checks see the call's input messages before the model is first called (the input is
   captured at ``on_agent_state_ready``): a trip means the model is never called.
-* **stream** checks run while the reply streams: once at least ``stream_every`` new characters of
-  text arrived (and at the end of the reply), on the text so far or its last ``stream_window``
-  characters. A synchronous check runs before the delta that triggered it is released.
-* **output** checks see the whole reply (``GuardrailCheck.reply``) before its ``ModelCallEnd``
-  is let through.
+* **stream** checks run while the reply streams, on each text the caller receives (the answer,
+  the reasoning, each tool call's arguments; ``GuardrailCheck.kind`` says which, ``covers``
+  narrows them): once at least ``stream_every`` new characters of that text arrived (and at the
+  end of the reply), on the text so far or its last ``stream_window`` characters. A synchronous
+  check runs before the delta that triggered it is released.
+* **output** checks see each whole text of the reply (and ``GuardrailCheck.reply``) before its
+  ``ModelCallEnd`` is let through.
 
 ``blocking=True``: nothing reaches the caller before the checks covering it passed — deltas are
 held until the stream check after them passes (async checks are awaited), and with output checks
@@ -28,7 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 from ..errors import GuardrailTripped
@@ -39,15 +41,19 @@ from ..events import (
     TextBlockDelta,
     TextBlockEnd,
     TextBlockStart,
+    ThinkingBlockDelta,
+    ToolCallDelta,
 )
 from ..message import Msg, new_id
 from ..stream import EventStream, aclose
 from ._brackets_local import OpenBrackets
 from .base import ExtensionPoint, MiddlewareBase, ModelCallInput, Next
 from .guardrail_checks import (
+    KINDS,
     Guardrail,
     GuardrailCheck,
     GuardrailResult,
+    Kind,
     Stage,
     as_guardrails,
     call_check,
@@ -85,6 +91,7 @@ class GuardrailMiddleware(MiddlewareBase):
         blocking: bool = False,
         exit_behavior: Literal["end", "error"] = "end",
         refusal: str | None = None,
+        covers: Iterable[Kind] = KINDS,
     ) -> None:
         self.input_checks = as_guardrails(input, "input")
         self.stream_checks = as_guardrails(stream, "stream")
@@ -100,6 +107,9 @@ class GuardrailMiddleware(MiddlewareBase):
             raise ValueError(f"exit_behavior must be 'end' or 'error', not {exit_behavior!r}")
         if refusal is not None and not isinstance(refusal, str):
             raise TypeError("refusal must be a str (the reply's text after a trip) or None")
+        self.covers: frozenset[str] = frozenset((covers,) if isinstance(covers, str) else covers)
+        if not self.covers or not self.covers <= set(KINDS):
+            raise ValueError(f"covers takes a non-empty collection of {KINDS}, not {sorted(self.covers)!r}")
         self.stream_window = stream_window
         self.stream_every = stream_every
         self.blocking = blocking
@@ -157,39 +167,38 @@ class GuardrailMiddleware(MiddlewareBase):
     async def _checked(self, agent: ReActAgent, ctx: RuntimeContext, input: ModelCallInput, it: Any,
                        pending: set[asyncio.Future[Any]], released: OpenBrackets) -> AsyncGenerator[Any, None]:
         """The inner events, checked; in blocking mode held until the checks covering them passed."""
-        stream_checks, every = self.stream_checks, self.stream_every
+        stream_checks, every, covers = self.stream_checks, self.stream_every, self.covers
         blocking = self.blocking
         hold_all = blocking and bool(self.output_checks)  # the whole reply waits for the output check
         held: list[Any] = []
-        parts: list[str] = []
-        since = 0  # text characters since the last stream check
+        texts: dict[str, _Seen] = {}  # "text", "thinking", or a tool call's id -> what it carried
         messages = tuple(input.messages)
         async with contextlib.aclosing(_racing(it, pending)) as events:
             async for ev in events:
                 cls = type(ev)
                 top = ev.source is None
-                if cls is TextBlockDelta and top:
-                    parts.append(ev.delta)
-                    since += len(ev.delta)
-                    if stream_checks and since >= every:
-                        await self._stream_check(agent, ctx, messages, parts, since, pending)
-                        since = 0
+                kind = _KIND_OF.get(cls) if top else None
+                if kind is not None and kind in covers:
+                    key = ev.tool_call_id if cls is ToolCallDelta else kind
+                    seen = texts.get(key)
+                    if seen is None:
+                        seen = texts[key] = _Seen(kind, ev.tool_name if cls is ToolCallDelta else None)
+                    seen.parts.append(ev.delta)
+                    seen.since += len(ev.delta)
+                    if stream_checks and seen.since >= every:
+                        await self._stream_check(agent, ctx, messages, seen, pending)
                     elif blocking:  # unchecked text waits
                         held.append(ev)
                         continue
-                elif blocking and since and stream_checks:  # nothing goes out past unchecked text
-                    await self._stream_check(agent, ctx, messages, parts, since, pending)
-                    since = 0
+                elif blocking and stream_checks:  # nothing goes out past unchecked text
+                    await self._check_unchecked(agent, ctx, messages, texts, pending)
                 if cls is ModelCallEnd and top:
-                    if stream_checks and since:
-                        await self._stream_check(agent, ctx, messages, parts, since, pending)
-                        since = 0
+                    if stream_checks:
+                        await self._check_unchecked(agent, ctx, messages, texts, pending)
                     if pending:
                         await _settle(pending)
                     if self.output_checks:
-                        text = "".join(parts)
-                        check = GuardrailCheck("output", text, messages, agent, ctx, reply=Msg.assistant(text))
-                        await self._run("output", self.output_checks, check)
+                        await self._output_check(agent, ctx, messages, texts)
                     hold_all = False
                 if hold_all:
                     held.append(ev)
@@ -199,21 +208,27 @@ class GuardrailMiddleware(MiddlewareBase):
                         yield out
                     held.clear()
                 yield ev
-        if stream_checks and since:
-            await self._stream_check(agent, ctx, messages, parts, since, pending)
+        if stream_checks:
+            await self._check_unchecked(agent, ctx, messages, texts, pending)
         if pending:
             await _settle(pending)
         for out in held:  # (an inner layer that ended without a ModelCallEnd)
             yield out
 
+    async def _check_unchecked(self, agent: ReActAgent, ctx: RuntimeContext, messages: tuple[Msg, ...],
+                               texts: dict[str, _Seen], pending: set[asyncio.Future[Any]]) -> None:
+        for seen in texts.values():
+            if seen.since:
+                await self._stream_check(agent, ctx, messages, seen, pending)
+
     async def _stream_check(self, agent: ReActAgent, ctx: RuntimeContext, messages: tuple[Msg, ...],
-                            parts: list[str], since: int, pending: set[asyncio.Future[Any]]) -> None:
-        window = self.stream_window
-        text = "".join(parts)
-        if len(parts) > 1:
-            parts[:] = [text]
-        seen = text if window is None else text[-window:]
-        check = GuardrailCheck("stream", seen, messages, agent, ctx, delta=text[-since:])
+                            seen: _Seen, pending: set[asyncio.Future[Any]]) -> None:
+        window, since = self.stream_window, seen.since
+        seen.since = 0
+        text = seen.text()
+        shown = text if window is None else text[-window:]
+        check = GuardrailCheck("stream", shown, messages, agent, ctx, delta=text[-since:], kind=seen.kind,
+                               tool_name=seen.tool_name)
         if self.blocking:
             await self._run("stream", self.stream_checks, check)
             return
@@ -223,6 +238,20 @@ class GuardrailMiddleware(MiddlewareBase):
                 pending.add(asyncio.ensure_future(_judged(guardrail, value)))
             else:
                 _judge(guardrail, value, "stream")
+
+    async def _output_check(self, agent: ReActAgent, ctx: RuntimeContext, messages: tuple[Msg, ...],
+                            texts: dict[str, _Seen]) -> None:
+        """The output checks on each whole text of the reply: its answer (also when empty, as a
+        reply of tool calls alone), its reasoning and each tool call's arguments."""
+        answer = texts["text"].text() if "text" in texts else ""
+        reply = Msg.assistant(answer)
+        await self._run("output", self.output_checks, GuardrailCheck("output", answer, messages, agent, ctx,
+                                                                     reply=reply))
+        for seen in texts.values():
+            if seen.kind != "text":
+                check = GuardrailCheck("output", seen.text(), messages, agent, ctx, reply=reply, kind=seen.kind,
+                                       tool_name=seen.tool_name)
+                await self._run("output", self.output_checks, check)
 
     async def _run(self, stage: Stage, guardrails: Sequence[Guardrail], check: GuardrailCheck) -> None:
         """Runs ``guardrails`` on ``check`` (the async ones together); raises `_Trip` on the first
@@ -248,7 +277,9 @@ class GuardrailMiddleware(MiddlewareBase):
 
     def _trip_events(self, trip: _Trip, released: OpenBrackets, ctx: RuntimeContext) -> list[Any]:
         why = f"GuardrailTripped: guardrail {trip.guardrail} tripped: {trip.reason}"
-        events = released.close(why, discarded=self.exit_behavior == "error")
+        # With a refusal, the partial text the caller saw is struck (its call ends discarded) and
+        # the refusal is the reply; without one, what went out stays the reply.
+        events = released.close(why, discarded=self.exit_behavior == "error" or bool(self.refusal))
         if self.refusal:
             reply_id = released.reply_id or ctx.reply_id or ""
             block = new_id("blk_")
@@ -259,6 +290,28 @@ class GuardrailMiddleware(MiddlewareBase):
         if self.exit_behavior == "end":
             events.append(RequestStop(reason=f"guardrail {trip.guardrail} tripped: {trip.reason}"))
         return events
+
+
+_KIND_OF: dict[type[Any], Kind] = {
+    TextBlockDelta: "text", ThinkingBlockDelta: "thinking", ToolCallDelta: "tool_arguments",
+}
+
+
+class _Seen:
+    """One text the caller receives (the answer, the reasoning, or one tool call's arguments):
+    what it carried so far, and how much of it no stream check has seen yet."""
+
+    __slots__ = ("kind", "parts", "since", "tool_name")
+
+    def __init__(self, kind: Kind, tool_name: str | None) -> None:
+        self.kind, self.tool_name = kind, tool_name
+        self.parts: list[str] = []
+        self.since = 0
+
+    def text(self) -> str:
+        if len(self.parts) > 1:
+            self.parts[:] = ["".join(self.parts)]
+        return self.parts[0] if self.parts else ""
 
 
 def _judge(guardrail: Guardrail, value: Any, stage: Stage) -> None:

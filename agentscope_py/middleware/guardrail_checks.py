@@ -19,9 +19,13 @@ if TYPE_CHECKING:
     from .._context import RuntimeContext
     from ..agent.react import ReActAgent
 
-__all__ = ["Guardrail", "GuardrailCheck", "GuardrailResult", "Stage", "Verdict", "as_guardrails", "verdict_of"]
+__all__ = ["KINDS", "Guardrail", "GuardrailCheck", "GuardrailResult", "Kind", "Stage", "Verdict", "as_guardrails",
+           "verdict_of"]
 
 Stage: TypeAlias = Literal["input", "stream", "output"]
+Kind: TypeAlias = Literal["text", "thinking", "tool_arguments"]
+"""Which of the texts the caller receives a check is looking at."""
+KINDS: tuple[Kind, ...] = ("text", "thinking", "tool_arguments")
 
 
 @dataclass(frozen=True)
@@ -38,11 +42,13 @@ Verdict: TypeAlias = "GuardrailResult | str | bool | None"
 
 @dataclass(frozen=True)
 class GuardrailCheck:
-    """What one check sees. ``text``: the input's text (``input``), the reply's text so far or its
-    last ``window`` characters (``stream``), the whole reply's text (``output``). ``messages``:
-    the input messages (``input``) or the model call's request (``stream``/``output``);
-    ``reply``: the finished reply (``output`` only); ``delta``: the text that arrived since the
-    previous stream check."""
+    """What one check sees. ``text``: the input's text (``input``); for ``stream`` and ``output``,
+    one of the texts the caller receives, named by ``kind`` — the reply's answer (``"text"``), its
+    reasoning (``"thinking"``) or one tool call's argument JSON (``"tool_arguments"``, with
+    ``tool_name``) — so far or its last ``window`` characters (``stream``), or whole (``output``).
+    ``messages``: the input messages (``input``) or the model call's request (``stream``/
+    ``output``); ``reply``: the finished reply (``output`` only); ``delta``: the text of that kind
+    that arrived since the previous stream check of it."""
 
     stage: Stage
     text: str
@@ -51,6 +57,8 @@ class GuardrailCheck:
     ctx: RuntimeContext
     delta: str = ""
     reply: Msg | None = None
+    kind: Kind = "text"
+    tool_name: str | None = None
 
 
 CheckFn: TypeAlias = Callable[[GuardrailCheck], "Verdict | Awaitable[Verdict]"]

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import GuardrailTripped
 from ..events import GuardrailTripped as GuardrailTrippedEvent
 from ..events import ModelCallEnd, TextBlockDelta, ThinkingBlockDelta, ToolResultEnd, ToolResultTextDelta
-from ..message import Msg, TextBlock
+from ..message import Msg, TextBlock, new_id
 from ..stream import EventStream, aclose
 from .base import ActingInput, ExtensionPoint, MiddlewareBase, ModelCallInput, Next
 from .pii_detectors import BUILTIN_DETECTORS, STRATEGIES, PIIDetector, PIIMatch, Redactor, Strategy, StreamRedactor
@@ -205,7 +205,9 @@ class PIIRedactionMiddleware(MiddlewareBase):
             yield GuardrailTrippedEvent(guardrail=trip.guardrail, reason=trip.reason)
             raise
         if rest:
-            yield last.model_copy(update={"delta": rest})
+            # A new event, made from the block's last delta (which may have gone out already):
+            # it gets an id of its own.
+            yield last.model_copy(update={"delta": rest, "id": new_id("ev_")})
 
 
 def _detectors(types: Iterable[str | PIIDetector], custom: Mapping[str, Any]) -> list[PIIDetector]:

@@ -1,4 +1,4 @@
-"""`PromptCacheGuardMiddleware` (seed 000): makes prompt-cache regressions visible.
+"""`PromptCacheGuardMiddleware`: makes prompt-cache regressions visible.
 
 Providers cache a request's prefix — the model, the system prompt, the tools, the earlier messages
 — and bill it at a fraction when the next request starts the same way. A dynamic system prompt

@@ -1,4 +1,4 @@
-"""`LifecycleMiddleware`: seed 000's before/after hooks, as an adapter over the onion.
+"""`LifecycleMiddleware`: before/after hooks, as an adapter over the onion.
 
 Override any of ``before_agent`` / ``after_agent``, ``before_model`` / ``on_model_delta`` /
 ``after_model``, ``before_tool`` / ``on_tool_delta`` / ``after_tool`` and ``on_error``; each is an
@@ -24,8 +24,8 @@ hook (point): when — what it may return
 
 Returning None keeps the value.
 
-Order (seed 000): ``before_*`` run in middleware order (outermost first), ``after_*`` in reverse —
-each is an onion layer. Errors (seed 000's rule): the first hook that raises short-circuits (what
+Order: ``before_*`` run in middleware order (outermost first), ``after_*`` in reverse —
+each is an onion layer. Errors: the first hook that raises short-circuits (what
 it wraps never runs); then **every** lifecycle middleware's ``on_error`` is invoked once, inner
 first, also those whose layers never started; the *original* error reaches the caller; an error
 raised by ``on_error`` is logged and ignored. Cancellation (an interrupt, a consumer that left) is
@@ -61,7 +61,7 @@ _HOOKS = {
 
 
 class LifecycleMiddleware(MiddlewareBase):
-    """Seed 000's lifecycle hooks (module docstring). Subclass and override what you need."""
+    """Lifecycle hooks (module docstring). Subclass and override what you need."""
 
     async def before_agent(self, agent: ReActAgent, ctx: RuntimeContext, input: AgentInput) -> AgentInput | None:
         return None

@@ -1,4 +1,4 @@
-"""`ObserverMiddleware`: seed 001's hooks — read-only notifications beside the call path.
+"""`ObserverMiddleware`: read-only notifications beside the call path.
 
 Override any of these (each may be sync or ``async``; an async one is awaited in place, so the
 order of notifications is the order of things):

@@ -1,4 +1,4 @@
-"""`StageMiddleware`: seed 001's one-shape middleware, ``async def process(context, call_next)``.
+"""`StageMiddleware`: pipeline middleware, ``async def process(context, call_next)``.
 
 One method for every stage, one `MiddlewareContext` for all of them; ``stages`` (a class
 attribute, default all three) says where it runs:
@@ -101,7 +101,7 @@ class MiddlewareContext:
 
 
 class StageMiddleware(MiddlewareBase):
-    """Seed 001's shape: override ``process``; set ``stages`` to the stages it runs at."""
+    """The pipeline shape: override ``process``; set ``stages`` to the stages it runs at."""
 
     stages: ClassVar[frozenset[MiddlewareStage] | Sequence[MiddlewareStage]] = frozenset(MiddlewareStage)
     buffer_size: ClassVar[int] = 16

@@ -1,4 +1,4 @@
-"""`StructuredOutputValidationMiddleware` (seed 001's SchemaValidator): replies validated against a
+"""`StructuredOutputValidationMiddleware`: replies validated against a
 pydantic model at ``on_model_call``.
 
 A reply without tool calls is parsed as JSON for ``schema`` (a fenced ```json block is accepted).

@@ -9,6 +9,7 @@ Each model call takes the next `ModelStep`; ``model.requests`` records every req
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
@@ -123,6 +124,9 @@ class ScriptedModel:
         self.requests: list[ModelRequest] = []
         self._next = 0
         self.closed_streams = 0
+        # Tool-call ids already played: a step played again (``loop=True``, or one step object
+        # listed twice) gets fresh ids, since one session must never hold two calls under one id.
+        self._played_ids: set[str] = set()
 
     @property
     def remaining(self) -> int:
@@ -145,7 +149,21 @@ class ScriptedModel:
         self._next += 1
         if step.respond is not None:
             step = step.respond(request)
-        return self._play(step)
+        return self._play(self._with_fresh_ids(step))
+
+    def _with_fresh_ids(self, step: ModelStep) -> ModelStep:
+        if not any(call.id in self._played_ids for call in step.tool_calls):
+            self._played_ids.update(call.id for call in step.tool_calls)
+            return step
+        fresh = copy.copy(step)
+        fresh.tool_calls = [call.model_copy(update={"id": new_id("call_")}) for call in step.tool_calls]
+        fresh.raw_tool_arguments = {
+            new.id: step.raw_tool_arguments[old.id]
+            for old, new in zip(step.tool_calls, fresh.tool_calls, strict=True)
+            if old.id in step.raw_tool_arguments
+        }
+        self._played_ids.update(call.id for call in fresh.tool_calls)
+        return fresh
 
     async def _play(self, step: ModelStep) -> AsyncIterator[ChatChunk]:
         emitted = 0

@@ -120,7 +120,10 @@ class Subagents:
             run.reason = msg.generate_reason
             run.result = jsonable(msg.metadata.get("structured_output"))
         elif kind == "agent_end":
-            self._finish(run, None, out)
+            if ev.error is None:
+                self._finish(run, None, out)
+            # A failed child is finished by its caller's tool result, whose state is what the
+            # client may see (the error's own text stays in the server's log).
             return
         elif kind == "require_user_confirm":
             run.asking.extend(ev.tool_calls)

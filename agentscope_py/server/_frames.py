@@ -11,7 +11,7 @@ import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from functools import partial
 
-from ..events import AgentEvent, AgentResult, ModelCallEnd
+from ..events import AgentEnd, AgentEvent, AgentResult, ModelCallEnd
 from ..message import TextBlock, ThinkingBlock
 from ..stream import EventStream
 from ._errors import Vocabulary, describe, log_failure
@@ -91,7 +91,7 @@ async def native_frames(stream: EventStream[AgentEvent], rid: str, pending: Pend
                     event = event.model_copy(update={"metadata": {**event.metadata, "run_id": live.run_id}})
                 if type(event) is AgentResult and not result_text:
                     event = _without_text(event)
-                elif type(event) is ModelCallEnd and event.error:
+                elif isinstance(event, ModelCallEnd | AgentEnd) and event.error:
                     # The error's type only: its text may carry internals (it goes to the log with
                     # the run's own error).
                     event = event.model_copy(update={"error": event.error.split(":", 1)[0]})

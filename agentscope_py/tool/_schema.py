@@ -45,20 +45,30 @@ def _first_line(exc: BaseException) -> str:
 
 
 def clean_schema(schema: dict[str, Any]) -> dict[str, Any]:
-    """Drop pydantic's generated titles: models read names, titles only cost tokens."""
+    """Drop pydantic's generated titles (models read names, titles only cost tokens); the
+    arguments' schema is an object. Only the top level is made one: a nested schema without a
+    type (``{}`` for an un-annotated parameter, an ``anyOf`` for an optional one) means what it
+    says and is left so."""
+    out = _without_titles(schema)
+    out.setdefault("type", "object")
+    if out["type"] == "object" and "properties" not in out and "$ref" not in out:
+        out["properties"] = {}
+    return out
+
+
+def _without_titles(schema: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in schema.items():
         if key == "title" and isinstance(value, str):
             continue
         if key == "properties" and isinstance(value, dict):
-            out[key] = {k: clean_schema(v) if isinstance(v, dict) else v for k, v in value.items()}
+            out[key] = {k: _without_titles(v) if isinstance(v, dict) else v for k, v in value.items()}
         elif isinstance(value, dict):
-            out[key] = clean_schema(value)
+            out[key] = _without_titles(value)
         elif isinstance(value, list):
-            out[key] = [clean_schema(v) if isinstance(v, dict) else v for v in value]
+            out[key] = [_without_titles(v) if isinstance(v, dict) else v for v in value]
         else:
             out[key] = value
-    out.setdefault("type", "object")
     if out.get("type") == "object" and "properties" not in out and "$ref" not in out:
         out["properties"] = {}
     return out

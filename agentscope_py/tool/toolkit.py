@@ -19,7 +19,7 @@ from pydantic import Field
 
 from .._context import RuntimeContext
 from .._state import AgentState
-from ..errors import SubAgentCycleError, ToolArgumentError
+from ..errors import SubAgentCycleError, ToolArgumentError, ToolConflictError
 from ..model.base import ToolSchema
 from ._schema import arguments_model, clean_schema, parse_docstring
 from ._source import ToolSource, current_tool_call
@@ -97,6 +97,11 @@ def _make_tool(fn: Callable[..., Any], *, name: str | None, description: str | N
     for p in params:
         if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
             continue
+        if p.annotation is inspect.Parameter.empty:
+            _warn_at_caller(
+                f"tool {tool_name!r}: parameter {p.name!r} has no type annotation, so the model is told "
+                f"it may be anything: annotate it (e.g. `{p.name}: str`) so the model knows what to send"
+            )
         annotation = hints.get(p.name, Any)
         if annotation is RuntimeContext:
             injected[p.name] = "ctx"
@@ -109,7 +114,10 @@ def _make_tool(fn: Callable[..., Any], *, name: str | None, description: str | N
     args_model, parameters = arguments_model(tool_name, fields)
     tool_description = description if description is not None else doc_description
     if not tool_description.strip():
-        _warn_no_description(tool_name)
+        _warn_at_caller(
+            f"tool {tool_name!r} has no description (models choose tools by their descriptions): "
+            "give the function a docstring or pass description='...'"
+        )
     return Tool(
         fn=fn,
         name=tool_name,
@@ -138,18 +146,13 @@ def _tool_name(fn: Callable[..., Any]) -> str:
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # agentscope_py/
 
 
-def _warn_no_description(tool_name: str) -> None:
-    """A `UserWarning` pointing at the user's line (the first frame outside this package): models
-    choose tools by their descriptions, so an empty one is almost always a mistake."""
+def _warn_at_caller(message: str) -> None:
+    """A `UserWarning` pointing at the user's line (the first frame outside this package): a
+    mistake in a tool's definition is found where the tool is defined, not when a model misuses it."""
     level, frame = 1, sys._getframe(0)
     while frame.f_back is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
         frame, level = frame.f_back, level + 1
-    warnings.warn(
-        f"tool {tool_name!r} has no description (models choose tools by their descriptions): "
-        "give the function a docstring or pass description='...'",
-        UserWarning,
-        stacklevel=level,
-    )
+    warnings.warn(message, UserWarning, stacklevel=level)
 
 
 # -- Toolkit --------------------------------------------------------------------------------------
@@ -166,6 +169,7 @@ class Toolkit:
         self._tools: dict[str, Tool] = {}
         self._schemas: tuple[tuple[Tool, ...], tuple[ToolSchema, ...]] | None = None
         self._sources: list[ToolSource] = []
+        self._shadowed: set[str] = set()  # source tools hidden by a registered tool, warned about once
         self.policy = policy
         for t in tools:
             self.register(t)
@@ -233,8 +237,16 @@ class Toolkit:
         return source
 
     def add_source(self, source: ToolSource) -> None:
-        """Add a `ToolSource`: its tools join the toolkit's (a registered tool of a name wins)."""
+        """Add a `ToolSource`: its tools join the toolkit's. A tool registered here wins over a
+        source's tool of the same name (with a warning naming both); two sources offering one
+        name are refused with `ToolConflictError` — now, when both lists are known, or when the
+        later list arrives (an MCP server's, at the first run)."""
         self._sources.append(source)
+        try:
+            self._all()
+        except ToolConflictError:
+            self._sources.pop()
+            raise
 
     @property
     def sources(self) -> tuple[ToolSource, ...]:
@@ -252,21 +264,30 @@ class Toolkit:
         del self._tools[name]
 
     def _all(self) -> Mapping[str, Tool]:
+        """Every tool by name: the registered ones, then the sources'. The schemas the model is
+        shown and the tool a call runs both come from here, so they cannot disagree."""
         if not self._sources:
             return self._tools
         merged: dict[str, Tool] = {}
         for source in self._sources:
-            merged.update(source.tools())
+            for name, t in source.tools().items():
+                other = merged.get(name)
+                if other is not None:
+                    raise ToolConflictError(_conflict(name, other, t))
+                merged[name] = t
+        for name in merged.keys() & self._tools.keys():
+            if name not in self._shadowed:
+                self._shadowed.add(name)
+                warnings.warn(f"the tool {name!r} of {_origin(merged[name])} is not offered to the model: "
+                              f"a tool registered in the toolkit has that name (give the source a prefix=)",
+                              UserWarning, stacklevel=2)
         merged.update(self._tools)
         return merged
 
     def get(self, name: str) -> Tool | None:
         found = self._tools.get(name)
         if found is None and self._sources:
-            for source in self._sources:
-                found = source.tools().get(name)
-                if found is not None:
-                    break
+            found = self._all().get(name)
         return found
 
     def __contains__(self, name: object) -> bool:
@@ -316,7 +337,21 @@ class Toolkit:
         other = Toolkit(policy=self.policy)
         other._tools = dict(self._tools)
         other._sources = list(self._sources)
+        other._shadowed = set(self._shadowed)
         return other
+
+
+def _origin(t: Tool) -> str:
+    server = t.metadata.get("mcp.server.name")
+    return f"MCP server {server!r}" if server is not None else "a tool source"
+
+
+def _conflict(name: str, first: Tool, second: Tool) -> str:
+    remote = second.metadata.get("mcp.server.name")
+    fix = f"prefix='{remote}_'" if isinstance(remote, str) and remote.isidentifier() else "prefix='other_'"
+    return (f"two tool sources offer a tool named {name!r}: {_origin(first)} and {_origin(second)}; a call "
+            f"would reach only one of them. Give one a prefix, e.g. toolkit.register_mcp(client, {fix}), "
+            "or leave the tool out of one with exclude=[...]")
 
 
 def _subagent_of(t: Tool) -> Any:

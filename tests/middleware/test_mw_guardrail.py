@@ -207,6 +207,25 @@ async def test_a_refusal_becomes_the_reply_and_is_remembered() -> None:
     assert state is not None and state.context[-1].text == "I can't help with that."
 
 
+@pytest.mark.parametrize("blocking", [False, True])
+@pytest.mark.parametrize("chunks", [1, 2, 3, 5, 9])
+async def test_a_streaming_trip_strikes_the_partial_text_and_the_refusal_alone_is_the_reply(
+        blocking: bool, chunks: int) -> None:
+    def no_crypto(check: GuardrailCheck) -> str | None:
+        return "off topic" if "crypto" in check.text else None
+
+    model = ScriptedModel([ModelStep.text("Sure, about crypto: buy low.", chunks=chunks)])
+    mw = GuardrailMiddleware(stream=no_crypto, blocking=blocking, refusal="I can only help with orders.")
+    agent = ReActAgent.builder().model(model).middleware(mw).build()
+    events = await agent.stream("tell me", ctx=RuntimeContext(session_id="s")).to_list()
+    end = next(e for e in events if e.type == "model_call_end")
+    assert end.discarded and end.error is not None and end.error.startswith("GuardrailTripped")
+    assert events[-2].result.text == "I can only help with orders."  # not glued to the partial text
+    state, _ = await agent.state_store.load("default", "s")
+    assert state is not None and state.context[-1].text == "I can only help with orders."
+    assert balance(events) == {}
+
+
 async def test_checks_get_the_run_context_and_may_call_a_classifier_model() -> None:
     classifier = ScriptedModel([ModelStep.text("unsafe")], name="classifier")
 

@@ -95,6 +95,7 @@ async def test_streamed_reply_split_anywhere_is_redacted_for_the_caller_the_resu
     state, _ = await agent.state_store.load("default", "default")
     assert state is not None and state.context[-1].text == expected
     assert balance(events) == {}
+    assert len({e.id for e in events}) == len(events)  # a delta split in two: each its own id
 
 
 async def test_input_is_redacted_before_memory_and_the_model_see_it() -> None:

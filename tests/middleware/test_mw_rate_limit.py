@@ -108,7 +108,8 @@ async def test_a_rejected_run_streams_balanced_and_keeps_the_session_usable() ->
             events.append(e)
     # round 1 ran (model call, tool), round 2 was refused before a model call started.
     assert types(events) == ["agent_start", "model_call_start", "tool_call_start", "tool_call_delta", "tool_call_end",
-                             "model_call_end", "tool_result_start", "tool_result_text_delta", "tool_result_end"]
+                             "model_call_end", "tool_result_start", "tool_result_text_delta", "tool_result_end",
+                             "agent_end"]
     assert len(model.requests) == 1
     clock.now += 1
     assert (await agent.call("go on")).text == "done"

@@ -249,8 +249,9 @@ async def test_an_error_after_chunks_is_not_retried(server: FakeServer, make_ope
     # The failed attempt is closed (the closing guarantee), and marked as failed and discarded.
     types = [e.type for e in seen]
     assert types == ["agent_start", "model_call_start", "text_block_start", "text_block_delta",
-                     "text_block_end", "model_call_end"]
-    assert seen[-1].error.startswith("ServerError") and "went away" in seen[-1].error and seen[-1].discarded
+                     "text_block_end", "model_call_end", "agent_end"]
+    assert seen[-2].error.startswith("ServerError") and "went away" in seen[-2].error and seen[-2].discarded
+    assert seen[-1].error == seen[-2].error
     assert len(server.requests) == 1
 
 
@@ -263,8 +264,9 @@ async def test_truncated_stream_is_never_a_complete_answer(server: FakeServer, m
         async for ev in agent.stream("hi"):
             seen.append(ev)
     assert "agent_result" not in [e.type for e in seen]
-    end = seen[-1]  # the call is closed, marked as failed: never a complete answer
+    end = seen[-2]  # the call is closed, marked as failed: never a complete answer
     assert end.type == "model_call_end" and end.discarded and end.error.startswith("MalformedStreamError")
+    assert seen[-1].type == "agent_end" and seen[-1].error.startswith("MalformedStreamError")
     state, _ = await agent.state_store.load("default", "default")
     assert state is None or all("Partial" not in m.text for m in state.context)
 
