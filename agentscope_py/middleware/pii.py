@@ -14,9 +14,14 @@ Where it acts (each switchable):
 * ``apply_to_tool_results`` (``on_acting``): tool output deltas, the same way per tool call; the
   remembered result (what the model sees next) is the redacted one.
 
+* ``apply_to_tool_arguments`` (``on_model_call``, off by default: a tool needs the real address
+  to send the mail): tool-call argument deltas, the same way per call; the tool receives the
+  redacted arguments.
+
 ``block`` raises `GuardrailTripped` (``guardrail="pii:<kind>"``) before anything of the match is
-emitted; in a stream a `GuardrailTripped` event goes out first. Tool-call arguments are left
-alone (a tool needs the real address to send the mail).
+emitted; in a stream a `GuardrailTripped` event goes out first. No text goes out unscanned: a run
+longer than ``max_hold`` that could still be part of a match is replaced by one ``UNSCANNED``
+placeholder (`pii_detectors.StreamRedactor`).
 """
 
 from __future__ import annotations
@@ -26,7 +31,14 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import GuardrailTripped
 from ..events import GuardrailTripped as GuardrailTrippedEvent
-from ..events import ModelCallEnd, TextBlockDelta, ThinkingBlockDelta, ToolResultEnd, ToolResultTextDelta
+from ..events import (
+    ModelCallEnd,
+    TextBlockDelta,
+    ThinkingBlockDelta,
+    ToolCallDelta,
+    ToolResultEnd,
+    ToolResultTextDelta,
+)
 from ..message import Msg, TextBlock, new_id
 from ..stream import EventStream, aclose
 from .base import ActingInput, ExtensionPoint, MiddlewareBase, ModelCallInput, Next
@@ -39,8 +51,12 @@ if TYPE_CHECKING:
 
 __all__ = ["PIIDetector", "PIIRedactionMiddleware"]
 
-_DELTAS = (TextBlockDelta, ThinkingBlockDelta)
-_ENDS = frozenset({"text_block_end", "thinking_block_end"})
+# What each point rewrites: delta class -> the id its buffer is kept under; end type -> that id.
+_Targets = tuple[Mapping[type[Any], str], Mapping[str, str]]
+_BLOCKS: _Targets = ({TextBlockDelta: "block_id", ThinkingBlockDelta: "block_id"},
+                     {"text_block_end": "block_id", "thinking_block_end": "block_id"})
+_ARGUMENTS: _Targets = ({ToolCallDelta: "tool_call_id"}, {"tool_call_end": "tool_call_id"})
+_RESULTS: _Targets = ({ToolResultTextDelta: "tool_call_id"}, {"tool_result_end": "tool_call_id"})
 
 
 def _blocked(match: PIIMatch) -> GuardrailTripped:
@@ -58,7 +74,8 @@ class PIIRedactionMiddleware(MiddlewareBase):
     ``{kind}`` the kind upper-cased, ``{name}`` as it is),
     ``mask`` (``a***@example.com``, ``**** **** **** 1111``), ``hash`` (``<email_hash:1a2b3c4d>``,
     the same value gives the same hash) or ``block`` (`GuardrailTripped`). ``max_hold``: the most
-    characters the streaming buffer holds back before it releases what it has."""
+    characters the streaming buffer holds back; a longer run that could still be part of a match
+    is replaced by one ``UNSCANNED`` placeholder."""
 
     def __init__(
         self,
@@ -68,6 +85,7 @@ class PIIRedactionMiddleware(MiddlewareBase):
         apply_to_input: bool = True,
         apply_to_output: bool = True,
         apply_to_tool_results: bool = True,
+        apply_to_tool_arguments: bool = False,
         replacement: str = "[REDACTED_{kind}]",
         max_hold: int = 4096,
     ) -> None:
@@ -89,7 +107,15 @@ class PIIRedactionMiddleware(MiddlewareBase):
         self.apply_to_input = apply_to_input
         self.apply_to_output = apply_to_output
         self.apply_to_tool_results = apply_to_tool_results
+        self.apply_to_tool_arguments = apply_to_tool_arguments
         self.max_hold = max_hold
+        deltas: dict[type[Any], str] = {}
+        ends: dict[str, str] = {}
+        for wanted, (more_deltas, more_ends) in ((apply_to_output, _BLOCKS), (apply_to_tool_arguments, _ARGUMENTS)):
+            if wanted:
+                deltas.update(more_deltas)
+                ends.update(more_ends)
+        self._model_call_targets = (deltas, ends)
 
     @property
     def detectors(self) -> tuple[PIIDetector, ...]:
@@ -99,7 +125,7 @@ class PIIRedactionMiddleware(MiddlewareBase):
         points = set()
         if self.apply_to_input:
             points.add(ExtensionPoint.ON_AGENT_STATE_READY)
-        if self.apply_to_output:
+        if self.apply_to_output or self.apply_to_tool_arguments:
             points.add(ExtensionPoint.ON_MODEL_CALL)
         if self.apply_to_tool_results:
             points.add(ExtensionPoint.ON_ACTING)
@@ -137,14 +163,15 @@ class PIIRedactionMiddleware(MiddlewareBase):
 
     def on_model_call(self, agent: ReActAgent, ctx: RuntimeContext, input: ModelCallInput, next: Next) -> Any:
         inner = next(input)
-        return EventStream(lambda: self._rewrite(inner, _DELTAS, _ENDS, "block_id"))
+        deltas, ends = self._model_call_targets
+        return EventStream(lambda: self._rewrite(inner, deltas, ends))
 
     def on_acting(self, agent: ReActAgent, ctx: RuntimeContext, input: ActingInput, next: Next) -> Any:
         inner = next(input)
-        return EventStream(lambda: self._rewrite(inner, (ToolResultTextDelta,), {"tool_result_end"}, "tool_call_id"))
+        return EventStream(lambda: self._rewrite(inner, *_RESULTS))
 
     async def _rewrite(
-        self, inner: EventStream[Any], deltas: tuple[type[Any], ...], ends: Iterable[str], key: str
+        self, inner: EventStream[Any], deltas: Mapping[type[Any], str], ends: Mapping[str, str]
     ) -> AsyncIterator[Any]:
         buffers: dict[str, tuple[StreamRedactor, Any]] = {}  # block/call id -> (buffer, last delta)
         # A model block that ended with text held back: whether that text goes out depends on the
@@ -162,7 +189,8 @@ class PIIRedactionMiddleware(MiddlewareBase):
                             yield out
                     yield end
                 cls = type(event)
-                if cls in deltas and event.source is None:
+                key = deltas.get(cls)
+                if key is not None and event.source is None:
                     ident = getattr(event, key)
                     known = buffers.get(ident)
                     buffer = known[0] if known is not None else self.stream_redactor()
@@ -175,8 +203,9 @@ class PIIRedactionMiddleware(MiddlewareBase):
                     if text:
                         yield event.model_copy(update={"delta": text})
                     continue
-                if event.type in ends and event.source is None:
-                    done = buffers.pop(getattr(event, key), None)
+                end_key = ends.get(event.type)
+                if end_key is not None and event.source is None:
+                    done = buffers.pop(getattr(event, end_key), None)
                     if done is not None and done[0].held:
                         if cls is ToolResultEnd:
                             async for out in self._flush(done):

@@ -81,6 +81,7 @@ class PIIDetector:
     charset: str = r"\S"
     _regex: re.Pattern[str] | None = field(default=None, init=False, repr=False, compare=False)
     _chars: re.Pattern[str] = field(default=re.compile(r"\S"), init=False, repr=False, compare=False)
+    _run: re.Pattern[str] = field(default=re.compile(r"\S*"), init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not re.fullmatch(r"[A-Za-z_][\w-]*", self.name):
@@ -100,6 +101,7 @@ class PIIDetector:
         except re.error as exc:
             raise ValueError(f"PIIDetector {self.name!r}: invalid charset {self.charset!r}: {exc}") from None
         object.__setattr__(self, "_chars", chars)
+        object.__setattr__(self, "_run", re.compile(f"(?:{self.charset})*"))
 
     def spans(self, text: str, pos: int = 0) -> list[tuple[int, int]]:
         """The matches in ``text`` that start at or after ``pos`` (what is before is context)."""
@@ -124,6 +126,12 @@ class PIIDetector:
         m = self._chars.search(text)
         return len(text) if m is None else m.start()
 
+    def run_length(self, text: str) -> int:
+        """How many of ``text``'s first characters are charset characters (a match could go on
+        through them)."""
+        m = self._run.match(text)
+        return 0 if m is None else m.end()
+
 
 BUILTIN_DETECTORS: Mapping[str, PIIDetector] = {
     d.name: d
@@ -131,7 +139,8 @@ BUILTIN_DETECTORS: Mapping[str, PIIDetector] = {
         PIIDetector("email", r"(?<![\w.%+-])[\w.%+-]+@[\w-]+(?:\.[\w-]+)*\.[A-Za-z]{2,}(?![\w-])",
                     charset=r"[\w.%+@-]"),
         PIIDetector("credit_card", r"(?<![\d-])\d(?:[ -]?\d){12,18}(?![\d])", validate=_card, charset=r"[\d -]"),
-        PIIDetector("url", r"(?<![\w@])(?:[A-Za-z][A-Za-z0-9+.-]*://|www\.)[^\s<>\"'`]*[^\s<>\"'`.,;:!?)\]}]"),
+        PIIDetector("url", r"(?<![\w@])(?:[A-Za-z][A-Za-z0-9+.-]*://|www\.)[^\s<>\"'`]*[^\s<>\"'`.,;:!?)\]}]",
+                    charset=r"[^\s<>\"'`]"),
         PIIDetector("ip", r"(?<![\w.:])(?:\d{1,3}(?:\.\d{1,3}){3}|[0-9A-Fa-f]{0,4}(?::[0-9A-Fa-f]{0,4}){2,7})"
                     r"(?![\w.:])", validate=_ip, charset=r"[0-9A-Fa-f.:]"),
         PIIDetector("phone", r"(?<![\w+])\+?(?:\(\d{1,4}\)[ .-]?)?\d{1,4}(?:[ .-]?\(?\d{1,4}\)?){1,5}(?![\w])",
@@ -232,25 +241,33 @@ class StreamRedactor:
     """The look-back buffer of one text block: ``feed(delta)`` returns the redacted text that can
     go out now (possibly ``""``), ``flush()`` the rest at the block's end. Nothing of a match is
     released before the match is complete; text is released as soon as no match can reach it.
-    ``max_hold`` bounds the held text: past it, what is held goes out redacted as it stands."""
 
-    __slots__ = ("_context", "_held", "max_hold", "redactor")
+    ``max_hold`` bounds the held text, and nothing unscanned ever goes out: past the bound, the
+    held run that could still be part of a match (a base64 blob, or a long run ending in an
+    address) is replaced by one ``unscanned`` placeholder (the replacement template with kind
+    ``UNSCANNED``), and so is the rest of that run as it streams on, until a character that no
+    open detector's charset has ends it."""
+
+    __slots__ = ("_context", "_held", "_open", "max_hold", "redactor")
 
     def __init__(self, redactor: Redactor, max_hold: int = 4096) -> None:
         self.redactor = redactor
         self.max_hold = max_hold
         self._held = ""
         self._context = ""  # the last released characters, unredacted (look-behind context only)
+        self._open: tuple[PIIDetector, ...] = ()  # detectors whose overlong run is being dropped
 
     @property
     def held(self) -> str:
         return self._held
 
     def feed(self, delta: str) -> str:
+        if self._open:
+            delta = self._drop_run(delta)
+            if not delta:
+                return ""
         text = self._context + self._held + delta
         pos = len(self._context)
-        if len(text) - pos > self.max_hold:
-            return self._release(text, pos, len(text))
         cut = min(d.open_tail(text) for d in self.redactor.detectors)
         cut = max(cut, pos)
         matches = self.redactor.matches(text, pos)
@@ -258,9 +275,12 @@ class StreamRedactor:
             if m.end > cut:
                 cut = min(cut, m.start)
                 break
+        if len(text) - cut > self.max_hold:
+            return self._overflow(text, pos, cut, matches)
         return self._release(text, pos, cut, matches)
 
     def flush(self) -> str:
+        self._open = ()
         text = self._context + self._held
         return self._release(text, len(self._context), len(text))
 
@@ -270,3 +290,18 @@ class StreamRedactor:
         self._held = text[cut:]
         self._context = text[max(0, cut - _CONTEXT):cut]
         return out
+
+    def _overflow(self, text: str, pos: int, cut: int, matches: list[PIIMatch]) -> str:
+        """What is before the held run goes out scanned; the run itself, unscanned, does not."""
+        out = self._release(text, pos, cut, matches)
+        tail = self._held
+        self._open = tuple(d for d in self.redactor.detectors if d.run_length(tail) == len(tail))
+        self._held, self._context = "", ""
+        return out + self.redactor.replacement.format(kind="UNSCANNED", name="unscanned")
+
+    def _drop_run(self, delta: str) -> str:
+        """``delta`` without the characters that continue the dropped run (any open detector's
+        match could go on through them); a detector whose run ends is open no more."""
+        lengths = [(d, d.run_length(delta)) for d in self._open]
+        self._open = tuple(d for d, n in lengths if n == len(delta))
+        return "" if self._open else delta[max(n for _, n in lengths):]

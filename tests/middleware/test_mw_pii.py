@@ -240,7 +240,10 @@ async def test_thinking_is_redacted_too_and_remembered_so() -> None:
     assert state is not None and "ada@" not in repr(state.context[-1].content)
 
 
-def test_max_hold_bounds_what_the_buffer_holds() -> None:
+def test_max_hold_bounds_what_the_buffer_holds_and_masks_the_run_it_could_not_scan() -> None:
     buffer = PIIRedactionMiddleware("url", max_hold=32).stream_redactor()
-    blob = "x" * 40  # no break: could be the tail of a URL, but the buffer may hold only 32 characters
-    assert buffer.feed(blob) == blob and buffer.held == ""
+    blob = "x" * 40  # no break: could run on into a URL, but the buffer may hold only 32 characters
+    assert buffer.feed("see " + blob) == "see [REDACTED_UNSCANNED]" and buffer.held == ""
+    assert buffer.feed("more") == ""  # the run goes on: dropped with it
+    assert buffer.feed("x and then") == " and " and buffer.held == "then"  # a space ends it
+    assert buffer.flush() == "then"
