@@ -86,8 +86,11 @@ def client_run_id(key: str) -> str:
     return key.rsplit("/", 1)[-1]
 
 
-def run_keys(user_id: str, run_id: str) -> tuple[str, ...]:
+def run_keys(user_id: str, run_id: str) -> tuple[str, str]:
     """Where the run that ``user_id`` names ``run_id`` in a URL may be registered, likeliest
-    first: a server id is global, any other id is one the user's client chose."""
+    first: under the user (an id their client chose), or as it is (a server id, or a run a log
+    holds under the id it was given, such as a durable run started outside this server). The
+    latter never finds another user's client-chosen id: those keys hold a ``/``, which a URL's
+    path segment cannot."""
     scoped = run_key(user_id, run_id)
-    return (run_id, scoped) if _SERVER_RUN_ID.fullmatch(run_id) else (scoped,)
+    return (run_id, scoped) if _SERVER_RUN_ID.fullmatch(run_id) else (scoped, run_id)
