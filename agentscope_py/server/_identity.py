@@ -67,6 +67,7 @@ class Identity:
 
 
 _SERVER_RUN_ID = re.compile(r"run_[0-9a-f]{24}")
+_SCOPED = "agui/"
 
 
 def new_run_id() -> str:
@@ -78,12 +79,12 @@ def run_key(user_id: str, run_id: str) -> str:
     """Where a run whose id its client chose is registered: under its user. A client's run id
     never holds ``/`` (it names the run in URL paths: `check_run_id`), so the key splits back
     into its parts and never equals an id a URL can name."""
-    return f"agui/{user_id}/{run_id}"
+    return f"{_SCOPED}{user_id}/{run_id}"
 
 
 def client_run_id(key: str) -> str:
-    """The run id its client knows, of a run registered under ``key`` (`run_key`, or a server id)."""
-    return key.rsplit("/", 1)[-1]
+    """The run id its client knows, of a run registered under ``key`` (`run_key`, or an id as it is)."""
+    return key.rsplit("/", 1)[-1] if key.startswith(_SCOPED) else key
 
 
 def run_keys(user_id: str, run_id: str) -> tuple[str, str]:
