@@ -32,7 +32,7 @@ from .message import (
     ToolUseBlock,
 )
 
-__all__ = ["ReplyBuilder", "ToolResultCollector", "result_events"]
+__all__ = ["ReplyBuilder", "ToolResultCollector", "arguments_problem", "result_events"]
 
 class ReplyBuilder:
     """Rebuilds the assistant message from block events (starting over at each ModelCallStart,
@@ -135,6 +135,30 @@ def tool_use_block(call_id: str, name: str, raw: str) -> ToolUseBlock:
         # A ``\ud800`` escape decodes to a lone surrogate, which no later save could encode.
         value = clean_value(value)
     return ToolUseBlock(id=call_id, name=name, input=value)
+
+
+_JSON_KINDS = {list: "array", str: "string", int: "number", float: "number", bool: "boolean", type(None): "null"}
+_AROUND = 40
+"""Characters of the argument text shown on each side of where it stops being valid JSON."""
+
+
+def arguments_problem(raw: str) -> str:
+    """Why ``raw``, a tool call's argument text that `tool_use_block` kept as text, is not a JSON
+    object of arguments, in words the model can act on: where the JSON breaks (line, column,
+    position and the text around it), what else it is, or how deep it nests."""
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        before, after = raw[max(0, exc.pos - _AROUND):exc.pos], raw[exc.pos:exc.pos + _AROUND]
+        return (f"they are not valid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno} (position {exc.pos}): "
+                f"{before!r} <here> {after!r}")
+    except RecursionError:
+        return f"they nest deeper than the JSON parser goes (a JSON object of at most {MAX_DEPTH} levels)"
+    except ValueError as exc:  # (a number too long to convert, say)
+        return f"they are not valid JSON: {exc}"
+    if not isinstance(value, dict):
+        return f"they are a JSON {_JSON_KINDS.get(type(value), type(value).__name__)}: {raw[:500]!r}"
+    return f"they nest deeper than {MAX_DEPTH} levels"
 
 
 class ToolResultCollector:

@@ -169,6 +169,25 @@ async def test_tool_kinds_and_failures_become_results_the_model_sees() -> None:
     assert events[-2].result.text == "recovered"
 
 
+@pytest.mark.parametrize(("raw", "said"), [
+    ('{"text": "hi",, "n": 1}', "the arguments for echo are not a JSON object: they are not valid JSON: Expecting "
+     "property name enclosed in double quotes at line 1, column 15 (position 14): "
+     "'{\"text\": \"hi\",' <here> ', \"n\": 1}'"),
+    ('{\n  "text": "a",\n  "n": 1\n  "m": 2}', "are not valid JSON: Expecting ',' delimiter at line 4, column 3 "
+     "(position 28): '{\\n  \"text\": \"a\",\\n  \"n\": 1\\n  ' <here> '\"m\": 2}'"),
+    ("x" * 100, "are not valid JSON: Expecting value at line 1, column 1 (position 0): '' <here> '" + "x" * 40 + "'"),
+    ('["a", 1]', "the arguments for echo are not a JSON object: they are a JSON array: '[\"a\", 1]'"),
+    ("[" * 70 + "]" * 70, "are not a JSON object: they are a JSON array"),
+    ('{"a": ' * 70 + "1" + "}" * 70, "the arguments for echo are not a JSON object: they nest deeper than 64 levels"),
+])
+async def test_arguments_that_are_not_a_json_object_say_why_and_where(raw: str, said: str) -> None:
+    agent, model = build([ModelStep.bad_arguments("echo", raw, id="bad"), ModelStep.text("ok")])
+    await agent.call("x")
+    bad = model.requests[1].messages[-1].tool_results[0]
+    assert bad.state is ToolResultState.ERROR and said in bad.output, bad.output
+    assert "nested at most" not in bad.output
+
+
 async def test_tools_receive_context_and_state_by_type() -> None:
     seen: list[Any] = []
 

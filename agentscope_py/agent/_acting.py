@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Any
 from .._control import RunControl
 from .._deadline import Deadline, DeadlineTimer
 from .._fast_events import delta_maker
-from .._replies import result_events
-from .._sanitize import MAX_DEPTH, clean
+from .._replies import arguments_problem, result_events
+from .._sanitize import clean
 from ..errors import AgentInterrupted, SubAgentPaused, ToolInputRequired
 from ..events import (
     AgentEvent,
@@ -238,8 +238,8 @@ async def _invoke(
             available = ", ".join(scope.toolkit.names) or "none"
             raise ToolArgumentError(f"unknown tool {name!r}; available tools: {available}")
         if call.raw_input is not None:
-            raise ToolArgumentError(f"the arguments for {name} are not a JSON object (nested at most "
-                                    f"{MAX_DEPTH} levels): {call.raw_input[:500]!r}")
+            raise ToolArgumentError(f"the arguments for {name} are not a JSON object: "
+                                    f"{arguments_problem(call.raw_input)}")
         if limit is not None:
             timer = DeadlineTimer(limit)  # kept in this task: it cancels the tool, not the run
         await (_output if scope.executor is None else scope.executor)(scope, call, tool, channel)

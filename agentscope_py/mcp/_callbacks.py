@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import contextvars
 import inspect
+import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 import mcp_types as types
+from mcp import MCPError
 
 if TYPE_CHECKING:
     from ._client import MCPClient
@@ -59,6 +61,8 @@ class CallInfo:
     """Questions left unanswered (no handler, no answer): the call pauses for the user."""
 
 
+log = logging.getLogger("agentscope_py.mcp")
+
 CURRENT_CALL: contextvars.ContextVar[CallInfo | None] = contextvars.ContextVar("agentscope_mcp_call", default=None)
 
 
@@ -87,14 +91,24 @@ def elicitation_callback(client: MCPClient) -> Any:
             # Nobody here can answer: the call stops (the server's tool does not go on with a
             # made-up answer) and the run pauses for the user, who resumes with the answer.
             info.asked.append(question)
+            log.info("MCP server %r asks the user (tool call %s): %s: the run pauses until the user answers",
+                     client.name, info.tool_call_id, question.message)
             raise QuestionForTheUser(question.message)
         return types.ElicitResult(action="decline")
 
     return elicit
 
 
-class QuestionForTheUser(Exception):
-    """Ends a call whose server asked what only the user can answer (see `_pause`)."""
+class QuestionForTheUser(MCPError):
+    """Ends a call whose server asked what only the user can answer (see `_pause`).
+
+    An `MCPError`: the SDK answers the server's request with the error this carries, as it does
+    for any handler's refusal, where an exception of another type is logged with its traceback as
+    a handler that failed. The pause is a normal event: `elicitation_callback` logs one line."""
+
+    def __init__(self, message: str) -> None:
+        # Code 0, the code the SDK gives a handler that failed, and the question as the message.
+        super().__init__(0, message)
 
 
 def _result(answer: Any) -> types.ElicitResult:

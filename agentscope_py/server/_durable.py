@@ -30,6 +30,7 @@ from ..model.base import ToolSchema
 from ..stream import EventStream
 from ._errors import HTTPError
 from ._frames import native_frames
+from ._identity import client_run_id
 from ._limits import Limits
 from ._live import PACE, LiveRun
 from ._runlog import RUNNING, InMemoryRunLog, RunLog, RunRecord
@@ -188,7 +189,7 @@ class DurableRuns(Runs):
                 return await self._answer(record, ctx, answers)
             if record.kind == "agui":  # its first piece, made as every stream of the run makes it
                 source = durable_agui_frames(lambda: self._events(record.run_id, stop_at_wait=True),
-                                             record.session_id, record.run_id)
+                                             record.session_id, client_run_id(record.run_id))
             # Always detached: the workflow goes on without its clients. Cancelled (this server
             # stopping), the stream just ends, with no frame of this process's own: its clients
             # resume elsewhere with their Last-Event-ID, and every process numbers frames alike.
@@ -238,7 +239,7 @@ class DurableRuns(Runs):
                     start.set_result(last)
 
             frames = durable_agui_frames(lambda: self._events(run.run_id, stop_at_wait=True, skip=end),
-                                         record.session_id, run.run_id, boundary)
+                                         record.session_id, client_run_id(run.run_id), boundary)
         else:  # native frames are the events, one each: numbered on from the asking turn's end
             live.base = end
             start.set_result(end)
@@ -317,7 +318,8 @@ class DurableRuns(Runs):
     def _frames(self, record: RunRecord) -> FrameSource:
         """The frames of a run, in its vocabulary, made from its events from the first."""
         if record.kind == "agui":
-            return durable_agui_frames(lambda: self._events(record.run_id), record.session_id, record.run_id)
+            return durable_agui_frames(lambda: self._events(record.run_id), record.session_id,
+                                       client_run_id(record.run_id))
         stream = self.serving.events_of(record.run_id)
         return lambda live: native_frames(stream, "durable", no_pending, self.result_text, live)
 

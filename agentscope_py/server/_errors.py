@@ -13,7 +13,8 @@ from typing import Any, Literal
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
-__all__ = ["ClientError", "HTTPError", "describe", "log_failure", "new_request_id", "request_id"]
+__all__ = ["STORE_UNAVAILABLE", "ClientError", "HTTPError", "StoreUnavailable", "describe", "log_failure",
+           "new_request_id", "request_id"]
 
 from ..errors import (
     InputError,
@@ -74,6 +75,28 @@ class HTTPError(Exception):
         if self.errors:
             body["errors"] = self.errors
         return JSONResponse(body, status_code=self.status, headers={**(self.headers or {}), **(headers or {})})
+
+
+STORE_UNAVAILABLE = "StateStoreUnavailable"
+"""The code of an AG-UI ``RUN_ERROR`` for a run refused because the session store failed."""
+
+
+class StoreUnavailable(Exception):
+    """The session store failed while a request read it, before its run started (a file it
+    cannot open, a database down). The client hears that the server cannot serve it now: HTTP
+    503 with ``Retry-After`` (AG-UI: a ``RUN_ERROR`` with code `STORE_UNAVAILABLE`); the store's
+    own error, which names files and hosts, goes to the log."""
+
+    def __init__(self, cause: BaseException) -> None:
+        super().__init__(f"{type(cause).__name__}: {cause}")
+        self.cause = cause
+
+    def message(self, rid: str, retry_after: int) -> str:
+        return f"the session store is unavailable; try again in {retry_after} s (request id {rid})"
+
+    def http_error(self, rid: str, retry_after: int) -> HTTPError:
+        return HTTPError(503, "state_store_unavailable", self.message(rid, retry_after),
+                         headers={"retry-after": str(retry_after)})
 
 
 @dataclass(frozen=True)

@@ -1,16 +1,23 @@
 """Who a request acts for. Every session, run and interrupt is scoped to the user `Identity.user`
-returns, so one client cannot write into, read back or stop another user's thread."""
+returns, so one client cannot write into, read back or stop another user's thread.
+
+Run ids too: the server's own (``run_<24 hex>``, `new_run_id`) cannot be guessed, and the ids an
+AG-UI client chooses are registered under its user (`run_key`), so one user's ``runId`` never
+collides with another's: nobody can claim, block or probe another user's ids."""
 
 from __future__ import annotations
 
 import inspect
+import re
+import secrets
 from collections.abc import Awaitable, Callable
 
 from starlette.requests import Request
 
 from ._errors import HTTPError
 
-__all__ = ["DEFAULT_USER", "USER_HEADER", "Authenticate", "Identity"]
+__all__ = ["DEFAULT_USER", "USER_HEADER", "Authenticate", "Identity", "client_run_id", "new_run_id", "run_key",
+           "run_keys"]
 
 USER_HEADER = "x-user-id"
 """Without ``authenticate`` and without a token, requests may name their user with this header."""
@@ -57,3 +64,34 @@ class Identity:
                                 "a client may not choose its user id; the server needs create_app(authenticate=...)")
             return DEFAULT_USER
         return claimed or header or DEFAULT_USER
+
+
+_SERVER_RUN_ID = re.compile(r"run_[0-9a-f]{24}")
+_SCOPED = "agui/"
+
+
+def new_run_id() -> str:
+    """A run id of the server's own (native runs): unguessable, so global."""
+    return "run_" + secrets.token_hex(12)
+
+
+def run_key(user_id: str, run_id: str) -> str:
+    """Where a run whose id its client chose is registered: under its user. A client's run id
+    never holds ``/`` (it names the run in URL paths: `check_run_id`), so the key splits back
+    into its parts and never equals an id a URL can name."""
+    return f"{_SCOPED}{user_id}/{run_id}"
+
+
+def client_run_id(key: str) -> str:
+    """The run id its client knows, of a run registered under ``key`` (`run_key`, or an id as it is)."""
+    return key.rsplit("/", 1)[-1] if key.startswith(_SCOPED) else key
+
+
+def run_keys(user_id: str, run_id: str) -> tuple[str, str]:
+    """Where the run that ``user_id`` names ``run_id`` in a URL may be registered, likeliest
+    first: under the user (an id their client chose), or as it is (a server id, or a run a log
+    holds under the id it was given, such as a durable run started outside this server). The
+    latter never finds another user's client-chosen id: those keys hold a ``/``, which a URL's
+    path segment cannot."""
+    scoped = run_key(user_id, run_id)
+    return (run_id, scoped) if _SERVER_RUN_ID.fullmatch(run_id) else (scoped, run_id)

@@ -1,5 +1,6 @@
 """What requests ask: the bodies of the native endpoints (``POST /v1/runs``, ``POST /v1/interrupt``),
-whether a run is detached, and where a resumed stream starts (``Last-Event-ID``)."""
+the ids a body names (run, thread, session, user), whether a run is detached, and where a resumed
+stream starts (``Last-Event-ID``)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,12 @@ from ..events import ConfirmResult
 from ..message import Msg
 from ._errors import HTTPError
 
-__all__ = ["InterruptRequest", "RunRequest", "detach_of", "parse_after"]
+__all__ = ["MAX_RUN_ID_CHARS", "InterruptRequest", "RunRequest", "check_name", "check_run_id", "detach_of",
+           "parse_after"]
+
+MAX_RUN_ID_CHARS = 256
+"""The longest run id a client may choose: it comes back in a response header, and HTTP clients
+refuse headers past a few kilobytes."""
 
 
 class RunRequest(BaseModel):
@@ -45,7 +51,9 @@ def parse_after(header: str | None, query: str | None) -> int:
     if value is None or value == "":
         return 0
     value = value.strip()
-    if not value.isdigit() or len(value) > 18:
+    # ASCII digits only: str.isdigit() also takes "³" (which int() refuses) and "٣" (which int()
+    # reads as 3), and an event id is the ASCII number of a frame's `id:` line.
+    if not (value.isascii() and value.isdigit()) or len(value) > 18:
         source = "Last-Event-ID" if header is not None else "after"
         raise HTTPError(400, "invalid_last_event_id",
                         f"{source}: {value[:40]!r} is not an event id (a non-negative integer from a frame's `id:`)")
@@ -63,3 +71,35 @@ def detach_of(asked: object, query: str | None, default: bool) -> bool:
     if not isinstance(asked, bool):
         raise HTTPError(422, "invalid_request", "detach: give true or false")
     return asked
+
+
+def check_run_id(value: str, field: str = "runId") -> None:
+    """422 unless ``value`` can name a run everywhere it goes: the ``x-run-id`` header (latin-1,
+    no control characters) and the URL paths of resuming and interrupting (no ``/``). So: 1 to
+    `MAX_RUN_ID_CHARS` visible ASCII characters other than ``/`` (a UUID fits)."""
+    if not value.strip():
+        raise HTTPError(422, "invalid_request", f"{field}: must not be empty")
+    if len(value) > MAX_RUN_ID_CHARS:
+        raise HTTPError(422, "invalid_request", f"{field}: {len(value)} characters; a run id has at most "
+                        f"{MAX_RUN_ID_CHARS}")
+    for i, char in enumerate(value):
+        if not "!" <= char <= "~" or char == "/":
+            raise HTTPError(422, "invalid_request", f"{field}: {char!r} (at index {i}) cannot be in a run id, which "
+                            "names the run in the x-run-id header and in URLs: use visible ASCII characters "
+                            "other than '/' (a UUID, say)")
+
+
+def check_name(value: str, field: str) -> None:
+    """422 unless ``value`` (a thread, session or user id) is text a store can key on: not blank,
+    and valid Unicode (a lone UTF-16 surrogate, such as JSON's ``"\\ud800"``, has no UTF-8 form).
+    Message text is cleaned instead (`agentscope_py._sanitize`); an id cleaned would name another
+    thread."""
+    if not value.strip():
+        raise HTTPError(422, "invalid_request", f"{field}: must not be empty")
+    if not value.isascii():
+        try:
+            value.encode()
+        except UnicodeEncodeError as exc:
+            raise HTTPError(422, "invalid_request", f"{field}: holds a lone UTF-16 surrogate "
+                            f"({value[exc.start]!r} at index {exc.start}), which is not text: "
+                            "send valid Unicode (a surrogate pair's two halves together)") from None

@@ -21,6 +21,7 @@ from typing import Any, Protocol
 from .._context import RuntimeContext
 from ..errors import RunLogError
 from ._errors import HTTPError
+from ._identity import client_run_id
 from ._limits import Limits, admit_run
 from ._live import CHUNK_FRAMES, PACE, Beat, LiveRun, gap_frame, incomplete_frame, terminal_frame
 from ._logtail import LogTail, expired_frame, unavailable_frame
@@ -124,7 +125,8 @@ class Runs:
         except RunLogError as exc:
             raise _unavailable() from exc
         if not created:
-            raise HTTPError(409, "run_id_in_use", f"run id {record.run_id!r} is in use: send a new id for each run")
+            raise HTTPError(409, "run_id_in_use", f"run id {client_run_id(record.run_id)!r} is in use: "
+                            "send a new id for each run")
         live = LiveRun(record, ctx, detach, keep=self.log.max_events,
                        outbox=self._outbox if self.log.shared else None)
         self.count(record.run_id, live)

@@ -159,13 +159,18 @@ def uvicorn_config(app: Any, host: str = "127.0.0.1", port: int = 8000, *, heade
                    http: str = "auto", **uvicorn_options: Any) -> Any:
     """The ``uvicorn.Config`` `serve` runs: the header-timeout protocol over the ``http`` parser
     (``auto``, ``h11`` or ``httptools``; see `HTTP_PARSERS`), ``timeout_keep_alive`` =
-    ``idle_timeout``, ``limit_concurrency`` = ``max_connections``; other options (``loop``:
+    ``idle_timeout``, at most ``max_connections`` open connections (past them a request gets 503;
+    ``None``: no cap); other options (``loop``:
     ``auto`` is uvloop when installed) pass through."""
     if http not in HTTP_PARSERS or (http == "httptools" and HttpToolsProtocol is None):
         raise ValueError(f"http={http!r}: use 'auto' or 'h11'" + ("" if HttpToolsProtocol is None else
                                                                   " or 'httptools'"))
+    # uvicorn refuses a request once the open connections, the asking one among them, reach
+    # ``limit_concurrency`` (or its requests in flight, the asking one not yet among them, do): a
+    # cap of N connections is N + 1 there, or the Nth connection is refused.
+    limit = None if max_connections is None else max_connections + 1
     options: dict[str, Any] = {"http": f"{__name__}:{HTTP_PARSERS[http]}", "timeout_keep_alive": idle_timeout,
-                               "limit_concurrency": max_connections, **uvicorn_options}
+                               "limit_concurrency": limit, **uvicorn_options}
     config = uvicorn.Config(app, host=host, port=port, **options)
     config.header_timeout = header_timeout  # type: ignore[attr-defined]  # read by the protocol, pickled to workers
     redact_access_log()

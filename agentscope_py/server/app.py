@@ -12,11 +12,10 @@ from __future__ import annotations
 import contextlib
 import copy
 import logging
-import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from functools import partial
 from importlib import resources
-from typing import Any
+from typing import Any, TypeVar
 
 from ag_ui.core import RunAgentInput, Tool
 from pydantic import ValidationError
@@ -28,16 +27,17 @@ from starlette.routing import Route
 
 from .._context import RuntimeContext
 from ..agent.react import ReActAgent, confirm_message
+from ..agent.state import AgentState
 from ..agent.store import InMemoryStateStore
 from ..message import Msg
 from . import agui as agui_module
 from ._agui_snapshot import snapshot_frames
-from ._errors import HTTPError, describe, log_failure, request_id
+from ._errors import STORE_UNAVAILABLE, HTTPError, StoreUnavailable, describe, log_failure, request_id
 from ._frames import agui_frames, cancelled_agui, cancelled_native, native_frames
-from ._identity import USER_HEADER, Authenticate, Identity
+from ._identity import USER_HEADER, Authenticate, Identity, client_run_id, new_run_id, run_key, run_keys
 from ._ledger import Emitted, Ledger
 from ._limits import Limits, check_shape, read_json
-from ._requests import InterruptRequest, RunRequest, detach_of, parse_after
+from ._requests import InterruptRequest, RunRequest, check_name, check_run_id, detach_of, parse_after
 from ._runlog import InMemoryRunLog, RunLog, RunRecord
 from ._runs import Runner, Runs
 from ._security import Guard
@@ -53,6 +53,7 @@ first frame carries it too)."""
 log = logging.getLogger("agentscope_py.server")
 
 AgentOrFactory = ReActAgent | Callable[[], ReActAgent]
+_T = TypeVar("_T")
 
 
 class _Server:
@@ -122,10 +123,8 @@ class _Server:
         rid = request_id(request)
         try:
             run_input = await self._body(request, RunAgentInput, "messages")
-            if not run_input.thread_id.strip():
-                raise HTTPError(422, "invalid_request", "threadId: must not be empty")
-            if not run_input.run_id.strip():
-                raise HTTPError(422, "invalid_request", "runId: must not be empty")
+            check_name(run_input.thread_id, "threadId")
+            check_run_id(run_input.run_id)
             user_id = await self.identity.user(request)
             agent = _with_frontend_tools(self.agent, run_input.tools or [])
             emitted = self.ledger.get((user_id, run_input.thread_id))
@@ -133,16 +132,27 @@ class _Server:
             props = run_input.forwarded_props if isinstance(run_input.forwarded_props, dict) else {}
             detach = self._detach(request, props.get("detach"))
             ctx = RuntimeContext(user_id=user_id, session_id=run_input.thread_id, agui_input=run_input)
-            stream = self._stream(agent, msgs, ctx, run_input.run_id)
+            key = run_key(user_id, run_input.run_id)  # the client chose the id: it is its user's
+            stream = self._stream(agent, msgs, ctx, key)
             mapper = AguiMapper(run_input.thread_id, run_input.run_id, emitted_ids=emitted)
             pending = self._pending(user_id, run_input.thread_id)
-            record = RunRecord(run_input.run_id, user_id, run_input.thread_id, "agui", owner="")
+            record = RunRecord(key, user_id, run_input.thread_id, "agui", owner="")
             # Partials, not closures: a stream in flight holds them (fewer objects to collect).
             live = await self.registry.begin(record, ctx, detach, partial(agui_frames, stream, mapper, rid, pending,
                                                                           emitted), cancelled_agui(mapper))
-        except Exception as exc:  # HTTPError, or a store failing while the thread's memory loads
+        except StoreUnavailable as exc:  # an AG-UI client hears of a failure as a RUN_ERROR
+            log.warning("request %s: POST /agui refused: the state store failed: %s", rid, exc, exc_info=exc.cause)
+            mapper = AguiMapper(run_input.thread_id, run_input.run_id)
+            data = mapper.encode_start() + mapper.encode_fail(exc, message=exc.message(rid, self._retry_after),
+                                                             code=STORE_UNAVAILABLE)
+
+            async def refusal() -> AsyncIterator[bytes]:
+                yield data
+
+            return self._sse(refusal, run_input.run_id)
+        except Exception as exc:  # HTTPError, or an authenticate() that failed
             return _refused(exc, rid, "POST /agui")
-        return self._sse(partial(self.registry.follow, live, 0, self.heartbeat), live.run_id)
+        return self._sse(partial(self.registry.follow, live, 0, self.heartbeat), client_run_id(live.run_id))
 
     def _detach(self, request: Request, asked: Any) -> bool:
         """``detach`` from the body (or ``?detach=``), else the server's default."""
@@ -152,7 +162,7 @@ class _Server:
     async def _agui_input(
         self, agent: ReActAgent, user_id: str, run_input: RunAgentInput, emitted: Emitted
     ) -> list[Msg]:
-        state, _ = await agent.state_store.load(user_id, run_input.thread_id)
+        state = await self._load(user_id, run_input.thread_id)
         if state is not None:
             emitted.remembered = True
         elif emitted.remembered:
@@ -178,6 +188,8 @@ class _Server:
         rid = request_id(request)
         try:
             body, user_id = await self._body_and_user(request, RunRequest, "input")
+            check_name(body.session_id, "session_id")
+            check_name(user_id, "user_id")
             detach = self._detach(request, body.detach)
             msgs: list[Msg] = []
             if body.confirm:
@@ -186,8 +198,11 @@ class _Server:
                 msgs.append(Msg.user(body.input))
             elif body.input:
                 msgs.extend(agui_module.apply_system_policy(body.input, self.system_messages))
+            # The session's store is read before the run starts, as AG-UI's is (for its input):
+            # a store that cannot serve is a 503 to retry, not a run that fails once it streams.
+            await self._load(user_id, body.session_id)
             ctx = RuntimeContext(user_id=user_id, session_id=body.session_id)
-            run_id = "run_" + secrets.token_hex(12)
+            run_id = new_run_id()
             stream = self._stream(self.agent, msgs, ctx, run_id)
             pending = self._pending(user_id, body.session_id)
             record = RunRecord(run_id, user_id, body.session_id, "native", owner="")
@@ -195,7 +210,7 @@ class _Server:
                                              partial(native_frames, stream, rid, pending, self.result_text),
                                              cancelled_native(rid))
         except Exception as exc:  # HTTPError, or an authenticate() that failed
-            return _refused(exc, rid, "POST /v1/runs")
+            return _refused(exc, rid, "POST /v1/runs", self._retry_after)
         return self._sse(partial(self.registry.follow, live, 0, self.heartbeat), live.run_id)
 
     async def run_events(self, request: Request) -> Response:
@@ -215,12 +230,12 @@ class _Server:
             after = parse_after(request.headers.get("last-event-id"), request.query_params.get("after"))
             user_id = await self.identity.user(request)
             try:
-                record, frames = await self.registry.resume(run_id, user_id, after, self.heartbeat)
+                record, frames = await self._located(self.registry.resume, run_id, user_id, after, self.heartbeat)
             except HTTPError as exc:
                 thread = request.query_params.get("threadId")
                 if not (snapshot and exc.status == 404 and thread):
                     raise
-                state, _ = await self.agent.state_store.load(user_id, thread)
+                state = await self._load(user_id, thread)
                 data = snapshot_frames(thread, run_id, state.context if state is not None else [])
 
                 async def once() -> AsyncIterator[bytes]:
@@ -228,15 +243,27 @@ class _Server:
 
                 return self._sse(once, run_id)
         except Exception as exc:
-            return _refused(exc, rid, f"GET {request.url.path}")
-        return self._sse(frames, record.run_id)
+            return _refused(exc, rid, f"GET {request.url.path}", self._retry_after)
+        return self._sse(frames, client_run_id(record.run_id))
+
+    async def _located(self, operation: Callable[..., Awaitable[_T]], run_id: str, user_id: str, *args: Any) -> _T:
+        """``operation(key, user_id, *args)`` on the run that ``user_id`` names ``run_id``, at each
+        key it may be registered under (`run_keys`); 404 naming ``run_id`` when at none."""
+        for key in run_keys(user_id, run_id):
+            try:
+                return await operation(key, user_id, *args)
+            except HTTPError as exc:
+                if exc.status != 404:
+                    raise
+        raise HTTPError(404, "run_not_found", f"no run {run_id!r}: it never existed here, or its log expired")
 
     async def run_interrupt(self, request: Request) -> Response:
         """``POST /v1/runs/{run_id}/interrupt``: stop the run, in whichever process runs it."""
         rid = request_id(request)
         try:
             user_id = await self.identity.user(request)
-            answer = await self.registry.interrupt(request.path_params["run_id"], user_id)
+            run_id = request.path_params["run_id"]
+            answer = {**await self._located(self.registry.interrupt, run_id, user_id), "run_id": run_id}
         except Exception as exc:
             return _refused(exc, rid, "POST /v1/runs/{run_id}/interrupt")
         return JSONResponse(answer)
@@ -247,10 +274,25 @@ class _Server:
             body, user_id = await self._body_and_user(request, InterruptRequest, "")
             by_session = getattr(self.registry, "interrupt_session", None)  # durable runs: their workflow
             if by_session is not None:
-                return JSONResponse(await by_session(user_id, body.session_id))
+                answer = await by_session(user_id, body.session_id)
+                if isinstance(answer.get("run_id"), str):
+                    answer["run_id"] = client_run_id(answer["run_id"])
+                return JSONResponse(answer)
         except Exception as exc:
             return _refused(exc, rid, "POST /v1/interrupt")
         return JSONResponse({"interrupted": self.agent.interrupt(user_id=user_id, session_id=body.session_id)})
+
+    @property
+    def _retry_after(self) -> int:
+        return max(1, round(self.limits.retry_after))
+
+    async def _load(self, user_id: str, session_id: str) -> AgentState | None:
+        """The session's state; `StoreUnavailable` when the store fails."""
+        try:
+            state, _ = await self.agent.state_store.load(user_id, session_id)
+        except Exception as exc:
+            raise StoreUnavailable(exc) from exc
+        return state
 
     def _pending(self, user_id: str, session_id: str) -> Callable[[], Awaitable[list[str]]]:
         """Reads the session's waiting tool call ids, to name them in a refusal."""
@@ -268,12 +310,16 @@ def _local_stream(agent: ReActAgent, msgs: list[Msg], ctx: RuntimeContext, run_i
     return agent.stream(msgs, ctx=ctx)
 
 
-def _refused(exc: Exception, rid: str, what: str) -> Response:
+def _refused(exc: Exception, rid: str, what: str, retry_after: int = 1) -> Response:
     """The answer to a request that failed before its run started: the client's fault (an
-    `HTTPError`, logged at info level) or ours (a safe 500; the details go to the log)."""
+    `HTTPError`, logged at info level), a store that cannot serve now (503, to retry after
+    ``retry_after`` seconds) or ours (a safe 500; the details go to the log)."""
     if isinstance(exc, HTTPError):
         log.info("request %s: %s refused (%s): %s", rid, what, exc.status, exc.detail)
         return exc.response(rid)
+    if isinstance(exc, StoreUnavailable):
+        log.warning("request %s: %s refused: the state store failed: %s", rid, what, exc, exc_info=exc.cause)
+        return exc.http_error(rid, retry_after).response(rid)
     error = describe(exc, rid, "native")
     log_failure(exc, error, rid, what)
     return HTTPError(500, "internal_error", error.message).response(rid)

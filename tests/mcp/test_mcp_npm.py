@@ -4,6 +4,7 @@ this also covers the fallback to the initialize handshake and server-initiated r
 
 from __future__ import annotations
 
+import logging
 import shutil
 import subprocess
 import tempfile
@@ -61,6 +62,23 @@ async def test_a_typescript_server_over_stdio(everything: str) -> None:
         await agent.call(confirm_message(ConfirmResult(tool_call_id="e4", confirmed=True, answer=_ANSWER)))
     answered = model.requests[2].messages[-1].tool_results[0]
     assert "User provided the requested information" in answered.text, answered.text
+
+
+async def test_a_pause_for_the_user_logs_one_plain_line(everything: str, caplog: pytest.LogCaptureFixture) -> None:
+    # The server asks with a request of its own, which the SDK's dispatcher runs: a pause is a
+    # normal event, so no traceback from it, and one line saying what happens.
+    client = MCPClient.stdio(str(NODE), [everything, "stdio"], name="everything")
+    model = ScriptedModel([ModelStep.tool_call("trigger-elicitation-request", {}, id="e5"), ModelStep.text("done")])
+    agent = ReActAgent.builder().model(model).mcp(client).build()
+    with caplog.at_level(logging.DEBUG):
+        async with client:
+            events = [ev async for ev in agent.stream("go")]
+    assert events[-2].result.generate_reason is GenerateReason.PERMISSION_ASKING
+    assert [r.getMessage() for r in caplog.records if r.exc_info or "raised" in r.getMessage()] == []
+    said = [r for r in caplog.records if "asks the user" in r.getMessage()]
+    assert len(said) == 1 and said[0].levelno == logging.INFO and said[0].name == "agentscope_py.mcp"
+    assert said[0].getMessage().startswith("MCP server 'everything' asks the user (tool call e5): Please provide")
+    assert said[0].getMessage().endswith(": the run pauses until the user answers")
 
 
 _ANSWER: dict[str, Any] = {"name": "Ada"}

@@ -8,17 +8,17 @@ import asyncio
 import gc
 import json
 import logging
-import sqlite3
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 from starlette.requests import Request
 
-from agentscope_py import InMemoryStateStore, ModelStep, ReActAgent
-from agentscope_py.agent.state import AgentState
+from agentscope_py import ModelStep, ReActAgent
+from agentscope_py.agent.sqlite_store import SqliteStateStore
 from agentscope_py.server import Limits, create_app
 from agentscope_py.server._errors import HTTPError
 from agentscope_py.server._limits import read_json
@@ -36,36 +36,38 @@ from .conftest import (
 )
 
 Live = Callable[..., LiveServer]
-SECRET_PATH = "/srv/secret/agent-states.db"
-
-
-class BrokenStore(InMemoryStateStore):
-    async def load(self, user_id: str, session_id: str) -> tuple[AgentState | None, int]:
-        raise sqlite3.OperationalError(f"unable to open database file {SECRET_PATH}")
-
-
 @pytest.fixture
 def server_log(caplog: pytest.LogCaptureFixture) -> pytest.LogCaptureFixture:
     caplog.set_level(logging.INFO, logger="agentscope_py.server")
     return caplog
 
 
-def test_a_store_failure_is_a_safe_error_with_a_request_id(live: Live, server_log: pytest.LogCaptureFixture) -> None:
-    agent = scripted_agent(ModelStep.text("never"), state_store=BrokenStore())
-    server = live(create_app(agent))
-    setup = httpx.post(f"{server.url}/agui", json=run_input("t", user("hi")), timeout=10)
-    assert setup.status_code == 500
-    rid = setup.headers["x-request-id"]
-    assert setup.json() == {"type": "internal_error", "request_id": rid,
-                            "detail": f"the run failed on the server (request id {rid})"}
+def test_a_store_that_cannot_open_its_file_refuses_runs_before_they_start(
+        live: Live, server_log: pytest.LogCaptureFixture, tmp_path: Path) -> None:
+    secret = tmp_path / "srv-secret" / "agent-states.db"  # its directory does not exist
+    agent = scripted_agent(ModelStep.text("never"), state_store=SqliteStateStore(secret))
+    server = live(create_app(agent, limits=Limits(retry_after=2)))
+    agui = httpx.post(f"{server.url}/agui", json=run_input("t", user("hi"), run="r-store"), timeout=10)
     native = httpx.post(f"{server.url}/v1/runs", json={"session_id": "t", "input": "hi"}, timeout=10)
-    last = json.loads(native.text.strip().split("\n\n")[-1].split("data: ", 1)[1])
-    assert last["code"] == "InternalError" and last["request_id"] == native.headers["x-request-id"]
-    for body in (setup.text, native.text):
-        assert SECRET_PATH not in body and "sqlite" not in body.lower()
+    resumed = httpx.get(f"{server.url}/agui/runs/gone/events?threadId=t", timeout=10)
+    # AG-UI clients hear of failures in the stream: a typed RUN_ERROR, the run never started.
+    rid = agui.headers["x-request-id"]
+    assert agui.status_code == 200 and agui.headers["x-run-id"] == "r-store"
+    started, error = agui_events(agui.text)
+    assert started["type"] == "RUN_STARTED" and started["runId"] == "r-store"
+    assert error == {"type": "RUN_ERROR", "code": "StateStoreUnavailable",
+                     "message": f"the session store is unavailable; try again in 2 s (request id {rid})"}
+    # The native routes answer 503 with Retry-After, before any stream.
+    for answer in (native, resumed):
+        assert answer.status_code == 503 and answer.headers["retry-after"] == "2"
+        assert answer.json()["type"] == "state_store_unavailable"
+        assert answer.json()["detail"].startswith("the session store is unavailable; try again in 2 s")
+    for body in (agui.text, native.text, resumed.text):
+        assert "srv-secret" not in body and "sqlite" not in body.lower()
+    assert agent.model.requests == []  # type: ignore[attr-defined]  # nothing ran
     # The operator finds the details under the request id.
     logged = [r for r in server_log.records if rid in r.getMessage()]
-    assert logged and SECRET_PATH in logged[0].getMessage() and logged[0].exc_info is not None
+    assert logged and "srv-secret" in logged[0].getMessage() and logged[0].exc_info is not None
 
 
 @pytest.mark.parametrize(("path", "body", "limit"), [

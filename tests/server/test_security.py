@@ -198,6 +198,41 @@ def test_connections_per_process_are_capped(live: Live) -> None:
     assert httpx.get(f"{server.url}/healthz", timeout=5).status_code == 200
 
 
+def _stream_open(server: LiveServer, thread: str) -> socket.socket:
+    """A raw AG-UI POST whose run streams for long; returns once its answer's status line came."""
+    body = json.dumps(run_input(thread, user("go"), run=f"run-{thread}")).encode()
+    sock = socket.create_connection(("127.0.0.1", server.port), timeout=5)
+    sock.sendall(b"POST /agui HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                 + b"Content-Length: %d\r\n\r\n" % len(body) + body)
+    assert sock.recv(12) == b"HTTP/1.1 200", thread
+    return sock
+
+
+def test_the_connection_cap_admits_exactly_max_connections(live: Live) -> None:
+    # uvicorn counts the connection asking among those open: a cap of N refused the Nth.
+    slow = SlowTool(seconds=30)
+    agent = scripted_agent(ModelStep.tool_call("slow", {"label": "x"}), ModelStep.text("done"),
+                           tools=[slow.slow], loop=True)
+    server = live(create_app(agent), hardened=True, max_connections=4)
+    idle = socket.create_connection(("127.0.0.1", server.port), timeout=5)  # an open connection counts
+    streams = [_stream_open(server, f"t{i}") for i in range(3)]  # connections 2..4: the cap exactly
+    try:
+        with pytest.raises(httpx.HTTPStatusError) as past:  # the 5th
+            httpx.get(f"{server.url}/healthz", timeout=5).raise_for_status()
+        assert past.value.response.status_code == 503
+        streams.pop().close()  # a stream's client leaves: its place is free again at once
+        deadline = time.monotonic() + 2
+        while (answer := httpx.get(f"{server.url}/healthz", timeout=5)).status_code == 503:
+            assert time.monotonic() < deadline, "a closed stream's connection was not released"
+            time.sleep(0.02)
+        assert answer.status_code == 200
+        streams.append(_stream_open(server, "t9"))
+    finally:
+        idle.close()
+        for sock in streams:
+            sock.close()
+
+
 def test_serving_off_loopback_without_allowed_hosts_warns(capsys: pytest.CaptureFixture[str]) -> None:
     from agentscope_py.server._serve import warn_if_open
 
