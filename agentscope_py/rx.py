@@ -1,6 +1,6 @@
 """reactivex and aioreactive interop for `EventStream`.
 
-Our own adapters, not the libraries' (see ``shared/notes/stream-core-measurements.md``):
+Our own adapters, not the libraries':
 aioreactive 0.20's ``from_async_iterable`` loses producer errors and its ``take``/``catch``/``retry``
 leak or hang; reactivex's ``retry`` shares its counter between subscriptions. Every adapter here
 closes its producer when the consumer stops and carries errors both ways.

@@ -1,6 +1,6 @@
 """`EventStream`: a small cold stream over async iterators.
 
-Why our own type (measured in ``shared/notes/stream-core-measurements.md``): fused synchronous
+Why our own type: fused synchronous
 operators over plain async generators ran ~2x faster than reactivex and 5-80x faster than
 aioreactive, keep backpressure, work with ``async for``, and can close what they open.
 

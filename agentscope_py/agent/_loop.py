@@ -1,6 +1,6 @@
 """One execution of ``call``/``stream``: the ReAct loop behind the ``on_agent`` chain.
 
-The order of things (AgentScope Java's, see DESIGN §5): AgentStart → per-session FIFO gate →
+The order of things (AgentScope Java's): AgentStart → per-session FIFO gate →
 the prelude (`_prelude`: state loaded and bound, ``on_agent_state_ready``, the system prompt
 through ``on_system_prompt``, then the input into memory or the resume of waiting calls) →
 rounds of ``on_reasoning`` around ``on_model_call`` around the model, then ``on_acting`` around

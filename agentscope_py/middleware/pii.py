@@ -10,7 +10,7 @@ Where it acts (each switchable):
   per block (`pii_detectors.StreamRedactor`): a match split across deltas (``"ada@exa"`` +
   ``"mple.com"``) is caught before any of it goes out; text is released as soon as it cannot be
   part of a match, and the block's End flushes the rest. At ``on_model_call`` the rewrite reaches
-  memory, the result and the caller alike (DESIGN §4).
+  memory, the result and the caller alike.
 * ``apply_to_tool_results`` (``on_acting``): tool output deltas, the same way per tool call; the
   remembered result (what the model sees next) is the redacted one.
 

@@ -7,7 +7,7 @@
   tool call, and the whole run;
 * `ModelFallbackMiddleware` tries other models in turn when one fails.
 
-Streaming contract (DESIGN §4: events already emitted cannot be taken back). By default a failure
+Streaming contract (events already emitted cannot be taken back). By default a failure
 is retried (or failed over) only when it happens before the attempt's first event, so the layers
 outside never see a failed attempt. ``buffer=True`` holds each attempt's events until it
 completes, so any failure is retried unseen (at the price of streaming: the events come at once).
