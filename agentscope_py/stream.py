@@ -1,8 +1,8 @@
 """`EventStream`: a small cold stream over async iterators.
 
-Why our own type: fused synchronous
-operators over plain async generators ran ~2x faster than reactivex and 5-80x faster than
-aioreactive, keep backpressure, work with ``async for``, and can close what they open.
+Why our own type: fused synchronous operators over plain async generators run ~2x faster than
+reactivex and 5-80x faster than aioreactive, keep backpressure, work with ``async for``, and can
+close what they open.
 
 The contract:
 
