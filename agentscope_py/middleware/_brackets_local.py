@@ -14,14 +14,15 @@ __all__ = ["OpenBrackets"]
 
 
 class OpenBrackets:
-    """Starts seen (top-level events only) without their End, in order; tool results excluded
-    (a model-call layer sees none)."""
+    """Starts seen (top-level events only) without their End, in order. Tool results are kept
+    with ``results=True`` (an acting layer's; a model-call layer sees none)."""
 
-    __slots__ = ("open", "reply_id")
+    __slots__ = ("open", "reply_id", "results")
 
-    def __init__(self) -> None:
+    def __init__(self, *, results: bool = False) -> None:
         self.open: dict[tuple[str, str], Any] = {}
         self.reply_id: str | None = None
+        self.results = results
 
     def see(self, ev: Any) -> None:
         cls = type(ev)
@@ -30,7 +31,7 @@ class OpenBrackets:
             return
         key = (OPENS.get(cls) or CLOSES[cls], ev.__dict__[ident])
         if cls in OPENS:
-            if cls is not ToolResultStart:
+            if cls is not ToolResultStart or self.results:
                 self.open[key] = ev
             if cls is ModelCallStart:
                 self.reply_id = ev.reply_id
@@ -38,8 +39,9 @@ class OpenBrackets:
             self.open.pop(key, None)
 
     def close(self, why: str, *, discarded: bool) -> list[Any]:
-        """The Ends of what is open, innermost first (the model call's says ``why``)."""
-        out = [close_event(start, why, discarded, False) for start in reversed(self.open.values())]
+        """The Ends of what is open, innermost first (the model call's says ``why``; a tool
+        result's state is ``error``)."""
+        out = [close_event(start, why, discarded, True) for start in reversed(self.open.values())]
         self.open.clear()
         return out
 

@@ -43,12 +43,16 @@ from ..events import (
     TextBlockStart,
     ThinkingBlockDelta,
     ToolCallDelta,
+    ToolResultEnd,
+    ToolResultStart,
+    ToolResultTextDelta,
 )
 from ..message import Msg, new_id
 from ..stream import EventStream, aclose
 from ._brackets_local import OpenBrackets
-from .base import ExtensionPoint, MiddlewareBase, ModelCallInput, Next
+from .base import ActingInput, ExtensionPoint, MiddlewareBase, ModelCallInput, Next
 from .guardrail_checks import (
+    ALL_KINDS,
     KINDS,
     Guardrail,
     GuardrailCheck,
@@ -108,8 +112,8 @@ class GuardrailMiddleware(MiddlewareBase):
         if refusal is not None and not isinstance(refusal, str):
             raise TypeError("refusal must be a str (the reply's text after a trip) or None")
         self.covers: frozenset[str] = frozenset((covers,) if isinstance(covers, str) else covers)
-        if not self.covers or not self.covers <= set(KINDS):
-            raise ValueError(f"covers takes a non-empty collection of {KINDS}, not {sorted(self.covers)!r}")
+        if not self.covers or not self.covers <= set(ALL_KINDS):
+            raise ValueError(f"covers takes a non-empty collection of {ALL_KINDS}, not {sorted(self.covers)!r}")
         self.stream_window = stream_window
         self.stream_every = stream_every
         self.blocking = blocking
@@ -121,6 +125,8 @@ class GuardrailMiddleware(MiddlewareBase):
         points = {ExtensionPoint.ON_MODEL_CALL}
         if self.input_checks:
             points.add(ExtensionPoint.ON_AGENT_STATE_READY)
+        if "tool_result" in self.covers and (self.stream_checks or self.output_checks):
+            points.add(ExtensionPoint.ON_ACTING)
         return frozenset(points)
 
     def on_agent_state_ready(
@@ -130,6 +136,9 @@ class GuardrailMiddleware(MiddlewareBase):
 
     def on_model_call(self, agent: ReActAgent, ctx: RuntimeContext, input: ModelCallInput, next: Next) -> Any:
         return EventStream(lambda: self._guard(agent, ctx, input, next))
+
+    def on_acting(self, agent: ReActAgent, ctx: RuntimeContext, input: ActingInput, next: Next) -> Any:
+        return EventStream(lambda: self._guard_results(agent, ctx, input, next))
 
     # -- the guarded model call ------------------------------------------------------------------
 
@@ -253,6 +262,85 @@ class GuardrailMiddleware(MiddlewareBase):
                                        tool_name=seen.tool_name)
                 await self._run("output", self.output_checks, check)
 
+    # -- the guarded tool results (covers=("tool_result", ...)) ---------------------------------
+
+    async def _guard_results(self, agent: ReActAgent, ctx: RuntimeContext, input: ActingInput, next: Next
+                             ) -> AsyncIterator[Any]:
+        released = OpenBrackets(results=True)
+        pending: set[asyncio.Future[Any]] = set()
+        it: Any = next(input).__aiter__()
+        try:
+            try:
+                async with contextlib.aclosing(self._checked_results(agent, ctx, it, pending)) as checked:
+                    async for out in checked:
+                        released.see(out)
+                        yield out
+            except _Trip as trip:
+                await aclose(it)  # the tools still running are cancelled
+                for ev in self._trip_events(trip, released, ctx, refuse=False):
+                    yield ev
+                if self.exit_behavior == "error":
+                    raise GuardrailTripped(trip.guardrail, trip.reason) from None
+        finally:
+            for task in pending:
+                task.cancel()
+            await aclose(it)
+
+    async def _checked_results(self, agent: ReActAgent, ctx: RuntimeContext, it: Any,
+                               pending: set[asyncio.Future[Any]]) -> AsyncGenerator[Any, None]:
+        """The acting events, each tool result's text checked as it streams and whole at its end;
+        in blocking mode held until the checks covering them passed."""
+        stream_checks, every, blocking = self.stream_checks, self.stream_every, self.blocking
+        hold_results = blocking and bool(self.output_checks)  # a result waits for its output check
+        holding = False
+        held: list[Any] = []
+        texts: dict[str, _Seen] = {}  # tool call id -> its result's text
+        async with contextlib.aclosing(_racing(it, pending)) as events:
+            async for ev in events:
+                cls = type(ev)
+                top = ev.source is None
+                if cls is ToolResultTextDelta and top:
+                    seen = texts.get(ev.tool_call_id)
+                    if seen is None:
+                        seen = texts[ev.tool_call_id] = _Seen("tool_result", ev.tool_name)
+                    seen.parts.append(ev.delta)
+                    seen.since += len(ev.delta)
+                    if stream_checks and seen.since >= every:
+                        await self._stream_check(agent, ctx, (), seen, pending)
+                    elif blocking:  # unchecked text waits
+                        held.append(ev)
+                        continue
+                elif blocking and stream_checks:  # nothing goes out past unchecked text
+                    await self._check_unchecked(agent, ctx, (), texts, pending)
+                if cls is ToolResultStart and top:
+                    holding = hold_results
+                elif cls is ToolResultEnd and top:
+                    done = texts.pop(ev.tool_call_id, None)
+                    if done is not None:
+                        if stream_checks and done.since:
+                            await self._stream_check(agent, ctx, (), done, pending)
+                        if pending:
+                            await _settle(pending)
+                        if self.output_checks:
+                            check = GuardrailCheck("output", done.text(), (), agent, ctx, kind="tool_result",
+                                                   tool_name=done.tool_name)
+                            await self._run("output", self.output_checks, check)
+                    holding = False
+                if holding:
+                    held.append(ev)
+                    continue
+                if held:
+                    for out in held:
+                        yield out
+                    held.clear()
+                yield ev
+        if stream_checks:
+            await self._check_unchecked(agent, ctx, (), texts, pending)
+        if pending:
+            await _settle(pending)
+        for out in held:
+            yield out
+
     async def _run(self, stage: Stage, guardrails: Sequence[Guardrail], check: GuardrailCheck) -> None:
         """Runs ``guardrails`` on ``check`` (the async ones together); raises `_Trip` on the first
         trip in their order."""
@@ -275,12 +363,13 @@ class GuardrailMiddleware(MiddlewareBase):
             for (guardrail, _), value in zip(waits, values, strict=True):
                 _judge(guardrail, value, stage)
 
-    def _trip_events(self, trip: _Trip, released: OpenBrackets, ctx: RuntimeContext) -> list[Any]:
+    def _trip_events(self, trip: _Trip, released: OpenBrackets, ctx: RuntimeContext, *, refuse: bool = True
+                     ) -> list[Any]:
         why = f"GuardrailTripped: guardrail {trip.guardrail} tripped: {trip.reason}"
         # With a refusal, the partial text the caller saw is struck (its call ends discarded) and
         # the refusal is the reply; without one, what went out stays the reply.
         events = released.close(why, discarded=self.exit_behavior == "error" or bool(self.refusal))
-        if self.refusal:
+        if self.refusal and refuse:
             reply_id = released.reply_id or ctx.reply_id or ""
             block = new_id("blk_")
             events += [TextBlockStart(reply_id=reply_id, block_id=block),

@@ -19,13 +19,15 @@ if TYPE_CHECKING:
     from .._context import RuntimeContext
     from ..agent.react import ReActAgent
 
-__all__ = ["KINDS", "Guardrail", "GuardrailCheck", "GuardrailResult", "Kind", "Stage", "Verdict", "as_guardrails",
-           "verdict_of"]
+__all__ = ["ALL_KINDS", "KINDS", "Guardrail", "GuardrailCheck", "GuardrailResult", "Kind", "Stage", "Verdict",
+           "as_guardrails", "verdict_of"]
 
 Stage: TypeAlias = Literal["input", "stream", "output"]
-Kind: TypeAlias = Literal["text", "thinking", "tool_arguments"]
+Kind: TypeAlias = Literal["text", "thinking", "tool_arguments", "tool_result"]
 """Which of the texts the caller receives a check is looking at."""
 KINDS: tuple[Kind, ...] = ("text", "thinking", "tool_arguments")
+"""What the stream and output checks see by default: everything the model streams."""
+ALL_KINDS: tuple[Kind, ...] = (*KINDS, "tool_result")
 
 
 @dataclass(frozen=True)
@@ -44,11 +46,12 @@ Verdict: TypeAlias = "GuardrailResult | str | bool | None"
 class GuardrailCheck:
     """What one check sees. ``text``: the input's text (``input``); for ``stream`` and ``output``,
     one of the texts the caller receives, named by ``kind`` — the reply's answer (``"text"``), its
-    reasoning (``"thinking"``) or one tool call's argument JSON (``"tool_arguments"``, with
-    ``tool_name``) — so far or its last ``window`` characters (``stream``), or whole (``output``).
-    ``messages``: the input messages (``input``) or the model call's request (``stream``/
-    ``output``); ``reply``: the finished reply (``output`` only); ``delta``: the text of that kind
-    that arrived since the previous stream check of it."""
+    reasoning (``"thinking"``), one tool call's argument JSON (``"tool_arguments"``) or one tool
+    result's text (``"tool_result"``, when ``covers`` names it), the last two with ``tool_name`` —
+    so far or its last ``window`` characters (``stream``), or whole (``output``). ``messages``:
+    the input messages (``input``) or the model call's request (``stream``/``output`` of a reply;
+    empty for a tool result); ``reply``: the finished reply (``output`` of a reply only);
+    ``delta``: the text of that kind that arrived since the previous stream check of it."""
 
     stage: Stage
     text: str

@@ -134,3 +134,58 @@ async def test_output_checks_see_the_whole_reasoning_and_each_tool_calls_argumen
     await agent.call("go")
     assert seen[:4] == [("text", None, "calling"), ("thinking", None, "hmm"),
                         ("tool_arguments", "lookup", '{"q": "a"}'), ("tool_arguments", "lookup", '{"q": "b"}')]
+
+
+def leaky(text: str) -> str:
+    """Look a record up.
+
+    Args:
+        text: what to look up
+    """
+    return f"record for {text}: the {FORBIDDEN} is 0000, and more after it"
+
+
+@pytest.mark.parametrize("blocking", [False, True])
+async def test_tool_results_are_checked_when_covered(blocking: bool) -> None:
+    model = ScriptedModel([ModelStep.tool_call("leaky", {"text": "x"}), ModelStep.text("never")])
+    mw = GuardrailMiddleware(stream=no_launch_code, stream_every=8, blocking=blocking, covers=("text", "tool_result"))
+    agent = ReActAgent.builder().model(model).tools(leaky).middleware(mw).build()
+    events = await agent.stream("go").to_list()
+    assert [e.reason for e in events if e.type == "guardrail_tripped"] == ["tool_result mentions the launch code"]
+    shown = seen_by_caller(events, "tool_result_text_delta")
+    if blocking:
+        assert FORBIDDEN not in shown  # nothing unchecked went out
+    end = next(e for e in events if e.type == "tool_result_end")
+    assert end.state.value == "error" and balance(events) == {}
+    assert events[-2].result.generate_reason.value == "middleware_stop_requested"
+    assert len(model.requests) == 1  # the run stopped: the model never saw the result
+
+
+async def test_tool_results_are_not_checked_by_default_and_output_checks_see_them_whole() -> None:
+    model = ScriptedModel([ModelStep.tool_call("leaky", {"text": "x"}), ModelStep.text("fine")])
+    agent = ReActAgent.builder().model(model).tools(leaky).middleware(GuardrailMiddleware(stream=no_launch_code)).build()
+    assert (await agent.call("go")).text == "fine"
+
+    seen: list[tuple[str, str | None, str]] = []
+
+    def record(check: GuardrailCheck) -> None:
+        seen.append((check.kind, check.tool_name, check.text))
+
+    model = ScriptedModel([ModelStep.tool_call("leaky", {"text": "y"}), ModelStep.text("fine")])
+    agent = ReActAgent.builder().model(model).tools(leaky).middleware(
+        GuardrailMiddleware(output=record, covers=("tool_result",))).build()
+    await agent.call("go")
+    assert ("tool_result", "leaky", leaky("y")) in seen
+
+
+async def test_a_tool_result_trip_with_exit_error_raises_and_stays_balanced() -> None:
+    model = ScriptedModel([ModelStep.tool_call("leaky", {"text": "x"}), ModelStep.text("never")])
+    mw = GuardrailMiddleware(output=no_launch_code, blocking=True, exit_behavior="error", covers=("tool_result",),
+                             refusal="no")
+    agent = ReActAgent.builder().model(model).tools(leaky).middleware(mw).build()
+    events: list[Any] = []
+    with pytest.raises(GuardrailTripped, match="tool_result mentions the launch code"):
+        async for event in agent.stream("go"):
+            events.append(event)
+    assert seen_by_caller(events, "tool_result_text_delta") == ""  # held for the output check
+    assert balance(events) == {} and "no" not in seen_by_caller(events, "text_block_delta")
