@@ -260,7 +260,7 @@ async def test_tool_arguments_nested_too_deep_become_an_error_result(tmp_path: P
     agent = ReActAgent.builder().model(model).toolkit(Toolkit([lookup])).state_store(store).build()
     assert (await agent.call("go", ctx=ctx())).text == "recovered"
     result = model.requests[1].messages[-1].tool_results[0]
-    assert result.state == ToolResultState.ERROR and "nested at most 64 levels" in str(result.output)
+    assert result.state == ToolResultState.ERROR and "nest deeper than 64 levels" in str(result.output)
     state, version = await store.load("u", "s")
     assert version == 1 and state is not None
 
