@@ -2,7 +2,13 @@
 
 Failures become the stream's terminal frame (a safe message; the details go to the log under the
 request id); a cancellation of the run's own task (its clients left, shutdown) is not a failure
-and propagates, and `cancelled_frame` then ends the log."""
+and propagates, and `cancelled_frame` then ends the log.
+
+A log keeps the closing guarantee as the caller's stream does: every Start it holds gets one End.
+The agent closes its brackets itself when a step fails or is interrupted, but not for a consumer
+that was cancelled (nobody is left to read them); the run's log outlives that consumer and is
+replayed, so the frames that end a cancelled run close what its frames opened (`OpenBrackets`,
+AG-UI's mapper), then say it was cancelled."""
 
 from __future__ import annotations
 
@@ -10,7 +16,9 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from functools import partial
+from typing import Any
 
+from .._bracket_kinds import BRACKET_TYPES, CLOSES, IDS, OPENS, close_event
 from ..events import AgentEvent, AgentResult, ModelCallEnd
 from ..message import TextBlock, ThinkingBlock
 from ..stream import EventStream
@@ -20,7 +28,7 @@ from ._live import LiveRun
 from .agui import AguiMapper
 from .sse import encode_error, encode_sse
 
-__all__ = ["CANCELLED", "agui_frames", "cancelled_agui", "cancelled_native", "native_frames"]
+__all__ = ["CANCELLED", "OpenBrackets", "agui_frames", "cancelled_agui", "cancelled_native", "native_frames"]
 
 Pending = Callable[[], Awaitable[list[str]]]
 
@@ -72,20 +80,55 @@ def _cancelled_agui(mapper: AguiMapper, live: LiveRun) -> bytes:
     return mapper.encode_fail(asyncio.CancelledError(), message=CANCELLED, code="RunCancelled")
 
 
-def cancelled_native(rid: str) -> Callable[[LiveRun], bytes]:
-    return partial(_cancelled_native, rid)
+class OpenBrackets:
+    """The brackets a native run's frames opened and did not close yet, in order: what its log
+    must close when the run is cancelled. Keyed by kind, source and id (a sub-agent's ids are its
+    own); fed the bracket events only (`BRACKET_TYPES`), so a delta costs one set lookup."""
+
+    __slots__ = ("open",)
+
+    def __init__(self) -> None:
+        self.open: dict[tuple[str, str | None, str], Any] = {}
+
+    def see(self, event: Any) -> None:
+        cls = type(event)
+        fields = event.__dict__  # (pydantic's __getattr__ makes attribute reads slow)
+        start = OPENS.get(cls)
+        key = (start or CLOSES[cls], fields["source"], fields[IDS[cls]])
+        if start is not None:
+            self.open[key] = event
+        else:
+            self.open.pop(key, None)
+
+    def close(self) -> bytes:
+        """The frames of the Ends of what is open, innermost first. A cancelled run's turn is
+        saved as interrupted, its partial reply remembered: so, as an interrupt's Ends do, these
+        keep it (``discarded`` false) and end a cut tool result ``interrupted``."""
+        ends = [close_event(start, "RunCancelled", False, False) for start in reversed(self.open.values())]
+        self.open.clear()
+        return b"".join(encode_sse(end) for end in ends)
 
 
-def _cancelled_native(rid: str, live: LiveRun) -> bytes:
-    return encode_error(asyncio.CancelledError(), message=CANCELLED, code="RunCancelled", request_id=rid)
+def cancelled_native(rid: str, opened: OpenBrackets | None = None) -> Callable[[LiveRun], bytes]:
+    """The end of a cancelled native run: what its frames opened (``opened``, fed by
+    `native_frames`) closed, then the ``RunCancelled`` error frame."""
+    return partial(_cancelled_native, rid, opened)
+
+
+def _cancelled_native(rid: str, opened: OpenBrackets | None, live: LiveRun) -> bytes:
+    ends = opened.close() if opened is not None else b""
+    return ends + encode_error(asyncio.CancelledError(), message=CANCELLED, code="RunCancelled", request_id=rid)
 
 
 async def native_frames(stream: EventStream[AgentEvent], rid: str, pending: Pending, result_text: bool,
-                        live: LiveRun) -> AsyncIterator[bytes]:
+                        live: LiveRun, opened: OpenBrackets | None = None) -> AsyncIterator[bytes]:
+    """The run's events as native frames; ``opened`` (if given) learns what they open and close."""
     first = True
     try:
         async with contextlib.aclosing(stream.__aiter__()) as events:  # type: ignore[type-var]
             async for event in events:
+                if opened is not None and type(event) in BRACKET_TYPES:
+                    opened.see(event)
                 if first:  # the run's id, in its first event (the x-run-id header has it too)
                     first = False
                     event = event.model_copy(update={"metadata": {**event.metadata, "run_id": live.run_id}})
@@ -101,7 +144,10 @@ async def native_frames(stream: EventStream[AgentEvent], rid: str, pending: Pend
             raise
         code, message = await _report(exc, rid, "native", pending, f"run {live.run_id}")
         live.failed = True
-        yield encode_error(exc, message=message, code=code, request_id=rid)
+        # The agent closed its brackets before its error came out; a failure from outside it
+        # (a stray cancellation) closes here what the frames opened.
+        ends = opened.close() if opened is not None else b""
+        yield ends + encode_error(exc, message=message, code=code, request_id=rid)
 
 
 def _without_text(event: AgentResult) -> AgentResult:

@@ -33,7 +33,7 @@ from ..message import Msg
 from . import agui as agui_module
 from ._agui_snapshot import snapshot_frames
 from ._errors import HTTPError, describe, log_failure, request_id
-from ._frames import agui_frames, cancelled_agui, cancelled_native, native_frames
+from ._frames import OpenBrackets, agui_frames, cancelled_agui, cancelled_native, native_frames
 from ._identity import USER_HEADER, Authenticate, Identity
 from ._ledger import Emitted, Ledger
 from ._limits import Limits, check_shape, read_json
@@ -191,9 +191,11 @@ class _Server:
             stream = self._stream(self.agent, msgs, ctx, run_id)
             pending = self._pending(user_id, body.session_id)
             record = RunRecord(run_id, user_id, body.session_id, "native", owner="")
+            opened = OpenBrackets()  # what the run's frames opened: a cancelled run's log closes it
             live = await self.registry.begin(record, ctx, detach,
-                                             partial(native_frames, stream, rid, pending, self.result_text),
-                                             cancelled_native(rid))
+                                             partial(native_frames, stream, rid, pending, self.result_text,
+                                                     opened=opened),
+                                             cancelled_native(rid, opened))
         except Exception as exc:  # HTTPError, or an authenticate() that failed
             return _refused(exc, rid, "POST /v1/runs")
         return self._sse(partial(self.registry.follow, live, 0, self.heartbeat), live.run_id)
