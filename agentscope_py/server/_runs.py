@@ -21,7 +21,7 @@ from .._context import RuntimeContext
 from ..errors import RunLogError
 from ._errors import HTTPError
 from ._limits import Limits, admit_run
-from ._live import CHUNK_FRAMES, PACE, Beat, LiveRun, gap_frame, incomplete_frame, terminal_frame
+from ._live import CHUNK_BYTES, CHUNK_FRAMES, PACE, Beat, LiveRun, gap_frame, incomplete_frame, terminal_frame
 from ._logwrites import LogWrites
 from ._runlog import RunLog, RunRecord
 from .sse import HEARTBEAT
@@ -121,7 +121,7 @@ class Runs:
         if not created:
             raise HTTPError(409, "run_id_in_use", f"run id {record.run_id!r} is in use: send a new id for each run")
         live = LiveRun(record, ctx, detach, keep=self.log.max_events,
-                       outbox=self._outbox if self.log.shared else None)
+                       outbox=self._outbox if self.log.shared else None, lead=self.limits.buffer_bytes)
         self.count(record.run_id, live)
         live.task = asyncio.get_running_loop().create_task(self._drive(live, source, cancelled_frame))
         return live
@@ -137,10 +137,12 @@ class Runs:
         try:
             try:  # not ``aclosing``: a try/finally is two objects and two coroutines fewer per run
                 paced = not live.detach
-                cursors = live.cursors
+                cursors, taken, lead = live.cursors, live.taken, live.lead
                 async for data in frames:
                     live.publish(data)
-                    if paced and cursors and live.base + len(live.frames) - min(cursors.values()) > PACE:
+                    # `LiveRun.ahead`, inline (per token): frames, then bytes (big frames).
+                    if paced and cursors and (live.base + len(live.frames) - min(cursors.values()) > PACE
+                                              or live.size - min(taken.values()) > lead):
                         await live.pace()
             finally:
                 await frames.aclose()  # type: ignore[attr-defined]
@@ -222,16 +224,17 @@ class Runs:
 
     async def follow(self, live: LiveRun, after: int, heartbeat: float | None = None) -> AsyncIterator[bytes]:
         """The frames of a run of this process after ``after``, as they come, until it ends; all
-        that is ready goes in one piece (up to `CHUNK_FRAMES`), and `HEARTBEAT` after
-        ``heartbeat`` idle seconds. Pulled by the response's write loop itself: it takes the next
-        piece once the last one was sent, so a slow client holds nothing but its position."""
+        that is ready goes in one piece (up to `CHUNK_FRAMES` and `CHUNK_BYTES`), and `HEARTBEAT`
+        after ``heartbeat`` idle seconds. Pulled by the response's write loop itself: it takes the
+        next piece once the last one was sent, so a slow client holds its position and one piece."""
         cursor = after
         loop = asyncio.get_running_loop()
         me = id(object())
         while me in live.cursors:  # ids of dead objects repeat
             me += 1
-        live.moved(me, cursor)
-        cursors = live.cursors
+        taken = live.position(cursor)
+        live.moved(me, cursor, taken)
+        cursors, took = live.cursors, live.taken
         beat = Beat(loop, heartbeat) if heartbeat is not None and heartbeat > 0 else None
         try:
             while True:
@@ -245,13 +248,15 @@ class Runs:
                     if start + 1 == ready:  # one frame: each token at light load
                         piece = frames[start]
                     else:
-                        ready = min(ready, start + CHUNK_FRAMES)
+                        ready = _piece_end(frames, start, min(ready, start + CHUNK_FRAMES))
                         piece = b"".join(frames[start:ready])
                     cursor = live.base + ready
+                    taken += len(piece)
                     yield piece
                     cursors[me] = cursor
+                    took[me] = taken
                     if live.rooms:  # the run waits for room (`moved`; inline, as this is per token)
-                        live.moved(me, cursor)
+                        live.moved(me, cursor, taken)
                     if beat is not None:
                         beat.sent += 1
                 elif live.done:
@@ -369,6 +374,18 @@ class Runs:
                 await self.log.renew()
             except Exception as exc:
                 log.warning("could not renew this process's lease in the run log: %s", exc)
+
+
+def _piece_end(frames: list[bytes], start: int, end: int) -> int:
+    """Where a piece from ``start`` ends: before ``end``, within `CHUNK_BYTES` (one frame at least)."""
+    size = len(frames[start])
+    stop = start + 1
+    while stop < end:
+        size += len(frames[stop])
+        if size > CHUNK_BYTES:
+            break
+        stop += 1
+    return stop
 
 
 def _owned(record: RunRecord, user_id: str) -> None:
