@@ -30,7 +30,7 @@ from agentscope_py.server._runlog_redis import RedisRunLog
 pytestmark = pytest.mark.timeout(120)
 
 CUTS = ("disconnect", "disconnect", "interrupt", "detach", "none")
-SEEDS = range(0, 240, 4)
+SEEDS = range(0, 240, 6)
 TURNS = 3
 """Runs of each kind per app (per seed): the model's draws go on from run to run."""
 
@@ -67,7 +67,7 @@ class Client:
                 await asyncio.Event().wait()  # never sent: the socket is closed
 
 
-async def request(app: Any, method: str, path: str, body: dict[str, Any] | None = None,
+async def call_app(app: Any, method: str, path: str, body: dict[str, Any] | None = None,
                   client: Client | None = None, headers: dict[str, str] | None = None) -> Client:
     client = client or Client()
     data = json.dumps(body).encode() if body is not None else b""
@@ -156,11 +156,11 @@ async def one_run(app: Any, seed: int, turn: int, kind: str, rng: random.Random)
         body = {"threadId": f"t{seed}", "runId": f"r{seed}-{rng.random()}", "state": {}, "tools": [], "context": [],
                 "forwardedProps": {"detach": detach}, "messages": [{"id": f"m{seed}-{turn}", "role": "user", "content": "go"}]}
     client = Client(cut_after=None if cut == "none" else k, leave=cut != "interrupt")
-    call = asyncio.create_task(request(app, "POST", path, body, client))
+    call = asyncio.create_task(call_app(app, "POST", path, body, client))
     if cut == "interrupt":
         await asyncio.wait([call, asyncio.create_task(client.cut.wait())], return_when=asyncio.FIRST_COMPLETED)
         if not call.done():
-            answer = await request(app, "POST", f"/v1/runs/{client.headers['x-run-id']}/interrupt")
+            answer = await call_app(app, "POST", f"/v1/runs/{client.headers['x-run-id']}/interrupt")
             assert answer.status == 200, what
     await call
     assert client.status == 200, what
@@ -168,16 +168,16 @@ async def one_run(app: Any, seed: int, turn: int, kind: str, rng: random.Random)
     if cut in ("none", "interrupt"):  # the client's own stream, read to its end
         (check_native if kind == "native" else check_agui)(sse(client.body), what)
     events = "/v1/runs" if kind == "native" else "/agui/runs"
-    whole = sse((await request(app, "GET", f"{events}/{run_id}/events")).body)  # waits for the end
+    whole = sse((await call_app(app, "GET", f"{events}/{run_id}/events")).body)  # waits for the end
     if kind == "native":
         check_native(whole, what)
         after = rng.randint(0, len(whole))
-        rest = sse((await request(app, "GET", f"/v1/runs/{run_id}/events",
+        rest = sse((await call_app(app, "GET", f"/v1/runs/{run_id}/events",
                                   headers={"last-event-id": str(after)})).body)
         assert whole[:after] + rest == whole, what
     else:
         check_agui(whole, what)
-        check_snapshot((await request(app, "GET", f"/agui/runs/gone/events?threadId=t{seed}")).body, what)
+        check_snapshot((await call_app(app, "GET", f"/agui/runs/gone/events?threadId=t{seed}")).body, what)
 
 
 @pytest.mark.parametrize("backend", ["memory", "sqlite", "redis"])
@@ -196,3 +196,44 @@ async def test_every_log_closes_what_it_opened_whatever_cuts_its_run(
             for turn in range(TURNS):
                 for kind in ("native", "agui"):
                     await asyncio.wait_for(one_run(app, seed, turn, kind, rng), 20)
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "redis"])
+async def test_a_log_that_outlives_its_server_closes_the_runs_the_shutdown_cut(
+        backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    """The server stops mid-run (its runs are cancelled): the log another server reads back holds
+    each run closed, then ``RunCancelled``."""
+
+    def open_log() -> RunLog:
+        if backend == "sqlite":
+            return SqliteRunLog(tmp_path / "runs.db")
+        return RedisRunLog(request.getfixturevalue("redis_url"), prefix=request.getfixturevalue("redis_prefix"))
+
+    cut: list[tuple[str, str]] = []
+    for seed in range(0, 80, 4):
+        rng = random.Random(seed)
+        agent, _ = scenario(seed, pause=0.001)
+        app = create_app(agent, run_log=open_log())
+        async with app.router.lifespan_context(app):
+            kind = rng.choice(["native", "agui"])
+            client = Client(cut_after=rng.randint(1, 8), leave=False)
+            if kind == "native":
+                body: dict[str, Any] = {"session_id": f"s{seed}", "input": "go"}
+                call = asyncio.create_task(call_app(app, "POST", "/v1/runs", body, client))
+            else:
+                body = {"threadId": f"t{seed}", "runId": f"r{seed}", "messages": [
+                    {"id": f"m{seed}", "role": "user", "content": "go"}]}
+                call = asyncio.create_task(call_app(app, "POST", "/agui", body, client))
+            await asyncio.wait([call, asyncio.create_task(client.cut.wait())], return_when=asyncio.FIRST_COMPLETED)
+        # The lifespan ended: the server stopped, cancelling what still ran.
+        await asyncio.wait_for(call, 10)
+        cut.append((kind, client.headers["x-run-id"]))
+    reader = create_app(scenario(0)[0], run_log=open_log())
+    cancelled = 0
+    async with reader.router.lifespan_context(reader):
+        for kind, run_id in cut:
+            path = "/v1/runs" if kind == "native" else "/agui/runs"
+            whole = sse((await call_app(reader, "GET", f"{path}/{run_id}/events")).body)
+            (check_native if kind == "native" else check_agui)(whole, (kind, run_id))
+            cancelled += "RunCancelled" in whole[-1][2]
+    assert cancelled >= len(cut) // 2, f"only {cancelled} of {len(cut)} runs were cut by the shutdown"
