@@ -25,7 +25,11 @@ reader pauses the agent, and through its bounded prefetch the model request, as 
 request always did. A detached run does not wait for anyone: its log holds what it made."""
 LEAD_BYTES = 256 * 1024
 """Bytes such a run may run ahead of its slowest client (``Limits.buffer_bytes`` in an app): with
-big frames, 64 of them would be megabytes a stalled client makes the run hold."""
+big frames, 64 of them would be megabytes a stalled client makes the run hold.
+
+Both bounds are one budget: a frame costs its bytes plus ``lead / PACE``, and the run waits once
+its slowest client is more than ``lead`` behind in cost, so 64 tokens fill it as a few big
+frames do; one comparison per token, as the frame count alone was."""
 
 
 def terminal_frame(kind: str, code: str, message: str) -> bytes:
@@ -53,16 +57,17 @@ class LiveRun:
     """A run this process is running. ``frames[i]`` is frame ``base + i + 1`` as it goes on the
     wire; a follower keeps a position and waits on ``waiters`` for more. ``detach``: the run
     outlives its clients (otherwise it is cancelled once the last one leaves, and runs at most
-    `PACE` frames and ``lead`` bytes ahead of the slowest)."""
+    `PACE` frames and ``lead`` bytes ahead of the slowest: `LEAD_BYTES`)."""
 
-    __slots__ = ("base", "ctx", "cursors", "detach", "done", "failed", "flushed", "frames", "keep", "lead", "outbox",
-                 "record", "rooms", "size", "taken", "task", "waiters")
+    __slots__ = ("base", "cost", "ctx", "detach", "done", "failed", "flushed", "frames", "keep", "lead",
+                 "outbox", "record", "rooms", "spent", "taken", "task", "waiters")
 
     def __init__(self, record: RunRecord, ctx: RuntimeContext, detach: bool, *, keep: int = 100_000,
                  outbox: set[LiveRun] | None = None, lead: int = LEAD_BYTES) -> None:
         self.record = record
         self.keep = keep  # frames kept (the log's max_events)
         self.lead = lead
+        self.cost = max(lead // PACE, 1)  # what a frame costs besides its bytes
         # A shared log gets frames in batches during the run (else all at its end): a run with
         # frames not handed to it yet is in ``outbox``, so a flush looks at those runs only, not
         # at every run in flight.
@@ -73,9 +78,8 @@ class LiveRun:
         self.base = 0
         self.flushed = 0  # the id of the last frame handed to the log
         self.waiters: list[asyncio.Future[None]] = []
-        self.cursors: dict[int, int] = {}  # follower -> the id of the last frame it took
-        self.size = 0  # bytes of every frame published (trimmed ones included)
-        self.taken: dict[int, int] = {}  # follower -> ``size`` up to the last frame it took
+        self.spent = 0  # the cost of every frame published (trimmed ones included): `LEAD_BYTES`
+        self.taken: dict[int, int] = {}  # follower -> ``spent`` up to the last frame it took
         self.rooms: list[asyncio.Future[None]] = []  # the run waiting for its slowest follower
         self.done = False
         self.failed = False  # the stream ended with an error frame
@@ -103,13 +107,13 @@ class LiveRun:
         if data.count(b"\n\n") == 1:  # the common case: a delta is one frame
             frame = b"id: %d\n%b" % (self.base + len(frames) + 1, data)
             frames.append(frame)
-            self.size += len(frame)
+            self.spent += len(frame) + self.cost
         else:
             for part in data.split(b"\n\n"):
                 if part:
                     frame = b"id: %d\n%b\n\n" % (self.base + len(frames) + 1, part)
                     frames.append(frame)
-                    self.size += len(frame)
+                    self.spent += len(frame) + self.cost
         if len(frames) > self.keep:
             self.trim()
         if self.outbox is not None:
@@ -123,13 +127,12 @@ class LiveRun:
 
     @property
     def followers(self) -> int:
-        return len(self.cursors)
+        return len(self.taken)
 
     def ahead(self) -> bool:
-        """Whether the slowest follower is more than `PACE` frames or ``lead`` bytes behind."""
-        cursors = self.cursors
-        return bool(cursors) and (self.last - min(cursors.values()) > PACE
-                                  or self.size - min(self.taken.values()) > self.lead)
+        """Whether the slowest follower is too far behind: more than ``lead`` in cost (`LEAD_BYTES`)."""
+        taken = self.taken
+        return bool(taken) and self.spent - min(taken.values()) > self.lead
 
     async def pace(self) -> None:
         """Wait while the slowest follower is too far behind (`ahead`; runs not detached)."""
@@ -139,16 +142,15 @@ class LiveRun:
             await room
 
     def position(self, cursor: int) -> int:
-        """``size`` up to frame ``cursor`` (held, or the last one published)."""
-        return self.size - sum(map(len, self.frames[max(cursor - self.base, 0):]))
+        """``spent`` up to frame ``cursor`` (held, or the last one published)."""
+        after = self.frames[max(cursor - self.base, 0):]
+        return self.spent - sum(map(len, after)) - self.cost * len(after)
 
-    def moved(self, follower: int, cursor: int, taken: int = 0) -> None:
-        """A follower took frames up to ``cursor``, ``taken`` bytes in all (or left, with -1)."""
-        if cursor < 0:
-            self.cursors.pop(follower, None)
+    def moved(self, follower: int, taken: int) -> None:
+        """A follower took frames up to ``taken`` in cost (`position`; or left, with -1)."""
+        if taken < 0:
             self.taken.pop(follower, None)
         else:
-            self.cursors[follower] = cursor
             self.taken[follower] = taken
         if self.rooms:
             self.rooms = _resolve(self.rooms)

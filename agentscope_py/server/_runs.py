@@ -21,7 +21,7 @@ from .._context import RuntimeContext
 from ..errors import RunLogError
 from ._errors import HTTPError
 from ._limits import Limits, admit_run
-from ._live import CHUNK_BYTES, CHUNK_FRAMES, PACE, Beat, LiveRun, gap_frame, incomplete_frame, terminal_frame
+from ._live import CHUNK_BYTES, CHUNK_FRAMES, Beat, LiveRun, gap_frame, incomplete_frame, terminal_frame
 from ._logwrites import LogWrites
 from ._runlog import RunLog, RunRecord
 from .sse import HEARTBEAT
@@ -137,12 +137,10 @@ class Runs:
         try:
             try:  # not ``aclosing``: a try/finally is two objects and two coroutines fewer per run
                 paced = not live.detach
-                cursors, taken, lead = live.cursors, live.taken, live.lead
+                taken, lead = live.taken, live.lead
                 async for data in frames:
                     live.publish(data)
-                    # `LiveRun.ahead`, inline (per token): frames, then bytes (big frames).
-                    if paced and cursors and (live.base + len(live.frames) - min(cursors.values()) > PACE
-                                              or live.size - min(taken.values()) > lead):
+                    if paced and taken and live.spent - min(taken.values()) > lead:  # `LiveRun.ahead`, inline
                         await live.pace()
             finally:
                 await frames.aclose()  # type: ignore[attr-defined]
@@ -230,11 +228,11 @@ class Runs:
         cursor = after
         loop = asyncio.get_running_loop()
         me = id(object())
-        while me in live.cursors:  # ids of dead objects repeat
+        while me in live.taken:  # ids of dead objects repeat
             me += 1
         taken = live.position(cursor)
-        live.moved(me, cursor, taken)
-        cursors, took = live.cursors, live.taken
+        live.moved(me, taken)
+        took = live.taken
         beat = Beat(loop, heartbeat) if heartbeat is not None and heartbeat > 0 else None
         try:
             while True:
@@ -245,18 +243,21 @@ class Runs:
                 frames = live.frames
                 ready = len(frames)
                 if start < ready:
+                    cost = live.cost
                     if start + 1 == ready:  # one frame: each token at light load
                         piece = frames[start]
                     else:
-                        ready = _piece_end(frames, start, min(ready, start + CHUNK_FRAMES))
+                        # What is ready costs ``spent - taken``: its bytes are summed only when
+                        # they may pass `CHUNK_BYTES` (big frames) or the piece has too many frames.
+                        if ready - start > CHUNK_FRAMES or live.spent - taken - cost * (ready - start) > CHUNK_BYTES:
+                            ready = _piece_end(frames, start, min(ready, start + CHUNK_FRAMES))
                         piece = b"".join(frames[start:ready])
+                    taken += len(piece) + cost * (ready - start)
                     cursor = live.base + ready
-                    taken += len(piece)
                     yield piece
-                    cursors[me] = cursor
                     took[me] = taken
                     if live.rooms:  # the run waits for room (`moved`; inline, as this is per token)
-                        live.moved(me, cursor, taken)
+                        live.moved(me, taken)
                     if beat is not None:
                         beat.sent += 1
                 elif live.done:
@@ -377,7 +378,11 @@ class Runs:
 
 
 def _piece_end(frames: list[bytes], start: int, end: int) -> int:
-    """Where a piece from ``start`` ends: before ``end``, within `CHUNK_BYTES` (one frame at least)."""
+    """Where a piece from ``start`` ends: before ``end``, within `CHUNK_BYTES` (one frame at least).
+    Small frames are summed in C first; frames are counted one by one only when they are big (and
+    so few to a piece)."""
+    if sum(map(len, frames[start:end])) <= CHUNK_BYTES:
+        return end
     size = len(frames[start])
     stop = start + 1
     while stop < end:

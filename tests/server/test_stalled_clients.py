@@ -203,3 +203,41 @@ def test_a_stalled_reader_holds_its_run_to_bytes_not_frames() -> None:
         finally:
             sock.close()
         assert model.closed.wait(5)
+
+
+async def test_a_run_waits_for_its_slowest_client_by_frames_and_by_bytes() -> None:
+    """In-process, a client that takes its first piece and holds it (a send that never ends):
+    the run makes at most `PACE` frames (tokens) or ``buffer_bytes`` (big frames; one frame past
+    it) before it waits; pieces are at most `CHUNK_BYTES` (a bigger frame goes alone); read on, the
+    client gets every frame once, in order."""
+    import asyncio
+    from collections.abc import AsyncIterator
+
+    from agentscope_py import RuntimeContext
+    from agentscope_py.server import InMemoryRunLog, Limits
+    from agentscope_py.server._live import PACE, LiveRun
+    from agentscope_py.server._runlog import RunRecord
+    from agentscope_py.server._runs import Runs
+
+    for size, count in ((60, 1_000), (40_000, 200), (100_000, 20)):
+        runs = Runs(InMemoryRunLog(), Limits(buffer_bytes=BUFFER))
+        made = [0]
+
+        async def source(live: LiveRun, size: int = size, count: int = count,
+                         made: list[int] = made) -> AsyncIterator[bytes]:
+            for i in range(count):
+                made[0] = i + 1
+                yield b'data: {"n": %d, "x": "%b"}\n\n' % (i, b"x" * size)
+                await asyncio.sleep(0)
+
+        live = await runs.begin(RunRecord(f"r{size}", "u", "s", "native", ""), RuntimeContext("u", "s"), False,
+                                source, lambda live: b"")
+        follower = runs.follow(live, 0)
+        pieces = [await follower.__anext__()]  # the client's first piece: it holds it, and stalls
+        await asyncio.sleep(0.05)
+        assert made[0] <= PACE + 1 and (made[0] - 1) * size <= BUFFER, (size, made[0])
+        pieces += [piece async for piece in follower]
+        assert all(len(p) <= CHUNK_BYTES or p.count(b"\nid: ") == 0 for p in pieces), [len(p) for p in pieces]
+        ids = [int(line[4:]) for p in pieces for line in p.split(b"\n") if line.startswith(b"id: ")]
+        assert ids == list(range(1, count + 1))
+        await runs.close()
