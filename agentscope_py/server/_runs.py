@@ -247,8 +247,9 @@ class Runs:
                     if start + 1 == ready:  # one frame: each token at light load
                         piece = frames[start]
                     else:
-                        # What is ready costs ``spent - taken``: its bytes are summed only when
-                        # they may pass `CHUNK_BYTES` (big frames) or the piece has too many frames.
+                        # Everything after the cursor costs ``spent - taken``, an upper bound of
+                        # this piece's: its bytes are summed only when they may pass `CHUNK_BYTES`
+                        # (big frames) or the piece has too many frames.
                         if ready - start > CHUNK_FRAMES or live.spent - taken - cost * (ready - start) > CHUNK_BYTES:
                             ready = _piece_end(frames, start, min(ready, start + CHUNK_FRAMES))
                         piece = b"".join(frames[start:ready])
