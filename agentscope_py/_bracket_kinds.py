@@ -1,6 +1,7 @@
-"""The bracket events (every `*Start` and its `*End`) as tables, and the End that closes a Start:
-what the loop's closing guarantee (`agent._brackets`) and a middleware that ends a model call
-early (`middleware._brackets_local`) both need, below both."""
+"""The bracket events (every `*Start` and its `*End`) as tables, the End that closes a Start, and
+`OpenBrackets`, what a stream opened and has not closed yet: what the loop's closing guarantee
+(`agent._brackets`), a middleware that ends a stream early (a guardrail that trips) and a server
+log that outlives a cancelled run all need, below them all."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from .events import (
 )
 from .message import ToolResultState
 
-__all__ = ["BRACKET_TYPES", "CLOSES", "IDS", "OPENS", "close_event", "describe"]
+__all__ = ["BRACKET_TYPES", "CLOSES", "IDS", "OPENS", "OpenBrackets", "close_event", "describe"]
 
 OPENS: dict[type[Any], str] = {
     ModelCallStart: "model", TextBlockStart: "text", ThinkingBlockStart: "thinking",
@@ -69,3 +70,43 @@ def close_event(start: Any, why: str, discarded: bool, failed: bool) -> AgentEve
 _BLOCK_ENDS: dict[type[Any], type[Any]] = {
     TextBlockStart: TextBlockEnd, ThinkingBlockStart: ThinkingBlockEnd, DataBlockStart: DataBlockEnd,
 }
+
+
+class OpenBrackets:
+    """The Starts a stream carried without their End yet, in order: what a layer that ends the
+    stream itself must close. Keyed by kind, source and id (a sub-agent's ids are its own);
+    ``top_only``: a sub-agent's brackets are left to the sub-agent. ``reply_id``: the last
+    top-level model call's."""
+
+    __slots__ = ("open", "reply_id", "top_only")
+
+    def __init__(self, *, top_only: bool = False) -> None:
+        self.open: dict[tuple[str, str | None, str], Any] = {}
+        self.reply_id: str | None = None
+        self.top_only = top_only
+
+    def see(self, event: Any) -> None:
+        cls = type(event)
+        ident = IDS.get(cls)
+        if ident is None:
+            return
+        fields = event.__dict__  # (pydantic's __getattr__ makes attribute reads slow)
+        source = fields["source"]
+        if source is not None and self.top_only:
+            return
+        start = OPENS.get(cls)
+        key = (start or CLOSES[cls], source, fields[ident])
+        if start is None:
+            self.open.pop(key, None)
+            return
+        self.open[key] = event
+        if cls is ModelCallStart and source is None:
+            self.reply_id = fields["reply_id"]
+
+    def close(self, why: str, *, discarded: bool, failed: bool) -> list[AgentEvent]:
+        """The Ends of what is open, innermost first: the model call's says ``why`` (and whether
+        its partial reply is ``discarded``), a tool result ends ``error`` when ``failed``, else
+        ``interrupted``."""
+        ends = [close_event(start, why, discarded, failed) for start in reversed(self.open.values())]
+        self.open.clear()
+        return ends

@@ -145,7 +145,7 @@ def serve(args: argparse.Namespace) -> int:
                "task_queue": args.task_queue, "events": args.events}
     limits = {"header_timeout": args.header_timeout, "idle_timeout": args.idle_timeout,
               "max_connections": args.max_connections, "log_level": args.log_level, "http": args.http,
-              "loop": args.loop, "backlog": args.backlog}
+              "loop": args.loop, "backlog": args.backlog, "send_buffer": args.send_buffer}
     try:
         if args.workers > 1:
             if args.target:
@@ -206,6 +206,9 @@ def _parser() -> argparse.ArgumentParser:
                      help="seconds a client has to send its request headers (default: %(default)s)")
     srv.add_argument("--idle-timeout", type=int, default=5,
                      help="seconds an idle keep-alive connection stays open (default: %(default)s)")
+    srv.add_argument("--send-buffer", type=int, default=64 * 1024,
+                     help="bytes of each connection's kernel send buffer (default: %(default)s): part of what "
+                          "a client that stops reading may cost")
     srv.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
                      help="the server log's level (default: %(default)s)")
     srv.add_argument("--redis", metavar="URL", help=f"share sessions, run logs and interrupts with the other serve "

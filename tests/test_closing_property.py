@@ -53,14 +53,16 @@ def unbalanced(events: list[Any]) -> dict[str, int]:
 
 
 class FuzzModel:
-    """A model whose every call is drawn from ``rng``: thinking, text, tool calls, faults."""
+    """A model whose every call is drawn from ``rng``: thinking, text, tool calls, faults;
+    ``pause``: seconds before each chunk (a served run then streams slower than it is cut)."""
 
     provider = "fuzz"
 
-    def __init__(self, rng: random.Random, name: str = "fuzz") -> None:
+    def __init__(self, rng: random.Random, name: str = "fuzz", pause: float = 0.0) -> None:
         self.rng = rng
         self.name = name
         self.calls = 0
+        self.pause = pause
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[ChatChunk]:
         rng = self.rng
@@ -79,7 +81,9 @@ class FuzzModel:
         for i, chunk in enumerate(chunks):
             if fail_at == i:
                 raise Boom(f"fault at chunk {i}")
-            if rng.random() < 0.2:
+            if self.pause:
+                await asyncio.sleep(self.pause)
+            elif rng.random() < 0.2:
                 await asyncio.sleep(0)
             yield chunk
         if fail_at is not None and fail_at >= len(chunks):
@@ -157,15 +161,15 @@ class Cut(MiddlewareBase):
         return self._cut(input, next)
 
 
-def scenario(seed: int, *extra: MiddlewareBase) -> tuple[ReActAgent, int | None]:
+def scenario(seed: int, *extra: MiddlewareBase, pause: float = 0.0) -> tuple[ReActAgent, int | None]:
     rng = random.Random(seed)
-    backup = FuzzModel(random.Random(seed + 1), name="backup")
+    backup = FuzzModel(random.Random(seed + 1), name="backup", pause=pause)
     middlewares: list[MiddlewareBase] = list(extra)
     for point in (P.ON_REASONING, P.ON_MODEL_CALL, P.ON_ACTING):
         if rng.random() < 0.35:
             hows = ["stop", "silent", "raise"] + (["fallback", "restart"] if point is P.ON_MODEL_CALL else [])
             middlewares.append(Cut(point, rng.randint(0, 6), rng.choice(hows), backup))
-    agent = (ReActAgent.builder().model(FuzzModel(rng)).toolkit(Toolkit([fast, streamed, failing]))
+    agent = (ReActAgent.builder().model(FuzzModel(rng, pause=pause)).toolkit(Toolkit([fast, streamed, failing]))
              .middlewares(middlewares).max_iters(rng.randint(1, 3)).trace_middleware(rng.random() < 0.2).build())
     interrupt_at = rng.choice([None, None, None, rng.randint(1, 12)])
     return agent, interrupt_at

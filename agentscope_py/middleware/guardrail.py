@@ -33,6 +33,7 @@ import contextlib
 from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
+from .._bracket_kinds import OpenBrackets
 from ..errors import GuardrailTripped
 from ..events import GuardrailTripped as GuardrailTrippedEvent
 from ..events import (
@@ -49,7 +50,6 @@ from ..events import (
 )
 from ..message import Msg, new_id
 from ..stream import EventStream, aclose
-from ._brackets_local import OpenBrackets
 from .base import ActingInput, ExtensionPoint, MiddlewareBase, ModelCallInput, Next
 from .guardrail_checks import (
     ALL_KINDS,
@@ -144,7 +144,7 @@ class GuardrailMiddleware(MiddlewareBase):
 
     async def _guard(self, agent: ReActAgent, ctx: RuntimeContext, input: ModelCallInput, next: Next
                      ) -> AsyncIterator[Any]:
-        released = OpenBrackets()
+        released = OpenBrackets(top_only=True)
         pending: set[asyncio.Future[Any]] = set()
         it: Any = None
         try:
@@ -266,7 +266,7 @@ class GuardrailMiddleware(MiddlewareBase):
 
     async def _guard_results(self, agent: ReActAgent, ctx: RuntimeContext, input: ActingInput, next: Next
                              ) -> AsyncIterator[Any]:
-        released = OpenBrackets(results=True)
+        released = OpenBrackets(top_only=True)
         pending: set[asyncio.Future[Any]] = set()
         it: Any = next(input).__aiter__()
         try:
@@ -368,7 +368,7 @@ class GuardrailMiddleware(MiddlewareBase):
         why = f"GuardrailTripped: guardrail {trip.guardrail} tripped: {trip.reason}"
         # With a refusal, the partial text the caller saw is struck (its call ends discarded) and
         # the refusal is the reply; without one, what went out stays the reply.
-        events = released.close(why, discarded=self.exit_behavior == "error" or bool(self.refusal))
+        events = released.close(why, discarded=self.exit_behavior == "error" or bool(self.refusal), failed=True)
         if self.refusal and refuse:
             reply_id = released.reply_id or ctx.reply_id or ""
             block = new_id("blk_")

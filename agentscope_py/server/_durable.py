@@ -32,7 +32,7 @@ from ._errors import HTTPError
 from ._frames import native_frames
 from ._identity import client_run_id
 from ._limits import Limits
-from ._live import PACE, LiveRun
+from ._live import LiveRun
 from ._runlog import RUNNING, InMemoryRunLog, RunLog, RunRecord
 from ._runs import Frames, FrameSource, Runs, _unavailable
 
@@ -356,7 +356,7 @@ async def _relay(live: LiveRun, frames: AsyncIterator[bytes]) -> None:
         async with contextlib.aclosing(frames):  # type: ignore[type-var]
             async for data in frames:
                 live.publish(data)
-                if live.cursors and live.last - min(live.cursors.values()) > PACE:
+                if live.ahead():
                     await live.pace()
     finally:
         live.done = True

@@ -2,7 +2,13 @@
 
 Failures become the stream's terminal frame (a safe message; the details go to the log under the
 request id); a cancellation of the run's own task (its clients left, shutdown) is not a failure
-and propagates, and `cancelled_frame` then ends the log."""
+and propagates, and `cancelled_frame` then ends the log.
+
+A log keeps the closing guarantee as the caller's stream does: every Start it holds gets one End.
+The agent closes its brackets itself when a step fails or is interrupted, but not for a consumer
+that was cancelled (nobody is left to read them); the run's log outlives that consumer and is
+replayed, so the frames that end a cancelled run close what its frames opened (`OpenBrackets`,
+AG-UI's mapper), then say it was cancelled."""
 
 from __future__ import annotations
 
@@ -11,6 +17,7 @@ import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from functools import partial
 
+from .._bracket_kinds import BRACKET_TYPES, OpenBrackets
 from ..events import AgentEnd, AgentEvent, AgentResult, ModelCallEnd
 from ..message import TextBlock, ThinkingBlock
 from ..stream import EventStream
@@ -72,20 +79,35 @@ def _cancelled_agui(mapper: AguiMapper, live: LiveRun) -> bytes:
     return mapper.encode_fail(asyncio.CancelledError(), message=CANCELLED, code="RunCancelled")
 
 
-def cancelled_native(rid: str) -> Callable[[LiveRun], bytes]:
-    return partial(_cancelled_native, rid)
+def cancelled_native(rid: str, opened: OpenBrackets | None = None) -> Callable[[LiveRun], bytes]:
+    """The end of a cancelled native run: what its frames opened (``opened``, fed by
+    `native_frames`) closed, then the ``RunCancelled`` error frame."""
+    return partial(_cancelled_native, rid, opened)
 
 
-def _cancelled_native(rid: str, live: LiveRun) -> bytes:
-    return encode_error(asyncio.CancelledError(), message=CANCELLED, code="RunCancelled", request_id=rid)
+def _cancelled_native(rid: str, opened: OpenBrackets | None, live: LiveRun) -> bytes:
+    return _ends(opened, "RunCancelled") + encode_error(asyncio.CancelledError(), message=CANCELLED,
+                                                        code="RunCancelled", request_id=rid)
+
+
+def _ends(opened: OpenBrackets | None, why: str) -> bytes:
+    """The frames of the Ends of what ``opened`` holds. A cut run's turn is saved as interrupted,
+    its partial reply remembered: so, as an interrupt's Ends do, these keep it (not discarded) and
+    end a cut tool result ``interrupted``."""
+    if opened is None:
+        return b""
+    return b"".join(encode_sse(end) for end in opened.close(why, discarded=False, failed=False))
 
 
 async def native_frames(stream: EventStream[AgentEvent], rid: str, pending: Pending, result_text: bool,
-                        live: LiveRun) -> AsyncIterator[bytes]:
+                        live: LiveRun, opened: OpenBrackets | None = None) -> AsyncIterator[bytes]:
+    """The run's events as native frames; ``opened`` (if given) learns what they open and close."""
     first = True
     try:
         async with contextlib.aclosing(stream.__aiter__()) as events:  # type: ignore[type-var]
             async for event in events:
+                if opened is not None and type(event) in BRACKET_TYPES:
+                    opened.see(event)
                 if first:  # the run's id, in its first event (the x-run-id header has it too)
                     first = False
                     event = event.model_copy(update={"metadata": {**event.metadata, "run_id": live.run_id}})
@@ -101,7 +123,9 @@ async def native_frames(stream: EventStream[AgentEvent], rid: str, pending: Pend
             raise
         code, message = await _report(exc, rid, "native", pending, f"run {live.run_id}")
         live.failed = True
-        yield encode_error(exc, message=message, code=code, request_id=rid)
+        # The agent closed its brackets before its error came out; a failure from outside it
+        # (a stray cancellation) closes here what the frames opened.
+        yield _ends(opened, code) + encode_error(exc, message=message, code=code, request_id=rid)
 
 
 def _without_text(event: AgentResult) -> AgentResult:

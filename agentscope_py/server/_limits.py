@@ -26,9 +26,9 @@ class Limits:
     ``max_json_depth``: how deep the body's JSON may nest (``{"a": [1]}`` is 2);
     ``max_messages``: messages in one request (AG-UI ``messages``, native ``input``);
     ``max_message_chars``: characters of text in one message (inline binary data not counted);
-    ``buffer_bytes``: frames one client may have waiting for its socket, for a response fed by a producer
-    task (run streams are pulled from the run's log instead, and a run not detached waits for its slowest
-    client: `_live.PACE`);
+    ``buffer_bytes``: bytes a run not detached may make ahead of its slowest client before it waits for
+    it (with at most `_live.PACE` frames; docs/server.md, "A stalled client's cost"), and the frames one
+    client may have waiting for its socket, for a response fed by a producer task;
     ``stall_timeout``: seconds a client may go without taking a frame before it is dropped, as if it
     had disconnected (a run not detached is cancelled; the client may resume from the log; ``None``:
     never);

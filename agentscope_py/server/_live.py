@@ -12,14 +12,24 @@ from . import agui as agui_module
 from ._runlog import RunRecord
 from .sse import encode_error
 
-__all__ = ["CHUNK_FRAMES", "PACE", "Beat", "LiveRun", "gap_frame", "terminal_frame"]
+__all__ = ["CHUNK_BYTES", "CHUNK_FRAMES", "LEAD_BYTES", "PACE", "Beat", "LiveRun", "gap_frame", "terminal_frame"]
 
 CHUNK_FRAMES = 256
-"""Frames a follower takes in one go (one write to its client, bounded in size)."""
+"""Frames a follower takes in one go (one write to its client)."""
+CHUNK_BYTES = 64 * 1024
+"""Bytes a follower takes in one go (a frame larger than this still goes, alone): the piece is a
+copy, held until the client's socket takes it, so it is bounded in bytes, not only in frames."""
 PACE = 64
 """Frames a run tied to its clients (not detached) may run ahead of its slowest one: a slow
 reader pauses the agent, and through its bounded prefetch the model request, as a run inside its
 request always did. A detached run does not wait for anyone: its log holds what it made."""
+LEAD_BYTES = 256 * 1024
+"""Bytes such a run may run ahead of its slowest client (``Limits.buffer_bytes`` in an app): with
+big frames, 64 of them would be megabytes a stalled client makes the run hold.
+
+Both bounds are one budget: a frame costs its bytes plus ``lead / PACE``, and the run waits once
+its slowest client is more than ``lead`` behind in cost, so 64 tokens fill it as a few big
+frames do; one comparison per token, as the frame count alone was."""
 
 
 def terminal_frame(kind: str, code: str, message: str) -> bytes:
@@ -46,15 +56,18 @@ def gap_frame(kind: str, after: int) -> bytes:
 class LiveRun:
     """A run this process is running. ``frames[i]`` is frame ``base + i + 1`` as it goes on the
     wire; a follower keeps a position and waits on ``waiters`` for more. ``detach``: the run
-    outlives its clients (otherwise it is cancelled once the last one leaves)."""
+    outlives its clients (otherwise it is cancelled once the last one leaves, and runs at most
+    `PACE` frames and ``lead`` bytes ahead of the slowest: `LEAD_BYTES`)."""
 
-    __slots__ = ("base", "ctx", "cursors", "detach", "done", "failed", "flushed", "frames", "keep", "outbox",
-                 "record", "rooms", "task", "waiters")
+    __slots__ = ("base", "cost", "ctx", "detach", "done", "failed", "flushed", "frames", "keep", "lead",
+                 "outbox", "record", "rooms", "spent", "taken", "task", "waiters")
 
     def __init__(self, record: RunRecord, ctx: RuntimeContext, detach: bool, *, keep: int = 100_000,
-                 outbox: set[LiveRun] | None = None) -> None:
+                 outbox: set[LiveRun] | None = None, lead: int = LEAD_BYTES) -> None:
         self.record = record
         self.keep = keep  # frames kept (the log's max_events)
+        self.lead = lead
+        self.cost = max(lead // PACE, 1)  # what a frame costs besides its bytes
         # A shared log gets frames in batches during the run (else all at its end): a run with
         # frames not handed to it yet is in ``outbox``, so a flush looks at those runs only, not
         # at every run in flight.
@@ -65,7 +78,8 @@ class LiveRun:
         self.base = 0
         self.flushed = 0  # the id of the last frame handed to the log
         self.waiters: list[asyncio.Future[None]] = []
-        self.cursors: dict[int, int] = {}  # follower -> the id of the last frame it took
+        self.spent = 0  # the cost of every frame published (trimmed ones included): `LEAD_BYTES`
+        self.taken: dict[int, int] = {}  # follower -> ``spent`` up to the last frame it took
         self.rooms: list[asyncio.Future[None]] = []  # the run waiting for its slowest follower
         self.done = False
         self.failed = False  # the stream ended with an error frame
@@ -91,11 +105,15 @@ class LiveRun:
             return
         frames = self.frames
         if data.count(b"\n\n") == 1:  # the common case: a delta is one frame
-            frames.append(b"id: %d\n%b" % (self.base + len(frames) + 1, data))
+            frame = b"id: %d\n%b" % (self.base + len(frames) + 1, data)
+            frames.append(frame)
+            self.spent += len(frame) + self.cost
         else:
             for part in data.split(b"\n\n"):
                 if part:
-                    frames.append(b"id: %d\n%b\n\n" % (self.base + len(frames) + 1, part))
+                    frame = b"id: %d\n%b\n\n" % (self.base + len(frames) + 1, part)
+                    frames.append(frame)
+                    self.spent += len(frame) + self.cost
         if len(frames) > self.keep:
             self.trim()
         if self.outbox is not None:
@@ -109,22 +127,31 @@ class LiveRun:
 
     @property
     def followers(self) -> int:
-        return len(self.cursors)
+        return len(self.taken)
+
+    def ahead(self) -> bool:
+        """Whether the slowest follower is too far behind: more than ``lead`` in cost (`LEAD_BYTES`)."""
+        taken = self.taken
+        return bool(taken) and self.spent - min(taken.values()) > self.lead
 
     async def pace(self) -> None:
-        """Wait while the slowest follower is more than `PACE` frames behind (runs not detached)."""
-        cursors = self.cursors
-        while cursors and self.last - min(cursors.values()) > PACE:
+        """Wait while the slowest follower is too far behind (`ahead`; runs not detached)."""
+        while self.ahead():
             room = asyncio.get_running_loop().create_future()
             self.rooms.append(room)
             await room
 
-    def moved(self, follower: int, cursor: int) -> None:
-        """A follower took frames up to ``cursor`` (or left, with -1)."""
-        if cursor < 0:
-            self.cursors.pop(follower, None)
+    def position(self, cursor: int) -> int:
+        """``spent`` up to frame ``cursor`` (held, or the last one published)."""
+        after = self.frames[max(cursor - self.base, 0):]
+        return self.spent - sum(map(len, after)) - self.cost * len(after)
+
+    def moved(self, follower: int, taken: int) -> None:
+        """A follower took frames up to ``taken`` in cost (`position`; or left, with -1)."""
+        if taken < 0:
+            self.taken.pop(follower, None)
         else:
-            self.cursors[follower] = cursor
+            self.taken[follower] = taken
         if self.rooms:
             self.rooms = _resolve(self.rooms)
 

@@ -23,7 +23,7 @@ from ..errors import RunLogError
 from ._errors import HTTPError
 from ._identity import client_run_id
 from ._limits import Limits, admit_run
-from ._live import CHUNK_FRAMES, PACE, Beat, LiveRun, gap_frame, incomplete_frame, terminal_frame
+from ._live import CHUNK_BYTES, CHUNK_FRAMES, Beat, LiveRun, gap_frame, incomplete_frame, terminal_frame
 from ._logtail import LogTail, expired_frame, unavailable_frame
 from ._logwrites import LogWrites
 from ._runlog import RunLog, RunRecord
@@ -128,7 +128,7 @@ class Runs:
             raise HTTPError(409, "run_id_in_use", f"run id {client_run_id(record.run_id)!r} is in use: "
                             "send a new id for each run")
         live = LiveRun(record, ctx, detach, keep=self.log.max_events,
-                       outbox=self._outbox if self.log.shared else None)
+                       outbox=self._outbox if self.log.shared else None, lead=self.limits.buffer_bytes)
         self.count(record.run_id, live)
         live.task = asyncio.get_running_loop().create_task(self._drive(live, source, cancelled_frame))
         return live
@@ -144,10 +144,10 @@ class Runs:
         try:
             try:  # not ``aclosing``: a try/finally is two objects and two coroutines fewer per run
                 paced = not live.detach
-                cursors = live.cursors
+                taken, lead = live.taken, live.lead
                 async for data in frames:
                     live.publish(data)
-                    if paced and cursors and live.base + len(live.frames) - min(cursors.values()) > PACE:
+                    if paced and taken and live.spent - min(taken.values()) > lead:  # `LiveRun.ahead`, inline
                         await live.pace()
             finally:
                 await frames.aclose()  # type: ignore[attr-defined]
@@ -229,16 +229,17 @@ class Runs:
 
     async def follow(self, live: LiveRun, after: int, heartbeat: float | None = None) -> AsyncIterator[bytes]:
         """The frames of a run of this process after ``after``, as they come, until it ends; all
-        that is ready goes in one piece (up to `CHUNK_FRAMES`), and `HEARTBEAT` after
-        ``heartbeat`` idle seconds. Pulled by the response's write loop itself: it takes the next
-        piece once the last one was sent, so a slow client holds nothing but its position."""
+        that is ready goes in one piece (up to `CHUNK_FRAMES` and `CHUNK_BYTES`), and `HEARTBEAT`
+        after ``heartbeat`` idle seconds. Pulled by the response's write loop itself: it takes the
+        next piece once the last one was sent, so a slow client holds its position and one piece."""
         cursor = after
         loop = asyncio.get_running_loop()
         me = id(object())
-        while me in live.cursors:  # ids of dead objects repeat
+        while me in live.taken:  # ids of dead objects repeat
             me += 1
-        live.moved(me, cursor)
-        cursors = live.cursors
+        taken = live.position(cursor)
+        live.moved(me, taken)
+        took = live.taken
         beat = Beat(loop, heartbeat) if heartbeat is not None and heartbeat > 0 else None
         try:
             while True:
@@ -249,16 +250,22 @@ class Runs:
                 frames = live.frames
                 ready = len(frames)
                 if start < ready:
+                    cost = live.cost
                     if start + 1 == ready:  # one frame: each token at light load
                         piece = frames[start]
                     else:
-                        ready = min(ready, start + CHUNK_FRAMES)
+                        # Everything after the cursor costs ``spent - taken``, an upper bound of
+                        # this piece's: its bytes are summed only when they may pass `CHUNK_BYTES`
+                        # (big frames) or the piece has too many frames.
+                        if ready - start > CHUNK_FRAMES or live.spent - taken - cost * (ready - start) > CHUNK_BYTES:
+                            ready = _piece_end(frames, start, min(ready, start + CHUNK_FRAMES))
                         piece = b"".join(frames[start:ready])
+                    taken += len(piece) + cost * (ready - start)
                     cursor = live.base + ready
                     yield piece
-                    cursors[me] = cursor
+                    took[me] = taken
                     if live.rooms:  # the run waits for room (`moved`; inline, as this is per token)
-                        live.moved(me, cursor)
+                        live.moved(me, taken)
                     if beat is not None:
                         beat.sent += 1
                 elif live.done:
@@ -401,6 +408,22 @@ class Runs:
                 await self.log.renew()
             except Exception as exc:
                 log.warning("could not renew this process's lease in the run log: %s", exc)
+
+
+def _piece_end(frames: list[bytes], start: int, end: int) -> int:
+    """Where a piece from ``start`` ends: before ``end``, within `CHUNK_BYTES` (one frame at least).
+    Small frames are summed in C first; frames are counted one by one only when they are big (and
+    so few to a piece)."""
+    if sum(map(len, frames[start:end])) <= CHUNK_BYTES:
+        return end
+    size = len(frames[start])
+    stop = start + 1
+    while stop < end:
+        size += len(frames[stop])
+        if size > CHUNK_BYTES:
+            break
+        stop += 1
+    return stop
 
 
 def _owned(record: RunRecord, user_id: str) -> None:

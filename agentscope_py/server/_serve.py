@@ -4,6 +4,7 @@ log that never shows a token, and the page's URL printed only once the server an
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
 import os
@@ -38,6 +39,12 @@ MAX_CONNECTIONS = 1_000
 """Concurrent connections per process; past it requests get 503 (each connection is a file
 descriptor: 1,024 is a common default limit)."""
 
+SEND_BUFFER = 64 * 1024
+"""Bytes of a connection's kernel send buffer (``SO_SNDBUF``; Linux keeps twice this). Left to
+itself the kernel grows it to megabytes (``tcp_wmem``) for a client that does not read: a run
+not detached then makes all that before it waits for its client, and holds it. Fixed, it bounds
+what a stalled client costs; a stream of tokens needs far less (one buffer per round trip)."""
+
 GC_THRESHOLDS = (2_000, 10, 5_000)
 """The collector's thresholds `tune_gc` sets (Python's are 700, 10, 10): young collections a little
 rarer than Python's and as short (a generation-1 collection walks at most ~20,000 young objects),
@@ -61,6 +68,11 @@ class _HeaderTimeout:
     def connection_made(self, transport: Any) -> None:
         super().connection_made(transport)  # type: ignore[misc]
         self._arm()
+        size = getattr(self.config, "send_buffer", SEND_BUFFER)
+        sock = transport.get_extra_info("socket")
+        if size and sock is not None:
+            with contextlib.suppress(OSError):  # not a TCP socket (a test's pipe): nothing to bound
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, size)
 
     def _arm(self) -> None:
         if self._timer is not None:
@@ -156,12 +168,15 @@ def redact_access_log() -> None:
 
 def uvicorn_config(app: Any, host: str = "127.0.0.1", port: int = 8000, *, header_timeout: float = HEADER_TIMEOUT,
                    idle_timeout: int = IDLE_TIMEOUT, max_connections: int | None = MAX_CONNECTIONS,
-                   http: str = "auto", **uvicorn_options: Any) -> Any:
+                   http: str = "auto", send_buffer: int | None = SEND_BUFFER, **uvicorn_options: Any) -> Any:
     """The ``uvicorn.Config`` `serve` runs: the header-timeout protocol over the ``http`` parser
     (``auto``, ``h11`` or ``httptools``; see `HTTP_PARSERS`), ``timeout_keep_alive`` =
     ``idle_timeout``, at most ``max_connections`` open connections (past them a request gets 503;
-    ``None``: no cap); other options (``loop``:
-    ``auto`` is uvloop when installed) pass through."""
+    ``None``: no cap), each connection's kernel send buffer ``send_buffer`` bytes (`SEND_BUFFER`;
+    ``None``: the kernel's own); other options (``loop``: ``auto`` is uvloop when installed) pass
+    through."""
+    if send_buffer is not None and not (isinstance(send_buffer, int) and send_buffer > 0):
+        raise ValueError(f"send_buffer must be a positive int (bytes) or None, got {send_buffer!r}")
     if http not in HTTP_PARSERS or (http == "httptools" and HttpToolsProtocol is None):
         raise ValueError(f"http={http!r}: use 'auto' or 'h11'" + ("" if HttpToolsProtocol is None else
                                                                   " or 'httptools'"))
@@ -173,6 +188,7 @@ def uvicorn_config(app: Any, host: str = "127.0.0.1", port: int = 8000, *, heade
                                "limit_concurrency": limit, **uvicorn_options}
     config = uvicorn.Config(app, host=host, port=port, **options)
     config.header_timeout = header_timeout  # type: ignore[attr-defined]  # read by the protocol, pickled to workers
+    config.__dict__["send_buffer"] = send_buffer  # read by the protocol, as header_timeout
     redact_access_log()
     return config
 

@@ -25,6 +25,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
+from .._bracket_kinds import OpenBrackets
 from .._context import RuntimeContext
 from ..agent.react import ReActAgent, confirm_message
 from ..agent.state import AgentState
@@ -206,9 +207,11 @@ class _Server:
             stream = self._stream(self.agent, msgs, ctx, run_id)
             pending = self._pending(user_id, body.session_id)
             record = RunRecord(run_id, user_id, body.session_id, "native", owner="")
+            opened = OpenBrackets()  # what the run's frames opened: a cancelled run's log closes it
             live = await self.registry.begin(record, ctx, detach,
-                                             partial(native_frames, stream, rid, pending, self.result_text),
-                                             cancelled_native(rid))
+                                             partial(native_frames, stream, rid, pending, self.result_text,
+                                                     opened=opened),
+                                             cancelled_native(rid, opened))
         except Exception as exc:  # HTTPError, or an authenticate() that failed
             return _refused(exc, rid, "POST /v1/runs", self._retry_after)
         return self._sse(partial(self.registry.follow, live, 0, self.heartbeat), live.run_id)
