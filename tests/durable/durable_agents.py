@@ -238,6 +238,25 @@ async def _add_recorded(a: int, b: int) -> str:
     return str(a + b)
 
 
+async def _add_slow(a: int, b: int) -> str:
+    """Add two integers, taking ``DURABLE_TOOL_SLEEP`` seconds, recording the call (`_record`)."""
+    n = _record("start")
+    try:
+        await asyncio.sleep(float(os.environ.get("DURABLE_TOOL_SLEEP", "3")))
+    except asyncio.CancelledError:
+        _record("cancelled", n)
+        raise
+    _record("end", n)
+    return str(a + b)
+
+
+def build_recording_timeout() -> ReActAgent:
+    """A recording model calls ``add``, which its ``timeout`` (0.5 s) cuts off, then answers."""
+    model = RecordedModel([ModelStep.tool_call("add", {"a": 2, "b": 40}), ModelStep.text("It took too long.")],
+                          loop=True)
+    return ReActAgent.builder().name("durable").model(model).tools(tool(name="add", timeout=0.5)(_add_slow)).build()
+
+
 def build_recording() -> ReActAgent:
     """``add`` records its start, cancellation and end; its first call takes a while."""
     return ReActAgent.builder().name("durable").model(_model()).tools(tool(name="add")(_add_recorded)).build()

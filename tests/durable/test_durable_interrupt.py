@@ -158,3 +158,19 @@ async def test_a_call_interrupted_on_a_dead_worker_is_not_run_again(
     # closed once the dead call's heartbeat timeout (2 s) passed, and its call was not retried
     assert reply.generate_reason is GenerateReason.INTERRUPTED and time.monotonic() - asked < 10
     assert [what for what, _, _ in _records(log)] == ["start"], _records(log)
+
+
+async def test_the_call_after_a_tool_that_timed_out_starts_once_it_was_cancelled(
+        temporal_address: str, workers: Workers, queue: str, tmp_path: Path) -> None:
+    log = tmp_path / "tool_log"
+    worker = workers.start("durable_agents:build_recording_timeout", queue, "--config", "durable_agents:RECORDING",
+                           DURABLE_TOOL_SLEEP=SLOW)
+    client = await Client.connect(temporal_address)
+    agent = DurableAgent(client, factory="durable_agents:build_recording_timeout", task_queue=queue)
+    async with asyncio.timeout(30):
+        reply = await agent.call("2 + 40?")
+    assert reply.text == "It took too long."
+    records = _records(log)  # the model's call, the tool's (cut off at 0.5 s), the model's again
+    assert [(what, n) for what, n, _ in records] == [
+        ("start", 1), ("end", 1), ("start", 2), ("cancelled", 2), ("start", 3), ("end", 3)], records
+    _check_log(_output(worker), 1)
