@@ -11,6 +11,7 @@ from ..errors import DurableSessionBusy
 from ._client import DurableAgent, DurableRun, session_workflow_id
 from ._config import (
     DEFAULT_TASK_QUEUE,
+    HEARTBEAT_THROTTLE,
     LIST_TOOLS_ACTIVITY,
     LOAD_STATE_ACTIVITY,
     MODEL_ACTIVITY,
@@ -26,6 +27,7 @@ from ._workflow import AgentRunWorkflow
 
 __all__ = [
     "DEFAULT_TASK_QUEUE",
+    "HEARTBEAT_THROTTLE",
     "LIST_TOOLS_ACTIVITY",
     "LOAD_STATE_ACTIVITY",
     "MODEL_ACTIVITY",

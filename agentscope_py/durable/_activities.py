@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -21,7 +22,7 @@ from ..model.base import ChatModel, ModelError
 from ..stream import aclose
 from ..tool._source import current_tool_call, tool_answers
 from ._codec import load_request
-from ._config import MODEL_ACTIVITY, TOOL_ACTIVITY
+from ._config import HEARTBEAT_THROTTLE, MODEL_ACTIVITY, TOOL_ACTIVITY
 from ._factory import worker_agent
 from ._journal import PUBLISH_ACTIVITY, SEAL_ACTIVITY
 from ._publish import LivePublisher, StableIds, log_for
@@ -29,17 +30,20 @@ from ._sources import entered
 
 __all__ = ["model_call_activity", "publish_activity", "seal_activity", "tool_call_activity"]
 
+log = logging.getLogger("agentscope_py.durable")
+
 
 @contextlib.asynccontextmanager
 async def _heartbeats() -> AsyncIterator[None]:
-    """Heartbeat while the activity runs (a tool may be silent for long): with a heartbeat
-    timeout, a dead worker is noticed when it passes, and a cancellation reaches the activity at
-    the next heartbeat."""
-    timeout = activity.info().heartbeat_timeout
-    if timeout is None:
-        yield
-        return
-    interval = max(timeout.total_seconds() / 3, 0.05)
+    """Heartbeat while the activity runs (a tool may be silent for long), with or without a
+    heartbeat timeout: a heartbeat's answer is how a cancellation reaches the activity (its
+    task is cancelled), and with a heartbeat timeout, a dead worker is noticed when it passes.
+    The worker sends at most one per `HEARTBEAT_THROTTLE` (`make_worker`); beating twice as
+    often keeps one ready each time, so a cancellation arrives within about that long."""
+    info = activity.info()
+    interval = HEARTBEAT_THROTTLE / 2
+    if info.heartbeat_timeout is not None:
+        interval = max(min(interval, info.heartbeat_timeout.total_seconds() / 3), 0.05)
 
     async def beat() -> None:
         while True:
@@ -49,10 +53,13 @@ async def _heartbeats() -> AsyncIterator[None]:
     task = asyncio.create_task(beat())
     try:
         yield
+    except asyncio.CancelledError:
+        if activity.is_cancelled():  # asked for (an interrupt, a timeout): expected, said in one line
+            log.info("%s %s of workflow %s cancelled", info.activity_type, info.activity_id, info.workflow_id)
+        raise
     finally:
         task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        await asyncio.wait([task])  # (not awaited: the activity's own cancellation goes on)
 
 
 def _models(agent: ReActAgent, names: list[str]) -> list[ChatModel]:

@@ -159,9 +159,10 @@ class DurableRun:
         await self.handle.signal("tool_results", [r.model_dump(mode="json") for r in results])
 
     async def interrupt(self) -> None:
-        """Interrupt the turn in flight: its current activity is cancelled, and the run ends with
-        an INTERRUPTED reply (as ``agent.interrupt`` does locally); a waiting run ends with its
-        asking reply."""
+        """Interrupt the turn in flight: its current activity is cancelled on its worker (within
+        about half a second), and the run ends with an INTERRUPTED reply (as ``agent.interrupt``
+        does locally), streamed at once; its workflow closes (the session is free) once the
+        cancelled call has ended. A waiting run ends with its asking reply."""
         await self.handle.signal("interrupt")
 
 

@@ -9,8 +9,8 @@ from datetime import timedelta
 from typing import Any
 
 __all__ = [
-    "DEFAULT_TASK_QUEUE", "LIST_TOOLS_ACTIVITY", "LOAD_STATE_ACTIVITY", "MODEL_ACTIVITY", "SAVE_STATE_ACTIVITY",
-    "TOOL_ACTIVITY", "WORKFLOW_NAME", "ActivityConfig", "DurableConfig",
+    "DEFAULT_TASK_QUEUE", "HEARTBEAT_THROTTLE", "LIST_TOOLS_ACTIVITY", "LOAD_STATE_ACTIVITY", "MODEL_ACTIVITY",
+    "SAVE_STATE_ACTIVITY", "TOOL_ACTIVITY", "WORKFLOW_NAME", "ActivityConfig", "DurableConfig",
 ]
 
 WORKFLOW_NAME = "agentscope.agent_run"
@@ -20,6 +20,12 @@ LOAD_STATE_ACTIVITY = "agentscope.load_state"
 SAVE_STATE_ACTIVITY = "agentscope.save_state"
 LIST_TOOLS_ACTIVITY = "agentscope.list_tools"
 DEFAULT_TASK_QUEUE = "agentscope"
+
+HEARTBEAT_THROTTLE = 0.5
+"""Seconds between two heartbeats a worker sends for one activity (Temporal's throttle: by
+default 0.8 × the heartbeat timeout, 8 s for 10 s). A cancellation (an interrupt) reaches a model
+or tool call in the answer to its next heartbeat, so within about this long; each call in flight
+costs the Temporal server one heartbeat request per this long."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,7 +26,7 @@ from ._codec import dump_request, load_events
 from ._config import MODEL_ACTIVITY, TOOL_ACTIVITY, DurableConfig
 from ._journal import Journal
 
-__all__ = ["install"]
+__all__ = ["CancelledCalls", "install"]
 
 
 def _failure(exc: ActivityError, what: str) -> DurableActivityError:
@@ -37,19 +37,54 @@ def _failure(exc: ActivityError, what: str) -> DurableActivityError:
                                 error_type=kind)
 
 
+class CancelledCalls:
+    """The model and tool calls the run cancelled (an interrupt, a tool's timeout) that have not
+    ended on their workers yet. The run goes on without waiting for them (an interrupted reply
+    streams at once), but it starts no other call, and its workflow does not close, before they
+    ended: the session's next turn never runs beside a call it interrupted."""
+
+    def __init__(self) -> None:
+        self.handles: list[workflow.ActivityHandle[Any]] = []
+
+    async def settled(self) -> None:
+        """Once every cancelled call has ended on its worker (cancelled there within about a
+        second, `_activities._heartbeats`; a dead worker's once its heartbeat timeout passed)."""
+        while self.handles:
+            handles, self.handles = self.handles, []
+            done, _ = await workflow.wait(handles)
+            for handle in done:  # how they ended is no one's concern now: retrieved, not raised
+                if not handle.cancelled():
+                    handle.exception()
+
+
 async def _activity(name: str, payload: dict[str, Any], options: dict[str, Any], control: RunControl,
-                    what: str, stopped: Callable[[], bool]) -> Any:
-    """Run the activity as a task of the run's control: an interrupt cancels it (and Temporal
-    asks the activity to stop), and that surfaces as `AgentInterrupted`. ``stopped``: the
-    workflow was interrupted (perhaps before this run was in flight): nothing is scheduled."""
+                    what: str, stopped: Callable[[], bool], cancelled: CancelledCalls) -> Any:
+    """Run the activity as a task of the run's control: an interrupt cancels it (Temporal asks
+    the activity to stop at its next heartbeat), and that surfaces as `AgentInterrupted` at once,
+    while the workflow waits for the activity's end elsewhere (`CancelledCalls`). ``stopped``:
+    the workflow was interrupted (perhaps before this run was in flight): nothing is scheduled."""
     if stopped():
         control.interrupt()
         raise AgentInterrupted(f"the run was interrupted before the {what}")
-    task = asyncio.ensure_future(workflow.execute_activity(name, payload, **options))
+    started: list[workflow.ActivityHandle[Any]] = []
+
+    async def run() -> Any:
+        await cancelled.settled()  # (a tool that timed out is still being cancelled)
+        # Cancelled, the activity's handle resolves only once the activity has ended on its
+        # worker: what `CancelledCalls` waits for. Shielded: its caller is released at once.
+        handle = workflow.start_activity(
+            name, payload, cancellation_type=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED, **options)
+        started.append(handle)
+        return await asyncio.shield(handle)
+
+    task = asyncio.ensure_future(run())
     control.tasks.add(task)
     try:
         return await task
-    except asyncio.CancelledError:
+    except asyncio.CancelledError:  # an interrupt, or the caller's own cancellation (a tool's timeout)
+        for handle in started:
+            handle.cancel()
+            cancelled.handles.append(handle)
         if control.interrupted:
             raise AgentInterrupted(f"the {what} was interrupted") from None
         raise
@@ -78,10 +113,11 @@ def _deltas_live(agent: ReActAgent) -> bool:
 
 
 def install(agent: ReActAgent, factory: str, config: DurableConfig, user_id: str, session_id: str,
-            stopped: Callable[[], bool], journal: Journal) -> None:
+            stopped: Callable[[], bool], journal: Journal, cancelled: CancelledCalls) -> None:
     """Make ``agent`` (built in the workflow) run its model and tool calls as activities;
     ``stopped`` says whether the workflow was interrupted; ``journal`` numbers the run's events
-    (the activities publish the pending ones, `Journal.pending`)."""
+    (the activities publish the pending ones, `Journal.pending`); ``cancelled`` holds the calls
+    cancelled and not yet ended."""
     deltas = _deltas_live(agent)
 
     def model_executor(models: Sequence[ChatModel], request: ModelRequest, reply_id: str, control: RunControl,
@@ -98,7 +134,7 @@ def install(agent: ReActAgent, factory: str, config: DurableConfig, user_id: str
                 options["schedule_to_close_timeout"] = _seconds(deadline.total)
             try:
                 out = await _activity(MODEL_ACTIVITY, payload, options, control, f"model call to {models[0].name}",
-                                      stopped)
+                                      stopped, cancelled)
             except (AgentInterrupted, DurableActivityError):
                 if live and deltas:  # what the call published is the run's: it is closed as locally
                     for ev in load_events(await journal.seal(f"m{seq}"), reply_id, reply_name):
@@ -117,7 +153,7 @@ def install(agent: ReActAgent, factory: str, config: DurableConfig, user_id: str
                    "live": journal.pending()}
         options = config.for_tool(call.name, tool.timeout).options()
         out = await _activity(TOOL_ACTIVITY, payload, options, scope.control, f"tool call {call.name}",
-                              stopped)
+                              stopped, cancelled)
         from ..events import ToolResultDataDelta, ToolResultTextDelta
 
         for kind, value in out:

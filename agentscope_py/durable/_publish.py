@@ -242,6 +242,7 @@ class LivePublisher:
         self.pending: list[dict[str, Any]] = []
         self.last = first - 1  # the log's last position, as far as we know
         self.stopped = False
+        self._closing = False
         self._task: asyncio.Task[None] | None = None
 
     def add(self, events: Sequence[dict[str, Any]]) -> None:
@@ -274,14 +275,19 @@ class LivePublisher:
         self.next = first + len(batch)
 
     async def _loop(self) -> None:
-        while True:
+        while not self._closing:
             await asyncio.sleep(self.interval)
             await self.flush()
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        # The batches stop at the flag too: a cancellation that reaches the loop inside the Redis
+        # client may be swallowed there, and the loop would go on (and `close` wait) for good.
+        self._closing = True
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            # Waited for, not awaited: a cancellation of the caller itself (the activity's) goes on.
+            await asyncio.wait([task])
+            if not task.cancelled():
+                task.exception()  # (the loop logs its own failures)
         await self.flush()

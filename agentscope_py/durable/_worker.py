@@ -12,7 +12,7 @@ from temporalio.worker import Worker
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
 from ._activities import model_call_activity, publish_activity, seal_activity, tool_call_activity
-from ._config import DEFAULT_TASK_QUEUE, DurableConfig
+from ._config import DEFAULT_TASK_QUEUE, HEARTBEAT_THROTTLE, DurableConfig
 from ._factory import check_factory, worker_agent
 from ._publish import EventLog, register_log
 from ._sessions import load_state_activity, save_state_activity
@@ -37,7 +37,9 @@ def make_worker(
     ``pkg.module:factory``) on ``task_queue``. ``passthrough`` adds modules the workflow sandbox
     must not re-import (the factories' own packages are added); ``worker_options`` go to
     ``temporalio.worker.Worker`` (``workflow_runner=UnsandboxedWorkflowRunner()`` drops the
-    sandbox: faster, and nothing is checked). ``events``: the log the runs' live events are
+    sandbox: faster, and nothing is checked; ``max_heartbeat_throttle_interval`` and
+    ``default_heartbeat_throttle_interval``, `HEARTBEAT_THROTTLE` here, bound how soon an
+    interrupt reaches a call in flight). ``events``: the log the runs' live events are
     published to (`RedisEventLog`, or `MemoryEventLog` for callers in this process)."""
     if isinstance(factories, str) or not factories:
         raise ValueError("factories must be a non-empty list of 'pkg.module:factory' paths")
@@ -57,6 +59,10 @@ def make_worker(
     options: dict[str, Any] = {
         # A worker that dies leaves its sticky workflows to another one after this long.
         "sticky_queue_schedule_to_start_timeout": timedelta(seconds=2),
+        # An interrupt cancels the call in flight at its next heartbeat: sent every half second
+        # (`HEARTBEAT_THROTTLE`), not every 0.8 × the heartbeat timeout.
+        "max_heartbeat_throttle_interval": timedelta(seconds=HEARTBEAT_THROTTLE),
+        "default_heartbeat_throttle_interval": timedelta(seconds=HEARTBEAT_THROTTLE),
         "workflow_runner": SandboxedWorkflowRunner(restrictions=restrictions),
         **worker_options,
     }

@@ -5,7 +5,9 @@ a replay on another worker takes their results from the history instead of calli
 A run that ends asking for confirmation (or for a question a tool asked), or waiting for external
 tool results, waits here (no worker is held: the workflow leaves the worker's cache and is
 replayed when the ``confirm`` / ``tool_results`` signal comes), then continues with the answers
-as a new turn on the same session; ``interrupt`` interrupts the turn in flight. The session is
+as a new turn on the same session; ``interrupt`` interrupts the turn in flight: its reply is
+interrupted at once, and the workflow closes once the calls it cancelled have ended on their
+workers (`CancelledCalls`), so the session's next run never runs beside one. The session is
 loaded and saved by activities on the workers' store (`_sessions`).
 
 A typed error of the run (`AgentScopeError`: a model call failing for good, a middleware's
@@ -26,7 +28,7 @@ from ..errors import AgentScopeError
 from ..events import AgentResult, ConfirmResult
 from ..message import GenerateReason, Msg, ToolResultBlock
 from ._config import WORKFLOW_NAME, DurableConfig
-from ._executors import install
+from ._executors import CancelledCalls, install
 from ._factory import build_agent
 from ._journal import Journal
 from ._local_tools import with_local_tools
@@ -47,6 +49,7 @@ class AgentRunWorkflow:
         self._ids = ("default", "default")
         self._interrupted = False
         self._waits = Waits()
+        self._cancelled = CancelledCalls()
         self.run_id = ""
         """This run's own id (`DurableRun.run_id`): the session's runs share the workflow id."""
 
@@ -67,7 +70,8 @@ class AgentRunWorkflow:
         agent._runtime.store = session_store(agent.state_store, factory, config.state)
         # Live events (`_journal`): numbered and renamed the same on every replay.
         journal = Journal(self.run_id, workflow.uuid4().hex[:8], bool(inp.get("live")))
-        install(agent, factory, config, user_id, session_id, lambda: self._interrupted, journal)
+        install(agent, factory, config, user_id, session_id, lambda: self._interrupted, journal,
+                self._cancelled)
         assert agent._runtime.tool_executor is not None
         agent._runtime.tool_executor = with_local_tools(agent, agent._runtime.tool_executor)
         use_activity_sources(agent, factory, replace(config.tool, heartbeat=None))  # MCP servers' tools
@@ -76,6 +80,20 @@ class AgentRunWorkflow:
         structured = import_target(inp["structured_model"]) if inp.get("structured_model") else None
         msgs = [Msg.model_validate(m) for m in inp["messages"]]
         events = journal.events
+        try:
+            final = await self._turns(agent, journal, ctx, structured, msgs)
+        except AgentScopeError:  # the run fails: once the calls it cancelled have ended, as below
+            await self._cancelled.settled()
+            raise
+        # The run's end is in its log at once; the workflow (so the session) closes once the calls
+        # an interrupt cancelled have ended on their workers: the next run never runs beside one.
+        await journal.flush("interrupted" if final.generate_reason is GenerateReason.INTERRUPTED else "finished")
+        await self._cancelled.settled()
+        return {"result": final.model_dump(mode="json"), "events": events}
+
+    async def _turns(self, agent: ReActAgent, journal: Journal, ctx: RuntimeContext, structured: Any,
+                     msgs: list[Msg]) -> Msg:
+        """The run's turns: the first, and each one its answers start; the last one's reply."""
         final: Msg | None = None
         waits = self._waits
         while True:
@@ -93,8 +111,7 @@ class AgentRunWorkflow:
                 break
             msgs = waits.next_input()
         waits.clear()  # a run that ends waits for nothing
-        await journal.flush("interrupted" if final.generate_reason is GenerateReason.INTERRUPTED else "finished")
-        return {"result": final.model_dump(mode="json"), "events": events}
+        return final
 
     @workflow.signal(name="interrupt")
     def interrupt(self) -> None:

@@ -1,13 +1,15 @@
 """The agents the durable tests run (factories by path: ``durable_agents:build`` …). Their model
 is the loopback model server at ``DURABLE_MODEL_URL``; ``DURABLE_TOOL_LOG`` gets a line per tool
 start; with ``DURABLE_HANG_FIRST=1`` the first start of ``add`` hangs (the test kills its worker
-there)."""
+there). The ``recording`` agents write when their calls start, are cancelled and end to it."""
 
 from __future__ import annotations
 
 import asyncio
 import os
 import sys
+import time
+from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -21,6 +23,7 @@ from agentscope_py.agent.state import AgentState
 from agentscope_py.durable import ActivityConfig, DurableConfig
 from agentscope_py.errors import StateStoreError, ToolInputRequired
 from agentscope_py.middleware.base import ActingInput, MiddlewareBase, Next
+from agentscope_py.model.base import ChatChunk, ModelRequest
 from agentscope_py.model.openai import OpenAIChatModel
 from agentscope_py.tool._source import current_tool_call, tool_answers
 
@@ -197,3 +200,81 @@ def build_subagent_asking() -> ReActAgent:
 def build_plain() -> ReActAgent:
     """No tools of its own: an AG-UI client's frontend tools are the only ones its model sees."""
     return ReActAgent.builder().name("durable").model(_model()).build()
+
+
+def _record(what: str, n: int = 0) -> int:
+    """Append ``what`` (start, cancelled, end) of call ``n`` (a start: the next number) and the
+    wall clock (the test compares it with its own) to ``DURABLE_TOOL_LOG``: the call's number."""
+    with open(os.environ["DURABLE_TOOL_LOG"], "a+") as f:
+        f.seek(0)
+        n = n or 1 + sum(1 for line in f if line.startswith("start "))
+        f.write(f"{what} {n} {time.time():.3f}\n")
+    return n
+
+
+async def _recorded(work: AsyncIterator[Any]) -> AsyncIterator[Any]:
+    """``work``'s items, its start, cancellation and end recorded (`_record`)."""
+    n = _record("start")
+    try:
+        async for item in work:
+            yield item
+    except asyncio.CancelledError:
+        _record("cancelled", n)
+        raise
+    _record("end", n)
+
+
+async def _add_recorded(a: int, b: int) -> str:
+    """Add two integers (the first call takes ``DURABLE_TOOL_SLEEP`` seconds), recording the
+    call's start, cancellation and end (`_record`)."""
+    n = _record("start")
+    try:
+        if n == 1:
+            await asyncio.sleep(float(os.environ.get("DURABLE_TOOL_SLEEP", "3")))
+    except asyncio.CancelledError:
+        _record("cancelled", n)
+        raise
+    _record("end", n)
+    return str(a + b)
+
+
+async def _add_slow(a: int, b: int) -> str:
+    """Add two integers, taking ``DURABLE_TOOL_SLEEP`` seconds, recording the call (`_record`)."""
+    n = _record("start")
+    try:
+        await asyncio.sleep(float(os.environ.get("DURABLE_TOOL_SLEEP", "3")))
+    except asyncio.CancelledError:
+        _record("cancelled", n)
+        raise
+    _record("end", n)
+    return str(a + b)
+
+
+def build_recording_timeout() -> ReActAgent:
+    """A recording model calls ``add``, which its ``timeout`` (0.5 s) cuts off, then answers."""
+    model = RecordedModel([ModelStep.tool_call("add", {"a": 2, "b": 40}), ModelStep.text("It took too long.")],
+                          loop=True)
+    return ReActAgent.builder().name("durable").model(model).tools(tool(name="add", timeout=0.5)(_add_slow)).build()
+
+
+def build_recording() -> ReActAgent:
+    """``add`` records its start, cancellation and end; its first call takes a while."""
+    return ReActAgent.builder().name("durable").model(_model()).tools(tool(name="add")(_add_recorded)).build()
+
+
+class RecordedModel(ScriptedModel):
+    """A scripted model whose calls record their start, cancellation and end (`_record`)."""
+
+    def stream(self, request: ModelRequest) -> AsyncIterator[ChatChunk]:
+        return _recorded(super().stream(request))
+
+
+def build_recording_model() -> ReActAgent:
+    """A model that answers after ``DURABLE_TOOL_SLEEP`` seconds, recording its calls."""
+    step = ModelStep.text("The answer is 42.", delay=float(os.environ.get("DURABLE_TOOL_SLEEP", "3")))
+    return ReActAgent.builder().name("durable").model(RecordedModel([step], loop=True)).build()
+
+
+RECORDING = replace(FAST, tool=DurableConfig().tool, model=DurableConfig().model)
+"""`FAST`'s state schedule with the default model and tool schedules (their heartbeat timeout of
+10 s): the interrupt tests see what a worker does by default."""

@@ -1,10 +1,12 @@
 """The event logs of durable runs (in memory, and in a real Redis): a position is taken once,
 whoever publishes it again; a batch that would leave a hole is refused; a sealed writer is
-refused; readers wait for events and stop at the end; generated ids are renamed by order."""
+refused; readers wait for events and stop at the end; generated ids are renamed by order; a
+publisher's close ends its batches, whatever the log does with their cancellation."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -120,3 +122,43 @@ async def test_a_batch_cut_off_by_close_is_sent_again_from_its_position() -> Non
     publisher.add([ev(3)])
     await publisher.close()  # cuts that batch off: it must not be lost, nor 3 put at its place
     assert [e["delta"] for e in (await log.read("r", 0, 0)).events] == ["1", "2", "3"]
+
+
+async def test_close_ends_the_batches_when_the_log_swallows_their_cancellation() -> None:
+    from agentscope_py.durable._publish import LivePublisher
+
+    class Swallowing(MemoryEventLog):  # as the Redis client may, inside a call cut off
+        async def publish(self, run_id: str, first: int, events: Any, writer: str | None = None) -> int:
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.sleep(0.1)
+            return await super().publish(run_id, first, events, writer)
+
+    log = Swallowing()
+    publisher = LivePublisher(log, "r", 1, interval=0.01)
+    publisher.add([ev(1)])
+    await asyncio.sleep(0.05)  # the batch is on its way
+    publisher.add([ev(2)])
+    started = asyncio.get_running_loop().time()
+    async with asyncio.timeout(2):  # the call's activity ends: its publishing stops
+        await publisher.close()
+    # (not the timeout: a close that swallows cancellations swallows that one too)
+    assert asyncio.get_running_loop().time() - started < 1
+    assert [e["delta"] for e in (await log.read("r", 0, 0)).events] == ["1", "2"]
+
+
+async def test_close_lets_the_callers_own_cancellation_through() -> None:
+    from agentscope_py.durable._publish import LivePublisher
+
+    class Slow(MemoryEventLog):
+        async def publish(self, run_id: str, first: int, events: Any, writer: str | None = None) -> int:
+            await asyncio.sleep(0.3)
+            return await super().publish(run_id, first, events, writer)
+
+    publisher = LivePublisher(Slow(), "r", 1, interval=0.01)
+    publisher.add([ev(1)])
+    await asyncio.sleep(0.05)  # the batch is on its way
+    closing = asyncio.create_task(publisher.close())
+    await asyncio.sleep(0)
+    closing.cancel()  # the activity is cancelled while it closes: it is, not swallowed
+    with pytest.raises(asyncio.CancelledError):
+        await closing

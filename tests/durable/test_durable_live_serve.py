@@ -2,8 +2,9 @@
 dev server, Redis, workers, serve processes, the holding model server): the first delta reaches
 the client while the model still holds its answer; a client resumes with ``Last-Event-ID``
 through another serve process after the first one died (nothing marks the run lost); the
-interrupt endpoint reaches the workflow; a worker killed mid-answer leaves the AG-UI stream
-without duplicated text and balanced, as the official client's verifier says."""
+interrupt endpoint reaches the workflow, and the session's next run starts once the interrupted
+model call has ended; a worker killed mid-answer leaves the AG-UI stream without duplicated text
+and balanced, as the official client's verifier says."""
 
 from __future__ import annotations
 
@@ -100,6 +101,10 @@ async def test_the_interrupt_endpoint_reaches_the_workflow(
             assert stopped.status_code == 200 and stopped.json() == {"run_id": run_id, "interrupted": True}
             seen += [f async for f in frames]  # the model still holds its answer: the interrupt ends it
         again = await http.post(f"{url}/v1/runs/{run_id}/interrupt", json={})
+        # the session's next run, at once: it starts once the cancelled model call has ended
+        async with http.stream("POST", url + "/v1/runs", json={"session_id": "s1", "input": "2 + 40?"}) as answer:
+            assert answer.status_code == 200, await answer.aread()
+            after = [f async for f in sse(answer.aiter_lines())]
     result = next(f.data["result"] for f in seen if f.data.get("type") == "agent_result")
     assert result["generate_reason"] == "interrupted"
     kinds = [f.data.get("type") for f in seen]  # what the cut-off answer opened was closed
@@ -107,6 +112,7 @@ async def test_the_interrupt_endpoint_reaches_the_workflow(
     assert kinds.count("model_call_start") == kinds.count("model_call_end") == 2, kinds
     assert seen[-1].data["type"] == "agent_end"
     assert again.json() == {"run_id": run_id, "interrupted": False, "status": "interrupted"}  # how it ended
+    assert _text(after) == "The answer is 42." and after[-1].data["type"] == "agent_end"
 
 
 async def test_a_second_run_on_a_busy_session_is_refused_and_the_first_goes_on(
