@@ -33,7 +33,7 @@ UPDATE = "PYTHONPATH=$PWD python tests/test_public_api.py --update"
 
 # Names a package serves, with a DeprecationWarning, only so old imports keep working.
 DEPRECATED = {
-    "agentscope_py": ["BudgetMiddleware", "GuardrailMiddleware", "RetryMiddleware", "internal_model_call"],
+    "agentscope_py": sorted(agentscope_py._MOVED_TO_MIDDLEWARE),
     "agentscope_py.model": ["TimeoutError", "ConnectionError"],
     "agentscope_py.model.base": ["TimeoutError", "ConnectionError"],
 }
