@@ -35,8 +35,9 @@ AgentScopeError
 
 Where an exception is also a builtin kind (a timeout is a `TimeoutError`, bad arguments are a
 `ValueError`), it subclasses that builtin too, so ``except TimeoutError`` catches a model timeout.
-The names used before this module existed stay importable where they were (``TimeoutError`` and
-``ConnectionError`` from `agentscope_py.model`, with a `DeprecationWarning`: they shadow builtins).
+``TimeoutError`` and ``ConnectionError`` from `agentscope_py.model` are deprecated aliases of
+`ModelTimeoutError` and `ModelConnectionError` (they shadow builtins): they import with a
+`DeprecationWarning`.
 """
 
 from __future__ import annotations

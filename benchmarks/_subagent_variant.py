@@ -1,4 +1,4 @@
-"""bench_agents' sub-agent variant (issue 19): what a sub-agent call costs over the same work done
+"""bench_agents' sub-agent variant: what a sub-agent call costs over the same work done
 as two separate runs.
 
 * **nested** — a parent run whose one tool is a child agent (`agent.as_tool()`): the parent's

@@ -1,4 +1,4 @@
-"""One ReAct run per framework, µs per run, with 0/5/20 pass-through middleware (issue 7).
+"""One ReAct run per framework, µs per run, with 0/5/20 pass-through middleware.
 
 The workload, identical for every framework: the user says "hi"; a fake in-process model asks for
 one call of the async tool ``lookup(query="x")``; the tool returns "42"; the model answers "The
@@ -30,7 +30,7 @@ event). Method: a warm-up, then ``--sweeps`` sweeps; in each sweep every (framew
 ``--runs`` runs back to back, round-robin across frameworks in one process; the median per-run
 time of a sweep is kept, and the best (lowest) median over the sweeps is reported.
 
-Sub-agents (issue 19, agentscope-py only; ``--no-subagent`` skips it): a parent whose tool is a
+Sub-agents (agentscope-py only; ``--no-subagent`` skips it): a parent whose tool is a
 child agent against the same work done as two separate runs (`_subagent_variant`), reported as
 ``targets.subagent_over_separate_{call,stream}``.
 
@@ -769,7 +769,7 @@ def summarise(args: argparse.Namespace, res: Results) -> dict[str, Any]:
     if "5" in call and "5" in stream:
         targets["stream_over_call_5mw"] = stream["5"] / call["5"]
     sub = res.frameworks.get("agentscope-py", {}).get("subagent")
-    if sub:  # issue 19: a parent whose tool is a child agent ÷ the same work as two separate runs
+    if sub:  # a parent whose tool is a child agent ÷ the same work as two separate runs
         targets["subagent_over_separate_call"] = sub["nested_over_separate_call"]
         targets["subagent_over_separate_stream"] = sub["nested_over_separate_stream"]
     kib = res.frameworks.get("agentscope-py", {}).get("kib_per_inflight_run")

@@ -1,4 +1,4 @@
-"""What the built-in middleware of issue #17 cost when installed but not triggered, and what a
+"""What five built-in middleware cost when installed but not triggered, and what a
 cache hit saves.
 
 The workload is `bench_agents.py`'s (a ReAct run: a model call asking for the tool ``lookup``,

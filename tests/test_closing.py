@@ -1,4 +1,4 @@
-"""The closing guarantee (DESIGN §8): every Start the caller's stream carries gets exactly one
+"""The closing guarantee: every Start the caller's stream carries gets exactly one
 matching End, and the result is what callers saw."""
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""ScriptedModel: the public test double behaves as DESIGN §6 shows."""
+"""ScriptedModel: the public test double scripts replies, tool calls, errors and usage, and records
+the requests it was sent."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""No turn lost, no session stuck: whatever raises, leaves or poisons a run (issue #13, part 3)."""
+"""No turn lost, no session stuck: whatever raises, leaves or poisons a run."""
 
 from __future__ import annotations
 

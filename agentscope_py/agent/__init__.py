@@ -1,6 +1,9 @@
-"""The ReAct agent, its context, state and state stores."""
+"""The ReAct agent, its context, state and state stores.
 
-from typing import Any
+`RedisStateStore` loads on first use: it needs the ``redis`` extra.
+"""
+
+from typing import TYPE_CHECKING, Any
 
 from ..errors import (
     AgentInterrupted,
@@ -12,8 +15,12 @@ from ..errors import (
 )
 from .context import RuntimeContext
 from .react import Builder, ReActAgent, confirm_message
+from .sqlite_store import SqliteStateStore
 from .state import AgentState, TodoItem
 from .store import AgentStateStore, InMemoryStateStore
+
+if TYPE_CHECKING:
+    from .redis_store import RedisStateStore
 
 __all__ = [
     "AgentInterrupted",
@@ -34,12 +41,10 @@ __all__ = [
     "confirm_message",
 ]
 
-_LAZY = {"SqliteStateStore": "sqlite_store", "RedisStateStore": "redis_store"}
-
 
 def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        import importlib
+    if name == "RedisStateStore":  # imported on use: it needs the redis extra
+        from .redis_store import RedisStateStore
 
-        return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
-    raise AttributeError(name)
+        return RedisStateStore
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,7 +1,9 @@
 """`ReActAgent` and its builder.
 
->>> agent = (ReActAgent.builder().name("assistant").sys_prompt("You are helpful.")
-...          .model(ScriptedModel([ModelStep.text("hi")])).build())
+>>> agent = ReActAgent(name="assistant", sys_prompt="You are helpful.",
+...                    model=ScriptedModel([ModelStep.text("hi")]))
+>>> same = (ReActAgent.builder().name("assistant").sys_prompt("You are helpful.")
+...         .model(ScriptedModel([ModelStep.text("hi")])).build())
 >>> msg = await agent.call("hello")                     # the final Msg
 >>> async for event in agent.stream("hello"): ...       # the typed events of a new execution
 
@@ -12,7 +14,7 @@ returns the final message.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Literal
 
 from pydantic import BaseModel, ValidationError
@@ -94,44 +96,85 @@ def confirm_message(*results: ConfirmResult | Mapping[str, Any]) -> Msg:
 
 class ReActAgent:
     """A ReAct agent: rounds of reasoning (a model call) and acting (tool calls), every step an
-    event, every step wrapped by middleware. Build it with `ReActAgent.builder()`."""
+    event, every step wrapped by middleware.
+
+    Construct it with keyword arguments, or fluently with `ReActAgent.builder()` (which builds
+    through this constructor, so both take the same values and apply the same defaults):
+
+    >>> agent = ReActAgent(model="openai:gpt-4o-mini", tools=[get_weather], max_iters=5)
+
+    Args:
+        model: A `ChatModel`, or an id such as ``"openai:gpt-4o-mini"``; ``model_kwargs`` go to
+            the constructor an id resolves to.
+        name: The agent's name (the reply's ``name``, a sub-agent tool's default name).
+        sys_prompt: The system prompt every model call starts with.
+        toolkit: The tools; the agent keeps a copy, so registering on ``toolkit`` afterwards does
+            not change the agent.
+        tools: Functions registered (after ``toolkit``'s tools) on the agent's copy.
+        middlewares: The middleware, outermost first at equal ``order``.
+        max_iters: The most reasoning rounds per run (at least 1).
+        enable_task_list: Register the todo tools and the task-reminder middleware.
+        state_store: Where sessions live; an `InMemoryStateStore` of its own by default.
+        trace_middleware: Bracket every hook invocation with MiddlewareStarted/MiddlewareCompleted.
+        fallback_models: Models (or ids) tried in order when the model fails before its first chunk.
+        max_retries: Retries (after the first attempt) of retryable model errors before the first chunk.
+        failover_listener: ``fn(failed_model, error, next_model)``, told of every switch to a fallback.
+        model_options: Options sent with every request (``temperature``, ``max_tokens``, …).
+        model_kwargs: The constructor arguments of the model an id in ``model`` resolves to.
+    """
 
     def __init__(
         self,
         *,
-        name: str,
-        sys_prompt: str,
-        model: ChatModel,
-        toolkit: Toolkit,
-        middlewares: Sequence[MiddlewareBase],
-        max_iters: int,
-        state_store: AgentStateStore,
+        model: ChatModel | str,
+        name: str = "assistant",
+        sys_prompt: str = "You are a helpful assistant.",
+        toolkit: Toolkit | None = None,
+        tools: Iterable[Callable[..., Any]] = (),
+        middlewares: Iterable[MiddlewareBase] = (),
+        max_iters: int = 10,
+        enable_task_list: bool = False,
+        state_store: AgentStateStore | None = None,
         trace_middleware: bool = False,
-        fallback_models: Sequence[ChatModel] = (),
-        retry: RetryPolicy | None = None,
+        fallback_models: Iterable[ChatModel | str] = (),
+        max_retries: int = 0,
         failover_listener: FailoverListener | None = None,
         model_options: Mapping[str, Any] | None = None,
+        model_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
+        if max_iters < 1:
+            raise ValueError(f"max_iters must be at least 1, not {max_iters}")
+        if max_retries < 0:
+            raise ValueError(f"max_retries must be 0 or more, not {max_retries}")
+        # A copy: the same toolkit may serve several agents, or grow after this one is built.
+        own_toolkit = toolkit.copy() if toolkit is not None else Toolkit()
+        for fn in tools:
+            own_toolkit.register(fn)
+        own_middlewares = list(middlewares)
+        if enable_task_list:
+            own_toolkit.register_object(TodoTools())
+            own_middlewares.append(TaskReminderMiddleware())  # after the user's: inner at equal order
         self.name = name
         self.sys_prompt = sys_prompt
-        self.model = model
-        self.toolkit = toolkit
+        self.model: ChatModel = resolve_model(model, **dict(model_kwargs or {}))
+        self.toolkit = own_toolkit
         self.max_iters = max_iters
         self.model_options: Mapping[str, Any] = dict(model_options or {})
-        self._middlewares = tuple(middlewares)
+        self._middlewares = tuple(own_middlewares)
         # What every execution gets beside the public attributes above (`_runtime`).
         self._runtime = AgentRuntime(
-            participants=Participants(middlewares),
+            participants=Participants(own_middlewares),
             trace=trace_middleware,
-            store=state_store,
+            store=state_store if state_store is not None else InMemoryStateStore(),
             gates=SessionGates(),
-            fallback_models=tuple(fallback_models),
-            retry=retry or RetryPolicy(),
+            fallback_models=tuple(resolve_model(m) for m in fallback_models),
+            retry=RetryPolicy(max_retries),
             failover_listener=failover_listener,
         )
 
     @staticmethod
     def builder() -> Builder:
+        """A fluent `Builder`; its ``build()`` calls this class's constructor."""
         return Builder()
 
     @property
@@ -237,7 +280,8 @@ class ReActAgent:
 
 
 class Builder:
-    """Fluent configuration of a `ReActAgent`; ``build()`` freezes it."""
+    """Fluent configuration of a `ReActAgent`: each method sets one of the constructor's keyword
+    arguments (same names, same defaults); ``build()`` calls the constructor with them."""
 
     def __init__(self) -> None:
         self._name = "assistant"
@@ -344,22 +388,19 @@ class Builder:
     def build(self) -> ReActAgent:
         if self._model is None:
             raise ValueError("a model is required: .model(ChatModel or 'provider:name')")
-        toolkit = self._toolkit.copy() if self._toolkit is not None else Toolkit()
-        middlewares = list(self._middlewares)
-        if self._task_list:
-            toolkit.register_object(TodoTools())
-            middlewares.append(TaskReminderMiddleware())  # after the user's: inner at equal order
         return ReActAgent(
+            model=self._model,
+            model_kwargs=self._model_kwargs,
             name=self._name,
             sys_prompt=self._sys_prompt,
-            model=resolve_model(self._model, **self._model_kwargs),
-            toolkit=toolkit,
-            middlewares=middlewares,
+            toolkit=self._toolkit,
+            middlewares=self._middlewares,
             max_iters=self._max_iters,
-            state_store=self._store or InMemoryStateStore(),
+            enable_task_list=self._task_list,
+            state_store=self._store,
             trace_middleware=self._trace,
-            fallback_models=[resolve_model(m) for m in self._fallbacks],
-            retry=RetryPolicy(self._max_retries),
+            fallback_models=self._fallbacks,
+            max_retries=self._max_retries,
             failover_listener=self._failover_listener,
             model_options=self._model_options,
         )

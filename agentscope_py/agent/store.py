@@ -100,7 +100,7 @@ class InMemoryStateStore:
     its JSON (bytes) and parsed again by every ``load``, like the other stores: a kept state is
     then one object, not the dozens of a conversation's messages and blocks, and a server keeps
     thousands of finished sessions that every full collection of Python's garbage collector would
-    otherwise walk, pausing every stream at once (``benchmarks/RESULTS.md`` §12); that costs a
+    otherwise walk, pausing every stream at once; that costs a
     serialisation per save and a parse per load (~50 µs for a one-turn session). A state JSON
     would not give back as it is — a Python object in a ``metadata`` (a structured output's model,
     a tuple), a subclass of `AgentState` or `Msg` — is kept by reference either way. A state kept

@@ -3,9 +3,9 @@ each model call (``agentscope.model_call``) and tool call (``agentscope.tool_cal
 activity, and the session is loaded and saved through the agent's store on the workers
 (``agentscope.load_state`` / ``agentscope.save_state``), so a run survives a dying worker and
 spreads over many. Needs the ``temporal`` extra. Live events go to an `EventLog`
-(`RedisEventLog`: the ``redis`` extra too)."""
+(`RedisEventLog`: the ``redis`` extra too, so it loads on first use)."""
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import DurableSessionBusy
 from ._client import DurableAgent, DurableRun, session_workflow_id
@@ -24,6 +24,9 @@ from ._config import (
 from ._publish import EventLog, MemoryEventLog
 from ._worker import make_worker, run_worker
 from ._workflow import AgentRunWorkflow
+
+if TYPE_CHECKING:
+    from ._publish_redis import RedisEventLog
 
 __all__ = [
     "DEFAULT_TASK_QUEUE",

@@ -1,4 +1,11 @@
-"""Middleware: the contract (`MiddlewareBase`, `ExtensionPoint`, input records) and built-ins."""
+"""Middleware: the contract (`MiddlewareBase`, `ExtensionPoint`, input records) and built-ins.
+
+Every name in ``__all__`` is importable from here. The contract is imported with the package;
+each built-in loads from its module on first use, because the agent imports this package for
+the contract while the built-ins import the agent's modules: loading them here would make the
+agent depend on the whole library, and `OtelTracingMiddleware` would need the ``otel`` extra
+just to import the agent.
+"""
 
 from typing import Any
 
@@ -85,7 +92,7 @@ __all__ = [
     "internal_model_call",
 ]
 
-# Built-ins load on first use (tracing imports OpenTelemetry only then).
+# Each built-in's module, imported on first use (see the module docstring).
 _LAZY = {
     "OtelTracingMiddleware": "tracing",
     "FinalAnswerFilterMiddleware": "final_answer",
@@ -97,7 +104,7 @@ _LAZY = {
     "ToolRetryMiddleware": "resilience",
     "TimeoutMiddleware": "resilience",
     "ModelFallbackMiddleware": "resilience",
-    # limits and rate limits (issue #17)
+    # limits and rate limits
     "CallLimitExceeded": "limits",  # (defined in agentscope_py.errors)
     "ConcurrencyLimitMiddleware": "limits",
     "ModelCallLimitMiddleware": "limits",
@@ -105,7 +112,7 @@ _LAZY = {
     "RateLimitMiddleware": "rate_limit",
     "InMemoryBucketStore": "rate_limit",
     "RedisBucketStore": "rate_limit",
-    # caching and budgets (issue 17)
+    # caching and budgets
     "ResponseCacheMiddleware": "cache",
     "ToolResultCacheMiddleware": "cache",
     "CacheStore": "cache_stores",
@@ -131,7 +138,7 @@ _LAZY = {
     "MiddlewareContext": "shapes_stage",
     "MiddlewareStage": "shapes_stage",
     "ObserverMiddleware": "shapes_observer",
-    # tool policy and context (issue 18, part 1)
+    # tool policy and context
     "internal_model_call": "_internal",
     "ToolPolicyMiddleware": "tool_policy",
     "ToolSelectorMiddleware": "tool_selection",
@@ -158,4 +165,4 @@ def __getattr__(name: str) -> Any:
         import importlib
 
         return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
-    raise AttributeError(name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

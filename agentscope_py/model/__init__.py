@@ -1,7 +1,12 @@
-"""Model protocol, errors, the scripted test double and the providers (imported lazily, so a
-missing provider extra only matters when that provider is used)."""
+"""Model protocol, errors, the scripted test double and the providers.
 
-from typing import Any
+The providers (`OpenAIChatModel`, `AnthropicChatModel`, `OllamaChatModel`) and `Http1Transport`
+load on first use, so a missing provider extra (``openai``, ``anthropic``, ``ollama``) only
+matters when that provider is used. ``TimeoutError`` and ``ConnectionError`` are deprecated
+aliases of `ModelTimeoutError` and `ModelConnectionError` (they shadowed the builtins).
+"""
+
+from typing import TYPE_CHECKING, Any
 
 from ._cassette import Cassette, CassetteMismatchError
 from ._recording import RecordingModel, ReplayModel
@@ -21,10 +26,18 @@ from .base import (
     ServerError,
     ToolCallChunk,
     ToolSchema,
-    renamed_error,
+)
+from .base import (
+    renamed_error as _renamed_error,
 )
 from .registry import resolve_model
 from .scripted import ModelStep, ScriptedModel, ScriptExhaustedError
+
+if TYPE_CHECKING:
+    from ._transport import Http1Transport
+    from .anthropic import AnthropicChatModel
+    from .ollama import OllamaChatModel
+    from .openai import OpenAIChatModel
 
 __all__ = [
     "AnthropicChatModel",
@@ -69,4 +82,4 @@ def __getattr__(name: str) -> Any:
         import importlib
 
         return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
-    return renamed_error(name, __name__)  # the old TimeoutError / ConnectionError, deprecated
+    return _renamed_error(name, __name__)  # the old TimeoutError / ConnectionError, deprecated

@@ -3,8 +3,8 @@ the SDK's per-call layers.
 
 Why: behind ``agentscope-py serve`` the SDK's ``create()`` costs more per request than relaying
 the reply's tokens (its options model copied twice, the headers and URL built again, its auth
-wrappers and response wrappers: ~6 % of the server's CPU at saturation, see "Session 8" in
-benchmarks/RESULTS.md §12), and every request of one model is the same but for its body.
+wrappers and response wrappers: ~6 % of the server's CPU at saturation), and every request of
+one model is the same but for its body.
 
 How, without changing what goes on the wire: the first request of a client goes through the SDK
 (which also sets up what it learns lazily, such as its platform headers); the request the SDK

@@ -2,10 +2,10 @@
 
 Why this exists: behind ``agentscope-py serve`` every relayed token is one read of the model
 server's reply, and httpx2's default transport spends ~100 Python calls on it (an anyio timeout
-scope per read, h11's pure-Python event machinery, five layers of async iterators: RESULTS.md §12
-"Session 11"). Here the loop hands the bytes to `data_received`, llhttp (httptools' C parser,
-which the providers' extras install) calls `on_body` once, and the one waiting reader is woken: a
-token costs a few calls. `Http1Transport` (``_transport.py``) pools these and speaks httpx2's
+scope per read, h11's pure-Python event machinery, five layers of async iterators). Here the
+loop hands the bytes to `data_received`, llhttp (httptools' C parser, which the providers'
+extras install) calls `on_body` once, and the one waiting reader is woken: a token costs a few
+calls. `Http1Transport` (``_transport.py``) pools these and speaks httpx2's
 transport interface, so everything above it (the SDK, httpx2's client, its exceptions) is the
 same.
 

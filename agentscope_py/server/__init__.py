@@ -10,6 +10,9 @@ several processes): a client resumes it with ``GET /v1/runs/{run_id}/events`` an
 ``Last-Event-ID``, and stops it with ``POST /v1/runs/{run_id}/interrupt`` (see docs/serving.md).
 ``create_app(..., runner=DurableServing(...))`` serves durable runs on Temporal (docs/durable.md).
 
+`RedisRunLog` (the ``redis`` extra) and `DurableServing` (the ``temporal`` extra) load on first
+use, so the rest of the package works without those extras.
+
 Encoders for code that streams events itself (benchmarks, other frameworks):
 
 * `encode_sse` (event) -> bytes: one native frame, ``data: <event JSON>\\n\\n``;
@@ -18,7 +21,7 @@ Encoders for code that streams events itself (benchmarks, other frameworks):
   ``ag_ui.core`` event objects.
 """
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._identity import Identity
 from ._limits import Limits
@@ -28,6 +31,10 @@ from ._serve import GC_THRESHOLDS, serve, tune_gc, uvicorn_config
 from .agui import AguiMapper, select_new_messages
 from .app import RUN_ID_HEADER, RunRequest, create_app
 from .sse import SSEResponse, encode_error, encode_sse
+
+if TYPE_CHECKING:
+    from ._durable import DurableServing
+    from ._runlog_redis import RedisRunLog
 
 __all__ = [
     "GC_THRESHOLDS",

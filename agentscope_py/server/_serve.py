@@ -144,7 +144,7 @@ else:  # pragma: no cover - uvicorn without httptools
 HTTP_PARSERS = {"auto": "HeaderTimeoutProtocol", "h11": "H11HeaderTimeoutProtocol",
                 "httptools": "HttpToolsHeaderTimeoutProtocol"}
 """``http=`` of `uvicorn_config` → the protocol class. ``auto`` is httptools when installed: over
-real HTTP it cut the server's CPU per relayed token against h11 (``benchmarks/RESULTS.md``)."""
+real HTTP it cuts the server's CPU per relayed token at saturation by about a quarter against h11."""
 
 
 _SECRET_PARAM = re.compile(r"([?&#](?:token|access_token|api_key|key)=)[^&\s]*", re.I)
@@ -200,7 +200,7 @@ def tune_gc(thresholds: tuple[int, int, int] = GC_THRESHOLDS) -> None:
     collects everything whenever the old generation has grown by a quarter, and a full collection
     walks every tracked object — ~1 µs each on a served heap, ~450 ms at 1,000 streams in flight —
     so while a thousand streams start, four such pauses hold up every first token arriving
-    meanwhile (``benchmarks/RESULTS.md`` §12, Session 13). Young collections stay as short as
+    meanwhile. Young collections stay as short as
     Python's: raising their threshold to tens of thousands made each one a pause of its own. The
     runtime makes no reference cycles per run, so collecting rarely does not grow its memory;
     cycles made by other code live until the next full collection. Process-wide: `serve` calls it

@@ -303,7 +303,7 @@ class SSEResponse(Response):
     async def _pump(self, send: Send) -> None:
         # Coalesced: under load the upstream's tokens arrive several per read, and each body
         # message costs a trip through the middleware's send wrappers, the HTTP protocol and a
-        # socket write (see "End-to-end serving" in benchmarks/RESULTS.md). A run's followers
+        # socket write, so the frames that wait go together. A run's followers
         # (``direct``) read frames joined already by the run log.
         frames = self.frames() if self.direct else with_heartbeat(self.frames(), self.heartbeat, self.buffer_bytes,
                                                                   coalesce=True)

@@ -1,4 +1,4 @@
-"""The built-ins of issue #17 composed across families: retry inside fallback inside a rate
+"""The built-ins composed across families: retry inside fallback inside a rate
 limit, a cache in front of a retry, a budget behind a cache — exact requests and balanced traces."""
 
 from __future__ import annotations

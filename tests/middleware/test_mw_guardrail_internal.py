@@ -1,8 +1,5 @@
-"""A guardrail whose check asks a classifier model through part 1's `internal_model_call`: the
-classifier's reply never reaches the caller's stream or memory.
-
-`agentscope_py.middleware._internal` lands with issue 18's first half (branch wt18a); until the
-branches are merged this module is skipped (an import skip, not a hidden failure)."""
+"""A guardrail whose check asks a classifier model through `internal_model_call`: the classifier's
+reply never reaches the caller's stream or memory."""
 
 from __future__ import annotations
 
@@ -11,9 +8,7 @@ import pytest
 from agentscope_py import ModelStep, ReActAgent, ScriptedModel
 from agentscope_py.errors import GuardrailTripped
 from agentscope_py.message import Msg
-from agentscope_py.middleware import GuardrailCheck, GuardrailMiddleware
-
-internal = pytest.importorskip("agentscope_py.middleware._internal")
+from agentscope_py.middleware import GuardrailCheck, GuardrailMiddleware, internal_model_call
 
 
 async def test_a_classifier_check_through_an_internal_model_call_stays_out_of_the_stream() -> None:
@@ -21,7 +16,7 @@ async def test_a_classifier_check_through_an_internal_model_call_stays_out_of_th
 
     async def judged(check: GuardrailCheck) -> str | None:
         prompt = [Msg.system("Answer SAFE or UNSAFE: <why>."), Msg.user(check.text)]
-        reply = await internal.internal_model_call(check.agent, check.ctx, prompt, model=classifier,
+        reply = await internal_model_call(check.agent, check.ctx, prompt, model=classifier,
                                                    purpose="guardrail")
         return reply.text.removeprefix("UNSAFE: ") if reply.text.startswith("UNSAFE") else None
 

@@ -1,4 +1,4 @@
-"""LifecycleMiddleware (seed 000): hook order, rewrites, and the error rule — exact hook traces."""
+"""LifecycleMiddleware: hook order, rewrites, and the error rule — exact hook traces."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""ObserverMiddleware (seed 001's hooks): read-only notifications; their exceptions never reach the run."""
+"""ObserverMiddleware: read-only notifications; their exceptions never reach the run."""
 
 from __future__ import annotations
 

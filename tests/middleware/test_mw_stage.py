@@ -1,4 +1,4 @@
-"""StageMiddleware (seed 001): process(context, call_next) at TURN, CHAT and TOOL — exact traces."""
+"""StageMiddleware: process(context, call_next) at TURN, CHAT and TOOL — exact traces."""
 
 from __future__ import annotations
 

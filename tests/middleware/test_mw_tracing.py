@@ -440,7 +440,7 @@ async def test_sub_agent_as_tool_nests_and_its_forwarded_events_do_not_leak_into
     assert _parent(by["chat sub-m"], spans) is by["invoke_agent Helper"]
     lead = by["invoke_agent Lead"].attributes or {}
     assert lead["agentscope.agent.reply_id"] == events[0].reply_id  # not the sub-agent's
-    # The run's usage counts its sub-agent's once (rolled up into the final reply, issue #19),
+    # The run's usage counts its sub-agent's once (rolled up into the final reply),
     # not again from the forwarded ModelCallEnd events.
     assert lead["gen_ai.usage.input_tokens"] == 2 * USAGE_1.input_tokens + usage.input_tokens
 

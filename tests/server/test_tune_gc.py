@@ -58,7 +58,7 @@ def test_tune_gc_freezes_start_up_objects_and_sets_the_thresholds() -> None:
 
 def test_a_growing_heap_triggers_full_collections_by_default_and_none_when_tuned() -> None:
     # Python's own settings walk the whole heap several times while it grows (the pauses that
-    # hold up first tokens, RESULTS §12 Session 13); the recipe's do not.
+    # hold up first tokens while a thousand streams start); the recipe's do not.
     assert _child(GROWTH, "default")["full_collections"] >= 3
     tuned = _child(GROWTH, "tuned")
     assert tuned["full_collections"] == 0

@@ -1,4 +1,4 @@
-"""When the agent checkpoints (Java §4.4 item 14, §4.7): after every successful call, after a
+"""When the agent checkpoints: after every successful call, after a
 failed call (the partial turn) and on interrupt — on every store. A failing save raises
 `StateStoreError` yet loses no message."""
 

@@ -1,4 +1,4 @@
-"""The store contract (DESIGN §7), checked on every store: versions, CAS, conflict policies, and
+"""The store contract, checked on every store: versions, CAS, conflict policies, and
 many concurrent writers that lose nothing."""
 
 from __future__ import annotations
