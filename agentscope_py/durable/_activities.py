@@ -7,10 +7,12 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
+from datetime import UTC
 from typing import Any
 
 from pydantic import BaseModel
 from temporalio import activity
+from temporalio.api.enums.v1 import EventType
 from temporalio.exceptions import ApplicationError
 
 from ..agent.context import RuntimeContext
@@ -22,7 +24,7 @@ from ..model.base import ChatModel, ModelError
 from ..stream import aclose
 from ..tool._source import current_tool_call, tool_answers
 from ._codec import load_request
-from ._config import HEARTBEAT_THROTTLE, MODEL_ACTIVITY, TOOL_ACTIVITY
+from ._config import HEARTBEAT_THROTTLE, INTERRUPT_SIGNAL, MODEL_ACTIVITY, TOOL_ACTIVITY
 from ._factory import worker_agent
 from ._journal import PUBLISH_ACTIVITY, SEAL_ACTIVITY
 from ._publish import LivePublisher, StableIds, log_for
@@ -87,6 +89,32 @@ def _publisher(live: dict[str, Any], writer: str | None = None) -> LivePublisher
     return publisher
 
 
+async def _stopped_before_this_attempt() -> bool:
+    """Whether the run was interrupted after this call was scheduled. An attempt after the first
+    follows a worker that died (or a failed attempt): the user may have pressed Stop meanwhile,
+    and the workflow may not have seen it yet (its own worker can be the one that died), so the
+    interrupt signal is looked for in the workflow's history, where it is as soon as it was sent."""
+    info = activity.info()
+    if info.attempt <= 1 or info.workflow_id is None:
+        return False
+    handle = activity.client().get_workflow_handle(info.workflow_id, run_id=info.workflow_run_id)
+    async for event in handle.fetch_history_events():
+        if (event.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED
+                and event.workflow_execution_signaled_event_attributes.signal_name == INTERRUPT_SIGNAL
+                and event.event_time.ToDatetime(tzinfo=UTC) >= info.scheduled_time):
+            return True
+    return False
+
+
+async def _unless_stopped() -> None:
+    if await _stopped_before_this_attempt():
+        info = activity.info()
+        log.info("%s %s of workflow %s not run again: the run was interrupted", info.activity_type,
+                 info.activity_id, info.workflow_id)
+        raise ApplicationError("the run was interrupted before this attempt", type="Interrupted",
+                               non_retryable=True)
+
+
 @activity.defn(name=MODEL_ACTIVITY)
 async def model_call_activity(payload: dict[str, Any]) -> dict[str, Any]:
     """One model call (the named model, then its fallbacks): the events of the call, their
@@ -95,6 +123,7 @@ async def model_call_activity(payload: dict[str, Any]) -> dict[str, Any]:
     position once they were published (0: no log)."""
     from ..agent._model_call import model_call_stream
 
+    await _unless_stopped()
     agent = worker_agent(payload["factory"])
     models = _models(agent, payload["models"])
     runtime = agent._runtime
@@ -133,6 +162,7 @@ async def tool_call_activity(payload: dict[str, Any]) -> list[list[Any]]:
     sub-agent's events) in order. A tool's exception fails the activity (retried as configured;
     the last one becomes the error result the model sees). With live events, first
     ``["published", n]``: the workflow's pending events were published, the log ends at ``n``."""
+    await _unless_stopped()
     agent = worker_agent(payload["factory"])
     call = ToolUseBlock.model_validate(payload["call"])
     ctx = RuntimeContext(payload["user_id"], payload["session_id"])

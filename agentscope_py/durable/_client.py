@@ -21,7 +21,7 @@ from ..errors import DurableSessionBusy, ResumeError
 from ..events import AgentEvent, ConfirmResult, parse_event
 from ..message import Msg, ToolResultBlock, ToolUseBlock
 from ..model.base import ToolSchema
-from ._config import DEFAULT_TASK_QUEUE, WORKFLOW_NAME
+from ._config import DEFAULT_TASK_QUEUE, INTERRUPT_SIGNAL, WORKFLOW_NAME
 from ._publish import EventLog
 from ._watch import watch
 
@@ -163,7 +163,7 @@ class DurableRun:
         about half a second), and the run ends with an INTERRUPTED reply (as ``agent.interrupt``
         does locally), streamed at once; its workflow closes (the session is free) once the
         cancelled call has ended. A waiting run ends with its asking reply."""
-        await self.handle.signal("interrupt")
+        await self.handle.signal(INTERRUPT_SIGNAL)
 
 
 class DurableAgent:

@@ -9,11 +9,12 @@ from datetime import timedelta
 from typing import Any
 
 __all__ = [
-    "DEFAULT_TASK_QUEUE", "HEARTBEAT_THROTTLE", "LIST_TOOLS_ACTIVITY", "LOAD_STATE_ACTIVITY", "MODEL_ACTIVITY",
-    "SAVE_STATE_ACTIVITY", "TOOL_ACTIVITY", "WORKFLOW_NAME", "ActivityConfig", "DurableConfig",
+    "DEFAULT_TASK_QUEUE", "HEARTBEAT_THROTTLE", "INTERRUPT_SIGNAL", "LIST_TOOLS_ACTIVITY", "LOAD_STATE_ACTIVITY",
+    "MODEL_ACTIVITY", "SAVE_STATE_ACTIVITY", "TOOL_ACTIVITY", "WORKFLOW_NAME", "ActivityConfig", "DurableConfig",
 ]
 
 WORKFLOW_NAME = "agentscope.agent_run"
+INTERRUPT_SIGNAL = "interrupt"
 MODEL_ACTIVITY = "agentscope.model_call"
 TOOL_ACTIVITY = "agentscope.tool_call"
 LOAD_STATE_ACTIVITY = "agentscope.load_state"

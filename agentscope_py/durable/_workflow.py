@@ -27,7 +27,7 @@ from ..agent.react import ReActAgent
 from ..errors import AgentScopeError
 from ..events import AgentResult, ConfirmResult
 from ..message import GenerateReason, Msg, ToolResultBlock
-from ._config import WORKFLOW_NAME, DurableConfig
+from ._config import INTERRUPT_SIGNAL, WORKFLOW_NAME, DurableConfig
 from ._executors import CancelledCalls, install
 from ._factory import build_agent
 from ._journal import Journal
@@ -113,7 +113,7 @@ class AgentRunWorkflow:
         waits.clear()  # a run that ends waits for nothing
         return final
 
-    @workflow.signal(name="interrupt")
+    @workflow.signal(name=INTERRUPT_SIGNAL)
     def interrupt(self) -> None:
         self._interrupted = True
         if self._agent is not None:
