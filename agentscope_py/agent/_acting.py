@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import functools
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -165,11 +166,26 @@ def _groups(toolkit: Toolkit, calls: Sequence[ToolUseBlock]) -> list[list[ToolUs
 async def _run_group(
     scope: ToolScope, group: Sequence[ToolUseBlock], context: contextvars.Context, deadline: Deadline | None,
 ) -> AsyncGenerator[AgentEvent, None]:
-    """The calls of one group, each in its own task; their events in call order."""
+    """The calls of one group, each in its own task; their events in call order.
+
+    A call's channel holds its ToolResultStart before its task exists, and the task's end closes
+    the channel if the task did not: an interrupt can cancel a task before its first step, and
+    then none of its code runs (no result, no channel closed), while the consumer waits on that
+    channel."""
     loop = asyncio.get_running_loop()
-    channels = [Channel(256) for _ in group]
-    tasks = [loop.create_task(_run_tool(scope, call, ch, deadline), context=context.copy())
-             for call, ch in zip(group, channels, strict=True)]
+    channels: list[Channel] = []
+    tasks: list[asyncio.Task[None]] = []
+    for call in group:
+        tool = scope.toolkit.get(call.name)
+        # A tool's metadata (an MCP tool's server) goes on its call's brackets; most tools have
+        # none. Passed only when there is some, so other tools' events stay exactly as they were.
+        meta: dict[str, Any] = {"metadata": dict(tool.metadata)} if tool is not None and tool.metadata else {}
+        ch = Channel(256)
+        ch.items.append(ToolResultStart(reply_id=scope.reply_id, tool_call_id=call.id, tool_name=call.name, **meta))
+        task = loop.create_task(_run_tool(scope, call, tool, meta, ch, deadline), context=context.copy())
+        task.add_done_callback(functools.partial(_unanswered, scope.reply_id, call, meta, ch))
+        channels.append(ch)
+        tasks.append(task)
     scope.control.tasks.update(tasks)
     try:
         for ch in channels:
@@ -184,19 +200,28 @@ async def _run_group(
             await asyncio.gather(*pending, return_exceptions=True)
 
 
-async def _run_tool(scope: ToolScope, call: ToolUseBlock, channel: Channel, deadline: Deadline | None) -> None:
-    """One call, its output streamed through ``channel`` as it comes."""
+def _unanswered(reply_id: str, call: ToolUseBlock, meta: dict[str, Any], channel: Channel, _: object) -> None:
+    """A tool task's end: a channel its task left open (cancelled before its first step) gets
+    the call's interrupted result, so its consumer is not left waiting."""
+    if not channel.done:
+        channel.items.append(ToolResultTextDelta(reply_id=reply_id, tool_call_id=call.id, tool_name=call.name,
+                                                 delta=INTERRUPTED_TEXT))
+        channel.items.append(ToolResultEnd(reply_id=reply_id, tool_call_id=call.id, tool_name=call.name,
+                                           state=ToolResultState.INTERRUPTED, **meta))
+        channel.finish(None)
+
+
+async def _run_tool(
+    scope: ToolScope, call: ToolUseBlock, tool: Tool | None, meta: dict[str, Any], channel: Channel,
+    deadline: Deadline | None,
+) -> None:
+    """One call, its output streamed through ``channel`` (which holds its start) as it comes."""
     reply_id, cid, name = scope.reply_id, call.id, call.name
     scope.started += 1
-    tool = scope.toolkit.get(name)
-    # A tool's metadata (an MCP tool's server) goes on its call's brackets; most tools have none.
-    # Passed only when there is some, so other tools' events stay exactly as they were.
-    meta: dict[str, Any] = {"metadata": dict(tool.metadata)} if tool is not None and tool.metadata else {}
     # In this task's own context (nothing to reset): the tool can name its call, and a sub-agent
     # forwards its events straight into the call's channel.
     current_tool_call.set(call)
     TOOL_CALL.set((call, channel))
-    await channel.put(ToolResultStart(reply_id=reply_id, tool_call_id=cid, tool_name=name, **meta))
     error_text: str | None = INTERRUPTED_TEXT
     state = ToolResultState.INTERRUPTED
     if not scope.control.interrupted:  # (while the consumer held the Start, the tool never starts)
