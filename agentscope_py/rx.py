@@ -105,7 +105,6 @@ async def pipe_operators(upstream: AsyncIterator[Any], operators: Sequence[Any])
         on_next=sink.on_next, on_error=sink.on_error, on_completed=sink.on_completed, scheduler=scheduler
     )
     pending: asyncio.Future[Any] | None = None
-    upstream_done = False
     try:
         while True:
             while sink.items:
@@ -113,7 +112,7 @@ async def pipe_operators(upstream: AsyncIterator[Any], operators: Sequence[Any])
             if sink.done:
                 sink.end()
                 return
-            if upstream_done or not observers:
+            if ended or not observers:
                 await sink.wait()
                 continue
             if scheduler.used:
@@ -128,22 +127,18 @@ async def pipe_operators(upstream: AsyncIterator[Any], operators: Sequence[Any])
                 try:
                     item = step.result()
                 except StopAsyncIteration:
-                    upstream_done = True
                     end(None)
                     continue
                 except Exception as exc:
-                    upstream_done = True
                     end(exc)
                     continue
             else:
                 try:
                     item = await upstream.__anext__()
                 except StopAsyncIteration:
-                    upstream_done = True
                     end(None)
                     continue
                 except Exception as exc:
-                    upstream_done = True
                     end(exc)
                     continue
             if observers:

@@ -30,7 +30,7 @@ from .fakes import TurnServer, get_weather
 pytestmark = pytest.mark.timeout(90)
 
 CASES = 240
-AT_ONCE = 20
+AT_ONCE = 10
 WINDOW = 0.25
 PROMPT = 1.0  # seconds from the interrupt to the consumer's end
 
