@@ -121,6 +121,9 @@ async def test_no_cancellation_at_any_time_loses_a_turn_the_model_was_asked_abou
 
         await asyncio.gather(*(bounded(i, c) for i, c in enumerate(cases)))
         await asyncio.sleep(0.2)  # requests still in the server's socket are read and recorded
+        # No cut leaks a connection: what the client keeps open is idle in its pool.
+        kept = model.http_client._transport.open_connections
+        assert kept <= AT_ONCE and server.open_connections == kept
     finally:
         await model.aclose()
         if store_kind == "sqlite":
