@@ -109,8 +109,8 @@ async def test_interrupt_while_the_consumer_holds_the_start_event_spares_the_con
 @pytest.mark.timeout(10)
 async def test_an_interrupt_before_a_tool_task_first_runs_still_ends_the_call_and_the_run() -> None:
     """The interrupt lands in the loop turn between a tool task's creation and its first step:
-    the task is cancelled before any of its code runs, yet its call ends (interrupted) and the
-    consumer is not left waiting for it."""
+    the call still ends (interrupted, the tool never run) and the consumer is not left waiting
+    for it."""
     ran: list[bool] = []
 
     @tool

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import functools
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -168,25 +167,13 @@ async def _run_group(
 ) -> AsyncGenerator[AgentEvent, None]:
     """The calls of one group, each in its own task; their events in call order.
 
-    A call's channel holds its ToolResultStart before its task exists, and the task's end closes
-    the channel if the task did not: an interrupt can cancel a task before its first step, and
-    then none of its code runs (no result, no channel closed), while the consumer waits on that
-    channel."""
+    Each task registers itself with the run's control at its first step (`_run_tool`), not when
+    it is made: an interrupt cancelling a task before that step would cancel it before any of its
+    code ran, leaving its channel open (no result) and its consumer waiting on it for ever."""
     loop = asyncio.get_running_loop()
-    channels: list[Channel] = []
-    tasks: list[asyncio.Task[None]] = []
-    for call in group:
-        tool = scope.toolkit.get(call.name)
-        # A tool's metadata (an MCP tool's server) goes on its call's brackets; most tools have
-        # none. Passed only when there is some, so other tools' events stay exactly as they were.
-        meta: dict[str, Any] = {"metadata": dict(tool.metadata)} if tool is not None and tool.metadata else {}
-        ch = Channel(256)
-        ch.items.append(ToolResultStart(reply_id=scope.reply_id, tool_call_id=call.id, tool_name=call.name, **meta))
-        task = loop.create_task(_run_tool(scope, call, tool, meta, ch, deadline), context=context.copy())
-        task.add_done_callback(functools.partial(_unanswered, scope.reply_id, call, meta, ch))
-        channels.append(ch)
-        tasks.append(task)
-    scope.control.tasks.update(tasks)
+    channels = [Channel(256) for _ in group]
+    tasks = [loop.create_task(_run_tool(scope, call, ch, deadline), context=context.copy())
+             for call, ch in zip(group, channels, strict=True)]
     try:
         for ch in channels:
             async for ev in ch.drain():
@@ -200,28 +187,24 @@ async def _run_group(
             await asyncio.gather(*pending, return_exceptions=True)
 
 
-def _unanswered(reply_id: str, call: ToolUseBlock, meta: dict[str, Any], channel: Channel, _: object) -> None:
-    """A tool task's end: a channel its task left open (cancelled before its first step) gets
-    the call's interrupted result, so its consumer is not left waiting."""
-    if not channel.done:
-        channel.items.append(ToolResultTextDelta(reply_id=reply_id, tool_call_id=call.id, tool_name=call.name,
-                                                 delta=INTERRUPTED_TEXT))
-        channel.items.append(ToolResultEnd(reply_id=reply_id, tool_call_id=call.id, tool_name=call.name,
-                                           state=ToolResultState.INTERRUPTED, **meta))
-        channel.finish(None)
-
-
-async def _run_tool(
-    scope: ToolScope, call: ToolUseBlock, tool: Tool | None, meta: dict[str, Any], channel: Channel,
-    deadline: Deadline | None,
-) -> None:
-    """One call, its output streamed through ``channel`` (which holds its start) as it comes."""
+async def _run_tool(scope: ToolScope, call: ToolUseBlock, channel: Channel, deadline: Deadline | None) -> None:
+    """One call, its output streamed through ``channel`` as it comes."""
     reply_id, cid, name = scope.reply_id, call.id, call.name
+    task = asyncio.current_task()
+    assert task is not None
+    # Registered here, in the same step that reads the interrupt flag below: an interrupt either
+    # came before (the call ends interrupted, without running) or cancels this task.
+    scope.control.tasks.add(task)
     scope.started += 1
+    tool = scope.toolkit.get(name)
+    # A tool's metadata (an MCP tool's server) goes on its call's brackets; most tools have none.
+    # Passed only when there is some, so other tools' events stay exactly as they were.
+    meta: dict[str, Any] = {"metadata": dict(tool.metadata)} if tool is not None and tool.metadata else {}
     # In this task's own context (nothing to reset): the tool can name its call, and a sub-agent
     # forwards its events straight into the call's channel.
     current_tool_call.set(call)
     TOOL_CALL.set((call, channel))
+    await channel.put(ToolResultStart(reply_id=reply_id, tool_call_id=cid, tool_name=name, **meta))
     error_text: str | None = INTERRUPTED_TEXT
     state = ToolResultState.INTERRUPTED
     if not scope.control.interrupted:  # (while the consumer held the Start, the tool never starts)
