@@ -106,7 +106,7 @@ async def test_no_cancellation_at_any_time_loses_a_turn_the_model_was_asked_abou
 ) -> None:
     server = TurnServer()
     await server.start()
-    store: Any = InMemoryStateStore() if store_kind == "memory" else SqliteStateStore(tmp_path / "s.db")
+    store: Any = InMemoryStateStore(as_json=True) if store_kind == "memory" else SqliteStateStore(tmp_path / "s.db")
     model = OpenAIChatModel("gpt-fake", base_url=f"{server.url}/v1", api_key="sk-test", timeout=10)
     agent = ReActAgent.builder().model(model).toolkit(Toolkit([get_weather])).state_store(store).build()
     rnd = random.Random(f"cancel-{store_kind}")
