@@ -76,24 +76,35 @@ class _Sink(Channel):
 
 async def pipe_operators(upstream: AsyncIterator[Any], operators: Sequence[Any]) -> AsyncIterator[Any]:
     """The upstream is pulled once: an operator that re-subscribes (rx ``retry``, ``repeat``)
-    sees the remaining items, not a restart. Use `EventStream.retry` to re-run a stream."""
+    sees the remaining items, not a restart — and once the upstream has ended, its end (its
+    completion or its error) again, so a ``retry`` after the upstream failed fails too instead
+    of waiting for items that never come. Use `EventStream.retry` to re-run a stream."""
     loop = asyncio.get_running_loop()
     scheduler = _TrackingScheduler(loop)
     observers: list[Any] = []
+    ended: list[Exception | None] = []  # the upstream's end once it came: None, or its error
 
     sink = _Sink()
 
     def subscribe(observer: Any, _scheduler: Any = None) -> Disposable:
+        if ended:
+            # After the upstream's end, nothing remains but that end.
+            observer.on_completed() if ended[0] is None else observer.on_error(ended[0])
+            return Disposable()
         # Operators such as catch subscribe through the scheduler, i.e. later: wake the puller.
         observers.append(observer)
         sink.wake()
-        return Disposable(lambda: observers.clear())
+        return Disposable(lambda: observers.remove(observer) if observer in observers else None)
+
+    def end(error: Exception | None) -> None:
+        ended.append(error)
+        if observers:  # (none while an operator re-subscribes: it sees the end when it does)
+            observers[0].on_completed() if error is None else observers[0].on_error(error)
 
     subscription = reactivex.create(subscribe).pipe(*operators).subscribe(
         on_next=sink.on_next, on_error=sink.on_error, on_completed=sink.on_completed, scheduler=scheduler
     )
     pending: asyncio.Future[Any] | None = None
-    upstream_done = False
     try:
         while True:
             while sink.items:
@@ -101,7 +112,7 @@ async def pipe_operators(upstream: AsyncIterator[Any], operators: Sequence[Any])
             if sink.done:
                 sink.end()
                 return
-            if upstream_done or not observers:
+            if ended or not observers:
                 await sink.wait()
                 continue
             if scheduler.used:
@@ -116,23 +127,19 @@ async def pipe_operators(upstream: AsyncIterator[Any], operators: Sequence[Any])
                 try:
                     item = step.result()
                 except StopAsyncIteration:
-                    upstream_done = True
-                    observers[0].on_completed() if observers else None
+                    end(None)
                     continue
                 except Exception as exc:
-                    upstream_done = True
-                    observers[0].on_error(exc) if observers else None
+                    end(exc)
                     continue
             else:
                 try:
                     item = await upstream.__anext__()
                 except StopAsyncIteration:
-                    upstream_done = True
-                    observers[0].on_completed()
+                    end(None)
                     continue
                 except Exception as exc:
-                    upstream_done = True
-                    observers[0].on_error(exc)
+                    end(exc)
                     continue
             if observers:
                 observers[0].on_next(item)

@@ -298,6 +298,54 @@ async def test_a_turn_the_store_could_not_save_survives_a_store_that_comes_back_
 
 
 
+class HandingOffStore(InMemoryStateStore):
+    """Writes a beat after it is asked, as a store that hands its write to a thread or a
+    connection does; ``writing`` is set when a save starts."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writing = asyncio.Event()
+
+    async def save(self, user_id: str, session_id: str, state: Any, expected_version: int) -> int:
+        self.writing.set()
+        await asyncio.sleep(0.05)
+        return await super().save(user_id, session_id, state, expected_version)
+
+
+@pytest.mark.parametrize("cancels", [1, 3])
+@pytest.mark.parametrize("finish_hook", [False, True])
+async def test_a_cancellation_during_the_checkpoint_returns_only_once_the_turn_is_stored(
+    cancels: int, finish_hook: bool
+) -> None:
+    store = HandingOffStore()
+    builder = ReActAgent.builder().model(ScriptedModel([ModelStep.text("the answer")])).state_store(store)
+    agent = (builder.middleware(FinishCounts()) if finish_hook else builder).build()
+    task = asyncio.create_task(agent.call("question", ctx=ctx()))
+    await asyncio.wait_for(store.writing.wait(), 5)
+    for _ in range(cancels):  # (cancelled again while the write is held: still held)
+        task.cancel()
+        await asyncio.sleep(0)
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert await stored(agent) == (["question", "the answer"], 1)
+
+
+async def test_a_deadline_passing_during_the_checkpoint_fires_once_the_turn_is_stored() -> None:
+    store = HandingOffStore()
+    agent = ReActAgent.builder().model(ScriptedModel([ModelStep.text("the answer")])).state_store(store).build()
+
+    async def caller() -> None:
+        loop = asyncio.get_running_loop()
+        async with asyncio.timeout(None) as deadline:  # it passes as the write starts
+            writing = loop.create_task(store.writing.wait())
+            writing.add_done_callback(lambda _: deadline.reschedule(loop.time()))
+            await agent.call("question", ctx=ctx())
+
+    with pytest.raises(TimeoutError):
+        await caller()
+    assert await stored(agent) == (["question", "the answer"], 1)
+
+
 @tool(external=True)
 def browser_action(url: str) -> str:
     """Run in the client's browser.

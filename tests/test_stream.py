@@ -357,6 +357,27 @@ async def test_pipe_time_based_operator_on_the_loop() -> None:
     assert batched == [[0, 1], [2]]
 
 
+@pytest.mark.parametrize("operators", [
+    (ops.delay(0.01), ops.retry(3)),
+    (ops.debounce(0.01), ops.retry(2)),
+    (ops.retry(2),),
+    (ops.delay(0.01), ops.catch(lambda error, source: source)),
+], ids=["delay-retry", "debounce-retry", "retry", "delay-catch-resubscribe"])
+async def test_a_resubscription_after_the_upstream_failed_gets_its_error_again(operators: Any) -> None:
+    # The upstream is pulled once: a retry after its error sees that error again (and gives up)
+    # instead of waiting for items that never come.
+    failing = Producer(5, fail_at=2, tick=True)
+    with pytest.raises(ValueError, match="boom at 2"):
+        await asyncio.wait_for(failing.stream().pipe(*operators).to_list(), 2)
+    assert failing.subscriptions == 1 and failing.closed == 1
+
+
+async def test_a_resubscription_after_the_upstream_completed_gets_its_completion_again() -> None:
+    ended = Producer(2, tick=True)
+    out = await asyncio.wait_for(ended.stream().pipe(ops.delay(0.01), ops.repeat(3)).to_list(), 2)
+    assert out == [0, 1] and ended.subscriptions == 1 and ended.closed == 1
+
+
 async def test_to_and_from_observable() -> None:
     p = Producer(3)
     obs = p.stream().to_observable()

@@ -106,6 +106,43 @@ async def test_interrupt_while_the_consumer_holds_the_start_event_spares_the_con
     assert [r.state for r in results] == [ToolResultState.INTERRUPTED]
 
 
+@pytest.mark.timeout(10)
+async def test_an_interrupt_before_a_tool_task_first_runs_still_ends_the_call_and_the_run() -> None:
+    """The interrupt lands in the loop turn between a tool task's creation and its first step:
+    the call still ends (interrupted, the tool never run) and the consumer is not left waiting
+    for it."""
+    ran: list[bool] = []
+
+    @tool
+    async def quick() -> str:
+        """Answers at once."""
+        ran.append(True)
+        return "done"
+
+    agent = agent_with(quick, ModelStep.tool_call("quick", {}), ModelStep.text("unused"))
+    loop = asyncio.get_running_loop()
+    default = loop.get_task_factory()
+
+    def interrupting(loop: asyncio.AbstractEventLoop, coro: Any, **kw: Any) -> asyncio.Task[Any]:
+        if getattr(coro, "__qualname__", "") == "_run_tool":
+            loop.call_soon(agent.interrupt)  # queued ahead of the task's first step
+        return asyncio.Task(coro, loop=loop, **kw)
+
+    loop.set_task_factory(interrupting)
+    kinds: list[str] = []
+    try:
+        async with asyncio.timeout(2):
+            async for ev in agent.stream("go"):
+                kinds.append(ev.type)
+    finally:
+        loop.set_task_factory(default)
+    assert ran == []
+    assert kinds[-5:] == ["tool_result_start", "tool_result_text_delta", "tool_result_end", "agent_result",
+                          "agent_end"]
+    results = await tool_results(agent)
+    assert [r.state for r in results] == [ToolResultState.INTERRUPTED]
+
+
 async def test_a_timeout_inside_the_tool_never_cancels_the_consumer_while_it_holds_an_event() -> None:
     """A timeout the tool sets (``asyncio.timeout`` cancels the current task) fires inside the
     tool's task, never in the consumer's own code."""

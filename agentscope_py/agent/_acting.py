@@ -165,12 +165,15 @@ def _groups(toolkit: Toolkit, calls: Sequence[ToolUseBlock]) -> list[list[ToolUs
 async def _run_group(
     scope: ToolScope, group: Sequence[ToolUseBlock], context: contextvars.Context, deadline: Deadline | None,
 ) -> AsyncGenerator[AgentEvent, None]:
-    """The calls of one group, each in its own task; their events in call order."""
+    """The calls of one group, each in its own task; their events in call order.
+
+    Each task registers itself with the run's control at its first step (`_run_tool`), not when
+    it is made: an interrupt cancelling a task before that step would cancel it before any of its
+    code ran, leaving its channel open (no result) and its consumer waiting on it for ever."""
     loop = asyncio.get_running_loop()
     channels = [Channel(256) for _ in group]
     tasks = [loop.create_task(_run_tool(scope, call, ch, deadline), context=context.copy())
              for call, ch in zip(group, channels, strict=True)]
-    scope.control.tasks.update(tasks)
     try:
         for ch in channels:
             async for ev in ch.drain():
@@ -187,6 +190,11 @@ async def _run_group(
 async def _run_tool(scope: ToolScope, call: ToolUseBlock, channel: Channel, deadline: Deadline | None) -> None:
     """One call, its output streamed through ``channel`` as it comes."""
     reply_id, cid, name = scope.reply_id, call.id, call.name
+    task = asyncio.current_task()
+    assert task is not None
+    # Registered here, in the same step that reads the interrupt flag below: an interrupt either
+    # came before (the call ends interrupted, without running) or cancels this task.
+    scope.control.tasks.add(task)
     scope.started += 1
     tool = scope.toolkit.get(name)
     # A tool's metadata (an MCP tool's server) goes on its call's brackets; most tools have none.

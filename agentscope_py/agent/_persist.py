@@ -4,7 +4,13 @@ once at the end of the run, after ``on_agent_finish``.
 A run that fails, is interrupted or loses its consumer still saves its turn: the finish hooks run
 once each (even when an earlier one raised), then the checkpoint, then the first hook's error
 reaches the caller. A checkpoint that fails keeps the state in memory (`AgentRuntime.unsaved`),
-so the next call on the session starts from it instead of losing the turn."""
+so the next call on the session starts from it instead of losing the turn.
+
+No cancellation cuts a checkpoint short: a store's write that waits (a thread, a connection) runs
+in a task of its own, and a cancellation of the run while it waits is held until the write has
+ended, then goes on. A write abandoned midway may never happen (a job still queued for the
+store's thread is dropped with it), and the caller, once its cancelled call returns, must find
+the turn stored; the session's gate is released only after it."""
 
 from __future__ import annotations
 
@@ -21,6 +27,7 @@ from ._brackets import describe
 from ._hooks import HookCall
 from ._run_state import RunState
 from .state import AgentState
+from .store import InMemoryStateStore
 
 if TYPE_CHECKING:
     from ._runtime import AgentRuntime
@@ -61,20 +68,38 @@ async def load_session(runtime: AgentRuntime, ctx: RuntimeContext, run: RunState
 
 
 async def save_once(runtime: AgentRuntime, ctx: RuntimeContext, run: RunState) -> None:
-    """Checkpoint the run's session state, once per run."""
+    """Checkpoint the run's session state, once per run, to its end whatever cancels the run
+    meanwhile (the module docstring says why); a cancellation that came while it wrote is raised
+    after it."""
     if run.saved or run.session is None:
         return
     run.saved = True
     key = (ctx.user_id, ctx.session_id)
+    store = runtime.store
+    cancelled: asyncio.CancelledError | None = None
     try:
-        run.version = await runtime.store.save(*key, run.session, run.version)
-    except Exception as exc:
+        if type(store) is InMemoryStateStore:  # its save never waits: nothing can cut it short
+            run.version = await store.save(*key, run.session, run.version)
+        else:
+            saving = asyncio.ensure_future(store.save(*key, run.session, run.version))
+            while True:
+                try:
+                    await asyncio.shield(saving)
+                    break
+                except asyncio.CancelledError as exc:
+                    if saving.cancelled():  # the write itself was cancelled: it failed
+                        break
+                    cancelled = exc  # the run's: held until the write has ended
+            run.version = saving.result()
+    except BaseException as exc:
         # Keep the turn: the next call on this session starts from it (see load_session).
         runtime.unsaved[key] = (run.session, run.version)
-        if isinstance(exc, StateStoreError):
+        if not isinstance(exc, Exception) or isinstance(exc, StateStoreError):
             raise
         raise StateStoreError(f"saving session {ctx.user_id}/{ctx.session_id} failed: {exc}") from exc
     runtime.unsaved.pop(key, None)
+    if cancelled is not None:
+        raise cancelled
 
 
 async def finish(
@@ -108,10 +133,9 @@ async def finish(
                     run.finish_error = exc
     except asyncio.CancelledError as exc:  # cancelled while a hook awaited: save, then go on
         cancelled = exc
-    if cancelled is not None:
-        await asyncio.shield(save_once(runtime, ctx, run))
-        raise cancelled
     await save_once(runtime, ctx, run)
+    if cancelled is not None:
+        raise cancelled
 
 
 async def finish_quietly(
@@ -127,6 +151,6 @@ async def finish_quietly(
         logger.exception("finishing the cancelled run of %s/%s failed", ctx.user_id, ctx.session_id)
     if not run.saved:  # the finish was cut before its checkpoint
         try:
-            await asyncio.shield(save_once(runtime, ctx, run))
+            await save_once(runtime, ctx, run)
         except Exception:
             logger.exception("saving the cancelled run of %s/%s failed", ctx.user_id, ctx.session_id)

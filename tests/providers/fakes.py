@@ -351,3 +351,26 @@ def get_weather(city: str) -> str:
 
 def ask(text: str = "hi", **kw: Any) -> ModelRequest:
     return ModelRequest(messages=[Msg.user(text)], **kw)
+
+
+class TurnServer(FakeServer):
+    """Answers each Chat Completions request by itself, as a model with one tool would: a call
+    to ``get_weather`` for a new question, the answer once the tool's result is in, each reply's
+    frames ``gap`` seconds apart; keeps every user text it was asked."""
+
+    def __init__(self, gap: float = 0.008) -> None:
+        super().__init__()
+        self.gap = gap
+        self.asked: set[str] = set()
+
+    def reply_for(self, request: Request) -> Reply:
+        messages = request.body["messages"]
+        self.asked.update(m["content"] for m in messages if m["role"] == "user" and isinstance(m["content"], str))
+        if messages[-1]["role"] == "tool":
+            parts = oa_text("It ", "is ", "sunny ", "in ", "Paris.")
+        else:
+            parts = oa_tool_calls(("call_w", "get_weather", ['{"city": ', '"Paris"}']))
+        spread: list[bytes | float] = [self.gap]
+        for part in parts:
+            spread += [part, self.gap]
+        return Reply(parts=spread)

@@ -1,0 +1,140 @@
+"""An interrupt ends every consumer promptly, also with reactivex time operators in the chain.
+
+The real `OpenAIChatModel` against a loopback server speaking the OpenAI SSE wire (a tool call,
+then the answer); a middleware applies time operators (``debounce``, ``delay``, ``sample``,
+``throttle_with_timeout``, ``buffer_with_time``, a ``retry`` after a ``delay``) at one of the
+chain's points, through ``EventStream.pipe`` or through ``to_observable``/``from_observable``.
+Each case interrupts its run at a random time in 0–250 ms — while the request goes out, while
+the reply streams, while the tool runs, between the two — and its consumer (``call()`` or a
+loop over ``stream()``) must end within a second of the interrupt.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+import reactivex
+from reactivex import operators as ops
+
+from agentscope_py import EventStream, MiddlewareBase, ReActAgent, RuntimeContext, Toolkit
+from agentscope_py.model.openai import OpenAIChatModel
+
+from .fakes import TurnServer, get_weather
+
+pytestmark = pytest.mark.timeout(90)
+
+CASES = 240
+AT_ONCE = 10
+WINDOW = 0.25
+PROMPT = 1.0  # seconds from the interrupt to the consumer's end
+
+OPERATORS: dict[str, Callable[[], list[Any]]] = {
+    "debounce": lambda: [ops.debounce(0.03)],
+    "delay": lambda: [ops.delay(0.03)],
+    "sample": lambda: [ops.sample(0.03)],
+    "throttle_with_timeout": lambda: [ops.throttle_with_timeout(0.03)],
+    "buffer_with_time": lambda: [ops.buffer_with_time(0.03), ops.flat_map(reactivex.from_iterable)],
+    "delay+retry": lambda: [ops.delay(0.03), ops.retry(2)],
+}
+POINTS = ("agent", "reasoning", "model", "acting")
+
+
+class TimeOperators(MiddlewareBase):
+    """Applies ``operators`` at one point of the chain, by ``pipe`` or through an Observable."""
+
+    def __init__(self, operators: list[Any], point: str, observable: bool) -> None:
+        self.operators = operators
+        self.point = point
+        self.observable = observable
+
+    def _apply(self, point: str, stream: EventStream[Any]) -> EventStream[Any]:
+        if point != self.point:
+            return stream
+        if self.observable:
+            return EventStream.from_observable(stream.to_observable().pipe(*self.operators))
+        return stream.pipe(*self.operators)
+
+    def on_agent(self, agent: Any, ctx: Any, input: Any, next: Any) -> Any:
+        return self._apply("agent", next(input))
+
+    def on_reasoning(self, agent: Any, ctx: Any, input: Any, next: Any) -> Any:
+        return self._apply("reasoning", next(input))
+
+    def on_model_call(self, agent: Any, ctx: Any, input: Any, next: Any) -> Any:
+        return self._apply("model", next(input))
+
+    def on_acting(self, agent: Any, ctx: Any, input: Any, next: Any) -> Any:
+        return self._apply("acting", next(input))
+
+
+@dataclass
+class Case:
+    name: str
+    point: str
+    observable: bool
+    mode: str
+    at: float
+    took: float | None = None
+    error: BaseException | None = None
+
+
+async def _run_case(model: OpenAIChatModel, case: Case, session: str) -> None:
+    middleware = TimeOperators(OPERATORS[case.name](), case.point, case.observable)
+    agent = ReActAgent.builder().model(model).toolkit(Toolkit([get_weather])).middleware(middleware) \
+        .max_iters(3).build()
+    ctx = RuntimeContext(user_id="u", session_id=session)
+
+    async def consume() -> None:
+        if case.mode == "call":
+            await agent.call("what is the weather?", ctx=ctx)
+            return
+        async for _ in agent.stream("what is the weather?", ctx=ctx):
+            pass
+
+    task = asyncio.create_task(consume())
+    await asyncio.sleep(case.at)
+    agent.interrupt("u", session)
+    interrupted = time.monotonic()
+    done, _ = await asyncio.wait([task], timeout=5)
+    if not done:
+        task.cancel()
+        await asyncio.wait([task], timeout=5)
+        return
+    case.took = time.monotonic() - interrupted
+    if not task.cancelled():
+        case.error = task.exception()
+
+
+async def test_an_interrupt_ends_every_consumer_promptly_whatever_time_operators_the_chain_holds() -> None:
+    server = TurnServer()
+    await server.start()
+    model = OpenAIChatModel("gpt-fake", base_url=f"{server.url}/v1", api_key="sk-test", timeout=10)
+    rnd = random.Random("interrupt-rx")
+    names = sorted(OPERATORS)
+    combos = len(names) * len(POINTS)  # every operator at every point, by pipe and by Observable
+    cases = [Case(names[i % len(names)], POINTS[(i // len(names)) % len(POINTS)], (i // combos) % 2 == 1,
+                  rnd.choice(("call", "stream")), rnd.uniform(0, WINDOW)) for i in range(CASES)]
+    try:
+        limit = asyncio.Semaphore(AT_ONCE)
+
+        async def bounded(i: int, case: Case) -> None:
+            async with limit:
+                await _run_case(model, case, f"s{i}")
+
+        await asyncio.gather(*(bounded(i, c) for i, c in enumerate(cases)))
+    finally:
+        await model.aclose()
+        await server.stop()
+    late = [c for c in cases if c.took is None or c.took > PROMPT]
+    assert not late, f"{len(late)} of {len(cases)} consumers outlived the interrupt by over {PROMPT} s: " + \
+        "; ".join(f"{c.name} at {c.point} ({'observable' if c.observable else 'pipe'}, {c.mode}, "
+                  f"interrupt at {c.at * 1000:.0f} ms): {'still running' if c.took is None else f'{c.took:.1f} s'}"
+                  for c in late[:8])
+    failed = [c for c in cases if c.error is not None]
+    assert not failed, f"{len(failed)} runs failed, e.g. {failed[0]}: {failed[0].error!r}"
