@@ -215,7 +215,7 @@ async def test_a_log_that_outlives_its_server_closes_the_runs_the_shutdown_cut(
     cut: list[tuple[str, str]] = []
     for seed in range(0, 80, 4):
         rng = random.Random(seed)
-        agent, _ = scenario(seed, pause=0.001)
+        agent, _ = scenario(seed, pause=0.01)  # slow enough that the shutdown finds it running on a busy host
         app = create_app(agent, run_log=open_log())
         async with app.router.lifespan_context(app):
             kind = rng.choice(["native", "agui"])
