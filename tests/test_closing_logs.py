@@ -227,7 +227,9 @@ async def test_a_log_that_outlives_its_server_closes_the_runs_the_shutdown_cut(
                 body = {"threadId": f"t{seed}", "runId": f"r{seed}", "messages": [
                     {"id": f"m{seed}", "role": "user", "content": "go"}]}
                 call = asyncio.create_task(call_app(app, "POST", "/agui", body, client))
-            await asyncio.wait([call, asyncio.create_task(client.cut.wait())], return_when=asyncio.FIRST_COMPLETED)
+            cut_seen = asyncio.create_task(client.cut.wait())
+            await asyncio.wait([call, cut_seen], return_when=asyncio.FIRST_COMPLETED)
+            cut_seen.cancel()
         # The lifespan ended: the server stopped, cancelling what still ran.
         await asyncio.wait_for(call, 10)
         cut.append((kind, client.headers["x-run-id"]))
