@@ -161,7 +161,9 @@ async def one_run(app: Any, seed: int, turn: int, kind: str, rng: random.Random)
     client = Client(cut_after=None if cut == "none" else k, leave=cut != "interrupt")
     call = asyncio.create_task(call_app(app, "POST", path, body, client))
     if cut == "interrupt":
-        await asyncio.wait([call, asyncio.create_task(client.cut.wait())], return_when=asyncio.FIRST_COMPLETED)
+        cut_seen = asyncio.create_task(client.cut.wait())
+        await asyncio.wait([call, cut_seen], return_when=asyncio.FIRST_COMPLETED)
+        cut_seen.cancel()
         if not call.done():
             answer = await call_app(app, "POST", f"/v1/runs/{client.headers['x-run-id']}/interrupt")
             assert answer.status == 200, what
