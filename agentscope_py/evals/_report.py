@@ -239,7 +239,7 @@ class EvaluationReport:
     def load(cls, path: str | Path) -> EvaluationReport:
         try:
             return cls.from_json(Path(path).read_text(encoding="utf-8"))
-        except (ValueError, KeyError, TypeError) as exc:
+        except (OSError, ValueError, KeyError, TypeError) as exc:
             raise ValueError(f"{path}: cannot read the evaluation report: {exc}") from None
 
     # -- rendering -------------------------------------------------------------------------------
