@@ -30,6 +30,7 @@ __all__ = [
     "Deadline",
     "DynamicPromptMiddleware",
     "Edit",
+    "EvalMiddleware",
     "ExtensionPoint",
     "FinalAnswerFilterMiddleware",
     "Guardrail",
@@ -150,6 +151,7 @@ _LAZY = {
     "ModelSummarizer": "compression",
     "SummaryRecord": "compression",  # (defined in agentscope_py.agent.state)
     "PromptCacheGuardMiddleware": "prompt_cache",
+    "EvalMiddleware": "evaluation",
 }
 
 
