@@ -11,11 +11,14 @@ from ._case import Case, ExpectedTool
 from ._context import EvalContext, ModelCall, ToolCall
 from ._cost import MaxCost, MaxDuration, MaxModelCalls, MaxTokens
 from ._dataset import DEFAULT_TIMEOUT, Dataset
+from ._divergence import Divergence, compare_events, first_divergence
 from ._evaluator import Evaluator, run_evaluator
 from ._files import BUILTIN_EVALUATORS, dataset_schema
+from ._fork import ForkResult, fork
 from ._judge import LLMJudge, Verdict
 from ._output import Contains, Equals, Matches, StructuredEquals
 from ._pytest import assert_passes, case_params
+from ._recorded import RecordedRun
 from ._report import AttemptReport, CaseChange, CaseReport, Comparison, EvaluationReport
 from ._result import EvalResult
 from ._runner import CaseTimeout
@@ -34,12 +37,14 @@ __all__ = [
     "Contains",
     "Dataset",
     "DatasetError",
+    "Divergence",
     "Equals",
     "EvalContext",
     "EvalResult",
     "EvaluationReport",
     "Evaluator",
     "ExpectedTool",
+    "ForkResult",
     "HasEvent",
     "HasMatchingSpan",
     "LLMJudge",
@@ -50,12 +55,16 @@ __all__ = [
     "MaxTokens",
     "ModelCall",
     "NoToolCall",
+    "RecordedRun",
     "StructuredEquals",
     "ToolCall",
     "ToolTrajectory",
     "Verdict",
     "assert_passes",
     "case_params",
+    "compare_events",
     "dataset_schema",
+    "first_divergence",
+    "fork",
     "run_evaluator",
 ]
