@@ -101,10 +101,14 @@ class EvalContext:
         known = [call.usage for call in self.model_calls if call.usage is not None]
         if not known:
             return None
-        total = known[0]
-        for usage in known[1:]:
-            total = total + usage
-        return total
+        if len(known) == 1:
+            return known[0]
+        # Summed as numbers and built once: each ChatUsage addition validates a new model.
+        return ChatUsage(input_tokens=sum(u.input_tokens for u in known),
+                         output_tokens=sum(u.output_tokens for u in known),
+                         cache_read_tokens=sum(u.cache_read_tokens for u in known),
+                         cache_write_tokens=sum(u.cache_write_tokens for u in known),
+                         reasoning_tokens=sum(u.reasoning_tokens for u in known))
 
     @cached_property
     def tool_calls(self) -> list[ToolCall]:

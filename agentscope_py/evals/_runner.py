@@ -50,10 +50,13 @@ def _takes_case(factory: Callable[..., Any]) -> bool:
     return any(p.kind in positional for p in params)
 
 
-async def build_agent(factory: AgentFactory, case: Case, base: Path | None) -> ReActAgent:
+async def build_agent(factory: AgentFactory, case: Case, base: Path | None, takes_case: bool | None = None
+                      ) -> ReActAgent:
     """A fresh agent for one run: ``factory()``, or ``factory(case)`` when it takes an argument
     (a scripted model per case); a case's cassette replaces the agent's model."""
-    agent: Any = factory(case) if _takes_case(factory) else factory()
+    if takes_case is None:
+        takes_case = _takes_case(factory)
+    agent: Any = factory(case) if takes_case else factory()
     if inspect.isawaitable(agent):
         agent = await agent
     if case.cassette is not None:
@@ -76,6 +79,7 @@ async def run_attempt(
     structured_model: type[Any] | None = None,
     prices: Any = None,
     base: Path | None = None,
+    takes_case: bool | None = None,
 ) -> AttemptReport:
     events: list[Any] = []
     output = None
@@ -84,7 +88,7 @@ async def run_attempt(
     limit = asyncio.timeout(timeout)
     started = time.perf_counter()
     try:
-        agent = await build_agent(factory, case, base)
+        agent = await build_agent(factory, case, base, takes_case)
         collector = collector_for(agent)
         ctx = RuntimeContext(user_id="eval", session_id=f"eval-{case.name}-{attempt}-{new_id()}")
         # The stream is made inside the run's trace: its hooks take their context when it is.
@@ -106,9 +110,9 @@ async def run_attempt(
     duration = time.perf_counter() - started
     ctx_eval = EvalContext(case=case, events=events, output=output, error=error, duration=duration,
                            spans=tuple(spans), attempt=attempt)
-    results = []
-    if error is None:
-        results = list(await asyncio.gather(*(run_evaluator(e, ctx_eval) for e in evaluators)))
+    # One after another: the runs are what goes in parallel, and a task per evaluator would cost
+    # more than most evaluators do.
+    results = [await run_evaluator(e, ctx_eval) for e in evaluators] if error is None else []
     passed = error is None and all(r.passed for r in results)
     usage = ctx_eval.usage
     return AttemptReport(
@@ -148,6 +152,7 @@ async def run_cases(
         for index in range(len(cases)):
             jobs.put_nowait((index, attempt))
     bar = Progress(len(cases) * repeat, label=name, enabled=progress)
+    takes_case = _takes_case(factory)  # once: reading a signature costs more than a scripted run
     started = time.perf_counter()
 
     async def worker() -> None:
@@ -159,7 +164,7 @@ async def run_cases(
             case = cases[index]
             report = await run_attempt(case, attempt, factory, [*evaluators, *case.evaluators],
                                        timeout=case.timeout or timeout, structured_model=structured_model,
-                                       prices=prices, base=base)
+                                       prices=prices, base=base, takes_case=takes_case)
             reports[index][attempt] = report
             bar.advance(report.passed)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import sys
 import weakref
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -23,17 +24,22 @@ _collectors: weakref.WeakKeyDictionary[Any, SpanCollector] = weakref.WeakKeyDict
 def collector_for(agent: Any) -> SpanCollector | None:
     """The collector on the tracer provider of ``agent``'s tracing middleware (installed once per
     provider), or None when the agent produces no spans we can see."""
+    # An agent can hold an OtelTracingMiddleware only once its module is imported: until then
+    # (most evaluations) this costs one dictionary look-up per run.
+    tracing = sys.modules.get("agentscope_py.middleware.tracing")
+    if tracing is None:
+        return None
+    from ..middleware.base import ExtensionPoint
+
+    tracers = [m for m in agent.middlewares_at(ExtensionPoint.ON_AGENT) if isinstance(m, tracing.OtelTracingMiddleware)]
+    if not tracers:
+        return None
     try:
         from opentelemetry import trace
         from opentelemetry.sdk.trace import TracerProvider
 
-        from ..middleware.base import ExtensionPoint
-        from ..middleware.tracing import OtelTracingMiddleware
         from ._span_collector import SpanCollector
-    except ImportError:  # the otel extra is not installed: no spans
-        return None
-    tracers = [m for m in agent.middlewares_at(ExtensionPoint.ON_AGENT) if isinstance(m, OtelTracingMiddleware)]
-    if not tracers:
+    except ImportError:  # the API without the SDK: no spans to collect
         return None
     provider = tracers[0].tracer_provider or trace.get_tracer_provider()
     if not isinstance(provider, TracerProvider):

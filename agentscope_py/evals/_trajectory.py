@@ -47,6 +47,10 @@ def _describe(name: str, args: Any) -> str:
     return name if args is None else f"{name}({args})"
 
 
+def _list(calls: Sequence[ToolCall] | Sequence[ExpectedTool]) -> str:
+    return ", ".join(_describe(c.name, c.args) for c in calls) or "none"
+
+
 class ToolTrajectory(Evaluator):
     """The tool calls made against ``expected`` (names, ``(name, args)`` pairs or
     ``{"name", "args"}``; else the case's ``expected_tools``); see the module docstring."""
@@ -82,16 +86,14 @@ class ToolTrajectory(Evaluator):
             raise ValueError(f"ToolTrajectory: no expected calls given and case {ctx.case.name!r} "
                              "has no expected_tools")
         made = ctx.tool_calls
-        made_text = ", ".join(_describe(c.name, c.args) for c in made) or "none"
-        want_text = ", ".join(_describe(e.name, e.args) for e in expected) or "none"
         if self.mode == "strict":
             for i, (want, call) in enumerate(zip(expected, made, strict=False)):
                 if not self._same(want, call):
                     return EvalResult.of(False, f"call {i + 1}: expected {_describe(want.name, want.args)}, "
-                                                f"made {_describe(call.name, call.args)} (made: {made_text})")
+                                                f"made {_describe(call.name, call.args)} (made: {_list(made)})")
             if len(made) != len(expected):
-                return EvalResult.of(False, f"expected {len(expected)} call(s) [{want_text}], made {len(made)} "
-                                            f"[{made_text}]")
+                return EvalResult.of(False, f"expected {len(expected)} call(s) [{_list(expected)}], made "
+                                            f"{len(made)} [{_list(made)}]")
             return EvalResult.of(True)
         pairs = _match(expected, made, self._same)
         missing = [e for i, e in enumerate(expected) if i not in pairs]

@@ -15,9 +15,9 @@ when the run started, when there was one) whose attributes hold each evaluator's
 (``agentscope.eval.<evaluator>.score`` / ``.passed``, and ``agentscope.eval.passed``) and whose
 ``agentscope.eval.result`` events hold the reasons; a log line on the ``agentscope_py.evals``
 logger; and the ``on_result`` callback (sync or async) with an `OnlineResult`. A failing
-publisher is logged, never raised. Only runs that reached their ``AgentEnd`` are scored (a run
-whose consumer stopped reading early is counted in ``incomplete``). Online contexts carry no
-spans (``HasMatchingSpan`` needs the offline runner's per-run trace)."""
+publisher is logged, never raised. A run is queued when its ``AgentEnd`` passes, so a run whose
+consumer stopped reading early is not scored. Online contexts carry no spans (``HasMatchingSpan``
+needs the offline runner's per-run trace)."""
 
 from __future__ import annotations
 
@@ -63,10 +63,10 @@ class OnlineResult:
 @dataclass
 class _Run:
     agent: ReActAgent
-    input: tuple[Any, ...]
+    input: Sequence[Any]
     user_id: str
     session_id: str
-    parent: Any
+    context: contextvars.Context
     events: list[Any] = field(default_factory=list)
     started: float = 0.0
     ended: float = 0.0
@@ -79,8 +79,8 @@ class EvalMiddleware(MiddlewareBase):
     ``queue_size`` bounds the runs waiting to be scored; ``workers`` score in parallel;
     ``on_result`` receives each `OnlineResult`; ``tracer_provider`` makes the result spans
     (default: the agent's `OtelTracingMiddleware`'s provider, else the global one); ``seed``
-    fixes the sampling draws (tests). Counters: ``sampled``, ``scored``, ``dropped``,
-    ``incomplete``. ``await drain()`` waits until the queue is scored; ``await aclose()`` stops
+    fixes the sampling draws (tests). Counters: ``sampled`` (runs queued or dropped), ``scored``,
+    ``dropped``. ``await drain()`` waits until the queue is scored; ``await aclose()`` stops
     the workers."""
 
     def __init__(self, evaluators: Sequence[Any], *, sample_rate: float = 0.05, queue_size: int = 1000,
@@ -104,7 +104,6 @@ class EvalMiddleware(MiddlewareBase):
         self.sampled = 0
         self.scored = 0
         self.dropped = 0
-        self.incomplete = 0
         self._queue: asyncio.Queue[_Run] | None = None
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -116,25 +115,25 @@ class EvalMiddleware(MiddlewareBase):
     def on_agent(self, agent: ReActAgent, ctx: RuntimeContext, input: AgentInput, next: Next) -> Any:
         if self.sample_rate < 1.0 and self._random.random() >= self.sample_rate:
             return next(input)
-        run = _Run(agent, tuple(input.msgs), ctx.user_id, ctx.session_id, _current_span())
-        events = run.events
+        # The context is kept, not the span looked up: copying a context is O(1), and the span
+        # current when the run started is read from it only when the result is published.
+        run = _Run(agent, input.msgs, ctx.user_id, ctx.session_id, contextvars.copy_context(),
+                   started=time.perf_counter())
+        append = run.events.append
+        submit = self._submit
 
-        def seen(event: Any) -> None:
-            if not events:
-                run.started = time.perf_counter()
-            events.append(event)
+        # The run's own AgentEnd is its last event: it queues the run from here, so no structural
+        # operator (an async layer per event) wraps the user's stream, only this fused call.
+        def seen(event: Any, end: type[AgentEnd] = AgentEnd) -> None:
+            append(event)
+            if type(event) is end and event.source is None:
+                submit(run)
 
-        def ended() -> None:
-            run.ended = time.perf_counter()
-            self._submit(run)
-
-        return next(input).do(seen).finally_(ended)
+        return next(input).do(seen)
 
     def _submit(self, run: _Run) -> None:
+        run.ended = time.perf_counter()
         try:
-            if not any(type(e) is AgentEnd and e.source is None for e in reversed(run.events)):
-                self.incomplete += 1
-                return
             self.sampled += 1
             queue = self._ensure_workers()
             try:
@@ -208,7 +207,8 @@ class EvalMiddleware(MiddlewareBase):
         try:
             provider = self.tracer_provider or _agent_provider(run.agent) or trace.get_tracer_provider()
             tracer = provider.get_tracer("agentscope_py.evals")
-            parent = trace.set_span_in_context(run.parent) if run.parent is not None else None
+            current = run.context.run(trace.get_current_span)
+            parent = trace.set_span_in_context(current) if current.get_span_context().is_valid else None
             attributes: dict[str, Any] = {"agentscope.eval.passed": result.passed,
                                           "gen_ai.agent.name": result.agent,
                                           "gen_ai.conversation.id": result.session_id}
@@ -234,15 +234,6 @@ class EvalMiddleware(MiddlewareBase):
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-
-
-def _current_span() -> Any:
-    try:
-        from opentelemetry import trace
-    except ImportError:
-        return None
-    span = trace.get_current_span()
-    return span if span.get_span_context().is_valid else None
 
 
 def _agent_provider(agent: ReActAgent) -> Any:
