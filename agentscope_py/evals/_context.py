@@ -89,6 +89,9 @@ class EvalContext:
         calls: list[ModelCall] = []
         open_model: dict[str | None, str] = {}
         for event in self.events:
+            # Most events are text deltas: one string test sets them aside.
+            if not event.type.startswith("model_call_"):
+                continue
             if isinstance(event, ModelCallStart):
                 open_model[event.source] = event.model
             elif isinstance(event, ModelCallEnd):
@@ -103,8 +106,9 @@ class EvalContext:
             return None
         if len(known) == 1:
             return known[0]
-        # Summed as numbers and built once: each ChatUsage addition validates a new model.
-        return ChatUsage(input_tokens=sum(u.input_tokens for u in known),
+        # Summed as numbers and built once, unvalidated: the parts were validated, and each
+        # ChatUsage addition would validate a new model.
+        return ChatUsage.model_construct(input_tokens=sum(u.input_tokens for u in known),
                          output_tokens=sum(u.output_tokens for u in known),
                          cache_read_tokens=sum(u.cache_read_tokens for u in known),
                          cache_write_tokens=sum(u.cache_write_tokens for u in known),
@@ -118,7 +122,7 @@ class EvalContext:
         outputs: dict[str, list[str]] = {}
         states: dict[str, str] = {}
         for event in self.events:
-            if event.source is not None:
+            if not event.type.startswith("tool_") or event.source is not None:
                 continue
             if isinstance(event, ToolCallStart):
                 order.append(event.tool_call_id)

@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
+from .._deadline import DeadlineTimer
 from ..agent.context import RuntimeContext
 from ..events import AgentResult
 from ..message import new_id
@@ -75,7 +76,7 @@ async def run_attempt(
     factory: AgentFactory,
     evaluators: Sequence[Any],
     *,
-    timeout: float | None,  # noqa: ASYNC109 - the run's own limit, applied with asyncio.timeout
+    timeout: float | None,  # noqa: ASYNC109 - the run's own limit, kept by a DeadlineTimer
     structured_model: type[Any] | None = None,
     prices: Any = None,
     base: Path | None = None,
@@ -85,7 +86,7 @@ async def run_attempt(
     output = None
     error: BaseException | None = None
     spans: list[Any] = []
-    limit = asyncio.timeout(timeout)
+    expired = False
     started = time.perf_counter()
     try:
         agent = await build_agent(factory, case, base, takes_case)
@@ -95,18 +96,28 @@ async def run_attempt(
         with collector.collect() if collector is not None else contextlib.nullcontext(spans) as spans:
             stream = agent.stream(case.input, ctx=ctx, structured_model=structured_model).__aiter__()
             started = time.perf_counter()
+            # The project's deadline timer, not asyncio.timeout: the runs' deadlines share one loop
+            # timer (a timer made and cancelled per run costs a tenth of a scripted run).
+            timer = DeadlineTimer(timeout) if timeout is not None else None
             try:
-                async with limit:
-                    async for event in stream:
-                        events.append(event)
-                        if type(event) is AgentResult:
-                            output = event.result
+                async for event in stream:
+                    events.append(event)
+                    if type(event) is AgentResult:
+                        output = event.result
+            except asyncio.CancelledError:
+                expired = timer is not None and timer.stop()  # our deadline: its cancellation taken back
+                if not expired:
+                    raise
             finally:
+                if timer is not None:
+                    timer.stop()
                 await aclose(stream)  # a timed-out run closes (its model request, its tools) here
+        if expired:
+            raise CaseTimeout(f"case {case.name!r} timed out after {timeout:g} s")
     except Exception as exc:
-        # A failing run is this run's result, never the evaluation's. A model's own timeout is
-        # a TimeoutError too: only the expired limit is the case's timeout.
-        error = CaseTimeout(f"case {case.name!r} timed out after {timeout:g} s") if limit.expired() else exc
+        # A failing run is this run's result, never the evaluation's (a model's own timeout
+        # included: only the case's deadline is a CaseTimeout).
+        error = exc
     duration = time.perf_counter() - started
     ctx_eval = EvalContext(case=case, events=events, output=output, error=error, duration=duration,
                            spans=tuple(spans), attempt=attempt)
@@ -134,7 +145,7 @@ async def run_cases(
     *,
     concurrency: int,
     repeat: int,
-    timeout: float | None,  # noqa: ASYNC109 - each run's limit, applied with asyncio.timeout
+    timeout: float | None,  # noqa: ASYNC109 - each run's limit, kept by a DeadlineTimer
     structured_model: type[Any] | None,
     prices: Any,
     base: Path | None,

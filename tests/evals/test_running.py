@@ -215,3 +215,14 @@ async def test_compare_lists_regressions_and_improvements_case_by_case(tmp_path:
     with pytest.raises(ValueError, match="cannot read the evaluation report"):
         (tmp_path / "junk.json").write_text("{}")
         EvaluationReport.load(tmp_path / "junk.json")
+
+
+async def test_cancelling_the_evaluation_is_not_taken_for_a_timeout() -> None:
+    def slow() -> ReActAgent:
+        return ReActAgent.builder().model(ScriptedModel([ModelStep.text("late", delay=5.0)])).build()
+
+    task = asyncio.create_task(Dataset([Case("a", "q"), Case("b", "q")], [Contains("")]).evaluate(slow, timeout=30))
+    await asyncio.sleep(0.1)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
