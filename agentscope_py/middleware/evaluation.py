@@ -105,6 +105,7 @@ class EvalMiddleware(MiddlewareBase):
         self.scored = 0
         self.dropped = 0
         self._queue: asyncio.Queue[_Run] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: list[asyncio.Task[None]] = []
 
     def active_points(self) -> frozenset[ExtensionPoint]:
@@ -144,21 +145,20 @@ class EvalMiddleware(MiddlewareBase):
             log.exception("EvalMiddleware: could not queue a run for scoring")
 
     def _ensure_workers(self) -> asyncio.Queue[_Run]:
-        if self._queue is None:
-            self._queue = asyncio.Queue(self.queue_size)
-        if not self._tasks:
-            loop = asyncio.get_running_loop()
+        loop = asyncio.get_running_loop()
+        if self._queue is None or self._loop is not loop:
+            # A middleware outliving its loop (one ``asyncio.run`` after another) starts afresh
+            # in the new one: a queue and tasks belong to the loop they were made in.
+            self._queue, self._loop = asyncio.Queue(self.queue_size), loop
             # An empty context: nothing current in the run that queued the first record (its
             # span, its context values) is inherited by the scoring.
-            self._tasks = [loop.create_task(self._work(), context=contextvars.Context())
+            self._tasks = [loop.create_task(self._work(self._queue), context=contextvars.Context())
                            for _ in range(self.workers)]
         return self._queue
 
     # -- off the user's path -----------------------------------------------------------------------
 
-    async def _work(self) -> None:
-        assert self._queue is not None
-        queue = self._queue
+    async def _work(self, queue: asyncio.Queue[_Run]) -> None:
         while True:
             run = await queue.get()
             try:
@@ -230,7 +230,7 @@ class EvalMiddleware(MiddlewareBase):
 
     async def aclose(self) -> None:
         """Stop the workers (runs still queued are not scored)."""
-        tasks, self._tasks = self._tasks, []
+        tasks, self._tasks, self._queue = self._tasks, [], None
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)

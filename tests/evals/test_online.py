@@ -181,3 +181,17 @@ def test_bad_arguments_are_refused() -> None:
         EvalMiddleware([Contains()], queue_size=0)
     with pytest.raises(ValueError, match="at least one evaluator"):
         EvalMiddleware([])
+
+
+def test_a_middleware_outliving_its_loop_scores_in_the_next_one() -> None:
+    got: list[OnlineResult] = []
+    mw = EvalMiddleware([Contains("3")], sample_rate=1.0, on_result=got.append)
+    agent = _agent(mw, runs=2)
+
+    async def once() -> None:
+        await agent.call("q")
+        await mw.drain()
+
+    asyncio.run(once())
+    asyncio.run(once())  # the first loop is gone with its queue and workers
+    assert mw.scored == 2 and [r.passed for r in got] == [True, True]
