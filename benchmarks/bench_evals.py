@@ -14,10 +14,12 @@ The agent (on `ScriptedModel`): one tool call, then a 20-delta answer — two mo
   run back to back with the collector paused, median over ``--repeat`` sweeps;
 * **online** — ``--runs`` sequential ``agent.call`` on one agent with `EvalMiddleware(sample_rate=1.0)`
   against the agent without it (and against one with a pass-through ``on_agent`` middleware: the
-  layer any such middleware costs), CPU time (``time.process_time``, collector paused) per run. Scoring is held back by
-  a gated evaluator while the user's path is timed (the queue is large enough to hold every run),
-  so the figure is the path's own cost (sampling draw, one append per event, one ``put_nowait``);
-  the scoring's CPU per run is measured after the gate opens and reported beside it.
+  layer any such middleware costs), CPU time (``time.process_time``, collector paused) per run.
+  While the path is timed the one scoring worker is held by a gated evaluator and the queue holds
+  one run, so every later run takes the whole path (the sampling draw, one append per event, the
+  offer to the queue) and is dropped: the figure is the path's own cost, without the scoring and
+  without runs piling up in memory. The scoring's CPU per run is measured apart (every run
+  queued, then drained) and reported beside it.
 
 ``--json`` prints the figures as one JSON object on the last line.
 
@@ -139,6 +141,8 @@ async def online(runs: int, repeat: int) -> dict[str, Any]:
         await gate.wait()
         return True
 
+    evaluators = [Contains("sum"), ToolTrajectory(["add"]), MaxModelCalls(2)]
+
     def agent(mw: MiddlewareBase | None) -> ReActAgent:
         model = ScriptedModel(script(1), loop=True)
         builder = ReActAgent.builder().model(model).tools(add)
@@ -147,8 +151,6 @@ async def online(runs: int, repeat: int) -> dict[str, Any]:
         return builder.build()
 
     async def cpu(a: ReActAgent) -> float:
-        # The collector is paused while timing: the held-back runs pile up in the queue (which
-        # scoring would empty), and collections over that pile are not the path's cost.
         gc.collect()
         gc.disable()
         try:
@@ -162,17 +164,28 @@ async def online(runs: int, repeat: int) -> dict[str, Any]:
     ratios, layer, path, score = [], [], [], []
     for sweep in range(repeat + 1):
         gate.clear()
-        mw = EvalMiddleware([held, Contains("sum"), ToolTrajectory(["add"]), MaxModelCalls(2)], sample_rate=1.0,
-                            queue_size=runs + 1)
-        order = [("plain", agent(None)), ("layer", agent(PassThrough())), ("sampled", agent(mw))]
+        # The path: the one worker is held on its first run and the queue holds one more, so
+        # every later run takes the whole path (sampled, its events kept, offered to the queue)
+        # and is then dropped. Holding every run back instead would pile them up in memory,
+        # which scoring (emptying the queue) never does.
+        path_mw = EvalMiddleware([held, *evaluators], sample_rate=1.0, queue_size=1)
+        order = [("plain", agent(None)), ("layer", agent(PassThrough())), ("sampled", agent(path_mw))]
         order = order[sweep % 3:] + order[: sweep % 3]
         per_run = {name: await cpu(a) for name, a in order}
         gate.set()
+        await path_mw.drain()
+        await path_mw.aclose()
+        assert path_mw.sampled == runs and path_mw.dropped == runs - 2
+        # The scoring, off the path: every run queued while the worker is held, then drained.
+        gate.clear()
+        score_mw = EvalMiddleware([held, *evaluators], sample_rate=1.0, queue_size=runs + 1)
+        await cpu(agent(score_mw))
+        gate.set()
         started = time.process_time()
-        await mw.drain()
+        await score_mw.drain()
         scoring = (time.process_time() - started) / runs
-        await mw.aclose()
-        assert mw.scored == runs and mw.dropped == 0
+        await score_mw.aclose()
+        assert score_mw.scored == runs and score_mw.dropped == 0
         if sweep:  # the first sweep warms up
             ratios.append(per_run["sampled"] / per_run["plain"])
             layer.append(per_run["sampled"] / per_run["layer"])
