@@ -82,9 +82,10 @@ def to_result(outcome: Any, threshold: float) -> EvalResult:
 
 async def run_evaluator(evaluator: Any, ctx: EvalContext) -> EvalResult:
     """Run one evaluator on one run; an error is the evaluator's failed result, never raised."""
-    name = evaluator_name(evaluator)
+    is_class = isinstance(evaluator, Evaluator)
+    name = (evaluator.name or type(evaluator).__name__) if is_class else evaluator_name(evaluator)
     try:
-        if isinstance(evaluator, Evaluator):
+        if is_class:
             outcome: Any = evaluator.evaluate(ctx)
             threshold = getattr(evaluator, "_threshold", type(evaluator).threshold)
         elif callable(evaluator):
@@ -92,7 +93,9 @@ async def run_evaluator(evaluator: Any, ctx: EvalContext) -> EvalResult:
             threshold = 0.5
         else:
             raise TypeError(f"{evaluator!r} is neither an Evaluator nor a function of EvalContext")
-        if inspect.isawaitable(outcome):
+        # (An exact type test first: most evaluators answer at once, and the awaitable test is an
+        # ABC check.)
+        if type(outcome) is not EvalResult and type(outcome) is not bool and inspect.isawaitable(outcome):
             outcome = await outcome
         return to_result(outcome, float(threshold)).named(name)
     except Exception as exc:  # an evaluator's failure is its own result, not the run's
