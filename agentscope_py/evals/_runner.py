@@ -14,10 +14,11 @@ import inspect
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 from .._deadline import DeadlineTimer
 from ..agent.context import RuntimeContext
+from ..agent.react import ReActAgent
 from ..events import AgentResult
 from ..message import new_id
 from ..stream import aclose
@@ -29,12 +30,9 @@ from ._progress import Progress
 from ._report import AttemptReport, CaseReport, EvaluationReport
 from ._spans import collector_for
 
-if TYPE_CHECKING:
-    from ..agent.react import ReActAgent
-
 __all__ = ["AgentFactory", "CaseTimeout", "build_agent", "run_attempt", "run_cases"]
 
-AgentFactory = Callable[..., "ReActAgent | Awaitable[ReActAgent]"]
+AgentFactory = Callable[..., ReActAgent | Awaitable[ReActAgent]]
 
 
 class CaseTimeout(TimeoutError):
@@ -58,7 +56,7 @@ async def build_agent(factory: AgentFactory, case: Case, base: Path | None, take
     if takes_case is None:
         takes_case = _takes_case(factory)
     agent: Any = factory(case) if takes_case else factory()
-    if inspect.isawaitable(agent):
+    if not isinstance(agent, ReActAgent) and inspect.isawaitable(agent):  # (the awaitable test is an ABC check)
         agent = await agent
     if case.cassette is not None:
         from ..model import ReplayModel
@@ -67,7 +65,7 @@ async def build_agent(factory: AgentFactory, case: Case, base: Path | None, take
         if not path.is_absolute() and base is not None:
             path = base / path
         agent.model = ReplayModel(path)
-    return cast("ReActAgent", agent)
+    return cast(ReActAgent, agent)
 
 
 async def run_attempt(
