@@ -55,6 +55,7 @@ __all__ = [
     "ModelSummarizer",
     "Next",
     "ObserverMiddleware",
+    "OnlineResult",
     "OtelTracingMiddleware",
     "PIIDetector",
     "PIIRedactionMiddleware",
@@ -152,6 +153,7 @@ _LAZY = {
     "SummaryRecord": "compression",  # (defined in agentscope_py.agent.state)
     "PromptCacheGuardMiddleware": "prompt_cache",
     "EvalMiddleware": "evaluation",
+    "OnlineResult": "evaluation",
 }
 
 

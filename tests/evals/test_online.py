@@ -15,8 +15,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from agentscope_py import ReActAgent
 from agentscope_py.evals import Contains, EvalContext, LLMJudge, MaxModelCalls
-from agentscope_py.middleware import EvalMiddleware, OtelTracingMiddleware
-from agentscope_py.middleware.evaluation import OnlineResult
+from agentscope_py.middleware import EvalMiddleware, OnlineResult, OtelTracingMiddleware
 from agentscope_py.model import ModelStep, ScriptedModel
 from agentscope_py.stream import aclose
 
