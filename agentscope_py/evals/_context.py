@@ -6,7 +6,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..events import (
     AgentEvent,
@@ -23,8 +23,7 @@ from ._case import Case
 __all__ = ["EvalContext", "ModelCall", "ToolCall"]
 
 
-@dataclass(frozen=True, slots=True)
-class ToolCall:
+class ToolCall(NamedTuple):
     """A tool call the run made: ``name``, ``args`` (the parsed arguments; the raw text when they
     are not JSON), the result's ``state`` and text ``output`` (None when no result came)."""
 
@@ -35,8 +34,7 @@ class ToolCall:
     output: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class ModelCall:
+class ModelCall(NamedTuple):
     """A model call the run made: the ``model`` reported, its ``usage`` (None when unknown)."""
 
     model: str
@@ -89,12 +87,10 @@ class EvalContext:
         calls: list[ModelCall] = []
         open_model: dict[str | None, str] = {}
         for event in self.events:
-            # Most events are text deltas: one string test sets them aside.
-            if not event.type.startswith("model_call_"):
-                continue
-            if isinstance(event, ModelCallStart):
+            # Exact types (events are final classes): a run has tens of events per model call.
+            if type(event) is ModelCallStart:
                 open_model[event.source] = event.model
-            elif isinstance(event, ModelCallEnd):
+            elif type(event) is ModelCallEnd:
                 calls.append(ModelCall(open_model.pop(event.source, ""), event.usage, event.error))
         return calls
 
@@ -102,17 +98,18 @@ class EvalContext:
     def usage(self) -> ChatUsage | None:
         """Token totals over every model call (sub-agents' too); None when no call reported any."""
         known = [call.usage for call in self.model_calls if call.usage is not None]
-        if not known:
-            return None
-        if len(known) == 1:
-            return known[0]
-        # Summed as numbers and built once, unvalidated: the parts were validated, and each
-        # ChatUsage addition would validate a new model.
-        return ChatUsage.model_construct(input_tokens=sum(u.input_tokens for u in known),
-                         output_tokens=sum(u.output_tokens for u in known),
-                         cache_read_tokens=sum(u.cache_read_tokens for u in known),
-                         cache_write_tokens=sum(u.cache_write_tokens for u in known),
-                         reasoning_tokens=sum(u.reasoning_tokens for u in known))
+        if len(known) <= 1:
+            return known[0] if known else None
+        # Summed as numbers and built once: each ChatUsage addition makes a model.
+        tokens = [0, 0, 0, 0, 0]
+        for u in known:
+            tokens[0] += u.input_tokens
+            tokens[1] += u.output_tokens
+            tokens[2] += u.cache_read_tokens
+            tokens[3] += u.cache_write_tokens
+            tokens[4] += u.reasoning_tokens
+        return ChatUsage(input_tokens=tokens[0], output_tokens=tokens[1], cache_read_tokens=tokens[2],
+                         cache_write_tokens=tokens[3], reasoning_tokens=tokens[4])
 
     @cached_property
     def tool_calls(self) -> list[ToolCall]:
@@ -122,17 +119,18 @@ class EvalContext:
         outputs: dict[str, list[str]] = {}
         states: dict[str, str] = {}
         for event in self.events:
-            if not event.type.startswith("tool_") or event.source is not None:
-                continue
-            if isinstance(event, ToolCallStart):
-                order.append(event.tool_call_id)
-                names[event.tool_call_id] = event.tool_name
-                args[event.tool_call_id] = []
-            elif isinstance(event, ToolCallDelta):
-                args.setdefault(event.tool_call_id, []).append(event.delta)
-            elif isinstance(event, ToolResultTextDelta):
-                outputs.setdefault(event.tool_call_id, []).append(event.delta)
-            elif isinstance(event, ToolResultEnd):
+            if type(event) is ToolCallStart:
+                if event.source is None:
+                    order.append(event.tool_call_id)
+                    names[event.tool_call_id] = event.tool_name
+                    args[event.tool_call_id] = []
+            elif type(event) is ToolCallDelta:
+                if event.source is None:
+                    args.setdefault(event.tool_call_id, []).append(event.delta)
+            elif type(event) is ToolResultTextDelta:
+                if event.source is None:
+                    outputs.setdefault(event.tool_call_id, []).append(event.delta)
+            elif type(event) is ToolResultEnd and event.source is None:
                 states[event.tool_call_id] = str(event.state.value)
                 outputs.setdefault(event.tool_call_id, [])
         calls = []
