@@ -9,7 +9,7 @@ unaffected."""
 from __future__ import annotations
 
 import inspect
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from ._result import EvalResult
@@ -17,10 +17,9 @@ from ._result import EvalResult
 if TYPE_CHECKING:
     from ._context import EvalContext
 
-__all__ = ["Evaluator", "FunctionEvaluator", "evaluator_name", "run_evaluator", "to_result"]
+__all__ = ["Evaluator", "evaluator_name", "run_evaluator", "to_result"]
 
 Outcome = bool | float | EvalResult
-EvaluatorFn = Callable[["EvalContext"], "Outcome | Awaitable[Outcome]"]
 
 
 class Evaluator:
@@ -45,18 +44,6 @@ class Evaluator:
         except TypeError:
             args = ""
         return f"{type(self).__name__}({args})"
-
-
-class FunctionEvaluator(Evaluator):
-    """A plain function used as an evaluator (named after the function)."""
-
-    def __init__(self, fn: EvaluatorFn, *, name: str | None = None, threshold: float = 0.5) -> None:
-        self.fn = fn
-        self.name = name or str(getattr(fn, "__name__", type(fn).__name__))
-        self._threshold = threshold
-
-    def evaluate(self, ctx: EvalContext) -> Outcome | Awaitable[Outcome]:
-        return self.fn(ctx)
 
 
 def evaluator_name(evaluator: Any) -> str:
@@ -87,7 +74,7 @@ async def run_evaluator(evaluator: Any, ctx: EvalContext) -> EvalResult:
     try:
         if is_class:
             outcome: Any = evaluator.evaluate(ctx)
-            threshold = getattr(evaluator, "_threshold", type(evaluator).threshold)
+            threshold = evaluator.threshold
         elif callable(evaluator):
             outcome = evaluator(ctx)
             threshold = 0.5
