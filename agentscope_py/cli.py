@@ -1,6 +1,6 @@
 """The ``agentscope-py`` command: ``demo`` runs the demo agent in the terminal, ``serve`` serves an
 agent (yours, or the demo) to a browser and to AG-UI clients, ``worker`` runs durable runs on
-Temporal."""
+Temporal, ``eval`` evaluates an agent on a dataset."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import Any, TextIO
 
 from ._targets import import_target
+from .evals._cli import add_eval_parser, run_eval
 from .render import render
 
 DEFAULT_PROMPT = "What is (17 + 4) * 2, and what time is it?"
@@ -239,6 +240,7 @@ def _parser() -> argparse.ArgumentParser:
                      help="tune Python's garbage collector for many concurrent streams (gc.freeze after start-up, "
                           "full collections at most once per ~100 million allocations; see docs/server.md; "
                           "default: Python's own)")
+    add_eval_parser(sub)
     wrk = sub.add_parser("worker", help="run a Temporal worker for durable runs (docs/durable.md)",
                          description="Run durable runs of the given agents: the workflow and the model/tool call "
                                      "activities on a task queue of a Temporal server (needs the temporal extra).")
@@ -289,6 +291,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
     if args.command == "worker":
         return run_worker(args)
+    if args.command == "eval":
+        return run_eval(args)
     return serve(args)
 
 

@@ -51,6 +51,7 @@ __all__ = [
     "CallLimitExceeded",
     "CassetteMismatchError",
     "ContextLengthError",
+    "DatasetError",
     "DurableActivityError",
     "DurableSessionBusy",
     "GuardrailTripped",
@@ -388,3 +389,16 @@ class MCPServerRestarted(MCPConnectionError):
 class MCPToolError(MCPClientError):
     """The server answered a request with a protocol error (not a tool's own ``isError`` result,
     which the model sees as an error result)."""
+
+
+# -- evaluation (agentscope_py.evals) ------------------------------------------------------------
+
+
+class DatasetError(AgentScopeError, ValueError):
+    """A dataset file does not parse, or does not match the dataset schema. The message names the
+    file, the case (by name and position) and the field; ``case`` and ``field`` hold them."""
+
+    def __init__(self, message: str, *, case: str | None = None, field: str | None = None) -> None:
+        super().__init__(message)
+        self.case = case
+        self.field = field

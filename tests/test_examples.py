@@ -36,6 +36,12 @@ EXPECTED: dict[str, list[str]] = {
     ],
     "rx_rewrite.py": [r"^streamed: Your PIN is ####\.$", r"^thinking deltas streamed: 0$",
                       r"^remembered: Your PIN is 4821\.$"],
+    "evals_dataset.py": [r"^sum1 +2/2 +1\.00 ", r"^sums: 3 case\(s\), 6 run\(s\); pass rate 100\.0%, pass@2 100\.0%",
+                         r"^pass rate: 100%$"],
+    "evals_online.py": [r"^scored default: Contains=pass, MaxModelCalls=pass$",
+                        r"^scored default: Contains=FAIL, MaxModelCalls=pass$", r"^sampled 2, scored 2, dropped 0$"],
+    "evals_divergence.py": [r"^first divergence: event 7 \(tool_result_text_delta\): delta: recorded '3', now '4'$",
+                            r"^recorded: True, fork: False$"],
     "otel_tracing.py": [
         r"^invoke_agent Weather \[INTERNAL\] OK \{'gen_ai\.usage\.input_tokens': 20\}$",
         r"^  chat gpt-4o \[CLIENT\] OK \{'gen_ai\.usage\.input_tokens': 10\}$",

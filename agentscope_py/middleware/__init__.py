@@ -37,6 +37,7 @@ __all__ = [
     "Deadline",
     "DynamicPromptMiddleware",
     "Edit",
+    "EvalMiddleware",
     "ExtensionPoint",
     "FinalAnswerFilterMiddleware",
     "Guardrail",
@@ -61,6 +62,7 @@ __all__ = [
     "ModelSummarizer",
     "Next",
     "ObserverMiddleware",
+    "OnlineResult",
     "OtelTracingMiddleware",
     "PIIDetector",
     "PIIRedactionMiddleware",
@@ -157,6 +159,8 @@ _LAZY = {
     "ModelSummarizer": "compression",
     "SummaryRecord": "compression",  # (defined in agentscope_py.agent.state)
     "PromptCacheGuardMiddleware": "prompt_cache",
+    "EvalMiddleware": "evaluation",
+    "OnlineResult": "evaluation",
 }
 
 

@@ -104,6 +104,11 @@ class OtelTracingMiddleware(MiddlewareBase):
         self._tracer: Tracer | None = None
         self._warned = False
 
+    @property
+    def tracer_provider(self) -> TracerProvider | None:
+        """The provider given at construction (None: the global one is used)."""
+        return self._provider
+
     def active_points(self) -> frozenset[ExtensionPoint]:
         return frozenset({ExtensionPoint.ON_AGENT, ExtensionPoint.ON_MODEL_CALL, ExtensionPoint.ON_ACTING})
 
