@@ -12,7 +12,7 @@ from . import agui as agui_module
 from ._runlog import RunRecord
 from .sse import encode_error
 
-__all__ = ["CHUNK_FRAMES", "PACE", "Beat", "LiveRun", "gap_frame", "terminal_frame"]
+__all__ = ["CHUNK_FRAMES", "PACE", "UNLIMITED", "Beat", "LiveRun", "gap_frame", "terminal_frame"]
 
 CHUNK_FRAMES = 256
 """Frames a follower takes in one go (one write to its client, bounded in size)."""
@@ -20,6 +20,8 @@ PACE = 64
 """Frames a run tied to its clients (not detached) may run ahead of its slowest one: a slow
 reader pauses the agent, and through its bounded prefetch the model request, as a run inside its
 request always did. A detached run does not wait for anyone: its log holds what it made."""
+UNLIMITED = 1 << 62
+"""The ids a run may send when no other process numbers its frames (its log is not shared)."""
 
 
 def terminal_frame(kind: str, code: str, message: str) -> bytes:
@@ -46,13 +48,15 @@ def gap_frame(kind: str, after: int) -> bytes:
 class LiveRun:
     """A run this process is running. ``frames[i]`` is frame ``base + i + 1`` as it goes on the
     wire; a follower keeps a position and waits on ``waiters`` for more. ``detach``: the run
-    outlives its clients (otherwise it is cancelled once the last one leaves)."""
+    outlives its clients (otherwise it is cancelled once the last one leaves). ``granted``: the
+    last id its followers may send (what a shared log reserved for it, `_runlog`): a frame past
+    it waits for the log to take a batch."""
 
-    __slots__ = ("base", "ctx", "cursors", "detach", "done", "failed", "flushed", "frames", "keep", "outbox",
-                 "record", "rooms", "task", "waiters")
+    __slots__ = ("base", "ctx", "cursors", "detach", "done", "failed", "flushed", "frames", "granted", "handoff",
+                 "keep", "outbox", "record", "rooms", "task", "waiters")
 
     def __init__(self, record: RunRecord, ctx: RuntimeContext, detach: bool, *, keep: int = 100_000,
-                 outbox: set[LiveRun] | None = None) -> None:
+                 outbox: set[LiveRun] | None = None, granted: int = UNLIMITED) -> None:
         self.record = record
         self.keep = keep  # frames kept (the log's max_events)
         # A shared log gets frames in batches during the run (else all at its end): a run with
@@ -64,6 +68,10 @@ class LiveRun:
         self.frames: list[bytes] = []
         self.base = 0
         self.flushed = 0  # the id of the last frame handed to the log
+        self.granted = granted
+        # The log, not this process, says what follows ``granted``: it refused the run's batch
+        # (marked lost meanwhile) or could not take its last frames. Followers read on from it.
+        self.handoff = False
         self.waiters: list[asyncio.Future[None]] = []
         self.cursors: dict[int, int] = {}  # follower -> the id of the last frame it took
         self.rooms: list[asyncio.Future[None]] = []  # the run waiting for its slowest follower
@@ -106,6 +114,19 @@ class LiveRun:
     def wake(self) -> None:
         if self.waiters:
             self.waiters = _resolve(self.waiters)
+
+    def grant(self, top: int) -> None:
+        """The log reserved the ids up to ``top``: followers held at the old grant go on."""
+        if top > self.granted:
+            held = self.base + len(self.frames) > self.granted
+            self.granted = top
+            if held:
+                self.wake()
+
+    def hand_off(self) -> None:
+        """What follows ``granted`` is the log's to say (see ``handoff``): followers read on from it."""
+        self.handoff = True
+        self.wake()
 
     @property
     def followers(self) -> int:
