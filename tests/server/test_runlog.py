@@ -6,6 +6,7 @@ whose owner stopped renewing is marked lost, and that owner's next batch is refu
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -138,6 +139,35 @@ async def test_a_silent_owners_run_is_marked_lost_and_its_batches_refused(make: 
     assert done is not None and done.data == b"" and done.record.top == 53
     # The owner was only cut off: its next batch is refused, so it stops the run.
     assert await owner.append([Batch("r1", 3, frames(3, 3))]) == ["r1"]
+
+
+async def test_a_sqlite_file_made_before_reserved_ids_is_opened_and_its_runs_still_end(tmp_path: Path) -> None:
+    """A file whose ``runs`` table has no ``reserved`` column (its runs reserved nothing) gets one:
+    its running run, whose owner is gone, is marked lost right after its last frame."""
+    path = tmp_path / "old.db"
+    with sqlite3.connect(path) as conn:
+        conn.executescript("""
+            CREATE TABLE runs (run_id TEXT PRIMARY KEY, user_id TEXT NOT NULL, session_id TEXT NOT NULL,
+                kind TEXT NOT NULL, owner TEXT NOT NULL, status TEXT NOT NULL, last INTEGER NOT NULL, ended_at REAL);
+            CREATE TABLE run_frames (run_id TEXT NOT NULL, last INTEGER NOT NULL, first INTEGER NOT NULL,
+                data BLOB NOT NULL, PRIMARY KEY (run_id, last));
+            CREATE TABLE run_owners (owner TEXT PRIMARY KEY, alive_until REAL NOT NULL);
+            INSERT INTO runs VALUES ('r1', 'alice', 's1', 'native', 'own_gone', 'running', 2, NULL);
+        """)
+        conn.execute("INSERT INTO run_frames VALUES ('r1', 2, 1, ?)", (b"".join(frames(1, 2)),))
+    conn.close()
+    log = SqliteRunLog(path)
+    try:
+        old = await log.get("r1")
+        assert old is not None and (old.last, old.reserved, old.top) == (2, 0, 2)
+        assert await log.mark_lost(old, b"event: error\ndata: {}\n\n")
+        got = await log.read("r1", 0, 0)
+        assert got is not None and got.data == b"".join(frames(1, 2)) + b"id: 3\nevent: error\ndata: {}\n\n"
+        assert await log.create(record(log, "r2"))  # new runs reserve ids in the same file
+        fresh = await log.get("r2")
+        assert fresh is not None and fresh.reserved == log.reserve
+    finally:
+        await log.close()
 
 
 async def test_a_refused_batch_leaves_the_others_of_its_write_written(make: Any) -> None:
