@@ -102,12 +102,18 @@ class LogWrites:
                 except Exception as exc:  # a shared log down: clients here stream on, up to their grant
                     log.warning("could not write %d batches to the run log: %s", len(batches), exc)
                 else:
-                    reserve, lost = self.log.reserve, set(refused)
-                    for live, batch in zip(lives, batches, strict=True):
-                        if live.run_id in lost:  # nothing reserved: the log's ending is the run's
-                            live.hand_off()
-                        else:
-                            live.grant(batch.last + reserve)
+                    if refused:  # marked lost elsewhere: nothing reserved, the log's ending is theirs
+                        lost = set(refused)
+                        for live in lives:
+                            if live.run_id in lost:
+                                live.hand_off()
+                        lives = [live for live in lives if live.run_id not in lost]
+                    reserve = self.log.reserve
+                    for live in lives:  # `LiveRun.grant` inline: a flush makes one per run with new frames
+                        held = live.base + len(live.frames) > live.granted
+                        live.granted = live.flushed + reserve  # (``flushed``: its batch's last frame)
+                        if held:
+                            live.wake()
             if self._owed:
                 await self._pay(asyncio.get_running_loop().time())
             return refused
