@@ -241,7 +241,7 @@ class Runs:
                     return
                 frames = live.frames
                 ready = len(frames)
-                if live.base + ready > live.granted:  # only ids the log reserved go out
+                if start < ready and live.base + ready > live.granted:  # only ids the log reserved go out
                     ready = live.granted - live.base
                 if start < ready:
                     if start + 1 == ready:  # one frame: each token at light load
