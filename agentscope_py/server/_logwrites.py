@@ -75,10 +75,12 @@ class LogWrites:
             try:
                 if live.last > live.flushed:
                     batch = self.batch(live)
-                    if await self.log.append([batch]):
-                        live.hand_off()  # marked lost meanwhile: the log's ending is the run's
-                    else:
+                    if not await self.log.append([batch]):
                         live.grant(batch.last + self.log.reserve)
+                    elif self.log.shared:  # marked lost meanwhile: the log's ending is the run's
+                        live.hand_off()
+                    # (a log of this process alone refuses only runs it does not keep: durable
+                    # runs, whose log is their workflow's)
                 await self.log.end(live.run_id, status, live.last)
             except Exception as exc:  # the end is written later
                 log.warning("run %s: could not write its end to the run log (trying again): %s", live.run_id, exc)
