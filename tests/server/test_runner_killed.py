@@ -256,7 +256,8 @@ async def test_a_client_of_a_killed_process_resumes_to_the_whole_run_or_runlost(
         agents: Path, spawner: Spawner, redis_url: str, redis_prefix: str) -> None:
     other = Serving(*_args(redis_url, redis_prefix), cwd=agents, env={"PYTHONPATH": os.getcwd()})
     await asyncio.to_thread(other.wait_for_url)
-    rng = random.Random()
+    seed = random.randrange(2**32)
+    rng = random.Random(seed)  # where each kill lands; printed, so a failure can be replayed
     started = time.monotonic()
     kills = 0
     resumes: list[asyncio.Task[Outcome]] = []
@@ -288,7 +289,8 @@ async def test_a_client_of_a_killed_process_resumes_to_the_whole_run_or_runlost(
     lost = sum(_lost(o.resumed) for o in outcomes)
     ahead = sum(max(o.seen, default=0) > max((i for i, f in o.log.items() if "RunLost" not in f), default=0)
                 for o in outcomes)
-    print(f"{len(outcomes)} kills in {took:.1f} s: {lost} runs lost; {ahead} clients had frames the log never got")
+    print(f"{len(outcomes)} kills in {took:.1f} s (seed {seed}): {lost} runs lost; {ahead} clients had frames "
+          "the log never got")
     assert len(outcomes) >= KILLS
     assert ahead >= KILLS // 5, "too few kills landed between a frame sent and its batch written"
     assert not problems, "\n".join(problems[:20]) + f"\n({len(problems)} problems in {len(outcomes)} kills)"
