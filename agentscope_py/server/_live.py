@@ -12,7 +12,8 @@ from . import agui as agui_module
 from ._runlog import RunRecord
 from .sse import encode_error
 
-__all__ = ["CHUNK_BYTES", "CHUNK_FRAMES", "LEAD_BYTES", "PACE", "Beat", "LiveRun", "gap_frame", "terminal_frame"]
+__all__ = ["CHUNK_BYTES", "CHUNK_FRAMES", "LEAD_BYTES", "PACE", "UNLIMITED", "Beat", "LiveRun", "gap_frame",
+           "terminal_frame"]
 
 CHUNK_FRAMES = 256
 """Frames a follower takes in one go (one write to its client)."""
@@ -30,6 +31,8 @@ big frames, 64 of them would be megabytes a stalled client makes the run hold.
 Both bounds are one budget: a frame costs its bytes plus ``lead / PACE``, and the run waits once
 its slowest client is more than ``lead`` behind in cost, so 64 tokens fill it as a few big
 frames do; one comparison per token, as the frame count alone was."""
+UNLIMITED = 1 << 62
+"""The ids a run may send when no other process numbers its frames (its log is not shared)."""
 
 
 def terminal_frame(kind: str, code: str, message: str) -> bytes:
@@ -57,13 +60,15 @@ class LiveRun:
     """A run this process is running. ``frames[i]`` is frame ``base + i + 1`` as it goes on the
     wire; a follower keeps a position and waits on ``waiters`` for more. ``detach``: the run
     outlives its clients (otherwise it is cancelled once the last one leaves, and runs at most
-    `PACE` frames and ``lead`` bytes ahead of the slowest: `LEAD_BYTES`)."""
+    `PACE` frames and ``lead`` bytes ahead of the slowest: `LEAD_BYTES`). ``granted``: the last id
+    its followers may send (what a shared log reserved for it, `_runlog`): a frame past it waits
+    for the log to take a batch."""
 
-    __slots__ = ("base", "cost", "ctx", "detach", "done", "failed", "flushed", "frames", "keep", "lead",
-                 "outbox", "record", "rooms", "spent", "taken", "task", "waiters")
+    __slots__ = ("base", "cost", "ctx", "detach", "done", "failed", "flushed", "frames", "granted", "handoff",
+                 "keep", "lead", "outbox", "record", "rooms", "spent", "taken", "task", "waiters")
 
     def __init__(self, record: RunRecord, ctx: RuntimeContext, detach: bool, *, keep: int = 100_000,
-                 outbox: set[LiveRun] | None = None, lead: int = LEAD_BYTES) -> None:
+                 outbox: set[LiveRun] | None = None, lead: int = LEAD_BYTES, granted: int = UNLIMITED) -> None:
         self.record = record
         self.keep = keep  # frames kept (the log's max_events)
         self.lead = lead
@@ -77,6 +82,10 @@ class LiveRun:
         self.frames: list[bytes] = []
         self.base = 0
         self.flushed = 0  # the id of the last frame handed to the log
+        self.granted = granted
+        # The log, not this process, says what follows ``granted``: it refused the run's batch
+        # (marked lost meanwhile) or could not take its last frames. Followers read on from it.
+        self.handoff = False
         self.waiters: list[asyncio.Future[None]] = []
         self.spent = 0  # the cost of every frame published (trimmed ones included): `LEAD_BYTES`
         self.taken: dict[int, int] = {}  # follower -> ``spent`` up to the last frame it took
@@ -124,6 +133,19 @@ class LiveRun:
     def wake(self) -> None:
         if self.waiters:
             self.waiters = _resolve(self.waiters)
+
+    def grant(self, top: int) -> None:
+        """The log reserved the ids up to ``top``: followers held at the old grant go on."""
+        if top > self.granted:
+            held = self.base + len(self.frames) > self.granted
+            self.granted = top
+            if held:
+                self.wake()
+
+    def hand_off(self) -> None:
+        """What follows ``granted`` is the log's to say (see ``handoff``): followers read on from it."""
+        self.handoff = True
+        self.wake()
 
     @property
     def followers(self) -> int:

@@ -5,6 +5,11 @@ flusher took and is still writing: the log would refuse that batch (its run alre
 ids behind the stream's) and lose frames this process's clients had, so a client resuming through
 another process would find a gap.
 
+Each batch the log takes moves the run's grant (`LiveRun.grant`: the ids the log reserved past
+it, which its followers may send before the log has them); a run whose batch the log refused
+(another process marked it lost) or whose last frames it could not take is handed off: its
+followers read what follows from the log, which says how the run ended.
+
 An end that could not be written (the log away for a while) is owed, not dropped: the flusher
 writes it again, backing off, until the log takes it. Otherwise a run whose owner lives on would
 read as running for as long as its record lasts (a day), and every follower in another process
@@ -69,24 +74,48 @@ class LogWrites:
         async with self._lock:
             try:
                 if live.last > live.flushed:
-                    await self.log.append([self.batch(live)])
+                    batch = self.batch(live)
+                    if not await self.log.append([batch]):
+                        live.grant(batch.last + self.log.reserve)
+                    elif self.log.shared:  # marked lost meanwhile: the log's ending is the run's
+                        live.hand_off()
+                    # (a log of this process alone refuses only runs it does not keep: durable
+                    # runs, whose log is their workflow's)
                 await self.log.end(live.run_id, status, live.last)
-            except Exception as exc:  # the clients here have every frame; the end is written later
+            except Exception as exc:  # the end is written later
                 log.warning("run %s: could not write its end to the run log (trying again): %s", live.run_id, exc)
                 now = asyncio.get_running_loop().time()
                 self._owed[live.run_id] = _Owed(status, live.last, now + RETRY_FIRST, RETRY_FIRST)
+            if live.last > live.granted:
+                # Frames its followers may not send (the log missed a batch of them): the log
+                # says what follows them, and how the run ended.
+                live.hand_off()
 
     async def flush(self, runs: Iterable[LiveRun]) -> list[str]:
         """One write of every run's new frames, then the ends owed that are due; the ids of the
         runs whose batches the log refused (another process declared them lost)."""
         async with self._lock:
             refused: list[str] = []
-            batches = [self.batch(live) for live in runs if live.base + len(live.frames) > live.flushed]
+            lives = [live for live in runs if live.base + len(live.frames) > live.flushed]
+            batches = [self.batch(live) for live in lives]
             if batches:
                 try:
                     refused = await self.log.append(batches)
-                except Exception as exc:  # a shared log down: clients here keep streaming
+                except Exception as exc:  # a shared log down: clients here stream on, up to their grant
                     log.warning("could not write %d batches to the run log: %s", len(batches), exc)
+                else:
+                    if refused:  # marked lost elsewhere: nothing reserved, the log's ending is theirs
+                        lost = set(refused)
+                        for live in lives:
+                            if live.run_id in lost:
+                                live.hand_off()
+                        lives = [live for live in lives if live.run_id not in lost]
+                    reserve = self.log.reserve
+                    for live in lives:  # `LiveRun.grant` inline: a flush makes one per run with new frames
+                        held = live.base + len(live.frames) > live.granted
+                        live.granted = live.flushed + reserve  # (``flushed``: its batch's last frame)
+                        if held:
+                            live.wake()
             if self._owed:
                 await self._pay(asyncio.get_running_loop().time())
             return refused

@@ -7,6 +7,12 @@ The process that runs a run (its *owner*) keeps the frames in memory for the cli
 (`_runs.LiveRun`) and hands them to the log in batches (`append`, many runs in one call), so a
 shared log costs one round trip per flush interval, not one per token.
 
+An id names one frame, whatever process dies when. The owner sends a frame to its clients before
+the log has it, so a shared log *reserves* ids ahead of what it holds (``reserve`` past the last
+frame of each batch written, in the same write): the owner never sends an id past its
+reservation, and a run whose owner died is marked lost with a frame numbered after it. A client
+holding any id the dead owner could have sent resumes to that frame.
+
 Three logs: `InMemoryRunLog` (the default; one process), `SqliteRunLog` (a file: survives a
 restart) and `RedisRunLog` (several processes: shared runs, interrupts across processes, and an
 owner lease so a run whose process died is marked ``lost`` instead of hanging its clients).
@@ -24,6 +30,7 @@ from dataclasses import dataclass, field
 
 __all__ = [
     "ENDED",
+    "RESERVE",
     "RUNNING",
     "Batch",
     "InMemoryRunLog",
@@ -32,7 +39,9 @@ __all__ = [
     "RunRecord",
     "Slice",
     "check_log_bounds",
+    "check_reserve",
     "frame_offset",
+    "frames_after",
 ]
 
 RUNNING = "running"
@@ -58,15 +67,24 @@ class RunRecord:
     status: str = RUNNING
     last: int = 0
     """The id of the last frame the log holds (0: none)."""
+    reserved: int = 0
+    """The last id its owner may have sent while the run is in progress (a shared log; see the
+    module docstring): a client may hold any id up to it. A lost run's last frame comes after it."""
 
     @property
     def running(self) -> bool:
         return self.status == RUNNING
 
+    @property
+    def top(self) -> int:
+        """The highest id a client of this run may hold."""
+        return max(self.last, self.reserved) if self.running else self.last
+
     def moved(self, *, status: str | None = None, last: int | None = None, owner: str | None = None) -> RunRecord:
         """A copy with some fields changed (`dataclasses.replace` costs ten times more)."""
         return RunRecord(self.run_id, self.user_id, self.session_id, self.kind, self.owner if owner is None else owner,
-                         self.status if status is None else status, self.last if last is None else last)
+                         self.status if status is None else status, self.last if last is None else last,
+                         self.reserved)
 
 
 @dataclass(slots=True)
@@ -104,6 +122,27 @@ def frame_offset(data: bytes, seq: int) -> int:
     return at + 2 if at >= 0 else -1
 
 
+def frames_after(data: bytes, after: int) -> int:
+    """Where the first frame with an id past ``after`` starts in ``data`` (one batch: frames in
+    id order), or -1. Ids follow each other, except in a lost run's last batch: its one frame is
+    numbered past the ids its dead owner had reserved, and a reader anywhere in them gets it."""
+    at = frame_offset(data, after + 1)
+    if at < 0 and data.startswith(b"id: ") and int(data[4:data.index(b"\n")]) > after:
+        return 0
+    return at
+
+
+RESERVE = 10_000
+"""Ids a shared log reserves past each batch it takes (`RunLog.reserve`): how far the frames a
+run's clients get may run ahead of the log while it is slow or away; past that they wait for it."""
+
+
+def check_reserve(reserve: int) -> None:
+    if not (isinstance(reserve, int) and not isinstance(reserve, bool) and reserve > 0):
+        raise ValueError(f"reserve must be a positive int (ids the owner may send before the log has them), "
+                         f"got {reserve!r}")
+
+
 def check_log_bounds(retention: float, max_events: int) -> None:
     if not retention > 0:
         raise ValueError(f"retention must be positive seconds (how long an ended run stays readable), "
@@ -125,6 +164,10 @@ class RunLog(ABC):
     come (otherwise once, when the run ends; this process's clients follow the run itself)."""
     lease: float = 10.0
     """Seconds an owner's lease lasts without renewal (shared logs; renewed every lease / 3)."""
+    reserve: int = 0
+    """Ids a shared log reserves past the last frame it holds: its owner sends frames up to
+    there before the log has them (a log read by no other process while a run goes on reserves
+    nothing: nothing else numbers that run's frames)."""
     instant: bool = False
     """Its ``append`` and ``end`` never wait (the log is this process's memory): a run's end is
     written at once, with nothing to shield from a cancellation. A subclass whose writes wait
@@ -153,10 +196,12 @@ class RunLog(ABC):
         """The frames after ``after`` (up to a bounded amount), waiting up to ``wait`` seconds
         for some while the run is in progress; None when the run is unknown or expired."""
 
-    async def mark_lost(self, run_id: str, frame: bytes) -> bool:
-        """If the run is still marked running and its owner's lease has expired: append
-        ``frame`` (its terminal frame, without the ``id:`` line) and mark it ``lost``. Whether it
-        did. A log with one owner never loses one."""
+    async def mark_lost(self, record: RunRecord, frame: bytes) -> bool:
+        """If the run is still as ``record`` says (running, its frames up to ``record.last``,
+        its ids reserved up to ``record.reserved``) and its owner's lease has expired: append
+        ``frame`` (its terminal frame, without the ``id:`` line; it may name those ids) as id
+        ``record.top + 1``, past every id its owner may have sent, and mark it ``lost``. Whether
+        it did. A log with one owner never loses one."""
         return False
 
     async def owner_alive(self, owner: str) -> bool:

@@ -1,14 +1,16 @@
 """`RedisRunLog`: run logs in Redis, shared by every ``agentscope-py serve`` process using it.
 
 Keys (ids percent-encoded): ``{prefix}:run:{run_id}`` — a hash (``user``, ``session``, ``kind``,
-``owner``, ``status``, ``last``); ``{prefix}:run:{run_id}:log`` — a Redis Stream with one entry
-per batch of frames, entry id ``<last frame id>-0`` (fields ``f``: the first frame id, ``d``: the
-frames' bytes), and the end marker ``<last>-1`` (field ``e``: how the run ended), so a reader
+``owner``, ``status``, ``last``, ``reserved``); ``{prefix}:run:{run_id}:log`` — a Redis Stream with
+one entry per batch of frames, entry id ``<last frame id>-0`` (fields ``f``: the first frame id
+the entry covers, ``d``: the frames' bytes), and the end marker ``<last>-1`` (field ``e``: how the
+run ended), so a reader
 ``XREAD``s from ``<its position>-0`` and blocks for more; ``XADD MAXLEN ~ max_events`` bounds a
 stream, and both keys expire ``retention`` seconds after the run ends (a day while it runs, so an
 abandoned one goes too). ``{prefix}:owner:{owner}`` — a process's lease (``SET PX``, renewed every
 lease / 3 s): a run whose owner's lease is gone is marked ``lost`` by the first reader that finds
-it so, with a terminal frame, so its clients never wait for ever. An owner that was only cut off
+it so, with a terminal frame numbered past ``reserved`` (its entry covers the ids from ``last + 1``,
+which the dead owner may have sent), so its clients never wait for ever. An owner that was only cut off
 finds its next batch refused (its ids no longer follow) and stops the run. Interrupts go to the
 owner on the channel ``{prefix}:interrupt:{owner}``.
 
@@ -40,6 +42,7 @@ from redis.asyncio import BlockingConnectionPool, Redis
 
 from .._redis import Arg, LoopRedis, RedisError, bulk, redis_errors
 from ._runlog import (
+    RESERVE,
     RUNNING,
     Batch,
     InterruptHandler,
@@ -47,7 +50,8 @@ from ._runlog import (
     RunRecord,
     Slice,
     check_log_bounds,
-    frame_offset,
+    check_reserve,
+    frames_after,
     new_owner_id,
 )
 
@@ -58,34 +62,35 @@ log = logging.getLogger("agentscope_py.server")
 _RUNNING_TTL_MS = 86_400_000
 READ_BATCHES = 64
 
-# KEYS meta, stream; ARGV user, session, kind, owner, running ttl ms.
+# KEYS meta, stream; ARGV user, session, kind, owner, running ttl ms, ids reserved.
 _CREATE = """
 if redis.call('HGET', KEYS[1], 'status') == 'running' then return 0 end
 redis.call('DEL', KEYS[1], KEYS[2])
 redis.call('HSET', KEYS[1], 'user', ARGV[1], 'session', ARGV[2], 'kind', ARGV[3], 'owner', ARGV[4],
-           'status', 'running', 'last', 0)
+           'status', 'running', 'last', 0, 'reserved', ARGV[6])
 redis.call('PEXPIRE', KEYS[1], ARGV[5])
 return 1
 """
 # Every batch of a flush in one call (one round trip): KEYS the stream of each batch in turn (its
-# record's key is the stream's less ":log"); ARGV owner, maxlen, running ttl ms, then per batch
-# its frame ids, first and last, as two 20-digit numbers in one string (fixed width: packed without
-# measuring them, `RedisRunLog.append`), and its data. Per batch 1 (written) or 0 (refused: the run
-# is not its owner's and running any more, or its ids no longer follow, which XADD refuses without
-# stopping the rest).
+# record's key is the stream's less ":log"); ARGV owner, maxlen, running ttl ms, ids reserved, then
+# per batch its frame ids, first and last, as two 20-digit numbers in one string (fixed width:
+# packed without measuring them, `RedisRunLog.append`), and its data. Per batch 1 (written, and
+# the ids up to its last + reserve reserved) or 0 (refused: the run is not its owner's and running
+# any more, or its ids no longer follow, which XADD refuses without stopping the rest).
 _APPEND = """
 local out = {}
 for i = 1, #KEYS do
-  local stream, a = KEYS[i], 2 * i + 2
+  local stream, a = KEYS[i], 2 * i + 3
   local meta = string.sub(stream, 1, -5)
   out[i] = 0
   if redis.call('HGET', meta, 'status') == 'running' and redis.call('HGET', meta, 'owner') == ARGV[1] then
     local ids = ARGV[a]
     local first = string.format('%d', tonumber(string.sub(ids, 1, 20)))
-    local last = string.format('%d', tonumber(string.sub(ids, 21, 40)))
+    local n = tonumber(string.sub(ids, 21, 40))
+    local last = string.format('%d', n)
     local added = redis.pcall('XADD', stream, 'MAXLEN', '~', ARGV[2], last .. '-0', 'f', first, 'd', ARGV[a + 1])
     if type(added) ~= 'table' or not added.err then
-      redis.call('HSET', meta, 'last', last)
+      redis.call('HSET', meta, 'last', last, 'reserved', string.format('%d', n + tonumber(ARGV[4])))
       redis.call('PEXPIRE', stream, ARGV[3])
       out[i] = 1
     end
@@ -104,14 +109,17 @@ redis.call('PEXPIRE', KEYS[1], ARGV[4])
 redis.call('PEXPIRE', KEYS[2], ARGV[4])
 return 1
 """
-# KEYS meta, stream, owner lease; ARGV frame (without its id line), retention ms.
+# KEYS meta, stream, owner lease; ARGV frame (without its id line), retention ms, and the last and
+# reserved ids the frame was made for (the run is marked only if they still hold). The frame is
+# numbered past every id the owner may have sent; its entry covers the ids from last + 1.
 _LOST = """
 if redis.call('HGET', KEYS[1], 'status') ~= 'running' then return 0 end
 if redis.call('EXISTS', KEYS[3]) == 1 then return 0 end
-local top = redis.call('XREVRANGE', KEYS[2], '+', '-', 'COUNT', 1)
-local n = 1
-if #top > 0 then n = tonumber(string.match(top[1][1], '^(%d+)')) + 1 end
-redis.call('XADD', KEYS[2], n .. '-0', 'f', n, 'd', 'id: ' .. n .. '\\n' .. ARGV[1])
+local last = tonumber(redis.call('HGET', KEYS[1], 'last') or '0')
+local reserved = tonumber(redis.call('HGET', KEYS[1], 'reserved') or '0')
+if last ~= tonumber(ARGV[3]) or reserved ~= tonumber(ARGV[4]) then return 0 end
+local n = string.format('%d', math.max(last, reserved) + 1)
+redis.call('XADD', KEYS[2], n .. '-0', 'f', string.format('%d', last + 1), 'd', 'id: ' .. n .. '\\n' .. ARGV[1])
 redis.call('XADD', KEYS[2], n .. '-1', 'e', 'lost')
 redis.call('HSET', KEYS[1], 'status', 'lost', 'last', n)
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
@@ -128,20 +136,23 @@ class RedisRunLog(RunLog, LoopRedis):
     """Run logs in the Redis at ``url`` (see the module docstring). ``retention``: seconds an
     ended run stays readable; ``max_events``: stream entries (batches) kept per run; ``lease``:
     seconds after which a silent owner's runs count as lost; ``max_connections``: the connections
-    reads share (resumes, and one per run followed from the log while it waits for frames)."""
+    reads share (resumes, and one per run followed from the log while it waits for frames);
+    ``reserve``: ids reserved past each batch written (`RunLog.reserve`)."""
 
     shared = True
     SCRIPTS: ClassVar[dict[str, str]] = {"create": _CREATE, "append": _APPEND, "end": _END, "lost": _LOST}
 
     def __init__(self, url: str = "redis://localhost:6379/0", *, prefix: str = "agentscope",
                  retention: float = 300.0, max_events: int = 100_000, lease: float = 10.0,
-                 socket_timeout: float = 5.0, max_connections: int = 100) -> None:
+                 socket_timeout: float = 5.0, max_connections: int = 100, reserve: int = RESERVE) -> None:
         check_log_bounds(retention, max_events)
         if not lease > 0:
             raise ValueError(f"lease must be positive seconds, got {lease!r}")
         if not (isinstance(max_connections, int) and max_connections > 0):
             raise ValueError(f"max_connections must be a positive int (the connections reads share), "
                              f"got {max_connections!r}")
+        check_reserve(reserve)
+        self.reserve = reserve
         self._init_redis(url, socket_timeout)
         self.max_connections = max_connections
         self._upkeep_client: Redis | None = None
@@ -152,9 +163,10 @@ class RedisRunLog(RunLog, LoopRedis):
         self.lease = lease
         self.owner = new_owner_id()
         self._listener: asyncio.Task[None] | None = None
-        # The append script's first three args, and the stream key of each run this process
+        # The append script's first four args, and the stream key of each run this process
         # created and has not ended, packed (`append`).
-        self._append_head = b"".join(map(bulk, (self.owner.encode(), b"%d" % max_events, b"%d" % _RUNNING_TTL_MS)))
+        self._append_head = b"".join(map(bulk, (self.owner.encode(), b"%d" % max_events, b"%d" % _RUNNING_TTL_MS,
+                                                b"%d" % reserve)))
         self._streams: dict[str, bytes] = {}
 
     def _connect(self) -> Redis:
@@ -193,7 +205,8 @@ class RedisRunLog(RunLog, LoopRedis):
     async def create(self, record: RunRecord) -> bool:
         keys = self._keys(record.run_id)
         with _typed(f"creating run {record.run_id}"):
-            args: list[Arg] = [record.user_id, record.session_id, record.kind, record.owner, _RUNNING_TTL_MS]
+            args: list[Arg] = [record.user_id, record.session_id, record.kind, record.owner, _RUNNING_TTL_MS,
+                               self.reserve]
             created = bool(await self._commands().script("create", keys, args))
         if created:
             self._streams[record.run_id] = bulk(keys[1].encode())
@@ -210,7 +223,7 @@ class RedisRunLog(RunLog, LoopRedis):
             args.append(b"$40\r\n%020d%020d\r\n$%d\r\n%s\r\n" % (b.first, b.first + len(b.frames) - 1, len(data), data))
         with _typed(f"appending {len(batches)} batches"):
             results = await self._commands().script_packed(
-                "append", len(keys), 3 + 2 * len(args), b"".join(keys) + self._append_head + b"".join(args))
+                "append", len(keys), 4 + 2 * len(args), b"".join(keys) + self._append_head + b"".join(args))
         return [b.run_id for b, ok in zip(batches, results, strict=True) if not ok]
 
     async def end(self, run_id: str, status: str, last: int) -> None:
@@ -246,7 +259,7 @@ class RedisRunLog(RunLog, LoopRedis):
                 if first > cursor + 1:
                     return Slice(b"".join(pieces), cursor, record, gap=not pieces)
                 if first <= cursor:
-                    at = frame_offset(data, cursor + 1)
+                    at = frames_after(data, cursor)
                     if at < 0:
                         continue
                     data = data[at:]
@@ -259,13 +272,12 @@ class RedisRunLog(RunLog, LoopRedis):
                 record = _record(run_id, await client.hgetall(meta)) or record
         return Slice(b"".join(pieces), cursor, record)
 
-    async def mark_lost(self, run_id: str, frame: bytes) -> bool:
-        record = await self.get(run_id)
-        if record is None:
-            return False
+    async def mark_lost(self, record: RunRecord, frame: bytes) -> bool:
+        run_id = record.run_id
         with _typed(f"marking run {run_id} lost"):
             keys = [*self._keys(run_id), self._owner_key(record.owner)]
-            lost = bool(await self._commands().script("lost", keys, [frame, round(self.retention * 1000)]))
+            args: list[Arg] = [frame, round(self.retention * 1000), record.last, record.reserved]
+            lost = bool(await self._commands().script("lost", keys, args))
         if lost:
             log.warning("run %s: its process (%s) stopped renewing its lease; marked lost", run_id, record.owner)
         return lost
@@ -336,4 +348,4 @@ def _record(run_id: str, fields: Any) -> RunRecord | None:
         return str(fields.get(name.encode(), b"").decode())
 
     return RunRecord(run_id, text("user"), text("session"), text("kind"), text("owner"),
-                     text("status") or RUNNING, int(fields.get(b"last", b"0")))
+                     text("status") or RUNNING, int(fields.get(b"last", b"0")), int(fields.get(b"reserved", b"0")))

@@ -2,8 +2,9 @@
 that ended before a restart; a run cut off by a crash reads as ``lost`` once its owner's lease has
 run out, never as a stream that hangs).
 
-Tables: ``runs`` (one row per run), ``run_frames`` (one row per batch: ``first``, ``last``,
-``data``), ``run_owners`` (each process's lease: ``alive_until``). Several processes may share
+Tables: ``runs`` (one row per run, with the ids its owner reserved: ``reserved``), ``run_frames``
+(one row per batch: ``first``, ``last``, ``data``), ``run_owners`` (each process's lease:
+``alive_until``). Several processes may share
 the file (WAL mode) to read each other's runs; interrupts across processes need `RedisRunLog`.
 All SQLite work runs on one private thread, like `SqliteStateStore`.
 """
@@ -20,7 +21,18 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
 from ..errors import RunLogError
-from ._runlog import RUNNING, Batch, RunLog, RunRecord, Slice, check_log_bounds, frame_offset, new_owner_id
+from ._runlog import (
+    RESERVE,
+    RUNNING,
+    Batch,
+    RunLog,
+    RunRecord,
+    Slice,
+    check_log_bounds,
+    check_reserve,
+    frames_after,
+    new_owner_id,
+)
 
 __all__ = ["SqliteRunLog"]
 
@@ -29,7 +41,8 @@ T = TypeVar("T")
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
     run_id TEXT PRIMARY KEY, user_id TEXT NOT NULL, session_id TEXT NOT NULL, kind TEXT NOT NULL,
-    owner TEXT NOT NULL, status TEXT NOT NULL, last INTEGER NOT NULL, ended_at REAL
+    owner TEXT NOT NULL, status TEXT NOT NULL, last INTEGER NOT NULL, ended_at REAL,
+    reserved INTEGER NOT NULL DEFAULT 0
 );
 CREATE TABLE IF NOT EXISTS run_frames (
     run_id TEXT NOT NULL, last INTEGER NOT NULL, first INTEGER NOT NULL, data BLOB NOT NULL,
@@ -37,7 +50,7 @@ CREATE TABLE IF NOT EXISTS run_frames (
 );
 CREATE TABLE IF NOT EXISTS run_owners (owner TEXT PRIMARY KEY, alive_until REAL NOT NULL);
 """
-_COLUMNS = "run_id, user_id, session_id, kind, owner, status, last"
+_COLUMNS = "run_id, user_id, session_id, kind, owner, status, last, reserved"
 POLL = 0.05
 """Seconds between looks at the file while a reader waits for frames."""
 
@@ -45,15 +58,18 @@ POLL = 0.05
 class SqliteRunLog(RunLog):
     """Run logs in the SQLite file at ``path`` (created on first use). ``retention``: seconds an
     ended run stays readable; ``max_events``: frames kept per run; ``lease``: seconds after which
-    a silent owner's runs count as lost."""
+    a silent owner's runs count as lost; ``reserve``: ids reserved past each batch written
+    (`RunLog.reserve`)."""
 
     shared = True
 
     def __init__(self, path: str | os.PathLike[str], *, retention: float = 300.0, max_events: int = 100_000,
-                 lease: float = 10.0) -> None:
+                 lease: float = 10.0, reserve: int = RESERVE) -> None:
         check_log_bounds(retention, max_events)
         if not lease > 0:
             raise ValueError(f"lease must be positive seconds, got {lease!r}")
+        check_reserve(reserve)
+        self.reserve = reserve
         self.path = os.fspath(path)
         self.retention = retention
         self.max_events = max_events
@@ -69,6 +85,7 @@ class SqliteRunLog(RunLog):
                 conn.execute("PRAGMA journal_mode=WAL")
                 conn.execute("PRAGMA busy_timeout=30000")
                 conn.executescript(_SCHEMA)
+                _add_reserved(conn)
                 self._conn = conn
             conn = self._conn
             conn.execute("BEGIN IMMEDIATE")
@@ -97,8 +114,9 @@ class SqliteRunLog(RunLog):
             if row is not None and row[0] == RUNNING:
                 return False
             conn.execute("DELETE FROM run_frames WHERE run_id = ?", (record.run_id,))
-            conn.execute(f"INSERT OR REPLACE INTO runs ({_COLUMNS}, ended_at) VALUES (?, ?, ?, ?, ?, ?, 0, NULL)",
-                         (record.run_id, record.user_id, record.session_id, record.kind, record.owner, RUNNING))
+            conn.execute(f"INSERT OR REPLACE INTO runs ({_COLUMNS}, ended_at) VALUES (?, ?, ?, ?, ?, ?, 0, ?, NULL)",
+                         (record.run_id, record.user_id, record.session_id, record.kind, record.owner, RUNNING,
+                          self.reserve))
             return True
 
         return await self._run(write, f"creating run {record.run_id}")
@@ -113,7 +131,8 @@ class SqliteRunLog(RunLog):
                     continue
                 conn.execute("INSERT INTO run_frames (run_id, last, first, data) VALUES (?, ?, ?, ?)",
                              (b.run_id, b.last, b.first, b"".join(b.frames)))
-                conn.execute("UPDATE runs SET last = ? WHERE run_id = ?", (b.last, b.run_id))
+                conn.execute("UPDATE runs SET last = ?, reserved = ? WHERE run_id = ?",
+                             (b.last, b.last + self.reserve, b.run_id))
                 if b.last > self.max_events:
                     conn.execute("DELETE FROM run_frames WHERE run_id = ? AND last <= ?",
                                  (b.run_id, b.last - self.max_events))
@@ -147,7 +166,7 @@ class SqliteRunLog(RunLog):
                 if first > cursor + 1:
                     return Slice(b"".join(pieces), cursor, record, gap=not pieces)
                 if first <= cursor:
-                    data = data[max(frame_offset(data, cursor + 1), 0):]
+                    data = data[max(frames_after(data, cursor), 0):]
                 pieces.append(data)
                 cursor = last
             return Slice(b"".join(pieces), cursor, record)
@@ -159,14 +178,18 @@ class SqliteRunLog(RunLog):
                 return piece
             await asyncio.sleep(POLL)
 
-    async def mark_lost(self, run_id: str, frame: bytes) -> bool:
+    async def mark_lost(self, record: RunRecord, frame: bytes) -> bool:
+        run_id = record.run_id
+
         def write(conn: sqlite3.Connection) -> bool:
-            record = _get(conn, run_id, self.retention)
-            if record is None or not record.running or _alive(conn, record.owner):
+            now = _get(conn, run_id, self.retention)
+            if (now is None or not now.running or _alive(conn, now.owner) or now.last != record.last
+                    or now.reserved != record.reserved):
                 return False
-            n = record.last + 1
+            # Numbered past every id its owner may have sent; the row covers the ids from last + 1.
+            n = now.top + 1
             conn.execute("INSERT INTO run_frames (run_id, last, first, data) VALUES (?, ?, ?, ?)",
-                         (run_id, n, n, b"id: %d\n%b" % (n, frame)))
+                         (run_id, n, now.last + 1, b"id: %d\n%b" % (n, frame)))
             conn.execute("UPDATE runs SET status = 'lost', last = ?, ended_at = ? WHERE run_id = ?",
                          (n, time.time(), run_id))
             return True
@@ -196,11 +219,23 @@ class SqliteRunLog(RunLog):
 
 def _get(conn: sqlite3.Connection, run_id: str, retention: float) -> RunRecord | None:
     row = conn.execute(f"SELECT {_COLUMNS}, ended_at FROM runs WHERE run_id = ?", (run_id,)).fetchone()
-    if row is None or (row[7] is not None and row[7] < time.time() - retention):
+    if row is None or (row[8] is not None and row[8] < time.time() - retention):
         return None
-    return RunRecord(*row[:7])
+    return RunRecord(*row[:8])
 
 
 def _alive(conn: sqlite3.Connection, owner: str) -> bool:
     row = conn.execute("SELECT alive_until FROM run_owners WHERE owner = ?", (owner,)).fetchone()
     return row is not None and row[0] > time.time()
+
+
+def _add_reserved(conn: sqlite3.Connection) -> None:
+    """The ``reserved`` column in a file made before it existed (its runs reserved nothing)."""
+    conn.execute("BEGIN IMMEDIATE")  # one process adds it, however many open the file at once
+    try:
+        if "reserved" not in {row[1] for row in conn.execute("PRAGMA table_info(runs)")}:
+            conn.execute("ALTER TABLE runs ADD COLUMN reserved INTEGER NOT NULL DEFAULT 0")
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise

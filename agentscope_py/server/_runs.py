@@ -23,7 +23,7 @@ from ..errors import RunLogError
 from ._errors import HTTPError
 from ._identity import client_run_id
 from ._limits import Limits, admit_run
-from ._live import CHUNK_BYTES, CHUNK_FRAMES, Beat, LiveRun, gap_frame, incomplete_frame, terminal_frame
+from ._live import CHUNK_BYTES, CHUNK_FRAMES, UNLIMITED, Beat, LiveRun, gap_frame, incomplete_frame, terminal_frame
 from ._logtail import LogTail, expired_frame, unavailable_frame
 from ._logwrites import LogWrites
 from ._runlog import RunLog, RunRecord
@@ -127,8 +127,10 @@ class Runs:
         if not created:
             raise HTTPError(409, "run_id_in_use", f"run id {client_run_id(record.run_id)!r} is in use: "
                             "send a new id for each run")
-        live = LiveRun(record, ctx, detach, keep=self.log.max_events,
-                       outbox=self._outbox if self.log.shared else None, lead=self.limits.buffer_bytes)
+        shared = self.log.shared
+        live = LiveRun(record, ctx, detach, keep=self.log.max_events, outbox=self._outbox if shared else None,
+                       lead=self.limits.buffer_bytes,
+                       granted=self.log.reserve if shared else UNLIMITED)  # the ids `create` reserved
         self.count(record.run_id, live)
         live.task = asyncio.get_running_loop().create_task(self._drive(live, source, cancelled_frame))
         return live
@@ -153,7 +155,8 @@ class Runs:
                 await frames.aclose()  # type: ignore[attr-defined]
         except asyncio.CancelledError:
             status = "cancelled"
-            live.publish(cancelled_frame(live))
+            if not live.handoff:  # (marked lost elsewhere: that is its ending, in the log)
+                live.publish(cancelled_frame(live))
             raise
         except BaseException as exc:  # the frame sources report failures as frames: this is a bug
             status = "failed"
@@ -200,7 +203,8 @@ class Runs:
     async def resume(self, run_id: str, user_id: str, after: int,
                      heartbeat: float | None = None) -> tuple[RunRecord, Frames]:
         """The run's record and its frames after ``after`` (then live, until it ends): 404 for
-        an unknown or expired run, 403 for another user's, 400 for a position past its log."""
+        an unknown or expired run, 403 for another user's, 400 for a position no client of it
+        can hold."""
         live = self.live.get(run_id)
         if live is not None:
             _owned(live.record, user_id)
@@ -209,13 +213,10 @@ class Runs:
             return live.record, lambda: self.follow(live, after, heartbeat)
         record = await self._record(run_id)
         _owned(record, user_id)
-        if after > record.last and record.running and record.owner != self.log.owner:
-            # Its owner sends frames in batches: a client of that process may have seen some
-            # the log does not hold yet.
-            await asyncio.sleep(self.flush_interval * 3)
-            record = await self._record(run_id)
-        if after > record.last:
-            raise _ahead(after, record.last)
+        # A run in progress elsewhere: its owner sends frames before the log has them, up to the
+        # ids the log reserved, so a client may hold any of those; it reads on from there.
+        if after > record.top:
+            raise _ahead(after, record.top)
         return record, lambda: self._follow_log(record, after, heartbeat)
 
     async def _record(self, run_id: str) -> RunRecord:
@@ -249,6 +250,8 @@ class Runs:
                     return
                 frames = live.frames
                 ready = len(frames)
+                if start < ready and live.base + ready > live.granted:  # only ids the log reserved go out
+                    ready = live.granted - live.base
                 if start < ready:
                     cost = live.cost
                     if start + 1 == ready:  # one frame: each token at light load
@@ -268,7 +271,11 @@ class Runs:
                         live.moved(me, taken)
                     if beat is not None:
                         beat.sent += 1
-                elif live.done:
+                elif live.handoff:  # the log says what follows (`LiveRun.handoff`)
+                    async for chunk in self._follow_log(live.record, cursor, heartbeat, here=False):
+                        yield chunk
+                    return
+                elif live.done and ready == len(frames):
                     return
                 elif beat is not None and beat.due:
                     beat.due = False
@@ -289,9 +296,11 @@ class Runs:
                 with contextlib.suppress(asyncio.CancelledError):
                     await asyncio.shield(asyncio.gather(live.task, return_exceptions=True))
 
-    async def _follow_log(self, record: RunRecord, after: int, heartbeat: float | None) -> AsyncIterator[bytes]:
-        """The frames of a run held in the log (ended, or running in another process), from
-        this process's one read of it (`LogTail`), or from the log itself while behind that."""
+    async def _follow_log(self, record: RunRecord, after: int, heartbeat: float | None,
+                          here: bool = True) -> AsyncIterator[bytes]:
+        """The frames of a run held in the log (ended, or running in another process; or running
+        here, handed off to the log: ``here`` False), from this process's one read of it
+        (`LogTail`), or from the log itself while behind that."""
         run_id, kind, cursor = record.run_id, record.kind, after
         loop = asyncio.get_running_loop()
         sent = loop.time()
@@ -299,7 +308,7 @@ class Runs:
         me = tail.join(cursor)
         try:
             while True:
-                live = self.live.get(run_id)
+                live = self.live.get(run_id) if here else None
                 if live is not None:  # ours after all (a log shared with ourselves): follow it here
                     self._leave(tail, me)
                     async for chunk in self.follow(live, cursor, heartbeat):
@@ -367,8 +376,7 @@ class Runs:
             return
         if record.owner != self.log.owner and await self.log.owner_alive(record.owner):
             return
-        message = "the server process running this run stopped; the run is lost"
-        await self.log.mark_lost(record.run_id, terminal_frame(record.kind, "RunLost", message))
+        await self.log.mark_lost(record, terminal_frame(record.kind, "RunLost", lost_message(record)))
 
     # -- interrupting ----------------------------------------------------------------------------
 
@@ -426,13 +434,20 @@ def _piece_end(frames: list[bytes], start: int, end: int) -> int:
     return stop
 
 
+def lost_message(record: RunRecord) -> str:
+    """What a client of a lost run hears: what the log holds, and which events may be missing."""
+    held = f"the events up to id {record.last}" if record.last else "none of its events"
+    return (f"the server process running this run stopped before it ended: the run is lost. Its log holds {held}; "
+            f"any event that process sent after id {record.last} (ids up to {record.top}) is missing from it")
+
+
 def _owned(record: RunRecord, user_id: str) -> None:
     if record.user_id != user_id:
         raise HTTPError(403, "forbidden", "this run belongs to another user")
 
 
-def _ahead(after: int, last: int) -> HTTPError:
-    return HTTPError(400, "last_event_id_ahead", f"event id {after} is past this run's log, which ends at id {last}: "
+def _ahead(after: int, top: int) -> HTTPError:
+    return HTTPError(400, "last_event_id_ahead", f"event id {after} is past the last id of this run ({top}): "
                      "it is not an id of this run")
 
 

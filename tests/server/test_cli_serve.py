@@ -46,8 +46,9 @@ def _free_port() -> int:
 
 
 class Serving:
-    def __init__(self, *args: str, cwd: Path | None = None, env: dict[str, str] | None = None) -> None:
-        self.port = _free_port()
+    def __init__(self, *args: str, cwd: Path | None = None, env: dict[str, str] | None = None,
+                 port: int | None = None) -> None:
+        self.port = port or _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "agentscope_py.cli", "serve", *args, "--port", str(self.port)],

@@ -6,6 +6,7 @@ whose owner stopped renewing is marked lost, and that owner's next batch is refu
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -108,24 +109,65 @@ async def test_a_silent_owners_run_is_marked_lost_and_its_batches_refused(make: 
     if make.kind == "memory":
         log = make()
         await log.create(record(log))
-        assert not await log.mark_lost("r1", b"data: {}\n\n")  # one process: never lost
+        got = await log.get("r1")
+        assert not await log.mark_lost(got, b"data: {}\n\n")  # one process: never lost
         return
-    owner = make(lease=0.3)
+    owner = make(lease=0.3, reserve=50)
     reader = make()
     await owner.renew()
     await owner.create(record(owner))
+    created = await reader.get("r1")
+    assert created is not None and (created.last, created.reserved, created.top) == (0, 50, 50)
     await owner.append([Batch("r1", 1, frames(1, 2))])
     assert await reader.owner_alive(owner.owner)
-    assert not await reader.mark_lost("r1", b"data: {}\n\n")  # alive: not lost
+    before = await reader.get("r1")
+    assert before is not None and (before.last, before.reserved) == (2, 52)  # reserved past each batch
+    assert not await reader.mark_lost(before, b"data: {}\n\n")  # alive: not lost
     await asyncio.sleep(0.5)  # the owner stops renewing (a dead process)
     assert not await reader.owner_alive(owner.owner)
-    assert await reader.mark_lost("r1", b'event: error\ndata: {"code": "RunLost"}\n\n')
-    assert not await reader.mark_lost("r1", b"data: {}\n\n")  # once
-    got = await reader.read("r1", 2, 0)
-    assert got is not None and got.data == b'id: 3\nevent: error\ndata: {"code": "RunLost"}\n\n'
-    assert got.record.status == "lost" and got.record.last == 3
+    assert not await reader.mark_lost(created, b"data: {}\n\n")  # not as the caller read it: not marked
+    assert await reader.mark_lost(before, b'event: error\ndata: {"code": "RunLost"}\n\n')
+    assert not await reader.mark_lost(before, b"data: {}\n\n")  # once
+    # Numbered past every id the owner may have sent (its frames reached its clients before the
+    # log): whichever of them a client holds, it reads the same frame next.
+    lost = b'id: 53\nevent: error\ndata: {"code": "RunLost"}\n\n'
+    for after in (0, 1, 2, 3, 30, 51, 52):
+        got = await reader.read("r1", after, 0)
+        assert got is not None and got.data == b"".join(frames(after + 1, 2)) + lost and not got.gap, after
+        assert got.last == 53 and got.record.status == "lost" and got.record.last == 53
+    done = await reader.read("r1", 53, 0)
+    assert done is not None and done.data == b"" and done.record.top == 53
     # The owner was only cut off: its next batch is refused, so it stops the run.
     assert await owner.append([Batch("r1", 3, frames(3, 3))]) == ["r1"]
+
+
+async def test_a_sqlite_file_made_before_reserved_ids_is_opened_and_its_runs_still_end(tmp_path: Path) -> None:
+    """A file whose ``runs`` table has no ``reserved`` column (its runs reserved nothing) gets one:
+    its running run, whose owner is gone, is marked lost right after its last frame."""
+    path = tmp_path / "old.db"
+    with sqlite3.connect(path) as conn:
+        conn.executescript("""
+            CREATE TABLE runs (run_id TEXT PRIMARY KEY, user_id TEXT NOT NULL, session_id TEXT NOT NULL,
+                kind TEXT NOT NULL, owner TEXT NOT NULL, status TEXT NOT NULL, last INTEGER NOT NULL, ended_at REAL);
+            CREATE TABLE run_frames (run_id TEXT NOT NULL, last INTEGER NOT NULL, first INTEGER NOT NULL,
+                data BLOB NOT NULL, PRIMARY KEY (run_id, last));
+            CREATE TABLE run_owners (owner TEXT PRIMARY KEY, alive_until REAL NOT NULL);
+            INSERT INTO runs VALUES ('r1', 'alice', 's1', 'native', 'own_gone', 'running', 2, NULL);
+        """)
+        conn.execute("INSERT INTO run_frames VALUES ('r1', 2, 1, ?)", (b"".join(frames(1, 2)),))
+    conn.close()
+    log = SqliteRunLog(path)
+    try:
+        old = await log.get("r1")
+        assert old is not None and (old.last, old.reserved, old.top) == (2, 0, 2)
+        assert await log.mark_lost(old, b"event: error\ndata: {}\n\n")
+        got = await log.read("r1", 0, 0)
+        assert got is not None and got.data == b"".join(frames(1, 2)) + b"id: 3\nevent: error\ndata: {}\n\n"
+        assert await log.create(record(log, "r2"))  # new runs reserve ids in the same file
+        fresh = await log.get("r2")
+        assert fresh is not None and fresh.reserved == log.reserve
+    finally:
+        await log.close()
 
 
 async def test_a_refused_batch_leaves_the_others_of_its_write_written(make: Any) -> None:
@@ -140,7 +182,7 @@ async def test_a_refused_batch_leaves_the_others_of_its_write_written(make: Any)
         await owner.create(record(owner, run_id))
     assert await owner.append([Batch("r1", 1, frames(1, 1)), Batch("r2", 1, frames(1, 1))]) == []
     await asyncio.sleep(0.5)
-    assert await reader.mark_lost("r1", b"data: {}\n\n")
+    assert await reader.mark_lost(await reader.get("r1"), b"data: {}\n\n")
     await owner.renew()  # back (it was only cut off): r2 is still its own
     assert await owner.append([Batch("r1", 2, frames(2, 3)), Batch("r2", 2, frames(2, 3))]) == ["r1"]
     got = await reader.read("r2", 0, 0)

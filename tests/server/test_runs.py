@@ -234,7 +234,7 @@ async def test_bad_event_ids_get_clear_answers(live: Any) -> None:
     assert {k: (r.status_code, r.json()["type"]) for k, r in answers.items()} == {
         "word": (400, "invalid_last_event_id"), "negative": (400, "invalid_last_event_id"),
         "ahead": (400, "last_event_id_ahead"), "unknown": (404, "run_not_found")}
-    assert "ends at id" in answers["ahead"].json()["detail"]
+    assert f"past the last id of this run ({last})" in answers["ahead"].json()["detail"]
     assert at_end.status_code == 200 and parse(at_end.text) == []  # nothing missed: an empty, ended stream
 
 

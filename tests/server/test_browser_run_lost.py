@@ -1,0 +1,76 @@
+"""The page when the serve process running its turn is SIGKILLed (Debian's chromium through
+Playwright, real serve processes on a real redis-server): the page had frames the shared log never
+got; it reconnects to the process started in the dead one's place, and shows the run as lost
+(`RUN_ERROR` RunLost, numbered past every id the dead process could have sent, so the page's
+"never apply an id twice" keeps it) instead of an HTTP error or a turn that never ends."""
+
+from __future__ import annotations
+
+import os
+import signal
+import textwrap
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .test_browser import _page, _send, browser  # noqa: F401 - browser is a fixture
+from .test_cli_serve import Serving
+
+pytestmark = pytest.mark.browser
+
+AGENTS = '''
+from agentscope_py import ModelStep, ReActAgent, ScriptedModel
+
+TEXT = "".join(f"w{i} " for i in range(1500))
+
+
+def build() -> ReActAgent:
+    # A frame every 2 ms: when the process dies, its client has frames from after its last batch
+    # to the shared log (every 20 ms).
+    model = ScriptedModel([ModelStep.text(TEXT, chunks=1500, delay=0.002)], name="fast", loop=True)
+    return ReActAgent.builder().name("fast").model(model).build()
+'''
+
+
+@pytest.fixture
+def serve(tmp_path: Path, redis_url: str, redis_prefix: str) -> Iterator[Callable[..., Serving]]:
+    (tmp_path / "page_agents.py").write_text(textwrap.dedent(AGENTS))
+    started: list[Serving] = []
+
+    def start(port: int | None = None) -> Serving:
+        s = Serving("page_agents:build", "--redis", redis_url, "--redis-prefix", redis_prefix, "--run-lease", "1",
+                    "--token", "tok", "--log-level", "warning", cwd=tmp_path, env={"PYTHONPATH": os.getcwd()},
+                    port=port)
+        started.append(s)
+        s.wait_for_url()
+        return s
+
+    yield start
+    for s in started:
+        if s.proc.poll() is None:
+            s.stop()
+        elif s.proc.stdout is not None:
+            s.proc.stdout.close()
+
+
+def test_the_page_shows_a_run_whose_process_was_killed_as_lost(
+        browser: Any, serve: Callable[..., Serving]) -> None:  # noqa: F811 - the fixture
+    first = serve()
+    page = _page(browser, first)
+    _send(page, "go")
+    answer = page.get_by_test_id("message-assistant")
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and not (answer.count() and len(answer.first.inner_text()) > 200):
+        time.sleep(0.02)
+    first.proc.send_signal(signal.SIGKILL)  # mid-stream, without a word
+    first.proc.wait()
+    shown = answer.first.inner_text()
+    serve(port=first.port)  # the page reconnects to whatever answers there now
+    error = page.get_by_test_id("run-error")
+    error.wait_for(timeout=20_000)
+    text = error.inner_text()
+    assert "RunLost" in text and "the run is lost" in text, text
+    assert answer.first.inner_text().startswith(shown.rstrip())  # what it showed stays, nothing twice
