@@ -8,21 +8,35 @@ Where the totals live:
 * **session** — in ``AgentState.metadata[name]`` (``{"tokens", "cost", "calls"}``), so with a
   SQLite or Redis state store it survives restarts and is shared by every process of the session;
 * **user** — in a `BudgetStore`: `InMemoryBudgetStore` (this process; the default) or
-  `RedisBudgetStore` (shared by processes and hosts; atomic increments).
+  `RedisBudgetStore` (shared by processes and hosts; one Lua script checks and holds).
 
-Checks, at ``on_model_call``:
+Each model call, at ``on_model_call`` (`budget_holds`):
 
-* **before** each call: ``spent + estimate > limit`` for any scope refuses the call; the estimate
-  is ``ceil(characters / 4)`` input tokens over the messages (text, thinking, tool arguments and
-  results) and the tool schemas (pass ``estimate=`` for your own), priced as input tokens;
-* **after** each call, from ``ModelCallEnd.usage`` (``None``, unknown, counts the estimate): the
-  totals grow and the ModelCallEnd leaving this layer carries ``metadata[name]`` =
-  ``{"call": {...}, "run": {...}, "session": {...}, "user": {...}, "exceeded": reason|None}``.
-  A call that crosses a limit completes (its reply is kept, its tool calls run); the next call —
-  in this run, or later in the session or for the user — is refused before the model is called.
+* **before** it: the call **holds** its estimate in every limited scope, granted only if ``spent +
+  held + estimate <= limit`` (``held``: what the calls in flight hold), atomically; else it is
+  refused and the model is not called. The estimate is ``ceil(characters / 4)`` input tokens over
+  the messages (text, thinking, tool arguments and results) and the tool schemas (pass
+  ``estimate=`` for your own), priced as input tokens;
+* **while it streams**: its output (text, thinking and tool-call argument deltas, ``ceil(characters
+  / 4)`` tokens, priced as output) grows its hold the same way; a delta that would take a scope
+  over its limit is not let out: the call is cut short there (its request closed, its open blocks
+  ended, ``ModelCallEnd(error="BudgetExceeded: …")``) and refused as below;
+* **at its end**, from ``ModelCallEnd.usage`` (``None``, unknown, counts the estimate and the
+  output counted): the hold is settled — dropped, and the actual usage charged — and the
+  ModelCallEnd leaving this layer carries ``metadata[name]`` = ``{"call": {...}, "run": {...},
+  "session": {...}, "user": {...}, "exceeded": reason|None}``. A call that fails, is cancelled or
+  whose consumer leaves settles what was counted (a model that answered was paid), or releases the
+  hold when no model answered. The price is that of the model that served the call
+  (``ModelCallEnd.model``, else its ``ModelCallStart.model``): a fallback inside or outside this
+  layer is priced as itself.
+
+The guarantee: with N calls in flight, the spend stays within ``limit`` plus the sum of those
+calls' overruns of their estimates (a call's overrun: its reported usage beyond the estimate and
+the output counted — a tokenizer counting differently, hidden reasoning tokens); one call at a
+time, within ``limit`` plus that call's overrun; with usage as counted, within ``limit``.
 
 Refusing: ``on_exceeded="stop"`` emits ``Custom(name="budget_exceeded", value={scope, kind, limit,
-spent, estimate, reason})`` and ``RequestStop(reason)``: the run ends with
+spent, held, estimate, stage, reason})`` and ``RequestStop(reason)``: the run ends with
 MIDDLEWARE_STOP_REQUESTED. ``on_exceeded="error"`` raises `BudgetExceeded(reason)`.
 
 Cost: a price table of `ModelPrice` (USD per million tokens: input, output, cached input, cache
@@ -43,12 +57,22 @@ from typing import TYPE_CHECKING, Any, Literal, cast
 
 from .._fast_events import with_metadata
 from ..errors import BudgetExceeded
-from ..events import Custom, ModelCallEnd, RequestStop
+from ..events import (
+    Custom,
+    ModelCallEnd,
+    ModelCallStart,
+    RequestStop,
+    TextBlockDelta,
+    ThinkingBlockDelta,
+    ToolCallDelta,
+)
 from ..message import ChatUsage, Msg
-from ..stream import EventStream
+from ..stream import EventStream, aclose
+from ._brackets_local import OpenBrackets
 from .base import ExtensionPoint, MiddlewareBase, ModelCallInput, Next, publish_metric
 from .budget_estimate import estimate_tokens
-from .budget_stores import BudgetStore, InMemoryBudgetStore, RedisBudgetStore, RunTotals, Spend
+from .budget_holds import CallHold
+from .budget_stores import BudgetStore, InMemoryBudgetStore, RedisBudgetStore, Reservation, RunTotals, Spend
 
 if TYPE_CHECKING:
     from ..agent.context import RuntimeContext
@@ -57,7 +81,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_PRICES", "BudgetMiddleware", "BudgetStore", "InMemoryBudgetStore", "ModelPrice", "RedisBudgetStore",
-    "RunTotals", "Spend", "estimate_tokens",
+    "Reservation", "RunTotals", "Spend", "estimate_tokens",
 ]
 
 log = logging.getLogger(__name__)
@@ -144,7 +168,12 @@ class BudgetMiddleware(MiddlewareBase):
         self.on_exceeded: OnExceeded = on_exceeded
         self.limits = {key: limit for key, limit in limits.items() if limit is not None}
         self.store: BudgetStore = store if store is not None else InMemoryBudgetStore()
-        self._sync_store = getattr(self.store, "sync", False) is True
+        missing = [m for m in ("get", "add", "reserve", "settle", "release")
+                   if not callable(getattr(self.store, m, None))]
+        if missing:
+            raise TypeError(f"store {self.store!r} lacks {', '.join(missing)}: a BudgetStore holds each call's "
+                            "estimate while it runs (InMemoryBudgetStore and RedisBudgetStore do)")
+        self.sync_store = getattr(self.store, "sync", False) is True  # *_nowait: no await between check and hold
         self.estimate = estimate or estimate_tokens
         self.name_key = name
         self._run_key = f"agentscope.{name}.run"
@@ -161,7 +190,9 @@ class BudgetMiddleware(MiddlewareBase):
                 if self.price(model_name) is None:
                     raise ValueError(f"strict budget: no price for model {model_name!r} "
                                      f"(known: {', '.join(sorted(table))}); pass prices={{...}}")
-        self._needs_user = any(scope == "user" for scope, _ in self.limits)
+        self.needs_user = any(scope == "user" for scope, _ in self.limits)
+        self.user_limits = (self.limits.get(("user", "tokens")), self.limits.get(("user", "cost")))
+        self._step = _STEP if self.needs_user and not self.sync_store else 0  # (`_grow`)
 
     def active_points(self) -> frozenset[ExtensionPoint]:
         return frozenset({ExtensionPoint.ON_MODEL_CALL, ExtensionPoint.ON_AGENT_STATE_READY})
@@ -228,57 +259,145 @@ class BudgetMiddleware(MiddlewareBase):
             problem = f"strict budget: no price for model {model_name!r}; pass prices={{...}}"
             return EventStream.error(ValueError(problem))
         est_tokens = self.estimate(input)
-        if price is not None:
-            est_cost = est_tokens * price.input / 1_000_000
-        else:
-            est_cost = 0.0
-            if self._cost_limited and model_name not in self._warned:
-                self._warned.add(model_name)
-                log.warning("%s: no price for model %r: its calls count as cost 0", self.name, model_name)
         run = ctx.get(self._run_key)  # this execution's totals, read once per call
         if run is None:  # (a hook driven by hand, outside a run: no state-ready hook made them)
             run = RunTotals(self, ctx)
             ctx.put(self._run_key, run)
-        if not self._needs_user:
-            refused = self._check(ctx, run, None, est_tokens, est_cost)
-            if refused is not None:
-                return self._refuse(refused)
-            # A C partial over a bound method: no per-call object of ours, no closure cells.
-            return next(input).map(_partial(self._after, ctx, run, price, est_tokens, est_cost))
-        if self._sync_store:
-            user = self.store.get_nowait(ctx.user_id)  # type: ignore[attr-defined]
-            refused = self._check(ctx, run, user, est_tokens, est_cost)
-            if refused is not None:
-                return self._refuse(refused)
-            return next(input).map(_partial(self._after, ctx, run, price, est_tokens, est_cost))
-        inner = next(input)
+        # A C partial over a bound method: no per-call closure; the hold is taken when the stream
+        # is subscribed (a stream built and never run holds nothing).
+        return EventStream(_partial(self._metered, ctx, run, input, next, model_name, price, est_tokens))
 
-        async def call() -> Any:
-            refused = self._check(ctx, run, await self.store.get(ctx.user_id), est_tokens, est_cost)
-            if refused is not None:
-                if self.on_exceeded == "error":
-                    raise _exceeded(refused)
-                for ev in self._refuse(refused):
-                    yield ev
-                return
-            async with _closing(inner.__aiter__()) as it:
-                async for ev in it:
-                    if ev.__class__ is ModelCallEnd and ev.source is None:
-                        tokens, cost = _measure(ev, price, est_tokens, est_cost)
-                        user = await self.store.add(ctx.user_id, tokens, cost)
-                        ev = self._account(ctx, run, ev, tokens, cost, user)
-                    yield ev
+    # -- the metered call ------------------------------------------------------------------------
 
-        return EventStream(call)
+    async def _metered(self, ctx: RuntimeContext, run: RunTotals, input: ModelCallInput, next: Next,
+                       model: str, price: ModelPrice | None, est_tokens: int) -> Any:
+        in_rate = 0.0 if price is None else price.input / 1_000_000
+        hold = CallHold(self, ctx, run)
+        refused = await hold.take(est_tokens, est_tokens * in_rate)
+        if refused is not None:
+            for ev in self._refusal(refused):
+                yield ev
+            return
+        out_rate = 0.0 if price is None else price.output / 1_000_000
+        chars = 0  # output characters counted in the running attempt
+        out_held = 0  # output tokens its hold covers
+        attempt = False  # a ModelCallStart seen without its End: a model answered
+        released = OpenBrackets()  # what this layer let out: closed here if the call is cut short
+        it: Any = next(input).__aiter__()
+        try:
+            while True:
+                try:
+                    ev = await it.__anext__()
+                except StopAsyncIteration:
+                    break
+                cls = ev.__class__
+                if cls in _OUTPUT_DELTAS:
+                    if ev.source is None:
+                        chars += len(ev.delta)
+                        need = -(-chars // 4) - out_held
+                        if need > 0:
+                            refused, grown = await self._grow(hold, need, out_rate)
+                            if refused is not None:
+                                await aclose(it)  # the model request ends now
+                                attempt = False
+                                out = -(-(chars - len(ev.delta)) // 4)  # what was let out (not this delta)
+                                for closing in await self._cut(ctx, run, hold, released, est_tokens + out,
+                                                               est_tokens * in_rate + out * out_rate, refused):
+                                    yield closing
+                                for stop in self._refusal(refused):
+                                    yield stop
+                                return
+                            out_held += grown
+                elif cls is ModelCallStart:
+                    if ev.source is None:
+                        attempt = True
+                        if ev.model != model:  # a fallback (inside this layer) served this attempt
+                            model, price = ev.model, self.price(ev.model)
+                            out_rate = 0.0 if price is None else price.output / 1_000_000
+                        if not hold.active:  # a retry's next attempt: the model has its input already
+                            await hold.take(est_tokens, est_tokens * in_rate, force=True)
+                        chars = out_held = 0
+                elif cls is _ModelCallEnd and ev.source is None:
+                    attempt = False
+                    ev = await self._settle(ctx, run, hold, ev, ev.model or model, est_tokens, chars)
+                    chars = out_held = 0
+                released.see(ev)
+                yield ev
+        finally:
+            await aclose(it)
+            if attempt:  # failed, cancelled or left by its consumer mid-call: what was counted was spent
+                tokens = est_tokens + -(-chars // 4)
+                self._charge(run, tokens, est_tokens * in_rate + -(-chars // 4) * out_rate)
+                hold.drop_local()
+                await hold.settle_user(tokens, est_tokens * in_rate + -(-chars // 4) * out_rate)
+            else:  # no model answered (or the call ended): nothing more is charged
+                await hold.release()
 
-    # -- internals -------------------------------------------------------------------------------
+    async def _grow(self, hold: CallHold, need: int, rate: float) -> tuple[dict[str, Any] | None, int]:
+        """Grow ``hold`` by the output tokens a delta ``need``s: (the refusal, or None; tokens held).
 
-    def _check(
-        self, ctx: RuntimeContext, run: RunTotals, user: Spend | None, est_tokens: int, est_cost: float
-    ) -> dict[str, Any] | None:
-        # On every call: reads the totals in place (no Spend is built unless a limit is hit).
-        if user is not None:
-            self._user_seen[ctx.user_id] = user
+        With a store across the network, a step ahead, so a long reply asks it once per step;
+        if the step does not fit, exactly what is needed. In memory, exactly: a step held ahead by
+        each call in flight would cut calls short while the spend is still below the limit."""
+        ahead = need + self._step
+        refused = await hold.take(ahead, ahead * rate, "stream")
+        if refused is None:
+            return None, ahead
+        if ahead != need:
+            refused = await hold.take(need, need * rate, "stream")
+            if refused is None:
+                return None, need
+        return refused, 0
+
+    async def _settle(self, ctx: RuntimeContext, run: RunTotals, hold: CallHold, ev: ModelCallEnd, model: str,
+                      est_tokens: int, chars: int) -> ModelCallEnd:
+        """At a call's own ModelCallEnd: charge its usage (priced as the model that served it), drop
+        its hold, and annotate the event."""
+        price = self._price_of.get(model, _UNSEEN)
+        if price is _UNSEEN:
+            price = self.price(model)
+        usage = ev.usage
+        if price is None:
+            if self.strict:
+                raise ValueError(f"strict budget: no price for model {model!r} (it served the call); "
+                                 "pass prices={...}")
+            if self._cost_limited and model not in self._warned:
+                self._warned.add(model)
+                log.warning("%s: no price for model %r: its calls count as cost 0", self.name, model)
+        if usage is None:  # unknown: count what the call was estimated to cost, and its output counted
+            out = -(-chars // 4)
+            tokens = est_tokens + out
+            cost = 0.0 if price is None else (est_tokens * price.input + out * price.output) / 1_000_000
+        else:
+            tokens, cost = usage.input_tokens + usage.output_tokens, price.cost(usage) if price is not None else 0.0
+        totals = self._charge(run, tokens, cost)  # the run's and session's totals and holds, in one step
+        hold.drop_local()
+        user = await hold.settle_user(tokens, cost)
+        return self._annotate(ctx, ev, tokens, cost, totals, user)
+
+    async def _cut(self, ctx: RuntimeContext, run: RunTotals, hold: CallHold, released: OpenBrackets,
+                   tokens: int, cost: float, refused: dict[str, Any]) -> list[Any]:
+        """The Ends of a call cut short by its own output: its open blocks', then its ModelCallEnd
+        (annotated: what was counted is charged). The refusal follows them."""
+        why = f"BudgetExceeded: {refused['reason']}"
+        closing = released.close(why, discarded=self.on_exceeded == "error")
+        totals = self._charge(run, tokens, cost)
+        hold.drop_local()
+        user = await hold.settle_user(tokens, cost)
+        return [self._annotate(ctx, ev, tokens, cost, totals, user) if ev.__class__ is _ModelCallEnd else ev
+                for ev in closing]
+
+    def _refusal(self, info: dict[str, Any]) -> tuple[Any, ...]:
+        """The refusal's events (``on_exceeded="stop"``); raises `BudgetExceeded` (``"error"``)."""
+        if self.on_exceeded == "error":
+            raise _exceeded(info)
+        return (Custom(name="budget_exceeded", value=info), RequestStop(reason=info["reason"]))
+
+    # -- the checks ------------------------------------------------------------------------------
+
+    def check_local(self, run: RunTotals, tokens: int, cost: float, stage: str = "before") -> dict[str, Any] | None:
+        """The refusal of holding ``tokens`` / ``cost`` more in the run's and the root session's
+        scopes (``spent + held + request > limit``), or None. No Spend is built unless refused."""
         session: Any = None
         if self._session_limited:
             state = run._ctx.agent_state  # the tree's root session
@@ -289,57 +408,55 @@ class BudgetMiddleware(MiddlewareBase):
             elif scope == "session":
                 spent = session.get(kind, 0) if isinstance(session, dict) else 0
             else:
-                spent = 0 if user is None else (user.tokens if tokens_kind else user.cost)
-            estimate = est_tokens if tokens_kind else est_cost
-            if spent + estimate > limit:
-                unit = "tokens" if tokens_kind else "USD"
-                reason = (f"budget exceeded: {scope} {kind} limit {limit} {unit}; spent {spent:g}, "
-                          f"this call ~{estimate:g} more (estimated)")
-                return {"scope": scope, "kind": kind, "limit": limit, "spent": spent, "estimate": estimate,
-                        "reason": reason}
+                continue  # the store checks the user's, in its own atomic step
+            held = run.held_tokens if tokens_kind else run.held_cost
+            if spent + held + (tokens if tokens_kind else cost) > limit:
+                return _info(scope, kind, limit, spent, held, tokens if tokens_kind else cost, stage)
         return None
 
-    def _refuse(self, info: dict[str, Any]) -> Any:
-        if self.on_exceeded == "error":
-            return EventStream.error(_exceeded(info))
-        return (Custom(name="budget_exceeded", value=info), RequestStop(reason=info["reason"]))
+    def user_refusal(self, answer: Reservation, tokens: int, cost: float, stage: str = "before") -> dict[str, Any]:
+        """The refusal the store's ``answer`` means (the user limit it crossed)."""
+        spent = answer.spent
+        for kind, limit in zip(("tokens", "cost"), self.user_limits, strict=True):
+            if limit is None:
+                continue
+            if kind == "tokens" and spent.tokens + answer.held_tokens + tokens > limit:
+                return _info("user", kind, limit, spent.tokens, answer.held_tokens, tokens, stage)
+            if kind == "cost" and spent.cost + answer.held_cost + cost > limit:
+                return _info("user", kind, limit, spent.cost, answer.held_cost, cost, stage)
+        # (a store that refused on arithmetic of its own, e.g. Redis' floats: the first user limit)
+        kind, limit = next((k, v) for k, v in zip(("tokens", "cost"), self.user_limits, strict=True) if v is not None)
+        if kind == "tokens":
+            return _info("user", kind, limit, spent.tokens, answer.held_tokens, tokens, stage)
+        return _info("user", kind, limit, spent.cost, answer.held_cost, cost, stage)
 
-    def _after(self, ctx: RuntimeContext, run: RunTotals, price: ModelPrice | None, est_tokens: int,
-               est_cost: float, ev: Any) -> Any:
-        """The fused map of a call (in-memory store): at the call's own ModelCallEnd, count the
-        actual usage (the estimate when unknown) and annotate the event; every other event passes
-        after one class test."""
-        if ev.__class__ is not _ModelCallEnd or ev.source is not None:
-            return ev
-        usage = ev.usage  # _measure(), inlined
-        if usage is None:  # unknown: count what the call was estimated to cost
-            tokens, cost = est_tokens, est_cost
-        else:
-            tokens, cost = usage.input_tokens + usage.output_tokens, price.cost(usage) if price is not None else 0.0
-        user = self.store.add_nowait(ctx.user_id, tokens, cost) if self._needs_user else None  # type: ignore[attr-defined]
-        return self._account(ctx, run, ev, tokens, cost, user)
+    def saw_user(self, user_id: str, spent: Spend) -> None:
+        self._user_seen[user_id] = spent
 
-    def _account(self, ctx: RuntimeContext, run: RunTotals, ev: ModelCallEnd, tokens: int, cost: float,
-                 user: Spend | None) -> ModelCallEnd:
-        """Grow the run's and the session's totals (the user's is grown by the store) and return
-        ``ev`` annotated. The totals are grown in place: no Spend, and no dict but the
-        annotation's own."""
+    # -- the accounting --------------------------------------------------------------------------
+
+    def _charge(self, run: RunTotals, tokens: int, cost: float) -> tuple[int, float, int, int, float, int]:
+        """Grow the run's and the session's totals in place (no Spend): the new totals."""
         run.tokens = r_tokens = run.tokens + tokens  # in place: the run's own totals
         run.cost = r_cost = run.cost + cost
         run.calls = r_calls = run.calls + 1
         state = run._ctx.agent_state  # (a sub-agent's calls count in its tree's root session)
+        if state is None:
+            return r_tokens, r_cost, r_calls, 0, 0.0, 0
         name = self.name_key
-        if state is not None:
-            raw = state.metadata.get(name)
-            if not isinstance(raw, dict):
-                raw = state.metadata[name] = {"tokens": 0, "cost": 0.0, "calls": 0}
-            raw["tokens"] = s_tokens = raw["tokens"] + tokens  # in place: the state is this session's own
-            raw["cost"] = s_cost = raw["cost"] + cost
-            raw["calls"] = s_calls = raw["calls"] + 1
-        else:
-            s_tokens, s_cost, s_calls = 0, 0.0, 0
+        raw = state.metadata.get(name)
+        if not isinstance(raw, dict):
+            raw = state.metadata[name] = {"tokens": 0, "cost": 0.0, "calls": 0}
+        raw["tokens"] = s_tokens = raw["tokens"] + tokens  # in place: the state is this session's own
+        raw["cost"] = s_cost = raw["cost"] + cost
+        raw["calls"] = s_calls = raw["calls"] + 1
+        return r_tokens, r_cost, r_calls, s_tokens, s_cost, s_calls
+
+    def _annotate(self, ctx: RuntimeContext, ev: ModelCallEnd, tokens: int, cost: float,
+                  totals: tuple[int, float, int, int, float, int], user: Spend | None) -> ModelCallEnd:
+        """``ev`` with ``metadata[name]``: the call, the totals after it, the first limit crossed."""
+        r_tokens, r_cost, r_calls, s_tokens, s_cost, s_calls = totals
         if user is not None:
-            self._user_seen[ctx.user_id] = user
             u_tokens, u_cost, u_calls = user.tokens, user.cost, user.calls
         else:
             u_tokens, u_cost, u_calls = 0, 0.0, 0
@@ -356,7 +473,7 @@ class BudgetMiddleware(MiddlewareBase):
                 break
         # A copy: events are immutable, and an inner layer (a cache recording, an audit) may hold
         # this very object (`with_metadata`: model_copy's result, without its generic machinery).
-        return with_metadata(ev, {**ev.metadata, name: {
+        return with_metadata(ev, {**ev.metadata, self.name_key: {
             "call": {"tokens": tokens, "cost": cost, "estimated": ev.usage is None},
             "run": {"tokens": r_tokens, "cost": r_cost, "calls": r_calls},
             "session": {"tokens": s_tokens, "cost": s_cost, "calls": s_calls},
@@ -365,33 +482,25 @@ class BudgetMiddleware(MiddlewareBase):
         }})
 
 
+def _info(scope: str, kind: str, limit: float, spent: float, held: float, estimate: float,
+          stage: str) -> dict[str, Any]:
+    """A refusal: ``stage`` ``"before"`` the call (its estimate did not fit) or ``"stream"`` (its
+    output grew past what fits: it is cut short)."""
+    unit = "tokens" if kind == "tokens" else "USD"
+    in_flight = f", {held:g} held by calls in flight" if held else ""
+    more = "this call ~" if stage == "before" else "this call's output ~"
+    cut = "" if stage == "before" else "; the call is cut short"
+    reason = (f"budget exceeded: {scope} {kind} limit {limit} {unit}; spent {spent:g}{in_flight}, "
+              f"{more}{estimate:g} more (estimated){cut}")
+    return {"scope": scope, "kind": kind, "limit": limit, "spent": spent, "held": held, "estimate": estimate,
+            "stage": stage, "reason": reason}
+
+
 def _exceeded(info: Mapping[str, Any]) -> BudgetExceeded:
     return BudgetExceeded(info["reason"], scope=info["scope"], kind=info["kind"], limit=info["limit"],
                           spent=info["spent"], estimate=info["estimate"])
 
 
-_MISSING: Any = object()
-_ModelCallEnd = ModelCallEnd  # (a module global: read per event by the fused map)
-
-
-def _measure(ev: ModelCallEnd, price: ModelPrice | None, est_tokens: int, est_cost: float) -> tuple[int, float]:
-    usage = ev.usage
-    if usage is None:  # unknown: count what the call was estimated to cost
-        return est_tokens, est_cost
-    cost = price.cost(usage) if price is not None else 0.0
-    return usage.input_tokens + usage.output_tokens, cost
-
-
-class _closing:
-    """``contextlib.aclosing`` for any async iterator (typed loosely: ours have ``aclose``)."""
-
-    def __init__(self, it: Any) -> None:
-        self.it = it
-
-    async def __aenter__(self) -> Any:
-        return self.it
-
-    async def __aexit__(self, *exc: object) -> None:
-        close = getattr(self.it, "aclose", None)
-        if close is not None:
-            await close()
+_ModelCallEnd = ModelCallEnd  # (a module global: read per event)
+_OUTPUT_DELTAS = frozenset({TextBlockDelta, ThinkingBlockDelta, ToolCallDelta})  # what a call's output counts
+_STEP = 64  # output tokens a hold grows by ahead of the reply, with a store across the network
