@@ -55,6 +55,7 @@ from dataclasses import dataclass
 from functools import partial as _partial
 from typing import TYPE_CHECKING, Any, Literal, cast
 
+from .._bracket_kinds import BRACKET_TYPES
 from .._fast_events import with_metadata
 from ..errors import BudgetExceeded
 from ..events import (
@@ -173,7 +174,6 @@ class BudgetMiddleware(MiddlewareBase):
         if missing:
             raise TypeError(f"store {self.store!r} lacks {', '.join(missing)}: a BudgetStore holds each call's "
                             "estimate while it runs (InMemoryBudgetStore and RedisBudgetStore do)")
-        self.sync_store = getattr(self.store, "sync", False) is True  # *_nowait: no await between check and hold
         self.estimate = estimate or estimate_tokens
         self.name_key = name
         self._run_key = f"agentscope.{name}.run"
@@ -192,7 +192,11 @@ class BudgetMiddleware(MiddlewareBase):
                                      f"(known: {', '.join(sorted(table))}); pass prices={{...}}")
         self.needs_user = any(scope == "user" for scope, _ in self.limits)
         self.user_limits = (self.limits.get(("user", "tokens")), self.limits.get(("user", "cost")))
-        self._step = _STEP if self.needs_user and not self.sync_store else 0  # (`_grow`)
+        # The user's holds in this process: every step of a hold is synchronous (`CallHold.*_now`).
+        self.memory_store = (self.store if self.needs_user and isinstance(self.store, InMemoryBudgetStore)
+                             else None)
+        self._sync = not self.needs_user or self.memory_store is not None
+        self._step = 0 if self._sync else _STEP  # (`_metered`)
 
     def active_points(self) -> frozenset[ExtensionPoint]:
         return frozenset({ExtensionPoint.ON_MODEL_CALL, ExtensionPoint.ON_AGENT_STATE_READY})
@@ -271,9 +275,11 @@ class BudgetMiddleware(MiddlewareBase):
 
     async def _metered(self, ctx: RuntimeContext, run: RunTotals, input: ModelCallInput, next: Next,
                        model: str, price: ModelPrice | None, est_tokens: int) -> Any:
+        sync = self._sync
         in_rate = 0.0 if price is None else price.input / 1_000_000
         hold = CallHold(self, ctx, run)
-        refused = await hold.take(est_tokens, est_tokens * in_rate)
+        refused = (hold.take_now(est_tokens, est_tokens * in_rate) if sync
+                   else await hold.take(est_tokens, est_tokens * in_rate))
         if refused is not None:
             for ev in self._refusal(refused):
                 yield ev
@@ -284,11 +290,13 @@ class BudgetMiddleware(MiddlewareBase):
         attempt = False  # a ModelCallStart seen without its End: a model answered
         released = OpenBrackets()  # what this layer let out: closed here if the call is cut short
         it: Any = next(input).__aiter__()
+        done = False
         try:
             while True:
                 try:
                     ev = await it.__anext__()
                 except StopAsyncIteration:
+                    done = True
                     break
                 cls = ev.__class__
                 if cls in _OUTPUT_DELTAS:
@@ -296,10 +304,19 @@ class BudgetMiddleware(MiddlewareBase):
                         chars += len(ev.delta)
                         need = -(-chars // 4) - out_held
                         if need > 0:
-                            refused, grown = await self._grow(hold, need, out_rate)
+                            # With a store across the network, a step ahead: a long reply asks it
+                            # once per step; if the step does not fit, exactly what is needed. (In
+                            # this process, exactly: a step held ahead by each call in flight would
+                            # cut calls short while the spend is still below the limit.)
+                            ahead = need + self._step
+                            refused = (hold.take_now(ahead, ahead * out_rate, "stream") if sync
+                                       else await hold.take(ahead, ahead * out_rate, "stream"))
+                            if refused is not None and ahead != need:
+                                ahead = need
+                                refused = await hold.take(need, need * out_rate, "stream")
                             if refused is not None:
                                 await aclose(it)  # the model request ends now
-                                attempt = False
+                                done, attempt = True, False
                                 out = -(-(chars - len(ev.delta)) // 4)  # what was let out (not this delta)
                                 for closing in await self._cut(ctx, run, hold, released, est_tokens + out,
                                                                est_tokens * in_rate + out * out_rate, refused):
@@ -307,47 +324,42 @@ class BudgetMiddleware(MiddlewareBase):
                                 for stop in self._refusal(refused):
                                     yield stop
                                 return
-                            out_held += grown
-                elif cls is ModelCallStart:
-                    if ev.source is None:
+                            out_held += ahead
+                elif cls in _BRACKETS and ev.source is None:
+                    released.see(ev)
+                    if cls is ModelCallStart:
                         attempt = True
                         if ev.model != model:  # a fallback (inside this layer) served this attempt
                             model, price = ev.model, self.price(ev.model)
                             out_rate = 0.0 if price is None else price.output / 1_000_000
                         if not hold.active:  # a retry's next attempt: the model has its input already
-                            await hold.take(est_tokens, est_tokens * in_rate, force=True)
+                            if sync:
+                                hold.take_now(est_tokens, est_tokens * in_rate, force=True)
+                            else:
+                                await hold.take(est_tokens, est_tokens * in_rate, force=True)
                         chars = out_held = 0
-                elif cls is _ModelCallEnd and ev.source is None:
-                    attempt = False
-                    ev = await self._settle(ctx, run, hold, ev, ev.model or model, est_tokens, chars)
-                    chars = out_held = 0
-                released.see(ev)
+                    elif cls is _ModelCallEnd:
+                        attempt = False
+                        ev = await self._settle(ctx, run, hold, ev, ev.model or model, est_tokens, chars)
+                        chars = out_held = 0
                 yield ev
         finally:
-            await aclose(it)
+            if not done:
+                await aclose(it)
             if attempt:  # failed, cancelled or left by its consumer mid-call: what was counted was spent
-                tokens = est_tokens + -(-chars // 4)
-                self._charge(run, tokens, est_tokens * in_rate + -(-chars // 4) * out_rate)
+                out = -(-chars // 4)
+                tokens, cost = est_tokens + out, est_tokens * in_rate + out * out_rate
+                self._charge(run, tokens, cost)
                 hold.drop_local()
-                await hold.settle_user(tokens, est_tokens * in_rate + -(-chars // 4) * out_rate)
-            else:  # no model answered (or the call ended): nothing more is charged
-                await hold.release()
-
-    async def _grow(self, hold: CallHold, need: int, rate: float) -> tuple[dict[str, Any] | None, int]:
-        """Grow ``hold`` by the output tokens a delta ``need``s: (the refusal, or None; tokens held).
-
-        With a store across the network, a step ahead, so a long reply asks it once per step;
-        if the step does not fit, exactly what is needed. In memory, exactly: a step held ahead by
-        each call in flight would cut calls short while the spend is still below the limit."""
-        ahead = need + self._step
-        refused = await hold.take(ahead, ahead * rate, "stream")
-        if refused is None:
-            return None, ahead
-        if ahead != need:
-            refused = await hold.take(need, need * rate, "stream")
-            if refused is None:
-                return None, need
-        return refused, 0
+                if sync:
+                    hold.settle_user_now(tokens, cost)
+                else:
+                    await hold.settle_user(tokens, cost)
+            elif hold.active or hold.id is not None:  # no model answered: nothing is charged
+                if sync:
+                    hold.release_now()
+                else:
+                    await hold.release()
 
     async def _settle(self, ctx: RuntimeContext, run: RunTotals, hold: CallHold, ev: ModelCallEnd, model: str,
                       est_tokens: int, chars: int) -> ModelCallEnd:
@@ -372,7 +384,7 @@ class BudgetMiddleware(MiddlewareBase):
             tokens, cost = usage.input_tokens + usage.output_tokens, price.cost(usage) if price is not None else 0.0
         totals = self._charge(run, tokens, cost)  # the run's and session's totals and holds, in one step
         hold.drop_local()
-        user = await hold.settle_user(tokens, cost)
+        user = hold.settle_user_now(tokens, cost) if self._sync else await hold.settle_user(tokens, cost)
         return self._annotate(ctx, ev, tokens, cost, totals, user)
 
     async def _cut(self, ctx: RuntimeContext, run: RunTotals, hold: CallHold, released: OpenBrackets,
@@ -383,7 +395,7 @@ class BudgetMiddleware(MiddlewareBase):
         closing = released.close(why, discarded=self.on_exceeded == "error")
         totals = self._charge(run, tokens, cost)
         hold.drop_local()
-        user = await hold.settle_user(tokens, cost)
+        user = hold.settle_user_now(tokens, cost) if self._sync else await hold.settle_user(tokens, cost)
         return [self._annotate(ctx, ev, tokens, cost, totals, user) if ev.__class__ is _ModelCallEnd else ev
                 for ev in closing]
 
@@ -503,4 +515,5 @@ def _exceeded(info: Mapping[str, Any]) -> BudgetExceeded:
 
 _ModelCallEnd = ModelCallEnd  # (a module global: read per event)
 _OUTPUT_DELTAS = frozenset({TextBlockDelta, ThinkingBlockDelta, ToolCallDelta})  # what a call's output counts
+_BRACKETS = BRACKET_TYPES  # (the Starts and Ends a cut closes; among them the call's own)
 _STEP = 64  # output tokens a hold grows by ahead of the reply, with a store across the network

@@ -12,6 +12,10 @@ and the actual usage charged) or **released** (dropped, nothing charged).
 Where holds live: the run's and the root session's in the tree's `RunTotals` (``held_tokens``,
 ``held_cost``: a session runs one execution at a time, so its calls in flight are that tree's); the
 user's in the `BudgetStore`, under this hold's id.
+
+Each step has a synchronous form (``*_now``) for a budget whose holds are all in this process (no
+user limit, or an `InMemoryBudgetStore`): no coroutine per step, and nothing between the check and
+the hold.
 """
 
 from __future__ import annotations
@@ -41,55 +45,82 @@ class CallHold:
         self.active = False
         self.id: str | None = None  # the store's hold, made at the first take with a user limit
 
-    async def take(self, tokens: int, cost: float, stage: str = "before", *,
-                   force: bool = False) -> dict[str, Any] | None:
+    # -- taking ----------------------------------------------------------------------------------
+
+    def take_now(self, tokens: int, cost: float, stage: str = "before", force: bool = False) -> dict[str, Any] | None:
         """Hold ``tokens`` / ``cost`` more in every limited scope; or, when that would cross a
         limit, hold nothing and answer the refusal (``stage``: before the call or while it
-        streams). ``force``: hold without checking (what a call already made spends)."""
-        budget, run = self.budget, self.run
+        streams). ``force``: hold without checking (what a call already made spends). For a
+        budget whose holds are all in this process."""
+        refused = self._take_local(tokens, cost, stage, force)
+        if refused is not None:
+            return refused
+        memory = self.budget.memory_store
+        if memory is None:  # no user limit
+            self._took(tokens, cost)
+            return None
+        if self.id is None:
+            self.id = new_hold_id()
+        max_tokens, max_cost = (None, None) if force else self.budget.user_limits
+        answer = memory.reserve_nowait(self.ctx.user_id, self.id, tokens, cost, max_tokens, max_cost)
+        return self._answered(answer, tokens, cost, stage)
+
+    async def take(self, tokens: int, cost: float, stage: str = "before", force: bool = False) -> dict[str, Any] | None:
+        """`take_now` with the user's hold in a store across the network."""
+        refused = self._take_local(tokens, cost, stage, force)
+        if refused is not None:
+            return refused
+        if self.id is None:
+            self.id = new_hold_id()
+        max_tokens, max_cost = (None, None) if force else self.budget.user_limits
+        try:
+            answer = await self.budget.store.reserve(self.ctx.user_id, self.id, tokens, cost, max_tokens, max_cost)
+        except BaseException:
+            self._undo_local(tokens, cost)
+            raise
+        return self._answered(answer, tokens, cost, stage)
+
+    def _take_local(self, tokens: int, cost: float, stage: str, force: bool) -> dict[str, Any] | None:
+        """The run's and session's check and hold (first: calls checked while a store answers
+        see it)."""
+        run = self.run
         if not force:
-            refused = budget.check_local(run, tokens, cost, stage)
+            refused = self.budget.check_local(run, tokens, cost, stage)
             if refused is not None:
                 return refused
-        # The run's and session's hold first: calls checked while the store answers see it.
         if not self.active:
             run.holds += 1
         run.held_tokens += tokens
         run.held_cost += cost
-        was_active = self.active
-        self.active = True
-        if budget.needs_user:
-            if self.id is None:
-                self.id = new_hold_id()
-            store, user_id = budget.store, self.ctx.user_id
-            max_tokens, max_cost = (None, None) if force else budget.user_limits
-            if budget.sync_store:
-                answer: Reservation = store.reserve_nowait(  # type: ignore[attr-defined]
-                    user_id, self.id, tokens, cost, max_tokens, max_cost)
-            else:
-                try:
-                    answer = await store.reserve(user_id, self.id, tokens, cost, max_tokens, max_cost)
-                except BaseException:
-                    self._undo_local(tokens, cost, was_active)
-                    raise
-            budget.saw_user(user_id, answer.spent)
-            if not answer.granted:
-                self._undo_local(tokens, cost, was_active)
-                return budget.user_refusal(answer, tokens, cost, stage)
-        self.tokens += tokens
-        self.cost += cost
         return None
 
-    def _undo_local(self, tokens: int, cost: float, was_active: bool) -> None:
+    def _answered(self, answer: Reservation, tokens: int, cost: float, stage: str) -> dict[str, Any] | None:
+        budget = self.budget
+        budget.saw_user(self.ctx.user_id, answer.spent)
+        if not answer.granted:
+            self._undo_local(tokens, cost)
+            return budget.user_refusal(answer, tokens, cost, stage)
+        self._took(tokens, cost)
+        return None
+
+    def _took(self, tokens: int, cost: float) -> None:
+        self.tokens += tokens
+        self.cost += cost
+        self.active = True
+
+    def _undo_local(self, tokens: int, cost: float) -> None:
         run = self.run
         run.held_tokens -= tokens
         run.held_cost -= cost
-        if not was_active:
-            self.active = False
+        if not self.active:  # (its first take: the call holds nothing)
             self._left(run)
 
+    # -- settling and releasing ------------------------------------------------------------------
+
     def drop_local(self) -> None:
-        """Drop the run's and session's hold (in the step that charges them: `settle`)."""
+        """Drop the run's and session's hold (in the step that charges them)."""
+        if not self.active:
+            return
         run = self.run
         run.held_tokens -= self.tokens
         run.held_cost -= self.cost
@@ -102,30 +133,41 @@ class CallHold:
         if run.holds <= 0:  # no call in flight: the sums start over (no float residue kept)
             run.holds, run.held_tokens, run.held_cost = 0, 0, 0.0
 
-    async def settle_user(self, tokens: int, cost: float) -> Spend | None:
-        """Drop the store's hold and charge the call there (after `drop_local`)."""
-        budget = self.budget
-        hold_id, self.id = self.id, None
-        if not budget.needs_user:
+    def settle_user_now(self, tokens: int, cost: float) -> Spend | None:
+        """Drop the user's hold and charge the call there (after `drop_local`); in this process."""
+        memory = self.budget.memory_store
+        if memory is None:
             return None
-        store, user_id = budget.store, self.ctx.user_id
-        if hold_id is None:  # (every take was refused: no hold, the usage is charged all the same)
-            user = await store.add(user_id, tokens, cost)
-        elif budget.sync_store:
-            user = store.settle_nowait(user_id, hold_id, tokens, cost)  # type: ignore[attr-defined]
-        else:
-            user = await store.settle(user_id, hold_id, tokens, cost)
-        budget.saw_user(user_id, user)
+        hold_id, self.id = self.id, None
+        user_id = self.ctx.user_id
+        user = (memory.add_nowait(user_id, tokens, cost) if hold_id is None
+                else memory.settle_nowait(user_id, hold_id, tokens, cost))
+        self.budget.saw_user(user_id, user)
         return user
 
+    async def settle_user(self, tokens: int, cost: float) -> Spend:
+        """`settle_user_now` with a store across the network."""
+        hold_id, self.id = self.id, None
+        store, user_id = self.budget.store, self.ctx.user_id
+        if hold_id is None:  # (every take was refused: no hold, the usage is charged all the same)
+            user = await store.add(user_id, tokens, cost)
+        else:
+            user = await store.settle(user_id, hold_id, tokens, cost)
+        self.budget.saw_user(user_id, user)
+        return user
+
+    def release_now(self) -> None:
+        """Drop the hold everywhere and charge nothing (a call that never reached a model); in
+        this process."""
+        self.drop_local()
+        hold_id, self.id = self.id, None
+        memory = self.budget.memory_store
+        if hold_id is not None and memory is not None:
+            memory.release_nowait(self.ctx.user_id, hold_id)
+
     async def release(self) -> None:
-        """Drop the hold everywhere and charge nothing (a call that never reached a model)."""
-        if self.active:
-            self.drop_local()
+        """`release_now` with a store across the network."""
+        self.drop_local()
         hold_id, self.id = self.id, None
         if hold_id is not None:
-            store = self.budget.store
-            if self.budget.sync_store:
-                store.release_nowait(self.ctx.user_id, hold_id)  # type: ignore[attr-defined]
-            else:
-                await store.release(self.ctx.user_id, hold_id)
+            await self.budget.store.release(self.ctx.user_id, hold_id)
