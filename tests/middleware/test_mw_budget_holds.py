@@ -472,3 +472,36 @@ async def test_model_call_end_names_the_model_that_served_it() -> None:
             events.append(e)
     assert next(e for e in events if type(e) is ModelCallEnd).model == "m"
 
+
+
+async def test_a_call_that_does_not_fit_beside_the_calls_in_flight_is_refused_and_says_so() -> None:
+    first = Slow()
+    store = InMemoryBudgetStore()
+    agent = ReActAgent.builder().sys_prompt("").model(first).middleware(
+        BudgetMiddleware(user_tokens=25, estimate=fixed(E_IN), store=store)).build()
+    task = asyncio.create_task(agent.call("hi", ctx=RuntimeContext(user_id="ada", session_id="a")))
+    await asyncio.wait_for(first.started.wait(), 5)  # in flight, holding 10 + 10 (its first delta)
+    second = agent.stream("hi", ctx=RuntimeContext(user_id="ada", session_id="b"))
+    events = await asyncio.wait_for(second.to_list(), 5)  # refused at once (not let run beside the first)
+    refusal = next(e for e in events if e.type == "custom").value
+    assert (refusal["scope"], refusal["spent"], refusal["held"], refusal["estimate"], refusal["stage"]) == (
+        "user", 0, 20, E_IN, "before")
+    assert "spent 0, 20 held by calls in flight, this call ~10 more" in refusal["reason"]
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    await no_holds(store, "ada")
+
+
+async def test_parallel_sessions_hold_a_user_cost_limit() -> None:
+    store = InMemoryBudgetStore()
+    model = SizedModel()
+    budget = BudgetMiddleware(user_cost=0.001, prices={"m": ModelPrice(input=1.0, output=2.0)},
+                              estimate=fixed(E_IN), store=store)
+    agent = ReActAgent.builder().sys_prompt("").model(model).middleware(budget).build()
+    rng = random.Random(3)
+    await asyncio.gather(*(agent.call(f"size {rng.randint(100, 2000)} extra 0",
+                                      ctx=RuntimeContext(user_id="bob", session_id=f"s{i}")) for i in range(30)))
+    spent = await store.get("bob")
+    assert 0.0009 < spent.cost <= 0.001 + 1e-12  # USD: 10 in at 1, the output at 2 per million
+    await no_holds(store, "bob")
