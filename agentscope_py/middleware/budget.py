@@ -277,21 +277,22 @@ class BudgetMiddleware(MiddlewareBase):
                        model: str, price: ModelPrice | None, est_tokens: int) -> Any:
         sync = self._sync
         in_rate = 0.0 if price is None else price.input / 1_000_000
-        hold = CallHold(self, ctx, run)
-        refused = (hold.take_now(est_tokens, est_tokens * in_rate) if sync
-                   else await hold.take(est_tokens, est_tokens * in_rate))
-        if refused is not None:
-            for ev in self._refusal(refused):
-                yield ev
-            return
         out_rate = 0.0 if price is None else price.output / 1_000_000
+        hold = CallHold(self, ctx, run)
         chars = 0  # output characters counted in the running attempt
         out_held = 0  # output tokens its hold covers
         attempt = False  # a ModelCallStart seen without its End: a model answered
         released = OpenBrackets()  # what this layer let out: closed here if the call is cut short
-        it: Any = next(input).__aiter__()
+        it: Any = None
         done = False
-        try:
+        try:  # (from the first take: a cancellation while the store answers releases what it took)
+            refused = (hold.take_now(est_tokens, est_tokens * in_rate) if sync
+                       else await hold.take(est_tokens, est_tokens * in_rate))
+            if refused is not None:
+                for ev in self._refusal(refused):
+                    yield ev
+                return
+            it = next(input).__aiter__()
             while True:
                 try:
                     ev = await it.__anext__()
@@ -344,7 +345,7 @@ class BudgetMiddleware(MiddlewareBase):
                         chars = out_held = 0
                 yield ev
         finally:
-            if not done:
+            if it is not None and not done:
                 await aclose(it)
             if attempt:  # failed, cancelled or left by its consumer mid-call: what was counted was spent
                 out = -(-chars // 4)

@@ -99,6 +99,8 @@ class CallHold:
         budget.saw_user(self.ctx.user_id, answer.spent)
         if not answer.granted:
             self._undo_local(tokens, cost)
+            if not self.active:  # (its first take: the store holds nothing under this id)
+                self.id = None
             return budget.user_refusal(answer, tokens, cost, stage)
         self._took(tokens, cost)
         return None
