@@ -50,13 +50,13 @@ are checked there (`ValueError`), any other at its first call.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from functools import partial as _partial
 from typing import TYPE_CHECKING, Any, Literal, cast
 
 from .._bracket_kinds import BRACKET_TYPES
 from .._fast_events import with_metadata
+from .._stream.operators import Maps, MapSource, apply_maps
 from ..errors import BudgetExceeded
 from ..events import (
     Custom,
@@ -267,14 +267,14 @@ class BudgetMiddleware(MiddlewareBase):
         if run is None:  # (a hook driven by hand, outside a run: no state-ready hook made them)
             run = RunTotals(self, ctx)
             ctx.put(self._run_key, run)
-        # A C partial over a bound method: no per-call closure; the hold is taken when the stream
-        # is subscribed (a stream built and never run holds nothing).
-        return EventStream(_partial(self._metered, ctx, run, input, next, model_name, price, est_tokens))
+        # The hold is taken when the stream is subscribed (a stream built and never run holds
+        # nothing); the inner stream is built here, in the hook's context (`_Metered`).
+        return EventStream(_Metered((self, ctx, run, next(input), model_name, price, est_tokens)))
 
     # -- the metered call ------------------------------------------------------------------------
 
-    async def _metered(self, ctx: RuntimeContext, run: RunTotals, input: ModelCallInput, next: Next,
-                       model: str, price: ModelPrice | None, est_tokens: int) -> Any:
+    async def _metered(self, ctx: RuntimeContext, run: RunTotals, inner: EventStream[Any], model: str,
+                       price: ModelPrice | None, est_tokens: int) -> Any:
         sync = self._sync
         in_rate = 0.0 if price is None else price.input / 1_000_000
         out_rate = 0.0 if price is None else price.output / 1_000_000
@@ -292,7 +292,7 @@ class BudgetMiddleware(MiddlewareBase):
                 for ev in self._refusal(refused):
                     yield ev
                 return
-            it = next(input).__aiter__()
+            it = inner.__aiter__()
             while True:
                 try:
                     ev = await it.__anext__()
@@ -493,6 +493,24 @@ class BudgetMiddleware(MiddlewareBase):
             "user": {"tokens": u_tokens, "cost": u_cost, "calls": u_calls},
             "exceeded": exceeded,
         }})
+
+
+class _Metered(MapSource):
+    """A metered call's stream factory. Subscribing it reads no context of its own — the inner
+    stream was built by next() inside the hook and carries its own, and the budget's code uses
+    none — so the middleware chain adds no context wrapper (no context switch per event)."""
+
+    __slots__ = ("args",)
+
+    context_free = True
+
+    def __init__(self, args: tuple[Any, ...]) -> None:
+        self.args = args
+
+    def with_maps(self, maps: Maps) -> AsyncIterator[Any]:
+        budget, *rest = self.args
+        it: AsyncIterator[Any] = budget._metered(*rest)
+        return apply_maps(it, maps) if maps else it
 
 
 def _info(scope: str, kind: str, limit: float, spent: float, held: float, estimate: float,
