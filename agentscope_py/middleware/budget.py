@@ -56,7 +56,7 @@ from typing import TYPE_CHECKING, Any, Literal, cast
 
 from .._bracket_kinds import BRACKET_TYPES
 from .._fast_events import with_metadata
-from .._stream.operators import Maps, MapSource, apply_maps
+from .._stream.operators import Maps, MapSource, apply_maps, iterate
 from ..errors import BudgetExceeded
 from ..events import (
     Custom,
@@ -196,7 +196,6 @@ class BudgetMiddleware(MiddlewareBase):
         self.memory_store = (self.store if self.needs_user and isinstance(self.store, InMemoryBudgetStore)
                              else None)
         self._sync = not self.needs_user or self.memory_store is not None
-        self._step = 0 if self._sync else _STEP  # (`_metered`)
 
     def active_points(self) -> frozenset[ExtensionPoint]:
         return frozenset({ExtensionPoint.ON_MODEL_CALL, ExtensionPoint.ON_AGENT_STATE_READY})
@@ -275,7 +274,8 @@ class BudgetMiddleware(MiddlewareBase):
 
     async def _metered(self, ctx: RuntimeContext, run: RunTotals, inner: EventStream[Any], model: str,
                        price: ModelPrice | None, est_tokens: int) -> Any:
-        sync = self._sync
+        """A metered call whose user holds are in a store across the network, as a stream layer of
+        its own (`_SyncCall` is the one for holds in this process)."""
         in_rate = 0.0 if price is None else price.input / 1_000_000
         out_rate = 0.0 if price is None else price.output / 1_000_000
         hold = CallHold(self, ctx, run)
@@ -286,8 +286,7 @@ class BudgetMiddleware(MiddlewareBase):
         it: Any = None
         done = False
         try:  # (from the first take: a cancellation while the store answers releases what it took)
-            refused = (hold.take_now(est_tokens, est_tokens * in_rate) if sync
-                       else await hold.take(est_tokens, est_tokens * in_rate))
+            refused = await hold.take(est_tokens, est_tokens * in_rate)
             if refused is not None:
                 for ev in self._refusal(refused):
                     yield ev
@@ -305,14 +304,13 @@ class BudgetMiddleware(MiddlewareBase):
                         chars += len(ev.delta)
                         need = -(-chars // 4) - out_held
                         if need > 0:
-                            # With a store across the network, a step ahead: a long reply asks it
-                            # once per step; if the step does not fit, exactly what is needed. (In
-                            # this process, exactly: a step held ahead by each call in flight would
-                            # cut calls short while the spend is still below the limit.)
-                            ahead = need + self._step
-                            refused = (hold.take_now(ahead, ahead * out_rate, "stream") if sync
-                                       else await hold.take(ahead, ahead * out_rate, "stream"))
-                            if refused is not None and ahead != need:
+                            # A step ahead: a long reply asks the store once per step; if the step
+                            # does not fit, exactly what is needed. (In this process, `_SyncCall`
+                            # holds exactly: a step held ahead by each call in flight cuts calls
+                            # short while the spend is still below the limit.)
+                            ahead = need + _STEP
+                            refused = await hold.take(ahead, ahead * out_rate, "stream")
+                            if refused is not None:
                                 ahead = need
                                 refused = await hold.take(need, need * out_rate, "stream")
                             if refused is not None:
@@ -334,10 +332,7 @@ class BudgetMiddleware(MiddlewareBase):
                             model, price = ev.model, self.price(ev.model)
                             out_rate = 0.0 if price is None else price.output / 1_000_000
                         if not hold.active:  # a retry's next attempt: the model has its input already
-                            if sync:
-                                hold.take_now(est_tokens, est_tokens * in_rate, force=True)
-                            else:
-                                await hold.take(est_tokens, est_tokens * in_rate, force=True)
+                            await hold.take(est_tokens, est_tokens * in_rate, force=True)
                         chars = out_held = 0
                     elif cls is _ModelCallEnd:
                         attempt = False
@@ -352,24 +347,16 @@ class BudgetMiddleware(MiddlewareBase):
                 tokens, cost = est_tokens + out, est_tokens * in_rate + out * out_rate
                 self._charge(run, tokens, cost)
                 hold.drop_local()
-                if sync:
-                    hold.settle_user_now(tokens, cost)
-                else:
-                    await hold.settle_user(tokens, cost)
+                await hold.settle_user(tokens, cost)
             elif hold.active or hold.id is not None:  # no model answered: nothing is charged
-                if sync:
-                    hold.release_now()
-                else:
-                    await hold.release()
+                await hold.release()
 
-    async def _settle(self, ctx: RuntimeContext, run: RunTotals, hold: CallHold, ev: ModelCallEnd, model: str,
-                      est_tokens: int, chars: int) -> ModelCallEnd:
-        """At a call's own ModelCallEnd: charge its usage (priced as the model that served it), drop
-        its hold, and annotate the event."""
+    def _measure(self, ev: ModelCallEnd, model: str, est_tokens: int, chars: int) -> tuple[int, float]:
+        """A call's tokens and cost at its ModelCallEnd, priced as the model that served it: its
+        usage, or (unknown) its estimate and its output counted."""
         price = self._price_of.get(model, _UNSEEN)
         if price is _UNSEEN:
             price = self.price(model)
-        usage = ev.usage
         if price is None:
             if self.strict:
                 raise ValueError(f"strict budget: no price for model {model!r} (it served the call); "
@@ -377,26 +364,48 @@ class BudgetMiddleware(MiddlewareBase):
             if self._cost_limited and model not in self._warned:
                 self._warned.add(model)
                 log.warning("%s: no price for model %r: its calls count as cost 0", self.name, model)
-        if usage is None:  # unknown: count what the call was estimated to cost, and its output counted
+        usage = ev.usage
+        if usage is None:
             out = -(-chars // 4)
-            tokens = est_tokens + out
             cost = 0.0 if price is None else (est_tokens * price.input + out * price.output) / 1_000_000
-        else:
-            tokens, cost = usage.input_tokens + usage.output_tokens, price.cost(usage) if price is not None else 0.0
+            return est_tokens + out, cost
+        return usage.input_tokens + usage.output_tokens, price.cost(usage) if price is not None else 0.0
+
+    def settle_now(self, ctx: RuntimeContext, run: RunTotals, hold: CallHold, ev: ModelCallEnd, model: str,
+                   est_tokens: int, chars: int) -> ModelCallEnd:
+        """At a call's own ModelCallEnd: charge its usage, drop its hold, and annotate the event
+        (holds in this process)."""
+        tokens, cost = self._measure(ev, model, est_tokens, chars)
         totals = self._charge(run, tokens, cost)  # the run's and session's totals and holds, in one step
         hold.drop_local()
-        user = hold.settle_user_now(tokens, cost) if self._sync else await hold.settle_user(tokens, cost)
-        return self._annotate(ctx, ev, tokens, cost, totals, user)
+        return self._annotate(ctx, ev, tokens, cost, totals, hold.settle_user_now(tokens, cost))
+
+    async def _settle(self, ctx: RuntimeContext, run: RunTotals, hold: CallHold, ev: ModelCallEnd, model: str,
+                      est_tokens: int, chars: int) -> ModelCallEnd:
+        """`settle_now` with the user's hold in a store across the network."""
+        tokens, cost = self._measure(ev, model, est_tokens, chars)
+        totals = self._charge(run, tokens, cost)
+        hold.drop_local()
+        return self._annotate(ctx, ev, tokens, cost, totals, await hold.settle_user(tokens, cost))
+
+    def cut_now(self, ctx: RuntimeContext, run: RunTotals, hold: CallHold, released: OpenBrackets,
+                tokens: int, cost: float, refused: dict[str, Any]) -> list[Any]:
+        """The Ends of a call cut short by its own output: its open blocks', then its ModelCallEnd
+        (annotated: what was counted is charged); the refusal follows them (holds in this process)."""
+        closing = released.close(f"BudgetExceeded: {refused['reason']}", discarded=self.on_exceeded == "error")
+        totals = self._charge(run, tokens, cost)
+        hold.drop_local()
+        user = hold.settle_user_now(tokens, cost)
+        return [self._annotate(ctx, ev, tokens, cost, totals, user) if ev.__class__ is _ModelCallEnd else ev
+                for ev in closing]
 
     async def _cut(self, ctx: RuntimeContext, run: RunTotals, hold: CallHold, released: OpenBrackets,
                    tokens: int, cost: float, refused: dict[str, Any]) -> list[Any]:
-        """The Ends of a call cut short by its own output: its open blocks', then its ModelCallEnd
-        (annotated: what was counted is charged). The refusal follows them."""
-        why = f"BudgetExceeded: {refused['reason']}"
-        closing = released.close(why, discarded=self.on_exceeded == "error")
+        """`cut_now` with the user's hold in a store across the network."""
+        closing = released.close(f"BudgetExceeded: {refused['reason']}", discarded=self.on_exceeded == "error")
         totals = self._charge(run, tokens, cost)
         hold.drop_local()
-        user = hold.settle_user_now(tokens, cost) if self._sync else await hold.settle_user(tokens, cost)
+        user = await hold.settle_user(tokens, cost)
         return [self._annotate(ctx, ev, tokens, cost, totals, user) if ev.__class__ is _ModelCallEnd else ev
                 for ev in closing]
 
@@ -508,9 +517,158 @@ class _Metered(MapSource):
         self.args = args
 
     def with_maps(self, maps: Maps) -> AsyncIterator[Any]:
-        budget, *rest = self.args
-        it: AsyncIterator[Any] = budget._metered(*rest)
+        budget, ctx, run, inner, model, price, est_tokens = self.args
+        if budget._sync:
+            return _SyncCall(budget, ctx, run, model, price, est_tokens).start(inner, maps)
+        it: AsyncIterator[Any] = budget._metered(ctx, run, inner, model, price, est_tokens)
         return apply_maps(it, maps) if maps else it
+
+
+class _SyncCall:
+    """A metered call whose holds are all in this process (`BudgetMiddleware._sync`), at no
+    async layer of its own: the per-event work — counting the output, growing the hold, settling
+    it at the call's ModelCallEnd — is a map fused into the inner stream (`see`, run where the
+    model call's buffer is drained), and `_SyncCallIterator` hands on the inner stream's
+    awaitables. It steps in only to end a call cut short (`see` puts the first closing event in
+    place of the refused delta; the rest follow from `pending`), and `finish` settles what was
+    counted or releases the hold however the stream ended. (This object does not refer to the
+    iterator, which refers to it: no reference cycle, so both go as soon as the stream does.)"""
+
+    __slots__ = ("attempt", "budget", "chars", "ctx", "error", "est_tokens", "hold", "in_rate", "maps", "model",
+                 "out_held", "out_rate", "pending", "released", "run")
+
+    def __init__(self, budget: BudgetMiddleware, ctx: RuntimeContext, run: RunTotals, model: str,
+                 price: ModelPrice | None, est_tokens: int) -> None:
+        self.budget = budget
+        self.ctx = ctx
+        self.run = run
+        self.model = model
+        self.in_rate = 0.0 if price is None else price.input / 1_000_000
+        self.out_rate = 0.0 if price is None else price.output / 1_000_000
+        self.est_tokens = est_tokens
+        self.hold = CallHold(budget, ctx, run)
+        self.chars = 0  # output characters counted in the running attempt
+        self.out_held = 0  # output tokens its hold covers
+        self.attempt = False  # a ModelCallStart seen without its End: a model answered
+        self.released = OpenBrackets()  # what was let out: closed here if the call is cut short
+        self.pending: list[Any] | None = None  # the rest of a cut: closing events, then the refusal
+        self.error: BaseException | None = None  # ... or the refusal raised (on_exceeded="error")
+        self.maps: Maps = ()
+
+    def start(self, inner: EventStream[Any], maps: Maps) -> AsyncIterator[Any]:
+        """Take the hold (or refuse) and subscribe ``inner`` with ``see`` and ``maps`` fused."""
+        refused = self.hold.take_now(self.est_tokens, self.est_tokens * self.in_rate)
+        if refused is not None:
+            try:
+                events = self.budget._refusal(refused)
+            except BudgetExceeded as exc:
+                return EventStream.error(exc).__aiter__()
+            return apply_maps(iterate(events), maps) if maps else iterate(events)
+        stream = inner.map(self.see)
+        for fn in maps:
+            stream = stream.map(fn)
+        self.maps = maps
+        return _SyncCallIterator(stream.__aiter__(), self)
+
+    def see(self, ev: Any) -> Any:
+        cls = ev.__class__
+        if cls in _OUTPUT_DELTAS:
+            if ev.source is None:
+                self.chars = chars = self.chars + len(ev.delta)
+                need = -(-chars // 4) - self.out_held
+                if need > 0:
+                    refused = self.hold.take_now(need, need * self.out_rate, "stream")
+                    if refused is not None:
+                        return self._cut(ev, refused)
+                    self.out_held += need
+        elif cls in _BRACKETS and ev.source is None:
+            self.released.see(ev)
+            if cls is ModelCallStart:
+                self.attempt = True
+                if ev.model != self.model:  # a fallback (inside this layer) served this attempt
+                    self.model = ev.model
+                    price = self.budget.price(ev.model)
+                    self.out_rate = 0.0 if price is None else price.output / 1_000_000
+                if not self.hold.active:  # a retry's next attempt: the model has its input already
+                    self.hold.take_now(self.est_tokens, self.est_tokens * self.in_rate, force=True)
+                self.chars = self.out_held = 0
+            elif cls is _ModelCallEnd:
+                self.attempt = False
+                ev = self.budget.settle_now(self.ctx, self.run, self.hold, ev, ev.model or self.model,
+                                            self.est_tokens, self.chars)
+                self.chars = self.out_held = 0
+        return ev
+
+    def _cut(self, ev: Any, refused: dict[str, Any]) -> Any:
+        self.attempt = False
+        out = -(-(self.chars - len(ev.delta)) // 4)  # what was let out (not this delta)
+        closing = self.budget.cut_now(self.ctx, self.run, self.hold, self.released, self.est_tokens + out,
+                                      self.est_tokens * self.in_rate + out * self.out_rate, refused)
+        try:
+            stop: list[Any] = list(self.budget._refusal(refused))
+        except BudgetExceeded as exc:
+            stop, self.error = [], exc
+        self.pending = [*closing[1:], *stop]
+        return closing[0]  # (in the refused delta's place: the maps outside see it in order)
+
+    def finish(self) -> None:
+        hold = self.hold
+        if self.attempt:  # failed, cancelled or left by its consumer mid-call: what was counted was spent
+            self.attempt = False
+            out = -(-self.chars // 4)
+            tokens, cost = self.est_tokens + out, self.est_tokens * self.in_rate + out * self.out_rate
+            self.budget._charge(self.run, tokens, cost)
+            hold.drop_local()
+            hold.settle_user_now(tokens, cost)
+        elif hold.active or hold.id is not None:  # no model answered: nothing is charged
+            hold.release_now()
+
+
+class _SyncCallIterator:
+    """`_SyncCall`'s stream: the inner iterator's awaitables, handed on; after a cut, the rest of
+    it; on ``aclose`` (and when dropped unclosed), the call's `finish`."""
+
+    __slots__ = ("call", "it", "open")
+
+    def __init__(self, it: Any, call: _SyncCall) -> None:
+        self.it = it
+        self.call = call
+        self.open = True  # the inner stream, until a cut or aclose closes it
+
+    def __aiter__(self) -> _SyncCallIterator:
+        return self
+
+    def __anext__(self) -> Any:
+        if self.call.pending is None:
+            return self.it.__anext__()
+        return self._after_cut()
+
+    async def _after_cut(self) -> Any:
+        if self.open:
+            self.open = False
+            await aclose(self.it)  # the model request ends now
+        call = self.call
+        pending = call.pending
+        if pending:
+            ev = pending.pop(0)
+            for fn in call.maps:
+                ev = fn(ev)
+            return ev
+        error, call.error = call.error, None
+        if error is not None:
+            raise error
+        raise StopAsyncIteration
+
+    async def aclose(self) -> None:
+        try:
+            if self.open:
+                self.open = False
+                await aclose(self.it)
+        finally:
+            self.call.finish()
+
+    def __del__(self) -> None:
+        self.call.finish()
 
 
 def _info(scope: str, kind: str, limit: float, spent: float, held: float, estimate: float,

@@ -505,3 +505,17 @@ async def test_parallel_sessions_hold_a_user_cost_limit() -> None:
     spent = await store.get("bob")
     assert 0.0009 < spent.cost <= 0.001 + 1e-12  # USD: 10 in at 1, the output at 2 per million
     await no_holds(store, "bob")
+
+
+async def test_a_reply_that_would_cross_a_user_limit_is_cut_short_with_either_store(store: Any) -> None:
+    model = SizedModel()
+    agent = ReActAgent.builder().sys_prompt("").model(model).middleware(
+        BudgetMiddleware(user_tokens=110, estimate=fixed(E_IN), store=store)).build()
+    events = await agent.stream("size 4000 extra 0", ctx=RuntimeContext(user_id="ada")).to_list()
+    text = "".join(e.delta for e in events if e.type == "text_block_delta")
+    spent = (await store.get("ada")).tokens
+    assert spent == E_IN + -(-len(text) // 4) and 110 - 4 <= spent <= 110  # cut within one chunk of the limit
+    end = next(e for e in events if type(e) is ModelCallEnd)
+    assert end.error is not None and "user tokens limit 110" in end.error
+    assert balanced(events) and model.closed == 1
+    await no_holds(store, "ada")
