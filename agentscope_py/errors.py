@@ -265,7 +265,8 @@ class RateLimitExceeded(MiddlewareTermination):
 
 class CallLimitExceeded(MiddlewareTermination):
     """A call limit was reached with ``exit_behavior="error"``: ``kind`` (``"model"`` or
-    ``"tool"``), ``scope`` (``"run"`` or ``"session"``), ``limit``, and ``tool_name`` (None: all)."""
+    ``"tool"``), ``scope`` (``"run"``, ``"tree"`` — a root run and its sub-agents — or
+    ``"session"``), ``limit``, and ``tool_name`` (None: all)."""
 
     def __init__(self, message: str, *, kind: str, scope: str, limit: int, tool_name: str | None = None) -> None:
         super().__init__(message)

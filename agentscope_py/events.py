@@ -82,7 +82,10 @@ class ModelCallEnd(EventBase):
     """The end of one model call. ``usage`` is None when the provider reported none (unknown, not
     zero). ``error`` is set (``"Type: message"``) when the call failed, was interrupted or was cut
     short; ``discarded`` is true when its partial reply was not remembered (a failed attempt that a
-    retry or fallback replaced, or a run that ended in that error): a UI can strike it out."""
+    retry or fallback replaced, or a run that ended in that error): a UI can strike it out.
+    ``model`` names the model that served the call (its ``ModelCallStart.model``), so whoever
+    prices ``usage`` prices that model whatever layer switched it; None when no model call made
+    the event (a middleware's own reply, a bracket closed for a call cut short)."""
 
     type: Literal["model_call_end"] = "model_call_end"
     reply_id: str
@@ -90,6 +93,7 @@ class ModelCallEnd(EventBase):
     finish_reason: str | None = None
     error: str | None = None
     discarded: bool = False
+    model: str | None = None
 
 
 # -- content blocks ------------------------------------------------------------------------------

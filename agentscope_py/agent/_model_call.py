@@ -282,7 +282,7 @@ async def model_events(
             _end_text(put, reply_id, text_id, text_carry, text_make)
         for call_id, name, _ in calls.values():
             put(ToolCallEnd(reply_id=reply_id, tool_call_id=call_id, tool_name=name))
-        put(ModelCallEnd(reply_id=reply_id, usage=usage, finish_reason=finish))
+        put(ModelCallEnd(reply_id=reply_id, usage=usage, finish_reason=finish, model=model.name))
     except BaseException as exc:
         error = exc
         cancelled = isinstance(exc, asyncio.CancelledError)
@@ -301,7 +301,8 @@ async def model_events(
                 put(TextBlockEnd(reply_id=reply_id, block_id=text_id))
             for call_id, name, _ in calls.values():
                 put(ToolCallEnd(reply_id=reply_id, tool_call_id=call_id, tool_name=name))
-            put(ModelCallEnd(reply_id=reply_id, usage=usage, error=describe(error), discarded=not interrupted))
+            put(ModelCallEnd(reply_id=reply_id, usage=usage, error=describe(error), discarded=not interrupted,
+                             model=model.name))
         if error is exc:
             raise
         raise error from None

@@ -1,5 +1,9 @@
 """One redis.asyncio client per event loop, for the built-ins' Redis stores (a client is bound to
-the loop it first connected on, and tests and servers may run several loops)."""
+the loop it first connected on, and tests and servers may run several loops).
+
+Its pool blocks: a command that finds every connection in use waits (up to the socket timeout)
+for one to come back, instead of failing with "Too many connections" — a hundred calls in flight
+on one store each hold one while they wait for Redis."""
 
 from __future__ import annotations
 
@@ -20,13 +24,15 @@ class LoopClients:
         self._clients: dict[int, Any] = {}
 
     def get(self) -> Any:
-        from redis.asyncio import Redis
+        from redis.asyncio import BlockingConnectionPool, Redis
 
         loop = id(asyncio.get_running_loop())
         client = self._clients.get(loop)
         if client is None:
-            client = self._clients[loop] = Redis.from_url(
-                self.url, socket_timeout=self.socket_timeout, socket_connect_timeout=self.socket_timeout)
+            pool = BlockingConnectionPool.from_url(
+                self.url, timeout=self.socket_timeout, socket_timeout=self.socket_timeout,
+                socket_connect_timeout=self.socket_timeout)
+            client = self._clients[loop] = Redis.from_pool(pool)  # (the client closes its pool)
         return client
 
     async def close(self) -> None:

@@ -8,21 +8,35 @@ Where the totals live:
 * **session** — in ``AgentState.metadata[name]`` (``{"tokens", "cost", "calls"}``), so with a
   SQLite or Redis state store it survives restarts and is shared by every process of the session;
 * **user** — in a `BudgetStore`: `InMemoryBudgetStore` (this process; the default) or
-  `RedisBudgetStore` (shared by processes and hosts; atomic increments).
+  `RedisBudgetStore` (shared by processes and hosts; one Lua script checks and holds).
 
-Checks, at ``on_model_call``:
+Each model call, at ``on_model_call`` (`budget_holds`):
 
-* **before** each call: ``spent + estimate > limit`` for any scope refuses the call; the estimate
-  is ``ceil(characters / 4)`` input tokens over the messages (text, thinking, tool arguments and
-  results) and the tool schemas (pass ``estimate=`` for your own), priced as input tokens;
-* **after** each call, from ``ModelCallEnd.usage`` (``None``, unknown, counts the estimate): the
-  totals grow and the ModelCallEnd leaving this layer carries ``metadata[name]`` =
-  ``{"call": {...}, "run": {...}, "session": {...}, "user": {...}, "exceeded": reason|None}``.
-  A call that crosses a limit completes (its reply is kept, its tool calls run); the next call —
-  in this run, or later in the session or for the user — is refused before the model is called.
+* **before** it: the call **holds** its estimate in every limited scope, granted only if ``spent +
+  held + estimate <= limit`` (``held``: what the calls in flight hold), atomically; else it is
+  refused and the model is not called. The estimate is ``ceil(characters / 4)`` input tokens over
+  the messages (text, thinking, tool arguments and results) and the tool schemas (pass
+  ``estimate=`` for your own), priced as input tokens;
+* **while it streams**: its output (text, thinking and tool-call argument deltas, ``ceil(characters
+  / 4)`` tokens, priced as output) grows its hold the same way; a delta that would take a scope
+  over its limit is not let out: the call is cut short there (its request closed, its open blocks
+  ended, ``ModelCallEnd(error="BudgetExceeded: …")``) and refused as below;
+* **at its end**, from ``ModelCallEnd.usage`` (``None``, unknown, counts the estimate and the
+  output counted): the hold is settled — dropped, and the actual usage charged — and the
+  ModelCallEnd leaving this layer carries ``metadata[name]`` = ``{"call": {...}, "run": {...},
+  "session": {...}, "user": {...}, "exceeded": reason|None}``. A call that fails, is cancelled or
+  whose consumer leaves settles what was counted (a model that answered was paid), or releases the
+  hold when no model answered. The price is that of the model that served the call
+  (``ModelCallEnd.model``, else its ``ModelCallStart.model``): a fallback inside or outside this
+  layer is priced as itself.
+
+The guarantee: with N calls in flight, the spend stays within ``limit`` plus the sum of those
+calls' overruns of their estimates (a call's overrun: its reported usage beyond the estimate and
+the output counted — a tokenizer counting differently, hidden reasoning tokens); one call at a
+time, within ``limit`` plus that call's overrun; with usage as counted, within ``limit``.
 
 Refusing: ``on_exceeded="stop"`` emits ``Custom(name="budget_exceeded", value={scope, kind, limit,
-spent, estimate, reason})`` and ``RequestStop(reason)``: the run ends with
+spent, held, estimate, stage, reason})`` and ``RequestStop(reason)``: the run ends with
 MIDDLEWARE_STOP_REQUESTED. ``on_exceeded="error"`` raises `BudgetExceeded(reason)`.
 
 Cost: a price table of `ModelPrice` (USD per million tokens: input, output, cached input, cache
@@ -36,19 +50,29 @@ are checked there (`ValueError`), any other at its first call.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from functools import partial as _partial
 from typing import TYPE_CHECKING, Any, Literal, cast
 
+from .._bracket_kinds import BRACKET_TYPES, OpenBrackets
 from .._fast_events import with_metadata
+from .._stream.operators import Maps, MapSource, apply_maps, iterate
 from ..errors import BudgetExceeded
-from ..events import Custom, ModelCallEnd, RequestStop
+from ..events import (
+    Custom,
+    ModelCallEnd,
+    ModelCallStart,
+    RequestStop,
+    TextBlockDelta,
+    ThinkingBlockDelta,
+    ToolCallDelta,
+)
 from ..message import ChatUsage, Msg
-from ..stream import EventStream
+from ..stream import EventStream, aclose
 from .base import ExtensionPoint, MiddlewareBase, ModelCallInput, Next, publish_metric
 from .budget_estimate import estimate_tokens
-from .budget_stores import BudgetStore, InMemoryBudgetStore, RedisBudgetStore, RunTotals, Spend
+from .budget_holds import CallHold
+from .budget_stores import BudgetStore, InMemoryBudgetStore, RedisBudgetStore, Reservation, RunTotals, Spend
 
 if TYPE_CHECKING:
     from ..agent.context import RuntimeContext
@@ -57,7 +81,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_PRICES", "BudgetMiddleware", "BudgetStore", "InMemoryBudgetStore", "ModelPrice", "RedisBudgetStore",
-    "RunTotals", "Spend", "estimate_tokens",
+    "Reservation", "RunTotals", "Spend", "estimate_tokens",
 ]
 
 log = logging.getLogger(__name__)
@@ -144,7 +168,11 @@ class BudgetMiddleware(MiddlewareBase):
         self.on_exceeded: OnExceeded = on_exceeded
         self.limits = {key: limit for key, limit in limits.items() if limit is not None}
         self.store: BudgetStore = store if store is not None else InMemoryBudgetStore()
-        self._sync_store = getattr(self.store, "sync", False) is True
+        missing = [m for m in ("get", "add", "reserve", "settle", "release")
+                   if not callable(getattr(self.store, m, None))]
+        if missing:
+            raise TypeError(f"store {self.store!r} lacks {', '.join(missing)}: a BudgetStore holds each call's "
+                            "estimate while it runs (InMemoryBudgetStore and RedisBudgetStore do)")
         self.estimate = estimate or estimate_tokens
         self.name_key = name
         self._run_key = f"agentscope.{name}.run"
@@ -161,7 +189,12 @@ class BudgetMiddleware(MiddlewareBase):
                 if self.price(model_name) is None:
                     raise ValueError(f"strict budget: no price for model {model_name!r} "
                                      f"(known: {', '.join(sorted(table))}); pass prices={{...}}")
-        self._needs_user = any(scope == "user" for scope, _ in self.limits)
+        self.needs_user = any(scope == "user" for scope, _ in self.limits)
+        self.user_limits = (self.limits.get(("user", "tokens")), self.limits.get(("user", "cost")))
+        # The user's holds in this process: every step of a hold is synchronous (`CallHold.*_now`).
+        self.memory_store = (self.store if self.needs_user and isinstance(self.store, InMemoryBudgetStore)
+                             else None)
+        self._sync = not self.needs_user or self.memory_store is not None
 
     def active_points(self) -> frozenset[ExtensionPoint]:
         return frozenset({ExtensionPoint.ON_MODEL_CALL, ExtensionPoint.ON_AGENT_STATE_READY})
@@ -228,57 +261,169 @@ class BudgetMiddleware(MiddlewareBase):
             problem = f"strict budget: no price for model {model_name!r}; pass prices={{...}}"
             return EventStream.error(ValueError(problem))
         est_tokens = self.estimate(input)
-        if price is not None:
-            est_cost = est_tokens * price.input / 1_000_000
-        else:
-            est_cost = 0.0
-            if self._cost_limited and model_name not in self._warned:
-                self._warned.add(model_name)
-                log.warning("%s: no price for model %r: its calls count as cost 0", self.name, model_name)
         run = ctx.get(self._run_key)  # this execution's totals, read once per call
         if run is None:  # (a hook driven by hand, outside a run: no state-ready hook made them)
             run = RunTotals(self, ctx)
             ctx.put(self._run_key, run)
-        if not self._needs_user:
-            refused = self._check(ctx, run, None, est_tokens, est_cost)
-            if refused is not None:
-                return self._refuse(refused)
-            # A C partial over a bound method: no per-call object of ours, no closure cells.
-            return next(input).map(_partial(self._after, ctx, run, price, est_tokens, est_cost))
-        if self._sync_store:
-            user = self.store.get_nowait(ctx.user_id)  # type: ignore[attr-defined]
-            refused = self._check(ctx, run, user, est_tokens, est_cost)
-            if refused is not None:
-                return self._refuse(refused)
-            return next(input).map(_partial(self._after, ctx, run, price, est_tokens, est_cost))
-        inner = next(input)
+        # The hold is taken when the stream is subscribed (a stream built and never run holds
+        # nothing); the inner stream is built here, in the hook's context (`_Metered`).
+        return EventStream(_Metered((self, ctx, run, next(input), model_name, price, est_tokens)))
 
-        async def call() -> Any:
-            refused = self._check(ctx, run, await self.store.get(ctx.user_id), est_tokens, est_cost)
+    # -- the metered call ------------------------------------------------------------------------
+
+    async def _metered(self, ctx: RuntimeContext, run: RunTotals, inner: EventStream[Any], model: str,
+                       price: ModelPrice | None, est_tokens: int) -> Any:
+        """A metered call whose user holds are in a store across the network, as a stream layer of
+        its own (`_SyncCall` is the one for holds in this process)."""
+        in_rate = 0.0 if price is None else price.input / 1_000_000
+        out_rate = 0.0 if price is None else price.output / 1_000_000
+        hold = CallHold(self, ctx, run)
+        chars = 0  # output characters counted in the running attempt
+        out_held = 0  # output tokens its hold covers
+        attempt = False  # a ModelCallStart seen without its End: a model answered
+        released = OpenBrackets(top_only=True)  # what this layer let out: closed here if the call is cut short
+        it: Any = None
+        done = False
+        try:  # (from the first take: a cancellation while the store answers releases what it took)
+            refused = await hold.take(est_tokens, est_tokens * in_rate)
             if refused is not None:
-                if self.on_exceeded == "error":
-                    raise _exceeded(refused)
-                for ev in self._refuse(refused):
+                for ev in self._refusal(refused):
                     yield ev
                 return
-            async with _closing(inner.__aiter__()) as it:
-                async for ev in it:
-                    if ev.__class__ is ModelCallEnd and ev.source is None:
-                        tokens, cost = _measure(ev, price, est_tokens, est_cost)
-                        user = await self.store.add(ctx.user_id, tokens, cost)
-                        ev = self._account(ctx, run, ev, tokens, cost, user)
-                    yield ev
+            it = inner.__aiter__()
+            while True:
+                try:
+                    ev = await it.__anext__()
+                except StopAsyncIteration:
+                    done = True
+                    break
+                cls = ev.__class__
+                if cls in _OUTPUT_DELTAS:
+                    if ev.source is None:
+                        chars += len(ev.delta)
+                        need = -(-chars // 4) - out_held
+                        if need > 0:
+                            # A step ahead: a long reply asks the store once per step; if the step
+                            # does not fit, exactly what is needed. (In this process, `_SyncCall`
+                            # holds exactly: a step held ahead by each call in flight cuts calls
+                            # short while the spend is still below the limit.)
+                            ahead = need + _STEP
+                            refused = await hold.take(ahead, ahead * out_rate, "stream")
+                            if refused is not None:
+                                ahead = need
+                                refused = await hold.take(need, need * out_rate, "stream")
+                            if refused is not None:
+                                await aclose(it)  # the model request ends now
+                                done, attempt = True, False
+                                out = -(-(chars - len(ev.delta)) // 4)  # what was let out (not this delta)
+                                for closing in await self._cut(ctx, run, hold, released, est_tokens + out,
+                                                               est_tokens * in_rate + out * out_rate, refused):
+                                    yield closing
+                                for stop in self._refusal(refused):
+                                    yield stop
+                                return
+                            out_held += ahead
+                elif cls in _BRACKETS and ev.source is None:
+                    released.see(ev)
+                    if cls is ModelCallStart:
+                        attempt = True
+                        if ev.model != model:  # a fallback (inside this layer) served this attempt
+                            model, price = ev.model, self.price(ev.model)
+                            out_rate = 0.0 if price is None else price.output / 1_000_000
+                        if not hold.active:  # a retry's next attempt: the model has its input already
+                            await hold.take(est_tokens, est_tokens * in_rate, force=True)
+                        chars = out_held = 0
+                    elif cls is _ModelCallEnd:
+                        attempt = False
+                        ev = await self._settle(ctx, run, hold, ev, ev.model or model, est_tokens, chars)
+                        chars = out_held = 0
+                yield ev
+        finally:
+            if it is not None and not done:
+                await aclose(it)
+            if attempt:  # failed, cancelled or left by its consumer mid-call: what was counted was spent
+                out = -(-chars // 4)
+                tokens, cost = est_tokens + out, est_tokens * in_rate + out * out_rate
+                self._charge(run, tokens, cost)
+                hold.drop_local()
+                await hold.settle_user(tokens, cost)
+            elif hold.active or hold.id is not None:  # no model answered: nothing is charged
+                await hold.release()
 
-        return EventStream(call)
+    def _measure(self, ev: ModelCallEnd, model: str, est_tokens: int, chars: int) -> tuple[int, float]:
+        """A call's tokens and cost at its ModelCallEnd, priced as the model that served it: its
+        usage, or (unknown) its estimate and its output counted."""
+        price = self._price_of.get(model, _UNSEEN)
+        if price is _UNSEEN:
+            price = self.price(model)
+        if price is None:
+            if self.strict:
+                raise ValueError(f"strict budget: no price for model {model!r} (it served the call); "
+                                 "pass prices={...}")
+            if self._cost_limited and model not in self._warned:
+                self._warned.add(model)
+                log.warning("%s: no price for model %r: its calls count as cost 0", self.name, model)
+        usage = ev.usage
+        if usage is None:
+            out = -(-chars // 4)
+            cost = 0.0 if price is None else (est_tokens * price.input + out * price.output) / 1_000_000
+            return est_tokens + out, cost
+        return usage.input_tokens + usage.output_tokens, price.cost(usage) if price is not None else 0.0
 
-    # -- internals -------------------------------------------------------------------------------
+    def settle_now(self, ctx: RuntimeContext, run: RunTotals, hold: CallHold, ev: ModelCallEnd, model: str,
+                   est_tokens: int, chars: int) -> ModelCallEnd:
+        """At a call's own ModelCallEnd: charge its usage, drop its hold, and annotate the event
+        (holds in this process)."""
+        tokens, cost = self._measure(ev, model, est_tokens, chars)
+        totals = self._charge(run, tokens, cost)  # the run's and session's totals and holds, in one step
+        hold.drop_local()
+        return self._annotate(ctx, ev, tokens, cost, totals, hold.settle_user_now(tokens, cost))
 
-    def _check(
-        self, ctx: RuntimeContext, run: RunTotals, user: Spend | None, est_tokens: int, est_cost: float
-    ) -> dict[str, Any] | None:
-        # On every call: reads the totals in place (no Spend is built unless a limit is hit).
-        if user is not None:
-            self._user_seen[ctx.user_id] = user
+    async def _settle(self, ctx: RuntimeContext, run: RunTotals, hold: CallHold, ev: ModelCallEnd, model: str,
+                      est_tokens: int, chars: int) -> ModelCallEnd:
+        """`settle_now` with the user's hold in a store across the network."""
+        tokens, cost = self._measure(ev, model, est_tokens, chars)
+        totals = self._charge(run, tokens, cost)
+        hold.drop_local()
+        return self._annotate(ctx, ev, tokens, cost, totals, await hold.settle_user(tokens, cost))
+
+    def cut_now(self, ctx: RuntimeContext, run: RunTotals, hold: CallHold, released: OpenBrackets,
+                tokens: int, cost: float, refused: dict[str, Any]) -> list[Any]:
+        """The Ends of a call cut short by its own output: its open blocks', then its ModelCallEnd
+        (annotated: what was counted is charged); the refusal follows them (holds in this process)."""
+        closing, totals = self._close_and_charge(run, hold, released, tokens, cost, refused)
+        user = hold.settle_user_now(tokens, cost)
+        return [self._annotate(ctx, ev, tokens, cost, totals, user) if ev.__class__ is _ModelCallEnd else ev
+                for ev in closing]
+
+    async def _cut(self, ctx: RuntimeContext, run: RunTotals, hold: CallHold, released: OpenBrackets,
+                   tokens: int, cost: float, refused: dict[str, Any]) -> list[Any]:
+        """`cut_now` with the user's hold in a store across the network."""
+        closing, totals = self._close_and_charge(run, hold, released, tokens, cost, refused)
+        user = await hold.settle_user(tokens, cost)
+        return [self._annotate(ctx, ev, tokens, cost, totals, user) if ev.__class__ is _ModelCallEnd else ev
+                for ev in closing]
+
+    def _close_and_charge(self, run: RunTotals, hold: CallHold, released: OpenBrackets, tokens: int, cost: float,
+                          refused: dict[str, Any]) -> tuple[list[Any], Any]:
+        """The Ends of what the cut call let out, and the run's totals once what it counted is charged."""
+        closing = released.close(f"BudgetExceeded: {refused['reason']}", discarded=self.on_exceeded == "error",
+                                 failed=True)
+        totals = self._charge(run, tokens, cost)
+        hold.drop_local()
+        return closing, totals
+
+    def _refusal(self, info: dict[str, Any]) -> tuple[Any, ...]:
+        """The refusal's events (``on_exceeded="stop"``); raises `BudgetExceeded` (``"error"``)."""
+        if self.on_exceeded == "error":
+            raise _exceeded(info)
+        return (Custom(name="budget_exceeded", value=info), RequestStop(reason=info["reason"]))
+
+    # -- the checks ------------------------------------------------------------------------------
+
+    def check_local(self, run: RunTotals, tokens: int, cost: float, stage: str = "before") -> dict[str, Any] | None:
+        """The refusal of holding ``tokens`` / ``cost`` more in the run's and the root session's
+        scopes (``spent + held + request > limit``), or None. No Spend is built unless refused."""
         session: Any = None
         if self._session_limited:
             state = run._ctx.agent_state  # the tree's root session
@@ -289,57 +434,55 @@ class BudgetMiddleware(MiddlewareBase):
             elif scope == "session":
                 spent = session.get(kind, 0) if isinstance(session, dict) else 0
             else:
-                spent = 0 if user is None else (user.tokens if tokens_kind else user.cost)
-            estimate = est_tokens if tokens_kind else est_cost
-            if spent + estimate > limit:
-                unit = "tokens" if tokens_kind else "USD"
-                reason = (f"budget exceeded: {scope} {kind} limit {limit} {unit}; spent {spent:g}, "
-                          f"this call ~{estimate:g} more (estimated)")
-                return {"scope": scope, "kind": kind, "limit": limit, "spent": spent, "estimate": estimate,
-                        "reason": reason}
+                continue  # the store checks the user's, in its own atomic step
+            held = run.held_tokens if tokens_kind else run.held_cost
+            if spent + held + (tokens if tokens_kind else cost) > limit:
+                return _info(scope, kind, limit, spent, held, tokens if tokens_kind else cost, stage)
         return None
 
-    def _refuse(self, info: dict[str, Any]) -> Any:
-        if self.on_exceeded == "error":
-            return EventStream.error(_exceeded(info))
-        return (Custom(name="budget_exceeded", value=info), RequestStop(reason=info["reason"]))
+    def user_refusal(self, answer: Reservation, tokens: int, cost: float, stage: str = "before") -> dict[str, Any]:
+        """The refusal the store's ``answer`` means (the user limit it crossed)."""
+        spent = answer.spent
+        for kind, limit in zip(("tokens", "cost"), self.user_limits, strict=True):
+            if limit is None:
+                continue
+            if kind == "tokens" and spent.tokens + answer.held_tokens + tokens > limit:
+                return _info("user", kind, limit, spent.tokens, answer.held_tokens, tokens, stage)
+            if kind == "cost" and spent.cost + answer.held_cost + cost > limit:
+                return _info("user", kind, limit, spent.cost, answer.held_cost, cost, stage)
+        # (a store that refused on arithmetic of its own, e.g. Redis' floats: the first user limit)
+        kind, limit = next((k, v) for k, v in zip(("tokens", "cost"), self.user_limits, strict=True) if v is not None)
+        if kind == "tokens":
+            return _info("user", kind, limit, spent.tokens, answer.held_tokens, tokens, stage)
+        return _info("user", kind, limit, spent.cost, answer.held_cost, cost, stage)
 
-    def _after(self, ctx: RuntimeContext, run: RunTotals, price: ModelPrice | None, est_tokens: int,
-               est_cost: float, ev: Any) -> Any:
-        """The fused map of a call (in-memory store): at the call's own ModelCallEnd, count the
-        actual usage (the estimate when unknown) and annotate the event; every other event passes
-        after one class test."""
-        if ev.__class__ is not _ModelCallEnd or ev.source is not None:
-            return ev
-        usage = ev.usage  # _measure(), inlined
-        if usage is None:  # unknown: count what the call was estimated to cost
-            tokens, cost = est_tokens, est_cost
-        else:
-            tokens, cost = usage.input_tokens + usage.output_tokens, price.cost(usage) if price is not None else 0.0
-        user = self.store.add_nowait(ctx.user_id, tokens, cost) if self._needs_user else None  # type: ignore[attr-defined]
-        return self._account(ctx, run, ev, tokens, cost, user)
+    def saw_user(self, user_id: str, spent: Spend) -> None:
+        self._user_seen[user_id] = spent
 
-    def _account(self, ctx: RuntimeContext, run: RunTotals, ev: ModelCallEnd, tokens: int, cost: float,
-                 user: Spend | None) -> ModelCallEnd:
-        """Grow the run's and the session's totals (the user's is grown by the store) and return
-        ``ev`` annotated. The totals are grown in place: no Spend, and no dict but the
-        annotation's own."""
+    # -- the accounting --------------------------------------------------------------------------
+
+    def _charge(self, run: RunTotals, tokens: int, cost: float) -> tuple[int, float, int, int, float, int]:
+        """Grow the run's and the session's totals in place (no Spend): the new totals."""
         run.tokens = r_tokens = run.tokens + tokens  # in place: the run's own totals
         run.cost = r_cost = run.cost + cost
         run.calls = r_calls = run.calls + 1
         state = run._ctx.agent_state  # (a sub-agent's calls count in its tree's root session)
+        if state is None:
+            return r_tokens, r_cost, r_calls, 0, 0.0, 0
         name = self.name_key
-        if state is not None:
-            raw = state.metadata.get(name)
-            if not isinstance(raw, dict):
-                raw = state.metadata[name] = {"tokens": 0, "cost": 0.0, "calls": 0}
-            raw["tokens"] = s_tokens = raw["tokens"] + tokens  # in place: the state is this session's own
-            raw["cost"] = s_cost = raw["cost"] + cost
-            raw["calls"] = s_calls = raw["calls"] + 1
-        else:
-            s_tokens, s_cost, s_calls = 0, 0.0, 0
+        raw = state.metadata.get(name)
+        if not isinstance(raw, dict):
+            raw = state.metadata[name] = {"tokens": 0, "cost": 0.0, "calls": 0}
+        raw["tokens"] = s_tokens = raw["tokens"] + tokens  # in place: the state is this session's own
+        raw["cost"] = s_cost = raw["cost"] + cost
+        raw["calls"] = s_calls = raw["calls"] + 1
+        return r_tokens, r_cost, r_calls, s_tokens, s_cost, s_calls
+
+    def _annotate(self, ctx: RuntimeContext, ev: ModelCallEnd, tokens: int, cost: float,
+                  totals: tuple[int, float, int, int, float, int], user: Spend | None) -> ModelCallEnd:
+        """``ev`` with ``metadata[name]``: the call, the totals after it, the first limit crossed."""
+        r_tokens, r_cost, r_calls, s_tokens, s_cost, s_calls = totals
         if user is not None:
-            self._user_seen[ctx.user_id] = user
             u_tokens, u_cost, u_calls = user.tokens, user.cost, user.calls
         else:
             u_tokens, u_cost, u_calls = 0, 0.0, 0
@@ -356,7 +499,7 @@ class BudgetMiddleware(MiddlewareBase):
                 break
         # A copy: events are immutable, and an inner layer (a cache recording, an audit) may hold
         # this very object (`with_metadata`: model_copy's result, without its generic machinery).
-        return with_metadata(ev, {**ev.metadata, name: {
+        return with_metadata(ev, {**ev.metadata, self.name_key: {
             "call": {"tokens": tokens, "cost": cost, "estimated": ev.usage is None},
             "run": {"tokens": r_tokens, "cost": r_cost, "calls": r_calls},
             "session": {"tokens": s_tokens, "cost": s_cost, "calls": s_calls},
@@ -365,33 +508,193 @@ class BudgetMiddleware(MiddlewareBase):
         }})
 
 
+class _Metered(MapSource):
+    """A metered call's stream factory. Subscribing it reads no context of its own — the inner
+    stream was built by next() inside the hook and carries its own, and the budget's code uses
+    none — so the middleware chain adds no context wrapper (no context switch per event)."""
+
+    __slots__ = ("args",)
+
+    context_free = True
+
+    def __init__(self, args: tuple[Any, ...]) -> None:
+        self.args = args
+
+    def with_maps(self, maps: Maps) -> AsyncIterator[Any]:
+        budget, ctx, run, inner, model, price, est_tokens = self.args
+        if budget._sync:
+            return _SyncCall(budget, ctx, run, model, price, est_tokens).start(inner, maps)
+        it: AsyncIterator[Any] = budget._metered(ctx, run, inner, model, price, est_tokens)
+        return apply_maps(it, maps) if maps else it
+
+
+class _SyncCall:
+    """A metered call whose holds are all in this process (`BudgetMiddleware._sync`), at no
+    async layer of its own: the per-event work — counting the output, growing the hold, settling
+    it at the call's ModelCallEnd — is a map fused into the inner stream (`see`, run where the
+    model call's buffer is drained), and `_SyncCallIterator` hands on the inner stream's
+    awaitables. It steps in only to end a call cut short (`see` puts the first closing event in
+    place of the refused delta; the rest follow from `pending`), and `finish` settles what was
+    counted or releases the hold however the stream ended. (This object does not refer to the
+    iterator, which refers to it: no reference cycle, so both go as soon as the stream does.)"""
+
+    __slots__ = ("attempt", "budget", "chars", "ctx", "error", "est_tokens", "hold", "in_rate", "maps", "model",
+                 "out_held", "out_rate", "pending", "released", "run")
+
+    def __init__(self, budget: BudgetMiddleware, ctx: RuntimeContext, run: RunTotals, model: str,
+                 price: ModelPrice | None, est_tokens: int) -> None:
+        self.budget = budget
+        self.ctx = ctx
+        self.run = run
+        self.model = model
+        self.in_rate = 0.0 if price is None else price.input / 1_000_000
+        self.out_rate = 0.0 if price is None else price.output / 1_000_000
+        self.est_tokens = est_tokens
+        self.hold = CallHold(budget, ctx, run)
+        self.chars = 0  # output characters counted in the running attempt
+        self.out_held = 0  # output tokens its hold covers
+        self.attempt = False  # a ModelCallStart seen without its End: a model answered
+        self.released = OpenBrackets(top_only=True)  # what was let out: closed here if the call is cut short
+        self.pending: list[Any] | None = None  # the rest of a cut: closing events, then the refusal
+        self.error: BaseException | None = None  # ... or the refusal raised (on_exceeded="error")
+        self.maps: Maps = ()
+
+    def start(self, inner: EventStream[Any], maps: Maps) -> AsyncIterator[Any]:
+        """Take the hold (or refuse) and subscribe ``inner`` with ``see`` and ``maps`` fused."""
+        refused = self.hold.take_now(self.est_tokens, self.est_tokens * self.in_rate)
+        if refused is not None:
+            try:
+                events = self.budget._refusal(refused)
+            except BudgetExceeded as exc:
+                return EventStream.error(exc).__aiter__()
+            return apply_maps(iterate(events), maps) if maps else iterate(events)
+        stream = inner.map(self.see)
+        for fn in maps:
+            stream = stream.map(fn)
+        self.maps = maps
+        return _SyncCallIterator(stream.__aiter__(), self)
+
+    def see(self, ev: Any) -> Any:
+        cls = ev.__class__
+        if cls in _OUTPUT_DELTAS:
+            if ev.source is None:
+                self.chars = chars = self.chars + len(ev.delta)
+                need = -(-chars // 4) - self.out_held
+                if need > 0:
+                    refused = self.hold.take_now(need, need * self.out_rate, "stream")
+                    if refused is not None:
+                        return self._cut(ev, refused)
+                    self.out_held += need
+        elif cls in _BRACKETS and ev.source is None:
+            self.released.see(ev)
+            if cls is ModelCallStart:
+                self.attempt = True
+                if ev.model != self.model:  # a fallback (inside this layer) served this attempt
+                    self.model = ev.model
+                    price = self.budget.price(ev.model)
+                    self.out_rate = 0.0 if price is None else price.output / 1_000_000
+                if not self.hold.active:  # a retry's next attempt: the model has its input already
+                    self.hold.take_now(self.est_tokens, self.est_tokens * self.in_rate, force=True)
+                self.chars = self.out_held = 0
+            elif cls is _ModelCallEnd:
+                self.attempt = False
+                ev = self.budget.settle_now(self.ctx, self.run, self.hold, ev, ev.model or self.model,
+                                            self.est_tokens, self.chars)
+                self.chars = self.out_held = 0
+        return ev
+
+    def _cut(self, ev: Any, refused: dict[str, Any]) -> Any:
+        self.attempt = False
+        out = -(-(self.chars - len(ev.delta)) // 4)  # what was let out (not this delta)
+        closing = self.budget.cut_now(self.ctx, self.run, self.hold, self.released, self.est_tokens + out,
+                                      self.est_tokens * self.in_rate + out * self.out_rate, refused)
+        try:
+            stop: list[Any] = list(self.budget._refusal(refused))
+        except BudgetExceeded as exc:
+            stop, self.error = [], exc
+        self.pending = [*closing[1:], *stop]
+        return closing[0]  # (in the refused delta's place: the maps outside see it in order)
+
+    def finish(self) -> None:
+        hold = self.hold
+        if self.attempt:  # failed, cancelled or left by its consumer mid-call: what was counted was spent
+            self.attempt = False
+            out = -(-self.chars // 4)
+            tokens, cost = self.est_tokens + out, self.est_tokens * self.in_rate + out * self.out_rate
+            self.budget._charge(self.run, tokens, cost)
+            hold.drop_local()
+            hold.settle_user_now(tokens, cost)
+        elif hold.active or hold.id is not None:  # no model answered: nothing is charged
+            hold.release_now()
+
+
+class _SyncCallIterator:
+    """`_SyncCall`'s stream: the inner iterator's awaitables, handed on; after a cut, the rest of
+    it; on ``aclose`` (and when dropped unclosed), the call's `finish`."""
+
+    __slots__ = ("call", "it", "open")
+
+    def __init__(self, it: Any, call: _SyncCall) -> None:
+        self.it = it
+        self.call = call
+        self.open = True  # the inner stream, until a cut or aclose closes it
+
+    def __aiter__(self) -> _SyncCallIterator:
+        return self
+
+    def __anext__(self) -> Any:
+        if self.call.pending is None:
+            return self.it.__anext__()
+        return self._after_cut()
+
+    async def _after_cut(self) -> Any:
+        if self.open:
+            self.open = False
+            await aclose(self.it)  # the model request ends now
+        call = self.call
+        pending = call.pending
+        if pending:
+            ev = pending.pop(0)
+            for fn in call.maps:
+                ev = fn(ev)
+            return ev
+        error, call.error = call.error, None
+        if error is not None:
+            raise error
+        raise StopAsyncIteration
+
+    async def aclose(self) -> None:
+        try:
+            if self.open:
+                self.open = False
+                await aclose(self.it)
+        finally:
+            self.call.finish()
+
+    def __del__(self) -> None:
+        self.call.finish()
+
+
+def _info(scope: str, kind: str, limit: float, spent: float, held: float, estimate: float,
+          stage: str) -> dict[str, Any]:
+    """A refusal: ``stage`` ``"before"`` the call (its estimate did not fit) or ``"stream"`` (its
+    output grew past what fits: it is cut short)."""
+    unit = "tokens" if kind == "tokens" else "USD"
+    in_flight = f", {held:g} held by calls in flight" if held else ""
+    more = "this call ~" if stage == "before" else "this call's output ~"
+    cut = "" if stage == "before" else "; the call is cut short"
+    reason = (f"budget exceeded: {scope} {kind} limit {limit} {unit}; spent {spent:g}{in_flight}, "
+              f"{more}{estimate:g} more (estimated){cut}")
+    return {"scope": scope, "kind": kind, "limit": limit, "spent": spent, "held": held, "estimate": estimate,
+            "stage": stage, "reason": reason}
+
+
 def _exceeded(info: Mapping[str, Any]) -> BudgetExceeded:
     return BudgetExceeded(info["reason"], scope=info["scope"], kind=info["kind"], limit=info["limit"],
                           spent=info["spent"], estimate=info["estimate"])
 
 
-_MISSING: Any = object()
-_ModelCallEnd = ModelCallEnd  # (a module global: read per event by the fused map)
-
-
-def _measure(ev: ModelCallEnd, price: ModelPrice | None, est_tokens: int, est_cost: float) -> tuple[int, float]:
-    usage = ev.usage
-    if usage is None:  # unknown: count what the call was estimated to cost
-        return est_tokens, est_cost
-    cost = price.cost(usage) if price is not None else 0.0
-    return usage.input_tokens + usage.output_tokens, cost
-
-
-class _closing:
-    """``contextlib.aclosing`` for any async iterator (typed loosely: ours have ``aclose``)."""
-
-    def __init__(self, it: Any) -> None:
-        self.it = it
-
-    async def __aenter__(self) -> Any:
-        return self.it
-
-    async def __aexit__(self, *exc: object) -> None:
-        close = getattr(self.it, "aclose", None)
-        if close is not None:
-            await close()
+_ModelCallEnd = ModelCallEnd  # (a module global: read per event)
+_OUTPUT_DELTAS = frozenset({TextBlockDelta, ThinkingBlockDelta, ToolCallDelta})  # what a call's output counts
+_BRACKETS = BRACKET_TYPES  # (the Starts and Ends a cut closes; among them the call's own)
+_STEP = 64  # output tokens a hold grows by ahead of the reply, with a store across the network

@@ -1,13 +1,21 @@
 """Where `BudgetMiddleware` keeps per-user totals: in this process or in Redis.
 
-`Spend` is the totals of one scope; a `BudgetStore` holds them per user id. `InMemoryBudgetStore`
-also answers synchronously (``get_nowait``/``add_nowait``), which keeps an untriggered budget as
-cheap as a pass-through hook. A store that fails fails the call: a budget is never silently
-skipped.
+`Spend` is the totals of one scope; a `BudgetStore` holds them per user id, with the **holds** of
+the calls in flight: a call reserves its estimate before it starts (`BudgetStore.reserve`, which
+checks the limits against the spend *and* every other hold, and grants or refuses atomically),
+grows its hold as its output streams, and settles it when it ends (`BudgetStore.settle`: the hold
+goes, the call's actual usage is charged) or releases it (`BudgetStore.release`). A check that
+read the spend and added after the call let every call running at once pass; a hold makes each
+call count against the others from its start. `InMemoryBudgetStore` also answers synchronously
+(``*_nowait``): no await between the check and the hold. `RedisBudgetStore` checks and holds in
+one Lua script, so processes sharing a user never both take the last tokens; each hold there has a
+lease, so a process that dies with calls in flight does not keep their holds for ever. A store
+that fails fails the call: a budget is never silently skipped.
 """
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
@@ -18,7 +26,7 @@ if TYPE_CHECKING:
     from .._context import RuntimeContext
     from .budget import BudgetMiddleware
 
-__all__ = ["BudgetStore", "InMemoryBudgetStore", "RedisBudgetStore", "RunTotals", "Spend"]
+__all__ = ["BudgetStore", "InMemoryBudgetStore", "RedisBudgetStore", "Reservation", "RunTotals", "Spend", "new_hold_id"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,11 +65,14 @@ ZERO = Spend()  # (immutable: one instance serves every fresh total)
 
 
 class RunTotals(Mapping[str, Spend]):
-    """One execution's totals, kept in its `RuntimeContext` and grown in place at each call's
-    ModelCallEnd; as a read-only mapping (what `AgentRun.metrics` ``[name]`` shows), the
+    """One execution's totals (a tree's: its sub-agents share the root run's), kept in its
+    `RuntimeContext` and grown in place at each call's ModelCallEnd, with ``held_tokens`` /
+    ``held_cost``, the holds of the tree's calls in flight (which count against the run's and the
+    root session's limits: a session runs one execution at a time, so its calls in flight are this
+    tree's); as a read-only mapping (what `AgentRun.metrics` ``[name]`` shows), the
     ``{"run", "session", "user"}`` `Spend` of `BudgetMiddleware.spent`, read when asked."""
 
-    __slots__ = ("_budget", "_ctx", "calls", "cost", "tokens")
+    __slots__ = ("_budget", "_ctx", "calls", "cost", "held_cost", "held_tokens", "holds", "tokens")
 
     def __init__(self, budget: BudgetMiddleware, ctx: RuntimeContext) -> None:
         self._budget = budget
@@ -69,6 +80,9 @@ class RunTotals(Mapping[str, Spend]):
         self.tokens = 0
         self.cost = 0.0
         self.calls = 0
+        self.held_tokens = 0
+        self.held_cost = 0.0
+        self.holds = 0  # calls in flight holding here
 
     def spend(self) -> Spend:
         """The run's totals."""
@@ -94,12 +108,42 @@ class RunTotals(Mapping[str, Spend]):
         return f"RunTotals({dict(self)!r})"
 
 
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    """What `BudgetStore.reserve` answers: ``granted`` (the hold was taken or grown), the user's
+    settled ``spent``, and ``held_tokens`` / ``held_cost`` held by the user's calls in flight
+    before this request (this call's own earlier hold included)."""
+
+    granted: bool
+    spent: Spend
+    held_tokens: int = 0
+    held_cost: float = 0.0
+
+
+def new_hold_id() -> str:
+    """A hold's id, unique across processes (holds of one user from several hosts share a key)."""
+    return uuid.uuid4().hex
+
+
 class BudgetStore(Protocol):
-    """Per-user totals; ``add`` is atomic and returns the new totals."""
+    """Per-user totals and the holds of the calls in flight.
+
+    ``reserve(user_id, hold_id, tokens, cost, max_tokens, max_cost)``: grant (and add ``tokens`` /
+    ``cost`` to the hold ``hold_id``, made on first use) only if the spend plus every hold plus
+    the request stays within ``max_tokens`` / ``max_cost`` (None: no limit) — one atomic step.
+    ``settle``: drop the hold and charge the call's actual usage (one call more); ``release``:
+    drop the hold and charge nothing. ``add`` charges without a hold; every method is atomic."""
 
     async def get(self, user_id: str) -> Spend: ...
 
     async def add(self, user_id: str, tokens: int, cost: float) -> Spend: ...
+
+    async def reserve(self, user_id: str, hold_id: str, tokens: int, cost: float,
+                      max_tokens: float | None, max_cost: float | None) -> Reservation: ...
+
+    async def settle(self, user_id: str, hold_id: str, tokens: int, cost: float) -> Spend: ...
+
+    async def release(self, user_id: str, hold_id: str) -> None: ...
 
 
 class InMemoryBudgetStore:
@@ -109,6 +153,8 @@ class InMemoryBudgetStore:
 
     def __init__(self) -> None:
         self._users: dict[str, Spend] = {}
+        self._holds: dict[str, dict[str, list[Any]]] = {}  # user -> hold id -> [tokens, cost]
+        self._held: dict[str, list[Any]] = {}  # user -> [tokens, cost], the sum of its holds
 
     def get_nowait(self, user_id: str) -> Spend:
         return self._users.get(user_id) or ZERO
@@ -117,11 +163,61 @@ class InMemoryBudgetStore:
         spend = self._users[user_id] = self.get_nowait(user_id).plus(tokens, cost)
         return spend
 
+    def held_nowait(self, user_id: str) -> tuple[int, float]:
+        """What the user's calls in flight hold: (tokens, cost)."""
+        held = self._held.get(user_id)
+        return (0, 0.0) if held is None else (held[0], held[1])
+
+    def reserve_nowait(self, user_id: str, hold_id: str, tokens: int, cost: float,
+                       max_tokens: float | None, max_cost: float | None) -> Reservation:
+        spent = self.get_nowait(user_id)
+        held = self._held.get(user_id)
+        h_tokens, h_cost = (0, 0.0) if held is None else (held[0], held[1])
+        if ((max_tokens is not None and spent.tokens + h_tokens + tokens > max_tokens)
+                or (max_cost is not None and spent.cost + h_cost + cost > max_cost)):
+            return Reservation(False, spent, h_tokens, h_cost)
+        if held is None:
+            held = self._held[user_id] = [0, 0.0]
+        held[0] += tokens
+        held[1] += cost
+        hold = self._holds.setdefault(user_id, {}).setdefault(hold_id, [0, 0.0])
+        hold[0] += tokens
+        hold[1] += cost
+        return Reservation(True, spent, h_tokens, h_cost)
+
+    def release_nowait(self, user_id: str, hold_id: str) -> None:
+        holds = self._holds.get(user_id)
+        hold = None if holds is None else holds.pop(hold_id, None)
+        if hold is None:
+            return
+        held = self._held[user_id]
+        held[0] -= hold[0]
+        held[1] -= hold[1]
+        if not holds:  # no call in flight: nothing kept for the user (float sums start over at 0)
+            del self._holds[user_id], self._held[user_id]
+
+    def settle_nowait(self, user_id: str, hold_id: str, tokens: int, cost: float) -> Spend:
+        self.release_nowait(user_id, hold_id)
+        return self.add_nowait(user_id, tokens, cost)
+
     async def get(self, user_id: str) -> Spend:
         return self.get_nowait(user_id)
 
     async def add(self, user_id: str, tokens: int, cost: float) -> Spend:
         return self.add_nowait(user_id, tokens, cost)
+
+    async def held(self, user_id: str) -> tuple[int, float]:
+        return self.held_nowait(user_id)
+
+    async def reserve(self, user_id: str, hold_id: str, tokens: int, cost: float,
+                      max_tokens: float | None, max_cost: float | None) -> Reservation:
+        return self.reserve_nowait(user_id, hold_id, tokens, cost, max_tokens, max_cost)
+
+    async def settle(self, user_id: str, hold_id: str, tokens: int, cost: float) -> Spend:
+        return self.settle_nowait(user_id, hold_id, tokens, cost)
+
+    async def release(self, user_id: str, hold_id: str) -> None:
+        self.release_nowait(user_id, hold_id)
 
     def reset(self, user_id: str | None = None) -> None:
         if user_id is None:
@@ -130,21 +226,82 @@ class InMemoryBudgetStore:
             self._users.pop(user_id, None)
 
 
+# KEYS[1]: the user's hash: "tokens", "cost", "calls" (settled) and one "hold:<id>" field per call
+# in flight, "<tokens> <cost> <lease end, ms>". ARGV: hold id, tokens, cost, max tokens, max cost
+# ("" = no limit), lease (ms). Expired holds (a process that died mid-call) are dropped as they are
+# met. Time is the Redis server's, so the hosts' clocks need not agree. Numbers go back as strings
+# (Redis would truncate Lua numbers to integers).
+_RESERVE = """
+local key = KEYS[1]
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local mine = 'hold:' .. ARGV[1]
+local fields = redis.call('HGETALL', key)
+local spent_t, spent_c, held_t, held_c, mine_t, mine_c = 0, 0, 0, 0, 0, 0
+for i = 1, #fields, 2 do
+  local f, v = fields[i], fields[i + 1]
+  if f == 'tokens' then
+    spent_t = tonumber(v)
+  elseif f == 'cost' then
+    spent_c = tonumber(v)
+  elseif string.sub(f, 1, 5) == 'hold:' then
+    local ht, hc, ends = string.match(v, '^(%S+) (%S+) (%S+)$')
+    if tonumber(ends) <= now then
+      redis.call('HDEL', key, f)
+    else
+      if f == mine then
+        mine_t, mine_c = tonumber(ht), tonumber(hc)
+      end
+      held_t, held_c = held_t + tonumber(ht), held_c + tonumber(hc)
+    end
+  end
+end
+local add_t, add_c = tonumber(ARGV[2]), tonumber(ARGV[3])
+local granted = 1
+if ARGV[4] ~= '' and spent_t + held_t + add_t > tonumber(ARGV[4]) then
+  granted = 0
+end
+if ARGV[5] ~= '' and spent_c + held_c + add_c > tonumber(ARGV[5]) then
+  granted = 0
+end
+if granted == 1 then
+  redis.call('HSET', key, mine, string.format('%d %.17g %d', mine_t + add_t, mine_c + add_c, now + tonumber(ARGV[6])))
+end
+return {granted, string.format('%d', spent_t), string.format('%.17g', spent_c), string.format('%d', held_t),
+        string.format('%.17g', held_c)}
+"""
+
+
 class RedisBudgetStore:
-    """Per-user totals in Redis: a hash ``{prefix}:{user_id}`` (``tokens``, ``cost``, ``calls``)
-    grown with HINCRBY/HINCRBYFLOAT in one MULTI, so concurrent processes never lose an add."""
+    """Per-user totals in Redis: a hash ``{prefix}:{user_id}`` — ``tokens``, ``cost``, ``calls``
+    (settled, grown with HINCRBY/HINCRBYFLOAT in one MULTI, so concurrent processes never lose an
+    add) and a ``hold:<id>`` field per call in flight, checked and taken by one Lua script.
+
+    ``lease``: seconds a hold lives after its last growth; a process that dies mid-call leaves its
+    hold behind until then (a hold is renewed each time the call's output grows it)."""
 
     sync = False
 
     def __init__(self, url: str = "redis://localhost:6379/0", *, prefix: str = "agentscope:budget",
-                 socket_timeout: float = 5.0) -> None:
+                 socket_timeout: float = 5.0, lease: float = 600.0) -> None:
+        if isinstance(lease, bool) or not isinstance(lease, int | float) or not lease > 0:
+            raise ValueError(f"lease must be a number of seconds > 0, got {lease!r}")
         self.url = url
         self.prefix = prefix
         self.socket_timeout = socket_timeout
+        self.lease = lease
         self._clients = LoopClients(url, socket_timeout)
+        self._scripts: dict[int, Any] = {}  # id(client) -> its registered reserve script
 
     def _client(self) -> Any:
         return self._clients.get()
+
+    def _reserve_script(self) -> Any:
+        client = self._client()
+        script = self._scripts.get(id(client))
+        if script is None:
+            script = self._scripts[id(client)] = client.register_script(_RESERVE)
+        return script
 
     async def get(self, user_id: str) -> Spend:
         tokens, cost, calls = await self._client().hmget(f"{self.prefix}:{user_id}", "tokens", "cost", "calls")
@@ -157,5 +314,36 @@ class RedisBudgetStore:
             new_tokens, new_cost, new_calls = await pipe.execute()
         return Spend(int(new_tokens), float(new_cost), int(new_calls))
 
+    async def held(self, user_id: str) -> tuple[int, float]:
+        """What the user's calls in flight hold (expired holds included until a reserve drops them)."""
+        fields = await self._client().hgetall(f"{self.prefix}:{user_id}")
+        tokens, cost = 0, 0.0
+        for field, value in fields.items():
+            if field.startswith(b"hold:"):
+                h_tokens, h_cost, _ = value.split()
+                tokens += int(h_tokens)
+                cost += float(h_cost)
+        return tokens, cost
+
+    async def reserve(self, user_id: str, hold_id: str, tokens: int, cost: float,
+                      max_tokens: float | None, max_cost: float | None) -> Reservation:
+        args = [hold_id, str(int(tokens)), repr(float(cost)), "" if max_tokens is None else repr(max_tokens),
+                "" if max_cost is None else repr(float(max_cost)), str(max(1, round(self.lease * 1000)))]
+        granted, s_tokens, s_cost, h_tokens, h_cost = await self._reserve_script()(
+            keys=[f"{self.prefix}:{user_id}"], args=args)
+        return Reservation(bool(int(granted)), Spend(int(s_tokens), float(s_cost)), int(h_tokens), float(h_cost))
+
+    async def settle(self, user_id: str, hold_id: str, tokens: int, cost: float) -> Spend:
+        key = f"{self.prefix}:{user_id}"
+        async with self._client().pipeline(transaction=True) as pipe:
+            pipe.hdel(key, f"hold:{hold_id}")
+            pipe.hincrby(key, "tokens", tokens).hincrbyfloat(key, "cost", cost).hincrby(key, "calls", 1)
+            _, new_tokens, new_cost, new_calls = await pipe.execute()
+        return Spend(int(new_tokens), float(new_cost), int(new_calls))
+
+    async def release(self, user_id: str, hold_id: str) -> None:
+        await self._client().hdel(f"{self.prefix}:{user_id}", f"hold:{hold_id}")
+
     async def close(self) -> None:
+        self._scripts.clear()  # (registered again on demand: registering makes no round trip)
         await self._clients.close()

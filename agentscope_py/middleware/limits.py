@@ -7,6 +7,10 @@
 * `ModelCallLimitMiddleware` / `ToolCallLimitMiddleware` (LangChain v1's, with its parameter
   names): ``run_limit`` calls per execution, ``session_limit`` (alias ``thread_limit``) per session,
   counted in ``AgentState.metadata["call_limits"]`` so the count survives restarts with a store.
+  What ``run_limit`` counts is ``scope``: ``"run"`` (the default) each agent's execution on its
+  own — a sub-agent that inherits the middleware (`agent.as_tool`) gets a count of its own per
+  call —, ``"tree"`` the root execution and every sub-agent run under it, in one count (checked
+  and counted in one step, so parallel sub-agents never pass it together).
   ``exit_behavior``: ``"end"`` (a `RequestStop`; the run ends with MIDDLEWARE_STOP_REQUESTED and
   the model never sees the reason), ``"error"`` (`CallLimitExceeded`, a `MiddlewareTermination`)
   or, for tools, ``"continue"`` (only the calls over the limit get an error result the model
@@ -168,6 +172,7 @@ class _RunCount:
 
 
 ExitBehavior = Literal["end", "error", "continue"]
+LimitScope = Literal["run", "tree"]
 
 
 class _CallLimit(MiddlewareBase):
@@ -176,7 +181,7 @@ class _CallLimit(MiddlewareBase):
     behaviours: tuple[str, ...] = ()
 
     def __init__(self, run_limit: int | None, session_limit: int | None, thread_limit: int | None,
-                 exit_behavior: str, state_key: str) -> None:
+                 exit_behavior: str, state_key: str, scope: str = "run") -> None:
         if thread_limit is not None:
             if session_limit is not None:
                 raise ValueError("give session_limit or thread_limit (LangChain's name for it), not both")
@@ -189,7 +194,11 @@ class _CallLimit(MiddlewareBase):
         if exit_behavior not in self.behaviours:
             raise ValueError(f"exit_behavior must be one of {', '.join(map(repr, self.behaviours))}, "
                              f"not {exit_behavior!r}")
+        if scope not in ("run", "tree"):
+            raise ValueError(f'scope must be "run" (run_limit per agent execution) or "tree" (the root execution '
+                             f'and its sub-agents together), not {scope!r}')
         self.run_limit, self.session_limit = run_limit, session_limit
+        self.scope = scope
         self.exit_behavior = exit_behavior
         self.state_key = state_key
         self._run_key = object()  # this instance's per-execution counter in the RuntimeContext
@@ -202,6 +211,11 @@ class _CallLimit(MiddlewareBase):
     def on_agent_state_ready(
         self, agent: ReActAgent, ctx: RuntimeContext, state: AgentState, input_messages: list[Msg]
     ) -> None:
+        if self.scope == "tree" and ctx.parent is not None:
+            shared = ctx.parent.get(self._run_key)
+            if type(shared) is _RunCount:  # a sub-agent's run: its calls count in its root's
+                ctx.put(self._run_key, shared)
+                return
         ctx.put(self._run_key, _RunCount())  # once per execution: the run count starts at 0
 
     def session_count(self, state: AgentState | None) -> int:
@@ -213,7 +227,7 @@ class _CallLimit(MiddlewareBase):
         left, scope, limit = math.inf, "", 0
         if self.run_limit is not None:
             run = ctx.get(self._run_key)
-            left, scope, limit = self.run_limit - (run.n if run is not None else 0), "run", self.run_limit
+            left, scope, limit = self.run_limit - (run.n if run is not None else 0), self.scope, self.run_limit
         if self.session_limit is not None:
             s_left = self.session_limit - self.session_count(ctx.agent_state)
             if s_left < left:
@@ -233,13 +247,14 @@ class _CallLimit(MiddlewareBase):
             counts[self.state_key] = int(counts.get(self.state_key, 0)) + n
 
     def _message(self, scope: str, limit: int, what: str) -> str:
-        per = "run" if scope == "run" else "session"
+        per = {"run": "run", "tree": "run, its sub-agents included"}.get(scope, "session")
         return f"{what} limit reached: at most {limit} per {per}"
 
 
 class ModelCallLimitMiddleware(_CallLimit):
     """Limits model calls per run (``run_limit``) and per session (``session_limit`` /
-    ``thread_limit``). ``exit_behavior``: ``"end"`` (default) or ``"error"``."""
+    ``thread_limit``). ``exit_behavior``: ``"end"`` (default) or ``"error"``. ``scope``: what
+    ``run_limit`` counts — ``"run"`` each execution, ``"tree"`` a root's and its sub-agents'."""
 
     kind = "model"
     point = ExtensionPoint.ON_MODEL_CALL
@@ -253,8 +268,9 @@ class ModelCallLimitMiddleware(_CallLimit):
         thread_limit: int | None = None,
         exit_behavior: Literal["end", "error"] = "end",
         state_key: str = "model",
+        scope: LimitScope = "run",
     ) -> None:
-        super().__init__(run_limit, session_limit, thread_limit, exit_behavior, state_key)
+        super().__init__(run_limit, session_limit, thread_limit, exit_behavior, state_key, scope)
 
     def on_model_call(self, agent: ReActAgent, ctx: RuntimeContext, input: ModelCallInput, next: Next) -> Any:
         inner = next(input)
@@ -275,7 +291,9 @@ class ToolCallLimitMiddleware(_CallLimit):
     """Limits tool calls — all of them, or those of ``tool_name`` — per run and per session.
     ``exit_behavior``: ``"continue"`` (default: the calls over the limit get an error result, the
     others run), ``"end"`` (the same, then the run stops) or ``"error"`` (no call of the batch
-    runs; `CallLimitExceeded` ends the run and every call of the batch gets an error result)."""
+    runs; `CallLimitExceeded` ends the run and every call of the batch gets an error result).
+    ``scope``: what ``run_limit`` counts — ``"run"`` each execution, ``"tree"`` a root's and its
+    sub-agents' (a call of a sub-agent tool counts too)."""
 
     kind = "tool"
     point = ExtensionPoint.ON_ACTING
@@ -290,9 +308,10 @@ class ToolCallLimitMiddleware(_CallLimit):
         thread_limit: int | None = None,
         exit_behavior: ExitBehavior = "continue",
         state_key: str | None = None,
+        scope: LimitScope = "run",
     ) -> None:
         super().__init__(run_limit, session_limit, thread_limit, exit_behavior,
-                         state_key or f"tool:{tool_name or '*'}")
+                         state_key or f"tool:{tool_name or '*'}", scope)
         self.tool_name = tool_name
 
     def on_acting(self, agent: ReActAgent, ctx: RuntimeContext, input: ActingInput, next: Next) -> Any:

@@ -203,17 +203,20 @@ async def test_concat_summarizer_bounds_its_length() -> None:
 async def test_with_budget_the_compressed_request_fits() -> None:
     # Each answer is long; the budget's estimate of the third request is over its limit unless
     # the older answers were compressed first (compression at on_reasoning, the budget inside it).
+    # The second run (one answer in, one out, ~1,010 tokens with its output counted) fits; the
+    # third's request (two answers and a long question, ~1,200) does not.
     long = "word " * 400  # ~500 estimated tokens
     steps = [ModelStep.text(long), ModelStep.text(long), ModelStep.text("short")]
+    q3 = "q3 " + "x" * 800
 
     def run(*mws: Any) -> tuple[ReActAgent, ScriptedModel]:
         return _agent(list(steps), *mws)
 
-    budget = BudgetMiddleware(session_tokens=100_000, run_tokens=700)
-    plain, _ = run(BudgetMiddleware(session_tokens=100_000, run_tokens=700))
+    budget = BudgetMiddleware(session_tokens=100_000, run_tokens=1100)
+    plain, _ = run(BudgetMiddleware(session_tokens=100_000, run_tokens=1100))
     await plain.call("q1")
-    await plain.call("q2")
-    refused = await plain.call("q3")
+    assert (await plain.call("q2")).text == long
+    refused = await plain.call(q3)
     assert refused.generate_reason is GenerateReason.MIDDLEWARE_STOP_REQUESTED
 
     squeezed = ContextCompressionMiddleware(ConcatSummarizer(per_message_chars=40), trigger_tokens=600,
@@ -221,6 +224,6 @@ async def test_with_budget_the_compressed_request_fits() -> None:
     agent, model = run(squeezed, budget)
     await agent.call("q1")
     await agent.call("q2")
-    final = await agent.call("q3")
+    final = await agent.call(q3)
     assert final.text == "short"
     assert model.requests[2].messages[1].name == "summary"

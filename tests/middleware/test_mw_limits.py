@@ -7,8 +7,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import Counter
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from conftest import types
@@ -26,7 +27,7 @@ from agentscope_py import (
 )
 from agentscope_py.agent import InMemoryStateStore, SqliteStateStore
 from agentscope_py.errors import MiddlewareTermination, RateLimitExceeded
-from agentscope_py.events import MiddlewareCompleted, MiddlewareStarted
+from agentscope_py.events import MiddlewareCompleted, MiddlewareStarted, RequestStop, ToolResultTextDelta
 from agentscope_py.middleware import (
     CallLimitExceeded,
     ConcurrencyLimitMiddleware,
@@ -34,6 +35,7 @@ from agentscope_py.middleware import (
     RateLimitMiddleware,
     ToolCallLimitMiddleware,
 )
+from agentscope_py.model.base import ChatChunk, ModelRequest, ToolCallChunk
 from agentscope_py.stream import EventStream
 
 P = ExtensionPoint
@@ -434,3 +436,83 @@ async def test_traced_brackets_stay_balanced_when_a_limit_trips() -> None:
     assert started == completed and started[("ModelCallLimitMiddleware", "ON_MODEL_CALL")] == 2
     assert events[-2].result.generate_reason is GenerateReason.MIDDLEWARE_STOP_REQUESTED
     assert balance(events) == Counter()
+
+
+# -- run_limit over a tree of sub-agents (scope) ----------------------------------------------------
+
+
+class Worker:
+    """A sub-agent's model: a call of ``add`` first, then (with its result in) an answer; counts
+    its calls. Decides by the request, so parallel runs of one sub-agent each get both steps."""
+
+    name = "worker"
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[ChatChunk]:
+        self.calls += 1
+        await asyncio.sleep(0)  # the sub-agents in flight interleave
+        if request.messages[-1].tool_results:
+            yield ChatChunk(text="added")
+        else:
+            yield ChatChunk(tool_call=ToolCallChunk(index=0, id=f"w{self.calls}", name="add",
+                                                    arguments='{"a": 1, "b": 2}'))
+
+
+def tree_of(n: int, *root_mws: MiddlewareBase) -> tuple[ReActAgent, ScriptedModel, Worker]:
+    worker = Worker()
+    sub = ReActAgent.builder().name("sub").model(worker).tools(add).build()
+    calls = [ToolUseBlock(id=f"s{i}", name="sub", input={"task": "add"}) for i in range(n)]
+    root_model = ScriptedModel([ModelStep(tool_calls=calls), ModelStep.text("all done")])
+    root = (ReActAgent.builder().name("root").model(root_model).tools(sub.as_tool(session="fresh"))
+            .middlewares(list(root_mws)).build())
+    return root, root_model, worker
+
+
+async def test_run_limit_counts_each_agent_run_by_default_so_a_tree_makes_more_calls() -> None:
+    root, root_model, worker = tree_of(5, ModelCallLimitMiddleware(run_limit=3))
+    msg = await root.call("go")
+    assert msg.text == "all done"
+    # Each run (the root's and each sub-agent's, inheriting the middleware) may make 3 calls.
+    assert (len(root_model.requests), worker.calls) == (2, 10)
+
+
+@pytest.mark.parametrize("n", [4, 20])
+async def test_model_call_limit_scope_tree_counts_the_root_and_its_parallel_sub_agents_together(n: int) -> None:
+    limit = ModelCallLimitMiddleware(run_limit=3, scope="tree")
+    root, root_model, worker = tree_of(n, limit)
+    events = await root.stream("go").to_list()
+    assert len(root_model.requests) + worker.calls == 3  # the root's first call and two of the sub-agents'
+    stops = [e.reason for e in events if isinstance(e, RequestStop)]
+    assert stops[-1] == "model call limit reached: at most 3 per run, its sub-agents included"
+    assert events[-2].result.generate_reason is GenerateReason.MIDDLEWARE_STOP_REQUESTED
+    assert balance(events) == Counter()
+
+
+async def test_model_call_limit_scope_tree_errors_say_the_scope() -> None:
+    root, _, _ = tree_of(2, ModelCallLimitMiddleware(run_limit=1, scope="tree", exit_behavior="error"))
+    with pytest.raises(CallLimitExceeded) as caught:
+        await root.call("go")
+    assert (caught.value.kind, caught.value.scope, caught.value.limit) == ("model", "tree", 1)
+
+
+@pytest.mark.parametrize("n", [4, 20])
+async def test_tool_call_limit_scope_tree_counts_sub_agent_tool_calls_in_the_roots_count(n: int) -> None:
+    # n calls of the sub-agent tool (the root's) are within n + 1; of the n sub-agents' own calls of
+    # add, running in parallel, exactly one more fits.
+    limit = ToolCallLimitMiddleware(run_limit=n + 1, scope="tree")
+    root, _, worker = tree_of(n, limit)
+    events = await root.stream("go").to_list()
+    assert calls_made == ["add"] and worker.calls == 2 * n
+    blocked = [e for e in events if isinstance(e, ToolResultTextDelta)
+               and e.delta.startswith("Error: tool call limit reached: at most")]
+    assert len(blocked) == n - 1 and all(e.source == "root/sub" for e in blocked)
+    assert "per run, its sub-agents included" in blocked[0].delta
+
+
+def test_scope_must_be_run_or_tree() -> None:
+    with pytest.raises(ValueError, match='scope must be "run"'):
+        ModelCallLimitMiddleware(run_limit=1, scope=cast(Any, "session"))
+    with pytest.raises(ValueError, match='scope must be "run"'):
+        ToolCallLimitMiddleware(run_limit=1, scope=cast(Any, "global"))

@@ -74,8 +74,9 @@ async def test_one_budget_for_the_tree_shares_the_roots_run_and_session_totals()
 
 
 async def test_a_budget_exceeded_in_the_sub_agent_is_its_calls_error_result_and_stops_the_tree() -> None:
-    # 11 + 110 tokens fit; the child's second call (~estimate) does not: the child stops, its
-    # call is an error result, and the root's next call is refused by the same budget.
+    # 11 + 110 tokens fit; the leaf's reply would take the tree past 130: it is cut short there,
+    # the child's next call (~estimate) does not fit: the child stops, its call is an error
+    # result, and the root's next call is refused by the same budget.
     budget = BudgetMiddleware(run_tokens=130)
     root = tree(root_mws=[budget])
     events = await root.stream("go").to_list()
@@ -84,7 +85,8 @@ async def test_a_budget_exceeded_in_the_sub_agent_is_its_calls_error_result_and_
     result = next(e for e in events if e.type == "tool_result_text_delta" and e.source is None)
     assert result.delta.startswith("Error: BudgetExceeded: sub-agent child: budget exceeded: run tokens limit 130")
     refusals = [e for e in events if type(e) is Custom and e.name == "budget_exceeded"]
-    assert [e.source for e in refusals] == ["root/child", None]  # the child's, then the root's own
+    assert [e.source for e in refusals] == ["root/child/leaf", "root/child", None]  # the leaf's, the child's, the root's
+    assert [e.value["stage"] for e in refusals] == ["stream", "before", "before"]
     final = events[-2].result
     assert final.generate_reason is GenerateReason.MIDDLEWARE_STOP_REQUESTED
 
