@@ -44,6 +44,7 @@ __all__ = [
     "ModelTimeoutError",
     "OllamaChatModel",
     "OpenAIChatModel",
+    "OpenAIResponsesModel",
     "OverloadedError",
     "RateLimitError",
     "RecordingModel",
@@ -59,6 +60,7 @@ __all__ = [
 _LAZY = {
     "Http1Transport": "_transport",
     "OpenAIChatModel": "openai",
+    "OpenAIResponsesModel": "openai_responses",
     "AnthropicChatModel": "anthropic",
     "OllamaChatModel": "ollama",
 }
