@@ -428,8 +428,10 @@ def _assistant(msg: Msg) -> list[dict[str, Any]]:
     text: list[str] = []
 
     def flush() -> None:
+        # ``type`` is optional for OpenAI but not for llama.cpp's server, which reads an assistant
+        # item without it as nothing it knows ("Cannot determine type of 'item'").
         if text:
-            out.append({"role": "assistant", "content": "".join(text)})
+            out.append({"type": "message", "role": "assistant", "content": "".join(text)})
             text.clear()
 
     for block in msg.content:

@@ -200,6 +200,9 @@ def _item(at: str, item: Any, calls: set[str], body: dict[str, Any]) -> list[str
     out = [f"{at}.{k}: null is not allowed" for k, v in item.items() if v is None]
     kind = item.get("type", "message")
     if kind == "message":
+        if item.get("role") == "assistant" and item.get("type") != "message":
+            out.append(f"{at}.type: an assistant message needs type 'message' (llama.cpp's server cannot place "
+                       f"it otherwise)")
         if item.get("role") not in _ROLES:
             out.append(f"{at}.role: one of {_ROLES}")
         content = item.get("content")

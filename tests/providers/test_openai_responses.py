@@ -216,7 +216,7 @@ async def test_agent_tool_round_sends_outputs_and_reasoning_back(rserver: Respon
     # The reasoning item lives in the conversation, so the next turn of the session sends it too.
     await agent.call("Thanks!")
     third = rserver.bodies[2]["input"]
-    assert third[:7] == second and third[7:] == [{"role": "assistant", "content": "Sunny in both."},
+    assert third[:7] == second and third[7:] == [{"type": "message", "role": "assistant", "content": "Sunny in both."},
                                                  {"role": "user", "content": "Thanks!"}]
 
 
@@ -233,7 +233,7 @@ def test_input_conversion_round_trips_blocks() -> None:
     ]
     assert to_responses_input(msgs) == [
         {"role": "user", "content": "q"},
-        {"role": "assistant", "content": "let me"},
+        {"type": "message", "role": "assistant", "content": "let me"},
         {"type": "reasoning", "id": "rs_9", "encrypted_content": "e", "summary": []},
         {"type": "function_call", "call_id": "c1", "name": "f", "arguments": '{"a": 1}'},
         {"type": "function_call_output", "call_id": "c1", "output": "done"},
