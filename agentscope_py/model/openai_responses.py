@@ -232,7 +232,7 @@ class _EventReader:
     read, once. A finished reasoning item becomes the signature of its thinking block (one JSON
     line per item), which is what `to_responses_input` sends back."""
 
-    __slots__ = ("called", "done", "model", "owner", "streamed", "summary", "whole")
+    __slots__ = ("called", "done", "items", "last", "model", "owner", "streamed", "summary", "whole")
 
     def __init__(self, owner: OpenAIResponsesModel | None = None) -> None:
         self.done = False
@@ -243,6 +243,8 @@ class _EventReader:
         # output_index → what was streamed of that item ("args", "text", a summary index, …)
         self.streamed: dict[int, set[str]] = {}
         self.summary: dict[int, int] = {}  # output_index → the last summary part streamed
+        self.items: dict[str, int] = {}  # item id → index, for events without output_index
+        self.last = 0
 
     def read(self, sse: SSEvent) -> list[ChatChunk]:
         payload = sse.json(PROVIDER)
@@ -257,7 +259,7 @@ class _EventReader:
             delta = payload.get("delta")
             self._mark(payload, "args")
             if isinstance(delta, str) and delta:
-                return [ChatChunk(tool_call=ToolCallChunk(index=int(payload.get("output_index", 0)), arguments=delta))]
+                return [ChatChunk(tool_call=ToolCallChunk(index=self._index(payload), arguments=delta))]
             return []
         if kind in ("response.reasoning_summary_text.delta", "response.reasoning_text.delta"):
             return self._thinking(payload)
@@ -287,8 +289,22 @@ class _EventReader:
             raise error_from_body(payload, provider=PROVIDER)
         return []  # content parts, done markers, built-in tools' progress: nothing for us
 
+    def _index(self, payload: Mapping[str, Any]) -> int:
+        """The output item an event is about: its ``output_index``, or, from a server that sends
+        none (llama.cpp's), the item's place in order of first mention by id."""
+        index = payload.get("output_index")
+        if index is not None:
+            return int(index)
+        item_id = payload.get("item_id") or (payload.get("item") or {}).get("id")
+        if not isinstance(item_id, str):
+            return self.last
+        if item_id not in self.items:
+            self.items[item_id] = len(self.items)
+        self.last = self.items[item_id]
+        return self.last
+
     def _mark(self, payload: Mapping[str, Any], what: str) -> None:
-        self.streamed.setdefault(int(payload.get("output_index", 0)), set()).add(what)
+        self.streamed.setdefault(self._index(payload), set()).add(what)
 
     def _seen(self, index: int, what: str) -> bool:
         return what in self.streamed.get(index, ())
@@ -300,7 +316,7 @@ class _EventReader:
 
     def _thinking(self, payload: Mapping[str, Any]) -> list[ChatChunk]:
         delta = payload.get("delta")
-        index = int(payload.get("output_index", 0))
+        index = self._index(payload)
         self._mark(payload, "thinking")
         if not isinstance(delta, str) or not delta:
             return []
@@ -314,14 +330,14 @@ class _EventReader:
 
     def _whole_text(self, payload: Mapping[str, Any], field: str) -> list[ChatChunk]:
         text = payload.get(field)
-        index = int(payload.get("output_index", 0))
+        index = self._index(payload)
         if self._seen(index, "text") or not isinstance(text, str) or not text:
             return []
         self._mark(payload, "text")
         return [text_chunk(text)]
 
     def _whole_arguments(self, payload: Mapping[str, Any]) -> list[ChatChunk]:
-        index = int(payload.get("output_index", 0))
+        index = self._index(payload)
         arguments = payload.get("arguments")
         if self._seen(index, "args") or not isinstance(arguments, str) or not arguments:
             return []
@@ -330,7 +346,7 @@ class _EventReader:
 
     def _item(self, payload: Mapping[str, Any], *, added: bool) -> list[ChatChunk]:
         item = payload.get("item") or {}
-        index = int(payload.get("output_index", 0))
+        index = self._index(payload)
         kind = item.get("type")
         out: list[ChatChunk] = []
         if kind == "function_call":

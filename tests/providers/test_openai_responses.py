@@ -319,3 +319,23 @@ async def test_an_injected_client_does_not_retry(rserver: ResponsesServer) -> No
     finally:
         await model.aclose()
     assert len(rserver.requests) == 1
+
+
+async def test_events_without_output_index_are_told_apart_by_item_id(rserver: ResponsesServer, make: Any) -> None:
+    # llama.cpp's server sends neither output_index nor sequence_number.
+    stream = ResponseStream().call("call_1", "get_weather", '{"city":', ' "Paris"}').call(
+        "call_2", "get_weather", '{"city": "Oslo"}')
+    import json
+
+    parts = []
+    for part in stream.completed():
+        assert isinstance(part, bytes)
+        head, _, data = part.partition(b"data: ")
+        payload = json.loads(data)
+        payload.pop("output_index", None)
+        payload.pop("sequence_number", None)
+        parts.append(head + b"data: " + json.dumps(payload).encode() + b"\n\n")
+    rserver.queue(Reply(list(parts)))
+    chunks = await collect(make().stream(ask(tools=[get_weather.schema])))
+    assert calls_of(chunks) == {0: ("call_1", "get_weather", '{"city": "Paris"}'),
+                                1: ("call_2", "get_weather", '{"city": "Oslo"}')}
