@@ -6,12 +6,12 @@ One server process answers OpenAI Chat Completions (`OpenAIChatModel`), OpenAI R
 (`OpenAIResponsesModel`) and Anthropic Messages (`AnthropicChatModel`). A run must send the same
 requests every time for its cassette to replay, so each is fixed down to the options.
 
-Tool calls: Gemma 3 270M does not decide to call a tool by itself, and llama-server constrains
-the output to a call (``tool_choice: "required"``) only for chat templates whose call syntax it
-recognises; for Gemma 3's turns (``scripts/gemma3-tools.jinja``) it finds none and lets the model
-write text. So the tool scenario here sends a conversation that already holds a call and its
-result (the shapes each protocol must carry), and tool calls the model makes stay with
-llama-cpp-python's server (``test_real_server.py``).
+Tool calls: Gemma 3 270M does not decide to call a tool by itself. llama-server learns the call
+syntax of ``scripts/gemma3-tools.jinja`` (``<tool_call>`` + JSON) and constrains the output with a
+grammar, but that grammar lets any text come before the call even with ``tool_choice:
+"required"``, and the model writes text until its token limit. So the tool scenario here sends a
+conversation that already holds a call and its result (the shapes each protocol must carry), and
+tool calls the model makes stay with llama-cpp-python's server (``test_real_server.py``).
 """
 
 from __future__ import annotations
@@ -62,8 +62,7 @@ async def two_turns(model: ChatModel, protocol: str) -> Outcome:
 
 async def tool_result(model: ChatModel, protocol: str) -> Outcome:
     """A conversation holding a tool call and its result, with the tool offered: the server takes
-    the call and the result in its protocol's shape and writes the answer. (Gemma 3 270M makes
-    no call of its own here: llama-server finds no call syntax to constrain it to.)"""
+    the call and the result in its protocol's shape and writes the answer."""
     history = [
         Msg.system("You are a weather assistant. Answer in one sentence."),
         Msg.user("What is the weather in Paris?"),
