@@ -339,3 +339,13 @@ async def test_events_without_output_index_are_told_apart_by_item_id(rserver: Re
     chunks = await collect(make().stream(ask(tools=[get_weather.schema])))
     assert calls_of(chunks) == {0: ("call_1", "get_weather", '{"city": "Paris"}'),
                                 1: ("call_2", "get_weather", '{"city": "Oslo"}')}
+
+
+async def test_an_internal_model_call_keeps_opaque_reasoning(rserver: ResponsesServer, make: Any) -> None:
+    from agentscope_py.middleware._internal import _collect
+
+    rserver.queue(Reply(ResponseStream().reasoning(encrypted="enc-9").text("ok").completed()))
+    reply = await _collect(make(), ask())
+    thinking = [b for b in reply.content if isinstance(b, ThinkingBlock)]
+    assert len(thinking) == 1 and thinking[0].thinking == ""
+    assert '"encrypted_content":"enc-9"' in (thinking[0].signature or "")
