@@ -214,7 +214,9 @@ async def model_events(
         started = True
         while chunk is not None:
             thinking = chunk.thinking
-            if thinking:
+            # A signature alone opens its block too: reasoning a provider keeps opaque (an
+            # encrypted Responses reasoning item without a summary) still has to be carried.
+            if thinking or (chunk.thinking_signature and thinking_id is None):
                 if thinking_id is None:
                     if text_id is not None:
                         _end_text(put, reply_id, text_id, text_carry, text_make)
@@ -222,11 +224,12 @@ async def model_events(
                     thinking_id = new_id("blk_")
                     thinking_make = fast_delta(ThinkingBlockDelta, reply_id=reply_id, block_id=thinking_id)
                     put(ThinkingBlockStart(reply_id=reply_id, block_id=thinking_id))
-                if not thinking.isascii():
-                    thinking_carry = thinking_carry or SurrogateCarry()
-                    thinking = thinking_carry.feed(thinking)
                 if thinking:
-                    put((thinking_make, thinking))  # its event is made on the consumer's side
+                    if not thinking.isascii():
+                        thinking_carry = thinking_carry or SurrogateCarry()
+                        thinking = thinking_carry.feed(thinking)
+                    if thinking:
+                        put((thinking_make, thinking))  # its event is made on the consumer's side
             if chunk.thinking_signature:
                 signature = (signature or "") + chunk.thinking_signature
             text = chunk.text

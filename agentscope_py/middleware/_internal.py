@@ -137,7 +137,7 @@ async def _collect(model: ChatModel, request: ModelRequest, span: Any = None) ->
     finally:
         await aclose(it)  # also on cancellation: the model's request ends here
     content: list[Block] = []
-    if thinking:
+    if thinking or signature:  # a signature alone is opaque reasoning, carried all the same
         content.append(ThinkingBlock(thinking="".join(thinking), signature="".join(signature) or None))
     if texts:
         content.append(TextBlock(text="".join(texts)))

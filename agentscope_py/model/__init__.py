@@ -57,6 +57,7 @@ __all__ = [
     "ModelTimeoutError",
     "OllamaChatModel",
     "OpenAIChatModel",
+    "OpenAIResponsesModel",
     "OverloadedError",
     "RateLimitError",
     "RecordingModel",
@@ -72,6 +73,7 @@ __all__ = [
 _LAZY = {
     "Http1Transport": "_transport",
     "OpenAIChatModel": "openai",
+    "OpenAIResponsesModel": "openai_responses",
     "AnthropicChatModel": "anthropic",
     "OllamaChatModel": "ollama",
 }

@@ -40,9 +40,11 @@ QUOTE_LIMIT = 500
 page or a proxy's complaint, not so much that a log line becomes the whole body."""
 
 _CONTEXT = re.compile(
-    r"context[ _-]?(length|window)|maximum context|too long|too many tokens|exceeds? the context",
+    r"context[ _-]?(length|window|size)|maximum context|too long|too many tokens|exceeds? the context",
     re.IGNORECASE,
 )
+# Error types that name an overflowing prompt: OpenAI's code, llama.cpp's server's type.
+_CONTEXT_KINDS = frozenset({"context_length_exceeded", "exceed_context_size_error"})
 
 # llama-cpp-python's server answers a request its pydantic model refuses with HTTP 500 and
 # "N validation errors:\n  {'type': …, 'loc': ('body', …), …}": a bad request, not a server fault,
@@ -62,6 +64,7 @@ _BY_TYPE: dict[str, type[ModelError]] = {
     "not_found_error": BadRequestError,
     "request_too_large": BadRequestError,
     "context_length_exceeded": ContextLengthError,
+    "exceed_context_size_error": ContextLengthError,
     "timeout_error": ModelTimeoutError,
     "api_error": ServerError,
     "server_error": ServerError,
@@ -121,7 +124,7 @@ def _kind_of(body: Any) -> tuple[str | None, Any]:
 
 
 def _bad_request(message: str, kind: str | None) -> type[ModelError]:
-    if kind == "context_length_exceeded" or _CONTEXT.search(message):
+    if kind in _CONTEXT_KINDS or _CONTEXT.search(message):
         return ContextLengthError
     return BadRequestError
 

@@ -25,10 +25,13 @@ from .base import ChatChunk, ChatModel, ModelRequest
 
 __all__ = ["RecordingModel", "ReplayModel"]
 
-_PROVIDERS = ("openai", "anthropic", "ollama")
+# What a cassette names as its provider: the prefix of the model ids (`resolve_model`), which
+# tells the two OpenAI protocols apart where ``provider`` (for tracing) does not.
+_PROVIDERS = ("openai", "openai-responses", "anthropic", "ollama")
 # Constructor settings that shape the request body, per provider, recorded so replay rebuilds a
 # model that sends the same requests. Per-call HTTP settings (headers may hold keys) are not.
-_SETTINGS = {"openai": ("send_reasoning", "stream_usage"), "anthropic": ("max_tokens",), "ollama": ()}
+_SETTINGS = {"openai": ("send_reasoning", "stream_usage"), "openai-responses": (), "anthropic": ("max_tokens",),
+             "ollama": ()}
 _UNRECORDED_OPTIONS = ("extra_headers", "extra_query", "timeout")
 
 
@@ -40,20 +43,25 @@ def _http_module(http: Any) -> ModuleType:
     raise TypeError(f"{type(http).__name__} is not an httpx client")
 
 
+def _kind(model: ChatModel) -> str | None:
+    """The provider a cassette of ``model`` names: its model-id prefix, else its provider."""
+    kind = getattr(model, "id_prefix", None) or getattr(model, "provider", None)
+    return kind if isinstance(kind, str) else None
+
+
 def _http_client(model: ChatModel) -> Any:
-    provider = getattr(model, "provider", None)
     http = getattr(model, "http_client", None)
-    if provider not in _PROVIDERS or http is None:
+    if _kind(model) not in _PROVIDERS or http is None:
         raise TypeError(
-            f"RecordingModel and ReplayModel work with OpenAIChatModel, AnthropicChatModel and "
-            f"OllamaChatModel (they record the HTTP traffic); got {type(model).__name__}"
+            f"RecordingModel and ReplayModel work with OpenAIChatModel, OpenAIResponsesModel, "
+            f"AnthropicChatModel and OllamaChatModel (they record the HTTP traffic); got {type(model).__name__}"
         )
     return http
 
 
 def _settings(model: Any) -> dict[str, Any]:
     options = {k: v for k, v in dict(getattr(model, "options", {})).items() if k not in _UNRECORDED_OPTIONS}
-    settings = {"options": options, **{k: getattr(model, k) for k in _SETTINGS[model.provider]}}
+    settings = {"options": options, **{k: getattr(model, k) for k in _SETTINGS[str(_kind(model))]}}
     try:
         json.dumps(settings)
     except (TypeError, ValueError) as exc:
@@ -97,7 +105,8 @@ class RecordingModel:
         if self.cassette is not None:
             return
         http = _http_client(self.model)  # creates the SDK client (and checks the key) now
-        self.cassette = Cassette(self.provider, self.name, str(http.base_url), _settings(self.model), self.note)
+        self.cassette = Cassette(str(_kind(self.model)), self.name, str(http.base_url), _settings(self.model),
+                                 self.note)
         module = _http_module(http)
         # The client's transport (and those it mounts for proxies) is replaced by a recording
         # one in front of it; httpx offers no public way to wrap the transport of a made client.
@@ -133,7 +142,7 @@ class ReplayModel:
         self.cassette = Cassette.load(self.path)
         self.model = model if model is not None else _build(self.cassette)
         self.name = self.cassette.model
-        self.provider = self.cassette.provider
+        self.provider = str(getattr(self.model, "provider", self.cassette.provider))
         self.supports_structured_output = bool(getattr(self.model, "supports_structured_output", False))
         self._stall_seconds = stall_seconds
         self._transport: ReplayTransport | None = None
@@ -188,6 +197,11 @@ def _build(cassette: Cassette) -> ChatModel:
         from .openai import OpenAIChatModel
 
         return OpenAIChatModel(cassette.model, base_url=cassette.base_url, api_key="replay", **settings, **options)
+    if cassette.provider == "openai-responses":
+        from .openai_responses import OpenAIResponsesModel
+
+        return OpenAIResponsesModel(cassette.model, base_url=cassette.base_url, api_key="replay", **settings,
+                                    **options)
     if cassette.provider == "anthropic":
         from .anthropic import AnthropicChatModel
 

@@ -1,4 +1,5 @@
-"""Model ids: ``"openai:gpt-4o-mini"``, ``"anthropic:claude-sonnet-4-5"``, ``"ollama:qwen3"``."""
+"""Model ids: ``"openai:gpt-4o-mini"``, ``"openai-responses:gpt-5-mini"``,
+``"anthropic:claude-sonnet-4-5"``, ``"ollama:qwen3"``."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ __all__ = ["resolve_model"]
 
 _PROVIDERS = {
     "openai": ("agentscope_py.model.openai", "OpenAIChatModel"),
+    "openai-responses": ("agentscope_py.model.openai_responses", "OpenAIResponsesModel"),
     "anthropic": ("agentscope_py.model.anthropic", "AnthropicChatModel"),
     "ollama": ("agentscope_py.model.ollama", "OllamaChatModel"),
 }

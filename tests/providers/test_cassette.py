@@ -181,5 +181,5 @@ async def test_other_providers_record_and_replay(
 
 
 def test_only_http_providers_can_be_recorded(tmp_path: Path) -> None:
-    with pytest.raises(TypeError, match="OpenAIChatModel, AnthropicChatModel and OllamaChatModel"):
+    with pytest.raises(TypeError, match="OpenAIChatModel, OpenAIResponsesModel, AnthropicChatModel and OllamaChatModel"):
         RecordingModel(ScriptedModel([]), tmp_path / "x.json")

@@ -86,3 +86,13 @@ def test_missing_sdk_names_the_install_command(monkeypatch: pytest.MonkeyPatch, 
     monkeypatch.delitem(sys.modules, f"agentscope_py.model.{module}", raising=False)
     with pytest.raises(ImportError, match=rf'pip install "agentscope-py\[{extra}\]"'):
         importlib.import_module(f"agentscope_py.model.{module}")
+
+
+def test_llama_server_context_overflow_is_a_context_length_error() -> None:
+    # llama.cpp's C++ server, on all three of its protocols, for a prompt past --ctx-size.
+    message = "request (10096 tokens) exceeds the available context size (4096 tokens), try increasing it"
+    body = {"error": {"code": 400, "message": message, "type": "exceed_context_size_error",
+                      "n_prompt_tokens": 10096, "n_ctx": 4096}}
+    error = error_from_status(400, message, provider="p", body=body)
+    assert type(error) is ContextLengthError and not error.retryable
+    assert type(error_from_status(400, "x", provider="p", body=body)) is ContextLengthError  # by its type alone
