@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import Any, TextIO
 
 from ._targets import import_target
-from .evals._cli import add_eval_parser, run_eval
+from .evals.cli import add_eval_parser, run_eval
 from .render import render
 
 DEFAULT_PROMPT = "What is (17 + 4) * 2, and what time is it?"

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .._jsondiff import first_difference
 from ..events import AgentEvent
-from ..model._cassette import first_difference
 from ._recorded import RecordedRun, collect_run
 
 if TYPE_CHECKING:

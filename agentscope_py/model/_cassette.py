@@ -21,6 +21,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Literal
 
+from .._jsondiff import MISSING, first_difference
 from ..errors import CassetteMismatchError
 
 __all__ = ["Cassette", "CassetteMismatchError", "Interaction", "RecordingTransport", "ReplayTransport"]
@@ -33,7 +34,6 @@ dropped mid-body; a read timed out; or no response at all (the connection failed
 
 # Response headers that change how a body is read; the rest (dates, ids, cookies) are left out.
 _KEPT_HEADERS = ("content-type", "content-encoding", "retry-after", "retry-after-ms")
-_MISSING = "<missing>"
 
 
 @dataclass
@@ -150,38 +150,12 @@ class Cassette:
         )
 
 
-def first_difference(recorded: Any, sent: Any, where: str = "") -> tuple[str, Any, Any] | None:
-    """The path, recorded and sent value of the first place two JSON values differ, or None."""
-    if isinstance(recorded, dict) and isinstance(sent, dict):
-        for key in [*recorded, *(k for k in sent if k not in recorded)]:
-            here = f"{where}.{key}" if where else str(key)
-            if key not in sent or key not in recorded:
-                return here, recorded.get(key, _MISSING), sent.get(key, _MISSING)
-            found = first_difference(recorded[key], sent[key], here)
-            if found is not None:
-                return found
-        return None
-    if isinstance(recorded, list) and isinstance(sent, list):
-        for i, (a, b) in enumerate(zip(recorded, sent, strict=False)):
-            found = first_difference(a, b, f"{where}[{i}]")
-            if found is not None:
-                return found
-        if len(recorded) != len(sent):
-            i = min(len(recorded), len(sent))
-            return (f"{where}[{i}]", recorded[i] if i < len(recorded) else _MISSING,
-                    sent[i] if i < len(sent) else _MISSING)
-        return None
-    if recorded == sent and type(recorded) is type(sent):
-        return None
-    return where or "(the whole request)", recorded, sent
-
-
 def _pretty(value: Any) -> str:
     return json.dumps(value, indent=1, ensure_ascii=False, sort_keys=False)
 
 
 def _short(value: Any) -> str:
-    text = value if value == _MISSING else json.dumps(value, ensure_ascii=False)
+    text = value if value == MISSING else json.dumps(value, ensure_ascii=False)
     return text if len(text) <= 120 else text[:117] + "..."
 
 
