@@ -15,7 +15,7 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ..message import DataBlock, TextBlock, ToolResultBlock, ToolUseBlock
+from ..message import DataBlock, Msg, TextBlock, ToolResultBlock, ToolUseBlock
 from ._errors import error_from_body, malformed, quote, transport_error
 from .base import ChatChunk
 
@@ -27,6 +27,7 @@ __all__ = [
     "reference",
     "result_parts",
     "stream_chunks",
+    "user_and_tool_messages",
 ]
 
 PAYLOAD_ERRORS: tuple[type[Exception], ...] = (
@@ -60,6 +61,45 @@ def result_parts(result: ToolResultBlock) -> list[TextBlock | DataBlock]:
     if isinstance(result.output, str):
         return [TextBlock(text=result.output)] if result.output else []
     return list(result.output)
+
+
+def user_and_tool_messages(
+    msg: Msg, *, text_type: str, data_part: Callable[[DataBlock], dict[str, Any]],
+    tool_message: Callable[[ToolResultBlock, str], dict[str, Any]],
+) -> list[dict[str, Any]]:
+    """A user message on the OpenAI-shaped wires (chat completions, Responses), which differ only
+    in the names of their parts (``text_type``, ``data_part``) and of a tool result's message
+    (``tool_message(result, text)``): each tool result as a message of its own, then the text and
+    data as one user message (a lone text as a plain string). A tool message holds text only, so
+    a result's data follows in the user message, after a line naming the result."""
+    out: list[dict[str, Any]] = []
+    attachments: list[dict[str, Any]] = []
+    parts: list[dict[str, Any]] = []
+    for block in msg.content:
+        if isinstance(block, ToolResultBlock):
+            text: list[str] = []
+            data: list[DataBlock] = []
+            for part in result_parts(block):
+                if isinstance(part, TextBlock):
+                    text.append(part.text)
+                else:
+                    text.append(f"[{part.media_type} attached below]")
+                    data.append(part)
+            if data:
+                intro = f"Attachments of tool result {block.id} ({block.name}):"
+                attachments.append({"type": text_type, "text": intro})
+                attachments.extend(data_part(b) for b in data)
+            out.append(tool_message(block, "".join(text)))
+        elif isinstance(block, TextBlock):
+            parts.append({"type": text_type, "text": block.text})
+        elif isinstance(block, DataBlock):
+            parts.append(data_part(block))
+    parts.extend(attachments)
+    if len(parts) == 1 and parts[0]["type"] == text_type:
+        out.append({"role": "user", "content": parts[0]["text"]})
+    elif parts:
+        out.append({"role": "user", "content": parts})
+    return out
 
 
 def data_url(block: DataBlock) -> str | None:

@@ -31,7 +31,7 @@ from ._convert import (
     data_url,
     merge_options,
     reference,
-    result_parts,
+    user_and_tool_messages,
 )
 from ._direct import DirectSend, body_bytes
 from ._errors import error_from_body, malformed
@@ -308,36 +308,11 @@ def _assistant(msg: Msg, send_reasoning: bool) -> dict[str, Any]:
 
 
 def _user_and_tool(msg: Msg) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
-    attachments: list[dict[str, Any]] = []
-    parts: list[dict[str, Any]] = []
-    for block in msg.content:
-        if isinstance(block, ToolResultBlock):
-            out.append(_tool_message(block, attachments))
-        elif isinstance(block, TextBlock):
-            parts.append({"type": "text", "text": block.text})
-        elif isinstance(block, DataBlock):
-            parts.append(_data_part(block))
-    parts.extend(attachments)
-    if len(parts) == 1 and parts[0]["type"] == "text":
-        out.append({"role": "user", "content": parts[0]["text"]})
-    elif parts:
-        out.append({"role": "user", "content": parts})
-    return out
+    return user_and_tool_messages(msg, text_type="text", data_part=_data_part, tool_message=_tool_message)
 
 
-def _tool_message(result: ToolResultBlock, attachments: list[dict[str, Any]]) -> dict[str, Any]:
-    text: list[str] = []
-    data = [b for b in result_parts(result) if isinstance(b, DataBlock)]
-    for block in result_parts(result):
-        if isinstance(block, TextBlock):
-            text.append(block.text)
-        else:
-            text.append(f"[{block.media_type} attached below]")
-    if data:
-        attachments.append({"type": "text", "text": f"Attachments of tool result {result.id} ({result.name}):"})
-        attachments.extend(_data_part(b) for b in data)
-    return {"role": "tool", "tool_call_id": result.id, "content": "".join(text)}
+def _tool_message(result: ToolResultBlock, text: str) -> dict[str, Any]:
+    return {"role": "tool", "tool_call_id": result.id, "content": text}
 
 
 _AUDIO_FORMATS = {"audio/wav": "wav", "audio/x-wav": "wav", "audio/mpeg": "mp3", "audio/mp3": "mp3"}

@@ -36,7 +36,15 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 import httpx2
 
 from ..message import ChatUsage, DataBlock, Msg, TextBlock, ThinkingBlock, ToolResultBlock, ToolUseBlock
-from ._convert import SSEvent, arguments_text, data_url, merge_options, reference, result_parts, stream_chunks
+from ._convert import (
+    SSEvent,
+    arguments_text,
+    data_url,
+    merge_options,
+    reference,
+    stream_chunks,
+    user_and_tool_messages,
+)
 from ._errors import error_from_body, malformed
 from ._sdk import SDKModel, streamed
 from .base import AuthenticationError, ChatChunk, ModelRequest, ToolCallChunk, text_chunk, thinking_chunk
@@ -485,33 +493,11 @@ def reasoning_items(signature: str | None) -> list[dict[str, Any]]:
 
 
 def _user_and_tool(msg: Msg) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
-    attachments: list[dict[str, Any]] = []
-    parts: list[dict[str, Any]] = []
-    for block in msg.content:
-        if isinstance(block, ToolResultBlock):
-            out.append(_tool_output(block, attachments))
-        elif isinstance(block, TextBlock):
-            parts.append({"type": "input_text", "text": block.text})
-        elif isinstance(block, DataBlock):
-            parts.append(_data_part(block))
-    parts.extend(attachments)
-    if len(parts) == 1 and parts[0]["type"] == "input_text":
-        out.append({"role": "user", "content": parts[0]["text"]})
-    elif parts:
-        out.append({"role": "user", "content": parts})
-    return out
+    return user_and_tool_messages(msg, text_type="input_text", data_part=_data_part, tool_message=_tool_output)
 
 
-def _tool_output(result: ToolResultBlock, attachments: list[dict[str, Any]]) -> dict[str, Any]:
-    text: list[str] = []
-    data = [b for b in result_parts(result) if isinstance(b, DataBlock)]
-    for block in result_parts(result):
-        text.append(block.text if isinstance(block, TextBlock) else f"[{block.media_type} attached below]")
-    if data:
-        attachments.append({"type": "input_text", "text": f"Attachments of tool result {result.id} ({result.name}):"})
-        attachments.extend(_data_part(b) for b in data)
-    return {"type": "function_call_output", "call_id": result.id, "output": "".join(text)}
+def _tool_output(result: ToolResultBlock, text: str) -> dict[str, Any]:
+    return {"type": "function_call_output", "call_id": result.id, "output": text}
 
 
 def _data_part(block: DataBlock) -> dict[str, Any]:
