@@ -176,7 +176,7 @@ class GuardrailMiddleware(MiddlewareBase):
     async def _checked(self, agent: ReActAgent, ctx: RuntimeContext, input: ModelCallInput, it: Any,
                        pending: set[asyncio.Future[Any]], released: OpenBrackets) -> AsyncGenerator[Any, None]:
         """The inner events, checked; in blocking mode held until the checks covering them passed."""
-        stream_checks, every, covers = self.stream_checks, self.stream_every, self.covers
+        stream_checks, covers = self.stream_checks, self.covers
         blocking = self.blocking
         hold_all = blocking and bool(self.output_checks)  # the whole reply waits for the output check
         held: list[Any] = []
@@ -192,12 +192,8 @@ class GuardrailMiddleware(MiddlewareBase):
                     seen = texts.get(key)
                     if seen is None:
                         seen = texts[key] = _Seen(kind, ev.tool_name if cls is ToolCallDelta else None)
-                    seen.parts.append(ev.delta)
-                    seen.since += len(ev.delta)
-                    if stream_checks and seen.since >= every:
-                        await self._stream_check(agent, ctx, messages, seen, pending)
-                    elif blocking:  # unchecked text waits
-                        held.append(ev)
+                    if await self._saw(agent, ctx, messages, seen, ev.delta, pending):
+                        held.append(ev)  # unchecked text waits
                         continue
                 elif blocking and stream_checks:  # nothing goes out past unchecked text
                     await self._check_unchecked(agent, ctx, messages, texts, pending)
@@ -223,6 +219,17 @@ class GuardrailMiddleware(MiddlewareBase):
             await _settle(pending)
         for out in held:  # (an inner layer that ended without a ModelCallEnd)
             yield out
+
+    async def _saw(self, agent: ReActAgent, ctx: RuntimeContext, messages: tuple[Msg, ...], seen: _Seen,
+                   delta: str, pending: set[asyncio.Future[Any]]) -> bool:
+        """Counts ``delta`` into ``seen`` and runs the stream checks once they are due; True when
+        the delta must wait for a later check (blocking mode)."""
+        seen.parts.append(delta)
+        seen.since += len(delta)
+        if self.stream_checks and seen.since >= self.stream_every:
+            await self._stream_check(agent, ctx, messages, seen, pending)
+            return False
+        return self.blocking
 
     async def _check_unchecked(self, agent: ReActAgent, ctx: RuntimeContext, messages: tuple[Msg, ...],
                                texts: dict[str, _Seen], pending: set[asyncio.Future[Any]]) -> None:
@@ -290,7 +297,7 @@ class GuardrailMiddleware(MiddlewareBase):
                                pending: set[asyncio.Future[Any]]) -> AsyncGenerator[Any, None]:
         """The acting events, each tool result's text checked as it streams and whole at its end;
         in blocking mode held until the checks covering them passed."""
-        stream_checks, every, blocking = self.stream_checks, self.stream_every, self.blocking
+        stream_checks, blocking = self.stream_checks, self.blocking
         hold_results = blocking and bool(self.output_checks)  # a result waits for its output check
         holding = False
         held: list[Any] = []
@@ -303,12 +310,8 @@ class GuardrailMiddleware(MiddlewareBase):
                     seen = texts.get(ev.tool_call_id)
                     if seen is None:
                         seen = texts[ev.tool_call_id] = _Seen("tool_result", ev.tool_name)
-                    seen.parts.append(ev.delta)
-                    seen.since += len(ev.delta)
-                    if stream_checks and seen.since >= every:
-                        await self._stream_check(agent, ctx, (), seen, pending)
-                    elif blocking:  # unchecked text waits
-                        held.append(ev)
+                    if await self._saw(agent, ctx, (), seen, ev.delta, pending):
+                        held.append(ev)  # unchecked text waits
                         continue
                 elif blocking and stream_checks:  # nothing goes out past unchecked text
                     await self._check_unchecked(agent, ctx, (), texts, pending)
