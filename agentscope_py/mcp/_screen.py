@@ -2,9 +2,9 @@
 
 The SDK validates a whole ``tools/list`` page at once (one tool with a bad ``inputSchema`` fails
 the page, and the server's valid tools with it), and a ``tools/call`` result is validated, dumped
-and parsed again block by block before any cap could apply (a 20 MB text, or 100,000 tiny blocks,
-cost hundreds of MB). `ScreenedTransport` wraps the SDK's transport streams (stdio or HTTP, the
-public ``Transport`` shape) and edits the parsed JSON-RPC answers on their way in:
+and parsed again block by block before any cap could apply (100,000 tiny blocks cost 70 MB beyond
+the read of their 4 MB message). `ScreenedTransport` wraps the SDK's transport streams (stdio or
+HTTP, the public ``Transport`` shape) and edits the parsed JSON-RPC answers on their way in:
 
 - a ``tools/list`` page loses each tool that is not a valid ``Tool``, with a warning naming the
   server and the tool; the page's other tools reach the SDK (and its re-list after a header
@@ -15,6 +15,10 @@ public ``Transport`` shape) and edits the parsed JSON-RPC answers on their way i
 
 The request a response answers is known by its id, recorded when the request goes out. The SDK
 writes a request from the task that sends it, so the cap a call sets (`CALL_CAP`) is read there.
+
+What this cannot reach is the SDK's read itself: its stdio transport holds a whole line (its HTTP
+transport a whole body) and parses it to JSON in its own task before it yields a message, so the
+raw message is read whole; everything after that is bounded by the cap.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ import mcp_types as types
 from mcp.client import Transport
 from mcp.shared.message import SessionMessage
 from mcp_types import methods
-from mcp_types.jsonrpc import JSONRPCError, JSONRPCRequest, JSONRPCResponse
+from mcp_types.jsonrpc import JSONRPCError, JSONRPCNotification, JSONRPCRequest, JSONRPCResponse
 from pydantic import ValidationError
 
 __all__ = ["CALL_CAP", "ResultCap", "ScreenedTransport", "content_size"]
@@ -153,6 +157,10 @@ class _Writer:
                 self.pending[message.id] = "tools/list"
             elif message.method == "tools/call" and (cap := CALL_CAP.get()) is not None:
                 self.pending[message.id] = cap
+        elif isinstance(message, JSONRPCNotification) and message.method == "notifications/cancelled":
+            # A request given up on may never be answered: forget it (an answer that still
+            # comes is passed on as it is, and the SDK drops it).
+            self.pending.pop((message.params or {}).get("requestId"), None)
         await self.inner.send(item)
 
     async def aclose(self) -> None:
