@@ -11,7 +11,8 @@ from __future__ import annotations
 import time
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic_core import PydanticCustomError
 
 from .message import (
     ChatUsage,
@@ -379,8 +380,39 @@ AgentEvent = Annotated[
 _adapter: TypeAdapter[AgentEvent] = TypeAdapter(AgentEvent)
 
 
+MAX_EVENT_DEPTH = 200
+"""How deep an event may nest (the event itself is level 1): the limit pydantic's JSON parser
+puts on event text, applied to a decoded dict too. A value nested deeper cannot be written back
+as JSON (the serializer stops at 255) and breaks ``repr``/``copy.deepcopy`` with a
+RecursionError, so it is refused where it enters."""
+
+
 def parse_event(data: str | bytes | dict[str, Any]) -> AgentEvent:
-    """Parse one event from its JSON text (or an already-decoded dict)."""
+    """Parse one event from its JSON text (or an already-decoded dict). Anything that is not an
+    event, or nests deeper than `MAX_EVENT_DEPTH`, raises ``pydantic.ValidationError``."""
     if isinstance(data, dict):
+        _check_depth(data)
         return _adapter.validate_python(data)
     return _adapter.validate_json(data)
+
+
+def _check_depth(data: dict[str, Any]) -> None:
+    # Level by level, without recursion: a dict nested any depth costs no Python stack, and a
+    # flat event (every delta) costs one pass over its fields.
+    level: list[Any] = [data]
+    depth = 1
+    while level:
+        if depth > MAX_EVENT_DEPTH:
+            raise ValidationError.from_exception_data("AgentEvent", [{
+                "type": PydanticCustomError(
+                    "too_deep", "the event nests deeper than {limit} levels: flatten the value (the "
+                    "same limit applies to event JSON)", {"limit": MAX_EVENT_DEPTH}),
+                "loc": (), "input": "...",
+            }])
+        below: list[Any] = []
+        for value in level:
+            for child in value.values() if isinstance(value, dict) else value:
+                if isinstance(child, dict | list | tuple):
+                    below.append(child)
+        level = below
+        depth += 1

@@ -164,3 +164,26 @@ def test_a_delta_maker_validates_what_is_not_a_plain_str_and_refuses_wrong_field
         delta_maker(ev.ToolCallDelta, reply_id="r", tool_call_id="c", tool_name=3)("{}")
     with pytest.raises(TypeError, match="reply_id, block_id"):
         delta_maker(ev.TextBlockDelta, reply_id="r")
+
+
+def _nested(levels: int) -> typing.Any:
+    value: typing.Any = 1
+    for i in range(levels):
+        value = {"a": value} if i % 2 else [value]
+    return value
+
+
+@pytest.mark.parametrize("levels", [ev.MAX_EVENT_DEPTH, 4_000, 100_000])
+def test_an_event_nested_too_deep_is_refused_with_a_validation_error_as_json_or_dict(levels: int) -> None:
+    data = {"type": "custom", "name": "deep", "value": _nested(levels)}
+    with pytest.raises(ValidationError, match=f"nests deeper than {ev.MAX_EVENT_DEPTH} levels"):
+        ev.parse_event(data)
+    text = '{"type":"custom","name":"deep","value":' + '{"a":' * levels + "1" + "}" * levels + "}"
+    with pytest.raises(ValidationError):
+        ev.parse_event(text)
+
+
+def test_an_event_at_the_depth_limit_parses_and_round_trips() -> None:
+    data = {"type": "custom", "name": "deep", "value": _nested(ev.MAX_EVENT_DEPTH - 1)}
+    event = ev.parse_event(data)
+    assert ev.parse_event(event.model_dump_json()) == event == ev.parse_event(event.model_dump())

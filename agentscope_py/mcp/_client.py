@@ -11,6 +11,7 @@ from typing import Any, cast
 import mcp_types as types
 from mcp import Client
 from mcp.shared.exceptions import MCPError
+from pydantic import ValidationError
 
 from ..errors import MCPConnectionError, MCPServerRestarted, MCPToolError
 from ._callbacks import (
@@ -21,6 +22,7 @@ from ._callbacks import (
     elicitation_callback,
     sampling_callback,
 )
+from ._screen import CALL_CAP, ResultCap, ScreenedTransport
 from ._session import Connection, is_connection_lost, tools_changed_handler
 from ._tools import ClientFactory, MCPToolset, PerRunClient
 from ._transport import AuthCallback, HttpTransport, StdioTransport, Transport
@@ -210,7 +212,7 @@ class MCPClient:
 
     def _make_client(self) -> Client:
         return Client(
-            self.transport.sdk_server(),
+            ScreenedTransport(self.transport.sdk_transport(), self.name, lambda: self.protocol_version),
             mode=self.mode,
             cache=None,  # the tool list is cached here, refreshed on list_changed
             message_handler=cast(Any, tools_changed_handler(self._on_tools_changed)),
@@ -266,7 +268,11 @@ class MCPClient:
             tools: list[types.Tool] = []
             cursor: str | None = None
             for _ in range(100):  # a paginator that never ends must not hang us
-                page = await client.list_tools(cursor=cursor)
+                try:
+                    page = await client.list_tools(cursor=cursor)
+                except ValidationError as exc:  # the page itself is malformed (bad tools are screened out)
+                    raise MCPToolError(f"MCP server {self.name!r} sent a tool list that is not valid MCP: {exc}",
+                                       server=self.name) from exc
                 tools.extend(page.tools)
                 cursor = page.next_cursor
                 if cursor is None:
@@ -316,10 +322,13 @@ class MCPClient:
         self, name: str, arguments: Mapping[str, Any] | None = None, *,
         timeout: float | EllipsisType | None = ...,  # noqa: ASYNC109 - the per-call bound, as users name it
         progress: ProgressCallback | None = None, idempotent: bool = False, info: CallInfo | None = None,
+        cap: ResultCap | None = None,
     ) -> types.CallToolResult:
         """Call tool ``name``. ``timeout``: seconds (default the client's; None: no bound);
         ``progress(progress, total, message)`` is awaited for each progress notification;
-        ``idempotent``: safe to send again if the session is lost during the call."""
+        ``idempotent``: safe to send again if the session is lost during the call; ``cap``: the
+        result's content is cut to ``cap.limit`` characters as it is read, before the SDK parses
+        it into models (``cap.full_size`` then says how large it was)."""
         limit = self.timeout if isinstance(timeout, EllipsisType) else timeout
         args = dict(arguments or {})
 
@@ -327,6 +336,7 @@ class MCPClient:
             # Runs in the owner's request task: the server's questions during the call arrive
             # there, and `CURRENT_CALL` tells them which call (and run) they belong to.
             CURRENT_CALL.set(info)
+            CALL_CAP.set(cap)  # read where the SDK writes the request (this task)
             if info is not None:
                 self.calls_in_flight.add(info)
             try:

@@ -22,7 +22,9 @@ class Output:
     truncated: bool
 
 
-def convert_result(result: types.CallToolResult, max_chars: int) -> Output:
+def convert_result(result: types.CallToolResult, max_chars: int, *, full_size: int | None = None) -> Output:
+    """``full_size``: the result was already cut while it was read (see `_screen`), from this
+    many characters: the note says so even when what is left fits."""
     parts: list[str | DataBlock] = []
     for item in result.content:
         parts.extend(_part(item))
@@ -30,7 +32,7 @@ def convert_result(result: types.CallToolResult, max_chars: int) -> Output:
     if structured is not None and not any(isinstance(p, str) for p in parts):
         # No text rendering came with the structured content: the model gets it as JSON.
         parts.insert(0, json.dumps(structured, ensure_ascii=False, default=str))
-    parts, truncated = _cap(parts, max_chars)
+    parts, truncated = _cap(parts, max_chars, full_size)
     return Output(parts, dict(structured) if structured is not None else None, bool(result.is_error), truncated)
 
 
@@ -52,7 +54,8 @@ def _part(item: Any) -> list[str | DataBlock]:
     return [f"[unsupported MCP content: {kind}]"]
 
 
-def _cap(parts: list[str | DataBlock], max_chars: int) -> tuple[list[str | DataBlock], bool]:
+def _cap(parts: list[str | DataBlock], max_chars: int,
+         full_size: int | None) -> tuple[list[str | DataBlock], bool]:
     """Text beyond ``max_chars`` (data counts its base64 length) is cut, and the model is told."""
     out: list[str | DataBlock] = []
     used = 0
@@ -65,7 +68,14 @@ def _cap(parts: list[str | DataBlock], max_chars: int) -> tuple[list[str | DataB
         total = sum(len(q) if isinstance(q, str) else len(q.data or q.url or "") for q in parts)
         if isinstance(p, str) and max_chars - used > 0:
             out.append(p[: max_chars - used])
-        out.append(f"\n[truncated: the result was {total} characters; only the first {max_chars} are shown. "
-                   "Ask for less (a narrower query, a page) if you need the rest.]")
+        out.append(_note(max(total, full_size or 0), max_chars))
+        return out, True
+    if full_size is not None:  # cut while read: what is left fits, the rest never arrived here
+        out.append(_note(max(full_size, used), max_chars))
         return out, True
     return out, False
+
+
+def _note(total: int, max_chars: int) -> str:
+    return (f"\n[truncated: the result was {total} characters; only the first {max_chars} are shown. "
+            "Ask for less (a narrower query, a page) if you need the rest.]")

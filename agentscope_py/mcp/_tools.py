@@ -20,6 +20,7 @@ from ..tool.toolkit import Tool, clean_schema, current_tool_call
 from ._callbacks import CallInfo
 from ._pause import answer_for, pause_for
 from ._results import convert_result
+from ._screen import ResultCap
 
 if TYPE_CHECKING:
     from ._client import MCPClient
@@ -182,8 +183,9 @@ class MCPToolset:
         async def on_progress(done: float, total: float | None, message: str | None) -> None:
             progress.put_nowait((done, total, message))
 
+        cap = ResultCap(self.max_result_chars or client.max_result_chars)
         task = asyncio.ensure_future(client.call_tool(remote, args, progress=on_progress, idempotent=retry,
-                                                      info=info))
+                                                      info=info, cap=cap))
         meta = {"mcp.server.name": client.name, "tool_call_id": call_id}
         getter: asyncio.Future[Any] | None = None
         try:
@@ -204,7 +206,7 @@ class MCPToolset:
                 task.exception()  # (the call's own end: read, so it is not reported as lost)
             raise pause_for(info.asked[0])
         result = task.result()
-        out = convert_result(result, self.max_result_chars or client.max_result_chars)
+        out = convert_result(result, cap.limit, full_size=cap.full_size)
         if out.structured is not None:
             yield Custom(name="mcp.structured_content", metadata=meta,
                          value={"server": client.name, "tool": remote, "tool_call_id": call_id,

@@ -11,6 +11,7 @@ from urllib.parse import urlsplit
 
 import httpx2
 from mcp import StdioServerParameters
+from mcp.client.stdio import get_default_environment, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 
@@ -41,13 +42,13 @@ class StdioTransport:
                                 self.command)
         return os.path.splitext(base)[0] or "mcp"
 
-    def sdk_server(self) -> StdioServerParameters:
+    def sdk_transport(self) -> Any:
+        """The SDK's stdio transport: (read, write) streams of the started server."""
         env = None
         if self.env is not None:
-            from mcp.client.stdio import get_default_environment
-
             env = {**get_default_environment(), **self.env}
-        return StdioServerParameters(command=self.command, args=list(self.args), env=env, cwd=self.cwd)
+        return stdio_client(StdioServerParameters(command=self.command, args=list(self.args), env=env,
+                                                  cwd=self.cwd))
 
 
 @dataclass(frozen=True)
@@ -67,7 +68,7 @@ class HttpTransport:
     def default_name(self) -> str:
         return urlsplit(self.url).hostname or "mcp"
 
-    def sdk_server(self) -> Any:
+    def sdk_transport(self) -> Any:
         """A transport for the SDK: our own HTTP client (headers, auth), closed with the session."""
         auth = self.auth if isinstance(self.auth, httpx2.Auth) or self.auth is None else _CallbackAuth(self.auth)
         url, headers = self.url, self.headers

@@ -2,8 +2,9 @@
 
 Run it as a script: ``python mcp_test_server.py`` (stdio) or ``python mcp_test_server.py --http
 PORT`` (streamable HTTP on 127.0.0.1). Tools: text, an image, structured content, a slow tool
-with progress, one that raises, one that hangs (and records its cancellation), a big result, a
-tool that adds a tool (a tool-list change), one that asks the user (elicitation), its pid.
+with progress, one that raises, one that hangs (and records its cancellation), a big result, many
+tiny text blocks, a tool that adds a tool (a tool-list change), one that asks the user
+(elicitation), its pid.
 ``MCP_TEST_LOG`` names a file the server appends events to (a cancellation seen, a call made).
 """
 
@@ -103,6 +104,12 @@ async def write_slowly(tag: str) -> str:
 def big(size: int) -> str:
     """A result of ``size`` characters."""
     return "x" * size
+
+
+@server.tool(annotations=ToolAnnotations(read_only_hint=True))
+def many(count: int, size: int = 10) -> list[TextContent]:
+    """``count`` text blocks of ``size`` characters each."""
+    return [TextContent(type="text", text="y" * size) for _ in range(count)]
 
 
 @server.tool()
