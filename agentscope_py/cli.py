@@ -78,7 +78,7 @@ def _shared_sessions(source: Any, url: str, prefix: str) -> Any:
         if isinstance(agent, ReActAgent) and isinstance(agent.state_store, InMemoryStateStore):
             # The store is fixed at build; the builder's default is swapped here, before any run.
             agent._runtime.store = RedisStateStore(url, prefix=prefix)
-        return agent  # type: ignore[no-any-return]
+        return agent
 
     return build
 

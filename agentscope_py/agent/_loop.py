@@ -17,7 +17,6 @@ chain.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import contextvars
 from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING, Any
@@ -30,7 +29,7 @@ from ..message import GenerateReason, Msg, ToolResultState, ToolUseBlock, new_id
 from ..middleware.base import ActingInput, AgentInput, ExtensionPoint, ModelCallInput, ReasoningInput
 from ..middleware.chain import compose
 from ..model.base import ModelRequest
-from ..stream import EventStream, aclose
+from ..stream import EventStream, aclose, aclosing
 from ._acting import ToolScope, acting_events
 from ._boundaries import not_an_event, require_event, warn_empty
 from ._brackets import Brackets
@@ -379,7 +378,7 @@ class Execution:
         mc_input = ModelCallInput(messages=run.messages(), tools=(), options=self.agent.model_options,
                                   model=self.agent.model)
         builder = run.builder = ReplyBuilder()
-        async with contextlib.aclosing(self._model_call(mc_input).__aiter__()) as it:  # type: ignore[type-var]
+        async with aclosing(self._model_call(mc_input).__aiter__()) as it:
             async for ev in it:
                 builder.add(ev)
                 yield ev

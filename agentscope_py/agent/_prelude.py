@@ -8,7 +8,6 @@ the run's first step (`_steps.PRELUDE`), so one path serves traced and untraced 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
@@ -16,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from ..events import AgentEvent
 from ..message import Msg
 from ..middleware.base import ExtensionPoint
+from ..stream import aclosing
 from ._boundaries import admit
 from ._hooks import HookCall
 from ._input import check_input
@@ -57,7 +57,7 @@ async def prelude(exe: Execution) -> AsyncIterator[AgentEvent]:
     run.input_taken = True
     pending = run.pending_calls()
     if pending:
-        async with contextlib.aclosing(resume(exe, pending, input_msgs)) as steps:  # type: ignore[type-var]
+        async with aclosing(resume(exe, pending, input_msgs)) as steps:
             async for ev in steps:
                 yield ev
         return

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from ..errors import CallLimitExceeded, RateLimitExceeded
 from ..events import RequestStop, ToolResultEnd, ToolResultStart, ToolResultTextDelta
 from ..message import Msg, ToolResultState, ToolUseBlock
-from ..stream import EventStream
+from ..stream import EventStream, aclosing
 from .base import ActingInput, AgentInput, ExtensionPoint, MiddlewareBase, ModelCallInput, Next
 from .rate_limit import KeySpec, check_points, key_function
 
@@ -111,7 +111,7 @@ class ConcurrencyLimitMiddleware(MiddlewareBase):
         # took one, and once taken, the finally gives it back however the stream ends.
         await self._acquire(key)
         try:
-            async with contextlib.aclosing(inner.__aiter__()) as it:  # type: ignore[type-var]
+            async with aclosing(inner.__aiter__()) as it:
                 async for event in it:
                     yield event
         finally:
@@ -346,7 +346,7 @@ async def _with_blocked(
     """The allowed calls' events, then an error result per blocked call (and the stop)."""
     reply_id = reply_id_of or ""
     if inner is not None:
-        async with contextlib.aclosing(inner.__aiter__()) as it:  # type: ignore[type-var]
+        async with aclosing(inner.__aiter__()) as it:
             async for event in it:
                 if not reply_id:
                     reply_id = getattr(event, "reply_id", "") or ""

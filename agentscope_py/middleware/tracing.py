@@ -31,7 +31,6 @@ generator is closed from another task), and no span leaks into it.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import contextvars
 import logging
 from collections.abc import AsyncIterator, Callable
@@ -50,7 +49,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 from .._stream.context import stepped
 from ..events import AgentEvent
 from ..model.base import ChatModel, model_provider
-from ..stream import EventStream, aclose
+from ..stream import EventStream, aclose, aclosing
 from ._otel_conventions import (
     AGENT_ID,
     AGENT_NAME,
@@ -240,7 +239,7 @@ class OtelTracingMiddleware(MiddlewareBase):
         # before it is pulled never runs this body, so it must not leave a span open.
         watch = open_()
         if watch is None:
-            async with contextlib.aclosing(call_next().__aiter__()) as plain:  # type: ignore[type-var]
+            async with aclosing(call_next().__aiter__()) as plain:
                 async for event in plain:
                     yield event
             return

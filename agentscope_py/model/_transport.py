@@ -62,7 +62,7 @@ class _Body(httpx2.AsyncByteStream):
         self._conn = conn
         self._iter = conn.iter_body()
 
-    def __aiter__(self) -> AsyncIterator[bytes]:  # type: ignore[override]
+    def __aiter__(self) -> AsyncIterator[bytes]:
         return self._iter
 
     async def aclose(self) -> None:

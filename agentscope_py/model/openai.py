@@ -153,7 +153,7 @@ class OpenAIChatModel(SDKModel[openai.AsyncOpenAI]):
 
 
 def _completions_class() -> type:
-    return openai.resources.chat.completions.AsyncCompletions  # type: ignore[no-any-return]
+    return openai.resources.chat.completions.AsyncCompletions
 
 
 # -- reading the stream ------------------------------------------------------------------------

@@ -16,7 +16,6 @@ with the same ids, and a serve process that dies takes nothing with it: nothing 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import re
 from collections.abc import AsyncIterator, Callable
@@ -27,7 +26,7 @@ from ..errors import RunLogError
 from ..events import AgentEvent, parse_event
 from ..message import Msg
 from ..model.base import ToolSchema
-from ..stream import EventStream
+from ..stream import EventStream, aclosing
 from ._errors import HTTPError
 from ._frames import native_frames
 from ._identity import client_run_id
@@ -343,7 +342,7 @@ def _renamed(source: FrameSource, run_id: str) -> FrameSource:
                 name = names[found.group(0)] = b'"%s%sf%d"' % (found.group(1), token, len(names))
             return name
 
-        async with contextlib.aclosing(source(live)) as inner:  # type: ignore[type-var]
+        async with aclosing(source(live)) as inner:
             async for data in inner:
                 yield _GENERATED.sub(rename, data)
 
@@ -353,7 +352,7 @@ def _renamed(source: FrameSource, run_id: str) -> FrameSource:
 async def _relay(live: LiveRun, frames: AsyncIterator[bytes]) -> None:
     """Make a followed run's frames into ``live`` at its follower's pace."""
     try:
-        async with contextlib.aclosing(frames):  # type: ignore[type-var]
+        async with aclosing(frames):
             async for data in frames:
                 live.publish(data)
                 if live.ahead():

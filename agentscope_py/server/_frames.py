@@ -13,14 +13,13 @@ AG-UI's mapper), then say it was cancelled."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from functools import partial
 
 from .._bracket_kinds import BRACKET_TYPES, OpenBrackets
 from ..events import AgentEnd, AgentEvent, AgentResult, ModelCallEnd
 from ..message import TextBlock, ThinkingBlock
-from ..stream import EventStream
+from ..stream import EventStream, aclosing
 from ._errors import Vocabulary, describe, log_failure
 from ._ledger import Emitted
 from ._live import LiveRun
@@ -104,7 +103,7 @@ async def native_frames(stream: EventStream[AgentEvent], rid: str, pending: Pend
     """The run's events as native frames; ``opened`` (if given) learns what they open and close."""
     first = True
     try:
-        async with contextlib.aclosing(stream.__aiter__()) as events:  # type: ignore[type-var]
+        async with aclosing(stream.__aiter__()) as events:
             async for event in events:
                 if opened is not None and type(event) in BRACKET_TYPES:
                     opened.see(event)

@@ -129,12 +129,12 @@ def _unread(transport: Any) -> bool:
         return False
 
 
-class H11HeaderTimeoutProtocol(_HeaderTimeout, H11Protocol):  # type: ignore[misc]
+class H11HeaderTimeoutProtocol(_HeaderTimeout, H11Protocol):
     """`_HeaderTimeout` over uvicorn's pure-Python h11 parser."""
 
 
 if HttpToolsProtocol is not None:
-    class HttpToolsHeaderTimeoutProtocol(_HeaderTimeout, HttpToolsProtocol):  # type: ignore[misc]
+    class HttpToolsHeaderTimeoutProtocol(_HeaderTimeout, HttpToolsProtocol):
         """`_HeaderTimeout` over uvicorn's httptools (llhttp) parser."""
 
     HeaderTimeoutProtocol: type = HttpToolsHeaderTimeoutProtocol
