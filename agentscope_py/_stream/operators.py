@@ -46,7 +46,7 @@ class MapSource:
     would add: where items are already handled one by one (the drain of a prefetch buffer), the
     maps run there, one generator step less per item. ``with_maps`` must apply them in order, to
     every item, in the consumer's task (where `fused` would). Subclasses: `concurrent.Prefetch`,
-    `context.InContext`, and the model call's stream (`agent._model_call`)."""
+    `context.InContext`, and the model call's stream (`_model_call`)."""
 
     __slots__ = ()
 

@@ -21,7 +21,9 @@ import contextvars
 from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING, Any
 
+from .._acting import ToolScope, acting_events
 from .._bracket_kinds import describe
+from .._model_call import model_call_stream
 from .._replies import ReplyBuilder
 from ..errors import AgentInterrupted, PendingToolCallsError, ResumeError, StructuredOutputError
 from ..events import AgentEnd, AgentEvent, AgentResult, AgentStart, EventBase, ExceedMaxIters, ModelCallStart
@@ -30,10 +32,8 @@ from ..middleware.base import ActingInput, AgentInput, ExtensionPoint, ModelCall
 from ..middleware.chain import compose
 from ..model.base import ModelRequest
 from ..stream import EventStream, aclose, aclosing
-from ._acting import ToolScope, acting_events
 from ._boundaries import not_an_event, require_event, warn_empty
 from ._brackets import Brackets
-from ._model_call import model_call_stream
 from ._persist import finish, finish_quietly, save_once
 from ._prelude import prelude
 from ._run_state import RunState

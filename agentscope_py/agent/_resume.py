@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
+from .._tool_answers import tool_answers
 from ..errors import PendingToolCallsError, ResumeError
 from ..events import (
     AgentEvent,
@@ -19,7 +20,6 @@ from ..events import (
 )
 from ..message import GenerateReason, Msg, ToolResultBlock, ToolResultState, ToolUseBlock
 from ..stream import aclosing
-from ..tool._source import tool_answers
 from ._boundaries import clean_block
 from ._subagent_tree import route_confirms
 

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, Field
 
+from .._acting import TOOL_CALL
 from .._bracket_kinds import BRACKET_TYPES
 from .._context import RuntimeContext
 from .._fast_events import with_source
@@ -42,9 +43,7 @@ from ..errors import AgentInterrupted, BudgetExceeded, SubAgentError, SubAgentPa
 from ..events import AgentResult, Custom, ModelCallEnd, RequestStop, RequireUserConfirm
 from ..message import ChatUsage, GenerateReason, Msg, new_id
 from ..stream import aclosing
-from ..tool._schema import arguments_model, clean_schema
-from ..tool.toolkit import Tool
-from ._acting import TOOL_CALL
+from ..tool.toolkit import Tool, arguments_model, clean_schema
 from ._brackets import Brackets as _Opened
 from ._subagent_tree import DEFAULT_MAX_DEPTH, InheritSpec, check_limits, inherited_runtime, set_waiting, take_confirms
 

@@ -40,8 +40,14 @@ try:
     from temporalio.exceptions import WorkflowAlreadyStartedError
     from temporalio.service import RPCError
 
-    from ..durable import DEFAULT_TASK_QUEUE, DurableAgent, DurableSessionBusy, EventLog, session_workflow_id
-    from ..durable._watch import watch
+    from ..durable import (
+        DEFAULT_TASK_QUEUE,
+        DurableAgent,
+        DurableRun,
+        DurableSessionBusy,
+        EventLog,
+        session_workflow_id,
+    )
     from ._durable_agui import durable_agui_frames, no_pending
     from ._durable_answers import Answers, answers_of, session_run, signal_answers, until_wait
     from ._durable_slots import Slot, Slots
@@ -112,7 +118,7 @@ class DurableServing:
                          skip: int = 0) -> AsyncIterator[dict[str, Any]]:
         """`events_of` as JSON; ``skip``: with ``stop_at_wait``, the first ``skip`` events (from
         ``after``) end no stream (turns already answered)."""
-        found = watch(await self.handle(run_id), self.events, run_id, after)
+        found = DurableRun(await self.handle(run_id), run_id, events=self.events).stream_json(after)
         async for data in until_wait(found, skip) if stop_at_wait else found:
             yield data
 

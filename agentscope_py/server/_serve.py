@@ -282,8 +282,13 @@ def serve(
     server.run(sockets=[sock])
 
 
-def serve_workers(import_string: str, host: str, port: int, workers: int, token: bool, **options: Any) -> None:
-    """``workers`` processes, each building its app from ``import_string`` (a factory)."""
+def serve_workers(import_string: str, host: str, port: int, workers: int, token: bool, *,
+                  allowed_hosts: Sequence[str] | None = None, **options: Any) -> None:
+    """Serve with ``workers`` processes sharing the socket (blocking), each building its app from
+    ``import_string`` (``"module:factory"``, a function returning the app), and print the page's
+    URL once it answers (``token``: whether the URL needs one). ``allowed_hosts``: what the apps
+    check the Host against, warned about as `serve` does; ``options`` are `uvicorn_config`'s."""
+    warn_if_open(host, allowed_hosts)
     config = uvicorn_config(import_string, host, port, factory=True, workers=workers, **options)
     sock = config.bind_socket()
     stop = threading.Event()
