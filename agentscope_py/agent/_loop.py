@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 from collections.abc import AsyncIterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from .._acting import ToolScope, acting_events
 from .._bracket_kinds import describe
@@ -195,7 +195,7 @@ class Execution:
                                     elif mark is END:
                                         log(ev)
                                     elif ev.source is None:
-                                        stop = ev  # type: ignore[assignment]
+                                        stop = cast("RequestStop", ev)  # (the third mark: a RequestStop)
                                 try:
                                     on_event(ev)
                                 except Exception:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
 from ..events import AgentEvent
@@ -37,7 +37,8 @@ async def prelude(exe: Execution) -> AsyncIterator[AgentEvent]:
     input_msgs = run.input_msgs
     for mw in hooks[ExtensionPoint.ON_AGENT_STATE_READY]:
         if not trace:  # no trace events to emit: the hook called as HookCall would, without it
-            result: Any = mw.on_agent_state_ready(agent, ctx, state, input_msgs)  # type: ignore[func-returns-value]
+            hook: Callable[..., Any] = mw.on_agent_state_ready  # (an ``async def`` override returns a coroutine)
+            result = hook(agent, ctx, state, input_msgs)
             if result is not None and asyncio.iscoroutine(result):  # (an ``async def`` hook)
                 await result
             continue

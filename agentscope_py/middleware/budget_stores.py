@@ -47,9 +47,9 @@ class Spend:
 
 
 _new = object.__new__
-_set_tokens = Spend.tokens.__set__  # type: ignore[misc, attr-defined]  # the slots' own descriptors
-_set_cost = Spend.cost.__set__  # type: ignore[misc, attr-defined]
-_set_calls = Spend.calls.__set__  # type: ignore[misc, attr-defined]
+_set_tokens = vars(Spend)["tokens"].__set__  # the slots' own descriptors
+_set_cost = vars(Spend)["cost"].__set__
+_set_calls = vars(Spend)["calls"].__set__
 
 
 def spend(tokens: int, cost: float, calls: int) -> Spend:

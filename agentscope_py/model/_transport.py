@@ -66,7 +66,7 @@ class _Body(httpx2.AsyncByteStream):
         return self._iter
 
     async def aclose(self) -> None:
-        await self._iter.aclose()  # type: ignore[attr-defined]
+        await self._iter.aclose()
         self._conn.done()  # (a generator never started runs no ``finally``)
 
 

@@ -45,15 +45,11 @@ async def agui_frames(stream: EventStream[AgentEvent], mapper: AguiMapper, rid: 
                       emitted: Emitted, live: LiveRun) -> AsyncIterator[bytes]:
     yield mapper.encode_start()
     try:
-        # A try/finally, not ``aclosing``: that is two objects more for the run's whole life.
-        events = stream.__aiter__()
-        try:
+        async with aclosing(stream.__aiter__()) as events:
             async for event in events:
                 frames = mapper.encode(event)
                 if frames:
                     yield frames
-        finally:
-            await events.aclose()  # type: ignore[attr-defined]
     except BaseException as exc:
         if not _is_failure(exc):
             raise

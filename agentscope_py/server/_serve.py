@@ -187,8 +187,9 @@ def uvicorn_config(app: Any, host: str = "127.0.0.1", port: int = 8000, *, heade
     options: dict[str, Any] = {"http": f"{__name__}:{HTTP_PARSERS[http]}", "timeout_keep_alive": idle_timeout,
                                "limit_concurrency": limit, **uvicorn_options}
     config = uvicorn.Config(app, host=host, port=port, **options)
-    config.header_timeout = header_timeout  # type: ignore[attr-defined]  # read by the protocol, pickled to workers
-    config.__dict__["send_buffer"] = send_buffer  # read by the protocol, as header_timeout
+    # Options of ours on uvicorn's config: read by the protocol, pickled to the workers with it.
+    config.__dict__["header_timeout"] = header_timeout
+    config.__dict__["send_buffer"] = send_buffer
     redact_access_log()
     return config
 
