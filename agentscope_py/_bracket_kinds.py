@@ -5,6 +5,7 @@ log that outlives a cancelled run all need, below them all."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from .events import (
@@ -63,8 +64,8 @@ def close_event(start: Any, why: str, discarded: bool, failed: bool) -> AgentEve
     if cls is ToolCallStart:
         return ToolCallEnd(reply_id=start.reply_id, tool_call_id=start.tool_call_id, tool_name=start.tool_name,
                            source=source)
-    end_cls: Any = _BLOCK_ENDS[cls]
-    return end_cls(reply_id=start.reply_id, block_id=start.block_id, source=source)  # type: ignore[no-any-return]
+    end_cls: Callable[..., AgentEvent] = _BLOCK_ENDS[cls]
+    return end_cls(reply_id=start.reply_id, block_id=start.block_id, source=source)
 
 
 _BLOCK_ENDS: dict[type[Any], type[Any]] = {

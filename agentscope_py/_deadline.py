@@ -2,7 +2,7 @@
 
 `TimeoutMiddleware` does not wrap the stream it times. It puts a `Deadline` on the record it
 passes inward (`ModelCallInput.deadline`, `ActingInput.deadline`), and the innermost call keeps it
-in the task it runs in (`agent/_model_call.py`, `agent/_acting.py`). Why there:
+in the task it runs in (`_model_call.py`, `_acting.py`). Why there:
 
 * nothing is done per event, and an installed timeout that never fires costs about what a
   pass-through hook does (no stream layer);

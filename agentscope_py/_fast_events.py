@@ -13,7 +13,7 @@ because of what it is given and what it is used for:
 
 * only the runtime calls it, with values it made itself and that already have the field's type:
   ids it generated or read from typed events, and text that has crossed the model call as ``str``
-  (`agent/_model_call.py` puts only ``str`` deltas in transit);
+  (`_model_call.py` puts only ``str`` deltas in transit);
 * the delta classes have no validators, no extras and no private attributes (checked at import:
   a class that gains one fails loudly here instead of silently skipping its validation);
 * events are frozen, so the fields set that every delta of a kind shares is never mutated in

@@ -78,7 +78,7 @@ def _shared_sessions(source: Any, url: str, prefix: str) -> Any:
         if isinstance(agent, ReActAgent) and isinstance(agent.state_store, InMemoryStateStore):
             # The store is fixed at build; the builder's default is swapped here, before any run.
             agent._runtime.store = RedisStateStore(url, prefix=prefix)
-        return agent  # type: ignore[no-any-return]
+        return agent
 
     return build
 
@@ -131,7 +131,8 @@ def worker_app() -> Any:
 
 
 def serve(args: argparse.Namespace) -> int:
-    from .server import _serve
+    from .server import serve as serve_app
+    from .server import serve_workers
 
     if args.target and (args.model or args.base_url):
         print("error: --model and --base-url configure the demo agent; your agent has its own model",
@@ -151,7 +152,6 @@ def serve(args: argparse.Namespace) -> int:
         if args.workers > 1:
             if args.target:
                 load_target(args.target)  # fail here, not in every worker
-            _serve.warn_if_open(args.host, args.allowed_host)
             if not redis:
                 print("note: each worker process has its own memory of threads and runs unless they share a "
                       "Redis (--redis URL)", file=sys.stderr)
@@ -160,15 +160,16 @@ def serve(args: argparse.Namespace) -> int:
                 os.environ[TOKEN_ENV] = token
             pythonpath = os.environ.get("PYTHONPATH")
             os.environ["PYTHONPATH"] = os.getcwd() + (os.pathsep + pythonpath if pythonpath else "")
-            _serve.serve_workers(f"{__name__}:worker_app", args.host, args.port, args.workers, bool(token), **limits)
+            serve_workers(f"{__name__}:worker_app", args.host, args.port, args.workers, bool(token),
+                          allowed_hosts=args.allowed_host, **limits)
             return 0
         source = _agent_source(options)
         app_options = _app_options(options)
     except (ImportError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    _serve.serve(source, host=args.host, port=args.port, auth_token=token, allowed_origins=args.allowed_origin,
-                 allowed_hosts=args.allowed_host, gc_tuning=args.tune_gc, app_options=app_options, **limits)
+    serve_app(source, host=args.host, port=args.port, auth_token=token, allowed_origins=args.allowed_origin,
+              allowed_hosts=args.allowed_host, gc_tuning=args.tune_gc, app_options=app_options, **limits)
     return 0
 
 

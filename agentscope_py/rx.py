@@ -17,7 +17,7 @@ import reactivex
 from reactivex.disposable import Disposable
 from reactivex.scheduler.eventloop import AsyncIOScheduler
 
-from .stream import Channel, EventStream, aclose
+from .stream import Channel, EventStream, aclose, aclosing
 
 __all__ = [
     "from_async_observable",
@@ -31,7 +31,7 @@ __all__ = [
 T = TypeVar("T")
 
 
-class _TrackingScheduler(AsyncIOScheduler):  # type: ignore[misc]
+class _TrackingScheduler(AsyncIOScheduler):
     """An AsyncIOScheduler that notes whether the pipeline ever deferred work to the loop.
 
     A pipeline of synchronous operators (map, filter, scan, take…) never schedules, so `pipe` can
@@ -159,7 +159,7 @@ def to_observable(stream: EventStream[T]) -> reactivex.Observable[T]:
     def subscribe(observer: Any, _scheduler: Any = None) -> Disposable:
         async def run() -> None:
             try:
-                async with contextlib.aclosing(stream.__aiter__()) as it:  # type: ignore[type-var]
+                async with aclosing(stream.__aiter__()) as it:
                     async for item in it:
                         observer.on_next(item)
             except asyncio.CancelledError:
@@ -206,7 +206,7 @@ def to_async_observable(stream: EventStream[Any]) -> Any:
     from aioreactive import AsyncObservable
     from expression.system import AsyncDisposable
 
-    class _Observable(AsyncObservable[Any]):  # type: ignore[misc]
+    class _Observable(AsyncObservable[Any]):
         async def subscribe_async(
             self,
             send: Any = None,
@@ -217,7 +217,7 @@ def to_async_observable(stream: EventStream[Any]) -> Any:
 
             async def run() -> None:
                 try:
-                    async with contextlib.aclosing(stream.__aiter__()) as it:  # type: ignore[type-var]
+                    async with aclosing(stream.__aiter__()) as it:
                         async for item in it:
                             await observer.asend(item)
                 except asyncio.CancelledError:

@@ -23,7 +23,6 @@ package (`operators`, `channel`, `concurrent`, `context`), re-exported here wher
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import contextvars
 import weakref
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable
@@ -48,6 +47,7 @@ from ._stream.operators import (
     take_while,
 )
 from ._stream.operators import aclose as aclose  # (internal, re-exported for the package)
+from ._stream.operators import aclosing as aclosing  # (internal, re-exported for the package)
 
 if TYPE_CHECKING:
     import reactivex
@@ -91,7 +91,7 @@ class EventStream(Generic[T]):
             self._last = weakref.ref(it)
         except TypeError:  # some iterators do not take weak references
             pass
-        return it  # type: ignore[no-any-return]  # (typing.cast is a call, on every subscription)
+        return it
 
     async def aclose(self) -> None:
         """Close the most recent iteration of this stream (for ``contextlib.aclosing``)."""
@@ -109,7 +109,7 @@ class EventStream(Generic[T]):
     async def to_list(self) -> list[T]:
         """Run the stream to completion and collect its items."""
         out: list[T] = []
-        async with contextlib.aclosing(self.__aiter__()) as it:  # type: ignore[type-var]
+        async with aclosing(self.__aiter__()) as it:
             async for item in it:
                 out.append(item)
         return out
@@ -118,7 +118,7 @@ class EventStream(Generic[T]):
         """Run the stream to completion and return its last item (`LookupError` if empty)."""
         sentinel: Any = _NOTHING
         item: Any = sentinel
-        async with contextlib.aclosing(self.__aiter__()) as it:  # type: ignore[type-var]
+        async with aclosing(self.__aiter__()) as it:
             async for item in it:  # noqa: B007
                 pass
         if item is sentinel:
@@ -137,7 +137,7 @@ class EventStream(Generic[T]):
 
         async def run() -> None:
             try:
-                async with contextlib.aclosing(self.__aiter__()) as it:  # type: ignore[type-var]
+                async with aclosing(self.__aiter__()) as it:
                     async for item in it:
                         if on_next is not None:
                             await maybe_await(on_next(item))
@@ -200,7 +200,7 @@ class EventStream(Generic[T]):
 
         async def gen() -> AsyncIterator[Any]:
             for s in streams:
-                async with contextlib.aclosing(s.__aiter__()) as it:  # type: ignore[type-var]
+                async with aclosing(s.__aiter__()) as it:
                     async for item in it:
                         yield item
 
@@ -372,7 +372,7 @@ async def _catch(source: EventStream[Any], handler: Callable[[Exception], Any]) 
         fallback = handler(exc)
     finally:
         await aclose(it)
-    async with contextlib.aclosing(to_stream(fallback).__aiter__()) as fit:  # type: ignore[type-var]
+    async with aclosing(to_stream(fallback).__aiter__()) as fit:
         async for item in fit:
             yield item
 

@@ -1,4 +1,4 @@
-"""The model call as its consumer sees it, at the edges of its reads (`agent._model_call`): a
+"""The model call as its consumer sees it, at the edges of its reads (`_model_call`): a
 consumer that keeps up, one away for loop turns (the call runs ahead), one that leaves between
 reads; a cancellation, an interrupt or a deadline landing while the model call waits for its
 provider, or while the consumer holds an event (or blocks the loop) and nobody waits; an

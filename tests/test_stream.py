@@ -13,7 +13,7 @@ import reactivex
 from reactivex import operators as ops
 
 from agentscope_py import EventStream
-from agentscope_py.stream import prefetched, to_stream
+from agentscope_py.stream import aclosing, prefetched, to_stream
 
 
 class Producer:
@@ -421,3 +421,40 @@ async def test_aioreactive_adapters() -> None:
     with pytest.raises(ValueError):
         await EventStream.from_async_observable(Producer(3, fail_at=1).stream().to_async_observable()).to_list()
     assert await to_stream(rx.from_iterable([7, 8])).to_list() == [7, 8]
+
+
+async def test_aclosing_closes_the_iterator_however_the_block_ends() -> None:
+    closed: list[str] = []
+
+    async def gen(name: str) -> AsyncIterator[int]:
+        try:
+            yield 1
+            yield 2
+        finally:
+            closed.append(name)
+
+    async with aclosing(gen("early")) as it:
+        assert await it.__anext__() == 1
+    with pytest.raises(ValueError):
+        async with aclosing(gen("error")) as it:
+            await it.__anext__()
+            raise ValueError
+    assert closed == ["early", "error"]
+
+
+async def test_aclosing_takes_an_iterator_without_aclose() -> None:
+    class Plain:
+        def __init__(self) -> None:
+            self.n = 0
+
+        def __aiter__(self) -> Plain:
+            return self
+
+        async def __anext__(self) -> int:
+            self.n += 1
+            if self.n > 2:
+                raise StopAsyncIteration
+            return self.n
+
+    async with aclosing(Plain()) as it:
+        assert [x async for x in it] == [1, 2]

@@ -10,7 +10,7 @@ from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from .channel import EMPTY, Channel
-from .operators import Maps, MapSource, Recovery, aclose
+from .operators import Maps, MapSource, Recovery, aclose, aclosing
 
 __all__ = ["Deferred", "Prefetch", "Producer", "merge"]
 
@@ -180,7 +180,7 @@ async def merge(
 
     async def run_inner(stream: AsyncIterable[Any]) -> None:
         try:
-            async with contextlib.aclosing(stream.__aiter__()) as it:  # type: ignore[type-var]
+            async with aclosing(stream.__aiter__()) as it:
                 async for item in it:
                     await channel.put(item)
         finally:

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable
 from operator import itemgetter
-from typing import Any, ClassVar
+from types import TracebackType
+from typing import Any, ClassVar, Generic, TypeVar
 
 __all__ = [
     "DO",
@@ -20,6 +21,7 @@ __all__ = [
     "Recovery",
     "Step",
     "aclose",
+    "aclosing",
     "apply_maps",
     "finally_",
     "fused",
@@ -44,7 +46,7 @@ class MapSource:
     would add: where items are already handled one by one (the drain of a prefetch buffer), the
     maps run there, one generator step less per item. ``with_maps`` must apply them in order, to
     every item, in the consumer's task (where `fused` would). Subclasses: `concurrent.Prefetch`,
-    `context.InContext`, and the model call's stream (`agent._model_call`)."""
+    `context.InContext`, and the model call's stream (`_model_call`)."""
 
     __slots__ = ()
 
@@ -85,6 +87,30 @@ async def aclose(it: object) -> None:
     close = getattr(it, "aclose", None)
     if close is not None:
         await close()
+
+
+IterT = TypeVar("IterT", bound=AsyncIterator[Any])
+
+
+class aclosing(Generic[IterT]):  # (lower case: it stands for ``contextlib.aclosing``)
+    """``async with aclosing(it) as it:`` closes ``it`` on the way out, however the block ends.
+
+    ``contextlib.aclosing`` does the same but is typed for objects that declare ``aclose``, which
+    ``AsyncIterator`` does not (``__aiter__()`` of a stream, a hook's result): this one takes any
+    async iterator, gives it back with its own type, and closes it when it can be closed."""
+
+    __slots__ = ("_it",)
+
+    def __init__(self, it: IterT) -> None:
+        self._it = it
+
+    async def __aenter__(self) -> IterT:
+        return self._it
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await aclose(self._it)
 
 
 async def maybe_await(value: Any) -> None:

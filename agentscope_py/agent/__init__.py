@@ -13,6 +13,7 @@ from ..errors import (
     StateStoreError,
     StructuredOutputError,
 )
+from ._structured import RESPONSE_TOOL
 from .context import RuntimeContext
 from .react import Builder, ReActAgent, confirm_message
 from .sqlite_store import SqliteStateStore
@@ -23,6 +24,7 @@ if TYPE_CHECKING:
     from .redis_store import RedisStateStore
 
 __all__ = [
+    "RESPONSE_TOOL",
     "AgentInterrupted",
     "AgentState",
     "AgentStateStore",

@@ -17,12 +17,13 @@ chain.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import contextvars
 from collections.abc import AsyncIterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
+from .._acting import ToolScope, acting_events
 from .._bracket_kinds import describe
+from .._model_call import model_call_stream
 from .._replies import ReplyBuilder
 from ..errors import AgentInterrupted, PendingToolCallsError, ResumeError, StructuredOutputError
 from ..events import AgentEnd, AgentEvent, AgentResult, AgentStart, EventBase, ExceedMaxIters, ModelCallStart
@@ -30,11 +31,9 @@ from ..message import GenerateReason, Msg, ToolResultState, ToolUseBlock, new_id
 from ..middleware.base import ActingInput, AgentInput, ExtensionPoint, ModelCallInput, ReasoningInput
 from ..middleware.chain import compose
 from ..model.base import ModelRequest
-from ..stream import EventStream, aclose
-from ._acting import ToolScope, acting_events
+from ..stream import EventStream, aclose, aclosing
 from ._boundaries import not_an_event, require_event, warn_empty
 from ._brackets import Brackets
-from ._model_call import model_call_stream
 from ._persist import finish, finish_quietly, save_once
 from ._prelude import prelude
 from ._run_state import RunState
@@ -196,7 +195,7 @@ class Execution:
                                     elif mark is END:
                                         log(ev)
                                     elif ev.source is None:
-                                        stop = ev  # type: ignore[assignment]
+                                        stop = cast("RequestStop", ev)  # (the third mark: a RequestStop)
                                 try:
                                     on_event(ev)
                                 except Exception:
@@ -379,7 +378,7 @@ class Execution:
         mc_input = ModelCallInput(messages=run.messages(), tools=(), options=self.agent.model_options,
                                   model=self.agent.model)
         builder = run.builder = ReplyBuilder()
-        async with contextlib.aclosing(self._model_call(mc_input).__aiter__()) as it:  # type: ignore[type-var]
+        async with aclosing(self._model_call(mc_input).__aiter__()) as it:
             async for ev in it:
                 builder.add(ev)
                 yield ev

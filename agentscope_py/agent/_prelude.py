@@ -8,14 +8,14 @@ the run's first step (`_steps.PRELUDE`), so one path serves traced and untraced 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
 from ..events import AgentEvent
 from ..message import Msg
 from ..middleware.base import ExtensionPoint
+from ..stream import aclosing
 from ._boundaries import admit
 from ._hooks import HookCall
 from ._input import check_input
@@ -37,7 +37,8 @@ async def prelude(exe: Execution) -> AsyncIterator[AgentEvent]:
     input_msgs = run.input_msgs
     for mw in hooks[ExtensionPoint.ON_AGENT_STATE_READY]:
         if not trace:  # no trace events to emit: the hook called as HookCall would, without it
-            result: Any = mw.on_agent_state_ready(agent, ctx, state, input_msgs)  # type: ignore[func-returns-value]
+            hook: Callable[..., Any] = mw.on_agent_state_ready  # (an ``async def`` override returns a coroutine)
+            result = hook(agent, ctx, state, input_msgs)
             if result is not None and asyncio.iscoroutine(result):  # (an ``async def`` hook)
                 await result
             continue
@@ -57,7 +58,7 @@ async def prelude(exe: Execution) -> AsyncIterator[AgentEvent]:
     run.input_taken = True
     pending = run.pending_calls()
     if pending:
-        async with contextlib.aclosing(resume(exe, pending, input_msgs)) as steps:  # type: ignore[type-var]
+        async with aclosing(resume(exe, pending, input_msgs)) as steps:
             async for ev in steps:
                 yield ev
         return

@@ -4,10 +4,10 @@ restart). Anything else is a `ResumeError` that says what the session waits for.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
+from .._tool_answers import tool_answers
 from ..errors import PendingToolCallsError, ResumeError
 from ..events import (
     AgentEvent,
@@ -19,7 +19,7 @@ from ..events import (
     UserConfirmResult,
 )
 from ..message import GenerateReason, Msg, ToolResultBlock, ToolResultState, ToolUseBlock
-from ..tool._source import tool_answers
+from ..stream import aclosing
 from ._boundaries import clean_block
 from ._subagent_tree import route_confirms
 
@@ -70,7 +70,7 @@ async def resume(exe: Execution, pending: list[ToolUseBlock], input_msgs: list[M
             state.context.append(Msg.tool(denied))
         assistant = last_assistant(exe)
         if run:
-            async with contextlib.aclosing(exe.act(run, assistant)) as steps:  # type: ignore[type-var]
+            async with aclosing(exe.act(run, assistant)) as steps:
                 async for ev in steps:
                     yield ev
         state.pending_tool_calls = [c.id for c in exe.run.pending_calls()]
@@ -94,7 +94,7 @@ async def resume(exe: Execution, pending: list[ToolUseBlock], input_msgs: list[M
             "answer them with confirm results (agentscope_py.confirm_message) or tool results first"
         )
     # An empty input resumes acting on what is pending (e.g. after a restart).
-    async with contextlib.aclosing(exe.act(pending, last_assistant(exe))) as steps:  # type: ignore[type-var]
+    async with aclosing(exe.act(pending, last_assistant(exe))) as steps:
         async for ev in steps:
             yield ev
 

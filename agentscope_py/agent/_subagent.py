@@ -35,15 +35,15 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, Field
 
+from .._acting import TOOL_CALL
 from .._bracket_kinds import BRACKET_TYPES
 from .._context import RuntimeContext
 from .._fast_events import with_source
 from ..errors import AgentInterrupted, BudgetExceeded, SubAgentError, SubAgentPaused, ToolArgumentError
 from ..events import AgentResult, Custom, ModelCallEnd, RequestStop, RequireUserConfirm
 from ..message import ChatUsage, GenerateReason, Msg, new_id
-from ..tool._schema import arguments_model, clean_schema
-from ..tool.toolkit import Tool
-from ._acting import TOOL_CALL
+from ..stream import aclosing
+from ..tool.toolkit import Tool, arguments_model, clean_schema
 from ._brackets import Brackets as _Opened
 from ._subagent_tree import DEFAULT_MAX_DEPTH, InheritSpec, check_limits, inherited_runtime, set_waiting, take_confirms
 
@@ -190,14 +190,14 @@ class SubAgentTool:
             control.links.append(exe.control)
             task = asyncio.current_task()
             if task is not None:
-                control.tasks.discard(task)  # type: ignore[arg-type]
+                control.tasks.discard(task)
         opened = _Opened()
         log = opened.log.append
         # The events go straight into the call's channel (in call order, before the result the
         # tool yields): no generator layer of the tool's per event.
         put = current[1].put if current is not None else None
         try:
-            async with contextlib.aclosing(events) as it:
+            async with aclosing(events) as it:
                 async for ev in it:
                     cls = type(ev)
                     if ev.source is None:

@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ValidationError
 
+from .._model_call import FailoverListener, RetryPolicy
 from ..errors import InputError
 from ..events import AgentEvent, AgentResult, ConfirmResult
 from ..message import Msg
@@ -33,7 +34,6 @@ from ..tool.toolkit import Tool, Toolkit
 from ._boundaries import guarded
 from ._input import check_input
 from ._loop import Execution
-from ._model_call import FailoverListener, RetryPolicy
 from ._runtime import AgentRuntime
 from ._session import SessionGates
 from ._subagent import SessionMode, SubAgentTool

@@ -15,6 +15,7 @@ from temporalio import activity
 from temporalio.api.enums.v1 import EventType
 from temporalio.exceptions import ApplicationError
 
+from .._tool_answers import tool_answers
 from ..agent.context import RuntimeContext
 from ..agent.react import ReActAgent
 from ..errors import SubAgentPaused, ToolInputRequired
@@ -22,7 +23,7 @@ from ..events import EventBase
 from ..message import ToolUseBlock
 from ..model.base import ChatModel, ModelError
 from ..stream import aclose
-from ..tool._source import current_tool_call, tool_answers
+from ..tool.toolkit import current_tool_call
 from ._codec import load_request
 from ._config import HEARTBEAT_THROTTLE, INTERRUPT_SIGNAL, MODEL_ACTIVITY, TOOL_ACTIVITY
 from ._factory import worker_agent
@@ -121,7 +122,7 @@ async def model_call_activity(payload: dict[str, Any]) -> dict[str, Any]:
     generated ids renamed after the call's position (the same on every attempt: an attempt on
     another worker publishes the same positions under the same names), and the log's last
     position once they were published (0: no log)."""
-    from ..agent._model_call import model_call_stream
+    from .._model_call import model_call_stream
 
     await _unless_stopped()
     agent = worker_agent(payload["factory"])

@@ -21,6 +21,7 @@ from ..errors import DurableSessionBusy, ResumeError
 from ..events import AgentEvent, ConfirmResult, parse_event
 from ..message import Msg, ToolResultBlock, ToolUseBlock
 from ..model.base import ToolSchema
+from ..stream import aclosing
 from ._config import DEFAULT_TASK_QUEUE, INTERRUPT_SIGNAL, WORKFLOW_NAME
 from ._publish import EventLog
 from ._watch import watch
@@ -113,12 +114,19 @@ class DurableRun:
         """The run's events after the ``after`` first ones, live as they are published (with an
         event log; else when the run ends), until its last one; a failed run raises as
         ``result()`` does."""
+        async for data in self.stream_json(after):
+            yield parse_event(data)
+
+    async def stream_json(self, after: int = 0) -> AsyncIterator[dict[str, Any]]:
+        """`stream`'s events as the JSON objects the event log holds, unparsed (what a relay that
+        sends them on as JSON needs)."""
         if self.log is None:
             for data in (await self._output())["events"][after:]:
-                yield parse_event(data)
+                yield data
             return
-        async for data in watch(self.handle, self.log, self.run_id, after):
-            yield parse_event(data)
+        async with aclosing(watch(self.handle, self.log, self.run_id, after)) as found:
+            async for data in found:
+                yield data
 
     async def waiting(self) -> bool:
         """Whether the run waits for ``confirm`` or ``send_tool_results``."""

@@ -11,16 +11,16 @@ from typing import Any
 from temporalio import workflow
 from temporalio.exceptions import ActivityError, ApplicationError
 
+from .._acting import ToolScope
 from .._control import RunControl
 from .._deadline import Deadline
-from ..agent._acting import ToolScope
+from .._tool_answers import tool_answers
 from ..agent.react import ReActAgent
 from ..errors import AgentInterrupted, DurableActivityError, ToolInputRequired
 from ..events import AgentEvent, parse_event
 from ..message import DataBlock, ToolUseBlock
 from ..model.base import ChatModel, ModelRequest
 from ..stream import Channel, EventStream
-from ..tool._source import tool_answers
 from ..tool.toolkit import Tool
 from ._codec import dump_request, load_events
 from ._config import MODEL_ACTIVITY, TOOL_ACTIVITY, DurableConfig

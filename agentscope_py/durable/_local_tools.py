@@ -1,11 +1,11 @@
 """Tools that run in the workflow rather than as activities: structured output's per-call
-``generate_response`` tool (`agent._structured`) records the validated output in the run itself,
+``generate_response`` tool (`agent.RESPONSE_TOOL`) records the validated output in the run itself,
 so it must run where the run is; it does no I/O and is deterministic."""
 
 from __future__ import annotations
 
-from ..agent._acting import ToolExecutor, ToolScope, _output
-from ..agent._structured import RESPONSE_TOOL
+from .._acting import ToolExecutor, ToolScope, tool_output
+from ..agent import RESPONSE_TOOL
 from ..agent.react import ReActAgent
 from ..message import ToolUseBlock
 from ..stream import Channel
@@ -21,7 +21,7 @@ def with_local_tools(agent: ReActAgent, activities: ToolExecutor) -> ToolExecuto
 
     async def executor(scope: ToolScope, call: ToolUseBlock, tool: Tool, channel: Channel) -> None:
         if call.name == RESPONSE_TOOL and not own:
-            await _output(scope, call, tool, channel)
+            await tool_output(scope, call, tool, channel)
         else:
             await activities(scope, call, tool, channel)
 

@@ -147,7 +147,7 @@ class RedisEventLog(EventLog, LoopRedis):
         with _typed(f"recording run {run_id}"):
             # HSET keeps the hash's expiry: an annotated record lives as long as it would have.
             fields: Any = meta  # redis-py's mapping type is invariant in its keys
-            await self._redis().hset(self._keys(run_id)[1], mapping=fields)  # type: ignore[misc]
+            await self._redis().hset(self._keys(run_id)[1], mapping=fields)
 
     async def meta(self, run_id: str) -> dict[str, str] | None:
         with _typed(f"reading run {run_id}"):

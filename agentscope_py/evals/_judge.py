@@ -9,7 +9,6 @@ does not parse is a failed result saying so, with what the judge answered."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 from typing import Any
 
@@ -18,6 +17,7 @@ from pydantic import BaseModel, Field, ValidationError
 from ..message import ChatUsage, Msg
 from ..model.base import ChatModel, ModelRequest, ToolSchema, supports_structured_output
 from ..model.registry import resolve_model
+from ..stream import aclosing
 from ._context import EvalContext
 from ._evaluator import Evaluator
 from ._result import EvalResult
@@ -93,7 +93,7 @@ class LLMJudge(Evaluator):
         arguments: list[str] = []
         usage: ChatUsage | None = None
         stream = self.model.stream(self.request(ctx))
-        async with contextlib.aclosing(stream):  # type: ignore[type-var]
+        async with aclosing(stream):
             async for chunk in stream:
                 if chunk.text:
                     text.append(chunk.text)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from ..events import AgentEvent, ModelCallEnd, ModelCallStart, ToolResultEnd, ToolResultStart
 from ..message import ChatUsage, ToolResultState, ToolUseBlock, new_id
@@ -22,7 +22,7 @@ def _marks(ev: AgentEvent) -> dict[str, Any]:
     recorded call — an inner budget's totals, say — not this one): the hit marks."""
     cls = type(ev)
     if cls is ModelCallEnd:
-        usage = ev.usage  # type: ignore[union-attr]
+        usage = cast(ModelCallEnd, ev).usage
         return {"usage": ChatUsage(),
                 "metadata": {"cache": HIT, "cached_usage": None if usage is None else usage.model_dump()}}
     if cls is ModelCallStart or cls is ToolResultStart or cls is ToolResultEnd:

@@ -85,7 +85,8 @@ def _match(spec: Any, default: Callable[[BaseException], bool], name: str) -> Ca
     if isinstance(spec, tuple) and spec and all(isinstance(t, type) and issubclass(t, BaseException) for t in spec):
         return lambda error: isinstance(error, spec)
     if callable(spec) and not isinstance(spec, type | tuple):  # (a class that is no exception is not a predicate)
-        return spec  # type: ignore[no-any-return]
+        predicate: Callable[[BaseException], bool] = spec
+        return predicate
     raise ValueError(f"{name} must be an exception type, a tuple of them, or a predicate; got {spec!r}")
 
 

@@ -46,8 +46,8 @@ __all__ = ["TimeoutMiddleware"]
 
 # The hooks below copy the records field by field: a record that gains a field must be copied
 # here too (this fails at import instead of dropping the field silently).
-if (ModelCallInput.__match_args__ != ("messages", "tools", "options", "model", "deadline")  # type: ignore[attr-defined]
-        or ActingInput.__match_args__ != ("tool_calls", "deadline")):  # type: ignore[attr-defined]
+if (ModelCallInput.__match_args__ != ("messages", "tools", "options", "model", "deadline")
+        or ActingInput.__match_args__ != ("tool_calls", "deadline")):
     raise TypeError("TimeoutMiddleware copies ModelCallInput/ActingInput by their fields: update it")
 
 

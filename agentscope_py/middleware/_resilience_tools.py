@@ -17,7 +17,6 @@ with the same call id; memory keeps the last one.
 
 from __future__ import annotations
 
-import contextlib
 import random
 from collections.abc import AsyncIterator, Callable, Collection
 from typing import TYPE_CHECKING, Any, Literal
@@ -25,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from ..errors import MiddlewareTermination
 from ..events import AgentEvent, ToolResultEnd, ToolResultStart, ToolResultTextDelta
 from ..message import ToolResultState, ToolUseBlock
-from ..stream import EventStream
+from ..stream import EventStream, aclosing
 from ._resilience_common import Backoff, Sleep, mode_of
 from .base import ActingInput, ExtensionPoint, MiddlewareBase, Next
 
@@ -104,7 +103,7 @@ class ToolRetryMiddleware(MiddlewareBase):
         deltas = 0
         texts: dict[str, list[str]] = {}  # "always": the text of each call's result so far
         ev: Any
-        async with contextlib.aclosing(stream.__aiter__()) as it:  # type: ignore[type-var]
+        async with aclosing(stream.__aiter__()) as it:
             async for ev in it:
                 cls = type(ev)
                 if held is not None:

@@ -29,7 +29,6 @@ Tool names: checked against ``toolkit=`` at construction, else at the first run 
 
 from __future__ import annotations
 
-import contextlib
 import fnmatch
 import json
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
@@ -40,7 +39,7 @@ from .._replies import result_events
 from ..errors import ResumeError
 from ..events import ConfirmResult, RequestStop, RequireUserConfirm
 from ..message import GenerateReason, Msg, ToolResultState, ToolUseBlock
-from ..stream import EventStream
+from ..stream import EventStream, aclosing
 from .base import ActingInput, ExtensionPoint, MiddlewareBase, Next
 from .tool_policy import check_tool_names
 
@@ -244,7 +243,7 @@ class HumanApprovalMiddleware(MiddlewareBase):
             else:
                 rest.append(call)
         if not asking and not answered:
-            async with contextlib.aclosing(next(input).__aiter__()) as it:  # type: ignore[type-var]
+            async with aclosing(next(input).__aiter__()) as it:
                 async for ev in it:
                     yield ev
             return
@@ -254,7 +253,7 @@ class HumanApprovalMiddleware(MiddlewareBase):
         gate_asking: list[ToolUseBlock] = []
         held_stop: RequestStop | None = None
         if rest:
-            async with contextlib.aclosing(next(input.replace(tool_calls=rest)).__aiter__()) as it:  # type: ignore[type-var]
+            async with aclosing(next(input.replace(tool_calls=rest)).__aiter__()) as it:
                 async for ev in it:
                     if asking and ev.source is None and type(ev) is RequireUserConfirm:
                         gate_asking.extend(ev.tool_calls)  # merged into one request below

@@ -21,7 +21,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import TYPE_CHECKING, Any, ClassVar, TypeAlias
 
 from .._deadline import Deadline
 from ..events import AgentEvent
@@ -68,6 +68,7 @@ class _Record:
     record the same way."""
 
     __slots__ = ()
+    __match_args__: ClassVar[tuple[str, ...]]  # the fields in order (each record's dataclass sets it)
 
     def replace(self, **changes: Any) -> Any:
         """A copy with ``changes`` applied; this record is left as it was."""
@@ -78,7 +79,7 @@ class _Record:
             if name in changes:
                 changes[name] = _checked_items(cls.__name__, name, changes[name], kind)
         new = _new(cls)
-        for name in cls.__match_args__:  # type: ignore[attr-defined]
+        for name in cls.__match_args__:
             _set(new, name, changes.pop(name) if name in changes else getattr(self, name))
         if changes:
             raise TypeError(f"{cls.__name__}.replace() got unknown fields: {', '.join(changes)}")

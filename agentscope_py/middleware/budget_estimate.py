@@ -82,14 +82,13 @@ def estimate_tokens(input: ModelCallInput) -> int:
 def _msg_chars(msg: Msg) -> int:
     chars = 0
     for block in msg.content:
-        t = block.type
-        if t == "text":
-            chars += len(block.text)  # type: ignore[union-attr]
-        elif t == "thinking":
-            chars += len(block.thinking)  # type: ignore[union-attr]
-        elif t == "tool_use":
-            chars += len(block.name) + _json_len(block.input)  # type: ignore[union-attr]
-        elif t == "tool_result":
-            out = block.output  # type: ignore[union-attr]
+        if block.type == "text":
+            chars += len(block.text)
+        elif block.type == "thinking":
+            chars += len(block.thinking)
+        elif block.type == "tool_use":
+            chars += len(block.name) + _json_len(block.input)
+        elif block.type == "tool_result":
+            out = block.output
             chars += len(out) if isinstance(out, str) else sum(len(getattr(b, "text", "") or "") for b in out)
     return chars

@@ -24,9 +24,11 @@ from ._redis_clients import LoopClients
 
 if TYPE_CHECKING:
     from .._context import RuntimeContext
-    from .budget import BudgetMiddleware
 
-__all__ = ["BudgetStore", "InMemoryBudgetStore", "RedisBudgetStore", "Reservation", "RunTotals", "Spend", "new_hold_id"]
+__all__ = [
+    "BudgetStore", "InMemoryBudgetStore", "RedisBudgetStore", "Reservation", "RunTotals", "ScopeTotals", "Spend",
+    "new_hold_id",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,9 +47,9 @@ class Spend:
 
 
 _new = object.__new__
-_set_tokens = Spend.tokens.__set__  # type: ignore[misc, attr-defined]  # the slots' own descriptors
-_set_cost = Spend.cost.__set__  # type: ignore[misc, attr-defined]
-_set_calls = Spend.calls.__set__  # type: ignore[misc, attr-defined]
+_set_tokens = vars(Spend)["tokens"].__set__  # the slots' own descriptors
+_set_cost = vars(Spend)["cost"].__set__
+_set_calls = vars(Spend)["calls"].__set__
 
 
 def spend(tokens: int, cost: float, calls: int) -> Spend:
@@ -64,6 +66,13 @@ def spend(tokens: int, cost: float, calls: int) -> Spend:
 ZERO = Spend()  # (immutable: one instance serves every fresh total)
 
 
+class ScopeTotals(Protocol):
+    """What `RunTotals` reads of its budget (`BudgetMiddleware`): the totals of every scope for a
+    run's context, of which it answers the session's and the user's."""
+
+    def spent(self, ctx: RuntimeContext) -> dict[str, Spend]: ...
+
+
 class RunTotals(Mapping[str, Spend]):
     """One execution's totals (a tree's: its sub-agents share the root run's), kept in its
     `RuntimeContext` and grown in place at each call's ModelCallEnd, with ``held_tokens`` /
@@ -74,7 +83,7 @@ class RunTotals(Mapping[str, Spend]):
 
     __slots__ = ("_budget", "_ctx", "calls", "cost", "held_cost", "held_tokens", "holds", "tokens")
 
-    def __init__(self, budget: BudgetMiddleware, ctx: RuntimeContext) -> None:
+    def __init__(self, budget: ScopeTotals, ctx: RuntimeContext) -> None:
         self._budget = budget
         self._ctx = ctx
         self.tokens = 0
@@ -91,11 +100,8 @@ class RunTotals(Mapping[str, Spend]):
     def __getitem__(self, scope: str) -> Spend:
         if scope == "run":
             return self.spend()
-        if scope == "session":
-            state = self._ctx.agent_state
-            return self._budget.session_spent(state) if state is not None else Spend()
-        if scope == "user":
-            return self._budget._user_seen.get(self._ctx.user_id) or Spend()
+        if scope == "session" or scope == "user":
+            return self._budget.spent(self._ctx)[scope]
         raise KeyError(scope)
 
     def __iter__(self) -> Iterator[str]:

@@ -30,7 +30,6 @@ showed, else one fresh id its hits share.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -39,7 +38,7 @@ from ..events import (
     AgentEvent,
 )
 from ..message import ToolUseBlock, new_id
-from ..stream import EventStream
+from ..stream import EventStream, aclosing
 from ._cache_record import REPLY, ModelRecorder, ToolRecorder, model_tap, replay
 from .base import ActingInput, ExtensionPoint, MiddlewareBase, ModelCallInput, Next
 from .cache_keys import request_key, tool_call_key
@@ -146,7 +145,7 @@ class ResponseCacheMiddleware(_CacheBase):
                 return
             self.misses += 1
             done: list[list[AgentEvent]] = []
-            async with contextlib.aclosing(inner.map(ModelRecorder(ctx, done.append)).__aiter__()) as it:  # type: ignore[type-var]
+            async with aclosing(inner.map(ModelRecorder(ctx, done.append)).__aiter__()) as it:
                 async for ev in it:
                     yield ev
             if done:
@@ -253,7 +252,7 @@ class ToolResultCacheMiddleware(_CacheBase):
         miss_keys = {cid: key for cid, key in keys.items() if cid not in hits}
         rest = next(input if not hits else input.replace(tool_calls=misses))
         recorder = ToolRecorder(ctx, miss_keys, lambda key, events: done.append((key, events)))
-        async with contextlib.aclosing(rest.map(recorder).__aiter__()) as it:  # type: ignore[type-var]
+        async with aclosing(rest.map(recorder).__aiter__()) as it:
             async for ev in it:
                 yield ev
         for key, events in done:

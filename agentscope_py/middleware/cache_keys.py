@@ -101,7 +101,7 @@ def _messages(messages: Sequence[Msg]) -> list[Any]:
     for m in rest:
         blocks = []
         for b in m.content:
-            blocks.append(("t", b.text) if b.type == "text" else _block(b, aliases))  # type: ignore[union-attr]
+            blocks.append(("t", b.text) if b.type == "text" else _block(b, aliases))
         append((m.role, m.name, blocks))
     _prev = (tuple(messages), out, aliases)
     return out

@@ -16,7 +16,6 @@ nothing per event). Both ways are `_stream.context`'s (`InContext`, `stepped`)."
 
 from __future__ import annotations
 
-import contextlib
 import contextvars
 import functools
 import inspect
@@ -27,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._stream.context import InContext, stepped
 from ..events import MiddlewareCompleted, MiddlewareStarted
-from ..stream import EventStream, to_stream
+from ..stream import EventStream, aclosing, to_stream
 from .base import ONION_POINTS, ExtensionPoint, MiddlewareBase, overrides
 
 if TYPE_CHECKING:
@@ -218,7 +217,7 @@ def _traced(mw: MiddlewareBase, point: ExtensionPoint, invoke: Layer) -> Layer:
             inner: list[MiddlewareStarted] = []
             try:
                 stream = c.run(invoke, input)
-                async with contextlib.aclosing(c.run(stream.__aiter__)) as it:  # type: ignore[type-var]
+                async with aclosing(c.run(stream.__aiter__)) as it:
                     async for event in it:
                         if event.__class__ is MiddlewareStarted and event.source is None:
                             inner.append(event)

@@ -24,7 +24,6 @@ is a `Summarizer`; an ``async def fn(messages, agent, ctx)`` is accepted too.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import time
@@ -35,7 +34,7 @@ from .._state import SummaryRecord
 from ..events import Compressed, Custom
 from ..message import Msg
 from ..model.base import ChatModel
-from ..stream import EventStream
+from ..stream import EventStream, aclosing
 from ._history import TokenCounter, approximate_tokens, cut_index
 from ._internal import internal_model_call
 from .base import ExtensionPoint, MiddlewareBase, Next, ReasoningInput
@@ -224,7 +223,7 @@ class ContextCompressionMiddleware(MiddlewareBase):
                 record = state.summaries[-1]
                 yield Compressed(removed_messages=record.removed_messages, kept_messages=record.kept_messages,
                                  summary=summary, metadata={"summary_id": record.summary_id})
-        async with contextlib.aclosing(next(input).__aiter__()) as it:  # type: ignore[type-var]
+        async with aclosing(next(input).__aiter__()) as it:
             async for ev in it:
                 yield ev
 

@@ -29,7 +29,6 @@ its reason saying which guardrail tripped) or ``"error"`` raises the `GuardrailT
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -49,7 +48,7 @@ from ..events import (
     ToolResultTextDelta,
 )
 from ..message import Msg, new_id
-from ..stream import EventStream, aclose
+from ..stream import EventStream, aclose, aclosing
 from .base import ActingInput, ExtensionPoint, MiddlewareBase, ModelCallInput, Next
 from .guardrail_checks import (
     ALL_KINDS,
@@ -156,7 +155,7 @@ class GuardrailMiddleware(MiddlewareBase):
                     check = GuardrailCheck("input", text, pending_input, agent, ctx)
                     await self._run("input", self.input_checks, check)
                 it = next(input).__aiter__()
-                async with contextlib.aclosing(self._checked(agent, ctx, input, it, pending, released)) as checked:
+                async with aclosing(self._checked(agent, ctx, input, it, pending, released)) as checked:
                     async for out in checked:
                         released.see(out)
                         yield out
@@ -182,7 +181,7 @@ class GuardrailMiddleware(MiddlewareBase):
         held: list[Any] = []
         texts: dict[str, _Seen] = {}  # "text", "thinking", or a tool call's id -> what it carried
         messages = tuple(input.messages)
-        async with contextlib.aclosing(_racing(it, pending)) as events:
+        async with aclosing(_racing(it, pending)) as events:
             async for ev in events:
                 cls = type(ev)
                 top = ev.source is None
@@ -278,7 +277,7 @@ class GuardrailMiddleware(MiddlewareBase):
         it: Any = next(input).__aiter__()
         try:
             try:
-                async with contextlib.aclosing(self._checked_results(agent, ctx, it, pending)) as checked:
+                async with aclosing(self._checked_results(agent, ctx, it, pending)) as checked:
                     async for out in checked:
                         released.see(out)
                         yield out
@@ -302,7 +301,7 @@ class GuardrailMiddleware(MiddlewareBase):
         holding = False
         held: list[Any] = []
         texts: dict[str, _Seen] = {}  # tool call id -> its result's text
-        async with contextlib.aclosing(_racing(it, pending)) as events:
+        async with aclosing(_racing(it, pending)) as events:
             async for ev in events:
                 cls = type(ev)
                 top = ev.source is None

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from ..errors import CallLimitExceeded, RateLimitExceeded
 from ..events import RequestStop, ToolResultEnd, ToolResultStart, ToolResultTextDelta
 from ..message import Msg, ToolResultState, ToolUseBlock
-from ..stream import EventStream
+from ..stream import EventStream, aclosing
 from .base import ActingInput, AgentInput, ExtensionPoint, MiddlewareBase, ModelCallInput, Next
 from .rate_limit import KeySpec, check_points, key_function
 
@@ -48,6 +48,8 @@ STATE_KEY = "call_limits"  # AgentState.metadata[STATE_KEY][counter] = calls so 
 
 
 # -- concurrency ---------------------------------------------------------------------------------
+
+_SlotKey = tuple[ExtensionPoint, Hashable]  # (the point, what the key function returned)
 
 
 class _Slots:
@@ -80,7 +82,7 @@ class ConcurrencyLimitMiddleware(MiddlewareBase):
         self.max_wait = max_wait
         self.points = check_points(points)
         self._key = key_function(key)
-        self._slots: dict[Hashable, _Slots] = {}  # only keys with a call in flight or waiting
+        self._slots: dict[_SlotKey, _Slots] = {}  # only keys with a call in flight or waiting
 
     def active_points(self) -> frozenset[ExtensionPoint]:
         return self.points
@@ -106,18 +108,18 @@ class ConcurrencyLimitMiddleware(MiddlewareBase):
         inner = next(input)
         return EventStream(lambda: self._held((ExtensionPoint.ON_AGENT, self._key(ctx)), inner))
 
-    async def _held(self, key: Hashable, inner: EventStream[Any]) -> AsyncIterator[Any]:
+    async def _held(self, key: _SlotKey, inner: EventStream[Any]) -> AsyncIterator[Any]:
         # The slot is taken inside the generator: a stream closed before its first item never
         # took one, and once taken, the finally gives it back however the stream ends.
         await self._acquire(key)
         try:
-            async with contextlib.aclosing(inner.__aiter__()) as it:  # type: ignore[type-var]
+            async with aclosing(inner.__aiter__()) as it:
                 async for event in it:
                     yield event
         finally:
             self._release(key)
 
-    async def _acquire(self, key: Hashable) -> None:
+    async def _acquire(self, key: _SlotKey) -> None:
         slots = self._slots.get(key)
         if slots is None:
             slots = self._slots[key] = _Slots(self.limit)
@@ -139,12 +141,12 @@ class ConcurrencyLimitMiddleware(MiddlewareBase):
                 self._forget(key, slots)
             if isinstance(exc, TimeoutError):
                 raise RateLimitExceeded(
-                    f"{self.limit} call(s) already in flight for key {key[1]!r}; waited {self.max_wait} s",  # type: ignore[index]
+                    f"{self.limit} call(s) already in flight for key {key[1]!r}; waited {self.max_wait} s",
                     retry_after=None,
                 ) from None
             raise
 
-    def _release(self, key: Hashable) -> None:
+    def _release(self, key: _SlotKey) -> None:
         slots = self._slots[key]
         while slots.waiters:
             waiter = slots.waiters.popleft()
@@ -154,7 +156,7 @@ class ConcurrencyLimitMiddleware(MiddlewareBase):
         slots.free += 1
         self._forget(key, slots)
 
-    def _forget(self, key: Hashable, slots: _Slots) -> None:
+    def _forget(self, key: _SlotKey, slots: _Slots) -> None:
         # Idle: per-session keys do not pile up. (A waiter cancelled late may hold an entry that
         # was already dropped.)
         if slots.free == self.limit and not slots.waiters and self._slots.get(key) is slots:
@@ -346,7 +348,7 @@ async def _with_blocked(
     """The allowed calls' events, then an error result per blocked call (and the stop)."""
     reply_id = reply_id_of or ""
     if inner is not None:
-        async with contextlib.aclosing(inner.__aiter__()) as it:  # type: ignore[type-var]
+        async with aclosing(inner.__aiter__()) as it:
             async for event in it:
                 if not reply_id:
                     reply_id = getattr(event, "reply_id", "") or ""

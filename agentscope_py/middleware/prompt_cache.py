@@ -29,7 +29,6 @@ before its first event leaves the fingerprint as it was.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 from collections.abc import AsyncIterator, Iterable, Sequence
@@ -38,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 from ..events import CacheLayoutChanged
 from ..message import Msg
 from ..model.base import ToolSchema
-from ..stream import EventStream
+from ..stream import EventStream, aclosing
 from ._history import leading_system
 from .base import ExtensionPoint, MiddlewareBase, ModelCallInput, Next
 
@@ -136,7 +135,7 @@ class PromptCacheGuardMiddleware(MiddlewareBase):
         current = fingerprint(input)
         changed = self.compare(previous if isinstance(previous, dict) else None, current, input)
         first = True
-        async with contextlib.aclosing(next(input).__aiter__()) as it:  # type: ignore[type-var]
+        async with aclosing(next(input).__aiter__()) as it:
             async for ev in it:
                 yield ev
                 if first:

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Protocol
 from urllib.parse import quote
 
 from ..errors import RateLimitExceeded
-from ..stream import EventStream
+from ..stream import EventStream, aclosing
 from .base import ActingInput, AgentInput, ExtensionPoint, MiddlewareBase, ModelCallInput, Next
 
 if TYPE_CHECKING:
@@ -345,7 +345,7 @@ class RateLimitMiddleware(MiddlewareBase):
                 with contextlib.suppress(Exception):
                     await self.store.refund(key, need, self.rate, self.burst)
                 raise
-        async with contextlib.aclosing(inner.__aiter__()) as it:  # type: ignore[type-var]
+        async with aclosing(inner.__aiter__()) as it:
             async for event in it:
                 yield event
 

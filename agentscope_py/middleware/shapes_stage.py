@@ -56,7 +56,7 @@ from ..events import (
 )
 from ..message import Msg, TextBlock, ThinkingBlock, ToolResultBlock, ToolUseBlock, new_id
 from ..model.base import ChatModel, ToolSchema
-from ..stream import EventStream
+from ..stream import EventStream, aclosing
 from .base import ActingInput, AgentInput, ExtensionPoint, MiddlewareBase, ModelCallInput, Next
 
 if TYPE_CHECKING:
@@ -150,7 +150,7 @@ class StageMiddleware(MiddlewareBase):
             nonlocal called
             called = True
             collect = _collector(context)
-            async with contextlib.aclosing(inner().__aiter__()) as it:  # type: ignore[type-var]
+            async with aclosing(inner().__aiter__()) as it:
                 async for ev in it:
                     collect(ev)
                     if context.stage is MiddlewareStage.TURN and type(ev) in (AgentResult, AgentEnd) \

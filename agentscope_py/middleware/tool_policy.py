@@ -21,7 +21,6 @@ at construction; without, at the first run of each agent (a `ValueError` from
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import fnmatch
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -29,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from .._replies import result_events
 from ..events import AllToolsDenied, RequestStop
 from ..message import GenerateReason, ToolResultState, ToolUseBlock
-from ..stream import EventStream
+from ..stream import EventStream, aclosing
 from .base import ActingInput, ExtensionPoint, MiddlewareBase, ModelCallInput, Next
 
 if TYPE_CHECKING:
@@ -146,7 +145,7 @@ class ToolPolicyMiddleware(MiddlewareBase):
                 for ev in result_events(reply_id, call, self._text(call, reason), ToolResultState.DENIED):
                     yield ev
         if not denied:
-            async with contextlib.aclosing(next(input).__aiter__()) as it:  # type: ignore[type-var]
+            async with aclosing(next(input).__aiter__()) as it:
                 async for ev in it:
                     yield ev
             return
@@ -155,7 +154,7 @@ class ToolPolicyMiddleware(MiddlewareBase):
         if not rest:
             yield AllToolsDenied(reply_id=reply_id, denied_tool_calls=denied)
             return
-        async with contextlib.aclosing(next(input.replace(tool_calls=rest)).__aiter__()) as it:  # type: ignore[type-var]
+        async with aclosing(next(input.replace(tool_calls=rest)).__aiter__()) as it:
             async for ev in it:
                 if type(ev) is AllToolsDenied and ev.source is None:
                     # The gate denied the rest: one notice for the whole round, in call order.

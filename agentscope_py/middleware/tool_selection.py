@@ -30,7 +30,7 @@ from ..errors import StructuredOutputError
 from ..events import Custom
 from ..message import Msg
 from ..model.base import ChatModel, ToolSchema
-from ..stream import EventStream
+from ..stream import EventStream, aclosing
 from ._internal import internal_model_call
 from .base import ExtensionPoint, MiddlewareBase, Next, ReasoningInput
 from .tool_policy import check_tool_names
@@ -113,7 +113,7 @@ class ToolSelectorMiddleware(MiddlewareBase):
             kept = tuple(t for t in tools if t.name in picked or t.name in always)
             input = input.replace(tools=kept)
         yield Custom(name=SELECTED, value={"tools": [t.name for t in input.tools]})
-        async with contextlib.aclosing(next(input).__aiter__()) as it:  # type: ignore[type-var]
+        async with aclosing(next(input).__aiter__()) as it:
             async for ev in it:
                 yield ev
 

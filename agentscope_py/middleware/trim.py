@@ -96,9 +96,9 @@ def clear_tool_results(
         content: list[Any] = []
         changed = False
         for block in reversed(msg.content):
-            if block.type == "tool_result" and block.name not in exclude:  # type: ignore[union-attr]
+            if block.type == "tool_result" and block.name not in exclude:
                 seen += 1
-                if seen > keep and block.output != placeholder:  # type: ignore[union-attr]
+                if seen > keep and block.output != placeholder:
                     block = block.model_copy(update={"output": placeholder})
                     changed = True
             content.append(block)

@@ -22,8 +22,8 @@ times the timeout without data (never before), and a token costs one attribute s
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from typing import Any, NoReturn
+from collections.abc import AsyncGenerator
+from typing import Any, NoReturn, cast
 
 import httptools
 import httpx2
@@ -75,7 +75,7 @@ class Connection(asyncio.Protocol):
     # -- asyncio.Protocol --------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+        self.transport = cast(asyncio.Transport, transport)  # (a stream connection's)
 
     def data_received(self, data: bytes) -> None:
         self._fresh = True
@@ -194,7 +194,7 @@ class Connection(asyncio.Protocol):
         while not self.head_done:
             await self._wait()
 
-    async def iter_body(self) -> AsyncIterator[bytes]:
+    async def iter_body(self) -> AsyncGenerator[bytes, None]:
         """The body, as the bytes that came together; `done` runs at its end, however it ends.
 
         The loop is this generator's own (no read coroutine under it): it runs per token."""

@@ -12,7 +12,6 @@ copy of its output. A replayed request that differs from the recorded one fails 
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import json
 from collections.abc import AsyncIterator
@@ -20,6 +19,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from ..stream import aclosing
 from ._cassette import Cassette, CassetteMismatchError, RecordingTransport, ReplayTransport
 from .base import ChatChunk, ChatModel, ModelRequest
 
@@ -118,7 +118,7 @@ class RecordingModel:
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[ChatChunk]:
         self._install()
-        async with contextlib.aclosing(self.model.stream(request)) as chunks:  # type: ignore[type-var]
+        async with aclosing(self.model.stream(request)) as chunks:
             async for chunk in chunks:
                 yield chunk
 
@@ -167,7 +167,7 @@ class ReplayModel:
     async def stream(self, request: ModelRequest) -> AsyncIterator[ChatChunk]:
         transport = self._install()
         try:
-            async with contextlib.aclosing(self.model.stream(request)) as chunks:  # type: ignore[type-var]
+            async with aclosing(self.model.stream(request)) as chunks:
                 async for chunk in chunks:
                     yield chunk
         except Exception as exc:

@@ -15,7 +15,7 @@ the SDKs bring) gave a friendly error when the extra is missing.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AbstractAsyncContextManager
 from functools import partial
 from types import ModuleType
@@ -33,6 +33,7 @@ __all__ = ["SDKModel", "sdk_error", "streamed"]
 
 class _SDKClient(Protocol):
     _client: Any
+    base_url: Any
 
     async def close(self) -> Any: ...
 
@@ -58,7 +59,7 @@ class SDKModel(ClientModel[S]):
         self._base_url = base_url
         self._api_key = api_key
 
-    def _sdk_client(self, cls: Any, default_url: str, **kw: Any) -> Any:
+    def _sdk_client(self, cls: Callable[..., S], default_url: str, **kw: Any) -> S:
         """The SDK client ``cls(**kw)`` we make, over `Http1Transport` (``_transport.py``: the
         same requests, limits, timeouts and errors as httpx2's default transport, a token read for
         a few calls instead of ~100) where it applies: not behind a proxy from the environment,

@@ -62,11 +62,11 @@ class _Body(httpx2.AsyncByteStream):
         self._conn = conn
         self._iter = conn.iter_body()
 
-    def __aiter__(self) -> AsyncIterator[bytes]:  # type: ignore[override]
+    def __aiter__(self) -> AsyncIterator[bytes]:
         return self._iter
 
     async def aclose(self) -> None:
-        await self._iter.aclose()  # type: ignore[attr-defined]
+        await self._iter.aclose()
         self._conn.done()  # (a generator never started runs no ``finally``)
 
 

@@ -90,7 +90,7 @@ class AnthropicChatModel(SDKModel[anthropic.AsyncAnthropic]):
 
     def _make_client(self) -> anthropic.AsyncAnthropic:
         default_url = os.environ.get("ANTHROPIC_BASE_URL") or "https://api.anthropic.com"
-        return self._sdk_client(anthropic.AsyncAnthropic, default_url,  # type: ignore[no-any-return]
+        return self._sdk_client(anthropic.AsyncAnthropic, default_url,
                                 api_key=self._api_key)
 
     def request_params(self, request: ModelRequest) -> dict[str, Any]:

@@ -10,7 +10,6 @@ without it the reply is a `MalformedStreamError`.
 from __future__ import annotations
 
 import builtins
-import contextlib
 import json
 from collections.abc import AsyncGenerator, Iterator, Mapping, Sequence
 from typing import Any
@@ -26,6 +25,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
     ) from exc
 
 from ..message import ChatUsage, DataBlock, Msg, TextBlock, ThinkingBlock, ToolResultBlock, ToolUseBlock, new_id
+from ..stream import aclosing
 from ._client import ClientModel
 from ._convert import PAYLOAD_ERRORS, merge_options, reference, result_parts
 from ._errors import error_from_body, error_from_status, malformed, message_of, quote, transport_error
@@ -113,7 +113,7 @@ class OllamaChatModel(ClientModel[ollama.AsyncClient]):
                         headers=response.headers,
                     )
                 chunks = read_ndjson(response)
-                async with contextlib.aclosing(chunks):
+                async with aclosing(chunks):
                     async for chunk in chunks:
                         yield chunk
         except ModelError:

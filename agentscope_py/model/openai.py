@@ -104,7 +104,7 @@ class OpenAIChatModel(SDKModel[openai.AsyncOpenAI]):
         if not key:
             raise AuthenticationError("openai: no API key; pass api_key= or set OPENAI_API_KEY", provider=PROVIDER)
         default_url = os.environ.get("OPENAI_BASE_URL") or "https://api.openai.com/v1"
-        return self._sdk_client(openai.AsyncOpenAI, default_url, api_key=key)  # type: ignore[no-any-return]
+        return self._sdk_client(openai.AsyncOpenAI, default_url, api_key=key)
 
     def request_params(self, request: ModelRequest) -> dict[str, Any]:
         """The keyword arguments of the SDK call for ``request`` (the wire request, for tests)."""
@@ -153,7 +153,7 @@ class OpenAIChatModel(SDKModel[openai.AsyncOpenAI]):
 
 
 def _completions_class() -> type:
-    return openai.resources.chat.completions.AsyncCompletions  # type: ignore[no-any-return]
+    return openai.resources.chat.completions.AsyncCompletions
 
 
 # -- reading the stream ------------------------------------------------------------------------

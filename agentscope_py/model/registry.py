@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from typing import Any
 
 from .base import ChatModel
@@ -27,5 +28,5 @@ def resolve_model(model: ChatModel | str, **kwargs: Any) -> ChatModel:
         known = ", ".join(f"{p}:<model>" for p in _PROVIDERS)
         raise ValueError(f"unknown model id {model!r}; expected one of {known}")
     module_name, class_name = _PROVIDERS[provider]
-    cls = getattr(importlib.import_module(module_name), class_name)
-    return cls(name, **kwargs)  # type: ignore[no-any-return]
+    cls: Callable[..., ChatModel] = getattr(importlib.import_module(module_name), class_name)
+    return cls(name, **kwargs)

@@ -73,7 +73,7 @@ class ModelStep:
         return f"ModelStep({', '.join(parts)})"
 
     @classmethod
-    def text(cls, text: str, *, chunks: int = 1, **kw: Any) -> ModelStep:  # type: ignore[override]
+    def text(cls, text: str, *, chunks: int = 1, **kw: Any) -> ModelStep:
         """A text reply, streamed as ``chunks`` deltas."""
         return cls(text=text, chunks=chunks, **kw)
 
@@ -99,7 +99,7 @@ class ModelStep:
         return cls(tool_calls=[ToolUseBlock(id=call_id, name=name)], raw_tool_arguments={call_id: raw})
 
     @classmethod
-    def error(cls, error: BaseException, *, after: int = 0) -> ModelStep:  # type: ignore[override]
+    def error(cls, error: BaseException, *, after: int = 0) -> ModelStep:
         """Raise ``error`` before the first chunk (or after ``after`` chunks)."""
         return cls(error=error, error_after=after)
 

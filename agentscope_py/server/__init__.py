@@ -27,7 +27,7 @@ from ._identity import Identity
 from ._limits import Limits
 from ._runlog import InMemoryRunLog, RunLog, RunRecord
 from ._runlog_sqlite import SqliteRunLog
-from ._serve import GC_THRESHOLDS, serve, tune_gc, uvicorn_config
+from ._serve import GC_THRESHOLDS, serve, serve_workers, tune_gc, uvicorn_config
 from .agui import AguiMapper, select_new_messages
 from .app import RUN_ID_HEADER, RunRequest, create_app
 from .sse import SSEResponse, encode_error, encode_sse
@@ -55,6 +55,7 @@ __all__ = [
     "encode_sse",
     "select_new_messages",
     "serve",
+    "serve_workers",
     "tune_gc",
     "uvicorn_config",
 ]

@@ -16,7 +16,6 @@ with the same ids, and a serve process that dies takes nothing with it: nothing 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import re
 from collections.abc import AsyncIterator, Callable
@@ -27,7 +26,7 @@ from ..errors import RunLogError
 from ..events import AgentEvent, parse_event
 from ..message import Msg
 from ..model.base import ToolSchema
-from ..stream import EventStream
+from ..stream import EventStream, aclosing
 from ._errors import HTTPError
 from ._frames import native_frames
 from ._identity import client_run_id
@@ -41,8 +40,14 @@ try:
     from temporalio.exceptions import WorkflowAlreadyStartedError
     from temporalio.service import RPCError
 
-    from ..durable import DEFAULT_TASK_QUEUE, DurableAgent, DurableSessionBusy, EventLog, session_workflow_id
-    from ..durable._watch import watch
+    from ..durable import (
+        DEFAULT_TASK_QUEUE,
+        DurableAgent,
+        DurableRun,
+        DurableSessionBusy,
+        EventLog,
+        session_workflow_id,
+    )
     from ._durable_agui import durable_agui_frames, no_pending
     from ._durable_answers import Answers, answers_of, session_run, signal_answers, until_wait
     from ._durable_slots import Slot, Slots
@@ -113,7 +118,7 @@ class DurableServing:
                          skip: int = 0) -> AsyncIterator[dict[str, Any]]:
         """`events_of` as JSON; ``skip``: with ``stop_at_wait``, the first ``skip`` events (from
         ``after``) end no stream (turns already answered)."""
-        found = watch(await self.handle(run_id), self.events, run_id, after)
+        found = DurableRun(await self.handle(run_id), run_id, events=self.events).stream_json(after)
         async for data in until_wait(found, skip) if stop_at_wait else found:
             yield data
 
@@ -343,7 +348,7 @@ def _renamed(source: FrameSource, run_id: str) -> FrameSource:
                 name = names[found.group(0)] = b'"%s%sf%d"' % (found.group(1), token, len(names))
             return name
 
-        async with contextlib.aclosing(source(live)) as inner:  # type: ignore[type-var]
+        async with aclosing(source(live)) as inner:
             async for data in inner:
                 yield _GENERATED.sub(rename, data)
 
@@ -353,7 +358,7 @@ def _renamed(source: FrameSource, run_id: str) -> FrameSource:
 async def _relay(live: LiveRun, frames: AsyncIterator[bytes]) -> None:
     """Make a followed run's frames into ``live`` at its follower's pace."""
     try:
-        async with contextlib.aclosing(frames):  # type: ignore[type-var]
+        async with aclosing(frames):
             async for data in frames:
                 live.publish(data)
                 if live.ahead():

@@ -13,14 +13,13 @@ AG-UI's mapper), then say it was cancelled."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from functools import partial
 
 from .._bracket_kinds import BRACKET_TYPES, OpenBrackets
 from ..events import AgentEnd, AgentEvent, AgentResult, ModelCallEnd
 from ..message import TextBlock, ThinkingBlock
-from ..stream import EventStream
+from ..stream import EventStream, aclosing
 from ._errors import Vocabulary, describe, log_failure
 from ._ledger import Emitted
 from ._live import LiveRun
@@ -46,15 +45,11 @@ async def agui_frames(stream: EventStream[AgentEvent], mapper: AguiMapper, rid: 
                       emitted: Emitted, live: LiveRun) -> AsyncIterator[bytes]:
     yield mapper.encode_start()
     try:
-        # A try/finally, not ``aclosing``: that is two objects more for the run's whole life.
-        events = stream.__aiter__()
-        try:
+        async with aclosing(stream.__aiter__()) as events:
             async for event in events:
                 frames = mapper.encode(event)
                 if frames:
                     yield frames
-        finally:
-            await events.aclose()  # type: ignore[attr-defined]
     except BaseException as exc:
         if not _is_failure(exc):
             raise
@@ -104,7 +99,7 @@ async def native_frames(stream: EventStream[AgentEvent], rid: str, pending: Pend
     """The run's events as native frames; ``opened`` (if given) learns what they open and close."""
     first = True
     try:
-        async with contextlib.aclosing(stream.__aiter__()) as events:  # type: ignore[type-var]
+        async with aclosing(stream.__aiter__()) as events:
             async for event in events:
                 if opened is not None and type(event) in BRACKET_TYPES:
                     opened.see(event)

@@ -20,6 +20,7 @@ from typing import Any, Protocol
 
 from .._context import RuntimeContext
 from ..errors import RunLogError
+from ..stream import aclosing
 from ._errors import HTTPError
 from ._identity import client_run_id
 from ._limits import Limits, admit_run
@@ -142,17 +143,14 @@ class Runs:
 
     async def _drive(self, live: LiveRun, source: FrameSource, cancelled_frame: Callable[[LiveRun], bytes]) -> None:
         status = "finished"
-        frames = source(live)
         try:
-            try:  # not ``aclosing``: a try/finally is two objects and two coroutines fewer per run
+            async with aclosing(source(live)) as frames:
                 paced = not live.detach
                 taken, lead = live.taken, live.lead
                 async for data in frames:
                     live.publish(data)
                     if paced and taken and live.spent - min(taken.values()) > lead:  # `LiveRun.ahead`, inline
                         await live.pace()
-            finally:
-                await frames.aclose()  # type: ignore[attr-defined]
         except asyncio.CancelledError:
             status = "cancelled"
             if not live.handoff:  # (marked lost elsewhere: that is its ending, in the log)

@@ -129,12 +129,12 @@ def _unread(transport: Any) -> bool:
         return False
 
 
-class H11HeaderTimeoutProtocol(_HeaderTimeout, H11Protocol):  # type: ignore[misc]
+class H11HeaderTimeoutProtocol(_HeaderTimeout, H11Protocol):
     """`_HeaderTimeout` over uvicorn's pure-Python h11 parser."""
 
 
 if HttpToolsProtocol is not None:
-    class HttpToolsHeaderTimeoutProtocol(_HeaderTimeout, HttpToolsProtocol):  # type: ignore[misc]
+    class HttpToolsHeaderTimeoutProtocol(_HeaderTimeout, HttpToolsProtocol):
         """`_HeaderTimeout` over uvicorn's httptools (llhttp) parser."""
 
     HeaderTimeoutProtocol: type = HttpToolsHeaderTimeoutProtocol
@@ -187,8 +187,9 @@ def uvicorn_config(app: Any, host: str = "127.0.0.1", port: int = 8000, *, heade
     options: dict[str, Any] = {"http": f"{__name__}:{HTTP_PARSERS[http]}", "timeout_keep_alive": idle_timeout,
                                "limit_concurrency": limit, **uvicorn_options}
     config = uvicorn.Config(app, host=host, port=port, **options)
-    config.header_timeout = header_timeout  # type: ignore[attr-defined]  # read by the protocol, pickled to workers
-    config.__dict__["send_buffer"] = send_buffer  # read by the protocol, as header_timeout
+    # Options of ours on uvicorn's config: read by the protocol, pickled to the workers with it.
+    config.__dict__["header_timeout"] = header_timeout
+    config.__dict__["send_buffer"] = send_buffer
     redact_access_log()
     return config
 
@@ -282,8 +283,13 @@ def serve(
     server.run(sockets=[sock])
 
 
-def serve_workers(import_string: str, host: str, port: int, workers: int, token: bool, **options: Any) -> None:
-    """``workers`` processes, each building its app from ``import_string`` (a factory)."""
+def serve_workers(import_string: str, host: str, port: int, workers: int, token: bool, *,
+                  allowed_hosts: Sequence[str] | None = None, **options: Any) -> None:
+    """Serve with ``workers`` processes sharing the socket (blocking), each building its app from
+    ``import_string`` (``"module:factory"``, a function returning the app), and print the page's
+    URL once it answers (``token``: whether the URL needs one). ``allowed_hosts``: what the apps
+    check the Host against, warned about as `serve` does; ``options`` are `uvicorn_config`'s."""
+    warn_if_open(host, allowed_hosts)
     config = uvicorn_config(import_string, host, port, factory=True, workers=workers, **options)
     sock = config.bind_socket()
     stop = threading.Event()

@@ -23,7 +23,7 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from ..events import AgentEvent, EventBase
-from ..stream import Channel
+from ..stream import Channel, aclosing
 
 _dumps: Callable[[Any], bytes] | None
 try:  # the server extra installs it; without it every frame is encoded by pydantic
@@ -148,7 +148,7 @@ async def with_heartbeat(source: AsyncIterator[bytes], interval: float | None,
         nonlocal buffered
         error: BaseException | None = None
         try:
-            async with contextlib.aclosing(source):  # type: ignore[type-var]
+            async with aclosing(source):
                 async for frame in source:
                     while buffered and buffered + len(frame) > buffer_bytes:
                         bytes_room.clear()
@@ -307,7 +307,7 @@ class SSEResponse(Response):
         # (``direct``) read frames joined already by the run log.
         frames = self.frames() if self.direct else with_heartbeat(self.frames(), self.heartbeat, self.buffer_bytes,
                                                                   coalesce=True)
-        async with contextlib.aclosing(frames):  # type: ignore[type-var]
+        async with aclosing(frames):
             async for frame in frames:
                 # Two stores per frame instead of a timer per send: `_StallWatch` reads them.
                 self._sending = True

@@ -16,13 +16,13 @@ def arguments_model(tool_name: str, fields: dict[str, Any]) -> tuple[type[BaseMo
     describe fails here, naming the tool and the parameter, not later as a raw pydantic error."""
     config = ConfigDict(extra="forbid")
     try:
-        model = create_model(f"{tool_name}_arguments", __config__=config, **fields)  # type: ignore[call-overload]
+        model = create_model(f"{tool_name}_arguments", __config__=config, **fields)
         return model, clean_schema(model.model_json_schema())
     except PydanticUserError as exc:
         problem = exc
     for pname, spec in fields.items():  # which parameter: try each on its own
         try:
-            create_model("probe", __config__=config, **{pname: spec}).model_json_schema()  # type: ignore[call-overload]
+            create_model("probe", __config__=config, **{pname: spec}).model_json_schema()
         except PydanticUserError as exc:
             raise TypeError(
                 f"tool {tool_name!r}: parameter {pname!r} has type {_type_name(spec[0])}, which has no "

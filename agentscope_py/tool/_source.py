@@ -6,6 +6,7 @@ import contextvars
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
+from .._tool_answers import tool_answers as tool_answers  # (re-exported: the MCP package reads it here)
 from ..message import ToolUseBlock
 
 if TYPE_CHECKING:
@@ -18,19 +19,6 @@ current_tool_call: contextvars.ContextVar[ToolUseBlock | None] = contextvars.Con
     "agentscope_current_tool_call", default=None)
 """The call a tool runs for, in the tool's own task (set by the acting core): a tool that reports
 progress or asks questions can name its call."""
-
-
-_ANSWERS = "agentscope.tool_answers"
-
-
-def tool_answers(ctx: RuntimeContext) -> dict[str, Any]:
-    """The user's answers (`ConfirmResult.answer`) to the questions running tools asked, by call
-    id, for this context's run: the resume puts them here, the call that runs again reads them."""
-    answers = ctx.get(_ANSWERS)
-    if not isinstance(answers, dict):
-        answers = {}
-        ctx.put(_ANSWERS, answers)
-    return answers
 
 
 class ToolSource(Protocol):

@@ -28,8 +28,8 @@ from ._tool import PermissionCheck, PermissionDecision, Tool
 if TYPE_CHECKING:
     from ._source import MCPToolsetMaker
 
-__all__ = ["PermissionDecision", "Tool", "ToolArgumentError", "ToolSource", "Toolkit", "clean_schema",
-           "current_tool_call", "tool"]
+__all__ = ["PermissionDecision", "Tool", "ToolArgumentError", "ToolSource", "Toolkit", "arguments_model",
+           "clean_schema", "current_tool_call", "tool"]
 
 # -- @tool ----------------------------------------------------------------------------------------
 

@@ -19,11 +19,13 @@ import random
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
-from .._deadline import Deadline, DeadlineTimer
-from .._fast_events import delta_maker as fast_delta
-from .._sanitize import SurrogateCarry, clean
-from ..errors import AgentInterrupted
-from ..events import (
+from ._bracket_kinds import describe
+from ._control import RunControl
+from ._deadline import Deadline, DeadlineTimer
+from ._fast_events import delta_maker as fast_delta
+from ._sanitize import SurrogateCarry, clean
+from .errors import AgentInterrupted
+from .events import (
     AgentEvent,
     ModelCallEnd,
     ModelCallStart,
@@ -37,11 +39,9 @@ from ..events import (
     ToolCallEnd,
     ToolCallStart,
 )
-from ..message import ChatUsage, new_id
-from ..model.base import ChatChunk, ChatModel, ModelError, ModelRequest
-from ..stream import Channel, EventStream, prefetched
-from ._brackets import describe
-from ._session import RunControl
+from .message import ChatUsage, new_id
+from .model.base import ChatChunk, ChatModel, ModelError, ModelRequest
+from .stream import Channel, EventStream, prefetched
 
 __all__ = ["FailoverListener", "ModelExecutor", "RetryPolicy", "model_call_stream", "model_events"]
 

@@ -19,13 +19,13 @@ from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, 
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .._control import RunControl
-from .._deadline import Deadline, DeadlineTimer
-from .._fast_events import delta_maker
-from .._replies import arguments_problem, result_events
-from .._sanitize import clean
-from ..errors import AgentInterrupted, SubAgentPaused, ToolInputRequired
-from ..events import (
+from ._control import RunControl
+from ._deadline import Deadline, DeadlineTimer
+from ._fast_events import delta_maker
+from ._replies import arguments_problem, result_events
+from ._sanitize import clean
+from .errors import AgentInterrupted, SubAgentPaused, ToolInputRequired
+from .events import (
     AgentEvent,
     AllToolsDenied,
     EventBase,
@@ -37,14 +37,14 @@ from ..events import (
     ToolResultStart,
     ToolResultTextDelta,
 )
-from ..message import GenerateReason, ToolResultState, ToolUseBlock
-from ..stream import Channel
-from ..tool.toolkit import PermissionDecision, Tool, ToolArgumentError, Toolkit, current_tool_call
+from .message import GenerateReason, ToolResultState, ToolUseBlock
+from .stream import Channel
+from .tool.toolkit import PermissionDecision, Tool, ToolArgumentError, Toolkit, current_tool_call
 
 if TYPE_CHECKING:
-    from .context import RuntimeContext
+    from ._context import RuntimeContext
 
-__all__ = ["INTERRUPTED_TEXT", "TOOL_CALL", "ToolExecutor", "ToolScope", "acting_events"]
+__all__ = ["INTERRUPTED_TEXT", "TOOL_CALL", "ToolExecutor", "ToolScope", "acting_events", "tool_output"]
 
 TOOL_CALL: contextvars.ContextVar[tuple[ToolUseBlock, Channel] | None] = contextvars.ContextVar(
     "agentscope_tool_call", default=None)
@@ -70,12 +70,12 @@ class ToolScope:
     """A sub-agent call of this pass paused for a confirmation (`SubAgentPaused`): the pass ends
     the run with PERMISSION_ASKING."""
     executor: ToolExecutor | None = None
-    """Runs a permitted tool's body in place of `_output` (`AgentRuntime.tool_executor`)."""
+    """Runs a permitted tool's body in place of `tool_output` (`AgentRuntime.tool_executor`)."""
 
 
 ToolExecutor = Callable[[ToolScope, ToolUseBlock, Tool, Channel], Awaitable[None]]
 """What runs a permitted tool's body and hands its output to the channel as events, in place of
-`_output` (a durable run makes it an activity); failures are handled by `_invoke` as for `_output`."""
+`tool_output` (a durable run makes it an activity); failures are handled by `_invoke` as for `tool_output`."""
 
 
 async def _decide(scope: ToolScope, call: ToolUseBlock, tool: Tool) -> PermissionDecision:
@@ -250,7 +250,7 @@ async def _invoke(
                                     f"{arguments_problem(call.raw_input)}")
         if limit is not None:
             timer = DeadlineTimer(limit)  # kept in this task: it cancels the tool, not the run
-        await (_output if scope.executor is None else scope.executor)(scope, call, tool, channel)
+        await (tool_output if scope.executor is None else scope.executor)(scope, call, tool, channel)
     except (asyncio.CancelledError, AgentInterrupted):  # (a sub-agent interrupted with its caller)
         if timer is not None and timer.stop() and not scope.control.interrupted:
             return ToolResultState.ERROR, f"Error: {name} timed out after {limit:g} s{by}."
@@ -274,7 +274,7 @@ async def _invoke(
     return ToolResultState.SUCCESS, None
 
 
-async def _output(scope: ToolScope, call: ToolUseBlock, tool: Tool, channel: Channel) -> None:
+async def tool_output(scope: ToolScope, call: ToolUseBlock, tool: Tool, channel: Channel) -> None:
     reply_id, cid, name = scope.reply_id, call.id, call.name
     text_delta = delta_maker(ToolResultTextDelta, reply_id=reply_id, tool_call_id=cid, tool_name=name)
     async for chunk in tool.run(call.input, scope.ctx):
