@@ -98,11 +98,7 @@ class OpenAIChatModel(SDKModel[openai.AsyncOpenAI]):
         self._direct = DirectSend(openai, "/chat/completions", _completions_class)
 
     def _make_client(self) -> openai.AsyncOpenAI:
-        key = self._api_key or os.environ.get("OPENAI_API_KEY")
-        if not key and (self._base_url or os.environ.get("OPENAI_BASE_URL")):
-            key = _NO_KEY
-        if not key:
-            raise AuthenticationError("openai: no API key; pass api_key= or set OPENAI_API_KEY", provider=PROVIDER)
+        key = openai_api_key(self._api_key, self._base_url)
         default_url = os.environ.get("OPENAI_BASE_URL") or "https://api.openai.com/v1"
         return self._sdk_client(openai.AsyncOpenAI, default_url, api_key=key)
 
@@ -233,6 +229,17 @@ class _ChunkReader:
 
 def _int(value: Any) -> int:
     return value if isinstance(value, int) else 0
+
+
+def openai_api_key(api_key: str | None, base_url: str | None) -> str:
+    """The key an OpenAI client sends: ``api_key``, else ``OPENAI_API_KEY``; a placeholder for a
+    compatible server of one's own (a base URL given), which may not check it."""
+    key = api_key or os.environ.get("OPENAI_API_KEY")
+    if not key and (base_url or os.environ.get("OPENAI_BASE_URL")):
+        key = _NO_KEY
+    if not key:
+        raise AuthenticationError("openai: no API key; pass api_key= or set OPENAI_API_KEY", provider=PROVIDER)
+    return key
 
 
 def _usage(usage: Any) -> ChatUsage | None:

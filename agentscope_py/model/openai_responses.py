@@ -17,7 +17,6 @@ for with their encrypted content (``include=["reasoning.encrypted_content"]``).
 from __future__ import annotations
 
 import json
-import os
 import re
 from collections import deque
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -47,7 +46,8 @@ from ._convert import (
 )
 from ._errors import error_from_body, malformed
 from ._sdk import SDKModel, streamed
-from .base import AuthenticationError, ChatChunk, ModelRequest, ToolCallChunk, text_chunk, thinking_chunk
+from .base import ChatChunk, ModelRequest, ToolCallChunk, text_chunk, thinking_chunk
+from .openai import openai_api_key
 
 __all__ = ["OpenAIResponsesModel", "to_responses_input"]
 
@@ -62,7 +62,6 @@ _CLIENT_OPTIONS = ("timeout", "extra_headers", "extra_query")
 # calls that carry none (the max-iterations summary), where a strict server refuses them.
 _TOOL_OPTIONS = ("tool_choice", "parallel_tool_calls")
 _ENCRYPTED_REASONING = "reasoning.encrypted_content"
-_NO_KEY = "not-needed"
 # How many past requests ``previous_response_id="auto"`` remembers, to find the one a new request
 # continues: enough for the sessions one model object serves at once, bounded so it never grows.
 _CHAIN_MEMORY = 64
@@ -112,11 +111,7 @@ class OpenAIResponsesModel(SDKModel[openai.AsyncOpenAI]):
         self._chain: deque[tuple[list[dict[str, Any]], str]] = deque(maxlen=_CHAIN_MEMORY)
 
     def _make_client(self) -> openai.AsyncOpenAI:
-        key = self._api_key or os.environ.get("OPENAI_API_KEY")
-        if not key and (self._base_url or os.environ.get("OPENAI_BASE_URL")):
-            key = _NO_KEY
-        if not key:
-            raise AuthenticationError("openai: no API key; pass api_key= or set OPENAI_API_KEY", provider=PROVIDER)
+        key = openai_api_key(self._api_key, self._base_url)
         # The SDK's own HTTP client: only its public settings are touched.
         return openai.AsyncOpenAI(api_key=key, base_url=self._base_url, max_retries=0,
                                   timeout=self._client_timeout())
