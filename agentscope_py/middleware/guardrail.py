@@ -212,10 +212,7 @@ class GuardrailMiddleware(MiddlewareBase):
                         yield out
                     held.clear()
                 yield ev
-        if stream_checks:
-            await self._check_unchecked(agent, ctx, messages, texts, pending)
-        if pending:
-            await _settle(pending)
+        await self._at_end(agent, ctx, messages, texts, pending)
         for out in held:  # (an inner layer that ended without a ModelCallEnd)
             yield out
 
@@ -229,6 +226,15 @@ class GuardrailMiddleware(MiddlewareBase):
             await self._stream_check(agent, ctx, messages, seen, pending)
             return False
         return self.blocking
+
+    async def _at_end(self, agent: ReActAgent, ctx: RuntimeContext, messages: tuple[Msg, ...],
+                      texts: dict[str, _Seen], pending: set[asyncio.Future[Any]]) -> None:
+        """The stream ended: the stream checks see what none saw yet, and the background checks
+        are settled, before what was held goes out."""
+        if self.stream_checks:
+            await self._check_unchecked(agent, ctx, messages, texts, pending)
+        if pending:
+            await _settle(pending)
 
     async def _check_unchecked(self, agent: ReActAgent, ctx: RuntimeContext, messages: tuple[Msg, ...],
                                texts: dict[str, _Seen], pending: set[asyncio.Future[Any]]) -> None:
@@ -336,10 +342,7 @@ class GuardrailMiddleware(MiddlewareBase):
                         yield out
                     held.clear()
                 yield ev
-        if stream_checks:
-            await self._check_unchecked(agent, ctx, (), texts, pending)
-        if pending:
-            await _settle(pending)
+        await self._at_end(agent, ctx, (), texts, pending)
         for out in held:
             yield out
 
