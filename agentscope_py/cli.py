@@ -1,6 +1,6 @@
 """The ``agentscope-py`` command: ``demo`` runs the demo agent in the terminal, ``serve`` serves an
 agent (yours, or the demo) to a browser and to AG-UI clients, ``worker`` runs durable runs on
-Temporal, ``eval`` evaluates an agent on a dataset."""
+Temporal, ``eval`` evaluates an agent on a dataset, ``explain`` prints an agent's middleware onion."""
 
 from __future__ import annotations
 
@@ -50,6 +50,36 @@ def load_target(target: str) -> Any:
     if not isinstance(value, ReActAgent) and not callable(value):
         raise ValueError(f"{target} is a {type(value).__name__}: give a ReActAgent or a function returning one")
     return value
+
+
+def load_agent(target: str) -> Any:
+    """The agent ``pkg.module:attr`` names: an agent, a builder (built here), or a function
+    returning either (called with no arguments)."""
+    from .agent.react import Builder, ReActAgent
+
+    value = import_target(target, "pkg.module:factory (or pkg.module:agent, or pkg.module:builder)")
+    if not isinstance(value, ReActAgent | Builder):
+        if not callable(value):
+            raise ValueError(f"{target} is a {type(value).__name__}: give a ReActAgent, a builder, or a function "
+                             "returning one")
+        value = value()
+    if isinstance(value, Builder):
+        value = value.build()
+    if not isinstance(value, ReActAgent):
+        raise ValueError(f"{target} returned a {type(value).__name__}, not a ReActAgent (or its builder)")
+    return value
+
+
+def run_explain(args: argparse.Namespace, out: TextIO) -> int:
+    from .errors import MiddlewareOrderError
+
+    try:
+        agent = load_agent(args.target)
+    except (ValueError, TypeError, MiddlewareOrderError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    agent.explain("json" if args.json else "text", file=out)
+    return 0
 
 
 def _agent_source(options: dict[str, Any]) -> Any:
@@ -242,6 +272,14 @@ def _parser() -> argparse.ArgumentParser:
                           "full collections at most once per ~100 million allocations; see docs/server.md; "
                           "default: Python's own)")
     add_eval_parser(sub)
+    exp = sub.add_parser("explain", help="print an agent's middleware onion, point by point (docs/middleware.md)",
+                         description="Build the agent and print, for each of the seven extension points, the "
+                                     "middleware outermost first with their order() and where each came from, the "
+                                     "points without any, the ordering lints, and the same for each sub-agent tool.")
+    exp.add_argument("target", help="your agent: pkg.module:factory (a function returning a ReActAgent or its "
+                     "builder), pkg.module:agent or pkg.module:builder")
+    exp.add_argument("--json", action="store_true", help="print the JSON document for tools (its shape: "
+                     "docs/middleware.md)")
     wrk = sub.add_parser("worker", help="run a Temporal worker for durable runs (docs/durable.md)",
                          description="Run durable runs of the given agents: the workflow and the model/tool call "
                                      "activities on a task queue of a Temporal server (needs the temporal extra).")
@@ -294,6 +332,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_worker(args)
     if args.command == "eval":
         return run_eval(args)
+    if args.command == "explain":
+        return run_explain(args, sys.stdout)
     return serve(args)
 
 

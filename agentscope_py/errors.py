@@ -20,6 +20,7 @@ AgentScopeError
 ├── StructuredOutputError            no valid structured output within the retries (ValueError)
 ├── CassetteMismatchError            a replayed run's request differs from the recording (AssertionError)
 ├── MiddlewareError                  a middleware broke the hook contract (also a TypeError)
+├── MiddlewareOrderError             the middleware cannot be put in order (also a ValueError)
 ├── MiddlewareTermination            a middleware ended the run on purpose (guardrails…)
 │   ├── GuardrailTripped             … because a guardrail tripped
 │   ├── RateLimitExceeded            … because a rate limit said no
@@ -63,6 +64,7 @@ __all__ = [
     "MCPToolError",
     "MalformedStreamError",
     "MiddlewareError",
+    "MiddlewareOrderError",
     "MiddlewareTermination",
     "ModelConnectionError",
     "ModelError",
@@ -240,6 +242,18 @@ class InputError(AgentScopeError, ValueError):
 class MiddlewareError(AgentScopeError, TypeError):
     """A middleware broke the hook contract (its stream carried something that is not an event,
     or a delta without text). The message names the middleware and the point."""
+
+
+class MiddlewareOrderError(AgentScopeError, ValueError):
+    """The agent's middleware cannot be put in one order, found when the agent is built: ordering
+    hints that form a cycle or contradict ``order()``, a ``requires`` that is not registered, or
+    (with ``strict=True``) an ordering lint. ``rule`` names the check, ``middlewares`` the
+    middleware concerned; the message says what to change."""
+
+    def __init__(self, message: str, *, rule: str, middlewares: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.rule = rule
+        self.middlewares = middlewares
 
 
 class MiddlewareTermination(AgentScopeError):

@@ -15,7 +15,7 @@ returns the final message.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, Literal
+from typing import Any, Literal, TextIO
 
 from pydantic import BaseModel, ValidationError
 
@@ -25,6 +25,7 @@ from ..events import AgentEvent, AgentResult, ConfirmResult
 from ..message import Msg
 from ..middleware.base import AgentInput, ExtensionPoint, MiddlewareBase
 from ..middleware.chain import Participants, compose
+from ..middleware.lints import check as check_lints
 from ..middleware.task_reminder import TaskReminderMiddleware
 from ..model.base import ChatModel
 from ..model.registry import resolve_model
@@ -32,6 +33,7 @@ from ..stream import EventStream, aclose
 from ..tool.todo import TodoTools
 from ..tool.toolkit import Tool, Toolkit
 from ._boundaries import guarded
+from ._explain import explain
 from ._input import check_input
 from ._loop import Execution
 from ._runtime import AgentRuntime
@@ -121,6 +123,9 @@ class ReActAgent:
         failover_listener: ``fn(failed_model, error, next_model)``, told of every switch to a fallback.
         model_options: Options sent with every request (``temperature``, ``max_tokens``, …).
         model_kwargs: The constructor arguments of the model an id in ``model`` resolves to.
+        strict: Make the ordering lints (`agentscope_py.middleware.lints`) errors: the agent is
+            not built while its middleware are in an order known to be wrong.
+        allow_lints: Ids of lint rules whose order is meant: neither a warning nor an error.
     """
 
     def __init__(
@@ -141,6 +146,8 @@ class ReActAgent:
         failover_listener: FailoverListener | None = None,
         model_options: Mapping[str, Any] | None = None,
         model_kwargs: Mapping[str, Any] | None = None,
+        strict: bool = False,
+        allow_lints: Iterable[str] = (),
     ) -> None:
         if max_iters < 1:
             raise ValueError(f"max_iters must be at least 1, not {max_iters}")
@@ -151,9 +158,11 @@ class ReActAgent:
         for fn in tools:
             own_toolkit.register(fn)
         own_middlewares = list(middlewares)
+        added: list[MiddlewareBase] = []  # the built-ins the runtime adds (`explain` says so)
         if enable_task_list:
             own_toolkit.register_object(TodoTools())
-            own_middlewares.append(TaskReminderMiddleware())  # after the user's: inner at equal order
+            added.append(TaskReminderMiddleware())  # after the user's: inner at equal order
+        own_middlewares += added
         self.name = name
         self.sys_prompt = sys_prompt
         self.model: ChatModel = resolve_model(model, **dict(model_kwargs or {}))
@@ -161,9 +170,12 @@ class ReActAgent:
         self.max_iters = max_iters
         self.model_options: Mapping[str, Any] = dict(model_options or {})
         self._middlewares = tuple(own_middlewares)
+        self._added_middlewares = tuple(added)
+        participants = Participants(own_middlewares)
+        check_lints(self._middlewares, participants.hooks, strict=strict, allow=tuple(allow_lints))
         # What every execution gets beside the public attributes above (`_runtime`).
         self._runtime = AgentRuntime(
-            participants=Participants(own_middlewares),
+            participants=participants,
             trace=trace_middleware,
             store=state_store if state_store is not None else InMemoryStateStore(),
             gates=SessionGates(),
@@ -184,6 +196,16 @@ class ReActAgent:
     def middlewares_at(self, point: ExtensionPoint) -> tuple[MiddlewareBase, ...]:
         """The participants of ``point``, outermost first (fixed at build)."""
         return self._runtime.participants.at(point)
+
+    def explain(self, format: Literal["text", "json"] = "text", *, file: TextIO | None = None,
+                echo: bool = True) -> str:
+        """The onion of this agent: for each of the seven points, the middleware outermost first
+        with their ``order()`` and where each came from (this agent, a built-in the runtime
+        added, inherited from the caller by a sub-agent), the points without any (no cost), the
+        ordering lints, and the same for each sub-agent tool. ``format="json"``: a stable JSON
+        document for tools (its shape: docs/middleware.md). Written to ``file`` (default: standard
+        output) unless ``echo`` is false; returned either way."""
+        return explain(self, format, file=file, echo=echo)
 
     # -- running ---------------------------------------------------------------------------------
 
@@ -298,6 +320,8 @@ class Builder:
         self._store: AgentStateStore | None = None
         self._trace = False
         self._model_options: dict[str, Any] = {}
+        self._strict = False
+        self._allow_lints: list[str] = []
 
     def name(self, name: str) -> Builder:
         self._name = name
@@ -385,6 +409,16 @@ class Builder:
         self._trace = enabled
         return self
 
+    def strict(self, enabled: bool = True) -> Builder:
+        """Make the middleware ordering lints errors (`agentscope_py.middleware.lints`)."""
+        self._strict = enabled
+        return self
+
+    def allow_lints(self, *rule_ids: str) -> Builder:
+        """Lint rules whose order is meant (e.g. ``"timeout-outside-retry"``): no warning, no error."""
+        self._allow_lints.extend(rule_ids)
+        return self
+
     def build(self) -> ReActAgent:
         if self._model is None:
             raise ValueError("a model is required: .model(ChatModel or 'provider:name')")
@@ -403,6 +437,8 @@ class Builder:
             max_retries=self._max_retries,
             failover_listener=self._failover_listener,
             model_options=self._model_options,
+            strict=self._strict,
+            allow_lints=self._allow_lints,
         )
 
 

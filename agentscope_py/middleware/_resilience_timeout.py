@@ -56,6 +56,10 @@ class TimeoutMiddleware(MiddlewareBase):
     model call, ``tool_timeout`` per tool call, ``run_timeout`` per run. Active only at the points
     it has a deadline for. See the module docstring for what a timeout does at each point."""
 
+    # No "timeout" role for the ordering lints: the model and tool deadlines travel inward on the
+    # record and each attempt of a retry on either side keeps its own, and run_timeout bounds the
+    # whole run by definition, so no order makes one deadline cover attempts unawares.
+
     def __init__(
         self,
         *,

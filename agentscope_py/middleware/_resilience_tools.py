@@ -51,6 +51,8 @@ class ToolRetryMiddleware(MiddlewareBase):
     then `MiddlewareTermination` ends the run). ``buffer`` / ``after_first_event``: the streaming
     contract (module docstring). ``sleep`` and ``rng`` are injectable for tests."""
 
+    roles = frozenset({"retry"})
+
     def __init__(
         self,
         max_retries: int = 2,

@@ -153,6 +153,8 @@ class _Decided:
 class HumanApprovalMiddleware(MiddlewareBase):
     """Pauses the run for a human's decision on calls to the tools of ``interrupt_on``."""
 
+    roles = frozenset({"approval"})
+
     def __init__(
         self,
         interrupt_on: Mapping[str, bool | ApprovalConfig],

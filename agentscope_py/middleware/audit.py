@@ -73,6 +73,10 @@ class AuditLogMiddleware(MiddlewareBase):
         self.include_arguments = include_arguments
         self.clock = clock
         self._warned = False
+        # With the content, the records hold text a PII redaction outside may not have rewritten
+        # yet (the ordering lints); without it, only names, states and the arguments as the
+        # model's call already holds them (memory's, whatever the order here).
+        self.roles = frozenset({"logs_content"}) if include_content else frozenset()
 
     def order(self) -> int:
         return 900  # outside most built-ins: a retried call is audited per attempt anyway (one end each)

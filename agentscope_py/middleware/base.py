@@ -224,7 +224,20 @@ class MiddlewareBase:
     Ordering: ``order()`` larger = more outer (default 1); ties keep registration order.
     Participation: ``active_points()`` — ``None`` (default) means every point, including ones added
     in future versions; an empty collection disables the middleware everywhere.
+
+    Ordering hints, read from the instance when the agent is built (class attributes; an instance
+    may set its own in ``__init__``), each a tuple of middleware classes (subclasses match):
+    ``wraps`` — this middleware is outside every registered one of those; ``wrapped_by`` — inside
+    them; ``requires`` — at least one of each must be registered. ``order()`` comes first: hints
+    order middleware of equal ``order()``, and a hint that contradicts ``order()`` is an error
+    (`agentscope_py.middleware.ordering`). ``roles``: what the middleware does, for the ordering
+    lints (`agentscope_py.middleware.lints`).
     """
+
+    wraps: tuple[type[MiddlewareBase], ...] = ()
+    wrapped_by: tuple[type[MiddlewareBase], ...] = ()
+    requires: tuple[type[MiddlewareBase], ...] = ()
+    roles: frozenset[str] = frozenset()
 
     def order(self) -> int:
         return 1

@@ -138,6 +138,7 @@ _UNSEEN: Any = object()
 class BudgetMiddleware(MiddlewareBase):
     """Token (input + output) and cost (USD) limits per run, session and user; see the module
     docstring. Every limit is optional (None: unlimited) and must be >= 0."""
+    roles = frozenset({"budget"})
 
     def __init__(
         self,

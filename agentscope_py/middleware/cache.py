@@ -71,6 +71,8 @@ def _reply_id(ctx: RuntimeContext) -> str:
 
 
 class _CacheBase(MiddlewareBase):
+    roles = frozenset({"cache"})  # a hit answers without calling next (the ordering lints)
+
     def __init__(self, store: CacheStore | None, ttl: float | None, max_entries: int) -> None:
         self.ttl = check_ttl(ttl)
         if store is None:

@@ -28,6 +28,7 @@ from .._stream.context import InContext, stepped
 from ..events import MiddlewareCompleted, MiddlewareStarted
 from ..stream import EventStream, aclosing, to_stream
 from .base import ONION_POINTS, ExtensionPoint, MiddlewareBase, overrides
+from .ordering import resolve_order
 
 if TYPE_CHECKING:
     from .._context import RuntimeContext
@@ -43,8 +44,8 @@ class Participants:
     __slots__ = ("by_point", "chains", "hooks")
 
     def __init__(self, middlewares: Sequence[MiddlewareBase]) -> None:
-        # Stable sort, larger order() first: ties keep registration order.
-        ordered = sorted(middlewares, key=lambda m: -m.order())
+        # Larger order() first; the ordering hints among equal orders; then registration order.
+        ordered = resolve_order(middlewares)
         declared = [(m, m.active_points()) for m in ordered]
         by_point: dict[ExtensionPoint, tuple[MiddlewareBase, ...]] = {}
         for point in ExtensionPoint:

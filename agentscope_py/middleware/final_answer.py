@@ -33,6 +33,8 @@ class FinalAnswerFilterMiddleware(MiddlewareBase):
     """Streams only the final answer's text: a round's text is buffered until its model call ends,
     then released (no tool call) or dropped (tool call)."""
 
+    roles = frozenset({"final_answer_filter"})
+
     def active_points(self) -> frozenset[ExtensionPoint]:
         return frozenset({ExtensionPoint.ON_REASONING})
 

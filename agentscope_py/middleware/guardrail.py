@@ -83,6 +83,8 @@ class GuardrailMiddleware(MiddlewareBase):
 
     ``input`` / ``stream`` / ``output``: a check, a `Guardrail`, or a sequence of them."""
 
+    roles = frozenset({"guardrail"})
+
     def __init__(
         self,
         *,

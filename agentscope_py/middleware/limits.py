@@ -178,6 +178,7 @@ LimitScope = Literal["run", "tree"]
 
 
 class _CallLimit(MiddlewareBase):
+    roles = frozenset({"call_limit"})
     kind = ""
     point = ExtensionPoint.ON_MODEL_CALL
     behaviours: tuple[str, ...] = ()

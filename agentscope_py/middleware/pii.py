@@ -77,6 +77,8 @@ class PIIRedactionMiddleware(MiddlewareBase):
     characters the streaming buffer holds back; a longer run that could still be part of a match
     is replaced by one ``UNSCANNED`` placeholder."""
 
+    roles = frozenset({"pii_redaction"})
+
     def __init__(
         self,
         *pii_types: str | PIIDetector,

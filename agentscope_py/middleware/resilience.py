@@ -79,6 +79,8 @@ class RetryMiddleware(MiddlewareBase):
     at once. ``buffer`` / ``after_first_event``: the streaming contract (module docstring).
     ``sleep`` and ``rng`` are injectable for tests."""
 
+    roles = frozenset({"retry"})
+
     def __init__(
         self,
         max_retries: int = 2,
@@ -164,6 +166,8 @@ class ModelFallbackMiddleware(MiddlewareBase):
     RateLimitError`` still works), with the earlier models' errors attached: one ``__notes__``
     line each, and the errors, oldest first, in ``error.earlier_errors``. ``buffer`` /
     ``after_first_event``: the streaming contract (module docstring)."""
+
+    roles = frozenset({"fallback"})
 
     def __init__(
         self,

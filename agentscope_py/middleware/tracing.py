@@ -108,6 +108,8 @@ class OtelTracingMiddleware(MiddlewareBase):
     def __init__(self, tracer_provider: TracerProvider | None = None, capture_content: bool = False) -> None:
         self._provider = tracer_provider
         self.capture_content = capture_content
+        # The chat spans record the reply rebuilt from the events they see (the ordering lints).
+        self.roles = frozenset({"logs_content"}) if capture_content else frozenset()
         self._tracer: Tracer | None = None
         self._warned = False
 
