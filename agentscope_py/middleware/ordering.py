@@ -125,5 +125,9 @@ def _cycle(names: list[str], before: list[dict[int, str]], left: set[int]) -> Mi
     steps = "; ".join(f"{names[a]} outside {names[b]} ({before[a][b]})" for a, b in pairwise(cycle))
     involved = tuple(dict.fromkeys(names[i] for i in cycle))
     return MiddlewareOrderError(
-        f"the ordering hints of {' and '.join(involved)} form a cycle: {steps}. Drop one of these hints",
+        f"the ordering hints of {_and(involved)} form a cycle: {steps}. Drop one of these hints",
         rule="cycle", middlewares=involved)
+
+
+def _and(names: Sequence[str]) -> str:
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
