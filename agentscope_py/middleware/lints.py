@@ -126,15 +126,20 @@ def outside(
 def find(middlewares: tuple[MiddlewareBase, ...],
          hooks: Mapping[ExtensionPoint, tuple[MiddlewareBase, ...]]) -> list[Lint]:
     """Every rule that fires for ``middlewares`` (outermost first) with these hooks per point."""
-    names = dict(zip(map(id, middlewares), labels(middlewares), strict=True))
-    roles = {id(m): _roles(m, names[id(m)]) for m in middlewares}
+    roles = {id(m): _roles(m, middlewares) for m in middlewares}
+    present = _NONE.union(*roles.values())
     found: list[Lint] = []
+    names: dict[int, str] = {}
     for rule in RULES:
+        if present.isdisjoint(rule.outer) or present.isdisjoint(rule.inner):
+            continue  # (most agents: no rule has both of its sides registered)
         for a, b in _pairs(middlewares, roles, rule):
             where = outside(hooks, a, b)
             if where is None:
                 continue
             point, inner_point = where
+            if not names:  # (only when a rule fires: agents are built per run in some apps)
+                names = dict(zip(map(id, middlewares), labels(middlewares), strict=True))
             outer, inner = names[id(a)], names[id(b)]
             if point is inner_point:
                 fix = rule.fix.format(outer=outer, inner=inner)
@@ -176,15 +181,21 @@ def _rule_ids(ids: Collection[str]) -> frozenset[str]:
     return frozenset(ids)
 
 
-def _roles(mw: MiddlewareBase, name: str) -> frozenset[str]:
+def _roles(mw: MiddlewareBase, middlewares: tuple[MiddlewareBase, ...]) -> frozenset[str]:
     value = mw.roles
+    if not value:
+        return _NONE
     declared = frozenset((value,) if isinstance(value, str) else value)
     unknown = declared.difference(ROLES)
     if unknown:
+        name = labels(middlewares)[middlewares.index(mw)]
         raise MiddlewareOrderError(
             f"{name}.roles has unknown role(s) {sorted(unknown)}: the lints know {sorted(ROLES)}",
             rule="roles", middlewares=(name,))
     return declared
+
+
+_NONE: frozenset[str] = frozenset()
 
 
 def _pairs(middlewares: tuple[MiddlewareBase, ...], roles: Mapping[int, frozenset[str]],
