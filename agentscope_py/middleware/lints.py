@@ -75,8 +75,8 @@ RULES: tuple[LintRule, ...] = (
              "a cached answer is served without running {inner}",
              "put {inner} outside {outer}: register it first, or give it a larger order()"),
     LintRule("limit-outside-retry", ("budget", "call_limit"), ("retry", "fallback"),
-             "{outer} sees one call however many attempts {inner} makes: the attempts are not counted or "
-             "held one by one, and a hold is estimated at the first model's price",
+             "{outer} sees one call however many attempts {inner} makes inside it: the attempts are not "
+             "counted one by one (and a budget's hold is estimated at the first model's price)",
              "put {inner} outside {outer}: register it first, or give it a larger order()"),
     LintRule("redaction-outside-log", ("pii_redaction",), ("logs_content",),
              "{inner} records the text before {outer} redacts it (events reach inner layers first): the "
