@@ -7,6 +7,7 @@ the JSON document and in the text."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -216,6 +217,16 @@ def test_points_without_middleware_are_named_as_costing_nothing() -> None:
     assert text.count("(no middleware runs here: no wrapper, no cost)") == 6
 
 
+def test_the_runtimes_own_retries_and_fallbacks_are_shown_at_the_core_of_the_model_call() -> None:
+    agent = (ReActAgent.builder().model(ScriptedModel([], name="main")).max_retries(2)
+             .fallback_model(ScriptedModel([], name="backup")).build())
+    doc = json.loads(agent.explain("json", echo=False))
+    assert doc["agent"]["model"] == "main"
+    assert doc["agent"]["model_call"] == {"max_retries": 2, "fallback_models": ["backup"]}
+    assert ("core: the model main (the runtime's own, inside every layer: max_retries=2; fallback_models=backup)"
+            in agent.explain(echo=False))
+
+
 def test_a_sub_agent_that_inherits_nothing_shows_only_its_own() -> None:
     log: Log = []
     helper = ReActAgent.builder().name("helper").model(ScriptedModel([])).middleware(Recorder("d", log)).build()
@@ -231,6 +242,8 @@ def test_explain_prints_to_stdout_by_default_and_refuses_an_unknown_format(capsy
     unknown: Any = "yaml"
     text = agent.explain()
     assert capsys.readouterr().out == text and text.startswith("agent 'solo'")
+    into = io.StringIO()
+    assert agent.explain("json", file=into) == into.getvalue() and not capsys.readouterr().out
     with pytest.raises(ValueError, match='format must be "text" or "json"'):
         agent.explain(unknown)
 
