@@ -25,7 +25,7 @@ from .._acting import ToolScope, acting_events
 from .._bracket_kinds import describe
 from .._model_call import model_call_stream
 from .._replies import ReplyBuilder
-from ..errors import AgentInterrupted, PendingToolCallsError, ResumeError, StructuredOutputError
+from ..errors import AgentInterrupted, BusyError, PendingToolCallsError, ResumeError, StructuredOutputError
 from ..events import AgentEnd, AgentEvent, AgentResult, AgentStart, EventBase, ExceedMaxIters, ModelCallStart
 from ..message import GenerateReason, Msg, ToolResultState, ToolUseBlock, new_id
 from ..middleware.base import ActingInput, AgentInput, ExtensionPoint, ModelCallInput, ReasoningInput
@@ -37,7 +37,7 @@ from ._brackets import Brackets
 from ._persist import finish, finish_quietly, save_once
 from ._prelude import prelude
 from ._run_state import RunState
-from ._session import RunControl
+from ._session import MultitaskStrategy, RunControl
 from ._steps import (
     ACT,
     END,
@@ -80,8 +80,10 @@ class Execution:
 
     def __init__(
         self, agent: ReActAgent, runtime: AgentRuntime, ctx: RuntimeContext, structured_model: type[Any] | None = None,
+        strategy: MultitaskStrategy = "enqueue",
     ) -> None:
         self.agent = agent
+        self.strategy: MultitaskStrategy = strategy
         self.runtime = runtime
         self.ctx = ctx
         self.reply_id = new_id("reply_")
@@ -160,14 +162,24 @@ class Execution:
 
     async def _run(self, input: AgentInput) -> AsyncIterator[AgentEvent]:
         agent, ctx, run, runtime = self.agent, self.ctx, self.run, self.runtime
-        yield AgentStart(reply_id=self.reply_id, name=agent.name, session_id=ctx.session_id)
         key = (ctx.user_id, ctx.session_id)
+        gates, strategy = runtime.gates, self.strategy
+        if gates.busy(key):
+            refused = gates.refusal(key, strategy, runtime.max_queued)
+            if refused is not None:  # refused before it started: no event at all
+                raise refused
+        yield AgentStart(reply_id=self.reply_id, name=agent.name, session_id=ctx.session_id)
         brackets = Brackets()
         logged = brackets.log
         log = logged.append
         marks = MARKS.get
-        async with runtime.gates.hold(key, runtime.store):
-            runtime.gates.active[key] = self.control
+        hold = gates.hold(key, runtime.store, strategy, runtime.max_queued, self.control, ctx.get("run_id", ""))
+        try:
+            await hold.__aenter__()
+        except BusyError as exc:  # refused at the gate (another process holds the session)
+            yield AgentEnd(reply_id=self.reply_id, error=describe(exc))
+            raise
+        async with _Held(hold):
             try:
                 error: BaseException | None = None
                 try:
@@ -222,9 +234,13 @@ class Execution:
                         step = self._act_step(outcome) if type(outcome) is NextStepAct else self._round()
                 except AgentInterrupted:
                     run.end_interrupted()
+                    if self.control.rollback:
+                        run.roll_back()
                 except (GeneratorExit, asyncio.CancelledError):
                     # The consumer went away: no more events, but persist an INTERRUPTED turn.
                     run.end_interrupted()
+                    if self.control.rollback:
+                        run.roll_back()
                     await finish_quietly(runtime, ctx, run, self._finish(None))
                     raise
                 except Exception as exc:
@@ -244,8 +260,6 @@ class Execution:
             finally:
                 if self.tools.toolkit.sources:
                     self.tools.toolkit.exit_run(ctx)
-                if runtime.gates.active.get(key) is self.control:
-                    del runtime.gates.active[key]
                 # The chains reach back to this execution through its cores (a reference cycle):
                 # dropping them lets a finished execution be freed at once, not by the collector.
                 self._model_call = self._reasoning = self._acting = _finished
@@ -257,7 +271,10 @@ class Execution:
             raise failure
         assert run.final is not None
         yield AgentResult(result=run.final)
-        yield AgentEnd(reply_id=self.reply_id)
+        if self.control.rollback and run.final.metadata.get("rolled_back"):  # (its events stay the caller's)
+            yield AgentEnd(reply_id=self.reply_id, metadata={"rolled_back": True})
+        else:
+            yield AgentEnd(reply_id=self.reply_id)
 
     def _finish(self, error: BaseException | None) -> AsyncIterator[AgentEvent]:
         return finish(self.agent, self.ctx, self.runtime, self.run, error, self.tools.started)
@@ -386,6 +403,22 @@ class Execution:
         # A model offered no tools may still ask for some: those calls never run, and get a result
         # saying so, or the session's next turn would be refused as having calls waiting.
         run.close_calls(run.pending_calls(), NOT_EXECUTED, ToolResultState.ERROR)
+
+
+class _Held:
+    """Leaves a session gate entered already (`Execution._run` enters it apart, so that a refusal
+    there closes the run's own bracket with an AgentEnd)."""
+
+    __slots__ = ("hold",)
+
+    def __init__(self, hold: Any) -> None:
+        self.hold = hold
+
+    async def __aenter__(self) -> None:
+        return None
+
+    async def __aexit__(self, *exc_info: Any) -> None:
+        await self.hold.__aexit__(*exc_info)
 
 
 def _finished(input: Any) -> EventStream[AgentEvent]:

@@ -61,6 +61,8 @@ class RunState:
     finish_error: Exception | None = None
     """The first on_agent_finish hook's error (raised after the turn is saved)."""
     saved: bool = False
+    before: tuple[Any, ...] | None = None
+    """The session as the run found it (`keep_before`): what a rollback restores."""
 
     @property
     def total_usage(self) -> ChatUsage | None:
@@ -151,6 +153,26 @@ class RunState:
             self.context.append(msg)
         self.final = msg if shown is None else shown
         self.reason = reason
+
+    def keep_before(self) -> None:
+        """Remember the session as loaded, before the run changes it. Shallow copies of its lists
+        (messages are immutable): cheap, and enough to take the turn back (`roll_back`)."""
+        state = self.session
+        if state is not None:
+            self.before = (list(state.context), list(state.tasks), list(state.pending_tool_calls),
+                           state.cur_iter, state.summary, list(state.summaries), dict(state.metadata))
+
+    def roll_back(self) -> None:
+        """Take the run's turn out of the session, as if it never ran (an interrupt asked for a
+        rollback): the state goes back to what `keep_before` kept, and the reply the caller gets
+        says so (``metadata["rolled_back"]``)."""
+        state, before = self.session, self.before
+        if state is None or before is None:
+            return
+        (state.context, state.tasks, state.pending_tool_calls, state.cur_iter, state.summary, state.summaries,
+         state.metadata) = before
+        if self.final is not None:
+            self.final = self.final.model_copy(update={"metadata": {**self.final.metadata, "rolled_back": True}})
 
     def end_interrupted(self) -> None:
         """Persist one INTERRUPTED reply (the partial one, or a short recovery note) and give
