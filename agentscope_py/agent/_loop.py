@@ -164,10 +164,7 @@ class Execution:
         agent, ctx, run, runtime = self.agent, self.ctx, self.run, self.runtime
         key = (ctx.user_id, ctx.session_id)
         gates, strategy = runtime.gates, self.strategy
-        if gates.busy(key):
-            refused = gates.refusal(key, strategy, runtime.max_queued)
-            if refused is not None:  # refused before it started: no event at all
-                raise refused
+        gates.check(key, strategy, runtime.max_queued)  # refused before it started: no event at all
         yield AgentStart(reply_id=self.reply_id, name=agent.name, session_id=ctx.session_id)
         brackets = Brackets()
         logged = brackets.log
@@ -179,7 +176,7 @@ class Execution:
         except BusyError as exc:  # refused at the gate (another process holds the session)
             yield AgentEnd(reply_id=self.reply_id, error=describe(exc))
             raise
-        async with _Held(hold):
+        async with hold.entered():
             try:
                 error: BaseException | None = None
                 try:
@@ -403,22 +400,6 @@ class Execution:
         # A model offered no tools may still ask for some: those calls never run, and get a result
         # saying so, or the session's next turn would be refused as having calls waiting.
         run.close_calls(run.pending_calls(), NOT_EXECUTED, ToolResultState.ERROR)
-
-
-class _Held:
-    """Leaves a session gate entered already (`Execution._run` enters it apart, so that a refusal
-    there closes the run's own bracket with an AgentEnd)."""
-
-    __slots__ = ("hold",)
-
-    def __init__(self, hold: Any) -> None:
-        self.hold = hold
-
-    async def __aenter__(self) -> None:
-        return None
-
-    async def __aexit__(self, *exc_info: Any) -> None:
-        await self.hold.__aexit__(*exc_info)
 
 
 def _finished(input: Any) -> EventStream[AgentEvent]:

@@ -88,6 +88,13 @@ class SessionGates:
             return BusyError(*key, strategy=strategy, reason="queue_full")
         return None
 
+    def check(self, key: Key, strategy: MultitaskStrategy, max_queued: int = DEFAULT_MAX_QUEUED) -> None:
+        """Raise the `BusyError` of `refusal`, if any."""
+        if key in self._gates:
+            refused = self.refusal(key, strategy, max_queued)
+            if refused is not None:
+                raise refused
+
     def busy(self, key: Key) -> bool:
         """Whether a run holds the session's gate in this process."""
         return key in self._gates
@@ -157,6 +164,11 @@ class _Hold:
                 control.interrupt(gate.interrupt)
                 gate.interrupt = None
 
+    def entered(self) -> _Entered:
+        """``async with hold.entered():`` leaves this hold, entered already: a caller that enters
+        it apart (the loop: a refusal there closes the run's own bracket first)."""
+        return _Entered(self)
+
     async def __aexit__(self, *exc_info: Any) -> None:
         gates = self._gates
         if self._control is not None and gates.active.get(self._key) is self._control:
@@ -182,6 +194,19 @@ class _Hold:
                 turn.set_result(None)
                 return
         del gates[self._key]
+
+
+class _Entered:
+    __slots__ = ("hold",)
+
+    def __init__(self, hold: _Hold) -> None:
+        self.hold = hold
+
+    async def __aenter__(self) -> None:
+        return None
+
+    async def __aexit__(self, *exc_info: Any) -> None:
+        await self.hold.__aexit__(*exc_info)
 
 
 async def _enter_store_lock(lock: Any, key: Key, strategy: MultitaskStrategy, holder: str) -> Any:

@@ -20,7 +20,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ValidationError
 
 from .._model_call import FailoverListener, RetryPolicy
-from ..errors import InputError
+from ..errors import BusyError, InputError
 from ..events import AgentEvent, AgentResult, ConfirmResult
 from ..message import Msg
 from ..middleware.base import AgentInput, ExtensionPoint, MiddlewareBase
@@ -303,6 +303,14 @@ class ReActAgent:
             return False
         control.interrupt()
         return True
+
+    def busy_error(self, user_id: str = "default", session_id: str = "default",
+                   multitask_strategy: MultitaskStrategy | None = None) -> BusyError | None:
+        """The `BusyError` an input to that session with ``multitask_strategy`` would get now from
+        this process (a run holds the session and the strategy refuses to wait, or its queue is
+        full), or None. A server answers with it before starting a run."""
+        return self._runtime.gates.refusal((user_id, session_id), self._strategy(multitask_strategy),
+                                           self._runtime.max_queued)
 
     def __repr__(self) -> str:
         return f"ReActAgent(name={self.name!r}, model={getattr(self.model, 'name', self.model)!r})"
