@@ -230,14 +230,10 @@ class Execution:
                             break
                         step = self._act_step(outcome) if type(outcome) is NextStepAct else self._round()
                 except AgentInterrupted:
-                    run.end_interrupted()
-                    if self.control.rollback:
-                        run.roll_back()
+                    run.end_interrupted(self.control.rollback)
                 except (GeneratorExit, asyncio.CancelledError):
                     # The consumer went away: no more events, but persist an INTERRUPTED turn.
-                    run.end_interrupted()
-                    if self.control.rollback:
-                        run.roll_back()
+                    run.end_interrupted(self.control.rollback)
                     await finish_quietly(runtime, ctx, run, self._finish(None))
                     raise
                 except Exception as exc:
@@ -268,10 +264,7 @@ class Execution:
             raise failure
         assert run.final is not None
         yield AgentResult(result=run.final)
-        if self.control.rollback and run.final.metadata.get("rolled_back"):  # (its events stay the caller's)
-            yield AgentEnd(reply_id=self.reply_id, metadata={"rolled_back": True})
-        else:
-            yield AgentEnd(reply_id=self.reply_id)
+        yield AgentEnd(reply_id=self.reply_id, metadata={"rolled_back": True} if run.rolled_back else {})
 
     def _finish(self, error: BaseException | None) -> AsyncIterator[AgentEvent]:
         return finish(self.agent, self.ctx, self.runtime, self.run, error, self.tools.started)

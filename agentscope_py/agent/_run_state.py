@@ -63,6 +63,8 @@ class RunState:
     saved: bool = False
     before: tuple[Any, ...] | None = None
     """The session as the run found it (`keep_before`): what a rollback restores."""
+    rolled_back: bool = False
+    """The run's turn was taken out of the session (`roll_back`); its events stay its caller's."""
 
     @property
     def total_usage(self) -> ChatUsage | None:
@@ -171,14 +173,21 @@ class RunState:
             return
         (state.context, state.tasks, state.pending_tool_calls, state.cur_iter, state.summary, state.summaries,
          state.metadata) = before
+        self.rolled_back = True
         if self.final is not None:
             self.final = self.final.model_copy(update={"metadata": {**self.final.metadata, "rolled_back": True}})
 
-    def end_interrupted(self) -> None:
+    def end_interrupted(self, rollback: bool = False) -> None:
         """Persist one INTERRUPTED reply (the partial one, or a short recovery note) and give
-        every pending call an interrupted result."""
+        every pending call an interrupted result; with ``rollback``, then take the turn back
+        (`roll_back`)."""
         if self.session is None or self.final is not None:
             return
+        self._end_interrupted()
+        if rollback:
+            self.roll_back()
+
+    def _end_interrupted(self) -> None:
         text = "The tool call was interrupted."
         if not self.input_taken:  # cut in the prelude: the input is remembered with the note after it
             self.input_taken = True

@@ -40,22 +40,22 @@ async def test_reject_is_a_409_and_interrupt_runs_next_on_a_durable_session(
     worker = workers.spawn("durable_agents:build", queue, "--events", redis_url)
     url, _ = serves.start(queue)
     workers.ready(worker)
-    async with asyncio.timeout(60), httpx.AsyncClient(timeout=30) as http:
-        async with _answering(http, url) as (first_id, frames, seen):
-            rejected = await http.post(url + "/v1/runs", json={"session_id": "s1", "input": "again?",
-                                                               "multitask_strategy": "reject"})
-            agui = await http.post(url + "/agui", json={
-                "threadId": "s1", "runId": "agui-2", "state": {}, "tools": [], "context": [],
-                "forwardedProps": {"multitask_strategy": "reject"},
-                "messages": [{"id": "m2", "role": "user", "content": "again?"}]})
-            rollback = await http.post(url + "/v1/runs", json={"session_id": "s1", "input": "again?",
-                                                               "multitask_strategy": "rollback"})
-            # The interrupting input: its run starts once the first one's turn ended interrupted.
-            async with http.stream("POST", url + "/v1/runs", json={"session_id": "s1", "input": "2 + 40?",
-                                                                    "multitask_strategy": "interrupt"}) as answer:
-                assert answer.status_code == 200, await answer.aread()
-                after = [f async for f in sse(answer.aiter_lines())]
-            seen += [f async for f in frames]
+    async with asyncio.timeout(60), httpx.AsyncClient(timeout=30) as http, \
+            _answering(http, url) as (first_id, frames, seen):
+        rejected = await http.post(url + "/v1/runs", json={"session_id": "s1", "input": "again?",
+                                                           "multitask_strategy": "reject"})
+        agui = await http.post(url + "/agui", json={
+            "threadId": "s1", "runId": "agui-2", "state": {}, "tools": [], "context": [],
+            "forwardedProps": {"multitask_strategy": "reject"},
+            "messages": [{"id": "m2", "role": "user", "content": "again?"}]})
+        rollback = await http.post(url + "/v1/runs", json={"session_id": "s1", "input": "again?",
+                                                           "multitask_strategy": "rollback"})
+        # The interrupting input: its run starts once the first one's turn ended interrupted.
+        async with http.stream("POST", url + "/v1/runs", json={"session_id": "s1", "input": "2 + 40?",
+                                                                "multitask_strategy": "interrupt"}) as answer:
+            assert answer.status_code == 200, await answer.aread()
+            after = [f async for f in sse(answer.aiter_lines())]
+        seen += [f async for f in frames]
     assert rejected.status_code == 409 and rejected.headers["retry-after"] == "1", rejected.text
     assert rejected.json()["type"] == "session_busy" and first_id in rejected.json()["detail"]
     assert agui.status_code == 409 and agui.headers["retry-after"] == "1", agui.text
