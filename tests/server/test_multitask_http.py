@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
 from agentscope_py import ReActAgent
+from agentscope_py.agent import AgentStateStore, InMemoryStateStore, SqliteStateStore
 from agentscope_py.model.base import ChatChunk, ModelRequest, ToolCallChunk
 from agentscope_py.server import create_app
 
@@ -44,8 +46,15 @@ def busy_agent(slow: SlowTool, **options: Any) -> ReActAgent:
     return ReActAgent(model=SlowTurns(), tools=[slow.slow], **options)
 
 
+@pytest.fixture(params=["memory", "sqlite"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> AgentStateStore:
+    """The served agent's session store: the default, or a SQLite file."""
+    return InMemoryStateStore() if request.param == "memory" else SqliteStateStore(tmp_path / "sessions.db")
+
+
 async def start_first(client: httpx.AsyncClient, slow: SlowTool) -> str:
     """A detached run on session ``s`` that waits in its tool; its run id."""
+    slow.started.clear()
     async with client.stream("POST", "/v1/runs", json={"session_id": "s", "input": "first", "detach": True}) as r:
         run_id = r.headers["x-run-id"]
         await read_some(r, 2)
@@ -53,9 +62,9 @@ async def start_first(client: httpx.AsyncClient, slow: SlowTool) -> str:
     return run_id
 
 
-async def test_a_rejected_input_is_a_409_with_retry_after_on_both_endpoints(live: Any) -> None:
+async def test_a_rejected_input_is_a_409_with_retry_after_on_both_endpoints(live: Any, store: AgentStateStore) -> None:
     slow = SlowTool()
-    server = live(create_app(busy_agent(slow)))
+    server = live(create_app(busy_agent(slow, state_store=store)))
     async with httpx.AsyncClient(base_url=server.url, timeout=20) as client:
         first = await start_first(client, slow)
         native = await client.post("/v1/runs", json={"session_id": "s", "input": "second",
@@ -73,7 +82,7 @@ async def test_a_rejected_input_is_a_409_with_retry_after_on_both_endpoints(live
     assert agui.headers["content-type"].startswith("text/event-stream")
     events = agui_events(agui.text)
     assert [e["type"] for e in events] == ["RUN_STARTED", "RUN_ERROR"]
-    assert events[1]["code"] == "session_busy" and "u" not in events[1].get("runId", "")
+    assert events[1]["code"] == "session_busy" and "multitask_strategy='reject'" in events[1]["message"]
     assert other.status_code == 200
 
 
@@ -93,15 +102,23 @@ async def test_bad_strategies_are_422_and_the_server_default_applies(live: Any) 
     assert defaulted.status_code == 409
 
 
-async def test_an_interrupting_input_stops_the_run_and_runs_next(live: Any) -> None:
+async def test_an_interrupting_input_stops_the_run_and_runs_next(live: Any, store: AgentStateStore) -> None:
     slow = SlowTool()
-    agent = busy_agent(slow)
+    agent = busy_agent(slow, state_store=store)
     server = live(create_app(agent))
     async with httpx.AsyncClient(base_url=server.url, timeout=20) as client:
         first = await start_first(client, slow)
         second = parse((await client.post("/v1/runs", json={"session_id": "s", "input": "second",
                                                             "multitask_strategy": "rollback"})).text)
         first_frames = parse((await client.get(f"/v1/runs/{first}/events")).text)
+        interrupting = await start_first(client, slow)  # again, then stopped by an "interrupt" input
+        third = parse((await client.post("/v1/runs", json={"session_id": "s", "input": "third",
+                                                           "multitask_strategy": "interrupt"})).text)
+        interrupted = parse((await client.get(f"/v1/runs/{interrupting}/events")).text)
+    three = next(d for _, _, d in third if d["type"] == "agent_result")["result"]
+    assert three["generate_reason"] == "model_stop"
+    stopped = next(d for _, _, d in interrupted if d["type"] == "agent_result")["result"]
+    assert stopped["generate_reason"] == "interrupted" and "rolled_back" not in stopped["metadata"]
     one = next(d for _, _, d in first_frames if d["type"] == "agent_result")["result"]
     assert one["generate_reason"] == "interrupted" and one["metadata"]["rolled_back"] is True
     end = next(d for _, _, d in first_frames if d["type"] == "agent_end")
@@ -111,4 +128,4 @@ async def test_an_interrupting_input_stops_the_run_and_runs_next(live: Any) -> N
     state, _ = await agent.state_store.load("default", "s")
     assert state is not None
     texts = [m.text for m in state.context if m.role == "user"]
-    assert texts == ["second"]  # the first turn was taken back
+    assert texts == ["second", "first", "third"]  # the first turn was taken back, the interrupted one kept

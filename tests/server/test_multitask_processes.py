@@ -74,8 +74,9 @@ KINDS = ("text_block", "thinking_block", "data_block", "tool_call", "tool_result
 @pytest.fixture
 def two(tmp_path: Path, redis_url: str, redis_prefix: str) -> Iterator[list[Serving]]:
     (tmp_path / "turn_agents.py").write_text(textwrap.dedent(AGENTS))
+    # Their default is "reject" (`--multitask-strategy`): a request without a strategy is refused.
     servers = [Serving("turn_agents:build", "--redis", redis_url, "--redis-prefix", redis_prefix,
-                       "--run-lease", "3", "--log-level", "warning", cwd=tmp_path,
+                       "--run-lease", "3", "--log-level", "warning", "--multitask-strategy", "reject", cwd=tmp_path,
                        env={"PYTHONPATH": os.getcwd()}) for _ in range(2)]
     try:
         for s in servers:
@@ -123,10 +124,13 @@ def result(evs: list[dict[str, Any]]) -> dict[str, Any] | None:
 
 async def one_timing(client: httpx.AsyncClient, a: Serving, b: Serving, store: RedisStateStore, strategy: str,
                      session: str, delay: float) -> str:
-    first_task = asyncio.create_task(client.post(f"{a.url}/v1/runs", json={"session_id": session, "input": "first"}))
+    first_task = asyncio.create_task(client.post(f"{a.url}/v1/runs", json={"session_id": session, "input": "first",
+                                                                             "multitask_strategy": "enqueue"}))
     await asyncio.sleep(delay)
-    second = await client.post(f"{b.url}/v1/runs", json={"session_id": session, "input": "second",
-                                                         "multitask_strategy": strategy})
+    body = {"session_id": session, "input": "second"}
+    if strategy != "reject":  # (reject: the servers' default)
+        body["multitask_strategy"] = strategy
+    second = await client.post(f"{b.url}/v1/runs", json=body)
     first = await first_task
     assert first.status_code == 200
     one = events(first.text)
@@ -163,7 +167,8 @@ async def one_timing(client: httpx.AsyncClient, a: Serving, b: Serving, store: R
             else:
                 assert first_result["generate_reason"] == "model_stop"
                 outcome = "after"
-    third = await client.post(f"{b.url}/v1/runs", json={"session_id": session, "input": "third"})
+    third = await client.post(f"{b.url}/v1/runs", json={"session_id": session, "input": "third",
+                                                        "multitask_strategy": "enqueue"})
     third_result = result(events(third.text))
     assert third_result is not None and third_result["generate_reason"] == "model_stop"
     return outcome
