@@ -172,11 +172,11 @@ class Execution:
         marks = MARKS.get
         hold = gates.hold(key, runtime.store, strategy, runtime.max_queued, self.control, ctx.get("run_id", ""))
         try:
-            await hold.__aenter__()
+            await hold.enter()
         except BusyError as exc:  # refused at the gate (another process holds the session)
             yield AgentEnd(reply_id=self.reply_id, error=describe(exc))
             raise
-        async with hold.entered():
+        async with hold:
             try:
                 error: BaseException | None = None
                 try:
@@ -264,7 +264,8 @@ class Execution:
             raise failure
         assert run.final is not None
         yield AgentResult(result=run.final)
-        yield AgentEnd(reply_id=self.reply_id, metadata={"rolled_back": True} if run.rolled_back else {})
+        yield (AgentEnd(reply_id=self.reply_id, metadata={"rolled_back": True}) if run.rolled_back
+               else AgentEnd(reply_id=self.reply_id))  # (a metadata given costs its validation)
 
     def _finish(self, error: BaseException | None) -> AsyncIterator[AgentEvent]:
         return finish(self.agent, self.ctx, self.runtime, self.run, error, self.tools.started)

@@ -110,7 +110,7 @@ class SessionGates:
 class _Hold:
     """The async context manager of `SessionGates.hold` (a class: no generator per call)."""
 
-    __slots__ = ("_control", "_gates", "_holder", "_key", "_max", "_store_cm", "_store_lock", "_strategy")
+    __slots__ = ("_control", "_entered", "_gates", "_holder", "_key", "_max", "_store_cm", "_store_lock", "_strategy")
 
     def __init__(self, gates: SessionGates, key: Key, store_lock: Any, strategy: MultitaskStrategy, max_queued: int,
                  control: RunControl | None, holder: str) -> None:
@@ -122,8 +122,16 @@ class _Hold:
         self._control = control
         self._holder = holder
         self._store_cm: Any = None
+        self._entered = False
 
     async def __aenter__(self) -> None:
+        """Take the turn; nothing more when `enter` took it already (the loop enters the hold
+        apart, so that a refusal there closes the run's own bracket first)."""
+        if not self._entered:
+            await self.enter()
+
+    async def enter(self) -> None:
+        self._entered = True
         gates, key, strategy = self._gates, self._key, self._strategy
         gate = gates._gates.get(key)
         if gate is None:
@@ -164,11 +172,6 @@ class _Hold:
                 control.interrupt(gate.interrupt)
                 gate.interrupt = None
 
-    def entered(self) -> _Entered:
-        """``async with hold.entered():`` leaves this hold, entered already: a caller that enters
-        it apart (the loop: a refusal there closes the run's own bracket first)."""
-        return _Entered(self)
-
     async def __aexit__(self, *exc_info: Any) -> None:
         gates = self._gates
         if self._control is not None and gates.active.get(self._key) is self._control:
@@ -194,19 +197,6 @@ class _Hold:
                 turn.set_result(None)
                 return
         del gates[self._key]
-
-
-class _Entered:
-    __slots__ = ("hold",)
-
-    def __init__(self, hold: _Hold) -> None:
-        self.hold = hold
-
-    async def __aenter__(self) -> None:
-        return None
-
-    async def __aexit__(self, *exc_info: Any) -> None:
-        await self.hold.__aexit__(*exc_info)
 
 
 async def _enter_store_lock(lock: Any, key: Key, strategy: MultitaskStrategy, holder: str) -> Any:
