@@ -6,6 +6,7 @@ run and runs right after it."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -13,8 +14,8 @@ from typing import Any
 import httpx
 import pytest
 
-from agentscope_py import ReActAgent
-from agentscope_py.agent import AgentStateStore, InMemoryStateStore, SqliteStateStore
+from agentscope_py import BusyError, ReActAgent
+from agentscope_py.agent import AgentState, AgentStateStore, InMemoryStateStore, SqliteStateStore
 from agentscope_py.model.base import ChatChunk, ModelRequest, ToolCallChunk
 from agentscope_py.server import create_app
 
@@ -129,3 +130,44 @@ async def test_an_interrupting_input_stops_the_run_and_runs_next(live: Any, stor
     assert state is not None
     texts = [m.text for m in state.context if m.role == "user"]
     assert texts == ["second", "first", "third"]  # the first turn was taken back, the interrupted one kept
+
+
+class LockedElsewhere:
+    """A store whose cross-process session lock another process holds, and which cannot say by
+    whom (no ``session_holder``): the server's check lets a rejecting input through, and the
+    agent's gate refuses it when it tries the lock."""
+
+    def __init__(self) -> None:
+        self.states = InMemoryStateStore()
+
+    async def load(self, user_id: str, session_id: str) -> tuple[AgentState | None, int]:
+        return await self.states.load(user_id, session_id)
+
+    async def save(self, user_id: str, session_id: str, state: AgentState, expected_version: int) -> int:
+        return await self.states.save(user_id, session_id, state, expected_version)
+
+    @contextlib.asynccontextmanager
+    async def session_lock(self, user_id: str, session_id: str, *, wait: bool = True,
+                           holder: str = "") -> AsyncIterator[None]:
+        if not wait:
+            raise BusyError(user_id, session_id)
+        yield
+
+
+async def test_a_refusal_at_the_gate_reaches_the_stream_with_the_same_code(live: Any) -> None:
+    agent = ReActAgent(model=SlowTurns(), state_store=LockedElsewhere())
+    server = live(create_app(agent))
+    async with httpx.AsyncClient(base_url=server.url, timeout=20) as client:
+        native = await client.post("/v1/runs", json={"session_id": "s", "input": "hi", "multitask_strategy": "reject"})
+        agui = await client.post("/agui", json=run_input("s", user("hi"), run="run-3",
+                                                          forwardedProps={"multitask_strategy": "reject"}))
+        waits = await client.post("/v1/runs", json={"session_id": "s", "input": "hi"})  # enqueue: takes the lock
+    frames = parse(native.text)
+    assert native.status_code == 200 and [e for _, e, _ in frames][-1] == "error"
+    assert frames[-1][2]["code"] == "session_busy" and "refuses to wait" in frames[-1][2]["message"]
+    ends = [d for _, _, d in frames if d.get("type") == "agent_end"]
+    assert len(ends) == 1 and ends[0]["error"].startswith("BusyError")  # the run's own bracket closed
+    events = agui_events(agui.text)
+    assert events[-1]["type"] == "RUN_ERROR" and events[-1]["code"] == "session_busy"
+    assert next(d for _, _, d in parse(waits.text) if d.get("type") == "agent_result")["result"]["generate_reason"] \
+        == "model_stop"
