@@ -162,8 +162,7 @@ class Execution:
 
     async def _run(self, input: AgentInput) -> AsyncIterator[AgentEvent]:
         agent, ctx, run, runtime = self.agent, self.ctx, self.run, self.runtime
-        key = (ctx.user_id, ctx.session_id)
-        gates, strategy = runtime.gates, self.strategy
+        key, gates, strategy = (ctx.user_id, ctx.session_id), runtime.gates, self.strategy
         gates.check(key, strategy, runtime.max_queued)  # refused before it started: no event at all
         yield AgentStart(reply_id=self.reply_id, name=agent.name, session_id=ctx.session_id)
         brackets = Brackets()
