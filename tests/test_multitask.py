@@ -18,6 +18,7 @@ from agentscope_py import MultitaskStrategy, ReActAgent, RuntimeContext, tool
 from agentscope_py.errors import AgentScopeError, BusyError
 from agentscope_py.events import AgentEnd, AgentResult
 from agentscope_py.message import GenerateReason, Msg, ToolResultBlock, ToolResultState, ToolUseBlock
+from agentscope_py.model import ModelStep, ScriptedModel
 from agentscope_py.model.base import ChatChunk, ModelRequest, ToolCallChunk
 
 pytestmark = pytest.mark.timeout(120)
@@ -241,3 +242,41 @@ def test_the_strategy_is_checked_where_it_is_given() -> None:
         make_agent().stream("hi", multitask_strategy="later")  # type: ignore[arg-type]
     built = ReActAgent.builder().model(TurnModel()).multitask_strategy("reject").max_queued(3).build()
     assert built.multitask_strategy == "reject" and built._runtime.max_queued == 3
+
+
+async def test_rollback_restores_what_the_turn_changed_beyond_its_messages() -> None:
+    """The stopped turn wrote the todo list: it goes back as it was, with the messages."""
+    release = asyncio.Event()
+
+    @tool
+    async def hold() -> str:
+        """Hold the run."""
+        await release.wait()
+        return "held"
+
+    def turn(request: ModelRequest) -> ModelStep:
+        last = request.messages[-1]
+        if last.text == "first":  # write the list, and hold in the same round
+            return ModelStep.tool_calls_of(("todo_write", {"todos": [{"content": "a task"}]}), ("hold", {}))
+        return ModelStep.text("done")
+
+    agent = ReActAgent(model=ScriptedModel([ModelStep(respond=turn)], loop=True), tools=[hold],
+                       enable_task_list=True)
+    await agent.call("second", ctx=RuntimeContext("u", "s"))  # a turn before: it stays
+    before, _ = await agent.state_store.load("u", "s")
+    assert before is not None
+    kept = list(before.context)
+    first = asyncio.create_task(agent.call("first", ctx=RuntimeContext("u", "s")))
+    while True:
+        state, _ = await agent.state_store.load("u", "s")
+        if state is not None and state.tasks:  # the todo list is written, the hold waits
+            break
+        await asyncio.sleep(0)
+    reply = await agent.call("second", ctx=RuntimeContext("u", "s"), multitask_strategy="rollback")
+    stopped = await asyncio.wait_for(first, 5)
+    assert stopped.metadata["rolled_back"] and reply.text == "done"
+    state, _ = await agent.state_store.load("u", "s")
+    assert state is not None and state.tasks == [] and state.pending_tool_calls == []
+    assert state.context[:len(kept)] == kept
+    assert user_texts(state.context) == ["second", "second"]
+    check_session(state.context)
