@@ -23,17 +23,23 @@ def _current_task() -> asyncio.Task[object] | None:
 class RunControl:
     """The interrupt switch of one execution, and the tasks an interrupt must cancel."""
 
-    __slots__ = ("interrupted", "links", "tasks")
+    __slots__ = ("interrupted", "links", "rollback", "tasks")
 
     def __init__(self) -> None:
         self.interrupted = False
+        # Set by an interrupt that asks for the run's turn to be taken back (a new input sent with
+        # ``multitask_strategy="rollback"``): the run ends interrupted, and saves the session as it
+        # found it.
+        self.rollback = False
         self.tasks: set[asyncio.Task[object]] = set()
         # The controls of sub-agent runs started from this run (`agent._subagent`): an interrupt
         # interrupts them, so they end as interrupted runs (closing what they opened) rather than
         # being cut off.
         self.links: list[RunControl] | None = None  # (made by the first sub-agent call)
 
-    def interrupt(self) -> None:
+    def interrupt(self, rollback: bool = False) -> None:
+        if rollback:
+            self.rollback = True
         self.interrupted = True
         if self.links:
             for link in list(self.links):

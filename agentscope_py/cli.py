@@ -115,8 +115,9 @@ def _shared_sessions(source: Any, url: str, prefix: str) -> Any:
 
 def _app_options(options: dict[str, Any]) -> dict[str, Any]:
     """`create_app` options of ``serve``'s flags: the run log (Redis with ``--redis``) and the
-    default for ``detach``."""
-    app: dict[str, Any] = {"detach_default": bool(options.get("detach"))}
+    defaults for ``detach`` and ``multitask_strategy``."""
+    app: dict[str, Any] = {"detach_default": bool(options.get("detach")),
+                           "multitask_strategy": options.get("multitask_strategy") or None}
     retention = float(options.get("run_retention") or 300.0)
     if options.get("redis"):
         from .server import RedisRunLog
@@ -174,7 +175,8 @@ def serve(args: argparse.Namespace) -> int:
                "allowed_origins": args.allowed_origin, "allowed_hosts": args.allowed_host, "tune_gc": args.tune_gc,
                "redis": redis, "detach": args.detach, "run_retention": args.run_retention,
                "run_lease": args.run_lease, "redis_prefix": args.redis_prefix, "temporal": args.temporal,
-               "task_queue": args.task_queue, "events": args.events}
+               "task_queue": args.task_queue, "events": args.events,
+               "multitask_strategy": args.multitask_strategy}
     limits = {"header_timeout": args.header_timeout, "idle_timeout": args.idle_timeout,
               "max_connections": args.max_connections, "log_level": args.log_level, "http": args.http,
               "loop": args.loop, "backlog": args.backlog, "send_buffer": args.send_buffer}
@@ -249,6 +251,10 @@ def _parser() -> argparse.ArgumentParser:
                      help="the prefix of every Redis key (default: %(default)s)")
     srv.add_argument("--detach", action="store_true", help="runs outlive their client's connection unless the "
                      "request says detach=false (default: a run stops when its client leaves)")
+    srv.add_argument("--multitask-strategy", choices=["reject", "enqueue", "interrupt", "rollback"],
+                     help="what an input to a thread running another does unless its request says: refuse it "
+                     "(409), run it after, interrupt the running run, or interrupt it and take its turn back "
+                     "(default: the agent's own, enqueue unless it says otherwise)")
     srv.add_argument("--run-retention", type=float, default=300.0, metavar="SECONDS",
                      help="how long an ended run's events stay readable (default: %(default)s)")
     srv.add_argument("--run-lease", type=float, default=10.0, metavar="SECONDS",

@@ -28,6 +28,8 @@ AgentScopeError
 │   ├── RunTimeoutError              … because the run took too long (also a TimeoutError)
 │   └── BudgetExceeded               … because a token or cost budget was used up
 ├── InputError                       what the caller passed cannot be a run's input (ValueError)
+├── BusyError                        the session is busy and the input's multitask strategy refuses to wait
+│   └── DurableSessionBusy           … a durable run's session (``DurableAgent.start``)
 ├── SubAgentError                    a sub-agent cannot run where it was put
 │   ├── SubAgentCycleError           … because it is reachable from itself (also a ValueError)
 │   └── SubAgentDepthError           … because the tree is deeper than its limit
@@ -49,6 +51,7 @@ __all__ = [
     "AuthenticationError",
     "BadRequestError",
     "BudgetExceeded",
+    "BusyError",
     "CallLimitExceeded",
     "CassetteMismatchError",
     "ContextLengthError",
@@ -353,6 +356,35 @@ class AgentInterrupted(AgentScopeError):
     returns that reply rather than raising."""
 
 
+# -- double texting ------------------------------------------------------------------------------
+
+
+class BusyError(AgentScopeError):
+    """A new input to a session that is running another: its ``multitask_strategy`` refuses to
+    wait (``"reject"``), or the session's queue is full (``"enqueue"`` past ``max_queued``).
+    Nothing of the input was run or remembered: send it again once the run ended (``retry_after``
+    seconds is a hint), or with another strategy (``"enqueue"``, ``"interrupt"``). ``reason`` is
+    ``"busy"`` or ``"queue_full"``."""
+
+    code = "session_busy"
+    """What clients of the server hear it as: an HTTP 409's ``type`` and an AG-UI RUN_ERROR's ``code``."""
+
+    def __init__(self, user_id: str, session_id: str, *, strategy: str = "reject", reason: str = "busy",
+                 retry_after: float | None = None, message: str | None = None) -> None:
+        if message is None:
+            if reason == "queue_full":
+                message = (f"session {user_id}/{session_id} is busy and its queue of waiting inputs is full: "
+                           "retry after the runs ahead of it ended, or send it with "
+                           "multitask_strategy='interrupt'")
+            else:
+                message = (f"session {user_id}/{session_id} is running another input and "
+                           f"multitask_strategy={strategy!r} refuses to wait: retry after it ended, or send it "
+                           "with multitask_strategy='enqueue' (run after it) or 'interrupt' (stop it)")
+        super().__init__(message)
+        self.user_id, self.session_id = user_id, session_id
+        self.strategy, self.reason, self.retry_after = strategy, reason, retry_after
+
+
 # -- durable runs (agentscope_py.durable) --------------------------------------------------------
 
 
@@ -366,15 +398,15 @@ class DurableActivityError(AgentScopeError):
         self.error_type = error_type
 
 
-class DurableSessionBusy(AgentScopeError):
+class DurableSessionBusy(BusyError):
     """A durable run of this agent is already in flight on the session (one run per session at a
     time, as the local agent's session gate has it): ``run_id`` is the running one's. Wait for it
     (``DurableAgent.start(..., if_busy="wait")``) or interrupt it."""
 
     def __init__(self, user_id: str, session_id: str, run_id: str) -> None:
-        super().__init__(f"session {user_id}/{session_id} has a durable run in flight ({run_id}): wait for it "
-                         "(start(..., if_busy='wait')) or interrupt it")
-        self.user_id, self.session_id, self.run_id = user_id, session_id, run_id
+        super().__init__(user_id, session_id, message=f"session {user_id}/{session_id} has a durable run in flight "
+                         f"({run_id}): wait for it (start(..., if_busy='wait')) or interrupt it")
+        self.run_id = run_id
 
 
 # -- MCP servers (agentscope_py.mcp) -------------------------------------------------------------

@@ -7,12 +7,14 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import (
     AgentInterrupted,
+    BusyError,
     PendingToolCallsError,
     ResumeError,
     StateConflictError,
     StateStoreError,
     StructuredOutputError,
 )
+from ._session import MultitaskStrategy
 from ._structured import RESPONSE_TOOL
 from .context import RuntimeContext
 from .react import Builder, ReActAgent, confirm_message
@@ -29,7 +31,9 @@ __all__ = [
     "AgentState",
     "AgentStateStore",
     "Builder",
+    "BusyError",
     "InMemoryStateStore",
+    "MultitaskStrategy",
     "PendingToolCallsError",
     "ReActAgent",
     "RedisStateStore",

@@ -25,7 +25,7 @@ from .._acting import ToolScope, acting_events
 from .._bracket_kinds import describe
 from .._model_call import model_call_stream
 from .._replies import ReplyBuilder
-from ..errors import AgentInterrupted, PendingToolCallsError, ResumeError, StructuredOutputError
+from ..errors import AgentInterrupted, BusyError, PendingToolCallsError, ResumeError, StructuredOutputError
 from ..events import AgentEnd, AgentEvent, AgentResult, AgentStart, EventBase, ExceedMaxIters, ModelCallStart
 from ..message import GenerateReason, Msg, ToolResultState, ToolUseBlock, new_id
 from ..middleware.base import ActingInput, AgentInput, ExtensionPoint, ModelCallInput, ReasoningInput
@@ -37,7 +37,7 @@ from ._brackets import Brackets
 from ._persist import finish, finish_quietly, save_once
 from ._prelude import prelude
 from ._run_state import RunState
-from ._session import RunControl
+from ._session import MultitaskStrategy, RunControl
 from ._steps import (
     ACT,
     END,
@@ -80,8 +80,10 @@ class Execution:
 
     def __init__(
         self, agent: ReActAgent, runtime: AgentRuntime, ctx: RuntimeContext, structured_model: type[Any] | None = None,
+        strategy: MultitaskStrategy = "enqueue",
     ) -> None:
         self.agent = agent
+        self.strategy: MultitaskStrategy = strategy
         self.runtime = runtime
         self.ctx = ctx
         self.reply_id = new_id("reply_")
@@ -160,14 +162,20 @@ class Execution:
 
     async def _run(self, input: AgentInput) -> AsyncIterator[AgentEvent]:
         agent, ctx, run, runtime = self.agent, self.ctx, self.run, self.runtime
+        key, gates, strategy = (ctx.user_id, ctx.session_id), runtime.gates, self.strategy
+        gates.check(key, strategy, runtime.max_queued)  # refused before it started: no event at all
         yield AgentStart(reply_id=self.reply_id, name=agent.name, session_id=ctx.session_id)
-        key = (ctx.user_id, ctx.session_id)
         brackets = Brackets()
         logged = brackets.log
         log = logged.append
         marks = MARKS.get
-        async with runtime.gates.hold(key, runtime.store):
-            runtime.gates.active[key] = self.control
+        hold = gates.hold(key, runtime.store, strategy, runtime.max_queued, self.control, ctx.get("run_id", ""))
+        try:
+            await hold.enter()
+        except BusyError as exc:  # refused at the gate (another process holds the session)
+            yield AgentEnd(reply_id=self.reply_id, error=describe(exc))
+            raise
+        async with hold:
             try:
                 error: BaseException | None = None
                 try:
@@ -221,10 +229,10 @@ class Execution:
                             break
                         step = self._act_step(outcome) if type(outcome) is NextStepAct else self._round()
                 except AgentInterrupted:
-                    run.end_interrupted()
+                    run.end_interrupted(self.control.rollback)
                 except (GeneratorExit, asyncio.CancelledError):
                     # The consumer went away: no more events, but persist an INTERRUPTED turn.
-                    run.end_interrupted()
+                    run.end_interrupted(self.control.rollback)
                     await finish_quietly(runtime, ctx, run, self._finish(None))
                     raise
                 except Exception as exc:
@@ -244,8 +252,6 @@ class Execution:
             finally:
                 if self.tools.toolkit.sources:
                     self.tools.toolkit.exit_run(ctx)
-                if runtime.gates.active.get(key) is self.control:
-                    del runtime.gates.active[key]
                 # The chains reach back to this execution through its cores (a reference cycle):
                 # dropping them lets a finished execution be freed at once, not by the collector.
                 self._model_call = self._reasoning = self._acting = _finished
@@ -257,7 +263,8 @@ class Execution:
             raise failure
         assert run.final is not None
         yield AgentResult(result=run.final)
-        yield AgentEnd(reply_id=self.reply_id)
+        yield (AgentEnd(reply_id=self.reply_id, metadata={"rolled_back": True}) if run.rolled_back
+               else AgentEnd(reply_id=self.reply_id))  # (a metadata given costs its validation)
 
     def _finish(self, error: BaseException | None) -> AsyncIterator[AgentEvent]:
         return finish(self.agent, self.ctx, self.runtime, self.run, error, self.tools.started)

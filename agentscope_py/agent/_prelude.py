@@ -31,6 +31,7 @@ __all__ = ["prelude"]
 async def prelude(exe: Execution) -> AsyncIterator[AgentEvent]:
     agent, ctx, run, runtime = exe.agent, exe.ctx, exe.run, exe.runtime
     state = await load_session(runtime, ctx, run)
+    run.keep_before()  # what a rollback of this turn restores (`RunState.roll_back`)
     ctx.agent_state = state
     ctx.agent = agent
     hooks, trace = runtime.participants.hooks, runtime.trace

@@ -61,6 +61,10 @@ class RunState:
     finish_error: Exception | None = None
     """The first on_agent_finish hook's error (raised after the turn is saved)."""
     saved: bool = False
+    before: tuple[Any, ...] | None = None
+    """The session as the run found it (`keep_before`): what a rollback restores."""
+    rolled_back: bool = False
+    """The run's turn was taken out of the session (`roll_back`); its events stay its caller's."""
 
     @property
     def total_usage(self) -> ChatUsage | None:
@@ -152,11 +156,38 @@ class RunState:
         self.final = msg if shown is None else shown
         self.reason = reason
 
-    def end_interrupted(self) -> None:
+    def keep_before(self) -> None:
+        """Remember the session as loaded, before the run changes it. Shallow copies of its lists
+        (messages are immutable): cheap, and enough to take the turn back (`roll_back`)."""
+        state = self.session
+        if state is not None:
+            self.before = (list(state.context), list(state.tasks), list(state.pending_tool_calls),
+                           state.cur_iter, state.summary, list(state.summaries), dict(state.metadata))
+
+    def roll_back(self) -> None:
+        """Take the run's turn out of the session, as if it never ran (an interrupt asked for a
+        rollback): the state goes back to what `keep_before` kept, and the reply the caller gets
+        says so (``metadata["rolled_back"]``)."""
+        state, before = self.session, self.before
+        if state is None or before is None:
+            return
+        (state.context, state.tasks, state.pending_tool_calls, state.cur_iter, state.summary, state.summaries,
+         state.metadata) = before
+        self.rolled_back = True
+        if self.final is not None:
+            self.final = self.final.model_copy(update={"metadata": {**self.final.metadata, "rolled_back": True}})
+
+    def end_interrupted(self, rollback: bool = False) -> None:
         """Persist one INTERRUPTED reply (the partial one, or a short recovery note) and give
-        every pending call an interrupted result."""
+        every pending call an interrupted result; with ``rollback``, then take the turn back
+        (`roll_back`)."""
         if self.session is None or self.final is not None:
             return
+        self._end_interrupted()
+        if rollback:
+            self.roll_back()
+
+    def _end_interrupted(self) -> None:
         text = "The tool call was interrupted."
         if not self.input_taken:  # cut in the prelude: the input is remembered with the note after it
             self.input_taken = True

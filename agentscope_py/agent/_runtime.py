@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from ._session import DEFAULT_MAX_QUEUED, MultitaskStrategy
+
 if TYPE_CHECKING:
     from .._acting import ToolExecutor
     from .._model_call import FailoverListener, ModelExecutor, RetryPolicy
@@ -41,5 +43,9 @@ class AgentRuntime:
     makes it an activity, `agentscope_py.durable`); None is the normal, in-process path."""
     tool_executor: ToolExecutor | None = None
     """Runs each permitted tool's body in place of `_acting._output` when set (the same)."""
+    multitask_strategy: MultitaskStrategy = "enqueue"
+    """What a new input does when its session runs another, unless its call says (`_session`)."""
+    max_queued: int = DEFAULT_MAX_QUEUED
+    """Inputs that may wait for one session in this process; past it, one more is a `BusyError`."""
     warned_empty: bool = False
     """An empty reasoning stream is logged once per agent (`_boundaries.warn_empty`)."""

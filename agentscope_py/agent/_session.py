@@ -1,73 +1,181 @@
-"""Per-session coordination inside one process: the FIFO gate and the interrupt control."""
+"""Per-session coordination inside one process: the gate a session's runs pass one at a time, what a
+new input does when the session is busy (its ``multitask_strategy``), and the interrupt control.
+
+The four strategies are the operators of a stream of inputs mapped to runs (docs/serving.md):
+
+- ``"reject"`` is *exhaust*: while a run is in flight, a new input is dropped (`BusyError`);
+- ``"enqueue"`` is *concat*: inputs run one after the other, in arrival order (bounded);
+- ``"interrupt"`` is *switch*: a new input stops the run in flight, and runs right after it;
+- ``"rollback"`` is *switch* that also takes the stopped run's turn back out of the session.
+"""
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, Literal
 
 from .._control import RunControl
-from ..errors import AgentInterrupted
+from ..errors import AgentInterrupted, BusyError
 
-__all__ = ["AgentInterrupted", "RunControl", "SessionGates"]
+__all__ = ["DEFAULT_MAX_QUEUED", "STRATEGIES", "AgentInterrupted", "MultitaskStrategy", "RunControl", "SessionGates",
+           "check_strategy"]
 
 
 Key = tuple[str, str]
 
+MultitaskStrategy = Literal["reject", "enqueue", "interrupt", "rollback"]
+"""What a new input does when its session is running another (see the module docstring)."""
+
+STRATEGIES: tuple[MultitaskStrategy, ...] = ("reject", "enqueue", "interrupt", "rollback")
+
+DEFAULT_MAX_QUEUED = 100
+"""Inputs that may wait for one session in one process: past it, one more is refused
+(`BusyError`, reason ``"queue_full"``) rather than held for ever behind a stuck run."""
+
+
+def check_strategy(value: object, where: str = "multitask_strategy") -> MultitaskStrategy:
+    """``value`` if it is a strategy; else ValueError naming the choices (a typo must not mean
+    "wait")."""
+    for strategy in STRATEGIES:
+        if value == strategy:
+            return strategy
+    raise ValueError(f"{where} must be one of {', '.join(repr(s) for s in STRATEGIES)}, not {value!r}")
+
+
+class _Gate:
+    """A held gate: the futures of the inputs waiting, in the order they will run; the first
+    ``jumped`` of them are inputs that interrupted (they run before the inputs queued earlier)."""
+
+    __slots__ = ("interrupt", "jumped", "waiters")
+
+    def __init__(self) -> None:
+        self.waiters: list[asyncio.Future[None]] = []
+        self.jumped = 0
+        # An interrupt asked for while the holder had the gate but not yet its run's control (it
+        # waited for the store's cross-process lock): applied once it has it. None, or rollback.
+        self.interrupt: bool | None = None
+
 
 class SessionGates:
-    """One FIFO gate per (user, session): calls on a session run one at a time, in arrival order;
-    other sessions run in parallel. A gate exists while held (its entry lists the waiters), so an
-    uncontended call takes it without a lock object or a wait."""
+    """One gate per (user, session): calls on a session run one at a time; other sessions run in
+    parallel. A gate exists while held (its entry lists the waiters), so an uncontended call takes
+    it without a lock object or a wait. ``active`` holds the control of each session's run in
+    flight."""
 
     __slots__ = ("_gates", "active")
 
     def __init__(self) -> None:
-        self._gates: dict[Key, list[asyncio.Future[None]]] = {}
+        self._gates: dict[Key, _Gate] = {}
         self.active: dict[Key, RunControl] = {}
 
-    def hold(self, key: Key, store: object = None) -> _Hold:
-        """``async with gates.hold(key, store):`` — wait for the session's turn, hold it inside; a
-        store shared by several processes (Redis) serialises the session across them too, with
-        its ``session_lock``, taken inside the gate."""
-        return _Hold(self._gates, key, getattr(store, "session_lock", None))
+    def hold(self, key: Key, store: object = None, strategy: MultitaskStrategy = "enqueue",
+             max_queued: int = DEFAULT_MAX_QUEUED, control: RunControl | None = None, holder: str = "") -> _Hold:
+        """``async with gates.hold(key, store, ...):`` — take the session's turn as ``strategy``
+        says (wait for it, refuse at once, or interrupt the holder and go next), hold it inside
+        with ``control`` registered as the session's run in flight. A store shared by several
+        processes (Redis) serialises the session across them too, with its ``session_lock``, taken
+        inside the gate (``holder`` names the run there, so another process can find it)."""
+        return _Hold(self, key, getattr(store, "session_lock", None), strategy, max_queued, control, holder)
+
+    def refusal(self, key: Key, strategy: MultitaskStrategy, max_queued: int = DEFAULT_MAX_QUEUED) -> BusyError | None:
+        """The `BusyError` an input of ``strategy`` would get now from this process's gate, or None."""
+        gate = self._gates.get(key)
+        if gate is None:
+            return None
+        if strategy == "reject":
+            return BusyError(*key, strategy=strategy)
+        if len(gate.waiters) >= max_queued:
+            return BusyError(*key, strategy=strategy, reason="queue_full")
+        return None
+
+    def check(self, key: Key, strategy: MultitaskStrategy, max_queued: int = DEFAULT_MAX_QUEUED) -> None:
+        """Raise the `BusyError` of `refusal`, if any."""
+        if key in self._gates:
+            refused = self.refusal(key, strategy, max_queued)
+            if refused is not None:
+                raise refused
+
+    def busy(self, key: Key) -> bool:
+        """Whether a run holds the session's gate in this process."""
+        return key in self._gates
+
+    def _interrupt_holder(self, key: Key, gate: _Gate, rollback: bool) -> None:
+        control = self.active.get(key)
+        if control is not None:
+            control.interrupt(rollback)
+        else:  # the holder waits for the store's lock: it is interrupted once its run registers
+            gate.interrupt = rollback or bool(gate.interrupt)
 
 
 class _Hold:
     """The async context manager of `SessionGates.hold` (a class: no generator per call)."""
 
-    __slots__ = ("_gates", "_key", "_store_cm", "_store_lock")
+    __slots__ = ("_control", "_entered", "_gates", "_holder", "_key", "_max", "_store_cm", "_store_lock", "_strategy")
 
-    def __init__(self, gates: dict[Key, list[asyncio.Future[None]]], key: Key, store_lock: Any) -> None:
+    def __init__(self, gates: SessionGates, key: Key, store_lock: Any, strategy: MultitaskStrategy, max_queued: int,
+                 control: RunControl | None, holder: str) -> None:
         self._gates = gates
         self._key = key
         self._store_lock = store_lock
+        self._strategy = strategy
+        self._max = max_queued
+        self._control = control
+        self._holder = holder
         self._store_cm: Any = None
+        self._entered = False
 
     async def __aenter__(self) -> None:
-        waiters = self._gates.get(self._key)
-        if waiters is None:
-            self._gates[self._key] = []  # held, nobody waiting
+        """Take the turn; nothing more when `enter` took it already (the loop enters the hold
+        apart, so that a refusal there closes the run's own bracket first)."""
+        if not self._entered:
+            await self.enter()
+
+    async def enter(self) -> None:
+        self._entered = True
+        gates, key, strategy = self._gates, self._key, self._strategy
+        gate = gates._gates.get(key)
+        if gate is None:
+            gates._gates[key] = _Gate()  # held, nobody waiting
         else:
+            refused = gates.refusal(key, strategy, self._max)
+            if refused is not None:
+                raise refused
             turn = asyncio.get_running_loop().create_future()
-            waiters.append(turn)
+            if strategy == "interrupt" or strategy == "rollback":
+                # Next after the inputs that interrupted before it, ahead of those that queued.
+                gate.waiters.insert(gate.jumped, turn)
+                gate.jumped += 1
+                gates._interrupt_holder(key, gate, strategy == "rollback")
+            else:
+                gate.waiters.append(turn)
             try:
                 await turn
             except BaseException:
                 if turn.done() and not turn.cancelled():
                     self._release()  # handed the gate, but cancelled before taking it: pass it on
-                elif turn in waiters:
-                    waiters.remove(turn)
+                elif turn in gate.waiters:
+                    if gate.waiters.index(turn) < gate.jumped:
+                        gate.jumped -= 1
+                    gate.waiters.remove(turn)
                 raise
         if self._store_lock is not None:
-            cm = self._store_lock(*self._key)
             try:
-                await cm.__aenter__()
+                self._store_cm = await _enter_store_lock(self._store_lock, key, strategy, self._holder)
             except BaseException:
                 self._release()
                 raise
-            self._store_cm = cm
+        control = self._control
+        if control is not None:
+            gates.active[key] = control
+            gate = gates._gates[key]
+            if gate.interrupt is not None:
+                control.interrupt(gate.interrupt)
+                gate.interrupt = None
 
     async def __aexit__(self, *exc_info: Any) -> None:
+        gates = self._gates
+        if self._control is not None and gates.active.get(self._key) is self._control:
+            del gates.active[self._key]
         try:
             if self._store_cm is not None:
                 await self._store_cm.__aexit__(*exc_info)
@@ -75,10 +183,29 @@ class _Hold:
             self._release()
 
     def _release(self) -> None:
-        waiters = self._gates.get(self._key)
+        gates = self._gates._gates
+        gate = gates.get(self._key)
+        if gate is None:
+            return
+        gate.interrupt = None  # (meant for the holder that leaves)
+        waiters = gate.waiters
         while waiters:
             turn = waiters.pop(0)
+            if gate.jumped:
+                gate.jumped -= 1
             if not turn.done():  # a cancelled waiter is done already
                 turn.set_result(None)
                 return
-        self._gates.pop(self._key, None)
+        del gates[self._key]
+
+
+async def _enter_store_lock(lock: Any, key: Key, strategy: MultitaskStrategy, holder: str) -> Any:
+    """The store's session lock, entered: without waiting for an input that refuses to
+    (``"reject"``: `BusyError` when another process holds it), and naming ``holder``. A store
+    whose ``session_lock`` takes no options gets the plain call."""
+    try:
+        cm = lock(*key, wait=strategy != "reject", holder=holder)
+    except TypeError:
+        cm = lock(*key)
+    await cm.__aenter__()
+    return cm

@@ -20,7 +20,7 @@ from typing import Any, Literal, TextIO
 from pydantic import BaseModel, ValidationError
 
 from .._model_call import FailoverListener, RetryPolicy
-from ..errors import InputError
+from ..errors import BusyError, InputError
 from ..events import AgentEvent, AgentResult, ConfirmResult
 from ..message import Msg
 from ..middleware.base import AgentInput, ExtensionPoint, MiddlewareBase
@@ -37,7 +37,7 @@ from ._explain import explain
 from ._input import check_input
 from ._loop import Execution
 from ._runtime import AgentRuntime
-from ._session import SessionGates
+from ._session import DEFAULT_MAX_QUEUED, MultitaskStrategy, SessionGates, check_strategy
 from ._subagent import SessionMode, SubAgentTool
 from ._subagent_tree import DEFAULT_MAX_DEPTH, InheritSpec
 from .context import RuntimeContext
@@ -126,6 +126,12 @@ class ReActAgent:
         strict: Make the ordering lints (`agentscope_py.middleware.lints`) errors: the agent is
             not built while its middleware are in an order known to be wrong.
         allow_lints: Ids of lint rules whose order is meant: neither a warning nor an error.
+        multitask_strategy: What a new input does when its session is running another, unless
+            its call says: ``"enqueue"`` (wait, then run; the default), ``"reject"`` (refuse at
+            once with `BusyError`), ``"interrupt"`` (stop the running run, then run) or
+            ``"rollback"`` (stop it and take its turn out of the session) — docs/serving.md.
+        max_queued: Inputs that may wait for one session in this process; one more is a
+            `BusyError` (reason ``"queue_full"``).
     """
 
     def __init__(
@@ -148,11 +154,16 @@ class ReActAgent:
         model_kwargs: Mapping[str, Any] | None = None,
         strict: bool = False,
         allow_lints: Iterable[str] = (),
+        multitask_strategy: MultitaskStrategy = "enqueue",
+        max_queued: int = DEFAULT_MAX_QUEUED,
     ) -> None:
         if max_iters < 1:
             raise ValueError(f"max_iters must be at least 1, not {max_iters}")
         if max_retries < 0:
             raise ValueError(f"max_retries must be 0 or more, not {max_retries}")
+        strategy = check_strategy(multitask_strategy)
+        if type(max_queued) is not int or max_queued < 0:
+            raise ValueError(f"max_queued must be an int, 0 or more (0: no input waits), not {max_queued!r}")
         # A copy: the same toolkit may serve several agents, or grow after this one is built.
         own_toolkit = toolkit.copy() if toolkit is not None else Toolkit()
         for fn in tools:
@@ -182,6 +193,8 @@ class ReActAgent:
             fallback_models=tuple(resolve_model(m) for m in fallback_models),
             retry=RetryPolicy(max_retries),
             failover_listener=failover_listener,
+            multitask_strategy=strategy,
+            max_queued=max_queued,
         )
 
     @staticmethod
@@ -192,6 +205,11 @@ class ReActAgent:
     @property
     def state_store(self) -> AgentStateStore:
         return self._runtime.store
+
+    @property
+    def multitask_strategy(self) -> MultitaskStrategy:
+        """What a new input does when its session is running another, unless its call says."""
+        return self._runtime.multitask_strategy
 
     def middlewares_at(self, point: ExtensionPoint) -> tuple[MiddlewareBase, ...]:
         """The participants of ``point``, outermost first (fixed at build)."""
@@ -215,11 +233,16 @@ class ReActAgent:
         *,
         ctx: RuntimeContext | None = None,
         structured_model: type[Any] | None = None,
+        multitask_strategy: MultitaskStrategy | None = None,
     ) -> EventStream[AgentEvent]:
-        """The events of one execution per iteration (cold). Without ``ctx``, the default session."""
+        """The events of one execution per iteration (cold). Without ``ctx``, the default session.
+        ``multitask_strategy``: what this input does if the session is running another (the
+        agent's default when None; docs/serving.md): ``"reject"`` raises `BusyError` before any
+        event."""
+        strategy = self._strategy(multitask_strategy)
         # Converted here, so a bad input fails at this call, not at the first iteration; a
         # re-iteration converts again (text becomes a new message, with an id of its own).
-        return EventStream(_Start(self, _as_msgs(msgs), msgs, ctx, structured_model))
+        return EventStream(_Start(self, _as_msgs(msgs), msgs, ctx, structured_model, strategy))
 
     async def call(
         self,
@@ -227,9 +250,11 @@ class ReActAgent:
         *,
         ctx: RuntimeContext | None = None,
         structured_model: type[Any] | None = None,
+        multitask_strategy: MultitaskStrategy | None = None,
     ) -> Msg:
-        """Run one execution and return its final message (``generate_reason`` says why it ended)."""
-        exe, events = self._start(_as_msgs(msgs), ctx, structured_model)
+        """Run one execution and return its final message (``generate_reason`` says why it ended).
+        ``multitask_strategy``: as for `stream` (a refused input raises `BusyError`)."""
+        exe, events = self._start(_as_msgs(msgs), ctx, structured_model, strategy=self._strategy(multitask_strategy))
         result: Msg | None = None
         try:
             async for ev in events:
@@ -243,13 +268,17 @@ class ReActAgent:
         assert result is not None
         return result
 
+    def _strategy(self, asked: MultitaskStrategy | None) -> MultitaskStrategy:
+        return self._runtime.multitask_strategy if asked is None else check_strategy(asked)
+
     def _start(
         self, msgs: tuple[Msg, ...], ctx: RuntimeContext | None, structured_model: type[Any] | None,
-        runtime: AgentRuntime | None = None,
+        runtime: AgentRuntime | None = None, strategy: MultitaskStrategy | None = None,
     ) -> tuple[Execution, Any]:
         # ``runtime``: a sub-agent's, with its caller's middleware around its own (`_subagent`).
         runtime = runtime if runtime is not None else self._runtime
-        exe = Execution(self, runtime, ctx if ctx is not None else RuntimeContext(), structured_model)
+        exe = Execution(self, runtime, ctx if ctx is not None else RuntimeContext(), structured_model,
+                        strategy if strategy is not None else runtime.multitask_strategy)
         participants = runtime.participants
         chain = compose(ExtensionPoint.ON_AGENT, participants, self, exe.ctx, exe.agent_core, runtime.trace)
         events = chain(AgentInput(msgs=msgs)).__aiter__()
@@ -297,6 +326,14 @@ class ReActAgent:
         control.interrupt()
         return True
 
+    def busy_error(self, user_id: str = "default", session_id: str = "default",
+                   multitask_strategy: MultitaskStrategy | None = None) -> BusyError | None:
+        """The `BusyError` an input to that session with ``multitask_strategy`` would get now from
+        this process (a run holds the session and the strategy refuses to wait, or its queue is
+        full), or None. A server answers with it before starting a run."""
+        return self._runtime.gates.refusal((user_id, session_id), self._strategy(multitask_strategy),
+                                           self._runtime.max_queued)
+
     def __repr__(self) -> str:
         return f"ReActAgent(name={self.name!r}, model={getattr(self.model, 'name', self.model)!r})"
 
@@ -322,6 +359,8 @@ class Builder:
         self._model_options: dict[str, Any] = {}
         self._strict = False
         self._allow_lints: list[str] = []
+        self._strategy: MultitaskStrategy = "enqueue"
+        self._max_queued = DEFAULT_MAX_QUEUED
 
     def name(self, name: str) -> Builder:
         self._name = name
@@ -419,6 +458,17 @@ class Builder:
         self._allow_lints.extend(rule_ids)
         return self
 
+    def multitask_strategy(self, strategy: MultitaskStrategy) -> Builder:
+        """What a new input does when its session is running another, unless its call says:
+        ``"enqueue"`` (the default), ``"reject"``, ``"interrupt"`` or ``"rollback"``."""
+        self._strategy = check_strategy(strategy)
+        return self
+
+    def max_queued(self, n: int) -> Builder:
+        """Inputs that may wait for one session in this process (then `BusyError`)."""
+        self._max_queued = n
+        return self
+
     def build(self) -> ReActAgent:
         if self._model is None:
             raise ValueError("a model is required: .model(ChatModel or 'provider:name')")
@@ -439,6 +489,8 @@ class Builder:
             model_options=self._model_options,
             strict=self._strict,
             allow_lints=self._allow_lints,
+            multitask_strategy=self._strategy,
+            max_queued=self._max_queued,
         )
 
 
@@ -448,11 +500,12 @@ class _Start:
     lives as long as its stream (a served run's whole life), and a closure was seven objects
     for the collector to walk."""
 
-    __slots__ = ("agent", "ctx", "first", "msgs", "structured_model")
+    __slots__ = ("agent", "ctx", "first", "msgs", "strategy", "structured_model")
 
     def __init__(self, agent: ReActAgent, first: tuple[Msg, ...], msgs: MsgInput, ctx: RuntimeContext | None,
-                 structured_model: type[Any] | None) -> None:
+                 structured_model: type[Any] | None, strategy: MultitaskStrategy) -> None:
         self.agent = agent
+        self.strategy: MultitaskStrategy = strategy
         self.first: tuple[Msg, ...] | None = first
         self.msgs = msgs
         self.ctx = ctx
@@ -464,4 +517,4 @@ class _Start:
             first = _as_msgs(self.msgs)
         else:
             self.first = None
-        return self.agent._start(first, self.ctx, self.structured_model)[1]
+        return self.agent._start(first, self.ctx, self.structured_model, strategy=self.strategy)[1]

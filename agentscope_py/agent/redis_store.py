@@ -37,6 +37,7 @@ from datetime import UTC, datetime
 from urllib.parse import quote, unquote
 
 from .._redis import Arg, PackedCommands
+from ..errors import BusyError
 from .state import AgentState
 from .store import (
     ClosableStore,
@@ -154,13 +155,18 @@ class RedisStateStore(ClosableStore):
         return int(version)
 
     @contextlib.asynccontextmanager
-    async def session_lock(self, user_id: str, session_id: str) -> AsyncIterator[None]:
-        """Hold the session's cross-process lock for the body (waits while another holds it).
+    async def session_lock(self, user_id: str, session_id: str, *, wait: bool = True,
+                           holder: str = "") -> AsyncIterator[None]:
+        """Hold the session's cross-process lock for the body (waits while another holds it; with
+        ``wait=False``, raises `BusyError` instead). ``holder`` names the run holding it, for
+        `session_holder` (another process's way to find the run to interrupt).
 
         Raises `StateStoreError` if Redis fails while acquiring. Failures to refresh or release
         are logged, not raised: the lock then simply expires after ``lock_timeout``."""
         key = self._key("lock", user_id, session_id)
-        token = secrets.token_hex(16)
+        # The lock's value: a token of this hold (32 hex digits: what release and refresh compare)
+        # followed by the holder's name.
+        token = secrets.token_hex(16) + holder
         ttl_ms = max(1, round(self.lock_timeout * 1000))
         delay = _POLL_FIRST
         with _typed_errors(f"locking session {user_id}/{session_id} in Redis"):
@@ -176,6 +182,8 @@ class RedisStateStore(ClosableStore):
                         raise asyncio.CancelledError
                     if taken:
                         break
+                    if not wait:
+                        raise BusyError(user_id, session_id)
                     await asyncio.sleep(delay * random.uniform(0.5, 1.5))  # jitter: waiters spread out
                     delay = min(delay * 2, _POLL_MAX)
             except asyncio.CancelledError:
@@ -197,6 +205,16 @@ class RedisStateStore(ClosableStore):
             except (RedisError, OSError) as exc:
                 log.warning("could not release the lock of session %s/%s (%s); it expires in %.1f s",
                             user_id, session_id, exc, self.lock_timeout)
+
+    async def session_holder(self, user_id: str, session_id: str) -> str | None:
+        """The name of the run holding the session's lock (``holder`` of `session_lock`; ``""``
+        when it gave none), or None when nobody holds it."""
+        with _typed_errors(f"reading the lock of session {user_id}/{session_id} in Redis"):
+            value = await self._commands().call("GET", self._key("lock", user_id, session_id))
+        if value is None:
+            return None
+        text = value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+        return text[32:]
 
     # -- extras ----------------------------------------------------------------------------------
 

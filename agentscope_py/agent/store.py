@@ -86,7 +86,10 @@ class ClosableStore:
 class AgentStateStore(Protocol):
     """Where sessions live. A store may also offer ``session_lock(user_id, session_id)`` — an
     async context manager the agent holds for a whole execution, so a store shared by several
-    processes serialises one session across them (`RedisStateStore` does)."""
+    processes serialises one session across them (`RedisStateStore` does). A lock that also takes
+    the keywords ``wait`` (False: raise `BusyError` rather than wait for another holder) and
+    ``holder`` (the name of the run holding it) serves ``multitask_strategy="reject"`` across
+    processes; one that takes neither is called without them."""
 
     async def load(self, user_id: str, session_id: str) -> tuple[AgentState | None, int]: ...
 
@@ -115,7 +118,7 @@ class InMemoryStateStore:
     ``clock`` (seconds, monotonic) is for tests. `serve` bounds an unbounded store it serves
     (`Limits.max_sessions`, `Limits.session_idle_ttl`)."""
 
-    session_lock: Callable[[str, str], AbstractAsyncContextManager[None]]
+    session_lock: Callable[..., AbstractAsyncContextManager[None]]
     """Present only when bounded (the agent then holds it for every call): see the class doc."""
 
     def __init__(self, *, conflict_policy: ConflictPolicy = "fail", max_sessions: int | None = None,
@@ -208,7 +211,8 @@ class InMemoryStateStore:
 
     # -- the bounds ------------------------------------------------------------------------------
 
-    def _pinned(self, user_id: str, session_id: str) -> AbstractAsyncContextManager[None]:
+    def _pinned(self, user_id: str, session_id: str, **options: object) -> AbstractAsyncContextManager[None]:
+        # (``options``: a cross-process lock's; the pin neither waits nor names its holder)
         return _Pin(self, (user_id, session_id))
 
     def _pin(self, key: tuple[str, str]) -> None:

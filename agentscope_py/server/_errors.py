@@ -17,6 +17,7 @@ __all__ = ["STORE_UNAVAILABLE", "ClientError", "HTTPError", "StoreUnavailable", 
            "new_request_id", "request_id"]
 
 from ..errors import (
+    BusyError,
     InputError,
     MiddlewareTermination,
     ModelError,
@@ -114,6 +115,8 @@ def describe(exc: BaseException, rid: str, vocabulary: Vocabulary, pending: Sequ
     the session's waiting tool calls, for a `PendingToolCallsError`)."""
     if isinstance(exc, PendingToolCallsError):
         return ClientError(type(exc).__name__, _pending_message(vocabulary, pending), True)
+    if isinstance(exc, BusyError):  # the code a 409 refusal has too (`_multitask`)
+        return ClientError(exc.code, str(exc), True)
     if isinstance(exc, _SHOWN) and not isinstance(exc, _HIDDEN):
         message = str(exc) or type(exc).__name__
         if vocabulary == "agui" and isinstance(exc, ResumeError):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from ..agent import MultitaskStrategy
 from ..events import ConfirmResult
 from ..message import Msg
 from ._errors import HTTPError
@@ -27,6 +28,9 @@ class RunRequest(BaseModel):
     user_id: str | None = None
     input: str | list[Msg] | None = None
     confirm: list[ConfirmResult] = Field(default_factory=list)
+    multitask_strategy: MultitaskStrategy | None = None
+    """What this input does if the session is running another: ``"reject"`` (409), ``"enqueue"``,
+    ``"interrupt"`` or ``"rollback"``; ``None``: the server's default (docs/serving.md)."""
     detach: bool | None = None
     """Keep running when the client disconnects (resume with ``GET /v1/runs/{run_id}/events``);
     ``None``: the server's default (``create_app(detach_default=...)``)."""

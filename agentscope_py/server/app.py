@@ -27,6 +27,7 @@ from starlette.routing import Route
 
 from .._bracket_kinds import OpenBrackets
 from .._context import RuntimeContext
+from ..agent import MultitaskStrategy
 from ..agent.react import ReActAgent, confirm_message
 from ..agent.state import AgentState
 from ..agent.store import InMemoryStateStore
@@ -38,6 +39,7 @@ from ._frames import agui_frames, cancelled_agui, cancelled_native, native_frame
 from ._identity import USER_HEADER, Authenticate, Identity, client_run_id, new_run_id, run_key, run_keys
 from ._ledger import Emitted, Ledger
 from ._limits import Limits, check_shape, read_json
+from ._multitask import admit, busy_agui_response, strategy_of
 from ._requests import InterruptRequest, RunRequest, check_name, check_run_id, detach_of, parse_after
 from ._runlog import InMemoryRunLog, RunLog, RunRecord
 from ._runs import Runner, Runs
@@ -62,7 +64,8 @@ class _Server:
 
     def __init__(self, agent_or_factory: AgentOrFactory, identity: Identity, *, max_body_bytes: int,
                  heartbeat: float | None, limits: Limits, system_messages: SystemPolicy,
-                 result_text: bool, run_log: RunLog, detach_default: bool, runner: Runner | None = None) -> None:
+                 result_text: bool, run_log: RunLog, detach_default: bool, runner: Runner | None = None,
+                 multitask_strategy: MultitaskStrategy | None = None) -> None:
         self._source = agent_or_factory
         self._agent: ReActAgent | None = None
         self.identity = identity
@@ -75,6 +78,7 @@ class _Server:
         self.registry = runner.runs(run_log, limits, result_text) if runner is not None else Runs(run_log, limits)
         self._stream = runner.stream if runner is not None else _local_stream
         self.detach_default = detach_default
+        self.multitask_strategy = multitask_strategy
         self.page = resources.files(__package__).joinpath("static/index.html").read_bytes()
 
     @property
@@ -132,8 +136,12 @@ class _Server:
             msgs = await self._agui_input(agent, user_id, run_input, emitted)
             props = run_input.forwarded_props if isinstance(run_input.forwarded_props, dict) else {}
             detach = self._detach(request, props.get("detach"))
-            ctx = RuntimeContext(user_id=user_id, session_id=run_input.thread_id, agui_input=run_input)
+            strategy = strategy_of(props.get("multitask_strategy"), self.multitask_strategy,
+                                   "forwardedProps.multitask_strategy")
             key = run_key(user_id, run_input.run_id)  # the client chose the id: it is its user's
+            await self._admit(user_id, run_input.thread_id, strategy)
+            ctx = RuntimeContext(user_id=user_id, session_id=run_input.thread_id, agui_input=run_input, run_id=key,
+                                 multitask_strategy=strategy)
             stream = self._stream(agent, msgs, ctx, key)
             mapper = AguiMapper(run_input.thread_id, run_input.run_id, emitted_ids=emitted)
             pending = self._pending(user_id, run_input.thread_id)
@@ -151,7 +159,16 @@ class _Server:
                 yield data
 
             return self._sse(refusal, run_input.run_id)
-        except Exception as exc:  # HTTPError, or an authenticate() that failed
+        except HTTPError as exc:
+            if exc.type != "session_busy":
+                return _refused(exc, rid, "POST /agui")
+            # A refused input: the 409 with its Retry-After, and the same refusal as the RUN_ERROR
+            # an AG-UI client reads from the body.
+            mapper = AguiMapper(run_input.thread_id, run_input.run_id)
+            log.info("request %s: POST /agui refused (409): %s", rid, exc.detail)
+            return busy_agui_response(mapper.encode_start() + mapper.encode_fail(exc, message=exc.detail,
+                                                                                 code=exc.type), exc)
+        except Exception as exc:  # an authenticate() that failed
             return _refused(exc, rid, "POST /agui")
         return self._sse(partial(self.registry.follow, live, 0, self.heartbeat), client_run_id(live.run_id))
 
@@ -192,6 +209,7 @@ class _Server:
             check_name(body.session_id, "session_id")
             check_name(user_id, "user_id")
             detach = self._detach(request, body.detach)
+            strategy = strategy_of(body.multitask_strategy, self.multitask_strategy)
             msgs: list[Msg] = []
             if body.confirm:
                 msgs.append(confirm_message(*body.confirm))
@@ -202,8 +220,10 @@ class _Server:
             # The session's store is read before the run starts, as AG-UI's is (for its input):
             # a store that cannot serve is a 503 to retry, not a run that fails once it streams.
             await self._load(user_id, body.session_id)
-            ctx = RuntimeContext(user_id=user_id, session_id=body.session_id)
+            await self._admit(user_id, body.session_id, strategy)
             run_id = new_run_id()
+            ctx = RuntimeContext(user_id=user_id, session_id=body.session_id, run_id=run_id,
+                                 multitask_strategy=strategy)
             stream = self._stream(self.agent, msgs, ctx, run_id)
             pending = self._pending(user_id, body.session_id)
             record = RunRecord(run_id, user_id, body.session_id, "native", owner="")
@@ -285,6 +305,12 @@ class _Server:
             return _refused(exc, rid, "POST /v1/interrupt")
         return JSONResponse({"interrupted": self.agent.interrupt(user_id=user_id, session_id=body.session_id)})
 
+    async def _admit(self, user_id: str, session_id: str, strategy: MultitaskStrategy | None) -> None:
+        """409 for an input its strategy refuses now; interrupts for one that interrupts (`_multitask`).
+        Durable runs decide in their workflow's start (`DurableServing`)."""
+        if self._stream is _local_stream:
+            await admit(self.agent, self.registry, user_id, session_id, strategy, self._retry_after)
+
     @property
     def _retry_after(self) -> int:
         return max(1, round(self.limits.retry_after))
@@ -310,7 +336,7 @@ class _Server:
 
 
 def _local_stream(agent: ReActAgent, msgs: list[Msg], ctx: RuntimeContext, run_id: str) -> Any:
-    return agent.stream(msgs, ctx=ctx)
+    return agent.stream(msgs, ctx=ctx, multitask_strategy=ctx.get("multitask_strategy"))
 
 
 def _refused(exc: Exception, rid: str, what: str, retry_after: int = 1) -> Response:
@@ -373,6 +399,7 @@ def create_app(
     run_log: RunLog | None = None,
     detach_default: bool = False,
     runner: Runner | None = None,
+    multitask_strategy: MultitaskStrategy | None = None,
 ) -> Starlette:
     """The ASGI app serving ``agent_or_factory``: a `ReActAgent`, or a zero-argument callable
     returning one, called once at startup. Routes: ``POST /agui`` (AG-UI), ``POST /v1/runs``
@@ -396,12 +423,15 @@ def create_app(
     ``Last-Event-ID`` or ``?after=``, ``POST /v1/runs/{run_id}/interrupt`` stops a run.
     ``detach_default``: whether runs outlive their client's connection when the request does not
     say (``detach`` in the body, AG-UI ``forwardedProps.detach``, or ``?detach=``). ``runner``:
-    where runs run, if not here (`DurableServing`: Temporal workflows, docs/durable.md)."""
+    where runs run, if not here (`DurableServing`: Temporal workflows, docs/durable.md).
+    ``multitask_strategy``: what an input to a session running another does when its request
+    does not say (``multitask_strategy`` in the body, AG-UI ``forwardedProps.multitask_strategy``);
+    None: the agent's default. A refused input is a 409 with ``Retry-After`` (docs/serving.md)."""
     identity = Identity(authenticate, token_configured=bool(auth_token))
     server = _Server(agent_or_factory, identity, max_body_bytes=max_body_bytes, heartbeat=heartbeat,
                      limits=limits or Limits(), system_messages=client_system_messages, result_text=result_text,
                      run_log=run_log if run_log is not None else InMemoryRunLog(), detach_default=detach_default,
-                     runner=runner)
+                     runner=runner, multitask_strategy=multitask_strategy)
 
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         server.agent  # noqa: B018 - the factory runs at startup, so a broken one fails early

@@ -50,6 +50,7 @@ try:
     )
     from ._durable_agui import durable_agui_frames, no_pending
     from ._durable_answers import Answers, answers_of, session_run, signal_answers, until_wait
+    from ._durable_busy import start_when_busy
     from ._durable_slots import Slot, Slots
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise ImportError("serving durable runs needs the temporal extra: pip install 'agentscope-py[temporal]'") from exc
@@ -59,9 +60,6 @@ __all__ = ["DURABLE_OWNER", "DurableServing"]
 DURABLE_OWNER = "temporal"
 """The owner of a durable run's record: its workflow (no serve process holds a lease on it)."""
 
-CLOSING_WAIT = 10.0
-"""Seconds a start waits for the session's previous run to close once its log has ended."""
-
 _GENERATED = re.compile(rb'"([A-Za-z_]*?)[0-9a-f]{8}_(\d+)"')
 
 
@@ -70,10 +68,11 @@ class DurableServing:
     were started with): ``create_app(agent_factory, runner=DurableServing(...))``. ``temporal``:
     a connected `temporalio.client.Client` or the server's ``HOST:PORT`` (connected on first
     use); ``events``: the log the workers publish to (a `RedisEventLog` with the same URL and
-    prefix as the workers' ``--events``)."""
+    prefix as the workers' ``--events``). ``max_queued``: inputs with ``multitask_strategy="enqueue"``
+    that may wait for one session in this process (then 409)."""
 
     def __init__(self, temporal: str | Client, *, factory: str, events: EventLog,
-                 task_queue: str = DEFAULT_TASK_QUEUE, namespace: str = "default") -> None:
+                 task_queue: str = DEFAULT_TASK_QUEUE, namespace: str = "default", max_queued: int = 100) -> None:
         if not isinstance(temporal, str | Client) or not temporal:
             raise TypeError("temporal must be a temporalio Client or the server's 'HOST:PORT'")
         if not isinstance(factory, str) or ":" not in factory:
@@ -87,6 +86,9 @@ class DurableServing:
         self._client: Client | None = temporal if isinstance(temporal, Client) else None
         self._inputs: dict[str, list[Msg]] = {}  # runs being started: their input
         self._tools: dict[str, list[ToolSchema]] = {}  # and their frontend tools
+        self._strategies: dict[str, str] = {}  # and what they do on a busy session, when asked
+        self.max_queued = max_queued
+        self._waiting: dict[tuple[str, str], int] = {}  # per session, starts waiting for it here
 
     async def client(self) -> Client:
         if self._client is None:
@@ -103,6 +105,9 @@ class DurableServing:
         """The events of a run about to start (`DurableRuns._create` starts it). Iterated
         again, it watches again from the run's first event."""
         self._inputs[run_id] = list(msgs)
+        strategy = ctx.get("multitask_strategy")
+        if strategy is not None:
+            self._strategies[run_id] = strategy
         agui_input = ctx.get("agui_input")
         if agui_input is not None and agui_input.tools:  # AG-UI frontend tools: the workflow's agent's too
             self._tools[run_id] = [ToolSchema(t.name, t.description, t.parameters if isinstance(t.parameters, dict)
@@ -135,36 +140,38 @@ class DurableServing:
             self.factory, meta.get("user", "default"), meta.get("session", "default"))
         return (await self.client()).get_workflow_handle(workflow_id, run_id=meta.get("execution") or None)
 
-    async def start(self, record: RunRecord) -> bool:
-        """Start the run's workflow; False when its id is taken."""
+    async def start(self, record: RunRecord, retry_after: int = 1) -> bool:
+        """Start the run's workflow; False when its id is taken. A session running another run:
+        its ``multitask_strategy`` decides (``"reject"`` unless the request or the server says):
+        refused (409), waiting for it (``"enqueue"``), or interrupting it and going next
+        (``"interrupt"``); docs/durable.md."""
         msgs = self._inputs.pop(record.run_id)
         tools = self._tools.pop(record.run_id, [])
+        strategy = self._strategies.pop(record.run_id, "reject")
+        if strategy == "rollback":
+            raise HTTPError(422, "invalid_request", "multitask_strategy='rollback' is not available for durable runs "
+                            "(a workflow's turn is history, not taken back): use 'interrupt', which keeps the "
+                            "interrupted turn in the session")
         meta = {"user": record.user_id, "session": record.session_id, "kind": record.kind}
         if not await self.events.describe(record.run_id, meta):
             return False
         await self.client()
         agent = self.agent()
+        options: dict[str, Any] = {"user_id": record.user_id, "session_id": record.session_id,
+                                   "run_id": record.run_id, "tools": tools}
         try:
             try:
-                run = await agent.start(msgs, user_id=record.user_id, session_id=record.session_id,
-                                        run_id=record.run_id, tools=tools)
+                run = await agent.start(msgs, **options)
             except DurableSessionBusy as exc:
-                # A run whose log has ended is closing its workflow (saving the session): its
-                # client has seen its end and may send the next message at once, so this one
-                # waits for it; a run still going (or waiting for an answer) refuses the start.
-                ended = (await self.events.meta(exc.run_id) or {}).get("ended")
-                if ended is None:
-                    raise
-                async with asyncio.timeout(CLOSING_WAIT):
-                    run = await agent.start(msgs, user_id=record.user_id, session_id=record.session_id,
-                                            run_id=record.run_id, tools=tools, if_busy="wait")
+                ended = (await self.events.meta(exc.run_id) or {}).get("ended") is not None
+                run = await start_when_busy(agent, msgs, options, exc, ended, strategy, self._waiting, self.max_queued)
         except WorkflowAlreadyStartedError:
             return False
         except (DurableSessionBusy, TimeoutError) as exc:  # the record says so: no watcher waits on it
             await self.events.end(record.run_id, 0, "refused")
             detail = str(exc) if isinstance(exc, DurableSessionBusy) else (
                 f"session {record.user_id}/{record.session_id}: its last run is still closing; try again")
-            raise HTTPError(409, "session_busy", detail) from exc
+            raise HTTPError(409, "session_busy", detail, headers={"retry-after": str(retry_after)}) from exc
         await self.events.annotate(record.run_id, {"workflow": run.id, "execution": run.handle.run_id or ""})
         return True
 
@@ -184,7 +191,7 @@ class DurableRuns(Runs):
         self.slots = Slots(self)
 
     async def _create(self, record: RunRecord) -> bool:
-        return await self.serving.start(record)
+        return await self.serving.start(record, max(1, round(self.limits.retry_after)))
 
     async def begin(self, record: RunRecord, ctx: RuntimeContext, detach: bool, source: FrameSource,
                     cancelled_frame: Callable[[LiveRun], bytes]) -> LiveRun:
@@ -204,6 +211,7 @@ class DurableRuns(Runs):
         finally:  # started, or refused (a limit, a taken id): its input is not kept
             self.serving._inputs.pop(record.run_id, None)
             self.serving._tools.pop(record.run_id, None)
+            self.serving._strategies.pop(record.run_id, None)
 
     def _events(self, run_id: str, after: int = 0, stop_at_wait: bool = False,
                 skip: int = 0) -> AsyncIterator[dict[str, Any]]:

@@ -186,14 +186,15 @@ class LiveRun:
             del self.frames[:over]
             self.base += over
 
-    def interrupt(self) -> bool:
-        """Stop the run: the agent's interrupt once it runs (an INTERRUPTED reply is saved), a
-        cancel while it still waits for its session's turn. Whether it was in progress."""
+    def interrupt(self, rollback: bool = False) -> bool:
+        """Stop the run: the agent's interrupt once it runs (an INTERRUPTED reply is saved; with
+        ``rollback``, the session as the run found it), a cancel while it still waits for its
+        session's turn. Whether it was in progress."""
         if self.done or self.task is None:
             return False
         control = self.ctx.control
         if control is not None:
-            control.interrupt()
+            control.interrupt(rollback)
         else:
             self.task.cancel()
         return True

@@ -27,6 +27,7 @@ from ._limits import Limits, admit_run
 from ._live import CHUNK_BYTES, CHUNK_FRAMES, UNLIMITED, Beat, LiveRun, gap_frame, incomplete_frame, terminal_frame
 from ._logtail import LogTail, expired_frame, unavailable_frame
 from ._logwrites import LogWrites
+from ._multitask import interrupt_target
 from ._runlog import RunLog, RunRecord
 from .sse import HEARTBEAT
 
@@ -389,9 +390,10 @@ class Runs:
             return {"run_id": run_id, "interrupted": False, "status": record.status}
         return {"run_id": run_id, "interrupted": await self.log.send_interrupt(record)}
 
-    async def _interrupt_here(self, run_id: str) -> bool:
+    async def _interrupt_here(self, message: str) -> bool:
+        run_id, rollback = interrupt_target(message)
         live = self.live.get(run_id)
-        return live.interrupt() if live is not None else False
+        return live.interrupt(rollback) if live is not None else False
 
     # -- the shared log's background work --------------------------------------------------------
 

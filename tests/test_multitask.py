@@ -1,0 +1,282 @@
+"""Double texting in-process: a second input sent to a session while a run with streamed tool
+calls is in flight, at random moments of that run, for each ``multitask_strategy``. Whatever the
+moment: no orphan tool call, no user message lost or duplicated (a refused or rolled-back one is
+absent on purpose, and says so), every block closed, and the session usable afterwards."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import random
+from collections import Counter
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from agentscope_py import MultitaskStrategy, ReActAgent, RuntimeContext, tool
+from agentscope_py.errors import AgentScopeError, BusyError
+from agentscope_py.events import AgentEnd, AgentResult
+from agentscope_py.message import GenerateReason, Msg, ToolResultBlock, ToolResultState, ToolUseBlock
+from agentscope_py.model import ModelStep, ScriptedModel
+from agentscope_py.model.base import ChatChunk, ModelRequest, ToolCallChunk
+
+pytestmark = pytest.mark.timeout(120)
+
+KINDS = ("text_block", "thinking_block", "data_block", "tool_call", "tool_result", "model_call")
+TIMINGS = 1000
+
+
+class TurnModel:
+    """A model with a two-round turn, whatever the memory holds: after a user message it calls
+    the tool ``work`` (arguments streamed in two pieces), after a tool result it answers in three
+    streamed pieces. Every chunk waits a loop tick, so a second input lands anywhere in it."""
+
+    name = "turns"
+    _ids = itertools.count()
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[ChatChunk]:
+        last = request.messages[-1]
+        await asyncio.sleep(0)
+        if any(isinstance(b, ToolResultBlock) for b in last.content):
+            for piece in ("done ", "with ", "it"):
+                await asyncio.sleep(0)
+                yield ChatChunk(text=piece)
+            yield ChatChunk(finish_reason="stop")
+            return
+        call_id = f"call-{next(self._ids)}"
+        yield ChatChunk(tool_call=ToolCallChunk(index=0, id=call_id, name="work", arguments='{"n": '))
+        await asyncio.sleep(0)
+        yield ChatChunk(tool_call=ToolCallChunk(index=0, arguments="3}"))
+        yield ChatChunk(finish_reason="tool_calls")
+
+
+@tool
+async def work(n: int) -> AsyncIterator[str]:
+    """Work for ``n`` steps, streaming each."""
+    for i in range(n):
+        await asyncio.sleep(0)
+        yield f"step {i} "
+
+
+def make_agent(**options: Any) -> ReActAgent:
+    return ReActAgent(model=TurnModel(), tools=[work], **options)
+
+
+def unbalanced(events: list[Any]) -> dict[str, int]:
+    """Per bracket, Starts minus Ends (an End before its Start fails at once); the run's own
+    AgentStart/AgentEnd too."""
+    open_: Counter[tuple[str, str]] = Counter()
+    for e in events:
+        kind = e.type.rsplit("_", 1)[0]
+        if kind in (*KINDS, "agent") and e.type.endswith(("_start", "_end")):
+            ident = getattr(e, "block_id", None) or getattr(e, "tool_call_id", None) or e.reply_id
+            open_[(kind, ident)] += 1 if e.type.endswith("_start") else -1
+            assert open_[(kind, ident)] in (0, 1), f"{e.type} out of order: {[x.type for x in events]}"
+    return {f"{k}:{i}": v for (k, i), v in open_.items() if v}
+
+
+async def consume(stream: Any, out: list[Any]) -> BaseException | None:
+    try:
+        async for ev in stream:
+            out.append(ev)
+    except AgentScopeError as exc:
+        return exc
+    return None
+
+
+def result_of(events: list[Any]) -> Msg | None:
+    return next((e.result for e in events if isinstance(e, AgentResult)), None)
+
+
+def rolled_back(events: list[Any]) -> bool:
+    return any(isinstance(e, AgentEnd) and e.metadata.get("rolled_back") for e in events)
+
+
+def check_session(context: list[Msg]) -> None:
+    """Every tool call has exactly one result after it; no message twice."""
+    ids = [m.id for m in context]
+    assert len(ids) == len(set(ids)), "a message is remembered twice"
+    calls: list[str] = []
+    results: Counter[str] = Counter()
+    for m in context:
+        for b in m.content:
+            if isinstance(b, ToolUseBlock):
+                calls.append(b.id)
+            elif isinstance(b, ToolResultBlock):
+                assert b.id in calls, f"a result for {b.id} before (or without) its call"
+                results[b.id] += 1
+    assert all(results[c] == 1 for c in calls), f"orphan or doubled tool calls: {calls} {results}"
+
+
+def user_texts(context: list[Msg]) -> list[str]:
+    return [m.text for m in context if m.role == "user" and m.text in ("first", "second", "third")]
+
+
+async def double_text(agent: ReActAgent, strategy: MultitaskStrategy, session: str, delay: int) -> tuple[list[Any], list[Any],
+                                                                                           BaseException | None]:
+    """The first input, then after ``delay`` loop ticks the second with ``strategy``; both to the end."""
+    first: list[Any] = []
+    second: list[Any] = []
+    one = asyncio.create_task(consume(agent.stream("first", ctx=RuntimeContext("u", session)), first))
+    for _ in range(delay):
+        await asyncio.sleep(0)
+    two = asyncio.create_task(consume(agent.stream("second", ctx=RuntimeContext("u", session),
+                                                   multitask_strategy=strategy), second))
+    async with asyncio.timeout(10):
+        refused_one, refused_two = await asyncio.gather(one, two)
+    assert refused_one is None, refused_one
+    return first, second, refused_two
+
+
+@pytest.mark.parametrize("strategy", ["reject", "enqueue", "interrupt", "rollback"])
+async def test_a_second_input_at_any_moment_keeps_the_session_whole(strategy: MultitaskStrategy) -> None:
+    rng = random.Random(f"double-text-{strategy}")
+    agent = make_agent()
+    outcomes: Counter[str] = Counter()
+    for i in range(TIMINGS):
+        session = f"s{i}"
+        first, second, refused = await double_text(agent, strategy, session, rng.randint(0, 30))
+        assert not unbalanced(first) and not unbalanced(second), (unbalanced(first), unbalanced(second))
+        state, _ = await agent.state_store.load("u", session)
+        assert state is not None
+        check_session(state.context)
+        assert state.pending_tool_calls == []
+        texts = user_texts(state.context)
+        one, two = result_of(first), result_of(second)
+        assert one is not None
+        if refused is not None:
+            assert strategy == "reject" and isinstance(refused, BusyError), refused
+            assert texts == ["first"] and one.generate_reason is GenerateReason.MODEL_STOP
+            assert not second or second[-1].error, second  # nothing ran: no events, or the refusal's AgentEnd
+            outcomes["refused"] += 1
+        else:
+            assert two is not None and two.generate_reason is GenerateReason.MODEL_STOP
+            if rolled_back(first):
+                assert strategy == "rollback" and texts == ["second"], texts
+                assert one.generate_reason is GenerateReason.INTERRUPTED and one.metadata["rolled_back"]
+                outcomes["rolled back"] += 1
+            else:
+                assert texts == ["first", "second"], texts
+                if one.generate_reason is GenerateReason.INTERRUPTED:
+                    assert strategy in ("interrupt", "rollback") and one.metadata["interrupted"]
+                    outcomes["interrupted"] += 1
+                    if any(isinstance(b, ToolResultBlock) and b.state is ToolResultState.INTERRUPTED
+                           for m in state.context for b in m.content):
+                        outcomes["tool interrupted"] += 1
+                else:
+                    assert one.generate_reason is GenerateReason.MODEL_STOP
+                    outcomes["after"] += 1
+        # The session goes on: a third input runs a whole turn on it.
+        third = await agent.call("third", ctx=RuntimeContext("u", session))
+        assert third.generate_reason is GenerateReason.MODEL_STOP and third.text == "done with it"
+        state, _ = await agent.state_store.load("u", session)
+        assert state is not None
+        check_session(state.context)
+        assert user_texts(state.context)[-1] == "third"
+    assert agent._runtime.gates._gates == {} and agent._runtime.gates.active == {}
+    # The timings reached the outcomes each strategy has (not only the trivial one).
+    expected = {"reject": {"refused", "after"}, "enqueue": {"after"},
+                "interrupt": {"interrupted", "tool interrupted", "after"},
+                "rollback": {"rolled back", "after"}}[strategy]
+    assert expected <= set(outcomes), outcomes
+
+
+async def test_reject_refuses_before_any_event_with_a_typed_error() -> None:
+    agent = make_agent()
+    gate = asyncio.Event()
+
+    @tool
+    async def hold() -> str:
+        """Hold the run."""
+        await gate.wait()
+        return "held"
+
+    agent.toolkit.register(hold)
+    running = asyncio.create_task(agent.call("first", ctx=RuntimeContext("u", "s")))
+    while not agent._runtime.gates.busy(("u", "s")):
+        await asyncio.sleep(0)
+    events: list[Any] = []
+    with pytest.raises(BusyError) as caught:
+        async for ev in agent.stream("second", ctx=RuntimeContext("u", "s"), multitask_strategy="reject"):
+            events.append(ev)
+    assert events == []
+    assert caught.value.code == "session_busy" and caught.value.reason == "busy"
+    assert "multitask_strategy='reject'" in str(caught.value) and "u/s" in str(caught.value)
+    await asyncio.wait_for(running, 5)
+
+
+async def test_enqueue_is_bounded_by_max_queued() -> None:
+    agent = make_agent(max_queued=2)
+    first = asyncio.create_task(agent.call("first", ctx=RuntimeContext("u", "s")))
+    await asyncio.sleep(0)
+    waiting = [asyncio.create_task(agent.call("second", ctx=RuntimeContext("u", "s"))) for _ in range(2)]
+    await asyncio.sleep(0)
+    with pytest.raises(BusyError) as caught:
+        await agent.call("second", ctx=RuntimeContext("u", "s"))
+    assert caught.value.reason == "queue_full"
+    await asyncio.wait_for(asyncio.gather(first, *waiting), 5)
+    state, _ = await agent.state_store.load("u", "s")
+    assert state is not None and user_texts(state.context) == ["first", "second", "second"]
+
+
+async def test_interrupt_runs_next_ahead_of_inputs_queued_before_it() -> None:
+    agent = make_agent()
+    ctx = RuntimeContext
+    first = asyncio.create_task(agent.call("first", ctx=ctx("u", "s")))
+    await asyncio.sleep(0)
+    queued = asyncio.create_task(agent.call("second", ctx=ctx("u", "s")))
+    await asyncio.sleep(0)
+    jumping = asyncio.create_task(agent.call("third", ctx=ctx("u", "s"), multitask_strategy="interrupt"))
+    one, two, three = await asyncio.wait_for(asyncio.gather(first, queued, jumping), 5)
+    assert one.generate_reason is GenerateReason.INTERRUPTED
+    assert two.generate_reason is three.generate_reason is GenerateReason.MODEL_STOP
+    state, _ = await agent.state_store.load("u", "s")
+    assert state is not None and user_texts(state.context) == ["first", "third", "second"]
+
+
+def test_the_strategy_is_checked_where_it_is_given() -> None:
+    with pytest.raises(ValueError, match="multitask_strategy must be one of 'reject', 'enqueue'"):
+        make_agent(multitask_strategy="drop")
+    with pytest.raises(ValueError, match="not 'later'"):
+        make_agent().stream("hi", multitask_strategy="later")  # type: ignore[arg-type]
+    built = ReActAgent.builder().model(TurnModel()).multitask_strategy("reject").max_queued(3).build()
+    assert built.multitask_strategy == "reject" and built._runtime.max_queued == 3
+
+
+async def test_rollback_restores_what_the_turn_changed_beyond_its_messages() -> None:
+    """The stopped turn wrote the todo list: it goes back as it was, with the messages."""
+    release = asyncio.Event()
+
+    @tool
+    async def hold() -> str:
+        """Hold the run."""
+        await release.wait()
+        return "held"
+
+    def turn(request: ModelRequest) -> ModelStep:
+        last = request.messages[-1]
+        if last.text == "first":  # write the list, and hold in the same round
+            return ModelStep.tool_calls_of(("todo_write", {"todos": [{"content": "a task"}]}), ("hold", {}))
+        return ModelStep.text("done")
+
+    agent = ReActAgent(model=ScriptedModel([ModelStep(respond=turn)], loop=True), tools=[hold],
+                       enable_task_list=True)
+    await agent.call("second", ctx=RuntimeContext("u", "s"))  # a turn before: it stays
+    before, _ = await agent.state_store.load("u", "s")
+    assert before is not None
+    kept = list(before.context)
+    first = asyncio.create_task(agent.call("first", ctx=RuntimeContext("u", "s")))
+    while True:
+        state, _ = await agent.state_store.load("u", "s")
+        if state is not None and state.tasks:  # the todo list is written, the hold waits
+            break
+        await asyncio.sleep(0)
+    reply = await agent.call("second", ctx=RuntimeContext("u", "s"), multitask_strategy="rollback")
+    stopped = await asyncio.wait_for(first, 5)
+    assert stopped.metadata["rolled_back"] and reply.text == "done"
+    state, _ = await agent.state_store.load("u", "s")
+    assert state is not None and state.tasks == [] and state.pending_tool_calls == []
+    assert state.context[:len(kept)] == kept
+    assert user_texts(state.context) == ["second", "second"]
+    check_session(state.context)
