@@ -212,7 +212,7 @@ class MCPClient:
 
     def _make_client(self) -> Client:
         return Client(
-            ScreenedTransport(self.transport.sdk_transport(), self.name, lambda: self.protocol_version),
+            ScreenedTransport(self.transport.sdk_transport, self.name, lambda: self.protocol_version),
             mode=self.mode,
             cache=None,  # the tool list is cached here, refreshed on list_changed
             message_handler=cast(Any, tools_changed_handler(self._on_tools_changed)),

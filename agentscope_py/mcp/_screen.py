@@ -38,7 +38,7 @@ from mcp_types import methods
 from mcp_types.jsonrpc import JSONRPCError, JSONRPCNotification, JSONRPCRequest, JSONRPCResponse
 from pydantic import ValidationError
 
-__all__ = ["CALL_CAP", "ResultCap", "ScreenedTransport", "content_size"]
+__all__ = ["CALL_CAP", "Pending", "ResultCap", "ScreenedTransport", "content_size"]
 
 
 @dataclass(eq=False)
@@ -48,6 +48,11 @@ class ResultCap:
     limit: int
     full_size: int | None = None
     """Set when the result was cut: the size of everything the server sent."""
+    structured_size: int | None = None
+    """Set when the structured content was left out: the length of its JSON text."""
+    is_error: bool | None = None
+    """Set with ``structured_size``: the server's ``isError`` (the result handed on is marked
+    ``isError``, so the SDK does not check what is left against the tool's output schema)."""
 
 
 CALL_CAP: contextvars.ContextVar[ResultCap | None] = contextvars.ContextVar("mcp_call_cap", default=None)
@@ -126,18 +131,36 @@ def screen_tools(result: dict[str, Any], server: str, version: str | None) -> No
         result["tools"] = kept
 
 
-class ScreenedTransport:
-    """``inner`` (an SDK transport) with its answers screened (see the module's docstring)."""
+class Pending:
+    """The requests sent and not yet answered that the screen acts on: a ``tools/list`` page, or
+    a ``tools/call`` with its `ResultCap` (the `Answers` the transports read with)."""
 
-    def __init__(self, inner: Transport, server: str, version: Callable[[], str | None]) -> None:
-        self.inner = inner
+    def __init__(self) -> None:
+        self.requests: dict[Any, ResultCap | str] = {}
+
+    def cap_of(self, request_id: Any) -> ResultCap | None:
+        want = self.requests.get(request_id) if isinstance(request_id, str | int) else None
+        return want if isinstance(want, ResultCap) else None
+
+    def largest_cap(self) -> int | None:
+        return max((w.limit for w in list(self.requests.values()) if isinstance(w, ResultCap)), default=None)
+
+
+class ScreenedTransport:
+    """The transport ``open_inner(pending)`` makes (its reader cuts capped results while it
+    reads) with its answers screened (see the module's docstring)."""
+
+    def __init__(self, open_inner: Callable[[Pending], Transport], server: str,
+                 version: Callable[[], str | None]) -> None:
+        self.pending = Pending()
+        self.inner = open_inner(self.pending)
         self.server = server
         self.version = version
         """The session's negotiated protocol version (None during the handshake)."""
 
-    async def __aenter__(self) -> Any:  # the SDK's (read, write) streams, wrapped
+    async def __aenter__(self) -> Any:  # the transport's (read, write) streams, wrapped
         read, write = await self.inner.__aenter__()
-        pending: dict[Any, ResultCap | str] = {}
+        pending = self.pending.requests
         return _Reader(read, pending, self.server, self.version), _Writer(write, pending)
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
