@@ -36,10 +36,11 @@ from typing import Any, Protocol
 
 from ._screen import ResultCap, content_size
 
-__all__ = ["READ_WHOLE", "SIDE_LIMIT", "UNCAPPED_LIMIT", "Answers", "MessageReader", "error_answer"]
+__all__ = ["READ_WHOLE", "SIDE_LIMIT", "UNCAPPED_LIMIT", "Answers", "MessageReader", "error_answer", "read_whole"]
 
 READ_WHOLE = 1 << 20
-"""Bytes of one message parsed whole (the SDK's own limit for one SSE event)."""
+"""Bytes of one message parsed whole at most (the SDK's own limit for one SSE event); less while
+a capped call waits (`read_whole`)."""
 SIDE_LIMIT = 1 << 20
 """Characters a capped answer may hold beside its capped content and structured content."""
 UNCAPPED_LIMIT = 64 << 20
@@ -48,10 +49,15 @@ MAX_DEPTH = 200
 """Nesting a streamed message may have (the JSON parser's own limit is of the same order)."""
 _FILL = 1 << 16
 """Characters read ahead before a value is streamed rather than decoded whole."""
+_RUN_PIECES = 256
+"""Texts of a run of plain text blocks held apart before they are joined (a str each costs ~50
+bytes beside its text)."""
 _INTERNAL_ERROR = -32603
 
-_STRING_BODY = re.compile(r'[^"\\]*(?:\\.[^"\\]*)*', re.DOTALL)
+# possessive: no backtracking state is kept per escape (a string of escapes would cost memory)
+_STRING_BODY = re.compile(r'[^"\\]*+(?:\\.[^"\\]*+)*+', re.DOTALL)
 _SPACE = re.compile(r"[ \t\n\r]*")
+_SPACES_OUTSIDE_STRINGS = re.compile(r'("[^"\\]*+(?:\\.[^"\\]*+)*+")|[ \t\n\r]+', re.DOTALL)
 _SCALAR = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?|true|false|null")
 _DECODER = json.JSONDecoder()
 _NOTHING: Any = object()
@@ -72,6 +78,18 @@ class Answers(Protocol):
 
 class Malformed(ValueError):
     pass
+
+
+def read_whole(answers: Answers, request_id: Any = None) -> int:
+    """Bytes of the next message to parse whole: `READ_WHOLE`, or while a capped call waits
+    (``request_id``'s, when the transport knows the request), twice its cap (at least `_FILL`),
+    so what is held before the reader takes over stays within a small multiple of the cap."""
+    if request_id is not None:
+        cap = answers.cap_of(request_id)
+        limit = cap.limit if cap is not None else None
+    else:
+        limit = answers.largest_cap()
+    return READ_WHOLE if limit is None else min(READ_WHOLE, max(_FILL, 2 * limit))
 
 
 def error_answer(request_id: Any, message: str) -> dict[str, Any]:
@@ -106,7 +124,10 @@ class MessageReader:
         self._done = False
         self._message: dict[str, Any] = {}
         # the content as it is read: kept blocks with their full sizes, and the totals
-        self._blocks: list[tuple[dict[str, Any], int]] = []
+        self._kept: list[list[str] | tuple[dict[str, Any], int]] = []
+        """The blocks within the cap: a run of plain text blocks as their texts, others whole."""
+        self._crossing: tuple[dict[str, Any], int] | None = None
+        """The text block that crosses the cap (its text cut there) with its full size."""
         self._used = 0
         self._total = 0
         self._crossed = False
@@ -182,18 +203,47 @@ class MessageReader:
         result: dict[str, Any] = self._message.get("result", {})
         limit = min(cap.limit, self._keep) if cap is not None else self._keep
         content: list[dict[str, Any]] = []
+        run: list[str] = []  # plain text blocks in a row, joined into one
+
+        def flush() -> None:
+            if run:
+                content.append({"type": "text", "text": "".join(run)})
+                run.clear()
+
         used = 0
-        cut = self._crossed
-        for block, size in self._blocks:
-            if used + size <= limit:
-                content.append(block)
-                used += size
-                continue
-            cut = True
-            room = limit - used
-            if room > 0 and block.get("type") == "text" and isinstance(block.get("text"), str):
-                content.append({**block, "text": block["text"][:room]})
-            break
+        cut = False
+        entries: list[list[str] | tuple[dict[str, Any], int]] = list(self._kept)
+        if self._crossing is not None:
+            entries.append(self._crossing)
+        for entry in entries:
+            if isinstance(entry, list):
+                for piece in entry:
+                    if used + len(piece) > limit:
+                        cut = True
+                        if limit > used:
+                            run.append(piece[:limit - used])
+                        break
+                    run.append(piece)
+                    used += len(piece)
+            else:
+                block, size = entry
+                if used + size <= limit:
+                    flush()
+                    content.append(block)
+                    used += size
+                    continue
+                cut = True
+                room = limit - used
+                if room > 0 and block.get("type") == "text" and isinstance(block.get("text"), str):
+                    if _plain_text(block):
+                        run.append(block["text"][:room])
+                    else:
+                        flush()
+                        content.append({**block, "text": block["text"][:room]})
+            if cut:
+                break
+        cut = cut or self._crossed
+        flush()
         if "content" in result:
             result["content"] = content
         structured_cut = False
@@ -364,15 +414,24 @@ class MessageReader:
         yield from self._object(member, 4)
         self._place(block, _size_of(block.get("type"), lengths))
 
-    def _place(self, block: Any, size: int) -> None:
+    def _place(self, block: dict[str, Any], size: int) -> None:
         self._total += size
         if self._used + size <= self._keep:
-            self._blocks.append((block, size))
             self._used += size
+            if _plain_text(block):  # kept as its text alone: many tiny blocks cost their text
+                if self._kept and isinstance(self._kept[-1], list):
+                    run = self._kept[-1]
+                    run.append(block["text"])
+                    if len(run) >= _RUN_PIECES:
+                        run[:] = ["".join(run)]
+                else:
+                    self._kept.append([block["text"]])
+            else:
+                self._kept.append((block, size))
             return
         self._crossed = True
         if block.get("type") == "text" and self._keep > self._used:
-            self._blocks.append((block, size))
+            self._crossing = (block, size)
 
     def _block_size(self) -> Step:
         whole, _ = yield from self._small()
@@ -407,11 +466,13 @@ class MessageReader:
     def _structured_content(self) -> Step:
         whole, length = yield from self._small()
         if whole is not _NOTHING:
-            self._structured_size = length
-            if length <= self._keep:
+            # its JSON text without the spaces between tokens, as the streamed read below keeps it
+            text = _SPACES_OUTSIDE_STRINGS.sub(_keep_string, self._buf[self._pos - length:self._pos])
+            self._structured_size = len(text)
+            if len(text) <= self._keep:
                 self._structured = whole
             else:
-                self._structured_prefix = self._buf[self._pos - length:self._pos - length + self._keep]
+                self._structured_prefix = text[:self._keep]
             return
         capture = _Capture(self._keep)
         yield from self._skip(capture, 3)
@@ -671,6 +732,15 @@ def _whole_escapes(buf: str, start: int, end: int) -> int:
         if not 0xD800 <= code < 0xDC00 or end - k > 6:
             return end
         end = k  # a high surrogate at the end: hold it back with anything unfinished before it
+
+
+def _keep_string(match: re.Match[str]) -> str:
+    return match.group(1) or ""
+
+
+def _plain_text(block: dict[str, Any]) -> bool:
+    """A text block with nothing but its text: one of a run is the same as their texts joined."""
+    return len(block) == 2 and block.get("type") == "text" and isinstance(block.get("text"), str)
 
 
 def _size_of(kind: Any, lengths: dict[str, int]) -> int:

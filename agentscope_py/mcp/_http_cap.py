@@ -3,7 +3,7 @@
 The SDK's streamable-HTTP client reads a JSON body whole (``aread``) and an SSE event whole, and
 parses it in its own task. It takes the ``httpx2.AsyncClient`` to use (a public parameter), so
 the client given to it sends through `CappingTransport`: a response's bytes pass through unchanged
-while a message is at most `READ_WHOLE` bytes; a longer JSON body, or a longer SSE event's
+while a message is at most `read_whole` bytes; a longer JSON body, or a longer SSE event's
 ``data``, is read by a `MessageReader` as it streams, and the SDK receives the message it makes
 (the capped answer, or an error answer to the request). The request a POST carries names the
 answer's id, so its cap is known before the answer's first byte.
@@ -22,7 +22,7 @@ from typing import Any
 
 import httpx2
 
-from ._capped_reader import READ_WHOLE, Answers, MessageReader
+from ._capped_reader import Answers, MessageReader, read_whole
 
 __all__ = ["CappingTransport"]
 
@@ -87,13 +87,14 @@ class _JsonBody(httpx2.AsyncByteStream):
         held: list[bytes] = []
         size = 0
         reader: MessageReader | None = None
+        whole = read_whole(self.answers, self.request_id)
         async for chunk in self.body:
             if reader is not None:
                 reader.feed(chunk)
                 continue
             held.append(chunk)
             size += len(chunk)
-            if size > READ_WHOLE:
+            if size > whole:
                 reader = MessageReader(self.answers, request_id=self.request_id)
                 for part in held:
                     reader.feed(part)
@@ -111,7 +112,7 @@ class _JsonBody(httpx2.AsyncByteStream):
 
 
 class _EventBody(httpx2.AsyncByteStream):
-    """An SSE body: events passed on as they are, except one whose lines pass `READ_WHOLE`
+    """An SSE body: events passed on as they are, except one whose lines pass `read_whole`
     bytes, whose ``data`` is read by a `MessageReader` and sent on as one ``data`` line."""
 
     def __init__(self, body: httpx2.AsyncByteStream, answers: Answers, request_id: Any) -> None:
@@ -152,6 +153,7 @@ class _Event:
         self.lines: list[bytes] = []
         """The event's raw lines while it is small, to pass on as they are."""
         self.size = 0
+        self.whole = read_whole(answers, request_id)
         self.line_start = True
         self.reader: MessageReader | None = None
         self.fields: list[bytes] = []
@@ -173,7 +175,7 @@ class _Event:
             self.lines.append(piece)
             self.size += len(piece)
             self.line_start = complete
-            if self.size > READ_WHOLE:
+            if self.size > self.whole:
                 self._start_reading()
             return
         self._read(piece)

@@ -5,7 +5,7 @@ result costs the whole line and its parse before any cap applies. This transport
 client does (the same environment, working directory and stderr, the server in a process group of
 its own, and the same shutdown: stdin closed, a grace period, then the group terminated and
 killed) and hands the SDK's session the same public streams of `SessionMessage`s, but it reads
-stdout as bytes: a line up to `READ_WHOLE` bytes is parsed whole, as the SDK does, and a longer
+stdout as bytes: a line up to `read_whole` bytes (at most 1 MiB) is parsed whole, as the SDK does, and a longer
 one goes through a `MessageReader` as it arrives, so it is never held.
 """
 
@@ -25,7 +25,7 @@ from mcp.client.stdio import get_default_environment
 from mcp.shared.message import SessionMessage
 from pydantic import ValidationError
 
-from ._capped_reader import READ_WHOLE, Answers, MessageReader
+from ._capped_reader import Answers, MessageReader, read_whole
 
 __all__ = ["stdio_streams"]
 
@@ -105,7 +105,7 @@ async def _stdio(command: str, args: list[str], env: dict[str, str] | None, cwd:
 
 
 class _Lines:
-    """Bytes of stdout to messages: a line up to `READ_WHOLE` bytes is parsed whole; a longer
+    """Bytes of stdout to messages: a line up to `read_whole` bytes is parsed whole; a longer
     one is read by a `MessageReader` as it comes."""
 
     def __init__(self, answers: Answers) -> None:
@@ -113,6 +113,8 @@ class _Lines:
         self.parts: list[bytes] = []
         self.size = 0
         self.reader: MessageReader | None = None
+        self.whole = 0
+        """Bytes of the line being read that are parsed whole (set at its start)."""
 
     def feed(self, chunk: bytes) -> list[SessionMessage | Exception]:
         out: list[SessionMessage | Exception] = []
@@ -123,9 +125,11 @@ class _Lines:
             if self.reader is not None:
                 self.reader.feed(piece)
             elif piece:
+                if not self.parts:
+                    self.whole = read_whole(self.answers)
                 self.parts.append(piece)
                 self.size += len(piece)
-                if self.size > READ_WHOLE:
+                if self.size > self.whole:
                     self.reader = MessageReader(self.answers)
                     for part in self.parts:
                         self.reader.feed(part)

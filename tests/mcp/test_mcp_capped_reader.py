@@ -1,0 +1,150 @@
+"""The streaming reader of one long JSON-RPC message: a capped tool result read in pieces of any
+size keeps what the cap keeps of the parsed result (the same blocks, the same cut, the same full
+size), wherever the id is and however the text is escaped; what cannot be read becomes an error
+answer to its request."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from agentscope_py.mcp._capped_reader import SIDE_LIMIT, MessageReader
+from agentscope_py.mcp._screen import ResultCap, cap_content
+
+pytestmark = pytest.mark.mcp
+
+
+class Waiting:
+    """The requests waiting: id → cap (None: a request without a cap)."""
+
+    def __init__(self, caps: dict[Any, ResultCap | None]) -> None:
+        self.caps = caps
+
+    def cap_of(self, request_id: Any) -> ResultCap | None:
+        return self.caps.get(request_id)
+
+    def largest_cap(self) -> int | None:
+        return max((c.limit for c in self.caps.values() if c is not None), default=None)
+
+
+def read(data: bytes, caps: dict[Any, ResultCap | None], piece: int = 65536, **options: Any) -> dict[str, Any] | None:
+    reader = MessageReader(Waiting(caps), **options)
+    for start in range(0, len(data), piece):
+        reader.feed(data[start:start + piece])
+    return reader.finish()
+
+
+def joined(content: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Plain text blocks in a row as one (the reader joins them: the same text for the model)."""
+    out: list[dict[str, Any]] = []
+    for block in content:
+        plain = set(block) == {"type", "text"} and block["type"] == "text"
+        if plain and out and set(out[-1]) == {"type", "text"} and out[-1]["type"] == "text":
+            out[-1] = {"type": "text", "text": out[-1]["text"] + block["text"]}
+        else:
+            out.append(block)
+    return out
+
+
+TEXT = st.text(alphabet=st.sampled_from('ab"\\\n\t\x7féẞ中😀'), max_size=40)
+BLOCK = st.one_of(
+    st.builds(lambda t: {"type": "text", "text": t}, TEXT),
+    st.builds(lambda t: {"text": t, "type": "text", "annotations": {"priority": 1}}, TEXT),
+    st.builds(lambda n: {"data": "QUJD" * n, "mimeType": "image/png", "type": "image"}, st.integers(0, 8)),
+    st.builds(lambda t: {"type": "resource", "resource": {"uri": "x://y", "text": t}}, TEXT),
+    st.builds(lambda n: {"type": "resource_link", "name": "n" * n, "uri": "u://v"}, st.integers(0, 6)),
+    st.just({"type": "other", "x": [1, 2]}),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(content=st.lists(BLOCK, max_size=10), limit=st.integers(1, 200), piece=st.sampled_from([1, 2, 3, 7, 64, 65536]),
+       id_last=st.booleans(), ascii_only=st.booleans())
+def test_a_capped_result_read_in_pieces_keeps_what_the_cap_keeps_of_the_parsed_result(
+        content: list[dict[str, Any]], limit: int, piece: int, id_last: bool, ascii_only: bool) -> None:
+    result = {"content": content, "isError": False}
+    message = {"result": result, "jsonrpc": "2.0", "id": 7} if id_last else {"jsonrpc": "2.0", "id": 7, "result": result}
+    cap = ResultCap(limit)
+    out = read(json.dumps(message, ensure_ascii=ascii_only).encode(), {7: cap}, piece)
+    expected = json.loads(json.dumps(result))
+    expected_cap = ResultCap(limit)
+    cap_content(expected, expected_cap)
+    assert out is not None and out["id"] == 7
+    assert out["result"]["content"] == joined(expected["content"])
+    assert cap.full_size == expected_cap.full_size
+
+
+def test_the_id_after_the_result_cuts_to_that_calls_cap_among_several_waiting() -> None:
+    small, large = ResultCap(5), ResultCap(50)
+    data = json.dumps({"result": {"content": [{"type": "text", "text": "x" * 100}]}, "id": "a"}).encode()
+    out = read(data, {"a": small, "b": large}, piece=8)
+    assert out is not None and out["result"]["content"] == [{"type": "text", "text": "xxxxx"}]
+    assert small.full_size == 100 and large.full_size is None
+
+
+def test_structured_content_over_the_cap_is_left_out_and_its_json_stands_in_when_there_is_no_text() -> None:
+    cap = ResultCap(20)
+    data = json.dumps({"jsonrpc": "2.0", "id": 1, "result": {
+        "content": [], "structuredContent": {"rows": ["r" * 30] * 3}, "isError": False}}).encode()
+    out = read(data, {1: cap}, piece=5)
+    assert out is not None
+    result = out["result"]
+    assert "structuredContent" not in result and result["isError"] is True  # not validated: nothing is left
+    assert result["content"] == [{"type": "text", "text": '{"rows":["rrrrrrrrrr'}]
+    assert cap.structured_size == len('{"rows":[' + ",".join(['"' + "r" * 30 + '"'] * 3) + "]}")
+    assert cap.is_error is False and cap.full_size == cap.structured_size
+
+
+def test_structured_content_within_the_cap_is_kept_as_it_is() -> None:
+    cap = ResultCap(100)
+    data = json.dumps({"jsonrpc": "2.0", "id": 1, "result": {
+        "content": [{"type": "text", "text": "t" * 50}], "structuredContent": {"a": [1, 2.5, None, True]}}}).encode()
+    out = read(data, {1: cap}, piece=3)
+    assert out is not None and out["result"]["structuredContent"] == {"a": [1, 2.5, None, True]}
+    assert cap.structured_size is None and cap.full_size is None
+
+
+def test_an_answer_cut_for_a_request_without_a_cap_is_refused_with_an_error_answer() -> None:
+    data = json.dumps({"result": {"content": [{"type": "text", "text": "q" * 500}]}, "jsonrpc": "2.0", "id": 9}).encode()
+    out = read(data, {5: ResultCap(100), 9: None}, piece=16)
+    assert out is not None and out["id"] == 9 and "pass cap=" in out["error"]["message"]
+
+
+def test_an_answer_holding_too_much_beside_its_content_is_an_error_answer() -> None:
+    data = json.dumps({"jsonrpc": "2.0", "id": 3, "result": {
+        "content": [{"type": "text", "text": "ok"}], "_meta": {"blob": "m" * (SIDE_LIMIT + 10)}}}).encode()
+    out = read(data, {3: ResultCap(100)})
+    assert out is not None and out["id"] == 3
+    assert f"more than {SIDE_LIMIT} characters beside the capped content" in out["error"]["message"]
+
+
+@pytest.mark.parametrize(("data", "why"), [
+    (b'{"jsonrpc": "2.0", "id": 4, "result": {"content": [{"type": "text", "text": "abc', "ends early"),
+    (b'{"jsonrpc": "2.0", "id": 4, "result": {"content": [{"type": "text", "text": "a\nb"}]}}', "not valid JSON"),
+    (b'{"jsonrpc": "2.0", "id": 4, "result": {"content": [{"type": "text", "text": "\xff"}]}}', "not UTF-8"),
+    (b'{"jsonrpc": "2.0", "id": 4, "result": {"content": []}} trailing', "more after"),
+    (b'{"jsonrpc": "2.0", "id": 4, "result": {"content": [], "x": ' + b"[" * 300 + b'"' + b"z" * 70_000 + b'"'
+     + b"]" * 300 + b"}}", "nested deeper"),
+])
+def test_a_malformed_answer_becomes_an_error_answer_to_its_request(data: bytes, why: str) -> None:
+    out = read(data, {4: ResultCap(10)}, piece=4)
+    assert out is not None and out["id"] == 4 and why in out["error"]["message"]
+    assert "not valid JSON-RPC" in out["error"]["message"]
+
+
+def test_a_malformed_message_without_an_id_answers_the_request_the_transport_names_or_nobody() -> None:
+    assert read(b'{"result": {"content": [', {}, request_id=12) == {
+        "jsonrpc": "2.0", "id": 12, "error": {"code": -32603, "message": "the MCP server sent a message that is "
+                                                                          "not valid JSON-RPC: the message ends early"}}
+    assert read(b'{"jsonrpc": "2.0", "method": "notifications/message", "params": [', {}) is None
+
+
+def test_a_long_message_that_is_no_capped_answer_is_read_whole() -> None:
+    tools = {"jsonrpc": "2.0", "id": 2, "result": {"tools": [{"name": f"t{i}", "inputSchema": {"type": "object"},
+                                                             "description": "d" * 3000} for i in range(500)]}}
+    data = json.dumps(tools).encode()
+    assert read(data, {2: None}, piece=1000) == tools
