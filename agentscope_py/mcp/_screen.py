@@ -2,9 +2,8 @@
 
 The SDK validates a whole ``tools/list`` page at once (one tool with a bad ``inputSchema`` fails
 the page, and the server's valid tools with it), and a ``tools/call`` result is validated, dumped
-and parsed again block by block before any cap could apply (100,000 tiny blocks cost 70 MB beyond
-the read of their 4 MB message). `ScreenedTransport` wraps the SDK's transport streams (stdio or
-HTTP, the public ``Transport`` shape) and edits the parsed JSON-RPC answers on their way in:
+and parsed again block by block. `ScreenedTransport` wraps the transport's streams (stdio or HTTP,
+the SDK's public ``Transport`` shape) and edits the parsed JSON-RPC answers on their way in:
 
 - a ``tools/list`` page loses each tool that is not a valid ``Tool``, with a warning naming the
   server and the tool; the page's other tools reach the SDK (and its re-list after a header
@@ -13,12 +12,10 @@ HTTP, the public ``Transport`` shape) and edits the parsed JSON-RPC answers on t
   block that crosses it cut), and the cap records the full size, so the note the model reads
   states it.
 
-The request a response answers is known by its id, recorded when the request goes out. The SDK
-writes a request from the task that sends it, so the cap a call sets (`CALL_CAP`) is read there.
-
-What this cannot reach is the SDK's read itself: its stdio transport holds a whole line (its HTTP
-transport a whole body) and parses it to JSON in its own task before it yields a message, so the
-raw message is read whole; everything after that is bounded by the cap.
+The request an answer is for is known by its id, recorded when the request goes out (`Pending`).
+The SDK writes a request from the task that sends it, so the cap a call sets (`CALL_CAP`) is read
+there. The transports read with the same record (see `_capped_reader`): a long answer is cut while
+it is read, before it is ever held whole, and what arrives here is already within the cap.
 """
 
 from __future__ import annotations

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import urllib.request
 from collections.abc import AsyncGenerator, Awaitable, Callable, Generator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -82,9 +83,11 @@ class HttpTransport:
 
         @asynccontextmanager
         async def transport() -> AsyncGenerator[Any, None]:
+            # (a client given a transport takes no proxy from the environment: ours does)
+            inner = httpx2.AsyncHTTPTransport(proxy=_environment_proxy(url))
             http = httpx2.AsyncClient(
                 headers=dict(headers), auth=auth, timeout=httpx2.Timeout(_HTTP_TIMEOUT, read=_HTTP_READ_TIMEOUT),
-                transport=CappingTransport(httpx2.AsyncHTTPTransport(), answers))
+                transport=CappingTransport(inner, answers))
             # The transport bounds every message (see _http_cap), so the SDK's own bound on one
             # SSE event, which a capped answer rewritten there may pass, is not wanted.
             async with http, streamable_http_client(url, http_client=http, max_sse_event_size=None) as streams:
@@ -97,6 +100,16 @@ class HttpTransport:
 
 
 Transport = StdioTransport | HttpTransport
+
+
+def _environment_proxy(url: str) -> str | None:
+    """The proxy the environment names for ``url`` (``HTTPS_PROXY``, ``ALL_PROXY``, ``NO_PROXY``…)."""
+    parts = urlsplit(url)
+    proxies = urllib.request.getproxies()
+    proxy = proxies.get(parts.scheme) or proxies.get("all")
+    if not proxy or urllib.request.proxy_bypass(parts.hostname or ""):
+        return None
+    return proxy
 
 
 class _CallbackAuth(httpx2.Auth):
