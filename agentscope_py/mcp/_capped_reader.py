@@ -49,6 +49,8 @@ MAX_DEPTH = 200
 """Nesting a streamed message may have (the JSON parser's own limit is of the same order)."""
 _FILL = 1 << 16
 """Characters read ahead before a value is streamed rather than decoded whole."""
+_GATHER = 1 << 14
+"""Characters fed before they are read (pieces of a trickling stream are read together)."""
 _RUN_PIECES = 256
 """Texts of a run of plain text blocks held apart before they are joined (a str each costs ~50
 bytes beside its text)."""
@@ -109,6 +111,8 @@ class MessageReader:
         """Bytes fed."""
         self._buf = ""
         self._pos = 0
+        self._incoming: list[str] = []
+        self._incoming_size = 0
         self._eof = False
         self._decoder = codecs.getincrementaldecoder("utf-8")("strict")
         self._id: Any = _NOTHING
@@ -141,27 +145,41 @@ class MessageReader:
 
     def feed(self, data: bytes) -> None:
         self.size += len(data)
+        if self._done and self._error is None and data.strip(b" \t\n\r"):
+            self._error = "it has more after the message's end"
         if self._done or self._error is not None:
-            return  # the rest of a message that failed (or trailing space) is passed over
+            return  # the rest of a message that failed is passed over
         try:
             text = self._decoder.decode(data)
         except UnicodeDecodeError as exc:
-            self._error = f"it is not UTF-8 ({exc.reason} at byte {self.size - len(data) + exc.start})"
+            self._take_incoming()  # read what came before (the id, to answer)
+            self._run()
+            if self._error is None:
+                self._error = f"it is not UTF-8 ({exc.reason} near byte {self.size - len(data) + exc.start})"
             return
-        self._buf = self._buf[self._pos:] + text
+        # Small pieces wait to be read together: each read copies what the buffer holds ahead
+        # (nothing is handed on before the message's end, so the wait costs nothing).
+        self._incoming.append(text)
+        self._incoming_size += len(text)
+        if self._incoming_size >= _GATHER:
+            self._take_incoming()
+            self._run()
+
+    def _take_incoming(self) -> None:
+        self._buf = self._buf[self._pos:] + "".join(self._incoming)
         self._pos = 0
-        self._run()
+        self._incoming, self._incoming_size = [], 0
 
     def finish(self) -> dict[str, Any] | None:
         """The message to hand on: the answer (capped), or an error answer to its request; None
         when a message that is no answer failed (there is nobody to tell)."""
         if not self._done and self._error is None:
             try:
-                self._buf = self._buf[self._pos:] + self._decoder.decode(b"", final=True)
+                self._incoming.append(self._decoder.decode(b"", final=True))
             except UnicodeDecodeError as exc:
                 self._error = f"it is not UTF-8 ({exc.reason} at its end)"
             else:
-                self._pos = 0
+                self._take_incoming()
                 self._eof = True
                 self._run()
         if self._done and self._error is None and self._buf[self._pos:].strip(" \t\n\r"):
@@ -189,6 +207,8 @@ class MessageReader:
         return error_answer(request_id, why)
 
     def _run(self) -> None:
+        if self._done or self._error is not None:
+            return
         try:
             next(self._steps)
         except StopIteration as stop:
@@ -531,17 +551,23 @@ class MessageReader:
         read-ahead (decoded at once; the text is then the buffer's last ``length`` characters
         before the cursor), else `_NOTHING` with the cursor left at the value."""
         yield from self._peek()
+        tried = 0
         while True:
-            try:
-                value, end = _DECODER.raw_decode(self._buf, self._pos)
-            except (ValueError, RecursionError):
-                value, end = _NOTHING, -1
-            if value is not _NOTHING and (end < len(self._buf) or self._eof):
-                length = end - self._pos
-                self._pos = end
-                return value, length
-            if len(self._buf) - self._pos >= _FILL or self._eof:
-                return _NOTHING, 0
+            have = len(self._buf) - self._pos
+            # tried again once what is read has doubled: input arriving a byte at a time costs
+            # a few decodes of the read-ahead, not one per byte
+            if have >= 2 * tried or have >= _FILL or self._eof:
+                tried = have
+                try:
+                    value, end = _DECODER.raw_decode(self._buf, self._pos)
+                except (ValueError, RecursionError):
+                    value, end = _NOTHING, -1
+                if value is not _NOTHING and (end < len(self._buf) or self._eof):
+                    length = end - self._pos
+                    self._pos = end
+                    return value, length
+                if have >= _FILL or self._eof:
+                    return _NOTHING, 0
             yield from self._more()
 
     def _value(self, limit: int | None = None) -> Step:

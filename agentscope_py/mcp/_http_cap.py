@@ -145,82 +145,81 @@ class _EventBody(httpx2.AsyncByteStream):
 
 
 class _Event:
-    """The lines of one SSE event, given piece by piece (a piece ends at a line's end or not)."""
+    """The lines of one SSE event, given piece by piece (a piece ends at a line's end or not).
+
+    While the event is small its pieces are kept to pass on as they are; past `read_whole` they
+    are read again with a `MessageReader`, which takes the ``data`` from there on."""
 
     def __init__(self, answers: Answers, request_id: Any) -> None:
         self.answers = answers
         self.request_id = request_id
-        self.lines: list[bytes] = []
-        """The event's raw lines while it is small, to pass on as they are."""
+        self.pieces: list[bytes] = []
+        """The event's bytes while it is small."""
         self.size = 0
         self.whole = read_whole(answers, request_id)
-        self.line_start = True
         self.reader: MessageReader | None = None
         self.fields: list[bytes] = []
-        """Once it is read: its lines other than ``data`` (``event``, ``id``, ``retry``)."""
+        """Its lines other than ``data`` and comments (``event``, ``id``, ``retry``)."""
         self.kind: str | None = None
-        """Once it is read: the field of the line being added ("data", "other"; None: not known yet)."""
+        """The field of the line being added: "data", "other", or None (not known yet)."""
         self.head = b""
+        """The line's first bytes while its field is not known."""
         self.field = b""
         self.data_lines = 0
         self.ended = False
 
     def add(self, piece: bytes) -> None:
-        complete = piece.endswith(b"\n")
-        if self.reader is None:
-            if self.line_start and piece in (b"\n", b"\r\n"):
-                self.lines.append(piece)
-                self.ended = True
-                return
-            self.lines.append(piece)
-            self.size += len(piece)
-            self.line_start = complete
-            if self.size > self.whole:
-                self._start_reading()
+        if self.reader is not None:
+            self._parse(piece)
             return
-        self._read(piece)
+        self.pieces.append(piece)
+        self.size += len(piece)
+        self._parse(piece)
+        if self.size > self.whole and not self.ended:
+            self.reader = MessageReader(self.answers, request_id=self.request_id)
+            pieces, self.pieces = self.pieces, []
+            self.kind, self.head, self.field, self.fields, self.data_lines = None, b"", b"", [], 0
+            for old in pieces:
+                self._parse(old)
 
-    def _start_reading(self) -> None:
-        self.reader = MessageReader(self.answers, request_id=self.request_id)
-        lines, self.lines = self.lines, []
-        self.line_start = True
-        for piece in lines:
-            self._read(piece)
-
-    def _read(self, piece: bytes) -> None:
-        assert self.reader is not None
+    def _parse(self, piece: bytes) -> None:
         complete = piece.endswith(b"\n")
         body = piece.rstrip(b"\r\n") if complete else piece
-        if self.line_start:
-            if complete and not body:
-                self.ended = True
-                return
-            self.kind, self.head = None, b""
         if self.kind is None:  # the line's field is not known yet
             self.head += body
-            if len(self.head) >= 5 or complete:
-                if self.head.startswith(b"data:"):
-                    self.kind = "data"
-                    value = self.head[5:]
-                    if self.data_lines:
-                        self.reader.feed(b"\n")  # the lines of one event's data are joined by newlines
-                    self.data_lines += 1
-                    self.reader.feed(value[1:] if value.startswith(b" ") else value)
-                else:
-                    self.kind, self.field = "other", self.head
-                self.head = b""
+            if not complete and len(self.head) < 5:
+                return
+            line, self.head = self.head, b""
+            if complete and not line.rstrip(b"\r"):
+                self.ended = True  # a blank line ends the event
+                return
+            if line.startswith(b"data:"):
+                self.kind = "data"
+                value = line[5:]
+                self._data(value[1:] if value.startswith(b" ") else value, first=True)
+            else:
+                self.kind, self.field = "other", line[:_FIELD_LIMIT + 1]
         elif self.kind == "data":
-            self.reader.feed(body)
+            self._data(body, first=False)
         elif len(self.field) <= _FIELD_LIMIT:
             self.field += body
-        if complete and self.kind == "other" and not self.field.startswith(b":") \
-                and len(self.field) <= _FIELD_LIMIT:
-            self.fields.append(self.field + b"\n")  # event, id, retry: passed on (a comment is not)
-        self.line_start = complete
+        if complete:
+            if self.kind == "other" and not self.field.startswith(b":") and len(self.field) <= _FIELD_LIMIT:
+                self.fields.append(self.field.rstrip(b"\r") + b"\n")  # event, id, retry (not a comment)
+            self.kind = None
+
+    def _data(self, value: bytes, *, first: bool) -> None:
+        if self.reader is None:
+            return
+        if first:
+            if self.data_lines:
+                self.reader.feed(b"\n")  # the lines of one event's data are joined by newlines
+            self.data_lines += 1
+        self.reader.feed(value)
 
     def output(self) -> bytes:
         if self.reader is None:
-            return b"".join(self.lines)
+            return b"".join(self.pieces)
         message = self.reader.finish()
         if message is None:
             logger.error("the MCP server sent a %d-byte event that could not be read, and it answers no "

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import httpx2
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -127,7 +128,7 @@ def test_an_answer_holding_too_much_beside_its_content_is_an_error_answer() -> N
     (b'{"jsonrpc": "2.0", "id": 4, "result": {"content": [{"type": "text", "text": "a\nb"}]}}', "not valid JSON"),
     (b'{"jsonrpc": "2.0", "id": 4, "result": {"content": [{"type": "text", "text": "\xff"}]}}', "not UTF-8"),
     (b'{"jsonrpc": "2.0", "id": 4, "result": {"content": []}} trailing', "more after"),
-    (b'{"jsonrpc": "2.0", "id": 4, "result": {"content": [], "x": ' + b"[" * 300 + b'"' + b"z" * 70_000 + b'"'
+    (b'{"jsonrpc": "2.0", "id": 4, "result": {"content": [], "x": ' + b"[" * 300 + b'"' + b"z" * 200_000 + b'"'
      + b"]" * 300 + b"}}", "nested deeper"),
 ])
 def test_a_malformed_answer_becomes_an_error_answer_to_its_request(data: bytes, why: str) -> None:
@@ -148,3 +149,57 @@ def test_a_long_message_that_is_no_capped_answer_is_read_whole() -> None:
                                                              "description": "d" * 3000} for i in range(500)]}}
     data = json.dumps(tools).encode()
     assert read(data, {2: None}, piece=1000) == tools
+
+
+# -- the transports' framing: stdio lines and SSE events, cut anywhere ------------------------------
+
+
+def long_answer(request_id: int, size: int) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "id": request_id, "result": {"content": [{"type": "text", "text": "x" * size}]}}
+
+
+NOTE = {"jsonrpc": "2.0", "method": "notifications/message", "params": {"level": "info", "data": "hi"}}
+
+
+@pytest.mark.parametrize("piece", [3, 4096, 1 << 20])
+def test_stdio_lines_cut_anywhere_give_each_message_and_the_long_one_capped(piece: int) -> None:
+    from agentscope_py.mcp._stdio import _Lines
+
+    cap = ResultCap(1000)
+    lines = _Lines(Waiting({5: cap}))
+    wire = b"".join([json.dumps(NOTE).encode() + b"\r\n", b"\n",
+                     json.dumps(long_answer(5, 100_000)).encode() + b"\n",
+                     json.dumps(long_answer(6, 10)).encode() + b"\n"])
+    got = [item for start in range(0, len(wire), piece) for item in lines.feed(wire[start:start + piece])]
+    dumped = [item.message.model_dump(by_alias=True, exclude_unset=True) for item in got]  # type: ignore[union-attr]
+    assert dumped[0] == NOTE
+    assert dumped[1]["id"] == 5 and dumped[1]["result"]["content"] == [{"type": "text", "text": "x" * 1000}]
+    assert dumped[2] == long_answer(6, 10) and len(dumped) == 3
+    assert cap.full_size == 100_000
+
+
+@pytest.mark.parametrize("piece", [3, 4096, 1 << 20])
+async def test_sse_events_cut_anywhere_pass_on_and_the_long_one_is_one_capped_data_line(piece: int) -> None:
+    from agentscope_py.mcp._http_cap import _EventBody
+
+    cap = ResultCap(1000)
+    # the long answer's data in three lines (joined by newlines, which JSON reads as spaces)
+    lines = ['{"jsonrpc": "2.0",', '"id": 5, "result": {"content": [{"type": "text",', '"text": "' + "x" * 150_000 + '"}]}}']
+    wire = (f": a comment\n\nevent: message\ndata: {json.dumps(NOTE)}\n\n"
+            "event: message\nid: 41\r\n" + "".join(f"data: {line}\n" for line in lines)
+            + "\r\n" + f"data: {json.dumps(long_answer(6, 3))}\n\n").encode()
+
+    class Body(httpx2.AsyncByteStream):
+        async def __aiter__(self) -> Any:
+            for start in range(0, len(wire), piece):
+                yield wire[start:start + piece]
+
+    out = b"".join([chunk async for chunk in _EventBody(Body(), Waiting({5: cap}), 5)])
+    events = [event for event in out.replace(b"\r\n", b"\n").split(b"\n\n") if event.strip()]
+    assert events[0] == b": a comment"
+    assert events[1] == f"event: message\ndata: {json.dumps(NOTE)}".encode()
+    fields = events[2].split(b"\n")
+    assert fields[:2] == [b"event: message", b"id: 41"] and len(fields) == 3
+    assert json.loads(fields[2].removeprefix(b"data: "))["result"]["content"] == [{"type": "text", "text": "x" * 1000}]
+    assert events[3] == f"data: {json.dumps(long_answer(6, 3))}".encode()
+    assert cap.full_size == 150_000
