@@ -135,6 +135,8 @@ class MessageReader:
         self._used = 0
         self._total = 0
         self._crossed = False
+        self._any_text = False
+        """A text block was read (kept or not)."""
         self._structured: Any = _NOTHING
         self._structured_prefix = ""
         self._structured_size = 0
@@ -222,8 +224,34 @@ class MessageReader:
     def _capped_result(self, cap: ResultCap | None) -> dict[str, Any]:
         result: dict[str, Any] = self._message.get("result", {})
         limit = min(cap.limit, self._keep) if cap is not None else self._keep
+        if self._structured is not _NOTHING and self._structured_size <= limit:
+            result["structuredContent"] = self._structured
+        structured_cut = self._structured_size > limit or (self._structured is _NOTHING and self._structured_size > 0)
+        # with no text of its own, the result's text is the structured JSON, first (as the screen does)
+        stand_in = self._structured_prefix[:limit] if structured_cut and not self._any_text else None
+        content, cut = self._content_within(limit - len(stand_in or ""))
+        total = self._total
+        if stand_in is not None:
+            content.insert(0, {"type": "text", "text": stand_in})
+            total += self._structured_size
+            cut = True
+        if "content" in result or stand_in is not None:
+            result["content"] = content
+        if structured_cut:
+            result.pop("structuredContent", None)
+            if cap is not None:
+                cap.structured_size = self._structured_size
+                cap.is_error = bool(result.get("isError", False))
+            result["isError"] = True  # nothing structured is left to validate (see the module's docstring)
+        if cut and cap is not None:
+            cap.full_size = total
+        return result
+
+    def _content_within(self, limit: int) -> tuple[list[dict[str, Any]], bool]:
+        """The kept blocks cut to ``limit`` as `cap_content` cuts them (plain text blocks in a
+        row joined), and whether anything was cut."""
         content: list[dict[str, Any]] = []
-        run: list[str] = []  # plain text blocks in a row, joined into one
+        run: list[str] = []
 
         def flush() -> None:
             if run:
@@ -262,34 +290,8 @@ class MessageReader:
                         content.append({**block, "text": block["text"][:room]})
             if cut:
                 break
-        cut = cut or self._crossed
         flush()
-        if "content" in result:
-            result["content"] = content
-        structured_cut = False
-        if self._structured is not _NOTHING:
-            if self._structured_size <= limit:
-                result["structuredContent"] = self._structured
-            else:
-                structured_cut = True
-        elif self._structured_size:
-            structured_cut = True
-        total = self._total
-        if structured_cut:
-            result.pop("structuredContent", None)
-            if cap is not None:
-                cap.structured_size = self._structured_size
-                cap.is_error = bool(result.get("isError", False))
-            result["isError"] = True  # nothing structured is left to validate (see the module's docstring)
-            if not any(b.get("type") == "text" for b in content):
-                prefix = self._structured_prefix[:max(limit - used, 0)]
-                content.insert(0, {"type": "text", "text": prefix})
-                result["content"] = content
-                total += self._structured_size
-                cut = True
-        if cut and cap is not None:
-            cap.full_size = total
-        return result
+        return content, cut or self._crossed
 
     # -- the message -----------------------------------------------------------------------------
 
@@ -385,6 +387,7 @@ class MessageReader:
             size = content_size(block)
             if self._crossed:
                 self._total += size
+                self._any_text = self._any_text or block.get("type") == "text"
             else:
                 self._charge(end - self._pos - size)
                 self._place(block, size)
@@ -436,6 +439,7 @@ class MessageReader:
 
     def _place(self, block: dict[str, Any], size: int) -> None:
         self._total += size
+        self._any_text = self._any_text or block.get("type") == "text"
         if self._used + size <= self._keep:
             self._used += size
             if _plain_text(block):  # kept as its text alone: many tiny blocks cost their text
@@ -456,6 +460,7 @@ class MessageReader:
     def _block_size(self) -> Step:
         whole, _ = yield from self._small()
         if whole is not _NOTHING:
+            self._any_text = self._any_text or (isinstance(whole, dict) and whole.get("type") == "text")
             return content_size(whole)
         kind: list[Any] = [None]
         lengths: dict[str, int] = {}
@@ -481,10 +486,14 @@ class MessageReader:
             yield from self._skip(None, 4)
             return 0
         yield from self._object(member, 4)
+        self._any_text = self._any_text or kind[0] == "text"
         return _size_of(kind[0], lengths)
 
     def _structured_content(self) -> Step:
         whole, length = yield from self._small()
+        if whole is None:  # null: no structured content, nothing to cut
+            self._structured = None
+            return
         if whole is not _NOTHING:
             # its JSON text without the spaces between tokens, as the streamed read below keeps it
             text = _SPACES_OUTSIDE_STRINGS.sub(_keep_string, self._buf[self._pos - length:self._pos])

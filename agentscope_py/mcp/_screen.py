@@ -10,7 +10,7 @@ the SDK's public ``Transport`` shape) and edits the parsed JSON-RPC answers on t
   mismatch sees the same screened page);
 - a ``tools/call`` result sent with a `ResultCap` keeps only the content within the cap (the
   block that crosses it cut), and the cap records the full size, so the note the model reads
-  states it.
+  states it; structured content whose JSON is longer than the cap is left out (`cap_structured`).
 
 The request an answer is for is known by its id, recorded when the request goes out (`Pending`).
 The SDK writes a request from the task that sends it, so the cap a call sets (`CALL_CAP`) is read
@@ -21,6 +21,7 @@ it is read, before it is ever held whole, and what arrives here is already withi
 from __future__ import annotations
 
 import contextvars
+import json
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -100,6 +101,29 @@ def cap_content(result: dict[str, Any], cap: ResultCap) -> None:
     if kept is not None:
         result["content"] = kept
         cap.full_size = total
+
+
+def cap_structured(result: dict[str, Any], cap: ResultCap) -> None:
+    """Leave out ``result["structuredContent"]`` when its JSON text is over ``cap.limit`` (in
+    place), as the streaming reader does: the result is marked ``isError`` so the SDK does not
+    check what is left against the output schema (``cap.is_error`` keeps the server's flag), and a
+    result with no text block gets the JSON cut to the cap as its first text."""
+    structured = result.get("structuredContent")
+    content = result.get("content", [])
+    if structured is None or not isinstance(content, list):
+        return
+    text = json.dumps(structured, ensure_ascii=False, separators=(",", ":"))
+    if len(text) <= cap.limit:
+        return
+    del result["structuredContent"]
+    cap.structured_size = len(text)
+    cap.is_error = bool(result.get("isError", False))
+    result["isError"] = True
+    if not any(isinstance(b, dict) and b.get("type") == "text" for b in content):
+        total = sum(content_size(b) for b in content)
+        result["content"] = [{"type": "text", "text": text[:cap.limit]}, *content]
+        cap_content(result, cap)
+        cap.full_size = total + len(text)
 
 
 def screen_tools(result: dict[str, Any], server: str, version: str | None) -> None:
@@ -217,6 +241,7 @@ class _Reader:
                     if want == "tools/list":
                         screen_tools(message.result, self.server, self.version())
                     elif isinstance(want, ResultCap):
+                        cap_structured(message.result, want)
                         cap_content(message.result, want)
         return item
 

@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agentscope_py.mcp._capped_reader import SIDE_LIMIT, MessageReader
-from agentscope_py.mcp._screen import ResultCap, cap_content
+from agentscope_py.mcp._screen import ResultCap, cap_content, cap_structured
 
 pytestmark = pytest.mark.mcp
 
@@ -77,6 +77,30 @@ def test_a_capped_result_read_in_pieces_keeps_what_the_cap_keeps_of_the_parsed_r
     assert out is not None and out["id"] == 7
     assert out["result"]["content"] == joined(expected["content"])
     assert cap.full_size == expected_cap.full_size
+
+
+STRUCTURED = st.recursive(st.one_of(st.none(), st.booleans(), st.integers(-5, 10**6), TEXT),
+                          lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(TEXT, inner, max_size=4)),
+                          max_leaves=12)
+
+
+@settings(max_examples=200, deadline=None)
+@given(content=st.lists(BLOCK, max_size=4), structured=STRUCTURED, limit=st.integers(1, 120),
+       piece=st.sampled_from([1, 5, 65536]), is_error=st.booleans())
+def test_a_result_read_as_it_streams_is_the_result_the_screen_makes_of_it_parsed_whole(
+        content: list[dict[str, Any]], structured: Any, limit: int, piece: int, is_error: bool) -> None:
+    # the two paths of an answer (over the whole-read bound or not) give the caller the same result
+    result = {"content": content, "structuredContent": structured, "isError": is_error}
+    streamed_cap, whole_cap = ResultCap(limit), ResultCap(limit)
+    out = read(json.dumps({"jsonrpc": "2.0", "id": 1, "result": result}, ensure_ascii=False).encode(),
+               {1: streamed_cap}, piece)
+    whole = json.loads(json.dumps(result))
+    cap_structured(whole, whole_cap)
+    cap_content(whole, whole_cap)
+    assert out is not None
+    assert out["result"] == {**whole, "content": joined(whole["content"])}
+    assert (streamed_cap.full_size, streamed_cap.structured_size, streamed_cap.is_error) == \
+        (whole_cap.full_size, whole_cap.structured_size, whole_cap.is_error)
 
 
 def test_the_id_after_the_result_cuts_to_that_calls_cap_among_several_waiting() -> None:
