@@ -13,13 +13,21 @@ Tools (``size`` in characters, of ``char``, "x" unless given; a non-ASCII one is
 - ``structured(size)``: no text, structured content ``{"rows": "<size characters>"}``; the tool
   declares an output schema the SDK validates against;
 - ``blocks(count, size)``: ``count`` text blocks of ``size`` characters each;
-- ``echo(text)``: ``text`` back (a small result, to see the session still works).
+- ``echo(text)``: ``text`` back (a small result, to see the session still works);
+- ``where()``: ``{"cwd", "mark" (the environment's MCP_LONG_MARK), "pid", "child"}`` as JSON text.
+
+``--stubborn`` (stdio): the server ignores SIGTERM and its stdin closing, and starts a child
+that does the same, so only a kill of its process group ends them.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -32,7 +40,9 @@ TOOLS: list[dict[str, Any]] = [
      "outputSchema": {"type": "object", "properties": {"rows": {"type": "string"}}, "required": ["rows"]}},
     {"name": "blocks", "inputSchema": OBJECT},
     {"name": "echo", "inputSchema": OBJECT},
+    {"name": "where", "inputSchema": OBJECT},
 ]
+CHILD: list[int] = []
 
 
 def result_parts(name: str, args: dict[str, Any]) -> Iterator[str]:
@@ -54,8 +64,10 @@ def result_parts(name: str, args: dict[str, Any]) -> Iterator[str]:
             yield ", ".join([block] * min(10_000, count - start)) + ("" if start + 10_000 >= count else ", ")
         yield '], "isError": false, "resultType": "complete"}'
     else:
-        yield json.dumps({"content": [{"type": "text", "text": str(args.get("text", ""))}], "isError": False,
-                          "resultType": "complete"})
+        text = str(args.get("text", "")) if name == "echo" else json.dumps(
+            {"cwd": os.getcwd(), "mark": os.environ.get("MCP_LONG_MARK"), "pid": os.getpid(),
+             "child": CHILD[0] if CHILD else None})
+        yield json.dumps({"content": [{"type": "text", "text": text}], "isError": False, "resultType": "complete"})
 
 
 def _filler(size: int, char: str) -> Iterator[str]:
@@ -152,8 +164,14 @@ class Handler(BaseHTTPRequestHandler):
 
 
 def main() -> None:
+    if "--stubborn" in sys.argv:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        stubborn = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(120)"
+        CHILD.append(subprocess.Popen([sys.executable, "-c", stubborn]).pid)
     if "--http" not in sys.argv:
         serve_stdio()
+        if "--stubborn" in sys.argv:
+            time.sleep(120)  # stdin closed: a well-behaved server would exit now
         return
     Handler.sse = "--sse" in sys.argv
     port = int(sys.argv[sys.argv.index("--http") + 1])

@@ -2,7 +2,9 @@
 capped text with the note, the session serves the next call, and the call's peak memory
 (measured in a process of its own: traced allocations and RSS) stays within a small multiple of
 the cap whatever the result's size. Against a hand-written server over stdio and over
-streamable HTTP (a JSON body, and an SSE stream)."""
+streamable HTTP (a JSON body, and an SSE stream). And the stdio transport does what the SDK's
+does: the server gets its environment and working directory, and is killed with its children
+when it ignores its stdin closing."""
 
 from __future__ import annotations
 
@@ -15,8 +17,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import mcp_types as types
 import pytest
 from mcp_helpers import free_port
+
+from agentscope_py.mcp import MCPClient
 
 pytestmark = [pytest.mark.mcp, pytest.mark.timeout(120)]
 
@@ -122,3 +127,26 @@ def test_a_result_at_the_cap_is_whole_and_one_past_it_is_cut(runs: dict[str, dic
         assert run["text"] == "é" * CAP + f"\n[truncated: the result was {CAP + 1} characters; {NOTE}"
     assert run["after"] == "after"
     assert_bounded(run)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state != "Z"  # a zombie has ended (its parent, init here, reaps it when it can)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+async def test_the_stdio_server_gets_its_env_and_cwd_and_is_killed_with_its_children_on_close(tmp_path: Path) -> None:
+    client = MCPClient.stdio(sys.executable, [SERVER, "--stubborn"], env={"MCP_LONG_MARK": "m"}, cwd=tmp_path,
+                             name="stubborn", timeout=10)
+    async with client:
+        result = await client.call_tool("where", {})
+    block = result.content[0]
+    assert isinstance(block, types.TextContent)
+    info = json.loads(block.text)
+    assert info["cwd"] == str(tmp_path) and info["mark"] == "m"
+    await client.wait_closed()
+    # it ignored its stdin closing and SIGTERM: the process group was killed
+    assert not _alive(info["pid"]) and not _alive(info["child"])
