@@ -1,9 +1,10 @@
 """One JSON-RPC message read as it streams, a capped tool result cut while it is read.
 
-A message up to `READ_WHOLE` bytes is parsed whole, as the SDK does. A longer one goes through
-`MessageReader`, a push parser over its bytes that never holds the message: a string is decoded
-piece by piece (its length counted, its text kept only up to what is wanted), and a value small
-enough to sit whole in the read buffer is decoded at once by the standard library's C parser.
+A message up to `read_whole` bytes (twice the cap of a call waiting, at most `READ_WHOLE`) is
+parsed whole, as the SDK does. A longer one goes through `MessageReader`, a push parser over its
+bytes that never holds the message: a string is decoded piece by piece (its length counted, its
+text kept only up to what is wanted), and a value small enough to sit whole in the read buffer is
+decoded at once by the standard library's C parser.
 
 In the answer to a ``tools/call`` sent with a `ResultCap`:
 
@@ -16,7 +17,7 @@ In the answer to a ``tools/call`` sent with a `ResultCap`:
 - everything else (the id, keys, ``_meta``, a block's other fields) is read whole up to
   `SIDE_LIMIT` characters.
 
-Any other message over `READ_WHOLE` (a long tool list, the answer to a call without a cap) is read
+Any other message read this way (a long tool list, the answer to a call without a cap) is read
 whole up to `UNCAPPED_LIMIT` characters. A message over its limit, or malformed, becomes an error
 answer to its request, so the caller gets a clear error instead of waiting for its timeout.
 
@@ -117,7 +118,6 @@ class MessageReader:
         self._decoder = codecs.getincrementaldecoder("utf-8")("strict")
         self._id: Any = _NOTHING
         self._is_request = False
-        self._cap: ResultCap | None = None
         self._keep = 0
         """Characters of content (and of structured JSON) kept; set when the result starts."""
         self._capping = False

@@ -105,7 +105,7 @@ class _JsonBody(httpx2.AsyncByteStream):
             return
         message = reader.finish()
         if message is not None:
-            yield json.dumps(message, ensure_ascii=False).encode()
+            yield json.dumps(message).encode()  # (ASCII: a lone surrogate escaped by the server stays so)
 
     async def aclose(self) -> None:
         await self.body.aclose()
@@ -225,5 +225,5 @@ class _Event:
             logger.error("the MCP server sent a %d-byte event that could not be read, and it answers no "
                          "request: it is dropped", self.reader.size)
             return b""
-        data = json.dumps(message, ensure_ascii=False).encode()
+        data = json.dumps(message).encode()  # (ASCII, as above)
         return b"".join(self.fields) + b"data: " + data + b"\n\n"
