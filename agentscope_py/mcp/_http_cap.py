@@ -64,6 +64,13 @@ class CappingTransport(httpx2.AsyncBaseTransport):
         await self.inner.aclose()
 
 
+def _encoded(message: dict[str, Any]) -> bytes:
+    try:
+        return json.dumps(message, ensure_ascii=False).encode()
+    except UnicodeEncodeError:  # a lone surrogate the server escaped: sent on escaped (six bytes a character)
+        return json.dumps(message).encode()
+
+
 def _request_id(request: httpx2.Request) -> Any:
     """The id of the JSON-RPC request a POST carries (None for anything else)."""
     if request.method != "POST":
@@ -105,7 +112,7 @@ class _JsonBody(httpx2.AsyncByteStream):
             return
         message = reader.finish()
         if message is not None:
-            yield json.dumps(message).encode()  # (ASCII: a lone surrogate escaped by the server stays so)
+            yield _encoded(message)
 
     async def aclose(self) -> None:
         await self.body.aclose()
@@ -225,5 +232,5 @@ class _Event:
             logger.error("the MCP server sent a %d-byte event that could not be read, and it answers no "
                          "request: it is dropped", self.reader.size)
             return b""
-        data = json.dumps(message).encode()  # (ASCII, as above)
+        data = _encoded(message)
         return b"".join(self.fields) + b"data: " + data + b"\n\n"

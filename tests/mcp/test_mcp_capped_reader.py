@@ -227,3 +227,20 @@ async def test_sse_events_cut_anywhere_pass_on_and_the_long_one_is_one_capped_da
     assert json.loads(fields[2].removeprefix(b"data: "))["result"]["content"] == [{"type": "text", "text": "x" * 1000}]
     assert events[3] == f"data: {json.dumps(long_answer(6, 3))}".encode()
     assert cap.full_size == 150_000
+
+
+async def test_a_long_json_body_is_sent_on_capped_and_a_lone_surrogate_in_it_stays_escaped() -> None:
+    from agentscope_py.mcp._http_cap import _JsonBody
+
+    cap = ResultCap(1000)
+    wire = ('{"jsonrpc": "2.0", "id": 5, "result": {"content": [{"type": "text", "text": "\\ud800'
+            + "é" * 100_000 + '"}]}}').encode()
+
+    class Body(httpx2.AsyncByteStream):
+        async def __aiter__(self) -> Any:
+            for start in range(0, len(wire), 4096):
+                yield wire[start:start + 4096]
+
+    out = b"".join([chunk async for chunk in _JsonBody(Body(), Waiting({5: cap}), 5)])
+    assert json.loads(out)["result"]["content"] == [{"type": "text", "text": "\ud800" + "é" * 999}]
+    assert cap.full_size == 100_001
