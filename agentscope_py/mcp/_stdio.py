@@ -22,6 +22,7 @@ import anyio.abc
 import mcp_types as types
 from mcp.client import Transport
 from mcp.client.stdio import get_default_environment
+from mcp.os.posix.utilities import terminate_posix_process_tree
 from mcp.shared.message import SessionMessage
 from pydantic import ValidationError
 
@@ -206,7 +207,5 @@ async def _terminate_group(process: anyio.abc.Process) -> None:
         with suppress(ProcessLookupError):
             process.kill()
         return
-    from mcp.os.posix.utilities import terminate_posix_process_tree
-
     await terminate_posix_process_tree(process, _TERM_GRACE)
 
