@@ -12,6 +12,7 @@ import httpx2
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from mcp.shared.message import SessionMessage
 
 from agentscope_py.mcp._capped_reader import SIDE_LIMIT, MessageReader
 from agentscope_py.mcp._screen import ResultCap, cap_content, cap_structured
@@ -195,7 +196,9 @@ def test_stdio_lines_cut_anywhere_give_each_message_and_the_long_one_capped(piec
                      json.dumps(long_answer(5, 100_000)).encode() + b"\n",
                      json.dumps(long_answer(6, 10)).encode() + b"\n"])
     got = [item for start in range(0, len(wire), piece) for item in lines.feed(wire[start:start + piece])]
-    dumped = [item.message.model_dump(by_alias=True, exclude_unset=True) for item in got]  # type: ignore[union-attr]
+    assert all(isinstance(item, SessionMessage) for item in got)
+    dumped = [item.message.model_dump(by_alias=True, exclude_unset=True) for item in got
+              if isinstance(item, SessionMessage)]
     assert dumped[0] == NOTE
     assert dumped[1]["id"] == 5 and dumped[1]["result"]["content"] == [{"type": "text", "text": "x" * 1000}]
     assert dumped[2] == long_answer(6, 10) and len(dumped) == 3
