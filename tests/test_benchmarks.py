@@ -97,6 +97,14 @@ def test_bench_builtins_reports_its_two_ratios() -> None:
         assert isinstance(result[key], float) and result[key] > 0, key
 
 
+def test_bench_mcp_results_compares_the_readers_and_a_calls_peak() -> None:
+    result = run_json("bench_mcp_results.py", "--size", "200000", "--blocks", "20000", "--batches", "1",
+                      "--cases", "tiny-blocks", "--transports", "stdio", timeout=120)
+    assert set(result["readers"]) == {"one text", "tiny blocks"}
+    assert result["calls"]["stdio/streamed"]["tiny-blocks"]["capped"] is True
+    assert result["calls"]["stdio/sdk-read"]["tiny-blocks"]["capped"] is True
+
+
 def test_bench_ab_compares_two_trees_in_alternating_batches() -> None:
     tree = str(BENCH.parent)  # the same tree on both sides: a ratio near 1, both cells reported
     result = run_json("bench_ab.py", "--before", tree, "--after", tree, "--middleware", "0",

@@ -212,7 +212,7 @@ class MCPClient:
 
     def _make_client(self) -> Client:
         return Client(
-            ScreenedTransport(self.transport.sdk_transport(), self.name, lambda: self.protocol_version),
+            ScreenedTransport(self.transport.sdk_transport, self.name, lambda: self.protocol_version),
             mode=self.mode,
             cache=None,  # the tool list is cached here, refreshed on list_changed
             message_handler=cast(Any, tools_changed_handler(self._on_tools_changed)),
@@ -327,8 +327,11 @@ class MCPClient:
         """Call tool ``name``. ``timeout``: seconds (default the client's; None: no bound);
         ``progress(progress, total, message)`` is awaited for each progress notification;
         ``idempotent``: safe to send again if the session is lost during the call; ``cap``: the
-        result's content is cut to ``cap.limit`` characters as it is read, before the SDK parses
-        it into models (``cap.full_size`` then says how large it was)."""
+        result is cut to ``cap.limit`` characters as it is read, before it is held whole
+        (``cap.full_size`` then says how large it was). Structured content whose JSON is longer
+        is left out (``cap.structured_size``), and the result is then marked ``isError`` so the
+        SDK does not check what is left against the tool's output schema: ``cap.is_error`` is the
+        server's own flag. Without a cap, an answer is read whole up to 64 MiB."""
         limit = self.timeout if isinstance(timeout, EllipsisType) else timeout
         args = dict(arguments or {})
 

@@ -22,9 +22,12 @@ class Output:
     truncated: bool
 
 
-def convert_result(result: types.CallToolResult, max_chars: int, *, full_size: int | None = None) -> Output:
-    """``full_size``: the result was already cut while it was read (see `_screen`), from this
-    many characters: the note says so even when what is left fits."""
+def convert_result(result: types.CallToolResult, max_chars: int, *, full_size: int | None = None,
+                   structured_size: int | None = None, is_error: bool | None = None) -> Output:
+    """``full_size``: the result was already cut while it was read (see `_capped_reader`), from
+    this many characters: the note says so even when what is left fits. ``structured_size``: its
+    structured content was left out, being this many characters of JSON; ``is_error`` is then the
+    server's flag (the result read is marked as an error so the SDK does not validate it)."""
     parts: list[str | DataBlock] = []
     for item in result.content:
         parts.extend(_part(item))
@@ -33,7 +36,12 @@ def convert_result(result: types.CallToolResult, max_chars: int, *, full_size: i
         # No text rendering came with the structured content: the model gets it as JSON.
         parts.insert(0, json.dumps(structured, ensure_ascii=False, default=str))
     parts, truncated = _cap(parts, max_chars, full_size)
-    return Output(parts, dict(structured) if structured is not None else None, bool(result.is_error), truncated)
+    if structured_size is not None and not truncated:
+        parts.append(f"\n[the structured result ({structured_size} characters of JSON) is over the cap of "
+                     f"{max_chars} characters and is left out.]")
+        truncated = True
+    failed = bool(result.is_error) if is_error is None else is_error
+    return Output(parts, dict(structured) if structured is not None else None, failed, truncated)
 
 
 def _part(item: Any) -> list[str | DataBlock]:

@@ -2,28 +2,26 @@
 
 The SDK validates a whole ``tools/list`` page at once (one tool with a bad ``inputSchema`` fails
 the page, and the server's valid tools with it), and a ``tools/call`` result is validated, dumped
-and parsed again block by block before any cap could apply (100,000 tiny blocks cost 70 MB beyond
-the read of their 4 MB message). `ScreenedTransport` wraps the SDK's transport streams (stdio or
-HTTP, the public ``Transport`` shape) and edits the parsed JSON-RPC answers on their way in:
+and parsed again block by block. `ScreenedTransport` wraps the transport's streams (stdio or HTTP,
+the SDK's public ``Transport`` shape) and edits the parsed JSON-RPC answers on their way in:
 
 - a ``tools/list`` page loses each tool that is not a valid ``Tool``, with a warning naming the
   server and the tool; the page's other tools reach the SDK (and its re-list after a header
   mismatch sees the same screened page);
 - a ``tools/call`` result sent with a `ResultCap` keeps only the content within the cap (the
   block that crosses it cut), and the cap records the full size, so the note the model reads
-  states it.
+  states it; structured content whose JSON is longer than the cap is left out (`cap_structured`).
 
-The request a response answers is known by its id, recorded when the request goes out. The SDK
-writes a request from the task that sends it, so the cap a call sets (`CALL_CAP`) is read there.
-
-What this cannot reach is the SDK's read itself: its stdio transport holds a whole line (its HTTP
-transport a whole body) and parses it to JSON in its own task before it yields a message, so the
-raw message is read whole; everything after that is bounded by the cap.
+The request an answer is for is known by its id, recorded when the request goes out (`Pending`).
+The SDK writes a request from the task that sends it, so the cap a call sets (`CALL_CAP`) is read
+there. The transports read with the same record (see `_capped_reader`): a long answer is cut while
+it is read, before it is ever held whole, and what arrives here is already within the cap.
 """
 
 from __future__ import annotations
 
 import contextvars
+import json
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -38,7 +36,7 @@ from mcp_types import methods
 from mcp_types.jsonrpc import JSONRPCError, JSONRPCNotification, JSONRPCRequest, JSONRPCResponse
 from pydantic import ValidationError
 
-__all__ = ["CALL_CAP", "ResultCap", "ScreenedTransport", "content_size"]
+__all__ = ["CALL_CAP", "Pending", "ResultCap", "ScreenedTransport", "content_size"]
 
 
 @dataclass(eq=False)
@@ -48,6 +46,11 @@ class ResultCap:
     limit: int
     full_size: int | None = None
     """Set when the result was cut: the size of everything the server sent."""
+    structured_size: int | None = None
+    """Set when the structured content was left out: the length of its JSON text."""
+    is_error: bool | None = None
+    """Set with ``structured_size``: the server's ``isError`` (the result handed on is marked
+    ``isError``, so the SDK does not check what is left against the tool's output schema)."""
 
 
 CALL_CAP: contextvars.ContextVar[ResultCap | None] = contextvars.ContextVar("mcp_call_cap", default=None)
@@ -100,6 +103,29 @@ def cap_content(result: dict[str, Any], cap: ResultCap) -> None:
         cap.full_size = total
 
 
+def cap_structured(result: dict[str, Any], cap: ResultCap) -> None:
+    """Leave out ``result["structuredContent"]`` when its JSON text is over ``cap.limit`` (in
+    place), as the streaming reader does: the result is marked ``isError`` so the SDK does not
+    check what is left against the output schema (``cap.is_error`` keeps the server's flag), and a
+    result with no text block gets the JSON cut to the cap as its first text."""
+    structured = result.get("structuredContent")
+    content = result.get("content", [])
+    if structured is None or not isinstance(content, list):
+        return
+    text = json.dumps(structured, ensure_ascii=False, separators=(",", ":"))
+    if len(text) <= cap.limit:
+        return
+    del result["structuredContent"]
+    cap.structured_size = len(text)
+    cap.is_error = bool(result.get("isError", False))
+    result["isError"] = True
+    if not any(isinstance(b, dict) and b.get("type") == "text" for b in content):
+        total = sum(content_size(b) for b in content)
+        result["content"] = [{"type": "text", "text": text[:cap.limit]}, *content]
+        cap_content(result, cap)
+        cap.full_size = total + len(text)
+
+
 def screen_tools(result: dict[str, Any], server: str, version: str | None) -> None:
     """Drop each tool of a ``tools/list`` page that is not a valid ``Tool`` (in place), warning:
     valid for the SDK's model and, once the protocol ``version`` is negotiated, for that
@@ -126,18 +152,36 @@ def screen_tools(result: dict[str, Any], server: str, version: str | None) -> No
         result["tools"] = kept
 
 
-class ScreenedTransport:
-    """``inner`` (an SDK transport) with its answers screened (see the module's docstring)."""
+class Pending:
+    """The requests sent and not yet answered that the screen acts on: a ``tools/list`` page, or
+    a ``tools/call`` with its `ResultCap` (the `Answers` the transports read with)."""
 
-    def __init__(self, inner: Transport, server: str, version: Callable[[], str | None]) -> None:
-        self.inner = inner
+    def __init__(self) -> None:
+        self.requests: dict[Any, ResultCap | str] = {}
+
+    def cap_of(self, request_id: Any) -> ResultCap | None:
+        want = self.requests.get(request_id) if isinstance(request_id, str | int) else None
+        return want if isinstance(want, ResultCap) else None
+
+    def largest_cap(self) -> int | None:
+        return max((w.limit for w in list(self.requests.values()) if isinstance(w, ResultCap)), default=None)
+
+
+class ScreenedTransport:
+    """The transport ``open_inner(pending)`` makes (its reader cuts capped results while it
+    reads) with its answers screened (see the module's docstring)."""
+
+    def __init__(self, open_inner: Callable[[Pending], Transport], server: str,
+                 version: Callable[[], str | None]) -> None:
+        self.pending = Pending()
+        self.inner = open_inner(self.pending)
         self.server = server
         self.version = version
         """The session's negotiated protocol version (None during the handshake)."""
 
-    async def __aenter__(self) -> Any:  # the SDK's (read, write) streams, wrapped
+    async def __aenter__(self) -> Any:  # the transport's (read, write) streams, wrapped
         read, write = await self.inner.__aenter__()
-        pending: dict[Any, ResultCap | str] = {}
+        pending = self.pending.requests
         return _Reader(read, pending, self.server, self.version), _Writer(write, pending)
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
@@ -197,6 +241,7 @@ class _Reader:
                     if want == "tools/list":
                         screen_tools(message.result, self.server, self.version())
                     elif isinstance(want, ResultCap):
+                        cap_structured(message.result, want)
                         cap_content(message.result, want)
         return item
 

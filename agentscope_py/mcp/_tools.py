@@ -206,7 +206,8 @@ class MCPToolset:
                 task.exception()  # (the call's own end: read, so it is not reported as lost)
             raise pause_for(info.asked[0])
         result = task.result()
-        out = convert_result(result, cap.limit, full_size=cap.full_size)
+        out = convert_result(result, cap.limit, full_size=cap.full_size, structured_size=cap.structured_size,
+                             is_error=cap.is_error)
         if out.structured is not None:
             yield Custom(name="mcp.structured_content", metadata=meta,
                          value={"server": client.name, "tool": remote, "tool_call_id": call_id,

@@ -4,18 +4,26 @@ from __future__ import annotations
 
 import inspect
 import os
+import urllib.request
 from collections.abc import AsyncGenerator, Awaitable, Callable, Generator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
 import httpx2
-from mcp import StdioServerParameters
-from mcp.client.stdio import get_default_environment, stdio_client
+from mcp.client import Transport as SDKTransport
 from mcp.client.streamable_http import streamable_http_client
-from mcp.shared._httpx_utils import create_mcp_http_client
+
+from ._capped_reader import Answers
+from ._http_cap import CappingTransport
+from ._stdio import stdio_streams
 
 __all__ = ["AuthCallback", "HttpTransport", "StdioTransport", "Transport"]
+
+_HTTP_TIMEOUT = 30.0
+"""Seconds to connect, write and wait for a pool slot (the SDK's default)."""
+_HTTP_READ_TIMEOUT = 300.0
+"""Seconds between two reads of a response: a server holds an SSE stream open (the SDK's default)."""
 
 AuthCallback = Callable[[], Mapping[str, str] | Awaitable[Mapping[str, str]]]
 """Called before every HTTP request; returns headers to add (``{"Authorization": "Bearer …"}``)."""
@@ -42,13 +50,10 @@ class StdioTransport:
                                 self.command)
         return os.path.splitext(base)[0] or "mcp"
 
-    def sdk_transport(self) -> Any:
-        """The SDK's stdio transport: (read, write) streams of the started server."""
-        env = None
-        if self.env is not None:
-            env = {**get_default_environment(), **self.env}
-        return stdio_client(StdioServerParameters(command=self.command, args=list(self.args), env=env,
-                                                  cwd=self.cwd))
+    def sdk_transport(self, answers: Answers) -> SDKTransport:
+        """A transport for the SDK: the started server's (read, write) streams, its long answers
+        read under the caps ``answers`` knows."""
+        return stdio_streams(self.command, list(self.args), self.env, self.cwd, answers)
 
 
 @dataclass(frozen=True)
@@ -68,8 +73,9 @@ class HttpTransport:
     def default_name(self) -> str:
         return urlsplit(self.url).hostname or "mcp"
 
-    def sdk_transport(self) -> Any:
-        """A transport for the SDK: our own HTTP client (headers, auth), closed with the session."""
+    def sdk_transport(self, answers: Answers) -> SDKTransport:
+        """A transport for the SDK: our own HTTP client (headers, auth; its long answers read
+        under the caps ``answers`` knows), closed with the session."""
         auth = self.auth if isinstance(self.auth, httpx2.Auth) or self.auth is None else _CallbackAuth(self.auth)
         url, headers = self.url, self.headers
 
@@ -77,8 +83,14 @@ class HttpTransport:
 
         @asynccontextmanager
         async def transport() -> AsyncGenerator[Any, None]:
-            async with create_mcp_http_client(headers=dict(headers), auth=auth) as http, \
-                    streamable_http_client(url, http_client=http) as streams:
+            # (a client given a transport takes no proxy from the environment: ours does)
+            inner = httpx2.AsyncHTTPTransport(proxy=_environment_proxy(url))
+            http = httpx2.AsyncClient(
+                headers=dict(headers), auth=auth, timeout=httpx2.Timeout(_HTTP_TIMEOUT, read=_HTTP_READ_TIMEOUT),
+                transport=CappingTransport(inner, answers))
+            # The transport bounds every message (see _http_cap), so the SDK's own bound on one
+            # SSE event, which a capped answer rewritten there may pass, is not wanted.
+            async with http, streamable_http_client(url, http_client=http, max_sse_event_size=None) as streams:
                 yield streams
 
         return transport()
@@ -88,6 +100,16 @@ class HttpTransport:
 
 
 Transport = StdioTransport | HttpTransport
+
+
+def _environment_proxy(url: str) -> str | None:
+    """The proxy the environment names for ``url`` (``HTTPS_PROXY``, ``ALL_PROXY``, ``NO_PROXY``…)."""
+    parts = urlsplit(url)
+    proxies = urllib.request.getproxies()
+    proxy = proxies.get(parts.scheme) or proxies.get("all")
+    if not proxy or urllib.request.proxy_bypass(parts.hostname or ""):
+        return None
+    return proxy
 
 
 class _CallbackAuth(httpx2.Auth):

@@ -1,11 +1,11 @@
 """A server's answers are screened before the SDK parses them: a tool with an invalid definition
 is skipped with a warning (the server's other tools kept, also when the SDK lists them again
-after a header mismatch), and a tool result is cut to the cap while it is read, so memory beyond
-the SDK's own read of the message stays within a small multiple of the cap."""
+after a header mismatch), and a tool result is cut to the cap while it is read, so the call's
+memory stays within a small multiple of the cap (here with the SDK's own server; the
+hand-written one of test_mcp_long_results covers the other shapes)."""
 
 from __future__ import annotations
 
-import json
 import sys
 import tracemalloc
 import warnings
@@ -63,18 +63,6 @@ async def test_a_valid_tool_is_called_after_the_sdk_lists_the_tools_again_on_a_h
 # -- the result cap while reading ------------------------------------------------------------------
 
 
-def sdk_read_cost(result: dict[str, Any]) -> int:
-    """Bytes the SDK itself needs to read one answer carrying ``result``, before any hook of
-    ours: the line (held whole, and once more while its chunks are joined) and its parse."""
-    line = json.dumps({"jsonrpc": "2.0", "id": 1, "result": result})
-    tracemalloc.start()
-    parsed = types.jsonrpc_message_adapter.validate_json(line, by_name=False)
-    _, peak = tracemalloc.get_traced_memory()
-    tracemalloc.stop()
-    del parsed
-    return peak + 2 * len(line)
-
-
 async def traced_call(client: MCPClient, tool: str, args: dict[str, Any]) -> tuple[int, str]:
     """The peak of traced memory while an agent's call of ``tool`` runs, and what the model read."""
     model = ScriptedModel([ModelStep.tool_call(tool, args, id="c"), ModelStep.text("ok")])
@@ -93,20 +81,17 @@ async def traced_call(client: MCPClient, tool: str, args: dict[str, Any]) -> tup
 
 CASES = {
     # 100,000 blocks of 10 characters: ~1 MB of text, a 4 MB message
-    "tiny-blocks": ("many", {"count": 100_000, "size": 10},
-                    {"content": [{"type": "text", "text": "y" * 10}] * 100_000, "isError": False}, 1_000_000),
+    "tiny-blocks": ("many", {"count": 100_000, "size": 10}, 1_000_000),
     # one 20 MB text (the SDK's server also sends it as structured content)
-    "20MB": ("big", {"size": 20_000_000},
-             {"content": [{"type": "text", "text": "x" * 20_000_000}], "structuredContent": {"result": "x" * 20_000_000},
-              "isError": False}, 20_000_000),
+    "20MB": ("big", {"size": 20_000_000}, 20_000_000),
 }
 
 
 @pytest.mark.parametrize("case", list(CASES))
 @pytest.mark.parametrize("transport", ["stdio", "http"])
-async def test_memory_beyond_the_sdks_read_stays_within_a_small_multiple_of_the_cap(
+async def test_memory_stays_within_a_small_multiple_of_the_cap_with_the_sdks_own_server(
         case: str, transport: str, log: Path) -> None:  # noqa: F811
-    tool, args, wire, full = CASES[case]
+    tool, args, full = CASES[case]
     server: HttpServer | None = None
     if transport == "http":
         server = HttpServer(log)
@@ -119,8 +104,8 @@ async def test_memory_beyond_the_sdks_read_stays_within_a_small_multiple_of_the_
     finally:
         if server is not None:
             server.kill()
-    beyond = peak - sdk_read_cost(wire)
-    assert beyond <= 8 * CAP, f"{peak / 1e6:.1f} MB traced, {beyond / 1e6:.1f} MB beyond the SDK's read"
+    # the whole agent call, the SDK's own read included (a small call peaks at ~0.3 MB)
+    assert peak <= 15 * CAP, f"{peak / 1e6:.1f} MB traced"
     assert text.endswith(f"[truncated: the result was {full} characters; only the first {CAP} are shown. "
                          "Ask for less (a narrower query, a page) if you need the rest.]")
     assert len(text) < CAP + 200
