@@ -12,9 +12,13 @@ the SDK client the model makes (its public ``base_url``, ``default_headers``, ``
 ``default_query``); what the sender adds is the body (JSON, as the SDKs write it) and the
 per-call ``extra_headers``, ``extra_query`` and ``timeout``.
 
-What aiohttp gives: one connection pool per sender (``ClientSession``), proxies from the
-environment (``trust_env``: ``HTTP(S)_PROXY``, ``NO_PROXY``, ``.netrc``), TLS, and a connection
-closed, not pooled, when a response is given up before its end (cancellation included).
+What aiohttp gives: one connection pool per sender (``ClientSession``), TLS, proxies, and a
+connection closed, not pooled, when a response is given up before its end (cancellation
+included). The environment's proxy for a host (``HTTP_PROXY`` / ``HTTPS_PROXY``, ``NO_PROXY``, as
+aiohttp's ``trust_env`` reads them, credentials in the proxy's URL) is looked up once per host and
+given to aiohttp with each request: with ``trust_env`` aiohttp looks it up, and the API host in
+``~/.netrc``, in a worker thread on every request, and a ``.netrc`` entry for the API host would
+clash with the auth header the SDK client gives.
 Failures are the model error tree's: an HTTP status through `error_from_status`, a refused or
 failed connection `ModelConnectionError`, a timeout `ModelTimeoutError`.
 """
@@ -23,10 +27,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import urllib.request
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import aiohttp
+from yarl import URL
 
 from ._errors import error_from_status, message_of, quote, transport_error
 
@@ -105,8 +111,12 @@ class _Opened:
     async def __aenter__(self) -> _Response:
         url, headers, body, timeout = self._args
         provider = self._provider
+        sender = self._sender
+        target = URL(url)
+        proxy, proxy_auth = sender.proxy_for(target)
         try:
-            response = await self._sender.session().post(url, data=body, headers=headers, timeout=timeout)
+            response = await sender.session().post(target, data=body, headers=headers, timeout=timeout,
+                                                   proxy=proxy, proxy_auth=proxy_auth)
         except TimeoutError as exc:  # aiohttp's connect and read timeouts are TimeoutErrors
             raise transport_error(provider, exc, in_body=False, timeout=True) from exc
         except aiohttp.ClientError as exc:
@@ -140,8 +150,9 @@ async def _status_error(response: aiohttp.ClientResponse, provider: str) -> Exce
         body: Any = json.loads(raw)
     except (ValueError, RecursionError):
         body = None
-    # The SDKs' wording, so that a message reads the same whichever way the request went.
-    fallback = f"Error code: {response.status} - {quote(raw) if body is None else body}"
+    # The SDKs' wording when the body names no message, with what a body that is no JSON says
+    # (a proxy's HTML page), which the SDKs leave out.
+    fallback = f"Error code: {response.status}" + ("" if body is not None or not raw.strip() else f" - {quote(raw)}")
     return error_from_status(response.status, message_of(body, fallback), provider=provider,
                              headers=response.headers, body=body)
 
@@ -151,13 +162,25 @@ class AioHttpSender:
     with a pool of ``pool_size`` connections, or the ``session`` given (its owner configures and
     closes it)."""
 
-    __slots__ = ("_given", "_loop", "_pool_size", "_session")
+    __slots__ = ("_given", "_loop", "_pool_size", "_proxies", "_session")
 
     def __init__(self, session: aiohttp.ClientSession | None = None, *, pool_size: int = POOL_SIZE) -> None:
         self._given = session
         self._pool_size = pool_size
         self._session: aiohttp.ClientSession | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._proxies: dict[tuple[str, str | None, int | None], tuple[URL | None, aiohttp.BasicAuth | None]] = {}
+
+    def proxy_for(self, url: URL) -> tuple[URL | None, aiohttp.BasicAuth | None]:
+        """The environment's proxy for ``url``'s host, and its credentials (see the module
+        docstring): none for a given session, which has its owner's settings."""
+        if self._given is not None:
+            return None, None
+        key = (url.scheme, url.host, url.port)
+        found = self._proxies.get(key)
+        if found is None:
+            found = self._proxies[key] = _environment_proxy(url)
+        return found
 
     def session(self) -> aiohttp.ClientSession:
         if self._given is not None:
@@ -169,7 +192,6 @@ class AioHttpSender:
             self._loop = loop
             self._session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=self._pool_size, limit_per_host=0),
-                trust_env=True,
                 # No default timeout: each request carries its own.
                 timeout=aiohttp.ClientTimeout(total=None),
             )
@@ -186,3 +208,18 @@ class AioHttpSender:
         session, self._session = self._session, None
         if session is not None and not session.closed and self._loop is asyncio.get_running_loop():
             await session.close()
+
+
+def _environment_proxy(url: URL) -> tuple[URL | None, aiohttp.BasicAuth | None]:
+    """The proxy the environment names for ``url`` as aiohttp's ``trust_env`` reads it: the
+    scheme's own (``HTTP_PROXY``, ``HTTPS_PROXY``; an ``https://`` proxy aiohttp cannot speak is
+    left out, as aiohttp leaves it), none for a host ``NO_PROXY`` covers."""
+    if url.host is not None and urllib.request.proxy_bypass(url.host):
+        return None, None
+    found = urllib.request.getproxies().get(url.scheme)
+    if not found:
+        return None, None
+    proxy = URL(found)
+    if proxy.scheme not in ("http", ""):
+        return None, None
+    return proxy.with_user(None), aiohttp.BasicAuth.from_url(proxy)
