@@ -114,9 +114,17 @@ class _Opened:
         sender = self._sender
         target = URL(url)
         proxy, proxy_auth = sender.proxy_for(target)
+        proxy_headers = None
+        if proxy_auth is not None:
+            # To the proxy: in the CONNECT that opens a tunnel to an https host, else in the
+            # request itself, which goes to the proxy whole.
+            if target.scheme == "https":
+                proxy_headers = {"Proxy-Authorization": proxy_auth}
+            else:
+                headers["Proxy-Authorization"] = proxy_auth
         try:
             response = await sender.session().post(target, data=body, headers=headers, timeout=timeout,
-                                                   proxy=proxy, proxy_auth=proxy_auth)
+                                                   proxy=proxy, proxy_headers=proxy_headers)
         except TimeoutError as exc:  # aiohttp's connect and read timeouts are TimeoutErrors
             raise transport_error(provider, exc, in_body=False, timeout=True) from exc
         except aiohttp.ClientError as exc:
@@ -169,11 +177,11 @@ class AioHttpSender:
         self._pool_size = pool_size
         self._session: aiohttp.ClientSession | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._proxies: dict[tuple[str, str | None, int | None], tuple[URL | None, aiohttp.BasicAuth | None]] = {}
+        self._proxies: dict[tuple[str, str | None, int | None], tuple[URL | None, str | None]] = {}
 
-    def proxy_for(self, url: URL) -> tuple[URL | None, aiohttp.BasicAuth | None]:
-        """The environment's proxy for ``url``'s host, and its credentials (see the module
-        docstring): none for a given session, which has its owner's settings."""
+    def proxy_for(self, url: URL) -> tuple[URL | None, str | None]:
+        """The environment's proxy for ``url``'s host, and its ``Proxy-Authorization`` (see the
+        module docstring): none for a given session, which has its owner's settings."""
         if self._given is not None:
             return None, None
         key = (url.scheme, url.host, url.port)
@@ -210,7 +218,7 @@ class AioHttpSender:
             await session.close()
 
 
-def _environment_proxy(url: URL) -> tuple[URL | None, aiohttp.BasicAuth | None]:
+def _environment_proxy(url: URL) -> tuple[URL | None, str | None]:
     """The proxy the environment names for ``url`` as aiohttp's ``trust_env`` reads it: the
     scheme's own (``HTTP_PROXY``, ``HTTPS_PROXY``; an ``https://`` proxy aiohttp cannot speak is
     left out, as aiohttp leaves it), none for a host ``NO_PROXY`` covers."""
@@ -222,4 +230,5 @@ def _environment_proxy(url: URL) -> tuple[URL | None, aiohttp.BasicAuth | None]:
     proxy = URL(found)
     if proxy.scheme not in ("http", ""):
         return None, None
-    return proxy.with_user(None), aiohttp.BasicAuth.from_url(proxy)
+    auth = aiohttp.BasicAuth.from_url(proxy)
+    return proxy.with_user(None), None if auth is None else auth.encode()

@@ -5,11 +5,15 @@ when a stream is given up, the environment's proxies honoured, a user's client h
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import datetime
+import os
 import socket
+import sys
 from typing import Any
 
+import anthropic
 import httpx2
 import openai
 import pytest
@@ -233,3 +237,61 @@ def test_a_model_serves_a_second_event_loop() -> None:
 
     assert [asyncio.run(once("one")), asyncio.run(once("two"))] == ["one", "two"]
     asyncio.run(model.aclose())
+
+
+async def test_a_netrc_entry_for_the_host_does_not_clash_with_the_key(
+        server: FakeServer, make_openai: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    """aiohttp's ``trust_env`` would take credentials for the API host from ``~/.netrc`` and then
+    refuse the request, which carries the SDK's Authorization header already."""
+    (tmp_path / ".netrc").write_text("machine 127.0.0.1 login someone password secret\n")
+    (tmp_path / ".netrc").chmod(0o600)
+    monkeypatch.setenv("NETRC", str(tmp_path / ".netrc"))
+    monkeypatch.setenv("HOME", str(tmp_path))
+    server.queue(Reply(oa_text("ok")))
+    assert text_of(await collect(make_openai().stream(ask()))) == "ok"
+    assert server.requests[0].headers["authorization"] == "Bearer sk-test"
+
+
+async def test_a_proxys_credentials_in_its_url_are_sent_to_the_proxy(
+        server: FakeServer, closing: list[Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    _no_proxies(monkeypatch)
+    monkeypatch.setenv("HTTP_PROXY", f"http://user:pa%20ss@127.0.0.1:{server.port}")
+    server.queue(Reply(oa_text("via the proxy")))
+    model = OpenAIChatModel("gpt-fake", base_url="http://upstream.invalid/v1", api_key="sk-test", timeout=5)
+    closing.append(model)
+    assert text_of(await collect(model.stream(ask()))) == "via the proxy"
+    request = server.requests[0]
+    assert request.path == "http://upstream.invalid/v1/chat/completions"
+    assert request.headers["proxy-authorization"] == "Basic " + base64.b64encode(b"user:pa ss").decode()
+
+
+@pytest.mark.parametrize("provider", ["openai", "anthropic"])
+async def test_the_default_path_touches_no_private_member_of_the_sdk_client(
+        provider: str, server: FakeServer, closing: list[Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every attribute of the SDK client the model reads from our code, recorded: by default
+    none is private (the SDK's own code may use its own, through its public properties)."""
+    touched: list[str] = []
+    sdk: Any = openai if provider == "openai" else anthropic
+    name = "AsyncOpenAI" if provider == "openai" else "AsyncAnthropic"
+    made_by_sdk: Any = getattr(sdk, name)
+
+    class Spy(made_by_sdk):
+        def __getattribute__(self, attr: str) -> Any:
+            if attr.startswith("_") and not attr.startswith("__"):
+                caller = sys._getframe(1).f_code.co_filename
+                if os.sep + "agentscope_py" + os.sep in caller:
+                    touched.append(attr)
+            return super().__getattribute__(attr)
+
+    monkeypatch.setattr(sdk, name, Spy)
+    if provider == "openai":
+        server.queue(Reply(oa_text("ok")))
+        model: Any = OpenAIChatModel("gpt-fake", base_url=f"{server.url}/v1", api_key="sk-test", timeout=5)
+    else:
+        server.queue(Reply(an_text("ok")))
+        model = AnthropicChatModel("claude-fake", base_url=server.url, api_key="sk-ant", timeout=5)
+    closing.append(model)
+    assert text_of(await collect(model.stream(ask()))) == "ok"
+    assert isinstance(model.client, Spy) and touched == []
+    model.http_client  # noqa: B018 - the recording hook reaches the SDK's HTTP client, a private member
+    assert touched == ["_client"]
