@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import json
 import urllib.request
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from typing import Any
 
 import aiohttp
@@ -123,7 +123,7 @@ class _Opened:
             else:
                 headers["Proxy-Authorization"] = proxy_auth
         try:
-            response = await sender.session().post(target, data=body, headers=headers, timeout=timeout,
+            response = await (await sender.session()).post(target, data=body, headers=headers, timeout=timeout,
                                                    proxy=proxy, proxy_headers=proxy_headers)
         except TimeoutError as exc:  # aiohttp's connect and read timeouts are TimeoutErrors
             raise transport_error(provider, exc, in_body=False, timeout=True) from exc
@@ -170,12 +170,13 @@ class AioHttpSender:
     with a pool of ``pool_size`` connections, or the ``session`` given (its owner configures and
     closes it)."""
 
-    __slots__ = ("_given", "_loop", "_pool_size", "_proxies", "_session")
+    __slots__ = ("_closer", "_given", "_loop", "_pool_size", "_proxies", "_session")
 
     def __init__(self, session: aiohttp.ClientSession | None = None, *, pool_size: int = POOL_SIZE) -> None:
         self._given = session
         self._pool_size = pool_size
         self._session: aiohttp.ClientSession | None = None
+        self._closer: AsyncGenerator[None, None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._proxies: dict[tuple[str, str | None, int | None], tuple[URL | None, str | None]] = {}
 
@@ -190,19 +191,21 @@ class AioHttpSender:
             found = self._proxies[key] = _environment_proxy(url)
         return found
 
-    def session(self) -> aiohttp.ClientSession:
+    async def session(self) -> aiohttp.ClientSession:
         if self._given is not None:
             return self._given
         loop = asyncio.get_running_loop()
         if self._session is None or self._session.closed or self._loop is not loop:
             # A session belongs to one event loop: a model used from a second ``asyncio.run``
-            # gets a new one (the old loop's connections cannot be used, or closed, from here).
+            # gets a new one (the old loop closed the old one as it shut down, see `_closing`).
             self._loop = loop
-            self._session = aiohttp.ClientSession(
+            self._session = session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=self._pool_size, limit_per_host=0),
                 # No default timeout: each request carries its own.
                 timeout=aiohttp.ClientTimeout(total=None),
             )
+            self._closer = _closing(session)
+            await anext(self._closer)
         return self._session
 
     def open(self, provider: str, url: str, headers: dict[str, str], body: bytes,
@@ -213,9 +216,21 @@ class AioHttpSender:
 
     async def aclose(self) -> None:
         """Close the session this sender made (its pooled connections); a given one is its owner's."""
-        session, self._session = self._session, None
-        if session is not None and not session.closed and self._loop is asyncio.get_running_loop():
-            await session.close()
+        closer, self._closer, self._session = self._closer, None, None
+        if closer is not None and self._loop is asyncio.get_running_loop():
+            await closer.aclose()
+
+
+async def _closing(session: aiohttp.ClientSession) -> AsyncGenerator[None, None]:
+    """Parked at its ``yield`` for as long as the session lives, so that the session is closed
+    even when its model never is: by ``aclose()``, by the event loop shutting down its async
+    generators (``asyncio.run`` does, before it closes the loop), or by the generator's collection
+    with its model's. aiohttp reports a session left open as an error; a model's owner need not
+    close it any more than the SDKs' own HTTP clients."""
+    try:
+        yield
+    finally:
+        await session.close()
 
 
 def _environment_proxy(url: URL) -> tuple[URL | None, str | None]:

@@ -8,6 +8,7 @@ import asyncio
 import base64
 import contextlib
 import datetime
+import gc
 import os
 import socket
 import sys
@@ -295,3 +296,25 @@ async def test_the_default_path_touches_no_private_member_of_the_sdk_client(
     assert isinstance(model.client, Spy) and touched == []
     model.http_client  # noqa: B018 - the recording hook reaches the SDK's HTTP client, a private member
     assert touched == ["_client"]
+
+
+def test_a_model_never_closed_leaves_no_open_session_behind(recwarn: pytest.WarningsRecorder) -> None:
+    """aiohttp reports a session left open (a ResourceWarning and an error through the loop's
+    exception handler); a model's session is closed when the loop shuts down, closed or not."""
+    reported: list[dict[str, Any]] = []
+
+    async def run() -> str:
+        asyncio.get_running_loop().set_exception_handler(lambda loop, context: reported.append(context))
+        srv = FakeServer()
+        await srv.start()
+        try:
+            srv.queue(Reply(oa_text("one")))
+            model = OpenAIChatModel("gpt-fake", base_url=f"{srv.url}/v1", api_key="sk", timeout=5)
+            return text_of(await collect(model.stream(ask())))  # and the model is dropped, unclosed
+        finally:
+            await srv.stop()
+
+    assert asyncio.run(run()) == "one"
+    gc.collect()
+    assert reported == []
+    assert not [w for w in recwarn if issubclass(w.category, ResourceWarning)]
