@@ -318,3 +318,16 @@ def test_a_model_never_closed_leaves_no_open_session_behind(recwarn: pytest.Warn
     gc.collect()
     assert reported == []
     assert not [w for w in recwarn if issubclass(w.category, ResourceWarning)]
+
+
+async def test_http1transport_is_a_deprecated_name_of_httpx2s_transport(
+        server: FakeServer, closing: list[Any]) -> None:
+    from agentscope_py.model import Http1Transport
+
+    with pytest.warns(DeprecationWarning, match="Http1Transport is deprecated"):
+        transport = Http1Transport(limits=httpx2.Limits(max_connections=10))
+    assert isinstance(transport, httpx2.AsyncHTTPTransport)
+    # Code that built an SDK client over it keeps working.
+    model = _sdk_model(server, closing, http_client=openai.DefaultAsyncHttpxClient(transport=transport))
+    server.queue(Reply(oa_text("still")))
+    assert text_of(await collect(model.stream(ask()))) == "still"
