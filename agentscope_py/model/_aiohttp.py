@@ -123,8 +123,9 @@ class _Opened:
             else:
                 headers["Proxy-Authorization"] = proxy_auth
         try:
-            response = await (await sender.session()).post(target, data=body, headers=headers, timeout=timeout,
-                                                   proxy=proxy, proxy_headers=proxy_headers)
+            session = await sender.session()
+            response = await session.post(target, data=body, headers=headers, timeout=timeout, proxy=proxy,
+                                          proxy_headers=proxy_headers)
         except TimeoutError as exc:  # aiohttp's connect and read timeouts are TimeoutErrors
             raise transport_error(provider, exc, in_body=False, timeout=True) from exc
         except aiohttp.ClientError as exc:
