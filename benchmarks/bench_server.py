@@ -8,7 +8,9 @@ One run starts, each in a process of its own:
   stack (``--stack``): (a) ``agentscope-py serve`` with 5 pass-through middleware and the OpenAI
   provider, (b) a bare relay (httpx → parse → AG-UI text deltas → Starlette, one write per delta),
   (c) Pydantic AI's AG-UI adapter over its OpenAI model, (d) agentscope-py with the Redis run log,
-  when ``serve`` has one (``--redis``; detected, else reported as unavailable);
+  when ``serve`` has one (``--redis``; detected, else reported as unavailable), (e) the bare relay
+  reading with aiohttp; on request (a1, a2) agentscope-py with its model on the OpenAI SDK's client
+  over httpx2 or over aiohttp, and (a0) agentscope-py from another tree (``--baseline``);
 * per level, client processes (`serving_clients.py`, ``--client-procs``) holding N AG-UI streams to
   *each* server at once, so every server sees the same load at the same time (sequential runs on
   this host swing too much to compare).
@@ -57,6 +59,11 @@ HERE = Path(__file__).resolve().parent
 PAGE = os.sysconf("SC_PAGE_SIZE")
 TICK = os.sysconf("SC_CLK_TCK")
 STACKS = {"h11": ("h11", "asyncio"), "fast": ("httptools", "uvloop")}
+MODEL_HTTP = {"a1": "sdk", "a2": "sdk-aiohttp"}
+"""(a) with its model on the OpenAI SDK's client: on the SDK's default HTTP client (a1), on its
+aiohttp one (a2); (a) itself sends over aiohttp directly, the models' default."""
+RELAYS = {"b": "relay", "e": "relay_aiohttp"}
+"""The bare relays: reading the upstream with httpx (b), with aiohttp (e)."""
 BACKLOG = 4096
 """Every server's listen backlog (the kernel's somaxconn here): with uvicorn's 2,048 a burst of
 5,000 connections against a loop that is behind overflows it, for every server alike."""
@@ -169,8 +176,11 @@ def servers(args: argparse.Namespace, notes: dict[str, str], out_upstream: list[
         for key in args.servers:
             if key == "a":
                 out[key] = Proc(SERVERS[key], serve + args.serve_flags.split(), env, _serve_port)
-            elif key == "b":
-                out[key] = Proc(SERVERS[key], [python, "serving_apps.py", "relay", "--http", http, "--loop", loop,
+            elif key in MODEL_HTTP:  # (a) with the model's requests sent another way
+                out[key] = Proc(SERVERS[key], serve + args.serve_flags.split(),
+                                {**env, "BENCH_MODEL_HTTP": MODEL_HTTP[key]}, _serve_port)
+            elif key in RELAYS:
+                out[key] = Proc(SERVERS[key], [python, "serving_apps.py", RELAYS[key], "--http", http, "--loop", loop,
                                                "--backlog", str(BACKLOG)], env, _json_port)
             elif key == "c":
                 try:
@@ -225,11 +235,11 @@ class RSSSampler:
 
 
 def level_servers(level: str, procs: dict[str, Proc]) -> tuple[str, dict[str, Proc]]:
-    """``sat:5000@ab`` loads only (a) and (b) (and a0, the baseline, when there is one)."""
+    """``sat:5000@ab`` loads only (a) and (b) (and a0, a1, a2, (a)'s other forms, when they run)."""
     level, _, only = level.partition("@")
     if not only:
         return level, procs
-    return level, {k: p for k, p in procs.items() if k in only or k == "a0"}
+    return level, {k: p for k, p in procs.items() if k[0] in only}
 
 
 def level_spec(args: argparse.Namespace, level: str, ports: dict[str, int]) -> dict[str, Any]:
@@ -312,8 +322,11 @@ def run_level(args: argparse.Namespace, level: str, procs: dict[str, Proc], upst
             err = procs[key].stderr[-5:]
             out["servers"][key]["stderr_tail"] = "".join(err)[-1000:]
     base = out["servers"].get("b", {}).get("cpu_us_per_token")
+    base_aiohttp = out["servers"].get("e", {}).get("cpu_us_per_token")
     for s in out["servers"].values():
         s["cpu_vs_relay"] = s["cpu_us_per_token"] / base if base and s["cpu_us_per_token"] else None
+        s["cpu_vs_aiohttp_relay"] = (s["cpu_us_per_token"] / base_aiohttp if base_aiohttp and s["cpu_us_per_token"]
+                                     else None)
     lagging = [k for k, p in probes.items() if k.startswith("client") and (p["lag_ms"]["p99"] or 0) > CLIENT_LAG_MS]
     out["client_lagged"] = lagging
     return out
@@ -321,11 +334,12 @@ def run_level(args: argparse.Namespace, level: str, procs: dict[str, Proc], upst
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--levels", default="light:100@abd,light:1000@abd,sat:100,sat:1000@abd,sat:5000@abd",
+    parser.add_argument("--levels", default="light:100@abde,light:1000@abde,sat:100,sat:1000@abde,sat:5000@abde",
                         help="light:N / sat:N, comma-separated; @abd loads only those servers (default: "
                         "%(default)s — (c) alone at 1,000 tokens/s needs more than this 2-core host)")
-    parser.add_argument("--servers", default="a,b,c,d", help="a agentscope-py, b bare relay, c pydantic-ai, "
-                        "d agentscope-py with the Redis run log (default: %(default)s)")
+    parser.add_argument("--servers", default="a,b,c,d,e", help="a agentscope-py, b bare relay (httpx), c "
+                        "pydantic-ai, d agentscope-py with the Redis run log, e bare relay (aiohttp); a1, a2: (a) "
+                        "with its model on the OpenAI SDK's client over httpx2, over aiohttp (default: %(default)s)")
     parser.add_argument("--stack", default="auto", choices=["auto", *sorted(STACKS)],
                         help="fast: uvloop + httptools; h11: asyncio + h11 (every server alike); auto: fast "
                         "when both are installed")
@@ -364,7 +378,7 @@ def main() -> None:
         args.deadline = args.deadline or 60.0
     args.servers = [s.strip() for s in args.servers.split(",") if s.strip()]
     if unknown := [s for s in args.servers if s not in SERVERS]:
-        raise SystemExit(f"--servers: unknown {unknown}; use a, b, c, d")
+        raise SystemExit(f"--servers: unknown {unknown}; use {', '.join(SERVERS)}")
     notes: dict[str, str] = {}
     results: list[dict[str, Any]] = []
     upstream: list[int] = [0]

@@ -20,8 +20,8 @@ the share of a reply's deltas that reached the client together, in one read, is 
     .venv/bin/python benchmarks/bench_server_instructions.py                    # (a) and (b)
     .venv/bin/python benchmarks/bench_server_instructions.py --servers a --baseline /work/before
     .venv/bin/python benchmarks/bench_server_instructions.py --tool 1          # a tool turn per run
-    .venv/bin/python benchmarks/bench_server_instructions.py --servers d,b1    # the Redis run log; the
-                                                     # relay reading the upstream over Http1Transport
+    .venv/bin/python benchmarks/bench_server_instructions.py --servers a,a1,a2,b,e  # the model's HTTP
+                                                     # clients side by side, and both relays
 
 (d)'s redis-server is started here and not counted (another process, as the upstream is); with one
 client every token of (d) is a flush of its own, the shared log's worst case.
@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from bench_server import HERE, Proc, _json_port, _serve_port
+from bench_server import HERE, MODEL_HTTP, RELAYS, Proc, _json_port, _serve_port
 
 LONG, SHORT = 100, 10
 
@@ -57,12 +57,12 @@ def _free_port() -> int:
 
 
 def _server_cmd(key: str, python: str, valgrind: list[str], redis: str | None) -> tuple[list[str], Any]:
-    if key in ("a", "a0", "d"):
+    if key in ("a", "a0", "d", *MODEL_HTTP):
         log = ["--redis", redis] if key == "d" and redis else []
         return ([*valgrind, python, "-m", "agentscope_py.cli", "serve", "serving_apps:agentscope_agent",
                  "--port", "0", "--log-level", "warning", "--http", "httptools", "--loop", "uvloop", *log], _serve_port)
-    return ([*valgrind, python, "serving_apps.py", "relay", "--http", "httptools", "--loop", "uvloop", "--port", "0"],
-            _json_port)
+    return ([*valgrind, python, "serving_apps.py", RELAYS[key], "--http", "httptools", "--loop", "uvloop",
+             "--port", "0"], _json_port)
 
 
 class Counted:
@@ -72,7 +72,7 @@ class Counted:
                  redis: str | None = None) -> None:
         self.key, self.args, self.out = key, args, f"{out_dir}/{key}"
         env = {**os.environ, "BENCH_UPSTREAM": f"http://127.0.0.1:{upstream}", "PYTHONHASHSEED": "0",
-               **({"BENCH_RELAY_TRANSPORT": "http1"} if key == "b1" else {}),
+               **({"BENCH_MODEL_HTTP": MODEL_HTTP[key]} if key in MODEL_HTTP else {}),
                "PYTHONPATH": os.pathsep.join(
                    [*([str(Path(args.baseline).resolve())] if key == "a0" else []), str(HERE),
                     os.environ.get("PYTHONPATH", "")])}
@@ -150,8 +150,9 @@ class Counted:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--servers", default="a,b",
-                        help="a: agentscope-py serve, b: the bare relay, b1: the relay reading the upstream "
-                             "through agentscope-py's Http1Transport, d: (a) with the Redis run log")
+                        help="a: agentscope-py serve, b: the bare relay (httpx), e: the bare relay (aiohttp), "
+                             "d: (a) with the Redis run log, a1 / a2: (a) with its model on the OpenAI SDK's "
+                             "client over httpx2 / over aiohttp")
     parser.add_argument("--baseline", help="also count agentscope-py from this tree (a0)")
     parser.add_argument("--runs", type=int, default=4, help="replies per measurement")
     parser.add_argument("--dt", type=float, default=0.05, help="seconds between tokens (valgrind is ~50× slower)")
@@ -184,14 +185,17 @@ def main() -> None:
             redis.terminate()
             redis.wait()
     base = results.get("b", {}).get("k_per_token_at_100")
+    base_aiohttp = results.get("e", {}).get("k_per_token_at_100")
     pace = f"light load, a token every {args.dt} s" if args.dt else "a burst: every token of a reply at once"
     print(f"instructions in the server's process, {pace}, tool turn: {bool(args.tool)}")
-    print("| server | k / token | k / request | k / token at 100 per reply | × relay | fell behind |")
-    print("|---|---:|---:|---:|---:|---|")
+    print("| server | k / token | k / request | k / token at 100 per reply | × relay (httpx) | × relay (aiohttp) "
+          "| fell behind |")
+    print("|---|---:|---:|---:|---:|---:|---|")
     for key, r in results.items():
         ratio = f"{r['k_per_token_at_100'] / base:.3f}×" if base else "—"
+        ratio_aiohttp = f"{r['k_per_token_at_100'] / base_aiohttp:.3f}×" if base_aiohttp else "—"
         print(f"| {key} | {r['k_per_token']:.1f} | {r['k_per_request']:,.0f} | {r['k_per_token_at_100']:.1f} | "
-              f"{ratio} | {r['fell_behind'] or 'no'} |")
+              f"{ratio} | {ratio_aiohttp} | {r['fell_behind'] or 'no'} |")
     if args.json:
         print(json.dumps(results))
 

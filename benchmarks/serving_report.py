@@ -11,7 +11,9 @@ import serving_clients
 CLIENT_LAG_MS = 5.0
 """A client process whose loop ran a timer more than this late at p99 is flagged: its lag is in the
 times to first token it measured (a tenth of the 50 ms target)."""
-SERVERS = {"a": "agentscope-py", "b": "bare relay", "c": "pydantic-ai", "d": "agentscope-py + redis log"}
+SERVERS = {"a": "agentscope-py", "a1": "agentscope-py, SDK on httpx2", "a2": "agentscope-py, SDK on aiohttp",
+           "b": "bare relay (httpx)", "c": "pydantic-ai", "d": "agentscope-py + redis log",
+           "e": "bare relay (aiohttp)"}
 """The servers' names (``a0``, the baseline tree, is added by the run that has one)."""
 
 
@@ -20,9 +22,10 @@ def _f(value: Any, fmt: str = "{:.0f}") -> str:
 
 
 def table(results: list[dict[str, Any]]) -> str:
-    lines = ["| level (load avg) | server | µs CPU/token | × relay | tokens/s (span) | tokens/s per core "
-             "| TTFT p50 / p99 ms | in p50 / p99 | out p50 / p99 | RSS KiB/session | peak RSS MiB | errors |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    lines = ["| level (load avg) | server | µs CPU/token | × relay (httpx) | × relay (aiohttp) | tokens/s (span) "
+             "| tokens/s per core | TTFT p50 / p99 ms | in p50 / p99 | out p50 / p99 | RSS KiB/session | peak RSS MiB "
+             "| errors |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in results:
         for key, s in r["servers"].items():
             errors = ", ".join(f"{k}: {v}" for k, v in s["errors"].items()) or "0"
@@ -30,7 +33,8 @@ def table(results: list[dict[str, Any]]) -> str:
             lines.append(
                 f"| {r['level']} ({r.get('loadavg_1m_after', 0):.1f}) | ({key}) {SERVERS[key]} | "
                 f"{_f(s['cpu_us_per_token'])} | "
-                f"{_f(s['cpu_vs_relay'], '{:.2f}×')} | {_f(s['tokens_per_s'])} | {_f(s['core_tokens_per_s'])} | "
+                f"{_f(s['cpu_vs_relay'], '{:.2f}×')} | {_f(s.get('cpu_vs_aiohttp_relay'), '{:.2f}×')} | "
+                f"{_f(s['tokens_per_s'])} | {_f(s['core_tokens_per_s'])} | "
                 f"{_f(s['ttft_ms_p50'], '{:.1f}')} / {_f(s['ttft_ms_p99'], '{:.1f}')} | "
                 f"{_f(into.get('p50'), '{:.1f}')} / {_f(into.get('p99'), '{:.1f}')} | "
                 f"{_f(back.get('p50'), '{:.1f}')} / {_f(back.get('p99'), '{:.1f}')} | "

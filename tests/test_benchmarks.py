@@ -115,13 +115,14 @@ def test_bench_ab_compares_two_trees_in_alternating_batches() -> None:
 
 
 def test_bench_server_quick_relays_every_token_with_no_error() -> None:
-    # Real processes on loopback: the upstream, agentscope-py `serve`, the bare relay (and Pydantic
-    # AI's adapter when it is installed), and the clients; every stream must end complete.
-    result = run_json("bench_server.py", "--quick", "--servers", "a,b,c", timeout=240)
+    # Real processes on loopback: the upstream, agentscope-py `serve`, the bare relay over httpx and
+    # over aiohttp (and Pydantic AI's adapter when it is installed), and the clients; every stream
+    # must end complete.
+    result = run_json("bench_server.py", "--quick", "--servers", "a,b,c,e", timeout=240)
     assert result["errors"] == 0
     assert [r["level"] for r in result["levels"]] == ["light:10", "sat:30"]
     for level in result["levels"]:
-        assert {"a", "b"} <= set(level["servers"])
+        assert {"a", "b", "e"} <= set(level["servers"])
         for key, server in level["servers"].items():
             assert server["completed"] == server["streams"] == level["n"], key
             assert server["tokens"] == 20 * level["n"], key  # 20 text deltas per stream, none lost
@@ -136,7 +137,7 @@ def test_bench_server_quick_relays_every_token_with_no_error() -> None:
         # Every process reported its loop's lag and its collector's pauses: the upstream, each
         # server that runs the probe, and each client process.
         probes = level["probes"]
-        assert {"a", "b", "upstream"} <= set(probes) and any(k.startswith("client") for k in probes)
+        assert {"a", "b", "e", "upstream"} <= set(probes) and any(k.startswith("client") for k in probes)
         for key, probe in probes.items():
             assert probe["lag_samples"] > 0 and probe["lag_ms"]["p50"] is not None, key
             assert set(probe["gc"]) == {"0", "1", "2"}, key

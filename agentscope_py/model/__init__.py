@@ -1,9 +1,10 @@
 """Model protocol, errors, the scripted test double and the providers.
 
-The providers (`OpenAIChatModel`, `AnthropicChatModel`, `OllamaChatModel`) and `Http1Transport`
-load on first use, so a missing provider extra (``openai``, ``anthropic``, ``ollama``) only
-matters when that provider is used. ``TimeoutError`` and ``ConnectionError`` are deprecated
-aliases of `ModelTimeoutError` and `ModelConnectionError` (they shadowed the builtins).
+The providers (`OpenAIChatModel`, `OpenAIResponsesModel`, `AnthropicChatModel`,
+`OllamaChatModel`) load on first use, so a missing provider extra (``openai``, ``anthropic``,
+``ollama``) only matters when that provider is used. ``TimeoutError`` and ``ConnectionError`` are
+deprecated aliases of `ModelTimeoutError` and `ModelConnectionError` (they shadowed the builtins);
+``Http1Transport`` is a deprecated name of httpx2's own transport.
 """
 
 from typing import TYPE_CHECKING, Any

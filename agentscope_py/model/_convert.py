@@ -249,7 +249,7 @@ class EventDecoder(Protocol):
 
 
 class StreamingResponse(Protocol):
-    """The part of an httpx (or httpx2) response we read."""
+    """The part of a response we read: an httpx (or httpx2) one, or the aiohttp one's wrapper."""
 
     @property
     def headers(self) -> Mapping[str, str]: ...
@@ -290,7 +290,7 @@ async def stream_chunks(
             if content_type.startswith(("application/json", "text/html", "text/plain")):
                 raise await _unstreamed(response, content_type, provider)
             parser = _EventParser(provider)
-            body = _body(response)
+            body = response.aiter_bytes()
             try:
                 async for piece in body:
                     for sse in parser.feed_bytes(piece):
@@ -319,25 +319,6 @@ async def stream_chunks(
         raise mapped from exc
     if not decoder.done:
         raise malformed(provider, f"the stream ended without {terminator}; the reply is incomplete")
-
-
-# Where `Http1Transport` (``_transport.py``) puts a response's undecoded body, so that reading it
-# skips httpx2's per-chunk layers (each a resumption per token).
-BODY_EXTENSION = "agentscope_py.body"
-
-
-def _body(response: StreamingResponse) -> AsyncIterator[bytes]:
-    """The body's bytes: straight from the transport's body when the response reads that body
-    itself (httpx2's client wraps it once; a recording transport's tee, a decoder for a
-    compressed body, or anything else in between keeps httpx2's own path)."""
-    extensions: dict[str, Any] = getattr(response, "extensions", None) or {}
-    raw = extensions.get(BODY_EXTENSION)
-    if raw is not None and response.headers.get("content-encoding", "identity").lower() == "identity":
-        chunks: AsyncIterator[bytes] = aiter(raw)
-        stream = getattr(response, "stream", None)
-        if stream is raw or getattr(stream, "_stream", None) is raw:
-            return chunks
-    return response.aiter_bytes()
 
 
 async def _unstreamed(response: StreamingResponse, content_type: str, provider: str) -> Exception:

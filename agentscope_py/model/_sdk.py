@@ -1,15 +1,28 @@
 """`SDKModel`: the OpenAI and Anthropic providers' shared half.
 
 Both SDKs come from one generator (Stainless), so they look alike where it matters here: a client
-with ``with_options(max_retries=...)``, ``with_streaming_response.create(...)`` giving the raw
-``http_response``, and the errors ``APIStatusError`` / ``APIConnectionError`` /
-``APITimeoutError`` under ``APIError``. The SDK sends the request (auth, base URL, headers, HTTP
-errors); the streamed body is read by us (`stream_chunks`), so a stream cut off before its
-terminator is a `MalformedStreamError`, never a shorter answer. SDK retries are off: the agent's
+with public ``base_url``, ``default_headers``, ``auth_headers``, ``custom_auth`` and
+``default_query``, ``with_options(max_retries=...)``, ``with_streaming_response.create(...)``
+giving the raw ``http_response``, and the errors ``APIStatusError`` / ``APIConnectionError`` /
+``APITimeoutError`` under ``APIError``.
+
+Two ways a request goes, both through public APIs only:
+
+* by default, over aiohttp (`AioHttpSender`): the SDK client the model makes gives the URL and the
+  headers (auth, platform, version), the body is the request's JSON, and the streamed reply is
+  read by us (`stream_chunks`) — the cheapest way per token measured;
+* through the SDK's ``create()`` on the SDK's own HTTP client, for what the SDK does best: a
+  client the user passed (Azure's, a key provider, a custom ``http_client``, …: it is honoured as
+  it is), a client whose auth is not plain headers (``custom_auth``), a body only the SDK's
+  encoder writes, and a model whose `http_client` was asked for (`RecordingModel` and
+  `ReplayModel` plug into it, so they see every request).
+
+Either way a stream cut off before its terminator is a `MalformedStreamError`, never a shorter
+answer, and failures are the model error tree's. SDK retries are off: the agent's
 ``max_retries`` is the only retry.
 
-Imported only by the two providers, after their own import of the SDK (and of ``httpx2``, which
-the SDKs bring) gave a friendly error when the extra is missing.
+Imported only by the two providers, after their own import of the SDK gave a friendly error when
+the extra is missing.
 """
 
 from __future__ import annotations
@@ -20,20 +33,45 @@ from contextlib import AbstractAsyncContextManager
 from functools import partial
 from types import ModuleType
 from typing import Any, ClassVar, Protocol, Self, TypeVar
+from urllib.parse import urlencode
 
 import httpx2
 
+try:
+    import aiohttp
+except ImportError as exc:  # pragma: no cover - exercised only without the extra
+    raise ImportError(
+        'the OpenAI and Anthropic providers need aiohttp: pip install "agentscope-py[openai]" '
+        '(or "agentscope-py[anthropic]")'
+    ) from exc
+
+from ._aiohttp import TRANSPORT_ERRORS, AioHttpSender, body_bytes, client_timeout
 from ._client import ClientModel
 from ._convert import EventDecoder, stream_chunks
 from ._errors import error_from_body, error_from_status, message_of, transport_error
 from .base import ChatChunk, ModelError, ModelRequest
 
-__all__ = ["SDKModel", "sdk_error", "streamed"]
+__all__ = ["CLIENT_OPTIONS", "SDKModel", "sdk_error", "streamed", "wire_body"]
+
+CLIENT_OPTIONS = ("timeout", "extra_headers", "extra_query")
+"""Per-call options that configure the HTTP call rather than the request body."""
 
 
 class _SDKClient(Protocol):
     _client: Any
     base_url: Any
+
+    @property
+    def default_headers(self) -> Mapping[str, Any]: ...
+
+    @property
+    def auth_headers(self) -> Mapping[str, str]: ...
+
+    @property
+    def custom_auth(self) -> Any: ...
+
+    @property
+    def default_query(self) -> Mapping[str, object]: ...
 
     async def close(self) -> Any: ...
 
@@ -44,53 +82,82 @@ S = TypeVar("S", bound=_SDKClient)
 
 
 class SDKModel(ClientModel[S]):
-    """A model behind an SDK client ``S``. A subclass names its SDK module (``sdk``), the event
-    that ends a complete stream (``terminator``), and gives the request (`request_params`), the
-    call that opens the streamed response (`_open`) and the reader of its events (`_decoder`)."""
+    """A model behind an SDK client ``S``. A subclass names its SDK module (``sdk``), its endpoint
+    (``path``, under the client's base URL), the event that ends a complete stream
+    (``terminator``), and gives the request (`request_params`), the SDK's call for it
+    (`_sdk_open`) and the reader of its events (`_decoder`)."""
 
     sdk: ClassVar[ModuleType]
+    path: ClassVar[str]
     terminator: ClassVar[str]
 
     def __init__(self, model: str, base_url: str | None, api_key: str | None, *, client: S | None,
-                 timeout: float | None, options: dict[str, Any]) -> None:
+                 timeout: float | None, options: dict[str, Any],
+                 http_session: aiohttp.ClientSession | None = None) -> None:
         # An injected client keeps its settings, except retries: ours are the only ones.
         super().__init__(model, client=client.with_options(max_retries=0) if client is not None else None,
                          timeout=timeout, options=options)
         self._base_url = base_url
         self._api_key = api_key
+        self._sdk_sends = client is not None  # a user's client is honoured: its SDK sends
+        self._http = AioHttpSender(http_session)
+        self._default_timeout = client_timeout(self._client_timeout())
 
-    def _sdk_client(self, cls: Callable[..., S], default_url: str, **kw: Any) -> S:
-        """The SDK client ``cls(**kw)`` we make, over `Http1Transport` (``_transport.py``: the
-        same requests, limits, timeouts and errors as httpx2's default transport, a token read for
-        a few calls instead of ~100) where it applies: not behind a proxy from the environment,
-        and with httptools installed (it comes with the providers' extras)."""
-        http: Any = None
-        try:
-            from ._transport import Http1Transport, usable_for
-        except ImportError:
-            pass
-        else:
-            if usable_for(str(self._base_url or default_url)):
-                transport = Http1Transport(limits=self.sdk.DEFAULT_CONNECTION_LIMITS)
-                http = self.sdk.DefaultAsyncHttpxClient(transport=transport)
-        client = cls(base_url=self._base_url, max_retries=0, timeout=self._client_timeout(), http_client=http, **kw)
-        if http is not None:
-            http.base_url = client.base_url  # as on the HTTP client the SDK makes itself
-        return client
+    def _sdk_client(self, cls: Callable[..., S], **kw: Any) -> S:
+        """The SDK client ``cls(**kw)`` the model makes: the SDK's own defaults, no retries."""
+        return cls(base_url=self._base_url, max_retries=0, timeout=self._client_timeout(), **kw)
 
     def _client_timeout(self) -> Any:
         """The timeout for a client we make: ours, or the SDK's default."""
         return self._timeout if self._timeout is not None else self.sdk.DEFAULT_TIMEOUT
 
+    @property
+    def http_client(self) -> Any:
+        """The SDK client's HTTP client (an ``httpx2.AsyncClient``): what `RecordingModel` and
+        `ReplayModel` plug into. Asking for it sends the model's later requests through the SDK,
+        on that client, so that whatever is plugged in sees every request."""
+        self._sdk_sends = True
+        return super().http_client
+
     def request_params(self, request: ModelRequest) -> dict[str, Any]:
         raise NotImplementedError
 
-    def _open(self, params: dict[str, Any]) -> AbstractAsyncContextManager[Any]:
-        """The streamed HTTP response (an ``httpx2.Response``) to the request ``params``."""
+    def _sdk_open(self, params: dict[str, Any]) -> AbstractAsyncContextManager[Any]:
+        """The streamed HTTP response (an ``httpx2.Response``) to ``params``, sent by the SDK."""
         raise NotImplementedError
 
     def _decoder(self) -> EventDecoder:
         raise NotImplementedError
+
+    def _open(self, params: dict[str, Any]) -> AbstractAsyncContextManager[Any]:
+        """The streamed response to the request ``params``: over aiohttp, or through the SDK
+        (see the module docstring)."""
+        client = self.client
+        if not self._sdk_sends and client.custom_auth is None:
+            auth = client.auth_headers
+            if auth:  # (no credentials at all: the SDK says what it looked for)
+                body = body_bytes(wire_body(params))
+                if body is not None:
+                    return self._send(client, auth, params, body)
+        return self._sdk_open(params)
+
+    def _send(self, client: S, auth: Mapping[str, str], params: Mapping[str, Any],
+              body: bytes) -> AbstractAsyncContextManager[Any]:
+        headers = {k: v for k, v in client.default_headers.items() if isinstance(v, str)}
+        headers.update(auth)
+        extra = params.get("extra_headers")
+        if extra:
+            for name, value in extra.items():
+                if isinstance(value, str):
+                    headers[name] = value
+                else:  # the SDK's ``Omit``: leave the default header out
+                    headers.pop(name, None)
+        url = str(client.base_url).rstrip("/") + self.path
+        query = {**client.default_query, **(params.get("extra_query") or {})}
+        if query:
+            url += "?" + urlencode(query, doseq=True)
+        timeout = client_timeout(params["timeout"]) if "timeout" in params else self._default_timeout
+        return self._http.open(self.provider, url, headers, body, timeout)
 
     def _error(self, exc: Exception) -> ModelError | None:
         """The typed error for what the SDK raised, or None for anything else (re-raised)."""
@@ -99,17 +166,34 @@ class SDKModel(ClientModel[S]):
         return None
 
     def stream(self, request: ModelRequest) -> AsyncIterator[ChatChunk]:
+        return self._chunks(partial(_open_request, self, request), self._decoder())
+
+    def _chunks(self, open_response: Callable[[], AbstractAsyncContextManager[Any]],
+                decoder: EventDecoder) -> AsyncIterator[ChatChunk]:
         # The reading generator itself, not one wrapping it (`stream_chunks`): the request is
         # built and sent when it is first iterated.
         return stream_chunks(
-            partial(_open_request, self, request),  # (not a lambda: two objects less while it streams)
-            self._decoder(),
+            open_response,
+            decoder,
             provider=self.provider,
             terminator=self.terminator,
-            timeout_errors=httpx2.TimeoutException,
-            transport_errors=httpx2.TransportError,
+            timeout_errors=(httpx2.TimeoutException, TimeoutError),
+            transport_errors=(httpx2.TransportError, *TRANSPORT_ERRORS),
             open_error=self._error,
         )
+
+    async def aclose(self) -> None:
+        """Close the model's connections (aiohttp's pool, and the SDK client's)."""
+        await self._http.aclose()
+        await super().aclose()
+
+
+def wire_body(params: Mapping[str, Any]) -> dict[str, Any]:
+    """The JSON body the SDK sends for the call ``params``: its parameters, then ``extra_body``'s
+    (which win, as in the SDK), without the per-call HTTP options."""
+    body = {k: v for k, v in params.items() if k not in CLIENT_OPTIONS and k != "extra_body"}
+    body.update(params.get("extra_body") or {})
+    return body
 
 
 def _open_request(model: SDKModel[Any], request: ModelRequest) -> Any:

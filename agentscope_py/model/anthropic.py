@@ -4,14 +4,14 @@
 
 System messages become the ``system`` parameter, tool results go back as ``tool_result`` blocks
 in a user turn, consecutive same-role messages are merged (the API wants alternating turns), and
-signed thinking is sent back verbatim. The SDK sends the request; the event stream is read by us,
-so a stream without ``message_stop`` is a `MalformedStreamError`. SDK retries are off.
+signed thinking is sent back verbatim. The request goes over aiohttp with the SDK client's URL and
+headers, or through the SDK for a client the user passed (`SDKModel`); the event stream is read
+by us, so a stream without ``message_stop`` is a `MalformedStreamError`. SDK retries are off.
 """
 
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from types import ModuleType
@@ -40,6 +40,7 @@ from ._sdk import SDKModel, streamed
 from .base import AuthenticationError, ChatChunk, ModelError, ModelRequest, ToolCallChunk, text_chunk, thinking_chunk
 
 if TYPE_CHECKING:
+    import aiohttp
     from anthropic.types import MessageParam
 
 __all__ = ["AnthropicChatModel", "to_anthropic_messages"]
@@ -66,13 +67,16 @@ class AnthropicChatModel(SDKModel[anthropic.AsyncAnthropic]):
     ``base_url`` to ``ANTHROPIC_BASE_URL`` or Anthropic's. ``max_tokens`` (required by the API)
     defaults to 4096. Other keyword arguments are default request parameters (``temperature``,
     ``thinking={"type": "enabled", "budget_tokens": 1024}``, …); per-call options override them.
-    ``client`` injects a ready ``AsyncAnthropic`` (its retries are turned off); ``timeout``
+    ``client`` injects a ready ``AsyncAnthropic`` (its retries are turned off), which then sends
+    every request; without it the requests go over aiohttp, on a pool of the model's own or on
+    ``http_session`` (an ``aiohttp.ClientSession`` its owner configures and closes). ``timeout``
     bounds the connect and every read."""
 
     provider = PROVIDER
     supports_structured_output = False
     sdk: ClassVar[ModuleType] = anthropic
     terminator = "message_stop"
+    path = "/v1/messages"
 
     def __init__(
         self,
@@ -83,15 +87,15 @@ class AnthropicChatModel(SDKModel[anthropic.AsyncAnthropic]):
         client: anthropic.AsyncAnthropic | None = None,
         timeout: float | None = None,
         max_tokens: int = 4096,
+        http_session: aiohttp.ClientSession | None = None,
         **options: Any,
     ) -> None:
-        super().__init__(model, base_url, api_key, client=client, timeout=timeout, options=options)
+        super().__init__(model, base_url, api_key, client=client, timeout=timeout, options=options,
+                         http_session=http_session)
         self.max_tokens = max_tokens
 
     def _make_client(self) -> anthropic.AsyncAnthropic:
-        default_url = os.environ.get("ANTHROPIC_BASE_URL") or "https://api.anthropic.com"
-        return self._sdk_client(anthropic.AsyncAnthropic, default_url,
-                                api_key=self._api_key)
+        return self._sdk_client(anthropic.AsyncAnthropic, api_key=self._api_key)
 
     def request_params(self, request: ModelRequest) -> dict[str, Any]:
         """The keyword arguments of the SDK call for ``request``."""
@@ -122,7 +126,7 @@ class AnthropicChatModel(SDKModel[anthropic.AsyncAnthropic]):
             params["extra_body"] = options
         return params
 
-    def _open(self, params: dict[str, Any]) -> AbstractAsyncContextManager[Any]:
+    def _sdk_open(self, params: dict[str, Any]) -> AbstractAsyncContextManager[Any]:
         return streamed(self.client.messages.with_streaming_response.create(**params))
 
     def _decoder(self) -> _EventReader:

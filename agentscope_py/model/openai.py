@@ -3,9 +3,10 @@
 >>> model = OpenAIChatModel("gpt-4o-mini", temperature=0.2)               # OPENAI_API_KEY
 >>> local = OpenAIChatModel("qwen3", base_url="http://localhost:8000/v1")  # vLLM, llama.cpp, …
 
-The SDK sends the request (auth, base URL, headers, HTTP errors); the streamed body is read line by
-line by us, so a stream cut off or ending without ``[DONE]`` is a `MalformedStreamError` and never
-a shorter answer. SDK retries are off: the agent's ``max_retries`` is the only retry.
+The request goes over aiohttp with the SDK client's URL and headers, or through the SDK for a client
+the user passed (`SDKModel`); the streamed body is read line by line by us, so a stream cut off or
+ending without ``[DONE]`` is a `MalformedStreamError` and never a shorter answer. SDK retries are
+off: the agent's ``max_retries`` is the only retry.
 """
 
 from __future__ import annotations
@@ -33,12 +34,12 @@ from ._convert import (
     reference,
     user_and_tool_messages,
 )
-from ._direct import DirectSend, body_bytes
 from ._errors import error_from_body, malformed
 from ._sdk import SDKModel, streamed
 from .base import AuthenticationError, ChatChunk, ModelRequest, ToolCallChunk, text_chunk, thinking_chunk
 
 if TYPE_CHECKING:
+    import aiohttp
     from openai.types.chat import ChatCompletionMessageParam
 
 __all__ = ["OpenAIChatModel", "to_openai_messages"]
@@ -69,7 +70,10 @@ class OpenAIChatModel(SDKModel[openai.AsyncOpenAI]):
     ``base_url`` defaults to ``OPENAI_BASE_URL`` or OpenAI's; ``api_key`` to ``OPENAI_API_KEY``
     (with a custom base URL and no key, a placeholder key is sent). Other keyword arguments are
     default request parameters (``temperature``, ``max_tokens``, …; per-call options override
-    them). ``client`` injects a ready ``AsyncOpenAI`` (its retries are turned off); ``timeout``
+    them). ``client`` injects a ready ``AsyncOpenAI`` (its retries are turned off), which then
+    sends every request (Azure's client, a key provider, a custom HTTP client); without it the
+    requests go over aiohttp, on a pool of the model's own or on ``http_session`` (an
+    ``aiohttp.ClientSession`` its owner configures and closes). ``timeout``
     (seconds) bounds the connect and every read, which turns a stalled stream into a
     `TimeoutError`. ``send_reasoning`` sends remembered thinking back as ``reasoning_content``
     (for servers such as DeepSeek that want it); ``stream_usage=False`` omits ``stream_options``
@@ -79,6 +83,7 @@ class OpenAIChatModel(SDKModel[openai.AsyncOpenAI]):
     supports_structured_output = True
     sdk: ClassVar[ModuleType] = openai
     terminator = "[DONE]"
+    path = "/chat/completions"
 
     def __init__(
         self,
@@ -90,17 +95,16 @@ class OpenAIChatModel(SDKModel[openai.AsyncOpenAI]):
         timeout: float | None = None,
         send_reasoning: bool = False,
         stream_usage: bool = True,
+        http_session: aiohttp.ClientSession | None = None,
         **options: Any,
     ) -> None:
-        super().__init__(model, base_url, api_key, client=client, timeout=timeout, options=options)
+        super().__init__(model, base_url, api_key, client=client, timeout=timeout, options=options,
+                         http_session=http_session)
         self.send_reasoning = send_reasoning
         self.stream_usage = stream_usage
-        self._direct = DirectSend(openai, "/chat/completions", _completions_class)
 
     def _make_client(self) -> openai.AsyncOpenAI:
-        key = openai_api_key(self._api_key, self._base_url)
-        default_url = os.environ.get("OPENAI_BASE_URL") or "https://api.openai.com/v1"
-        return self._sdk_client(openai.AsyncOpenAI, default_url, api_key=key)
+        return self._sdk_client(openai.AsyncOpenAI, api_key=openai_api_key(self._api_key, self._base_url))
 
     def request_params(self, request: ModelRequest) -> dict[str, Any]:
         """The keyword arguments of the SDK call for ``request`` (the wire request, for tests)."""
@@ -128,28 +132,17 @@ class OpenAIChatModel(SDKModel[openai.AsyncOpenAI]):
             **client_side,
         }
 
-    def _open(self, params: dict[str, Any]) -> AbstractAsyncContextManager[Any]:
-        client = self.client
-        if self._direct.usable(client, params):
-            # The SDK's body, in its key order: its parameters, then extra_body's.
-            content = body_bytes({"messages": params["messages"], "model": params["model"], "stream": True,
-                                  **params["extra_body"]})
-            if content is not None:
-                return self._direct.open(client, content)
+    def _sdk_open(self, params: dict[str, Any]) -> AbstractAsyncContextManager[Any]:
         # The SDK's create() walks ``messages`` against its TypedDict unions before sending: ~2 ms
         # per request, measured, more than relaying a 100-token reply costs. Ours are plain JSON
         # already, so they travel in ``extra_body``, which the SDK sends as it is over the empty
         # list it checked: the same bytes on the wire.
         body = {"messages": params["messages"], **params["extra_body"]}
-        return streamed(client.chat.completions.with_streaming_response.create(
+        return streamed(self.client.chat.completions.with_streaming_response.create(
             **{**params, "messages": [], "extra_body": body}))
 
     def _decoder(self) -> _ChunkReader:
         return _ChunkReader()
-
-
-def _completions_class() -> type:
-    return openai.resources.chat.completions.AsyncCompletions
 
 
 # -- reading the stream ------------------------------------------------------------------------

@@ -3,10 +3,11 @@
 >>> model = OpenAIResponsesModel("gpt-5-mini", reasoning={"effort": "low"})          # OPENAI_API_KEY
 >>> local = OpenAIResponsesModel("gemma", base_url="http://127.0.0.1:8080/v1")       # llama.cpp, vLLM, …
 
-The request goes through the SDK's public ``client.responses`` resource, with the SDK's own HTTP
-client; the streamed body is read by us (``stream_chunks``), so a stream that ends before
-``response.completed`` / ``response.incomplete`` is a `MalformedStreamError`, never a shorter
-answer. SDK retries are off: the agent's ``max_retries`` is the only retry.
+The request goes over aiohttp with the SDK client's URL and headers, or through the SDK's public
+``client.responses`` resource for a client the user passed (`SDKModel`); the streamed body is read
+by us (``stream_chunks``), so a stream that ends before ``response.completed`` /
+``response.incomplete`` is a `MalformedStreamError`, never a shorter answer. SDK retries are off:
+the agent's ``max_retries`` is the only retry.
 
 Reasoning travels between requests in the conversation itself: each reasoning item the server
 returns is kept, whole, as the signature of its thinking block, and sent back as that item on the
@@ -23,7 +24,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from functools import partial
 from types import ModuleType
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 try:
     import openai
@@ -32,8 +33,6 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
         'the OpenAI provider needs the openai SDK: pip install "agentscope-py[openai]"'
     ) from exc
 
-import httpx2
-
 from ..message import ChatUsage, DataBlock, Msg, TextBlock, ThinkingBlock, ToolResultBlock, ToolUseBlock
 from ._convert import (
     SSEvent,
@@ -41,13 +40,15 @@ from ._convert import (
     data_url,
     merge_options,
     reference,
-    stream_chunks,
     user_and_tool_messages,
 )
 from ._errors import error_from_body, malformed
 from ._sdk import SDKModel, streamed
 from .base import ChatChunk, ModelRequest, ToolCallChunk, text_chunk, thinking_chunk
 from .openai import openai_api_key
+
+if TYPE_CHECKING:
+    import aiohttp
 
 __all__ = ["OpenAIResponsesModel", "to_responses_input"]
 
@@ -74,8 +75,10 @@ class OpenAIResponsesModel(SDKModel[openai.AsyncOpenAI]):
 
     ``base_url`` defaults to ``OPENAI_BASE_URL`` or OpenAI's; ``api_key`` to ``OPENAI_API_KEY``
     (with a custom base URL and no key, a placeholder key is sent). ``client`` injects a ready
-    ``AsyncOpenAI`` (its retries are turned off); ``timeout`` (seconds) bounds the connect and
-    every read. Other keyword arguments are default request parameters, sent as given
+    ``AsyncOpenAI`` (its retries are turned off), which then sends every request; without it the
+    requests go over aiohttp, on a pool of the model's own or on ``http_session`` (an
+    ``aiohttp.ClientSession`` its owner configures and closes). ``timeout`` (seconds) bounds the
+    connect and every read. Other keyword arguments are default request parameters, sent as given
     (``reasoning={"effort": "low"}``, ``max_output_tokens``, ``temperature``, ``tool_choice``,
     ``include``, ``text``, …; per-call options override them), with these meanings of our own:
 
@@ -95,6 +98,7 @@ class OpenAIResponsesModel(SDKModel[openai.AsyncOpenAI]):
     supports_structured_output = True
     sdk: ClassVar[ModuleType] = openai
     terminator = "response.completed"
+    path = "/responses"
 
     def __init__(
         self,
@@ -104,17 +108,16 @@ class OpenAIResponsesModel(SDKModel[openai.AsyncOpenAI]):
         api_key: str | None = None,
         client: openai.AsyncOpenAI | None = None,
         timeout: float | None = None,
+        http_session: aiohttp.ClientSession | None = None,
         **options: Any,
     ) -> None:
         _check_chaining(options)
-        super().__init__(model, base_url, api_key, client=client, timeout=timeout, options=options)
+        super().__init__(model, base_url, api_key, client=client, timeout=timeout, options=options,
+                         http_session=http_session)
         self._chain: deque[tuple[list[dict[str, Any]], str]] = deque(maxlen=_CHAIN_MEMORY)
 
     def _make_client(self) -> openai.AsyncOpenAI:
-        key = openai_api_key(self._api_key, self._base_url)
-        # The SDK's own HTTP client: only its public settings are touched.
-        return openai.AsyncOpenAI(api_key=key, base_url=self._base_url, max_retries=0,
-                                  timeout=self._client_timeout())
+        return self._sdk_client(openai.AsyncOpenAI, api_key=openai_api_key(self._api_key, self._base_url))
 
     def request_params(self, request: ModelRequest) -> dict[str, Any]:
         """The keyword arguments of ``client.responses.create`` for ``request`` (the wire
@@ -184,21 +187,13 @@ class OpenAIResponsesModel(SDKModel[openai.AsyncOpenAI]):
     def _remember(self, whole: list[dict[str, Any]], response_id: str) -> None:
         self._chain.append((whole, response_id))
 
-    def _open(self, params: dict[str, Any]) -> AbstractAsyncContextManager[Any]:
+    def _sdk_open(self, params: dict[str, Any]) -> AbstractAsyncContextManager[Any]:
         return streamed(self.client.responses.with_streaming_response.create(**params))
 
     def stream(self, request: ModelRequest) -> AsyncIterator[ChatChunk]:
         # As `SDKModel.stream`, with a reader that knows what was sent, for ``"auto"`` chaining.
         reader = _EventReader(self)
-        return stream_chunks(
-            partial(_open_request, self, request, reader),
-            reader,
-            provider=self.provider,
-            terminator=self.terminator,
-            timeout_errors=httpx2.TimeoutException,
-            transport_errors=httpx2.TransportError,
-            open_error=self._error,
-        )
+        return self._chunks(partial(_open_request, self, request, reader), reader)
 
 
 def _open_request(model: OpenAIResponsesModel, request: ModelRequest, reader: _EventReader) -> Any:

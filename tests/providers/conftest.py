@@ -1,18 +1,19 @@
 """Fixtures of the provider tests: fake servers on loopback and models pointed at them.
 
-Models are closed after each test; `open_connections` looks into the SDK's connection pool, so a
-test can assert that a closed stream left no connection behind on the client side.
+Models are closed after each test; `open_connections` counts the connections the fake server
+still has open once they settle, so a test can assert that a closed stream left no connection
+behind (the server sees the client's close) or that a finished one went back to the pool.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import pytest
 
-from agentscope_py.model._transport import Http1Transport
 from agentscope_py.model.anthropic import AnthropicChatModel
 from agentscope_py.model.ollama import OllamaChatModel
 from agentscope_py.model.openai import OpenAIChatModel
@@ -83,16 +84,18 @@ def make_ollama(server: FakeServer, closing: list[Model]) -> Callable[..., Ollam
     return make
 
 
-def _open_connections(model: Model) -> int:
-    """Connections the model's HTTP client still holds open (idle in the pool or in use)."""
-    transport = model.client._client._transport
-    if isinstance(transport, Http1Transport):
-        return transport.open_connections
-    return sum(1 for c in transport._pool.connections if not c.is_closed())
+async def _open_connections(server: FakeServer, expected: int) -> int:
+    """The server's open connections once they reach ``expected`` (or after 2 s, when they do not):
+    a client's close reaches the server a moment after the client made it."""
+    for _ in range(200):
+        if server.open_connections == expected:
+            break
+        await asyncio.sleep(0.01)
+    return server.open_connections
 
 
 @pytest.fixture
-def open_connections() -> Callable[[Model], int]:
+def open_connections() -> Callable[[FakeServer, int], Awaitable[int]]:
     return _open_connections
 
 

@@ -193,4 +193,4 @@ async def test_closing_the_stream_closes_the_connection(
     async with contextlib.aclosing(stream):
         assert (await anext(stream)).text == "first"
     await asyncio.wait_for(server.hung_up.wait(), 2)
-    assert open_connections(model) == 0
+    assert await open_connections(server, 0) == 0

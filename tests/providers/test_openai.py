@@ -138,7 +138,7 @@ async def test_keep_alive_comments_are_ignored_and_connection_is_reused(
     assert text_of(await collect(model.stream(ask()))) == "one"
     assert text_of(await collect(model.stream(ask()))) == "two"
     assert [r.connection for r in server.requests] == [1, 1]  # body read to the end: reusable
-    assert open_connections(model) == 1
+    assert await open_connections(server, 1) == 1
 
 
 # -- the whole agent ---------------------------------------------------------------------------
@@ -409,7 +409,7 @@ async def test_closing_the_stream_closes_the_connection(
         first = await anext(stream)
         assert first.text == "first"
     await asyncio.wait_for(server.hung_up.wait(), 2)
-    assert open_connections(model) == 0
+    assert await open_connections(server, 0) == 0
 
 
 async def test_interrupting_the_agent_closes_the_request(server: FakeServer, make_openai: Any) -> None:

@@ -1,0 +1,250 @@
+"""`AioHttpSender`: the providers' streamed requests over aiohttp's public client API.
+
+Why aiohttp: a model's reply is relayed token by token, and aiohttp's client reads a streamed body
+with a parser in C and one call per piece of bytes (``StreamReader.iter_any``), where httpx's
+client crosses several layers of generators per piece. Measured side by side behind ``serve``,
+the SDKs' default (httpx) client and their aiohttp one (an httpx client over an aiohttp transport)
+both cost more CPU per token than speaking the provider's HTTP API over aiohttp directly
+(docs/providers.md has the figures).
+
+What the SDKs still do: the URL, the auth and platform headers and the default timeout come from
+the SDK client the model makes (its public ``base_url``, ``default_headers``, ``auth_headers``,
+``default_query``); what the sender adds is the body (JSON, as the SDKs write it) and the
+per-call ``extra_headers``, ``extra_query`` and ``timeout``.
+
+What aiohttp gives: one connection pool per sender (``ClientSession``), TLS, proxies, and a
+connection closed, not pooled, when a response is given up before its end (cancellation
+included). The environment's proxy for a host (``HTTP_PROXY`` / ``HTTPS_PROXY``, ``NO_PROXY``, as
+aiohttp's ``trust_env`` reads them, credentials in the proxy's URL) is looked up once per host and
+given to aiohttp with each request: with ``trust_env`` aiohttp looks it up, and the API host in
+``~/.netrc``, in a worker thread on every request, and a ``.netrc`` entry for the API host would
+clash with the auth header the SDK client gives.
+Failures are the model error tree's: an HTTP status through `error_from_status`, a refused or
+failed connection `ModelConnectionError`, a timeout `ModelTimeoutError`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import urllib.request
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from typing import Any
+
+import aiohttp
+from yarl import URL
+
+from ._errors import error_from_status, message_of, quote, transport_error
+
+__all__ = ["AioHttpSender", "body_bytes", "client_timeout"]
+
+POOL_SIZE = 1000
+"""Connections a sender keeps at most (the SDKs' default pool size): a stream waits for a free
+one past it."""
+
+TRANSPORT_ERRORS: tuple[type[BaseException], ...] = (aiohttp.ClientError,)
+"""What reading a body raises when the connection fails midway (timeouts are `TimeoutError`)."""
+
+
+def body_bytes(body: Mapping[str, Any]) -> bytes | None:
+    """The body as the SDKs write plain JSON: the stdlib's compact UTF-8, refusing NaN as they do
+    (``ValueError``). None for a value only an SDK's encoder writes (a datetime, a pydantic model
+    in an option): that call goes through the SDK."""
+    try:
+        return json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+    except TypeError:
+        return None
+
+
+def client_timeout(timeout: Any) -> aiohttp.ClientTimeout:
+    """aiohttp's timeout for seconds or an httpx-style ``Timeout`` (``connect``, ``read``,
+    ``pool``): the connect bounds the TCP and TLS handshake, the read every wait for bytes, and
+    the pool the wait for a connection, connecting included."""
+    if timeout is None or isinstance(timeout, int | float):
+        seconds = None if timeout is None else float(timeout)
+        return aiohttp.ClientTimeout(total=None, connect=seconds, sock_connect=seconds, sock_read=seconds)
+    connect = getattr(timeout, "connect", None)
+    pool = getattr(timeout, "pool", None)
+    return aiohttp.ClientTimeout(total=None, sock_connect=connect, sock_read=getattr(timeout, "read", None),
+                                 connect=None if pool is None or connect is None else pool + connect)
+
+
+class _Response:
+    """An aiohttp response as the SSE reader (`_convert.stream_chunks`) reads it."""
+
+    __slots__ = ("_body", "_response")
+
+    def __init__(self, response: aiohttp.ClientResponse) -> None:
+        self._response = response
+        self._body = b""
+
+    @property
+    def headers(self) -> Mapping[str, str]:
+        return self._response.headers
+
+    def aiter_bytes(self) -> AsyncIterator[bytes]:
+        # The bytes as they arrive, one piece per read of the socket: what a reply streamed token
+        # by token needs, without cutting or joining lines (the SSE reader does that).
+        return self._response.content.iter_any()
+
+    async def aread(self) -> bytes:
+        self._body = await self._response.read()
+        return self._body
+
+    def json(self) -> Any:
+        """The body `aread` read, as JSON."""
+        return json.loads(self._body)
+
+
+class _Opened:
+    """`AioHttpSender.open`'s async context manager: the streamed response, closed on the way out
+    (its connection back to the pool only when the body was read to its end)."""
+
+    __slots__ = ("_args", "_provider", "_response", "_sender")
+
+    def __init__(self, sender: AioHttpSender, provider: str, args: tuple[str, dict[str, str], bytes, Any]) -> None:
+        self._sender = sender
+        self._provider = provider
+        self._args = args
+        self._response: aiohttp.ClientResponse | None = None
+
+    async def __aenter__(self) -> _Response:
+        url, headers, body, timeout = self._args
+        provider = self._provider
+        sender = self._sender
+        target = URL(url)
+        proxy, proxy_auth = sender.proxy_for(target)
+        proxy_headers = None
+        if proxy_auth is not None:
+            # To the proxy: in the CONNECT that opens a tunnel to an https host, else in the
+            # request itself, which goes to the proxy whole.
+            if target.scheme == "https":
+                proxy_headers = {"Proxy-Authorization": proxy_auth}
+            else:
+                headers["Proxy-Authorization"] = proxy_auth
+        try:
+            session = await sender.session()
+            response = await session.post(target, data=body, headers=headers, timeout=timeout, proxy=proxy,
+                                          proxy_headers=proxy_headers)
+        except TimeoutError as exc:  # aiohttp's connect and read timeouts are TimeoutErrors
+            raise transport_error(provider, exc, in_body=False, timeout=True) from exc
+        except aiohttp.ClientError as exc:
+            raise transport_error(provider, exc, in_body=False, timeout=False) from exc
+        self._response = response
+        if response.status >= 400:
+            try:
+                raise await _status_error(response, provider)
+            finally:
+                self._response = None
+                response.close()
+        return _Response(response)
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
+        response, self._response = self._response, None
+        if response is None:
+            return
+        if exc_type is None and response.content.at_eof():
+            response.release()  # read to its end: the connection goes back to the pool
+        else:
+            response.close()  # given up midway (an error, a cancellation): the server sees the close
+
+
+async def _status_error(response: aiohttp.ClientResponse, provider: str) -> Exception:
+    """The typed error of an HTTP error response, from its status, headers and JSON body."""
+    try:
+        raw = await response.read()
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        raw = f"(the error body could not be read: {exc})".encode()
+    try:
+        body: Any = json.loads(raw)
+    except (ValueError, RecursionError):
+        body = None
+    # The SDKs' wording when the body names no message, with what a body that is no JSON says
+    # (a proxy's HTML page), which the SDKs leave out.
+    fallback = f"Error code: {response.status}" + ("" if body is not None or not raw.strip() else f" - {quote(raw)}")
+    return error_from_status(response.status, message_of(body, fallback), provider=provider,
+                             headers=response.headers, body=body)
+
+
+class AioHttpSender:
+    """One model's HTTP client: an aiohttp session made on first use (on the running event loop)
+    with a pool of ``pool_size`` connections, or the ``session`` given (its owner configures and
+    closes it)."""
+
+    __slots__ = ("_closer", "_given", "_loop", "_pool_size", "_proxies", "_session")
+
+    def __init__(self, session: aiohttp.ClientSession | None = None, *, pool_size: int = POOL_SIZE) -> None:
+        self._given = session
+        self._pool_size = pool_size
+        self._session: aiohttp.ClientSession | None = None
+        self._closer: AsyncGenerator[None, None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._proxies: dict[tuple[str, str | None, int | None], tuple[URL | None, str | None]] = {}
+
+    def proxy_for(self, url: URL) -> tuple[URL | None, str | None]:
+        """The environment's proxy for ``url``'s host, and its ``Proxy-Authorization`` (see the
+        module docstring): none for a given session, which has its owner's settings."""
+        if self._given is not None:
+            return None, None
+        key = (url.scheme, url.host, url.port)
+        found = self._proxies.get(key)
+        if found is None:
+            found = self._proxies[key] = _environment_proxy(url)
+        return found
+
+    async def session(self) -> aiohttp.ClientSession:
+        if self._given is not None:
+            return self._given
+        loop = asyncio.get_running_loop()
+        if self._session is None or self._session.closed or self._loop is not loop:
+            # A session belongs to one event loop: a model used from a second ``asyncio.run``
+            # gets a new one (the old loop closed the old one as it shut down, see `_closing`).
+            self._loop = loop
+            self._session = session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=self._pool_size, limit_per_host=0),
+                # No default timeout: each request carries its own.
+                timeout=aiohttp.ClientTimeout(total=None),
+            )
+            self._closer = _closing(session)
+            await anext(self._closer)
+        return self._session
+
+    def open(self, provider: str, url: str, headers: dict[str, str], body: bytes,
+             timeout: aiohttp.ClientTimeout) -> _Opened:
+        """The streamed response to ``POST url``, as an async context manager; an HTTP error
+        status, a failed connection or a timeout raise the typed `ModelError`."""
+        return _Opened(self, provider, (url, headers, body, timeout))
+
+    async def aclose(self) -> None:
+        """Close the session this sender made (its pooled connections); a given one is its owner's."""
+        closer, self._closer, self._session = self._closer, None, None
+        if closer is not None and self._loop is asyncio.get_running_loop():
+            await closer.aclose()
+
+
+async def _closing(session: aiohttp.ClientSession) -> AsyncGenerator[None, None]:
+    """Parked at its ``yield`` for as long as the session lives, so that the session is closed
+    even when its model never is: by ``aclose()``, by the event loop shutting down its async
+    generators (``asyncio.run`` does, before it closes the loop), or by the generator's collection
+    with its model's. aiohttp reports a session left open as an error; a model's owner need not
+    close it any more than the SDKs' own HTTP clients."""
+    try:
+        yield
+    finally:
+        await session.close()
+
+
+def _environment_proxy(url: URL) -> tuple[URL | None, str | None]:
+    """The proxy the environment names for ``url`` as aiohttp's ``trust_env`` reads it: the
+    scheme's own (``HTTP_PROXY``, ``HTTPS_PROXY``; an ``https://`` proxy aiohttp cannot speak is
+    left out, as aiohttp leaves it), none for a host ``NO_PROXY`` covers."""
+    if url.host is not None and urllib.request.proxy_bypass(url.host):
+        return None, None
+    found = urllib.request.getproxies().get(url.scheme)
+    if not found:
+        return None, None
+    proxy = URL(found)
+    if proxy.scheme not in ("http", ""):
+        return None, None
+    auth = aiohttp.BasicAuth.from_url(proxy)
+    return proxy.with_user(None), None if auth is None else auth.encode()

@@ -1,0 +1,333 @@
+"""The OpenAI and Anthropic models send over aiohttp by default (`agentscope_py.model._aiohttp`),
+and through the SDK when given a client: the same typed errors either way, a connection closed
+when a stream is given up, the environment's proxies honoured, a user's client honoured."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import datetime
+import gc
+import os
+import socket
+import sys
+from typing import Any
+
+import anthropic
+import httpx2
+import openai
+import pytest
+
+from agentscope_py.model import (
+    AuthenticationError,
+    ContextLengthError,
+    ModelConnectionError,
+    ModelTimeoutError,
+    RateLimitError,
+    ServerError,
+)
+from agentscope_py.model.anthropic import AnthropicChatModel
+from agentscope_py.model.openai import OpenAIChatModel
+from agentscope_py.model.openai_responses import OpenAIResponsesModel
+
+from .fakes import FakeServer, Reply, an_text, ask, collect, oa_chunk, oa_text, text_of
+from .responses_wire import text_reply
+
+pytestmark = pytest.mark.timeout(20)
+
+
+def _no_proxies(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("http_proxy", "https_proxy", "all_proxy", "no_proxy"):
+        monkeypatch.delenv(name, raising=False)
+        monkeypatch.delenv(name.upper(), raising=False)
+
+
+def _sdk_model(server: FakeServer, closing: list[Any], **kw: Any) -> OpenAIChatModel:
+    """The same model on a client of the user's own: the SDK sends."""
+    client = openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key="sk-test", timeout=5.0, **kw)
+    model = OpenAIChatModel("gpt-fake", client=client)
+    closing.append(model)
+    return model
+
+
+def _error_of(exc: BaseException) -> tuple[Any, ...]:
+    return (type(exc), getattr(exc, "status_code", None), getattr(exc, "retry_after", None),
+            getattr(exc, "retryable", None))
+
+
+async def _raised(model: Any) -> BaseException:
+    with pytest.raises(Exception) as info:
+        await collect(model.stream(ask()))
+    return info.value
+
+
+def _json_error(status: int, message: str, kind: str, code: str | None = None, **headers: str) -> Reply:
+    return Reply.json_error(status, {"error": {"message": message, "type": kind, "code": code}}, **headers)
+
+
+@pytest.mark.parametrize(("reply", "expected"), [
+    (_json_error(401, "bad key", "invalid_request_error", "invalid_api_key"), AuthenticationError),
+    (_json_error(429, "slow down", "rate_limit_error", retry_after="7"), RateLimitError),
+    (_json_error(429, "no credit", "insufficient_quota", "insufficient_quota"), RateLimitError),
+    (_json_error(400, "maximum context length is 8192 tokens", "invalid_request_error",
+                 "context_length_exceeded"), ContextLengthError),
+    (_json_error(503, "busy", "server_error"), ServerError),
+])
+async def test_http_errors_are_typed_as_on_the_sdks_path(
+        server: FakeServer, make_openai: Any, closing: list[Any], reply: Reply, expected: type) -> None:
+    server.queue(reply, reply)
+    ours, sdk = await _raised(make_openai()), await _raised(_sdk_model(server, closing))
+    assert isinstance(ours, expected)
+    assert _error_of(ours) == _error_of(sdk)
+    assert str(ours) == str(sdk)  # the provider's own message
+
+
+async def test_an_html_error_page_is_a_server_error_quoting_the_page(server: FakeServer, make_openai: Any) -> None:
+    server.queue(Reply([b"<html>bad gateway</html>"], status=502, content_type="text/html", chunked=False))
+    exc = await _raised(make_openai())
+    assert isinstance(exc, ServerError) and exc.status_code == 502
+    assert "Error code: 502" in str(exc) and "<html>bad gateway</html>" in str(exc)
+
+
+async def test_connection_refused_is_a_connection_error(make_openai: Any, closing: list[Any]) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nothing listens on it once closed
+    model = OpenAIChatModel("gpt-fake", base_url=f"http://127.0.0.1:{port}/v1", api_key="sk", timeout=2)
+    closing.append(model)
+    assert isinstance(await _raised(model), ModelConnectionError)
+
+
+async def test_a_stalled_reply_times_out_and_hangs_up(server: FakeServer, make_anthropic: Any) -> None:
+    server.queue(Reply([b"event: ping\ndata: {\"type\": \"ping\"}\n\n"], end="stall"))
+    assert isinstance(await _raised(make_anthropic(timeout=0.3)), ModelTimeoutError)
+    await asyncio.wait_for(server.hung_up.wait(), 2)
+
+
+@pytest.mark.parametrize("how", ["aclose", "cancel"])
+async def test_giving_up_a_stream_closes_its_connection(server: FakeServer, make_openai: Any, how: str) -> None:
+    server.queue(Reply([oa_chunk({"content": "first"})], end="stall"))
+    model = make_openai()
+    stream = model.stream(ask())
+    if how == "aclose":
+        async with contextlib.aclosing(stream):
+            assert (await anext(stream)).text == "first"
+    else:
+        first = asyncio.Event()
+
+        async def read() -> None:
+            async for chunk in stream:
+                if chunk.text:
+                    first.set()
+
+        task = asyncio.create_task(read())
+        await asyncio.wait_for(first.wait(), 2)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    await asyncio.wait_for(server.hung_up.wait(), 2)  # the server saw the close, not a pooled idle
+    assert server.hangups == 1
+
+
+async def test_per_call_headers_query_and_timeout_are_sent(server: FakeServer, make_openai: Any) -> None:
+    server.queue(Reply(oa_text("ok")), Reply([oa_chunk({"content": "x"})], end="stall"))
+    model = make_openai()
+    options = {"extra_headers": {"X-Trace": "t-1"}, "extra_query": {"api-version": "2"}}
+    assert text_of(await collect(model.stream(ask(options=options)))) == "ok"
+    request = server.requests[0]
+    assert request.path == "/v1/chat/completions?api-version=2" and request.headers["x-trace"] == "t-1"
+    assert "extra_headers" not in request.body and "timeout" not in request.body
+    with pytest.raises(ModelTimeoutError):  # a per-call timeout shorter than the model's 5 s
+        await collect(model.stream(ask(options={"timeout": 0.3})))
+
+
+async def test_a_users_client_sends_every_request(server: FakeServer, closing: list[Any]) -> None:
+    sent: list[str] = []
+
+    async def hook(request: httpx2.Request) -> None:
+        sent.append(str(request.url))
+
+    http = openai.DefaultAsyncHttpxClient(event_hooks={"request": [hook]})
+    model = _sdk_model(server, closing, http_client=http, default_headers={"X-Mine": "yes"})
+    server.queue(Reply(oa_text("one")), Reply(oa_text("two")))
+    assert [text_of(await collect(model.stream(ask()))) for _ in range(2)] == ["one", "two"]
+    assert sent == [f"{server.url}/v1/chat/completions"] * 2
+    assert [r.headers["x-mine"] for r in server.requests] == ["yes", "yes"]
+
+
+async def test_the_sdk_clients_url_and_headers_go_out_over_aiohttp(
+        server: FakeServer, make_openai: Any, make_anthropic: Any, closing: list[Any]) -> None:
+    server.queue(Reply(oa_text("one")), Reply(oa_text("two")), Reply(an_text("three")))
+    model = make_openai()
+    assert text_of(await collect(model.stream(ask()))) == "one"
+    assert text_of(await collect(_sdk_model(server, closing).stream(ask()))) == "two"
+    assert text_of(await collect(make_anthropic().stream(ask()))) == "three"
+    ours, sdk, anthropic = server.requests
+    assert ours.path == sdk.path == "/v1/chat/completions" and anthropic.path == "/v1/messages"
+    assert ours.body == sdk.body
+    for name in ("authorization", "user-agent", "x-stainless-lang", "content-type"):
+        assert ours.headers[name] == sdk.headers[name]
+    assert "x-stainless-retry-count" in sdk.headers and "x-stainless-retry-count" not in ours.headers
+    assert anthropic.headers["anthropic-version"] and anthropic.headers["authorization"] == "Bearer sk-ant-test"
+
+
+async def test_the_responses_model_goes_over_aiohttp(server: FakeServer, closing: list[Any]) -> None:
+    server.queue(text_reply("hello"))
+    model = OpenAIResponsesModel("gpt-fake", base_url=f"{server.url}/v1", api_key="sk", timeout=5)
+    closing.append(model)
+    assert text_of(await collect(model.stream(ask()))) == "hello"
+    assert server.requests[0].path == "/v1/responses" and "x-stainless-retry-count" not in server.requests[0].headers
+
+
+async def test_a_value_only_the_sdk_encodes_goes_through_the_sdk(server: FakeServer, make_openai: Any) -> None:
+    server.queue(Reply(oa_text("ok")))
+    when = datetime.datetime(2026, 1, 2, 3, 4, 5)
+    await collect(make_openai().stream(ask(options={"metadata": {"at": when}})))
+    assert server.requests[-1].body["metadata"] == {"at": when.isoformat()}  # the SDK's encoder wrote it
+
+
+async def test_nan_is_refused_as_the_sdk_refuses_it(make_openai: Any) -> None:
+    with pytest.raises(ValueError, match="JSON compliant"):
+        await collect(make_openai().stream(ask(options={"temperature": float("nan")})))
+
+
+@pytest.mark.parametrize("provider", ["openai", "anthropic"])
+async def test_an_environment_proxy_carries_the_request(
+        provider: str, server: FakeServer, closing: list[Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    _no_proxies(monkeypatch)
+    monkeypatch.setenv("HTTP_PROXY", server.url)
+    model: Any
+    if provider == "openai":
+        server.queue(Reply(oa_text("via the proxy")))
+        model = OpenAIChatModel("gpt-fake", base_url="http://upstream.invalid/v1", api_key="sk-test", timeout=5)
+        path = "http://upstream.invalid/v1/chat/completions"
+    else:
+        server.queue(Reply(an_text("via the proxy")))
+        model = AnthropicChatModel("claude-fake", base_url="http://upstream.invalid", api_key="sk-ant", timeout=5)
+        path = "http://upstream.invalid/v1/messages"
+    closing.append(model)
+    assert text_of(await collect(model.stream(ask()))) == "via the proxy"
+    assert [r.path for r in server.requests] == [path]  # absolute-form: the proxy was asked
+
+
+async def test_no_proxy_leaves_a_host_direct(
+        server: FakeServer, make_openai: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    _no_proxies(monkeypatch)
+    monkeypatch.setenv("HTTP_PROXY", "http://127.0.0.1:9")  # nothing there: using it would fail
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+    server.queue(Reply(oa_text("direct")))
+    assert text_of(await collect(make_openai().stream(ask()))) == "direct"
+    assert server.requests[0].path == "/v1/chat/completions"
+
+
+def test_a_model_serves_a_second_event_loop() -> None:
+    """A session belongs to the loop it was made on: a model used from a second ``asyncio.run``
+    (without ``aclose`` between) makes a new one rather than reusing the first loop's."""
+    model = OpenAIChatModel("gpt-fake", base_url="http://127.0.0.1:9/v1", api_key="sk", timeout=5)
+
+    async def once(text: str) -> str:
+        srv = FakeServer()
+        await srv.start()
+        try:
+            srv.queue(Reply(oa_text(text)))
+            model.client.base_url = f"{srv.url}/v1"  # each loop's server has a port of its own
+            return text_of(await collect(model.stream(ask())))
+        finally:
+            await srv.stop()
+
+    assert [asyncio.run(once("one")), asyncio.run(once("two"))] == ["one", "two"]
+    asyncio.run(model.aclose())
+
+
+async def test_a_netrc_entry_for_the_host_does_not_clash_with_the_key(
+        server: FakeServer, make_openai: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    """aiohttp's ``trust_env`` would take credentials for the API host from ``~/.netrc`` and then
+    refuse the request, which carries the SDK's Authorization header already."""
+    (tmp_path / ".netrc").write_text("machine 127.0.0.1 login someone password secret\n")
+    (tmp_path / ".netrc").chmod(0o600)
+    monkeypatch.setenv("NETRC", str(tmp_path / ".netrc"))
+    monkeypatch.setenv("HOME", str(tmp_path))
+    server.queue(Reply(oa_text("ok")))
+    assert text_of(await collect(make_openai().stream(ask()))) == "ok"
+    assert server.requests[0].headers["authorization"] == "Bearer sk-test"
+
+
+async def test_a_proxys_credentials_in_its_url_are_sent_to_the_proxy(
+        server: FakeServer, closing: list[Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    _no_proxies(monkeypatch)
+    monkeypatch.setenv("HTTP_PROXY", f"http://user:pa%20ss@127.0.0.1:{server.port}")
+    server.queue(Reply(oa_text("via the proxy")))
+    model = OpenAIChatModel("gpt-fake", base_url="http://upstream.invalid/v1", api_key="sk-test", timeout=5)
+    closing.append(model)
+    assert text_of(await collect(model.stream(ask()))) == "via the proxy"
+    request = server.requests[0]
+    assert request.path == "http://upstream.invalid/v1/chat/completions"
+    assert request.headers["proxy-authorization"] == "Basic " + base64.b64encode(b"user:pa ss").decode()
+
+
+@pytest.mark.parametrize("provider", ["openai", "anthropic"])
+async def test_the_default_path_touches_no_private_member_of_the_sdk_client(
+        provider: str, server: FakeServer, closing: list[Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every attribute of the SDK client the model reads from our code, recorded: by default
+    none is private (the SDK's own code may use its own, through its public properties)."""
+    touched: list[str] = []
+    sdk: Any = openai if provider == "openai" else anthropic
+    name = "AsyncOpenAI" if provider == "openai" else "AsyncAnthropic"
+    made_by_sdk: Any = getattr(sdk, name)
+
+    class Spy(made_by_sdk):
+        def __getattribute__(self, attr: str) -> Any:
+            if attr.startswith("_") and not attr.startswith("__"):
+                caller = sys._getframe(1).f_code.co_filename
+                if os.sep + "agentscope_py" + os.sep in caller:
+                    touched.append(attr)
+            return super().__getattribute__(attr)
+
+    monkeypatch.setattr(sdk, name, Spy)
+    if provider == "openai":
+        server.queue(Reply(oa_text("ok")))
+        model: Any = OpenAIChatModel("gpt-fake", base_url=f"{server.url}/v1", api_key="sk-test", timeout=5)
+    else:
+        server.queue(Reply(an_text("ok")))
+        model = AnthropicChatModel("claude-fake", base_url=server.url, api_key="sk-ant", timeout=5)
+    closing.append(model)
+    assert text_of(await collect(model.stream(ask()))) == "ok"
+    assert isinstance(model.client, Spy) and touched == []
+    model.http_client  # noqa: B018 - the recording hook reaches the SDK's HTTP client, a private member
+    assert touched == ["_client"]
+
+
+def test_a_model_never_closed_leaves_no_open_session_behind(recwarn: pytest.WarningsRecorder) -> None:
+    """aiohttp reports a session left open (a ResourceWarning and an error through the loop's
+    exception handler); a model's session is closed when the loop shuts down, closed or not."""
+    reported: list[dict[str, Any]] = []
+
+    async def run() -> str:
+        asyncio.get_running_loop().set_exception_handler(lambda loop, context: reported.append(context))
+        srv = FakeServer()
+        await srv.start()
+        try:
+            srv.queue(Reply(oa_text("one")))
+            model = OpenAIChatModel("gpt-fake", base_url=f"{srv.url}/v1", api_key="sk", timeout=5)
+            return text_of(await collect(model.stream(ask())))  # and the model is dropped, unclosed
+        finally:
+            await srv.stop()
+
+    assert asyncio.run(run()) == "one"
+    gc.collect()
+    assert reported == []
+    assert not [w for w in recwarn if issubclass(w.category, ResourceWarning)]
+
+
+async def test_http1transport_is_a_deprecated_name_of_httpx2s_transport(
+        server: FakeServer, closing: list[Any]) -> None:
+    from agentscope_py.model import Http1Transport
+
+    with pytest.warns(DeprecationWarning, match="Http1Transport is deprecated"):
+        transport = Http1Transport(limits=httpx2.Limits(max_connections=10))
+    assert isinstance(transport, httpx2.AsyncHTTPTransport)
+    # Code that built an SDK client over it keeps working.
+    model = _sdk_model(server, closing, http_client=openai.DefaultAsyncHttpxClient(transport=transport))
+    server.queue(Reply(oa_text("still")))
+    assert text_of(await collect(model.stream(ask()))) == "still"
