@@ -277,12 +277,20 @@ async def _invoke(
 async def tool_output(scope: ToolScope, call: ToolUseBlock, tool: Tool, channel: Channel) -> None:
     reply_id, cid, name = scope.reply_id, call.id, call.name
     text_delta = delta_maker(ToolResultTextDelta, reply_id=reply_id, tool_call_id=cid, tool_name=name)
+    if tool.kind != "stream":  # a tool that returns once (most): its chunks awaited directly, no generator
+        for chunk in await tool.call_once(call.input, scope.ctx):
+            await channel.put(_output_event(chunk, text_delta, reply_id, cid, name))
+        return
     async for chunk in tool.run(call.input, scope.ctx):
-        if isinstance(chunk, EventBase):
-            await channel.put(chunk)  # a sub-agent's events (they carry a source path), as they are
-        elif isinstance(chunk, str):
-            # A tool's text enters the session here: made encodable (`_sanitize`), so no output
-            # can poison it.
-            await channel.put(text_delta(clean(str(chunk))))
-        else:
-            await channel.put(ToolResultDataDelta(reply_id=reply_id, tool_call_id=cid, tool_name=name, data=chunk))
+        await channel.put(_output_event(chunk, text_delta, reply_id, cid, name))
+
+
+def _output_event(chunk: Any, text_delta: Callable[[str], ToolResultTextDelta], reply_id: str, cid: str,
+                  name: str) -> EventBase:
+    if isinstance(chunk, EventBase):
+        return chunk  # a sub-agent's events (they carry a source path), as they are
+    if isinstance(chunk, str):
+        # A tool's text enters the session here: made encodable (`_sanitize`), so no output can
+        # poison it.
+        return text_delta(clean(str(chunk)))
+    return ToolResultDataDelta(reply_id=reply_id, tool_call_id=cid, tool_name=name, data=chunk)
