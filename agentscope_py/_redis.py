@@ -1,26 +1,45 @@
 """What the Redis-backed stores share (`RedisStateStore`, `server.RedisRunLog`,
-`durable.RedisEventLog`): typed errors, a checked URL, `PackedCommands` (the commands a served
-request makes, sent without redis-py's command path), and a redis-py client per event loop with the
-log's Lua scripts registered on it (a client belongs to the loop that made it: a log used from two
-loops, as tests and ``asyncio.run`` do, gets one for each)."""
+`durable.RedisEventLog`, the middleware's Redis stores): where their connections go — a URL, or a
+caller's ``redis.asyncio.Redis`` —, clients made per event loop, and typed errors.
+
+Every command goes through redis-py's own API (pipelines, ``register_script``'s EVALSHA, loaded
+again when the server forgot a script; hiredis parses the replies when it is installed).
+
+A client made here belongs to the event loop it was made on (a redis.asyncio connection is bound
+to the loop that opened it): a store used from two loops, as tests and ``asyncio.run`` do, makes
+one for each (`PerLoop`). A caller's client is used as it is, on whatever loop the store runs, and
+the caller closes it; where a store needs connections that its reads must never hold up (the run
+log's writes and lease), it opens them with the caller's client's connection settings
+(`RedisSettings`)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Iterator
-from typing import Any, ClassVar
+from collections.abc import Callable, Iterator
+from typing import Any, Generic, TypeVar
 
-from ._redis_wire import Arg, PackedCommands, bulk
 from .errors import RunLogError
 
 try:
-    from redis.asyncio import Redis
+    from redis.asyncio import BlockingConnectionPool, ConnectionPool, Redis
+    from redis.asyncio.retry import Retry
+    from redis.backoff import NoBackoff
     from redis.exceptions import RedisError
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise ImportError("the Redis stores need the redis client: pip install 'agentscope-py[redis]'") from exc
 
-__all__ = ["Arg", "LoopRedis", "PackedCommands", "RedisError", "bulk", "redis_errors"]
+__all__ = ["DEFAULT_URL", "PerLoop", "Redis", "RedisError", "RedisSettings", "check_source", "read_block_ms",
+           "redis_errors"]
+
+DEFAULT_URL = "redis://localhost:6379/0"
+
+T = TypeVar("T")
+
+# What a pool puts into its connections' settings for itself (bound to that pool, or made again by
+# any new pool): left out when a pool is made with another pool's settings.
+_POOL_OWN = frozenset({"himport_registry", "maint_notifications_pool_handler", "maint_notifications_config",
+                       "orig_host_address", "orig_socket_timeout", "orig_socket_connect_timeout"})
 
 
 @contextlib.contextmanager
@@ -32,55 +51,97 @@ def redis_errors(log: str, what: str) -> Iterator[None]:
         raise RunLogError(f"{log} in Redis failed while {what}: {type(exc).__name__}: {exc}") from exc
 
 
-class LoopRedis:
-    """A mixin: this loop's redis-py client (``_redis()``, with ``SCRIPTS``, name -> Lua source,
-    registered on it as ``_scripts[name]``) and its `PackedCommands` (``_commands()``, the same
-    scripts), both made again for a new event loop. The run log runs its scripts through
-    ``_commands()``; the durable event log through ``_scripts``."""
+def check_source(owner: str, url: str | None, client: Any) -> str | None:
+    """The URL ``owner`` connects to (`DEFAULT_URL` when neither is given), or None when it uses
+    ``client``; a clear error for both, a client that is not a ``redis.asyncio.Redis`` or decodes
+    its replies, or a URL of another scheme."""
+    if client is not None:
+        if url is not None:
+            raise ValueError(f"{owner}: give a Redis url or client=, not both")
+        if not isinstance(client, Redis):
+            raise TypeError(f"{owner}: client= must be a redis.asyncio.Redis (the asyncio client, which may be "
+                            f"a Sentinel's master_for(...)), got {type(client).__module__}.{type(client).__name__}")
+        if client.connection_pool.connection_kwargs.get("decode_responses"):
+            raise ValueError(f"{owner}: client= decodes replies to text (decode_responses=True); the stores keep "
+                             "bytes: pass a client made without decode_responses")
+        return None
+    url = DEFAULT_URL if url is None else url
+    if not isinstance(url, str) or not url.startswith(("redis://", "rediss://", "unix://")):
+        raise ValueError(f"{owner}: the Redis url {url!r} must start with redis://, rediss:// or unix:// "
+                         "(or pass a redis.asyncio.Redis as client=)")
+    return url
 
-    SCRIPTS: ClassVar[dict[str, str]] = {}
-    url: str
-    socket_timeout: float
 
-    def _init_redis(self, url: str, socket_timeout: float) -> None:
-        if not socket_timeout > 0:
-            raise ValueError(f"socket_timeout must be positive seconds, got {socket_timeout!r}")
-        if not url.startswith(("redis://", "rediss://", "unix://")):
-            raise ValueError(f"the Redis url {url!r} must start with redis://, rediss:// or unix://")
-        self.url, self.socket_timeout = url, socket_timeout
-        self._client: Redis | None = None
-        self._packed: PackedCommands | None = None
+def read_block_ms(client: Redis, wait: float, margin: float) -> int | None:
+    """The BLOCK of an XREAD that waits up to ``wait`` seconds on ``client``, kept ``margin``
+    seconds inside its socket timeout (a block past it would fail as a timeout); None: no wait."""
+    if not wait > 0:
+        return None
+    timeout = client.connection_pool.connection_kwargs.get("socket_timeout")
+    if timeout is not None and wait > timeout - margin:
+        wait = max(timeout / 2, timeout - margin)
+    return max(1, round(wait * 1000))
+
+
+class RedisSettings:
+    """How to open connections to one Redis: the ``url``'s, or, given ``client``, the caller's
+    client's (its connection class and settings: address, database, TLS, credentials, a Sentinel's
+    master discovery), with the timeouts, size and retries of the pool asked for."""
+
+    __slots__ = ("client", "url")
+
+    def __init__(self, url: str | None, client: Redis | None) -> None:
+        self.url, self.client = url, client
+
+    def pool(self, *, max_connections: int, socket_timeout: float | None, connect_timeout: float,
+             wait: float | None = None, retries: int = 0) -> ConnectionPool:
+        """A new pool: at most ``max_connections``; with ``wait`` a command that finds them all in
+        use waits up to ``wait`` seconds for one (else it fails); ``retries``: times a command that
+        failed on its connection is sent again (0: never sent twice)."""
+        options: dict[str, Any] = {"max_connections": max_connections, "socket_timeout": socket_timeout,
+                                   "socket_connect_timeout": connect_timeout, "retry": Retry(NoBackoff(), retries)}
+        if wait is not None:
+            options["timeout"] = wait
+        kind = ConnectionPool if wait is None else BlockingConnectionPool
+        if self.client is None:
+            assert self.url is not None
+            return kind.from_url(self.url, **options)
+        theirs = self.client.connection_pool
+        settings = {k: v for k, v in theirs.connection_kwargs.items() if k not in _POOL_OWN}
+        return kind(connection_class=theirs.connection_class, **{**settings, **options})
+
+    def describe(self) -> str:
+        """Where the connections go, for messages (never a password)."""
+        if self.client is None:
+            return repr(self.url)
+        kwargs = self.client.connection_pool.connection_kwargs
+        where = kwargs.get("path") or f"{kwargs.get('host', '?')}:{kwargs.get('port', '?')}"
+        return f"the given client's ({where})"
+
+
+class PerLoop(Generic[T]):
+    """A value made by ``make`` for the running event loop, made again on another loop."""
+
+    __slots__ = ("_loop", "_make", "_value")
+
+    def __init__(self, make: Callable[[], T]) -> None:
+        self._make = make
+        self._value: T | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._scripts: dict[str, Any] = {}
 
-    def _redis(self) -> Redis:
+    def get(self) -> T:
         loop = asyncio.get_running_loop()
-        if self._client is None or self._loop is not loop:
-            self._client = self._connect()
-            self._packed = PackedCommands(self.url, self.socket_timeout, self.SCRIPTS)
-            self._loop = loop
-            self._scripts = {name: self._client.register_script(source) for name, source in self.SCRIPTS.items()}
-        return self._client
+        if self._value is None or self._loop is not loop:
+            self._value, self._loop = self._make(), loop
+        return self._value
 
-    def _connect(self) -> Redis:
-        """A new client for ``_redis()`` (a subclass may give it another pool)."""
-        # Blocking reads wait up to their own wait on top of the socket timeout.
-        return Redis.from_url(self.url, socket_timeout=self.socket_timeout + 5,
-                              socket_connect_timeout=self.socket_timeout)
-
-    def _commands(self) -> PackedCommands:
-        """This loop's `PackedCommands`: for the writes every run makes (its record, its frames, its end)."""
-        self._redis()
-        assert self._packed is not None
-        return self._packed
-
-    async def _close_redis(self) -> None:
-        """Close this loop's client and connections (errors ignored: the server may be gone)."""
-        if self._packed is not None:
-            await self._packed.close()
-        if self._client is not None:
-            with contextlib.suppress(RedisError, OSError, RuntimeError):
-                await self._client.aclose()
-                # (a client made on a pool of its own leaves it open when it closes)
-                await self._client.connection_pool.disconnect()
-        self._client = self._packed = None
+    def take(self) -> T | None:
+        """The running loop's value, forgotten here (to close it); None if there is none (a value
+        made on another, finished, loop cannot be closed from this one: it is only dropped)."""
+        value, loop = self._value, self._loop
+        self._value = self._loop = None
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            return None
+        return value if loop is running else None
