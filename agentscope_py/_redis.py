@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Iterator
+import hashlib
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from typing import Any, Generic, TypeVar
 
 from .errors import RunLogError
@@ -25,12 +26,13 @@ try:
     from redis.asyncio import BlockingConnectionPool, ConnectionPool, Redis
     from redis.asyncio.retry import Retry
     from redis.backoff import NoBackoff
-    from redis.exceptions import RedisError
+    from redis.exceptions import ConnectionError as RedisConnectionError
+    from redis.exceptions import NoScriptError, RedisError
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise ImportError("the Redis stores need the redis client: pip install 'agentscope-py[redis]'") from exc
 
-__all__ = ["DEFAULT_URL", "PerLoop", "Redis", "RedisError", "RedisSettings", "check_source", "read_block_ms",
-           "redis_errors"]
+__all__ = ["DEFAULT_URL", "PerLoop", "Pipelined", "Redis", "RedisError", "RedisSettings", "check_source",
+           "read_block_ms", "redis_errors"]
 
 DEFAULT_URL = "redis://localhost:6379/0"
 
@@ -145,3 +147,107 @@ class PerLoop(Generic[T]):
         except RuntimeError:
             return None
         return value if loop is running else None
+
+
+class Pipelined:
+    """The commands that every run makes (a session's lock, load and save, a run's record, its
+    frames and its end), through ``client``: a command asked for while none is on its way goes at
+    once; those asked for while one is go together in the next round trip, as one redis-py
+    pipeline (``transaction=False``: each command stands alone), so a busy process makes one round
+    trip for many runs' commands, on one connection at a time.
+
+    A command's error reply is raised to its caller alone; a round trip whose connection failed or
+    timed out fails every command in it. A queued command whose caller stopped waiting (it was
+    cancelled) is dropped; one already sent has its reply read and dropped. ``scripts``
+    (name -> Lua source) run with `script`, by their SHA (EVALSHA), loaded again when the server
+    forgot them (a script that was not found did not run: sending it again sends it once)."""
+
+    __slots__ = ("_busy", "_queue", "_sender", "_shas", "_sources", "client")
+
+    def __init__(self, client: Redis, scripts: Mapping[str, str] | None = None) -> None:
+        self.client = client
+        self._sources = {hashlib.sha1(source.encode()).hexdigest(): source for source in (scripts or {}).values()}
+        self._shas = {name: hashlib.sha1(source.encode()).hexdigest() for name, source in (scripts or {}).items()}
+        self._queue: list[tuple[tuple[Any, ...], asyncio.Future[Any]]] = []
+        self._busy = False  # a command or a round trip is on its way
+        self._sender: asyncio.Task[None] | None = None
+
+    async def call(self, *args: Any) -> Any:
+        """The reply to the command ``args`` (``"HMGET", key, "version"``), redis-py's parsed reply."""
+        if self._busy:
+            future = asyncio.get_running_loop().create_future()
+            self._queue.append((args, future))
+            return await future
+        self._busy = True
+        execute: Callable[..., Awaitable[Any]] = self.client.execute_command
+        try:
+            try:
+                return await execute(*args)
+            except NoScriptError:
+                if not self._load_again([args]):
+                    raise
+                await self.client.script_load(self._sources[args[1]])
+                return await execute(*args)
+        finally:
+            self._next()
+
+    def script(self, name: str, keys: Sequence[Any], args: Sequence[Any]) -> Awaitable[Any]:
+        """The reply of the script ``name`` run on ``keys`` and ``args``."""
+        return self.call("EVALSHA", self._shas[name], len(keys), *keys, *args)
+
+    def _load_again(self, commands: Sequence[tuple[Any, ...]]) -> bool:
+        return all(args[0] == "EVALSHA" and args[1] in self._sources for args in commands)
+
+    def _next(self) -> None:
+        """After a round trip: the commands queued meanwhile go in the next one, else none is busy."""
+        if self._queue:
+            self._sender = asyncio.get_running_loop().create_task(self._send())
+        else:
+            self._busy, self._sender = False, None
+
+    async def _send(self) -> None:
+        batch, self._queue = [(a, f) for a, f in self._queue if not f.done()], []
+        try:
+            if batch:
+                await self._round_trip(batch)
+        except BaseException as exc:  # cancelled (the loop is closing): nothing waits for ever
+            error = RedisConnectionError(f"the pipeline to Redis stopped: {type(exc).__name__}")
+            for _, future in (*batch, *self._queue):
+                if not future.done():
+                    future.set_exception(error)
+            self._queue = []
+            raise
+        finally:
+            self._next()
+
+    async def _round_trip(self, batch: list[tuple[tuple[Any, ...], asyncio.Future[Any]]]) -> None:
+        pipe = self.client.pipeline(transaction=False)
+        for args, _ in batch:
+            pipe.execute_command(*args)
+        try:
+            replies = await pipe.execute(raise_on_error=False)
+        except (RedisError, OSError) as exc:
+            for _, future in batch:
+                if not future.done():
+                    future.set_exception(exc)
+            return
+        forgotten: list[tuple[tuple[Any, ...], asyncio.Future[Any]]] = []
+        for (args, future), reply in zip(batch, replies, strict=True):
+            if isinstance(reply, NoScriptError) and self._load_again([args]):
+                forgotten.append((args, future))
+            elif future.done():
+                pass  # its caller stopped waiting: the reply is dropped
+            elif isinstance(reply, Exception):
+                future.set_exception(reply)
+            else:
+                future.set_result(reply)
+        if forgotten:  # the server lost its scripts (a restart, SCRIPT FLUSH): loaded, and sent again
+            try:
+                for sha in {args[1] for args, _ in forgotten}:
+                    await self.client.script_load(self._sources[sha])
+            except (RedisError, OSError) as exc:
+                for _, future in forgotten:
+                    if not future.done():
+                        future.set_exception(exc)
+                return
+            self._queue[:0] = forgotten

@@ -39,10 +39,9 @@ import random
 import secrets
 from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime
-from typing import Any
 from urllib.parse import quote, unquote
 
-from .._redis import PerLoop, Redis, RedisError, RedisSettings, check_source
+from .._redis import PerLoop, Pipelined, Redis, RedisError, RedisSettings, check_source
 from .state import AgentState
 from .store import (
     ClosableStore,
@@ -135,7 +134,8 @@ class RedisStateStore(ClosableStore):
     async def load(self, user_id: str, session_id: str) -> tuple[AgentState | None, int]:
         what = f"loading session {user_id}/{session_id} from Redis"
         with _typed_errors(what):
-            version, data = await self._redis().hmget(self._key("state", user_id, session_id), "version", "state")
+            version, data = await self._commands().call("HMGET", self._key("state", user_id, session_id),
+                                                         "version", "state")
         if version is None:
             return None, 0
         if data is None or not version.isdigit():
@@ -146,8 +146,7 @@ class RedisStateStore(ClosableStore):
     async def save(self, user_id: str, session_id: str, state: AgentState, expected_version: int) -> int:
         args = [expected_version, state.to_json(), datetime.now(UTC).isoformat(), self.conflict_policy]
         with _typed_errors(f"saving session {user_id}/{session_id} to Redis"):
-            scripts = self._clients.get()[1]
-            saved, version = await scripts["save"](keys=[self._key("state", user_id, session_id)], args=args)
+            saved, version = await self._commands().script("save", [self._key("state", user_id, session_id)], args)
         if not saved:
             raise StateConflictError(user_id, session_id, expected_version, int(version))
         return int(version)
@@ -163,12 +162,12 @@ class RedisStateStore(ClosableStore):
         ttl_ms = max(1, round(self.lock_timeout * 1000))
         delay = _POLL_FIRST
         with _typed_errors(f"locking session {user_id}/{session_id} in Redis"):
-            client, scripts = self._clients.get()
+            commands = self._commands()
             task = asyncio.current_task()
             cancels = task.cancelling() if task is not None else 0
             try:
                 while True:
-                    taken = await client.set(key, token, nx=True, px=ttl_ms)
+                    taken = await commands.call("SET", key, token, "NX", "PX", ttl_ms)
                     if task is not None and task.cancelling() > cancels:
                         # A cancellation that landed as the command answered (the await
                         # returned): seen here or not, it ends the wait.
@@ -183,16 +182,16 @@ class RedisStateStore(ClosableStore):
                 # mid-command can leave the release waiting for ever, and so the canceller.
                 with contextlib.suppress(RedisError, OSError, TimeoutError):
                     async with asyncio.timeout(min(self.lock_timeout, _RELEASE_WAIT)):
-                        await scripts["release"](keys=[key], args=[token])
+                        await commands.script("release", [key], [token])
                 raise
-        keeper = asyncio.create_task(self._keep_lock(scripts, key, token, ttl_ms))
+        keeper = asyncio.create_task(self._keep_lock(commands, key, token, ttl_ms))
         try:
             yield
         finally:
             # No need to await the keeper: a refresh racing the release checks the token.
             keeper.cancel()
             try:
-                await scripts["release"](keys=[key], args=[token])
+                await commands.script("release", [key], [token])
             except (RedisError, OSError) as exc:
                 log.warning("could not release the lock of session %s/%s (%s); it expires in %.1f s",
                             user_id, session_id, exc, self.lock_timeout)
@@ -221,7 +220,7 @@ class RedisStateStore(ClosableStore):
         made = self._clients.take()
         if made is not None and self.client is None:
             with _typed_errors("closing the Redis client"):
-                await made[0].aclose()
+                await made.client.aclose()
 
     def __repr__(self) -> str:
         where = repr(self.url) if self.client is None else "client=..."
@@ -232,28 +231,33 @@ class RedisStateStore(ClosableStore):
     def _key(self, kind: str, user_id: str, session_id: str) -> str:
         return f"{self.prefix}:{kind}:{quote(user_id, safe='')}:{quote(session_id, safe='')}"
 
-    def _connect(self) -> tuple[Redis, dict[str, Any]]:
-        """This loop's client (the caller's, or one made from the URL) and the scripts on it."""
+    def _connect(self) -> Pipelined:
+        """This loop's commands, through the caller's client or one made from the URL."""
         client = self.client
         if client is None:
             assert self.url is not None
             # No retry: a command that failed on its connection fails the call (a pooled
             # connection the server closed while idle is found so, and opened again, before a
-            # command is sent on it). A command that finds every connection busy waits for one.
+            # command is sent on it). `Pipelined` sends one round trip at a time: the pool
+            # serves it and the rare listing or deletion.
             timeout = self.socket_timeout
             client = Redis.from_pool(RedisSettings(self.url, None).pool(
-                max_connections=_MAX_CONNECTIONS, wait=timeout, socket_timeout=timeout, connect_timeout=timeout))
-        return client, {name: client.register_script(source) for name, source in _SCRIPTS.items()}
+                max_connections=_MAX_CONNECTIONS, socket_timeout=timeout, connect_timeout=timeout))
+        return Pipelined(client, _SCRIPTS)
+
+    def _commands(self) -> Pipelined:
+        """What every run does (lock, load, save, release), pipelined with the other runs'."""
+        return self._clients.get()
 
     def _redis(self) -> Redis:
-        return self._clients.get()[0]
+        return self._clients.get().client
 
-    async def _keep_lock(self, scripts: dict[str, Any], key: str, token: str, ttl_ms: int) -> None:
+    async def _keep_lock(self, commands: Pipelined, key: str, token: str, ttl_ms: int) -> None:
         """Push the lock's expiry forward every third of its lifetime while the body runs."""
         while True:
             await asyncio.sleep(self.lock_timeout / 3)
             try:
-                held = await scripts["refresh"](keys=[key], args=[token, ttl_ms])
+                held = await commands.script("refresh", [key], [token, ttl_ms])
             except (RedisError, OSError) as exc:
                 log.warning("could not refresh the session lock %s (%s); retrying", key, exc)
                 continue

@@ -19,13 +19,14 @@ while the run is still its owner's), run by redis-py's ``register_script`` (EVAL
 of every run of a process go in one call of it. Every Redis failure is a `RunLogError`.
 
 Connections, per event loop, so that no follower ever delays what keeps this process's own runs
-alive, each set a pool of its own: the writes (records, batches, ends, a lost run's last frame),
-never sent twice (a write that failed on its connection is an error, not a retry: a retried batch
-that had landed would be refused, and its run stopped); the lease and the interrupt subscription
-(one connection each); the reads (resumes, followers, owner checks, interrupts sent), where a read
-waits for a free connection (up to ``socket_timeout``) rather than failing. The writes and the
-reads may each hold ``max_connections``. A run followed from the log holds one read connection
-while it waits for frames, however many clients follow it here (`_logtail.LogTail`).
+alive, each set a pool of its own: the writes (records, batches, ends, a lost run's last frame)
+on one connection, in redis-py pipelines (`Pipelined`: the writes asked for while one pipeline is
+on its way go in the next), never sent twice (a write that failed on its connection is an error,
+not a retry: a retried batch that had landed would be refused, and its run stopped); the lease
+and the interrupt subscription (one connection each); the reads (resumes, followers, owner
+checks, interrupts sent), a pool of ``max_connections`` where a read waits for a free connection
+(up to ``socket_timeout``) rather than failing. A run followed from the log holds one read
+connection while it waits for frames, however many clients follow it here (`_logtail.LogTail`).
 
 Given ``client=`` (a ``redis.asyncio.Redis`` of the caller's, for Sentinel, TLS or credentials
 that a URL cannot say), these pools are opened with that client's connection settings (its
@@ -46,7 +47,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 from urllib.parse import quote
 
-from .._redis import PerLoop, Redis, RedisError, RedisSettings, check_source, read_block_ms, redis_errors
+from .._redis import PerLoop, Pipelined, Redis, RedisError, RedisSettings, check_source, read_block_ms, redis_errors
 from ._runlog import (
     RESERVE,
     RUNNING,
@@ -139,12 +140,11 @@ _UNQUOTED = re.compile(r"[A-Za-z0-9_.~-]*")  # what urllib.parse.quote(safe="") 
 
 @dataclass(slots=True)
 class _Clients:
-    """One event loop's clients (see the module docstring) and the scripts, on the writes'."""
+    """One event loop's clients (see the module docstring)."""
 
     reads: Redis
-    writes: Redis
+    writes: Pipelined
     upkeep: Redis
-    scripts: dict[str, Any]
 
 
 class RedisRunLog(RunLog):
@@ -153,7 +153,7 @@ class RedisRunLog(RunLog):
     stays readable; ``max_events``: stream entries (batches) kept per run; ``lease``: seconds after
     which a silent owner's runs count as lost; ``socket_timeout``: seconds a command or a
     connection attempt may take; ``max_connections``: the connections reads share (resumes, and
-    one per run followed from the log while it waits for frames), and the writes' bound too;
+    one per run followed from the log while it waits for frames);
     ``reserve``: ids reserved past each batch written (`RunLog.reserve`)."""
 
     shared = True
@@ -190,15 +190,14 @@ class RedisRunLog(RunLog):
         # A blocking read waits for frames up to a poll, inside its socket timeout.
         reads = Redis.from_pool(settings.pool(max_connections=self.max_connections, wait=timeout,
                                               socket_timeout=timeout + _READ_MARGIN, connect_timeout=timeout))
-        writes = Redis.from_pool(settings.pool(max_connections=self.max_connections, wait=timeout,
-                                               socket_timeout=timeout, connect_timeout=timeout))
+        # The writes, on one connection (`Pipelined` sends one round trip at a time).
+        writes = Redis.from_pool(settings.pool(max_connections=1, socket_timeout=timeout, connect_timeout=timeout))
         # The lease's renewals and the interrupt subscription: one connection each, nothing else
         # takes them (a renewal that waits behind reads can let the lease lapse, and this
         # process's live runs would be marked lost).
         upkeep = Redis.from_pool(settings.pool(max_connections=2, socket_timeout=timeout, connect_timeout=timeout,
                                                retries=1))
-        scripts = {name: writes.register_script(source) for name, source in self.SCRIPTS.items()}
-        return _Clients(reads, writes, upkeep, scripts)
+        return _Clients(reads, Pipelined(writes, self.SCRIPTS), upkeep)
 
     def _keys(self, run_id: str) -> list[str]:
         # (a run id that quoting leaves as it is, such as a UUID, skips it: a flush names a key
@@ -218,7 +217,7 @@ class RedisRunLog(RunLog):
     async def create(self, record: RunRecord) -> bool:
         with _typed(f"creating run {record.run_id}"):
             args = [record.user_id, record.session_id, record.kind, record.owner, _RUNNING_TTL_MS, self.reserve]
-            return bool(await self._clients.get().scripts["create"](keys=self._keys(record.run_id), args=args))
+            return bool(await self._clients.get().writes.script("create", self._keys(record.run_id), args))
 
     async def append(self, batches: Sequence[Batch]) -> list[str]:
         keys: list[str] = []
@@ -227,13 +226,13 @@ class RedisRunLog(RunLog):
             keys.append(self._keys(b.run_id)[1])
             args += (b.first, b.first + len(b.frames) - 1, b"".join(b.frames))
         with _typed(f"appending {len(batches)} batches"):
-            results = await self._clients.get().scripts["append"](keys=keys, args=args)
+            results = await self._clients.get().writes.script("append", keys, args)
         return [b.run_id for b, ok in zip(batches, results, strict=True) if not ok]
 
     async def end(self, run_id: str, status: str, last: int) -> None:
         with _typed(f"ending run {run_id}"):
             args = [self.owner, status, last, round(self.retention * 1000)]
-            await self._clients.get().scripts["end"](keys=self._keys(run_id), args=args)
+            await self._clients.get().writes.script("end", self._keys(run_id), args)
 
     async def get(self, run_id: str) -> RunRecord | None:
         with _typed(f"reading run {run_id}"):
@@ -280,7 +279,7 @@ class RedisRunLog(RunLog):
         with _typed(f"marking run {run_id} lost"):
             keys = [*self._keys(run_id), self._owner_key(record.owner)]
             args = [frame, round(self.retention * 1000), record.last, record.reserved]
-            lost = bool(await self._clients.get().scripts["lost"](keys=keys, args=args))
+            lost = bool(await self._clients.get().writes.script("lost", keys, args))
         if lost:
             log.warning("run %s: its process (%s) stopped renewing its lease; marked lost", run_id, record.owner)
         return lost
@@ -337,7 +336,7 @@ class RedisRunLog(RunLog):
             with contextlib.suppress(RedisError, OSError, RuntimeError):
                 # Our runs ended (cancelled at shutdown, and the log heard so): the lease can go.
                 await clients.upkeep.delete(self._owner_key(self.owner))
-            for client in (clients.upkeep, clients.writes, clients.reads):
+            for client in (clients.upkeep, clients.writes.client, clients.reads):
                 with contextlib.suppress(RedisError, OSError, RuntimeError):
                     await client.aclose()  # (with its pool: the log made both)
 
