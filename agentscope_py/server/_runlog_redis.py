@@ -83,18 +83,21 @@ return 1
 """
 # Every batch of a flush in one call (one round trip): KEYS the stream of each batch in turn (its
 # record's key is the stream's less ":log"); ARGV owner, maxlen, running ttl ms, ids reserved, then
-# per batch its first and last frame id and its data. Per batch 1 (written, and the ids up to its
+# per batch one string: its first and last frame id, a newline, its data (one argument, not three:
+# at light load every token is a batch of its own). Per batch 1 (written, and the ids up to its
 # last + reserve reserved) or 0 (refused: the run is not its owner's and running any more, or its
 # ids no longer follow, which XADD refuses without stopping the rest).
 _APPEND = """
 local out = {}
 for i = 1, #KEYS do
-  local stream, a = KEYS[i], 3 * i + 2
+  local stream, batch = KEYS[i], ARGV[i + 4]
   local meta = string.sub(stream, 1, -5)
   out[i] = 0
   if redis.call('HGET', meta, 'status') == 'running' and redis.call('HGET', meta, 'owner') == ARGV[1] then
-    local first, last = ARGV[a], ARGV[a + 1]
-    local added = redis.pcall('XADD', stream, 'MAXLEN', '~', ARGV[2], last .. '-0', 'f', first, 'd', ARGV[a + 2])
+    local cut = string.find(batch, '\\n', 1, true)
+    local first, last = string.match(string.sub(batch, 1, cut - 1), '^(%d+) (%d+)$')
+    local added = redis.pcall('XADD', stream, 'MAXLEN', '~', ARGV[2], last .. '-0', 'f', first, 'd',
+                              string.sub(batch, cut + 1))
     if type(added) ~= 'table' or not added.err then
       redis.call('HSET', meta, 'last', last, 'reserved', string.format('%d', tonumber(last) + tonumber(ARGV[4])))
       redis.call('PEXPIRE', stream, ARGV[3])
@@ -224,7 +227,7 @@ class RedisRunLog(RunLog):
         args: list[Any] = [self.owner, self.max_events, _RUNNING_TTL_MS, self.reserve]
         for b in batches:
             keys.append(self._keys(b.run_id)[1])
-            args += (b.first, b.first + len(b.frames) - 1, b"".join(b.frames))
+            args.append(b"%d %d\n%s" % (b.first, b.first + len(b.frames) - 1, b"".join(b.frames)))
         with _typed(f"appending {len(batches)} batches"):
             results = await self._clients.get().writes.script("append", keys, args)
         return [b.run_id for b, ok in zip(batches, results, strict=True) if not ok]
