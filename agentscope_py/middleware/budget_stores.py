@@ -23,6 +23,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 from ._redis_clients import LoopClients
 
 if TYPE_CHECKING:
+    from redis.asyncio import Redis
+
     from .._context import RuntimeContext
 
 __all__ = [
@@ -291,7 +293,7 @@ class RedisBudgetStore:
 
     sync = False
 
-    def __init__(self, url: str | None = None, *, client: Any = None, prefix: str = "agentscope:budget",
+    def __init__(self, url: str | None = None, *, client: Redis | None = None, prefix: str = "agentscope:budget",
                  socket_timeout: float = 5.0, lease: float = 600.0) -> None:
         from .._redis import check_source
 

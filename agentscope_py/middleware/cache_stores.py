@@ -26,10 +26,13 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Protocol, TypeVar, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
 from ..events import AgentEvent, parse_event
 from ._redis_clients import LoopClients
+
+if TYPE_CHECKING:
+    from redis.asyncio import Redis
 
 __all__ = ["CacheStore", "InMemoryCacheStore", "RedisCacheStore", "SqliteCacheStore"]
 
@@ -194,7 +197,7 @@ class RedisCacheStore:
 
     sync = False
 
-    def __init__(self, url: str | None = None, *, client: Any = None, prefix: str = "agentscope:cache",
+    def __init__(self, url: str | None = None, *, client: Redis | None = None, prefix: str = "agentscope:cache",
                  socket_timeout: float = 5.0) -> None:
         try:
             from .._redis import check_source
