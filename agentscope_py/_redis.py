@@ -2,14 +2,16 @@
 `durable.RedisEventLog`, the middleware's Redis stores): where their connections go — a URL, or a
 caller's ``redis.asyncio.Redis`` —, clients made per event loop, and typed errors.
 
-Every command goes through redis-py's own API (pipelines, ``register_script``'s EVALSHA, loaded
-again when the server forgot a script; hiredis parses the replies when it is installed).
+Every command goes through redis-py's own API (its clients, or, for the commands every run makes,
+its connections, pipelined: `Pipelined`; EVALSHA with the script loaded again when the server
+forgot it; hiredis parses the replies when it is installed).
 
 A client made here belongs to the event loop it was made on (a redis.asyncio connection is bound
 to the loop that opened it): a store used from two loops, as tests and ``asyncio.run`` do, makes
 one for each (`PerLoop`). A caller's client is used as it is, on whatever loop the store runs, and
-the caller closes it; where a store needs connections that its reads must never hold up (the run
-log's writes and lease), it opens them with the caller's client's connection settings
+the caller closes it (after the stores using it); where a store's guarantees rest on how its
+connections are pooled (the run log: writes never sent twice nor held up by reads, a lease that
+never waits), it opens pools of its own with the caller's client's connection settings
 (`RedisSettings`)."""
 
 from __future__ import annotations
@@ -27,12 +29,12 @@ try:
     from redis.asyncio.retry import Retry
     from redis.backoff import NoBackoff
     from redis.exceptions import ConnectionError as RedisConnectionError
-    from redis.exceptions import NoScriptError, RedisError
+    from redis.exceptions import NoScriptError, RedisError, ResponseError
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise ImportError("the Redis stores need the redis client: pip install 'agentscope-py[redis]'") from exc
 
-__all__ = ["DEFAULT_URL", "PerLoop", "Pipelined", "Redis", "RedisError", "RedisSettings", "check_source",
-           "read_block_ms", "redis_errors"]
+__all__ = ["DEFAULT_URL", "PerLoop", "Pipelined", "Redis", "RedisError", "RedisSettings", "ResponseError",
+           "check_source", "read_block_ms", "redis_errors"]
 
 DEFAULT_URL = "redis://localhost:6379/0"
 
@@ -112,14 +114,6 @@ class RedisSettings:
         settings = {k: v for k, v in theirs.connection_kwargs.items() if k not in _POOL_OWN}
         return kind(connection_class=theirs.connection_class, **{**settings, **options})
 
-    def describe(self) -> str:
-        """Where the connections go, for messages (never a password)."""
-        if self.client is None:
-            return repr(self.url)
-        kwargs = self.client.connection_pool.connection_kwargs
-        where = kwargs.get("path") or f"{kwargs.get('host', '?')}:{kwargs.get('port', '?')}"
-        return f"the given client's ({where})"
-
 
 class PerLoop(Generic[T]):
     """A value made by ``make`` for the running event loop, made again on another loop."""
@@ -151,52 +145,88 @@ class PerLoop(Generic[T]):
 
 class Pipelined:
     """The commands that every run makes (a session's lock, load and save, a run's record, its
-    frames and its end), through ``client``: a command asked for while none is on its way goes at
-    once; those asked for while one is go together in the next round trip, as one redis-py
-    pipeline (``transaction=False``: each command stands alone), so a busy process makes one round
-    trip for many runs' commands, on one connection at a time.
+    frames and its end), on one connection taken from ``pool`` and held: a command asked for while
+    none is on its way goes at once; those asked for while one is go together in the next round
+    trip, packed and sent as one (a pipeline, each command standing alone), so a busy process makes
+    one round trip for many runs' commands. They go through redis-py's connection (its command
+    packing, its parser — hiredis when installed —, its connect: credentials, database, TLS), not
+    through a client's command path, which retries and costs several times more per command.
 
-    A command's error reply is raised to its caller alone; a round trip whose connection failed or
-    timed out fails every command in it. A queued command whose caller stopped waiting (it was
-    cancelled) is dropped; one already sent has its reply read and dropped. ``scripts``
-    (name -> Lua source) run with `script`, by their SHA (EVALSHA), loaded again when the server
-    forgot them (a script that was not found did not run: sending it again sends it once)."""
+    Replies are redis-py's raw replies (bytes, ints, lists). A command's error reply is raised to
+    its caller alone; a round trip whose connection failed or timed out fails every command in it,
+    and the connection is opened again for the next (a connection the server closed while idle is
+    found so, and opened again, before a command is sent on it): a command is never sent twice. A
+    queued command whose caller stopped waiting (it was cancelled) is dropped; one already on its
+    way has its reply read and dropped, or, when its own caller was the one reading, its connection
+    closed (redis-py's way: no later command reads its reply). ``scripts`` (name -> Lua source) run
+    with `script`, by their SHA (EVALSHA), loaded again when the server forgot them (a script that
+    was not found did not run: sending it again sends it once). ``close()`` gives the connection
+    back to ``pool``."""
 
-    __slots__ = ("_busy", "_queue", "_sender", "_shas", "_sources", "client")
+    __slots__ = ("_busy", "_conn", "_queue", "_sender", "_shas", "_sources", "pool")
 
-    def __init__(self, client: Redis, scripts: Mapping[str, str] | None = None) -> None:
-        self.client = client
+    def __init__(self, pool: ConnectionPool, scripts: Mapping[str, str] | None = None) -> None:
+        self.pool = pool
         self._sources = {hashlib.sha1(source.encode()).hexdigest(): source for source in (scripts or {}).values()}
         self._shas = {name: hashlib.sha1(source.encode()).hexdigest() for name, source in (scripts or {}).items()}
         self._queue: list[tuple[tuple[Any, ...], asyncio.Future[Any]]] = []
-        self._busy = False  # a command or a round trip is on its way
+        self._busy = False  # a round trip is on its way
         self._sender: asyncio.Task[None] | None = None
+        self._conn: Any = None
 
     async def call(self, *args: Any) -> Any:
-        """The reply to the command ``args`` (``"HMGET", key, "version"``), redis-py's parsed reply."""
+        """The reply to the command ``args`` (``"HMGET", key, "version"``)."""
         if self._busy:
             future = asyncio.get_running_loop().create_future()
             self._queue.append((args, future))
             return await future
         self._busy = True
-        execute: Callable[..., Awaitable[Any]] = self.client.execute_command
         try:
-            try:
-                return await execute(*args)
-            except NoScriptError:
-                if not self._load_again([args]):
-                    raise
-                await self.client.script_load(self._sources[args[1]])
-                return await execute(*args)
+            [reply] = await self._exchange([args])
+            if isinstance(reply, NoScriptError) and self._forgotten(args):
+                await self._load(args[1])
+                [reply] = await self._exchange([args])
         finally:
             self._next()
+        if isinstance(reply, Exception):
+            raise reply
+        return reply
 
     def script(self, name: str, keys: Sequence[Any], args: Sequence[Any]) -> Awaitable[Any]:
         """The reply of the script ``name`` run on ``keys`` and ``args``."""
         return self.call("EVALSHA", self._shas[name], len(keys), *keys, *args)
 
-    def _load_again(self, commands: Sequence[tuple[Any, ...]]) -> bool:
-        return all(args[0] == "EVALSHA" and args[1] in self._sources for args in commands)
+    async def close(self) -> None:
+        """Give the connection back to the pool (a later command takes one again)."""
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            await self.pool.release(conn)
+
+    async def _exchange(self, commands: list[tuple[Any, ...]]) -> list[Any]:
+        """One round trip: every command's reply, an error reply as its exception (its caller's
+        alone); a failed connection raises, and is opened again for the next round trip."""
+        conn = self._conn
+        if conn is None:
+            take: Callable[[], Awaitable[Any]] = self.pool.get_connection
+            conn = self._conn = await take()  # connected and checked by the pool
+        else:
+            await self.pool.ensure_connection(conn)
+        await conn.send_packed_command(conn.pack_commands(commands), check_health=False)
+        replies: list[Any] = []
+        for _ in commands:
+            try:
+                replies.append(await conn.read_response())
+            except ResponseError as error:  # a reply (read whole): the connection goes on
+                replies.append(error)
+        return replies
+
+    def _forgotten(self, args: tuple[Any, ...]) -> bool:
+        return args[0] == "EVALSHA" and args[1] in self._sources
+
+    async def _load(self, sha: str) -> None:
+        [reply] = await self._exchange([("SCRIPT", "LOAD", self._sources[sha])])
+        if isinstance(reply, Exception):
+            raise reply
 
     def _next(self) -> None:
         """After a round trip: the commands queued meanwhile go in the next one, else none is busy."""
@@ -211,7 +241,7 @@ class Pipelined:
             if batch:
                 await self._round_trip(batch)
         except BaseException as exc:  # cancelled (the loop is closing): nothing waits for ever
-            error = RedisConnectionError(f"the pipeline to Redis stopped: {type(exc).__name__}")
+            error = RedisConnectionError(f"the connection to Redis stopped: {type(exc).__name__}")
             for _, future in (*batch, *self._queue):
                 if not future.done():
                     future.set_exception(error)
@@ -221,11 +251,8 @@ class Pipelined:
             self._next()
 
     async def _round_trip(self, batch: list[tuple[tuple[Any, ...], asyncio.Future[Any]]]) -> None:
-        pipe = self.client.pipeline(transaction=False)
-        for args, _ in batch:
-            pipe.execute_command(*args)
         try:
-            replies = await pipe.execute(raise_on_error=False)
+            replies = await self._exchange([args for args, _ in batch])
         except (RedisError, OSError) as exc:
             for _, future in batch:
                 if not future.done():
@@ -233,7 +260,7 @@ class Pipelined:
             return
         forgotten: list[tuple[tuple[Any, ...], asyncio.Future[Any]]] = []
         for (args, future), reply in zip(batch, replies, strict=True):
-            if isinstance(reply, NoScriptError) and self._load_again([args]):
+            if isinstance(reply, NoScriptError) and self._forgotten(args):
                 forgotten.append((args, future))
             elif future.done():
                 pass  # its caller stopped waiting: the reply is dropped
@@ -244,7 +271,7 @@ class Pipelined:
         if forgotten:  # the server lost its scripts (a restart, SCRIPT FLUSH): loaded, and sent again
             try:
                 for sha in {args[1] for args, _ in forgotten}:
-                    await self.client.script_load(self._sources[sha])
+                    await self._load(sha)
             except (RedisError, OSError) as exc:
                 for _, future in forgotten:
                     if not future.done():

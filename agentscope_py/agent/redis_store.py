@@ -26,8 +26,9 @@ fails a call instead of hanging it; a command that failed on its connection is n
 (a save retried after it landed would be refused as a conflict).
 
 Given ``client=`` (a ``redis.asyncio.Redis`` of the caller's: Sentinel, TLS, credentials, its own
-pool), every command goes through that client as it is: its timeouts and retries apply, and the
-caller closes it (``close()`` leaves it open).
+pool), the store uses its pool: the lock, load, save and release on one connection it holds from
+it (given back by ``close()``), the rest through the client; the caller closes the client
+(``close()`` leaves it open).
 """
 
 from __future__ import annotations
@@ -218,9 +219,12 @@ class RedisStateStore(ClosableStore):
     async def close(self) -> None:
         """Close the client this store made (a later call opens a new one); a caller's stays open."""
         made = self._clients.take()
-        if made is not None and self.client is None:
+        if made is not None:
+            client, commands = made
             with _typed_errors("closing the Redis client"):
-                await made.client.aclose()
+                await commands.close()  # (its connection back to the client's pool)
+                if self.client is None:
+                    await client.aclose()
 
     def __repr__(self) -> str:
         where = repr(self.url) if self.client is None else "client=..."
@@ -231,26 +235,24 @@ class RedisStateStore(ClosableStore):
     def _key(self, kind: str, user_id: str, session_id: str) -> str:
         return f"{self.prefix}:{kind}:{quote(user_id, safe='')}:{quote(session_id, safe='')}"
 
-    def _connect(self) -> Pipelined:
-        """This loop's commands, through the caller's client or one made from the URL."""
+    def _connect(self) -> tuple[Redis, Pipelined]:
+        """This loop's client (the caller's, or one made from the URL), and the commands every run
+        makes, on one connection of its pool."""
         client = self.client
         if client is None:
             assert self.url is not None
-            # No retry: a command that failed on its connection fails the call (a pooled
-            # connection the server closed while idle is found so, and opened again, before a
-            # command is sent on it). `Pipelined` sends one round trip at a time: the pool
-            # serves it and the rare listing or deletion.
+            # The pool serves `Pipelined`'s one connection and the rare listing or deletion.
             timeout = self.socket_timeout
             client = Redis.from_pool(RedisSettings(self.url, None).pool(
                 max_connections=_MAX_CONNECTIONS, socket_timeout=timeout, connect_timeout=timeout))
-        return Pipelined(client, _SCRIPTS)
+        return client, Pipelined(client.connection_pool, _SCRIPTS)
 
     def _commands(self) -> Pipelined:
         """What every run does (lock, load, save, release), pipelined with the other runs'."""
-        return self._clients.get()
+        return self._clients.get()[1]
 
     def _redis(self) -> Redis:
-        return self._clients.get().client
+        return self._clients.get()[0]
 
     async def _keep_lock(self, commands: Pipelined, key: str, token: str, ttl_ms: int) -> None:
         """Push the lock's expiry forward every third of its lifetime while the body runs."""

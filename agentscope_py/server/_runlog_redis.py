@@ -193,14 +193,15 @@ class RedisRunLog(RunLog):
         # A blocking read waits for frames up to a poll, inside its socket timeout.
         reads = Redis.from_pool(settings.pool(max_connections=self.max_connections, wait=timeout,
                                               socket_timeout=timeout + _READ_MARGIN, connect_timeout=timeout))
-        # The writes, on one connection (`Pipelined` sends one round trip at a time).
-        writes = Redis.from_pool(settings.pool(max_connections=1, socket_timeout=timeout, connect_timeout=timeout))
+        # The writes, on one connection (`Pipelined` holds it).
+        writes = Pipelined(settings.pool(max_connections=1, socket_timeout=timeout, connect_timeout=timeout),
+                           self.SCRIPTS)
         # The lease's renewals and the interrupt subscription: one connection each, nothing else
         # takes them (a renewal that waits behind reads can let the lease lapse, and this
         # process's live runs would be marked lost).
         upkeep = Redis.from_pool(settings.pool(max_connections=2, socket_timeout=timeout, connect_timeout=timeout,
                                                retries=1))
-        return _Clients(reads, Pipelined(writes, self.SCRIPTS), upkeep)
+        return _Clients(reads, writes, upkeep)
 
     def _keys(self, run_id: str) -> list[str]:
         # (a run id that quoting leaves as it is, such as a UUID, skips it: a flush names a key
@@ -339,7 +340,10 @@ class RedisRunLog(RunLog):
             with contextlib.suppress(RedisError, OSError, RuntimeError):
                 # Our runs ended (cancelled at shutdown, and the log heard so): the lease can go.
                 await clients.upkeep.delete(self._owner_key(self.owner))
-            for client in (clients.upkeep, clients.writes.client, clients.reads):
+            with contextlib.suppress(RedisError, OSError, RuntimeError):
+                await clients.writes.close()
+                await clients.writes.pool.aclose()
+            for client in (clients.upkeep, clients.reads):
                 with contextlib.suppress(RedisError, OSError, RuntimeError):
                     await client.aclose()  # (with its pool: the log made both)
 

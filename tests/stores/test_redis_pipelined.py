@@ -10,7 +10,7 @@ import uuid
 from collections.abc import AsyncIterator
 
 import pytest
-from redis.asyncio import Redis
+from redis.asyncio import ConnectionPool, Redis
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -25,10 +25,14 @@ def key() -> str:
     return f"test-pipelined-{uuid.uuid4().hex[:12]}"
 
 
-def one_connection(url: str, timeout: float = 2.0) -> Redis:
-    """A client of one connection, never retrying (as the run log's writes)."""
-    return Redis.from_pool(RedisSettings(url, None).pool(max_connections=1, socket_timeout=timeout,
-                                                        connect_timeout=timeout))
+def one_connection(url: str, timeout: float = 2.0) -> ConnectionPool:
+    """A pool of one connection (as the run log's writes)."""
+    return RedisSettings(url, None).pool(max_connections=1, socket_timeout=timeout, connect_timeout=timeout)
+
+
+async def closed(commands: Pipelined) -> None:
+    await commands.close()
+    await commands.pool.aclose()
 
 
 @pytest.fixture
@@ -51,7 +55,7 @@ async def test_commands_asked_for_together_share_round_trips_and_each_gets_its_o
         assert (await admin.info("commandstats"))["cmdstat_client|id"]["calls"] == before + 50
     finally:
         await admin.delete(*keys)
-        await commands.client.aclose()
+        await closed(commands)
 
 
 async def test_an_error_reply_is_its_callers_alone(redis_url: str, admin: Redis) -> None:
@@ -66,7 +70,7 @@ async def test_an_error_reply_is_its_callers_alone(redis_url: str, admin: Redis)
         assert isinstance(results[1], ResponseError) and "not an integer" in str(results[1])
     finally:
         await admin.delete(bad, good)
-        await commands.client.aclose()
+        await closed(commands)
 
 
 async def test_a_server_that_forgot_its_scripts_runs_each_of_them_once(redis_url: str, admin: Redis) -> None:
@@ -82,7 +86,7 @@ async def test_a_server_that_forgot_its_scripts_runs_each_of_them_once(redis_url
         assert int(await admin.get(k) or 0) == 22
     finally:
         await admin.delete(k)
-        await commands.client.aclose()
+        await closed(commands)
 
 
 async def test_a_stall_past_the_timeout_fails_the_round_trip_and_its_late_reply_is_never_read(
@@ -90,7 +94,7 @@ async def test_a_stall_past_the_timeout_fails_the_round_trip_and_its_late_reply_
     commands = Pipelined(one_connection(redis_url, timeout=0.3))
     k = key()
     try:
-        assert await commands.call("SET", k, "before") is True
+        assert await commands.call("SET", k, "before") == b"OK"
         await admin.execute_command("CLIENT", "PAUSE", 800, "WRITE")
         stalled = await asyncio.gather(commands.call("SET", k, "paused"), commands.call("APPEND", k, "?"),
                                        return_exceptions=True)
@@ -102,7 +106,23 @@ async def test_a_stall_past_the_timeout_fails_the_round_trip_and_its_late_reply_
         assert await commands.call("STRLEN", k) == len(value)
     finally:
         await admin.delete(k)
-        await commands.client.aclose()
+        await closed(commands)
+
+
+async def test_a_connection_the_server_closed_while_idle_is_opened_again_and_the_command_sent_once(
+        redis_url: str, admin: Redis) -> None:
+    commands = Pipelined(one_connection(redis_url))
+    k = key()
+    try:
+        assert await commands.call("INCR", k) == 1
+        client_id = await commands.call("CLIENT", "ID")
+        assert await admin.execute_command("CLIENT", "KILL", "ID", client_id) == 1
+        await asyncio.sleep(0.1)  # the close reaches the idle connection
+        assert await commands.call("INCR", k) == 2  # answered, and counted once
+        assert await commands.call("CLIENT", "ID") != client_id
+    finally:
+        await admin.delete(k)
+        await closed(commands)
 
 
 async def test_a_caller_that_stopped_waiting_leaves_the_others_their_replies(redis_url: str, admin: Redis) -> None:
@@ -115,8 +135,8 @@ async def test_a_caller_that_stopped_waiting_leaves_the_others_their_replies(red
         queued = asyncio.ensure_future(commands.call("SET", k, "dropped"))  # queued behind it
         await asyncio.sleep(0.01)
         queued.cancel()
-        assert await first is True
+        assert await first == b"OK"
         assert await commands.call("GET", k) == b"landed"  # the cancelled command was never sent
     finally:
         await admin.delete(k)
-        await commands.client.aclose()
+        await closed(commands)
