@@ -20,8 +20,8 @@ of every run of a process go in one call of it. Every Redis failure is a `RunLog
 
 Connections, per event loop, so that no follower ever delays what keeps this process's own runs
 alive, each set a pool of its own: the writes (records, batches, ends, a lost run's last frame)
-on one connection, in redis-py pipelines (`Pipelined`: the writes asked for while one pipeline is
-on its way go in the next), never sent twice (a write that failed on its connection is an error,
+on one connection, pipelined (`Pipelined`: the writes asked for while a round trip is on its way
+go together in the next), never sent twice (a write that failed on its connection is an error,
 not a retry: a retried batch that had landed would be refused, and its run stopped); the lease
 and the interrupt subscription (one connection each); the reads (resumes, followers, owner
 checks, interrupts sent), a pool of ``max_connections`` where a read waits for a free connection
