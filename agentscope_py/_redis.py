@@ -143,6 +143,10 @@ class PerLoop(Generic[T]):
         return value if loop is running else None
 
 
+def _sha(source: str) -> bytes:
+    return hashlib.sha1(source.encode()).hexdigest().encode()
+
+
 class Pipelined:
     """The commands that every run makes (a session's lock, load and save, a run's record, its
     frames and its end), on one connection taken from ``pool`` and held: a command asked for while
@@ -167,8 +171,9 @@ class Pipelined:
 
     def __init__(self, pool: ConnectionPool, scripts: Mapping[str, str] | None = None) -> None:
         self.pool = pool
-        self._sources = {hashlib.sha1(source.encode()).hexdigest(): source for source in (scripts or {}).values()}
-        self._shas = {name: hashlib.sha1(source.encode()).hexdigest() for name, source in (scripts or {}).items()}
+        # (SHAs as bytes: arguments already bytes are packed as they are)
+        self._sources = {_sha(source): source for source in (scripts or {}).values()}
+        self._shas = {name: _sha(source) for name, source in (scripts or {}).items()}
         self._queue: list[tuple[tuple[Any, ...], asyncio.Future[Any]]] = []
         self._busy = False  # a round trip is on its way
         self._sender: asyncio.Task[None] | None = None
@@ -194,7 +199,7 @@ class Pipelined:
 
     def script(self, name: str, keys: Sequence[Any], args: Sequence[Any]) -> Awaitable[Any]:
         """The reply of the script ``name`` run on ``keys`` and ``args``."""
-        return self.call("EVALSHA", self._shas[name], len(keys), *keys, *args)
+        return self.call(b"EVALSHA", self._shas[name], len(keys), *keys, *args)
 
     async def close(self) -> None:
         """Give the connection back to the pool (a later command takes one again)."""
@@ -221,9 +226,9 @@ class Pipelined:
         return replies
 
     def _forgotten(self, args: tuple[Any, ...]) -> bool:
-        return args[0] == "EVALSHA" and args[1] in self._sources
+        return args[0] == b"EVALSHA" and args[1] in self._sources
 
-    async def _load(self, sha: str) -> None:
+    async def _load(self, sha: bytes) -> None:
         [reply] = await self._exchange([("SCRIPT", "LOAD", self._sources[sha])])
         if isinstance(reply, Exception):
             raise reply

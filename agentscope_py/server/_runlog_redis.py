@@ -185,6 +185,8 @@ class RedisRunLog(RunLog):
         self.lease = lease
         self.owner = new_owner_id()
         self._settings = RedisSettings(self.url, client)
+        # The append script's first arguments, the same in every flush, packed as they are.
+        self._append_head = (self.owner.encode(), b"%d" % max_events, b"%d" % _RUNNING_TTL_MS, b"%d" % reserve)
         self._clients = PerLoop(self._open)
         self._listener: asyncio.Task[None] | None = None
 
@@ -225,7 +227,7 @@ class RedisRunLog(RunLog):
 
     async def append(self, batches: Sequence[Batch]) -> list[str]:
         keys: list[str] = []
-        args: list[Any] = [self.owner, self.max_events, _RUNNING_TTL_MS, self.reserve]
+        args: list[Any] = [*self._append_head]
         for b in batches:
             keys.append(self._keys(b.run_id)[1])
             args.append(b"%d %d\n%s" % (b.first, b.first + len(b.frames) - 1, b"".join(b.frames)))
