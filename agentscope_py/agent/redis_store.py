@@ -1,6 +1,6 @@
 """`RedisStateStore`: sessions in Redis, shared by several processes or hosts.
 
->>> store = RedisStateStore("redis://localhost:6379/0")
+>>> store = RedisStateStore("redis://localhost:6379/0")  # or RedisStateStore(client=redis.asyncio.Redis(...))
 >>> agent = ReActAgent.builder().model(model).state_store(store).build()
 
 Keys (ids are percent-encoded, so a ``:`` inside an id cannot make two sessions collide):
@@ -22,7 +22,13 @@ strictly FIFO across processes (within one process the agent's gate is FIFO).
 
 Every Redis failure (connection refused, timeout, protocol error) is a `StateStoreError`.
 ``socket_timeout`` bounds each command and each connection attempt, so a dead or hung server
-fails a call instead of hanging it.
+fails a call instead of hanging it; a command that failed on its connection is not sent again
+(a save retried after it landed would be refused as a conflict).
+
+Given ``client=`` (a ``redis.asyncio.Redis`` of the caller's: Sentinel, TLS, credentials, its own
+pool), the store uses its pool: the lock, load, save and release on one connection it holds from
+it (given back by ``close()``), the rest through the client; the caller closes the client
+(``close()`` leaves it open).
 """
 
 from __future__ import annotations
@@ -36,7 +42,7 @@ from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime
 from urllib.parse import quote, unquote
 
-from .._redis import Arg, PackedCommands
+from .._redis import PerLoop, Pipelined, Redis, RedisError, RedisSettings, check_source
 from ..errors import BusyError
 from .state import AgentState
 from .store import (
@@ -47,16 +53,6 @@ from .store import (
     check_conflict_policy,
     decode_state,
 )
-
-try:
-    from redis.asyncio import Redis
-    from redis.asyncio.retry import Retry
-    from redis.backoff import NoBackoff
-    from redis.exceptions import RedisError
-except ImportError as exc:  # pragma: no cover - depends on the installed extras
-    raise ImportError(
-        "RedisStateStore needs the redis client: pip install 'agentscope-py[redis]'"
-    ) from exc
 
 __all__ = ["RedisStateStore"]
 
@@ -86,6 +82,8 @@ _POLL_FIRST = 0.005  # seconds between lock attempts: starts short, doubles up t
 _RELEASE_WAIT = 1.0
 """Seconds a cancelled acquire waits to give back a lock it may have taken."""
 _POLL_MAX = 0.1
+_MAX_CONNECTIONS = 100
+"""Connections a client made from a URL keeps to Redis, per event loop."""
 
 
 @contextlib.contextmanager
@@ -100,37 +98,38 @@ def _typed_errors(what: str) -> Iterator[None]:
 
 
 class RedisStateStore(ClosableStore):
-    """Versioned agent states in Redis at ``url``, plus a cross-process session lock.
+    """Versioned agent states in Redis at ``url``, or through ``client`` (a ``redis.asyncio.Redis``
+    the caller made and closes), plus a cross-process session lock.
 
     ``lock_timeout``: seconds a session lock outlives a holder that stopped refreshing it (a
     crashed process). ``socket_timeout``: seconds any single Redis command or connection attempt
-    may take before the call fails with `StateStoreError`.
+    may take before the call fails with `StateStoreError` (a client's own settings apply instead).
 
-    The client is made on first use, per event loop (a redis.asyncio connection belongs to the
-    loop that opened it). ``close()`` (or ``async with``) closes it.
+    A client made from ``url`` is made on first use, per event loop (a redis.asyncio connection
+    belongs to the loop that opened it); ``close()`` (or ``async with``) closes it.
     """
 
     def __init__(
         self,
-        url: str = "redis://localhost:6379/0",
+        url: str | None = None,
         *,
+        client: Redis | None = None,
         prefix: str = "agentscope",
         conflict_policy: ConflictPolicy = "fail",
         lock_timeout: float = 30.0,
         socket_timeout: float = 5.0,
     ) -> None:
+        self.url = check_source("RedisStateStore", url, client)
         if lock_timeout <= 0:
             raise ValueError("lock_timeout must be positive")
         if socket_timeout <= 0:
             raise ValueError("socket_timeout must be positive")
-        self.url = url
+        self.client = client
         self.prefix = prefix
         self.conflict_policy = check_conflict_policy(conflict_policy)
         self.lock_timeout = lock_timeout
         self.socket_timeout = socket_timeout
-        self._client: Redis | None = None
-        self._packed: PackedCommands | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._clients = PerLoop(self._connect)
 
     # -- the store protocol ----------------------------------------------------------------------
 
@@ -147,7 +146,7 @@ class RedisStateStore(ClosableStore):
         return decode_state(data, user_id, session_id), int(version)
 
     async def save(self, user_id: str, session_id: str, state: AgentState, expected_version: int) -> int:
-        args: list[Arg] = [expected_version, state.to_json(), datetime.now(UTC).isoformat(), self.conflict_policy]
+        args = [expected_version, state.to_json(), datetime.now(UTC).isoformat(), self.conflict_policy]
         with _typed_errors(f"saving session {user_id}/{session_id} to Redis"):
             saved, version = await self._commands().script("save", [self._key("state", user_id, session_id)], args)
         if not saved:
@@ -236,46 +235,44 @@ class RedisStateStore(ClosableStore):
         return sorted(found)
 
     async def close(self) -> None:
-        """Close the client's connections (a later call opens new ones)."""
-        client, packed, loop = self._client, self._packed, self._loop
-        self._client = self._packed = self._loop = None
-        # A client of another (finished) loop cannot be closed from here; dropping it is all
-        # that is left to do.
-        if client is not None and packed is not None and loop is asyncio.get_running_loop():
-            await packed.close()
+        """Close the client this store made (a later call opens a new one); a caller's stays open."""
+        made = self._clients.take()
+        if made is not None:
+            client, commands = made
             with _typed_errors("closing the Redis client"):
-                await client.aclose()
+                await commands.close()  # (its connection back to the client's pool)
+                if self.client is None:
+                    await client.aclose()
 
     def __repr__(self) -> str:
-        return f"RedisStateStore({self.url!r}, prefix={self.prefix!r}, conflict_policy={self.conflict_policy!r})"
+        where = repr(self.url) if self.client is None else "client=..."
+        return f"RedisStateStore({where}, prefix={self.prefix!r}, conflict_policy={self.conflict_policy!r})"
 
     # -- internals -------------------------------------------------------------------------------
 
     def _key(self, kind: str, user_id: str, session_id: str) -> str:
         return f"{self.prefix}:{kind}:{quote(user_id, safe='')}:{quote(session_id, safe='')}"
 
+    def _connect(self) -> tuple[Redis, Pipelined]:
+        """This loop's client (the caller's, or one made from the URL), and the commands every run
+        makes, on one connection of its pool."""
+        client = self.client
+        if client is None:
+            assert self.url is not None
+            # The pool serves `Pipelined`'s one connection and the rare listing or deletion.
+            timeout = self.socket_timeout
+            client = Redis.from_pool(RedisSettings(self.url, None).pool(
+                max_connections=_MAX_CONNECTIONS, socket_timeout=timeout, connect_timeout=timeout))
+        return client, Pipelined(client.connection_pool, _SCRIPTS)
+
+    def _commands(self) -> Pipelined:
+        """What every run does (lock, load, save, release), pipelined with the other runs'."""
+        return self._clients.get()[1]
+
     def _redis(self) -> Redis:
-        loop = asyncio.get_running_loop()
-        if self._client is None or self._loop is not loop:
-            # One retry without backoff: it reconnects a pooled connection that a Redis restart
-            # closed, yet a dead server fails fast instead of backing off for seconds.
-            client = Redis.from_url(
-                self.url,
-                socket_timeout=self.socket_timeout,
-                socket_connect_timeout=self.socket_timeout,
-                retry=Retry(NoBackoff(), 1),
-            )
-            self._client, self._loop = client, loop
-            self._packed = PackedCommands(self.url, self.socket_timeout, _SCRIPTS)
-        return self._client
+        return self._clients.get()[0]
 
-    def _commands(self) -> PackedCommands:
-        """This loop's `PackedCommands`: for what every run does (lock, load, save, release)."""
-        self._redis()
-        assert self._packed is not None
-        return self._packed
-
-    async def _keep_lock(self, commands: PackedCommands, key: str, token: str, ttl_ms: int) -> None:
+    async def _keep_lock(self, commands: Pipelined, key: str, token: str, ttl_ms: int) -> None:
         """Push the lock's expiry forward every third of its lifetime while the body runs."""
         while True:
             await asyncio.sleep(self.lock_timeout / 3)

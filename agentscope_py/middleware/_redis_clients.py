@@ -1,9 +1,11 @@
-"""One redis.asyncio client per event loop, for the built-ins' Redis stores (a client is bound to
-the loop it first connected on, and tests and servers may run several loops).
+"""The redis.asyncio client of the built-ins' Redis stores: the caller's, or one per event loop
+made from a URL (a client is bound to the loop it first connected on, and tests and servers may
+run several loops).
 
-Its pool blocks: a command that finds every connection in use waits (up to the socket timeout)
-for one to come back, instead of failing with "Too many connections" — a hundred calls in flight
-on one store each hold one while they wait for Redis."""
+A client made here has a blocking pool: a command that finds every connection in use waits (up
+to the socket timeout) for one to come back, instead of failing with "Too many connections" — a
+hundred calls in flight on one store each hold one while they wait for Redis. A caller's client
+is used as it is (its pool, timeouts and retries), and the caller closes it."""
 
 from __future__ import annotations
 
@@ -14,24 +16,28 @@ __all__ = ["LoopClients"]
 
 
 class LoopClients:
-    """``get()``: this loop's client for ``url``, made on first use; ``close()``: close it."""
+    """``get()``: ``client`` if given, else this loop's client for ``url``, made on first use;
+    ``close()``: close a client made here."""
 
-    __slots__ = ("_clients", "socket_timeout", "url")
+    __slots__ = ("_clients", "client", "socket_timeout", "url")
 
-    def __init__(self, url: str, socket_timeout: float) -> None:
+    def __init__(self, url: str | None, socket_timeout: float, client: Any = None) -> None:
         self.url = url
+        self.client = client
         self.socket_timeout = socket_timeout
         self._clients: dict[int, Any] = {}
 
     def get(self) -> Any:
-        from redis.asyncio import BlockingConnectionPool, Redis
+        if self.client is not None:
+            return self.client
+        from .._redis import Redis, RedisSettings
 
         loop = id(asyncio.get_running_loop())
         client = self._clients.get(loop)
         if client is None:
-            pool = BlockingConnectionPool.from_url(
-                self.url, timeout=self.socket_timeout, socket_timeout=self.socket_timeout,
-                socket_connect_timeout=self.socket_timeout)
+            timeout = self.socket_timeout
+            pool = RedisSettings(self.url, None).pool(max_connections=100, wait=timeout, socket_timeout=timeout,
+                                                      connect_timeout=timeout)
             client = self._clients[loop] = Redis.from_pool(pool)  # (the client closes its pool)
         return client
 

@@ -26,10 +26,13 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Protocol, TypeVar, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
 from ..events import AgentEvent, parse_event
 from ._redis_clients import LoopClients
+
+if TYPE_CHECKING:
+    from redis.asyncio import Redis
 
 __all__ = ["CacheStore", "InMemoryCacheStore", "RedisCacheStore", "SqliteCacheStore"]
 
@@ -188,21 +191,23 @@ class SqliteCacheStore:
 
 class RedisCacheStore:
     """Recorded events in Redis at ``url`` under ``{prefix}:{key}``, expired by Redis itself.
-    The client is made on first use, per event loop (a redis.asyncio connection belongs to the
-    loop that opened it)."""
+    A client made from ``url`` is made on first use, per event loop (a redis.asyncio connection
+    belongs to the loop that opened it). ``client``: a ``redis.asyncio.Redis`` of the caller's to
+    use instead (Sentinel, TLS, credentials, its own pool); the caller closes it."""
 
     sync = False
 
-    def __init__(self, url: str = "redis://localhost:6379/0", *, prefix: str = "agentscope:cache",
+    def __init__(self, url: str | None = None, *, client: Redis | None = None, prefix: str = "agentscope:cache",
                  socket_timeout: float = 5.0) -> None:
         try:
-            import redis.asyncio  # noqa: F401
+            from .._redis import check_source
         except ImportError as exc:  # pragma: no cover - depends on the installed extras
             raise ImportError("RedisCacheStore needs the redis client: pip install 'agentscope-py[redis]'") from exc
-        self.url = url
+        self.url = check_source("RedisCacheStore", url, client)
+        self.client = client
         self.prefix = prefix
         self.socket_timeout = socket_timeout
-        self._clients = LoopClients(url, socket_timeout)
+        self._clients = LoopClients(self.url, socket_timeout, client)
 
     def _client(self) -> Any:
         return self._clients.get()

@@ -23,6 +23,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 from ._redis_clients import LoopClients
 
 if TYPE_CHECKING:
+    from redis.asyncio import Redis
+
     from .._context import RuntimeContext
 
 __all__ = [
@@ -284,19 +286,25 @@ class RedisBudgetStore:
     add) and a ``hold:<id>`` field per call in flight, checked and taken by one Lua script.
 
     ``lease``: seconds a hold lives after its last growth; a process that dies mid-call leaves its
-    hold behind until then (a hold is renewed each time the call's output grows it)."""
+    hold behind until then (a hold is renewed each time the call's output grows it).
+
+    ``client``: a ``redis.asyncio.Redis`` of the caller's to use instead of ``url`` (Sentinel,
+    TLS, credentials, its own pool); the caller closes it."""
 
     sync = False
 
-    def __init__(self, url: str = "redis://localhost:6379/0", *, prefix: str = "agentscope:budget",
+    def __init__(self, url: str | None = None, *, client: Redis | None = None, prefix: str = "agentscope:budget",
                  socket_timeout: float = 5.0, lease: float = 600.0) -> None:
+        from .._redis import check_source
+
         if isinstance(lease, bool) or not isinstance(lease, int | float) or not lease > 0:
             raise ValueError(f"lease must be a number of seconds > 0, got {lease!r}")
-        self.url = url
+        self.url = check_source("RedisBudgetStore", url, client)
+        self.client = client
         self.prefix = prefix
         self.socket_timeout = socket_timeout
         self.lease = lease
-        self._clients = LoopClients(url, socket_timeout)
+        self._clients = LoopClients(self.url, socket_timeout, client)
         self._scripts: dict[int, Any] = {}  # id(client) -> its registered reserve script
 
     def _client(self) -> Any:

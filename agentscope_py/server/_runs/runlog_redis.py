@@ -15,16 +15,24 @@ finds its next batch refused (its ids no longer follow) and stops the run. Inter
 owner on the channel ``{prefix}:interrupt:{owner}``.
 
 Each write is one Lua script (atomic: a batch and the record's ``last`` move together, and only
-while the run is still its owner's); the batches of every run of a process go in one call of it.
-Every Redis failure is a `RunLogError`.
+while the run is still its owner's), run by redis-py's ``register_script`` (EVALSHA); the batches
+of every run of a process go in one call of it. Every Redis failure is a `RunLogError`.
 
 Connections, per event loop, so that no follower ever delays what keeps this process's own runs
-alive: the writes (records, batches, ends, a lost run's last frame) go pipelined on one connection
-of their own (`PackedCommands`); the lease and the interrupt subscription on a client of their own
-(one connection each); the reads (resumes, followers, owner checks, interrupts sent) share a pool
-of ``max_connections``, where a read waits for a free connection (up to ``socket_timeout``) rather
-than failing. A run followed from the log holds one of those connections while it waits for frames,
-however many clients follow it here (`_logtail.LogTail`).
+alive, each set a pool of its own: the writes (records, batches, ends, a lost run's last frame)
+on one connection, pipelined (`Pipelined`: the writes asked for while a round trip is on its way
+go together in the next), never sent twice (a write that failed on its connection is an error,
+not a retry: a retried batch that had landed would be refused, and its run stopped); the lease
+and the interrupt subscription (one connection each); the reads (resumes, followers, owner
+checks, interrupts sent), a pool of ``max_connections`` where a read waits for a free connection
+(up to ``socket_timeout``) rather than failing. A run followed from the log holds one read
+connection while it waits for frames, however many clients follow it here (`_logtail.LogTail`).
+
+Given ``client=`` (a ``redis.asyncio.Redis`` of the caller's, for Sentinel, TLS or credentials
+that a URL cannot say), these pools are opened with that client's connection settings (its
+connection class and its keyword arguments: address, database, TLS, credentials, a Sentinel's
+master discovery) and the log's own timeouts and sizes; the client's own pool is left to its
+owner, who closes the client.
 """
 
 from __future__ import annotations
@@ -35,12 +43,11 @@ import functools
 import logging
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, ClassVar
 from urllib.parse import quote
 
-from redis.asyncio import BlockingConnectionPool, Redis
-
-from .._redis import Arg, LoopRedis, RedisError, bulk, redis_errors
+from .._redis import PerLoop, Pipelined, Redis, RedisError, RedisSettings, check_source, read_block_ms, redis_errors
 from ._runlog import (
     RESERVE,
     RUNNING,
@@ -61,6 +68,9 @@ log = logging.getLogger("agentscope_py.server")
 
 _RUNNING_TTL_MS = 86_400_000
 READ_BATCHES = 64
+_READ_MARGIN = 5.0
+"""Seconds a read's socket timeout exceeds ``socket_timeout``: a blocking read waits for frames
+up to a poll (a second) on top of the command's own time."""
 
 # KEYS meta, stream; ARGV user, session, kind, owner, running ttl ms, ids reserved.
 _CREATE = """
@@ -73,24 +83,23 @@ return 1
 """
 # Every batch of a flush in one call (one round trip): KEYS the stream of each batch in turn (its
 # record's key is the stream's less ":log"); ARGV owner, maxlen, running ttl ms, ids reserved, then
-# per batch its frame ids, first and last, as two 20-digit numbers in one string (fixed width:
-# packed without measuring them, `RedisRunLog.append`), and its data. Per batch 1 (written, and
-# the ids up to its last + reserve reserved) or 0 (refused: the run is not its owner's and running
-# any more, or its ids no longer follow, which XADD refuses without stopping the rest).
+# per batch one string: its first and last frame id, a newline, its data (one argument, not three:
+# at light load every token is a batch of its own). Per batch 1 (written, and the ids up to its
+# last + reserve reserved) or 0 (refused: the run is not its owner's and running any more, or its
+# ids no longer follow, which XADD refuses without stopping the rest).
 _APPEND = """
 local out = {}
 for i = 1, #KEYS do
-  local stream, a = KEYS[i], 2 * i + 3
+  local stream, batch = KEYS[i], ARGV[i + 4]
   local meta = string.sub(stream, 1, -5)
   out[i] = 0
   if redis.call('HGET', meta, 'status') == 'running' and redis.call('HGET', meta, 'owner') == ARGV[1] then
-    local ids = ARGV[a]
-    local first = string.format('%d', tonumber(string.sub(ids, 1, 20)))
-    local n = tonumber(string.sub(ids, 21, 40))
-    local last = string.format('%d', n)
-    local added = redis.pcall('XADD', stream, 'MAXLEN', '~', ARGV[2], last .. '-0', 'f', first, 'd', ARGV[a + 1])
+    local cut = string.find(batch, '\\n', 1, true)
+    local first, last = string.match(string.sub(batch, 1, cut - 1), '^(%d+) (%d+)$')
+    local added = redis.pcall('XADD', stream, 'MAXLEN', '~', ARGV[2], last .. '-0', 'f', first, 'd',
+                              string.sub(batch, cut + 1))
     if type(added) ~= 'table' or not added.err then
-      redis.call('HSET', meta, 'last', last, 'reserved', string.format('%d', n + tonumber(ARGV[4])))
+      redis.call('HSET', meta, 'last', last, 'reserved', string.format('%d', tonumber(last) + tonumber(ARGV[4])))
       redis.call('PEXPIRE', stream, ARGV[3])
       out[i] = 1
     end
@@ -132,60 +141,69 @@ _typed = functools.partial(redis_errors, "the run log")
 _UNQUOTED = re.compile(r"[A-Za-z0-9_.~-]*")  # what urllib.parse.quote(safe="") never changes
 
 
-class RedisRunLog(RunLog, LoopRedis):
-    """Run logs in the Redis at ``url`` (see the module docstring). ``retention``: seconds an
-    ended run stays readable; ``max_events``: stream entries (batches) kept per run; ``lease``:
-    seconds after which a silent owner's runs count as lost; ``max_connections``: the connections
-    reads share (resumes, and one per run followed from the log while it waits for frames);
+@dataclass(slots=True)
+class _Clients:
+    """One event loop's clients (see the module docstring)."""
+
+    reads: Redis
+    writes: Pipelined
+    upkeep: Redis
+
+
+class RedisRunLog(RunLog):
+    """Run logs in the Redis at ``url``, or where ``client`` (a ``redis.asyncio.Redis``) connects
+    (see the module docstring; the caller closes its client). ``retention``: seconds an ended run
+    stays readable; ``max_events``: stream entries (batches) kept per run; ``lease``: seconds after
+    which a silent owner's runs count as lost; ``socket_timeout``: seconds a command or a
+    connection attempt may take; ``max_connections``: the connections reads share (resumes, and
+    one per run followed from the log while it waits for frames);
     ``reserve``: ids reserved past each batch written (`RunLog.reserve`)."""
 
     shared = True
     SCRIPTS: ClassVar[dict[str, str]] = {"create": _CREATE, "append": _APPEND, "end": _END, "lost": _LOST}
 
-    def __init__(self, url: str = "redis://localhost:6379/0", *, prefix: str = "agentscope",
+    def __init__(self, url: str | None = None, *, client: Redis | None = None, prefix: str = "agentscope",
                  retention: float = 300.0, max_events: int = 100_000, lease: float = 10.0,
                  socket_timeout: float = 5.0, max_connections: int = 100, reserve: int = RESERVE) -> None:
+        self.url = check_source("RedisRunLog", url, client)
         check_log_bounds(retention, max_events)
         if not lease > 0:
             raise ValueError(f"lease must be positive seconds, got {lease!r}")
+        if not socket_timeout > 0:
+            raise ValueError(f"socket_timeout must be positive seconds, got {socket_timeout!r}")
         if not (isinstance(max_connections, int) and max_connections > 0):
             raise ValueError(f"max_connections must be a positive int (the connections reads share), "
                              f"got {max_connections!r}")
         check_reserve(reserve)
+        self.client = client
         self.reserve = reserve
-        self._init_redis(url, socket_timeout)
+        self.socket_timeout = socket_timeout
         self.max_connections = max_connections
-        self._upkeep_client: Redis | None = None
-        self._upkeep_loop: asyncio.AbstractEventLoop | None = None
         self.prefix = prefix
         self.retention = retention
         self.max_events = max_events
         self.lease = lease
         self.owner = new_owner_id()
+        self._settings = RedisSettings(self.url, client)
+        # The append script's first arguments, the same in every flush, packed as they are.
+        self._append_head = (self.owner.encode(), b"%d" % max_events, b"%d" % _RUNNING_TTL_MS, b"%d" % reserve)
+        self._clients = PerLoop(self._open)
         self._listener: asyncio.Task[None] | None = None
-        # The append script's first four args, and the stream key of each run this process
-        # created and has not ended, packed (`append`).
-        self._append_head = b"".join(map(bulk, (self.owner.encode(), b"%d" % max_events, b"%d" % _RUNNING_TTL_MS,
-                                                b"%d" % reserve)))
-        self._streams: dict[str, bytes] = {}
 
-    def _connect(self) -> Redis:
-        # The reads' client: a pool that makes a read wait for a free connection, not fail.
-        pool = BlockingConnectionPool.from_url(
-            self.url, max_connections=self.max_connections, timeout=self.socket_timeout,
-            socket_timeout=self.socket_timeout + 5, socket_connect_timeout=self.socket_timeout)
-        return Redis(connection_pool=pool)
-
-    def _upkeep(self) -> Redis:
-        """This loop's client for the process's own upkeep: its lease and its interrupt
-        subscription, on connections nothing else takes (a renewal that waits behind reads can
-        let the lease lapse, and this process's live runs would be marked lost)."""
-        self._redis()  # (a new loop: its clients are made again)
-        if self._upkeep_client is None or self._upkeep_loop is not self._loop:
-            self._upkeep_client = Redis.from_url(self.url, socket_timeout=self.socket_timeout,
-                                                 socket_connect_timeout=self.socket_timeout)
-            self._upkeep_loop = self._loop
-        return self._upkeep_client
+    def _open(self) -> _Clients:
+        settings, timeout = self._settings, self.socket_timeout
+        # A blocking read waits for frames up to a poll, inside its socket timeout.
+        reads = Redis.from_pool(settings.pool(max_connections=self.max_connections, wait=timeout,
+                                              socket_timeout=timeout + _READ_MARGIN, connect_timeout=timeout))
+        # The writes, on one connection (`Pipelined` holds it).
+        writes = Pipelined(settings.pool(max_connections=1, socket_timeout=timeout, connect_timeout=timeout),
+                           self.SCRIPTS)
+        # The lease's renewals and the interrupt subscription: one connection each, nothing else
+        # takes them (a renewal that waits behind reads can let the lease lapse, and this
+        # process's live runs would be marked lost).
+        upkeep = Redis.from_pool(settings.pool(max_connections=2, socket_timeout=timeout, connect_timeout=timeout,
+                                               retries=1))
+        return _Clients(reads, writes, upkeep)
 
     def _keys(self, run_id: str) -> list[str]:
         # (a run id that quoting leaves as it is, such as a UUID, skips it: a flush names a key
@@ -203,48 +221,38 @@ class RedisRunLog(RunLog, LoopRedis):
     # -- the log ---------------------------------------------------------------------------------
 
     async def create(self, record: RunRecord) -> bool:
-        keys = self._keys(record.run_id)
         with _typed(f"creating run {record.run_id}"):
-            args: list[Arg] = [record.user_id, record.session_id, record.kind, record.owner, _RUNNING_TTL_MS,
-                               self.reserve]
-            created = bool(await self._commands().script("create", keys, args))
-        if created:
-            self._streams[record.run_id] = bulk(keys[1].encode())
-        return created
+            args = [record.user_id, record.session_id, record.kind, record.owner, _RUNNING_TTL_MS, self.reserve]
+            return bool(await self._clients.get().writes.script("create", self._keys(record.run_id), args))
 
     async def append(self, batches: Sequence[Batch]) -> list[str]:
-        # Packed here, run by run: at light load every token is a batch of its own. A run of
-        # this process has its stream key packed since `create`.
-        streams = self._streams
-        keys = [streams.get(b.run_id) or bulk(self._keys(b.run_id)[1].encode()) for b in batches]
-        args: list[bytes] = []
+        keys: list[str] = []
+        args: list[Any] = [*self._append_head]
         for b in batches:
-            data = b"".join(b.frames)
-            args.append(b"$40\r\n%020d%020d\r\n$%d\r\n%s\r\n" % (b.first, b.first + len(b.frames) - 1, len(data), data))
+            keys.append(self._keys(b.run_id)[1])
+            args.append(b"%d %d\n%s" % (b.first, b.first + len(b.frames) - 1, b"".join(b.frames)))
         with _typed(f"appending {len(batches)} batches"):
-            results = await self._commands().script_packed(
-                "append", len(keys), 4 + 2 * len(args), b"".join(keys) + self._append_head + b"".join(args))
+            results = await self._clients.get().writes.script("append", keys, args)
         return [b.run_id for b, ok in zip(batches, results, strict=True) if not ok]
 
     async def end(self, run_id: str, status: str, last: int) -> None:
         with _typed(f"ending run {run_id}"):
-            args: list[Arg] = [self.owner, status, last, round(self.retention * 1000)]
-            await self._commands().script("end", self._keys(run_id), args)
-        self._streams.pop(run_id, None)
+            args = [self.owner, status, last, round(self.retention * 1000)]
+            await self._clients.get().writes.script("end", self._keys(run_id), args)
 
     async def get(self, run_id: str) -> RunRecord | None:
         with _typed(f"reading run {run_id}"):
-            fields = await self._redis().hgetall(self._keys(run_id)[0])
+            fields = await self._clients.get().reads.hgetall(self._keys(run_id)[0])
         return _record(run_id, fields)
 
     async def read(self, run_id: str, after: int, wait: float) -> Slice | None:
         meta, stream = self._keys(run_id)
         with _typed(f"reading run {run_id}"):
-            client = self._redis()
+            client = self._clients.get().reads
             record = _record(run_id, await client.hgetall(meta))
             if record is None:
                 return None
-            block = round(wait * 1000) if wait > 0 and record.running else None
+            block = read_block_ms(client, wait, 1.0) if record.running else None
             answer: Any = await client.xread({stream: f"{after}-0"}, count=READ_BATCHES, block=block)
         pieces: list[bytes] = []
         cursor = after
@@ -276,8 +284,8 @@ class RedisRunLog(RunLog, LoopRedis):
         run_id = record.run_id
         with _typed(f"marking run {run_id} lost"):
             keys = [*self._keys(run_id), self._owner_key(record.owner)]
-            args: list[Arg] = [frame, round(self.retention * 1000), record.last, record.reserved]
-            lost = bool(await self._commands().script("lost", keys, args))
+            args = [frame, round(self.retention * 1000), record.last, record.reserved]
+            lost = bool(await self._clients.get().writes.script("lost", keys, args))
         if lost:
             log.warning("run %s: its process (%s) stopped renewing its lease; marked lost", run_id, record.owner)
         return lost
@@ -286,22 +294,22 @@ class RedisRunLog(RunLog, LoopRedis):
 
     async def owner_alive(self, owner: str) -> bool:
         with _typed("checking an owner's lease"):
-            return bool(await self._redis().exists(self._owner_key(owner)))
+            return bool(await self._clients.get().reads.exists(self._owner_key(owner)))
 
     async def renew(self) -> None:
         with _typed("renewing this process's lease"):
-            await self._upkeep().set(self._owner_key(self.owner), b"1", px=round(self.lease * 1000))
+            await self._clients.get().upkeep.set(self._owner_key(self.owner), b"1", px=round(self.lease * 1000))
 
     async def send_interrupt(self, record: RunRecord) -> bool:
         with _typed(f"sending an interrupt for run {record.run_id}"):
-            heard = await self._redis().publish(self._channel(record.owner), record.run_id)
+            heard = await self._clients.get().reads.publish(self._channel(record.owner), record.run_id)
         return bool(heard)
 
     async def start(self, on_interrupt: InterruptHandler) -> None:
         if self._listener is not None and not self._listener.done():
             return
         with _typed("subscribing to interrupts"):
-            pubsub = self._upkeep().pubsub()
+            pubsub = self._clients.get().upkeep.pubsub()
             await pubsub.subscribe(self._channel(self.owner))
         self._listener = asyncio.get_running_loop().create_task(self._listen(pubsub, on_interrupt))
 
@@ -329,14 +337,17 @@ class RedisRunLog(RunLog, LoopRedis):
             self._listener.cancel()
             await asyncio.gather(self._listener, return_exceptions=True)
             self._listener = None
-        upkeep, self._upkeep_client = self._upkeep_client, None
-        if upkeep is not None:
+        clients = self._clients.take()
+        if clients is not None:
             with contextlib.suppress(RedisError, OSError, RuntimeError):
                 # Our runs ended (cancelled at shutdown, and the log heard so): the lease can go.
-                await upkeep.delete(self._owner_key(self.owner))
+                await clients.upkeep.delete(self._owner_key(self.owner))
             with contextlib.suppress(RedisError, OSError, RuntimeError):
-                await upkeep.aclose()
-        await self._close_redis()
+                await clients.writes.close()
+                await clients.writes.pool.aclose()
+            for client in (clients.upkeep, clients.reads):
+                with contextlib.suppress(RedisError, OSError, RuntimeError):
+                    await client.aclose()  # (with its pool: the log made both)
 
 
 def _record(run_id: str, fields: Any) -> RunRecord | None:
