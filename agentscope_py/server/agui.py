@@ -121,7 +121,6 @@ class AguiMapper:
         self._step: str | None = None
         self._usage: dict[str, ChatUsage] = {}  # model name -> summed usage
         self._model = ""
-        # Tuples: the empty one is shared and untracked (a run in flight holds these as it streams).
         self._asking: tuple[ToolUseBlock, ...] = ()
         self._external: tuple[str, ...] = ()
         self._reason: GenerateReason | None = None
