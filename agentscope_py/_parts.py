@@ -75,9 +75,11 @@ class PartsManager:
       and a lone half replaced (`_sanitize.SurrogateCarry`): the carry is made only for a block
       that meets non-ASCII text, and ASCII text is one flag test.
     * **The hand-off costs no call per event**: the events are appended to the channel
-      (`Channel.append`, the list's own ``append``), the consumer is woken once per chunk, after
-      all the chunk's events are in and only when it waits (`Channel.flush`), and the producer
-      waits for room only when the channel is full. On the other side the prefetch drains the
+      (`Channel.append`, the list's own ``append``), and `Channel.flush` is called once per
+      chunk, after all the chunk's events are in, and only when it has something to do (the
+      consumer waits, or the channel is full: then the producer awaits `Channel.room`); `run`
+      reads the channel's fields to tell, and only the channel writes them. `run` is one
+      coroutine for the whole stream, not a call per chunk. On the other side the prefetch drains the
       channel in its own loop, where the deferred pairs are made and the fused maps of every
       ``on_model_call`` layer run (`_stream.concurrent`, `_stream.operators.MapSource`): no
       generator between the channel and the maps.
@@ -109,7 +111,7 @@ class PartsManager:
         """Put the events of ``chunk`` and of the rest of ``chunks``, chunk by chunk into ``out``,
         then `end`. The common chunk (a text delta in an open block) is handled in this loop; the
         rest (a block opening or closing, thinking, a tool call) in methods."""
-        put = self.put
+        put, items, size = self.put, out.items, out.size
         while chunk is not None:
             # A signature alone opens its block too: reasoning a provider keeps opaque (an
             # encrypted Responses reasoning item without a summary) still has to be carried.
@@ -129,7 +131,7 @@ class PartsManager:
                 self.usage = chunk.usage  # providers report cumulative usage: the last one wins
             if chunk.finish_reason is not None:
                 self.finish = chunk.finish_reason
-            if out.flush():
+            if (out.waiter is not None or len(items) >= size) and out.flush():
                 await out.room()
             try:
                 chunk = await chunks.__anext__()
