@@ -79,10 +79,10 @@ class PartsManager:
       chunk, after all the chunk's events are in, and only when it has something to do (the
       consumer waits, or the channel is full: then the producer awaits `Channel.room`); `run`
       reads the channel's fields to tell, and only the channel writes them. `run` is one
-      coroutine for the whole stream, not a call per chunk. On the other side the prefetch drains the
-      channel in its own loop, where the deferred pairs are made and the fused maps of every
-      ``on_model_call`` layer run (`_stream.concurrent`, `_stream.operators.MapSource`): no
-      generator between the channel and the maps.
+      coroutine for the whole stream, not a call per chunk. On the other side the prefetch
+      drains the channel in its own loop, where the deferred pairs are made and the fused maps
+      of every ``on_model_call`` layer run (`_stream.concurrent`, `_stream.operators.MapSource`):
+      no generator between the channel and the maps.
     """
 
     __slots__ = (
