@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from ._control import RunControl
 from ._deadline import Deadline, DeadlineTimer
-from ._fast_events import delta_maker
+from ._parts import delta_maker
 from ._replies import arguments_problem, result_events
 from ._sanitize import clean
 from .errors import AgentInterrupted, SubAgentPaused, ToolInputRequired
@@ -214,16 +214,16 @@ async def _run_tool(scope: ToolScope, call: ToolUseBlock, channel: Channel, dead
             ends = ToolResultEnd(reply_id=reply_id, tool_call_id=cid, tool_name=name,
                                  state=ToolResultState.RUNNING, **meta)
             question = {**meta.get("metadata", {}), "question": exc.question}
-            channel.items.extend((ends, RequireUserConfirm(reply_id=reply_id, tool_calls=[call], metadata=question),
-                                  RequestStop(reason=f"waiting for the user's answer to {name}: {exc}",
-                                              generate_reason=GenerateReason.PERMISSION_ASKING)))
+            channel.push(ends)
+            channel.push(RequireUserConfirm(reply_id=reply_id, tool_calls=[call], metadata=question))
+            channel.push(RequestStop(reason=f"waiting for the user's answer to {name}: {exc}",
+                                     generate_reason=GenerateReason.PERMISSION_ASKING))
             channel.finish(None)
             return
-    # After a cancellation nobody may be reading: append without waiting for room.
+    # After a cancellation nobody may be reading: pushed without waiting for room.
     if error_text is not None:
-        channel.items.append(ToolResultTextDelta(reply_id=reply_id, tool_call_id=cid, tool_name=name,
-                                                 delta=error_text))
-    channel.items.append(ToolResultEnd(reply_id=reply_id, tool_call_id=cid, tool_name=name, state=state, **meta))
+        channel.push(ToolResultTextDelta(reply_id=reply_id, tool_call_id=cid, tool_name=name, delta=error_text))
+    channel.push(ToolResultEnd(reply_id=reply_id, tool_call_id=cid, tool_name=name, state=state, **meta))
     channel.finish(None)
 
 

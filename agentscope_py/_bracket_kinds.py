@@ -36,8 +36,7 @@ CLOSES: dict[type[Any], str] = {
     DataBlockEnd: "data", ToolCallEnd: "call", ToolResultEnd: "result",
 }
 BRACKET_TYPES = frozenset(OPENS) | frozenset(CLOSES)
-"""The event classes the loop logs for `Brackets` (it tests the class inline: most events are
-deltas, which cost nothing more)."""
+"""The event classes the loop logs for `Brackets`."""
 
 
 def describe(error: BaseException) -> str:

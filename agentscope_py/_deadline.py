@@ -149,8 +149,6 @@ class DeadlineTimer:
     __slots__ = ("clock", "expired", "first_event", "started", "task", "total", "waiting_first")
 
     def __init__(self, total: float | None, first_event: float | None = None) -> None:
-        # (Made per timed call: the common cases inlined — the last loop's clock, a deadline that
-        # is not the earliest live one, which is a dict store.)
         loop = _running_loop()
         task = _current_task(loop)
         assert task is not None

@@ -64,8 +64,7 @@ class _Sink(Channel):
         super().__init__(1 << 30)
 
     def on_next(self, item: Any) -> None:
-        self.items.append(item)
-        self.wake()
+        self.push(item)
 
     def on_error(self, error: BaseException) -> None:
         self.finish(error)
@@ -119,8 +118,7 @@ async def pipe_operators(upstream: AsyncIterator[Any], operators: Sequence[Any])
                 # Items may arrive from the loop while the upstream is quiet: race the two.
                 if pending is None:
                     pending = asyncio.ensure_future(upstream.__anext__())
-                sink.waiter = loop.create_future()
-                await asyncio.wait((pending, sink.waiter), return_when=asyncio.FIRST_COMPLETED)
+                await asyncio.wait((pending, sink.arrival()), return_when=asyncio.FIRST_COMPLETED)
                 if not pending.done():
                     continue
                 step, pending = pending, None

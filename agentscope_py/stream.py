@@ -23,6 +23,7 @@ package (`operators`, `channel`, `concurrent`, `context`), re-exported here wher
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import weakref
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable
@@ -87,10 +88,8 @@ class EventStream(Generic[T]):
             it = factory.with_maps(maps)
         else:
             it = apply_maps(factory(), maps)
-        try:  # noqa: SIM105 - cheaper than contextlib.suppress on this per-subscription path
+        with contextlib.suppress(TypeError):  # some iterators do not take weak references
             self._last = weakref.ref(it)
-        except TypeError:  # some iterators do not take weak references
-            pass
         return it
 
     async def aclose(self) -> None:

@@ -127,7 +127,7 @@ def _same_object(made: typing.Any, validated: typing.Any) -> None:
     (ev.ToolResultTextDelta, {"reply_id": "r", "tool_call_id": "c", "tool_name": "t"}),
 ])
 def test_a_delta_maker_gives_what_validation_gives(cls: typing.Any, ids: dict[str, str]) -> None:
-    from agentscope_py._fast_events import delta_maker
+    from agentscope_py._parts import delta_maker
 
     make = delta_maker(cls, **ids)
     a, b = make("one"), make('{"x"')
@@ -152,7 +152,7 @@ def test_with_source_gives_what_model_copy_gives() -> None:
 
 
 def test_a_delta_maker_validates_what_is_not_a_plain_str_and_refuses_wrong_fields() -> None:
-    from agentscope_py._fast_events import delta_maker
+    from agentscope_py._parts import delta_maker
 
     class Name(str):
         pass

@@ -13,7 +13,8 @@ import reactivex
 from reactivex import operators as ops
 
 from agentscope_py import EventStream
-from agentscope_py.stream import aclosing, prefetched, to_stream
+from agentscope_py._stream.channel import EMPTY
+from agentscope_py.stream import Channel, aclosing, prefetched, to_stream
 
 
 class Producer:
@@ -304,11 +305,9 @@ async def test_a_push_producer_fills_the_channel_within_its_bound_and_is_cancell
     async def fill(channel: Any) -> None:
         try:
             for i in range(1000):
-                channel.items.append(i)
+                channel.append(i)
                 most.append(len(channel.items))
-                if channel.waiter is not None:
-                    channel.wake()
-                if len(channel.items) >= channel.size:
+                if channel.flush():
                     await channel.room()
         except asyncio.CancelledError:
             cancelled.append(True)
@@ -320,11 +319,43 @@ async def test_a_push_producer_fills_the_channel_within_its_bound_and_is_cancell
     assert max(most) == 4 and cancelled == [True]
 
     async def fail(channel: Any) -> None:
-        channel.items.append("a")
+        channel.append("a")
         raise ValueError("producer failed")
 
     with pytest.raises(ValueError, match="producer failed"):
         await prefetched(fail, 4, push=True).to_list()
+
+
+async def test_a_channel_wakes_its_waiting_consumer_once_per_flush_and_says_when_it_is_full() -> None:
+    channel = Channel(2)
+    assert channel.flush() is False and channel.take() is EMPTY  # nothing appended, nobody woken
+    waiting = asyncio.ensure_future(channel.wait())
+    await asyncio.sleep(0)
+    channel.append("a")
+    assert not waiting.done()  # appended, not yet flushed: the consumer sleeps on
+    assert channel.flush() is False
+    await asyncio.sleep(0)
+    assert waiting.done()
+    channel.append("b")
+    assert channel.flush() is True  # two of two: the producer must wait for room
+    room = asyncio.ensure_future(channel.room())
+    await asyncio.sleep(0)
+    assert not room.done()
+    assert channel.take() == "a"
+    await asyncio.sleep(0)
+    assert room.done()
+
+    arrival = channel.arrival()  # a consumer that waits on something else too
+    channel.push("c")  # added and woken at once, without waiting for room
+    assert arrival.done() and channel.take() == "b" and channel.take() == "c"
+    channel.finish(ValueError("the producer failed"))
+    assert [item async for item in _drained(channel, raises=ValueError)] == []
+
+
+async def _drained(channel: Channel, raises: type[BaseException]) -> AsyncIterator[Any]:
+    with pytest.raises(raises):
+        async for item in channel.drain():
+            yield item
 
 
 # -- reactivex and aioreactive interop -----------------------------------------------------------

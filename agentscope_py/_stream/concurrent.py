@@ -28,8 +28,8 @@ class Prefetch(MapSource):
     stream's maps in the drain (`MapSource`).
 
     With ``push``, ``source(channel)`` is the producer itself: a coroutine, run as the task, that
-    appends items to the channel's ``items`` (calling `Channel.wake`, awaiting `Channel.room`
-    when full), saving the generator step per item that a pump over an iterator takes.
+    appends items to the channel (`Channel.append`, then `Channel.flush`, awaiting `Channel.room`
+    when full) instead of yielding them to a pump (the model call's `PartsManager` does).
 
     With ``deferred``, the producer may put a `Deferred` pair ``(make, value)`` in place of an
     item: the drain replaces it by ``make(value)``, in the consumer's task, before the maps. A
@@ -59,23 +59,18 @@ class Prefetch(MapSource):
 
 
 async def _pump(channel: Channel, source: Callable[..., Any], push: bool) -> None:
-    """The producer task of `_prefetch`: runs ``source`` into ``channel`` (a function, not a
-    closure: a closure's cells are objects each model call would keep alive)."""
+    """The producer task of `_prefetch`: runs ``source`` into ``channel``."""
     error: BaseException | None = None
     try:
         if push:
             await source(channel)
             return
-        items, size = channel.items, channel.size
         it = source()
         try:
             async for item in it:
-                if len(items) < size:  # put() without the coroutine when there is room
-                    items.append(item)
-                    if channel.waiter is not None:
-                        channel.wake()
-                else:
-                    await channel.put(item)
+                channel.append(item)
+                if channel.flush():
+                    await channel.room()
         finally:
             await aclose(it)
     except BaseException as exc:  # handed to the consumer, which re-raises it
@@ -94,7 +89,7 @@ async def _prefetch(
     take, spaces, empty = channel.take, channel.spaces, EMPTY
     try:
         # Give the task its first step in this same loop turn: a source that is ready at once (a
-        # cache, an in-process model) has filled the channel by then, so no waiter is needed.
+        # cache, an in-process model) has filled the channel by then.
         await asyncio.sleep(0)
         if recovery is not None:
             # Until the first item (`Recovery`): a failure goes to ``recovery``, not out. A loop of
@@ -137,8 +132,7 @@ async def _prefetch(
                 finally:
                     await aclose(resumed)
                 return
-        while True:  # channel.drain(), inlined: one async layer less per item
-            # take(), inlined when no producer waits for room (and when nothing waits: no call)
+        while True:  # `Channel.drain`, with the deferred items made and the maps applied
             item = (items.pop(0) if not spaces else take()) if items else empty
             if item is not empty:
                 if deferred and type(item) is tuple:
@@ -149,12 +143,11 @@ async def _prefetch(
             elif channel.done:
                 channel.end()
                 return
-            else:  # channel.wait(), inlined: a coroutine less per wake-up
+            else:
                 channel.waiter = channel.loop.create_future()
                 await channel.waiter
     finally:
-        if not task.done():  # (tested here: a coroutine less when the producer has finished)
-            await _stopped(task)
+        await _stopped(task)
 
 
 async def _stopped(task: asyncio.Task[None]) -> None:

@@ -183,8 +183,7 @@ class Execution:
                         await self.tools.toolkit.enter_run(ctx)
                     run.input_msgs = list(input.msgs)
                     step = Step(PRELUDE, EventStream(lambda: prelude(self)), require_event, ExtensionPoint.ON_ACTING)
-                    # Every step runs in this one loop, not in generators of its own: every event
-                    # of a run passes here, and each async level costs per event.
+                    # Every step runs in this one loop, not in generators of its own.
                     while True:
                         on_event = step.on_event
                         stop: RequestStop | None = None
@@ -280,7 +279,7 @@ class Execution:
         messages, tools = run.messages(), self.tools.toolkit.schemas()
         if self._direct_reasoning:
             # No on_reasoning hook: the model-call chain is the round's stream, and the reply is
-            # rebuilt here rather than in a reasoning core (one async level less per event).
+            # rebuilt here rather than in a reasoning core.
             builder = run.builder = ReplyBuilder()
             run.view = None  # callers see what memory keeps
             mc_input = ModelCallInput(messages=messages, tools=tools, options=self.options, model=self.agent.model)

@@ -193,8 +193,8 @@ class SubAgentTool:
                 control.tasks.discard(task)
         opened = _Opened()
         log = opened.log.append
-        # The events go straight into the call's channel (in call order, before the result the
-        # tool yields): no generator layer of the tool's per event.
+        # The events go straight into the call's channel, in call order, before the result the
+        # tool yields.
         put = current[1].put if current is not None else None
         try:
             async with aclosing(events) as it:
@@ -217,7 +217,8 @@ class SubAgentTool:
             # brackets open: close them before the call's own ToolResultEnd, without waiting (no
             # one may be reading any more).
             if current is not None:
-                current[1].items.extend(opened.close(exc, -1))
+                for ev in opened.close(exc, -1):
+                    current[1].push(ev)
             raise
         finally:  # the tree's usage, whatever the outcome (an interrupted sub-agent spent too)
             ctx.add_usage(watch.usage(sub_ctx))

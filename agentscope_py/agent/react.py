@@ -496,9 +496,7 @@ class Builder:
 
 class _Start:
     """What `ReActAgent.stream`'s stream runs at each iteration: an execution of the agent, the
-    first over the messages converted when the stream was made. One object, not a closure: it
-    lives as long as its stream (a served run's whole life), and a closure was seven objects
-    for the collector to walk."""
+    first over the messages converted when the stream was made."""
 
     __slots__ = ("agent", "ctx", "first", "msgs", "strategy", "structured_model")
 

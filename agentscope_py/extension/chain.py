@@ -1,4 +1,4 @@
-"""Assembling the chains: one stable sort and one fold per agent, a cheap binding per execution.
+"""Assembling the chains: one stable sort and one fold per agent, a binding per execution.
 
 Per point, the participants are fixed at build (`Participants`). The first `compose` of a point
 folds its hooks back to front into layers (`_Chain`, kept on the participants), so the first
@@ -7,12 +7,15 @@ core (`_Run`). Hooks that are not overridden are left out: they would only pass 
 point with no overriding participant gets no wrapper at all — calling it is calling the core.
 
 Each layer runs its hook inside a private copy of the current context, and subscribes the stream
-the hook returned in that same copy: a contextvar (or an OpenTelemetry span) a hook sets around
-``next(input)`` reaches the layers inside it and the model call, and never leaks into the
-consumer. A hook that returns its inner stream unchanged adds no wrapper (the inner layer already
-runs in a copy taken inside this one). ``async def`` generator hooks are driven step by step
-inside their copy for the same reason (that costs ~1 µs per event; stream-returning hooks cost
-nothing per event). Both ways are `_stream.context`'s (`InContext`, `stepped`)."""
+the hook returned in that same copy: a contextvar (or an OpenTelemetry span, `OtelTracingMiddleware`)
+a hook sets around ``next(input)`` reaches the layers inside it and the model call, and never
+leaks into the consumer. A hook that returns its inner stream unchanged adds no wrapper (the
+inner layer already runs in a copy taken inside this one). ``async def`` generator hooks are
+driven step by step inside their copy for the same reason. Both ways are `_stream.context`'s
+(`InContext`, `stepped`).
+
+With ``trace`` (`ReActAgent(trace_middleware=True)`), the same fold makes each layer a bracketed
+one: MiddlewareStarted before the hook runs, MiddlewareCompleted after its stream ends."""
 
 from __future__ import annotations
 
@@ -55,7 +58,7 @@ class Participants:
         self.hooks = MappingProxyType(
             {point: tuple(m for m in mws if overrides(m, point)) for point, mws in by_point.items()}
         )
-        self.chains: dict[tuple[ExtensionPoint, bool], _Chain] = {}  # built on first use (compose)
+        self.chains: dict[tuple[ExtensionPoint, bool, bool], _Chain] = {}  # built on first use (compose)
 
     def at(self, point: ExtensionPoint) -> tuple[MiddlewareBase, ...]:
         return self.by_point[point]
@@ -78,15 +81,10 @@ def compose(
     hooks = participants.hooks[point]
     if not hooks:
         return core
-    if trace:
-        nxt = core
-        for mw in reversed(hooks):
-            nxt = _traced_layer(mw, point, getattr(mw, point.value), agent, ctx, nxt)
-        return nxt
-    key = (point, core_bound)
+    key = (point, core_bound, trace)
     chain = participants.chains.get(key)
     if chain is None or chain.agent is not agent:
-        chain = participants.chains[key] = _Chain(hooks, point, agent, core_bound)
+        chain = participants.chains[key] = _Chain(hooks, point, agent, core_bound, trace)
     return functools.partial(chain.entry, _Run(ctx, core, len(hooks)))
 
 
@@ -104,12 +102,14 @@ class _Run:
 
 class _Chain:
     """The layers of one point, built once per agent from the inside out. A layer is
-    ``layer(run, input)``; a hook's ``next`` is the inner layer bound to the run (a C partial),
-    so invoking a hook costs no closure and no extra Python frame."""
+    ``layer(run, input)``; a hook's ``next`` is the inner layer bound to the run. ``trace``:
+    every layer is bracketed (`_bracketed`)."""
 
     __slots__ = ("agent", "entry")
 
-    def __init__(self, hooks: tuple[MiddlewareBase, ...], point: ExtensionPoint, agent: Any, core_bound: bool) -> None:
+    def __init__(
+        self, hooks: tuple[MiddlewareBase, ...], point: ExtensionPoint, agent: Any, core_bound: bool, trace: bool,
+    ) -> None:
         self.agent = agent
         n = len(hooks)
 
@@ -120,7 +120,10 @@ class _Chain:
         layer: Callable[[_Run, Any], EventStream[Any]] = core_layer
         bound = core_bound
         for i in range(n - 1, -1, -1):
-            layer = _layer(hooks[i], point, agent, i, layer, bound)
+            if trace:
+                layer = _bracketed(hooks[i], point, agent, layer)
+            else:
+                layer = _layer(hooks[i], point, agent, i, layer, bound)
             bound = True  # a layer's stream runs in the context of the layer that made it
         self.entry = layer
 
@@ -169,14 +172,20 @@ def _layer(
     return layer
 
 
-def _traced_layer(
-    mw: MiddlewareBase, point: ExtensionPoint, hook: Callable[..., Any], agent: Any, ctx: RuntimeContext,
-    inner: Layer,
-) -> Layer:
-    def invoke(input: Any) -> EventStream[Any]:
-        return _normalise(hook(agent, ctx, input, inner), mw, point)
+def _bracketed(
+    mw: MiddlewareBase, point: ExtensionPoint, agent: Any, inner: Callable[[_Run, Any], EventStream[Any]],
+) -> Callable[[_Run, Any], EventStream[Any]]:
+    """Hook ``mw`` as a bracketed layer around ``inner``: its hook runs when the layer is
+    subscribed, inside MiddlewareStarted/MiddlewareCompleted (`_traced`)."""
+    hook = getattr(mw, point.value)
 
-    return _traced(mw, point, invoke)
+    def layer(run: _Run, input: Any) -> EventStream[Any]:
+        def invoke(input: Any) -> EventStream[Any]:
+            return _normalise(hook(agent, run.ctx, input, functools.partial(inner, run)), mw, point)
+
+        return _traced(mw, point, invoke)(input)
+
+    return layer
 
 
 def _normalise(result: Any, mw: MiddlewareBase, point: ExtensionPoint) -> EventStream[Any]:

@@ -116,13 +116,11 @@ class AguiMapper:
         self.done = False
         self._content = content = OpenContent(self.emitted_ids)
         self._prefixes = content.text_prefixes  # `encode`'s per-token path reads it
-        # Made at the first sub-agent event: most runs have none, and a run in flight holds what
-        # it made for as long as it streams (five objects more for the collector to walk).
+        # Made at the first sub-agent event: most runs have none.
         self._subagents: Subagents | None = None
         self._step: str | None = None
         self._usage: dict[str, ChatUsage] = {}  # model name -> summed usage
         self._model = ""
-        # Tuples: the empty one is shared and untracked (a run in flight holds these as it streams).
         self._asking: tuple[ToolUseBlock, ...] = ()
         self._external: tuple[str, ...] = ()
         self._reason: GenerateReason | None = None
@@ -313,8 +311,6 @@ def _ignore(mapper: AguiMapper, ev: Any, out: list[AguiEvent]) -> None:
 
 # What each event type maps through: tables of plain functions, called with the mapper or its
 # `OpenContent` (the content events' table is `_agui_content.CONTENT_HANDLERS`, the sub-agents' too).
-# Per-instance tables of bound methods were 21 objects per run for the collector to walk for as
-# long as the run streams (a served process holds thousands of runs).
 _HANDLERS: dict[str, Callable[[AguiMapper, Any, list[AguiEvent]], None]] = {
     "agent_start": _ignore,
     "agent_end": _ignore,

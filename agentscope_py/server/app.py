@@ -95,7 +95,7 @@ class _Server:
             store = agent.state_store
             if isinstance(store, InMemoryStateStore) and not store.bounded:
                 # A served process meets sessions without end: keep the idle ones bounded, and
-                # each as its JSON (one object for the collector to walk, not dozens).
+                # each as its JSON (`InMemoryStateStore.as_json`).
                 store.bound(max_sessions=self.limits.max_sessions, idle_ttl=self.limits.session_idle_ttl)
                 store.as_json = True
             self._agent = agent
@@ -146,7 +146,6 @@ class _Server:
             mapper = AguiMapper(run_input.thread_id, run_input.run_id, emitted_ids=emitted)
             pending = self._pending(user_id, run_input.thread_id)
             record = RunRecord(key, user_id, run_input.thread_id, "agui", owner="")
-            # Partials, not closures: a stream in flight holds them (fewer objects to collect).
             live = await self.registry.begin(record, ctx, detach, partial(agui_frames, stream, mapper, rid, pending,
                                                                           emitted), cancelled_agui(mapper))
         except StoreUnavailable as exc:  # an AG-UI client hears of a failure as a RUN_ERROR

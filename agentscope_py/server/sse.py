@@ -181,15 +181,13 @@ async def with_heartbeat(source: AsyncIterator[bytes], interval: float | None,
                 if beat is not None:
                     beat.sent()
             elif channel.done:
-                if channel.error is not None:
-                    raise channel.error
+                channel.end()
                 return
             elif beat is not None and beat.due:
                 yield HEARTBEAT
                 beat.sent()
             else:
-                channel.waiter = loop.create_future()
-                await channel.waiter
+                await channel.wait()
     finally:
         if beat is not None:
             beat.stop()

@@ -83,7 +83,7 @@ class Tool:
         if self.args_model is None:
             return dict(arguments)
         try:
-            model = self.args_model.__pydantic_validator__.validate_python(arguments)  # model_validate, one call less
+            model = self.args_model.model_validate(arguments)
         except ValidationError as exc:
             problems = "; ".join(
                 f"{'.'.join(str(p) for p in e['loc']) or '(arguments)'}: {e['msg']}" for e in exc.errors()

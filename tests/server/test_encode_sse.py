@@ -8,7 +8,7 @@ import typing
 import pytest
 
 from agentscope_py import events as ev
-from agentscope_py._fast_events import delta_maker
+from agentscope_py._parts import delta_maker
 from agentscope_py.events import parse_event
 from agentscope_py.server import encode_sse
 from agentscope_py.server import sse as sse_module

@@ -129,8 +129,7 @@ def request_key(input: ModelCallInput) -> str:
     """The cache key of a model call: a hex SHA-256 of its normalised request."""
     model = input.model
     tools = input.tools
-    entry = _TOOLS.get(id(tools)) if tools else None  # _tools_digest(), its common case inlined
-    tools_digest = entry[1] if entry is not None and entry[0] is tools else _tools_digest(tools)
+    tools_digest = _tools_digest(tools)
     return _sha256(_canonical((
         "model_call", type(model).__qualname__, getattr(model, "name", ""), _messages(input.messages),
         tools_digest, input.options,

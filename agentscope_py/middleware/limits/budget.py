@@ -262,9 +262,7 @@ class BudgetMiddleware(MiddlewareBase):
 
     def on_model_call(self, agent: ReActAgent, ctx: RuntimeContext, input: ModelCallInput, next: Next) -> Any:
         model_name = str(getattr(input.model, "name", ""))
-        price = self._price_of.get(model_name, _UNSEEN)  # self.price(), inlined: one frame less per call
-        if price is _UNSEEN:
-            price = self.price(model_name)
+        price = self.price(model_name)
         if price is None and self.strict:
             problem = f"strict budget: no price for model {model_name!r}; pass prices={{...}}"
             return EventStream.error(ValueError(problem))
@@ -702,7 +700,7 @@ def _exceeded(info: Mapping[str, Any]) -> BudgetExceeded:
                           spent=info["spent"], estimate=info["estimate"])
 
 
-_ModelCallEnd = ModelCallEnd  # (a module global: read per event)
+_ModelCallEnd = ModelCallEnd
 _OUTPUT_DELTAS = frozenset({TextBlockDelta, ThinkingBlockDelta, ToolCallDelta})  # what a call's output counts
 _BRACKETS = BRACKET_TYPES  # (the Starts and Ends a cut closes; among them the call's own)
 _STEP = 64  # output tokens a hold grows by ahead of the reply, with a store across the network

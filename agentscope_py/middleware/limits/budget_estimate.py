@@ -72,10 +72,7 @@ def estimate_tokens(input: ModelCallInput) -> int:
     for msg in rest:
         chars += _msg_chars(msg)
     _prev = (tuple(messages), chars)
-    tools = input.tools
-    if tools:
-        entry = _TOOL_CHARS.get(id(tools))  # _tool_chars(), its common case inlined
-        chars += entry[1] if entry is not None and entry[0] is tools else _tool_chars(tools)
+    chars += _tool_chars(input.tools)
     return -(-chars // 4)  # ceil(chars / 4), in integers
 
 

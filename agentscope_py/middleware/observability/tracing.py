@@ -19,13 +19,15 @@ resolved lazily at each hook call until one is configured. With no SDK configure
 passes straight through (no span, no wrapper). A provider that fails to create a span never
 breaks the run: the hook passes through and the failure is logged once.
 
-Context: each subscription of a hook's stream opens its span at the first pull (one closed
-unpulled leaves nothing open), makes it current in a private ``contextvars`` copy, and calls
-``next(input)`` and steps the inner stream inside that copy (`_stream.context.stepped`): the loop
-body and the tool tasks run in the context of whoever steps their stream, so this is what parents
-the ``chat`` and ``execute_tool`` spans (and a sub-agent's ``invoke_agent``) correctly. Nothing is
-attached in the consumer's context (OpenTelemetry contexts attached across ``yield`` break when a
-generator is closed from another task), and no span leaks into it.
+Context: each hook is a layer of the chain's fold like any other (`middleware.chain`): it
+returns an async generator of the events, which the fold steps in a private copy of the
+context (`_stream.context.stepped`). The generator opens its span at the first pull (one closed
+unpulled leaves nothing open), makes it current in that copy, and calls ``next(input)`` and
+iterates the inner stream there: the loop body and the tool tasks run in the context of whoever
+steps their stream, so this is what parents the ``chat`` and ``execute_tool`` spans (and a
+sub-agent's ``invoke_agent``) correctly. Nothing is attached in the consumer's context
+(OpenTelemetry contexts attached across ``yield`` break when a generator is closed from another
+task), and no span leaks into it.
 """
 
 from __future__ import annotations
@@ -46,7 +48,6 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
         "OtelTracingMiddleware needs OpenTelemetry: pip install 'agentscope-py[otel]'"
     ) from exc
 
-from .._stream.context import stepped
 from ..events import AgentEvent
 from ..message import ToolUseBlock
 from ..model.base import ChatModel, model_provider
@@ -184,8 +185,8 @@ class OtelTracingMiddleware(MiddlewareBase):
         calls = input.tool_calls
 
         def open_tools() -> Watch:
-            # Built in the private context of the subscription, where next() then builds the
-            # tools' context (so a sub-agent can find its tool's span through TOOL_SPANS).
+            # Built in the layer's private context, where next() then builds the tools' context
+            # (so a sub-agent can find its tool's span through TOOL_SPANS).
             spans = ToolSpans(self, agent, calls)
             TOOL_SPANS.set(spans)
 
@@ -198,7 +199,7 @@ class OtelTracingMiddleware(MiddlewareBase):
 
             return observe, finish
 
-        return self._subscribed(open_tools, lambda: next(input))
+        return self._watch(open_tools, lambda: next(input))
 
     # -- the spans around a stream ---------------------------------------------------------------
 
@@ -210,14 +211,14 @@ class OtelTracingMiddleware(MiddlewareBase):
         call_next: Callable[[], EventStream[AgentEvent]],
         observer: Callable[[Span], tuple[Observer, Closer | None]],
         parent: Callable[[], Context | None] | None = None,
-    ) -> EventStream[AgentEvent]:
+    ) -> AsyncIterator[AgentEvent]:
         def open_span() -> Watch | None:
             span = self._start(name, kind, attributes, parent() if parent is not None else None)
             if parent is not None:
                 TOOL_SPANS.set(None)  # found (or not): the calls of this run are its own
             if span is None:  # no span after all (the provider failed): just the inner stream
                 return None
-            otel_context.attach(trace.set_span_in_context(span))  # in this private context; never detached
+            otel_context.attach(trace.set_span_in_context(span))  # in the layer's private context; never detached
             observe, close = observer(span)  # fresh per subscription: a re-iteration starts clean
 
             def finish(outcome: BaseException | None) -> None:
@@ -230,23 +231,17 @@ class OtelTracingMiddleware(MiddlewareBase):
 
             return observe, finish
 
-        return self._subscribed(open_span, call_next)
-
-    def _subscribed(
-        self, open_: Callable[[], Watch | None], call_next: Callable[[], EventStream[AgentEvent]]
-    ) -> EventStream[AgentEvent]:
-        """The inner stream, watched: per subscription, every step runs in a private copy of the
-        subscriber's context, where ``open_`` opens the spans (and makes one current) at the first
-        pull; next() then builds the inner layers in it (so the model call's task inherits it) and
-        the inner stream is stepped in it (so the loop body and the tool tasks do too). Nothing is
-        attached anywhere else."""
-        return EventStream(lambda: stepped(self._watch(open_, call_next), contextvars.copy_context()))
+        return self._watch(open_span, call_next)
 
     async def _watch(
         self, open_: Callable[[], Watch | None], call_next: Callable[[], EventStream[AgentEvent]],
     ) -> AsyncIterator[AgentEvent]:
-        # The spans open at the first pull, not at __aiter__: a subscription that is closed
-        # before it is pulled never runs this body, so it must not leave a span open.
+        """The inner stream, watched: a hook's generator, which the fold steps in the layer's
+        private context. ``open_`` opens the spans (and makes one current) there at the first
+        pull; next() then builds the inner layers in it (so the model call's task inherits it) and
+        the inner stream is stepped in it (so the loop body and the tool tasks do too). Nothing is
+        attached anywhere else. The spans open at the first pull, not at ``__aiter__``: a
+        subscription closed before it is pulled never runs this body, so it leaves no span open."""
         watch = open_()
         if watch is None:
             async with aclosing(call_next().__aiter__()) as plain:

@@ -125,7 +125,7 @@ class RetryMiddleware(MiddlewareBase):
         return EventStream(lambda: _FirstItemTap(inner.__aiter__(), seen))
 
     def on_model_call(self, agent: ReActAgent, ctx: RuntimeContext, input: ModelCallInput, next: Next) -> Any:
-        # C partials, no closures: each subscription counts its own retries afresh.
+        # Each subscription counts its own retries afresh.
         again = partial(self._again, ctx, input, next)
         if self.mode == "first":
             return EventStream(FirstFailure(next(input), again))

@@ -39,8 +39,7 @@ class OpenContent:
         # Open text block id -> its TEXT_MESSAGE_CONTENT frame up to the delta's JSON string (the
         # top level's only): `AguiMapper.encode` writes a token as this head, the string and `}`.
         self.text_prefixes: dict[str, bytes] = {}
-        # Dicts as ordered sets: one of strs is not tracked by the collector (a set always is),
-        # and a run in flight holds these as long as it streams; they close in opening order.
+        # Dicts as ordered sets: they close in opening order.
         self.reasoning: dict[str, None] = {}  # open reasoning message ids (= thinking block ids)
         self.calls: dict[str, None] = {}  # open tool call ids (arguments still streaming)
         self.results: dict[str, list[str]] = {}  # tool call id -> result text so far

@@ -64,7 +64,6 @@ async def agui_frames(stream: EventStream[AgentEvent], mapper: AguiMapper, rid: 
 
 def cancelled_agui(mapper: AguiMapper) -> Callable[[LiveRun], bytes]:
     """The end of a cancelled AG-UI run: what was open closed, then RUN_ERROR."""
-    # Partials, not closures: a run in flight holds them (fewer objects for the collector).
     return partial(_cancelled_agui, mapper)
 
 

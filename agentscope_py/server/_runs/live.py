@@ -127,8 +127,7 @@ class LiveRun:
             self.trim()
         if self.outbox is not None:
             self.outbox.add(self)
-        if self.waiters:  # `wake`, inline: a call fewer per token
-            self.waiters = _resolve(self.waiters)
+        self.wake()
 
     def wake(self) -> None:
         if self.waiters:

@@ -266,7 +266,7 @@ class Runs:
                     cursor = live.base + ready
                     yield piece
                     took[me] = taken
-                    if live.rooms:  # the run waits for room (`moved`; inline, as this is per token)
+                    if live.rooms:  # the run waits for room (`moved`)
                         live.moved(me, taken)
                     if beat is not None:
                         beat.sent += 1

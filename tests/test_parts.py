@@ -1,0 +1,127 @@
+"""`PartsManager`: a model's chunks into the block events of its reply, as the model call's
+consumer sees them (`model_call_stream`): which chunk opens, feeds and ends which block, and what
+a failure in the middle leaves (every block closed, then a ModelCallEnd that says why)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import pytest
+
+from agentscope_py._model_call import RetryPolicy, model_call_stream
+from agentscope_py.message import ChatUsage
+from agentscope_py.model.base import ChatChunk, ModelRequest, ToolCallChunk
+
+pytestmark = pytest.mark.timeout(30)
+
+
+class Boom(Exception):
+    pass
+
+
+class Script:
+    """A model that streams the given chunks, then raises ``fail`` if given."""
+
+    name = "script"
+
+    def __init__(self, chunks: Sequence[ChatChunk], fail: BaseException | None = None) -> None:
+        self.chunks, self.fail = chunks, fail
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[ChatChunk]:
+        for chunk in self.chunks:
+            yield chunk
+        if self.fail is not None:
+            raise self.fail
+
+
+async def events_of(model: Script) -> list[Any]:
+    stream = model_call_stream([model], ModelRequest(messages=[]), "r1", RetryPolicy(), None, None)
+    return await stream.to_list()
+
+
+def shape(events: list[Any]) -> list[tuple[str, ...]]:
+    """Each event as its type and what it carries (ids as the block they belong to)."""
+    out: list[tuple[str, ...]] = []
+    for e in events:
+        if e.type.endswith("_delta"):
+            out.append((e.type, e.delta))
+        elif e.type in ("thinking_block_end",):
+            out.append((e.type, e.signature or ""))
+        elif e.type.startswith("tool_call"):
+            out.append((e.type, e.tool_call_id, e.tool_name))
+        else:
+            out.append((e.type,))
+    return out
+
+
+async def test_chunks_open_feed_and_end_their_blocks_in_order() -> None:
+    high, low = "\ud83d", "\ude00"  # one emoji, its surrogate pair split across two chunks
+    model = Script([
+        ChatChunk(thinking_signature="sig-"),  # a signature alone opens the thinking block
+        ChatChunk(thinking="hmm"),
+        ChatChunk(thinking_signature="1"),
+        ChatChunk(text="Hi " + high),  # text ends the thinking block (with its whole signature)
+        ChatChunk(text=low + "!"),
+        ChatChunk(tool_call=ToolCallChunk(index=0, id="c1", name="a", arguments='{"x"')),  # ends the text
+        ChatChunk(tool_call=ToolCallChunk(index=0, arguments=": 1}")),
+        ChatChunk(tool_call=ToolCallChunk(index=0, id="c2", name="b")),  # the index reused: c1 ends
+        ChatChunk(usage=ChatUsage(input_tokens=3, output_tokens=5), finish_reason="tool_calls"),
+    ])
+    events = await events_of(model)
+    assert shape(events) == [
+        ("model_call_start",),
+        ("thinking_block_start",),
+        ("thinking_block_delta", "hmm"),
+        ("thinking_block_end", "sig-1"),
+        ("text_block_start",),
+        ("text_block_delta", "Hi "),
+        ("text_block_delta", "\U0001f600!"),
+        ("text_block_end",),
+        ("tool_call_start", "c1", "a"),
+        ("tool_call_delta", '{"x"'),
+        ("tool_call_delta", ": 1}"),
+        ("tool_call_end", "c1", "a"),
+        ("tool_call_start", "c2", "b"),
+        ("tool_call_end", "c2", "b"),
+        ("model_call_end",),
+    ]
+    assert {(e.tool_call_id, e.tool_name) for e in events if e.type == "tool_call_delta"} == {("c1", "a")}
+    assert len({e.block_id for e in events if e.type.startswith(("text_", "thinking_"))}) == 2
+    assert all(e.reply_id == "r1" for e in events)
+    end = events[-1]
+    assert end.usage == ChatUsage(input_tokens=3, output_tokens=5) and end.finish_reason == "tool_calls"
+    assert end.model == "script" and end.error is None
+
+
+async def test_a_lone_half_of_a_pair_at_the_end_of_a_block_becomes_the_replacement_character() -> None:
+    events = await events_of(Script([ChatChunk(text="a\ud83d"), ChatChunk(thinking="t")]))
+    assert [e.delta for e in events if e.type == "text_block_delta"] == ["a", "\ufffd"]
+
+
+async def test_a_failure_mid_stream_closes_every_open_block_before_the_error() -> None:
+    model = Script([
+        ChatChunk(thinking="hmm", thinking_signature="s"),
+        ChatChunk(tool_call=ToolCallChunk(index=0, id="c1", name="a")),
+        ChatChunk(tool_call=ToolCallChunk(index=1, id="c2", name="b")),
+        ChatChunk(text="partial"),
+    ], fail=Boom("the provider broke"))
+    seen: list[Any] = []
+    with pytest.raises(Boom, match="the provider broke"):
+        async for event in model_call_stream([model], ModelRequest(messages=[]), "r1", RetryPolicy(), None, None):
+            seen.append(event)
+    assert shape(seen) == [
+        ("model_call_start",),
+        ("thinking_block_start",),
+        ("thinking_block_delta", "hmm"),
+        ("thinking_block_end", "s"),
+        ("tool_call_start", "c1", "a"),
+        ("tool_call_start", "c2", "b"),
+        ("text_block_start",),
+        ("text_block_delta", "partial"),
+        ("text_block_end",),
+        ("tool_call_end", "c1", "a"),
+        ("tool_call_end", "c2", "b"),
+        ("model_call_end",),
+    ]
+    assert seen[-1].discarded is True and "the provider broke" in (seen[-1].error or "")
