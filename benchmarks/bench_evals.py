@@ -14,7 +14,8 @@ The agent (on `ScriptedModel`): one tool call, then a 20-delta answer — two mo
   run back to back with the collector paused, median over ``--repeat`` sweeps;
 * **online** — ``--runs`` sequential ``agent.call`` on one agent with `EvalMiddleware(sample_rate=1.0)`
   against the agent without it (and against one with a pass-through ``on_agent`` middleware: the
-  layer any such middleware costs), CPU time (``time.process_time``, collector paused) per run.
+  layer any middleware at that hook costs, which `EvalMiddleware` has none of), CPU time
+  (``time.process_time``, collector paused) per run.
   While the path is timed the one scoring worker is held by a gated evaluator and the queue holds
   one run, so every later run takes the whole path (the sampling draw, one append per event, the
   offer to the queue) and is dropped: the figure is the path's own cost, without the scoring and

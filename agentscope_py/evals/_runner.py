@@ -9,6 +9,7 @@ its report only when it failed."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -32,6 +33,9 @@ from ._spans import collector_for
 __all__ = ["AgentFactory", "CaseTimeout", "build_agent", "run_attempt", "run_cases"]
 
 AgentFactory = Callable[..., ReActAgent | Awaitable[ReActAgent]]
+
+
+_NO_TRACE = contextlib.nullcontext(())  # (a run without a collector: no spans; one, shared)
 
 
 class CaseTimeout(TimeoutError):
@@ -89,7 +93,7 @@ async def run_attempt(
     events: list[Any] = []
     output = None
     error: BaseException | None = None
-    spans: list[Any] = []
+    spans: Sequence[Any] = ()
     started = time.perf_counter()
     try:
         # build_agent inlined: a coroutine per run for what is nearly always a plain call
@@ -99,14 +103,31 @@ async def run_attempt(
         agent = _with_cassette(agent, case, base)
         collector = collector_for(agent)
         ctx = RuntimeContext(user_id="eval", session_id=f"eval-{case.name}-{attempt}-{new_id()}")
-        if collector is None:
+        # The stream is made inside the run's trace: its hooks take their context when it is.
+        with collector.collect() if collector is not None else _NO_TRACE as spans:
+            # Read here, not in a helper coroutine: every await of the run suspends and resumes
+            # each coroutine frame it passes through.
+            stream = agent.stream(case.input, ctx=ctx, structured_model=structured_model).__aiter__()
             started = time.perf_counter()
-            output = await _read(agent, case, ctx, structured_model, timeout, events)
-        else:
-            # The stream is made inside the run's trace: its hooks take their context when it is.
-            with collector.collect() as spans:  # (filled as the run's spans end, a failing run's too)
-                started = time.perf_counter()
-                output = await _read(agent, case, ctx, structured_model, timeout, events)
+            # The project's deadline timer, not asyncio.timeout: the runs' deadlines share one loop
+            # timer (a timer made and cancelled per run costs a tenth of a scripted run).
+            timer = DeadlineTimer(timeout) if timeout is not None else None
+            append = events.append
+            try:
+                async for event in stream:
+                    append(event)
+                    if type(event) is AgentResult:
+                        output = event.result
+            except BaseException as exc:
+                # Our deadline's cancellation is taken back (stop) before the stream closes.
+                expired = timer is not None and timer.stop() and isinstance(exc, asyncio.CancelledError)
+                await aclose(stream)  # a timed-out run closes (its model request, its tools) here
+                if expired:
+                    raise CaseTimeout(f"case {case.name!r} timed out after {timeout:g} s") from None
+                raise
+            # A stream that ran to its end has closed itself (as `ReActAgent.call` counts on).
+            if timer is not None:
+                timer.stop()
     except Exception as exc:
         # A failing run is this run's result, never the evaluation's (a model's own timeout
         # included: only the case's deadline is a CaseTimeout).
@@ -131,34 +152,6 @@ async def run_attempt(
         model_calls=len(calls),
         events=None if passed else [e.model_dump(mode="json") for e in events],
     )
-
-
-async def _read(agent: ReActAgent, case: Case, ctx: RuntimeContext, structured_model: type[Any] | None,
-                timeout: float | None, events: list[Any]) -> Any:  # noqa: ASYNC109 - kept by a DeadlineTimer
-    """Run ``agent`` on the case, its events into ``events``; the final message (None without
-    one), or `CaseTimeout` past ``timeout``."""
-    output = None
-    stream = agent.stream(case.input, ctx=ctx, structured_model=structured_model).__aiter__()
-    # The project's deadline timer, not asyncio.timeout: the runs' deadlines share one loop
-    # timer (a timer made and cancelled per run costs a tenth of a scripted run).
-    timer = DeadlineTimer(timeout) if timeout is not None else None
-    append = events.append
-    try:
-        async for event in stream:
-            append(event)
-            if type(event) is AgentResult:
-                output = event.result
-    except BaseException as exc:
-        # Our deadline's cancellation is taken back (stop) before the stream closes.
-        expired = timer is not None and timer.stop() and isinstance(exc, asyncio.CancelledError)
-        await aclose(stream)  # a timed-out run closes (its model request, its tools) here
-        if expired:
-            raise CaseTimeout(f"case {case.name!r} timed out after {timeout:g} s") from None
-        raise
-    # A stream that ran to its end has closed itself (as `ReActAgent.call` counts on).
-    if timer is not None:
-        timer.stop()
-    return output
 
 
 async def run_cases(
