@@ -4,8 +4,8 @@ A run is sampled when its state is ready (``on_agent_state_ready``, one random d
 run's record keeps the events of its model calls and tool calls as they leave this middleware's
 ``on_model_call`` and ``on_acting`` layers, through a fused map (one list append per event, no
 async layer: a model call's stream applies it where it hands each event on). No ``on_agent``
-layer wraps the caller's stream: at that hook any middleware, even a pass-through one, costs a
-scripted run about 5 % (an async level per event), as much as the whole budget of this one.
+layer wraps the caller's stream: at that hook any middleware, even a pass-through one, adds an
+async level to every event the caller reads.
 
 When the run finishes (``on_agent_finish``, which carries its final message or error) its record
 goes on a bounded queue; background workers score it there. The user's path pays for the
@@ -181,10 +181,10 @@ class EvalMiddleware(MiddlewareBase):
         try:
             self.sampled += 1
             queue = self._ensure_workers()
-            try:
-                queue.put_nowait(run)
-            except asyncio.QueueFull:
+            if queue.full():  # (asked, not caught: dropping is what an overloaded scorer does per run)
                 self.dropped += 1
+            else:
+                queue.put_nowait(run)
         except Exception:  # the user's stream never fails because of scoring
             log.exception("EvalMiddleware: could not queue a run for scoring")
 
