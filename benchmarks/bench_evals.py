@@ -24,7 +24,8 @@ The agent (on `ScriptedModel`): one tool call, then a 20-delta answer — two mo
 
 ``--instructions`` counts instructions instead (valgrind's callgrind, ``PYTHONHASHSEED=0``, the
 collector left on): per run, (start-up + warm-up + N runs) − (start-up + warm-up), of ``plain``
-(no middleware), ``layer`` (the pass-through ``on_agent`` middleware), ``sampled`` (the online
+(no middleware), ``layer`` (the pass-through ``on_agent`` middleware), ``finish`` (a no-op
+``on_agent_finish`` alone), ``sampled`` (the online
 path as timed above), ``unsampled`` (`EvalMiddleware` at ``sample_rate=0``: its hooks alone),
 ``bare``, ``machinery`` and ``eval`` (the throughput variants, 200 cases at concurrency 50). A
 figure the host's load does not move; every process runs at once.
@@ -65,6 +66,16 @@ class PassThrough(MiddlewareBase):
 
     def on_agent(self, agent: Any, ctx: Any, input: Any, next: Any) -> Any:
         return next(input)
+
+
+class FinishOnly(MiddlewareBase):
+    """A middleware with a no-op ``on_agent_finish`` alone: what the finish notification costs."""
+
+    def active_points(self) -> frozenset[ExtensionPoint]:
+        return frozenset({ExtensionPoint.ON_AGENT_FINISH})
+
+    async def on_agent_finish(self, agent: Any, ctx: Any, run: Any) -> None:
+        return None
 
 
 @tool
@@ -211,7 +222,7 @@ async def online(runs: int, repeat: int) -> dict[str, Any]:
             "scoring_cpu_us_per_run": statistics.median(score) * 1e6}
 
 
-ONLINE_VARIANTS = ("plain", "layer", "sampled", "unsampled")
+ONLINE_VARIANTS = ("plain", "layer", "finish", "sampled", "unsampled")
 OFFLINE_VARIANTS = ("bare", "machinery", "eval")
 
 
@@ -226,7 +237,8 @@ async def counted(variant: str, n: int) -> None:
 
         evaluators = [held, Contains("sum"), ToolTrajectory(["add"]), MaxModelCalls(2)]
         mw: MiddlewareBase | None = {
-            "layer": PassThrough(), "sampled": EvalMiddleware(evaluators, sample_rate=1.0, queue_size=1),
+            "layer": PassThrough(), "finish": FinishOnly(),
+            "sampled": EvalMiddleware(evaluators, sample_rate=1.0, queue_size=1),
             "unsampled": EvalMiddleware(evaluators, sample_rate=0.0)}.get(variant)
         builder = ReActAgent.builder().model(ScriptedModel(script(1), loop=True)).tools(add)
         if mw is not None:
@@ -270,8 +282,8 @@ def instructions(variants: list[str], runs: int, cases: int) -> dict[str, float]
     for variant, (base, full) in procs.items():
         out[variant] = (collected(full) - collected(base)) / sizes[variant]
         print(f"{variant}: {out[variant] / 1000:,.1f} k instructions per run", flush=True)
-    for a, b in (("layer", "plain"), ("sampled", "plain"), ("unsampled", "plain"), ("machinery", "bare"),
-                 ("eval", "bare")):
+    for a, b in (("layer", "plain"), ("finish", "plain"), ("sampled", "plain"), ("unsampled", "plain"),
+                 ("machinery", "bare"), ("eval", "bare")):
         if a in out and b in out:
             print(f"{a}/{b}: x{out[a] / out[b]:.4f}")
     return out
