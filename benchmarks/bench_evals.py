@@ -14,17 +14,27 @@ The agent (on `ScriptedModel`): one tool call, then a 20-delta answer — two mo
   run back to back with the collector paused, median over ``--repeat`` sweeps;
 * **online** — ``--runs`` sequential ``agent.call`` on one agent with `EvalMiddleware(sample_rate=1.0)`
   against the agent without it (and against one with a pass-through ``on_agent`` middleware: the
-  layer any such middleware costs), CPU time (``time.process_time``, collector paused) per run.
+  layer any middleware at that hook costs, which `EvalMiddleware` has none of), CPU time
+  (``time.process_time``, collector paused) per run.
   While the path is timed the one scoring worker is held by a gated evaluator and the queue holds
   one run, so every later run takes the whole path (the sampling draw, one append per event, the
   offer to the queue) and is dropped: the figure is the path's own cost, without the scoring and
   without runs piling up in memory. The scoring's CPU per run is measured apart (every run
   queued, then drained) and reported beside it.
 
+``--instructions`` counts instructions instead (valgrind's callgrind, ``PYTHONHASHSEED=0``, the
+collector left on): per run, (start-up + warm-up + N runs) − (start-up + warm-up), of ``plain``
+(no middleware), ``layer`` (the pass-through ``on_agent`` middleware), ``finish`` (a no-op
+``on_agent_finish`` alone), ``sampled`` (the online
+path as timed above), ``unsampled`` (`EvalMiddleware` at ``sample_rate=0``: its hooks alone),
+``bare``, ``machinery`` and ``eval`` (the throughput variants, 200 cases at concurrency 50). A
+figure the host's load does not move; every process runs at once.
+
 ``--json`` prints the figures as one JSON object on the last line.
 
     .venv/bin/python benchmarks/bench_evals.py
     .venv/bin/python benchmarks/bench_evals.py --cases 100 --runs 200 --repeat 3 --json   # quick
+    .venv/bin/python benchmarks/bench_evals.py --instructions [--variants plain,sampled]     # needs valgrind
 """
 
 from __future__ import annotations
@@ -33,7 +43,12 @@ import argparse
 import asyncio
 import gc
 import json
+import os
+import re
+import shutil
 import statistics
+import subprocess
+import sys
 import time
 import tracemalloc
 from typing import Any
@@ -51,6 +66,16 @@ class PassThrough(MiddlewareBase):
 
     def on_agent(self, agent: Any, ctx: Any, input: Any, next: Any) -> Any:
         return next(input)
+
+
+class FinishOnly(MiddlewareBase):
+    """A middleware with a no-op ``on_agent_finish`` alone: what the finish notification costs."""
+
+    def active_points(self) -> frozenset[ExtensionPoint]:
+        return frozenset({ExtensionPoint.ON_AGENT_FINISH})
+
+    async def on_agent_finish(self, agent: Any, ctx: Any, run: Any) -> None:
+        return None
 
 
 @tool
@@ -197,6 +222,73 @@ async def online(runs: int, repeat: int) -> dict[str, Any]:
             "scoring_cpu_us_per_run": statistics.median(score) * 1e6}
 
 
+ONLINE_VARIANTS = ("plain", "layer", "finish", "sampled", "unsampled")
+OFFLINE_VARIANTS = ("bare", "machinery", "eval")
+
+
+async def counted(variant: str, n: int) -> None:
+    """What one ``--instructions`` child runs: a warm-up, then ``n`` runs of ``variant``."""
+    if variant in ONLINE_VARIANTS:
+        gate = asyncio.Event()
+
+        async def held(ctx: EvalContext) -> bool:
+            await gate.wait()
+            return True
+
+        evaluators = [held, Contains("sum"), ToolTrajectory(["add"]), MaxModelCalls(2)]
+        mw: MiddlewareBase | None = {
+            "layer": PassThrough(), "finish": FinishOnly(),
+            "sampled": EvalMiddleware(evaluators, sample_rate=1.0, queue_size=1),
+            "unsampled": EvalMiddleware(evaluators, sample_rate=0.0)}.get(variant)
+        builder = ReActAgent.builder().model(ScriptedModel(script(1), loop=True)).tools(add)
+        if mw is not None:
+            builder.middleware(mw)
+        a = builder.build()
+        for _ in range(30 + n):
+            await a.call("1 + 1?")
+        gate.set()
+        if isinstance(mw, EvalMiddleware):
+            await mw.aclose()
+        return
+    data = dataset(50 + n)
+    warm, cases = Dataset(data.cases[:50], data.evaluators), data.cases[50:]
+    await warm.evaluate(factory, concurrency=50, progress=False)
+    await bare(Dataset(data.cases[:50], []), 50)
+    if variant == "bare":
+        await bare(Dataset(cases, []), 50)
+    else:
+        await Dataset(cases, data.evaluators if variant == "eval" else []).evaluate(
+            factory, concurrency=50, progress=False)
+
+
+def instructions(variants: list[str], runs: int, cases: int) -> dict[str, float]:
+    """Instructions per run of each variant (see the module docstring)."""
+    def count(variant: str, n: int) -> subprocess.Popen[str]:
+        cmd = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable, __file__,
+               "--count", variant, "--runs", str(n)]
+        return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env={**os.environ, "PYTHONHASHSEED": "0"})
+
+    def collected(proc: subprocess.Popen[str]) -> int:
+        _, err = proc.communicate()
+        found = re.search(r"Collected\s*:\s*(\d+)", err)
+        if proc.returncode != 0 or found is None:
+            raise RuntimeError(f"valgrind run failed ({proc.returncode}): {err[-2000:]}")
+        return int(found.group(1))
+
+    sizes = {variant: runs if variant in ONLINE_VARIANTS else cases for variant in variants}
+    procs = {variant: (count(variant, 0), count(variant, n)) for variant, n in sizes.items()}  # all at once
+    out: dict[str, float] = {}
+    for variant, (base, full) in procs.items():
+        out[variant] = (collected(full) - collected(base)) / sizes[variant]
+        print(f"{variant}: {out[variant] / 1000:,.1f} k instructions per run", flush=True)
+    for a, b in (("layer", "plain"), ("finish", "plain"), ("sampled", "plain"), ("unsampled", "plain"),
+                 ("machinery", "bare"), ("eval", "bare")):
+        if a in out and b in out:
+            print(f"{a}/{b}: x{out[a] / out[b]:.4f}")
+    return out
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cases", type=int, default=1000)
@@ -204,7 +296,21 @@ async def main() -> None:
     parser.add_argument("--runs", type=int, default=1000)
     parser.add_argument("--repeat", type=int, default=7)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--instructions", action="store_true", help="count instructions (needs valgrind)")
+    parser.add_argument("--variants", default=",".join(ONLINE_VARIANTS + OFFLINE_VARIANTS),
+                        help="--instructions: which variants")
+    parser.add_argument("--count", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.count:
+        await counted(args.count, args.runs)
+        return
+    if args.instructions:
+        if shutil.which("valgrind") is None:
+            sys.exit("bench_evals: valgrind is not installed (apt-get install valgrind)")
+        counts = instructions([v for v in args.variants.split(",") if v], 100, 200)
+        if args.json:
+            print(json.dumps({"instructions_per_run": counts}))
+        return
     result = {"throughput": await throughput(args.cases, args.concurrency, args.repeat),
               "online": await online(args.runs, args.repeat)}
     t, o = result["throughput"], result["online"]

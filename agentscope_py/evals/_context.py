@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from functools import cached_property
-from typing import Any, NamedTuple
+from typing import Any, Generic, NamedTuple, TypeVar, overload
 
 from ..events import (
     AgentEvent,
@@ -21,6 +20,32 @@ from ..message import ChatUsage, Msg
 from ._case import Case
 
 __all__ = ["EvalContext", "ModelCall", "ToolCall"]
+
+T = TypeVar("T")
+
+
+class _kept(Generic[T]):  # (lower case: it stands for ``functools.cached_property``)
+    """A view computed on first use and kept in the instance, as ``functools.cached_property``
+    does, without the lock Python 3.11's takes at each first use (the runner reads a view of
+    every run)."""
+
+    def __init__(self, fn: Callable[[Any], T]) -> None:
+        self.fn = fn
+        self.name = fn.__name__
+        self.__doc__ = fn.__doc__
+
+    @overload
+    def __get__(self, obj: None, owner: type[Any] | None = None) -> _kept[T]: ...
+    @overload
+    def __get__(self, obj: object, owner: type[Any] | None = None) -> T: ...
+
+    def __get__(self, obj: object | None, owner: type[Any] | None = None) -> T | _kept[T]:
+        if obj is None:
+            return self
+        # Kept under the view's own name: the instance's value shadows this (non-data) descriptor.
+        value = obj.__dict__[self.name] = self.fn(obj)
+        return value
+
 
 
 class ToolCall(NamedTuple):
@@ -82,7 +107,7 @@ class EvalContext:
     def structured(self) -> Any:
         return self.output.metadata.get("structured_output") if self.output is not None else None
 
-    @cached_property
+    @_kept
     def model_calls(self) -> list[ModelCall]:
         calls: list[ModelCall] = []
         open_model: dict[str | None, str] = {}
@@ -94,7 +119,7 @@ class EvalContext:
                 calls.append(ModelCall(open_model.pop(event.source, ""), event.usage, event.error))
         return calls
 
-    @cached_property
+    @_kept
     def usage(self) -> ChatUsage | None:
         """Token totals over every model call (sub-agents' too); None when no call reported any."""
         known = [call.usage for call in self.model_calls if call.usage is not None]
@@ -111,7 +136,7 @@ class EvalContext:
         return ChatUsage(input_tokens=tokens[0], output_tokens=tokens[1], cache_read_tokens=tokens[2],
                          cache_write_tokens=tokens[3], reasoning_tokens=tokens[4])
 
-    @cached_property
+    @_kept
     def tool_calls(self) -> list[ToolCall]:
         order: list[str] = []
         names: dict[str, str] = {}

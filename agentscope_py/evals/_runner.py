@@ -35,6 +35,9 @@ __all__ = ["AgentFactory", "CaseTimeout", "build_agent", "run_attempt", "run_cas
 AgentFactory = Callable[..., ReActAgent | Awaitable[ReActAgent]]
 
 
+_NO_TRACE = contextlib.nullcontext(())  # (a run without a collector: no spans; one, shared)
+
+
 class CaseTimeout(TimeoutError):
     """A run of a case took longer than its timeout."""
 
@@ -53,11 +56,18 @@ async def build_agent(factory: AgentFactory, case: Case, base: Path | None, take
                       ) -> ReActAgent:
     """A fresh agent for one run: ``factory()``, or ``factory(case)`` when it takes an argument
     (a scripted model per case); a case's cassette replaces the agent's model."""
-    if takes_case is None:
-        takes_case = _takes_case(factory)
-    agent: Any = factory(case) if takes_case else factory()
-    if not isinstance(agent, ReActAgent) and inspect.isawaitable(agent):  # (the awaitable test is an ABC check)
+    agent = _made(factory, case, _takes_case(factory) if takes_case is None else takes_case)
+    if not isinstance(agent, ReActAgent) and inspect.isawaitable(agent):
         agent = await agent
+    return _with_cassette(cast(ReActAgent, agent), case, base)
+
+
+def _made(factory: AgentFactory, case: Case, takes_case: bool) -> Any:
+    """What the factory returns: an agent, or an awaitable one (an ``async`` factory)."""
+    return factory(case) if takes_case else factory()
+
+
+def _with_cassette(agent: ReActAgent, case: Case, base: Path | None) -> ReActAgent:
     if case.cassette is not None:
         from ..model import ReplayModel
 
@@ -65,7 +75,7 @@ async def build_agent(factory: AgentFactory, case: Case, base: Path | None, take
         if not path.is_absolute() and base is not None:
             path = base / path
         agent.model = ReplayModel(path)
-    return cast(ReActAgent, agent)
+    return agent
 
 
 async def run_attempt(
@@ -83,35 +93,41 @@ async def run_attempt(
     events: list[Any] = []
     output = None
     error: BaseException | None = None
-    spans: list[Any] = []
-    expired = False
+    spans: Sequence[Any] = ()
     started = time.perf_counter()
     try:
-        agent = await build_agent(factory, case, base, takes_case)
+        # build_agent inlined: a coroutine per run for what is nearly always a plain call
+        agent = _made(factory, case, _takes_case(factory) if takes_case is None else takes_case)
+        if not isinstance(agent, ReActAgent) and inspect.isawaitable(agent):  # (the awaitable test is an ABC check)
+            agent = await agent
+        agent = _with_cassette(agent, case, base)
         collector = collector_for(agent)
         ctx = RuntimeContext(user_id="eval", session_id=f"eval-{case.name}-{attempt}-{new_id()}")
         # The stream is made inside the run's trace: its hooks take their context when it is.
-        with collector.collect() if collector is not None else contextlib.nullcontext(spans) as spans:
+        with collector.collect() if collector is not None else _NO_TRACE as spans:
+            # Read here, not in a helper coroutine: every await of the run suspends and resumes
+            # each coroutine frame it passes through.
             stream = agent.stream(case.input, ctx=ctx, structured_model=structured_model).__aiter__()
             started = time.perf_counter()
             # The project's deadline timer, not asyncio.timeout: the runs' deadlines share one loop
             # timer (a timer made and cancelled per run costs a tenth of a scripted run).
             timer = DeadlineTimer(timeout) if timeout is not None else None
+            append = events.append
             try:
                 async for event in stream:
-                    events.append(event)
+                    append(event)
                     if type(event) is AgentResult:
                         output = event.result
-            except asyncio.CancelledError:
-                expired = timer is not None and timer.stop()  # our deadline: its cancellation taken back
-                if not expired:
-                    raise
-            finally:
-                if timer is not None:
-                    timer.stop()
+            except BaseException as exc:
+                # Our deadline's cancellation is taken back (stop) before the stream closes.
+                expired = timer is not None and timer.stop() and isinstance(exc, asyncio.CancelledError)
                 await aclose(stream)  # a timed-out run closes (its model request, its tools) here
-        if expired:
-            raise CaseTimeout(f"case {case.name!r} timed out after {timeout:g} s")
+                if expired:
+                    raise CaseTimeout(f"case {case.name!r} timed out after {timeout:g} s") from None
+                raise
+            # A stream that ran to its end has closed itself (as `ReActAgent.call` counts on).
+            if timer is not None:
+                timer.stop()
     except Exception as exc:
         # A failing run is this run's result, never the evaluation's (a model's own timeout
         # included: only the case's deadline is a CaseTimeout).
@@ -121,16 +137,19 @@ async def run_attempt(
                            spans=tuple(spans), attempt=attempt)
     # One after another: the runs are what goes in parallel, and a task per evaluator would cost
     # more than most evaluators do.
-    results = [await run_evaluator(e, ctx_eval) for e in evaluators] if error is None else []
+    results = [await run_evaluator(e, ctx_eval) for e in evaluators] if error is None and evaluators else []
     passed = error is None and all(r.passed for r in results)
-    usage = ctx_eval.usage
+    calls = ctx_eval.model_calls
+    # The report's token totals summed here as numbers: `EvalContext.usage` builds a ChatUsage,
+    # which is worth it only to an evaluator that reads it.
+    known = [call.usage for call in calls if call.usage is not None]
     return AttemptReport(
         attempt=attempt, passed=passed, results=results, duration=duration, output=ctx_eval.text,
         error=None if error is None else f"{type(error).__name__}: {error}",
-        input_tokens=usage.input_tokens if usage is not None else None,
-        output_tokens=usage.output_tokens if usage is not None else None,
+        input_tokens=sum(u.input_tokens for u in known) if known else None,
+        output_tokens=sum(u.output_tokens for u in known) if known else None,
         cost=run_cost(ctx_eval, prices) if prices is not None else 0.0,
-        model_calls=len(ctx_eval.model_calls),
+        model_calls=len(calls),
         events=None if passed else [e.model_dump(mode="json") for e in events],
     )
 
@@ -171,7 +190,8 @@ async def run_cases(
             except asyncio.QueueEmpty:
                 return
             case = cases[index]
-            report = await run_attempt(case, attempt, factory, [*evaluators, *case.evaluators],
+            report = await run_attempt(case, attempt, factory,
+                                       [*evaluators, *case.evaluators] if case.evaluators else evaluators,
                                        timeout=case.timeout or timeout, structured_model=structured_model,
                                        prices=prices, base=base, takes_case=takes_case)
             reports[index][attempt] = report

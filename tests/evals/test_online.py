@@ -14,8 +14,9 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from agentscope_py import ReActAgent
-from agentscope_py.evals import Contains, EvalContext, LLMJudge, MaxModelCalls
-from agentscope_py.middleware import EvalMiddleware, OnlineResult, OtelTracingMiddleware
+from agentscope_py.evals import Contains, EvalContext, LLMJudge, MaxModelCalls, ToolCall
+from agentscope_py.events import AgentStart
+from agentscope_py.middleware import EvalMiddleware, ExtensionPoint, OnlineResult, OtelTracingMiddleware
 from agentscope_py.model import ModelStep, ScriptedModel
 from agentscope_py.stream import aclose
 
@@ -170,6 +171,86 @@ async def test_a_judge_online_scores_outside_the_run(provider: TracerProvider,
     assert seen_span == [False]  # no span of the run is current where the judge is called
     assert sum(1 for e in events if e.type == "model_call_start") == 2  # the judge's call is not in the stream
     assert not any(s.name.startswith("chat") and "verdict" in str(s.attributes) for s in exporter.get_finished_spans())
+    await mw.aclose()
+
+
+async def test_no_layer_wraps_the_callers_stream_and_evaluators_see_the_calls() -> None:
+    seen: list[EvalContext] = []
+
+    def spy(ctx: EvalContext) -> bool:
+        seen.append(ctx)
+        return True
+
+    got: list[OnlineResult] = []
+    mw = EvalMiddleware([spy], sample_rate=1.0, on_result=got.append)
+    agent = _agent(mw)
+    # What makes the user's path cheap: nothing at on_agent, where even a pass-through layer
+    # costs an async level per event of the caller's stream.
+    assert agent.middlewares_at(ExtensionPoint.ON_AGENT) == ()
+    events = [e async for e in agent.stream("1 + 2?")]
+    await mw.drain()
+    [ctx] = seen
+    assert ctx.text == "3" and ctx.error is None and ctx.duration > 0
+    assert not isinstance(ctx.input, str) and [m.text for m in ctx.input] == ["1 + 2?"]
+    assert ctx.tool_calls == [ToolCall(ctx.tool_calls[0].id, "add", {"a": 1, "b": 2}, "success", "3")]
+    assert len(ctx.model_calls) == 2 and ctx.usage is not None
+    # The events of the model calls and tool calls, the very objects the caller got, in order.
+    kept = {id(e) for e in ctx.events}
+    assert [e for e in events if id(e) in kept] == list(ctx.events)
+    assert {e.type for e in events} - {e.type for e in ctx.events} == {"agent_start", "agent_result", "agent_end"}
+    [start] = [e for e in events if isinstance(e, AgentStart)]
+    assert got[0].reply_id == start.reply_id
+    await mw.aclose()
+
+
+async def test_a_run_its_consumer_leaves_midway_is_not_scored_an_interrupted_one_is() -> None:
+    mw = EvalMiddleware([Contains("3")], sample_rate=1.0)
+    agent = _agent(mw, runs=2)
+    stream = agent.stream("q").__aiter__()
+    async for event in stream:
+        if event.type == "tool_call_start":  # inside the first model call
+            break
+    await aclose(stream)
+    assert mw.sampled == 0 and mw._queue is None
+
+    got: list[OnlineResult] = []
+    stopped = EvalMiddleware([Contains("3")], sample_rate=1.0, on_result=got.append)
+    slow_agent = _agent(stopped)
+    async for event in slow_agent.stream("q"):
+        if event.type == "tool_call_start":
+            assert slow_agent.interrupt()
+    await stopped.drain()
+    assert stopped.scored == 1 and not got[0].passed  # an interrupted run is judged like any other
+    await stopped.aclose()
+
+
+async def test_a_failed_run_is_scored_as_failed() -> None:
+    got: list[OnlineResult] = []
+    mw = EvalMiddleware([Contains("3")], sample_rate=1.0, on_result=got.append)
+    agent = (ReActAgent.builder().name("calc").model(ScriptedModel([ModelStep.error(ValueError("model down"))]))
+             .middleware(mw).build())
+    with pytest.raises(Exception, match="model down"):
+        await agent.call("q")
+    await mw.drain()
+    [result] = got
+    assert not result.passed and result.error is not None and "model down" in result.error
+    assert [(r.evaluator, r.passed) for r in result.results] == [("run", False)]
+    await mw.aclose()
+
+
+async def test_a_sub_agents_run_is_scored_apart_and_counted_in_its_callers() -> None:
+    got: list[OnlineResult] = []
+    mw = EvalMiddleware([MaxModelCalls(10)], sample_rate=1.0, on_result=got.append)
+    helper = ReActAgent.builder().name("helper").model(ScriptedModel([ModelStep.text("4")])).build()
+    caller = (ReActAgent.builder().name("boss").model(ScriptedModel([
+        ModelStep.tool_call("helper", {"task": "2 + 2?"}), ModelStep.text("It is 4.")]))
+        .tools(helper.as_tool()).middleware(mw).build())
+    assert (await caller.call("2 + 2?")).text == "It is 4."
+    await mw.drain()
+    by_agent = {r.agent: r for r in got}
+    assert set(by_agent) == {"boss", "helper"} and all(r.passed for r in got)
+    assert by_agent["boss"].results[0].details == {"value": 3, "limit": 10}  # its 2 calls and the helper's
+    assert by_agent["helper"].results[0].details == {"value": 1, "limit": 10}
     await mw.aclose()
 
 

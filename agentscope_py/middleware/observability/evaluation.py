@@ -1,23 +1,32 @@
 """`EvalMiddleware`: the evaluators of `agentscope_py.evals`, on a sample of live runs.
 
-A sampled run's events are kept as they pass (a fused side effect: no extra async layer, nothing
-changed), and when the run's stream ends its record goes on a bounded queue; background workers
-score it there. The user's path pays for the sampling draw, one list append per event and one
-``put_nowait``: it is never delayed, changed or failed by scoring. A full queue drops the run
-(``dropped`` counts them) rather than wait or grow.
+A run is sampled when its state is ready (``on_agent_state_ready``, one random draw). A sampled
+run's record keeps the events of its model calls and tool calls as they leave this middleware's
+``on_model_call`` and ``on_acting`` layers, through a fused map (one list append per event, no
+async layer: a model call's stream applies it where it hands each event on). No ``on_agent``
+layer wraps the caller's stream: at that hook any middleware, even a pass-through one, adds an
+async level to every event the caller reads.
+
+When the run finishes (``on_agent_finish``, which carries its final message or error) its record
+goes on a bounded queue; background workers score it there. The user's path pays for the
+sampling draw, one append per event of a sampled run and one ``put_nowait``: it is never delayed,
+changed or failed by scoring. A full queue drops the run (``dropped`` counts them) rather than
+wait or grow. A run whose consumer stopped reading before it ended is not scored (it ends
+interrupted without ``agent.interrupt``); a run that failed is scored as failed.
 
 Scoring runs outside every run: the workers are tasks started in an empty ``contextvars``
 context, so nothing current in a run (its span, its context values) reaches an evaluator, and
 an `LLMJudge`'s call is in no run's stream, usage or budget.
 
 Each scored run is published three ways: a span ``evaluate {agent}`` (a child of the span current
-when the run started, when there was one) whose attributes hold each evaluator's score and pass
-(``agentscope.eval.<evaluator>.score`` / ``.passed``, and ``agentscope.eval.passed``) and whose
-``agentscope.eval.result`` events hold the reasons; a log line on the ``agentscope_py.evals``
-logger; and the ``on_result`` callback (sync or async) with an `OnlineResult`. A failing
-publisher is logged, never raised. A run is queued when its ``AgentEnd`` passes, so a run whose
-consumer stopped reading early is not scored. Online contexts carry no spans (``HasMatchingSpan``
-needs the offline runner's per-run trace)."""
+when the run's state was ready, when there was one) whose attributes hold each evaluator's score
+and pass (``agentscope.eval.<evaluator>.score`` / ``.passed``, and ``agentscope.eval.passed``)
+and whose ``agentscope.eval.result`` events hold the reasons; a log line on the
+``agentscope_py.evals`` logger; and the ``on_result`` callback (sync or async) with an
+`OnlineResult`. A failing publisher is logged, never raised. Online contexts carry no spans
+(``HasMatchingSpan`` needs the offline runner's per-run trace), and their events are those of the
+model calls and tool calls (sub-agents' included), not the run's own ``AgentStart``,
+``AgentResult`` and ``AgentEnd``: the output and the error come from the finish."""
 
 from __future__ import annotations
 
@@ -31,13 +40,15 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..events import AgentEnd, AgentResult, AgentStart
-from .base import AgentInput, ExtensionPoint, MiddlewareBase, Next
+from ..message import GenerateReason
+from .base import ActingInput, AgentRun, ExtensionPoint, MiddlewareBase, ModelCallInput, Next
 
 if TYPE_CHECKING:
+    from .._state import AgentState
     from ..agent.context import RuntimeContext
     from ..agent.react import ReActAgent
     from ..evals import EvalResult
+    from ..message import Msg
 
 __all__ = ["EvalMiddleware", "OnlineResult"]
 
@@ -60,16 +71,34 @@ class OnlineResult:
     metadata: dict[str, Any] = field(default_factory=dict)
 
 
-@dataclass
 class _Run:
-    agent: ReActAgent
-    input: Sequence[Any]
-    user_id: str
-    session_id: str
-    context: contextvars.Context
-    events: list[Any] = field(default_factory=list)
-    started: float = 0.0
-    ended: float = 0.0
+    """One sampled run: who ran it, the events kept so far, and at its finish its outcome."""
+
+    __slots__ = ("agent", "context", "ended", "error", "events", "input", "keep", "output", "reply_id",
+                 "session_id", "started", "user_id")
+
+    def __init__(self, agent: ReActAgent, ctx: RuntimeContext, input: tuple[Msg, ...]) -> None:
+        self.agent = agent
+        self.reply_id = ctx.reply_id
+        self.user_id = ctx.user_id
+        self.session_id = ctx.session_id
+        self.input = input
+        # The context is kept, not the span looked up: copying a context is O(1), and the span
+        # current when the run started is read from it only when the result is published.
+        self.context = contextvars.copy_context()
+        self.events: list[Any] = []
+        self.output: Msg | None = None
+        self.error: BaseException | None = None
+        self.started = time.perf_counter()
+        self.ended = 0.0
+        append = self.events.append
+
+        # The fused map a kept stream gets: it hands each event on unchanged.
+        def keep(event: Any) -> Any:
+            append(event)
+            return event
+
+        self.keep = keep
 
 
 class EvalMiddleware(MiddlewareBase):
@@ -107,40 +136,55 @@ class EvalMiddleware(MiddlewareBase):
         self._queue: asyncio.Queue[_Run] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        self._key = object()  # this middleware's slot in a run's context (``ctx.put``)
 
     def active_points(self) -> frozenset[ExtensionPoint]:
-        return frozenset({ExtensionPoint.ON_AGENT})
+        return frozenset({ExtensionPoint.ON_AGENT_STATE_READY, ExtensionPoint.ON_MODEL_CALL,
+                          ExtensionPoint.ON_ACTING, ExtensionPoint.ON_AGENT_FINISH})
 
     # -- the user's path ---------------------------------------------------------------------------
 
-    def on_agent(self, agent: ReActAgent, ctx: RuntimeContext, input: AgentInput, next: Next) -> Any:
+    def on_agent_state_ready(self, agent: ReActAgent, ctx: RuntimeContext, state: AgentState,
+                             input_messages: list[Msg]) -> None:
         if self.sample_rate < 1.0 and self._random.random() >= self.sample_rate:
-            return next(input)
-        # The context is kept, not the span looked up: copying a context is O(1), and the span
-        # current when the run started is read from it only when the result is published.
-        run = _Run(agent, input.msgs, ctx.user_id, ctx.session_id, contextvars.copy_context(),
-                   started=time.perf_counter())
-        append = run.events.append
-        submit = self._submit
+            return
+        # Kept on the run's own context (a sub-agent's has its own), so a run that never reaches
+        # its finish (cancelled inside an earlier finish hook) leaves nothing behind in this
+        # middleware; the reply id tells this run's record from an earlier run's.
+        ctx.put(self._key, _Run(agent, ctx, tuple(input_messages)))
 
-        # The run's own AgentEnd is its last event: it queues the run from here, so no structural
-        # operator (an async layer per event) wraps the user's stream, only this fused call.
-        def seen(event: Any, end: type[AgentEnd] = AgentEnd) -> None:
-            append(event)
-            if type(event) is end and event.source is None:
-                submit(run)
+    def _sampled(self, ctx: RuntimeContext) -> _Run | None:
+        run = ctx.get(self._key)  # (a sub-agent's context falls back to its caller's: the reply id tells)
+        return run if run is not None and run.reply_id is ctx.reply_id else None
 
-        return next(input).do(seen)
+    def on_model_call(self, agent: ReActAgent, ctx: RuntimeContext, input: ModelCallInput, next: Next) -> Any:
+        run = self._sampled(ctx)
+        return next(input) if run is None else next(input).map(run.keep)
+
+    def on_acting(self, agent: ReActAgent, ctx: RuntimeContext, input: ActingInput, next: Next) -> Any:
+        run = self._sampled(ctx)
+        return next(input) if run is None else next(input).map(run.keep)
+
+    async def on_agent_finish(self, agent: ReActAgent, ctx: RuntimeContext, run: AgentRun) -> None:
+        record = self._sampled(ctx)
+        if record is None:
+            return
+        ctx.put(self._key, None)
+        control = ctx.control
+        if run.reason is GenerateReason.INTERRUPTED and (control is None or not control.interrupted):
+            return  # its consumer stopped reading (no agent.interrupt): a run cut short is not judged
+        record.output, record.error = run.msg, run.error
+        self._submit(record)
 
     def _submit(self, run: _Run) -> None:
         run.ended = time.perf_counter()
         try:
             self.sampled += 1
             queue = self._ensure_workers()
-            try:
-                queue.put_nowait(run)
-            except asyncio.QueueFull:
+            if queue.full():  # (asked, not caught: dropping is what an overloaded scorer does per run)
                 self.dropped += 1
+            else:
+                queue.put_nowait(run)
         except Exception:  # the user's stream never fails because of scoring
             log.exception("EvalMiddleware: could not queue a run for scoring")
 
@@ -171,22 +215,18 @@ class EvalMiddleware(MiddlewareBase):
     async def _score(self, run: _Run) -> None:
         from ..evals import Case, EvalContext, EvalResult, run_evaluator
 
-        output = next((e.result for e in reversed(run.events) if type(e) is AgentResult and e.source is None), None)
-        end = next(e for e in reversed(run.events) if type(e) is AgentEnd and e.source is None)
-        start = next((e for e in run.events if type(e) is AgentStart and e.source is None), None)
         name = f"{run.agent.name}/{run.session_id}"
         case = Case(name=name, input=list(run.input))
-        ctx = EvalContext(case=case, events=run.events, output=output,
-                          error=RuntimeError(end.error) if end.error else None,
+        error = None if run.error is None else _describe(run.error)
+        ctx = EvalContext(case=case, events=run.events, output=run.output, error=run.error,
                           duration=max(0.0, run.ended - run.started))
-        if end.error:
-            results = [EvalResult(0.0, False, f"the run failed: {end.error}", "run", error=end.error)]
+        if error is not None:
+            results = [EvalResult(0.0, False, f"the run failed: {error}", "run", error=error)]
         else:
             results = [await run_evaluator(e, ctx) for e in self.evaluators]
         self.scored += 1
-        result = OnlineResult(run.agent.name, run.user_id, run.session_id, start.reply_id if start else None,
-                              results, end.error is None and all(r.passed for r in results), ctx.duration,
-                              end.error)
+        result = OnlineResult(run.agent.name, run.user_id, run.session_id, run.reply_id, results,
+                              error is None and all(r.passed for r in results), ctx.duration, error)
         self._publish_span(run, result)
         scores = ", ".join(f"{r.evaluator}={r.score:.2f}{'' if r.passed else ' FAIL'}" for r in results)
         log.info("eval %s session=%s reply=%s passed=%s %s", result.agent, result.session_id, result.reply_id,
@@ -234,6 +274,11 @@ class EvalMiddleware(MiddlewareBase):
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _describe(error: BaseException) -> str:
+    """``"Type: message"``, as the run's ``AgentEnd.error`` says it."""
+    return f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
 
 
 def _agent_provider(agent: ReActAgent) -> Any:
