@@ -42,7 +42,6 @@ from ag_ui.core import (
     UserMessage,
 )
 from ag_ui.encoder import EventEncoder
-
 from agentscope_py.server._agui_content import attribute
 from agentscope_py.server._agui_encode import FrameEncoder
 

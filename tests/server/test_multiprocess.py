@@ -17,7 +17,6 @@ from typing import Any
 
 import httpx
 import pytest
-
 from agentscope_py.server._runlog import RESERVE
 
 from .test_cli_serve import Serving

@@ -28,8 +28,8 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
-from ..events import AgentEvent, parse_event
-from ._redis_clients import LoopClients
+from ...events import AgentEvent, parse_event
+from .._redis_clients import LoopClients
 
 __all__ = ["CacheStore", "InMemoryCacheStore", "RedisCacheStore", "SqliteCacheStore"]
 

@@ -20,10 +20,10 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ._redis_clients import LoopClients
+from .._redis_clients import LoopClients
 
 if TYPE_CHECKING:
-    from .._context import RuntimeContext
+    from ..._context import RuntimeContext
 
 __all__ = [
     "BudgetStore", "InMemoryBudgetStore", "RedisBudgetStore", "Reservation", "RunTotals", "ScopeTotals", "Spend",

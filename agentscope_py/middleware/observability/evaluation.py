@@ -31,13 +31,13 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..events import AgentEnd, AgentResult, AgentStart
-from .base import AgentInput, ExtensionPoint, MiddlewareBase, Next
+from ...events import AgentEnd, AgentResult, AgentStart
+from ...extension.base import AgentInput, ExtensionPoint, MiddlewareBase, Next
 
 if TYPE_CHECKING:
-    from ..agent.context import RuntimeContext
-    from ..agent.react import ReActAgent
-    from ..evals import EvalResult
+    from ..._context import RuntimeContext
+    from ...evals import EvalResult
+    from ...extension.base import AgentView
 
 __all__ = ["EvalMiddleware", "OnlineResult"]
 
@@ -62,7 +62,7 @@ class OnlineResult:
 
 @dataclass
 class _Run:
-    agent: ReActAgent
+    agent: AgentView
     input: Sequence[Any]
     user_id: str
     session_id: str
@@ -113,7 +113,7 @@ class EvalMiddleware(MiddlewareBase):
 
     # -- the user's path ---------------------------------------------------------------------------
 
-    def on_agent(self, agent: ReActAgent, ctx: RuntimeContext, input: AgentInput, next: Next) -> Any:
+    def on_agent(self, agent: AgentView, ctx: RuntimeContext, input: AgentInput, next: Next) -> Any:
         if self.sample_rate < 1.0 and self._random.random() >= self.sample_rate:
             return next(input)
         # The context is kept, not the span looked up: copying a context is O(1), and the span
@@ -169,7 +169,7 @@ class EvalMiddleware(MiddlewareBase):
                 queue.task_done()
 
     async def _score(self, run: _Run) -> None:
-        from ..evals import Case, EvalContext, EvalResult, run_evaluator
+        from ...evals import Case, EvalContext, EvalResult, run_evaluator
 
         output = next((e.result for e in reversed(run.events) if type(e) is AgentResult and e.source is None), None)
         end = next(e for e in reversed(run.events) if type(e) is AgentEnd and e.source is None)
@@ -236,7 +236,7 @@ class EvalMiddleware(MiddlewareBase):
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-def _agent_provider(agent: ReActAgent) -> Any:
+def _agent_provider(agent: AgentView) -> Any:
     from .tracing import OtelTracingMiddleware
 
     for mw in agent.middlewares_at(ExtensionPoint.ON_AGENT):
