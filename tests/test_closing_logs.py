@@ -21,11 +21,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from agentscope_py.server._runlog_redis import RedisRunLog
 from test_closing_property import AGUI_PAIRS, scenario, unbalanced
 
 from agentscope_py.events import parse_event
 from agentscope_py.server import InMemoryRunLog, RunLog, SqliteRunLog, create_app
+from agentscope_py.server._runs.runlog_redis import RedisRunLog
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -4,7 +4,6 @@ client's frontend tools refused at once when malformed (before anything reaches 
 from __future__ import annotations
 
 import pytest
-from agentscope_py.server._durable_answers import answers_of
 from durable_helpers import temporal_address
 from temporalio.client import Client
 
@@ -13,6 +12,7 @@ from agentscope_py.durable import DurableAgent
 from agentscope_py.events import ConfirmResult
 from agentscope_py.message import Msg, ToolResultBlock
 from agentscope_py.model.base import ToolSchema
+from agentscope_py.server._durable.answers import answers_of
 
 __all__ = ["temporal_address"]  # a fixture, used by name
 

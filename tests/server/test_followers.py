@@ -169,15 +169,14 @@ async def test_followers_of_a_run_share_one_read_from_any_position(own_redis: An
     few of them slow, 10 more from the start half way: one blocking read of the log at a time,
     and each follower gets the frames after its position once, in order, to the end (one left
     behind what the tail keeps reads the log itself and catches up)."""
-    from agentscope_py.server._logtail import TAIL_BYTES
-    from agentscope_py.server._runlog import Batch
-    from agentscope_py.server._runlog_redis import RedisRunLog
-
     from agentscope_py.server import RunRecord
     from agentscope_py.server._limits import Limits
-    from agentscope_py.server._runs import Runs
+    from agentscope_py.server._runs.logtail import TAIL_BYTES
+    from agentscope_py.server._runs.runlog import Batch
+    from agentscope_py.server._runs.runlog_redis import RedisRunLog
+    from agentscope_py.server._runs.runs import Runs
 
-    monkeypatch.setattr("agentscope_py.server._logtail.TAIL_BYTES", 2_000)  # about 70 frames
+    monkeypatch.setattr("agentscope_py.server._runs.logtail.TAIL_BYTES", 2_000)  # about 70 frames
     assert TAIL_BYTES > 2_000
     owner = RedisRunLog(own_redis.url, prefix="tail")
     here = RedisRunLog(own_redis.url, prefix="tail", max_connections=8)
@@ -239,10 +238,9 @@ async def test_followers_of_a_run_share_one_read_from_any_position(own_redis: An
 async def test_the_lease_and_the_writes_never_wait_behind_reads(own_redis: Any) -> None:
     """More blocking reads than the process's read connections: the lease is renewed and
     the frames written at once, and the reads wait their turn instead of failing."""
-    from agentscope_py.server._runlog import Batch
-    from agentscope_py.server._runlog_redis import RedisRunLog
-
     from agentscope_py.server import RunRecord
+    from agentscope_py.server._runs.runlog import Batch
+    from agentscope_py.server._runs.runlog_redis import RedisRunLog
 
     log = RedisRunLog(own_redis.url, prefix="lease", lease=3.0)
     await log.start(noop)
@@ -266,12 +264,11 @@ async def test_the_lease_and_the_writes_never_wait_behind_reads(own_redis: Any) 
 
 @pytest.mark.timeout(60)
 async def test_followers_of_a_quiet_run_get_heartbeats_and_the_read_stops_when_they_leave(own_redis: Any) -> None:
-    from agentscope_py.server._runlog import Batch
-    from agentscope_py.server._runlog_redis import RedisRunLog
-
     from agentscope_py.server import RunRecord
     from agentscope_py.server._limits import Limits
-    from agentscope_py.server._runs import Runs
+    from agentscope_py.server._runs.runlog import Batch
+    from agentscope_py.server._runs.runlog_redis import RedisRunLog
+    from agentscope_py.server._runs.runs import Runs
     from agentscope_py.server.sse import HEARTBEAT
 
     owner = RedisRunLog(own_redis.url, prefix="quiet")

@@ -9,12 +9,12 @@ import contextlib
 from typing import Any
 
 import pytest
-from agentscope_py.server._runlog import Batch
-from agentscope_py.server._runlog_redis import RedisRunLog
 from redis.asyncio import Redis
 
 from agentscope_py.errors import RunLogError
 from agentscope_py.server import RunRecord
+from agentscope_py.server._runs.runlog import Batch
+from agentscope_py.server._runs.runlog_redis import RedisRunLog
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -24,7 +24,7 @@ of their own (`PackedCommands`); the lease and the interrupt subscription on a c
 (one connection each); the reads (resumes, followers, owner checks, interrupts sent) share a pool
 of ``max_connections``, where a read waits for a free connection (up to ``socket_timeout``) rather
 than failing. A run followed from the log holds one of those connections while it waits for frames,
-however many clients follow it here (`_logtail.LogTail`).
+however many clients follow it here (`logtail.LogTail`).
 """
 
 from __future__ import annotations
@@ -40,8 +40,8 @@ from urllib.parse import quote
 
 from redis.asyncio import BlockingConnectionPool, Redis
 
-from .._redis import Arg, LoopRedis, RedisError, bulk, redis_errors
-from ._runlog import (
+from ..._redis import Arg, LoopRedis, RedisError, bulk, redis_errors
+from .runlog import (
     RESERVE,
     RUNNING,
     Batch,
