@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, Any, TypeVar, overload
 if TYPE_CHECKING:
     from ._control import RunControl
     from ._state import AgentState
-    from .agent.react import ReActAgent
     from .message import ChatUsage
 
 __all__ = ["RuntimeContext"]
@@ -51,7 +50,9 @@ class RuntimeContext:
         # started from this run inherits.
         self._runtime: Any = None
         self.agent_state: AgentState | None = None
-        self.agent: ReActAgent | None = None  # the agent running the call (bound with the state)
+        # The agent running the call (bound with the state): an `AgentView`. Typed loosely because
+        # this context sits below the tools that view names.
+        self.agent: Any = None
         # The running execution's reply id (AgentStart's): what events a middleware makes itself
         # carry, at any point (on_acting and on_model_call are not told it otherwise).
         self.reply_id: str | None = None

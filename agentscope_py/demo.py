@@ -18,9 +18,9 @@ from typing import Any
 
 from .agent.react import ReActAgent
 from .events import AgentEvent, Custom
+from .extension.base import ActingInput, MiddlewareBase, ModelCallInput, Next
 from .message import ChatUsage, Msg, ToolUseBlock, new_id
-from .middleware.base import ActingInput, MiddlewareBase, ModelCallInput, Next
-from .middleware.pii import PIIRedactionMiddleware
+from .middleware.safety.pii import PIIRedactionMiddleware
 from .model.base import ChatModel, ModelRequest
 from .model.scripted import ModelStep, ScriptedModel
 from .stream import EventStream

@@ -214,7 +214,10 @@ def main() -> None:
         transport, variant, cases = args.child
         print(json.dumps(asyncio.run(_calls(transport, variant, cases.split(",")))))
         return
-    result = {"readers": readers(args.size, args.blocks, args.batches), "calls": calls(args.cases.split(","), args.transports.split(","))}
+    result = {
+        "readers": readers(args.size, args.blocks, args.batches),
+        "calls": calls(args.cases.split(","), args.transports.split(",")),
+    }
     if not args.json:
         for name, row in result["readers"].items():
             print(f"reader, {name}: {row}")

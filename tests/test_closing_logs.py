@@ -25,7 +25,7 @@ from test_closing_property import AGUI_PAIRS, scenario, unbalanced
 
 from agentscope_py.events import parse_event
 from agentscope_py.server import InMemoryRunLog, RunLog, SqliteRunLog, create_app
-from agentscope_py.server._runlog_redis import RedisRunLog
+from agentscope_py.server._runs.runlog_redis import RedisRunLog
 
 pytestmark = pytest.mark.timeout(120)
 

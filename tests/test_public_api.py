@@ -138,8 +138,12 @@ def _is_type_alias(obj: Any) -> bool:
 def render() -> str:
     homes: dict[int, str] = {}
     listed: list[tuple[str, str, Any]] = []
+    moved: list[str] = []
     for mod_name in public_modules():
         module = importlib.import_module(mod_name)
+        if module.__name__ != mod_name:  # an old module path that gives the module at its new one
+            moved.append(f"{mod_name} -> {module.__name__}")
+            continue
         with warnings.catch_warnings():
             warnings.simplefilter("error")  # a listed name must not be a deprecated alias
             for name in api_names(module):
@@ -161,6 +165,8 @@ def render() -> str:
             out.append(f"{path} -> {home}")
         else:
             out.extend(describe(path, obj))
+    if moved:
+        out += ["\n## old module paths", *moved]
     return "# The public API of agentscope_py (tests/test_public_api.py; update: " + UPDATE + ")\n" + \
         "\n".join(out).lstrip("\n") + "\n"
 

@@ -52,7 +52,7 @@ class MapSource:
 
     context_free: ClassVar[bool] = False
     """True for a factory that reads no context of its own when subscribed: it only subscribes
-    streams that were built elsewhere and carry their own (`_resilience_common.FirstFailure`). A
+    streams that were built elsewhere and carry their own (`middleware.resilience._common.FirstFailure`). A
     middleware layer then returns the hook's stream as it is, with no context wrapper (`chain`)."""
 
     def __call__(self) -> AsyncIterator[Any]:

@@ -10,15 +10,15 @@ from typing import TYPE_CHECKING, Any
 from .._sanitize import MAX_DEPTH, clean, clean_value, depth_exceeds
 from ..errors import InputError, MiddlewareError
 from ..events import AgentEvent, EventBase, ModelCallStart
+from ..extension.base import ExtensionPoint
 from ..message import Msg, TextBlock, ToolResultBlock
-from ..middleware.base import ExtensionPoint
 from ..stream import aclose
 from ._brackets import BRACKET_TYPES, OPENS, Brackets
 
 if TYPE_CHECKING:
-    from ..middleware.chain import Participants
+    from ..extension.base import AgentView
+    from ..extension.chain import Participants
     from ._runtime import AgentRuntime
-    from .react import ReActAgent
 
 __all__ = ["admit", "clean_block", "guarded", "not_an_event", "require_event", "warn_empty"]
 
@@ -72,7 +72,7 @@ async def guarded(events: AsyncIterator[Any], participants: Participants) -> Asy
         yield end
 
 
-def warn_empty(agent: ReActAgent, runtime: AgentRuntime) -> None:
+def warn_empty(agent: AgentView, runtime: AgentRuntime) -> None:
     """Log, once per agent, that a round got an empty stream: a hook at on_reasoning or
     on_model_call short-circuited without a single event, so the reply is empty and no model was
     called. Allowed (a hook may short-circuit), but rarely meant."""

@@ -31,16 +31,15 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, TextIO
 
-from ..middleware.base import ExtensionPoint, MiddlewareBase
-from ..middleware.lints import find
-from ..middleware.ordering import labels
-from ._subagent import SubAgentTool
+from ..extension.base import ExtensionPoint, MiddlewareBase
+from ..extension.lints import find
+from ..extension.ordering import labels
+from ._subagent import SubAgent, SubAgentTool
 from ._subagent_tree import inherited_runtime, inherits
 
 if TYPE_CHECKING:
-    from ..middleware.chain import Participants
+    from ..extension.chain import Participants
     from ._runtime import AgentRuntime
-    from .react import ReActAgent
 
 __all__ = ["FORMAT", "describe", "explain", "render_text"]
 
@@ -62,7 +61,7 @@ KINDS = {
 _MAX_DEPTH = 16
 
 
-def explain(agent: ReActAgent, format: str = "text", *, file: TextIO | None = None, echo: bool = True) -> str:
+def explain(agent: SubAgent, format: str = "text", *, file: TextIO | None = None, echo: bool = True) -> str:
     if format not in ("text", "json"):
         raise ValueError(f'format must be "text" or "json", got {format!r}')
     doc = describe(agent)
@@ -72,7 +71,7 @@ def explain(agent: ReActAgent, format: str = "text", *, file: TextIO | None = No
     return out
 
 
-def describe(agent: ReActAgent) -> dict[str, Any]:
+def describe(agent: SubAgent) -> dict[str, Any]:
     """The JSON document (module docstring) of ``agent``."""
     origin = {id(m): ("builtin" if any(m is a for a in agent._added_middlewares) else "agent", agent.name)
               for m in agent._middlewares}
@@ -80,7 +79,7 @@ def describe(agent: ReActAgent) -> dict[str, Any]:
     return {"format": FORMAT, "version": VERSION, "agent": node}
 
 
-def _node(agent: ReActAgent, runtime: AgentRuntime, middlewares: Sequence[MiddlewareBase],
+def _node(agent: SubAgent, runtime: AgentRuntime, middlewares: Sequence[MiddlewareBase],
           origin: dict[int, tuple[str, str]], depth: int) -> dict[str, Any]:
     participants = runtime.participants
     names = dict(zip(map(id, middlewares), labels(middlewares), strict=True))
@@ -111,7 +110,7 @@ def _node(agent: ReActAgent, runtime: AgentRuntime, middlewares: Sequence[Middle
     }
 
 
-def _subagents(agent: ReActAgent, runtime: AgentRuntime, middlewares: Sequence[MiddlewareBase],
+def _subagents(agent: SubAgent, runtime: AgentRuntime, middlewares: Sequence[MiddlewareBase],
                origin: dict[int, tuple[str, str]], depth: int) -> list[dict[str, Any]]:
     if depth >= _MAX_DEPTH:
         return []

@@ -10,8 +10,8 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from ..events import AgentEvent, MiddlewareStarted
-from ..middleware.base import ExtensionPoint, MiddlewareBase
-from ..middleware.chain import completed_event
+from ..extension.base import ExtensionPoint, MiddlewareBase
+from ..extension.chain import completed_event
 
 __all__ = ["HookCall"]
 

@@ -27,9 +27,9 @@ from .._model_call import model_call_stream
 from .._replies import ReplyBuilder
 from ..errors import AgentInterrupted, BusyError, PendingToolCallsError, ResumeError, StructuredOutputError
 from ..events import AgentEnd, AgentEvent, AgentResult, AgentStart, EventBase, ExceedMaxIters, ModelCallStart
+from ..extension.base import ActingInput, AgentInput, ExtensionPoint, ModelCallInput, ReasoningInput
+from ..extension.chain import compose
 from ..message import GenerateReason, Msg, ToolResultState, ToolUseBlock, new_id
-from ..middleware.base import ActingInput, AgentInput, ExtensionPoint, ModelCallInput, ReasoningInput
-from ..middleware.chain import compose
 from ..model.base import ModelRequest
 from ..stream import EventStream, aclose, aclosing
 from ._boundaries import not_an_event, require_event, warn_empty
@@ -58,8 +58,8 @@ from ._structured import StructuredOutput
 if TYPE_CHECKING:
     from ..events import RequestStop
     from ._runtime import AgentRuntime
+    from ._scope import RunningAgent
     from .context import RuntimeContext
-    from .react import ReActAgent
 
 __all__ = ["Execution", "PendingToolCallsError", "ResumeError", "StructuredOutputError"]
 
@@ -79,8 +79,8 @@ class Execution:
     every iteration of ``agent.stream(...)``."""
 
     def __init__(
-        self, agent: ReActAgent, runtime: AgentRuntime, ctx: RuntimeContext, structured_model: type[Any] | None = None,
-        strategy: MultitaskStrategy = "enqueue",
+        self, agent: RunningAgent, runtime: AgentRuntime, ctx: RuntimeContext,
+        structured_model: type[Any] | None = None, strategy: MultitaskStrategy = "enqueue",
     ) -> None:
         self.agent = agent
         self.strategy: MultitaskStrategy = strategy

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import StateStoreError
 from ..events import AgentEvent
-from ..middleware.base import AgentRun, ExtensionPoint
+from ..extension.base import AgentRun, ExtensionPoint
 from ._brackets import describe
 from ._hooks import HookCall
 from ._run_state import RunState
@@ -30,9 +30,9 @@ from .state import AgentState
 from .store import InMemoryStateStore
 
 if TYPE_CHECKING:
+    from ..extension.base import AgentView
     from ._runtime import AgentRuntime
     from .context import RuntimeContext
-    from .react import ReActAgent
 
 __all__ = ["finish", "finish_quietly", "load_session", "save_once"]
 
@@ -103,7 +103,7 @@ async def save_once(runtime: AgentRuntime, ctx: RuntimeContext, run: RunState) -
 
 
 async def finish(
-    agent: ReActAgent, ctx: RuntimeContext, runtime: AgentRuntime, run: RunState,
+    agent: AgentView, ctx: RuntimeContext, runtime: AgentRuntime, run: RunState,
     error: BaseException | None, tool_calls: int,
 ) -> AsyncIterator[AgentEvent]:
     """on_agent_finish, then the checkpoint. A generator so traced hooks can emit events.

@@ -13,8 +13,8 @@ from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
 from ..events import AgentEvent
+from ..extension.base import ExtensionPoint
 from ..message import Msg
-from ..middleware.base import ExtensionPoint
 from ..stream import aclosing
 from ._boundaries import admit
 from ._hooks import HookCall
@@ -23,12 +23,12 @@ from ._persist import load_session
 from ._resume import check_no_control_input, resume
 
 if TYPE_CHECKING:
-    from ._loop import Execution
+    from ._scope import StepScope
 
 __all__ = ["prelude"]
 
 
-async def prelude(exe: Execution) -> AsyncIterator[AgentEvent]:
+async def prelude(exe: StepScope) -> AsyncIterator[AgentEvent]:
     agent, ctx, run, runtime = exe.agent, exe.ctx, exe.run, exe.runtime
     state = await load_session(runtime, ctx, run)
     run.keep_before()  # what a rollback of this turn restores (`RunState.roll_back`)

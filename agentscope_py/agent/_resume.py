@@ -24,12 +24,12 @@ from ._boundaries import clean_block
 from ._subagent_tree import route_confirms
 
 if TYPE_CHECKING:
-    from ._loop import Execution
+    from ._scope import StepScope
 
 __all__ = ["check_no_control_input", "edit_call", "last_assistant", "resume"]
 
 
-async def resume(exe: Execution, pending: list[ToolUseBlock], input_msgs: list[Msg]) -> AsyncIterator[AgentEvent]:
+async def resume(exe: StepScope, pending: list[ToolUseBlock], input_msgs: list[Msg]) -> AsyncIterator[AgentEvent]:
     state = exe.run.session
     assert state is not None
     confirms = _confirm_results(input_msgs)
@@ -98,14 +98,14 @@ async def resume(exe: Execution, pending: list[ToolUseBlock], input_msgs: list[M
         async for ev in steps:
             yield ev
 
-def last_assistant(exe: Execution) -> Msg:
+def last_assistant(exe: StepScope) -> Msg:
     assert exe.run.session is not None
     for msg in reversed(exe.run.session.context):
         if msg.role == "assistant":
             return msg
     raise ResumeError("no assistant message to resume")
 
-def edit_call(exe: Execution, call: ToolUseBlock) -> None:
+def edit_call(exe: StepScope, call: ToolUseBlock) -> None:
     """Replace a call's arguments in memory, so the model sees what actually ran."""
     assert exe.run.session is not None
     context = exe.run.session.context

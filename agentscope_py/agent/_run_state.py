@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .._replies import ReplyBuilder
+from ..extension.base import MiddlewareBase
 from ..message import ChatUsage, GenerateReason, Msg, TextBlock, ToolResultBlock, ToolResultState, ToolUseBlock, new_id
-from ..middleware.base import MiddlewareBase
 from ._boundaries import admit
 from .state import AgentState
 

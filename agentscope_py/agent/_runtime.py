@@ -14,7 +14,7 @@ from ._session import DEFAULT_MAX_QUEUED, MultitaskStrategy
 if TYPE_CHECKING:
     from .._acting import ToolExecutor
     from .._model_call import FailoverListener, ModelExecutor, RetryPolicy
-    from ..middleware.chain import Participants
+    from ..extension.chain import Participants
     from ..model.base import ChatModel
     from ._session import SessionGates
     from .state import AgentState

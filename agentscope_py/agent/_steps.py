@@ -11,8 +11,8 @@ from typing import Any, TypeAlias
 from .._replies import ToolResultCollector
 from ..errors import AgentInterrupted
 from ..events import AgentEvent, RequestStop
+from ..extension.base import ExtensionPoint
 from ..message import GenerateReason, Msg, ToolResultBlock, ToolResultState, ToolUseBlock
-from ..middleware.base import ExtensionPoint
 from ..stream import EventStream
 from ._brackets import BRACKET_TYPES, OPENS, describe
 from ._run_state import RunState

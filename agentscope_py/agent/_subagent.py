@@ -31,7 +31,7 @@ import asyncio
 import contextlib
 import re
 from collections.abc import AsyncIterator, Callable, Mapping
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from pydantic import BaseModel, Field
 
@@ -41,6 +41,7 @@ from .._context import RuntimeContext
 from .._fast_events import with_source
 from ..errors import AgentInterrupted, BudgetExceeded, SubAgentError, SubAgentPaused, ToolArgumentError
 from ..events import AgentResult, Custom, ModelCallEnd, RequestStop, RequireUserConfirm
+from ..extension.base import AgentView, MiddlewareBase
 from ..message import ChatUsage, GenerateReason, Msg, new_id
 from ..stream import aclosing
 from ..tool.toolkit import Tool, arguments_model, clean_schema
@@ -48,9 +49,9 @@ from ._brackets import Brackets as _Opened
 from ._subagent_tree import DEFAULT_MAX_DEPTH, InheritSpec, check_limits, inherited_runtime, set_waiting, take_confirms
 
 if TYPE_CHECKING:
-    from ..middleware.chain import Participants
+    from ..extension.chain import Participants
+    from ._loop import Execution
     from ._runtime import AgentRuntime
-    from .react import ReActAgent
 
 __all__ = ["SessionMode", "SubAgentTool"]
 
@@ -61,12 +62,31 @@ _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # what every provider accepts as a
 _CTX = "_agentscope_ctx"  # the injected context's keyword (no input model field can be named so)
 
 
+class SubAgent(AgentView, Protocol):
+    """What the tool (and `explain`, describing it) uses of the agent it runs; a `ReActAgent` is
+    one. Named here, not imported: the agent makes these tools (`ReActAgent.as_tool`)."""
+
+    @property
+    def _runtime(self) -> AgentRuntime: ...
+
+    @property
+    def _middlewares(self) -> tuple[MiddlewareBase, ...]: ...
+
+    @property
+    def _added_middlewares(self) -> tuple[MiddlewareBase, ...]: ...
+
+    def _start(
+        self, msgs: tuple[Msg, ...], ctx: RuntimeContext | None, structured_model: type[Any] | None,
+        runtime: AgentRuntime | None = None,
+    ) -> tuple[Execution, Any]: ...
+
+
 class SubAgentTool:
     """What one registration of a sub-agent holds; `tool` is the `Tool` the caller's toolkit gets."""
 
     def __init__(
         self,
-        agent: ReActAgent,
+        agent: SubAgent,
         *,
         name: str | None = None,
         description: str | None = None,
@@ -133,7 +153,7 @@ class SubAgentTool:
     # -- the tree ---------------------------------------------------------------------------------
 
     @property
-    def subagent(self) -> ReActAgent:
+    def subagent(self) -> SubAgent:
         """The agent this tool runs: the toolkit walks a tree of agents through it (its cycle
         check at `register_agent`, `Toolkit.reachable`)."""
         return self.agent

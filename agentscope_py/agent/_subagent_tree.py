@@ -14,13 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import SubAgentCycleError, SubAgentDepthError
 from ..events import ConfirmResult
-from ..middleware.base import ExtensionPoint, MiddlewareBase, overrides
-from ..middleware.chain import Participants
-from ..middleware.final_answer import FinalAnswerFilterMiddleware
-from ..middleware.limits import ConcurrencyLimitMiddleware
-from ..middleware.observe import DynamicPromptMiddleware
-from ..middleware.structured import StructuredOutputValidationMiddleware
-from ..middleware.task_reminder import TaskReminderMiddleware
+from ..extension.base import ExtensionPoint, MiddlewareBase, overrides
+from ..extension.chain import Participants
 
 if TYPE_CHECKING:
     from .._context import RuntimeContext
@@ -54,29 +49,13 @@ InheritSpec = bool | Callable[[MiddlewareBase], bool]
 """``inherit_middleware=``: True (the caller's middleware, but those that shape one agent's own
 reply), False (none), or a predicate choosing them."""
 
-# Built-ins that shape one agent's own conversation, not the tree's: the caller's view of its
-# answer, its task list, its structured output, its prompt. They are not inherited unless a
-# predicate asks for them (or the middleware sets ``inherit_to_subagents = True``).
-_AGENT_LOCAL: tuple[type[MiddlewareBase], ...] = (
-    FinalAnswerFilterMiddleware, TaskReminderMiddleware, StructuredOutputValidationMiddleware, DynamicPromptMiddleware,
-)
-
 
 def inherits(mw: MiddlewareBase) -> bool:
     """The default choice of ``inherit_middleware=True``: a middleware's own
-    ``inherit_to_subagents`` attribute when it has one, else every middleware but the few
-    built-ins that shape one agent's own reply."""
+    ``inherit_to_subagents`` attribute when it has one (the built-ins that shape one agent's own
+    reply — its answer filter, task list, structured output, prompt — set it False), else True."""
     own = getattr(mw, "inherit_to_subagents", None)
-    if isinstance(own, bool):
-        return own
-    if isinstance(mw, ConcurrencyLimitMiddleware):
-        # A slot held by the caller's whole run or acting batch would be waited for by its own
-        # sub-agent (a deadlock at the limit): only model-call limits reach down by default.
-        return not (mw.points & _HELD_POINTS)
-    return not isinstance(mw, _AGENT_LOCAL)
-
-
-_HELD_POINTS = frozenset({ExtensionPoint.ON_AGENT, ExtensionPoint.ON_ACTING, ExtensionPoint.ON_REASONING})
+    return own if isinstance(own, bool) else True
 
 
 def inherited_runtime(

@@ -22,11 +22,10 @@ from pydantic import BaseModel, ValidationError
 from .._model_call import FailoverListener, RetryPolicy
 from ..errors import BusyError, InputError
 from ..events import AgentEvent, AgentResult, ConfirmResult
+from ..extension.base import AgentInput, ExtensionPoint, MiddlewareBase
+from ..extension.chain import Participants, compose
+from ..extension.lints import check as check_lints
 from ..message import Msg
-from ..middleware.base import AgentInput, ExtensionPoint, MiddlewareBase
-from ..middleware.chain import Participants, compose
-from ..middleware.lints import check as check_lints
-from ..middleware.task_reminder import TaskReminderMiddleware
 from ..model.base import ChatModel
 from ..model.registry import resolve_model
 from ..stream import EventStream, aclose
@@ -42,6 +41,7 @@ from ._subagent import SessionMode, SubAgentTool
 from ._subagent_tree import DEFAULT_MAX_DEPTH, InheritSpec
 from .context import RuntimeContext
 from .store import AgentStateStore, InMemoryStateStore
+from .task_reminder import TaskReminderMiddleware
 
 __all__ = ["Builder", "MsgInput", "ReActAgent", "check_input", "confirm_message"]
 
@@ -123,7 +123,7 @@ class ReActAgent:
         failover_listener: ``fn(failed_model, error, next_model)``, told of every switch to a fallback.
         model_options: Options sent with every request (``temperature``, ``max_tokens``, …).
         model_kwargs: The constructor arguments of the model an id in ``model`` resolves to.
-        strict: Make the ordering lints (`agentscope_py.middleware.lints`) errors: the agent is
+        strict: Make the ordering lints (`agentscope_py.extension.lints`) errors: the agent is
             not built while its middleware are in an order known to be wrong.
         allow_lints: Ids of lint rules whose order is meant: neither a warning nor an error.
         multitask_strategy: What a new input does when its session is running another, unless
@@ -449,7 +449,7 @@ class Builder:
         return self
 
     def strict(self, enabled: bool = True) -> Builder:
-        """Make the middleware ordering lints errors (`agentscope_py.middleware.lints`)."""
+        """Make the middleware ordering lints errors (`agentscope_py.extension.lints`)."""
         self._strict = enabled
         return self
 

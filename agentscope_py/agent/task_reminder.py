@@ -16,13 +16,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ..extension.base import ExtensionPoint, MiddlewareBase, Next, ReasoningInput
 from ..message import Msg
 from ..tool.todo import render_tasks
-from .base import ExtensionPoint, MiddlewareBase, Next, ReasoningInput
 
 if TYPE_CHECKING:
     from .._context import RuntimeContext
-    from ..agent.react import ReActAgent
+    from ..extension.base import AgentView
 
 __all__ = ["TASK_LIST_PROMPT", "TaskReminderMiddleware"]
 
@@ -36,13 +36,16 @@ class TaskReminderMiddleware(MiddlewareBase):
     """Adds task-list guidance to the system prompt and a transient reminder of the current tasks
     before each reasoning round."""
 
+    # A sub-agent does not inherit it (`agent.as_tool`): it keeps this agent's own task list.
+    inherit_to_subagents = False
+
     def active_points(self) -> frozenset[ExtensionPoint]:
         return frozenset({ExtensionPoint.ON_SYSTEM_PROMPT, ExtensionPoint.ON_REASONING})
 
-    async def on_system_prompt(self, agent: ReActAgent, ctx: RuntimeContext, prompt: str) -> str:
+    async def on_system_prompt(self, agent: AgentView, ctx: RuntimeContext, prompt: str) -> str:
         return f"{prompt}\n\n{TASK_LIST_PROMPT}" if prompt else TASK_LIST_PROMPT
 
-    def on_reasoning(self, agent: ReActAgent, ctx: RuntimeContext, input: ReasoningInput, next: Next) -> Any:
+    def on_reasoning(self, agent: AgentView, ctx: RuntimeContext, input: ReasoningInput, next: Next) -> Any:
         state = ctx.agent_state
         if state is None or not state.tasks:
             return next(input)

@@ -105,7 +105,7 @@ def _deltas_live(agent: ReActAgent) -> bool:
     them (``on_model_call``, ``on_reasoning``), unless each such middleware says it passes them
     through unchanged (``durable_live_events = True``). Otherwise they are published when the
     call returns, as the run yields them."""
-    from ..middleware.base import ExtensionPoint
+    from ..extension.base import ExtensionPoint
 
     hooks = agent._runtime.participants.hooks
     return all(getattr(mw, "durable_live_events", False)

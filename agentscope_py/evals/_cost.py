@@ -68,7 +68,7 @@ class MaxCost(Evaluator):
     ``strict=True`` fails the check naming it."""
 
     def __init__(self, usd: float, *, prices: Mapping[str, Any] | None = None, strict: bool = False) -> None:
-        from ..middleware.budget import BudgetMiddleware
+        from ..middleware.limits.budget import BudgetMiddleware
 
         _check_limit(usd, "MaxCost")
         self.usd = usd

@@ -77,7 +77,7 @@ class Dataset:
         ``timeout`` overrides the dataset's per-run limit; ``progress`` draws a bar on stderr
         (default: only when stderr is a terminal); ``prices`` (`ModelPrice` per model name, as
         `BudgetMiddleware` takes them, over its defaults) prices each run's tokens in the report."""
-        from ..middleware.budget import BudgetMiddleware
+        from ..middleware.limits.budget import BudgetMiddleware
 
         limit = timeout if timeout is not None else self.timeout if self.timeout is not None else DEFAULT_TIMEOUT
         return await run_cases(name or self.name, self.cases, self.evaluators, agent_factory,

@@ -31,7 +31,7 @@ from ._result import EvalResult
 
 if TYPE_CHECKING:
     from ..agent.react import ReActAgent
-    from ..middleware.base import MiddlewareBase
+    from ..extension.base import MiddlewareBase
 
 __all__ = ["ForkResult", "fork"]
 

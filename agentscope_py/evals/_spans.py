@@ -26,10 +26,10 @@ def collector_for(agent: Any) -> SpanCollector | None:
     provider), or None when the agent produces no spans we can see."""
     # An agent can hold an OtelTracingMiddleware only once its module is imported: until then
     # (most evaluations) this costs one dictionary look-up per run.
-    tracing = sys.modules.get("agentscope_py.middleware.tracing")
+    tracing = sys.modules.get("agentscope_py.middleware.observability.tracing")
     if tracing is None:
         return None
-    from ..middleware.base import ExtensionPoint
+    from ..extension.base import ExtensionPoint
 
     tracers = [m for m in agent.middlewares_at(ExtensionPoint.ON_AGENT) if isinstance(m, tracing.OtelTracingMiddleware)]
     if not tracers:

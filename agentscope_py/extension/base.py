@@ -21,7 +21,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, ClassVar, TypeAlias
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeAlias
 
 from .._deadline import Deadline
 from ..events import AgentEvent
@@ -32,12 +32,13 @@ from ..stream import EventStream
 if TYPE_CHECKING:
     from .._context import RuntimeContext
     from .._state import AgentState
-    from ..agent.react import ReActAgent
+    from ..tool.toolkit import Toolkit
 
 __all__ = [
     "ActingInput",
     "AgentInput",
     "AgentRun",
+    "AgentView",
     "Deadline",
     "ExtensionPoint",
     "MiddlewareBase",
@@ -188,6 +189,24 @@ class ActingInput(_Record):
             _set(self, "tool_calls", _frozen(self.tool_calls))
 
 
+class AgentView(Protocol):
+    """What a hook sees of the agent running it: its name, model, tools and participants.
+
+    Hooks are typed against this view, not against `ReActAgent`, so the contract (and every
+    middleware written to it) sits below the agent that runs it; a `ReActAgent` is one."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def model(self) -> ChatModel: ...
+
+    @property
+    def toolkit(self) -> Toolkit: ...
+
+    def middlewares_at(self, point: ExtensionPoint) -> tuple[MiddlewareBase, ...]: ...
+
+
 def publish_metric(ctx: RuntimeContext, name: str, value: Any) -> None:
     """Publish ``value`` under ``name`` for ``ctx``'s running execution: ``on_agent_finish`` sees
     it in `AgentRun.metrics` (`RuntimeContext.publish_metric`)."""
@@ -230,8 +249,8 @@ class MiddlewareBase:
     ``wraps`` — this middleware is outside every registered one of those; ``wrapped_by`` — inside
     them; ``requires`` — at least one of each must be registered. ``order()`` comes first: hints
     order middleware of equal ``order()``, and a hint that contradicts ``order()`` is an error
-    (`agentscope_py.middleware.ordering`). ``roles``: what the middleware does, for the ordering
-    lints (`agentscope_py.middleware.lints`).
+    (`agentscope_py.extension.ordering`). ``roles``: what the middleware does, for the ordering
+    lints (`agentscope_py.extension.lints`).
     """
 
     wraps: tuple[type[MiddlewareBase], ...] = ()
@@ -251,36 +270,36 @@ class MiddlewareBase:
 
     # -- onion hooks -----------------------------------------------------------------------------
 
-    def on_agent(self, agent: ReActAgent, ctx: RuntimeContext, input: AgentInput, next: Next) -> Any:
+    def on_agent(self, agent: AgentView, ctx: RuntimeContext, input: AgentInput, next: Next) -> Any:
         """Wraps one execution, AgentStart … AgentEnd."""
         return next(input)
 
-    def on_reasoning(self, agent: ReActAgent, ctx: RuntimeContext, input: ReasoningInput, next: Next) -> Any:
+    def on_reasoning(self, agent: AgentView, ctx: RuntimeContext, input: ReasoningInput, next: Next) -> Any:
         """Wraps one ReAct round's reasoning (not the max-iterations summary call)."""
         return next(input)
 
-    def on_acting(self, agent: ReActAgent, ctx: RuntimeContext, input: ActingInput, next: Next) -> Any:
+    def on_acting(self, agent: AgentView, ctx: RuntimeContext, input: ActingInput, next: Next) -> Any:
         """Wraps one round's batch of tool calls (and the AllToolsDenied notice)."""
         return next(input)
 
-    def on_model_call(self, agent: ReActAgent, ctx: RuntimeContext, input: ModelCallInput, next: Next) -> Any:
+    def on_model_call(self, agent: AgentView, ctx: RuntimeContext, input: ModelCallInput, next: Next) -> Any:
         """Wraps every model invocation, the max-iterations summary call too."""
         return next(input)
 
     # -- transformer and notifications -----------------------------------------------------------
 
-    async def on_system_prompt(self, agent: ReActAgent, ctx: RuntimeContext, prompt: str) -> str:
+    async def on_system_prompt(self, agent: AgentView, ctx: RuntimeContext, prompt: str) -> str:
         """Rewrites the system prompt once per call; ``""`` means no system message."""
         return prompt
 
     def on_agent_state_ready(
-        self, agent: ReActAgent, ctx: RuntimeContext, state: AgentState, input_messages: list[Msg]
+        self, agent: AgentView, ctx: RuntimeContext, state: AgentState, input_messages: list[Msg]
     ) -> None:
         """State is bound to ``ctx``; the input has not entered memory. ``input_messages`` is a
         private mutable copy: edits apply to this call. Raising aborts the call (the model is
         never called) and the error reaches the caller unchanged."""
 
-    async def on_agent_finish(self, agent: ReActAgent, ctx: RuntimeContext, run: AgentRun) -> None:
+    async def on_agent_finish(self, agent: AgentView, ctx: RuntimeContext, run: AgentRun) -> None:
         """The result (or error) is known; state is not yet checkpointed; ``ctx`` is still bound."""
 
 

@@ -14,13 +14,10 @@ import inspect
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal, Protocol
 
 import mcp_types as types
 from mcp import MCPError
-
-if TYPE_CHECKING:
-    from ._client import MCPClient
 
 __all__ = ["CURRENT_CALL", "CallInfo", "Elicitation", "ElicitationAnswer", "ElicitationHandler",
            "SamplingHandler", "elicitation_callback", "sampling_callback"]
@@ -66,7 +63,17 @@ log = logging.getLogger("agentscope_py.mcp")
 CURRENT_CALL: contextvars.ContextVar[CallInfo | None] = contextvars.ContextVar("agentscope_mcp_call", default=None)
 
 
-def elicitation_callback(client: MCPClient) -> Any:
+class _Asked(Protocol):
+    """What answering a server's question uses of the client; an `MCPClient` is one (named here:
+    the client imports this module to install the callbacks)."""
+
+    name: str
+    calls_in_flight: set[CallInfo]
+    elicitation: ElicitationHandler | None
+    sampling: SamplingHandler | None
+
+
+def elicitation_callback(client: _Asked) -> Any:
     async def elicit(_ctx: Any, params: types.ElicitRequestParams) -> types.ElicitResult | types.ErrorData:
         info = CURRENT_CALL.get()
         if info is None and len(client.calls_in_flight) == 1:
@@ -119,7 +126,7 @@ def _result(answer: Any) -> types.ElicitResult:
     return types.ElicitResult(action="decline")
 
 
-def sampling_callback(client: MCPClient) -> Any:
+def sampling_callback(client: _Asked) -> Any:
     async def sample(_ctx: Any, params: types.CreateMessageRequestParams) -> Any:
         # Sampling spends the user's model budget on the server's behalf: refused unless allowed.
         if client.sampling is not None:

@@ -11,8 +11,8 @@ denies the call instead).
 from __future__ import annotations
 
 from .._context import RuntimeContext
+from .._tool_answers import tool_answers
 from ..errors import ToolInputRequired
-from ..tool._source import tool_answers
 from ._callbacks import Elicitation, ElicitationAnswer
 
 __all__ = ["answer_for", "pause_for"]

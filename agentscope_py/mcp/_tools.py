@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable, Collection, Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import mcp_types as types
 
@@ -22,14 +22,41 @@ from ._pause import answer_for, pause_for
 from ._results import convert_result
 from ._screen import ResultCap
 
-if TYPE_CHECKING:
-    from ._client import MCPClient
-
-__all__ = ["MCPToolset", "PerRunClient"]
+__all__ = ["MCPToolset", "PerRunClient", "ToolsetClient"]
 
 _CTX = "__agentscope_ctx__"  # the injected context's parameter name: no MCP tool argument has it
 
-ClientFactory = Callable[[RuntimeContext], "MCPClient"]
+
+
+class ToolsetClient(Protocol):
+    """What a toolset uses of its client; an `MCPClient` is one. Named here rather than importing
+    the client's class: the client makes toolsets (`MCPClient.toolset`), so it imports this module."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def max_result_chars(self) -> int: ...
+
+    @property
+    def tools_version(self) -> int: ...
+
+    @property
+    def cached_tools(self) -> list[types.Tool] | None: ...
+
+    async def acquire(self) -> None: ...
+
+    def release(self) -> None: ...
+
+    async def list_tools(self, *, refresh: bool = False) -> list[types.Tool]: ...
+
+    async def call_tool(
+        self, name: str, arguments: Mapping[str, Any] | None = None, *, progress: Any = None,
+        idempotent: bool = False, info: CallInfo | None = None, cap: ResultCap | None = None,
+    ) -> types.CallToolResult: ...
+
+
+ClientFactory = Callable[[RuntimeContext], ToolsetClient]
 
 
 def _is_client(value: Any) -> bool:
@@ -62,13 +89,13 @@ class MCPToolset:
     """
 
     def __init__(
-        self, client: MCPClient | PerRunClient | ClientFactory, *, include: Iterable[str] | None = None,
+        self, client: ToolsetClient | PerRunClient | ClientFactory, *, include: Iterable[str] | None = None,
         exclude: Iterable[str] = (),
         prefix: str = "", read_only: Collection[str] | None = None, concurrency_safe: bool = True,
         max_result_chars: int | None = None,
     ) -> None:
         if _is_client(client):
-            self._client: MCPClient | None = client  # type: ignore[assignment]
+            self._client: ToolsetClient | None = client  # type: ignore[assignment]
             self._factory: ClientFactory | None = None
         elif isinstance(client, PerRunClient):
             self._client, self._factory = None, client.fn
@@ -88,8 +115,8 @@ class MCPToolset:
         if max_result_chars is not None and max_result_chars < 1:
             raise ValueError("max_result_chars must be at least 1 (or None for the client's cap)")
         self.max_result_chars = max_result_chars
-        self._runs: dict[str, MCPClient] = {}
-        self._shown: MCPClient | None = self._client
+        self._runs: dict[str, ToolsetClient] = {}
+        self._shown: ToolsetClient | None = self._client
         self._cache: tuple[int, int, dict[str, Tool]] | None = None
 
     # -- ToolSource ------------------------------------------------------------------------------
@@ -133,7 +160,7 @@ class MCPToolset:
 
     # -- the tools -------------------------------------------------------------------------------
 
-    def _client_for(self, ctx: RuntimeContext | None) -> MCPClient:
+    def _client_for(self, ctx: RuntimeContext | None) -> ToolsetClient:
         if ctx is not None:
             held = self._runs.get(_run_key(ctx))
             if held is not None:
@@ -144,7 +171,7 @@ class MCPToolset:
             return self._factory(ctx)
         raise RuntimeError("this MCP tool needs a run (its client comes from a per-run factory)")
 
-    def _tool(self, client: MCPClient, spec: types.Tool) -> Tool:
+    def _tool(self, client: ToolsetClient, spec: types.Tool) -> Tool:
         server_name, remote = client.name, spec.name
         hints = spec.annotations
         if self.read_only is not None:

@@ -1,18 +1,23 @@
-"""Middleware: the contract (`MiddlewareBase`, `ExtensionPoint`, input records) and built-ins.
+"""Middleware: the built-in library, grouped by concern, and the contract it is written to.
 
-Every name in ``__all__`` is importable from here. The contract is imported with the package;
-each built-in loads from its module on first use, because the agent imports this package for
-the contract while the built-ins import the agent's modules: loading them here would make the
-agent depend on the whole library, and `OtelTracingMiddleware` would need the ``otel`` extra
-just to import the agent.
+The contract (`MiddlewareBase`, `ExtensionPoint`, the input records, `AgentView`) is defined in
+`agentscope_py.extension`, below the agent, and re-exported here. The built-ins sit above the
+agent, one subpackage per concern: ``resilience``, ``limits`` (call limits, rate limits, budgets),
+``caching``, ``context``, ``safety`` (guardrails, PII, approval), ``policy``, ``observability``
+(tracing, audit, observe, evaluation) and ``shapes`` (lifecycle, stage, observer).
+
+Every name in ``__all__`` is importable from here; each built-in loads from its module on first
+use, so importing the contract does not load the whole library (`OtelTracingMiddleware` needs the
+``otel`` extra only when it is used).
 """
 
 from typing import Any
 
-from .base import (
+from ..extension.base import (
     ActingInput,
     AgentInput,
     AgentRun,
+    AgentView,
     Deadline,
     ExtensionPoint,
     MiddlewareBase,
@@ -25,6 +30,7 @@ __all__ = [
     "ActingInput",
     "AgentInput",
     "AgentRun",
+    "AgentView",
     "ApprovalConfig",
     "Approve",
     "AuditLogMiddleware",
@@ -94,73 +100,73 @@ __all__ = [
     "internal_model_call",
 ]
 
-# Each built-in's module, imported on first use (see the module docstring).
+# Each built-in's module (relative to this package), imported on first use (see the module docstring).
 _LAZY = {
-    "OtelTracingMiddleware": "tracing",
-    "FinalAnswerFilterMiddleware": "final_answer",
-    "TaskReminderMiddleware": "task_reminder",
-    "StopOnAllDeniedMiddleware": "tool_policy",
-    "LoggingMiddleware": "observe",
-    "UsageAccountingMiddleware": "observe",
-    "RetryMiddleware": "resilience",
-    "ToolRetryMiddleware": "resilience",
-    "TimeoutMiddleware": "resilience",
-    "ModelFallbackMiddleware": "resilience",
+    "OtelTracingMiddleware": ".observability.tracing",
+    "FinalAnswerFilterMiddleware": ".policy.final_answer",
+    "TaskReminderMiddleware": "..agent.task_reminder",
+    "StopOnAllDeniedMiddleware": ".policy.tool_policy",
+    "LoggingMiddleware": ".observability.observe",
+    "UsageAccountingMiddleware": ".observability.observe",
+    "RetryMiddleware": ".resilience.retry",
+    "ToolRetryMiddleware": ".resilience.retry",
+    "TimeoutMiddleware": ".resilience.retry",
+    "ModelFallbackMiddleware": ".resilience.retry",
     # limits and rate limits
-    "CallLimitExceeded": "limits",  # (defined in agentscope_py.errors)
-    "ConcurrencyLimitMiddleware": "limits",
-    "ModelCallLimitMiddleware": "limits",
-    "ToolCallLimitMiddleware": "limits",
-    "RateLimitMiddleware": "rate_limit",
-    "InMemoryBucketStore": "rate_limit",
-    "RedisBucketStore": "rate_limit",
+    "CallLimitExceeded": ".limits.calls",  # (defined in agentscope_py.errors)
+    "ConcurrencyLimitMiddleware": ".limits.calls",
+    "ModelCallLimitMiddleware": ".limits.calls",
+    "ToolCallLimitMiddleware": ".limits.calls",
+    "RateLimitMiddleware": ".limits.rate_limit",
+    "InMemoryBucketStore": ".limits.rate_limit",
+    "RedisBucketStore": ".limits.rate_limit",
     # caching and budgets
-    "ResponseCacheMiddleware": "cache",
-    "ToolResultCacheMiddleware": "cache",
-    "CacheStore": "cache_stores",
-    "InMemoryCacheStore": "cache_stores",
-    "SqliteCacheStore": "cache_stores",
-    "RedisCacheStore": "cache_stores",
-    "BudgetMiddleware": "budget",
-    "ModelPrice": "budget",
-    "InMemoryBudgetStore": "budget",
-    "RedisBudgetStore": "budget",
+    "ResponseCacheMiddleware": ".caching.cache",
+    "ToolResultCacheMiddleware": ".caching.cache",
+    "CacheStore": ".caching.cache_stores",
+    "InMemoryCacheStore": ".caching.cache_stores",
+    "SqliteCacheStore": ".caching.cache_stores",
+    "RedisCacheStore": ".caching.cache_stores",
+    "BudgetMiddleware": ".limits.budget",
+    "ModelPrice": ".limits.budget",
+    "InMemoryBudgetStore": ".limits.budget",
+    "RedisBudgetStore": ".limits.budget",
     # safety, observe and the other middleware shapes
-    "PIIRedactionMiddleware": "pii",
-    "PIIDetector": "pii_detectors",
-    "GuardrailMiddleware": "guardrail",
-    "Guardrail": "guardrail_checks",
-    "GuardrailCheck": "guardrail_checks",
-    "GuardrailResult": "guardrail_checks",
-    "StructuredOutputValidationMiddleware": "structured",
-    "AuditLogMiddleware": "audit",
-    "DynamicPromptMiddleware": "observe",
-    "LifecycleMiddleware": "shapes_lifecycle",
-    "StageMiddleware": "shapes_stage",
-    "MiddlewareContext": "shapes_stage",
-    "MiddlewareStage": "shapes_stage",
-    "ObserverMiddleware": "shapes_observer",
+    "PIIRedactionMiddleware": ".safety.pii",
+    "PIIDetector": ".safety.pii_detectors",
+    "GuardrailMiddleware": ".safety.guardrail",
+    "Guardrail": ".safety.guardrail_checks",
+    "GuardrailCheck": ".safety.guardrail_checks",
+    "GuardrailResult": ".safety.guardrail_checks",
+    "StructuredOutputValidationMiddleware": ".policy.structured",
+    "AuditLogMiddleware": ".observability.audit",
+    "DynamicPromptMiddleware": ".observability.observe",
+    "LifecycleMiddleware": ".shapes.lifecycle",
+    "StageMiddleware": ".shapes.stage",
+    "MiddlewareContext": ".shapes.stage",
+    "MiddlewareStage": ".shapes.stage",
+    "ObserverMiddleware": ".shapes.observer",
     # tool policy and context
-    "internal_model_call": "_internal",
-    "ToolPolicyMiddleware": "tool_policy",
-    "ToolSelectorMiddleware": "tool_selection",
-    "LLMToolSelectorMiddleware": "tool_selection",
-    "HumanApprovalMiddleware": "approval",
-    "ApprovalConfig": "approval",
-    "Approve": "approval",
-    "Edit": "approval",
-    "Reject": "approval",
-    "Respond": "approval",
-    "approval_message": "approval",
-    "MessageTrimMiddleware": "trim",
-    "ContextCompressionMiddleware": "compression",
-    "Summarizer": "compression",
-    "ConcatSummarizer": "compression",
-    "ModelSummarizer": "compression",
-    "SummaryRecord": "compression",  # (defined in agentscope_py.agent.state)
-    "PromptCacheGuardMiddleware": "prompt_cache",
-    "EvalMiddleware": "evaluation",
-    "OnlineResult": "evaluation",
+    "internal_model_call": "._internal",
+    "ToolPolicyMiddleware": ".policy.tool_policy",
+    "ToolSelectorMiddleware": ".context.tool_selection",
+    "LLMToolSelectorMiddleware": ".context.tool_selection",
+    "HumanApprovalMiddleware": ".safety.approval",
+    "ApprovalConfig": ".safety.approval",
+    "Approve": ".safety.approval",
+    "Edit": ".safety.approval",
+    "Reject": ".safety.approval",
+    "Respond": ".safety.approval",
+    "approval_message": ".safety.approval",
+    "MessageTrimMiddleware": ".context.trim",
+    "ContextCompressionMiddleware": ".context.compression",
+    "Summarizer": ".context.compression",
+    "ConcatSummarizer": ".context.compression",
+    "ModelSummarizer": ".context.compression",
+    "SummaryRecord": ".context.compression",  # (defined in agentscope_py.agent.state)
+    "PromptCacheGuardMiddleware": ".context.prompt_cache",
+    "EvalMiddleware": ".observability.evaluation",
+    "OnlineResult": ".observability.evaluation",
 }
 
 
@@ -168,5 +174,5 @@ def __getattr__(name: str) -> Any:
     if name in _LAZY:
         import importlib
 
-        return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+        return getattr(importlib.import_module(_LAZY[name], __name__), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

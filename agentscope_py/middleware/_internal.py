@@ -30,15 +30,15 @@ from typing import TYPE_CHECKING, Any
 from .._control import RunControl
 from .._replies import tool_use_block
 from ..errors import AgentInterrupted
+from ..extension.base import ExtensionPoint
 from ..message import Block, ChatUsage, GenerateReason, Msg, TextBlock, ThinkingBlock, new_id
 from ..model.base import ChatChunk, ChatModel, ModelRequest, ToolSchema, model_provider
 from ..stream import aclose
-from .base import ExtensionPoint
 
 if TYPE_CHECKING:
     from .._context import RuntimeContext
-    from ..agent.react import ReActAgent
-    from .tracing import OtelTracingMiddleware
+    from ..extension.base import AgentView
+    from .observability.tracing import OtelTracingMiddleware
 
 __all__ = ["INTERNAL", "PURPOSE", "internal_model_call"]
 
@@ -49,7 +49,7 @@ PURPOSE = "agentscope.internal.purpose"
 
 
 async def internal_model_call(
-    agent: ReActAgent,
+    agent: AgentView,
     ctx: RuntimeContext,
     messages: Sequence[Msg],
     *,
@@ -151,7 +151,7 @@ async def _collect(model: ChatModel, request: ModelRequest, span: Any = None) ->
 
 def _tracing_middleware(agent: Any) -> OtelTracingMiddleware | None:
     # Without the tracing module loaded, no agent can have the middleware: OTel is never imported.
-    module = sys.modules.get("agentscope_py.middleware.tracing")
+    module = sys.modules.get("agentscope_py.middleware.observability.tracing")
     if module is None:
         return None
     for mw in agent.middlewares_at(ExtensionPoint.ON_MODEL_CALL):

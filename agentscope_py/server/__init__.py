@@ -25,16 +25,16 @@ from typing import TYPE_CHECKING, Any
 
 from ._identity import Identity
 from ._limits import Limits
-from ._runlog import InMemoryRunLog, RunLog, RunRecord
-from ._runlog_sqlite import SqliteRunLog
+from ._runs.runlog import InMemoryRunLog, RunLog, RunRecord
+from ._runs.runlog_sqlite import SqliteRunLog
 from ._serve import GC_THRESHOLDS, serve, serve_workers, tune_gc, uvicorn_config
 from .agui import AguiMapper, select_new_messages
 from .app import RUN_ID_HEADER, RunRequest, create_app
 from .sse import SSEResponse, encode_error, encode_sse
 
 if TYPE_CHECKING:
-    from ._durable import DurableServing
-    from ._runlog_redis import RedisRunLog
+    from ._durable.serving import DurableServing
+    from ._runs.runlog_redis import RedisRunLog
 
 __all__ = [
     "GC_THRESHOLDS",
@@ -63,11 +63,11 @@ __all__ = [
 
 def __getattr__(name: str) -> Any:
     if name == "RedisRunLog":  # imported on use: it needs the redis extra
-        from ._runlog_redis import RedisRunLog
+        from ._runs.runlog_redis import RedisRunLog
 
         return RedisRunLog
     if name == "DurableServing":  # imported on use: it needs the temporal extra
-        from ._durable import DurableServing
+        from ._durable.serving import DurableServing
 
         return DurableServing
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -27,7 +27,7 @@ class Limits:
     ``max_messages``: messages in one request (AG-UI ``messages``, native ``input``);
     ``max_message_chars``: characters of text in one message (inline binary data not counted);
     ``buffer_bytes``: bytes a run not detached may make ahead of its slowest client before it waits for
-    it (with at most `_live.PACE` frames; docs/server.md, "A stalled client's cost"), and the frames one
+    it (with at most `_runs.live.PACE` frames; docs/server.md, "A stalled client's cost"), and the frames one
     client may have waiting for its socket, for a response fed by a producer task;
     ``stall_timeout``: seconds a client may go without taking a frame before it is dropped, as if it
     had disconnected (a run not detached is cancelled; the client may resume from the log; ``None``:

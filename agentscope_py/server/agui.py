@@ -5,7 +5,7 @@ open), so concurrent runs never share it. Feed it every event of the run, then c
 (or ``fail(exc)``); it closes whatever is still open before the terminal event, the order the
 official client verifies (RUN_STARTED first; RUN_FINISHED only when nothing is open; nothing after
 RUN_ERROR). The mapper owns the run's lifecycle (steps, usage, outcome); the open messages and
-tool calls are `_agui_content.OpenContent`'s, and the input side is `_agui_input`'s.
+tool calls are `_agui.content.OpenContent`'s, and the input side is `_agui.input`'s.
 
 ==========================  ==================================================================
 our event                   AG-UI
@@ -23,7 +23,7 @@ RequireExternalExecution    RUN_FINISHED outcome success with pendingToolCallIds
 reply INTERRUPTED           RUN_FINISHED outcome cancelled
 Custom(name, value)         CUSTOM(name, value)
 a sub-agent's (``source``)  the same, inside SUBAGENT_STARTED / FINISHED (or ERROR), each event with
-                            the invocation's subagentRunId (`_agui_subagents`)
+                            the invocation's subagentRunId (`_agui.subagents`)
 anything else               CUSTOM(name=<event type>, value=<event JSON>)
 (run ends / fails)          RUN_FINISHED(usage) / RUN_ERROR(message, code=exception class)
 ==========================  ==================================================================
@@ -46,10 +46,10 @@ from ag_ui.core import (
 
 from ..events import AgentEvent, TextBlockDelta
 from ..message import ChatUsage, GenerateReason, Msg, ToolResultState, ToolUseBlock
-from . import _agui_wire as wire
-from ._agui_content import CONTENT_HANDLERS, OpenContent, end_step, jsonable, start_step
-from ._agui_encode import FrameEncoder
-from ._agui_input import (
+from ._agui import wire
+from ._agui.content import CONTENT_HANDLERS, OpenContent, end_step, jsonable, start_step
+from ._agui.encode import FrameEncoder
+from ._agui.input import (
     AguiInputError,
     SystemPolicy,
     apply_system_policy,
@@ -57,8 +57,8 @@ from ._agui_input import (
     select_new_messages,
     to_msgs,
 )
-from ._agui_subagents import SUSPENDED, Subagents
-from ._agui_wire import AguiEvent, WireEvent, models
+from ._agui.subagents import SUSPENDED, Subagents
+from ._agui.wire import AguiEvent, WireEvent, models
 from .sse import plain_json
 
 __all__ = [
@@ -90,7 +90,7 @@ _RESPONSE_SCHEMA: dict[str, Any] = {
 
 def encode(events: Iterable[AguiEvent]) -> bytes:
     """SSE frames (``data: <json>\\n\\n`` each) of AG-UI events (models, or the lifecycle
-    events' wire dicts, `_agui_wire`): the official encoder's bytes (`FrameEncoder`)."""
+    events' wire dicts, `_agui.wire`): the official encoder's bytes (`FrameEncoder`)."""
     return _ENCODER.encode(events)
 
 
@@ -106,7 +106,7 @@ class AguiMapper:
     message id the client will see, so the server can tell them apart from new input later.
 
     The ``encode*`` methods never build the lifecycle events' models: those are their wire dicts
-    (`_agui_wire`), and the public ``start`` / ``map`` / ``finish`` / ``fail`` turn them into models.
+    (`_agui.wire`), and the public ``start`` / ``map`` / ``finish`` / ``fail`` turn them into models.
     """
 
     def __init__(self, thread_id: str, run_id: str, *, emitted_ids: set[str] | None = None) -> None:
@@ -176,7 +176,7 @@ class AguiMapper:
 
     def _map(self, event: AgentEvent) -> list[AguiEvent]:
         out: list[AguiEvent] = []
-        if event.source is not None:  # a sub-agent's event (`_agui_subagents`)
+        if event.source is not None:  # a sub-agent's event (`_agui.subagents`)
             self._children().map(event, out)
             return out
         kind = event.type
@@ -310,7 +310,7 @@ def _ignore(mapper: AguiMapper, ev: Any, out: list[AguiEvent]) -> None:
 
 
 # What each event type maps through: tables of plain functions, called with the mapper or its
-# `OpenContent` (the content events' table is `_agui_content.CONTENT_HANDLERS`, the sub-agents' too).
+# `OpenContent` (the content events' table is `_agui.content.CONTENT_HANDLERS`, the sub-agents' too).
 _HANDLERS: dict[str, Callable[[AguiMapper, Any, list[AguiEvent]], None]] = {
     "agent_start": _ignore,
     "agent_end": _ignore,

@@ -33,16 +33,16 @@ from ..agent.state import AgentState
 from ..agent.store import InMemoryStateStore
 from ..message import Msg
 from . import agui as agui_module
-from ._agui_snapshot import snapshot_frames
+from ._agui.ledger import Emitted, Ledger
+from ._agui.snapshot import snapshot_frames
 from ._errors import STORE_UNAVAILABLE, HTTPError, StoreUnavailable, describe, log_failure, request_id
-from ._frames import agui_frames, cancelled_agui, cancelled_native, native_frames
 from ._identity import USER_HEADER, Authenticate, Identity, client_run_id, new_run_id, run_key, run_keys
-from ._ledger import Emitted, Ledger
 from ._limits import Limits, check_shape, read_json
-from ._multitask import admit, busy_agui_response, strategy_of
 from ._requests import InterruptRequest, RunRequest, check_name, check_run_id, detach_of, parse_after
-from ._runlog import InMemoryRunLog, RunLog, RunRecord
-from ._runs import Runner, Runs
+from ._runs.frames import agui_frames, cancelled_agui, cancelled_native, native_frames
+from ._runs.multitask import admit, busy_agui_response, strategy_of
+from ._runs.runlog import InMemoryRunLog, RunLog, RunRecord
+from ._runs.runs import Runner, Runs
 from ._security import Guard
 from .agui import AguiInputError, AguiMapper, SystemPolicy, confirm_results, select_new_messages, to_msgs
 from .sse import SSEResponse

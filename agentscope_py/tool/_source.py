@@ -6,14 +6,13 @@ import contextvars
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
-from .._tool_answers import tool_answers as tool_answers  # (re-exported: the MCP package reads it here)
 from ..message import ToolUseBlock
 
 if TYPE_CHECKING:
     from .._context import RuntimeContext
-    from .toolkit import Tool
+    from ._tool import Tool
 
-__all__ = ["MCPToolsetMaker", "ToolSource", "current_tool_call", "tool_answers"]
+__all__ = ["MCPToolsetMaker", "ToolSource", "current_tool_call"]
 
 current_tool_call: contextvars.ContextVar[ToolUseBlock | None] = contextvars.ContextVar(
     "agentscope_current_tool_call", default=None)

@@ -17,6 +17,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from agentscope_py import ModelStep, PermissionDecision, ReActAgent, ScriptedModel, Toolkit, tool
+from agentscope_py._tool_answers import tool_answers
 from agentscope_py.agent.context import RuntimeContext
 from agentscope_py.agent.sqlite_store import SqliteStateStore
 from agentscope_py.agent.state import AgentState
@@ -25,7 +26,7 @@ from agentscope_py.errors import StateStoreError, ToolInputRequired
 from agentscope_py.middleware.base import ActingInput, MiddlewareBase, Next
 from agentscope_py.model.base import ChatChunk, ModelRequest
 from agentscope_py.model.openai import OpenAIChatModel
-from agentscope_py.tool._source import current_tool_call, tool_answers
+from agentscope_py.tool._source import current_tool_call
 
 
 def _log_start() -> bool:

@@ -12,7 +12,7 @@ from agentscope_py.durable import DurableAgent
 from agentscope_py.events import ConfirmResult
 from agentscope_py.message import Msg, ToolResultBlock
 from agentscope_py.model.base import ToolSchema
-from agentscope_py.server._durable_answers import answers_of
+from agentscope_py.server._durable.answers import answers_of
 
 __all__ = ["temporal_address"]  # a fixture, used by name
 

@@ -17,9 +17,9 @@ from agentscope_py import (
     confirm_message,
     tool,
 )
+from agentscope_py._tool_answers import tool_answers
 from agentscope_py.errors import ToolInputRequired
 from agentscope_py.events import RequireUserConfirm, ToolResultEnd
-from agentscope_py.tool._source import tool_answers
 from agentscope_py.tool.toolkit import current_tool_call
 
 pytestmark = pytest.mark.timeout(10)

@@ -19,7 +19,7 @@ from agentscope_py.middleware import (
     ContextCompressionMiddleware,
     ModelSummarizer,
 )
-from agentscope_py.middleware._history import approximate_tokens
+from agentscope_py.middleware.context._history import approximate_tokens
 from agentscope_py.model import ModelStep
 
 pytestmark = pytest.mark.timeout(20)

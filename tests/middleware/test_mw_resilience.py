@@ -292,7 +292,7 @@ async def test_installed_but_untriggered_the_trace_is_unchanged() -> None:
 
 
 async def test_after_the_first_event_attempts_hand_the_inner_awaitables_through() -> None:
-    from agentscope_py.middleware._resilience_common import Attempts
+    from agentscope_py.middleware.resilience._common import Attempts
     from agentscope_py.stream import EventStream
 
     async def again(error: BaseException, emitted: bool) -> None:
@@ -385,7 +385,7 @@ async def test_an_inner_map_failing_on_the_first_event_is_retried_like_the_model
 async def test_an_untriggered_retry_hands_out_the_model_calls_own_iterator() -> None:
     # The cost of an installed retry: the consumer reads the model call's stream itself, no
     # iterator of the retry's in between (until a failure).
-    from agentscope_py.middleware._resilience_common import Attempts
+    from agentscope_py.middleware.resilience._common import Attempts
 
     got: list[Any] = []
 

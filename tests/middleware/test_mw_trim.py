@@ -149,7 +149,7 @@ def test_property_never_orphans_nor_splits(
             assert c in answered_out, "a tool call whose results were trimmed away"
     if not start_on_user and len(body) < len(hbody):
         # maximal: the unit just before the kept part would not have fit
-        from agentscope_py.middleware._history import approximate_tokens, units
+        from agentscope_py.middleware.context._history import approximate_tokens, units
 
         spans = units(hbody)
         first = len(hbody) - len(body)

@@ -43,8 +43,8 @@ from ag_ui.core import (
 )
 from ag_ui.encoder import EventEncoder
 
-from agentscope_py.server._agui_content import attribute
-from agentscope_py.server._agui_encode import FrameEncoder
+from agentscope_py.server._agui.content import attribute
+from agentscope_py.server._agui.encode import FrameEncoder
 
 TEXTS = ["plain", "naïve ☃ 😀", 'quote " backslash \\ slash /', "line\nbreak\ttab\r\x00\x1f\x7f",
          "\u2028\u2029\u0085 form\x0c feed", "<script>&amp;</script>", ""]

@@ -40,10 +40,10 @@ from pydantic_core import PydanticSerializationError
 
 from agentscope_py import events as ev
 from agentscope_py.message import ChatUsage, GenerateReason, Msg, ToolUseBlock
-from agentscope_py.server import _agui_encode
-from agentscope_py.server import _agui_wire as wire
-from agentscope_py.server._agui_content import attribute
-from agentscope_py.server._agui_encode import FrameEncoder
+from agentscope_py.server._agui import encode as _agui_encode
+from agentscope_py.server._agui import wire
+from agentscope_py.server._agui.content import attribute
+from agentscope_py.server._agui.encode import FrameEncoder
 from agentscope_py.server.agui import AguiMapper
 
 ODD = ["plain", "naïve ☃ 😀 日本", 'quote " backslash \\ slash /', "line\nbreak\ttab\r\x00\x1f\x7f",

@@ -171,12 +171,12 @@ async def test_followers_of_a_run_share_one_read_from_any_position(own_redis: An
     behind what the tail keeps reads the log itself and catches up)."""
     from agentscope_py.server import RunRecord
     from agentscope_py.server._limits import Limits
-    from agentscope_py.server._logtail import TAIL_BYTES
-    from agentscope_py.server._runlog import Batch
-    from agentscope_py.server._runlog_redis import RedisRunLog
-    from agentscope_py.server._runs import Runs
+    from agentscope_py.server._runs.logtail import TAIL_BYTES
+    from agentscope_py.server._runs.runlog import Batch
+    from agentscope_py.server._runs.runlog_redis import RedisRunLog
+    from agentscope_py.server._runs.runs import Runs
 
-    monkeypatch.setattr("agentscope_py.server._logtail.TAIL_BYTES", 2_000)  # about 70 frames
+    monkeypatch.setattr("agentscope_py.server._runs.logtail.TAIL_BYTES", 2_000)  # about 70 frames
     assert TAIL_BYTES > 2_000
     owner = RedisRunLog(own_redis.url, prefix="tail")
     here = RedisRunLog(own_redis.url, prefix="tail", max_connections=8)
@@ -239,8 +239,8 @@ async def test_the_lease_and_the_writes_never_wait_behind_reads(own_redis: Any) 
     """More blocking reads than the process's read connections: the lease is renewed and
     the frames written at once, and the reads wait their turn instead of failing."""
     from agentscope_py.server import RunRecord
-    from agentscope_py.server._runlog import Batch
-    from agentscope_py.server._runlog_redis import RedisRunLog
+    from agentscope_py.server._runs.runlog import Batch
+    from agentscope_py.server._runs.runlog_redis import RedisRunLog
 
     log = RedisRunLog(own_redis.url, prefix="lease", lease=3.0)
     await log.start(noop)
@@ -266,9 +266,9 @@ async def test_the_lease_and_the_writes_never_wait_behind_reads(own_redis: Any) 
 async def test_followers_of_a_quiet_run_get_heartbeats_and_the_read_stops_when_they_leave(own_redis: Any) -> None:
     from agentscope_py.server import RunRecord
     from agentscope_py.server._limits import Limits
-    from agentscope_py.server._runlog import Batch
-    from agentscope_py.server._runlog_redis import RedisRunLog
-    from agentscope_py.server._runs import Runs
+    from agentscope_py.server._runs.runlog import Batch
+    from agentscope_py.server._runs.runlog_redis import RedisRunLog
+    from agentscope_py.server._runs.runs import Runs
     from agentscope_py.server.sse import HEARTBEAT
 
     owner = RedisRunLog(own_redis.url, prefix="quiet")

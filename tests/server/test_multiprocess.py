@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
-from agentscope_py.server._runlog import RESERVE
+from agentscope_py.server._runs.runlog import RESERVE
 
 from .test_cli_serve import Serving
 from .test_runs import parse, read_some, text_of

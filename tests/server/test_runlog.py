@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from agentscope_py.server import InMemoryRunLog, RunLog, RunRecord, SqliteRunLog
-from agentscope_py.server._runlog import Batch, frame_offset
-from agentscope_py.server._runlog_redis import RedisRunLog
+from agentscope_py.server._runs.runlog import Batch, frame_offset
+from agentscope_py.server._runs.runlog_redis import RedisRunLog
 
 
 def frames(first: int, last: int) -> list[bytes]:

@@ -13,8 +13,8 @@ from redis.asyncio import Redis
 
 from agentscope_py.errors import RunLogError
 from agentscope_py.server import RunRecord
-from agentscope_py.server._runlog import Batch
-from agentscope_py.server._runlog_redis import RedisRunLog
+from agentscope_py.server._runs.runlog import Batch
+from agentscope_py.server._runs.runlog_redis import RedisRunLog
 
 pytestmark = pytest.mark.timeout(60)
 

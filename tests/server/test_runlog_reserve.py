@@ -14,8 +14,8 @@ import pytest
 
 from agentscope_py.errors import RunLogError
 from agentscope_py.server import create_app
-from agentscope_py.server._runlog import Batch
-from agentscope_py.server._runlog_redis import RedisRunLog
+from agentscope_py.server._runs.runlog import Batch
+from agentscope_py.server._runs.runlog_redis import RedisRunLog
 
 from .conftest import LiveServer
 from .test_runs import TEXT, parse, slow_agent, text_of

@@ -25,7 +25,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from agentscope_py.server._live import CHUNK_BYTES
+from agentscope_py.server._runs.live import CHUNK_BYTES
 from agentscope_py.server._serve import SEND_BUFFER
 
 pytestmark = [pytest.mark.timeout(90), pytest.mark.skipif(sys.platform != "linux", reason="reads /proc for RSS")]
@@ -215,9 +215,9 @@ async def test_a_run_waits_for_its_slowest_client_by_frames_and_by_bytes() -> No
 
     from agentscope_py import RuntimeContext
     from agentscope_py.server import InMemoryRunLog, Limits
-    from agentscope_py.server._live import PACE, LiveRun
-    from agentscope_py.server._runlog import RunRecord
-    from agentscope_py.server._runs import Runs
+    from agentscope_py.server._runs.live import PACE, LiveRun
+    from agentscope_py.server._runs.runlog import RunRecord
+    from agentscope_py.server._runs.runs import Runs
 
     for size, count in ((60, 1_000), (40_000, 200), (100_000, 20)):
         runs = Runs(InMemoryRunLog(), Limits(buffer_bytes=BUFFER))

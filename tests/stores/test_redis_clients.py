@@ -25,7 +25,7 @@ from agentscope_py.durable import RedisEventLog
 from agentscope_py.errors import RunLogError
 from agentscope_py.middleware import RedisBudgetStore, RedisCacheStore
 from agentscope_py.server import RedisRunLog, RunRecord
-from agentscope_py.server._runlog import Batch
+from agentscope_py.server._runs.runlog import Batch
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(60)]
 

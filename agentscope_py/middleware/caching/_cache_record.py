@@ -6,11 +6,11 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
-from ..events import AgentEvent, ModelCallEnd, ModelCallStart, ToolResultEnd, ToolResultStart
-from ..message import ChatUsage, ToolResultState, ToolUseBlock, new_id
+from ...events import AgentEvent, ModelCallEnd, ModelCallStart, ToolResultEnd, ToolResultStart
+from ...message import ChatUsage, ToolResultState, ToolUseBlock, new_id
 
 if TYPE_CHECKING:
-    from ..agent.context import RuntimeContext
+    from ..._context import RuntimeContext
 
 __all__ = ["HIT", "REPLY", "ModelRecorder", "ToolRecorder", "model_tap", "replay"]
 

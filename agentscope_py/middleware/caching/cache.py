@@ -34,23 +34,23 @@ import logging
 from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..events import (
+from ...events import (
     AgentEvent,
 )
-from ..message import ToolUseBlock, new_id
-from ..stream import EventStream, aclosing
+from ...extension.base import ActingInput, ExtensionPoint, MiddlewareBase, ModelCallInput, Next
+from ...message import ToolUseBlock, new_id
+from ...stream import EventStream, aclosing
 from ._cache_record import REPLY, ModelRecorder, ToolRecorder, model_tap, replay
-from .base import ActingInput, ExtensionPoint, MiddlewareBase, ModelCallInput, Next
 from .cache_keys import request_key, tool_call_key
 from .cache_stores import CacheStore, InMemoryCacheStore, check_ttl
 
 if TYPE_CHECKING:
-    from ..agent.context import RuntimeContext
-    from ..agent.react import ReActAgent
+    from ..._context import RuntimeContext
+    from ...extension.base import AgentView
 
 __all__ = ["ResponseCacheMiddleware", "ToolResultCacheMiddleware", "request_key", "tool_call_key"]
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("agentscope_py.middleware.cache")
 
 
 
@@ -121,7 +121,7 @@ class ResponseCacheMiddleware(_CacheBase):
     def active_points(self) -> frozenset[ExtensionPoint]:
         return frozenset({ExtensionPoint.ON_MODEL_CALL})
 
-    def on_model_call(self, agent: ReActAgent, ctx: RuntimeContext, input: ModelCallInput, next: Next) -> Any:
+    def on_model_call(self, agent: AgentView, ctx: RuntimeContext, input: ModelCallInput, next: Next) -> Any:
         key = self.key(input)
         if key is None:
             return next(input)
@@ -189,7 +189,7 @@ class ToolResultCacheMiddleware(_CacheBase):
     def active_points(self) -> frozenset[ExtensionPoint]:
         return frozenset({ExtensionPoint.ON_ACTING})
 
-    def _cacheable(self, agent: ReActAgent, ctx: RuntimeContext, calls: Sequence[ToolUseBlock]) -> dict[str, str]:
+    def _cacheable(self, agent: AgentView, ctx: RuntimeContext, calls: Sequence[ToolUseBlock]) -> dict[str, str]:
         toolkit = agent.toolkit
         if toolkit.policy is not None:
             return {}
@@ -205,7 +205,7 @@ class ToolResultCacheMiddleware(_CacheBase):
     def _ttl(self, name: str) -> float | None:
         return self.ttls.get(name, self.ttl)
 
-    def on_acting(self, agent: ReActAgent, ctx: RuntimeContext, input: ActingInput, next: Next) -> Any:
+    def on_acting(self, agent: AgentView, ctx: RuntimeContext, input: ActingInput, next: Next) -> Any:
         calls = input.tool_calls
         keys = self._cacheable(agent, ctx, calls)
         if not keys:

@@ -19,8 +19,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from ..message import Msg, ToolUseBlock
-from .base import ModelCallInput
+from ...extension.base import ModelCallInput
+from ...message import Msg, ToolUseBlock
 
 __all__ = ["request_key", "tool_call_key"]
 

@@ -28,8 +28,8 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
-from ..events import AgentEvent, parse_event
-from ._redis_clients import LoopClients
+from ...events import AgentEvent, parse_event
+from .._redis_clients import LoopClients
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis
@@ -200,7 +200,7 @@ class RedisCacheStore:
     def __init__(self, url: str | None = None, *, client: Redis | None = None, prefix: str = "agentscope:cache",
                  socket_timeout: float = 5.0) -> None:
         try:
-            from .._redis import check_source
+            from ..._redis import check_source
         except ImportError as exc:  # pragma: no cover - depends on the installed extras
             raise ImportError("RedisCacheStore needs the redis client: pip install 'agentscope-py[redis]'") from exc
         self.url = check_source("RedisCacheStore", url, client)

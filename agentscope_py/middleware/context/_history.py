@@ -12,8 +12,8 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 
-from ..message import Msg
-from .budget_estimate import _msg_chars
+from ...message import Msg
+from ..limits.budget_estimate import _msg_chars
 
 __all__ = ["TokenCounter", "approximate_tokens", "cut_index", "leading_system", "units"]
 

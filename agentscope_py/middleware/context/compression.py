@@ -30,23 +30,23 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from .._state import SummaryRecord
-from ..events import Compressed, Custom
-from ..message import Msg
-from ..model.base import ChatModel
-from ..stream import EventStream, aclosing
+from ..._state import SummaryRecord
+from ...events import Compressed, Custom
+from ...extension.base import ExtensionPoint, MiddlewareBase, Next, ReasoningInput
+from ...message import Msg
+from ...model.base import ChatModel
+from ...stream import EventStream, aclosing
+from .._internal import internal_model_call
 from ._history import TokenCounter, approximate_tokens, cut_index
-from ._internal import internal_model_call
-from .base import ExtensionPoint, MiddlewareBase, Next, ReasoningInput
 
 if TYPE_CHECKING:
-    from .._context import RuntimeContext
-    from ..agent.react import ReActAgent
+    from ..._context import RuntimeContext
+    from ...extension.base import AgentView
 
 __all__ = ["ConcatSummarizer", "ContextCompressionMiddleware", "ModelSummarizer", "Summarizer", "SummaryRecord",
            "transcript"]
 
-_log = logging.getLogger(__name__)
+_log = logging.getLogger("agentscope_py.middleware.compression")
 
 SUMMARY_PREFIX = "Summary of the earlier conversation:\n"
 FAILED = "compression_failed"
@@ -56,7 +56,7 @@ FAILED = "compression_failed"
 class Summarizer(Protocol):
     """Condenses messages into a summary text."""
 
-    async def summarize(self, messages: Sequence[Msg], agent: ReActAgent, ctx: RuntimeContext) -> str: ...
+    async def summarize(self, messages: Sequence[Msg], agent: AgentView, ctx: RuntimeContext) -> str: ...
 
 
 def _line(msg: Msg, limit: int | None) -> str:
@@ -93,7 +93,7 @@ class ConcatSummarizer:
         self.max_chars = max_chars
         self.per_message_chars = per_message_chars
 
-    async def summarize(self, messages: Sequence[Msg], agent: ReActAgent, ctx: RuntimeContext) -> str:
+    async def summarize(self, messages: Sequence[Msg], agent: AgentView, ctx: RuntimeContext) -> str:
         lines = [_line(m, self.per_message_chars) for m in messages]
         if sum(len(x) + 1 for x in lines) <= self.max_chars:
             return "\n".join(lines)
@@ -129,7 +129,7 @@ class ModelSummarizer:
         self.prompt = prompt
         self.options = dict(options or {})
 
-    async def summarize(self, messages: Sequence[Msg], agent: ReActAgent, ctx: RuntimeContext) -> str:
+    async def summarize(self, messages: Sequence[Msg], agent: AgentView, ctx: RuntimeContext) -> str:
         question = [Msg.system(self.prompt), Msg.user(transcript(messages))]
         reply = await internal_model_call(agent, ctx, question, model=self.model, options=self.options,
                                           purpose="summarize")
@@ -141,7 +141,7 @@ class _FnSummarizer:
         self.fn = fn
         self.name = getattr(fn, "__name__", "function")
 
-    async def summarize(self, messages: Sequence[Msg], agent: ReActAgent, ctx: RuntimeContext) -> str:
+    async def summarize(self, messages: Sequence[Msg], agent: AgentView, ctx: RuntimeContext) -> str:
         return await self.fn(messages, agent, ctx)
 
 
@@ -194,13 +194,13 @@ class ContextCompressionMiddleware(MiddlewareBase):
             return True
         return self.trigger_tokens is not None and self._tokens(messages) > self.trigger_tokens
 
-    def on_reasoning(self, agent: ReActAgent, ctx: RuntimeContext, input: ReasoningInput, next: Next) -> Any:
+    def on_reasoning(self, agent: AgentView, ctx: RuntimeContext, input: ReasoningInput, next: Next) -> Any:
         state = ctx.agent_state
         if state is None or not self.over_threshold(input.messages, state.context):
             return next(input)  # below the threshold: nothing added, nothing changed
         return EventStream(lambda: self._compress(agent, ctx, input, next))
 
-    async def _compress(self, agent: ReActAgent, ctx: RuntimeContext, input: ReasoningInput,
+    async def _compress(self, agent: AgentView, ctx: RuntimeContext, input: ReasoningInput,
                         next: Next) -> AsyncIterator[Any]:
         state = ctx.agent_state
         assert state is not None
@@ -227,7 +227,7 @@ class ContextCompressionMiddleware(MiddlewareBase):
             async for ev in it:
                 yield ev
 
-    def _apply(self, agent: ReActAgent, ctx: RuntimeContext, input: ReasoningInput, context: list[Msg],
+    def _apply(self, agent: AgentView, ctx: RuntimeContext, input: ReasoningInput, context: list[Msg],
                removed: list[Msg], cut: int, summary: str) -> ReasoningInput:
         state = ctx.agent_state
         assert state is not None

@@ -34,16 +34,16 @@ import json
 from collections.abc import AsyncIterator, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..events import CacheLayoutChanged
-from ..message import Msg
-from ..model.base import ToolSchema
-from ..stream import EventStream, aclosing
+from ...events import CacheLayoutChanged
+from ...extension.base import ExtensionPoint, MiddlewareBase, ModelCallInput, Next
+from ...message import Msg
+from ...model.base import ToolSchema
+from ...stream import EventStream, aclosing
 from ._history import leading_system
-from .base import ExtensionPoint, MiddlewareBase, ModelCallInput, Next
 
 if TYPE_CHECKING:
-    from .._context import RuntimeContext
-    from ..agent.react import ReActAgent
+    from ..._context import RuntimeContext
+    from ...extension.base import AgentView
 
 __all__ = ["PARTS", "PromptCacheGuardMiddleware", "fingerprint"]
 
@@ -125,7 +125,7 @@ class PromptCacheGuardMiddleware(MiddlewareBase):
             changed.append("messages")
         return [p for p in changed if p not in self.ignore]
 
-    def on_model_call(self, agent: ReActAgent, ctx: RuntimeContext, input: ModelCallInput, next: Next) -> Any:
+    def on_model_call(self, agent: AgentView, ctx: RuntimeContext, input: ModelCallInput, next: Next) -> Any:
         return EventStream(lambda: self._guard(ctx, input, next))
 
     async def _guard(self, ctx: RuntimeContext, input: ModelCallInput, next: Next) -> AsyncIterator[Any]:

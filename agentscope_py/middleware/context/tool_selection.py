@@ -26,23 +26,23 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
-from ..errors import StructuredOutputError
-from ..events import Custom
-from ..message import Msg
-from ..model.base import ChatModel, ToolSchema
-from ..stream import EventStream, aclosing
-from ._internal import internal_model_call
-from .base import ExtensionPoint, MiddlewareBase, Next, ReasoningInput
-from .tool_policy import check_tool_names
+from ...errors import StructuredOutputError
+from ...events import Custom
+from ...extension.base import ExtensionPoint, MiddlewareBase, Next, ReasoningInput
+from ...message import Msg
+from ...model.base import ChatModel, ToolSchema
+from ...stream import EventStream, aclosing
+from .._internal import internal_model_call
+from ..policy.tool_policy import check_tool_names
 
 if TYPE_CHECKING:
-    from .._context import RuntimeContext
-    from .._state import AgentState
-    from ..agent.react import ReActAgent
+    from ..._context import RuntimeContext
+    from ..._state import AgentState
+    from ...extension.base import AgentView
 
 __all__ = ["LLMToolSelectorMiddleware", "SelectFn", "ToolSelectorMiddleware"]
 
-_log = logging.getLogger(__name__)
+_log = logging.getLogger("agentscope_py.middleware.tool_selection")
 
 SelectFn = Callable[["RuntimeContext", Sequence[Msg], Sequence[ToolSchema]],
                     "Iterable[str] | Awaitable[Iterable[str]]"]
@@ -76,7 +76,7 @@ class ToolSelectorMiddleware(MiddlewareBase):
         return frozenset({ExtensionPoint.ON_REASONING, ExtensionPoint.ON_AGENT_STATE_READY})
 
     async def choose(
-        self, agent: ReActAgent, ctx: RuntimeContext, messages: Sequence[Msg], tools: Sequence[ToolSchema]
+        self, agent: AgentView, ctx: RuntimeContext, messages: Sequence[Msg], tools: Sequence[ToolSchema]
     ) -> Iterable[str]:
         """The names to offer (subclasses override this; the default calls ``select``)."""
         if self.select_fn is None:
@@ -93,17 +93,17 @@ class ToolSelectorMiddleware(MiddlewareBase):
         return names
 
     def on_agent_state_ready(
-        self, agent: ReActAgent, ctx: RuntimeContext, state: AgentState, input_messages: list[Msg]
+        self, agent: AgentView, ctx: RuntimeContext, state: AgentState, input_messages: list[Msg]
     ) -> None:
         key = tuple(agent.toolkit.names)
         if key not in self._checked:
             check_tool_names(self.always_include, key, "always_include")
             self._checked.add(key)
 
-    def on_reasoning(self, agent: ReActAgent, ctx: RuntimeContext, input: ReasoningInput, next: Next) -> Any:
+    def on_reasoning(self, agent: AgentView, ctx: RuntimeContext, input: ReasoningInput, next: Next) -> Any:
         return EventStream(lambda: self._round(agent, ctx, input, next))
 
-    async def _round(self, agent: ReActAgent, ctx: RuntimeContext, input: ReasoningInput,
+    async def _round(self, agent: AgentView, ctx: RuntimeContext, input: ReasoningInput,
                      next: Next) -> AsyncIterator[Any]:
         tools = input.tools
         always = set(self.always_include)
@@ -146,7 +146,7 @@ class LLMToolSelectorMiddleware(ToolSelectorMiddleware):
         self.on_error = on_error
 
     async def choose(
-        self, agent: ReActAgent, ctx: RuntimeContext, messages: Sequence[Msg], tools: Sequence[ToolSchema]
+        self, agent: AgentView, ctx: RuntimeContext, messages: Sequence[Msg], tools: Sequence[ToolSchema]
     ) -> Iterable[str]:
         names = [t.name for t in tools]
         try:

@@ -26,13 +26,13 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..message import Msg
+from ...extension.base import ExtensionPoint, MiddlewareBase, ModelCallInput, Next
+from ...message import Msg
 from ._history import TokenCounter, approximate_tokens, leading_system, units
-from .base import ExtensionPoint, MiddlewareBase, ModelCallInput, Next
 
 if TYPE_CHECKING:
-    from .._context import RuntimeContext
-    from ..agent.react import ReActAgent
+    from ..._context import RuntimeContext
+    from ...extension.base import AgentView
 
 __all__ = ["MessageTrimMiddleware", "clear_tool_results", "trim_messages"]
 
@@ -144,7 +144,7 @@ class MessageTrimMiddleware(MiddlewareBase):
     def active_points(self) -> frozenset[ExtensionPoint]:
         return frozenset({ExtensionPoint.ON_MODEL_CALL})
 
-    def on_model_call(self, agent: ReActAgent, ctx: RuntimeContext, input: ModelCallInput, next: Next) -> Any:
+    def on_model_call(self, agent: AgentView, ctx: RuntimeContext, input: ModelCallInput, next: Next) -> Any:
         kept = trim_messages(input.messages, max_messages=self.max_messages, max_tokens=self.max_tokens,
                              token_counter=self.token_counter, keep_system=self.keep_system,
                              start_on_user=self.start_on_user, keep_tool_results=self.keep_tool_results,

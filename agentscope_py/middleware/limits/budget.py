@@ -54,11 +54,11 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, cast
 
-from .._bracket_kinds import BRACKET_TYPES, OpenBrackets
-from .._fast_events import with_metadata
-from .._stream.operators import Maps, MapSource, apply_maps, iterate
-from ..errors import BudgetExceeded
-from ..events import (
+from ..._bracket_kinds import BRACKET_TYPES, OpenBrackets
+from ..._fast_events import with_metadata
+from ..._stream.operators import Maps, MapSource, apply_maps, iterate
+from ...errors import BudgetExceeded
+from ...events import (
     Custom,
     ModelCallEnd,
     ModelCallStart,
@@ -67,9 +67,9 @@ from ..events import (
     ThinkingBlockDelta,
     ToolCallDelta,
 )
-from ..message import ChatUsage, Msg
-from ..stream import EventStream, aclose
-from .base import ExtensionPoint, MiddlewareBase, ModelCallInput, Next, publish_metric
+from ...extension.base import ExtensionPoint, MiddlewareBase, ModelCallInput, Next, publish_metric
+from ...message import ChatUsage, Msg
+from ...stream import EventStream, aclose
 from .budget_estimate import estimate_tokens
 from .budget_stores import (
     BudgetStore,
@@ -82,16 +82,16 @@ from .budget_stores import (
 )
 
 if TYPE_CHECKING:
-    from ..agent.context import RuntimeContext
-    from ..agent.react import ReActAgent
-    from ..agent.state import AgentState
+    from ..._context import RuntimeContext
+    from ..._state import AgentState
+    from ...extension.base import AgentView
 
 __all__ = [
     "DEFAULT_PRICES", "BudgetMiddleware", "BudgetStore", "InMemoryBudgetStore", "ModelPrice", "RedisBudgetStore",
     "Reservation", "RunTotals", "Spend", "estimate_tokens",
 ]
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("agentscope_py.middleware.budget")
 OnExceeded = Literal["stop", "error"]
 
 
@@ -249,7 +249,7 @@ class BudgetMiddleware(MiddlewareBase):
     # -- hooks -----------------------------------------------------------------------------------
 
     def on_agent_state_ready(
-        self, agent: ReActAgent, ctx: RuntimeContext, state: AgentState, input_messages: list[Msg]
+        self, agent: AgentView, ctx: RuntimeContext, state: AgentState, input_messages: list[Msg]
     ) -> None:
         parent = ctx.parent
         shared = parent.get(self._run_key) if parent is not None else None
@@ -260,7 +260,7 @@ class BudgetMiddleware(MiddlewareBase):
         ctx.put(self._run_key, totals)
         publish_metric(ctx, self.name_key, totals)  # AgentRun.metrics[name]
 
-    def on_model_call(self, agent: ReActAgent, ctx: RuntimeContext, input: ModelCallInput, next: Next) -> Any:
+    def on_model_call(self, agent: AgentView, ctx: RuntimeContext, input: ModelCallInput, next: Next) -> Any:
         model_name = str(getattr(input.model, "name", ""))
         price = self.price(model_name)
         if price is None and self.strict:

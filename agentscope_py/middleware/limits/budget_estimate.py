@@ -9,8 +9,8 @@ from collections.abc import Sequence
 from operator import is_ as _is
 from typing import Any
 
-from ..message import Msg
-from .base import ModelCallInput
+from ...extension.base import ModelCallInput
+from ...message import Msg
 
 __all__ = ["estimate_tokens"]
 

@@ -20,12 +20,12 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ._redis_clients import LoopClients
+from .._redis_clients import LoopClients
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis
 
-    from .._context import RuntimeContext
+    from ..._context import RuntimeContext
 
 __all__ = [
     "BudgetStore", "InMemoryBudgetStore", "RedisBudgetStore", "Reservation", "RunTotals", "ScopeTotals", "Spend",
@@ -295,7 +295,7 @@ class RedisBudgetStore:
 
     def __init__(self, url: str | None = None, *, client: Redis | None = None, prefix: str = "agentscope:budget",
                  socket_timeout: float = 5.0, lease: float = 600.0) -> None:
-        from .._redis import check_source
+        from ..._redis import check_source
 
         if isinstance(lease, bool) or not isinstance(lease, int | float) or not lease > 0:
             raise ValueError(f"lease must be a number of seconds > 0, got {lease!r}")

@@ -30,17 +30,17 @@ from collections import deque
 from collections.abc import AsyncIterator, Collection, Hashable, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
-from ..errors import CallLimitExceeded, RateLimitExceeded
-from ..events import RequestStop, ToolResultEnd, ToolResultStart, ToolResultTextDelta
-from ..message import Msg, ToolResultState, ToolUseBlock
-from ..stream import EventStream, aclosing
-from .base import ActingInput, AgentInput, ExtensionPoint, MiddlewareBase, ModelCallInput, Next
+from ...errors import CallLimitExceeded, RateLimitExceeded
+from ...events import RequestStop, ToolResultEnd, ToolResultStart, ToolResultTextDelta
+from ...extension.base import ActingInput, AgentInput, ExtensionPoint, MiddlewareBase, ModelCallInput, Next
+from ...message import Msg, ToolResultState, ToolUseBlock
+from ...stream import EventStream, aclosing
 from .rate_limit import KeySpec, check_points, key_function
 
 if TYPE_CHECKING:
-    from ..agent.context import RuntimeContext
-    from ..agent.react import ReActAgent
-    from ..agent.state import AgentState
+    from ..._context import RuntimeContext
+    from ..._state import AgentState
+    from ...extension.base import AgentView
 
 __all__ = ["CallLimitExceeded", "ConcurrencyLimitMiddleware", "ModelCallLimitMiddleware", "ToolCallLimitMiddleware"]
 
@@ -50,6 +50,7 @@ STATE_KEY = "call_limits"  # AgentState.metadata[STATE_KEY][counter] = calls so 
 # -- concurrency ---------------------------------------------------------------------------------
 
 _SlotKey = tuple[ExtensionPoint, Hashable]  # (the point, what the key function returned)
+_HELD_POINTS = frozenset({ExtensionPoint.ON_AGENT, ExtensionPoint.ON_ACTING, ExtensionPoint.ON_REASONING})
 
 
 class _Slots:
@@ -81,6 +82,9 @@ class ConcurrencyLimitMiddleware(MiddlewareBase):
         self.limit = limit
         self.max_wait = max_wait
         self.points = check_points(points)
+        # A slot held by the caller's whole run or acting batch would be waited for by its own
+        # sub-agent (a deadlock at the limit): only model-call limits reach down by default.
+        self.inherit_to_subagents = not (self.points & _HELD_POINTS)
         self._key = key_function(key)
         self._slots: dict[_SlotKey, _Slots] = {}  # only keys with a call in flight or waiting
 
@@ -96,15 +100,15 @@ class ConcurrencyLimitMiddleware(MiddlewareBase):
         slots = self._slots.get((point, key))
         return 0 if slots is None else sum(not f.done() for f in slots.waiters)
 
-    def on_model_call(self, agent: ReActAgent, ctx: RuntimeContext, input: ModelCallInput, next: Next) -> Any:
+    def on_model_call(self, agent: AgentView, ctx: RuntimeContext, input: ModelCallInput, next: Next) -> Any:
         inner = next(input)
         return EventStream(lambda: self._held((ExtensionPoint.ON_MODEL_CALL, self._key(ctx)), inner))
 
-    def on_acting(self, agent: ReActAgent, ctx: RuntimeContext, input: ActingInput, next: Next) -> Any:
+    def on_acting(self, agent: AgentView, ctx: RuntimeContext, input: ActingInput, next: Next) -> Any:
         inner = next(input)
         return EventStream(lambda: self._held((ExtensionPoint.ON_ACTING, self._key(ctx)), inner))
 
-    def on_agent(self, agent: ReActAgent, ctx: RuntimeContext, input: AgentInput, next: Next) -> Any:
+    def on_agent(self, agent: AgentView, ctx: RuntimeContext, input: AgentInput, next: Next) -> Any:
         inner = next(input)
         return EventStream(lambda: self._held((ExtensionPoint.ON_AGENT, self._key(ctx)), inner))
 
@@ -212,7 +216,7 @@ class _CallLimit(MiddlewareBase):
         return frozenset({self.point, ExtensionPoint.ON_AGENT_STATE_READY})
 
     def on_agent_state_ready(
-        self, agent: ReActAgent, ctx: RuntimeContext, state: AgentState, input_messages: list[Msg]
+        self, agent: AgentView, ctx: RuntimeContext, state: AgentState, input_messages: list[Msg]
     ) -> None:
         if self.scope == "tree" and ctx.parent is not None:
             shared = ctx.parent.get(self._run_key)
@@ -275,7 +279,7 @@ class ModelCallLimitMiddleware(_CallLimit):
     ) -> None:
         super().__init__(run_limit, session_limit, thread_limit, exit_behavior, state_key, scope)
 
-    def on_model_call(self, agent: ReActAgent, ctx: RuntimeContext, input: ModelCallInput, next: Next) -> Any:
+    def on_model_call(self, agent: AgentView, ctx: RuntimeContext, input: ModelCallInput, next: Next) -> Any:
         inner = next(input)
         return EventStream.defer(lambda: self._admit(ctx, inner))
 
@@ -317,7 +321,7 @@ class ToolCallLimitMiddleware(_CallLimit):
                          state_key or f"tool:{tool_name or '*'}", scope)
         self.tool_name = tool_name
 
-    def on_acting(self, agent: ReActAgent, ctx: RuntimeContext, input: ActingInput, next: Next) -> Any:
+    def on_acting(self, agent: AgentView, ctx: RuntimeContext, input: ActingInput, next: Next) -> Any:
         return EventStream.defer(lambda: self._act(ctx, input, next))
 
     def _act(self, ctx: RuntimeContext, input: ActingInput, next: Next) -> Any:

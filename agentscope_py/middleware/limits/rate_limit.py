@@ -30,13 +30,13 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Hash
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Protocol
 from urllib.parse import quote
 
-from ..errors import RateLimitExceeded
-from ..stream import EventStream, aclosing
-from .base import ActingInput, AgentInput, ExtensionPoint, MiddlewareBase, ModelCallInput, Next
+from ...errors import RateLimitExceeded
+from ...extension.base import ActingInput, AgentInput, ExtensionPoint, MiddlewareBase, ModelCallInput, Next
+from ...stream import EventStream, aclosing
 
 if TYPE_CHECKING:
-    from ..agent.context import RuntimeContext
-    from ..agent.react import ReActAgent
+    from ..._context import RuntimeContext
+    from ...extension.base import AgentView
 
 __all__ = [
     "BucketStore",
@@ -306,13 +306,13 @@ class RateLimitMiddleware(MiddlewareBase):
     def active_points(self) -> frozenset[ExtensionPoint]:
         return self.points
 
-    def on_model_call(self, agent: ReActAgent, ctx: RuntimeContext, input: ModelCallInput, next: Next) -> Any:
+    def on_model_call(self, agent: AgentView, ctx: RuntimeContext, input: ModelCallInput, next: Next) -> Any:
         return self._admit("model", ctx, self.cost, next, input)
 
-    def on_acting(self, agent: ReActAgent, ctx: RuntimeContext, input: ActingInput, next: Next) -> Any:
+    def on_acting(self, agent: AgentView, ctx: RuntimeContext, input: ActingInput, next: Next) -> Any:
         return self._admit("tools", ctx, self.cost * max(1, len(input.tool_calls)), next, input)
 
-    def on_agent(self, agent: ReActAgent, ctx: RuntimeContext, input: AgentInput, next: Next) -> Any:
+    def on_agent(self, agent: AgentView, ctx: RuntimeContext, input: AgentInput, next: Next) -> Any:
         return self._admit("runs", ctx, self.cost, next, input)
 
     def _admit(self, tag: str, ctx: RuntimeContext, need: float, next: Next, input: Any) -> Any:

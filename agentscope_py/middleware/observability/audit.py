@@ -30,18 +30,18 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .._replies import ReplyBuilder, ToolResultCollector
-from ..events import ModelCallEnd, ModelCallStart, ToolResultEnd, ToolResultStart
-from ..stream import EventStream, aclose
-from .base import ActingInput, ExtensionPoint, MiddlewareBase, ModelCallInput, Next
+from ..._replies import ReplyBuilder, ToolResultCollector
+from ...events import ModelCallEnd, ModelCallStart, ToolResultEnd, ToolResultStart
+from ...extension.base import ActingInput, ExtensionPoint, MiddlewareBase, ModelCallInput, Next
+from ...stream import EventStream, aclose
 
 if TYPE_CHECKING:
-    from .._context import RuntimeContext
-    from ..agent.react import ReActAgent
+    from ..._context import RuntimeContext
+    from ...extension.base import AgentView
 
 __all__ = ["AuditLogMiddleware"]
 
-_log = logging.getLogger(__name__)
+_log = logging.getLogger("agentscope_py.middleware.audit")
 Sink = str | os.PathLike[str] | logging.Logger | Callable[[dict[str, Any]], Any]
 
 
@@ -92,16 +92,16 @@ class AuditLogMiddleware(MiddlewareBase):
                 self._warned = True
                 _log.warning("audit sink %r failed; audit records are being dropped", self.sink, exc_info=True)
 
-    def _base(self, kind: str, agent: ReActAgent, ctx: RuntimeContext) -> dict[str, Any]:
+    def _base(self, kind: str, agent: AgentView, ctx: RuntimeContext) -> dict[str, Any]:
         return {"event": kind, "ts": self.clock(), "agent": agent.name, "user_id": ctx.user_id,
                 "session_id": ctx.session_id, "reply_id": ctx.reply_id}
 
     # -- model calls -----------------------------------------------------------------------------
 
-    def on_model_call(self, agent: ReActAgent, ctx: RuntimeContext, input: ModelCallInput, next: Next) -> Any:
+    def on_model_call(self, agent: AgentView, ctx: RuntimeContext, input: ModelCallInput, next: Next) -> Any:
         return EventStream(lambda: self._model(agent, ctx, input, next))
 
-    async def _model(self, agent: ReActAgent, ctx: RuntimeContext, input: ModelCallInput, next: Next
+    async def _model(self, agent: AgentView, ctx: RuntimeContext, input: ModelCallInput, next: Next
                      ) -> AsyncIterator[Any]:
         started = time.perf_counter()
         builder = ReplyBuilder()
@@ -125,7 +125,7 @@ class AuditLogMiddleware(MiddlewareBase):
             if open_call:
                 self._emit(self._model_record(agent, ctx, input, model, builder, None, started))
 
-    def _model_record(self, agent: ReActAgent, ctx: RuntimeContext, input: ModelCallInput, model: str,
+    def _model_record(self, agent: AgentView, ctx: RuntimeContext, input: ModelCallInput, model: str,
                       builder: ReplyBuilder, end: ModelCallEnd | None, started: float) -> dict[str, Any]:
         record = self._base("model_call", agent, ctx)
         try:
@@ -148,10 +148,10 @@ class AuditLogMiddleware(MiddlewareBase):
 
     # -- tool calls ------------------------------------------------------------------------------
 
-    def on_acting(self, agent: ReActAgent, ctx: RuntimeContext, input: ActingInput, next: Next) -> Any:
+    def on_acting(self, agent: AgentView, ctx: RuntimeContext, input: ActingInput, next: Next) -> Any:
         return EventStream(lambda: self._acting(agent, ctx, input, next))
 
-    async def _acting(self, agent: ReActAgent, ctx: RuntimeContext, input: ActingInput, next: Next
+    async def _acting(self, agent: AgentView, ctx: RuntimeContext, input: ActingInput, next: Next
                       ) -> AsyncIterator[Any]:
         calls = {c.id: c for c in input.tool_calls}
         starts: dict[str, float] = {}

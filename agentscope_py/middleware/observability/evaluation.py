@@ -40,15 +40,14 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..message import GenerateReason
-from .base import ActingInput, AgentRun, ExtensionPoint, MiddlewareBase, ModelCallInput, Next
+from ...extension.base import ActingInput, AgentRun, AgentView, ExtensionPoint, MiddlewareBase, ModelCallInput, Next
+from ...message import GenerateReason
 
 if TYPE_CHECKING:
-    from .._state import AgentState
-    from ..agent.context import RuntimeContext
-    from ..agent.react import ReActAgent
-    from ..evals import EvalResult
-    from ..message import Msg
+    from ..._context import RuntimeContext
+    from ..._state import AgentState
+    from ...evals import EvalResult
+    from ...message import Msg
 
 __all__ = ["EvalMiddleware", "OnlineResult"]
 
@@ -77,7 +76,7 @@ class _Run:
     __slots__ = ("agent", "context", "ended", "error", "events", "input", "keep", "output", "reply_id",
                  "session_id", "started", "user_id")
 
-    def __init__(self, agent: ReActAgent, ctx: RuntimeContext, input: tuple[Msg, ...]) -> None:
+    def __init__(self, agent: AgentView, ctx: RuntimeContext, input: tuple[Msg, ...]) -> None:
         self.agent = agent
         self.reply_id = ctx.reply_id
         self.user_id = ctx.user_id
@@ -144,7 +143,7 @@ class EvalMiddleware(MiddlewareBase):
 
     # -- the user's path ---------------------------------------------------------------------------
 
-    def on_agent_state_ready(self, agent: ReActAgent, ctx: RuntimeContext, state: AgentState,
+    def on_agent_state_ready(self, agent: AgentView, ctx: RuntimeContext, state: AgentState,
                              input_messages: list[Msg]) -> None:
         if self.sample_rate < 1.0 and self._random.random() >= self.sample_rate:
             return
@@ -157,15 +156,15 @@ class EvalMiddleware(MiddlewareBase):
         run = ctx.get(self._key)  # (a sub-agent's context falls back to its caller's: the reply id tells)
         return run if run is not None and run.reply_id is ctx.reply_id else None
 
-    def on_model_call(self, agent: ReActAgent, ctx: RuntimeContext, input: ModelCallInput, next: Next) -> Any:
+    def on_model_call(self, agent: AgentView, ctx: RuntimeContext, input: ModelCallInput, next: Next) -> Any:
         run = self._sampled(ctx)
         return next(input) if run is None else next(input).map(run.keep)
 
-    def on_acting(self, agent: ReActAgent, ctx: RuntimeContext, input: ActingInput, next: Next) -> Any:
+    def on_acting(self, agent: AgentView, ctx: RuntimeContext, input: ActingInput, next: Next) -> Any:
         run = self._sampled(ctx)
         return next(input) if run is None else next(input).map(run.keep)
 
-    async def on_agent_finish(self, agent: ReActAgent, ctx: RuntimeContext, run: AgentRun) -> None:
+    async def on_agent_finish(self, agent: AgentView, ctx: RuntimeContext, run: AgentRun) -> None:
         record = self._sampled(ctx)
         if record is None:
             return
@@ -213,7 +212,7 @@ class EvalMiddleware(MiddlewareBase):
                 queue.task_done()
 
     async def _score(self, run: _Run) -> None:
-        from ..evals import Case, EvalContext, EvalResult, run_evaluator
+        from ...evals import Case, EvalContext, EvalResult, run_evaluator
 
         name = f"{run.agent.name}/{run.session_id}"
         case = Case(name=name, input=list(run.input))
@@ -281,7 +280,7 @@ def _describe(error: BaseException) -> str:
     return f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
 
 
-def _agent_provider(agent: ReActAgent) -> Any:
+def _agent_provider(agent: AgentView) -> Any:
     from .tracing import OtelTracingMiddleware
 
     for mw in agent.middlewares_at(ExtensionPoint.ON_AGENT):

@@ -24,8 +24,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..message import ChatUsage, Msg
-from .base import (
+from ...extension.base import (
     ActingInput,
     AgentInput,
     AgentRun,
@@ -35,15 +34,16 @@ from .base import (
     Next,
     ReasoningInput,
 )
+from ...message import ChatUsage, Msg
 
 if TYPE_CHECKING:
-    from .._context import RuntimeContext
-    from .._state import AgentState
-    from ..agent.react import ReActAgent
+    from ..._context import RuntimeContext
+    from ..._state import AgentState
+    from ...extension.base import AgentView
 
 __all__ = ["DynamicPromptMiddleware", "LoggingMiddleware", "RunUsage", "UsageAccountingMiddleware"]
 
-_log = logging.getLogger(__name__)
+_log = logging.getLogger("agentscope_py.middleware.observe")
 
 
 class LoggingMiddleware(MiddlewareBase):
@@ -64,37 +64,37 @@ class LoggingMiddleware(MiddlewareBase):
         for key in self._counts:
             self._counts[key] = 0
 
-    def _fired(self, point: ExtensionPoint, agent: ReActAgent) -> None:
+    def _fired(self, point: ExtensionPoint, agent: AgentView) -> None:
         self._counts[point.name] += 1
         if self._logger.isEnabledFor(logging.DEBUG):
             self._logger.debug("%s: %s fired (%d)", agent.name, point.name, self._counts[point.name])
 
-    def on_agent(self, agent: ReActAgent, ctx: RuntimeContext, input: AgentInput, next: Next) -> Any:
+    def on_agent(self, agent: AgentView, ctx: RuntimeContext, input: AgentInput, next: Next) -> Any:
         self._fired(ExtensionPoint.ON_AGENT, agent)
         return next(input)
 
-    def on_reasoning(self, agent: ReActAgent, ctx: RuntimeContext, input: ReasoningInput, next: Next) -> Any:
+    def on_reasoning(self, agent: AgentView, ctx: RuntimeContext, input: ReasoningInput, next: Next) -> Any:
         self._fired(ExtensionPoint.ON_REASONING, agent)
         return next(input)
 
-    def on_acting(self, agent: ReActAgent, ctx: RuntimeContext, input: ActingInput, next: Next) -> Any:
+    def on_acting(self, agent: AgentView, ctx: RuntimeContext, input: ActingInput, next: Next) -> Any:
         self._fired(ExtensionPoint.ON_ACTING, agent)
         return next(input)
 
-    def on_model_call(self, agent: ReActAgent, ctx: RuntimeContext, input: ModelCallInput, next: Next) -> Any:
+    def on_model_call(self, agent: AgentView, ctx: RuntimeContext, input: ModelCallInput, next: Next) -> Any:
         self._fired(ExtensionPoint.ON_MODEL_CALL, agent)
         return next(input)
 
-    async def on_system_prompt(self, agent: ReActAgent, ctx: RuntimeContext, prompt: str) -> str:
+    async def on_system_prompt(self, agent: AgentView, ctx: RuntimeContext, prompt: str) -> str:
         self._fired(ExtensionPoint.ON_SYSTEM_PROMPT, agent)
         return prompt
 
     def on_agent_state_ready(
-        self, agent: ReActAgent, ctx: RuntimeContext, state: AgentState, input_messages: list[Msg]
+        self, agent: AgentView, ctx: RuntimeContext, state: AgentState, input_messages: list[Msg]
     ) -> None:
         self._fired(ExtensionPoint.ON_AGENT_STATE_READY, agent)
 
-    async def on_agent_finish(self, agent: ReActAgent, ctx: RuntimeContext, run: AgentRun) -> None:
+    async def on_agent_finish(self, agent: AgentView, ctx: RuntimeContext, run: AgentRun) -> None:
         self._fired(ExtensionPoint.ON_AGENT_FINISH, agent)
 
 
@@ -162,7 +162,7 @@ class UsageAccountingMiddleware(MiddlewareBase):
 
     # -- hooks -----------------------------------------------------------------------------------
 
-    def on_agent(self, agent: ReActAgent, ctx: RuntimeContext, input: AgentInput, next: Next) -> Any:
+    def on_agent(self, agent: AgentView, ctx: RuntimeContext, input: AgentInput, next: Next) -> Any:
         # The run record is opened by AgentStart, so a run without model calls is listed too.
         def started(event: Any) -> None:
             if event.type == "agent_start" and event.source is None:
@@ -170,7 +170,7 @@ class UsageAccountingMiddleware(MiddlewareBase):
 
         return next(input).do(started)
 
-    def on_model_call(self, agent: ReActAgent, ctx: RuntimeContext, input: ModelCallInput, next: Next) -> Any:
+    def on_model_call(self, agent: AgentView, ctx: RuntimeContext, input: ModelCallInput, next: Next) -> Any:
         def ended(event: Any) -> None:
             if event.type == "model_call_end" and event.source is None:
                 self._add(event.reply_id, ctx, event.usage)
@@ -196,12 +196,15 @@ class UsageAccountingMiddleware(MiddlewareBase):
         run.model_calls += 1
 
 
-PromptFn = Callable[["ReActAgent", "RuntimeContext", str], "str | Awaitable[str]"]
+PromptFn = Callable[["AgentView", "RuntimeContext", str], "str | Awaitable[str]"]
 
 
 class DynamicPromptMiddleware(MiddlewareBase):
     """The system prompt computed per call: ``fn(agent, ctx, prompt) -> str`` (or an awaitable of
     it), given the prompt so far (the builder's ``sys_prompt``, as earlier middleware left it)."""
+
+    # A sub-agent does not inherit it (`agent.as_tool`): it writes this agent's own prompt.
+    inherit_to_subagents = False
 
     def __init__(self, fn: PromptFn) -> None:
         if not callable(fn):
@@ -211,7 +214,7 @@ class DynamicPromptMiddleware(MiddlewareBase):
     def active_points(self) -> frozenset[ExtensionPoint]:
         return frozenset({ExtensionPoint.ON_SYSTEM_PROMPT})
 
-    async def on_system_prompt(self, agent: ReActAgent, ctx: RuntimeContext, prompt: str) -> str:
+    async def on_system_prompt(self, agent: AgentView, ctx: RuntimeContext, prompt: str) -> str:
         value = self.fn(agent, ctx, prompt)
         if inspect.isawaitable(value):
             value = await value

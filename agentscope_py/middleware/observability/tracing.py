@@ -48,11 +48,12 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
         "OtelTracingMiddleware needs OpenTelemetry: pip install 'agentscope-py[otel]'"
     ) from exc
 
-from ..events import AgentEvent
-from ..message import ToolUseBlock
-from ..model.base import ChatModel, model_provider
-from ..stream import EventStream, aclose, aclosing
-from ._otel_conventions import (
+from ...events import AgentEvent
+from ...extension.base import ActingInput, AgentInput, ExtensionPoint, MiddlewareBase, ModelCallInput, Next
+from ...message import ToolUseBlock
+from ...model.base import ChatModel, model_provider
+from ...stream import EventStream, aclose, aclosing
+from .._otel_conventions import (
     AGENT_ID,
     AGENT_NAME,
     CONVERSATION_ID,
@@ -76,19 +77,18 @@ from ._otel_conventions import (
     messages_json,
     tools_json,
 )
-from ._otel_records import Closer, Observer, Records, agent_records, chat_records
-from .base import ActingInput, AgentInput, ExtensionPoint, MiddlewareBase, ModelCallInput, Next
+from .._otel_records import Closer, Observer, Records, agent_records, chat_records
 
 if TYPE_CHECKING:
-    from .._context import RuntimeContext
-    from ..agent.react import ReActAgent
+    from ..._context import RuntimeContext
+    from ...extension.base import AgentView
 
 __all__ = ["SCOPE", "OtelTracingMiddleware"]
 
 SCOPE = "agentscope_py"
 """The instrumentation scope name of every span."""
 
-_log = logging.getLogger(__name__)
+_log = logging.getLogger("agentscope_py.middleware.tracing")
 
 # Providers that mean "no SDK configured" (the API's defaults).
 _UNCONFIGURED = (trace.NoOpTracerProvider, trace.ProxyTracerProvider)
@@ -130,7 +130,7 @@ class OtelTracingMiddleware(MiddlewareBase):
 
     # -- hooks -----------------------------------------------------------------------------------
 
-    def on_agent(self, agent: ReActAgent, ctx: RuntimeContext, input: AgentInput, next: Next) -> Any:
+    def on_agent(self, agent: AgentView, ctx: RuntimeContext, input: AgentInput, next: Next) -> Any:
         if self._get_tracer() is None:  # nothing configured: no span, no wrapper
             return next(input)
 
@@ -151,7 +151,7 @@ class OtelTracingMiddleware(MiddlewareBase):
         name = f"invoke_agent {agent.name}" if agent.name else "invoke_agent"
         return self._traced(name, SpanKind.INTERNAL, attributes, lambda: next(input), self._agent_records, tool_parent)
 
-    def on_model_call(self, agent: ReActAgent, ctx: RuntimeContext, input: ModelCallInput, next: Next) -> Any:
+    def on_model_call(self, agent: AgentView, ctx: RuntimeContext, input: ModelCallInput, next: Next) -> Any:
         if self._get_tracer() is None:
             return next(input)
         model = _model_name(input.model)
@@ -179,7 +179,7 @@ class OtelTracingMiddleware(MiddlewareBase):
 
         return self._traced(f"chat {model}", SpanKind.CLIENT, attributes, lambda: next(input), self._chat_records)
 
-    def on_acting(self, agent: ReActAgent, ctx: RuntimeContext, input: ActingInput, next: Next) -> Any:
+    def on_acting(self, agent: AgentView, ctx: RuntimeContext, input: ActingInput, next: Next) -> Any:
         if self._get_tracer() is None:
             return next(input)
         calls = input.tool_calls
@@ -314,7 +314,7 @@ class OtelTracingMiddleware(MiddlewareBase):
         # Nothing configured (yet): pass through, and look again at the next subscription.
         if isinstance(provider, _UNCONFIGURED):
             return None
-        from .. import __version__
+        from ... import __version__
 
         try:
             self._tracer = provider.get_tracer(SCOPE, __version__)
@@ -359,7 +359,7 @@ class ToolSpans:
     several calls running at once which one started it is unknowable, so it nests under the
     acting point's span, beside them."""
 
-    def __init__(self, mw: OtelTracingMiddleware, agent: ReActAgent, calls: Sequence[ToolUseBlock]) -> None:
+    def __init__(self, mw: OtelTracingMiddleware, agent: AgentView, calls: Sequence[ToolUseBlock]) -> None:
         self.mw = mw
         self.agent = agent
         self.calls = {c.id: c for c in calls}

@@ -17,12 +17,12 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
-from ..stream import EventStream, aclose
-from .base import ExtensionPoint, MiddlewareBase, Next, ReasoningInput
+from ...extension.base import ExtensionPoint, MiddlewareBase, Next, ReasoningInput
+from ...stream import EventStream, aclose
 
 if TYPE_CHECKING:
-    from .._context import RuntimeContext
-    from ..agent.react import ReActAgent
+    from ..._context import RuntimeContext
+    from ...extension.base import AgentView
 
 __all__ = ["FinalAnswerFilterMiddleware"]
 
@@ -34,11 +34,13 @@ class FinalAnswerFilterMiddleware(MiddlewareBase):
     then released (no tool call) or dropped (tool call)."""
 
     roles = frozenset({"final_answer_filter"})
+    # A sub-agent does not inherit it (`agent.as_tool`): it shapes this agent's own answer.
+    inherit_to_subagents = False
 
     def active_points(self) -> frozenset[ExtensionPoint]:
         return frozenset({ExtensionPoint.ON_REASONING})
 
-    def on_reasoning(self, agent: ReActAgent, ctx: RuntimeContext, input: ReasoningInput, next: Next) -> Any:
+    def on_reasoning(self, agent: AgentView, ctx: RuntimeContext, input: ReasoningInput, next: Next) -> Any:
         inner = next(input)
         return EventStream(lambda: _final_text_only(inner.__aiter__()))
 

@@ -21,16 +21,16 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ValidationError
 
-from .._replies import ReplyBuilder
-from ..errors import StructuredOutputError
-from ..events import AgentResult, ModelCallEnd
-from ..message import Msg
-from ..stream import EventStream, aclose
-from .base import AgentInput, AgentRun, ExtensionPoint, MiddlewareBase, ModelCallInput, Next
+from ..._replies import ReplyBuilder
+from ...errors import StructuredOutputError
+from ...events import AgentResult, ModelCallEnd
+from ...extension.base import AgentInput, AgentRun, ExtensionPoint, MiddlewareBase, ModelCallInput, Next
+from ...message import Msg
+from ...stream import EventStream, aclose
 
 if TYPE_CHECKING:
-    from .._context import RuntimeContext
-    from ..agent.react import ReActAgent
+    from ..._context import RuntimeContext
+    from ...extension.base import AgentView
 
 __all__ = ["StructuredOutputValidationMiddleware"]
 
@@ -45,6 +45,9 @@ def _json_text(text: str) -> str:
 
 class StructuredOutputValidationMiddleware(MiddlewareBase):
     """Validates final replies against ``schema`` (module docstring)."""
+
+    # A sub-agent does not inherit it (`agent.as_tool`): it checks this agent's own reply.
+    inherit_to_subagents = False
 
     def __init__(
         self,
@@ -82,10 +85,10 @@ class StructuredOutputValidationMiddleware(MiddlewareBase):
 
     # -- validation with retries -----------------------------------------------------------------
 
-    def on_model_call(self, agent: ReActAgent, ctx: RuntimeContext, input: ModelCallInput, next: Next) -> Any:
+    def on_model_call(self, agent: AgentView, ctx: RuntimeContext, input: ModelCallInput, next: Next) -> Any:
         return EventStream(lambda: self._attempts(agent, ctx, input, next))
 
-    async def _attempts(self, agent: ReActAgent, ctx: RuntimeContext, input: ModelCallInput, next: Next
+    async def _attempts(self, agent: AgentView, ctx: RuntimeContext, input: ModelCallInput, next: Next
                         ) -> AsyncIterator[Any]:
         request = input
         for attempt in range(self.max_retries + 1):
@@ -143,7 +146,7 @@ class StructuredOutputValidationMiddleware(MiddlewareBase):
 
     # -- the parsed object into the result and memory --------------------------------------------
 
-    def on_agent(self, agent: ReActAgent, ctx: RuntimeContext, input: AgentInput, next: Next) -> Any:
+    def on_agent(self, agent: AgentView, ctx: RuntimeContext, input: AgentInput, next: Next) -> Any:
         def stash(ev: Any) -> Any:
             if type(ev) is AgentResult and ev.source is None:
                 parsed = (ctx.get(self._key) or {}).get(ev.result.text)
@@ -153,7 +156,7 @@ class StructuredOutputValidationMiddleware(MiddlewareBase):
 
         return next(input).map(stash)
 
-    async def on_agent_finish(self, agent: ReActAgent, ctx: RuntimeContext, run: AgentRun) -> None:
+    async def on_agent_finish(self, agent: AgentView, ctx: RuntimeContext, run: AgentRun) -> None:
         # Before the checkpoint: the remembered final message carries the parsed object too.
         state = ctx.agent_state
         if run.msg is None or state is None:

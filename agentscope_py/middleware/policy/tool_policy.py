@@ -25,18 +25,18 @@ import fnmatch
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from .._replies import result_events
-from ..events import AllToolsDenied, RequestStop
-from ..message import GenerateReason, ToolResultState, ToolUseBlock
-from ..stream import EventStream, aclosing
-from .base import ActingInput, ExtensionPoint, MiddlewareBase, ModelCallInput, Next
+from ..._replies import result_events
+from ...events import AllToolsDenied, RequestStop
+from ...extension.base import ActingInput, ExtensionPoint, MiddlewareBase, ModelCallInput, Next
+from ...message import GenerateReason, ToolResultState, ToolUseBlock
+from ...stream import EventStream, aclosing
 
 if TYPE_CHECKING:
-    from .._context import RuntimeContext
-    from .._state import AgentState
-    from ..agent.react import ReActAgent
-    from ..message import Msg
-    from ..tool.toolkit import Toolkit
+    from ..._context import RuntimeContext
+    from ..._state import AgentState
+    from ...extension.base import AgentView
+    from ...message import Msg
+    from ...tool.toolkit import Toolkit
 
 __all__ = ["StopOnAllDeniedMiddleware", "ToolPolicyMiddleware", "ToolRule", "check_tool_names"]
 
@@ -123,16 +123,16 @@ class ToolPolicyMiddleware(MiddlewareBase):
     # -- hooks -----------------------------------------------------------------------------------
 
     def on_agent_state_ready(
-        self, agent: ReActAgent, ctx: RuntimeContext, state: AgentState, input_messages: list[Msg]
+        self, agent: AgentView, ctx: RuntimeContext, state: AgentState, input_messages: list[Msg]
     ) -> None:
         if ctx.parent is None:  # (inherited by a sub-agent: checked at the root, against the whole tree)
             self._check(agent.toolkit.tree_names)
 
-    def on_model_call(self, agent: ReActAgent, ctx: RuntimeContext, input: ModelCallInput, next: Next) -> Any:
+    def on_model_call(self, agent: AgentView, ctx: RuntimeContext, input: ModelCallInput, next: Next) -> Any:
         tools = tuple(t for t in input.tools if self.listed(t.name))
         return next(input if len(tools) == len(input.tools) else input.replace(tools=tools))
 
-    def on_acting(self, agent: ReActAgent, ctx: RuntimeContext, input: ActingInput, next: Next) -> Any:
+    def on_acting(self, agent: AgentView, ctx: RuntimeContext, input: ActingInput, next: Next) -> Any:
         return EventStream(lambda: self._act(ctx, input, next))
 
     async def _act(self, ctx: RuntimeContext, input: ActingInput, next: Next) -> AsyncIterator[Any]:
@@ -198,7 +198,7 @@ class StopOnAllDeniedMiddleware(MiddlewareBase):
     def active_points(self) -> frozenset[ExtensionPoint]:
         return frozenset({ExtensionPoint.ON_ACTING})
 
-    def on_acting(self, agent: ReActAgent, ctx: RuntimeContext, input: ActingInput, next: Next) -> Any:
+    def on_acting(self, agent: AgentView, ctx: RuntimeContext, input: ActingInput, next: Next) -> Any:
         return next(input).concat_map(_stop_after_denial)
 
 

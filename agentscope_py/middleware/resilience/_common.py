@@ -25,10 +25,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from functools import partial
 from typing import Any, Literal, TypeAlias
 
-from .._stream.operators import Maps, MapSource, Recovery, apply_maps, maps_of
-from ..errors import AgentInterrupted, MiddlewareError, MiddlewareTermination, ModelError
-from ..events import AgentEvent, MiddlewareCompleted, MiddlewareStarted
-from ..stream import EventStream, aclose
+from ..._stream.operators import Maps, MapSource, Recovery, apply_maps, maps_of
+from ...errors import AgentInterrupted, MiddlewareError, MiddlewareTermination, ModelError
+from ...events import AgentEvent, MiddlewareCompleted, MiddlewareStarted
+from ...stream import EventStream, aclose
 
 __all__ = [
     "Attempts",

@@ -30,15 +30,15 @@ from collections.abc import AsyncIterator
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from .._deadline import Deadline, check_seconds
-from ..errors import RunTimeoutError
-from ..events import AgentEvent
-from ..stream import EventStream
-from .base import ActingInput, AgentInput, ExtensionPoint, MiddlewareBase, ModelCallInput, Next
+from ..._deadline import Deadline, check_seconds
+from ...errors import RunTimeoutError
+from ...events import AgentEvent
+from ...extension.base import ActingInput, AgentInput, ExtensionPoint, MiddlewareBase, ModelCallInput, Next
+from ...stream import EventStream
 
 if TYPE_CHECKING:
-    from ..agent.context import RuntimeContext
-    from ..agent.react import ReActAgent
+    from ..._context import RuntimeContext
+    from ...extension.base import AgentView
 
 __all__ = ["TimeoutMiddleware"]
 
@@ -88,13 +88,13 @@ class TimeoutMiddleware(MiddlewareBase):
             points.add(ExtensionPoint.ON_AGENT)
         return frozenset(points)
 
-    def on_agent(self, agent: ReActAgent, ctx: RuntimeContext, input: AgentInput, next: Next) -> Any:
+    def on_agent(self, agent: AgentView, ctx: RuntimeContext, input: AgentInput, next: Next) -> Any:
         inner = next(input)
         limit = self.run_timeout
         assert limit is not None
         return EventStream(partial(_timed_stream, inner, limit))
 
-    def on_model_call(self, agent: ReActAgent, ctx: RuntimeContext, input: ModelCallInput, next: Next) -> Any:
+    def on_model_call(self, agent: AgentView, ctx: RuntimeContext, input: ModelCallInput, next: Next) -> Any:
         outer = input.deadline  # (within(None) is the deadline itself: no call for the common case)
         deadline = self._model_deadline if outer is None else self._model_deadline.within(outer)
         if type(input) is not ModelCallInput:  # (a subclass: its own fields are replace()'s to copy)
@@ -103,7 +103,7 @@ class TimeoutMiddleware(MiddlewareBase):
         # over the fields by name), and this runs on every model call.
         return next(ModelCallInput(input.messages, input.tools, input.options, input.model, deadline))
 
-    def on_acting(self, agent: ReActAgent, ctx: RuntimeContext, input: ActingInput, next: Next) -> Any:
+    def on_acting(self, agent: AgentView, ctx: RuntimeContext, input: ActingInput, next: Next) -> Any:
         outer = input.deadline
         deadline = self._tool_deadline if outer is None else self._tool_deadline.within(outer)
         if type(input) is not ActingInput:

@@ -21,16 +21,16 @@ import random
 from collections.abc import AsyncIterator, Callable, Collection
 from typing import TYPE_CHECKING, Any, Literal
 
-from ..errors import MiddlewareTermination
-from ..events import AgentEvent, ToolResultEnd, ToolResultStart, ToolResultTextDelta
-from ..message import ToolResultState, ToolUseBlock
-from ..stream import EventStream, aclosing
-from ._resilience_common import Backoff, Sleep, mode_of
-from .base import ActingInput, ExtensionPoint, MiddlewareBase, Next
+from ...errors import MiddlewareTermination
+from ...events import AgentEvent, ToolResultEnd, ToolResultStart, ToolResultTextDelta
+from ...extension.base import ActingInput, ExtensionPoint, MiddlewareBase, Next
+from ...message import ToolResultState, ToolUseBlock
+from ...stream import EventStream, aclosing
+from ._common import Backoff, Sleep, mode_of
 
 if TYPE_CHECKING:
-    from ..agent.context import RuntimeContext
-    from ..agent.react import ReActAgent
+    from ..._context import RuntimeContext
+    from ...extension.base import AgentView
 
 __all__ = ["ToolRetryMiddleware"]
 
@@ -87,7 +87,7 @@ class ToolRetryMiddleware(MiddlewareBase):
     def active_points(self) -> frozenset[ExtensionPoint]:
         return frozenset({ExtensionPoint.ON_ACTING})
 
-    def on_acting(self, agent: ReActAgent, ctx: RuntimeContext, input: ActingInput, next: Next) -> Any:
+    def on_acting(self, agent: AgentView, ctx: RuntimeContext, input: ActingInput, next: Next) -> Any:
         tools = self.tools
         calls = {c.id: c for c in input.tool_calls if tools is None or c.name in tools}
         first = next(input)

@@ -16,9 +16,9 @@ the failed attempt by then (its blocks end, then ``ModelCallEnd(discarded=True)`
 stays balanced and a UI can strike the attempt out; memory keeps only the attempt that completed.
 
 Installed but not triggered, retry and fallback in the default mode add no iterator: the model
-call's own stream takes a failure before its first event (`_resilience_common.FirstFailure`);
+call's own stream takes a failure before its first event (`_common.FirstFailure`);
 where it cannot (a hook inside that wraps the stream), and in the other modes, they cost one method
-call per event (`_resilience_common.Attempts`).
+call per event (`_common.Attempts`).
 """
 
 from __future__ import annotations
@@ -29,12 +29,13 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from functools import partial
 from typing import TYPE_CHECKING, Any, Literal
 
-from ..errors import ModelError
-from ..events import AgentEvent, ModelCallEnd, ModelCallStart, TextBlockDelta, TextBlockEnd, TextBlockStart
-from ..message import new_id
-from ..model.base import ChatModel
-from ..stream import EventStream, aclose
-from ._resilience_common import (
+from ...errors import ModelError
+from ...events import AgentEvent, ModelCallEnd, ModelCallStart, TextBlockDelta, TextBlockEnd, TextBlockStart
+from ...extension.base import AgentInput, ExtensionPoint, MiddlewareBase, ModelCallInput, Next
+from ...message import new_id
+from ...model.base import ChatModel
+from ...stream import EventStream, aclose
+from ._common import (
     Attempts,
     Backoff,
     ErrorFilter,
@@ -47,13 +48,12 @@ from ._resilience_common import (
     note_earlier,
     retryable_model_error,
 )
-from ._resilience_timeout import TimeoutMiddleware
-from ._resilience_tools import ToolRetryMiddleware
-from .base import AgentInput, ExtensionPoint, MiddlewareBase, ModelCallInput, Next
+from ._timeout import TimeoutMiddleware
+from ._tools import ToolRetryMiddleware
 
 if TYPE_CHECKING:
-    from ..agent.context import RuntimeContext
-    from ..agent.react import ReActAgent
+    from ..._context import RuntimeContext
+    from ...extension.base import AgentView
 
 __all__ = ["ModelFallbackMiddleware", "RetryMiddleware", "TimeoutMiddleware", "ToolRetryMiddleware"]
 
@@ -112,7 +112,7 @@ class RetryMiddleware(MiddlewareBase):
             return frozenset({ExtensionPoint.ON_MODEL_CALL, ExtensionPoint.ON_AGENT})
         return frozenset({ExtensionPoint.ON_MODEL_CALL})
 
-    def on_agent(self, agent: ReActAgent, ctx: RuntimeContext, input: AgentInput, next: Next) -> Any:
+    def on_agent(self, agent: AgentView, ctx: RuntimeContext, input: AgentInput, next: Next) -> Any:
         inner = next(input)
         key = self._reply_key
 
@@ -124,7 +124,7 @@ class RetryMiddleware(MiddlewareBase):
 
         return EventStream(lambda: _FirstItemTap(inner.__aiter__(), seen))
 
-    def on_model_call(self, agent: ReActAgent, ctx: RuntimeContext, input: ModelCallInput, next: Next) -> Any:
+    def on_model_call(self, agent: AgentView, ctx: RuntimeContext, input: ModelCallInput, next: Next) -> Any:
         # Each subscription counts its own retries afresh.
         again = partial(self._again, ctx, input, next)
         if self.mode == "first":
@@ -179,7 +179,7 @@ class ModelFallbackMiddleware(MiddlewareBase):
     ) -> None:
         if not models:
             raise ValueError("ModelFallbackMiddleware needs at least one model to fall back to")
-        from ..model.registry import resolve_model
+        from ...model.registry import resolve_model
 
         self.models: tuple[ChatModel, ...] = tuple(resolve_model(m) if isinstance(m, str) else m for m in models)
         self.mode = mode_of(buffer, after_first_event)
@@ -189,7 +189,7 @@ class ModelFallbackMiddleware(MiddlewareBase):
     def active_points(self) -> frozenset[ExtensionPoint]:
         return frozenset({ExtensionPoint.ON_MODEL_CALL})
 
-    def on_model_call(self, agent: ReActAgent, ctx: RuntimeContext, input: ModelCallInput, next: Next) -> Any:
+    def on_model_call(self, agent: AgentView, ctx: RuntimeContext, input: ModelCallInput, next: Next) -> Any:
         first = next(input)
         chain = (input.model, *self.models)
 

@@ -35,19 +35,19 @@ from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from .._replies import result_events
-from ..errors import ResumeError
-from ..events import ConfirmResult, RequestStop, RequireUserConfirm
-from ..message import GenerateReason, Msg, ToolResultState, ToolUseBlock
-from ..stream import EventStream, aclosing
-from .base import ActingInput, ExtensionPoint, MiddlewareBase, Next
-from .tool_policy import check_tool_names
+from ..._replies import result_events
+from ...errors import ResumeError
+from ...events import ConfirmResult, RequestStop, RequireUserConfirm
+from ...extension.base import ActingInput, ExtensionPoint, MiddlewareBase, Next
+from ...message import GenerateReason, Msg, ToolResultState, ToolUseBlock
+from ...stream import EventStream, aclosing
+from ..policy.tool_policy import check_tool_names
 
 if TYPE_CHECKING:
-    from .._context import RuntimeContext
-    from .._state import AgentState
-    from ..agent.react import ReActAgent
-    from ..tool.toolkit import Toolkit
+    from ..._context import RuntimeContext
+    from ..._state import AgentState
+    from ...extension.base import AgentView
+    from ...tool.toolkit import Toolkit
 
 __all__ = ["ApprovalConfig", "Approve", "Decision", "Edit", "HumanApprovalMiddleware", "Reject", "Respond",
            "approval_message"]
@@ -198,7 +198,7 @@ class HumanApprovalMiddleware(MiddlewareBase):
     # -- resuming: the human's decisions ---------------------------------------------------------
 
     def on_agent_state_ready(
-        self, agent: ReActAgent, ctx: RuntimeContext, state: AgentState, input_messages: list[Msg]
+        self, agent: AgentView, ctx: RuntimeContext, state: AgentState, input_messages: list[Msg]
     ) -> None:
         if ctx.parent is None:  # (inherited by a sub-agent: checked at the root, against the whole tree)
             self._check(agent.toolkit.tree_names)
@@ -228,7 +228,7 @@ class HumanApprovalMiddleware(MiddlewareBase):
 
     # -- acting: ask, or answer what was decided -------------------------------------------------
 
-    def on_acting(self, agent: ReActAgent, ctx: RuntimeContext, input: ActingInput, next: Next) -> Any:
+    def on_acting(self, agent: AgentView, ctx: RuntimeContext, input: ActingInput, next: Next) -> Any:
         return EventStream(lambda: self._act(ctx, input, next))
 
     async def _act(self, ctx: RuntimeContext, input: ActingInput, next: Next) -> AsyncIterator[Any]:

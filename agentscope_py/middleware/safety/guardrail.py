@@ -32,10 +32,10 @@ import asyncio
 from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
-from .._bracket_kinds import OpenBrackets
-from ..errors import GuardrailTripped
-from ..events import GuardrailTripped as GuardrailTrippedEvent
-from ..events import (
+from ..._bracket_kinds import OpenBrackets
+from ...errors import GuardrailTripped
+from ...events import GuardrailTripped as GuardrailTrippedEvent
+from ...events import (
     ModelCallEnd,
     RequestStop,
     TextBlockDelta,
@@ -47,9 +47,9 @@ from ..events import (
     ToolResultStart,
     ToolResultTextDelta,
 )
-from ..message import Msg, new_id
-from ..stream import EventStream, aclose, aclosing
-from .base import ActingInput, ExtensionPoint, MiddlewareBase, ModelCallInput, Next
+from ...extension.base import ActingInput, ExtensionPoint, MiddlewareBase, ModelCallInput, Next
+from ...message import Msg, new_id
+from ...stream import EventStream, aclose, aclosing
 from .guardrail_checks import (
     ALL_KINDS,
     KINDS,
@@ -65,9 +65,9 @@ from .guardrail_checks import (
 )
 
 if TYPE_CHECKING:
-    from .._context import RuntimeContext
-    from .._state import AgentState
-    from ..agent.react import ReActAgent
+    from ..._context import RuntimeContext
+    from ..._state import AgentState
+    from ...extension.base import AgentView
 
 __all__ = ["Guardrail", "GuardrailCheck", "GuardrailMiddleware", "GuardrailResult"]
 
@@ -131,19 +131,19 @@ class GuardrailMiddleware(MiddlewareBase):
         return frozenset(points)
 
     def on_agent_state_ready(
-        self, agent: ReActAgent, ctx: RuntimeContext, state: AgentState, input_messages: list[Msg]
+        self, agent: AgentView, ctx: RuntimeContext, state: AgentState, input_messages: list[Msg]
     ) -> None:
         ctx.put(self._input_key, tuple(input_messages))
 
-    def on_model_call(self, agent: ReActAgent, ctx: RuntimeContext, input: ModelCallInput, next: Next) -> Any:
+    def on_model_call(self, agent: AgentView, ctx: RuntimeContext, input: ModelCallInput, next: Next) -> Any:
         return EventStream(lambda: self._guard(agent, ctx, input, next))
 
-    def on_acting(self, agent: ReActAgent, ctx: RuntimeContext, input: ActingInput, next: Next) -> Any:
+    def on_acting(self, agent: AgentView, ctx: RuntimeContext, input: ActingInput, next: Next) -> Any:
         return EventStream(lambda: self._guard_results(agent, ctx, input, next))
 
     # -- the guarded model call ------------------------------------------------------------------
 
-    async def _guard(self, agent: ReActAgent, ctx: RuntimeContext, input: ModelCallInput, next: Next
+    async def _guard(self, agent: AgentView, ctx: RuntimeContext, input: ModelCallInput, next: Next
                      ) -> AsyncIterator[Any]:
         released = OpenBrackets(top_only=True)
         pending: set[asyncio.Future[Any]] = set()
@@ -174,7 +174,7 @@ class GuardrailMiddleware(MiddlewareBase):
             if it is not None:
                 await aclose(it)
 
-    async def _checked(self, agent: ReActAgent, ctx: RuntimeContext, input: ModelCallInput, it: Any,
+    async def _checked(self, agent: AgentView, ctx: RuntimeContext, input: ModelCallInput, it: Any,
                        pending: set[asyncio.Future[Any]], released: OpenBrackets) -> AsyncGenerator[Any, None]:
         """The inner events, checked; in blocking mode held until the checks covering them passed."""
         stream_checks, covers = self.stream_checks, self.covers
@@ -218,7 +218,7 @@ class GuardrailMiddleware(MiddlewareBase):
         for out in held:  # (an inner layer that ended without a ModelCallEnd)
             yield out
 
-    async def _saw(self, agent: ReActAgent, ctx: RuntimeContext, messages: tuple[Msg, ...], seen: _Seen,
+    async def _saw(self, agent: AgentView, ctx: RuntimeContext, messages: tuple[Msg, ...], seen: _Seen,
                    delta: str, pending: set[asyncio.Future[Any]]) -> bool:
         """Counts ``delta`` into ``seen`` and runs the stream checks once they are due; True when
         the delta must wait for a later check (blocking mode)."""
@@ -229,7 +229,7 @@ class GuardrailMiddleware(MiddlewareBase):
             return False
         return self.blocking
 
-    async def _at_end(self, agent: ReActAgent, ctx: RuntimeContext, messages: tuple[Msg, ...],
+    async def _at_end(self, agent: AgentView, ctx: RuntimeContext, messages: tuple[Msg, ...],
                       texts: dict[str, _Seen], pending: set[asyncio.Future[Any]]) -> None:
         """The stream ended: the stream checks see what none saw yet, and the background checks
         are settled, before what was held goes out."""
@@ -238,13 +238,13 @@ class GuardrailMiddleware(MiddlewareBase):
         if pending:
             await _settle(pending)
 
-    async def _check_unchecked(self, agent: ReActAgent, ctx: RuntimeContext, messages: tuple[Msg, ...],
+    async def _check_unchecked(self, agent: AgentView, ctx: RuntimeContext, messages: tuple[Msg, ...],
                                texts: dict[str, _Seen], pending: set[asyncio.Future[Any]]) -> None:
         for seen in texts.values():
             if seen.since:
                 await self._stream_check(agent, ctx, messages, seen, pending)
 
-    async def _stream_check(self, agent: ReActAgent, ctx: RuntimeContext, messages: tuple[Msg, ...],
+    async def _stream_check(self, agent: AgentView, ctx: RuntimeContext, messages: tuple[Msg, ...],
                             seen: _Seen, pending: set[asyncio.Future[Any]]) -> None:
         window, since = self.stream_window, seen.since
         seen.since = 0
@@ -262,7 +262,7 @@ class GuardrailMiddleware(MiddlewareBase):
             else:
                 _judge(guardrail, value, "stream")
 
-    async def _output_check(self, agent: ReActAgent, ctx: RuntimeContext, messages: tuple[Msg, ...],
+    async def _output_check(self, agent: AgentView, ctx: RuntimeContext, messages: tuple[Msg, ...],
                             texts: dict[str, _Seen]) -> None:
         """The output checks on each whole text of the reply: its answer (also when empty, as a
         reply of tool calls alone), its reasoning and each tool call's arguments."""
@@ -278,7 +278,7 @@ class GuardrailMiddleware(MiddlewareBase):
 
     # -- the guarded tool results (covers=("tool_result", ...)) ---------------------------------
 
-    async def _guard_results(self, agent: ReActAgent, ctx: RuntimeContext, input: ActingInput, next: Next
+    async def _guard_results(self, agent: AgentView, ctx: RuntimeContext, input: ActingInput, next: Next
                              ) -> AsyncIterator[Any]:
         released = OpenBrackets(top_only=True)
         pending: set[asyncio.Future[Any]] = set()
@@ -300,7 +300,7 @@ class GuardrailMiddleware(MiddlewareBase):
                 task.cancel()
             await aclose(it)
 
-    async def _checked_results(self, agent: ReActAgent, ctx: RuntimeContext, it: Any,
+    async def _checked_results(self, agent: AgentView, ctx: RuntimeContext, it: Any,
                                pending: set[asyncio.Future[Any]]) -> AsyncGenerator[Any, None]:
         """The acting events, each tool result's text checked as it streams and whole at its end;
         in blocking mode held until the checks covering them passed."""

@@ -13,11 +13,11 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
-from ..message import Msg
+from ...message import Msg
 
 if TYPE_CHECKING:
-    from .._context import RuntimeContext
-    from ..agent.react import ReActAgent
+    from ..._context import RuntimeContext
+    from ...extension.base import AgentView
 
 __all__ = ["ALL_KINDS", "KINDS", "Guardrail", "GuardrailCheck", "GuardrailResult", "Kind", "Stage", "Verdict",
            "as_guardrails", "verdict_of"]
@@ -56,7 +56,7 @@ class GuardrailCheck:
     stage: Stage
     text: str
     messages: tuple[Msg, ...]
-    agent: ReActAgent
+    agent: AgentView
     ctx: RuntimeContext
     delta: str = ""
     reply: Msg | None = None

@@ -29,9 +29,9 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from ..errors import GuardrailTripped
-from ..events import GuardrailTripped as GuardrailTrippedEvent
-from ..events import (
+from ...errors import GuardrailTripped
+from ...events import GuardrailTripped as GuardrailTrippedEvent
+from ...events import (
     ModelCallEnd,
     TextBlockDelta,
     ThinkingBlockDelta,
@@ -39,15 +39,15 @@ from ..events import (
     ToolResultEnd,
     ToolResultTextDelta,
 )
-from ..message import Msg, TextBlock, new_id
-from ..stream import EventStream, aclose
-from .base import ActingInput, ExtensionPoint, MiddlewareBase, ModelCallInput, Next
+from ...extension.base import ActingInput, ExtensionPoint, MiddlewareBase, ModelCallInput, Next
+from ...message import Msg, TextBlock, new_id
+from ...stream import EventStream, aclose
 from .pii_detectors import BUILTIN_DETECTORS, STRATEGIES, PIIDetector, PIIMatch, Redactor, Strategy, StreamRedactor
 
 if TYPE_CHECKING:
-    from .._context import RuntimeContext
-    from .._state import AgentState
-    from ..agent.react import ReActAgent
+    from ..._context import RuntimeContext
+    from ..._state import AgentState
+    from ...extension.base import AgentView
 
 __all__ = ["PIIDetector", "PIIRedactionMiddleware"]
 
@@ -144,7 +144,7 @@ class PIIRedactionMiddleware(MiddlewareBase):
     # -- input -----------------------------------------------------------------------------------
 
     def on_agent_state_ready(
-        self, agent: ReActAgent, ctx: RuntimeContext, state: AgentState, input_messages: list[Msg]
+        self, agent: AgentView, ctx: RuntimeContext, state: AgentState, input_messages: list[Msg]
     ) -> None:
         for i, msg in enumerate(input_messages):
             input_messages[i] = self.redact_msg(msg)
@@ -163,12 +163,12 @@ class PIIRedactionMiddleware(MiddlewareBase):
 
     # -- output and tool results -----------------------------------------------------------------
 
-    def on_model_call(self, agent: ReActAgent, ctx: RuntimeContext, input: ModelCallInput, next: Next) -> Any:
+    def on_model_call(self, agent: AgentView, ctx: RuntimeContext, input: ModelCallInput, next: Next) -> Any:
         inner = next(input)
         deltas, ends = self._model_call_targets
         return EventStream(lambda: self._rewrite(inner, deltas, ends))
 
-    def on_acting(self, agent: ReActAgent, ctx: RuntimeContext, input: ActingInput, next: Next) -> Any:
+    def on_acting(self, agent: AgentView, ctx: RuntimeContext, input: ActingInput, next: Next) -> Any:
         inner = next(input)
         return EventStream(lambda: self._rewrite(inner, *_RESULTS))
 

@@ -38,19 +38,19 @@ import logging
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
-from .._replies import ReplyBuilder, ToolResultCollector
-from ..events import AgentResult, ModelCallEnd, TextBlockDelta, ThinkingBlockDelta, ToolCallDelta, ToolResultEnd
-from ..message import Msg, ToolResultBlock, ToolUseBlock
-from ..stream import EventStream, aclose
-from .base import ActingInput, AgentInput, ExtensionPoint, MiddlewareBase, ModelCallInput, Next
+from ..._replies import ReplyBuilder, ToolResultCollector
+from ...events import AgentResult, ModelCallEnd, TextBlockDelta, ThinkingBlockDelta, ToolCallDelta, ToolResultEnd
+from ...extension.base import ActingInput, AgentInput, ExtensionPoint, MiddlewareBase, ModelCallInput, Next
+from ...message import Msg, ToolResultBlock, ToolUseBlock
+from ...stream import EventStream, aclose
 
 if TYPE_CHECKING:
-    from .._context import RuntimeContext
-    from ..agent.react import ReActAgent
+    from ..._context import RuntimeContext
+    from ...extension.base import AgentView
 
 __all__ = ["LifecycleMiddleware"]
 
-_log = logging.getLogger(__name__)
+_log = logging.getLogger("agentscope_py.middleware.shapes_lifecycle")
 _MODEL_DELTAS = (TextBlockDelta, ThinkingBlockDelta, ToolCallDelta)
 _NOTIFIED = "agentscope.lifecycle.notified"  # ctx key: the errors every on_error has been told of
 _HOOKS = {
@@ -63,35 +63,35 @@ _HOOKS = {
 class LifecycleMiddleware(MiddlewareBase):
     """Lifecycle hooks (module docstring). Subclass and override what you need."""
 
-    async def before_agent(self, agent: ReActAgent, ctx: RuntimeContext, input: AgentInput) -> AgentInput | None:
+    async def before_agent(self, agent: AgentView, ctx: RuntimeContext, input: AgentInput) -> AgentInput | None:
         return None
 
-    async def after_agent(self, agent: ReActAgent, ctx: RuntimeContext, result: Msg) -> Msg | None:
+    async def after_agent(self, agent: AgentView, ctx: RuntimeContext, result: Msg) -> Msg | None:
         return None
 
     async def before_model(
-        self, agent: ReActAgent, ctx: RuntimeContext, input: ModelCallInput
+        self, agent: AgentView, ctx: RuntimeContext, input: ModelCallInput
     ) -> ModelCallInput | None:
         return None
 
-    async def on_model_delta(self, agent: ReActAgent, ctx: RuntimeContext, delta: Any) -> Any:
+    async def on_model_delta(self, agent: AgentView, ctx: RuntimeContext, delta: Any) -> Any:
         """``delta``: a `TextBlockDelta`, `ThinkingBlockDelta` or `ToolCallDelta`; return a
         rewritten event (``delta.model_copy(update={"delta": ...})``) or None to keep it."""
         return None
 
-    async def after_model(self, agent: ReActAgent, ctx: RuntimeContext, reply: Msg) -> None:
+    async def after_model(self, agent: AgentView, ctx: RuntimeContext, reply: Msg) -> None:
         return None
 
-    async def before_tool(self, agent: ReActAgent, ctx: RuntimeContext, call: ToolUseBlock) -> ToolUseBlock | None:
+    async def before_tool(self, agent: AgentView, ctx: RuntimeContext, call: ToolUseBlock) -> ToolUseBlock | None:
         return None
 
-    async def on_tool_delta(self, agent: ReActAgent, ctx: RuntimeContext, delta: Any) -> Any:
+    async def on_tool_delta(self, agent: AgentView, ctx: RuntimeContext, delta: Any) -> Any:
         return None
 
-    async def after_tool(self, agent: ReActAgent, ctx: RuntimeContext, result: ToolResultBlock) -> None:
+    async def after_tool(self, agent: AgentView, ctx: RuntimeContext, result: ToolResultBlock) -> None:
         return None
 
-    async def on_error(self, agent: ReActAgent, ctx: RuntimeContext, error: BaseException) -> None:
+    async def on_error(self, agent: AgentView, ctx: RuntimeContext, error: BaseException) -> None:
         return None
 
     # -- the adapter -----------------------------------------------------------------------------
@@ -102,16 +102,16 @@ class LifecycleMiddleware(MiddlewareBase):
     def active_points(self) -> frozenset[ExtensionPoint]:
         return frozenset(p for p, hooks in _HOOKS.items() if any(self._overrides(h) for h in hooks))
 
-    def on_agent(self, agent: ReActAgent, ctx: RuntimeContext, input: AgentInput, next: Next) -> Any:
+    def on_agent(self, agent: AgentView, ctx: RuntimeContext, input: AgentInput, next: Next) -> Any:
         return EventStream(lambda: self._agent(agent, ctx, input, next))
 
-    def on_model_call(self, agent: ReActAgent, ctx: RuntimeContext, input: ModelCallInput, next: Next) -> Any:
+    def on_model_call(self, agent: AgentView, ctx: RuntimeContext, input: ModelCallInput, next: Next) -> Any:
         return EventStream(lambda: self._model(agent, ctx, input, next))
 
-    def on_acting(self, agent: ReActAgent, ctx: RuntimeContext, input: ActingInput, next: Next) -> Any:
+    def on_acting(self, agent: AgentView, ctx: RuntimeContext, input: ActingInput, next: Next) -> Any:
         return EventStream(lambda: self._acting(agent, ctx, input, next))
 
-    async def _agent(self, agent: ReActAgent, ctx: RuntimeContext, input: AgentInput, next: Next
+    async def _agent(self, agent: AgentView, ctx: RuntimeContext, input: AgentInput, next: Next
                      ) -> AsyncIterator[Any]:
         it: Any = None
         after = self._overrides("after_agent")
@@ -132,7 +132,7 @@ class LifecycleMiddleware(MiddlewareBase):
             if it is not None:
                 await aclose(it)
 
-    async def _model(self, agent: ReActAgent, ctx: RuntimeContext, input: ModelCallInput, next: Next
+    async def _model(self, agent: AgentView, ctx: RuntimeContext, input: ModelCallInput, next: Next
                      ) -> AsyncIterator[Any]:
         if self._overrides("before_model"):
             input = await self.before_model(agent, ctx, input) or input
@@ -152,7 +152,7 @@ class LifecycleMiddleware(MiddlewareBase):
         finally:
             await aclose(it)
 
-    async def _acting(self, agent: ReActAgent, ctx: RuntimeContext, input: ActingInput, next: Next
+    async def _acting(self, agent: AgentView, ctx: RuntimeContext, input: ActingInput, next: Next
                       ) -> AsyncIterator[Any]:
         if self._overrides("before_tool"):
             calls = [await self.before_tool(agent, ctx, call) or call for call in input.tool_calls]
@@ -175,7 +175,7 @@ class LifecycleMiddleware(MiddlewareBase):
             await aclose(it)
 
 
-async def _notify_all(agent: ReActAgent, ctx: RuntimeContext, error: BaseException) -> None:
+async def _notify_all(agent: AgentView, ctx: RuntimeContext, error: BaseException) -> None:
     """Every lifecycle middleware's ``on_error``, once per error, inner first; their own errors
     are logged and dropped (they must not mask the original)."""
     notified: list[BaseException] = ctx.get(_NOTIFIED) or []

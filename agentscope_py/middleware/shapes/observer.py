@@ -27,19 +27,19 @@ import logging
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
-from .._replies import ReplyBuilder, ToolResultCollector
-from ..events import ModelCallEnd, ToolResultEnd
-from ..message import Msg, ToolResultBlock, ToolUseBlock
-from ..stream import EventStream, aclose
-from .base import ActingInput, AgentInput, AgentRun, ExtensionPoint, MiddlewareBase, ModelCallInput, Next
+from ..._replies import ReplyBuilder, ToolResultCollector
+from ...events import ModelCallEnd, ToolResultEnd
+from ...extension.base import ActingInput, AgentInput, AgentRun, ExtensionPoint, MiddlewareBase, ModelCallInput, Next
+from ...message import Msg, ToolResultBlock, ToolUseBlock
+from ...stream import EventStream, aclose
 
 if TYPE_CHECKING:
-    from .._context import RuntimeContext
-    from ..agent.react import ReActAgent
+    from ..._context import RuntimeContext
+    from ...extension.base import AgentView
 
 __all__ = ["ObserverMiddleware"]
 
-_log = logging.getLogger(__name__)
+_log = logging.getLogger("agentscope_py.middleware.shapes_observer")
 _HOOKS = {
     ExtensionPoint.ON_AGENT: ("on_turn_start", "on_event", "on_error"),
     ExtensionPoint.ON_AGENT_FINISH: ("on_turn_end",),
@@ -54,14 +54,14 @@ class ObserverMiddleware(MiddlewareBase):
     def order(self) -> int:
         return 1000  # outermost: an observer sees what the caller sees
 
-    def on_turn_start(self, agent: ReActAgent, ctx: RuntimeContext, input_messages: tuple[Msg, ...]) -> Any: ...
-    def on_turn_end(self, agent: ReActAgent, ctx: RuntimeContext, run: AgentRun) -> Any: ...
-    def on_model_start(self, agent: ReActAgent, ctx: RuntimeContext, request: ModelCallInput) -> Any: ...
-    def on_model_end(self, agent: ReActAgent, ctx: RuntimeContext, reply: Msg, end: ModelCallEnd) -> Any: ...
-    def on_tool_start(self, agent: ReActAgent, ctx: RuntimeContext, call: ToolUseBlock) -> Any: ...
-    def on_tool_end(self, agent: ReActAgent, ctx: RuntimeContext, result: ToolResultBlock) -> Any: ...
-    def on_event(self, agent: ReActAgent, ctx: RuntimeContext, event: Any) -> Any: ...
-    def on_error(self, agent: ReActAgent, ctx: RuntimeContext, error: BaseException) -> Any: ...
+    def on_turn_start(self, agent: AgentView, ctx: RuntimeContext, input_messages: tuple[Msg, ...]) -> Any: ...
+    def on_turn_end(self, agent: AgentView, ctx: RuntimeContext, run: AgentRun) -> Any: ...
+    def on_model_start(self, agent: AgentView, ctx: RuntimeContext, request: ModelCallInput) -> Any: ...
+    def on_model_end(self, agent: AgentView, ctx: RuntimeContext, reply: Msg, end: ModelCallEnd) -> Any: ...
+    def on_tool_start(self, agent: AgentView, ctx: RuntimeContext, call: ToolUseBlock) -> Any: ...
+    def on_tool_end(self, agent: AgentView, ctx: RuntimeContext, result: ToolResultBlock) -> Any: ...
+    def on_event(self, agent: AgentView, ctx: RuntimeContext, event: Any) -> Any: ...
+    def on_error(self, agent: AgentView, ctx: RuntimeContext, error: BaseException) -> Any: ...
 
     # -- the adapter -----------------------------------------------------------------------------
 
@@ -79,10 +79,10 @@ class ObserverMiddleware(MiddlewareBase):
         except Exception:
             _log.warning("observer %s.%s raised; ignored", self.name, hook, exc_info=True)
 
-    def on_agent(self, agent: ReActAgent, ctx: RuntimeContext, input: AgentInput, next: Next) -> Any:
+    def on_agent(self, agent: AgentView, ctx: RuntimeContext, input: AgentInput, next: Next) -> Any:
         return EventStream(lambda: self._agent(agent, ctx, input, next))
 
-    async def _agent(self, agent: ReActAgent, ctx: RuntimeContext, input: AgentInput, next: Next
+    async def _agent(self, agent: AgentView, ctx: RuntimeContext, input: AgentInput, next: Next
                      ) -> AsyncIterator[Any]:
         if self._overrides("on_turn_start"):
             await self._tell("on_turn_start", agent, ctx, tuple(input.msgs))
@@ -100,13 +100,13 @@ class ObserverMiddleware(MiddlewareBase):
         finally:
             await aclose(it)
 
-    async def on_agent_finish(self, agent: ReActAgent, ctx: RuntimeContext, run: AgentRun) -> None:
+    async def on_agent_finish(self, agent: AgentView, ctx: RuntimeContext, run: AgentRun) -> None:
         await self._tell("on_turn_end", agent, ctx, run)
 
-    def on_model_call(self, agent: ReActAgent, ctx: RuntimeContext, input: ModelCallInput, next: Next) -> Any:
+    def on_model_call(self, agent: AgentView, ctx: RuntimeContext, input: ModelCallInput, next: Next) -> Any:
         return EventStream(lambda: self._model(agent, ctx, input, next))
 
-    async def _model(self, agent: ReActAgent, ctx: RuntimeContext, input: ModelCallInput, next: Next
+    async def _model(self, agent: AgentView, ctx: RuntimeContext, input: ModelCallInput, next: Next
                      ) -> AsyncIterator[Any]:
         if self._overrides("on_model_start"):
             await self._tell("on_model_start", agent, ctx, input)
@@ -122,10 +122,10 @@ class ObserverMiddleware(MiddlewareBase):
         finally:
             await aclose(it)
 
-    def on_acting(self, agent: ReActAgent, ctx: RuntimeContext, input: ActingInput, next: Next) -> Any:
+    def on_acting(self, agent: AgentView, ctx: RuntimeContext, input: ActingInput, next: Next) -> Any:
         return EventStream(lambda: self._acting(agent, ctx, input, next))
 
-    async def _acting(self, agent: ReActAgent, ctx: RuntimeContext, input: ActingInput, next: Next
+    async def _acting(self, agent: AgentView, ctx: RuntimeContext, input: ActingInput, next: Next
                       ) -> AsyncIterator[Any]:
         if self._overrides("on_tool_start"):
             for call in input.tool_calls:

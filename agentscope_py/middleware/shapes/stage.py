@@ -33,9 +33,9 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from .._replies import ReplyBuilder, ToolResultCollector
-from ..errors import MiddlewareError
-from ..events import (
+from ..._replies import ReplyBuilder, ToolResultCollector
+from ...errors import MiddlewareError
+from ...events import (
     AgentEnd,
     AgentResult,
     AgentStart,
@@ -54,14 +54,14 @@ from ..events import (
     ToolResultStart,
     ToolResultTextDelta,
 )
-from ..message import Msg, TextBlock, ThinkingBlock, ToolResultBlock, ToolUseBlock, new_id
-from ..model.base import ChatModel, ToolSchema
-from ..stream import EventStream, aclosing
-from .base import ActingInput, AgentInput, ExtensionPoint, MiddlewareBase, ModelCallInput, Next
+from ...extension.base import ActingInput, AgentInput, ExtensionPoint, MiddlewareBase, ModelCallInput, Next
+from ...message import Msg, TextBlock, ThinkingBlock, ToolResultBlock, ToolUseBlock, new_id
+from ...model.base import ChatModel, ToolSchema
+from ...stream import EventStream, aclosing
 
 if TYPE_CHECKING:
-    from .._context import RuntimeContext
-    from ..agent.react import ReActAgent
+    from ..._context import RuntimeContext
+    from ...extension.base import AgentView
 
 __all__ = ["CallNext", "MiddlewareContext", "MiddlewareStage", "StageMiddleware"]
 
@@ -86,7 +86,7 @@ class MiddlewareContext:
     """The payload every stage shares (module docstring); fields of other stages are None."""
 
     stage: MiddlewareStage
-    agent: ReActAgent
+    agent: AgentView
     runtime: RuntimeContext
     input_messages: list[Msg] | None = None
     messages: list[Msg] | None = None
@@ -116,11 +116,11 @@ class StageMiddleware(MiddlewareBase):
             raise TypeError(f"{self.name}.stages must hold MiddlewareStage members, not {list(stages)!r}")
         return frozenset(_POINTS[s] for s in stages)
 
-    def on_agent(self, agent: ReActAgent, ctx: RuntimeContext, input: AgentInput, next: Next) -> Any:
+    def on_agent(self, agent: AgentView, ctx: RuntimeContext, input: AgentInput, next: Next) -> Any:
         context = MiddlewareContext(MiddlewareStage.TURN, agent, ctx, input_messages=list(input.msgs))
         return EventStream(lambda: self._drive(context, lambda: next(AgentInput(msgs=context.input_messages or ()))))
 
-    def on_model_call(self, agent: ReActAgent, ctx: RuntimeContext, input: ModelCallInput, next: Next) -> Any:
+    def on_model_call(self, agent: AgentView, ctx: RuntimeContext, input: ModelCallInput, next: Next) -> Any:
         context = MiddlewareContext(MiddlewareStage.CHAT, agent, ctx, messages=list(input.messages),
                                     tools=list(input.tools), options=dict(input.options), model=input.model)
 
@@ -130,7 +130,7 @@ class StageMiddleware(MiddlewareBase):
 
         return EventStream(lambda: self._drive(context, inner))
 
-    def on_acting(self, agent: ReActAgent, ctx: RuntimeContext, input: ActingInput, next: Next) -> Any:
+    def on_acting(self, agent: AgentView, ctx: RuntimeContext, input: ActingInput, next: Next) -> Any:
         context = MiddlewareContext(MiddlewareStage.TOOL, agent, ctx, tool_calls=list(input.tool_calls))
 
         def inner() -> EventStream[Any]:

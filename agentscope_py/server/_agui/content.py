@@ -16,11 +16,11 @@ from typing import Any, cast
 
 from ag_ui.core import CustomEvent
 
-from ..events import AgentEvent, TextBlockDelta, ThinkingBlockDelta, ToolCallDelta
-from ..message import new_id
-from . import _agui_wire as wire
-from . import sse
-from ._agui_wire import AguiEvent
+from ...events import AgentEvent, TextBlockDelta, ThinkingBlockDelta, ToolCallDelta
+from ...message import new_id
+from .. import sse
+from . import wire
+from .wire import AguiEvent
 
 __all__ = ["CONTENT_HANDLERS", "OpenContent", "attribute", "end_step", "jsonable", "start_step"]
 
@@ -43,7 +43,7 @@ class OpenContent:
         self.reasoning: dict[str, None] = {}  # open reasoning message ids (= thinking block ids)
         self.calls: dict[str, None] = {}  # open tool call ids (arguments still streaming)
         self.results: dict[str, list[str]] = {}  # tool call id -> result text so far
-        # For sub-agents (`_agui_subagents`): the tools running now (call id -> tool name, in
+        # For sub-agents (`_agui.subagents`): the tools running now (call id -> tool name, in
         # start order) and the assistant message that carried each call.
         self.running: dict[str, str] = {}
         self.call_messages: dict[str, str] = {}
@@ -253,4 +253,4 @@ CONTENT_HANDLERS: dict[str, Callable[[OpenContent, Any, list[AguiEvent]], None]]
     "tool_result_text_delta": OpenContent.on_result_delta,
 }
 """Our content events, each handled by an `OpenContent` (the top level's, or a sub-agent
-invocation's, `_agui_subagents`): one table for both, at module level."""
+invocation's, `_agui.subagents`): one table for both, at module level."""

@@ -26,7 +26,7 @@ from typing import Any
 from ag_ui.encoder import EventEncoder
 from pydantic import BaseModel
 
-from ._agui_wire import AguiEvent, to_model
+from .wire import AguiEvent, to_model
 
 __all__ = ["FrameEncoder"]
 
@@ -64,7 +64,7 @@ class FrameEncoder:
         return b"".join([self.frame(e) for e in events])
 
     def frame(self, event: AguiEvent) -> bytes:
-        """One event's frame: a model, or a lifecycle event's wire dict (`_agui_wire`), which is
+        """One event's frame: a model, or a lifecycle event's wire dict (`_agui.wire`), which is
         its JSON already."""
         if _dumps is not None:
             try:

@@ -18,8 +18,8 @@ from ag_ui.core import (
     UserMessage,
 )
 
-from ..events import ConfirmResult
-from ..message import Block, DataBlock, Msg, TextBlock, ToolResultBlock, ToolResultState, ToolUseBlock
+from ...events import ConfirmResult
+from ...message import Block, DataBlock, Msg, TextBlock, ToolResultBlock, ToolResultState, ToolUseBlock
 
 __all__ = ["AguiInputError", "SystemPolicy", "apply_system_policy", "confirm_results", "select_new_messages", "to_msgs"]
 
@@ -66,7 +66,7 @@ def select_new_messages(
     for i, m in enumerate(messages):
         if seen(m):
             last_seen = i
-    # A sub-agent's messages (``subagentRunId``, see `_agui_subagents`) are its session's, never
+    # A sub-agent's messages (``subagentRunId``, see `_agui.subagents`) are its session's, never
     # the parent's input, even when the parent's memory is gone and the history is all there is.
     return [m for m in messages[last_seen + 1:]
             if m.role not in ("reasoning", "activity") and m.subagent_run_id is None]

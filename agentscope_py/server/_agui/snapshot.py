@@ -18,8 +18,8 @@ from ag_ui.core import (
     UserMessage,
 )
 
-from ..message import Msg, ToolResultState
-from .agui import encode
+from ...message import Msg, ToolResultState
+from ..agui import encode
 
 __all__ = ["snapshot_frames", "to_agui_messages"]
 

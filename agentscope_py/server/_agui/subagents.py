@@ -29,10 +29,10 @@ from ag_ui.core import (
     SubagentStartedEvent,
 )
 
-from ..message import ChatUsage, GenerateReason, Msg, ToolUseBlock, new_id
-from . import _agui_wire as wire
-from ._agui_content import CONTENT_HANDLERS, OpenContent, attribute, end_step, jsonable, start_step
-from ._agui_wire import AguiEvent
+from ...message import ChatUsage, GenerateReason, Msg, ToolUseBlock, new_id
+from . import wire
+from .content import CONTENT_HANDLERS, OpenContent, attribute, end_step, jsonable, start_step
+from .wire import AguiEvent
 
 __all__ = ["SUSPENDED", "Subagents"]
 

@@ -14,13 +14,13 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from ..events import AgentEvent, parse_event
-from ..stream import EventStream
-from ._durable_answers import TurnEnds
-from ._frames import agui_frames
-from ._ledger import Emitted
-from ._live import LiveRun
-from .agui import AguiMapper
+from ...events import AgentEvent, parse_event
+from ...stream import EventStream
+from .._agui.ledger import Emitted
+from .._runs.frames import agui_frames
+from .._runs.live import LiveRun
+from ..agui import AguiMapper
+from .answers import TurnEnds
 
 __all__ = ["Boundary", "durable_agui_frames", "no_pending"]
 

@@ -19,11 +19,11 @@ from typing import Any
 from temporalio.client import WorkflowExecutionStatus
 from temporalio.service import RPCError
 
-from ..durable import DurableAgent, DurableRun, EventLog
-from ..errors import ResumeError
-from ..events import ConfirmResult
-from ..message import GenerateReason, Msg, ToolResultBlock
-from ._errors import HTTPError
+from ...durable import DurableAgent, DurableRun, EventLog
+from ...errors import ResumeError
+from ...events import ConfirmResult
+from ...message import GenerateReason, Msg, ToolResultBlock
+from .._errors import HTTPError
 
 __all__ = ["FIND_END_WAIT", "Answers", "TurnEnds", "answers_of", "asking_end", "session_run", "signal_answers",
            "until_wait"]

@@ -3,11 +3,11 @@ workflow, and every client — the one that started it, one resuming with ``Last
 this process or any other — watches it through the run's event log (`EventLog`), which the
 workers fill; ``POST /v1/runs/{run_id}/interrupt`` signals the workflow. A request's answers
 (confirm answers, external tool results) go to the session's waiting run, whose stream goes on
-(`_durable_answers`), counted in the run limits (`_durable_slots`).
+(`answers`), counted in the run limits (`slots`).
 
 A durable run's *owner* is its workflow, not a serve process. A client's frames are made here
 from the run's events (the native or AG-UI vocabulary, the same way every time: AG-UI frames are
-one AG-UI run per piece of the run, `_durable_agui`, and the ids the mapper makes are renamed by
+one AG-UI run per piece of the run, `agui`, and the ids the mapper makes are renamed by
 order of appearance), so every serve process and every stream of the run makes the same frames
 with the same ids, and a serve process that dies takes nothing with it: nothing is marked
 ``lost`` for it. A durable run is lost only when its workflow is (`_watch`).
@@ -21,26 +21,26 @@ import re
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from .._context import RuntimeContext
-from ..errors import RunLogError
-from ..events import AgentEvent, parse_event
-from ..message import Msg
-from ..model.base import ToolSchema
-from ..stream import EventStream, aclosing
-from ._errors import HTTPError
-from ._frames import native_frames
-from ._identity import client_run_id
-from ._limits import Limits
-from ._live import LiveRun
-from ._runlog import RUNNING, InMemoryRunLog, RunLog, RunRecord
-from ._runs import Frames, FrameSource, Runs, _unavailable
+from ..._context import RuntimeContext
+from ...errors import RunLogError
+from ...events import AgentEvent, parse_event
+from ...message import Msg
+from ...model.base import ToolSchema
+from ...stream import EventStream, aclosing
+from .._errors import HTTPError
+from .._identity import client_run_id
+from .._limits import Limits
+from .._runs.frames import native_frames
+from .._runs.live import LiveRun
+from .._runs.runlog import RUNNING, InMemoryRunLog, RunLog, RunRecord
+from .._runs.runs import Frames, FrameSource, Runs, _unavailable
 
 try:
     from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
     from temporalio.exceptions import WorkflowAlreadyStartedError
     from temporalio.service import RPCError
 
-    from ..durable import (
+    from ...durable import (
         DEFAULT_TASK_QUEUE,
         DurableAgent,
         DurableRun,
@@ -48,10 +48,10 @@ try:
         EventLog,
         session_workflow_id,
     )
-    from ._durable_agui import durable_agui_frames, no_pending
-    from ._durable_answers import Answers, answers_of, session_run, signal_answers, until_wait
-    from ._durable_busy import start_when_busy
-    from ._durable_slots import Slot, Slots
+    from .agui import durable_agui_frames, no_pending
+    from .answers import Answers, answers_of, session_run, signal_answers, until_wait
+    from .busy import start_when_busy
+    from .slots import Slot, Slots
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise ImportError("serving durable runs needs the temporal extra: pip install 'agentscope-py[temporal]'") from exc
 

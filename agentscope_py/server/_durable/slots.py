@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import itertools
 
-from .._context import RuntimeContext
-from ._live import LiveRun
-from ._runlog import RunRecord
-from ._runs import Runs
+from ..._context import RuntimeContext
+from .._runs.live import LiveRun
+from .._runs.runlog import RunRecord
+from .._runs.runs import Runs
 
 __all__ = ["Slot", "Slots"]
 

@@ -16,15 +16,15 @@ import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from functools import partial
 
-from .._bracket_kinds import BRACKET_TYPES, OpenBrackets
-from ..events import AgentEnd, AgentEvent, AgentResult, ModelCallEnd
-from ..message import TextBlock, ThinkingBlock
-from ..stream import EventStream, aclosing
-from ._errors import Vocabulary, describe, log_failure
-from ._ledger import Emitted
-from ._live import LiveRun
-from .agui import AguiMapper
-from .sse import encode_error, encode_sse
+from ..._bracket_kinds import BRACKET_TYPES, OpenBrackets
+from ...events import AgentEnd, AgentEvent, AgentResult, ModelCallEnd
+from ...message import TextBlock, ThinkingBlock
+from ...stream import EventStream, aclosing
+from .._agui.ledger import Emitted
+from .._errors import Vocabulary, describe, log_failure
+from ..agui import AguiMapper
+from ..sse import encode_error, encode_sse
+from .live import LiveRun
 
 __all__ = ["CANCELLED", "agui_frames", "cancelled_agui", "cancelled_native", "native_frames"]
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import asyncio
 
-from .._context import RuntimeContext
-from . import _agui_wire as wire
-from . import agui as agui_module
-from ._runlog import RunRecord
-from .sse import encode_error
+from ..._context import RuntimeContext
+from .. import agui as agui_module
+from .._agui import wire
+from ..sse import encode_error
+from .runlog import RunRecord
 
 __all__ = ["CHUNK_BYTES", "CHUNK_FRAMES", "LEAD_BYTES", "PACE", "UNLIMITED", "Beat", "LiveRun", "gap_frame",
            "terminal_frame"]
@@ -61,7 +61,7 @@ class LiveRun:
     wire; a follower keeps a position and waits on ``waiters`` for more. ``detach``: the run
     outlives its clients (otherwise it is cancelled once the last one leaves, and runs at most
     `PACE` frames and ``lead`` bytes ahead of the slowest: `LEAD_BYTES`). ``granted``: the last id
-    its followers may send (what a shared log reserved for it, `_runlog`): a frame past it waits
+    its followers may send (what a shared log reserved for it, `runlog`): a frame past it waits
     for the log to take a batch."""
 
     __slots__ = ("base", "cost", "ctx", "detach", "done", "failed", "flushed", "frames", "granted", "handoff",

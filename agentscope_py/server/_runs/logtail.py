@@ -15,9 +15,9 @@ import bisect
 import logging
 from collections.abc import Awaitable, Callable
 
-from ..errors import RunLogError
-from ._live import gap_frame, incomplete_frame, terminal_frame
-from ._runlog import RunLog, RunRecord, frame_offset
+from ...errors import RunLogError
+from .live import gap_frame, incomplete_frame, terminal_frame
+from .runlog import RunLog, RunRecord, frame_offset
 
 __all__ = ["TAIL_BYTES", "LogTail", "expired_frame", "unavailable_frame"]
 

@@ -23,8 +23,8 @@ import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from ._live import LiveRun
-from ._runlog import Batch, RunLog
+from .live import LiveRun
+from .runlog import Batch, RunLog
 
 __all__ = ["LogWrites"]
 

@@ -26,7 +26,7 @@ not a retry: a retried batch that had landed would be refused, and its run stopp
 and the interrupt subscription (one connection each); the reads (resumes, followers, owner
 checks, interrupts sent), a pool of ``max_connections`` where a read waits for a free connection
 (up to ``socket_timeout``) rather than failing. A run followed from the log holds one read
-connection while it waits for frames, however many clients follow it here (`_logtail.LogTail`).
+connection while it waits for frames, however many clients follow it here (`logtail.LogTail`).
 
 Given ``client=`` (a ``redis.asyncio.Redis`` of the caller's, for Sentinel, TLS or credentials
 that a URL cannot say), these pools are opened with that client's connection settings (its
@@ -47,8 +47,8 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 from urllib.parse import quote
 
-from .._redis import PerLoop, Pipelined, Redis, RedisError, RedisSettings, check_source, read_block_ms, redis_errors
-from ._runlog import (
+from ..._redis import PerLoop, Pipelined, Redis, RedisError, RedisSettings, check_source, read_block_ms, redis_errors
+from .runlog import (
     RESERVE,
     RUNNING,
     Batch,

@@ -20,8 +20,8 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
-from ..errors import RunLogError
-from ._runlog import (
+from ...errors import RunLogError
+from .runlog import (
     RESERVE,
     RUNNING,
     Batch,

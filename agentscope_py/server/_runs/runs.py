@@ -18,18 +18,18 @@ import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol
 
-from .._context import RuntimeContext
-from ..errors import RunLogError
-from ..stream import aclosing
-from ._errors import HTTPError
-from ._identity import client_run_id
-from ._limits import Limits, admit_run
-from ._live import CHUNK_BYTES, CHUNK_FRAMES, UNLIMITED, Beat, LiveRun, gap_frame, incomplete_frame, terminal_frame
-from ._logtail import LogTail, expired_frame, unavailable_frame
-from ._logwrites import LogWrites
-from ._multitask import interrupt_target
-from ._runlog import RunLog, RunRecord
-from .sse import HEARTBEAT
+from ..._context import RuntimeContext
+from ...errors import RunLogError
+from ...stream import aclosing
+from .._errors import HTTPError
+from .._identity import client_run_id
+from .._limits import Limits, admit_run
+from ..sse import HEARTBEAT
+from .live import CHUNK_BYTES, CHUNK_FRAMES, UNLIMITED, Beat, LiveRun, gap_frame, incomplete_frame, terminal_frame
+from .logtail import LogTail, expired_frame, unavailable_frame
+from .logwrites import LogWrites
+from .multitask import interrupt_target
+from .runlog import RunLog, RunRecord
 
 __all__ = ["Runner", "Runs"]
 
@@ -138,7 +138,7 @@ class Runs:
         return live
 
     async def _create(self, record: RunRecord) -> bool:
-        """Register the run where it is followed (the log here; durable runs, `_durable`, start
+        """Register the run where it is followed (the log here; durable runs, `_durable.serving`, start
         their workflow); False when its id is taken."""
         return await self.log.create(record)
 

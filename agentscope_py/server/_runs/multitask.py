@@ -13,10 +13,10 @@ from typing import Any
 
 from starlette.responses import Response
 
-from ..agent import BusyError, MultitaskStrategy, ReActAgent
-from ..errors import RunLogError
-from ._errors import HTTPError, StoreUnavailable
-from ._runlog import RunRecord
+from ...agent import BusyError, MultitaskStrategy, ReActAgent
+from ...errors import RunLogError
+from .._errors import HTTPError, StoreUnavailable
+from .runlog import RunRecord
 
 __all__ = ["ROLLBACK", "admit", "busy_agui_response", "busy_http_error", "interrupt_target", "strategy_of"]
 

@@ -15,13 +15,13 @@ import asyncio
 import contextlib
 from typing import Any
 
-from ..message import Msg
+from ...message import Msg
 
 try:
     from temporalio.service import RPCError
 
-    from ..durable import DurableAgent, DurableRun, DurableSessionBusy
-    from ._durable_answers import session_run
+    from ...durable import DurableAgent, DurableRun, DurableSessionBusy
+    from .answers import session_run
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise ImportError("serving durable runs needs the temporal extra: pip install 'agentscope-py[temporal]'") from exc
 
