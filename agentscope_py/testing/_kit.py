@@ -1,0 +1,385 @@
+"""`check_middleware`: run one middleware through the contract every built-in keeps.
+
+The runs, each on a fresh scripted agent (`_scenario`): the script in ``stream`` mode, through
+its HITL pause and the resume; the same in ``call`` mode and again in ``stream`` over the recorded
+replies (``replay``) — both compared with the first; runs cut at seeded random places (an
+interrupt, a cancelled task, a consumer that stops reading, a model fault); and runs with a retry
+and a fallback just outside the middleware whose first attempt fails mid-reply. Every run's
+events are checked at the caller's stream and at the middleware's own output at each of its
+points (`_checks.check_boundary`)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import random
+from collections.abc import Callable, Collection, Sequence
+from typing import Any
+
+from ..agent.context import RuntimeContext
+from ..agent.react import ReActAgent, confirm_message
+from ..events import AgentResult, ConfirmResult, ModelCallEnd, ModelCallStart, RequireUserConfirm
+from ..extension.base import ExtensionPoint, MiddlewareBase, ModelCallInput, overrides
+from ..message import ChatUsage, GenerateReason, Msg
+from ..model.base import ChatChunk, ChatModel
+from ..stream import EventStream
+from ._checks import check_boundary, normal_events, normal_msg, trace
+from ._report import ContractReport, Violation
+from ._scenario import ONION, KitFault, KitModel, RunLog, build_agent, kit_model
+
+__all__ = ["check_middleware"]
+
+PROMPT = "What is the weather? Then delete /tmp/kit."
+USER, SESSION = "kit", "kit"
+
+MiddlewareSource = MiddlewareBase | Callable[[], MiddlewareBase]
+
+
+class _Leg:
+    """One execution of a run: its log, result and error."""
+
+    def __init__(self, log: RunLog) -> None:
+        self.log = log
+        self.result: Msg | None = None
+        self.error: BaseException | None = None
+
+
+async def check_middleware(
+    mw: MiddlewareSource,
+    *,
+    points: Collection[ExtensionPoint] | None = None,
+    model: ChatModel | None = None,
+    seed: int = 0,
+    cuts: int = 2,
+    timeout: float = 10.0,
+) -> ContractReport:
+    """Run ``mw`` through the middleware contract; the report's ``violations`` is empty when it
+    keeps it.
+
+    ``mw``: the middleware, or a factory of it — pass a factory when it keeps state across runs (a
+    cache, a budget store), so each run starts as a fresh agent would. ``points``: only these
+    extension points of it take part (default: all it declares). ``model``: the model the agent
+    uses (default: the kit's `ScriptedModel` with thinking, text, a tool call, a tool call that
+    asks the user, and a final answer); its replies are recorded and replayed, so a model that
+    answers differently each time still compares. ``seed``: the random cut points; ``cuts``: how
+    many of each kind; ``timeout``: seconds per run (a hang is a violation, not a stuck test)."""
+    make = _factory(mw, points)
+    probe_mw = make()
+    report = ContractReport(middleware=probe_mw.name)
+    onion = _participation(probe_mw)
+    base = model if model is not None else kit_model()
+    kit = _Kit(make, onion, base, report, timeout)
+
+    first = await kit.run("stream", "stream", KitModel(base))
+    recorded = first.model.chain if first.model is not None else []
+    for mode, name in (("call", "call"), ("stream", "replay")):
+        other = await kit.run(name, mode, KitModel(base, replay=recorded))
+        kit.compare(first, other, "same_in_call_and_stream" if mode == "call" else "same_on_replay")
+
+    events = first.legs[0].log.caller.events if first.legs else []
+    rng = random.Random(seed)
+    if len(events) > 2:
+        for how in ("interrupt", "cancel", "stop"):
+            for _ in range(cuts):
+                at = rng.randint(1, len(events) - 1)
+                await kit.cut(how, at, recorded)
+    if recorded:
+        for _ in range(cuts):
+            call = rng.randrange(len(recorded))
+            chunks = rng.randint(0, max(0, len(recorded[call]) - 1))
+            await kit.run(f"fault:{call}:{chunks}", "stream", KitModel(base, replay=recorded, fault=(call, chunks)),
+                          expect_fault=True)
+        for how in ("retry", "fallback"):
+            await kit.attempts(how, first, recorded)
+    return report
+
+
+def _factory(mw: MiddlewareSource, points: Collection[ExtensionPoint] | None) -> Callable[[], MiddlewareBase]:
+    def make() -> MiddlewareBase:
+        made = mw if isinstance(mw, MiddlewareBase) else mw()
+        if not isinstance(made, MiddlewareBase):
+            raise TypeError(f"check_middleware takes a middleware or a factory of one, got {made!r}")
+        if points is None:
+            return made
+        # A shallow copy that takes part only at ``points``: the caller's instance is left as is.
+        declared = made.active_points()
+        allowed = frozenset(p for p in points if declared is None or p in declared)
+        restricted = copy.copy(made)
+        setattr(restricted, "active_points", lambda: allowed)  # noqa: B010 (an instance's own participation)
+        return restricted
+
+    return make
+
+
+def _participation(mw: MiddlewareBase) -> list[ExtensionPoint]:
+    declared = mw.active_points()
+    return [p for p in ONION if overrides(mw, p) and (declared is None or p in declared)]
+
+
+class _Run:
+    """One scenario: the agent, its model and its executions (a HITL pause adds a resume)."""
+
+    def __init__(self, name: str, agent: ReActAgent | None, model: KitModel | None) -> None:
+        self.name = name
+        self.agent = agent
+        self.model = model
+        self.legs: list[_Leg] = []
+
+
+class _Kit:
+    def __init__(self, make: Callable[[], MiddlewareBase], onion: list[ExtensionPoint], base: ChatModel,
+                 report: ContractReport, timeout: float) -> None:
+        self.make = make
+        self.onion = onion
+        self.base = base
+        self.report = report
+        self.timeout = timeout
+
+    def flag(self, violation: Violation) -> None:
+        self.report.violations.append(violation)
+
+    # -- runs --------------------------------------------------------------------------------------
+
+    async def run(self, name: str, mode: str, model: KitModel, *, expect_fault: bool = False,
+                  outside: MiddlewareBase | None = None) -> _Run:
+        """The script to its end in ``mode``: the prompt, then a resume per HITL pause."""
+        holder: list[RunLog] = [RunLog()]
+        agent = build_agent(self.make(), self.onion, model, holder[0], outside=outside)
+        run = _Run(name, agent, model)
+        message: Any = PROMPT
+        for turn in range(3):
+            log = RunLog()
+            _relog(agent, log)
+            leg = _Leg(log)
+            run.legs.append(leg)
+            scenario = name if turn == 0 else f"{name}/resume{turn}"
+            self.report.scenarios.append(scenario)
+            chain_before, internal_before = len(model.chain), len(model.internal)
+            try:
+                await asyncio.wait_for(self._execute(agent, message, mode, leg), self.timeout)
+            except TimeoutError:
+                self.flag(Violation("runs", scenario, "caller", -1, f"the run did not end within {self.timeout}s",
+                                    trace(log.caller.events, -1)))
+                break
+            except KitFault as exc:
+                leg.error = exc
+            except Exception as exc:  # a typed error is a result too; it is compared across modes
+                leg.error = exc
+            if leg.error is not None and not (expect_fault and isinstance(leg.error, KitFault)):
+                if not isinstance(leg.error, KitFault) and name in ("stream",):
+                    self.flag(Violation("runs", scenario, "caller", -1,
+                                        f"the scripted run failed: {type(leg.error).__name__}: {leg.error}",
+                                        trace(log.caller.events, -1)))
+            self.check_leg(scenario, leg, complete=True)
+            if outside is None:  # (a fallback's calls go to its own model)
+                self.check_leak(scenario, leg, model, chain_before, internal_before)
+            asked = [c.id for e in log.caller.events if isinstance(e, RequireUserConfirm) for c in e.tool_calls]
+            if leg.result is None or leg.result.generate_reason is not GenerateReason.PERMISSION_ASKING or not asked:
+                break
+            message = confirm_message(*(ConfirmResult(tool_call_id=i, confirmed=True) for i in asked))
+        return run
+
+    async def _execute(self, agent: ReActAgent, message: Any, mode: str, leg: _Leg) -> None:
+        ctx = RuntimeContext(user_id=USER, session_id=SESSION)
+        if mode == "call":
+            leg.result = await agent.call(message, ctx=ctx)
+            return
+        async for event in agent.stream(message, ctx=ctx):
+            if isinstance(event, AgentResult):
+                leg.result = event.result
+
+    async def cut(self, how: str, at: int, recorded: list[list[ChatChunk]]) -> None:
+        """The first execution, cut at caller event ``at``: ``interrupt`` (agent.interrupt),
+        ``cancel`` (the task running ``call`` is cancelled) or ``stop`` (the consumer stops
+        reading); then the session must take the next run."""
+        scenario = f"{how}@{at}"
+        self.report.scenarios.append(scenario)
+        log = RunLog()
+        model = KitModel(self.base, replay=recorded)
+        agent = build_agent(self.make(), self.onion, model, log)
+        leg = _Leg(log)
+        ctx = RuntimeContext(user_id=USER, session_id=SESSION)
+        task: asyncio.Task[Any] | None = None
+
+        def seen(count: int) -> None:
+            if count != at:
+                return
+            if how == "interrupt":
+                agent.interrupt(user_id=USER, session_id=SESSION)
+            elif how == "cancel" and task is not None:
+                task.cancel()
+
+        log_caller_hook(agent, seen)
+
+        async def consume() -> None:
+            if how == "cancel":
+                await agent.call(PROMPT, ctx=ctx)
+                return
+            stream = agent.stream(PROMPT, ctx=ctx)
+            async with contextlib.aclosing(stream):
+                async for event in stream:
+                    if isinstance(event, AgentResult):
+                        leg.result = event.result
+                    if how == "stop" and len(log.caller.events) >= at:
+                        break
+
+        task = asyncio.ensure_future(consume())
+        try:
+            await asyncio.wait_for(asyncio.shield(task), self.timeout)
+        except TimeoutError:
+            task.cancel()
+            self.flag(Violation("runs", scenario, "caller", -1, f"the run did not end within {self.timeout}s",
+                                trace(log.caller.events, -1)))
+            return
+        except (asyncio.CancelledError, Exception) as exc:
+            if not task.cancelled() and how != "cancel":
+                leg.error = exc
+        self.check_leg(scenario, leg, complete=how == "interrupt")
+        await self.session_released(scenario, agent, ctx)
+
+    async def session_released(self, scenario: str, agent: ReActAgent, ctx: RuntimeContext) -> None:
+        try:
+            state, _ = await agent.state_store.load(ctx.user_id, ctx.session_id)
+            if state is not None:
+                answered = {b.id for m in state.context for b in m.tool_results}
+                pending = {c.id for c in state.pending_tool_calls}
+                lost = [c.id for m in state.context for c in m.tool_calls if c.id not in answered | pending]
+                if lost:
+                    self.flag(Violation("session_released", scenario, "session", -1,
+                                        f"tool calls left without a result: {lost}"))
+                    return
+            await asyncio.wait_for(agent.call("Still there?", ctx=RuntimeContext(user_id=ctx.user_id,
+                                                                                   session_id=ctx.session_id)),
+                                   self.timeout)
+        except TimeoutError as exc:
+            self.flag(Violation("session_released", scenario, "session", -1,
+                                f"the session does not take the next run: {type(exc).__name__}: {exc}"))
+        except Exception:  # the next run may fail on its own terms (a limit, a guardrail): it ran
+            pass
+
+    async def attempts(self, how: str, first: _Run, recorded: list[list[ChatChunk]]) -> None:
+        """A retry (or a fallback to another model) just outside the middleware; the first model
+        call fails after two chunks. The run must end as the unfailed one did, each attempt
+        balanced at the middleware's output."""
+        backup = KitModel(self.base, replay=recorded)
+        outside = _Again(backup if how == "fallback" else None)
+        model = KitModel(self.base, replay=recorded, fault=(0, 2))
+        run = await self.run(how, "stream", model, outside=outside)
+        for leg in run.legs:
+            for number, segment in enumerate(leg.log.out.get(ExtensionPoint.ON_MODEL_CALL, [])):
+                if isinstance(segment.error, KitFault):
+                    for v in check_boundary(segment.events, segment.seqs, scenario=how,
+                                            where=f"on_model_call attempt {number}"):
+                        self.flag(Violation("attempts_balanced", v.scenario, v.where, v.index, v.message, v.trace))
+        expected = [normal_msg(leg.result) for leg in first.legs]
+        got = [normal_msg(leg.result) for leg in run.legs]
+        if expected != got:
+            self.flag(Violation("attempts_balanced", how, "caller", -1,
+                                f"with a {how} outside it the run ends {got}, without the fault {expected}",
+                                trace(run.legs[-1].log.caller.events, -1) if run.legs else ()))
+
+    # -- checks ------------------------------------------------------------------------------------
+
+    def check_leg(self, scenario: str, leg: _Leg, *, complete: bool) -> None:
+        log = leg.log
+        for v in check_boundary(log.caller.events, log.caller.seqs, scenario=scenario, where="caller",
+                                complete=complete):
+            self.flag(v)
+        for point, segments in log.out.items():
+            closed = log.closed_inside.get(point, {})
+            for segment in segments:
+                # A stream its consumer stopped reading may hold buffered Ends it never got to emit.
+                ended = segment.done or segment.error is not None
+                for v in check_boundary(segment.events, segment.seqs, scenario=scenario, where=point.value,
+                                        closed_inside=closed if ended else {}, complete=complete):
+                    self.flag(v)
+
+    def check_leak(self, scenario: str, leg: _Leg, model: KitModel, chain_before: int, internal_before: int) -> None:
+        events = leg.log.caller.events
+        chain, internal = model.chain[chain_before:], model.internal[internal_before:]
+        started = [i for i, e in enumerate(events) if isinstance(e, ModelCallStart) and e.source is None]
+        if len(started) > len(chain):
+            self.flag(Violation("no_leak", scenario, "caller", started[len(chain)],
+                                f"{len(started)} model calls in the caller's stream, {len(chain)} made through "
+                                "the agent's chain", trace(events, started[len(chain)])))
+        spoken = "".join(getattr(e, "delta", "") for e in events if e.type in ("text_block_delta", "thinking_block_delta"))
+        ours = set(KitModel.text(chain))
+        for text in KitModel.text(internal):
+            if len(text) >= 8 and text not in ours and text in spoken:
+                self.flag(Violation("no_leak", scenario, "caller", -1,
+                                    f"the reply of a model call made outside the chain reached the caller: {text!r}"))
+        counted = ChatUsage()
+        for e in events:
+            if isinstance(e, ModelCallEnd) and e.source is None and e.usage is not None:
+                counted = counted + e.usage
+        made = model.usage(chain)
+        if counted.input_tokens > made.input_tokens or counted.output_tokens > made.output_tokens:
+            self.flag(Violation("no_leak", scenario, "caller", -1,
+                                f"the caller's model calls report {counted.input_tokens}+{counted.output_tokens} "
+                                f"tokens, the chain's calls used {made.input_tokens}+{made.output_tokens}"))
+
+    def compare(self, first: _Run, other: _Run, clause: str) -> None:
+        for number, (a, b) in enumerate(zip(first.legs, other.legs, strict=False)):
+            scenario = other.name if number == 0 else f"{other.name}/resume{number}"
+            if type(a.error) is not type(b.error):
+                self.flag(Violation(clause, scenario, "caller", -1,
+                                    f"ends with {_err(b.error)}, the stream run with {_err(a.error)}"))
+                continue
+            if normal_msg(a.result) != normal_msg(b.result):
+                self.flag(Violation(clause, scenario, "caller", -1,
+                                    f"final message {normal_msg(b.result)}, the stream run's {normal_msg(a.result)}"))
+            left, right = normal_events(a.log.caller.events), normal_events(b.log.caller.events)
+            if left != right:
+                at = next((i for i, (x, y) in enumerate(zip(left, right, strict=False)) if x != y),
+                          min(len(left), len(right)))
+                self.flag(Violation(clause, scenario, "caller", at,
+                                    f"event {at} is {right[at] if at < len(right) else 'missing'}, in the stream run "
+                                    f"{left[at] if at < len(left) else 'missing'}", trace(b.log.caller.events, at)))
+        if len(first.legs) != len(other.legs):
+            self.flag(Violation(clause, other.name, "caller", -1,
+                                f"{len(other.legs)} execution(s), the stream run {len(first.legs)} (a HITL pause differs)"))
+
+
+def _err(error: BaseException | None) -> str:
+    return "no error" if error is None else type(error).__name__
+
+
+def _relog(agent: ReActAgent, log: RunLog) -> None:
+    """Point every probe of ``agent`` at ``log`` (one log per execution)."""
+    from ._scenario import Probe
+
+    for mw in agent.middlewares_at(ExtensionPoint.ON_AGENT) + agent.middlewares_at(ExtensionPoint.ON_MODEL_CALL) \
+            + agent.middlewares_at(ExtensionPoint.ON_REASONING) + agent.middlewares_at(ExtensionPoint.ON_ACTING):
+        if isinstance(mw, Probe):
+            mw.log = log
+
+
+def log_caller_hook(agent: ReActAgent, hook: Callable[[int], None]) -> None:
+    from ._scenario import Probe
+
+    for mw in agent.middlewares_at(ExtensionPoint.ON_AGENT):
+        if isinstance(mw, Probe) and mw.outer is None:
+            mw.on_caller_event = hook
+
+
+class _Again(MiddlewareBase):
+    """A retry (``backup`` None) or a fallback just outside the middleware under test: when the
+    model call fails with the kit's fault, call ``next`` once more (with ``backup``)."""
+
+    def __init__(self, backup: ChatModel | None) -> None:
+        self.backup = backup
+
+    def active_points(self) -> Sequence[ExtensionPoint]:
+        return (ExtensionPoint.ON_MODEL_CALL,)
+
+    def on_model_call(self, agent: Any, ctx: RuntimeContext, input: ModelCallInput, next: Any) -> Any:
+        again = input if self.backup is None else input.replace(model=self.backup)
+
+        def recover(exc: BaseException) -> EventStream[Any]:
+            if isinstance(exc, KitFault):
+                retried: EventStream[Any] = next(again)
+                return retried
+            raise exc
+
+        return next(input).catch(recover)

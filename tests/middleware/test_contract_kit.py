@@ -1,0 +1,165 @@
+"""The contract kit: every built-in middleware keeps the contract, and a middleware that breaks it
+is caught with the right violation."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from pydantic import BaseModel
+
+import agentscope_py.middleware as mw
+from agentscope_py.events import ModelCallEnd, TextBlockEnd, TextBlockStart
+from agentscope_py.evals import Contains
+from agentscope_py.middleware import ExtensionPoint, MiddlewareBase
+from agentscope_py.testing import ContractViolationError, check_middleware, kit_model
+from agentscope_py.stream import EventStream
+
+pytestmark = pytest.mark.timeout(60)
+
+
+class Answer(BaseModel):
+    text: str
+
+
+async def _prompt(agent: Any, ctx: Any, prompt: str) -> str:
+    return prompt + "\nBe brief."
+
+
+def _guardrail() -> MiddlewareBase:
+    return mw.GuardrailMiddleware(output=[mw.Guardrail.regex("password", name="no-passwords")])
+
+
+# The constructor arguments each built-in needs; a factory, so every run starts fresh (caches,
+# budgets, limits and rate buckets keep state across runs by design).
+ARGS: dict[str, Callable[[], MiddlewareBase]] = {
+    "AuditLogMiddleware": lambda: mw.AuditLogMiddleware(lambda record: None),
+    "ConcurrencyLimitMiddleware": lambda: mw.ConcurrencyLimitMiddleware(2),
+    "ContextCompressionMiddleware": lambda: mw.ContextCompressionMiddleware(trigger_messages=3),
+    "DynamicPromptMiddleware": lambda: mw.DynamicPromptMiddleware(_prompt),
+    "EvalMiddleware": lambda: mw.EvalMiddleware([Contains("sunny")], sample_rate=1.0),
+    "GuardrailMiddleware": _guardrail,
+    "HumanApprovalMiddleware": lambda: mw.HumanApprovalMiddleware({"kit_lookup": True}),
+    "MessageTrimMiddleware": lambda: mw.MessageTrimMiddleware(max_messages=20),
+    "ModelCallLimitMiddleware": lambda: mw.ModelCallLimitMiddleware(run_limit=10),
+    "ModelFallbackMiddleware": lambda: mw.ModelFallbackMiddleware(kit_model()),
+    "RateLimitMiddleware": lambda: mw.RateLimitMiddleware(1000),
+    "StructuredOutputValidationMiddleware": lambda: mw.StructuredOutputValidationMiddleware(
+        Answer, on_failure="continue"),
+    "TimeoutMiddleware": lambda: mw.TimeoutMiddleware(model_timeout=5),
+    "ToolCallLimitMiddleware": lambda: mw.ToolCallLimitMiddleware(run_limit=10),
+    "LLMToolSelectorMiddleware": lambda: mw.LLMToolSelectorMiddleware(kit_model()),
+    "ToolSelectorMiddleware": lambda: mw.ToolSelectorMiddleware(lambda ctx, messages, tools: list(tools)),
+}
+
+
+def _builtins() -> list[str]:
+    names = []
+    for name in mw.__all__:
+        cls = getattr(mw, name)
+        if isinstance(cls, type) and issubclass(cls, MiddlewareBase) and cls is not MiddlewareBase:
+            names.append(name)
+    return names
+
+
+def _factory(name: str) -> Callable[[], MiddlewareBase]:
+    return ARGS.get(name) or getattr(mw, name)
+
+
+@pytest.mark.parametrize("name", _builtins())
+async def test_every_builtin_keeps_the_contract(name: str) -> None:
+    started = time.perf_counter()
+    report = await check_middleware(_factory(name))
+    assert report.violations == [], str(report)
+    assert len(report.scenarios) >= 12
+    assert time.perf_counter() - started < 5  # well under a second on an idle machine
+
+
+def test_every_builtin_is_parametrised() -> None:
+    assert {"RetryMiddleware", "BudgetMiddleware", "PIIRedactionMiddleware", "ResponseCacheMiddleware"} <= set(_builtins())
+    assert set(ARGS) <= set(_builtins())
+
+
+# -- the kit can fail ---------------------------------------------------------------------------------
+
+
+class DropsAnEnd(MiddlewareBase):
+    def on_model_call(self, agent: Any, ctx: Any, input: Any, next: Any) -> Any:
+        return next(input).filter(lambda e: not isinstance(e, TextBlockEnd))
+
+
+class DuplicatesIds(MiddlewareBase):
+    def on_reasoning(self, agent: Any, ctx: Any, input: Any, next: Any) -> Any:
+        return next(input).map(lambda e: e.model_copy(update={"id": "same"}) if isinstance(e, TextBlockStart) else e)
+
+
+class LeaksAModelCall(MiddlewareBase):
+    """Asks the agent's model a side question and streams its events into the caller's."""
+
+    def on_reasoning(self, agent: Any, ctx: Any, input: Any, next: Any) -> Any:
+        async def side() -> Any:
+            async for chunk in agent.model.stream(_side_request(input)):
+                if chunk.text:
+                    yield TextBlockStart(reply_id="side", block_id="side")
+                    yield mw_events.TextBlockDelta(reply_id="side", block_id="side", delta=chunk.text)
+                    yield TextBlockEnd(reply_id="side", block_id="side")
+                if chunk.usage is not None:
+                    yield ModelCallEnd(reply_id="side", usage=chunk.usage)
+
+        return EventStream.concat(EventStream.from_async_iterable(side), next(input))
+
+
+class CallDiffersFromStream(MiddlewareBase):
+    """Rewrites text only on every other run (the kit runs stream first, then call)."""
+
+    def __init__(self) -> None:
+        self.runs = 0
+
+    def on_agent(self, agent: Any, ctx: Any, input: Any, next: Any) -> Any:
+        self.runs += 1
+        if self.runs % 2:
+            return next(input)
+        return next(input).map(lambda e: e.model_copy(update={"delta": e.delta.upper()}) if e.type == "text_block_delta" else e)
+
+
+import agentscope_py.events as mw_events  # noqa: E402
+from agentscope_py.model.base import ModelRequest  # noqa: E402
+
+
+def _side_request(input: Any) -> ModelRequest:
+    return ModelRequest(messages=list(input.messages)[:1], tools=[])
+
+
+async def test_a_dropped_end_is_caught_at_the_middlewares_output() -> None:
+    report = await check_middleware(DropsAnEnd())
+    dropped = [v for v in report.violations if v.clause == "balanced" and v.where == "on_model_call"]
+    assert dropped and "dropped" in dropped[0].message and dropped[0].index >= 0
+    assert any(">" in line and "text_block_start" in line for line in dropped[0].trace)
+    with pytest.raises(ContractViolationError, match="balanced"):
+        report.raise_for_violations()
+
+
+async def test_duplicate_ids_are_caught() -> None:
+    report = await check_middleware(DuplicatesIds())
+    assert "unique_ids" in report.clauses()
+    v = next(v for v in report.violations if v.clause == "unique_ids")
+    assert "'same'" in v.message and v.where in ("on_reasoning", "caller")
+
+
+async def test_a_leaked_model_call_is_caught() -> None:
+    report = await check_middleware(LeaksAModelCall())
+    assert "no_leak" in report.clauses(), str(report)
+
+
+async def test_a_middleware_that_differs_in_call_and_stream_is_caught() -> None:
+    report = await check_middleware(CallDiffersFromStream())
+    v = next(v for v in report.violations if v.clause == "same_in_call_and_stream")
+    assert v.scenario.startswith("call") and v.index >= 0
+
+
+async def test_points_restricts_where_the_middleware_takes_part() -> None:
+    broken = DropsAnEnd()
+    assert (await check_middleware(broken, points=[ExtensionPoint.ON_REASONING])).violations == []
+    assert broken.active_points() is None  # the caller's instance is left as it is
