@@ -24,7 +24,7 @@ from ..events import (
 from ..message import Msg
 from ._report import Violation
 
-__all__ = ["Key", "check_boundary", "normal_events", "normal_msg", "trace"]
+__all__ = ["Key", "check_boundary", "normal_events", "normal_memory", "normal_msg", "trace"]
 
 Key = tuple[str, str | None, str]
 """A bracket: its kind, the event's ``source`` and its id."""
@@ -84,6 +84,8 @@ def check_boundary(
 
     open_: dict[Key, int] = {}
     ids: dict[str, int] = {}
+    # What an event inside a bracket must agree on with its Start: a replaced event keeps them.
+    same = ("reply_id", "tool_name")
     for i, event in enumerate(events):
         cls = type(event)
         fields = event.__dict__
@@ -92,8 +94,11 @@ def check_boundary(
             flag("unique_ids", i, f"event id {fields['id']!r} already used by event {first}")
         if cls in _DELTAS:
             kind, attr = _DELTAS[cls]
-            if (kind, fields["source"], fields[attr]) not in open_:
-                flag("delta_in_block", i, f"{event.type} for {fields[attr]!r} outside an open {kind} block")
+            start = open_.get((kind, fields["source"], fields[attr]))
+            if start is None:
+                flag("kind_invariants", i, f"{event.type} for {fields[attr]!r} outside an open {kind} block")
+            else:
+                _agree(flag, i, event, events[start], same)
             continue
         ident = IDS.get(cls)
         if ident is None:
@@ -105,7 +110,7 @@ def check_boundary(
                 flag("balanced", i, f"{event.type} for {key[2]!r} while it is already open (event {open_[key]})")
             open_[key] = i
         elif key in open_:
-            del open_[key]
+            _agree(flag, i, event, events[open_.pop(key)], same)
         else:
             flag("balanced", i, f"{event.type} for {key[2]!r} without an open *Start")
     for key, start in open_.items():
@@ -118,6 +123,14 @@ def check_boundary(
             flag("balanced", start, f"{events[start].type} for {key[2]!r}: its End came from inside and was "
                                     "dropped while the stream went on")
     return found
+
+
+def _agree(flag: Any, index: int, event: Any, start: Any, names: Sequence[str]) -> None:
+    for name in names:
+        mine, theirs = event.__dict__.get(name), start.__dict__.get(name)
+        if mine is not None and theirs is not None and mine != theirs:
+            flag("kind_invariants", index, f"{event.type} has {name}={mine!r}, its Start {theirs!r}")
+            return
 
 
 def normal_events(events: Sequence[Any]) -> list[tuple[Any, ...]]:
@@ -149,3 +162,9 @@ def normal_msg(msg: Msg | None) -> tuple[Any, ...]:
         return (None,)
     reason = msg.generate_reason.value if msg.generate_reason is not None else None
     return (msg.text, reason, tuple(c.name for c in msg.tool_calls))
+
+
+def normal_memory(messages: Sequence[Msg]) -> list[tuple[Any, ...]]:
+    """What a session remembers, without ids: each message's role, text, tool calls and results."""
+    return [(m.role, m.text, tuple((c.name, repr(c.input)) for c in m.tool_calls),
+             tuple((r.name, str(r.output), r.state.value) for r in m.tool_results)) for m in messages]

@@ -13,18 +13,28 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import inspect
 import random
+import re
 from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 from ..agent.context import RuntimeContext
 from ..agent.react import ReActAgent, confirm_message
-from ..events import AgentResult, ConfirmResult, ModelCallEnd, ModelCallStart, RequireUserConfirm
+from ..events import (
+    AgentResult,
+    ConfirmResult,
+    ModelCallEnd,
+    ModelCallStart,
+    RequireUserConfirm,
+    TextBlockDelta,
+    ThinkingBlockDelta,
+)
 from ..extension.base import ExtensionPoint, MiddlewareBase, ModelCallInput, overrides
 from ..message import ChatUsage, GenerateReason, Msg
 from ..model.base import ChatChunk, ChatModel
 from ..stream import EventStream
-from ._checks import check_boundary, normal_events, normal_msg, trace
+from ._checks import check_boundary, normal_events, normal_memory, normal_msg, trace
 from ._report import ContractReport, Violation
 from ._scenario import ONION, KitFault, KitModel, RunLog, build_agent, kit_model
 
@@ -32,6 +42,9 @@ __all__ = ["check_middleware"]
 
 PROMPT = "What is the weather? Then delete /tmp/kit."
 USER, SESSION = "kit", "kit"
+
+# The parts of a message that name one event: two messages that differ only there say the same.
+_SPECIFICS = re.compile(r"'[^']*'|\d+")
 
 MiddlewareSource = MiddlewareBase | Callable[[], MiddlewareBase]
 
@@ -43,6 +56,7 @@ class _Leg:
         self.log = log
         self.result: Msg | None = None
         self.error: BaseException | None = None
+        self.memory: list[tuple[Any, ...]] = []
 
 
 async def check_middleware(
@@ -52,7 +66,7 @@ async def check_middleware(
     model: ChatModel | None = None,
     seed: int = 0,
     cuts: int = 2,
-    timeout: float = 10.0,
+    run_timeout: float = 10.0,
 ) -> ContractReport:
     """Run ``mw`` through the middleware contract; the report's ``violations`` is empty when it
     keeps it.
@@ -63,49 +77,70 @@ async def check_middleware(
     uses (default: the kit's `ScriptedModel` with thinking, text, a tool call, a tool call that
     asks the user, and a final answer); its replies are recorded and replayed, so a model that
     answers differently each time still compares. ``seed``: the random cut points; ``cuts``: how
-    many of each kind; ``timeout``: seconds per run (a hang is a violation, not a stuck test)."""
-    make = _factory(mw, points)
-    probe_mw = make()
-    report = ContractReport(middleware=probe_mw.name)
-    onion = _participation(probe_mw)
+    many of each kind; ``run_timeout``: seconds per run (a hang is a violation, not a stuck test)."""
+    made: list[MiddlewareBase] = []  # what the factory made: the kit owns it, and closes it
+    make = _factory(mw, points, made)
+    sample = make()
+    report = ContractReport(middleware=sample.name)
     base = model if model is not None else kit_model()
-    kit = _Kit(make, onion, base, report, timeout)
+    kit = _Kit(make, _participation(sample), base, report, run_timeout)
+    try:
+        await _scenarios(kit, base, random.Random(seed), cuts)
+    finally:
+        for instance in made:
+            closing = getattr(instance, "aclose", None)
+            if closing is not None and inspect.iscoroutinefunction(closing):
+                await closing()
+    return report
 
+
+async def _scenarios(kit: _Kit, base: ChatModel, rng: random.Random, cuts: int) -> None:
     first = await kit.run("stream", "stream", KitModel(base))
     recorded = first.model.chain if first.model is not None else []
     for mode, name in (("call", "call"), ("stream", "replay")):
         other = await kit.run(name, mode, KitModel(base, replay=recorded))
         kit.compare(first, other, "same_in_call_and_stream" if mode == "call" else "same_on_replay")
-
     events = first.legs[0].log.caller.events if first.legs else []
-    rng = random.Random(seed)
     if len(events) > 2:
         for how in ("interrupt", "cancel", "stop"):
             for _ in range(cuts):
-                at = rng.randint(1, len(events) - 1)
-                await kit.cut(how, at, recorded)
-    if recorded:
-        for _ in range(cuts):
-            call = rng.randrange(len(recorded))
-            chunks = rng.randint(0, max(0, len(recorded[call]) - 1))
-            await kit.run(f"fault:{call}:{chunks}", "stream", KitModel(base, replay=recorded, fault=(call, chunks)),
-                          expect_fault=True)
-        for how in ("retry", "fallback"):
-            await kit.attempts(how, first, recorded)
-    return report
+                await kit.cut(how, rng.randint(1, len(events) - 1), recorded)
+    if not recorded:
+        return
+    for _ in range(cuts):
+        call = rng.randrange(len(recorded))
+        chunks = rng.randint(0, max(0, len(recorded[call]) - 1))
+        name = f"fault:{call}:{chunks}"
+        streamed = await kit.run(name, "stream", KitModel(base, replay=recorded, fault=(call, chunks)))
+        called = await kit.run(f"{name}:call", "call", KitModel(base, replay=recorded, fault=(call, chunks)))
+        kit.compare(streamed, called, "same_in_call_and_stream")
+    for how in ("retry", "fallback"):
+        await kit.attempts(how, first, recorded)
 
 
-def _factory(mw: MiddlewareSource, points: Collection[ExtensionPoint] | None) -> Callable[[], MiddlewareBase]:
+def _factory(mw: MiddlewareSource, points: Collection[ExtensionPoint] | None,
+             made_here: list[MiddlewareBase]) -> Callable[[], MiddlewareBase]:
+    if not isinstance(mw, MiddlewareBase) and not callable(mw):
+        raise TypeError(f"check_middleware takes a middleware or a factory of one, not {type(mw).__name__}")
+    if points is not None and (
+            isinstance(points, ExtensionPoint | str) or not all(isinstance(p, ExtensionPoint) for p in points)):
+        raise TypeError(f"points must be a collection of ExtensionPoint (ExtensionPoint.ON_MODEL_CALL, ...), "
+                        f"got {points!r}")
+
     def make() -> MiddlewareBase:
-        made = mw if isinstance(mw, MiddlewareBase) else mw()
-        if not isinstance(made, MiddlewareBase):
-            raise TypeError(f"check_middleware takes a middleware or a factory of one, got {made!r}")
+        if isinstance(mw, MiddlewareBase):
+            instance = mw
+        else:
+            instance = mw()
+            if not isinstance(instance, MiddlewareBase):
+                raise TypeError(f"the factory given to check_middleware returned {instance!r}, not a middleware")
+            made_here.append(instance)
         if points is None:
-            return made
+            return instance
         # A shallow copy that takes part only at ``points``: the caller's instance is left as is.
-        declared = made.active_points()
+        declared = instance.active_points()
         allowed = frozenset(p for p in points if declared is None or p in declared)
-        restricted = copy.copy(made)
+        restricted = copy.copy(instance)
         setattr(restricted, "active_points", lambda: allowed)  # noqa: B010 (an instance's own participation)
         return restricted
 
@@ -135,14 +170,18 @@ class _Kit:
         self.base = base
         self.report = report
         self.timeout = timeout
+        self.flagged: set[tuple[str, str, str, str]] = set()
 
     def flag(self, violation: Violation) -> None:
-        self.report.violations.append(violation)
+        # One defect breaks the same clause at every event it touches: the first one says it.
+        key = (violation.clause, violation.scenario, violation.where, _SPECIFICS.sub("", violation.message))
+        if key not in self.flagged:
+            self.flagged.add(key)
+            self.report.violations.append(violation)
 
     # -- runs --------------------------------------------------------------------------------------
 
-    async def run(self, name: str, mode: str, model: KitModel, *, expect_fault: bool = False,
-                  outside: MiddlewareBase | None = None) -> _Run:
+    async def run(self, name: str, mode: str, model: KitModel, *, outside: MiddlewareBase | None = None) -> _Run:
         """The script to its end in ``mode``: the prompt, then a resume per HITL pause."""
         holder: list[RunLog] = [RunLog()]
         agent = build_agent(self.make(), self.onion, model, holder[0], outside=outside)
@@ -162,18 +201,16 @@ class _Kit:
                 self.flag(Violation("runs", scenario, "caller", -1, f"the run did not end within {self.timeout}s",
                                     trace(log.caller.events, -1)))
                 break
-            except KitFault as exc:
+            except Exception as exc:  # an error is a result too: the other modes must end in it as well
                 leg.error = exc
-            except Exception as exc:  # a typed error is a result too; it is compared across modes
-                leg.error = exc
-            if leg.error is not None and not (expect_fault and isinstance(leg.error, KitFault)):
-                if not isinstance(leg.error, KitFault) and name in ("stream",):
-                    self.flag(Violation("runs", scenario, "caller", -1,
-                                        f"the scripted run failed: {type(leg.error).__name__}: {leg.error}",
-                                        trace(log.caller.events, -1)))
+            if name == "stream" and leg.error is not None:
+                self.flag(Violation("runs", scenario, "caller", -1,
+                                    f"the scripted run failed: {type(leg.error).__name__}: {leg.error}",
+                                    trace(log.caller.events, -1)))
             self.check_leg(scenario, leg, complete=True)
-            if outside is None:  # (a fallback's calls go to its own model)
-                self.check_leak(scenario, leg, model, chain_before, internal_before)
+            self.check_leak(scenario, leg, model, chain_before, internal_before)
+            state, _ = await agent.state_store.load(USER, SESSION)
+            leg.memory = normal_memory(state.context) if state is not None else []
             asked = [c.id for e in log.caller.events if isinstance(e, RequireUserConfirm) for c in e.tool_calls]
             if leg.result is None or leg.result.generate_reason is not GenerateReason.PERMISSION_ASKING or not asked:
                 break
@@ -243,7 +280,7 @@ class _Kit:
             state, _ = await agent.state_store.load(ctx.user_id, ctx.session_id)
             if state is not None:
                 answered = {b.id for m in state.context for b in m.tool_results}
-                pending = {c.id for c in state.pending_tool_calls}
+                pending = set(state.pending_tool_calls)
                 lost = [c.id for m in state.context for c in m.tool_calls if c.id not in answered | pending]
                 if lost:
                     self.flag(Violation("session_released", scenario, "session", -1,
@@ -296,16 +333,19 @@ class _Kit:
                     self.flag(v)
 
     def check_leak(self, scenario: str, leg: _Leg, model: KitModel, chain_before: int, internal_before: int) -> None:
-        events = leg.log.caller.events
-        chain, internal = model.chain[chain_before:], model.internal[internal_before:]
+        """No model call made outside the chain shows in the caller's stream: no more model calls
+        and no more tokens than the chain made, and no reply text only such a call gave."""
+        log = leg.log
+        events = log.caller.events
         started = [i for i, e in enumerate(events) if isinstance(e, ModelCallStart) and e.source is None]
-        if len(started) > len(chain):
-            self.flag(Violation("no_leak", scenario, "caller", started[len(chain)],
-                                f"{len(started)} model calls in the caller's stream, {len(chain)} made through "
-                                "the agent's chain", trace(events, started[len(chain)])))
-        spoken = "".join(getattr(e, "delta", "") for e in events if e.type in ("text_block_delta", "thinking_block_delta"))
-        ours = set(KitModel.text(chain))
-        for text in KitModel.text(internal):
+        if len(started) > log.chain_calls:
+            at = started[log.chain_calls]
+            self.flag(Violation("no_leak", scenario, "caller", at,
+                                f"{len(started)} model calls in the caller's stream, {log.chain_calls} made through "
+                                "the agent's chain", trace(events, at)))
+        spoken = "".join(e.delta for e in events if isinstance(e, TextBlockDelta | ThinkingBlockDelta))
+        ours = set(KitModel.text(model.chain[chain_before:]))
+        for text in KitModel.text(model.internal[internal_before:]):
             if len(text) >= 8 and text not in ours and text in spoken:
                 self.flag(Violation("no_leak", scenario, "caller", -1,
                                     f"the reply of a model call made outside the chain reached the caller: {text!r}"))
@@ -313,7 +353,7 @@ class _Kit:
         for e in events:
             if isinstance(e, ModelCallEnd) and e.source is None and e.usage is not None:
                 counted = counted + e.usage
-        made = model.usage(chain)
+        made = log.chain_usage
         if counted.input_tokens > made.input_tokens or counted.output_tokens > made.output_tokens:
             self.flag(Violation("no_leak", scenario, "caller", -1,
                                 f"the caller's model calls report {counted.input_tokens}+{counted.output_tokens} "
@@ -329,6 +369,13 @@ class _Kit:
             if normal_msg(a.result) != normal_msg(b.result):
                 self.flag(Violation(clause, scenario, "caller", -1,
                                     f"final message {normal_msg(b.result)}, the stream run's {normal_msg(a.result)}"))
+            if a.memory != b.memory:
+                at = next((i for i, (x, y) in enumerate(zip(a.memory, b.memory, strict=False)) if x != y),
+                          min(len(a.memory), len(b.memory)))
+                self.flag(Violation(clause, scenario, "session", -1,
+                                    f"the session remembers message {at} as "
+                                    f"{b.memory[at] if at < len(b.memory) else 'missing'}, the stream run as "
+                                    f"{a.memory[at] if at < len(a.memory) else 'missing'}"))
             left, right = normal_events(a.log.caller.events), normal_events(b.log.caller.events)
             if left != right:
                 at = next((i for i, (x, y) in enumerate(zip(left, right, strict=False)) if x != y),
@@ -338,7 +385,8 @@ class _Kit:
                                     f"{left[at] if at < len(left) else 'missing'}", trace(b.log.caller.events, at)))
         if len(first.legs) != len(other.legs):
             self.flag(Violation(clause, other.name, "caller", -1,
-                                f"{len(other.legs)} execution(s), the stream run {len(first.legs)} (a HITL pause differs)"))
+                                f"{len(other.legs)} execution(s), the stream run {len(first.legs)} "
+                                "(a HITL pause differs)"))
 
 
 def _err(error: BaseException | None) -> str:

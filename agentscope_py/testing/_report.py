@@ -10,7 +10,7 @@ __all__ = ["CLAUSES", "ContractReport", "ContractViolationError", "Violation"]
 CLAUSES: dict[str, str] = {
     "balanced": "every *Start it lets through or makes gets exactly one *End",
     "unique_ids": "event ids are unique",
-    "delta_in_block": "a delta stays within an open block of its kind",
+    "kind_invariants": "a delta stays within an open block of its kind; an End or delta agrees with its Start",
     "same_in_call_and_stream": "call and stream behave the same",
     "same_on_replay": "a replayed run behaves as the recorded one",
     "no_leak": "no model call it makes leaks into the caller's stream or usage",

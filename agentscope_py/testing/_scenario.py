@@ -20,6 +20,7 @@ from typing import Any
 from .._bracket_kinds import CLOSES, IDS
 from ..agent.context import RuntimeContext
 from ..agent.react import ReActAgent
+from ..events import ModelCallEnd, ModelCallStart
 from ..extension.base import ExtensionPoint, MiddlewareBase
 from ..message import ChatUsage, ToolResultBlock, ToolUseBlock, new_id
 from ..model.base import ChatChunk, ChatModel, ModelRequest
@@ -71,11 +72,12 @@ def _reply(request: ModelRequest) -> ModelStep:
         return ModelStep.text("In short: sunny, and the file is gone.", chunks=2)
     answered = sum(isinstance(b, ToolResultBlock) for m in request.messages for b in m.content)
     if answered == 0:
+        lookup = ToolUseBlock(id=new_id("call_"), name="kit_lookup", input={"query": "weather"})
         return ModelStep(thinking="The user wants the weather; look it up.", text="Let me look that up.",
-                         tool_calls=[ToolUseBlock(id=new_id("call_"), name="kit_lookup", input={"query": "weather"})], chunks=3)
+                         tool_calls=[lookup], chunks=3)
     if answered == 1:
-        return ModelStep(text="Now the clean-up.", tool_calls=[ToolUseBlock(id=new_id("call_"), name="kit_delete", input={"path": "/tmp/kit"})],
-                         chunks=2)
+        delete = ToolUseBlock(id=new_id("call_"), name="kit_delete", input={"path": "/tmp/kit"})
+        return ModelStep(text="Now the clean-up.", tool_calls=[delete], chunks=2)
     return ModelStep.text("All done: it is sunny, 21 degrees, and /tmp/kit is deleted.", chunks=4,
                           usage=ChatUsage(input_tokens=40, output_tokens=16))
 
@@ -131,13 +133,6 @@ class KitModel:
             if closing is not None:
                 await closing()
 
-    def usage(self, calls: list[list[ChatChunk]]) -> ChatUsage:
-        total = ChatUsage()
-        for chunk in itertools.chain.from_iterable(calls):
-            if chunk.usage is not None:
-                total = total + chunk.usage
-        return total
-
     @staticmethod
     def text(calls: list[list[ChatChunk]]) -> list[str]:
         return ["".join(c.text or "" for c in call) for call in calls]
@@ -168,6 +163,9 @@ class RunLog:
         self.out: dict[ExtensionPoint, list[Segment]] = {}
         self.closed_inside: dict[ExtensionPoint, dict[Key, int]] = {}
         self.caller = Segment()
+        # The model calls made through the chain (whatever model served them) and their usage.
+        self.chain_calls = 0
+        self.chain_usage = ChatUsage()
 
     def tick(self) -> int:
         return next(self._seq)
@@ -222,6 +220,11 @@ class Probe(MiddlewareBase):
                 cls = type(event)
                 if cls in CLOSES:
                     ends[(CLOSES[cls], event.source, getattr(event, IDS[cls]))] = log.tick()
+                if point is ExtensionPoint.ON_MODEL_CALL and event.source is None:
+                    if cls is ModelCallStart:
+                        log.chain_calls += 1
+                    elif cls is ModelCallEnd and event.usage is not None:
+                        log.chain_usage = log.chain_usage + event.usage
 
             return inner.do(closed)
         segment = log.caller if self.outer is None else Segment()

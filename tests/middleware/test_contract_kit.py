@@ -4,18 +4,21 @@ is caught with the right violation."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
 from pydantic import BaseModel
 
 import agentscope_py.middleware as mw
-from agentscope_py.events import ModelCallEnd, TextBlockEnd, TextBlockStart
 from agentscope_py.evals import Contains
+from agentscope_py.events import ModelCallEnd, ModelCallStart, TextBlockDelta, TextBlockEnd, TextBlockStart
+from agentscope_py.message import new_id
 from agentscope_py.middleware import ExtensionPoint, MiddlewareBase
-from agentscope_py.testing import ContractViolationError, check_middleware, kit_model
+from agentscope_py.model import ModelStep, ScriptedModel
+from agentscope_py.model.base import ModelRequest
 from agentscope_py.stream import EventStream
+from agentscope_py.testing import ContractViolationError, check_middleware, kit_model
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -28,8 +31,12 @@ async def _prompt(agent: Any, ctx: Any, prompt: str) -> str:
     return prompt + "\nBe brief."
 
 
+def no_passwords(check: Any) -> str | None:
+    return "a password" if "password" in check.text else None
+
+
 def _guardrail() -> MiddlewareBase:
-    return mw.GuardrailMiddleware(output=[mw.Guardrail.regex("password", name="no-passwords")])
+    return mw.GuardrailMiddleware(input=no_passwords, stream=no_passwords, output=no_passwords)
 
 
 # The constructor arguments each built-in needs; a factory, so every run starts fresh (caches,
@@ -50,8 +57,9 @@ ARGS: dict[str, Callable[[], MiddlewareBase]] = {
         Answer, on_failure="continue"),
     "TimeoutMiddleware": lambda: mw.TimeoutMiddleware(model_timeout=5),
     "ToolCallLimitMiddleware": lambda: mw.ToolCallLimitMiddleware(run_limit=10),
-    "LLMToolSelectorMiddleware": lambda: mw.LLMToolSelectorMiddleware(kit_model()),
-    "ToolSelectorMiddleware": lambda: mw.ToolSelectorMiddleware(lambda ctx, messages, tools: list(tools)),
+    "LLMToolSelectorMiddleware": lambda: mw.LLMToolSelectorMiddleware(
+        ScriptedModel([ModelStep.text('["kit_lookup", "kit_delete"]')], loop=True)),
+    "ToolSelectorMiddleware": lambda: mw.ToolSelectorMiddleware(lambda ctx, messages, tools: [t.name for t in tools]),
 }
 
 
@@ -96,40 +104,44 @@ class DuplicatesIds(MiddlewareBase):
 
 
 class LeaksAModelCall(MiddlewareBase):
-    """Asks the agent's model a side question and streams its events into the caller's."""
+    """Asks the agent's model a side question and streams the reply into the caller's stream, as
+    a model call of its own (balanced, with its usage)."""
 
     def on_reasoning(self, agent: Any, ctx: Any, input: Any, next: Any) -> Any:
-        async def side() -> Any:
-            async for chunk in agent.model.stream(_side_request(input)):
+        async def side() -> AsyncIterator[Any]:
+            reply, block = new_id("side_"), new_id("blk_")
+            yield ModelCallStart(reply_id=reply, model=agent.model.name)
+            yield TextBlockStart(reply_id=reply, block_id=block)
+            usage = None
+            async for chunk in agent.model.stream(ModelRequest(messages=list(input.messages)[:1], tools=[])):
                 if chunk.text:
-                    yield TextBlockStart(reply_id="side", block_id="side")
-                    yield mw_events.TextBlockDelta(reply_id="side", block_id="side", delta=chunk.text)
-                    yield TextBlockEnd(reply_id="side", block_id="side")
-                if chunk.usage is not None:
-                    yield ModelCallEnd(reply_id="side", usage=chunk.usage)
+                    yield TextBlockDelta(reply_id=reply, block_id=block, delta=chunk.text)
+                usage = chunk.usage or usage
+            yield TextBlockEnd(reply_id=reply, block_id=block)
+            yield ModelCallEnd(reply_id=reply, usage=usage)
 
         return EventStream.concat(EventStream.from_async_iterable(side), next(input))
 
 
+class MovesADelta(MiddlewareBase):
+    """Rewrites text deltas into a block that is not open."""
+
+    def on_model_call(self, agent: Any, ctx: Any, input: Any, next: Any) -> Any:
+        return next(input).map(
+            lambda e: e.model_copy(update={"block_id": "elsewhere"}) if isinstance(e, TextBlockDelta) else e)
+
+
 class CallDiffersFromStream(MiddlewareBase):
-    """Rewrites text only on every other run (the kit runs stream first, then call)."""
+    """Rewrites text only in the kit's first run (its stream run and resume), not in the call run."""
 
     def __init__(self) -> None:
         self.runs = 0
 
     def on_agent(self, agent: Any, ctx: Any, input: Any, next: Any) -> Any:
         self.runs += 1
-        if self.runs % 2:
+        if self.runs > 2:
             return next(input)
         return next(input).map(lambda e: e.model_copy(update={"delta": e.delta.upper()}) if e.type == "text_block_delta" else e)
-
-
-import agentscope_py.events as mw_events  # noqa: E402
-from agentscope_py.model.base import ModelRequest  # noqa: E402
-
-
-def _side_request(input: Any) -> ModelRequest:
-    return ModelRequest(messages=list(input.messages)[:1], tools=[])
 
 
 async def test_a_dropped_end_is_caught_at_the_middlewares_output() -> None:
@@ -150,7 +162,17 @@ async def test_duplicate_ids_are_caught() -> None:
 
 async def test_a_leaked_model_call_is_caught() -> None:
     report = await check_middleware(LeaksAModelCall())
-    assert "no_leak" in report.clauses(), str(report)
+    assert report.clauses() == {"no_leak"}, str(report)
+    messages = [v.message for v in report.violations if v.scenario == "stream"]
+    assert any("model calls in the caller's stream" in m for m in messages)
+    assert any("reached the caller" in m for m in messages)
+    assert any("tokens" in m for m in messages)
+
+
+async def test_a_delta_moved_out_of_its_block_is_caught() -> None:
+    report = await check_middleware(MovesADelta())
+    v = next(v for v in report.violations if v.clause == "kind_invariants" and v.where == "on_model_call")
+    assert "'elsewhere'" in v.message and "outside an open text block" in v.message
 
 
 async def test_a_middleware_that_differs_in_call_and_stream_is_caught() -> None:
