@@ -16,7 +16,7 @@ import copy
 import inspect
 import random
 import re
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection
 from typing import Any
 
 from ..agent.context import RuntimeContext
@@ -30,13 +30,12 @@ from ..events import (
     TextBlockDelta,
     ThinkingBlockDelta,
 )
-from ..extension.base import ExtensionPoint, MiddlewareBase, ModelCallInput, overrides
+from ..extension.base import ExtensionPoint, MiddlewareBase, overrides
 from ..message import ChatUsage, GenerateReason, Msg
 from ..model.base import ChatChunk, ChatModel
-from ..stream import EventStream
 from ._checks import check_boundary, normal_events, normal_memory, normal_msg, trace
 from ._report import ContractReport, Violation
-from ._scenario import ONION, KitFault, KitModel, RunLog, build_agent, kit_model
+from ._scenario import ONION, Again, KitFault, KitModel, Recording, RunLog, build_agent, kit_model
 
 __all__ = ["check_middleware"]
 
@@ -46,7 +45,8 @@ USER, SESSION = "kit", "kit"
 # The parts of a message that name one event: two messages that differ only there say the same.
 _SPECIFICS = re.compile(r"'[^']*'|\d+")
 
-MiddlewareSource = MiddlewareBase | Callable[[], MiddlewareBase]
+_SETTLE_TICKS = 20
+_MAX_PAUSES = 2  # HITL pauses one run resumes from (the script has one; an approval middleware adds one)
 
 
 class _Leg:
@@ -60,7 +60,7 @@ class _Leg:
 
 
 async def check_middleware(
-    mw: MiddlewareSource,
+    mw: MiddlewareBase | Callable[[], MiddlewareBase],
     *,
     points: Collection[ExtensionPoint] | None = None,
     model: ChatModel | None = None,
@@ -118,7 +118,7 @@ async def _scenarios(kit: _Kit, base: ChatModel, rng: random.Random, cuts: int) 
         await kit.attempts(how, first, recorded)
 
 
-def _factory(mw: MiddlewareSource, points: Collection[ExtensionPoint] | None,
+def _factory(mw: MiddlewareBase | Callable[[], MiddlewareBase], points: Collection[ExtensionPoint] | None,
              made_here: list[MiddlewareBase]) -> Callable[[], MiddlewareBase]:
     if not isinstance(mw, MiddlewareBase) and not callable(mw):
         raise TypeError(f"check_middleware takes a middleware or a factory of one, not {type(mw).__name__}")
@@ -183,13 +183,12 @@ class _Kit:
 
     async def run(self, name: str, mode: str, model: KitModel, *, outside: MiddlewareBase | None = None) -> _Run:
         """The script to its end in ``mode``: the prompt, then a resume per HITL pause."""
-        holder: list[RunLog] = [RunLog()]
-        agent = build_agent(self.make(), self.onion, model, holder[0], outside=outside)
+        recording = Recording()
+        agent = build_agent(self.make(), self.onion, model, recording, outside=outside)
         run = _Run(name, agent, model)
         message: Any = PROMPT
-        for turn in range(3):
-            log = RunLog()
-            _relog(agent, log)
+        for turn in range(_MAX_PAUSES + 1):
+            log = recording.log = RunLog()
             leg = _Leg(log)
             run.legs.append(leg)
             scenario = name if turn == 0 else f"{name}/resume{turn}"
@@ -232,9 +231,10 @@ class _Kit:
         reading); then the session must take the next run."""
         scenario = f"{how}@{at}"
         self.report.scenarios.append(scenario)
-        log = RunLog()
+        recording = Recording()
+        log = recording.log
         model = KitModel(self.base, replay=recorded)
-        agent = build_agent(self.make(), self.onion, model, log)
+        agent = build_agent(self.make(), self.onion, model, recording)
         leg = _Leg(log)
         ctx = RuntimeContext(user_id=USER, session_id=SESSION)
         task: asyncio.Task[Any] | None = None
@@ -247,7 +247,7 @@ class _Kit:
             elif how == "cancel" and task is not None:
                 task.cancel()
 
-        log_caller_hook(agent, seen)
+        recording.on_caller_event = seen
 
         async def consume() -> None:
             if how == "cancel":
@@ -262,17 +262,23 @@ class _Kit:
                         break
 
         task = asyncio.ensure_future(consume())
-        try:
-            await asyncio.wait_for(asyncio.shield(task), self.timeout)
-        except TimeoutError:
+        await asyncio.wait({task}, timeout=self.timeout)  # (raises nothing: the task's end is read below)
+        if not task.done():
             task.cancel()
+            await asyncio.wait({task})
             self.flag(Violation("runs", scenario, "caller", -1, f"the run did not end within {self.timeout}s",
                                 trace(log.caller.events, -1)))
             return
-        except (asyncio.CancelledError, Exception) as exc:
-            if not task.cancelled() and how != "cancel":
-                leg.error = exc
+        if not task.cancelled():
+            leg.error = task.exception()
         self.check_leg(scenario, leg, complete=how == "interrupt")
+        for _ in range(_SETTLE_TICKS):  # a bare close ends the model's stream within a few loop ticks
+            if not model.open:
+                break
+            await asyncio.sleep(0)
+        if model.open:
+            self.flag(Violation("session_released", scenario, "model", -1,
+                                f"{model.open} model stream(s) still open after the run ended"))
         await self.session_released(scenario, agent, ctx)
 
     async def session_released(self, scenario: str, agent: ReActAgent, ctx: RuntimeContext) -> None:
@@ -300,7 +306,7 @@ class _Kit:
         call fails after two chunks. The run must end as the unfailed one did, each attempt
         balanced at the middleware's output."""
         backup = KitModel(self.base, replay=recorded)
-        outside = _Again(backup if how == "fallback" else None)
+        outside = Again(backup if how == "fallback" else None)
         model = KitModel(self.base, replay=recorded, fault=(0, 2))
         run = await self.run(how, "stream", model, outside=outside)
         for leg in run.legs:
@@ -391,43 +397,3 @@ class _Kit:
 
 def _err(error: BaseException | None) -> str:
     return "no error" if error is None else type(error).__name__
-
-
-def _relog(agent: ReActAgent, log: RunLog) -> None:
-    """Point every probe of ``agent`` at ``log`` (one log per execution)."""
-    from ._scenario import Probe
-
-    for mw in agent.middlewares_at(ExtensionPoint.ON_AGENT) + agent.middlewares_at(ExtensionPoint.ON_MODEL_CALL) \
-            + agent.middlewares_at(ExtensionPoint.ON_REASONING) + agent.middlewares_at(ExtensionPoint.ON_ACTING):
-        if isinstance(mw, Probe):
-            mw.log = log
-
-
-def log_caller_hook(agent: ReActAgent, hook: Callable[[int], None]) -> None:
-    from ._scenario import Probe
-
-    for mw in agent.middlewares_at(ExtensionPoint.ON_AGENT):
-        if isinstance(mw, Probe) and mw.outer is None:
-            mw.on_caller_event = hook
-
-
-class _Again(MiddlewareBase):
-    """A retry (``backup`` None) or a fallback just outside the middleware under test: when the
-    model call fails with the kit's fault, call ``next`` once more (with ``backup``)."""
-
-    def __init__(self, backup: ChatModel | None) -> None:
-        self.backup = backup
-
-    def active_points(self) -> Sequence[ExtensionPoint]:
-        return (ExtensionPoint.ON_MODEL_CALL,)
-
-    def on_model_call(self, agent: Any, ctx: RuntimeContext, input: ModelCallInput, next: Any) -> Any:
-        again = input if self.backup is None else input.replace(model=self.backup)
-
-        def recover(exc: BaseException) -> EventStream[Any]:
-            if isinstance(exc, KitFault):
-                retried: EventStream[Any] = next(again)
-                return retried
-            raise exc
-
-        return next(input).catch(recover)

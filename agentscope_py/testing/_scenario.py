@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import AsyncIterator, Collection, Iterator
+from collections.abc import AsyncIterator, Callable, Collection, Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,7 +21,7 @@ from .._bracket_kinds import CLOSES, IDS
 from ..agent.context import RuntimeContext
 from ..agent.react import ReActAgent
 from ..events import ModelCallEnd, ModelCallStart
-from ..extension.base import ExtensionPoint, MiddlewareBase
+from ..extension.base import ExtensionPoint, MiddlewareBase, ModelCallInput
 from ..message import ChatUsage, ToolResultBlock, ToolUseBlock, new_id
 from ..model.base import ChatChunk, ChatModel, ModelRequest
 from ..model.scripted import ModelStep, ScriptedModel
@@ -29,7 +29,8 @@ from ..stream import EventStream
 from ..tool import PermissionDecision, Toolkit, tool
 from ._checks import Key
 
-__all__ = ["IN_CHAIN", "ONION", "KitFault", "KitModel", "Probe", "RunLog", "Segment", "build_agent", "kit_model"]
+__all__ = ["IN_CHAIN", "ONION", "Again", "KitFault", "KitModel", "Probe", "Recording", "RunLog", "Segment",
+           "build_agent", "kit_model"]
 
 ONION = (ExtensionPoint.ON_AGENT, ExtensionPoint.ON_REASONING, ExtensionPoint.ON_ACTING, ExtensionPoint.ON_MODEL_CALL)
 
@@ -42,13 +43,15 @@ class KitFault(Exception):
 
 
 @tool
-async def kit_lookup(query: str) -> str:
-    """Look something up.
+async def kit_lookup(query: str) -> AsyncIterator[str]:
+    """Look something up (the result streams in parts).
 
     Args:
         query: what to look up
     """
-    return f"{query}: sunny, 21 degrees"
+    for part in (f"{query}: ", "sunny, ", "21 degrees"):
+        await asyncio.sleep(0)
+        yield part
 
 
 def _ask(call: ToolUseBlock, ctx: RuntimeContext) -> PermissionDecision:
@@ -102,6 +105,7 @@ class KitModel:
         self.fault = fault
         self.chain: list[list[ChatChunk]] = []
         self.internal: list[list[ChatChunk]] = []
+        self.open = 0  # model streams started and not yet closed
 
     def stream(self, request: ModelRequest) -> AsyncIterator[ChatChunk]:
         if not IN_CHAIN.get():
@@ -120,6 +124,7 @@ class KitModel:
 
     async def _play(self, source: AsyncIterator[ChatChunk], record: list[ChatChunk],
                     cut: int | None) -> AsyncIterator[ChatChunk]:
+        self.open += 1
         try:
             async for chunk in source:
                 if cut is not None and len(record) >= cut:
@@ -129,6 +134,7 @@ class KitModel:
             if cut is not None:
                 raise KitFault("injected model fault at the end of the reply")
         finally:
+            self.open -= 1
             closing = getattr(source, "aclose", None)
             if closing is not None:
                 await closing()
@@ -171,17 +177,25 @@ class RunLog:
         return next(self._seq)
 
 
+class Recording:
+    """Where an agent's probes record: ``log``, the current execution's (a resume gets a new one);
+    ``on_caller_event(count)``: called with the caller's event count after each event."""
+
+    def __init__(self) -> None:
+        self.log = RunLog()
+        self.on_caller_event: Callable[[int], None] | None = None
+
+
 class Probe(MiddlewareBase):
     """Records one side of the middleware under test at each of ``points`` (see the module
     docstring); ``outer=None`` with order above everything: the caller's stream."""
 
-    def __init__(self, target: MiddlewareBase | None, points: Collection[ExtensionPoint], log: RunLog, *,
-                 outer: bool | None, on_caller_event: Any = None) -> None:
+    def __init__(self, target: MiddlewareBase | None, points: Collection[ExtensionPoint], recording: Recording, *,
+                 outer: bool | None) -> None:
         self.target = target
         self.points = frozenset(points)
-        self.log = log
+        self.recording = recording
         self.outer = outer
-        self.on_caller_event = on_caller_event
 
     @property
     def name(self) -> str:
@@ -206,7 +220,7 @@ class Probe(MiddlewareBase):
         return self._watch(ExtensionPoint.ON_MODEL_CALL, input, next)
 
     def _watch(self, point: ExtensionPoint, input: Any, next: Any) -> EventStream[Any]:
-        log = self.log
+        log = self.recording.log
         if self.outer is False:
             ends = log.closed_inside.setdefault(point, {})
             token = IN_CHAIN.set(True) if point is ExtensionPoint.ON_MODEL_CALL else None
@@ -231,7 +245,7 @@ class Probe(MiddlewareBase):
         if self.outer is not None:
             log.out.setdefault(point, []).append(segment)
         stream: EventStream[Any] = next(input)
-        hook = self.on_caller_event
+        hook = self.recording.on_caller_event if self.outer is None else None
 
         async def watched() -> AsyncIterator[Any]:
             try:
@@ -251,20 +265,38 @@ class Probe(MiddlewareBase):
         return EventStream.from_async_iterable(watched)
 
 
-def build_agent(mw: MiddlewareBase, points: Collection[ExtensionPoint], model: KitModel, log: RunLog,
-                on_caller_event: Any = None, *, outside: MiddlewareBase | None = None,
-                max_iters: int = 6) -> ReActAgent:
+def build_agent(mw: MiddlewareBase, points: Collection[ExtensionPoint], model: KitModel, recording: Recording,
+                *, outside: MiddlewareBase | None = None, max_iters: int = 6) -> ReActAgent:
     """A fresh agent (its own in-memory session store) with the probes around ``mw``;
     ``outside``: a middleware placed just outside the outer probe (a retry, a fallback)."""
     onion = [p for p in ONION if p in points]
-    stack: list[MiddlewareBase] = [Probe(None, [ExtensionPoint.ON_AGENT], log, outer=None,
-                                         on_caller_event=on_caller_event)]
+    stack: list[MiddlewareBase] = [Probe(None, [ExtensionPoint.ON_AGENT], recording, outer=None)]
     if outside is not None:
         stack.append(outside)
     # The inner probe is always at on_model_call: it marks the calls made through the chain.
     inner = sorted({*onion, ExtensionPoint.ON_MODEL_CALL}, key=ONION.index)
-    stack += [Probe(mw, onion, log, outer=True), mw, Probe(mw, inner, log, outer=False)]
+    stack += [Probe(mw, onion, recording, outer=True), mw, Probe(mw, inner, recording, outer=False)]
     return (ReActAgent.builder().name("kit").model(model).toolkit(Toolkit([kit_lookup, kit_delete]))
             .middlewares(stack).max_iters(max_iters).build())
 
 
+class Again(MiddlewareBase):
+    """A retry (``backup`` None) or a fallback to ``backup``, for the middleware under test to sit
+    inside: when a model call fails with the kit's fault, call ``next`` once more."""
+
+    def __init__(self, backup: ChatModel | None) -> None:
+        self.backup = backup
+
+    def active_points(self) -> Collection[ExtensionPoint]:
+        return (ExtensionPoint.ON_MODEL_CALL,)
+
+    def on_model_call(self, agent: Any, ctx: RuntimeContext, input: ModelCallInput, next: Any) -> Any:
+        again = input if self.backup is None else input.replace(model=self.backup)
+
+        def recover(exc: BaseException) -> EventStream[Any]:
+            if isinstance(exc, KitFault):
+                retried: EventStream[Any] = next(again)
+                return retried
+            raise exc
+
+        return next(input).catch(recover)
