@@ -119,9 +119,10 @@ def check_boundary(
                 flag("balanced", start, f"{events[start].type} for {key[2]!r} never gets its End")
             continue
         inside = closed_inside.get(key)
-        if inside is not None and seqs and seqs[-1] > inside:
-            flag("balanced", start, f"{events[start].type} for {key[2]!r}: its End came from inside and was "
-                                    "dropped while the stream went on")
+        went_on = next((i for i, seq in enumerate(seqs) if inside is not None and seq > inside and i > start), None)
+        if went_on is not None:
+            flag("balanced", went_on, f"the End of {events[start].type} {key[2]!r} (event {start}) came from inside "
+                                      "and was dropped: the stream went on without it")
     return found
 
 
