@@ -21,6 +21,7 @@ from typing import Any
 
 from ..agent.context import RuntimeContext
 from ..agent.react import ReActAgent, confirm_message
+from ..errors import AgentScopeError
 from ..events import (
     AgentResult,
     ConfirmResult,
@@ -202,9 +203,11 @@ class _Kit:
                 break
             except Exception as exc:  # an error is a result too: the other modes must end in it as well
                 leg.error = exc
-            if name == "stream" and leg.error is not None:
+            if leg.error is not None and not isinstance(leg.error, AgentScopeError | KitFault):
+                # A typed error is an outcome (a guardrail, a budget, a validation): the other modes
+                # must end in it too. Anything else is a crash of the middleware.
                 self.flag(Violation("runs", scenario, "caller", -1,
-                                    f"the scripted run failed: {type(leg.error).__name__}: {leg.error}",
+                                    f"the run failed with an untyped error: {type(leg.error).__name__}: {leg.error}",
                                     trace(log.caller.events, -1)))
             self.check_leg(scenario, leg, complete=True)
             self.check_leak(scenario, leg, model, chain_before, internal_before)
@@ -317,7 +320,8 @@ class _Kit:
                         self.flag(Violation("attempts_balanced", v.scenario, v.where, v.index, v.message, v.trace))
         expected = [normal_msg(leg.result) for leg in first.legs]
         got = [normal_msg(leg.result) for leg in run.legs]
-        if expected != got:
+        # A middleware that recovers from the fault itself (its own fallback) may end otherwise.
+        if outside.recovered and expected != got:
             self.flag(Violation("attempts_balanced", how, "caller", -1,
                                 f"with a {how} outside it the run ends {got}, without the fault {expected}",
                                 trace(run.legs[-1].log.caller.events, -1) if run.legs else ()))
@@ -339,10 +343,14 @@ class _Kit:
                     self.flag(v)
 
     def check_leak(self, scenario: str, leg: _Leg, model: KitModel, chain_before: int, internal_before: int) -> None:
-        """No model call made outside the chain shows in the caller's stream: no more model calls
-        and no more tokens than the chain made, and no reply text only such a call gave."""
+        """When the middleware called the agent's model outside the chain, that call shows in the
+        caller's stream nowhere: no more model calls and no more tokens than the chain made, and no
+        reply text only such a call gave."""
         log = leg.log
         events = log.caller.events
+        internal = model.internal[internal_before:]
+        if not internal:
+            return  # no model call outside the chain (a cache's replayed reply is no model call)
         started = [i for i, e in enumerate(events) if isinstance(e, ModelCallStart) and e.source is None]
         if len(started) > log.chain_calls:
             at = started[log.chain_calls]
@@ -351,7 +359,7 @@ class _Kit:
                                 "the agent's chain", trace(events, at)))
         spoken = "".join(e.delta for e in events if isinstance(e, TextBlockDelta | ThinkingBlockDelta))
         ours = set(KitModel.text(model.chain[chain_before:]))
-        for text in KitModel.text(model.internal[internal_before:]):
+        for text in KitModel.text(internal):
             if len(text) >= 8 and text not in ours and text in spoken:
                 self.flag(Violation("no_leak", scenario, "caller", -1,
                                     f"the reply of a model call made outside the chain reached the caller: {text!r}"))

@@ -286,6 +286,7 @@ class Again(MiddlewareBase):
 
     def __init__(self, backup: ChatModel | None) -> None:
         self.backup = backup
+        self.recovered = 0  # faults that reached this layer, each answered by one more attempt
 
     def active_points(self) -> Collection[ExtensionPoint]:
         return (ExtensionPoint.ON_MODEL_CALL,)
@@ -295,6 +296,7 @@ class Again(MiddlewareBase):
 
         def recover(exc: BaseException) -> EventStream[Any]:
             if isinstance(exc, KitFault):
+                self.recovered += 1
                 retried: EventStream[Any] = next(again)
                 return retried
             raise exc

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from pydantic import BaseModel
@@ -188,3 +188,26 @@ async def test_points_restricts_where_the_middleware_takes_part() -> None:
     broken = DropsAnEnd()
     assert (await check_middleware(broken, points=[ExtensionPoint.ON_REASONING])).violations == []
     assert broken.active_points() is None  # the caller's instance is left as it is
+
+
+class DropsFailedCallEnds(MiddlewareBase):
+    """Hides the End of a model call that failed, so the attempt a retry abandons stays open."""
+
+    def on_model_call(self, agent: Any, ctx: Any, input: Any, next: Any) -> Any:
+        return next(input).filter(lambda e: not (isinstance(e, ModelCallEnd) and e.error))
+
+
+async def test_an_attempt_left_open_under_a_retry_is_caught() -> None:
+    report = await check_middleware(DropsFailedCallEnds)
+    v = next(v for v in report.violations if v.clause == "attempts_balanced")
+    assert v.scenario in ("retry", "fallback") and v.where == "on_model_call attempt 0"
+    assert "model_call_start" in v.message and "never gets its End" in v.message
+
+
+async def test_bad_arguments_say_what_to_pass() -> None:
+    with pytest.raises(TypeError, match="a middleware or a factory of one, not str"):
+        await check_middleware(cast(Any, "RetryMiddleware"))
+    with pytest.raises(TypeError, match="collection of ExtensionPoint"):
+        await check_middleware(MiddlewareBase(), points=cast(Any, ["on_model_call"]))
+    with pytest.raises(TypeError, match="returned None, not a middleware"):
+        await check_middleware(cast(Any, lambda: None))
