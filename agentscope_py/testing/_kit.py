@@ -108,9 +108,11 @@ async def _scenarios(kit: _Kit, base: ChatModel, rng: random.Random, cuts: int) 
                 await kit.cut(how, rng.randint(1, len(events) - 1), recorded)
     if not recorded:
         return
-    for _ in range(cuts):
+    for number in range(cuts):
         call = rng.randrange(len(recorded))
-        chunks = rng.randint(0, max(0, len(recorded[call]) - 1))
+        # The first fault comes before the reply's first chunk, where retries and fallbacks act by
+        # default; the others mid-reply.
+        chunks = 0 if number == 0 else rng.randint(1, max(1, len(recorded[call]) - 1))
         name = f"fault:{call}:{chunks}"
         streamed = await kit.run(name, "stream", KitModel(base, replay=recorded, fault=(call, chunks)))
         called = await kit.run(f"{name}:call", "call", KitModel(base, replay=recorded, fault=(call, chunks)))
@@ -203,6 +205,7 @@ class _Kit:
                 break
             except Exception as exc:  # an error is a result too: the other modes must end in it as well
                 leg.error = exc
+            self.report.endings[scenario] = _ending(leg)
             if leg.error is not None and not isinstance(leg.error, AgentScopeError | KitFault):
                 # A typed error is an outcome (a guardrail, a budget, a validation): the other modes
                 # must end in it too. Anything else is a crash of the middleware.
@@ -274,6 +277,7 @@ class _Kit:
             return
         if not task.cancelled():
             leg.error = task.exception()
+        self.report.endings[scenario] = "cut" if how != "interrupt" or leg.result is None else _ending(leg)
         self.check_leg(scenario, leg, complete=how == "interrupt")
         for _ in range(_SETTLE_TICKS):  # a bare close ends the model's stream within a few loop ticks
             if not model.open:
@@ -401,6 +405,14 @@ class _Kit:
             self.flag(Violation(clause, other.name, "caller", -1,
                                 f"{len(other.legs)} execution(s), the stream run {len(first.legs)} "
                                 "(a HITL pause differs)"))
+
+
+def _ending(leg: _Leg) -> str:
+    if leg.error is not None:
+        return type(leg.error).__name__
+    if leg.result is None or leg.result.generate_reason is None:
+        return "no result"
+    return leg.result.generate_reason.value
 
 
 def _err(error: BaseException | None) -> str:

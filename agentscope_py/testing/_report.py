@@ -53,11 +53,14 @@ class ContractViolationError(AssertionError):
 @dataclass
 class ContractReport:
     """What `check_middleware` ran and found: ``violations`` is empty when the middleware keeps
-    the contract; ``scenarios`` names every run it made."""
+    the contract; ``scenarios`` names every run it made; ``endings``: how each ended (the final
+    message's ``generate_reason``, the error's type, or ``"cut"``) — which paths of the middleware
+    the kit went through."""
 
     middleware: str
     violations: list[Violation] = field(default_factory=list)
     scenarios: list[str] = field(default_factory=list)
+    endings: dict[str, str] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:

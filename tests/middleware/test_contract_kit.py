@@ -18,7 +18,7 @@ from agentscope_py.middleware import ExtensionPoint, MiddlewareBase
 from agentscope_py.model import ModelStep, ScriptedModel
 from agentscope_py.model.base import ModelRequest
 from agentscope_py.stream import EventStream
-from agentscope_py.testing import ContractViolationError, check_middleware, kit_model
+from agentscope_py.testing import ContractViolationError, KitFault, check_middleware, kit_model
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -83,6 +83,67 @@ async def test_every_builtin_keeps_the_contract(name: str) -> None:
     assert report.violations == [], str(report)
     assert len(report.scenarios) >= 12
     assert time.perf_counter() - started < 5  # well under a second on an idle machine
+
+
+def says_sunny(check: Any) -> str | None:
+    return "the weather" if "sunny" in check.text else None
+
+
+def _backup() -> ScriptedModel:
+    return ScriptedModel([ModelStep.text("The backup answers.", chunks=3)], loop=True)
+
+
+# The same built-ins where their own paths run: a retry or fallback that recovers the kit's fault,
+# a guardrail that trips mid-stream, limits and budgets that stop the run, a cache shared by
+# every run (hits in the later ones), buffering validators.
+ACTIVE: dict[str, Any] = {
+    "retry": lambda: mw.RetryMiddleware(2, retry_on=(KitFault,), initial_delay=0.001, jitter=False),
+    "retry-buffered": lambda: mw.RetryMiddleware(2, retry_on=(KitFault,), initial_delay=0.001, jitter=False,
+                                                 buffer=True),
+    "fallback": lambda: mw.ModelFallbackMiddleware(_backup(), fallback_on=(KitFault,)),
+    "fallback-buffered": lambda: mw.ModelFallbackMiddleware(_backup(), fallback_on=(KitFault,), buffer=True),
+    "fallback-after-first-event": lambda: mw.ModelFallbackMiddleware(_backup(), fallback_on=(KitFault,),
+                                                                     after_first_event=True),
+    "guardrail-trips-mid-stream": lambda: mw.GuardrailMiddleware(stream=says_sunny),
+    "guardrail-trips-on-output": lambda: mw.GuardrailMiddleware(output=says_sunny),
+    "one-model-call": lambda: mw.ModelCallLimitMiddleware(run_limit=1),
+    "one-tool-call": lambda: mw.ToolCallLimitMiddleware(run_limit=1),
+    "tight-budget": lambda: mw.BudgetMiddleware(run_tokens=20),
+    "structured-raises": lambda: mw.StructuredOutputValidationMiddleware(Answer, max_retries=1),
+    "structured-buffered": lambda: mw.StructuredOutputValidationMiddleware(Answer, on_failure="continue",
+                                                                           buffer=True),
+    "shared-response-cache": mw.ResponseCacheMiddleware(),
+    "shared-tool-cache": mw.ToolResultCacheMiddleware(),
+    "approval-per-call": lambda: mw.HumanApprovalMiddleware({"kit_lookup": True, "kit_delete": True},
+                                                            mode="per_call"),
+    "compression-every-turn": lambda: mw.ContextCompressionMiddleware(trigger_messages=2),
+}
+
+
+# A run (by scenario) that shows the variant's own path was taken: how it ended.
+TAKEN: dict[str, tuple[str, str]] = {
+    "retry": ("fault:1:0/resume1", "model_stop"),  # the fault before the first chunk is retried away
+    "retry-buffered": ("fault:1:2/resume1", "model_stop"),  # mid-reply too, when buffered
+    "fallback": ("fault:1:0", "model_stop"),  # the backup answers
+    "fallback-buffered": ("fault:1:2", "model_stop"),
+    "fallback-after-first-event": ("fault:1:2", "model_stop"),
+    "guardrail-trips-mid-stream": ("stream/resume1", "middleware_stop_requested"),
+    "guardrail-trips-on-output": ("stream/resume1", "middleware_stop_requested"),
+    "one-model-call": ("stream", "middleware_stop_requested"),
+    "tight-budget": ("stream", "middleware_stop_requested"),
+    "structured-raises": ("stream/resume1", "StructuredOutputError"),
+    "shared-response-cache": ("fault:1:2", "permission_asking"),  # a hit: the failing model is not asked
+    "approval-per-call": ("stream/resume2", "model_stop"),  # one more pause, for the lookup
+}
+
+
+@pytest.mark.parametrize("variant", sorted(ACTIVE))
+async def test_builtins_keep_the_contract_on_their_active_paths(variant: str) -> None:
+    report = await check_middleware(ACTIVE[variant])
+    assert report.violations == [], str(report)
+    if variant in TAKEN:
+        scenario, ending = TAKEN[variant]
+        assert report.endings.get(scenario) == ending, report.endings
 
 
 def test_every_builtin_is_parametrised() -> None:
