@@ -104,8 +104,8 @@ async def _scenarios(kit: _Kit, base: ChatModel, rng: random.Random, cuts: int) 
     events = first.legs[0].log.caller.events if first.legs else []
     if len(events) > 2:
         for how in ("interrupt", "cancel", "stop"):
-            for _ in range(cuts):
-                await kit.cut(how, rng.randint(1, len(events) - 1), recorded)
+            for at in sorted(rng.sample(range(1, len(events)), min(cuts, len(events) - 1))):
+                await kit.cut(how, at, recorded)
     if not recorded:
         return
     for number in range(cuts):

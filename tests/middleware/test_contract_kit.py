@@ -272,3 +272,37 @@ async def test_bad_arguments_say_what_to_pass() -> None:
         await check_middleware(MiddlewareBase(), points=cast(Any, ["on_model_call"]))
     with pytest.raises(TypeError, match="returned None, not a middleware"):
         await check_middleware(cast(Any, lambda: None))
+
+
+class CountingModel:
+    """Answers differently on every call: only the recorded replies make runs comparable."""
+
+    name = "counting"
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[Any]:
+        self.calls += 1
+        async for chunk in ScriptedModel([ModelStep.text(f"answer number {self.calls}", chunks=2)]).stream(request):
+            yield chunk
+
+
+class SeesText(MiddlewareBase):
+    seen: list[str] = []
+
+    def on_model_call(self, agent: Any, ctx: Any, input: Any, next: Any) -> Any:
+        return next(input).do(lambda e: self.seen.append(e.delta) if isinstance(e, TextBlockDelta) else None)
+
+
+async def test_the_callers_model_is_used_and_replayed() -> None:
+    model = CountingModel()
+    report = await check_middleware(SeesText(), model=model)
+    assert report.violations == [], str(report)
+    assert "".join(SeesText.seen).startswith("answer number 1")
+    # Every run but the first replays its replies: the model is asked again only past the
+    # recording, by the run each cut run is followed with.
+    cut_runs = [s for s in report.scenarios if s.startswith(("interrupt@", "cancel@", "stop@"))]
+    assert len(cut_runs) == len(set(cut_runs)) == 6
+    assert model.calls == 1 + len(cut_runs)
+    assert report.endings["call"] == report.endings["replay"] == "model_stop"
