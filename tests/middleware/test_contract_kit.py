@@ -289,17 +289,18 @@ class CountingModel:
 
 
 class SeesText(MiddlewareBase):
-    seen: list[str] = []
+    def __init__(self) -> None:
+        self.seen: list[str] = []
 
     def on_model_call(self, agent: Any, ctx: Any, input: Any, next: Any) -> Any:
         return next(input).do(lambda e: self.seen.append(e.delta) if isinstance(e, TextBlockDelta) else None)
 
 
 async def test_the_callers_model_is_used_and_replayed() -> None:
-    model = CountingModel()
-    report = await check_middleware(SeesText(), model=model)
+    model, sees = CountingModel(), SeesText()
+    report = await check_middleware(sees, model=model)
     assert report.violations == [], str(report)
-    assert "".join(SeesText.seen).startswith("answer number 1")
+    assert "".join(sees.seen).startswith("answer number 1")
     # Every run but the first replays its replies: the model is asked again only past the
     # recording, by the run each cut run is followed with.
     cut_runs = [s for s in report.scenarios if s.startswith(("interrupt@", "cancel@", "stop@"))]
