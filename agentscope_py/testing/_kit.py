@@ -6,7 +6,8 @@ replies (``replay``) — both compared with the first; runs cut at seeded random
 interrupt, a cancelled task, a consumer that stops reading, a model fault); and runs with a retry
 and a fallback just outside the middleware whose first attempt fails mid-reply. Every run's
 events are checked at the caller's stream and at the middleware's own output at each of its
-points (`_checks.check_boundary`)."""
+points (`_checks.check_boundary`); runs that must behave the same are compared, and model calls
+made outside the chain looked for (`_compare`)."""
 
 from __future__ import annotations
 
@@ -22,21 +23,14 @@ from typing import Any
 from ..agent.context import RuntimeContext
 from ..agent.react import ReActAgent, confirm_message
 from ..errors import AgentScopeError
-from ..events import (
-    AgentResult,
-    ConfirmResult,
-    ModelCallEnd,
-    ModelCallStart,
-    RequireUserConfirm,
-    TextBlockDelta,
-    ThinkingBlockDelta,
-)
+from ..events import AgentResult, ConfirmResult, RequireUserConfirm
 from ..extension.base import ExtensionPoint, MiddlewareBase, overrides
-from ..message import ChatUsage, GenerateReason, Msg
+from ..message import GenerateReason
 from ..model.base import ChatChunk, ChatModel
-from ._checks import check_boundary, normal_events, normal_memory, normal_msg, trace
+from ._checks import check_boundary, normal_memory, normal_msg, trace
+from ._compare import differences, leaks
 from ._report import ContractReport, Violation
-from ._scenario import ONION, Again, KitFault, KitModel, Recording, RunLog, build_agent, kit_model
+from ._scenario import ONION, Again, KitFault, KitModel, Leg, Recording, RunLog, build_agent, kit_model
 
 __all__ = ["check_middleware"]
 
@@ -48,16 +42,6 @@ _SPECIFICS = re.compile(r"'[^']*'|\d+")
 
 _SETTLE_TICKS = 20
 _MAX_PAUSES = 2  # HITL pauses one run resumes from (the script has one; an approval middleware adds one)
-
-
-class _Leg:
-    """One execution of a run: its log, result and error."""
-
-    def __init__(self, log: RunLog) -> None:
-        self.log = log
-        self.result: Msg | None = None
-        self.error: BaseException | None = None
-        self.memory: list[tuple[Any, ...]] = []
 
 
 async def check_middleware(
@@ -162,7 +146,7 @@ class _Run:
         self.name = name
         self.agent = agent
         self.model = model
-        self.legs: list[_Leg] = []
+        self.legs: list[Leg] = []
 
 
 class _Kit:
@@ -192,7 +176,7 @@ class _Kit:
         message: Any = PROMPT
         for turn in range(_MAX_PAUSES + 1):
             log = recording.log = RunLog()
-            leg = _Leg(log)
+            leg = Leg(log)
             run.legs.append(leg)
             scenario = name if turn == 0 else f"{name}/resume{turn}"
             self.report.scenarios.append(scenario)
@@ -222,7 +206,7 @@ class _Kit:
             message = confirm_message(*(ConfirmResult(tool_call_id=i, confirmed=True) for i in asked))
         return run
 
-    async def _execute(self, agent: ReActAgent, message: Any, mode: str, leg: _Leg) -> None:
+    async def _execute(self, agent: ReActAgent, message: Any, mode: str, leg: Leg) -> None:
         ctx = RuntimeContext(user_id=USER, session_id=SESSION)
         if mode == "call":
             leg.result = await agent.call(message, ctx=ctx)
@@ -241,7 +225,7 @@ class _Kit:
         log = recording.log
         model = KitModel(self.base, replay=recorded)
         agent = build_agent(self.make(), self.onion, model, recording)
-        leg = _Leg(log)
+        leg = Leg(log)
         ctx = RuntimeContext(user_id=USER, session_id=SESSION)
         task: asyncio.Task[Any] | None = None
 
@@ -332,7 +316,7 @@ class _Kit:
 
     # -- checks ------------------------------------------------------------------------------------
 
-    def check_leg(self, scenario: str, leg: _Leg, *, complete: bool) -> None:
+    def check_leg(self, scenario: str, leg: Leg, *, complete: bool) -> None:
         log = leg.log
         for v in check_boundary(log.caller.events, log.caller.seqs, scenario=scenario, where="caller",
                                 complete=complete):
@@ -346,74 +330,19 @@ class _Kit:
                                         closed_inside=closed if ended else {}, complete=complete):
                     self.flag(v)
 
-    def check_leak(self, scenario: str, leg: _Leg, model: KitModel, chain_before: int, internal_before: int) -> None:
-        """When the middleware called the agent's model outside the chain, that call shows in the
-        caller's stream nowhere: no more model calls and no more tokens than the chain made, and no
-        reply text only such a call gave."""
-        log = leg.log
-        events = log.caller.events
-        internal = model.internal[internal_before:]
-        if not internal:
-            return  # no model call outside the chain (a cache's replayed reply is no model call)
-        started = [i for i, e in enumerate(events) if isinstance(e, ModelCallStart) and e.source is None]
-        if len(started) > log.chain_calls:
-            at = started[log.chain_calls]
-            self.flag(Violation("no_leak", scenario, "caller", at,
-                                f"{len(started)} model calls in the caller's stream, {log.chain_calls} made through "
-                                "the agent's chain", trace(events, at)))
-        spoken = "".join(e.delta for e in events if isinstance(e, TextBlockDelta | ThinkingBlockDelta))
-        ours = set(KitModel.text(model.chain[chain_before:]))
-        for text in KitModel.text(internal):
-            if len(text) >= 8 and text not in ours and text in spoken:
-                self.flag(Violation("no_leak", scenario, "caller", -1,
-                                    f"the reply of a model call made outside the chain reached the caller: {text!r}"))
-        counted = ChatUsage()
-        for e in events:
-            if isinstance(e, ModelCallEnd) and e.source is None and e.usage is not None:
-                counted = counted + e.usage
-        made = log.chain_usage
-        if counted.input_tokens > made.input_tokens or counted.output_tokens > made.output_tokens:
-            self.flag(Violation("no_leak", scenario, "caller", -1,
-                                f"the caller's model calls report {counted.input_tokens}+{counted.output_tokens} "
-                                f"tokens, the chain's calls used {made.input_tokens}+{made.output_tokens}"))
+    def check_leak(self, scenario: str, leg: Leg, model: KitModel, chain_before: int, internal_before: int) -> None:
+        for v in leaks(scenario, leg, KitModel.text(model.chain[chain_before:]),
+                       KitModel.text(model.internal[internal_before:])):
+            self.flag(v)
 
     def compare(self, first: _Run, other: _Run, clause: str) -> None:
-        for number, (a, b) in enumerate(zip(first.legs, other.legs, strict=False)):
-            scenario = other.name if number == 0 else f"{other.name}/resume{number}"
-            if type(a.error) is not type(b.error):
-                self.flag(Violation(clause, scenario, "caller", -1,
-                                    f"ends with {_err(b.error)}, the stream run with {_err(a.error)}"))
-                continue
-            if normal_msg(a.result) != normal_msg(b.result):
-                self.flag(Violation(clause, scenario, "caller", -1,
-                                    f"final message {normal_msg(b.result)}, the stream run's {normal_msg(a.result)}"))
-            if a.memory != b.memory:
-                at = next((i for i, (x, y) in enumerate(zip(a.memory, b.memory, strict=False)) if x != y),
-                          min(len(a.memory), len(b.memory)))
-                self.flag(Violation(clause, scenario, "session", -1,
-                                    f"the session remembers message {at} as "
-                                    f"{b.memory[at] if at < len(b.memory) else 'missing'}, the stream run as "
-                                    f"{a.memory[at] if at < len(a.memory) else 'missing'}"))
-            left, right = normal_events(a.log.caller.events), normal_events(b.log.caller.events)
-            if left != right:
-                at = next((i for i, (x, y) in enumerate(zip(left, right, strict=False)) if x != y),
-                          min(len(left), len(right)))
-                self.flag(Violation(clause, scenario, "caller", at,
-                                    f"event {at} is {right[at] if at < len(right) else 'missing'}, in the stream run "
-                                    f"{left[at] if at < len(left) else 'missing'}", trace(b.log.caller.events, at)))
-        if len(first.legs) != len(other.legs):
-            self.flag(Violation(clause, other.name, "caller", -1,
-                                f"{len(other.legs)} execution(s), the stream run {len(first.legs)} "
-                                "(a HITL pause differs)"))
+        for v in differences(first.legs, other.legs, other.name, clause):
+            self.flag(v)
 
 
-def _ending(leg: _Leg) -> str:
+def _ending(leg: Leg) -> str:
     if leg.error is not None:
         return type(leg.error).__name__
     if leg.result is None or leg.result.generate_reason is None:
         return "no result"
     return leg.result.generate_reason.value
-
-
-def _err(error: BaseException | None) -> str:
-    return "no error" if error is None else type(error).__name__

@@ -22,14 +22,14 @@ from ..agent.context import RuntimeContext
 from ..agent.react import ReActAgent
 from ..events import ModelCallEnd, ModelCallStart
 from ..extension.base import ExtensionPoint, MiddlewareBase, ModelCallInput
-from ..message import ChatUsage, ToolResultBlock, ToolUseBlock, new_id
+from ..message import ChatUsage, Msg, ToolResultBlock, ToolUseBlock, new_id
 from ..model.base import ChatChunk, ChatModel, ModelRequest
 from ..model.scripted import ModelStep, ScriptedModel
 from ..stream import EventStream
 from ..tool import PermissionDecision, Toolkit, tool
 from ._checks import Key
 
-__all__ = ["IN_CHAIN", "ONION", "Again", "KitFault", "KitModel", "Probe", "Recording", "RunLog", "Segment",
+__all__ = ["IN_CHAIN", "ONION", "Again", "KitFault", "KitModel", "Leg", "Probe", "Recording", "RunLog", "Segment",
            "build_agent", "kit_model"]
 
 ONION = (ExtensionPoint.ON_AGENT, ExtensionPoint.ON_REASONING, ExtensionPoint.ON_ACTING, ExtensionPoint.ON_MODEL_CALL)
@@ -175,6 +175,17 @@ class RunLog:
 
     def tick(self) -> int:
         return next(self._seq)
+
+
+class Leg:
+    """One execution of a run: its log, its final message or error, and what the session remembers
+    after it (normalised)."""
+
+    def __init__(self, log: RunLog) -> None:
+        self.log = log
+        self.result: Msg | None = None
+        self.error: BaseException | None = None
+        self.memory: list[tuple[Any, ...]] = []
 
 
 class Recording:
