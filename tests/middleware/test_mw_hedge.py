@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
+from providers.fakes import FakeServer, Reply, Request, oa_text
 from resilience_helpers import agent_with, balance, model_trace
 
 from agentscope_py import ReActAgent, Toolkit, tool
@@ -19,6 +20,7 @@ from agentscope_py.extension.lints import MiddlewareOrderWarning
 from agentscope_py.message import ChatUsage
 from agentscope_py.middleware import HedgeMiddleware, ModelCallLimitMiddleware
 from agentscope_py.model import ChatChunk, ModelRequest, ToolCallChunk
+from agentscope_py.model.openai import OpenAIChatModel
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -275,3 +277,39 @@ def test_a_call_limit_outside_the_hedge_is_linted() -> None:
     with pytest.warns(MiddlewareOrderWarning, match="limit-outside-retry"):
         ReActAgent.builder().model(model).middlewares(
             [ModelCallLimitMiddleware(run_limit=5), HedgeMiddleware(None)]).build()
+
+
+# -- over the OpenAI wire, against a loopback server slow for a share of its requests ---------------
+
+
+class SlowShareServer(FakeServer):
+    """Answers every request with a text reply; the requests whose number is in ``slow`` get
+    their headers and then nothing (until the client hangs up)."""
+
+    def __init__(self, slow: set[int]) -> None:
+        super().__init__()
+        self.slow = slow
+
+    def reply_for(self, request: Request) -> Reply:
+        n = len(self.requests)  # (this request is already recorded: 1-based)
+        if n in self.slow:
+            return Reply(parts=[], end="stall")
+        return Reply(parts=oa_text(f"answer {n}", prompt=10, completion=n))
+
+
+async def test_over_the_openai_wire_a_stalled_request_is_hedged_and_its_connection_closed() -> None:
+    server = SlowShareServer(slow={1})
+    await server.start()
+    model = OpenAIChatModel("gpt-fake", base_url=f"{server.url}/v1", api_key="sk-test", timeout=10.0)
+    try:
+        started = time.monotonic()
+        events = await agent_with(model, HedgeMiddleware("same", after=0.1)).stream("hi").to_list()
+        assert time.monotonic() - started < 5
+        assert events[-2].result.text == "answer 2"
+        assert events[-2].result.usage.output_tokens == 2  # the second request's usage only
+        assert model_trace(events) == [("start", "gpt-fake"), ("end", False, None)]
+        await asyncio.wait_for(server.hung_up.wait(), 5)  # the stalled request's connection closed
+        assert server.hangups == 1 and len(server.requests) == 2
+    finally:
+        await model.aclose()
+        await server.stop()
