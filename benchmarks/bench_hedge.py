@@ -198,7 +198,7 @@ def print_table(result: dict[str, Any]) -> None:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--batches", type=int, default=12)
+    parser.add_argument("--batches", type=int, default=24)
     parser.add_argument("--calls", type=int, default=25)
     parser.add_argument("--concurrency", type=int, default=5)
     parser.add_argument("--fast", type=float, default=0.02)

@@ -14,7 +14,7 @@ import pytest
 from providers.fakes import FakeServer, Reply, Request, oa_text
 from resilience_helpers import agent_with, balance, model_trace
 
-from agentscope_py import ReActAgent, Toolkit, tool
+from agentscope_py import GenerateReason, ReActAgent, Toolkit, tool
 from agentscope_py.errors import HedgeError, MiddlewareTermination, ModelConnectionError, ServerError
 from agentscope_py.extension.lints import MiddlewareOrderWarning
 from agentscope_py.message import ChatUsage
@@ -231,6 +231,20 @@ async def test_a_cancelled_run_during_the_race_cancels_both_and_leaks_no_task() 
     run.cancel()
     with pytest.raises(asyncio.CancelledError):
         await run
+    assert primary.calls[0].closed and backup.calls[0].closed
+    await until(lambda: _tasks() <= before, "every task of the call to end")
+
+
+async def test_an_interrupt_during_the_race_stops_both_attempts() -> None:
+    before = _tasks()
+    primary = GatedModel("primary", text("slow", 50))
+    backup = GatedModel("backup", text("slow too", 50))
+    agent = agent_with(primary, HedgeMiddleware(backup, after=0.01))
+    caller = asyncio.ensure_future(agent.call("hi"))
+    await until(lambda: len(backup.calls) == 1, "the backup call")
+    assert agent.interrupt()
+    msg = await asyncio.wait_for(caller, 5)
+    assert msg.generate_reason is GenerateReason.INTERRUPTED
     assert primary.calls[0].closed and backup.calls[0].closed
     await until(lambda: _tasks() <= before, "every task of the call to end")
 

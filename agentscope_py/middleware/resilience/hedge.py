@@ -155,7 +155,7 @@ class HedgeMiddleware(MiddlewareBase):
             else:
                 if error is not None and not self._hedge_on(error):
                     raise error
-                model = self.backup or input.model
+                model = input.model if self.backup is None else self.backup
                 backup = _Attempt(next(input.replace(model=model)), model.name)
                 attempts.append(backup)
                 winner = await _first_token(primary, backup, self._hedge_on)
@@ -175,8 +175,10 @@ class HedgeMiddleware(MiddlewareBase):
 
 def _failure(attempt: _Attempt) -> BaseException | None:
     first = attempt.first
-    if not first.done() or first.cancelled():
+    if not first.done():
         return None
+    if first.cancelled():  # its task was cancelled from outside (the loop closing): so is the call
+        raise asyncio.CancelledError
     return first.exception()
 
 
@@ -237,6 +239,8 @@ class _Attempt:
                 first.set_result(None)
             await put(_End(None))
         finally:
+            if not first.done():  # (cancelled before its first token: whoever waits for it, stops)
+                first.cancel()
             await aclose(it)
 
     async def events(self) -> AsyncIterator[AgentEvent]:
@@ -258,5 +262,3 @@ class _Attempt:
         if not task.done():
             task.cancel()
             await asyncio.wait((task,))
-        if not self.first.done():
-            self.first.cancel()
