@@ -286,6 +286,11 @@ def test_bad_settings_are_refused_with_what_to_write(kwargs: dict[str, Any], mes
         HedgeMiddleware(None, **kwargs)
 
 
+def test_a_backup_that_is_no_model_is_refused() -> None:
+    with pytest.raises(TypeError, match="backup must be a ChatModel, a model id"):
+        HedgeMiddleware(42)  # type: ignore[arg-type]
+
+
 def test_a_call_limit_outside_the_hedge_is_linted() -> None:
     model = GatedModel("m")
     with pytest.warns(MiddlewareOrderWarning, match="limit-outside-retry"):

@@ -92,8 +92,11 @@ class HedgeMiddleware(MiddlewareBase):
             from ...model.registry import resolve_model
 
             self.backup = resolve_model(backup)
-        else:
+        elif callable(getattr(backup, "stream", None)):
             self.backup = backup
+        else:
+            raise TypeError(f"backup must be a ChatModel, a model id such as 'openai:gpt-4o-mini', or None / "
+                            f"'same' for the call's own model; got {backup!r}")
         if isinstance(window, bool) or not isinstance(window, int) or window < 1:
             raise ValueError(f"window must be an int >= 1 (how many first-token times to keep), got {window!r}")
         if isinstance(min_samples, bool) or not isinstance(min_samples, int) or not 1 <= min_samples <= window:
