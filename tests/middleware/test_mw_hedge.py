@@ -7,18 +7,19 @@ from __future__ import annotations
 
 import asyncio
 import time
+import warnings
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
 from providers.fakes import FakeServer, Reply, Request, oa_text
-from resilience_helpers import agent_with, balance, model_trace
+from resilience_helpers import FakeSleep, agent_with, balance, model_trace
 
-from agentscope_py import GenerateReason, ReActAgent, Toolkit, tool
+from agentscope_py import GenerateReason, ReActAgent, RuntimeContext, Toolkit, tool
 from agentscope_py.errors import HedgeError, MiddlewareTermination, ModelConnectionError, ServerError
 from agentscope_py.extension.lints import MiddlewareOrderWarning
 from agentscope_py.message import ChatUsage
-from agentscope_py.middleware import HedgeMiddleware, ModelCallLimitMiddleware
+from agentscope_py.middleware import BudgetMiddleware, HedgeMiddleware, ModelCallLimitMiddleware, RetryMiddleware
 from agentscope_py.model import ChatChunk, ModelRequest, ToolCallChunk
 from agentscope_py.model.openai import OpenAIChatModel
 
@@ -111,6 +112,33 @@ async def test_a_late_first_token_starts_the_backup_whose_first_token_wins() -> 
     assert events[-2].result.text == "fast"
     assert events[-2].result.usage == ChatUsage(input_tokens=10, output_tokens=3)  # the loser's not counted
     assert not balance(events)
+
+
+async def test_a_budget_outside_counts_one_call_at_the_winners_usage() -> None:
+    primary = GatedModel("primary", text("slow", 50))
+    backup = GatedModel("backup", text("fast", 3))
+    budget = BudgetMiddleware(run_tokens=10_000)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", MiddlewareOrderWarning)  # (outside on purpose: the case documented)
+        agent = agent_with(primary, budget, HedgeMiddleware(backup, after=0.01))
+    ctx = RuntimeContext()
+    run = asyncio.ensure_future(agent.stream("hi", ctx=ctx).to_list())
+    await until(lambda: len(backup.calls) == 1, "the backup call")
+    backup.calls[0].release_all()
+    await run
+    spent = budget.spent(ctx)["run"]
+    assert (spent.tokens, spent.calls) == (13, 1)
+
+
+async def test_a_retry_outside_runs_a_hedged_call_whose_attempts_both_failed_again() -> None:
+    primary = GatedModel("primary", [ServerError("503")], text("ok", 2), open=True)
+    backup = GatedModel("backup", [ServerError("503 too")], open=True)
+    sleep = FakeSleep()
+    agent = agent_with(primary, RetryMiddleware(1, sleep=sleep), HedgeMiddleware(backup, after=5.0))
+    events = await agent.stream("hi").to_list()
+    assert events[-2].result.text == "ok"
+    assert len(primary.calls) == 2 and len(backup.calls) == 1 and len(sleep.delays) == 1
+    assert model_trace(events) == [("start", "primary"), ("end", False, None)]
 
 
 async def test_the_primary_wins_when_its_first_token_comes_before_the_backups() -> None:
