@@ -13,6 +13,9 @@ runs (``--concurrency`` at a time), so every variant sees the same host load. Th
 time is measured where a caller sees it: from ``agent.stream`` to the first text delta.
 Extra requests: the server's request count over the runs; the tokens: what the server billed
 (every request's prompt, the output it streamed) against what the runs' usage counts.
+
+A second part (``--cpu-batches``) measures what the race costs the CPU when no hedge is needed:
+a scripted run with and without a `HedgeMiddleware` whose delay is never reached.
 """
 
 from __future__ import annotations
@@ -168,6 +171,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     finally:
         await model.aclose()
         await server.stop()
+    cpu = await cpu_cost(args.cpu_batches, 50) if args.cpu_batches else None
     runs = args.batches * args.calls
     table = {}
     for name in variants:
@@ -178,7 +182,31 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             "prompt_tokens_per_run": s["prompt"] / runs, "output_tokens_streamed_per_run": s["output"] / runs,
             "output_tokens_counted_per_run": s["used_output"] / runs,
         }
-    return {"runs_per_variant": runs, "setup": vars(args), "variants": table}
+    return {"runs_per_variant": runs, "setup": vars(args), "variants": table, "cpu_us_per_run": cpu}
+
+
+async def cpu_cost(batches: int, runs: int) -> dict[str, float]:
+    """CPU µs per run (``process_time``) of a `ScriptedModel` run streaming 20 text deltas, with
+    no middleware and with a `HedgeMiddleware` that is not triggered (its delay is never reached):
+    what the race itself costs a call, in alternating batches; medians of the batches."""
+    from agentscope_py import ModelStep, ScriptedModel
+
+    def build(mws: list[Any]) -> ReActAgent:
+        model = ScriptedModel([ModelStep.text("x" * 200, chunks=20)], loop=True)
+        return ReActAgent.builder().model(model).middlewares(mws).build()
+
+    agents = {"no hedge": build([]), "hedge, not triggered": build([HedgeMiddleware(None, after=30.0)])}
+    per_run: dict[str, list[float]] = {name: [] for name in agents}
+    sessions = iter(range(1 << 30))
+    for batch in range(batches + 1):
+        for name in (list(agents) if batch % 2 else list(agents)[::-1]):
+            started = time.process_time()
+            for _ in range(runs):
+                await agents[name].stream("hi", ctx=RuntimeContext(session_id=f"c{next(sessions)}")).to_list()
+            if batch:  # (the first batch warms up)
+                per_run[name].append((time.process_time() - started) / runs * 1e6)
+    medians = {name: statistics.median(v) for name, v in per_run.items()}
+    return {**medians, "ratio": medians["hedge, not triggered"] / medians["no hedge"]}
 
 
 def print_table(result: dict[str, Any]) -> None:
@@ -194,6 +222,10 @@ def print_table(result: dict[str, Any]) -> None:
         print(f"| {name} | {row['p50_ms']:.0f} ms | {row['p95_ms']:.0f} ms | {row['p99_ms']:.0f} ms | "
               f"{row['requests_per_run']:.3f} | {row['prompt_tokens_per_run']:.1f} | "
               f"{row['output_tokens_streamed_per_run']:.2f} / {row['output_tokens_counted_per_run']:.2f} |")
+    cpu = result["cpu_us_per_run"]
+    if cpu:
+        print(f"CPU per scripted 20-delta run: {cpu['no hedge']:.0f} µs with no hedge, "
+              f"{cpu['hedge, not triggered']:.0f} µs with a hedge not triggered (×{cpu['ratio']:.2f})")
 
 
 if __name__ == "__main__":
@@ -208,6 +240,7 @@ if __name__ == "__main__":
     parser.add_argument("--prompt", type=int, default=100)
     parser.add_argument("--after", type=float, default=0.1)
     parser.add_argument("--percentile", default="p90")
+    parser.add_argument("--cpu-batches", type=int, default=20, help="batches of the CPU cost part (0: skip it)")
     parser.add_argument("--warmup", type=int, default=3, help="batches per variant before measuring")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--json", action="store_true")

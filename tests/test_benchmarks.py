@@ -155,7 +155,7 @@ def test_bench_server_splits_a_slow_first_tokens_wait_by_what_stalled() -> None:
 
 
 def test_bench_hedge_reports_first_token_percentiles_and_the_cost_of_hedging() -> None:
-    result = run_json("bench_hedge.py", "--batches", "1", "--warmup", "1", "--calls", "10", "--slow-share", "0.5", "--slow", "0.3")
+    result = run_json("bench_hedge.py", "--batches", "1", "--warmup", "1", "--cpu-batches", "2", "--calls", "10", "--slow-share", "0.5", "--slow", "0.3")
     rows = result["variants"]
     assert list(rows) == ["no hedge", "after=0.1", 'after="p90"']
     assert rows["no hedge"]["requests_per_run"] == 1.0
@@ -163,3 +163,5 @@ def test_bench_hedge_reports_first_token_percentiles_and_the_cost_of_hedging() -
     for row in rows.values():
         assert row["p99_ms"] >= row["p50_ms"] > 0
         assert row["output_tokens_counted_per_run"] == 20.0  # the losers' tokens are never counted
+    cpu = result["cpu_us_per_run"]
+    assert cpu["no hedge"] > 0 and cpu["hedge, not triggered"] > 0 and cpu["ratio"] > 0

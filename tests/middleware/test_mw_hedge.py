@@ -301,6 +301,18 @@ async def test_the_percentile_learns_from_calls_with_floor_and_ceiling() -> None
     assert len(model.calls) == 3  # no hedge was needed
 
 
+async def test_a_primary_that_lost_counts_with_its_wait_and_one_that_failed_not_at_all() -> None:
+    primary = GatedModel("primary", text("slow", 50), [ServerError("503")], open=False)
+    backup = GatedModel("backup", text("fast", 3), text("fast", 3), open=True)
+    hedge = HedgeMiddleware(backup, after="p50", min_samples=1, floor=0.01, ceiling=0.05)
+    agent = agent_with(primary, hedge)
+    await agent.call("hi")  # no time known yet: the ceiling, then the backup wins
+    assert list(hedge.samples) == [0.05]  # the primary's wait when it lost (at least the ceiling)
+    primary.open = True
+    await agent.call("hi")  # the primary fails at once: no time of its to learn from
+    assert list(hedge.samples) == [0.05] and len(backup.calls) == 2
+
+
 @pytest.mark.parametrize(("kwargs", "message"), [
     ({"after": 0}, "after must be seconds"),
     ({"after": "p100"}, "percentile such as 'p95'"),

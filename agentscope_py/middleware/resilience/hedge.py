@@ -26,7 +26,7 @@ import asyncio
 import math
 import re
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
 from ...errors import HedgeError
@@ -162,10 +162,8 @@ class HedgeMiddleware(MiddlewareBase):
                 backup = _Attempt(next(input.replace(model=model)), model.name)
                 attempts.append(backup)
                 winner = await _first_token(primary, backup, self._hedge_on)
-                if winner is primary:
+                if error is None:  # the primary's first-token time; when the backup won, its wait so far
                     self._record(loop.time() - started)
-                elif error is None:
-                    self._record(loop.time() - started)  # the primary's wait so far: a lower bound
             for attempt in attempts:
                 if attempt is not winner:
                     await attempt.cancel()
@@ -185,7 +183,7 @@ def _failure(attempt: _Attempt) -> BaseException | None:
     return first.exception()
 
 
-async def _first_token(primary: _Attempt, backup: _Attempt, hedge_on: Any) -> _Attempt:
+async def _first_token(primary: _Attempt, backup: _Attempt, hedge_on: Callable[[BaseException], bool]) -> _Attempt:
     """The attempt whose first token comes first; when one fails first, the other (whatever
     its speed); when both fail, `HedgeError` naming both (or the error that must go on as it is)."""
     pending = {primary.first, backup.first}
@@ -226,21 +224,25 @@ class _Attempt:
 
     async def _pump(self, stream: EventStream[AgentEvent]) -> None:
         it = stream.__aiter__()
-        first, put = self.first, self.queue.put
+        first, queue = self.first, self.queue
         try:
             async for event in it:
-                await put(event)
+                # (no coroutine per event: the queue waits only when it is full)
+                if queue.full():
+                    await queue.put(event)
+                else:
+                    queue.put_nowait(event)
                 if not first.done() and not isinstance(event, _NOT_TOKENS):
                     first.set_result(None)
         except Exception as exc:
             if not first.done():
                 first.set_exception(exc)
                 first.exception()  # (read here: a loser's error is dropped, never "never retrieved")
-            await put(_End(exc))
+            await queue.put(_End(exc))
         else:
             if not first.done():
                 first.set_result(None)
-            await put(_End(None))
+            await queue.put(_End(None))
         finally:
             if not first.done():  # (cancelled before its first token: whoever waits for it, stops)
                 first.cancel()
@@ -248,9 +250,9 @@ class _Attempt:
 
     async def events(self) -> AsyncIterator[AgentEvent]:
         """The attempt's events, to its end (its error raised where it failed)."""
-        get = self.queue.get
+        queue = self.queue
         while True:
-            item = await get()
+            item = queue.get_nowait() if queue.qsize() else await queue.get()
             if isinstance(item, _End):
                 if item.error is not None:
                     raise item.error
