@@ -292,12 +292,12 @@ def test_a_percentile_delay_follows_the_recent_first_token_times() -> None:
 
 async def test_the_percentile_learns_from_calls_with_floor_and_ceiling() -> None:
     model = GatedModel("m", *(text(str(i), 1) for i in range(3)), open=True)
-    hedge = HedgeMiddleware(None, after="p50", min_samples=2, floor=0.25, ceiling=4.0)
+    hedge = HedgeMiddleware(None, after="p50", min_samples=2, floor=1.0, ceiling=4.0)
     agent = agent_with(model, hedge)
     for _ in range(3):
         await agent.call("hi")
-    assert list(hedge.samples) == [0.25, 0.25, 0.25]  # each prompt first token, raised to the floor
-    assert hedge.delay() == 0.25
+    assert list(hedge.samples) == [1.0, 1.0, 1.0]  # each prompt first token, raised to the floor
+    assert hedge.delay() == 1.0
     assert len(model.calls) == 3  # no hedge was needed
 
 
