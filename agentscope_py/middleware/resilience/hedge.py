@@ -63,8 +63,9 @@ class HedgeMiddleware(MiddlewareBase):
     ``100 - N`` % of the calls are hedged, whatever the model's usual speed.
 
     ``hedge_on``: which failure of the first attempt starts the backup at once (an exception
-    type, a tuple, or a predicate); by default every error except a middleware's deliberate stop
-    and an interrupt. Another error goes on as it is and no backup starts.
+    type, a tuple, or a predicate); by default every error except a middleware's deliberate stop,
+    a broken hook contract and an interrupt (another model cannot help). Another error goes on as
+    it is and no backup starts.
 
     Usage: only the attempt that won reaches the run's usage (its ``ModelCallEnd``), so a budget
     outside this middleware counts one call at the winner's usage; the tokens of the cancelled
