@@ -11,7 +11,8 @@ AgentScopeError
 │   │   └── OverloadedError          529 / "overloaded"
 │   ├── ModelTimeoutError            also a builtin TimeoutError
 │   ├── ModelConnectionError         also a builtin ConnectionError
-│   └── MalformedStreamError         the stream broke its protocol
+│   ├── MalformedStreamError         the stream broke its protocol
+│   └── HedgeError                   both attempts of a hedged model call failed
 ├── StateStoreError                  a session store failed
 │   └── StateConflictError           another writer saved first
 ├── ToolArgumentError                a tool got arguments its schema refuses (also a ValueError)
@@ -59,6 +60,7 @@ __all__ = [
     "DurableActivityError",
     "DurableSessionBusy",
     "GuardrailTripped",
+    "HedgeError",
     "InputError",
     "MCPClientError",
     "MCPConnectionError",
@@ -164,6 +166,18 @@ class MalformedStreamError(ModelError):
     """The stream broke its protocol: cut off mid-message, garbage lines, missing terminator."""
 
     retryable = False
+
+
+class HedgeError(ModelError):
+    """Both attempts of a hedged model call (`HedgeMiddleware`) failed before their first token.
+    ``errors`` holds each attempt's model name and error, the first attempt first; the message
+    names both. ``retryable`` when either error is (trying again may help one of them)."""
+
+    def __init__(self, errors: tuple[tuple[str, BaseException], ...]) -> None:
+        parts = "; ".join(f"{model}: {type(e).__name__}: {e}" for model, e in errors)
+        super().__init__(f"both attempts of the hedged model call failed ({parts})",
+                         retryable=any(isinstance(e, ModelError) and e.retryable for _, e in errors))
+        self.errors = errors
 
 
 # -- sessions ------------------------------------------------------------------------------------

@@ -161,3 +161,16 @@ def test_bench_server_splits_a_slow_first_tokens_wait_by_what_stalled() -> None:
     for cause, seconds in expected.items():
         assert abs(wait[cause] - seconds) < 1e-9, (cause, wait[cause])
     assert serving_clients.covered([(0.0, 2.0), (1.0, 3.0), (5.0, 6.0)], 0.5, 5.5) == 3.0
+
+
+def test_bench_hedge_reports_first_token_percentiles_and_the_cost_of_hedging() -> None:
+    result = run_json("bench_hedge.py", "--batches", "1", "--warmup", "1", "--cpu-batches", "2", "--calls", "10", "--slow-share", "0.5", "--slow", "0.3")
+    rows = result["variants"]
+    assert list(rows) == ["no hedge", "after=0.1", 'after="p90"']
+    assert rows["no hedge"]["requests_per_run"] == 1.0
+    assert rows["after=0.1"]["requests_per_run"] > 1.0  # half the requests are slow: some are hedged
+    for row in rows.values():
+        assert row["p99_ms"] >= row["p50_ms"] > 0
+        assert row["output_tokens_counted_per_run"] == 20.0  # the losers' tokens are never counted
+    cpu = result["cpu_us_per_run"]
+    assert cpu["no hedge"] > 0 and cpu["hedge, not triggered"] > 0 and cpu["ratio"] > 0

@@ -50,6 +50,7 @@ __all__ = [
     "GuardrailCheck",
     "GuardrailMiddleware",
     "GuardrailResult",
+    "HedgeMiddleware",
     "HumanApprovalMiddleware",
     "InMemoryBucketStore",
     "InMemoryBudgetStore",
@@ -112,6 +113,7 @@ _LAZY = {
     "ToolRetryMiddleware": ".resilience.retry",
     "TimeoutMiddleware": ".resilience.retry",
     "ModelFallbackMiddleware": ".resilience.retry",
+    "HedgeMiddleware": ".resilience.hedge",
     # limits and rate limits
     "CallLimitExceeded": ".limits.calls",  # (defined in agentscope_py.errors)
     "ConcurrencyLimitMiddleware": ".limits.calls",
