@@ -48,6 +48,7 @@ ARGS: dict[str, Callable[[], MiddlewareBase]] = {
     "DynamicPromptMiddleware": lambda: mw.DynamicPromptMiddleware(_prompt),
     "EvalMiddleware": lambda: mw.EvalMiddleware([Contains("sunny")], sample_rate=1.0),
     "GuardrailMiddleware": _guardrail,
+    "HedgeMiddleware": lambda: mw.HedgeMiddleware(kit_model(), after=0.8),
     "HumanApprovalMiddleware": lambda: mw.HumanApprovalMiddleware({"kit_lookup": True}),
     "MessageTrimMiddleware": lambda: mw.MessageTrimMiddleware(max_messages=20),
     "ModelCallLimitMiddleware": lambda: mw.ModelCallLimitMiddleware(run_limit=10),
@@ -104,6 +105,8 @@ ACTIVE: dict[str, Any] = {
     "fallback-buffered": lambda: mw.ModelFallbackMiddleware(_backup(), fallback_on=(KitFault,), buffer=True),
     "fallback-after-first-event": lambda: mw.ModelFallbackMiddleware(_backup(), fallback_on=(KitFault,),
                                                                      after_first_event=True),
+    # a delay no first token beats: every call races the backup, and one of the two wins
+    "hedge-always": lambda: mw.HedgeMiddleware(_backup(), after=0.001),
     "guardrail-trips-mid-stream": lambda: mw.GuardrailMiddleware(stream=says_sunny),
     "guardrail-trips-on-output": lambda: mw.GuardrailMiddleware(output=says_sunny),
     "one-model-call": lambda: mw.ModelCallLimitMiddleware(run_limit=1),
