@@ -1,8 +1,7 @@
 """`Http1Transport`: a deprecated name, kept importable, for httpx2's own transport.
 
-The providers no longer read their replies over an HTTP client of this package's own: by default
-they send over aiohttp (`AioHttpSender`), and an SDK client a user passes keeps whatever HTTP
-client it was given. Code that built an SDK client over ``Http1Transport`` keeps working, on
+By default the providers send over aiohttp (`AioHttpSender`), and an SDK client a user passes keeps
+whatever HTTP client it was given. Code that builds an SDK client over ``Http1Transport`` gets
 httpx2's default transport with the same ``verify`` and ``limits``.
 """
 
