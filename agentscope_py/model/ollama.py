@@ -42,7 +42,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 
 from ..message import ChatUsage, DataBlock, Msg, TextBlock, ThinkingBlock, ToolResultBlock, ToolUseBlock, new_id
 from ..stream import aclosing
-from ._aiohttp import AioHttpSender, body_bytes, client_timeout
+from ._aiohttp import AioHttpSender, client_timeout
 from ._client import ClientModel
 from ._convert import PAYLOAD_ERRORS, StreamingResponse, merge_options, reference, result_parts
 from ._errors import error_from_body, error_from_status, malformed, message_of, quote, transport_error
@@ -140,9 +140,11 @@ class OllamaChatModel(ClientModel[ollama.AsyncClient]):
         the ollama client's httpx client (see the module docstring)."""
         if self._client_sends:
             return _httpx_open(self.http_client, body)
-        data = body_bytes(body)
-        if data is None:
-            raise TypeError(f"{PROVIDER}: the request body is not JSON (an option holds a value json cannot write)")
+        try:  # the JSON the ollama client writes: compact UTF-8, no NaN
+            data = json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+        except TypeError as exc:
+            raise TypeError(f"{PROVIDER}: an option is not a JSON value ({exc}); give options as numbers, "
+                            "text, lists or objects") from None
         if self._target is None:
             # Read once, as the ollama client reads the environment once, when it is made.
             headers = {"content-type": "application/json", "accept": "application/json"}

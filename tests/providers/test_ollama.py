@@ -322,3 +322,9 @@ def test_the_host_resolves_as_the_ollama_client_resolves_it(host: str | None, mo
     if host:
         monkeypatch.setenv("OLLAMA_HOST", host)
         assert ollama_model._resolve_host(None) == parse_host(os.environ["OLLAMA_HOST"])
+
+
+async def test_an_option_that_is_no_json_value_is_a_clear_error(server: FakeServer, make_ollama: Any) -> None:
+    with pytest.raises(TypeError, match=r"an option is not a JSON value \(Object of type object"):
+        await collect(make_ollama(seed=object()).stream(ask()))
+    assert server.requests == []
