@@ -10,7 +10,8 @@ both cost more CPU per token than speaking the provider's HTTP API over aiohttp 
 What the SDKs still do: the URL, the auth and platform headers and the default timeout come from
 the SDK client the model makes (its public ``base_url``, ``default_headers``, ``auth_headers``,
 ``default_query``); what the sender adds is the body (JSON, as the SDKs write it) and the
-per-call ``extra_headers``, ``extra_query`` and ``timeout``.
+per-call ``extra_headers``, ``extra_query`` and ``timeout``. The Ollama model, whose client has
+no public URL or headers, resolves them as that client does.
 
 What aiohttp gives: one connection pool per sender (``ClientSession``), TLS, proxies, and a
 connection closed, not pooled, when a response is given up before its end (cancellation

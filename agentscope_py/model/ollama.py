@@ -1,33 +1,50 @@
-"""Ollama ``/api/chat`` (NDJSON), through the ``ollama`` client.
+"""Ollama ``/api/chat`` (NDJSON), spoken over aiohttp.
 
 >>> model = OllamaChatModel("qwen3", think=True, temperature=0.2)   # OLLAMA_HOST or localhost
 
 Ollama sends tool calls whole, with object arguments and no id: each becomes one tool-call chunk
 with its arguments as JSON text and a generated id. A stream must end with a ``done: true`` line;
 without it the reply is a `MalformedStreamError`.
+
+By default the request goes over aiohttp's public client (`AioHttpSender`, as the OpenAI and
+Anthropic models send), to the host the ``ollama`` client would use (``host``, else
+``OLLAMA_HOST``, as it reads them) with the headers it would send (JSON, and ``OLLAMA_API_KEY``
+as a bearer token). The ``ollama`` package gives the typed shape every line is checked against
+(``ollama.ChatResponse``). A user's ``ollama.AsyncClient`` (``client=``), and `RecordingModel` /
+`ReplayModel` (which plug into `http_client`), send through that client's httpx client instead:
+the ollama client has no public way to send a request and read its body line by line, so that
+opt-in path reaches its private ``_client``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import builtins
+import contextlib
+import ipaddress
 import json
-from collections.abc import AsyncGenerator, Iterator, Mapping, Sequence
+import os
+import urllib.parse
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import pydantic
 
 try:
+    import aiohttp
     import httpx
     import ollama
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise ImportError(
-        'the Ollama provider needs the ollama client: pip install "agentscope-py[ollama]"'
+        'the Ollama provider needs the ollama client and aiohttp: pip install "agentscope-py[ollama]"'
     ) from exc
 
 from ..message import ChatUsage, DataBlock, Msg, TextBlock, ThinkingBlock, ToolResultBlock, ToolUseBlock, new_id
 from ..stream import aclosing
+from ._aiohttp import AioHttpSender, client_timeout
 from ._client import ClientModel
-from ._convert import PAYLOAD_ERRORS, merge_options, reference, result_parts
+from ._convert import PAYLOAD_ERRORS, StreamingResponse, merge_options, reference, result_parts
 from ._errors import error_from_body, error_from_status, malformed, message_of, quote, transport_error
 from .base import ChatChunk, ModelError, ModelRequest, ToolCallChunk
 
@@ -46,19 +63,24 @@ _ALIASES = {"max_tokens": "num_predict"}
 # logged as invalid by the server, so an agent configured for OpenAI can fall back to Ollama.
 _UNSUPPORTED = ("tool_choice", "parallel_tool_calls")
 
+_DEFAULT_PORT = 11434
+# How long to keep reading after the done line, so the connection can go back to the pool.
+_DRAIN_SECONDS = 0.1
+
 
 class OllamaChatModel(ClientModel[ollama.AsyncClient]):
     """A model served by Ollama.
 
-    ``host`` (or its alias ``base_url``) defaults to ``OLLAMA_HOST`` or ``http://localhost:11434``.
-    Keyword arguments are default options: ``think``, ``keep_alive`` and ``format`` go to the
-    request, the rest (``temperature``, ``num_ctx``, ``max_tokens`` → ``num_predict``, …) into its
-    ``options``. ``timeout`` bounds the connect and every read (none by default: local models can
-    take long to load). ``client`` injects a ready ``ollama.AsyncClient``.
+    ``host`` (or its alias ``base_url``) defaults to ``OLLAMA_HOST`` or ``http://127.0.0.1:11434``
+    (read as the ollama client reads them). Keyword arguments are default options:
+    ``think``, ``keep_alive`` and ``format`` go to the request, the rest (``temperature``,
+    ``num_ctx``, ``max_tokens`` → ``num_predict``, …) into its ``options``. ``timeout`` bounds the
+    connect and every read (none by default: local models can take long to load).
 
-    The client supplies the connection (host, ``OLLAMA_API_KEY``, headers); the request is sent
-    and the NDJSON read by us, because the client turns a line that is not a JSON object into a
-    raw ``AttributeError`` and never says which line it was."""
+    Requests go over aiohttp, on a pool of the model's own or on ``http_session`` (an
+    ``aiohttp.ClientSession`` its owner configures and closes). ``client`` injects a ready
+    ``ollama.AsyncClient``, which then sends every request on its own httpx client (its host,
+    headers and timeout)."""
 
     provider = PROVIDER
     supports_structured_output = True
@@ -71,13 +93,26 @@ class OllamaChatModel(ClientModel[ollama.AsyncClient]):
         base_url: str | None = None,
         client: ollama.AsyncClient | None = None,
         timeout: float | None = None,
+        http_session: aiohttp.ClientSession | None = None,
         **options: Any,
     ) -> None:
         super().__init__(model, client=client, timeout=timeout, options=options)
         self._host = host or base_url
+        self._client_sends = client is not None  # a user's client is honoured: it sends
+        self._http = AioHttpSender(http_session)
+        self._aiohttp_timeout = client_timeout(timeout)
+        self._target: tuple[str, dict[str, str]] | None = None
 
     def _make_client(self) -> ollama.AsyncClient:
         return ollama.AsyncClient(host=self._host, timeout=self._timeout)
+
+    @property
+    def http_client(self) -> Any:
+        """The ollama client's HTTP client (an ``httpx.AsyncClient``): what `RecordingModel` and
+        `ReplayModel` plug into. Asking for it sends the model's later requests through that
+        client, so that whatever is plugged in sees every request."""
+        self._client_sends = True
+        return super().http_client
 
     def request_params(self, request: ModelRequest) -> dict[str, Any]:
         """The JSON body of ``POST /api/chat`` for ``request``. Empty fields are left out, as the
@@ -100,28 +135,81 @@ class OllamaChatModel(ClientModel[ollama.AsyncClient]):
             body["options"] = model_options
         return body
 
+    def _open(self, body: dict[str, Any]) -> AbstractAsyncContextManager[StreamingResponse]:
+        """The streamed response to ``POST /api/chat`` with ``body``: over aiohttp, or through
+        the ollama client's httpx client (see the module docstring)."""
+        if self._client_sends:
+            return _httpx_open(self.http_client, body)
+        try:  # the JSON the ollama client writes: compact UTF-8, no NaN
+            data = json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+        except TypeError as exc:
+            raise TypeError(f"{PROVIDER}: an option is not a JSON value ({exc}); give options as numbers, "
+                            "text, lists or objects") from None
+        if self._target is None:
+            # Read once, as the ollama client reads the environment once, when it is made.
+            headers = {"content-type": "application/json", "accept": "application/json"}
+            api_key = os.getenv("OLLAMA_API_KEY")
+            if api_key:
+                headers["authorization"] = f"Bearer {api_key}"
+            self._target = (_resolve_host(self._host) + "/api/chat", headers)
+        url, headers = self._target
+        return self._http.open(PROVIDER, url, dict(headers), data, self._aiohttp_timeout)
+
     async def stream(self, request: ModelRequest) -> AsyncGenerator[ChatChunk, None]:
         body = self.request_params(request)
         try:
-            async with self.http_client.stream("POST", "/api/chat", json=body) as response:
-                if response.status_code >= 400:
-                    raw = await response.aread()
-                    raise error_from_status(
-                        response.status_code,
-                        _error_message(raw),
-                        provider=PROVIDER,
-                        headers=response.headers,
-                    )
+            async with self._open(body) as response:
                 chunks = read_ndjson(response)
                 async with aclosing(chunks):
                     async for chunk in chunks:
                         yield chunk
         except ModelError:
             raise  # already typed (a ModelError may also be a builtins.ConnectionError)
-        except httpx.TimeoutException as exc:
+        except (httpx.TimeoutException, TimeoutError) as exc:
             raise transport_error(PROVIDER, exc, in_body=False, timeout=True) from exc
         except (httpx.TransportError, builtins.ConnectionError) as exc:
             raise transport_error(PROVIDER, exc, in_body=False, timeout=False) from exc
+
+    async def aclose(self) -> None:
+        """Close the model's connections (aiohttp's pool, and the ollama client's)."""
+        await self._http.aclose()
+        await super().aclose()
+
+
+def _resolve_host(host: str | None) -> str:
+    """The base URL for ``host`` (else ``OLLAMA_HOST``) as the ollama client resolves it: the
+    scheme defaults to ``http``, the port to 11434 (80 or 443 with an explicit scheme), the host to
+    ``127.0.0.1``; a path is kept without its trailing slash."""
+    text, port = host or os.getenv("OLLAMA_HOST") or "", _DEFAULT_PORT
+    scheme, _, hostport = text.partition("://")
+    if not hostport:
+        scheme, hostport = "http", text
+    elif scheme == "http":
+        port = 80
+    elif scheme == "https":
+        port = 443
+    split = urllib.parse.urlsplit(f"{scheme}://{hostport}")
+    name = split.hostname or "127.0.0.1"
+    port = split.port or port
+    with contextlib.suppress(ValueError):  # (not an IP address: a name)
+        if isinstance(ipaddress.ip_address(name), ipaddress.IPv6Address):
+            name = f"[{name}]"  # urlsplit drops an IPv6 address's brackets
+    path = split.path.strip("/")
+    return f"{scheme}://{name}:{port}/{path}" if path else f"{scheme}://{name}:{port}"
+
+
+@contextlib.asynccontextmanager
+async def _httpx_open(http: httpx.AsyncClient, body: dict[str, Any]) -> AsyncIterator[StreamingResponse]:
+    async with http.stream("POST", "/api/chat", json=body) as response:
+        if response.status_code >= 400:
+            raw = await response.aread()
+            raise error_from_status(
+                response.status_code,
+                _error_message(raw),
+                provider=PROVIDER,
+                headers=response.headers,
+            )
+        yield response
 
 
 def _error_message(raw: bytes) -> str:
@@ -132,23 +220,53 @@ def _error_message(raw: bytes) -> str:
     return message_of(body, raw.decode("utf-8", errors="replace")[:500] or "(no body)")
 
 
-async def read_ndjson(response: httpx.Response) -> AsyncGenerator[ChatChunk, None]:
-    """The chunks of an ``/api/chat`` NDJSON body. A stream must end with ``done: true``; a line
-    that is not a chat response is a `MalformedStreamError` quoting it."""
+async def read_ndjson(response: StreamingResponse) -> AsyncGenerator[ChatChunk, None]:
+    """The chunks of an ``/api/chat`` NDJSON body (an httpx response, or the aiohttp one's
+    wrapper). A stream must end with ``done: true``; a line that is not a chat response is a
+    `MalformedStreamError` quoting it."""
     reader = _PartReader()
+    body = response.aiter_bytes()
+    pending = b""
     try:
-        async for line in response.aiter_lines():
-            if not line.strip():
+        async for piece in body:
+            if b"\n" not in piece:
+                pending += piece
                 continue
-            for chunk in reader.read(line):
-                yield chunk
-            if reader.done:
-                return
-    except httpx.TimeoutException as exc:
+            *lines, rest = (pending + piece).split(b"\n")
+            pending = rest
+            for raw in lines:
+                for chunk in _read_line(reader, raw):
+                    yield chunk
+                if reader.done:
+                    await _drain(body)
+                    return
+        for chunk in _read_line(reader, pending):  # a last line without its newline
+            yield chunk
+        if reader.done:
+            return
+    except (httpx.TimeoutException, TimeoutError) as exc:
         raise transport_error(PROVIDER, exc, in_body=True, timeout=True) from exc
-    except httpx.TransportError as exc:
+    except (httpx.TransportError, aiohttp.ClientError) as exc:
         raise transport_error(PROVIDER, exc, in_body=True, timeout=False) from exc
+    finally:
+        aclose = getattr(body, "aclose", None)
+        if aclose is not None:
+            await aclose()
     raise malformed(PROVIDER, "the stream ended without a done line; the reply is incomplete")
+
+
+def _read_line(reader: _PartReader, raw: bytes) -> list[ChatChunk]:
+    line = raw.decode("utf-8", errors="replace")
+    return reader.read(line) if line.strip() else []
+
+
+async def _drain(body: AsyncIterator[bytes]) -> None:
+    # The reply is complete; the rest of the body only matters for connection reuse, so give up
+    # quickly and ignore whatever comes.
+    with contextlib.suppress(Exception):
+        async with asyncio.timeout(_DRAIN_SECONDS):
+            async for _ in body:
+                pass
 
 
 class _PartReader:

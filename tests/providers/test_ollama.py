@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
 import json
+import os
+import sys
 from typing import Any
 
+import aiohttp
+import ollama
 import pytest
 
 from agentscope_py import ReActAgent
@@ -24,6 +29,7 @@ from agentscope_py.model import (
 from agentscope_py.model import (
     ModelTimeoutError as TimeoutError,
 )
+from agentscope_py.model import ollama as ollama_model
 from agentscope_py.model.ollama import OllamaChatModel
 from agentscope_py.model.registry import resolve_model
 
@@ -194,3 +200,131 @@ async def test_closing_the_stream_closes_the_connection(
         assert (await anext(stream)).text == "first"
     await asyncio.wait_for(server.hung_up.wait(), 2)
     assert await open_connections(server, 0) == 0
+
+
+@pytest.mark.parametrize("how", ["aclose", "cancel"])
+async def test_giving_up_a_stream_closes_its_connection(
+    server: FakeServer, make_ollama: Any, open_connections: Any, how: str
+) -> None:
+    server.queue(ndjson([ol_line("first")], end="stall"))
+    stream = make_ollama().stream(ask())
+    if how == "aclose":
+        async with contextlib.aclosing(stream):
+            assert (await anext(stream)).text == "first"
+    else:
+        first = asyncio.Event()
+
+        async def read() -> None:
+            async for chunk in stream:
+                if chunk.text:
+                    first.set()
+
+        task = asyncio.create_task(read())
+        await asyncio.wait_for(first.wait(), 2)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    await asyncio.wait_for(server.hung_up.wait(), 2)  # the server saw the close, not a pooled idle
+    assert server.hangups == 1 and await open_connections(server, 0) == 0
+
+
+async def test_a_finished_stream_leaves_its_connection_to_the_next(server: FakeServer, make_ollama: Any) -> None:
+    server.queue(ndjson(ol_text("one")), ndjson(ol_text("two")))
+    model = make_ollama()
+    assert [text_of(await collect(model.stream(ask()))) for _ in range(2)] == ["one", "two"]
+    first, second = server.requests
+    assert first.connection == second.connection and server.hangups == 0
+
+
+async def test_an_html_error_page_is_a_typed_error_quoting_it(server: FakeServer, make_ollama: Any) -> None:
+    server.queue(Reply([b"<html>bad gateway</html>"], status=502, content_type="text/html", chunked=False))
+    with pytest.raises(ServerError, match="bad gateway") as info:
+        await collect(make_ollama().stream(ask()))
+    assert info.value.status_code == 502 and info.value.provider == "ollama"
+
+
+async def test_the_default_path_touches_no_private_member_of_the_ollama_client(
+        server: FakeServer, closing: list[Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every attribute of the ollama client the model reads from our code, recorded: by default
+    none is private (the client's own code may use its own)."""
+    touched: list[str] = []
+
+    class Spy(ollama.AsyncClient):
+        def __getattribute__(self, attr: str) -> Any:
+            if attr.startswith("_") and not attr.startswith("__"):
+                caller = sys._getframe(1).f_code.co_filename
+                if os.sep + "agentscope_py" + os.sep in caller:
+                    touched.append(attr)
+            return super().__getattribute__(attr)
+
+    monkeypatch.setattr(ollama, "AsyncClient", Spy)
+    server.queue(ndjson(ol_text("ok")))
+    model = OllamaChatModel("llama-fake", host=server.url, timeout=5)
+    closing.append(model)
+    assert text_of(await collect(model.stream(ask()))) == "ok"
+    assert isinstance(model.client, Spy) and touched == []
+    model.http_client  # noqa: B018 - the recording hook reaches the client's HTTP client, a private member
+    assert touched == ["_client"]
+
+
+async def test_a_users_client_sends_every_request(server: FakeServer, closing: list[Any]) -> None:
+    server.queue(ndjson(ol_text("mine")))
+    model = OllamaChatModel("llama-fake", client=ollama.AsyncClient(host=server.url, headers={"x-mine": "1"}))
+    closing.append(model)
+    assert text_of(await collect(model.stream(ask()))) == "mine"
+    assert server.requests[0].headers["x-mine"] == "1"  # its own headers: the client sent it
+
+
+async def test_the_key_and_json_headers_go_out_over_aiohttp(
+        server: FakeServer, make_ollama: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OLLAMA_API_KEY", "ol-key")
+    server.queue(ndjson(ol_text("ok")))
+    assert text_of(await collect(make_ollama().stream(ask()))) == "ok"
+    headers = server.requests[0].headers
+    assert headers["authorization"] == "Bearer ol-key"
+    assert headers["content-type"] == headers["accept"] == "application/json"
+    assert "aiohttp" in headers["user-agent"].lower()
+
+
+async def test_a_given_http_session_carries_the_request(server: FakeServer, closing: list[Any]) -> None:
+    server.queue(ndjson(ol_text("ok")))
+    async with aiohttp.ClientSession(headers={"x-session": "given"}) as session:
+        model = OllamaChatModel("llama-fake", host=server.url, http_session=session, timeout=5)
+        closing.append(model)
+        assert text_of(await collect(model.stream(ask()))) == "ok"
+        await model.aclose()
+        assert not session.closed  # the session is its owner's
+    assert server.requests[0].headers["x-session"] == "given"
+
+
+async def test_ollama_host_without_a_scheme_is_honoured(server: FakeServer, monkeypatch: pytest.MonkeyPatch,
+                                                        closing: list[Any]) -> None:
+    monkeypatch.setenv("OLLAMA_HOST", server.url.removeprefix("http://") + "/")
+    server.queue(ndjson(ol_text("from env")))
+    model = OllamaChatModel("llama-fake", timeout=5)
+    closing.append(model)
+    assert text_of(await collect(model.stream(ask()))) == "from env"
+    assert server.requests[0].path == "/api/chat"
+
+
+@pytest.mark.parametrize("host", [
+    None, "", "1.2.3.4", ":56789", "1.2.3.4:56789", "http://1.2.3.4", "https://1.2.3.4",
+    "https://example.com:56789", "example.com/", "example.com:56789/path/", "https://example.com:56789/path",
+    "[0001:002:003:0004::1]", "http://[0001:002:003:0004::1]", "[0001:002:003:0004::1]:56789/path/",
+])
+def test_the_host_resolves_as_the_ollama_client_resolves_it(host: str | None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Our reading of ``host`` / ``OLLAMA_HOST`` against the ollama client's own (a private
+    function of it: this fails when its resolution moves, so ours can follow)."""
+    # (the package's default client, named ``_client`` too, hides the module as an attribute)
+    parse_host = importlib.import_module("ollama._client")._parse_host
+    monkeypatch.delenv("OLLAMA_HOST", raising=False)
+    assert ollama_model._resolve_host(host) == parse_host(host)
+    if host:
+        monkeypatch.setenv("OLLAMA_HOST", host)
+        assert ollama_model._resolve_host(None) == parse_host(os.environ["OLLAMA_HOST"])
+
+
+async def test_an_option_that_is_no_json_value_is_a_clear_error(server: FakeServer, make_ollama: Any) -> None:
+    with pytest.raises(TypeError, match=r"an option is not a JSON value \(Object of type object"):
+        await collect(make_ollama(seed=object()).stream(ask()))
+    assert server.requests == []
