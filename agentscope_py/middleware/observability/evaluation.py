@@ -2,7 +2,7 @@
 
 A run is sampled when its state is ready (``on_agent_state_ready``, one random draw). A sampled
 run's record keeps the events of its model calls and tool calls as the loop publishes them: the
-record's list's ``append`` observes the run (``RuntimeContext.observe``), one C call per event.
+record's list's ``append`` observes the run (``RuntimeContext.observe``), one append per event.
 The middleware is no layer of the model-call, acting or ``on_agent`` chains: at those points
 any middleware, even a pass-through one, costs a level on every event that crosses it.
 
