@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from agentscope_py import ReActAgent, RuntimeContext
+from agentscope_py import ConfirmResult, PermissionDecision, ReActAgent, RuntimeContext, confirm_message, tool
 from agentscope_py.events import RequestStop, TextBlockDelta
 from agentscope_py.extension.base import AgentView, ExtensionPoint, MiddlewareBase
 from agentscope_py.message import Msg
@@ -93,6 +93,26 @@ async def test_the_ends_the_loop_makes_itself_are_observed_too() -> None:
     assert seen == events[1:-2]  # every event but AgentStart, AgentResult and AgentEnd
     assert [e.type for e in seen][-2:] == ["text_block_end", "model_call_end"]  # (closed by the loop)
     assert seen[-1].error is not None and "cut short" in seen[-1].error
+
+
+@tool(check_permissions=lambda call, ctx: PermissionDecision.ASK)
+async def rm(path: str) -> str:
+    """Remove a file."""
+    return f"removed {path}"
+
+
+async def test_a_resumed_calls_events_in_the_prelude_are_observed() -> None:
+    recorder = Recorder()
+    agent = (ReActAgent.builder().model(ScriptedModel([ModelStep.tool_call("rm", {"path": "/a"}),
+                                                        ModelStep.text("done")]))
+             .tools(rm).middleware(recorder).build())
+    paused = await agent.call("clean")
+    events = [e async for e in agent.stream(confirm_message(ConfirmResult(tool_call_id=paused.tool_calls[0].id,
+                                                                           confirmed=True)))]
+    seen = recorder.runs[1]
+    # The confirmed call runs inside the prelude's step, after the hook started observing.
+    assert seen == events[1:-2] and [e.type for e in seen][:4] == [
+        "user_confirm_result", "tool_result_start", "tool_result_text_delta", "tool_result_end"]
 
 
 async def test_a_sub_agents_events_reach_its_callers_observer_with_their_source() -> None:
