@@ -5,7 +5,7 @@ another to reach it; `agentscope_py.agent.context` re-exports it."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
@@ -29,7 +29,7 @@ class RuntimeContext:
     declaring a parameter of type `RuntimeContext` (or `AgentState` for the state itself)."""
 
     __slots__ = ("_extra_usage", "_metrics", "_path", "_runtime", "_values", "agent", "agent_state", "control",
-                 "parent", "reply_id", "session_id", "user_id")
+                 "event_observer", "parent", "reply_id", "session_id", "user_id")
 
     def __init__(
         self, user_id: str = "default", session_id: str = "default", *, parent: RuntimeContext | None = None,
@@ -59,6 +59,9 @@ class RuntimeContext:
         # The running execution's interrupt switch: work done beside the loop (a middleware's
         # internal model call) registers its task there, so an interrupt cancels it too.
         self.control: RunControl | None = None
+        # What the loop hands each event of the running execution to (`observe`); None while
+        # nothing observes it, so an unobserved run pays one attribute check per event.
+        self.event_observer: Callable[[Any], object] | None = None
         self._values: dict[Any, Any] = dict(values)
         self._extra_usage: ChatUsage | None = None
         self._metrics: dict[str, Any] = {}
@@ -69,6 +72,7 @@ class RuntimeContext:
         agent's, the path of a top-level context; ``runtime``: the execution's `AgentRuntime`."""
         self.reply_id = reply_id
         self.control = control
+        self.event_observer = None
         self._extra_usage = None
         self._metrics = {}
         self._runtime = runtime
@@ -91,6 +95,34 @@ class RuntimeContext:
         while ctx.parent is not None:
             ctx = ctx.parent
         return ctx
+
+    # -- watching the running execution's events -------------------------------------------------
+
+    def observe(self, callback: Callable[[Any], object]) -> None:
+        """Hand ``callback`` every event the running execution publishes from now on, as the loop
+        publishes it: its model calls' and tool calls' events (a sub-agent's, forwarded, with
+        their ``source``), hook trace events, the summary's; not the run's own `AgentStart`,
+        `AgentResult` and `AgentEnd`, nor what ``on_agent`` layers add or change. The events are
+        the objects the caller gets (immutable); what ``callback`` returns is ignored and an
+        exception it raises is logged, never raised into the run. Observing costs no middleware
+        layer: a middleware that only records a run calls this from ``on_agent_state_ready``.
+        Each execution starts unobserved (a sub-agent's context observes its own run only);
+        several callbacks are called in the order they were given."""
+        if self.control is None:
+            raise RuntimeError("RuntimeContext.observe: no execution runs on this context yet; call it from a "
+                               "hook or tool of the run to observe (on_agent_state_ready, say)")
+        first = self.event_observer
+        if first is None:
+            self.event_observer = callback
+            return
+
+        def both(event: Any) -> None:
+            try:
+                first(event)
+            finally:  # (one that raised keeps none after it from seeing the event)
+                callback(event)
+
+        self.event_observer = both
 
     # -- per-run values middleware publish (`AgentRun.metrics`) ----------------------------------
 

@@ -1,5 +1,6 @@
 """What crosses into and out of a run is checked here: the caller's input is made storable, what
-hooks emit must be events, and an on_agent hook's cuts are closed (`_brackets`)."""
+hooks emit must be events, an on_agent hook's cuts are closed (`_brackets`), and the run's
+observer (`RuntimeContext.observe`) is handed what the loop publishes."""
 
 from __future__ import annotations
 
@@ -19,8 +20,9 @@ if TYPE_CHECKING:
     from ..extension.base import AgentView
     from ..extension.chain import Participants
     from ._runtime import AgentRuntime
+    from .context import RuntimeContext
 
-__all__ = ["admit", "clean_block", "guarded", "not_an_event", "require_event", "warn_empty"]
+__all__ = ["admit", "all_observed", "clean_block", "guarded", "not_an_event", "observed", "require_event", "warn_empty"]
 
 logger = logging.getLogger("agentscope_py")
 
@@ -28,6 +30,29 @@ logger = logging.getLogger("agentscope_py")
 def require_event(item: Any) -> None:
     if not isinstance(item, EventBase):
         raise TypeError(type(item).__name__)
+
+
+def observed(ctx: RuntimeContext, event: AgentEvent) -> AgentEvent:
+    """``event``, handed first to ``ctx``'s observer. The loop reads ``ctx.event_observer`` per
+    event, not per step: an ``on_agent_state_ready`` hook starts observing in the middle of the
+    prelude's step. An observer that raises is logged, and the run goes on (observing never
+    changes a run)."""
+    observer = ctx.event_observer
+    if observer is not None:
+        try:
+            observer(event)
+        except Exception:
+            logger.exception("an event observer of %s raised; ignored", "/".join(ctx.agent_path))
+    return event
+
+
+def all_observed(ctx: RuntimeContext, events: list[AgentEvent]) -> list[AgentEvent]:
+    """``events`` (ones the loop makes itself: the Ends of brackets it closes), each handed first
+    to ``ctx``'s observer."""
+    if ctx.event_observer is not None:
+        for event in events:
+            observed(ctx, event)
+    return events
 
 
 def not_an_event(item: Any, point: ExtensionPoint, participants: Participants) -> MiddlewareError:

@@ -32,7 +32,7 @@ from ..extension.chain import compose
 from ..message import GenerateReason, Msg, ToolResultState, ToolUseBlock, new_id
 from ..model.base import ModelRequest
 from ..stream import EventStream, aclose, aclosing
-from ._boundaries import not_an_event, require_event, warn_empty
+from ._boundaries import all_observed, not_an_event, observed, require_event, warn_empty
 from ._brackets import Brackets
 from ._persist import finish, finish_quietly, save_once
 from ._prelude import prelude
@@ -195,7 +195,7 @@ class Execution:
                                 if mark is not None:
                                     if mark is START:
                                         if starts and type(ev) is ModelCallStart and brackets.superseding(ev):
-                                            for early in brackets.early:
+                                            for early in all_observed(ctx, brackets.early):
                                                 yield early
                                         starts += 1
                                         log(ev)
@@ -209,17 +209,17 @@ class Execution:
                                     if isinstance(ev, EventBase):
                                         raise
                                     raise not_an_event(ev, step.point, runtime.participants) from None
-                                yield ev
+                                yield ev if ctx.event_observer is None else observed(ctx, ev)
                         except BaseException as exc:
                             await aclose(steps)
                             if step.acting is not None:
                                 step.acting.keep_results(run, exc)
                             if isinstance(exc, Exception):  # (a consumer that left gets nothing)
-                                for end in brackets.close(exc, starts):
+                                for end in all_observed(ctx, brackets.close(exc, starts)):
                                     yield end
                             raise
                         if starts * 2 != len(logged):  # a layer stopped reading with brackets open
-                            for end in brackets.close(None, starts):
+                            for end in all_observed(ctx, brackets.close(None, starts)):
                                 yield end
                         elif logged:
                             logged.clear()

@@ -1,11 +1,10 @@
 """`EvalMiddleware`: the evaluators of `agentscope_py.evals`, on a sample of live runs.
 
 A run is sampled when its state is ready (``on_agent_state_ready``, one random draw). A sampled
-run's record keeps the events of its model calls and tool calls as they leave this middleware's
-``on_model_call`` and ``on_acting`` layers, through a fused map (one list append per event, no
-async layer: a model call's stream applies it where it hands each event on). No ``on_agent``
-layer wraps the caller's stream: at that hook any middleware, even a pass-through one, adds an
-async level to every event the caller reads.
+run's record keeps the events of its model calls and tool calls as the loop publishes them: the
+record's list's ``append`` observes the run (``RuntimeContext.observe``), one append per event.
+The middleware is no layer of the model-call, acting or ``on_agent`` chains: at those points
+any middleware, even a pass-through one, costs a level on every event that crosses it.
 
 When the run finishes (``on_agent_finish``, which carries its final message or error) its record
 goes on a bounded queue; background workers score it there. The user's path pays for the
@@ -40,7 +39,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ...extension.base import ActingInput, AgentRun, AgentView, ExtensionPoint, MiddlewareBase, ModelCallInput, Next
+from ...extension.base import AgentRun, AgentView, ExtensionPoint, MiddlewareBase
 from ...message import GenerateReason
 
 if TYPE_CHECKING:
@@ -73,7 +72,7 @@ class OnlineResult:
 class _Run:
     """One sampled run: who ran it, the events kept so far, and at its finish its outcome."""
 
-    __slots__ = ("agent", "context", "ended", "error", "events", "input", "keep", "output", "reply_id",
+    __slots__ = ("agent", "context", "ended", "error", "events", "input", "output", "reply_id",
                  "session_id", "started", "user_id")
 
     def __init__(self, agent: AgentView, ctx: RuntimeContext, input: tuple[Msg, ...]) -> None:
@@ -90,14 +89,6 @@ class _Run:
         self.error: BaseException | None = None
         self.started = time.perf_counter()
         self.ended = 0.0
-        append = self.events.append
-
-        # The fused map a kept stream gets: it hands each event on unchanged.
-        def keep(event: Any) -> Any:
-            append(event)
-            return event
-
-        self.keep = keep
 
 
 class EvalMiddleware(MiddlewareBase):
@@ -138,8 +129,7 @@ class EvalMiddleware(MiddlewareBase):
         self._key = object()  # this middleware's slot in a run's context (``ctx.put``)
 
     def active_points(self) -> frozenset[ExtensionPoint]:
-        return frozenset({ExtensionPoint.ON_AGENT_STATE_READY, ExtensionPoint.ON_MODEL_CALL,
-                          ExtensionPoint.ON_ACTING, ExtensionPoint.ON_AGENT_FINISH})
+        return frozenset({ExtensionPoint.ON_AGENT_STATE_READY, ExtensionPoint.ON_AGENT_FINISH})
 
     # -- the user's path ---------------------------------------------------------------------------
 
@@ -150,19 +140,13 @@ class EvalMiddleware(MiddlewareBase):
         # Kept on the run's own context (a sub-agent's has its own), so a run that never reaches
         # its finish (cancelled inside an earlier finish hook) leaves nothing behind in this
         # middleware; the reply id tells this run's record from an earlier run's.
-        ctx.put(self._key, _Run(agent, ctx, tuple(input_messages)))
+        run = _Run(agent, ctx, tuple(input_messages))
+        ctx.put(self._key, run)
+        ctx.observe(run.events.append)
 
     def _sampled(self, ctx: RuntimeContext) -> _Run | None:
         run = ctx.get(self._key)  # (a sub-agent's context falls back to its caller's: the reply id tells)
         return run if run is not None and run.reply_id is ctx.reply_id else None
-
-    def on_model_call(self, agent: AgentView, ctx: RuntimeContext, input: ModelCallInput, next: Next) -> Any:
-        run = self._sampled(ctx)
-        return next(input) if run is None else next(input).map(run.keep)
-
-    def on_acting(self, agent: AgentView, ctx: RuntimeContext, input: ActingInput, next: Next) -> Any:
-        run = self._sampled(ctx)
-        return next(input) if run is None else next(input).map(run.keep)
 
     async def on_agent_finish(self, agent: AgentView, ctx: RuntimeContext, run: AgentRun) -> None:
         record = self._sampled(ctx)

@@ -1,0 +1,152 @@
+"""`RuntimeContext.observe`: a run's events handed to a callback as the loop publishes them,
+with no middleware layer, and nothing fed to a run that nobody observes."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import pytest
+
+from agentscope_py import ConfirmResult, PermissionDecision, ReActAgent, RuntimeContext, confirm_message, tool
+from agentscope_py.events import RequestStop, TextBlockDelta
+from agentscope_py.extension.base import AgentView, ExtensionPoint, MiddlewareBase
+from agentscope_py.message import Msg
+from agentscope_py.model import ModelStep, ScriptedModel
+from agentscope_py.stream import EventStream
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def add(a: int, b: int) -> int:
+    """Add two numbers."""
+    return a + b
+
+
+class Recorder(MiddlewareBase):
+    """Observes every run whose state is ready; ``also`` is a second callback given after it."""
+
+    def __init__(self, *also: Any) -> None:
+        self.runs: list[list[Any]] = []
+        self.also = also
+
+    def active_points(self) -> frozenset[ExtensionPoint]:
+        return frozenset({ExtensionPoint.ON_AGENT_STATE_READY})
+
+    def on_agent_state_ready(self, agent: AgentView, ctx: RuntimeContext, state: Any,
+                             input_messages: list[Msg]) -> None:
+        events: list[Any] = []
+        self.runs.append(events)
+        ctx.observe(events.append)
+        for callback in self.also:
+            ctx.observe(callback)
+
+
+def _agent(*middlewares: MiddlewareBase, runs: int = 1) -> ReActAgent:
+    steps = [ModelStep.tool_call("add", {"a": 1, "b": 2}), ModelStep.text("3")] * runs
+    return ReActAgent.builder().name("calc").model(ScriptedModel(steps)).tools(add).middlewares(
+        list(middlewares)).build()
+
+
+async def test_an_observer_gets_the_runs_events_as_the_caller_does() -> None:
+    recorder = Recorder()
+    agent = _agent(recorder)
+    events = [e async for e in agent.stream("1 + 2?")]
+    [seen] = recorder.runs
+    # The very objects the caller got, in its order: all but the run's own bracket and result.
+    kept = {id(e) for e in seen}
+    assert [e for e in events if id(e) in kept] == seen
+    assert [e.type for e in events if id(e) not in kept] == ["agent_start", "agent_result", "agent_end"]
+    assert {"model_call_start", "tool_call_start", "tool_result_end", "model_call_end"} <= {e.type for e in seen}
+
+
+async def test_each_execution_starts_unobserved() -> None:
+    recorder = Recorder()
+    agent = _agent(recorder, runs=2)
+    ctx = RuntimeContext()
+    await agent.call("1 + 2?", ctx=ctx)
+    first = len(recorder.runs[0])
+    recorder.also = ()
+    await agent.call("1 + 2?", ctx=ctx)  # the second run is observed by its own callback only
+    assert len(recorder.runs[0]) == first and len(recorder.runs[1]) == first
+
+
+class StopAfterTwoDeltas(MiddlewareBase):
+    """Stops reading the model after two deltas and requests a stop: the loop closes the rest."""
+
+    def on_reasoning(self, agent: Any, ctx: Any, input: Any, next: Any) -> Any:
+        seen = [0]
+
+        def more(e: Any) -> bool:
+            seen[0] += type(e) is TextBlockDelta
+            return seen[0] <= 2
+
+        return EventStream.concat(next(input).take_while(more), [RequestStop(reason="blocked")])
+
+
+async def test_the_ends_the_loop_makes_itself_are_observed_too() -> None:
+    recorder = Recorder()
+    agent = (ReActAgent.builder().model(ScriptedModel([ModelStep.text("one two three four", chunks=4)]))
+             .middlewares([recorder, StopAfterTwoDeltas()]).build())
+    events = [e async for e in agent.stream("hi")]
+    [seen] = recorder.runs
+    assert seen == events[1:-2]  # every event but AgentStart, AgentResult and AgentEnd
+    assert [e.type for e in seen][-2:] == ["text_block_end", "model_call_end"]  # (closed by the loop)
+    assert seen[-1].error is not None and "cut short" in seen[-1].error
+
+
+@tool(check_permissions=lambda call, ctx: PermissionDecision.ASK)
+async def rm(path: str) -> str:
+    """Remove a file."""
+    return f"removed {path}"
+
+
+async def test_a_resumed_calls_events_in_the_prelude_are_observed() -> None:
+    recorder = Recorder()
+    agent = (ReActAgent.builder().model(ScriptedModel([ModelStep.tool_call("rm", {"path": "/a"}),
+                                                        ModelStep.text("done")]))
+             .tools(rm).middleware(recorder).build())
+    paused = await agent.call("clean")
+    events = [e async for e in agent.stream(confirm_message(ConfirmResult(tool_call_id=paused.tool_calls[0].id,
+                                                                           confirmed=True)))]
+    seen = recorder.runs[1]
+    # The confirmed call runs inside the prelude's step, after the hook started observing.
+    assert seen == events[1:-2] and [e.type for e in seen][:4] == [
+        "user_confirm_result", "tool_result_start", "tool_result_text_delta", "tool_result_end"]
+
+
+async def test_a_sub_agents_events_reach_its_callers_observer_with_their_source() -> None:
+    recorder = Recorder()
+    helper = ReActAgent.builder().name("helper").model(ScriptedModel([ModelStep.text("4")])).build()
+    boss = (ReActAgent.builder().name("boss").model(ScriptedModel([
+        ModelStep.tool_call("helper", {"task": "2 + 2?"}), ModelStep.text("It is 4.")]))
+        .tools(helper.as_tool()).middleware(recorder).build())
+    assert (await boss.call("2 + 2?")).text == "It is 4."
+    boss_run, helper_run = recorder.runs  # the helper inherits the middleware: its own run, its own record
+    assert {e.source for e in boss_run} == {None, "boss/helper"}
+    assert sum(e.type == "model_call_start" for e in boss_run) == 3
+    assert {e.source for e in helper_run} == {None}
+    assert sum(e.type == "model_call_start" for e in helper_run) == 1
+
+
+async def test_a_raising_observer_is_logged_and_the_run_goes_on(caplog: pytest.LogCaptureFixture) -> None:
+    calls: list[Any] = []
+
+    def broken(event: Any) -> None:
+        calls.append(event)
+        raise ValueError("observer down")
+
+    recorder = Recorder(broken)
+    agent = _agent(recorder)
+    with caplog.at_level(logging.ERROR, logger="agentscope_py"):
+        reply = await agent.call("1 + 2?")
+    assert reply.text == "3"
+    [seen] = recorder.runs
+    assert calls == seen  # (the first observer still saw every event the broken one raised at)
+    assert "an event observer of calc raised; ignored" in caplog.text and "observer down" in caplog.text
+
+
+def test_observing_before_any_run_is_refused() -> None:
+    with pytest.raises(RuntimeError, match="no execution runs on this context yet"):
+        RuntimeContext().observe(print)
+
