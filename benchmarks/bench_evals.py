@@ -44,7 +44,6 @@ import asyncio
 import gc
 import json
 import os
-import re
 import shutil
 import statistics
 import subprocess
@@ -263,18 +262,13 @@ async def counted(variant: str, n: int) -> None:
 
 def instructions(variants: list[str], runs: int, cases: int) -> dict[str, float]:
     """Instructions per run of each variant (see the module docstring)."""
+    from bench_instructions import collected  # benchmarks/ is this script's sys.path[0]
+
     def count(variant: str, n: int) -> subprocess.Popen[str]:
         cmd = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable, __file__,
                "--count", variant, "--runs", str(n)]
         return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 env={**os.environ, "PYTHONHASHSEED": "0"})
-
-    def collected(proc: subprocess.Popen[str]) -> int:
-        _, err = proc.communicate()
-        found = re.search(r"Collected\s*:\s*(\d+)", err)
-        if proc.returncode != 0 or found is None:
-            raise RuntimeError(f"valgrind run failed ({proc.returncode}): {err[-2000:]}")
-        return int(found.group(1))
 
     sizes = {variant: runs if variant in ONLINE_VARIANTS else cases for variant in variants}
     procs = {variant: (count(variant, 0), count(variant, n)) for variant, n in sizes.items()}  # all at once

@@ -313,6 +313,30 @@ def ndjson(parts: list[bytes | float], **kw: Any) -> Reply:
 # -- reading what a model streamed ---------------------------------------------------------------
 
 
+async def give_up(stream: Any, how: str) -> None:
+    """Stop reading ``stream`` after its first text chunk: by ``aclose`` or by cancelling the task
+    that reads it (``how``), as a consumer that leaves does."""
+    if how == "aclose":
+        async with contextlib.aclosing(stream):
+            assert (await anext(stream)).text == "first"
+        return
+    first = asyncio.Event()
+
+    async def read() -> None:
+        async for chunk in stream:
+            if chunk.text:
+                first.set()
+
+    task = asyncio.create_task(read())
+    await asyncio.wait_for(first.wait(), 2)
+    task.cancel()
+    try:
+        await task
+    except asyncio.CancelledError:
+        return
+    raise AssertionError("the reading task ended without being cancelled")
+
+
 async def collect(stream: Any) -> list[Any]:
     return [chunk async for chunk in stream]
 

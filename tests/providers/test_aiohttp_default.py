@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import datetime
 import gc
 import os
@@ -31,7 +30,7 @@ from agentscope_py.model.anthropic import AnthropicChatModel
 from agentscope_py.model.openai import OpenAIChatModel
 from agentscope_py.model.openai_responses import OpenAIResponsesModel
 
-from .fakes import FakeServer, Reply, an_text, ask, collect, oa_chunk, oa_text, text_of
+from .fakes import FakeServer, Reply, an_text, ask, collect, give_up, oa_chunk, oa_text, text_of
 from .responses_wire import text_reply
 
 pytestmark = pytest.mark.timeout(20)
@@ -110,22 +109,7 @@ async def test_giving_up_a_stream_closes_its_connection(server: FakeServer, make
     server.queue(Reply([oa_chunk({"content": "first"})], end="stall"))
     model = make_openai()
     stream = model.stream(ask())
-    if how == "aclose":
-        async with contextlib.aclosing(stream):
-            assert (await anext(stream)).text == "first"
-    else:
-        first = asyncio.Event()
-
-        async def read() -> None:
-            async for chunk in stream:
-                if chunk.text:
-                    first.set()
-
-        task = asyncio.create_task(read())
-        await asyncio.wait_for(first.wait(), 2)
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
+    await give_up(stream, how)
     await asyncio.wait_for(server.hung_up.wait(), 2)  # the server saw the close, not a pooled idle
     assert server.hangups == 1
 

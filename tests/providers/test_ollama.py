@@ -40,6 +40,7 @@ from .fakes import (
     calls_of,
     collect,
     get_weather,
+    give_up,
     ndjson,
     ol_done,
     ol_line,
@@ -208,22 +209,7 @@ async def test_giving_up_a_stream_closes_its_connection(
 ) -> None:
     server.queue(ndjson([ol_line("first")], end="stall"))
     stream = make_ollama().stream(ask())
-    if how == "aclose":
-        async with contextlib.aclosing(stream):
-            assert (await anext(stream)).text == "first"
-    else:
-        first = asyncio.Event()
-
-        async def read() -> None:
-            async for chunk in stream:
-                if chunk.text:
-                    first.set()
-
-        task = asyncio.create_task(read())
-        await asyncio.wait_for(first.wait(), 2)
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
+    await give_up(stream, how)
     await asyncio.wait_for(server.hung_up.wait(), 2)  # the server saw the close, not a pooled idle
     assert server.hangups == 1 and await open_connections(server, 0) == 0
 
