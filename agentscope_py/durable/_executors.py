@@ -5,7 +5,7 @@ middleware run in the workflow and every model call and tool call is a step of i
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from temporalio import workflow
@@ -26,7 +26,7 @@ from ._codec import dump_request, load_events
 from ._config import MODEL_ACTIVITY, TOOL_ACTIVITY, DurableConfig
 from ._journal import Journal
 
-__all__ = ["CancelledCalls", "install"]
+__all__ = ["CancelledCalls", "Stop", "install"]
 
 
 def _failure(exc: ActivityError, what: str) -> DurableActivityError:
@@ -35,6 +35,18 @@ def _failure(exc: ActivityError, what: str) -> DurableActivityError:
     kind = cause.type if isinstance(cause, ApplicationError) else None
     return DurableActivityError(f"{what} failed: {kind}: {message}" if kind else f"{what} failed: {message}",
                                 error_type=kind)
+
+
+class Stop:
+    """The workflow's interrupt as its signal left it: whether one came (perhaps before the run
+    was in flight, so the run stops at its first call), and whether it asked for the turn to be
+    taken back (``multitask_strategy="rollback"``)."""
+
+    __slots__ = ("interrupted", "rollback")
+
+    def __init__(self) -> None:
+        self.interrupted = False
+        self.rollback = False
 
 
 class CancelledCalls:
@@ -58,13 +70,13 @@ class CancelledCalls:
 
 
 async def _activity(name: str, payload: dict[str, Any], options: dict[str, Any], control: RunControl,
-                    what: str, stopped: Callable[[], bool], cancelled: CancelledCalls) -> Any:
+                    what: str, stop: Stop, cancelled: CancelledCalls) -> Any:
     """Run the activity as a task of the run's control: an interrupt cancels it (Temporal asks
     the activity to stop at its next heartbeat), and that surfaces as `AgentInterrupted` at once,
-    while the workflow waits for the activity's end elsewhere (`CancelledCalls`). ``stopped``:
-    the workflow was interrupted (perhaps before this run was in flight): nothing is scheduled."""
-    if stopped():
-        control.interrupt()
+    while the workflow waits for the activity's end elsewhere (`CancelledCalls`). ``stop``: the
+    workflow was interrupted (perhaps before this run was in flight): nothing is scheduled."""
+    if stop.interrupted:
+        control.interrupt(stop.rollback)
         raise AgentInterrupted(f"the run was interrupted before the {what}")
     started: list[workflow.ActivityHandle[Any]] = []
 
@@ -113,9 +125,9 @@ def _deltas_live(agent: ReActAgent) -> bool:
 
 
 def install(agent: ReActAgent, factory: str, config: DurableConfig, user_id: str, session_id: str,
-            stopped: Callable[[], bool], journal: Journal, cancelled: CancelledCalls) -> None:
+            stop: Stop, journal: Journal, cancelled: CancelledCalls) -> None:
     """Make ``agent`` (built in the workflow) run its model and tool calls as activities;
-    ``stopped`` says whether the workflow was interrupted; ``journal`` numbers the run's events
+    ``stop`` is the workflow's interrupt; ``journal`` numbers the run's events
     (the activities publish the pending ones, `Journal.pending`); ``cancelled`` holds the calls
     cancelled and not yet ended."""
     deltas = _deltas_live(agent)
@@ -134,7 +146,7 @@ def install(agent: ReActAgent, factory: str, config: DurableConfig, user_id: str
                 options["schedule_to_close_timeout"] = _seconds(deadline.total)
             try:
                 out = await _activity(MODEL_ACTIVITY, payload, options, control, f"model call to {models[0].name}",
-                                      stopped, cancelled)
+                                      stop, cancelled)
             except (AgentInterrupted, DurableActivityError):
                 if live and deltas:  # what the call published is the run's: it is closed as locally
                     for ev in load_events(await journal.seal(f"m{seq}"), reply_id, reply_name):
@@ -153,7 +165,7 @@ def install(agent: ReActAgent, factory: str, config: DurableConfig, user_id: str
                    "live": journal.pending()}
         options = config.for_tool(call.name, tool.timeout).options()
         out = await _activity(TOOL_ACTIVITY, payload, options, scope.control, f"tool call {call.name}",
-                              stopped, cancelled)
+                              stop, cancelled)
         from ..events import ToolResultDataDelta, ToolResultTextDelta
 
         for kind, value in out:

@@ -19,6 +19,7 @@ from pydantic import BaseModel
 from agentscope_py import ModelStep, PermissionDecision, ReActAgent, ScriptedModel, Toolkit, tool
 from agentscope_py._tool_answers import tool_answers
 from agentscope_py.agent.context import RuntimeContext
+from agentscope_py.agent.react import Builder
 from agentscope_py.agent.sqlite_store import SqliteStateStore
 from agentscope_py.agent.state import AgentState
 from agentscope_py.durable import ActivityConfig, DurableConfig
@@ -279,3 +280,35 @@ def build_recording_model() -> ReActAgent:
 RECORDING = replace(FAST, tool=DurableConfig().tool, model=DurableConfig().model)
 """`FAST`'s state schedule with the default model and tool schedules (their heartbeat timeout of
 10 s): the interrupt tests see what a worker does by default."""
+
+
+async def _hold() -> str:
+    """Hold until cancelled (an interrupt), 10 s at most (a test that fails ends that soon)."""
+    _log_start()
+    await asyncio.sleep(10)
+    return "held"
+
+
+def _holding_turn(request: ModelRequest) -> ModelStep:
+    """The input "first" calls ``hold`` (its run holds the session until interrupted); once the
+    hold's result is in, or for any other input, the answer."""
+    last = request.messages[-1]
+    if last.role == "user" and last.text == "first":
+        return ModelStep.tool_call("hold", {})
+    return ModelStep.text(f"done: {last.text}")
+
+
+def build_holding() -> ReActAgent:
+    """Sessions in the SQLite file ``DURABLE_STORE``; "first" holds its session (`_holding_turn`)."""
+    return _holding().build()
+
+
+def build_holding_rollback() -> ReActAgent:
+    """`build_holding` whose own default for a new input to a busy session is ``"rollback"``."""
+    return _holding().multitask_strategy("rollback").build()
+
+
+def _holding() -> Builder:
+    model = ScriptedModel([ModelStep(respond=_holding_turn)], loop=True)
+    return (ReActAgent.builder().name("durable").model(model).tools(tool(name="hold")(_hold))
+            .state_store(SqliteStateStore(os.environ["DURABLE_STORE"])))
