@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ValidationError
 
-from .._effects import IdempotencyKey, InDoubtPolicy, Reconcile, check_in_doubt, idempotency_key
+from .._effects import IdempotencyKey, InDoubtPolicy, Reconcile, ToolIntent, check_in_doubt, idempotency_key
 from ..errors import ToolArgumentError
 from ..events import EventBase
 from ..message import DataBlock, TextBlock, ToolUseBlock
@@ -120,6 +120,17 @@ class Tool:
             else:
                 kwargs[pname] = ctx if kind == "ctx" else (ctx.agent_state if ctx is not None else None)
         return kwargs
+
+    async def reconciled(self, intent: ToolIntent) -> tuple[Any, ...] | None:
+        """Ask ``reconcile`` whether the call ``intent`` records happened: None when it did not,
+        else its result as output chunks (as `call_once` gives them). Raises what ``reconcile``
+        raises, and ValueError for a tool without one."""
+        if self.reconcile is None:
+            raise ValueError(f"tool {self.name!r} has no reconcile function")
+        found = self.reconcile(intent)
+        if inspect.isawaitable(found):
+            found = await found
+        return None if found is None else _chunks(found, self.name)
 
     def _key(self, ctx: RuntimeContext | None) -> IdempotencyKey:
         call = current_tool_call.get()
