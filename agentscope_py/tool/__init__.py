@@ -1,5 +1,16 @@
 """Tools and toolkits."""
 
-from .toolkit import PermissionDecision, Tool, ToolArgumentError, Toolkit, tool
+from .toolkit import (
+    IdempotencyKey,
+    InDoubtPolicy,
+    PermissionDecision,
+    Reconcile,
+    Tool,
+    ToolArgumentError,
+    ToolIntent,
+    Toolkit,
+    tool,
+)
 
-__all__ = ["PermissionDecision", "Tool", "ToolArgumentError", "Toolkit", "tool"]
+__all__ = ["IdempotencyKey", "InDoubtPolicy", "PermissionDecision", "Reconcile", "Tool", "ToolArgumentError",
+           "ToolIntent", "Toolkit", "tool"]
