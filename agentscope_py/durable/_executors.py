@@ -14,6 +14,7 @@ from temporalio.exceptions import ActivityError, ApplicationError
 from .._acting import ToolScope
 from .._control import RunControl
 from .._deadline import Deadline
+from .._effects import idempotency_key, in_doubt_policy
 from .._tool_answers import tool_answers
 from ..agent.react import ReActAgent
 from ..errors import AgentInterrupted, DurableActivityError, ToolInputRequired
@@ -24,6 +25,7 @@ from ..stream import Channel, EventStream
 from ..tool.toolkit import Tool
 from ._codec import dump_request, load_events
 from ._config import MODEL_ACTIVITY, TOOL_ACTIVITY, DurableConfig
+from ._in_doubt import InDoubt, asked, in_doubt, journaled, once, reconciled, recorded, replay
 from ._journal import Journal
 
 __all__ = ["CancelledCalls", "Stop", "install"]
@@ -70,11 +72,12 @@ class CancelledCalls:
 
 
 async def _activity(name: str, payload: dict[str, Any], options: dict[str, Any], control: RunControl,
-                    what: str, stop: Stop, cancelled: CancelledCalls) -> Any:
+                    what: str, stop: Stop, cancelled: CancelledCalls, doubtful: bool = False) -> Any:
     """Run the activity as a task of the run's control: an interrupt cancels it (Temporal asks
     the activity to stop at its next heartbeat), and that surfaces as `AgentInterrupted` at once,
     while the workflow waits for the activity's end elsewhere (`CancelledCalls`). ``stop``: the
-    workflow was interrupted (perhaps before this run was in flight): nothing is scheduled."""
+    workflow was interrupted (perhaps before this run was in flight): nothing is scheduled.
+    ``doubtful``: a journaled tool call, whose activity ending with no result is `InDoubt`."""
     if stop.interrupted:
         control.interrupt(stop.rollback)
         raise AgentInterrupted(f"the run was interrupted before the {what}")
@@ -106,6 +109,8 @@ async def _activity(name: str, payload: dict[str, Any], options: dict[str, Any],
         cause = exc.cause
         if isinstance(cause, ApplicationError) and cause.type == "ToolInputRequired":  # the run pauses
             raise ToolInputRequired(cause.message, *cause.details[:1]) from None
+        if doubtful and in_doubt(exc):
+            raise InDoubt(str(cause or exc)) from None
         raise _failure(exc, what) from None
     finally:
         control.tasks.discard(task)
@@ -160,12 +165,32 @@ def install(agent: ReActAgent, factory: str, config: DurableConfig, user_id: str
         return EventStream(events)
 
     async def tool_executor(scope: ToolScope, call: ToolUseBlock, tool: Tool, channel: Channel) -> None:
+        once_only = journaled(tool)
+        if once_only:
+            settled = recorded(scope, call)
+            if settled is not None:  # the user said how a call in doubt ended: it never runs again
+                await replay(scope, call, settled, channel)
+                return
         payload = {"factory": factory, "call": call.model_dump(mode="json"), "user_id": user_id,
                    "session_id": session_id, "answer": tool_answers(scope.ctx).pop(call.id, None),
-                   "live": journal.pending()}
+                   "journaled": once_only}
         options = config.for_tool(call.name, tool.timeout).options()
-        out = await _activity(TOOL_ACTIVITY, payload, options, scope.control, f"tool call {call.name}",
-                              stop, cancelled)
+        what = f"tool call {call.name}"
+        while True:
+            payload["live"] = journal.pending()
+            try:
+                out = await _activity(TOOL_ACTIVITY, payload, once(options) if once_only else options, scope.control,
+                                      what, stop, cancelled, once_only)
+                break
+            except InDoubt:
+                key = idempotency_key(user_id, session_id, call.id)
+                if in_doubt_policy(tool, agent._runtime.in_doubt) != "reconcile" or tool.reconcile is None:
+                    await asked(scope, call, key, channel)  # (raises: the run pauses for the answer)
+                found = await reconciled(scope, call, tool, key, factory, options, channel)
+                if found is not None:  # it happened: its result is what the reconcile found
+                    out = found
+                    break
+                # It did not happen: it runs (once, again in doubt if its worker dies again).
         from ..events import ToolResultDataDelta, ToolResultTextDelta
 
         for kind, value in out:

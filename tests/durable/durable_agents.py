@@ -1,7 +1,10 @@
 """The agents the durable tests run (factories by path: ``durable_agents:build`` …). Their model
 is the loopback model server at ``DURABLE_MODEL_URL``; ``DURABLE_TOOL_LOG`` gets a line per tool
 start; with ``DURABLE_HANG_FIRST=1`` the first start of ``add`` hangs (the test kills its worker
-there). The ``recording`` agents write when their calls start, are cancelled and end to it."""
+there). The ``recording`` agents write when their calls start, are cancelled and end to it.
+``add`` adds (its log aside, running it again is harmless): it is declared idempotent, so a
+call whose worker died is retried on another, as configured; `build_failing` is the one
+non-idempotent tool here (test_durable_effects.py has the others)."""
 
 from __future__ import annotations
 
@@ -57,11 +60,11 @@ def _model() -> OpenAIChatModel:
 
 
 def build() -> ReActAgent:
-    return ReActAgent.builder().name("durable").model(_model()).tools(tool(name="add")(_add)).build()
+    return ReActAgent.builder().name("durable").model(_model()).tools(tool(name="add", idempotent=True)(_add)).build()
 
 
 def build_asking() -> ReActAgent:
-    asking = tool(name="add", check_permissions=lambda call, ctx: PermissionDecision.ASK)(_add)
+    asking = tool(name="add", idempotent=True, check_permissions=lambda call, ctx: PermissionDecision.ASK)(_add)
     return ReActAgent.builder().name("durable").model(_model()).tools(asking).build()
 
 
@@ -92,7 +95,7 @@ class PlusOne(MiddlewareBase):
 
 
 def build_with_middleware() -> ReActAgent:
-    return (ReActAgent.builder().name("durable").model(_model()).tools(tool(name="add")(_add))
+    return (ReActAgent.builder().name("durable").model(_model()).tools(tool(name="add", idempotent=True)(_add))
             .middleware(PlusOne()).build())
 
 
@@ -104,6 +107,12 @@ async def _add_failing(a: int, b: int) -> str:
 
 def build_failing() -> ReActAgent:
     return ReActAgent.builder().name("durable").model(_model()).tools(tool(name="add")(_add_failing)).build()
+
+
+def build_failing_idempotent() -> ReActAgent:
+    """`build_failing` whose ``add`` is idempotent (its failures are retried as configured)."""
+    failing = tool(name="add", idempotent=True)(_add_failing)
+    return ReActAgent.builder().name("durable").model(_model()).tools(failing).build()
 
 
 class FlakyStore(SqliteStateStore):
@@ -121,7 +130,7 @@ class FlakyStore(SqliteStateStore):
 
 def build_sqlite() -> ReActAgent:
     """The agent with its sessions in the SQLite file ``DURABLE_STORE`` (shared by the workers)."""
-    return (ReActAgent.builder().name("durable").model(_model()).tools(tool(name="add")(_add))
+    return (ReActAgent.builder().name("durable").model(_model()).tools(tool(name="add", idempotent=True)(_add))
             .state_store(FlakyStore(os.environ["DURABLE_STORE"])).build())
 
 
@@ -146,7 +155,7 @@ async def _add_in_base(a: int, b: int, ctx: RuntimeContext) -> str:
 
 def build_questioning() -> ReActAgent:
     """``add`` asks the user a question the first time it runs for a call."""
-    return ReActAgent.builder().name("durable").model(_model()).tools(tool(name="add")(_add_in_base)).build()
+    return ReActAgent.builder().name("durable").model(_model()).tools(tool(name="add", idempotent=True)(_add_in_base)).build()
 
 
 class City(BaseModel):
@@ -180,19 +189,19 @@ def build_redis() -> ReActAgent:
     from agentscope_py.agent.redis_store import RedisStateStore
 
     store = RedisStateStore(os.environ["DURABLE_REDIS_URL"], prefix=os.environ["DURABLE_PREFIX"])
-    return ReActAgent.builder().name("durable").model(_model()).tools(tool(name="add")(_add)).state_store(store).build()
+    return ReActAgent.builder().name("durable").model(_model()).tools(tool(name="add", idempotent=True)(_add)).state_store(store).build()
 
 
 def build_sqlite_asking() -> ReActAgent:
     """`build_sqlite` whose ``add`` asks for approval."""
-    asking = tool(name="add", check_permissions=lambda call, ctx: PermissionDecision.ASK)(_add)
+    asking = tool(name="add", idempotent=True, check_permissions=lambda call, ctx: PermissionDecision.ASK)(_add)
     return (ReActAgent.builder().name("durable").model(_model()).tools(asking)
             .state_store(FlakyStore(os.environ["DURABLE_STORE"])).build())
 
 
 def build_subagent_asking() -> ReActAgent:
     """A sub-agent tool whose own ``add`` asks for approval (scripted models)."""
-    asking = tool(name="add", check_permissions=lambda call, ctx: PermissionDecision.ASK)(_add)
+    asking = tool(name="add", idempotent=True, check_permissions=lambda call, ctx: PermissionDecision.ASK)(_add)
     sub = (ReActAgent.builder().name("helper").model(ScriptedModel([ModelStep.tool_call("add", {"a": 2, "b": 40})]))
            .tools(asking).build())
     model = ScriptedModel([ModelStep.tool_call("helper", {"task": "add 2 and 40"}), ModelStep.text("could not")])
@@ -256,12 +265,12 @@ def build_recording_timeout() -> ReActAgent:
     """A recording model calls ``add``, which its ``timeout`` (0.5 s) cuts off, then answers."""
     model = RecordedModel([ModelStep.tool_call("add", {"a": 2, "b": 40}), ModelStep.text("It took too long.")],
                           loop=True)
-    return ReActAgent.builder().name("durable").model(model).tools(tool(name="add", timeout=0.5)(_add_slow)).build()
+    return ReActAgent.builder().name("durable").model(model).tools(tool(name="add", idempotent=True, timeout=0.5)(_add_slow)).build()
 
 
 def build_recording() -> ReActAgent:
     """``add`` records its start, cancellation and end; its first call takes a while."""
-    return ReActAgent.builder().name("durable").model(_model()).tools(tool(name="add")(_add_recorded)).build()
+    return ReActAgent.builder().name("durable").model(_model()).tools(tool(name="add", idempotent=True)(_add_recorded)).build()
 
 
 class RecordedModel(ScriptedModel):
