@@ -63,6 +63,11 @@ open in the channel when it is cancelled."""
 class ToolJournal(Protocol):
     """Where the intent and the result of each non-idempotent tool call are recorded."""
 
+    @property
+    def writes(self) -> bool:
+        """Whether calls are journaled (else entries a resume settled are only replayed)."""
+        ...
+
     def recorded(self, call_id: str) -> ToolIntent | None:
         """The call's entry, if any (with its result once it has one)."""
         ...
@@ -99,8 +104,8 @@ class ToolScope:
     executor: ToolExecutor | None = None
     """Runs a permitted tool's body in place of `tool_output` (`AgentRuntime.tool_executor`)."""
     journal: ToolJournal | None = None
-    """Records non-idempotent calls (intent, result); None: nothing is journaled (a session in
-    this process's memory, which dies with it)."""
+    """Records non-idempotent calls (intent, result) and replays recorded results; None: none
+    (a durable run journals in its own history)."""
 
 
 ToolExecutor = Callable[[ToolScope, ToolUseBlock, Tool, Channel], Awaitable[None]]
@@ -202,7 +207,8 @@ async def _run_group(
     code ran, leaving its channel open (no result) and its consumer waiting on it for ever."""
     loop = asyncio.get_running_loop()
     journal = scope.journal
-    channels = [_Recording(256) if journal is not None and _journaled(scope.toolkit.get(call.name)) else Channel(256)
+    writes = journal is not None and journal.writes
+    channels = [_Recording(256) if writes and _journaled(scope.toolkit.get(call.name)) else Channel(256)
                 for call in group]
     tasks = [loop.create_task(_run_tool(scope, call, ch, deadline), context=context.copy())
              for call, ch in zip(group, channels, strict=True)]
@@ -236,8 +242,7 @@ async def _run_tool(scope: ToolScope, call: ToolUseBlock, channel: Channel, dead
     # forwards its events straight into the call's channel.
     current_tool_call.set(call)
     TOOL_CALL.set((call, channel))
-    recording = channel if type(channel) is _Recording else None
-    journal = scope.journal if recording is not None else None
+    journal = scope.journal
     if journal is not None:
         entry = journal.recorded(cid)
         if entry is not None:  # (a resumed run settled its calls in doubt first: `agent._in_doubt`)
@@ -247,6 +252,9 @@ async def _run_tool(scope: ToolScope, call: ToolUseBlock, channel: Channel, dead
                 channel.push(ev)
             channel.finish(None)
             return
+    recording = channel if type(channel) is _Recording else None
+    if recording is None:
+        journal = None  # (not journaled: an idempotent tool, or a store that needs no journal)
     await channel.put(ToolResultStart(reply_id=reply_id, tool_call_id=cid, tool_name=name, **meta))
     error_text: str | None = INTERRUPTED_TEXT
     state = ToolResultState.INTERRUPTED

@@ -36,13 +36,13 @@ logger = logging.getLogger("agentscope_py")
 class SessionJournal:
     """The journal of one run's session (`_acting.ToolJournal`)."""
 
-    __slots__ = ("_lock", "ctx", "durable", "run", "runtime")
+    __slots__ = ("_lock", "ctx", "run", "runtime", "writes")
 
     def __init__(self, runtime: AgentRuntime, ctx: RuntimeContext, run: RunState) -> None:
         self.runtime, self.ctx, self.run = runtime, ctx, run
-        # A session in this process's memory dies with it: its journal needs no write of its own
-        # (what a resume in this process needs is in the state itself).
-        self.durable = type(runtime.store) is not InMemoryStateStore
+        # A session in this process's memory dies with it: nothing to journal, and its calls cost
+        # nothing more (a recorded result it holds is still replayed).
+        self.writes = type(runtime.store) is not InMemoryStateStore
         self._lock: asyncio.Lock | None = None
 
     def recorded(self, call_id: str) -> ToolIntent | None:
@@ -88,8 +88,6 @@ class SessionJournal:
             state.tool_journal.pop(call_id, None)
 
     async def _write(self) -> None:
-        if not self.durable:
-            return
         if self._lock is None:
             self._lock = asyncio.Lock()
         async with self._lock:

@@ -55,7 +55,6 @@ from ._steps import (
     Step,
 )
 from ._structured import StructuredOutput
-from .store import InMemoryStateStore
 
 if TYPE_CHECKING:
     from ..events import RequestStop
@@ -98,12 +97,10 @@ class Execution:
         if structured_model is not None:
             self.structured = StructuredOutput(structured_model, agent.model, self.options, toolkit, run)
             self.options, toolkit = self.structured.options, self.structured.toolkit
-        # A session in this process's memory dies with it, and a durable run journals in its own
-        # history: only a session in a store of its own keeps a tool journal (`_journal`).
-        journaled = runtime.tool_executor is None and type(runtime.store) is not InMemoryStateStore
+        # A durable run journals in its own history; any other keeps the session's (`_journal`).
+        journal = SessionJournal(runtime, ctx, run) if runtime.tool_executor is None else None
         self.tools = ToolScope(toolkit, ctx, self.reply_id, self.control, run.preapproved,
-                               executor=runtime.tool_executor,
-                               journal=SessionJournal(runtime, ctx, run) if journaled else None)
+                               executor=runtime.tool_executor, journal=journal)
         parts, trace = runtime.participants, runtime.trace
         self._model_call = compose(ExtensionPoint.ON_MODEL_CALL, parts, agent, ctx, self._model_core, trace,
                                    core_bound=True)
