@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from ._control import RunControl
 from ._deadline import Deadline, DeadlineTimer
 from ._parts import delta_maker
+from ._recorded import UNSETTLED_TEXT, Recording, journaled, replay_events
 from ._replies import arguments_problem, join_output, result_events
 from ._sanitize import clean
 from .errors import AgentInterrupted, SubAgentPaused, ToolInputRequired
@@ -42,7 +43,7 @@ from .events import (
     ToolResultStart,
     ToolResultTextDelta,
 )
-from .message import DataBlock, GenerateReason, TextBlock, ToolResultBlock, ToolResultState, ToolUseBlock
+from .message import GenerateReason, ToolResultBlock, ToolResultState, ToolUseBlock
 from .stream import Channel
 from .tool.toolkit import PermissionDecision, Tool, ToolArgumentError, Toolkit, current_tool_call
 
@@ -51,7 +52,7 @@ if TYPE_CHECKING:
     from ._effects import ToolIntent
 
 __all__ = ["INTERRUPTED_TEXT", "TOOL_CALL", "ToolExecutor", "ToolJournal", "ToolScope", "acting_events",
-           "replay_events", "tool_output"]
+           "tool_output"]
 
 TOOL_CALL: contextvars.ContextVar[tuple[ToolUseBlock, Channel] | None] = contextvars.ContextVar(
     "agentscope_tool_call", default=None)
@@ -208,7 +209,7 @@ async def _run_group(
     loop = asyncio.get_running_loop()
     journal = scope.journal
     writes = journal is not None and journal.writes
-    channels = [_Recording(256) if writes and _journaled(scope.toolkit.get(call.name)) else Channel(256)
+    channels = [Recording(256) if writes and journaled(scope.toolkit.get(call.name)) else Channel(256)
                 for call in group]
     tasks = [loop.create_task(_run_tool(scope, call, ch, deadline), context=context.copy())
              for call, ch in zip(group, channels, strict=True)]
@@ -252,7 +253,7 @@ async def _run_tool(scope: ToolScope, call: ToolUseBlock, channel: Channel, dead
                 channel.push(ev)
             channel.finish(None)
             return
-    recording = channel if type(channel) is _Recording else None
+    recording = channel if type(channel) is Recording else None
     if recording is None:
         journal = None  # (not journaled: an idempotent tool, or a store that needs no journal)
     await channel.put(ToolResultStart(reply_id=reply_id, tool_call_id=cid, tool_name=name, **meta))
@@ -292,58 +293,6 @@ async def _run_tool(scope: ToolScope, call: ToolUseBlock, channel: Channel, dead
 
 
 INTERRUPTED_TEXT = "The tool call was interrupted."
-UNSETTLED_TEXT = ("Error: this call may or may not have taken effect (its run stopped while it ran) and nothing "
-                  "decided which; it was not run again.")
-
-
-def _journaled(tool: Tool | None) -> bool:
-    return tool is not None and not tool.idempotent and not tool.external
-
-
-class _Recording(Channel):
-    """A journaled call's channel: keeps the output it carries, for the call's recorded result."""
-
-    __slots__ = ("parts",)
-
-    def __init__(self, size: int) -> None:
-        super().__init__(size)
-        self.parts: list[str | DataBlock] = []
-
-    def _keep(self, item: Any) -> None:
-        if item.source is None:  # (a sub-agent's forwarded events are not the call's output)
-            t = item.type
-            if t == "tool_result_text_delta":
-                self.parts.append(item.delta)
-            elif t == "tool_result_data_delta":
-                self.parts.append(item.data)
-
-    def push(self, item: Any) -> None:
-        self._keep(item)
-        super().push(item)
-
-    async def put(self, item: Any) -> None:
-        self._keep(item)
-        await super().put(item)
-
-
-def replay_events(reply_id: str, block: ToolResultBlock, metadata: Any = None) -> list[AgentEvent]:
-    """The events of a recorded result, replayed (a resumed run's call that had ended): its
-    start says ``replayed``."""
-    cid, name = block.id, block.name
-    start_meta = {**(metadata or {}), "replayed": True}
-    events: list[AgentEvent] = [ToolResultStart(reply_id=reply_id, tool_call_id=cid, tool_name=name,
-                                                metadata=start_meta)]
-    output = block.output
-    for part in ([output] if isinstance(output, str) else output):
-        if isinstance(part, str | TextBlock):
-            text = part if isinstance(part, str) else part.text
-            if text:
-                events.append(ToolResultTextDelta(reply_id=reply_id, tool_call_id=cid, tool_name=name, delta=text))
-        elif isinstance(part, DataBlock):
-            events.append(ToolResultDataDelta(reply_id=reply_id, tool_call_id=cid, tool_name=name, data=part))
-    events.append(ToolResultEnd(reply_id=reply_id, tool_call_id=cid, tool_name=name, state=block.state,
-                                metadata=dict(metadata or {})))
-    return events
 
 
 async def _invoke(

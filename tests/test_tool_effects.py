@@ -204,6 +204,23 @@ async def test_a_recorded_result_is_replayed_never_run() -> None:
     assert model.requests[0].messages[-1].tool_results[0].text == "paid 5"
 
 
+async def test_an_entry_of_an_earlier_reply_is_not_the_call_of_a_later_one_with_its_id() -> None:
+    """Models may reuse call ids across replies: an entry counts only for the reply that made it."""
+    from agentscope_py.message import ToolResultBlock
+
+    bank = Bank()
+    store = InMemoryStateStore()
+    call = ToolUseBlock(id="c1", name="pay", input={"amount": 5})
+    state = AgentState(user_id="u", session_id="s", context=[Msg.user("pay 5"), Msg(role="assistant", content=[call])])
+    state.tool_journal["c1"] = ToolIntent(call_id="c1", tool="pay", idempotency_key=KEY, message_id="msg_earlier",
+                                          result=ToolResultBlock(id="c1", name="pay", output="an earlier payment"))
+    await store.save("u", "s", state, 0)
+    model = ScriptedModel([ModelStep.text("done")])
+    events = await resume(ReActAgent(model=model, tools=[bank.tools()], state_store=store))
+    assert doubts(events) == [] and bank.paid == {KEY: 5}
+    assert model.requests[0].messages[-1].tool_results[0].text == "paid 5"
+
+
 async def test_reconcile_finds_the_effect_happened_and_the_call_is_not_run() -> None:
     bank = Bank()
     bank.paid[KEY] = 5
