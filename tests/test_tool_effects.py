@@ -369,3 +369,30 @@ async def test_a_hitl_resume_settles_the_call_in_doubt_beside_the_asking_one() -
     assert doubts(events) == [("reconcile", "done")]
     results = {r.id: r.text for r in model.requests[0].messages[-1].tool_results}
     assert results == {"c1": "already paid 5", "c2": "wired 2"} and bank.paid == {KEY: 5}
+
+
+async def test_over_ag_ui_a_call_in_doubt_is_an_interrupt_answered_with_done() -> None:
+    """The question reaches an AG-UI client as an interrupt of its own kind, and its answer
+    (``payload.done``) decides the call."""
+    from ag_ui.core import ResumeEntry
+
+    from agentscope_py.server.agui import IN_DOUBT_REASON, AguiMapper, confirm_results
+
+    bank = Bank()
+    store = InMemoryStateStore()
+    await in_doubt_session(store)
+    model = ScriptedModel([ModelStep.text("done")])
+    agent = ReActAgent(model=model, tools=[bank.tools(in_doubt="ask")], state_store=store)
+    mapper = AguiMapper("t", "r")
+    for ev in await resume(agent):
+        mapper.map(ev)
+    finished = mapper.finish()[-1]
+    (interrupt,) = finished.outcome.interrupts  # type: ignore[attr-defined]
+    assert (interrupt.reason, interrupt.tool_call_id) == (IN_DOUBT_REASON, "c1")
+    assert "Did the call to pay take effect" in interrupt.message
+    assert interrupt.metadata["idempotencyKey"] == KEY and interrupt.response_schema["required"] == ["done"]
+    answers = confirm_results([ResumeEntry(interrupt_id="c1", status="resolved", payload={"done": True,
+                                                                                          "result": "receipt 9"})])
+    events = await resume(agent, confirm_message(*answers))
+    assert doubts(events) == [("ask", "done")] and bank.paid == {}
+    assert model.requests[0].messages[-1].tool_results[0].text == "receipt 9"
