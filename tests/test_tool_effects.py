@@ -166,6 +166,22 @@ async def test_a_non_idempotent_call_is_written_before_and_after_it_runs() -> No
     assert store.writes == [{cid: False}, {cid: True}, {}]
 
 
+async def test_parallel_calls_write_one_at_a_time(caplog: pytest.LogCaptureFixture) -> None:
+    """Two journaled calls run in parallel; their four writes go one after another, each on the
+    version the last wrote (no conflict, nothing left unwritten)."""
+    bank = Bank()
+    store = CountingStore()
+    model = ScriptedModel([ModelStep.tool_calls_of(("pay", {"amount": 1}), ("pay", {"amount": 2})),
+                           ModelStep.text("done")])
+    agent = ReActAgent(model=model, tools=[bank.tools()], state_store=store)
+    await agent.call("go", ctx=ctx())
+    assert sorted(bank.paid.values()) == [1, 2]
+    assert len(store.writes) == 5 and store.writes[-1] == {} and "checkpointed" not in caplog.text
+    assert sum(done for write in store.writes for done in write.values()) >= 2  # both results written
+    _, version = await store.load("u", "s")
+    assert version == 5
+
+
 async def test_a_call_whose_intent_cannot_be_written_never_runs() -> None:
     bank = Bank()
     store = CountingStore(fail_at=0)
