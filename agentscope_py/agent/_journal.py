@@ -57,7 +57,7 @@ class SessionJournal:
         assert state is not None
         ctx, journal = self.ctx, state.tool_journal
         message_id = _last_reply_id(state)
-        for stale in [k for k, e in journal.items() if e.message_id != message_id]:
+        for stale in [k for k, e in journal.items() if e.message_id and e.message_id != message_id]:
             del journal[stale]  # an earlier reply's: its calls have their results in the conversation
         journal[call.id] = ToolIntent(
             call_id=call.id, tool=call.name, arguments=dict(call.input),
