@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from ._control import RunControl
 from ._deadline import Deadline, DeadlineTimer
 from ._parts import delta_maker
-from ._recorded import UNSETTLED_TEXT, Recording, journaled, replay_events
+from ._recorded import INTERRUPTED_UNSURE_TEXT, UNSETTLED_TEXT, Recording, journaled, replay_events
 from ._replies import arguments_problem, join_output, result_events
 from ._sanitize import clean
 from .errors import AgentInterrupted, SubAgentPaused, ToolInputRequired
@@ -284,7 +284,8 @@ async def _run_tool(scope: ToolScope, call: ToolUseBlock, channel: Channel, dead
                 await journal.result(call, block)
         elif state is ToolResultState.RUNNING:
             journal.drop(cid)  # its sub-agent asks the user: it runs again when answered
-        # (interrupted: its effect may be half done; its intent stays, and the run's end closes it)
+        elif journal.recorded(cid) is not None:  # interrupted after it started: the model must not assume
+            error_text = INTERRUPTED_UNSURE_TEXT  # it did nothing (and call it again)
     # After a cancellation nobody may be reading: pushed without waiting for room.
     if error_text is not None:
         channel.push(ToolResultTextDelta(reply_id=reply_id, tool_call_id=cid, tool_name=name, delta=error_text))

@@ -12,8 +12,10 @@ from .stream import Channel
 if TYPE_CHECKING:
     from .tool.toolkit import Tool
 
-__all__ = ["UNSETTLED_TEXT", "Recording", "journaled", "replay_events"]
+__all__ = ["INTERRUPTED_UNSURE_TEXT", "UNSETTLED_TEXT", "Recording", "journaled", "replay_events"]
 
+INTERRUPTED_UNSURE_TEXT = ("The tool call was interrupted while it ran: it may or may not have taken effect; "
+                           "check before calling it again.")
 UNSETTLED_TEXT = ("Error: this call may or may not have taken effect (its run stopped while it ran) and nothing "
                   "decided which; it was not run again.")
 

@@ -182,6 +182,34 @@ async def test_parallel_calls_write_one_at_a_time(caplog: pytest.LogCaptureFixtu
     assert version == 5
 
 
+async def test_an_interrupted_journaled_call_says_its_effect_is_unknown() -> None:
+    """Interrupted while it ran, a call that is not idempotent may have taken effect: its result
+    says so, so the model does not take it for undone."""
+    import asyncio
+
+    started = asyncio.Event()
+
+    @tool
+    async def transfer(amount: int) -> str:
+        """Transfer ``amount``."""
+        started.set()
+        await asyncio.sleep(30)
+        return "sent"
+
+    model = ScriptedModel([ModelStep.tool_call("transfer", {"amount": 1}, id="c1")])
+    store = CountingStore()
+    agent = ReActAgent(model=model, tools=[transfer], state_store=store)
+    run = asyncio.ensure_future(agent.call("go", ctx=ctx()))
+    await asyncio.wait_for(started.wait(), 5)
+    agent.interrupt("u", "s")
+    reply = await asyncio.wait_for(run, 5)
+    assert reply.generate_reason.value == "interrupted"
+    state = await stored(store)
+    (result,) = state.context[2].tool_results
+    assert result.state is ToolResultState.INTERRUPTED and "may or may not have taken effect" in result.text
+    assert state.tool_journal == {}
+
+
 async def test_a_call_whose_intent_cannot_be_written_never_runs() -> None:
     bank = Bank()
     store = CountingStore(fail_at=0)
