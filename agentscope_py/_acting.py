@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from ._control import RunControl
 from ._deadline import Deadline, DeadlineTimer
 from ._parts import delta_maker
+from ._recorded import INTERRUPTED_UNSURE_TEXT, UNSETTLED_TEXT, Recording, journaled, replay_events
 from ._replies import arguments_problem, join_output, result_events
 from ._sanitize import clean
 from .errors import AgentInterrupted, SubAgentPaused, ToolInputRequired
@@ -42,7 +43,7 @@ from .events import (
     ToolResultStart,
     ToolResultTextDelta,
 )
-from .message import DataBlock, GenerateReason, TextBlock, ToolResultBlock, ToolResultState, ToolUseBlock
+from .message import GenerateReason, ToolResultBlock, ToolResultState, ToolUseBlock
 from .stream import Channel
 from .tool.toolkit import PermissionDecision, Tool, ToolArgumentError, Toolkit, current_tool_call
 
@@ -51,7 +52,7 @@ if TYPE_CHECKING:
     from ._effects import ToolIntent
 
 __all__ = ["INTERRUPTED_TEXT", "TOOL_CALL", "ToolExecutor", "ToolJournal", "ToolScope", "acting_events",
-           "replay_events", "tool_output"]
+           "tool_output"]
 
 TOOL_CALL: contextvars.ContextVar[tuple[ToolUseBlock, Channel] | None] = contextvars.ContextVar(
     "agentscope_tool_call", default=None)
@@ -62,6 +63,11 @@ open in the channel when it is cancelled."""
 
 class ToolJournal(Protocol):
     """Where the intent and the result of each non-idempotent tool call are recorded."""
+
+    @property
+    def writes(self) -> bool:
+        """Whether calls are journaled (else entries a resume settled are only replayed)."""
+        ...
 
     def recorded(self, call_id: str) -> ToolIntent | None:
         """The call's entry, if any (with its result once it has one)."""
@@ -99,8 +105,8 @@ class ToolScope:
     executor: ToolExecutor | None = None
     """Runs a permitted tool's body in place of `tool_output` (`AgentRuntime.tool_executor`)."""
     journal: ToolJournal | None = None
-    """Records non-idempotent calls (intent, result); None: nothing is journaled (a session in
-    this process's memory, which dies with it)."""
+    """Records non-idempotent calls (intent, result) and replays recorded results; None: none
+    (a durable run journals in its own history)."""
 
 
 ToolExecutor = Callable[[ToolScope, ToolUseBlock, Tool, Channel], Awaitable[None]]
@@ -202,7 +208,8 @@ async def _run_group(
     code ran, leaving its channel open (no result) and its consumer waiting on it for ever."""
     loop = asyncio.get_running_loop()
     journal = scope.journal
-    channels = [_Recording(256) if journal is not None and _journaled(scope.toolkit.get(call.name)) else Channel(256)
+    writes = journal is not None and journal.writes
+    channels = [Recording(256) if writes and journaled(scope.toolkit.get(call.name)) else Channel(256)
                 for call in group]
     tasks = [loop.create_task(_run_tool(scope, call, ch, deadline), context=context.copy())
              for call, ch in zip(group, channels, strict=True)]
@@ -236,8 +243,7 @@ async def _run_tool(scope: ToolScope, call: ToolUseBlock, channel: Channel, dead
     # forwards its events straight into the call's channel.
     current_tool_call.set(call)
     TOOL_CALL.set((call, channel))
-    recording = channel if type(channel) is _Recording else None
-    journal = scope.journal if recording is not None else None
+    journal = scope.journal
     if journal is not None:
         entry = journal.recorded(cid)
         if entry is not None:  # (a resumed run settled its calls in doubt first: `agent._in_doubt`)
@@ -247,6 +253,9 @@ async def _run_tool(scope: ToolScope, call: ToolUseBlock, channel: Channel, dead
                 channel.push(ev)
             channel.finish(None)
             return
+    recording = channel if type(channel) is Recording else None
+    if recording is None:
+        journal = None  # (not journaled: an idempotent tool, or a store that needs no journal)
     await channel.put(ToolResultStart(reply_id=reply_id, tool_call_id=cid, tool_name=name, **meta))
     error_text: str | None = INTERRUPTED_TEXT
     state = ToolResultState.INTERRUPTED
@@ -275,7 +284,8 @@ async def _run_tool(scope: ToolScope, call: ToolUseBlock, channel: Channel, dead
                 await journal.result(call, block)
         elif state is ToolResultState.RUNNING:
             journal.drop(cid)  # its sub-agent asks the user: it runs again when answered
-        # (interrupted: its effect may be half done; its intent stays, and the run's end closes it)
+        elif journal.recorded(cid) is not None:  # interrupted after it started: the model must not assume
+            error_text = INTERRUPTED_UNSURE_TEXT  # it did nothing (and call it again)
     # After a cancellation nobody may be reading: pushed without waiting for room.
     if error_text is not None:
         channel.push(ToolResultTextDelta(reply_id=reply_id, tool_call_id=cid, tool_name=name, delta=error_text))
@@ -284,58 +294,6 @@ async def _run_tool(scope: ToolScope, call: ToolUseBlock, channel: Channel, dead
 
 
 INTERRUPTED_TEXT = "The tool call was interrupted."
-UNSETTLED_TEXT = ("Error: this call may or may not have taken effect (its run stopped while it ran) and nothing "
-                  "decided which; it was not run again.")
-
-
-def _journaled(tool: Tool | None) -> bool:
-    return tool is not None and not tool.idempotent and not tool.external
-
-
-class _Recording(Channel):
-    """A journaled call's channel: keeps the output it carries, for the call's recorded result."""
-
-    __slots__ = ("parts",)
-
-    def __init__(self, size: int) -> None:
-        super().__init__(size)
-        self.parts: list[str | DataBlock] = []
-
-    def _keep(self, item: Any) -> None:
-        if item.source is None:  # (a sub-agent's forwarded events are not the call's output)
-            t = item.type
-            if t == "tool_result_text_delta":
-                self.parts.append(item.delta)
-            elif t == "tool_result_data_delta":
-                self.parts.append(item.data)
-
-    def push(self, item: Any) -> None:
-        self._keep(item)
-        super().push(item)
-
-    async def put(self, item: Any) -> None:
-        self._keep(item)
-        await super().put(item)
-
-
-def replay_events(reply_id: str, block: ToolResultBlock, metadata: Any = None) -> list[AgentEvent]:
-    """The events of a recorded result, replayed (a resumed run's call that had ended): its
-    start says ``replayed``."""
-    cid, name = block.id, block.name
-    start_meta = {**(metadata or {}), "replayed": True}
-    events: list[AgentEvent] = [ToolResultStart(reply_id=reply_id, tool_call_id=cid, tool_name=name,
-                                                metadata=start_meta)]
-    output = block.output
-    for part in ([output] if isinstance(output, str) else output):
-        if isinstance(part, str | TextBlock):
-            text = part if isinstance(part, str) else part.text
-            if text:
-                events.append(ToolResultTextDelta(reply_id=reply_id, tool_call_id=cid, tool_name=name, delta=text))
-        elif isinstance(part, DataBlock):
-            events.append(ToolResultDataDelta(reply_id=reply_id, tool_call_id=cid, tool_name=name, data=part))
-    events.append(ToolResultEnd(reply_id=reply_id, tool_call_id=cid, tool_name=name, state=block.state,
-                                metadata=dict(metadata or {})))
-    return events
 
 
 async def _invoke(

@@ -63,6 +63,9 @@ class ToolIntent(BaseModel):
     idempotency_key: str
     run_id: str = ""
     """The id of the run (its reply id) that started the call."""
+    message_id: str = ""
+    """The id of the assistant message that made the call: an entry counts only for a call of
+    the session's last such message (a later reply may reuse a call id)."""
     step: int = 0
     """The reasoning round of the run whose reply made the call."""
     recorded_at: float = 0.0

@@ -22,6 +22,7 @@ from .._replies import join_output
 from ..errors import ResumeError, ToolInDoubtError
 from ..events import AgentEvent, ConfirmResult, RequireUserConfirm, ToolInDoubt
 from ..message import DataBlock, ToolResultBlock, ToolResultState, ToolUseBlock
+from ._journal import entry_of
 
 if TYPE_CHECKING:
     from ._scope import StepScope
@@ -65,7 +66,8 @@ async def settle(exe: StepScope, pending: list[ToolUseBlock], confirms: list[Con
     assert state is not None
     journal = state.tool_journal
     settled = Settled()
-    doubtful = [(c, journal[c.id]) for c in pending if c.id in journal]
+    entries = [(c, entry_of(state, c.id)) for c in pending if c.id in journal]
+    doubtful = [(c, entry) for c, entry in entries if entry is not None]
     if not doubtful:
         return settled
     answers = {c.tool_call_id: c for c in confirms}

@@ -22,13 +22,14 @@ from ._persist import checkpoint
 from .store import InMemoryStateStore
 
 if TYPE_CHECKING:
+    from .._state import AgentState
     from ..message import ToolResultBlock, ToolUseBlock
     from ..tool.toolkit import Tool
     from ._run_state import RunState
     from ._runtime import AgentRuntime
     from .context import RuntimeContext
 
-__all__ = ["SessionJournal"]
+__all__ = ["SessionJournal", "entry_of", "journal_of"]
 
 logger = logging.getLogger("agentscope_py")
 
@@ -36,29 +37,32 @@ logger = logging.getLogger("agentscope_py")
 class SessionJournal:
     """The journal of one run's session (`_acting.ToolJournal`)."""
 
-    __slots__ = ("_lock", "ctx", "durable", "run", "runtime")
+    __slots__ = ("_lock", "ctx", "run", "runtime", "writes")
 
     def __init__(self, runtime: AgentRuntime, ctx: RuntimeContext, run: RunState) -> None:
         self.runtime, self.ctx, self.run = runtime, ctx, run
-        # A session in this process's memory dies with it: its journal needs no write of its own
-        # (what a resume in this process needs is in the state itself).
-        self.durable = type(runtime.store) is not InMemoryStateStore
+        # A session in this process's memory dies with it: nothing to journal, and its calls cost
+        # nothing more (a recorded result it holds is still replayed).
+        self.writes = type(runtime.store) is not InMemoryStateStore
         self._lock: asyncio.Lock | None = None
 
     def recorded(self, call_id: str) -> ToolIntent | None:
         state = self.run.session
-        return None if state is None else state.tool_journal.get(call_id)
+        return None if state is None or not state.tool_journal else entry_of(state, call_id)
 
     async def intent(self, call: ToolUseBlock, tool: Tool) -> None:
         """Record that ``call`` is about to run, durably: returns once it is stored (else raises,
         and the tool must not run)."""
         state = self.run.session
         assert state is not None
-        ctx = self.ctx
-        state.tool_journal[call.id] = ToolIntent(
+        ctx, journal = self.ctx, state.tool_journal
+        message_id = _last_reply_id(state)
+        for stale in [k for k, e in journal.items() if e.message_id and e.message_id != message_id]:
+            del journal[stale]  # an earlier reply's: its calls have their results in the conversation
+        journal[call.id] = ToolIntent(
             call_id=call.id, tool=call.name, arguments=dict(call.input),
             idempotency_key=idempotency_key(ctx.user_id, ctx.session_id, call.id),
-            run_id=self.run.reply_id, step=self.run.iteration, recorded_at=time.time(),
+            run_id=self.run.reply_id, message_id=message_id, step=self.run.iteration, recorded_at=time.time(),
         )
         try:
             await self._write()
@@ -70,7 +74,7 @@ class SessionJournal:
         """Record the result of a call whose intent is recorded. A failed write is logged, not
         raised: the tool ran, its result goes on in memory, and the run's end saves it."""
         state = self.run.session
-        entry = None if state is None else state.tool_journal.get(call.id)
+        entry = None if state is None else entry_of(state, call.id)
         if state is None or entry is None:
             return
         state.tool_journal[call.id] = entry.model_copy(update={"result": block})
@@ -88,9 +92,28 @@ class SessionJournal:
             state.tool_journal.pop(call_id, None)
 
     async def _write(self) -> None:
-        if not self.durable:
-            return
         if self._lock is None:
             self._lock = asyncio.Lock()
         async with self._lock:
             await checkpoint(self.runtime, self.ctx, self.run)
+
+
+def journal_of(runtime: AgentRuntime, ctx: RuntimeContext, run: RunState) -> SessionJournal | None:
+    """The run's journal; None for a durable run, which journals in its workflow's history."""
+    return SessionJournal(runtime, ctx, run) if runtime.tool_executor is None else None
+
+
+def entry_of(state: AgentState, call_id: str) -> ToolIntent | None:
+    """The journal entry of call ``call_id`` of the session's last reply, if any: an entry of an
+    earlier reply whose call had the same id (models reuse ids such as ``call_0``) is not its."""
+    entry = state.tool_journal.get(call_id)
+    if entry is None or not entry.message_id:  # (an entry that names no message is taken as it is)
+        return entry
+    return entry if entry.message_id == _last_reply_id(state) else None
+
+
+def _last_reply_id(state: AgentState) -> str:
+    for msg in reversed(state.context):
+        if msg.role == "assistant":
+            return msg.id
+    return ""

@@ -34,7 +34,7 @@ from ..model.base import ModelRequest
 from ..stream import EventStream, aclose, aclosing
 from ._boundaries import all_observed, not_an_event, observed, require_event, warn_empty
 from ._brackets import Brackets
-from ._journal import SessionJournal
+from ._journal import journal_of
 from ._persist import finish, finish_quietly, save_once
 from ._prelude import prelude
 from ._run_state import RunState
@@ -55,7 +55,6 @@ from ._steps import (
     Step,
 )
 from ._structured import StructuredOutput
-from .store import InMemoryStateStore
 
 if TYPE_CHECKING:
     from ..events import RequestStop
@@ -98,12 +97,8 @@ class Execution:
         if structured_model is not None:
             self.structured = StructuredOutput(structured_model, agent.model, self.options, toolkit, run)
             self.options, toolkit = self.structured.options, self.structured.toolkit
-        # A session in this process's memory dies with it, and a durable run journals in its own
-        # history: only a session in a store of its own keeps a tool journal (`_journal`).
-        journaled = runtime.tool_executor is None and type(runtime.store) is not InMemoryStateStore
         self.tools = ToolScope(toolkit, ctx, self.reply_id, self.control, run.preapproved,
-                               executor=runtime.tool_executor,
-                               journal=SessionJournal(runtime, ctx, run) if journaled else None)
+                               executor=runtime.tool_executor, journal=journal_of(runtime, ctx, run))
         parts, trace = runtime.participants, runtime.trace
         self._model_call = compose(ExtensionPoint.ON_MODEL_CALL, parts, agent, ctx, self._model_core, trace,
                                    core_bound=True)
@@ -338,8 +333,6 @@ class Execution:
             run.end(msg, stop.generate_reason, shown=shown, built=True)
             run.close_calls(calls, "Not executed: the run was stopped before tools ran.", ToolResultState.ERROR)
         elif calls:
-            if session.tool_journal:  # every earlier call has its result: a new reply's calls start afresh
-                session.tool_journal.clear()
             session.context.append(msg)
             self.control.check()
             return NextStepAct(calls, shown or msg)

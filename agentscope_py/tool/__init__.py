@@ -9,8 +9,9 @@ from .toolkit import (
     ToolArgumentError,
     ToolIntent,
     Toolkit,
+    idempotency_key,
     tool,
 )
 
 __all__ = ["IdempotencyKey", "InDoubtPolicy", "PermissionDecision", "Reconcile", "Tool", "ToolArgumentError",
-           "ToolIntent", "Toolkit", "tool"]
+           "ToolIntent", "Toolkit", "idempotency_key", "tool"]

@@ -22,7 +22,7 @@ from ..errors import ToolArgumentError
 from ..events import EventBase
 from ..message import DataBlock, TextBlock, ToolUseBlock
 from ..model.base import ToolSchema
-from ._source import current_tool_call
+from ._current import current_tool_call
 
 if TYPE_CHECKING:
     from .._context import RuntimeContext

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, get_type_hints, overload
 from pydantic import Field
 
 from .._context import RuntimeContext
-from .._effects import IdempotencyKey, InDoubtPolicy, Reconcile, ToolIntent
+from .._effects import IdempotencyKey, InDoubtPolicy, Reconcile, ToolIntent, idempotency_key
 from .._state import AgentState
 from ..errors import SubAgentCycleError, ToolArgumentError, ToolConflictError
 from ..model.base import ToolSchema
@@ -30,7 +30,8 @@ if TYPE_CHECKING:
     from ._source import MCPToolsetMaker
 
 __all__ = ["IdempotencyKey", "InDoubtPolicy", "PermissionDecision", "Reconcile", "Tool", "ToolArgumentError",
-           "ToolIntent", "ToolSource", "Toolkit", "arguments_model", "clean_schema", "current_tool_call", "tool"]
+           "ToolIntent", "ToolSource", "Toolkit", "arguments_model", "clean_schema", "current_tool_call",
+           "idempotency_key", "tool"]
 
 # -- @tool ----------------------------------------------------------------------------------------
 
