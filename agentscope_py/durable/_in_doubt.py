@@ -71,17 +71,27 @@ def in_doubt(exc: ActivityError) -> bool:
     return not isinstance(cause, ApplicationError) or cause.type == IN_DOUBT_ERROR
 
 
+def _reply_id(scope: ToolScope) -> str:
+    """The id of the session's last assistant message: the one whose calls are acted on."""
+    state = scope.ctx.agent_state
+    context = [] if state is None else state.context
+    return next((m.id for m in reversed(context) if m.role == "assistant"), "")
+
+
 def intent(scope: ToolScope, call: ToolUseBlock, key: str) -> ToolIntent:
     return ToolIntent(call_id=call.id, tool=call.name, arguments=dict(call.input), idempotency_key=key,
-                      run_id=scope.reply_id, recorded_at=workflow.now().timestamp())
+                      run_id=scope.reply_id, message_id=_reply_id(scope), recorded_at=workflow.now().timestamp())
 
 
 def recorded(scope: ToolScope, call: ToolUseBlock) -> ToolResultBlock | None:
     """The result the session's journal holds for the call (settled by a resume: the user said
-    it happened, or skipped it), or None (it runs)."""
+    it happened, or skipped it), or None (it runs). An entry of an earlier reply whose call had
+    the same id is not this call's."""
     state = scope.ctx.agent_state
     entry = None if state is None else state.tool_journal.get(call.id)
-    return None if entry is None else entry.result
+    if entry is None or entry.message_id != _reply_id(scope):
+        return None
+    return entry.result
 
 
 async def replay(scope: ToolScope, call: ToolUseBlock, block: ToolResultBlock, channel: Channel) -> None:
