@@ -127,7 +127,7 @@ async def asked(scope: ToolScope, call: ToolUseBlock, key: str, channel: Channel
     message = (f"Did the call to {call.name} take effect? Its worker stopped while it ran (idempotency key "
                f"{key}). Answer done (with its result, if known), not done (run it), or skip.")
     raise ToolInputRequired(message, {
-        "message": message, "in_doubt": True, "idempotency_key": key,
+        "message": message, "question": message, "in_doubt": True, "idempotency_key": key,
         "schema": {"type": "object", "properties": {"done": {"type": "boolean"}, "result": {}},
                    "required": ["done"]}})
 

@@ -29,6 +29,7 @@ from temporalio.client import Client
 from agentscope_py._effects import idempotency_key
 from agentscope_py.durable import DurableAgent, DurableRun, make_worker
 from agentscope_py.events import AgentEvent, ConfirmResult, ToolInDoubt
+from agentscope_py.server.agui import IN_DOUBT_REASON, AguiMapper
 
 __all__ = ["temporal_address"]  # a fixture, used by name
 
@@ -206,8 +207,16 @@ async def test_a_call_in_doubt_is_run_skipped_or_failed_as_answered_never_blindl
         # the first start timed out before its effect; "not done" runs it once more, "skip" never
         assert (agents.STARTS[key], agents.APPLIED[key]) == ((2, 1) if said == "not_done" else (1, 0))
         assert reply.text == "finished slow_transfer ask 1"
-    (result,) = [ev for ev in await asked["skipped"][0].events() if ev.type == "tool_result_end"][-1:]
+    skipped = await asked["skipped"][0].events()
+    (result,) = [ev for ev in skipped if ev.type == "tool_result_end"][-1:]
     assert result.state == "error"
+    # Served over AG-UI, the asking turn ends with an interrupt of the in-doubt kind, as a local one.
+    mapper = AguiMapper("t", "r")
+    for ev in skipped[:next(i for i, ev in enumerate(skipped) if ev.type == "agent_end") + 1]:
+        mapper.map(ev)
+    (interrupt,) = mapper.finish()[-1].outcome.interrupts  # type: ignore[attr-defined]
+    assert (interrupt.reason, interrupt.tool_call_id) == (IN_DOUBT_REASON, asked["skipped"][2])
+    assert interrupt.metadata["idempotencyKey"] == idempotency_key("default", "skipped", asked["skipped"][2])
     assert await _doubts(failed) == [("reconcile", "failed")]
     assert failed_reply.text == "finished slow_pay reconcile 1"
     assert sum(agents.APPLIED[k] for k in agents.APPLIED if k not in {idempotency_key("default", s, c)
