@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -20,15 +21,19 @@ import sys
 import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
+import httpx
 import pytest
+import uvicorn
 from aiohttp import web
-from durable_helpers import HERE, Workers, temporal_address, until
+from durable_helpers import HERE, Workers, free_port, temporal_address, until
 from temporalio.client import Client
 
 from agentscope_py._effects import idempotency_key
-from agentscope_py.durable import DurableAgent, DurableRun, make_worker
+from agentscope_py.durable import DurableAgent, DurableRun, MemoryEventLog, make_worker
 from agentscope_py.events import AgentEvent, ConfirmResult, ToolInDoubt
+from agentscope_py.server import DurableServing, create_app
 from agentscope_py.server.agui import IN_DOUBT_REASON, AguiMapper
 
 __all__ = ["temporal_address"]  # a fixture, used by name
@@ -221,3 +226,42 @@ async def test_a_call_in_doubt_is_run_skipped_or_failed_as_answered_never_blindl
     assert failed_reply.text == "finished slow_pay reconcile 1"
     assert sum(agents.APPLIED[k] for k in agents.APPLIED if k not in {idempotency_key("default", s, c)
                                                                        for s, (_, _, c) in asked.items()}) == 0
+
+
+async def test_a_served_call_in_doubt_is_asked_and_answered_over_http(temporal_address: str) -> None:
+    import durable_effects_agents as agents
+
+    factory = "durable_effects_agents:build_slow"
+    client = await Client.connect(temporal_address)
+    queue, log = f"q-{uuid.uuid4().hex[:8]}", MemoryEventLog()
+    async with make_worker(client, [factory], task_queue=queue, config=agents.SLOW, events=log):
+        app = create_app(agents.build_slow, runner=DurableServing(client, factory=factory, events=log,
+                                                                  task_queue=queue))
+        server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=free_port(), log_level="warning"))
+        serving = asyncio.create_task(server.serve())
+        try:
+            async with asyncio.timeout(60):
+                while not server.started:
+                    await asyncio.sleep(0.05)
+                url = f"http://127.0.0.1:{server.config.port}"
+                async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+                    asking = _frames((await http.post("/v1/runs", json={"session_id": "served",
+                                                                        "input": "slow_transfer ask 1"})).text)
+                    (call,) = next(f for f in asking if f["type"] == "require_user_confirm")["tool_calls"]
+                    answer = {"tool_call_id": call["id"], "confirmed": True, "answer": {"done": True, "result": "ok"}}
+                    answered = _frames((await http.post("/v1/runs", json={"session_id": "served",
+                                                                          "confirm": [answer]})).text)
+        finally:
+            server.should_exit = True
+            await serving
+    key = idempotency_key("default", "served", call["id"])
+    assert [(f["policy"], f["outcome"], f["idempotency_key"]) for f in asking + answered
+            if f["type"] == "tool_in_doubt"] == [("ask", "asked", key), ("ask", "done", key)]
+    assert next(f for f in asking if f["type"] == "agent_result")["result"]["generate_reason"] == "permission_asking"
+    assert "".join(f.get("delta", "") for f in answered if f["type"] == "text_block_delta") == \
+        "finished slow_transfer ask 1"
+    assert (agents.STARTS[key], agents.APPLIED[key]) == (1, 0)  # never run again: the user said it happened
+
+
+def _frames(body: str) -> list[dict[str, Any]]:
+    return [json.loads(line[6:]) for line in body.splitlines() if line.startswith("data: ")]
