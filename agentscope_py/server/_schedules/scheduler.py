@@ -1,0 +1,128 @@
+"""`Scheduler`: in each serve process, the task that fires schedules' ticks.
+
+Each pass reads every schedule from the store and, for each, claims its due ticks in order
+(`ScheduleStore.claim`: one process wins a tick) and starts the run of each tick it won. A tick
+counts as *missed* once it is more than `LATE` seconds past (no process was up to fire it): the
+schedule's ``missed_ticks`` policy decides, from its last claimed tick, whether the missed ticks
+are skipped or run once, together, as one run. Between passes it sleeps until the next tick of any
+schedule, at most ``poll`` seconds (how soon it sees a schedule another process created), and
+wakes at once when this process creates one.
+
+A process killed between claiming a tick and starting its run loses that tick's run, as it would
+lose the run itself a moment later (a served run does not outlive its process; durable runs do:
+docs/durable.md)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+
+from .clock import Clock
+from .spec import Fired, Schedule
+from .store import ScheduleStore
+
+__all__ = ["LATE", "POLL", "Fire", "Scheduler"]
+
+log = logging.getLogger("agentscope_py.server")
+
+LATE = 60.0
+"""Seconds after which a tick nobody fired counts as missed (a tick fired later than its time,
+but within this, is only late: a loaded process, a restart)."""
+POLL = 1.0
+"""The longest a scheduler sleeps between passes."""
+
+Fire = Callable[[Schedule, int, bool], Awaitable[str]]
+"""``fire(schedule, tick, missed)``: start the run of ``tick`` and return its run id; raise to
+say why it did not start (a busy thread that rejects, a limit, a store down)."""
+
+
+class Scheduler:
+    """Fires the ticks of ``store``'s schedules through ``fire``, on ``clock``'s time."""
+
+    def __init__(self, store: ScheduleStore, fire: Fire, clock: Clock, *, poll: float = POLL,
+                 late: float = LATE) -> None:
+        self.store = store
+        self.fire = fire
+        self.clock = clock
+        self.poll = poll
+        self.late = late
+        self._changed = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        if self._task is None or self._task.done():
+            self._changed = asyncio.Event()
+            self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+
+    def changed(self) -> None:
+        """A schedule was created or deleted here: look again now."""
+        self._changed.set()
+
+    async def _run(self) -> None:
+        while True:
+            self._changed.clear()
+            try:
+                delay = await self.run_due()
+            except Exception as exc:  # the store failed: tried again next pass
+                log.warning("scheduler: reading the schedules failed: %s", exc)
+                delay = self.poll
+            sleep = asyncio.ensure_future(self.clock.sleep(delay))
+            woken = asyncio.ensure_future(self._changed.wait())
+            try:
+                await asyncio.wait((sleep, woken), return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for task in (sleep, woken):
+                    task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await asyncio.gather(sleep, woken, return_exceptions=True)
+
+    async def run_due(self) -> float:
+        """One pass: fire what is due now; the seconds until the next pass."""
+        now = self.clock.now()
+        wake = now + self.poll
+        for schedule in await self.store.all():
+            try:
+                last = await self._due(schedule, now)
+            except Exception as exc:  # one schedule's failure does not stop the others
+                log.warning("scheduler: schedule %s: %s", schedule.schedule_id, exc)
+                continue
+            wake = min(wake, schedule.ticks.after(max(now, last)))
+        return max(wake - self.clock.now(), 0.0)
+
+    async def _due(self, schedule: Schedule, now: float) -> int:
+        """Claim and fire ``schedule``'s ticks due at ``now``; the last tick it saw claimed."""
+        ticks, sid, last = schedule.ticks, schedule.schedule_id, schedule.last_tick
+        horizon = now - self.late
+        missed = ticks.at_or_before(horizon)
+        if missed > last:
+            if await self.store.claim(sid, missed):
+                if schedule.missed_ticks == "catch_up":
+                    await self._fire(schedule, missed, True)
+                else:
+                    log.info("scheduler: schedule %s: skipped the ticks missed up to %s", sid, ticks.iso(missed))
+            last = missed
+        tick = ticks.after(max(last, horizon))
+        while tick <= now:
+            if await self.store.claim(sid, tick):
+                await self._fire(schedule, tick, False)
+            last = tick
+            tick = ticks.after(tick)
+        return last
+
+    async def _fire(self, schedule: Schedule, tick: int, missed: bool) -> None:
+        try:
+            fired = Fired(tick=tick, run_id=await self.fire(schedule, tick, missed), missed=missed)
+        except Exception as exc:
+            detail = getattr(exc, "detail", None) or f"{type(exc).__name__}: {exc}"
+            log.warning("scheduler: schedule %s: the run of %s did not start: %s", schedule.schedule_id,
+                        schedule.ticks.iso(tick), detail)
+            fired = Fired(tick=tick, error=str(detail), missed=missed)
+        await self.store.record(schedule.schedule_id, fired)
