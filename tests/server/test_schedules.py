@@ -297,3 +297,19 @@ async def test_two_processes_on_one_store_fire_each_tick_once() -> None:
     assert len(ticks) == len(set(ticks)) == 20 and ticks == sorted(ticks)  # the latest 20, each once
     assert ticks[-1] == int(clock.now()) and all(b - a == 1 for a, b in itertools.pairwise(ticks))
     assert all(f.run_id for f in found.recent)
+
+
+async def test_a_process_without_the_scheduler_serves_the_api_and_fires_nothing(served: Served) -> None:
+    """``create_app(run_schedules=False)`` (``serve --no-scheduler``)."""
+    from agentscope_py.cli import _app_options, _parser
+
+    args = _parser().parse_args(["serve", "--no-scheduler"])
+    assert args.no_scheduler and _app_options({"no_scheduler": True})["run_schedules"] is False
+    clock = FakeClock(datetime(2026, 6, 1, 10, 59, 59, tzinfo=PARIS))
+    client = await served(create_app(agent(), clock=clock, run_schedules=False))
+    sid = (await client.post("/v1/schedules", json={"cron": "0 * * * *", "thread": "new", "input": "go"})).json()[
+        "schedule_id"]
+    clock.advance(3601)
+    await asyncio.sleep(0.2)
+    described = (await client.get(f"/v1/schedules/{sid}")).json()
+    assert described["recent_runs"] == [] and described["next_fire_at"] == "2026-06-01T11:00:00+00:00"
