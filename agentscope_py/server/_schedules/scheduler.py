@@ -20,7 +20,7 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from .clock import Clock
-from .spec import Fired, Schedule
+from .spec import FiredTick, Schedule
 from .store import ScheduleStore
 
 __all__ = ["LATE", "POLL", "Fire", "Scheduler"]
@@ -119,10 +119,10 @@ class Scheduler:
 
     async def _fire(self, schedule: Schedule, tick: int, missed: bool) -> None:
         try:
-            fired = Fired(tick=tick, run_id=await self.fire(schedule, tick, missed), missed=missed)
+            fired = FiredTick(tick=tick, run_id=await self.fire(schedule, tick, missed), missed=missed)
         except Exception as exc:
             detail = getattr(exc, "detail", None) or f"{type(exc).__name__}: {exc}"
             log.warning("scheduler: schedule %s: the run of %s did not start: %s", schedule.schedule_id,
                         schedule.ticks.iso(tick), detail)
-            fired = Fired(tick=tick, error=str(detail), missed=missed)
+            fired = FiredTick(tick=tick, error=str(detail), missed=missed)
         await self.store.record(schedule.schedule_id, fired)

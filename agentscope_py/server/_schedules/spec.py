@@ -1,5 +1,5 @@
 """What a schedule is: the body of ``POST /v1/schedules`` (`ScheduleRequest`), what a store keeps
-(`Schedule`, its recent runs as `Fired`), and its ticks (`Ticks`: the cron expression read by
+(`Schedule`, its recent runs as `FiredTick`), and its ticks (`Ticks`: the cron expression read by
 croniter in the schedule's time zone).
 
 Cron expressions have 5 fields (minute hour day-of-month month day-of-week) or 6 with seconds
@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from ...agent import MultitaskStrategy
 from ...message import Msg
 
-__all__ = ["MAX_RECENT", "NEW_THREAD", "Fired", "MissedTicks", "Schedule", "ScheduleRequest", "Ticks",
+__all__ = ["MAX_RECENT", "NEW_THREAD", "FiredTick", "MissedTicks", "Schedule", "ScheduleRequest", "Ticks",
            "is_schedule_id", "new_schedule_id", "schedule_of"]
 
 NEW_THREAD = "new"
@@ -121,7 +121,7 @@ class ScheduleRequest(BaseModel):
         return self
 
 
-class Fired(BaseModel):
+class FiredTick(BaseModel):
     """One fired tick: the run it started (``run_id``), or why none started (``error``);
     ``missed``: the ticks it stands for were missed (a ``catch_up`` run)."""
 
@@ -147,7 +147,7 @@ class Schedule(BaseModel):
     missed_ticks: MissedTicks = "skip"
     created_at: float
     last_tick: int
-    recent: list[Fired] = Field(default_factory=list)
+    recent: list[FiredTick] = Field(default_factory=list)
 
     @property
     def ticks(self) -> Ticks:

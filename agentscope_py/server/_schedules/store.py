@@ -11,14 +11,9 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 
-from ...errors import AgentScopeError
-from .spec import MAX_RECENT, Fired, Schedule
+from .spec import MAX_RECENT, FiredTick, Schedule
 
-__all__ = ["InMemoryScheduleStore", "ScheduleStore", "ScheduleStoreError"]
-
-
-class ScheduleStoreError(AgentScopeError):
-    """The schedule store failed (unreachable, a file that cannot be written); clients hear a 503."""
+__all__ = ["InMemoryScheduleStore", "ScheduleStore"]
 
 
 class ScheduleStore(ABC):
@@ -49,7 +44,7 @@ class ScheduleStore(ABC):
         ``tick`` its last; whether this call did (only one caller ever does for a tick)."""
 
     @abstractmethod
-    async def record(self, schedule_id: str, fired: Fired) -> None:
+    async def record(self, schedule_id: str, fired: FiredTick) -> None:
         """Remember a fired tick (the latest `MAX_RECENT`)."""
 
     async def list(self, user_id: str) -> list[Schedule]:
@@ -86,7 +81,7 @@ class InMemoryScheduleStore(ScheduleStore):
         found.last_tick = tick
         return True
 
-    async def record(self, schedule_id: str, fired: Fired) -> None:
+    async def record(self, schedule_id: str, fired: FiredTick) -> None:
         found = self._schedules.get(schedule_id)
         if found is not None:
             found.recent = [*found.recent, fired][-MAX_RECENT:]

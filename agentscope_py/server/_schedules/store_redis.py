@@ -17,8 +17,9 @@ from collections.abc import Iterator
 from typing import Any
 
 from ..._redis import PerLoop, Redis, RedisError, RedisSettings, check_source
-from .spec import MAX_RECENT, Fired, Schedule
-from .store import ScheduleStore, ScheduleStoreError
+from ...errors import ScheduleStoreError
+from .spec import MAX_RECENT, FiredTick, Schedule
+from .store import ScheduleStore
 
 __all__ = ["RedisScheduleStore"]
 
@@ -128,7 +129,7 @@ class RedisScheduleStore(ScheduleStore):
         with _typed(f"claiming a tick of schedule {schedule_id}"):
             return bool(await claim(keys=[self._key(schedule_id)], args=[tick]))
 
-    async def record(self, schedule_id: str, fired: Fired) -> None:
+    async def record(self, schedule_id: str, fired: FiredTick) -> None:
         record = self._clients.get()[2]
         key = self._key(schedule_id)
         with _typed(f"recording a run of schedule {schedule_id}"):

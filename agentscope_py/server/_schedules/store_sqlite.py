@@ -15,8 +15,9 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
-from .spec import MAX_RECENT, Fired, Schedule
-from .store import ScheduleStore, ScheduleStoreError
+from ...errors import ScheduleStoreError
+from .spec import MAX_RECENT, FiredTick, Schedule
+from .store import ScheduleStore
 
 __all__ = ["SqliteScheduleStore"]
 
@@ -94,7 +95,7 @@ class SqliteScheduleStore(ScheduleStore):
             "UPDATE schedules SET last_tick = ? WHERE schedule_id = ? AND last_tick < ?",
             (tick, schedule_id, tick)).rowcount > 0, f"claiming a tick of schedule {schedule_id}")
 
-    async def record(self, schedule_id: str, fired: Fired) -> None:
+    async def record(self, schedule_id: str, fired: FiredTick) -> None:
         def write(conn: sqlite3.Connection) -> None:
             row = conn.execute("SELECT recent FROM schedules WHERE schedule_id = ?", (schedule_id,)).fetchone()
             if row is not None:
