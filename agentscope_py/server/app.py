@@ -46,7 +46,7 @@ from ._runs.runlog import InMemoryRunLog, RunLog, RunRecord
 from ._runs.runlog_sqlite import SqliteRunLog
 from ._runs.runs import Runner, Runs
 from ._schedules.clock import Clock, SystemClock
-from ._schedules.endpoints import ScheduleApi
+from ._schedules.endpoints import ScheduleApi, ScheduleEndpoints
 from ._schedules.scheduler import Scheduler
 from ._schedules.spec import Schedule, ScheduleRequest
 from ._schedules.store import InMemoryScheduleStore, ScheduleStore
@@ -90,8 +90,13 @@ class _Server:
         self.multitask_strategy = multitask_strategy
         self.page = resources.files(__package__).joinpath("static/index.html").read_bytes()
         clock = clock if clock is not None else SystemClock()
-        scheduler = Scheduler(schedule_store, self.fire_schedule, clock) if run_schedules else None
-        self.schedules = ScheduleApi(schedule_store, clock, scheduler)
+        durable = getattr(runner, "schedules", None)  # durable runs: Temporal Schedules
+        self.schedules: ScheduleEndpoints
+        if durable is not None:
+            self.schedules = durable(clock)
+        else:
+            scheduler = Scheduler(schedule_store, self.fire_schedule, clock) if run_schedules else None
+            self.schedules = ScheduleApi(schedule_store, clock, scheduler)
 
     @property
     def agent(self) -> ReActAgent:
@@ -524,16 +529,12 @@ def create_app(
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         server.agent  # noqa: B018 - the factory runs at startup, so a broken one fails early
         await server.registry.start()
-        scheduler = server.schedules.scheduler
-        if scheduler is not None:
-            scheduler.start()
+        await server.schedules.start()
         try:
             yield
         finally:
-            if scheduler is not None:
-                await scheduler.close()
+            await server.schedules.close()
             await server.registry.close()
-            await server.schedules.store.close()
 
     routes = [
         Route("/", server.index, methods=["GET"]),

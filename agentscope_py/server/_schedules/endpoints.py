@@ -5,7 +5,7 @@ bad input is a 422 saying what was wrong and what to give; a store that fails is
 from __future__ import annotations
 
 from collections.abc import Awaitable
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from .._errors import HTTPError
 from .._requests import check_name
@@ -14,9 +14,26 @@ from .scheduler import Scheduler
 from .spec import NEW_THREAD, Schedule, ScheduleRequest, is_schedule_id, schedule_of
 from .store import ScheduleStore
 
-__all__ = ["ScheduleApi"]
+__all__ = ["ScheduleApi", "ScheduleEndpoints"]
 
 _T = TypeVar("_T")
+
+
+class ScheduleEndpoints(Protocol):
+    """What answers ``/v1/schedules`` for an app: `ScheduleApi` (schedules in a store, fired by
+    this process's `Scheduler`), or Temporal Schedules for durable runs (`DurableServing`)."""
+
+    async def start(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    async def create(self, request: ScheduleRequest, user_id: str) -> dict[str, Any]: ...
+
+    async def list(self, user_id: str) -> dict[str, Any]: ...
+
+    async def get(self, schedule_id: str, user_id: str) -> dict[str, Any]: ...
+
+    async def delete(self, schedule_id: str, user_id: str) -> dict[str, Any]: ...
 
 
 class ScheduleApi:
@@ -27,6 +44,15 @@ class ScheduleApi:
         self.store = store
         self.clock = clock
         self.scheduler = scheduler
+
+    async def start(self) -> None:
+        if self.scheduler is not None:
+            self.scheduler.start()
+
+    async def close(self) -> None:
+        if self.scheduler is not None:
+            await self.scheduler.close()
+        await self.store.close()
 
     async def create(self, request: ScheduleRequest, user_id: str) -> dict[str, Any]:
         check_name(user_id, "user_id")
