@@ -7,7 +7,7 @@ its own workflow id: the same on every replay), registers the run in the event l
 (`describe_run_activity`, so ``GET /v1/runs/{run_id}/events`` finds it), and starts the durable
 run's workflow (`AgentRunWorkflow`) as a child that outlives it, on the session's workflow id as
 `DurableAgent.start` would: a session runs one run at a time, and a tick meeting its fixed thread
-busy is refused (the tick's result says so)."""
+busy is refused (the tick's result and the run's log say so)."""
 
 from __future__ import annotations
 
@@ -44,11 +44,14 @@ def tick_of(workflow_id: str, action_id: str) -> int:
 @activity.defn(name=DESCRIBE_RUN_ACTIVITY)
 async def describe_run_activity(payload: dict[str, Any]) -> None:
     """Register a scheduled run in the worker's event log, or (``annotate``) add to its record
-    the workflow execution it runs in (no log: nobody watches it live)."""
+    the workflow execution it runs in, or (``refused``) end it as refused: its thread was busy
+    (no log: nobody watches it live)."""
     event_log = log_for(activity.info().task_queue)
     if event_log is None:
         return
-    if payload.get("annotate"):
+    if payload.get("refused"):
+        await event_log.end(payload["run_id"], 0, "refused")
+    elif payload.get("annotate"):
         await event_log.annotate(payload["run_id"], payload["meta"])
     else:
         await event_log.describe(payload["run_id"], payload["meta"])  # (a retry finds it there: fine)
@@ -74,7 +77,9 @@ class ScheduledRunWorkflow:
             child = await workflow.start_child_workflow(
                 WORKFLOW_NAME, payload, id=workflow_id, task_queue=info.task_queue, memo={"run_id": run_id},
                 parent_close_policy=workflow.ParentClosePolicy.ABANDON)
-        except WorkflowAlreadyStartedError:
+        except WorkflowAlreadyStartedError:  # its log says so: no client waits on a run that never starts
+            await workflow.execute_activity(DESCRIBE_RUN_ACTIVITY, {"run_id": run_id, "refused": True},
+                                            start_to_close_timeout=timedelta(seconds=30))
             return {"tick": tick, "run_id": None,
                     "error": f"session {user_id}/{session_id} is running another run: this tick was refused"}
         execution = child.first_execution_run_id or ""

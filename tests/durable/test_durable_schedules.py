@@ -28,6 +28,14 @@ pytestmark = pytest.mark.timeout(90)
 FACTORY = "durable_schedule_agents:build"
 
 
+async def settled(client: Client, queue: str) -> None:
+    """Every workflow on ``queue`` closed (the schedule deleted first): a worker stopped under a
+    run in flight would leave it to another worker, and here there is none."""
+    async with asyncio.timeout(20):
+        while [w async for w in client.list_workflows(f'TaskQueue="{queue}" AND ExecutionStatus="Running"')]:
+            await asyncio.sleep(0.2)
+
+
 async def test_a_schedule_is_a_temporal_schedule_starting_durable_runs(temporal_address: str) -> None:
     client = await Client.connect(temporal_address)
     queue, log = f"q-{uuid.uuid4().hex[:8]}", MemoryEventLog()
@@ -73,7 +81,33 @@ async def test_a_schedule_is_a_temporal_schedule_starting_durable_runs(temporal_
         assert (await http.delete(f"/v1/schedules/{sid}", headers={"x-user-id": "bob"})).status_code == 403
         gone = await http.delete(f"/v1/schedules/{sid}", headers=ann)
         assert gone.json() == {"schedule_id": sid, "deleted": True}
+        await settled(client, queue)
         with pytest.raises(RPCError) as missing:
             await client.get_schedule_handle(f"agentscope-schedule-{sid}").describe()
         assert missing.value.status == RPCStatusCode.NOT_FOUND
         assert (await http.get(f"/v1/schedules/{sid}", headers=ann)).status_code == 404
+
+
+async def test_a_tick_meeting_its_thread_busy_is_refused_and_said_so(temporal_address: str) -> None:
+    client = await Client.connect(temporal_address)
+    queue, log = f"q-{uuid.uuid4().hex[:8]}", MemoryEventLog()
+    factory = "durable_schedule_agents:build_slow"
+    app = create_app(build, runner=DurableServing(client, factory=factory, events=log, task_queue=queue))
+    transport = httpx.ASGITransport(app=app)
+    async with make_worker(client, [factory], task_queue=queue, events=log), app.router.lifespan_context(app), \
+            httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1", timeout=20) as http:
+        made = await http.post("/v1/schedules", json={"cron": "* * * * * *", "thread": "busy", "input": "go"})
+        sid = made.json()["schedule_id"]
+        runs: list[dict[str, Any]] = []
+        async with asyncio.timeout(30):
+            while not (any(r["run_id"] for r in runs) and any(r["error"] for r in runs)):
+                await asyncio.sleep(0.3)
+                runs = (await http.get(f"/v1/schedules/{sid}")).json()["recent_runs"]
+        runs = (await http.get(f"/v1/schedules/{sid}")).json()["recent_runs"]
+        await http.delete(f"/v1/schedules/{sid}")
+        await settled(client, queue)
+    refused = [r for r in runs if r["error"]]
+    assert all(r["run_id"] is None and "running another run" in r["error"] for r in refused)
+    started = [r["run_id"] for r in runs if r["run_id"]]
+    sessions = [(await log.meta(run_id) or {}).get("session") for run_id in started]
+    assert sessions and all(session == "busy" for session in sessions)

@@ -27,7 +27,7 @@ from temporalio.client import (
 )
 from temporalio.service import RPCError, RPCStatusCode
 
-from ...durable import SCHEDULED_RUN_WORKFLOW, scheduled_run_id
+from ...durable import SCHEDULED_RUN_WORKFLOW, EventLog, scheduled_run_id
 from .._errors import HTTPError
 from .._requests import check_name
 from .._schedules.clock import Clock
@@ -53,10 +53,10 @@ class DurableSchedules:
     """The schedules of an app serving durable runs (`DurableServing`); ``client``: connects
     (or returns the connected) Temporal client."""
 
-    def __init__(self, client: Callable[[], Awaitable[Client]], factory: str, task_queue: str, live: bool,
+    def __init__(self, client: Callable[[], Awaitable[Client]], factory: str, task_queue: str, events: EventLog,
                  clock: Clock) -> None:
         self._client = client
-        self.factory, self.task_queue, self.live, self.clock = factory, task_queue, live, clock
+        self.factory, self.task_queue, self.events, self.clock = factory, task_queue, events, clock
 
     async def start(self) -> None:
         """Nothing to start: Temporal fires the schedules, not a scheduler of this process."""
@@ -81,7 +81,7 @@ class DurableSchedules:
         action_id = f"agentscope-tick-{sid}"
         messages = [m.model_dump(mode="json") for m in schedule.messages()]
         inp = {"factory": self.factory, "messages": messages, "user_id": user_id,
-               "thread": schedule.thread, "schedule_id": sid, "action_id": action_id, "live": self.live}
+               "thread": schedule.thread, "schedule_id": sid, "action_id": action_id, "live": True}
         catch_up = CATCH_UP_WINDOW if schedule.missed_ticks == "catch_up" else timedelta(seconds=LATE)
         plan = TemporalSchedule(
             action=ScheduleActionStartWorkflow(SCHEDULED_RUN_WORKFLOW, inp, id=action_id, task_queue=self.task_queue),
@@ -139,10 +139,10 @@ class DurableSchedules:
             if exc.status == RPCStatusCode.NOT_FOUND:
                 return None
             raise _unavailable(exc) from exc
-        return await _shown(description, self.clock.now())
+        return await _shown(description, self.clock.now(), self.events)
 
 
-async def _shown(description: ScheduleDescription, now: float) -> dict[str, Any] | None:
+async def _shown(description: ScheduleDescription, now: float, events: EventLog) -> dict[str, Any] | None:
     stored = await description.memo_value(_MEMO, None)
     if not isinstance(stored, str):
         return None
@@ -157,7 +157,13 @@ async def _shown(description: ScheduleDescription, now: float) -> dict[str, Any]
         action = result.action
         if isinstance(action, ScheduleActionExecutionStartWorkflow):
             tick = round(result.scheduled_at.timestamp())
-            runs.append({"tick": tick, "run_id": scheduled_run_id(action.workflow_id), "error": None,
+            run_id = scheduled_run_id(action.workflow_id)
+            try:
+                refused = ((await events.meta(run_id)) or {}).get("ended") == "refused"
+            except Exception:  # only decoration: the run's id stands without it
+                refused = False
+            error = "refused: its thread was running another run" if refused else None
+            runs.append({"tick": tick, "run_id": None if refused else run_id, "error": error,
                          "missed": (result.started_at - result.scheduled_at).total_seconds() > LATE,
                          "tick_at": ticks.iso(tick)})
     shown["recent_runs"] = runs

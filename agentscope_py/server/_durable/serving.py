@@ -105,7 +105,7 @@ class DurableServing:
 
     def schedules(self, clock: Clock) -> DurableSchedules:
         """The app's ``/v1/schedules``: Temporal Schedules starting durable runs (`DurableSchedules`)."""
-        return DurableSchedules(self.client, self.factory, self.task_queue, True, clock)
+        return DurableSchedules(self.client, self.factory, self.task_queue, self.events, clock)
 
     def stream(self, agent: Any, msgs: list[Any], ctx: RuntimeContext, run_id: str) -> EventStream[AgentEvent]:
         """The events of a run about to start (`DurableRuns._create` starts it). Iterated
