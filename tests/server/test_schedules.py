@@ -313,3 +313,29 @@ async def test_a_process_without_the_scheduler_serves_the_api_and_fires_nothing(
     await asyncio.sleep(0.2)
     described = (await client.get(f"/v1/schedules/{sid}")).json()
     assert described["recent_runs"] == [] and described["next_fire_at"] == "2026-06-01T11:00:00+00:00"
+
+
+async def test_a_frequent_schedule_restarted_fires_only_its_grace_not_a_burst(tmp_path: Path) -> None:
+    """An every-second schedule whose process was down for a minute and a half: on restart the
+    ticks of the last `MIN_GRACE` seconds are only late and fire; the earlier ones are missed
+    (``skip``: none of them run; ``catch_up``: one run for all)."""
+    path = tmp_path / "runs.db"
+    clock = FakeClock(datetime(2026, 6, 1, 10, 0, 0, tzinfo=PARIS))
+    made: list[str] = []
+    async with Served() as served:
+        client = await _restart(served, path, clock)
+        for policy in ("skip", "catch_up"):
+            answer = await client.post("/v1/schedules", json={"cron": "* * * * * *", "thread": "new", "input": "x",
+                                                              "missed_ticks": policy})
+            made.append(answer.json()["schedule_id"])
+    clock.advance(90)
+    async with Served() as served:
+        client = await _restart(served, path, clock)
+        skip = await until(lambda: _at_least(client, made[0], 5, "default"), "the late ticks")
+        caught = await until(lambda: _at_least(client, made[1], 6, "default"), "the late ticks and the catch-up")
+        await asyncio.sleep(0.2)
+        assert len(await recent(client, made[0], "default")) == 5
+        assert len(await recent(client, made[1], "default")) == 6
+    now = int(clock.now())
+    assert [r["tick"] for r in skip] == list(range(now, now - 5, -1)) and not any(r["missed"] for r in skip)
+    assert [r["missed"] for r in caught] == [False] * 5 + [True] and caught[-1]["tick"] == now - 5

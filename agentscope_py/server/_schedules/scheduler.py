@@ -2,9 +2,12 @@
 
 Each pass reads every schedule from the store and, for each, claims its due ticks in order
 (`ScheduleStore.claim`: one process wins a tick) and starts the run of each tick it won. A tick
-counts as *missed* once it is more than `LATE` seconds past (no process was up to fire it): the
-schedule's ``missed_ticks`` policy decides, from its last claimed tick, whether the missed ticks
-are skipped or run once, together, as one run. Between passes it sleeps until the next tick of any
+nobody fired within its schedule's period (at least `MIN_GRACE`, at most `LATE` seconds) counts
+as *missed* (no process was up to fire it): the schedule's ``missed_ticks`` policy decides, from
+its last claimed tick, whether the missed ticks are skipped or run once, together, as one run.
+A tick fired later than its time but within that grace is only late (a loaded process, a quick
+restart), so a restart after a long stop fires at most the grace's worth of a frequent
+schedule's ticks, not a burst of every tick of the last minute. Between passes it sleeps until the next tick of any
 schedule, at most ``poll`` seconds (how soon it sees a schedule another process created), and
 wakes at once when this process creates one.
 
@@ -23,13 +26,15 @@ from .clock import Clock
 from .spec import FiredTick, Schedule
 from .store import ScheduleStore
 
-__all__ = ["LATE", "POLL", "Fire", "Scheduler"]
+__all__ = ["LATE", "MIN_GRACE", "POLL", "Fire", "Scheduler"]
 
 log = logging.getLogger("agentscope_py.server")
 
 LATE = 60.0
-"""Seconds after which a tick nobody fired counts as missed (a tick fired later than its time,
-but within this, is only late: a loaded process, a restart)."""
+"""The most seconds a tick nobody fired may be late and still fire (an hourly schedule's grace)."""
+MIN_GRACE = 5.0
+"""The least: an every-second schedule's ticks still fire when a loaded process is a few seconds
+late, as another process would have fired them."""
 POLL = 1.0
 """The longest a scheduler sleeps between passes."""
 
@@ -42,12 +47,13 @@ class Scheduler:
     """Fires the ticks of ``store``'s schedules through ``fire``, on ``clock``'s time."""
 
     def __init__(self, store: ScheduleStore, fire: Fire, clock: Clock, *, poll: float = POLL,
-                 late: float = LATE) -> None:
+                 late: float = LATE, min_grace: float = MIN_GRACE) -> None:
         self.store = store
         self.fire = fire
         self.clock = clock
         self.poll = poll
         self.late = late
+        self.min_grace = min_grace
         self._changed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
@@ -100,7 +106,8 @@ class Scheduler:
     async def _due(self, schedule: Schedule, now: float) -> int:
         """Claim and fire ``schedule``'s ticks due at ``now``; the last tick it saw claimed."""
         ticks, sid, last = schedule.ticks, schedule.schedule_id, schedule.last_tick
-        horizon = now - self.late
+        latest = ticks.at_or_before(now)
+        horizon = now - min(self.late, max(self.min_grace, ticks.after(latest) - latest))
         missed = ticks.at_or_before(horizon)
         if missed > last:
             if await self.store.claim(sid, missed):
