@@ -70,7 +70,10 @@ class ScheduledRunWorkflow:
             DESCRIBE_RUN_ACTIVITY, {"run_id": run_id, "meta": {"user": user_id, "session": session_id,
                                                                "kind": "native"}},
             start_to_close_timeout=timedelta(seconds=30))
-        payload = {"factory": inp["factory"], "messages": inp["messages"], "user_id": user_id,
+        # Each tick's messages have ids of their own (made from the workflow's seeded uuid4: the
+        # same on every replay), so a fixed thread remembers each tick's input as new messages.
+        messages = [{**m, "id": f"msg_{workflow.uuid4().hex}"} for m in inp["messages"]]
+        payload = {"factory": inp["factory"], "messages": messages, "user_id": user_id,
                    "session_id": session_id, "run_id": run_id, "structured_model": None, "live": inp["live"]}
         workflow_id = session_workflow_id(inp["factory"], user_id, session_id)
         try:

@@ -18,6 +18,7 @@ import pytest
 from starlette.applications import Starlette
 
 from agentscope_py import ModelStep, ReActAgent, ScriptedModel
+from agentscope_py.message import Msg
 from agentscope_py.server import InMemoryRunLog, SqliteRunLog, create_app
 from agentscope_py.server._schedules.store import InMemoryScheduleStore, ScheduleStore
 
@@ -167,8 +168,8 @@ async def test_each_tick_is_a_run_like_any_other(served: Served) -> None:
     new = (await client.post("/v1/schedules", headers=as_user("ann"), json={
         "cron": "0 * * * *", "timezone": "Europe/Paris", "thread": "new", "input": "report"})).json()["schedule_id"]
     fixed = (await client.post("/v1/schedules", headers=as_user("ann"), json={
-        "cron": "0 * * * *", "timezone": "Europe/Paris", "thread": "daily-notes", "input": "note",
-        "multitask_strategy": "enqueue"})).json()["schedule_id"]
+        "cron": "0 * * * *", "timezone": "Europe/Paris", "thread": "daily-notes",
+        "input": [Msg.user("note").model_dump(mode="json")], "multitask_strategy": "enqueue"})).json()["schedule_id"]
     await asyncio.sleep(0.05)
     assert await recent(client, new) == []  # nothing before its time
     clock.advance(29)  # 10:59:59
@@ -193,6 +194,7 @@ async def test_each_tick_is_a_run_like_any_other(served: Served) -> None:
     store = the_agent.state_store
     notes, _ = await store.load("ann", "daily-notes")
     assert notes is not None and [m.text for m in notes.context if m.role == "user"] == ["note", "note"]
+    assert len({m.id for m in notes.context}) == len(notes.context)  # each tick's input: messages of its own
     tick = first[0]["tick"]
     own, _ = await store.load("ann", f"{new}-{tick}")
     assert own is not None and [m.text for m in own.context if m.role == "user"] == ["report"]

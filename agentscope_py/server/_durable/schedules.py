@@ -79,7 +79,7 @@ class DurableSchedules:
                                                                 "msg": str(exc)}]) from None
         sid = schedule.schedule_id
         action_id = f"agentscope-tick-{sid}"
-        messages = [m.model_dump(mode="json") for m in schedule.messages()]
+        messages = [m.model_dump(mode="json", exclude={"id"}) for m in schedule.messages()]  # ids: per tick
         inp = {"factory": self.factory, "messages": messages, "user_id": user_id,
                "thread": schedule.thread, "schedule_id": sid, "action_id": action_id, "live": True}
         catch_up = CATCH_UP_WINDOW if schedule.missed_ticks == "catch_up" else timedelta(seconds=LATE)

@@ -97,10 +97,9 @@ class Scheduler:
         for schedule in await self.store.all():
             try:
                 last = await self._due(schedule, now)
+                wake = min(wake, schedule.ticks.after(max(now, last)))
             except Exception as exc:  # one schedule's failure does not stop the others
                 log.warning("scheduler: schedule %s: %s", schedule.schedule_id, exc)
-                continue
-            wake = min(wake, schedule.ticks.after(max(now, last)))
         return max(wake - self.clock.now(), 0.0)
 
     async def _due(self, schedule: Schedule, now: float) -> int:

@@ -154,10 +154,11 @@ class Schedule(BaseModel):
         return Ticks(self.cron, self.timezone)
 
     def messages(self) -> list[Msg]:
-        """What each run is given."""
+        """What each run is given: new messages each time (ids of their own, so a fixed thread
+        remembers each run's input as its own messages)."""
         if isinstance(self.input, str):
             return [Msg.user(self.input)]
-        return [Msg.model_validate(m) for m in self.input]
+        return [Msg.model_validate({k: v for k, v in m.items() if k != "id"}) for m in self.input]
 
     def session_for(self, tick: int) -> str:
         """The session of the run of ``tick``: the fixed thread, or one of its own named by the
@@ -182,7 +183,8 @@ def schedule_of(request: ScheduleRequest, user_id: str, now: float) -> Schedule:
     """The schedule ``request`` asks for, for ``user_id``, created at ``now``; ValueError for a
     bad cron expression or time zone."""
     Ticks(request.cron, request.timezone)
-    stored = request.input if isinstance(request.input, str) else [m.model_dump(mode="json") for m in request.input]
+    stored = request.input if isinstance(request.input, str) else [
+        m.model_dump(mode="json", exclude={"id"}) for m in request.input]
     return Schedule(schedule_id=new_schedule_id(), user_id=user_id, cron=request.cron, timezone=request.timezone,
                     thread=request.thread, input=stored, multitask_strategy=request.multitask_strategy,
                     missed_ticks=request.missed_ticks, created_at=now, last_tick=int(now))
