@@ -341,3 +341,15 @@ async def test_a_frequent_schedule_restarted_fires_only_its_grace_not_a_burst(tm
     now = int(clock.now())
     assert [r["tick"] for r in skip] == list(range(now, now - 5, -1)) and not any(r["missed"] for r in skip)
     assert [r["missed"] for r in caught] == [False] * 5 + [True] and caught[-1]["tick"] == now - 5
+
+
+async def test_a_user_has_at_most_max_schedules(served: Served) -> None:
+    from agentscope_py.server._schedules.endpoints import MAX_SCHEDULES
+
+    client = await served(create_app(agent(), clock=FakeClock(datetime(2026, 1, 1, tzinfo=PARIS))))
+    body = {"cron": "0 0 1 1 *", "thread": "new", "input": "x"}
+    for _ in range(MAX_SCHEDULES):
+        assert (await client.post("/v1/schedules", json=body)).status_code == 201
+    refused = await client.post("/v1/schedules", json=body)
+    assert (refused.status_code, refused.json()["type"]) == (429, "too_many_schedules")
+    assert (await client.post("/v1/schedules", headers=as_user("bob"), json=body)).status_code == 201

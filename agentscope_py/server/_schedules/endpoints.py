@@ -14,7 +14,10 @@ from .scheduler import Scheduler
 from .spec import NEW_THREAD, Schedule, ScheduleRequest, is_schedule_id, schedule_of
 from .store import ScheduleStore
 
-__all__ = ["ScheduleApi", "ScheduleEndpoints"]
+__all__ = ["MAX_SCHEDULES", "ScheduleApi", "ScheduleEndpoints"]
+
+MAX_SCHEDULES = 100
+"""Schedules one user may have (then 429): each is read by every scheduler's pass, every second."""
 
 _T = TypeVar("_T")
 
@@ -64,6 +67,9 @@ class ScheduleApi:
         except ValueError as exc:
             field = str(exc).split(":", 1)[0]
             raise HTTPError(422, "invalid_request", str(exc), [{"loc": field, "msg": str(exc)}]) from None
+        if len(await _stored(self.store.list(user_id))) >= MAX_SCHEDULES:
+            raise HTTPError(429, "too_many_schedules", f"this user has {MAX_SCHEDULES} schedules, the most a user "
+                            "may have: delete one (DELETE /v1/schedules/{schedule_id}) first")
         await _stored(self.store.create(schedule))
         if self.scheduler is not None:
             self.scheduler.changed()
