@@ -142,6 +142,7 @@ async def test_create_list_get_delete_each_user_their_own(served: Served) -> Non
 @pytest.mark.parametrize(("body", "says"), [
     ({"cron": "61 * * * *", "thread": "new", "input": "x"}, "cron: '61 * * * *' is not a cron expression"),
     ({"cron": "* * * *", "thread": "new", "input": "x"}, "cron: '* * * *' has 4 fields; give 5 fields"),
+    ({"cron": "0 0 30 2 *", "thread": "new", "input": "x"}, "cron: '0 0 30 2 *' never fires"),
     ({"cron": "* * * * *", "timezone": "Mars/Olympus", "thread": "new", "input": "x"},
      "timezone: 'Mars/Olympus' is not an IANA time zone; give a name such as 'UTC'"),
     ({"cron": "* * * * *", "thread": "new"}, "input: Field required"),

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 import secrets
+import time
 from datetime import UTC, datetime
 from typing import Any, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -49,14 +50,19 @@ def is_schedule_id(value: str) -> bool:
 
 
 class Ticks:
-    """The ticks of ``cron`` in the IANA time zone ``timezone``; ValueError saying what is wrong
-    and what to give instead."""
+    """The ticks of ``cron`` in the IANA time zone ``timezone`` (`validated` checks them first)."""
 
     __slots__ = ("cron", "zone")
 
     def __init__(self, cron: str, timezone: str) -> None:
+        self.cron = cron
+        self.zone = ZoneInfo(timezone)
+
+    @classmethod
+    def validated(cls, cron: str, timezone: str) -> Ticks:
+        """The ticks, or ValueError saying what is wrong and what to give instead."""
         try:
-            self.zone = ZoneInfo(timezone)
+            zone = ZoneInfo(timezone)
         except (ZoneInfoNotFoundError, ValueError):
             raise ValueError(f"timezone: {timezone!r} is not an IANA time zone; give a name such as 'UTC' or "
                              "'Europe/Paris'") from None
@@ -67,7 +73,13 @@ class Ticks:
             croniter(cron, second_at_beginning=True)
         except CroniterError as exc:
             raise ValueError(f"cron: {cron!r} is not a cron expression ({exc}); {_CRON_HELP}") from None
-        self.cron = cron
+        ticks = cls(cron, zone.key)
+        try:
+            ticks.after(time.time())
+        except CroniterError:
+            raise ValueError(f"cron: {cron!r} never fires (a date no month has, such as February 30): give a day "
+                             "the month has") from None
+        return ticks
 
     def _iter(self, at: float) -> croniter:
         return croniter(self.cron, datetime.fromtimestamp(at, self.zone), second_at_beginning=True)
@@ -182,7 +194,7 @@ class Schedule(BaseModel):
 def schedule_of(request: ScheduleRequest, user_id: str, now: float) -> Schedule:
     """The schedule ``request`` asks for, for ``user_id``, created at ``now``; ValueError for a
     bad cron expression or time zone."""
-    Ticks(request.cron, request.timezone)
+    Ticks.validated(request.cron, request.timezone)
     stored = request.input if isinstance(request.input, str) else [
         m.model_dump(mode="json", exclude={"id"}) for m in request.input]
     return Schedule(schedule_id=new_schedule_id(), user_id=user_id, cron=request.cron, timezone=request.timezone,
