@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import time
 import uuid
 from typing import Any
 
@@ -111,3 +112,30 @@ async def test_a_tick_meeting_its_thread_busy_is_refused_and_said_so(temporal_ad
     started = [r["run_id"] for r in runs if r["run_id"]]
     sessions = [(await log.meta(run_id) or {}).get("session") for run_id in started]
     assert sessions and all(session == "busy" for session in sessions)
+
+
+async def test_skip_drops_the_ticks_no_worker_took_in_time(temporal_address: str) -> None:
+    """Every worker down: Temporal still starts each tick's workflow, and with ``skip`` the ones no
+    worker took within the schedule's grace (an every-second schedule's: 5 s) time out unrun; the
+    ticks after a worker came back run."""
+    client = await Client.connect(temporal_address)
+    queue, log = f"q-{uuid.uuid4().hex[:8]}", MemoryEventLog()
+    app = create_app(build, runner=DurableServing(client, factory=FACTORY, events=log, task_queue=queue))
+    transport = httpx.ASGITransport(app=app)
+    async with app.router.lifespan_context(app), \
+            httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1", timeout=20) as http:
+        made = await http.post("/v1/schedules", json={"cron": "* * * * * *", "thread": "new", "input": "x"})
+        sid = made.json()["schedule_id"]
+        await asyncio.sleep(8)  # no worker: the ticks' workflows wait, and the first ones time out
+        back = time.time()
+        async with make_worker(client, [FACTORY], task_queue=queue, events=log):
+            await asyncio.sleep(3)
+            runs = (await http.get(f"/v1/schedules/{sid}")).json()["recent_runs"]
+            await http.delete(f"/v1/schedules/{sid}")
+            await settled(client, queue)
+    skipped = [r for r in runs if r["error"]]
+    ran = [r for r in runs if r["run_id"]]
+    assert skipped and all("skipped" in r["error"] and r["tick"] < back - 4 for r in skipped), runs
+    assert ran and all(r["tick"] > back - 7 for r in ran), runs
+    for r in ran:
+        assert (await log.meta(r["run_id"]) or {}).get("session") == f"{sid}-{r['tick']}"

@@ -21,6 +21,7 @@ from temporalio.client import (
     ScheduleOverlapPolicy,
     SchedulePolicy,
     ScheduleSpec,
+    WorkflowExecutionStatus,
 )
 from temporalio.client import (
     Schedule as TemporalSchedule,
@@ -31,7 +32,7 @@ from ...durable import SCHEDULED_RUN_WORKFLOW, EventLog, scheduled_run_id
 from .._errors import HTTPError
 from .._requests import check_name
 from .._schedules.clock import Clock
-from .._schedules.scheduler import LATE
+from .._schedules.scheduler import LATE, MIN_GRACE
 from .._schedules.spec import NEW_THREAD, Schedule, ScheduleRequest, Ticks, is_schedule_id, schedule_of
 
 __all__ = ["DurableSchedules", "temporal_cron"]
@@ -82,9 +83,17 @@ class DurableSchedules:
         messages = [m.model_dump(mode="json", exclude={"id"}) for m in schedule.messages()]  # ids: per tick
         inp = {"factory": self.factory, "messages": messages, "user_id": user_id,
                "thread": schedule.thread, "schedule_id": sid, "action_id": action_id, "live": True}
-        catch_up = CATCH_UP_WINDOW if schedule.missed_ticks == "catch_up" else timedelta(seconds=LATE)
+        ticks = schedule.ticks
+        first = ticks.after(now)
+        grace = min(LATE, max(MIN_GRACE, ticks.after(first) - first))
+        skip = schedule.missed_ticks == "skip"
+        # ``skip``: Temporal drops the ticks it could not start within a minute (the Temporal
+        # server down), and a tick's workflow that no worker took within the schedule's grace
+        # (every worker down) times out: missed ticks are not run, as a serve process skips them.
+        catch_up = timedelta(seconds=LATE) if skip else CATCH_UP_WINDOW
         plan = TemporalSchedule(
-            action=ScheduleActionStartWorkflow(SCHEDULED_RUN_WORKFLOW, inp, id=action_id, task_queue=self.task_queue),
+            action=ScheduleActionStartWorkflow(SCHEDULED_RUN_WORKFLOW, inp, id=action_id, task_queue=self.task_queue,
+                                               execution_timeout=timedelta(seconds=grace) if skip else None),
             spec=ScheduleSpec(cron_expressions=[temporal_cron(schedule.cron)], time_zone_name=schedule.timezone),
             policy=SchedulePolicy(overlap=ScheduleOverlapPolicy.ALLOW_ALL, catchup_window=catch_up))
         client: Client = await self._client()
@@ -139,37 +148,55 @@ class DurableSchedules:
             if exc.status == RPCStatusCode.NOT_FOUND:
                 return None
             raise _unavailable(exc) from exc
-        return await _shown(description, self.clock.now(), self.events)
+        return await self._shown(description, self.clock.now())
 
+    async def _shown(self, description: ScheduleDescription, now: float) -> dict[str, Any] | None:
+        stored = await description.memo_value(_MEMO, None)
+        if not isinstance(stored, str):
+            return None
+        schedule = Schedule.model_validate_json(stored)
+        info = description.info
+        shown = schedule.describe(now)
+        ticks = Ticks(schedule.cron, schedule.timezone)
+        if info.next_action_times:  # Temporal's word on it
+            shown["next_fire_at"] = info.next_action_times[0].astimezone(ticks.zone).isoformat()
+        runs = []
+        for result in reversed(info.recent_actions):
+            action = result.action
+            if isinstance(action, ScheduleActionExecutionStartWorkflow):
+                tick = round(result.scheduled_at.timestamp())
+                run_id, error = await self._tick_run(action.workflow_id)
+                runs.append({"tick": tick, "run_id": run_id, "error": error,
+                             "missed": (result.started_at - result.scheduled_at).total_seconds() > LATE,
+                             "tick_at": ticks.iso(tick)})
+        shown["recent_runs"] = runs
+        shown["last_tick_at"] = runs[0]["tick_at"] if runs else datetime.fromtimestamp(schedule.created_at,
+                                                                                       UTC).isoformat()
+        return shown
 
-async def _shown(description: ScheduleDescription, now: float, events: EventLog) -> dict[str, Any] | None:
-    stored = await description.memo_value(_MEMO, None)
-    if not isinstance(stored, str):
-        return None
-    schedule = Schedule.model_validate_json(stored)
-    info = description.info
-    shown = schedule.describe(now)
-    ticks = Ticks(schedule.cron, schedule.timezone)
-    if info.next_action_times:  # Temporal's word on it
-        shown["next_fire_at"] = info.next_action_times[0].astimezone(ticks.zone).isoformat()
-    runs = []
-    for result in reversed(info.recent_actions):
-        action = result.action
-        if isinstance(action, ScheduleActionExecutionStartWorkflow):
-            tick = round(result.scheduled_at.timestamp())
-            run_id = scheduled_run_id(action.workflow_id)
-            try:
-                refused = ((await events.meta(run_id)) or {}).get("ended") == "refused"
-            except Exception:  # only decoration: the run's id stands without it
-                refused = False
-            error = "refused: its thread was running another run" if refused else None
-            runs.append({"tick": tick, "run_id": None if refused else run_id, "error": error,
-                         "missed": (result.started_at - result.scheduled_at).total_seconds() > LATE,
-                         "tick_at": ticks.iso(tick)})
-    shown["recent_runs"] = runs
-    shown["last_tick_at"] = runs[0]["tick_at"] if runs else datetime.fromtimestamp(schedule.created_at,
-                                                                                   UTC).isoformat()
-    return shown
+    async def _tick_run(self, workflow_id: str) -> tuple[str | None, str | None]:
+        """The run a tick's workflow started, or why there is none."""
+        run_id = scheduled_run_id(workflow_id)
+        try:
+            meta = await self.events.meta(run_id)
+        except Exception:  # only decoration: the run's id stands without it
+            return run_id, None
+        if meta is not None:
+            if meta.get("ended") == "refused":
+                return None, "refused: its thread was running another run"
+            return run_id, None
+        # Not registered: its workflow is on its way, or closed before it got there.
+        client: Client = await self._client()
+        try:
+            status = (await client.get_workflow_handle(workflow_id).describe()).status
+        except RPCError:
+            return run_id, None
+        if status == WorkflowExecutionStatus.TIMED_OUT:
+            return None, "skipped: no worker took the tick within its grace (missed_ticks 'skip')"
+        if status in (WorkflowExecutionStatus.FAILED, WorkflowExecutionStatus.TERMINATED,
+                      WorkflowExecutionStatus.CANCELED):
+            return None, f"its tick's workflow ended {status.name.lower()}"
+        return run_id, None
 
 
 def _unavailable(exc: Exception) -> HTTPError:
