@@ -354,3 +354,29 @@ async def test_a_user_has_at_most_max_schedules(served: Served) -> None:
     refused = await client.post("/v1/schedules", json=body)
     assert (refused.status_code, refused.json()["type"]) == (429, "too_many_schedules")
     assert (await client.post("/v1/schedules", headers=as_user("bob"), json=body)).status_code == 201
+
+
+async def test_closing_the_scheduler_lets_a_claimed_tick_start_its_run() -> None:
+    """A server stopping mid-pass (SIGTERM): the tick it claimed is not left without its run."""
+    from agentscope_py.server._schedules.scheduler import Scheduler
+    from agentscope_py.server._schedules.spec import ScheduleRequest, schedule_of
+
+    store = InMemoryScheduleStore()
+    clock = FakeClock(datetime(2026, 6, 1, 10, 59, 59, tzinfo=PARIS))
+    schedule = schedule_of(ScheduleRequest(cron="0 * * * *", thread="new", input="x"), "ann", clock.now())
+    await store.create(schedule)
+    firing = asyncio.Event()
+
+    async def fire(schedule: Any, tick: int, missed: bool) -> str:
+        firing.set()
+        await asyncio.sleep(0.2)  # starting the run takes a round trip or two
+        return "run_started"
+
+    scheduler = Scheduler(store, fire, clock)
+    scheduler.start()
+    await asyncio.sleep(0.01)
+    clock.advance(1)
+    await asyncio.wait_for(firing.wait(), 5)
+    await scheduler.close()
+    found = await store.get(schedule.schedule_id)
+    assert found is not None and [f.run_id for f in found.recent] == ["run_started"]

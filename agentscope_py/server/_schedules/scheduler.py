@@ -7,9 +7,9 @@ as *missed* (no process was up to fire it): the schedule's ``missed_ticks`` poli
 its last claimed tick, whether the missed ticks are skipped or run once, together, as one run.
 A tick fired later than its time but within that grace is only late (a loaded process, a quick
 restart), so a restart after a long stop fires at most the grace's worth of a frequent
-schedule's ticks, not a burst of every tick of the last minute. Between passes it sleeps until the next tick of any
-schedule, at most ``poll`` seconds (how soon it sees a schedule another process created), and
-wakes at once when this process creates one.
+schedule's ticks, not a burst of every tick of the last minute. Between passes it sleeps until
+the next tick of any schedule, at most ``poll`` seconds (how soon it sees a schedule another
+process created), and wakes at once when this process creates or deletes one.
 
 A process killed between claiming a tick and starting its run loses that tick's run, as it would
 lose the run itself a moment later (a served run does not outlive its process; durable runs do:
@@ -26,7 +26,7 @@ from .clock import Clock
 from .spec import FiredTick, Schedule
 from .store import ScheduleStore
 
-__all__ = ["LATE", "MIN_GRACE", "POLL", "Fire", "Scheduler"]
+__all__ = ["CLOSE_TIMEOUT", "LATE", "MIN_GRACE", "POLL", "Fire", "Scheduler"]
 
 log = logging.getLogger("agentscope_py.server")
 
@@ -37,6 +37,8 @@ MIN_GRACE = 5.0
 late, as another process would have fired them."""
 POLL = 1.0
 """The longest a scheduler sleeps between passes."""
+CLOSE_TIMEOUT = 10.0
+"""Seconds a closing scheduler waits for its pass in progress."""
 
 Fire = Callable[[Schedule, int, bool], Awaitable[str]]
 """``fire(schedule, tick, missed)``: start the run of ``tick`` and return its run id; raise to
@@ -55,31 +57,43 @@ class Scheduler:
         self.late = late
         self.min_grace = min_grace
         self._changed = asyncio.Event()
+        self._stopping = False
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
         if self._task is None or self._task.done():
             self._changed = asyncio.Event()
+            self._stopping = False
             self._task = asyncio.get_running_loop().create_task(self._run())
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-            self._task = None
+        """Stop after the pass in progress: a tick it claimed still gets its run (cancelled
+        only past `CLOSE_TIMEOUT` seconds)."""
+        task, self._task = self._task, None
+        if task is None:
+            return
+        self._stopping = True
+        self._changed.set()
+        try:
+            await asyncio.wait_for(asyncio.shield(task), CLOSE_TIMEOUT)
+        except TimeoutError:
+            task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
 
     def changed(self) -> None:
         """A schedule was created or deleted here: look again now."""
         self._changed.set()
 
     async def _run(self) -> None:
-        while True:
+        while not self._stopping:
             self._changed.clear()
             try:
                 delay = await self.run_due()
             except Exception as exc:  # the store failed: tried again next pass
                 log.warning("scheduler: reading the schedules failed: %s", exc)
                 delay = self.poll
+            if self._stopping:
+                return
             sleep = asyncio.ensure_future(self.clock.sleep(delay))
             woken = asyncio.ensure_future(self._changed.wait())
             try:
