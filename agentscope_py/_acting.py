@@ -8,21 +8,27 @@ out, is unknown or gets invalid arguments produces an error result the model see
 cancels the tasks (never the run's own task); each cancelled call ends with an INTERRUPTED
 result, and the loop then raises `AgentInterrupted`.
 
+A non-idempotent tool's call is journaled when the run has a `ToolJournal`: its intent is
+recorded (durably) before the tool runs, its result after, and a call whose result is recorded
+is replayed instead of run (a resumed run; `agentscope_py.agent._journal`).
+
 The acting core sees its run only through a `ToolScope`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ._control import RunControl
 from ._deadline import Deadline, DeadlineTimer
 from ._parts import delta_maker
-from ._replies import arguments_problem, result_events
+from ._recorded import INTERRUPTED_UNSURE_TEXT, UNSETTLED_TEXT, Recording, journaled, replay_events
+from ._replies import arguments_problem, join_output, result_events
 from ._sanitize import clean
 from .errors import AgentInterrupted, SubAgentPaused, ToolInputRequired
 from .events import (
@@ -37,20 +43,47 @@ from .events import (
     ToolResultStart,
     ToolResultTextDelta,
 )
-from .message import GenerateReason, ToolResultState, ToolUseBlock
+from .message import GenerateReason, ToolResultBlock, ToolResultState, ToolUseBlock
 from .stream import Channel
 from .tool.toolkit import PermissionDecision, Tool, ToolArgumentError, Toolkit, current_tool_call
 
 if TYPE_CHECKING:
     from ._context import RuntimeContext
+    from ._effects import ToolIntent
 
-__all__ = ["INTERRUPTED_TEXT", "TOOL_CALL", "ToolExecutor", "ToolScope", "acting_events", "tool_output"]
+__all__ = ["INTERRUPTED_TEXT", "TOOL_CALL", "ToolExecutor", "ToolJournal", "ToolScope", "acting_events",
+           "tool_output"]
 
 TOOL_CALL: contextvars.ContextVar[tuple[ToolUseBlock, Channel] | None] = contextvars.ContextVar(
     "agentscope_tool_call", default=None)
 """The call a tool runs for and the channel of its events, set in the tool's own task: a sub-agent
 tool keys its session and pending confirmations by the call id, and closes what its sub-agent left
 open in the channel when it is cancelled."""
+
+
+class ToolJournal(Protocol):
+    """Where the intent and the result of each non-idempotent tool call are recorded."""
+
+    @property
+    def writes(self) -> bool:
+        """Whether calls are journaled (else entries a resume settled are only replayed)."""
+        ...
+
+    def recorded(self, call_id: str) -> ToolIntent | None:
+        """The call's entry, if any (with its result once it has one)."""
+        ...
+
+    async def intent(self, call: ToolUseBlock, tool: Tool) -> None:
+        """Record the intent; returns once it is durable, else raises (the tool does not run)."""
+        ...
+
+    async def result(self, call: ToolUseBlock, block: ToolResultBlock) -> None:
+        """Record the result of a call whose intent is recorded."""
+        ...
+
+    def drop(self, call_id: str) -> None:
+        """Forget the intent of a call that paused before it took effect (it runs again)."""
+        ...
 
 
 @dataclass(slots=True, eq=False)
@@ -71,6 +104,9 @@ class ToolScope:
     the run with PERMISSION_ASKING."""
     executor: ToolExecutor | None = None
     """Runs a permitted tool's body in place of `tool_output` (`AgentRuntime.tool_executor`)."""
+    journal: ToolJournal | None = None
+    """Records non-idempotent calls (intent, result) and replays recorded results; None: none
+    (a durable run journals in its own history)."""
 
 
 ToolExecutor = Callable[[ToolScope, ToolUseBlock, Tool, Channel], Awaitable[None]]
@@ -171,7 +207,10 @@ async def _run_group(
     it is made: an interrupt cancelling a task before that step would cancel it before any of its
     code ran, leaving its channel open (no result) and its consumer waiting on it for ever."""
     loop = asyncio.get_running_loop()
-    channels = [Channel(256) for _ in group]
+    journal = scope.journal
+    writes = journal is not None and journal.writes
+    channels = [Recording(256) if writes and journaled(scope.toolkit.get(call.name)) else Channel(256)
+                for call in group]
     tasks = [loop.create_task(_run_tool(scope, call, ch, deadline), context=context.copy())
              for call, ch in zip(group, channels, strict=True)]
     try:
@@ -204,13 +243,28 @@ async def _run_tool(scope: ToolScope, call: ToolUseBlock, channel: Channel, dead
     # forwards its events straight into the call's channel.
     current_tool_call.set(call)
     TOOL_CALL.set((call, channel))
+    journal = scope.journal
+    if journal is not None:
+        entry = journal.recorded(cid)
+        if entry is not None:  # (a resumed run settled its calls in doubt first: `agent._in_doubt`)
+            block = entry.result if entry.result is not None else ToolResultBlock(
+                id=cid, name=name, output=UNSETTLED_TEXT, state=ToolResultState.ERROR)
+            for ev in replay_events(reply_id, block, meta.get("metadata")):
+                channel.push(ev)
+            channel.finish(None)
+            return
+    recording = channel if type(channel) is Recording else None
+    if recording is None:
+        journal = None  # (not journaled: an idempotent tool, or a store that needs no journal)
     await channel.put(ToolResultStart(reply_id=reply_id, tool_call_id=cid, tool_name=name, **meta))
     error_text: str | None = INTERRUPTED_TEXT
     state = ToolResultState.INTERRUPTED
     if not scope.control.interrupted:  # (while the consumer held the Start, the tool never starts)
         try:
-            state, error_text = await _invoke(scope, call, tool, channel, deadline)
+            state, error_text = await _invoke(scope, call, tool, channel, deadline, journal)
         except ToolInputRequired as exc:  # the call waits for the user, like an asking call
+            if journal is not None:
+                journal.drop(cid)
             ends = ToolResultEnd(reply_id=reply_id, tool_call_id=cid, tool_name=name,
                                  state=ToolResultState.RUNNING, **meta)
             question = {**meta.get("metadata", {}), "question": exc.question}
@@ -220,6 +274,18 @@ async def _run_tool(scope: ToolScope, call: ToolUseBlock, channel: Channel, dead
                                      generate_reason=GenerateReason.PERMISSION_ASKING))
             channel.finish(None)
             return
+    if journal is not None and recording is not None:
+        if state is ToolResultState.SUCCESS or state is ToolResultState.ERROR:
+            parts = recording.parts if error_text is None else [*recording.parts, error_text]
+            block = ToolResultBlock(id=cid, name=name, output=join_output(parts), state=state)
+            # A cancel is held until the result is written; then the call ends as it did (the run
+            # sees the interrupt through its control).
+            with contextlib.suppress(asyncio.CancelledError):
+                await journal.result(call, block)
+        elif state is ToolResultState.RUNNING:
+            journal.drop(cid)  # its sub-agent asks the user: it runs again when answered
+        elif journal.recorded(cid) is not None:  # interrupted after it started: the model must not assume
+            error_text = INTERRUPTED_UNSURE_TEXT  # it did nothing (and call it again)
     # After a cancellation nobody may be reading: pushed without waiting for room.
     if error_text is not None:
         channel.push(ToolResultTextDelta(reply_id=reply_id, tool_call_id=cid, tool_name=name, delta=error_text))
@@ -232,6 +298,7 @@ INTERRUPTED_TEXT = "The tool call was interrupted."
 
 async def _invoke(
     scope: ToolScope, call: ToolUseBlock, tool: Tool | None, channel: Channel, deadline: Deadline | None,
+    journal: ToolJournal | None = None,
 ) -> tuple[ToolResultState, str | None]:
     """Run the tool, handing its output to ``channel`` as events; every failure becomes the state
     and text of the result the model sees."""
@@ -250,6 +317,8 @@ async def _invoke(
                                     f"{arguments_problem(call.raw_input)}")
         if limit is not None:
             timer = DeadlineTimer(limit)  # kept in this task: it cancels the tool, not the run
+        if journal is not None:
+            await journal.intent(call, tool)  # durable before the tool runs; if it fails, the tool never runs
         await (tool_output if scope.executor is None else scope.executor)(scope, call, tool, channel)
     except (asyncio.CancelledError, AgentInterrupted):  # (a sub-agent interrupted with its caller)
         if timer is not None and timer.stop() and not scope.control.interrupted:

@@ -32,7 +32,7 @@ from .message import (
     ToolUseBlock,
 )
 
-__all__ = ["ReplyBuilder", "ToolResultCollector", "arguments_problem", "result_events"]
+__all__ = ["ReplyBuilder", "ToolResultCollector", "arguments_problem", "join_output", "result_events"]
 
 class ReplyBuilder:
     """Rebuilds the assistant message from block events (starting over at each ModelCallStart,
@@ -189,6 +189,11 @@ class ToolResultCollector:
         if entry is None:
             entry = self._parts[ev.tool_call_id] = (ev.tool_name, [])
         return entry
+
+
+def join_output(parts: list[str | DataBlock]) -> str | list[TextBlock | DataBlock]:
+    """A tool result's output from its chunks, as `ToolResultCollector` builds it."""
+    return _join(parts)
 
 
 def _join(parts: list[str | DataBlock]) -> str | list[TextBlock | DataBlock]:

@@ -9,6 +9,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from ._effects import ToolIntent
 from .message import Msg
 
 __all__ = ["AgentState", "SummaryRecord", "TodoItem"]
@@ -58,6 +59,9 @@ class AgentState(BaseModel):
     summaries: list[SummaryRecord] = Field(default_factory=list)
     """The context's compressions, oldest first (empty until one happens)."""
     metadata: dict[str, Any] = Field(default_factory=dict)
+    tool_journal: dict[str, ToolIntent] = Field(default_factory=dict)
+    """The journaled tool calls (`ToolIntent`) of the last reply that have no result in
+    ``context`` yet, by call id: an entry without a result after a restart is a call in doubt."""
 
     def to_json(self) -> str:
         return self.model_dump_json()

@@ -16,6 +16,7 @@ AgentScopeError
 ├── StateStoreError                  a session store failed
 │   └── StateConflictError           another writer saved first
 ├── ToolArgumentError                a tool got arguments its schema refuses (also a ValueError)
+├── ToolInDoubtError                 a resumed call in doubt could not be decided (happened or not?)
 ├── ResumeError                      a resume input does not fit the pending tool calls (ValueError)
 │   └── PendingToolCallsError        the session has tool calls waiting for an answer
 ├── StructuredOutputError            no valid structured output within the retries (ValueError)
@@ -92,6 +93,7 @@ __all__ = [
     "SubAgentPaused",
     "ToolArgumentError",
     "ToolConflictError",
+    "ToolInDoubtError",
     "ToolInputRequired",
 ]
 
@@ -219,6 +221,22 @@ class ToolArgumentError(AgentScopeError, ValueError):
 class ToolConflictError(AgentScopeError, ValueError):
     """Two tool sources (MCP servers) offer tools of one name: a call could reach only one of
     them. The message names both and the fix (a ``prefix=``)."""
+
+
+class ToolInDoubtError(AgentScopeError):
+    """A resumed run found a tool call in doubt (its intent recorded, no result: the process died
+    while it ran) and could not decide whether it happened: its tool's ``reconcile`` raised, or no
+    policy applies (``"reconcile"`` for a tool without a ``reconcile`` function). Nothing ran and
+    the session is unchanged: the call stays in doubt. Resume again (an empty input) to try again,
+    or answer it: ``confirm_message(ConfirmResult(tool_call_id=..., confirmed=True,
+    answer={"done": True, "result": ...}))`` (it happened), ``answer={"done": False}`` (run it) or
+    ``confirmed=False`` (skip it)."""
+
+    def __init__(self, message: str, *, tool_call_id: str, tool_name: str, idempotency_key: str,
+                 policy: str) -> None:
+        super().__init__(message)
+        self.tool_call_id, self.tool_name = tool_call_id, tool_name
+        self.idempotency_key, self.policy = idempotency_key, policy
 
 
 class ToolInputRequired(AgentScopeError):

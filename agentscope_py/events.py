@@ -32,7 +32,7 @@ __all__ = [
     "HintBlock", "MiddlewareCompleted", "MiddlewareStarted", "ModelCallEnd", "ModelCallStart", "RequestStop",
     "RequireExternalExecution", "RequireUserConfirm", "TextBlockDelta", "TextBlockEnd", "TextBlockStart",
     "ThinkingBlockDelta", "ThinkingBlockEnd", "ThinkingBlockStart", "ToolCallDelta", "ToolCallEnd",
-    "ToolCallStart", "ToolResultDataDelta", "ToolResultEnd", "ToolResultStart", "ToolResultState",
+    "ToolCallStart", "ToolInDoubt", "ToolResultDataDelta", "ToolResultEnd", "ToolResultStart", "ToolResultState",
     "ToolResultTextDelta", "UserConfirmResult", "parse_event",
 ]
 
@@ -253,6 +253,24 @@ class UserConfirmResult(EventBase):
     confirm_results: list[ConfirmResult]
 
 
+class ToolInDoubt(EventBase):
+    """A resumed run found a tool call in doubt: its intent was recorded, its result never was (the
+    process died while it ran), so it may or may not have happened. ``policy`` is what decided,
+    ``outcome`` what it decided (`agentscope_py.tool.InDoubtPolicy`: ``"asked"`` — a
+    RequireUserConfirm follows and the run pauses —, ``"done"``, ``"not_done"``, ``"retried"``,
+    ``"skipped"``, ``"failed"`` — a `ToolInDoubtError` follows); ``idempotency_key`` is the key
+    the call ran with (`agentscope_py.tool.IdempotencyKey`)."""
+
+    type: Literal["tool_in_doubt"] = "tool_in_doubt"
+    reply_id: str
+    tool_call_id: str
+    tool_name: str
+    arguments: dict[str, Any] = Field(default_factory=dict)
+    idempotency_key: str
+    policy: Literal["ask", "reconcile", "retry"]
+    outcome: Literal["asked", "done", "not_done", "retried", "skipped", "failed"]
+
+
 class RequireExternalExecution(EventBase):
     type: Literal["require_external_execution"] = "require_external_execution"
     reply_id: str
@@ -363,6 +381,7 @@ AgentEvent = Annotated[
     | ExceedMaxIters
     | RequireUserConfirm
     | UserConfirmResult
+    | ToolInDoubt
     | RequireExternalExecution
     | ExternalExecutionResult
     | RequestStop

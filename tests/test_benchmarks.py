@@ -174,3 +174,11 @@ def test_bench_hedge_reports_first_token_percentiles_and_the_cost_of_hedging() -
         assert row["output_tokens_counted_per_run"] == 20.0  # the losers' tokens are never counted
     cpu = result["cpu_us_per_run"]
     assert cpu["no hedge"] > 0 and cpu["hedge, not triggered"] > 0 and cpu["ratio"] > 0
+
+
+def test_bench_tool_effects_compares_a_journaled_call_with_an_idempotent_one() -> None:
+    result = run_json("bench_tool_effects.py", "--runs", "3", "--batches", "2")
+    variants = result["variants"]
+    assert variants["sqlite-journaled"]["writes"] == 3 and variants["sqlite-idempotent"]["writes"] == 1
+    assert variants["memory-journaled"]["writes"] == 1 and variants["memory-idempotent"]["writes"] == 1
+    assert result["sqlite"]["cpu_ratio"] > 0 and result["memory"]["cpu_ratio"] > 0

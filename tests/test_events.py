@@ -52,6 +52,8 @@ SAMPLES: list[ev.EventBase] = [
     ev.ExceedMaxIters(reply_id="r", max_iters=3, current_iter=3),
     ev.RequireUserConfirm(reply_id="r", tool_calls=[CALL]),
     ev.UserConfirmResult(reply_id="r", confirm_results=[ev.ConfirmResult(tool_call_id="c1", confirmed=False, reason="no")]),
+    ev.ToolInDoubt(reply_id="r", tool_call_id="c", tool_name="t", arguments={"a": 1}, idempotency_key="idem_k",
+                   policy="ask", outcome="asked"),
     ev.RequireExternalExecution(reply_id="r", tool_calls=[CALL]),
     ev.ExternalExecutionResult(reply_id="r", tool_results=[RESULT]),
     ev.RequestStop(reason="enough", generate_reason=GenerateReason.ALL_TOOLS_DENIED),

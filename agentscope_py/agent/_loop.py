@@ -34,6 +34,7 @@ from ..model.base import ModelRequest
 from ..stream import EventStream, aclose, aclosing
 from ._boundaries import all_observed, not_an_event, observed, require_event, warn_empty
 from ._brackets import Brackets
+from ._journal import journal_of
 from ._persist import finish, finish_quietly, save_once
 from ._prelude import prelude
 from ._run_state import RunState
@@ -97,7 +98,7 @@ class Execution:
             self.structured = StructuredOutput(structured_model, agent.model, self.options, toolkit, run)
             self.options, toolkit = self.structured.options, self.structured.toolkit
         self.tools = ToolScope(toolkit, ctx, self.reply_id, self.control, run.preapproved,
-                               executor=runtime.tool_executor)
+                               executor=runtime.tool_executor, journal=journal_of(runtime, ctx, run))
         parts, trace = runtime.participants, runtime.trace
         self._model_call = compose(ExtensionPoint.ON_MODEL_CALL, parts, agent, ctx, self._model_core, trace,
                                    core_bound=True)

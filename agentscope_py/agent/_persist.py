@@ -1,5 +1,6 @@
 """The session's state in and out of the store: loaded and bound in the prelude, checkpointed
-once at the end of the run, after ``on_agent_finish``.
+at the end of the run, after ``on_agent_finish`` — and, mid-run, at the boundaries of each
+non-idempotent tool call (`checkpoint`, for the tool journal: `_journal`).
 
 A run that fails, is interrupted or loses its consumer still saves its turn: the finish hooks run
 once each (even when an earlier one raised), then the checkpoint, then the first hook's error
@@ -34,7 +35,7 @@ if TYPE_CHECKING:
     from ._runtime import AgentRuntime
     from .context import RuntimeContext
 
-__all__ = ["finish", "finish_quietly", "load_session", "save_once"]
+__all__ = ["checkpoint", "finish", "finish_quietly", "load_session", "save_once"]
 
 logger = logging.getLogger("agentscope_py")
 
@@ -74,6 +75,18 @@ async def save_once(runtime: AgentRuntime, ctx: RuntimeContext, run: RunState) -
     if run.saved or run.session is None:
         return
     run.saved = True
+    state = run.session
+    if state.tool_journal and not run.pending_calls():  # every journaled call has its result in memory
+        state.tool_journal.clear()
+    await checkpoint(runtime, ctx, run)
+
+
+async def checkpoint(runtime: AgentRuntime, ctx: RuntimeContext, run: RunState) -> None:
+    """Write the run's session state now (the run goes on), to its end whatever cancels the run
+    meanwhile; a cancellation that came while it wrote is raised after it. A write that fails
+    keeps the state for the next call on the session (`AgentRuntime.unsaved`) and raises
+    `StateStoreError`."""
+    assert run.session is not None
     key = (ctx.user_id, ctx.session_id)
     store = runtime.store
     cancelled: asyncio.CancelledError | None = None

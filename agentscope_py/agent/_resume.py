@@ -1,6 +1,9 @@
 """Resuming a run whose tool calls wait: confirm results answer asking calls (run, denied or
 edited), tool-result messages answer external calls, an empty input runs what is pending (after a
-restart). Anything else is a `ResumeError` that says what the session waits for."""
+restart). Anything else is a `ResumeError` that says what the session waits for.
+
+Pending calls with a tool-journal entry are settled first (`_in_doubt`): a recorded result is
+replayed, a call in doubt is decided by the user's answer or its policy, or asked about."""
 
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ from ..events import (
 from ..message import GenerateReason, Msg, ToolResultBlock, ToolResultState, ToolUseBlock
 from ..stream import aclosing
 from ._boundaries import clean_block
+from ._in_doubt import Settled, settle
 from ._subagent_tree import route_confirms
 
 if TYPE_CHECKING:
@@ -36,6 +40,20 @@ async def resume(exe: StepScope, pending: list[ToolUseBlock], input_msgs: list[M
     # External results come from the client: made storable like any input (`_boundaries.admit`).
     results = [clean_block(b) for m in input_msgs if m.role == "tool" for b in m.tool_results]
     by_id = {c.id: c for c in pending}
+    if input_msgs and not confirms and not results:
+        ids = ", ".join(c.id for c in pending)
+        raise PendingToolCallsError(
+            f"session {exe.ctx.user_id}/{exe.ctx.session_id} has tool calls waiting ({ids}): "
+            "answer them with confirm results (agentscope_py.confirm_message) or tool results first"
+        )
+    settled = Settled()
+    if state.tool_journal and not results:
+        settled = await settle(exe, pending, confirms)
+        for ev in settled.events:
+            yield ev
+        if settled.error is not None:
+            raise settled.error
+    asked = {c.id for c in settled.asked}
     if confirms:
         # Confirms for the calls a paused sub-agent waits on go to its call (run again below).
         own, rerun = route_confirms(exe.ctx, state, by_id, confirms)
@@ -46,7 +64,10 @@ async def resume(exe: StepScope, pending: list[ToolUseBlock], input_msgs: list[M
         denied: list[ToolResultBlock] = []
         for call in pending:
             answer = answered.get(call.id)
-            if call.id in rerun:
+            if call.id in settled.decided or call.id in asked:  # was in doubt: settled above
+                if call.id not in asked:
+                    run.append(call)
+            elif call.id in rerun:
                 exe.run.preapproved.add(call.id)  # its sub-agent asks, not the gate
                 run.append(call)
             elif answer is None:
@@ -73,6 +94,8 @@ async def resume(exe: StepScope, pending: list[ToolUseBlock], input_msgs: list[M
             async with aclosing(exe.act(run, assistant)) as steps:
                 async for ev in steps:
                     yield ev
+        for ev in _ask(exe, settled):
+            yield ev
         state.pending_tool_calls = [c.id for c in exe.run.pending_calls()]
         return
     if results:
@@ -87,16 +110,28 @@ async def resume(exe: StepScope, pending: list[ToolUseBlock], input_msgs: list[M
             pause = assistant.model_copy(update={"content": [*assistant.content, *running]})
             exe.run.end(pause, GenerateReason.TOOL_SUSPENDED, remember=False)
         return
-    if input_msgs:
-        ids = ", ".join(c.id for c in pending)
-        raise PendingToolCallsError(
-            f"session {exe.ctx.user_id}/{exe.ctx.session_id} has tool calls waiting ({ids}): "
-            "answer them with confirm results (agentscope_py.confirm_message) or tool results first"
-        )
     # An empty input resumes acting on what is pending (e.g. after a restart).
-    async with aclosing(exe.act(pending, last_assistant(exe))) as steps:
-        async for ev in steps:
+    to_run = [c for c in pending if c.id not in asked] if asked else pending
+    if to_run:
+        async with aclosing(exe.act(to_run, last_assistant(exe))) as steps:
+            async for ev in steps:
+                yield ev
+    if asked:
+        for ev in _ask(exe, settled):
             yield ev
+        state.pending_tool_calls = [c.id for c in exe.run.pending_calls()]
+
+
+def _ask(exe: StepScope, settled: Settled) -> list[AgentEvent]:
+    """The questions about the calls in doubt the user is asked about; the run then pauses for
+    the answers (unless it already ended)."""
+    if not settled.asked:
+        return []
+    assert exe.run.session is not None
+    questions = settled.questions(exe.reply_id, exe.run.session.tool_journal)
+    if exe.run.final is None:
+        exe.run.end(last_assistant(exe), GenerateReason.PERMISSION_ASKING, remember=False)
+    return questions
 
 def last_assistant(exe: StepScope) -> Msg:
     assert exe.run.session is not None

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from .._effects import InDoubtPolicy
 from ._session import DEFAULT_MAX_QUEUED, MultitaskStrategy
 
 if TYPE_CHECKING:
@@ -47,5 +48,7 @@ class AgentRuntime:
     """What a new input does when its session runs another, unless its call says (`_session`)."""
     max_queued: int = DEFAULT_MAX_QUEUED
     """Inputs that may wait for one session in this process; past it, one more is a `BusyError`."""
+    in_doubt: InDoubtPolicy = "ask"
+    """What a resumed run does with a call in doubt of a tool that names no policy (`_in_doubt`)."""
     warned_empty: bool = False
     """An empty reasoning stream is logged once per agent (`_boundaries.warn_empty`)."""

@@ -88,4 +88,5 @@ def _response_tool(run: RunState, model: type[Any]) -> Tool:
         parameters=clean_schema(model.model_json_schema()),
         args_model=model,
         concurrency_safe=False,
+        idempotent=True,  # it records the answer: recording it again is harmless
     )

@@ -19,6 +19,7 @@ from typing import Any, Literal, TextIO
 
 from pydantic import BaseModel, ValidationError
 
+from .._effects import InDoubtPolicy, check_in_doubt, in_doubt_policy
 from .._model_call import FailoverListener, RetryPolicy
 from ..errors import BusyError, InputError
 from ..events import AgentEvent, AgentResult, ConfirmResult
@@ -132,6 +133,11 @@ class ReActAgent:
             ``"rollback"`` (stop it and take its turn out of the session) — docs/serving.md.
         max_queued: Inputs that may wait for one session in this process; one more is a
             `BusyError` (reason ``"queue_full"``).
+        in_doubt: What a resumed run does with a call of a non-idempotent tool that may have
+            happened (its intent recorded, no result: the process died while it ran), unless the
+            tool says: ``"ask"`` the user (the default: nobody knows better), ``"reconcile"``
+            (the tool's ``reconcile`` function checks) or ``"retry"`` (refused unless every
+            tool it would apply to is idempotent) — docs/tools.md.
     """
 
     def __init__(
@@ -156,6 +162,7 @@ class ReActAgent:
         allow_lints: Iterable[str] = (),
         multitask_strategy: MultitaskStrategy = "enqueue",
         max_queued: int = DEFAULT_MAX_QUEUED,
+        in_doubt: InDoubtPolicy = "ask",
     ) -> None:
         if max_iters < 1:
             raise ValueError(f"max_iters must be at least 1, not {max_iters}")
@@ -174,6 +181,8 @@ class ReActAgent:
             own_toolkit.register_object(TodoTools())
             added.append(TaskReminderMiddleware())  # after the user's: inner at equal order
         own_middlewares += added
+        policy = check_in_doubt(in_doubt)
+        _check_in_doubt_tools(own_toolkit, policy)
         self.name = name
         self.sys_prompt = sys_prompt
         self.model: ChatModel = resolve_model(model, **dict(model_kwargs or {}))
@@ -195,6 +204,7 @@ class ReActAgent:
             failover_listener=failover_listener,
             multitask_strategy=strategy,
             max_queued=max_queued,
+            in_doubt=policy,
         )
 
     @staticmethod
@@ -210,6 +220,11 @@ class ReActAgent:
     def multitask_strategy(self) -> MultitaskStrategy:
         """What a new input does when its session is running another, unless its call says."""
         return self._runtime.multitask_strategy
+
+    @property
+    def in_doubt(self) -> InDoubtPolicy:
+        """The policy for a call in doubt of a tool that names none (`ToolInDoubt`)."""
+        return self._runtime.in_doubt
 
     def middlewares_at(self, point: ExtensionPoint) -> tuple[MiddlewareBase, ...]:
         """The participants of ``point``, outermost first (fixed at build)."""
@@ -361,6 +376,7 @@ class Builder:
         self._allow_lints: list[str] = []
         self._strategy: MultitaskStrategy = "enqueue"
         self._max_queued = DEFAULT_MAX_QUEUED
+        self._in_doubt: InDoubtPolicy = "ask"
 
     def name(self, name: str) -> Builder:
         self._name = name
@@ -469,6 +485,12 @@ class Builder:
         self._max_queued = n
         return self
 
+    def in_doubt(self, policy: InDoubtPolicy) -> Builder:
+        """What a resumed run does with a call in doubt of a tool that names no policy:
+        ``"ask"`` (the default), ``"reconcile"`` or ``"retry"`` (docs/tools.md)."""
+        self._in_doubt = check_in_doubt(policy)
+        return self
+
     def build(self) -> ReActAgent:
         if self._model is None:
             raise ValueError("a model is required: .model(ChatModel or 'provider:name')")
@@ -491,7 +513,26 @@ class Builder:
             allow_lints=self._allow_lints,
             multitask_strategy=self._strategy,
             max_queued=self._max_queued,
+            in_doubt=self._in_doubt,
         )
+
+
+def _check_in_doubt_tools(toolkit: Toolkit, default: InDoubtPolicy) -> None:
+    """Refuse, at build, a policy that cannot apply to a tool: ``"retry"`` for a tool whose call
+    may have happened (a second effect), ``"reconcile"`` for a tool with nothing to reconcile
+    with. (A tool source's tools, listed at the first run, are checked when a call is in doubt.)"""
+    for t in toolkit:
+        if t.external or t.idempotent:
+            continue
+        policy = in_doubt_policy(t, default)
+        if policy == "retry":
+            raise ValueError(f"in_doubt='retry' would run a call of tool {t.name!r} again that may have happened: "
+                             f"declare the tool idempotent=True if that is harmless, or give it in_doubt='ask' "
+                             f"or 'reconcile' (with reconcile=fn)")
+        if policy == "reconcile" and t.reconcile is None:
+            raise ValueError(f"in_doubt='reconcile' applies to tool {t.name!r}, which has no reconcile function: "
+                             f"give it reconcile=fn (fn(intent) -> result, or None when it did not happen), "
+                             f"or in_doubt='ask'")
 
 
 class _Start:

@@ -18,7 +18,8 @@ ThinkingBlock*              REASONING_START, REASONING_MESSAGE_START / CONTENT /
                             REASONING_END (messageId = the block id)
 ToolCall*                   TOOL_CALL_START(parentMessageId) / ARGS / END
 ToolResult* (text joined)   TOOL_CALL_RESULT(role=tool, new messageId, metadata.state)
-RequireUserConfirm          RUN_FINISHED outcome interrupt (one Interrupt per asking call)
+RequireUserConfirm          RUN_FINISHED outcome interrupt (one Interrupt per asking call; a call
+                            in doubt's: reason ``tool_in_doubt``, its question, payload ``done``)
 RequireExternalExecution    RUN_FINISHED outcome success with pendingToolCallIds
 reply INTERRUPTED           RUN_FINISHED outcome cancelled
 Custom(name, value)         CUSTOM(name, value)
@@ -63,6 +64,7 @@ from .sse import plain_json
 
 __all__ = [
     "INTERRUPT_REASON",
+    "IN_DOUBT_REASON",
     "AguiInputError",
     "AguiMapper",
     "SystemPolicy",
@@ -74,6 +76,8 @@ __all__ = [
 
 INTERRUPT_REASON = "tool_call_confirmation"
 """``Interrupt.reason`` of a tool call waiting for the user's approval."""
+IN_DOUBT_REASON = "tool_in_doubt"
+"""``Interrupt.reason`` of a tool call in doubt: did it take effect? (docs/tools.md)"""
 
 _ENCODER = FrameEncoder()
 
@@ -85,6 +89,15 @@ _RESPONSE_SCHEMA: dict[str, Any] = {
         "input": {"type": "object", "description": "replacement arguments (optional)"},
     },
     "required": ["approved"],
+}
+# The answer an in-doubt interrupt expects (``status="cancelled"`` skips the call).
+_IN_DOUBT_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "done": {"type": "boolean", "description": "whether the call took effect (false: run it)"},
+        "result": {"description": "the call's result, when it took effect (optional)"},
+    },
+    "required": ["done"],
 }
 
 
@@ -122,6 +135,7 @@ class AguiMapper:
         self._usage: dict[str, ChatUsage] = {}  # model name -> summed usage
         self._model = ""
         self._asking: tuple[ToolUseBlock, ...] = ()
+        self._doubts: dict[str, dict[str, Any]] = {}  # asking calls in doubt: their question
         self._external: tuple[str, ...] = ()
         self._reason: GenerateReason | None = None
         self._result: Any = None
@@ -246,6 +260,8 @@ class AguiMapper:
 
     def _on_confirm(self, ev: Any, out: list[AguiEvent]) -> None:
         self._asking += tuple(ev.tool_calls)
+        if ev.metadata.get("in_doubt"):
+            self._doubts.update((c.id, ev.metadata) for c in ev.tool_calls)
 
     def _on_external(self, ev: Any, out: list[AguiEvent]) -> None:
         self._external += tuple(c.id for c in ev.tool_calls)
@@ -272,7 +288,7 @@ class AguiMapper:
     # -- closing ---------------------------------------------------------------------------------
 
     def _interrupts(self) -> list[Interrupt]:
-        interrupts = [_interrupt(c) for c in self._asking]
+        interrupts = [_interrupt(c, self._doubts.get(c.id)) for c in self._asking]
         if self._reason in SUSPENDED and self._subagents is not None:
             # A child's approval request is the run's when the run itself paused on it (the
             # parent waits for the child); a child that asked and then let its parent go on is
@@ -324,7 +340,12 @@ _HANDLERS: dict[str, Callable[[AguiMapper, Any, list[AguiEvent]], None]] = {
 }
 
 
-def _interrupt(call: ToolUseBlock) -> Interrupt:
+def _interrupt(call: ToolUseBlock, doubt: dict[str, Any] | None = None) -> Interrupt:
+    if doubt is not None:
+        return Interrupt(id=call.id, reason=IN_DOUBT_REASON, tool_call_id=call.id, message=str(doubt["question"]),
+                         response_schema=_IN_DOUBT_SCHEMA, metadata={
+                             "toolName": call.name, "arguments": call.input,
+                             "idempotencyKey": doubt.get("idempotency_key")})
     args = json.dumps(call.input, ensure_ascii=False)
     return Interrupt(
         id=call.id,

@@ -1,5 +1,17 @@
 """Tools and toolkits."""
 
-from .toolkit import PermissionDecision, Tool, ToolArgumentError, Toolkit, tool
+from .toolkit import (
+    IdempotencyKey,
+    InDoubtPolicy,
+    PermissionDecision,
+    Reconcile,
+    Tool,
+    ToolArgumentError,
+    ToolIntent,
+    Toolkit,
+    idempotency_key,
+    tool,
+)
 
-__all__ = ["PermissionDecision", "Tool", "ToolArgumentError", "Toolkit", "tool"]
+__all__ = ["IdempotencyKey", "InDoubtPolicy", "PermissionDecision", "Reconcile", "Tool", "ToolArgumentError",
+           "ToolIntent", "Toolkit", "idempotency_key", "tool"]

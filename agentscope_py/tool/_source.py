@@ -2,22 +2,16 @@
 
 from __future__ import annotations
 
-import contextvars
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ..message import ToolUseBlock
+from ._current import current_tool_call
 
 if TYPE_CHECKING:
     from .._context import RuntimeContext
     from ._tool import Tool
 
 __all__ = ["MCPToolsetMaker", "ToolSource", "current_tool_call"]
-
-current_tool_call: contextvars.ContextVar[ToolUseBlock | None] = contextvars.ContextVar(
-    "agentscope_current_tool_call", default=None)
-"""The call a tool runs for, in the tool's own task (set by the acting core): a tool that reports
-progress or asks questions can name its call."""
 
 
 class ToolSource(Protocol):

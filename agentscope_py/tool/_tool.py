@@ -17,10 +17,12 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ValidationError
 
+from .._effects import IdempotencyKey, InDoubtPolicy, Reconcile, ToolIntent, check_in_doubt, idempotency_key
 from ..errors import ToolArgumentError
 from ..events import EventBase
 from ..message import DataBlock, TextBlock, ToolUseBlock
 from ..model.base import ToolSchema
+from ._current import current_tool_call
 
 if TYPE_CHECKING:
     from .._context import RuntimeContext
@@ -55,6 +57,14 @@ class Tool:
     check_permissions: PermissionCheck | None = None
     metadata: Mapping[str, Any] = field(default_factory=dict)
     """On the call's ToolResultStart/End metadata and ``execute_tool`` span (an MCP server name)."""
+    idempotent: bool = False
+    """Running it again is harmless (a ``read_only`` tool always is). Any other tool's calls are
+    journaled: intent before, result after (`agentscope_py.tool.ToolIntent`)."""
+    in_doubt: InDoubtPolicy | None = None
+    """What a resumed run does with a call of this tool in doubt; None: the agent's default
+    (``"retry"`` for an idempotent tool, ``"reconcile"`` with a ``reconcile`` function)."""
+    reconcile: Reconcile | None = None
+    """``reconcile(intent) -> result | None``: did the call in doubt happen? (None: it did not)."""
 
     kind: str = field(init=False, repr=False, compare=False)
     """How to call ``fn``: "stream" (async generator), "await" (coroutine) or "thread"; fixed here
@@ -64,6 +74,17 @@ class Tool:
         fn = self.fn
         kind = "stream" if inspect.isasyncgenfunction(fn) else "await" if inspect.iscoroutinefunction(fn) else "thread"
         object.__setattr__(self, "kind", kind)
+        if self.read_only and not self.idempotent:  # reading twice is harmless
+            object.__setattr__(self, "idempotent", True)
+        if self.in_doubt is not None:
+            policy = check_in_doubt(self.in_doubt, f"tool {self.name!r}: in_doubt")
+            if policy == "retry" and not self.idempotent:
+                raise ValueError(f"tool {self.name!r}: in_doubt='retry' runs a call again that may have "
+                                 "happened; declare the tool idempotent=True if that is harmless, or choose "
+                                 "'ask' or 'reconcile'")
+            if policy == "reconcile" and self.reconcile is None:
+                raise ValueError(f"tool {self.name!r}: in_doubt='reconcile' needs reconcile=fn "
+                                 "(fn(intent) -> result, or None when it did not happen)")
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.fn(*args, **kwargs)
@@ -94,8 +115,30 @@ class Tool:
     def _kwargs(self, arguments: Mapping[str, Any], ctx: RuntimeContext | None) -> dict[str, Any]:
         kwargs = self.validate(arguments)
         for pname, kind in self.injected.items():
-            kwargs[pname] = ctx if kind == "ctx" else (ctx.agent_state if ctx is not None else None)
+            if kind == "key":
+                kwargs[pname] = self._key(ctx)
+            else:
+                kwargs[pname] = ctx if kind == "ctx" else (ctx.agent_state if ctx is not None else None)
         return kwargs
+
+    async def reconciled(self, intent: ToolIntent) -> tuple[Any, ...] | None:
+        """Ask ``reconcile`` whether the call ``intent`` records happened: None when it did not,
+        else its result as output chunks (as `call_once` gives them). Raises what ``reconcile``
+        raises, and ValueError for a tool without one."""
+        if self.reconcile is None:
+            raise ValueError(f"tool {self.name!r} has no reconcile function")
+        found = self.reconcile(intent)
+        if inspect.isawaitable(found):
+            found = await found
+        return None if found is None else _chunks(found, self.name)
+
+    def _key(self, ctx: RuntimeContext | None) -> IdempotencyKey:
+        call = current_tool_call.get()
+        if call is None:
+            raise RuntimeError(f"tool {self.name!r} takes an IdempotencyKey, which exists only for a call "
+                               "the agent runs (call its function directly to pass one)")
+        user, session = (ctx.user_id, ctx.session_id) if ctx is not None else ("default", "default")
+        return IdempotencyKey(idempotency_key(user, session, call.id))
 
     async def call_once(self, arguments: Mapping[str, Any], ctx: RuntimeContext | None) -> tuple[Any, ...]:
         """Validate, call a tool that returns once (not a generator), and give its output chunks."""

@@ -42,7 +42,7 @@ def render_tasks(tasks: Sequence[TodoItem]) -> str:
 class TodoTools:
     """The task-list tool. Register with ``toolkit.register_object(TodoTools())``."""
 
-    @tool(concurrency_safe=False)
+    @tool(concurrency_safe=False, idempotent=True)  # it replaces the whole list: again is the same
     async def todo_write(self, todos: list[TodoEntry], state: AgentState) -> str:
         """Replace the task list with `todos` (send the complete list every time).
 

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, get_type_hints, overload
 from pydantic import Field
 
 from .._context import RuntimeContext
+from .._effects import IdempotencyKey, InDoubtPolicy, Reconcile, ToolIntent, idempotency_key
 from .._state import AgentState
 from ..errors import SubAgentCycleError, ToolArgumentError, ToolConflictError
 from ..model.base import ToolSchema
@@ -28,8 +29,9 @@ from ._tool import PermissionCheck, PermissionDecision, Tool
 if TYPE_CHECKING:
     from ._source import MCPToolsetMaker
 
-__all__ = ["PermissionDecision", "Tool", "ToolArgumentError", "ToolSource", "Toolkit", "arguments_model",
-           "clean_schema", "current_tool_call", "tool"]
+__all__ = ["IdempotencyKey", "InDoubtPolicy", "PermissionDecision", "Reconcile", "Tool", "ToolArgumentError",
+           "ToolIntent", "ToolSource", "Toolkit", "arguments_model", "clean_schema", "current_tool_call",
+           "idempotency_key", "tool"]
 
 # -- @tool ----------------------------------------------------------------------------------------
 
@@ -46,6 +48,9 @@ def tool(
     external: bool = False,
     timeout: float | None = None,
     check_permissions: PermissionCheck | None = None,
+    idempotent: bool = False,
+    in_doubt: InDoubtPolicy | None = None,
+    reconcile: Reconcile | None = None,
 ) -> Callable[[Callable[..., Any]], Tool]: ...
 
 
@@ -60,12 +65,23 @@ def tool(
     external: bool = False,
     timeout: float | None = None,
     check_permissions: PermissionCheck | None = None,
+    idempotent: bool = False,
+    in_doubt: InDoubtPolicy | None = None,
+    reconcile: Reconcile | None = None,
 ) -> Tool | Callable[[Callable[..., Any]], Tool]:
     """Make a tool of a sync or async function, an async generator (streams its chunks) or a
     method (see `Toolkit.register_object`). Options: ``name``, ``description`` (default: the
     docstring), ``concurrency_safe`` (may run in parallel with other safe tools), ``read_only``,
     ``external`` (schema only: the caller executes it), ``timeout`` (seconds),
-    ``check_permissions`` (``fn(call, ctx) -> PermissionDecision``)."""
+    ``check_permissions`` (``fn(call, ctx) -> PermissionDecision``).
+
+    Effects (docs/tools.md): ``idempotent`` (running a call again is harmless; ``read_only``
+    implies it). A tool that is not idempotent — the default, since a tool that says nothing may
+    pay, send or delete — has each call journaled: its intent is checkpointed with the session
+    before it runs and its result after, so a resumed run never runs it twice blindly. A call
+    found with an intent and no result is in doubt: ``in_doubt`` (``"ask"``, ``"reconcile"``,
+    ``"retry"``; default: the agent's) decides, ``reconcile`` (``fn(intent) -> result | None``)
+    checks the outside world. A parameter annotated `IdempotencyKey` receives the call's key."""
 
     def make(f: Callable[..., Any]) -> Tool:
         return _make_tool(
@@ -77,6 +93,9 @@ def tool(
             external=external,
             timeout=timeout,
             check_permissions=check_permissions,
+            idempotent=idempotent,
+            in_doubt=in_doubt,
+            reconcile=reconcile,
         )
 
     return make(fn) if fn is not None else make
@@ -108,6 +127,9 @@ def _make_tool(fn: Callable[..., Any], *, name: str | None, description: str | N
             continue
         if annotation is AgentState:
             injected[p.name] = "state"
+            continue
+        if annotation is IdempotencyKey:
+            injected[p.name] = "key"
             continue
         default = ... if p.default is inspect.Parameter.empty else p.default
         fields[p.name] = (annotation, Field(default, description=param_docs.get(p.name)))

@@ -109,7 +109,9 @@ def apply_system_policy(msgs: Sequence[Msg], system: SystemPolicy) -> list[Msg]:
 
 def confirm_results(resume: Sequence[ResumeEntry]) -> list[ConfirmResult]:
     """Answers to approval interrupts: ``status="resolved"`` with ``payload.approved`` (default
-    true) and optional ``payload.input`` (replacement arguments); ``"cancelled"`` denies."""
+    true) and optional ``payload.input`` (replacement arguments); ``"cancelled"`` denies. An
+    in-doubt interrupt's ``payload.done`` (and ``payload.result``) says whether the call took
+    effect."""
     out: list[ConfirmResult] = []
     for entry in resume:
         payload = entry.payload if isinstance(entry.payload, dict) else {}
@@ -118,9 +120,13 @@ def confirm_results(resume: Sequence[ResumeEntry]) -> list[ConfirmResult]:
         if new_input is not None and not isinstance(new_input, dict):
             raise AguiInputError(f"resume[{entry.interrupt_id}].payload.input must be an object")
         reason = payload.get("reason")
+        done = payload.get("done")
+        if done is not None and not isinstance(done, bool):
+            raise AguiInputError(f"resume[{entry.interrupt_id}].payload.done must be true or false")
         out.append(ConfirmResult(
             tool_call_id=entry.interrupt_id, confirmed=approved, input=new_input if approved else None,
             reason=reason if isinstance(reason, str) else None,
+            answer=None if done is None else {"done": done, "result": payload.get("result")},
         ))
     return out
 
