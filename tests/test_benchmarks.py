@@ -176,6 +176,14 @@ def test_bench_server_counts_the_streams_open_at_once() -> None:
     assert serving_clients.most_open([]) == 0
 
 
+def test_bench_handoff_runs_its_three_workloads() -> None:
+    # The workloads alone (valgrind counts them in the real run): each completes on uvloop.
+    for mode in ("inline", "handoff", "layers"):
+        proc = subprocess.run([sys.executable, str(BENCH / "bench_handoff.py"), "--child", mode, "--items", "50",
+                               "--depth", "2"], capture_output=True, text=True, timeout=60, cwd=BENCH, check=False)
+        assert proc.returncode == 0, (mode, proc.stderr)
+
+
 def test_bench_hedge_reports_first_token_percentiles_and_the_cost_of_hedging() -> None:
     result = run_json("bench_hedge.py", "--batches", "1", "--warmup", "1", "--cpu-batches", "2", "--calls", "10", "--slow-share", "0.5", "--slow", "0.3")
     rows = result["variants"]
