@@ -75,14 +75,14 @@ def client_timeout(timeout: Any) -> Timeouts:
     """The bounds for seconds or an httpx-style ``Timeout`` (``connect``, ``read``, ``pool``): the
     connect bounds the TCP and TLS handshake, the pool the wait for a connection (connecting
     included), the read every wait for bytes, the response's headers counting from the request's
-    start (so with the connect's time)."""
+    start (so with the connect's time). None or 0 bounds nothing, as in aiohttp's timeouts."""
     if timeout is None or isinstance(timeout, int | float):
-        seconds = None if timeout is None else float(timeout)
+        seconds = float(timeout) if timeout else None
         return Timeouts(aiohttp.ClientTimeout(total=None, connect=seconds, sock_connect=seconds, sock_read=None),
                         None if seconds is None else 2 * seconds, seconds)
     connect = getattr(timeout, "connect", None)
     pool = getattr(timeout, "pool", None)
-    read = getattr(timeout, "read", None)
+    read = getattr(timeout, "read", None) or None
     connecting = None if pool is None or connect is None else pool + connect
     return Timeouts(aiohttp.ClientTimeout(total=None, sock_connect=connect, connect=connecting, sock_read=None),
                     None if read is None else read + (connecting or 0.0), read)

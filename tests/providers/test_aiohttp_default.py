@@ -27,6 +27,7 @@ from agentscope_py.model import (
     RateLimitError,
     ServerError,
 )
+from agentscope_py.model._aiohttp import client_timeout
 from agentscope_py.model.anthropic import AnthropicChatModel
 from agentscope_py.model.openai import OpenAIChatModel
 from agentscope_py.model.openai_responses import OpenAIResponsesModel
@@ -146,6 +147,16 @@ async def test_a_server_that_never_answers_times_out(closing: list[Any]) -> None
         listening.close()
     assert isinstance(exc, ModelTimeoutError)
     assert asyncio.get_running_loop().time() - started < 2
+
+
+def test_timeouts_bound_the_connection_the_headers_and_each_read() -> None:
+    bounds = client_timeout(5)
+    assert (bounds.connect.connect, bounds.connect.sock_connect, bounds.connect.sock_read) == (5, 5, None)
+    assert (bounds.headers, bounds.read) == (10, 5)  # the headers: the connect's bound plus the read's
+    sdk = client_timeout(httpx2.Timeout(600, connect=5.0))  # the SDKs' default: pool 600, connect 5
+    assert (sdk.connect.connect, sdk.connect.sock_connect, sdk.headers, sdk.read) == (605, 5, 1205, 600)
+    for nothing in (None, 0):  # as in aiohttp's timeouts: no bound at all
+        assert client_timeout(nothing)[1:] == (None, None) and client_timeout(nothing).connect.connect is None
 
 
 async def test_a_slow_reader_is_no_stalled_server(server: FakeServer, make_openai: Any) -> None:
