@@ -161,12 +161,14 @@ def test_a_tick_claimed_by_a_process_killed_before_its_run_runs_once_elsewhere(
                       env={"PYTHONPATH": os.getcwd()}) for _ in range(2)]
     try:
         dying.wait_for_url()
-        for s in others:
-            s.wait_for_url()
-        made = httpx.post(f"{others[0].url}/v1/schedules", timeout=10,
+        # Created through the dying process as soon as it serves: it fires the next tick at once
+        # (the others, still starting, race it for later ticks only).
+        made = httpx.post(f"{dying.url}/v1/schedules", timeout=10,
                           json={"cron": "* * * * * *", "thread": "new", "input": "tick"})
         assert made.status_code == 201, made.text
         sid = made.json()["schedule_id"]
+        for s in others:
+            s.wait_for_url()
         killed = dying.claimed(timeout=20)
         assert dying.proc.wait(10) == -signal.SIGKILL
         time.sleep(4)  # the lease (2 s) lapses, and a pass of another process takes the claim over
