@@ -160,8 +160,8 @@ class Scheduler:
             mine = self._claim(schedule, held.tick, held.missed, now)
             if not await self.store.take_over(sid, mine, now):
                 continue  # another process took it over (or recorded it) first
-            log.warning("scheduler: schedule %s: the run of %s was claimed by %s, which did not start it within "
-                        "its lease: starting it here", sid, ticks.iso(held.tick), held.owner)
+            log.warning("scheduler: schedule %s: the tick %s was claimed by %s, which did not record its run within "
+                        "its lease: taken over here", sid, ticks.iso(held.tick), held.owner)
             if held.until >= horizon:  # taken over within the tick's grace: only late
                 await self._fire(schedule, held.tick, held.missed)
                 continue
