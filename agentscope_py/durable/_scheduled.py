@@ -7,7 +7,10 @@ its own workflow id: the same on every replay), registers the run in the event l
 (`describe_run_activity`, so ``GET /v1/runs/{run_id}/events`` finds it), and starts the durable
 run's workflow (`AgentRunWorkflow`) as a child that outlives it, on the session's workflow id as
 `DurableAgent.start` would: a session runs one run at a time, and a tick meeting its fixed thread
-busy is refused (the tick's result and the run's log say so)."""
+busy is refused (the tick's result and the run's log say so). A workflow a worker first runs
+later than the schedule's grace (``grace`` in its input; every worker was down) registers its
+run as ``missed``: for a ``catch_up`` schedule it is the one run of the missed ticks (Temporal
+skipped the ticks after it while it waited)."""
 
 from __future__ import annotations
 
@@ -66,10 +69,14 @@ class ScheduledRunWorkflow:
         tick = tick_of(info.workflow_id, inp["action_id"])
         user_id, thread = inp["user_id"], inp["thread"]
         session_id = f"{inp['schedule_id']}-{tick}" if thread == NEW_THREAD else thread
-        await workflow.execute_activity(
-            DESCRIBE_RUN_ACTIVITY, {"run_id": run_id, "meta": {"user": user_id, "session": session_id,
-                                                               "kind": "native"}},
-            start_to_close_timeout=timedelta(seconds=30))
+        meta = {"user": user_id, "session": session_id, "kind": "native"}
+        # Run later than its grace (no worker was up): the one run a ``catch_up`` schedule gives
+        # its missed ticks (Temporal skipped the later ones while this one waited).
+        grace = inp.get("grace")
+        if grace is not None and workflow.now().timestamp() - tick > grace:
+            meta["missed"] = "1"
+        await workflow.execute_activity(DESCRIBE_RUN_ACTIVITY, {"run_id": run_id, "meta": meta},
+                                        start_to_close_timeout=timedelta(seconds=30))
         # Each tick's messages have ids of their own (made from the workflow's seeded uuid4: the
         # same on every replay), so a fixed thread remembers each tick's input as new messages.
         messages = [{**m, "id": f"msg_{workflow.uuid4().hex}"} for m in inp["messages"]]

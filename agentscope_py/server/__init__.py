@@ -31,7 +31,7 @@ from ._limits import Limits
 from ._runs.runlog import InMemoryRunLog, RunLog, RunRecord
 from ._runs.runlog_sqlite import SqliteRunLog
 from ._schedules.clock import Clock, SystemClock
-from ._schedules.spec import FiredTick, Schedule, ScheduleRequest
+from ._schedules.spec import FiredTick, Schedule, ScheduleRequest, TickClaim
 from ._schedules.store import InMemoryScheduleStore, ScheduleStore
 from ._schedules.store_sqlite import SqliteScheduleStore
 from ._serve import GC_THRESHOLDS, serve, serve_workers, tune_gc, uvicorn_config
@@ -67,6 +67,7 @@ __all__ = [
     "SqliteRunLog",
     "SqliteScheduleStore",
     "SystemClock",
+    "TickClaim",
     "create_app",
     "encode_error",
     "encode_sse",

@@ -95,7 +95,10 @@ class _Server:
         if durable is not None:
             self.schedules = durable(clock)
         else:
-            scheduler = Scheduler(schedule_store, self.fire_schedule, clock) if run_schedules else None
+            # A claim lapses as the run log's lease does: past it, this process's runs read as
+            # lost too, so another process may start what it claimed and did not start.
+            scheduler = Scheduler(schedule_store, self.fire_schedule, clock, lease=run_log.lease,
+                                  owner=run_log.owner) if run_schedules else None
             self.schedules = ScheduleApi(schedule_store, clock, scheduler)
 
     @property
@@ -239,13 +242,15 @@ class _Server:
         return self._sse(partial(self.registry.follow, live, 0, self.heartbeat), live.run_id)
 
     async def _start_native(self, user_id: str, session_id: str, msgs: list[Msg],
-                            strategy: MultitaskStrategy | None, detach: bool, rid: str, **values: Any) -> LiveRun:
-        """Start a native run (``POST /v1/runs``, a schedule's tick); ``values`` go into its context."""
+                            strategy: MultitaskStrategy | None, detach: bool, rid: str, run_id: str | None = None,
+                            **values: Any) -> LiveRun:
+        """Start a native run (``POST /v1/runs``, a schedule's tick: ``run_id`` given); ``values``
+        go into its context."""
         # The session's store is read before the run starts, as AG-UI's is (for its input):
         # a store that cannot serve is a 503 to retry, not a run that fails once it streams.
         await self._load(user_id, session_id)
         await self._admit(user_id, session_id, strategy)
-        run_id = new_run_id()
+        run_id = run_id or new_run_id()
         ctx = RuntimeContext(user_id=user_id, session_id=session_id, run_id=run_id, multitask_strategy=strategy,
                              **values)
         stream = self._stream(self.agent, msgs, ctx, run_id)
@@ -259,13 +264,30 @@ class _Server:
 
     async def fire_schedule(self, schedule: Schedule, tick: int, missed: bool) -> str:
         """Start the run of a schedule's tick, as ``POST /v1/runs`` starts one (detached: nobody
-        follows it yet); its run id. Its context holds ``schedule_id``, ``schedule_tick`` and
-        ``schedule_missed`` (a ``catch_up`` run standing for missed ticks)."""
+        follows it yet), under the tick's run id; that id. Its context holds ``schedule_id``,
+        ``schedule_tick`` and ``schedule_missed`` (a ``catch_up`` run standing for missed ticks).
+        A run of that id in the run log already (a process whose claim this one took over started
+        it after all) is the tick's run: none is started beside it."""
+        run_id = schedule.run_id_for(tick)
+        if await self._tick_started(run_id):
+            return run_id
         strategy = schedule.multitask_strategy or self.multitask_strategy
-        live = await self._start_native(schedule.user_id, schedule.session_for(tick), schedule.messages(), strategy,
-                                        True, f"schedule:{schedule.schedule_id}", schedule_id=schedule.schedule_id,
-                                        schedule_tick=tick, schedule_missed=missed)
+        try:
+            live = await self._start_native(schedule.user_id, schedule.session_for(tick), schedule.messages(),
+                                            strategy, True, f"schedule:{schedule.schedule_id}", run_id,
+                                            schedule_id=schedule.schedule_id, schedule_tick=tick,
+                                            schedule_missed=missed)
+        except HTTPError:
+            # Refused (its id in use, the thread busy with that very run): the run log says
+            # whether the tick's run started meanwhile, elsewhere.
+            if await self._tick_started(run_id):
+                return run_id
+            raise
         return live.run_id
+
+    async def _tick_started(self, run_id: str) -> bool:
+        """Whether the run log holds the run ``run_id`` (a store failure: the tick's error)."""
+        return await self.registry.log.get(run_id) is not None
 
     # -- schedules -------------------------------------------------------------------------------
 

@@ -139,3 +139,37 @@ async def test_skip_drops_the_ticks_no_worker_took_in_time(temporal_address: str
     assert ran and all(r["tick"] > back - 7 for r in ran), runs
     for r in ran:
         assert (await log.meta(r["run_id"]) or {}).get("session") == f"{sid}-{r['tick']}"
+
+
+async def test_catch_up_gives_the_missed_ticks_one_run(temporal_address: str) -> None:
+    """Every worker down for 8 s under an every-second ``catch_up`` schedule: the first tick's
+    workflow waits for a worker and Temporal skips the ticks after it meanwhile (overlap SKIP), so
+    once a worker is back the missed ticks have one run, marked ``missed``; the ticks after it
+    run on time, each once."""
+    client = await Client.connect(temporal_address)
+    queue, log = f"q-{uuid.uuid4().hex[:8]}", MemoryEventLog()
+    app = create_app(build, runner=DurableServing(client, factory=FACTORY, events=log, task_queue=queue))
+    transport = httpx.ASGITransport(app=app)
+    async with app.router.lifespan_context(app), \
+            httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1", timeout=20) as http:
+        made = await http.post("/v1/schedules", json={"cron": "* * * * * *", "thread": "new", "input": "x",
+                                                      "missed_ticks": "catch_up"})
+        sid = made.json()["schedule_id"]
+        created = time.time()
+        await asyncio.sleep(8)  # no worker: the first tick's workflow waits; Temporal skips the later ticks
+        back = time.time()
+        async with make_worker(client, [FACTORY], task_queue=queue, events=log):
+            await asyncio.sleep(4)
+            runs = (await http.get(f"/v1/schedules/{sid}")).json()["recent_runs"]
+            await http.delete(f"/v1/schedules/{sid}")
+            await settled(client, queue)
+            temporal_runs = [r for r in runs if r["run_id"]]
+            for r in temporal_runs:  # every run started by now is registered and has ended
+                assert (await log.meta(r["run_id"]) or {}).get("ended") == "finished", r
+    before = [r for r in runs if r["tick"] < back - 1]
+    assert len(before) == 1, runs  # one run for every tick missed while no worker was up
+    [caught] = before
+    assert caught["missed"] is True and caught["run_id"] and caught["tick"] <= created + 2, runs
+    after = [r for r in runs if r["tick"] >= back - 1]
+    assert after and not any(r["missed"] for r in after), runs
+    assert len({r["tick"] for r in runs}) == len(runs)

@@ -81,21 +81,27 @@ class DurableSchedules:
         sid = schedule.schedule_id
         action_id = f"agentscope-tick-{sid}"
         messages = [m.model_dump(mode="json", exclude={"id"}) for m in schedule.messages()]  # ids: per tick
-        inp = {"factory": self.factory, "messages": messages, "user_id": user_id,
-               "thread": schedule.thread, "schedule_id": sid, "action_id": action_id, "live": True}
         ticks = schedule.ticks
         first = ticks.after(now)
         grace = min(LATE, max(MIN_GRACE, ticks.after(first) - first))
+        inp = {"factory": self.factory, "messages": messages, "user_id": user_id, "thread": schedule.thread,
+               "schedule_id": sid, "action_id": action_id, "live": True, "grace": grace}
         skip = schedule.missed_ticks == "skip"
         # ``skip``: Temporal drops the ticks it could not start within a minute (the Temporal
         # server down), and a tick's workflow that no worker took within the schedule's grace
         # (every worker down) times out: missed ticks are not run, as a serve process skips them.
+        # ``catch_up``: a tick comes while the previous tick's workflow has not finished starting
+        # its run (every worker down: it waits for one; or Temporal catching up after being
+        # down) is skipped (the overlap policy SKIP), so the one workflow a worker then runs is
+        # the one run for all the missed ticks (the workflow marks itself missed). A tick's
+        # workflow otherwise finishes in the moment its run takes to start.
         catch_up = timedelta(seconds=LATE) if skip else CATCH_UP_WINDOW
+        overlap = ScheduleOverlapPolicy.ALLOW_ALL if skip else ScheduleOverlapPolicy.SKIP
         plan = TemporalSchedule(
             action=ScheduleActionStartWorkflow(SCHEDULED_RUN_WORKFLOW, inp, id=action_id, task_queue=self.task_queue,
                                                execution_timeout=timedelta(seconds=grace) if skip else None),
             spec=ScheduleSpec(cron_expressions=[temporal_cron(schedule.cron)], time_zone_name=schedule.timezone),
-            policy=SchedulePolicy(overlap=ScheduleOverlapPolicy.ALLOW_ALL, catchup_window=catch_up))
+            policy=SchedulePolicy(overlap=overlap, catchup_window=catch_up))
         client: Client = await self._client()
         try:
             await client.create_schedule(_PREFIX + sid, plan, memo={_MEMO: schedule.model_dump_json()})
@@ -165,38 +171,39 @@ class DurableSchedules:
             action = result.action
             if isinstance(action, ScheduleActionExecutionStartWorkflow):
                 tick = round(result.scheduled_at.timestamp())
-                run_id, error = await self._tick_run(action.workflow_id)
+                run_id, error, missed = await self._tick_run(action.workflow_id)
                 runs.append({"tick": tick, "run_id": run_id, "error": error,
-                             "missed": (result.started_at - result.scheduled_at).total_seconds() > LATE,
+                             "missed": missed or (result.started_at - result.scheduled_at).total_seconds() > LATE,
                              "tick_at": ticks.iso(tick)})
         shown["recent_runs"] = runs
         shown["last_tick_at"] = runs[0]["tick_at"] if runs else datetime.fromtimestamp(schedule.created_at,
                                                                                        UTC).isoformat()
         return shown
 
-    async def _tick_run(self, workflow_id: str) -> tuple[str | None, str | None]:
-        """The run a tick's workflow started, or why there is none."""
+    async def _tick_run(self, workflow_id: str) -> tuple[str | None, str | None, bool]:
+        """The run a tick's workflow started, or why there is none; whether it ran as missed."""
         run_id = scheduled_run_id(workflow_id)
         try:
             meta = await self.events.meta(run_id)
         except Exception:  # only decoration: the run's id stands without it
-            return run_id, None
+            return run_id, None, False
         if meta is not None:
+            missed = meta.get("missed") == "1"
             if meta.get("ended") == "refused":
-                return None, "refused: its thread was running another run"
-            return run_id, None
+                return None, "refused: its thread was running another run", missed
+            return run_id, None, missed
         # Not registered: its workflow is on its way, or closed before it got there.
         client: Client = await self._client()
         try:
             status = (await client.get_workflow_handle(workflow_id).describe()).status
         except RPCError:
-            return run_id, None
+            return run_id, None, False
         if status == WorkflowExecutionStatus.TIMED_OUT:
-            return None, "skipped: no worker took the tick within its grace (missed_ticks 'skip')"
+            return None, "skipped: no worker took the tick within its grace (missed_ticks 'skip')", True
         if status in (WorkflowExecutionStatus.FAILED, WorkflowExecutionStatus.TERMINATED,
                       WorkflowExecutionStatus.CANCELED):
-            return None, f"its tick's workflow ended {status.name.lower()}"
-        return run_id, None
+            return None, f"its tick's workflow ended {status.name.lower()}", False
+        return run_id, None, False
 
 
 def _unavailable(exc: Exception) -> HTTPError:

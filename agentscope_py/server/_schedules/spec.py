@@ -9,6 +9,7 @@ work too. Ticks are whole seconds since the epoch (UTC).
 
 from __future__ import annotations
 
+import hashlib
 import re
 import secrets
 import time
@@ -22,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from ...agent import MultitaskStrategy
 from ...message import Msg
 
-__all__ = ["MAX_RECENT", "NEW_THREAD", "FiredTick", "MissedTicks", "Schedule", "ScheduleRequest", "Ticks",
+__all__ = ["MAX_RECENT", "NEW_THREAD", "FiredTick", "MissedTicks", "Schedule", "ScheduleRequest", "TickClaim", "Ticks",
            "is_schedule_id", "new_schedule_id", "schedule_of"]
 
 NEW_THREAD = "new"
@@ -143,6 +144,20 @@ class FiredTick(BaseModel):
     missed: bool = False
 
 
+class TickClaim(BaseModel):
+    """A claimed tick whose run is not yet recorded as started (`FiredTick`): the run id the
+    tick's run has (`Schedule.run_id_for`), the process that claimed it (``owner``) and until when
+    it has to start that run (``until``, seconds since the epoch). Once that passes, another
+    process takes the claim over and starts the run under the same id; ``missed``: the run stands
+    for missed ticks (a ``catch_up`` run)."""
+
+    tick: int
+    run_id: str
+    owner: str
+    until: float
+    missed: bool = False
+
+
 class Schedule(BaseModel):
     """A stored schedule. ``last_tick``: the last tick claimed (fired or skipped), the creation
     time before any: the scheduler decides what is due, and what was missed, from it."""
@@ -160,6 +175,8 @@ class Schedule(BaseModel):
     created_at: float
     last_tick: int
     recent: list[FiredTick] = Field(default_factory=list)
+    claims: list[TickClaim] = Field(default_factory=list)
+    """Its claimed ticks whose runs are not recorded yet, oldest first."""
 
     @property
     def ticks(self) -> Ticks:
@@ -176,6 +193,12 @@ class Schedule(BaseModel):
         """The session of the run of ``tick``: the fixed thread, or one of its own named by the
         schedule and the tick (so two runs of one tick would show in one session)."""
         return f"{self.schedule_id}-{tick}" if self.thread == NEW_THREAD else self.thread
+
+    def run_id_for(self, tick: int) -> str:
+        """The run id of ``tick``'s run: the same in every process (so a run log refuses a second
+        run of one tick: its id is taken), and as unguessable as the schedule id it comes from."""
+        digest = hashlib.blake2b(f"{self.schedule_id}/{tick}".encode(), digest_size=12).hexdigest()
+        return f"run_{digest}"
 
     def describe(self, now: float) -> dict[str, Any]:
         """The JSON ``GET /v1/schedules/{id}`` answers: the schedule, its next fire time and its

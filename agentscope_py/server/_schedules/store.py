@@ -5,13 +5,16 @@ log is, for every process using it.
 A tick fires once because claiming it is one atomic step of the store (`ScheduleStore.claim`):
 the schedule's last claimed tick moves to it only if it is still before it. Every scheduler
 takes a schedule's due ticks in order, so one that claims a later tick tried the earlier ones
-first: each tick is claimed exactly once, by one process."""
+first: each tick is claimed exactly once, by one process. The same step keeps the claim
+(`TickClaim`: the tick's run id, the claiming process, until when it has to start the run) until
+the run is recorded (`record`, which drops it), so a claim whose process died before starting
+the run is still there, for another process to take over (`take_over`) once its time is up."""
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 
-from .spec import MAX_RECENT, FiredTick, Schedule
+from .spec import MAX_RECENT, FiredTick, Schedule, TickClaim
 
 __all__ = ["InMemoryScheduleStore", "ScheduleStore"]
 
@@ -39,13 +42,23 @@ class ScheduleStore(ABC):
         """Remove it (its ticks are claimed no more); whether it existed."""
 
     @abstractmethod
-    async def claim(self, schedule_id: str, tick: int) -> bool:
-        """Atomically: if the schedule exists and its last claimed tick is before ``tick``, make
-        ``tick`` its last; whether this call did (only one caller ever does for a tick)."""
+    async def claim(self, schedule_id: str, claim: TickClaim, *, fires: bool = True) -> bool:
+        """Atomically: if the schedule exists and its last claimed tick is before ``claim.tick``,
+        make that tick its last and, when ``fires`` (the claimer starts a run for it; a skipped
+        tick starts none), keep ``claim`` among its claims; whether this call did (only one
+        caller ever does for a tick)."""
+
+    @abstractmethod
+    async def take_over(self, schedule_id: str, claim: TickClaim, now: float) -> bool:
+        """Atomically: if the schedule keeps a claim of ``claim.tick`` whose ``until`` is at or
+        before ``now`` (its process did not start the run in time), replace it with ``claim`` (this
+        caller's, with a new ``until``); whether this call did (only one caller does per lapse)."""
 
     @abstractmethod
     async def record(self, schedule_id: str, fired: FiredTick) -> None:
-        """Remember a fired tick (the latest `MAX_RECENT`)."""
+        """Atomically: if the schedule keeps the claim of ``fired.tick``, drop it and remember the
+        fired tick (the latest `MAX_RECENT`); otherwise (recorded already, by a process that took
+        the claim over) nothing."""
 
     async def list(self, user_id: str) -> list[Schedule]:
         """``user_id``'s schedules."""
@@ -74,14 +87,29 @@ class InMemoryScheduleStore(ScheduleStore):
     async def delete(self, schedule_id: str) -> bool:
         return self._schedules.pop(schedule_id, None) is not None
 
-    async def claim(self, schedule_id: str, tick: int) -> bool:
+    async def claim(self, schedule_id: str, claim: TickClaim, *, fires: bool = True) -> bool:
         found = self._schedules.get(schedule_id)
-        if found is None or found.last_tick >= tick:
+        if found is None or found.last_tick >= claim.tick:
             return False
-        found.last_tick = tick
+        found.last_tick = claim.tick
+        if fires:
+            found.claims.append(claim.model_copy())
         return True
+
+    async def take_over(self, schedule_id: str, claim: TickClaim, now: float) -> bool:
+        found = self._schedules.get(schedule_id)
+        claims = found.claims if found is not None else []
+        for at, held in enumerate(claims):
+            if held.tick == claim.tick and held.until <= now:
+                claims[at] = claim.model_copy()
+                return True
+        return False
 
     async def record(self, schedule_id: str, fired: FiredTick) -> None:
         found = self._schedules.get(schedule_id)
-        if found is not None:
+        if found is None:
+            return
+        kept = [c for c in found.claims if c.tick != fired.tick]
+        if len(kept) < len(found.claims):
+            found.claims = kept
             found.recent = [*found.recent, fired][-MAX_RECENT:]

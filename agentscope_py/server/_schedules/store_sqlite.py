@@ -2,8 +2,11 @@
 outlive a restart and the processes sharing the file fire each tick once.
 
 Table ``schedules``: one row per schedule (its JSON, its user, its last claimed tick, its recent
-runs as JSON). A claim is one ``UPDATE ... WHERE last_tick < ?`` in an immediate transaction.
-All SQLite work runs on one private thread, like `SqliteRunLog`."""
+runs as JSON); table ``schedule_claims``: a row per claimed tick whose run is not recorded yet
+(`TickClaim`). A claim is one ``UPDATE ... WHERE last_tick < ?`` and the claim's row, in one
+immediate transaction; a take-over one ``UPDATE ... WHERE until <= ?``; a record drops the row and
+adds the fired tick in one transaction. All SQLite work runs on one private thread, like
+`SqliteRunLog`."""
 
 from __future__ import annotations
 
@@ -16,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
 from ...errors import ScheduleStoreError
-from .spec import MAX_RECENT, FiredTick, Schedule
+from .spec import MAX_RECENT, FiredTick, Schedule, TickClaim
 from .store import ScheduleStore
 
 __all__ = ["SqliteScheduleStore"]
@@ -27,6 +30,10 @@ _SCHEMA = """
 CREATE TABLE IF NOT EXISTS schedules (
     schedule_id TEXT PRIMARY KEY, user_id TEXT NOT NULL, spec TEXT NOT NULL, last_tick INTEGER NOT NULL,
     recent TEXT NOT NULL DEFAULT '[]', created_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS schedule_claims (
+    schedule_id TEXT NOT NULL, tick INTEGER NOT NULL, claim TEXT NOT NULL, until REAL NOT NULL,
+    PRIMARY KEY (schedule_id, tick)
 );
 """
 
@@ -67,36 +74,50 @@ class SqliteScheduleStore(ScheduleStore):
                                      f"{type(exc).__name__}: {exc}") from exc
 
     async def create(self, schedule: Schedule) -> None:
-        spec = schedule.model_dump_json(exclude={"last_tick", "recent"})
+        spec = schedule.model_dump_json(exclude={"last_tick", "recent", "claims"})
         await self._run(lambda conn: conn.execute(
             "INSERT INTO schedules (schedule_id, user_id, spec, last_tick, created_at) VALUES (?, ?, ?, ?, ?)",
             (schedule.schedule_id, schedule.user_id, spec, schedule.last_tick, schedule.created_at)),
             f"creating schedule {schedule.schedule_id}")
 
     async def get(self, schedule_id: str) -> Schedule | None:
-        rows = await self._run(lambda conn: conn.execute(
-            "SELECT spec, last_tick, recent FROM schedules WHERE schedule_id = ?", (schedule_id,)).fetchall(),
-            f"reading schedule {schedule_id}")
-        return _schedule(*rows[0]) if rows else None
+        found = await self._run(lambda conn: _read(conn, "WHERE schedule_id = ?", (schedule_id,)),
+                                f"reading schedule {schedule_id}")
+        return found[0] if found else None
 
     async def all(self) -> list[Schedule]:
-        rows = await self._run(lambda conn: conn.execute(
-            "SELECT spec, last_tick, recent FROM schedules ORDER BY created_at, schedule_id").fetchall(),
-            "reading the schedules")
-        return [_schedule(*row) for row in rows]
+        return await self._run(lambda conn: _read(conn, "", ()), "reading the schedules")
 
     async def delete(self, schedule_id: str) -> bool:
-        return await self._run(lambda conn: conn.execute(
-            "DELETE FROM schedules WHERE schedule_id = ?", (schedule_id,)).rowcount > 0,
-            f"deleting schedule {schedule_id}")
+        def write(conn: sqlite3.Connection) -> bool:
+            conn.execute("DELETE FROM schedule_claims WHERE schedule_id = ?", (schedule_id,))
+            return conn.execute("DELETE FROM schedules WHERE schedule_id = ?", (schedule_id,)).rowcount > 0
 
-    async def claim(self, schedule_id: str, tick: int) -> bool:
+        return await self._run(write, f"deleting schedule {schedule_id}")
+
+    async def claim(self, schedule_id: str, claim: TickClaim, *, fires: bool = True) -> bool:
+        def write(conn: sqlite3.Connection) -> bool:
+            if conn.execute("UPDATE schedules SET last_tick = ? WHERE schedule_id = ? AND last_tick < ?",
+                            (claim.tick, schedule_id, claim.tick)).rowcount == 0:
+                return False
+            if fires:
+                conn.execute("INSERT OR REPLACE INTO schedule_claims (schedule_id, tick, claim, until) "
+                             "VALUES (?, ?, ?, ?)", (schedule_id, claim.tick, claim.model_dump_json(), claim.until))
+            return True
+
+        return await self._run(write, f"claiming a tick of schedule {schedule_id}")
+
+    async def take_over(self, schedule_id: str, claim: TickClaim, now: float) -> bool:
         return await self._run(lambda conn: conn.execute(
-            "UPDATE schedules SET last_tick = ? WHERE schedule_id = ? AND last_tick < ?",
-            (tick, schedule_id, tick)).rowcount > 0, f"claiming a tick of schedule {schedule_id}")
+            "UPDATE schedule_claims SET claim = ?, until = ? WHERE schedule_id = ? AND tick = ? AND until <= ?",
+            (claim.model_dump_json(), claim.until, schedule_id, claim.tick, now)).rowcount > 0,
+            f"taking over a claimed tick of schedule {schedule_id}")
 
     async def record(self, schedule_id: str, fired: FiredTick) -> None:
         def write(conn: sqlite3.Connection) -> None:
+            if conn.execute("DELETE FROM schedule_claims WHERE schedule_id = ? AND tick = ?",
+                            (schedule_id, fired.tick)).rowcount == 0:
+                return
             row = conn.execute("SELECT recent FROM schedules WHERE schedule_id = ?", (schedule_id,)).fetchone()
             if row is not None:
                 recent = [*json.loads(row[0]), fired.model_dump()][-MAX_RECENT:]
@@ -114,5 +135,14 @@ class SqliteScheduleStore(ScheduleStore):
         await asyncio.get_running_loop().run_in_executor(self._executor, shut)
 
 
-def _schedule(spec: str, last_tick: int, recent: str) -> Schedule:
-    return Schedule.model_validate({**json.loads(spec), "last_tick": last_tick, "recent": json.loads(recent)})
+def _read(conn: sqlite3.Connection, where: str, args: tuple[str, ...]) -> list[Schedule]:
+    """The schedules ``where`` selects, with their claims, in creation order."""
+    rows = conn.execute(f"SELECT schedule_id, spec, last_tick, recent FROM schedules {where} "
+                        "ORDER BY created_at, schedule_id", args).fetchall()
+    claims: dict[str, list[object]] = {}
+    for schedule_id, claim in conn.execute(f"SELECT schedule_id, claim FROM schedule_claims {where} "
+                                           "ORDER BY tick", args):
+        claims.setdefault(schedule_id, []).append(json.loads(claim))
+    return [Schedule.model_validate({**json.loads(spec), "last_tick": last_tick, "recent": json.loads(recent),
+                                     "claims": claims.get(schedule_id, [])})
+            for schedule_id, spec, last_tick, recent in rows]
