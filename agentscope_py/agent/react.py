@@ -130,8 +130,9 @@ class ReActAgent:
             its call says: ``"enqueue"`` (wait, then run; the default), ``"reject"`` (refuse at
             once with `BusyError`), ``"interrupt"`` (stop the running run, then run) or
             ``"rollback"`` (stop it and take its turn out of the session) — docs/serving.md.
-        max_queued: Inputs that may wait for one session in this process; one more is a
-            `BusyError` (reason ``"queue_full"``).
+        max_queued: Inputs that may wait for one session (in this process; across processes in
+            a store that keeps the session's queue); one more is a `BusyError` (reason
+            ``"queue_full"``).
     """
 
     def __init__(
@@ -210,6 +211,12 @@ class ReActAgent:
     def multitask_strategy(self) -> MultitaskStrategy:
         """What a new input does when its session is running another, unless its call says."""
         return self._runtime.multitask_strategy
+
+    @property
+    def max_queued(self) -> int:
+        """Inputs that may wait for one session (in the queue of a store that keeps it, across its
+        processes); one more is refused (`BusyError`, reason ``"queue_full"``)."""
+        return self._runtime.max_queued
 
     def middlewares_at(self, point: ExtensionPoint) -> tuple[MiddlewareBase, ...]:
         """The participants of ``point``, outermost first (fixed at build)."""

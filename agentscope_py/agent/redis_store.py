@@ -7,18 +7,25 @@ Keys (ids are percent-encoded, so a ``:`` inside an id cannot make two sessions 
 
 - ``{prefix}:state:{user_id}:{session_id}`` — a hash: ``version``, ``state`` (the JSON of
   `AgentState`), ``updated_at`` (ISO-8601 UTC);
-- ``{prefix}:lock:{user_id}:{session_id}`` — the session lock.
+- ``{prefix}:lock:{user_id}:{session_id}`` — the session lock; ``{prefix}:queue:…``,
+  ``{prefix}:leases:…``, ``{prefix}:stop:…`` — its queue (below); ``{prefix}:tickets`` — the
+  counter that numbers the tickets of every session.
 
 Saves are compare-and-set in one Lua script (atomic on the server); a moved version raises
 `StateConflictError` (``conflict_policy="overwrite"``: last writer wins).
 
 ``session_lock`` serialises one session across processes; the agent holds it for a whole
-execution, inside its in-process FIFO gate. It is ``SET NX PX`` with a random token, refreshed
-every ``lock_timeout / 3`` seconds while held (so long runs keep it) and released by a
-compare-and-delete script (so a holder never deletes a lock that expired and was taken by
-someone else). A holder that dies stops refreshing: its lock expires after ``lock_timeout``
-seconds and the session goes on. Waiters poll with a short jittered backoff — fair enough, not
-strictly FIFO across processes (within one process the agent's gate is FIFO).
+execution. It is a queue (`_session_queue`): an input that finds the session taken takes a ticket
+in ``{prefix}:queue:{user_id}:{session_id}`` (a sorted set, in arrival order; its lease in
+``{prefix}:leases:…``, renewed by its waiter, so a dead process's tickets drop out after
+``lock_timeout``), and the lock — ``{prefix}:lock:…``, a random token and the holder's name, ``SET
+PX`` refreshed every ``lock_timeout / 3`` seconds while held and released by a compare-and-delete
+— goes to the first ticket. Each step is one Lua script, atomic on the server. A process hears
+for its tickets on its own channel ``{prefix}:sessions:{id}``: the wake of a waiter whose turn
+came (so a handoff waits for no poll), the stop an interrupting input records for the holder
+(``{prefix}:stop:…``, also read back at every refresh, should the message be missed). A holder
+that dies stops refreshing: its lock expires after ``lock_timeout`` seconds and the session goes
+on.
 
 Every Redis failure (connection refused, timeout, protocol error) is a `StateStoreError`.
 ``socket_timeout`` bounds each command and each connection attempt, so a dead or hung server
@@ -27,7 +34,8 @@ fails a call instead of hanging it; a command that failed on its connection is n
 
 Given ``client=`` (a ``redis.asyncio.Redis`` of the caller's: Sentinel, TLS, credentials, its own
 pool), the store uses its pool: the lock, load, save and release on one connection it holds from
-it (given back by ``close()``), the rest through the client; the caller closes the client
+it, the subscription to its channel on another (both given back by ``close()``), the rest through
+the client; the caller closes the client
 (``close()`` leaves it open).
 """
 
@@ -39,11 +47,15 @@ import logging
 import random
 import secrets
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 from urllib.parse import quote, unquote
 
 from .._redis import PerLoop, Pipelined, Redis, RedisError, RedisSettings, check_source
 from ..errors import BusyError
+from ._session import DEFAULT_MAX_QUEUED
+from ._session_queue import OnInterrupt, Waits, mode_of, wait_turn
 from .state import AgentState
 from .store import (
     ClosableStore,
@@ -68,20 +80,91 @@ end
 redis.call('HSET', KEYS[1], 'version', current + 1, 'state', ARGV[2], 'updated_at', ARGV[3])
 return {1, current + 1}
 """
-# KEYS[1] lock; ARGV[1] token (ARGV[2] ttl in ms): act only while the lock is still ours.
+# The session's queue (`_session_queue`). KEYS lock, queue, leases, stop, ticket counter; ARGV the
+# lock's value (32 hex digits of token, then the holder's name), ttl ms, mode, max queued, the
+# channels' prefix. Returns 1 (the lock is taken), 0 (a ticket waits: queued now, or renewed),
+# -1 (busy, and the mode refuses to wait) or -2 (the queue is full).
+_ENTER = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local ttl = tonumber(ARGV[2])
+local token = string.sub(ARGV[1], 1, 32)
+for _, dead in ipairs(redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now)) do
+  redis.call('ZREM', KEYS[2], dead)
+  redis.call('ZREM', KEYS[3], dead)
+end
+local mine = redis.call('ZSCORE', KEYS[2], token)
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  local head = redis.call('ZRANGE', KEYS[2], 0, 0)[1]
+  if head == nil or head == token then
+    if mine then
+      redis.call('ZREM', KEYS[2], token)
+      redis.call('ZREM', KEYS[3], token)
+    end
+    redis.call('SET', KEYS[1], ARGV[1], 'PX', ttl)
+    return 1
+  end
+end
+if not mine then
+  if ARGV[3] == 'reject' then return -1 end
+  if redis.call('ZCARD', KEYS[2]) >= tonumber(ARGV[4]) then return -2 end
+  local score = redis.call('INCR', KEYS[5])
+  local interrupting = ARGV[3] == 'interrupt' or ARGV[3] == 'rollback'
+  if interrupting then score = score - 4503599627370496 end
+  redis.call('ZADD', KEYS[2], score, token)
+  if interrupting then
+    local held = redis.call('GET', KEYS[1])
+    if held then
+      local holder = string.sub(held, 1, 32)
+      local flag = '0'
+      local before = redis.call('GET', KEYS[4])
+      if ARGV[3] == 'rollback' or (before and before == holder .. '1') then flag = '1' end
+      redis.call('SET', KEYS[4], holder .. flag, 'PX', ttl)
+      redis.call('PUBLISH', ARGV[5] .. string.sub(holder, 1, 16), 'stop ' .. holder .. flag)
+    end
+  end
+end
+redis.call('ZADD', KEYS[3], now + ttl, token)
+redis.call('PEXPIRE', KEYS[2], ttl)
+redis.call('PEXPIRE', KEYS[3], ttl)
+return 0
+"""
+# KEYS lock, queue, leases; ARGV the lock's value, the channels' prefix: the lock given back if it
+# is still this holder's, the ticket dropped (a waiter that gave up), and the first ticket woken.
 _RELEASE = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
-return 0
+local token = string.sub(ARGV[1], 1, 32)
+local released = 0
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  released = 1
+end
+redis.call('ZREM', KEYS[2], token)
+redis.call('ZREM', KEYS[3], token)
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  local head = redis.call('ZRANGE', KEYS[2], 0, 0)[1]
+  if head then redis.call('PUBLISH', ARGV[2] .. string.sub(head, 1, 16), 'wake ' .. head) end
+end
+return released
 """
+# KEYS lock, stop; ARGV the lock's value, ttl ms. 0: the lock is not this holder's any more; 1:
+# renewed; 2 / 3: renewed, and an input asked to stop its run (3: with a rollback).
 _REFRESH = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
-return 0
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+local stop = redis.call('GET', KEYS[2])
+if stop and string.sub(stop, 1, 32) == string.sub(ARGV[1], 1, 32) then
+  if string.sub(stop, 33) == '1' then return 3 end
+  return 2
+end
+return 1
 """
-_SCRIPTS = {"save": _SAVE, "release": _RELEASE, "refresh": _REFRESH}
-_POLL_FIRST = 0.005  # seconds between lock attempts: starts short, doubles up to _POLL_MAX
+_SCRIPTS = {"save": _SAVE, "enter": _ENTER, "release": _RELEASE, "refresh": _REFRESH}
+_POLL_FIRST = 0.005  # seconds between a waiter's checks: starts short, doubles up to _POLL_MAX
 _RELEASE_WAIT = 1.0
 """Seconds a cancelled acquire waits to give back a lock it may have taken."""
-_POLL_MAX = 0.1
+_POLL_MAX = 0.25
+"""A waiter is woken when its turn comes; it checks this often anyway, renewing its ticket's lease
+and finding a dead ticket ahead of it expired (or a wake it missed)."""
 _MAX_CONNECTIONS = 100
 """Connections a client made from a URL keeps to Redis, per event loop."""
 
@@ -154,66 +237,94 @@ class RedisStateStore(ClosableStore):
         return int(version)
 
     @contextlib.asynccontextmanager
-    async def session_lock(self, user_id: str, session_id: str, *, wait: bool = True,
-                           holder: str = "") -> AsyncIterator[None]:
-        """Hold the session's cross-process lock for the body (waits while another holds it; with
-        ``wait=False``, raises `BusyError` instead). ``holder`` names the run holding it, for
-        `session_holder` (another process's way to find the run to interrupt).
+    async def session_lock(self, user_id: str, session_id: str, *, wait: bool = True, holder: str = "",
+                           strategy: str | None = None, max_queued: int | None = None,
+                           on_interrupt: OnInterrupt | None = None) -> AsyncIterator[None]:
+        """Hold the session's cross-process lock for the body, after the inputs that reached its
+        queue before (see the module docstring). ``strategy`` places the input: ``"reject"`` (or
+        ``wait=False``) raises `BusyError` instead of queueing; ``"interrupt"`` / ``"rollback"``
+        queue ahead of the enqueued inputs and stop the run holding the session, whose
+        ``on_interrupt`` is called (in its process) with whether to roll back. ``max_queued``:
+        past that many tickets waiting, `BusyError` (reason ``"queue_full"``). ``holder`` names the
+        run holding it, for `session_holder`.
 
         Raises `StateStoreError` if Redis fails while acquiring. Failures to refresh or release
         are logged, not raised: the lock then simply expires after ``lock_timeout``."""
-        key = self._key("lock", user_id, session_id)
-        # The lock's value: a token of this hold (32 hex digits: what release and refresh compare)
-        # followed by the holder's name.
-        token = secrets.token_hex(16) + holder
+        keys = self._queue_keys(user_id, session_id)
+        mode = mode_of(wait, strategy)
+        bound = DEFAULT_MAX_QUEUED if max_queued is None else max_queued
         ttl_ms = max(1, round(self.lock_timeout * 1000))
+        channels = f"{self.prefix}:sessions:"
         delay = _POLL_FIRST
         with _typed_errors(f"locking session {user_id}/{session_id} in Redis"):
-            commands = self._commands()
-            task = asyncio.current_task()
-            cancels = task.cancelling() if task is not None else 0
-            try:
-                while True:
-                    taken = await commands.call("SET", key, token, "NX", "PX", ttl_ms)
-                    if task is not None and task.cancelling() > cancels:
-                        # A cancellation that landed as the command answered (the await
-                        # returned): seen here or not, it ends the wait.
-                        raise asyncio.CancelledError
-                    if taken:
-                        break
-                    if not wait:
-                        raise BusyError(user_id, session_id)
-                    await asyncio.sleep(delay * random.uniform(0.5, 1.5))  # jitter: waiters spread out
-                    delay = min(delay * 2, _POLL_MAX)
-            except asyncio.CancelledError:
-                # A SET cancelled in flight may still have taken the lock on the server: give it
-                # back rather than block the session for lock_timeout. Bounded: a connection cut
-                # mid-command can leave the release waiting for ever, and so the canceller.
-                with contextlib.suppress(RedisError, OSError, TimeoutError):
-                    async with asyncio.timeout(min(self.lock_timeout, _RELEASE_WAIT)):
-                        await commands.script("release", [key], [token])
-                raise
-        keeper = asyncio.create_task(self._keep_lock(commands, key, token, ttl_ms))
+            listener = await self._listener()
+        # The lock's value: a token of this hold (32 hex digits, the first 16 this process's
+        # channel's: what release, refresh and a stop compare) followed by the holder's name.
+        token = listener.id + secrets.token_hex(8)
+        value = token + holder
+        woken = listener.waits.expect(token, on_interrupt)
         try:
-            yield
-        finally:
-            # No need to await the keeper: a refresh racing the release checks the token.
-            keeper.cancel()
+            with _typed_errors(f"locking session {user_id}/{session_id} in Redis"):
+                commands = self._commands()
+                task = asyncio.current_task()
+                cancels = task.cancelling() if task is not None else 0
+                try:
+                    while True:
+                        taken = await commands.script("enter", keys, [value, ttl_ms, mode, bound, channels])
+                        if task is not None and task.cancelling() > cancels:
+                            # A cancellation that landed as the command answered (the await
+                            # returned): seen here or not, it ends the wait.
+                            raise asyncio.CancelledError
+                        if taken == 1:
+                            break
+                        if taken == -1:
+                            raise BusyError(user_id, session_id, strategy=mode)
+                        if taken == -2:
+                            raise BusyError(user_id, session_id, strategy=mode, reason="queue_full")
+                        await wait_turn(woken, delay * random.uniform(0.5, 1.5))  # jitter: waiters spread out
+                        delay = min(delay * 2, _POLL_MAX)
+                except BusyError:
+                    raise  # (nothing of it in the queue)
+                except BaseException:
+                    # Cancelled, or Redis failed: a ticket it queued (or a lock a command cut off
+                    # in flight took on the server) is given back rather than block the session
+                    # for lock_timeout. Bounded: a connection cut mid-command can leave the
+                    # release waiting for ever, and so the canceller.
+                    with contextlib.suppress(RedisError, OSError, TimeoutError):
+                        async with asyncio.timeout(min(self.lock_timeout, _RELEASE_WAIT)):
+                            await commands.script("release", keys[:3], [value, channels])
+                    raise
+            keeper = asyncio.create_task(self._keep_lock(commands, keys, value, ttl_ms, listener.waits))
             try:
-                await commands.script("release", [key], [token])
-            except (RedisError, OSError) as exc:
-                log.warning("could not release the lock of session %s/%s (%s); it expires in %.1f s",
-                            user_id, session_id, exc, self.lock_timeout)
+                yield
+            finally:
+                # No need to await the keeper: a refresh racing the release checks the token.
+                keeper.cancel()
+                try:
+                    await commands.script("release", keys[:3], [value, channels])
+                except (RedisError, OSError) as exc:
+                    log.warning("could not release the lock of session %s/%s (%s); it expires in %.1f s",
+                                user_id, session_id, exc, self.lock_timeout)
+        finally:
+            listener.waits.forget(token)
 
     async def session_holder(self, user_id: str, session_id: str) -> str | None:
         """The name of the run holding the session's lock (``holder`` of `session_lock`; ``""``
         when it gave none), or None when nobody holds it."""
+        return (await self.session_queue(user_id, session_id))[0]
+
+    async def session_queue(self, user_id: str, session_id: str) -> tuple[str | None, int]:
+        """The name of the run holding the session (as `session_holder`) and how many inputs wait
+        for it, in every process (a ticket whose lease ran out still counts until a waiter drops
+        it)."""
+        lock, queue = self._queue_keys(user_id, session_id)[:2]
         with _typed_errors(f"reading the lock of session {user_id}/{session_id} in Redis"):
-            value = await self._commands().call("GET", self._key("lock", user_id, session_id))
+            commands = self._commands()
+            value, waiting = await asyncio.gather(commands.call("GET", lock), commands.call("ZCARD", queue))
         if value is None:
-            return None
+            return None, int(waiting)
         text = value.decode(errors="replace") if isinstance(value, bytes) else str(value)
-        return text[32:]
+        return text[32:], int(waiting)
 
     # -- extras ----------------------------------------------------------------------------------
 
@@ -238,11 +349,12 @@ class RedisStateStore(ClosableStore):
         """Close the client this store made (a later call opens a new one); a caller's stays open."""
         made = self._clients.take()
         if made is not None:
-            client, commands = made
             with _typed_errors("closing the Redis client"):
-                await commands.close()  # (its connection back to the client's pool)
+                if made.listener is not None:
+                    await made.listener.close()
+                await made.commands.close()  # (its connection back to the client's pool)
                 if self.client is None:
-                    await client.aclose()
+                    await made.client.aclose()
 
     def __repr__(self) -> str:
         where = repr(self.url) if self.client is None else "client=..."
@@ -253,39 +365,139 @@ class RedisStateStore(ClosableStore):
     def _key(self, kind: str, user_id: str, session_id: str) -> str:
         return f"{self.prefix}:{kind}:{quote(user_id, safe='')}:{quote(session_id, safe='')}"
 
-    def _connect(self) -> tuple[Redis, Pipelined]:
+    def _queue_keys(self, user_id: str, session_id: str) -> list[str]:
+        """The lock, queue, leases and stop keys of a session, and the ticket counter."""
+        return [*(self._key(kind, user_id, session_id) for kind in ("lock", "queue", "leases", "stop")),
+                f"{self.prefix}:tickets"]
+
+    def _connect(self) -> _Clients:
         """This loop's client (the caller's, or one made from the URL), and the commands every run
         makes, on one connection of its pool."""
         client = self.client
         if client is None:
             assert self.url is not None
-            # The pool serves `Pipelined`'s one connection and the rare listing or deletion.
+            # The pool serves `Pipelined`'s one connection, the subscription and the rare listing
+            # or deletion.
             timeout = self.socket_timeout
             client = Redis.from_pool(RedisSettings(self.url, None).pool(
                 max_connections=_MAX_CONNECTIONS, socket_timeout=timeout, connect_timeout=timeout))
-        return client, Pipelined(client.connection_pool, _SCRIPTS)
+        return _Clients(client, Pipelined(client.connection_pool, _SCRIPTS))
 
     def _commands(self) -> Pipelined:
         """What every run does (lock, load, save, release), pipelined with the other runs'."""
-        return self._clients.get()[1]
+        return self._clients.get().commands
 
     def _redis(self) -> Redis:
-        return self._clients.get()[0]
+        return self._clients.get().client
 
-    async def _keep_lock(self, commands: Pipelined, key: str, token: str, ttl_ms: int) -> None:
-        """Push the lock's expiry forward every third of its lifetime while the body runs."""
+    async def _listener(self) -> _Listener:
+        """This loop's subscription to this process's channel, subscribed (made on first use)."""
+        clients = self._clients.get()
+        if clients.listener is None:
+            clients.listener = _Listener(clients.client, f"{self.prefix}:sessions:", self.socket_timeout)
+        await clients.listener.ready()
+        return clients.listener
+
+    async def _keep_lock(self, commands: Pipelined, keys: list[str], value: str, ttl_ms: int, waits: Waits) -> None:
+        """Push the lock's expiry forward every third of its lifetime while the body runs, and pass
+        on a stop recorded for it whose message was missed."""
+        token = value[:32]
         while True:
             await asyncio.sleep(self.lock_timeout / 3)
             try:
-                held = await commands.script("refresh", [key], [token, ttl_ms])
+                held = await commands.script("refresh", [keys[0], keys[3]], [value, ttl_ms])
             except (RedisError, OSError) as exc:
-                log.warning("could not refresh the session lock %s (%s); retrying", key, exc)
+                log.warning("could not refresh the session lock %s (%s); retrying", keys[0], exc)
                 continue
             if not held:
                 # Expired before we refreshed it (a paused process?); the CAS save still
                 # refuses to overwrite whatever a new holder wrote.
-                log.warning("lost the session lock %s: it expired while held", key)
+                log.warning("lost the session lock %s: it expired while held", keys[0])
                 return
+            if held >= 2:
+                waits.stop(token, held == 3)
+
+
+@dataclass(slots=True)
+class _Clients:
+    """One event loop's: the client, the pipelined commands, the subscription (made on first lock)."""
+
+    client: Redis
+    commands: Pipelined
+    listener: _Listener | None = None
+
+
+class _Listener:
+    """One process's (one loop's) channel for a store's session queues: what it hears goes to the
+    tickets it names (`Waits`). The subscription is confirmed before any ticket is sent (a message
+    published before the server subscribed would be lost)."""
+
+    def __init__(self, client: Redis, channels: str, timeout: float) -> None:
+        self.id = secrets.token_hex(8)
+        self.channel = channels + self.id
+        self.waits = Waits()
+        self._client = client
+        self._timeout = timeout
+        self._pubsub: Any = None
+        self._task: asyncio.Task[None] | None = None
+        self._subscribing: asyncio.Future[None] | None = None
+
+    async def ready(self) -> None:
+        if self._task is not None:
+            return
+        if self._subscribing is None:
+            self._subscribing = asyncio.get_running_loop().create_future()
+            try:
+                pubsub = self._client.pubsub()
+                await self._subscribe(pubsub)
+            except BaseException as exc:
+                self._subscribing.set_exception(exc)
+                self._subscribing.exception()  # retrieved: the next call tries again
+                self._subscribing = None
+                raise
+            self._pubsub = pubsub
+            self._task = asyncio.get_running_loop().create_task(self._listen())
+            self._subscribing.set_result(None)
+            self._subscribing = None
+            return
+        await asyncio.shield(self._subscribing)
+
+    async def _subscribe(self, pubsub: Any) -> None:
+        await pubsub.subscribe(self.channel)
+        async with asyncio.timeout(self._timeout):
+            while True:
+                message = await pubsub.get_message(timeout=self._timeout)
+                if message is not None and message.get("type") == "subscribe":
+                    return
+
+    async def _listen(self) -> None:
+        pubsub = self._pubsub
+        while True:
+            try:
+                message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
+            except (RedisError, OSError) as exc:
+                log.warning("the session queue's subscription failed (%s); retrying", exc)
+                await asyncio.sleep(1.0)
+                with contextlib.suppress(RedisError, OSError, TimeoutError):
+                    await self._subscribe(pubsub)
+                # What it missed meanwhile: each waiter checks its turn now; a stop is read back
+                # at its holder's next refresh.
+                for event in list(self.waits.waiters.values()):
+                    event.set()
+                continue
+            if message is not None and message.get("type") == "message":
+                data = message["data"]
+                self.waits.heard(data.decode() if isinstance(data, bytes) else str(data))
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+        if self._pubsub is not None:
+            with contextlib.suppress(RedisError, OSError, RuntimeError):
+                await self._pubsub.aclose()
+            self._pubsub = None
 
 
 def _glob_escape(text: str) -> str:

@@ -8,9 +8,17 @@ Layout: one table ``agent_state(user_id, session_id, version, state, updated_at)
 ``INSERT`` for version 0, else ``UPDATE … WHERE version = ?``, inside a ``BEGIN IMMEDIATE``
 transaction; a moved version raises `StateConflictError` (``conflict_policy="overwrite"``: last
 writer wins). The file is in WAL mode, so several processes may share it (readers never block;
-writers wait up to ``busy_timeout`` seconds for each other). SQLite offers no cross-process
-session lock: two processes calling the same session at once get a `StateConflictError` on the
-second save, never a silent overwrite — use `RedisStateStore` to serialise them instead.
+writers wait up to ``busy_timeout`` seconds for each other).
+
+``session_lock`` serialises one session across the processes sharing the file, in arrival order
+(`_session_queue`): a lock row per session in ``session_lock`` (the holder's token and name, a
+lease ``lock_timeout`` seconds long that its holder renews, and ``stop``: an interrupt an input
+recorded for it), a ticket per waiting input in ``session_queue`` (numbered as it arrives, with a
+lease its waiter renews at each check). Each step is one ``BEGIN IMMEDIATE`` transaction. SQLite
+sends no messages: a waiter checks its turn (every 5 ms at first, backing off to 0.1 s; one of
+this process is woken at once), a holder checks for an interrupt every 0.05 s (one recorded in
+this process is passed on at once). A process that dies leaves its lock and tickets to expire
+after ``lock_timeout``.
 
 A stored state that cannot be parsed raises `StateStoreError` naming the session and is left as
 it is. Every SQLite or file-system failure is a `StateStoreError`.
@@ -19,14 +27,22 @@ it is. Every SQLite or file-system failure is a `StateStoreError`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
+import logging
 import os
+import random
+import secrets
 import sqlite3
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import TypeVar
 
+from ..errors import BusyError
+from ._session import DEFAULT_MAX_QUEUED
+from ._session_queue import OnInterrupt, Waits, mode_of, ticket_score, wait_turn
 from .state import AgentState
 from .store import (
     ClosableStore,
@@ -41,6 +57,8 @@ __all__ = ["SqliteStateStore"]
 
 T = TypeVar("T")
 
+log = logging.getLogger(__name__)
+
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS agent_state (
     user_id    TEXT    NOT NULL,
@@ -51,11 +69,41 @@ CREATE TABLE IF NOT EXISTS agent_state (
     PRIMARY KEY (user_id, session_id)
 )
 """
+_LOCKS = """
+CREATE TABLE IF NOT EXISTS session_lock (
+    user_id    TEXT    NOT NULL,
+    session_id TEXT    NOT NULL,
+    token      TEXT    NOT NULL,
+    holder     TEXT    NOT NULL,
+    expires    REAL    NOT NULL,
+    stop       INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (user_id, session_id)
+)
+"""
+_QUEUE = """
+CREATE TABLE IF NOT EXISTS session_queue (
+    number     INTEGER PRIMARY KEY AUTOINCREMENT,
+    user_id    TEXT    NOT NULL,
+    session_id TEXT    NOT NULL,
+    token      TEXT    NOT NULL UNIQUE,
+    place      INTEGER NOT NULL,
+    expires    REAL    NOT NULL
+)
+"""
+_QUEUE_INDEX = "CREATE INDEX IF NOT EXISTS session_queue_place ON session_queue (user_id, session_id, place)"
 _WHERE = "WHERE user_id = ? AND session_id = ?"
+_POLL_FIRST = 0.005
+"""Seconds between a waiter's checks of its turn: starts short, doubles up to `_POLL_MAX`."""
+_POLL_MAX = 0.1
+_STOP_POLL = 0.05
+"""Seconds between a holder's checks for an interrupt another process recorded."""
+_STOPS = {"interrupt": 1, "rollback": 2}
 
 
 class SqliteStateStore(ClosableStore):
-    """Versioned agent states in the SQLite file at ``path`` (created on first use).
+    """Versioned agent states in the SQLite file at ``path`` (created on first use), plus a
+    session lock across the processes sharing it (``lock_timeout``: seconds a lock or a waiting
+    ticket outlives a process that stopped renewing it).
 
     All SQLite work runs on one private thread per store: a sqlite3 connection must not be shared
     between threads, and one thread keeps the calls ordered without locks and independent of the
@@ -69,10 +117,15 @@ class SqliteStateStore(ClosableStore):
         *,
         conflict_policy: ConflictPolicy = "fail",
         busy_timeout: float = 30.0,
+        lock_timeout: float = 30.0,
     ) -> None:
+        if not lock_timeout > 0:
+            raise ValueError(f"lock_timeout must be positive seconds, not {lock_timeout!r}")
         self.path = os.fspath(path)
         self.conflict_policy = check_conflict_policy(conflict_policy)
         self.busy_timeout = busy_timeout
+        self.lock_timeout = lock_timeout
+        self._waits = Waits()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agentscope-sqlite")
         self._conn: sqlite3.Connection | None = None  # touched only on the executor's thread
         self._closed = False
@@ -122,6 +175,176 @@ class SqliteStateStore(ClosableStore):
             return current + 1
 
         return await self._run(write, f"saving session {user_id}/{session_id}")
+
+    # -- the session's queue ----------------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def session_lock(self, user_id: str, session_id: str, *, wait: bool = True, holder: str = "",
+                           strategy: str | None = None, max_queued: int | None = None,
+                           on_interrupt: OnInterrupt | None = None) -> AsyncIterator[None]:
+        """Hold the session's lock for the body, after the inputs that reached its queue before,
+        in any process sharing the file; as `RedisStateStore.session_lock` (``strategy``,
+        ``max_queued``, ``on_interrupt``, ``holder``). Raises `StateStoreError` if SQLite fails
+        while acquiring."""
+        mode = mode_of(wait, strategy)
+        bound = DEFAULT_MAX_QUEUED if max_queued is None else max_queued
+        token = secrets.token_hex(16)
+        woken = self._waits.expect(token, on_interrupt)
+        what = f"locking session {user_id}/{session_id}"
+        delay = _POLL_FIRST
+        try:
+            try:
+                while True:
+                    taken, stopped = await self._run(
+                        lambda conn: self._enter(conn, user_id, session_id, token, holder, mode, bound), what)
+                    if stopped is not None:  # a holder of this process: no need to wait for its check
+                        self._waits.stop(stopped, mode == "rollback")
+                    if taken == 1:
+                        break
+                    if taken == -1:
+                        raise BusyError(user_id, session_id, strategy=mode)
+                    if taken == -2:
+                        raise BusyError(user_id, session_id, strategy=mode, reason="queue_full")
+                    await wait_turn(woken, delay * random.uniform(0.5, 1.5))
+                    delay = min(delay * 2, _POLL_MAX)
+            except BusyError:
+                raise
+            except BaseException:
+                # Cancelled, or SQLite failed: a ticket it queued (or the lock, taken by a
+                # transaction the cancellation did not stop) is given back.
+                with contextlib.suppress(StateStoreError, RuntimeError):
+                    await asyncio.shield(self._release(user_id, session_id, token))
+                raise
+            keeper = asyncio.get_running_loop().create_task(self._keep_lock(user_id, session_id, token))
+            try:
+                yield
+            finally:
+                keeper.cancel()
+                try:
+                    await self._release(user_id, session_id, token)
+                except StateStoreError as exc:
+                    log.warning("could not release the lock of session %s/%s (%s); it expires in %.1f s",
+                                user_id, session_id, exc, self.lock_timeout)
+        finally:
+            self._waits.forget(token)
+
+    async def session_holder(self, user_id: str, session_id: str) -> str | None:
+        """The name of the run holding the session's lock (``""`` when it gave none), or None."""
+        return (await self.session_queue(user_id, session_id))[0]
+
+    async def session_queue(self, user_id: str, session_id: str) -> tuple[str | None, int]:
+        """The name of the run holding the session (as `session_holder`) and how many inputs wait
+        for it, in every process (a ticket whose lease ran out counts until a waiter drops it)."""
+
+        def read(conn: sqlite3.Connection) -> tuple[str | None, int]:
+            now = time.time()
+            row = conn.execute(f"SELECT holder FROM session_lock {_WHERE} AND expires >= ?",
+                               (user_id, session_id, now)).fetchone()
+            (waiting,) = conn.execute(f"SELECT COUNT(*) FROM session_queue {_WHERE}", (user_id, session_id)).fetchone()
+            return (None if row is None else str(row[0])), int(waiting)
+
+        return await self._run(read, f"reading the lock of session {user_id}/{session_id}")
+
+    def _enter(self, conn: sqlite3.Connection, user_id: str, session_id: str, token: str, holder: str, mode: str,
+               bound: int) -> tuple[int, str | None]:
+        """One step of taking the lock (on the store's thread): 1 taken, 0 waiting, -1 busy (and
+        the mode refuses to wait), -2 the queue is full; and the holder's token when this step
+        recorded an interrupt for it."""
+        now = time.time()
+        key = (user_id, session_id)
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            conn.execute(f"DELETE FROM session_lock {_WHERE} AND expires < ?", (*key, now))
+            conn.execute(f"DELETE FROM session_queue {_WHERE} AND expires < ?", (*key, now))
+            mine = conn.execute("SELECT number FROM session_queue WHERE token = ?", (token,)).fetchone()
+            held = conn.execute(f"SELECT token FROM session_lock {_WHERE}", key).fetchone()
+            stopped: str | None = None
+            if held is None:
+                head = conn.execute(f"SELECT token FROM session_queue {_WHERE} ORDER BY place LIMIT 1", key).fetchone()
+                if head is None or head[0] == token:
+                    conn.execute("DELETE FROM session_queue WHERE token = ?", (token,))
+                    conn.execute("INSERT INTO session_lock (user_id, session_id, token, holder, expires) "
+                                 "VALUES (?, ?, ?, ?, ?)", (*key, token, holder, now + self.lock_timeout))
+                    conn.execute("COMMIT")
+                    return 1, None
+            if mine is not None:
+                conn.execute("UPDATE session_queue SET expires = ? WHERE token = ?", (now + self.lock_timeout, token))
+                conn.execute("COMMIT")
+                return 0, None
+            if mode == "reject":
+                conn.execute("ROLLBACK")
+                return -1, None
+            (waiting,) = conn.execute(f"SELECT COUNT(*) FROM session_queue {_WHERE}", key).fetchone()
+            if waiting >= bound:
+                conn.execute("ROLLBACK")
+                return -2, None
+            number = conn.execute("INSERT INTO session_queue (user_id, session_id, token, place, expires) "
+                                  "VALUES (?, ?, ?, 0, ?)", (*key, token, now + self.lock_timeout)).lastrowid
+            assert number is not None
+            conn.execute("UPDATE session_queue SET place = ? WHERE number = ?", (ticket_score(number, mode), number))
+            stop = _STOPS.get(mode)
+            if stop is not None and held is not None:
+                conn.execute(f"UPDATE session_lock SET stop = MAX(stop, ?) {_WHERE}", (stop, *key))
+                stopped = str(held[0])
+            conn.execute("COMMIT")
+            return 0, stopped
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+
+    async def _release(self, user_id: str, session_id: str, token: str) -> None:
+        """Give the lock back (if it is still this token's), drop its ticket, and wake the first
+        ticket if it waits in this process."""
+
+        def write(conn: sqlite3.Connection) -> str | None:
+            key = (user_id, session_id)
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                conn.execute(f"DELETE FROM session_lock {_WHERE} AND token = ?", (*key, token))
+                conn.execute("DELETE FROM session_queue WHERE token = ?", (token,))
+                head = conn.execute(f"SELECT token FROM session_queue {_WHERE} ORDER BY place LIMIT 1", key).fetchone()
+                conn.execute("COMMIT")
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+            return None if head is None else str(head[0])
+
+        head = await self._run(write, f"unlocking session {user_id}/{session_id}")
+        if head is not None:
+            self._waits.wake(head)
+
+    async def _keep_lock(self, user_id: str, session_id: str, token: str) -> None:
+        """While the body runs: pass on an interrupt recorded for this holder, and renew its lease
+        every third of its lifetime."""
+        key = (user_id, session_id)
+        renewed = time.monotonic()
+        heard = 0
+
+        def check(conn: sqlite3.Connection, renew: bool) -> int | None:
+            if renew:
+                conn.execute(f"UPDATE session_lock SET expires = ? {_WHERE} AND token = ?",
+                             (time.time() + self.lock_timeout, *key, token))
+            row = conn.execute(f"SELECT stop FROM session_lock {_WHERE} AND token = ?", (*key, token)).fetchone()
+            return None if row is None else int(row[0])
+
+        while True:
+            await asyncio.sleep(_STOP_POLL)
+            renew = time.monotonic() - renewed >= self.lock_timeout / 3
+            try:
+                stop = await self._run(functools.partial(check, renew=renew), "checking a session lock")
+            except StateStoreError as exc:
+                log.warning("could not check the lock of session %s/%s (%s); retrying", user_id, session_id, exc)
+                continue
+            if renew:
+                renewed = time.monotonic()
+            if stop is None:
+                log.warning("lost the lock of session %s/%s: it expired while held", user_id, session_id)
+                return
+            if stop > heard:
+                heard = stop
+                self._waits.stop(token, stop == _STOPS["rollback"])
 
     # -- extras ----------------------------------------------------------------------------------
 
@@ -182,7 +405,8 @@ class SqliteStateStore(ClosableStore):
             while True:
                 try:
                     conn.execute("PRAGMA journal_mode=WAL")
-                    conn.execute(_SCHEMA)
+                    for statement in (_SCHEMA, _LOCKS, _QUEUE, _QUEUE_INDEX):
+                        conn.execute(statement)
                     break
                 except sqlite3.OperationalError as exc:
                     if "locked" not in str(exc) or time.monotonic() > deadline:

@@ -305,10 +305,10 @@ class _Server:
         return JSONResponse({"interrupted": self.agent.interrupt(user_id=user_id, session_id=body.session_id)})
 
     async def _admit(self, user_id: str, session_id: str, strategy: MultitaskStrategy | None) -> None:
-        """409 for an input its strategy refuses now; interrupts for one that interrupts (`_multitask`).
+        """409 for an input its strategy refuses now (`_runs.multitask`).
         Durable runs decide in their workflow's start (`DurableServing`)."""
         if self._stream is _local_stream:
-            await admit(self.agent, self.registry, user_id, session_id, strategy, self._retry_after)
+            await admit(self.agent, user_id, session_id, strategy, self._retry_after)
 
     @property
     def _retry_after(self) -> int:
