@@ -46,16 +46,16 @@ import contextlib
 import logging
 import random
 import secrets
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
 from urllib.parse import quote, unquote
 
 from .._redis import PerLoop, Pipelined, Redis, RedisError, RedisSettings, check_source
 from ..errors import BusyError
+from ._redis_session_queue import QUEUE_SCRIPTS, Listener, keep_lock
 from ._session import DEFAULT_MAX_QUEUED
-from ._session_queue import OnInterrupt, Waits, mode_of, wait_turn
+from ._session_queue import mode_of, wait_turn
 from .state import AgentState
 from .store import (
     ClosableStore,
@@ -80,85 +80,7 @@ end
 redis.call('HSET', KEYS[1], 'version', current + 1, 'state', ARGV[2], 'updated_at', ARGV[3])
 return {1, current + 1}
 """
-# The session's queue (`_session_queue`). KEYS lock, queue, leases, stop, ticket counter; ARGV the
-# lock's value (32 hex digits of token, then the holder's name), ttl ms, mode, max queued, the
-# channels' prefix. Returns 1 (the lock is taken), 0 (a ticket waits: queued now, or renewed),
-# -1 (busy, and the mode refuses to wait) or -2 (the queue is full).
-_ENTER = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local ttl = tonumber(ARGV[2])
-local token = string.sub(ARGV[1], 1, 32)
-for _, dead in ipairs(redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now)) do
-  redis.call('ZREM', KEYS[2], dead)
-  redis.call('ZREM', KEYS[3], dead)
-end
-local mine = redis.call('ZSCORE', KEYS[2], token)
-if redis.call('EXISTS', KEYS[1]) == 0 then
-  local head = redis.call('ZRANGE', KEYS[2], 0, 0)[1]
-  if head == nil or head == token then
-    if mine then
-      redis.call('ZREM', KEYS[2], token)
-      redis.call('ZREM', KEYS[3], token)
-    end
-    redis.call('SET', KEYS[1], ARGV[1], 'PX', ttl)
-    return 1
-  end
-end
-if not mine then
-  if ARGV[3] == 'reject' then return -1 end
-  if redis.call('ZCARD', KEYS[2]) >= tonumber(ARGV[4]) then return -2 end
-  local score = redis.call('INCR', KEYS[5])
-  local interrupting = ARGV[3] == 'interrupt' or ARGV[3] == 'rollback'
-  if interrupting then score = score - 4503599627370496 end
-  redis.call('ZADD', KEYS[2], score, token)
-  if interrupting then
-    local held = redis.call('GET', KEYS[1])
-    if held then
-      local holder = string.sub(held, 1, 32)
-      local flag = '0'
-      local before = redis.call('GET', KEYS[4])
-      if ARGV[3] == 'rollback' or (before and before == holder .. '1') then flag = '1' end
-      redis.call('SET', KEYS[4], holder .. flag, 'PX', ttl)
-      redis.call('PUBLISH', ARGV[5] .. string.sub(holder, 1, 16), 'stop ' .. holder .. flag)
-    end
-  end
-end
-redis.call('ZADD', KEYS[3], now + ttl, token)
-redis.call('PEXPIRE', KEYS[2], ttl)
-redis.call('PEXPIRE', KEYS[3], ttl)
-return 0
-"""
-# KEYS lock, queue, leases; ARGV the lock's value, the channels' prefix: the lock given back if it
-# is still this holder's, the ticket dropped (a waiter that gave up), and the first ticket woken.
-_RELEASE = """
-local token = string.sub(ARGV[1], 1, 32)
-local released = 0
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  redis.call('DEL', KEYS[1])
-  released = 1
-end
-redis.call('ZREM', KEYS[2], token)
-redis.call('ZREM', KEYS[3], token)
-if redis.call('EXISTS', KEYS[1]) == 0 then
-  local head = redis.call('ZRANGE', KEYS[2], 0, 0)[1]
-  if head then redis.call('PUBLISH', ARGV[2] .. string.sub(head, 1, 16), 'wake ' .. head) end
-end
-return released
-"""
-# KEYS lock, stop; ARGV the lock's value, ttl ms. 0: the lock is not this holder's any more; 1:
-# renewed; 2 / 3: renewed, and an input asked to stop its run (3: with a rollback).
-_REFRESH = """
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
-redis.call('PEXPIRE', KEYS[1], ARGV[2])
-local stop = redis.call('GET', KEYS[2])
-if stop and string.sub(stop, 1, 32) == string.sub(ARGV[1], 1, 32) then
-  if string.sub(stop, 33) == '1' then return 3 end
-  return 2
-end
-return 1
-"""
-_SCRIPTS = {"save": _SAVE, "enter": _ENTER, "release": _RELEASE, "refresh": _REFRESH}
+_SCRIPTS = {"save": _SAVE, **QUEUE_SCRIPTS}
 _POLL_FIRST = 0.005  # seconds between a waiter's checks: starts short, doubles up to _POLL_MAX
 _RELEASE_WAIT = 1.0
 """Seconds a cancelled acquire waits to give back a lock it may have taken."""
@@ -239,7 +161,7 @@ class RedisStateStore(ClosableStore):
     @contextlib.asynccontextmanager
     async def session_lock(self, user_id: str, session_id: str, *, wait: bool = True, holder: str = "",
                            strategy: str | None = None, max_queued: int | None = None,
-                           on_interrupt: OnInterrupt | None = None) -> AsyncIterator[None]:
+                           on_interrupt: Callable[[bool], None] | None = None) -> AsyncIterator[None]:
         """Hold the session's cross-process lock for the body, after the inputs that reached its
         queue before (see the module docstring). ``strategy`` places the input: ``"reject"`` (or
         ``wait=False``) raises `BusyError` instead of queueing; ``"interrupt"`` / ``"rollback"``
@@ -294,7 +216,8 @@ class RedisStateStore(ClosableStore):
                         async with asyncio.timeout(min(self.lock_timeout, _RELEASE_WAIT)):
                             await commands.script("release", keys[:3], [value, channels])
                     raise
-            keeper = asyncio.create_task(self._keep_lock(commands, keys, value, ttl_ms, listener.waits))
+            keeper = asyncio.create_task(keep_lock(commands, keys, value, ttl_ms, self.lock_timeout / 3,
+                                                   listener.waits))
             try:
                 yield
             finally:
@@ -390,32 +313,13 @@ class RedisStateStore(ClosableStore):
     def _redis(self) -> Redis:
         return self._clients.get().client
 
-    async def _listener(self) -> _Listener:
+    async def _listener(self) -> Listener:
         """This loop's subscription to this process's channel, subscribed (made on first use)."""
         clients = self._clients.get()
         if clients.listener is None:
-            clients.listener = _Listener(clients.client, f"{self.prefix}:sessions:", self.socket_timeout)
+            clients.listener = Listener(clients.client, f"{self.prefix}:sessions:", self.socket_timeout)
         await clients.listener.ready()
         return clients.listener
-
-    async def _keep_lock(self, commands: Pipelined, keys: list[str], value: str, ttl_ms: int, waits: Waits) -> None:
-        """Push the lock's expiry forward every third of its lifetime while the body runs, and pass
-        on a stop recorded for it whose message was missed."""
-        token = value[:32]
-        while True:
-            await asyncio.sleep(self.lock_timeout / 3)
-            try:
-                held = await commands.script("refresh", [keys[0], keys[3]], [value, ttl_ms])
-            except (RedisError, OSError) as exc:
-                log.warning("could not refresh the session lock %s (%s); retrying", keys[0], exc)
-                continue
-            if not held:
-                # Expired before we refreshed it (a paused process?); the CAS save still
-                # refuses to overwrite whatever a new holder wrote.
-                log.warning("lost the session lock %s: it expired while held", keys[0])
-                return
-            if held >= 2:
-                waits.stop(token, held == 3)
 
 
 @dataclass(slots=True)
@@ -424,80 +328,7 @@ class _Clients:
 
     client: Redis
     commands: Pipelined
-    listener: _Listener | None = None
-
-
-class _Listener:
-    """One process's (one loop's) channel for a store's session queues: what it hears goes to the
-    tickets it names (`Waits`). The subscription is confirmed before any ticket is sent (a message
-    published before the server subscribed would be lost)."""
-
-    def __init__(self, client: Redis, channels: str, timeout: float) -> None:
-        self.id = secrets.token_hex(8)
-        self.channel = channels + self.id
-        self.waits = Waits()
-        self._client = client
-        self._timeout = timeout
-        self._pubsub: Any = None
-        self._task: asyncio.Task[None] | None = None
-        self._subscribing: asyncio.Future[None] | None = None
-
-    async def ready(self) -> None:
-        if self._task is not None:
-            return
-        if self._subscribing is None:
-            self._subscribing = asyncio.get_running_loop().create_future()
-            try:
-                pubsub = self._client.pubsub()
-                await self._subscribe(pubsub)
-            except BaseException as exc:
-                self._subscribing.set_exception(exc)
-                self._subscribing.exception()  # retrieved: the next call tries again
-                self._subscribing = None
-                raise
-            self._pubsub = pubsub
-            self._task = asyncio.get_running_loop().create_task(self._listen())
-            self._subscribing.set_result(None)
-            self._subscribing = None
-            return
-        await asyncio.shield(self._subscribing)
-
-    async def _subscribe(self, pubsub: Any) -> None:
-        await pubsub.subscribe(self.channel)
-        async with asyncio.timeout(self._timeout):
-            while True:
-                message = await pubsub.get_message(timeout=self._timeout)
-                if message is not None and message.get("type") == "subscribe":
-                    return
-
-    async def _listen(self) -> None:
-        pubsub = self._pubsub
-        while True:
-            try:
-                message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
-            except (RedisError, OSError) as exc:
-                log.warning("the session queue's subscription failed (%s); retrying", exc)
-                await asyncio.sleep(1.0)
-                with contextlib.suppress(RedisError, OSError, TimeoutError):
-                    await self._subscribe(pubsub)
-                # What it missed meanwhile: each waiter checks its turn now; a stop is read back
-                # at its holder's next refresh.
-                for event in list(self.waits.waiters.values()):
-                    event.set()
-                continue
-            if message is not None and message.get("type") == "message":
-                data = message["data"]
-                self.waits.heard(data.decode() if isinstance(data, bytes) else str(data))
-
-    async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-            self._task = None
-        if self._pubsub is not None:
-            with contextlib.suppress(RedisError, OSError, RuntimeError):
-                await self._pubsub.aclose()
-            self._pubsub = None
+    listener: Listener | None = None
 
 
 def _glob_escape(text: str) -> str:

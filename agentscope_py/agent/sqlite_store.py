@@ -42,7 +42,8 @@ from typing import TypeVar
 
 from ..errors import BusyError
 from ._session import DEFAULT_MAX_QUEUED
-from ._session_queue import OnInterrupt, Waits, mode_of, ticket_score, wait_turn
+from ._session_queue import Waits, mode_of, wait_turn
+from ._sqlite_session_queue import QUEUE_SCHEMA, ROLLBACK, check, enter, release
 from .state import AgentState
 from .store import (
     ClosableStore,
@@ -69,35 +70,12 @@ CREATE TABLE IF NOT EXISTS agent_state (
     PRIMARY KEY (user_id, session_id)
 )
 """
-_LOCKS = """
-CREATE TABLE IF NOT EXISTS session_lock (
-    user_id    TEXT    NOT NULL,
-    session_id TEXT    NOT NULL,
-    token      TEXT    NOT NULL,
-    holder     TEXT    NOT NULL,
-    expires    REAL    NOT NULL,
-    stop       INTEGER NOT NULL DEFAULT 0,
-    PRIMARY KEY (user_id, session_id)
-)
-"""
-_QUEUE = """
-CREATE TABLE IF NOT EXISTS session_queue (
-    number     INTEGER PRIMARY KEY AUTOINCREMENT,
-    user_id    TEXT    NOT NULL,
-    session_id TEXT    NOT NULL,
-    token      TEXT    NOT NULL UNIQUE,
-    place      INTEGER NOT NULL,
-    expires    REAL    NOT NULL
-)
-"""
-_QUEUE_INDEX = "CREATE INDEX IF NOT EXISTS session_queue_place ON session_queue (user_id, session_id, place)"
 _WHERE = "WHERE user_id = ? AND session_id = ?"
 _POLL_FIRST = 0.005
 """Seconds between a waiter's checks of its turn: starts short, doubles up to `_POLL_MAX`."""
 _POLL_MAX = 0.1
 _STOP_POLL = 0.05
 """Seconds between a holder's checks for an interrupt another process recorded."""
-_STOPS = {"interrupt": 1, "rollback": 2}
 
 
 class SqliteStateStore(ClosableStore):
@@ -181,7 +159,7 @@ class SqliteStateStore(ClosableStore):
     @contextlib.asynccontextmanager
     async def session_lock(self, user_id: str, session_id: str, *, wait: bool = True, holder: str = "",
                            strategy: str | None = None, max_queued: int | None = None,
-                           on_interrupt: OnInterrupt | None = None) -> AsyncIterator[None]:
+                           on_interrupt: Callable[[bool], None] | None = None) -> AsyncIterator[None]:
         """Hold the session's lock for the body, after the inputs that reached its queue before,
         in any process sharing the file; as `RedisStateStore.session_lock` (``strategy``,
         ``max_queued``, ``on_interrupt``, ``holder``). Raises `StateStoreError` if SQLite fails
@@ -196,7 +174,8 @@ class SqliteStateStore(ClosableStore):
             try:
                 while True:
                     taken, stopped = await self._run(
-                        lambda conn: self._enter(conn, user_id, session_id, token, holder, mode, bound), what)
+                        functools.partial(enter, key=(user_id, session_id), token=token, holder=holder, mode=mode,
+                                          bound=bound, lease=self.lock_timeout), what)
                     if stopped is not None:  # a holder of this process: no need to wait for its check
                         self._waits.stop(stopped, mode == "rollback")
                     if taken == 1:
@@ -245,73 +224,11 @@ class SqliteStateStore(ClosableStore):
 
         return await self._run(read, f"reading the lock of session {user_id}/{session_id}")
 
-    def _enter(self, conn: sqlite3.Connection, user_id: str, session_id: str, token: str, holder: str, mode: str,
-               bound: int) -> tuple[int, str | None]:
-        """One step of taking the lock (on the store's thread): 1 taken, 0 waiting, -1 busy (and
-        the mode refuses to wait), -2 the queue is full; and the holder's token when this step
-        recorded an interrupt for it."""
-        now = time.time()
-        key = (user_id, session_id)
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            conn.execute(f"DELETE FROM session_lock {_WHERE} AND expires < ?", (*key, now))
-            conn.execute(f"DELETE FROM session_queue {_WHERE} AND expires < ?", (*key, now))
-            mine = conn.execute("SELECT number FROM session_queue WHERE token = ?", (token,)).fetchone()
-            held = conn.execute(f"SELECT token FROM session_lock {_WHERE}", key).fetchone()
-            stopped: str | None = None
-            if held is None:
-                head = conn.execute(f"SELECT token FROM session_queue {_WHERE} ORDER BY place LIMIT 1", key).fetchone()
-                if head is None or head[0] == token:
-                    conn.execute("DELETE FROM session_queue WHERE token = ?", (token,))
-                    conn.execute("INSERT INTO session_lock (user_id, session_id, token, holder, expires) "
-                                 "VALUES (?, ?, ?, ?, ?)", (*key, token, holder, now + self.lock_timeout))
-                    conn.execute("COMMIT")
-                    return 1, None
-            if mine is not None:
-                conn.execute("UPDATE session_queue SET expires = ? WHERE token = ?", (now + self.lock_timeout, token))
-                conn.execute("COMMIT")
-                return 0, None
-            if mode == "reject":
-                conn.execute("ROLLBACK")
-                return -1, None
-            (waiting,) = conn.execute(f"SELECT COUNT(*) FROM session_queue {_WHERE}", key).fetchone()
-            if waiting >= bound:
-                conn.execute("ROLLBACK")
-                return -2, None
-            number = conn.execute("INSERT INTO session_queue (user_id, session_id, token, place, expires) "
-                                  "VALUES (?, ?, ?, 0, ?)", (*key, token, now + self.lock_timeout)).lastrowid
-            assert number is not None
-            conn.execute("UPDATE session_queue SET place = ? WHERE number = ?", (ticket_score(number, mode), number))
-            stop = _STOPS.get(mode)
-            if stop is not None and held is not None:
-                conn.execute(f"UPDATE session_lock SET stop = MAX(stop, ?) {_WHERE}", (stop, *key))
-                stopped = str(held[0])
-            conn.execute("COMMIT")
-            return 0, stopped
-        except BaseException:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            raise
-
     async def _release(self, user_id: str, session_id: str, token: str) -> None:
         """Give the lock back (if it is still this token's), drop its ticket, and wake the first
         ticket if it waits in this process."""
-
-        def write(conn: sqlite3.Connection) -> str | None:
-            key = (user_id, session_id)
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                conn.execute(f"DELETE FROM session_lock {_WHERE} AND token = ?", (*key, token))
-                conn.execute("DELETE FROM session_queue WHERE token = ?", (token,))
-                head = conn.execute(f"SELECT token FROM session_queue {_WHERE} ORDER BY place LIMIT 1", key).fetchone()
-                conn.execute("COMMIT")
-            except BaseException:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-                raise
-            return None if head is None else str(head[0])
-
-        head = await self._run(write, f"unlocking session {user_id}/{session_id}")
+        head = await self._run(functools.partial(release, key=(user_id, session_id), token=token),
+                               f"unlocking session {user_id}/{session_id}")
         if head is not None:
             self._waits.wake(head)
 
@@ -321,30 +238,23 @@ class SqliteStateStore(ClosableStore):
         key = (user_id, session_id)
         renewed = time.monotonic()
         heard = 0
-
-        def check(conn: sqlite3.Connection, renew: bool) -> int | None:
-            if renew:
-                conn.execute(f"UPDATE session_lock SET expires = ? {_WHERE} AND token = ?",
-                             (time.time() + self.lock_timeout, *key, token))
-            row = conn.execute(f"SELECT stop FROM session_lock {_WHERE} AND token = ?", (*key, token)).fetchone()
-            return None if row is None else int(row[0])
-
         while True:
             await asyncio.sleep(_STOP_POLL)
-            renew = time.monotonic() - renewed >= self.lock_timeout / 3
+            lease = self.lock_timeout if time.monotonic() - renewed >= self.lock_timeout / 3 else None
             try:
-                stop = await self._run(functools.partial(check, renew=renew), "checking a session lock")
+                stop = await self._run(functools.partial(check, key=key, token=token, lease=lease),
+                                       "checking a session lock")
             except StateStoreError as exc:
                 log.warning("could not check the lock of session %s/%s (%s); retrying", user_id, session_id, exc)
                 continue
-            if renew:
+            if lease is not None:
                 renewed = time.monotonic()
             if stop is None:
                 log.warning("lost the lock of session %s/%s: it expired while held", user_id, session_id)
                 return
             if stop > heard:
                 heard = stop
-                self._waits.stop(token, stop == _STOPS["rollback"])
+                self._waits.stop(token, stop == ROLLBACK)
 
     # -- extras ----------------------------------------------------------------------------------
 
@@ -405,7 +315,7 @@ class SqliteStateStore(ClosableStore):
             while True:
                 try:
                     conn.execute("PRAGMA journal_mode=WAL")
-                    for statement in (_SCHEMA, _LOCKS, _QUEUE, _QUEUE_INDEX):
+                    for statement in (_SCHEMA, *QUEUE_SCHEMA):
                         conn.execute(statement)
                     break
                 except sqlite3.OperationalError as exc:

@@ -41,7 +41,8 @@ from agentscope_py.model.base import ChatChunk, ToolCallChunk
 
 
 class TurnModel:
-    """A call of ``work`` (steps: 60 for an input starting "slow", else 2), then a text."""
+    """A call of ``work`` (for an input starting "slow": until the test says, else 2 steps), then
+    a text."""
 
     name = "turns"
 
@@ -51,7 +52,7 @@ class TurnModel:
             yield ChatChunk(text="done")
             yield ChatChunk(finish_reason="stop")
             return
-        n = 60 if last.text.startswith("slow") else 2
+        n = -1 if last.text.startswith("slow") else 2
         yield ChatChunk(tool_call=ToolCallChunk(index=0, id="call-" + os.urandom(4).hex(), name="work",
                                                 arguments='{{"n": %d}}' % n))
         yield ChatChunk(finish_reason="tool_calls")
@@ -59,7 +60,10 @@ class TurnModel:
 
 @tool
 async def work(n: int) -> str:
-    """Work for ``n`` steps."""
+    """Work for ``n`` steps; -1: until the file TURN_RELEASE exists."""
+    if n < 0:
+        while not os.path.exists(os.environ["TURN_RELEASE"]):
+            await asyncio.sleep(0.02)
     for _ in range(n):
         await asyncio.sleep(0.05)
     return "worked"
@@ -101,7 +105,8 @@ def start(tmp_path: Path, where: dict[str, str], backend: str) -> Iterator[Calla
         # With Redis, the run logs are shared too (a run's events through either process).
         shared = ["--redis", where["TURN_STORE"], "--redis-prefix", where["TURN_PREFIX"]] if backend == "redis" else []
         servers = [Serving("queue_agents:build", *shared, "--log-level", "warning", cwd=tmp_path,
-                           env={"PYTHONPATH": os.getcwd(), **where, **env}) for _ in range(2)]
+                           env={"PYTHONPATH": os.getcwd(), "TURN_RELEASE": str(tmp_path / "release"), **where, **env})
+                   for _ in range(2)]
         started.extend(servers)
         for s in servers:
             s.wait_for_url()
@@ -136,6 +141,11 @@ def queue_is(store: Any, holder: bool, waiting: int) -> Callable[[], Any]:
     return check
 
 
+def release(tmp_path: Path) -> None:
+    """The "slow" runs' tool returns."""
+    (tmp_path / "release").touch()
+
+
 def send(client: httpx.AsyncClient, server: Serving, text: str, strategy: str = "enqueue") -> asyncio.Task[Any]:
     return asyncio.create_task(client.post(f"{server.url}/v1/runs", json={"session_id": "s", "input": text,
                                                                           "multitask_strategy": strategy}))
@@ -155,7 +165,7 @@ async def users(store: Any) -> list[str]:
 
 
 async def test_enqueued_inputs_run_in_arrival_order_whichever_process_took_them(
-        start: Callable[..., list[Serving]], store: Any) -> None:
+        start: Callable[..., list[Serving]], store: Any, tmp_path: Path) -> None:
     a, b = start()
     async with httpx.AsyncClient(timeout=60) as client:
         first = send(client, a, "slow first")
@@ -164,13 +174,14 @@ async def test_enqueued_inputs_run_in_arrival_order_whichever_process_took_them(
         for i in range(6):  # alternately through each process, each once the one before is queued
             queued.append(send(client, (a, b)[i % 2], f"m{i}"))
             await until(queue_is(store, True, i + 1))
+        release(tmp_path)
         answers = await asyncio.gather(first, *queued)
     assert all(result(r)["generate_reason"] == "model_stop" for r in answers)
     assert await users(store) == ["slow first", *(f"m{i}" for i in range(6))]
 
 
 async def test_max_queued_bounds_the_inputs_waiting_in_every_process(start: Callable[..., list[Serving]],
-                                                                    store: Any) -> None:
+                                                                    store: Any, tmp_path: Path) -> None:
     a, b = start(TURN_MAX_QUEUED="2")
     async with httpx.AsyncClient(timeout=60) as client:
         first = send(client, a, "slow first")
@@ -184,6 +195,7 @@ async def test_max_queued_bounds_the_inputs_waiting_in_every_process(start: Call
             assert refused.status_code == 409 and refused.json()["type"] == "session_busy", refused.text
             assert "queue of waiting inputs is full" in refused.json()["detail"]
             assert refused.headers["retry-after"]
+        release(tmp_path)
         answers = await asyncio.gather(first, *queued)
     assert [result(r)["generate_reason"] for r in answers] == ["model_stop"] * 3
     assert await users(store) == ["slow first", "m0", "m1"]
@@ -214,7 +226,7 @@ async def test_an_interrupt_stops_the_run_in_flight_not_an_input_queued_in_its_p
 
 @pytest.mark.parametrize("dies", ["holding", "waiting"])
 async def test_a_process_killed_while_it_holds_or_waits_blocks_the_session_no_longer_than_its_lease(
-        start: Callable[..., list[Serving]], store: Any, dies: str) -> None:
+        start: Callable[..., list[Serving]], store: Any, dies: str, tmp_path: Path) -> None:
     a, b = start()
     async with httpx.AsyncClient(timeout=60) as client:
         first = send(client, a, "slow first")
@@ -232,14 +244,15 @@ async def test_a_process_killed_while_it_holds_or_waits_blocks_the_session_no_lo
         victim.proc.send_signal(signal.SIGKILL)
         victim.proc.wait(10)
         killed = time.monotonic()
+        release(tmp_path)
         answer = await behind
         took = time.monotonic() - killed
         dropped = [first if dies == "holding" else doomed]
         for cut in await asyncio.gather(*dropped, return_exceptions=True):
             assert isinstance(cut, httpx.HTTPError | httpx.Response)
     assert result(answer)["generate_reason"] == "model_stop"
-    # holding: the lock's lease, then the run (0.1 s); waiting: the rest of the slow run (3 s at
-    # most), its ticket dropped meanwhile.
-    assert took < (LEASE + 2.0 if dies == "holding" else 3.0 + 1.0), took
+    # holding: the lock's lease, then the run (0.1 s); waiting: the dead ticket's lease (the slow
+    # run ends at once).
+    assert took < LEASE + 2.0, took
     texts = await users(store)
     assert texts[-1] == "behind" and "doomed" not in texts
