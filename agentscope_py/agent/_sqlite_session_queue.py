@@ -60,7 +60,7 @@ def enter(conn: sqlite3.Connection, *, key: Key, token: str, holder: str, mode: 
         # What dead processes left: their leases ran out.
         conn.execute(f"DELETE FROM session_lock {_WHERE} AND expires < ?", (*key, now))
         conn.execute(f"DELETE FROM session_queue {_WHERE} AND expires < ?", (*key, now))
-        mine = conn.execute("SELECT number FROM session_queue WHERE token = ?", (token,)).fetchone()
+        mine = conn.execute("SELECT expires FROM session_queue WHERE token = ?", (token,)).fetchone()
         held = conn.execute(f"SELECT token FROM session_lock {_WHERE}", key).fetchone()
         if held is None:
             head = conn.execute(f"SELECT token FROM session_queue {_WHERE} ORDER BY place LIMIT 1", key).fetchone()
@@ -71,8 +71,11 @@ def enter(conn: sqlite3.Connection, *, key: Key, token: str, holder: str, mode: 
                 conn.execute("COMMIT")
                 return 1, None
         if mine is not None:
-            conn.execute("UPDATE session_queue SET expires = ? WHERE token = ?", (now + lease, token))
-            conn.execute("COMMIT")
+            if mine[0] - now < lease * 2 / 3:  # renewed a third of the way: a check writes nothing else
+                conn.execute("UPDATE session_queue SET expires = ? WHERE token = ?", (now + lease, token))
+                conn.execute("COMMIT")
+            else:
+                conn.execute("ROLLBACK")
             return 0, None
         if mode == "reject":
             conn.execute("ROLLBACK")
