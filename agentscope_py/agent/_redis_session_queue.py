@@ -103,7 +103,19 @@ if stop and string.sub(stop, 1, 32) == string.sub(ARGV[1], 1, 32) then
 end
 return 1
 """
-QUEUE_SCRIPTS = {"enter": _ENTER, "release": _RELEASE, "refresh": _REFRESH}
+# KEYS lock, stop; ARGV ttl ms, 1 for a rollback else 0, the channels' prefix: a stop recorded for
+# the holder (as an interrupting ticket records it), 1; or 0 when nobody holds the session.
+_STOP = """
+local held = redis.call('GET', KEYS[1])
+if not held then return 0 end
+local holder = string.sub(held, 1, 32)
+local flag = ARGV[2]
+if redis.call('GET', KEYS[2]) == holder .. '1' then flag = '1' end
+redis.call('SET', KEYS[2], holder .. flag, 'PX', ARGV[1])
+redis.call('PUBLISH', ARGV[3] .. string.sub(holder, 1, 16), 'stop ' .. holder .. flag)
+return 1
+"""
+QUEUE_SCRIPTS = {"enter": _ENTER, "release": _RELEASE, "refresh": _REFRESH, "stop": _STOP}
 
 
 class Listener:

@@ -15,7 +15,7 @@ import time
 
 from ._session_queue import ticket_score
 
-__all__ = ["INTERRUPT", "QUEUE_SCHEMA", "ROLLBACK", "check", "enter", "release"]
+__all__ = ["INTERRUPT", "QUEUE_SCHEMA", "ROLLBACK", "check", "enter", "release", "stop"]
 
 QUEUE_SCHEMA = (
     """
@@ -124,3 +124,20 @@ def check(conn: sqlite3.Connection, *, key: Key, token: str, lease: float | None
         conn.execute(f"UPDATE session_lock SET expires = ? {_WHERE} AND token = ?", (time.time() + lease, *key, token))
     row = conn.execute(f"SELECT stop FROM session_lock {_WHERE} AND token = ?", (*key, token)).fetchone()
     return None if row is None else int(row[0])
+
+
+def stop(conn: sqlite3.Connection, *, key: Key, rollback: bool) -> str | None:
+    """A stop recorded for the session's holder (as an interrupting ticket records it); the
+    holder's token, or None when nobody holds the session."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        held = conn.execute(f"SELECT token FROM session_lock {_WHERE} AND expires >= ?", (*key, time.time())).fetchone()
+        if held is not None:
+            conn.execute(f"UPDATE session_lock SET stop = MAX(stop, ?) {_WHERE}", (ROLLBACK if rollback else INTERRUPT,
+                                                                                    *key))
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+    return None if held is None else str(held[0])

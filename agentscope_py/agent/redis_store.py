@@ -231,6 +231,17 @@ class RedisStateStore(ClosableStore):
         finally:
             listener.waits.forget(token)
 
+    async def interrupt_session(self, user_id: str, session_id: str, *, rollback: bool = False) -> bool:
+        """Interrupt the run holding the session, in whichever process it runs (its
+        ``on_interrupt`` is called there); whether one held it. No input takes its place: the
+        inputs waiting go on in order."""
+        keys = self._queue_keys(user_id, session_id)
+        ttl_ms = max(1, round(self.lock_timeout * 1000))
+        with _typed_errors(f"interrupting session {user_id}/{session_id} in Redis"):
+            stopped = await self._commands().script("stop", [keys[0], keys[3]],
+                                                    [ttl_ms, int(rollback), f"{self.prefix}:sessions:"])
+        return bool(stopped)
+
     async def session_holder(self, user_id: str, session_id: str) -> str | None:
         """The name of the run holding the session's lock (``holder`` of `session_lock`; ``""``
         when it gave none), or None when nobody holds it."""

@@ -18,7 +18,8 @@ lease its waiter renews at each check). Each step is one ``BEGIN IMMEDIATE`` tra
 sends no messages: a waiter checks its turn (every 5 ms at first, backing off to 0.1 s; one of
 this process is woken at once), a holder checks for an interrupt every 0.05 s (one recorded in
 this process is passed on at once). A process that dies leaves its lock and tickets to expire
-after ``lock_timeout``.
+after ``lock_timeout``. The lock's steps commit on a connection of their own that does not sync
+to disk (``synchronous=NORMAL``; the sessions' saves still do).
 
 A stored state that cannot be parsed raises `StateStoreError` naming the session and is left as
 it is. Every SQLite or file-system failure is a `StateStoreError`.
@@ -43,7 +44,7 @@ from typing import TypeVar
 from ..errors import BusyError
 from ._session import DEFAULT_MAX_QUEUED
 from ._session_queue import Waits, mode_of, wait_turn
-from ._sqlite_session_queue import QUEUE_SCHEMA, ROLLBACK, check, enter, release
+from ._sqlite_session_queue import QUEUE_SCHEMA, ROLLBACK, check, enter, release, stop
 from .state import AgentState
 from .store import (
     ClosableStore,
@@ -207,6 +208,16 @@ class SqliteStateStore(ClosableStore):
                                 user_id, session_id, exc, self.lock_timeout)
         finally:
             self._waits.forget(token)
+
+    async def interrupt_session(self, user_id: str, session_id: str, *, rollback: bool = False) -> bool:
+        """Interrupt the run holding the session, in whichever process sharing the file it runs
+        (its ``on_interrupt`` is called there, within the holder's next check); whether one held
+        it. No input takes its place: the inputs waiting go on in order."""
+        holder = await self._run(functools.partial(stop, key=(user_id, session_id), rollback=rollback),
+                                 f"interrupting session {user_id}/{session_id}", locks=True)
+        if holder is not None:
+            self._waits.stop(holder, rollback)  # a holder of this store: at once
+        return holder is not None
 
     async def session_holder(self, user_id: str, session_id: str) -> str | None:
         """The name of the run holding the session's lock (``""`` when it gave none), or None."""

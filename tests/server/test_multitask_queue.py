@@ -2,8 +2,8 @@
 redis-server, or one SQLite file): enqueued inputs run in the order they arrived whichever process
 took them, ``max_queued`` bounds the inputs waiting in both, an interrupting input stops the run
 in flight and goes ahead of the inputs queued before it (never stopping one of them instead),
-and a process SIGKILLed while it holds the session or waits in its queue blocks it no longer
-than its lease."""
+a process SIGKILLed while it holds the session or waits in its queue blocks it no longer than
+its lease, and ``POST /v1/interrupt`` reaches the session's run in the other process."""
 
 from __future__ import annotations
 
@@ -256,3 +256,18 @@ async def test_a_process_killed_while_it_holds_or_waits_blocks_the_session_no_lo
     assert took < LEASE + 2.0, took
     texts = await users(store)
     assert texts[-1] == "behind" and "doomed" not in texts
+
+
+async def test_a_session_interrupt_through_the_other_process_stops_its_run(start: Callable[..., list[Serving]],
+                                                                           store: Any) -> None:
+    """``POST /v1/interrupt`` by session, sent to a process that does not run the session's run:
+    the run stops where it runs, through the store."""
+    a, b = start()
+    async with httpx.AsyncClient(timeout=60) as client:
+        first = send(client, a, "slow first")
+        await until(queue_is(store, True, 0))
+        stopped = await client.post(f"{b.url}/v1/interrupt", json={"session_id": "s"})
+        assert stopped.json() == {"interrupted": True}
+        assert result(await first)["generate_reason"] == "interrupted"
+        idle = await client.post(f"{b.url}/v1/interrupt", json={"session_id": "s"})
+        assert idle.json() == {"interrupted": False}

@@ -271,3 +271,26 @@ async def test_a_script_interrupts_the_run_of_another_script_on_the_same_store(
     assert state is not None
     users = [m.text for m in state.context if m.role == "user"]
     assert users == (["second"] if strategy == "rollback" else ["first", "second"])
+
+
+async def test_interrupt_session_stops_the_holder_in_another_process(stores: list[Any]) -> None:
+    """``interrupt_session`` (what ``POST /v1/interrupt`` falls back to): the run holding the
+    session, wherever it runs, hears it; no input takes a place in the queue."""
+    stops: list[bool] = []
+    release = asyncio.Event()
+
+    async def hold() -> None:
+        async with stores[0].session_lock("u", "s", on_interrupt=stops.append):
+            await release.wait()
+
+    assert await stores[1].interrupt_session("u", "s") is False  # nobody holds it
+    holder = asyncio.create_task(hold())
+    await until(lambda: _held(stores[1]))
+    assert await stores[1].interrupt_session("u", "s") is True
+    await until(lambda: _true(bool(stops)))
+    assert stops == [False]
+    assert await stores[1].interrupt_session("u", "s", rollback=True) is True
+    await until(lambda: _true(True in stops))
+    assert await stores[1].session_queue("u", "s") == ("", 0)
+    release.set()
+    await holder
