@@ -294,3 +294,35 @@ async def test_interrupt_session_stops_the_holder_in_another_process(stores: lis
     assert await stores[1].session_queue("u", "s") == ("", 0)
     release.set()
     await holder
+
+
+async def test_in_one_process_an_interrupting_call_stops_the_run_through_the_store(stores: list[Any]) -> None:
+    """One agent on a store that keeps the queue: its own second call, with
+    ``multitask_strategy="rollback"``, stops its first one through the store (the same path as
+    from another process), and a call queued before it runs after it, whole."""
+    started = asyncio.Event()
+
+    @tool
+    async def wait_long() -> str:
+        """Wait a long time."""
+        started.set()
+        await asyncio.sleep(30)
+        return "waited"
+
+    def turn(request: Any) -> ModelStep:
+        return ModelStep.tool_call("wait_long", {}) if request.messages[-1].text == "first" else ModelStep.text("ok")
+
+    agent = ReActAgent(model=ScriptedModel([ModelStep(respond=turn)], loop=True), tools=[wait_long],
+                       state_store=stores[0])
+    first = asyncio.create_task(agent.call("first", ctx=RuntimeContext("u", "s")))
+    await started.wait()
+    queued = asyncio.create_task(agent.call("queued", ctx=RuntimeContext("u", "s")))
+    await until(waiting(stores[1], 1))
+    second = await asyncio.wait_for(agent.call("second", ctx=RuntimeContext("u", "s"),
+                                              multitask_strategy="rollback"), 10)
+    stopped, last = await asyncio.wait_for(asyncio.gather(first, queued), 10)
+    assert stopped.generate_reason == "interrupted" and stopped.metadata["rolled_back"]
+    assert second.text == "ok" and last.text == "ok"
+    state, _ = await stores[1].load("u", "s")
+    assert state is not None
+    assert [m.text for m in state.context if m.role == "user"] == ["second", "queued"]
