@@ -218,6 +218,7 @@ async def test_a_second_input_through_the_other_process(two: list[Serving], stor
             done = await asyncio.gather(*(one_timing(client, a, b, store, strategy, f"{strategy}-{i}",
                                                      rng.uniform(0.0, 0.3)) for i in range(batch, batch + 5)))
             outcomes.update(done)
+    print(f"{strategy}: {dict(outcomes)}")
     expected = {"reject": {"refused", "after"}, "enqueue": {"after"}, "interrupt": {"interrupted", "after"},
                 "rollback": {"rolled back"}}[strategy]
     assert expected <= set(outcomes), outcomes
