@@ -76,7 +76,7 @@ class SessionGates:
         """``async with gates.hold(key, store, ...):`` — take the session's turn as ``strategy``
         says (wait for it, refuse at once, or interrupt the holder and go next), hold it inside
         with ``control`` registered as the session's run in flight. A store shared by several
-        processes (Redis) serialises the session across them too, with its ``session_lock``, taken
+        processes may serialise the session across them too, with its ``session_lock``, taken
         inside the gate (``holder`` names the run there, so another process can find it). A store
         that keeps the session's queue itself (``session_queue``: `RedisStateStore`,
         `SqliteStateStore`) orders the inputs of every process: an input takes its place there as
