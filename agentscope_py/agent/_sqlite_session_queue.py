@@ -15,7 +15,7 @@ import time
 
 from ._session_queue import ticket_score
 
-__all__ = ["INTERRUPT", "QUEUE_SCHEMA", "ROLLBACK", "check", "enter", "release", "stop"]
+__all__ = ["INTERRUPT", "QUEUE_SCHEMA", "ROLLBACK", "enter", "release", "stop", "watch"]
 
 QUEUE_SCHEMA = (
     """
@@ -40,11 +40,13 @@ CREATE TABLE IF NOT EXISTS session_queue (
 )
 """,
     "CREATE INDEX IF NOT EXISTS session_queue_place ON session_queue (user_id, session_id, place)",
+    "CREATE INDEX IF NOT EXISTS session_lock_token ON session_lock (token)",
 )
 INTERRUPT = 1
 ROLLBACK = 2
 _STOPS = {"interrupt": INTERRUPT, "rollback": ROLLBACK}
 _WHERE = "WHERE user_id = ? AND session_id = ?"
+_CHUNK = 500
 
 Key = tuple[str, str]
 
@@ -117,13 +119,19 @@ def release(conn: sqlite3.Connection, *, key: Key, token: str) -> str | None:
     return None if head is None else str(head[0])
 
 
-def check(conn: sqlite3.Connection, *, key: Key, token: str, lease: float | None) -> int | None:
-    """The holder's ``stop`` (None: the lock is not ``token``'s any more), its lease renewed for
-    ``lease`` seconds first when given."""
-    if lease is not None:
-        conn.execute(f"UPDATE session_lock SET expires = ? {_WHERE} AND token = ?", (time.time() + lease, *key, token))
-    row = conn.execute(f"SELECT stop FROM session_lock {_WHERE} AND token = ?", (*key, token)).fetchone()
-    return None if row is None else int(row[0])
+def watch(conn: sqlite3.Connection, *, tokens: list[str], lease: float | None) -> dict[str, int]:
+    """The ``stop`` of each lock among ``tokens`` still held (one that expired is missing), their
+    leases renewed for ``lease`` seconds first when given. One query per 500 tokens, however many
+    sessions the process holds."""
+    held: dict[str, int] = {}
+    for at in range(0, len(tokens), _CHUNK):
+        chunk = tokens[at:at + _CHUNK]
+        marks = ", ".join("?" * len(chunk))
+        if lease is not None:
+            conn.execute(f"UPDATE session_lock SET expires = ? WHERE token IN ({marks})", (time.time() + lease, *chunk))
+        for token, stop_ in conn.execute(f"SELECT token, stop FROM session_lock WHERE token IN ({marks})", chunk):
+            held[str(token)] = int(stop_)
+    return held
 
 
 def stop(conn: sqlite3.Connection, *, key: Key, rollback: bool) -> str | None:

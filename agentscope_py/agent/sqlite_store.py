@@ -16,8 +16,8 @@ lease ``lock_timeout`` seconds long that its holder renews, and ``stop``: an int
 recorded for it), a ticket per waiting input in ``session_queue`` (numbered as it arrives, with a
 lease its waiter renews at each check). Each step is one ``BEGIN IMMEDIATE`` transaction. SQLite
 sends no messages: a waiter checks its turn (every 5 ms at first, backing off to 0.1 s; one of
-this process is woken at once), a holder checks for an interrupt every 0.05 s (one recorded in
-this process is passed on at once). A process that dies leaves its lock and tickets to expire
+this process is woken at once), and every 0.05 s one query checks the locks a store holds for an
+interrupt (one recorded in this process is passed on at once). A process that dies leaves its lock and tickets to expire
 after ``lock_timeout``. The lock's steps commit on a connection of their own that does not sync
 to disk (``synchronous=NORMAL``; the sessions' saves still do).
 
@@ -44,7 +44,7 @@ from typing import TypeVar
 from ..errors import BusyError
 from ._session import DEFAULT_MAX_QUEUED
 from ._session_queue import Waits, mode_of, wait_turn
-from ._sqlite_session_queue import QUEUE_SCHEMA, ROLLBACK, check, enter, release, stop
+from ._sqlite_session_queue import QUEUE_SCHEMA, ROLLBACK, enter, release, stop, watch
 from .state import AgentState
 from .store import (
     ClosableStore,
@@ -105,6 +105,8 @@ class SqliteStateStore(ClosableStore):
         self.busy_timeout = busy_timeout
         self.lock_timeout = lock_timeout
         self._waits = Waits()
+        self._held: dict[str, int] = {}  # the locks held through this store: token -> the stop heard
+        self._watcher: asyncio.Task[None] | None = None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agentscope-sqlite")
         self._conn: sqlite3.Connection | None = None  # touched only on the executor's thread
         self._lock_conn: sqlite3.Connection | None = None  # (as is this one)
@@ -196,11 +198,15 @@ class SqliteStateStore(ClosableStore):
                 with contextlib.suppress(StateStoreError, RuntimeError):
                     await asyncio.shield(self._release(user_id, session_id, token))
                 raise
-            keeper = asyncio.get_running_loop().create_task(self._keep_lock(user_id, session_id, token))
+            self._held[token] = 0
+            self._watch()
             try:
                 yield
             finally:
-                keeper.cancel()
+                self._held.pop(token, None)
+                if not self._held and self._watcher is not None:
+                    self._watcher.cancel()  # nothing left to watch (a later hold starts another)
+                    self._watcher = None
                 try:
                     await self._release(user_id, session_id, token)
                 except StateStoreError as exc:
@@ -244,29 +250,44 @@ class SqliteStateStore(ClosableStore):
         if head is not None:
             self._waits.wake(head)
 
-    async def _keep_lock(self, user_id: str, session_id: str, token: str) -> None:
-        """While the body runs: pass on an interrupt recorded for this holder, and renew its lease
-        every third of its lifetime."""
-        key = (user_id, session_id)
+    def _watch(self) -> None:
+        """Start the watch of this store's held locks, unless it runs (in this loop)."""
+        task, loop = self._watcher, asyncio.get_running_loop()
+        if task is None or task.done() or task.get_loop() is not loop:
+            self._watcher = loop.create_task(self._watch_held())
+
+    async def _watch_held(self) -> None:
+        """While this store holds locks: pass on an interrupt recorded for one (every
+        `_STOP_POLL` s), and renew their leases (every third of their lifetime) — one query for all
+        of them, however many sessions run."""
         renewed = time.monotonic()
-        heard = 0
-        while True:
+        while self._held:
             await asyncio.sleep(_STOP_POLL)
+            tokens = list(self._held)
+            if not tokens:
+                break
             lease = self.lock_timeout if time.monotonic() - renewed >= self.lock_timeout / 3 else None
             try:
-                stop = await self._run(functools.partial(check, key=key, token=token, lease=lease),
-                                       "checking a session lock", locks=True)
+                held = await self._run(functools.partial(watch, tokens=tokens, lease=lease), "checking session locks",
+                                       locks=True)
             except StateStoreError as exc:
-                log.warning("could not check the lock of session %s/%s (%s); retrying", user_id, session_id, exc)
+                log.warning("could not check this process's session locks (%s); retrying", exc)
                 continue
             if lease is not None:
                 renewed = time.monotonic()
-            if stop is None:
-                log.warning("lost the lock of session %s/%s: it expired while held", user_id, session_id)
-                return
-            if stop > heard:
-                heard = stop
-                self._waits.stop(token, stop == ROLLBACK)
+            for token in tokens:
+                heard = self._held.get(token)
+                if heard is None:  # released meanwhile
+                    continue
+                stop_ = held.get(token)
+                if stop_ is None:
+                    # Expired while held (a paused process?); the CAS save still refuses to
+                    # overwrite whatever a new holder wrote.
+                    log.warning("lost a session lock: it expired while held")
+                    del self._held[token]
+                elif stop_ > heard:
+                    self._held[token] = stop_
+                    self._waits.stop(token, stop_ == ROLLBACK)
 
     # -- extras ----------------------------------------------------------------------------------
 
@@ -294,6 +315,9 @@ class SqliteStateStore(ClosableStore):
         if self._closed:
             return
         self._closed = True
+        if self._watcher is not None:
+            self._watcher.cancel()
+            self._watcher = None
         await asyncio.get_running_loop().run_in_executor(self._executor, self._close_connection)
         self._executor.shutdown(wait=False)
 
