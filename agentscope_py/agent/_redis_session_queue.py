@@ -115,7 +115,14 @@ redis.call('SET', KEYS[2], holder .. flag, 'PX', ARGV[1])
 redis.call('PUBLISH', ARGV[3] .. string.sub(holder, 1, 16), 'stop ' .. holder .. flag)
 return 1
 """
-QUEUE_SCRIPTS = {"enter": _ENTER, "release": _RELEASE, "refresh": _REFRESH, "stop": _STOP}
+# KEYS lock, queue, leases: {the lock's value or false, the tickets waiting whose lease holds}.
+_STATUS = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local alive = redis.call('ZCOUNT', KEYS[3], '(' .. now, '+inf')
+return {redis.call('GET', KEYS[1]), alive}
+"""
+QUEUE_SCRIPTS = {"enter": _ENTER, "release": _RELEASE, "refresh": _REFRESH, "stop": _STOP, "status": _STATUS}
 
 
 class Listener:

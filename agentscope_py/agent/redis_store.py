@@ -249,12 +249,10 @@ class RedisStateStore(ClosableStore):
 
     async def session_queue(self, user_id: str, session_id: str) -> tuple[str | None, int]:
         """The name of the run holding the session (as `session_holder`) and how many inputs wait
-        for it, in every process (a ticket whose lease ran out still counts until a waiter drops
-        it)."""
-        lock, queue = self._queue_keys(user_id, session_id)[:2]
+        for it, in every process (a dead process's tickets no longer count once their lease ran
+        out)."""
         with _typed_errors(f"reading the lock of session {user_id}/{session_id} in Redis"):
-            commands = self._commands()
-            value, waiting = await asyncio.gather(commands.call("GET", lock), commands.call("ZCARD", queue))
+            value, waiting = await self._commands().script("status", self._queue_keys(user_id, session_id)[:3], [])
         if value is None:
             return None, int(waiting)
         text = value.decode(errors="replace") if isinstance(value, bytes) else str(value)

@@ -231,13 +231,15 @@ class SqliteStateStore(ClosableStore):
 
     async def session_queue(self, user_id: str, session_id: str) -> tuple[str | None, int]:
         """The name of the run holding the session (as `session_holder`) and how many inputs wait
-        for it, in every process (a ticket whose lease ran out counts until a waiter drops it)."""
+        for it, in every process (a dead process's tickets no longer count once their lease ran
+        out)."""
 
         def read(conn: sqlite3.Connection) -> tuple[str | None, int]:
             now = time.time()
             row = conn.execute(f"SELECT holder FROM session_lock {_WHERE} AND expires >= ?",
                                (user_id, session_id, now)).fetchone()
-            (waiting,) = conn.execute(f"SELECT COUNT(*) FROM session_queue {_WHERE}", (user_id, session_id)).fetchone()
+            (waiting,) = conn.execute(f"SELECT COUNT(*) FROM session_queue {_WHERE} AND expires >= ?",
+                                      (user_id, session_id, now)).fetchone()
             return (None if row is None else str(row[0])), int(waiting)
 
         return await self._run(read, f"reading the lock of session {user_id}/{session_id}")
