@@ -237,8 +237,8 @@ async def test_a_process_killed_holding_or_waiting_blocks_the_queue_no_longer_th
         release.set()
         await asyncio.wait_for(behind, 10)
         assert order == ["behind"]
-        # Its lease, and a waiter's check or two, at most.
-        assert time.monotonic() - killed < (3.0 if dies == "holding" else 2.0)
+        # Its lease (1 s) and a waiter's check or two, with a loaded machine's margin.
+        assert time.monotonic() - killed < 4.0
     if mine is not None:
         await mine
 
