@@ -391,15 +391,22 @@ class _Server:
                 if isinstance(answer.get("run_id"), str):
                     answer["run_id"] = client_run_id(answer["run_id"])
                 return JSONResponse(answer)
+            interrupted = self.agent.interrupt(user_id=user_id, session_id=body.session_id)
+            elsewhere = getattr(self.agent.state_store, "interrupt_session", None)
+            if not interrupted and elsewhere is not None:  # a run of another process sharing the store
+                try:
+                    interrupted = await elsewhere(user_id, body.session_id)
+                except Exception as exc:
+                    raise StoreUnavailable(exc) from exc
         except Exception as exc:
             return _refused(exc, rid, "POST /v1/interrupt")
-        return JSONResponse({"interrupted": self.agent.interrupt(user_id=user_id, session_id=body.session_id)})
+        return JSONResponse({"interrupted": interrupted})
 
     async def _admit(self, user_id: str, session_id: str, strategy: MultitaskStrategy | None) -> None:
-        """409 for an input its strategy refuses now; interrupts for one that interrupts (`_multitask`).
+        """409 for an input its strategy refuses now (`_runs.multitask`).
         Durable runs decide in their workflow's start (`DurableServing`)."""
         if self._stream is _local_stream:
-            await admit(self.agent, self.registry, user_id, session_id, strategy, self._retry_after)
+            await admit(self.agent, user_id, session_id, strategy, self._retry_after)
 
     @property
     def _retry_after(self) -> int:
