@@ -117,7 +117,8 @@ def _app_options(options: dict[str, Any]) -> dict[str, Any]:
     """`create_app` options of ``serve``'s flags: the run log (Redis with ``--redis``) and the
     defaults for ``detach`` and ``multitask_strategy``."""
     app: dict[str, Any] = {"detach_default": bool(options.get("detach")),
-                           "multitask_strategy": options.get("multitask_strategy") or None}
+                           "multitask_strategy": options.get("multitask_strategy") or None,
+                           "run_schedules": not options.get("no_scheduler")}
     retention = float(options.get("run_retention") or 300.0)
     if options.get("redis"):
         from .server import RedisRunLog
@@ -176,7 +177,7 @@ def serve(args: argparse.Namespace) -> int:
                "redis": redis, "detach": args.detach, "run_retention": args.run_retention,
                "run_lease": args.run_lease, "redis_prefix": args.redis_prefix, "temporal": args.temporal,
                "task_queue": args.task_queue, "events": args.events,
-               "multitask_strategy": args.multitask_strategy}
+               "multitask_strategy": args.multitask_strategy, "no_scheduler": args.no_scheduler}
     limits = {"header_timeout": args.header_timeout, "idle_timeout": args.idle_timeout,
               "max_connections": args.max_connections, "log_level": args.log_level, "http": args.http,
               "loop": args.loop, "backlog": args.backlog, "send_buffer": args.send_buffer}
@@ -255,6 +256,8 @@ def _parser() -> argparse.ArgumentParser:
                      help="what an input to a thread running another does unless its request says: refuse it "
                      "(409), run it after, interrupt the running run, or interrupt it and take its turn back "
                      "(default: the agent's own, enqueue unless it says otherwise)")
+    srv.add_argument("--no-scheduler", action="store_true", help="serve the schedules' API (/v1/schedules) but fire "
+                     "no schedule in this process (the other processes sharing its --redis do)")
     srv.add_argument("--run-retention", type=float, default=300.0, metavar="SECONDS",
                      help="how long an ended run's events stay readable (default: %(default)s)")
     srv.add_argument("--run-lease", type=float, default=10.0, metavar="SECONDS",

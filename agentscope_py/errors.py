@@ -82,6 +82,7 @@ __all__ = [
     "ResumeError",
     "RunLogError",
     "RunTimeoutError",
+    "ScheduleStoreError",
     "ServerError",
     "StateConflictError",
     "StateStoreError",
@@ -203,6 +204,11 @@ class StateConflictError(StateStoreError):
 class RunLogError(AgentScopeError):
     """The run log (the per-run event log of a served agent: in memory, SQLite or Redis) failed:
     unreachable, or a run's events are no longer held. Clients hear a safe message."""
+
+
+class ScheduleStoreError(AgentScopeError):
+    """The store of a served agent's schedules (memory, SQLite or Redis) failed: unreachable, or
+    a file it cannot write. ``/v1/schedules`` answers 503; the scheduler tries again next pass."""
 
 
 # -- tools, resuming, structured output ----------------------------------------------------------

@@ -22,6 +22,8 @@ the share of a reply's deltas that reached the client together, in one read, is 
     .venv/bin/python benchmarks/bench_server_instructions.py --tool 1          # a tool turn per run
     .venv/bin/python benchmarks/bench_server_instructions.py --servers a,a1,a2,b,e  # the model's HTTP
                                                      # clients side by side, and both relays
+    .venv/bin/python benchmarks/bench_server_instructions.py --servers a --dumps /tmp/cg  # by function:
+    callgrind_annotate --inclusive=yes /tmp/cg/a.<pid>.1                                 # (see --dumps)
 
 (d)'s redis-server is started here and not counted (another process, as the upstream is); with one
 client every token of (d) is a flush of its own, the shared log's worst case.
@@ -158,6 +160,8 @@ def main() -> None:
     parser.add_argument("--dt", type=float, default=0.05, help="seconds between tokens (valgrind is ~50× slower)")
     parser.add_argument("--tool", type=int, choices=(0, 1), default=0, help="a tool turn first in every run")
     parser.add_argument("--idle", type=float, default=3.0, help="seconds of the idle measurement")
+    parser.add_argument("--dumps", help="keep callgrind's dumps in this directory (per server: .1 the long replies, "
+                        ".2 the short ones, .3 idle), for callgrind_annotate --inclusive=yes")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     if shutil.which("valgrind") is None:
@@ -172,7 +176,10 @@ def main() -> None:
                                   "--appendonly", "no"], stdout=subprocess.DEVNULL)
         redis_url = f"redis://127.0.0.1:{port}/0"
     try:
-        with tempfile.TemporaryDirectory(prefix="bench-callgrind-") as out_dir:
+        with tempfile.TemporaryDirectory(prefix="bench-callgrind-") as temporary:
+            out_dir = args.dumps or temporary
+            if args.dumps:
+                os.makedirs(args.dumps, exist_ok=True)
             for key in keys:
                 server = Counted(key, args, upstream.port, out_dir, redis_url)
                 try:

@@ -107,22 +107,36 @@ def body(name: str, i: int, tokens: int, dt: float, tool: bool, level: str) -> b
                       ).encode()
 
 
+CONNECT_WINDOW = 1024
+"""Connects to one server a level keeps pending at most (over all client processes): a server's
+loop that is far behind accepts slowly, and thousands of SYNs at once overflow its listen backlog
+(4,096); the kernel then drops them and the client retries after 1, 3, 7, 15 s — a connect
+timeout that measures the kernel's backoff, not the server. The window holds every server alike
+to what its backlog takes; a stream still waits for its server as long as that takes."""
+CONNECT_TIMEOUT = 120.0
+"""Seconds a stream waits for its connection (the window's wait not counted): at 5,000 streams a
+saturated server accepts them over tens of seconds."""
+
+
 async def one(loop: asyncio.AbstractEventLoop, port: int, payload: bytes, delay: float,
-              deadline: float) -> dict[str, Any]:
+              deadline: float, window: asyncio.Semaphore) -> dict[str, Any]:
     await asyncio.sleep(delay)
     done: asyncio.Future[None] = loop.create_future()
     started = time.perf_counter()
     try:
-        transport, stream = await asyncio.wait_for(
-            loop.create_connection(lambda: Stream(request(port, payload), done), "127.0.0.1", port), 30)
+        async with window:
+            transport, stream = await asyncio.wait_for(
+                loop.create_connection(lambda: Stream(request(port, payload), done), "127.0.0.1", port),
+                CONNECT_TIMEOUT)
     except (TimeoutError, OSError) as exc:
         return {"error": f"connect: {type(exc).__name__}", "started": started, "ended": time.perf_counter()}
+    connected = time.perf_counter()
     try:
         await asyncio.wait_for(asyncio.shield(done), max(0.1, deadline - loop.time()))
     except TimeoutError:
         transport.close()
         return {"error": "deadline", "started": started, "ended": time.perf_counter(), "deltas": stream.deltas}
-    return {"status": stream.status, "deltas": stream.deltas, "finished": stream.finished,
+    return {"status": stream.status, "deltas": stream.deltas, "finished": stream.finished, "connected": connected,
             "failed": stream.code if stream.failed else None,
             "ttft": None if stream.first is None else stream.first - stream.sent, "sent": stream.sent,
             "first": stream.first,
@@ -143,12 +157,13 @@ async def run(spec: dict[str, Any]) -> dict[str, Any]:
     tasks: dict[str, list[tuple[str, bool, asyncio.Task[dict[str, Any]]]]] = {}
     for name, port in spec["targets"].items():
         tasks[name] = []
+        window = asyncio.Semaphore(max(1, CONNECT_WINDOW // shards))
         for i in range(n):
             tool = rng.random() < tool_share  # drawn for every stream: the same runs have tools in every shard
             if i % shards != shard:
                 continue
             task = loop.create_task(one(loop, port, body(name, i, tokens, dt, tool, level), ramp * i / max(1, n),
-                                        deadline))
+                                        deadline, window))
             tasks[name].append((stream_id(level, name, i), tool, task))
     out: dict[str, Any] = {}
     for name, group in tasks.items():
@@ -171,7 +186,8 @@ async def run(spec: dict[str, Any]) -> dict[str, Any]:
                 firsts.append((sid, r["sent"], r["first"]))
         out[name] = {"streams": len(group), "errors": errors, "tokens": sum(r.get("deltas", 0) for r in results),
                      "started": min((r["started"] for r in results), default=0.0),
-                     "ended": max((r["ended"] for r in results), default=0.0), "firsts": firsts}
+                     "ended": max((r["ended"] for r in results), default=0.0), "firsts": firsts,
+                     "open": [(r["connected"], r["ended"]) for r in results if "connected" in r]}
     return {"targets": out, "probe": probe.snapshot()}
 
 
@@ -220,9 +236,20 @@ def split_wait(sent: float, first: float, server: list[list[Any]], clients: list
     return out
 
 
+def most_open(spans: list[tuple[float, float]]) -> int:
+    """The most streams connected at one time (each open from its connect to its end)."""
+    edges = sorted([(a, 1) for a, _ in spans] + [(b, -1) for _, b in spans])  # an end before a start at a tie
+    peak = held = 0
+    for _, step in edges:
+        held += step
+        peak = max(peak, held)
+    return peak
+
+
 def summarise(shards: list[dict[str, Any]], reads: dict[str, float],
               stalls: dict[str, list[list[Any]]] | None = None) -> dict[str, dict[str, Any]]:
-    """The shards' results merged per target: streams, errors, tokens, tokens/s over the span,
+    """The shards' results merged per target: streams, errors, the most streams open at once,
+    tokens, tokens/s over the span,
     time to first token p50/p99 ms, and its two legs where the upstream's ``reads`` (stream id →
     when it read the request) are known: in (written → read) and out (read → first delta). With
     the processes' ``stalls`` (target name, ``"upstream"``; the clients' come with their shards),
@@ -253,6 +280,7 @@ def summarise(shards: list[dict[str, Any]], reads: dict[str, float],
                                                  stalls.get("upstream", [])).items():
                     slow[cause] += seconds
         out[name] = {"streams": streams, "completed": streams - sum(errors.values()), "errors": errors,
+                     "most_open": most_open([tuple(o) for p in parts for o in p.get("open", [])]),
                      "tokens": tokens, "span_s": span, "tokens_per_s": tokens / span if span > 0 else None,
                      "ttft_ms_p50": ttft["p50"], "ttft_ms_p99": ttft["p99"], "ttft_ms_max": ttft["max"],
                      "ttft_in_ms": into, "ttft_out_ms": back, "ttft_split": len(legs), "ttft_measured": len(firsts),

@@ -24,8 +24,8 @@ def _f(value: Any, fmt: str = "{:.0f}") -> str:
 def table(results: list[dict[str, Any]]) -> str:
     lines = ["| level (load avg) | server | µs CPU/token | × relay (httpx) | × relay (aiohttp) | tokens/s (span) "
              "| tokens/s per core | TTFT p50 / p99 ms | in p50 / p99 | out p50 / p99 | RSS KiB/session | peak RSS MiB "
-             "| errors |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+             "| streams open at once | errors |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in results:
         for key, s in r["servers"].items():
             errors = ", ".join(f"{k}: {v}" for k, v in s["errors"].items()) or "0"
@@ -38,7 +38,8 @@ def table(results: list[dict[str, Any]]) -> str:
                 f"{_f(s['ttft_ms_p50'], '{:.1f}')} / {_f(s['ttft_ms_p99'], '{:.1f}')} | "
                 f"{_f(into.get('p50'), '{:.1f}')} / {_f(into.get('p99'), '{:.1f}')} | "
                 f"{_f(back.get('p50'), '{:.1f}')} / {_f(back.get('p99'), '{:.1f}')} | "
-                f"{_f(s['rss_kib_per_session'], '{:.1f}')} | {_f(s['rss_mib_peak'])} | {errors} |")
+                f"{_f(s['rss_kib_per_session'], '{:.1f}')} | {_f(s['rss_mib_peak'])} | {_f(s.get('most_open'))} | "
+                f"{errors} |")
     return "\n".join(lines)
 
 

@@ -125,6 +125,7 @@ def test_bench_server_quick_relays_every_token_with_no_error() -> None:
         assert {"a", "b", "e"} <= set(level["servers"])
         for key, server in level["servers"].items():
             assert server["completed"] == server["streams"] == level["n"], key
+            assert 1 <= server["most_open"] <= level["n"], key
             assert server["tokens"] == 20 * level["n"], key  # 20 text deltas per stream, none lost
             assert server["cpu_us_per_token"] > 0, key
             assert server["ttft_ms_p50"] is not None, key
@@ -161,6 +162,26 @@ def test_bench_server_splits_a_slow_first_tokens_wait_by_what_stalled() -> None:
     for cause, seconds in expected.items():
         assert abs(wait[cause] - seconds) < 1e-9, (cause, wait[cause])
     assert serving_clients.covered([(0.0, 2.0), (1.0, 3.0), (5.0, 6.0)], 0.5, 5.5) == 3.0
+
+
+def test_bench_server_counts_the_streams_open_at_once() -> None:
+    sys.path.insert(0, str(BENCH))
+    try:
+        import serving_clients
+    finally:
+        sys.path.remove(str(BENCH))
+    # Three streams overlap in 2-3; one ends at 4 exactly as the last starts (not counted together).
+    spans = [(0.0, 3.0), (1.0, 4.0), (2.0, 5.0), (4.0, 6.0)]
+    assert serving_clients.most_open(spans) == 3
+    assert serving_clients.most_open([]) == 0
+
+
+def test_bench_handoff_runs_its_three_workloads() -> None:
+    # The workloads alone (valgrind counts them in the real run): each completes on uvloop.
+    for mode in ("inline", "handoff", "layers"):
+        proc = subprocess.run([sys.executable, str(BENCH / "bench_handoff.py"), "--child", mode, "--items", "50",
+                               "--depth", "2"], capture_output=True, text=True, timeout=60, cwd=BENCH, check=False)
+        assert proc.returncode == 0, (mode, proc.stderr)
 
 
 def test_bench_hedge_reports_first_token_percentiles_and_the_cost_of_hedging() -> None:

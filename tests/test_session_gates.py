@@ -1,12 +1,15 @@
-"""The per-session FIFO gate: arrival order, other sessions in parallel, cancelled waiters, and
-the store's cross-process lock taken inside the gate."""
+"""The per-session FIFO gate: arrival order, other sessions in parallel, cancelled waiters, the
+store's cross-process lock taken inside the gate, and a store that keeps the session's queue
+itself (every input goes to it at once, and it carries the interrupts)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
+from typing import Any
 
+from agentscope_py._control import RunControl
 from agentscope_py.agent._session import SessionGates
 
 KEY = ("u", "s")
@@ -94,4 +97,62 @@ async def test_the_stores_session_lock_is_taken_inside_the_gate_and_released_on_
     except ValueError:
         pass
     assert log == ["lock u/s", "body", "unlock"]
+    assert gates._gates == {}
+
+
+class QueueingStore:
+    """A store that keeps the session's queue itself (``session_queue``): its lock hears a stop
+    for the run as the lock is taken, before the hold has registered the run's control (the
+    message of an interrupting input in another process can arrive that early)."""
+
+    def __init__(self) -> None:
+        self.asked: dict[str, object] = {}
+
+    async def session_queue(self, user_id: str, session_id: str) -> tuple[str | None, int]:
+        return None, 0
+
+    @contextlib.asynccontextmanager
+    async def session_lock(self, user_id: str, session_id: str, **options: Any) -> AsyncIterator[None]:
+        self.asked = options
+        options["on_interrupt"](True)
+        yield
+
+
+async def test_a_stop_heard_before_the_run_registered_interrupts_it_once_it_does() -> None:
+    store, control, gates = QueueingStore(), RunControl(), SessionGates()
+    async with gates.hold(KEY, store, "interrupt", 7, control, "run-1"):
+        assert control.interrupted and control.rollback
+        assert gates.active[KEY] is control
+    assert {k: v for k, v in store.asked.items() if k != "on_interrupt"} == {
+        "wait": True, "holder": "run-1", "strategy": "interrupt", "max_queued": 7}
+    assert gates._gates == {} and gates.active == {}
+
+
+async def test_inputs_to_a_queueing_store_wait_in_its_queue_not_in_the_gate() -> None:
+    """Two inputs of one process both go to the store's queue at once (their order is the
+    store's): neither waits in the gate for the other."""
+    entered = asyncio.Event()
+    release = asyncio.Event()
+    asked: list[str] = []
+
+    class Store(QueueingStore):
+        @contextlib.asynccontextmanager
+        async def session_lock(self, user_id: str, session_id: str, **options: Any) -> AsyncIterator[None]:
+            asked.append(str(options["holder"]))
+            if len(asked) == 2:
+                entered.set()
+            await release.wait()
+            yield
+
+    gates, store = SessionGates(), Store()
+
+    async def call(name: str) -> None:
+        async with gates.hold(KEY, store, holder=name):
+            pass
+
+    tasks = [asyncio.create_task(call(n)) for n in ("a", "b")]
+    await asyncio.wait_for(entered.wait(), 1)
+    assert asked == ["a", "b"] and gates.busy(KEY)
+    release.set()
+    await asyncio.gather(*tasks)
     assert gates._gates == {}

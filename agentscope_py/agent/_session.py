@@ -46,11 +46,14 @@ class _Gate:
     """A held gate: the futures of the inputs waiting, in the order they will run; the first
     ``jumped`` of them are inputs that interrupted (they run before the inputs queued earlier)."""
 
-    __slots__ = ("interrupt", "jumped", "waiters")
+    __slots__ = ("interrupt", "jumped", "queued", "waiters")
 
     def __init__(self) -> None:
         self.waiters: list[asyncio.Future[None]] = []
         self.jumped = 0
+        # The inputs of this process in the queue of a store that keeps it (holding or waiting
+        # there): they take no turn here.
+        self.queued = 0
         # An interrupt asked for while the holder had the gate but not yet its run's control (it
         # waited for the store's cross-process lock): applied once it has it. None, or rollback.
         self.interrupt: bool | None = None
@@ -73,9 +76,14 @@ class SessionGates:
         """``async with gates.hold(key, store, ...):`` — take the session's turn as ``strategy``
         says (wait for it, refuse at once, or interrupt the holder and go next), hold it inside
         with ``control`` registered as the session's run in flight. A store shared by several
-        processes (Redis) serialises the session across them too, with its ``session_lock``, taken
-        inside the gate (``holder`` names the run there, so another process can find it)."""
-        return _Hold(self, key, getattr(store, "session_lock", None), strategy, max_queued, control, holder)
+        processes may serialise the session across them too, with its ``session_lock``, taken
+        inside the gate (``holder`` names the run there, so another process can find it). A store
+        that keeps the session's queue itself (``session_queue``: `RedisStateStore`,
+        `SqliteStateStore`) orders the inputs of every process: an input takes its place there as
+        it arrives, not after the inputs of this process ahead of it, and the store carries the
+        interrupts to the holder, wherever it runs."""
+        queued = hasattr(store, "session_queue")
+        return _Hold(self, key, getattr(store, "session_lock", None), strategy, max_queued, control, holder, queued)
 
     def refusal(self, key: Key, strategy: MultitaskStrategy, max_queued: int = DEFAULT_MAX_QUEUED) -> BusyError | None:
         """The `BusyError` an input of ``strategy`` would get now from this process's gate, or None."""
@@ -110,10 +118,11 @@ class SessionGates:
 class _Hold:
     """The async context manager of `SessionGates.hold` (a class: no generator per call)."""
 
-    __slots__ = ("_control", "_entered", "_gates", "_holder", "_key", "_max", "_store_cm", "_store_lock", "_strategy")
+    __slots__ = ("_control", "_entered", "_gates", "_holder", "_key", "_max", "_queued", "_registered", "_stop",
+                 "_store_cm", "_store_lock", "_strategy")
 
     def __init__(self, gates: SessionGates, key: Key, store_lock: Any, strategy: MultitaskStrategy, max_queued: int,
-                 control: RunControl | None, holder: str) -> None:
+                 control: RunControl | None, holder: str, queued: bool = False) -> None:
         self._gates = gates
         self._key = key
         self._store_lock = store_lock
@@ -123,6 +132,9 @@ class _Hold:
         self._holder = holder
         self._store_cm: Any = None
         self._entered = False
+        self._queued = queued and store_lock is not None
+        self._registered = False  # the control is the session's run in flight
+        self._stop: bool | None = None  # a store's interrupt heard before that: rollback or not
 
     async def __aenter__(self) -> None:
         """Take the turn; nothing more when `enter` took it already (the loop enters the hold
@@ -132,6 +144,9 @@ class _Hold:
 
     async def enter(self) -> None:
         self._entered = True
+        if self._queued:
+            await self._enter_queue()
+            return
         gates, key, strategy = self._gates, self._key, self._strategy
         gate = gates._gates.get(key)
         if gate is None:
@@ -172,6 +187,40 @@ class _Hold:
                 control.interrupt(gate.interrupt)
                 gate.interrupt = None
 
+    async def _enter_queue(self) -> None:
+        """Take the turn in the store's queue, among the inputs of every process (the store
+        refuses, queues and interrupts as ``strategy`` says)."""
+        gates, key, strategy = self._gates, self._key, self._strategy
+        gate = gates._gates.get(key)
+        if gate is None:
+            gate = gates._gates[key] = _Gate()
+        elif strategy == "reject":
+            raise BusyError(*key, strategy=strategy)  # (this process's own input holds or waits)
+        # An interrupting input interrupts the holder through the store, even one of this
+        # process: the stop is recorded in the step that queues the input, so the run it stops is
+        # the one holding the session as it arrives, never one that took it after.
+        gate.queued += 1
+        try:
+            self._store_cm = await _enter_store_lock(self._store_lock, key, strategy, self._holder, self._max,
+                                                     self._heard_stop)
+        except BaseException:
+            self._release()
+            raise
+        control = self._control
+        if control is not None:
+            gates.active[key] = control
+            self._registered = True
+            if self._stop is not None:
+                control.interrupt(self._stop)
+
+    def _heard_stop(self, rollback: bool) -> None:
+        """The store says an input interrupts this run (it may not have its control yet)."""
+        control = self._control
+        if self._registered and control is not None:
+            control.interrupt(rollback)
+        else:
+            self._stop = rollback or bool(self._stop)
+
     async def __aexit__(self, *exc_info: Any) -> None:
         gates = self._gates
         if self._control is not None and gates.active.get(self._key) is self._control:
@@ -187,6 +236,11 @@ class _Hold:
         gate = gates.get(self._key)
         if gate is None:
             return
+        if self._queued:
+            gate.queued -= 1
+            if not gate.queued:
+                del gates[self._key]
+            return
         gate.interrupt = None  # (meant for the holder that leaves)
         waiters = gate.waiters
         while waiters:
@@ -199,12 +253,18 @@ class _Hold:
         del gates[self._key]
 
 
-async def _enter_store_lock(lock: Any, key: Key, strategy: MultitaskStrategy, holder: str) -> Any:
+async def _enter_store_lock(lock: Any, key: Key, strategy: MultitaskStrategy, holder: str,
+                            max_queued: int | None = None, on_interrupt: Any = None) -> Any:
     """The store's session lock, entered: without waiting for an input that refuses to
-    (``"reject"``: `BusyError` when another process holds it), and naming ``holder``. A store
-    whose ``session_lock`` takes no options gets the plain call."""
+    (``"reject"``: `BusyError` when another process holds it), and naming ``holder``; a store that
+    keeps the session's queue also gets the strategy, the queue's bound and the run's interrupt.
+    A store whose ``session_lock`` takes no options gets the plain call."""
     try:
-        cm = lock(*key, wait=strategy != "reject", holder=holder)
+        if on_interrupt is not None:
+            cm = lock(*key, wait=strategy != "reject", holder=holder, strategy=strategy, max_queued=max_queued,
+                      on_interrupt=on_interrupt)
+        else:
+            cm = lock(*key, wait=strategy != "reject", holder=holder)
     except TypeError:
         cm = lock(*key)
     await cm.__aenter__()

@@ -131,8 +131,9 @@ class ReActAgent:
             its call says: ``"enqueue"`` (wait, then run; the default), ``"reject"`` (refuse at
             once with `BusyError`), ``"interrupt"`` (stop the running run, then run) or
             ``"rollback"`` (stop it and take its turn out of the session) — docs/serving.md.
-        max_queued: Inputs that may wait for one session in this process; one more is a
-            `BusyError` (reason ``"queue_full"``).
+        max_queued: Inputs that may wait for one session (in this process; across processes in
+            a store that keeps the session's queue); one more is a `BusyError` (reason
+            ``"queue_full"``).
         in_doubt: What a resumed run does with a call of a non-idempotent tool that may have
             happened (its intent recorded, no result: the process died while it ran), unless the
             tool says: ``"ask"`` the user (the default: nobody knows better), ``"reconcile"``
@@ -225,6 +226,12 @@ class ReActAgent:
     def in_doubt(self) -> InDoubtPolicy:
         """The policy for a call in doubt of a tool that names none (`ToolInDoubt`)."""
         return self._runtime.in_doubt
+
+    @property
+    def max_queued(self) -> int:
+        """Inputs that may wait for one session (in the queue of a store that keeps it, across its
+        processes); one more is refused (`BusyError`, reason ``"queue_full"``)."""
+        return self._runtime.max_queued
 
     def middlewares_at(self, point: ExtensionPoint) -> tuple[MiddlewareBase, ...]:
         """The participants of ``point``, outermost first (fixed at build)."""

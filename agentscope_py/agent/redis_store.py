@@ -7,18 +7,25 @@ Keys (ids are percent-encoded, so a ``:`` inside an id cannot make two sessions 
 
 - ``{prefix}:state:{user_id}:{session_id}`` — a hash: ``version``, ``state`` (the JSON of
   `AgentState`), ``updated_at`` (ISO-8601 UTC);
-- ``{prefix}:lock:{user_id}:{session_id}`` — the session lock.
+- ``{prefix}:lock:{user_id}:{session_id}`` — the session lock; ``{prefix}:queue:…``,
+  ``{prefix}:leases:…``, ``{prefix}:stop:…`` — its queue (below); ``{prefix}:tickets`` — the
+  counter that numbers the tickets of every session.
 
 Saves are compare-and-set in one Lua script (atomic on the server); a moved version raises
 `StateConflictError` (``conflict_policy="overwrite"``: last writer wins).
 
 ``session_lock`` serialises one session across processes; the agent holds it for a whole
-execution, inside its in-process FIFO gate. It is ``SET NX PX`` with a random token, refreshed
-every ``lock_timeout / 3`` seconds while held (so long runs keep it) and released by a
-compare-and-delete script (so a holder never deletes a lock that expired and was taken by
-someone else). A holder that dies stops refreshing: its lock expires after ``lock_timeout``
-seconds and the session goes on. Waiters poll with a short jittered backoff — fair enough, not
-strictly FIFO across processes (within one process the agent's gate is FIFO).
+execution. It is a queue (`_session_queue`): an input that finds the session taken takes a ticket
+in ``{prefix}:queue:{user_id}:{session_id}`` (a sorted set, in arrival order; its lease in
+``{prefix}:leases:…``, renewed by its waiter, so a dead process's tickets drop out after
+``lock_timeout``), and the lock — ``{prefix}:lock:…``, a random token and the holder's name, ``SET
+PX`` refreshed every ``lock_timeout / 3`` seconds while held and released by a compare-and-delete
+— goes to the first ticket. Each step is one Lua script, atomic on the server. A process hears
+for its tickets on its own channel ``{prefix}:sessions:{id}``: the wake of a waiter whose turn
+came (so a handoff waits for no poll), the stop an interrupting input records for the holder
+(``{prefix}:stop:…``, also read back at every refresh, should the message be missed). A holder
+that dies stops refreshing: its lock expires after ``lock_timeout`` seconds and the session goes
+on.
 
 Every Redis failure (connection refused, timeout, protocol error) is a `StateStoreError`.
 ``socket_timeout`` bounds each command and each connection attempt, so a dead or hung server
@@ -27,7 +34,8 @@ fails a call instead of hanging it; a command that failed on its connection is n
 
 Given ``client=`` (a ``redis.asyncio.Redis`` of the caller's: Sentinel, TLS, credentials, its own
 pool), the store uses its pool: the lock, load, save and release on one connection it holds from
-it (given back by ``close()``), the rest through the client; the caller closes the client
+it, the subscription to its channel on another (both given back by ``close()``), the rest through
+the client; the caller closes the client
 (``close()`` leaves it open).
 """
 
@@ -38,12 +46,16 @@ import contextlib
 import logging
 import random
 import secrets
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from urllib.parse import quote, unquote
 
 from .._redis import PerLoop, Pipelined, Redis, RedisError, RedisSettings, check_source
 from ..errors import BusyError
+from ._redis_session_queue import QUEUE_SCRIPTS, Listener, keep_lock
+from ._session import DEFAULT_MAX_QUEUED
+from ._session_queue import mode_of, wait_turn
 from .state import AgentState
 from .store import (
     ClosableStore,
@@ -68,20 +80,13 @@ end
 redis.call('HSET', KEYS[1], 'version', current + 1, 'state', ARGV[2], 'updated_at', ARGV[3])
 return {1, current + 1}
 """
-# KEYS[1] lock; ARGV[1] token (ARGV[2] ttl in ms): act only while the lock is still ours.
-_RELEASE = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
-return 0
-"""
-_REFRESH = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
-return 0
-"""
-_SCRIPTS = {"save": _SAVE, "release": _RELEASE, "refresh": _REFRESH}
-_POLL_FIRST = 0.005  # seconds between lock attempts: starts short, doubles up to _POLL_MAX
+_SCRIPTS = {"save": _SAVE, **QUEUE_SCRIPTS}
+_POLL_FIRST = 0.005  # seconds between a waiter's checks: starts short, doubles up to _POLL_MAX
 _RELEASE_WAIT = 1.0
 """Seconds a cancelled acquire waits to give back a lock it may have taken."""
-_POLL_MAX = 0.1
+_POLL_MAX = 0.25
+"""A waiter is woken when its turn comes; it checks this often anyway, renewing its ticket's lease
+and finding a dead ticket ahead of it expired (or a wake it missed)."""
 _MAX_CONNECTIONS = 100
 """Connections a client made from a URL keeps to Redis, per event loop."""
 
@@ -154,66 +159,104 @@ class RedisStateStore(ClosableStore):
         return int(version)
 
     @contextlib.asynccontextmanager
-    async def session_lock(self, user_id: str, session_id: str, *, wait: bool = True,
-                           holder: str = "") -> AsyncIterator[None]:
-        """Hold the session's cross-process lock for the body (waits while another holds it; with
-        ``wait=False``, raises `BusyError` instead). ``holder`` names the run holding it, for
-        `session_holder` (another process's way to find the run to interrupt).
+    async def session_lock(self, user_id: str, session_id: str, *, wait: bool = True, holder: str = "",
+                           strategy: str | None = None, max_queued: int | None = None,
+                           on_interrupt: Callable[[bool], None] | None = None) -> AsyncIterator[None]:
+        """Hold the session's cross-process lock for the body, after the inputs that reached its
+        queue before (see the module docstring). ``strategy`` places the input: ``"reject"`` (or
+        ``wait=False``) raises `BusyError` instead of queueing; ``"interrupt"`` / ``"rollback"``
+        queue ahead of the enqueued inputs and stop the run holding the session, whose
+        ``on_interrupt`` is called (in its process) with whether to roll back. ``max_queued``:
+        past that many tickets waiting, `BusyError` (reason ``"queue_full"``). ``holder`` names the
+        run holding it, for `session_holder`.
 
         Raises `StateStoreError` if Redis fails while acquiring. Failures to refresh or release
         are logged, not raised: the lock then simply expires after ``lock_timeout``."""
-        key = self._key("lock", user_id, session_id)
-        # The lock's value: a token of this hold (32 hex digits: what release and refresh compare)
-        # followed by the holder's name.
-        token = secrets.token_hex(16) + holder
+        keys = self._queue_keys(user_id, session_id)
+        mode = mode_of(wait, strategy)
+        bound = DEFAULT_MAX_QUEUED if max_queued is None else max_queued
         ttl_ms = max(1, round(self.lock_timeout * 1000))
+        channels = f"{self.prefix}:sessions:"
         delay = _POLL_FIRST
         with _typed_errors(f"locking session {user_id}/{session_id} in Redis"):
-            commands = self._commands()
-            task = asyncio.current_task()
-            cancels = task.cancelling() if task is not None else 0
-            try:
-                while True:
-                    taken = await commands.call("SET", key, token, "NX", "PX", ttl_ms)
-                    if task is not None and task.cancelling() > cancels:
-                        # A cancellation that landed as the command answered (the await
-                        # returned): seen here or not, it ends the wait.
-                        raise asyncio.CancelledError
-                    if taken:
-                        break
-                    if not wait:
-                        raise BusyError(user_id, session_id)
-                    await asyncio.sleep(delay * random.uniform(0.5, 1.5))  # jitter: waiters spread out
-                    delay = min(delay * 2, _POLL_MAX)
-            except asyncio.CancelledError:
-                # A SET cancelled in flight may still have taken the lock on the server: give it
-                # back rather than block the session for lock_timeout. Bounded: a connection cut
-                # mid-command can leave the release waiting for ever, and so the canceller.
-                with contextlib.suppress(RedisError, OSError, TimeoutError):
-                    async with asyncio.timeout(min(self.lock_timeout, _RELEASE_WAIT)):
-                        await commands.script("release", [key], [token])
-                raise
-        keeper = asyncio.create_task(self._keep_lock(commands, key, token, ttl_ms))
+            listener = await self._listener()
+        # The lock's value: a token of this hold (32 hex digits, the first 16 this process's
+        # channel's: what release, refresh and a stop compare) followed by the holder's name.
+        token = listener.id + secrets.token_hex(8)
+        value = token + holder
+        woken = listener.waits.expect(token, on_interrupt)
         try:
-            yield
-        finally:
-            # No need to await the keeper: a refresh racing the release checks the token.
-            keeper.cancel()
+            with _typed_errors(f"locking session {user_id}/{session_id} in Redis"):
+                commands = self._commands()
+                task = asyncio.current_task()
+                cancels = task.cancelling() if task is not None else 0
+                try:
+                    while True:
+                        taken = await commands.script("enter", keys, [value, ttl_ms, mode, bound, channels])
+                        if task is not None and task.cancelling() > cancels:
+                            # A cancellation that landed as the command answered (the await
+                            # returned): seen here or not, it ends the wait.
+                            raise asyncio.CancelledError
+                        if taken == 1:
+                            break
+                        if taken == -1:
+                            raise BusyError(user_id, session_id, strategy=mode)
+                        if taken == -2:
+                            raise BusyError(user_id, session_id, strategy=mode, reason="queue_full")
+                        await wait_turn(woken, delay * random.uniform(0.5, 1.5))  # jitter: waiters spread out
+                        delay = min(delay * 2, _POLL_MAX)
+                except BusyError:
+                    raise  # (nothing of it in the queue)
+                except BaseException:
+                    # Cancelled, or Redis failed: a ticket it queued (or a lock a command cut off
+                    # in flight took on the server) is given back rather than block the session
+                    # for lock_timeout. Bounded: a connection cut mid-command can leave the
+                    # release waiting for ever, and so the canceller.
+                    with contextlib.suppress(RedisError, OSError, TimeoutError):
+                        async with asyncio.timeout(min(self.lock_timeout, _RELEASE_WAIT)):
+                            await commands.script("release", keys[:3], [value, channels])
+                    raise
+            keeper = asyncio.create_task(keep_lock(commands, keys, value, ttl_ms, self.lock_timeout / 3,
+                                                   listener.waits))
             try:
-                await commands.script("release", [key], [token])
-            except (RedisError, OSError) as exc:
-                log.warning("could not release the lock of session %s/%s (%s); it expires in %.1f s",
-                            user_id, session_id, exc, self.lock_timeout)
+                yield
+            finally:
+                # No need to await the keeper: a refresh racing the release checks the token.
+                keeper.cancel()
+                try:
+                    await commands.script("release", keys[:3], [value, channels])
+                except (RedisError, OSError) as exc:
+                    log.warning("could not release the lock of session %s/%s (%s); it expires in %.1f s",
+                                user_id, session_id, exc, self.lock_timeout)
+        finally:
+            listener.waits.forget(token)
+
+    async def interrupt_session(self, user_id: str, session_id: str, *, rollback: bool = False) -> bool:
+        """Interrupt the run holding the session, in whichever process it runs (its
+        ``on_interrupt`` is called there); whether one held it. No input takes its place: the
+        inputs waiting go on in order."""
+        keys = self._queue_keys(user_id, session_id)
+        ttl_ms = max(1, round(self.lock_timeout * 1000))
+        with _typed_errors(f"interrupting session {user_id}/{session_id} in Redis"):
+            stopped = await self._commands().script("stop", [keys[0], keys[3]],
+                                                    [ttl_ms, int(rollback), f"{self.prefix}:sessions:"])
+        return bool(stopped)
 
     async def session_holder(self, user_id: str, session_id: str) -> str | None:
         """The name of the run holding the session's lock (``holder`` of `session_lock`; ``""``
         when it gave none), or None when nobody holds it."""
+        return (await self.session_queue(user_id, session_id))[0]
+
+    async def session_queue(self, user_id: str, session_id: str) -> tuple[str | None, int]:
+        """The name of the run holding the session (as `session_holder`) and how many inputs wait
+        for it, in every process (a dead process's tickets no longer count once their lease ran
+        out)."""
         with _typed_errors(f"reading the lock of session {user_id}/{session_id} in Redis"):
-            value = await self._commands().call("GET", self._key("lock", user_id, session_id))
+            value, waiting = await self._commands().script("status", self._queue_keys(user_id, session_id)[:3], [])
         if value is None:
-            return None
+            return None, int(waiting)
         text = value.decode(errors="replace") if isinstance(value, bytes) else str(value)
-        return text[32:]
+        return text[32:], int(waiting)
 
     # -- extras ----------------------------------------------------------------------------------
 
@@ -238,11 +281,12 @@ class RedisStateStore(ClosableStore):
         """Close the client this store made (a later call opens a new one); a caller's stays open."""
         made = self._clients.take()
         if made is not None:
-            client, commands = made
             with _typed_errors("closing the Redis client"):
-                await commands.close()  # (its connection back to the client's pool)
+                if made.listener is not None:
+                    await made.listener.close()
+                await made.commands.close()  # (its connection back to the client's pool)
                 if self.client is None:
-                    await client.aclose()
+                    await made.client.aclose()
 
     def __repr__(self) -> str:
         where = repr(self.url) if self.client is None else "client=..."
@@ -253,39 +297,47 @@ class RedisStateStore(ClosableStore):
     def _key(self, kind: str, user_id: str, session_id: str) -> str:
         return f"{self.prefix}:{kind}:{quote(user_id, safe='')}:{quote(session_id, safe='')}"
 
-    def _connect(self) -> tuple[Redis, Pipelined]:
+    def _queue_keys(self, user_id: str, session_id: str) -> list[str]:
+        """The lock, queue, leases and stop keys of a session, and the ticket counter."""
+        return [*(self._key(kind, user_id, session_id) for kind in ("lock", "queue", "leases", "stop")),
+                f"{self.prefix}:tickets"]
+
+    def _connect(self) -> _Clients:
         """This loop's client (the caller's, or one made from the URL), and the commands every run
         makes, on one connection of its pool."""
         client = self.client
         if client is None:
             assert self.url is not None
-            # The pool serves `Pipelined`'s one connection and the rare listing or deletion.
+            # The pool serves `Pipelined`'s one connection, the subscription and the rare listing
+            # or deletion.
             timeout = self.socket_timeout
             client = Redis.from_pool(RedisSettings(self.url, None).pool(
                 max_connections=_MAX_CONNECTIONS, socket_timeout=timeout, connect_timeout=timeout))
-        return client, Pipelined(client.connection_pool, _SCRIPTS)
+        return _Clients(client, Pipelined(client.connection_pool, _SCRIPTS))
 
     def _commands(self) -> Pipelined:
         """What every run does (lock, load, save, release), pipelined with the other runs'."""
-        return self._clients.get()[1]
+        return self._clients.get().commands
 
     def _redis(self) -> Redis:
-        return self._clients.get()[0]
+        return self._clients.get().client
 
-    async def _keep_lock(self, commands: Pipelined, key: str, token: str, ttl_ms: int) -> None:
-        """Push the lock's expiry forward every third of its lifetime while the body runs."""
-        while True:
-            await asyncio.sleep(self.lock_timeout / 3)
-            try:
-                held = await commands.script("refresh", [key], [token, ttl_ms])
-            except (RedisError, OSError) as exc:
-                log.warning("could not refresh the session lock %s (%s); retrying", key, exc)
-                continue
-            if not held:
-                # Expired before we refreshed it (a paused process?); the CAS save still
-                # refuses to overwrite whatever a new holder wrote.
-                log.warning("lost the session lock %s: it expired while held", key)
-                return
+    async def _listener(self) -> Listener:
+        """This loop's subscription to this process's channel, subscribed (made on first use)."""
+        clients = self._clients.get()
+        if clients.listener is None:
+            clients.listener = Listener(clients.client, f"{self.prefix}:sessions:", self.socket_timeout)
+        await clients.listener.ready()
+        return clients.listener
+
+
+@dataclass(slots=True)
+class _Clients:
+    """One event loop's: the client, the pipelined commands, the subscription (made on first lock)."""
+
+    client: Redis
+    commands: Pipelined
+    listener: Listener | None = None
 
 
 def _glob_escape(text: str) -> str:

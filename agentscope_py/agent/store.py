@@ -89,7 +89,12 @@ class AgentStateStore(Protocol):
     processes serialises one session across them (`RedisStateStore` does). A lock that also takes
     the keywords ``wait`` (False: raise `BusyError` rather than wait for another holder) and
     ``holder`` (the name of the run holding it) serves ``multitask_strategy="reject"`` across
-    processes; one that takes neither is called without them."""
+    processes; one that takes neither is called without them. A store that also offers
+    ``session_queue(user_id, session_id)`` (the holder's name or None, and how many inputs wait)
+    keeps the session's queue itself (`RedisStateStore`, `SqliteStateStore`): every input goes to
+    its lock at once, with ``strategy``, ``max_queued`` and ``on_interrupt`` (called with whether
+    to roll back when another input interrupts the run), and the store orders, bounds and
+    interrupts across its processes."""
 
     async def load(self, user_id: str, session_id: str) -> tuple[AgentState | None, int]: ...
 

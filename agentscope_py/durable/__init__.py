@@ -23,6 +23,7 @@ from ._config import (
     DurableConfig,
 )
 from ._publish import EventLog, MemoryEventLog
+from ._scheduled import SCHEDULED_RUN_WORKFLOW, ScheduledRunWorkflow, scheduled_run_id
 from ._worker import make_worker, run_worker
 from ._workflow import AgentRunWorkflow
 
@@ -37,6 +38,7 @@ __all__ = [
     "MODEL_ACTIVITY",
     "RECONCILE_ACTIVITY",
     "SAVE_STATE_ACTIVITY",
+    "SCHEDULED_RUN_WORKFLOW",
     "TOOL_ACTIVITY",
     "WORKFLOW_NAME",
     "ActivityConfig",
@@ -48,8 +50,10 @@ __all__ = [
     "EventLog",
     "MemoryEventLog",
     "RedisEventLog",
+    "ScheduledRunWorkflow",
     "make_worker",
     "run_worker",
+    "scheduled_run_id",
     "session_workflow_id",
 ]
 

@@ -20,6 +20,8 @@ aiohttp's ``trust_env`` reads them, credentials in the proxy's URL) is looked up
 given to aiohttp with each request: with ``trust_env`` aiohttp looks it up, and the API host in
 ``~/.netrc``, in a worker thread on every request, and a ``.netrc`` entry for the API host would
 clash with the auth header the SDK client gives.
+The read timeout is kept here, not by aiohttp's ``sock_read``, which makes and cancels a timer on
+every read of the socket: a timer per streamed token (`_Body` says how).
 Failures are the model error tree's: an HTTP status through `error_from_status`, a refused or
 failed connection `ModelConnectionError`, a timeout `ModelTimeoutError`.
 """
@@ -29,15 +31,15 @@ from __future__ import annotations
 import asyncio
 import json
 import urllib.request
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping
-from typing import Any
+from collections.abc import AsyncGenerator, Mapping
+from typing import Any, NamedTuple
 
 import aiohttp
 from yarl import URL
 
 from ._errors import error_from_status, message_of, quote, transport_error
 
-__all__ = ["AioHttpSender", "body_bytes", "client_timeout"]
+__all__ = ["AioHttpSender", "Timeouts", "body_bytes", "client_timeout"]
 
 POOL_SIZE = 1000
 """Connections a sender keeps at most (the SDKs' default pool size): a stream waits for a free
@@ -57,39 +59,59 @@ def body_bytes(body: Mapping[str, Any]) -> bytes | None:
         return None
 
 
-def client_timeout(timeout: Any) -> aiohttp.ClientTimeout:
-    """aiohttp's timeout for seconds or an httpx-style ``Timeout`` (``connect``, ``read``,
-    ``pool``): the connect bounds the TCP and TLS handshake, the read every wait for bytes, and
-    the pool the wait for a connection, connecting included."""
+class Timeouts(NamedTuple):
+    """A request's bounds (`client_timeout`): aiohttp's for getting a connection, then the wait for
+    the response's headers and each wait for bytes of its body, which the sender keeps."""
+
+    connect: aiohttp.ClientTimeout
+    """The wait for a pooled connection and the TCP and TLS handshake (aiohttp's, no ``sock_read``)."""
+    headers: float | None
+    """The wait for the response's headers, from the request's start: the connect's bound plus the read's."""
+    read: float | None
+    """Each wait for bytes of the body (`_Body`)."""
+
+
+def client_timeout(timeout: Any) -> Timeouts:
+    """The bounds for seconds or an httpx-style ``Timeout`` (``connect``, ``read``, ``pool``): the
+    connect bounds the TCP and TLS handshake, the pool the wait for a connection (connecting
+    included), the read every wait for bytes, the response's headers counting from the request's
+    start (so with the connect's time). None or 0 bounds nothing, as in aiohttp's timeouts."""
     if timeout is None or isinstance(timeout, int | float):
-        seconds = None if timeout is None else float(timeout)
-        return aiohttp.ClientTimeout(total=None, connect=seconds, sock_connect=seconds, sock_read=seconds)
+        seconds = float(timeout) if timeout else None
+        return Timeouts(aiohttp.ClientTimeout(total=None, connect=seconds, sock_connect=seconds, sock_read=None),
+                        None if seconds is None else 2 * seconds, seconds)
     connect = getattr(timeout, "connect", None)
     pool = getattr(timeout, "pool", None)
-    return aiohttp.ClientTimeout(total=None, sock_connect=connect, sock_read=getattr(timeout, "read", None),
-                                 connect=None if pool is None or connect is None else pool + connect)
+    read = getattr(timeout, "read", None) or None
+    connecting = None if pool is None or connect is None else pool + connect
+    return Timeouts(aiohttp.ClientTimeout(total=None, sock_connect=connect, connect=connecting, sock_read=None),
+                    None if read is None else read + (connecting or 0.0), read)
 
 
 class _Response:
     """An aiohttp response as the SSE reader (`_convert.stream_chunks`) reads it."""
 
-    __slots__ = ("_body", "_response")
+    __slots__ = ("_body", "_read", "_response", "body")
 
-    def __init__(self, response: aiohttp.ClientResponse) -> None:
+    def __init__(self, response: aiohttp.ClientResponse, read: float | None) -> None:
         self._response = response
+        self._read = read
         self._body = b""
+        self.body: _Body | None = None
 
     @property
     def headers(self) -> Mapping[str, str]:
         return self._response.headers
 
-    def aiter_bytes(self) -> AsyncIterator[bytes]:
+    def aiter_bytes(self) -> _Body:
         # The bytes as they arrive, one piece per read of the socket: what a reply streamed token
         # by token needs, without cutting or joining lines (the SSE reader does that).
-        return self._response.content.iter_any()
+        self.body = _Body(self._response, self._read)
+        return self.body
 
     async def aread(self) -> bytes:
-        self._body = await self._response.read()
+        async with asyncio.timeout(self._read):  # (a whole body read at once: one bound for it)
+            self._body = await self._response.read()
         return self._body
 
     def json(self) -> Any:
@@ -97,17 +119,79 @@ class _Response:
         return json.loads(self._body)
 
 
+class _Body:
+    """A response's body as it arrives (``StreamReader.readany``: the bytes there are, one piece
+    per read of the socket), each wait for bytes bounded by the read timeout.
+
+    Why not aiohttp's ``sock_read``: aiohttp cancels and makes its timer again on every read of
+    the socket, and a reply streamed token by token is a read per token. Here one timer watches
+    the stream: each wait notes when it began (a clock read), and the timer, re-armed for the time
+    that wait has left, closes the response once a wait lasted the whole timeout; the pending read
+    then fails, and is told as aiohttp's own `aiohttp.SocketTimeoutError`. Time the reader spends
+    away from the socket (its consumer is slower than the model) is no wait for the server and
+    does not count, as aiohttp's timer stops while its buffer is full. One timer per read timeout
+    per stream, a few per request, instead of one per token."""
+
+    __slots__ = ("_content", "_expired", "_handle", "_loop", "_read", "_response", "_since")
+
+    def __init__(self, response: aiohttp.ClientResponse, read: float | None) -> None:
+        self._response = response
+        self._content = response.content
+        self._read = read
+        self._loop = asyncio.get_running_loop()
+        self._since: float | None = None  # when the pending wait began; None while not waiting
+        self._expired = False
+        self._handle = None if read is None else self._loop.call_later(read, self._check)
+
+    def __aiter__(self) -> _Body:
+        return self
+
+    async def __anext__(self) -> bytes:
+        self._since = self._loop.time()
+        try:
+            piece = await self._content.readany()
+        except aiohttp.ClientConnectionError as exc:
+            if self._expired:
+                raise aiohttp.SocketTimeoutError(f"no bytes from the server for {self._read} s") from exc
+            raise
+        finally:
+            self._since = None
+        if not piece:
+            raise StopAsyncIteration
+        return piece
+
+    def _check(self) -> None:
+        read = self._read
+        if read is None:  # (never armed without one)
+            return
+        since = self._since
+        left = read if since is None else since + read - self._loop.time()
+        if left > 0:
+            self._handle = self._loop.call_later(left, self._check)
+            return
+        self._handle = None
+        self._expired = True
+        self._response.close()  # the pending read fails: `__anext__` tells it as the timeout
+
+    def stop(self) -> None:
+        """The stream is over: no more watching."""
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+
+
 class _Opened:
     """`AioHttpSender.open`'s async context manager: the streamed response, closed on the way out
     (its connection back to the pool only when the body was read to its end)."""
 
-    __slots__ = ("_args", "_provider", "_response", "_sender")
+    __slots__ = ("_args", "_opened", "_provider", "_response", "_sender")
 
-    def __init__(self, sender: AioHttpSender, provider: str, args: tuple[str, dict[str, str], bytes, Any]) -> None:
+    def __init__(self, sender: AioHttpSender, provider: str, args: tuple[str, dict[str, str], bytes, Timeouts]) -> None:
         self._sender = sender
         self._provider = provider
         self._args = args
         self._response: aiohttp.ClientResponse | None = None
+        self._opened: _Response | None = None
 
     async def __aenter__(self) -> _Response:
         url, headers, body, timeout = self._args
@@ -125,23 +209,28 @@ class _Opened:
                 headers["Proxy-Authorization"] = proxy_auth
         try:
             session = await sender.session()
-            response = await session.post(target, data=body, headers=headers, timeout=timeout, proxy=proxy,
-                                          proxy_headers=proxy_headers)
-        except TimeoutError as exc:  # aiohttp's connect and read timeouts are TimeoutErrors
+            async with asyncio.timeout(timeout.headers):
+                response = await session.post(target, data=body, headers=headers, timeout=timeout.connect,
+                                              proxy=proxy, proxy_headers=proxy_headers)
+        except TimeoutError as exc:  # aiohttp's connect timeouts and the headers' are TimeoutErrors
             raise transport_error(provider, exc, in_body=False, timeout=True) from exc
         except aiohttp.ClientError as exc:
             raise transport_error(provider, exc, in_body=False, timeout=False) from exc
         self._response = response
         if response.status >= 400:
             try:
-                raise await _status_error(response, provider)
+                raise await _status_error(response, provider, timeout.read)
             finally:
                 self._response = None
                 response.close()
-        return _Response(response)
+        self._opened = _Response(response, timeout.read)
+        return self._opened
 
     async def __aexit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
         response, self._response = self._response, None
+        opened, self._opened = self._opened, None
+        if opened is not None and opened.body is not None:
+            opened.body.stop()
         if response is None:
             return
         if exc_type is None and response.content.at_eof():
@@ -150,10 +239,11 @@ class _Opened:
             response.close()  # given up midway (an error, a cancellation): the server sees the close
 
 
-async def _status_error(response: aiohttp.ClientResponse, provider: str) -> Exception:
+async def _status_error(response: aiohttp.ClientResponse, provider: str, read: float | None) -> Exception:
     """The typed error of an HTTP error response, from its status, headers and JSON body."""
     try:
-        raw = await response.read()
+        async with asyncio.timeout(read):
+            raw = await response.read()
     except (aiohttp.ClientError, TimeoutError) as exc:
         raw = f"(the error body could not be read: {exc})".encode()
     try:
@@ -210,8 +300,7 @@ class AioHttpSender:
             await anext(self._closer)
         return self._session
 
-    def open(self, provider: str, url: str, headers: dict[str, str], body: bytes,
-             timeout: aiohttp.ClientTimeout) -> _Opened:
+    def open(self, provider: str, url: str, headers: dict[str, str], body: bytes, timeout: Timeouts) -> _Opened:
         """The streamed response to ``POST url``, as an async context manager; an HTTP error
         status, a failed connection or a timeout raise the typed `ModelError`."""
         return _Opened(self, provider, (url, headers, body, timeout))

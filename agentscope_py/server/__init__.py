@@ -9,8 +9,11 @@ Every run has a ``run_id`` and a log (`InMemoryRunLog`; `SqliteRunLog`, `RedisRu
 several processes): a client resumes it with ``GET /v1/runs/{run_id}/events`` and
 ``Last-Event-ID``, and stops it with ``POST /v1/runs/{run_id}/interrupt`` (see docs/serving.md).
 ``create_app(..., runner=DurableServing(...))`` serves durable runs on Temporal (docs/durable.md).
+Schedules (``POST/GET/DELETE /v1/schedules``) start runs on a cron expression; they live in a
+`ScheduleStore` beside the run log (`InMemoryScheduleStore`, `SqliteScheduleStore`,
+`RedisScheduleStore`) and fire on a `Clock` (`SystemClock`).
 
-`RedisRunLog` (the ``redis`` extra) and `DurableServing` (the ``temporal`` extra) load on first
+`RedisRunLog`, `RedisScheduleStore` (the ``redis`` extra) and `DurableServing` (the ``temporal`` extra) load on first
 use, so the rest of the package works without those extras.
 
 Encoders for code that streams events itself (benchmarks, other frameworks):
@@ -27,6 +30,10 @@ from ._identity import Identity
 from ._limits import Limits
 from ._runs.runlog import InMemoryRunLog, RunLog, RunRecord
 from ._runs.runlog_sqlite import SqliteRunLog
+from ._schedules.clock import Clock, SystemClock
+from ._schedules.spec import FiredTick, Schedule, ScheduleRequest, TickClaim
+from ._schedules.store import InMemoryScheduleStore, ScheduleStore
+from ._schedules.store_sqlite import SqliteScheduleStore
 from ._serve import GC_THRESHOLDS, serve, serve_workers, tune_gc, uvicorn_config
 from .agui import AguiMapper, select_new_messages
 from .app import RUN_ID_HEADER, RunRequest, create_app
@@ -35,21 +42,32 @@ from .sse import SSEResponse, encode_error, encode_sse
 if TYPE_CHECKING:
     from ._durable.serving import DurableServing
     from ._runs.runlog_redis import RedisRunLog
+    from ._schedules.store_redis import RedisScheduleStore
 
 __all__ = [
     "GC_THRESHOLDS",
     "RUN_ID_HEADER",
     "AguiMapper",
+    "Clock",
     "DurableServing",
+    "FiredTick",
     "Identity",
     "InMemoryRunLog",
+    "InMemoryScheduleStore",
     "Limits",
     "RedisRunLog",
+    "RedisScheduleStore",
     "RunLog",
     "RunRecord",
     "RunRequest",
     "SSEResponse",
+    "Schedule",
+    "ScheduleRequest",
+    "ScheduleStore",
     "SqliteRunLog",
+    "SqliteScheduleStore",
+    "SystemClock",
+    "TickClaim",
     "create_app",
     "encode_error",
     "encode_sse",
@@ -66,6 +84,10 @@ def __getattr__(name: str) -> Any:
         from ._runs.runlog_redis import RedisRunLog
 
         return RedisRunLog
+    if name == "RedisScheduleStore":  # imported on use: it needs the redis extra
+        from ._schedules.store_redis import RedisScheduleStore
+
+        return RedisScheduleStore
     if name == "DurableServing":  # imported on use: it needs the temporal extra
         from ._durable.serving import DurableServing
 

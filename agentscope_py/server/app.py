@@ -40,9 +40,17 @@ from ._identity import USER_HEADER, Authenticate, Identity, client_run_id, new_r
 from ._limits import Limits, check_shape, read_json
 from ._requests import InterruptRequest, RunRequest, check_name, check_run_id, detach_of, parse_after
 from ._runs.frames import agui_frames, cancelled_agui, cancelled_native, native_frames
+from ._runs.live import LiveRun
 from ._runs.multitask import admit, busy_agui_response, strategy_of
 from ._runs.runlog import InMemoryRunLog, RunLog, RunRecord
+from ._runs.runlog_sqlite import SqliteRunLog
 from ._runs.runs import Runner, Runs
+from ._schedules.clock import Clock, SystemClock
+from ._schedules.endpoints import ScheduleApi, ScheduleEndpoints
+from ._schedules.scheduler import Scheduler
+from ._schedules.spec import Schedule, ScheduleRequest
+from ._schedules.store import InMemoryScheduleStore, ScheduleStore
+from ._schedules.store_sqlite import SqliteScheduleStore
 from ._security import Guard
 from .agui import AguiInputError, AguiMapper, SystemPolicy, confirm_results, select_new_messages, to_msgs
 from .sse import SSEResponse
@@ -65,7 +73,8 @@ class _Server:
     def __init__(self, agent_or_factory: AgentOrFactory, identity: Identity, *, max_body_bytes: int,
                  heartbeat: float | None, limits: Limits, system_messages: SystemPolicy,
                  result_text: bool, run_log: RunLog, detach_default: bool, runner: Runner | None = None,
-                 multitask_strategy: MultitaskStrategy | None = None) -> None:
+                 multitask_strategy: MultitaskStrategy | None = None, schedule_store: ScheduleStore,
+                 run_schedules: bool = True, clock: Clock | None = None) -> None:
         self._source = agent_or_factory
         self._agent: ReActAgent | None = None
         self.identity = identity
@@ -80,6 +89,17 @@ class _Server:
         self.detach_default = detach_default
         self.multitask_strategy = multitask_strategy
         self.page = resources.files(__package__).joinpath("static/index.html").read_bytes()
+        clock = clock if clock is not None else SystemClock()
+        durable = getattr(runner, "schedules", None)  # durable runs: Temporal Schedules
+        self.schedules: ScheduleEndpoints
+        if durable is not None:
+            self.schedules = durable(clock)
+        else:
+            # A claim lapses as the run log's lease does: past it, this process's runs read as
+            # lost too, so another process may start what it claimed and did not start.
+            scheduler = Scheduler(schedule_store, self.fire_schedule, clock, lease=run_log.lease,
+                                  owner=run_log.owner) if run_schedules else None
+            self.schedules = ScheduleApi(schedule_store, clock, scheduler)
 
     @property
     def agent(self) -> ReActAgent:
@@ -216,24 +236,95 @@ class _Server:
                 msgs.append(Msg.user(body.input))
             elif body.input:
                 msgs.extend(agui_module.apply_system_policy(body.input, self.system_messages))
-            # The session's store is read before the run starts, as AG-UI's is (for its input):
-            # a store that cannot serve is a 503 to retry, not a run that fails once it streams.
-            await self._load(user_id, body.session_id)
-            await self._admit(user_id, body.session_id, strategy)
-            run_id = new_run_id()
-            ctx = RuntimeContext(user_id=user_id, session_id=body.session_id, run_id=run_id,
-                                 multitask_strategy=strategy)
-            stream = self._stream(self.agent, msgs, ctx, run_id)
-            pending = self._pending(user_id, body.session_id)
-            record = RunRecord(run_id, user_id, body.session_id, "native", owner="")
-            opened = OpenBrackets()  # what the run's frames opened: a cancelled run's log closes it
-            live = await self.registry.begin(record, ctx, detach,
-                                             partial(native_frames, stream, rid, pending, self.result_text,
-                                                     opened=opened),
-                                             cancelled_native(rid, opened))
+            live = await self._start_native(user_id, body.session_id, msgs, strategy, detach, rid)
         except Exception as exc:  # HTTPError, or an authenticate() that failed
             return _refused(exc, rid, "POST /v1/runs", self._retry_after)
         return self._sse(partial(self.registry.follow, live, 0, self.heartbeat), live.run_id)
+
+    async def _start_native(self, user_id: str, session_id: str, msgs: list[Msg],
+                            strategy: MultitaskStrategy | None, detach: bool, rid: str, run_id: str | None = None,
+                            **values: Any) -> LiveRun:
+        """Start a native run (``POST /v1/runs``, a schedule's tick: ``run_id`` given); ``values``
+        go into its context."""
+        # The session's store is read before the run starts, as AG-UI's is (for its input):
+        # a store that cannot serve is a 503 to retry, not a run that fails once it streams.
+        await self._load(user_id, session_id)
+        await self._admit(user_id, session_id, strategy)
+        run_id = run_id or new_run_id()
+        ctx = RuntimeContext(user_id=user_id, session_id=session_id, run_id=run_id, multitask_strategy=strategy,
+                             **values)
+        stream = self._stream(self.agent, msgs, ctx, run_id)
+        pending = self._pending(user_id, session_id)
+        record = RunRecord(run_id, user_id, session_id, "native", owner="")
+        opened = OpenBrackets()  # what the run's frames opened: a cancelled run's log closes it
+        return await self.registry.begin(record, ctx, detach,
+                                         partial(native_frames, stream, rid, pending, self.result_text,
+                                                 opened=opened),
+                                         cancelled_native(rid, opened))
+
+    async def fire_schedule(self, schedule: Schedule, tick: int, missed: bool) -> str:
+        """Start the run of a schedule's tick, as ``POST /v1/runs`` starts one (detached: nobody
+        follows it yet), under the tick's run id; that id. Its context holds ``schedule_id``,
+        ``schedule_tick`` and ``schedule_missed`` (a ``catch_up`` run standing for missed ticks).
+        A run of that id in the run log already (a process whose claim this one took over started
+        it after all) is the tick's run: none is started beside it."""
+        run_id = schedule.run_id_for(tick)
+        if await self._tick_started(run_id):
+            return run_id
+        strategy = schedule.multitask_strategy or self.multitask_strategy
+        try:
+            live = await self._start_native(schedule.user_id, schedule.session_for(tick), schedule.messages(),
+                                            strategy, True, f"schedule:{schedule.schedule_id}", run_id,
+                                            schedule_id=schedule.schedule_id, schedule_tick=tick,
+                                            schedule_missed=missed)
+        except HTTPError:
+            # Refused (its id in use, the thread busy with that very run): the run log says
+            # whether the tick's run started meanwhile, elsewhere.
+            if await self._tick_started(run_id):
+                return run_id
+            raise
+        return live.run_id
+
+    async def _tick_started(self, run_id: str) -> bool:
+        """Whether the run log holds the run ``run_id`` (a store failure: the tick's error)."""
+        return await self.registry.log.get(run_id) is not None
+
+    # -- schedules -------------------------------------------------------------------------------
+
+    async def schedule_create(self, request: Request) -> Response:
+        rid = request_id(request)
+        try:
+            body, user_id = await self._body_and_user(request, ScheduleRequest, "input")
+            answer = await self.schedules.create(body, user_id)
+        except Exception as exc:
+            return _refused(exc, rid, "POST /v1/schedules")
+        return JSONResponse(answer, status_code=201)
+
+    async def schedule_list(self, request: Request) -> Response:
+        rid = request_id(request)
+        try:
+            answer = await self.schedules.list(await self.identity.user(request))
+        except Exception as exc:
+            return _refused(exc, rid, "GET /v1/schedules")
+        return JSONResponse(answer)
+
+    async def schedule_get(self, request: Request) -> Response:
+        rid = request_id(request)
+        try:
+            user_id = await self.identity.user(request)
+            answer = await self.schedules.get(request.path_params["schedule_id"], user_id)
+        except Exception as exc:
+            return _refused(exc, rid, "GET /v1/schedules/{schedule_id}")
+        return JSONResponse(answer)
+
+    async def schedule_delete(self, request: Request) -> Response:
+        rid = request_id(request)
+        try:
+            user_id = await self.identity.user(request)
+            answer = await self.schedules.delete(request.path_params["schedule_id"], user_id)
+        except Exception as exc:
+            return _refused(exc, rid, "DELETE /v1/schedules/{schedule_id}")
+        return JSONResponse(answer)
 
     async def run_events(self, request: Request) -> Response:
         """``GET /v1/runs/{run_id}/events``: the run's frames after ``Last-Event-ID`` (or
@@ -300,15 +391,22 @@ class _Server:
                 if isinstance(answer.get("run_id"), str):
                     answer["run_id"] = client_run_id(answer["run_id"])
                 return JSONResponse(answer)
+            interrupted = self.agent.interrupt(user_id=user_id, session_id=body.session_id)
+            elsewhere = getattr(self.agent.state_store, "interrupt_session", None)
+            if not interrupted and elsewhere is not None:  # a run of another process sharing the store
+                try:
+                    interrupted = await elsewhere(user_id, body.session_id)
+                except Exception as exc:
+                    raise StoreUnavailable(exc) from exc
         except Exception as exc:
             return _refused(exc, rid, "POST /v1/interrupt")
-        return JSONResponse({"interrupted": self.agent.interrupt(user_id=user_id, session_id=body.session_id)})
+        return JSONResponse({"interrupted": interrupted})
 
     async def _admit(self, user_id: str, session_id: str, strategy: MultitaskStrategy | None) -> None:
-        """409 for an input its strategy refuses now; interrupts for one that interrupts (`_multitask`).
+        """409 for an input its strategy refuses now (`_runs.multitask`).
         Durable runs decide in their workflow's start (`DurableServing`)."""
         if self._stream is _local_stream:
-            await admit(self.agent, self.registry, user_id, session_id, strategy, self._retry_after)
+            await admit(self.agent, user_id, session_id, strategy, self._retry_after)
 
     @property
     def _retry_after(self) -> int:
@@ -336,6 +434,20 @@ class _Server:
 
 def _local_stream(agent: ReActAgent, msgs: list[Msg], ctx: RuntimeContext, run_id: str) -> Any:
     return agent.stream(msgs, ctx=ctx, multitask_strategy=ctx.get("multitask_strategy"))
+
+
+def _schedule_store_for(run_log: RunLog) -> ScheduleStore:
+    """Schedules kept where the run log is, for the processes that share it."""
+    if isinstance(run_log, SqliteRunLog):
+        return SqliteScheduleStore(run_log.path)
+    try:
+        from ._runs.runlog_redis import RedisRunLog
+        from ._schedules.store_redis import RedisScheduleStore
+    except ImportError:  # no redis extra: no RedisRunLog either
+        return InMemoryScheduleStore()
+    if isinstance(run_log, RedisRunLog):
+        return RedisScheduleStore(run_log.url, client=run_log.client, prefix=run_log.prefix)
+    return InMemoryScheduleStore()
 
 
 def _refused(exc: Exception, rid: str, what: str, retry_after: int = 1) -> Response:
@@ -399,6 +511,9 @@ def create_app(
     detach_default: bool = False,
     runner: Runner | None = None,
     multitask_strategy: MultitaskStrategy | None = None,
+    schedule_store: ScheduleStore | None = None,
+    run_schedules: bool = True,
+    clock: Clock | None = None,
 ) -> Starlette:
     """The ASGI app serving ``agent_or_factory``: a `ReActAgent`, or a zero-argument callable
     returning one, called once at startup. Routes: ``POST /agui`` (AG-UI), ``POST /v1/runs``
@@ -425,19 +540,29 @@ def create_app(
     where runs run, if not here (`DurableServing`: Temporal workflows, docs/durable.md).
     ``multitask_strategy``: what an input to a session running another does when its request
     does not say (``multitask_strategy`` in the body, AG-UI ``forwardedProps.multitask_strategy``);
-    None: the agent's default. A refused input is a 409 with ``Retry-After`` (docs/serving.md)."""
+    None: the agent's default. A refused input is a 409 with ``Retry-After`` (docs/serving.md).
+
+    Schedules (``POST/GET/DELETE /v1/schedules``, docs/serving.md) live in ``schedule_store``
+    (default: where the run log is: this process's memory, the `SqliteRunLog`'s file, the
+    `RedisRunLog`'s Redis); ``run_schedules``: whether this process fires them (False: it only
+    serves the API); ``clock``: the time they fire on (`SystemClock`; a test's clock in tests)."""
+    run_log = run_log if run_log is not None else InMemoryRunLog()
     identity = Identity(authenticate, token_configured=bool(auth_token))
     server = _Server(agent_or_factory, identity, max_body_bytes=max_body_bytes, heartbeat=heartbeat,
                      limits=limits or Limits(), system_messages=client_system_messages, result_text=result_text,
-                     run_log=run_log if run_log is not None else InMemoryRunLog(), detach_default=detach_default,
-                     runner=runner, multitask_strategy=multitask_strategy)
+                     run_log=run_log, detach_default=detach_default, runner=runner,
+                     multitask_strategy=multitask_strategy,
+                     schedule_store=schedule_store if schedule_store is not None else _schedule_store_for(run_log),
+                     run_schedules=run_schedules, clock=clock)
 
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         server.agent  # noqa: B018 - the factory runs at startup, so a broken one fails early
         await server.registry.start()
+        await server.schedules.start()
         try:
             yield
         finally:
+            await server.schedules.close()
             await server.registry.close()
 
     routes = [
@@ -449,11 +574,15 @@ def create_app(
         Route("/v1/runs/{run_id}/events", server.run_events, methods=["GET"]),
         Route("/v1/runs/{run_id}/interrupt", server.run_interrupt, methods=["POST"]),
         Route("/agui/runs/{run_id}/events", server.agui_run_events, methods=["GET"]),
+        Route("/v1/schedules", server.schedule_create, methods=["POST"]),
+        Route("/v1/schedules", server.schedule_list, methods=["GET"]),
+        Route("/v1/schedules/{schedule_id}", server.schedule_get, methods=["GET"]),
+        Route("/v1/schedules/{schedule_id}", server.schedule_delete, methods=["DELETE"]),
     ]
     app = Starlette(routes=routes, lifespan=contextlib.asynccontextmanager(lifespan))
     app.add_middleware(Guard, token=auth_token, allowed_hosts=allowed_hosts, allowed_origins=list(allowed_origins))
     if allowed_origins:  # outermost: a preflight carries no token and gets its answer here
-        app.add_middleware(CORSMiddleware, allow_origins=list(allowed_origins), allow_methods=["GET", "POST"],
+        app.add_middleware(CORSMiddleware, allow_origins=list(allowed_origins), allow_methods=["GET", "POST", "DELETE"],
                            allow_headers=["authorization", "content-type", "last-event-id", USER_HEADER],
                            expose_headers=["x-request-id", RUN_ID_HEADER])
     app.state.server = server

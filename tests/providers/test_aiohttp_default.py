@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import datetime
 import gc
 import os
@@ -26,6 +27,7 @@ from agentscope_py.model import (
     RateLimitError,
     ServerError,
 )
+from agentscope_py.model._aiohttp import client_timeout
 from agentscope_py.model.anthropic import AnthropicChatModel
 from agentscope_py.model.openai import OpenAIChatModel
 from agentscope_py.model.openai_responses import OpenAIResponsesModel
@@ -102,6 +104,70 @@ async def test_a_stalled_reply_times_out_and_hangs_up(server: FakeServer, make_a
     server.queue(Reply([b"event: ping\ndata: {\"type\": \"ping\"}\n\n"], end="stall"))
     assert isinstance(await _raised(make_anthropic(timeout=0.3)), ModelTimeoutError)
     await asyncio.wait_for(server.hung_up.wait(), 2)
+
+
+async def test_a_streamed_reply_arms_no_timer_per_read(server: FakeServer, make_openai: Any,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    # Each token its own read of the socket: a read timeout re-armed per read is a timer per token.
+    pieces = [f"t{i} " for i in range(60)]
+    parts: list[bytes | float] = [oa_chunk({"role": "assistant", "content": ""})]
+    for piece in pieces:
+        parts += [0.003, oa_chunk({"content": piece})]
+    server.queue(Reply(parts + oa_text(completion=60)[-3:]))
+    loop = asyncio.get_running_loop()
+    timers: list[str] = []
+    call_later = loop.call_later
+
+    def counting(delay: float, callback: Any, *args: Any, **kw: Any) -> asyncio.TimerHandle:
+        if not asyncio.iscoroutinefunction(callback) and "set_result_unless_cancelled" not in repr(callback):
+            timers.append(repr(callback))  # (not the fake server's own sleeps)
+        return call_later(delay, callback, *args, **kw)
+
+    monkeypatch.setattr(loop, "call_later", counting)
+    assert text_of(await collect(make_openai(timeout=5).stream(ask()))) == "".join(pieces)
+    assert len(timers) <= 3, timers
+
+
+async def test_a_server_that_never_answers_times_out(closing: list[Any]) -> None:
+    # No headers ever: the wait for them is bounded too (the connect's bound plus the read's).
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(ConnectionError):
+            while await reader.read(65536):
+                pass
+        writer.close()
+
+    listening = await asyncio.start_server(silent, "127.0.0.1", 0)
+    port = listening.sockets[0].getsockname()[1]
+    model = OpenAIChatModel("gpt-fake", base_url=f"http://127.0.0.1:{port}/v1", api_key="sk", timeout=0.2)
+    closing.append(model)
+    started = asyncio.get_running_loop().time()
+    try:
+        exc = await _raised(model)
+    finally:
+        listening.close()
+    assert isinstance(exc, ModelTimeoutError)
+    assert asyncio.get_running_loop().time() - started < 2
+
+
+def test_timeouts_bound_the_connection_the_headers_and_each_read() -> None:
+    bounds = client_timeout(5)
+    assert (bounds.connect.connect, bounds.connect.sock_connect, bounds.connect.sock_read) == (5, 5, None)
+    assert (bounds.headers, bounds.read) == (10, 5)  # the headers: the connect's bound plus the read's
+    sdk = client_timeout(httpx2.Timeout(600, connect=5.0))  # the SDKs' default: pool 600, connect 5
+    assert (sdk.connect.connect, sdk.connect.sock_connect, sdk.headers, sdk.read) == (605, 5, 1205, 600)
+    for nothing in (None, 0):  # as in aiohttp's timeouts: no bound at all
+        assert client_timeout(nothing)[1:] == (None, None) and client_timeout(nothing).connect.connect is None
+
+
+async def test_a_slow_reader_is_no_stalled_server(server: FakeServer, make_openai: Any) -> None:
+    # The read timeout bounds the waits for the server, not the time the reader spends elsewhere.
+    server.queue(Reply(oa_text("a", "b", "c")))
+    stream = make_openai(timeout=0.2).stream(ask())
+    chunks = []
+    async for chunk in stream:
+        chunks.append(chunk)
+        await asyncio.sleep(0.15)
+    assert text_of(chunks) == "abc"
 
 
 @pytest.mark.parametrize("how", ["aclose", "cancel"])

@@ -1,4 +1,5 @@
-"""Double texting across two ``agentscope-py serve --redis`` processes on one redis-server: the
+"""Double texting across two ``agentscope-py serve`` processes sharing their sessions — on one
+redis-server (``--redis``), or in one SQLite file (each process with a run log of its own): the
 first input goes to one process, the second, at a random moment of the first's run, to the OTHER
 one (which does not run the session's run). For each strategy: no orphan tool call, no user
 message lost or duplicated (a refused or rolled-back one is absent, and its client was told),
@@ -11,7 +12,7 @@ import os
 import random
 import textwrap
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ import httpx
 import pytest
 
 from agentscope_py.agent import RedisStateStore
+from agentscope_py.agent.sqlite_store import SqliteStateStore
 from agentscope_py.message import Msg, ToolResultBlock, ToolUseBlock
 
 from .test_cli_serve import Serving
@@ -29,6 +31,7 @@ pytestmark = pytest.mark.timeout(240)
 TIMINGS = 30
 AGENTS = '''
 import asyncio
+import os
 import uuid
 
 from agentscope_py import ReActAgent, tool
@@ -66,18 +69,36 @@ async def work(n: int):
 
 
 def build():
-    return ReActAgent(model=TurnModel(), tools=[work])
+    # (with --redis and no store of its own, serve gives the agent a RedisStateStore)
+    path = os.environ.get("TURN_SQLITE")
+    store = None
+    if path:
+        from agentscope_py.agent.sqlite_store import SqliteStateStore
+
+        store = SqliteStateStore(path)
+    return ReActAgent(model=TurnModel(), tools=[work], state_store=store)
 '''
 KINDS = ("text_block", "thinking_block", "data_block", "tool_call", "tool_result", "model_call", "agent")
 
 
+@pytest.fixture(params=[pytest.param("redis", marks=pytest.mark.redis), "sqlite"])
+def backend(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
 @pytest.fixture
-def two(tmp_path: Path, redis_url: str, redis_prefix: str) -> Iterator[list[Serving]]:
+def two(tmp_path: Path, backend: str, request: pytest.FixtureRequest) -> Iterator[list[Serving]]:
     (tmp_path / "turn_agents.py").write_text(textwrap.dedent(AGENTS))
     # Their default is "reject" (`--multitask-strategy`): a request without a strategy is refused.
-    servers = [Serving("turn_agents:build", "--redis", redis_url, "--redis-prefix", redis_prefix,
-                       "--run-lease", "3", "--log-level", "warning", "--multitask-strategy", "reject", cwd=tmp_path,
-                       env={"PYTHONPATH": os.getcwd()}) for _ in range(2)]
+    shared: list[str] = []
+    env = {"PYTHONPATH": os.getcwd()}
+    if backend == "redis":
+        shared = ["--redis", request.getfixturevalue("redis_url"), "--redis-prefix",
+                  request.getfixturevalue("redis_prefix"), "--run-lease", "3"]
+    else:
+        env["TURN_SQLITE"] = str(tmp_path / "sessions.db")
+    servers = [Serving("turn_agents:build", *shared, "--log-level", "warning", "--multitask-strategy", "reject",
+                       cwd=tmp_path, env=env) for _ in range(2)]
     try:
         for s in servers:
             s.wait_for_url()
@@ -86,6 +107,18 @@ def two(tmp_path: Path, redis_url: str, redis_prefix: str) -> Iterator[list[Serv
         for s in servers:
             if s.proc.poll() is None:
                 print(f"serve on {s.port}:", s.stop())
+
+
+@pytest.fixture
+async def store(backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> AsyncIterator[Any]:
+    """The sessions the processes share, as the test reads them."""
+    shared: Any
+    if backend == "redis":
+        shared = RedisStateStore(request.getfixturevalue("redis_url"), prefix=request.getfixturevalue("redis_prefix"))
+    else:
+        shared = SqliteStateStore(tmp_path / "sessions.db")
+    yield shared
+    await shared.close()
 
 
 def events(body: str) -> list[dict[str, Any]]:
@@ -122,7 +155,7 @@ def result(evs: list[dict[str, Any]]) -> dict[str, Any] | None:
     return next((e["result"] for e in evs if e.get("type") == "agent_result"), None)
 
 
-async def one_timing(client: httpx.AsyncClient, a: Serving, b: Serving, store: RedisStateStore, strategy: str,
+async def one_timing(client: httpx.AsyncClient, a: Serving, b: Serving, store: Any, strategy: str,
                      session: str, delay: float) -> str:
     first_task = asyncio.create_task(client.post(f"{a.url}/v1/runs", json={"session_id": session, "input": "first",
                                                                              "multitask_strategy": "enqueue"}))
@@ -175,11 +208,9 @@ async def one_timing(client: httpx.AsyncClient, a: Serving, b: Serving, store: R
 
 
 @pytest.mark.parametrize("strategy", ["reject", "enqueue", "interrupt", "rollback"])
-async def test_a_second_input_through_the_other_process(two: list[Serving], redis_url: str, redis_prefix: str,
-                                                       strategy: str) -> None:
+async def test_a_second_input_through_the_other_process(two: list[Serving], store: Any, strategy: str) -> None:
     a, b = two
     rng = random.Random(f"processes-{strategy}")
-    store = RedisStateStore(redis_url, prefix=redis_prefix)
     outcomes: Counter[str] = Counter()
     async with httpx.AsyncClient(timeout=30) as client:
         # Five sessions at a time: the timings are independent, and the test stays short.
@@ -187,7 +218,7 @@ async def test_a_second_input_through_the_other_process(two: list[Serving], redi
             done = await asyncio.gather(*(one_timing(client, a, b, store, strategy, f"{strategy}-{i}",
                                                      rng.uniform(0.0, 0.3)) for i in range(batch, batch + 5)))
             outcomes.update(done)
-    await store.close()
+    print(f"{strategy}: {dict(outcomes)}")
     expected = {"reject": {"refused", "after"}, "enqueue": {"after"}, "interrupt": {"interrupted", "after"},
                 "rollback": {"rolled back"}}[strategy]
     assert expected <= set(outcomes), outcomes

@@ -3,7 +3,8 @@
 ``turn``: one agent call (a ScriptedModel replying ``--reply``) on a shared store; prints one JSON
 line: ``start``/``end`` (wall-clock times of the state load and of the save that followed it),
 ``request`` (the ``[role, text]`` pairs the model received) and ``reply``. With ``--wait-go`` it
-prints ``ready`` and waits for a line on stdin first, so several processes start together.
+prints ``ready`` and waits for a line on stdin first, so several processes start together;
+``--strategy`` is the call's ``multitask_strategy``.
 
 ``hold-lock``: take the session's Redis lock with ``--lock-timeout``, print ``locked`` and sleep
 (the test kills the process to simulate a crash).
@@ -52,9 +53,13 @@ class TimedStore:
         self.saved_at = time.time()
         return version
 
-    def session_lock(self, user_id: str, session_id: str) -> contextlib.AbstractAsyncContextManager[Any]:
+    def session_lock(self, user_id: str, session_id: str, **options: Any) -> contextlib.AbstractAsyncContextManager[Any]:
         lock = getattr(self.inner, "session_lock", None)
-        return lock(user_id, session_id) if lock is not None else contextlib.nullcontext()
+        return lock(user_id, session_id, **options) if lock is not None else contextlib.nullcontext()
+
+    async def session_queue(self, user_id: str, session_id: str) -> tuple[str | None, int]:
+        queue: tuple[str | None, int] = await self.inner.session_queue(user_id, session_id)
+        return queue
 
 
 async def turn(args: argparse.Namespace) -> None:
@@ -64,7 +69,8 @@ async def turn(args: argparse.Namespace) -> None:
     if args.wait_go:
         print("ready", flush=True)
         await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
-    msg = await agent.call(args.say, ctx=RuntimeContext(user_id=args.user, session_id=args.session))
+    msg = await agent.call(args.say, ctx=RuntimeContext(user_id=args.user, session_id=args.session),
+                           multitask_strategy=args.strategy)
     await store.inner.close()
     request = [[m.role, m.text] for m in model.requests[0].messages]
     print(json.dumps({"start": store.loaded_at, "end": store.saved_at, "request": request, "reply": msg.text}),
@@ -90,6 +96,7 @@ def main() -> None:
     parser.add_argument("--delay", type=float, default=0.0)
     parser.add_argument("--wait-go", action="store_true")
     parser.add_argument("--lock-timeout", type=float, default=30.0)
+    parser.add_argument("--strategy", choices=["reject", "enqueue", "interrupt", "rollback"], default=None)
     args = parser.parse_args()
     asyncio.run(turn(args) if args.command == "turn" else hold_lock(args))
 

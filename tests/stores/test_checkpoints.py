@@ -141,11 +141,10 @@ async def test_an_unsaved_turn_yields_to_a_newer_stored_state(tmp_path: Any) -> 
         assert [t for _, t in pairs(state)] == ["saved elsewhere", "theirs", "next", "mine"]
 
 
-@pytest.mark.parametrize("kind", ["memory", "sqlite"])
-async def test_without_a_session_lock_a_racing_save_fails_loudly(kind: str, tmp_path: Any) -> None:
+async def test_without_a_session_lock_a_racing_save_fails_loudly() -> None:
     """Two agents (two processes, say) on a store without a session lock race on one session:
     the later save raises instead of overwriting the other's turn."""
-    store: Any = InMemoryStateStore() if kind == "memory" else SqliteStateStore(tmp_path / "race.db")
+    store = InMemoryStateStore()
     asked = asyncio.Event()
     slow, _ = make_agent(store, signalling(asked, ModelStep.text("slow", delay=0.3)))
     fast, _ = make_agent(store, ModelStep.text("fast"))
@@ -156,8 +155,25 @@ async def test_without_a_session_lock_a_racing_save_fails_loudly(kind: str, tmp_
         await task
     state, version = await store.load("alice", "s1")
     assert (pairs(state), version) == ([("user", "from fast"), ("assistant", "fast")], 1)
-    if kind == "sqlite":
-        await store.close()
+
+
+async def test_agents_sharing_a_sqlite_file_take_the_session_in_turn(tmp_path: Any) -> None:
+    """Two agents with stores of their own on one SQLite file (two processes, say): the second
+    input waits for the session's lock in the file, and runs on the turn the first saved."""
+    first_store, second_store = SqliteStateStore(tmp_path / "turns.db"), SqliteStateStore(tmp_path / "turns.db")
+    asked = asyncio.Event()
+    slow, _ = make_agent(first_store, signalling(asked, ModelStep.text("slow", delay=0.3)))
+    fast, fast_model = make_agent(second_store, ModelStep.text("fast"))
+    task = asyncio.create_task(slow.call("from slow", ctx=ctx()))
+    await asked.wait()  # slow holds the session and waits for its model
+    await fast.call("from fast", ctx=ctx())
+    await task
+    assert [m.text for m in fast_model.requests[0].messages[1:]] == ["from slow", "slow", "from fast"]
+    state, version = await first_store.load("alice", "s1")
+    assert (pairs(state), version) == ([("user", "from slow"), ("assistant", "slow"), ("user", "from fast"),
+                                        ("assistant", "fast")], 2)
+    await first_store.close()
+    await second_store.close()
 
 
 async def test_a_consumer_that_stops_listening_still_checkpoints_the_turn(any_store: Any) -> None:

@@ -35,6 +35,7 @@ from .._runs.frames import native_frames
 from .._runs.live import LiveRun
 from .._runs.runlog import RUNNING, InMemoryRunLog, RunLog, RunRecord
 from .._runs.runs import Frames, FrameSource, Runs, _unavailable
+from .._schedules.clock import Clock
 
 try:
     from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
@@ -52,6 +53,7 @@ try:
     from .agui import durable_agui_frames, no_pending
     from .answers import Answers, answers_of, session_run, signal_answers, until_wait
     from .busy import start_when_busy
+    from .schedules import DurableSchedules
     from .slots import Slot, Slots
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise ImportError("serving durable runs needs the temporal extra: pip install 'agentscope-py[temporal]'") from exc
@@ -101,6 +103,10 @@ class DurableServing:
 
     def runs(self, run_log: RunLog, limits: Limits, result_text: bool) -> Runs:
         return DurableRuns(self, limits, result_text)
+
+    def schedules(self, clock: Clock) -> DurableSchedules:
+        """The app's ``/v1/schedules``: Temporal Schedules starting durable runs (`DurableSchedules`)."""
+        return DurableSchedules(self.client, self.factory, self.task_queue, self.events, clock)
 
     def stream(self, agent: Any, msgs: list[Any], ctx: RuntimeContext, run_id: str) -> EventStream[AgentEvent]:
         """The events of a run about to start (`DurableRuns._create` starts it). Iterated

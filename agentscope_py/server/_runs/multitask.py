@@ -1,29 +1,21 @@
 """A new input to a busy session, at the server: what its ``multitask_strategy`` decides before
-its run starts, in whichever process runs the session's run in flight.
+its run starts.
 
-In this process the agent's session gate decides (`ReActAgent.busy_error`). A session a shared
-store locks across processes (`RedisStateStore`) names the run holding it (``session_holder``):
-``"reject"`` refuses while anyone holds it, and ``"interrupt"`` / ``"rollback"`` send the holder's
-process the interrupt the run log carries (`RunLog.send_interrupt`), then wait for the session as
-any input does (docs/serving.md)."""
+In this process the agent's session gate decides (`ReActAgent.busy_error`). A store that keeps the
+session's queue across processes (``session_queue``: `RedisStateStore`, `SqliteStateStore`) says
+who holds the session and how many inputs wait, in every process: ``"reject"`` is refused while
+anyone holds or waits, any input while the queue is full. An input that interrupts needs nothing
+here: its ticket in the store's queue stops the run holding the session, wherever it runs
+(docs/serving.md)."""
 
 from __future__ import annotations
-
-from typing import Any
 
 from starlette.responses import Response
 
 from ...agent import BusyError, MultitaskStrategy, ReActAgent
-from ...errors import RunLogError
 from .._errors import HTTPError, StoreUnavailable
-from .runlog import RunRecord
 
-__all__ = ["ROLLBACK", "admit", "busy_agui_response", "busy_http_error", "interrupt_target", "strategy_of"]
-
-ROLLBACK = "\x00rollback "
-"""What an interrupt asking for a rollback carries before the run's id on the run log's interrupt
-channel (`interrupt_target` reads it back): no run id starts with a NUL."""
-
+__all__ = ["admit", "busy_agui_response", "busy_http_error", "strategy_of"]
 
 _CHOICES: tuple[MultitaskStrategy, ...] = ("reject", "enqueue", "interrupt", "rollback")
 
@@ -51,41 +43,22 @@ def busy_http_error(exc: BusyError, retry_after: int) -> HTTPError:
     return HTTPError(409, exc.code, str(exc), headers={"retry-after": str(retry_after)})
 
 
-def interrupt_target(message: str) -> tuple[str, bool]:
-    """The run an interrupt from another process names, and whether it asks for a rollback."""
-    if message.startswith(ROLLBACK):
-        return message[len(ROLLBACK):], True
-    return message, False
-
-
-async def admit(agent: ReActAgent, runs: Any, user_id: str, session_id: str,
-                strategy: MultitaskStrategy | None, retry_after: int) -> None:
-    """Raise the 409 of an input its strategy refuses now; for one that interrupts, interrupt the
-    session's run held by another process (this process's is interrupted by the gate itself)."""
+async def admit(agent: ReActAgent, user_id: str, session_id: str, strategy: MultitaskStrategy | None,
+                retry_after: int) -> None:
+    """Raise the 409 of an input its strategy refuses now (in this process, or in the queue a
+    shared store keeps for the session)."""
     refused = agent.busy_error(user_id, session_id, strategy)
     if refused is not None:
         raise busy_http_error(refused, retry_after)
-    holder_of = getattr(agent.state_store, "session_holder", None)
+    queue_of = getattr(agent.state_store, "session_queue", None)
     chosen = strategy or agent.multitask_strategy
-    if holder_of is None or chosen == "enqueue":
+    if queue_of is None:
         return
     try:
-        holder = await holder_of(user_id, session_id)
+        holder, waiting = await queue_of(user_id, session_id)
     except Exception as exc:
         raise StoreUnavailable(exc) from exc
-    if holder is None:
-        return
-    if chosen == "reject":
+    if chosen == "reject" and (holder is not None or waiting):
         raise busy_http_error(BusyError(user_id, session_id, strategy=chosen), retry_after)
-    if not holder or holder in runs.live:  # unnamed, or ours (the gate interrupts it)
-        return
-    try:
-        record: RunRecord | None = await runs.log.get(holder)
-        if record is None or not record.running or record.user_id != user_id:
-            return
-        if chosen == "rollback":
-            record = RunRecord(ROLLBACK + record.run_id, record.user_id, record.session_id, record.kind, record.owner)
-        await runs.log.send_interrupt(record)
-    except RunLogError as exc:
-        raise HTTPError(503, "run_log_unavailable", "the run log is unavailable; try again",
-                        headers={"retry-after": str(retry_after)}) from exc
+    if holder is not None and waiting >= agent.max_queued:
+        raise busy_http_error(BusyError(user_id, session_id, strategy=chosen, reason="queue_full"), retry_after)

@@ -28,7 +28,6 @@ from ..sse import HEARTBEAT
 from .live import CHUNK_BYTES, CHUNK_FRAMES, UNLIMITED, Beat, LiveRun, gap_frame, incomplete_frame, terminal_frame
 from .logtail import LogTail, expired_frame, unavailable_frame
 from .logwrites import LogWrites
-from .multitask import interrupt_target
 from .runlog import RunLog, RunRecord
 
 __all__ = ["Runner", "Runs"]
@@ -390,10 +389,9 @@ class Runs:
             return {"run_id": run_id, "interrupted": False, "status": record.status}
         return {"run_id": run_id, "interrupted": await self.log.send_interrupt(record)}
 
-    async def _interrupt_here(self, message: str) -> bool:
-        run_id, rollback = interrupt_target(message)
+    async def _interrupt_here(self, run_id: str) -> bool:
         live = self.live.get(run_id)
-        return live.interrupt(rollback) if live is not None else False
+        return live.interrupt() if live is not None else False
 
     # -- the shared log's background work --------------------------------------------------------
 
