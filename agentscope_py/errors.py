@@ -438,12 +438,17 @@ class DurableActivityError(AgentScopeError):
 
 class DurableSessionBusy(BusyError):
     """A durable run of this agent is already in flight on the session (one run per session at a
-    time, as the local agent's session gate has it): ``run_id`` is the running one's. Wait for it
-    (``DurableAgent.start(..., if_busy="wait")``) or interrupt it."""
+    time, as the local agent's session gate has it) and the start's ``multitask_strategy``
+    refuses to wait (``reason`` ``"busy"``), or too many starts wait for it (``"queue_full"``):
+    ``run_id`` is the running one's. Start with ``multitask_strategy="enqueue"`` (wait for it),
+    ``"interrupt"`` or ``"rollback"`` (stop it)."""
 
-    def __init__(self, user_id: str, session_id: str, run_id: str) -> None:
-        super().__init__(user_id, session_id, message=f"session {user_id}/{session_id} has a durable run in flight "
-                         f"({run_id}): wait for it (start(..., if_busy='wait')) or interrupt it")
+    def __init__(self, user_id: str, session_id: str, run_id: str, *, reason: str = "busy") -> None:
+        what = "and too many starts wait for it" if reason == "queue_full" else "and this start refuses to wait"
+        super().__init__(user_id, session_id, reason=reason,
+                         message=f"session {user_id}/{session_id} has a durable run in flight ({run_id}) {what}: "
+                         "start again once it ended, or with multitask_strategy='enqueue' (wait for it), "
+                         "'interrupt' or 'rollback' (stop it)")
         self.run_id = run_id
 
 

@@ -27,6 +27,7 @@ from ..tool.toolkit import current_tool_call
 from ._codec import load_request
 from ._config import HEARTBEAT_THROTTLE, INTERRUPT_SIGNAL, MODEL_ACTIVITY, TOOL_ACTIVITY
 from ._factory import worker_agent
+from ._in_doubt import IN_DOUBT_ERROR
 from ._journal import PUBLISH_ACTIVITY, SEAL_ACTIVITY
 from ._publish import LivePublisher, StableIds, log_for
 from ._sources import entered
@@ -173,8 +174,21 @@ async def tool_call_activity(payload: dict[str, Any]) -> list[list[Any]]:
         await publisher.close()
         out.append(["published", publisher.last])
     # An MCP server's tools: the worker's session, entered for this call (heartbeating meanwhile).
-    async with _heartbeats(), entered(agent.toolkit, ctx):
-        out.extend(await _run_tool(agent, call, ctx, payload.get("answer")))
+    try:
+        async with _heartbeats(), entered(agent.toolkit, ctx):
+            out.extend(await _run_tool(agent, call, ctx, payload.get("answer")))
+    except ApplicationError:
+        raise
+    except asyncio.CancelledError:
+        if payload.get("journaled") and activity.is_worker_shutdown():  # it may have taken effect, or not
+            raise ApplicationError(f"the worker stopped while tool call {call.id} ran", type=IN_DOUBT_ERROR,
+                                   non_retryable=True) from None
+        raise
+    except Exception as exc:
+        if payload.get("journaled"):  # the tool's own error is its result: a call that may have taken
+            # effect is never run again by a retry (`_in_doubt`)
+            raise ApplicationError(str(exc), type=type(exc).__name__, non_retryable=True) from exc
+        raise
     return out
 
 

@@ -2,8 +2,11 @@
 its events, answer its confirmations, questions and external tool calls, interrupt it.
 
 One run per session at a time: a run's workflow id is derived from the agent and the session
-(`session_workflow_id`), so Temporal itself refuses a second one while the first is in flight
-(`DurableSessionBusy`), on any number of clients."""
+(`session_workflow_id`), so Temporal itself refuses a second one while the first is in flight,
+on any number of clients; what the refused start does then is its ``multitask_strategy``
+(`DurableAgent.start`), as a local agent's session gate does it: refuse (`DurableSessionBusy`),
+wait for the session, or interrupt the run in flight (taking its turn back, for
+``"rollback"``) and go next."""
 
 from __future__ import annotations
 
@@ -16,7 +19,9 @@ from urllib.parse import quote
 from pydantic import BaseModel
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
 from temporalio.exceptions import WorkflowAlreadyStartedError
+from temporalio.service import RPCError
 
+from ..agent import MultitaskStrategy
 from ..errors import DurableSessionBusy, ResumeError
 from ..events import AgentEvent, ConfirmResult, parse_event
 from ..message import Msg, ToolResultBlock, ToolUseBlock
@@ -26,7 +31,11 @@ from ._config import DEFAULT_TASK_QUEUE, INTERRUPT_SIGNAL, WORKFLOW_NAME
 from ._publish import EventLog
 from ._watch import watch
 
-__all__ = ["DurableAgent", "DurableRun", "session_workflow_id"]
+__all__ = ["DEFAULT_MAX_QUEUED", "DurableAgent", "DurableRun", "session_workflow_id"]
+
+DEFAULT_MAX_QUEUED = 100
+"""Starts that may wait for one busy session through one `DurableAgent` (as a local agent's
+``max_queued``): past it, one more is refused rather than held for ever behind a stuck run."""
 
 
 def session_workflow_id(factory: str, user_id: str, session_id: str) -> str:
@@ -64,6 +73,19 @@ def _tools(tools: Sequence[ToolSchema]) -> dict[str, Any]:
         return {}
     return {"tools": [{"name": t.name, "description": t.description, "parameters": dict(t.parameters)}
                       for t in tools]}
+
+
+_STRATEGIES: tuple[MultitaskStrategy, ...] = ("reject", "enqueue", "interrupt", "rollback")
+
+
+def _check_strategy(value: object) -> MultitaskStrategy:
+    """``value`` if it is a strategy; else ValueError naming the choices (a typo must not mean
+    "wait")."""
+    for strategy in _STRATEGIES:
+        if value == strategy:
+            return strategy
+    choices = ", ".join(repr(s) for s in _STRATEGIES)
+    raise ValueError(f"multitask_strategy must be one of {choices}, not {value!r}")
 
 
 def _check_ids(ids: list[str], waiting: list[ToolUseBlock], what: str) -> None:
@@ -166,22 +188,30 @@ class DurableRun:
         _check_ids([r.id for r in results], await self.external(), "tool result")
         await self.handle.signal("tool_results", [r.model_dump(mode="json") for r in results])
 
-    async def interrupt(self) -> None:
+    async def interrupt(self, *, rollback: bool = False) -> None:
         """Interrupt the turn in flight: its current activity is cancelled on its worker (within
         about half a second), and the run ends with an INTERRUPTED reply (as ``agent.interrupt``
         does locally), streamed at once; its workflow closes (the session is free) once the
-        cancelled call has ended. A waiting run ends with its asking reply."""
-        await self.handle.signal(INTERRUPT_SIGNAL)
+        cancelled call has ended. A waiting run ends with its asking reply. ``rollback``: the
+        interrupted turn is also taken out of the session, as if it never ran (its events stay,
+        the reply and `AgentEnd` marked ``rolled_back``), as ``multitask_strategy="rollback"``."""
+        if rollback:
+            await self.handle.signal(INTERRUPT_SIGNAL, True)
+        else:
+            await self.handle.signal(INTERRUPT_SIGNAL)
 
 
 class DurableAgent:
     """An agent whose runs are Temporal workflows, run by workers that know ``factory``
     (``pkg.module:factory``, the same path the workers were started with). With a state store in
     the factory (SQLite, Redis), a session's runs remember each other, one run at a time.
-    ``events``: the log the workers publish the runs' live events to (the workers' ``events``)."""
+    ``events``: the log the workers publish the runs' live events to (the workers' ``events``).
+    ``multitask_strategy``: what a start on a session running another does when it does not
+    say (`start`); ``max_queued``: starts that may wait for one session through this object."""
 
     def __init__(self, client: Client, *, factory: str, task_queue: str = DEFAULT_TASK_QUEUE,
-                 events: EventLog | None = None) -> None:
+                 events: EventLog | None = None, multitask_strategy: MultitaskStrategy = "reject",
+                 max_queued: int = DEFAULT_MAX_QUEUED) -> None:
         if not isinstance(client, Client):
             raise TypeError(f"client must be a temporalio.client.Client, got {type(client).__name__}")
         if not isinstance(factory, str) or ":" not in factory:
@@ -190,23 +220,33 @@ class DurableAgent:
             raise ValueError("task_queue must be a non-empty name")
         if events is not None and not isinstance(events, EventLog):
             raise TypeError(f"events must be an EventLog (RedisEventLog, MemoryEventLog), got {type(events).__name__}")
+        if type(max_queued) is not int or max_queued < 0:
+            raise ValueError(f"max_queued must be an int, 0 or more (0: no start waits), not {max_queued!r}")
         self.client, self.factory, self.task_queue, self.events = client, factory, task_queue, events
+        self.multitask_strategy = _check_strategy(multitask_strategy)
+        self.max_queued = max_queued
+        self._waiting: dict[tuple[str, str], int] = {}  # per session, the starts waiting for it here
 
     async def start(self, msgs: str | Msg | Iterable[Msg | str], *, user_id: str = "default",
                     session_id: str = "default", run_id: str | None = None,
                     structured_model: type[BaseModel] | None = None,
-                    if_busy: Literal["error", "wait"] = "error", tools: Sequence[ToolSchema] = ()) -> DurableRun:
+                    multitask_strategy: MultitaskStrategy | None = None,
+                    if_busy: Literal["error", "wait"] | None = None, tools: Sequence[ToolSchema] = ()) -> DurableRun:
         """Start a run on the session (its id is ``run_id``, or a fresh one). Starting again with
         the ``run_id`` of the run in flight returns that run (a retried start is harmless).
-        Another run in flight on the session raises `DurableSessionBusy`, or with
-        ``if_busy="wait"`` this waits for it to end first (callers that wait are not served in
-        any order). ``structured_model``: as ``agent.call(..., structured_model=M)`` (``M``
+        Another run in flight on the session: ``multitask_strategy`` (else the agent's) decides,
+        as a local agent's does — ``"reject"`` raises `DurableSessionBusy`; ``"enqueue"`` waits
+        for it to end first (starts that wait are not served in any order; past ``max_queued``
+        waiting, `DurableSessionBusy` with reason ``"queue_full"``); ``"interrupt"`` interrupts it
+        (its turn ends interrupted and stays in the session) and starts once its workflow
+        closed; ``"rollback"`` as ``"interrupt"``, and the interrupted turn is taken out of the
+        session. ``if_busy``: ``"error"`` is ``"reject"``, ``"wait"`` is ``"enqueue"``.
+        ``structured_model``: as ``agent.call(..., structured_model=M)`` (``M``
         importable by the workers). ``tools``: schema-only (external) tools the run's agent
         offers its model besides the factory's (AG-UI frontend tools): a call to one ends the
         turn ``TOOL_SUSPENDED``, answered with ``send_tool_results``; they ride in the workflow's
         input, so they stay the run's for all its turns."""
-        if if_busy not in ("error", "wait"):
-            raise ValueError(f"if_busy must be 'error' or 'wait', got {if_busy!r}")
+        strategy = self._strategy(multitask_strategy, if_busy)
         run_id = run_id or f"agentscope-{uuid.uuid4().hex}"
         payload = {"factory": self.factory, "messages": _msgs(msgs), "user_id": user_id, "session_id": session_id,
                    "run_id": run_id, "structured_model": _model_path(structured_model),
@@ -228,10 +268,43 @@ class DurableAgent:
                     continue  # it ended in between: start again
                 if running_id == run_id:
                     return DurableRun(current, run_id, structured_model, self.events)
-                if if_busy == "error":
-                    raise DurableSessionBusy(user_id, session_id, running_id) from None
-                with contextlib.suppress(Exception):  # its outcome is its caller's; this one goes next
-                    await current.result()
+                await self._when_busy(user_id, session_id, DurableRun(current, running_id), strategy)
+                if strategy in ("interrupt", "rollback"):
+                    # The run in flight when this input came is the one it stops: a run started
+                    # meanwhile (another input's) is waited for, as the inputs queued locally are.
+                    strategy = "enqueue"
+
+    async def _when_busy(self, user_id: str, session_id: str, running: DurableRun,
+                         strategy: MultitaskStrategy) -> None:
+        """Refuse (raise `DurableSessionBusy`), or interrupt ``running`` if the strategy says, and
+        wait for its workflow to close; the start is then tried again."""
+        key = (user_id, session_id)
+        if strategy == "reject":
+            raise DurableSessionBusy(user_id, session_id, running.run_id) from None
+        if self._waiting.get(key, 0) >= self.max_queued:
+            raise DurableSessionBusy(user_id, session_id, running.run_id, reason="queue_full") from None
+        self._waiting[key] = self._waiting.get(key, 0) + 1
+        try:
+            if strategy != "enqueue":
+                with contextlib.suppress(RPCError):  # it ended meanwhile
+                    await running.interrupt(rollback=strategy == "rollback")
+            with contextlib.suppress(Exception):  # its outcome is its caller's; this one goes next
+                await running.handle.result()
+        finally:
+            self._waiting[key] -= 1
+            if not self._waiting[key]:
+                del self._waiting[key]
+
+    def _strategy(self, asked: MultitaskStrategy | None, if_busy: str | None) -> MultitaskStrategy:
+        if if_busy is not None and if_busy not in ("error", "wait"):
+            raise ValueError(f"if_busy must be 'error' or 'wait', got {if_busy!r}")
+        if asked is not None:
+            if if_busy is not None:
+                raise ValueError("give multitask_strategy or if_busy, not both")
+            return _check_strategy(asked)
+        if if_busy is not None:
+            return "reject" if if_busy == "error" else "enqueue"
+        return self.multitask_strategy
 
     async def session(self, user_id: str = "default", session_id: str = "default") -> DurableRun:
         """The session's latest run (in flight or ended), e.g. from another process; Temporal's

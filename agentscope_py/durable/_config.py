@@ -10,7 +10,8 @@ from typing import Any
 
 __all__ = [
     "DEFAULT_TASK_QUEUE", "HEARTBEAT_THROTTLE", "INTERRUPT_SIGNAL", "LIST_TOOLS_ACTIVITY", "LOAD_STATE_ACTIVITY",
-    "MODEL_ACTIVITY", "SAVE_STATE_ACTIVITY", "TOOL_ACTIVITY", "WORKFLOW_NAME", "ActivityConfig", "DurableConfig",
+    "MODEL_ACTIVITY", "RECONCILE_ACTIVITY", "SAVE_STATE_ACTIVITY", "TOOL_ACTIVITY", "WORKFLOW_NAME", "ActivityConfig",
+    "DurableConfig",
 ]
 
 WORKFLOW_NAME = "agentscope.agent_run"
@@ -20,6 +21,7 @@ TOOL_ACTIVITY = "agentscope.tool_call"
 LOAD_STATE_ACTIVITY = "agentscope.load_state"
 SAVE_STATE_ACTIVITY = "agentscope.save_state"
 LIST_TOOLS_ACTIVITY = "agentscope.list_tools"
+RECONCILE_ACTIVITY = "agentscope.reconcile_tool"
 DEFAULT_TASK_QUEUE = "agentscope"
 
 HEARTBEAT_THROTTLE = 0.5

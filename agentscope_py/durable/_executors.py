@@ -5,7 +5,7 @@ middleware run in the workflow and every model call and tool call is a step of i
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from temporalio import workflow
@@ -14,6 +14,7 @@ from temporalio.exceptions import ActivityError, ApplicationError
 from .._acting import ToolScope
 from .._control import RunControl
 from .._deadline import Deadline
+from .._effects import idempotency_key, in_doubt_policy
 from .._tool_answers import tool_answers
 from ..agent.react import ReActAgent
 from ..errors import AgentInterrupted, DurableActivityError, ToolInputRequired
@@ -24,9 +25,10 @@ from ..stream import Channel, EventStream
 from ..tool.toolkit import Tool
 from ._codec import dump_request, load_events
 from ._config import MODEL_ACTIVITY, TOOL_ACTIVITY, DurableConfig
+from ._in_doubt import InDoubt, asked, in_doubt, journaled, once, reconciled, recorded, replay
 from ._journal import Journal
 
-__all__ = ["CancelledCalls", "install"]
+__all__ = ["CancelledCalls", "Stop", "install"]
 
 
 def _failure(exc: ActivityError, what: str) -> DurableActivityError:
@@ -35,6 +37,18 @@ def _failure(exc: ActivityError, what: str) -> DurableActivityError:
     kind = cause.type if isinstance(cause, ApplicationError) else None
     return DurableActivityError(f"{what} failed: {kind}: {message}" if kind else f"{what} failed: {message}",
                                 error_type=kind)
+
+
+class Stop:
+    """The workflow's interrupt as its signal left it: whether one came (perhaps before the run
+    was in flight, so the run stops at its first call), and whether it asked for the turn to be
+    taken back (``multitask_strategy="rollback"``)."""
+
+    __slots__ = ("interrupted", "rollback")
+
+    def __init__(self) -> None:
+        self.interrupted = False
+        self.rollback = False
 
 
 class CancelledCalls:
@@ -58,13 +72,14 @@ class CancelledCalls:
 
 
 async def _activity(name: str, payload: dict[str, Any], options: dict[str, Any], control: RunControl,
-                    what: str, stopped: Callable[[], bool], cancelled: CancelledCalls) -> Any:
+                    what: str, stop: Stop, cancelled: CancelledCalls, doubtful: bool = False) -> Any:
     """Run the activity as a task of the run's control: an interrupt cancels it (Temporal asks
     the activity to stop at its next heartbeat), and that surfaces as `AgentInterrupted` at once,
-    while the workflow waits for the activity's end elsewhere (`CancelledCalls`). ``stopped``:
-    the workflow was interrupted (perhaps before this run was in flight): nothing is scheduled."""
-    if stopped():
-        control.interrupt()
+    while the workflow waits for the activity's end elsewhere (`CancelledCalls`). ``stop``: the
+    workflow was interrupted (perhaps before this run was in flight): nothing is scheduled.
+    ``doubtful``: a journaled tool call, whose activity ending with no result is `InDoubt`."""
+    if stop.interrupted:
+        control.interrupt(stop.rollback)
         raise AgentInterrupted(f"the run was interrupted before the {what}")
     started: list[workflow.ActivityHandle[Any]] = []
 
@@ -94,6 +109,8 @@ async def _activity(name: str, payload: dict[str, Any], options: dict[str, Any],
         cause = exc.cause
         if isinstance(cause, ApplicationError) and cause.type == "ToolInputRequired":  # the run pauses
             raise ToolInputRequired(cause.message, *cause.details[:1]) from None
+        if doubtful and in_doubt(exc):
+            raise InDoubt(str(cause or exc)) from None
         raise _failure(exc, what) from None
     finally:
         control.tasks.discard(task)
@@ -113,9 +130,9 @@ def _deltas_live(agent: ReActAgent) -> bool:
 
 
 def install(agent: ReActAgent, factory: str, config: DurableConfig, user_id: str, session_id: str,
-            stopped: Callable[[], bool], journal: Journal, cancelled: CancelledCalls) -> None:
+            stop: Stop, journal: Journal, cancelled: CancelledCalls) -> None:
     """Make ``agent`` (built in the workflow) run its model and tool calls as activities;
-    ``stopped`` says whether the workflow was interrupted; ``journal`` numbers the run's events
+    ``stop`` is the workflow's interrupt; ``journal`` numbers the run's events
     (the activities publish the pending ones, `Journal.pending`); ``cancelled`` holds the calls
     cancelled and not yet ended."""
     deltas = _deltas_live(agent)
@@ -134,7 +151,7 @@ def install(agent: ReActAgent, factory: str, config: DurableConfig, user_id: str
                 options["schedule_to_close_timeout"] = _seconds(deadline.total)
             try:
                 out = await _activity(MODEL_ACTIVITY, payload, options, control, f"model call to {models[0].name}",
-                                      stopped, cancelled)
+                                      stop, cancelled)
             except (AgentInterrupted, DurableActivityError):
                 if live and deltas:  # what the call published is the run's: it is closed as locally
                     for ev in load_events(await journal.seal(f"m{seq}"), reply_id, reply_name):
@@ -148,12 +165,32 @@ def install(agent: ReActAgent, factory: str, config: DurableConfig, user_id: str
         return EventStream(events)
 
     async def tool_executor(scope: ToolScope, call: ToolUseBlock, tool: Tool, channel: Channel) -> None:
+        once_only = journaled(tool)
+        if once_only:
+            settled = recorded(scope, call)
+            if settled is not None:  # the user said how a call in doubt ended: it never runs again
+                await replay(scope, call, settled, channel)
+                return
         payload = {"factory": factory, "call": call.model_dump(mode="json"), "user_id": user_id,
                    "session_id": session_id, "answer": tool_answers(scope.ctx).pop(call.id, None),
-                   "live": journal.pending()}
+                   "journaled": once_only}
         options = config.for_tool(call.name, tool.timeout).options()
-        out = await _activity(TOOL_ACTIVITY, payload, options, scope.control, f"tool call {call.name}",
-                              stopped, cancelled)
+        what = f"tool call {call.name}"
+        while True:
+            payload["live"] = journal.pending()
+            try:
+                out = await _activity(TOOL_ACTIVITY, payload, once(options) if once_only else options, scope.control,
+                                      what, stop, cancelled, once_only)
+                break
+            except InDoubt:
+                key = idempotency_key(user_id, session_id, call.id)
+                if in_doubt_policy(tool, agent._runtime.in_doubt) != "reconcile" or tool.reconcile is None:
+                    await asked(scope, call, key, channel)  # (raises: the run pauses for the answer)
+                found = await reconciled(scope, call, tool, key, factory, options, channel)
+                if found is not None:  # it happened: its result is what the reconcile found
+                    out = found
+                    break
+                # It did not happen: it runs (once, again in doubt if its worker dies again).
         from ..events import ToolResultDataDelta, ToolResultTextDelta
 
         for kind, value in out:

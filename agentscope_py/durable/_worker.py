@@ -14,6 +14,7 @@ from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxR
 from ._activities import model_call_activity, publish_activity, seal_activity, tool_call_activity
 from ._config import DEFAULT_TASK_QUEUE, HEARTBEAT_THROTTLE, DurableConfig
 from ._factory import check_factory, worker_agent
+from ._in_doubt import reconcile_activity
 from ._publish import EventLog, register_log
 from ._scheduled import ScheduledRunWorkflow, describe_run_activity
 from ._sessions import load_state_activity, save_state_activity
@@ -70,7 +71,7 @@ def make_worker(
     return Worker(client, task_queue=task_queue, workflows=[AgentRunWorkflow, ScheduledRunWorkflow],
                   activities=[model_call_activity, tool_call_activity, publish_activity, seal_activity,
                               load_state_activity, save_state_activity, list_tools_activity,
-                              describe_run_activity],
+                              describe_run_activity, reconcile_activity],
                   **options)
 
 

@@ -6,9 +6,11 @@ A run that ends asking for confirmation (or for a question a tool asked), or wai
 tool results, waits here (no worker is held: the workflow leaves the worker's cache and is
 replayed when the ``confirm`` / ``tool_results`` signal comes), then continues with the answers
 as a new turn on the same session; ``interrupt`` interrupts the turn in flight: its reply is
-interrupted at once, and the workflow closes once the calls it cancelled have ended on their
-workers (`CancelledCalls`), so the session's next run never runs beside one. The session is
-loaded and saved by activities on the workers' store (`_sessions`).
+interrupted at once (with ``rollback``, the turn is then taken out of the session, as a local
+rollback does: the loop saves the session as the turn found it), and the workflow closes once
+the calls it cancelled have ended on their workers (`CancelledCalls`), so the session's next
+run never runs beside one. The session is loaded and saved by activities on the workers' store
+(`_sessions`).
 
 A typed error of the run (`AgentScopeError`: a model call failing for good, a middleware's
 termination) fails the workflow; any other exception fails only the workflow *task*, which
@@ -28,7 +30,7 @@ from ..errors import AgentScopeError
 from ..events import AgentResult, ConfirmResult
 from ..message import GenerateReason, Msg, ToolResultBlock
 from ._config import INTERRUPT_SIGNAL, WORKFLOW_NAME, DurableConfig
-from ._executors import CancelledCalls, install
+from ._executors import CancelledCalls, Stop, install
 from ._factory import build_agent
 from ._journal import Journal
 from ._local_tools import with_local_tools
@@ -47,7 +49,7 @@ class AgentRunWorkflow:
     def __init__(self) -> None:
         self._agent: ReActAgent | None = None
         self._ids = ("default", "default")
-        self._interrupted = False
+        self._stop = Stop()
         self._waits = Waits()
         self._cancelled = CancelledCalls()
         self.run_id = ""
@@ -70,7 +72,7 @@ class AgentRunWorkflow:
         agent._runtime.store = session_store(agent.state_store, factory, config.state)
         # Live events (`_journal`): numbered and renamed the same on every replay.
         journal = Journal(self.run_id, workflow.uuid4().hex[:8], bool(inp.get("live")))
-        install(agent, factory, config, user_id, session_id, lambda: self._interrupted, journal,
+        install(agent, factory, config, user_id, session_id, self._stop, journal,
                 self._cancelled)
         assert agent._runtime.tool_executor is not None
         agent._runtime.tool_executor = with_local_tools(agent, agent._runtime.tool_executor)
@@ -102,10 +104,10 @@ class AgentRunWorkflow:
                     final = ev.result
                 waits.see(ev)
             assert final is not None
-            if not waits.begin(final) or self._interrupted:
+            if not waits.begin(final) or self._stop.interrupted:
                 break
             await journal.flush()  # what a watcher must see before the run waits
-            await workflow.wait_condition(lambda: waits.answered() or self._interrupted)
+            await workflow.wait_condition(lambda: waits.answered() or self._stop.interrupted)
             waits.waiting = False
             if not waits.answered():  # interrupted while waiting: the waiting reply stands
                 break
@@ -114,11 +116,15 @@ class AgentRunWorkflow:
         return final
 
     @workflow.signal(name=INTERRUPT_SIGNAL)
-    def interrupt(self) -> None:
-        self._interrupted = True
-        if self._agent is not None:
+    def interrupt(self, rollback: bool = False) -> None:
+        """Interrupt the turn in flight; ``rollback``: and take it out of the session (a waiting
+        run's turn has ended already: it stays, as a local session's ended turn does)."""
+        self._stop.interrupted = True
+        self._stop.rollback = self._stop.rollback or rollback
+        control = self._agent._runtime.gates.active.get(self._ids) if self._agent is not None else None
+        if control is not None:
             # A run in flight is interrupted now; one not yet there stops at its first activity.
-            self._agent.interrupt(*self._ids)
+            control.interrupt(self._stop.rollback)
 
     @workflow.signal(name="confirm")
     def confirm(self, answers: list[dict[str, Any]]) -> None:

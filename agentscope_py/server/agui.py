@@ -260,8 +260,12 @@ class AguiMapper:
 
     def _on_confirm(self, ev: Any, out: list[AguiEvent]) -> None:
         self._asking += tuple(ev.tool_calls)
-        if ev.metadata.get("in_doubt"):
-            self._doubts.update((c.id, ev.metadata) for c in ev.tool_calls)
+        # A durable run asks about a call in doubt as a tool's question (its metadata's question).
+        question = ev.metadata.get("question")
+        doubt = ev.metadata if ev.metadata.get("in_doubt") else (
+            question if isinstance(question, dict) and question.get("in_doubt") else None)
+        if doubt is not None:
+            self._doubts.update((c.id, doubt) for c in ev.tool_calls)
 
     def _on_external(self, ev: Any, out: list[AguiEvent]) -> None:
         self._external += tuple(c.id for c in ev.tool_calls)

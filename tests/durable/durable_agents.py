@@ -1,7 +1,10 @@
 """The agents the durable tests run (factories by path: ``durable_agents:build`` …). Their model
 is the loopback model server at ``DURABLE_MODEL_URL``; ``DURABLE_TOOL_LOG`` gets a line per tool
 start; with ``DURABLE_HANG_FIRST=1`` the first start of ``add`` hangs (the test kills its worker
-there). The ``recording`` agents write when their calls start, are cancelled and end to it."""
+there). The ``recording`` agents write when their calls start, are cancelled and end to it.
+``add`` adds (its log aside, running it again is harmless): it is declared idempotent, so a
+call whose worker died is retried on another, as configured; `build_failing` is the one
+non-idempotent tool here (test_durable_effects.py has the others)."""
 
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ from pydantic import BaseModel
 from agentscope_py import ModelStep, PermissionDecision, ReActAgent, ScriptedModel, Toolkit, tool
 from agentscope_py._tool_answers import tool_answers
 from agentscope_py.agent.context import RuntimeContext
+from agentscope_py.agent.react import Builder
 from agentscope_py.agent.sqlite_store import SqliteStateStore
 from agentscope_py.agent.state import AgentState
 from agentscope_py.durable import ActivityConfig, DurableConfig
@@ -56,11 +60,11 @@ def _model() -> OpenAIChatModel:
 
 
 def build() -> ReActAgent:
-    return ReActAgent.builder().name("durable").model(_model()).tools(tool(name="add")(_add)).build()
+    return ReActAgent.builder().name("durable").model(_model()).tools(tool(name="add", idempotent=True)(_add)).build()
 
 
 def build_asking() -> ReActAgent:
-    asking = tool(name="add", check_permissions=lambda call, ctx: PermissionDecision.ASK)(_add)
+    asking = tool(name="add", idempotent=True, check_permissions=lambda call, ctx: PermissionDecision.ASK)(_add)
     return ReActAgent.builder().name("durable").model(_model()).tools(asking).build()
 
 
@@ -91,7 +95,7 @@ class PlusOne(MiddlewareBase):
 
 
 def build_with_middleware() -> ReActAgent:
-    return (ReActAgent.builder().name("durable").model(_model()).tools(tool(name="add")(_add))
+    return (ReActAgent.builder().name("durable").model(_model()).tools(tool(name="add", idempotent=True)(_add))
             .middleware(PlusOne()).build())
 
 
@@ -103,6 +107,12 @@ async def _add_failing(a: int, b: int) -> str:
 
 def build_failing() -> ReActAgent:
     return ReActAgent.builder().name("durable").model(_model()).tools(tool(name="add")(_add_failing)).build()
+
+
+def build_failing_idempotent() -> ReActAgent:
+    """`build_failing` whose ``add`` is idempotent (its failures are retried as configured)."""
+    failing = tool(name="add", idempotent=True)(_add_failing)
+    return ReActAgent.builder().name("durable").model(_model()).tools(failing).build()
 
 
 class FlakyStore(SqliteStateStore):
@@ -120,7 +130,7 @@ class FlakyStore(SqliteStateStore):
 
 def build_sqlite() -> ReActAgent:
     """The agent with its sessions in the SQLite file ``DURABLE_STORE`` (shared by the workers)."""
-    return (ReActAgent.builder().name("durable").model(_model()).tools(tool(name="add")(_add))
+    return (ReActAgent.builder().name("durable").model(_model()).tools(tool(name="add", idempotent=True)(_add))
             .state_store(FlakyStore(os.environ["DURABLE_STORE"])).build())
 
 
@@ -145,7 +155,7 @@ async def _add_in_base(a: int, b: int, ctx: RuntimeContext) -> str:
 
 def build_questioning() -> ReActAgent:
     """``add`` asks the user a question the first time it runs for a call."""
-    return ReActAgent.builder().name("durable").model(_model()).tools(tool(name="add")(_add_in_base)).build()
+    return ReActAgent.builder().name("durable").model(_model()).tools(tool(name="add", idempotent=True)(_add_in_base)).build()
 
 
 class City(BaseModel):
@@ -179,19 +189,19 @@ def build_redis() -> ReActAgent:
     from agentscope_py.agent.redis_store import RedisStateStore
 
     store = RedisStateStore(os.environ["DURABLE_REDIS_URL"], prefix=os.environ["DURABLE_PREFIX"])
-    return ReActAgent.builder().name("durable").model(_model()).tools(tool(name="add")(_add)).state_store(store).build()
+    return ReActAgent.builder().name("durable").model(_model()).tools(tool(name="add", idempotent=True)(_add)).state_store(store).build()
 
 
 def build_sqlite_asking() -> ReActAgent:
     """`build_sqlite` whose ``add`` asks for approval."""
-    asking = tool(name="add", check_permissions=lambda call, ctx: PermissionDecision.ASK)(_add)
+    asking = tool(name="add", idempotent=True, check_permissions=lambda call, ctx: PermissionDecision.ASK)(_add)
     return (ReActAgent.builder().name("durable").model(_model()).tools(asking)
             .state_store(FlakyStore(os.environ["DURABLE_STORE"])).build())
 
 
 def build_subagent_asking() -> ReActAgent:
     """A sub-agent tool whose own ``add`` asks for approval (scripted models)."""
-    asking = tool(name="add", check_permissions=lambda call, ctx: PermissionDecision.ASK)(_add)
+    asking = tool(name="add", idempotent=True, check_permissions=lambda call, ctx: PermissionDecision.ASK)(_add)
     sub = (ReActAgent.builder().name("helper").model(ScriptedModel([ModelStep.tool_call("add", {"a": 2, "b": 40})]))
            .tools(asking).build())
     model = ScriptedModel([ModelStep.tool_call("helper", {"task": "add 2 and 40"}), ModelStep.text("could not")])
@@ -255,12 +265,12 @@ def build_recording_timeout() -> ReActAgent:
     """A recording model calls ``add``, which its ``timeout`` (0.5 s) cuts off, then answers."""
     model = RecordedModel([ModelStep.tool_call("add", {"a": 2, "b": 40}), ModelStep.text("It took too long.")],
                           loop=True)
-    return ReActAgent.builder().name("durable").model(model).tools(tool(name="add", timeout=0.5)(_add_slow)).build()
+    return ReActAgent.builder().name("durable").model(model).tools(tool(name="add", idempotent=True, timeout=0.5)(_add_slow)).build()
 
 
 def build_recording() -> ReActAgent:
     """``add`` records its start, cancellation and end; its first call takes a while."""
-    return ReActAgent.builder().name("durable").model(_model()).tools(tool(name="add")(_add_recorded)).build()
+    return ReActAgent.builder().name("durable").model(_model()).tools(tool(name="add", idempotent=True)(_add_recorded)).build()
 
 
 class RecordedModel(ScriptedModel):
@@ -279,3 +289,35 @@ def build_recording_model() -> ReActAgent:
 RECORDING = replace(FAST, tool=DurableConfig().tool, model=DurableConfig().model)
 """`FAST`'s state schedule with the default model and tool schedules (their heartbeat timeout of
 10 s): the interrupt tests see what a worker does by default."""
+
+
+async def _hold() -> str:
+    """Hold until cancelled (an interrupt), 10 s at most (a test that fails ends that soon)."""
+    _log_start()
+    await asyncio.sleep(10)
+    return "held"
+
+
+def _holding_turn(request: ModelRequest) -> ModelStep:
+    """The input "first" calls ``hold`` (its run holds the session until interrupted); once the
+    hold's result is in, or for any other input, the answer."""
+    last = request.messages[-1]
+    if last.role == "user" and last.text == "first":
+        return ModelStep.tool_call("hold", {})
+    return ModelStep.text(f"done: {last.text}")
+
+
+def build_holding() -> ReActAgent:
+    """Sessions in the SQLite file ``DURABLE_STORE``; "first" holds its session (`_holding_turn`)."""
+    return _holding().build()
+
+
+def build_holding_rollback() -> ReActAgent:
+    """`build_holding` whose own default for a new input to a busy session is ``"rollback"``."""
+    return _holding().multitask_strategy("rollback").build()
+
+
+def _holding() -> Builder:
+    model = ScriptedModel([ModelStep(respond=_holding_turn)], loop=True)
+    return (ReActAgent.builder().name("durable").model(model).tools(tool(name="hold")(_hold))
+            .state_store(SqliteStateStore(os.environ["DURABLE_STORE"])))

@@ -122,7 +122,9 @@ async def test_a_second_run_on_a_busy_session_is_refused_and_the_first_goes_on(
     workers.ready(worker)
     async with asyncio.timeout(40), httpx.AsyncClient(timeout=30) as http:
         async with _answering(http, url) as (first_id, frames, seen):
-            busy = await http.post(url + "/v1/runs", json={"session_id": "s1", "input": "again?"})
+            # (without a strategy, the agent's default, "enqueue", would wait for the first run)
+            busy = await http.post(url + "/v1/runs", json={"session_id": "s1", "input": "again?",
+                                                           "multitask_strategy": "reject"})
             other = await http.post(url + "/v1/runs", json={"session_id": "s2", "input": "2 + 40?",
                                                             "detach": True})
             release(held_model[0])

@@ -22,6 +22,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from ..._context import RuntimeContext
+from ...agent import MultitaskStrategy
 from ...errors import RunLogError
 from ...events import AgentEvent, parse_event
 from ...message import Msg
@@ -70,8 +71,8 @@ class DurableServing:
     were started with): ``create_app(agent_factory, runner=DurableServing(...))``. ``temporal``:
     a connected `temporalio.client.Client` or the server's ``HOST:PORT`` (connected on first
     use); ``events``: the log the workers publish to (a `RedisEventLog` with the same URL and
-    prefix as the workers' ``--events``). ``max_queued``: inputs with ``multitask_strategy="enqueue"``
-    that may wait for one session in this process (then 409)."""
+    prefix as the workers' ``--events``). ``max_queued``: inputs that may wait for one session in
+    this process (then 409)."""
 
     def __init__(self, temporal: str | Client, *, factory: str, events: EventLog,
                  task_queue: str = DEFAULT_TASK_QUEUE, namespace: str = "default", max_queued: int = 100) -> None:
@@ -88,9 +89,9 @@ class DurableServing:
         self._client: Client | None = temporal if isinstance(temporal, Client) else None
         self._inputs: dict[str, list[Msg]] = {}  # runs being started: their input
         self._tools: dict[str, list[ToolSchema]] = {}  # and their frontend tools
-        self._strategies: dict[str, str] = {}  # and what they do on a busy session, when asked
+        self._strategies: dict[str, MultitaskStrategy] = {}  # and what they do on a busy session
         self.max_queued = max_queued
-        self._waiting: dict[tuple[str, str], int] = {}  # per session, starts waiting for it here
+        self._agent: DurableAgent | None = None
 
     async def client(self) -> Client:
         if self._client is None:
@@ -111,9 +112,8 @@ class DurableServing:
         """The events of a run about to start (`DurableRuns._create` starts it). Iterated
         again, it watches again from the run's first event."""
         self._inputs[run_id] = list(msgs)
-        strategy = ctx.get("multitask_strategy")
-        if strategy is not None:
-            self._strategies[run_id] = strategy
+        # The request's, else the server's (the app put either in the context), else the agent's.
+        self._strategies[run_id] = ctx.get("multitask_strategy") or agent.multitask_strategy
         agui_input = ctx.get("agui_input")
         if agui_input is not None and agui_input.tools:  # AG-UI frontend tools: the workflow's agent's too
             self._tools[run_id] = [ToolSchema(t.name, t.description, t.parameters if isinstance(t.parameters, dict)
@@ -134,8 +134,12 @@ class DurableServing:
             yield data
 
     def agent(self) -> DurableAgent:
+        """The client of the runs (one, so the starts waiting per session are counted together)."""
         assert self._client is not None, "connect first (await client())"
-        return DurableAgent(self._client, factory=self.factory, task_queue=self.task_queue, events=self.events)
+        if self._agent is None:
+            self._agent = DurableAgent(self._client, factory=self.factory, task_queue=self.task_queue,
+                                       events=self.events, max_queued=self.max_queued)
+        return self._agent
 
     async def handle(self, run_id: str) -> WorkflowHandle[Any, Any]:
         """The run's own workflow execution: a session's runs share one workflow id, so the
@@ -148,16 +152,12 @@ class DurableServing:
 
     async def start(self, record: RunRecord, retry_after: int = 1) -> bool:
         """Start the run's workflow; False when its id is taken. A session running another run:
-        its ``multitask_strategy`` decides (``"reject"`` unless the request or the server says):
+        its ``multitask_strategy`` decides (the request's, else the server's, else the agent's):
         refused (409), waiting for it (``"enqueue"``), or interrupting it and going next
-        (``"interrupt"``); docs/durable.md."""
+        (``"interrupt"``; ``"rollback"`` taking its turn out of the session); docs/durable.md."""
         msgs = self._inputs.pop(record.run_id)
         tools = self._tools.pop(record.run_id, [])
         strategy = self._strategies.pop(record.run_id, "reject")
-        if strategy == "rollback":
-            raise HTTPError(422, "invalid_request", "multitask_strategy='rollback' is not available for durable runs "
-                            "(a workflow's turn is history, not taken back): use 'interrupt', which keeps the "
-                            "interrupted turn in the session")
         meta = {"user": record.user_id, "session": record.session_id, "kind": record.kind}
         if not await self.events.describe(record.run_id, meta):
             return False
@@ -167,10 +167,10 @@ class DurableServing:
                                    "run_id": record.run_id, "tools": tools}
         try:
             try:
-                run = await agent.start(msgs, **options)
+                run = await agent.start(msgs, multitask_strategy="reject", **options)
             except DurableSessionBusy as exc:
                 ended = (await self.events.meta(exc.run_id) or {}).get("ended") is not None
-                run = await start_when_busy(agent, msgs, options, exc, ended, strategy, self._waiting, self.max_queued)
+                run = await start_when_busy(agent, msgs, options, ended, strategy)
         except WorkflowAlreadyStartedError:
             return False
         except (DurableSessionBusy, TimeoutError) as exc:  # the record says so: no watcher waits on it
