@@ -23,7 +23,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-__all__ = ["JUMP", "OnInterrupt", "Waits", "mode_of", "ticket_score", "wait_turn"]
+from ..errors import BusyError
+
+__all__ = ["JUMP", "OnInterrupt", "Waits", "entered", "mode_of", "ticket_score", "wait_turn"]
 
 OnInterrupt = Callable[[bool], None]
 """Called with ``rollback`` when another input interrupts the run holding the session."""
@@ -84,6 +86,17 @@ class Waits:
             self.wake(rest)
         elif kind == "stop" and rest:
             self.stop(rest[:-1], rest[-1] == "1")
+
+
+def entered(taken: int, user_id: str, session_id: str, mode: str) -> bool:
+    """What a store's step to take the session answered: 1 the session is this ticket's, 0 wait
+    for the turn; -1 refused (a ``"reject"`` input, the session held), -2 the queue is full, each
+    a `BusyError` (nothing of the input stays in the queue)."""
+    if taken == -1:
+        raise BusyError(user_id, session_id, strategy=mode)
+    if taken == -2:
+        raise BusyError(user_id, session_id, strategy=mode, reason="queue_full")
+    return taken == 1
 
 
 async def wait_turn(event: asyncio.Event, seconds: float) -> None:

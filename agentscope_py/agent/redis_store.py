@@ -55,7 +55,7 @@ from .._redis import PerLoop, Pipelined, Redis, RedisError, RedisSettings, check
 from ..errors import BusyError
 from ._redis_session_queue import QUEUE_SCRIPTS, Listener, keep_lock
 from ._session import DEFAULT_MAX_QUEUED
-from ._session_queue import mode_of, wait_turn
+from ._session_queue import entered, mode_of, wait_turn
 from .state import AgentState
 from .store import (
     ClosableStore,
@@ -197,12 +197,8 @@ class RedisStateStore(ClosableStore):
                             # A cancellation that landed as the command answered (the await
                             # returned): seen here or not, it ends the wait.
                             raise asyncio.CancelledError
-                        if taken == 1:
+                        if entered(taken, user_id, session_id, mode):
                             break
-                        if taken == -1:
-                            raise BusyError(user_id, session_id, strategy=mode)
-                        if taken == -2:
-                            raise BusyError(user_id, session_id, strategy=mode, reason="queue_full")
                         await wait_turn(woken, delay * random.uniform(0.5, 1.5))  # jitter: waiters spread out
                         delay = min(delay * 2, _POLL_MAX)
                 except BusyError:

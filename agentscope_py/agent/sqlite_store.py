@@ -43,7 +43,7 @@ from typing import TypeVar
 
 from ..errors import BusyError
 from ._session import DEFAULT_MAX_QUEUED
-from ._session_queue import Waits, mode_of, wait_turn
+from ._session_queue import Waits, entered, mode_of, wait_turn
 from ._sqlite_session_queue import QUEUE_SCHEMA, ROLLBACK, enter, release, stop, watch
 from .state import AgentState
 from .store import (
@@ -182,12 +182,8 @@ class SqliteStateStore(ClosableStore):
                                           bound=bound, lease=self.lock_timeout), what, locks=True)
                     if stopped is not None:  # a holder of this process: no need to wait for its check
                         self._waits.stop(stopped, mode == "rollback")
-                    if taken == 1:
+                    if entered(taken, user_id, session_id, mode):
                         break
-                    if taken == -1:
-                        raise BusyError(user_id, session_id, strategy=mode)
-                    if taken == -2:
-                        raise BusyError(user_id, session_id, strategy=mode, reason="queue_full")
                     await wait_turn(woken, delay * random.uniform(0.5, 1.5))
                     delay = min(delay * 2, _POLL_MAX)
             except BusyError:

@@ -301,30 +301,28 @@ class _Server:
         return JSONResponse(answer, status_code=201)
 
     async def schedule_list(self, request: Request) -> Response:
-        rid = request_id(request)
-        try:
-            answer = await self.schedules.list(await self.identity.user(request))
-        except Exception as exc:
-            return _refused(exc, rid, "GET /v1/schedules")
-        return JSONResponse(answer)
+        return await self._schedules_answer(request, "GET /v1/schedules", self.schedules.list)
 
     async def schedule_get(self, request: Request) -> Response:
-        rid = request_id(request)
-        try:
-            user_id = await self.identity.user(request)
-            answer = await self.schedules.get(request.path_params["schedule_id"], user_id)
-        except Exception as exc:
-            return _refused(exc, rid, "GET /v1/schedules/{schedule_id}")
-        return JSONResponse(answer)
+        schedule_id = request.path_params["schedule_id"]
+        return await self._schedules_answer(request, "GET /v1/schedules/{schedule_id}",
+                                            lambda user_id: self.schedules.get(schedule_id, user_id))
 
     async def schedule_delete(self, request: Request) -> Response:
+        schedule_id = request.path_params["schedule_id"]
+        return await self._schedules_answer(request, "DELETE /v1/schedules/{schedule_id}",
+                                            lambda user_id: self.schedules.delete(schedule_id, user_id))
+
+    async def _schedules_answer(self, request: Request, route: str,
+                                answer: Callable[[str], Awaitable[Any]]) -> Response:
+        """``answer(user_id)`` for the authenticated user, as JSON; any failure (authentication,
+        an unknown or another user's schedule, the store) the typed error every endpoint gives."""
         rid = request_id(request)
         try:
-            user_id = await self.identity.user(request)
-            answer = await self.schedules.delete(request.path_params["schedule_id"], user_id)
+            body = await answer(await self.identity.user(request))
         except Exception as exc:
-            return _refused(exc, rid, "DELETE /v1/schedules/{schedule_id}")
-        return JSONResponse(answer)
+            return _refused(exc, rid, route)
+        return JSONResponse(body)
 
     async def run_events(self, request: Request) -> Response:
         """``GET /v1/runs/{run_id}/events``: the run's frames after ``Last-Event-ID`` (or

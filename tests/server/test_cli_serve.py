@@ -3,6 +3,7 @@ factory or an instance), the URL printed only once the server answers, and the t
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -78,6 +79,21 @@ class Serving:
             self.proc.kill()
             out, _ = self.proc.communicate(timeout=5)
         return "\n".join(self.lines) + out
+
+
+@contextlib.contextmanager
+def processes(count: int, *args: str, cwd: Path, env: dict[str, str]) -> Iterator[list[Serving]]:
+    """``count`` serve processes of the same command, each announced; stopped on the way out (a
+    process still up prints its log, shown if the test failed)."""
+    servers = [Serving(*args, cwd=cwd, env=env) for _ in range(count)]
+    try:
+        for s in servers:
+            s.wait_for_url()
+        yield servers
+    finally:
+        for s in servers:
+            if s.proc.poll() is None:
+                print(f"serve on {s.port}:", s.stop())
 
 
 @pytest.fixture

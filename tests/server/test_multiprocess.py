@@ -20,7 +20,7 @@ import pytest
 
 from agentscope_py.server._runs.runlog import RESERVE
 
-from .test_cli_serve import Serving
+from .test_cli_serve import Serving, processes
 from .test_runs import parse, read_some, text_of
 
 AGENTS = '''
@@ -47,17 +47,10 @@ def two(tmp_path: Path, redis_url: str, redis_prefix: str) -> Iterator[list[Serv
     # A lease of 3 s: short, so a killed process's run is found lost quickly, but not so short that
     # a live process whose loop the loaded CI host stalls for a second looks dead (its run then
     # marked lost under the other tests).
-    servers = [Serving("slow_agents:build", "--redis", redis_url, "--redis-prefix", redis_prefix,
-                       "--run-lease", "3", "--log-level", "warning", cwd=tmp_path,
-                       env={"PYTHONPATH": os.getcwd()}) for _ in range(2)]
-    try:
-        for s in servers:
-            s.wait_for_url()
+    with processes(2, "slow_agents:build", "--redis", redis_url, "--redis-prefix", redis_prefix,
+                   "--run-lease", "3", "--log-level", "warning", cwd=tmp_path,
+                   env={"PYTHONPATH": os.getcwd()}) as servers:
         yield servers
-    finally:
-        for s in servers:
-            if s.proc.poll() is None:
-                print(f"serve on {s.port}:", s.stop())  # its log, shown if the test failed
 
 
 async def start_detached(client: httpx.AsyncClient, server: Serving, session: str) -> str:

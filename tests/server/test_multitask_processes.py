@@ -23,7 +23,7 @@ from agentscope_py.agent import RedisStateStore
 from agentscope_py.agent.sqlite_store import SqliteStateStore
 from agentscope_py.message import Msg, ToolResultBlock, ToolUseBlock
 
-from .test_cli_serve import Serving
+from .test_cli_serve import Serving, processes
 from .test_runs import parse
 
 pytestmark = pytest.mark.timeout(240)
@@ -97,16 +97,9 @@ def two(tmp_path: Path, backend: str, request: pytest.FixtureRequest) -> Iterato
                   request.getfixturevalue("redis_prefix"), "--run-lease", "3"]
     else:
         env["TURN_SQLITE"] = str(tmp_path / "sessions.db")
-    servers = [Serving("turn_agents:build", *shared, "--log-level", "warning", "--multitask-strategy", "reject",
-                       cwd=tmp_path, env=env) for _ in range(2)]
-    try:
-        for s in servers:
-            s.wait_for_url()
+    with processes(2, "turn_agents:build", *shared, "--log-level", "warning", "--multitask-strategy", "reject",
+                   cwd=tmp_path, env=env) as servers:
         yield servers
-    finally:
-        for s in servers:
-            if s.proc.poll() is None:
-                print(f"serve on {s.port}:", s.stop())
 
 
 @pytest.fixture

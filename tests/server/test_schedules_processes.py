@@ -21,7 +21,7 @@ import httpx
 import pytest
 import redis
 
-from .test_cli_serve import Serving, _free_port
+from .test_cli_serve import Serving, _free_port, processes
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -37,17 +37,10 @@ def build():
 @pytest.fixture
 def three(tmp_path: Path, redis_url: str, redis_prefix: str) -> Iterator[list[Serving]]:
     (tmp_path / "tick_agents.py").write_text(textwrap.dedent(AGENTS))
-    servers = [Serving("tick_agents:build", "--redis", redis_url, "--redis-prefix", redis_prefix,
-                       "--run-lease", "3", "--log-level", "warning", cwd=tmp_path,
-                       env={"PYTHONPATH": os.getcwd()}) for _ in range(3)]
-    try:
-        for s in servers:
-            s.wait_for_url()
+    with processes(3, "tick_agents:build", "--redis", redis_url, "--redis-prefix", redis_prefix,
+                   "--run-lease", "3", "--log-level", "warning", cwd=tmp_path,
+                   env={"PYTHONPATH": os.getcwd()}) as servers:
         yield servers
-    finally:
-        for s in servers:
-            if s.proc.poll() is None:
-                print(f"serve on {s.port}:", s.stop())
 
 
 def runs_of(client: redis.Redis, prefix: str, schedule_id: str) -> Counter[int]:

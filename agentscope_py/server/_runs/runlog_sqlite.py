@@ -12,14 +12,13 @@ All SQLite work runs on one private thread, like `SqliteStateStore`.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import sqlite3
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
+from ..._sqlite import SqliteFile
 from ...errors import RunLogError
 from .runlog import (
     RESERVE,
@@ -75,33 +74,11 @@ class SqliteRunLog(RunLog):
         self.max_events = max_events
         self.lease = lease
         self.owner = new_owner_id()
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agentscope-runlog")
-        self._conn: sqlite3.Connection | None = None
+        self._file = SqliteFile(path, _SCHEMA, name="the run log", error=RunLogError, thread="agentscope-runlog",
+                                setup=_add_reserved)
 
     async def _run(self, fn: Callable[[sqlite3.Connection], T], what: str) -> T:
-        def call() -> T:
-            if self._conn is None:
-                conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-                conn.execute("PRAGMA journal_mode=WAL")
-                conn.execute("PRAGMA busy_timeout=30000")
-                conn.executescript(_SCHEMA)
-                _add_reserved(conn)
-                self._conn = conn
-            conn = self._conn
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                result = fn(conn)
-                conn.execute("COMMIT")
-            except BaseException:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-                raise
-            return result
-
-        try:
-            return await asyncio.get_running_loop().run_in_executor(self._executor, call)
-        except (sqlite3.Error, OSError) as exc:
-            raise RunLogError(f"the run log in SQLite failed while {what}: {type(exc).__name__}: {exc}") from exc
+        return await self._file.transaction(fn, what)
 
     async def create(self, record: RunRecord) -> bool:
         def write(conn: sqlite3.Connection) -> bool:
@@ -207,14 +184,7 @@ class SqliteRunLog(RunLog):
         await self._run(write, "renewing this process's lease")
 
     async def close(self) -> None:
-        def shut() -> None:
-            if self._conn is not None:
-                self._conn.execute("DELETE FROM run_owners WHERE owner = ?", (self.owner,))
-                self._conn.close()
-                self._conn = None
-
-        with contextlib.suppress(sqlite3.Error):
-            await asyncio.get_running_loop().run_in_executor(self._executor, shut)
+        await self._file.close(lambda conn: conn.execute("DELETE FROM run_owners WHERE owner = ?", (self.owner,)))
 
 
 def _get(conn: sqlite3.Connection, run_id: str, retention: float) -> RunRecord | None:

@@ -10,14 +10,13 @@ adds the fired tick in one transaction. All SQLite work runs on one private thre
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import sqlite3
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
+from ..._sqlite import SqliteFile
 from ...errors import ScheduleStoreError
 from .spec import MAX_RECENT, FiredTick, Schedule, TickClaim
 from .store import ScheduleStore
@@ -45,33 +44,11 @@ class SqliteScheduleStore(ScheduleStore):
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = os.fspath(path)
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agentscope-schedules")
-        self._conn: sqlite3.Connection | None = None
+        self._file = SqliteFile(path, _SCHEMA, name="the schedule store", error=ScheduleStoreError,
+                                thread="agentscope-schedules")
 
     async def _run(self, fn: Callable[[sqlite3.Connection], T], what: str) -> T:
-        def call() -> T:
-            if self._conn is None:
-                conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-                conn.execute("PRAGMA journal_mode=WAL")
-                conn.execute("PRAGMA busy_timeout=30000")
-                conn.executescript(_SCHEMA)
-                self._conn = conn
-            conn = self._conn
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                result = fn(conn)
-                conn.execute("COMMIT")
-            except BaseException:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-                raise
-            return result
-
-        try:
-            return await asyncio.get_running_loop().run_in_executor(self._executor, call)
-        except (sqlite3.Error, OSError) as exc:
-            raise ScheduleStoreError(f"the schedule store in SQLite failed while {what}: "
-                                     f"{type(exc).__name__}: {exc}") from exc
+        return await self._file.transaction(fn, what)
 
     async def create(self, schedule: Schedule) -> None:
         spec = schedule.model_dump_json(exclude={"last_tick", "recent", "claims"})
@@ -127,12 +104,7 @@ class SqliteScheduleStore(ScheduleStore):
         await self._run(write, f"recording a run of schedule {schedule_id}")
 
     async def close(self) -> None:
-        def shut() -> None:
-            if self._conn is not None:
-                self._conn.close()
-                self._conn = None
-
-        await asyncio.get_running_loop().run_in_executor(self._executor, shut)
+        await self._file.close()
 
 
 def _read(conn: sqlite3.Connection, where: str, args: tuple[str, ...]) -> list[Schedule]:
