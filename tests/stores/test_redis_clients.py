@@ -47,7 +47,7 @@ def redis_server(*args: str) -> Iterator[None]:
 
 async def answering(client: Redis) -> Redis:
     """``client`` once the server it goes to answers (it may still be starting)."""
-    for _ in range(200):
+    for _ in range(800):  # 20 s: a loaded host starts a process slowly
         try:
             await client.ping()
             return client
@@ -183,6 +183,7 @@ async def test_a_sentinels_master_client_carries_the_run_log(tmp_path: Path) -> 
     conf.write_text(f"port {sentinel_port}\nbind 127.0.0.1\nsentinel monitor main 127.0.0.1 {port} 1\n")
     with redis_server("--port", str(port)), redis_server(str(conf), "--sentinel"):
         sentinel = Sentinel([("127.0.0.1", sentinel_port)], socket_timeout=1.0)
+        await answering(Redis(host="127.0.0.1", port=port))  # the master too: both may still be starting
         await answering(Redis(host="127.0.0.1", port=sentinel_port))
         client = sentinel.master_for("main")
         run_log = RedisRunLog(client=client, prefix="t")
