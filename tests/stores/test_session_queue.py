@@ -209,9 +209,8 @@ def process(*args: str) -> Any:
 async def test_a_process_killed_holding_or_waiting_blocks_the_queue_no_longer_than_its_lease(
         make_store: Stores, stores: list[Any], dies: str) -> None:
     """SIGKILL a process that holds the session, or that waits in its queue ahead of another
-    input: the input behind it runs once the dead process's lease (1 s) ran out — or at once,
-    where the store knows the process is dead (SQLite: a process of this host)."""
-    known = make_store.kind == "sqlite"
+    input: the input behind it runs once the dead process's lease (1 s) ran out — when the store
+    cannot know it died (the process records itself as of another host)."""
     release = asyncio.Event()
     mine: asyncio.Task[None] | None = None
     if dies == "waiting":
@@ -221,7 +220,7 @@ async def test_a_process_killed_holding_or_waiting_blocks_the_queue_no_longer_th
 
         mine = asyncio.create_task(hold())
         await until(lambda: _held(stores[1]))
-    with process("hold-lock", *_store_arg(make_store), "--lock-timeout", "1") as proc:
+    with process("hold-lock", *_store_arg(make_store), "--lock-timeout", "1", "--other-host") as proc:
         if dies == "holding":
             assert proc.stdout is not None
             assert await asyncio.to_thread(proc.stdout.readline) == "locked\n"
@@ -233,9 +232,9 @@ async def test_a_process_killed_holding_or_waiting_blocks_the_queue_no_longer_th
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)
         killed = time.monotonic()
-        if dies == "waiting":  # its ticket stops counting once its lease ran out (or at once)
+        if dies == "waiting":  # its ticket stops counting once its lease ran out
             await until(waiting(stores[1], 1), 3)
-            assert known or time.monotonic() - killed > 0.5
+            assert time.monotonic() - killed > 0.5
         release.set()
         await asyncio.wait_for(behind, 10)
         assert order == ["behind"]
@@ -247,11 +246,11 @@ async def test_a_process_killed_holding_or_waiting_blocks_the_queue_no_longer_th
 
 @pytest.mark.parametrize("dies", ["holding", "waiting"])
 async def test_a_process_known_dead_blocks_the_session_not_at_all_a_live_one_is_waited_for(
-        tmp_path: Path, dies: str) -> None:
-    """SQLite, a 30 s lease: a process of this host that holds the session (or waits in its queue
-    ahead of another input) is waited for while it lives — stopped by SIGSTOP too, it is alive —
-    and the input behind it takes the session within a second of its SIGKILL, not the lease."""
-    ours, theirs = SqliteStateStore(tmp_path / "queue.db"), SqliteStateStore(tmp_path / "queue.db")
+        make_store: Stores, dies: str) -> None:
+    """A 30 s lease: a process of this host that holds the session (or waits in its queue ahead of
+    another input) is waited for while it lives — stopped by SIGSTOP too, it is alive — and the
+    input behind it takes the session within a second of its SIGKILL, not the lease."""
+    ours, theirs = make_store(), make_store()
     release = asyncio.Event()
     order: list[str] = []
 
@@ -262,7 +261,7 @@ async def test_a_process_known_dead_blocks_the_session_not_at_all_a_live_one_is_
     mine = asyncio.create_task(hold()) if dies == "waiting" else None
     if mine is not None:
         await until(lambda: _held(theirs))
-    with process("hold-lock", "--store", str(tmp_path / "queue.db"), "--lock-timeout", "30") as proc:
+    with process("hold-lock", *_store_arg(make_store), "--lock-timeout", "30") as proc:
         assert proc.stdout is not None
         if dies == "holding":
             assert await asyncio.to_thread(proc.stdout.readline) == "locked\n"
