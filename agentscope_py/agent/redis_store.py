@@ -239,6 +239,8 @@ class RedisStateStore(ClosableStore):
         keys = self._queue_keys(user_id, session_id)
         ttl_ms = max(1, round(self.lock_timeout * 1000))
         with _typed_errors(f"interrupting session {user_id}/{session_id} in Redis"):
+            # A holder known dead runs nothing to stop: dropped, it does not count as one.
+            await reap_dead(self._commands(), keys, f"{self.prefix}:sessions:")
             stopped = await self._commands().script("stop", [keys[0], keys[3]],
                                                     [ttl_ms, int(rollback), f"{self.prefix}:sessions:"])
         return bool(stopped)

@@ -286,6 +286,21 @@ async def test_a_process_known_dead_blocks_the_session_not_at_all_a_live_one_is_
     await theirs.close()
 
 
+async def test_a_holder_known_dead_is_no_holder(make_store: Stores) -> None:
+    """A process of this host killed while it holds the session (a 30 s lease): the session has no
+    holder at once, and interrupting it interrupts nothing."""
+    store = make_store()
+    with process("hold-lock", *_store_arg(make_store), "--lock-timeout", "30") as proc:
+        assert proc.stdout is not None
+        assert await asyncio.to_thread(proc.stdout.readline) == "locked\n"
+        assert await store.session_queue("u", "s") == ("", 0)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+    assert await store.session_queue("u", "s") == (None, 0)
+    assert await store.interrupt_session("u", "s") is False
+    await store.close()
+
+
 @pytest.mark.parametrize("strategy", ["interrupt", "rollback"])
 async def test_a_script_interrupts_the_run_of_another_script_on_the_same_store(
         make_store: Stores, stores: list[Any], strategy: str) -> None:
