@@ -147,7 +147,7 @@ def _in_doubt_message(vocabulary: Vocabulary, ids: Sequence[str]) -> str:
     if vocabulary == "agui":
         return head + ("Answer each first with `resume` (interruptId = the tool call id, status \"resolved\" with "
                        "payload {\"done\": true} if it took effect or {\"done\": false} to run it now, or status "
-                       "\"cancelled\" to skip it)")
+                       "\"cancelled\" to skip it), or send a run with no new messages to be asked about them")
     return head + ("Answer each first with `confirm` ([{\"tool_call_id\": ..., \"confirmed\": true, \"answer\": "
                    "{\"done\": true}}] if it took effect, {\"done\": false} to run it now, or \"confirmed\": false "
                    "to skip it)")

@@ -213,6 +213,10 @@ def test_a_call_in_doubt_is_named_with_its_answer_in_each_endpoints_words(live: 
     assert agui["type"] == "RUN_ERROR" and agui["code"] == "PendingToolCallsError"
     assert "tool calls in doubt (c1)" in agui["message"] and "may or may not have taken effect" in agui["message"]
     assert "`resume`" in agui["message"] and '{"done": true}' in agui["message"]
+    # As it says, a run with no new messages asks the question the dead run would have asked.
+    asked = agui_events(httpx.post(f"{server.url}/agui", json=run_input("t", run="r-ask"), timeout=10).text)[-1]
+    (question,) = asked["outcome"]["interrupts"]
+    assert (question["id"], question["reason"]) == ("c1", "tool_in_doubt") and paid == []
     native = httpx.post(f"{server.url}/v1/runs", json={"session_id": "t", "input": "and now?"}, timeout=10)
     frame = json.loads(native.text.strip().split("\n\n")[-1].split("data: ", 1)[1])
     assert frame["code"] == "PendingToolCallsError" and "tool calls in doubt (c1)" in frame["message"]
