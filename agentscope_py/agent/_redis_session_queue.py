@@ -8,8 +8,8 @@ the ms the ticket's lease ends, in Redis's clock), ``stop`` (the token of the ho
 interrupting input stopped, then ``1`` for a rollback else ``0``), ``owners`` (a hash: the token of
 the lock and of each ticket -> its process, `_process_identity`: a waiter that finds one of them
 dead, on its own host, drops its lock or ticket at once instead of waiting out its lease), and
-``{prefix}:tickets``, the counter that numbers the tickets. Messages on ``{prefix}:sessions:{process id}``: ``wake
-<token>``, ``stop <token><0|1>``.
+``{prefix}:tickets``, the counter that numbers the tickets. Messages on
+``{prefix}:sessions:{process id}``: ``wake <token>``, ``stop <token><0|1>``.
 """
 
 from __future__ import annotations

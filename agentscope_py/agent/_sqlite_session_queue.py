@@ -69,7 +69,8 @@ def enter(conn: sqlite3.Connection, *, key: Key, token: str, holder: str, mode: 
         conn.execute(f"DELETE FROM session_queue {_WHERE} AND expires < ?", (*key, now))
         owner = this_process()
         mine = conn.execute("SELECT expires FROM session_queue WHERE token = ?", (token,)).fetchone()
-        for reaped in (False, True):
+        dropped = False  # (then this step commits, whatever it answers)
+        for _ in range(2):
             held = conn.execute(f"SELECT token FROM session_lock {_WHERE}", key).fetchone()
             if held is None:
                 head = conn.execute(f"SELECT token FROM session_queue {_WHERE} ORDER BY place LIMIT 1",
@@ -81,21 +82,20 @@ def enter(conn: sqlite3.Connection, *, key: Key, token: str, holder: str, mode: 
                     conn.execute("COMMIT")
                     return 1, None
             # It would wait: for a process known dead (killed, on this host), no longer.
-            if reaped or not _reap(conn, key, owner):
+            if dropped or not (dropped := _reap(conn, key, owner)):
                 break
         if mine is not None:
-            if mine[0] - now < lease * 2 / 3:  # renewed a third of the way: a check writes nothing else
+            renew = mine[0] - now < lease * 2 / 3  # renewed a third of the way: a check writes nothing else
+            if renew:
                 conn.execute("UPDATE session_queue SET expires = ? WHERE token = ?", (now + lease, token))
-                conn.execute("COMMIT")
-            else:
-                conn.execute("ROLLBACK")
+            conn.execute("COMMIT" if renew or dropped else "ROLLBACK")
             return 0, None
         if mode == "reject":
-            conn.execute("ROLLBACK")
+            conn.execute("COMMIT" if dropped else "ROLLBACK")
             return -1, None
         (waiting,) = conn.execute(f"SELECT COUNT(*) FROM session_queue {_WHERE}", key).fetchone()
         if waiting >= bound:
-            conn.execute("ROLLBACK")
+            conn.execute("COMMIT" if dropped else "ROLLBACK")
             return -2, None
         number = conn.execute("INSERT INTO session_queue (user_id, session_id, token, place, expires, owner) "
                               "VALUES (?, ?, ?, 0, ?, ?)", (*key, token, now + lease, owner)).lastrowid

@@ -200,10 +200,10 @@ class RedisStateStore(ClosableStore):
                             # A cancellation that landed as the command answered (the await
                             # returned): seen here or not, it ends the wait.
                             raise asyncio.CancelledError
+                        if taken != 1 and await reap_dead(commands, keys, channels):
+                            continue  # a process known dead held or queued ahead: asked again without it
                         if entered(taken, user_id, session_id, mode):
                             break
-                        if await reap_dead(commands, keys, channels):
-                            continue  # a dead process was ahead: its place is free now
                         await wait_turn(woken, delay * random.uniform(0.5, 1.5))  # jitter: waiters spread out
                         delay = min(delay * 2, _POLL_MAX)
                 except BusyError:

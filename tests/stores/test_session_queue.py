@@ -286,9 +286,11 @@ async def test_a_process_known_dead_blocks_the_session_not_at_all_a_live_one_is_
     await theirs.close()
 
 
-async def test_a_holder_known_dead_is_no_holder(make_store: Stores) -> None:
+@pytest.mark.parametrize("then", ["interrupt", "reject"])
+async def test_a_holder_known_dead_is_no_holder(make_store: Stores, then: str) -> None:
     """A process of this host killed while it holds the session (a 30 s lease): the session has no
-    holder at once, and interrupting it interrupts nothing."""
+    holder at once; interrupting it interrupts nothing, and an input that refuses to wait
+    (``reject``) takes it."""
     store = make_store()
     with process("hold-lock", *_store_arg(make_store), "--lock-timeout", "30") as proc:
         assert proc.stdout is not None
@@ -297,7 +299,11 @@ async def test_a_holder_known_dead_is_no_holder(make_store: Stores) -> None:
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)
     assert await store.session_queue("u", "s") == (None, 0)
-    assert await store.interrupt_session("u", "s") is False
+    if then == "interrupt":
+        assert await store.interrupt_session("u", "s") is False
+    else:
+        async with asyncio.timeout(1.0), store.session_lock("u", "s", strategy="reject", holder="new"):
+            assert await store.session_queue("u", "s") == ("new", 0)
     await store.close()
 
 
