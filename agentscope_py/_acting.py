@@ -26,10 +26,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from ._control import RunControl
 from ._deadline import Deadline, DeadlineTimer
-from ._parts import delta_maker
 from ._recorded import INTERRUPTED_UNSURE_TEXT, UNSETTLED_TEXT, Recording, journaled, replay_events
 from ._replies import arguments_problem, join_output, result_events
 from ._sanitize import clean
+from ._trusted import delta_maker
 from .errors import AgentInterrupted, SubAgentPaused, ToolInputRequired
 from .events import (
     AgentEvent,

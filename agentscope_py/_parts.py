@@ -1,24 +1,19 @@
 """`PartsManager`: a model's chunks become the typed block events of its reply, and the per-token
-work of the runtime lives here (with `delta_maker`, the delta events' constructor).
+work of the runtime lives here (with `_trusted.Trusted`, which builds the delta events).
 
-Everywhere else the runtime is written plainly and builds its events with pydantic's validating
-constructors; what runs once per streamed token is here, and why it is shaped as it is is said in
-`PartsManager`'s docstring, in one place.
+Everywhere else the runtime is written plainly; what runs once per streamed token is here, and why
+it is shaped as it is is said in `PartsManager`'s docstring, in one place.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import AsyncIterator, Callable
-from functools import partial
-from typing import TYPE_CHECKING, Any, TypeVar
-
-from pydantic import BaseModel
+from typing import TYPE_CHECKING, Any
 
 from ._bracket_kinds import describe
 from ._sanitize import SurrogateCarry, clean
+from ._trusted import delta_maker
 from .events import (
-    EventBase,
     ModelCallEnd,
     ModelCallStart,
     TextBlockDelta,
@@ -30,9 +25,8 @@ from .events import (
     ToolCallDelta,
     ToolCallEnd,
     ToolCallStart,
-    ToolResultTextDelta,
 )
-from .message import ChatUsage, id_factory, new_id
+from .message import ChatUsage, new_id
 
 if TYPE_CHECKING:
     from ._stream.channel import Channel
@@ -61,16 +55,12 @@ class PartsManager:
       ``make(text)`` in the consumer's task (`_stream.concurrent.Prefetch`, ``deferred``). A
       consumer slower than the model (a loaded server) then buffers strings, and each event lives
       only from its making to its use.
-    * **Delta events are made without validating** (`delta_maker`): the object the validating
-      constructor gives (the same ``__dict__`` in the same order, the same ``model_fields_set``,
-      no extras, no private attributes; `tests/test_events.py` compares them) at ~0.6× its cost.
-      Safe because only values the runtime made itself go in: ids it generated or read from
-      typed events, and text that arrived as ``str``. A delta class that gains a validator,
-      extras or private attributes fails at import instead of silently skipping them.
-    * **A block's maker is a `functools.partial`** of one module-level function over a template
-      dict, not a closure: a maker lives as long as its block streams, and a served process holds
-      thousands of blocks open, each a few objects for the garbage collector to walk instead of a
-      dozen cells.
+    * **Delta events are made without validating** (`delta_maker`, `_trusted.Trusted`): the
+      object the validating constructor gives (the same ``__dict__`` in the same order, the same
+      ``model_fields_set``, no extras, no private attributes; `tests/test_events.py` compares
+      them) at ~0.6× its cost. Safe because only values the runtime made itself go in: ids it
+      generated or read from typed events, and text that arrived as ``str``. A block's maker is a
+      `functools.partial` over a template dict, not a closure (see `Trusted`).
     * **Text passes as it came**, except that a surrogate pair split across two chunks is joined
       and a lone half replaced (`_sanitize.SurrogateCarry`): the carry is made only for a block
       that meets non-ASCII text, and ASCII text is one flag test.
@@ -221,71 +211,3 @@ class PartsManager:
         for call_id, name, _ in self.calls.values():
             self.put(ToolCallEnd(reply_id=self.reply_id, tool_call_id=call_id, tool_name=name))
 
-
-# -- the delta events' constructor ----------------------------------------------------------------
-
-_D = TypeVar("_D", TextBlockDelta, ThinkingBlockDelta, ToolCallDelta, ToolResultTextDelta)
-
-_new = object.__new__
-_set = object.__setattr__
-# pydantic's own slots of a model, set through their descriptors (what ``__copy__`` sets too)
-_set_fields_set = BaseModel.__dict__["__pydantic_fields_set__"].__set__
-_set_extra = BaseModel.__dict__["__pydantic_extra__"].__set__
-_set_private = BaseModel.__dict__["__pydantic_private__"].__set__
-_event_id = id_factory("ev_")  # what EventBase's id field defaults to
-_now = time.time
-
-
-class _Kind:
-    """What every delta of one class shares: its field order (a validated sample's) and the
-    fields an ordinary construction sets."""
-
-    __slots__ = ("bound", "cls", "fields_set", "names", "template")
-
-    def __init__(self, cls: type[EventBase], **sample: str) -> None:
-        decorators = cls.__pydantic_decorators__
-        if (decorators.field_validators or decorators.model_validators or cls.__private_attributes__
-                or cls.model_config.get("extra") not in (None, "ignore")):
-            raise TypeError(f"{cls.__name__} needs validation: build it with its constructor")
-        made = cls.model_validate({**sample, "delta": ""})
-        self.cls = cls
-        self.bound = tuple(sample)
-        self.names = frozenset(sample)
-        self.template: dict[str, Any] = dict(made.__dict__)
-        self.fields_set = made.__pydantic_fields_set__
-
-
-_KINDS: dict[type[EventBase], _Kind] = {
-    TextBlockDelta: _Kind(TextBlockDelta, reply_id="", block_id=""),
-    ThinkingBlockDelta: _Kind(ThinkingBlockDelta, reply_id="", block_id=""),
-    ToolCallDelta: _Kind(ToolCallDelta, reply_id="", tool_call_id="", tool_name=""),
-    ToolResultTextDelta: _Kind(ToolResultTextDelta, reply_id="", tool_call_id="", tool_name=""),
-}
-
-
-def delta_maker(cls: type[_D], **bound: Any) -> Callable[[str], _D]:
-    """``delta_maker(C, **ids)(text)`` gives the event ``C(**ids, delta=text)`` gives (a fresh
-    ``id``, ``created_at`` and ``metadata`` each), without validating (see `PartsManager`). ``ids``:
-    every field of ``C`` but ``delta`` (``reply_id`` and ``block_id``, or ``reply_id``,
-    ``tool_call_id`` and ``tool_name``); only for values the runtime made itself. Ids that are not
-    exactly ``str`` (a provider's tool name of another type) get a maker that validates."""
-    kind = _KINDS[cls]
-    if bound.keys() != kind.names:
-        raise TypeError(f"delta_maker({cls.__name__}) takes {', '.join(kind.bound)}")
-    if any(type(value) is not str for value in bound.values()):
-        return lambda delta: cls.model_validate({**bound, "delta": delta})
-    return partial(_make, cls, {**kind.template, **bound}, kind.fields_set)
-
-
-def _make(cls: type[_D], template: dict[str, Any], fields_set: set[str], delta: str) -> _D:
-    values = template.copy()
-    values["id"] = _event_id()
-    values["created_at"] = _now()
-    values["metadata"] = {}
-    values["delta"] = delta
-    event: _D = _new(cls)
-    _set(event, "__dict__", values)
-    _set_fields_set(event, fields_set)
-    _set_extra(event, None)
-    _set_private(event, None)
-    return event

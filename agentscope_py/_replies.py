@@ -12,6 +12,7 @@ import json
 from typing import Any, Literal
 
 from ._sanitize import MAX_DEPTH, clean_value, depth_exceeds
+from ._trusted import trusted, validated
 from .errors import MiddlewareError
 from .events import (
     AgentEvent,
@@ -94,7 +95,12 @@ class ReplyBuilder:
 
     def build(self, reply_id: str, name: str | None, reason: GenerateReason | None = None,
               usage: ChatUsage | Literal["last"] | None = "last") -> Msg:
-        """The reply as a message; ``usage``: its usage (by default the last model call's)."""
+        """The reply as a message; ``usage``: its usage (by default the last model call's).
+
+        What it is built from left the model-call chain: events a middleware made (validated by
+        their constructors) or derived with ``model_copy`` (not validated). So each value is
+        checked for its field's exact type (the joined text is a ``str`` or a TypeError), and one
+        that is not goes through the validating constructor, which names it."""
         content: list[Block] = []
         for key, (kind, parts, extra) in self._blocks.items():
             try:
@@ -102,14 +108,18 @@ class ReplyBuilder:
             except TypeError:
                 raise _bad_delta(kind, parts) from None
             if kind == "text":
-                content.append(TextBlock(text=joined))
+                content.append(trusted(TextBlock, text=joined))
             elif kind == "thinking":
-                content.append(ThinkingBlock(thinking=joined, signature=extra))
+                make = trusted if extra is None or type(extra) is str else validated
+                content.append(make(ThinkingBlock, thinking=joined, signature=extra))
             else:
                 content.append(tool_use_block(key, extra or "", joined))
         if isinstance(usage, str):
             usage = self.usage
-        return Msg(id=reply_id, name=name, role="assistant", content=content, generate_reason=reason, usage=usage)
+        typed = ((usage is None or type(usage) is ChatUsage) and (name is None or type(name) is str)
+                 and (reason is None or type(reason) is GenerateReason))
+        make = trusted if typed else validated
+        return make(Msg, id=reply_id, name=name, role="assistant", content=content, generate_reason=reason, usage=usage)
 
 
 def _bad_delta(kind: str, parts: list[Any]) -> MiddlewareError:
@@ -122,19 +132,22 @@ def _bad_delta(kind: str, parts: list[Any]) -> MiddlewareError:
 
 
 def tool_use_block(call_id: str, name: str, raw: str) -> ToolUseBlock:
+    # The id and name come from a tool call's events (see `ReplyBuilder.build`); the input is a
+    # dict json.loads made, with str keys.
+    make = trusted if type(call_id) is str and type(name) is str else validated
     if not raw.strip():
-        return ToolUseBlock(id=call_id, name=name, input={})
+        return make(ToolUseBlock, id=call_id, name=name, input={})
     try:
         value = json.loads(raw)
     except (ValueError, RecursionError):  # (nested a few thousand deep: the parser's own limit)
-        return ToolUseBlock(id=call_id, name=name, input={}, raw_input=raw)
+        return make(ToolUseBlock, id=call_id, name=name, input={}, raw_input=raw)
     if not isinstance(value, dict) or (raw.count("{") + raw.count("[") > MAX_DEPTH and depth_exceeds(value)):
         # (what is remembered must load again; fewer brackets than the limit cannot nest deeper)
-        return ToolUseBlock(id=call_id, name=name, input={}, raw_input=raw)
+        return make(ToolUseBlock, id=call_id, name=name, input={}, raw_input=raw)
     if "\\u" in raw or not raw.isascii():
         # A ``\ud800`` escape decodes to a lone surrogate, which no later save could encode.
         value = clean_value(value)
-    return ToolUseBlock(id=call_id, name=name, input=value)
+    return make(ToolUseBlock, id=call_id, name=name, input=value)
 
 
 _JSON_KINDS = {list: "array", str: "string", int: "number", float: "number", bool: "boolean", type(None): "null"}
@@ -179,10 +192,14 @@ class ToolResultCollector:
         elif t == "tool_result_start":
             self._entry(ev)
         elif t == "tool_result_end":
-            name, parts = self._parts.pop(ev.tool_call_id, (ev.tool_name, []))
-            self.results[ev.tool_call_id] = ToolResultBlock(
-                id=ev.tool_call_id, name=name, output=_join(parts), state=ev.state
-            )
+            call_id, state = ev.tool_call_id, ev.state
+            name, parts = self._parts.pop(call_id, (ev.tool_name, []))
+            output = _join(parts)
+            # From the acting chain's events: typed unless a middleware derived one with model_copy.
+            typed = (type(call_id) is str and type(name) is str and type(output) is str
+                     and type(state) is ToolResultState)
+            self.results[call_id] = (trusted if typed else validated)(
+                ToolResultBlock, id=call_id, name=name, output=output, state=state)
 
     def _entry(self, ev: Any) -> tuple[str, list[str | DataBlock]]:
         entry = self._parts.get(ev.tool_call_id)

@@ -255,7 +255,14 @@ class ResumeError(AgentScopeError, ValueError):
 
 
 class PendingToolCallsError(ResumeError):
-    """The session has tool calls waiting for confirmation or external results."""
+    """The session has tool calls waiting for confirmation or external results: ``tool_call_ids``
+    names them, ``in_doubt`` those among them whose run stopped while they ran (they may or may
+    not have taken effect: answered with ``answer={"done": ...}``, see docs/tools.md)."""
+
+    def __init__(self, message: str, *, tool_call_ids: tuple[str, ...] = (), in_doubt: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.tool_call_ids = tool_call_ids
+        self.in_doubt = in_doubt
 
 
 class StructuredOutputError(AgentScopeError, ValueError):

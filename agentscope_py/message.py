@@ -15,6 +15,8 @@ from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ._trusted import trusted
+
 __all__ = [
     "Block",
     "ChatUsage",
@@ -88,6 +90,15 @@ class ChatUsage(BaseModel):
             return other
         if type(self) is ChatUsage and other.__dict__ == _NO_TOKENS:
             return self
+        if type(self) is ChatUsage and type(other) is ChatUsage:  # int fields: their sums are ints
+            return trusted(
+                ChatUsage,
+                input_tokens=self.input_tokens + other.input_tokens,
+                output_tokens=self.output_tokens + other.output_tokens,
+                cache_read_tokens=self.cache_read_tokens + other.cache_read_tokens,
+                cache_write_tokens=self.cache_write_tokens + other.cache_write_tokens,
+                reasoning_tokens=self.reasoning_tokens + other.reasoning_tokens,
+            )
         return ChatUsage(
             input_tokens=self.input_tokens + other.input_tokens,
             output_tokens=self.output_tokens + other.output_tokens,

@@ -23,7 +23,6 @@ package (`operators`, `channel`, `concurrent`, `context`), re-exported here wher
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import contextvars
 import weakref
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable
@@ -88,8 +87,12 @@ class EventStream(Generic[T]):
             it = factory.with_maps(maps)
         else:
             it = apply_maps(factory(), maps)
-        with contextlib.suppress(TypeError):  # some iterators do not take weak references
+        # (a try, not contextlib.suppress: every subscription of every stream passes here, and the
+        # context manager is three Python calls where a try costs nothing)
+        try:
             self._last = weakref.ref(it)
+        except TypeError:  # some iterators do not take weak references: none to close
+            self._last = None
         return it
 
     async def aclose(self) -> None:

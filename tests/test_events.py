@@ -142,7 +142,7 @@ def test_a_delta_maker_gives_what_validation_gives(cls: typing.Any, ids: dict[st
 
 
 def test_with_source_gives_what_model_copy_gives() -> None:
-    from agentscope_py._fast_events import with_source
+    from agentscope_py._trusted import with_source
 
     for original in (ev.TextBlockDelta(reply_id="r", block_id="b", delta="hi"),
                      ev.ModelCallEnd(reply_id="r", finish_reason="stop", metadata={"k": 1})):

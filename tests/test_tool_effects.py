@@ -313,6 +313,34 @@ async def test_a_reconcile_that_raises_leaves_the_call_in_doubt_and_the_session_
     assert doubts(events) == [("reconcile", "not_done")] and bank.paid == {KEY: 5}
 
 
+async def test_a_new_input_is_told_the_call_is_in_doubt_and_the_answer_it_takes() -> None:
+    """A new input while a call is in doubt: the error names it as in doubt (not only "waiting")
+    with the answer it takes; a plain waiting call keeps the plain message."""
+    bank = Bank()
+    store = InMemoryStateStore()
+    await in_doubt_session(store)
+    agent = ReActAgent(model=ScriptedModel([ModelStep.text("done")]), tools=[bank.tools(in_doubt="ask")],
+                       state_store=store)
+    with pytest.raises(PendingToolCallsError) as info:
+        await agent.call("something else", ctx=ctx())
+    assert (info.value.tool_call_ids, info.value.in_doubt) == (("c1",), ("c1",))
+    message = str(info.value)
+    assert "tool calls in doubt (c1)" in message and "may or may not have taken effect" in message
+    assert "answer={'done': True}" in message and "answer={'done': False}" in message
+    events = await resume(agent, confirm_message(ConfirmResult(tool_call_id="c1", confirmed=True,
+                                                               answer={"done": False})))
+    assert doubts(events) == [("ask", "not_done")] and bank.paid == {KEY: 5}
+    await in_doubt_session(store := InMemoryStateStore(), result=None)
+    state = await stored(store)
+    state.tool_journal.clear()  # waiting for an answer, never started: not in doubt
+    await store.save("u", "s", state, 1)
+    agent = ReActAgent(model=ScriptedModel([ModelStep.text("done")]), tools=[bank.tools()], state_store=store)
+    with pytest.raises(PendingToolCallsError) as info:
+        await agent.call("something else", ctx=ctx())
+    assert info.value.in_doubt == () and "in doubt" not in str(info.value)
+    assert "tool calls waiting (c1)" in str(info.value)
+
+
 async def test_ask_pauses_with_the_question_and_each_answer_decides() -> None:
     for answer, outcome, paid, text in (
         (ConfirmResult(tool_call_id="c1", confirmed=True, answer={"done": True, "result": "receipt 9"}), "done",

@@ -25,6 +25,7 @@ from ..message import GenerateReason, Msg, ToolResultBlock, ToolResultState, Too
 from ..stream import aclosing
 from ._boundaries import clean_block
 from ._in_doubt import Settled, settle
+from ._journal import entry_of
 from ._subagent_tree import route_confirms
 
 if TYPE_CHECKING:
@@ -41,11 +42,7 @@ async def resume(exe: StepScope, pending: list[ToolUseBlock], input_msgs: list[M
     results = [clean_block(b) for m in input_msgs if m.role == "tool" for b in m.tool_results]
     by_id = {c.id: c for c in pending}
     if input_msgs and not confirms and not results:
-        ids = ", ".join(c.id for c in pending)
-        raise PendingToolCallsError(
-            f"session {exe.ctx.user_id}/{exe.ctx.session_id} has tool calls waiting ({ids}): "
-            "answer them with confirm results (agentscope_py.confirm_message) or tool results first"
-        )
+        raise _pending_error(exe, pending)
     settled = Settled()
     if state.tool_journal and not results:
         settled = await settle(exe, pending, confirms)
@@ -120,6 +117,27 @@ async def resume(exe: StepScope, pending: list[ToolUseBlock], input_msgs: list[M
         for ev in _ask(exe, settled):
             yield ev
         state.pending_tool_calls = [c.id for c in exe.run.pending_calls()]
+
+
+def _pending_error(exe: StepScope, pending: list[ToolUseBlock]) -> PendingToolCallsError:
+    """What a new input gets while calls wait; calls in doubt (an intent, no result: their run
+    stopped while they ran) are named as such, with the answer they take — the run that would
+    have asked about them died, so this is where the user first hears of them."""
+    state = exe.run.session
+    assert state is not None
+    where = f"session {exe.ctx.user_id}/{exe.ctx.session_id}"
+    ids = tuple(c.id for c in pending)
+    doubtful = tuple(c.id for c in pending if (entry := entry_of(state, c.id)) is not None and entry.result is None)
+    if not doubtful:
+        return PendingToolCallsError(
+            f"{where} has tool calls waiting ({', '.join(ids)}): answer them with confirm results "
+            "(agentscope_py.confirm_message) or tool results first", tool_call_ids=ids)
+    return PendingToolCallsError(
+        f"{where} has tool calls in doubt ({', '.join(doubtful)}): the run that made them stopped while they ran, "
+        "so they may or may not have taken effect. Answer each first with a confirm result "
+        "(agentscope_py.confirm_message): answer={'done': True} if it took effect, answer={'done': False} to run "
+        "it now, or confirmed=False to skip it; or resume with no input to let its in_doubt policy decide",
+        tool_call_ids=ids, in_doubt=doubtful)
 
 
 def _ask(exe: StepScope, settled: Settled) -> list[AgentEvent]:

@@ -6,6 +6,8 @@ the store's thread, on its connection).
 seconds: the processes share a host with the file) and ``stop`` (0, or `INTERRUPT` / `ROLLBACK`
 recorded by an interrupting input). ``session_queue``: one row per waiting ticket, numbered as it
 arrives (``number``, AUTOINCREMENT: never reused), its ``place`` (`ticket_score`) and ``expires``.
+Both record the ``owner``, the process that holds the row (`_process_identity`): a step that
+would wait drops the rows of owners known dead at once, instead of waiting out their leases.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import sqlite3
 import time
 
+from ._process_identity import dead, this_process
 from ._session_queue import ticket_score
 
 __all__ = ["INTERRUPT", "QUEUE_SCHEMA", "ROLLBACK", "enter", "release", "stop", "watch"]
@@ -26,6 +29,7 @@ CREATE TABLE IF NOT EXISTS session_lock (
     holder     TEXT    NOT NULL,
     expires    REAL    NOT NULL,
     stop       INTEGER NOT NULL DEFAULT 0,
+    owner      TEXT    NOT NULL DEFAULT '',
     PRIMARY KEY (user_id, session_id)
 )
 """,
@@ -36,7 +40,8 @@ CREATE TABLE IF NOT EXISTS session_queue (
     session_id TEXT    NOT NULL,
     token      TEXT    NOT NULL UNIQUE,
     place      INTEGER NOT NULL,
-    expires    REAL    NOT NULL
+    expires    REAL    NOT NULL,
+    owner      TEXT    NOT NULL DEFAULT ''
 )
 """,
     "CREATE INDEX IF NOT EXISTS session_queue_place ON session_queue (user_id, session_id, place)",
@@ -62,32 +67,38 @@ def enter(conn: sqlite3.Connection, *, key: Key, token: str, holder: str, mode: 
         # What dead processes left: their leases ran out.
         conn.execute(f"DELETE FROM session_lock {_WHERE} AND expires < ?", (*key, now))
         conn.execute(f"DELETE FROM session_queue {_WHERE} AND expires < ?", (*key, now))
+        owner = this_process()
         mine = conn.execute("SELECT expires FROM session_queue WHERE token = ?", (token,)).fetchone()
-        held = conn.execute(f"SELECT token FROM session_lock {_WHERE}", key).fetchone()
-        if held is None:
-            head = conn.execute(f"SELECT token FROM session_queue {_WHERE} ORDER BY place LIMIT 1", key).fetchone()
-            if head is None or head[0] == token:
-                conn.execute("DELETE FROM session_queue WHERE token = ?", (token,))
-                conn.execute("INSERT INTO session_lock (user_id, session_id, token, holder, expires) "
-                             "VALUES (?, ?, ?, ?, ?)", (*key, token, holder, now + lease))
-                conn.execute("COMMIT")
-                return 1, None
+        dropped = False  # (then this step commits, whatever it answers)
+        for _ in range(2):
+            held = conn.execute(f"SELECT token FROM session_lock {_WHERE}", key).fetchone()
+            if held is None:
+                head = conn.execute(f"SELECT token FROM session_queue {_WHERE} ORDER BY place LIMIT 1",
+                                    key).fetchone()
+                if head is None or head[0] == token:
+                    conn.execute("DELETE FROM session_queue WHERE token = ?", (token,))
+                    conn.execute("INSERT INTO session_lock (user_id, session_id, token, holder, expires, owner) "
+                                 "VALUES (?, ?, ?, ?, ?, ?)", (*key, token, holder, now + lease, owner))
+                    conn.execute("COMMIT")
+                    return 1, None
+            # It would wait: for a process known dead (killed, on this host), no longer.
+            if dropped or not (dropped := _reap(conn, key, owner)):
+                break
         if mine is not None:
-            if mine[0] - now < lease * 2 / 3:  # renewed a third of the way: a check writes nothing else
+            renew = mine[0] - now < lease * 2 / 3  # renewed a third of the way: a check writes nothing else
+            if renew:
                 conn.execute("UPDATE session_queue SET expires = ? WHERE token = ?", (now + lease, token))
-                conn.execute("COMMIT")
-            else:
-                conn.execute("ROLLBACK")
+            conn.execute("COMMIT" if renew or dropped else "ROLLBACK")
             return 0, None
         if mode == "reject":
-            conn.execute("ROLLBACK")
+            conn.execute("COMMIT" if dropped else "ROLLBACK")
             return -1, None
         (waiting,) = conn.execute(f"SELECT COUNT(*) FROM session_queue {_WHERE}", key).fetchone()
         if waiting >= bound:
-            conn.execute("ROLLBACK")
+            conn.execute("COMMIT" if dropped else "ROLLBACK")
             return -2, None
-        number = conn.execute("INSERT INTO session_queue (user_id, session_id, token, place, expires) "
-                              "VALUES (?, ?, ?, 0, ?)", (*key, token, now + lease)).lastrowid
+        number = conn.execute("INSERT INTO session_queue (user_id, session_id, token, place, expires, owner) "
+                              "VALUES (?, ?, ?, 0, ?, ?)", (*key, token, now + lease, owner)).lastrowid
         assert number is not None
         conn.execute("UPDATE session_queue SET place = ? WHERE number = ?", (ticket_score(number, mode), number))
         stop = _STOPS.get(mode)
@@ -101,6 +112,17 @@ def enter(conn: sqlite3.Connection, *, key: Key, token: str, holder: str, mode: 
         if conn.in_transaction:
             conn.execute("ROLLBACK")
         raise
+
+
+def _reap(conn: sqlite3.Connection, key: Key, mine: str) -> bool:
+    """Drop the session's lock and tickets held by processes known dead; whether any was."""
+    owners = {str(o) for (o,) in conn.execute(
+        f"SELECT owner FROM session_lock {_WHERE} UNION SELECT owner FROM session_queue {_WHERE}", (*key, *key))}
+    gone = [o for o in owners if o and o != mine and dead(o)]
+    for o in gone:
+        conn.execute(f"DELETE FROM session_lock {_WHERE} AND owner = ?", (*key, o))
+        conn.execute(f"DELETE FROM session_queue {_WHERE} AND owner = ?", (*key, o))
+    return bool(gone)
 
 
 def release(conn: sqlite3.Connection, *, key: Key, token: str) -> str | None:
@@ -139,6 +161,7 @@ def stop(conn: sqlite3.Connection, *, key: Key, rollback: bool) -> str | None:
     holder's token, or None when nobody holds the session."""
     conn.execute("BEGIN IMMEDIATE")
     try:
+        _reap(conn, key, this_process())  # a dead holder's run is not running: nothing to stop
         held = conn.execute(f"SELECT token FROM session_lock {_WHERE} AND expires >= ?", (*key, time.time())).fetchone()
         if held is not None:
             conn.execute(f"UPDATE session_lock SET stop = MAX(stop, ?) {_WHERE}", (ROLLBACK if rollback else INTERRUPT,

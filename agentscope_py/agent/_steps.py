@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any, TypeAlias
 
 from .._replies import ToolResultCollector
+from .._trusted import trusted
 from ..errors import AgentInterrupted
 from ..events import AgentEvent, RequestStop
 from ..extension.base import ExtensionPoint
@@ -110,7 +111,8 @@ class Acting:
         else:
             session.pending_tool_calls = []
         if results:
-            session.context.append(Msg.tool(results))
+            # (``Msg.tool(results)``, built from the ToolResultBlocks gathered above)
+            session.context.append(trusted(Msg, role="tool", content=results))
 
     def end_run(self, run: RunState) -> None:
         """A stop, a pause for confirmation or a suspension for external results ends the run

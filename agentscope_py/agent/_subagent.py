@@ -38,7 +38,7 @@ from pydantic import BaseModel, Field
 from .._acting import TOOL_CALL
 from .._bracket_kinds import BRACKET_TYPES
 from .._context import RuntimeContext
-from .._fast_events import with_source
+from .._trusted import with_source
 from ..errors import AgentInterrupted, BudgetExceeded, SubAgentError, SubAgentPaused, ToolArgumentError
 from ..events import AgentResult, Custom, ModelCallEnd, RequestStop, RequireUserConfirm
 from ..extension.base import AgentView, MiddlewareBase

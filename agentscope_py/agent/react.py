@@ -21,12 +21,13 @@ from pydantic import BaseModel, ValidationError
 
 from .._effects import InDoubtPolicy, check_in_doubt, in_doubt_policy
 from .._model_call import FailoverListener, RetryPolicy
+from .._trusted import trusted
 from ..errors import BusyError, InputError
 from ..events import AgentEvent, AgentResult, ConfirmResult
 from ..extension.base import AgentInput, ExtensionPoint, MiddlewareBase
 from ..extension.chain import Participants, compose
 from ..extension.lints import check as check_lints
-from ..message import Msg
+from ..message import Msg, TextBlock
 from ..model.base import ChatModel
 from ..model.registry import resolve_model
 from ..stream import EventStream, aclose
@@ -75,6 +76,8 @@ def _as_msg(value: Any, where: str) -> Msg:
     if isinstance(value, str):
         if not value.strip():
             raise InputError(f"the agent input{where} is blank: pass the user's text (agent.call('hi')) or a Msg")
+        if type(value) is str:  # ``Msg.user(value)``, its one value checked here
+            return trusted(Msg, role="user", name=None, content=[trusted(TextBlock, text=value)], metadata={})
         return Msg.user(value)
     if isinstance(value, Msg):
         return value

@@ -25,7 +25,8 @@ for its tickets on its own channel ``{prefix}:sessions:{id}``: the wake of a wai
 came (so a handoff waits for no poll), the stop an interrupting input records for the holder
 (``{prefix}:stop:…``, also read back at every refresh, should the message be missed). A holder
 that dies stops refreshing: its lock expires after ``lock_timeout`` seconds and the session goes
-on.
+on — at once when a waiter on its host finds it dead (``{prefix}:owners:…`` records the process of
+the lock and of each ticket: `_redis_session_queue`).
 
 Every Redis failure (connection refused, timeout, protocol error) is a `StateStoreError`.
 ``socket_timeout`` bounds each command and each connection attempt, so a dead or hung server
@@ -53,7 +54,8 @@ from urllib.parse import quote, unquote
 
 from .._redis import PerLoop, Pipelined, Redis, RedisError, RedisSettings, check_source
 from ..errors import BusyError
-from ._redis_session_queue import QUEUE_SCRIPTS, Listener, keep_lock
+from ._process_identity import this_process
+from ._redis_session_queue import QUEUE_SCRIPTS, Listener, dead_tokens, keep_lock, owners_of, reap_dead
 from ._session import DEFAULT_MAX_QUEUED
 from ._session_queue import entered, mode_of, wait_turn
 from .state import AgentState
@@ -192,11 +194,14 @@ class RedisStateStore(ClosableStore):
                 cancels = task.cancelling() if task is not None else 0
                 try:
                     while True:
-                        taken = await commands.script("enter", keys, [value, ttl_ms, mode, bound, channels])
+                        taken = await commands.script("enter", keys, [value, ttl_ms, mode, bound, channels,
+                                                                      this_process()])
                         if task is not None and task.cancelling() > cancels:
                             # A cancellation that landed as the command answered (the await
                             # returned): seen here or not, it ends the wait.
                             raise asyncio.CancelledError
+                        if taken != 1 and await reap_dead(commands, keys, channels):
+                            continue  # a process known dead held or queued ahead: asked again without it
                         if entered(taken, user_id, session_id, mode):
                             break
                         await wait_turn(woken, delay * random.uniform(0.5, 1.5))  # jitter: waiters spread out
@@ -210,7 +215,7 @@ class RedisStateStore(ClosableStore):
                     # release waiting for ever, and so the canceller.
                     with contextlib.suppress(RedisError, OSError, TimeoutError):
                         async with asyncio.timeout(min(self.lock_timeout, _RELEASE_WAIT)):
-                            await commands.script("release", keys[:3], [value, channels])
+                            await commands.script("release", [*keys[:3], keys[5]], [value, channels])
                     raise
             keeper = asyncio.create_task(keep_lock(commands, keys, value, ttl_ms, self.lock_timeout / 3,
                                                    listener.waits))
@@ -220,7 +225,7 @@ class RedisStateStore(ClosableStore):
                 # No need to await the keeper: a refresh racing the release checks the token.
                 keeper.cancel()
                 try:
-                    await commands.script("release", keys[:3], [value, channels])
+                    await commands.script("release", [*keys[:3], keys[5]], [value, channels])
                 except (RedisError, OSError) as exc:
                     log.warning("could not release the lock of session %s/%s (%s); it expires in %.1f s",
                                 user_id, session_id, exc, self.lock_timeout)
@@ -234,6 +239,8 @@ class RedisStateStore(ClosableStore):
         keys = self._queue_keys(user_id, session_id)
         ttl_ms = max(1, round(self.lock_timeout * 1000))
         with _typed_errors(f"interrupting session {user_id}/{session_id} in Redis"):
+            # A holder known dead runs nothing to stop: dropped, it does not count as one.
+            await reap_dead(self._commands(), keys, f"{self.prefix}:sessions:")
             stopped = await self._commands().script("stop", [keys[0], keys[3]],
                                                     [ttl_ms, int(rollback), f"{self.prefix}:sessions:"])
         return bool(stopped)
@@ -248,11 +255,14 @@ class RedisStateStore(ClosableStore):
         for it, in every process (a dead process's tickets no longer count once their lease ran
         out)."""
         with _typed_errors(f"reading the lock of session {user_id}/{session_id} in Redis"):
-            value, waiting = await self._commands().script("status", self._queue_keys(user_id, session_id)[:3], [])
+            keys = self._queue_keys(user_id, session_id)
+            value, alive, owners = await self._commands().script("status", [*keys[:3], keys[5]], [])
+        gone = set(dead_tokens(owners_of(owners)))
+        waiting = sum(1 for t in alive if (t.decode() if isinstance(t, bytes) else str(t)) not in gone)
         if value is None:
-            return None, int(waiting)
+            return None, waiting
         text = value.decode(errors="replace") if isinstance(value, bytes) else str(value)
-        return text[32:], int(waiting)
+        return (None if text[:32] in gone else text[32:]), waiting
 
     # -- extras ----------------------------------------------------------------------------------
 
@@ -294,9 +304,9 @@ class RedisStateStore(ClosableStore):
         return f"{self.prefix}:{kind}:{quote(user_id, safe='')}:{quote(session_id, safe='')}"
 
     def _queue_keys(self, user_id: str, session_id: str) -> list[str]:
-        """The lock, queue, leases and stop keys of a session, and the ticket counter."""
+        """The lock, queue, leases and stop keys of a session, the ticket counter, and the owners."""
         return [*(self._key(kind, user_id, session_id) for kind in ("lock", "queue", "leases", "stop")),
-                f"{self.prefix}:tickets"]
+                f"{self.prefix}:tickets", self._key("owners", user_id, session_id)]
 
     def _connect(self) -> _Clients:
         """This loop's client (the caller's, or one made from the URL), and the commands every run

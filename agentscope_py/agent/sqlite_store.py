@@ -17,9 +17,11 @@ recorded for it), a ticket per waiting input in ``session_queue`` (numbered as i
 lease its waiter renews at each check). Each step is one ``BEGIN IMMEDIATE`` transaction. SQLite
 sends no messages: a waiter checks its turn (every 5 ms at first, backing off to 0.1 s; one of
 this process is woken at once), and every 0.05 s one query checks the locks a store holds for an
-interrupt (one recorded in this process is passed on at once). A process that dies leaves its lock and tickets to expire
-after ``lock_timeout``. The lock's steps commit on a connection of their own that does not sync
-to disk (``synchronous=NORMAL``; the sessions' saves still do).
+interrupt (one recorded in this process is passed on at once). A process that dies leaves its lock
+and tickets to expire after ``lock_timeout`` — unless it is known dead: each row records its
+process (host, pid and start time, `_process_identity`), and a process on the same host that
+would wait for a dead one's row drops it at once. The lock's steps commit on a connection of
+their own that does not sync to disk (``synchronous=NORMAL``; the sessions' saves still do).
 
 A stored state that cannot be parsed raises `StateStoreError` naming the session and is left as
 it is. Every SQLite or file-system failure is a `StateStoreError`.
@@ -42,6 +44,7 @@ from datetime import UTC, datetime
 from typing import TypeVar
 
 from ..errors import BusyError
+from ._process_identity import dead
 from ._session import DEFAULT_MAX_QUEUED
 from ._session_queue import Waits, entered, mode_of, wait_turn
 from ._sqlite_session_queue import QUEUE_SCHEMA, ROLLBACK, enter, release, stop, watch
@@ -82,7 +85,7 @@ _STOP_POLL = 0.05
 class SqliteStateStore(ClosableStore):
     """Versioned agent states in the SQLite file at ``path`` (created on first use), plus a
     session lock across the processes sharing it (``lock_timeout``: seconds a lock or a waiting
-    ticket outlives a process that stopped renewing it).
+    ticket outlives a process that stopped renewing it; one known dead, on this host, not at all).
 
     All SQLite work runs on one private thread per store: a sqlite3 connection must not be shared
     between threads, and one thread keeps the calls ordered without locks and independent of the
@@ -227,16 +230,17 @@ class SqliteStateStore(ClosableStore):
 
     async def session_queue(self, user_id: str, session_id: str) -> tuple[str | None, int]:
         """The name of the run holding the session (as `session_holder`) and how many inputs wait
-        for it, in every process (a dead process's tickets no longer count once their lease ran
-        out)."""
+        for it, in every process (a dead process's lock and tickets no longer count once their
+        lease ran out, or at once when it is known dead: `_process_identity`)."""
 
         def read(conn: sqlite3.Connection) -> tuple[str | None, int]:
             now = time.time()
-            row = conn.execute(f"SELECT holder FROM session_lock {_WHERE} AND expires >= ?",
+            row = conn.execute(f"SELECT holder, owner FROM session_lock {_WHERE} AND expires >= ?",
                                (user_id, session_id, now)).fetchone()
-            (waiting,) = conn.execute(f"SELECT COUNT(*) FROM session_queue {_WHERE} AND expires >= ?",
-                                      (user_id, session_id, now)).fetchone()
-            return (None if row is None else str(row[0])), int(waiting)
+            tickets = conn.execute(f"SELECT owner, COUNT(*) FROM session_queue {_WHERE} AND expires >= ? "
+                                   "GROUP BY owner", (user_id, session_id, now)).fetchall()
+            waiting = sum(int(n) for owner, n in tickets if not dead(str(owner)))
+            return (None if row is None or dead(str(row[1])) else str(row[0])), waiting
 
         return await self._run(read, f"reading the lock of session {user_id}/{session_id}")
 

@@ -114,7 +114,9 @@ def describe(exc: BaseException, rid: str, vocabulary: Vocabulary, pending: Sequ
     """The client's view of ``exc``, in the words of the endpoint it used (``pending``: the ids of
     the session's waiting tool calls, for a `PendingToolCallsError`)."""
     if isinstance(exc, PendingToolCallsError):
-        return ClientError(type(exc).__name__, _pending_message(vocabulary, pending), True)
+        message = (_in_doubt_message(vocabulary, exc.in_doubt) if exc.in_doubt
+                   else _pending_message(vocabulary, exc.tool_call_ids or pending))
+        return ClientError(type(exc).__name__, message, True)
     if isinstance(exc, BusyError):  # the code a 409 refusal has too (`_multitask`)
         return ClientError(exc.code, str(exc), True)
     if isinstance(exc, _SHOWN) and not isinstance(exc, _HIDDEN):
@@ -135,6 +137,20 @@ def _pending_message(vocabulary: Vocabulary, pending: Sequence[str]) -> str:
     return (f"this session has tool calls waiting ({ids}): answer them first with `confirm` "
             "([{\"tool_call_id\": ..., \"confirmed\": true}]), or with tool-role messages in `input` "
             "for external tools")
+
+
+def _in_doubt_message(vocabulary: Vocabulary, ids: Sequence[str]) -> str:
+    """Calls whose run stopped while they ran: the user hears of them here first (the run that
+    would have asked died), so the message says what they are and the answer they take."""
+    head = (f"this {'thread' if vocabulary == 'agui' else 'session'} has tool calls in doubt ({', '.join(ids)}): "
+            "the run that made them stopped while they ran, so they may or may not have taken effect. ")
+    if vocabulary == "agui":
+        return head + ("Answer each first with `resume` (interruptId = the tool call id, status \"resolved\" with "
+                       "payload {\"done\": true} if it took effect or {\"done\": false} to run it now, or status "
+                       "\"cancelled\" to skip it), or send a run with no new messages to be asked about them")
+    return head + ("Answer each first with `confirm` ([{\"tool_call_id\": ..., \"confirmed\": true, \"answer\": "
+                   "{\"done\": true}}] if it took effect, {\"done\": false} to run it now, or \"confirmed\": false "
+                   "to skip it)")
 
 
 def log_failure(exc: BaseException, error: ClientError, rid: str, what: str) -> None:

@@ -2,7 +2,7 @@
 every boundary of a tool call (real processes: the Temporal dev server, two worker processes, a
 loopback service in this process counting effects per idempotency key).
 
-``DURABLE_EFFECTS_RUNS`` runs per boundary (default 5; 20 or more for the full count: the time
+``DURABLE_EFFECTS_RUNS`` runs per boundary (default 20: the time
 is the worker's start and the heartbeat timeout, not the number of runs) hold at once on a worker
 (`durable_effects_agents`); one SIGKILL kills it with every run at its boundary; a new worker
 takes them all over. Then: no non-idempotent tool's effect is applied twice (nor with another
@@ -40,7 +40,7 @@ __all__ = ["temporal_address"]  # a fixture, used by name
 
 pytestmark = pytest.mark.timeout(240)
 
-RUNS = int(os.environ.get("DURABLE_EFFECTS_RUNS", "5"))
+RUNS = int(os.environ.get("DURABLE_EFFECTS_RUNS", "20"))
 FACTORY = "durable_effects_agents:build"
 # (tool, boundary) -> the in-doubt outcomes its run surfaces, in order
 EXPECTED: dict[tuple[str, str], list[tuple[str, str]]] = {

@@ -17,11 +17,14 @@ import httpx
 import pytest
 from starlette.requests import Request
 
-from agentscope_py import ModelStep, ReActAgent
+from agentscope_py import ModelStep, ReActAgent, tool
+from agentscope_py.agent import AgentState, InMemoryStateStore
 from agentscope_py.agent.sqlite_store import SqliteStateStore
+from agentscope_py.message import Msg, ToolUseBlock
 from agentscope_py.server import Limits, create_app
 from agentscope_py.server._errors import HTTPError
 from agentscope_py.server._limits import read_json
+from agentscope_py.tool import ToolIntent, idempotency_key
 
 from .conftest import (
     Firehose,
@@ -184,6 +187,47 @@ def test_a_pending_confirmation_is_explained_in_each_endpoints_words(
     for response in (again, native):
         mine = [r for r in server_log.records if response.headers["x-request-id"] in r.getMessage()]
         assert len(mine) == 1 and mine[0].exc_info is None and "\n" not in mine[0].getMessage()
+
+
+def test_a_call_in_doubt_is_named_with_its_answer_in_each_endpoints_words(live: Live) -> None:
+    """The process that ran ``pay`` died in the call (its intent stored, no result): the run that
+    would have asked about it is gone, so a new input is where the user hears of it — as in
+    doubt, with the answer it takes — and that answer completes the turn without running it."""
+    paid: list[int] = []
+
+    @tool
+    def pay(amount: int) -> str:
+        """Pay ``amount``."""
+        paid.append(amount)
+        return f"paid {amount}"
+
+    store = InMemoryStateStore()
+    call = ToolUseBlock(id="c1", name="pay", input={"amount": 5})
+    state = AgentState(user_id="default", session_id="t",
+                       context=[Msg.user("pay 5"), Msg(role="assistant", content=[call])])
+    state.tool_journal["c1"] = ToolIntent(call_id="c1", tool="pay", arguments={"amount": 5},
+                                          idempotency_key=idempotency_key("default", "t", "c1"))
+    asyncio.run(store.save("default", "t", state, 0))
+    server = live(create_app(scripted_agent(ModelStep.text("Paid."), tools=[pay], state_store=store)))
+    agui = agui_events(httpx.post(f"{server.url}/agui", json=run_input("t", user("and now?")), timeout=10).text)[-1]
+    assert agui["type"] == "RUN_ERROR" and agui["code"] == "PendingToolCallsError"
+    assert "tool calls in doubt (c1)" in agui["message"] and "may or may not have taken effect" in agui["message"]
+    assert "`resume`" in agui["message"] and '{"done": true}' in agui["message"]
+    # As it says, a run with no new messages asks the question the dead run would have asked.
+    asked = agui_events(httpx.post(f"{server.url}/agui", json=run_input("t", run="r-ask"), timeout=10).text)[-1]
+    (question,) = asked["outcome"]["interrupts"]
+    assert (question["id"], question["reason"]) == ("c1", "tool_in_doubt") and paid == []
+    native = httpx.post(f"{server.url}/v1/runs", json={"session_id": "t", "input": "and now?"}, timeout=10)
+    frame = json.loads(native.text.strip().split("\n\n")[-1].split("data: ", 1)[1])
+    assert frame["code"] == "PendingToolCallsError" and "tool calls in doubt (c1)" in frame["message"]
+    assert "`confirm`" in frame["message"] and '"answer": {"done": true}' in frame["message"]
+    assert "agentscope_py" not in frame["message"]
+    # The answer the message gives: it took effect, so it is not run again.
+    answered = httpx.post(f"{server.url}/v1/runs", json={"session_id": "t", "confirm": [
+        {"tool_call_id": "c1", "confirmed": True, "answer": {"done": True, "result": "paid 5"}}]}, timeout=10)
+    events = [json.loads(line[6:]) for line in answered.text.splitlines() if line.startswith("data: ")]
+    assert [(e["policy"], e["outcome"]) for e in events if e["type"] == "tool_in_doubt"] == [("ask", "done")]
+    assert events[-2]["result"]["generate_reason"] == "model_stop" and paid == []
 
 
 def test_a_resume_with_nothing_pending_is_explained_in_agui_words(live: Live) -> None:

@@ -58,7 +58,7 @@ class TurnModel:
         yield ChatChunk(finish_reason="tool_calls")
 
 
-@tool
+@tool(idempotent=True)  # (it only waits: a run killed in it leaves no call in doubt)
 async def work(n: int) -> str:
     """Work for ``n`` steps; -1: until the file TURN_RELEASE exists."""
     if n < 0:

@@ -6,8 +6,9 @@ line: ``start``/``end`` (wall-clock times of the state load and of the save that
 prints ``ready`` and waits for a line on stdin first, so several processes start together;
 ``--strategy`` is the call's ``multitask_strategy``.
 
-``hold-lock``: take the session's Redis lock with ``--lock-timeout``, print ``locked`` and sleep
-(the test kills the process to simulate a crash).
+``hold-lock``: take the session's lock with ``--lock-timeout``, print ``locked`` and sleep (the
+test kills the process to simulate a crash). With ``--other-host`` the process records itself as
+one of another host, whose death the test's process cannot know (it waits for the lease).
 
 ``--store`` is a SQLite file path or a ``redis://`` URL (``--prefix`` for Redis keys).
 """
@@ -18,6 +19,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
 import sys
 import time
 from typing import Any
@@ -78,6 +80,10 @@ async def turn(args: argparse.Namespace) -> None:
 
 
 async def hold_lock(args: argparse.Namespace) -> None:
+    if args.other_host:
+        from agentscope_py.agent import _process_identity
+
+        _process_identity._known = (os.getpid(), "another-host/1/1")
     store = open_store(args, lock_timeout=args.lock_timeout)
     async with store.session_lock(args.user, args.session):
         print("locked", flush=True)
@@ -95,6 +101,7 @@ def main() -> None:
     parser.add_argument("--reply", default="hi")
     parser.add_argument("--delay", type=float, default=0.0)
     parser.add_argument("--wait-go", action="store_true")
+    parser.add_argument("--other-host", action="store_true")
     parser.add_argument("--lock-timeout", type=float, default=30.0)
     parser.add_argument("--strategy", choices=["reject", "enqueue", "interrupt", "rollback"], default=None)
     args = parser.parse_args()

@@ -81,8 +81,8 @@ def open_store(spec: dict[str, Any]) -> Any:
     if spec["store"].startswith("redis://"):
         from agentscope_py.agent.redis_store import RedisStateStore
 
-        # A killed process's session lock expires after lock_timeout: short, so the resume waits little.
-        return RedisStateStore(spec["store"], prefix=spec["prefix"], lock_timeout=0.3)
+        # (The default lease: a killed process of this host blocks its session not at all.)
+        return RedisStateStore(spec["store"], prefix=spec["prefix"])
     from agentscope_py.agent.sqlite_store import SqliteStateStore
 
     return SqliteStateStore(spec["store"])

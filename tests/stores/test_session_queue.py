@@ -209,7 +209,8 @@ def process(*args: str) -> Any:
 async def test_a_process_killed_holding_or_waiting_blocks_the_queue_no_longer_than_its_lease(
         make_store: Stores, stores: list[Any], dies: str) -> None:
     """SIGKILL a process that holds the session, or that waits in its queue ahead of another
-    input: the input behind it runs once the dead process's lease (1 s) ran out."""
+    input: the input behind it runs once the dead process's lease (1 s) ran out — when the store
+    cannot know it died (the process records itself as of another host)."""
     release = asyncio.Event()
     mine: asyncio.Task[None] | None = None
     if dies == "waiting":
@@ -219,7 +220,7 @@ async def test_a_process_killed_holding_or_waiting_blocks_the_queue_no_longer_th
 
         mine = asyncio.create_task(hold())
         await until(lambda: _held(stores[1]))
-    with process("hold-lock", *_store_arg(make_store), "--lock-timeout", "1") as proc:
+    with process("hold-lock", *_store_arg(make_store), "--lock-timeout", "1", "--other-host") as proc:
         if dies == "holding":
             assert proc.stdout is not None
             assert await asyncio.to_thread(proc.stdout.readline) == "locked\n"
@@ -241,6 +242,69 @@ async def test_a_process_killed_holding_or_waiting_blocks_the_queue_no_longer_th
         assert time.monotonic() - killed < 4.0
     if mine is not None:
         await mine
+
+
+@pytest.mark.parametrize("dies", ["holding", "waiting"])
+async def test_a_process_known_dead_blocks_the_session_not_at_all_a_live_one_is_waited_for(
+        make_store: Stores, dies: str) -> None:
+    """A 30 s lease: a process of this host that holds the session (or waits in its queue ahead of
+    another input) is waited for while it lives — stopped by SIGSTOP too, it is alive — and the
+    input behind it takes the session within a second of its SIGKILL, not the lease."""
+    ours, theirs = make_store(), make_store()
+    release = asyncio.Event()
+    order: list[str] = []
+
+    async def hold() -> None:
+        async with ours.session_lock("u", "s", holder="first"):
+            await release.wait()
+
+    mine = asyncio.create_task(hold()) if dies == "waiting" else None
+    if mine is not None:
+        await until(lambda: _held(theirs))
+    with process("hold-lock", *_store_arg(make_store), "--lock-timeout", "30") as proc:
+        assert proc.stdout is not None
+        if dies == "holding":
+            assert await asyncio.to_thread(proc.stdout.readline) == "locked\n"
+        else:
+            await until(waiting(theirs, 1))
+        behind = asyncio.create_task(take(theirs, "behind", order))
+        await until(waiting(theirs, 2 if dies == "waiting" else 1))
+        proc.send_signal(signal.SIGSTOP)
+        release.set()  # (waiting: the turn passes to the stopped process's ticket, ahead)
+        if mine is not None:
+            await mine
+        await asyncio.sleep(1.0)
+        assert not behind.done() and order == []  # alive, if stopped: its lock or ticket stands
+        assert await theirs.session_queue("u", "s") == (("", 1) if dies == "holding" else (None, 2))
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+        killed = time.monotonic()
+        await asyncio.wait_for(behind, 10)
+        assert order == ["behind"]
+        assert time.monotonic() - killed < 1.0
+    await ours.close()
+    await theirs.close()
+
+
+@pytest.mark.parametrize("then", ["interrupt", "reject"])
+async def test_a_holder_known_dead_is_no_holder(make_store: Stores, then: str) -> None:
+    """A process of this host killed while it holds the session (a 30 s lease): the session has no
+    holder at once; interrupting it interrupts nothing, and an input that refuses to wait
+    (``reject``) takes it."""
+    store = make_store()
+    with process("hold-lock", *_store_arg(make_store), "--lock-timeout", "30") as proc:
+        assert proc.stdout is not None
+        assert await asyncio.to_thread(proc.stdout.readline) == "locked\n"
+        assert await store.session_queue("u", "s") == ("", 0)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+    assert await store.session_queue("u", "s") == (None, 0)
+    if then == "interrupt":
+        assert await store.interrupt_session("u", "s") is False
+    else:
+        async with asyncio.timeout(1.0), store.session_lock("u", "s", strategy="reject", holder="new"):
+            assert await store.session_queue("u", "s") == ("new", 0)
+    await store.close()
 
 
 @pytest.mark.parametrize("strategy", ["interrupt", "rollback"])

@@ -55,8 +55,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, cast
 
 from ..._bracket_kinds import BRACKET_TYPES, OpenBrackets
-from ..._fast_events import with_metadata
 from ..._stream.operators import Maps, MapSource, apply_maps, iterate
+from ..._trusted import with_metadata
 from ...errors import BudgetExceeded
 from ...events import (
     Custom,
@@ -191,6 +191,7 @@ class BudgetMiddleware(MiddlewareBase):
         self._limit_list = tuple((scope, kind, limit, kind == "tokens") for (scope, kind), limit in self.limits.items())
         self._run_limited = any(scope == "run" for scope, _ in self.limits)
         self._session_limited = any(scope == "session" for scope, _ in self.limits)
+        self.local_limited = self._run_limited or self._session_limited  # (else only the store checks)
         if strict:
             for model in models:
                 model_name = model if isinstance(model, str) else getattr(model, "name", repr(model))
@@ -383,7 +384,8 @@ class BudgetMiddleware(MiddlewareBase):
         tokens, cost = self._measure(ev, model, est_tokens, chars)
         totals = self._charge(run, tokens, cost)  # the run's and session's totals and holds, in one step
         hold.drop_local()
-        return self._annotate(ctx, ev, tokens, cost, totals, hold.settle_user_now(tokens, cost))
+        user = hold.settle_user_now(tokens, cost) if self.memory_store is not None else None
+        return self._annotate(ctx, ev, tokens, cost, totals, user)
 
     async def _settle(self, ctx: RuntimeContext, run: RunTotals, hold: CallHold, ev: ModelCallEnd, model: str,
                       est_tokens: int, chars: int) -> ModelCallEnd:
@@ -544,8 +546,8 @@ class _SyncCall:
     counted or releases the hold however the stream ended. (This object does not refer to the
     iterator, which refers to it: no reference cycle, so both go as soon as the stream does.)"""
 
-    __slots__ = ("attempt", "budget", "chars", "ctx", "error", "est_tokens", "hold", "in_rate", "maps", "model",
-                 "out_held", "out_rate", "pending", "released", "run")
+    __slots__ = ("attempt", "brackets", "budget", "chars", "ctx", "error", "est_tokens", "hold", "in_rate", "maps",
+                 "model", "out_held", "out_rate", "pending", "run")
 
     def __init__(self, budget: BudgetMiddleware, ctx: RuntimeContext, run: RunTotals, model: str,
                  price: ModelPrice | None, est_tokens: int) -> None:
@@ -560,7 +562,10 @@ class _SyncCall:
         self.chars = 0  # output characters counted in the running attempt
         self.out_held = 0  # output tokens its hold covers
         self.attempt = False  # a ModelCallStart seen without its End: a model answered
-        self.released = OpenBrackets(top_only=True)  # what was let out: closed here if the call is cut short
+        # The top-level Starts and Ends let out, in order: what a cut closes (`_cut` reads which are
+        # open from them). A list append per bracket, where tracking them as they pass would be a
+        # call per bracket for what only a cut needs.
+        self.brackets: list[Any] = []
         self.pending: list[Any] | None = None  # the rest of a cut: closing events, then the refusal
         self.error: BaseException | None = None  # ... or the refusal raised (on_exceeded="error")
         self.maps: Maps = ()
@@ -592,7 +597,7 @@ class _SyncCall:
                         return self._cut(ev, refused)
                     self.out_held += need
         elif cls in _BRACKETS and ev.source is None:
-            self.released.see(ev)
+            self.brackets.append(ev)
             if cls is ModelCallStart:
                 self.attempt = True
                 if ev.model != self.model:  # a fallback (inside this layer) served this attempt
@@ -612,7 +617,10 @@ class _SyncCall:
     def _cut(self, ev: Any, refused: dict[str, Any]) -> Any:
         self.attempt = False
         out = -(-(self.chars - len(ev.delta)) // 4)  # what was let out (not this delta)
-        closing = self.budget.cut_now(self.ctx, self.run, self.hold, self.released, self.est_tokens + out,
+        released = OpenBrackets(top_only=True)
+        for bracket in self.brackets:
+            released.see(bracket)
+        closing = self.budget.cut_now(self.ctx, self.run, self.hold, released, self.est_tokens + out,
                                       self.est_tokens * self.in_rate + out * self.out_rate, refused)
         try:
             stop: list[Any] = list(self.budget._refusal(refused))
@@ -744,12 +752,20 @@ class CallHold:
         limit, hold nothing and answer the refusal (``stage``: before the call or while it
         streams). ``force``: hold without checking (what a call already made spends). For a
         budget whose holds are all in this process."""
-        refused = self._take_local(tokens, cost, stage, force)
-        if refused is not None:
-            return refused
-        memory = self.budget.memory_store
-        if memory is None:  # no user limit
-            self._took(tokens, cost)
+        budget, run = self.budget, self.run
+        if not force and budget.local_limited:
+            refused = budget.check_local(run, tokens, cost, stage)
+            if refused is not None:
+                return refused
+        if not self.active:
+            run.holds += 1
+        run.held_tokens += tokens
+        run.held_cost += cost
+        memory = budget.memory_store
+        if memory is None:  # no user limit: held (what `_took` does)
+            self.tokens += tokens
+            self.cost += cost
+            self.active = True
             return None
         if self.id is None:
             self.id = new_hold_id()
@@ -774,9 +790,9 @@ class CallHold:
 
     def _take_local(self, tokens: int, cost: float, stage: str, force: bool) -> dict[str, Any] | None:
         """The run's and session's check and hold (first: calls checked while a store answers
-        see it)."""
+        see it; `take_now` does the same in its own body)."""
         run = self.run
-        if not force:
+        if not force and self.budget.local_limited:
             refused = self.budget.check_local(run, tokens, cost, stage)
             if refused is not None:
                 return refused
@@ -816,9 +832,12 @@ class CallHold:
         if not self.active:
             return
         run = self.run
-        run.held_tokens -= self.tokens
-        run.held_cost -= self.cost
-        self._left(run)
+        run.holds -= 1
+        if run.holds <= 0:  # no call in flight: the sums start over (`_left`)
+            run.holds, run.held_tokens, run.held_cost = 0, 0, 0.0
+        else:
+            run.held_tokens -= self.tokens
+            run.held_cost -= self.cost
         self.tokens, self.cost, self.active = 0, 0.0, False
 
     @staticmethod

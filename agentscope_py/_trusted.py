@@ -1,0 +1,241 @@
+"""`Trusted`: events and messages the runtime builds from values it already holds, without
+validating them again (internal). The one place in the package that sets pydantic's slots.
+
+Validation belongs where values enter: the caller's input, what a middleware emits, anything
+deserialised, a tool's arguments. The events and messages the runtime makes itself between those
+points hold values that already have their field's type: ids the runtime generated, ``str`` fields
+read from events and messages that were validated when they were made, text a provider's reader
+decoded, enum members, a `ChatUsage` or a `Msg` instance. Those are built here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
+from typing import Any, ClassVar, TypeVar, cast
+
+from pydantic import BaseModel
+from pydantic_core import PydanticUndefined
+
+__all__ = ["Trusted", "delta_maker", "trusted", "validated", "with_metadata", "with_source"]
+
+_M = TypeVar("_M", bound=BaseModel)
+
+_new = object.__new__
+_set = object.__setattr__
+# pydantic's own slots of a model, set through their descriptors (what ``__copy__`` sets too)
+_set_fields_set = BaseModel.__dict__["__pydantic_fields_set__"].__set__
+_set_extra = BaseModel.__dict__["__pydantic_extra__"].__set__
+_set_private = BaseModel.__dict__["__pydantic_private__"].__set__
+_IMMUTABLE = (str, int, float, bool, type(None), tuple, frozenset)
+
+_Plan = tuple[dict[str, Any], tuple[tuple[str, Callable[[], Any]], ...], set[str]]
+"""The template, the fields left to their default factories with those factories, the fields set:
+per class and names given."""
+
+_DeltaKind = tuple[Any, dict[str, Any], set[str], Callable[[], str], Callable[[], float]]
+"""A delta class's ids (a keys view, in field order), template, fields set, id and time factories."""
+
+_SOURCE = frozenset({"source"})
+_METADATA = frozenset({"metadata"})
+
+
+class Trusted:
+    """The shape of one model class built from trusted values, and the builders that use it.
+
+    What every builder here makes is the object the validating constructor (or ``model_copy``)
+    makes: the same ``__dict__`` (every field, in the class's field order, defaults and default
+    factories applied), the same ``model_fields_set``, no extras, no private attributes
+    (`tests/test_trusted.py` and `tests/test_events.py` compare them class by class). Three forms:
+
+    * `build` (``trusted(C, **values)``): ``C(**values)``, for the messages the runtime rebuilds
+      once per round — the reply and the tool results from the chains' events (with their blocks),
+      the tool-result message, the user's text as a message, a sum of usages;
+    * `delta_maker` (``delta_maker(C, **ids)(text)``): ``C(**ids, delta=text)``, for the per-token
+      deltas `PartsManager` and the acting path make (``functools.partial`` of `_delta` over a
+      template: a maker lives as long as its block streams, and a served process holds thousands
+      open, so it is a few objects for the collector, not a closure's cells);
+    * `with_source` / `with_metadata`: ``ev.model_copy(update={name: value})``, for the
+      runtime's own annotations (a sub-agent's events forwarded with their ``source``, the
+      budget's ``metadata``), without ``model_copy``'s generic update machinery.
+
+    What it costs and saves (valgrind, per object, the call included): a reply `Msg` with one text
+    block 26.4 k instructions against ~31 k validated, a `ToolResultBlock` 13.3 k against ~13 k,
+    a delta ~0.6× the constructor; and memory: the objects of one shape share one fields set where
+    validation makes a new set (216 bytes) per object, which is what a run in flight keeps (its
+    messages). A flat event gains nothing (14.9 k against ~13.3 k: pydantic-core validates it in
+    about what assembling it in Python costs), so the events made once per round (a run's start
+    and end, a model call's and a tool call's brackets) keep their validating constructors.
+    ``Model.model_construct`` is not used: on pydantic 2.14 it loops over the fields in Python
+    (38 k instructions for an event with every field given) and inspects each default factory's
+    signature on every call.
+
+    Only for:
+
+    * frozen models without validators, extras, private attributes or mutable static defaults
+      (checked when a class is first used: a class that gains one fails loudly here instead of
+      silently skipping its validation). Frozen is what makes sharing a fields set safe: nothing
+      mutates it (pydantic's ``model_copy`` copies it before updating);
+    * values of each field's exact type, which the caller guarantees. A value from outside — a
+      session id the caller chose, an event a middleware derived with ``model_copy`` — goes
+      through the validating constructor instead (`validated`, the same signature), which says
+      what is wrong.
+    """
+
+    __slots__ = ("factories", "name", "required", "template")
+
+    _shapes: ClassVar[dict[type[BaseModel], Trusted]] = {}
+    _plans: ClassVar[dict[tuple[Any, ...], _Plan]] = {}  # per class and names given (a few dozen in all)
+    _deltas: ClassVar[dict[type[BaseModel], _DeltaKind]] = {}  # per delta class
+
+    def __init__(self, cls: type[BaseModel]) -> None:
+        decorators = cls.__pydantic_decorators__
+        config = cls.model_config
+        if (decorators.field_validators or decorators.model_validators or decorators.validators
+                or decorators.root_validators or cls.__private_attributes__ or not config.get("frozen")
+                or config.get("extra") not in (None, "ignore") or cls.__pydantic_post_init__):
+            raise TypeError(f"{cls.__name__} needs validation: build it with its constructor")
+        self.name = cls.__name__
+        self.template: dict[str, Any] = {}
+        self.required: list[str] = []
+        self.factories: dict[str, Callable[[], Any]] = {}
+        for name, field in cls.model_fields.items():
+            if field.default_factory is not None:
+                if field.default_factory_takes_validated_data:
+                    raise TypeError(f"{cls.__name__}.{name}'s default needs the validated data: build it with "
+                                    "its constructor")
+                self.template[name] = None
+                self.factories[name] = cast("Callable[[], Any]", field.default_factory)
+            elif field.default is PydanticUndefined:
+                self.template[name] = None  # given every time (checked once per combination of names)
+                self.required.append(name)
+            elif isinstance(field.default, _IMMUTABLE):
+                self.template[name] = field.default
+            else:
+                raise TypeError(f"{cls.__name__}.{name} has a mutable default: build it with its constructor")
+
+    @classmethod
+    def of(cls, model: type[BaseModel]) -> Trusted:
+        shape = cls._shapes.get(model)
+        if shape is None:
+            shape = cls._shapes[model] = Trusted(model)
+        return shape
+
+    def plan(self, names: tuple[str, ...]) -> _Plan:
+        """For the fields ``names`` given: the template, the factories to call, the fields set."""
+        given = set(names)
+        unknown, missing = given - self.template.keys(), set(self.required) - given
+        if unknown or missing:
+            raise TypeError(f"trusted({self.name}): unknown {sorted(unknown)}, missing {sorted(missing)}")
+        factories = tuple((name, f) for name, f in self.factories.items() if name not in given)
+        return self.template, factories, given
+
+    # -- the builders ------------------------------------------------------------------------------
+
+    @staticmethod
+    def build(cls: type[_M], /, **values: Any) -> _M:
+        """``cls(**values)`` without validating ``values``: only for values of each field's type
+        that the runtime holds, and every required field given."""
+        key = (cls, *values)
+        plan = _PLANS.get(key)
+        if plan is None:
+            plan = _PLANS[key] = Trusted.of(cls).plan(tuple(values))
+        template, factories, fields_set = plan
+        fields = template.copy()
+        for name, factory in factories:
+            fields[name] = factory()
+        fields.update(values)
+        made: _M = _new(cls)
+        _set(made, "__dict__", fields)
+        _set_fields_set(made, fields_set)
+        _set_extra(made, None)
+        _set_private(made, None)
+        return made
+
+    @staticmethod
+    def validated(cls: type[_M], /, **values: Any) -> _M:
+        """``cls(**values)``: `build`'s signature, for a site that picks one of the two by whether
+        its values are typed."""
+        return cls(**values)
+
+    @staticmethod
+    def delta_maker(cls: type[_M], **bound: Any) -> Callable[[str], _M]:
+        """``delta_maker(C, **ids)(text)`` gives the event ``C(**ids, delta=text)`` gives (a fresh
+        ``id``, ``created_at`` and ``metadata`` each). ``ids``: every required field of ``C`` but
+        ``delta``; only for values the runtime made itself. Ids that are not exactly ``str`` (a
+        provider's tool name of another type) get a maker that validates."""
+        kind = Trusted._deltas.get(cls)
+        if kind is None:
+            kind = Trusted._deltas[cls] = Trusted.of(cls).delta_kind(cls)
+        names, template, fields_set, event_id, now = kind
+        if bound.keys() != names:
+            raise TypeError(f"delta_maker({cls.__name__}) takes {', '.join(names)}")
+        if any(type(value) is not str for value in bound.values()):
+            return lambda delta: cls.model_validate({**bound, "delta": delta})
+        return partial(Trusted._delta, cls, {**template, **bound}, fields_set, event_id, now)
+
+    def delta_kind(self, cls: type[BaseModel]) -> _DeltaKind:
+        """What every delta maker of ``cls`` shares (once per class): the ids it takes, the
+        template, the fields set, the id and time factories."""
+        ids = {name: None for name in self.required if name != "delta"}  # (in field order)
+        if "delta" not in self.required:
+            raise TypeError(f"delta_maker({cls.__name__}): no delta field")
+        if self.factories.keys() != {"id", "created_at", "metadata"} or self.factories["metadata"] is not dict:
+            raise TypeError(f"delta_maker({cls.__name__}): not an event's defaults: build it with its constructor")
+        template, _, fields_set = self.plan((*ids, "delta"))
+        return ids.keys(), template, fields_set, self.factories["id"], self.factories["created_at"]
+
+    @staticmethod
+    def _delta(cls: type[_M], template: dict[str, Any], fields_set: set[str], event_id: Callable[[], str],
+               now: Callable[[], float], delta: str) -> _M:
+        # Once per streamed token: the factories called directly, no loop (see `delta_maker`).
+        values = template.copy()
+        values["id"] = event_id()
+        values["created_at"] = now()
+        values["metadata"] = {}
+        values["delta"] = delta
+        event: _M = _new(cls)
+        _set(event, "__dict__", values)
+        _set_fields_set(event, fields_set)
+        _set_extra(event, None)
+        _set_private(event, None)
+        return event
+
+    @staticmethod
+    def with_source(ev: _M, source: str) -> _M:
+        """``ev.model_copy(update={"source": source})``: the same ``__dict__`` but ``source``, the
+        fields set plus ``source``, the same extras and private attributes; for the events a
+        sub-agent forwards into its caller's stream (one per event, `agent/_subagent.py`).
+        ``source``: a ``str`` the runtime made (the agent path). Models are frozen, so a copy never
+        changes the original that an inner layer may still hold."""
+        values = ev.__dict__.copy()
+        values["source"] = source
+        new: _M = _new(type(ev))
+        _set(new, "__dict__", values)
+        _set_fields_set(new, ev.__pydantic_fields_set__ | _SOURCE)
+        _set_extra(new, ev.__pydantic_extra__)
+        _set_private(new, ev.__pydantic_private__)
+        return new
+
+    @staticmethod
+    def with_metadata(ev: _M, metadata: dict[str, Any]) -> _M:
+        """``ev.model_copy(update={"metadata": metadata})`` the same way, for an annotation a
+        middleware adds as the event passes (`BudgetMiddleware`'s, one per model call).
+        ``metadata``: a new ``dict`` of the caller's."""
+        values = ev.__dict__.copy()
+        values["metadata"] = metadata
+        new: _M = _new(type(ev))
+        _set(new, "__dict__", values)
+        _set_fields_set(new, ev.__pydantic_fields_set__ | _METADATA)
+        _set_extra(new, ev.__pydantic_extra__)
+        _set_private(new, ev.__pydantic_private__)
+        return new
+
+
+_PLANS = Trusted._plans
+trusted = Trusted.build
+validated = Trusted.validated
+delta_maker = Trusted.delta_maker
+
+with_source = Trusted.with_source
+with_metadata = Trusted.with_metadata

@@ -1,0 +1,144 @@
+"""The events and messages the runtime builds without validating are the objects validation builds,
+and what crosses a boundary (a middleware's event derived with ``model_copy``, a caller's session
+id, deserialised events) is still validated."""
+
+from __future__ import annotations
+
+import typing
+from typing import Any
+
+import pytest
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
+
+from agentscope_py import MiddlewareBase, ModelStep, ReActAgent, RuntimeContext, ScriptedModel, tool
+from agentscope_py import events as ev
+from agentscope_py._trusted import trusted
+from agentscope_py.events import ToolCallDelta, ToolCallStart, ToolResultEnd, parse_event
+from agentscope_py.message import (
+    ChatUsage,
+    GenerateReason,
+    Msg,
+    TextBlock,
+    ThinkingBlock,
+    ToolResultBlock,
+    ToolResultState,
+    ToolUseBlock,
+)
+
+# What the runtime builds with `trusted`, with the values it passes (and two events: any frozen model
+# without validators builds the same way).
+BUILT: list[tuple[type[BaseModel], dict[str, Any]]] = [
+    (ev.AgentEnd, {"reply_id": "r", "error": "ValueError: x"}),  # (an event: default factories, a fields set)
+    (ev.ToolResultStart, {"reply_id": "r", "tool_call_id": "c", "tool_name": "t", "metadata": {"server": "s"}}),
+    (TextBlock, {"text": "hi"}),
+    (ThinkingBlock, {"thinking": "hmm", "signature": None}),
+    (ThinkingBlock, {"thinking": "hmm", "signature": "sig"}),
+    (ToolUseBlock, {"id": "c", "name": "t", "input": {"q": [1, "x"]}}),
+    (ToolUseBlock, {"id": "c", "name": "t", "input": {}, "raw_input": "{nope"}),
+    (ToolResultBlock, {"id": "c", "name": "t", "output": "42", "state": ToolResultState.SUCCESS}),
+    (Msg, {"id": "m", "name": "a", "role": "assistant", "content": [TextBlock(text="t")],
+           "generate_reason": GenerateReason.TOOL_CALLS, "usage": ChatUsage(input_tokens=1)}),
+    (Msg, {"id": "m", "name": None, "role": "assistant", "content": [], "generate_reason": None, "usage": None}),
+    (Msg, {"role": "tool", "content": [ToolResultBlock(id="c", name="t", output="42")]}),
+    (Msg, {"role": "user", "name": None, "content": [TextBlock(text="hi")], "metadata": {}}),
+    (ChatUsage, {"input_tokens": 1, "output_tokens": 2, "cache_read_tokens": 0, "cache_write_tokens": 3,
+                 "reasoning_tokens": 4}),
+]
+
+
+@pytest.mark.parametrize(("cls", "values"), BUILT, ids=[f"{c.__name__}-{i}" for i, (c, _) in enumerate(BUILT)])
+def test_trusted_gives_what_validation_gives(cls: type[BaseModel], values: dict[str, Any]) -> None:
+    made, validated = trusted(cls, **values), cls(**values)
+    assert type(made) is cls
+    fresh = ({"id", "created_at"} & cls.model_fields.keys()) - values.keys()  # default factories: per object
+    assert list(made.__dict__) == list(validated.__dict__)  # every field, in the class's order
+    assert {k: v for k, v in made.__dict__.items() if k not in fresh} == \
+        {k: v for k, v in validated.__dict__.items() if k not in fresh}
+    assert made.model_fields_set == validated.model_fields_set
+    assert made.__pydantic_extra__ is None and made.__pydantic_private__ is None
+    assert cls.model_validate_json(made.model_dump_json()) == made
+    assert made.model_dump(exclude_unset=True).keys() == validated.model_dump(exclude_unset=True).keys()
+    again = trusted(cls, **values)
+    for name in fresh:
+        assert getattr(again, name) != getattr(made, name) or name == "created_at"
+    if "metadata" in cls.model_fields and "metadata" not in values:
+        assert again.metadata is not made.metadata  # a fresh dict each
+    with pytest.raises(ValidationError):  # frozen like any model
+        made.__setattr__(next(iter(values)), "x")
+    copied = made.model_copy(update={next(iter(values)): values[next(iter(values))]})
+    assert copied == made and copied.model_fields_set == made.model_fields_set
+
+
+def test_trusted_refuses_what_it_cannot_build_as_validation_does() -> None:
+    class Checked(BaseModel):
+        model_config = ConfigDict(frozen=True)
+        text: str
+
+        @field_validator("text")
+        @classmethod
+        def strip(cls, value: str) -> str:
+            return value.strip()
+
+    class Mutable(BaseModel):
+        text: str
+
+    for cls in (Checked, Mutable):
+        with pytest.raises(TypeError, match="needs validation"):
+            trusted(cls, text="x")
+    with pytest.raises(TypeError, match=r"unknown \['nope'\], missing \[\]"):
+        trusted(TextBlock, text="x", nope=1)
+    with pytest.raises(TypeError, match=r"missing \['tool_name'\]"):
+        trusted(ev.ToolResultStart, reply_id="r", tool_call_id="c")
+
+
+# -- the boundaries stay validated ---------------------------------------------------------------
+
+
+class RenamesCalls(MiddlewareBase):
+    """Derives the model's tool-call events with ``model_copy``: no validation, a tool name that
+    is not a str."""
+
+    def on_model_call(self, agent: Any, ctx: Any, input: Any, next: Any) -> Any:
+        def rename(e: Any) -> Any:
+            return e.model_copy(update={"tool_name": 3}) if type(e) in (ToolCallStart, ToolCallDelta) else e
+
+        return next(input).map(rename)
+
+
+class ForgesStates(MiddlewareBase):
+    def on_acting(self, agent: Any, ctx: Any, input: Any, next: Any) -> Any:
+        return next(input).map(lambda e: e.model_copy(update={"state": "bogus"}) if type(e) is ToolResultEnd else e)
+
+
+@tool
+async def lookup(query: str) -> str:
+    """Look something up."""
+    return "42"
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize("middleware", [RenamesCalls(), ForgesStates()], ids=["tool_name", "result_state"])
+async def test_what_a_middleware_derived_without_validation_is_validated_before_it_is_remembered(
+    middleware: MiddlewareBase,
+) -> None:
+    agent = (ReActAgent.builder().model(ScriptedModel([ModelStep.tool_call("lookup", {"query": "x"}),
+                                                       ModelStep.text("done")]))
+             .tools(lookup).middleware(middleware).build())
+    with pytest.raises(ValidationError) as caught:
+        await agent.call("go")
+    assert caught.value.title in ("ToolUseBlock", "ToolResultBlock")
+
+
+async def test_a_session_id_that_is_not_a_str_is_refused_by_validation() -> None:
+    agent = ReActAgent.builder().model(ScriptedModel([ModelStep.text("hi")])).build()
+    with pytest.raises(ValidationError, match="session_id"):
+        await agent.call("go", ctx=RuntimeContext(session_id=typing.cast(str, 7)))
+
+
+def test_deserialised_events_are_validated() -> None:
+    start = ev.ToolResultStart(reply_id="r", tool_call_id="c", tool_name="t")
+    assert parse_event(start.model_dump_json()) == start
+    with pytest.raises(ValidationError):
+        parse_event({**start.model_dump(), "tool_name": 3})
+    with pytest.raises(ValidationError):
+        parse_event('{"type": "agent_end"}')  # reply_id missing
