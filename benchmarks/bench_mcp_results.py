@@ -14,7 +14,8 @@ of 10 characters) of a tool of ``tests/mcp/mcp_long_server.py`` under a cap of
 SSE stream) and variant: ``streamed`` (the client as it is) and ``sdk-read`` (the same client
 over the SDK's own stdio / streamable-HTTP transport, which reads a whole message before the
 cap applies). Reported: the peak of traced memory beyond a small call's, and the growth of the
-process's peak RSS.
+process's peak RSS (a lower bound: the growth over the peak so far, 0 when the call stays under
+the process's peak from its start).
 """
 
 from __future__ import annotations

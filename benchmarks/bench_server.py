@@ -27,7 +27,16 @@ token, more than one process can relay. Per server and level: server CPU µs per
 ceiling 10⁶ / (µs per token), time to first token p50/p99 (all of it added by the server: the
 upstream writes token 0 when it reads the request), peak RSS growth per session (only a server's
 first level shows its memory per session: later levels show what they add beyond that peak) and
-the process's peak RSS, errors.
+the process's peak RSS, errors (a stream is one unless it is a 200 ending in ``RUN_FINISHED`` with
+exactly the reply's deltas).
+
+Every server gets the same upstream client pool (no cap), the same listen backlog (``BACKLOG``)
+and no access log. The clients start a level's streams at ``--connect-rate`` per server and keep
+at most ``serving_clients.CONNECT_WINDOW`` connects to one server pending, each given
+``serving_clients.CONNECT_TIMEOUT``: a saturated server's loop accepts slowly, and SYNs past its
+backlog are dropped by the kernel and retried after 1, 3, 7, 15 s, a wait that measures the
+kernel's backoff rather than the server. The window is the same for every server; "streams open
+at once" (the most connected to a server at the same time) says how many each one held together.
 
     .venv/bin/python benchmarks/bench_server.py                 # the RESULTS.md levels
     .venv/bin/python benchmarks/bench_server.py --quick --json  # a smoke test (~20 s)
