@@ -22,11 +22,12 @@ not taken for dead (a live call timed out is in doubt too, and would run twice w
 idempotent), and a dead one's calls are in doubt 6 s after the kill."""
 
 WORKFLOW_TASKS = 4
-"""Workflow tasks at once. Each runs in a thread of its own, CPU-bound (a replay in the sandbox)
-and holding the GIL: a hundred of them at once (a run per boundary each, as both workers start
-or take over every run) starve the worker's event loop, whose heartbeats of the held calls then
-come later than their timeout on a loaded host: Temporal cancels live calls and retries them, and
-the held runs move past their boundaries. A few at a time use the same CPU, in turn."""
+"""Workflow tasks at once. Each runs in a thread of its own, CPU-bound (a run's replay in the
+sandbox) and holding the GIL: the tasks of every run the test holds at once (as the first worker
+starts them, as the second takes them over) starve the worker's event loop, whose heartbeats of
+the held calls then come later than their timeout on a loaded host: Temporal cancels live calls
+and retries them, and held runs move past their boundaries. A few at a time use the same CPU, in
+turn."""
 
 
 async def main(address: str, queue: str) -> None:
