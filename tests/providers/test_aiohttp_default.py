@@ -364,10 +364,13 @@ def test_a_model_never_closed_leaves_no_open_session_behind(recwarn: pytest.Warn
         finally:
             await srv.stop()
 
+    gc.collect()  # what earlier tests of this worker left for the collector warns now, not below
+    recwarn.clear()
     assert asyncio.run(run()) == "one"
     gc.collect()
     assert reported == []
-    assert not [w for w in recwarn if issubclass(w.category, ResourceWarning)]
+    # aiohttp's own: "Unclosed client session", "Unclosed connector", "... connection", "... response"
+    assert not [w for w in recwarn if issubclass(w.category, ResourceWarning) and str(w.message).startswith("Unclosed")]
 
 
 async def test_http1transport_is_a_deprecated_name_of_httpx2s_transport(
