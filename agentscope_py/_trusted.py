@@ -145,12 +145,7 @@ class Trusted:
         for name, factory in factories:
             fields[name] = factory()
         fields.update(values)
-        made: _M = _new(cls)
-        _set(made, "__dict__", fields)
-        _set_fields_set(made, fields_set)
-        _set_extra(made, None)
-        _set_private(made, None)
-        return made
+        return _assemble(cls, fields, fields_set)
 
     @staticmethod
     def validated(cls: type[_M], /, **values: Any) -> _M:
@@ -194,12 +189,7 @@ class Trusted:
         values["created_at"] = now()
         values["metadata"] = {}
         values["delta"] = delta
-        event: _M = _new(cls)
-        _set(event, "__dict__", values)
-        _set_fields_set(event, fields_set)
-        _set_extra(event, None)
-        _set_private(event, None)
-        return event
+        return _assemble(cls, values, fields_set)
 
     @staticmethod
     def with_source(ev: _M, source: str) -> _M:
@@ -208,28 +198,34 @@ class Trusted:
         sub-agent forwards into its caller's stream (one per event, `agent/_subagent.py`).
         ``source``: a ``str`` the runtime made (the agent path). Models are frozen, so a copy never
         changes the original that an inner layer may still hold."""
-        values = ev.__dict__.copy()
-        values["source"] = source
-        new: _M = _new(type(ev))
-        _set(new, "__dict__", values)
-        _set_fields_set(new, ev.__pydantic_fields_set__ | _SOURCE)
-        _set_extra(new, ev.__pydantic_extra__)
-        _set_private(new, ev.__pydantic_private__)
-        return new
+        return _with(ev, "source", source, _SOURCE)
 
     @staticmethod
     def with_metadata(ev: _M, metadata: dict[str, Any]) -> _M:
         """``ev.model_copy(update={"metadata": metadata})`` the same way, for an annotation a
         middleware adds as the event passes (`BudgetMiddleware`'s, one per model call).
         ``metadata``: a new ``dict`` of the caller's."""
-        values = ev.__dict__.copy()
-        values["metadata"] = metadata
-        new: _M = _new(type(ev))
-        _set(new, "__dict__", values)
-        _set_fields_set(new, ev.__pydantic_fields_set__ | _METADATA)
-        _set_extra(new, ev.__pydantic_extra__)
-        _set_private(new, ev.__pydantic_private__)
-        return new
+        return _with(ev, "metadata", metadata, _METADATA)
+
+
+def _assemble(cls: type[_M], fields: dict[str, Any], fields_set: set[str],
+              extra: dict[str, Any] | None = None, private: dict[str, Any] | None = None) -> _M:
+    """The model ``cls`` with ``fields`` as its ``__dict__``, through pydantic's own slots (what
+    ``__copy__`` sets): every builder here ends in it."""
+    made: _M = _new(cls)
+    _set(made, "__dict__", fields)
+    _set_fields_set(made, fields_set)
+    _set_extra(made, extra)
+    _set_private(made, private)
+    return made
+
+
+def _with(ev: _M, name: str, value: Any, field: frozenset[str]) -> _M:
+    """``ev`` with one field replaced (``field`` is ``{name}``), its extras and private attributes kept."""
+    values = ev.__dict__.copy()
+    values[name] = value
+    return _assemble(type(ev), values, ev.__pydantic_fields_set__ | field, ev.__pydantic_extra__,
+                     ev.__pydantic_private__)
 
 
 _PLANS = Trusted._plans
