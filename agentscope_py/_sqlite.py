@@ -13,13 +13,27 @@ import asyncio
 import contextlib
 import os
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
-__all__ = ["SqliteFile"]
+__all__ = ["SqliteFile", "immediate"]
 
 T = TypeVar("T")
+
+
+@contextlib.contextmanager
+def immediate(conn: sqlite3.Connection) -> Iterator[None]:
+    """The body as one ``BEGIN IMMEDIATE`` transaction: committed when it ends, rolled back if it
+    raises (the write lock taken up front, so what it reads cannot change before it writes)."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
 
 
 class SqliteFile:
@@ -52,15 +66,8 @@ class SqliteFile:
 
         def call() -> T:
             conn = self._connection()
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                result = fn(conn)
-                conn.execute("COMMIT")
-            except BaseException:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-                raise
-            return result
+            with immediate(conn):
+                return fn(conn)
 
         try:
             return await asyncio.get_running_loop().run_in_executor(self._executor, call)

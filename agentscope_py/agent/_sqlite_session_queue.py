@@ -15,6 +15,7 @@ from __future__ import annotations
 import sqlite3
 import time
 
+from .._sqlite import immediate
 from ._process_identity import dead, this_process
 from ._session_queue import ticket_score
 
@@ -128,16 +129,10 @@ def _reap(conn: sqlite3.Connection, key: Key, mine: str) -> bool:
 def release(conn: sqlite3.Connection, *, key: Key, token: str) -> str | None:
     """The lock given back if it is still ``token``'s, its ticket dropped (a waiter that gave
     up); the first ticket's token, if any waits."""
-    conn.execute("BEGIN IMMEDIATE")
-    try:
+    with immediate(conn):
         conn.execute(f"DELETE FROM session_lock {_WHERE} AND token = ?", (*key, token))
         conn.execute("DELETE FROM session_queue WHERE token = ?", (token,))
         head = conn.execute(f"SELECT token FROM session_queue {_WHERE} ORDER BY place LIMIT 1", key).fetchone()
-        conn.execute("COMMIT")
-    except BaseException:
-        if conn.in_transaction:
-            conn.execute("ROLLBACK")
-        raise
     return None if head is None else str(head[0])
 
 
@@ -159,16 +154,10 @@ def watch(conn: sqlite3.Connection, *, tokens: list[str], lease: float | None) -
 def stop(conn: sqlite3.Connection, *, key: Key, rollback: bool) -> str | None:
     """A stop recorded for the session's holder (as an interrupting ticket records it); the
     holder's token, or None when nobody holds the session."""
-    conn.execute("BEGIN IMMEDIATE")
-    try:
+    with immediate(conn):
         _reap(conn, key, this_process())  # a dead holder's run is not running: nothing to stop
         held = conn.execute(f"SELECT token FROM session_lock {_WHERE} AND expires >= ?", (*key, time.time())).fetchone()
         if held is not None:
             conn.execute(f"UPDATE session_lock SET stop = MAX(stop, ?) {_WHERE}", (ROLLBACK if rollback else INTERRUPT,
                                                                                     *key))
-        conn.execute("COMMIT")
-    except BaseException:
-        if conn.in_transaction:
-            conn.execute("ROLLBACK")
-        raise
     return None if held is None else str(held[0])

@@ -43,6 +43,7 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import TypeVar
 
+from .._sqlite import immediate
 from ..errors import BusyError
 from ._process_identity import dead
 from ._session import DEFAULT_MAX_QUEUED
@@ -135,8 +136,7 @@ class SqliteStateStore(ClosableStore):
             now = datetime.now(UTC).isoformat()
             # IMMEDIATE takes the write lock up front, so the version read below cannot move
             # before the write (another process waits up to busy_timeout).
-            conn.execute("BEGIN IMMEDIATE")
-            try:
+            with immediate(conn):
                 row = conn.execute(f"SELECT version FROM agent_state {_WHERE}", (user_id, session_id)).fetchone()
                 current = 0 if row is None else int(row[0])
                 if current != expected_version and not overwrite:
@@ -152,11 +152,6 @@ class SqliteStateStore(ClosableStore):
                         f"UPDATE agent_state SET version = ?, state = ?, updated_at = ? {_WHERE} AND version = ?",
                         (current + 1, data, now, user_id, session_id, current),
                     )
-                conn.execute("COMMIT")
-            except BaseException:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-                raise
             return current + 1
 
         return await self._run(write, f"saving session {user_id}/{session_id}")

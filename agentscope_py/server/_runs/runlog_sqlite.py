@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
-from ..._sqlite import SqliteFile
+from ..._sqlite import SqliteFile, immediate
 from ...errors import RunLogError
 from .runlog import (
     RESERVE,
@@ -201,11 +201,6 @@ def _alive(conn: sqlite3.Connection, owner: str) -> bool:
 
 def _add_reserved(conn: sqlite3.Connection) -> None:
     """The ``reserved`` column in a file made before it existed (its runs reserved nothing)."""
-    conn.execute("BEGIN IMMEDIATE")  # one process adds it, however many open the file at once
-    try:
+    with immediate(conn):  # one process adds it, however many open the file at once
         if "reserved" not in {row[1] for row in conn.execute("PRAGMA table_info(runs)")}:
             conn.execute("ALTER TABLE runs ADD COLUMN reserved INTEGER NOT NULL DEFAULT 0")
-        conn.execute("COMMIT")
-    except BaseException:
-        conn.execute("ROLLBACK")
-        raise
