@@ -88,12 +88,7 @@ async def test_inputs_take_the_session_in_arrival_order_whichever_process_they_c
     order: list[str] = []
     release = asyncio.Event()
 
-    async def hold() -> None:
-        async with stores[0].session_lock("u", "s", holder="first"):
-            order.append("first")
-            await release.wait()
-
-    holder = asyncio.create_task(hold())
+    holder = asyncio.create_task(holding(stores[0], release, order, holder="first"))
     await until(lambda: _held(stores[1]))
     waiters = []
     for i in range(8):  # alternately through each process, each once the one before is queued
@@ -106,6 +101,14 @@ async def test_inputs_take_the_session_in_arrival_order_whichever_process_they_c
     assert await stores[1].session_queue("u", "s") == (None, 0)
 
 
+async def holding(store: Any, release: asyncio.Event, order: list[str] | None = None, **lock: Any) -> None:
+    """Hold the session ``u/s`` until ``release`` is set (``"first"`` in ``order`` once held)."""
+    async with store.session_lock("u", "s", **lock):
+        if order is not None:
+            order.append("first")
+        await release.wait()
+
+
 async def _held(store: Any) -> bool:
     return (await store.session_queue("u", "s"))[0] is not None
 
@@ -115,12 +118,7 @@ async def test_interrupting_inputs_go_first_and_stop_the_holder_in_its_process(s
     stops: list[bool] = []
     release = asyncio.Event()
 
-    async def hold() -> None:
-        async with stores[0].session_lock("u", "s", holder="first", on_interrupt=stops.append):
-            order.append("first")
-            await release.wait()
-
-    holder = asyncio.create_task(hold())
+    holder = asyncio.create_task(holding(stores[0], release, order, holder="first", on_interrupt=stops.append))
     await until(lambda: _held(stores[1]))
     queued = [asyncio.create_task(take(stores[1], "queued", order))]
     await until(waiting(stores[1], 1))
@@ -142,11 +140,7 @@ async def _true(value: bool) -> bool:
 async def test_the_bound_counts_the_inputs_waiting_in_every_process(stores: list[Any]) -> None:
     release = asyncio.Event()
 
-    async def hold() -> None:
-        async with stores[0].session_lock("u", "s"):
-            await release.wait()
-
-    holder = asyncio.create_task(hold())
+    holder = asyncio.create_task(holding(stores[0], release))
     await until(lambda: _held(stores[1]))
     order: list[str] = []
     queued = [asyncio.create_task(take(stores[0], "a", order, max_queued=2))]
@@ -168,11 +162,7 @@ async def test_the_bound_counts_the_inputs_waiting_in_every_process(stores: list
 async def test_a_waiter_cancelled_leaves_the_queue(stores: list[Any]) -> None:
     release = asyncio.Event()
 
-    async def hold() -> None:
-        async with stores[0].session_lock("u", "s"):
-            await release.wait()
-
-    holder = asyncio.create_task(hold())
+    holder = asyncio.create_task(holding(stores[0], release))
     await until(lambda: _held(stores[1]))
     order: list[str] = []
     gone = asyncio.create_task(take(stores[1], "gone", order))
@@ -214,11 +204,7 @@ async def test_a_process_killed_holding_or_waiting_blocks_the_queue_no_longer_th
     release = asyncio.Event()
     mine: asyncio.Task[None] | None = None
     if dies == "waiting":
-        async def hold() -> None:
-            async with stores[0].session_lock("u", "s"):
-                await release.wait()
-
-        mine = asyncio.create_task(hold())
+        mine = asyncio.create_task(holding(stores[0], release))
         await until(lambda: _held(stores[1]))
     with process("hold-lock", *_store_arg(make_store), "--lock-timeout", "1", "--other-host") as proc:
         if dies == "holding":
@@ -254,11 +240,7 @@ async def test_a_process_known_dead_blocks_the_session_not_at_all_a_live_one_is_
     release = asyncio.Event()
     order: list[str] = []
 
-    async def hold() -> None:
-        async with ours.session_lock("u", "s", holder="first"):
-            await release.wait()
-
-    mine = asyncio.create_task(hold()) if dies == "waiting" else None
+    mine = asyncio.create_task(holding(ours, release, holder="first")) if dies == "waiting" else None
     if mine is not None:
         await until(lambda: _held(theirs))
     with process("hold-lock", *_store_arg(make_store), "--lock-timeout", "30") as proc:
@@ -346,12 +328,8 @@ async def test_interrupt_session_stops_the_holder_in_another_process(stores: lis
     stops: list[bool] = []
     release = asyncio.Event()
 
-    async def hold() -> None:
-        async with stores[0].session_lock("u", "s", on_interrupt=stops.append):
-            await release.wait()
-
     assert await stores[1].interrupt_session("u", "s") is False  # nobody holds it
-    holder = asyncio.create_task(hold())
+    holder = asyncio.create_task(holding(stores[0], release, on_interrupt=stops.append))
     await until(lambda: _held(stores[1]))
     assert await stores[1].interrupt_session("u", "s") is True
     await until(lambda: _true(bool(stops)))
