@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import urllib.request
+import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -88,3 +89,17 @@ async def sse(lines: AsyncIterator[str]) -> AsyncIterator[Frame]:
         elif "data" in fields:
             yield Frame(int(fields.get("id", "0")), fields.get("event"), json.loads(fields["data"]))
             fields = {}
+
+
+@pytest.fixture
+def queue() -> str:
+    """A task queue of the test's own."""
+    return f"q-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+def serves(temporal_address: str, held_model: tuple[str, Path], redis_url: str) -> Iterator[Serves]:
+    """Serve processes on durable runs whose model holds each reply (`held_model`)."""
+    procs = Serves(temporal_address, redis_url, {"DURABLE_MODEL_URL": held_model[0]})
+    yield procs
+    procs.close()

@@ -12,31 +12,17 @@ import asyncio
 import contextlib
 import json
 import subprocess
-import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
 from durable_helpers import Workers, temporal_address
-from durable_live_helpers import Frame, Serves, held_model, release, sse, workers
+from durable_live_helpers import Frame, Serves, held_model, queue, release, serves, sse, workers
 from server.test_agui_client import NODE, client_modules
 from server.test_agui_nested import VERIFY_SCRIPT
 
-__all__ = ["client_modules", "held_model", "temporal_address", "workers"]  # fixtures, used by name
-
-
-@pytest.fixture
-def queue() -> str:
-    return f"q-{uuid.uuid4().hex[:8]}"
-
-
-@pytest.fixture
-def serves(temporal_address: str, held_model: tuple[str, Path], redis_url: str) -> Iterator[Serves]:
-    procs = Serves(temporal_address, redis_url, {"DURABLE_MODEL_URL": held_model[0]})
-    yield procs
-    procs.close()
+__all__ = ["client_modules", "held_model", "queue", "serves", "temporal_address", "workers"]  # fixtures, used by name
 
 
 def _text(frames: list[Frame], kind: str = "text_block_delta", key: str = "delta") -> str:

@@ -13,14 +13,14 @@ import asyncio
 import contextlib
 import json
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
 import pytest
 import uvicorn
 from durable_helpers import Workers, free_port, temporal_address
-from durable_live_helpers import Frame, Serves, held_model, sse, workers
+from durable_live_helpers import Frame, Serves, held_model, queue, serves, sse, workers
 from temporalio.client import Client
 from test_durable_live_serve import _answering, _text
 
@@ -30,21 +30,9 @@ from agentscope_py.durable import DurableAgent, DurableSessionBusy, MemoryEventL
 from agentscope_py.events import AgentEnd, AgentResult
 from agentscope_py.server import DurableServing, create_app
 
-__all__ = ["held_model", "temporal_address", "workers"]  # fixtures, used by name
+__all__ = ["held_model", "queue", "serves", "temporal_address", "workers"]  # fixtures, used by name
 
 pytestmark = pytest.mark.timeout(120)
-
-
-@pytest.fixture
-def queue() -> str:
-    return f"q-{uuid.uuid4().hex[:8]}"
-
-
-@pytest.fixture
-def serves(temporal_address: str, held_model: tuple[str, Path], redis_url: str) -> Iterator[Serves]:
-    procs = Serves(temporal_address, redis_url, {"DURABLE_MODEL_URL": held_model[0]})
-    yield procs
-    procs.close()
 
 
 async def test_reject_is_a_409_and_interrupt_runs_next_on_a_durable_session(
