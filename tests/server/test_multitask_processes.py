@@ -18,10 +18,10 @@ from typing import Any
 
 import httpx
 import pytest
+from test_multitask import check_session
 
 from agentscope_py.agent import RedisStateStore
 from agentscope_py.agent.sqlite_store import SqliteStateStore
-from agentscope_py.message import Msg, ToolResultBlock, ToolUseBlock
 
 from .test_cli_serve import Serving, processes
 from .test_runs import parse
@@ -127,21 +127,6 @@ def unbalanced(evs: list[dict[str, Any]]) -> dict[str, int]:
             open_[(kind, ident)] += 1 if edge == "start" else -1
             assert open_[(kind, ident)] in (0, 1), [x.get("type") for x in evs]
     return {f"{k}:{i}": v for (k, i), v in open_.items() if v}
-
-
-def check_session(context: list[Msg]) -> None:
-    ids = [m.id for m in context]
-    assert len(ids) == len(set(ids)), "a message is remembered twice"
-    calls: list[str] = []
-    results: Counter[str] = Counter()
-    for m in context:
-        for b in m.content:
-            if isinstance(b, ToolUseBlock):
-                calls.append(b.id)
-            elif isinstance(b, ToolResultBlock):
-                assert b.id in calls
-                results[b.id] += 1
-    assert all(results[c] == 1 for c in calls), (calls, results)
 
 
 def result(evs: list[dict[str, Any]]) -> dict[str, Any] | None:
