@@ -105,6 +105,7 @@ class Execution:
         self._reasoning = compose(ExtensionPoint.ON_REASONING, parts, agent, ctx, self._reasoning_core, trace)
         self._acting = compose(ExtensionPoint.ON_ACTING, parts, agent, ctx, self._acting_core, trace)
         self._direct_reasoning = not parts.hooks[ExtensionPoint.ON_REASONING]
+        self._direct_acting = not parts.hooks[ExtensionPoint.ON_ACTING]
 
     @property
     def final(self) -> Msg | None:
@@ -113,7 +114,7 @@ class Execution:
     # -- the cores the chains wrap ---------------------------------------------------------------
 
     def agent_core(self, input: AgentInput) -> EventStream[AgentEvent]:
-        return EventStream(lambda: self._run(input))
+        return EventStream(lambda: self.events(input))
 
     def _model_core(self, input: ModelCallInput) -> EventStream[AgentEvent]:
         # Built when the innermost next() is called: prefetch() captures that context for the
@@ -161,11 +162,16 @@ class Execution:
 
     # -- the execution ---------------------------------------------------------------------------
 
-    async def _run(self, input: AgentInput) -> AsyncIterator[AgentEvent]:
+    async def events(self, input: AgentInput, announce: bool = True) -> AsyncIterator[AgentEvent]:
+        """The run's events: the core of the ``on_agent`` chain, and the caller's stream itself when
+        no hook wraps it. ``announce``: with the run's own bracket (`AgentStart`, then `AgentResult`
+        and `AgentEnd`); a caller that wants only the final message and the error (`ReActAgent.call`
+        with no ``on_agent`` hook to see them) has them left unmade."""
         agent, ctx, run, runtime = self.agent, self.ctx, self.run, self.runtime
         key, gates, strategy = (ctx.user_id, ctx.session_id), runtime.gates, self.strategy
         gates.check(key, strategy, runtime.max_queued)  # refused before it started: no event at all
-        yield AgentStart(reply_id=self.reply_id, name=agent.name, session_id=ctx.session_id)
+        if announce:
+            yield AgentStart(reply_id=self.reply_id, name=agent.name, session_id=ctx.session_id)
         brackets = Brackets()
         logged = brackets.log
         log = logged.append
@@ -174,7 +180,8 @@ class Execution:
         try:
             await hold.enter()
         except BusyError as exc:  # refused at the gate (another process holds the session)
-            yield AgentEnd(reply_id=self.reply_id, error=describe(exc))
+            if announce:
+                yield AgentEnd(reply_id=self.reply_id, error=describe(exc))
             raise
         async with hold:
             try:
@@ -183,7 +190,9 @@ class Execution:
                     if self.tools.toolkit.sources:  # MCP servers: held (and listed) for the run
                         await self.tools.toolkit.enter_run(ctx)
                     run.input_msgs = list(input.msgs)
-                    step = Step(PRELUDE, EventStream(lambda: prelude(self)), require_event, ExtensionPoint.ON_ACTING)
+                    rest = await prelude(self)  # (what it still publishes, if anything, is its step)
+                    step = (self._round() if rest is None
+                            else Step(PRELUDE, rest, require_event, ExtensionPoint.ON_ACTING))
                     # Every step runs in this one loop, not in generators of its own.
                     while True:
                         on_event = step.on_event
@@ -259,12 +268,14 @@ class Execution:
         if failure is not None:
             # The run's own bracket closes too: the caller's stream ends with AgentEnd naming the
             # error, then the error itself is raised.
-            yield AgentEnd(reply_id=self.reply_id, error=describe(failure))
+            if announce:
+                yield AgentEnd(reply_id=self.reply_id, error=describe(failure))
             raise failure
         assert run.final is not None
-        yield AgentResult(result=run.final)
-        yield (AgentEnd(reply_id=self.reply_id, metadata={"rolled_back": True}) if run.rolled_back
-               else AgentEnd(reply_id=self.reply_id))  # (a metadata given costs its validation)
+        if announce:
+            yield AgentResult(result=run.final)
+            yield (AgentEnd(reply_id=self.reply_id, metadata={"rolled_back": True}) if run.rolled_back
+                   else AgentEnd(reply_id=self.reply_id))  # (a metadata given costs its validation)
 
     def _finish(self, error: BaseException | None) -> AsyncIterator[AgentEvent]:
         return finish(self.agent, self.ctx, self.runtime, self.run, error, self.tools.started)
@@ -348,6 +359,11 @@ class Execution:
     def _act_step(self, act: NextStepAct) -> Step:
         """One acting pass: its stream, and what gathers its results from the events."""
         acting = Acting(act.calls, act.assistant)
+        if self._direct_acting:
+            # No on_acting hook: the core's events are the step's stream, with no stream object
+            # around them for hooks to compose.
+            events = acting_events(self.tools, act.calls, contextvars.copy_context())
+            return Step(ACT, events, acting.add, ExtensionPoint.ON_ACTING, acting)
         try:
             stream = self._acting(ActingInput(tool_calls=tuple(act.calls)))
         except Exception as exc:  # a hook that raised before returning a stream
