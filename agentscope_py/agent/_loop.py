@@ -162,15 +162,17 @@ class Execution:
 
     # -- the execution ---------------------------------------------------------------------------
 
-    async def events(self, input: AgentInput, announce: bool = True) -> AsyncIterator[AgentEvent]:
+    async def events(self, input: AgentInput, publish: bool = True) -> AsyncIterator[AgentEvent]:
         """The run's events: the core of the ``on_agent`` chain, and the caller's stream itself when
-        no hook wraps it. ``announce``: with the run's own bracket (`AgentStart`, then `AgentResult`
-        and `AgentEnd`); a caller that wants only the final message and the error (`ReActAgent.call`
-        with no ``on_agent`` hook to see them) has them left unmade."""
+        no hook wraps it. Without ``publish`` the run yields nothing: for a caller that wants only the
+        final message (`final`) or the error (`ReActAgent.call` with no ``on_agent`` hook to see the
+        events). The steps' events are read by the loop and handed to an observer all the same; the
+        run's own bracket (`AgentStart`, `AgentResult`, `AgentEnd`), which only a caller sees, is
+        not made."""
         agent, ctx, run, runtime = self.agent, self.ctx, self.run, self.runtime
         key, gates, strategy = (ctx.user_id, ctx.session_id), runtime.gates, self.strategy
         gates.check(key, strategy, runtime.max_queued)  # refused before it started: no event at all
-        if announce:
+        if publish:
             yield AgentStart(reply_id=self.reply_id, name=agent.name, session_id=ctx.session_id)
         brackets = Brackets()
         logged = brackets.log
@@ -180,7 +182,7 @@ class Execution:
         try:
             await hold.enter()
         except BusyError as exc:  # refused at the gate (another process holds the session)
-            if announce:
+            if publish:
                 yield AgentEnd(reply_id=self.reply_id, error=describe(exc))
             raise
         async with hold:
@@ -205,8 +207,9 @@ class Execution:
                                 if mark is not None:
                                     if mark is START:
                                         if starts and type(ev) is ModelCallStart and brackets.superseding(ev):
-                                            for early in all_observed(ctx, brackets.early):
-                                                yield early
+                                            early = all_observed(ctx, brackets.early)
+                                            for end in early if publish else ():
+                                                yield end
                                         starts += 1
                                         log(ev)
                                     elif mark is END:
@@ -219,17 +222,22 @@ class Execution:
                                     if isinstance(ev, EventBase):
                                         raise
                                     raise not_an_event(ev, step.point, runtime.participants) from None
-                                yield ev if ctx.event_observer is None else observed(ctx, ev)
+                                if ctx.event_observer is not None:
+                                    observed(ctx, ev)
+                                if publish:
+                                    yield ev
                         except BaseException as exc:
                             await aclose(steps)
                             if step.acting is not None:
                                 step.acting.keep_results(run, exc)
                             if isinstance(exc, Exception):  # (a consumer that left gets nothing)
-                                for end in all_observed(ctx, brackets.close(exc, starts)):
+                                ends = all_observed(ctx, brackets.close(exc, starts))
+                                for end in ends if publish else ():
                                     yield end
                             raise
                         if starts * 2 != len(logged):  # a layer stopped reading with brackets open
-                            for end in all_observed(ctx, brackets.close(None, starts)):
+                            ends = all_observed(ctx, brackets.close(None, starts))
+                            for end in ends if publish else ():
                                 yield end
                         elif logged:
                             logged.clear()
@@ -250,7 +258,8 @@ class Execution:
                     finishing = self._finish(error)
                     try:
                         async for ev in finishing:
-                            yield ev
+                            if publish:
+                                yield ev
                     except (GeneratorExit, asyncio.CancelledError):
                         # The consumer left during the finish (at a trace event, or while a hook
                         # awaited): the hooks still run once and the turn is still saved.
@@ -268,11 +277,11 @@ class Execution:
         if failure is not None:
             # The run's own bracket closes too: the caller's stream ends with AgentEnd naming the
             # error, then the error itself is raised.
-            if announce:
+            if publish:
                 yield AgentEnd(reply_id=self.reply_id, error=describe(failure))
             raise failure
         assert run.final is not None
-        if announce:
+        if publish:
             yield AgentResult(result=run.final)
             yield (AgentEnd(reply_id=self.reply_id, metadata={"rolled_back": True}) if run.rolled_back
                    else AgentEnd(reply_id=self.reply_id))  # (a metadata given costs its validation)

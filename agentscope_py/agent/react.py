@@ -279,8 +279,10 @@ class ReActAgent:
     ) -> Msg:
         """Run one execution and return its final message (``generate_reason`` says why it ended).
         ``multitask_strategy``: as for `stream` (a refused input raises `BusyError`)."""
+        # With no on_agent hook the run yields nothing to this loop (`Execution.events`): the
+        # result is the run's final message.
         exe, events = self._start(_as_msgs(msgs), ctx, structured_model, strategy=self._strategy(multitask_strategy),
-                                  announce=False)
+                                  publish=False)
         result: Msg | None = None
         try:
             async for ev in events:
@@ -289,7 +291,7 @@ class ReActAgent:
         except BaseException:  # cancelled (or a middleware raised): the run closes before this returns
             await aclose(events)
             raise
-        if result is None:  # no AgentResult made (or a middleware dropped it): the core's result stands
+        if result is None:  # no AgentResult reached here (or a middleware dropped it): the core's result stands
             result = exe.final
         assert result is not None
         return result
@@ -299,17 +301,17 @@ class ReActAgent:
 
     def _start(
         self, msgs: tuple[Msg, ...], ctx: RuntimeContext | None, structured_model: type[Any] | None,
-        runtime: AgentRuntime | None = None, strategy: MultitaskStrategy | None = None, announce: bool = True,
+        runtime: AgentRuntime | None = None, strategy: MultitaskStrategy | None = None, publish: bool = True,
     ) -> tuple[Execution, Any]:
         # ``runtime``: a sub-agent's, with its caller's middleware around its own (`_subagent`).
-        # ``announce``: False when the caller wants the final message only, not the run's own
-        # AgentStart/AgentResult/AgentEnd (`Execution.events`); on_agent hooks get them all the same.
+        # ``publish``: False when the caller wants the final message only, not the events
+        # (`Execution.events`); on_agent hooks get every event all the same.
         runtime = runtime if runtime is not None else self._runtime
         exe = Execution(self, runtime, ctx if ctx is not None else RuntimeContext(), structured_model,
                         strategy if strategy is not None else runtime.multitask_strategy)
         participants = runtime.participants
         if not participants.hooks[ExtensionPoint.ON_AGENT]:  # the run's own events are the caller's stream
-            return exe, exe.events(AgentInput(msgs=msgs), announce)
+            return exe, exe.events(AgentInput(msgs=msgs), publish)
         chain = compose(ExtensionPoint.ON_AGENT, participants, self, exe.ctx, exe.agent_core, runtime.trace)
         # What on_agent hooks emit is the caller's stream, checked and closed (`guarded`).
         return exe, guarded(chain(AgentInput(msgs=msgs)).__aiter__(), participants)
