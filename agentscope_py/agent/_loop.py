@@ -103,7 +103,9 @@ class Execution:
         self._model_call = compose(ExtensionPoint.ON_MODEL_CALL, parts, agent, ctx, self._model_core, trace,
                                    core_bound=True)
         self._reasoning = compose(ExtensionPoint.ON_REASONING, parts, agent, ctx, self._reasoning_core, trace)
-        self._acting = compose(ExtensionPoint.ON_ACTING, parts, agent, ctx, self._acting_core, trace)
+        # (the acting core's stream is bound too: its tools run in the context it captures when built,
+        # and making its generator runs none of its code)
+        self._acting = compose(ExtensionPoint.ON_ACTING, parts, agent, ctx, self._acting_core, trace, core_bound=True)
         self._direct_reasoning = not parts.hooks[ExtensionPoint.ON_REASONING]
         self._direct_acting = not parts.hooks[ExtensionPoint.ON_ACTING]
 
@@ -294,7 +296,7 @@ class Execution:
     def _round(self) -> Step:
         """A new round: reasoning, or the summary once the iterations are used up."""
         if self.run.iteration >= self.agent.max_iters:
-            return Step(SUMMARY, EventStream(self._summarise), require_event, ExtensionPoint.ON_MODEL_CALL)
+            return Step(SUMMARY, self._summarise(), require_event, ExtensionPoint.ON_MODEL_CALL)
         self.control.check()
         run = self.run
         messages, tools = run.messages(), self.tools.toolkit.schemas()
