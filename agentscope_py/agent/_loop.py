@@ -103,8 +103,11 @@ class Execution:
         self._model_call = compose(ExtensionPoint.ON_MODEL_CALL, parts, agent, ctx, self._model_core, trace,
                                    core_bound=True)
         self._reasoning = compose(ExtensionPoint.ON_REASONING, parts, agent, ctx, self._reasoning_core, trace)
-        self._acting = compose(ExtensionPoint.ON_ACTING, parts, agent, ctx, self._acting_core, trace)
+        # (the acting core's stream is bound too: its tools run in the context it captures when built,
+        # and making its generator runs none of its code)
+        self._acting = compose(ExtensionPoint.ON_ACTING, parts, agent, ctx, self._acting_core, trace, core_bound=True)
         self._direct_reasoning = not parts.hooks[ExtensionPoint.ON_REASONING]
+        self._direct_acting = not parts.hooks[ExtensionPoint.ON_ACTING]
 
     @property
     def final(self) -> Msg | None:
@@ -113,7 +116,7 @@ class Execution:
     # -- the cores the chains wrap ---------------------------------------------------------------
 
     def agent_core(self, input: AgentInput) -> EventStream[AgentEvent]:
-        return EventStream(lambda: self._run(input))
+        return EventStream(lambda: self.events(input))
 
     def _model_core(self, input: ModelCallInput) -> EventStream[AgentEvent]:
         # Built when the innermost next() is called: prefetch() captures that context for the
@@ -161,11 +164,18 @@ class Execution:
 
     # -- the execution ---------------------------------------------------------------------------
 
-    async def _run(self, input: AgentInput) -> AsyncIterator[AgentEvent]:
+    async def events(self, input: AgentInput, publish: bool = True) -> AsyncIterator[AgentEvent]:
+        """The run's events: the core of the ``on_agent`` chain, and the caller's stream itself when
+        no hook wraps it. Without ``publish`` the run yields nothing: for a caller that wants only the
+        final message (`final`) or the error (`ReActAgent.call` with no ``on_agent`` hook to see the
+        events). The steps' events are read by the loop and handed to an observer all the same; the
+        run's own bracket (`AgentStart`, `AgentResult`, `AgentEnd`), which only a caller sees, is
+        not made."""
         agent, ctx, run, runtime = self.agent, self.ctx, self.run, self.runtime
         key, gates, strategy = (ctx.user_id, ctx.session_id), runtime.gates, self.strategy
         gates.check(key, strategy, runtime.max_queued)  # refused before it started: no event at all
-        yield AgentStart(reply_id=self.reply_id, name=agent.name, session_id=ctx.session_id)
+        if publish:
+            yield AgentStart(reply_id=self.reply_id, name=agent.name, session_id=ctx.session_id)
         brackets = Brackets()
         logged = brackets.log
         log = logged.append
@@ -174,7 +184,8 @@ class Execution:
         try:
             await hold.enter()
         except BusyError as exc:  # refused at the gate (another process holds the session)
-            yield AgentEnd(reply_id=self.reply_id, error=describe(exc))
+            if publish:
+                yield AgentEnd(reply_id=self.reply_id, error=describe(exc))
             raise
         async with hold:
             try:
@@ -183,7 +194,9 @@ class Execution:
                     if self.tools.toolkit.sources:  # MCP servers: held (and listed) for the run
                         await self.tools.toolkit.enter_run(ctx)
                     run.input_msgs = list(input.msgs)
-                    step = Step(PRELUDE, EventStream(lambda: prelude(self)), require_event, ExtensionPoint.ON_ACTING)
+                    rest = await prelude(self)  # (what it still publishes, if anything, is its step)
+                    step = (self._round() if rest is None
+                            else Step(PRELUDE, rest, require_event, ExtensionPoint.ON_ACTING))
                     # Every step runs in this one loop, not in generators of its own.
                     while True:
                         on_event = step.on_event
@@ -196,8 +209,9 @@ class Execution:
                                 if mark is not None:
                                     if mark is START:
                                         if starts and type(ev) is ModelCallStart and brackets.superseding(ev):
-                                            for early in all_observed(ctx, brackets.early):
-                                                yield early
+                                            early = all_observed(ctx, brackets.early)
+                                            for end in early if publish else ():
+                                                yield end
                                         starts += 1
                                         log(ev)
                                     elif mark is END:
@@ -210,17 +224,22 @@ class Execution:
                                     if isinstance(ev, EventBase):
                                         raise
                                     raise not_an_event(ev, step.point, runtime.participants) from None
-                                yield ev if ctx.event_observer is None else observed(ctx, ev)
+                                if ctx.event_observer is not None:
+                                    observed(ctx, ev)
+                                if publish:
+                                    yield ev
                         except BaseException as exc:
                             await aclose(steps)
                             if step.acting is not None:
                                 step.acting.keep_results(run, exc)
                             if isinstance(exc, Exception):  # (a consumer that left gets nothing)
-                                for end in all_observed(ctx, brackets.close(exc, starts)):
+                                ends = all_observed(ctx, brackets.close(exc, starts))
+                                for end in ends if publish else ():
                                     yield end
                             raise
                         if starts * 2 != len(logged):  # a layer stopped reading with brackets open
-                            for end in all_observed(ctx, brackets.close(None, starts)):
+                            ends = all_observed(ctx, brackets.close(None, starts))
+                            for end in ends if publish else ():
                                 yield end
                         elif logged:
                             logged.clear()
@@ -241,7 +260,8 @@ class Execution:
                     finishing = self._finish(error)
                     try:
                         async for ev in finishing:
-                            yield ev
+                            if publish:
+                                yield ev
                     except (GeneratorExit, asyncio.CancelledError):
                         # The consumer left during the finish (at a trace event, or while a hook
                         # awaited): the hooks still run once and the turn is still saved.
@@ -259,12 +279,14 @@ class Execution:
         if failure is not None:
             # The run's own bracket closes too: the caller's stream ends with AgentEnd naming the
             # error, then the error itself is raised.
-            yield AgentEnd(reply_id=self.reply_id, error=describe(failure))
+            if publish:
+                yield AgentEnd(reply_id=self.reply_id, error=describe(failure))
             raise failure
         assert run.final is not None
-        yield AgentResult(result=run.final)
-        yield (AgentEnd(reply_id=self.reply_id, metadata={"rolled_back": True}) if run.rolled_back
-               else AgentEnd(reply_id=self.reply_id))  # (a metadata given costs its validation)
+        if publish:
+            yield AgentResult(result=run.final)
+            yield (AgentEnd(reply_id=self.reply_id, metadata={"rolled_back": True}) if run.rolled_back
+                   else AgentEnd(reply_id=self.reply_id))  # (a metadata given costs its validation)
 
     def _finish(self, error: BaseException | None) -> AsyncIterator[AgentEvent]:
         return finish(self.agent, self.ctx, self.runtime, self.run, error, self.tools.started)
@@ -274,7 +296,7 @@ class Execution:
     def _round(self) -> Step:
         """A new round: reasoning, or the summary once the iterations are used up."""
         if self.run.iteration >= self.agent.max_iters:
-            return Step(SUMMARY, EventStream(self._summarise), require_event, ExtensionPoint.ON_MODEL_CALL)
+            return Step(SUMMARY, self._summarise(), require_event, ExtensionPoint.ON_MODEL_CALL)
         self.control.check()
         run = self.run
         messages, tools = run.messages(), self.tools.toolkit.schemas()
@@ -348,6 +370,11 @@ class Execution:
     def _act_step(self, act: NextStepAct) -> Step:
         """One acting pass: its stream, and what gathers its results from the events."""
         acting = Acting(act.calls, act.assistant)
+        if self._direct_acting:
+            # No on_acting hook: the core's events are the step's stream, with no stream object
+            # around them for hooks to compose.
+            events = acting_events(self.tools, act.calls, contextvars.copy_context())
+            return Step(ACT, events, acting.add, ExtensionPoint.ON_ACTING, acting)
         try:
             stream = self._acting(ActingInput(tool_calls=tuple(act.calls)))
         except Exception as exc:  # a hook that raised before returning a stream

@@ -2,8 +2,10 @@
 ``on_agent_state_ready``, the system prompt through ``on_system_prompt``, then the input into
 memory — or, when tool calls of the session wait, the resume (`_resume`).
 
-Its events are trace events (when the agent traces its middleware) and the resume's; it runs as
-the run's first step (`_steps.PRELUDE`), so one path serves traced and untraced runs."""
+The prelude is awaited, not iterated: most runs publish nothing before their first round. What
+it has to publish — the hooks' trace events when the agent traces its middleware, a resume's
+events — it returns as a stream, and the loop runs that as the run's first step
+(`_steps.PRELUDE`); without one, the first step is the first round."""
 
 from __future__ import annotations
 
@@ -23,51 +25,77 @@ from ._persist import load_session
 from ._resume import check_no_control_input, resume
 
 if TYPE_CHECKING:
+    from .._state import AgentState
     from ._scope import StepScope
 
 __all__ = ["prelude"]
 
 
-async def prelude(exe: StepScope) -> AsyncIterator[AgentEvent]:
+async def prelude(exe: StepScope) -> AsyncIterator[AgentEvent] | None:
+    """Run the prelude; what it still has to publish, as a stream (None: nothing)."""
     agent, ctx, run, runtime = exe.agent, exe.ctx, exe.run, exe.runtime
     state = await load_session(runtime, ctx, run)
     run.keep_before()  # what a rollback of this turn restores (`RunState.roll_back`)
     ctx.agent_state = state
     ctx.agent = agent
-    hooks, trace = runtime.participants.hooks, runtime.trace
+    hooks = runtime.participants.hooks
+    ready, prompting = hooks[ExtensionPoint.ON_AGENT_STATE_READY], hooks[ExtensionPoint.ON_SYSTEM_PROMPT]
+    if runtime.trace and (ready or prompting):
+        return _traced(exe, state)
     input_msgs = run.input_msgs
+    for mw in ready:
+        hook: Callable[..., Any] = mw.on_agent_state_ready  # (an ``async def`` override returns a coroutine)
+        result = hook(agent, ctx, state, input_msgs)
+        if result is not None and asyncio.iscoroutine(result):
+            await result
+    prompt: Any = agent.sys_prompt
+    for mw in prompting:
+        prompt = mw.on_system_prompt(agent, ctx, prompt)
+        if asyncio.iscoroutine(prompt):  # (the base hook is an ``async def``; an override may be a plain one)
+            prompt = await prompt
+    return _take_input(exe, state, prompt)
+
+
+async def _traced(exe: StepScope, state: AgentState) -> AsyncIterator[AgentEvent]:
+    """The hooks of the prelude each inside its trace events, then the rest of the prelude."""
+    agent, ctx, run, runtime = exe.agent, exe.ctx, exe.run, exe.runtime
+    hooks, input_msgs = runtime.participants.hooks, run.input_msgs
     for mw in hooks[ExtensionPoint.ON_AGENT_STATE_READY]:
-        if not trace:  # no trace events to emit: the hook called as HookCall would, without it
-            hook: Callable[..., Any] = mw.on_agent_state_ready  # (an ``async def`` override returns a coroutine)
-            result = hook(agent, ctx, state, input_msgs)
-            if result is not None and asyncio.iscoroutine(result):  # (an ``async def`` hook)
-                await result
-            continue
         ready = HookCall(mw, ExtensionPoint.ON_AGENT_STATE_READY,
-                         functools.partial(mw.on_agent_state_ready, agent, ctx, state, input_msgs), trace)
+                         functools.partial(mw.on_agent_state_ready, agent, ctx, state, input_msgs), True)
         async for ev in ready.events():
             yield ev
-    prompt = agent.sys_prompt
+    prompt: Any = agent.sys_prompt
     for mw in hooks[ExtensionPoint.ON_SYSTEM_PROMPT]:
         transform = HookCall(mw, ExtensionPoint.ON_SYSTEM_PROMPT,
-                             functools.partial(mw.on_system_prompt, agent, ctx, prompt), trace)
+                             functools.partial(mw.on_system_prompt, agent, ctx, prompt), True)
         async for ev in transform.events():
             yield ev
         prompt = transform.value
+    rest = _take_input(exe, state, prompt)
+    if rest is not None:
+        async with aclosing(rest) as steps:
+            async for ev in steps:
+                yield ev
+
+
+def _take_input(exe: StepScope, state: AgentState, prompt: Any) -> AsyncIterator[AgentEvent] | None:
+    """The system message set, then the input into memory; or, when calls of the session wait,
+    their resume (returned: its events are the prelude's)."""
+    run = exe.run
     # One immutable system message per distinct prompt, shared by executions.
     run.system_msg = (_system_message(prompt) if type(prompt) is str else Msg.system(prompt)) if prompt else None
     run.input_taken = True
+    input_msgs = run.input_msgs
     pending = run.pending_calls()
     if pending:
-        async with aclosing(resume(exe, pending, input_msgs)) as steps:
-            async for ev in steps:
-                yield ev
-        return
+        return resume(exe, pending, input_msgs)
     check_input(input_msgs, resuming=False)
     check_no_control_input(input_msgs)
     remember = state.context.append
     for m in input_msgs:
         remember(admit(m))
+    return None
 
 
 @functools.lru_cache(maxsize=128)

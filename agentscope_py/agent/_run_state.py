@@ -83,14 +83,15 @@ class RunState:
         assert self.session is not None, "the session is loaded in the prelude"
         return self.session.context
 
-    def messages(self) -> list[Msg]:
-        """The next request's messages: system, memory, then the transient ones (sent once)."""
-        msgs = [self.system_msg] if self.system_msg is not None else []
-        msgs.extend(self.context)
-        if self.transient:
-            msgs.extend(self.transient)
+    def messages(self) -> tuple[Msg, ...]:
+        """The next request's messages: system, memory, then the transient ones (sent once). A
+        tuple, as the input records keep them."""
+        transient = self.transient
+        if transient:
             self.transient = []
-        return msgs
+        if self.system_msg is None:
+            return (*self.context, *transient)
+        return (self.system_msg, *self.context, *transient)
 
     def pending_calls(self) -> list[ToolUseBlock]:
         """Tool calls of the last assistant message that have no result yet."""

@@ -1,10 +1,10 @@
-"""The steps of a run as the loop drives them (`_loop.Execution._run`): one `Step` per prelude,
+"""The steps of a run as the loop drives them (`_loop.Execution.events`): one `Step` per prelude,
 reasoning round, acting pass or summary, each with its stream and what reads its events; and
 what a completed step leads to, as a typed value (`NextStep`)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeAlias
 
@@ -14,7 +14,6 @@ from ..errors import AgentInterrupted
 from ..events import AgentEvent, RequestStop
 from ..extension.base import ExtensionPoint
 from ..message import GenerateReason, Msg, ToolResultBlock, ToolResultState, ToolUseBlock
-from ..stream import EventStream
 from ._brackets import BRACKET_TYPES, OPENS, describe
 from ._run_state import RunState
 
@@ -150,7 +149,7 @@ class Step:
     __slots__ = ("acting", "kind", "on_event", "point", "stream")
 
     def __init__(
-        self, kind: int, stream: EventStream[AgentEvent], on_event: Callable[[Any], None], point: ExtensionPoint,
+        self, kind: int, stream: AsyncIterable[AgentEvent], on_event: Callable[[Any], None], point: ExtensionPoint,
         acting: Acting | None = None,
     ) -> None:
         self.kind = kind

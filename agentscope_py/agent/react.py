@@ -279,16 +279,19 @@ class ReActAgent:
     ) -> Msg:
         """Run one execution and return its final message (``generate_reason`` says why it ended).
         ``multitask_strategy``: as for `stream` (a refused input raises `BusyError`)."""
-        exe, events = self._start(_as_msgs(msgs), ctx, structured_model, strategy=self._strategy(multitask_strategy))
+        # With no on_agent hook the run yields nothing to this loop (`Execution.events`): the
+        # result is the run's final message.
+        exe, events = self._start(_as_msgs(msgs), ctx, structured_model, strategy=self._strategy(multitask_strategy),
+                                  publish=False)
         result: Msg | None = None
         try:
             async for ev in events:
-                if type(ev) is AgentResult:
+                if type(ev) is AgentResult and ev.source is None:  # (not a sub-agent's, forwarded)
                     result = ev.result
         except BaseException:  # cancelled (or a middleware raised): the run closes before this returns
             await aclose(events)
             raise
-        if result is None:  # a middleware dropped the AgentResult event: the core's result stands
+        if result is None:  # no AgentResult reached here (or a middleware dropped it): the core's result stands
             result = exe.final
         assert result is not None
         return result
@@ -298,18 +301,20 @@ class ReActAgent:
 
     def _start(
         self, msgs: tuple[Msg, ...], ctx: RuntimeContext | None, structured_model: type[Any] | None,
-        runtime: AgentRuntime | None = None, strategy: MultitaskStrategy | None = None,
+        runtime: AgentRuntime | None = None, strategy: MultitaskStrategy | None = None, publish: bool = True,
     ) -> tuple[Execution, Any]:
         # ``runtime``: a sub-agent's, with its caller's middleware around its own (`_subagent`).
+        # ``publish``: False when the caller wants the final message only, not the events
+        # (`Execution.events`); on_agent hooks get every event all the same.
         runtime = runtime if runtime is not None else self._runtime
         exe = Execution(self, runtime, ctx if ctx is not None else RuntimeContext(), structured_model,
                         strategy if strategy is not None else runtime.multitask_strategy)
         participants = runtime.participants
+        if not participants.hooks[ExtensionPoint.ON_AGENT]:  # the run's own events are the caller's stream
+            return exe, exe.events(AgentInput(msgs=msgs), publish)
         chain = compose(ExtensionPoint.ON_AGENT, participants, self, exe.ctx, exe.agent_core, runtime.trace)
-        events = chain(AgentInput(msgs=msgs)).__aiter__()
-        if participants.hooks[ExtensionPoint.ON_AGENT]:
-            events = guarded(events, participants)  # what on_agent hooks emit is the caller's stream
-        return exe, events
+        # What on_agent hooks emit is the caller's stream, checked and closed (`guarded`).
+        return exe, guarded(chain(AgentInput(msgs=msgs)).__aiter__(), participants)
 
     def as_tool(
         self,

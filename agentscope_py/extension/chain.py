@@ -85,19 +85,20 @@ def compose(
     chain = participants.chains.get(key)
     if chain is None or chain.agent is not agent:
         chain = participants.chains[key] = _Chain(hooks, point, agent, core_bound, trace)
-    return functools.partial(chain.entry, _Run(ctx, core, len(hooks)))
+    return functools.partial(chain.entry, _Run(ctx, core))
 
 
 class _Run:
-    """What one execution's layers share: its context, its core, and the stream each layer last
-    returned (so the layer outside it can tell a hook that passed its inner stream through)."""
+    """What one execution's layers share: its context, its core, and the stream the layer
+    returned last (layers return from the inside out, so a layer reads there, once its hook has
+    returned, what the layer inside it returned: it can tell a hook that passed that through)."""
 
-    __slots__ = ("core", "ctx", "outs")
+    __slots__ = ("core", "ctx", "last")
 
-    def __init__(self, ctx: RuntimeContext, core: Layer, n: int) -> None:
+    def __init__(self, ctx: RuntimeContext, core: Layer) -> None:
         self.ctx = ctx
         self.core = core
-        self.outs: list[EventStream[Any] | None] = [None] * (n + 1)
+        self.last: EventStream[Any] | None = None
 
 
 class _Chain:
@@ -114,7 +115,7 @@ class _Chain:
         n = len(hooks)
 
         def core_layer(run: _Run, input: Any) -> EventStream[Any]:
-            stream = run.outs[n] = run.core(input)
+            stream = run.last = run.core(input)
             return stream
 
         layer: Callable[[_Run, Any], EventStream[Any]] = core_layer
@@ -141,14 +142,15 @@ def _layer(
 
     def layer(run: _Run, input: Any) -> EventStream[Any]:
         c = contextvars.copy_context()
+        run.last = None  # (a hook that never calls next() passes nothing through)
         stream: EventStream[Any] = c.run(hook, agent, run.ctx, input, partial(inner, run))
-        outs = run.outs
-        if stream is outs[index + 1] and inner_bound:
+        below = run.last
+        if stream is below and inner_bound:
             # Passed through: the inner layer already runs in a copy of this context, taken when
             # next() was called (a copy made later would add nothing the inner code can see).
             wrapped = stream
         elif inner_bound and type(stream) is EventStream and (
-                ((below := outs[index + 1]) is not None and stream._factory is below._factory)
+                (below is not None and stream._factory is below._factory)
                 or getattr(stream._factory, "context_free", False) is True):
             # Runs in contexts of its own already: the inner stream with only fused maps added (the
             # caches' and budgets' way; the maps run in the consumer's context either way), or a
@@ -163,10 +165,8 @@ def _layer(
             # in all). They run in the consumer's context either way: a generator runs where it
             # is iterated.
             wrapped = EventStream(InContext(c, stream._factory), stream._steps)
-        if outermost:  # the bookkeeping is done: let the inner streams go while the run goes on
-            run.outs = [None] * len(outs)
-        else:
-            outs[index] = wrapped
+        # (the outermost layer lets the inner streams go while the run goes on)
+        run.last = None if outermost else wrapped
         return wrapped
 
     return layer

@@ -236,3 +236,20 @@ async def test_a_concurrency_limit_held_by_the_run_is_not_inherited() -> None:
     async with asyncio.timeout(5):
         assert (await root.call("go")).text == "root done"
     assert len(counter.paths) == 6
+
+
+class DropsOwnResult(MiddlewareBase):
+    """An on_agent hook that leaves the run's own AgentResult out of the caller's stream."""
+
+    def on_agent(self, agent: Any, ctx: RuntimeContext, input: Any, next: Any) -> Any:
+        return next(input).filter(lambda ev: not (type(ev) is AgentResult and ev.source is None))
+
+
+async def test_call_returns_its_own_answer_not_a_forwarded_sub_agents_result() -> None:
+    child = agent("child", [ModelStep.text("child done"), ModelStep.text("child again")])
+    root = agent("root", [ModelStep.tool_call("child", {"task": "do"}, id="r1"), ModelStep.text("root done")],
+                 child.as_tool(inherit_middleware=False), mws=[DropsOwnResult()])
+    assert (await root.call("go")).text == "root done"
+    events = [ev async for ev in child.stream("again")]
+    assert [ev.type for ev in events][:1] + [ev.type for ev in events][-2:] == [  # (a stream keeps its bracket)
+        "agent_start", "agent_result", "agent_end"]
