@@ -50,12 +50,13 @@ are checked there (`ValueError`), any other at its first call.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, cast
 
 from ..._bracket_kinds import BRACKET_TYPES, OpenBrackets
-from ..._stream.operators import Maps, MapSource, apply_maps, iterate
+from ..._stream.operators import Maps, MapSource, apply_maps, iterate, maps_of
 from ..._trusted import with_metadata
 from ...errors import BudgetExceeded
 from ...events import (
@@ -192,6 +193,8 @@ class BudgetMiddleware(MiddlewareBase):
         self._run_limited = any(scope == "run" for scope, _ in self.limits)
         self._session_limited = any(scope == "session" for scope, _ in self.limits)
         self.local_limited = self._run_limited or self._session_limited  # (else only the store checks)
+        self._run_max_tokens: float = self.limits.get(("run", "tokens"), math.inf)
+        self._run_max_cost: float = self.limits.get(("run", "cost"), math.inf)
         if strict:
             for model in models:
                 model_name = model if isinstance(model, str) else getattr(model, "name", repr(model))
@@ -204,6 +207,7 @@ class BudgetMiddleware(MiddlewareBase):
         self.memory_store = (self.store if self.needs_user and isinstance(self.store, InMemoryBudgetStore)
                              else None)
         self._sync = not self.needs_user or self.memory_store is not None
+        self._beyond_run = self._session_limited or self.needs_user  # (a scope other than the run's limited)
 
     def active_points(self) -> frozenset[ExtensionPoint]:
         return frozenset({ExtensionPoint.ON_MODEL_CALL, ExtensionPoint.ON_AGENT_STATE_READY})
@@ -432,6 +436,10 @@ class BudgetMiddleware(MiddlewareBase):
     def check_local(self, run: RunTotals, tokens: int, cost: float, stage: str = "before") -> dict[str, Any] | None:
         """The refusal of holding ``tokens`` / ``cost`` more in the run's and the root session's
         scopes (``spent + held + request > limit``), or None. No Spend is built unless refused."""
+        # Within the run's limits with no session limit (the common case): two comparisons.
+        if (not self._session_limited and run.tokens + run.held_tokens + tokens <= self._run_max_tokens
+                and run.cost + run.held_cost + cost <= self._run_max_cost):
+            return None
         session: Any = None
         if self._session_limited:
             state = run._ctx.agent_state  # the tree's root session
@@ -495,7 +503,10 @@ class BudgetMiddleware(MiddlewareBase):
         else:
             u_tokens, u_cost, u_calls = 0, 0.0, 0
         exceeded = None
-        for scope, kind, limit, tokens_kind in self._limit_list:  # the first limit crossed, in order
+        # (only the run's scope limited and within its limits, the common case: none is crossed)
+        limits = (self._limit_list if self._beyond_run or r_tokens > self._run_max_tokens or r_cost > self._run_max_cost
+                  else ())
+        for scope, kind, limit, tokens_kind in limits:  # the first limit crossed, in order
             if scope == "run":
                 spent: float = r_tokens if tokens_kind else r_cost
             elif scope == "session":
@@ -579,10 +590,16 @@ class _SyncCall:
             except BudgetExceeded as exc:
                 return EventStream.error(exc).__aiter__()
             return apply_maps(iterate(events), maps) if maps else iterate(events)
+        self.maps = maps
+        # ``inner.map(self.see)``, then ``maps``, subscribed: a `MapSource` with only maps of its
+        # own (the model call's prefetch) takes them all at once, as `EventStream.__aiter__` would
+        # give them, with no stream made per map on the way (as `FirstFailure` subscribes).
+        factory, own = inner._factory, maps_of(inner._steps)
+        if own is not None and isinstance(factory, MapSource):
+            return _SyncCallIterator(factory.with_maps((*own, self.see, *maps)), self)
         stream = inner.map(self.see)
         for fn in maps:
             stream = stream.map(fn)
-        self.maps = maps
         return _SyncCallIterator(stream.__aiter__(), self)
 
     def see(self, ev: Any) -> Any:
