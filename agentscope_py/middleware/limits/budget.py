@@ -436,10 +436,6 @@ class BudgetMiddleware(MiddlewareBase):
     def check_local(self, run: RunTotals, tokens: int, cost: float, stage: str = "before") -> dict[str, Any] | None:
         """The refusal of holding ``tokens`` / ``cost`` more in the run's and the root session's
         scopes (``spent + held + request > limit``), or None. No Spend is built unless refused."""
-        # Within the run's limits with no session limit (the common case): two comparisons.
-        if (not self._session_limited and run.tokens + run.held_tokens + tokens <= self._run_max_tokens
-                and run.cost + run.held_cost + cost <= self._run_max_cost):
-            return None
         session: Any = None
         if self._session_limited:
             state = run._ctx.agent_state  # the tree's root session
@@ -802,9 +798,13 @@ class CallHold:
     def _take_local(self, tokens: int, cost: float, stage: str, force: bool) -> dict[str, Any] | None:
         """The run's and session's check and hold (first: calls checked while a store answers
         see it)."""
-        run = self.run
-        if not force and self.budget.local_limited:
-            refused = self.budget.check_local(run, tokens, cost, stage)
+        run, budget = self.run, self.budget
+        # Within the run's limits with no session limit (the common case), two comparisons decide;
+        # else `check_local` does (and spells out a refusal).
+        if not force and budget.local_limited and (
+                budget._session_limited or run.tokens + run.held_tokens + tokens > budget._run_max_tokens
+                or run.cost + run.held_cost + cost > budget._run_max_cost):
+            refused = budget.check_local(run, tokens, cost, stage)
             if refused is not None:
                 return refused
         if not self.active:
