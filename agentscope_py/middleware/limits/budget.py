@@ -53,10 +53,11 @@ import logging
 import math
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any, Literal, cast
 
 from ..._bracket_kinds import BRACKET_TYPES, OpenBrackets
-from ..._stream.operators import Maps, MapSource, apply_maps, iterate, maps_of
+from ..._stream.operators import Maps, MapSource, Recovery, apply_maps, iterate, maps_of
 from ..._trusted import with_metadata
 from ...errors import BudgetExceeded
 from ...events import (
@@ -542,6 +543,14 @@ class _Metered(MapSource):
         it: AsyncIterator[Any] = budget._metered(ctx, run, inner, model, price, est_tokens)
         return apply_maps(it, maps) if maps else it
 
+    def recovering(self, maps: Maps, recovery: Recovery) -> AsyncIterator[Any] | None:
+        """`with_maps`, a failure before the first event handed to ``recovery`` by the model
+        call's own stream (a retry outside then adds no iterator of its own around this call)."""
+        budget, ctx, run, inner, model, price, est_tokens = self.args
+        if not budget._sync:
+            return None
+        return _SyncCall(budget, ctx, run, model, price, est_tokens).recovering(inner, maps, recovery)
+
 
 class _SyncCall:
     """A metered call whose holds are all in this process (`BudgetMiddleware._sync`), at no
@@ -577,16 +586,36 @@ class _SyncCall:
         self.error: BaseException | None = None  # ... or the refusal raised (on_exceeded="error")
         self.maps: Maps = ()
 
-    def start(self, inner: EventStream[Any], maps: Maps) -> AsyncIterator[Any]:
-        """Take the hold (or refuse) and subscribe ``inner`` with ``see`` and ``maps`` fused."""
+    def recovering(self, inner: EventStream[Any], maps: Maps, recovery: Recovery) -> AsyncIterator[Any] | None:
+        """`start` with ``inner`` subscribed by its `MapSource.recovering` (``see`` and the maps
+        before it among the failing stream's own); None, holding nothing, when it cannot."""
+        factory, own = inner._factory, maps_of(inner._steps)
+        if own is None or not isinstance(factory, MapSource):
+            return None
+        n, passes, resume = recovery
+        recovered = factory.recovering((*own, self.see, *maps),
+                                       (len(own) + 1 + n, passes, partial(self._resumed, resume)))
+        return None if recovered is None else self.start(inner, maps, recovered)
+
+    def _resumed(self, resume: Callable[[Exception], AsyncIterator[Any]], error: Exception) -> AsyncIterator[Any]:
+        """The call failed before its first event: its hold goes before the next attempt is made."""
+        self.finish()
+        return resume(error)
+
+    def start(self, inner: EventStream[Any], maps: Maps, recovered: AsyncIterator[Any] | None = None
+              ) -> AsyncIterator[Any]:
+        """Take the hold (or refuse) and subscribe ``inner`` with ``see`` and ``maps`` fused (or
+        hand on ``recovered``, that subscription made by `recovering`)."""
         refused = self.hold.take_now(self.est_tokens, self.est_tokens * self.in_rate)
-        if refused is not None:
+        if refused is not None:  # (``recovered`` was never started: it holds nothing)
             try:
                 events = self.budget._refusal(refused)
             except BudgetExceeded as exc:
                 return EventStream.error(exc).__aiter__()
             return apply_maps(iterate(events), maps) if maps else iterate(events)
         self.maps = maps
+        if recovered is not None:
+            return _SyncCallIterator(recovered, self)
         # ``inner.map(self.see)``, then ``maps``, subscribed: a `MapSource` with only maps of its
         # own (the model call's prefetch) takes them all at once, as `EventStream.__aiter__` would
         # give them, with no stream made per map on the way (as `FirstFailure` subscribes).
