@@ -578,3 +578,28 @@ async def test_a_retry_outside_the_budget_adds_no_iterator_and_retries_with_the_
     totals = run_totals(ctx)
     assert (totals.tokens, totals.calls, totals.holds, totals.held_tokens) == (E_IN + 1, 1, 0, 0)
     assert got and got[0] is not Attempts  # the model call's own stream took the failure: no retry iterator
+
+
+async def test_a_refusal_inside_a_retry_is_the_retrys_to_judge() -> None:
+    # A retry told to retry a BudgetExceeded retries the refused call (and each attempt is refused
+    # again): the refusal reaches it as a failure of the call, whichever way the call is read.
+    from agentscope_py.middleware import RetryMiddleware
+
+    retries: list[int] = []
+
+    async def no_sleep(delay: float) -> None:
+        return None
+
+    def on_retry(n: int, error: BaseException, delay: float) -> None:
+        retries.append(n)
+
+    budget = BudgetMiddleware(run_tokens=E_IN - 1, estimate=fixed(E_IN), on_exceeded="error")
+    retry = RetryMiddleware(2, retry_on=BudgetExceeded, sleep=no_sleep, on_retry=on_retry)
+    model = ScriptedModel([ModelStep.text("never")])
+    agent = ReActAgent.builder().sys_prompt("").model(model).middlewares([retry, budget]).build()
+    ctx = RuntimeContext()
+    with pytest.raises(BudgetExceeded):
+        await agent.call("hi", ctx=ctx)
+    assert retries == [1, 2] and model.requests == []
+    totals = run_totals(ctx)
+    assert (totals.tokens, totals.holds, totals.held_tokens) == (0, 0, 0)

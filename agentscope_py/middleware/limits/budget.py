@@ -588,34 +588,38 @@ class _SyncCall:
 
     def recovering(self, inner: EventStream[Any], maps: Maps, recovery: Recovery) -> AsyncIterator[Any] | None:
         """`start` with ``inner`` subscribed by its `MapSource.recovering` (``see`` and the maps
-        before it among the failing stream's own); None, holding nothing, when it cannot."""
+        before it among the failing stream's own); None, holding nothing, when it cannot or the
+        call is refused (a refusal then goes as it goes without recovery: through the caller's
+        own iterator, which judges a `BudgetExceeded` raised)."""
         factory, own = inner._factory, maps_of(inner._steps)
         if own is None or not isinstance(factory, MapSource):
+            return None
+        if self.hold.take_now(self.est_tokens, self.est_tokens * self.in_rate) is not None:
             return None
         n, passes, resume = recovery
         recovered = factory.recovering((*own, self.see, *maps),
                                        (len(own) + 1 + n, passes, partial(self._resumed, resume)))
-        return None if recovered is None else self.start(inner, maps, recovered)
+        if recovered is None:
+            self.hold.release_now()
+            return None
+        self.maps = maps
+        return _SyncCallIterator(recovered, self)
 
     def _resumed(self, resume: Callable[[Exception], AsyncIterator[Any]], error: Exception) -> AsyncIterator[Any]:
         """The call failed before its first event: its hold goes before the next attempt is made."""
         self.finish()
         return resume(error)
 
-    def start(self, inner: EventStream[Any], maps: Maps, recovered: AsyncIterator[Any] | None = None
-              ) -> AsyncIterator[Any]:
-        """Take the hold (or refuse) and subscribe ``inner`` with ``see`` and ``maps`` fused (or
-        hand on ``recovered``, that subscription made by `recovering`)."""
+    def start(self, inner: EventStream[Any], maps: Maps) -> AsyncIterator[Any]:
+        """Take the hold (or refuse) and subscribe ``inner`` with ``see`` and ``maps`` fused."""
         refused = self.hold.take_now(self.est_tokens, self.est_tokens * self.in_rate)
-        if refused is not None:  # (``recovered`` was never started: it holds nothing)
+        if refused is not None:
             try:
                 events = self.budget._refusal(refused)
             except BudgetExceeded as exc:
                 return EventStream.error(exc).__aiter__()
             return apply_maps(iterate(events), maps) if maps else iterate(events)
         self.maps = maps
-        if recovered is not None:
-            return _SyncCallIterator(recovered, self)
         # ``inner.map(self.see)``, then ``maps``, subscribed: a `MapSource` with only maps of its
         # own (the model call's prefetch) takes them all at once, as `EventStream.__aiter__` would
         # give them, with no stream made per map on the way (as `FirstFailure` subscribes).
