@@ -223,6 +223,19 @@ def test_estimate_counts_characters_over_four() -> None:
     assert estimate_tokens(inp) == 4   # (10 + 1 + 2 + 2) / 4, rounded up
 
 
+def test_the_estimate_counts_the_tools_of_each_call() -> None:
+    # The same messages with other tools, then none: each call's own schemas count.
+    from agentscope_py import Msg
+    from agentscope_py.model.base import ToolSchema
+    msgs = (Msg.user("a" * 10),)
+    model = ScriptedModel([])
+    wide = ModelCallInput(msgs, (ToolSchema("t", "d" * 20, {}),), {}, model)
+    assert estimate_tokens(wide) == 9   # (10 + 1 + 20 + 2) / 4, rounded up
+    assert estimate_tokens(ModelCallInput(msgs, (ToolSchema("t", "dd", {}),), {}, model)) == 4
+    assert estimate_tokens(ModelCallInput(msgs, (), {}, model)) == 3
+    assert estimate_tokens(wide) == 9
+
+
 async def test_a_cache_hit_in_front_of_the_budget_costs_nothing() -> None:
     budget = BudgetMiddleware(run_tokens=10_000)
     agent, model = build(budget, [step_text()])

@@ -521,3 +521,85 @@ async def test_a_reply_that_would_cross_a_user_limit_is_cut_short_with_either_st
     assert end.error is not None and "user tokens limit 110" in end.error
     assert balanced(events) and model.closed == 1
     await no_holds(store, "ada")
+
+
+class DownOnce:
+    """Fails before its first chunk once, then answers; notes what the run holds as each attempt starts."""
+
+    name = "m"
+
+    def __init__(self, ctx: RuntimeContext) -> None:
+        self.ctx = ctx
+        self.held: list[tuple[int, int]] = []  # (calls holding, tokens held) as each attempt starts
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[ChatChunk]:
+        totals = run_totals(self.ctx)
+        self.held.append((totals.holds, totals.held_tokens))
+        if len(self.held) == 1:
+            raise ModelError("down", retryable=True)
+        yield ChatChunk(text="ok")
+        yield ChatChunk(usage=ChatUsage(input_tokens=E_IN, output_tokens=1), finish_reason="stop")
+
+
+async def test_a_retry_outside_the_budget_adds_no_iterator_and_retries_with_the_failed_hold_released() -> None:
+    from agentscope_py.extension.base import ExtensionPoint, MiddlewareBase
+    from agentscope_py.middleware import RetryMiddleware
+    from agentscope_py.middleware.resilience._common import Attempts
+
+    got: list[type] = []
+
+    class Probe(MiddlewareBase):  # (outside the retry: what iterator its stream hands out)
+        def active_points(self) -> Any:
+            return (ExtensionPoint.ON_MODEL_CALL,)
+
+        def on_model_call(self, agent: Any, ctx: Any, input: Any, next: Any) -> Any:
+            stream = next(input)
+
+            async def read() -> Any:
+                it = stream.__aiter__()
+                got.append(type(it))
+                async for ev in it:
+                    yield ev
+
+            return read()
+
+    async def no_sleep(delay: float) -> None:
+        return None
+
+    ctx = RuntimeContext()
+    model = DownOnce(ctx)
+    budget = BudgetMiddleware(run_tokens=1000, estimate=fixed(E_IN))
+    agent = (ReActAgent.builder().sys_prompt("").model(model)
+             .middlewares([Probe(), RetryMiddleware(1, sleep=no_sleep), budget]).build())
+    events = await agent.stream("hi", ctx=ctx).to_list()
+    assert events[-2].result.text == "ok" and balanced(events)
+    # The failed attempt's hold went before the next attempt took its own; only the answer is charged.
+    assert model.held == [(1, E_IN), (1, E_IN)]
+    totals = run_totals(ctx)
+    assert (totals.tokens, totals.calls, totals.holds, totals.held_tokens) == (E_IN + 1, 1, 0, 0)
+    assert got and got[0] is not Attempts  # the model call's own stream took the failure: no retry iterator
+
+
+async def test_a_refusal_inside_a_retry_is_the_retrys_to_judge() -> None:
+    # A retry told to retry a BudgetExceeded retries the refused call (and each attempt is refused
+    # again): the refusal reaches it as a failure of the call, whichever way the call is read.
+    from agentscope_py.middleware import RetryMiddleware
+
+    retries: list[int] = []
+
+    async def no_sleep(delay: float) -> None:
+        return None
+
+    def on_retry(n: int, error: BaseException, delay: float) -> None:
+        retries.append(n)
+
+    budget = BudgetMiddleware(run_tokens=E_IN - 1, estimate=fixed(E_IN), on_exceeded="error")
+    retry = RetryMiddleware(2, retry_on=BudgetExceeded, sleep=no_sleep, on_retry=on_retry)
+    model = ScriptedModel([ModelStep.text("never")])
+    agent = ReActAgent.builder().sys_prompt("").model(model).middlewares([retry, budget]).build()
+    ctx = RuntimeContext()
+    with pytest.raises(BudgetExceeded):
+        await agent.call("hi", ctx=ctx)
+    assert retries == [1, 2] and model.requests == []
+    totals = run_totals(ctx)
+    assert (totals.tokens, totals.holds, totals.held_tokens) == (0, 0, 0)

@@ -50,12 +50,14 @@ are checked there (`ValueError`), any other at its first call.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any, Literal, cast
 
 from ..._bracket_kinds import BRACKET_TYPES, OpenBrackets
-from ..._stream.operators import Maps, MapSource, apply_maps, iterate
+from ..._stream.operators import Maps, MapSource, Recovery, apply_maps, iterate, maps_of
 from ..._trusted import with_metadata
 from ...errors import BudgetExceeded
 from ...events import (
@@ -192,6 +194,8 @@ class BudgetMiddleware(MiddlewareBase):
         self._run_limited = any(scope == "run" for scope, _ in self.limits)
         self._session_limited = any(scope == "session" for scope, _ in self.limits)
         self.local_limited = self._run_limited or self._session_limited  # (else only the store checks)
+        self._run_max_tokens: float = self.limits.get(("run", "tokens"), math.inf)
+        self._run_max_cost: float = self.limits.get(("run", "cost"), math.inf)
         if strict:
             for model in models:
                 model_name = model if isinstance(model, str) else getattr(model, "name", repr(model))
@@ -204,6 +208,7 @@ class BudgetMiddleware(MiddlewareBase):
         self.memory_store = (self.store if self.needs_user and isinstance(self.store, InMemoryBudgetStore)
                              else None)
         self._sync = not self.needs_user or self.memory_store is not None
+        self._beyond_run = self._session_limited or self.needs_user  # (a scope other than the run's limited)
 
     def active_points(self) -> frozenset[ExtensionPoint]:
         return frozenset({ExtensionPoint.ON_MODEL_CALL, ExtensionPoint.ON_AGENT_STATE_READY})
@@ -495,7 +500,10 @@ class BudgetMiddleware(MiddlewareBase):
         else:
             u_tokens, u_cost, u_calls = 0, 0.0, 0
         exceeded = None
-        for scope, kind, limit, tokens_kind in self._limit_list:  # the first limit crossed, in order
+        # (only the run's scope limited and within its limits, the common case: none is crossed)
+        limits = (self._limit_list if self._beyond_run or r_tokens > self._run_max_tokens or r_cost > self._run_max_cost
+                  else ())
+        for scope, kind, limit, tokens_kind in limits:  # the first limit crossed, in order
             if scope == "run":
                 spent: float = r_tokens if tokens_kind else r_cost
             elif scope == "session":
@@ -535,6 +543,14 @@ class _Metered(MapSource):
         it: AsyncIterator[Any] = budget._metered(ctx, run, inner, model, price, est_tokens)
         return apply_maps(it, maps) if maps else it
 
+    def recovering(self, maps: Maps, recovery: Recovery) -> AsyncIterator[Any] | None:
+        """`with_maps`, a failure before the first event handed to ``recovery`` by the model
+        call's own stream (a retry outside then adds no iterator of its own around this call)."""
+        budget, ctx, run, inner, model, price, est_tokens = self.args
+        if not budget._sync:
+            return None
+        return _SyncCall(budget, ctx, run, model, price, est_tokens).recovering(inner, maps, recovery)
+
 
 class _SyncCall:
     """A metered call whose holds are all in this process (`BudgetMiddleware._sync`), at no
@@ -570,6 +586,30 @@ class _SyncCall:
         self.error: BaseException | None = None  # ... or the refusal raised (on_exceeded="error")
         self.maps: Maps = ()
 
+    def recovering(self, inner: EventStream[Any], maps: Maps, recovery: Recovery) -> AsyncIterator[Any] | None:
+        """`start` with ``inner`` subscribed by its `MapSource.recovering` (``see`` and the maps
+        before it among the failing stream's own); None, holding nothing, when it cannot or the
+        call is refused (a refusal then goes as it goes without recovery: through the caller's
+        own iterator, which judges a `BudgetExceeded` raised)."""
+        factory, own = inner._factory, maps_of(inner._steps)
+        if own is None or not isinstance(factory, MapSource):
+            return None
+        if self.hold.take_now(self.est_tokens, self.est_tokens * self.in_rate) is not None:
+            return None
+        n, passes, resume = recovery
+        recovered = factory.recovering((*own, self.see, *maps),
+                                       (len(own) + 1 + n, passes, partial(self._resumed, resume)))
+        if recovered is None:
+            self.hold.release_now()
+            return None
+        self.maps = maps
+        return _SyncCallIterator(recovered, self)
+
+    def _resumed(self, resume: Callable[[Exception], AsyncIterator[Any]], error: Exception) -> AsyncIterator[Any]:
+        """The call failed before its first event: its hold goes before the next attempt is made."""
+        self.finish()
+        return resume(error)
+
     def start(self, inner: EventStream[Any], maps: Maps) -> AsyncIterator[Any]:
         """Take the hold (or refuse) and subscribe ``inner`` with ``see`` and ``maps`` fused."""
         refused = self.hold.take_now(self.est_tokens, self.est_tokens * self.in_rate)
@@ -579,10 +619,16 @@ class _SyncCall:
             except BudgetExceeded as exc:
                 return EventStream.error(exc).__aiter__()
             return apply_maps(iterate(events), maps) if maps else iterate(events)
+        self.maps = maps
+        # ``inner.map(self.see)``, then ``maps``, subscribed: a `MapSource` with only maps of its
+        # own (the model call's prefetch) takes them all at once, as `EventStream.__aiter__` would
+        # give them, with no stream made per map on the way (as `FirstFailure` subscribes).
+        factory, own = inner._factory, maps_of(inner._steps)
+        if own is not None and isinstance(factory, MapSource):
+            return _SyncCallIterator(factory.with_maps((*own, self.see, *maps)), self)
         stream = inner.map(self.see)
         for fn in maps:
             stream = stream.map(fn)
-        self.maps = maps
         return _SyncCallIterator(stream.__aiter__(), self)
 
     def see(self, ev: Any) -> Any:
@@ -785,9 +831,13 @@ class CallHold:
     def _take_local(self, tokens: int, cost: float, stage: str, force: bool) -> dict[str, Any] | None:
         """The run's and session's check and hold (first: calls checked while a store answers
         see it)."""
-        run = self.run
-        if not force and self.budget.local_limited:
-            refused = self.budget.check_local(run, tokens, cost, stage)
+        run, budget = self.run, self.budget
+        # Within the run's limits with no session limit (the common case), two comparisons decide;
+        # else `check_local` does (and spells out a refusal).
+        if not force and budget.local_limited and (
+                budget._session_limited or run.tokens + run.held_tokens + tokens > budget._run_max_tokens
+                or run.cost + run.held_cost + cost > budget._run_max_cost):
+            refused = budget.check_local(run, tokens, cost, stage)
             if refused is not None:
                 return refused
         if not self.active:

@@ -51,19 +51,20 @@ def _tool_chars(tools: Sequence[Any]) -> int:
     return chars
 
 
-# The last call's messages and their characters (tool schemas left out). A session's request is the
-# request before it plus the messages since (the same objects, in the same order): those are all
-# that is counted, the prefix recognised by identity, in C (as `cache_keys` does). Only the last
-# call is kept, so no dead message is kept alive for long (the memo of every message seen that this
-# replaces kept up to a thousand dead ones alive, and cost more per call when the history is short).
-_prev: tuple[tuple[Msg, ...], int] = ((), 0)
+# The last call's messages and their characters, and its tools and theirs. A session's request is
+# the request before it plus the messages since (the same objects, in the same order): those are
+# all that is counted, the prefix recognised by identity, in C (as `cache_keys` does); its tools
+# are the same tuple round after round. Only the last call is kept, so no dead message is kept
+# alive for long (the memo of every message seen that this replaces kept up to a thousand dead
+# ones alive, and cost more per call when the history is short).
+_prev: tuple[tuple[Msg, ...], int, Sequence[Any], int] = ((), 0, (), 0)
 
 
 def estimate_tokens(input: ModelCallInput) -> int:
     """``ceil(characters / 4)`` over the messages' content and the tool schemas."""
     global _prev
-    messages = input.messages
-    done, chars = _prev
+    messages, tools = input.messages, input.tools
+    done, chars, prev_tools, tool_chars = _prev
     n = len(done)
     if n and len(messages) >= n and all(map(_is, messages, done)):
         rest: Sequence[Msg] = messages[n:]
@@ -71,9 +72,10 @@ def estimate_tokens(input: ModelCallInput) -> int:
         rest, chars = messages, 0
     for msg in rest:
         chars += _msg_chars(msg)
-    _prev = (tuple(messages), chars)
-    chars += _tool_chars(input.tools)
-    return -(-chars // 4)  # ceil(chars / 4), in integers
+    if tools is not prev_tools:
+        tool_chars = _tool_chars(tools)
+    _prev = (tuple(messages), chars, tools, tool_chars)
+    return -(-(chars + tool_chars) // 4)  # ceil(chars / 4), in integers
 
 
 def _msg_chars(msg: Msg) -> int:
