@@ -12,8 +12,7 @@ import contextlib
 import json
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Mapping
 from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from ..message import DataBlock, Msg, TextBlock, ToolResultBlock, ToolUseBlock
 from ._errors import error_from_body, malformed, quote, transport_error
@@ -127,8 +126,9 @@ except ImportError:  # pragma: no cover - exercised only without orjson
     _loads = None
 
 
-@dataclass(frozen=True, slots=True)
-class SSEvent:
+class SSEvent(NamedTuple):
+    """One server-sent event: its ``event`` field (None without one) and its data lines, joined."""
+
     event: str | None
     data: str
 
@@ -142,14 +142,6 @@ class SSEvent:
             return json.loads(self.data)
         except (ValueError, RecursionError):
             raise malformed(provider, f"invalid JSON in event data: {quote(self.data)}") from None
-
-
-# ``SSEvent(None, data)`` in `_EventParser.feed_bytes`' common case, through the slots' descriptors:
-# the frozen dataclass's ``__init__`` sets each slot through ``object.__setattr__``, three times
-# slower, once per token.
-_new = object.__new__
-_set_sse_event = SSEvent.__dict__["event"].__set__
-_set_sse_data = SSEvent.__dict__["data"].__set__
 
 
 class _EventParser:
@@ -173,18 +165,19 @@ class _EventParser:
         self.after_cr = False  # the last chunk ended with CR: a LF first in the next one belongs to it
 
     def feed_bytes(self, chunk: bytes) -> list[SSEvent]:
-        # The common piece, one whole event ``data: <payload>\n\n`` with nothing pending (what an
-        # OpenAI-compatible server writes per token, one per HTTP chunk): its event made at once,
-        # without splitting lines. Exactly what the general path below makes of it. (``13 not in``:
-        # an int needle is a plain byte search; a bytes one is first tried as an int, which raises
-        # and clears a TypeError inside, ~2k instructions per token.)
-        if (chunk[:6] == b"data: " and chunk[-2:] == b"\n\n" and not self.rest and not self.after_cr
-                and not self.data and self.event is None and chunk.find(b"\n", 6) == len(chunk) - 2
+        # What OpenAI-compatible servers write, one or several to a read: whole events of one
+        # ``data:`` line each, nothing pending. Their events at once, without splitting lines:
+        # exactly what the general path below makes of them. (``13``, ``10``: CR, LF; an int is
+        # a plain byte search.)
+        if (chunk[-2:] == b"\n\n" and not self.rest and not self.after_cr and not self.data and self.event is None
                 and 13 not in chunk):
-            sse: SSEvent = _new(SSEvent)
-            _set_sse_event(sse, None)
-            _set_sse_data(sse, chunk[6:-2].decode("utf-8", "replace"))
-            return [sse]
+            events: list[SSEvent] = []
+            for part in chunk[:-2].split(b"\n\n"):
+                if part[:6] != b"data: " or 10 in part:
+                    break
+                events.append(SSEvent(None, part[6:].decode("utf-8", "replace")))
+            else:
+                return events
         if self.after_cr:
             self.after_cr = False
             if chunk[:1] == b"\n":

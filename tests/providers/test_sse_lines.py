@@ -103,10 +103,16 @@ async def test_payloads_orjson_refuses_are_read_by_the_stdlib(server: FakeServer
     [b"data: x\r", b"\n\n"],  # a CR ending a read, its LF in the next
     [b"data: x\r\n\r\n", b'data: {"c": 3}\n\n'],
     [b"data:x\n\n", b"data:  two spaces\n\n", b": keep-alive\n\n", b"id: 7\ndata: y\n\n"],
+    [b'data: {"a": 1}\n\ndata: {"b": 2}\n\ndata: [DONE]\n\n'],  # several whole events in one read
+    [b"data: a\n\n: ping\n\ndata: b\n\n"],  # a comment between them
+    [b"data: a\n\n\n\ndata: b\n\n", b"data: c\n\n\n"],  # blank lines between and after them
+    [b"data: a\n\ndata: half", b" rest\n\n"],  # the read's last event cut
+    [b"data: a\n\nevent: error\ndata: b\n\n"],  # an event with a name among them
+    [b"data: a\n\ndata: \n\n"],  # an empty data line
 ])
-def test_a_whole_event_per_read_is_read_as_the_general_path_reads_it(pieces: list[bytes]) -> None:
-    # `_EventParser.feed_bytes` makes a read that is one whole ``data:`` event at once; fed byte by
-    # byte the same body goes through the line splitter, and must give the same events.
+def test_whole_events_per_read_are_read_as_the_general_path_reads_them(pieces: list[bytes]) -> None:
+    # `_EventParser.feed_bytes` makes a read of whole ``data:`` events (one or several) at once;
+    # fed byte by byte the same body goes through the line splitter, and must give the same events.
     from agentscope_py.model._convert import _EventParser
 
     whole, by_byte = _EventParser("openai"), _EventParser("openai")
