@@ -169,8 +169,10 @@ class _EventParser:
         # ``data:`` line each, nothing pending. Their events at once, without splitting lines:
         # exactly what the general path below makes of them. (``13``, ``10``: CR, LF; an int is
         # a plain byte search.)
-        if (chunk[-2:] == b"\n\n" and not self.rest and not self.after_cr and not self.data and self.event is None
-                and 13 not in chunk):
+        if (chunk[:6] == b"data: " and chunk[-2:] == b"\n\n" and not self.rest and not self.after_cr
+                and not self.data and self.event is None and 13 not in chunk):
+            if chunk.find(b"\n", 6) == len(chunk) - 2:  # one event: each token at light load
+                return [SSEvent(None, chunk[6:-2].decode("utf-8", "replace"))]
             events: list[SSEvent] = []
             for part in chunk[:-2].split(b"\n\n"):
                 if part[:6] != b"data: " or 10 in part:
