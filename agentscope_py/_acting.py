@@ -11,9 +11,10 @@ opens each call with its ToolResultStart and reads the call's task in one of two
   its events through a `Channel` the pass drains as they come (a sub-agent forwards its own
   events into it: `TOOL_CALL`).
 
-A call alone starts its task once the consumer has taken its ToolResultStart (an interrupt while
-the consumer holds it: the tool never starts). Contiguous concurrency-safe calls run in parallel,
-their events in call order (the first call's as they come, the others' when their turn comes).
+A call's task is made before its ToolResultStart is emitted and takes its first step in a later
+loop turn (an interrupt while the consumer handles the Start: the tool never runs). Contiguous
+concurrency-safe calls run in parallel, their events in call order (the first call's as they
+come, the others' when their turn comes).
 A tool that raises, times out, is unknown or gets invalid arguments produces an error result the
 model sees. An interrupt cancels the tasks (never the run's own task); each cancelled call ends
 with an INTERRUPTED result, and the loop then raises `AgentInterrupted`.
@@ -38,7 +39,7 @@ from ._deadline import Deadline, DeadlineTimer
 from ._recorded import Recording, ToolJournal, journaled, output_parts, replay_events, settle
 from ._replies import arguments_problem, result_events
 from ._sanitize import clean
-from ._trusted import delta_maker
+from ._trusted import delta_maker, trusted, validated
 from .errors import AgentInterrupted, SubAgentPaused, ToolInputRequired
 from .events import (
     AgentEvent,
@@ -97,9 +98,6 @@ ToolExecutor = Callable[[ToolScope, ToolUseBlock, Tool, Channel], Awaitable[None
 `tool_output` (a durable run makes it an activity); failures are handled by `_invoke` as for `tool_output`."""
 
 
-_Allowed = tuple[ToolUseBlock, Tool | None]  # a permitted call and its tool (None: unknown)
-
-
 async def _decide(scope: ToolScope, call: ToolUseBlock, tool: Tool) -> PermissionDecision:
     for check in (scope.toolkit.policy, tool.check_permissions):
         if check is None:
@@ -120,44 +118,49 @@ async def acting_events(
     """The acting core's events: the permission gate, then the tools (in tasks made in
     ``context``, each keeping ``deadline`` or its tool's own timeout, the shorter)."""
     reply_id, toolkit = scope.reply_id, scope.toolkit
-    allowed: list[_Allowed] = []
+    # The permitted calls in runs that may go in parallel: contiguous concurrency-safe calls
+    # together, any other call alone (an unknown tool is safe: it only becomes an error result).
+    groups: list[list[tuple[ToolUseBlock, Tool | None]]] = []
+    parallel = False
     asking: list[ToolUseBlock] = []
     external: list[ToolUseBlock] = []
     denied: list[ToolUseBlock] = []
     for call in calls:
         tool = toolkit.get(call.name)
-        if tool is None or call.raw_input is not None:
-            allowed.append((call, tool))  # becomes an error result the model sees
-            continue
-        if call.id in scope.preapproved or (toolkit.policy is None and tool.check_permissions is None):
-            decision = PermissionDecision.ALLOW  # nothing to ask: no coroutine
+        if tool is not None and call.raw_input is None:  # (else an error result the model sees)
+            if call.id in scope.preapproved or (toolkit.policy is None and tool.check_permissions is None):
+                decision = PermissionDecision.ALLOW  # nothing to ask: no coroutine
+            else:
+                decision = await _decide(scope, call, tool)
+            if decision is PermissionDecision.DENY:
+                denied.append(call)
+                text = f"Permission denied: the call to {call.name} was not allowed."
+                for ev in result_events(reply_id, call, text, ToolResultState.DENIED):
+                    yield ev
+                continue
+            if decision is PermissionDecision.ASK:
+                asking.append(call)
+                continue
+            if tool.external:
+                external.append(call)
+                continue
+        safe = tool is None or tool.concurrency_safe
+        if safe and parallel:
+            groups[-1].append((call, tool))
         else:
-            decision = await _decide(scope, call, tool)
-        if decision is PermissionDecision.DENY:
-            denied.append(call)
-            text = f"Permission denied: the call to {call.name} was not allowed."
-            for ev in result_events(reply_id, call, text, ToolResultState.DENIED):
-                yield ev
-        elif decision is PermissionDecision.ASK:
-            asking.append(call)
-        elif tool.external:
-            external.append(call)
-        else:
-            allowed.append((call, tool))
-    if denied and not (allowed or asking or external):
+            groups.append([(call, tool)])
+        parallel = safe
+    if denied and not (groups or asking or external):
         yield AllToolsDenied(reply_id=reply_id, denied_tool_calls=denied)
         return
-    for group in _groups(allowed):
-        runs = [_Call(scope, call, tool) for call, tool in group]
+    for group in groups:
+        runs: list[_Call] = []
         try:
-            if len(runs) > 1:  # in parallel: every task starts now, their events come in call order
-                for run in runs:
-                    run.start(scope, context, deadline)
+            for call, tool in group:  # (in parallel: every task made now, their events in call order)
+                runs.append(_Call(scope, call, tool, context, deadline))
             for run in runs:
                 for ev in run.opening:
                     yield ev
-                if run.task is None:  # alone: its task starts once the consumer let its Start go
-                    run.start(scope, context, deadline)
                 out = run.output
                 if isinstance(out, Channel):
                     async for ev in out.drain():
@@ -183,29 +186,14 @@ async def acting_events(
         yield RequireExternalExecution(reply_id=reply_id, tool_calls=external)
 
 
-def _groups(calls: Sequence[_Allowed]) -> list[list[_Allowed]]:
-    """The calls in runs that may go in parallel: contiguous concurrency-safe calls together, any
-    other call alone (an unknown tool is safe: it only becomes an error result)."""
-    groups: list[list[_Allowed]] = []
-    parallel = False
-    for allowed in calls:
-        tool = allowed[1]
-        safe = tool is None or tool.concurrency_safe
-        if safe and parallel:
-            groups[-1].append(allowed)
-        else:
-            groups.append([allowed])
-        parallel = safe
-    return groups
-
-
 class _Call:
-    """One permitted call of the pass: the events it opens with, and once started, its task and
-    where the pass reads the task's events (the result it awaits, or the channel it drains)."""
+    """One permitted call of the pass: the events it opens with, its task, and where the pass
+    reads the task's events (the result it awaits, or the channel it drains; neither: replayed)."""
 
-    __slots__ = ("call", "journal", "meta", "opening", "output", "replayed", "task", "tool")
+    __slots__ = ("call", "journal", "make", "meta", "opening", "output", "task", "tool")
 
-    def __init__(self, scope: ToolScope, call: ToolUseBlock, tool: Tool | None) -> None:
+    def __init__(self, scope: ToolScope, call: ToolUseBlock, tool: Tool | None, context: contextvars.Context,
+                 deadline: Deadline | None) -> None:
         self.call = call
         self.tool = tool
         # A tool's metadata (an MCP tool's server) goes on its call's brackets; most tools have none.
@@ -214,7 +202,6 @@ class _Call:
         self.meta = meta
         self.task: asyncio.Task[None] | None = None
         self.output: asyncio.Future[list[AgentEvent]] | Channel | None = None
-        self.replayed = False
         scope.started += 1
         journal = scope.journal
         self.journal: ToolJournal | None = None
@@ -222,18 +209,18 @@ class _Call:
             entry = journal.recorded(call.id)
             if entry is not None:  # (a resumed run settled its calls in doubt first: `agent._in_doubt`)
                 self.opening: Sequence[AgentEvent] = replay_events(scope.reply_id, call, entry, meta.get("metadata"))
-                self.replayed = True
                 return
             if journal.writes and journaled(tool):
                 self.journal = journal  # (else an idempotent tool, or a store that needs no journal)
-        self.opening = (ToolResultStart(reply_id=scope.reply_id, tool_call_id=call.id, tool_name=call.name, **meta),)
-
-    def start(self, scope: ToolScope, context: contextvars.Context, deadline: Deadline | None) -> None:
-        """Make the call's task (none for a replayed result), and where it hands the pass its events."""
-        if self.replayed:
-            return
+        # Its events are made once each from its typed ids (exact str), not validated, as
+        # `ToolResultCollector` makes results; ids a middleware derived untyped are validated.
+        self.make: Callable[..., Any] = trusted if type(call.id) is str and type(call.name) is str else validated
+        self.opening = (self.make(ToolResultStart, reply_id=scope.reply_id, tool_call_id=call.id, tool_name=call.name,
+                                  **meta),)
+        # Made before the Start is emitted, the task takes its first step in a later loop turn: an
+        # interrupt while the consumer handles the Start (without awaiting) means the tool never runs.
         loop = asyncio.get_running_loop()
-        if self.tool is not None and (self.tool.kind == "stream" or scope.executor is not None):
+        if tool is not None and (tool.kind == "stream" or scope.executor is not None):
             self.output = Recording(256) if self.journal is not None else Channel(256)
         else:
             self.output = loop.create_future()
@@ -261,16 +248,14 @@ async def _run_tool(scope: ToolScope, run: _Call, deadline: Deadline | None) -> 
     error_text: str | None = INTERRUPTED_TEXT
     events: list[AgentEvent] = []
     try:
-        if not scope.control.interrupted:  # (while the consumer held the Start, the tool never starts)
+        if not scope.control.interrupted:  # (interrupted before this first step: the tool never runs)
             state, error_text, chunks = await _invoke(scope, call, run.tool, channel, deadline, journal)
             if chunks:
-                reply_id, cid, name = scope.reply_id, call.id, call.name
-                text_delta = delta_maker(ToolResultTextDelta, reply_id=reply_id, tool_call_id=cid, tool_name=name)
-                events = [_output_event(chunk, text_delta, reply_id, cid, name) for chunk in chunks]
+                events = _output_at_once(scope.reply_id, run, chunks)
         if journal is not None:
             parts = channel.parts if isinstance(channel, Recording) else output_parts(events)
             error_text = await settle(journal, call, state, error_text, parts)
-        events.extend(_ending(scope.reply_id, call, run.meta, state, error_text))
+        events.extend(_ending(scope.reply_id, run, state, error_text))
     except ToolInputRequired as exc:  # the call waits for the user, like an asking call
         if journal is not None:
             journal.drop(call.id)
@@ -300,14 +285,13 @@ def _hand(out: asyncio.Future[list[AgentEvent]] | Channel | None, events: list[A
             out.set_exception(error)
 
 
-def _ending(reply_id: str, call: ToolUseBlock, meta: dict[str, Any], state: ToolResultState,
-            error_text: str | None) -> list[AgentEvent]:
+def _ending(reply_id: str, run: _Call, state: ToolResultState, error_text: str | None) -> list[AgentEvent]:
     """A call's last events: its error text, if any, and its end."""
-    cid, name = call.id, call.name
-    end = ToolResultEnd(reply_id=reply_id, tool_call_id=cid, tool_name=name, state=state, **meta)
+    cid, name, make = run.call.id, run.call.name, run.make
+    end = make(ToolResultEnd, reply_id=reply_id, tool_call_id=cid, tool_name=name, state=state, **run.meta)
     if error_text is None:
         return [end]
-    return [ToolResultTextDelta(reply_id=reply_id, tool_call_id=cid, tool_name=name, delta=error_text), end]
+    return [make(ToolResultTextDelta, reply_id=reply_id, tool_call_id=cid, tool_name=name, delta=error_text), end]
 
 
 def _asking(reply_id: str, call: ToolUseBlock, meta: dict[str, Any], exc: ToolInputRequired) -> list[AgentEvent]:
@@ -386,6 +370,19 @@ async def tool_output(scope: ToolScope, call: ToolUseBlock, tool: Tool, channel:
         return
     async for chunk in tool.run(call.input, scope.ctx):
         await channel.put(_output_event(chunk, text_delta, reply_id, cid, name))
+
+
+def _output_at_once(reply_id: str, run: _Call, chunks: tuple[Any, ...]) -> list[AgentEvent]:
+    """The events of a tool's output that came at once, made one each (a `delta_maker` serves a
+    stream's many deltas)."""
+    cid, name, make = run.call.id, run.call.name, run.make
+
+    def text_delta(delta: str) -> ToolResultTextDelta:
+        ev: ToolResultTextDelta = make(ToolResultTextDelta, reply_id=reply_id, tool_call_id=cid, tool_name=name,
+                                       delta=delta)
+        return ev
+
+    return [_output_event(chunk, text_delta, reply_id, cid, name) for chunk in chunks]
 
 
 def _output_event(chunk: Any, text_delta: Callable[[str], ToolResultTextDelta], reply_id: str, cid: str,

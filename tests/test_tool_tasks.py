@@ -106,9 +106,9 @@ async def test_interrupt_while_the_consumer_holds_the_start_event_spares_the_con
     assert [r.state for r in results] == [ToolResultState.INTERRUPTED]
 
 
-async def test_an_interrupt_while_the_consumer_holds_a_lone_calls_start_means_the_tool_never_starts() -> None:
-    """A lone call's task starts once the consumer lets its ToolResultStart go: an interrupt
-    while the consumer holds it ends the call interrupted before any of the tool's code ran."""
+async def test_an_interrupt_as_the_consumer_takes_the_start_event_means_the_tool_never_runs() -> None:
+    """The call's ToolResultStart comes before any of the tool's code runs: an interrupt as the
+    consumer handles it ends the call interrupted, the tool never run."""
     ran: list[bool] = []
 
     @tool
