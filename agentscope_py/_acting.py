@@ -1,16 +1,27 @@
 """The acting core: the permission gate, then the tools, as ToolResult* events.
 
 Every tool call runs in a task of its own, made in the context current inside the innermost
-``next()`` (so a span an acting middleware opened parents it), streaming its events through a
-`Channel`. Contiguous concurrency-safe calls run in parallel; their events are emitted in call
-order (the first call's live, the others' as soon as their turn comes). A tool that raises, times
-out, is unknown or gets invalid arguments produces an error result the model sees. An interrupt
-cancels the tasks (never the run's own task); each cancelled call ends with an INTERRUPTED
-result, and the loop then raises `AgentInterrupted`.
+``next()`` (so a span an acting middleware opened parents it): a tool that cancels "its" task
+ends only itself, with its own context copy and timeout. The acting pass is one generator that
+opens each call with its ToolResultStart and reads the call's task in one of two shapes:
 
-A non-idempotent tool's call is journaled when the run has a `ToolJournal`: its intent is
-recorded (durably) before the tool runs, its result after, and a call whose result is recorded
-is replayed instead of run (a resumed run; `agentscope_py.agent._journal`).
+- a tool that returns once (most tools; also a call that only becomes an error result): the
+  task hands the pass the call's other events as one list, through a future the pass awaits;
+- a generator tool, or a call a `ToolExecutor` runs (a durable run's activity): the task streams
+  its events through a `Channel` the pass drains as they come (a sub-agent forwards its own
+  events into it: `TOOL_CALL`).
+
+A call's task is made before its ToolResultStart is emitted and takes its first step in a later
+loop turn (an interrupt while the consumer handles the Start: the tool never runs). Contiguous
+concurrency-safe calls run in parallel, their events in call order (the first call's as they
+come, the others' when their turn comes).
+A tool that raises, times out, is unknown or gets invalid arguments produces an error result the
+model sees. An interrupt cancels the tasks (never the run's own task); each cancelled call ends
+with an INTERRUPTED result, and the loop then raises `AgentInterrupted`.
+
+A non-idempotent tool's call is journaled when the run has a `ToolJournal` (`_recorded`): its
+intent is recorded (durably) before the tool runs, its result after, and a call whose result is
+recorded is replayed instead of run (a resumed run; `agentscope_py.agent._journal`).
 
 The acting core sees its run only through a `ToolScope`.
 """
@@ -18,18 +29,17 @@ The acting core sees its run only through a `ToolScope`.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import contextvars
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, cast
 
 from ._control import RunControl
 from ._deadline import Deadline, DeadlineTimer
-from ._recorded import INTERRUPTED_UNSURE_TEXT, UNSETTLED_TEXT, Recording, journaled, replay_events
-from ._replies import arguments_problem, join_output, result_events
+from ._recorded import Recording, ToolJournal, journaled, output_parts, replay_events, settle
+from ._replies import arguments_problem, result_events
 from ._sanitize import clean
-from ._trusted import delta_maker
+from ._trusted import delta_maker, trusted, validated
 from .errors import AgentInterrupted, SubAgentPaused, ToolInputRequired
 from .events import (
     AgentEvent,
@@ -43,47 +53,21 @@ from .events import (
     ToolResultStart,
     ToolResultTextDelta,
 )
-from .message import GenerateReason, ToolResultBlock, ToolResultState, ToolUseBlock
+from .message import GenerateReason, ToolResultState, ToolUseBlock
 from .stream import Channel
 from .tool.toolkit import PermissionDecision, Tool, ToolArgumentError, Toolkit, current_tool_call
 
 if TYPE_CHECKING:
     from ._context import RuntimeContext
-    from ._effects import ToolIntent
 
-__all__ = ["INTERRUPTED_TEXT", "TOOL_CALL", "ToolExecutor", "ToolJournal", "ToolScope", "acting_events",
-           "tool_output"]
+__all__ = ["INTERRUPTED_TEXT", "TOOL_CALL", "ToolExecutor", "ToolScope", "acting_events", "tool_output"]
 
 TOOL_CALL: contextvars.ContextVar[tuple[ToolUseBlock, Channel] | None] = contextvars.ContextVar(
     "agentscope_tool_call", default=None)
-"""The call a tool runs for and the channel of its events, set in the tool's own task: a sub-agent
-tool keys its session and pending confirmations by the call id, and closes what its sub-agent left
-open in the channel when it is cancelled."""
-
-
-class ToolJournal(Protocol):
-    """Where the intent and the result of each non-idempotent tool call are recorded."""
-
-    @property
-    def writes(self) -> bool:
-        """Whether calls are journaled (else entries a resume settled are only replayed)."""
-        ...
-
-    def recorded(self, call_id: str) -> ToolIntent | None:
-        """The call's entry, if any (with its result once it has one)."""
-        ...
-
-    async def intent(self, call: ToolUseBlock, tool: Tool) -> None:
-        """Record the intent; returns once it is durable, else raises (the tool does not run)."""
-        ...
-
-    async def result(self, call: ToolUseBlock, block: ToolResultBlock) -> None:
-        """Record the result of a call whose intent is recorded."""
-        ...
-
-    def drop(self, call_id: str) -> None:
-        """Forget the intent of a call that paused before it took effect (it runs again)."""
-        ...
+"""The call a tool runs for and the channel of its events, set in the task of a call that streams
+(a generator tool, as a sub-agent tool is): a sub-agent tool keys its session and pending
+confirmations by the call id, and closes what its sub-agent left open in the channel when it is
+cancelled."""
 
 
 @dataclass(slots=True, eq=False)
@@ -134,42 +118,62 @@ async def acting_events(
     """The acting core's events: the permission gate, then the tools (in tasks made in
     ``context``, each keeping ``deadline`` or its tool's own timeout, the shorter)."""
     reply_id, toolkit = scope.reply_id, scope.toolkit
-    allowed: list[ToolUseBlock] = []
+    # The permitted calls in runs that may go in parallel: contiguous concurrency-safe calls
+    # together, any other call alone (an unknown tool is safe: it only becomes an error result).
+    groups: list[list[tuple[ToolUseBlock, Tool | None]]] = []
+    parallel = False
     asking: list[ToolUseBlock] = []
     external: list[ToolUseBlock] = []
     denied: list[ToolUseBlock] = []
     for call in calls:
         tool = toolkit.get(call.name)
-        if tool is None or call.raw_input is not None:
-            allowed.append(call)  # becomes an error result the model sees
-            continue
-        if call.id in scope.preapproved or (toolkit.policy is None and tool.check_permissions is None):
-            decision = PermissionDecision.ALLOW  # nothing to ask: no coroutine
+        if tool is not None and call.raw_input is None:  # (else an error result the model sees)
+            if call.id in scope.preapproved or (toolkit.policy is None and tool.check_permissions is None):
+                decision = PermissionDecision.ALLOW  # nothing to ask: no coroutine
+            else:
+                decision = await _decide(scope, call, tool)
+            if decision is PermissionDecision.DENY:
+                denied.append(call)
+                text = f"Permission denied: the call to {call.name} was not allowed."
+                for ev in result_events(reply_id, call, text, ToolResultState.DENIED):
+                    yield ev
+                continue
+            if decision is PermissionDecision.ASK:
+                asking.append(call)
+                continue
+            if tool.external:
+                external.append(call)
+                continue
+        safe = tool is None or tool.concurrency_safe
+        if safe and parallel:
+            groups[-1].append((call, tool))
         else:
-            decision = await _decide(scope, call, tool)
-        if decision is PermissionDecision.DENY:
-            denied.append(call)
-            for ev in result_events(
-                reply_id, call, f"Permission denied: the call to {call.name} was not allowed.",
-                ToolResultState.DENIED,
-            ):
-                yield ev
-        elif decision is PermissionDecision.ASK:
-            asking.append(call)
-        elif tool.external:
-            external.append(call)
-        else:
-            allowed.append(call)
-    if denied and not (allowed or asking or external):
+            groups.append([(call, tool)])
+        parallel = safe
+    if denied and not (groups or asking or external):
         yield AllToolsDenied(reply_id=reply_id, denied_tool_calls=denied)
         return
-    for group in _groups(toolkit, allowed):
-        it = _run_group(scope, group, context, deadline)
+    for group in groups:
+        runs: list[_Call] = []
         try:
-            async for ev in it:
-                yield ev
-        except BaseException:  # closed early: cancel the tool tasks before returning
-            await it.aclose()
+            for call, tool in group:  # (in parallel: every task made now, their events in call order)
+                runs.append(_Call(scope, call, tool, context, deadline))
+            for run in runs:
+                for ev in run.opening:
+                    yield ev
+                out = run.output
+                if isinstance(out, Channel):
+                    async for ev in out.drain():
+                        yield ev
+                elif out is not None:  # (None: a recorded result, replayed)
+                    for ev in await out:
+                        yield ev
+        except BaseException:  # closed early, or cancelled: cancel the tool tasks before returning
+            pending = [run.task for run in runs if run.task is not None and not run.task.done()]
+            for task in pending:
+                task.cancel()
+            if pending:
+                await asyncio.gather(*pending, return_exceptions=True)
             raise
     if asking or scope.paused:
         if asking:
@@ -182,132 +186,143 @@ async def acting_events(
         yield RequireExternalExecution(reply_id=reply_id, tool_calls=external)
 
 
-def _groups(toolkit: Toolkit, calls: Sequence[ToolUseBlock]) -> list[list[ToolUseBlock]]:
-    """The calls in runs that may go in parallel: contiguous concurrency-safe calls together, any
-    other call alone (an unknown tool is safe: it only becomes an error result)."""
-    groups: list[list[ToolUseBlock]] = []
-    parallel = False
-    for call in calls:
-        tool = toolkit.get(call.name)
-        safe = tool is None or tool.concurrency_safe
-        if safe and parallel:
-            groups[-1].append(call)
+class _Call:
+    """One permitted call of the pass: the events it opens with, its task, and where the pass
+    reads the task's events (the result it awaits, or the channel it drains; neither: replayed)."""
+
+    __slots__ = ("call", "journal", "make", "meta", "opening", "output", "task", "tool")
+
+    def __init__(self, scope: ToolScope, call: ToolUseBlock, tool: Tool | None, context: contextvars.Context,
+                 deadline: Deadline | None) -> None:
+        self.call = call
+        self.tool = tool
+        # A tool's metadata (an MCP tool's server) goes on its call's brackets; most tools have none.
+        # Passed only when there is some, so other tools' events stay exactly as they were.
+        meta: dict[str, Any] = {"metadata": dict(tool.metadata)} if tool is not None and tool.metadata else {}
+        self.meta = meta
+        self.task: asyncio.Task[None] | None = None
+        self.output: asyncio.Future[list[AgentEvent]] | Channel | None = None
+        scope.started += 1
+        journal = scope.journal
+        self.journal: ToolJournal | None = None
+        if journal is not None:
+            entry = journal.recorded(call.id)
+            if entry is not None:  # (a resumed run settled its calls in doubt first: `agent._in_doubt`)
+                self.opening: Sequence[AgentEvent] = replay_events(scope.reply_id, call, entry, meta.get("metadata"))
+                return
+            if journal.writes and journaled(tool):
+                self.journal = journal  # (else an idempotent tool, or a store that needs no journal)
+        # Its events are made once each from its typed ids (exact str), not validated, as
+        # `ToolResultCollector` makes results; ids a middleware derived untyped are validated.
+        self.make: Callable[..., Any] = trusted if type(call.id) is str and type(call.name) is str else validated
+        self.opening = (self.make(ToolResultStart, reply_id=scope.reply_id, tool_call_id=call.id, tool_name=call.name,
+                                  **meta),)
+        # Made before the Start is emitted, the task takes its first step in a later loop turn: an
+        # interrupt while the consumer handles the Start (without awaiting) means the tool never runs.
+        loop = asyncio.get_running_loop()
+        if tool is not None and (tool.kind == "stream" or scope.executor is not None):
+            self.output = Recording(256) if self.journal is not None else Channel(256)
         else:
-            groups.append([call])
-        parallel = safe
-    return groups
+            self.output = loop.create_future()
+        self.task = loop.create_task(_run_tool(scope, self, deadline), context=context.copy())
 
 
-async def _run_group(
-    scope: ToolScope, group: Sequence[ToolUseBlock], context: contextvars.Context, deadline: Deadline | None,
-) -> AsyncGenerator[AgentEvent, None]:
-    """The calls of one group, each in its own task; their events in call order.
+async def _run_tool(scope: ToolScope, run: _Call, deadline: Deadline | None) -> None:
+    """One call in its own task: its events, handed to the pass (through its channel or future).
 
-    Each task registers itself with the run's control at its first step (`_run_tool`), not when
-    it is made: an interrupt cancelling a task before that step would cancel it before any of its
-    code ran, leaving its channel open (no result) and its consumer waiting on it for ever."""
-    loop = asyncio.get_running_loop()
-    journal = scope.journal
-    writes = journal is not None and journal.writes
-    channels = [Recording(256) if writes and journaled(scope.toolkit.get(call.name)) else Channel(256)
-                for call in group]
-    tasks = [loop.create_task(_run_tool(scope, call, ch, deadline), context=context.copy())
-             for call, ch in zip(group, channels, strict=True)]
-    try:
-        for ch in channels:
-            async for ev in ch.drain():
-                yield ev
-    finally:
-        scope.control.tasks.difference_update(tasks)
-        pending = [t for t in tasks if not t.done()]
-        for t in pending:
-            t.cancel()
-        if pending:
-            await asyncio.gather(*pending, return_exceptions=True)
-
-
-async def _run_tool(scope: ToolScope, call: ToolUseBlock, channel: Channel, deadline: Deadline | None) -> None:
-    """One call, its output streamed through ``channel`` as it comes."""
-    reply_id, cid, name = scope.reply_id, call.id, call.name
-    task = asyncio.current_task()
-    assert task is not None
-    # Registered here, in the same step that reads the interrupt flag below: an interrupt either
-    # came before (the call ends interrupted, without running) or cancels this task.
-    scope.control.tasks.add(task)
-    scope.started += 1
-    tool = scope.toolkit.get(name)
-    # A tool's metadata (an MCP tool's server) goes on its call's brackets; most tools have none.
-    # Passed only when there is some, so other tools' events stay exactly as they were.
-    meta: dict[str, Any] = {"metadata": dict(tool.metadata)} if tool is not None and tool.metadata else {}
+    The task registers itself with the run's control at its first step, the one that reads the
+    interrupt flag, not when it is made (cancelled before any of its code ran, it would leave the
+    pass waiting for ever): an interrupt either came before (the tool never runs) or cancels it."""
+    call, out, task = run.call, run.output, run.task
+    channel = out if isinstance(out, Channel) else None
+    assert task is not None  # (set when the task was made, before this first step)
+    tasks = scope.control.tasks
+    tasks.add(task)
     # In this task's own context (nothing to reset): the tool can name its call, and a sub-agent
     # forwards its events straight into the call's channel.
     current_tool_call.set(call)
-    TOOL_CALL.set((call, channel))
-    journal = scope.journal
-    if journal is not None:
-        entry = journal.recorded(cid)
-        if entry is not None:  # (a resumed run settled its calls in doubt first: `agent._in_doubt`)
-            block = entry.result if entry.result is not None else ToolResultBlock(
-                id=cid, name=name, output=UNSETTLED_TEXT, state=ToolResultState.ERROR)
-            for ev in replay_events(reply_id, block, meta.get("metadata")):
-                channel.push(ev)
-            channel.finish(None)
-            return
-    recording = channel if type(channel) is Recording else None
-    if recording is None:
-        journal = None  # (not journaled: an idempotent tool, or a store that needs no journal)
-    await channel.put(ToolResultStart(reply_id=reply_id, tool_call_id=cid, tool_name=name, **meta))
-    error_text: str | None = INTERRUPTED_TEXT
+    if channel is not None:
+        TOOL_CALL.set((call, channel))
+    journal = run.journal
     state = ToolResultState.INTERRUPTED
-    if not scope.control.interrupted:  # (while the consumer held the Start, the tool never starts)
-        try:
-            state, error_text = await _invoke(scope, call, tool, channel, deadline, journal)
-        except ToolInputRequired as exc:  # the call waits for the user, like an asking call
-            if journal is not None:
-                journal.drop(cid)
-            ends = ToolResultEnd(reply_id=reply_id, tool_call_id=cid, tool_name=name,
-                                 state=ToolResultState.RUNNING, **meta)
-            question = {**meta.get("metadata", {}), "question": exc.question}
-            channel.push(ends)
-            channel.push(RequireUserConfirm(reply_id=reply_id, tool_calls=[call], metadata=question))
-            channel.push(RequestStop(reason=f"waiting for the user's answer to {name}: {exc}",
-                                     generate_reason=GenerateReason.PERMISSION_ASKING))
-            channel.finish(None)
-            return
-    if journal is not None and recording is not None:
-        if state is ToolResultState.SUCCESS or state is ToolResultState.ERROR:
-            parts = recording.parts if error_text is None else [*recording.parts, error_text]
-            block = ToolResultBlock(id=cid, name=name, output=join_output(parts), state=state)
-            # A cancel is held until the result is written; then the call ends as it did (the run
-            # sees the interrupt through its control).
-            with contextlib.suppress(asyncio.CancelledError):
-                await journal.result(call, block)
-        elif state is ToolResultState.RUNNING:
-            journal.drop(cid)  # its sub-agent asks the user: it runs again when answered
-        elif journal.recorded(cid) is not None:  # interrupted after it started: the model must not assume
-            error_text = INTERRUPTED_UNSURE_TEXT  # it did nothing (and call it again)
-    # After a cancellation nobody may be reading: pushed without waiting for room.
-    if error_text is not None:
-        channel.push(ToolResultTextDelta(reply_id=reply_id, tool_call_id=cid, tool_name=name, delta=error_text))
-    channel.push(ToolResultEnd(reply_id=reply_id, tool_call_id=cid, tool_name=name, state=state, **meta))
-    channel.finish(None)
+    error_text: str | None = INTERRUPTED_TEXT
+    events: list[AgentEvent] = []
+    try:
+        if not scope.control.interrupted:  # (interrupted before this first step: the tool never runs)
+            state, error_text, chunks = await _invoke(scope, call, run.tool, channel, deadline, journal)
+            if chunks:
+                events = _output_at_once(scope.reply_id, run, chunks)
+        if journal is not None:
+            parts = channel.parts if isinstance(channel, Recording) else output_parts(events)
+            error_text = await settle(journal, call, state, error_text, parts)
+        events.extend(_ending(scope.reply_id, run, state, error_text))
+    except ToolInputRequired as exc:  # the call waits for the user, like an asking call
+        if journal is not None:
+            journal.drop(call.id)
+        events = _asking(scope.reply_id, call, run.meta, exc)
+    except BaseException as exc:  # (not the tool's failure, which is its result): the pass raises it
+        tasks.discard(task)
+        _hand(out, [], exc)
+        if not isinstance(exc, Exception):
+            raise
+        return
+    tasks.discard(task)
+    _hand(out, events, None)
+
+
+def _hand(out: asyncio.Future[list[AgentEvent]] | Channel | None, events: list[AgentEvent],
+          error: BaseException | None) -> None:
+    """Give the pass a call's last events, or the error that ended its task. After a cancellation
+    nobody may be reading the channel: pushed without waiting for room."""
+    if isinstance(out, Channel):
+        for ev in events:
+            out.push(ev)
+        out.finish(error)
+    elif out is not None and not out.done():  # (the pass stopped waiting: cancelled)
+        if error is None:
+            out.set_result(events)
+        else:
+            out.set_exception(error)
+
+
+def _ending(reply_id: str, run: _Call, state: ToolResultState, error_text: str | None) -> list[AgentEvent]:
+    """A call's last events: its error text, if any, and its end."""
+    cid, name, make = run.call.id, run.call.name, run.make
+    end = make(ToolResultEnd, reply_id=reply_id, tool_call_id=cid, tool_name=name, state=state, **run.meta)
+    if error_text is None:
+        return [end]
+    return [make(ToolResultTextDelta, reply_id=reply_id, tool_call_id=cid, tool_name=name, delta=error_text), end]
+
+
+def _asking(reply_id: str, call: ToolUseBlock, meta: dict[str, Any], exc: ToolInputRequired) -> list[AgentEvent]:
+    """A call that asks the user (`ToolInputRequired`): it ends running, and the run waits for the answer."""
+    name = call.name
+    question = {**meta.get("metadata", {}), "question": exc.question}
+    return [
+        ToolResultEnd(reply_id=reply_id, tool_call_id=call.id, tool_name=name, state=ToolResultState.RUNNING, **meta),
+        RequireUserConfirm(reply_id=reply_id, tool_calls=[call], metadata=question),
+        RequestStop(reason=f"waiting for the user's answer to {name}: {exc}",
+                    generate_reason=GenerateReason.PERMISSION_ASKING),
+    ]
 
 
 INTERRUPTED_TEXT = "The tool call was interrupted."
 
 
 async def _invoke(
-    scope: ToolScope, call: ToolUseBlock, tool: Tool | None, channel: Channel, deadline: Deadline | None,
+    scope: ToolScope, call: ToolUseBlock, tool: Tool | None, channel: Channel | None, deadline: Deadline | None,
     journal: ToolJournal | None = None,
-) -> tuple[ToolResultState, str | None]:
-    """Run the tool, handing its output to ``channel`` as events; every failure becomes the state
-    and text of the result the model sees."""
+) -> tuple[ToolResultState, str | None, tuple[Any, ...]]:
+    """Run the tool: with a ``channel``, its output goes there as events; without, it returns
+    once (`Tool.call_once`) and its chunks are returned. Every failure becomes the state and text
+    of the result the model sees."""
     name = call.name
     limit = None if tool is None else tool.timeout
     by = ""  # who set the limit when it is not the tool's own timeout
     if deadline is not None and deadline.total is not None and (limit is None or deadline.total < limit):
         limit, by = deadline.total, f" ({deadline.by})"
     timer: DeadlineTimer | None = None
+    chunks: tuple[Any, ...] = ()
     try:
         if tool is None:
             available = ", ".join(scope.toolkit.names) or "none"
@@ -319,28 +334,31 @@ async def _invoke(
             timer = DeadlineTimer(limit)  # kept in this task: it cancels the tool, not the run
         if journal is not None:
             await journal.intent(call, tool)  # durable before the tool runs; if it fails, the tool never runs
-        await (tool_output if scope.executor is None else scope.executor)(scope, call, tool, channel)
+        if channel is None:
+            chunks = await tool.call_once(call.input, scope.ctx)
+        else:
+            await (tool_output if scope.executor is None else scope.executor)(scope, call, tool, channel)
     except (asyncio.CancelledError, AgentInterrupted):  # (a sub-agent interrupted with its caller)
         if timer is not None and timer.stop() and not scope.control.interrupted:
-            return ToolResultState.ERROR, f"Error: {name} timed out after {limit:g} s{by}."
-        return ToolResultState.INTERRUPTED, INTERRUPTED_TEXT
+            return ToolResultState.ERROR, f"Error: {name} timed out after {limit:g} s{by}.", ()
+        return ToolResultState.INTERRUPTED, INTERRUPTED_TEXT, ()
     except SubAgentPaused:
         # The call waits for its sub-agent's confirmation: no result yet (a "running" end closes
         # the bracket; the acting pass keeps the call pending and pauses the run).
         scope.paused = True
-        return ToolResultState.RUNNING, None
+        return ToolResultState.RUNNING, None, ()
     except ToolInputRequired:
         raise
     except TimeoutError as exc:  # raised by the tool itself
-        return ToolResultState.ERROR, f"Error: TimeoutError: {exc}"
+        return ToolResultState.ERROR, f"Error: TimeoutError: {exc}", ()
     except ToolArgumentError as exc:
-        return ToolResultState.ERROR, clean(f"Error: {exc}")
+        return ToolResultState.ERROR, clean(f"Error: {exc}"), ()
     except Exception as exc:
-        return ToolResultState.ERROR, clean(f"Error: {type(exc).__name__}: {exc}")
+        return ToolResultState.ERROR, clean(f"Error: {type(exc).__name__}: {exc}"), ()
     finally:
         if timer is not None:
             timer.stop()
-    return ToolResultState.SUCCESS, None
+    return ToolResultState.SUCCESS, None, chunks
 
 
 async def tool_output(scope: ToolScope, call: ToolUseBlock, tool: Tool, channel: Channel) -> None:
@@ -354,10 +372,23 @@ async def tool_output(scope: ToolScope, call: ToolUseBlock, tool: Tool, channel:
         await channel.put(_output_event(chunk, text_delta, reply_id, cid, name))
 
 
+def _output_at_once(reply_id: str, run: _Call, chunks: tuple[Any, ...]) -> list[AgentEvent]:
+    """The events of a tool's output that came at once, made one each (a `delta_maker` serves a
+    stream's many deltas)."""
+    cid, name, make = run.call.id, run.call.name, run.make
+
+    def text_delta(delta: str) -> ToolResultTextDelta:
+        ev: ToolResultTextDelta = make(ToolResultTextDelta, reply_id=reply_id, tool_call_id=cid, tool_name=name,
+                                       delta=delta)
+        return ev
+
+    return [_output_event(chunk, text_delta, reply_id, cid, name) for chunk in chunks]
+
+
 def _output_event(chunk: Any, text_delta: Callable[[str], ToolResultTextDelta], reply_id: str, cid: str,
-                  name: str) -> EventBase:
+                  name: str) -> AgentEvent:
     if isinstance(chunk, EventBase):
-        return chunk  # a sub-agent's events (they carry a source path), as they are
+        return cast("AgentEvent", chunk)  # a sub-agent's events (they carry a source path), as they are
     if isinstance(chunk, str):
         # A tool's text enters the session here: made encodable (`_sanitize`), so no output can
         # poison it.

@@ -166,6 +166,40 @@ async def test_a_non_idempotent_call_is_written_before_and_after_it_runs() -> No
     assert store.writes == [{cid: False}, {cid: True}, {}]
 
 
+async def test_the_recorded_result_is_the_calls_output_whether_the_tool_returns_once_or_streams() -> None:
+    """A journaled call's result is recorded from its output: the list a tool that returns once
+    hands over, or the chunks a generator tool streams through its channel."""
+
+    class RecordingStore(InMemoryStateStore):
+        def __init__(self) -> None:
+            super().__init__()
+            self.results: dict[str, Any] = {}
+
+        async def save(self, user_id: str, session_id: str, state: AgentState, expected_version: int) -> int:
+            self.results.update({k: e.result for k, e in state.tool_journal.items() if e.result is not None})
+            return await super().save(user_id, session_id, state, expected_version)
+
+    @tool
+    async def send(to: str) -> str:
+        """Send once."""
+        return f"sent to {to}"
+
+    @tool
+    async def send_all(to: str) -> Any:
+        """Send in parts."""
+        for part in ("sent ", "to ", to):
+            yield part
+
+    assert send.kind == "await" and send_all.kind == "stream"
+    store = RecordingStore()
+    model = ScriptedModel([ModelStep.tool_calls_of(("send", {"to": "a"}), ("send_all", {"to": "b"})),
+                           ModelStep.text("done")])
+    agent = ReActAgent(model=model, tools=[send, send_all], state_store=store)
+    await agent.call("go", ctx=ctx())
+    recorded = {r.name: (r.output, r.state) for r in store.results.values()}
+    assert recorded == {"send": ("sent to a", ToolResultState.SUCCESS), "send_all": ("sent to b", ToolResultState.SUCCESS)}
+
+
 async def test_parallel_calls_write_one_at_a_time(caplog: pytest.LogCaptureFixture) -> None:
     """Two journaled calls run in parallel; their four writes go one after another, each on the
     version the last wrote (no conflict, nothing left unwritten)."""

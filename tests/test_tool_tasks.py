@@ -106,11 +106,9 @@ async def test_interrupt_while_the_consumer_holds_the_start_event_spares_the_con
     assert [r.state for r in results] == [ToolResultState.INTERRUPTED]
 
 
-@pytest.mark.timeout(10)
-async def test_an_interrupt_before_a_tool_task_first_runs_still_ends_the_call_and_the_run() -> None:
-    """The interrupt lands in the loop turn between a tool task's creation and its first step:
-    the call still ends (interrupted, the tool never run) and the consumer is not left waiting
-    for it."""
+async def test_an_interrupt_as_the_consumer_takes_the_start_event_means_the_tool_never_runs() -> None:
+    """The call's ToolResultStart comes before any of the tool's code runs: an interrupt as the
+    consumer handles it ends the call interrupted, the tool never run."""
     ran: list[bool] = []
 
     @tool
@@ -119,6 +117,38 @@ async def test_an_interrupt_before_a_tool_task_first_runs_still_ends_the_call_an
         ran.append(True)
         return "done"
 
+    agent = agent_with(quick, ModelStep.tool_call("quick", {}), ModelStep.text("unused"))
+    kinds: list[str] = []
+    async for ev in agent.stream("go"):
+        kinds.append(ev.type)
+        if ev.type == "tool_result_start":
+            agent.interrupt()
+    assert ran == []
+    assert kinds[-5:] == ["tool_result_start", "tool_result_text_delta", "tool_result_end", "agent_result",
+                          "agent_end"]
+    assert [r.state for r in await tool_results(agent)] == [ToolResultState.INTERRUPTED]
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize("streams", [False, True], ids=["returns-once", "streams"])
+async def test_an_interrupt_before_a_tool_task_first_runs_still_ends_the_call_and_the_run(streams: bool) -> None:
+    """The interrupt lands in the loop turn between a tool task's creation and its first step:
+    the call still ends (interrupted, the tool never run) and the consumer is not left waiting
+    for it, whether the pass awaits the call's result or drains its channel."""
+    ran: list[bool] = []
+
+    async def answers() -> str:
+        """Answers at once."""
+        ran.append(True)
+        return "done"
+
+    async def streams_its_answer() -> Any:
+        """Answers at once, as a stream."""
+        ran.append(True)
+        yield "done"
+
+    quick = tool(name="quick")(streams_its_answer if streams else answers)
+    assert (quick.kind == "stream") is streams
     agent = agent_with(quick, ModelStep.tool_call("quick", {}), ModelStep.text("unused"))
     loop = asyncio.get_running_loop()
     default = loop.get_task_factory()

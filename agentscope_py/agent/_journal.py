@@ -35,7 +35,7 @@ logger = logging.getLogger("agentscope_py")
 
 
 class SessionJournal:
-    """The journal of one run's session (`_acting.ToolJournal`)."""
+    """The journal of one run's session (`_recorded.ToolJournal`)."""
 
     __slots__ = ("_lock", "ctx", "run", "runtime", "writes")
 

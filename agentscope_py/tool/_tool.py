@@ -173,10 +173,14 @@ def _forgotten_await(name: str, coro: Any) -> TypeError:
     )
 
 
+_AS_THEY_ARE = (str, DataBlock, EventBase)
+"""Outputs that are chunks already (events: a sub-agent's, forwarded as they are)."""
+
+
 def _chunks(value: Any, name: str) -> tuple[Any, ...]:
     if value is None:
         return ()
-    if isinstance(value, str | DataBlock | EventBase):  # events: a sub-agent's, forwarded as they are
+    if isinstance(value, _AS_THEY_ARE):
         return (value,)
     if isinstance(value, TextBlock):
         return (value.text,)

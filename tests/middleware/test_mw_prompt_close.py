@@ -39,12 +39,13 @@ async def test_closing_mid_model_call_closes_the_model_stream_before_aclose_retu
 
 async def test_closing_mid_tool_call_cancels_the_tool_before_aclose_returns() -> None:
     log: list[str] = []
-    cancelled = asyncio.Event()
+    started, cancelled = asyncio.Event(), asyncio.Event()
 
     @tool
     async def slow() -> AsyncIterator[str]:
-        """Takes a while (a generator tool: it runs in a task of its own, started before its
-        ToolResultStart)."""
+        """Takes a while (a generator tool: it runs in a task of its own, which starts after its
+        ToolResultStart is out)."""
+        started.set()
         try:
             await asyncio.sleep(10)
         except asyncio.CancelledError:
@@ -57,6 +58,7 @@ async def test_closing_mid_tool_call_cancels_the_tool_before_aclose_returns() ->
     async with contextlib.aclosing(agent.stream("hi").__aiter__()) as it:  # type: ignore[type-var]
         async for event in it:
             if event.type == "tool_result_start":
+                await asyncio.wait_for(started.wait(), 5)  # the tool runs while this event is held
                 break
     assert log == ["model_call", "acting", "agent"]
     assert cancelled.is_set()
