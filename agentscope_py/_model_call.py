@@ -169,8 +169,9 @@ class ModelRead(Stepper):
     deadline cuts (a `_control.Cancellable` in the run's control, the deadline's target), and the
     awaitable that steps the provider's coroutines inside the call's context (a `Stepper`).
 
-    **The cut.** ``reading`` is True only while the consumer's task is inside the provider's await
-    (`model_events` sets it around each read: two attribute writes per chunk). `cancel` marks the
+    **The cut.** ``reading`` is True only while the consumer's task waits inside the provider's
+    read (`model_events` sets it around a read that waits: two attribute writes; a read whose data
+    is there finishes in one step, in which nothing else runs). `cancel` marks the
     read ``cut`` and, only when it is reading, cancels the task, once; the cancellation then
     surfaces inside the read, where `failure` takes it back (``uncancel``) and turns it into the
     typed error, unless the task was cancelled by someone else too (then it stays a
@@ -301,6 +302,7 @@ async def model_events(call: ModelCall, maps: Maps, recovery: Recovery | None) -
                 if first:
                     break
         anext = _ended if read.it is None else read.it.__anext__
+        run = ctx.run
         error: BaseException | None = None
         turn = FAIR_TURN
         while chunk is not None:
@@ -316,17 +318,25 @@ async def model_events(call: ModelCall, maps: Maps, recovery: Recovery | None) -
             if read.cut:
                 error = read.failure(None)
                 break
-            read.coro = ctx.run(anext)
-            read.reading = True
+            # (``__await__``: the iterator of any awaitable ``__anext__`` may return; an async
+            # generator's read is its own)
+            coro = run(anext).__await__()
             try:
-                chunk = await read
+                try:
+                    step = run(coro.send, None)
+                except StopIteration as done:  # the provider had the chunk: no await
+                    chunk = done.value
+                else:  # it waits: the rest of the read is awaited, and cuttable
+                    read.coro, read.first, read.reading = coro, step, True
+                    try:
+                        chunk = await read
+                    finally:
+                        read.reading = False
             except StopAsyncIteration:
                 chunk = None
             except BaseException as exc:
                 error = read.failure(exc)
                 break
-            finally:
-                read.reading = False
             if chunk is not None:
                 parts.feed(chunk)
         if error is None:

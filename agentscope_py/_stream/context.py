@@ -99,23 +99,36 @@ class _Step:
                 error = exc
 
 
+_NO_STEP: Any = object()
+
+
 class Stepper(Generator[Any, Any, Any]):
     """``stepper.coro = ctx.run(fn, ...)`` then ``await stepper``: every send and throw of that
     coroutine runs inside ``ctx``, as a Task runs its coroutine in its context, and the await gives
     its result. For a coroutine awaited again and again (one per chunk of a model call), the
     stepper is made once: it is itself the iterator the ``await`` delegates to, so nothing is made
-    per await but the coroutine. One await at a time."""
+    per await but the coroutine. One await at a time.
 
-    __slots__ = ("coro", "ctx")
+    A caller that already gave the coroutine its first step itself (``ctx.run(coro.send, None)``,
+    which finishes at once for a read whose data is there: no await at all) and got a value it
+    yielded instead sets ``first`` to that value: the await hands it to the task first, then goes
+    on stepping."""
+
+    __slots__ = ("coro", "ctx", "first")
 
     def __init__(self, ctx: contextvars.Context) -> None:
         self.ctx = ctx
         self.coro: Coroutine[Any, Any, Any] | Any = None  # the awaitable being stepped
+        self.first: Any = _NO_STEP
 
     def __await__(self) -> Stepper:
         return self
 
     def __next__(self) -> Any:
+        first = self.first
+        if first is not _NO_STEP:
+            self.first = _NO_STEP
+            return first
         return self.ctx.run(self.coro.send, None)
 
     def send(self, value: Any) -> Any:
