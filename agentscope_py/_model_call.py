@@ -3,8 +3,10 @@
 `model_call_stream` is the model call as a stream (`ModelCall`, its factory): each subscription is
 one async generator, `model_events`, which reads the model (retrying and failing over before the
 first chunk), turns each chunk into the block events in a `PartsManager` (`_parts`) and yields
-them, in the task that iterates it. No task and no buffer of its own: the provider is read when
-the consumer asks for the next event (the transport still buffers what arrives meanwhile).
+them, in the task that iterates it. No task of its own: the provider is read when the consumer
+asks for the next event — every chunk it has without waiting, then the events of them all are
+handed over — and nothing is read while the consumer is away (the transport buffers what arrives
+meanwhile).
 
 What a task of its own would give is kept by `ModelRead`, one object per call: the provider's code
 runs inside the context captured when the stream was built (so a span opened around the
@@ -20,13 +22,14 @@ import asyncio
 import contextlib
 import contextvars
 import random
-from collections.abc import AsyncIterator, Callable, Sequence
+import types
+from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Sequence
 from typing import Any
 
 from ._control import RunControl
 from ._deadline import Deadline, DeadlineTimer
 from ._parts import PartsManager
-from ._stream.context import Stepper
+from ._stream.context import NO_STEP, Stepper
 from ._stream.operators import Maps, MapSource, Recovery, aclose
 from .errors import AgentInterrupted
 from .events import AgentEvent
@@ -108,10 +111,11 @@ async def _close(it: Any) -> None:
 
 
 FAIR_TURN = 64
-"""Chunks after which the read lets the loop run once. A provider that never waits (one in
-process, a replay) would otherwise hand its whole reply to the consumer in one step of its task,
-and nothing else on the loop (a server's clients, whose pace holds the run back) would run
-meanwhile; a provider reading a socket waits whenever its buffer is empty anyway."""
+"""Events the read makes before it hands them over and lets the loop run once, when the provider
+has more without waiting. A provider that never waits (one in process, a replay) would otherwise
+feed its whole reply in one step of the consumer's task, held in memory, while nothing else on the
+loop (a server's clients, whose pace holds the run back) runs; a provider reading a socket waits
+whenever its buffer is empty anyway."""
 
 
 def model_call_stream(
@@ -169,18 +173,24 @@ class ModelRead(Stepper):
     deadline cuts (a `_control.Cancellable` in the run's control, the deadline's target), and the
     awaitable that steps the provider's coroutines inside the call's context (a `Stepper`).
 
-    **The cut.** ``reading`` is True only while the consumer's task waits inside the provider's
-    read (`model_events` sets it around a read that waits: two attribute writes; a read whose data
-    is there finishes in one step, in which nothing else runs). `cancel` marks the
-    read ``cut`` and, only when it is reading, cancels the task, once; the cancellation then
+    **The cut.** ``reading`` is True only while the consumer's task is inside the read
+    (`model_events` sets it around each ``await read``: two attribute writes per hand-over). `cancel`
+    marks the read ``cut`` and, only when it is reading, cancels the task, once; the cancellation then
     surfaces inside the read, where `failure` takes it back (``uncancel``) and turns it into the
     typed error, unless the task was cancelled by someone else too (then it stays a
     cancellation). A cut outside a read cancels nothing: the next read fails at once.
 
     **The context.** ``await read`` after ``read.coro = ctx.run(...)`` runs that coroutine inside
-    the call's context (`Stepper`), one object for all the reads of the call."""
+    the call's context (`Stepper`), one object for all the reads of the call.
 
-    __slots__ = ("base", "cancelled", "control", "cut", "it", "model", "reading", "task", "timer")
+    **Handing over.** After the first chunk, ``coro`` is `_fill`, one coroutine that reads the
+    rest, feeding each chunk to the parts manager (``out`` gets the events). When it would wait for
+    the provider with events made, `send` keeps the step it yielded (``first``) and ends the await
+    instead: the consumer takes the events, and its next read hands that step to the task and goes
+    on. So the context is entered once per wake-up of the provider, not once per chunk: each chunk
+    is read by a plain ``await`` inside `_fill`."""
+
+    __slots__ = ("base", "cancelled", "control", "cut", "filling", "it", "model", "out", "reading", "task", "timer")
 
     def __init__(self, ctx: contextvars.Context, model: ChatModel, control: RunControl | None) -> None:
         super().__init__(ctx)
@@ -195,6 +205,8 @@ class ModelRead(Stepper):
         self.task = task
         self.base = task.cancelling()  # the task's cancellations before this call (kept by `failure`)
         self.timer: DeadlineTimer | None = None
+        self.out: list[Any] | None = None  # the events made and not handed over yet
+        self.filling = False  # `_fill` has not ended
 
     # -- the cut (`_control.Cancellable`) -----------------------------------------------------------
 
@@ -211,6 +223,29 @@ class ModelRead(Stepper):
             return self.task.cancelling()
         self.cancelled = False
         return self.task.uncancel()
+
+    # -- handing the events over (`Stepper`, and a pause when the read would wait) --------------
+
+    def __next__(self) -> Any:
+        return self.send(None)
+
+    def send(self, value: Any) -> Any:
+        first = self.first
+        if first is not NO_STEP:
+            self.first = NO_STEP
+            return first
+        step = self.ctx.run(self.coro.send, value)
+        if self.out:  # it would wait with events made: those go to the consumer first
+            self.first = step
+            raise StopIteration
+        return step
+
+    def throw(self, typ: Any, val: Any = None, tb: Any = None) -> Any:
+        step = self.ctx.run(self.coro.throw, typ if val is None else val)
+        if self.out:
+            self.first = step
+            raise StopIteration
+        return step
 
     def failure(self, exc: BaseException | None) -> BaseException:
         """What the call raises when a read ended with ``exc`` (None: the read was cut before it
@@ -301,44 +336,35 @@ async def model_events(call: ModelCall, maps: Maps, recovery: Recovery | None) -
                 yield event
                 if first:
                     break
-        anext = _ended if read.it is None else read.it.__anext__
-        run = ctx.run
+        # The rest is read by one coroutine inside the call's context (`_fill`), which feeds the
+        # chunks to ``parts`` for as long as the provider has them and hands the events over when
+        # it would wait (`ModelRead.send`).
+        read.out = out
+        if chunk is not None and read.it is not None:
+            read.filling = True
+            read.coro = ctx.run(_fill, read, read.it.__anext__, parts.feed, out)
         error: BaseException | None = None
-        turn = FAIR_TURN
-        while chunk is not None:
+        while True:
             for event in out:
                 for fn in maps:
                     event = fn(event)
                 yield event
             out.clear()
-            turn -= 1
-            if not turn:
-                turn = FAIR_TURN
-                await asyncio.sleep(0)
-            if read.cut:
+            # A cut fails the call when reads remain, or when it landed inside a read (a provider
+            # that swallowed its cancellation and went on to its end)
+            if read.cut and (read.filling or read.cancelled):
                 error = read.failure(None)
                 break
-            # (``__await__``: the iterator of any awaitable ``__anext__`` may return; an async
-            # generator's read is its own)
-            coro = run(anext).__await__()
+            if not read.filling:
+                break
+            read.reading = True
             try:
-                try:
-                    step = run(coro.send, None)
-                except StopIteration as done:  # the provider had the chunk: no await
-                    chunk = done.value
-                else:  # it waits: the rest of the read is awaited, and cuttable
-                    read.coro, read.first, read.reading = coro, step, True
-                    try:
-                        chunk = await read
-                    finally:
-                        read.reading = False
-            except StopAsyncIteration:
-                chunk = None
+                await read
             except BaseException as exc:
                 error = read.failure(exc)
                 break
-            if chunk is not None:
-                parts.feed(chunk)
+            finally:
+                read.reading = False
         if error is None:
             parts.end()
         elif isinstance(error, Exception):
@@ -354,6 +380,29 @@ async def model_events(call: ModelCall, maps: Maps, recovery: Recovery | None) -
             raise error
     finally:
         await _finish(read)
+
+
+async def _fill(
+    read: ModelRead, anext: Callable[[], Awaitable[ChatChunk]], feed: Callable[[ChatChunk], None], out: list[Any],
+) -> None:
+    """The reads after the first chunk, inside the call's context: each chunk fed to the parts
+    manager as it arrives. `ModelRead` hands the events over whenever this would wait for the
+    provider (and `FAIR_TURN` makes it wait now and then)."""
+    try:
+        while True:
+            feed(await anext())
+            if len(out) >= FAIR_TURN:
+                await _pause()
+    except StopAsyncIteration:
+        pass
+    finally:
+        read.filling = False
+
+
+@types.coroutine
+def _pause() -> Generator[None, None, None]:
+    """One loop turn (what ``asyncio.sleep(0)`` yields)."""
+    yield
 
 
 async def _first(call: ModelCall, read: ModelRead) -> ChatChunk | None:
@@ -374,8 +423,14 @@ async def _first(call: ModelCall, read: ModelRead) -> ChatChunk | None:
         return chunk
 
 
-async def _ended() -> ChatChunk:
-    raise StopAsyncIteration
+async def _abandon(read: ModelRead) -> None:
+    """End the read `_fill` is waiting in (the consumer left, or the call was cut while nobody
+    waited for the provider): the provider's await is cancelled, inside the call's context."""
+    read.first = NO_STEP
+    with contextlib.suppress(BaseException):
+        step = read.ctx.run(read.coro.throw, asyncio.CancelledError())
+        read.first = step
+        await read  # (it awaits in its cleanup)
 
 
 async def _finish(read: ModelRead) -> None:
@@ -387,7 +442,11 @@ async def _finish(read: ModelRead) -> None:
         timer.stop()
         read.timer = None
     read.uncancel()  # (a provider that swallowed the cut's cancellation left it out)
+    read.out = None
     try:
+        if read.filling:  # left while the provider was being read: end that read
+            read.filling = False
+            await _abandon(read)
         it, read.it = read.it, None
         if it is not None:
             read.coro = read.ctx.run(_close, it)

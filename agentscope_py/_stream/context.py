@@ -23,7 +23,7 @@ from typing import Any
 
 from .operators import Maps, MapSource, Recovery, apply_maps
 
-__all__ = ["InContext", "Stepper", "stepped"]
+__all__ = ["NO_STEP", "InContext", "Stepper", "stepped"]
 
 
 class InContext(MapSource):
@@ -99,7 +99,8 @@ class _Step:
                 error = exc
 
 
-_NO_STEP: Any = object()
+NO_STEP: Any = object()
+"""`Stepper.first` when no step is held."""
 
 
 class Stepper(Generator[Any, Any, Any]):
@@ -119,15 +120,15 @@ class Stepper(Generator[Any, Any, Any]):
     def __init__(self, ctx: contextvars.Context) -> None:
         self.ctx = ctx
         self.coro: Coroutine[Any, Any, Any] | Any = None  # the awaitable being stepped
-        self.first: Any = _NO_STEP
+        self.first: Any = NO_STEP
 
     def __await__(self) -> Stepper:
         return self
 
     def __next__(self) -> Any:
         first = self.first
-        if first is not _NO_STEP:
-            self.first = _NO_STEP
+        if first is not NO_STEP:
+            self.first = NO_STEP
             return first
         return self.ctx.run(self.coro.send, None)
 

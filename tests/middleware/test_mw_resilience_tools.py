@@ -302,9 +302,9 @@ async def test_a_streaming_tool_that_fails_after_output_is_retried_only_when_ask
 
 
 async def test_a_consumer_slower_than_the_deadline_fails_the_call_at_its_next_read() -> None:
-    # The model is read as its events are consumed (no read-ahead), so the time the consumer
-    # holds an event counts toward the call's deadline: the model would have been done at once,
-    # yet the call fails at the read after the consumer's pause, closing its block.
+    # The model is read as its events are consumed (nothing while the consumer is away), so the
+    # time the consumer holds an event counts toward the call's deadline: the model would have been
+    # done at once, yet the call fails at the read after the consumer's pause, closing its block.
     model = ScriptedModel([ModelStep.text("a b c", chunks=3)])
     agent = agent_with(model, TimeoutMiddleware(model_timeout=0.2))
     events: list[Any] = []
