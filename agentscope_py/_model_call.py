@@ -110,7 +110,7 @@ async def _close(it: Any) -> None:
             await close()
 
 
-FAIR_TURN = 64
+FAIR_TURN = 32
 """Events the read makes before it hands them over and lets the loop run once, when the provider
 has more without waiting. A provider that never waits (one in process, a replay) would otherwise
 feed its whole reply in one step of the consumer's task, held in memory, while nothing else on the

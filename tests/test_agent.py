@@ -521,8 +521,8 @@ async def test_runs_leave_no_cyclic_garbage() -> None:
 
 async def test_a_slow_consumer_gets_every_block_and_delta_in_order() -> None:
     """The model call is read in its consumer's task: while the consumer holds the first delta,
-    nothing more is read (a model that never waits was read up to `FAIR_TURN` events ahead when
-    the delta was handed over); nothing is lost or reordered."""
+    nothing more is read (a model that never waits was read up to ``FAIR_TURN`` events ahead
+    when the delta was handed over); nothing is lost or reordered."""
     from agentscope_py.events import TextBlockDelta
     from agentscope_py.model.base import ChatChunk
 
