@@ -427,10 +427,19 @@ async def _abandon(read: ModelRead) -> None:
     """End the read `_fill` is waiting in (the consumer left, or the call was cut while nobody
     waited for the provider): the provider's await is cancelled, inside the call's context."""
     read.first = NO_STEP
-    with contextlib.suppress(BaseException):
-        step = read.ctx.run(read.coro.throw, asyncio.CancelledError())
-        read.first = step
-        await read  # (it awaits in its cleanup)
+    cut = asyncio.CancelledError()
+    try:
+        step = read.ctx.run(read.coro.throw, cut)
+    except BaseException:  # it ended there, as it should
+        return
+    read.first = step  # it awaits in its cleanup
+    try:
+        await read
+    except asyncio.CancelledError as exc:
+        if exc is not cut:  # the consumer's own, meanwhile
+            raise
+    except Exception:
+        pass
 
 
 async def _finish(read: ModelRead) -> None:

@@ -350,3 +350,35 @@ async def test_a_model_that_never_waits_still_lets_the_loop_run_while_it_streams
     finally:
         ticker.cancel()
     assert len(seen) == 500 and seen[-1] - seen[0] >= 500 // FAIR_TURN - 2
+
+
+async def test_a_consumer_that_leaves_while_the_next_read_waits_ends_it_through_the_providers_cleanup() -> None:
+    # The consumer leaves holding an event while the provider waits for its next chunk: that read
+    # is cancelled inside the provider, whose cleanup may itself await, and its stream is closed.
+    cleaned: list[str] = []
+
+    class Slow:
+        name = "slow"
+
+        async def stream(self, request: ModelRequest) -> AsyncIterator[ChatChunk]:
+            try:
+                yield ChatChunk(text="t0 ")
+                yield ChatChunk(text="t1 ")
+                await asyncio.sleep(30)
+                yield ChatChunk(text="never ")
+            except asyncio.CancelledError:
+                await asyncio.sleep(0)  # a cleanup that awaits
+                cleaned.append("cancelled")
+                raise
+            finally:
+                cleaned.append("closed")
+
+    agent = agent_of(Slow())
+    async with contextlib.aclosing(agent.stream("go").__aiter__()) as events:  # type: ignore[type-var]
+        async for ev in events:
+            if ev.type == "text_block_delta" and ev.delta == "t1 ":
+                break
+    assert cleaned == ["cancelled", "closed"]
+    task = asyncio.current_task()
+    assert task is not None and task.cancelling() == 0
+    assert asyncio.all_tasks() == {task}
