@@ -1,4 +1,4 @@
-"""`RunControl`: the interrupt switch of one run, and the tasks an interrupt cancels.
+"""`RunControl`: the interrupt switch of one run, and what an interrupt cancels.
 
 It lives below `agent/` and `middleware/` so that what runs beside the loop (a middleware's
 internal model call, `RuntimeContext.control`) can register with it without reaching into the
@@ -7,10 +7,21 @@ agent's modules."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any, Protocol
 
 from .errors import AgentInterrupted
 
-__all__ = ["RunControl"]
+__all__ = ["Cancellable", "RunControl"]
+
+
+class Cancellable(Protocol):
+    """What an interrupt or a deadline cancels: a task (a tool call's), or a model call's read
+    (`_model_call.ModelRead`), which runs in its consumer's task and cancels that task only while
+    it is inside the read."""
+
+    def cancel(self, msg: Any | None = None) -> bool: ...
+
+    def uncancel(self) -> int: ...
 
 
 def _current_task() -> asyncio.Task[object] | None:
@@ -21,7 +32,8 @@ def _current_task() -> asyncio.Task[object] | None:
 
 
 class RunControl:
-    """The interrupt switch of one execution, and the tasks an interrupt must cancel."""
+    """The interrupt switch of one execution, and what an interrupt must cancel (``tasks``: the
+    tool calls' tasks, the model call's read)."""
 
     __slots__ = ("interrupted", "links", "rollback", "tasks")
 
@@ -31,7 +43,7 @@ class RunControl:
         # ``multitask_strategy="rollback"``): the run ends interrupted, and saves the session as it
         # found it.
         self.rollback = False
-        self.tasks: set[asyncio.Task[object]] = set()
+        self.tasks: set[Cancellable] = set()
         # The controls of sub-agent runs started from this run (`agent._subagent`): an interrupt
         # interrupts them, so they end as interrupted runs (closing what they opened) rather than
         # being cut off.

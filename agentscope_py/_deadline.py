@@ -1,20 +1,21 @@
-"""Deadlines kept in the task that does the work: a model call's own task, each tool call's own.
+"""Deadlines kept by the call that does the work: a model call's reads, each tool call's task.
 
 `TimeoutMiddleware` does not wrap the stream it times. It puts a `Deadline` on the record it
 passes inward (`ModelCallInput.deadline`, `ActingInput.deadline`), and the innermost call keeps it
-in the task it runs in (`_model_call.py`, `_acting.py`). Why there:
+(`_model_call.py`, `_acting.py`). Why there:
 
 * nothing is done per event, and an installed timeout that never fires costs about what a
   pass-through hook does (no stream layer);
-* only the call's own task is ever cancelled: a consumer busy with an event is never interrupted,
-  and a call that finished in time never fails because its consumer was slow to read it;
+* only the call's work is ever cancelled — a tool call's own task, a model call's read (its
+  `ModelRead`, which cancels its consumer's task only while that task is inside the read) — so a
+  consumer busy with an event is never interrupted;
 * the cancellation runs through the provider's stream, which closes (and its connection with it).
 
 `DeadlineTimer` keeps one call's deadline: armed for the first-event deadline (when it is the
 earlier) and moved to the total deadline when the first chunk arrives; when it passes it cancels
-the call's task, and the call takes that cancellation back (``uncancel``, as ``asyncio.timeout``
-does) and raises its typed error (`ModelTimeoutError`, or a tool's error result). The timers of a
-loop share one loop timer (`_Clock`).
+its target (the call's task, or a model call's read), and the call takes that cancellation back
+(``uncancel``, as ``asyncio.timeout`` does) and raises its typed error (`ModelTimeoutError`, or a
+tool's error result). The timers of a loop share one loop timer (`_Clock`).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ._control import Cancellable
 from .errors import ModelTimeoutError
 
 __all__ = ["Deadline", "DeadlineTimer", "check_seconds"]
@@ -142,17 +144,20 @@ def _clock_of(loop: asyncio.AbstractEventLoop) -> _Clock:
 
 
 class DeadlineTimer:
-    """A call's deadline, in the call's own task (see the module docstring). Made when the call
-    starts; `first_arrived` at its first chunk (model calls); `stop` when it ends, before anything
-    else is awaited."""
+    """A call's deadline, cancelling ``target`` when it passes (by default the task that makes it;
+    see the module docstring). Made when the call starts; `first_arrived` at its first chunk
+    (model calls); `stop` when it ends, before anything else is awaited."""
 
     __slots__ = ("clock", "expired", "first_event", "started", "task", "total", "waiting_first")
 
-    def __init__(self, total: float | None, first_event: float | None = None) -> None:
+    def __init__(
+        self, total: float | None, first_event: float | None = None, target: Cancellable | None = None,
+    ) -> None:
         loop = _running_loop()
-        task = _current_task(loop)
-        assert task is not None
-        self.task = task
+        if target is None:
+            target = _current_task(loop)
+            assert target is not None
+        self.task = target  # what passing cancels: the call's task, or a model call's read
         self.total, self.first_event = total, first_event
         self.expired = False
         clock = _last

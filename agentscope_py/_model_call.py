@@ -1,29 +1,44 @@
-"""The innermost model call, in the model call's own task.
+"""The innermost model call, read in its consumer's task.
 
-`model_call_stream` is the model call as a stream: a prefetch whose producer, `model_events`,
-streams the model (retrying and failing over before the first chunk) and hands each chunk to a
-`PartsManager` (`_parts`), which puts ModelCallStart, the block Start/Delta/End events and
-ModelCallEnd into the prefetch's channel.
+`model_call_stream` is the model call as a stream (`ModelCall`, its factory): each subscription is
+one async generator, `model_events`, which reads the model (retrying and failing over before the
+first chunk), turns each chunk into the block events in a `PartsManager` (`_parts`) and yields
+them, in the task that iterates it. No task of its own: the provider is read when the consumer
+asks for the next event — every chunk it has without waiting, then the events of them all are
+handed over — and nothing is read while the consumer is away (the transport buffers what arrives
+meanwhile).
+
+What a task of its own would give is kept by `ModelRead`, one object per call: the provider's code
+runs inside the context captured when the stream was built (so a span opened around the
+innermost ``next()`` parents the model call, and nothing the provider sets leaks into the
+consumer), and an interrupt or a deadline cuts the read as ``asyncio.timeout`` cuts a block: the
+consumer's task is cancelled while it is inside the read, and the call takes that cancellation
+back and raises its typed error. Outside a read nothing is cancelled: the next read fails at once.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
+import contextvars
 import random
-from collections.abc import AsyncIterator, Callable, Sequence
+import types
+from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Sequence
 from typing import Any
 
 from ._control import RunControl
 from ._deadline import Deadline, DeadlineTimer
 from ._parts import PartsManager
+from ._stream.context import NO_STEP, Stepper
+from ._stream.operators import Maps, MapSource, Recovery, aclose
 from .errors import AgentInterrupted
 from .events import AgentEvent
 from .model.base import ChatChunk, ChatModel, ModelError, ModelRequest
-from .stream import Channel, EventStream, prefetched
+from .stream import EventStream
 
-__all__ = ["FailoverListener", "ModelExecutor", "RetryPolicy", "model_call_stream", "model_events"]
+__all__ = [
+    "FailoverListener", "ModelCall", "ModelExecutor", "ModelRead", "RetryPolicy", "model_call_stream", "model_events",
+]
 
 FailoverListener = Callable[[ChatModel, BaseException, ChatModel], Any]
 ModelExecutor = Callable[
@@ -95,6 +110,14 @@ async def _close(it: Any) -> None:
             await close()
 
 
+FAIR_TURN = 32
+"""Events the read makes before it hands them over and lets the loop run once, when the provider
+has more without waiting. A provider that never waits (one in process, a replay) would otherwise
+feed its whole reply in one step of the consumer's task, held in memory, while nothing else on the
+loop (a server's clients, whose pace holds the run back) runs; a provider reading a socket waits
+whenever its buffer is empty anyway."""
+
+
 def model_call_stream(
     models: Sequence[ChatModel],
     request: ModelRequest,
@@ -104,105 +127,339 @@ def model_call_stream(
     control: RunControl | None,
     deadline: Deadline | None = None,
 ) -> EventStream[AgentEvent]:
-    """The events of one model call (``models[0]``, then its fallbacks), produced in a task of
-    their own that starts at each subscription, in the context current *now* (so a span opened
-    around the innermost ``next()`` parents the model call). See `model_events`."""
-    source = functools.partial(model_events, models, request, reply_id, policy, on_failover, control, deadline)
-    return prefetched(source, push=True, deferred=True)
+    """The events of one model call (``models[0]``, then its fallbacks), read at each subscription
+    in the subscriber's task, the provider's code inside the context current *now* (so a span
+    opened around the innermost ``next()`` parents the model call). See `model_events`."""
+    return EventStream(ModelCall(models, request, reply_id, policy, on_failover, control, deadline,
+                                 contextvars.copy_context()))
 
 
-async def model_events(
-    models: Sequence[ChatModel],
-    request: ModelRequest,
-    reply_id: str,
-    policy: RetryPolicy,
-    on_failover: FailoverListener | None,
-    control: RunControl | None,
-    deadline: Deadline | None,
-    out: Channel,
-) -> None:
-    """Put the block events of one model call into ``out`` (the model call's prefetch buffer: this
-    runs as the prefetch's producer, in the model call's own task). Nothing is emitted until the
-    first chunk arrives, so a failure before it can be retried or failed over (here, or by a
-    middleware) cleanly.
+class ModelCall(MapSource):
+    """The factory of one model call's stream: each subscription is a `model_events` generator,
+    which applies the stream's maps to each event itself, and takes a failure before its first
+    event to the retry's ``recovery`` (`MapSource.recovering`)."""
 
-    The chunks become events in a `PartsManager` (`PartsManager.run`): the events of one chunk go
-    in together, then the consumer is woken and, if the channel is full, this waits for room.
+    __slots__ = ("control", "ctx", "deadline", "models", "on_failover", "policy", "reply_id", "request")
 
-    With ``control`` (the run's interrupt switch), the task running this is registered for the
-    call's lifetime, so an interrupt cancels it, and that cancellation surfaces as
-    `AgentInterrupted`.
+    def __init__(
+        self,
+        models: Sequence[ChatModel],
+        request: ModelRequest,
+        reply_id: str,
+        policy: RetryPolicy,
+        on_failover: FailoverListener | None,
+        control: RunControl | None,
+        deadline: Deadline | None,
+        ctx: contextvars.Context,
+    ) -> None:
+        self.models = models
+        self.request = request
+        self.reply_id = reply_id
+        self.policy = policy
+        self.on_failover = on_failover
+        self.control = control
+        self.deadline = deadline
+        self.ctx = ctx
 
-    With a ``deadline`` (`_deadline`), a timer in this task keeps it: when it passes, the task is
-    cancelled (the provider's stream closes) and the call fails with `ModelTimeoutError`."""
-    task = _register(control)
-    timer = None if deadline is None else DeadlineTimer(deadline.total, deadline.first_event)
-    model = models[0]
+    def with_maps(self, maps: Maps) -> AsyncIterator[Any]:
+        return model_events(self, maps, None)
+
+    def recovering(self, maps: Maps, recovery: Recovery) -> AsyncIterator[Any]:
+        return model_events(self, maps, recovery)
+
+
+class ModelRead(Stepper):
+    """One model call's reads of its provider, in the consumer's task: what an interrupt or the
+    deadline cuts (a `_control.Cancellable` in the run's control, the deadline's target), and the
+    awaitable that steps the provider's coroutines inside the call's context (a `Stepper`).
+
+    **The cut.** ``reading`` is True only while the consumer's task is inside the read
+    (`model_events` sets it around each ``await read``: two attribute writes per hand-over). `cancel`
+    marks the read ``cut`` and, only when it is reading, cancels the task, once; the cancellation then
+    surfaces inside the read, where `failure` takes it back (``uncancel``) and turns it into the
+    typed error, unless the task was cancelled by someone else too (then it stays a
+    cancellation). A cut outside a read cancels nothing: the next read fails at once.
+
+    **The context.** ``await read`` after ``read.coro = ctx.run(...)`` runs that coroutine inside
+    the call's context (`Stepper`), one object for all the reads of the call.
+
+    **Handing over.** After the first chunk, ``coro`` is `_fill`, one coroutine that reads the
+    rest, feeding each chunk to the parts manager (``out`` gets the events). When it would wait for
+    the provider with events made, `send` keeps the step it yielded (``first``) and ends the await
+    instead: the consumer takes the events, and its next read hands that step to the task and goes
+    on. So the context is entered once per wake-up of the provider, not once per chunk: each chunk
+    is read by a plain ``await`` inside `_fill`."""
+
+    __slots__ = ("base", "cancelled", "control", "cut", "filling", "it", "model", "out", "reading", "task", "timer")
+
+    def __init__(self, ctx: contextvars.Context, model: ChatModel, control: RunControl | None) -> None:
+        super().__init__(ctx)
+        self.model = model  # the model being read (a failover moves it on)
+        self.control = control
+        self.it: AsyncIterator[ChatChunk] | None = None  # the provider's stream, once opened
+        self.reading = False
+        self.cut = control is not None and control.interrupted
+        self.cancelled = False  # `cancel` cancelled the task, and that is not taken back yet
+        task = asyncio.current_task()
+        assert task is not None
+        self.task = task
+        self.base = task.cancelling()  # the task's cancellations before this call (kept by `failure`)
+        self.timer: DeadlineTimer | None = None
+        self.out: list[Any] | None = None  # the events made and not handed over yet
+        self.filling = False  # `_fill` has not ended
+
+    # -- the cut (`_control.Cancellable`) -----------------------------------------------------------
+
+    def cancel(self, msg: Any | None = None) -> bool:
+        self.cut = True
+        if self.reading and not self.cancelled:
+            self.cancelled = True
+            self.task.cancel(msg)
+        return True
+
+    def uncancel(self) -> int:
+        """Take back the cancellation `cancel` made, if it is still out (once)."""
+        if not self.cancelled:
+            return self.task.cancelling()
+        self.cancelled = False
+        return self.task.uncancel()
+
+    # -- handing the events over (`Stepper`, and a pause when the read would wait) --------------
+
+    def __next__(self) -> Any:
+        return self.send(None)
+
+    def send(self, value: Any) -> Any:
+        first = self.first
+        if first is not NO_STEP:
+            self.first = NO_STEP
+            return first
+        step = self.ctx.run(self.coro.send, value)
+        if self.out:  # it would wait with events made: those go to the consumer first
+            self.first = step
+            raise StopIteration
+        return step
+
+    def throw(self, typ: Any, val: Any = None, tb: Any = None) -> Any:
+        step = self.ctx.run(self.coro.throw, typ if val is None else val)
+        if self.out:
+            self.first = step
+            raise StopIteration
+        return step
+
+    def failure(self, exc: BaseException | None) -> BaseException:
+        """What the call raises when a read ended with ``exc`` (None: the read was cut before it
+        began): the cut's typed error — `AgentInterrupted`, or the deadline's `ModelTimeoutError`
+        — or ``exc`` itself (a provider's error; a cancellation of the consumer's own)."""
+        if self.cancelled:  # the cut landed inside this read: take its cancellation back
+            if self.uncancel() > self.base and isinstance(exc, asyncio.CancelledError):
+                return exc  # the consumer's task was cancelled as well: that goes on
+        elif exc is not None:
+            return exc
+        control, timer = self.control, self.timer
+        if timer is not None and timer.expired and not (control is not None and control.interrupted):
+            return timer.error(self.model)
+        return AgentInterrupted("the model call was interrupted")
+
+
+async def model_events(call: ModelCall, maps: Maps, recovery: Recovery | None) -> AsyncIterator[Any]:
+    """The events of one model call, its maps applied, read in the task iterating this.
+
+    Nothing is yielded until the first chunk arrives, so a failure before it can be retried or
+    failed over (here, `_recover`, or by a middleware: ``recovery``) cleanly. After it, the events
+    of each chunk (`PartsManager.feed`) are yielded, then the next chunk is read (letting the
+    loop run once every `FAIR_TURN` chunks).
+
+    With ``control`` (the run's interrupt switch), the call's `ModelRead` is registered for the
+    call's lifetime, so an interrupt cuts the read and the call raises `AgentInterrupted`. With a
+    ``deadline`` (`_deadline`), one timer per call cuts it the same way and the call raises
+    `ModelTimeoutError`. Either way the open blocks are closed first (`PartsManager.fail`: the
+    closing guarantee, `agent._brackets`) and the provider's stream is closed."""
+    control, ctx, deadline = call.control, call.ctx, call.deadline
+    read = ModelRead(ctx, call.models[0], control)
+    if control is not None:
+        control.tasks.add(read)
+    if deadline is not None:
+        read.timer = DeadlineTimer(deadline.total, deadline.first_event, read)
+    timer = read.timer
     try:
-        if control is not None:
-            control.check()
-        it: Any = None
         try:
-            it = model.stream(request).__aiter__()
-            chunk: ChatChunk | None = await it.__anext__()
-        except StopAsyncIteration:
-            chunk = None
-        except Exception as exc:  # retries and fallback live off the common path
-            if it is not None:
-                await _close(it)
-            model, it, chunk = await _recover(models, request, policy, on_failover, exc)
-    except asyncio.CancelledError:
-        _unregister(control, task)
-        timed_out = timer is not None and timer.stop()
-        if control is not None and control.interrupted:
-            raise AgentInterrupted("the model call was interrupted") from None
-        if timed_out and timer is not None:
-            raise timer.error(model) from None
-        raise
-    except BaseException:
-        _unregister(control, task)
+            if read.cut:
+                raise read.failure(None)
+            read.coro = ctx.run(_first, call, read)
+            read.reading = True
+            chunk: ChatChunk | None = await read
+            read.reading = False
+        except BaseException as exc:
+            read.reading = False
+            failed = read.failure(exc)
+            if recovery is None or not isinstance(failed, Exception):
+                if failed is exc:
+                    raise
+                raise failed from None
+            await _finish(read)
+            resumed = recovery[2](failed)
+            try:
+                async for item in resumed:
+                    yield item
+            finally:
+                await aclose(resumed)
+            return
         if timer is not None:
-            timer.stop()
-        raise
-    if timer is not None:
-        timer.first_arrived()
-    parts: PartsManager | None = None
-    try:
-        parts = PartsManager(reply_id, model.name, out)
-        await parts.run(chunk, it, out)
-    except BaseException as exc:
-        error = exc
-        cancelled = isinstance(exc, asyncio.CancelledError)
-        interrupted = cancelled and control is not None and control.interrupted
-        if interrupted:
-            error = AgentInterrupted("the model call was interrupted")
-        elif cancelled and timer is not None and timer.expired:
-            error = timer.error(model)
-        if parts is not None:
-            # The closing guarantee (`_brackets`): this call's open blocks end, and ModelCallEnd
-            # says why, before the error goes out.
-            parts.fail(error, interrupted)
-        if error is exc:
-            raise
-        raise error from None
+            timer.first_arrived()
+        parts = PartsManager(call.reply_id, read.model.name)
+        out = parts.out
+        if chunk is not None:
+            parts.feed(chunk)
+        if recovery is not None:
+            # Until the first event that is not a bracket of hook tracing (`Recovery`), an error of
+            # the stream's own maps goes to ``recovery`` too, as it would seen from outside.
+            n, passes, resume = recovery
+            inner, outer = maps[:n], maps[n:]
+            while out:
+                event = out.pop(0)
+                try:
+                    for fn in inner:
+                        event = fn(event)
+                except Exception as exc:
+                    await _finish(read)
+                    resumed = resume(exc)
+                    try:
+                        async for item in resumed:
+                            yield item
+                    finally:
+                        await aclose(resumed)
+                    return
+                first = type(event) not in passes
+                for fn in outer:
+                    event = fn(event)
+                yield event
+                if first:
+                    break
+        # The rest is read by one coroutine inside the call's context (`_fill`), which feeds the
+        # chunks to ``parts`` for as long as the provider has them and hands the events over when
+        # it would wait (`ModelRead.send`).
+        read.out = out
+        if chunk is not None and read.it is not None:
+            read.filling = True
+            read.coro = ctx.run(_fill, read, read.it.__anext__, parts.feed, out)
+        error: BaseException | None = None
+        while True:
+            for event in out:
+                for fn in maps:
+                    event = fn(event)
+                yield event
+            out.clear()
+            # A cut fails the call when reads remain, or when it landed inside a read (a provider
+            # that swallowed its cancellation and went on to its end)
+            if read.cut and (read.filling or read.cancelled):
+                error = read.failure(None)
+                break
+            if not read.filling:
+                break
+            read.reading = True
+            try:
+                await read
+            except BaseException as exc:
+                error = read.failure(exc)
+                break
+            finally:
+                read.reading = False
+        if error is None:
+            parts.end()
+        elif isinstance(error, Exception):
+            parts.fail(error, isinstance(error, AgentInterrupted))
+        else:
+            raise error  # a cancellation of the consumer's own: nobody takes more events
+        for event in out:
+            for fn in maps:
+                event = fn(event)
+            yield event
+        out.clear()
+        if error is not None:
+            raise error
     finally:
-        if timer is not None:
-            timer.stop()  # before the close awaits: a deadline passing now must not cancel it
-        try:
-            await _close(it)
-        finally:
-            _unregister(control, task)
+        await _finish(read)
 
 
-def _register(control: RunControl | None) -> asyncio.Task[Any] | None:
-    if control is None:
+async def _fill(
+    read: ModelRead, anext: Callable[[], Awaitable[ChatChunk]], feed: Callable[[ChatChunk], None], out: list[Any],
+) -> None:
+    """The reads after the first chunk, inside the call's context: each chunk fed to the parts
+    manager as it arrives. `ModelRead` hands the events over whenever this would wait for the
+    provider (and `FAIR_TURN` makes it wait now and then)."""
+    try:
+        while True:
+            feed(await anext())
+            if len(out) >= FAIR_TURN:
+                await _pause()
+    except StopAsyncIteration:
+        pass
+    finally:
+        read.filling = False
+
+
+@types.coroutine
+def _pause() -> Generator[None, None, None]:
+    """One loop turn (what ``asyncio.sleep(0)`` yields)."""
+    yield
+
+
+async def _first(call: ModelCall, read: ModelRead) -> ChatChunk | None:
+    """The first chunk of the call (None: the stream ended at once), the provider's stream left in
+    ``read.it``; a failure goes to `_recover`. Runs inside the call's context."""
+    model = call.models[0]
+    it: AsyncIterator[ChatChunk] | None = None
+    try:
+        it = read.it = model.stream(call.request).__aiter__()
+        return await it.__anext__()
+    except StopAsyncIteration:
         return None
-    task = asyncio.current_task()
-    assert task is not None
-    control.tasks.add(task)
-    return task
+    except Exception as exc:  # retries and fallback live off the common path
+        if it is not None:
+            read.it = None
+            await _close(it)
+        read.model, read.it, chunk = await _recover(call.models, call.request, call.policy, call.on_failover, exc)
+        return chunk
 
 
-def _unregister(control: RunControl | None, task: asyncio.Task[Any] | None) -> None:
-    if control is not None and task is not None:
-        control.tasks.discard(task)
+async def _abandon(read: ModelRead) -> None:
+    """End the read `_fill` is waiting in (the consumer left, or the call was cut while nobody
+    waited for the provider): the provider's await is cancelled, inside the call's context."""
+    read.first = NO_STEP
+    cut = asyncio.CancelledError()
+    try:
+        step = read.ctx.run(read.coro.throw, cut)
+    except BaseException:  # it ended there, as it should
+        return
+    read.first = step  # it awaits in its cleanup
+    try:
+        await read
+    except asyncio.CancelledError as exc:
+        if exc is not cut:  # the consumer's own, meanwhile
+            raise
+    except Exception:
+        pass
+
+
+async def _finish(read: ModelRead) -> None:
+    """The call's end, however it ends: the deadline disarmed (before anything is awaited: passing
+    now must not cut the close), the provider's stream closed inside the call's context, the read
+    unregistered from the run's control."""
+    timer = read.timer
+    if timer is not None:
+        timer.stop()
+        read.timer = None
+    read.uncancel()  # (a provider that swallowed the cut's cancellation left it out)
+    read.out = None
+    try:
+        if read.filling:  # left while the provider was being read: end that read
+            read.filling = False
+            await _abandon(read)
+        it, read.it = read.it, None
+        if it is not None:
+            read.coro = read.ctx.run(_close, it)
+            await read
+    finally:
+        if read.control is not None:
+            read.control.tasks.discard(read)

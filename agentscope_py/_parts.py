@@ -7,7 +7,7 @@ it is shaped as it is is said in `PartsManager`'s docstring, in one place.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ._bracket_kinds import describe
@@ -29,32 +29,31 @@ from .events import (
 from .message import ChatUsage, new_id
 
 if TYPE_CHECKING:
-    from ._stream.channel import Channel
     from .model.base import ChatChunk, ToolCallChunk
 
 __all__ = ["PartsManager", "delta_maker"]
 
 
+def _no_block(text: str) -> Any:
+    raise AssertionError("a delta with no open block")
+
+
 class PartsManager:
     """The parts of one model call's reply as it streams: which text, thinking and tool-call
     blocks are open (their ids, their delta makers), the thinking signature, the usage and the
-    finish reason; `run` turns each `ChatChunk` into the block events (Start, Delta, End) and
-    puts them into the model call's channel (called by `model_events`, in the model call's task).
+    finish reason; `feed` turns each `ChatChunk` into the block events (Start, Delta, End) and
+    appends them to ``out``, which the model call's generator (`_model_call.model_events`) hands
+    to its consumer, chunk by chunk, in the consumer's task.
 
     One text or thinking block is open at a time: text after thinking ends the thinking block,
     and the reverse; a tool call ends both. Tool calls are keyed by the provider's index (a new id
     at a known index ends the call there and opens a new one). `end` closes whatever is open and
-    puts ModelCallEnd; `fail` does the same with the error, so every Start has its End. The reply
-    itself (the message memory keeps) is rebuilt from the events after the ``on_model_call``
-    layers (`_replies.ReplyBuilder`), since middleware may rewrite them.
+    appends ModelCallEnd; `fail` does the same with the error, so every Start has its End. The
+    reply itself (the message memory keeps) is rebuilt from the events after the
+    ``on_model_call`` layers (`_replies.ReplyBuilder`), since middleware may rewrite them.
 
     What runs once per streamed token, and why it is shaped so:
 
-    * **A delta crosses the task boundary as its ``str``.** A text or thinking delta goes into the
-      channel as ``(make, text)`` (a `Deferred`), not as an event; the prefetch's drain calls
-      ``make(text)`` in the consumer's task (`_stream.concurrent.Prefetch`, ``deferred``). A
-      consumer slower than the model (a loaded server) then buffers strings, and each event lives
-      only from its making to its use.
     * **Delta events are made without validating** (`delta_maker`, `_trusted.Trusted`): the
       object the validating constructor gives (the same ``__dict__`` in the same order, the same
       ``model_fields_set``, no extras, no private attributes; `tests/test_events.py` compares
@@ -64,31 +63,27 @@ class PartsManager:
     * **Text passes as it came**, except that a surrogate pair split across two chunks is joined
       and a lone half replaced (`_sanitize.SurrogateCarry`): the carry is made only for a block
       that meets non-ASCII text, and ASCII text is one flag test.
-    * **The hand-off costs no call per event**: the events are appended to the channel
-      (`Channel.append`, the list's own ``append``), and `Channel.flush` is called once per
-      chunk, after all the chunk's events are in, and only when it has something to do (the
-      consumer waits, or the channel is full: then the producer awaits `Channel.room`); `run`
-      reads the channel's fields to tell, and only the channel writes them. `run` is one
-      coroutine for the whole stream, not a call per chunk. On the other side the prefetch
-      drains the channel in its own loop, where the deferred pairs are made and the fused maps
-      of every ``on_model_call`` layer run (`_stream.concurrent`, `_stream.operators.MapSource`):
-      no generator between the channel and the maps.
+    * **The common chunk is handled in `feed` itself** (a text delta in an open block: one event
+      made and appended); the rest (a block opening or closing, thinking, a tool call) in methods.
     """
 
     __slots__ = (
-        "calls", "finish", "model", "put", "reply_id", "signature", "text_carry", "text_id", "text_make",
+        "calls", "finish", "model", "out", "put", "reply_id", "signature", "text_carry", "text_id", "text_make",
         "thinking_carry", "thinking_id", "thinking_make", "usage",
     )
 
-    def __init__(self, reply_id: str, model: str, out: Channel) -> None:
+    def __init__(self, reply_id: str, model: str) -> None:
         self.reply_id = reply_id
         self.model = model
-        self.put: Callable[[Any], None] = out.append
+        self.out: list[Any] = []
+        """The events of the chunk fed last (the consumer takes them and clears the list)."""
+        self.put: Callable[[Any], None] = self.out.append
         self.text_id: str | None = None
-        self.text_make: Callable[[str], TextBlockDelta] | None = None
+        # A block's delta maker, read only while the block is open (its id set)
+        self.text_make: Callable[[str], TextBlockDelta] = _no_block
         self.text_carry: SurrogateCarry | None = None
         self.thinking_id: str | None = None
-        self.thinking_make: Callable[[str], ThinkingBlockDelta] | None = None
+        self.thinking_make: Callable[[str], ThinkingBlockDelta] = _no_block
         self.thinking_carry: SurrogateCarry | None = None
         self.signature: str | None = None
         # provider index -> (id, name, delta maker): the open tool calls, in order
@@ -97,37 +92,26 @@ class PartsManager:
         self.finish: str | None = None
         self.put(ModelCallStart(reply_id=reply_id, model=model))
 
-    async def run(self, chunk: ChatChunk | None, chunks: AsyncIterator[ChatChunk], out: Channel) -> None:
-        """Put the events of ``chunk`` and of the rest of ``chunks``, chunk by chunk into ``out``,
-        then `end`. The common chunk (a text delta in an open block) is handled in this loop; the
-        rest (a block opening or closing, thinking, a tool call) in methods."""
-        put, items, size = self.put, out.items, out.size
-        while chunk is not None:
-            # A signature alone opens its block too: reasoning a provider keeps opaque (an
-            # encrypted Responses reasoning item without a summary) still has to be carried.
-            if chunk.thinking or chunk.thinking_signature:
-                self._thinking(chunk.thinking, chunk.thinking_signature)
-            text = chunk.text
+    def feed(self, chunk: ChatChunk) -> None:
+        """Append the events of ``chunk`` to ``out``."""
+        # A signature alone opens its block too: reasoning a provider keeps opaque (an encrypted
+        # Responses reasoning item without a summary) still has to be carried.
+        if chunk.thinking or chunk.thinking_signature:
+            self._thinking(chunk.thinking, chunk.thinking_signature)
+        text = chunk.text
+        if text:
+            if self.text_id is None:
+                self._open_text()
+            if not text.isascii():
+                text = self._text_carry().feed(text)
             if text:
-                if self.text_id is None:
-                    self._open_text()
-                if not text.isascii():
-                    text = self._text_carry().feed(text)
-                if text:
-                    put((self.text_make, text))
-            if chunk.tool_call is not None:
-                self._tool_call(chunk.tool_call)
-            if chunk.usage is not None:
-                self.usage = chunk.usage  # providers report cumulative usage: the last one wins
-            if chunk.finish_reason is not None:
-                self.finish = chunk.finish_reason
-            if (out.waiter is not None or len(items) >= size) and out.flush():
-                await out.room()
-            try:
-                chunk = await chunks.__anext__()
-            except StopAsyncIteration:
-                chunk = None
-        self.end()
+                self.put(self.text_make(text))
+        if chunk.tool_call is not None:
+            self._tool_call(chunk.tool_call)
+        if chunk.usage is not None:
+            self.usage = chunk.usage  # providers report cumulative usage: the last one wins
+        if chunk.finish_reason is not None:
+            self.finish = chunk.finish_reason
 
     def end(self) -> None:
         """The stream completed: close the open blocks, then ModelCallEnd."""
@@ -140,8 +124,7 @@ class PartsManager:
     def fail(self, error: BaseException, interrupted: bool) -> None:
         """The stream failed with ``error``: close the open blocks, then a ModelCallEnd that says
         why (``discarded`` unless it was interrupted). What a carry holds is dropped with the
-        reply, and nothing waits for room: after a cancellation nobody may be reading, and the
-        consumer takes these before it sees the error."""
+        reply; the consumer takes these before it sees the error."""
         put, reply_id = self.put, self.reply_id
         if self.thinking_id is not None:
             put(ThinkingBlockEnd(reply_id=reply_id, block_id=self.thinking_id, signature=self.signature))
@@ -162,7 +145,7 @@ class PartsManager:
                 self.thinking_carry = self.thinking_carry or SurrogateCarry()
                 thinking = self.thinking_carry.feed(thinking)
             if thinking:
-                self.put((self.thinking_make, thinking))
+                self.put(self.thinking_make(thinking))
         if signature:
             self.signature = (self.signature or "") + signature
 
@@ -195,7 +178,7 @@ class PartsManager:
         if self.text_id is None:
             return
         if self.text_carry is not None and self.text_carry.held:
-            self.put((self.text_make, self.text_carry.flush()))
+            self.put(self.text_make(self.text_carry.flush()))
         self.put(TextBlockEnd(reply_id=self.reply_id, block_id=self.text_id))
         self.text_id = None
 
@@ -203,7 +186,7 @@ class PartsManager:
         if self.thinking_id is None:
             return
         if self.thinking_carry is not None and self.thinking_carry.held:
-            self.put((self.thinking_make, self.thinking_carry.flush()))
+            self.put(self.thinking_make(self.thinking_carry.flush()))
         self.put(ThinkingBlockEnd(reply_id=self.reply_id, block_id=self.thinking_id, signature=self.signature))
         self.thinking_id, self.signature = None, None
 

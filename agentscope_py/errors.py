@@ -394,9 +394,9 @@ class SubAgentPaused(AgentScopeError):
 
 
 class AgentInterrupted(AgentScopeError):
-    """Raised inside a run that ``agent.interrupt(...)`` stopped, once the run's child tasks (the
-    model request, the tools) are cancelled: an ordinary exception, raised in the run's own task,
-    which is never cancelled by an interrupt. Middleware sees it pass through its hooks (retries
+    """Raised inside a run that ``agent.interrupt(...)`` stopped, once the model request's read is
+    cut and the tools' tasks are cancelled: an ordinary exception, raised in the run's own task,
+    which an interrupt never leaves cancelled. Middleware sees it pass through its hooks (retries
     and fallbacks do not act on it); the loop turns it into an INTERRUPTED reply, so ``call``
     returns that reply rather than raising."""
 

@@ -380,16 +380,8 @@ async def _catch(source: EventStream[Any], handler: Callable[[Exception], Any]) 
 
 
 
-def prefetched(
-    source: Producer,
-    size: int = 64,
-    context: contextvars.Context | None = None,
-    push: bool = False,
-    *,
-    deferred: bool = False,
-) -> EventStream[Any]:
-    """`EventStream.prefetch` of what ``source()`` returns (internal: no stream in between); see
-    `_stream.concurrent.Prefetch` for ``push`` (a producer that fills the channel itself) and
-    ``deferred`` (items the drain makes from ``(make, value)`` pairs in the consumer's task)."""
+def prefetched(source: Producer, size: int = 64, context: contextvars.Context | None = None) -> EventStream[Any]:
+    """`EventStream.prefetch` of what ``source()`` returns (internal: no stream in between; see
+    `_stream.concurrent.Prefetch`)."""
     ctx = context if context is not None else contextvars.copy_context()
-    return EventStream(Prefetch(source, size, ctx, push, deferred))
+    return EventStream(Prefetch(source, size, ctx))

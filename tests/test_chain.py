@@ -223,24 +223,33 @@ async def test_contextvars_set_in_middleware_reach_the_model_but_never_the_consu
     assert model.seen == ["model-mw"]
 
 
-async def test_model_call_runs_in_its_own_task() -> None:
+async def test_the_model_call_is_read_in_its_consumers_task_inside_the_context_next_was_called_in() -> None:
+    # Every step of the provider's stream runs inside the context the middleware set around
+    # next(), also after the consumer ran in between; what the provider sets stays there.
     import asyncio
 
     consumer = asyncio.current_task()
     tasks: list[Any] = []
+    seen_by_model: list[str] = []
 
     class TaskSpy(SeesVar):
         def stream(self, request: Any) -> Any:
             async def gen() -> Any:
                 tasks.append(asyncio.current_task())
                 async for chunk in self.inner.stream(request):
+                    seen_by_model.append(VAR.get())
+                    VAR.set("set by the model")
                     yield chunk
 
             return gen()
 
-    agent = ReActAgent.builder().model(TaskSpy()).build()
-    await agent.call("hi")
-    assert tasks and tasks[0] is not consumer
+    agent = ReActAgent.builder().model(TaskSpy()).middleware(SetsVar()).build()
+    seen_by_consumer = set()
+    async for _ in agent.stream("hi"):
+        seen_by_consumer.add(VAR.get())
+    assert tasks == [consumer]
+    assert seen_by_model[0] == "model-mw" and set(seen_by_model[1:]) == {"set by the model"}
+    assert len(seen_by_model) > 2 and seen_by_consumer == {"consumer"}
 
 
 # -- event flow and authority --------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """The model call as its consumer sees it, at the edges of its reads (`_model_call`): a
-consumer that keeps up, one away for loop turns (the call runs ahead), one that leaves between
-reads; a cancellation, an interrupt or a deadline landing while the model call waits for its
+consumer that keeps up, one away for loop turns (nothing is read meanwhile), one that leaves
+between reads; a cancellation, an interrupt or a deadline landing while the model call waits for its
 provider, or while the consumer holds an event (or blocks the loop) and nobody waits; an
 interrupt together with the consumer's own cancellation. Each ends with the model's stream
 closed, every block the consumer saw opened also closed, the typed error (or the cancellation)
@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from agentscope_py import AgentInterrupted, GenerateReason, ReActAgent, RuntimeContext
+from agentscope_py._model_call import FAIR_TURN
 from agentscope_py.errors import ModelTimeoutError
 from agentscope_py.middleware import TimeoutMiddleware
 from agentscope_py.model.base import ChatChunk, ModelRequest
@@ -79,8 +80,9 @@ async def test_a_consumer_that_keeps_up_gets_every_event_in_order() -> None:
     assert not open_blocks(events) and model.closed
 
 
-async def test_the_model_is_read_ahead_while_the_consumer_is_away() -> None:
-    # Away for loop turns: the reads go on ahead of the consumer; nothing is lost or reordered.
+async def test_the_model_is_read_only_when_the_consumer_asks() -> None:
+    # Away for loop turns: the call reads nothing meanwhile (the model is read in the consumer's
+    # task, when it asks for the next event); nothing is lost or reordered.
     model = Chunks(30)
     seen: list[str] = []
     async with contextlib.aclosing(agent_of(model).stream("go").__aiter__()) as events:  # type: ignore[type-var]
@@ -92,7 +94,7 @@ async def test_the_model_is_read_ahead_while_the_consumer_is_away() -> None:
                 before = model.produced
                 for _ in range(10):
                     await asyncio.sleep(0)
-                assert model.produced > before + 3  # it ran ahead while this consumer was away
+                assert model.produced == before
     assert seen == [f"t{k} " for k in range(30)] and model.closed
 
 
@@ -192,17 +194,26 @@ async def test_a_deadline_passing_while_the_consumer_blocks_the_loop_fails_the_c
     assert not open_blocks(events) and model.closed
 
 
-async def test_a_call_read_ahead_that_ends_in_time_never_fails_for_a_slow_consumer() -> None:
-    # Read ahead while the consumer sleeps, the call ends in time; the consumer, slower than the
-    # deadline, still gets all of it.
+async def test_a_deadline_passing_while_the_consumer_awaits_elsewhere_cuts_only_the_next_read() -> None:
+    # The deadline passes while the consumer, an event in hand, awaits something of its own: that
+    # await is not cut (nothing is cancelled outside a read), and the call fails at its next read,
+    # closing its block, before any more text.
     model = Chunks(4)
     agent = agent_of(model, TimeoutMiddleware(model_timeout=0.1))
-    deltas: list[str] = []
-    async for ev in agent.stream("go"):
-        if ev.type == "text_block_delta":
-            deltas.append(ev.delta)
-            await asyncio.sleep(0.06)
-    assert deltas == ["t0 ", "t1 ", "t2 ", "t3 "]
+    events: list[Any] = []
+    slept = 0
+    with pytest.raises(ModelTimeoutError, match=r"did not finish within 0\.1 s"):
+        async for ev in agent.stream("go"):
+            events.append(ev)
+            if ev.type == "text_block_delta":
+                await asyncio.sleep(0.15)
+                slept += 1
+    task = asyncio.current_task()
+    assert slept == 1 and task is not None and task.cancelling() == 0
+    assert [e.delta for e in events if e.type == "text_block_delta"] == ["t0 "]
+    end = next(e for e in events if e.type == "model_call_end")
+    assert end.error is not None and "ModelTimeoutError" in end.error
+    assert not open_blocks(events) and model.closed and model.produced == 1
 
 
 async def test_two_consumers_on_one_loop_each_get_their_own_call() -> None:
@@ -239,6 +250,135 @@ async def test_an_interrupt_of_a_run_read_by_its_consumer_raises_in_the_run_not_
     await asyncio.wait_for(model.waiting.wait(), 5)
     agent.interrupt()
     await asyncio.wait_for(consumer, 5)  # ends normally: the run ended as interrupted
+    assert consumer.cancelling() == 0  # the read's cut was taken back
     assert events[-2].result.generate_reason is GenerateReason.INTERRUPTED
     assert not open_blocks(events)
     assert issubclass(AgentInterrupted, Exception)
+
+
+class Swallows(Chunks):
+    """A model that, cut inside its read, swallows the cancellation and sends another chunk."""
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[ChatChunk]:
+        try:
+            yield ChatChunk(text="t0 ")
+            self.waiting.set()
+            try:
+                await asyncio.sleep(30)
+            except asyncio.CancelledError:
+                self.cancelled = True
+            yield ChatChunk(text="late ")
+            yield ChatChunk(finish_reason="stop")
+        finally:
+            self.closed = True
+
+
+async def test_an_interrupt_whose_cancellation_the_provider_swallows_still_ends_the_call() -> None:
+    # The cut's cancellation is taken back even when the provider swallowed it: the call ends
+    # interrupted after the chunk it got, and the consumer's task carries no cancellation.
+    model = Swallows(1)
+    agent = agent_of(model)
+    events: list[Any] = []
+
+    async def consume() -> None:
+        async for ev in agent.stream("go"):
+            events.append(ev)
+        await asyncio.sleep(0)  # would raise if a cancellation were left on this task
+
+    consumer = asyncio.create_task(consume())
+    await asyncio.wait_for(model.waiting.wait(), 5)
+    assert agent.interrupt()
+    await asyncio.wait_for(consumer, 5)
+    assert consumer.cancelling() == 0 and model.cancelled and model.closed
+    assert events[-2].result.generate_reason is GenerateReason.INTERRUPTED
+    assert not open_blocks(events)
+
+
+async def test_an_interrupt_cuts_the_retrys_wait_before_the_first_chunk() -> None:
+    # The wait between two attempts (the provider asked for 20 s) is part of the read: an
+    # interrupt ends it at once, and the consumer's task is left uncancelled.
+    from agentscope_py.errors import ModelError
+
+    attempts: list[float] = []
+
+    class Busy:
+        name = "busy"
+
+        async def stream(self, request: ModelRequest) -> AsyncIterator[ChatChunk]:
+            attempts.append(time.monotonic())
+            raise ModelError("overloaded", retryable=True, retry_after=20)
+            yield ChatChunk()  # pragma: no cover
+
+    agent = ReActAgent(model=Busy(), max_retries=3)
+    consumer = asyncio.create_task(agent.call("go"))
+    while not attempts:
+        await asyncio.sleep(0.01)
+    await asyncio.sleep(0.05)
+    started = time.monotonic()
+    assert agent.interrupt()
+    reply = await asyncio.wait_for(consumer, 5)
+    assert reply.generate_reason is GenerateReason.INTERRUPTED
+    assert time.monotonic() - started < 2 and len(attempts) == 1
+    assert consumer.cancelling() == 0
+
+
+async def test_a_model_that_never_waits_still_lets_the_loop_run_while_it_streams() -> None:
+    # An in-process model hands its chunks over without ever waiting: the read still lets the
+    # loop run now and then, so other tasks (a server's clients) are not held off for the reply.
+    class NeverWaits:
+        name = "never-waits"
+
+        async def stream(self, request: ModelRequest) -> AsyncIterator[ChatChunk]:
+            for k in range(500):
+                yield ChatChunk(text=f"t{k} ")
+
+    ticks = 0
+
+    async def tick() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0)
+
+    ticker = asyncio.create_task(tick())
+    await asyncio.sleep(0)
+    seen: list[int] = []
+    try:
+        async for ev in agent_of(NeverWaits()).stream("go"):
+            if ev.type == "text_block_delta":
+                seen.append(ticks)
+    finally:
+        ticker.cancel()
+    assert len(seen) == 500 and seen[-1] - seen[0] >= 500 // FAIR_TURN - 2
+
+
+async def test_a_consumer_that_leaves_while_the_next_read_waits_ends_it_through_the_providers_cleanup() -> None:
+    # The consumer leaves holding an event while the provider waits for its next chunk: that read
+    # is cancelled inside the provider, whose cleanup may itself await, and its stream is closed.
+    cleaned: list[str] = []
+
+    class Slow:
+        name = "slow"
+
+        async def stream(self, request: ModelRequest) -> AsyncIterator[ChatChunk]:
+            try:
+                yield ChatChunk(text="t0 ")
+                yield ChatChunk(text="t1 ")
+                await asyncio.sleep(30)
+                yield ChatChunk(text="never ")
+            except asyncio.CancelledError:
+                await asyncio.sleep(0)  # a cleanup that awaits
+                cleaned.append("cancelled")
+                raise
+            finally:
+                cleaned.append("closed")
+
+    agent = agent_of(Slow())
+    async with contextlib.aclosing(agent.stream("go").__aiter__()) as events:  # type: ignore[type-var]
+        async for ev in events:
+            if ev.type == "text_block_delta" and ev.delta == "t1 ":
+                break
+    assert cleaned == ["cancelled", "closed"]
+    task = asyncio.current_task()
+    assert task is not None and task.cancelling() == 0
+    assert asyncio.all_tasks() == {task}

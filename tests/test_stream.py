@@ -14,7 +14,7 @@ from reactivex import operators as ops
 
 from agentscope_py import EventStream
 from agentscope_py._stream.channel import EMPTY
-from agentscope_py.stream import Channel, aclosing, prefetched, to_stream
+from agentscope_py.stream import Channel, aclosing, to_stream
 
 
 class Producer:
@@ -271,59 +271,6 @@ async def test_a_failing_map_after_prefetch_stops_the_producer(no_leaked_tasks: 
     for _ in range(3):
         await asyncio.sleep(0)
     assert p.closed == 1 and p.produced < 100
-
-
-async def test_a_deferring_prefetch_makes_deferred_items_on_the_consumer_side(no_leaked_tasks: None) -> None:
-    consumer = asyncio.current_task()
-    producers: list[Any] = []
-    makers: list[Any] = []
-
-    def label(text: str) -> str:  # what a deferred item is made with, in the consumer's task
-        makers.append(asyncio.current_task())
-        return f"made:{text}"
-
-    async def source() -> AsyncIterator[Any]:
-        producers.append(asyncio.current_task())
-        for item in (1, (label, "a"), (label, "b"), 2):
-            yield item
-
-    assert await prefetched(source, 2).to_list() == [1, (label, "a"), (label, "b"), 2]  # not deferring: as they are
-    s = prefetched(source, 2, deferred=True)
-    assert await s.to_list() == [1, "made:a", "made:b", 2]
-    assert await s.map(lambda x: f"<{x}>").to_list() == ["<1>", "<made:a>", "<made:b>", "<2>"]  # then maps
-    assert await s.filter(lambda x: x != 2).to_list() == [1, "made:a", "made:b"]  # then other steps
-    assert len(makers) == 6 and all(task is consumer for task in makers)
-    assert producers and all(task is not consumer for task in producers)  # the producer has its own task
-
-
-async def test_a_push_producer_fills_the_channel_within_its_bound_and_is_cancelled_on_close(
-    no_leaked_tasks: None,
-) -> None:
-    most: list[int] = []
-    cancelled: list[bool] = []
-
-    async def fill(channel: Any) -> None:
-        try:
-            for i in range(1000):
-                channel.append(i)
-                most.append(len(channel.items))
-                if channel.flush():
-                    await channel.room()
-        except asyncio.CancelledError:
-            cancelled.append(True)
-            raise
-
-    assert await prefetched(fill, 4, push=True).take(10).to_list() == list(range(10))
-    for _ in range(3):
-        await asyncio.sleep(0)
-    assert max(most) == 4 and cancelled == [True]
-
-    async def fail(channel: Any) -> None:
-        channel.append("a")
-        raise ValueError("producer failed")
-
-    with pytest.raises(ValueError, match="producer failed"):
-        await prefetched(fail, 4, push=True).to_list()
 
 
 async def test_a_channel_wakes_its_waiting_consumer_once_per_flush_and_says_when_it_is_full() -> None:

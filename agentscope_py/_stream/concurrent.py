@@ -6,65 +6,44 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
-from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterable, AsyncIterator, Callable
 from typing import Any
 
 from .channel import EMPTY, Channel
 from .operators import Maps, MapSource, Recovery, aclose, aclosing
 
-__all__ = ["Deferred", "Prefetch", "Producer", "merge"]
+__all__ = ["Prefetch", "Producer", "merge"]
 
-Deferred = tuple[Callable[[Any], Any], Any]
-"""``(make, value)``: an item a deferring prefetch makes in the consumer's task, ``make(value)``."""
-
-Producer = Callable[[], AsyncIterator[Any]] | Callable[[Channel], Awaitable[None]]
-"""What a prefetch runs in its task: an iterator factory, or (``push``) a coroutine function that
-fills the channel itself."""
+Producer = Callable[[], AsyncIterator[Any]]
+"""What a prefetch runs in its task: an iterator factory."""
 
 
 class Prefetch(MapSource):
     """The factory of a prefetched stream: each subscription starts ``source`` in a task of its
     own, in ``ctx``, ahead of the consumer by at most ``size`` items, and drains it applying the
-    stream's maps in the drain (`MapSource`).
+    stream's maps in the drain (`MapSource`)."""
 
-    With ``push``, ``source(channel)`` is the producer itself: a coroutine, run as the task, that
-    appends items to the channel (`Channel.append`, then `Channel.flush`, awaiting `Channel.room`
-    when full) instead of yielding them to a pump (the model call's `PartsManager` does).
+    __slots__ = ("ctx", "size", "source")
 
-    With ``deferred``, the producer may put a `Deferred` pair ``(make, value)`` in place of an
-    item: the drain replaces it by ``make(value)``, in the consumer's task, before the maps. A
-    producer faster than its consumer then buffers the cheap ``value`` and the item is made just
-    before it is used (and dies young). Any tuple is taken for such a pair, so only producers
-    that put no other tuples turn it on."""
-
-    __slots__ = ("ctx", "deferred", "push", "size", "source")
-
-    def __init__(
-        self, source: Producer, size: int, ctx: contextvars.Context, push: bool = False, deferred: bool = False,
-    ) -> None:
+    def __init__(self, source: Producer, size: int, ctx: contextvars.Context) -> None:
         self.source = source
         self.size = size
         self.ctx = ctx
-        self.push = push
-        self.deferred = deferred
 
     def __call__(self) -> AsyncIterator[Any]:
-        return _prefetch(self.source, self.size, self.ctx, (), self.push, self.deferred)
+        return _prefetch(self.source, self.size, self.ctx, ())
 
     def with_maps(self, maps: Maps) -> AsyncIterator[Any]:
-        return _prefetch(self.source, self.size, self.ctx, maps, self.push, self.deferred)
+        return _prefetch(self.source, self.size, self.ctx, maps)
 
     def recovering(self, maps: Maps, recovery: Recovery) -> AsyncIterator[Any]:
-        return _prefetch(self.source, self.size, self.ctx, maps, self.push, self.deferred, recovery)
+        return _prefetch(self.source, self.size, self.ctx, maps, recovery)
 
 
-async def _pump(channel: Channel, source: Callable[..., Any], push: bool) -> None:
+async def _pump(channel: Channel, source: Producer) -> None:
     """The producer task of `_prefetch`: runs ``source`` into ``channel``."""
     error: BaseException | None = None
     try:
-        if push:
-            await source(channel)
-            return
         it = source()
         try:
             async for item in it:
@@ -80,12 +59,11 @@ async def _pump(channel: Channel, source: Callable[..., Any], push: bool) -> Non
 
 
 async def _prefetch(
-    source: Callable[..., Any], size: int, ctx: contextvars.Context, maps: Maps, push: bool, deferred: bool,
-    recovery: Recovery | None = None,
+    source: Producer, size: int, ctx: contextvars.Context, maps: Maps, recovery: Recovery | None = None,
 ) -> AsyncIterator[Any]:
     channel = Channel(size)
     items = channel.items
-    task = channel.loop.create_task(_pump(channel, source, push), context=ctx)
+    task = channel.loop.create_task(_pump(channel, source), context=ctx)
     take, spaces, empty = channel.take, channel.spaces, EMPTY
     try:
         # Give the task its first step in this same loop turn: a source that is ready at once (a
@@ -101,8 +79,6 @@ async def _prefetch(
                 item = (items.pop(0) if not spaces else take()) if items else empty
                 if item is not empty:
                     try:
-                        if deferred and type(item) is tuple:
-                            item = item[0](item[1])
                         for fn in inner:
                             item = fn(item)
                     except Exception as exc:
@@ -132,11 +108,9 @@ async def _prefetch(
                 finally:
                     await aclose(resumed)
                 return
-        while True:  # `Channel.drain`, with the deferred items made and the maps applied
+        while True:  # `Channel.drain`, with the maps applied
             item = (items.pop(0) if not spaces else take()) if items else empty
             if item is not empty:
-                if deferred and type(item) is tuple:
-                    item = item[0](item[1])
                 for fn in maps:
                     item = fn(item)
                 yield item

@@ -119,8 +119,8 @@ class Execution:
         return EventStream(lambda: self.events(input))
 
     def _model_core(self, input: ModelCallInput) -> EventStream[AgentEvent]:
-        # Built when the innermost next() is called: prefetch() captures that context for the
-        # model's own task, so a span opened around next() parents the model call.
+        # Built when the innermost next() is called: the model call captures that context for
+        # its reads, so a span opened around next() parents the model call.
         request = ModelRequest(
             messages=input.messages,
             tools=input.tools,
@@ -132,7 +132,7 @@ class Execution:
         models = (input.model, *fallbacks) if fallbacks else (input.model,)
         if runtime.model_executor is not None:  # a durable run: the call is an activity
             return runtime.model_executor(models, request, self.reply_id, self.control, input.deadline)
-        # The model's task registers itself with the run's control (an interrupt cancels it).
+        # The model call's read registers itself with the run's control (an interrupt cuts it).
         return model_call_stream(models, request, self.reply_id, runtime.retry, runtime.failover_listener,
                                  self.control, input.deadline)
 

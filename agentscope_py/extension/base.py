@@ -160,7 +160,7 @@ class ReasoningInput(_Record):
 @dataclass(frozen=True, slots=True)
 class ModelCallInput(_Record):
     """One model invocation. ``tools`` is never None (``()`` for the max-iterations summary).
-    ``deadline``: time limits the model call keeps in its own task (`TimeoutMiddleware` sets it;
+    ``deadline``: time limits the model call keeps around its reads (`TimeoutMiddleware` sets it;
     `Deadline.within` to add one inside another)."""
 
     messages: Sequence[Msg]

@@ -76,7 +76,7 @@ def compose(
     """Fold the overriding hooks of ``point`` around ``core``; the first one ends up outermost.
 
     ``core_bound``: the core's stream captures the context it is built in and runs there (the
-    model call's task does), so it needs no context of its own at subscription."""
+    model call's reads do), so it needs no context of its own at subscription."""
     assert point in ONION_POINTS
     hooks = participants.hooks[point]
     if not hooks:

@@ -301,20 +301,24 @@ async def test_a_streaming_tool_that_fails_after_output_is_retried_only_when_ask
             assert model.requests[1].messages[-1].content[0].output == "part one, part two, part three"
 
 
-async def test_a_call_that_finished_in_time_never_fails_because_its_consumer_was_slow() -> None:
+async def test_a_consumer_slower_than_the_deadline_fails_the_call_at_its_next_read() -> None:
+    # The model is read as its events are consumed (nothing while the consumer is away), so the
+    # time the consumer holds an event counts toward the call's deadline: the model would have been
+    # done at once, yet the call fails at the read after the consumer's pause, closing its block.
     model = ScriptedModel([ModelStep.text("a b c", chunks=3)])
     agent = agent_with(model, TimeoutMiddleware(model_timeout=0.2))
     events: list[Any] = []
-    async for e in agent.stream("hi"):
-        events.append(e)
-        if e.type == "text_block_delta":
-            await asyncio.sleep(0.3)  # a slow consumer: the model was done long before the deadline
-    assert events[-2].result.text == "a b c"
+    with pytest.raises(ModelTimeoutError, match=r"did not finish within 0\.2 s"):
+        async for e in agent.stream("hi"):
+            events.append(e)
+            if e.type == "text_block_delta":
+                await asyncio.sleep(0.3)
+    assert [e.delta for e in events if e.type == "text_block_delta"] == ["a "]
     assert not balance(events)
 
 
 async def test_a_deadline_passing_while_the_consumer_is_busy_never_cancels_the_consumer() -> None:
-    # The deadline is kept in the model call's own task: the consumer's await is never cancelled;
+    # The deadline cuts only the model call's read: the consumer's own await is never cancelled;
     # it reads what came in time, the call's closing events, then the typed error.
     model = ScriptedModel([ModelStep.text("a b c d e f", chunks=6, delay=0.1)])
     agent = agent_with(model, TimeoutMiddleware(model_timeout=0.25))

@@ -25,6 +25,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
+from agentscope_py._model_call import FAIR_TURN
 from agentscope_py.server._runs.live import CHUNK_BYTES
 from agentscope_py.server._serve import SEND_BUFFER
 
@@ -34,13 +35,14 @@ CLIENTS = 200
 REPLY = 2_000_000
 CHUNK = 2_048
 BUFFER = 64 * 1024
-PREFETCH = 64  # chunks the model call reads ahead of the run (`stream.prefetched`)
+PREFETCH = 2 * FAIR_TURN  # chunks a model that never waits hands its run before its pace holds
 WRITE_BUFFER = 64 * 1024  # the transport's high-water mark, above which uvicorn waits for it to drain
 
 HELD = BUFFER + 2 * SEND_BUFFER + WRITE_BUFFER + 2 * CHUNK_BYTES + PREFETCH * CHUNK
 """What a stalled client's run makes before it waits: ``buffer_bytes`` past what the connection
 took — the kernel's send buffer (Linux keeps twice ``SO_SNDBUF``), the transport's buffer and the
-piece it holds, the piece waiting — and the model's prefetched chunks."""
+piece it holds, the piece waiting — and the chunks the model call hands its run in two goes:
+before its client is first counted, and once more before the run's pace holds it."""
 PER_CLIENT = 4 * HELD
 """The documented bound: the reply so far, about twice while its run waits (its frames, the
 reply being built), twice again once the client is dropped (the turn saved with the partial
