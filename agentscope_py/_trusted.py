@@ -36,6 +36,7 @@ per class and names given."""
 _DeltaKind = tuple[Any, dict[str, Any], set[str], Callable[[], str], Callable[[], float]]
 """A delta class's ids (a keys view, in field order), template, fields set, id and time factories."""
 
+_STR = {str}
 _SOURCE = frozenset({"source"})
 _METADATA = frozenset({"metadata"})
 
@@ -165,7 +166,7 @@ class Trusted:
         names, template, fields_set, event_id, now = kind
         if bound.keys() != names:
             raise TypeError(f"delta_maker({cls.__name__}) takes {', '.join(names)}")
-        if any(type(value) is not str for value in bound.values()):
+        if set(map(type, bound.values())) != _STR:
             return lambda delta: cls.model_validate({**bound, "delta": delta})
         return partial(Trusted._delta, cls, {**template, **bound}, fields_set, event_id, now)
 
