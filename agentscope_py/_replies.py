@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from ._sanitize import MAX_DEPTH, clean_value, depth_exceeds
 from ._trusted import trusted, validated
@@ -239,8 +239,10 @@ def join_output(parts: list[str | DataBlock]) -> str | list[TextBlock | DataBloc
 
 
 def _join(parts: list[str | DataBlock]) -> str | list[TextBlock | DataBlock]:
-    if all(isinstance(p, str) for p in parts):
-        return "".join(p for p in parts if isinstance(p, str))
+    try:  # (join takes only str: it raises at the first DataBlock, when there is one)
+        return "".join(cast("list[str]", parts))
+    except TypeError:
+        pass
     out: list[TextBlock | DataBlock] = []
     for p in parts:
         if isinstance(p, DataBlock):
