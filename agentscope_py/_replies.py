@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any, Literal, cast
 
 from ._sanitize import MAX_DEPTH, clean_value, depth_exceeds
-from ._trusted import trusted, validated
+from ._trusted import shape
 from .errors import MiddlewareError
 from .events import (
     AgentEvent,
@@ -35,6 +35,15 @@ from .message import (
 )
 
 __all__ = ["ReplyBuilder", "ToolResultCollector", "arguments_problem", "join_output", "result_events"]
+
+# The blocks and messages rebuilt here, each from the fields its site always gives.
+_TEXT = shape(TextBlock, "text")
+_THINKING = shape(ThinkingBlock, "thinking", "signature")
+_TOOL_USE = shape(ToolUseBlock, "id", "name", "input")
+_UNPARSED = shape(ToolUseBlock, "id", "name", "input", "raw_input")
+_RESULT = shape(ToolResultBlock, "id", "name", "output", "state")
+_REPLY = shape(Msg, "id", "name", "role", "content", "generate_reason", "usage")
+
 
 class ReplyBuilder:
     """Rebuilds the assistant message from block events (starting over at each ModelCallStart,
@@ -121,18 +130,18 @@ class ReplyBuilder:
             except TypeError:
                 raise _bad_delta(kind, parts) from None
             if kind == "text":
-                content.append(trusted(TextBlock, text=joined))
+                content.append(_TEXT.build(text=joined))
             elif kind == "thinking":
-                make = trusted if extra is None or type(extra) is str else validated
-                content.append(make(ThinkingBlock, thinking=joined, signature=extra))
+                thinking = _THINKING.build if extra is None or type(extra) is str else _THINKING.validated
+                content.append(thinking(thinking=joined, signature=extra))
             else:
                 content.append(tool_use_block(key, extra or "", joined))
         if isinstance(usage, str):
             usage = self.usage
         typed = ((usage is None or type(usage) is ChatUsage) and (name is None or type(name) is str)
                  and (reason is None or type(reason) is GenerateReason))
-        make = trusted if typed else validated
-        return make(Msg, id=reply_id, name=name, role="assistant", content=content, generate_reason=reason, usage=usage)
+        make = _REPLY.build if typed else _REPLY.validated
+        return make(id=reply_id, name=name, role="assistant", content=content, generate_reason=reason, usage=usage)
 
 
 _ON_EVENT: dict[str, Callable[[ReplyBuilder, dict[str, Any]], None]] = {
@@ -159,20 +168,21 @@ def _bad_delta(kind: str, parts: list[Any]) -> MiddlewareError:
 def tool_use_block(call_id: str, name: str, raw: str) -> ToolUseBlock:
     # The id and name come from a tool call's events (see `ReplyBuilder.build`); the input is a
     # dict json.loads made, with str keys.
-    make = trusted if type(call_id) is str and type(name) is str else validated
+    typed = type(call_id) is str and type(name) is str
+    make = _TOOL_USE.build if typed else _TOOL_USE.validated
     if not raw.strip():
-        return make(ToolUseBlock, id=call_id, name=name, input={})
+        return make(id=call_id, name=name, input={})
     try:
         value = json.loads(raw)
     except (ValueError, RecursionError):  # (nested a few thousand deep: the parser's own limit)
-        return make(ToolUseBlock, id=call_id, name=name, input={}, raw_input=raw)
+        value = None  # (kept as text, as what is no JSON object is)
     if not isinstance(value, dict) or (raw.count("{") + raw.count("[") > MAX_DEPTH and depth_exceeds(value)):
         # (what is remembered must load again; fewer brackets than the limit cannot nest deeper)
-        return make(ToolUseBlock, id=call_id, name=name, input={}, raw_input=raw)
+        return (_UNPARSED.build if typed else _UNPARSED.validated)(id=call_id, name=name, input={}, raw_input=raw)
     if "\\u" in raw or not raw.isascii():
         # A ``\ud800`` escape decodes to a lone surrogate, which no later save could encode.
         value = clean_value(value)
-    return make(ToolUseBlock, id=call_id, name=name, input=value)
+    return make(id=call_id, name=name, input=value)
 
 
 _JSON_KINDS = {list: "array", str: "string", int: "number", float: "number", bool: "boolean", type(None): "null"}
@@ -223,8 +233,8 @@ class ToolResultCollector:
             # From the acting chain's events: typed unless a middleware derived one with model_copy.
             typed = (type(call_id) is str and type(name) is str and type(output) is str
                      and type(state) is ToolResultState)
-            self.results[call_id] = (trusted if typed else validated)(
-                ToolResultBlock, id=call_id, name=name, output=output, state=state)
+            self.results[call_id] = (_RESULT.build if typed else _RESULT.validated)(
+                id=call_id, name=name, output=output, state=state)
 
     def _entry(self, ev: Any) -> tuple[str, list[str | DataBlock]]:
         entry = self._parts.get(ev.tool_call_id)
