@@ -45,9 +45,10 @@ class Trusted:
     factories applied), the same ``model_fields_set``, no extras, no private attributes
     (`tests/test_trusted.py` and `tests/test_events.py` compare them class by class). Three forms:
 
-    * `build` (``trusted(C, **values)``): ``C(**values)``, for the messages the runtime rebuilds
-      once per round — the reply and the tool results from the chains' events (with their blocks),
-      the tool-result message, the user's text as a message, a sum of usages;
+    * `shape` (``shape(C, *names).build(**values)``, the shape a module constant): ``C(**values)``
+      for the messages the runtime rebuilds once per round — the reply and the tool results from
+      the chains' events (with their blocks), the tool-result message, the user's text as a
+      message, a sum of usages; `build` (``trusted(C, **values)``) finds the shape per call;
     * `delta_maker` (``delta_maker(C, **ids)(text)``): ``C(**ids, delta=text)``, for the per-token
       deltas `PartsManager` and the acting path make (``functools.partial`` of `_delta` over a
       template: a maker lives as long as its block streams, and a served process holds thousands
@@ -57,12 +58,13 @@ class Trusted:
       budget's ``metadata``), without ``model_copy``'s generic update machinery.
 
     What it costs and saves (valgrind, per object, the call included): a reply `Msg` with one text
-    block 26.4 k instructions against ~31 k validated, a `ToolResultBlock` 13.3 k against ~13 k,
-    a delta ~0.6× the constructor; and memory: the objects of one shape share one fields set where
-    validation makes a new set (216 bytes) per object, which is what a run in flight keeps (its
-    messages). A flat event gains nothing (14.9 k against ~13.3 k: pydantic-core validates it in
-    about what assembling it in Python costs), so the events made once per round (a run's start
-    and end, a model call's and a tool call's brackets) keep their validating constructors.
+    block 20.0 k instructions built by shapes against 29.5 k validated, a `ToolResultBlock` 10.1 k
+    against 12.5 k, a delta 10.9 k against 16.7 k; and memory: the objects of one shape share one
+    fields set where validation makes a new set (216 bytes) per object, which is what a run in
+    flight keeps (its messages). A flat event gains least (13.2 k against 14.9 k: pydantic-core
+    validates it in about what assembling it in Python costs), and the events made once per round
+    (a run's start and end, a model call's and a tool call's brackets) keep their validating
+    constructors.
     ``Model.model_construct`` is not used: on pydantic 2.14 it loops over the fields in Python
     (38 k instructions for an event with every field given) and inspects each default factory's
     signature on every call.
