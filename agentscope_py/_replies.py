@@ -9,10 +9,11 @@ Internal API, below both the agent and the middleware.
 from __future__ import annotations
 
 import json
-from typing import Any, Literal
+from collections.abc import Callable
+from typing import Any, Literal, cast
 
 from ._sanitize import MAX_DEPTH, clean_value, depth_exceeds
-from ._trusted import trusted, validated
+from ._trusted import shape
 from .errors import MiddlewareError
 from .events import (
     AgentEvent,
@@ -35,6 +36,15 @@ from .message import (
 
 __all__ = ["ReplyBuilder", "ToolResultCollector", "arguments_problem", "join_output", "result_events"]
 
+# The blocks and messages rebuilt here, each from the fields its site always gives.
+_TEXT = shape(TextBlock, "text")
+_THINKING = shape(ThinkingBlock, "thinking", "signature")
+_TOOL_USE = shape(ToolUseBlock, "id", "name", "input")
+_UNPARSED = shape(ToolUseBlock, "id", "name", "input", "raw_input")
+_RESULT = shape(ToolResultBlock, "id", "name", "output", "state")
+_REPLY = shape(Msg, "id", "name", "role", "content", "generate_reason", "usage")
+
+
 class ReplyBuilder:
     """Rebuilds the assistant message from block events (starting over at each ModelCallStart,
     so a retried or failed-over call leaves only its own reply, and dropping a call whose
@@ -51,37 +61,49 @@ class ReplyBuilder:
         self.calls_made = 0
 
     def add(self, ev: Any) -> None:
-        # Deltas, the common case, are read from the fields dict: an event's class has a
-        # __getattr__ (pydantic's), so each attribute read takes the slow path.
+        # One look-up by the event's type: about half of what reaches here (block starts and ends,
+        # tool call ends) changes nothing. Fields are read from the fields dict: an event's class
+        # has a __getattr__ (pydantic's), so each attribute read takes the slow path.
         fields = ev.__dict__
-        t = fields["type"]
-        if t == "text_block_delta" or t == "thinking_block_delta":
-            block_id = fields["block_id"]
-            entry = self._blocks.get(block_id)
-            if entry is None:
-                kind = "text" if t == "text_block_delta" else "thinking"
-                entry = self._blocks[block_id] = [kind, [], None]
-            entry[1].append(fields["delta"])
-        elif t == "tool_call_start":
-            self._blocks.setdefault(ev.tool_call_id, ["tool", [], ev.tool_name])
-        elif t == "tool_call_delta":
-            self._blocks.setdefault(ev.tool_call_id, ["tool", [], ev.tool_name])[1].append(ev.delta)
-        elif t == "thinking_block_end":
-            entry = self._blocks.setdefault(ev.block_id, ["thinking", [], None])
-            entry[2] = ev.signature
-        elif t == "model_call_start":
+        handle = _ON_EVENT.get(fields["type"])
+        if handle is not None:
+            handle(self, fields)
+
+    def _text_delta(self, fields: dict[str, Any]) -> None:
+        entry = self._blocks.get(fields["block_id"])
+        if entry is None:
+            entry = self._blocks[fields["block_id"]] = ["text", [], None]
+        entry[1].append(fields["delta"])
+
+    def _thinking_delta(self, fields: dict[str, Any]) -> None:
+        entry = self._blocks.get(fields["block_id"])
+        if entry is None:
+            entry = self._blocks[fields["block_id"]] = ["thinking", [], None]
+        entry[1].append(fields["delta"])
+
+    def _thinking_end(self, fields: dict[str, Any]) -> None:
+        self._blocks.setdefault(fields["block_id"], ["thinking", [], None])[2] = fields["signature"]
+
+    def _tool_call_start(self, fields: dict[str, Any]) -> None:
+        self._blocks.setdefault(fields["tool_call_id"], ["tool", [], fields["tool_name"]])
+
+    def _tool_call_delta(self, fields: dict[str, Any]) -> None:
+        self._blocks.setdefault(fields["tool_call_id"], ["tool", [], fields["tool_name"]])[1].append(fields["delta"])
+
+    def _model_call_start(self, fields: dict[str, Any]) -> None:
+        self._blocks = {}
+        self.usage = None
+        self.finish_reason = None
+        self.calls_made += 1
+
+    def _model_call_end(self, fields: dict[str, Any]) -> None:
+        if fields["discarded"]:  # its partial reply is not remembered (what ``discarded`` says)
             self._blocks = {}
-            self.usage = None
-            self.finish_reason = None
-            self.calls_made += 1
-        elif t == "model_call_end":
-            if ev.discarded:  # its partial reply is not remembered (what ``discarded`` says)
-                self._blocks = {}
-            self.usage = ev.usage
-            self.finish_reason = ev.finish_reason
-            if ev.usage is not None:
-                total = self.usage_total
-                self.usage_total = ev.usage if total is None else total + ev.usage
+        usage = self.usage = fields["usage"]
+        self.finish_reason = fields["finish_reason"]
+        if usage is not None:
+            total = self.usage_total
+            self.usage_total = usage if total is None else total + usage
 
     @property
     def produced(self) -> bool:
@@ -108,18 +130,30 @@ class ReplyBuilder:
             except TypeError:
                 raise _bad_delta(kind, parts) from None
             if kind == "text":
-                content.append(trusted(TextBlock, text=joined))
+                content.append(_TEXT.build(text=joined))
             elif kind == "thinking":
-                make = trusted if extra is None or type(extra) is str else validated
-                content.append(make(ThinkingBlock, thinking=joined, signature=extra))
+                thinking = _THINKING.build if extra is None or type(extra) is str else _THINKING.validated
+                content.append(thinking(thinking=joined, signature=extra))
             else:
                 content.append(tool_use_block(key, extra or "", joined))
         if isinstance(usage, str):
             usage = self.usage
         typed = ((usage is None or type(usage) is ChatUsage) and (name is None or type(name) is str)
                  and (reason is None or type(reason) is GenerateReason))
-        make = trusted if typed else validated
-        return make(Msg, id=reply_id, name=name, role="assistant", content=content, generate_reason=reason, usage=usage)
+        make = _REPLY.build if typed else _REPLY.validated
+        return make(id=reply_id, name=name, role="assistant", content=content, generate_reason=reason, usage=usage)
+
+
+_ON_EVENT: dict[str, Callable[[ReplyBuilder, dict[str, Any]], None]] = {
+    "text_block_delta": ReplyBuilder._text_delta,
+    "thinking_block_delta": ReplyBuilder._thinking_delta,
+    "thinking_block_end": ReplyBuilder._thinking_end,
+    "tool_call_start": ReplyBuilder._tool_call_start,
+    "tool_call_delta": ReplyBuilder._tool_call_delta,
+    "model_call_start": ReplyBuilder._model_call_start,
+    "model_call_end": ReplyBuilder._model_call_end,
+}
+"""What each event type that shapes the reply does to the builder (the other types change nothing)."""
 
 
 def _bad_delta(kind: str, parts: list[Any]) -> MiddlewareError:
@@ -134,20 +168,21 @@ def _bad_delta(kind: str, parts: list[Any]) -> MiddlewareError:
 def tool_use_block(call_id: str, name: str, raw: str) -> ToolUseBlock:
     # The id and name come from a tool call's events (see `ReplyBuilder.build`); the input is a
     # dict json.loads made, with str keys.
-    make = trusted if type(call_id) is str and type(name) is str else validated
+    typed = type(call_id) is str and type(name) is str
+    make = _TOOL_USE.build if typed else _TOOL_USE.validated
     if not raw.strip():
-        return make(ToolUseBlock, id=call_id, name=name, input={})
+        return make(id=call_id, name=name, input={})
     try:
         value = json.loads(raw)
     except (ValueError, RecursionError):  # (nested a few thousand deep: the parser's own limit)
-        return make(ToolUseBlock, id=call_id, name=name, input={}, raw_input=raw)
+        value = None  # (kept as text, as what is no JSON object is)
     if not isinstance(value, dict) or (raw.count("{") + raw.count("[") > MAX_DEPTH and depth_exceeds(value)):
         # (what is remembered must load again; fewer brackets than the limit cannot nest deeper)
-        return make(ToolUseBlock, id=call_id, name=name, input={}, raw_input=raw)
+        return (_UNPARSED.build if typed else _UNPARSED.validated)(id=call_id, name=name, input={}, raw_input=raw)
     if "\\u" in raw or not raw.isascii():
         # A ``\ud800`` escape decodes to a lone surrogate, which no later save could encode.
         value = clean_value(value)
-    return make(ToolUseBlock, id=call_id, name=name, input=value)
+    return make(id=call_id, name=name, input=value)
 
 
 _JSON_KINDS = {list: "array", str: "string", int: "number", float: "number", bool: "boolean", type(None): "null"}
@@ -198,8 +233,8 @@ class ToolResultCollector:
             # From the acting chain's events: typed unless a middleware derived one with model_copy.
             typed = (type(call_id) is str and type(name) is str and type(output) is str
                      and type(state) is ToolResultState)
-            self.results[call_id] = (trusted if typed else validated)(
-                ToolResultBlock, id=call_id, name=name, output=output, state=state)
+            self.results[call_id] = (_RESULT.build if typed else _RESULT.validated)(
+                id=call_id, name=name, output=output, state=state)
 
     def _entry(self, ev: Any) -> tuple[str, list[str | DataBlock]]:
         entry = self._parts.get(ev.tool_call_id)
@@ -214,8 +249,10 @@ def join_output(parts: list[str | DataBlock]) -> str | list[TextBlock | DataBloc
 
 
 def _join(parts: list[str | DataBlock]) -> str | list[TextBlock | DataBlock]:
-    if all(isinstance(p, str) for p in parts):
-        return "".join(p for p in parts if isinstance(p, str))
+    try:  # (join takes only str: it raises at the first DataBlock, when there is one)
+        return "".join(cast("list[str]", parts))
+    except TypeError:
+        pass
     out: list[TextBlock | DataBlock] = []
     for p in parts:
         if isinstance(p, DataBlock):

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import partial
-from typing import Any, ClassVar, TypeVar, cast
+from typing import Any, ClassVar, Generic, TypeVar, cast
 
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
-__all__ = ["Trusted", "delta_maker", "trusted", "validated", "with_metadata", "with_source"]
+__all__ = ["Shape", "Trusted", "delta_maker", "shape", "trusted", "validated", "with_metadata", "with_source"]
 
 _M = TypeVar("_M", bound=BaseModel)
 
@@ -29,13 +29,10 @@ _set_extra = BaseModel.__dict__["__pydantic_extra__"].__set__
 _set_private = BaseModel.__dict__["__pydantic_private__"].__set__
 _IMMUTABLE = (str, int, float, bool, type(None), tuple, frozenset)
 
-_Plan = tuple[dict[str, Any], tuple[tuple[str, Callable[[], Any]], ...], set[str]]
-"""The template, the fields left to their default factories with those factories, the fields set:
-per class and names given."""
-
 _DeltaKind = tuple[Any, dict[str, Any], set[str], Callable[[], str], Callable[[], float]]
 """A delta class's ids (a keys view, in field order), template, fields set, id and time factories."""
 
+_STR = {str}
 _SOURCE = frozenset({"source"})
 _METADATA = frozenset({"metadata"})
 
@@ -48,9 +45,10 @@ class Trusted:
     factories applied), the same ``model_fields_set``, no extras, no private attributes
     (`tests/test_trusted.py` and `tests/test_events.py` compare them class by class). Three forms:
 
-    * `build` (``trusted(C, **values)``): ``C(**values)``, for the messages the runtime rebuilds
-      once per round — the reply and the tool results from the chains' events (with their blocks),
-      the tool-result message, the user's text as a message, a sum of usages;
+    * `shape` (``shape(C, *names).build(**values)``, the shape a module constant): ``C(**values)``
+      for the messages the runtime rebuilds once per round — the reply and the tool results from
+      the chains' events (with their blocks), the tool-result message, the user's text as a
+      message, a sum of usages; `build` (``trusted(C, **values)``) finds the shape per call;
     * `delta_maker` (``delta_maker(C, **ids)(text)``): ``C(**ids, delta=text)``, for the per-token
       deltas `PartsManager` and the acting path make (``functools.partial`` of `_delta` over a
       template: a maker lives as long as its block streams, and a served process holds thousands
@@ -60,12 +58,13 @@ class Trusted:
       budget's ``metadata``), without ``model_copy``'s generic update machinery.
 
     What it costs and saves (valgrind, per object, the call included): a reply `Msg` with one text
-    block 26.4 k instructions against ~31 k validated, a `ToolResultBlock` 13.3 k against ~13 k,
-    a delta ~0.6× the constructor; and memory: the objects of one shape share one fields set where
-    validation makes a new set (216 bytes) per object, which is what a run in flight keeps (its
-    messages). A flat event gains nothing (14.9 k against ~13.3 k: pydantic-core validates it in
-    about what assembling it in Python costs), so the events made once per round (a run's start
-    and end, a model call's and a tool call's brackets) keep their validating constructors.
+    block 20.0 k instructions built by shapes against 29.5 k validated, a `ToolResultBlock` 10.1 k
+    against 12.5 k, a delta 10.9 k against 16.7 k; and memory: the objects of one shape share one
+    fields set where validation makes a new set (216 bytes) per object, which is what a run in
+    flight keeps (its messages). A flat event gains least (13.2 k against 14.9 k: pydantic-core
+    validates it in about what assembling it in Python costs), and the events made once per round
+    (a run's start and end, a model call's and a tool call's brackets) keep their validating
+    constructors.
     ``Model.model_construct`` is not used: on pydantic 2.14 it loops over the fields in Python
     (38 k instructions for an event with every field given) and inspects each default factory's
     signature on every call.
@@ -85,7 +84,7 @@ class Trusted:
     __slots__ = ("factories", "name", "required", "template")
 
     _shapes: ClassVar[dict[type[BaseModel], Trusted]] = {}
-    _plans: ClassVar[dict[tuple[Any, ...], _Plan]] = {}  # per class and names given (a few dozen in all)
+    _plans: ClassVar[dict[tuple[Any, ...], Shape[Any]]] = {}  # per class and names given (a few dozen in all)
     _deltas: ClassVar[dict[type[BaseModel], _DeltaKind]] = {}  # per delta class
 
     def __init__(self, cls: type[BaseModel]) -> None:
@@ -121,31 +120,34 @@ class Trusted:
             shape = cls._shapes[model] = Trusted(model)
         return shape
 
-    def plan(self, names: tuple[str, ...]) -> _Plan:
-        """For the fields ``names`` given: the template, the factories to call, the fields set."""
+    def plan(self, cls: type[_M], names: tuple[str, ...]) -> Shape[_M]:
+        """``cls`` (this shape's class) built from the fields ``names``."""
         given = set(names)
         unknown, missing = given - self.template.keys(), set(self.required) - given
         if unknown or missing:
             raise TypeError(f"trusted({self.name}): unknown {sorted(unknown)}, missing {sorted(missing)}")
         factories = tuple((name, f) for name, f in self.factories.items() if name not in given)
-        return self.template, factories, given
+        return Shape(cls, self.template, factories, given)
 
     # -- the builders ------------------------------------------------------------------------------
 
     @staticmethod
     def build(cls: type[_M], /, **values: Any) -> _M:
         """``cls(**values)`` without validating ``values``: only for values of each field's type
-        that the runtime holds, and every required field given."""
+        that the runtime holds, and every required field given. A site that always gives the same
+        fields holds their `shape` instead."""
         key = (cls, *values)
-        plan = _PLANS.get(key)
+        plan: Shape[_M] | None = _PLANS.get(key)
         if plan is None:
-            plan = _PLANS[key] = Trusted.of(cls).plan(tuple(values))
-        template, factories, fields_set = plan
-        fields = template.copy()
-        for name, factory in factories:
-            fields[name] = factory()
-        fields.update(values)
-        return _assemble(cls, fields, fields_set)
+            plan = _PLANS[key] = Trusted.of(cls).plan(cls, tuple(values))
+        return plan.build(**values)
+
+    @staticmethod
+    def shape(cls: type[_M], /, *names: str) -> Shape[_M]:
+        """The builder of ``cls`` from the fields ``names``, made once where a site that always
+        gives those fields is defined: ``shape(C, "a", "b").build(a=x, b=y)`` is
+        ``trusted(C, a=x, b=y)`` without finding the plan for ``a`` and ``b`` on every call."""
+        return Trusted.of(cls).plan(cls, names)
 
     @staticmethod
     def validated(cls: type[_M], /, **values: Any) -> _M:
@@ -165,7 +167,7 @@ class Trusted:
         names, template, fields_set, event_id, now = kind
         if bound.keys() != names:
             raise TypeError(f"delta_maker({cls.__name__}) takes {', '.join(names)}")
-        if any(type(value) is not str for value in bound.values()):
+        if set(map(type, bound.values())) != _STR:
             return lambda delta: cls.model_validate({**bound, "delta": delta})
         return partial(Trusted._delta, cls, {**template, **bound}, fields_set, event_id, now)
 
@@ -177,7 +179,8 @@ class Trusted:
             raise TypeError(f"delta_maker({cls.__name__}): no delta field")
         if self.factories.keys() != {"id", "created_at", "metadata"} or self.factories["metadata"] is not dict:
             raise TypeError(f"delta_maker({cls.__name__}): not an event's defaults: build it with its constructor")
-        template, _, fields_set = self.plan((*ids, "delta"))
+        shape = self.plan(cls, (*ids, "delta"))
+        template, fields_set = shape.template, shape.fields_set
         return ids.keys(), template, fields_set, self.factories["id"], self.factories["created_at"]
 
     @staticmethod
@@ -189,7 +192,12 @@ class Trusted:
         values["created_at"] = now()
         values["metadata"] = {}
         values["delta"] = delta
-        return _assemble(cls, values, fields_set)
+        made: _M = _new(cls)
+        _set(made, "__dict__", values)
+        _set_fields_set(made, fields_set)
+        _set_extra(made, None)
+        _set_private(made, None)
+        return made
 
     @staticmethod
     def with_source(ev: _M, source: str) -> _M:
@@ -208,10 +216,48 @@ class Trusted:
         return _with(ev, "metadata", metadata, _METADATA)
 
 
+class Shape(Generic[_M]):
+    """`Trusted.build` for one class and one set of fields given (`Trusted.shape`): the template,
+    the default factories of the fields not given and the fields set, worked out once."""
+
+    __slots__ = ("cls", "factories", "fields_set", "size", "template")
+
+    def __init__(self, cls: type[_M], template: dict[str, Any], factories: tuple[tuple[str, Callable[[], Any]], ...],
+                 fields_set: set[str]) -> None:
+        self.cls = cls
+        self.template = template
+        self.factories = factories
+        self.fields_set = fields_set
+        self.size = len(fields_set)
+
+    def build(self, /, **values: Any) -> _M:
+        """``cls(**values)`` without validating ``values`` (what `Trusted.build` says of them);
+        ``values``: the fields of this shape."""
+        template = self.template
+        fields = {**template, **values}
+        if len(values) != self.size or len(fields) != len(template):
+            raise TypeError(f"trusted({self.cls.__name__}) takes {', '.join(sorted(self.fields_set))}, "
+                            f"not {', '.join(values)}")
+        for name, factory in self.factories:
+            fields[name] = factory()
+        made: _M = _new(self.cls)
+        _set(made, "__dict__", fields)
+        _set_fields_set(made, self.fields_set)
+        _set_extra(made, None)
+        _set_private(made, None)
+        return made
+
+    def validated(self, /, **values: Any) -> _M:
+        """``cls(**values)``: `build`'s signature, for a site that picks one of the two by whether
+        its values are typed."""
+        return self.cls(**values)
+
+
 def _assemble(cls: type[_M], fields: dict[str, Any], fields_set: set[str],
               extra: dict[str, Any] | None = None, private: dict[str, Any] | None = None) -> _M:
     """The model ``cls`` with ``fields`` as its ``__dict__``, through pydantic's own slots (what
-    ``__copy__`` sets): every builder here ends in it."""
+    ``__copy__`` sets). `Shape.build` and `Trusted._delta`, which make nearly every object here,
+    set the same slots in line, with no extras and no private attributes."""
     made: _M = _new(cls)
     _set(made, "__dict__", fields)
     _set_fields_set(made, fields_set)
@@ -230,6 +276,7 @@ def _with(ev: _M, name: str, value: Any, field: frozenset[str]) -> _M:
 
 _PLANS = Trusted._plans
 trusted = Trusted.build
+shape = Trusted.shape
 validated = Trusted.validated
 delta_maker = Trusted.delta_maker
 

@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ._trusted import trusted
+from ._trusted import shape
 
 __all__ = [
     "Block",
@@ -91,8 +91,7 @@ class ChatUsage(BaseModel):
         if type(self) is ChatUsage and other.__dict__ == _NO_TOKENS:
             return self
         if type(self) is ChatUsage and type(other) is ChatUsage:  # int fields: their sums are ints
-            return trusted(
-                ChatUsage,
+            return _USAGE.build(
                 input_tokens=self.input_tokens + other.input_tokens,
                 output_tokens=self.output_tokens + other.output_tokens,
                 cache_read_tokens=self.cache_read_tokens + other.cache_read_tokens,
@@ -113,6 +112,8 @@ class ChatUsage(BaseModel):
 
 
 _NO_TOKENS = ChatUsage().__dict__
+_USAGE = shape(ChatUsage, "input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens",
+               "reasoning_tokens")
 
 _frozen = ConfigDict(frozen=True)
 

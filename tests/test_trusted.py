@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 from agentscope_py import MiddlewareBase, ModelStep, ReActAgent, RuntimeContext, ScriptedModel, tool
 from agentscope_py import events as ev
-from agentscope_py._trusted import trusted
+from agentscope_py._trusted import shape, trusted
 from agentscope_py.events import ToolCallDelta, ToolCallStart, ToolResultEnd, parse_event
 from agentscope_py.message import (
     ChatUsage,
@@ -67,6 +67,32 @@ def test_trusted_gives_what_validation_gives(cls: type[BaseModel], values: dict[
         made.__setattr__(next(iter(values)), "x")
     copied = made.model_copy(update={next(iter(values)): values[next(iter(values))]})
     assert copied == made and copied.model_fields_set == made.model_fields_set
+
+
+@pytest.mark.parametrize(("cls", "values"), BUILT, ids=[f"{c.__name__}-{i}" for i, (c, _) in enumerate(BUILT)])
+def test_a_shape_builds_what_trusted_builds(cls: type[BaseModel], values: dict[str, Any]) -> None:
+    made, expected = shape(cls, *values).build(**values), trusted(cls, **values)
+    assert type(made) is cls
+    fresh = {"id", "created_at"} - values.keys()
+    assert {k: v for k, v in made.__dict__.items() if k not in fresh} == \
+        {k: v for k, v in expected.__dict__.items() if k not in fresh}
+    assert list(made.__dict__) == list(expected.__dict__)
+    assert made.model_fields_set == expected.model_fields_set
+    assert made.__pydantic_extra__ is None and made.__pydantic_private__ is None
+
+
+def test_a_shape_takes_only_its_own_fields() -> None:
+    result = shape(ToolResultBlock, "id", "name", "output")
+    with pytest.raises(TypeError, match=r"takes id, name, output, not id, name, output, state"):
+        result.build(id="c", name="t", output="x", state=ToolResultState.ERROR)
+    with pytest.raises(TypeError, match=r"takes id, name, output, not id, name, outptu"):
+        result.build(id="c", name="t", outptu="x")
+    with pytest.raises(TypeError, match=r"takes id, name, output, not id, name$"):
+        result.build(id="c", name="t")
+    with pytest.raises(TypeError, match=r"missing \['name'\]"):
+        shape(ToolResultBlock, "id")
+    with pytest.raises(ValidationError):  # `validated`: the constructor, which checks the values
+        result.validated(id="c", name=1, output="x")
 
 
 def test_trusted_refuses_what_it_cannot_build_as_validation_does() -> None:

@@ -12,7 +12,16 @@ from typing import TYPE_CHECKING, Any
 
 from .._replies import ReplyBuilder
 from ..extension.base import MiddlewareBase
-from ..message import ChatUsage, GenerateReason, Msg, TextBlock, ToolResultBlock, ToolResultState, ToolUseBlock, new_id
+from ..message import (
+    ChatUsage,
+    GenerateReason,
+    Msg,
+    TextBlock,
+    ToolResultBlock,
+    ToolResultState,
+    ToolUseBlock,
+    id_factory,
+)
 from ._boundaries import admit
 from .state import AgentState
 
@@ -20,6 +29,8 @@ if TYPE_CHECKING:
     from .context import RuntimeContext
 
 __all__ = ["RunState"]
+
+_message_id = id_factory("msg_")  # (a reply's id, as ``new_id("msg_")`` makes it)
 
 
 @dataclass(slots=True, eq=False)
@@ -126,7 +137,7 @@ class RunState:
         if builder.usage_total is not None:
             self.usage = builder.usage_total if self.usage is None else self.usage + builder.usage_total
         self.builder = None
-        return builder.build(new_id("msg_"), self.agent_name, reason, self.total_usage if final else "last")
+        return builder.build(_message_id(), self.agent_name, reason, self.total_usage if final else "last")
 
     def adopt_view(self) -> None:
         """An on_reasoning hook answered without calling next: what it emitted is the reply."""

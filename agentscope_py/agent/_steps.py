@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any, TypeAlias
 
 from .._replies import ToolResultCollector
-from .._trusted import trusted
+from .._trusted import shape
 from ..errors import AgentInterrupted
 from ..events import AgentEvent, RequestStop
 from ..extension.base import ExtensionPoint
@@ -52,6 +52,8 @@ class NextStepFinalOutput:
 
 NextStep: TypeAlias = NextStepRunAgain | NextStepAct | NextStepFinalOutput
 RUN_AGAIN = NextStepRunAgain()
+
+_TOOL_MSG = shape(Msg, "role", "content")  # (``Msg.tool(results)``)
 
 
 class Acting:
@@ -111,7 +113,7 @@ class Acting:
             session.pending_tool_calls = []
         if results:
             # (``Msg.tool(results)``, built from the ToolResultBlocks gathered above)
-            session.context.append(trusted(Msg, role="tool", content=results))
+            session.context.append(_TOOL_MSG.build(role="tool", content=results))
 
     def end_run(self, run: RunState) -> None:
         """A stop, a pause for confirmation or a suspension for external results ends the run

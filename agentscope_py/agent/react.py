@@ -21,7 +21,7 @@ from pydantic import BaseModel, ValidationError
 
 from .._effects import InDoubtPolicy, check_in_doubt, in_doubt_policy
 from .._model_call import FailoverListener, RetryPolicy
-from .._trusted import trusted
+from .._trusted import shape
 from ..errors import BusyError, InputError
 from ..events import AgentEvent, AgentResult, ConfirmResult
 from ..extension.base import AgentInput, ExtensionPoint, MiddlewareBase
@@ -72,12 +72,16 @@ def _as_msgs(value: MsgInput) -> tuple[Msg, ...]:
     return tuple(m if isinstance(m, Msg) else _as_msg(m, f" (item {i})") for i, m in enumerate(value))
 
 
+_USER_TEXT = shape(Msg, "role", "name", "content", "metadata")
+_TEXT = shape(TextBlock, "text")
+
+
 def _as_msg(value: Any, where: str) -> Msg:
     if isinstance(value, str):
         if not value.strip():
             raise InputError(f"the agent input{where} is blank: pass the user's text (agent.call('hi')) or a Msg")
         if type(value) is str:  # ``Msg.user(value)``, its one value checked here
-            return trusted(Msg, role="user", name=None, content=[trusted(TextBlock, text=value)], metadata={})
+            return _USER_TEXT.build(role="user", name=None, content=[_TEXT.build(text=value)], metadata={})
         return Msg.user(value)
     if isinstance(value, Msg):
         return value
