@@ -124,6 +124,8 @@ def test_the_key_of_a_request_does_not_depend_on_the_requests_before_it() -> Non
     steps = [key(grown[:n]) for n in range(1, 5)]           # each extends the one before
     fresh = [key(conversation(f"call-{n}")[:n]) for n in range(4, 0, -1)][::-1]  # none does
     assert steps == fresh and len(set(steps)) == 4
+    key(grown[:2])
+    assert key(grown) == steps[-1]                           # two new messages at once
     assert key(grown, temperature=1) not in steps           # another head: another key...
     assert key(grown) == steps[-1]                         # ...and back again: the same one
     assert key(grown[:2] + grown[3:]) not in steps           # a message left out counts

@@ -98,20 +98,9 @@ def _tools_digest(tools: Sequence[Any]) -> str:
     return digest
 
 
-class _Last:
-    """The last request: its head's encoding and the hasher after it, its messages, the hasher
-    after them and the aliases (tool-call id -> order of appearance) they gave."""
-
-    __slots__ = ("aliases", "head", "head_state", "messages", "state")
-
-    def __init__(self, head: bytes, head_state: Any, messages: tuple[Msg, ...], state: Any,
-                 aliases: dict[str, int]) -> None:
-        self.head = head
-        self.head_state = head_state
-        self.messages = messages
-        self.state = state
-        self.aliases = aliases
-
+_Last = tuple[bytes, Any, tuple[Msg, ...], Any, dict[str, int]]
+"""The last request: its head's encoding and the hasher after it, its messages, the hasher after
+them and the aliases (tool-call id -> order of appearance) they gave."""
 
 # A session's request is the request before it plus the messages since (the same objects, in the
 # same order), under the same head: the hasher's state after the last request is kept, so such a
@@ -124,30 +113,37 @@ _last: _Last | None = None
 def request_key(input: ModelCallInput) -> str:
     """The cache key of a model call: a hex SHA-256 of its normalised request — the canonical
     encoding of its head (the model's class and name, the tools' digest, the options), then that
-    of each message (each a JSON array, so the sequence reads back one way only)."""
+    of each message followed by a comma (each a JSON array, so the sequence reads back one way
+    only). The new messages are encoded as one JSON array, whose inside is exactly that sequence
+    without its last comma: one encoding per request, whatever the split into old and new."""
     global _last
     model = input.model
     head = _canonical(("model_call", type(model).__qualname__, getattr(model, "name", ""),
                        _tools_digest(input.tools), input.options))
     messages = input.messages
-    last, _last = _last, None  # (taken: a failure below leaves no half-updated state behind)
-    if last is not None and last.head == head:
-        head_state = last.head_state
-        n = len(last.messages)
-        if len(messages) >= n and all(map(_is, messages, last.messages)):
-            state, aliases, rest = last.state, last.aliases, messages[n:]  # (extended in place)
+    last = _last
+    if last is not None and last[0] == head:
+        head_state = last[1]
+        n = len(last[2])
+        if len(messages) >= n and all(map(_is, messages, last[2])):
+            # (copies: the kept state is never changed, so threads that share it cannot mix)
+            state, aliases, rest = last[3].copy(), dict(last[4]), messages[n:]
         else:
             state, aliases, rest = head_state.copy(), {}, messages
     else:
         head_state = _sha256(head)
         state, aliases, rest = head_state.copy(), {}, messages
-    update = state.update
-    for m in rest:
-        blocks = []
-        for b in m.content:
-            blocks.append(("t", b.text) if b.type == "text" else _block(b, aliases))
-        update(_canonical((m.role, m.name, blocks)))
-    _last = _Last(head, head_state, tuple(messages), state, aliases)
+    if rest:
+        normal = []
+        for m in rest:
+            blocks = []
+            for b in m.content:
+                blocks.append(("t", b.text) if b.type == "text" else _block(b, aliases))
+            normal.append((m.role, m.name, blocks))
+        encoded = _canonical(normal)  # b"[m1,m2]": the inside and a comma is "m1,m2,"
+        state.update(memoryview(encoded)[1:-1])
+        state.update(b",")
+    _last = (head, head_state, tuple(messages), state, aliases)
     return str(state.hexdigest())
 
 
