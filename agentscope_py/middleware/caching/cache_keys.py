@@ -1,11 +1,9 @@
-"""The cache keys: a SHA-256 of canonical JSON encodings of the normalised request.
+"""The cache keys: a SHA-256 of a canonical JSON encoding of the normalised request.
 
-`request_key` normalises a model call: its head — the model's class and name, the tool schemas
-(digested once per tuple: the toolkit hands the same tuple to every round), the options — and the
-messages' roles, names and content blocks (ids, timestamps, metadata and thinking signatures left
-out; tool-call ids replaced by their order of appearance, so the pairing of calls and results
-still counts). The head and each message are encoded apart and hashed in order, so a request that
-extends the one before hashes only its new messages.
+`request_key` normalises a model call: the messages' roles, names and content blocks (ids,
+timestamps, metadata and thinking signatures left out; tool-call ids replaced by their order of
+appearance, so the pairing of calls and results still counts), the tool schemas (digested once per
+tuple: the toolkit hands the same tuple to every round), the options, the model's class and name.
 `tool_call_key` is the tool name, the arguments and (unless the tool is shared) the user. orjson
 encodes when installed (else the json module; the two spell some floats differently, so
 processes sharing a store should match).
@@ -80,6 +78,35 @@ def _block(block: Any, aliases: dict[str, int]) -> Any:
     return (t, block.model_dump(mode="json", exclude={"id"}))
 
 
+# The last request's messages, their normal forms and the aliases (tool-call id -> order of
+# appearance) after them. A session's request is the request before it plus the messages since
+# (the same objects, in the same order), so an untriggered cache normalises only those (the
+# request is still encoded whole, in one C call). The prefix is recognised by identity, in C; any
+# other request (another session's, say) is normalised whole. Only the last request is kept, so
+# no dead message is kept alive for long.
+_prev: tuple[tuple[Msg, ...], list[Any], dict[str, int]] = ((), [], {})
+
+
+def _messages(messages: Sequence[Msg]) -> list[Any]:
+    global _prev
+    done, out, aliases = _prev
+    n = len(done)
+    if n and len(messages) >= n and all(map(_is, messages, done)):
+        aliases = dict(aliases)  # (the aliases of the prefix: what normalising it again gives)
+        out = list(out)
+        rest: Sequence[Msg] = messages[n:]
+    else:
+        aliases, rest, out = {}, messages, []
+    append = out.append
+    for m in rest:
+        blocks = []
+        for b in m.content:
+            blocks.append(("t", b.text) if b.type == "text" else _block(b, aliases))
+        append((m.role, m.name, blocks))
+    _prev = (tuple(messages), out, aliases)
+    return out
+
+
 _TOOLS: dict[int, tuple[Sequence[Any], str]] = {}  # id(tools) -> (tools, digest): the toolkit's tuple is reused
 
 
@@ -98,53 +125,15 @@ def _tools_digest(tools: Sequence[Any]) -> str:
     return digest
 
 
-_Last = tuple[bytes, Any, tuple[Msg, ...], Any, dict[str, int]]
-"""The last request: its head's encoding and the hasher after it, its messages, the hasher after
-them and the aliases (tool-call id -> order of appearance) they gave."""
-
-# A session's request is the request before it plus the messages since (the same objects, in the
-# same order), under the same head: the hasher's state after the last request is kept, so such a
-# request encodes and hashes only its new messages; any other (another session's, a new run's)
-# starts from the state after the head. The prefix is recognised by identity, in C. Only the last
-# request is kept, so no dead message is kept alive for long.
-_last: _Last | None = None
-
-
 def request_key(input: ModelCallInput) -> str:
-    """The cache key of a model call: a hex SHA-256 of its normalised request — the canonical
-    encoding of its head (the model's class and name, the tools' digest, the options), then that
-    of each message followed by a comma (each a JSON array, so the sequence reads back one way
-    only). The new messages are encoded as one JSON array, whose inside is exactly that sequence
-    without its last comma: one encoding per request, whatever the split into old and new."""
-    global _last
+    """The cache key of a model call: a hex SHA-256 of its normalised request."""
     model = input.model
-    head = _canonical(("model_call", type(model).__qualname__, getattr(model, "name", ""),
-                       _tools_digest(input.tools), input.options))
-    messages = input.messages
-    last = _last
-    if last is not None and last[0] == head:
-        head_state = last[1]
-        n = len(last[2])
-        if len(messages) >= n and all(map(_is, messages, last[2])):
-            # (copies: the kept state is never changed, so threads that share it cannot mix)
-            state, aliases, rest = last[3].copy(), dict(last[4]), messages[n:]
-        else:
-            state, aliases, rest = head_state.copy(), {}, messages
-    else:
-        head_state = _sha256(head)
-        state, aliases, rest = head_state.copy(), {}, messages
-    if rest:
-        normal = []
-        for m in rest:
-            blocks = []
-            for b in m.content:
-                blocks.append(("t", b.text) if b.type == "text" else _block(b, aliases))
-            normal.append((m.role, m.name, blocks))
-        encoded = _canonical(normal)  # b"[m1,m2]": the inside and a comma is "m1,m2,"
-        state.update(memoryview(encoded)[1:-1])
-        state.update(b",")
-    _last = (head, head_state, tuple(messages), state, aliases)
-    return str(state.hexdigest())
+    tools = input.tools
+    tools_digest = _tools_digest(tools)
+    return _sha256(_canonical((
+        "model_call", type(model).__qualname__, getattr(model, "name", ""), _messages(input.messages),
+        tools_digest, input.options,
+    ))).hexdigest()
 
 
 def tool_call_key(call: ToolUseBlock, user: str | None = None) -> str:
