@@ -106,6 +106,31 @@ async def test_the_key_ignores_ids_and_metadata_but_not_content_options_tools_or
     assert request_key(base) != request_key(base.replace(tools=[ToolSchema("t", "d", {})]))
 
 
+def test_the_key_of_a_request_does_not_depend_on_the_requests_before_it() -> None:
+    # (a request that extends the one before is normalised from where that one ended: the same key
+    # as the same request normalised from scratch, with equal messages that are other objects)
+    from agentscope_py.message import ToolResultBlock, ToolUseBlock
+    model = ScriptedModel([], name="m")
+
+    def conversation(call_id: str) -> list[Msg]:
+        return [Msg.system("be brief"), Msg.user("weather?"),
+                Msg(role="assistant", content=[ToolUseBlock(id=call_id, name="w", input={"c": "Oslo"})]),
+                Msg(role="tool", content=[ToolResultBlock(id=call_id, name="w", output="sun")])]
+
+    def key(messages: list[Msg], **options: Any) -> str:
+        return request_key(ModelCallInput(messages=messages, tools=(), options=options, model=model))
+
+    grown = conversation("call-1")
+    steps = [key(grown[:n]) for n in range(1, 5)]           # each extends the one before
+    fresh = [key(conversation(f"call-{n}")[:n]) for n in range(4, 0, -1)][::-1]  # none does
+    assert steps == fresh and len(set(steps)) == 4
+    key(grown[:2])
+    assert key(grown) == steps[-1]                           # two new messages at once
+    assert key(grown, temperature=1) not in steps           # another head: another key...
+    assert key(grown) == steps[-1]                         # ...and back again: the same one
+    assert key(grown[:2] + grown[3:]) not in steps           # a message left out counts
+
+
 async def test_tool_call_ids_count_by_position_so_replayed_conversations_still_hit() -> None:
     @tool(read_only=True)
     def lookup(q: str) -> str:
