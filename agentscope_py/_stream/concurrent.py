@@ -10,7 +10,7 @@ from collections.abc import AsyncIterable, AsyncIterator, Callable
 from typing import Any
 
 from .channel import EMPTY, Channel
-from .operators import Maps, MapSource, Recovery, aclose, aclosing
+from .operators import Maps, MapSource, aclose, aclosing
 
 __all__ = ["Prefetch", "Producer", "merge"]
 
@@ -36,9 +36,6 @@ class Prefetch(MapSource):
     def with_maps(self, maps: Maps) -> AsyncIterator[Any]:
         return _prefetch(self.source, self.size, self.ctx, maps)
 
-    def recovering(self, maps: Maps, recovery: Recovery) -> AsyncIterator[Any]:
-        return _prefetch(self.source, self.size, self.ctx, maps, recovery)
-
 
 async def _pump(channel: Channel, source: Producer) -> None:
     """The producer task of `_prefetch`: runs ``source`` into ``channel``."""
@@ -58,9 +55,7 @@ async def _pump(channel: Channel, source: Producer) -> None:
         channel.finish(error)
 
 
-async def _prefetch(
-    source: Producer, size: int, ctx: contextvars.Context, maps: Maps, recovery: Recovery | None = None,
-) -> AsyncIterator[Any]:
+async def _prefetch(source: Producer, size: int, ctx: contextvars.Context, maps: Maps) -> AsyncIterator[Any]:
     channel = Channel(size)
     items = channel.items
     task = channel.loop.create_task(_pump(channel, source), context=ctx)
@@ -69,45 +64,6 @@ async def _prefetch(
         # Give the task its first step in this same loop turn: a source that is ready at once (a
         # cache, an in-process model) has filled the channel by then.
         await asyncio.sleep(0)
-        if recovery is not None:
-            # Until the first item (`Recovery`): a failure goes to ``recovery``, not out. A loop of
-            # its own, so the loop below (every item of every prefetch) stays as it is.
-            n, passes, resume = recovery
-            inner, outer = maps[:n], maps[n:]
-            error: Exception | None = None
-            while True:
-                item = (items.pop(0) if not spaces else take()) if items else empty
-                if item is not empty:
-                    try:
-                        for fn in inner:
-                            item = fn(item)
-                    except Exception as exc:
-                        error = exc
-                        break
-                    first = type(item) not in passes
-                    for fn in outer:
-                        item = fn(item)
-                    yield item
-                    if first:
-                        break
-                elif channel.done:
-                    if not isinstance(channel.error, Exception):
-                        channel.end()  # (a BaseException goes on; None: the stream is complete)
-                        return
-                    error = channel.error
-                    break
-                else:
-                    channel.waiter = channel.loop.create_future()
-                    await channel.waiter
-            if error is not None:
-                await _stopped(task)
-                resumed = resume(error)
-                try:
-                    async for item in resumed:
-                        yield item
-                finally:
-                    await aclose(resumed)
-                return
         while True:  # `Channel.drain`, with the maps applied
             item = (items.pop(0) if not spaces else take()) if items else empty
             if item is not empty:

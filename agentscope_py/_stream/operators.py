@@ -64,8 +64,8 @@ class MapSource:
     def recovering(self, maps: Maps, recovery: Recovery) -> AsyncIterator[Any] | None:
         """`with_maps`, and a failure before the first item handed to ``recovery`` (see there);
         None when this source cannot (the caller then wraps the stream instead). Only sources
-        that handle each item themselves can, at no cost per item: `concurrent.Prefetch`, and
-        `context.InContext` around one."""
+        that handle each item themselves can, at no cost per item: the model call's stream
+        (`_model_call.ModelCall`), and `context.InContext` around one."""
         return None
 
 

@@ -1,4 +1,4 @@
-"""Helpers of the resilience tests: balance, a fake sleep, model-call traces."""
+"""Helpers of the resilience tests: balance, a fake sleep, model-call traces, an iterator probe."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ from collections import Counter
 from typing import Any
 
 from agentscope_py import ReActAgent, Toolkit
+from agentscope_py.extension.base import ExtensionPoint, MiddlewareBase
 
 
 def balance(events: list[Any]) -> Counter[str]:
@@ -46,3 +47,25 @@ def agent_with(model: Any, *mws: Any, toolkit: Toolkit | None = None) -> ReActAg
     if toolkit is not None:
         b = b.toolkit(toolkit)
     return b.build()
+
+
+class IteratorProbe(MiddlewareBase):
+    """Outside the middleware under test: records the type of the iterator the model call's
+    stream hands out (what a retry or a budget puts between the consumer and the model)."""
+
+    def __init__(self) -> None:
+        self.got: list[type] = []
+
+    def active_points(self) -> Any:
+        return (ExtensionPoint.ON_MODEL_CALL,)
+
+    def on_model_call(self, agent: Any, ctx: Any, input: Any, next: Any) -> Any:
+        stream = next(input)
+
+        async def read() -> Any:
+            it = stream.__aiter__()
+            self.got.append(type(it))
+            async for ev in it:
+                yield ev
+
+        return read()

@@ -542,26 +542,12 @@ class DownOnce:
 
 
 async def test_a_retry_outside_the_budget_adds_no_iterator_and_retries_with_the_failed_hold_released() -> None:
-    from agentscope_py.extension.base import ExtensionPoint, MiddlewareBase
+    from resilience_helpers import IteratorProbe
+
     from agentscope_py.middleware import RetryMiddleware
     from agentscope_py.middleware.resilience._common import Attempts
 
-    got: list[type] = []
-
-    class Probe(MiddlewareBase):  # (outside the retry: what iterator its stream hands out)
-        def active_points(self) -> Any:
-            return (ExtensionPoint.ON_MODEL_CALL,)
-
-        def on_model_call(self, agent: Any, ctx: Any, input: Any, next: Any) -> Any:
-            stream = next(input)
-
-            async def read() -> Any:
-                it = stream.__aiter__()
-                got.append(type(it))
-                async for ev in it:
-                    yield ev
-
-            return read()
+    probe = IteratorProbe()  # (outside the retry: what iterator its stream hands out)
 
     async def no_sleep(delay: float) -> None:
         return None
@@ -570,14 +556,14 @@ async def test_a_retry_outside_the_budget_adds_no_iterator_and_retries_with_the_
     model = DownOnce(ctx)
     budget = BudgetMiddleware(run_tokens=1000, estimate=fixed(E_IN))
     agent = (ReActAgent.builder().sys_prompt("").model(model)
-             .middlewares([Probe(), RetryMiddleware(1, sleep=no_sleep), budget]).build())
+             .middlewares([probe, RetryMiddleware(1, sleep=no_sleep), budget]).build())
     events = await agent.stream("hi", ctx=ctx).to_list()
     assert events[-2].result.text == "ok" and balanced(events)
     # The failed attempt's hold went before the next attempt took its own; only the answer is charged.
     assert model.held == [(1, E_IN), (1, E_IN)]
     totals = run_totals(ctx)
     assert (totals.tokens, totals.calls, totals.holds, totals.held_tokens) == (E_IN + 1, 1, 0, 0)
-    assert got and got[0] is not Attempts  # the model call's own stream took the failure: no retry iterator
+    assert probe.got and probe.got[0] is not Attempts  # the model call's own stream took the failure: no retry iterator
 
 
 async def test_a_refusal_inside_a_retry_is_the_retrys_to_judge() -> None:

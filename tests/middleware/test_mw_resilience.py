@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from conftest import types
-from resilience_helpers import FakeSleep, agent_with, balance, model_trace
+from resilience_helpers import FakeSleep, IteratorProbe, agent_with, balance, model_trace
 
 from agentscope_py import ModelStep, ReActAgent, ScriptedModel
 from agentscope_py.errors import (
@@ -387,25 +387,10 @@ async def test_an_untriggered_retry_hands_out_the_model_calls_own_iterator() -> 
     # iterator of the retry's in between (until a failure).
     from agentscope_py.middleware.resilience._common import Attempts
 
-    got: list[Any] = []
-
-    class Probe(MiddlewareBase):
-        def active_points(self) -> Any:
-            return (P.ON_MODEL_CALL,)
-
-        def on_model_call(self, agent: Any, ctx: Any, input: Any, next: Any) -> Any:
-            stream = next(input)
-
-            async def read() -> Any:
-                it = stream.__aiter__()
-                got.append(type(it))
-                async for ev in it:
-                    yield ev
-
-            return read()
-
-    agent = agent_with(ScriptedModel([ModelStep.text("ok")]), Probe(), RetryMiddleware())
+    probe = IteratorProbe()
+    agent = agent_with(ScriptedModel([ModelStep.text("ok")]), probe, RetryMiddleware())
     assert (await agent.call("hi")).text == "ok"
+    got = probe.got
     assert got and got[0] is not Attempts and getattr(got[0], "__name__", "") == "async_generator"
 
 
