@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from ._bracket_kinds import describe
 from ._sanitize import SurrogateCarry, clean
-from ._trusted import delta_maker
+from ._trusted import delta_maker, shape
 from .events import (
     ModelCallEnd,
     ModelCallStart,
@@ -32,6 +32,17 @@ if TYPE_CHECKING:
     from .model.base import ChatChunk, ToolCallChunk
 
 __all__ = ["PartsManager", "delta_maker"]
+
+
+# The brackets of a model call and of its blocks, built from the reply id, the model's name and
+# ids as `PartsManager` holds them: exact ``str`` (a value of another type is validated once, by the
+# call's or the tool call's Start, and the events after it take the Start's values).
+_MODEL_START = shape(ModelCallStart, "reply_id", "model")
+_MODEL_END = shape(ModelCallEnd, "reply_id", "usage", "finish_reason", "model")
+_TEXT_START = shape(TextBlockStart, "reply_id", "block_id")
+_TEXT_END = shape(TextBlockEnd, "reply_id", "block_id")
+_CALL_START = shape(ToolCallStart, "reply_id", "tool_call_id", "tool_name")
+_CALL_END = shape(ToolCallEnd, "reply_id", "tool_call_id", "tool_name")
 
 
 def _no_block(text: str) -> Any:
@@ -73,8 +84,12 @@ class PartsManager:
     )
 
     def __init__(self, reply_id: str, model: str) -> None:
-        self.reply_id = reply_id
-        self.model = model
+        if type(reply_id) is str and type(model) is str:
+            start = _MODEL_START.build(reply_id=reply_id, model=model)
+        else:  # (a model's name of another type, a reply id from elsewhere)
+            start = ModelCallStart(reply_id=reply_id, model=model)
+        self.reply_id = start.reply_id
+        self.model = start.model
         self.out: list[Any] = []
         """The events of the chunk fed last (the consumer takes them and clears the list)."""
         self.put: Callable[[Any], None] = self.out.append
@@ -90,7 +105,7 @@ class PartsManager:
         self.calls: dict[int, tuple[str, str, Callable[[str], ToolCallDelta]]] = {}
         self.usage: ChatUsage | None = None
         self.finish: str | None = None
-        self.put(ModelCallStart(reply_id=reply_id, model=model))
+        self.put(start)
 
     def feed(self, chunk: ChatChunk) -> None:
         """Append the events of ``chunk`` to ``out``."""
@@ -118,8 +133,11 @@ class PartsManager:
         self._end_thinking()
         self._end_text()
         self._end_calls()
-        self.put(ModelCallEnd(reply_id=self.reply_id, usage=self.usage, finish_reason=self.finish,
-                              model=self.model))
+        usage, finish = self.usage, self.finish
+        # The provider's usage and finish reason: validated unless already a `ChatUsage` and a ``str``
+        typed = (usage is None or type(usage) is ChatUsage) and (finish is None or type(finish) is str)
+        self.put((_MODEL_END.build if typed else _MODEL_END.validated)(
+            reply_id=self.reply_id, usage=usage, finish_reason=finish, model=self.model))
 
     def fail(self, error: BaseException, interrupted: bool) -> None:
         """The stream failed with ``error``: close the open blocks, then a ModelCallEnd that says
@@ -129,7 +147,7 @@ class PartsManager:
         if self.thinking_id is not None:
             put(ThinkingBlockEnd(reply_id=reply_id, block_id=self.thinking_id, signature=self.signature))
         if self.text_id is not None:
-            put(TextBlockEnd(reply_id=reply_id, block_id=self.text_id))
+            put(_TEXT_END.build(reply_id=reply_id, block_id=self.text_id))
         self._end_calls()
         put(ModelCallEnd(reply_id=reply_id, usage=self.usage, error=describe(error), discarded=not interrupted,
                          model=self.model))
@@ -153,7 +171,7 @@ class PartsManager:
         self._end_thinking()
         self.text_id = block_id = new_id("blk_")
         self.text_make = delta_maker(TextBlockDelta, reply_id=self.reply_id, block_id=block_id)
-        self.put(TextBlockStart(reply_id=self.reply_id, block_id=block_id))
+        self.put(_TEXT_START.build(reply_id=self.reply_id, block_id=block_id))
 
     def _text_carry(self) -> SurrogateCarry:
         if self.text_carry is None:
@@ -166,11 +184,16 @@ class PartsManager:
         known = self.calls.get(tc.index)
         if known is None or (tc.id is not None and tc.id != known[0]):
             if known is not None:  # a provider reusing an index for a new call
-                self.put(ToolCallEnd(reply_id=self.reply_id, tool_call_id=known[0], tool_name=known[1]))
+                self.put(_CALL_END.build(reply_id=self.reply_id, tool_call_id=known[0], tool_name=known[1]))
             call_id, name = tc.id or new_id("call_"), tc.name or ""
+            if type(call_id) is str and type(name) is str:
+                start = _CALL_START.build(reply_id=self.reply_id, tool_call_id=call_id, tool_name=name)
+            else:  # a provider's id or name of another type
+                start = ToolCallStart(reply_id=self.reply_id, tool_call_id=call_id, tool_name=name)
+                call_id, name = start.tool_call_id, start.tool_name
             make = delta_maker(ToolCallDelta, reply_id=self.reply_id, tool_call_id=call_id, tool_name=name)
             known = self.calls[tc.index] = (call_id, name, make)
-            self.put(ToolCallStart(reply_id=self.reply_id, tool_call_id=call_id, tool_name=name))
+            self.put(start)
         if tc.arguments:
             self.put(known[2](clean(tc.arguments)))
 
@@ -179,7 +202,7 @@ class PartsManager:
             return
         if self.text_carry is not None and self.text_carry.held:
             self.put(self.text_make(self.text_carry.flush()))
-        self.put(TextBlockEnd(reply_id=self.reply_id, block_id=self.text_id))
+        self.put(_TEXT_END.build(reply_id=self.reply_id, block_id=self.text_id))
         self.text_id = None
 
     def _end_thinking(self) -> None:
@@ -192,5 +215,5 @@ class PartsManager:
 
     def _end_calls(self) -> None:
         for call_id, name, _ in self.calls.values():
-            self.put(ToolCallEnd(reply_id=self.reply_id, tool_call_id=call_id, tool_name=name))
+            self.put(_CALL_END.build(reply_id=self.reply_id, tool_call_id=call_id, tool_name=name))
 

@@ -62,9 +62,9 @@ class Trusted:
     against 12.5 k, a delta 10.9 k against 16.7 k; and memory: the objects of one shape share one
     fields set where validation makes a new set (216 bytes) per object, which is what a run in
     flight keeps (its messages). A flat event gains least (13.2 k against 14.9 k: pydantic-core
-    validates it in about what assembling it in Python costs), and the events made once per round
-    (a run's start and end, a model call's and a tool call's brackets) keep their validating
-    constructors.
+    validates it in about what assembling it in Python costs); the events made once per round (a
+    run's start, result and end, a model call's and its blocks' brackets) are built by shapes all
+    the same, each from exact-typed values only (a value of another type goes to `Shape.validated`).
     ``Model.model_construct`` is not used: on pydantic 2.14 it loops over the fields in Python
     (38 k instructions for an event with every field given) and inspects each default factory's
     signature on every call.

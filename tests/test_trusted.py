@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 from agentscope_py import MiddlewareBase, ModelStep, ReActAgent, RuntimeContext, ScriptedModel, tool
 from agentscope_py import events as ev
+from agentscope_py._parts import PartsManager
 from agentscope_py._trusted import shape, trusted
 from agentscope_py.events import ToolCallDelta, ToolCallStart, ToolResultEnd, parse_event
 from agentscope_py.message import (
@@ -24,12 +25,26 @@ from agentscope_py.message import (
     ToolResultState,
     ToolUseBlock,
 )
+from agentscope_py.model.base import ChatChunk, ToolCallChunk
 
 # What the runtime builds with `trusted`, with the values it passes (and two events: any frozen model
 # without validators builds the same way).
 BUILT: list[tuple[type[BaseModel], dict[str, Any]]] = [
     (ev.AgentEnd, {"reply_id": "r", "error": "ValueError: x"}),  # (an event: default factories, a fields set)
     (ev.ToolResultStart, {"reply_id": "r", "tool_call_id": "c", "tool_name": "t", "metadata": {"server": "s"}}),
+    # the brackets of a run, of a model call and of its blocks (module shapes in `_parts`, `agent._loop`)
+    (ev.AgentStart, {"reply_id": "r", "name": "a", "session_id": None}),
+    (ev.AgentStart, {"reply_id": "r", "name": "a", "session_id": "s"}),
+    (ev.AgentResult, {"result": Msg(role="assistant", content=[TextBlock(text="t")], usage=ChatUsage())}),
+    (ev.AgentEnd, {"reply_id": "r"}),
+    (ev.AgentEnd, {"reply_id": "r", "metadata": {"rolled_back": True}}),
+    (ev.ModelCallStart, {"reply_id": "r", "model": "m"}),
+    (ev.ModelCallEnd, {"reply_id": "r", "usage": ChatUsage(input_tokens=1), "finish_reason": "stop", "model": "m"}),
+    (ev.ModelCallEnd, {"reply_id": "r", "usage": None, "finish_reason": None, "model": "m"}),
+    (ev.TextBlockStart, {"reply_id": "r", "block_id": "b"}),
+    (ev.TextBlockEnd, {"reply_id": "r", "block_id": "b"}),
+    (ev.ToolCallStart, {"reply_id": "r", "tool_call_id": "c", "tool_name": "t"}),
+    (ev.ToolCallEnd, {"reply_id": "r", "tool_call_id": "c", "tool_name": "t"}),
     (TextBlock, {"text": "hi"}),
     (ThinkingBlock, {"thinking": "hmm", "signature": None}),
     (ThinkingBlock, {"thinking": "hmm", "signature": "sig"}),
@@ -79,6 +94,14 @@ def test_a_shape_builds_what_trusted_builds(cls: type[BaseModel], values: dict[s
     assert list(made.__dict__) == list(expected.__dict__)
     assert made.model_fields_set == expected.model_fields_set
     assert made.__pydantic_extra__ is None and made.__pydantic_private__ is None
+
+
+@pytest.mark.parametrize(("cls", "values"), BUILT, ids=[f"{c.__name__}-{i}" for i, (c, _) in enumerate(BUILT)])
+def test_a_shape_dumps_what_validation_dumps(cls: type[BaseModel], values: dict[str, Any]) -> None:
+    made, validated = shape(cls, *values).build(**values), cls(**values)
+    fresh = {"id", "created_at"} - values.keys()
+    assert made.model_dump(exclude=fresh) == validated.model_dump(exclude=fresh)
+    assert made.model_fields_set == validated.model_fields_set
 
 
 def test_a_shape_takes_only_its_own_fields() -> None:
@@ -159,6 +182,34 @@ async def test_a_session_id_that_is_not_a_str_is_refused_by_validation() -> None
     agent = ReActAgent.builder().model(ScriptedModel([ModelStep.text("hi")])).build()
     with pytest.raises(ValidationError, match="session_id"):
         await agent.call("go", ctx=RuntimeContext(session_id=typing.cast(str, 7)))
+
+
+class Name(str):
+    """A ``str`` of another type: validation gives it as a plain ``str``."""
+
+
+def test_what_a_provider_streams_of_another_type_is_validated_in_the_brackets() -> None:
+    parts = PartsManager("r", typing.cast(str, Name("m")))
+    parts.feed(ChatChunk(tool_call=ToolCallChunk(index=0, id=Name("c"), name=Name("t"), arguments="{}")))
+    parts.feed(ChatChunk(usage=typing.cast(ChatUsage, {"input_tokens": 1}), finish_reason="stop"))
+    parts.end()
+    start, call, delta, end, model_end = parts.out
+    assert (type(start), type(call), type(end), type(model_end)) == \
+        (ev.ModelCallStart, ToolCallStart, ev.ToolCallEnd, ev.ModelCallEnd)
+    assert type(start.model) is str and type(model_end.model) is str
+    for e in (call, delta, end):
+        assert type(e.tool_call_id) is str and type(e.tool_name) is str
+    assert model_end.usage == ChatUsage(input_tokens=1)  # a dict validated into its model
+    failing = PartsManager("r", "m")
+    failing.feed(ChatChunk(finish_reason=typing.cast(str, 3)))
+    with pytest.raises(ValidationError, match="finish_reason"):
+        failing.end()
+
+
+async def test_an_agent_name_of_another_type_is_validated_in_the_start() -> None:
+    agent = ReActAgent.builder().name(Name("a")).model(ScriptedModel([ModelStep.text("hi")])).build()
+    start = (await agent.stream("go").to_list())[0]
+    assert type(start) is ev.AgentStart and start.name == "a" and type(start.name) is str
 
 
 def test_deserialised_events_are_validated() -> None:

@@ -25,6 +25,7 @@ from .._acting import ToolScope, acting_events
 from .._bracket_kinds import describe
 from .._model_call import model_call_stream
 from .._replies import ReplyBuilder
+from .._trusted import shape
 from ..errors import AgentInterrupted, BusyError, PendingToolCallsError, ResumeError, StructuredOutputError
 from ..events import AgentEnd, AgentEvent, AgentResult, AgentStart, EventBase, ExceedMaxIters, ModelCallStart
 from ..extension.base import ActingInput, AgentInput, ExtensionPoint, ModelCallInput, ReasoningInput
@@ -73,6 +74,15 @@ SUMMARY_PROMPT = (
     "<system-reminder>You have reached the maximum number of reasoning steps. Do not call tools. "
     "Summarise what you have done and give the best final answer you can now.</system-reminder>"
 )
+
+# The run's own bracket. The reply id is the run's (`new_id`), the error a `describe` string, the
+# result the run's final `Msg`; the agent's name and the session id are the caller's, so the start
+# is built from them only when they are exactly of their fields' types (else it is validated).
+_START = shape(AgentStart, "reply_id", "name", "session_id")
+_RESULT = shape(AgentResult, "result")
+_END = shape(AgentEnd, "reply_id")
+_FAILED = shape(AgentEnd, "reply_id", "error")
+_ROLLED_BACK = shape(AgentEnd, "reply_id", "metadata")
 
 
 class Execution:
@@ -175,7 +185,9 @@ class Execution:
         key, gates, strategy = (ctx.user_id, ctx.session_id), runtime.gates, self.strategy
         gates.check(key, strategy, runtime.max_queued)  # refused before it started: no event at all
         if publish:
-            yield AgentStart(reply_id=self.reply_id, name=agent.name, session_id=ctx.session_id)
+            name, session_id = agent.name, ctx.session_id
+            yield (_START.build if type(name) is str and (session_id is None or type(session_id) is str)
+                   else _START.validated)(reply_id=self.reply_id, name=name, session_id=session_id)
         brackets = Brackets()
         logged = brackets.log
         log = logged.append
@@ -185,7 +197,7 @@ class Execution:
             await hold.enter()
         except BusyError as exc:  # refused at the gate (another process holds the session)
             if publish:
-                yield AgentEnd(reply_id=self.reply_id, error=describe(exc))
+                yield _FAILED.build(reply_id=self.reply_id, error=describe(exc))
             raise
         async with hold:
             try:
@@ -280,13 +292,13 @@ class Execution:
             # The run's own bracket closes too: the caller's stream ends with AgentEnd naming the
             # error, then the error itself is raised.
             if publish:
-                yield AgentEnd(reply_id=self.reply_id, error=describe(failure))
+                yield _FAILED.build(reply_id=self.reply_id, error=describe(failure))
             raise failure
         assert run.final is not None
         if publish:
-            yield AgentResult(result=run.final)
-            yield (AgentEnd(reply_id=self.reply_id, metadata={"rolled_back": True}) if run.rolled_back
-                   else AgentEnd(reply_id=self.reply_id))  # (a metadata given costs its validation)
+            yield _RESULT.build(result=run.final)
+            yield (_ROLLED_BACK.build(reply_id=self.reply_id, metadata={"rolled_back": True}) if run.rolled_back
+                   else _END.build(reply_id=self.reply_id))
 
     def _finish(self, error: BaseException | None) -> AsyncIterator[AgentEvent]:
         return finish(self.agent, self.ctx, self.runtime, self.run, error, self.tools.started)
