@@ -29,7 +29,6 @@ from typing import Any
 from ._control import RunControl
 from ._deadline import Deadline, DeadlineTimer
 from ._parts import PartsManager
-from ._stream.context import NO_STEP, Stepper
 from ._stream.operators import Maps, MapSource, Recovery, aclose
 from .errors import AgentInterrupted
 from .events import AgentEvent
@@ -168,10 +167,14 @@ class ModelCall(MapSource):
         return model_events(self, maps, recovery)
 
 
-class ModelRead(Stepper):
+NO_STEP: Any = object()
+"""`ModelRead.first` when no step is held."""
+
+
+class ModelRead(Generator[Any, Any, Any]):
     """One model call's reads of its provider, in the consumer's task: what an interrupt or the
     deadline cuts (a `_control.Cancellable` in the run's control, the deadline's target), and the
-    awaitable that steps the provider's coroutines inside the call's context (a `Stepper`).
+    awaitable that steps the provider's coroutines inside the call's context.
 
     **The cut.** ``reading`` is True only while the consumer's task is inside the read
     (`model_events` sets it around each ``await read``: two attribute writes per hand-over). `cancel`
@@ -181,7 +184,10 @@ class ModelRead(Stepper):
     cancellation). A cut outside a read cancels nothing: the next read fails at once.
 
     **The context.** ``await read`` after ``read.coro = ctx.run(...)`` runs that coroutine inside
-    the call's context (`Stepper`), one object for all the reads of the call.
+    the call's context, as a Task runs its coroutine in its context: the read is itself the
+    iterator the ``await`` delegates to, one object for all the reads of the call, one await at a
+    time. A step the read already holds (``first``) goes to the task before the coroutine is
+    stepped again.
 
     **Handing over.** After the first chunk, ``coro`` is `_fill`, one coroutine that reads the
     rest, feeding each chunk to the parts manager (``out`` gets the events). When it would wait for
@@ -190,10 +196,13 @@ class ModelRead(Stepper):
     on. So the context is entered once per wake-up of the provider, not once per chunk: each chunk
     is read by a plain ``await`` inside `_fill`."""
 
-    __slots__ = ("base", "cancelled", "control", "cut", "filling", "it", "model", "out", "reading", "task", "timer")
+    __slots__ = ("base", "cancelled", "control", "coro", "ctx", "cut", "filling", "first", "it", "model", "out",
+                 "reading", "task", "timer")
 
     def __init__(self, ctx: contextvars.Context, model: ChatModel, control: RunControl | None) -> None:
-        super().__init__(ctx)
+        self.ctx = ctx
+        self.coro: Any = None  # the coroutine being stepped (`_first`, then `_fill`)
+        self.first: Any = NO_STEP  # a step it yielded that the task has not been given yet
         self.model = model  # the model being read (a failover moves it on)
         self.control = control
         self.it: AsyncIterator[ChatChunk] | None = None  # the provider's stream, once opened
@@ -224,7 +233,10 @@ class ModelRead(Stepper):
         self.cancelled = False
         return self.task.uncancel()
 
-    # -- handing the events over (`Stepper`, and a pause when the read would wait) --------------
+    # -- handing the events over (stepping inside the context, and a pause when the read would wait) --
+
+    def __await__(self) -> ModelRead:
+        return self
 
     def __next__(self) -> Any:
         return self.send(None)
@@ -246,6 +258,9 @@ class ModelRead(Stepper):
             self.first = step
             raise StopIteration
         return step
+
+    def close(self) -> None:
+        self.ctx.run(self.coro.close)
 
     def failure(self, exc: BaseException | None) -> BaseException:
         """What the call raises when a read ended with ``exc`` (None: the read was cut before it

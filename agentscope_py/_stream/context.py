@@ -3,16 +3,14 @@
 A contextvar set by async code lands in the context of whoever runs that code: a generator runs
 where it is iterated, a coroutine where it is awaited. Middleware layers and the tracing spans
 need code of theirs (a hook's generator, the inner layers a hook builds, a span made current
-around ``next()``, the model call's provider) to run in a private copy of the context instead, so
-that what it sets reaches the code inside it and never leaks out into the consumer. Three
-granularities, one module:
+around ``next()``) to run in a private copy of the context instead, so that what it sets reaches
+the code inside it and never leaks out into the consumer. Two granularities, one module (the model
+call's reads of its provider are stepped the same way by `_model_call.ModelRead`):
 
 * `InContext`: a stream factory called inside ``ctx`` (what a hook builds when it is
   subscribed); the items are then stepped in the consumer's context, at no cost per item.
 * `stepped`: an async iterator every step of which (``__anext__``, ``aclose``) runs inside
   ``ctx``, as a Task runs its coroutine, without a task: ~1 µs per item.
-* `Stepper`: one awaitable, reused, that runs the coroutine it is given inside ``ctx`` (the model
-  call's reads of its provider, `_model_call.ModelRead`).
 """
 
 from __future__ import annotations
@@ -23,7 +21,7 @@ from typing import Any
 
 from .operators import Maps, MapSource, Recovery, apply_maps
 
-__all__ = ["NO_STEP", "InContext", "Stepper", "stepped"]
+__all__ = ["InContext", "stepped"]
 
 
 class InContext(MapSource):
@@ -97,46 +95,3 @@ class _Step:
                 error = None
             except BaseException as exc:
                 error = exc
-
-
-NO_STEP: Any = object()
-"""`Stepper.first` when no step is held."""
-
-
-class Stepper(Generator[Any, Any, Any]):
-    """``stepper.coro = ctx.run(fn, ...)`` then ``await stepper``: every send and throw of that
-    coroutine runs inside ``ctx``, as a Task runs its coroutine in its context, and the await gives
-    its result. For a coroutine awaited again and again (one per chunk of a model call), the
-    stepper is made once: it is itself the iterator the ``await`` delegates to, so nothing is made
-    per await but the coroutine. One await at a time.
-
-    A caller that already gave the coroutine its first step itself (``ctx.run(coro.send, None)``,
-    which finishes at once for a read whose data is there: no await at all) and got a value it
-    yielded instead sets ``first`` to that value: the await hands it to the task first, then goes
-    on stepping."""
-
-    __slots__ = ("coro", "ctx", "first")
-
-    def __init__(self, ctx: contextvars.Context) -> None:
-        self.ctx = ctx
-        self.coro: Coroutine[Any, Any, Any] | Any = None  # the awaitable being stepped
-        self.first: Any = NO_STEP
-
-    def __await__(self) -> Stepper:
-        return self
-
-    def __next__(self) -> Any:
-        first = self.first
-        if first is not NO_STEP:
-            self.first = NO_STEP
-            return first
-        return self.ctx.run(self.coro.send, None)
-
-    def send(self, value: Any) -> Any:
-        return self.ctx.run(self.coro.send, value)
-
-    def throw(self, typ: Any, val: Any = None, tb: Any = None) -> Any:
-        return self.ctx.run(self.coro.throw, typ if val is None else val)
-
-    def close(self) -> None:
-        self.ctx.run(self.coro.close)

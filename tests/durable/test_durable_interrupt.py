@@ -10,20 +10,19 @@ import asyncio
 import os
 import subprocess
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 from durable_helpers import Workers, model_server, requests, temporal_address, wait_lines, workers
-from durable_live_helpers import Frame, Serves, sse
+from durable_live_helpers import Frame, Serves, queue, sse
 from temporalio.client import Client
 
 from agentscope_py import GenerateReason
 from agentscope_py.durable import DurableAgent
 
-__all__ = ["model_server", "temporal_address", "workers"]  # fixtures, used by name
+__all__ = ["model_server", "queue", "temporal_address", "workers"]  # fixtures, used by name
 
 CANCELLED_WITHIN = 1.5
 """Seconds from the interrupt to the cancellation recorded on the worker: the cancellation is
@@ -33,11 +32,6 @@ scheduling."""
 SLOW = "2"
 """Seconds the first call takes when nothing cancels it (below Temporal's default throttle of
 8 s, so an uncancelled call ends, and the test sees it)."""
-
-
-@pytest.fixture
-def queue() -> str:
-    return f"q-{uuid.uuid4().hex[:8]}"
 
 
 @pytest.fixture
