@@ -107,8 +107,8 @@ async def test_the_key_ignores_ids_and_metadata_but_not_content_options_tools_or
 
 
 def test_the_key_of_a_request_does_not_depend_on_the_requests_before_it() -> None:
-    # (a request that extends the one before is normalised from where that one ended: the same key
-    # as the same request normalised from scratch, with equal messages that are other objects)
+    # (the same key for the same request, whether it extends the one before or is made afresh of
+    # equal messages that are other objects)
     from agentscope_py.message import ToolResultBlock, ToolUseBlock
     model = ScriptedModel([], name="m")
 
