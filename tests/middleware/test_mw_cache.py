@@ -211,6 +211,10 @@ def test_a_replay_copies_every_field_and_never_validates_a_recorded_event_again(
     assert out[4].value == (1, 2) and out[5].usage == ChatUsage() and out[5].finish_reason == "stop"
     assert out[0].metadata == {"cache": "hit"} and out[5].metadata["cached_usage"]["output_tokens"] == 2
     assert out[2] == out[2].model_validate(out[2].model_dump())                     # a well-formed event
+    # an event a middleware made by model_construct without a required field is copied as it is
+    partial = TextBlockEnd.model_construct(reply_id="r")
+    [copied] = replay([partial], "r2")
+    assert type(copied) is TextBlockEnd and copied.reply_id == "r2" and "block_id" not in copied.__dict__
 
 
 async def test_failed_and_erroring_calls_are_not_stored() -> None:

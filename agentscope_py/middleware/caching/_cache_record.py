@@ -74,9 +74,12 @@ def _copy(ev: AgentEvent, update: dict[str, Any]) -> AgentEvent:
         built = _SHAPES[cls]
     except KeyError:
         built = _SHAPES[cls] = _shape_of(cls)
-    if built is None:
-        return ev.model_copy(update=update)
-    return cast(AgentEvent, built.build(**{**ev.__dict__, **update}))
+    if built is not None:
+        try:
+            return cast(AgentEvent, built.build(**{**ev.__dict__, **update}))
+        except TypeError:  # not every field in its __dict__ (one a middleware made by model_construct)
+            pass
+    return ev.model_copy(update=update)
 
 
 def _shape_of(cls: type[AgentEvent]) -> Shape[Any] | None:
