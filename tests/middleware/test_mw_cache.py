@@ -107,8 +107,8 @@ async def test_the_key_ignores_ids_and_metadata_but_not_content_options_tools_or
 
 
 def test_the_key_of_a_request_does_not_depend_on_the_requests_before_it() -> None:
-    # (a request that extends the one before is normalised from where that one ended: the same key
-    # as the same request normalised from scratch, with equal messages that are other objects)
+    # (the same key for the same request, whether it extends the one before or is made afresh of
+    # equal messages that are other objects)
     from agentscope_py.message import ToolResultBlock, ToolUseBlock
     model = ScriptedModel([], name="m")
 
@@ -172,6 +172,49 @@ async def test_lru_keeps_max_entries() -> None:
     assert len(store) == 2
     assert (await agent.call("c", ctx=ctx("x"))).text == "3"          # kept
     assert (await agent.call("a", ctx=ctx("y"))).text == "1 again"    # evicted: asked again
+
+
+def test_a_replay_copies_every_field_and_never_validates_a_recorded_event_again() -> None:
+    from pydantic import field_validator
+
+    from agentscope_py.events import (
+        Custom,
+        ModelCallEnd,
+        ModelCallStart,
+        TextBlockDelta,
+        TextBlockEnd,
+        TextBlockStart,
+    )
+    from agentscope_py.middleware.caching._cache_record import replay
+
+    seen: list[str] = []
+
+    class Noted(Custom):  # a class with a validator of its own
+        @field_validator("name")
+        @classmethod
+        def note(cls, name: str) -> str:
+            seen.append(name)
+            return name
+
+    events = [ModelCallStart(reply_id="r", model="m"), TextBlockStart(reply_id="r", block_id="b"),
+              TextBlockDelta(reply_id="r", block_id="b", delta="hi", metadata={"k": [1]}),
+              TextBlockEnd(reply_id="r", block_id="b"), Noted(name="n", value=(1, 2)),
+              ModelCallEnd(reply_id="r", usage=ChatUsage(input_tokens=1, output_tokens=2), finish_reason="stop")]
+    out = replay(events, "r2")
+    assert [type(e) for e in out] == [type(e) for e in events] and seen == ["n"]   # not validated again
+    fresh = {"id", "created_at", "reply_id", "block_id", "metadata", "usage"}
+    assert [e.model_dump(exclude=fresh) for e in out] == [e.model_dump(exclude=fresh) for e in events]
+    assert {e.reply_id for e in out if hasattr(e, "reply_id")} == {"r2"}
+    assert not {e.id for e in out} & {e.id for e in events}
+    assert out[1].block_id == out[2].block_id == out[3].block_id != "b"
+    assert out[2].metadata == {"k": [1]} and out[2].metadata is not events[2].metadata
+    assert out[4].value == (1, 2) and out[5].usage == ChatUsage() and out[5].finish_reason == "stop"
+    assert out[0].metadata == {"cache": "hit"} and out[5].metadata["cached_usage"]["output_tokens"] == 2
+    assert out[2] == out[2].model_validate(out[2].model_dump())                     # a well-formed event
+    # an event a middleware made by model_construct without a required field is copied as it is
+    partial = TextBlockEnd.model_construct(reply_id="r")
+    [copied] = replay([partial], "r2")
+    assert type(copied) is TextBlockEnd and copied.reply_id == "r2" and "block_id" not in copied.__dict__
 
 
 async def test_failed_and_erroring_calls_are_not_stored() -> None:

@@ -6,6 +6,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
+from ..._trusted import Shape, shape
 from ...events import AgentEvent, ModelCallEnd, ModelCallStart, ToolResultEnd, ToolResultStart
 from ...message import ChatUsage, ToolResultState, ToolUseBlock, new_id
 
@@ -33,7 +34,7 @@ def _marks(ev: AgentEvent) -> dict[str, Any]:
 def replay(events: Sequence[AgentEvent], reply_id: str, call: ToolUseBlock | None = None) -> list[AgentEvent]:
     """Fresh copies of ``events``: new event, block and tool-call ids (a tool result takes
     ``call``'s id and name), the run's reply id, the same content; the brackets marked as hits.
-    Copies (``model_copy``): every value is one the recorded event already held."""
+    Each a `_copy`: every value is one the recorded event already held, or a new id."""
     ids: dict[str, str] = {}
     now = time.time()
     out: list[AgentEvent] = []
@@ -53,8 +54,39 @@ def replay(events: Sequence[AgentEvent], reply_id: str, call: ToolUseBlock | Non
                 update["tool_call_id"], update["tool_name"] = call.id, call.name
             else:
                 update["tool_call_id"] = ids.get(call_id) or ids.setdefault(call_id, new_id("call_"))
-        out.append(ev.model_copy(update=update))
+        out.append(_copy(ev, update))
     return out
+
+
+# Per event class, its builder from every field (`_trusted`), or None for a class that needs its
+# validators (a subclass of one's own): model_copy copies those.
+_SHAPES: dict[type[AgentEvent], Shape[Any] | None] = {}
+
+
+def _copy(ev: AgentEvent, update: dict[str, Any]) -> AgentEvent:
+    """``ev.model_copy(update=update)``, built from every field by the class's shape: the values
+    are the recorded event's own and the replay's new ids and marks, each of its field's type.
+    model_copy's generic way (each of pydantic's slots copied through the ``copy`` module, the
+    fields set copied and updated) is most of what replaying a long reply costs. The copy's
+    ``model_fields_set`` is every field, as for a hit read back from SQLite or Redis."""
+    cls = type(ev)
+    try:
+        built = _SHAPES[cls]
+    except KeyError:
+        built = _SHAPES[cls] = _shape_of(cls)
+    if built is not None:
+        try:
+            return cast(AgentEvent, built.build(**{**ev.__dict__, **update}))
+        except TypeError:  # not every field in its __dict__ (one a middleware made by model_construct)
+            pass
+    return ev.model_copy(update=update)
+
+
+def _shape_of(cls: type[AgentEvent]) -> Shape[Any] | None:
+    try:
+        return shape(cls, *cls.model_fields)
+    except TypeError:  # it has validators (or another reason to validate it): model_copy
+        return None
 
 
 class ModelRecorder:

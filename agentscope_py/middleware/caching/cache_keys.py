@@ -4,6 +4,10 @@
 timestamps, metadata and thinking signatures left out; tool-call ids replaced by their order of
 appearance, so the pairing of calls and results still counts), the tool schemas (digested once per
 tuple: the toolkit hands the same tuple to every round), the options, the model's class and name.
+Each request is normalised whole, with no state kept between requests: a few dozen Python steps
+per message, beside an encoding and a digest that take the whole request in C anyway; a
+normal form kept from the request before would be lost whenever another session's request came
+in between, as it does on a server.
 `tool_call_key` is the tool name, the arguments and (unless the tool is shared) the user. orjson
 encodes when installed (else the json module; the two spell some floats differently, so
 processes sharing a store should match).
@@ -14,7 +18,6 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping, Sequence
-from operator import is_ as _is
 from typing import Any
 
 from pydantic import BaseModel
@@ -78,32 +81,14 @@ def _block(block: Any, aliases: dict[str, int]) -> Any:
     return (t, block.model_dump(mode="json", exclude={"id"}))
 
 
-# The last request's messages, their normal forms and the aliases (tool-call id -> order of
-# appearance) after them. A session's request is the request before it plus the messages since
-# (the same objects, in the same order), so an untriggered cache normalises only those (the
-# request is still encoded whole, in one C call). The prefix is recognised by identity, in C; any
-# other request (another session's, say) is normalised whole. Only the last request is kept, so
-# no dead message is kept alive for long.
-_prev: tuple[tuple[Msg, ...], list[Any], dict[str, int]] = ((), [], {})
-
-
 def _messages(messages: Sequence[Msg]) -> list[Any]:
-    global _prev
-    done, out, aliases = _prev
-    n = len(done)
-    if n and len(messages) >= n and all(map(_is, messages, done)):
-        aliases = dict(aliases)  # (the aliases of the prefix: what normalising it again gives)
-        out = list(out)
-        rest: Sequence[Msg] = messages[n:]
-    else:
-        aliases, rest, out = {}, messages, []
-    append = out.append
-    for m in rest:
+    aliases: dict[str, int] = {}  # tool-call id -> its order of appearance in this request
+    out = []
+    for m in messages:
         blocks = []
         for b in m.content:
             blocks.append(("t", b.text) if b.type == "text" else _block(b, aliases))
-        append((m.role, m.name, blocks))
-    _prev = (tuple(messages), out, aliases)
+        out.append((m.role, m.name, blocks))
     return out
 
 
