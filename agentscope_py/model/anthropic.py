@@ -34,8 +34,8 @@ from ..message import (
     ToolResultState,
     ToolUseBlock,
 )
-from ._convert import SSEvent, merge_options, reference, result_parts
-from ._errors import error_from_body, malformed
+from ._convert import event_json, merge_options, reference, result_parts
+from ._errors import error_from_body, malformed, quote
 from ._sdk import SDKModel, streamed
 from .base import AuthenticationError, ChatChunk, ModelError, ModelRequest, ToolCallChunk, text_chunk, thinking_chunk
 
@@ -153,11 +153,11 @@ class _EventReader:
         self.model: str | None = None
         self.tokens: dict[str, int] = {}
 
-    def read(self, sse: SSEvent) -> Iterator[ChatChunk]:
-        payload = sse.json(PROVIDER)
+    def read(self, event: str | None, data: bytes) -> Iterator[ChatChunk]:
+        payload = event_json(data, PROVIDER)
         if not isinstance(payload, Mapping):
-            raise malformed(PROVIDER, f"expected a JSON object, got {sse.data[:120]!r}")
-        kind = sse.event or payload.get("type")
+            raise malformed(PROVIDER, f"expected a JSON object, got {quote(data, 120)}")
+        kind = event or payload.get("type")
         if kind == "error":
             raise error_from_body(payload, provider=PROVIDER)
         if kind == "message_start":
