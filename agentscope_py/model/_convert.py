@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Protocol
 
@@ -239,11 +239,12 @@ async def _aclose(it: AsyncIterator[Any]) -> None:
 
 
 class EventDecoder(Protocol):
-    """Turns a provider's events into chunks; ``done`` is set by its terminating event."""
+    """Turns a provider's events into chunks (a list per event: the reader runs once per token);
+    ``done`` is set by its terminating event."""
 
     done: bool
 
-    def read(self, event: str | None, data: bytes) -> Iterable[ChatChunk]: ...
+    def read(self, event: str | None, data: bytes) -> list[ChatChunk]: ...
 
 
 class StreamingResponse(Protocol):
@@ -293,7 +294,7 @@ async def stream_chunks(
                 async for piece in body:
                     for event, data in parser.feed_bytes(piece):
                         try:  # (`_read`, inlined: this runs per token)
-                            chunks = list(decoder.read(event, data))
+                            chunks = decoder.read(event, data)
                         except PAYLOAD_ERRORS as exc:
                             raise _bad_payload(provider, data, exc) from exc
                         for chunk in chunks:
@@ -334,7 +335,7 @@ async def _unstreamed(response: StreamingResponse, content_type: str, provider: 
 
 def _read(decoder: EventDecoder, event: str | None, data: bytes, provider: str) -> list[ChatChunk]:
     try:
-        return list(decoder.read(event, data))
+        return decoder.read(event, data)
     except PAYLOAD_ERRORS as exc:  # a payload of the wrong shape
         raise _bad_payload(provider, data, exc) from exc
 
