@@ -130,8 +130,13 @@ class LiveRun:
         self.wake()
 
     def wake(self) -> None:
-        if self.waiters:
-            self.waiters = _resolve(self.waiters)
+        """Wake the followers waiting for frames."""
+        waiters = self.waiters
+        if waiters:
+            self.waiters = []
+            for waiter in waiters:
+                if not waiter.done():
+                    waiter.set_result(None)
 
     def grant(self, top: int) -> None:
         """The log reserved the ids up to ``top``: followers held at the old grant go on."""
