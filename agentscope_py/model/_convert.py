@@ -174,8 +174,9 @@ class _EventParser:
         # a plain byte search.)
         if (chunk[:6] == b"data: " and chunk[-2:] == b"\n\n" and not self.rest and not self.after_cr
                 and not self.data and self.event is None and 13 not in chunk):
-            if chunk.find(b"\n", 6) == len(chunk) - 2:  # one event: each token at light load
-                return [(None, chunk[6:-2])]
+            data = chunk[6:-2]
+            if 10 not in data:  # one event: each token at light load
+                return [(None, data)]
             events: list[SSEvent] = []
             for part in chunk[:-2].split(b"\n\n"):
                 if part[:6] != b"data: " or 10 in part:
