@@ -10,9 +10,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from contextlib import AbstractAsyncContextManager
-from typing import Any, NamedTuple, Protocol
+from typing import Any, Protocol
 
 from ..message import DataBlock, Msg, TextBlock, ToolResultBlock, ToolUseBlock
 from ._errors import error_from_body, malformed, quote, transport_error
@@ -22,6 +22,7 @@ __all__ = [
     "SSEvent",
     "arguments_text",
     "data_url",
+    "event_json",
     "merge_options",
     "reference",
     "result_parts",
@@ -119,29 +120,31 @@ def reference(block: DataBlock) -> str:
 # -- server-sent events --------------------------------------------------------------------------
 
 
-_loads: Callable[[str], Any] | None
+_loads: Callable[[bytes | str], Any] | None
 try:  # the server extra brings it; without it the stdlib reads every payload
     from orjson import loads as _loads
 except ImportError:  # pragma: no cover - exercised only without orjson
     _loads = None
 
 
-class SSEvent(NamedTuple):
-    """One server-sent event: its ``event`` field (None without one) and its data lines, joined."""
+SSEvent = tuple[str | None, bytes]
+"""One server-sent event: its ``event`` field (None without one) and its data lines, joined (the
+bytes as they came: a payload is decoded once, by the JSON parser, `event_json`)."""
 
-    event: str | None
-    data: str
 
-    def json(self, provider: str) -> Any:
-        if _loads is not None:
-            try:
-                return _loads(self.data)  # several times faster than json.loads on a chunk payload
-            except ValueError:
-                pass  # what orjson refuses and json may take (NaN, ints past 64 bits, lone surrogates)
+def event_json(data: bytes, provider: str) -> Any:
+    """An event's data as JSON, parsed from its bytes; `MalformedStreamError` when it is none.
+    Bytes that are no UTF-8 read as the replacement character, as a text decoder with
+    ``errors="replace"`` would have them."""
+    if _loads is not None:
         try:
-            return json.loads(self.data)
-        except (ValueError, RecursionError):
-            raise malformed(provider, f"invalid JSON in event data: {quote(self.data)}") from None
+            return _loads(data)  # several times faster than json.loads on a chunk payload
+        except ValueError:
+            pass  # what orjson refuses and json may take (NaN, ints past 64 bits, lone surrogates, bad UTF-8)
+    try:
+        return json.loads(data.decode("utf-8", "replace"))
+    except (ValueError, RecursionError):
+        raise malformed(provider, f"invalid JSON in event data: {quote(data)}") from None
 
 
 class _EventParser:
@@ -171,13 +174,14 @@ class _EventParser:
         # a plain byte search.)
         if (chunk[:6] == b"data: " and chunk[-2:] == b"\n\n" and not self.rest and not self.after_cr
                 and not self.data and self.event is None and 13 not in chunk):
-            if chunk.find(b"\n", 6) == len(chunk) - 2:  # one event: each token at light load
-                return [SSEvent(None, chunk[6:-2].decode("utf-8", "replace"))]
+            data = chunk[6:-2]
+            if 10 not in data:  # one event: each token at light load
+                return [(None, data)]
             events: list[SSEvent] = []
             for part in chunk[:-2].split(b"\n\n"):
                 if part[:6] != b"data: " or 10 in part:
                     break
-                events.append(SSEvent(None, part[6:].decode("utf-8", "replace")))
+                events.append((None, part[6:]))
             else:
                 return events
         if self.after_cr:
@@ -224,7 +228,7 @@ class _EventParser:
 
     def end(self) -> SSEvent:
         """The event the lines so far make (and a fresh start)."""
-        sse = SSEvent(self.event, b"\n".join(self.data).decode("utf-8", "replace"))
+        sse = (self.event, b"\n".join(self.data))
         self.event, self.data = None, []
         return sse
 
@@ -236,11 +240,12 @@ async def _aclose(it: AsyncIterator[Any]) -> None:
 
 
 class EventDecoder(Protocol):
-    """Turns a provider's events into chunks; ``done`` is set by its terminating event."""
+    """Turns a provider's events into chunks (a list per event: the reader runs once per token);
+    ``done`` is set by its terminating event."""
 
     done: bool
 
-    def read(self, sse: SSEvent) -> Iterable[ChatChunk]: ...
+    def read(self, event: str | None, data: bytes) -> list[ChatChunk]: ...
 
 
 class StreamingResponse(Protocol):
@@ -288,18 +293,18 @@ async def stream_chunks(
             body = response.aiter_bytes()
             try:
                 async for piece in body:
-                    for sse in parser.feed_bytes(piece):
+                    for event, data in parser.feed_bytes(piece):
                         try:  # (`_read`, inlined: this runs per token)
-                            chunks = list(decoder.read(sse))
+                            chunks = decoder.read(event, data)
                         except PAYLOAD_ERRORS as exc:
-                            raise _bad_payload(provider, sse, exc) from exc
+                            raise _bad_payload(provider, data, exc) from exc
                         for chunk in chunks:
                             yield chunk
                         if decoder.done:
                             await _drain(body)
                             return
-                for sse in parser.finish():
-                    for chunk in _read(decoder, sse, provider):
+                for event, data in parser.finish():
+                    for chunk in _read(decoder, event, data, provider):
                         yield chunk
             except timeout_errors as exc:
                 raise transport_error(provider, exc, in_body=True, timeout=True) from exc
@@ -329,15 +334,15 @@ async def _unstreamed(response: StreamingResponse, content_type: str, provider: 
     return malformed(provider, f"expected an event stream, got {content_type}: {quote(raw)}")
 
 
-def _read(decoder: EventDecoder, sse: SSEvent, provider: str) -> list[ChatChunk]:
+def _read(decoder: EventDecoder, event: str | None, data: bytes, provider: str) -> list[ChatChunk]:
     try:
-        return list(decoder.read(sse))
+        return decoder.read(event, data)
     except PAYLOAD_ERRORS as exc:  # a payload of the wrong shape
-        raise _bad_payload(provider, sse, exc) from exc
+        raise _bad_payload(provider, data, exc) from exc
 
 
-def _bad_payload(provider: str, sse: SSEvent, exc: BaseException) -> Exception:
-    return malformed(provider, f"unexpected event {quote(sse.data)} ({_reason(exc)})")
+def _bad_payload(provider: str, data: bytes, exc: BaseException) -> Exception:
+    return malformed(provider, f"unexpected event {quote(data)} ({_reason(exc)})")
 
 
 def _reason(exc: BaseException) -> str:

@@ -34,8 +34,8 @@ from ..message import (
     ToolResultState,
     ToolUseBlock,
 )
-from ._convert import SSEvent, merge_options, reference, result_parts
-from ._errors import error_from_body, malformed
+from ._convert import event_json, merge_options, reference, result_parts
+from ._errors import error_from_body, malformed, quote
 from ._sdk import SDKModel, streamed
 from .base import AuthenticationError, ChatChunk, ModelError, ModelRequest, ToolCallChunk, text_chunk, thinking_chunk
 
@@ -153,11 +153,11 @@ class _EventReader:
         self.model: str | None = None
         self.tokens: dict[str, int] = {}
 
-    def read(self, sse: SSEvent) -> Iterator[ChatChunk]:
-        payload = sse.json(PROVIDER)
+    def read(self, event: str | None, data: bytes) -> list[ChatChunk]:
+        payload = event_json(data, PROVIDER)
         if not isinstance(payload, Mapping):
-            raise malformed(PROVIDER, f"expected a JSON object, got {sse.data[:120]!r}")
-        kind = sse.event or payload.get("type")
+            raise malformed(PROVIDER, f"expected a JSON object, got {quote(data, 120)}")
+        kind = event or payload.get("type")
         if kind == "error":
             raise error_from_body(payload, provider=PROVIDER)
         if kind == "message_start":
@@ -165,17 +165,18 @@ class _EventReader:
             self.model = message.get("model")
             self._count(message.get("usage"))
         elif kind == "content_block_start":
-            yield from _block_start(int(payload.get("index", 0)), payload.get("content_block") or {})
+            return list(_block_start(int(payload.get("index", 0)), payload.get("content_block") or {}))
         elif kind == "content_block_delta":
-            yield from _block_delta(int(payload.get("index", 0)), payload.get("delta") or {})
+            return list(_block_delta(int(payload.get("index", 0)), payload.get("delta") or {}))
         elif kind == "message_delta":
             self._count(payload.get("usage"))
             reason = (payload.get("delta") or {}).get("stop_reason")
             finish = STOP_REASONS.get(reason, reason) if isinstance(reason, str) else None
-            yield ChatChunk(usage=self._usage(), finish_reason=finish, model=self.model)
+            return [ChatChunk(usage=self._usage(), finish_reason=finish, model=self.model)]
         elif kind == "message_stop":
             self.done = True
         # ping, content_block_stop and event types added later carry nothing for us
+        return []
 
     def _count(self, usage: Any) -> None:
         if isinstance(usage, Mapping):  # message_delta repeats counts cumulatively: replace

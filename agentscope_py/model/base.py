@@ -2,7 +2,7 @@
 
 A provider turns its wire format into a flat stream of `ChatChunk`s; the agent core turns those
 into the standard block events (TextBlockStart/Delta/End, ToolCallStart/Delta/End, …). Chunks are
-plain slotted dataclasses, not pydantic models: they are created once per token.
+plain frozen dataclasses, not pydantic models: they are created once per token.
 """
 
 from __future__ import annotations
@@ -70,9 +70,13 @@ class ToolCallChunk:
     arguments: str = ""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class ChatChunk:
-    """One piece of a streamed model reply. Any subset of the fields may be set."""
+    """One piece of a streamed model reply. Any subset of the fields may be set.
+
+    Not slotted: a field a chunk does not set reads its default (None) from the class, which is
+    what lets `text_chunk` and `thinking_chunk` make the one-field chunks of a streamed reply,
+    one per token, with a single attribute write."""
 
     text: str | None = None
     thinking: str | None = None
@@ -85,24 +89,18 @@ class ChatChunk:
 
 
 def _chunk_maker(field_name: str) -> Callable[[str], ChatChunk]:
-    """A maker of ``ChatChunk(<field_name>=value)`` in about a third of the constructor's time: a
-    provider makes one per token, and a frozen dataclass's ``__init__`` sets each of its seven
-    slots through ``object.__setattr__``; this sets them through the slots' own descriptors (what
-    that call ends in) on an instance made without ``__init__``, every name bound locally. The
-    chunks equal the constructor's (tests/providers/test_convert.py)."""
+    """A maker of ``ChatChunk(<field_name>=value)`` that writes that field alone: every other
+    field reads its default from the class (a dataclass keeps the defaults there), where the
+    frozen ``__init__`` writes all seven through ``object.__setattr__``. The chunks equal the
+    constructor's (tests/providers/test_convert.py)."""
+    if any(f.default is not None for f in fields(ChatChunk)) or ChatChunk.__dict__.get(field_name, 0) is not None:
+        raise TypeError("_chunk_maker leaves ChatChunk's other fields to the class: every default must be None")
     new = object.__new__
-    # The other slots are set to None: a field gaining another default must not go unnoticed.
-    if any(f.default is not None for f in fields(ChatChunk)):
-        raise TypeError("_chunk_maker sets ChatChunk's other fields to None: every field's default must be None")
-    setters = {f.name: ChatChunk.__dict__[f.name].__set__ for f in fields(ChatChunk)}
-    set_value = setters.pop(field_name)
-    others = tuple(setters.values())
+    write = object.__setattr__
 
     def make(value: str) -> ChatChunk:
         chunk: ChatChunk = new(ChatChunk)
-        set_value(chunk, value)
-        for set_slot in others:
-            set_slot(chunk, None)
+        write(chunk, field_name, value)
         return chunk
 
     return make

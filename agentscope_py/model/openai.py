@@ -27,14 +27,14 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 
 from ..message import ChatUsage, DataBlock, Msg, TextBlock, ThinkingBlock, ToolResultBlock, ToolUseBlock
 from ._convert import (
-    SSEvent,
     arguments_text,
     data_url,
+    event_json,
     merge_options,
     reference,
     user_and_tool_messages,
 )
-from ._errors import error_from_body, malformed
+from ._errors import error_from_body, malformed, quote
 from ._sdk import SDKModel, streamed
 from .base import AuthenticationError, ChatChunk, ModelRequest, ToolCallChunk, text_chunk, thinking_chunk
 
@@ -162,16 +162,15 @@ class _ChunkReader:
         self.model: str | None = None
         self.saw_tool_call = False
 
-    def read(self, sse: SSEvent) -> list[ChatChunk]:
-        data = sse.data
+    def read(self, event: str | None, data: bytes) -> list[ChatChunk]:
         # A JSON object starts with "{": only anything else can be the terminator.
-        if data[:1] != "{" and data.strip() == "[DONE]":
+        if data[:1] != b"{" and data.strip() == b"[DONE]":
             self.done = True
             return []
-        payload = sse.json(PROVIDER)
+        payload = event_json(data, PROVIDER)
         if type(payload) is not dict and not isinstance(payload, Mapping):
-            raise malformed(PROVIDER, f"expected a JSON object, got {sse.data[:120]!r}")
-        if sse.event == "error" or payload.get("error"):
+            raise malformed(PROVIDER, f"expected a JSON object, got {quote(data, 120)}")
+        if event == "error" or payload.get("error"):
             raise error_from_body(payload, provider=PROVIDER)
         model = payload.get("model")
         if isinstance(model, str):

@@ -35,14 +35,14 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 
 from ..message import ChatUsage, DataBlock, Msg, TextBlock, ThinkingBlock, ToolResultBlock, ToolUseBlock
 from ._convert import (
-    SSEvent,
     arguments_text,
     data_url,
+    event_json,
     merge_options,
     reference,
     user_and_tool_messages,
 )
-from ._errors import error_from_body, malformed
+from ._errors import error_from_body, malformed, quote
 from ._sdk import SDKModel, streamed
 from .base import ChatChunk, ModelRequest, ToolCallChunk, text_chunk, thinking_chunk
 from .openai import openai_api_key
@@ -244,11 +244,11 @@ class _EventReader:
         self.items: dict[str, int] = {}  # item id → index, for events without output_index
         self.last = 0
 
-    def read(self, sse: SSEvent) -> list[ChatChunk]:
-        payload = sse.json(PROVIDER)
+    def read(self, event: str | None, data: bytes) -> list[ChatChunk]:
+        payload = event_json(data, PROVIDER)
         if not isinstance(payload, Mapping):
-            raise malformed(PROVIDER, f"expected a JSON object, got {sse.data[:120]!r}")
-        kind = payload.get("type") or sse.event
+            raise malformed(PROVIDER, f"expected a JSON object, got {quote(data, 120)}")
+        kind = payload.get("type") or event
         if kind == "response.output_text.delta" or kind == "response.refusal.delta":
             delta = payload.get("delta")
             self._mark(payload, "text")

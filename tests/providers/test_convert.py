@@ -172,3 +172,11 @@ def test_the_fast_chunk_makers_make_the_constructors_chunks(value: str) -> None:
     assert [hash(c) for c in made] == [hash(ChatChunk(text=value)), hash(ChatChunk(thinking=value))]
     with pytest.raises(AttributeError):  # as frozen as the constructor's
         made[0].text = "changed"  # type: ignore[misc]
+    # The fields they leave to the class read, copy and pickle as the constructor's do.
+    import dataclasses
+    import pickle
+
+    assert [dataclasses.asdict(c) for c in made] == [dataclasses.asdict(ChatChunk(text=value)),
+                                                     dataclasses.asdict(ChatChunk(thinking=value))]
+    assert dataclasses.replace(made[0], model="m") == ChatChunk(text=value, model="m")
+    assert pickle.loads(pickle.dumps(made[1])) == ChatChunk(thinking=value)

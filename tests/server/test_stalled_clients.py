@@ -243,3 +243,58 @@ async def test_a_run_waits_for_its_slowest_client_by_frames_and_by_bytes() -> No
         ids = [int(line[4:]) for p in pieces for line in p.split(b"\n") if line.startswith(b"id: ")]
         assert ids == list(range(1, count + 1))
         await runs.close()
+
+
+async def test_a_client_joining_far_behind_holds_the_run_at_once() -> None:
+    """One client keeps up while the run makes 1,500 frames; a second one then reads from the
+    start and holds its first piece (256 frames): the run, let go on, waits at its next frame —
+    its slowest client is the one that just joined, not the one it last measured itself against —
+    and both clients then get every frame."""
+    import asyncio
+    from collections.abc import AsyncIterator
+
+    from agentscope_py import RuntimeContext
+    from agentscope_py.server import InMemoryRunLog, Limits
+    from agentscope_py.server._runs.live import LiveRun
+    from agentscope_py.server._runs.runlog import RunRecord
+    from agentscope_py.server._runs.runs import Runs
+
+    runs = Runs(InMemoryRunLog(), Limits(buffer_bytes=BUFFER))
+    made = [0]
+    go = asyncio.Event()
+
+    async def source(live: LiveRun) -> AsyncIterator[bytes]:
+        for i in range(2_000):
+            if i == 1_500:
+                await go.wait()
+            made[0] = i + 1
+            yield b'data: {"n": %d}\n\n' % i
+            await asyncio.sleep(0)
+
+    def ids(pieces: list[bytes]) -> list[int]:
+        return [int(line[4:]) for p in pieces for line in p.split(b"\n") if line.startswith(b"id: ")]
+
+    live = await runs.begin(RunRecord("r", "u", "s", "native", ""), RuntimeContext("u", "s"), False, source,
+                            lambda live: b"")
+    first: list[bytes] = []
+
+    async def keep_up() -> None:
+        async for piece in runs.follow(live, 0):
+            first.append(piece)
+
+    reader = asyncio.create_task(keep_up())
+    for _ in range(500):
+        if made[0] == 1_500 and ids(first)[-1:] == [1_500]:
+            break
+        await asyncio.sleep(0.01)
+    assert made[0] == 1_500 and ids(first)[-1] == 1_500
+    second = runs.follow(live, 0)
+    held = [await second.__anext__()]  # its first piece, held: 256 frames, far behind the first client
+    assert ids(held)[-1] == 256
+    go.set()
+    await asyncio.sleep(0.05)
+    assert made[0] == 1_501, made[0]
+    held += [piece async for piece in second]
+    await asyncio.wait_for(reader, 10)
+    assert ids(held) == ids(first) == list(range(1, 2_001))
+    await runs.close()

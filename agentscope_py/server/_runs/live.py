@@ -64,7 +64,7 @@ class LiveRun:
     its followers may send (what a shared log reserved for it, `runlog`): a frame past it waits
     for the log to take a batch."""
 
-    __slots__ = ("base", "cost", "ctx", "detach", "done", "failed", "flushed", "frames", "granted", "handoff",
+    __slots__ = ("base", "bound", "cost", "ctx", "detach", "done", "failed", "flushed", "frames", "granted", "handoff",
                  "keep", "lead", "outbox", "record", "rooms", "spent", "taken", "task", "waiters")
 
     def __init__(self, record: RunRecord, ctx: RuntimeContext, detach: bool, *, keep: int = 100_000,
@@ -89,6 +89,10 @@ class LiveRun:
         self.waiters: list[asyncio.Future[None]] = []
         self.spent = 0  # the cost of every frame published (trimmed ones included): `LEAD_BYTES`
         self.taken: dict[int, int] = {}  # follower -> ``spent`` up to the last frame it took
+        # ``spent`` up to which the run cannot be ahead (`ahead`): the slowest follower's position
+        # plus ``lead`` when last looked at. Followers only move on, so it can only be too low,
+        # never too high; a follower joining (perhaps behind the others) sets it back to 0.
+        self.bound = 0
         self.rooms: list[asyncio.Future[None]] = []  # the run waiting for its slowest follower
         self.done = False
         self.failed = False  # the stream ended with an error frame
@@ -113,7 +117,7 @@ class LiveRun:
         if not data:
             return
         frames = self.frames
-        if data.count(b"\n\n") == 1:  # the common case: a delta is one frame
+        if 10 not in data[:-2]:  # the common case, a delta: one frame, its one line (LF) ending it
             frame = b"id: %d\n%b" % (self.base + len(frames) + 1, data)
             frames.append(frame)
             self.spent += len(frame) + self.cost
@@ -130,8 +134,13 @@ class LiveRun:
         self.wake()
 
     def wake(self) -> None:
-        if self.waiters:
-            self.waiters = _resolve(self.waiters)
+        """Wake the followers waiting for frames."""
+        waiters = self.waiters
+        if waiters:
+            self.waiters = []
+            for waiter in waiters:
+                if not waiter.done():
+                    waiter.set_result(None)
 
     def grant(self, top: int) -> None:
         """The log reserved the ids up to ``top``: followers held at the old grant go on."""
@@ -151,9 +160,16 @@ class LiveRun:
         return len(self.taken)
 
     def ahead(self) -> bool:
-        """Whether the slowest follower is too far behind: more than ``lead`` in cost (`LEAD_BYTES`)."""
+        """Whether the slowest follower is too far behind: more than ``lead`` in cost (`LEAD_BYTES`).
+        The followers' positions are looked at only once ``spent`` passed ``bound``: not at every
+        frame of a run whose followers keep up."""
+        if self.spent <= self.bound:
+            return False
         taken = self.taken
-        return bool(taken) and self.spent - min(taken.values()) > self.lead
+        if not taken:
+            return False
+        self.bound = min(taken.values()) + self.lead
+        return self.spent > self.bound
 
     async def pace(self) -> None:
         """Wait while the slowest follower is too far behind (`ahead`; runs not detached)."""
@@ -172,6 +188,8 @@ class LiveRun:
         if taken < 0:
             self.taken.pop(follower, None)
         else:
+            if follower not in self.taken:  # it may be the slowest now
+                self.bound = 0
             self.taken[follower] = taken
         if self.rooms:
             self.rooms = _resolve(self.rooms)

@@ -146,10 +146,9 @@ class Runs:
         try:
             async with aclosing(source(live)) as frames:
                 paced = not live.detach
-                taken, lead = live.taken, live.lead
                 async for data in frames:
                     live.publish(data)
-                    if paced and taken and live.spent - min(taken.values()) > lead:  # `LiveRun.ahead`, inline
+                    if paced and live.spent > live.bound and live.ahead():
                         await live.pace()
         except asyncio.CancelledError:
             status = "cancelled"
