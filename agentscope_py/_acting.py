@@ -11,10 +11,11 @@ opens each call with its ToolResultStart and reads the call's task in one of two
   its events through a `Channel` the pass drains as they come (a sub-agent forwards its own
   events into it: `TOOL_CALL`).
 
-A call's task is made before its ToolResultStart is emitted and takes its first step in a later
-loop turn (an interrupt while the consumer handles the Start: the tool never runs). Contiguous
-concurrency-safe calls run in parallel, their events in call order (the first call's as they
-come, the others' when their turn comes).
+A call's task is made once the consumer has taken its ToolResultStart (in parallel, the first
+call's) and reads the interrupt flag at its first step: an interrupt while the consumer holds the
+Start means the tool never runs. On Python 3.12+ it starts eagerly (`_EAGER`): a tool that returns
+without waiting is done with no loop turn. Contiguous concurrency-safe calls run in parallel, their events in call order
+(the first call's as they come, the others' when their turn comes).
 A tool that raises, times out, is unknown or gets invalid arguments produces an error result the
 model sees. An interrupt cancels the tasks (never the run's own task); each cancelled call ends
 with an INTERRUPTED result, and the loop then raises `AgentInterrupted`.
@@ -30,8 +31,10 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any, cast
 
 from ._control import RunControl
@@ -154,13 +157,15 @@ async def acting_events(
         yield AllToolsDenied(reply_id=reply_id, denied_tool_calls=denied)
         return
     for group in groups:
-        runs: list[_Call] = []
+        runs = [_Call(scope, call, tool) for call, tool in group]
         try:
-            for call, tool in group:  # (in parallel: every task made now, their events in call order)
-                runs.append(_Call(scope, call, tool, context, deadline))
-            for run in runs:
+            for i, run in enumerate(runs):
                 for ev in run.opening:
                     yield ev
+                if i == 0:  # the consumer took the first Start: every task of the group made now
+                    for started in runs:
+                        if started.output is not None:
+                            started.task = _start(_run_tool(scope, started, deadline), context.copy())
                 out = run.output
                 if isinstance(out, Channel):
                     async for ev in out.drain():
@@ -186,14 +191,28 @@ async def acting_events(
         yield RequireExternalExecution(reply_id=reply_id, tool_calls=external)
 
 
+_EAGER = sys.version_info >= (3, 12)
+"""`_start` starts a call's task eagerly (``asyncio.eager_task_factory``, Python 3.12+): its first
+step runs at once, inside the pass's ``next()``, as the task (asyncio swaps the current task) in
+its own context, so a tool that returns without waiting is done with no loop turn. Python 3.11 has
+no public eager start: the first step comes in a later loop turn (the same semantics)."""
+
+
+def _start(coro: Coroutine[Any, Any, None], context: contextvars.Context) -> asyncio.Task[None]:
+    loop = asyncio.get_running_loop()
+    if sys.version_info >= (3, 12) and _EAGER:
+        return asyncio.eager_task_factory(loop, coro, context=context)
+    return loop.create_task(coro, context=context)
+
+
 class _Call:
-    """One permitted call of the pass: the events it opens with, its task, and where the pass
-    reads the task's events (the result it awaits, or the channel it drains; neither: replayed)."""
+    """One permitted call of the pass: the events it opens with, its task (made once the consumer
+    took the Start), and where the pass reads its events (the result it awaits, or the channel it
+    drains; neither: replayed)."""
 
     __slots__ = ("call", "journal", "make", "meta", "opening", "output", "task", "tool")
 
-    def __init__(self, scope: ToolScope, call: ToolUseBlock, tool: Tool | None, context: contextvars.Context,
-                 deadline: Deadline | None) -> None:
+    def __init__(self, scope: ToolScope, call: ToolUseBlock, tool: Tool | None) -> None:
         self.call = call
         self.tool = tool
         # A tool's metadata (an MCP tool's server) goes on its call's brackets; most tools have none.
@@ -217,14 +236,10 @@ class _Call:
         self.make: Callable[..., Any] = trusted if type(call.id) is str and type(call.name) is str else validated
         self.opening = (self.make(ToolResultStart, reply_id=scope.reply_id, tool_call_id=call.id, tool_name=call.name,
                                   **meta),)
-        # Made before the Start is emitted, the task takes its first step in a later loop turn: an
-        # interrupt while the consumer handles the Start (without awaiting) means the tool never runs.
-        loop = asyncio.get_running_loop()
         if tool is not None and (tool.kind == "stream" or scope.executor is not None):
             self.output = Recording(256) if self.journal is not None else Channel(256)
         else:
-            self.output = loop.create_future()
-        self.task = loop.create_task(_run_tool(scope, self, deadline), context=context.copy())
+            self.output = asyncio.get_running_loop().create_future()
 
 
 async def _run_tool(scope: ToolScope, run: _Call, deadline: Deadline | None) -> None:
@@ -233,9 +248,10 @@ async def _run_tool(scope: ToolScope, run: _Call, deadline: Deadline | None) -> 
     The task registers itself with the run's control at its first step, the one that reads the
     interrupt flag, not when it is made (cancelled before any of its code ran, it would leave the
     pass waiting for ever): an interrupt either came before (the tool never runs) or cancels it."""
-    call, out, task = run.call, run.output, run.task
+    call, out = run.call, run.output
     channel = out if isinstance(out, Channel) else None
-    assert task is not None  # (set when the task was made, before this first step)
+    task = asyncio.current_task()  # (an eager first step runs before `_start` returns the task)
+    assert task is not None
     tasks = scope.control.tasks
     tasks.add(task)
     # In this task's own context (nothing to reset): the tool can name its call, and a sub-agent
@@ -375,22 +391,17 @@ async def tool_output(scope: ToolScope, call: ToolUseBlock, tool: Tool, channel:
 def _output_at_once(reply_id: str, run: _Call, chunks: tuple[Any, ...]) -> list[AgentEvent]:
     """The events of a tool's output that came at once, made one each (a `delta_maker` serves a
     stream's many deltas)."""
-    cid, name, make = run.call.id, run.call.name, run.make
-
-    def text_delta(delta: str) -> ToolResultTextDelta:
-        ev: ToolResultTextDelta = make(ToolResultTextDelta, reply_id=reply_id, tool_call_id=cid, tool_name=name,
-                                       delta=delta)
-        return ev
-
+    cid, name = run.call.id, run.call.name
+    text_delta = partial(run.make, ToolResultTextDelta, reply_id=reply_id, tool_call_id=cid, tool_name=name)
     return [_output_event(chunk, text_delta, reply_id, cid, name) for chunk in chunks]
 
 
-def _output_event(chunk: Any, text_delta: Callable[[str], ToolResultTextDelta], reply_id: str, cid: str,
+def _output_event(chunk: Any, text_delta: Callable[..., ToolResultTextDelta], reply_id: str, cid: str,
                   name: str) -> AgentEvent:
     if isinstance(chunk, EventBase):
         return cast("AgentEvent", chunk)  # a sub-agent's events (they carry a source path), as they are
     if isinstance(chunk, str):
         # A tool's text enters the session here: made encodable (`_sanitize`), so no output can
         # poison it.
-        return text_delta(clean(str(chunk)))
+        return text_delta(delta=clean(str(chunk)))
     return ToolResultDataDelta(reply_id=reply_id, tool_call_id=cid, tool_name=name, data=chunk)
