@@ -13,7 +13,7 @@ opens each call with its ToolResultStart and reads the call's task in one of two
 
 A call's task is made once the consumer has taken its ToolResultStart (in parallel, the first
 call's) and reads the interrupt flag at its first step: an interrupt while the consumer holds the
-Start means the tool never runs. On Python 3.12+ it starts eagerly (`_EAGER`): a tool that returns
+Start means the tool never runs. On Python 3.12+ it starts eagerly (`_EAGER_START`): a tool that returns
 without waiting is done with no loop turn. Contiguous concurrency-safe calls run in parallel, their events in call order
 (the first call's as they come, the others' when their turn comes).
 A tool that raises, times out, is unknown or gets invalid arguments produces an error result the
@@ -31,10 +31,8 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import sys
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from functools import partial
 from typing import TYPE_CHECKING, Any, cast
 
 from ._control import RunControl
@@ -157,15 +155,15 @@ async def acting_events(
         yield AllToolsDenied(reply_id=reply_id, denied_tool_calls=denied)
         return
     for group in groups:
-        runs = [_Call(scope, call, tool) for call, tool in group]
+        runs: list[_Call] = []
+        for call, tool in group:
+            runs.append(_Call(scope, call, tool))
         try:
-            for i, run in enumerate(runs):
+            for run in runs:
                 for ev in run.opening:
                     yield ev
-                if i == 0:  # the consumer took the first Start: every task of the group made now
-                    for started in runs:
-                        if started.output is not None:
-                            started.task = _start(_run_tool(scope, started, deadline), context.copy())
+                if run is runs[0]:  # the consumer took the first Start: every task of the group made now
+                    _start(scope, runs, context, deadline)
                 out = run.output
                 if isinstance(out, Channel):
                     async for ev in out.drain():
@@ -191,18 +189,21 @@ async def acting_events(
         yield RequireExternalExecution(reply_id=reply_id, tool_calls=external)
 
 
-_EAGER = sys.version_info >= (3, 12)
-"""`_start` starts a call's task eagerly (``asyncio.eager_task_factory``, Python 3.12+): its first
-step runs at once, inside the pass's ``next()``, as the task (asyncio swaps the current task) in
-its own context, so a tool that returns without waiting is done with no loop turn. Python 3.11 has
-no public eager start: the first step comes in a later loop turn (the same semantics)."""
+_EAGER_START: Callable[..., asyncio.Task[Any]] | None = getattr(asyncio, "eager_task_factory", None)
+"""What `_start` makes a call's task with, where there is one (Python 3.12+): its first step runs
+at once, inside the pass's ``next()``, as the task (asyncio swaps the current task) in its own
+context, so a tool that returns without waiting is done with no loop turn. None (Python 3.11: no
+public eager start): the loop's task factory, the first step in a later loop turn."""
 
 
-def _start(coro: Coroutine[Any, Any, None], context: contextvars.Context) -> asyncio.Task[None]:
-    loop = asyncio.get_running_loop()
-    if sys.version_info >= (3, 12) and _EAGER:
-        return asyncio.eager_task_factory(loop, coro, context=context)
-    return loop.create_task(coro, context=context)
+def _start(scope: ToolScope, runs: list[_Call], context: contextvars.Context, deadline: Deadline | None) -> None:
+    """Make the tasks of a group of calls, once the consumer has taken the first one's Start."""
+    loop, eager = asyncio.get_running_loop(), _EAGER_START
+    for run in runs:
+        if run.output is not None:  # (None: a recorded result, replayed)
+            coro = _run_tool(scope, run, deadline)
+            run.task = (loop.create_task(coro, context=context.copy()) if eager is None
+                        else eager(loop, coro, context=context.copy()))
 
 
 class _Call:
@@ -250,7 +251,7 @@ async def _run_tool(scope: ToolScope, run: _Call, deadline: Deadline | None) -> 
     pass waiting for ever): an interrupt either came before (the tool never runs) or cancels it."""
     call, out = run.call, run.output
     channel = out if isinstance(out, Channel) else None
-    task = asyncio.current_task()  # (an eager first step runs before `_start` returns the task)
+    task = run.task or asyncio.current_task()  # (an eager first step runs before `_start` has the task)
     assert task is not None
     tasks = scope.control.tasks
     tasks.add(task)
@@ -271,7 +272,7 @@ async def _run_tool(scope: ToolScope, run: _Call, deadline: Deadline | None) -> 
         if journal is not None:
             parts = channel.parts if isinstance(channel, Recording) else output_parts(events)
             error_text = await settle(journal, call, state, error_text, parts)
-        events.extend(_ending(scope.reply_id, run, state, error_text))
+        _end(events, scope.reply_id, run, state, error_text)
     except ToolInputRequired as exc:  # the call waits for the user, like an asking call
         if journal is not None:
             journal.drop(call.id)
@@ -301,13 +302,12 @@ def _hand(out: asyncio.Future[list[AgentEvent]] | Channel | None, events: list[A
             out.set_exception(error)
 
 
-def _ending(reply_id: str, run: _Call, state: ToolResultState, error_text: str | None) -> list[AgentEvent]:
-    """A call's last events: its error text, if any, and its end."""
+def _end(events: list[AgentEvent], reply_id: str, run: _Call, state: ToolResultState, error_text: str | None) -> None:
+    """Add a call's last events to ``events``: its error text, if any, and its end."""
     cid, name, make = run.call.id, run.call.name, run.make
-    end = make(ToolResultEnd, reply_id=reply_id, tool_call_id=cid, tool_name=name, state=state, **run.meta)
-    if error_text is None:
-        return [end]
-    return [make(ToolResultTextDelta, reply_id=reply_id, tool_call_id=cid, tool_name=name, delta=error_text), end]
+    if error_text is not None:
+        events.append(make(ToolResultTextDelta, reply_id=reply_id, tool_call_id=cid, tool_name=name, delta=error_text))
+    events.append(make(ToolResultEnd, reply_id=reply_id, tool_call_id=cid, tool_name=name, state=state, **run.meta))
 
 
 def _asking(reply_id: str, call: ToolUseBlock, meta: dict[str, Any], exc: ToolInputRequired) -> list[AgentEvent]:
@@ -391,17 +391,22 @@ async def tool_output(scope: ToolScope, call: ToolUseBlock, tool: Tool, channel:
 def _output_at_once(reply_id: str, run: _Call, chunks: tuple[Any, ...]) -> list[AgentEvent]:
     """The events of a tool's output that came at once, made one each (a `delta_maker` serves a
     stream's many deltas)."""
-    cid, name = run.call.id, run.call.name
-    text_delta = partial(run.make, ToolResultTextDelta, reply_id=reply_id, tool_call_id=cid, tool_name=name)
+    cid, name, make = run.call.id, run.call.name, run.make
+
+    def text_delta(delta: str) -> ToolResultTextDelta:
+        ev: ToolResultTextDelta = make(ToolResultTextDelta, reply_id=reply_id, tool_call_id=cid, tool_name=name,
+                                       delta=delta)
+        return ev
+
     return [_output_event(chunk, text_delta, reply_id, cid, name) for chunk in chunks]
 
 
-def _output_event(chunk: Any, text_delta: Callable[..., ToolResultTextDelta], reply_id: str, cid: str,
+def _output_event(chunk: Any, text_delta: Callable[[str], ToolResultTextDelta], reply_id: str, cid: str,
                   name: str) -> AgentEvent:
     if isinstance(chunk, EventBase):
         return cast("AgentEvent", chunk)  # a sub-agent's events (they carry a source path), as they are
     if isinstance(chunk, str):
         # A tool's text enters the session here: made encodable (`_sanitize`), so no output can
         # poison it.
-        return text_delta(delta=clean(str(chunk)))
+        return text_delta(clean(str(chunk)))
     return ToolResultDataDelta(reply_id=reply_id, tool_call_id=cid, tool_name=name, data=chunk)

@@ -194,7 +194,7 @@ async def test_a_tool_that_returns_at_once_needs_no_loop_turn_where_tasks_start_
             asyncio.get_running_loop().call_soon(turns.append, "a loop turn")
         elif type(ev) is ToolResultTextDelta:
             turns_at_result = list(turns)
-    assert turns_at_result == ([] if _acting._EAGER else ["a loop turn"])
+    assert turns_at_result == ([] if _acting._EAGER_START is not None else ["a loop turn"])
     assert len(ran_in) == 1 and ran_in[0] is not None and ran_in[0] is not consumer and ran_in[0].done()
     assert [r.state for r in await tool_results(agent)] == [ToolResultState.SUCCESS]
 
@@ -208,7 +208,7 @@ async def test_an_interrupt_before_a_tool_task_first_runs_still_ends_the_call_an
     (a task not started eagerly): the call still ends (interrupted, the tool never run) and the
     consumer is not left waiting for it, whether the pass awaits the call's result or drains its
     channel."""
-    monkeypatch.setattr(_acting, "_EAGER", False)
+    monkeypatch.setattr(_acting, "_EAGER_START", None)
     ran: list[bool] = []
 
     async def answers() -> str:
