@@ -13,9 +13,10 @@ opens each call with its ToolResultStart and reads the call's task in one of two
 
 A call's task is made once the consumer has taken its ToolResultStart (in parallel, the first
 call's) and reads the interrupt flag at its first step: an interrupt while the consumer holds the
-Start means the tool never runs. On Python 3.12+ it starts eagerly (`_EAGER_START`): a tool that returns
-without waiting is done with no loop turn. Contiguous concurrency-safe calls run in parallel, their events in call order
-(the first call's as they come, the others' when their turn comes).
+Start means the tool never runs. On Python 3.12+ it starts eagerly (`_EAGER_START`): a tool that
+returns without waiting is done with no loop turn. Contiguous concurrency-safe calls run in
+parallel, their events in call order (the first call's as they come, the others' when their turn
+comes).
 A tool that raises, times out, is unknown or gets invalid arguments produces an error result the
 model sees. An interrupt cancels the tasks (never the run's own task); each cancelled call ends
 with an INTERRUPTED result, and the loop then raises `AgentInterrupted`.
