@@ -11,10 +11,12 @@ opens each call with its ToolResultStart and reads the call's task in one of two
   its events through a `Channel` the pass drains as they come (a sub-agent forwards its own
   events into it: `TOOL_CALL`).
 
-A call's task is made before its ToolResultStart is emitted and takes its first step in a later
-loop turn (an interrupt while the consumer handles the Start: the tool never runs). Contiguous
-concurrency-safe calls run in parallel, their events in call order (the first call's as they
-come, the others' when their turn comes).
+A call's task is made once the consumer has taken its ToolResultStart (in parallel, the first
+call's) and reads the interrupt flag at its first step: an interrupt while the consumer holds the
+Start means the tool never runs. On Python 3.12+ it starts eagerly (`_EAGER_START`): a tool that
+returns without waiting is done with no loop turn. Contiguous concurrency-safe calls run in
+parallel, their events in call order (the first call's as they come, the others' when their turn
+comes).
 A tool that raises, times out, is unknown or gets invalid arguments produces an error result the
 model sees. An interrupt cancels the tasks (never the run's own task); each cancelled call ends
 with an INTERRUPTED result, and the loop then raises `AgentInterrupted`.
@@ -155,12 +157,14 @@ async def acting_events(
         return
     for group in groups:
         runs: list[_Call] = []
+        for call, tool in group:
+            runs.append(_Call(scope, call, tool))
         try:
-            for call, tool in group:  # (in parallel: every task made now, their events in call order)
-                runs.append(_Call(scope, call, tool, context, deadline))
             for run in runs:
                 for ev in run.opening:
                     yield ev
+                if run is runs[0]:  # the consumer took the first Start: every task of the group made now
+                    _start(scope, runs, context, deadline)
                 out = run.output
                 if isinstance(out, Channel):
                     async for ev in out.drain():
@@ -186,14 +190,31 @@ async def acting_events(
         yield RequireExternalExecution(reply_id=reply_id, tool_calls=external)
 
 
+_EAGER_START: Callable[..., asyncio.Task[Any]] | None = getattr(asyncio, "eager_task_factory", None)
+"""What `_start` makes a call's task with, where there is one (Python 3.12+): its first step runs
+at once, inside the pass's ``next()``, as the task (asyncio swaps the current task) in its own
+context, so a tool that returns without waiting is done with no loop turn. None (Python 3.11: no
+public eager start): the loop's task factory, the first step in a later loop turn."""
+
+
+def _start(scope: ToolScope, runs: list[_Call], context: contextvars.Context, deadline: Deadline | None) -> None:
+    """Make the tasks of a group of calls, once the consumer has taken the first one's Start."""
+    loop, eager = asyncio.get_running_loop(), _EAGER_START
+    for run in runs:
+        if run.output is not None:  # (None: a recorded result, replayed)
+            coro = _run_tool(scope, run, deadline)
+            run.task = (loop.create_task(coro, context=context.copy()) if eager is None
+                        else eager(loop, coro, context=context.copy()))
+
+
 class _Call:
-    """One permitted call of the pass: the events it opens with, its task, and where the pass
-    reads the task's events (the result it awaits, or the channel it drains; neither: replayed)."""
+    """One permitted call of the pass: the events it opens with, its task (made once the consumer
+    took the Start), and where the pass reads its events (the result it awaits, or the channel it
+    drains; neither: replayed)."""
 
     __slots__ = ("call", "journal", "make", "meta", "opening", "output", "task", "tool")
 
-    def __init__(self, scope: ToolScope, call: ToolUseBlock, tool: Tool | None, context: contextvars.Context,
-                 deadline: Deadline | None) -> None:
+    def __init__(self, scope: ToolScope, call: ToolUseBlock, tool: Tool | None) -> None:
         self.call = call
         self.tool = tool
         # A tool's metadata (an MCP tool's server) goes on its call's brackets; most tools have none.
@@ -217,14 +238,10 @@ class _Call:
         self.make: Callable[..., Any] = trusted if type(call.id) is str and type(call.name) is str else validated
         self.opening = (self.make(ToolResultStart, reply_id=scope.reply_id, tool_call_id=call.id, tool_name=call.name,
                                   **meta),)
-        # Made before the Start is emitted, the task takes its first step in a later loop turn: an
-        # interrupt while the consumer handles the Start (without awaiting) means the tool never runs.
-        loop = asyncio.get_running_loop()
         if tool is not None and (tool.kind == "stream" or scope.executor is not None):
             self.output = Recording(256) if self.journal is not None else Channel(256)
         else:
-            self.output = loop.create_future()
-        self.task = loop.create_task(_run_tool(scope, self, deadline), context=context.copy())
+            self.output = asyncio.get_running_loop().create_future()
 
 
 async def _run_tool(scope: ToolScope, run: _Call, deadline: Deadline | None) -> None:
@@ -233,9 +250,10 @@ async def _run_tool(scope: ToolScope, run: _Call, deadline: Deadline | None) -> 
     The task registers itself with the run's control at its first step, the one that reads the
     interrupt flag, not when it is made (cancelled before any of its code ran, it would leave the
     pass waiting for ever): an interrupt either came before (the tool never runs) or cancels it."""
-    call, out, task = run.call, run.output, run.task
+    call, out = run.call, run.output
     channel = out if isinstance(out, Channel) else None
-    assert task is not None  # (set when the task was made, before this first step)
+    task = run.task or asyncio.current_task()  # (an eager first step runs before `_start` has the task)
+    assert task is not None
     tasks = scope.control.tasks
     tasks.add(task)
     # In this task's own context (nothing to reset): the tool can name its call, and a sub-agent
@@ -255,7 +273,7 @@ async def _run_tool(scope: ToolScope, run: _Call, deadline: Deadline | None) -> 
         if journal is not None:
             parts = channel.parts if isinstance(channel, Recording) else output_parts(events)
             error_text = await settle(journal, call, state, error_text, parts)
-        events.extend(_ending(scope.reply_id, run, state, error_text))
+        _end(events, scope.reply_id, run, state, error_text)
     except ToolInputRequired as exc:  # the call waits for the user, like an asking call
         if journal is not None:
             journal.drop(call.id)
@@ -285,13 +303,12 @@ def _hand(out: asyncio.Future[list[AgentEvent]] | Channel | None, events: list[A
             out.set_exception(error)
 
 
-def _ending(reply_id: str, run: _Call, state: ToolResultState, error_text: str | None) -> list[AgentEvent]:
-    """A call's last events: its error text, if any, and its end."""
+def _end(events: list[AgentEvent], reply_id: str, run: _Call, state: ToolResultState, error_text: str | None) -> None:
+    """Add a call's last events to ``events``: its error text, if any, and its end."""
     cid, name, make = run.call.id, run.call.name, run.make
-    end = make(ToolResultEnd, reply_id=reply_id, tool_call_id=cid, tool_name=name, state=state, **run.meta)
-    if error_text is None:
-        return [end]
-    return [make(ToolResultTextDelta, reply_id=reply_id, tool_call_id=cid, tool_name=name, delta=error_text), end]
+    if error_text is not None:
+        events.append(make(ToolResultTextDelta, reply_id=reply_id, tool_call_id=cid, tool_name=name, delta=error_text))
+    events.append(make(ToolResultEnd, reply_id=reply_id, tool_call_id=cid, tool_name=name, state=state, **run.meta))
 
 
 def _asking(reply_id: str, call: ToolUseBlock, meta: dict[str, Any], exc: ToolInputRequired) -> list[AgentEvent]:

@@ -18,6 +18,7 @@ from agentscope_py import (
     RuntimeContext,
     ScriptedModel,
     ToolResultState,
+    _acting,
     tool,
 )
 from agentscope_py.events import ToolResultEnd, ToolResultTextDelta
@@ -57,6 +58,50 @@ async def test_a_tool_that_cancels_its_own_task_interrupts_only_itself() -> None
     assert msg.text == "went on" and msg.generate_reason is GenerateReason.MODEL_STOP
     assert caller.cancelling() == 0
     assert [r.state for r in await tool_results(agent)] == [ToolResultState.INTERRUPTED]
+
+
+async def test_a_tool_whose_timer_cancels_its_task_later_interrupts_only_itself() -> None:
+    """A cancellation the tool arranges for "its" task (a timer, a watchdog) arrives while the tool
+    waits, exactly as an outsider's cancellation of the consumer would if the tool ran in the
+    consumer's task: in a task of its own, it ends only the call."""
+
+    @tool
+    async def watched() -> str:
+        """Cancels its own task from a timer."""
+        task = asyncio.current_task()
+        assert task is not None
+        asyncio.get_running_loop().call_later(0.01, task.cancel)
+        await asyncio.sleep(1)
+        return "never"
+
+    agent = agent_with(watched, ModelStep.tool_call("watched", {}), ModelStep.text("went on"))
+    caller = asyncio.create_task(agent.call("go"))
+    msg = await asyncio.wait_for(caller, 2)
+    assert msg.text == "went on" and msg.generate_reason is GenerateReason.MODEL_STOP
+    assert caller.cancelling() == 0
+    assert [r.state for r in await tool_results(agent)] == [ToolResultState.INTERRUPTED]
+
+
+async def test_cancelling_the_caller_while_a_tool_waits_cancels_the_caller_and_the_tool() -> None:
+    started = asyncio.Event()
+    finished: list[bool] = []
+
+    @tool
+    async def slow() -> str:
+        """Takes long."""
+        started.set()
+        await asyncio.sleep(30)
+        finished.append(True)
+        return "never"
+
+    agent = agent_with(slow, ModelStep.tool_call("slow", {}), ModelStep.text("unused"))
+    caller = asyncio.create_task(agent.call("go"))
+    await asyncio.wait_for(started.wait(), 2)
+    caller.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(caller, 2)
+    assert finished == []
+    assert [t for t in asyncio.all_tasks() if t is not asyncio.current_task()] == []  # no tool task left
 
 
 @pytest.mark.parametrize("awaits", [False, True])
@@ -129,12 +174,41 @@ async def test_an_interrupt_as_the_consumer_takes_the_start_event_means_the_tool
     assert [r.state for r in await tool_results(agent)] == [ToolResultState.INTERRUPTED]
 
 
+async def test_a_tool_that_returns_at_once_needs_no_loop_turn_where_tasks_start_eagerly() -> None:
+    """Started eagerly (Python 3.12+), a call's task runs its tool at once, as itself: the tool's
+    result comes to the consumer right after its Start, with no loop turn between them."""
+    consumer = asyncio.current_task()
+    ran_in: list[asyncio.Task[Any] | None] = []
+
+    @tool
+    async def quick() -> str:
+        """Answers at once."""
+        ran_in.append(asyncio.current_task())
+        return "done"
+
+    agent = agent_with(quick, ModelStep.tool_call("quick", {}), ModelStep.text("fine"))
+    turns: list[str] = []
+    turns_at_result: list[str] = []
+    async for ev in agent.stream("go"):
+        if ev.type == "tool_result_start":
+            asyncio.get_running_loop().call_soon(turns.append, "a loop turn")
+        elif type(ev) is ToolResultTextDelta:
+            turns_at_result = list(turns)
+    assert turns_at_result == ([] if _acting._EAGER_START is not None else ["a loop turn"])
+    assert len(ran_in) == 1 and ran_in[0] is not None and ran_in[0] is not consumer and ran_in[0].done()
+    assert [r.state for r in await tool_results(agent)] == [ToolResultState.SUCCESS]
+
+
 @pytest.mark.timeout(10)
 @pytest.mark.parametrize("streams", [False, True], ids=["returns-once", "streams"])
-async def test_an_interrupt_before_a_tool_task_first_runs_still_ends_the_call_and_the_run(streams: bool) -> None:
-    """The interrupt lands in the loop turn between a tool task's creation and its first step:
-    the call still ends (interrupted, the tool never run) and the consumer is not left waiting
-    for it, whether the pass awaits the call's result or drains its channel."""
+async def test_an_interrupt_before_a_tool_task_first_runs_still_ends_the_call_and_the_run(
+    streams: bool, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The interrupt lands in the loop turn between a tool task's creation and its first step
+    (a task not started eagerly): the call still ends (interrupted, the tool never run) and the
+    consumer is not left waiting for it, whether the pass awaits the call's result or drains its
+    channel."""
+    monkeypatch.setattr(_acting, "_EAGER_START", None)
     ran: list[bool] = []
 
     async def answers() -> str:
