@@ -690,9 +690,11 @@ class _SyncCall:
 
 class _SyncCallIterator:
     """`_SyncCall`'s stream: the inner iterator's awaitables, handed on; after a cut, the rest of
-    it; on ``aclose`` (and when dropped unclosed), the call's `finish`."""
+    it; on ``aclose`` (and when dropped unclosed), the call's `finish`. (Weakly referable, as an
+    async generator is: `EventStream.aclose` closes the stream's latest iteration through a weak
+    reference.)"""
 
-    __slots__ = ("call", "it", "open")
+    __slots__ = ("__weakref__", "call", "it", "open")
 
     def __init__(self, it: Any, call: _SyncCall) -> None:
         self.it = it
