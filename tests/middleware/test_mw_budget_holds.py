@@ -416,6 +416,35 @@ async def test_closing_the_budgets_stream_settles_its_call(store: Any) -> None:
     assert (await store.get("ada")).tokens == E_IN + 10
 
 
+class ReadsTwice(MiddlewareBase):
+    """Outside the budget: reads its stream to the end and drops what it got, then reads it again
+    (a stream is cold: each subscription is a model call of its own)."""
+
+    def active_points(self) -> frozenset[ExtensionPoint]:
+        return frozenset({ExtensionPoint.ON_MODEL_CALL})
+
+    def on_model_call(self, agent: Any, ctx: Any, input: Any, next: Any) -> Any:
+        inner = next(input)
+
+        async def read() -> AsyncIterator[Any]:
+            await inner.to_list()
+            async for e in inner:
+                yield e
+
+        return EventStream(read)
+
+
+async def test_each_subscription_of_the_budgets_stream_is_a_call_held_and_charged_of_its_own() -> None:
+    usage = ChatUsage(input_tokens=E_IN, output_tokens=1)
+    model = ScriptedModel([ModelStep.text("first", usage=usage), ModelStep.text("second", usage=usage)])
+    budget = BudgetMiddleware(run_tokens=1000, estimate=fixed(E_IN))
+    agent = ReActAgent.builder().sys_prompt("").model(model).middlewares([ReadsTwice(), budget]).build()
+    ctx = RuntimeContext()
+    assert (await agent.call("hi", ctx=ctx)).text == "second"
+    totals = run_totals(ctx)
+    assert (totals.tokens, totals.calls, totals.holds, totals.held_tokens) == (2 * (E_IN + 1), 2, 0, 0)
+
+
 async def test_a_cancelled_call_leaves_no_hold(store: Any) -> None:
     model = Slow()
     agent, _ = held_agent(model, store)
