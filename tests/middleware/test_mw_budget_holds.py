@@ -22,7 +22,17 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agentscope_py import ChatUsage, ModelStep, ReActAgent, RuntimeContext, ScriptedModel, ToolUseBlock, tool
+from agentscope_py import (
+    ChatUsage,
+    ExtensionPoint,
+    MiddlewareBase,
+    ModelStep,
+    ReActAgent,
+    RuntimeContext,
+    ScriptedModel,
+    ToolUseBlock,
+    tool,
+)
 from agentscope_py.errors import BudgetExceeded, ModelError
 from agentscope_py.events import ModelCallEnd
 from agentscope_py.middleware import (
@@ -34,7 +44,7 @@ from agentscope_py.middleware import (
 )
 from agentscope_py.middleware.budget_stores import RunTotals
 from agentscope_py.model.base import ChatChunk, ModelRequest
-from agentscope_py.stream import aclose
+from agentscope_py.stream import EventStream, aclose
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -363,6 +373,76 @@ async def test_a_consumer_that_leaves_mid_call_leaves_no_hold(store: Any) -> Non
     assert run_totals(ctx).holds == 0 and run_totals(ctx).held_tokens == 0
     await no_holds(store, "ada")
     assert (await store.get("ada")).tokens == E_IN + 10  # what was let out was paid
+
+
+class ClosesTheStream(MiddlewareBase):
+    """Outside the budget: reads its stream to the first text delta, then closes it the way
+    ``contextlib.aclosing(stream)`` does (`EventStream.aclose`: the stream's latest iteration),
+    its iterator still held, and notes what the run holds then; the call then fails."""
+
+    def __init__(self) -> None:
+        self.after: tuple[int, int, int] | None = None
+
+    def active_points(self) -> frozenset[ExtensionPoint]:
+        return frozenset({ExtensionPoint.ON_MODEL_CALL})
+
+    def on_model_call(self, agent: Any, ctx: Any, input: Any, next: Any) -> Any:
+        inner = next(input)
+
+        async def read() -> AsyncIterator[Any]:
+            it = inner.__aiter__()
+            async for e in it:
+                if e.type == "text_block_delta":
+                    break
+            await inner.aclose()
+            totals = run_totals(ctx)
+            self.after = (totals.holds, totals.held_tokens, totals.tokens)
+            del it
+            raise ModelError("left", retryable=False)
+            yield  # (an async generator)
+
+        return EventStream(read)
+
+
+async def test_closing_the_budgets_stream_settles_its_call(store: Any) -> None:
+    closer = ClosesTheStream()
+    budget = BudgetMiddleware(run_tokens=10_000, user_tokens=10_000, estimate=fixed(E_IN), store=store)
+    agent = ReActAgent.builder().sys_prompt("").model(Slow()).middlewares([closer, budget]).build()
+    ctx = RuntimeContext(user_id="ada")
+    with pytest.raises(ModelError):
+        await agent.call("hi", ctx=ctx)
+    assert closer.after == (0, 0, E_IN + 10)  # settled when closed: what was let out was paid
+    await no_holds(store, "ada")
+    assert (await store.get("ada")).tokens == E_IN + 10
+
+
+class ReadsTwice(MiddlewareBase):
+    """Outside the budget: reads its stream to the end and drops what it got, then reads it again
+    (a stream is cold: each subscription is a model call of its own)."""
+
+    def active_points(self) -> frozenset[ExtensionPoint]:
+        return frozenset({ExtensionPoint.ON_MODEL_CALL})
+
+    def on_model_call(self, agent: Any, ctx: Any, input: Any, next: Any) -> Any:
+        inner = next(input)
+
+        async def read() -> AsyncIterator[Any]:
+            await inner.to_list()
+            async for e in inner:
+                yield e
+
+        return EventStream(read)
+
+
+async def test_each_subscription_of_the_budgets_stream_is_a_call_held_and_charged_of_its_own() -> None:
+    usage = ChatUsage(input_tokens=E_IN, output_tokens=1)
+    model = ScriptedModel([ModelStep.text("first", usage=usage), ModelStep.text("second", usage=usage)])
+    budget = BudgetMiddleware(run_tokens=1000, estimate=fixed(E_IN))
+    agent = ReActAgent.builder().sys_prompt("").model(model).middlewares([ReadsTwice(), budget]).build()
+    ctx = RuntimeContext()
+    assert (await agent.call("hi", ctx=ctx)).text == "second"
+    totals = run_totals(ctx)
+    assert (totals.tokens, totals.calls, totals.holds, totals.held_tokens) == (2 * (E_IN + 1), 2, 0, 0)
 
 
 async def test_a_cancelled_call_leaves_no_hold(store: Any) -> None:

@@ -268,7 +268,9 @@ class BudgetMiddleware(MiddlewareBase):
 
     def on_model_call(self, agent: AgentView, ctx: RuntimeContext, input: ModelCallInput, next: Next) -> Any:
         model_name = str(getattr(input.model, "name", ""))
-        price = self.price(model_name)
+        price = self._price_of.get(model_name, _UNSEEN)
+        if price is _UNSEEN:
+            price = self.price(model_name)
         if price is None and self.strict:
             problem = f"strict budget: no price for model {model_name!r}; pass prices={{...}}"
             return EventStream.error(ValueError(problem))
@@ -278,7 +280,9 @@ class BudgetMiddleware(MiddlewareBase):
             run = RunTotals(self, ctx)
             ctx.put(self._run_key, run)
         # The hold is taken when the stream is subscribed (a stream built and never run holds
-        # nothing); the inner stream is built here, in the hook's context (`_Metered`).
+        # nothing); the inner stream is built here, in the hook's context (`_SyncCall`, `_Metered`).
+        if self._sync:
+            return EventStream(_SyncCall(self, ctx, run, next(input), model_name, price, est_tokens))
         return EventStream(_Metered((self, ctx, run, next(input), model_name, price, est_tokens)))
 
     # -- the metered call ------------------------------------------------------------------------
@@ -356,8 +360,7 @@ class BudgetMiddleware(MiddlewareBase):
             if attempt:  # failed, cancelled or left by its consumer mid-call: what was counted was spent
                 out = -(-chars // 4)
                 tokens, cost = est_tokens + out, est_tokens * in_rate + out * out_rate
-                self._charge(run, tokens, cost)
-                hold.drop_local()
+                self._charge(run, tokens, cost, hold)
                 await hold.settle_user(tokens, cost)
             elif hold.active or hold.id is not None:  # no model answered: nothing is charged
                 await hold.release()
@@ -387,8 +390,7 @@ class BudgetMiddleware(MiddlewareBase):
         """At a call's own ModelCallEnd: charge its usage, drop its hold, and annotate the event
         (holds in this process)."""
         tokens, cost = self._measure(ev, model, est_tokens, chars)
-        totals = self._charge(run, tokens, cost)  # the run's and session's totals and holds, in one step
-        hold.drop_local()
+        totals = self._charge(run, tokens, cost, hold)  # the run's and session's totals and holds, in one step
         user = hold.settle_user_now(tokens, cost) if self.memory_store is not None else None
         return self._annotate(ctx, ev, tokens, cost, totals, user)
 
@@ -396,8 +398,7 @@ class BudgetMiddleware(MiddlewareBase):
                       est_tokens: int, chars: int) -> ModelCallEnd:
         """`settle_now` with the user's hold in a store across the network."""
         tokens, cost = self._measure(ev, model, est_tokens, chars)
-        totals = self._charge(run, tokens, cost)
-        hold.drop_local()
+        totals = self._charge(run, tokens, cost, hold)
         return self._annotate(ctx, ev, tokens, cost, totals, await hold.settle_user(tokens, cost))
 
     def cut_now(self, ctx: RuntimeContext, run: RunTotals, hold: CallHold, released: OpenBrackets,
@@ -422,8 +423,7 @@ class BudgetMiddleware(MiddlewareBase):
         """The Ends of what the cut call let out, and the run's totals once what it counted is charged."""
         closing = released.close(f"BudgetExceeded: {refused['reason']}", discarded=self.on_exceeded == "error",
                                  failed=True)
-        totals = self._charge(run, tokens, cost)
-        hold.drop_local()
+        totals = self._charge(run, tokens, cost, hold)
         return closing, totals
 
     def _refusal(self, info: dict[str, Any]) -> tuple[Any, ...]:
@@ -474,11 +474,14 @@ class BudgetMiddleware(MiddlewareBase):
 
     # -- the accounting --------------------------------------------------------------------------
 
-    def _charge(self, run: RunTotals, tokens: int, cost: float) -> tuple[int, float, int, int, float, int]:
-        """Grow the run's and the session's totals in place (no Spend): the new totals."""
+    def _charge(self, run: RunTotals, tokens: int, cost: float,
+                hold: CallHold) -> tuple[int, float, int, int, float, int]:
+        """Grow the run's and the session's totals in place (no Spend) by a call's usage, and drop
+        its hold there (`CallHold.drop_local`), in one step: the new totals."""
         run.tokens = r_tokens = run.tokens + tokens  # in place: the run's own totals
         run.cost = r_cost = run.cost + cost
         run.calls = r_calls = run.calls + 1
+        hold.drop_local()
         state = run._ctx.agent_state  # (a sub-agent's calls count in its tree's root session)
         if state is None:
             return r_tokens, r_cost, r_calls, 0, 0.0, 0
@@ -515,249 +518,15 @@ class BudgetMiddleware(MiddlewareBase):
                 break
         # A copy: events are immutable, and an inner layer (a cache recording, an audit) may hold
         # this very object (`with_metadata`: model_copy's result, without its generic machinery).
-        return with_metadata(ev, {**ev.metadata, self.name_key: {
+        note = {
             "call": {"tokens": tokens, "cost": cost, "estimated": ev.usage is None},
             "run": {"tokens": r_tokens, "cost": r_cost, "calls": r_calls},
             "session": {"tokens": s_tokens, "cost": s_cost, "calls": s_calls},
             "user": {"tokens": u_tokens, "cost": u_cost, "calls": u_calls},
             "exceeded": exceeded,
-        }})
-
-
-class _Metered(MapSource):
-    """A metered call's stream factory. Subscribing it reads no context of its own — the inner
-    stream was built by next() inside the hook and carries its own, and the budget's code uses
-    none — so the middleware chain adds no context wrapper (no context switch per event)."""
-
-    __slots__ = ("args",)
-
-    context_free = True
-
-    def __init__(self, args: tuple[Any, ...]) -> None:
-        self.args = args
-
-    def with_maps(self, maps: Maps) -> AsyncIterator[Any]:
-        budget, ctx, run, inner, model, price, est_tokens = self.args
-        if budget._sync:
-            return _SyncCall(budget, ctx, run, model, price, est_tokens).start(inner, maps)
-        it: AsyncIterator[Any] = budget._metered(ctx, run, inner, model, price, est_tokens)
-        return apply_maps(it, maps) if maps else it
-
-    def recovering(self, maps: Maps, recovery: Recovery) -> AsyncIterator[Any] | None:
-        """`with_maps`, a failure before the first event handed to ``recovery`` by the model
-        call's own stream (a retry outside then adds no iterator of its own around this call)."""
-        budget, ctx, run, inner, model, price, est_tokens = self.args
-        if not budget._sync:
-            return None
-        return _SyncCall(budget, ctx, run, model, price, est_tokens).recovering(inner, maps, recovery)
-
-
-class _SyncCall:
-    """A metered call whose holds are all in this process (`BudgetMiddleware._sync`), at no
-    async layer of its own: the per-event work — counting the output, growing the hold, settling
-    it at the call's ModelCallEnd — is a map fused into the inner stream (`see`, run where the
-    model call's buffer is drained), and `_SyncCallIterator` hands on the inner stream's
-    awaitables. It steps in only to end a call cut short (`see` puts the first closing event in
-    place of the refused delta; the rest follow from `pending`), and `finish` settles what was
-    counted or releases the hold however the stream ended. (This object does not refer to the
-    iterator, which refers to it: no reference cycle, so both go as soon as the stream does.)"""
-
-    __slots__ = ("attempt", "brackets", "budget", "chars", "ctx", "error", "est_tokens", "hold", "in_rate", "maps",
-                 "model", "out_held", "out_rate", "pending", "run")
-
-    def __init__(self, budget: BudgetMiddleware, ctx: RuntimeContext, run: RunTotals, model: str,
-                 price: ModelPrice | None, est_tokens: int) -> None:
-        self.budget = budget
-        self.ctx = ctx
-        self.run = run
-        self.model = model
-        self.in_rate = 0.0 if price is None else price.input / 1_000_000
-        self.out_rate = 0.0 if price is None else price.output / 1_000_000
-        self.est_tokens = est_tokens
-        self.hold = CallHold(budget, ctx, run)
-        self.chars = 0  # output characters counted in the running attempt
-        self.out_held = 0  # output tokens its hold covers
-        self.attempt = False  # a ModelCallStart seen without its End: a model answered
-        # The top-level Starts and Ends let out, in order: what a cut closes (`_cut` reads which are
-        # open from them). A list append per bracket, where tracking them as they pass would be a
-        # call per bracket for what only a cut needs.
-        self.brackets: list[Any] = []
-        self.pending: list[Any] | None = None  # the rest of a cut: closing events, then the refusal
-        self.error: BaseException | None = None  # ... or the refusal raised (on_exceeded="error")
-        self.maps: Maps = ()
-
-    def recovering(self, inner: EventStream[Any], maps: Maps, recovery: Recovery) -> AsyncIterator[Any] | None:
-        """`start` with ``inner`` subscribed by its `MapSource.recovering` (``see`` and the maps
-        before it among the failing stream's own); None, holding nothing, when it cannot or the
-        call is refused (a refusal then goes as it goes without recovery: through the caller's
-        own iterator, which judges a `BudgetExceeded` raised)."""
-        factory, own = inner._factory, maps_of(inner._steps)
-        if own is None or not isinstance(factory, MapSource):
-            return None
-        if self.hold.take_now(self.est_tokens, self.est_tokens * self.in_rate) is not None:
-            return None
-        n, passes, resume = recovery
-        recovered = factory.recovering((*own, self.see, *maps),
-                                       (len(own) + 1 + n, passes, partial(self._resumed, resume)))
-        if recovered is None:
-            self.hold.release_now()
-            return None
-        self.maps = maps
-        return _SyncCallIterator(recovered, self)
-
-    def _resumed(self, resume: Callable[[Exception], AsyncIterator[Any]], error: Exception) -> AsyncIterator[Any]:
-        """The call failed before its first event: its hold goes before the next attempt is made."""
-        self.finish()
-        return resume(error)
-
-    def start(self, inner: EventStream[Any], maps: Maps) -> AsyncIterator[Any]:
-        """Take the hold (or refuse) and subscribe ``inner`` with ``see`` and ``maps`` fused."""
-        refused = self.hold.take_now(self.est_tokens, self.est_tokens * self.in_rate)
-        if refused is not None:
-            try:
-                events = self.budget._refusal(refused)
-            except BudgetExceeded as exc:
-                return EventStream.error(exc).__aiter__()
-            return apply_maps(iterate(events), maps) if maps else iterate(events)
-        self.maps = maps
-        # ``inner.map(self.see)``, then ``maps``, subscribed: a `MapSource` with only maps of its
-        # own (the model call's prefetch) takes them all at once, as `EventStream.__aiter__` would
-        # give them, with no stream made per map on the way (as `FirstFailure` subscribes).
-        factory, own = inner._factory, maps_of(inner._steps)
-        if own is not None and isinstance(factory, MapSource):
-            return _SyncCallIterator(factory.with_maps((*own, self.see, *maps)), self)
-        stream = inner.map(self.see)
-        for fn in maps:
-            stream = stream.map(fn)
-        return _SyncCallIterator(stream.__aiter__(), self)
-
-    def see(self, ev: Any) -> Any:
-        cls = ev.__class__
-        if cls in _OUTPUT_DELTAS:
-            if ev.source is None:
-                self.chars = chars = self.chars + len(ev.delta)
-                need = -(-chars // 4) - self.out_held
-                if need > 0:
-                    refused = self.hold.take_now(need, need * self.out_rate, "stream")
-                    if refused is not None:
-                        return self._cut(ev, refused)
-                    self.out_held += need
-        elif cls in _BRACKETS and ev.source is None:
-            self.brackets.append(ev)
-            if cls is ModelCallStart:
-                self.attempt = True
-                if ev.model != self.model:  # a fallback (inside this layer) served this attempt
-                    self.model = ev.model
-                    price = self.budget.price(ev.model)
-                    self.out_rate = 0.0 if price is None else price.output / 1_000_000
-                if not self.hold.active:  # a retry's next attempt: the model has its input already
-                    self.hold.take_now(self.est_tokens, self.est_tokens * self.in_rate, force=True)
-                self.chars = self.out_held = 0
-            elif cls is _ModelCallEnd:
-                self.attempt = False
-                ev = self.budget.settle_now(self.ctx, self.run, self.hold, ev, ev.model or self.model,
-                                            self.est_tokens, self.chars)
-                self.chars = self.out_held = 0
-        return ev
-
-    def _cut(self, ev: Any, refused: dict[str, Any]) -> Any:
-        self.attempt = False
-        out = -(-(self.chars - len(ev.delta)) // 4)  # what was let out (not this delta)
-        released = OpenBrackets(top_only=True)
-        for bracket in self.brackets:
-            released.see(bracket)
-        closing = self.budget.cut_now(self.ctx, self.run, self.hold, released, self.est_tokens + out,
-                                      self.est_tokens * self.in_rate + out * self.out_rate, refused)
-        try:
-            stop: list[Any] = list(self.budget._refusal(refused))
-        except BudgetExceeded as exc:
-            stop, self.error = [], exc
-        self.pending = [*closing[1:], *stop]
-        return closing[0]  # (in the refused delta's place: the maps outside see it in order)
-
-    def finish(self) -> None:
-        hold = self.hold
-        if self.attempt:  # failed, cancelled or left by its consumer mid-call: what was counted was spent
-            self.attempt = False
-            out = -(-self.chars // 4)
-            tokens, cost = self.est_tokens + out, self.est_tokens * self.in_rate + out * self.out_rate
-            self.budget._charge(self.run, tokens, cost)
-            hold.drop_local()
-            hold.settle_user_now(tokens, cost)
-        elif hold.active or hold.id is not None:  # no model answered: nothing is charged
-            hold.release_now()
-
-
-class _SyncCallIterator:
-    """`_SyncCall`'s stream: the inner iterator's awaitables, handed on; after a cut, the rest of
-    it; on ``aclose`` (and when dropped unclosed), the call's `finish`."""
-
-    __slots__ = ("call", "it", "open")
-
-    def __init__(self, it: Any, call: _SyncCall) -> None:
-        self.it = it
-        self.call = call
-        self.open = True  # the inner stream, until a cut or aclose closes it
-
-    def __aiter__(self) -> _SyncCallIterator:
-        return self
-
-    def __anext__(self) -> Any:
-        if self.call.pending is None:
-            return self.it.__anext__()
-        return self._after_cut()
-
-    async def _after_cut(self) -> Any:
-        if self.open:
-            self.open = False
-            await aclose(self.it)  # the model request ends now
-        call = self.call
-        pending = call.pending
-        if pending:
-            ev = pending.pop(0)
-            for fn in call.maps:
-                ev = fn(ev)
-            return ev
-        error, call.error = call.error, None
-        if error is not None:
-            raise error
-        raise StopAsyncIteration
-
-    async def aclose(self) -> None:
-        try:
-            if self.open:
-                self.open = False
-                await aclose(self.it)
-        finally:
-            self.call.finish()
-
-    def __del__(self) -> None:
-        self.call.finish()
-
-
-def _info(scope: str, kind: str, limit: float, spent: float, held: float, estimate: float,
-          stage: str) -> dict[str, Any]:
-    """A refusal: ``stage`` ``"before"`` the call (its estimate did not fit) or ``"stream"`` (its
-    output grew past what fits: it is cut short)."""
-    unit = "tokens" if kind == "tokens" else "USD"
-    in_flight = f", {held:g} held by calls in flight" if held else ""
-    more = "this call ~" if stage == "before" else "this call's output ~"
-    cut = "" if stage == "before" else "; the call is cut short"
-    reason = (f"budget exceeded: {scope} {kind} limit {limit} {unit}; spent {spent:g}{in_flight}, "
-              f"{more}{estimate:g} more (estimated){cut}")
-    return {"scope": scope, "kind": kind, "limit": limit, "spent": spent, "held": held, "estimate": estimate,
-            "stage": stage, "reason": reason}
-
-
-def _exceeded(info: Mapping[str, Any]) -> BudgetExceeded:
-    return BudgetExceeded(info["reason"], scope=info["scope"], kind=info["kind"], limit=info["limit"],
-                          spent=info["spent"], estimate=info["estimate"])
-
-
-_ModelCallEnd = ModelCallEnd
-_OUTPUT_DELTAS = frozenset({TextBlockDelta, ThinkingBlockDelta, ToolCallDelta})  # what a call's output counts
-_BRACKETS = BRACKET_TYPES  # (the Starts and Ends a cut closes; among them the call's own)
-_STEP = 64  # output tokens a hold grows by ahead of the reply, with a store across the network
+        }
+        metadata = ev.metadata
+        return with_metadata(ev, {**metadata, self.name_key: note} if metadata else {self.name_key: note})
 
 
 class CallHold:
@@ -797,21 +566,36 @@ class CallHold:
         """Hold ``tokens`` / ``cost`` more in every limited scope; or, when that would cross a
         limit, hold nothing and answer the refusal (``stage``: before the call or while it
         streams). ``force``: hold without checking (what a call already made spends). For a
-        budget whose holds are all in this process."""
-        refused = self._take_local(tokens, cost, stage, force)
-        if refused is not None:
-            return refused
-        memory = self.budget.memory_store
-        if memory is None:  # no user limit: held (what `_took` does)
-            self.tokens += tokens
-            self.cost += cost
+        budget whose holds are all in this process: nothing comes between the checks and the
+        holds, so the store is asked first and the run's hold taken only when it grants."""
+        run, budget = self.run, self.budget
+        # Within the run's limits with no session limit (the common case), two comparisons decide;
+        # else `check_local` does (and spells out a refusal).
+        if not force and budget.local_limited and (
+                budget._session_limited or run.tokens + run.held_tokens + tokens > budget._run_max_tokens
+                or run.cost + run.held_cost + cost > budget._run_max_cost):
+            refused = budget.check_local(run, tokens, cost, stage)
+            if refused is not None:
+                return refused
+        memory = budget.memory_store
+        if memory is not None:
+            if self.id is None:
+                self.id = new_hold_id()
+            max_tokens, max_cost = (None, None) if force else budget.user_limits
+            answer = memory.reserve_nowait(self.ctx.user_id, self.id, tokens, cost, max_tokens, max_cost)
+            budget.saw_user(self.ctx.user_id, answer.spent)
+            if not answer.granted:
+                if not self.active:  # (its first take: the store holds nothing under this id)
+                    self.id = None
+                return budget.user_refusal(answer, tokens, cost, stage)
+        if not self.active:
             self.active = True
-            return None
-        if self.id is None:
-            self.id = new_hold_id()
-        max_tokens, max_cost = (None, None) if force else self.budget.user_limits
-        answer = memory.reserve_nowait(self.ctx.user_id, self.id, tokens, cost, max_tokens, max_cost)
-        return self._answered(answer, tokens, cost, stage)
+            run.holds += 1
+        run.held_tokens += tokens
+        run.held_cost += cost
+        self.tokens += tokens
+        self.cost += cost
+        return None
 
     async def take(self, tokens: int, cost: float, stage: str = "before", force: bool = False) -> dict[str, Any] | None:
         """`take_now` with the user's hold in a store across the network."""
@@ -928,3 +712,256 @@ class CallHold:
         hold_id, self.id = self.id, None
         if hold_id is not None:
             await self.budget.store.release(self.ctx.user_id, hold_id)
+
+
+class _Metered(MapSource):
+    """A metered call's stream factory, for a budget whose user holds are in a store across the
+    network (`BudgetMiddleware._metered`; `_SyncCall` is the one for holds in this process).
+    Subscribing it reads no context of its own — the inner stream was built by next() inside the
+    hook and carries its own, and the budget's code uses none — so the middleware chain adds no
+    context wrapper (no context switch per event)."""
+
+    __slots__ = ("args",)
+
+    context_free = True
+
+    def __init__(self, args: tuple[Any, ...]) -> None:
+        self.args = args
+
+    def with_maps(self, maps: Maps) -> AsyncIterator[Any]:
+        budget, ctx, run, inner, model, price, est_tokens = self.args
+        it: AsyncIterator[Any] = budget._metered(ctx, run, inner, model, price, est_tokens)
+        return apply_maps(it, maps) if maps else it
+
+
+class _SyncCall(CallHold, MapSource):
+    """A metered call whose holds are all in this process (`BudgetMiddleware._sync`): its hold
+    (a `CallHold`), and its stream's factory (subscribing it reads no context of its own, as
+    `_Metered`), at no async layer of its own: the per-event work — counting the output, growing
+    the hold, settling it at the call's ModelCallEnd — is a map fused into the inner stream
+    (`see`, run where the model call's buffer is drained), and `_SyncCallIterator` hands on the
+    inner stream's awaitables. It steps in only to end a call cut short (`see` puts the first
+    closing event in place of the refused delta; the rest follow from `pending`), and `finish`
+    settles what was counted or releases the hold however the stream ended. (This object does not
+    refer to the iterator, which refers to it: no reference cycle, so the iterator goes as soon as
+    its consumer lets it go.) A stream subscribed again is a call of its own (`again`)."""
+
+    __slots__ = ("attempt", "brackets", "chars", "error", "est_tokens", "in_rate", "inner", "maps", "model",
+                 "out_held", "out_rate", "pending", "priced", "subscribed")
+
+    context_free = True
+
+    def __init__(self, budget: BudgetMiddleware, ctx: RuntimeContext, run: RunTotals, inner: EventStream[Any],
+                 model: str, price: ModelPrice | None, est_tokens: int) -> None:
+        CallHold.__init__(self, budget, ctx, run)
+        self.inner = inner
+        self.model = model
+        self.priced = (model, price)  # (what `again` starts from: a fallback changes ``model``)
+        if price is None:
+            self.in_rate = self.out_rate = 0.0
+        else:
+            self.in_rate, self.out_rate = price.input / 1_000_000, price.output / 1_000_000
+        self.est_tokens = est_tokens
+        self.chars = 0  # output characters counted in the running attempt
+        self.out_held = 0  # output tokens its hold covers
+        self.attempt = False  # a ModelCallStart seen without its End: a model answered
+        # The top-level Starts and Ends let out, in order: what a cut closes (`_cut` reads which are
+        # open from them). A list append per bracket, where tracking them as they pass would be a
+        # call per bracket for what only a cut needs.
+        self.brackets: list[Any] = []
+        self.pending: list[Any] | None = None  # the rest of a cut: closing events, then the refusal
+        self.error: BaseException | None = None  # ... or the refusal raised (on_exceeded="error")
+        self.maps: Maps = ()
+        self.subscribed = False
+
+    def again(self) -> _SyncCall:
+        """This call afresh, for another subscription of its stream."""
+        model, price = self.priced
+        return _SyncCall(self.budget, self.ctx, self.run, self.inner, model, price, self.est_tokens)
+
+    def with_maps(self, maps: Maps) -> AsyncIterator[Any]:
+        if self.subscribed:
+            return self.again().with_maps(maps)
+        self.subscribed = True
+        return self.start(maps)
+
+    def recovering(self, maps: Maps, recovery: Recovery) -> AsyncIterator[Any] | None:
+        """`with_maps`, a failure before the first event handed to ``recovery`` by the model
+        call's own stream (a retry outside then adds no iterator of its own around this call):
+        ``inner`` subscribed by its `MapSource.recovering` (``see`` and the maps before it among
+        the failing stream's own); None, holding nothing, when it cannot or the call is refused (a
+        refusal then goes as it goes without recovery: through the caller's own iterator, which
+        judges a `BudgetExceeded` raised)."""
+        if self.subscribed:
+            return self.again().recovering(maps, recovery)
+        inner = self.inner
+        factory, own = inner._factory, maps_of(inner._steps)
+        if own is None or not isinstance(factory, MapSource):
+            return None
+        if self.take_now(self.est_tokens, self.est_tokens * self.in_rate) is not None:
+            return None
+        self.subscribed = True
+        n, passes, resume = recovery
+        recovered = factory.recovering((*own, self.see, *maps),
+                                       (len(own) + 1 + n, passes, partial(self._resumed, resume)))
+        if recovered is None:
+            self.release_now()
+            self.subscribed = False
+            return None
+        self.maps = maps
+        return _SyncCallIterator(recovered, self)
+
+    def _resumed(self, resume: Callable[[Exception], AsyncIterator[Any]], error: Exception) -> AsyncIterator[Any]:
+        """The call failed before its first event: its hold goes before the next attempt is made."""
+        self.finish()
+        return resume(error)
+
+    def start(self, maps: Maps) -> AsyncIterator[Any]:
+        """Take the hold (or refuse) and subscribe the inner stream with ``see`` and ``maps`` fused."""
+        refused = self.take_now(self.est_tokens, self.est_tokens * self.in_rate)
+        if refused is not None:
+            try:
+                events = self.budget._refusal(refused)
+            except BudgetExceeded as exc:
+                return EventStream.error(exc).__aiter__()
+            return apply_maps(iterate(events), maps) if maps else iterate(events)
+        self.maps = maps
+        # ``inner.map(self.see)``, then ``maps``, subscribed: a `MapSource` with only maps of its
+        # own (the model call's prefetch) takes them all at once, as `EventStream.__aiter__` would
+        # give them, with no stream made per map on the way (as `FirstFailure` subscribes).
+        inner = self.inner
+        factory, own = inner._factory, maps_of(inner._steps)
+        if own is not None and isinstance(factory, MapSource):
+            return _SyncCallIterator(factory.with_maps((*own, self.see, *maps)), self)
+        stream = inner.map(self.see)
+        for fn in maps:
+            stream = stream.map(fn)
+        return _SyncCallIterator(stream.__aiter__(), self)
+
+    def see(self, ev: Any) -> Any:
+        cls = ev.__class__
+        if cls in _OUTPUT_DELTAS:
+            if ev.source is None:
+                self.chars = chars = self.chars + len(ev.delta)
+                need = -(-chars // 4) - self.out_held
+                if need > 0:
+                    refused = self.take_now(need, need * self.out_rate, "stream")
+                    if refused is not None:
+                        return self._cut(ev, refused)
+                    self.out_held += need
+        elif cls in _BRACKETS and ev.source is None:
+            self.brackets.append(ev)
+            if cls is ModelCallStart:
+                self.attempt = True
+                if ev.model != self.model:  # a fallback (inside this layer) served this attempt
+                    self.model = ev.model
+                    price = self.budget.price(ev.model)
+                    self.out_rate = 0.0 if price is None else price.output / 1_000_000
+                if not self.active:  # a retry's next attempt: the model has its input already
+                    self.take_now(self.est_tokens, self.est_tokens * self.in_rate, force=True)
+                self.chars = self.out_held = 0
+            elif cls is _ModelCallEnd:
+                self.attempt = False
+                ev = self.budget.settle_now(self.ctx, self.run, self, ev, ev.model or self.model,
+                                            self.est_tokens, self.chars)
+                self.chars = self.out_held = 0
+        return ev
+
+    def _cut(self, ev: Any, refused: dict[str, Any]) -> Any:
+        self.attempt = False
+        out = -(-(self.chars - len(ev.delta)) // 4)  # what was let out (not this delta)
+        released = OpenBrackets(top_only=True)
+        for bracket in self.brackets:
+            released.see(bracket)
+        closing = self.budget.cut_now(self.ctx, self.run, self, released, self.est_tokens + out,
+                                      self.est_tokens * self.in_rate + out * self.out_rate, refused)
+        try:
+            stop: list[Any] = list(self.budget._refusal(refused))
+        except BudgetExceeded as exc:
+            stop, self.error = [], exc
+        self.pending = [*closing[1:], *stop]
+        return closing[0]  # (in the refused delta's place: the maps outside see it in order)
+
+    def finish(self) -> None:
+        if self.attempt:  # failed, cancelled or left by its consumer mid-call: what was counted was spent
+            self.attempt = False
+            out = -(-self.chars // 4)
+            tokens, cost = self.est_tokens + out, self.est_tokens * self.in_rate + out * self.out_rate
+            self.budget._charge(self.run, tokens, cost, self)
+            self.settle_user_now(tokens, cost)
+        elif self.active or self.id is not None:  # no model answered: nothing is charged
+            self.release_now()
+
+
+class _SyncCallIterator:
+    """`_SyncCall`'s stream: the inner iterator's awaitables, handed on; after a cut, the rest of
+    it; on ``aclose`` (and when dropped unclosed), the call's `finish`. (Weakly referable, as an
+    async generator is: `EventStream.aclose` closes the stream's latest iteration through a weak
+    reference.)"""
+
+    __slots__ = ("__weakref__", "call", "it", "open")
+
+    def __init__(self, it: Any, call: _SyncCall) -> None:
+        self.it = it
+        self.call = call
+        self.open = True  # the inner stream, until a cut or aclose closes it
+
+    def __aiter__(self) -> _SyncCallIterator:
+        return self
+
+    def __anext__(self) -> Any:
+        if self.call.pending is None:
+            return self.it.__anext__()
+        return self._after_cut()
+
+    async def _after_cut(self) -> Any:
+        if self.open:
+            self.open = False
+            await aclose(self.it)  # the model request ends now
+        call = self.call
+        pending = call.pending
+        if pending:
+            ev = pending.pop(0)
+            for fn in call.maps:
+                ev = fn(ev)
+            return ev
+        error, call.error = call.error, None
+        if error is not None:
+            raise error
+        raise StopAsyncIteration
+
+    async def aclose(self) -> None:
+        try:
+            if self.open:
+                self.open = False
+                await aclose(self.it)
+        finally:
+            self.call.finish()
+
+    def __del__(self) -> None:
+        self.call.finish()
+
+
+def _info(scope: str, kind: str, limit: float, spent: float, held: float, estimate: float,
+          stage: str) -> dict[str, Any]:
+    """A refusal: ``stage`` ``"before"`` the call (its estimate did not fit) or ``"stream"`` (its
+    output grew past what fits: it is cut short)."""
+    unit = "tokens" if kind == "tokens" else "USD"
+    in_flight = f", {held:g} held by calls in flight" if held else ""
+    more = "this call ~" if stage == "before" else "this call's output ~"
+    cut = "" if stage == "before" else "; the call is cut short"
+    reason = (f"budget exceeded: {scope} {kind} limit {limit} {unit}; spent {spent:g}{in_flight}, "
+              f"{more}{estimate:g} more (estimated){cut}")
+    return {"scope": scope, "kind": kind, "limit": limit, "spent": spent, "held": held, "estimate": estimate,
+            "stage": stage, "reason": reason}
+
+
+def _exceeded(info: Mapping[str, Any]) -> BudgetExceeded:
+    return BudgetExceeded(info["reason"], scope=info["scope"], kind=info["kind"], limit=info["limit"],
+                          spent=info["spent"], estimate=info["estimate"])
+
+
+_ModelCallEnd = ModelCallEnd
+_OUTPUT_DELTAS = frozenset({TextBlockDelta, ThinkingBlockDelta, ToolCallDelta})  # what a call's output counts
+_BRACKETS = BRACKET_TYPES  # (the Starts and Ends a cut closes; among them the call's own)
+_STEP = 64  # output tokens a hold grows by ahead of the reply, with a store across the network

@@ -79,15 +79,26 @@ def estimate_tokens(input: ModelCallInput) -> int:
 
 
 def _msg_chars(msg: Msg) -> int:
+    """The characters of one message's content that `estimate_tokens` counts."""
     chars = 0
     for block in msg.content:
         if block.type == "text":
             chars += len(block.text)
-        elif block.type == "thinking":
-            chars += len(block.thinking)
         elif block.type == "tool_use":
             chars += len(block.name) + _json_len(block.input)
         elif block.type == "tool_result":
             out = block.output
-            chars += len(out) if isinstance(out, str) else sum(len(getattr(b, "text", "") or "") for b in out)
+            chars += len(out) if isinstance(out, str) else _result_chars(out)
+        elif block.type == "thinking":
+            chars += len(block.thinking)
+    return chars
+
+
+def _result_chars(output: Sequence[Any]) -> int:
+    """The characters of a tool result's blocks: their text (data blocks have none)."""
+    chars = 0
+    for block in output:
+        text = getattr(block, "text", None)
+        if text:
+            chars += len(text)
     return chars
