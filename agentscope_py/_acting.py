@@ -39,9 +39,9 @@ from typing import TYPE_CHECKING, Any, cast
 from ._control import RunControl
 from ._deadline import Deadline, DeadlineTimer
 from ._recorded import Recording, ToolJournal, journaled, output_parts, replay_events, settle
-from ._replies import arguments_problem, result_events
+from ._replies import arguments_problem, result_end, result_events, result_start, result_text
 from ._sanitize import clean
-from ._trusted import delta_maker, trusted, validated
+from ._trusted import delta_maker
 from .errors import AgentInterrupted, SubAgentPaused, ToolInputRequired
 from .events import (
     AgentEvent,
@@ -52,7 +52,6 @@ from .events import (
     RequireUserConfirm,
     ToolResultDataDelta,
     ToolResultEnd,
-    ToolResultStart,
     ToolResultTextDelta,
 )
 from .message import GenerateReason, ToolResultState, ToolUseBlock
@@ -212,7 +211,7 @@ class _Call:
     took the Start), and where the pass reads its events (the result it awaits, or the channel it
     drains; neither: replayed)."""
 
-    __slots__ = ("call", "journal", "make", "meta", "opening", "output", "task", "tool")
+    __slots__ = ("call", "journal", "meta", "opening", "output", "task", "tool")
 
     def __init__(self, scope: ToolScope, call: ToolUseBlock, tool: Tool | None) -> None:
         self.call = call
@@ -235,9 +234,7 @@ class _Call:
                 self.journal = journal  # (else an idempotent tool, or a store that needs no journal)
         # Its events are made once each from its typed ids (exact str), not validated, as
         # `ToolResultCollector` makes results; ids a middleware derived untyped are validated.
-        self.make: Callable[..., Any] = trusted if type(call.id) is str and type(call.name) is str else validated
-        self.opening = (self.make(ToolResultStart, reply_id=scope.reply_id, tool_call_id=call.id, tool_name=call.name,
-                                  **meta),)
+        self.opening = (result_start(scope.reply_id, call, meta),)
         if tool is not None and (tool.kind == "stream" or scope.executor is not None):
             self.output = Recording(256) if self.journal is not None else Channel(256)
         else:
@@ -305,10 +302,9 @@ def _hand(out: asyncio.Future[list[AgentEvent]] | Channel | None, events: list[A
 
 def _end(events: list[AgentEvent], reply_id: str, run: _Call, state: ToolResultState, error_text: str | None) -> None:
     """Add a call's last events to ``events``: its error text, if any, and its end."""
-    cid, name, make = run.call.id, run.call.name, run.make
     if error_text is not None:
-        events.append(make(ToolResultTextDelta, reply_id=reply_id, tool_call_id=cid, tool_name=name, delta=error_text))
-    events.append(make(ToolResultEnd, reply_id=reply_id, tool_call_id=cid, tool_name=name, state=state, **run.meta))
+        events.append(result_text(reply_id, run.call, error_text))
+    events.append(result_end(reply_id, run.call, state, run.meta))
 
 
 def _asking(reply_id: str, call: ToolUseBlock, meta: dict[str, Any], exc: ToolInputRequired) -> list[AgentEvent]:
@@ -392,12 +388,10 @@ async def tool_output(scope: ToolScope, call: ToolUseBlock, tool: Tool, channel:
 def _output_at_once(reply_id: str, run: _Call, chunks: tuple[Any, ...]) -> list[AgentEvent]:
     """The events of a tool's output that came at once, made one each (a `delta_maker` serves a
     stream's many deltas)."""
-    cid, name, make = run.call.id, run.call.name, run.make
+    cid, name, call = run.call.id, run.call.name, run.call
 
     def text_delta(delta: str) -> ToolResultTextDelta:
-        ev: ToolResultTextDelta = make(ToolResultTextDelta, reply_id=reply_id, tool_call_id=cid, tool_name=name,
-                                       delta=delta)
-        return ev
+        return result_text(reply_id, call, delta)
 
     return [_output_event(chunk, text_delta, reply_id, cid, name) for chunk in chunks]
 

@@ -23,7 +23,7 @@ import contextlib
 import contextvars
 import random
 import types
-from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Sequence
+from collections.abc import AsyncIterator, Callable, Generator, Sequence
 from typing import Any
 
 from ._control import RunControl
@@ -170,6 +170,10 @@ class ModelCall(MapSource):
 NO_STEP: Any = object()
 """`ModelRead.first` when no step is held."""
 
+HAND_OVER: Any = object()
+"""What `_read` yields after the first chunk: `ModelRead` ends the consumer's await there (the
+step goes to no task), so the first chunk's events are handed over before the next is read."""
+
 
 class ModelRead(Generator[Any, Any, Any]):
     """One model call's reads of its provider, in the consumer's task: what an interrupt or the
@@ -189,19 +193,21 @@ class ModelRead(Generator[Any, Any, Any]):
     time. A step the read already holds (``first``) goes to the task before the coroutine is
     stepped again.
 
-    **Handing over.** After the first chunk, ``coro`` is `_fill`, one coroutine that reads the
-    rest, feeding each chunk to the parts manager (``out`` gets the events). When it would wait for
-    the provider with events made, `send` keeps the step it yielded (``first``) and ends the await
-    instead: the consumer takes the events, and its next read hands that step to the task and goes
-    on. So the context is entered once per wake-up of the provider, not once per chunk: each chunk
-    is read by a plain ``await`` inside `_fill`."""
+    **Handing over.** ``coro`` is `_read`, one coroutine that reads the whole call: the first
+    chunk (retrying and failing over before it), then the rest, feeding each chunk to the parts
+    manager (``parts``; ``out`` gets the events). The first chunk's events end the await at once
+    (`HAND_OVER`). After them, when it would wait for the provider with events made, `send` keeps
+    the step it yielded (``first``) and ends the await instead: the consumer takes the events, and
+    its next read hands that step to the task and goes on. So the context is entered once per
+    wake-up of the provider, not once per chunk: each chunk is read by a plain ``await`` inside
+    `_read`."""
 
     __slots__ = ("base", "cancelled", "control", "coro", "ctx", "cut", "filling", "first", "it", "model", "out",
-                 "reading", "task", "timer")
+                 "parts", "reading", "task", "timer")
 
     def __init__(self, ctx: contextvars.Context, model: ChatModel, control: RunControl | None) -> None:
         self.ctx = ctx
-        self.coro: Any = None  # the coroutine being stepped (`_first`, then `_fill`)
+        self.coro: Any = None  # the coroutine being stepped (`_read`, then `_close` if need be)
         self.first: Any = NO_STEP  # a step it yielded that the task has not been given yet
         self.model = model  # the model being read (a failover moves it on)
         self.control = control
@@ -214,8 +220,9 @@ class ModelRead(Generator[Any, Any, Any]):
         self.task = task
         self.base = task.cancelling()  # the task's cancellations before this call (kept by `failure`)
         self.timer: DeadlineTimer | None = None
-        self.out: list[Any] | None = None  # the events made and not handed over yet
-        self.filling = False  # `_fill` has not ended
+        self.parts: PartsManager | None = None  # once the first chunk arrived (or the stream ended at once)
+        self.out: list[Any] | None = None  # the events made and not handed over yet (``parts.out``)
+        self.filling = False  # `_read` has not ended
 
     # -- the cut (`_control.Cancellable`) -----------------------------------------------------------
 
@@ -238,22 +245,25 @@ class ModelRead(Generator[Any, Any, Any]):
     def __await__(self) -> ModelRead:
         return self
 
-    def __next__(self) -> Any:
-        return self.send(None)
-
-    def send(self, value: Any) -> Any:
+    def send(self, value: Any = None) -> Any:
         first = self.first
         if first is not NO_STEP:
             self.first = NO_STEP
             return first
         step = self.ctx.run(self.coro.send, value)
+        if step is HAND_OVER:  # the first chunk's events: to the consumer before anything else is read
+            raise StopIteration
         if self.out:  # it would wait with events made: those go to the consumer first
             self.first = step
             raise StopIteration
         return step
 
+    __next__ = send
+
     def throw(self, typ: Any, val: Any = None, tb: Any = None) -> Any:
         step = self.ctx.run(self.coro.throw, typ if val is None else val)
+        if step is HAND_OVER:
+            raise StopIteration
         if self.out:
             self.first = step
             raise StopIteration
@@ -281,9 +291,9 @@ async def model_events(call: ModelCall, maps: Maps, recovery: Recovery | None) -
     """The events of one model call, its maps applied, read in the task iterating this.
 
     Nothing is yielded until the first chunk arrives, so a failure before it can be retried or
-    failed over (here, `_recover`, or by a middleware: ``recovery``) cleanly. After it, the events
-    of each chunk (`PartsManager.feed`) are yielded, then the next chunk is read (letting the
-    loop run once every `FAIR_TURN` chunks).
+    failed over (here, `_recover`, or by a middleware: ``recovery``) cleanly. Its events are
+    yielded (`PartsManager.feed`), then those of the chunks the provider has without waiting, then
+    the next chunks are read (letting the loop run once every `FAIR_TURN` events).
 
     With ``control`` (the run's interrupt switch), the call's `ModelRead` is registered for the
     call's lifetime, so an interrupt cuts the read and the call raises `AgentInterrupted`. With a
@@ -296,36 +306,40 @@ async def model_events(call: ModelCall, maps: Maps, recovery: Recovery | None) -
         control.tasks.add(read)
     if deadline is not None:
         read.timer = DeadlineTimer(deadline.total, deadline.first_event, read)
-    timer = read.timer
+    error: BaseException | None = None
     try:
         try:
             if read.cut:
                 raise read.failure(None)
-            read.coro = ctx.run(_first, call, read)
+            # One coroutine reads the whole call inside the call's context (`_read`): the first
+            # chunk, whose events are handed over at once, then the chunks the provider has
+            # without waiting, handed over when it would wait (`ModelRead.send`) or when it ends.
+            read.filling = True
+            read.coro = ctx.run(_read, call, read)
             read.reading = True
-            chunk: ChatChunk | None = await read
+            await read
             read.reading = False
         except BaseException as exc:
             read.reading = False
-            failed = read.failure(exc)
-            if recovery is None or not isinstance(failed, Exception):
-                if failed is exc:
-                    raise
-                raise failed from None
-            await _finish(read)
-            resumed = recovery[2](failed)
-            try:
-                async for item in resumed:
-                    yield item
-            finally:
-                await aclose(resumed)
-            return
-        if timer is not None:
-            timer.first_arrived()
-        parts = PartsManager(call.reply_id, read.model.name)
+            if read.parts is not None:  # after the first chunk: the call fails with its blocks closed
+                error = read.failure(exc)
+            else:
+                failed = read.failure(exc)
+                if recovery is None or not isinstance(failed, Exception):
+                    if failed is exc:
+                        raise
+                    raise failed from None
+                await _finish(read)
+                resumed = recovery[2](failed)
+                try:
+                    async for item in resumed:
+                        yield item
+                finally:
+                    await aclose(resumed)
+                return
+        parts = read.parts
+        assert parts is not None
         out = parts.out
-        if chunk is not None:
-            parts.feed(chunk)
         if recovery is not None:
             # Until the first event that is not a bracket of hook tracing (`Recovery`), an error of
             # the stream's own maps goes to ``recovery`` too, as it would seen from outside.
@@ -351,15 +365,7 @@ async def model_events(call: ModelCall, maps: Maps, recovery: Recovery | None) -
                 yield event
                 if first:
                     break
-        # The rest is read by one coroutine inside the call's context (`_fill`), which feeds the
-        # chunks to ``parts`` for as long as the provider has them and hands the events over when
-        # it would wait (`ModelRead.send`).
-        read.out = out
-        if chunk is not None and read.it is not None:
-            read.filling = True
-            read.coro = ctx.run(_fill, read, read.it.__anext__, parts.feed, out)
-        error: BaseException | None = None
-        while True:
+        while error is None:
             for event in out:
                 for fn in maps:
                     event = fn(event)
@@ -397,21 +403,60 @@ async def model_events(call: ModelCall, maps: Maps, recovery: Recovery | None) -
         await _finish(read)
 
 
-async def _fill(
-    read: ModelRead, anext: Callable[[], Awaitable[ChatChunk]], feed: Callable[[ChatChunk], None], out: list[Any],
-) -> None:
-    """The reads after the first chunk, inside the call's context: each chunk fed to the parts
-    manager as it arrives. `ModelRead` hands the events over whenever this would wait for the
-    provider (and `FAIR_TURN` makes it wait now and then)."""
+async def _read(call: ModelCall, read: ModelRead) -> None:
+    """The whole read of the provider, inside the call's context: the first chunk (a failure
+    before it goes to `_recover`; the deadline's first-event limit ends with it), the parts
+    manager made for the model that gave it, then each chunk fed to it as it arrives. `ModelRead`
+    hands the events over after the first chunk (`_hand_over`) and whenever this would wait for
+    the provider after it (and `FAIR_TURN` makes it wait now and then)."""
     try:
+        model = call.models[0]
+        it: AsyncIterator[ChatChunk] | None = None
+        chunk: ChatChunk | None
+        try:
+            it = read.it = model.stream(call.request).__aiter__()
+            chunk = await it.__anext__()
+        except StopAsyncIteration:
+            _ended(read)
+            chunk = None
+        except Exception as exc:  # retries and fallback live off the common path
+            if it is not None:
+                read.it = None
+                await _close(it)
+            read.model, read.it, chunk = await _recover(call.models, call.request, call.policy, call.on_failover,
+                                                        exc)
+        if read.timer is not None:
+            read.timer.first_arrived()
+        parts = read.parts = PartsManager(call.reply_id, read.model.name)
+        out = read.out = parts.out
+        if chunk is None or read.it is None:
+            return
+        feed, anext = parts.feed, read.it.__anext__
+        feed(chunk)
+        await _hand_over()
         while True:
             feed(await anext())
             if len(out) >= FAIR_TURN:
                 await _pause()
     except StopAsyncIteration:
-        pass
+        _ended(read)
     finally:
         read.filling = False
+
+
+def _ended(read: ModelRead) -> None:
+    """The provider's stream ended: an async generator that did has run its cleanup already (its
+    ``aclose`` does nothing), so only another kind of stream is left for `_finish` to close."""
+    if type(read.it) is types.AsyncGeneratorType:
+        read.it = None
+
+
+@types.coroutine
+def _hand_over() -> Generator[Any, None, None]:
+    """The first chunk's events to the consumer (`HAND_OVER`), as the reads after it hand theirs
+    over whenever the provider would wait: the time the consumer then holds them counts toward
+    the call's deadline, whether or not the provider has more at once."""
+    yield HAND_OVER
 
 
 @types.coroutine
@@ -420,26 +465,8 @@ def _pause() -> Generator[None, None, None]:
     yield
 
 
-async def _first(call: ModelCall, read: ModelRead) -> ChatChunk | None:
-    """The first chunk of the call (None: the stream ended at once), the provider's stream left in
-    ``read.it``; a failure goes to `_recover`. Runs inside the call's context."""
-    model = call.models[0]
-    it: AsyncIterator[ChatChunk] | None = None
-    try:
-        it = read.it = model.stream(call.request).__aiter__()
-        return await it.__anext__()
-    except StopAsyncIteration:
-        return None
-    except Exception as exc:  # retries and fallback live off the common path
-        if it is not None:
-            read.it = None
-            await _close(it)
-        read.model, read.it, chunk = await _recover(call.models, call.request, call.policy, call.on_failover, exc)
-        return chunk
-
-
 async def _abandon(read: ModelRead) -> None:
-    """End the read `_fill` is waiting in (the consumer left, or the call was cut while nobody
+    """End the read `_read` is waiting in (the consumer left, or the call was cut while nobody
     waited for the provider): the provider's await is cancelled, inside the call's context."""
     read.first = NO_STEP
     cut = asyncio.CancelledError()

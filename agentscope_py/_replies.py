@@ -34,7 +34,10 @@ from .message import (
     ToolUseBlock,
 )
 
-__all__ = ["ReplyBuilder", "ToolResultCollector", "arguments_problem", "join_output", "result_events"]
+__all__ = [
+    "ReplyBuilder", "ToolResultCollector", "arguments_problem", "join_output", "result_end", "result_events",
+    "result_start", "result_text",
+]
 
 # The blocks and messages rebuilt here, each from the fields its site always gives.
 _TEXT = shape(TextBlock, "text")
@@ -43,6 +46,13 @@ _TOOL_USE = shape(ToolUseBlock, "id", "name", "input")
 _UNPARSED = shape(ToolUseBlock, "id", "name", "input", "raw_input")
 _RESULT = shape(ToolResultBlock, "id", "name", "output", "state")
 _REPLY = shape(Msg, "id", "name", "role", "content", "generate_reason", "usage")
+# The events of a tool call's result the acting pass makes (`result_start`, `result_text`, `result_end`),
+# with the tool's metadata on the brackets when it has some.
+_RESULT_START = shape(ToolResultStart, "reply_id", "tool_call_id", "tool_name")
+_RESULT_START_META = shape(ToolResultStart, "reply_id", "tool_call_id", "tool_name", "metadata")
+_RESULT_TEXT = shape(ToolResultTextDelta, "reply_id", "tool_call_id", "tool_name", "delta")
+_RESULT_END = shape(ToolResultEnd, "reply_id", "tool_call_id", "tool_name", "state")
+_RESULT_END_META = shape(ToolResultEnd, "reply_id", "tool_call_id", "tool_name", "state", "metadata")
 
 
 class ReplyBuilder:
@@ -219,16 +229,19 @@ class ToolResultCollector:
         self.results: dict[str, ToolResultBlock] = {}
 
     def add(self, ev: Any) -> None:
-        t = ev.type
+        # Fields are read from the fields dict, as `ReplyBuilder.add` does (an event's class has
+        # pydantic's __getattr__, so each attribute read takes the slow path).
+        fields = ev.__dict__
+        t = fields["type"]
         if t == "tool_result_text_delta":
-            self._entry(ev)[1].append(ev.delta)
+            self._entry(fields)[1].append(fields["delta"])
         elif t == "tool_result_data_delta":
-            self._entry(ev)[1].append(ev.data)
+            self._entry(fields)[1].append(fields["data"])
         elif t == "tool_result_start":
-            self._entry(ev)
+            self._entry(fields)
         elif t == "tool_result_end":
-            call_id, state = ev.tool_call_id, ev.state
-            name, parts = self._parts.pop(call_id, (ev.tool_name, []))
+            call_id, state = fields["tool_call_id"], fields["state"]
+            name, parts = self._parts.pop(call_id, (fields["tool_name"], []))
             output = _join(parts)
             # From the acting chain's events: typed unless a middleware derived one with model_copy.
             typed = (type(call_id) is str and type(name) is str and type(output) is str
@@ -236,10 +249,10 @@ class ToolResultCollector:
             self.results[call_id] = (_RESULT.build if typed else _RESULT.validated)(
                 id=call_id, name=name, output=output, state=state)
 
-    def _entry(self, ev: Any) -> tuple[str, list[str | DataBlock]]:
-        entry = self._parts.get(ev.tool_call_id)
+    def _entry(self, fields: dict[str, Any]) -> tuple[str, list[str | DataBlock]]:
+        entry = self._parts.get(fields["tool_call_id"])
         if entry is None:
-            entry = self._parts[ev.tool_call_id] = (ev.tool_name, [])
+            entry = self._parts[fields["tool_call_id"]] = (fields["tool_name"], [])
         return entry
 
 
@@ -262,6 +275,36 @@ def _join(parts: list[str | DataBlock]) -> str | list[TextBlock | DataBlock]:
         else:
             out.append(TextBlock(text=p))
     return out
+
+
+def result_start(reply_id: str, call: ToolUseBlock, meta: dict[str, Any]) -> ToolResultStart:
+    """The ToolResultStart of ``call``, which the acting pass runs; ``meta``: ``{"metadata": the
+    tool's}`` or ``{}``. Built from the call's ids when they are exactly ``str`` (a call a
+    middleware derived untyped is validated), as `ToolResultCollector` builds the result."""
+    shape = _RESULT_START_META if meta else _RESULT_START
+    make = shape.build if type(call.id) is str and type(call.name) is str else shape.validated
+    if meta:
+        return make(reply_id=reply_id, tool_call_id=call.id, tool_name=call.name, metadata=meta["metadata"])
+    return make(reply_id=reply_id, tool_call_id=call.id, tool_name=call.name)
+
+
+def result_text(reply_id: str, call: ToolUseBlock, text: str) -> ToolResultTextDelta:
+    """A text delta of ``call``'s result: its output, or the error text the model sees (``str``
+    the runtime made or cleaned); built as `result_start` is."""
+    typed = type(call.id) is str and type(call.name) is str and type(text) is str
+    make = _RESULT_TEXT.build if typed else _RESULT_TEXT.validated
+    return make(reply_id=reply_id, tool_call_id=call.id, tool_name=call.name, delta=text)
+
+
+def result_end(reply_id: str, call: ToolUseBlock, state: ToolResultState, meta: dict[str, Any]) -> ToolResultEnd:
+    """The ToolResultEnd of ``call`` with ``state``; ``meta`` as for `result_start`."""
+    shape = _RESULT_END_META if meta else _RESULT_END
+    typed = type(call.id) is str and type(call.name) is str and type(state) is ToolResultState
+    make = shape.build if typed else shape.validated
+    if meta:
+        return make(reply_id=reply_id, tool_call_id=call.id, tool_name=call.name, state=state,
+                    metadata=meta["metadata"])
+    return make(reply_id=reply_id, tool_call_id=call.id, tool_name=call.name, state=state)
 
 
 def result_events(

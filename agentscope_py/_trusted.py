@@ -22,8 +22,9 @@ __all__ = ["Shape", "Trusted", "delta_maker", "shape", "trusted", "validated", "
 _M = TypeVar("_M", bound=BaseModel)
 
 _new = object.__new__
-_set = object.__setattr__
-# pydantic's own slots of a model, set through their descriptors (what ``__copy__`` sets too)
+# pydantic's own slots of a model, set through their descriptors (what ``__copy__`` sets through
+# ``object.__setattr__``, without finding the descriptor by name on each object)
+_set_dict = BaseModel.__dict__["__dict__"].__set__
 _set_fields_set = BaseModel.__dict__["__pydantic_fields_set__"].__set__
 _set_extra = BaseModel.__dict__["__pydantic_extra__"].__set__
 _set_private = BaseModel.__dict__["__pydantic_private__"].__set__
@@ -193,7 +194,7 @@ class Trusted:
         values["metadata"] = {}
         values["delta"] = delta
         made: _M = _new(cls)
-        _set(made, "__dict__", values)
+        _set_dict(made, values)
         _set_fields_set(made, fields_set)
         _set_extra(made, None)
         _set_private(made, None)
@@ -241,7 +242,7 @@ class Shape(Generic[_M]):
         for name, factory in self.factories:
             fields[name] = factory()
         made: _M = _new(self.cls)
-        _set(made, "__dict__", fields)
+        _set_dict(made, fields)
         _set_fields_set(made, self.fields_set)
         _set_extra(made, None)
         _set_private(made, None)
@@ -259,7 +260,7 @@ def _assemble(cls: type[_M], fields: dict[str, Any], fields_set: set[str],
     ``__copy__`` sets). `Shape.build` and `Trusted._delta`, which make nearly every object here,
     set the same slots in line, with no extras and no private attributes."""
     made: _M = _new(cls)
-    _set(made, "__dict__", fields)
+    _set_dict(made, fields)
     _set_fields_set(made, fields_set)
     _set_extra(made, extra)
     _set_private(made, private)

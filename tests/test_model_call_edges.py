@@ -382,3 +382,68 @@ async def test_a_consumer_that_leaves_while_the_next_read_waits_ends_it_through_
     task = asyncio.current_task()
     assert task is not None and task.cancelling() == 0
     assert asyncio.all_tasks() == {task}
+
+
+async def test_a_failure_after_the_first_chunk_is_not_retried_even_before_anything_was_handed_over() -> None:
+    # The provider fails right after its first chunk, before it ever waits: the consumer has been
+    # handed nothing yet, but the first chunk arrived, so the call fails with its blocks closed
+    # (no retry, no fallback) and the run raises the provider's error.
+    from agentscope_py.errors import ModelError
+
+    attempts: list[int] = []
+
+    class Breaks:
+        name = "breaks"
+
+        async def stream(self, request: ModelRequest) -> AsyncIterator[ChatChunk]:
+            attempts.append(1)
+            yield ChatChunk(text="half ")
+            raise ModelError("connection reset", retryable=True)
+
+    agent = ReActAgent(model=Breaks(), max_retries=3)
+    events: list[Any] = []
+    with pytest.raises(ModelError, match="connection reset"):
+        async for ev in agent.stream("go"):
+            events.append(ev)
+    assert len(attempts) == 1
+    kinds = [e.type for e in events]
+    assert kinds[kinds.index("model_call_start"):kinds.index("model_call_end") + 1] == [
+        "model_call_start", "text_block_start", "text_block_delta", "text_block_end", "model_call_end"]
+    end = next(e for e in events if e.type == "model_call_end")
+    assert end.error is not None and "connection reset" in end.error and end.discarded
+    assert not open_blocks(events)
+
+
+async def test_a_stream_that_is_no_generator_is_closed_after_it_ends_and_a_generator_once() -> None:
+    # An async generator that ended has run its cleanup; another kind of stream (an SDK's response
+    # stream) is closed by the call, once, after its end.
+    class Stream:
+        def __init__(self) -> None:
+            self.chunks = [ChatChunk(text="hi"), ChatChunk(finish_reason="stop")]
+            self.closed = 0
+
+        def __aiter__(self) -> Stream:
+            return self
+
+        async def __anext__(self) -> ChatChunk:
+            if not self.chunks:
+                raise StopAsyncIteration
+            return self.chunks.pop(0)
+
+        async def aclose(self) -> None:
+            self.closed += 1
+
+    streams: list[Stream] = []
+
+    class Sdk:
+        name = "sdk"
+
+        def stream(self, request: ModelRequest) -> Stream:
+            streams.append(Stream())
+            return streams[-1]
+
+    reply = await agent_of(Sdk()).call("go")
+    assert reply.text == "hi" and [s.closed for s in streams] == [1]
+    model = Chunks(3)
+    reply = await agent_of(model).call("go")
+    assert reply.text == "t0 t1 t2 " and model.closed

@@ -32,6 +32,12 @@ from agentscope_py.model.base import ChatChunk, ToolCallChunk
 BUILT: list[tuple[type[BaseModel], dict[str, Any]]] = [
     (ev.AgentEnd, {"reply_id": "r", "error": "ValueError: x"}),  # (an event: default factories, a fields set)
     (ev.ToolResultStart, {"reply_id": "r", "tool_call_id": "c", "tool_name": "t", "metadata": {"server": "s"}}),
+    # a tool call's result as the acting pass makes it (shapes in `_replies`)
+    (ev.ToolResultStart, {"reply_id": "r", "tool_call_id": "c", "tool_name": "t"}),
+    (ev.ToolResultTextDelta, {"reply_id": "r", "tool_call_id": "c", "tool_name": "t", "delta": "42"}),
+    (ev.ToolResultEnd, {"reply_id": "r", "tool_call_id": "c", "tool_name": "t", "state": ToolResultState.SUCCESS}),
+    (ev.ToolResultEnd, {"reply_id": "r", "tool_call_id": "c", "tool_name": "t", "state": ToolResultState.ERROR,
+                        "metadata": {"server": "s"}}),
     # the brackets of a run, of a model call and of its blocks (module shapes in `_parts`, `agent._loop`)
     (ev.AgentStart, {"reply_id": "r", "name": "a", "session_id": None}),
     (ev.AgentStart, {"reply_id": "r", "name": "a", "session_id": "s"}),
@@ -102,6 +108,33 @@ def test_a_shape_dumps_what_validation_dumps(cls: type[BaseModel], values: dict[
     fresh = {"id", "created_at"} - values.keys()
     assert made.model_dump(exclude=fresh) == validated.model_dump(exclude=fresh)
     assert made.model_fields_set == validated.model_fields_set
+
+
+def test_a_calls_result_events_are_what_validation_gives_and_untyped_ids_are_validated() -> None:
+    from agentscope_py._replies import result_end, result_start, result_text
+
+    call = ToolUseBlock(id="c", name="t", input={})
+    meta = {"metadata": {"server": "s"}}
+    pairs = [
+        (result_start("r", call, {}), ev.ToolResultStart(reply_id="r", tool_call_id="c", tool_name="t")),
+        (result_start("r", call, meta), ev.ToolResultStart(reply_id="r", tool_call_id="c", tool_name="t", **meta)),
+        (result_text("r", call, "42"), ev.ToolResultTextDelta(reply_id="r", tool_call_id="c", tool_name="t", delta="42")),
+        (result_end("r", call, ToolResultState.SUCCESS, {}),
+         ev.ToolResultEnd(reply_id="r", tool_call_id="c", tool_name="t", state=ToolResultState.SUCCESS)),
+        (result_end("r", call, ToolResultState.ERROR, meta),
+         ev.ToolResultEnd(reply_id="r", tool_call_id="c", tool_name="t", state=ToolResultState.ERROR, **meta)),
+    ]
+    for made, validated in pairs:
+        assert type(made) is type(validated) and made.model_fields_set == validated.model_fields_set
+        assert made.model_dump(exclude={"id", "created_at"}) == validated.model_dump(exclude={"id", "created_at"})
+        assert list(made.__dict__) == list(validated.__dict__)
+    untyped = ToolUseBlock.model_construct(id=7, name="t", input={})  # (as a middleware's model_copy may leave it)
+    with pytest.raises(ValidationError):
+        result_start("r", untyped, {})
+    with pytest.raises(ValidationError):
+        result_end("r", untyped, ToolResultState.SUCCESS, {})
+    with pytest.raises(ValidationError):
+        result_text("r", call, typing.cast(Any, 42))
 
 
 def test_a_shape_takes_only_its_own_fields() -> None:
