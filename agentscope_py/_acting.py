@@ -11,12 +11,13 @@ opens each call with its ToolResultStart and reads the call's task in one of two
   its events through a `Channel` the pass drains as they come (a sub-agent forwards its own
   events into it: `TOOL_CALL`).
 
-A call's task is made once the consumer has taken its ToolResultStart (in parallel, the first
-call's) and reads the interrupt flag at its first step: an interrupt while the consumer holds the
-Start means the tool never runs. On Python 3.12+ it starts eagerly (`_EAGER_START`): a tool that
-returns without waiting is done with no loop turn. Contiguous concurrency-safe calls run in
-parallel, their events in call order (the first call's as they come, the others' when their turn
-comes).
+A call's task takes its first step at the next loop turn, or (Python 3.12+, `_starting`) as soon
+as the consumer takes the next event after its ToolResultStart if that comes first: a consumer
+that awaits while it holds the Start has the tool running meanwhile, and one that does not has,
+on 3.12+, a tool that returns without waiting done with no loop turn. The first step reads the
+interrupt flag: an interrupt while the consumer handles the Start (without awaiting) means the
+tool never runs. Contiguous concurrency-safe calls run in parallel, their events in call order
+(the first call's as they come, the others' when their turn comes).
 A tool that raises, times out, is unknown or gets invalid arguments produces an error result the
 model sees. An interrupt cancels the tasks (never the run's own task); each cancelled call ends
 with an INTERRUPTED result, and the loop then raises `AgentInterrupted`.
@@ -158,11 +159,14 @@ async def acting_events(
         runs: list[_Call] = []
         for call, tool in group:
             runs.append(_Call(scope, call, tool))
+        starting = _starting(scope, runs, context, deadline)
         try:
             for run in runs:
                 for ev in run.opening:
                     yield ev
-                if run is runs[0]:  # the consumer took the first Start: every task of the group made now
+                if starting is not None:  # the consumer took the first Start before the loop turned
+                    starting.cancel()
+                    starting = None
                     _start(scope, runs, context, deadline)
                 out = run.output
                 if isinstance(out, Channel):
@@ -172,6 +176,8 @@ async def acting_events(
                     for ev in await out:
                         yield ev
         except BaseException:  # closed early, or cancelled: cancel the tool tasks before returning
+            if starting is not None:
+                starting.cancel()
             pending = [run.task for run in runs if run.task is not None and not run.task.done()]
             for task in pending:
                 task.cancel()
@@ -191,25 +197,37 @@ async def acting_events(
 
 _EAGER_START: Callable[..., asyncio.Task[Any]] | None = getattr(asyncio, "eager_task_factory", None)
 """What `_start` makes a call's task with, where there is one (Python 3.12+): its first step runs
-at once, inside the pass's ``next()``, as the task (asyncio swaps the current task) in its own
-context, so a tool that returns without waiting is done with no loop turn. None (Python 3.11: no
-public eager start): the loop's task factory, the first step in a later loop turn."""
+at once, as the task (asyncio swaps the current task) in its own context, so a tool that returns
+without waiting is done with no loop turn. None (Python 3.11: no public eager start): the loop's
+task factory, the first step in a later loop turn."""
+
+
+def _starting(scope: ToolScope, runs: list[_Call], context: contextvars.Context,
+              deadline: Deadline | None) -> asyncio.Handle | None:
+    """Have a group's tasks take their first step at the next loop turn, before its first Start
+    goes out. Python 3.11: the tasks are made now (a task's first step is that turn). Python
+    3.12+: `_start` is called back then, unless the pass calls it first, when the consumer takes
+    the next event without having awaited (the handle it cancels then): their first steps run at
+    once, eagerly, the pass's ``next()`` waiting for no loop turn."""
+    if _EAGER_START is None:
+        _start(scope, runs, context, deadline)
+        return None
+    return asyncio.get_running_loop().call_soon(_start, scope, runs, context, deadline)
 
 
 def _start(scope: ToolScope, runs: list[_Call], context: contextvars.Context, deadline: Deadline | None) -> None:
-    """Make the tasks of a group of calls, once the consumer has taken the first one's Start."""
+    """Make the tasks of a group of calls that have none yet."""
     loop, eager = asyncio.get_running_loop(), _EAGER_START
     for run in runs:
-        if run.output is not None:  # (None: a recorded result, replayed)
+        if run.output is not None and run.task is None:  # (no output: a recorded result, replayed)
             coro = _run_tool(scope, run, deadline)
             run.task = (loop.create_task(coro, context=context.copy()) if eager is None
                         else eager(loop, coro, context=context.copy()))
 
 
 class _Call:
-    """One permitted call of the pass: the events it opens with, its task (made once the consumer
-    took the Start), and where the pass reads its events (the result it awaits, or the channel it
-    drains; neither: replayed)."""
+    """One permitted call of the pass: the events it opens with, its task (`_starting`), and where
+    the pass reads its events (the result it awaits, or the channel it drains; neither: replayed)."""
 
     __slots__ = ("call", "journal", "meta", "opening", "output", "task", "tool")
 

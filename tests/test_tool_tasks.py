@@ -200,6 +200,25 @@ async def test_a_tool_that_returns_at_once_needs_no_loop_turn_where_tasks_start_
 
 
 @pytest.mark.timeout(10)
+async def test_a_consumer_that_awaits_while_it_holds_the_start_has_the_tool_running_meanwhile() -> None:
+    """The call's task takes its first step at the next loop turn at the latest (eager or not):
+    a consumer that awaits with the ToolResultStart in hand finds the tool already done."""
+    done = asyncio.Event()
+
+    @tool
+    async def quick() -> str:
+        """Answers at once."""
+        done.set()
+        return "done"
+
+    agent = agent_with(quick, ModelStep.tool_call("quick", {}), ModelStep.text("fine"))
+    async for ev in agent.stream("go"):
+        if ev.type == "tool_result_start":
+            await asyncio.wait_for(done.wait(), 5)  # would hang if the tool waited for the next pull
+    assert [r.state for r in await tool_results(agent)] == [ToolResultState.SUCCESS]
+
+
+@pytest.mark.timeout(10)
 @pytest.mark.parametrize("streams", [False, True], ids=["returns-once", "streams"])
 async def test_an_interrupt_before_a_tool_task_first_runs_still_ends_the_call_and_the_run(
     streams: bool, monkeypatch: pytest.MonkeyPatch,

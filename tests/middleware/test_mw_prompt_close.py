@@ -43,9 +43,8 @@ async def test_closing_mid_tool_call_cancels_the_tool_before_aclose_returns() ->
 
     @tool
     async def slow() -> AsyncIterator[str]:
-        """Says a first word, then takes a while (a generator tool: it runs in a task of its own,
-        made once the consumer has taken its ToolResultStart)."""
-        yield "first"
+        """Takes a while (a generator tool: it runs in a task of its own, which starts after its
+        ToolResultStart is out)."""
         started.set()
         try:
             await asyncio.sleep(10)
@@ -58,8 +57,8 @@ async def test_closing_mid_tool_call_cancels_the_tool_before_aclose_returns() ->
     agent = ReActAgent.builder().model(model).tools(slow).middleware(Finalisers(log)).build()
     async with contextlib.aclosing(agent.stream("hi").__aiter__()) as it:  # type: ignore[type-var]
         async for event in it:
-            if event.type == "tool_result_text_delta":
-                await asyncio.wait_for(started.wait(), 5)  # the tool waits while this event is held
+            if event.type == "tool_result_start":
+                await asyncio.wait_for(started.wait(), 5)  # the tool runs while this event is held
                 break
     assert log == ["model_call", "acting", "agent"]
     assert cancelled.is_set()
