@@ -211,8 +211,7 @@ class Execution:
             name, session_id = agent.name, ctx.session_id
             yield (_START.build if type(name) is str and (session_id is None or type(session_id) is str)
                    else _START.validated)(reply_id=self.reply_id, name=name, session_id=session_id)
-        brackets = Brackets()
-        logged = brackets.log
+        logged: list[Any] = []  # the step's bracket events, worked out by a `Brackets` when they must be
         log = logged.append
         marks = MARKS.get
         # The session's turn: taken at once when uncontended in a store with no lock of its own;
@@ -247,10 +246,12 @@ class Execution:
                                 mark = marks(type(ev))  # most events (deltas) are none of these
                                 if mark is not None:
                                     if mark is START:
-                                        if starts and type(ev) is ModelCallStart and brackets.superseding(ev):
-                                            early = all_observed(ctx, brackets.early)
-                                            for end in early if publish else ():
-                                                yield end
+                                        if starts and type(ev) is ModelCallStart:
+                                            brackets = Brackets(logged)
+                                            if brackets.superseding(ev):
+                                                early = all_observed(ctx, brackets.early)
+                                                for end in early if publish else ():
+                                                    yield end
                                         starts += 1
                                         log(ev)
                                     elif mark is END:
@@ -272,12 +273,12 @@ class Execution:
                             if step.acting is not None:
                                 step.acting.keep_results(run, exc)
                             if isinstance(exc, Exception):  # (a consumer that left gets nothing)
-                                ends = all_observed(ctx, brackets.close(exc, starts))
+                                ends = all_observed(ctx, Brackets(logged).close(exc, starts))
                                 for end in ends if publish else ():
                                     yield end
                             raise
                         if starts * 2 != len(logged):  # a layer stopped reading with brackets open
-                            ends = all_observed(ctx, brackets.close(None, starts))
+                            ends = all_observed(ctx, Brackets(logged).close(None, starts))
                             for end in ends if publish else ():
                                 yield end
                         elif logged:
