@@ -156,3 +156,31 @@ async def test_inputs_to_a_queueing_store_wait_in_its_queue_not_in_the_gate() ->
     release.set()
     await asyncio.gather(*tasks)
     assert gates._gates == {}
+
+
+async def test_a_turn_taken_at_once_is_the_gate_held_and_release_hands_it_to_the_next_input() -> None:
+    gates = SessionGates()
+    control = RunControl()
+    assert gates.take(KEY, None, control)  # uncontended, a store with no lock: no wait at all
+    assert gates.busy(KEY) and gates.active[KEY] is control
+    assert not gates.take(KEY)  # held: a second input must hold (wait, refuse or interrupt)
+    log: list[str] = []
+    release = asyncio.Event()
+    waiter = asyncio.create_task(hold_and_log(gates, "b", log, release))
+    await asyncio.sleep(0.01)
+    assert log == []
+    gates.release(KEY, control)
+    assert KEY not in gates.active
+    await asyncio.sleep(0.01)
+    assert log == ["b in"]
+    release.set()
+    await asyncio.wait_for(waiter, 1)
+    assert gates._gates == {}
+
+    class Locking:  # a store that serialises the session across processes
+        @contextlib.asynccontextmanager
+        async def session_lock(self, user_id: str, session_id: str) -> AsyncIterator[None]:
+            yield
+
+    assert not gates.take(KEY, Locking())  # its lock is taken by `hold`, never skipped
+    assert gates._gates == {}

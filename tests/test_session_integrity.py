@@ -396,3 +396,27 @@ async def test_a_lone_surrogate_in_tool_arguments_never_poisons_a_session(tmp_pa
     assert version == 4 and state is not None  # the turns, and the call's journaled intent and result
     call = state.context[1].tool_calls[0]
     assert "\ufffd" in call.input["text"] and str(state.context[2].tool_results[0].output).startswith("got ")
+
+
+async def test_the_saved_session_keeps_the_rounds_of_its_last_call() -> None:
+    @tool
+    async def look(q: str) -> str:
+        """Look something up."""
+        return "42"
+
+    seen: list[int] = []
+
+    class Finish(MiddlewareBase):
+        async def on_agent_finish(self, agent: Any, ctx: RuntimeContext, run: Any) -> None:
+            assert ctx.agent_state is not None
+            seen.append(ctx.agent_state.cur_iter)  # the hooks see the state as it is saved
+
+    model = ScriptedModel([ModelStep.tool_call("look", {"q": "a"}), ModelStep.text("done"), ModelStep.text("more")])
+    agent = ReActAgent(model=model, tools=[look], middlewares=[Finish()])
+    await agent.call("hi", ctx=ctx())
+    state, _ = await agent.state_store.load("u", "s")
+    assert state is not None and state.cur_iter == 2
+    await agent.call("and?", ctx=ctx())
+    state, _ = await agent.state_store.load("u", "s")
+    assert state is not None and state.cur_iter == 1
+    assert seen == [2, 1]

@@ -46,9 +46,11 @@ class Brackets:
 
     __slots__ = ("early", "log")
 
-    def __init__(self) -> None:
-        self.log: list[Any] = []
-        self.early: list[AgentEvent] = []  # what `superseding` said must be emitted first
+    def __init__(self, log: list[Any] | None = None) -> None:
+        # ``log``: a list the caller appends to itself (the loop's, which makes this object only
+        # when a step's brackets must be worked out).
+        self.log: list[Any] = [] if log is None else log
+        self.early: list[AgentEvent] = _NOTHING  # what `superseding` said must be emitted first
 
     def _opened(self) -> dict[str, Any]:
         opened: dict[str, Any] = {}

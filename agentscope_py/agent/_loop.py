@@ -18,20 +18,22 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-from collections.abc import AsyncIterator, Sequence
+import sys
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 from .._acting import ToolScope, acting_events
 from .._bracket_kinds import describe
+from .._deadline import Deadline
 from .._model_call import model_call_stream
 from .._replies import ReplyBuilder
 from .._trusted import shape
 from ..errors import AgentInterrupted, BusyError, PendingToolCallsError, ResumeError, StructuredOutputError
 from ..events import AgentEnd, AgentEvent, AgentResult, AgentStart, EventBase, ExceedMaxIters, ModelCallStart
 from ..extension.base import ActingInput, AgentInput, ExtensionPoint, ModelCallInput, ReasoningInput
-from ..extension.chain import compose
+from ..extension.chain import Layer, compose
 from ..message import GenerateReason, Msg, ToolResultState, ToolUseBlock, new_id
-from ..model.base import ModelRequest
+from ..model.base import ChatModel, ModelRequest, ToolSchema
 from ..stream import EventStream, aclose, aclosing
 from ._boundaries import all_observed, not_an_event, observed, require_event, warn_empty
 from ._brackets import Brackets
@@ -49,7 +51,6 @@ from ._steps import (
     RUN_AGAIN,
     START,
     SUMMARY,
-    Acting,
     NextStep,
     NextStepAct,
     NextStepFinalOutput,
@@ -110,14 +111,22 @@ class Execution:
         self.tools = ToolScope(toolkit, ctx, self.reply_id, self.control, run.preapproved,
                                executor=runtime.tool_executor, journal=journal_of(runtime, ctx, run))
         parts, trace = runtime.participants, runtime.trace
-        self._model_call = compose(ExtensionPoint.ON_MODEL_CALL, parts, agent, ctx, self._model_core, trace,
+        hooks = parts.hooks
+        # A point no hook wraps has no chain (None): the loop calls its core itself, with no input
+        # record (nobody would read one) and no stream object around it for hooks to compose.
+        self._model_call: Layer | None = None
+        self._reasoning: Layer | None = None
+        self._acting: Layer | None = None
+        if hooks[ExtensionPoint.ON_MODEL_CALL]:
+            self._model_call = compose(ExtensionPoint.ON_MODEL_CALL, parts, agent, ctx, self._model_core, trace,
+                                       core_bound=True)
+        if hooks[ExtensionPoint.ON_REASONING]:
+            self._reasoning = compose(ExtensionPoint.ON_REASONING, parts, agent, ctx, self._reasoning_core, trace)
+        if hooks[ExtensionPoint.ON_ACTING]:
+            # (the acting core's stream is bound too: its tools run in the context it captures when
+            # built, and making its generator runs none of its code)
+            self._acting = compose(ExtensionPoint.ON_ACTING, parts, agent, ctx, self._acting_core, trace,
                                    core_bound=True)
-        self._reasoning = compose(ExtensionPoint.ON_REASONING, parts, agent, ctx, self._reasoning_core, trace)
-        # (the acting core's stream is bound too: its tools run in the context it captures when built,
-        # and making its generator runs none of its code)
-        self._acting = compose(ExtensionPoint.ON_ACTING, parts, agent, ctx, self._acting_core, trace, core_bound=True)
-        self._direct_reasoning = not parts.hooks[ExtensionPoint.ON_REASONING]
-        self._direct_acting = not parts.hooks[ExtensionPoint.ON_ACTING]
 
     @property
     def final(self) -> Msg | None:
@@ -126,36 +135,41 @@ class Execution:
     # -- the cores the chains wrap ---------------------------------------------------------------
 
     def agent_core(self, input: AgentInput) -> EventStream[AgentEvent]:
-        return EventStream(lambda: self.events(input))
+        return EventStream(lambda: self.events(input.msgs))
 
     def _model_core(self, input: ModelCallInput) -> EventStream[AgentEvent]:
+        return self._model_stream(input.messages, input.tools, input.options, input.model, input.deadline)
+
+    def _model_stream(
+        self, messages: Sequence[Msg], tools: Sequence[ToolSchema], options: Mapping[str, Any], model: ChatModel,
+        deadline: Deadline | None = None,
+    ) -> EventStream[AgentEvent]:
+        """The model call itself: the core of the ``on_model_call`` chain, and the round's stream
+        when no hook wraps it (then no `ModelCallInput` is made: nobody would read it)."""
         # Built when the innermost next() is called: the model call captures that context for
         # its reads, so a span opened around next() parents the model call.
         request = ModelRequest(
-            messages=input.messages,
-            tools=input.tools,
-            options=dict(input.options),
-            structured_output=input.options.get("structured_output"),
+            messages=messages,
+            tools=tools,
+            options=dict(options),
+            structured_output=options.get("structured_output"),
         )
         runtime = self.runtime
         fallbacks = runtime.fallback_models
-        models = (input.model, *fallbacks) if fallbacks else (input.model,)
+        models = (model, *fallbacks) if fallbacks else (model,)
         if runtime.model_executor is not None:  # a durable run: the call is an activity
-            return runtime.model_executor(models, request, self.reply_id, self.control, input.deadline)
+            return runtime.model_executor(models, request, self.reply_id, self.control, deadline)
         # The model call's read registers itself with the run's control (an interrupt cuts it).
         return model_call_stream(models, request, self.reply_id, runtime.retry, runtime.failover_listener,
-                                 self.control, input.deadline)
+                                 self.control, deadline)
 
     def _reasoning_core(self, input: ReasoningInput) -> EventStream[AgentEvent]:
-        mc_input = ModelCallInput(
-            messages=input.messages, tools=input.tools, options=input.options, model=self.agent.model
-        )
         run = self.run
 
         async def gen() -> AsyncIterator[AgentEvent]:
             builder = run.builder = ReplyBuilder()
             add = builder.add
-            it = self._model_call(mc_input).__aiter__()
+            it = self._call_model(input.messages, input.tools, input.options).__aiter__()
             try:
                 async for ev in it:
                     add(ev)
@@ -174,7 +188,16 @@ class Execution:
 
     # -- the execution ---------------------------------------------------------------------------
 
-    async def events(self, input: AgentInput, publish: bool = True) -> AsyncIterator[AgentEvent]:
+    def _call_model(
+        self, messages: Sequence[Msg], tools: Sequence[ToolSchema], options: Mapping[str, Any],
+    ) -> EventStream[AgentEvent]:
+        """The ``on_model_call`` chain around the model call; the model call itself when no hook
+        wraps it."""
+        if self._model_call is None:
+            return self._model_stream(messages, tools, options, self.agent.model)
+        return self._model_call(ModelCallInput(messages, tools, options, self.agent.model))
+
+    async def events(self, msgs: Sequence[Msg], publish: bool = True) -> AsyncIterator[AgentEvent]:
         """The run's events: the core of the ``on_agent`` chain, and the caller's stream itself when
         no hook wraps it. Without ``publish`` the run yields nothing: for a caller that wants only the
         final message (`final`) or the error (`ReActAgent.call` with no ``on_agent`` hook to see the
@@ -188,24 +211,27 @@ class Execution:
             name, session_id = agent.name, ctx.session_id
             yield (_START.build if type(name) is str and (session_id is None or type(session_id) is str)
                    else _START.validated)(reply_id=self.reply_id, name=name, session_id=session_id)
-        brackets = Brackets()
-        logged = brackets.log
+        logged: list[Any] = []  # the step's bracket events, worked out by a `Brackets` when they must be
         log = logged.append
         marks = MARKS.get
-        hold = gates.hold(key, runtime.store, strategy, runtime.max_queued, self.control, ctx.get("run_id", ""))
+        # The session's turn: taken at once when uncontended in a store with no lock of its own;
+        # else held (it waits, refuses or interrupts as the strategy says).
+        hold = None
+        if not gates.take(key, runtime.store, self.control):
+            hold = gates.hold(key, runtime.store, strategy, runtime.max_queued, self.control, ctx.get("run_id", ""))
+            try:
+                await hold.enter()
+            except BusyError as exc:  # refused at the gate (another process holds the session)
+                if publish:
+                    yield _FAILED.build(reply_id=self.reply_id, error=describe(exc))
+                raise
         try:
-            await hold.enter()
-        except BusyError as exc:  # refused at the gate (another process holds the session)
-            if publish:
-                yield _FAILED.build(reply_id=self.reply_id, error=describe(exc))
-            raise
-        async with hold:
             try:
                 error: BaseException | None = None
                 try:
                     if self.tools.toolkit.sources:  # MCP servers: held (and listed) for the run
                         await self.tools.toolkit.enter_run(ctx)
-                    run.input_msgs = list(input.msgs)
+                    run.input_msgs = list(msgs)
                     rest = await prelude(self)  # (what it still publishes, if anything, is its step)
                     step = (self._round() if rest is None
                             else Step(PRELUDE, rest, require_event, ExtensionPoint.ON_ACTING))
@@ -220,10 +246,12 @@ class Execution:
                                 mark = marks(type(ev))  # most events (deltas) are none of these
                                 if mark is not None:
                                     if mark is START:
-                                        if starts and type(ev) is ModelCallStart and brackets.superseding(ev):
-                                            early = all_observed(ctx, brackets.early)
-                                            for end in early if publish else ():
-                                                yield end
+                                        if starts and type(ev) is ModelCallStart:
+                                            brackets = Brackets(logged)
+                                            if brackets.superseding(ev):
+                                                early = all_observed(ctx, brackets.early)
+                                                for end in early if publish else ():
+                                                    yield end
                                         starts += 1
                                         log(ev)
                                     elif mark is END:
@@ -245,12 +273,12 @@ class Execution:
                             if step.acting is not None:
                                 step.acting.keep_results(run, exc)
                             if isinstance(exc, Exception):  # (a consumer that left gets nothing)
-                                ends = all_observed(ctx, brackets.close(exc, starts))
+                                ends = all_observed(ctx, Brackets(logged).close(exc, starts))
                                 for end in ends if publish else ():
                                     yield end
                             raise
                         if starts * 2 != len(logged):  # a layer stopped reading with brackets open
-                            ends = all_observed(ctx, brackets.close(None, starts))
+                            ends = all_observed(ctx, Brackets(logged).close(None, starts))
                             for end in ends if publish else ():
                                 yield end
                         elif logged:
@@ -287,6 +315,11 @@ class Execution:
                 # The chains reach back to this execution through its cores (a reference cycle):
                 # dropping them lets a finished execution be freed at once, not by the collector.
                 self._model_call = self._reasoning = self._acting = _finished
+        finally:
+            if hold is None:
+                gates.release(key, self.control)
+            else:
+                await hold.__aexit__(*sys.exc_info())
         failure = error if error is not None else run.finish_error
         if failure is not None:
             # The run's own bracket closes too: the caller's stream ends with AgentEnd naming the
@@ -312,13 +345,13 @@ class Execution:
         self.control.check()
         run = self.run
         messages, tools = run.messages(), self.tools.toolkit.schemas()
-        if self._direct_reasoning:
+        if self._reasoning is None:
             # No on_reasoning hook: the model-call chain is the round's stream, and the reply is
             # rebuilt here rather than in a reasoning core.
             builder = run.builder = ReplyBuilder()
             run.view = None  # callers see what memory keeps
-            mc_input = ModelCallInput(messages=messages, tools=tools, options=self.options, model=self.agent.model)
-            return Step(REASON, self._model_call(mc_input), builder.add, ExtensionPoint.ON_MODEL_CALL)
+            return Step(REASON, self._call_model(messages, tools, self.options), builder.add,
+                        ExtensionPoint.ON_MODEL_CALL)
         run.builder = None
         # What callers see of the reply (after every on_reasoning rewrite) is what the result holds;
         # memory keeps what left on_model_call (rebuilt in the reasoning core).
@@ -346,8 +379,7 @@ class Execution:
         run = self.run
         session = run.session
         assert session is not None
-        run.iteration += 1
-        session.cur_iter = run.iteration
+        run.iteration += 1  # (the session's ``cur_iter`` takes it with each checkpoint: `_persist`)
         run.adopt_view()
         if stop is None and (run.builder is None or not (run.builder.calls_made or run.builder.produced)):
             warn_empty(self.agent, self.runtime)  # (a round a middleware stopped on purpose is not "empty")
@@ -379,22 +411,20 @@ class Execution:
             run.transient = [Msg.user(EMPTY_REPLY_REMINDER, name="system", synthetic=True)]
         return RUN_AGAIN if run.final is None else NextStepFinalOutput(run.final)
 
-    def _act_step(self, act: NextStepAct) -> Step:
-        """One acting pass: its stream, and what gathers its results from the events."""
-        acting = Acting(act.calls, act.assistant)
-        if self._direct_acting:
-            # No on_acting hook: the core's events are the step's stream, with no stream object
-            # around them for hooks to compose.
-            events = acting_events(self.tools, act.calls, contextvars.copy_context())
+    def _act_step(self, acting: NextStepAct) -> Step:
+        """One acting pass: its stream, read into ``acting``."""
+        if self._acting is None:
+            # No on_acting hook: the core's events are the step's stream.
+            events = acting_events(self.tools, acting.calls, contextvars.copy_context())
             return Step(ACT, events, acting.add, ExtensionPoint.ON_ACTING, acting)
         try:
-            stream = self._acting(ActingInput(tool_calls=tuple(act.calls)))
+            stream = self._acting(ActingInput(tuple(acting.calls)))
         except Exception as exc:  # a hook that raised before returning a stream
             acting.keep_results(self.run, exc)
             raise
         return Step(ACT, stream, acting.add, ExtensionPoint.ON_ACTING, acting)
 
-    def _acted(self, acting: Acting) -> None:
+    def _acted(self, acting: NextStepAct) -> None:
         """Results into memory; an interrupt raises; a stop, a pause or a suspension ends the run."""
         acting.remember(self.run)
         self.control.check()
@@ -421,10 +451,9 @@ class Execution:
         run.close_calls(run.pending_calls(), NOT_EXECUTED, ToolResultState.ERROR)
         yield ExceedMaxIters(reply_id=self.reply_id, max_iters=self.agent.max_iters, current_iter=run.iteration)
         run.transient = [Msg.user(SUMMARY_PROMPT, name="system", synthetic=True)]
-        mc_input = ModelCallInput(messages=run.messages(), tools=(), options=self.agent.model_options,
-                                  model=self.agent.model)
+        messages = run.messages()
         builder = run.builder = ReplyBuilder()
-        async with aclosing(self._model_call(mc_input).__aiter__()) as it:
+        async with aclosing(self._call_model(messages, (), self.agent.model_options).__aiter__()) as it:
             async for ev in it:
                 builder.add(ev)
                 yield ev

@@ -87,6 +87,7 @@ async def checkpoint(runtime: AgentRuntime, ctx: RuntimeContext, run: RunState) 
     keeps the state for the next call on the session (`AgentRuntime.unsaved`) and raises
     `StateStoreError`."""
     assert run.session is not None
+    run.note_rounds()
     key = (ctx.user_id, ctx.session_id)
     store = runtime.store
     cancelled: asyncio.CancelledError | None = None
@@ -124,6 +125,7 @@ async def finish(
     Every participant is notified once, even when an earlier one raised; the turn is saved
     whatever they did (the caller already saw it), and then the first hook's error reaches the
     caller (after the run's own error, if the run failed)."""
+    run.note_rounds()
     outcome = AgentRun(
         msg=run.final, error=error, reason=run.reason, usage=run.total_usage,
         model_calls=run.model_calls, tool_calls=tool_calls, iterations=run.iteration, metrics=ctx.run_metrics,

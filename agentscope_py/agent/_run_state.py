@@ -97,17 +97,20 @@ class RunState:
     def messages(self) -> tuple[Msg, ...]:
         """The next request's messages: system, memory, then the transient ones (sent once). A
         tuple, as the input records keep them."""
-        transient = self.transient
+        session, transient = self.session, self.transient
+        assert session is not None, "the session is loaded in the prelude"
         if transient:
             self.transient = []
         if self.system_msg is None:
-            return (*self.context, *transient)
-        return (self.system_msg, *self.context, *transient)
+            return (*session.context, *transient)
+        return (self.system_msg, *session.context, *transient)
 
     def pending_calls(self) -> list[ToolUseBlock]:
         """Tool calls of the last assistant message that have no result yet."""
+        session = self.session
+        assert session is not None, "the session is loaded in the prelude"
         answered: set[str] = set()
-        for msg in reversed(self.context):
+        for msg in reversed(session.context):
             if msg.role == "assistant":
                 return [c for c in msg.tool_calls if c.id not in answered]
             for block in msg.tool_results:
@@ -167,6 +170,14 @@ class RunState:
             self.context.append(msg)
         self.final = msg if shown is None else shown
         self.reason = reason
+
+    def note_rounds(self) -> None:
+        """The session's ``cur_iter``: the rounds this run made, written where the session is
+        saved or shown as saved (each checkpoint, the ``on_agent_finish`` hooks), not per round.
+        A run that made none (a resume) or was taken back (`roll_back`) leaves it as it was."""
+        state = self.session
+        if state is not None and self.iteration and not self.rolled_back and state.cur_iter != self.iteration:
+            state.cur_iter = self.iteration
 
     def keep_before(self) -> None:
         """Remember the session as loaded, before the run changes it. Shallow copies of its lists

@@ -85,6 +85,41 @@ class SessionGates:
         queued = hasattr(store, "session_queue")
         return _Hold(self, key, getattr(store, "session_lock", None), strategy, max_queued, control, holder, queued)
 
+    def take(self, key: Key, store: object = None, control: RunControl | None = None) -> bool:
+        """Take the session's turn at once, when nothing stands in the way: no run holds or waits
+        for it in this process, and ``store`` has no ``session_lock`` (nothing to wait for across
+        processes). True: held, with ``control`` registered as its run in flight, until `release`;
+        False: taken by nothing, `hold` it instead (it waits, refuses or interrupts as the
+        strategy says)."""
+        if key in self._gates or getattr(store, "session_lock", None) is not None:
+            return False
+        self._gates[key] = _Gate()
+        if control is not None:
+            self.active[key] = control
+        return True
+
+    def release(self, key: Key, control: RunControl | None = None) -> None:
+        """Give back a turn `take` took: the next input waiting, if any, takes it."""
+        if control is not None and self.active.get(key) is control:
+            del self.active[key]
+        self._pass_on(key)
+
+    def _pass_on(self, key: Key) -> None:
+        """The held gate of ``key`` to its first live waiter, or gone when none waits."""
+        gate = self._gates.get(key)
+        if gate is None:
+            return
+        gate.interrupt = None  # (meant for the holder that leaves)
+        waiters = gate.waiters
+        while waiters:
+            turn = waiters.pop(0)
+            if gate.jumped:
+                gate.jumped -= 1
+            if not turn.done():  # a cancelled waiter is done already
+                turn.set_result(None)
+                return
+        del self._gates[key]
+
     def refusal(self, key: Key, strategy: MultitaskStrategy, max_queued: int = DEFAULT_MAX_QUEUED) -> BusyError | None:
         """The `BusyError` an input of ``strategy`` would get now from this process's gate, or None."""
         gate = self._gates.get(key)
@@ -232,25 +267,16 @@ class _Hold:
             self._release()
 
     def _release(self) -> None:
+        if not self._queued:
+            self._gates._pass_on(self._key)
+            return
         gates = self._gates._gates
         gate = gates.get(self._key)
         if gate is None:
             return
-        if self._queued:
-            gate.queued -= 1
-            if not gate.queued:
-                del gates[self._key]
-            return
-        gate.interrupt = None  # (meant for the holder that leaves)
-        waiters = gate.waiters
-        while waiters:
-            turn = waiters.pop(0)
-            if gate.jumped:
-                gate.jumped -= 1
-            if not turn.done():  # a cancelled waiter is done already
-                turn.set_result(None)
-                return
-        del gates[self._key]
+        gate.queued -= 1
+        if not gate.queued:
+            del gates[self._key]
 
 
 async def _enter_store_lock(lock: Any, key: Key, strategy: MultitaskStrategy, holder: str,

@@ -18,7 +18,7 @@ from ._brackets import BRACKET_TYPES, OPENS, describe
 from ._run_state import RunState
 
 __all__ = ["ACT", "DROPPED_TEXT", "END", "MARKS", "PRELUDE", "REASON", "RUN_AGAIN", "START", "STOP", "SUMMARY",
-           "Acting", "NextStep", "NextStepAct", "NextStepFinalOutput", "NextStepRunAgain", "Step", "result_block"]
+           "NextStep", "NextStepAct", "NextStepFinalOutput", "NextStepRunAgain", "Step", "result_block"]
 
 PRELUDE, REASON, ACT, SUMMARY = range(4)
 
@@ -34,15 +34,6 @@ class NextStepRunAgain:
 
 
 @dataclass(frozen=True, slots=True)
-class NextStepAct:
-    """The reply's tool calls are remembered and due to run. ``assistant``: the reply as the
-    caller saw it (the result of a run that ends in this pass)."""
-
-    calls: Sequence[ToolUseBlock]
-    assistant: Msg
-
-
-@dataclass(frozen=True, slots=True)
 class NextStepFinalOutput:
     """The run has its final message (an answer, a stop, a pause for confirmation or external
     results, the summary)."""
@@ -50,14 +41,13 @@ class NextStepFinalOutput:
     msg: Msg
 
 
-NextStep: TypeAlias = NextStepRunAgain | NextStepAct | NextStepFinalOutput
-RUN_AGAIN = NextStepRunAgain()
-
 _TOOL_MSG = shape(Msg, "role", "content")  # (``Msg.tool(results)``)
 
 
-class Acting:
-    """What one acting pass produced, read from the events leaving the acting chain."""
+class NextStepAct:
+    """The reply's tool calls are remembered and due to run: ``calls``, and ``assistant``, the reply
+    as the caller saw it (the result of a run that ends in this pass). The acting pass over them
+    gathers here what it produced, read from the events leaving the acting chain (`add`)."""
 
     __slots__ = ("asking", "assistant", "calls", "collector", "paused", "stop", "suspended")
 
@@ -109,7 +99,7 @@ class Acting:
             results += [result_block(c, DROPPED_TEXT, ToolResultState.ERROR) for c in calls
                         if c.id not in found and c.id not in waiting]
             session.pending_tool_calls = [c.id for c in calls if c.id in waiting and c.id not in found]
-        else:
+        elif session.pending_tool_calls:
             session.pending_tool_calls = []
         if results:
             # (``Msg.tool(results)``, built from the ToolResultBlocks gathered above)
@@ -143,6 +133,10 @@ class Acting:
         session.pending_tool_calls = []
 
 
+NextStep: TypeAlias = NextStepRunAgain | NextStepAct | NextStepFinalOutput
+RUN_AGAIN = NextStepRunAgain()
+
+
 class Step:
     """One step of a run as the loop drives it: its stream, what to call with each of its events
     (a reply builder, an acting collector, or a check), the extension point its events leave
@@ -152,7 +146,7 @@ class Step:
 
     def __init__(
         self, kind: int, stream: AsyncIterable[AgentEvent], on_event: Callable[[Any], None], point: ExtensionPoint,
-        acting: Acting | None = None,
+        acting: NextStepAct | None = None,
     ) -> None:
         self.kind = kind
         self.stream = stream

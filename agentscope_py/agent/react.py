@@ -315,10 +315,10 @@ class ReActAgent:
                         strategy if strategy is not None else runtime.multitask_strategy)
         participants = runtime.participants
         if not participants.hooks[ExtensionPoint.ON_AGENT]:  # the run's own events are the caller's stream
-            return exe, exe.events(AgentInput(msgs=msgs), publish)
+            return exe, exe.events(msgs, publish)
         chain = compose(ExtensionPoint.ON_AGENT, participants, self, exe.ctx, exe.agent_core, runtime.trace)
         # What on_agent hooks emit is the caller's stream, checked and closed (`guarded`).
-        return exe, guarded(chain(AgentInput(msgs=msgs)).__aiter__(), participants)
+        return exe, guarded(chain(AgentInput(msgs)).__aiter__(), participants)
 
     def as_tool(
         self,

@@ -79,20 +79,13 @@ class _Record:
         for name, kind in _TYPED_ITEMS:
             if name in changes:
                 changes[name] = _checked_items(cls.__name__, name, changes[name], kind)
-        new = _new(cls)
-        for name in cls.__match_args__:
-            _set(new, name, changes.pop(name) if name in changes else getattr(self, name))
+        values = [changes.pop(name) if name in changes else getattr(self, name) for name in cls.__match_args__]
         if changes:
             raise TypeError(f"{cls.__name__}.replace() got unknown fields: {', '.join(changes)}")
-        new.__post_init__()
-        return new
-
-    def __post_init__(self) -> None:
-        pass
+        return cls(*values)
 
 
 _set = object.__setattr__
-_new = object.__new__
 
 # The sequence fields a hook replaces most, with what each item must be and how to make one: a
 # dict in their place would otherwise reach the model and fail there, far from the hook.
@@ -130,15 +123,19 @@ def _frozen(value: Iterable[Any] | None) -> tuple[Any, ...]:
     return () if value is None else tuple(value)
 
 
-@dataclass(frozen=True, slots=True)
+# The records that every run may make (a hook at their point reads them) write their fields
+# themselves: a frozen dataclass's own __init__ would set each through a lookup of
+# ``object.__setattr__``, then call ``__post_init__`` to make the sequences tuples.
+
+
+@dataclass(frozen=True, slots=True, init=False)
 class AgentInput(_Record):
     """The messages one ``call``/``stream`` execution was given."""
 
     msgs: Sequence[Msg]
 
-    def __post_init__(self) -> None:
-        if type(self.msgs) is not tuple:
-            _set(self, "msgs", _frozen(self.msgs))
+    def __init__(self, msgs: Sequence[Msg]) -> None:
+        _set(self, "msgs", msgs if type(msgs) is tuple else _frozen(msgs))
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,7 +154,7 @@ class ReasoningInput(_Record):
             _set(self, "tools", _frozen(self.tools))
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class ModelCallInput(_Record):
     """One model invocation. ``tools`` is never None (``()`` for the max-iterations summary).
     ``deadline``: time limits the model call keeps around its reads (`TimeoutMiddleware` sets it;
@@ -169,14 +166,18 @@ class ModelCallInput(_Record):
     model: ChatModel
     deadline: Deadline | None = None
 
-    def __post_init__(self) -> None:
-        if type(self.messages) is not tuple:
-            _set(self, "messages", _frozen(self.messages))
-        if type(self.tools) is not tuple:
-            _set(self, "tools", _frozen(self.tools))
+    def __init__(
+        self, messages: Sequence[Msg], tools: Sequence[ToolSchema], options: Mapping[str, Any], model: ChatModel,
+        deadline: Deadline | None = None,
+    ) -> None:
+        _set(self, "messages", messages if type(messages) is tuple else _frozen(messages))
+        _set(self, "tools", tools if type(tools) is tuple else _frozen(tools))
+        _set(self, "options", options)
+        _set(self, "model", model)
+        _set(self, "deadline", deadline)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class ActingInput(_Record):
     """One round's batch of tool calls. ``deadline``: a time limit (``total``) each call keeps in
     its own task, with the tool's own ``timeout`` if that is shorter (`TimeoutMiddleware` sets it)."""
@@ -184,9 +185,9 @@ class ActingInput(_Record):
     tool_calls: Sequence[ToolUseBlock]
     deadline: Deadline | None = None
 
-    def __post_init__(self) -> None:
-        if type(self.tool_calls) is not tuple:
-            _set(self, "tool_calls", _frozen(self.tool_calls))
+    def __init__(self, tool_calls: Sequence[ToolUseBlock], deadline: Deadline | None = None) -> None:
+        _set(self, "tool_calls", tool_calls if type(tool_calls) is tuple else _frozen(tool_calls))
+        _set(self, "deadline", deadline)
 
 
 class AgentView(Protocol):
