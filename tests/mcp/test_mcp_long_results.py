@@ -74,7 +74,10 @@ def calls(transport: str, cases: list[tuple[str, dict[str, Any]]]) -> list[dict[
 
 def assert_bounded(run: dict[str, Any]) -> None:
     beyond = run["peak"] - run["small"]
-    assert beyond < 10 * CAP, f"{beyond / 1e6:.2f} MB traced beyond a small call's peak (the cap: {CAP})"
+    # A result at the cap is kept whole by the run (its delta, its block, its message, the next
+    # request): ~10 copies of the capped text at the peak, ~1.0-1.1 MB as the collector's timing
+    # falls; a result read whole (20 MB here) would be far past 15 copies.
+    assert beyond < 15 * CAP, f"{beyond / 1e6:.2f} MB traced beyond a small call's peak (the cap: {CAP})"
     # (the growth over the peak so far: a lower bound of what the call took, so a loose one)
     assert run["rss"] < 100 * CAP, f"the process's peak RSS grew by {run['rss'] / 1e6:.1f} MB"
 
