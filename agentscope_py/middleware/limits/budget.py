@@ -562,6 +562,16 @@ class CallHold:
 
     # -- taking ----------------------------------------------------------------------------------
 
+    def _refused_locally(self, tokens: int, cost: float, stage: str) -> dict[str, Any] | None:
+        """The refusal of holding ``tokens`` / ``cost`` more in the run and the session, if any.
+        Within the run's limits with no session limit (the common case), two comparisons decide;
+        else `BudgetMiddleware.check_local` does (and spells out a refusal)."""
+        run, budget = self.run, self.budget
+        if (budget._session_limited or run.tokens + run.held_tokens + tokens > budget._run_max_tokens
+                or run.cost + run.held_cost + cost > budget._run_max_cost):
+            return budget.check_local(run, tokens, cost, stage)
+        return None
+
     def take_now(self, tokens: int, cost: float, stage: str = "before", force: bool = False) -> dict[str, Any] | None:
         """Hold ``tokens`` / ``cost`` more in every limited scope; or, when that would cross a
         limit, hold nothing and answer the refusal (``stage``: before the call or while it
@@ -569,12 +579,8 @@ class CallHold:
         budget whose holds are all in this process: nothing comes between the checks and the
         holds, so the store is asked first and the run's hold taken only when it grants."""
         run, budget = self.run, self.budget
-        # Within the run's limits with no session limit (the common case), two comparisons decide;
-        # else `check_local` does (and spells out a refusal).
-        if not force and budget.local_limited and (
-                budget._session_limited or run.tokens + run.held_tokens + tokens > budget._run_max_tokens
-                or run.cost + run.held_cost + cost > budget._run_max_cost):
-            refused = budget.check_local(run, tokens, cost, stage)
+        if not force and budget.local_limited:
+            refused = self._refused_locally(tokens, cost, stage)
             if refused is not None:
                 return refused
         memory = budget.memory_store
@@ -616,12 +622,8 @@ class CallHold:
         """The run's and session's check and hold (first: calls checked while a store answers
         see it)."""
         run, budget = self.run, self.budget
-        # Within the run's limits with no session limit (the common case), two comparisons decide;
-        # else `check_local` does (and spells out a refusal).
-        if not force and budget.local_limited and (
-                budget._session_limited or run.tokens + run.held_tokens + tokens > budget._run_max_tokens
-                or run.cost + run.held_cost + cost > budget._run_max_cost):
-            refused = budget.check_local(run, tokens, cost, stage)
+        if not force and budget.local_limited:
+            refused = self._refused_locally(tokens, cost, stage)
             if refused is not None:
                 return refused
         if not self.active:
