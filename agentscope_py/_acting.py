@@ -52,7 +52,6 @@ from .events import (
     RequireExternalExecution,
     RequireUserConfirm,
     ToolResultDataDelta,
-    ToolResultEnd,
     ToolResultTextDelta,
 )
 from .message import GenerateReason, ToolResultState, ToolUseBlock
@@ -330,7 +329,7 @@ def _asking(reply_id: str, call: ToolUseBlock, meta: dict[str, Any], exc: ToolIn
     name = call.name
     question = {**meta.get("metadata", {}), "question": exc.question}
     return [
-        ToolResultEnd(reply_id=reply_id, tool_call_id=call.id, tool_name=name, state=ToolResultState.RUNNING, **meta),
+        result_end(reply_id, call, ToolResultState.RUNNING, meta),
         RequireUserConfirm(reply_id=reply_id, tool_calls=[call], metadata=question),
         RequestStop(reason=f"waiting for the user's answer to {name}: {exc}",
                     generate_reason=GenerateReason.PERMISSION_ASKING),
