@@ -1,12 +1,13 @@
 """The innermost model call, read in its consumer's task.
 
-`model_call_stream` is the model call as a stream (`ModelCall`, its factory): each subscription is
-one async generator, `model_events`, which reads the model (retrying and failing over before the
-first chunk), turns each chunk into the block events in a `PartsManager` (`_parts`) and yields
-them, in the task that iterates it. No task of its own: the provider is read when the consumer
-asks for the next event — every chunk it has without waiting, then the events of them all are
-handed over — and nothing is read while the consumer is away (the transport buffers what arrives
-meanwhile).
+`model_call_stream` is the model call as a stream (`ModelCall`, its factory), for the
+``on_model_call`` chain to compose; `model_call_events` is its one subscription, for a loop that
+reads the call itself. Each subscription is one async generator, `model_events`, which reads the
+model (retrying and failing over before the first chunk), turns each chunk into the block events
+in a `PartsManager` (`_parts`) and yields them, in the task that iterates it. No task of its own:
+the provider is read when the consumer asks for the next event — every chunk it has without
+waiting, then the events of them all are handed over — and nothing is read while the consumer is
+away (the transport buffers what arrives meanwhile).
 
 What a task of its own would give is kept by `ModelRead`, one object per call: the provider's code
 runs inside the context captured when the stream was built (so a span opened around the
@@ -36,7 +37,8 @@ from .model.base import ChatChunk, ChatModel, ModelError, ModelRequest
 from .stream import EventStream
 
 __all__ = [
-    "FailoverListener", "ModelCall", "ModelExecutor", "ModelRead", "RetryPolicy", "model_call_stream", "model_events",
+    "FailoverListener", "ModelCall", "ModelExecutor", "ModelRead", "RetryPolicy", "model_call_events",
+    "model_call_stream", "model_events",
 ]
 
 FailoverListener = Callable[[ChatModel, BaseException, ChatModel], Any]
@@ -131,6 +133,22 @@ def model_call_stream(
     opened around the innermost ``next()`` parents the model call). See `model_events`."""
     return EventStream(ModelCall(models, request, reply_id, policy, on_failover, control, deadline,
                                  contextvars.copy_context()))
+
+
+def model_call_events(
+    models: Sequence[ChatModel],
+    request: ModelRequest,
+    reply_id: str,
+    policy: RetryPolicy,
+    on_failover: FailoverListener | None,
+    control: RunControl | None,
+    deadline: Deadline | None = None,
+) -> AsyncIterator[AgentEvent]:
+    """The events of one model call read once, by a consumer that iterates them itself (the agent
+    loop when no hook wraps the call): `model_call_stream`'s one subscription, without the stream
+    object that lets hooks compose and re-subscribe to it."""
+    return model_events(ModelCall(models, request, reply_id, policy, on_failover, control, deadline,
+                                  contextvars.copy_context()), (), None)
 
 
 class ModelCall(MapSource):

@@ -19,13 +19,13 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import sys
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 from .._acting import ToolScope, acting_events
 from .._bracket_kinds import describe
 from .._deadline import Deadline
-from .._model_call import model_call_stream
+from .._model_call import model_call_events, model_call_stream
 from .._replies import ReplyBuilder
 from .._trusted import shape
 from ..errors import AgentInterrupted, BusyError, PendingToolCallsError, ResumeError, StructuredOutputError
@@ -144,16 +144,12 @@ class Execution:
         self, messages: Sequence[Msg], tools: Sequence[ToolSchema], options: Mapping[str, Any], model: ChatModel,
         deadline: Deadline | None = None,
     ) -> EventStream[AgentEvent]:
-        """The model call itself: the core of the ``on_model_call`` chain, and the round's stream
-        when no hook wraps it (then no `ModelCallInput` is made: nobody would read it)."""
+        """The model call itself, as the core of the ``on_model_call`` chain: a stream the hooks
+        compose."""
         # Built when the innermost next() is called: the model call captures that context for
         # its reads, so a span opened around next() parents the model call.
-        request = ModelRequest(
-            messages=messages,
-            tools=tools,
-            options=dict(options),
-            structured_output=options.get("structured_output"),
-        )
+        request = ModelRequest(messages=messages, tools=tools, options=dict(options),
+                               structured_output=options.get("structured_output"))
         runtime = self.runtime
         fallbacks = runtime.fallback_models
         models = (model, *fallbacks) if fallbacks else (model,)
@@ -162,6 +158,22 @@ class Execution:
         # The model call's read registers itself with the run's control (an interrupt cuts it).
         return model_call_stream(models, request, self.reply_id, runtime.retry, runtime.failover_listener,
                                  self.control, deadline)
+
+    def _model_events(
+        self, messages: Sequence[Msg], tools: Sequence[ToolSchema], options: Mapping[str, Any],
+    ) -> AsyncIterable[AgentEvent]:
+        """The model call as the round's stream when no hook wraps it: read once, by the loop, so
+        its events come straight from the call (no stream object, no `ModelCallInput`: nobody
+        would compose or read them)."""
+        request = ModelRequest(messages=messages, tools=tools, options=dict(options),
+                               structured_output=options.get("structured_output"))
+        runtime, model = self.runtime, self.agent.model
+        fallbacks = runtime.fallback_models
+        models = (model, *fallbacks) if fallbacks else (model,)
+        if runtime.model_executor is not None:
+            return runtime.model_executor(models, request, self.reply_id, self.control, None)
+        return model_call_events(models, request, self.reply_id, runtime.retry, runtime.failover_listener,
+                                 self.control)
 
     def _reasoning_core(self, input: ReasoningInput) -> EventStream[AgentEvent]:
         run = self.run
@@ -190,11 +202,11 @@ class Execution:
 
     def _call_model(
         self, messages: Sequence[Msg], tools: Sequence[ToolSchema], options: Mapping[str, Any],
-    ) -> EventStream[AgentEvent]:
+    ) -> AsyncIterable[AgentEvent]:
         """The ``on_model_call`` chain around the model call; the model call itself when no hook
         wraps it."""
         if self._model_call is None:
-            return self._model_stream(messages, tools, options, self.agent.model)
+            return self._model_events(messages, tools, options)
         return self._model_call(ModelCallInput(messages, tools, options, self.agent.model))
 
     async def events(self, msgs: Sequence[Msg], publish: bool = True) -> AsyncIterator[AgentEvent]:
