@@ -148,11 +148,8 @@ class Execution:
         compose."""
         # Built when the innermost next() is called: the model call captures that context for
         # its reads, so a span opened around next() parents the model call.
-        request = ModelRequest(messages=messages, tools=tools, options=dict(options),
-                               structured_output=options.get("structured_output"))
+        models, request = self._request(messages, tools, options, model)
         runtime = self.runtime
-        fallbacks = runtime.fallback_models
-        models = (model, *fallbacks) if fallbacks else (model,)
         if runtime.model_executor is not None:  # a durable run: the call is an activity
             return runtime.model_executor(models, request, self.reply_id, self.control, deadline)
         # The model call's read registers itself with the run's control (an interrupt cuts it).
@@ -165,15 +162,21 @@ class Execution:
         """The model call as the round's stream when no hook wraps it: read once, by the loop, so
         its events come straight from the call (no stream object, no `ModelCallInput`: nobody
         would compose or read them)."""
-        request = ModelRequest(messages=messages, tools=tools, options=dict(options),
-                               structured_output=options.get("structured_output"))
-        runtime, model = self.runtime, self.agent.model
-        fallbacks = runtime.fallback_models
-        models = (model, *fallbacks) if fallbacks else (model,)
+        models, request = self._request(messages, tools, options, self.agent.model)
+        runtime = self.runtime
         if runtime.model_executor is not None:
             return runtime.model_executor(models, request, self.reply_id, self.control, None)
         return model_call_events(models, request, self.reply_id, runtime.retry, runtime.failover_listener,
                                  self.control)
+
+    def _request(
+        self, messages: Sequence[Msg], tools: Sequence[ToolSchema], options: Mapping[str, Any], model: ChatModel,
+    ) -> tuple[tuple[ChatModel, ...], ModelRequest]:
+        """The models a call tries, in order (the agent's, then its fallbacks), and its request."""
+        fallbacks = self.runtime.fallback_models
+        request = ModelRequest(messages=messages, tools=tools, options=dict(options),
+                               structured_output=options.get("structured_output"))
+        return ((model, *fallbacks) if fallbacks else (model,)), request
 
     def _reasoning_core(self, input: ReasoningInput) -> EventStream[AgentEvent]:
         run = self.run
