@@ -28,7 +28,13 @@ the agent's context is cleared after the run; the others keep no state between r
 Both ways of consuming a run are measured: ``call`` (the final answer) and ``stream`` (every
 event). Method: a warm-up, then ``--sweeps`` sweeps; in each sweep every (framework, n, mode) runs
 ``--runs`` runs back to back, round-robin across frameworks in one process; the median per-run
-time of a sweep is kept, and the best (lowest) median over the sweeps is reported.
+time of a sweep is kept, and the best (lowest) median over the sweeps is reported. Each block
+starts with ``gc.collect()``, so no framework pays for another's garbage. A full collection walks
+every object and leaves the CPU's caches cold: a short run is slower for the next tens of runs
+(ours 10–40 % for the next ten runs, 3–8 % up to the fiftieth; AgentScope 2.x's, ten times
+longer, ~8 % for ~20),
+which is in a 30-run block's median. ``--settle N`` runs ``N`` untimed runs after the collection,
+for every framework alike, to time the steady state instead.
 
 Sub-agents (agentscope-py only; ``--no-subagent`` skips it): a parent whose tool is a
 child agent against the same work done as two separate runs (`_subagent_variant`), reported as
@@ -621,6 +627,8 @@ async def measure(args: argparse.Namespace, res: Results, deadline: float) -> No
                 return
             gc.collect()
             try:
+                if args.settle:
+                    await timed_block(name, n, mode, args.settle)
                 times = await timed_block(name, n, mode, args.runs)
             except Exception as exc:
                 _fail(res, failed, name, exc)
@@ -733,7 +741,8 @@ def machine() -> dict[str, Any]:
 def summarise(args: argparse.Namespace, res: Results) -> dict[str, Any]:
     ref = res.frameworks.get("agentscope-py", {}).get("us_per_run", {})
     out: dict[str, Any] = {"machine": machine(), "method": {
-        "runs": args.runs, "sweeps": args.sweeps, "warmup": args.warmup, "inflight": args.inflight,
+        "runs": args.runs, "sweeps": args.sweeps, "warmup": args.warmup, "settle": args.settle,
+        "inflight": args.inflight,
         "middleware": list(args.middleware), "modes": list(args.modes),
         "statistic": "best of sweeps of the per-sweep median, µs per run"},
         "frameworks": res.frameworks, "finished": res.finished, "notes": res.notes}
@@ -782,8 +791,9 @@ def summarise(args: argparse.Namespace, res: Results) -> dict[str, Any]:
 def print_table(summary: dict[str, Any]) -> None:
     m = summary["machine"]
     meth = summary["method"]
+    settled = f" (each after {meth['settle']} untimed)" if meth.get("settle") else ""
     print(f"bench_agents: {m['nproc']} × {m['cpu']}, Python {m['python']}, load {m['loadavg_1m']}; "
-          f"{meth['runs']} runs × {meth['sweeps']} sweeps, best per-sweep median (µs per run)")
+          f"{meth['runs']} runs × {meth['sweeps']} sweeps{settled}, best per-sweep median (µs per run)")
     refs = m.get("reference_ms_per_sweep")
     if refs:
         print(f"CPU speed probe (1M-iteration Python loop) per sweep: {', '.join(f'{x:.0f}' for x in refs)} ms "
@@ -841,6 +851,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--runs", type=int, default=30, help="runs per (framework, n, mode) per sweep")
     p.add_argument("--sweeps", type=int, default=5, help="sweeps; the best per-sweep median counts")
     p.add_argument("--warmup", type=int, default=20, help="warm-up runs per (framework, n, mode)")
+    p.add_argument("--settle", type=int, default=0,
+                   help="untimed runs after each block's gc.collect(), before its timed runs (see Method)")
     p.add_argument("--inflight", type=int, default=500, help="concurrent runs for the memory figure (0: skip)")
     p.add_argument("--no-subagent", dest="subagent", action="store_false",
                    help="skip the sub-agent variant (agentscope-py: a parent whose tool is a child agent)")
