@@ -32,8 +32,7 @@ time of a sweep is kept, and the best (lowest) median over the sweeps is reporte
 starts with ``gc.collect()``, so no framework pays for another's garbage. A full collection walks
 every object and leaves the CPU's caches cold: a short run is slower for the next tens of runs
 (ours 10–40 % for the next ten runs, 3–8 % up to the fiftieth; AgentScope 2.x's, ten times
-longer, ~8 % for ~20),
-which is in a 30-run block's median. ``--settle N`` runs ``N`` untimed runs after the collection,
+longer, ~8 % for ~20), which is in a 30-run block's median. ``--settle N`` runs ``N`` untimed runs after the collection,
 for every framework alike, to time the steady state instead.
 
 Sub-agents (agentscope-py only; ``--no-subagent`` skips it): a parent whose tool is a
