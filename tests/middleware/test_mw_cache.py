@@ -551,3 +551,32 @@ async def test_hits_under_hook_tracing_keep_brackets_balanced() -> None:
     assert len(model.requests) == 1 and balanced(events)
     assert [e.type for e in events if e.type.startswith("middleware")].count("middleware_started") == \
         [e.type for e in events if e.type.startswith("middleware")].count("middleware_completed")
+
+
+def test_the_keys_are_the_same_in_every_process_and_version() -> None:
+    # A SQLite or Redis cache is shared by processes (and outlives them): the keys of a request
+    # and of a tool call are pinned here, byte for byte, for every kind of block.
+    from agentscope_py.message import DataBlock, TextBlock, ThinkingBlock, ToolResultBlock, ToolUseBlock
+    from agentscope_py.middleware.cache import tool_call_key
+    from agentscope_py.model.base import ToolSchema
+
+    messages = [
+        Msg.system("be brief"),
+        Msg(role="user", name="ann", content=[TextBlock(text="weather?"),
+                                              DataBlock(media_type="image/png", url="https://x.test/a.png")]),
+        Msg(role="assistant", content=[ThinkingBlock(thinking="look it up", signature="sig"),
+                                       ToolUseBlock(id="c1", name="w", input={"city": "Oslo", "days": [1, 2]}),
+                                       ToolUseBlock(id="c2", name="w", input={}, raw_input="{bad")]),
+        Msg(role="tool", content=[ToolResultBlock(id="c1", name="w", output="sun")]),
+        Msg(role="tool", content=[ToolResultBlock(id="c2", name="w", state="error",
+                                                  output=[TextBlock(text="no"), DataBlock(media_type="text/csv", data="YQ==")])]),
+    ]
+    tools = (ToolSchema("w", "the weather", {"type": "object", "properties": {"city": {"type": "string"}}}),)
+    model = ScriptedModel([], name="m")
+    key = request_key(ModelCallInput(messages=messages, tools=tools, options={"temperature": 0.5, "seed": 1},
+                                     model=model))
+    assert key == "705e04a1bfc2921f98c8f51cd05b21f1b48473471c3e0a162ed0da07bb31d180"
+    call = ToolUseBlock(id="c9", name="w", input={"city": "Oslo"})
+    assert (tool_call_key(call), tool_call_key(call, "u1")) == (
+        "a9afa25617edcd1ccbeddda6851e82fe643bdc29359cd262ab8e9ec982ac820a",
+        "c6ffdb88add0f04bf31bf06bbb6f94a8d9eca7ba1cc8063219c64a3fbcab6d4a")

@@ -65,30 +65,36 @@ def _digest(payload: Any) -> str:
     return _sha256(_canonical(payload)).hexdigest()
 
 
-def _block(block: Any, aliases: dict[str, int]) -> Any:
-    t = block.type
+def _block(block: Any, fields: dict[str, Any], aliases: dict[str, int]) -> Any:
+    t = fields["type"]
     if t == "text":
-        return ("t", block.text)
+        return ("t", fields["text"])
     if t == "thinking":
-        return ("k", block.thinking)  # (a signature is opaque and differs per reply: left out)
+        return ("k", fields["thinking"])  # (a signature is opaque and differs per reply: left out)
     if t == "tool_use":
-        return ("u", aliases.setdefault(block.id, len(aliases)), block.name, block.input, block.raw_input)
+        return ("u", aliases.setdefault(fields["id"], len(aliases)), fields["name"], fields["input"],
+                fields["raw_input"])
     if t == "tool_result":
-        out = block.output if isinstance(block.output, str) else [_block(b, aliases) for b in block.output]
-        return ("r", aliases.setdefault(block.id, len(aliases)), block.name, out, str(block.state))
+        output = fields["output"]
+        out = output if isinstance(output, str) else [_block(b, b.__dict__, aliases) for b in output]
+        return ("r", aliases.setdefault(fields["id"], len(aliases)), fields["name"], out, str(fields["state"]))
     if t == "data":
-        return ("d", block.media_type, block.data, block.url)
+        return ("d", fields["media_type"], fields["data"], fields["url"])
     return (t, block.model_dump(mode="json", exclude={"id"}))
 
 
 def _messages(messages: Sequence[Msg]) -> list[Any]:
+    # Fields are read from each model's fields dict, as `_replies` reads an event's: a message's
+    # and a block's class has pydantic's __getattr__, so each attribute read takes the slow path.
     aliases: dict[str, int] = {}  # tool-call id -> its order of appearance in this request
     out = []
     for m in messages:
+        fields = m.__dict__
         blocks = []
-        for b in m.content:
-            blocks.append(("t", b.text) if b.type == "text" else _block(b, aliases))
-        out.append((m.role, m.name, blocks))
+        for b in fields["content"]:
+            block = b.__dict__
+            blocks.append(("t", block["text"]) if block["type"] == "text" else _block(b, block, aliases))
+        out.append((fields["role"], fields["name"], blocks))
     return out
 
 
