@@ -42,7 +42,7 @@ POLL = 1.0
 """Seconds a follower of a run in another process waits for frames before it checks that the
 owner is still alive."""
 
-FrameSource = Callable[[LiveRun], "AsyncIterator[bytes] | EventFrames"]
+FrameSource = Callable[[LiveRun], AsyncIterator[bytes] | EventFrames]
 """A run's frames, made for its `LiveRun`: an `EventFrames` publishes them itself, from the run's
 task; an async iterator's are published as they come."""
 Frames = Callable[[], AsyncIterator[bytes]]
