@@ -4,6 +4,8 @@ stream starts (``Last-Event-ID``)."""
 
 from __future__ import annotations
 
+import re
+
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ..agent import MultitaskStrategy
@@ -77,6 +79,10 @@ def detach_of(asked: object, query: str | None, default: bool) -> bool:
     return asked
 
 
+_RUN_ID = re.compile(r"[!-.0-~]+")
+"""A run id's characters: visible ASCII (``!`` to ``~``) but ``/``."""
+
+
 def check_run_id(value: str, field: str = "runId") -> None:
     """422 unless ``value`` can name a run everywhere it goes: the ``x-run-id`` header (latin-1,
     no control characters) and the URL paths of resuming and interrupting (no ``/``). So: 1 to
@@ -86,8 +92,10 @@ def check_run_id(value: str, field: str = "runId") -> None:
     if len(value) > MAX_RUN_ID_CHARS:
         raise HTTPError(422, "invalid_request", f"{field}: {len(value)} characters; a run id has at most "
                         f"{MAX_RUN_ID_CHARS}")
-    for i, char in enumerate(value):
-        if not "!" <= char <= "~" or char == "/":
+    if _RUN_ID.fullmatch(value) is not None:
+        return
+    for i, char in enumerate(value):  # which character is wrong, for the answer
+        if _RUN_ID.fullmatch(char) is None:
             raise HTTPError(422, "invalid_request", f"{field}: {char!r} (at index {i}) cannot be in a run id, which "
                             "names the run in the x-run-id header and in URLs: use visible ASCII characters "
                             "other than '/' (a UUID, say)")

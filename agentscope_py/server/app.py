@@ -39,7 +39,7 @@ from ._errors import STORE_UNAVAILABLE, HTTPError, StoreUnavailable, describe, l
 from ._identity import USER_HEADER, Authenticate, Identity, client_run_id, new_run_id, run_key, run_keys
 from ._limits import Limits, check_shape, read_json
 from ._requests import InterruptRequest, RunRequest, check_name, check_run_id, detach_of, parse_after
-from ._runs.frames import agui_frames, cancelled_agui, cancelled_native, native_frames
+from ._runs.frames import AguiFrames, NativeFrames, cancelled_agui, cancelled_native
 from ._runs.live import LiveRun
 from ._runs.multitask import admit, busy_agui_response, strategy_of
 from ._runs.runlog import InMemoryRunLog, RunLog, RunRecord
@@ -166,7 +166,7 @@ class _Server:
             mapper = AguiMapper(run_input.thread_id, run_input.run_id, emitted_ids=emitted)
             pending = self._pending(user_id, run_input.thread_id)
             record = RunRecord(key, user_id, run_input.thread_id, "agui", owner="")
-            live = await self.registry.begin(record, ctx, detach, partial(agui_frames, stream, mapper, rid, pending,
+            live = await self.registry.begin(record, ctx, detach, partial(AguiFrames, stream, mapper, rid, pending,
                                                                           emitted), cancelled_agui(mapper))
         except StoreUnavailable as exc:  # an AG-UI client hears of a failure as a RUN_ERROR
             log.warning("request %s: POST /agui refused: the state store failed: %s", rid, exc, exc_info=exc.cause)
@@ -258,7 +258,7 @@ class _Server:
         record = RunRecord(run_id, user_id, session_id, "native", owner="")
         opened = OpenBrackets()  # what the run's frames opened: a cancelled run's log closes it
         return await self.registry.begin(record, ctx, detach,
-                                         partial(native_frames, stream, rid, pending, self.result_text,
+                                         partial(NativeFrames, stream, rid, pending, self.result_text,
                                                  opened=opened),
                                          cancelled_native(rid, opened))
 

@@ -170,3 +170,20 @@ def test_a_native_run_of_another_user_is_still_refused(live: Live) -> None:
     assert first["metadata"]["run_id"] == run_id
     assert httpx.get(f"{server.url}/v1/runs/{run_id}/events", headers=BOB, timeout=10).status_code == 403
     assert httpx.get(f"{server.url}/v1/runs/{run_id}/events", headers=ALICE, timeout=10).status_code == 200
+
+
+def test_a_run_id_takes_exactly_the_visible_ascii_characters_but_the_slash() -> None:
+    from agentscope_py.server._errors import HTTPError
+    from agentscope_py.server._requests import check_run_id
+
+    for code in range(0x300):
+        char = chr(code)
+        wanted = "!" <= char <= "~" and char != "/"
+        try:
+            check_run_id(f"run-{char}-1")
+        except HTTPError as exc:
+            assert not wanted, char
+            assert exc.detail.startswith(f"runId: {char!r} (at index 4) cannot be in a run id"), exc.detail
+        else:
+            assert wanted, char
+    check_run_id("0c1f5e9a-4b1e-4f0e-9a57-3c2d1e0f9b8a")  # a UUID

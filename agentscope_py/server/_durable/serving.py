@@ -31,7 +31,7 @@ from ...stream import EventStream, aclosing
 from .._errors import HTTPError
 from .._identity import client_run_id
 from .._limits import Limits
-from .._runs.frames import native_frames
+from .._runs.frames import frames_of, native_frames
 from .._runs.live import LiveRun
 from .._runs.runlog import RUNNING, InMemoryRunLog, RunLog, RunRecord
 from .._runs.runs import Frames, FrameSource, Runs, _unavailable
@@ -348,7 +348,7 @@ async def _parsed(events: AsyncIterator[dict[str, Any]]) -> AsyncIterator[AgentE
         yield parse_event(data)
 
 
-def _renamed(source: FrameSource, run_id: str) -> FrameSource:
+def _renamed(source: FrameSource, run_id: str) -> Callable[[LiveRun], AsyncIterator[bytes]]:
     """``source`` with the ids the frames' makers generate (AG-UI message ids) renamed after the
     order they appear in, so every making of a run's frames names them alike."""
     token = hashlib.sha256(run_id.encode()).hexdigest()[:8].encode()
@@ -362,7 +362,7 @@ def _renamed(source: FrameSource, run_id: str) -> FrameSource:
                 name = names[found.group(0)] = b'"%s%sf%d"' % (found.group(1), token, len(names))
             return name
 
-        async with aclosing(source(live)) as inner:
+        async with aclosing(frames_of(source(live))) as inner:
             async for data in inner:
                 yield _GENERATED.sub(rename, data)
 

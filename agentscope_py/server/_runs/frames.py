@@ -26,7 +26,8 @@ from ..agui import AguiMapper
 from ..sse import encode_error, encode_sse
 from .live import LiveRun
 
-__all__ = ["CANCELLED", "agui_frames", "cancelled_agui", "cancelled_native", "native_frames"]
+__all__ = ["CANCELLED", "AguiFrames", "EventFrames", "NativeFrames", "agui_frames", "cancelled_agui",
+           "cancelled_native", "frames_of", "native_frames"]
 
 Pending = Callable[[], Awaitable[list[str]]]
 
@@ -41,25 +42,109 @@ async def _report(exc: BaseException, rid: str, vocabulary: Vocabulary, pending:
     return error.code, error.message
 
 
-async def agui_frames(stream: EventStream[AgentEvent], mapper: AguiMapper, rid: str, pending: Pending,
-                      emitted: Emitted, live: LiveRun) -> AsyncIterator[bytes]:
-    yield mapper.encode_start()
-    try:
-        async with aclosing(stream.__aiter__()) as events:
-            async for event in events:
-                frames = mapper.encode(event)
-                if frames:
-                    yield frames
-    except BaseException as exc:
-        if not _is_failure(exc):
-            raise
-        code, message = await _report(exc, rid, "agui", pending, f"AG-UI run {mapper.run_id}")
-        live.failed = True
+class EventFrames:
+    """A run's frames, made from its events by plain calls, one event at a time.
+
+    `publish` hands them to the run's `LiveRun` from the run's own task: the agent's stream is
+    read right there, with no async generator between it and the run's log (a layer would cost a
+    resumption per token). `frames` gives the same frames as an async iterator, for what composes
+    sources (durable serving). ``frame`` makes an event's frames (``b""`` for none); subclasses
+    make the others: `start`, `end` after the last event, and `fail` for a failure
+    (`_is_failure`), which becomes the stream's terminal frame."""
+
+    def __init__(self, stream: EventStream[AgentEvent], live: LiveRun, frame: Callable[[AgentEvent], bytes]) -> None:
+        self.stream = stream
+        self.live = live
+        self.frame = frame
+
+    def start(self) -> bytes:
+        return b""
+
+    def end(self) -> bytes:
+        return b""
+
+    async def fail(self, exc: BaseException) -> bytes:
+        raise NotImplementedError
+
+    async def publish(self) -> None:
+        """Publish every frame to the run, waiting while it is too far ahead of its slowest
+        follower (`LiveRun.pace`; a detached run waits for nobody)."""
+        live = self.live
+        paced = not live.detach
+        live.publish(self.start())
+        frame = self.frame
+        try:
+            async with aclosing(self.stream.__aiter__()) as events:
+                async for event in events:
+                    data = frame(event)
+                    if data:
+                        live.publish(data)
+                        if paced and live.spent > live.bound and live.ahead():
+                            await live.pace()
+        except BaseException as exc:
+            if not _is_failure(exc):
+                raise
+            live.publish(await self.fail(exc))
+            return
+        live.publish(self.end())
+
+    async def frames(self) -> AsyncIterator[bytes]:
+        """The frames `publish` would publish, as an async iterator."""
+        first = self.start()
+        if first:
+            yield first
+        try:
+            async with aclosing(self.stream.__aiter__()) as events:
+                async for event in events:
+                    data = self.frame(event)
+                    if data:
+                        yield data
+        except BaseException as exc:
+            if not _is_failure(exc):
+                raise
+            yield await self.fail(exc)
+            return
+        last = self.end()
+        if last:
+            yield last
+
+
+class AguiFrames(EventFrames):
+    """A run's AG-UI frames (`AguiMapper`): RUN_STARTED, the events', then RUN_FINISHED, or the
+    mapper's RUN_ERROR with a safe message."""
+
+    def __init__(self, stream: EventStream[AgentEvent], mapper: AguiMapper, rid: str, pending: Pending,
+                 emitted: Emitted, live: LiveRun) -> None:
+        super().__init__(stream, live, mapper.encode)
+        self.mapper = mapper
+        self.rid = rid
+        self.pending = pending
+        self.emitted = emitted
+
+    def start(self) -> bytes:
+        return self.mapper.encode_start()
+
+    def end(self) -> bytes:
+        self.emitted.remembered = True  # the run ended well, so its save stored the thread
+        return self.mapper.encode_finish()
+
+    async def fail(self, exc: BaseException) -> bytes:
+        mapper = self.mapper
+        code, message = await _report(exc, self.rid, "agui", self.pending, f"AG-UI run {mapper.run_id}")
+        self.live.failed = True
         # The mapper closes what was open; its RUN_ERROR gets the safe message instead of str(exc).
-        yield mapper.encode_fail(exc, message=message, code=code)
-        return
-    emitted.remembered = True  # the run ended well, so its save stored the thread
-    yield mapper.encode_finish()
+        return mapper.encode_fail(exc, message=message, code=code)
+
+
+def frames_of(made: AsyncIterator[bytes] | EventFrames) -> AsyncIterator[bytes]:
+    """What a frame source made (`runs.FrameSource`), as an async iterator."""
+    return made.frames() if isinstance(made, EventFrames) else made
+
+
+def agui_frames(stream: EventStream[AgentEvent], mapper: AguiMapper, rid: str, pending: Pending,
+                emitted: Emitted, live: LiveRun) -> AsyncIterator[bytes]:
+    """`AguiFrames` as an async iterator."""
+    return AguiFrames(stream, mapper, rid, pending, emitted, live).frames()
 
 
 def cancelled_agui(mapper: AguiMapper) -> Callable[[LiveRun], bytes]:
@@ -93,33 +178,46 @@ def _ends(opened: OpenBrackets | None, why: str) -> bytes:
     return b"".join(encode_sse(end) for end in opened.close(why, discarded=False, failed=False))
 
 
-async def native_frames(stream: EventStream[AgentEvent], rid: str, pending: Pending, result_text: bool,
-                        live: LiveRun, opened: OpenBrackets | None = None) -> AsyncIterator[bytes]:
-    """The run's events as native frames; ``opened`` (if given) learns what they open and close."""
-    first = True
-    try:
-        async with aclosing(stream.__aiter__()) as events:
-            async for event in events:
-                if opened is not None and type(event) in BRACKET_TYPES:
-                    opened.see(event)
-                if first:  # the run's id, in its first event (the x-run-id header has it too)
-                    first = False
-                    event = event.model_copy(update={"metadata": {**event.metadata, "run_id": live.run_id}})
-                if type(event) is AgentResult and not result_text:
-                    event = _without_text(event)
-                elif isinstance(event, ModelCallEnd | AgentEnd) and event.error:
-                    # The error's type only: its text may carry internals (it goes to the log with
-                    # the run's own error).
-                    event = event.model_copy(update={"error": event.error.split(":", 1)[0]})
-                yield encode_sse(event)
-    except BaseException as exc:
-        if not _is_failure(exc):
-            raise
-        code, message = await _report(exc, rid, "native", pending, f"run {live.run_id}")
-        live.failed = True
+class NativeFrames(EventFrames):
+    """A run's events as native frames; ``opened`` (if given) learns what they open and close."""
+
+    def __init__(self, stream: EventStream[AgentEvent], rid: str, pending: Pending, result_text: bool,
+                 live: LiveRun, opened: OpenBrackets | None = None) -> None:
+        super().__init__(stream, live, self._frame)
+        self.rid = rid
+        self.pending = pending
+        self.result_text = result_text
+        self.opened = opened
+        self.first = True
+
+    def _frame(self, event: AgentEvent) -> bytes:
+        opened = self.opened
+        if opened is not None and type(event) in BRACKET_TYPES:
+            opened.see(event)
+        if self.first:  # the run's id, in its first event (the x-run-id header has it too)
+            self.first = False
+            event = event.model_copy(update={"metadata": {**event.metadata, "run_id": self.live.run_id}})
+        if type(event) is AgentResult and not self.result_text:
+            event = _without_text(event)
+        elif isinstance(event, ModelCallEnd | AgentEnd) and event.error:
+            # The error's type only: its text may carry internals (it goes to the log with the
+            # run's own error).
+            event = event.model_copy(update={"error": event.error.split(":", 1)[0]})
+        return encode_sse(event)
+
+    async def fail(self, exc: BaseException) -> bytes:
+        rid = self.rid
+        code, message = await _report(exc, rid, "native", self.pending, f"run {self.live.run_id}")
+        self.live.failed = True
         # The agent closed its brackets before its error came out; a failure from outside it
         # (a stray cancellation) closes here what the frames opened.
-        yield _ends(opened, code) + encode_error(exc, message=message, code=code, request_id=rid)
+        return _ends(self.opened, code) + encode_error(exc, message=message, code=code, request_id=rid)
+
+
+def native_frames(stream: EventStream[AgentEvent], rid: str, pending: Pending, result_text: bool,
+                  live: LiveRun, opened: OpenBrackets | None = None) -> AsyncIterator[bytes]:
+    """`NativeFrames` as an async iterator."""
+    return NativeFrames(stream, rid, pending, result_text, live, opened).frames()
 
 
 def _without_text(event: AgentResult) -> AgentResult:

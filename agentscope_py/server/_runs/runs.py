@@ -25,6 +25,7 @@ from .._errors import HTTPError
 from .._identity import client_run_id
 from .._limits import Limits, admit_run
 from ..sse import HEARTBEAT
+from .frames import EventFrames
 from .live import CHUNK_BYTES, CHUNK_FRAMES, UNLIMITED, Beat, LiveRun, gap_frame, incomplete_frame, terminal_frame
 from .logtail import LogTail, expired_frame, unavailable_frame
 from .logwrites import LogWrites
@@ -41,7 +42,9 @@ POLL = 1.0
 """Seconds a follower of a run in another process waits for frames before it checks that the
 owner is still alive."""
 
-FrameSource = Callable[[LiveRun], AsyncIterator[bytes]]
+FrameSource = Callable[[LiveRun], AsyncIterator[bytes] | EventFrames]
+"""A run's frames, made for its `LiveRun`: an `EventFrames` publishes them itself, from the run's
+task; an async iterator's are published as they come."""
 Frames = Callable[[], AsyncIterator[bytes]]
 
 
@@ -144,12 +147,16 @@ class Runs:
     async def _drive(self, live: LiveRun, source: FrameSource, cancelled_frame: Callable[[LiveRun], bytes]) -> None:
         status = "finished"
         try:
-            async with aclosing(source(live)) as frames:
-                paced = not live.detach
-                async for data in frames:
-                    live.publish(data)
-                    if paced and live.spent > live.bound and live.ahead():
-                        await live.pace()
+            made = source(live)
+            if isinstance(made, EventFrames):
+                await made.publish()
+            else:
+                async with aclosing(made) as frames:
+                    paced = not live.detach
+                    async for data in frames:
+                        live.publish(data)
+                        if paced and live.spent > live.bound and live.ahead():
+                            await live.pace()
         except asyncio.CancelledError:
             status = "cancelled"
             if not live.handoff:  # (marked lost elsewhere: that is its ending, in the log)
