@@ -135,6 +135,8 @@ def _core(run: _Run, input: Any) -> EventStream[Any]:
 
 
 def _bound_core(run: _Run, input: Any) -> EventStream[Any]:
+    """The core, its stream's factory kept for the layers: the factory runs in the context it
+    captured, so a layer whose hook passes the stream through needs no context wrapper."""
     stream = run.core(input)
     run.core_factory = stream._factory
     return stream
