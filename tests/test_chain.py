@@ -129,6 +129,88 @@ def test_a_point_without_participants_adds_no_wrapper() -> None:
     assert compose(P.ON_MODEL_CALL, parts, None, RuntimeContext(), core) is not core
 
 
+def test_a_stream_that_runs_in_a_context_of_its_own_gets_no_second_context() -> None:
+    # Each layer hands out a stream that already runs in a context of its own as it is: the inner
+    # stream passed through, and also one an inner layer wrapped that the hook kept from an
+    # earlier next() (a retry's first attempt). Wrapping it again would add a layer and change
+    # nothing the stream's code sees.
+    from agentscope_py._stream.context import InContext
+
+    class FirstOfTwo(MiddlewareBase):
+        def on_reasoning(self, agent: Any, ctx: Any, input: Any, next: Any) -> Any:
+            first = next(input)
+            next(input)
+            return first
+
+    class Maps(MiddlewareBase):
+        def on_reasoning(self, agent: Any, ctx: Any, input: Any, next: Any) -> Any:
+            return next(input).map(lambda e: e)
+
+    def depth(stream: EventStream[Any]) -> int:
+        factory, n = stream._factory, 0
+        while type(factory) is InContext:
+            factory, n = factory.factory, n + 1
+        return n
+
+    core = lambda input: EventStream.of(input)  # noqa: E731 (a core whose stream needs a context)
+    parts = Participants([FirstOfTwo(), FirstOfTwo(), Maps()])
+    stream = compose(P.ON_REASONING, parts, None, RuntimeContext(), core)("x")
+    assert depth(stream) == 1 and len(stream._steps) == 1
+
+
+async def test_each_hook_runs_in_a_context_of_its_own() -> None:
+    # What a hook sets reaches the layers inside it and the model call, never the hook outside
+    # it (before or after its next() returns), the hook's stream or the consumer; a hook called
+    # again later (a retry's next attempt) gets a fresh copy of its caller's context.
+    var: contextvars.ContextVar[str] = contextvars.ContextVar("var", default="unset")
+    seen: list[tuple[str, str]] = []
+
+    class Sets(MiddlewareBase):
+        def __init__(self, tag: str) -> None:
+            self.tag = tag
+
+        def on_model_call(self, agent: Any, ctx: Any, input: Any, next: Any) -> Any:
+            seen.append((f"{self.tag} enters", var.get()))
+            var.set(self.tag)
+            stream = next(input)
+            seen.append((f"{self.tag} after next()", var.get()))
+            return stream
+
+    class Model:
+        name = "m"
+
+        def stream(self, request: Any) -> Any:
+            seen.append(("model", var.get()))
+            return ScriptedModel([ModelStep.text("ok")]).stream(request)
+
+    model: Any = Model()
+    agent = ReActAgent.builder().model(model).middlewares([Sets("outer"), Sets("inner")]).build()
+    assert (await agent.call("hi")).text == "ok" and var.get() == "unset"
+    assert seen == [("outer enters", "unset"), ("inner enters", "outer"), ("inner after next()", "inner"),
+                    ("outer after next()", "outer"), ("model", "inner")]
+
+
+async def test_the_input_records_hold_their_fields_as_given_and_frozen() -> None:
+    from dataclasses import FrozenInstanceError, fields
+
+    from agentscope_py import ActingInput, ModelCallInput
+    from agentscope_py.message import ToolUseBlock
+
+    model = ScriptedModel([])
+    msgs = [Msg.user("x")]
+    record = ModelCallInput(msgs, [], {"t": 1}, model)
+    assert [getattr(record, f.name) for f in fields(record)] == [tuple(msgs), (), {"t": 1}, model, None]
+    msgs.append(Msg.user("later"))
+    assert len(record.messages) == 1  # a list given is copied
+    call = ToolUseBlock(id="c", name="echo", input={})
+    acting = ActingInput([call])
+    assert acting.tool_calls == (call,) and acting.deadline is None
+    for rec, name in ((record, "messages"), (record, "deadline"), (acting, "tool_calls")):
+        with pytest.raises(FrozenInstanceError):
+            setattr(rec, name, ())
+    assert record.replace(options={}).options == {} and record.options == {"t": 1}
+
+
 # -- hook shapes ---------------------------------------------------------------------------------
 
 

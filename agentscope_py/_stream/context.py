@@ -26,9 +26,12 @@ __all__ = ["InContext", "stepped"]
 
 class InContext(MapSource):
     """A stream factory run inside ``ctx``; the stream's maps are handed on to ``factory`` when it
-    applies maps itself (a `MapSource`), in the same context."""
+    applies maps itself (a `MapSource`), in the same context. Another context around it would
+    change nothing its factory sees: it is `context_free`."""
 
     __slots__ = ("ctx", "factory")
+
+    context_free = True
 
     def __init__(self, ctx: contextvars.Context, factory: Callable[[], AsyncIterator[Any]]) -> None:
         self.ctx = ctx

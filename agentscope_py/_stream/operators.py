@@ -52,8 +52,9 @@ class MapSource:
 
     context_free: ClassVar[bool] = False
     """True for a factory that reads no context of its own when subscribed: it only subscribes
-    streams that were built elsewhere and carry their own (`middleware.resilience._common.FirstFailure`). A
-    middleware layer then returns the hook's stream as it is, with no context wrapper (`chain`)."""
+    streams that were built elsewhere and carry their own (`middleware.resilience._common.FirstFailure`),
+    or it runs in the context it holds (`context.InContext`). A middleware layer then returns the
+    hook's stream as it is, with no context wrapper (`chain`)."""
 
     def __call__(self) -> AsyncIterator[Any]:
         return self.with_maps(())

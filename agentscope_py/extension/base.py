@@ -124,8 +124,15 @@ def _frozen(value: Iterable[Any] | None) -> tuple[Any, ...]:
 
 
 # The records that every run may make (a hook at their point reads them) write their fields
-# themselves: a frozen dataclass's own __init__ would set each through a lookup of
-# ``object.__setattr__``, then call ``__post_init__`` to make the sequences tuples.
+# themselves: a frozen dataclass's own __init__ would set each through ``object.__setattr__``,
+# then call ``__post_init__`` to make the sequences tuples. Their __setattr__ refuses every
+# write, so they write each slot through its own descriptor (`_slot_writers`), the write that
+# ``object.__setattr__`` ends in once it has looked the descriptor up by name.
+
+
+def _slot_writers(cls: type[_Record]) -> tuple[Callable[[Any, Any], None], ...]:
+    """The descriptor writes of ``cls``'s fields, in field order."""
+    return tuple(cls.__dict__[name].__set__ for name in cls.__match_args__)
 
 
 @dataclass(frozen=True, slots=True, init=False)
@@ -135,7 +142,10 @@ class AgentInput(_Record):
     msgs: Sequence[Msg]
 
     def __init__(self, msgs: Sequence[Msg]) -> None:
-        _set(self, "msgs", msgs if type(msgs) is tuple else _frozen(msgs))
+        _AGENT_MSGS(self, msgs if type(msgs) is tuple else _frozen(msgs))
+
+
+(_AGENT_MSGS,) = _slot_writers(AgentInput)
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,11 +180,15 @@ class ModelCallInput(_Record):
         self, messages: Sequence[Msg], tools: Sequence[ToolSchema], options: Mapping[str, Any], model: ChatModel,
         deadline: Deadline | None = None,
     ) -> None:
-        _set(self, "messages", messages if type(messages) is tuple else _frozen(messages))
-        _set(self, "tools", tools if type(tools) is tuple else _frozen(tools))
-        _set(self, "options", options)
-        _set(self, "model", model)
-        _set(self, "deadline", deadline)
+        _MODEL_CALL_MESSAGES(self, messages if type(messages) is tuple else _frozen(messages))
+        _MODEL_CALL_TOOLS(self, tools if type(tools) is tuple else _frozen(tools))
+        _MODEL_CALL_OPTIONS(self, options)
+        _MODEL_CALL_MODEL(self, model)
+        _MODEL_CALL_DEADLINE(self, deadline)
+
+
+_MODEL_CALL_MESSAGES, _MODEL_CALL_TOOLS, _MODEL_CALL_OPTIONS, _MODEL_CALL_MODEL, _MODEL_CALL_DEADLINE = (
+    _slot_writers(ModelCallInput))
 
 
 @dataclass(frozen=True, slots=True, init=False)
@@ -186,8 +200,11 @@ class ActingInput(_Record):
     deadline: Deadline | None = None
 
     def __init__(self, tool_calls: Sequence[ToolUseBlock], deadline: Deadline | None = None) -> None:
-        _set(self, "tool_calls", tool_calls if type(tool_calls) is tuple else _frozen(tool_calls))
-        _set(self, "deadline", deadline)
+        _ACTING_TOOL_CALLS(self, tool_calls if type(tool_calls) is tuple else _frozen(tool_calls))
+        _ACTING_DEADLINE(self, deadline)
+
+
+_ACTING_TOOL_CALLS, _ACTING_DEADLINE = _slot_writers(ActingInput)
 
 
 class AgentView(Protocol):

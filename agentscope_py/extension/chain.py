@@ -3,14 +3,18 @@
 Per point, the participants are fixed at build (`Participants`). The first `compose` of a point
 folds its hooks back to front into layers (`_Chain`, kept on the participants), so the first
 participant is the outermost layer; every execution then binds those layers to its context and
-core (`_Run`). Hooks that are not overridden are left out: they would only pass through, and a
-point with no overriding participant gets no wrapper at all — calling it is calling the core.
+core (`_Run`): a hook's ``next`` is the inner layer bound to the execution as a method, so
+calling it is a plain Python call. Hooks that are not overridden are left out: they would only
+pass through, and a point with no overriding participant gets no wrapper at all — calling it is
+calling the core.
 
 Each layer runs its hook inside a private copy of the current context, and subscribes the stream
 the hook returned in that same copy: a contextvar (or an OpenTelemetry span, `OtelTracingMiddleware`)
 a hook sets around ``next(input)`` reaches the layers inside it and the model call, and never
-leaks into the consumer. A hook that returns its inner stream unchanged adds no wrapper (the
-inner layer already runs in a copy taken inside this one). ``async def`` generator hooks are
+leaks into the hooks outside it or the consumer. A stream that runs in a context of its own
+already is handed out as it is, with no wrapper: the inner stream a hook passed through or
+added maps to (an inner layer's `InContext`, or the core's stream when the core is bound), a
+retry's (`MapSource.context_free`). ``async def`` generator hooks are
 driven step by step inside their copy for the same reason. Both ways are `_stream.context`'s
 (`InContext`, `stepped`).
 
@@ -20,11 +24,10 @@ one: MiddlewareStarted before the hook runs, MiddlewareCompleted after its strea
 from __future__ import annotations
 
 import contextvars
-import functools
 import inspect
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
-from types import MappingProxyType
+from types import MappingProxyType, MethodType
 from typing import TYPE_CHECKING, Any
 
 from .._stream.context import InContext, stepped
@@ -85,26 +88,30 @@ def compose(
     chain = participants.chains.get(key)
     if chain is None or chain.agent is not agent:
         chain = participants.chains[key] = _Chain(hooks, point, agent, core_bound, trace)
-    return functools.partial(chain.entry, _Run(ctx, core))
+    return MethodType(chain.entry, _Run(ctx, core))
 
 
 class _Run:
-    """What one execution's layers share: its context, its core, and the stream the layer
-    returned last (layers return from the inside out, so a layer reads there, once its hook has
-    returned, what the layer inside it returned: it can tell a hook that passed that through)."""
+    """What one execution's layers of a point share: its context, its core and, while an
+    invocation builds its layers, the factory of the stream the core returned (when the core is
+    bound, the layers hand that stream out unchanged if their hooks pass it through)."""
 
-    __slots__ = ("core", "ctx", "last")
+    __slots__ = ("core", "core_factory", "ctx")
 
     def __init__(self, ctx: RuntimeContext, core: Layer) -> None:
         self.ctx = ctx
         self.core = core
-        self.last: EventStream[Any] | None = None
+        self.core_factory: Any = None
+
+
+LayerFunction = Callable[[_Run, Any], EventStream[Any]]
+"""``layer(run, input)``, bound to an execution's run as a method: the hook's ``next``."""
 
 
 class _Chain:
-    """The layers of one point, built once per agent from the inside out. A layer is
-    ``layer(run, input)``; a hook's ``next`` is the inner layer bound to the run. ``trace``:
-    every layer is bracketed (`_bracketed`)."""
+    """The layers of one point, built once per agent from the inside out. A hook's ``next`` is
+    the inner layer bound to the execution's `_Run` as a method (a plain Python call, as in any web
+    framework's middleware stack). ``trace``: every layer is bracketed (`_bracketed`)."""
 
     __slots__ = ("agent", "entry")
 
@@ -112,76 +119,71 @@ class _Chain:
         self, hooks: tuple[MiddlewareBase, ...], point: ExtensionPoint, agent: Any, core_bound: bool, trace: bool,
     ) -> None:
         self.agent = agent
-        n = len(hooks)
-
-        def core_layer(run: _Run, input: Any) -> EventStream[Any]:
-            stream = run.last = run.core(input)
-            return stream
-
-        layer: Callable[[_Run, Any], EventStream[Any]] = core_layer
-        bound = core_bound
-        for i in range(n - 1, -1, -1):
+        layer: LayerFunction = _bound_core if core_bound else _core
+        inner_bound = core_bound
+        for i in range(len(hooks) - 1, -1, -1):
             if trace:
                 layer = _bracketed(hooks[i], point, agent, layer)
             else:
-                layer = _layer(hooks[i], point, agent, i, layer, bound)
-            bound = True  # a layer's stream runs in the context of the layer that made it
+                layer = _layer(hooks[i], point, agent, layer, inner_bound, outermost=i == 0)
+            inner_bound = True  # a layer's stream runs in the context of the layer that made it
         self.entry = layer
 
 
-def _layer(
-    mw: MiddlewareBase, point: ExtensionPoint, agent: Any, index: int,
-    inner: Callable[[_Run, Any], EventStream[Any]], inner_bound: bool,
-) -> Callable[[_Run, Any], EventStream[Any]]:
-    """Hook ``index`` as a layer around ``inner``. ``inner_bound``: what ``inner`` returns already
-    runs in the context it was built in."""
-    hook = getattr(mw, point.value)
-    partial = functools.partial
+def _core(run: _Run, input: Any) -> EventStream[Any]:
+    return run.core(input)
 
-    outermost = index == 0
+
+def _bound_core(run: _Run, input: Any) -> EventStream[Any]:
+    """The core, its stream's factory kept for the layers: the factory runs in the context it
+    captured, so a layer whose hook passes the stream through needs no context wrapper."""
+    stream = run.core(input)
+    run.core_factory = stream._factory
+    return stream
+
+
+def _layer(
+    mw: MiddlewareBase, point: ExtensionPoint, agent: Any, inner: LayerFunction, inner_bound: bool, outermost: bool,
+) -> LayerFunction:
+    """Hook ``mw`` as a layer around ``inner``: the hook runs in a private copy of the context,
+    and so does the stream it returns, unless that stream runs in a context of its own already.
+    ``inner_bound``: what ``inner`` returns runs in the context it was built in."""
+    hook = getattr(mw, point.value)
 
     def layer(run: _Run, input: Any) -> EventStream[Any]:
         c = contextvars.copy_context()
-        run.last = None  # (a hook that never calls next() passes nothing through)
-        stream: EventStream[Any] = c.run(hook, agent, run.ctx, input, partial(inner, run))
-        below = run.last
-        if stream is below and inner_bound:
-            # Passed through: the inner layer already runs in a copy of this context, taken when
-            # next() was called (a copy made later would add nothing the inner code can see).
-            wrapped = stream
-        elif inner_bound and type(stream) is EventStream and (
-                (below is not None and stream._factory is below._factory)
-                or getattr(stream._factory, "context_free", False) is True):
-            # Runs in contexts of its own already: the inner stream with only fused maps added (the
-            # caches' and budgets' way; the maps run in the consumer's context either way), or a
-            # factory that only subscribes streams built inside this hook (`MapSource.context_free`,
-            # a retry's).
-            wrapped = stream
+        stream = c.run(hook, agent, run.ctx, input, MethodType(inner, run))
+        if outermost:
+            factory, run.core_factory = run.core_factory, None  # the run goes on without it
         else:
-            if type(stream) is not EventStream:
-                stream = c.run(_normalise, stream, mw, point)
-            # The inner factory runs in the copy; its fused operators are carried out to this
-            # layer's stream, so the maps of stacked hooks stay fused in one loop (one async layer
-            # in all). They run in the consumer's context either way: a generator runs where it
-            # is iterated.
-            wrapped = EventStream(InContext(c, stream._factory), stream._steps)
-        # (the outermost layer lets the inner streams go while the run goes on)
-        run.last = None if outermost else wrapped
-        return wrapped
+            factory = run.core_factory
+        if inner_bound and type(stream) is EventStream and (
+                stream._factory is factory or getattr(stream._factory, "context_free", False) is True):
+            # Runs in a context of its own already, to which a copy of this one would add
+            # nothing: the inner stream (passed through, or with fused maps added, the caches'
+            # and budgets' way: the maps run in the consumer's context either way), or a factory
+            # that holds its context or only subscribes streams built inside this hook
+            # (`MapSource.context_free`: an inner layer's `InContext`, a retry's).
+            return stream
+        if type(stream) is not EventStream:
+            stream = c.run(_normalise, stream, mw, point)
+        # The inner factory runs in the copy; its fused operators are carried out to this
+        # layer's stream, so the maps of stacked hooks stay fused in one loop (one async layer
+        # in all). They run in the consumer's context either way: a generator runs where it
+        # is iterated.
+        return EventStream(InContext(c, stream._factory), stream._steps)
 
     return layer
 
 
-def _bracketed(
-    mw: MiddlewareBase, point: ExtensionPoint, agent: Any, inner: Callable[[_Run, Any], EventStream[Any]],
-) -> Callable[[_Run, Any], EventStream[Any]]:
+def _bracketed(mw: MiddlewareBase, point: ExtensionPoint, agent: Any, inner: LayerFunction) -> LayerFunction:
     """Hook ``mw`` as a bracketed layer around ``inner``: its hook runs when the layer is
     subscribed, inside MiddlewareStarted/MiddlewareCompleted (`_traced`)."""
     hook = getattr(mw, point.value)
 
     def layer(run: _Run, input: Any) -> EventStream[Any]:
         def invoke(input: Any) -> EventStream[Any]:
-            return _normalise(hook(agent, run.ctx, input, functools.partial(inner, run)), mw, point)
+            return _normalise(hook(agent, run.ctx, input, MethodType(inner, run)), mw, point)
 
         return _traced(mw, point, invoke)(input)
 
