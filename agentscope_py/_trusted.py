@@ -17,7 +17,9 @@ from typing import Any, ClassVar, Generic, TypeVar, cast
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
-__all__ = ["Shape", "Trusted", "delta_maker", "shape", "trusted", "validated", "with_metadata", "with_source"]
+__all__ = [
+    "EventShape", "Shape", "Trusted", "delta_maker", "shape", "trusted", "validated", "with_metadata", "with_source",
+]
 
 _M = TypeVar("_M", bound=BaseModel)
 
@@ -49,7 +51,9 @@ class Trusted:
     * `shape` (``shape(C, *names).build(**values)``, the shape a module constant): ``C(**values)``
       for the messages the runtime rebuilds once per round — the reply and the tool results from
       the chains' events (with their blocks), the tool-result message, the user's text as a
-      message, a sum of usages; `build` (``trusted(C, **values)``) finds the shape per call;
+      message, a sum of usages; `build` (``trusted(C, **values)``) finds the shape per call. A
+      shape whose defaults are an event's (``id``, ``created_at``, ``metadata``) is an
+      `EventShape`, which sets those three without a loop;
     * `delta_maker` (``delta_maker(C, **ids)(text)``): ``C(**ids, delta=text)``, for the per-token
       deltas `PartsManager` and the acting path make (``functools.partial`` of `_delta` over a
       template: a maker lives as long as its block streams, and a served process holds thousands
@@ -128,6 +132,8 @@ class Trusted:
         if unknown or missing:
             raise TypeError(f"trusted({self.name}): unknown {sorted(unknown)}, missing {sorted(missing)}")
         factories = tuple((name, f) for name, f in self.factories.items() if name not in given)
+        if [name for name, _ in factories] == ["id", "created_at", "metadata"] and factories[2][1] is dict:
+            return EventShape(cls, self.template, factories, given)
         return Shape(cls, self.template, factories, given)
 
     # -- the builders ------------------------------------------------------------------------------
@@ -252,6 +258,35 @@ class Shape(Generic[_M]):
         """``cls(**values)``: `build`'s signature, for a site that picks one of the two by whether
         its values are typed."""
         return self.cls(**values)
+
+
+class EventShape(Shape[_M]):
+    """A `Shape` whose defaults are an event's (an ``id``, ``created_at`` and an empty
+    ``metadata``: most objects a run builds), set without a loop over the factories."""
+
+    __slots__ = ("event_id", "now")
+
+    def __init__(self, cls: type[_M], template: dict[str, Any], factories: tuple[tuple[str, Callable[[], Any]], ...],
+                 fields_set: set[str]) -> None:
+        super().__init__(cls, template, factories, fields_set)
+        self.event_id = factories[0][1]
+        self.now = factories[1][1]
+
+    def build(self, /, **values: Any) -> _M:
+        template = self.template
+        fields = {**template, **values}
+        if len(values) != self.size or len(fields) != len(template):
+            raise TypeError(f"trusted({self.cls.__name__}) takes {', '.join(sorted(self.fields_set))}, "
+                            f"not {', '.join(values)}")
+        fields["id"] = self.event_id()
+        fields["created_at"] = self.now()
+        fields["metadata"] = {}
+        made: _M = _new(self.cls)
+        _set_dict(made, fields)
+        _set_fields_set(made, self.fields_set)
+        _set_extra(made, None)
+        _set_private(made, None)
+        return made
 
 
 def _assemble(cls: type[_M], fields: dict[str, Any], fields_set: set[str],
