@@ -9,9 +9,11 @@ import base64
 import contextlib
 import datetime
 import gc
+import json
 import os
 import socket
 import sys
+from dataclasses import dataclass
 from typing import Any
 
 import anthropic
@@ -27,7 +29,7 @@ from agentscope_py.model import (
     RateLimitError,
     ServerError,
 )
-from agentscope_py.model._aiohttp import client_timeout
+from agentscope_py.model._aiohttp import body_bytes, client_timeout
 from agentscope_py.model.anthropic import AnthropicChatModel
 from agentscope_py.model.openai import OpenAIChatModel
 from agentscope_py.model.openai_responses import OpenAIResponsesModel
@@ -36,6 +38,12 @@ from .fakes import FakeServer, Reply, an_text, ask, collect, give_up, oa_chunk, 
 from .responses_wire import text_reply
 
 pytestmark = pytest.mark.timeout(20)
+
+
+@dataclass
+class _Point:
+    x: int
+    y: int
 
 
 def _no_proxies(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -237,9 +245,36 @@ async def test_a_value_only_the_sdk_encodes_goes_through_the_sdk(server: FakeSer
     assert server.requests[-1].body["metadata"] == {"at": when.isoformat()}  # the SDK's encoder wrote it
 
 
-async def test_nan_is_refused_as_the_sdk_refuses_it(make_openai: Any) -> None:
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf")])
+async def test_nan_is_refused_as_the_sdk_refuses_it(make_openai: Any, value: float) -> None:
     with pytest.raises(ValueError, match="JSON compliant"):
-        await collect(make_openai().stream(ask(options={"temperature": float("nan")})))
+        await collect(make_openai().stream(ask(options={"temperature": value})))
+
+
+@pytest.mark.parametrize("body", [
+    {"seed": 2**70, "n": -(2**64)},  # past 64 bits: orjson refuses them, the stdlib writes them
+    {"logit_bias": {50256: -100, 1.5: 1, True: 2, None: 3}},  # keys that are no strings
+    {"user": None, "content": "null", "stop": ["\u0000", "é\u2028", '"\\']},  # a null: written again
+    {"nested": [[[{"a": [1.5, 0.1, -0.0, 2**63 - 1, -(2**63), True, False, {}, []]}]]]},
+])
+def test_a_body_is_the_json_the_stdlib_writes(body: dict[str, Any]) -> None:
+    written = body_bytes(body)
+    assert written is not None
+    assert json.loads(written) == json.loads(json.dumps(body, ensure_ascii=False, separators=(",", ":")))
+
+
+@pytest.mark.parametrize("value", [datetime.datetime(2026, 1, 2), datetime.date(2026, 1, 2), datetime.time(3, 4),
+                                   _Point(1, 2), object()])
+def test_a_value_the_stdlib_does_not_write_leaves_the_body_to_the_sdk(value: Any) -> None:
+    assert body_bytes({"metadata": {"at": value}}) is None
+
+
+async def test_ints_past_64_bits_and_int_keys_go_out_over_aiohttp(server: FakeServer, make_openai: Any) -> None:
+    server.queue(Reply(oa_text("ok")))
+    await collect(make_openai().stream(ask(options={"seed": 2**70, "logit_bias": {50256: -100}})))
+    request = server.requests[-1]
+    assert request.body["seed"] == 2**70 and request.body["logit_bias"] == {"50256": -100}
+    assert "x-stainless-retry-count" not in request.headers  # not the SDK's
 
 
 @pytest.mark.parametrize("provider", ["openai", "anthropic"])
