@@ -230,6 +230,29 @@ async def test_the_sdk_clients_url_and_headers_go_out_over_aiohttp(
     assert anthropic.headers["anthropic-version"] and anthropic.headers["authorization"] == "Bearer sk-ant-test"
 
 
+async def test_a_key_url_or_organization_set_on_the_client_is_what_the_next_request_uses(
+        server: FakeServer, make_openai: Any, make_anthropic: Any) -> None:
+    server.queue(*(Reply(oa_text(f"r{i}")) for i in range(4)), Reply(an_text("a1")), Reply(an_text("a2")))
+    model = make_openai()
+    for _ in range(2):  # the second request reuses what the first read
+        await collect(model.stream(ask()))
+    model.client.api_key = "sk-rotated"
+    model.client.organization = "org-2"
+    await collect(model.stream(ask()))
+    model.client.base_url = f"{server.url}/v2"
+    await collect(model.stream(ask()))
+    claude = make_anthropic()
+    await collect(claude.stream(ask()))
+    claude.client.api_key = "sk-ant-rotated"
+    await collect(claude.stream(ask()))
+    sent = server.requests
+    assert [r.headers["authorization"] for r in sent] == ["Bearer sk-test"] * 2 + ["Bearer sk-rotated"] * 2 + [
+        "Bearer sk-ant-test", "Bearer sk-ant-rotated"]
+    assert [r.headers.get("openai-organization") for r in sent[:4]] == [None, None, "org-2", "org-2"]
+    assert [r.path for r in sent[:4]] == ["/v1/chat/completions"] * 3 + ["/v2/chat/completions"]
+    assert all("x-stainless-retry-count" not in r.headers for r in sent)  # all over aiohttp
+
+
 async def test_the_responses_model_goes_over_aiohttp(server: FakeServer, closing: list[Any]) -> None:
     server.queue(text_reply("hello"))
     model = OpenAIResponsesModel("gpt-fake", base_url=f"{server.url}/v1", api_key="sk", timeout=5)
