@@ -108,7 +108,7 @@ class SDKModel(ClientModel[S]):
     client_settings: ClassVar[attrgetter[tuple[Any, ...]]] = attrgetter("api_key", "base_url")
     """The public settings of the SDK client that its URL and headers follow from (a user may set
     them on ``model.client``): the URL and headers are read from the client again when one of
-    them is another object."""
+    them changed."""
 
     def __init__(self, model: str, base_url: str | None, api_key: str | None, *, client: S | None,
                  timeout: float | None, options: dict[str, Any],
@@ -157,7 +157,7 @@ class SDKModel(ClientModel[S]):
             if target.headers is not None:
                 body = body_bytes(wire_body(params))
                 if body is not None:
-                    return self._send(target, target.headers, params, body)
+                    return self._send(target.url, target.query, target.headers, params, body)
         return self._sdk_open(params)
 
     def _target(self, client: S) -> _Target:
@@ -178,22 +178,23 @@ class SDKModel(ClientModel[S]):
             target = self._sends_to = _Target(client, settings, url, client.default_query, headers)
         return target
 
-    def _send(self, target: _Target, default_headers: Mapping[str, str], params: Mapping[str, Any],
+    def _send(self, url: str, query: Mapping[str, object], headers: Mapping[str, str], params: Mapping[str, Any],
               body: bytes) -> AbstractAsyncContextManager[Any]:
-        headers = dict(default_headers)  # (the sender adds to it: a proxy's authorization)
+        """``POST`` to ``url`` (with the client's default ``query``) with the client's ``headers``,
+        and what ``params`` adds per call."""
+        sent = dict(headers)  # a copy: the call's own headers and a proxy's authorization go in
         extra = params.get("extra_headers")
         if extra:
             for name, value in extra.items():
                 if isinstance(value, str):
-                    headers[name] = value
+                    sent[name] = value
                 else:  # the SDK's ``Omit``: leave the default header out
-                    headers.pop(name, None)
-        url = target.url
-        query = {**target.query, **(params.get("extra_query") or {})}
-        if query:
-            url += "?" + urlencode(query, doseq=True)
+                    sent.pop(name, None)
+        queried = {**query, **(params.get("extra_query") or {})}
+        if queried:
+            url += "?" + urlencode(queried, doseq=True)
         timeout = client_timeout(params["timeout"]) if "timeout" in params else self._default_timeout
-        return self._http.open(self.provider, url, headers, body, timeout)
+        return self._http.open(self.provider, url, sent, body, timeout)
 
     def _error(self, exc: Exception) -> ModelError | None:
         """The typed error for what the SDK raised, or None for anything else (re-raised)."""
