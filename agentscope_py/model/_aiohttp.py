@@ -31,7 +31,7 @@ from __future__ import annotations
 import asyncio
 import json
 import urllib.request
-from collections.abc import AsyncGenerator, Mapping
+from collections.abc import AsyncGenerator, Callable, Mapping
 from typing import Any, NamedTuple
 
 import aiohttp
@@ -40,6 +40,13 @@ from yarl import URL
 from ._errors import error_from_status, message_of, quote, transport_error
 
 __all__ = ["AioHttpSender", "Timeouts", "body_bytes", "client_timeout"]
+
+_orjson_dumps: Callable[..., bytes] | None
+try:  # the server extra brings it; without it the stdlib writes every body
+    from orjson import OPT_PASSTHROUGH_DATACLASS, OPT_PASSTHROUGH_DATETIME, JSONEncodeError
+    from orjson import dumps as _orjson_dumps
+except ImportError:  # pragma: no cover - exercised only without orjson
+    _orjson_dumps = None
 
 POOL_SIZE = 1000
 """Connections a sender keeps at most (the SDKs' default pool size): a stream waits for a free
@@ -52,7 +59,25 @@ TRANSPORT_ERRORS: tuple[type[BaseException], ...] = (aiohttp.ClientError,)
 def body_bytes(body: Mapping[str, Any]) -> bytes | None:
     """The body as the SDKs write plain JSON: the stdlib's compact UTF-8, refusing NaN as they do
     (``ValueError``). None for a value only an SDK's encoder writes (a datetime, a pydantic model
-    in an option): that call goes through the SDK."""
+    in an option): that call goes through the SDK.
+
+    orjson, when installed, writes the same JSON in a tenth of the stdlib's time (the stdlib's
+    encoder would be the largest part of building a request), and the stdlib writes whatever orjson
+    does not write as the SDKs would: orjson refuses an int past 64 bits, a key that is no string
+    (the stdlib writes ``{1: …}`` as ``{"1": …}``), a datetime and a dataclass (passed through to
+    its missing ``default``), and writes NaN and the infinities as ``null``, so a body with a
+    ``null`` in it is written again by the stdlib, which refuses them. orjson also writes a UUID
+    (its string) and an enum member (its value), which the stdlib's and the SDKs' encoders refuse
+    with a ``TypeError``. Floats are the same numbers, not always the same digits (``1e-07`` is
+    orjson's ``1e-7``)."""
+    if _orjson_dumps is not None:
+        try:
+            written = _orjson_dumps(body, option=OPT_PASSTHROUGH_DATETIME | OPT_PASSTHROUGH_DATACLASS)
+        except JSONEncodeError:
+            pass
+        else:
+            if b"null" not in written:
+                return written
     try:
         return json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
     except TypeError:

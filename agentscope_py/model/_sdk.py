@@ -31,8 +31,9 @@ import contextlib
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AbstractAsyncContextManager
 from functools import partial
+from operator import attrgetter
 from types import ModuleType
-from typing import Any, ClassVar, Protocol, Self, TypeVar
+from typing import Any, ClassVar, NamedTuple, Protocol, Self, TypeVar
 from urllib.parse import urlencode
 
 import httpx2
@@ -81,6 +82,20 @@ class _SDKClient(Protocol):
 S = TypeVar("S", bound=_SDKClient)
 
 
+class _Target(NamedTuple):
+    """Where the aiohttp path sends, as an SDK client gives it (`SDKModel._target`)."""
+
+    client: Any
+    settings: tuple[Any, ...]
+    """The client's settings it was read for (`SDKModel.client_settings`)."""
+    url: str
+    """The endpoint's URL, without the client's default query."""
+    query: Mapping[str, object]
+    headers: dict[str, str] | None
+    """The default and auth headers; None when the SDK sends (auth that is not plain headers, or no
+    credentials at all: the SDK says what it looked for)."""
+
+
 class SDKModel(ClientModel[S]):
     """A model behind an SDK client ``S``. A subclass names its SDK module (``sdk``), its endpoint
     (``path``, under the client's base URL), the event that ends a complete stream
@@ -90,6 +105,10 @@ class SDKModel(ClientModel[S]):
     sdk: ClassVar[ModuleType]
     path: ClassVar[str]
     terminator: ClassVar[str]
+    client_settings: ClassVar[attrgetter[tuple[Any, ...]]] = attrgetter("api_key", "base_url")
+    """The public settings of the SDK client that its URL and headers follow from (a user may set
+    them on ``model.client``): the URL and headers are read from the client again when one of
+    them changed."""
 
     def __init__(self, model: str, base_url: str | None, api_key: str | None, *, client: S | None,
                  timeout: float | None, options: dict[str, Any],
@@ -102,6 +121,7 @@ class SDKModel(ClientModel[S]):
         self._sdk_sends = client is not None  # a user's client is honoured: its SDK sends
         self._http = AioHttpSender(http_session)
         self._default_timeout = client_timeout(self._client_timeout())
+        self._sends_to: _Target | None = None
 
     def _sdk_client(self, cls: Callable[..., S], **kw: Any) -> S:
         """The SDK client ``cls(**kw)`` the model makes: the SDK's own defaults, no retries."""
@@ -132,32 +152,49 @@ class SDKModel(ClientModel[S]):
     def _open(self, params: dict[str, Any]) -> AbstractAsyncContextManager[Any]:
         """The streamed response to the request ``params``: over aiohttp, or through the SDK
         (see the module docstring)."""
-        client = self.client
-        if not self._sdk_sends and client.custom_auth is None:
-            auth = client.auth_headers
-            if auth:  # (no credentials at all: the SDK says what it looked for)
+        if not self._sdk_sends:
+            target = self._target(self.client)
+            if target.headers is not None:
                 body = body_bytes(wire_body(params))
                 if body is not None:
-                    return self._send(client, auth, params, body)
+                    return self._send(target.url, target.query, target.headers, params, body)
         return self._sdk_open(params)
 
-    def _send(self, client: S, auth: Mapping[str, str], params: Mapping[str, Any],
+    def _target(self, client: S) -> _Target:
+        """The URL and headers ``client`` gives, read once for its settings: the SDKs compute them
+        on every access (their properties import modules and build dicts), while they change only
+        when a setting does."""
+        settings = type(self).client_settings(client)
+        target = self._sends_to
+        # (a tuple's == compares each element by identity first: equal settings cost no __eq__)
+        if target is None or target.client is not client or target.settings != settings:
+            headers: dict[str, str] | None = None
+            if client.custom_auth is None:
+                auth = client.auth_headers
+                if auth:
+                    headers = {k: v for k, v in client.default_headers.items() if isinstance(v, str)}
+                    headers.update(auth)
+            url = str(client.base_url).rstrip("/") + self.path
+            target = self._sends_to = _Target(client, settings, url, client.default_query, headers)
+        return target
+
+    def _send(self, url: str, query: Mapping[str, object], headers: Mapping[str, str], params: Mapping[str, Any],
               body: bytes) -> AbstractAsyncContextManager[Any]:
-        headers = {k: v for k, v in client.default_headers.items() if isinstance(v, str)}
-        headers.update(auth)
+        """``POST`` to ``url`` (with the client's default ``query``) with the client's ``headers``,
+        and what ``params`` adds per call."""
+        sent = dict(headers)  # a copy: the call's own headers and a proxy's authorization go in
         extra = params.get("extra_headers")
         if extra:
             for name, value in extra.items():
                 if isinstance(value, str):
-                    headers[name] = value
+                    sent[name] = value
                 else:  # the SDK's ``Omit``: leave the default header out
-                    headers.pop(name, None)
-        url = str(client.base_url).rstrip("/") + self.path
-        query = {**client.default_query, **(params.get("extra_query") or {})}
-        if query:
-            url += "?" + urlencode(query, doseq=True)
+                    sent.pop(name, None)
+        queried = {**query, **(params.get("extra_query") or {})}
+        if queried:
+            url += "?" + urlencode(queried, doseq=True)
         timeout = client_timeout(params["timeout"]) if "timeout" in params else self._default_timeout
-        return self._http.open(self.provider, url, headers, body, timeout)
+        return self._http.open(self.provider, url, sent, body, timeout)
 
     def _error(self, exc: Exception) -> ModelError | None:
         """The typed error for what the SDK raised, or None for anything else (re-raised)."""

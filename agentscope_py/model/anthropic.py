@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
+from operator import attrgetter
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, ClassVar, cast
 
@@ -77,6 +78,7 @@ class AnthropicChatModel(SDKModel[anthropic.AsyncAnthropic]):
     sdk: ClassVar[ModuleType] = anthropic
     terminator = "message_stop"
     path = "/v1/messages"
+    client_settings = attrgetter("api_key", "auth_token", "base_url")
 
     def __init__(
         self,

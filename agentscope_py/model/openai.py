@@ -15,6 +15,7 @@ import os
 import re
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
+from operator import attrgetter
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, ClassVar, cast
 
@@ -84,6 +85,7 @@ class OpenAIChatModel(SDKModel[openai.AsyncOpenAI]):
     sdk: ClassVar[ModuleType] = openai
     terminator = "[DONE]"
     path = "/chat/completions"
+    client_settings = attrgetter("api_key", "organization", "project", "base_url")
 
     def __init__(
         self,

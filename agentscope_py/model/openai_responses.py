@@ -23,6 +23,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from functools import partial
+from operator import attrgetter
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -99,6 +100,7 @@ class OpenAIResponsesModel(SDKModel[openai.AsyncOpenAI]):
     sdk: ClassVar[ModuleType] = openai
     terminator = "response.completed"
     path = "/responses"
+    client_settings = attrgetter("api_key", "organization", "project", "base_url")
 
     def __init__(
         self,

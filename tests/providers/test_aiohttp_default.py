@@ -9,9 +9,11 @@ import base64
 import contextlib
 import datetime
 import gc
+import json
 import os
 import socket
 import sys
+from dataclasses import dataclass
 from typing import Any
 
 import anthropic
@@ -27,7 +29,7 @@ from agentscope_py.model import (
     RateLimitError,
     ServerError,
 )
-from agentscope_py.model._aiohttp import client_timeout
+from agentscope_py.model._aiohttp import body_bytes, client_timeout
 from agentscope_py.model.anthropic import AnthropicChatModel
 from agentscope_py.model.openai import OpenAIChatModel
 from agentscope_py.model.openai_responses import OpenAIResponsesModel
@@ -36,6 +38,12 @@ from .fakes import FakeServer, Reply, an_text, ask, collect, give_up, oa_chunk, 
 from .responses_wire import text_reply
 
 pytestmark = pytest.mark.timeout(20)
+
+
+@dataclass
+class _Point:
+    x: int
+    y: int
 
 
 def _no_proxies(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -222,6 +230,29 @@ async def test_the_sdk_clients_url_and_headers_go_out_over_aiohttp(
     assert anthropic.headers["anthropic-version"] and anthropic.headers["authorization"] == "Bearer sk-ant-test"
 
 
+async def test_a_key_url_or_organization_set_on_the_client_is_what_the_next_request_uses(
+        server: FakeServer, make_openai: Any, make_anthropic: Any) -> None:
+    server.queue(*(Reply(oa_text(f"r{i}")) for i in range(4)), Reply(an_text("a1")), Reply(an_text("a2")))
+    model = make_openai()
+    for _ in range(2):  # the second request reuses what the first read
+        await collect(model.stream(ask()))
+    model.client.api_key = "sk-rotated"
+    model.client.organization = "org-2"
+    await collect(model.stream(ask()))
+    model.client.base_url = f"{server.url}/v2"
+    await collect(model.stream(ask()))
+    claude = make_anthropic()
+    await collect(claude.stream(ask()))
+    claude.client.api_key = "sk-ant-rotated"
+    await collect(claude.stream(ask()))
+    sent = server.requests
+    assert [r.headers["authorization"] for r in sent] == ["Bearer sk-test"] * 2 + ["Bearer sk-rotated"] * 2 + [
+        "Bearer sk-ant-test", "Bearer sk-ant-rotated"]
+    assert [r.headers.get("openai-organization") for r in sent[:4]] == [None, None, "org-2", "org-2"]
+    assert [r.path for r in sent[:4]] == ["/v1/chat/completions"] * 3 + ["/v2/chat/completions"]
+    assert all("x-stainless-retry-count" not in r.headers for r in sent)  # all over aiohttp
+
+
 async def test_the_responses_model_goes_over_aiohttp(server: FakeServer, closing: list[Any]) -> None:
     server.queue(text_reply("hello"))
     model = OpenAIResponsesModel("gpt-fake", base_url=f"{server.url}/v1", api_key="sk", timeout=5)
@@ -237,9 +268,36 @@ async def test_a_value_only_the_sdk_encodes_goes_through_the_sdk(server: FakeSer
     assert server.requests[-1].body["metadata"] == {"at": when.isoformat()}  # the SDK's encoder wrote it
 
 
-async def test_nan_is_refused_as_the_sdk_refuses_it(make_openai: Any) -> None:
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf")])
+async def test_nan_is_refused_as_the_sdk_refuses_it(make_openai: Any, value: float) -> None:
     with pytest.raises(ValueError, match="JSON compliant"):
-        await collect(make_openai().stream(ask(options={"temperature": float("nan")})))
+        await collect(make_openai().stream(ask(options={"temperature": value})))
+
+
+@pytest.mark.parametrize("body", [
+    {"seed": 2**70, "n": -(2**64)},  # past 64 bits: orjson refuses them, the stdlib writes them
+    {"logit_bias": {50256: -100, 1.5: 1, True: 2, None: 3}},  # keys that are no strings
+    {"user": None, "content": "null", "stop": ["\u0000", "é\u2028", '"\\']},  # a null: written again
+    {"nested": [[[{"a": [1.5, 0.1, -0.0, 2**63 - 1, -(2**63), True, False, {}, []]}]]]},
+])
+def test_a_body_is_the_json_the_stdlib_writes(body: dict[str, Any]) -> None:
+    written = body_bytes(body)
+    assert written is not None
+    assert json.loads(written) == json.loads(json.dumps(body, ensure_ascii=False, separators=(",", ":")))
+
+
+@pytest.mark.parametrize("value", [datetime.datetime(2026, 1, 2), datetime.date(2026, 1, 2), datetime.time(3, 4),
+                                   _Point(1, 2), object()])
+def test_a_value_the_stdlib_does_not_write_leaves_the_body_to_the_sdk(value: Any) -> None:
+    assert body_bytes({"metadata": {"at": value}}) is None
+
+
+async def test_ints_past_64_bits_and_int_keys_go_out_over_aiohttp(server: FakeServer, make_openai: Any) -> None:
+    server.queue(Reply(oa_text("ok")))
+    await collect(make_openai().stream(ask(options={"seed": 2**70, "logit_bias": {50256: -100}})))
+    request = server.requests[-1]
+    assert request.body["seed"] == 2**70 and request.body["logit_bias"] == {"50256": -100}
+    assert "x-stainless-retry-count" not in request.headers  # not the SDK's
 
 
 @pytest.mark.parametrize("provider", ["openai", "anthropic"])
