@@ -23,6 +23,7 @@ __all__ = [
     "arguments_text",
     "data_url",
     "event_json",
+    "exact_json",
     "merge_options",
     "reference",
     "result_parts",
@@ -135,12 +136,21 @@ bytes as they came: a payload is decoded once, by the JSON parser, `event_json`)
 def event_json(data: bytes, provider: str) -> Any:
     """An event's data as JSON, parsed from its bytes; `MalformedStreamError` when it is none.
     Bytes that are no UTF-8 read as the replacement character, as a text decoder with
-    ``errors="replace"`` would have them."""
+    ``errors="replace"`` would have them.
+
+    orjson reads an int past 64 bits as a float: good for what a reader takes from a payload as
+    numbers (token counts, indexes), not for values it hands on (a tool's input sent whole), which
+    it reads with `exact_json`."""
     if _loads is not None:
         try:
             return _loads(data)  # several times faster than json.loads on a chunk payload
         except ValueError:
-            pass  # what orjson refuses and json may take (NaN, ints past 64 bits, lone surrogates, bad UTF-8)
+            pass  # what orjson refuses and json may take (NaN, lone surrogates, bad UTF-8)
+    return exact_json(data, provider)
+
+
+def exact_json(data: bytes, provider: str) -> Any:
+    """`event_json` by the stdlib's parser, which keeps every int exact."""
     try:
         return json.loads(data.decode("utf-8", "replace"))
     except (ValueError, RecursionError):

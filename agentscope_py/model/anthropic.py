@@ -35,7 +35,7 @@ from ..message import (
     ToolResultState,
     ToolUseBlock,
 )
-from ._convert import event_json, merge_options, reference, result_parts
+from ._convert import event_json, exact_json, merge_options, reference, result_parts
 from ._errors import error_from_body, malformed, quote
 from ._sdk import SDKModel, streamed
 from .base import AuthenticationError, ChatChunk, ModelError, ModelRequest, ToolCallChunk, text_chunk, thinking_chunk
@@ -167,7 +167,10 @@ class _EventReader:
             self.model = message.get("model")
             self._count(message.get("usage"))
         elif kind == "content_block_start":
-            return list(_block_start(int(payload.get("index", 0)), payload.get("content_block") or {}))
+            block = payload.get("content_block") or {}
+            if block.get("input"):  # a tool's input sent whole: its values go to the tool as they came
+                block = exact_json(data, PROVIDER).get("content_block") or {}
+            return list(_block_start(int(payload.get("index", 0)), block))
         elif kind == "content_block_delta":
             return list(_block_delta(int(payload.get("index", 0)), payload.get("delta") or {}))
         elif kind == "message_delta":

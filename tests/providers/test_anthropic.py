@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from typing import Any
 
 import pytest
@@ -89,6 +90,22 @@ async def test_thinking_text_tool_use_with_pings(server: FakeServer, make_anthro
                    "input_schema": {"type": "object", "properties": {}}}],
         "temperature": 0.1, "top_k": 3,
     }
+
+
+async def test_a_whole_tool_input_keeps_its_numbers_exact(server: FakeServer, make_anthropic: Any) -> None:
+    # A tool input sent whole in its block's start: ints past 64 bits stay ints, digit for digit.
+    big, negative = 123456789012345678901234567890, -9223372036854775809
+    server.queue(Reply([
+        an_start(10),
+        *an_block(0, {"type": "tool_use", "id": "toolu_1", "name": "get_weather",
+                      "input": {"n": big, "m": negative, "f": 0.5}}, []),
+        *an_end("tool_use", 5),
+    ]))
+    chunks = await collect(make_anthropic().stream(ask()))
+    assert calls_of(chunks)[0][:2] == ("toolu_1", "get_weather")
+    arguments = calls_of(chunks)[0][2]
+    assert json.loads(arguments) == {"n": big, "m": negative, "f": 0.5}
+    assert str(big) in arguments
 
 
 async def test_usage_is_cumulative(server: FakeServer, make_anthropic: Any) -> None:
