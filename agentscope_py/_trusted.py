@@ -243,8 +243,7 @@ class Shape(Generic[_M]):
         template = self.template
         fields = {**template, **values}
         if len(values) != self.size or len(fields) != len(template):
-            raise TypeError(f"trusted({self.cls.__name__}) takes {', '.join(sorted(self.fields_set))}, "
-                            f"not {', '.join(values)}")
+            raise self.wrong(values)
         for name, factory in self.factories:
             fields[name] = factory()
         made: _M = _new(self.cls)
@@ -258,6 +257,11 @@ class Shape(Generic[_M]):
         """``cls(**values)``: `build`'s signature, for a site that picks one of the two by whether
         its values are typed."""
         return self.cls(**values)
+
+    def wrong(self, values: dict[str, Any]) -> TypeError:
+        """What `build` raises when ``values`` are not this shape's fields."""
+        return TypeError(f"trusted({self.cls.__name__}) takes {', '.join(sorted(self.fields_set))}, "
+                         f"not {', '.join(values)}")
 
 
 class EventShape(Shape[_M]):
@@ -276,8 +280,7 @@ class EventShape(Shape[_M]):
         template = self.template
         fields = {**template, **values}
         if len(values) != self.size or len(fields) != len(template):
-            raise TypeError(f"trusted({self.cls.__name__}) takes {', '.join(sorted(self.fields_set))}, "
-                            f"not {', '.join(values)}")
+            raise self.wrong(values)
         fields["id"] = self.event_id()
         fields["created_at"] = self.now()
         fields["metadata"] = {}
@@ -292,8 +295,8 @@ class EventShape(Shape[_M]):
 def _assemble(cls: type[_M], fields: dict[str, Any], fields_set: set[str],
               extra: dict[str, Any] | None = None, private: dict[str, Any] | None = None) -> _M:
     """The model ``cls`` with ``fields`` as its ``__dict__``, through pydantic's own slots (what
-    ``__copy__`` sets). `Shape.build` and `Trusted._delta`, which make nearly every object here,
-    set the same slots in line, with no extras and no private attributes."""
+    ``__copy__`` sets). `Shape.build`, `EventShape.build` and `Trusted._delta`, which make nearly
+    every object here, set the same slots in line, with no extras and no private attributes."""
     made: _M = _new(cls)
     _set_dict(made, fields)
     _set_fields_set(made, fields_set)

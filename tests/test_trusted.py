@@ -137,6 +137,19 @@ def test_a_calls_result_events_are_what_validation_gives_and_untyped_ids_are_val
         result_text("r", call, typing.cast(Any, 42))
 
 
+def test_an_events_shape_makes_what_its_constructor_makes_and_takes_only_its_own_fields() -> None:
+    end = shape(ev.AgentEnd, "reply_id")
+    made, built = end.build(reply_id="r1"), ev.AgentEnd(reply_id="r1")
+    assert made.model_dump(exclude={"id", "created_at"}) == built.model_dump(exclude={"id", "created_at"})
+    assert list(made.__dict__) == list(built.__dict__) and made.model_fields_set == built.model_fields_set
+    assert made.id != end.build(reply_id="r1").id and made.metadata == {}
+    assert made.metadata is not end.build(reply_id="r1").metadata  # a dict of its own each
+    with pytest.raises(TypeError, match=r"takes reply_id, not reply_id, nope"):
+        end.build(reply_id="r1", nope=1)
+    with pytest.raises(TypeError, match=r"takes reply_id, not $"):
+        end.build()
+
+
 def test_a_shape_takes_only_its_own_fields() -> None:
     result = shape(ToolResultBlock, "id", "name", "output")
     with pytest.raises(TypeError, match=r"takes id, name, output, not id, name, output, state"):
