@@ -39,9 +39,19 @@ async def tool_results(agent: ReActAgent, ctx: RuntimeContext | None = None) -> 
     return [b for m in state.context for b in m.tool_results]
 
 
+async def only_the_call_is_interrupted(agent: ReActAgent) -> None:
+    """The run of ``agent`` (a tool call, then the text "went on") goes on past the tool call,
+    which ends interrupted, and its caller is not cancelled."""
+    caller = asyncio.create_task(agent.call("go"))
+    msg = await asyncio.wait_for(caller, 2)
+    assert msg.text == "went on" and msg.generate_reason is GenerateReason.MODEL_STOP
+    assert caller.cancelling() == 0
+    assert [r.state for r in await tool_results(agent)] == [ToolResultState.INTERRUPTED]
+
+
 async def test_a_tool_that_cancels_its_own_task_interrupts_only_itself() -> None:
-    """A lone tool used to run inline in the run's task, where cancelling "its" task cancelled
-    the run; in a task of its own, only the call ends (interrupted) and the run goes on."""
+    """Run in the run's task, a tool that cancels "its" task would cancel the run; in a task of
+    its own, only the call ends (interrupted) and the run goes on."""
 
     @tool
     async def self_cancelling() -> str:
@@ -53,11 +63,7 @@ async def test_a_tool_that_cancels_its_own_task_interrupts_only_itself() -> None
         return "never"
 
     agent = agent_with(self_cancelling, ModelStep.tool_call("self_cancelling", {}), ModelStep.text("went on"))
-    caller = asyncio.create_task(agent.call("go"))
-    msg = await asyncio.wait_for(caller, 2)
-    assert msg.text == "went on" and msg.generate_reason is GenerateReason.MODEL_STOP
-    assert caller.cancelling() == 0
-    assert [r.state for r in await tool_results(agent)] == [ToolResultState.INTERRUPTED]
+    await only_the_call_is_interrupted(agent)
 
 
 async def test_a_tool_whose_timer_cancels_its_task_later_interrupts_only_itself() -> None:
@@ -75,11 +81,7 @@ async def test_a_tool_whose_timer_cancels_its_task_later_interrupts_only_itself(
         return "never"
 
     agent = agent_with(watched, ModelStep.tool_call("watched", {}), ModelStep.text("went on"))
-    caller = asyncio.create_task(agent.call("go"))
-    msg = await asyncio.wait_for(caller, 2)
-    assert msg.text == "went on" and msg.generate_reason is GenerateReason.MODEL_STOP
-    assert caller.cancelling() == 0
-    assert [r.state for r in await tool_results(agent)] == [ToolResultState.INTERRUPTED]
+    await only_the_call_is_interrupted(agent)
 
 
 async def test_cancelling_the_caller_while_a_tool_waits_cancels_the_caller_and_the_tool() -> None:
