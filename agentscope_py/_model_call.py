@@ -25,7 +25,7 @@ import contextvars
 import random
 import types
 from collections.abc import AsyncIterator, Callable, Generator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._control import RunControl
 from ._deadline import Deadline, DeadlineTimer
@@ -35,6 +35,9 @@ from .errors import AgentInterrupted
 from .events import AgentEvent
 from .model.base import ChatChunk, ChatModel, ModelError, ModelRequest
 from .stream import EventStream
+
+if TYPE_CHECKING:
+    from ._replies import ReplyBuilder
 
 __all__ = [
     "FailoverListener", "ModelCall", "ModelExecutor", "ModelRead", "RetryPolicy", "model_call_events",
@@ -143,12 +146,16 @@ def model_call_events(
     on_failover: FailoverListener | None,
     control: RunControl | None,
     deadline: Deadline | None = None,
+    reply: ReplyBuilder | None = None,
 ) -> AsyncIterator[AgentEvent]:
     """The events of one model call read once, by a consumer that iterates them itself (the agent
     loop when no hook wraps the call): `model_call_stream`'s one subscription, without the stream
-    object that lets hooks compose and re-subscribe to it."""
-    return model_events(ModelCall(models, request, reply_id, policy, on_failover, control, deadline,
-                                  contextvars.copy_context()), (), None)
+    object that lets hooks compose and re-subscribe to it. ``reply``: the builder that would be
+    the events' only reader; the call then yields none and hands the reply to it directly
+    (`PartsManager`)."""
+    call = ModelCall(models, request, reply_id, policy, on_failover, control, deadline, contextvars.copy_context())
+    call.reply = reply
+    return model_events(call, (), None)
 
 
 class ModelCall(MapSource):
@@ -156,7 +163,7 @@ class ModelCall(MapSource):
     which applies the stream's maps to each event itself, and takes a failure before its first
     event to the retry's ``recovery`` (`MapSource.recovering`)."""
 
-    __slots__ = ("control", "ctx", "deadline", "models", "on_failover", "policy", "reply_id", "request")
+    __slots__ = ("control", "ctx", "deadline", "models", "on_failover", "policy", "reply", "reply_id", "request")
 
     def __init__(
         self,
@@ -177,6 +184,7 @@ class ModelCall(MapSource):
         self.control = control
         self.deadline = deadline
         self.ctx = ctx
+        self.reply: ReplyBuilder | None = None  # (`model_call_events`: the events' only reader)
 
     def with_maps(self, maps: Maps) -> AsyncIterator[Any]:
         return model_events(self, maps, None)
@@ -445,16 +453,24 @@ async def _read(call: ModelCall, read: ModelRead) -> None:
                                                         exc)
         if read.timer is not None:
             read.timer.first_arrived()
-        parts = read.parts = PartsManager(call.reply_id, read.model.name)
+        parts = read.parts = PartsManager(call.reply_id, read.model.name, call.reply)
         out = read.out = parts.out
         if chunk is None or read.it is None:
             return
         feed, anext = parts.feed, read.it.__anext__
         feed(chunk)
         await _hand_over()
+        if call.reply is None:
+            while True:
+                feed(await anext())
+                if len(out) >= FAIR_TURN:
+                    await _pause()
+        fed = 0  # (no events to count: the reply goes to its builder, and the loop runs every FAIR_TURN chunks)
         while True:
             feed(await anext())
-            if len(out) >= FAIR_TURN:
+            fed += 1
+            if fed == FAIR_TURN:
+                fed = 0
                 await _pause()
     except StopAsyncIteration:
         _ended(read)
