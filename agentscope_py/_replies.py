@@ -71,11 +71,16 @@ class ReplyBuilder:
         self.calls_made = 0
 
     def add(self, ev: Any) -> None:
-        # One look-up by the event's type: about half of what reaches here (block starts and ends,
-        # tool call ends) changes nothing. Fields are read from the fields dict: an event's class
-        # has a __getattr__ (pydantic's), so each attribute read takes the slow path.
+        # A text delta (one per streamed token) goes straight to `text`; the rest by one look-up
+        # of the type: about half of them (block starts and ends, tool call ends) change nothing.
+        # Fields are read from the fields dict: an event's class has a __getattr__ (pydantic's),
+        # so each attribute read takes the slow path.
         fields = ev.__dict__
-        handle = _ON_EVENT.get(fields["type"])
+        kind = fields["type"]
+        if kind == "text_block_delta":
+            self.text(fields["block_id"], fields["delta"])
+            return
+        handle = _ON_EVENT.get(kind)
         if handle is not None:
             handle(self, fields)
 
@@ -162,7 +167,6 @@ class ReplyBuilder:
 
 
 _ON_EVENT: dict[str, Callable[[ReplyBuilder, dict[str, Any]], None]] = {
-    "text_block_delta": lambda b, f: b.text(f["block_id"], f["delta"]),
     "thinking_block_delta": lambda b, f: b.thinking(f["block_id"], f["delta"]),
     "thinking_block_end": lambda b, f: b.signed(f["block_id"], f["signature"]),
     "tool_call_start": lambda b, f: b.tool_call(f["tool_call_id"], f["tool_name"]),
@@ -170,7 +174,8 @@ _ON_EVENT: dict[str, Callable[[ReplyBuilder, dict[str, Any]], None]] = {
     "model_call_start": lambda b, f: b.begin(),
     "model_call_end": lambda b, f: b.end(f["usage"], f["finish_reason"], f["discarded"]),
 }
-"""What each event type that shapes the reply does to the builder (the other types change nothing)."""
+"""What each event type that shapes the reply does to the builder, but the text delta (`add`);
+the other types change nothing."""
 
 
 def _bad_delta(kind: str, parts: list[Any]) -> MiddlewareError:
