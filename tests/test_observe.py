@@ -176,6 +176,40 @@ async def test_a_call_nobody_reads_makes_no_model_call_event_and_answers_the_sam
     assert dump[0] == dump[1] and called.text == "3" and called.usage == result.usage
 
 
+class PassThrough(MiddlewareBase):
+    def on_model_call(self, agent: Any, ctx: Any, input: Any, next: Any) -> Any:
+        return next(input)
+
+
+class Shout(MiddlewareBase):
+    def on_model_call(self, agent: Any, ctx: Any, input: Any, next: Any) -> Any:
+        return next(input).map(lambda e: e.model_copy(update={"delta": e.delta.upper()})
+                                if type(e) is TextBlockDelta else e)
+
+
+@pytest.mark.parametrize("hooks", ["pass_through", "map"])
+async def test_hooks_that_pass_the_model_call_through_leave_it_unread(
+        monkeypatch: pytest.MonkeyPatch, hooks: str) -> None:
+    import agentscope_py._trusted as trusted
+
+    made: list[str] = []
+
+    def spy(cls: Any) -> Any:
+        if cls.__name__.startswith(("ModelCall", "TextBlockDelta", "ToolCall")):
+            made.append(cls.__name__)
+        return object.__new__(cls)
+
+    monkeypatch.setattr(trusted, "_new", spy)
+    middlewares = [PassThrough(), PassThrough()] if hooks == "pass_through" else [PassThrough(), Shout()]
+    steps = [ModelStep.tool_call("add", {"a": 1, "b": 2}), ModelStep.text("three")]
+    agent = ReActAgent.builder().model(ScriptedModel(steps)).tools(add).middlewares(middlewares).build()
+    reply = await agent.call("1 + 2?")
+    if hooks == "pass_through":  # nobody read the calls' events: none was made
+        assert made == [] and reply.text == "three"
+    else:  # a hook maps them: they are made, and the reply is what left the chain
+        assert {"ModelCallStart", "TextBlockDelta", "ToolCallDelta"} <= set(made) and reply.text == "THREE"
+
+
 async def test_an_observer_a_tool_adds_sees_the_model_calls_after_it() -> None:
     seen: list[Any] = []
 

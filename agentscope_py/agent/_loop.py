@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, cast
 from .._acting import ToolScope, acting_events
 from .._bracket_kinds import describe
 from .._deadline import Deadline
-from .._model_call import model_call_events, model_call_stream
+from .._model_call import model_call_events, model_call_stream, read_alone
 from .._replies import ReplyBuilder
 from .._trusted import shape
 from ..errors import AgentInterrupted, BusyError, PendingToolCallsError, ResumeError, StructuredOutputError
@@ -167,15 +167,13 @@ class Execution:
         would compose them). ``reply``: the builder the loop hands them to, if nothing else
         reads them before the loop.
 
-        In a run that publishes nothing and that nothing observes, that builder is their only
-        reader: the call hands it the reply itself and makes no event (`PartsManager`). Decided
-        as the call starts: an observer is added only by a hook or a tool of the run, and none
-        runs while a call that no hook wraps is read."""
+        In a run that publishes nothing and that nothing observes (`_unread`), that builder is
+        their only reader: the call hands it the reply itself and makes no event (`PartsManager`)."""
         models, request = self._request(messages, tools, options, self.agent.model)
         runtime = self.runtime
         if runtime.model_executor is not None:
             return runtime.model_executor(models, request, self.reply_id, self.control, None)
-        unread = reply if reply is not None and not self.publish and self.ctx.event_observer is None else None
+        unread = reply if reply is not None and self._unread() else None
         return model_call_events(models, request, self.reply_id, runtime.retry, runtime.failover_listener,
                                  self.control, None, unread)
 
@@ -223,7 +221,19 @@ class Execution:
         loop."""
         if self._model_call is None:
             return self._model_events(messages, tools, options, reply)
-        return self._model_call(ModelCallInput(messages, tools, options, self.agent.model))
+        stream = self._model_call(ModelCallInput(messages, tools, options, self.agent.model))
+        if reply is not None and self._unread():
+            # Hooks that passed the call's stream through untouched read none of its events.
+            alone = read_alone(stream, reply)
+            if alone is not None:
+                return alone
+        return stream
+
+    def _unread(self) -> bool:
+        """Whether nothing but the loop reads this run's events now: it publishes none, and no
+        observer is added (checked as each model call starts: an observer is added only by a hook,
+        which has run by then, or by a tool, which does not run while a model call is read)."""
+        return not self.publish and self.ctx.event_observer is None
 
     async def events(self, msgs: Sequence[Msg], publish: bool = True) -> AsyncIterator[AgentEvent]:
         """The run's events: the core of the ``on_agent`` chain, and the caller's stream itself when
