@@ -57,8 +57,8 @@ class PartsManager:
     appends them to ``out``, which the model call's generator (`_model_call.model_events`) hands
     to its consumer, chunk by chunk, in the consumer's task.
 
-    With ``reply`` (a `ReplyBuilder`), nobody reads the call's events (a ``call()`` with no hook
-    around the model call and no observer: their only reader would be that builder), so none is
+    With ``reply`` (a `ReplyBuilder`), nobody reads the call's events (a ``call()`` whose model
+    call no hook reads and nothing observes: their only reader would be that builder), so none is
     made: what the events would carry to the builder — each delta under its block's id, each
     tool call's name and arguments, the usage, the finish reason, whether the reply is kept — is
     handed to it directly, and ``out`` stays empty. The ids of blocks and calls are made as they
