@@ -477,13 +477,14 @@ async def _read(call: ModelCall, read: ModelRead, reply: ReplyBuilder | None) ->
                 feed(await anext())
                 if len(out) >= FAIR_TURN:
                     await _pause()
-        fed = 0  # (no events to count: the reply goes to its builder, and the loop runs every FAIR_TURN chunks)
-        while True:
-            feed(await anext())
-            fed += 1
-            if fed == FAIR_TURN:
-                fed = 0
-                await _pause()
+        else:  # no events to count (the reply goes to its builder): the loop runs every FAIR_TURN chunks
+            fed = 0
+            while True:
+                feed(await anext())
+                fed += 1
+                if fed == FAIR_TURN:
+                    fed = 0
+                    await _pause()
     except StopAsyncIteration:
         _ended(read)
     finally:
