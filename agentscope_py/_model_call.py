@@ -25,7 +25,7 @@ import contextvars
 import random
 import types
 from collections.abc import AsyncIterator, Callable, Generator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._control import RunControl
 from ._deadline import Deadline, DeadlineTimer
@@ -36,9 +36,12 @@ from .events import AgentEvent
 from .model.base import ChatChunk, ChatModel, ModelError, ModelRequest
 from .stream import EventStream
 
+if TYPE_CHECKING:
+    from ._replies import ReplyBuilder
+
 __all__ = [
     "FailoverListener", "ModelCall", "ModelExecutor", "ModelRead", "RetryPolicy", "model_call_events",
-    "model_call_stream", "model_events",
+    "model_call_stream", "model_events", "read_alone",
 ]
 
 FailoverListener = Callable[[ChatModel, BaseException, ChatModel], Any]
@@ -143,12 +146,26 @@ def model_call_events(
     on_failover: FailoverListener | None,
     control: RunControl | None,
     deadline: Deadline | None = None,
+    reply: ReplyBuilder | None = None,
 ) -> AsyncIterator[AgentEvent]:
     """The events of one model call read once, by a consumer that iterates them itself (the agent
     loop when no hook wraps the call): `model_call_stream`'s one subscription, without the stream
-    object that lets hooks compose and re-subscribe to it."""
+    object that lets hooks compose and re-subscribe to it. ``reply``: the builder that would be
+    the events' only reader; the call then yields none and hands the reply to it directly
+    (`PartsManager`)."""
     return model_events(ModelCall(models, request, reply_id, policy, on_failover, control, deadline,
-                                  contextvars.copy_context()), (), None)
+                                  contextvars.copy_context()), (), None, reply)
+
+
+def read_alone(stream: object, reply: ReplyBuilder) -> AsyncIterator[AgentEvent] | None:
+    """A model call's own stream (`model_call_stream`) that came back from the ``on_model_call``
+    hooks as it was (passed through: no operator added, not wrapped), subscribed by a consumer
+    that is the only reader of its events and hands them to ``reply``: the subscription hands the
+    reply to it directly instead, making no event (`PartsManager`). None for any other stream.
+    (A hook that subscribes the stream itself gets its own subscription, events and all.)"""
+    if type(stream) is EventStream and not stream._steps and type(stream._factory) is ModelCall:
+        return model_events(stream._factory, (), None, reply)
+    return None
 
 
 class ModelCall(MapSource):
@@ -305,8 +322,11 @@ class ModelRead(Generator[Any, Any, Any]):
         return AgentInterrupted("the model call was interrupted")
 
 
-async def model_events(call: ModelCall, maps: Maps, recovery: Recovery | None) -> AsyncIterator[Any]:
-    """The events of one model call, its maps applied, read in the task iterating this.
+async def model_events(
+    call: ModelCall, maps: Maps, recovery: Recovery | None, reply: ReplyBuilder | None = None,
+) -> AsyncIterator[Any]:
+    """The events of one model call, its maps applied, read in the task iterating this. With
+    ``reply``, none: the reply goes to that builder (`model_call_events`, `read_alone`).
 
     Nothing is yielded until the first chunk arrives, so a failure before it can be retried or
     failed over (here, `_recover`, or by a middleware: ``recovery``) cleanly. Its events are
@@ -333,7 +353,7 @@ async def model_events(call: ModelCall, maps: Maps, recovery: Recovery | None) -
             # chunk, whose events are handed over at once, then the chunks the provider has
             # without waiting, handed over when it would wait (`ModelRead.send`) or when it ends.
             read.filling = True
-            read.coro = ctx.run(_read, call, read)
+            read.coro = ctx.run(_read, call, read, reply)
             read.reading = True
             await read
             read.reading = False
@@ -421,7 +441,7 @@ async def model_events(call: ModelCall, maps: Maps, recovery: Recovery | None) -
         await _finish(read)
 
 
-async def _read(call: ModelCall, read: ModelRead) -> None:
+async def _read(call: ModelCall, read: ModelRead, reply: ReplyBuilder | None) -> None:
     """The whole read of the provider, inside the call's context: the first chunk (a failure
     before it goes to `_recover`; the deadline's first-event limit ends with it), the parts
     manager made for the model that gave it, then each chunk fed to it as it arrives. `ModelRead`
@@ -445,17 +465,26 @@ async def _read(call: ModelCall, read: ModelRead) -> None:
                                                         exc)
         if read.timer is not None:
             read.timer.first_arrived()
-        parts = read.parts = PartsManager(call.reply_id, read.model.name)
+        parts = read.parts = PartsManager(call.reply_id, read.model.name, reply)
         out = read.out = parts.out
         if chunk is None or read.it is None:
             return
         feed, anext = parts.feed, read.it.__anext__
         feed(chunk)
         await _hand_over()
-        while True:
-            feed(await anext())
-            if len(out) >= FAIR_TURN:
-                await _pause()
+        if reply is None:
+            while True:
+                feed(await anext())
+                if len(out) >= FAIR_TURN:
+                    await _pause()
+        else:  # no events to count (the reply goes to its builder): the loop runs every FAIR_TURN chunks
+            fed = 0
+            while True:
+                feed(await anext())
+                fed += 1
+                if fed == FAIR_TURN:
+                    fed = 0
+                    await _pause()
     except StopAsyncIteration:
         _ended(read)
     finally:

@@ -29,6 +29,7 @@ from .events import (
 from .message import ChatUsage, new_id
 
 if TYPE_CHECKING:
+    from ._replies import ReplyBuilder
     from .model.base import ChatChunk, ToolCallChunk
 
 __all__ = ["PartsManager", "delta_maker"]
@@ -56,6 +57,14 @@ class PartsManager:
     appends them to ``out``, which the model call's generator (`_model_call.model_events`) hands
     to its consumer, chunk by chunk, in the consumer's task.
 
+    With ``reply`` (a `ReplyBuilder`), nobody reads the call's events (a ``call()`` whose model
+    call no hook reads and nothing observes: their only reader would be that builder), so none is
+    made: what the events would carry to the builder — each delta under its block's id, each
+    tool call's name and arguments, the usage, the finish reason, whether the reply is kept — is
+    handed to it directly, and ``out`` stays empty. The ids of blocks and calls are made as they
+    would be, and a provider's values of another type are validated by the event they would
+    have gone into, so the reply is the one the events would have built.
+
     One text or thinking block is open at a time: text after thinking ends the thinking block,
     and the reverse; a tool call ends both. Tool calls are keyed by the provider's index (a new id
     at a known index ends the call there and opens a new one). `end` closes whatever is open and
@@ -79,17 +88,19 @@ class PartsManager:
     """
 
     __slots__ = (
-        "calls", "finish", "model", "out", "put", "reply_id", "signature", "text_carry", "text_id", "text_make",
-        "thinking_carry", "thinking_id", "thinking_make", "usage",
+        "calls", "finish", "model", "out", "put", "reply", "reply_id", "signature", "text_carry", "text_id",
+        "text_make", "thinking_carry", "thinking_id", "thinking_make", "usage",
     )
 
-    def __init__(self, reply_id: str, model: str) -> None:
+    def __init__(self, reply_id: str, model: str, reply: ReplyBuilder | None = None) -> None:
         if type(reply_id) is str and type(model) is str:
-            start = _MODEL_START.build(reply_id=reply_id, model=model)
+            start = None if reply is not None else _MODEL_START.build(reply_id=reply_id, model=model)
         else:  # (a model's name of another type, a reply id from elsewhere)
             start = ModelCallStart(reply_id=reply_id, model=model)
-        self.reply_id = start.reply_id
-        self.model = start.model
+            reply_id, model = start.reply_id, start.model
+        self.reply_id = reply_id
+        self.model = model
+        self.reply = reply
         self.out: list[Any] = []
         """The events of the chunk fed last (the consumer takes them and clears the list)."""
         self.put: Callable[[Any], None] = self.out.append
@@ -105,22 +116,29 @@ class PartsManager:
         self.calls: dict[int, tuple[str, str, Callable[[str], ToolCallDelta]]] = {}
         self.usage: ChatUsage | None = None
         self.finish: str | None = None
-        self.put(start)
+        if reply is not None:
+            reply.begin()
+        else:
+            self.put(start)
 
     def feed(self, chunk: ChatChunk) -> None:
-        """Append the events of ``chunk`` to ``out``."""
+        """Append the events of ``chunk`` to ``out`` (or hand its parts to ``reply``)."""
         # A signature alone opens its block too: reasoning a provider keeps opaque (an encrypted
         # Responses reasoning item without a summary) still has to be carried.
         if chunk.thinking or chunk.thinking_signature:
             self._thinking(chunk.thinking, chunk.thinking_signature)
         text = chunk.text
         if text:
-            if self.text_id is None:
-                self._open_text()
+            block_id = self.text_id
+            if block_id is None:
+                block_id = self._open_text()
             if not text.isascii():
                 text = self._text_carry().feed(text)
             if text:
-                self.put(self.text_make(text))
+                if self.reply is None:
+                    self.put(self.text_make(text))
+                else:
+                    self.reply.text(block_id, text)
         if chunk.tool_call is not None:
             self._tool_call(chunk.tool_call)
         if chunk.usage is not None:
@@ -136,14 +154,31 @@ class PartsManager:
         usage, finish = self.usage, self.finish
         # The provider's usage and finish reason: validated unless already a `ChatUsage` and a ``str``
         typed = (usage is None or type(usage) is ChatUsage) and (finish is None or type(finish) is str)
-        self.put((_MODEL_END.build if typed else _MODEL_END.validated)(
-            reply_id=self.reply_id, usage=usage, finish_reason=finish, model=self.model))
+        reply = self.reply
+        if reply is not None and typed:
+            reply.end(usage, finish, False)
+            return
+        end = (_MODEL_END.build if typed else _MODEL_END.validated)(
+            reply_id=self.reply_id, usage=usage, finish_reason=finish, model=self.model)
+        if reply is None:
+            self.put(end)
+        else:
+            reply.end(end.usage, end.finish_reason, False)
 
     def fail(self, error: BaseException, interrupted: bool) -> None:
         """The stream failed with ``error``: close the open blocks, then a ModelCallEnd that says
         why (``discarded`` unless it was interrupted). What a carry holds is dropped with the
         reply; the consumer takes these before it sees the error."""
-        put, reply_id = self.put, self.reply_id
+        reply, reply_id = self.reply, self.reply_id
+        if reply is not None:
+            if self.thinking_id is not None:
+                reply.signed(self.thinking_id, self.signature)
+            usage = self.usage
+            if usage is not None and type(usage) is not ChatUsage:  # (validated as the event validates it)
+                usage = ModelCallEnd(reply_id=reply_id, usage=usage, model=self.model).usage
+            reply.end(usage, None, not interrupted)
+            return
+        put = self.put
         if self.thinking_id is not None:
             put(ThinkingBlockEnd(reply_id=reply_id, block_id=self.thinking_id, signature=self.signature))
         if self.text_id is not None:
@@ -153,25 +188,35 @@ class PartsManager:
                          model=self.model))
 
     def _thinking(self, thinking: str | None, signature: str | None) -> None:
-        if self.thinking_id is None:
+        block_id = self.thinking_id
+        if block_id is None:
             self._end_text()
             self.thinking_id = block_id = new_id("blk_")
-            self.thinking_make = delta_maker(ThinkingBlockDelta, reply_id=self.reply_id, block_id=block_id)
-            self.put(ThinkingBlockStart(reply_id=self.reply_id, block_id=block_id))
+            if self.reply is None:
+                self.thinking_make = delta_maker(ThinkingBlockDelta, reply_id=self.reply_id, block_id=block_id)
+                self.put(ThinkingBlockStart(reply_id=self.reply_id, block_id=block_id))
         if thinking:
             if not thinking.isascii():
                 self.thinking_carry = self.thinking_carry or SurrogateCarry()
                 thinking = self.thinking_carry.feed(thinking)
             if thinking:
-                self.put(self.thinking_make(thinking))
+                self._thought(block_id, thinking)
         if signature:
             self.signature = (self.signature or "") + signature
 
-    def _open_text(self) -> None:
+    def _thought(self, block_id: str, thinking: str) -> None:
+        if self.reply is None:
+            self.put(self.thinking_make(thinking))
+        else:
+            self.reply.thinking(block_id, thinking)
+
+    def _open_text(self) -> str:
         self._end_thinking()
         self.text_id = block_id = new_id("blk_")
-        self.text_make = delta_maker(TextBlockDelta, reply_id=self.reply_id, block_id=block_id)
-        self.put(_TEXT_START.build(reply_id=self.reply_id, block_id=block_id))
+        if self.reply is None:
+            self.text_make = delta_maker(TextBlockDelta, reply_id=self.reply_id, block_id=block_id)
+            self.put(_TEXT_START.build(reply_id=self.reply_id, block_id=block_id))
+        return block_id
 
     def _text_carry(self) -> SurrogateCarry:
         if self.text_carry is None:
@@ -181,39 +226,58 @@ class PartsManager:
     def _tool_call(self, tc: ToolCallChunk) -> None:
         self._end_thinking()
         self._end_text()
+        reply = self.reply
         known = self.calls.get(tc.index)
         if known is None or (tc.id is not None and tc.id != known[0]):
-            if known is not None:  # a provider reusing an index for a new call
+            if known is not None and reply is None:  # a provider reusing an index for a new call
                 self.put(_CALL_END.build(reply_id=self.reply_id, tool_call_id=known[0], tool_name=known[1]))
             call_id, name = tc.id or new_id("call_"), tc.name or ""
             if type(call_id) is str and type(name) is str:
-                start = _CALL_START.build(reply_id=self.reply_id, tool_call_id=call_id, tool_name=name)
+                start = (None if reply is not None
+                         else _CALL_START.build(reply_id=self.reply_id, tool_call_id=call_id, tool_name=name))
             else:  # a provider's id or name of another type
                 start = ToolCallStart(reply_id=self.reply_id, tool_call_id=call_id, tool_name=name)
                 call_id, name = start.tool_call_id, start.tool_name
-            make = delta_maker(ToolCallDelta, reply_id=self.reply_id, tool_call_id=call_id, tool_name=name)
+            if reply is None:
+                make = delta_maker(ToolCallDelta, reply_id=self.reply_id, tool_call_id=call_id, tool_name=name)
+                self.put(start)
+            else:
+                make = _no_block
+                reply.tool_call(call_id, name)
             known = self.calls[tc.index] = (call_id, name, make)
-            self.put(start)
         if tc.arguments:
-            self.put(known[2](clean(tc.arguments)))
+            if reply is None:
+                self.put(known[2](clean(tc.arguments)))
+            else:
+                reply.tool_call(known[0], known[1], clean(tc.arguments))
 
     def _end_text(self) -> None:
-        if self.text_id is None:
+        block_id = self.text_id
+        if block_id is None:
             return
         if self.text_carry is not None and self.text_carry.held:
-            self.put(self.text_make(self.text_carry.flush()))
-        self.put(_TEXT_END.build(reply_id=self.reply_id, block_id=self.text_id))
+            if self.reply is None:
+                self.put(self.text_make(self.text_carry.flush()))
+            else:
+                self.reply.text(block_id, self.text_carry.flush())
+        if self.reply is None:
+            self.put(_TEXT_END.build(reply_id=self.reply_id, block_id=block_id))
         self.text_id = None
 
     def _end_thinking(self) -> None:
-        if self.thinking_id is None:
+        block_id = self.thinking_id
+        if block_id is None:
             return
         if self.thinking_carry is not None and self.thinking_carry.held:
-            self.put(self.thinking_make(self.thinking_carry.flush()))
-        self.put(ThinkingBlockEnd(reply_id=self.reply_id, block_id=self.thinking_id, signature=self.signature))
+            self._thought(block_id, self.thinking_carry.flush())
+        if self.reply is None:
+            self.put(ThinkingBlockEnd(reply_id=self.reply_id, block_id=block_id, signature=self.signature))
+        else:
+            self.reply.signed(block_id, self.signature)
         self.thinking_id, self.signature = None, None
 
     def _end_calls(self) -> None:
+        if self.reply is not None:
+            return
         for call_id, name, _ in self.calls.values():
             self.put(_CALL_END.build(reply_id=self.reply_id, tool_call_id=call_id, tool_name=name))
-

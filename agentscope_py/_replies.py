@@ -71,46 +71,58 @@ class ReplyBuilder:
         self.calls_made = 0
 
     def add(self, ev: Any) -> None:
-        # One look-up by the event's type: about half of what reaches here (block starts and ends,
-        # tool call ends) changes nothing. Fields are read from the fields dict: an event's class
-        # has a __getattr__ (pydantic's), so each attribute read takes the slow path.
+        # A text delta (one per streamed token) goes straight to `text`; the rest by one look-up
+        # of the type: about half of them (block starts and ends, tool call ends) change nothing.
+        # Fields are read from the fields dict: an event's class has a __getattr__ (pydantic's),
+        # so each attribute read takes the slow path.
         fields = ev.__dict__
-        handle = _ON_EVENT.get(fields["type"])
+        kind = fields["type"]
+        if kind == "text_block_delta":
+            self.text(fields["block_id"], fields["delta"])
+            return
+        handle = _ON_EVENT.get(kind)
         if handle is not None:
             handle(self, fields)
 
-    def _text_delta(self, fields: dict[str, Any]) -> None:
-        entry = self._blocks.get(fields["block_id"])
-        if entry is None:
-            entry = self._blocks[fields["block_id"]] = ["text", [], None]
-        entry[1].append(fields["delta"])
+    # What a model call's reply is made of, in the order it streams: the event handlers below
+    # (`_ON_EVENT`) take it from the events, and a `PartsManager` hands it here itself when nobody
+    # reads the call's events (``PartsManager(reply=...)``), so a reply is built one way either way.
 
-    def _thinking_delta(self, fields: dict[str, Any]) -> None:
-        entry = self._blocks.get(fields["block_id"])
-        if entry is None:
-            entry = self._blocks[fields["block_id"]] = ["thinking", [], None]
-        entry[1].append(fields["delta"])
-
-    def _thinking_end(self, fields: dict[str, Any]) -> None:
-        self._blocks.setdefault(fields["block_id"], ["thinking", [], None])[2] = fields["signature"]
-
-    def _tool_call_start(self, fields: dict[str, Any]) -> None:
-        self._blocks.setdefault(fields["tool_call_id"], ["tool", [], fields["tool_name"]])
-
-    def _tool_call_delta(self, fields: dict[str, Any]) -> None:
-        self._blocks.setdefault(fields["tool_call_id"], ["tool", [], fields["tool_name"]])[1].append(fields["delta"])
-
-    def _model_call_start(self, fields: dict[str, Any]) -> None:
+    def begin(self) -> None:
+        """A model call starts: the reply starts over (a retried or failed-over call leaves only its own)."""
         self._blocks = {}
         self.usage = None
         self.finish_reason = None
         self.calls_made += 1
 
-    def _model_call_end(self, fields: dict[str, Any]) -> None:
-        if fields["discarded"]:  # its partial reply is not remembered (what ``discarded`` says)
+    def text(self, block_id: str, delta: str) -> None:
+        entry = self._blocks.get(block_id)
+        if entry is None:
+            entry = self._blocks[block_id] = ["text", [], None]
+        entry[1].append(delta)
+
+    def thinking(self, block_id: str, delta: str) -> None:
+        entry = self._blocks.get(block_id)
+        if entry is None:
+            entry = self._blocks[block_id] = ["thinking", [], None]
+        entry[1].append(delta)
+
+    def signed(self, block_id: str, signature: str | None) -> None:
+        """A thinking block ends, with its signature."""
+        self._blocks.setdefault(block_id, ["thinking", [], None])[2] = signature
+
+    def tool_call(self, call_id: str, name: str, delta: str | None = None) -> None:
+        """A tool call opens (no ``delta``) or its arguments grow by ``delta``."""
+        entry = self._blocks.setdefault(call_id, ["tool", [], name])
+        if delta is not None:
+            entry[1].append(delta)
+
+    def end(self, usage: ChatUsage | None, finish_reason: str | None, discarded: bool) -> None:
+        """A model call ends; ``discarded``: its partial reply is not remembered."""
+        if discarded:
             self._blocks = {}
-        usage = self.usage = fields["usage"]
-        self.finish_reason = fields["finish_reason"]
+        self.usage = usage
+        self.finish_reason = finish_reason
         if usage is not None:
             total = self.usage_total
             self.usage_total = usage if total is None else total + usage
@@ -155,15 +167,15 @@ class ReplyBuilder:
 
 
 _ON_EVENT: dict[str, Callable[[ReplyBuilder, dict[str, Any]], None]] = {
-    "text_block_delta": ReplyBuilder._text_delta,
-    "thinking_block_delta": ReplyBuilder._thinking_delta,
-    "thinking_block_end": ReplyBuilder._thinking_end,
-    "tool_call_start": ReplyBuilder._tool_call_start,
-    "tool_call_delta": ReplyBuilder._tool_call_delta,
-    "model_call_start": ReplyBuilder._model_call_start,
-    "model_call_end": ReplyBuilder._model_call_end,
+    "thinking_block_delta": lambda b, f: b.thinking(f["block_id"], f["delta"]),
+    "thinking_block_end": lambda b, f: b.signed(f["block_id"], f["signature"]),
+    "tool_call_start": lambda b, f: b.tool_call(f["tool_call_id"], f["tool_name"]),
+    "tool_call_delta": lambda b, f: b.tool_call(f["tool_call_id"], f["tool_name"], f["delta"]),
+    "model_call_start": lambda b, f: b.begin(),
+    "model_call_end": lambda b, f: b.end(f["usage"], f["finish_reason"], f["discarded"]),
 }
-"""What each event type that shapes the reply does to the builder (the other types change nothing)."""
+"""What each event type that shapes the reply does to the builder, but the text delta (`add`);
+the other types change nothing."""
 
 
 def _bad_delta(kind: str, parts: list[Any]) -> MiddlewareError:

@@ -104,3 +104,38 @@ async def test_no_retry_and_no_fallback_acts_on_an_interrupt() -> None:
     msg = await asyncio.wait_for(caller, 2)
     assert msg.generate_reason is GenerateReason.INTERRUPTED
     assert acted == [] and backup.requests == []  # nothing was retried, no other model tried
+
+
+class PassesThrough(MiddlewareBase):
+    def on_model_call(self, agent: Any, ctx: Any, input: Any, next: Any) -> Any:
+        return next(input)
+
+
+async def test_a_call_whose_model_call_nobody_reads_is_interrupted_and_cancelled_the_same() -> None:
+    # No hook reads the model call (none, or one passing it through): the reply goes to the loop
+    # with no event made, and an interrupt or a cancellation keeps what it had as the turn's end.
+    for middlewares in ([], [PassesThrough()]):
+        model = Stalling()
+        agent = ReActAgent.builder().model(model).middlewares(middlewares).build()  # type: ignore[arg-type]
+        caller = asyncio.create_task(agent.call("go"))
+        await asyncio.wait_for(model.streaming.wait(), 2)
+        assert agent.interrupt()
+        msg = await asyncio.wait_for(caller, 2)
+        assert msg.generate_reason is GenerateReason.INTERRUPTED and msg.text == "partial "
+        assert model.cancelled and model.closed and caller.cancelling() == 0
+
+        model = Stalling()
+        agent = ReActAgent.builder().model(model).middlewares(middlewares).build()  # type: ignore[arg-type]
+        caller = asyncio.create_task(agent.call("go"))
+        await asyncio.wait_for(model.streaming.wait(), 2)
+        caller.cancel()
+        try:
+            await asyncio.wait_for(caller, 2)
+        except asyncio.CancelledError:
+            pass
+        else:
+            raise AssertionError("the caller's cancellation was swallowed")
+        state, _ = await agent.state_store.load("default", "default")
+        assert model.closed and state is not None
+        assert state.context[-1].generate_reason is GenerateReason.INTERRUPTED
+        assert state.context[-1].text == "partial "

@@ -352,6 +352,35 @@ async def test_a_model_that_never_waits_still_lets_the_loop_run_while_it_streams
     assert len(seen) == 500 and seen[-1] - seen[0] >= 500 // FAIR_TURN - 2
 
 
+async def test_a_call_nobody_reads_events_of_still_lets_the_loop_run_while_the_model_streams() -> None:
+    # call(): the reply goes to the loop with no event made, and the read still lets the loop run
+    # every FAIR_TURN chunks.
+    class NeverWaits:
+        name = "never-waits"
+
+        async def stream(self, request: ModelRequest) -> AsyncIterator[ChatChunk]:
+            for k in range(500):
+                yield ChatChunk(text=f"t{k} ")
+
+    ticks = 0
+
+    async def tick() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0)
+
+    ticker = asyncio.create_task(tick())
+    await asyncio.sleep(0)
+    start = ticks
+    try:
+        reply = await agent_of(NeverWaits()).call("go")
+    finally:
+        ticker.cancel()
+    assert reply.text == "".join(f"t{k} " for k in range(500))
+    assert ticks - start >= 500 // FAIR_TURN - 2
+
+
 async def test_a_consumer_that_leaves_while_the_next_read_waits_ends_it_through_the_providers_cleanup() -> None:
     # The consumer leaves holding an event while the provider waits for its next chunk: that read
     # is cancelled inside the provider, whose cleanup may itself await, and its stream is closed.

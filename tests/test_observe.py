@@ -150,3 +150,77 @@ def test_observing_before_any_run_is_refused() -> None:
     with pytest.raises(RuntimeError, match="no execution runs on this context yet"):
         RuntimeContext().observe(print)
 
+
+
+async def test_a_call_nobody_reads_makes_no_model_call_event_and_answers_the_same(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import agentscope_py._trusted as trusted
+
+    made: list[Any] = []
+
+    def spy(cls: Any) -> Any:  # (the runtime's events and messages are made through `_trusted._new`)
+        if cls.__name__.startswith(("ModelCall", "TextBlockStart", "TextBlockDelta", "TextBlockEnd", "ToolCall")):
+            made.append(cls.__name__)
+        return object.__new__(cls)
+
+    monkeypatch.setattr(trusted, "_new", spy)
+    called = await _agent().call("1 + 2?")
+    assert made == []  # (no hook wraps the model calls, nobody observes: the reply went to its builder)
+    streamed = [e async for e in _agent().stream("1 + 2?")]
+    assert {"ModelCallStart", "TextBlockDelta", "ToolCallDelta", "ModelCallEnd"} <= set(made)
+    result = streamed[-2].result
+    dump = [called.model_dump(exclude={"id", "metadata"}), result.model_dump(exclude={"id", "metadata"})]
+    for d in dump:
+        for block in d["content"]:
+            block.pop("id", None)
+    assert dump[0] == dump[1] and called.text == "3" and called.usage == result.usage
+
+
+class PassThrough(MiddlewareBase):
+    def on_model_call(self, agent: Any, ctx: Any, input: Any, next: Any) -> Any:
+        return next(input)
+
+
+class Shout(MiddlewareBase):
+    def on_model_call(self, agent: Any, ctx: Any, input: Any, next: Any) -> Any:
+        return next(input).map(lambda e: e.model_copy(update={"delta": e.delta.upper()})
+                                if type(e) is TextBlockDelta else e)
+
+
+@pytest.mark.parametrize("hooks", ["pass_through", "map"])
+async def test_hooks_that_pass_the_model_call_through_leave_it_unread(
+        monkeypatch: pytest.MonkeyPatch, hooks: str) -> None:
+    import agentscope_py._trusted as trusted
+
+    made: list[str] = []
+
+    def spy(cls: Any) -> Any:
+        if cls.__name__.startswith(("ModelCall", "TextBlockDelta", "ToolCall")):
+            made.append(cls.__name__)
+        return object.__new__(cls)
+
+    monkeypatch.setattr(trusted, "_new", spy)
+    middlewares = [PassThrough(), PassThrough()] if hooks == "pass_through" else [PassThrough(), Shout()]
+    steps = [ModelStep.tool_call("add", {"a": 1, "b": 2}), ModelStep.text("three")]
+    agent = ReActAgent.builder().model(ScriptedModel(steps)).tools(add).middlewares(middlewares).build()
+    reply = await agent.call("1 + 2?")
+    if hooks == "pass_through":  # nobody read the calls' events: none was made
+        assert made == [] and reply.text == "three"
+    else:  # a hook maps them: they are made, and the reply is what left the chain
+        assert {"ModelCallStart", "TextBlockDelta", "ToolCallDelta"} <= set(made) and reply.text == "THREE"
+
+
+async def test_an_observer_a_tool_adds_sees_the_model_calls_after_it() -> None:
+    seen: list[Any] = []
+
+    def watch(ctx: RuntimeContext) -> str:
+        """Start watching the run."""
+        ctx.observe(seen.append)
+        return "watching"
+
+    agent = ReActAgent.builder().model(ScriptedModel([ModelStep.tool_call("watch", {}), ModelStep.text("ok")])) \
+        .tools(watch).build()
+    assert (await agent.call("go")).text == "ok"
+    # From the tool's own result on: its end, then the whole next model call.
+    assert [e.type for e in seen] == ["tool_result_text_delta", "tool_result_end", "model_call_start", "text_block_start",
+                                      "text_block_delta", "text_block_end", "model_call_end"]

@@ -125,3 +125,55 @@ async def test_a_failure_mid_stream_closes_every_open_block_before_the_error() -
         ("model_call_end",),
     ]
     assert seen[-1].discarded is True and "the provider broke" in (seen[-1].error or "")
+
+
+def _script_of(case: str) -> Script:
+    high, low = "\ud83d", "\ude00"
+    if case == "every_part":
+        return Script([
+            ChatChunk(thinking_signature="sig-"), ChatChunk(thinking="hm" + high), ChatChunk(thinking=low),
+            ChatChunk(thinking_signature="1"), ChatChunk(text="Hi " + high), ChatChunk(text=low + "!"),
+            ChatChunk(tool_call=ToolCallChunk(index=0, id="c1", name="a", arguments='{"x"')),
+            ChatChunk(tool_call=ToolCallChunk(index=0, arguments=": 1}")),
+            ChatChunk(tool_call=ToolCallChunk(index=0, id="c2", name="b", arguments="{}")),
+            ChatChunk(tool_call=ToolCallChunk(index=1, id="c3", name="c", arguments='{"q": "\\ud800"}')),
+            ChatChunk(usage=ChatUsage(input_tokens=3, output_tokens=5), finish_reason="tool_calls"),
+        ])
+    if case == "text_after_thinking_held":
+        return Script([ChatChunk(thinking="t\ud83d"), ChatChunk(text="a" + high), ChatChunk(thinking="u")])
+    if case == "failed":
+        return Script([ChatChunk(thinking="hmm", thinking_signature="s"), ChatChunk(text="partial"),
+                       ChatChunk(usage=ChatUsage(input_tokens=1, output_tokens=1))], fail=Boom("broke"))
+    return Script([])
+
+
+@pytest.mark.parametrize("case", ["every_part", "text_after_thinking_held", "failed", "empty"])
+async def test_a_reply_handed_to_its_builder_is_the_one_its_events_build(case: str) -> None:
+    from agentscope_py._model_call import model_call_events
+    from agentscope_py._replies import ReplyBuilder
+
+    request = ModelRequest(messages=[])
+    from_events, direct = ReplyBuilder(), ReplyBuilder()
+    failures: list[str] = []
+    try:
+        async for event in model_call_events([_script_of(case)], request, "r1", RetryPolicy(), None, None):
+            from_events.add(event)
+    except Boom as exc:
+        failures.append(str(exc))
+    made: list[Any] = []
+    try:
+        async for event in model_call_events([_script_of(case)], request, "r1", RetryPolicy(), None, None,
+                                             reply=direct):
+            made.append(event)
+    except Boom as exc:
+        failures.append(str(exc))
+    assert made == []  # (the builder was the events' only reader: none is made)
+    assert failures == (["broke", "broke"] if case == "failed" else [])
+    for builder in (from_events, direct):
+        assert builder.calls_made == 1
+    assert (direct.usage, direct.usage_total, direct.finish_reason, direct.calls_tools, direct.produced) == (
+        from_events.usage, from_events.usage_total, from_events.finish_reason, from_events.calls_tools,
+        from_events.produced)
+    built = [b.build("m1", "agent").model_dump(exclude={"metadata"}) for b in (from_events, direct)]
+    assert built[0] == built[1]
+    assert built[0]["content"] or case in ("failed", "empty")

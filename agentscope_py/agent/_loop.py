@@ -10,8 +10,9 @@ AgentEnd.
 Each step of a run is a `_steps.Step`; what a completed step leads to is a typed `NextStep`.
 What the run knows lives in one `RunState`. What is published: every event leaving the
 reasoning and acting chains. What is remembered: the assistant message rebuilt from the events
-leaving the model-call chain, and the tool results rebuilt from the events leaving the acting
-chain.
+leaving the model-call chain (or handed to its builder by the call itself, when nothing but the
+loop would read them: `_model_events`), and the tool results rebuilt from the events leaving the
+acting chain.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from typing import TYPE_CHECKING, Any, cast
 from .._acting import ToolScope, acting_events
 from .._bracket_kinds import describe
 from .._deadline import Deadline
-from .._model_call import model_call_events, model_call_stream
+from .._model_call import model_call_events, model_call_stream, read_alone
 from .._replies import ReplyBuilder
 from .._trusted import shape
 from ..errors import AgentInterrupted, BusyError, PendingToolCallsError, ResumeError, StructuredOutputError
@@ -102,6 +103,7 @@ class Execution:
         self.control = RunControl()
         ctx.begin_run(self.reply_id, self.control, agent.name, runtime)
         self.run = run = RunState(self.reply_id, agent.name, ctx)
+        self.publish = True  # (`events`)
         self.options: Any = agent.model_options
         toolkit = agent.toolkit
         self.structured: StructuredOutput | None = None
@@ -158,16 +160,22 @@ class Execution:
 
     def _model_events(
         self, messages: Sequence[Msg], tools: Sequence[ToolSchema], options: Mapping[str, Any],
+        reply: ReplyBuilder | None,
     ) -> AsyncIterable[AgentEvent]:
         """The model call as the round's stream when no hook wraps it: read once, by the loop, so
         its events come straight from the call (no stream object, no `ModelCallInput`: nobody
-        would compose or read them)."""
+        would compose them). ``reply``: the builder the loop hands them to, if nothing else
+        reads them before the loop.
+
+        In a run that publishes nothing and that nothing observes (`_unread`), that builder is
+        their only reader: the call hands it the reply itself and makes no event (`PartsManager`)."""
         models, request = self._request(messages, tools, options, self.agent.model)
         runtime = self.runtime
         if runtime.model_executor is not None:
             return runtime.model_executor(models, request, self.reply_id, self.control, None)
+        unread = reply if reply is not None and self._unread() else None
         return model_call_events(models, request, self.reply_id, runtime.retry, runtime.failover_listener,
-                                 self.control)
+                                 self.control, None, unread)
 
     def _request(
         self, messages: Sequence[Msg], tools: Sequence[ToolSchema], options: Mapping[str, Any], model: ChatModel,
@@ -184,7 +192,8 @@ class Execution:
         async def gen() -> AsyncIterator[AgentEvent]:
             builder = run.builder = ReplyBuilder()
             add = builder.add
-            it = self._call_model(input.messages, input.tools, input.options).__aiter__()
+            # (the on_reasoning hooks read the events too: None, the call makes them)
+            it = self._call_model(input.messages, input.tools, input.options, None).__aiter__()
             try:
                 async for ev in it:
                     add(ev)
@@ -205,12 +214,26 @@ class Execution:
 
     def _call_model(
         self, messages: Sequence[Msg], tools: Sequence[ToolSchema], options: Mapping[str, Any],
+        reply: ReplyBuilder | None,
     ) -> AsyncIterable[AgentEvent]:
         """The ``on_model_call`` chain around the model call; the model call itself when no hook
-        wraps it."""
+        wraps it. ``reply``: the builder its events go to, when nothing else reads them but the
+        loop."""
         if self._model_call is None:
-            return self._model_events(messages, tools, options)
-        return self._model_call(ModelCallInput(messages, tools, options, self.agent.model))
+            return self._model_events(messages, tools, options, reply)
+        stream = self._model_call(ModelCallInput(messages, tools, options, self.agent.model))
+        if reply is not None and self._unread():
+            # Hooks that passed the call's stream through untouched read none of its events.
+            alone = read_alone(stream, reply)
+            if alone is not None:
+                return alone
+        return stream
+
+    def _unread(self) -> bool:
+        """Whether nothing but the loop reads this run's events now: it publishes none, and no
+        observer is added (checked as each model call starts: an observer is added only by a hook,
+        which has run by then, or by a tool, which does not run while a model call is read)."""
+        return not self.publish and self.ctx.event_observer is None
 
     async def events(self, msgs: Sequence[Msg], publish: bool = True) -> AsyncIterator[AgentEvent]:
         """The run's events: the core of the ``on_agent`` chain, and the caller's stream itself when
@@ -220,6 +243,7 @@ class Execution:
         run's own bracket (`AgentStart`, `AgentResult`, `AgentEnd`), which only a caller sees, is
         not made."""
         agent, ctx, run, runtime = self.agent, self.ctx, self.run, self.runtime
+        self.publish = publish
         key, gates, strategy = (ctx.user_id, ctx.session_id), runtime.gates, self.strategy
         gates.check(key, strategy, runtime.max_queued)  # refused before it started: no event at all
         if publish:
@@ -365,7 +389,7 @@ class Execution:
             # rebuilt here rather than in a reasoning core.
             builder = run.builder = ReplyBuilder()
             run.view = None  # callers see what memory keeps
-            return Step(REASON, self._call_model(messages, tools, self.options), builder.add,
+            return Step(REASON, self._call_model(messages, tools, self.options, builder), builder.add,
                         ExtensionPoint.ON_MODEL_CALL)
         run.builder = None
         # What callers see of the reply (after every on_reasoning rewrite) is what the result holds;
@@ -468,7 +492,7 @@ class Execution:
         run.transient = [Msg.user(SUMMARY_PROMPT, name="system", synthetic=True)]
         messages = run.messages()
         builder = run.builder = ReplyBuilder()
-        async with aclosing(self._call_model(messages, (), self.agent.model_options).__aiter__()) as it:
+        async with aclosing(self._call_model(messages, (), self.agent.model_options, builder).__aiter__()) as it:
             async for ev in it:
                 builder.add(ev)
                 yield ev
