@@ -820,12 +820,14 @@ def print_table(summary: dict[str, Any]) -> None:
     t = summary["targets"]
     if t:
         print("\ntargets (agentscope-py):")
-        checks = [
+        checks: list[tuple[str, str, Callable[[float], bool] | None]] = [
             ("us_per_run_5mw_call", "µs per run, 5 middleware (≤ 250)", lambda v: v <= 250),
             ("fastest_peer_ratio", "fastest peer ÷ agentscope-py (≥ 10)", lambda v: v >= 10),
             ("us_per_hook_call", "µs per hook call, (20mw − 5mw) ÷ 45 (≤ 1)", lambda v: v <= 1),
             ("mw20_over_mw5_call", "20 mw ÷ 5 mw (< 2)", lambda v: v < 2),
-            ("stream_over_call_5mw", "stream ÷ call, 5 mw (≤ 1.10)", lambda v: v <= 1.10),
+            # No target: a call() nobody observes makes no model-call events, so this is what the
+            # events cost the runs that want them.
+            ("stream_over_call_5mw", "stream ÷ call, 5 mw", None),
             ("kib_per_inflight_run", "KiB per in-flight run (≤ 20)", lambda v: v <= 20),
             # ≤ 1.5: nested − separate, the cost a sub-agent call adds, is at most one run's (half the pair)
             ("subagent_over_separate_call", "sub-agent call ÷ 2 separate runs, call (≤ 1.5)", lambda v: v <= 1.5),
@@ -833,7 +835,8 @@ def print_table(summary: dict[str, Any]) -> None:
         ]
         for key, label, ok in checks:
             if key in t:
-                print(f"  {label:<46} {t[key]:>10.2f}  {'met' if ok(t[key]) else 'MISSED'}")
+                verdict = "" if ok is None else "met" if ok(t[key]) else "MISSED"
+                print(f"  {label:<46} {t[key]:>10.2f}  {verdict}")
     for note in summary["notes"]:
         print(f"note: {note}")
     if not summary["finished"]:
