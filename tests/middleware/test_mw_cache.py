@@ -273,6 +273,31 @@ async def test_cache_in_front_of_the_runtime_retry_stores_the_attempt_that_succe
     assert second[-2].result.text == "after retry" and second[1].metadata["cache"] == "hit"
 
 
+async def test_only_the_attempt_after_the_last_model_call_start_is_stored() -> None:
+    from agentscope_py.events import Custom, ModelCallStart, TextBlockDelta, TextBlockStart
+    from agentscope_py.stream import EventStream
+
+    class AbandonsAnAttempt(MiddlewareBase):
+        # Emits a stray event and an attempt it gives up on (a start and a block, no end) before
+        # the call's own events, as an inner retry that starts over might.
+        def on_model_call(self, agent: Any, ctx: Any, input: Any, next: Any) -> Any:
+            rid = ctx.reply_id
+            stray = [Custom(name="note", data={}), ModelCallStart(reply_id=rid, model="m"),
+                     TextBlockStart(reply_id=rid, block_id="b0"),
+                     TextBlockDelta(reply_id=rid, block_id="b0", delta="abandoned")]
+            return EventStream.concat(stray, next(input))
+
+    cache = ResponseCacheMiddleware()
+    model = ScriptedModel([answer("kept")], name="m")
+    agent = ReActAgent.builder().model(model).middlewares([cache, AbandonsAnAttempt()]).build()
+    await agent.stream("hi", ctx=ctx("a")).to_list()
+    second = await agent.stream("hi", ctx=ctx("b")).to_list()
+    assert cache.hits == 1 and len(model.requests) == 1
+    assert types(second)[1:8] == ["model_call_start", "text_block_start", "text_block_delta", "text_block_delta",
+                                  "text_block_delta", "text_block_end", "model_call_end"]
+    assert "".join(e.delta for e in second if e.type == "text_block_delta") == "kept"
+
+
 async def test_usage_accounting_outside_sees_a_hit_as_free() -> None:
     usage = UsageAccountingMiddleware()
     model = ScriptedModel([answer()])

@@ -119,51 +119,31 @@ class ModelRecorder:
 
 def model_tap(store: Any, key: str, ttl: float | None) -> Callable[[Any], Any]:
     """`ModelRecorder`'s work in a run (``ctx.reply_id`` known: nothing to learn from the events),
-    for a store that answers at once: a fused map that only appends each event; at a ModelCallEnd
-    of this call it takes the events from the last ModelCallStart (an inner retry's earlier
-    attempts fall away) and stores them when the call succeeded. One append and one class test
-    per event."""
+    for a store that answers at once: a fused map that appends each event; a ModelCallStart of
+    this call starts the recording over (an inner retry's earlier attempts, and what an inner
+    middleware emitted before the start, fall away), and at a ModelCallEnd of this call the
+    events since that start are stored when the call succeeded. Two class tests and one append
+    per event: the recording holds this call's events only, so the end has nothing to search."""
     buf: list[AgentEvent] = []
-    append = buf.append
-    end_cls = ModelCallEnd
+    append, clear = buf.append, buf.clear
+    start_cls, end_cls = ModelCallStart, ModelCallEnd
 
     def record(ev: Any) -> Any:
+        cls = ev.__class__
+        if cls is start_cls:
+            if ev.source is None:
+                clear()
+        elif cls is end_cls and ev.source is None:
+            append(ev)
+            first = buf[0]
+            if ev.error is None and not ev.discarded and first.__class__ is start_cls and first.source is None:
+                store.set_nowait(key, tuple(buf), ttl)  # (the store keeps the tuple: no second copy)
+            clear()
+            return ev
         append(ev)
-        if ev.__class__ is end_cls and ev.source is None:
-            events = _take_call(buf)
-            if events is not None:
-                store.set_nowait(key, events, ttl)
         return ev
 
     return record
-
-
-def _take_call(buf: list[AgentEvent]) -> tuple[AgentEvent, ...] | None:
-    """At a ModelCallEnd (the last of ``buf``): this call's events if it succeeded; ``buf`` is
-    emptied."""
-    end: Any = buf[-1]
-    if end.error is not None or end.discarded:  # failed or cut short: nothing is stored
-        buf.clear()
-        return None
-    # The call's ModelCallStart is nearly always the first event recorded; else the last start
-    # before the end.
-    first: Any = buf[0]
-    if first.__class__ is ModelCallStart and first.source is None and ModelCallStart not in map(type, buf[1:]):
-        events: tuple[AgentEvent, ...] | None = tuple(buf)  # (the store keeps a tuple: no second copy)
-    else:
-        i = _last_start(buf)
-        events = tuple(buf[i:]) if i >= 0 else None
-    buf.clear()
-    return events
-
-
-def _last_start(buf: list[AgentEvent]) -> int:
-    """The index of the last ModelCallStart of this call (not a sub-agent's) in ``buf``, or -1."""
-    for i in range(len(buf) - 2, -1, -1):
-        ev: Any = buf[i]
-        if ev.__class__ is ModelCallStart and ev.source is None:
-            return i
-    return -1
 
 
 class ToolRecorder:

@@ -14,7 +14,7 @@
 What is stored: only complete, successful replies — a model call whose ModelCallEnd passed with
 no ``error`` and not ``discarded`` (never one that raised, was cut short or closed early), a tool
 result that ended with state ``success``. Misses are recorded by a fused ``map`` (one list append
-and one class test per event, no stream layer of its own), and stored when the ModelCallEnd / ToolResultEnd passes
+and a class test or two per event, no stream layer of its own), and stored when the ModelCallEnd / ToolResultEnd passes
 (the async stores: when the stream completes).
 
 How a hit shows: the replayed ModelCallStart and ModelCallEnd (ToolResultStart and ToolResultEnd)
