@@ -348,9 +348,10 @@ async def _invoke(
     of the result the model sees."""
     name = call.name
     limit = None if tool is None else tool.timeout
-    by = ""  # who set the limit when it is not the tool's own timeout
     if deadline is not None and deadline.total is not None and (limit is None or deadline.total < limit):
-        limit, by = deadline.total, f" ({deadline.by})"
+        limit = deadline.total  # (a timeout's error then names who set it: ``deadline.by``)
+    else:
+        deadline = None  # the tool's own timeout counts, if any
     timer: DeadlineTimer | None = None
     chunks: tuple[Any, ...] = ()
     try:
@@ -370,6 +371,7 @@ async def _invoke(
             await (tool_output if scope.executor is None else scope.executor)(scope, call, tool, channel)
     except (asyncio.CancelledError, AgentInterrupted):  # (a sub-agent interrupted with its caller)
         if timer is not None and timer.stop() and not scope.control.interrupted:
+            by = "" if deadline is None else f" ({deadline.by})"
             return ToolResultState.ERROR, f"Error: {name} timed out after {limit:g} s{by}.", ()
         return ToolResultState.INTERRUPTED, INTERRUPTED_TEXT, ()
     except SubAgentPaused:
