@@ -274,14 +274,16 @@ class FirstFailure(MapSource):
         first = self.first
         factory, own = first._factory, maps_of(first._steps)
         if own is not None and isinstance(factory, MapSource):
-            recovery: Recovery = (len(own), _BOOKKEEPING, partial(self._resume, maps))
+            # (The maps of the layers outside, when there are any, go to the resumed attempts.)
+            resume = partial(self._resume, maps=maps) if maps else self._resume
+            recovery: Recovery = (len(own), _BOOKKEEPING, resume)
             it = factory.recovering(own + maps, recovery)
             if it is not None:
                 return it
         attempts = Attempts(first, self.again, "first")
         return apply_maps(attempts, maps) if maps else attempts
 
-    async def _resume(self, maps: Maps, error: Exception) -> AsyncIterator[AgentEvent]:
+    async def _resume(self, error: Exception, maps: Maps = ()) -> AsyncIterator[AgentEvent]:
         """The first attempt failed before its first event: the next attempts, as `Attempts` makes
         them (with the maps of the layers outside)."""
         earlier: list[tuple[str, BaseException]] = []
