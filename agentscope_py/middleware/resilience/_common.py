@@ -258,17 +258,25 @@ class FirstFailure(MapSource):
     prefetch, under any number of hooks that only add maps), the subscription is that stream's
     own iterator, and the next attempts (`Attempts`) are only made after a failure: a call that
     does not fail passes through no iterator of ours. Elsewhere (a hook inside that wraps the
-    stream, hook tracing) `Attempts` does it, as it does the other modes."""
+    stream, hook tracing) `Attempts` does it, as it does the other modes.
 
-    __slots__ = ("again", "first")
+    Each middleware's subclass keeps what its next attempt needs (the hook's context, input and
+    ``next``) and makes that attempt in `again`: the one object made per call, nothing else until
+    a failure."""
+
+    __slots__ = ("first",)
 
     # Subscribing reads no context: ``first`` was built by next() inside the hook (it carries its
     # own), and the next attempts are made where the consumer reads (as `Attempts` makes them).
     context_free = True
 
-    def __init__(self, first: EventStream[AgentEvent], again: Again) -> None:
+    def __init__(self, first: EventStream[AgentEvent]) -> None:
         self.first = first
-        self.again = again
+
+    def again(self, earlier: list[tuple[str, BaseException]], error: BaseException,
+              emitted: bool) -> Awaitable[EventStream[AgentEvent] | None]:
+        """The next attempt's stream, or None to give up (`Again`)."""
+        raise NotImplementedError
 
     def with_maps(self, maps: Maps) -> AsyncIterator[AgentEvent]:
         first = self.first
