@@ -126,10 +126,7 @@ async def iterate(items: Iterable[Any]) -> AsyncIterator[Any]:
 
 def maps_of(steps: tuple[Step, ...]) -> Maps | None:
     """The functions of ``steps`` when all are maps, else None. In C, with no Python frame per
-    step: every subscription of a mapped stream asks (``MAP`` is the only kind that is 0), and a
-    retry or a budget asks of the stream it wraps, which most often has no steps at all."""
-    if not steps:
-        return ()
+    step: every subscription of a mapped stream asks (``MAP`` is the only kind that is 0)."""
     if any(map(_kind, steps)):
         return None
     return tuple(map(_fn, steps))

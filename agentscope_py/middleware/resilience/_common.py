@@ -280,7 +280,8 @@ class FirstFailure(MapSource):
 
     def with_maps(self, maps: Maps) -> AsyncIterator[AgentEvent]:
         first = self.first
-        factory, own = first._factory, maps_of(first._steps)
+        factory, steps = first._factory, first._steps
+        own = maps_of(steps) if steps else ()
         if own is not None and isinstance(factory, MapSource):
             # (The maps of the layers outside, when there are any, go to the resumed attempts.)
             resume = partial(self._resume, maps=maps) if maps else self._resume
