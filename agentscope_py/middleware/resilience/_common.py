@@ -278,7 +278,7 @@ class FirstFailure(MapSource):
         """The next attempt's stream, or None to give up (`Again`)."""
         raise NotImplementedError
 
-    def with_maps(self, maps: Maps) -> AsyncIterator[AgentEvent]:
+    def with_maps(self, maps: Maps = ()) -> AsyncIterator[AgentEvent]:
         first = self.first
         factory, steps = first._factory, first._steps
         own = maps_of(steps) if steps else ()
@@ -291,6 +291,8 @@ class FirstFailure(MapSource):
                 return it
         attempts = Attempts(first, self.again, "first")
         return apply_maps(attempts, maps) if maps else attempts
+
+    __call__ = with_maps  # (a subscription with no maps, the usual one: `MapSource.__call__` in one call)
 
     async def _resume(self, error: Exception, maps: Maps = ()) -> AsyncIterator[AgentEvent]:
         """The first attempt failed before its first event: the next attempts, as `Attempts` makes

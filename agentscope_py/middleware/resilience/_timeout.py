@@ -43,7 +43,6 @@ if TYPE_CHECKING:
 __all__ = ["TimeoutMiddleware"]
 
 
-
 class TimeoutMiddleware(MiddlewareBase):
     """Deadlines, each optional (at least one): ``first_event_timeout`` and ``model_timeout`` per
     model call, ``tool_timeout`` per tool call, ``run_timeout`` per run. Active only at the points
