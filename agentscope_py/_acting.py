@@ -281,7 +281,7 @@ async def _run_tool(scope: ToolScope, run: _Call, deadline: Deadline | None) -> 
     events: list[AgentEvent] = []
     try:
         if not scope.control.interrupted:  # (interrupted before this first step: the tool never runs)
-            state, error_text, chunks = await _invoke(scope, call, run.tool, channel, deadline, journal)
+            state, error_text, chunks = await _invoke(scope, call, run.tool, channel, deadline, task, journal)
             if chunks:
                 events = _output_at_once(scope.reply_id, run, chunks)
         if journal is not None:
@@ -341,16 +341,17 @@ INTERRUPTED_TEXT = "The tool call was interrupted."
 
 async def _invoke(
     scope: ToolScope, call: ToolUseBlock, tool: Tool | None, channel: Channel | None, deadline: Deadline | None,
-    journal: ToolJournal | None = None,
+    task: asyncio.Task[Any], journal: ToolJournal | None = None,
 ) -> tuple[ToolResultState, str | None, tuple[Any, ...]]:
-    """Run the tool: with a ``channel``, its output goes there as events; without, it returns
-    once (`Tool.call_once`) and its chunks are returned. Every failure becomes the state and text
-    of the result the model sees."""
+    """Run the tool, in ``task`` (the call's own, which a timeout cancels): with a ``channel``, its
+    output goes there as events; without, it returns once (`Tool.call_once`) and its chunks are
+    returned. Every failure becomes the state and text of the result the model sees."""
     name = call.name
     limit = None if tool is None else tool.timeout
-    by = ""  # who set the limit when it is not the tool's own timeout
     if deadline is not None and deadline.total is not None and (limit is None or deadline.total < limit):
-        limit, by = deadline.total, f" ({deadline.by})"
+        limit = deadline.total  # (a timeout's error then names who set it: ``deadline.by``)
+    else:
+        deadline = None  # the tool's own timeout counts, if any
     timer: DeadlineTimer | None = None
     chunks: tuple[Any, ...] = ()
     try:
@@ -361,7 +362,7 @@ async def _invoke(
             raise ToolArgumentError(f"the arguments for {name} are not a JSON object: "
                                     f"{arguments_problem(call.raw_input)}")
         if limit is not None:
-            timer = DeadlineTimer(limit)  # kept in this task: it cancels the tool, not the run
+            timer = DeadlineTimer(limit, None, task)  # it cancels the tool, not the run
         if journal is not None:
             await journal.intent(call, tool)  # durable before the tool runs; if it fails, the tool never runs
         if channel is None:
@@ -370,6 +371,7 @@ async def _invoke(
             await (tool_output if scope.executor is None else scope.executor)(scope, call, tool, channel)
     except (asyncio.CancelledError, AgentInterrupted):  # (a sub-agent interrupted with its caller)
         if timer is not None and timer.stop() and not scope.control.interrupted:
+            by = "" if deadline is None else f" ({deadline.by})"
             return ToolResultState.ERROR, f"Error: {name} timed out after {limit:g} s{by}.", ()
         return ToolResultState.INTERRUPTED, INTERRUPTED_TEXT, ()
     except SubAgentPaused:

@@ -175,6 +175,40 @@ async def test_nested_deadlines_only_tighten_and_the_shorter_names_its_setter() 
     assert inner.within(None) is inner
 
 
+def test_with_deadline_is_replace_with_the_deadline_tightened_and_the_copy_stays_frozen() -> None:
+    import dataclasses
+
+    from agentscope_py import ActingInput, ModelCallInput, Msg, ToolUseBlock
+
+    model = ScriptedModel([])
+    outer = Deadline(total=5, first_event=1, by="Outer")
+    records: list[Any] = [ModelCallInput([Msg.user("hi")], [], {"t": 1}, model),
+                          ModelCallInput((Msg.user("hi"),), (), {}, model, outer),
+                          ActingInput([ToolUseBlock(id="c", name="t", input={})]),
+                          ActingInput((), outer)]
+
+    @dataclasses.dataclass(frozen=True, slots=True, init=False)
+    class Tagged(ModelCallInput):  # a subclass: its own field is kept (by replace)
+        tag: str = "x"
+
+        def __init__(self, messages: Any, tools: Any, options: Any, model: Any, deadline: Any = None,
+                     tag: str = "x") -> None:
+            ModelCallInput.__init__(self, messages, tools, options, model, deadline)
+            object.__setattr__(self, "tag", tag)
+
+    records.append(Tagged((), (), {}, model, None, "kept"))
+    for record in records:
+        for deadline in (Deadline(total=0.1), Deadline(total=9, first_event=2)):
+            copy = record.with_deadline(deadline)
+            assert type(copy) is type(record)
+            assert copy == record.replace(deadline=deadline.within(record.deadline))
+            assert copy.deadline.total == min(deadline.total, (record.deadline or deadline).total)
+            assert record.deadline in (None, outer)  # the original is left as it was
+            with pytest.raises(dataclasses.FrozenInstanceError):
+                copy.deadline = None  # type: ignore[misc]
+    assert records[-1].with_deadline(Deadline(total=1)).tag == "kept"
+
+
 def test_bad_timeouts_are_refused_at_construction() -> None:
     for kwargs in ({}, {"model_timeout": 0}, {"first_event_timeout": -1}, {"tool_timeout": "5"},
                    {"run_timeout": True}):

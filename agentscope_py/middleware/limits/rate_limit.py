@@ -155,16 +155,17 @@ class InMemoryBucketStore:
                 return False  # (the general path evicts, or handles a request bigger than the bucket)
             buckets[key] = [burst - need, now]
             return True
-        tokens = entry[0]
-        if now > entry[1]:
-            tokens = tokens + (now - entry[1]) * rate
+        tokens, at = entry
+        if now > at:
+            tokens += (now - at) * rate
             if tokens > burst:
                 tokens = burst
+            at = now
         if tokens < need:
             return False
         buckets.move_to_end(key)
         entry[0] = tokens - need
-        entry[1] = now if now > entry[1] else entry[1]
+        entry[1] = at
         return True
 
     def refund_nowait(self, key: Hashable, need: float, burst: float) -> None:
@@ -319,9 +320,15 @@ class RateLimitMiddleware(MiddlewareBase):
         """Runs once per call, when its stream is built (``next()`` reaching this layer): a call
         that finds its tokens is the inner stream itself, returned unchanged (no layer at all)."""
         key = self._keys.get(tag) or (tag, self._key(ctx))
-        store = self.store
         if self._take is not None and self._take(key, need, self.rate, self.burst):
             return next(input)
+        return self._reserve(key, need, next, input)
+
+    def _reserve(self, key: tuple[str, Hashable], need: float, next: Next, input: Any) -> Any:
+        """A call that did not find its tokens at once (or a store that cannot say without
+        awaiting): refused, passed, or a stream that waits for its turn. Apart from `_admit`, so
+        the variables the waiting stream's closure keeps are made only for such a call."""
+        store = self.store
         found = store.reserve_nowait(key, need, self.rate, self.burst, self.max_wait)
         if found is not None:
             if found.granted and found.wait <= 0:

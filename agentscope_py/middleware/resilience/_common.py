@@ -258,30 +258,43 @@ class FirstFailure(MapSource):
     prefetch, under any number of hooks that only add maps), the subscription is that stream's
     own iterator, and the next attempts (`Attempts`) are only made after a failure: a call that
     does not fail passes through no iterator of ours. Elsewhere (a hook inside that wraps the
-    stream, hook tracing) `Attempts` does it, as it does the other modes."""
+    stream, hook tracing) `Attempts` does it, as it does the other modes.
 
-    __slots__ = ("again", "first")
+    Each middleware's subclass keeps what its next attempt needs (the hook's context, input and
+    ``next``) and makes that attempt in `again`: the one object made per call, nothing else until
+    a failure."""
+
+    __slots__ = ("first",)
 
     # Subscribing reads no context: ``first`` was built by next() inside the hook (it carries its
     # own), and the next attempts are made where the consumer reads (as `Attempts` makes them).
     context_free = True
 
-    def __init__(self, first: EventStream[AgentEvent], again: Again) -> None:
+    def __init__(self, first: EventStream[AgentEvent]) -> None:
         self.first = first
-        self.again = again
 
-    def with_maps(self, maps: Maps) -> AsyncIterator[AgentEvent]:
+    def again(self, earlier: list[tuple[str, BaseException]], error: BaseException,
+              emitted: bool) -> Awaitable[EventStream[AgentEvent] | None]:
+        """The next attempt's stream, or None to give up (`Again`)."""
+        raise NotImplementedError
+
+    def with_maps(self, maps: Maps = ()) -> AsyncIterator[AgentEvent]:
         first = self.first
-        factory, own = first._factory, maps_of(first._steps)
+        factory, steps = first._factory, first._steps
+        own = maps_of(steps) if steps else ()
         if own is not None and isinstance(factory, MapSource):
-            recovery: Recovery = (len(own), _BOOKKEEPING, partial(self._resume, maps))
+            # (The maps of the layers outside, when there are any, go to the resumed attempts.)
+            resume = partial(self._resume, maps=maps) if maps else self._resume
+            recovery: Recovery = (len(own), _BOOKKEEPING, resume)
             it = factory.recovering(own + maps, recovery)
             if it is not None:
                 return it
         attempts = Attempts(first, self.again, "first")
         return apply_maps(attempts, maps) if maps else attempts
 
-    async def _resume(self, maps: Maps, error: Exception) -> AsyncIterator[AgentEvent]:
+    __call__ = with_maps  # (a subscription with no maps, the usual one: `MapSource.__call__` in one call)
+
+    async def _resume(self, error: Exception, maps: Maps = ()) -> AsyncIterator[AgentEvent]:
         """The first attempt failed before its first event: the next attempts, as `Attempts` makes
         them (with the maps of the layers outside)."""
         earlier: list[tuple[str, BaseException]] = []

@@ -1,7 +1,7 @@
 """`TimeoutMiddleware`: deadlines for a model call, each tool call, and the whole run.
 
 A model call's and a tool call's deadlines are not kept by a layer around their streams: the hook
-passes a `Deadline` inward on the record (``input.replace(deadline=…)``) and the innermost call
+passes a `Deadline` inward on the record (``input.with_deadline(…)``) and the innermost call
 keeps it in the task it runs in (`_deadline`). So an installed timeout that never fires costs
 about what a pass-through hook does, a consumer busy with an event is never interrupted, and a
 call that finished in time never fails because its consumer was slow to read it.
@@ -41,14 +41,6 @@ if TYPE_CHECKING:
     from ...extension.base import AgentView
 
 __all__ = ["TimeoutMiddleware"]
-
-
-
-# The hooks below copy the records field by field: a record that gains a field must be copied
-# here too (this fails at import instead of dropping the field silently).
-if (ModelCallInput.__match_args__ != ("messages", "tools", "options", "model", "deadline")
-        or ActingInput.__match_args__ != ("tool_calls", "deadline")):
-    raise TypeError("TimeoutMiddleware copies ModelCallInput/ActingInput by their fields: update it")
 
 
 class TimeoutMiddleware(MiddlewareBase):
@@ -95,20 +87,10 @@ class TimeoutMiddleware(MiddlewareBase):
         return EventStream(partial(_timed_stream, inner, limit))
 
     def on_model_call(self, agent: AgentView, ctx: RuntimeContext, input: ModelCallInput, next: Next) -> Any:
-        outer = input.deadline  # (within(None) is the deadline itself: no call for the common case)
-        deadline = self._model_deadline if outer is None else self._model_deadline.within(outer)
-        if type(input) is not ModelCallInput:  # (a subclass: its own fields are replace()'s to copy)
-            return next(input.replace(deadline=deadline))
-        # input.replace(deadline=...) by the record's own constructor: replace() is generic (a loop
-        # over the fields by name), and this runs on every model call.
-        return next(ModelCallInput(input.messages, input.tools, input.options, input.model, deadline))
+        return next(input.with_deadline(self._model_deadline))
 
     def on_acting(self, agent: AgentView, ctx: RuntimeContext, input: ActingInput, next: Next) -> Any:
-        outer = input.deadline
-        deadline = self._tool_deadline if outer is None else self._tool_deadline.within(outer)
-        if type(input) is not ActingInput:
-            return next(input.replace(deadline=deadline))
-        return next(ActingInput(input.tool_calls, deadline))  # (as on_model_call)
+        return next(input.with_deadline(self._tool_deadline))
 
 
 class _Watch:

@@ -126,10 +126,10 @@ class RetryMiddleware(MiddlewareBase):
 
     def on_model_call(self, agent: AgentView, ctx: RuntimeContext, input: ModelCallInput, next: Next) -> Any:
         # Each subscription counts its own retries afresh.
-        again = partial(self._again, ctx, input, next)
+        call = _Retried(next(input), self, ctx, input, next)
         if self.mode == "first":
-            return EventStream(FirstFailure(next(input), again))
-        return EventStream(partial(Attempts, next(input), again, self.mode))
+            return EventStream(call)
+        return EventStream(partial(Attempts, call.first, call.again, self.mode))
 
     async def _again(self, ctx: RuntimeContext, input: ModelCallInput, next: Next,
                      earlier: list[tuple[str, BaseException]], error: BaseException,
@@ -190,25 +190,52 @@ class ModelFallbackMiddleware(MiddlewareBase):
         return frozenset({ExtensionPoint.ON_MODEL_CALL})
 
     def on_model_call(self, agent: AgentView, ctx: RuntimeContext, input: ModelCallInput, next: Next) -> Any:
-        first = next(input)
-        chain = (input.model, *self.models)
-
-        async def again(earlier: list[tuple[str, BaseException]], error: BaseException,
-                        emitted: bool) -> EventStream[AgentEvent] | None:
-            # (Stateless: each subscription's attempts so far are ``earlier``.)
-            i = len(earlier)
-            if not self._fallback_on(error) or i + 1 >= len(chain):
-                note_earlier(error, earlier)
-                return None
-            failed, following = chain[i], chain[i + 1]
-            earlier.append((f"{i + 1} ({failed.name})", error))
-            if self._on_failover is not None:
-                await _maybe_await(self._on_failover(failed, error, following))
-            return next(input.replace(model=following))
-
+        call = _FailedOver(next(input), self, input, next)
         if self.mode == "first":
-            return EventStream(FirstFailure(first, again))
-        return EventStream(partial(Attempts, first, again, self.mode))
+            return EventStream(call)
+        return EventStream(partial(Attempts, call.first, call.again, self.mode))
+
+    async def _again(self, input: ModelCallInput, next: Next, earlier: list[tuple[str, BaseException]],
+                     error: BaseException) -> EventStream[AgentEvent] | None:
+        # (Stateless: each subscription's attempts so far are ``earlier``.)
+        chain = (input.model, *self.models)
+        i = len(earlier)
+        if not self._fallback_on(error) or i + 1 >= len(chain):
+            note_earlier(error, earlier)
+            return None
+        failed, following = chain[i], chain[i + 1]
+        earlier.append((f"{i + 1} ({failed.name})", error))
+        if self._on_failover is not None:
+            await _maybe_await(self._on_failover(failed, error, following))
+        return next(input.replace(model=following))
+
+
+class _Retried(FirstFailure):
+    """One model call under `RetryMiddleware`: its first attempt, and what the next ones need."""
+
+    __slots__ = ("ctx", "input", "mw", "next")
+
+    def __init__(self, first: EventStream[AgentEvent], mw: RetryMiddleware, ctx: RuntimeContext,
+                 input: ModelCallInput, next: Next) -> None:
+        self.first, self.mw, self.ctx, self.input, self.next = first, mw, ctx, input, next
+
+    def again(self, earlier: list[tuple[str, BaseException]], error: BaseException,
+              emitted: bool) -> Awaitable[EventStream[AgentEvent] | None]:
+        return self.mw._again(self.ctx, self.input, self.next, earlier, error, emitted)
+
+
+class _FailedOver(FirstFailure):
+    """One model call under `ModelFallbackMiddleware`: its first attempt, and what the next need."""
+
+    __slots__ = ("input", "mw", "next")
+
+    def __init__(self, first: EventStream[AgentEvent], mw: ModelFallbackMiddleware, input: ModelCallInput,
+                 next: Next) -> None:
+        self.first, self.mw, self.input, self.next = first, mw, input, next
+
+    def again(self, earlier: list[tuple[str, BaseException]], error: BaseException,
+              emitted: bool) -> Awaitable[EventStream[AgentEvent] | None]:
+        return self.mw._again(self.input, self.next, earlier, error)
 
 
 def _failure_text(error: BaseException, attempts: int) -> str:
