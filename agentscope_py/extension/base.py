@@ -135,15 +135,6 @@ def _slot_writers(cls: type[_Record]) -> tuple[Callable[[Any, Any], None], ...]:
     return tuple(cls.__dict__[name].__set__ for name in cls.__match_args__)
 
 
-def _blank(cls: type[_Record]) -> type[Any]:
-    """A plain class with the slots of the record ``cls``. The records a timeout puts its deadline
-    on are copied on every model and tool call (`with_deadline`): the copy is made as one of
-    these, its fields written as any object's, and then made a ``cls`` by ``__class__``
-    assignment (which CPython allows between classes whose instances have the same layout). A
-    frozen record's own writes each go through a descriptor call; this copy makes none."""
-    return type(f"_Blank{cls.__name__}", cls.__bases__, {"__slots__": cls.__slots__})
-
-
 @dataclass(frozen=True, slots=True, init=False)
 class AgentInput(_Record):
     """The messages one ``call``/``stream`` execution was given."""
@@ -203,17 +194,11 @@ class ModelCallInput(_Record):
             deadline = deadline.within(self.deadline)
         if type(self) is not ModelCallInput:  # (a subclass: its own fields are replace()'s to copy)
             return cast(ModelCallInput, self.replace(deadline=deadline))
-        new = _BlankModelCallInput()
-        new.messages, new.tools, new.options, new.model = self.messages, self.tools, self.options, self.model
-        new.deadline = deadline
-        new.__class__ = ModelCallInput
-        copy: ModelCallInput = new
-        return copy
+        return ModelCallInput(self.messages, self.tools, self.options, self.model, deadline)
 
 
 _MODEL_CALL_MESSAGES, _MODEL_CALL_TOOLS, _MODEL_CALL_OPTIONS, _MODEL_CALL_MODEL, _MODEL_CALL_DEADLINE = (
     _slot_writers(ModelCallInput))
-_BlankModelCallInput = _blank(ModelCallInput)
 
 
 @dataclass(frozen=True, slots=True, init=False)
@@ -234,18 +219,12 @@ class ActingInput(_Record):
         ``replace(deadline=deadline.within(self.deadline))``, and cheaper."""
         if self.deadline is not None:
             deadline = deadline.within(self.deadline)
-        if type(self) is not ActingInput:
+        if type(self) is not ActingInput:  # (a subclass: its own fields are replace()'s to copy)
             return cast(ActingInput, self.replace(deadline=deadline))
-        new = _BlankActingInput()
-        new.tool_calls = self.tool_calls
-        new.deadline = deadline
-        new.__class__ = ActingInput
-        copy: ActingInput = new
-        return copy
+        return ActingInput(self.tool_calls, deadline)
 
 
 _ACTING_TOOL_CALLS, _ACTING_DEADLINE = _slot_writers(ActingInput)
-_BlankActingInput = _blank(ActingInput)
 
 
 class AgentView(Protocol):
