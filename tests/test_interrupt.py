@@ -69,19 +69,23 @@ async def test_an_interrupt_cancels_the_model_request_then_raises_an_ordinary_ex
     assert issubclass(AgentInterrupted, Exception)
 
 
+async def cancel_and_wait(caller: asyncio.Task[Any]) -> None:
+    """Cancel ``caller`` and wait for it: the cancellation must reach it, not be swallowed."""
+    caller.cancel()
+    try:
+        await asyncio.wait_for(caller, 2)
+    except asyncio.CancelledError:
+        return
+    raise AssertionError("the caller's cancellation was swallowed")
+
+
 async def test_cancelling_the_caller_is_still_a_cancellation() -> None:
     model = Stalling()
     mw = SeesErrors(model)
     agent = ReActAgent.builder().model(model).middleware(mw).build()  # type: ignore[arg-type]
     caller = asyncio.create_task(agent.call("go"))
     await asyncio.wait_for(model.streaming.wait(), 2)
-    caller.cancel()
-    try:
-        await asyncio.wait_for(caller, 2)
-    except asyncio.CancelledError:
-        pass
-    else:
-        raise AssertionError("the caller's cancellation was swallowed")
+    await cancel_and_wait(caller)
     assert model.closed and mw.seen == []  # a cancellation is no error middleware handles
     state, _ = await agent.state_store.load("default", "default")
     assert state is not None and state.context[-1].generate_reason is GenerateReason.INTERRUPTED
@@ -128,13 +132,7 @@ async def test_a_call_whose_model_call_nobody_reads_is_interrupted_and_cancelled
         agent = ReActAgent.builder().model(model).middlewares(middlewares).build()  # type: ignore[arg-type]
         caller = asyncio.create_task(agent.call("go"))
         await asyncio.wait_for(model.streaming.wait(), 2)
-        caller.cancel()
-        try:
-            await asyncio.wait_for(caller, 2)
-        except asyncio.CancelledError:
-            pass
-        else:
-            raise AssertionError("the caller's cancellation was swallowed")
+        await cancel_and_wait(caller)
         state, _ = await agent.state_store.load("default", "default")
         assert model.closed and state is not None
         assert state.context[-1].generate_reason is GenerateReason.INTERRUPTED

@@ -322,46 +322,21 @@ async def test_an_interrupt_cuts_the_retrys_wait_before_the_first_chunk() -> Non
     assert consumer.cancelling() == 0
 
 
-async def test_a_model_that_never_waits_still_lets_the_loop_run_while_it_streams() -> None:
-    # An in-process model hands its chunks over without ever waiting: the read still lets the
-    # loop run now and then, so other tasks (a server's clients) are not held off for the reply.
-    class NeverWaits:
-        name = "never-waits"
+class NeverWaits:
+    """An in-process model that hands its 500 chunks over without ever waiting."""
 
-        async def stream(self, request: ModelRequest) -> AsyncIterator[ChatChunk]:
-            for k in range(500):
-                yield ChatChunk(text=f"t{k} ")
+    name = "never-waits"
 
-    ticks = 0
-
-    async def tick() -> None:
-        nonlocal ticks
-        while True:
-            ticks += 1
-            await asyncio.sleep(0)
-
-    ticker = asyncio.create_task(tick())
-    await asyncio.sleep(0)
-    seen: list[int] = []
-    try:
-        async for ev in agent_of(NeverWaits()).stream("go"):
-            if ev.type == "text_block_delta":
-                seen.append(ticks)
-    finally:
-        ticker.cancel()
-    assert len(seen) == 500 and seen[-1] - seen[0] >= 500 // FAIR_TURN - 2
+    async def stream(self, request: ModelRequest) -> AsyncIterator[ChatChunk]:
+        for k in range(500):
+            yield ChatChunk(text=f"t{k} ")
 
 
-async def test_a_call_nobody_reads_events_of_still_lets_the_loop_run_while_the_model_streams() -> None:
-    # call(): the reply goes to the loop with no event made, and the read still lets the loop run
-    # every FAIR_TURN chunks.
-    class NeverWaits:
-        name = "never-waits"
-
-        async def stream(self, request: ModelRequest) -> AsyncIterator[ChatChunk]:
-            for k in range(500):
-                yield ChatChunk(text=f"t{k} ")
-
+@pytest.mark.parametrize("mode", ["stream", "call"])
+async def test_a_model_that_never_waits_still_lets_the_loop_run_while_it_streams(mode: str) -> None:
+    # The read still lets the loop run every FAIR_TURN chunks, so other tasks (a server's clients)
+    # are not held off for the reply: in stream(), counted by event; in call(), whose reply goes to
+    # the loop with no event made, by chunk.
     ticks = 0
 
     async def tick() -> None:
@@ -373,12 +348,21 @@ async def test_a_call_nobody_reads_events_of_still_lets_the_loop_run_while_the_m
     ticker = asyncio.create_task(tick())
     await asyncio.sleep(0)
     start = ticks
+    seen: list[int] = []
     try:
-        reply = await agent_of(NeverWaits()).call("go")
+        if mode == "stream":
+            async for ev in agent_of(NeverWaits()).stream("go"):
+                if ev.type == "text_block_delta":
+                    seen.append(ticks)
+        else:
+            reply = await agent_of(NeverWaits()).call("go")
     finally:
         ticker.cancel()
-    assert reply.text == "".join(f"t{k} " for k in range(500))
-    assert ticks - start >= 500 // FAIR_TURN - 2
+    if mode == "stream":
+        assert len(seen) == 500 and seen[-1] - seen[0] >= 500 // FAIR_TURN - 2
+    else:
+        assert reply.text == "".join(f"t{k} " for k in range(500))
+        assert ticks - start >= 500 // FAIR_TURN - 2
 
 
 async def test_a_consumer_that_leaves_while_the_next_read_waits_ends_it_through_the_providers_cleanup() -> None:
