@@ -16,7 +16,9 @@ the failed attempt by then (its blocks end, then ``ModelCallEnd(discarded=True)`
 stays balanced and a UI can strike the attempt out; memory keeps only the attempt that completed.
 
 Installed but not triggered, retry and fallback in the default mode add no iterator: the model
-call's own stream takes a failure before its first event (`_common.FirstFailure`);
+call's own stream takes a failure before its first event (`_common.FirstFailure`), and in a
+``call()`` nothing observes it hands each attempt's reply to the loop with no events
+(`MapSource.building`);
 where it cannot (a hook inside that wraps the stream), and in the other modes, they cost one method
 call per event (`_common.Attempts`).
 """
