@@ -307,7 +307,10 @@ class FirstFailure(MapSource):
         comes in can be: a failure before anything reached ``reply`` starts the next attempt
         (`_resume_building`) as a failure before the first event would. ``recovery``: a retry or
         fallback around this one, which takes a failure this one gives up on."""
-        return _building(self.first, reply, alone, (0, _BOOKKEEPING, partial(
+        source = _building_source(self.first)
+        if source is None:
+            return None
+        return source.building(reply, alone, (0, _BOOKKEEPING, partial(
             self._resume_building, reply=reply, alone=alone, outer=recovery, earlier=[])))
 
     async def _resume(self, error: Exception, maps: Maps = ()) -> AsyncIterator[AgentEvent]:
@@ -342,8 +345,9 @@ class FirstFailure(MapSource):
             it = outer[2](error)
         else:
             it = None
-            if alone():
-                it = _building(stream, reply, alone, (0, _BOOKKEEPING, partial(
+            source = _building_source(stream) if alone() else None
+            if source is not None:
+                it = source.building(reply, alone, (0, _BOOKKEEPING, partial(
                     self._resume_building, reply=reply, alone=alone, outer=outer, earlier=earlier)))
             if it is None:
                 it = Attempts(stream, self.again, "first", earlier)
@@ -356,14 +360,13 @@ class FirstFailure(MapSource):
             await aclose(it)
 
 
-def _building(stream: EventStream[AgentEvent], reply: ReplyBuilder, alone: Callable[[], bool],
-              recovery: Recovery) -> AsyncIterator[AgentEvent] | None:
-    """``stream`` read with no events (`MapSource.building`), or None when its source cannot be
-    or it has steps of its own (they read the events)."""
+def _building_source(stream: EventStream[AgentEvent]) -> MapSource | None:
+    """The source to ask for ``stream`` read with no events (`MapSource.building`); None when it
+    has steps of its own (they read the events) or a source that cannot be asked."""
     factory = stream._factory
     if stream._steps or not isinstance(factory, MapSource):
         return None
-    return factory.building(reply, alone, recovery)
+    return factory
 
 
 async def _handing_on(it: AsyncIterator[AgentEvent], outer: Recovery) -> AsyncIterator[AgentEvent]:
