@@ -144,6 +144,22 @@ async def test_a_retry_and_a_fallback_together_leave_the_call_unread(made: list[
     assert made and unread == forced and unread["reply"] is not None and unread["reply"][1] == "three"
 
 
+class FirstOfTwo(MiddlewareBase):
+    """Builds the inner stream twice and returns the first: the chain runs it in the hook's
+    context (`InContext`), as it does any stream other than the last one built inside."""
+
+    def on_model_call(self, agent: Any, ctx: Any, input: Any, next: Any) -> Any:
+        first = next(input)
+        next(input)
+        return first
+
+
+async def test_a_call_the_chain_runs_in_a_hook_context_stays_unread_under_a_retry(made: list[str]) -> None:
+    model = ScriptedModel([ModelStep.error(ServerError("503")), ModelStep.text("ok", chunks=2)])
+    agent = ReActAgent.builder().model(model).middlewares([_retry(FakeSleep()), FirstOfTwo()]).build()
+    assert (await agent.call("hi")).text == "ok" and made == [] and len(model.requests) == 2
+
+
 class ObservesOnItsSecondCall(MiddlewareBase):
     """Inside the retry: adds an observer when the retry runs it again."""
 
