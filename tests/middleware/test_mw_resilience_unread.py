@@ -16,7 +16,13 @@ from resilience_helpers import FakeSleep
 import agentscope_py._trusted as trusted
 from agentscope_py import GenerateReason, ModelStep, ReActAgent, ScriptedModel
 from agentscope_py.errors import BadRequestError, RateLimitError, ServerError
-from agentscope_py.middleware import MiddlewareBase, ModelFallbackMiddleware, RetryMiddleware
+from agentscope_py.middleware import (
+    MiddlewareBase,
+    ModelFallbackMiddleware,
+    RateLimitMiddleware,
+    RetryMiddleware,
+    TimeoutMiddleware,
+)
 from agentscope_py.model.base import ChatChunk, ModelRequest
 
 pytestmark = pytest.mark.timeout(60)
@@ -142,6 +148,26 @@ async def test_a_retry_and_a_fallback_together_leave_the_call_unread(made: list[
     models, sleep = script(), FakeSleep()
     forced = await _outcome(models, [Identity(), *stack(models, sleep)], sleep)
     assert made and unread == forced and unread["reply"] is not None and unread["reply"][1] == "three"
+
+
+@pytest.mark.parametrize("retry_outside", [True, False])
+async def test_timeouts_and_a_rate_limit_beside_the_retry_leave_the_call_unread(
+        made: list[str], retry_outside: bool) -> None:
+    # The first attempt misses its first-event deadline (a typed, retryable timeout); the retry's
+    # attempt answers. Timeout and rate limit pass the call through: nothing reads its events.
+    async def run(forced: bool) -> tuple[Any, ...]:
+        model = ScriptedModel([ModelStep.text("late", delay=5.0), ModelStep.text("ok", chunks=2)])
+        beside: list[MiddlewareBase] = [TimeoutMiddleware(model_timeout=30, first_event_timeout=0.05),
+                                        RateLimitMiddleware(rate=1e9, burst=1e9)]
+        retry = _retry(sleep := FakeSleep())
+        stack = [retry, *beside] if retry_outside else [*beside, retry]
+        agent = ReActAgent.builder().model(model).middlewares(([Identity()] if forced else []) + stack).build()
+        msg = await agent.call("hi")
+        return msg.text, len(model.requests), sleep.delays
+
+    unread = await run(False)
+    assert made == []
+    assert unread == await run(True) == ("ok", 2, [1.0])
 
 
 class FirstOfTwo(MiddlewareBase):
