@@ -157,21 +157,24 @@ def model_call_events(
                                   contextvars.copy_context()), (), None, reply)
 
 
-def read_alone(stream: object, reply: ReplyBuilder) -> AsyncIterator[AgentEvent] | None:
-    """A model call's own stream (`model_call_stream`) that came back from the ``on_model_call``
-    hooks as it was (passed through: no operator added, not wrapped), subscribed by a consumer
-    that is the only reader of its events and hands them to ``reply``: the subscription hands the
-    reply to it directly instead, making no event (`PartsManager`). None for any other stream.
-    (A hook that subscribes the stream itself gets its own subscription, events and all.)"""
-    if type(stream) is EventStream and not stream._steps and type(stream._factory) is ModelCall:
-        return model_events(stream._factory, (), None, reply)
+def read_alone(stream: object, reply: ReplyBuilder, alone: Callable[[], bool]) -> AsyncIterator[AgentEvent] | None:
+    """The stream that came back from the ``on_model_call`` hooks, subscribed by a consumer that
+    is the only reader of its events and hands them to ``reply``, so that it makes none: the model
+    call's own stream (`model_call_stream`) passed through as it was (no operator added, not
+    wrapped), or a retry or fallback around it (`MapSource.building`) hands the reply to the
+    builder directly (`PartsManager`). None for any other stream. ``alone()``: whether the
+    consumer is still the only reader, for the attempts a retry makes later. (A hook that
+    subscribes the stream itself gets its own subscription, events and all.)"""
+    if type(stream) is EventStream and not stream._steps and isinstance(stream._factory, MapSource):
+        return stream._factory.building(reply, alone)
     return None
 
 
 class ModelCall(MapSource):
     """The factory of one model call's stream: each subscription is a `model_events` generator,
-    which applies the stream's maps to each event itself, and takes a failure before its first
-    event to the retry's ``recovery`` (`MapSource.recovering`)."""
+    which applies the stream's maps to each event itself, takes a failure before its first event
+    to the retry's ``recovery`` (`MapSource.recovering`), and, for a consumer that only hands the
+    events to a reply builder, hands the reply to it instead of making them (`MapSource.building`)."""
 
     __slots__ = ("control", "ctx", "deadline", "models", "on_failover", "policy", "reply_id", "request")
 
@@ -200,6 +203,11 @@ class ModelCall(MapSource):
 
     def recovering(self, maps: Maps, recovery: Recovery) -> AsyncIterator[Any]:
         return model_events(self, maps, recovery)
+
+    def building(
+        self, reply: ReplyBuilder, alone: Callable[[], bool], recovery: Recovery | None = None,
+    ) -> AsyncIterator[Any]:
+        return model_events(self, (), recovery, reply)
 
 
 NO_STEP: Any = object()

@@ -223,16 +223,18 @@ class Execution:
             return self._model_events(messages, tools, options, reply)
         stream = self._model_call(ModelCallInput(messages, tools, options, self.agent.model))
         if reply is not None and self._unread():
-            # Hooks that passed the call's stream through untouched read none of its events.
-            alone = read_alone(stream, reply)
+            # Hooks that passed the call's stream through untouched, or a retry or fallback around
+            # it, read none of its events.
+            alone = read_alone(stream, reply, self._unread)
             if alone is not None:
                 return alone
         return stream
 
     def _unread(self) -> bool:
         """Whether nothing but the loop reads this run's events now: it publishes none, and no
-        observer is added (checked as each model call starts: an observer is added only by a hook,
-        which has run by then, or by a tool, which does not run while a model call is read)."""
+        observer is added (checked as each model call starts, and again before each attempt a
+        retry makes: an observer is added only by a hook, which has run by then, or by a tool,
+        which does not run while a model call is read)."""
         return not self.publish and self.ctx.event_observer is None
 
     async def events(self, msgs: Sequence[Msg], publish: bool = True) -> AsyncIterator[AgentEvent]:
