@@ -78,10 +78,15 @@ BACKLOG = 4096
 5,000 connections against a loop that is behind overflows it, for every server alike."""
 
 
-def cpu_seconds(pid: int) -> float:
+def cpu_times(pid: int) -> tuple[float, float]:
+    """The process's user and kernel CPU seconds."""
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICK  # utime, stime
+    return int(fields[11]) / TICK, int(fields[12]) / TICK  # utime, stime
+
+
+def cpu_seconds(pid: int) -> float:
+    return sum(cpu_times(pid))
 
 
 def rss_bytes(pid: int) -> int:
@@ -296,7 +301,7 @@ def run_level(args: argparse.Namespace, level: str, procs: dict[str, Proc], upst
     level, procs = level_servers(level, procs)
     spec = level_spec(args, level, {k: p.port for k, p in procs.items()})
     pids = {k: p.pid for k, p in procs.items()}
-    before = {k: cpu_seconds(p) for k, p in pids.items()}
+    before = {k: cpu_times(p) for k, p in pids.items()}
     upstream_before = cpu_seconds(upstream_pid) if upstream_pid else 0.0
     rss = RSSSampler(pids)
     probe_pids = {**pids, **({"upstream": upstream_pid} if upstream_pid else {})}
@@ -319,10 +324,15 @@ def run_level(args: argparse.Namespace, level: str, procs: dict[str, Proc], upst
         out["upstream_cpu_s"] = cpu_seconds(upstream_pid) - upstream_before
     for key, pid in pids.items():
         c = clients[key]
-        cpu = cpu_seconds(pid) - before[key]
+        user, system = (now - then for now, then in zip(cpu_times(pid), before[key], strict=True))
+        cpu = user + system
         us = 1e6 * cpu / c["tokens"] if c["tokens"] else None
         out["servers"][key] = {
             **c, "cpu_s": cpu, "cpu_us_per_token": us,
+            # The split says whether a difference is the process's own work (and its cache misses)
+            # or the kernel's (system calls: socket reads and writes, the loop's polls).
+            "cpu_user_us_per_token": 1e6 * user / c["tokens"] if c["tokens"] else None,
+            "cpu_sys_us_per_token": 1e6 * system / c["tokens"] if c["tokens"] else None,
             "core_tokens_per_s": 1e6 / us if us else None,
             "rss_kib_per_session": (rss.peak[key] - rss.base[key]) / 1024 / spec["n"],
             "rss_mib_peak": rss.peak[key] / 2**20,
