@@ -301,14 +301,18 @@ def run_level(args: argparse.Namespace, level: str, procs: dict[str, Proc], upst
     level, procs = level_servers(level, procs)
     spec = level_spec(args, level, {k: p.port for k, p in procs.items()})
     pids = {k: p.pid for k, p in procs.items()}
-    before = {k: cpu_times(p) for k, p in pids.items()}
-    upstream_before = cpu_seconds(upstream_pid) if upstream_pid else 0.0
     rss = RSSSampler(pids)
     probe_pids = {**pids, **({"upstream": upstream_pid} if upstream_pid else {})}
     serving_probe.collect(probe_pids, args.probe_dir)  # start every process's probe afresh
+    # The CPU is read around the streams only: a probe's snapshot (written when collected, before
+    # and after) costs a server tens of ms, which a short level would count as µs per token.
+    before = {k: cpu_times(p) for k, p in pids.items()}
+    upstream_before = cpu_seconds(upstream_pid) if upstream_pid else 0.0
     started = time.monotonic()
     shards = run_clients(args, spec)
     wall = time.monotonic() - started
+    after = {k: cpu_times(p) for k, p in pids.items()}
+    upstream_after = cpu_seconds(upstream_pid) if upstream_pid else 0.0
     rss.close()
     probes = serving_probe.collect(probe_pids, args.probe_dir)
     for i, shard in enumerate(shards):
@@ -321,10 +325,10 @@ def run_level(args: argparse.Namespace, level: str, procs: dict[str, Proc], upst
     out: dict[str, Any] = {"level": level, "n": spec["n"], "dt_s": spec["dt"], "wall_s": wall,
                            "loadavg_1m_after": os.getloadavg()[0], "servers": {}, "probes": probes}
     if upstream_pid:
-        out["upstream_cpu_s"] = cpu_seconds(upstream_pid) - upstream_before
-    for key, pid in pids.items():
+        out["upstream_cpu_s"] = upstream_after - upstream_before
+    for key in pids:
         c = clients[key]
-        user, system = (now - then for now, then in zip(cpu_times(pid), before[key], strict=True))
+        user, system = (now - then for now, then in zip(after[key], before[key], strict=True))
         cpu = user + system
         us = 1e6 * cpu / c["tokens"] if c["tokens"] else None
         out["servers"][key] = {
