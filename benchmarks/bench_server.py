@@ -23,7 +23,8 @@ what stalled meanwhile (`serving_report.py` prints the tables).
 Levels: ``light:N`` — N streams sharing ``--light-rate`` (1,000) tokens/s per server, token
 ``k`` of a stream at ``k × N / rate``; ``sat:N`` — N streams each at ``--sat-dt`` (10 ms) per
 token, more than one process can relay. Per server and level: server CPU µs per relayed token
-(utime + stime of its process from /proc), tokens/s over the level's span and the per-core
+(utime + stime of its process from /proc while the level's streams run; the JSON has each part:
+``cpu_user_us_per_token``, ``cpu_sys_us_per_token``), tokens/s over the level's span and the per-core
 ceiling 10⁶ / (µs per token), time to first token p50/p99 (all of it added by the server: the
 upstream writes token 0 when it reads the request), peak RSS growth per session (only a server's
 first level shows its memory per session: later levels show what they add beyond that peak) and
