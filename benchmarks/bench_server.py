@@ -23,7 +23,8 @@ what stalled meanwhile (`serving_report.py` prints the tables).
 Levels: ``light:N`` — N streams sharing ``--light-rate`` (1,000) tokens/s per server, token
 ``k`` of a stream at ``k × N / rate``; ``sat:N`` — N streams each at ``--sat-dt`` (10 ms) per
 token, more than one process can relay. Per server and level: server CPU µs per relayed token
-(utime + stime of its process from /proc), tokens/s over the level's span and the per-core
+(utime + stime of its process from /proc while the level's streams run; the JSON has each part:
+``cpu_user_us_per_token``, ``cpu_sys_us_per_token``), tokens/s over the level's span and the per-core
 ceiling 10⁶ / (µs per token), time to first token p50/p99 (all of it added by the server: the
 upstream writes token 0 when it reads the request), peak RSS growth per session (only a server's
 first level shows its memory per session: later levels show what they add beyond that peak) and
@@ -78,10 +79,15 @@ BACKLOG = 4096
 5,000 connections against a loop that is behind overflows it, for every server alike."""
 
 
-def cpu_seconds(pid: int) -> float:
+def cpu_times(pid: int) -> tuple[float, float]:
+    """The process's user and kernel CPU seconds."""
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICK  # utime, stime
+    return int(fields[11]) / TICK, int(fields[12]) / TICK  # utime, stime
+
+
+def cpu_seconds(pid: int) -> float:
+    return sum(cpu_times(pid))
 
 
 def rss_bytes(pid: int) -> int:
@@ -296,14 +302,18 @@ def run_level(args: argparse.Namespace, level: str, procs: dict[str, Proc], upst
     level, procs = level_servers(level, procs)
     spec = level_spec(args, level, {k: p.port for k, p in procs.items()})
     pids = {k: p.pid for k, p in procs.items()}
-    before = {k: cpu_seconds(p) for k, p in pids.items()}
-    upstream_before = cpu_seconds(upstream_pid) if upstream_pid else 0.0
     rss = RSSSampler(pids)
     probe_pids = {**pids, **({"upstream": upstream_pid} if upstream_pid else {})}
     serving_probe.collect(probe_pids, args.probe_dir)  # start every process's probe afresh
+    # The CPU is read around the streams only: a probe's snapshot (written when collected, before
+    # and after) costs a server tens of ms, which a short level would count as µs per token.
+    before = {k: cpu_times(p) for k, p in pids.items()}
+    upstream_before = cpu_seconds(upstream_pid) if upstream_pid else 0.0
     started = time.monotonic()
     shards = run_clients(args, spec)
     wall = time.monotonic() - started
+    after = {k: cpu_times(p) for k, p in pids.items()}
+    upstream_after = cpu_seconds(upstream_pid) if upstream_pid else 0.0
     rss.close()
     probes = serving_probe.collect(probe_pids, args.probe_dir)
     for i, shard in enumerate(shards):
@@ -316,13 +326,18 @@ def run_level(args: argparse.Namespace, level: str, procs: dict[str, Proc], upst
     out: dict[str, Any] = {"level": level, "n": spec["n"], "dt_s": spec["dt"], "wall_s": wall,
                            "loadavg_1m_after": os.getloadavg()[0], "servers": {}, "probes": probes}
     if upstream_pid:
-        out["upstream_cpu_s"] = cpu_seconds(upstream_pid) - upstream_before
-    for key, pid in pids.items():
+        out["upstream_cpu_s"] = upstream_after - upstream_before
+    for key in pids:
         c = clients[key]
-        cpu = cpu_seconds(pid) - before[key]
+        user, system = (now - then for now, then in zip(after[key], before[key], strict=True))
+        cpu = user + system
         us = 1e6 * cpu / c["tokens"] if c["tokens"] else None
         out["servers"][key] = {
             **c, "cpu_s": cpu, "cpu_us_per_token": us,
+            # The split says whether a difference is the process's own work (and its cache misses)
+            # or the kernel's (system calls: socket reads and writes, the loop's polls).
+            "cpu_user_us_per_token": 1e6 * user / c["tokens"] if c["tokens"] else None,
+            "cpu_sys_us_per_token": 1e6 * system / c["tokens"] if c["tokens"] else None,
             "core_tokens_per_s": 1e6 / us if us else None,
             "rss_kib_per_session": (rss.peak[key] - rss.base[key]) / 1024 / spec["n"],
             "rss_mib_peak": rss.peak[key] / 2**20,

@@ -27,13 +27,25 @@ the share of a reply's deltas that reached the client together, in one read, is 
 
 (d)'s redis-server is started here and not counted (another process, as the upstream is); with one
 client every token of (d) is a flush of its own, the shared log's worst case.
+
+``--clients 1,30,100`` counts instead what a token costs with N streams interleaved (the light
+levels of `bench_server.py`, where one client's warm caches hide what each token touches): per N,
+N long replies at ``--rate`` tokens/s in all (a token every N / rate s per stream, their phases
+spread), and once every stream has had ``--settle`` deltas, the counters over ``--window`` tokens
+per stream, divided by the deltas the clients read meanwhile (idle-subtracted in a second column).
+``--cache-sim`` makes callgrind simulate the caches (`CACHES`: the data read misses D1mr and DLmr
+per token are printed next to the instructions):
+
+    .venv/bin/python benchmarks/bench_server_instructions.py --servers a,e --clients 1,30,100 --cache-sim
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import glob
 import json
+import math
 import os
 import re
 import shutil
@@ -50,6 +62,10 @@ import httpx
 from bench_server import HERE, MODEL_HTTP, RELAYS, Proc, _json_port, _serve_port
 
 LONG, SHORT = 100, 10
+CACHES = ["--I1=65536,8,64", "--D1=49152,12,64", "--LL=2097152,16,64"]
+"""The simulated caches with ``--cache-sim``: one core of this host's Xeon (48 KiB L1d, 64 KiB
+L1i, 2 MiB L2 per core). Its L3 (shared by every core and, on a VM, by other tenants) is left out:
+callgrind models two levels, and the last one a process has to itself is the L2."""
 
 
 def _free_port() -> int:
@@ -78,7 +94,8 @@ class Counted:
                "PYTHONPATH": os.pathsep.join(
                    [*([str(Path(args.baseline).resolve())] if key == "a0" else []), str(HERE),
                     os.environ.get("PYTHONPATH", "")])}
-        valgrind = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={self.out}.%p", "--dump-instr=no"]
+        valgrind = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={self.out}.%p", "--dump-instr=no",
+                    *(["--cache-sim=yes", *CACHES] if args.cache_sim else [])]
         cmd, port_of = _server_cmd(key, sys.executable, valgrind, redis)
         self.proc = Proc(key, cmd, env, port_of, timeout=300)
         self.url = f"http://127.0.0.1:{self.proc.port}/agui"
@@ -118,24 +135,92 @@ class Counted:
 
     def counted(self, tokens: int) -> int:
         """Instructions over ``--runs`` replies of ``tokens`` (0: ``--idle`` seconds with none)."""
-        pid = str(self.proc.pid)
-        subprocess.run(["callgrind_control", "-z", pid], check=True, capture_output=True)
+        self.zero()
         if tokens:
             for _ in range(self.args.runs):
                 self.reply(tokens)
         else:
             time.sleep(self.args.idle)
+        return self.dump()["Ir"]
+
+    def zero(self) -> None:
+        subprocess.run(["callgrind_control", "-z", str(self.proc.pid)], check=True, capture_output=True)
+
+    def dump(self) -> dict[str, int]:
+        """Dump the counters; callgrind's totals by event (Ir, and with ``--cache-sim`` Dr, D1mr, DLmr, …)."""
         before = set(glob.glob(f"{self.out}.*"))
-        subprocess.run(["callgrind_control", "-d", pid], check=True, capture_output=True)
+        subprocess.run(["callgrind_control", "-d", str(self.proc.pid)], check=True, capture_output=True)
         for _ in range(100):
             new = set(glob.glob(f"{self.out}.*")) - before
             if new:
                 time.sleep(0.2)  # written at once, but let it finish
-                found = re.search(r"^(?:summary|totals): (\d+)", Path(max(new)).read_text(), re.M)
-                if found:
-                    return int(found[1])
+                text = Path(max(new)).read_text()
+                events = re.search(r"^events: (.+)$", text, re.M)
+                found = re.search(r"^(?:summary|totals): ([\d ]+)$", text, re.M)
+                if events and found:
+                    return dict(zip(events[1].split(), map(int, found[1].split()), strict=False))
             time.sleep(0.1)
         raise SystemExit(f"{self.key}: callgrind wrote no dump")
+
+    def interleaved(self, n: int) -> dict[str, Any]:
+        """Per token, with ``n`` streams at once (``--clients``): counters over ``--window`` tokens
+        per stream, once each has had ``--settle``, divided by the deltas read meanwhile."""
+        return asyncio.run(self._interleaved(n))
+
+    async def _interleaved(self, n: int) -> dict[str, Any]:
+        args = self.args
+        dt = n / args.rate
+        # Token k of stream i comes at its start + k × dt: the starts step by ``m × dt / n`` with m
+        # coprime to n, so the phases stay distinct while the requests' setup is spread out.
+        m = max(1, math.ceil(n * args.setup / dt))
+        while math.gcd(m, n) != 1:
+            m += 1
+        window = max(args.window, math.ceil(args.least / n))  # tokens per stream counted
+        tokens = args.settle + window + m + 20
+        counts = [0] * n
+        together = [0]
+        live = [True]
+
+        async def one(client: httpx.AsyncClient, i: int) -> None:
+            await asyncio.sleep(i * m * dt / n)
+            text = f"tokens={tokens} dt={dt:.3f} tool=0"
+            body = {"threadId": str(uuid.uuid4()), "runId": str(uuid.uuid4()), "tools": [], "context": [],
+                    "state": {}, "forwardedProps": {}, "messages": [{"id": "m1", "role": "user", "content": text}]}
+            async with client.stream("POST", self.url, json=body,
+                                     headers={"accept": "text/event-stream"}) as response:
+                if response.status_code != 200:
+                    raise SystemExit(f"{self.key}: {response.status_code} {await response.aread()!r}")
+                async for piece in response.aiter_raw():
+                    got = piece.count(b'"TEXT_MESSAGE_CONTENT"')
+                    counts[i] += got
+                    if live[0]:
+                        together[0] += max(0, got - 1)
+
+        limits = httpx.Limits(max_connections=n + 10, max_keepalive_connections=n + 10)
+        async with httpx.AsyncClient(timeout=600, limits=limits) as client:
+            streams = [asyncio.create_task(one(client, i)) for i in range(n)]
+            try:
+                while min(counts) < args.settle:
+                    for s in streams:
+                        if s.done():
+                            s.result()  # its error
+                            raise SystemExit(f"{self.key}: a stream ended before the window ({counts})")
+                    await asyncio.sleep(0.2)
+                await asyncio.to_thread(self.zero)
+                start, together[0], live[0] = sum(counts), 0, True
+                started = time.monotonic()
+                await asyncio.sleep(window * dt)
+                deltas = sum(counts) - start
+                live[0] = False
+                seconds = time.monotonic() - started
+                counted = await asyncio.to_thread(self.dump)
+            finally:
+                for s in streams:
+                    s.cancel()
+                await asyncio.gather(*streams, return_exceptions=True)
+        await asyncio.sleep(2 + n * 0.05)  # the server sees the streams go and ends their runs
+        return {"clients": n, "dt": dt, "deltas": deltas, "seconds": seconds, "together": together[0] / max(deltas, 1),
+                "per_token": {k: v / deltas for k, v in counted.items()}}
 
     def measure(self) -> dict[str, Any]:
         a, b, idle = self.counted(LONG), self.counted(SHORT), self.counted(0)
@@ -147,6 +232,35 @@ class Counted:
         return {"k_per_token": per_token / 1e3, "k_per_request": per_request / 1e3,
                 "k_per_token_at_100": (per_token + per_request / LONG) / 1e3,
                 "k_idle_per_second": per_second / 1e3, "fell_behind": [round(s, 2) for s in self.slow]}
+
+
+def interleaved(server: Counted, clients: list[int]) -> dict[str, Any]:
+    """``server``'s counts per token at each number of streams, and its idle rate."""
+    out: dict[str, Any] = {"levels": [server.interleaved(n) for n in clients]}
+    server.zero()
+    time.sleep(server.args.idle)
+    out["idle_per_second"] = {k: v / server.args.idle for k, v in server.dump().items()}
+    for level in out["levels"]:  # the idle rate's share of a token: timers, housekeeping
+        level["idle_per_token"] = {k: v * level["seconds"] / level["deltas"] for k, v in out["idle_per_second"].items()}
+    return out
+
+
+def print_interleaved(args: argparse.Namespace, results: dict[str, dict[str, Any]]) -> None:
+    print(f"per token with N streams interleaved, {args.rate:g} tokens/s over all of them, {args.window} tokens "
+          f"per stream counted (at least {args.least} in all)" + (", caches simulated" if args.cache_sim else ""))
+    cols = ["Ir", "Dr", "Dw", "D1mr", "D1mw", "DLmr", "DLmw", "I1mr", "ILmr"]
+    print("| server | N | s / token per stream | deltas | " + " | ".join(f"{c} / token" for c in cols)
+          + " | k Ir / token, idle subtracted | read together |")
+    print("|---|---:|---:|---:|" + "---:|" * (len(cols) + 1) + "---:|")
+    for key, r in results.items():
+        for level in r["levels"]:
+            per, idle = level["per_token"], level["idle_per_token"]
+            cells = [f"{per[c] / 1e3:.1f} k" if c in ("Ir", "Dr", "Dw") else f"{per[c]:,.0f}" if c in per else "—"
+                     for c in cols]
+            print(f"| {key} | {level['clients']} | {level['dt']:.2f} | {level['deltas']} | " + " | ".join(cells)
+                  + f" | {(per['Ir'] - idle['Ir']) / 1e3:.1f} | {level['together']:.2f} |")
+    if args.json:
+        print(json.dumps(results))
 
 
 def main() -> None:
@@ -162,6 +276,18 @@ def main() -> None:
     parser.add_argument("--idle", type=float, default=3.0, help="seconds of the idle measurement")
     parser.add_argument("--dumps", help="keep callgrind's dumps in this directory (per server: .1 the long replies, "
                         ".2 the short ones, .3 idle), for callgrind_annotate --inclusive=yes")
+    parser.add_argument("--clients", help="N,N,...: per token with N streams interleaved (see above) instead of "
+                        "the per token / per request split")
+    parser.add_argument("--rate", type=float, default=20.0,
+                        help="with --clients: tokens/s over all streams (valgrind is ~50-150× slower)")
+    parser.add_argument("--settle", type=int, default=4,
+                        help="with --clients: deltas every stream has before the window")
+    parser.add_argument("--window", type=int, default=8, help="with --clients: tokens per stream counted")
+    parser.add_argument("--least", type=int, default=160, help="with --clients: tokens counted at least (all streams)")
+    parser.add_argument("--setup", type=float, default=0.4,
+                        help="with --clients: seconds a request's setup is given under valgrind before the next starts")
+    parser.add_argument("--cache-sim", action="store_true",
+                        help="callgrind simulates the caches (CACHES): D1 and LL misses per token")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     if shutil.which("valgrind") is None:
@@ -183,7 +309,10 @@ def main() -> None:
             for key in keys:
                 server = Counted(key, args, upstream.port, out_dir, redis_url)
                 try:
-                    results[key] = server.measure()
+                    if args.clients:
+                        results[key] = interleaved(server, [int(n) for n in args.clients.split(",")])
+                    else:
+                        results[key] = server.measure()
                 finally:
                     server.proc.stop()
     finally:
@@ -191,6 +320,9 @@ def main() -> None:
         if redis is not None:
             redis.terminate()
             redis.wait()
+    if args.clients:
+        print_interleaved(args, results)
+        return
     base = results.get("b", {}).get("k_per_token_at_100")
     base_aiohttp = results.get("e", {}).get("k_per_token_at_100")
     pace = f"light load, a token every {args.dt} s" if args.dt else "a burst: every token of a reply at once"

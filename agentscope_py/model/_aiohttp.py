@@ -214,12 +214,17 @@ class _Opened:
     def __init__(self, sender: AioHttpSender, provider: str, args: tuple[str, dict[str, str], bytes, Timeouts]) -> None:
         self._sender = sender
         self._provider = provider
-        self._args = args
+        # Taken once the request goes out: the body is sent once and not held while the reply
+        # streams (a conversation's body, per stream in flight, for as long as its reply takes).
+        self._args: tuple[str, dict[str, str], bytes, Timeouts] | None = args
         self._response: aiohttp.ClientResponse | None = None
         self._opened: _Response | None = None
 
     async def __aenter__(self) -> _Response:
-        url, headers, body, timeout = self._args
+        args, self._args = self._args, None
+        if args is None:
+            raise RuntimeError("a streamed response is opened once: call open() again for another request")
+        url, headers, body, timeout = args
         provider = self._provider
         sender = self._sender
         target = URL(url)

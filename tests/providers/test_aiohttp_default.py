@@ -29,7 +29,7 @@ from agentscope_py.model import (
     RateLimitError,
     ServerError,
 )
-from agentscope_py.model._aiohttp import body_bytes, client_timeout
+from agentscope_py.model._aiohttp import AioHttpSender, body_bytes, client_timeout
 from agentscope_py.model.anthropic import AnthropicChatModel
 from agentscope_py.model.openai import OpenAIChatModel
 from agentscope_py.model.openai_responses import OpenAIResponsesModel
@@ -134,6 +134,31 @@ async def test_a_streamed_reply_arms_no_timer_per_read(server: FakeServer, make_
     monkeypatch.setattr(loop, "call_later", counting)
     assert text_of(await collect(make_openai(timeout=5).stream(ask()))) == "".join(pieces)
     assert len(timers) <= 3, timers
+
+
+async def test_a_streamed_reply_does_not_hold_its_requests_body(server: FakeServer, make_openai: Any,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    # The body goes out once; held while the reply streams it is a conversation's bytes per stream
+    # in flight, for as long as the reply takes.
+    marker = b"body-marker-" + b"x" * 20_000
+    sent: list[int] = []  # the body's id only: holding it here would be the reference looked for
+    open_ = AioHttpSender.open
+
+    def recording(self: AioHttpSender, provider: str, url: str, headers: dict[str, str], body: bytes,
+                  timeout: Any) -> Any:
+        sent.append(id(body))
+        return open_(self, provider, url, headers, body, timeout)
+
+    monkeypatch.setattr(AioHttpSender, "open", recording)
+    server.queue(Reply([oa_chunk({"content": "first"})], end="stall"))
+    stream = make_openai(timeout=5).stream(ask(marker.decode()))
+    async with contextlib.aclosing(stream):
+        assert (await anext(stream)).text == "first"  # the reply is streaming
+        assert len(sent) == 1
+        gc.collect()
+        held = [type(owner).__name__ for owner in gc.get_objects() for part in gc.get_referents(owner)
+                if id(part) == sent[0] and isinstance(part, bytes) and marker in part]
+        assert held == []
 
 
 async def test_a_server_that_never_answers_times_out(closing: list[Any]) -> None:
