@@ -5,7 +5,7 @@ another to reach it; `agentscope_py.agent.context` re-exports it."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
@@ -123,6 +123,23 @@ class RuntimeContext:
                 callback(event)
 
         self.event_observer = both
+
+    # -- waiting inside the running execution ----------------------------------------------------
+
+    def wait(self, awaitable: Awaitable[T]) -> Awaitable[T]:
+        """``await ctx.wait(awaitable)``: await ``awaitable`` (a sleep, a callback's coroutine, a
+        future, a store's answer) so that an interrupt of the running execution ends the wait at
+        once, as it ends the model call's read: the wait raises `AgentInterrupted` (the loop
+        makes it the INTERRUPTED reply), and what was awaited gets a cancellation, which it may
+        clean up after. Everything else is as a plain ``await``: its result or its error, a
+        cancellation of the caller's task stays a cancellation, and a run deadline
+        (``TimeoutMiddleware(run_timeout=...)``) ends the wait with the run. Interrupted already,
+        it raises at once. Outside an execution (no ``control`` bound) it is ``awaitable``
+        itself. A middleware awaits through it whatever it waits for in the run's task."""
+        control = self.control
+        if control is None:
+            return awaitable
+        return control.wait(awaitable)
 
     # -- per-run values middleware publish (`AgentRun.metrics`) ----------------------------------
 

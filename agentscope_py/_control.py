@@ -1,17 +1,21 @@
 """`RunControl`: the interrupt switch of one run, and what an interrupt cancels.
 
 It lives below `agent/` and `middleware/` so that what runs beside the loop (a middleware's
-internal model call, `RuntimeContext.control`) can register with it without reaching into the
-agent's modules."""
+internal model call, a wait of a middleware through `RuntimeContext.wait`) can register with it
+without reaching into the agent's modules."""
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Protocol
+import inspect
+from collections.abc import Awaitable
+from typing import Any, Protocol, TypeVar
 
 from .errors import AgentInterrupted
 
 __all__ = ["Cancellable", "RunControl"]
+
+T = TypeVar("T")
 
 
 class Cancellable(Protocol):
@@ -66,3 +70,69 @@ class RunControl:
     def check(self) -> None:
         if self.interrupted:
             raise AgentInterrupted("the run was interrupted")
+
+    async def wait(self, awaitable: Awaitable[T]) -> T:
+        """Await ``awaitable`` in the current task so that an interrupt ends the wait at once, as
+        it cuts a model call's read: the task is cancelled while it is inside the wait, the
+        cancellation is taken back here, and the wait raises `AgentInterrupted`. A cancellation
+        from anyone else stays a cancellation. Interrupted already, it raises before awaiting
+        (a coroutine not awaited is closed)."""
+        if self.interrupted:
+            if inspect.iscoroutine(awaitable):
+                awaitable.close()
+            raise AgentInterrupted("the run was interrupted")
+        task = asyncio.current_task()
+        assert task is not None
+        waiting = _Waiting(task)
+        tasks = self.tasks
+        tasks.add(waiting)
+        try:
+            result = await awaitable
+        except (Exception, asyncio.CancelledError) as exc:
+            tasks.discard(waiting)
+            if waiting.cut and waiting.took_back():
+                raise AgentInterrupted("the run was interrupted") from (
+                    None if isinstance(exc, asyncio.CancelledError) else exc)
+            raise
+        except BaseException:
+            tasks.discard(waiting)
+            waiting.took_back()
+            raise
+        tasks.discard(waiting)
+        if waiting.cut and waiting.took_back():  # (the awaitable swallowed the cancellation, or the
+            raise AgentInterrupted("the run was interrupted")  # interrupt came from inside it)
+        return result
+
+
+class _Waiting:
+    """A task inside `RunControl.wait`, as the run's control holds it: an interrupt cancels the
+    task (once), unless it comes from inside that task (a callback of the wait interrupting its
+    own run), which has no wait to end: the wait raises once the awaitable returns."""
+
+    __slots__ = ("base", "cancelled", "cut", "task")
+
+    def __init__(self, task: asyncio.Task[Any]) -> None:
+        self.task = task
+        self.base = task.cancelling()  # the task's cancellations from before the wait
+        self.cut = False
+        self.cancelled = False
+
+    def cancel(self, msg: Any | None = None) -> bool:
+        if self.cut:
+            return False
+        self.cut = True
+        if self.task is not _current_task():
+            self.cancelled = True
+            self.task.cancel(msg)
+        return True
+
+    def uncancel(self) -> int:
+        if not self.cancelled:
+            return self.task.cancelling()
+        self.cancelled = False
+        return self.task.uncancel()
+
+    def took_back(self) -> bool:
+        """Take back the cancellation `cancel` made, if it is still out: whether the interrupt
+        alone ended the wait (nobody else cancelled the task meanwhile)."""
+        return self.uncancel() <= self.base

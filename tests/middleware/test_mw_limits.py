@@ -313,9 +313,9 @@ async def test_a_cancelled_waiter_never_takes_a_slot() -> None:
 
 
 async def test_a_waiter_handed_a_slot_as_it_is_cancelled_passes_it_on() -> None:
-    limit, key = ConcurrencyLimitMiddleware(1), (P.ON_MODEL_CALL, "*")
-    await limit._acquire(key)
-    b, c, d = (asyncio.create_task(limit._acquire(key)) for _ in range(3))
+    limit, key, ctx = ConcurrencyLimitMiddleware(1), (P.ON_MODEL_CALL, "*"), RuntimeContext()
+    await limit._acquire(key, ctx)
+    b, c, d = (asyncio.create_task(limit._acquire(key, ctx)) for _ in range(3))
     await _settle()
     limit._release(key)  # the slot is handed to b ...
     b.cancel()  # ... which is cancelled before it resumes; c is cancelled while waiting

@@ -610,9 +610,9 @@ class CallHold:
             return refused
         if self.id is None:
             self.id = new_hold_id()
-        max_tokens, max_cost = (None, None) if force else self.budget.user_limits
-        try:
-            answer = await self.budget.store.reserve(self.ctx.user_id, self.id, tokens, cost, max_tokens, max_cost)
+        limits = (None, None) if force else self.budget.user_limits
+        try:  # (the run's wait: an interrupt ends it at once; the hold, made or not, is released)
+            answer = await self.ctx.wait(self.budget.store.reserve(self.ctx.user_id, self.id, tokens, cost, *limits))
         except BaseException:
             self._undo_local(tokens, cost)
             raise

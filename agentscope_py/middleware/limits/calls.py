@@ -102,20 +102,20 @@ class ConcurrencyLimitMiddleware(MiddlewareBase):
 
     def on_model_call(self, agent: AgentView, ctx: RuntimeContext, input: ModelCallInput, next: Next) -> Any:
         inner = next(input)
-        return EventStream(lambda: self._held((ExtensionPoint.ON_MODEL_CALL, self._key(ctx)), inner))
+        return EventStream(lambda: self._held((ExtensionPoint.ON_MODEL_CALL, self._key(ctx)), ctx, inner))
 
     def on_acting(self, agent: AgentView, ctx: RuntimeContext, input: ActingInput, next: Next) -> Any:
         inner = next(input)
-        return EventStream(lambda: self._held((ExtensionPoint.ON_ACTING, self._key(ctx)), inner))
+        return EventStream(lambda: self._held((ExtensionPoint.ON_ACTING, self._key(ctx)), ctx, inner))
 
     def on_agent(self, agent: AgentView, ctx: RuntimeContext, input: AgentInput, next: Next) -> Any:
         inner = next(input)
-        return EventStream(lambda: self._held((ExtensionPoint.ON_AGENT, self._key(ctx)), inner))
+        return EventStream(lambda: self._held((ExtensionPoint.ON_AGENT, self._key(ctx)), ctx, inner))
 
-    async def _held(self, key: _SlotKey, inner: EventStream[Any]) -> AsyncIterator[Any]:
+    async def _held(self, key: _SlotKey, ctx: RuntimeContext, inner: EventStream[Any]) -> AsyncIterator[Any]:
         # The slot is taken inside the generator: a stream closed before its first item never
         # took one, and once taken, the finally gives it back however the stream ends.
-        await self._acquire(key)
+        await self._acquire(key, ctx)
         try:
             async with aclosing(inner.__aiter__()) as it:
                 async for event in it:
@@ -123,7 +123,7 @@ class ConcurrencyLimitMiddleware(MiddlewareBase):
         finally:
             self._release(key)
 
-    async def _acquire(self, key: _SlotKey) -> None:
+    async def _acquire(self, key: _SlotKey, ctx: RuntimeContext) -> None:
         slots = self._slots.get(key)
         if slots is None:
             slots = self._slots[key] = _Slots(self.limit)
@@ -134,7 +134,7 @@ class ConcurrencyLimitMiddleware(MiddlewareBase):
         slots.waiters.append(waiter)
         try:
             async with asyncio.timeout(self.max_wait):
-                await waiter
+                await ctx.wait(waiter)  # the run's wait: an interrupt ends it at once
         except BaseException as exc:
             if waiter.done() and not waiter.cancelled():
                 self._release(key)  # handed a slot just as it was cancelled: pass it on

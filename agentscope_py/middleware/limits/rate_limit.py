@@ -322,9 +322,9 @@ class RateLimitMiddleware(MiddlewareBase):
         key = self._keys.get(tag) or (tag, self._key(ctx))
         if self._take is not None and self._take(key, need, self.rate, self.burst):
             return next(input)
-        return self._reserve(key, need, next, input)
+        return self._reserve(key, need, ctx, next, input)
 
-    def _reserve(self, key: tuple[str, Hashable], need: float, next: Next, input: Any) -> Any:
+    def _reserve(self, key: tuple[str, Hashable], need: float, ctx: RuntimeContext, next: Next, input: Any) -> Any:
         """A call that did not find its tokens at once (or a store that cannot say without
         awaiting): refused, passed, or a stream that waits for its turn. Apart from `_admit`, so
         the variables the waiting stream's closure keeps are made only for such a call."""
@@ -336,19 +336,22 @@ class RateLimitMiddleware(MiddlewareBase):
             if not found.granted:
                 return EventStream.error(self._refused(key, found.wait))
         inner = next(input)  # built here, in the hook's context (a span around it parents the call)
-        return EventStream(lambda: self._waited(key, need, found, inner))
+        return EventStream(lambda: self._waited(key, need, found, ctx, inner))
 
     async def _waited(self, key: tuple[str, Hashable], need: float, found: Reservation | None,
-                      inner: EventStream[Any]) -> AsyncIterator[Any]:
+                      ctx: RuntimeContext, inner: EventStream[Any]) -> AsyncIterator[Any]:
+        # The waits are the run's: an interrupt ends them at once (`RuntimeContext.wait`). One
+        # cut while the store answers refunds nothing: whether it took the tokens is unknown, and
+        # tokens kept too long only delay later calls, while tokens given back twice let too many by.
         if found is None:
-            found = await self.store.reserve(key, need, self.rate, self.burst, self.max_wait)
+            found = await ctx.wait(self.store.reserve(key, need, self.rate, self.burst, self.max_wait))
             if not found.granted:
                 raise self._refused(key, found.wait)
         if found.wait > 0:
             try:
-                await self._sleep(found.wait)
+                await ctx.wait(self._sleep(found.wait))
             except BaseException:
-                # Cancelled while waiting: the call never ran, so its tokens go back.
+                # Interrupted or cancelled while waiting: the call never ran, so its tokens go back.
                 with contextlib.suppress(Exception):
                     await self.store.refund(key, need, self.rate, self.burst)
                 raise

@@ -21,7 +21,7 @@ import random
 from collections.abc import AsyncIterator, Callable, Collection
 from typing import TYPE_CHECKING, Any, Literal
 
-from ...errors import MiddlewareTermination
+from ...errors import AgentInterrupted, MiddlewareTermination
 from ...events import AgentEvent, ToolResultEnd, ToolResultStart, ToolResultTextDelta
 from ...extension.base import ActingInput, ExtensionPoint, MiddlewareBase, Next
 from ...message import ToolResultState, ToolUseBlock
@@ -93,11 +93,11 @@ class ToolRetryMiddleware(MiddlewareBase):
         first = next(input)
         if not calls or self.max_retries == 0:
             return first  # nothing to retry: no layer at all
-        return EventStream(lambda: self._run(first, calls, {}, input, next))
+        return EventStream(lambda: self._run(first, calls, {}, ctx, input, next))
 
     async def _run(
         self, stream: EventStream[AgentEvent], calls: dict[str, ToolUseBlock], tries: dict[str, int],
-        input: ActingInput, next: Next,
+        ctx: RuntimeContext, input: ActingInput, next: Next,
     ) -> AsyncIterator[AgentEvent]:
         mode = self.mode
         held: list[Any] | None = None  # the events of the call being held, unseen so far
@@ -114,7 +114,8 @@ class ToolRetryMiddleware(MiddlewareBase):
                         if cls is ToolResultEnd:
                             events, held = held, None
                             if ev.state is _ERROR:
-                                async for out in self._failed(calls[held_id], events, True, tries, input, next):
+                                async for out in self._failed(calls[held_id], events, True, tries, ctx, input,
+                                                              next):
                                     yield out
                             else:
                                 for out in events:
@@ -146,7 +147,8 @@ class ToolRetryMiddleware(MiddlewareBase):
                             text = "".join(texts.pop(cid))
                             yield ev
                             if ev.state is _ERROR:
-                                async for out in self._failed(calls[cid], [], False, tries, input, next, text):
+                                async for out in self._failed(calls[cid], [], False, tries, ctx, input, next,
+                                                              text):
                                     yield out
                             continue
                 yield ev
@@ -155,8 +157,8 @@ class ToolRetryMiddleware(MiddlewareBase):
                 yield out
 
     async def _failed(
-        self, call: ToolUseBlock, events: list[Any], held: bool, tries: dict[str, int], input: ActingInput,
-        next: Next, text: str | None = None,
+        self, call: ToolUseBlock, events: list[Any], held: bool, tries: dict[str, int], ctx: RuntimeContext,
+        input: ActingInput, next: Next, text: str | None = None,
     ) -> AsyncIterator[AgentEvent]:
         """``call``'s result was an error: run the call again and stream that (the failed attempt's
         ``events``, held so far, are dropped unseen); or, with the retries used up or ``retry_on``
@@ -167,13 +169,22 @@ class ToolRetryMiddleware(MiddlewareBase):
         retry = tries.get(call.id, 0)
         if retry < self.max_retries and (self._retry_on is None or self._retry_on(text)):
             delay = self.backoff.delay(retry)
-            if self._on_retry is not None:
-                outcome = self._on_retry(retry + 1, call, text, delay)
-                if hasattr(outcome, "__await__"):
-                    await outcome
-            await self.backoff.sleep(delay)
+            # Both waits are in the run's task (not the tool's): an interrupt ends them at once
+            # (`RuntimeContext.wait`). No retry replaces the failed attempt then: its result, held
+            # unseen so far, is the call's result (as when the retries are used up).
+            try:
+                if self._on_retry is not None:
+                    outcome = self._on_retry(retry + 1, call, text, delay)
+                    if hasattr(outcome, "__await__"):
+                        await ctx.wait(outcome)
+                await ctx.wait(self.backoff.sleep(delay))
+            except AgentInterrupted:
+                if held:
+                    for out in events:
+                        yield out
+                raise
             again = next(input.replace(tool_calls=[call]))
-            async for out in self._run(again, {call.id: call}, {**tries, call.id: retry + 1}, input, next):
+            async for out in self._run(again, {call.id: call}, {**tries, call.id: retry + 1}, ctx, input, next):
                 yield out
             return
         if held:

@@ -135,9 +135,10 @@ class RetryMiddleware(MiddlewareBase):
             return None
         delay = self.backoff.delay(retry, error)
         earlier.append((f"{retry + 1} ({input.model.name})", error))
+        # Both waits are the run's: an interrupt ends them at once (`RuntimeContext.wait`).
         if self._on_retry is not None:
-            await _maybe_await(self._on_retry(retry + 1, error, delay))
-        await self.backoff.sleep(delay)
+            await _maybe_await(ctx, self._on_retry(retry + 1, error, delay))
+        await ctx.wait(self.backoff.sleep(delay))
         return next(input)
 
 
@@ -177,13 +178,13 @@ class ModelFallbackMiddleware(MiddlewareBase):
         return frozenset({ExtensionPoint.ON_MODEL_CALL})
 
     def on_model_call(self, agent: AgentView, ctx: RuntimeContext, input: ModelCallInput, next: Next) -> Any:
-        call = _FailedOver(next(input), self, input, next)
+        call = _FailedOver(next(input), self, ctx, input, next)
         if self.mode == "first":
             return EventStream(call)
         return EventStream(partial(Attempts, call.first, call.again, self.mode))
 
-    async def _again(self, input: ModelCallInput, next: Next, earlier: list[tuple[str, BaseException]],
-                     error: BaseException) -> EventStream[AgentEvent] | None:
+    async def _again(self, ctx: RuntimeContext, input: ModelCallInput, next: Next,
+                     earlier: list[tuple[str, BaseException]], error: BaseException) -> EventStream[AgentEvent] | None:
         # (Stateless: each subscription's attempts so far are ``earlier``.)
         chain = (input.model, *self.models)
         i = len(earlier)
@@ -193,7 +194,7 @@ class ModelFallbackMiddleware(MiddlewareBase):
         failed, following = chain[i], chain[i + 1]
         earlier.append((f"{i + 1} ({failed.name})", error))
         if self._on_failover is not None:
-            await _maybe_await(self._on_failover(failed, error, following))
+            await _maybe_await(ctx, self._on_failover(failed, error, following))
         return next(input.replace(model=following))
 
 
@@ -214,15 +215,15 @@ class _Retried(FirstFailure):
 class _FailedOver(FirstFailure):
     """One model call under `ModelFallbackMiddleware`: its first attempt, and what the next need."""
 
-    __slots__ = ("input", "mw", "next")
+    __slots__ = ("ctx", "input", "mw", "next")
 
-    def __init__(self, first: EventStream[AgentEvent], mw: ModelFallbackMiddleware, input: ModelCallInput,
-                 next: Next) -> None:
-        self.first, self.mw, self.input, self.next = first, mw, input, next
+    def __init__(self, first: EventStream[AgentEvent], mw: ModelFallbackMiddleware, ctx: RuntimeContext,
+                 input: ModelCallInput, next: Next) -> None:
+        self.first, self.mw, self.ctx, self.input, self.next = first, mw, ctx, input, next
 
     def again(self, earlier: list[tuple[str, BaseException]], error: BaseException,
               emitted: bool) -> Awaitable[EventStream[AgentEvent] | None]:
-        return self.mw._again(self.input, self.next, earlier, error)
+        return self.mw._again(self.ctx, self.input, self.next, earlier, error)
 
 
 def _failure_text(error: BaseException, attempts: int) -> str:
@@ -244,6 +245,7 @@ def _error_reply(reply_id: str, model: ChatModel, error: BaseException, text: st
     )
 
 
-async def _maybe_await(value: Any) -> None:
+async def _maybe_await(ctx: RuntimeContext, value: Any) -> None:
+    """A callback's result awaited, when it is awaitable, as a wait of the run (an interrupt ends it)."""
     if inspect.isawaitable(value):
-        await value
+        await ctx.wait(value)

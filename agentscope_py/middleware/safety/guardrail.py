@@ -202,7 +202,7 @@ class GuardrailMiddleware(MiddlewareBase):
                     if stream_checks:
                         await self._check_unchecked(agent, ctx, messages, texts, pending)
                     if pending:
-                        await _settle(pending)
+                        await _settle(ctx, pending)
                     if self.output_checks:
                         await self._output_check(agent, ctx, messages, texts)
                     hold_all = False
@@ -236,7 +236,7 @@ class GuardrailMiddleware(MiddlewareBase):
         if self.stream_checks:
             await self._check_unchecked(agent, ctx, messages, texts, pending)
         if pending:
-            await _settle(pending)
+            await _settle(ctx, pending)
 
     async def _check_unchecked(self, agent: AgentView, ctx: RuntimeContext, messages: tuple[Msg, ...],
                                texts: dict[str, _Seen], pending: set[asyncio.Future[Any]]) -> None:
@@ -330,7 +330,7 @@ class GuardrailMiddleware(MiddlewareBase):
                         if stream_checks and done.since:
                             await self._stream_check(agent, ctx, (), done, pending)
                         if pending:
-                            await _settle(pending)
+                            await _settle(ctx, pending)
                         if self.output_checks:
                             check = GuardrailCheck("output", done.text(), (), agent, ctx, kind="tool_result",
                                                    tool_name=done.tool_name)
@@ -366,7 +366,9 @@ class GuardrailMiddleware(MiddlewareBase):
                     close()
             raise
         if waits:
-            values = await asyncio.gather(*(v for _, v in waits))
+            # The run waits for the checks (a moderation service may take long): an interrupt ends
+            # the wait at once (`RuntimeContext.wait`), and the checks are cancelled.
+            values = await check.ctx.wait(asyncio.gather(*(v for _, v in waits)))
             for (guardrail, _), value in zip(waits, values, strict=True):
                 _judge(guardrail, value, stage)
 
@@ -460,12 +462,13 @@ def _raise_finished(pending: set[asyncio.Future[Any]]) -> None:
         task.result()  # a trip (or the check's own error) surfaces here
 
 
-async def _settle(pending: set[asyncio.Future[Any]]) -> None:
-    """Waits for the background checks; the first trip (or failure) cancels the others."""
+async def _settle(ctx: RuntimeContext, pending: set[asyncio.Future[Any]]) -> None:
+    """Waits for the background checks, as a wait of the run (an interrupt ends it and cancels
+    them); the first trip (or failure) cancels the others."""
     try:
         while pending:
             task = pending.pop()
-            await task
+            await ctx.wait(task)
     finally:
         for task in pending:
             task.cancel()
