@@ -1,7 +1,7 @@
 """An interrupt ends a built-in's wait at once: the backoff of a retry (the middleware's and the
 agent's own), a user's ``sleep=``, ``on_retry`` / ``on_failover`` callbacks that await, a tool
 retry's backoff, the rate limiter's wait for tokens, the concurrency limit's wait for a slot, the
-hedge's delay and a budget's wait for its store. Each wait here is 5 s or more; the run must end
+hedge's delay, a budget's wait for its store and a cache's read of its store. Each wait here is 5 s or more; the run must end
 within a second of the interrupt, as an interrupt elsewhere ends it: an INTERRUPTED reply
 (``call``) or a stream closed by its AgentResult and AgentEnd (``stream``), the turn saved, the
 session free, nothing left open, the caller not cancelled."""
@@ -36,8 +36,10 @@ from agentscope_py.middleware import (
     HedgeMiddleware,
     ModelFallbackMiddleware,
     RateLimitMiddleware,
+    ResponseCacheMiddleware,
     RetryMiddleware,
     TimeoutMiddleware,
+    ToolResultCacheMiddleware,
     ToolRetryMiddleware,
 )
 from agentscope_py.middleware.limits.budget_stores import InMemoryBudgetStore, Reservation, Spend
@@ -377,6 +379,55 @@ async def test_an_interrupt_ends_a_budgets_wait_for_its_store(mode: str) -> None
     await turn_saved(agent)
     assert store.inner.held_nowait("u") == (0, 0.0)  # nothing held, nothing charged
     assert store.inner.get_nowait("u").tokens == 0
+
+
+# -- a cache's store ---------------------------------------------------------------------------------
+
+
+class SlowCacheStore:
+    """A cache store across the network whose reads take `LONG` (a Redis that stalls)."""
+
+    def __init__(self) -> None:
+        self.asked = asyncio.Event()
+        self.written: list[str] = []
+
+    async def get(self, key: str) -> Any:
+        self.asked.set()
+        await asyncio.sleep(LONG)
+        return None
+
+    async def set(self, key: str, events: Any, ttl: float | None) -> None:
+        self.written.append(key)
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_an_interrupt_ends_a_response_caches_read_of_its_store(mode: str) -> None:
+    store = SlowCacheStore()
+    model = ScriptedModel([ModelStep.text("never")])
+    agent = build(model, ResponseCacheMiddleware(store))
+    reply, events = await interrupted(agent, mode, store.asked.wait)
+    ended_interrupted(mode, reply, events)
+    assert model.requests == [] and store.written == []  # no model call, nothing recorded
+    await turn_saved(agent)
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_an_interrupt_ends_a_tool_caches_read_of_its_store(mode: str) -> None:
+    store = SlowCacheStore()
+    ran = asyncio.Event()
+
+    @tool(read_only=True)
+    async def lookup(q: str) -> str:
+        """Look something up."""
+        ran.set()
+        return f"found {q}"
+
+    model = ScriptedModel([ModelStep.tool_call("lookup", {"q": "x"}), ModelStep.text("never")])
+    agent = build(model, ToolResultCacheMiddleware(store), toolkit=Toolkit([lookup]))
+    reply, events = await interrupted(agent, mode, store.asked.wait)
+    ended_interrupted(mode, reply, events)
+    assert not ran.is_set() and store.written == []  # the tool never ran
+    await turn_saved(agent)
 
 
 # -- the guardrail's checks ------------------------------------------------------------------------

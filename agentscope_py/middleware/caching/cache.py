@@ -34,6 +34,7 @@ import logging
 from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from ...errors import AgentInterrupted
 from ...events import (
     AgentEvent,
 )
@@ -86,9 +87,11 @@ class _CacheBase(MiddlewareBase):
         self.hits = 0
         self.misses = 0
 
-    async def _get(self, key: str) -> tuple[AgentEvent, ...] | None:
-        try:
-            return await self.store.get(key)
+    async def _get(self, ctx: RuntimeContext, key: str) -> tuple[AgentEvent, ...] | None:
+        try:  # (the run's wait: an interrupt ends it at once, as a slow store's answer would be waited for)
+            return await ctx.wait(self.store.get(key))
+        except AgentInterrupted:
+            raise
         except Exception as exc:  # a cache is an optimisation: a failing store is a miss
             log.warning("%s: reading the cache failed (%s: %s); calling inward", self.name, type(exc).__name__, exc)
             return None
@@ -139,7 +142,7 @@ class ResponseCacheMiddleware(_CacheBase):
         inner = next(input)  # built here, in the hook's context (a span around it parents the call)
 
         async def call() -> AsyncIterator[AgentEvent]:
-            recorded = await self._get(key)
+            recorded = await self._get(ctx, key)
             if recorded is not None:
                 self.hits += 1
                 for ev in replay(recorded, _reply_id(ctx)):
@@ -238,7 +241,7 @@ class ToolResultCacheMiddleware(_CacheBase):
         calls = input.tool_calls
         hits: dict[str, tuple[AgentEvent, ...]] = {}
         for cid, key in keys.items():
-            recorded = await self._get(key)
+            recorded = await self._get(ctx, key)
             if recorded is not None:
                 hits[cid] = recorded
         self.hits += len(hits)
