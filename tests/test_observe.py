@@ -273,3 +273,11 @@ async def test_a_stream_whose_model_calls_no_hook_reads_feeds_its_reply_from_the
     saved = [m.model_dump(exclude={"id", "metadata"}) for m in ctx.agent_state.context]
     kept = [m.model_dump(exclude={"id", "metadata"}) for m in ctx_mapped.agent_state.context]
     assert saved == kept and len(saved) == 4  # (the input, the tool call, its result, the answer)
+
+
+async def test_a_streamed_summary_no_hook_reads_keeps_its_reply_once() -> None:
+    steps = [ModelStep.tool_call("add", {"a": 1, "b": 2}), ModelStep.text("summary", chunks=3)]
+    agent = ReActAgent.builder().model(ScriptedModel(steps)).tools(add).max_iters(1).build()
+    events = await agent.stream("1 + 2?").to_list()
+    assert [e.delta for e in events if type(e) is TextBlockDelta] == ["sum", "ma", "ry"]
+    assert events[-2].result.text == "summary" and events[-2].result.generate_reason == "max_iterations"
