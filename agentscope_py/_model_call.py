@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "FailoverListener", "ModelCall", "ModelExecutor", "ModelRead", "RetryPolicy", "model_call_events",
-    "model_call_stream", "model_events", "read_alone",
+    "model_call_stream", "model_events", "read_alone", "read_passed",
 ]
 
 FailoverListener = Callable[[ChatModel, BaseException, ChatModel], Any]
@@ -158,22 +158,36 @@ def model_call_events(
                                   contextvars.copy_context()), (), None, reply, events)
 
 
-def read_alone(stream: object, reply: ReplyBuilder, events: bool = False) -> AsyncIterator[AgentEvent] | None:
+def read_alone(stream: object, reply: ReplyBuilder, alone: Callable[[], bool]) -> AsyncIterator[AgentEvent] | None:
+    """The stream that came back from the ``on_model_call`` hooks, subscribed by a consumer that
+    is the only reader of its events and hands them to ``reply``, so that it makes none: the model
+    call's own stream (`model_call_stream`) passed through as it was (no operator added, not
+    wrapped), or a retry or fallback around it (`MapSource.building`) hands the reply to the
+    builder directly (`PartsManager`). None for any other stream. ``alone()``: whether the
+    consumer is still the only reader, for the attempts a retry makes later. (A hook that
+    subscribes the stream itself gets its own subscription, events and all.)"""
+    if type(stream) is EventStream and not stream._steps and isinstance(stream._factory, MapSource):
+        return stream._factory.building(reply, alone)
+    return None
+
+
+def read_passed(stream: object, reply: ReplyBuilder) -> AsyncIterator[AgentEvent] | None:
     """A model call's own stream (`model_call_stream`) that came back from the ``on_model_call``
     hooks as it was (passed through: no operator added, not wrapped), subscribed by a consumer
-    that would hand its events to ``reply``: the subscription hands the reply to it directly
-    instead (`PartsManager`), and makes the events only with ``events`` (a consumer that passes
-    them on). None for any other stream. (A hook that subscribes the stream itself gets its own
-    subscription, events and all.)"""
+    that passes its events on and would hand each of them to ``reply``: the subscription makes
+    the events and hands the reply to ``reply`` itself (`PartsManager`). None for any other
+    stream (a retry or fallback around the call, whose attempts the consumer then hands to the
+    builder event by event)."""
     if type(stream) is EventStream and not stream._steps and type(stream._factory) is ModelCall:
-        return model_events(stream._factory, (), None, reply, events)
+        return model_events(stream._factory, (), None, reply, True)
     return None
 
 
 class ModelCall(MapSource):
     """The factory of one model call's stream: each subscription is a `model_events` generator,
-    which applies the stream's maps to each event itself, and takes a failure before its first
-    event to the retry's ``recovery`` (`MapSource.recovering`)."""
+    which applies the stream's maps to each event itself, takes a failure before its first event
+    to the retry's ``recovery`` (`MapSource.recovering`), and, for a consumer that only hands the
+    events to a reply builder, hands the reply to it instead of making them (`MapSource.building`)."""
 
     __slots__ = ("control", "ctx", "deadline", "models", "on_failover", "policy", "reply_id", "request")
 
@@ -202,6 +216,11 @@ class ModelCall(MapSource):
 
     def recovering(self, maps: Maps, recovery: Recovery) -> AsyncIterator[Any]:
         return model_events(self, maps, recovery)
+
+    def building(
+        self, reply: ReplyBuilder, alone: Callable[[], bool], recovery: Recovery | None = None,
+    ) -> AsyncIterator[Any]:
+        return model_events(self, (), recovery, reply)
 
 
 NO_STEP: Any = object()

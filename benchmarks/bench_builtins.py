@@ -47,6 +47,7 @@ from typing import Any
 from agentscope_py import ChatUsage, ExtensionPoint, MiddlewareBase, ModelStep, ReActAgent, RuntimeContext, Toolkit
 from agentscope_py.middleware import (
     BudgetMiddleware,
+    ModelFallbackMiddleware,
     RateLimitMiddleware,
     ResponseCacheMiddleware,
     RetryMiddleware,
@@ -104,6 +105,11 @@ def builtins() -> list[MiddlewareBase]:
     ]
 
 
+def others() -> list[MiddlewareBase]:
+    """Built-ins counted one at a time only (``--instructions``), in place of one pass-through."""
+    return [ModelFallbackMiddleware(FakeModel())]
+
+
 EACH = ("RetryMiddleware", "TimeoutMiddleware", "RateLimitMiddleware", "ResponseCacheMiddleware", "BudgetMiddleware")
 
 
@@ -113,7 +119,7 @@ def variant(name: str) -> list[MiddlewareBase]:
         return [PassThrough() for _ in range(5)]
     if name == "builtins":
         return builtins()
-    one = [m for m in builtins() if type(m).__name__ == name]
+    one = [m for m in (*builtins(), *others()) if type(m).__name__ == name]
     if not one:
         raise SystemExit(f"unknown variant {name!r}")
     return [one[0]] + [PassThrough() for _ in range(4)]
@@ -217,7 +223,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", action="store_true", help="print the figures as JSON on the last line")
     p.add_argument("--instructions", nargs="?", const="passthrough,builtins," + ",".join(EACH),
                    help="count instructions per run under valgrind instead (comma-separated variants: "
-                        "passthrough, builtins, or a built-in's class name in place of one pass-through)")
+                        "passthrough, builtins, or a built-in's class name in place of one pass-through: "
+                        "one of the five, or ModelFallbackMiddleware)")
     p.add_argument("--child", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:

@@ -17,9 +17,12 @@ from __future__ import annotations
 
 import contextvars
 from collections.abc import AsyncIterator, Callable, Coroutine, Generator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .operators import Maps, MapSource, Recovery, apply_maps
+
+if TYPE_CHECKING:
+    from .._replies import ReplyBuilder
 
 __all__ = ["InContext", "stepped"]
 
@@ -50,6 +53,14 @@ class InContext(MapSource):
         factory = self.factory
         if isinstance(factory, MapSource):
             return self.ctx.run(factory.recovering, maps, recovery)
+        return None
+
+    def building(
+        self, reply: ReplyBuilder, alone: Callable[[], bool], recovery: Recovery | None = None,
+    ) -> AsyncIterator[Any] | None:
+        factory = self.factory
+        if isinstance(factory, MapSource):
+            return self.ctx.run(factory.building, reply, alone, recovery)
         return None
 
 

@@ -10,7 +10,10 @@ from __future__ import annotations
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable
 from operator import itemgetter
 from types import TracebackType
-from typing import Any, ClassVar, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
+
+if TYPE_CHECKING:
+    from .._replies import ReplyBuilder
 
 __all__ = [
     "DO",
@@ -67,6 +70,22 @@ class MapSource:
         None when this source cannot (the caller then wraps the stream instead). Only sources
         that handle each item themselves can, at no cost per item: the model call's stream
         (`_model_call.ModelCall`), and `context.InContext` around one."""
+        return None
+
+    def building(
+        self, reply: ReplyBuilder, alone: Callable[[], bool], recovery: Recovery | None = None,
+    ) -> AsyncIterator[Any] | None:
+        """A subscription that makes no items: it hands its reply to ``reply`` itself, for a
+        consumer that is the only reader of the items and would only hand them to that builder
+        (the agent loop in a ``call()``: `_model_call.read_alone`); None when this source cannot
+        (the consumer then subscribes it as usual). Items it still yields (a stream it cannot read
+        so, subscribed later) go to the consumer, which hands them to the builder with ``add``.
+        ``alone()``: whether that consumer is still the only reader, asked before each stream
+        this source subscribes later (a retry's next attempt runs hooks that may add an
+        observer). ``recovery``: as in `recovering`, a failure before anything reached
+        ``reply``. Only the model call's stream can (`_model_call.ModelCall`), a retry's or a
+        fallback's around one (`middleware.resilience._common.FirstFailure`), and
+        `context.InContext` around those."""
         return None
 
 

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, cast
 from .._acting import ToolScope, acting_events
 from .._bracket_kinds import describe
 from .._deadline import Deadline
-from .._model_call import model_call_events, model_call_stream, read_alone
+from .._model_call import model_call_events, model_call_stream, read_alone, read_passed
 from .._replies import ReplyBuilder
 from .._trusted import shape
 from ..errors import AgentInterrupted, BusyError, PendingToolCallsError, ResumeError, StructuredOutputError
@@ -217,23 +217,32 @@ class Execution:
     ) -> tuple[AsyncIterable[AgentEvent], bool]:
         """The ``on_model_call`` chain around the model call; the model call itself when no hook
         wraps it. ``reply``: the builder its events go to, when no on_reasoning hook reads them
-        before the loop. With the stream: whether the call hands ``reply`` the reply itself, as
-        it makes each part (no hook reads its events: none or all of them pass the call's stream
-        through), so that the loop hands it none of the events."""
+        before the loop. With the stream: whether the call hands ``reply`` the parts of every
+        event it yields itself (no hook reads its events), so that the loop hands it none."""
         if self._model_call is None:
             return self._model_events(messages, tools, options, reply)
         stream = self._model_call(ModelCallInput(messages, tools, options, self.agent.model))
         if reply is not None:
-            # Hooks that passed the call's stream through untouched read none of its events.
-            alone = read_alone(stream, reply, not self._unread())
-            if alone is not None:
-                return alone, True
+            if self._unread():
+                # Hooks that passed the call's stream through untouched, or a retry or fallback
+                # around it, read none of its events. (What it still yields, a later attempt
+                # that cannot be read so, goes to the builder through the loop.)
+                alone = read_alone(stream, reply, self._unread)
+                if alone is not None:
+                    return alone, False
+            else:
+                # Hooks that passed the call's stream through untouched read none of its events
+                # before the loop, which passes them on.
+                passed = read_passed(stream, reply)
+                if passed is not None:
+                    return passed, True
         return stream, False
 
     def _unread(self) -> bool:
         """Whether nothing but the loop reads this run's events now: it publishes none, and no
-        observer is added (checked as each model call starts: an observer is added only by a hook,
-        which has run by then, or by a tool, which does not run while a model call is read)."""
+        observer is added (checked as each model call starts, and again before each attempt a
+        retry makes: an observer is added only by a hook, which has run by then, or by a tool,
+        which does not run while a model call is read)."""
         return not self.publish and self.ctx.event_observer is None
 
     async def events(self, msgs: Sequence[Msg], publish: bool = True) -> AsyncIterator[AgentEvent]:

@@ -23,12 +23,15 @@ import contextlib
 import random
 from collections.abc import AsyncIterator, Awaitable, Callable
 from functools import partial
-from typing import Any, Literal, TypeAlias
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
 from ..._stream.operators import Maps, MapSource, Recovery, apply_maps, maps_of
 from ...errors import AgentInterrupted, MiddlewareError, MiddlewareTermination, ModelError
 from ...events import AgentEvent, MiddlewareCompleted, MiddlewareStarted
 from ...stream import EventStream, aclose
+
+if TYPE_CHECKING:
+    from ..._replies import ReplyBuilder
 
 __all__ = [
     "Attempts",
@@ -258,7 +261,10 @@ class FirstFailure(MapSource):
     prefetch, under any number of hooks that only add maps), the subscription is that stream's
     own iterator, and the next attempts (`Attempts`) are only made after a failure: a call that
     does not fail passes through no iterator of ours. Elsewhere (a hook inside that wraps the
-    stream, hook tracing) `Attempts` does it, as it does the other modes.
+    stream, hook tracing) `Attempts` does it, as it does the other modes. For a consumer that
+    only hands the events to a reply builder (`building`), the attempts make none while that
+    consumer is their only reader: a failure before anything reached the builder is a failure
+    before the first event.
 
     Each middleware's subclass keeps what its next attempt needs (the hook's context, input and
     ``next``) and makes that attempt in `again`: the one object made per call, nothing else until
@@ -294,6 +300,19 @@ class FirstFailure(MapSource):
 
     __call__ = with_maps  # (a subscription with no maps, the usual one: `MapSource.__call__` in one call)
 
+    def building(
+        self, reply: ReplyBuilder, alone: Callable[[], bool], recovery: Recovery | None = None,
+    ) -> AsyncIterator[AgentEvent] | None:
+        """The first attempt read with no events (`MapSource.building`), when the stream it
+        comes in can be: a failure before anything reached ``reply`` starts the next attempt
+        (`_resume_building`) as a failure before the first event would. ``recovery``: a retry or
+        fallback around this one, which takes a failure this one gives up on."""
+        source = _building_source(self.first)
+        if source is None:
+            return None
+        return source.building(reply, alone, (0, _BOOKKEEPING, partial(
+            self._resume_building, reply=reply, alone=alone, outer=recovery, earlier=[])))
+
     async def _resume(self, error: Exception, maps: Maps = ()) -> AsyncIterator[AgentEvent]:
         """The first attempt failed before its first event: the next attempts, as `Attempts` makes
         them (with the maps of the layers outside)."""
@@ -308,3 +327,67 @@ class FirstFailure(MapSource):
                 yield ev
         finally:
             await aclose(it)
+
+    async def _resume_building(
+        self, error: Exception, reply: ReplyBuilder, alone: Callable[[], bool], outer: Recovery | None,
+        earlier: list[tuple[str, BaseException]],
+    ) -> AsyncIterator[AgentEvent]:
+        """An attempt read with no events failed before anything reached ``reply``: the next
+        attempt, read the same way while the consumer is still the only reader (its own failure
+        before the first part comes back here), else as events (`Attempts`), which the consumer
+        hands to ``reply`` (an ``on_failure`` reply always is). A failure this layer gives up on
+        before any event goes to ``outer``, as it would seen from outside."""
+        stream = await self.again(earlier, error, False)
+        it: AsyncIterator[AgentEvent] | None
+        if stream is None:
+            if outer is None:
+                raise error
+            it = outer[2](error)
+        else:
+            it = None
+            source = _building_source(stream) if alone() else None
+            if source is not None:
+                it = source.building(reply, alone, (0, _BOOKKEEPING, partial(
+                    self._resume_building, reply=reply, alone=alone, outer=outer, earlier=earlier)))
+            if it is None:
+                it = Attempts(stream, self.again, "first", earlier)
+                if outer is not None:
+                    it = _handing_on(it, outer)
+        try:
+            async for ev in it:
+                yield ev
+        finally:
+            await aclose(it)
+
+
+def _building_source(stream: EventStream[AgentEvent]) -> MapSource | None:
+    """The source to ask for ``stream`` read with no events (`MapSource.building`); None when it
+    has steps of its own (they read the events) or a source that cannot be asked."""
+    factory = stream._factory
+    if stream._steps or not isinstance(factory, MapSource):
+        return None
+    return factory
+
+
+async def _handing_on(it: AsyncIterator[AgentEvent], outer: Recovery) -> AsyncIterator[AgentEvent]:
+    """``it``'s events, and a failure before the first of them (hook tracing's brackets aside)
+    handed to ``outer`` instead: what a retry or fallback around ``it`` would take."""
+    started = False
+    try:
+        async for ev in it:
+            if not started and type(ev) not in _BOOKKEEPING:
+                started = True
+            yield ev
+        return
+    except Exception as exc:
+        if started:
+            raise
+        error = exc
+    finally:
+        await aclose(it)
+    resumed = outer[2](error)
+    try:
+        async for ev in resumed:
+            yield ev
+    finally:
+        await aclose(resumed)

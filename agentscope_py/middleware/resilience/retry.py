@@ -16,7 +16,9 @@ the failed attempt by then (its blocks end, then ``ModelCallEnd(discarded=True)`
 stays balanced and a UI can strike the attempt out; memory keeps only the attempt that completed.
 
 Installed but not triggered, retry and fallback in the default mode add no iterator: the model
-call's own stream takes a failure before its first event (`_common.FirstFailure`);
+call's own stream takes a failure before its first event (`_common.FirstFailure`), and in a
+``call()`` nothing observes it hands each attempt's reply to the loop with no events
+(`MapSource.building`);
 where it cannot (a hook inside that wraps the stream), and in the other modes, they cost one method
 call per event (`_common.Attempts`).
 """
@@ -25,16 +27,16 @@ from __future__ import annotations
 
 import inspect
 import random
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import TYPE_CHECKING, Any, Literal
 
 from ...errors import ModelError
 from ...events import AgentEvent, ModelCallEnd, ModelCallStart, TextBlockDelta, TextBlockEnd, TextBlockStart
-from ...extension.base import AgentInput, ExtensionPoint, MiddlewareBase, ModelCallInput, Next
+from ...extension.base import ExtensionPoint, MiddlewareBase, ModelCallInput, Next
 from ...message import new_id
 from ...model.base import ChatModel
-from ...stream import EventStream, aclose
+from ...stream import EventStream
 from ._common import (
     Attempts,
     Backoff,
@@ -105,24 +107,9 @@ class RetryMiddleware(MiddlewareBase):
         self.mode = mode_of(buffer, after_first_event)
         self._retry_on = matcher(retry_on, retryable_model_error, "retry_on")
         self._on_retry = on_retry
-        self._reply_key = object()  # where on_agent leaves the run's reply id in ctx
 
     def active_points(self) -> frozenset[ExtensionPoint]:
-        if self.on_failure != "raise":  # the error reply needs the run's reply id (AgentStart's)
-            return frozenset({ExtensionPoint.ON_MODEL_CALL, ExtensionPoint.ON_AGENT})
         return frozenset({ExtensionPoint.ON_MODEL_CALL})
-
-    def on_agent(self, agent: AgentView, ctx: RuntimeContext, input: AgentInput, next: Next) -> Any:
-        inner = next(input)
-        key = self._reply_key
-
-        def seen(event: Any) -> bool:
-            if event.type == "agent_start" and event.source is None:
-                ctx.put(key, event.reply_id)
-                return True
-            return False  # (hook tracing's MiddlewareStarted can come first)
-
-        return EventStream(lambda: _FirstItemTap(inner.__aiter__(), seen))
 
     def on_model_call(self, agent: AgentView, ctx: RuntimeContext, input: ModelCallInput, next: Next) -> Any:
         # Each subscription counts its own retries afresh.
@@ -141,7 +128,7 @@ class RetryMiddleware(MiddlewareBase):
         if retry >= self.max_retries:
             note_earlier(error, earlier)
             if self.on_failure != "raise":
-                reply_id = ctx.get(self._reply_key) or new_id("reply_")
+                reply_id = ctx.reply_id or new_id("reply_")  # (the run's: AgentStart's)
                 text = (self.on_failure(error) if callable(self.on_failure)
                         else _failure_text(error, retry + 1))
                 return EventStream.of(*_error_reply(reply_id, input.model, error, text))
@@ -255,35 +242,6 @@ def _error_reply(reply_id: str, model: ChatModel, error: BaseException, text: st
         TextBlockEnd(reply_id=reply_id, block_id=block),
         ModelCallEnd(reply_id=reply_id, error=describe(error), finish_reason="error"),
     )
-
-
-class _FirstItemTap:
-    """Calls ``fn`` on the items until it returns True (the first, or one of the first few), then
-    forwards the inner iterator's awaitables unchanged (one method call per item, no frame of its
-    own)."""
-
-    __slots__ = ("__weakref__", "_fn", "_it", "_seen")  # (a weak reference: `Attempts`' note)
-
-    def __init__(self, it: AsyncIterator[Any], fn: Callable[[Any], bool]) -> None:
-        self._it = it
-        self._fn = fn
-        self._seen = False
-
-    def __aiter__(self) -> _FirstItemTap:
-        return self
-
-    def __anext__(self) -> Awaitable[Any]:
-        if self._seen:
-            return self._it.__anext__()
-        return self._first()
-
-    async def _first(self) -> Any:
-        item = await self._it.__anext__()
-        self._seen = self._fn(item)
-        return item
-
-    async def aclose(self) -> None:
-        await aclose(self._it)
 
 
 async def _maybe_await(value: Any) -> None:
