@@ -281,3 +281,16 @@ async def test_a_streamed_summary_no_hook_reads_keeps_its_reply_once() -> None:
     events = await agent.stream("1 + 2?").to_list()
     assert [e.delta for e in events if type(e) is TextBlockDelta] == ["sum", "ma", "ry"]
     assert events[-2].result.text == "summary" and events[-2].result.generate_reason == "max_iterations"
+
+
+async def test_a_consumer_that_leaves_mid_batch_leaves_the_batch_in_the_saved_reply() -> None:
+    agent = ReActAgent.builder().model(ScriptedModel([ModelStep.text("partial answer", chunks=2)])).build()
+    events = agent.stream("hi").__aiter__()
+    async for event in events:
+        if event.type == "model_call_start":  # (its batch: the start, the text block's start, "partial")
+            break
+    await events.aclose()
+    state, _ = await agent.state_store.load("default", "default")
+    assert state is not None
+    assert [(m.role, m.text, m.generate_reason) for m in state.context] == [
+        ("user", "hi", None), ("assistant", "partial", "interrupted")]
