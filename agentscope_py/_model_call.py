@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "FailoverListener", "ModelCall", "ModelExecutor", "ModelRead", "RetryPolicy", "model_call_events",
-    "model_call_stream", "model_events", "read_alone",
+    "model_call_stream", "model_events", "read_alone", "read_passed",
 ]
 
 FailoverListener = Callable[[ChatModel, BaseException, ChatModel], Any]
@@ -147,14 +147,15 @@ def model_call_events(
     control: RunControl | None,
     deadline: Deadline | None = None,
     reply: ReplyBuilder | None = None,
+    events: bool = False,
 ) -> AsyncIterator[AgentEvent]:
     """The events of one model call read once, by a consumer that iterates them itself (the agent
     loop when no hook wraps the call): `model_call_stream`'s one subscription, without the stream
-    object that lets hooks compose and re-subscribe to it. ``reply``: the builder that would be
-    the events' only reader; the call then yields none and hands the reply to it directly
-    (`PartsManager`)."""
+    object that lets hooks compose and re-subscribe to it. ``reply``: the builder the consumer
+    would hand the events to; the call hands the reply to it directly (`PartsManager`), and
+    yields the events only with ``events`` (a consumer that passes them on)."""
     return model_events(ModelCall(models, request, reply_id, policy, on_failover, control, deadline,
-                                  contextvars.copy_context()), (), None, reply)
+                                  contextvars.copy_context()), (), None, reply, events)
 
 
 def read_alone(stream: object, reply: ReplyBuilder, alone: Callable[[], bool]) -> AsyncIterator[AgentEvent] | None:
@@ -167,6 +168,18 @@ def read_alone(stream: object, reply: ReplyBuilder, alone: Callable[[], bool]) -
     subscribes the stream itself gets its own subscription, events and all.)"""
     if type(stream) is EventStream and not stream._steps and isinstance(stream._factory, MapSource):
         return stream._factory.building(reply, alone)
+    return None
+
+
+def read_passed(stream: object, reply: ReplyBuilder) -> AsyncIterator[AgentEvent] | None:
+    """A model call's own stream (`model_call_stream`) that came back from the ``on_model_call``
+    hooks as it was (passed through: no operator added, not wrapped), subscribed by a consumer
+    that passes its events on and would hand each of them to ``reply``: the subscription makes
+    the events and hands the reply to ``reply`` itself (`PartsManager`). None for any other
+    stream (a retry or fallback around the call, whose attempts the consumer then hands to the
+    builder event by event)."""
+    if type(stream) is EventStream and not stream._steps and type(stream._factory) is ModelCall:
+        return model_events(stream._factory, (), None, reply, True)
     return None
 
 
@@ -331,10 +344,11 @@ class ModelRead(Generator[Any, Any, Any]):
 
 
 async def model_events(
-    call: ModelCall, maps: Maps, recovery: Recovery | None, reply: ReplyBuilder | None = None,
+    call: ModelCall, maps: Maps, recovery: Recovery | None, reply: ReplyBuilder | None = None, events: bool = False,
 ) -> AsyncIterator[Any]:
     """The events of one model call, its maps applied, read in the task iterating this. With
-    ``reply``, none: the reply goes to that builder (`model_call_events`, `read_alone`).
+    ``reply``, the reply goes to that builder, and the events are made only with ``events``
+    (`model_call_events`, `read_alone`).
 
     Nothing is yielded until the first chunk arrives, so a failure before it can be retried or
     failed over (here, `_recover`, or by a middleware: ``recovery``) cleanly. Its events are
@@ -361,7 +375,7 @@ async def model_events(
             # chunk, whose events are handed over at once, then the chunks the provider has
             # without waiting, handed over when it would wait (`ModelRead.send`) or when it ends.
             read.filling = True
-            read.coro = ctx.run(_read, call, read, reply)
+            read.coro = ctx.run(_read, call, read, reply, events)
             read.reading = True
             await read
             read.reading = False
@@ -449,7 +463,7 @@ async def model_events(
         await _finish(read)
 
 
-async def _read(call: ModelCall, read: ModelRead, reply: ReplyBuilder | None) -> None:
+async def _read(call: ModelCall, read: ModelRead, reply: ReplyBuilder | None, events: bool) -> None:
     """The whole read of the provider, inside the call's context: the first chunk (a failure
     before it goes to `_recover`; the deadline's first-event limit ends with it), the parts
     manager made for the model that gave it, then each chunk fed to it as it arrives. `ModelRead`
@@ -473,19 +487,19 @@ async def _read(call: ModelCall, read: ModelRead, reply: ReplyBuilder | None) ->
                                                         exc)
         if read.timer is not None:
             read.timer.first_arrived()
-        parts = read.parts = PartsManager(call.reply_id, read.model.name, reply)
+        parts = read.parts = PartsManager(call.reply_id, read.model.name, reply, events)
         out = read.out = parts.out
         if chunk is None or read.it is None:
             return
         feed, anext = parts.feed, read.it.__anext__
         feed(chunk)
         await _hand_over()
-        if reply is None:
+        if parts.events:
             while True:
                 feed(await anext())
                 if len(out) >= FAIR_TURN:
                     await _pause()
-        else:  # no events to count (the reply goes to its builder): the loop runs every FAIR_TURN chunks
+        else:  # no events to count (the reply goes to its builder only): the loop runs every FAIR_TURN chunks
             fed = 0
             while True:
                 feed(await anext())

@@ -57,13 +57,15 @@ class PartsManager:
     appends them to ``out``, which the model call's generator (`_model_call.model_events`) hands
     to its consumer, chunk by chunk, in the consumer's task.
 
-    With ``reply`` (a `ReplyBuilder`), nobody reads the call's events (a ``call()`` whose model
-    call no hook reads and nothing observes: their only reader would be that builder), so none is
-    made: what the events would carry to the builder — each delta under its block's id, each
-    tool call's name and arguments, the usage, the finish reason, whether the reply is kept — is
-    handed to it directly, and ``out`` stays empty. The ids of blocks and calls are made as they
-    would be, and a provider's values of another type are validated by the event they would
-    have gone into, so the reply is the one the events would have built.
+    With ``reply`` (a `ReplyBuilder`), no hook reads the call's events before the loop that
+    builds the reply from them, so what the events would carry to the builder — each delta under
+    its block's id, each tool call's name and arguments, the usage, the finish reason, whether
+    the reply is kept — is handed to it directly, as each part is made. ``events`` says whether
+    the events are made too: not when the builder would be their only reader (a ``call()`` that
+    nothing observes: ``out`` stays empty), yes when they are published (a ``stream()``: the
+    loop then passes them on and hands none of them to the builder). The ids of blocks and calls
+    are made as they would be, and a provider's values of another type are validated by the
+    event they would have gone into, so the reply is the one the events would have built.
 
     One text or thinking block is open at a time: text after thinking ends the thinking block,
     and the reverse; a tool call ends both. Tool calls are keyed by the provider's index (a new id
@@ -88,19 +90,21 @@ class PartsManager:
     """
 
     __slots__ = (
-        "calls", "finish", "model", "out", "put", "reply", "reply_id", "signature", "text_carry", "text_id",
-        "text_make", "thinking_carry", "thinking_id", "thinking_make", "usage",
+        "calls", "events", "finish", "model", "out", "put", "reply", "reply_id", "signature", "text_carry",
+        "text_id", "text_make", "thinking_carry", "thinking_id", "thinking_make", "usage",
     )
 
-    def __init__(self, reply_id: str, model: str, reply: ReplyBuilder | None = None) -> None:
+    def __init__(self, reply_id: str, model: str, reply: ReplyBuilder | None = None, events: bool = False) -> None:
+        events = events or reply is None
         if type(reply_id) is str and type(model) is str:
-            start = None if reply is not None else _MODEL_START.build(reply_id=reply_id, model=model)
+            start = _MODEL_START.build(reply_id=reply_id, model=model) if events else None
         else:  # (a model's name of another type, a reply id from elsewhere)
             start = ModelCallStart(reply_id=reply_id, model=model)
             reply_id, model = start.reply_id, start.model
         self.reply_id = reply_id
         self.model = model
         self.reply = reply
+        self.events = events
         self.out: list[Any] = []
         """The events of the chunk fed last (the consumer takes them and clears the list)."""
         self.put: Callable[[Any], None] = self.out.append
@@ -116,13 +120,13 @@ class PartsManager:
         self.calls: dict[int, tuple[str, str, Callable[[str], ToolCallDelta]]] = {}
         self.usage: ChatUsage | None = None
         self.finish: str | None = None
+        if events:
+            self.put(start)
         if reply is not None:
             reply.begin()
-        else:
-            self.put(start)
 
     def feed(self, chunk: ChatChunk) -> None:
-        """Append the events of ``chunk`` to ``out`` (or hand its parts to ``reply``)."""
+        """Append the events of ``chunk`` to ``out`` and hand its parts to ``reply`` (either or both)."""
         # A signature alone opens its block too: reasoning a provider keeps opaque (an encrypted
         # Responses reasoning item without a summary) still has to be carried.
         if chunk.thinking or chunk.thinking_signature:
@@ -135,9 +139,9 @@ class PartsManager:
             if not text.isascii():
                 text = self._text_carry().feed(text)
             if text:
-                if self.reply is None:
+                if self.events:
                     self.put(self.text_make(text))
-                else:
+                if self.reply is not None:
                     self.reply.text(block_id, text)
         if chunk.tool_call is not None:
             self._tool_call(chunk.tool_call)
@@ -155,14 +159,14 @@ class PartsManager:
         # The provider's usage and finish reason: validated unless already a `ChatUsage` and a ``str``
         typed = (usage is None or type(usage) is ChatUsage) and (finish is None or type(finish) is str)
         reply = self.reply
-        if reply is not None and typed:
+        if reply is not None and typed and not self.events:
             reply.end(usage, finish, False)
             return
         end = (_MODEL_END.build if typed else _MODEL_END.validated)(
             reply_id=self.reply_id, usage=usage, finish_reason=finish, model=self.model)
-        if reply is None:
+        if self.events:
             self.put(end)
-        else:
+        if reply is not None:
             reply.end(end.usage, end.finish_reason, False)
 
     def fail(self, error: BaseException, interrupted: bool) -> None:
@@ -177,6 +181,7 @@ class PartsManager:
             if usage is not None and type(usage) is not ChatUsage:  # (validated as the event validates it)
                 usage = ModelCallEnd(reply_id=reply_id, usage=usage, model=self.model).usage
             reply.end(usage, None, not interrupted)
+        if not self.events:
             return
         put = self.put
         if self.thinking_id is not None:
@@ -192,7 +197,7 @@ class PartsManager:
         if block_id is None:
             self._end_text()
             self.thinking_id = block_id = new_id("blk_")
-            if self.reply is None:
+            if self.events:
                 self.thinking_make = delta_maker(ThinkingBlockDelta, reply_id=self.reply_id, block_id=block_id)
                 self.put(ThinkingBlockStart(reply_id=self.reply_id, block_id=block_id))
         if thinking:
@@ -205,15 +210,15 @@ class PartsManager:
             self.signature = (self.signature or "") + signature
 
     def _thought(self, block_id: str, thinking: str) -> None:
-        if self.reply is None:
+        if self.events:
             self.put(self.thinking_make(thinking))
-        else:
+        if self.reply is not None:
             self.reply.thinking(block_id, thinking)
 
     def _open_text(self) -> str:
         self._end_thinking()
         self.text_id = block_id = new_id("blk_")
-        if self.reply is None:
+        if self.events:
             self.text_make = delta_maker(TextBlockDelta, reply_id=self.reply_id, block_id=block_id)
             self.put(_TEXT_START.build(reply_id=self.reply_id, block_id=block_id))
         return block_id
@@ -226,41 +231,44 @@ class PartsManager:
     def _tool_call(self, tc: ToolCallChunk) -> None:
         self._end_thinking()
         self._end_text()
-        reply = self.reply
+        reply, events = self.reply, self.events
         known = self.calls.get(tc.index)
         if known is None or (tc.id is not None and tc.id != known[0]):
-            if known is not None and reply is None:  # a provider reusing an index for a new call
+            if known is not None and events:  # a provider reusing an index for a new call
                 self.put(_CALL_END.build(reply_id=self.reply_id, tool_call_id=known[0], tool_name=known[1]))
             call_id, name = tc.id or new_id("call_"), tc.name or ""
             if type(call_id) is str and type(name) is str:
-                start = (None if reply is not None
-                         else _CALL_START.build(reply_id=self.reply_id, tool_call_id=call_id, tool_name=name))
+                start = (_CALL_START.build(reply_id=self.reply_id, tool_call_id=call_id, tool_name=name) if events
+                         else None)
             else:  # a provider's id or name of another type
                 start = ToolCallStart(reply_id=self.reply_id, tool_call_id=call_id, tool_name=name)
                 call_id, name = start.tool_call_id, start.tool_name
-            if reply is None:
+            if events:
                 make = delta_maker(ToolCallDelta, reply_id=self.reply_id, tool_call_id=call_id, tool_name=name)
                 self.put(start)
             else:
                 make = _no_block
+            if reply is not None:
                 reply.tool_call(call_id, name)
             known = self.calls[tc.index] = (call_id, name, make)
         if tc.arguments:
-            if reply is None:
-                self.put(known[2](clean(tc.arguments)))
-            else:
-                reply.tool_call(known[0], known[1], clean(tc.arguments))
+            arguments = clean(tc.arguments)
+            if events:
+                self.put(known[2](arguments))
+            if reply is not None:
+                reply.tool_call(known[0], known[1], arguments)
 
     def _end_text(self) -> None:
         block_id = self.text_id
         if block_id is None:
             return
         if self.text_carry is not None and self.text_carry.held:
-            if self.reply is None:
-                self.put(self.text_make(self.text_carry.flush()))
-            else:
-                self.reply.text(block_id, self.text_carry.flush())
-        if self.reply is None:
+            rest = self.text_carry.flush()
+            if self.events:
+                self.put(self.text_make(rest))
+            if self.reply is not None:
+                self.reply.text(block_id, rest)
+        if self.events:
             self.put(_TEXT_END.build(reply_id=self.reply_id, block_id=block_id))
         self.text_id = None
 
@@ -270,14 +278,14 @@ class PartsManager:
             return
         if self.thinking_carry is not None and self.thinking_carry.held:
             self._thought(block_id, self.thinking_carry.flush())
-        if self.reply is None:
+        if self.events:
             self.put(ThinkingBlockEnd(reply_id=self.reply_id, block_id=block_id, signature=self.signature))
-        else:
+        if self.reply is not None:
             self.reply.signed(block_id, self.signature)
         self.thinking_id, self.signature = None, None
 
     def _end_calls(self) -> None:
-        if self.reply is not None:
+        if not self.events:
             return
         for call_id, name, _ in self.calls.values():
             self.put(_CALL_END.build(reply_id=self.reply_id, tool_call_id=call_id, tool_name=name))

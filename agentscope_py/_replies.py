@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from operator import itemgetter
 from typing import Any, Literal, cast
 
 from ._sanitize import MAX_DEPTH, clean_value, depth_exceeds
@@ -60,11 +61,10 @@ class ReplyBuilder:
     so a retried or failed-over call leaves only its own reply, and dropping a call whose
     ModelCallEnd says ``discarded``: what follows it, such as a guardrail's refusal, is the reply)."""
 
-    __slots__ = ("_blocks", "_calls", "calls_made", "finish_reason", "usage", "usage_total")
+    __slots__ = ("_blocks", "calls_made", "finish_reason", "usage", "usage_total")
 
     def __init__(self) -> None:
         self._blocks: dict[str, list[Any]] = {}  # block/call id -> [kind, parts, extra]
-        self._calls: set[str] = set()
         self.usage: ChatUsage | None = None
         self.usage_total: ChatUsage | None = None  # None: no call of this builder reported usage
         self.finish_reason: str | None = None
@@ -135,7 +135,7 @@ class ReplyBuilder:
     @property
     def calls_tools(self) -> bool:
         """Whether the reply built so far has tool calls."""
-        return any(entry[0] == "tool" for entry in self._blocks.values())
+        return "tool" in map(_KIND, self._blocks.values())
 
     def build(self, reply_id: str, name: str | None, reason: GenerateReason | None = None,
               usage: ChatUsage | Literal["last"] | None = "last") -> Msg:
@@ -165,6 +165,9 @@ class ReplyBuilder:
         make = _REPLY.build if typed else _REPLY.validated
         return make(id=reply_id, name=name, role="assistant", content=content, generate_reason=reason, usage=usage)
 
+
+_KIND = itemgetter(0)
+"""The kind of a `ReplyBuilder` entry (``"text"``, ``"thinking"`` or ``"tool"``)."""
 
 _ON_EVENT: dict[str, Callable[[ReplyBuilder, dict[str, Any]], None]] = {
     "thinking_block_delta": lambda b, f: b.thinking(f["block_id"], f["delta"]),

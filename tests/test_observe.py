@@ -224,3 +224,73 @@ async def test_an_observer_a_tool_adds_sees_the_model_calls_after_it() -> None:
     # From the tool's own result on: its end, then the whole next model call.
     assert [e.type for e in seen] == ["tool_result_text_delta", "tool_result_end", "model_call_start", "text_block_start",
                                       "text_block_delta", "text_block_end", "model_call_end"]
+
+
+class Identity(MiddlewareBase):
+    """Reads the model call's events (an identity map): the loop hands each to the reply builder."""
+
+    def on_model_call(self, agent: Any, ctx: Any, input: Any, next: Any) -> Any:
+        return next(input).map(lambda e: e)
+
+
+def _comparable(events: list[Any]) -> list[dict[str, Any]]:
+    """The events as the caller reads them, without what differs between two runs (ids, times)."""
+    out = []
+    for e in events:
+        d = e.model_dump(exclude={"id", "created_at", "reply_id", "block_id", "metadata"})
+        if e.type == "agent_result":
+            d["result"] = {k: v for k, v in d["result"].items() if k not in ("id", "metadata")}
+        out.append(d)
+    return out
+
+
+@pytest.mark.parametrize("hooks", ["none", "pass_through"])
+async def test_a_stream_whose_model_calls_no_hook_reads_feeds_its_reply_from_the_call(
+        monkeypatch: pytest.MonkeyPatch, hooks: str) -> None:
+    from agentscope_py._replies import ReplyBuilder
+
+    handed: list[str] = []
+    add_event = ReplyBuilder.add
+
+    def spy(self: ReplyBuilder, ev: Any) -> None:
+        handed.append(ev.type)
+        add_event(self, ev)
+
+    monkeypatch.setattr(ReplyBuilder, "add", spy)
+    steps = [ModelStep.tool_call("add", {"a": 1, "b": 2}), ModelStep(text="the sum is 3", thinking="adding", chunks=2)]
+    fed = (ReActAgent.builder().model(ScriptedModel(steps)).tools(add)
+           .middlewares([PassThrough(), PassThrough()] if hooks == "pass_through" else []).build())
+    ctx = RuntimeContext(user_id="fed")
+    streamed = [e async for e in fed.stream("1 + 2?", ctx=ctx)]
+    assert handed == []  # (the model calls handed the builder their parts as they made the events)
+    mapped = ReActAgent.builder().model(ScriptedModel(steps)).tools(add).middlewares([Identity()]).build()
+    ctx_mapped = RuntimeContext(user_id="mapped")
+    read = [e async for e in mapped.stream("1 + 2?", ctx=ctx_mapped)]
+    assert "model_call_start" in handed and "text_block_delta" in handed  # (the loop handed it each event)
+    assert _comparable(streamed) == _comparable(read)
+    assert streamed[-2].result.text == "the sum is 3" and streamed[-2].result.content[0].type == "thinking"
+    assert ctx.agent_state is not None and ctx_mapped.agent_state is not None
+    saved = [m.model_dump(exclude={"id", "metadata"}) for m in ctx.agent_state.context]
+    kept = [m.model_dump(exclude={"id", "metadata"}) for m in ctx_mapped.agent_state.context]
+    assert saved == kept and len(saved) == 4  # (the input, the tool call, its result, the answer)
+
+
+async def test_a_streamed_summary_no_hook_reads_keeps_its_reply_once() -> None:
+    steps = [ModelStep.tool_call("add", {"a": 1, "b": 2}), ModelStep.text("summary", chunks=3)]
+    agent = ReActAgent.builder().model(ScriptedModel(steps)).tools(add).max_iters(1).build()
+    events = await agent.stream("1 + 2?").to_list()
+    assert [e.delta for e in events if type(e) is TextBlockDelta] == ["sum", "ma", "ry"]
+    assert events[-2].result.text == "summary" and events[-2].result.generate_reason == "max_iterations"
+
+
+async def test_a_consumer_that_leaves_mid_batch_leaves_the_batch_in_the_saved_reply() -> None:
+    agent = ReActAgent.builder().model(ScriptedModel([ModelStep.text("partial answer", chunks=2)])).build()
+    events = agent.stream("hi").__aiter__()
+    async for event in events:
+        if event.type == "model_call_start":  # (its batch: the start, the text block's start, "partial")
+            break
+    await events.aclose()
+    state, _ = await agent.state_store.load("default", "default")
+    assert state is not None
+    assert [(m.role, m.text, m.generate_reason) for m in state.context] == [
+        ("user", "hi", None), ("assistant", "partial", "interrupted")]

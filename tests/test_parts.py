@@ -168,12 +168,32 @@ async def test_a_reply_handed_to_its_builder_is_the_one_its_events_build(case: s
     except Boom as exc:
         failures.append(str(exc))
     assert made == []  # (the builder was the events' only reader: none is made)
-    assert failures == (["broke", "broke"] if case == "failed" else [])
-    for builder in (from_events, direct):
+    # Handed the reply and making the events too (a consumer that passes them on): the same events.
+    both, passed = ReplyBuilder(), []
+    try:
+        async for event in model_call_events([_script_of(case)], request, "r1", RetryPolicy(), None, None,
+                                             reply=both, events=True):
+            passed.append(event)
+    except Boom as exc:
+        failures.append(str(exc))
+    plain = [e async for e in _events_until_failure(_script_of(case), request)]
+    assert shape(passed) == shape(plain) and len(passed) >= 2
+    assert failures == (["broke", "broke", "broke"] if case == "failed" else [])
+    for builder in (from_events, direct, both):
         assert builder.calls_made == 1
-    assert (direct.usage, direct.usage_total, direct.finish_reason, direct.calls_tools, direct.produced) == (
-        from_events.usage, from_events.usage_total, from_events.finish_reason, from_events.calls_tools,
-        from_events.produced)
-    built = [b.build("m1", "agent").model_dump(exclude={"metadata"}) for b in (from_events, direct)]
-    assert built[0] == built[1]
+        assert (builder.usage, builder.usage_total, builder.finish_reason, builder.calls_tools, builder.produced) == (
+            from_events.usage, from_events.usage_total, from_events.finish_reason, from_events.calls_tools,
+            from_events.produced)
+    built = [b.build("m1", "agent").model_dump(exclude={"metadata"}) for b in (from_events, direct, both)]
+    assert built[0] == built[1] == built[2]
     assert built[0]["content"] or case in ("failed", "empty")
+
+
+async def _events_until_failure(model: Script, request: ModelRequest) -> AsyncIterator[Any]:
+    from agentscope_py._model_call import model_call_events
+
+    try:
+        async for event in model_call_events([model], request, "r1", RetryPolicy(), None, None):
+            yield event
+    except Boom:
+        pass

@@ -10,8 +10,8 @@ AgentEnd.
 Each step of a run is a `_steps.Step`; what a completed step leads to is a typed `NextStep`.
 What the run knows lives in one `RunState`. What is published: every event leaving the
 reasoning and acting chains. What is remembered: the assistant message rebuilt from the events
-leaving the model-call chain (or handed to its builder by the call itself, when nothing but the
-loop would read them: `_model_events`), and the tool results rebuilt from the events leaving the
+leaving the model-call chain (or handed to its builder by the call itself, when no hook reads
+them before the loop: `_call_model`), and the tool results rebuilt from the events leaving the
 acting chain.
 """
 
@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, cast
 from .._acting import ToolScope, acting_events
 from .._bracket_kinds import describe
 from .._deadline import Deadline
-from .._model_call import model_call_events, model_call_stream, read_alone
+from .._model_call import model_call_events, model_call_stream, read_alone, read_passed
 from .._replies import ReplyBuilder
 from .._trusted import shape
 from ..errors import AgentInterrupted, BusyError, PendingToolCallsError, ResumeError, StructuredOutputError
@@ -161,21 +161,19 @@ class Execution:
     def _model_events(
         self, messages: Sequence[Msg], tools: Sequence[ToolSchema], options: Mapping[str, Any],
         reply: ReplyBuilder | None,
-    ) -> AsyncIterable[AgentEvent]:
+    ) -> tuple[AsyncIterable[AgentEvent], bool]:
         """The model call as the round's stream when no hook wraps it: read once, by the loop, so
         its events come straight from the call (no stream object, no `ModelCallInput`: nobody
-        would compose them). ``reply``: the builder the loop hands them to, if nothing else
-        reads them before the loop.
-
-        In a run that publishes nothing and that nothing observes (`_unread`), that builder is
-        their only reader: the call hands it the reply itself and makes no event (`PartsManager`)."""
+        would compose them). ``reply``: the builder the loop would hand them to; the call hands
+        it the reply itself (`PartsManager`), and makes the events only when something reads
+        them (`_unread`). With the stream: whether the call feeds ``reply`` (`_call_model`)."""
         models, request = self._request(messages, tools, options, self.agent.model)
         runtime = self.runtime
         if runtime.model_executor is not None:
-            return runtime.model_executor(models, request, self.reply_id, self.control, None)
-        unread = reply if reply is not None and self._unread() else None
-        return model_call_events(models, request, self.reply_id, runtime.retry, runtime.failover_listener,
-                                 self.control, None, unread)
+            return runtime.model_executor(models, request, self.reply_id, self.control, None), False
+        stream = model_call_events(models, request, self.reply_id, runtime.retry, runtime.failover_listener,
+                                   self.control, None, reply, not self._unread())
+        return stream, reply is not None
 
     def _request(
         self, messages: Sequence[Msg], tools: Sequence[ToolSchema], options: Mapping[str, Any], model: ChatModel,
@@ -193,7 +191,8 @@ class Execution:
             builder = run.builder = ReplyBuilder()
             add = builder.add
             # (the on_reasoning hooks read the events too: None, the call makes them)
-            it = self._call_model(input.messages, input.tools, input.options, None).__aiter__()
+            stream, _ = self._call_model(input.messages, input.tools, input.options, None)
+            it = stream.__aiter__()
             try:
                 async for ev in it:
                     add(ev)
@@ -215,20 +214,29 @@ class Execution:
     def _call_model(
         self, messages: Sequence[Msg], tools: Sequence[ToolSchema], options: Mapping[str, Any],
         reply: ReplyBuilder | None,
-    ) -> AsyncIterable[AgentEvent]:
+    ) -> tuple[AsyncIterable[AgentEvent], bool]:
         """The ``on_model_call`` chain around the model call; the model call itself when no hook
-        wraps it. ``reply``: the builder its events go to, when nothing else reads them but the
-        loop."""
+        wraps it. ``reply``: the builder its events go to, when no on_reasoning hook reads them
+        before the loop. With the stream: whether the call hands ``reply`` the parts of every
+        event it yields itself (no hook reads its events), so that the loop hands it none."""
         if self._model_call is None:
             return self._model_events(messages, tools, options, reply)
         stream = self._model_call(ModelCallInput(messages, tools, options, self.agent.model))
-        if reply is not None and self._unread():
-            # Hooks that passed the call's stream through untouched, or a retry or fallback around
-            # it, read none of its events.
-            alone = read_alone(stream, reply, self._unread)
-            if alone is not None:
-                return alone
-        return stream
+        if reply is not None:
+            if self._unread():
+                # Hooks that passed the call's stream through untouched, or a retry or fallback
+                # around it, read none of its events. (What it still yields, a later attempt
+                # that cannot be read so, goes to the builder through the loop.)
+                alone = read_alone(stream, reply, self._unread)
+                if alone is not None:
+                    return alone, False
+            else:
+                # Hooks that passed the call's stream through untouched read none of its events
+                # before the loop, which passes them on.
+                passed = read_passed(stream, reply)
+                if passed is not None:
+                    return passed, True
+        return stream, False
 
     def _unread(self) -> bool:
         """Whether nothing but the loop reads this run's events now: it publishes none, and no
@@ -299,12 +307,13 @@ class Execution:
                                         log(ev)
                                     elif ev.source is None:
                                         stop = cast("RequestStop", ev)  # (the third mark: a RequestStop)
-                                try:
-                                    on_event(ev)
-                                except Exception:
-                                    if isinstance(ev, EventBase):
-                                        raise
-                                    raise not_an_event(ev, step.point, runtime.participants) from None
+                                if on_event is not None:
+                                    try:
+                                        on_event(ev)
+                                    except Exception:
+                                        if isinstance(ev, EventBase):
+                                            raise
+                                        raise not_an_event(ev, step.point, runtime.participants) from None
                                 if ctx.event_observer is not None:
                                     observed(ctx, ev)
                                 if publish:
@@ -391,8 +400,8 @@ class Execution:
             # rebuilt here rather than in a reasoning core.
             builder = run.builder = ReplyBuilder()
             run.view = None  # callers see what memory keeps
-            return Step(REASON, self._call_model(messages, tools, self.options, builder), builder.add,
-                        ExtensionPoint.ON_MODEL_CALL)
+            stream, fed = self._call_model(messages, tools, self.options, builder)
+            return Step(REASON, stream, None if fed else builder.add, ExtensionPoint.ON_MODEL_CALL)
         run.builder = None
         # What callers see of the reply (after every on_reasoning rewrite) is what the result holds;
         # memory keeps what left on_model_call (rebuilt in the reasoning core).
@@ -494,9 +503,11 @@ class Execution:
         run.transient = [Msg.user(SUMMARY_PROMPT, name="system", synthetic=True)]
         messages = run.messages()
         builder = run.builder = ReplyBuilder()
-        async with aclosing(self._call_model(messages, (), self.agent.model_options, builder).__aiter__()) as it:
+        stream, fed = self._call_model(messages, (), self.agent.model_options, builder)
+        async with aclosing(stream.__aiter__()) as it:
             async for ev in it:
-                builder.add(ev)
+                if not fed:
+                    builder.add(ev)
                 yield ev
         run.end(run.take_reply(GenerateReason.MAX_ITERATIONS, final=True), GenerateReason.MAX_ITERATIONS, built=True)
         # A model offered no tools may still ask for some: those calls never run, and get a result

@@ -139,14 +139,15 @@ RUN_AGAIN = NextStepRunAgain()
 
 class Step:
     """One step of a run as the loop drives it: its stream, what to call with each of its events
-    (a reply builder, an acting collector, or a check), the extension point its events leave
-    (named in errors), and for acting the pass it belongs to."""
+    (a reply builder, an acting collector, or a check; None for a model call that hands its
+    builder the reply itself), the extension point its events leave (named in errors), and for
+    acting the pass it belongs to."""
 
     __slots__ = ("acting", "kind", "on_event", "point", "stream")
 
     def __init__(
-        self, kind: int, stream: AsyncIterable[AgentEvent], on_event: Callable[[Any], None], point: ExtensionPoint,
-        acting: NextStepAct | None = None,
+        self, kind: int, stream: AsyncIterable[AgentEvent], on_event: Callable[[Any], None] | None,
+        point: ExtensionPoint, acting: NextStepAct | None = None,
     ) -> None:
         self.kind = kind
         self.stream = stream
