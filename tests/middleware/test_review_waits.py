@@ -1,11 +1,15 @@
-"""`RuntimeContext.wait` in a run that was interrupted already: what it was given to await gets a
-cancellation, as it does when the interrupt comes during the wait. A coroutine is closed; a
-future or a task (a guardrail's checks gathered, a background check being settled) is
-cancelled, so nothing the run started goes on running after the run ended."""
+"""`RuntimeContext.wait` at its edges. In a run that was interrupted already, what it was given
+to await gets a cancellation, as it does when the interrupt comes during the wait: a coroutine is
+closed; a future or a task (a guardrail's checks gathered, a background check being settled) is
+cancelled, so nothing the run started goes on running after the run ended. An interrupt that
+comes as a bound on the wait passes (the concurrency limit's ``max_wait``) ends the run
+interrupted, not with the bound's error."""
 
 from __future__ import annotations
 
 import asyncio
+import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -13,7 +17,8 @@ import pytest
 from agentscope_py import GenerateReason, ModelStep, ReActAgent, RuntimeContext, ScriptedModel, Toolkit, tool
 from agentscope_py._control import RunControl
 from agentscope_py.errors import AgentInterrupted
-from agentscope_py.middleware import GuardrailMiddleware
+from agentscope_py.middleware import ConcurrencyLimitMiddleware, GuardrailMiddleware
+from agentscope_py.model.base import ChatChunk, ModelRequest
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -75,3 +80,43 @@ async def test_a_guardrail_check_started_after_a_tool_interrupted_its_run_does_n
     for _ in range(5):
         await asyncio.sleep(0.02)
     assert running == [], "the guardrail's check runs on after its run ended"
+
+
+class Stalling:
+    """Sends nothing until cancelled; ``started`` is set when a call begins."""
+
+    name = "stalling"
+
+    def __init__(self) -> None:
+        self.started = asyncio.Event()
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[ChatChunk]:
+        self.started.set()
+        await asyncio.sleep(LONG)
+        yield ChatChunk(text="late")
+
+
+async def test_an_interrupt_before_the_slots_max_wait_passed_ends_the_run_interrupted() -> None:
+    # The interrupt is due before the wait's max_wait, but the loop is late (blocked) and runs
+    # both at once: the interrupt came first, so the run ends interrupted, not with the limit's
+    # error (which would fail the run as if nobody had interrupted it).
+    limit = ConcurrencyLimitMiddleware(1, max_wait=1.0)
+    holder_model = Stalling()
+    holder = ReActAgent.builder().model(holder_model).middlewares([limit]).build()
+    waiter_model = ScriptedModel([ModelStep.text("never")])
+    agent = ReActAgent.builder().model(waiter_model).middlewares([limit]).build()
+    holding = asyncio.create_task(holder.call("hold", ctx=RuntimeContext("u", "other")))
+    await asyncio.wait_for(holder_model.started.wait(), 5)
+    caller = asyncio.create_task(agent.call("go", ctx=RuntimeContext("u", "s")))
+    while limit.waiting() == 0:
+        await asyncio.sleep(0.005)
+    loop = asyncio.get_running_loop()
+    loop.call_later(0.05, agent.interrupt, "u", "s")
+    loop.call_soon(time.sleep, 1.2)  # (the loop is blocked past both the interrupt's time and the max_wait)
+    reply = await asyncio.wait_for(caller, 5)
+    assert reply.generate_reason is GenerateReason.INTERRUPTED
+    assert waiter_model.requests == [] and limit.waiting() == 0 and limit.in_flight() == 1
+    assert agent.busy_error("u", "s", "reject") is None
+    assert holder.interrupt("u", "other")
+    assert (await asyncio.wait_for(holding, 2)).generate_reason is GenerateReason.INTERRUPTED
+    assert limit.in_flight() == 0
