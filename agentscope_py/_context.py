@@ -134,8 +134,9 @@ class RuntimeContext:
         clean up after. Everything else is as a plain ``await``: its result or its error, a
         cancellation of the caller's task stays a cancellation, and a run deadline
         (``TimeoutMiddleware(run_timeout=...)``) ends the wait with the run. Interrupted already,
-        it raises at once. Outside an execution (no ``control`` bound) it is ``awaitable``
-        itself. A middleware awaits through it whatever it waits for in the run's task."""
+        it raises at once, and what it was given gets the same cancellation (`RunControl.wait`).
+        Outside an execution (no ``control`` bound) it is ``awaitable`` itself. A middleware
+        awaits through it whatever it waits for in the run's task."""
         control = self.control
         if control is None:
             return awaitable

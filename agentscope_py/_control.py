@@ -76,10 +76,17 @@ class RunControl:
         it cuts a model call's read: the task is cancelled while it is inside the wait, the
         cancellation is taken back here, and the wait raises `AgentInterrupted`. A cancellation
         from anyone else stays a cancellation. Interrupted already, it raises before awaiting
-        (a coroutine not awaited is closed)."""
+        (a coroutine not awaited is closed; a future, a task or a gather is cancelled, and the
+        wait ends once it has ended, as it would after an interrupt during the wait)."""
         if self.interrupted:
             if inspect.iscoroutine(awaitable):
                 awaitable.close()
+            elif asyncio.isfuture(awaitable):
+                # What the run started (a guardrail's checks gathered) must not run on after it.
+                if awaitable.cancel():
+                    await asyncio.wait((awaitable,))
+                if not awaitable.cancelled():
+                    awaitable.exception()  # (its outcome taken: nobody else is told of it)
             raise AgentInterrupted("the run was interrupted")
         task = asyncio.current_task()
         assert task is not None

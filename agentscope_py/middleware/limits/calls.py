@@ -133,8 +133,9 @@ class ConcurrencyLimitMiddleware(MiddlewareBase):
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         slots.waiters.append(waiter)
         try:
-            async with asyncio.timeout(self.max_wait):
-                await ctx.wait(waiter)  # the run's wait: an interrupt ends it at once
+            # The run's wait: an interrupt ends it at once. The max_wait is inside it, so an
+            # interrupt that comes as the max_wait passes ends the run interrupted, not refused.
+            await ctx.wait(_within(waiter, self.max_wait))
         except BaseException as exc:
             if waiter.done() and not waiter.cancelled():
                 self._release(key)  # handed a slot just as it was cancelled: pass it on
@@ -165,6 +166,12 @@ class ConcurrencyLimitMiddleware(MiddlewareBase):
         # was already dropped.)
         if slots.free == self.limit and not slots.waiters and self._slots.get(key) is slots:
             del self._slots[key]
+
+
+async def _within(waiter: asyncio.Future[None], max_wait: float | None) -> None:
+    """``waiter``, awaited for ``max_wait`` seconds at most (`TimeoutError` then)."""
+    async with asyncio.timeout(max_wait):
+        await waiter
 
 
 # -- call limits ---------------------------------------------------------------------------------
