@@ -13,7 +13,7 @@ from typing import Any, Protocol, TypeVar
 
 from .errors import AgentInterrupted
 
-__all__ = ["Cancellable", "RunControl"]
+__all__ = ["Cancellable", "RunControl", "TaskCut"]
 
 T = TypeVar("T")
 
@@ -111,33 +111,48 @@ class RunControl:
         return result
 
 
-class _Waiting:
+class TaskCut:
+    """What a cut that cancels a task keeps so that it takes that cancellation back, once: the
+    task, its cancellations from before the cut (``base``), and whether the cut's own is still
+    out. A wait (`_Waiting`) and a model call's read (`_model_call.ModelRead`) are such cuts."""
+
+    __slots__ = ("base", "cancelled", "task")
+
+    def __init__(self, task: asyncio.Task[Any]) -> None:
+        self.task = task
+        self.base = task.cancelling()
+        self.cancelled = False
+
+    def cancel_task(self, msg: Any | None) -> None:
+        self.cancelled = True
+        self.task.cancel(msg)
+
+    def uncancel(self) -> int:
+        """Take back the cancellation `cancel_task` made, if it is still out (once)."""
+        if not self.cancelled:
+            return self.task.cancelling()
+        self.cancelled = False
+        return self.task.uncancel()
+
+
+class _Waiting(TaskCut):
     """A task inside `RunControl.wait`, as the run's control holds it: an interrupt cancels the
     task (once), unless it comes from inside that task (a callback of the wait interrupting its
     own run), which has no wait to end: the wait raises once the awaitable returns."""
 
-    __slots__ = ("base", "cancelled", "cut", "task")
+    __slots__ = ("cut",)
 
     def __init__(self, task: asyncio.Task[Any]) -> None:
-        self.task = task
-        self.base = task.cancelling()  # the task's cancellations from before the wait
+        super().__init__(task)
         self.cut = False
-        self.cancelled = False
 
     def cancel(self, msg: Any | None = None) -> bool:
         if self.cut:
             return False
         self.cut = True
         if self.task is not _current_task():
-            self.cancelled = True
-            self.task.cancel(msg)
+            self.cancel_task(msg)
         return True
-
-    def uncancel(self) -> int:
-        if not self.cancelled:
-            return self.task.cancelling()
-        self.cancelled = False
-        return self.task.uncancel()
 
     def took_back(self) -> bool:
         """Take back the cancellation `cancel` made, if it is still out: whether the interrupt

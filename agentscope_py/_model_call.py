@@ -27,7 +27,7 @@ import types
 from collections.abc import AsyncIterator, Callable, Generator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ._control import RunControl
+from ._control import RunControl, TaskCut
 from ._deadline import Deadline, DeadlineTimer
 from ._parts import PartsManager
 from ._stream.operators import Maps, MapSource, Recovery, aclose
@@ -231,7 +231,7 @@ HAND_OVER: Any = object()
 step goes to no task), so the first chunk's events are handed over before the next is read."""
 
 
-class ModelRead(Generator[Any, Any, Any]):
+class ModelRead(TaskCut, Generator[Any, Any, Any]):
     """One model call's reads of its provider, in the consumer's task: what an interrupt or the
     deadline cuts (a `_control.Cancellable` in the run's control, the deadline's target), and the
     awaitable that steps the provider's coroutines inside the call's context.
@@ -258,8 +258,8 @@ class ModelRead(Generator[Any, Any, Any]):
     wake-up of the provider, not once per chunk: each chunk is read by a plain ``await`` inside
     `_read`."""
 
-    __slots__ = ("base", "cancelled", "control", "coro", "ctx", "cut", "filling", "first", "it", "model", "out",
-                 "parts", "reading", "task", "timer")
+    __slots__ = ("control", "coro", "ctx", "cut", "filling", "first", "it", "model", "out", "parts", "reading",
+                 "timer")
 
     def __init__(self, ctx: contextvars.Context, model: ChatModel, control: RunControl | None) -> None:
         self.ctx = ctx
@@ -270,11 +270,9 @@ class ModelRead(Generator[Any, Any, Any]):
         self.it: AsyncIterator[ChatChunk] | None = None  # the provider's stream, once opened
         self.reading = False
         self.cut = control is not None and control.interrupted
-        self.cancelled = False  # `cancel` cancelled the task, and that is not taken back yet
         task = asyncio.current_task()
         assert task is not None
-        self.task = task
-        self.base = task.cancelling()  # the task's cancellations before this call (kept by `failure`)
+        TaskCut.__init__(self, task)  # (``base``: the task's cancellations before this call, kept by `failure`)
         self.timer: DeadlineTimer | None = None
         self.parts: PartsManager | None = None  # once the first chunk arrived (or the stream ended at once)
         self.out: list[Any] | None = None  # the events made and not handed over yet (``parts.out``)
@@ -285,16 +283,8 @@ class ModelRead(Generator[Any, Any, Any]):
     def cancel(self, msg: Any | None = None) -> bool:
         self.cut = True
         if self.reading and not self.cancelled:
-            self.cancelled = True
-            self.task.cancel(msg)
+            self.cancel_task(msg)
         return True
-
-    def uncancel(self) -> int:
-        """Take back the cancellation `cancel` made, if it is still out (once)."""
-        if not self.cancelled:
-            return self.task.cancelling()
-        self.cancelled = False
-        return self.task.uncancel()
 
     # -- handing the events over (stepping inside the context, and a pause when the read would wait) --
 
