@@ -113,7 +113,7 @@ class RetryMiddleware(MiddlewareBase):
 
     def on_model_call(self, agent: AgentView, ctx: RuntimeContext, input: ModelCallInput, next: Next) -> Any:
         # Each subscription counts its own retries afresh.
-        call = _Retried(next(input), self, ctx, input, next)
+        call = _Attempted(next(input), self, ctx, input, next)
         if self.mode == "first":
             return EventStream(call)
         return EventStream(partial(Attempts, call.first, call.again, self.mode))
@@ -178,14 +178,16 @@ class ModelFallbackMiddleware(MiddlewareBase):
         return frozenset({ExtensionPoint.ON_MODEL_CALL})
 
     def on_model_call(self, agent: AgentView, ctx: RuntimeContext, input: ModelCallInput, next: Next) -> Any:
-        call = _FailedOver(next(input), self, ctx, input, next)
+        call = _Attempted(next(input), self, ctx, input, next)
         if self.mode == "first":
             return EventStream(call)
         return EventStream(partial(Attempts, call.first, call.again, self.mode))
 
     async def _again(self, ctx: RuntimeContext, input: ModelCallInput, next: Next,
-                     earlier: list[tuple[str, BaseException]], error: BaseException) -> EventStream[AgentEvent] | None:
-        # (Stateless: each subscription's attempts so far are ``earlier``.)
+                     earlier: list[tuple[str, BaseException]], error: BaseException,
+                     emitted: bool) -> EventStream[AgentEvent] | None:
+        # (Stateless: each subscription's attempts so far are ``earlier``; ``emitted``, whether
+        # the failed attempt had let events out, does not change which model comes next.)
         chain = (input.model, *self.models)
         i = len(earlier)
         if not self._fallback_on(error) or i + 1 >= len(chain):
@@ -198,32 +200,19 @@ class ModelFallbackMiddleware(MiddlewareBase):
         return next(input.replace(model=following))
 
 
-class _Retried(FirstFailure):
-    """One model call under `RetryMiddleware`: its first attempt, and what the next ones need."""
+class _Attempted(FirstFailure):
+    """One model call under `RetryMiddleware` or `ModelFallbackMiddleware`: its first attempt, and
+    what the next ones need (the middleware's ``_again`` makes them)."""
 
     __slots__ = ("ctx", "input", "mw", "next")
 
-    def __init__(self, first: EventStream[AgentEvent], mw: RetryMiddleware, ctx: RuntimeContext,
-                 input: ModelCallInput, next: Next) -> None:
+    def __init__(self, first: EventStream[AgentEvent], mw: RetryMiddleware | ModelFallbackMiddleware,
+                 ctx: RuntimeContext, input: ModelCallInput, next: Next) -> None:
         self.first, self.mw, self.ctx, self.input, self.next = first, mw, ctx, input, next
 
     def again(self, earlier: list[tuple[str, BaseException]], error: BaseException,
               emitted: bool) -> Awaitable[EventStream[AgentEvent] | None]:
         return self.mw._again(self.ctx, self.input, self.next, earlier, error, emitted)
-
-
-class _FailedOver(FirstFailure):
-    """One model call under `ModelFallbackMiddleware`: its first attempt, and what the next need."""
-
-    __slots__ = ("ctx", "input", "mw", "next")
-
-    def __init__(self, first: EventStream[AgentEvent], mw: ModelFallbackMiddleware, ctx: RuntimeContext,
-                 input: ModelCallInput, next: Next) -> None:
-        self.first, self.mw, self.ctx, self.input, self.next = first, mw, ctx, input, next
-
-    def again(self, earlier: list[tuple[str, BaseException]], error: BaseException,
-              emitted: bool) -> Awaitable[EventStream[AgentEvent] | None]:
-        return self.mw._again(self.ctx, self.input, self.next, earlier, error)
 
 
 def _failure_text(error: BaseException, attempts: int) -> str:
