@@ -12,7 +12,7 @@ What the run knows lives in one `RunState`. What is published: every event leavi
 reasoning and acting chains. What is remembered: the assistant message rebuilt from the events
 leaving the model-call chain (or handed to its builder by the call itself, when no hook reads
 them before the loop: `_call_model`), and the tool results rebuilt from the events leaving the
-acting chain.
+acting chain (or handed whole by the acting pass, when no hook wraps it: `_act_step`).
 """
 
 from __future__ import annotations
@@ -464,9 +464,10 @@ class Execution:
     def _act_step(self, acting: NextStepAct) -> Step:
         """One acting pass: its stream, read into ``acting``."""
         if self._acting is None:
-            # No on_acting hook: the core's events are the step's stream.
-            events = acting_events(self.tools, acting.calls, contextvars.copy_context())
-            return Step(ACT, events, acting.add, ExtensionPoint.ON_ACTING, acting)
+            # No on_acting hook: the core's events are the step's stream, and the pass hands
+            # ``acting`` what they carry itself (nothing for the loop to hand it per event).
+            events = acting_events(self.tools, acting.calls, contextvars.copy_context(), None, acting)
+            return Step(ACT, events, None, ExtensionPoint.ON_ACTING, acting)
         try:
             stream = self._acting(ActingInput(tuple(acting.calls)))
         except Exception as exc:  # a hook that raised before returning a stream
@@ -483,12 +484,13 @@ class Execution:
     async def act(self, calls: Sequence[ToolUseBlock], assistant: Msg) -> AsyncIterator[AgentEvent]:
         """An acting pass as a generator, for resuming pending calls (`_resume`)."""
         step = self._act_step(NextStepAct(calls, assistant))
-        acting = step.acting
+        acting, on_event = step.acting, step.on_event
         assert acting is not None
         it = step.stream.__aiter__()
         try:
             async for ev in it:
-                acting.add(ev)
+                if on_event is not None:
+                    on_event(ev)
                 yield ev
         except BaseException as exc:
             await aclose(it)

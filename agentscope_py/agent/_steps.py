@@ -79,6 +79,10 @@ class NextStepAct:
         elif t == "require_user_confirm":
             self.asking.extend(ev.tool_calls)
 
+    def result(self, block: ToolResultBlock) -> None:
+        """A call's result, handed whole by the acting pass (`_acting.ActingReader`)."""
+        self.collector.results[block.id] = block
+
     def waiting(self) -> set[str]:
         """The calls that wait, rightly, for a confirmation or an external result."""
         waiting = {c.id for c in (*self.suspended, *self.asking)}
