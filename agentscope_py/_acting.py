@@ -55,14 +55,17 @@ from .events import (
     ToolResultEnd,
     ToolResultTextDelta,
 )
-from .message import GenerateReason, ToolResultBlock, ToolResultState, ToolUseBlock
-from .stream import Channel
+from .message import DataBlock, GenerateReason, ToolResultBlock, ToolResultState, ToolUseBlock
+from .stream import Channel, EventStream
 from .tool.toolkit import PermissionDecision, Tool, ToolArgumentError, Toolkit, current_tool_call
 
 if TYPE_CHECKING:
     from ._context import RuntimeContext
 
-__all__ = ["INTERRUPTED_TEXT", "TOOL_CALL", "ActingReader", "ToolExecutor", "ToolScope", "acting_events", "tool_output"]
+__all__ = [
+    "INTERRUPTED_TEXT", "TOOL_CALL", "ActingPass", "ActingReader", "ToolExecutor", "ToolScope", "acting_events",
+    "read_passed", "tool_output",
+]
 
 TOOL_CALL: contextvars.ContextVar[tuple[ToolUseBlock, Channel] | None] = contextvars.ContextVar(
     "agentscope_tool_call", default=None)
@@ -233,12 +236,51 @@ def _read(reader: ActingReader | None, ev: AgentEvent) -> AgentEvent:
 
 
 def _whole(events: list[AgentEvent]) -> ToolResultBlock | None:
-    """The result a call's events from its task carry, when they are its output and its end (not a
-    call that paused, or that asks the user)."""
+    """The result a call's events from its task carry, when they are its own output deltas and its
+    end; None for any other list (a call that paused or asks the user, a tool that returned
+    events of its own), which its reader reads event by event."""
     end = events[-1] if events else None
-    if type(end) is not ToolResultEnd or end.state is ToolResultState.RUNNING:
+    if type(end) is not ToolResultEnd or end.state is ToolResultState.RUNNING or end.source is not None:
         return None
-    return result_of(end.tool_call_id, end.tool_name, output_parts(events), end.state)
+    call_id = end.tool_call_id
+    parts: list[str | DataBlock] = []
+    for ev in events[:-1]:
+        if ev.source is not None or getattr(ev, "tool_call_id", None) != call_id:
+            return None
+        if type(ev) is ToolResultTextDelta:
+            parts.append(ev.delta)
+        elif type(ev) is ToolResultDataDelta:
+            parts.append(ev.data)
+        else:
+            return None
+    return result_of(call_id, end.tool_name, parts, end.state)
+
+
+class ActingPass:
+    """The factory of the acting core's stream (for the ``on_acting`` chain to compose): each
+    subscription is an `acting_events` pass over ``calls``, its tools' tasks made in ``context``
+    (captured when the core was built, inside the innermost ``next()``)."""
+
+    __slots__ = ("calls", "context", "deadline", "scope")
+
+    def __init__(self, scope: ToolScope, calls: Sequence[ToolUseBlock], context: contextvars.Context,
+                 deadline: Deadline | None) -> None:
+        self.scope = scope
+        self.calls = calls
+        self.context = context
+        self.deadline = deadline
+
+    def __call__(self, reader: ActingReader | None = None) -> AsyncIterator[AgentEvent]:
+        return acting_events(self.scope, self.calls, self.context, self.deadline, reader)
+
+
+def read_passed(stream: object, reader: ActingReader) -> AsyncIterator[AgentEvent] | None:
+    """The acting core's own stream (`ActingPass`) that came back from the ``on_acting`` hooks as
+    it was (passed through: no operator added, not wrapped), subscribed by ``reader``, which the
+    pass then hands what its events carry (`ActingReader`). None for any other stream."""
+    if type(stream) is EventStream and not stream._steps and type(stream._factory) is ActingPass:
+        return stream._factory(reader)
+    return None
 
 
 _EAGER_START: Callable[..., asyncio.Task[Any]] | None = getattr(asyncio, "eager_task_factory", None)

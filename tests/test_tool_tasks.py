@@ -385,21 +385,27 @@ async def test_closing_the_stream_at_the_start_event_cancels_the_tool() -> None:
     assert [r.state for r in await tool_results(agent)] == [ToolResultState.INTERRUPTED]
 
 
-class _PassActing(MiddlewareBase):
-    """An on_acting hook that passes the pass through: the loop reads its events one by one."""
+class _Acting(MiddlewareBase):
+    """An on_acting hook that passes the pass through, or maps its events (then the loop reads
+    them one by one)."""
+
+    def __init__(self, maps: bool) -> None:
+        super().__init__()
+        self.maps = maps
 
     def active_points(self) -> Any:
         return (ExtensionPoint.ON_ACTING,)
 
     def on_acting(self, agent: Any, ctx: Any, input: Any, next: Any) -> Any:
-        return next(input)
+        return next(input).map(lambda ev: ev) if self.maps else next(input)
 
 
-@pytest.mark.parametrize("hooked", [False, True], ids=["no-hook", "on_acting-hook"])
-async def test_the_results_remembered_are_the_ones_the_streamed_events_carry(hooked: bool) -> None:
-    """With no on_acting hook the acting pass hands the run each call's result whole; with one,
-    the loop rebuilds it from the events leaving the hook. Either way memory keeps exactly what
-    the caller's events carry: text, data blocks, errors, unknown tools, parallel calls."""
+@pytest.mark.parametrize("hook", [None, "passes", "maps"])
+async def test_the_results_remembered_are_the_ones_the_streamed_events_carry(hook: str | None) -> None:
+    """With no on_acting hook, or hooks that pass the pass through, the acting pass hands the run
+    each call's result whole; with a hook that reads the events, the loop rebuilds the results
+    from what leaves it. Either way memory keeps exactly what the caller's events carry: text,
+    data blocks, errors, unknown tools, parallel calls."""
 
     @tool
     async def text() -> str:
@@ -420,20 +426,26 @@ async def test_the_results_remembered_are_the_ones_the_streamed_events_carry(hoo
     async def empty() -> None:
         """Returns nothing."""
 
-    calls = [("text", {}), ("data", {}), ("fails", {}), ("missing", {}), ("empty", {})]
+    @tool
+    async def forwards() -> Any:
+        """Returns an event of a sub-agent's (forwarded as it is, not this call's output)."""
+        return ToolResultTextDelta(reply_id="child", tool_call_id="c9", tool_name="t", delta="inner", source="child")
+
+    calls = [("text", {}), ("data", {}), ("fails", {}), ("missing", {}), ("empty", {}), ("forwards", {})]
     builder = (ReActAgent.builder().model(ScriptedModel([ModelStep.tool_calls_of(*calls), ModelStep.text("ok")]))
-               .tools(text, data, fails, empty))
-    agent = (builder.middleware(_PassActing()) if hooked else builder).build()
+               .tools(text, data, fails, empty, forwards))
+    agent = (builder.middleware(_Acting(hook == "maps")) if hook else builder).build()
     events = [e async for e in agent.stream("go")]
     collector = ToolResultCollector()
     for e in events:
-        if e.type.startswith("tool_result"):
+        if e.type.startswith("tool_result") and e.source is None:
             collector.add(e)
     remembered = await tool_results(agent)
     assert remembered == list(collector.results.values())
-    assert [r.state for r in remembered] == [ToolResultState.SUCCESS, ToolResultState.SUCCESS,
-                                             ToolResultState.ERROR, ToolResultState.ERROR, ToolResultState.SUCCESS]
+    assert [r.state for r in remembered] == [ToolResultState.SUCCESS, ToolResultState.SUCCESS, ToolResultState.ERROR,
+                                             ToolResultState.ERROR, ToolResultState.SUCCESS, ToolResultState.SUCCESS]
     assert remembered[0].output == "plain é text" and isinstance(remembered[1].output, list)
+    assert remembered[5].output == ""  # (the forwarded event is the sub-agent's, not the call's output)
 
 
 async def test_a_consumer_that_leaves_at_a_tool_results_end_keeps_that_result() -> None:

@@ -12,7 +12,7 @@ What the run knows lives in one `RunState`. What is published: every event leavi
 reasoning and acting chains. What is remembered: the assistant message rebuilt from the events
 leaving the model-call chain (or handed to its builder by the call itself, when no hook reads
 them before the loop: `_call_model`), and the tool results rebuilt from the events leaving the
-acting chain (or handed whole by the acting pass, when no hook wraps it: `_act_step`).
+acting chain (or handed whole by the acting pass, when no hook reads them: `_act_step`).
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ import sys
 from collections.abc import AsyncIterable, AsyncIterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
-from .._acting import ToolScope, acting_events
+from .._acting import ActingPass, ToolScope, acting_events
+from .._acting import read_passed as acting_passed
 from .._bracket_kinds import describe
 from .._deadline import Deadline
 from .._model_call import model_call_events, model_call_stream, read_alone, read_passed
@@ -206,8 +207,7 @@ class Execution:
     def _acting_core(self, input: ActingInput) -> EventStream[AgentEvent]:
         # Tools run in tasks made in the context current now (inside the innermost next()), so a
         # span an acting middleware opened around next() parents the tools (and sub-agents).
-        context = contextvars.copy_context()
-        return EventStream(lambda: acting_events(self.tools, input.tool_calls, context, input.deadline))
+        return EventStream(ActingPass(self.tools, input.tool_calls, contextvars.copy_context(), input.deadline))
 
     # -- the execution ---------------------------------------------------------------------------
 
@@ -473,6 +473,11 @@ class Execution:
         except Exception as exc:  # a hook that raised before returning a stream
             acting.keep_results(self.run, exc)
             raise
+        # Hooks that passed the pass's stream through untouched read none of its events before
+        # the loop: the pass hands ``acting`` what they carry, as with no hook.
+        passed = acting_passed(stream, acting)
+        if passed is not None:
+            return Step(ACT, passed, None, ExtensionPoint.ON_ACTING, acting)
         return Step(ACT, stream, acting.add, ExtensionPoint.ON_ACTING, acting)
 
     def _acted(self, acting: NextStepAct) -> None:
