@@ -287,12 +287,13 @@ class Execution:
                     # Every step runs in this one loop, not in generators of its own.
                     while True:
                         on_event = step.on_event
+                        kept = not step.closed  # (its brackets, for `Brackets`)
                         stop: RequestStop | None = None
                         starts = 0  # of the step's bracket events (`_brackets`)
                         steps = step.stream.__aiter__()
                         try:
                             async for ev in steps:
-                                mark = marks(type(ev))  # most events (deltas) are none of these
+                                mark = marks(type(ev)) if kept else None  # (most events, deltas, are none of these)
                                 if mark is not None:
                                     if mark is START:
                                         if starts and type(ev) is ModelCallStart:
@@ -401,7 +402,8 @@ class Execution:
             builder = run.builder = ReplyBuilder()
             run.view = None  # callers see what memory keeps
             stream, fed = self._call_model(messages, tools, self.options, builder)
-            return Step(REASON, stream, None if fed else builder.add, ExtensionPoint.ON_MODEL_CALL)
+            # (a call that feeds the builder is its own subscription, which the loop reads alone)
+            return Step(REASON, stream, None if fed else builder.add, ExtensionPoint.ON_MODEL_CALL, None, fed)
         run.builder = None
         # What callers see of the reply (after every on_reasoning rewrite) is what the result holds;
         # memory keeps what left on_model_call (rebuilt in the reasoning core).
