@@ -255,7 +255,8 @@ class ModelRead(TaskCut):
     the step it yielded (``first``) and ends instead: the consumer takes the events, and
     its next read hands that step to the task and goes on. So the context is entered once per
     wake-up of the provider, not once per chunk: each chunk is read by a plain ``await`` inside
-    `_read`."""
+    `_read`, or, from the providers' own SSE reader, handed to the parts manager by the reader
+    itself (`_convert.stream_chunks` takes the feed: no generator hand-off per chunk)."""
 
     __slots__ = ("control", "coro", "ctx", "cut", "filling", "first", "it", "model", "out", "parts", "reading",
                  "timer")
@@ -457,9 +458,10 @@ async def model_events(
 async def _read(call: ModelCall, read: ModelRead, reply: ReplyBuilder | None, events: bool) -> None:
     """The whole read of the provider, inside the call's context: the first chunk (a failure
     before it goes to `_recover`; the deadline's first-event limit ends with it), the parts
-    manager made for the model that gave it, then each chunk fed to it as it arrives. `ModelRead`
-    hands the events over after the first chunk (`_hand_over`) and whenever this would wait for
-    the provider after it (and `FAIR_TURN` makes it wait now and then)."""
+    manager made for the model that gave it, then each chunk fed to it as it arrives (by the
+    reader itself when it takes the feed). `ModelRead` hands the events over after the first
+    chunk (`_hand_over`) and whenever this would wait for the provider after it (and `FAIR_TURN`,
+    or the reader's `FED_TURN`, makes it wait now and then)."""
     try:
         model = call.models[0]
         it: AsyncIterator[ChatChunk] | None = None
@@ -482,9 +484,16 @@ async def _read(call: ModelCall, read: ModelRead, reply: ReplyBuilder | None, ev
         out = read.out = parts.out
         if chunk is None or read.it is None:
             return
-        feed, anext = parts.feed, read.it.__anext__
+        it = read.it
+        feed, anext = parts.feed, it.__anext__
         feed(chunk)
         await _hand_over()
+        if type(it) is types.AsyncGeneratorType:
+            # Offered the feed in place of the request for the next chunk: a reader that takes it
+            # (`_convert.stream_chunks`, the providers' own) feeds every chunk after this one
+            # itself and ends without yielding; one that does not (a send's value is ignored by a
+            # generator that does not read it) yields its next chunk, and the loop below goes on.
+            feed(await it.asend(feed))
         if parts.events:
             while True:
                 feed(await anext())
