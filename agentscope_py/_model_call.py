@@ -488,11 +488,12 @@ async def _read(call: ModelCall, read: ModelRead, reply: ReplyBuilder | None, ev
         feed, anext = parts.feed, it.__anext__
         feed(chunk)
         await _hand_over()
-        if type(it) is types.AsyncGeneratorType:
-            # Offered the feed in place of the request for the next chunk: a reader that takes it
-            # (`_convert.stream_chunks`, the providers' own) feeds every chunk after this one
-            # itself and ends without yielding; one that does not (a send's value is ignored by a
-            # generator that does not read it) yields its next chunk, and the loop below goes on.
+        if type(it) is types.AsyncGeneratorType and getattr(read.model, "stream_takes_feed", False):
+            # Sent the feed in place of the request for the next chunk, the providers' own reader
+            # (`_convert.stream_chunks`, a model that says ``stream_takes_feed``) feeds every chunk
+            # after this one itself and ends without yielding; a reader that ignores what it is
+            # sent (a subclass's own stream) yields its next chunk, and the loop below goes on. A
+            # user's model is never sent a value its ``stream`` did not ask for.
             feed(await it.asend(feed))
         if parts.events:
             while True:

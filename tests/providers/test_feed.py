@@ -101,3 +101,22 @@ async def test_an_agent_reads_a_streamed_reply_through_the_feed(server: FakeServ
     assert "".join(e.delta for e in events if e.type == "text_block_delta") == "".join(words)
     assert [e.type for e in events].count("text_block_end") == 1
     assert events[-2].result.text == "".join(words)
+
+
+async def test_a_users_generator_model_is_never_sent_a_value() -> None:
+    # A user's model whose `stream` is an async generator reading what its `yield` receives gets
+    # what `async for` sends (None) at every chunk: only the providers' own reader takes the feed.
+    received: list[object] = []
+
+    class Echo:
+        name = "echo"
+
+        async def stream(self, request: Any) -> AsyncIterator[ChatChunk]:
+            for word in ("a", "b", "c"):
+                received.append((yield ChatChunk(text=word)))
+            yield ChatChunk(finish_reason="stop")
+
+    agent = ReActAgent.builder().model(Echo()).build()
+    reply = await agent.call("hi")
+    assert reply.text == "abc"
+    assert received == [None, None, None]
