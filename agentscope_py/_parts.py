@@ -181,7 +181,7 @@ class PartsManager:
             usage = self.usage
             if usage is not None and type(usage) is not ChatUsage:  # (validated as the event validates it)
                 usage = ModelCallEnd(reply_id=reply_id, usage=usage, model=self.model).usage
-            reply.end(usage, None, not interrupted)
+            reply.end(usage, None, not interrupted, describe(error))
         if not self.events:
             return
         put = self.put

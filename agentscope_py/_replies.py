@@ -66,7 +66,8 @@ class ReplyParts(Protocol):
     def thinking(self, block_id: str, delta: str) -> None: ...
     def signed(self, block_id: str, signature: str | None) -> None: ...
     def tool_call(self, call_id: str, name: str, delta: str | None = None) -> None: ...
-    def end(self, usage: ChatUsage | None, finish_reason: str | None, discarded: bool) -> None: ...
+    def end(self, usage: ChatUsage | None, finish_reason: str | None, discarded: bool,
+            error: str | None = None) -> None: ...
 
 
 class ReplyBuilder:
@@ -131,8 +132,11 @@ class ReplyBuilder:
         if delta is not None:
             entry[1].append(delta)
 
-    def end(self, usage: ChatUsage | None, finish_reason: str | None, discarded: bool) -> None:
-        """A model call ends; ``discarded``: its partial reply is not remembered."""
+    def end(self, usage: ChatUsage | None, finish_reason: str | None, discarded: bool,
+            error: str | None = None) -> None:
+        """A model call ends; ``discarded``: its partial reply is not remembered. ``error``: why
+        it failed (``ModelCallEnd.error``), for a layer on the way here that tells a failed call
+        from a complete one (a cache records only complete ones); the reply does not keep it."""
         if discarded:
             self._blocks = {}
         self.usage = usage

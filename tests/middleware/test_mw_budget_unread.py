@@ -13,10 +13,9 @@ from typing import Any, Literal
 
 import pytest
 from resilience_helpers import FakeSleep
+from unread_helpers import Identity, PassThrough, Played, add, plain, random_call, spy_made
 
-import agentscope_py._trusted as trusted
-from agentscope_py import ChatUsage, GenerateReason, ModelStep, ReActAgent, RuntimeContext, ScriptedModel
-from agentscope_py.errors import BadRequestError, RateLimitError, ServerError
+from agentscope_py import GenerateReason, ModelStep, ReActAgent, RuntimeContext, ScriptedModel
 from agentscope_py.middleware import (
     BudgetMiddleware,
     InMemoryBudgetStore,
@@ -26,110 +25,18 @@ from agentscope_py.middleware import (
     RetryMiddleware,
     TimeoutMiddleware,
 )
-from agentscope_py.model.base import ChatChunk, ModelRequest, ToolCallChunk
+from agentscope_py.model.base import ChatChunk, ModelRequest
 
 # (a budget outside a retry is one of the stacks compared: the order lint's warning is expected)
 pytestmark = [pytest.mark.timeout(60),
               pytest.mark.filterwarnings("ignore::agentscope_py.middleware.lints.MiddlewareOrderWarning")]
 
-# The model call's events, as the runtime makes them (`_trusted._new`); a failure's or a cut's
-# `ModelCallEnd` is validated instead, and never made here either.
-MODEL_EVENTS = ("ModelCall", "TextBlockStart", "TextBlockDelta", "TextBlockEnd", "ThinkingBlockStart",
-                "ThinkingBlockDelta", "ThinkingBlockEnd", "ToolCall")
 PRICES = {"m": ModelPrice(1.0, 2.0), "backup": ModelPrice(3.0, 5.0)}
 
 
 @pytest.fixture
 def made(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    names: list[str] = []
-
-    def spy(cls: Any) -> Any:
-        if cls.__name__.startswith(MODEL_EVENTS):
-            names.append(cls.__name__)
-        return object.__new__(cls)
-
-    monkeypatch.setattr(trusted, "_new", spy)
-    return names
-
-
-class Identity(MiddlewareBase):
-    """Maps every event to itself: the events are made, and the loop reads them."""
-
-    def on_model_call(self, agent: Any, ctx: Any, input: Any, next: Any) -> Any:
-        return next(input).map(lambda event: event)
-
-
-class PassThrough(MiddlewareBase):
-    def on_model_call(self, agent: Any, ctx: Any, input: Any, next: Any) -> Any:
-        return next(input)
-
-
-def add(a: int, b: int) -> int:
-    """Add two numbers.
-
-    Args:
-        a: The first.
-        b: The second.
-    """
-    return a + b
-
-
-Item = ChatChunk | Callable[[], Exception]
-
-
-class Played:
-    """Plays one scripted list of chunks per call, in turn (round and round); a function in a
-    list raises the error it makes there (before the first chunk, or after some)."""
-
-    def __init__(self, calls: list[list[Item]], name: str = "m") -> None:
-        self.calls = calls
-        self.name = name
-        self.requests = 0
-        self.closed = 0
-
-    def stream(self, request: ModelRequest) -> AsyncIterator[ChatChunk]:
-        items = self.calls[self.requests % len(self.calls)]
-        self.requests += 1
-        return self._play(items)
-
-    async def _play(self, items: list[Item]) -> AsyncIterator[ChatChunk]:
-        try:
-            for item in items:
-                if not isinstance(item, ChatChunk):
-                    raise item()
-                yield item
-        finally:
-            self.closed += 1
-
-
-ERRORS: list[Callable[[], Exception]] = [
-    lambda: ServerError("503"), lambda: RateLimitError("429", retry_after=2.0), lambda: BadRequestError("400"),
-]
-
-
-def _words(rng: random.Random, n: int) -> str:
-    return "".join(rng.choice(["ab", "cd ", "é", "xyz", " ", "日本"]) for _ in range(n))
-
-
-def _call(rng: random.Random, answer: bool) -> list[Item]:
-    """One model call's chunks: thinking (with a signature, at times), text, a tool call whose
-    arguments come in two pieces, usage or none, and at times an error somewhere among them."""
-    items: list[Item] = []
-    if rng.random() < 0.35:
-        for i in range(rng.randint(1, 3)):
-            items.append(ChatChunk(thinking=_words(rng, rng.randint(1, 12)),
-                                   thinking_signature="sig" if i == 0 and rng.random() < 0.5 else None))
-    if answer or rng.random() < 0.5:
-        items.extend(ChatChunk(text=_words(rng, rng.randint(1, 30))) for _ in range(rng.randint(1, 8)))
-    if not answer:
-        items.append(ChatChunk(tool_call=ToolCallChunk(index=0, name="add", arguments='{"a": 1,')))
-        items.append(ChatChunk(tool_call=ToolCallChunk(index=0, arguments=' "b": 2}')))
-    usage = (ChatUsage(input_tokens=rng.randint(5, 60), output_tokens=rng.randint(1, 40))
-             if rng.random() < 0.7 else None)
-    items.append(ChatChunk(usage=usage, finish_reason="stop" if answer else "tool_calls"))
-    if rng.random() < 0.3:
-        items.insert(rng.choice([0, 0, rng.randint(0, len(items) - 1)]), rng.choice(ERRORS))
-    return items
+    return spy_made(monkeypatch)
 
 
 Make = Callable[[], tuple[list[Played], list[MiddlewareBase], list[BudgetMiddleware]]]
@@ -139,8 +46,8 @@ def _scenario(seed: int) -> tuple[Make, bool]:
     """A random run's parts, and whether a retry in it answers a call it gives up on itself
     (``on_failure="continue"``: that reply is made of events, whose ModelCallEnd the budget notes)."""
     rng = random.Random(seed)
-    primary = [_call(rng, answer=rng.random() < 0.4) for _ in range(rng.randint(2, 6))]
-    backup = [_call(rng, answer=rng.random() < 0.5) for _ in range(3)]
+    primary = [random_call(rng, answer=rng.random() < 0.4) for _ in range(rng.randint(2, 6))]
+    backup = [random_call(rng, answer=rng.random() < 0.5) for _ in range(3)]
     limits: dict[str, Any] = {"run_tokens": rng.choice([30, 60, 100, 150, 250, 400, 10**6])}
     if rng.random() < 0.3:
         limits["session_tokens"] = rng.choice([40, 150, 400])
@@ -178,15 +85,6 @@ def _scenario(seed: int) -> tuple[Make, bool]:
     return make, on_failure == "continue" and kind != "budget" and kind.startswith(("retry", "two"))
 
 
-def _plain(value: Any) -> Any:
-    """A dump without the ids the runtime makes afresh each run."""
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items() if k not in ("id", "metadata", "tool_call_id")}
-    if isinstance(value, list):
-        return [_plain(v) for v in value]
-    return value
-
-
 async def _outcome(make: Make, forced: bool) -> dict[str, Any]:
     models, stack, budgets = make()
     agent = (ReActAgent.builder().model(models[0]).tools(add).max_iters(4)
@@ -196,7 +94,7 @@ async def _outcome(make: Make, forced: bool) -> dict[str, Any]:
     error: Any = None
     try:
         msg = await agent.call("1 + 2?", ctx=ctx)
-        reply = (_plain(msg.model_dump()), msg.generate_reason)
+        reply = (plain(msg.model_dump()), msg.generate_reason)
     except Exception as exc:
         error = (type(exc).__name__, str(exc))
     state, _ = await agent.state_store.load("u", "s")
@@ -204,7 +102,7 @@ async def _outcome(make: Make, forced: bool) -> dict[str, Any]:
     store = budgets[0].store
     assert isinstance(store, InMemoryBudgetStore)
     return {
-        "reply": reply, "error": error, "session": _plain([m.model_dump() for m in state.context]),
+        "reply": reply, "error": error, "session": plain([m.model_dump() for m in state.context]),
         "session_budget": [state.metadata.get(b.name_key) for b in budgets], "spent": [b.spent(ctx) for b in budgets],
         "user": await store.get("u"), "held": await store.held("u"),
         "requests": [m.requests for m in models], "closed": [m.closed for m in models],
@@ -244,7 +142,7 @@ async def test_a_call_cut_short_by_its_own_output_ends_the_same_read_or_unread(
             got = (type(exc).__name__, str(exc))
         state, _ = await agent.state_store.load("default", "default")
         assert state is not None
-        return (got, _plain([m.model_dump() for m in state.context]), [state.metadata.get(b.name_key) for b in budgets],
+        return (got, plain([m.model_dump() for m in state.context]), [state.metadata.get(b.name_key) for b in budgets],
                 [b.spent(ctx)["run"] for b in budgets], model.closed_streams)
 
     unread = await run(False)

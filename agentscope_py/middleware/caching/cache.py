@@ -15,7 +15,9 @@ What is stored: only complete, successful replies — a model call whose ModelCa
 no ``error`` and not ``discarded`` (never one that raised, was cut short or closed early), a tool
 result that ended with state ``success``. Misses are recorded by a fused ``map`` (one list append
 and a class test or two per event, no stream layer of its own), and stored when the ModelCallEnd / ToolResultEnd passes
-(the async stores: when the stream completes).
+(the async stores: when the stream completes). In a ``call()`` that nothing observes, a model call's
+miss with a store that answers at once is recorded from the parts its call hands to the loop
+(`_cache_record.Missed`), and the events are made once, to be stored, at the end of a complete reply.
 
 How a hit shows: the replayed ModelCallStart and ModelCallEnd (ToolResultStart and ToolResultEnd)
 carry ``metadata["cache"] == "hit"``; a replayed ModelCallEnd has ``usage=ChatUsage()`` (a hit costs
@@ -41,7 +43,7 @@ from ...events import (
 from ...extension.base import ActingInput, ExtensionPoint, MiddlewareBase, ModelCallInput, Next
 from ...message import ToolUseBlock, new_id
 from ...stream import EventStream, aclosing
-from ._cache_record import REPLY, ModelRecorder, ToolRecorder, model_tap, replay
+from ._cache_record import REPLY, Missed, ModelRecorder, ToolRecorder, replay
 from .cache_keys import request_key, tool_call_key
 from .cache_stores import CacheStore, InMemoryCacheStore, check_ttl
 
@@ -137,7 +139,7 @@ class ResponseCacheMiddleware(_CacheBase):
                 return EventStream.defer(lambda: replay(recorded, _reply_id(ctx)))
             self.misses += 1
             if ctx.reply_id is not None:  # in a run: the lean recorder (the reply id is known)
-                return next(input).map(model_tap(store, key, ttl))
+                return EventStream(Missed(next(input), store, key, ttl, ctx.reply_id))
             return next(input).map(ModelRecorder(ctx, lambda events: store.set_nowait(key, events, ttl)))
         inner = next(input)  # built here, in the hook's context (a span around it parents the call)
 

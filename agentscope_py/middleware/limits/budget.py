@@ -937,11 +937,12 @@ class _SyncCall(CallHold, MapSource):
             self._count(delta)
         self.reply.tool_call(call_id, name, delta)
 
-    def end(self, usage: ChatUsage | None, finish_reason: str | None, discarded: bool) -> None:
+    def end(self, usage: ChatUsage | None, finish_reason: str | None, discarded: bool,
+            error: str | None = None) -> None:
         self.attempt = False
         self.budget._settle_unread(self.run, self, usage, self.model, self.est_tokens, self.chars)
         self.chars = self.out_held = 0
-        self.reply.end(usage, finish_reason, discarded)
+        self.reply.end(usage, finish_reason, discarded, error)
 
     def _count(self, delta: str) -> None:
         """An output delta: its characters counted, the hold grown to cover them (`see`), or the call cut."""
@@ -967,7 +968,7 @@ class _SyncCall(CallHold, MapSource):
         self.settle_user_now(tokens, cost)
         if self.thinking_id is not None:
             reply.signed(self.thinking_id, None)
-        reply.end(None, None, budget.on_exceeded == "error")
+        reply.end(None, None, budget.on_exceeded == "error", f"BudgetExceeded: {refused['reason']}")
         try:
             self.pending = list(budget._refusal(refused))
         except BudgetExceeded as exc:
