@@ -1,6 +1,6 @@
 """A miss of `ResponseCacheMiddleware` (in-memory store) in a ``call()`` that nothing observes
-makes no model-call event while it streams: the cache records the parts the call hands to the
-round's builder, and stores, at the end of a complete reply, the events it would have made. What
+makes no model-call event: the cache records the parts the call hands to the round's builder, and
+stores a complete reply as that data, whose events are made when first read. What
 is stored, what a hit then replays (events, ids, metadata), the reply, the saved session, the hits
 and misses and the requests are what they are when an identity ``.map`` hook outside makes the
 events and the cache records those."""
@@ -64,9 +64,9 @@ async def _outcome(seed: int, forced: bool, made: list[str] | None = None) -> di
         reply = (type(exc).__name__, str(exc))
     state, _ = await agent.state_store.load("default", "one")
     assert state is not None
+    if not forced and made is not None:  # no event made: what was stored makes its events when read
+        assert made == []
     stored = _stored(store)
-    if not forced and made is not None:  # no event made but the ones stored, once each, at the end of their call
-        assert len(made) == sum(len(events) for events, _ in store._entries.values())
     # A second session asks the same: what was stored is replayed to a stream that reads it.
     again = (ReActAgent.builder().model(Played(calls)).tools(add).max_iters(3)
              .middlewares([ResponseCacheMiddleware(store)]).build())
@@ -85,15 +85,17 @@ async def test_a_miss_at_random_stores_and_replays_the_same_read_or_unread(made:
     assert unread == forced
 
 
-async def test_a_miss_nobody_observes_makes_its_events_only_to_store_them(made: list[str]) -> None:
-    # While the call streams no event is made; the stored events are made once, at its end, and
+async def test_a_miss_nobody_observes_makes_its_events_only_when_they_are_read(made: list[str]) -> None:
+    # No event is made for the miss; what was stored makes its events when first read (once), and
     # a hit replays them as it replays a miss recorded from its events.
     store = InMemoryCacheStore()
     model = ScriptedModel([ModelStep(thinking="hmm", text="three", chunks=3)])
     agent = ReActAgent.builder().model(model).middlewares([ResponseCacheMiddleware(store)]).build()
     assert (await agent.call("1 + 2?")).text == "three"
+    assert made == []
     (events, _), = store._entries.values()
-    assert made == [type(e).__name__ for e in events]  # the stored ones, and nothing else
+    names = [type(e).__name__ for e in events]
+    assert made == names and list(events) == list(events) and made == names  # made once
     assert [e.type for e in events][:3] == ["model_call_start", "thinking_block_start", "thinking_block_delta"]
     assert events[-1].type == "model_call_end" and events[-2].type == "text_block_end"
     forced_store = InMemoryCacheStore()

@@ -2,8 +2,7 @@
 
 A miss is recorded from its events as they pass (`model_tap`, `ModelRecorder`), or, in a run
 whose events nobody reads, from the parts its model call hands to the loop's builder
-(`PartsRecording`, through `Missed.building`): no event is made while the call streams, and the
-events a complete reply would have made are made once, at its end, for the store."""
+(`_parts_record`)."""
 
 from __future__ import annotations
 
@@ -11,34 +10,14 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
-from ..._stream.operators import Maps, MapSource, Recovery, apply_maps, maps_of
 from ..._trusted import Shape, shape
-from ...events import (
-    AgentEvent,
-    ModelCallEnd,
-    ModelCallStart,
-    TextBlockDelta,
-    TextBlockEnd,
-    TextBlockStart,
-    ThinkingBlockDelta,
-    ThinkingBlockEnd,
-    ThinkingBlockStart,
-    ToolCallDelta,
-    ToolCallEnd,
-    ToolCallStart,
-    ToolResultEnd,
-    ToolResultStart,
-)
+from ...events import AgentEvent, ModelCallEnd, ModelCallStart, ToolResultEnd, ToolResultStart
 from ...message import ChatUsage, ToolResultState, ToolUseBlock, new_id
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator
-
     from ..._context import RuntimeContext
-    from ..._replies import ReplyParts
-    from ...stream import EventStream
 
-__all__ = ["HIT", "REPLY", "Missed", "ModelRecorder", "PartsRecording", "ToolRecorder", "model_tap", "replay"]
+__all__ = ["HIT", "REPLY", "ModelRecorder", "ToolRecorder", "model_tap", "replay"]
 
 REPLY = "agentscope.cache.reply_id"  # ctx key: the run's reply id, once its events showed it
 HIT = "hit"
@@ -169,169 +148,6 @@ def model_tap(store: Any, key: str, ttl: float | None) -> Callable[[Any], Any]:
         return ev
 
     return record
-
-
-class Missed(MapSource):
-    """A miss's stream factory in a run, for a store that answers at once: subscribed, the inner
-    stream with `model_tap` fused (each subscription records its own); read with no events
-    (`building`), a `PartsRecording` is the reply the inner call hands its parts to. It only
-    subscribes the stream built inside the hook (``inner``): `context_free`."""
-
-    __slots__ = ("inner", "key", "reply_id", "store", "ttl")
-
-    context_free = True
-
-    def __init__(self, inner: EventStream[AgentEvent], store: Any, key: str, ttl: float | None,
-                 reply_id: str) -> None:
-        self.inner = inner
-        self.store = store
-        self.key = key
-        self.ttl = ttl
-        self.reply_id = reply_id
-
-    def with_maps(self, maps: Maps) -> AsyncIterator[Any]:
-        # ``inner.map(tap)`` and ``maps`` subscribed: a `MapSource` with only maps of its own (the
-        # model call's) takes them all at once, as `EventStream.__aiter__` would give them.
-        tap = model_tap(self.store, self.key, self.ttl)
-        inner = self.inner
-        factory, own = inner._factory, maps_of(inner._steps)
-        if own is not None and isinstance(factory, MapSource):
-            return factory.with_maps((*own, tap, *maps))
-        stream = inner.map(tap)
-        for fn in maps:
-            stream = stream.map(fn)
-        return stream.__aiter__()
-
-    def recovering(self, maps: Maps, recovery: Recovery) -> AsyncIterator[Any] | None:
-        inner = self.inner
-        factory, own = inner._factory, maps_of(inner._steps)
-        if own is None or not isinstance(factory, MapSource):
-            return None
-        n, passes, resume = recovery
-        return factory.recovering((*own, model_tap(self.store, self.key, self.ttl), *maps),
-                                  (len(own) + 1 + n, passes, resume))
-
-    def building(
-        self, reply: ReplyParts, alone: Callable[[], bool], recovery: Recovery | None = None,
-    ) -> AsyncIterator[Any] | None:
-        inner = self.inner
-        factory = inner._factory
-        if inner._steps or not isinstance(factory, MapSource):
-            return None
-        it = factory.building(PartsRecording(reply, self.reply_id, self.store, self.key, self.ttl), alone, recovery)
-        if it is None:
-            return None
-        # What it still yields (an attempt of a retry inside that is read as events) is recorded
-        # as `with_maps` records it.
-        return apply_maps(it, (model_tap(self.store, self.key, self.ttl),))
-
-
-# The events of a model call's reply, built from the parts `PartsManager` hands on: values it made
-# itself or validated (exact ``str`` ids and text, a `ChatUsage`), as it builds them.
-_START = shape(ModelCallStart, "reply_id", "model")
-_END = shape(ModelCallEnd, "reply_id", "usage", "finish_reason", "model")
-_TEXT_START = shape(TextBlockStart, "reply_id", "block_id")
-_TEXT = shape(TextBlockDelta, "reply_id", "block_id", "delta")
-_TEXT_END = shape(TextBlockEnd, "reply_id", "block_id")
-_THINKING_START = shape(ThinkingBlockStart, "reply_id", "block_id")
-_THINKING = shape(ThinkingBlockDelta, "reply_id", "block_id", "delta")
-_THINKING_END = shape(ThinkingBlockEnd, "reply_id", "block_id", "signature")
-_CALL_START = shape(ToolCallStart, "reply_id", "tool_call_id", "tool_name")
-_CALL = shape(ToolCallDelta, "reply_id", "tool_call_id", "tool_name", "delta")
-_CALL_END = shape(ToolCallEnd, "reply_id", "tool_call_id", "tool_name")
-_TEXT_PART, _THINKING_PART, _SIGNED_PART, _CALL_PART = 0, 1, 2, 3
-
-
-class PartsRecording:
-    """A miss read with no events (`Missed.building`): the reply the model call hands its parts
-    to (`_replies.ReplyParts`), each handed on to ``reply`` and kept as a tuple; at the end of a
-    complete call (no ``error``, not ``discarded``), the events that call would have made are
-    built from them and stored, as `model_tap` stores a miss read as events — so a hit replays
-    the same events, whichever way its miss was read.
-
-    Those events, in the order `PartsManager` makes them: a block's Start before its first part;
-    a text block ends at the next part that is not its own (thinking, a tool call) or at the
-    end; a thinking block at its signature (its End's part, a block of a signature alone
-    included); the tool calls, all at the end (a call a provider ended early by reusing its
-    index for the next one is recorded as ending there too: the parts do not carry the index)."""
-
-    __slots__ = ("key", "model", "parts", "reply", "reply_id", "store", "ttl")
-
-    def __init__(self, reply: ReplyParts, reply_id: str, store: Any, key: str, ttl: float | None) -> None:
-        self.reply = reply
-        self.reply_id = reply_id
-        self.store = store
-        self.key = key
-        self.ttl = ttl
-        self.model = ""
-        self.parts: list[tuple[Any, ...]] = []
-
-    def begin(self, model: str) -> None:
-        self.model = model
-        self.parts = []  # (a retry's next attempt inside: its own reply only)
-        self.reply.begin(model)
-
-    def text(self, block_id: str, delta: str) -> None:
-        self.parts.append((_TEXT_PART, block_id, delta))
-        self.reply.text(block_id, delta)
-
-    def thinking(self, block_id: str, delta: str) -> None:
-        self.parts.append((_THINKING_PART, block_id, delta))
-        self.reply.thinking(block_id, delta)
-
-    def signed(self, block_id: str, signature: str | None) -> None:
-        self.parts.append((_SIGNED_PART, block_id, signature))
-        self.reply.signed(block_id, signature)
-
-    def tool_call(self, call_id: str, name: str, delta: str | None = None) -> None:
-        self.parts.append((_CALL_PART, call_id, name, delta))
-        self.reply.tool_call(call_id, name, delta)
-
-    def end(self, usage: ChatUsage | None, finish_reason: str | None, discarded: bool,
-            error: str | None = None) -> None:
-        if error is None and not discarded:
-            self.store.set_nowait(self.key, self._events(usage, finish_reason), self.ttl)
-        self.parts = []
-        self.reply.end(usage, finish_reason, discarded, error)
-
-    def _events(self, usage: ChatUsage | None, finish_reason: str | None) -> tuple[AgentEvent, ...]:
-        rid = self.reply_id
-        out: list[AgentEvent] = [_START.build(reply_id=rid, model=self.model)]
-        put = out.append
-        text: str | None = None  # the open text block
-        thinking: str | None = None  # the open thinking block
-        calls: dict[str, str] = {}  # the tool calls opened: id -> name, in order
-        for part in self.parts:
-            kind, block = part[0], part[1]
-            if kind == _TEXT_PART:
-                if block != text:
-                    text = block
-                    put(_TEXT_START.build(reply_id=rid, block_id=block))
-                put(_TEXT.build(reply_id=rid, block_id=block, delta=part[2]))
-                continue
-            if text is not None:  # anything else ends the text block
-                put(_TEXT_END.build(reply_id=rid, block_id=text))
-                text = None
-            if kind in (_THINKING_PART, _SIGNED_PART):
-                if block != thinking:
-                    thinking = block
-                    put(_THINKING_START.build(reply_id=rid, block_id=block))
-                if kind == _THINKING_PART:
-                    put(_THINKING.build(reply_id=rid, block_id=block, delta=part[2]))
-                else:
-                    put(_THINKING_END.build(reply_id=rid, block_id=block, signature=part[2]))
-                    thinking = None
-            elif part[3] is None:
-                calls[block] = part[2]
-                put(_CALL_START.build(reply_id=rid, tool_call_id=block, tool_name=part[2]))
-            else:
-                put(_CALL.build(reply_id=rid, tool_call_id=block, tool_name=part[2], delta=part[3]))
-        if text is not None:
-            put(_TEXT_END.build(reply_id=rid, block_id=text))
-        for call_id, name in calls.items():
-            put(_CALL_END.build(reply_id=rid, tool_call_id=call_id, tool_name=name))
-        put(_END.build(reply_id=rid, usage=usage, finish_reason=finish_reason, model=self.model))
-        return tuple(out)
 
 
 class ToolRecorder:

@@ -17,7 +17,7 @@ result that ended with state ``success``. Misses are recorded by a fused ``map``
 and a class test or two per event, no stream layer of its own), and stored when the ModelCallEnd / ToolResultEnd passes
 (the async stores: when the stream completes). In a ``call()`` that nothing observes, a model call's
 miss with a store that answers at once is recorded from the parts its call hands to the loop
-(`_cache_record.Missed`), and the events are made once, to be stored, at the end of a complete reply.
+(`_parts_record.Missed`), and the events are made once, to be stored, at the end of a complete reply.
 
 How a hit shows: the replayed ModelCallStart and ModelCallEnd (ToolResultStart and ToolResultEnd)
 carry ``metadata["cache"] == "hit"``; a replayed ModelCallEnd has ``usage=ChatUsage()`` (a hit costs
@@ -43,7 +43,8 @@ from ...events import (
 from ...extension.base import ActingInput, ExtensionPoint, MiddlewareBase, ModelCallInput, Next
 from ...message import ToolUseBlock, new_id
 from ...stream import EventStream, aclosing
-from ._cache_record import REPLY, Missed, ModelRecorder, ToolRecorder, replay
+from ._cache_record import REPLY, ModelRecorder, ToolRecorder, replay
+from ._parts_record import Missed
 from .cache_keys import request_key, tool_call_key
 from .cache_stores import CacheStore, InMemoryCacheStore, check_ttl
 
@@ -89,7 +90,7 @@ class _CacheBase(MiddlewareBase):
         self.hits = 0
         self.misses = 0
 
-    async def _get(self, ctx: RuntimeContext, key: str) -> tuple[AgentEvent, ...] | None:
+    async def _get(self, ctx: RuntimeContext, key: str) -> Sequence[AgentEvent] | None:
         try:  # (the run's wait: an interrupt ends it at once, as a slow store's answer would be waited for)
             return await ctx.wait(self.store.get(key))
         except AgentInterrupted:
@@ -241,7 +242,7 @@ class ToolResultCacheMiddleware(_CacheBase):
         self, ctx: RuntimeContext, input: ActingInput, next: Next, keys: dict[str, str], names: dict[str, str]
     ) -> AsyncIterator[AgentEvent]:
         calls = input.tool_calls
-        hits: dict[str, tuple[AgentEvent, ...]] = {}
+        hits: dict[str, Sequence[AgentEvent]] = {}
         for cid, key in keys.items():
             recorded = await self._get(ctx, key)
             if recorded is not None:
