@@ -17,7 +17,7 @@ result that ended with state ``success``. Misses are recorded by a fused ``map``
 and a class test or two per event, no stream layer of its own), and stored when the ModelCallEnd / ToolResultEnd passes
 (the async stores: when the stream completes). In a ``call()`` that nothing observes, a model call's
 miss with a store that answers at once is recorded from the parts its call hands to the loop
-(`_parts_record.Missed`), and the events are made once, to be stored, at the end of a complete reply.
+(`_parts_record.Missed`) and stored as that data, whose events are made when first read.
 
 How a hit shows: the replayed ModelCallStart and ModelCallEnd (ToolResultStart and ToolResultEnd)
 carry ``metadata["cache"] == "hit"``; a replayed ModelCallEnd has ``usage=ChatUsage()`` (a hit costs
