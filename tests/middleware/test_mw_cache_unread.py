@@ -14,7 +14,8 @@ import pytest
 from resilience_helpers import FakeSleep
 from unread_helpers import FRESH, Identity, PassThrough, Played, add, plain, random_call, spy_made
 
-from agentscope_py import ModelStep, ReActAgent, RuntimeContext, ScriptedModel
+from agentscope_py import ModelStep, ReActAgent, RuntimeContext, ScriptedModel, ToolUseBlock
+from agentscope_py.events import Custom
 from agentscope_py.middleware import (
     BudgetMiddleware,
     InMemoryCacheStore,
@@ -74,8 +75,25 @@ async def _outcome(seed: int, forced: bool, made: list[str] | None = None) -> di
         hit: Any = plain([e.model_dump() for e in await again.stream("1 + 2?").to_list()], FRESH)
     except Exception as exc:
         hit = (type(exc).__name__, str(exc))
+    # A third asks it in a call(), under a budget that meters the hit's reply: unread, the hit hands
+    # the recorded reply to the budget and the loop's builder as parts.
+    budget = BudgetMiddleware(run_tokens=10**6)
+    third = (ReActAgent.builder().model(Played(calls)).tools(add).max_iters(3)
+             .middlewares(([Identity()] if forced else []) + [budget, ResponseCacheMiddleware(store)]).build())
+    before = len(made) if made is not None else 0
+    ctx = RuntimeContext(session_id="three")
+    try:
+        answer = await third.call("1 + 2?", ctx=ctx)
+        called: Any = (plain(answer.model_dump()), answer.generate_reason)
+    except Exception as exc:
+        called = (type(exc).__name__, str(exc))
+    if not forced and made is not None:  # the hits made no event (the misses in the run none either)
+        assert made[before:] == []
+    third_state, _ = await third.state_store.load("default", "three")
+    assert third_state is not None
     return {"reply": reply, "session": plain([m.model_dump() for m in state.context]), "stored": stored,
-            "hit": hit, "requests": model.requests, "closed": model.closed}
+            "hit": hit, "requests": model.requests, "closed": model.closed, "called": called,
+            "called_session": plain([m.model_dump() for m in third_state.context]), "budget": budget.spent(ctx)}
 
 
 @pytest.mark.parametrize("seed", range(60))
@@ -103,3 +121,55 @@ async def test_a_miss_nobody_observes_makes_its_events_only_when_they_are_read(m
         [Identity(), ResponseCacheMiddleware(forced_store)]).build()
     await forced.call("1 + 2?")
     assert _stored(store) == _stored(forced_store)
+
+
+class FlatMap(MiddlewareBase):
+    """Inside the cache: a Custom event in the recorded reply, between its brackets."""
+
+    def on_model_call(self, agent: Any, ctx: Any, input: Any, next: Any) -> Any:
+        async def gen() -> Any:
+            async for ev in next(input):
+                yield ev
+                if ev.type == "text_block_start":
+                    yield Custom(name="note", value=1)
+
+        return gen()
+
+
+@pytest.mark.parametrize("recorded", ["as_parts", "as_events", "with_a_custom_event"])
+async def test_a_hit_nobody_observes_hands_the_recorded_reply_over_as_the_replay_would(
+        made: list[str], recorded: str) -> None:
+    # The entry was recorded from the parts (a miss nobody observed) or from the events (a miss
+    # something read), or holds an event a builder does not take as a part: a hit in a call()
+    # that nothing observes gives the reply, session and budget totals a replay read as events
+    # gives; it makes no event unless the recording has one that is not the reply's own.
+    step = ModelStep(thinking="hmm", text="calling", chunks=2,
+                     tool_calls=[ToolUseBlock(id="call_x", name="add", input={"a": 1, "b": 2})])
+
+    def fresh() -> ScriptedModel:
+        return ScriptedModel([step, ModelStep.text("three")], loop=True)
+
+    store = InMemoryCacheStore()
+    first: list[MiddlewareBase] = {"as_parts": [], "as_events": [Identity()], "with_a_custom_event": []}[recorded]
+    inner: list[MiddlewareBase] = [FlatMap()] if recorded == "with_a_custom_event" else []
+    recorder = ReActAgent.builder().model(fresh()).tools(add).middlewares(
+        [*first, ResponseCacheMiddleware(store), *inner]).build()
+    await recorder.call("1 + 2?")
+
+    async def hit(forced: bool) -> tuple[Any, ...]:
+        model = fresh()
+        budget = BudgetMiddleware(run_tokens=10**6)
+        agent = ReActAgent.builder().model(model).tools(add).middlewares(
+            [*([Identity()] if forced else []), budget, ResponseCacheMiddleware(store)]).build()
+        ctx = RuntimeContext(session_id="hit")
+        msg = await agent.call("1 + 2?", ctx=ctx)
+        state, _ = await agent.state_store.load("default", "hit")
+        assert state is not None
+        return (plain(msg.model_dump()), plain([m.model_dump() for m in state.context]), budget.spent(ctx)["run"],
+                len(model.requests))
+
+    made.clear()
+    unread = await hit(False)
+    assert made == [] or recorded == "with_a_custom_event"
+    assert unread == await hit(True)
+    assert unread[3] == 0 and unread[2].calls == 2 and unread[2].tokens == 0  # two hits: never called, free

@@ -1,15 +1,18 @@
-"""A model call's miss recorded from the parts its call hands to the loop's builder, for
-`cache`'s `ResponseCacheMiddleware` in a run whose events nobody reads (`Missed.building`): no
-event is made while the call streams, and the store keeps the reply as data (`RecordedReply`),
-whose events — the ones a miss read as events stores (`_cache_record.model_tap`) — are made when
-they are first read."""
+"""A model call's reply as the parts its call hands to the loop's builder, for `cache`'s
+`ResponseCacheMiddleware` in a run whose events nobody reads (`MapSource.building`):
+
+* a miss is recorded from those parts (`Missed`, `PartsRecording`): no event is made while the
+  call streams, and the store keeps the reply as data (`RecordedReply`), whose events — the ones
+  a miss read as events stores (`_cache_record.model_tap`) — are made when they are first read;
+* a hit hands the recorded reply to the builder as those parts (`Hit`), as its replayed events
+  would hand it, and makes no event."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, overload
 
-from ..._stream.operators import Maps, MapSource, Recovery, aclose, maps_of
+from ..._stream.operators import Maps, MapSource, Recovery, aclose, apply_maps, iterate, maps_of
 from ..._trusted import shape
 from ...events import (
     AgentEvent,
@@ -25,14 +28,14 @@ from ...events import (
     ToolCallEnd,
     ToolCallStart,
 )
-from ._cache_record import model_tap
+from ...message import ChatUsage, new_id
+from ._cache_record import model_tap, replay
 
 if TYPE_CHECKING:
     from ..._replies import ReplyParts
-    from ...message import ChatUsage
     from ...stream import EventStream
 
-__all__ = ["Missed", "PartsRecording", "RecordedReply"]
+__all__ = ["Hit", "Missed", "PartsRecording", "RecordedReply"]
 
 
 class Missed(MapSource):
@@ -260,3 +263,90 @@ class RecordedReply(Sequence[AgentEvent]):
             put(_CALL_END.build(reply_id=rid, tool_call_id=call_id, tool_name=name))
         put(_END.build(reply_id=rid, usage=self.usage, finish_reason=self.finish_reason, model=self.model))
         return tuple(out)
+
+
+class Hit(MapSource):
+    """A hit's stream factory: subscribed, the recorded events replayed (`_cache_record.replay`,
+    with the reply id ``reply_id()`` gives then); read with no events (`building`), the recorded
+    reply handed to the builder as the parts the replayed events would hand it — the same blocks,
+    fresh tool-call ids, ``usage=ChatUsage()`` — with no event made. A recording with events a
+    builder reads otherwise (an inner middleware's, a sub-agent's) is replayed as events. It
+    subscribes nothing: `context_free`."""
+
+    __slots__ = ("recorded", "reply_id")
+
+    context_free = True
+
+    def __init__(self, recorded: Sequence[AgentEvent], reply_id: Callable[[], str]) -> None:
+        self.recorded = recorded
+        self.reply_id = reply_id
+
+    def with_maps(self, maps: Maps) -> AsyncIterator[Any]:
+        it = iterate(replay(self.recorded, self.reply_id()))
+        return apply_maps(it, maps) if maps else it
+
+    def building(
+        self, reply: ReplyParts, alone: Callable[[], bool], recovery: Recovery | None = None,
+    ) -> AsyncIterator[Any] | None:
+        recorded = self.recorded
+        if type(recorded) is not RecordedReply and not all(
+                type(ev) in _PLAIN and ev.source is None for ev in recorded):
+            return None
+        return _handed(recorded, reply)
+
+
+_PLAIN = frozenset({ModelCallStart, ModelCallEnd, TextBlockStart, TextBlockDelta, TextBlockEnd, ThinkingBlockStart,
+                    ThinkingBlockDelta, ThinkingBlockEnd, ToolCallStart, ToolCallDelta, ToolCallEnd})
+"""The events a model call's own reply is made of (`PartsManager`'s): a recording of only these
+is handed to a builder as parts."""
+
+
+async def _handed(recorded: Sequence[AgentEvent], reply: ReplyParts) -> AsyncIterator[Any]:
+    """`Hit.building`'s subscription: the parts handed to ``reply`` when it is read; no item."""
+    if type(recorded) is RecordedReply:
+        _hand_parts(recorded, reply)
+    else:
+        _hand_events(recorded, reply)
+    return
+    yield  # (an async generator that yields nothing)
+
+
+def _hand_parts(recorded: RecordedReply, reply: ReplyParts) -> None:
+    ids: dict[str, str] = {}  # recorded block and call id -> fresh one (as `replay` gives them)
+    reply.begin(recorded.model)
+    for part in recorded.parts:
+        kind, key = part[0], part[1]
+        fresh = ids.get(key) or ids.setdefault(key, new_id("call_" if kind == _CALL_PART else "blk_"))
+        if kind == _TEXT_PART:
+            reply.text(fresh, part[2])
+        elif kind == _THINKING_PART:
+            reply.thinking(fresh, part[2])
+        elif kind == _SIGNED_PART:
+            reply.signed(fresh, part[2])
+        else:
+            reply.tool_call(fresh, part[2], part[3])
+    reply.end(ChatUsage(), recorded.finish_reason, False)
+
+
+def _hand_events(recorded: Sequence[AgentEvent], reply: ReplyParts) -> None:
+    ids: dict[str, str] = {}
+    for ev in recorded:
+        fields = ev.__dict__
+        cls = type(ev)
+        if cls is TextBlockDelta or cls is ThinkingBlockDelta or cls is ThinkingBlockEnd:
+            key = fields["block_id"]
+            fresh = ids.get(key) or ids.setdefault(key, new_id("blk_"))
+            if cls is TextBlockDelta:
+                reply.text(fresh, fields["delta"])
+            elif cls is ThinkingBlockDelta:
+                reply.thinking(fresh, fields["delta"])
+            else:
+                reply.signed(fresh, fields["signature"])
+        elif cls is ToolCallStart or cls is ToolCallDelta:
+            key = fields["tool_call_id"]
+            fresh = ids.get(key) or ids.setdefault(key, new_id("call_"))
+            reply.tool_call(fresh, fields["tool_name"], fields["delta"] if cls is ToolCallDelta else None)
+        elif cls is ModelCallStart:
+            reply.begin(fields["model"])
+        elif cls is ModelCallEnd:
+            reply.end(ChatUsage(), fields["finish_reason"], False)

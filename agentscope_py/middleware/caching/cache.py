@@ -17,7 +17,8 @@ result that ended with state ``success``. Misses are recorded by a fused ``map``
 and a class test or two per event, no stream layer of its own), and stored when the ModelCallEnd / ToolResultEnd passes
 (the async stores: when the stream completes). In a ``call()`` that nothing observes, a model call's
 miss with a store that answers at once is recorded from the parts its call hands to the loop
-(`_parts_record.Missed`) and stored as that data, whose events are made when first read.
+(`_parts_record.Missed`) and stored as that data, whose events are made when first read; a hit
+there hands the recorded reply to the loop the same way (`_parts_record.Hit`), with no events.
 
 How a hit shows: the replayed ModelCallStart and ModelCallEnd (ToolResultStart and ToolResultEnd)
 carry ``metadata["cache"] == "hit"``; a replayed ModelCallEnd has ``usage=ChatUsage()`` (a hit costs
@@ -34,6 +35,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from ...errors import AgentInterrupted
@@ -44,7 +46,7 @@ from ...extension.base import ActingInput, ExtensionPoint, MiddlewareBase, Model
 from ...message import ToolUseBlock, new_id
 from ...stream import EventStream, aclosing
 from ._cache_record import REPLY, ModelRecorder, ToolRecorder, replay
-from ._parts_record import Missed
+from ._parts_record import Hit, Missed
 from .cache_keys import request_key, tool_call_key
 from .cache_stores import CacheStore, InMemoryCacheStore, check_ttl
 
@@ -137,7 +139,7 @@ class ResponseCacheMiddleware(_CacheBase):
             recorded = store.get_nowait(key)
             if recorded is not None:
                 self.hits += 1
-                return EventStream.defer(lambda: replay(recorded, _reply_id(ctx)))
+                return EventStream(Hit(recorded, partial(_reply_id, ctx)))
             self.misses += 1
             if ctx.reply_id is not None:  # in a run: the lean recorder (the reply id is known)
                 return EventStream(Missed(next(input), store, key, ttl, ctx.reply_id))
