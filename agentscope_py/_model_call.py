@@ -37,7 +37,7 @@ from .model.base import ChatChunk, ChatModel, ModelError, ModelRequest
 from .stream import EventStream
 
 if TYPE_CHECKING:
-    from ._replies import ReplyBuilder
+    from ._replies import ReplyBuilder, ReplyParts
 
 __all__ = [
     "FailoverListener", "ModelCall", "ModelExecutor", "ModelRead", "RetryPolicy", "model_call_events",
@@ -218,7 +218,7 @@ class ModelCall(MapSource):
         return model_events(self, maps, recovery)
 
     def building(
-        self, reply: ReplyBuilder, alone: Callable[[], bool], recovery: Recovery | None = None,
+        self, reply: ReplyParts, alone: Callable[[], bool], recovery: Recovery | None = None,
     ) -> AsyncIterator[Any]:
         return model_events(self, (), recovery, reply)
 
@@ -336,7 +336,7 @@ class ModelRead(TaskCut):
 
 
 async def model_events(
-    call: ModelCall, maps: Maps, recovery: Recovery | None, reply: ReplyBuilder | None = None, events: bool = False,
+    call: ModelCall, maps: Maps, recovery: Recovery | None, reply: ReplyParts | None = None, events: bool = False,
 ) -> AsyncIterator[Any]:
     """The events of one model call, its maps applied, read in the task iterating this. With
     ``reply``, the reply goes to that builder, and the events are made only with ``events``
@@ -455,7 +455,7 @@ async def model_events(
         await _finish(read)
 
 
-async def _read(call: ModelCall, read: ModelRead, reply: ReplyBuilder | None, events: bool) -> None:
+async def _read(call: ModelCall, read: ModelRead, reply: ReplyParts | None, events: bool) -> None:
     """The whole read of the provider, inside the call's context: the first chunk (a failure
     before it goes to `_recover`; the deadline's first-event limit ends with it), the parts
     manager made for the model that gave it, then each chunk fed to it as it arrives (by the
