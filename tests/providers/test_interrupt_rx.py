@@ -25,7 +25,8 @@ import pytest
 import reactivex
 from reactivex import operators as ops
 
-from agentscope_py import EventStream, MiddlewareBase, ReActAgent, RuntimeContext, Toolkit
+from agentscope_py import EventStream, GenerateReason, MiddlewareBase, ReActAgent, RuntimeContext, Toolkit
+from agentscope_py.events import AgentEnd
 from agentscope_py.model.openai import OpenAIChatModel
 
 from .fakes import TurnServer, get_weather
@@ -188,3 +189,71 @@ async def test_an_interrupt_ends_every_consumer_promptly_whatever_time_operators
     failed = [c for c in cases if c.error is not None]
     assert not failed, f"{len(failed)} runs failed, e.g. {failed[0]}: {failed[0].error!r}"
 
+
+HOLDING: dict[str, Callable[[], list[Any]]] = {
+    "sample": lambda: [ops.sample(5.0)],
+    "delay": lambda: [ops.delay(5.0)],
+}
+
+
+async def test_an_interrupt_ends_a_step_that_a_time_operator_holds_at_once() -> None:
+    """A time operator at a point inside the run (reasoning, model call, acting) holds the step's
+    events or its end for 5 s (a ``sample`` period, a ``delay``), by pipe or through an Observable:
+    interrupted 300 ms into the run, long after the model's first reply was read, while the
+    operator holds it, the consumer ends at once with the interrupted reply, not at the timer."""
+    server = TurnServer()
+    await server.start()
+    model = OpenAIChatModel("gpt-fake", base_url=f"{server.url}/v1", api_key="sk-test", timeout=10)
+    cases = [Case(name, point, observable, mode, 0.3) for name in HOLDING for point in POINTS[1:]
+             for observable in (False, True) for mode in ("call", "stream")]
+    replies: dict[int, Any] = {}
+    lag = LoopLag()
+    lagging = asyncio.create_task(lag.run())
+
+    async def run(i: int, case: Case) -> None:
+        middleware = TimeOperators(HOLDING[case.name](), case.point, case.observable)
+        agent = ReActAgent.builder().model(model).toolkit(Toolkit([get_weather])).middleware(middleware) \
+            .max_iters(3).build()
+        ctx = RuntimeContext(user_id="u", session_id=f"held{i}")
+
+        async def consume() -> Any:
+            if case.mode == "call":
+                return await agent.call("what is the weather?", ctx=ctx)
+            return [ev async for ev in agent.stream("what is the weather?", ctx=ctx)][-1]
+
+        task = asyncio.create_task(consume())
+        while agent.busy_error("u", ctx.session_id, "reject") is None and not task.done():
+            await asyncio.sleep(0.001)
+        await asyncio.sleep(case.at)
+        case.hit = agent.interrupt("u", ctx.session_id)
+        interrupted = time.monotonic()
+        done, _ = await asyncio.wait([task], timeout=8)
+        if not done:
+            task.cancel()
+            await asyncio.wait([task], timeout=5)
+            return
+        ended = time.monotonic()
+        case.took = ended - interrupted
+        case.lag = await lag.within(interrupted, ended)
+        if task.exception() is not None:
+            case.error = task.exception()
+        else:
+            replies[i] = task.result()
+
+    try:
+        await asyncio.gather(*(run(i, c) for i, c in enumerate(cases)))
+    finally:
+        lagging.cancel()
+        await model.aclose()
+        await server.stop()
+    assert all(c.hit for c in cases), "an interrupt found no run in flight: " + "; ".join(str(c) for c in cases if not c.hit)
+    late = [c for c in cases if c.took is None or c.took - c.lag > PROMPT]
+    assert not late, f"{len(late)} of {len(cases)} consumers waited for the operator's timer: " + "; ".join(map(str, late))
+    failed = [c for c in cases if c.error is not None]
+    assert not failed, f"{len(failed)} runs failed, e.g. {failed[0]}: {failed[0].error!r}"
+    for i, case in enumerate(cases):
+        reply = replies[i]
+        if case.mode == "call":
+            assert reply.generate_reason is GenerateReason.INTERRUPTED, (str(case), reply)
+        else:
+            assert isinstance(reply, AgentEnd), (str(case), reply)
