@@ -124,7 +124,7 @@ class _Chain:
         inner_bound = core_bound
         for i in range(len(hooks) - 1, -1, -1):
             if trace:
-                layer = _bracketed(hooks[i], point, agent, layer)
+                layer = _bracketed(hooks[i], point, agent, layer, outermost=i == 0)
             else:
                 layer = _layer(hooks[i], point, agent, layer, inner_bound, outermost=i == 0)
             inner_bound = True  # a layer's stream runs in the context of the layer that made it
@@ -150,12 +150,14 @@ def _layer(
     and so does the stream it returns, unless that stream runs in a context of its own already.
     ``inner_bound``: what ``inner`` returns runs in the context it was built in."""
     hook = getattr(mw, point.value)
-    in_run = point is not ExtensionPoint.ON_AGENT
+    # The run's control, for what the hooks build (`HOOK_CONTROL`): set by the outermost layer,
+    # whose context the inner layers' contexts are copied from.
+    marks_run = outermost and point is not ExtensionPoint.ON_AGENT
     set_control = HOOK_CONTROL.set
 
     def layer(run: _Run, input: Any) -> EventStream[Any]:
         c = contextvars.copy_context()
-        if in_run:
+        if marks_run:
             c.run(set_control, run.ctx.control)
         stream = c.run(hook, agent, run.ctx, input, MethodType(inner, run))
         if outermost:
@@ -181,15 +183,17 @@ def _layer(
     return layer
 
 
-def _bracketed(mw: MiddlewareBase, point: ExtensionPoint, agent: Any, inner: LayerFunction) -> LayerFunction:
+def _bracketed(
+    mw: MiddlewareBase, point: ExtensionPoint, agent: Any, inner: LayerFunction, outermost: bool,
+) -> LayerFunction:
     """Hook ``mw`` as a bracketed layer around ``inner``: its hook runs when the layer is
     subscribed, inside MiddlewareStarted/MiddlewareCompleted (`_traced`)."""
     hook = getattr(mw, point.value)
-    in_run = point is not ExtensionPoint.ON_AGENT
+    marks_run = outermost and point is not ExtensionPoint.ON_AGENT  # (as in `_layer`)
 
     def layer(run: _Run, input: Any) -> EventStream[Any]:
         def invoke(input: Any) -> EventStream[Any]:
-            if in_run:
+            if marks_run:
                 HOOK_CONTROL.set(run.ctx.control)
             return _normalise(hook(agent, run.ctx, input, MethodType(inner, run)), mw, point)
 
