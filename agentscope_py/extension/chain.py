@@ -124,7 +124,7 @@ class _Chain:
         inner_bound = core_bound
         for i in range(len(hooks) - 1, -1, -1):
             if trace:
-                layer = _bracketed(hooks[i], point, agent, layer, outermost=i == 0)
+                layer = _bracketed(hooks[i], point, agent, layer)
             else:
                 layer = _layer(hooks[i], point, agent, layer, inner_bound, outermost=i == 0)
             inner_bound = True  # a layer's stream runs in the context of the layer that made it
@@ -150,14 +150,16 @@ def _layer(
     and so does the stream it returns, unless that stream runs in a context of its own already.
     ``inner_bound``: what ``inner`` returns runs in the context it was built in."""
     hook = getattr(mw, point.value)
-    # The run's control, for what the hooks build (`HOOK_CONTROL`): set by the outermost layer,
-    # whose context the inner layers' contexts are copied from.
-    marks_run = outermost and point is not ExtensionPoint.ON_AGENT
-    set_control = HOOK_CONTROL.set
+    # The run's control, for what the hooks build (`HOOK_CONTROL`), set in the layer's context
+    # unless it is there already: an inner layer is called inside the outer hook's context, which
+    # has it; a hook that calls ``next`` from elsewhere (a retry's next attempt, from the
+    # consumer's context) has it set anew.
+    in_run = point is not ExtensionPoint.ON_AGENT
+    get_control, set_control = HOOK_CONTROL.get, HOOK_CONTROL.set
 
     def layer(run: _Run, input: Any) -> EventStream[Any]:
         c = contextvars.copy_context()
-        if marks_run:
+        if in_run and get_control() is not run.ctx.control:
             c.run(set_control, run.ctx.control)
         stream = c.run(hook, agent, run.ctx, input, MethodType(inner, run))
         if outermost:
@@ -183,17 +185,15 @@ def _layer(
     return layer
 
 
-def _bracketed(
-    mw: MiddlewareBase, point: ExtensionPoint, agent: Any, inner: LayerFunction, outermost: bool,
-) -> LayerFunction:
+def _bracketed(mw: MiddlewareBase, point: ExtensionPoint, agent: Any, inner: LayerFunction) -> LayerFunction:
     """Hook ``mw`` as a bracketed layer around ``inner``: its hook runs when the layer is
     subscribed, inside MiddlewareStarted/MiddlewareCompleted (`_traced`)."""
     hook = getattr(mw, point.value)
-    marks_run = outermost and point is not ExtensionPoint.ON_AGENT  # (as in `_layer`)
+    in_run = point is not ExtensionPoint.ON_AGENT  # (the run's control as in `_layer`)
 
     def layer(run: _Run, input: Any) -> EventStream[Any]:
         def invoke(input: Any) -> EventStream[Any]:
-            if marks_run:
+            if in_run and HOOK_CONTROL.get() is not run.ctx.control:
                 HOOK_CONTROL.set(run.ctx.control)
             return _normalise(hook(agent, run.ctx, input, MethodType(inner, run)), mw, point)
 

@@ -27,9 +27,10 @@ from reactivex import operators as ops
 
 from agentscope_py import EventStream, GenerateReason, MiddlewareBase, ReActAgent, RuntimeContext, Toolkit
 from agentscope_py.events import AgentEnd
+from agentscope_py.middleware import RetryMiddleware
 from agentscope_py.model.openai import OpenAIChatModel
 
-from .fakes import TurnServer, get_weather
+from .fakes import Reply, Request, TurnServer, get_weather
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -274,3 +275,46 @@ async def test_an_interrupt_ends_a_step_that_a_time_operator_holds_at_once(outer
             assert reply.generate_reason is GenerateReason.INTERRUPTED, (str(case), reply)
         else:  # (traced, the on_agent layer's MiddlewareCompleted comes after AgentEnd)
             assert any(isinstance(ev, AgentEnd) for ev in reply[-2:]), (str(case), reply[-2:])
+
+
+class FailsFirst(TurnServer):
+    """A `TurnServer` whose first request fails (a 500), so that a retry makes a second attempt."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.failed = False
+
+    def reply_for(self, request: Request) -> Reply:
+        if not self.failed:
+            self.failed = True
+            return Reply.json_error(500, {"error": {"message": "try again"}})
+        return super().reply_for(request)
+
+
+async def test_an_interrupt_ends_a_time_operators_hold_in_a_retrys_next_attempt() -> None:
+    """A retry outside the time operator makes its next attempt from the consumer's context: the
+    operator there (a 5 s ``sample`` of the model call) holds nothing past an interrupt either."""
+    server = FailsFirst()
+    await server.start()
+    model = OpenAIChatModel("gpt-fake", base_url=f"{server.url}/v1", api_key="sk-test", timeout=10)
+    agent = ReActAgent.builder().model(model).toolkit(Toolkit([get_weather])) \
+        .middlewares([RetryMiddleware(2, initial_delay=0.01), TimeOperators(HOLDING["sample"](), "model", False)]) \
+        .max_iters(3).build()
+    ctx = RuntimeContext(user_id="u", session_id="retried")
+    try:
+        task = asyncio.create_task(agent.call("what is the weather?", ctx=ctx))
+        while agent.busy_error("u", "retried", "reject") is None and not task.done():
+            await asyncio.sleep(0.001)
+        await asyncio.sleep(0.4)
+        assert len(server.requests) == 2, "the retry made no second attempt"
+        assert agent.interrupt("u", "retried")
+        interrupted = time.monotonic()
+        done, _ = await asyncio.wait([task], timeout=8)
+        took = time.monotonic() - interrupted
+        if not done:
+            task.cancel()
+        assert done and took < PROMPT, f"the consumer ended {took:.2f} s after the interrupt"
+        assert task.result().generate_reason is GenerateReason.INTERRUPTED
+    finally:
+        await model.aclose()
+        await server.stop()
