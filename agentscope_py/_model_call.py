@@ -430,6 +430,12 @@ async def model_events(
                 break
             if not read.filling:
                 break
+            task = asyncio.current_task()
+            if task is not read.task:
+                # The consumer pulls in another task now (`rx.pipe_operators` pulls in tasks of its
+                # own while time operators wait): the cut cancels the task that reads.
+                assert task is not None
+                read.task, read.base = task, task.cancelling()
             read.reading = True
             try:
                 await read
