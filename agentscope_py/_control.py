@@ -7,13 +7,14 @@ without reaching into the agent's modules."""
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import inspect
 from collections.abc import Awaitable
 from typing import Any, Protocol, TypeVar
 
 from .errors import AgentInterrupted
 
-__all__ = ["Cancellable", "RunControl", "TaskCut"]
+__all__ = ["HOOK_CONTROL", "Cancellable", "RunControl", "TaskCut"]
 
 T = TypeVar("T")
 
@@ -109,6 +110,15 @@ class RunControl:
         if waiting.cut and waiting.took_back():  # (the awaitable swallowed the cancellation, or the
             raise AgentInterrupted("the run was interrupted")  # interrupt came from inside it)
         return result
+
+
+HOOK_CONTROL: contextvars.ContextVar[RunControl | None] = contextvars.ContextVar(
+    "agentscope_hook_control", default=None)
+"""The control of the run whose hook runs now, set in the private context of each hook inside the
+run (`extension.chain`). The reactivex adapters built there (`rx`) wait through it: a time operator
+holding a step's events or its end (a ``sample`` period, a ``delay``) is a wait of the run, which
+an interrupt ends at once. Not set for ``on_agent`` hooks: their layers wrap the whole run, which
+ends inside them with its interrupted reply, and they pass that end on as they pass any end."""
 
 
 class TaskCut:

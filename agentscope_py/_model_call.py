@@ -37,7 +37,7 @@ from .model.base import ChatChunk, ChatModel, ModelError, ModelRequest
 from .stream import EventStream
 
 if TYPE_CHECKING:
-    from ._replies import ReplyBuilder
+    from ._replies import ReplyBuilder, ReplyParts
 
 __all__ = [
     "FailoverListener", "ModelCall", "ModelExecutor", "ModelRead", "RetryPolicy", "model_call_events",
@@ -218,7 +218,7 @@ class ModelCall(MapSource):
         return model_events(self, maps, recovery)
 
     def building(
-        self, reply: ReplyBuilder, alone: Callable[[], bool], recovery: Recovery | None = None,
+        self, reply: ReplyParts, alone: Callable[[], bool], recovery: Recovery | None = None,
     ) -> AsyncIterator[Any]:
         return model_events(self, (), recovery, reply)
 
@@ -231,7 +231,7 @@ HAND_OVER: Any = object()
 step goes to no task), so the first chunk's events are handed over before the next is read."""
 
 
-class ModelRead(TaskCut, Generator[Any, Any, Any]):
+class ModelRead(TaskCut):
     """One model call's reads of its provider, in the consumer's task: what an interrupt or the
     deadline cuts (a `_control.Cancellable` in the run's control, the deadline's target), and the
     awaitable that steps the provider's coroutines inside the call's context.
@@ -244,19 +244,19 @@ class ModelRead(TaskCut, Generator[Any, Any, Any]):
     cancellation). A cut outside a read cancels nothing: the next read fails at once.
 
     **The context.** ``await read`` after ``read.coro = ctx.run(...)`` runs that coroutine inside
-    the call's context, as a Task runs its coroutine in its context: the read is itself the
-    iterator the ``await`` delegates to, one object for all the reads of the call, one await at a
-    time. A step the read already holds (``first``) goes to the task before the coroutine is
-    stepped again.
+    the call's context, as a Task runs its coroutine in its context: each ``await`` delegates to a
+    generator (`__await__`) that steps the coroutine there, one await at a time. A step the read
+    already holds (``first``) goes to the task before the coroutine is stepped again.
 
     **Handing over.** ``coro`` is `_read`, one coroutine that reads the whole call: the first
     chunk (retrying and failing over before it), then the rest, feeding each chunk to the parts
     manager (``parts``; ``out`` gets the events). The first chunk's events end the await at once
-    (`HAND_OVER`). After them, when it would wait for the provider with events made, `send` keeps
-    the step it yielded (``first``) and ends the await instead: the consumer takes the events, and
+    (`HAND_OVER`). After them, when it would wait for the provider with events made, the await keeps
+    the step it yielded (``first``) and ends instead: the consumer takes the events, and
     its next read hands that step to the task and goes on. So the context is entered once per
     wake-up of the provider, not once per chunk: each chunk is read by a plain ``await`` inside
-    `_read`."""
+    `_read`, or, from the providers' own SSE reader, handed to the parts manager by the reader
+    itself (`_convert.stream_chunks` takes the feed: no generator hand-off per chunk)."""
 
     __slots__ = ("control", "coro", "ctx", "cut", "filling", "first", "it", "model", "out", "parts", "reading",
                  "timer")
@@ -288,35 +288,37 @@ class ModelRead(TaskCut, Generator[Any, Any, Any]):
 
     # -- handing the events over (stepping inside the context, and a pause when the read would wait) --
 
-    def __await__(self) -> ModelRead:
-        return self
-
-    def send(self, value: Any = None) -> Any:
-        first = self.first
-        if first is not NO_STEP:
-            self.first = NO_STEP
-            return first
-        step = self.ctx.run(self.coro.send, value)
-        if step is HAND_OVER:  # the first chunk's events: to the consumer before anything else is read
-            raise StopIteration
-        if self.out:  # it would wait with events made: those go to the consumer first
-            self.first = step
-            raise StopIteration
-        return step
-
-    __next__ = send
-
-    def throw(self, typ: Any, val: Any = None, tb: Any = None) -> Any:
-        step = self.ctx.run(self.coro.throw, typ if val is None else val)
-        if step is HAND_OVER:
-            raise StopIteration
-        if self.out:
-            self.first = step
-            raise StopIteration
-        return step
-
-    def close(self) -> None:
-        self.ctx.run(self.coro.close)
+    def __await__(self) -> Generator[Any, Any, None]:
+        # A generator, not an iterator object with ``send``: the task steps it as it steps a
+        # coroutine, and it ends each hand-over by returning, where an iterator's ``send`` must
+        # raise StopIteration (an exception made and caught per token).
+        ctx, coro = self.ctx, self.coro
+        step, self.first = self.first, NO_STEP
+        try:
+            if step is NO_STEP:
+                step = ctx.run(coro.send, None)
+                if step is HAND_OVER:  # the first chunk's events: to the consumer before anything else is read
+                    return
+                if self.out:  # it would wait with events made: those go to the consumer first
+                    self.first = step
+                    return
+            while True:
+                try:
+                    value = yield step
+                except GeneratorExit:
+                    ctx.run(coro.close)
+                    raise
+                except BaseException as exc:  # (a cancellation of the task: into the read, in its context)
+                    step = ctx.run(coro.throw, exc)
+                else:
+                    step = ctx.run(coro.send, value)
+                if step is HAND_OVER:
+                    return
+                if self.out:
+                    self.first = step
+                    return
+        except StopIteration:  # the coroutine ended
+            return
 
     def failure(self, exc: BaseException | None) -> BaseException:
         """What the call raises when a read ended with ``exc`` (None: the read was cut before it
@@ -334,7 +336,7 @@ class ModelRead(TaskCut, Generator[Any, Any, Any]):
 
 
 async def model_events(
-    call: ModelCall, maps: Maps, recovery: Recovery | None, reply: ReplyBuilder | None = None, events: bool = False,
+    call: ModelCall, maps: Maps, recovery: Recovery | None, reply: ReplyParts | None = None, events: bool = False,
 ) -> AsyncIterator[Any]:
     """The events of one model call, its maps applied, read in the task iterating this. With
     ``reply``, the reply goes to that builder, and the events are made only with ``events``
@@ -363,7 +365,7 @@ async def model_events(
                 raise read.failure(None)
             # One coroutine reads the whole call inside the call's context (`_read`): the first
             # chunk, whose events are handed over at once, then the chunks the provider has
-            # without waiting, handed over when it would wait (`ModelRead.send`) or when it ends.
+            # without waiting, handed over when it would wait (`ModelRead.__await__`) or when it ends.
             read.filling = True
             read.coro = ctx.run(_read, call, read, reply, events)
             read.reading = True
@@ -428,6 +430,12 @@ async def model_events(
                 break
             if not read.filling:
                 break
+            task = asyncio.current_task()
+            if task is not read.task:
+                # The consumer pulls in another task now (`rx.pipe_operators` pulls in tasks of its
+                # own while time operators wait): the cut cancels the task that reads.
+                assert task is not None
+                read.task, read.base = task, task.cancelling()
             read.reading = True
             try:
                 await read
@@ -453,12 +461,13 @@ async def model_events(
         await _finish(read)
 
 
-async def _read(call: ModelCall, read: ModelRead, reply: ReplyBuilder | None, events: bool) -> None:
+async def _read(call: ModelCall, read: ModelRead, reply: ReplyParts | None, events: bool) -> None:
     """The whole read of the provider, inside the call's context: the first chunk (a failure
     before it goes to `_recover`; the deadline's first-event limit ends with it), the parts
-    manager made for the model that gave it, then each chunk fed to it as it arrives. `ModelRead`
-    hands the events over after the first chunk (`_hand_over`) and whenever this would wait for
-    the provider after it (and `FAIR_TURN` makes it wait now and then)."""
+    manager made for the model that gave it, then each chunk fed to it as it arrives (by the
+    reader itself when it takes the feed). `ModelRead` hands the events over after the first
+    chunk (`_hand_over`) and whenever this would wait for the provider after it (and `FAIR_TURN`,
+    or the reader's `FED_TURN`, makes it wait now and then)."""
     try:
         model = call.models[0]
         it: AsyncIterator[ChatChunk] | None = None
@@ -481,9 +490,17 @@ async def _read(call: ModelCall, read: ModelRead, reply: ReplyBuilder | None, ev
         out = read.out = parts.out
         if chunk is None or read.it is None:
             return
-        feed, anext = parts.feed, read.it.__anext__
+        it = read.it
+        feed, anext = parts.feed, it.__anext__
         feed(chunk)
         await _hand_over()
+        if type(it) is types.AsyncGeneratorType and getattr(read.model, "stream_takes_feed", False):
+            # Sent the feed in place of the request for the next chunk, the providers' own reader
+            # (`_convert.stream_chunks`, a model that says ``stream_takes_feed``) feeds every chunk
+            # after this one itself and ends without yielding; a reader that ignores what it is
+            # sent (a subclass's own stream) yields its next chunk, and the loop below goes on. A
+            # user's model is never sent a value its ``stream`` did not ask for.
+            feed(await it.asend(feed))
         if parts.events:
             while True:
                 feed(await anext())

@@ -29,7 +29,7 @@ from .events import (
 from .message import ChatUsage, new_id
 
 if TYPE_CHECKING:
-    from ._replies import ReplyBuilder
+    from ._replies import ReplyParts
     from .model.base import ChatChunk, ToolCallChunk
 
 __all__ = ["PartsManager", "delta_maker"]
@@ -57,7 +57,8 @@ class PartsManager:
     appends them to ``out``, which the model call's generator (`_model_call.model_events`) hands
     to its consumer, chunk by chunk, in the consumer's task.
 
-    With ``reply`` (a `ReplyBuilder`), no hook reads the call's events before the loop that
+    With ``reply`` (a `ReplyBuilder`, or a layer that meters the parts on their way to one:
+    `_replies.ReplyParts`), no hook reads the call's events before the loop that
     builds the reply from them, so what the events would carry to the builder — each delta under
     its block's id, each tool call's name and arguments, the usage, the finish reason, whether
     the reply is kept — is handed to it directly, as each part is made. ``events`` says whether
@@ -94,7 +95,7 @@ class PartsManager:
         "text_id", "text_make", "thinking_carry", "thinking_id", "thinking_make", "usage",
     )
 
-    def __init__(self, reply_id: str, model: str, reply: ReplyBuilder | None = None, events: bool = False) -> None:
+    def __init__(self, reply_id: str, model: str, reply: ReplyParts | None = None, events: bool = False) -> None:
         events = events or reply is None
         if type(reply_id) is str and type(model) is str:
             start = _MODEL_START.build(reply_id=reply_id, model=model) if events else None
@@ -123,7 +124,7 @@ class PartsManager:
         if events:
             self.put(start)
         if reply is not None:
-            reply.begin()
+            reply.begin(model)
 
     def feed(self, chunk: ChatChunk) -> None:
         """Append the events of ``chunk`` to ``out`` and hand its parts to ``reply`` (either or both)."""
@@ -180,7 +181,7 @@ class PartsManager:
             usage = self.usage
             if usage is not None and type(usage) is not ChatUsage:  # (validated as the event validates it)
                 usage = ModelCallEnd(reply_id=reply_id, usage=usage, model=self.model).usage
-            reply.end(usage, None, not interrupted)
+            reply.end(usage, None, not interrupted, describe(error))
         if not self.events:
             return
         put = self.put

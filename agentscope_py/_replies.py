@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from operator import itemgetter
-from typing import Any, Literal, cast
+from typing import Any, Literal, Protocol, cast
 
 from ._sanitize import MAX_DEPTH, clean_value, depth_exceeds
 from ._trusted import shape
@@ -36,8 +36,8 @@ from .message import (
 )
 
 __all__ = [
-    "ReplyBuilder", "ToolResultCollector", "arguments_problem", "join_output", "result_end", "result_events",
-    "result_of", "result_start", "result_text",
+    "ReplyBuilder", "ReplyParts", "ToolResultCollector", "arguments_problem", "join_output", "result_end",
+    "result_events", "result_of", "result_start", "result_text",
 ]
 
 # The blocks and messages rebuilt here, each from the fields its site always gives.
@@ -54,6 +54,20 @@ _RESULT_START_META = shape(ToolResultStart, "reply_id", "tool_call_id", "tool_na
 _RESULT_TEXT = shape(ToolResultTextDelta, "reply_id", "tool_call_id", "tool_name", "delta")
 _RESULT_END = shape(ToolResultEnd, "reply_id", "tool_call_id", "tool_name", "state")
 _RESULT_END_META = shape(ToolResultEnd, "reply_id", "tool_call_id", "tool_name", "state", "metadata")
+
+
+class ReplyParts(Protocol):
+    """What a model call's reply is made of, in the order it streams, as a `PartsManager` hands it
+    on when nobody reads the call's events: to a `ReplyBuilder`, or to a layer on its way there
+    that meters the parts and hands them on (a budget: `MapSource.building`)."""
+
+    def begin(self, model: str) -> None: ...
+    def text(self, block_id: str, delta: str) -> None: ...
+    def thinking(self, block_id: str, delta: str) -> None: ...
+    def signed(self, block_id: str, signature: str | None) -> None: ...
+    def tool_call(self, call_id: str, name: str, delta: str | None = None) -> None: ...
+    def end(self, usage: ChatUsage | None, finish_reason: str | None, discarded: bool,
+            error: str | None = None) -> None: ...
 
 
 class ReplyBuilder:
@@ -88,8 +102,9 @@ class ReplyBuilder:
     # (`_ON_EVENT`) take it from the events, and a `PartsManager` hands it here itself when nobody
     # reads the call's events (``PartsManager(reply=...)``), so a reply is built one way either way.
 
-    def begin(self) -> None:
-        """A model call starts: the reply starts over (a retried or failed-over call leaves only its own)."""
+    def begin(self, model: str | None = None) -> None:
+        """A model call (served by ``model``) starts: the reply starts over (a retried or
+        failed-over call leaves only its own)."""
         self._blocks = {}
         self.usage = None
         self.finish_reason = None
@@ -117,8 +132,11 @@ class ReplyBuilder:
         if delta is not None:
             entry[1].append(delta)
 
-    def end(self, usage: ChatUsage | None, finish_reason: str | None, discarded: bool) -> None:
-        """A model call ends; ``discarded``: its partial reply is not remembered."""
+    def end(self, usage: ChatUsage | None, finish_reason: str | None, discarded: bool,
+            error: str | None = None) -> None:
+        """A model call ends; ``discarded``: its partial reply is not remembered. ``error``: why
+        it failed (``ModelCallEnd.error``), for a layer on the way here that tells a failed call
+        from a complete one (a cache records only complete ones); the reply does not keep it."""
         if discarded:
             self._blocks = {}
         self.usage = usage

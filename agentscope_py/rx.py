@@ -4,6 +4,11 @@ Our own adapters, not the libraries':
 aioreactive 0.20's ``from_async_iterable`` loses producer errors and its ``take``/``catch``/``retry``
 leak or hang; reactivex's ``retry`` shares its counter between subscriptions. Every adapter here
 closes its producer when the consumer stops and carries errors both ways.
+
+Built in a hook inside a run (`HOOK_CONTROL`), an adapter waits for what its pipeline pushes
+through the run's control (`RunControl.wait`): what a time operator holds (a ``sample`` period, a
+``delay``, a buffer's window) is a wait of the run, and an interrupt ends it at once, as it ends
+the model call's read, instead of after the operator's timer.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import reactivex
 from reactivex.disposable import Disposable
 from reactivex.scheduler.eventloop import AsyncIOScheduler
 
+from ._control import HOOK_CONTROL, RunControl
 from .stream import Channel, EventStream, aclose, aclosing
 
 __all__ = [
@@ -73,11 +79,20 @@ class _Sink(Channel):
         self.finish(None)
 
 
-async def pipe_operators(upstream: AsyncIterator[Any], operators: Sequence[Any]) -> AsyncIterator[Any]:
+def pipe_operators(upstream: AsyncIterator[Any], operators: Sequence[Any]) -> AsyncIterator[Any]:
     """The upstream is pulled once: an operator that re-subscribes (rx ``retry``, ``repeat``)
     sees the remaining items, not a restart — and once the upstream has ended, its end (its
     completion or its error) again, so a ``retry`` after the upstream failed fails too instead
-    of waiting for items that never come. Use `EventStream.retry` to re-run a stream."""
+    of waiting for items that never come. Use `EventStream.retry` to re-run a stream.
+
+    Called inside a run's hook (`HOOK_CONTROL`), a wait for items the operators push is cut by
+    the run's interrupt (it raises `AgentInterrupted`)."""
+    return _piped(upstream, operators, HOOK_CONTROL.get())
+
+
+async def _piped(
+    upstream: AsyncIterator[Any], operators: Sequence[Any], control: RunControl | None,
+) -> AsyncIterator[Any]:
     loop = asyncio.get_running_loop()
     scheduler = _TrackingScheduler(loop)
     observers: list[Any] = []
@@ -112,13 +127,14 @@ async def pipe_operators(upstream: AsyncIterator[Any], operators: Sequence[Any])
                 sink.end()
                 return
             if ended or not observers:
-                await sink.wait()
+                await (sink.wait() if control is None else control.wait(sink.arrival()))
                 continue
             if scheduler.used:
                 # Items may arrive from the loop while the upstream is quiet: race the two.
                 if pending is None:
                     pending = asyncio.ensure_future(upstream.__anext__())
-                await asyncio.wait((pending, sink.arrival()), return_when=asyncio.FIRST_COMPLETED)
+                either = asyncio.wait((pending, sink.arrival()), return_when=asyncio.FIRST_COMPLETED)
+                await (either if control is None else control.wait(either))
                 if not pending.done():
                     continue
                 step, pending = pending, None
@@ -143,10 +159,15 @@ async def pipe_operators(upstream: AsyncIterator[Any], operators: Sequence[Any])
                 observers[0].on_next(item)
     finally:
         subscription.dispose()
-        if pending is not None and not pending.done():
-            pending.cancel()
-            with contextlib.suppress(BaseException):
-                await pending
+        if pending is not None:
+            if not pending.done():
+                pending.cancel()
+                with contextlib.suppress(BaseException):
+                    await pending
+            elif not pending.cancelled():
+                # The pull ended as the consumer left (an interrupt cuts both at once): its
+                # outcome is taken here, the consumer leaves with its own.
+                pending.exception()
         await aclose(upstream)
 
 
@@ -179,7 +200,9 @@ def to_observable(stream: EventStream[T]) -> reactivex.Observable[T]:
 def from_observable(observable: reactivex.Observable[T]) -> EventStream[T]:
     """Subscribe at each iteration (on the AsyncIOScheduler); closing the iteration disposes.
 
-    reactivex pushes without backpressure, so items wait in an unbounded buffer."""
+    reactivex pushes without backpressure, so items wait in an unbounded buffer. Built inside a
+    run's hook (`HOOK_CONTROL`), a wait for the next item is cut by the run's interrupt."""
+    control = HOOK_CONTROL.get()
 
     async def gen() -> AsyncIterator[T]:
         sink = _Sink()
@@ -190,12 +213,29 @@ def from_observable(observable: reactivex.Observable[T]) -> EventStream[T]:
             scheduler=AsyncIOScheduler(sink.loop),
         )
         try:
-            async for item in sink.drain():
+            async for item in _drain(sink, control):
                 yield item
         finally:
             sub.dispose()
 
     return EventStream(gen)
+
+
+def _drain(channel: Channel, control: RunControl | None) -> AsyncIterator[Any]:
+    """`Channel.drain`, its waits through ``control`` when there is one."""
+    if control is None:
+        return channel.drain()
+    return _drain_cut(channel, control)
+
+
+async def _drain_cut(channel: Channel, control: RunControl) -> AsyncIterator[Any]:
+    while True:
+        while channel.items:
+            yield channel.take()
+        if channel.done:
+            channel.end()
+            return
+        await control.wait(channel.arrival())
 
 
 def to_async_observable(stream: EventStream[Any]) -> Any:
@@ -248,8 +288,12 @@ def _as_observer(send: Any, throw: Any, close: Any) -> Any:
 
 def from_async_observable(observable: Any, buffer: int = 64) -> EventStream[Any]:
     """Subscribe at each iteration with an observer that awaits room in a bounded buffer (so a
-    fast producer waits for a slow consumer); closing the iteration disposes the subscription."""
+    fast producer waits for a slow consumer); closing the iteration disposes the subscription.
+    Built inside a run's hook (`HOOK_CONTROL`), a wait for the next item is cut by the run's
+    interrupt."""
     from aioreactive import AsyncAnonymousObserver
+
+    control = HOOK_CONTROL.get()
 
     async def gen() -> AsyncIterator[Any]:
         channel = Channel(buffer)
@@ -263,7 +307,7 @@ def from_async_observable(observable: Any, buffer: int = 64) -> EventStream[Any]
         observer = AsyncAnonymousObserver(channel.put, athrow, aclose_)
         disposable = await observable.subscribe_async(observer)
         try:
-            async for item in channel.drain():
+            async for item in _drain(channel, control):
                 yield item
         finally:
             await disposable.dispose_async()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sys
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -460,3 +461,30 @@ async def test_a_stream_that_is_no_generator_is_closed_after_it_ends_and_a_gener
     model = Chunks(3)
     reply = await agent_of(model).call("go")
     assert reply.text == "t0 t1 t2 " and model.closed
+
+
+async def test_a_read_hands_each_wake_up_over_without_raising() -> None:
+    # A provider that waits before every chunk: each chunk is a hand-over of its own (its events
+    # to the consumer, the provider's wait to the task). The hand-over ends the consumer's await
+    # by returning, not by raising StopIteration: what the model call's frames raise does not grow
+    # with the reply. (`_read` awaits the provider's own async generator, whose every chunk comes
+    # as a StopIteration: the provider's, not the hand-over's.)
+    model = Chunks(40)
+    agent = ReActAgent.builder().model(model).build()
+    raised: list[str] = []
+
+    def trace(frame: Any, event: str, arg: Any) -> Any:
+        code = frame.f_code
+        if event == "exception" and code.co_filename.endswith("_model_call.py") and code.co_name != "_read":
+            raised.append(f"{code.co_name}: {arg[0].__name__}")
+        return trace
+
+    previous = sys.gettrace()  # (a coverage tracer, if any, gets its thread back)
+    sys.settrace(trace)
+    try:
+        events = await agent.stream("hi").to_list()
+    finally:
+        sys.settrace(previous)
+    assert sum(e.type == "text_block_delta" for e in events) == 40
+    assert model.produced == 40 and model.closed
+    assert len(raised) <= 2, raised  # the call's end, once

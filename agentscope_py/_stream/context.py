@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from .operators import Maps, MapSource, Recovery, apply_maps
 
 if TYPE_CHECKING:
-    from .._replies import ReplyBuilder
+    from .._replies import ReplyParts
 
 __all__ = ["InContext", "stepped"]
 
@@ -56,7 +56,7 @@ class InContext(MapSource):
         return None
 
     def building(
-        self, reply: ReplyBuilder, alone: Callable[[], bool], recovery: Recovery | None = None,
+        self, reply: ReplyParts, alone: Callable[[], bool], recovery: Recovery | None = None,
     ) -> AsyncIterator[Any] | None:
         factory = self.factory
         if isinstance(factory, MapSource):

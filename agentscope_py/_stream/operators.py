@@ -13,7 +13,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 if TYPE_CHECKING:
-    from .._replies import ReplyBuilder
+    from .._replies import ReplyParts
 
 __all__ = [
     "DO",
@@ -73,7 +73,7 @@ class MapSource:
         return None
 
     def building(
-        self, reply: ReplyBuilder, alone: Callable[[], bool], recovery: Recovery | None = None,
+        self, reply: ReplyParts, alone: Callable[[], bool], recovery: Recovery | None = None,
     ) -> AsyncIterator[Any] | None:
         """A subscription that makes no items: it hands its reply to ``reply`` itself, for a
         consumer that is the only reader of the items and would only hand them to that builder
@@ -84,8 +84,10 @@ class MapSource:
         this source subscribes later (a retry's next attempt runs hooks that may add an
         observer). ``recovery``: as in `recovering`, a failure before anything reached
         ``reply``. Only the model call's stream can (`_model_call.ModelCall`), a retry's or a
-        fallback's around one (`middleware.resilience._common.FirstFailure`), and
-        `context.InContext` around those."""
+        fallback's around one (`middleware.resilience._common.FirstFailure`), a budget's around
+        one (`middleware.limits.budget`: it hands on a ``reply`` of its own that meters the
+        parts on their way to this one, a `_replies.ReplyParts`), and `context.InContext`
+        around those."""
         return None
 
 

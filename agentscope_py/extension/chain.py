@@ -30,6 +30,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from types import MappingProxyType, MethodType
 from typing import TYPE_CHECKING, Any
 
+from .._control import HOOK_CONTROL
 from .._stream.context import InContext, stepped
 from ..events import MiddlewareCompleted, MiddlewareStarted
 from ..stream import EventStream, aclosing, to_stream
@@ -149,9 +150,17 @@ def _layer(
     and so does the stream it returns, unless that stream runs in a context of its own already.
     ``inner_bound``: what ``inner`` returns runs in the context it was built in."""
     hook = getattr(mw, point.value)
+    # The run's control, for what the hooks build (`HOOK_CONTROL`), set in the layer's context
+    # unless it is there already: an inner layer is called inside the outer hook's context, which
+    # has it; a hook that calls ``next`` from elsewhere (a retry's next attempt, from the
+    # consumer's context) has it set anew.
+    in_run = point is not ExtensionPoint.ON_AGENT
+    get_control, set_control = HOOK_CONTROL.get, HOOK_CONTROL.set
 
     def layer(run: _Run, input: Any) -> EventStream[Any]:
         c = contextvars.copy_context()
+        if in_run and get_control() is not run.ctx.control:
+            c.run(set_control, run.ctx.control)
         stream = c.run(hook, agent, run.ctx, input, MethodType(inner, run))
         if outermost:
             factory, run.core_factory = run.core_factory, None  # the run goes on without it
@@ -180,9 +189,12 @@ def _bracketed(mw: MiddlewareBase, point: ExtensionPoint, agent: Any, inner: Lay
     """Hook ``mw`` as a bracketed layer around ``inner``: its hook runs when the layer is
     subscribed, inside MiddlewareStarted/MiddlewareCompleted (`_traced`)."""
     hook = getattr(mw, point.value)
+    in_run = point is not ExtensionPoint.ON_AGENT  # (the run's control as in `_layer`)
 
     def layer(run: _Run, input: Any) -> EventStream[Any]:
         def invoke(input: Any) -> EventStream[Any]:
+            if in_run and HOOK_CONTROL.get() is not run.ctx.control:
+                HOOK_CONTROL.set(run.ctx.control)
             return _normalise(hook(agent, run.ctx, input, MethodType(inner, run)), mw, point)
 
         return _traced(mw, point, invoke)(input)

@@ -19,6 +19,8 @@ from ._errors import error_from_body, malformed, quote, transport_error
 from .base import ChatChunk
 
 __all__ = [
+    "FED_TURN",
+    "ChunkFeed",
     "SSEvent",
     "arguments_text",
     "data_url",
@@ -274,6 +276,13 @@ class StreamingResponse(Protocol):
 # How long to keep reading after the terminator, so the connection can go back to the pool.
 _DRAIN_SECONDS = 0.1
 
+ChunkFeed = Callable[[ChatChunk], object]
+"""What a consumer of `stream_chunks` sends it to be handed every chunk that follows."""
+
+FED_TURN = 32
+"""Chunks `stream_chunks` hands to a feed from one piece of the body before it lets the loop run
+once: a piece holding a whole reply (a server far ahead of its reader) is not fed in one step."""
+
 
 async def stream_chunks(
     open_response: Callable[[], AbstractAsyncContextManager[StreamingResponse]],
@@ -284,7 +293,7 @@ async def stream_chunks(
     timeout_errors: type[BaseException] | tuple[type[BaseException], ...],
     transport_errors: type[BaseException] | tuple[type[BaseException], ...],
     open_error: Callable[[Exception], BaseException | None] | None = None,
-) -> AsyncGenerator[ChatChunk, None]:
+) -> AsyncGenerator[ChatChunk, ChunkFeed | None]:
     """The chunks of the SSE response ``open_response()`` opens (and closes); raises
     `MalformedStreamError` if it ends before the decoder saw ``terminator``, maps the HTTP
     library's read errors (given as classes, so this module needs neither library) to
@@ -293,7 +302,13 @@ async def stream_chunks(
 
     One generator from the body's bytes to the chunks, the parser and the decoder plain calls
     inside it: each layer of generators costs a resumption per token, and a provider's
-    ``stream()`` returns this generator itself."""
+    ``stream()`` returns this generator itself.
+
+    **Feeding.** A consumer that hands every chunk to one function may send it in place of asking
+    for the next chunk (``asend(feed)``, `ChunkFeed`): from then on the generator calls ``feed``
+    with each chunk and yields none, so no chunk crosses a generator's hand-off (the model call's
+    read, `_model_call._read`, does). It lets the loop run once after every `FED_TURN` chunks of
+    one piece of the body, as a consumer taking them one by one would be let to."""
     try:
         async with open_response() as response:
             content_type = response.headers.get("content-type", "")
@@ -301,21 +316,33 @@ async def stream_chunks(
                 raise await _unstreamed(response, content_type, provider)
             parser = _EventParser(provider)
             body = response.aiter_bytes()
+            feed: ChunkFeed | None = None
             try:
                 async for piece in body:
+                    fed = 0
                     for event, data in parser.feed_bytes(piece):
                         try:  # (`_read`, inlined: this runs per token)
                             chunks = decoder.read(event, data)
                         except PAYLOAD_ERRORS as exc:
                             raise _bad_payload(provider, data, exc) from exc
                         for chunk in chunks:
-                            yield chunk
+                            if feed is None:
+                                feed = yield chunk
+                            else:
+                                feed(chunk)
+                                fed += 1
                         if decoder.done:
                             await _drain(body)
                             return
+                        if fed >= FED_TURN:
+                            fed = 0
+                            await asyncio.sleep(0)
                 for event, data in parser.finish():
                     for chunk in _read(decoder, event, data, provider):
-                        yield chunk
+                        if feed is None:
+                            feed = yield chunk
+                        else:
+                            feed(chunk)
             except timeout_errors as exc:
                 raise transport_error(provider, exc, in_body=True, timeout=True) from exc
             except transport_errors as exc:

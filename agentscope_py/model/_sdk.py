@@ -105,6 +105,10 @@ class SDKModel(ClientModel[S]):
     sdk: ClassVar[ModuleType]
     path: ClassVar[str]
     terminator: ClassVar[str]
+    stream_takes_feed: ClassVar[bool] = True
+    """`stream` returns the providers' own SSE reader (`_convert.stream_chunks`), which takes a
+    feed: the model call's read sends it the parts manager's feed after the first chunk, and the
+    reader hands every later chunk to it itself. Another model's stream is never sent anything."""
     client_settings: ClassVar[attrgetter[tuple[Any, ...]]] = attrgetter("api_key", "base_url")
     """The public settings of the SDK client that its URL and headers follow from (a user may set
     them on ``model.client``): the URL and headers are read from the client again when one of

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from .test_browser import _page, _send, browser  # noqa: F401 - browser is a fixture
+from .test_browser import _send, browser  # noqa: F401 - browser is a fixture
 from .test_cli_serve import Serving
 
 pytestmark = pytest.mark.browser
@@ -33,6 +33,22 @@ def build() -> ReActAgent:
     model = ScriptedModel([ModelStep.text(TEXT, chunks=1500, delay=0.002)], name="fast", loop=True)
     return ReActAgent.builder().name("fast").model(model).build()
 '''
+
+
+RECONNECT_MAX_DELAY_MS = 5_000  # the page's longest pause between two reconnects (index.html)
+
+
+def _page_on_a_clock(chromium: Any, server: Serving) -> Any:
+    """The page, its timers on Playwright's clock (time flows as usual), so that the test can fire
+    the page's pending reconnect once the new process listens: what the page shows then depends
+    on the server (a poll of the run's log, the dead owner's lease), not on how far the page's
+    backoff had grown while the new process started on a loaded host."""
+    context = chromium.new_context()
+    context.clock.install()
+    page = context.new_page()
+    page.set_default_timeout(10_000)
+    page.goto(f"{server.url}/#token=tok")
+    return page
 
 
 @pytest.fixture
@@ -59,7 +75,7 @@ def serve(tmp_path: Path, redis_url: str, redis_prefix: str) -> Iterator[Callabl
 def test_the_page_shows_a_run_whose_process_was_killed_as_lost(
         browser: Any, serve: Callable[..., Serving]) -> None:  # noqa: F811 - the fixture
     first = serve()
-    page = _page(browser, first)
+    page = _page_on_a_clock(browser, first)
     _send(page, "go")
     answer = page.get_by_test_id("message-assistant")
     deadline = time.monotonic() + 15
@@ -69,6 +85,7 @@ def test_the_page_shows_a_run_whose_process_was_killed_as_lost(
     first.proc.wait()
     shown = answer.first.inner_text()
     serve(port=first.port)  # the page reconnects to whatever answers there now
+    page.clock.fast_forward(RECONNECT_MAX_DELAY_MS)  # (its next try, due within this pause, now)
     error = page.get_by_test_id("run-error")
     error.wait_for(timeout=20_000)
     text = error.inner_text()

@@ -1,4 +1,8 @@
-"""Recording a miss and replaying a hit, for `cache`'s middleware (see its docstring)."""
+"""Recording a miss and replaying a hit, for `cache`'s middleware (see its docstring).
+
+A miss is recorded from its events as they pass (`model_tap`, `ModelRecorder`), or, in a run
+whose events nobody reads, from the parts its model call hands to the loop's builder
+(`_parts_record`)."""
 
 from __future__ import annotations
 

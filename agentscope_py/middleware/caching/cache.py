@@ -15,7 +15,10 @@ What is stored: only complete, successful replies — a model call whose ModelCa
 no ``error`` and not ``discarded`` (never one that raised, was cut short or closed early), a tool
 result that ended with state ``success``. Misses are recorded by a fused ``map`` (one list append
 and a class test or two per event, no stream layer of its own), and stored when the ModelCallEnd / ToolResultEnd passes
-(the async stores: when the stream completes).
+(the async stores: when the stream completes). In a ``call()`` that nothing observes, a model call's
+miss with a store that answers at once is recorded from the parts its call hands to the loop
+(`_parts_record.Missed`) and stored as that data, whose events are made when first read; a hit
+there hands the recorded reply to the loop the same way (`_parts_record.Hit`), with no events.
 
 How a hit shows: the replayed ModelCallStart and ModelCallEnd (ToolResultStart and ToolResultEnd)
 carry ``metadata["cache"] == "hit"``; a replayed ModelCallEnd has ``usage=ChatUsage()`` (a hit costs
@@ -32,6 +35,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from ...errors import AgentInterrupted
@@ -41,7 +45,8 @@ from ...events import (
 from ...extension.base import ActingInput, ExtensionPoint, MiddlewareBase, ModelCallInput, Next
 from ...message import ToolUseBlock, new_id
 from ...stream import EventStream, aclosing
-from ._cache_record import REPLY, ModelRecorder, ToolRecorder, model_tap, replay
+from ._cache_record import REPLY, ModelRecorder, ToolRecorder, replay
+from ._parts_record import Hit, Missed
 from .cache_keys import request_key, tool_call_key
 from .cache_stores import CacheStore, InMemoryCacheStore, check_ttl
 
@@ -87,7 +92,7 @@ class _CacheBase(MiddlewareBase):
         self.hits = 0
         self.misses = 0
 
-    async def _get(self, ctx: RuntimeContext, key: str) -> tuple[AgentEvent, ...] | None:
+    async def _get(self, ctx: RuntimeContext, key: str) -> Sequence[AgentEvent] | None:
         try:  # (the run's wait: an interrupt ends it at once, as a slow store's answer would be waited for)
             return await ctx.wait(self.store.get(key))
         except AgentInterrupted:
@@ -134,10 +139,10 @@ class ResponseCacheMiddleware(_CacheBase):
             recorded = store.get_nowait(key)
             if recorded is not None:
                 self.hits += 1
-                return EventStream.defer(lambda: replay(recorded, _reply_id(ctx)))
+                return EventStream(Hit(recorded, partial(_reply_id, ctx)))
             self.misses += 1
             if ctx.reply_id is not None:  # in a run: the lean recorder (the reply id is known)
-                return next(input).map(model_tap(store, key, ttl))
+                return EventStream(Missed(next(input), store, key, ttl, ctx.reply_id))
             return next(input).map(ModelRecorder(ctx, lambda events: store.set_nowait(key, events, ttl)))
         inner = next(input)  # built here, in the hook's context (a span around it parents the call)
 
@@ -239,7 +244,7 @@ class ToolResultCacheMiddleware(_CacheBase):
         self, ctx: RuntimeContext, input: ActingInput, next: Next, keys: dict[str, str], names: dict[str, str]
     ) -> AsyncIterator[AgentEvent]:
         calls = input.tool_calls
-        hits: dict[str, tuple[AgentEvent, ...]] = {}
+        hits: dict[str, Sequence[AgentEvent]] = {}
         for cid, key in keys.items():
             recorded = await self._get(ctx, key)
             if recorded is not None:

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
 from ...events import AgentEvent, parse_event
 from .._redis_clients import LoopClients
+from ._parts_record import RecordedReply
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis
@@ -37,7 +38,7 @@ if TYPE_CHECKING:
 __all__ = ["CacheStore", "InMemoryCacheStore", "RedisCacheStore", "SqliteCacheStore"]
 
 T = TypeVar("T")
-Events = tuple[AgentEvent, ...]
+Events = Sequence[AgentEvent]
 
 
 @runtime_checkable
@@ -88,7 +89,8 @@ class InMemoryCacheStore:
 
     def set_nowait(self, key: str, events: Sequence[AgentEvent], ttl: float | None) -> None:
         expires = None if ttl is None else self.clock() + ttl
-        self._entries[key] = (tuple(events), expires)
+        # (a reply recorded from its parts is kept as it is: its events are made when first read)
+        self._entries[key] = (events if isinstance(events, RecordedReply) else tuple(events), expires)
         self._entries.move_to_end(key)
         while len(self._entries) > self.max_entries:
             self._entries.popitem(last=False)

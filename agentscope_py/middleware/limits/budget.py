@@ -30,6 +30,11 @@ Each model call, at ``on_model_call`` (`CallHold`):
   (``ModelCallEnd.model``, else its ``ModelCallStart.model``): a fallback inside or outside this
   layer is priced as itself.
 
+In a ``call()`` that nothing observes, a budget whose holds are all in this process makes its call
+make no events: the model call hands its reply's parts to the budget's call, which meters them as
+it meters the events and hands them on to the loop's builder (`_SyncCall.building`); the note on
+``ModelCallEnd`` is then not made (no event carries it), the totals are the same.
+
 The guarantee: with N calls in flight, the spend stays within ``limit`` plus the sum of those
 calls' overruns of their estimates (a call's overrun: its reported usage beyond the estimate and
 the output counted — a tokenizer counting differently, hidden reasoning tokens); one call at a
@@ -54,7 +59,7 @@ import math
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING, Any, Literal, cast
+from typing import TYPE_CHECKING, Any, Literal, NoReturn, cast
 
 from ..._bracket_kinds import BRACKET_TYPES, OpenBrackets
 from ..._stream.operators import Maps, MapSource, Recovery, apply_maps, iterate, maps_of
@@ -85,6 +90,7 @@ from .budget_stores import (
 
 if TYPE_CHECKING:
     from ..._context import RuntimeContext
+    from ..._replies import ReplyParts
     from ..._state import AgentState
     from ...extension.base import AgentView
 
@@ -365,7 +371,7 @@ class BudgetMiddleware(MiddlewareBase):
             elif hold.active or hold.id is not None:  # no model answered: nothing is charged
                 await hold.release()
 
-    def _measure(self, ev: ModelCallEnd, model: str, est_tokens: int, chars: int) -> tuple[int, float]:
+    def _measure(self, usage: ChatUsage | None, model: str, est_tokens: int, chars: int) -> tuple[int, float]:
         """A call's tokens and cost at its ModelCallEnd, priced as the model that served it: its
         usage, or (unknown) its estimate and its output counted."""
         price = self._price_of.get(model, _UNSEEN)
@@ -378,7 +384,6 @@ class BudgetMiddleware(MiddlewareBase):
             if self._cost_limited and model not in self._warned:
                 self._warned.add(model)
                 log.warning("%s: no price for model %r: its calls count as cost 0", self.name, model)
-        usage = ev.usage
         if usage is None:
             out = -(-chars // 4)
             cost = 0.0 if price is None else (est_tokens * price.input + out * price.output) / 1_000_000
@@ -389,15 +394,24 @@ class BudgetMiddleware(MiddlewareBase):
                    est_tokens: int, chars: int) -> ModelCallEnd:
         """At a call's own ModelCallEnd: charge its usage, drop its hold, and annotate the event
         (holds in this process)."""
-        tokens, cost = self._measure(ev, model, est_tokens, chars)
+        tokens, cost = self._measure(ev.usage, model, est_tokens, chars)
         totals = self._charge(run, tokens, cost, hold)  # the run's and session's totals and holds, in one step
         user = hold.settle_user_now(tokens, cost) if self.memory_store is not None else None
         return self._annotate(ctx, ev, tokens, cost, totals, user)
 
+    def _settle_unread(self, run: RunTotals, hold: CallHold, usage: ChatUsage | None, model: str, est_tokens: int,
+                      chars: int) -> None:
+        """`settle_now` for a call whose events nobody reads (`_SyncCall.building`): the same
+        charge, and no ``metadata[name]`` note, which only its ModelCallEnd would carry."""
+        tokens, cost = self._measure(usage, model, est_tokens, chars)
+        self._charge(run, tokens, cost, hold)
+        if self.memory_store is not None:
+            hold.settle_user_now(tokens, cost)
+
     async def _settle(self, ctx: RuntimeContext, run: RunTotals, hold: CallHold, ev: ModelCallEnd, model: str,
                       est_tokens: int, chars: int) -> ModelCallEnd:
         """`settle_now` with the user's hold in a store across the network."""
-        tokens, cost = self._measure(ev, model, est_tokens, chars)
+        tokens, cost = self._measure(ev.usage, model, est_tokens, chars)
         totals = self._charge(run, tokens, cost, hold)
         return self._annotate(ctx, ev, tokens, cost, totals, await hold.settle_user(tokens, cost))
 
@@ -746,12 +760,18 @@ class _SyncCall(CallHold, MapSource):
     closing event in place of the refused delta; the rest follow from `pending`), and `finish`
     settles what was counted or releases the hold however the stream ended. (This object does not
     refer to the iterator, which refers to it: no reference cycle, so the iterator goes as soon as
-    its consumer lets it go.) A stream subscribed again is a call of its own (`again`)."""
+    its consumer lets it go.) A stream subscribed again is a call of its own (`again`).
+
+    Read with no events (`building`: a ``call()`` that nothing observes), this object is the
+    reply the model call hands its parts to (`_replies.ReplyParts`): it meters each part as `see`
+    meters its event and hands it on to the round's builder (``reply``), and a cut hands that
+    builder what the closing events would (`_cut_unread`)."""
 
     __slots__ = ("attempt", "brackets", "chars", "error", "est_tokens", "in_rate", "inner", "maps", "model",
-                 "out_held", "out_rate", "pending", "priced", "subscribed")
+                 "out_held", "out_rate", "pending", "priced", "reached", "reply", "subscribed", "thinking_id")
 
     context_free = True
+    reply: ReplyParts
 
     def __init__(self, budget: BudgetMiddleware, ctx: RuntimeContext, run: RunTotals, inner: EventStream[Any],
                  model: str, price: ModelPrice | None, est_tokens: int) -> None:
@@ -775,6 +795,11 @@ class _SyncCall(CallHold, MapSource):
         self.error: BaseException | None = None  # ... or the refusal raised (on_exceeded="error")
         self.maps: Maps = ()
         self.subscribed = False
+        # Read with no events (`building`): ``reply``, the builder the parts go on to (set there);
+        # the thinking block open there (a cut closes it); whether anything reached it (no failure
+        # is recovered after that).
+        self.thinking_id: str | None = None
+        self.reached = False
 
     def again(self) -> _SyncCall:
         """This call afresh, for another subscription of its stream."""
@@ -812,6 +837,143 @@ class _SyncCall(CallHold, MapSource):
             return None
         self.maps = maps
         return _SyncCallIterator(recovered, self)
+
+    def building(
+        self, reply: ReplyParts, alone: Callable[[], bool], recovery: Recovery | None = None,
+    ) -> AsyncIterator[Any] | None:
+        """The call read with no events (`MapSource.building`), when its inner stream can be read
+        so: this object is the reply it hands its parts to, metering them on their way to
+        ``reply`` (`begin` … `end`); `_unread` takes the hold and reads it. None when the inner
+        stream cannot be read so (the consumer subscribes this stream as usual)."""
+        if self.subscribed:
+            return self.again().building(reply, alone, recovery)
+        inner = self.inner
+        factory = inner._factory
+        if inner._steps or not isinstance(factory, MapSource):
+            return None
+        it = factory.building(self, alone)
+        if it is None:
+            return None
+        self.subscribed = True
+        self.reply = reply
+        return self._unread(it, recovery)
+
+    async def _unread(self, it: AsyncIterator[Any], recovery: Recovery | None) -> AsyncIterator[Any]:
+        """`building`'s subscription: the hold taken (or the refusal, as `start` gives it), then
+        ``it`` read. What ``it`` still yields (an attempt of a retry inside that is read as
+        events) is metered by `see`, as `start` meters it. After a cut (`_cut_unread`, or `see`'s
+        `_cut`) the read is ended and the refusal follows. A failure before anything reached
+        ``reply`` goes to ``recovery`` once the hold is gone, as `recovering` hands it on."""
+        passes = recovery[1] if recovery is not None else ()
+        try:
+            refused = self.take_now(self.est_tokens, self.est_tokens * self.in_rate)
+            if refused is not None:
+                for ev in self.budget._refusal(refused):  # (raises with on_exceeded="error")
+                    yield ev
+                return
+            try:
+                async for ev in it:
+                    ev = self.see(ev)
+                    if type(ev) not in passes:
+                        self.reached = True
+                    yield ev
+                    if self.pending is not None:  # cut by `see`: the rest follows the read's end
+                        break
+                else:
+                    return
+            except _Cut as cut:
+                if cut.args[0] is not self:  # (a budget outside this one cut the call: it ends this read too)
+                    raise
+            await aclose(it)  # the model request ends now
+            for ev in self.pending or ():
+                yield ev
+            error, self.error = self.error, None
+            if error is not None:
+                raise error
+            return
+        except Exception as exc:
+            if recovery is None or self.reached:
+                raise
+            failed = exc
+        finally:
+            await aclose(it)
+            self.finish()  # (before a recovery's next attempt: the hold goes first)
+        resumed = recovery[2](failed)
+        try:
+            async for ev in resumed:
+                yield ev
+        finally:
+            await aclose(resumed)
+
+    # The parts of the call read with no events (`building`), metered as `see` meters their events.
+
+    def begin(self, model: str) -> None:
+        self.reached = self.attempt = True
+        if model != self.model:  # a fallback (inside this layer) served this attempt
+            self.model = model
+            price = self.budget.price(model)
+            self.out_rate = 0.0 if price is None else price.output / 1_000_000
+        if not self.active:  # a retry's next attempt: the model has its input already
+            self.take_now(self.est_tokens, self.est_tokens * self.in_rate, force=True)
+        self.chars = self.out_held = 0
+        self.thinking_id = None
+        self.reply.begin(model)
+
+    def text(self, block_id: str, delta: str) -> None:
+        self._count(delta)
+        self.reply.text(block_id, delta)
+
+    def thinking(self, block_id: str, delta: str) -> None:
+        self.thinking_id = block_id
+        self._count(delta)
+        self.reply.thinking(block_id, delta)
+
+    def signed(self, block_id: str, signature: str | None) -> None:
+        self.thinking_id = None
+        self.reply.signed(block_id, signature)
+
+    def tool_call(self, call_id: str, name: str, delta: str | None = None) -> None:
+        if delta is not None:
+            self._count(delta)
+        self.reply.tool_call(call_id, name, delta)
+
+    def end(self, usage: ChatUsage | None, finish_reason: str | None, discarded: bool,
+            error: str | None = None) -> None:
+        self.attempt = False
+        self.budget._settle_unread(self.run, self, usage, self.model, self.est_tokens, self.chars)
+        self.chars = self.out_held = 0
+        self.reply.end(usage, finish_reason, discarded, error)
+
+    def _count(self, delta: str) -> None:
+        """An output delta: its characters counted, the hold grown to cover them (`see`), or the call cut."""
+        self.chars = chars = self.chars + len(delta)
+        need = -(-chars // 4) - self.out_held
+        if need > 0:
+            refused = self.take_now(need, need * self.out_rate, "stream")
+            if refused is not None:
+                self._cut_unread(delta, refused)
+            self.out_held += need
+
+    def _cut_unread(self, delta: str, refused: dict[str, Any]) -> NoReturn:
+        """`_cut` for a call read with no events: ``delta`` is not handed on; what was counted
+        before it is charged; the builder is handed what the closing events would hand it (an
+        open thinking block's End, with no signature; the ModelCallEnd that says why, discarded
+        with ``on_exceeded="error"``); the refusal is left for `_unread`; and the read ends
+        (`_Cut`, raised through the model call, which closes its request as it unwinds)."""
+        self.attempt = False
+        out = -(-(self.chars - len(delta)) // 4)
+        tokens, cost = self.est_tokens + out, self.est_tokens * self.in_rate + out * self.out_rate
+        budget, reply = self.budget, self.reply
+        budget._charge(self.run, tokens, cost, self)
+        self.settle_user_now(tokens, cost)
+        if self.thinking_id is not None:
+            reply.signed(self.thinking_id, None)
+        reply.end(None, None, budget.on_exceeded == "error", f"BudgetExceeded: {refused['reason']}")
+        try:
+            self.pending = list(budget._refusal(refused))
+        except BudgetExceeded as exc:
+            self.pending, self.error = [], exc
+        raise _Cut(self)
 
     def _resumed(self, resume: Callable[[Exception], AsyncIterator[Any]], error: Exception) -> AsyncIterator[Any]:
         """The call failed before its first event: its hold goes before the next attempt is made."""
@@ -942,6 +1104,14 @@ class _SyncCallIterator:
 
     def __del__(self) -> None:
         self.call.finish()
+
+
+class _Cut(BaseException):
+    """Raised by a call read with no events when its output crosses a limit (`_SyncCall._cut_unread`):
+    it ends the model call's read as a consumer that leaves ends it (no failure recorded, the
+    request closed), up to the `_SyncCall._unread` of the call that raised it (its one argument),
+    which takes it (a budget inside that one ends its read too, on the way). A BaseException, as
+    GeneratorExit is: no layer between them treats it as a failure to retry."""
 
 
 def _info(scope: str, kind: str, limit: float, spent: float, held: float, estimate: float,

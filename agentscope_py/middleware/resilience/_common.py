@@ -31,7 +31,7 @@ from ...events import AgentEvent, MiddlewareCompleted, MiddlewareStarted
 from ...stream import EventStream, aclose
 
 if TYPE_CHECKING:
-    from ..._replies import ReplyBuilder
+    from ..._replies import ReplyParts
 
 __all__ = [
     "Attempts",
@@ -301,7 +301,7 @@ class FirstFailure(MapSource):
     __call__ = with_maps  # (a subscription with no maps, the usual one: `MapSource.__call__` in one call)
 
     def building(
-        self, reply: ReplyBuilder, alone: Callable[[], bool], recovery: Recovery | None = None,
+        self, reply: ReplyParts, alone: Callable[[], bool], recovery: Recovery | None = None,
     ) -> AsyncIterator[AgentEvent] | None:
         """The first attempt read with no events (`MapSource.building`), when the stream it
         comes in can be: a failure before anything reached ``reply`` starts the next attempt
@@ -329,7 +329,7 @@ class FirstFailure(MapSource):
             await aclose(it)
 
     async def _resume_building(
-        self, error: Exception, reply: ReplyBuilder, alone: Callable[[], bool], outer: Recovery | None,
+        self, error: Exception, reply: ReplyParts, alone: Callable[[], bool], outer: Recovery | None,
         earlier: list[tuple[str, BaseException]],
     ) -> AsyncIterator[AgentEvent]:
         """An attempt read with no events failed before anything reached ``reply``: the next
