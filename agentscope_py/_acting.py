@@ -35,12 +35,12 @@ import asyncio
 import contextvars
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from ._control import RunControl
 from ._deadline import Deadline, DeadlineTimer
 from ._recorded import Recording, ToolJournal, journaled, output_parts, replay_events, settle
-from ._replies import arguments_problem, result_end, result_events, result_start, result_text
+from ._replies import arguments_problem, result_end, result_events, result_of, result_start, result_text
 from ._sanitize import clean
 from ._trusted import delta_maker
 from .errors import AgentInterrupted, SubAgentPaused, ToolInputRequired
@@ -52,16 +52,20 @@ from .events import (
     RequireExternalExecution,
     RequireUserConfirm,
     ToolResultDataDelta,
+    ToolResultEnd,
     ToolResultTextDelta,
 )
-from .message import GenerateReason, ToolResultState, ToolUseBlock
-from .stream import Channel
+from .message import DataBlock, GenerateReason, ToolResultBlock, ToolResultState, ToolUseBlock
+from .stream import Channel, EventStream
 from .tool.toolkit import PermissionDecision, Tool, ToolArgumentError, Toolkit, current_tool_call
 
 if TYPE_CHECKING:
     from ._context import RuntimeContext
 
-__all__ = ["INTERRUPTED_TEXT", "TOOL_CALL", "ToolExecutor", "ToolScope", "acting_events", "tool_output"]
+__all__ = [
+    "INTERRUPTED_TEXT", "TOOL_CALL", "ActingPass", "ActingReader", "ToolExecutor", "ToolScope", "acting_events",
+    "read_passed", "tool_output",
+]
 
 TOOL_CALL: contextvars.ContextVar[tuple[ToolUseBlock, Channel] | None] = contextvars.ContextVar(
     "agentscope_tool_call", default=None)
@@ -112,12 +116,24 @@ async def _decide(scope: ToolScope, call: ToolUseBlock, tool: Tool) -> Permissio
     return PermissionDecision.ALLOW
 
 
+class ActingReader(Protocol):
+    """What reads an acting pass's events when nothing stands between the pass and it (the agent
+    loop's `NextStepAct`, when no hook wraps the acting core): the pass hands it each event as it
+    yields it (`add`), and a call's result whole (`result`) when the call's task returned its
+    output and end at once, rather than the events it would be rebuilt from."""
+
+    def add(self, ev: Any) -> None: ...
+
+    def result(self, block: ToolResultBlock) -> None: ...
+
+
 async def acting_events(
     scope: ToolScope, calls: Sequence[ToolUseBlock], context: contextvars.Context,
-    deadline: Deadline | None = None,
+    deadline: Deadline | None = None, reader: ActingReader | None = None,
 ) -> AsyncIterator[AgentEvent]:
     """The acting core's events: the permission gate, then the tools (in tasks made in
-    ``context``, each keeping ``deadline`` or its tool's own timeout, the shorter)."""
+    ``context``, each keeping ``deadline`` or its tool's own timeout, the shorter). ``reader``:
+    what reads the events next, handed what they carry by the pass itself (`ActingReader`)."""
     reply_id, toolkit = scope.reply_id, scope.toolkit
     # The permitted calls in runs that may go in parallel: contiguous concurrency-safe calls
     # together, any other call alone (an unknown tool is safe: it only becomes an error result).
@@ -137,6 +153,8 @@ async def acting_events(
                 denied.append(call)
                 text = f"Permission denied: the call to {call.name} was not allowed."
                 for ev in result_events(reply_id, call, text, ToolResultState.DENIED):
+                    if reader is not None:
+                        reader.add(ev)
                     yield ev
                 continue
             if decision is PermissionDecision.ASK:
@@ -152,7 +170,7 @@ async def acting_events(
             groups.append([(call, tool)])
         parallel = safe
     if denied and not (groups or asking or external):
-        yield AllToolsDenied(reply_id=reply_id, denied_tool_calls=denied)
+        yield _read(reader, AllToolsDenied(reply_id=reply_id, denied_tool_calls=denied))
         return
     for group in groups:
         runs: list[_Call] = []
@@ -161,19 +179,35 @@ async def acting_events(
         starting = _starting(scope, runs, context, deadline)
         try:
             for run in runs:
+                out = run.output
+                # (a call whose result comes whole hands the reader that result, not its Start)
+                opening = reader if reader is not None and not isinstance(out, asyncio.Future) else None
                 for ev in run.opening:
+                    if opening is not None:
+                        opening.add(ev)
                     yield ev
                 if starting is not None:  # the consumer took the first Start before the loop turned
                     starting.cancel()
                     starting = None
                     _start(scope, runs, context, deadline)
-                out = run.output
                 if isinstance(out, Channel):
                     async for ev in out.drain():
+                        if reader is not None:
+                            reader.add(ev)
                         yield ev
                 elif out is not None:  # (None: a recorded result, replayed)
-                    for ev in await out:
-                        yield ev
+                    events = await out
+                    block = None if reader is None else _whole(events)
+                    if block is None or reader is None:
+                        for ev in events:
+                            if reader is not None:
+                                reader.add(ev)
+                            yield ev
+                    else:
+                        for ev in events[:-1]:
+                            yield ev
+                        reader.result(block)  # (as the end's reader would have, before the end goes out)
+                        yield events[-1]
         except BaseException:  # closed early, or cancelled: cancel the tool tasks before returning
             if starting is not None:
                 starting.cancel()
@@ -185,13 +219,68 @@ async def acting_events(
             raise
     if asking or scope.paused:
         if asking:
-            yield RequireUserConfirm(reply_id=reply_id, tool_calls=asking)
+            yield _read(reader, RequireUserConfirm(reply_id=reply_id, tool_calls=asking))
         # (a paused sub-agent's own RequireUserConfirm reached the caller, with its source)
         scope.paused = False
-        yield RequestStop(reason="waiting for the user to confirm tool calls",
-                          generate_reason=GenerateReason.PERMISSION_ASKING)
+        yield _read(reader, RequestStop(reason="waiting for the user to confirm tool calls",
+                                        generate_reason=GenerateReason.PERMISSION_ASKING))
     elif external:
-        yield RequireExternalExecution(reply_id=reply_id, tool_calls=external)
+        yield _read(reader, RequireExternalExecution(reply_id=reply_id, tool_calls=external))
+
+
+def _read(reader: ActingReader | None, ev: AgentEvent) -> AgentEvent:
+    """``ev``, handed to ``reader`` first."""
+    if reader is not None:
+        reader.add(ev)
+    return ev
+
+
+def _whole(events: list[AgentEvent]) -> ToolResultBlock | None:
+    """The result a call's events from its task carry, when they are its own output deltas and its
+    end; None for any other list (a call that paused or asks the user, a tool that returned
+    events of its own), which its reader reads event by event."""
+    end = events[-1] if events else None
+    if type(end) is not ToolResultEnd or end.state is ToolResultState.RUNNING or end.source is not None:
+        return None
+    call_id = end.tool_call_id
+    parts: list[str | DataBlock] = []
+    for ev in events[:-1]:
+        if ev.source is not None or getattr(ev, "tool_call_id", None) != call_id:
+            return None
+        if type(ev) is ToolResultTextDelta:
+            parts.append(ev.delta)
+        elif type(ev) is ToolResultDataDelta:
+            parts.append(ev.data)
+        else:
+            return None
+    return result_of(call_id, end.tool_name, parts, end.state)
+
+
+class ActingPass:
+    """The factory of the acting core's stream (for the ``on_acting`` chain to compose): each
+    subscription is an `acting_events` pass over ``calls``, its tools' tasks made in ``context``
+    (captured when the core was built, inside the innermost ``next()``)."""
+
+    __slots__ = ("calls", "context", "deadline", "scope")
+
+    def __init__(self, scope: ToolScope, calls: Sequence[ToolUseBlock], context: contextvars.Context,
+                 deadline: Deadline | None) -> None:
+        self.scope = scope
+        self.calls = calls
+        self.context = context
+        self.deadline = deadline
+
+    def __call__(self, reader: ActingReader | None = None) -> AsyncIterator[AgentEvent]:
+        return acting_events(self.scope, self.calls, self.context, self.deadline, reader)
+
+
+def read_passed(stream: object, reader: ActingReader) -> AsyncIterator[AgentEvent] | None:
+    """The acting core's own stream (`ActingPass`) that came back from the ``on_acting`` hooks as
+    it was (passed through: no operator added, not wrapped), subscribed by ``reader``, which the
+    pass then hands what its events carry (`ActingReader`). None for any other stream."""
+    if type(stream) is EventStream and not stream._steps and type(stream._factory) is ActingPass:
+        return stream._factory(reader)
+    return None
 
 
 _EAGER_START: Callable[..., asyncio.Task[Any]] | None = getattr(asyncio, "eager_task_factory", None)

@@ -37,7 +37,7 @@ from .message import (
 
 __all__ = [
     "ReplyBuilder", "ReplyParts", "ToolResultCollector", "arguments_problem", "join_output", "result_end",
-    "result_events", "result_start", "result_text",
+    "result_events", "result_of", "result_start", "result_text",
 ]
 
 # The blocks and messages rebuilt here, each from the fields its site always gives.
@@ -273,20 +273,23 @@ class ToolResultCollector:
         elif t == "tool_result_start":
             self._entry(fields)
         elif t == "tool_result_end":
-            call_id, state = fields["tool_call_id"], fields["state"]
+            call_id = fields["tool_call_id"]
             name, parts = self._parts.pop(call_id, (fields["tool_name"], []))
-            output = _join(parts)
-            # From the acting chain's events: typed unless a middleware derived one with model_copy.
-            typed = (type(call_id) is str and type(name) is str and type(output) is str
-                     and type(state) is ToolResultState)
-            self.results[call_id] = (_RESULT.build if typed else _RESULT.validated)(
-                id=call_id, name=name, output=output, state=state)
+            self.results[call_id] = result_of(call_id, name, parts, fields["state"])
 
     def _entry(self, fields: dict[str, Any]) -> tuple[str, list[str | DataBlock]]:
         entry = self._parts.get(fields["tool_call_id"])
         if entry is None:
             entry = self._parts[fields["tool_call_id"]] = (fields["tool_name"], [])
         return entry
+
+
+def result_of(call_id: str, name: str, parts: list[str | DataBlock], state: ToolResultState) -> ToolResultBlock:
+    """The result a call's output ``parts`` and its end make, as `ToolResultCollector` builds it."""
+    output = _join(parts)
+    # From the acting chain's events: typed unless a middleware derived one with model_copy.
+    typed = type(call_id) is str and type(name) is str and type(output) is str and type(state) is ToolResultState
+    return (_RESULT.build if typed else _RESULT.validated)(id=call_id, name=name, output=output, state=state)
 
 
 def join_output(parts: list[str | DataBlock]) -> str | list[TextBlock | DataBlock]:

@@ -24,6 +24,8 @@ from agentscope_py import (
     tool,
 )
 from agentscope_py.events import RequestStop, TextBlockDelta
+from agentscope_py.message import ToolUseBlock
+from agentscope_py.model.base import ModelError
 from agentscope_py.stream import EventStream
 
 P = ExtensionPoint
@@ -256,3 +258,36 @@ async def test_a_round_stopped_on_purpose_is_not_warned_about(caplog: pytest.Log
         msg = await agent.call("hi")
     assert msg.generate_reason == GenerateReason.MIDDLEWARE_STOP_REQUESTED
     assert not [r for r in caplog.records if "carried no event" in r.getMessage()]
+
+
+class _PassModelCall(MiddlewareBase):
+    """An on_model_call hook that passes the call through: the loop still reads the call itself."""
+
+    def active_points(self) -> Any:
+        return (P.ON_MODEL_CALL,)
+
+    def on_model_call(self, agent: Any, ctx: Any, input: Any, next: Any) -> Any:
+        return next(input)
+
+
+@pytest.mark.parametrize("hooked", [False, True], ids=["no-hook", "passed-through"])
+async def test_a_provider_failing_mid_stream_in_a_call_the_loop_reads_closes_each_block_once(hooked: bool) -> None:
+    """A model call the loop reads itself closes its own blocks when the provider fails (the loop
+    keeps none of its brackets): every Start still gets exactly one End, the call's End names the
+    error, and the run ends with it."""
+    call = ToolUseBlock(id="c1", name="lookup", input={"q": "x"})
+    step = ModelStep("a b c", thinking="hmm", tool_calls=[call], chunks=3, error=ModelError("connection reset"),
+                     error_after=4)
+    builder = ReActAgent.builder().model(ScriptedModel([step]))
+    agent = (builder.middleware(_PassModelCall()) if hooked else builder).build()
+    events: list[Any] = []
+    with pytest.raises(ModelError, match="connection reset"):
+        async for ev in agent.stream("hi"):
+            events.append(ev)
+    assert balance(events) == Counter()
+    starts = Counter(e.type for e in events if e.type.endswith("_start"))
+    ends = Counter(e.type.replace("_end", "_start") for e in events if e.type.endswith("_end"))
+    assert starts == ends and starts["model_call_start"] == 1 and starts["agent_start"] == 1
+    end = next(e for e in events if e.type == "model_call_end")
+    assert end.error is not None and "connection reset" in end.error and end.discarded
+    assert events[-1].type == "agent_end" and "connection reset" in (events[-1].error or "")

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from agentscope_py import (
+    ExtensionPoint,
     GenerateReason,
     MiddlewareBase,
     ModelStep,
@@ -21,7 +22,9 @@ from agentscope_py import (
     _acting,
     tool,
 )
+from agentscope_py._replies import ToolResultCollector
 from agentscope_py.events import ToolResultEnd, ToolResultTextDelta
+from agentscope_py.message import DataBlock, TextBlock
 
 VAR: contextvars.ContextVar[str] = contextvars.ContextVar("VAR", default="consumer")
 
@@ -380,3 +383,86 @@ async def test_closing_the_stream_at_the_start_event_cancels_the_tool() -> None:
     assert [t for t in asyncio.all_tasks() if t is not asyncio.current_task()] == []  # no tool task left
     assert asyncio.current_task().cancelling() == 0  # type: ignore[union-attr]
     assert [r.state for r in await tool_results(agent)] == [ToolResultState.INTERRUPTED]
+
+
+class _Acting(MiddlewareBase):
+    """An on_acting hook that passes the pass through, or maps its events (then the loop reads
+    them one by one)."""
+
+    def __init__(self, maps: bool) -> None:
+        super().__init__()
+        self.maps = maps
+
+    def active_points(self) -> Any:
+        return (ExtensionPoint.ON_ACTING,)
+
+    def on_acting(self, agent: Any, ctx: Any, input: Any, next: Any) -> Any:
+        return next(input).map(lambda ev: ev) if self.maps else next(input)
+
+
+@pytest.mark.parametrize("hook", [None, "passes", "maps"])
+async def test_the_results_remembered_are_the_ones_the_streamed_events_carry(hook: str | None) -> None:
+    """With no on_acting hook, or hooks that pass the pass through, the acting pass hands the run
+    each call's result whole; with a hook that reads the events, the loop rebuilds the results
+    from what leaves it. Either way memory keeps exactly what the caller's events carry: text,
+    data blocks, errors, unknown tools, parallel calls."""
+
+    @tool
+    async def text() -> str:
+        """Text."""
+        return "plain é text"
+
+    @tool
+    async def data() -> list[Any]:
+        """Text and data."""
+        return [TextBlock(text="see: "), DataBlock(media_type="image/png", data="aGk="), TextBlock(text=" done")]
+
+    @tool
+    async def fails() -> str:
+        """Raises."""
+        raise ValueError("broken")
+
+    @tool
+    async def empty() -> None:
+        """Returns nothing."""
+
+    @tool
+    async def forwards() -> Any:
+        """Returns an event of a sub-agent's (forwarded as it is, not this call's output)."""
+        return ToolResultTextDelta(reply_id="child", tool_call_id="c9", tool_name="t", delta="inner", source="child")
+
+    calls = [("text", {}), ("data", {}), ("fails", {}), ("missing", {}), ("empty", {}), ("forwards", {})]
+    builder = (ReActAgent.builder().model(ScriptedModel([ModelStep.tool_calls_of(*calls), ModelStep.text("ok")]))
+               .tools(text, data, fails, empty, forwards))
+    agent = (builder.middleware(_Acting(hook == "maps")) if hook else builder).build()
+    events = [e async for e in agent.stream("go")]
+    collector = ToolResultCollector()
+    for e in events:
+        if e.type.startswith("tool_result") and e.source is None:
+            collector.add(e)
+    remembered = await tool_results(agent)
+    assert remembered == list(collector.results.values())
+    assert [r.state for r in remembered] == [ToolResultState.SUCCESS, ToolResultState.SUCCESS, ToolResultState.ERROR,
+                                             ToolResultState.ERROR, ToolResultState.SUCCESS, ToolResultState.SUCCESS]
+    assert remembered[0].output == "plain é text" and isinstance(remembered[1].output, list)
+    assert remembered[5].output == ""  # (the forwarded event is the sub-agent's, not the call's output)
+
+
+async def test_a_consumer_that_leaves_at_a_tool_results_end_keeps_that_result() -> None:
+    """The result is the run's before its ToolResultEnd reaches the caller (as when the loop reads
+    the End itself): a consumer that leaves there persists the call's real result, not an
+    interrupted one."""
+
+    @tool
+    async def quick() -> str:
+        """Answers."""
+        return "42"
+
+    agent = agent_with(quick, ModelStep.tool_call("quick", {}), ModelStep.text("unused"))
+    stream = agent.stream("go").__aiter__()
+    async for ev in stream:
+        if type(ev) is ToolResultEnd:
+            break
+    await stream.aclose()  # type: ignore[attr-defined]
+    results = await tool_results(agent)
+    assert [(r.state, r.output) for r in results] == [(ToolResultState.SUCCESS, "42")]

@@ -12,7 +12,7 @@ What the run knows lives in one `RunState`. What is published: every event leavi
 reasoning and acting chains. What is remembered: the assistant message rebuilt from the events
 leaving the model-call chain (or handed to its builder by the call itself, when no hook reads
 them before the loop: `_call_model`), and the tool results rebuilt from the events leaving the
-acting chain.
+acting chain (or handed whole by the acting pass, when no hook reads them: `_act_step`).
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ import sys
 from collections.abc import AsyncIterable, AsyncIterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
-from .._acting import ToolScope, acting_events
+from .._acting import ActingPass, ToolScope, acting_events
+from .._acting import read_passed as acting_passed
 from .._bracket_kinds import describe
 from .._deadline import Deadline
 from .._model_call import model_call_events, model_call_stream, read_alone, read_passed
@@ -206,8 +207,7 @@ class Execution:
     def _acting_core(self, input: ActingInput) -> EventStream[AgentEvent]:
         # Tools run in tasks made in the context current now (inside the innermost next()), so a
         # span an acting middleware opened around next() parents the tools (and sub-agents).
-        context = contextvars.copy_context()
-        return EventStream(lambda: acting_events(self.tools, input.tool_calls, context, input.deadline))
+        return EventStream(ActingPass(self.tools, input.tool_calls, contextvars.copy_context(), input.deadline))
 
     # -- the execution ---------------------------------------------------------------------------
 
@@ -287,12 +287,13 @@ class Execution:
                     # Every step runs in this one loop, not in generators of its own.
                     while True:
                         on_event = step.on_event
+                        kept = not step.closed  # (its brackets, for `Brackets`)
                         stop: RequestStop | None = None
                         starts = 0  # of the step's bracket events (`_brackets`)
                         steps = step.stream.__aiter__()
                         try:
                             async for ev in steps:
-                                mark = marks(type(ev))  # most events (deltas) are none of these
+                                mark = marks(type(ev)) if kept else None  # (most events, deltas, are none of these)
                                 if mark is not None:
                                     if mark is START:
                                         if starts and type(ev) is ModelCallStart:
@@ -401,7 +402,8 @@ class Execution:
             builder = run.builder = ReplyBuilder()
             run.view = None  # callers see what memory keeps
             stream, fed = self._call_model(messages, tools, self.options, builder)
-            return Step(REASON, stream, None if fed else builder.add, ExtensionPoint.ON_MODEL_CALL)
+            # (a call that feeds the builder is its own subscription, which the loop reads alone)
+            return Step(REASON, stream, None if fed else builder.add, ExtensionPoint.ON_MODEL_CALL, None, fed)
         run.builder = None
         # What callers see of the reply (after every on_reasoning rewrite) is what the result holds;
         # memory keeps what left on_model_call (rebuilt in the reasoning core).
@@ -464,14 +466,20 @@ class Execution:
     def _act_step(self, acting: NextStepAct) -> Step:
         """One acting pass: its stream, read into ``acting``."""
         if self._acting is None:
-            # No on_acting hook: the core's events are the step's stream.
-            events = acting_events(self.tools, acting.calls, contextvars.copy_context())
-            return Step(ACT, events, acting.add, ExtensionPoint.ON_ACTING, acting)
+            # No on_acting hook: the core's events are the step's stream, and the pass hands
+            # ``acting`` what they carry itself (nothing for the loop to hand it per event).
+            events = acting_events(self.tools, acting.calls, contextvars.copy_context(), None, acting)
+            return Step(ACT, events, None, ExtensionPoint.ON_ACTING, acting)
         try:
             stream = self._acting(ActingInput(tuple(acting.calls)))
         except Exception as exc:  # a hook that raised before returning a stream
             acting.keep_results(self.run, exc)
             raise
+        # Hooks that passed the pass's stream through untouched read none of its events before
+        # the loop: the pass hands ``acting`` what they carry, as with no hook.
+        passed = acting_passed(stream, acting)
+        if passed is not None:
+            return Step(ACT, passed, None, ExtensionPoint.ON_ACTING, acting)
         return Step(ACT, stream, acting.add, ExtensionPoint.ON_ACTING, acting)
 
     def _acted(self, acting: NextStepAct) -> None:
@@ -483,12 +491,13 @@ class Execution:
     async def act(self, calls: Sequence[ToolUseBlock], assistant: Msg) -> AsyncIterator[AgentEvent]:
         """An acting pass as a generator, for resuming pending calls (`_resume`)."""
         step = self._act_step(NextStepAct(calls, assistant))
-        acting = step.acting
+        acting, on_event = step.acting, step.on_event
         assert acting is not None
         it = step.stream.__aiter__()
         try:
             async for ev in it:
-                acting.add(ev)
+                if on_event is not None:
+                    on_event(ev)
                 yield ev
         except BaseException as exc:
             await aclose(it)

@@ -79,6 +79,10 @@ class NextStepAct:
         elif t == "require_user_confirm":
             self.asking.extend(ev.tool_calls)
 
+    def result(self, block: ToolResultBlock) -> None:
+        """A call's result, handed whole by the acting pass (`_acting.ActingReader`)."""
+        self.collector.results[block.id] = block
+
     def waiting(self) -> set[str]:
         """The calls that wait, rightly, for a confirmation or an external result."""
         waiting = {c.id for c in (*self.suspended, *self.asking)}
@@ -140,20 +144,26 @@ RUN_AGAIN = NextStepRunAgain()
 class Step:
     """One step of a run as the loop drives it: its stream, what to call with each of its events
     (a reply builder, an acting collector, or a check; None for a model call that hands its
-    builder the reply itself), the extension point its events leave (named in errors), and for
-    acting the pass it belongs to."""
+    builder the reply itself, and for an acting pass that hands its step the results), the
+    extension point its events leave (named in errors), and for acting the pass it belongs to.
 
-    __slots__ = ("acting", "kind", "on_event", "point", "stream")
+    ``closed``: the stream closes every bracket it opens however it ends, and the loop hands its
+    events to nobody who could fail — a model call the loop reads itself (its blocks closed by
+    `PartsManager.fail`, one call per subscription): the loop keeps none of its brackets
+    (`_brackets.Brackets` would find nothing to close)."""
+
+    __slots__ = ("acting", "closed", "kind", "on_event", "point", "stream")
 
     def __init__(
         self, kind: int, stream: AsyncIterable[AgentEvent], on_event: Callable[[Any], None] | None,
-        point: ExtensionPoint, acting: NextStepAct | None = None,
+        point: ExtensionPoint, acting: NextStepAct | None = None, closed: bool = False,
     ) -> None:
         self.kind = kind
         self.stream = stream
         self.on_event = on_event
         self.point = point
         self.acting = acting
+        self.closed = closed
 
 
 DROPPED_TEXT = "Error: the tool call produced no result (an on_acting middleware dropped its events)."
