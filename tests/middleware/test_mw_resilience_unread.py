@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 from resilience_helpers import FakeSleep
+from unread_helpers import Identity, PassThrough, add, plain, spy_made
 
-import agentscope_py._trusted as trusted
 from agentscope_py import GenerateReason, ModelStep, ReActAgent, ScriptedModel
 from agentscope_py.errors import BadRequestError, RateLimitError, ServerError
 from agentscope_py.middleware import (
@@ -27,53 +27,9 @@ from agentscope_py.model.base import ChatChunk, ModelRequest
 
 pytestmark = pytest.mark.timeout(60)
 
-# The model call's events, as the runtime makes them (`_trusted._new`: every event built from data
-# it holds). A failure's `ModelCallEnd` is validated instead; it is never made here either.
-MODEL_EVENTS = ("ModelCall", "TextBlockStart", "TextBlockDelta", "TextBlockEnd", "ThinkingBlock", "ToolCall")
-
-
 @pytest.fixture
 def made(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    names: list[str] = []
-
-    def spy(cls: Any) -> Any:
-        if cls.__name__.startswith(MODEL_EVENTS):
-            names.append(cls.__name__)
-        return object.__new__(cls)
-
-    monkeypatch.setattr(trusted, "_new", spy)
-    return names
-
-
-class Identity(MiddlewareBase):
-    """Maps every event to itself: the events are made, and the loop reads them."""
-
-    def on_model_call(self, agent: Any, ctx: Any, input: Any, next: Any) -> Any:
-        return next(input).map(lambda event: event)
-
-
-class PassThrough(MiddlewareBase):
-    def on_model_call(self, agent: Any, ctx: Any, input: Any, next: Any) -> Any:
-        return next(input)
-
-
-def add(a: int, b: int) -> int:
-    """Add two numbers.
-
-    Args:
-        a: The first.
-        b: The second.
-    """
-    return a + b
-
-
-def _plain(value: Any) -> Any:
-    """A dump without the ids the runtime makes afresh each run."""
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items() if k not in ("id", "metadata", "tool_call_id")}
-    if isinstance(value, list):
-        return [_plain(v) for v in value]
-    return value
+    return spy_made(monkeypatch)
 
 
 async def _outcome(models: list[ScriptedModel], middlewares: list[MiddlewareBase], sleep: FakeSleep) -> dict[str, Any]:
@@ -82,13 +38,13 @@ async def _outcome(models: list[ScriptedModel], middlewares: list[MiddlewareBase
     error: Any = None
     try:
         msg = await agent.call("1 + 2?")
-        reply = (_plain(msg.model_dump()), msg.text, msg.generate_reason)
+        reply = (plain(msg.model_dump()), msg.text, msg.generate_reason)
     except Exception as exc:
         error = (type(exc).__name__, str(exc), getattr(exc, "__notes__", None))
     state, _ = await agent.state_store.load("default", "default")
     assert state is not None
     return {
-        "reply": reply, "error": error, "session": _plain([m.model_dump() for m in state.context]),
+        "reply": reply, "error": error, "session": plain([m.model_dump() for m in state.context]),
         "requests": [len(m.requests) for m in models], "delays": list(sleep.delays),
     }
 

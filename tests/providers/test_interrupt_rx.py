@@ -139,22 +139,8 @@ async def _run_case(model: OpenAIChatModel, case: Case, session: str, lag: LoopL
             pass
 
     task = asyncio.create_task(consume())
-    # The interrupt's time counts from the run's start (it holds its session), not from the task's
-    # creation: on a loaded loop the task may not have started its run yet, and an interrupt
-    # that finds no run in flight interrupts nothing.
-    while agent.busy_error("u", session, "reject") is None and not task.done():
-        await asyncio.sleep(0.001)
-    await asyncio.sleep(case.at)
-    case.hit = agent.interrupt("u", session)
-    interrupted = time.monotonic()
-    done, _ = await asyncio.wait([task], timeout=5)
-    if not done:
-        task.cancel()
-        await asyncio.wait([task], timeout=5)
+    if not await _interrupt_in_flight(agent, session, task, case, lag, 5):
         return
-    ended = time.monotonic()
-    case.took = ended - interrupted
-    case.lag = await lag.within(interrupted, ended)
     # An interrupt ends the run with its interrupted reply: a consumer that ends cancelled failed.
     case.error = asyncio.CancelledError("the consumer ended cancelled") if task.cancelled() else task.exception()
 
@@ -240,19 +226,8 @@ async def test_an_interrupt_ends_a_step_that_a_time_operator_holds_at_once(outer
             return [ev async for ev in agent.stream("what is the weather?", ctx=ctx)]
 
         task = asyncio.create_task(consume())
-        while agent.busy_error("u", ctx.session_id, "reject") is None and not task.done():
-            await asyncio.sleep(0.001)
-        await asyncio.sleep(case.at)
-        case.hit = agent.interrupt("u", ctx.session_id)
-        interrupted = time.monotonic()
-        done, _ = await asyncio.wait([task], timeout=8)
-        if not done:
-            task.cancel()
-            await asyncio.wait([task], timeout=5)
+        if not await _interrupt_in_flight(agent, ctx.session_id, task, case, lag, 8):
             return
-        ended = time.monotonic()
-        case.took = ended - interrupted
-        case.lag = await lag.within(interrupted, ended)
         if task.cancelled() or task.exception() is not None:
             case.error = asyncio.CancelledError("the consumer ended cancelled") if task.cancelled() else task.exception()
         else:
@@ -318,3 +293,26 @@ async def test_an_interrupt_ends_a_time_operators_hold_in_a_retrys_next_attempt(
     finally:
         await model.aclose()
         await server.stop()
+
+
+async def _interrupt_in_flight(agent: Any, session: str, task: asyncio.Task[Any], case: Any, lag: Any,
+                               allowed: float) -> bool:
+    """Interrupt ``task``'s run ``case.at`` seconds after it holds its session, and note how long
+    the consumer took to end after it (``case.took``) and how late the loop ran meanwhile
+    (``case.lag``); False when it outlived ``allowed`` seconds (it is cancelled then). The time counts from
+    the run's start, not from the task's creation: on a loaded loop the task may not have started
+    its run yet, and an interrupt that finds no run in flight interrupts nothing."""
+    while agent.busy_error("u", session, "reject") is None and not task.done():
+        await asyncio.sleep(0.001)
+    await asyncio.sleep(case.at)
+    case.hit = agent.interrupt("u", session)
+    interrupted = time.monotonic()
+    done, _ = await asyncio.wait([task], timeout=allowed)
+    if not done:
+        task.cancel()
+        await asyncio.wait([task], timeout=5)
+        return False
+    ended = time.monotonic()
+    case.took = ended - interrupted
+    case.lag = await lag.within(interrupted, ended)
+    return True
