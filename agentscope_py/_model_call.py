@@ -292,6 +292,8 @@ class ModelRead(TaskCut):
         # A generator, not an iterator object with ``send``: the task steps it as it steps a
         # coroutine, and it ends each hand-over by returning, where an iterator's ``send`` must
         # raise StopIteration (an exception made and caught per token).
+        # A held step goes to the task unchecked: `_abandon` holds a cleanup's step while events
+        # may still be in ``out``, and that step must run.
         ctx, coro = self.ctx, self.coro
         step, self.first = self.first, NO_STEP
         try:
