@@ -8,6 +8,7 @@ round-trips through JSON unchanged.
 from __future__ import annotations
 
 import itertools
+import operator
 import os
 from collections.abc import Callable
 from enum import StrEnum
@@ -34,7 +35,9 @@ __all__ = [
 
 # Ids are a process prefix and a counter: unique within the process's lifetime, and ordered.
 _PREFIX = os.urandom(4).hex()
-_serials = map(str, itertools.count(1))  # one counter for every kind of id
+# One counter for every kind of id; ``repr`` (an int's is its ``str``) is a one-argument builtin,
+# which ``map`` calls with no argument tuple, as it calls ``operator.add`` in `id_factory`.
+_serials = map(repr, itertools.count(1))
 
 
 def new_id(kind: str = "") -> str:
@@ -44,8 +47,9 @@ def new_id(kind: str = "") -> str:
 
 def id_factory(kind: str) -> Callable[[], str]:
     """``new_id(kind)`` as a field's default factory. Every event and message calls one, so it is
-    made of C iterators (``next`` of it runs no Python frame)."""
-    return map(f"{kind}{_PREFIX}_".__add__, _serials).__next__
+    made of C iterators and builtins (``next`` of it runs no Python frame, and builds no argument
+    tuple: a bound ``str.__add__`` would)."""
+    return map(operator.add, itertools.repeat(f"{kind}{_PREFIX}_"), _serials).__next__
 
 
 class GenerateReason(StrEnum):

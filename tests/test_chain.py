@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 from collections.abc import AsyncIterator
 from typing import Any
@@ -533,3 +534,46 @@ async def test_an_async_state_ready_hook_is_awaited_before_the_first_round(trace
     with pytest.raises(LookupError, match="no such tenant"):
         await broken.call("hi")
     assert model.requests == []
+
+
+async def test_every_hook_in_a_run_sees_the_runs_control_however_its_next_is_called() -> None:
+    """What a hook builds waits through the run's control (`HOOK_CONTROL`): the hooks a hook calls
+    while it runs, the hooks an ``async def`` hook calls as it is iterated, and the hooks called
+    by a task a hook started, at every point inside the run."""
+    from agentscope_py._control import HOOK_CONTROL
+
+    seen: list[tuple[str, bool]] = []
+
+    class Reads(MiddlewareBase):
+        def __init__(self, tag: str) -> None:
+            self.tag = tag
+
+        def on_model_call(self, agent: Any, ctx: Any, input: Any, next: Any) -> Any:
+            seen.append((self.tag, ctx.control is not None and HOOK_CONTROL.get() is ctx.control))
+            return next(input)
+
+        def on_acting(self, agent: Any, ctx: Any, input: Any, next: Any) -> Any:
+            seen.append((self.tag, ctx.control is not None and HOOK_CONTROL.get() is ctx.control))
+            return next(input)
+
+    class Iterated(MiddlewareBase):  # calls next when its stream is iterated
+        async def on_model_call(self, agent: Any, ctx: Any, input: Any, next: Any) -> AsyncIterator[Any]:
+            async for event in next(input):
+                yield event
+
+    class InATask(MiddlewareBase):  # calls next in a task of its own, from the consumer's context
+        def on_model_call(self, agent: Any, ctx: Any, input: Any, next: Any) -> Any:
+            async def later() -> list[Any]:
+                return [event async for event in next(input)]
+
+            async def events() -> AsyncIterator[Any]:
+                for event in await asyncio.create_task(later(), context=contextvars.Context()):
+                    yield event
+
+            return EventStream(events)
+
+    agent, _ = make_agent(TOOL_ROUND, Reads("outer"), Iterated(), Reads("iterated"), InATask(), Reads("task"))
+    reply = await asyncio.wait_for(agent.call("go", ctx=RuntimeContext(user_id="u", session_id="s")), 10)
+    assert reply.text == "done"
+    # (two model calls and one acting pass each)
+    assert seen == [("outer", True), ("iterated", True), ("task", True)] * 3, seen

@@ -265,3 +265,14 @@ def test_deserialised_events_are_validated() -> None:
         parse_event({**start.model_dump(), "tool_name": 3})
     with pytest.raises(ValidationError):
         parse_event('{"type": "agent_end"}')  # reply_id missing
+
+
+def test_a_delta_maker_takes_its_ids_in_any_order() -> None:
+    from agentscope_py._trusted import delta_maker
+
+    made = delta_maker(ev.ToolCallDelta, tool_name="t", tool_call_id="c", reply_id="r")('{"q"')
+    validated = ev.ToolCallDelta(reply_id="r", tool_call_id="c", tool_name="t", delta='{"q"')
+    assert made.model_dump(exclude={"id", "created_at"}) == validated.model_dump(exclude={"id", "created_at"})
+    assert list(made.__dict__) == list(validated.__dict__) and made.model_fields_set == validated.model_fields_set
+    with pytest.raises(TypeError, match="takes reply_id, tool_call_id, tool_name"):
+        delta_maker(ev.ToolCallDelta, reply_id="r", tool_call_id="c")

@@ -95,14 +95,18 @@ def compose(
 class _Run:
     """What one execution's layers of a point share: its context, its core and, while an
     invocation builds its layers, the factory of the stream the core returned (when the core is
-    bound, the layers hand that stream out unchanged if their hooks pass it through)."""
+    bound, the layers hand that stream out unchanged if their hooks pass it through) and whether
+    the outermost hook is running (``in_hooks``)."""
 
-    __slots__ = ("core", "core_factory", "ctx")
+    __slots__ = ("core", "core_factory", "ctx", "in_hooks")
 
     def __init__(self, ctx: RuntimeContext, core: Layer) -> None:
         self.ctx = ctx
         self.core = core
         self.core_factory: Any = None
+        # True while the outermost layer's hook runs: a layer called then is called by the hook
+        # outside it, inside that hook's context (`_layer`).
+        self.in_hooks = False
 
 
 LayerFunction = Callable[[_Run, Any], EventStream[Any]]
@@ -150,21 +154,29 @@ def _layer(
     and so does the stream it returns, unless that stream runs in a context of its own already.
     ``inner_bound``: what ``inner`` returns runs in the context it was built in."""
     hook = getattr(mw, point.value)
-    # The run's control, for what the hooks build (`HOOK_CONTROL`), set in the layer's context
-    # unless it is there already: an inner layer is called inside the outer hook's context, which
-    # has it; a hook that calls ``next`` from elsewhere (a retry's next attempt, from the
-    # consumer's context) has it set anew.
+    # The run's control, for what the hooks build (`HOOK_CONTROL`): set in the outermost layer's
+    # context, which every layer its hook calls while it runs copies (``run.in_hooks``: nothing to
+    # look up or set there). A layer called at another time — a retry's next attempt, from the
+    # consumer's context; an ``async def`` hook's ``next``, called as it is iterated; a task a
+    # hook started — sets it in its own context as the outermost does.
     in_run = point is not ExtensionPoint.ON_AGENT
-    get_control, set_control = HOOK_CONTROL.get, HOOK_CONTROL.set
+    set_control = HOOK_CONTROL.set
 
     def layer(run: _Run, input: Any) -> EventStream[Any]:
         c = contextvars.copy_context()
-        if in_run and get_control() is not run.ctx.control:
-            c.run(set_control, run.ctx.control)
-        stream = c.run(hook, agent, run.ctx, input, MethodType(inner, run))
         if outermost:
+            if in_run:
+                c.run(set_control, run.ctx.control)
+            run.in_hooks = True
+            try:
+                stream = c.run(hook, agent, run.ctx, input, MethodType(inner, run))
+            finally:
+                run.in_hooks = False
             factory, run.core_factory = run.core_factory, None  # the run goes on without it
         else:
+            if in_run and not run.in_hooks:
+                c.run(set_control, run.ctx.control)
+            stream = c.run(hook, agent, run.ctx, input, MethodType(inner, run))
             factory = run.core_factory
         if inner_bound and type(stream) is EventStream and (
                 stream._factory is factory or getattr(stream._factory, "context_free", False) is True):
