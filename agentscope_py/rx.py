@@ -223,19 +223,7 @@ def from_observable(observable: reactivex.Observable[T]) -> EventStream[T]:
 
 def _drain(channel: Channel, control: RunControl | None) -> AsyncIterator[Any]:
     """`Channel.drain`, its waits through ``control`` when there is one."""
-    if control is None:
-        return channel.drain()
-    return _drain_cut(channel, control)
-
-
-async def _drain_cut(channel: Channel, control: RunControl) -> AsyncIterator[Any]:
-    while True:
-        while channel.items:
-            yield channel.take()
-        if channel.done:
-            channel.end()
-            return
-        await control.wait(channel.arrival())
+    return channel.drain(None if control is None else control.wait)
 
 
 def to_async_observable(stream: EventStream[Any]) -> Any:

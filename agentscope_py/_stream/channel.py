@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 __all__ = ["EMPTY", "Channel"]
@@ -109,7 +109,12 @@ class Channel:
         if self.error is not None:
             raise self.error
 
-    async def drain(self) -> AsyncIterator[Any]:
+    async def drain(
+        self, through: Callable[[asyncio.Future[None]], Awaitable[None]] | None = None,
+    ) -> AsyncIterator[Any]:
+        """The items as they arrive, then the channel's error if it has one. ``through``: what
+        awaits an arrival instead of the consumer itself (`RunControl.wait`, which the run's
+        interrupt cuts)."""
         take = self.take
         while True:
             item = take()
@@ -118,5 +123,7 @@ class Channel:
             elif self.done:
                 self.end()
                 return
-            else:
+            elif through is None:
                 await self.wait()
+            else:
+                await through(self.arrival())
