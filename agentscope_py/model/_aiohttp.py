@@ -171,6 +171,10 @@ class _Body:
     def __aiter__(self) -> _Body:
         return self
 
+    def at_eof(self) -> bool:
+        """Whether the body is read to its end (nothing is left to wait for)."""
+        return self._content.at_eof()
+
     async def __anext__(self) -> bytes:
         self._since = self._loop.time()
         try:

@@ -81,7 +81,8 @@ async def read_json(request: Request, limit: int, depth: int, seconds: float | N
             body = body.decode(encoding).encode()
         if _nests_deeper(body, depth):
             raise _too_deep(depth)
-        return json.loads(body)
+        # UTF-8 by now: decoded as json.loads decodes bytes, without it finding the encoding again.
+        return json.loads(body.decode("utf-8", "surrogatepass"))
     except RecursionError:  # the parser's own guard, for a max_json_depth set near it
         raise _too_deep(depth) from None
     except ValueError as exc:

@@ -289,12 +289,21 @@ class SSEResponse(Response):
         finally:
             if stall is not None:
                 stall.cancel()
-            for task in (pump, watch):
-                if not task.done():
-                    task.cancel()
-            # Shielded: an ASGI server that cancels us repeatedly must not cut the run's cleanup short.
-            with contextlib.suppress(asyncio.CancelledError):
-                await asyncio.shield(asyncio.gather(pump, watch, return_exceptions=True))
+            if pump.done():
+                # The usual end: the body is written. The watch only waits on ``receive``, with
+                # nothing to clean up, so it is cancelled and left to end on its own: no gather
+                # and shield per request for a task that holds nothing.
+                if not watch.done():
+                    watch.cancel()
+                elif not watch.cancelled():
+                    watch.exception()  # retrieved (a failed ``receive``), as the gather would
+            else:
+                for task in (pump, watch):
+                    if not task.done():
+                        task.cancel()
+                # Shielded: an ASGI server that cancels us repeatedly must not cut the run's cleanup short.
+                with contextlib.suppress(asyncio.CancelledError):
+                    await asyncio.shield(asyncio.gather(pump, watch, return_exceptions=True))
         if not pump.cancelled() and (exc := pump.exception()) is not None and not isinstance(exc, OSError):
             log.error("SSE stream failed", exc_info=exc)
 
