@@ -15,6 +15,7 @@ from starlette.types import Receive
 
 from ..agent.store import check_session_bounds
 from ._errors import HTTPError
+from ._identity import header_value
 
 __all__ = ["Limits", "check_shape", "read_json"]
 
@@ -65,7 +66,7 @@ class Limits:
 async def read_json(request: Request, limit: int, depth: int, seconds: float | None = None) -> Any:
     """The JSON body, counting the bytes actually read (a lying Content-Length cannot pass), and
     read within ``seconds`` (a body sent a byte at a time holds a connection otherwise)."""
-    declared = request.headers.get("content-length")
+    declared = header_value(request.scope, b"content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise HTTPError(413, "body_too_large", f"request body too large: limit is {limit} bytes")
     try:
