@@ -243,8 +243,8 @@ def openai_api_key(api_key: str | None, base_url: str | None) -> str:
 def _usage(usage: Any) -> ChatUsage | None:
     """The usage a chunk reports, or None when it reports none: a server that sends no counts
     (llama.cpp's ignores ``include_usage``) leaves the usage unknown, which is not zero."""
-    if not isinstance(usage, Mapping) or not any(
-        isinstance(usage.get(k), int) for k in ("prompt_tokens", "completion_tokens")
+    if not isinstance(usage, Mapping) or not (
+        isinstance(usage.get("prompt_tokens"), int) or isinstance(usage.get("completion_tokens"), int)
     ):
         return None
     prompt = usage.get("prompt_tokens_details")
