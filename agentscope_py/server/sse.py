@@ -260,10 +260,10 @@ class SSEResponse(Response):
         self.direct = direct
         self.status_code = 200
         self.background = None
-        if headers is None or not any(k in SSE_HEADERS for k in headers):
+        if headers is None or SSE_HEADERS.keys().isdisjoint(headers):
             # What ``init_headers`` makes of these, with the constant part encoded once.
-            self.raw_headers = [*_SSE_RAW, *((k.lower().encode("latin-1"), v.encode("latin-1"))
-                                             for k, v in (headers or {}).items())]
+            self.raw_headers = [*_SSE_RAW, *[(k.lower().encode("latin-1"), v.encode("latin-1"))
+                                             for k, v in (headers or {}).items()]]
         else:
             self.init_headers({**SSE_HEADERS, **headers})
 
