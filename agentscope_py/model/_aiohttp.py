@@ -171,6 +171,10 @@ class _Body:
     def __aiter__(self) -> _Body:
         return self
 
+    def at_eof(self) -> bool:
+        """Whether the body is read to its end (nothing is left to wait for)."""
+        return self._content.at_eof()
+
     async def __anext__(self) -> bytes:
         self._since = self._loop.time()
         try:
@@ -227,7 +231,7 @@ class _Opened:
         url, headers, body, timeout = args
         provider = self._provider
         sender = self._sender
-        target = URL(url)
+        target = sender.url(url)
         proxy, proxy_auth = sender.proxy_for(target)
         proxy_headers = None
         if proxy_auth is not None:
@@ -292,7 +296,7 @@ class AioHttpSender:
     with a pool of ``pool_size`` connections, or the ``session`` given (its owner configures and
     closes it)."""
 
-    __slots__ = ("_closer", "_given", "_loop", "_pool_size", "_proxies", "_session")
+    __slots__ = ("_closer", "_given", "_loop", "_pool_size", "_proxies", "_session", "_url")
 
     def __init__(self, session: aiohttp.ClientSession | None = None, *, pool_size: int = POOL_SIZE) -> None:
         self._given = session
@@ -301,6 +305,14 @@ class AioHttpSender:
         self._closer: AsyncGenerator[None, None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._proxies: dict[tuple[str, str | None, int | None], tuple[URL | None, str | None]] = {}
+        self._url: tuple[str, URL] | None = None  # the last URL parsed: a model posts to one
+
+    def url(self, url: str) -> URL:
+        """``URL(url)``, parsed once for the URL every request of a model goes to."""
+        last = self._url
+        if last is None or last[0] != url:
+            last = self._url = (url, URL(url))
+        return last[1]
 
     def proxy_for(self, url: URL) -> tuple[URL | None, str | None]:
         """The environment's proxy for ``url``'s host, and its ``Proxy-Authorization`` (see the

@@ -391,7 +391,12 @@ def _reason(exc: BaseException) -> str:
 
 async def _drain(body: AsyncIterator[bytes]) -> None:
     # The reply is complete; the rest of the body only matters for connection reuse, so give up
-    # quickly and ignore whatever comes.
+    # quickly and ignore whatever comes. A body that says it is read to its end (`_aiohttp`'s,
+    # ``at_eof``: the end of the body came with the terminator, as it mostly does) has nothing
+    # left to wait for, and no timer is armed.
+    at_eof = getattr(body, "at_eof", None)
+    if at_eof is not None and at_eof():
+        return
     with contextlib.suppress(Exception):
         async with asyncio.timeout(_DRAIN_SECONDS):
             async for _ in body:

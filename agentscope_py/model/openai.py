@@ -26,6 +26,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
         'the OpenAI provider needs the openai SDK: pip install "agentscope-py[openai]"'
     ) from exc
 
+from .._trusted import shape
 from ..message import ChatUsage, DataBlock, Msg, TextBlock, ThinkingBlock, ToolResultBlock, ToolUseBlock
 from ._convert import (
     arguments_text,
@@ -222,7 +223,10 @@ class _ChunkReader:
 
 
 def _int(value: Any) -> int:
-    return value if isinstance(value, int) else 0
+    """A count as an exact ``int`` (a JSON ``true`` is 1, as validation made it; not a number: 0)."""
+    if type(value) is int:
+        return value
+    return int(value) if isinstance(value, int) else 0
 
 
 def openai_api_key(api_key: str | None, base_url: str | None) -> str:
@@ -239,20 +243,24 @@ def openai_api_key(api_key: str | None, base_url: str | None) -> str:
 def _usage(usage: Any) -> ChatUsage | None:
     """The usage a chunk reports, or None when it reports none: a server that sends no counts
     (llama.cpp's ignores ``include_usage``) leaves the usage unknown, which is not zero."""
-    if not isinstance(usage, Mapping) or not any(
-        isinstance(usage.get(k), int) for k in ("prompt_tokens", "completion_tokens")
+    if not isinstance(usage, Mapping) or not (
+        isinstance(usage.get("prompt_tokens"), int) or isinstance(usage.get("completion_tokens"), int)
     ):
         return None
     prompt = usage.get("prompt_tokens_details")
     completion = usage.get("completion_tokens_details")
     prompt = prompt if isinstance(prompt, Mapping) else {}
     completion = completion if isinstance(completion, Mapping) else {}
-    return ChatUsage(
+    return _USAGE.build(
         input_tokens=_int(usage.get("prompt_tokens")),
         output_tokens=_int(usage.get("completion_tokens")),
         cache_read_tokens=_int(prompt.get("cached_tokens")),
         reasoning_tokens=_int(completion.get("reasoning_tokens")),
     )
+
+
+_USAGE = shape(ChatUsage, "input_tokens", "output_tokens", "cache_read_tokens", "reasoning_tokens")
+"""A read usage, built from the exact ints `_int` gives (no validation again: once per call)."""
 
 
 def _response_format(schema: Mapping[str, Any]) -> dict[str, Any]:

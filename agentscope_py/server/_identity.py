@@ -13,16 +13,29 @@ import secrets
 from collections.abc import Awaitable, Callable
 
 from starlette.requests import Request
+from starlette.types import Scope
 
 from ._errors import HTTPError
 
-__all__ = ["DEFAULT_USER", "USER_HEADER", "Authenticate", "Identity", "client_run_id", "new_run_id", "run_key",
-           "run_keys"]
+__all__ = ["DEFAULT_USER", "USER_HEADER", "Authenticate", "Identity", "client_run_id", "header_value", "new_run_id",
+           "run_key", "run_keys"]
 
 USER_HEADER = "x-user-id"
 """Without ``authenticate`` and without a token, requests may name their user with this header."""
 
 DEFAULT_USER = "default"
+_USER_KEY = USER_HEADER.encode("latin-1")
+
+
+def header_value(scope: Scope, name: bytes) -> str | None:
+    """The first value of the header ``name`` (lower case, as ASGI gives names), as
+    ``request.headers.get`` reads it, without building its `Headers` for one look-up (and
+    without the `KeyError` its ``get`` catches for a header that is not there)."""
+    for key, value in scope["headers"]:
+        if key == name:
+            return str(value.decode("latin-1"))
+    return None
+
 
 Authenticate = Callable[[Request], "str | Awaitable[str | None] | None"]
 """``fn(request) -> user_id`` (or a coroutine function): the user the request proves it is, from
@@ -46,7 +59,7 @@ class Identity:
 
     async def user(self, request: Request, claimed: str | None = None) -> str:
         """The user ``request`` acts for; ``claimed`` is a user id from its body."""
-        header = request.headers.get(USER_HEADER) or None
+        header = header_value(request.scope, _USER_KEY) or None
         claims = [c for c in (claimed, header) if c]
         if self.authenticate is not None:
             answer = self.authenticate(request)

@@ -15,6 +15,7 @@ from starlette.types import Receive
 
 from ..agent.store import check_session_bounds
 from ._errors import HTTPError
+from ._identity import header_value
 
 __all__ = ["Limits", "check_shape", "read_json"]
 
@@ -65,7 +66,7 @@ class Limits:
 async def read_json(request: Request, limit: int, depth: int, seconds: float | None = None) -> Any:
     """The JSON body, counting the bytes actually read (a lying Content-Length cannot pass), and
     read within ``seconds`` (a body sent a byte at a time holds a connection otherwise)."""
-    declared = request.headers.get("content-length")
+    declared = header_value(request.scope, b"content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise HTTPError(413, "body_too_large", f"request body too large: limit is {limit} bytes")
     try:
@@ -81,7 +82,8 @@ async def read_json(request: Request, limit: int, depth: int, seconds: float | N
             body = body.decode(encoding).encode()
         if _nests_deeper(body, depth):
             raise _too_deep(depth)
-        return json.loads(body)
+        # UTF-8 by now: decoded as json.loads decodes bytes, without it finding the encoding again.
+        return json.loads(body.decode("utf-8", "surrogatepass"))
     except RecursionError:  # the parser's own guard, for a max_json_depth set near it
         raise _too_deep(depth) from None
     except ValueError as exc:

@@ -32,6 +32,7 @@ _RID = REQUEST_ID_HEADER.encode("latin-1")
 _FIXED = ((b"x-content-type-options", b"nosniff"), (b"x-frame-options", b"DENY"), (b"referrer-policy", b"no-referrer"))
 _PAGE = (*_FIXED, (b"content-security-policy", PAGE_CSP.encode("latin-1")))
 _API = (*_FIXED, (b"content-security-policy", _API_CSP.encode("latin-1")))
+_POLICY_NAMES = frozenset(name for name, _ in _PAGE)
 JSON_TYPES = ("application/json",)
 """Body types accepted for POST; ``application/<anything>+json`` (e.g. AG-UI's vendor types) too."""
 
@@ -79,9 +80,13 @@ class Guard:
             if message["type"] == "http.response.start":
                 # The id is always ours; the policy headers only where the response set none.
                 # (Names compared in lower case, as `MutableHeaders` does.)
-                raw = [h for h in message.get("headers", ()) if h[0].lower() != _RID]
-                present = {k.lower() for k, _ in raw}
-                policy = [h for h in (_PAGE if page else _API) if h[0] not in present]
+                # One pass over the response's names; the others only when one of ours is there.
+                headers = message.get("headers", ())
+                present = {k.lower() for k, _ in headers}
+                raw = [h for h in headers if h[0].lower() != _RID] if _RID in present else headers
+                policy: tuple[tuple[bytes, bytes], ...] = _PAGE if page else _API
+                if not present.isdisjoint(_POLICY_NAMES):
+                    policy = tuple(h for h in policy if h[0] not in present)
                 message["headers"] = [*raw, (_RID, rid.encode("latin-1")), *policy]
             return send(message)
 

@@ -45,7 +45,7 @@ from ag_ui.core import (
     TokenUsage,
 )
 
-from ..events import AgentEvent, TextBlockDelta
+from ..events import AgentEnd, AgentEvent, AgentStart, TextBlockDelta
 from ..message import ChatUsage, GenerateReason, Msg, ToolResultState, ToolUseBlock
 from ._agui import wire
 from ._agui.content import CONTENT_HANDLERS, OpenContent, end_step, jsonable, start_step
@@ -168,6 +168,8 @@ class AguiMapper:
             prefix = self._prefixes.get(event.block_id)
             if prefix is not None and event.delta and event.source is None:
                 return b"%b%b}\n\n" % (prefix, plain_json(event.delta))
+        elif type(event) in _SILENT and event.source is None:  # a run's own start and end: no frame
+            return b""
         # The other deltas take `OpenContent.delta_frame` (a dict straight to JSON).
         frame = self._content.delta_frame(event) if event.source is None else self._children().delta_frame(event)
         if frame is not None:
@@ -327,6 +329,11 @@ class AguiMapper:
 
 def _ignore(mapper: AguiMapper, ev: Any, out: list[AguiEvent]) -> None:
     return None
+
+
+_SILENT = frozenset({AgentStart, AgentEnd})
+"""The classes whose events (at the top level) map to nothing (`_ignore`): `AguiMapper.encode`
+answers them first, as every run has one of each."""
 
 
 # What each event type maps through: tables of plain functions, called with the mapper or its

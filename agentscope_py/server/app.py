@@ -165,7 +165,7 @@ class _Server:
             stream = self._stream(agent, msgs, ctx, key)
             mapper = AguiMapper(run_input.thread_id, run_input.run_id, emitted_ids=emitted)
             pending = self._pending(user_id, run_input.thread_id)
-            record = RunRecord(key, user_id, run_input.thread_id, "agui", owner="")
+            record = RunRecord(key, user_id, run_input.thread_id, "agui", owner=self.registry.log.owner)
             live = await self.registry.begin(record, ctx, detach, partial(AguiFrames, stream, mapper, rid, pending,
                                                                           emitted), cancelled_agui(mapper))
         except StoreUnavailable as exc:  # an AG-UI client hears of a failure as a RUN_ERROR
@@ -255,7 +255,7 @@ class _Server:
                              **values)
         stream = self._stream(self.agent, msgs, ctx, run_id)
         pending = self._pending(user_id, session_id)
-        record = RunRecord(run_id, user_id, session_id, "native", owner="")
+        record = RunRecord(run_id, user_id, session_id, "native", owner=self.registry.log.owner)
         opened = OpenBrackets()  # what the run's frames opened: a cancelled run's log closes it
         return await self.registry.begin(record, ctx, detach,
                                          partial(NativeFrames, stream, rid, pending, self.result_text,
@@ -563,11 +563,12 @@ def create_app(
             await server.schedules.close()
             await server.registry.close()
 
+    # The runs' endpoints first: the router tries the routes in order, on every request.
     routes = [
-        Route("/", server.index, methods=["GET"]),
-        Route("/healthz", server.healthz, methods=["GET"]),
         Route("/agui", server.agui, methods=["POST"]),
         Route("/v1/runs", server.runs, methods=["POST"]),
+        Route("/", server.index, methods=["GET"]),
+        Route("/healthz", server.healthz, methods=["GET"]),
         Route("/v1/interrupt", server.interrupt, methods=["POST"]),
         Route("/v1/runs/{run_id}/events", server.run_events, methods=["GET"]),
         Route("/v1/runs/{run_id}/interrupt", server.run_interrupt, methods=["POST"]),

@@ -260,10 +260,10 @@ class SSEResponse(Response):
         self.direct = direct
         self.status_code = 200
         self.background = None
-        if headers is None or not any(k in SSE_HEADERS for k in headers):
+        if headers is None or SSE_HEADERS.keys().isdisjoint(headers):
             # What ``init_headers`` makes of these, with the constant part encoded once.
-            self.raw_headers = [*_SSE_RAW, *((k.lower().encode("latin-1"), v.encode("latin-1"))
-                                             for k, v in (headers or {}).items())]
+            self.raw_headers = [*_SSE_RAW, *[(k.lower().encode("latin-1"), v.encode("latin-1"))
+                                             for k, v in (headers or {}).items()]]
         else:
             self.init_headers({**SSE_HEADERS, **headers})
 
@@ -289,12 +289,21 @@ class SSEResponse(Response):
         finally:
             if stall is not None:
                 stall.cancel()
-            for task in (pump, watch):
-                if not task.done():
-                    task.cancel()
-            # Shielded: an ASGI server that cancels us repeatedly must not cut the run's cleanup short.
-            with contextlib.suppress(asyncio.CancelledError):
-                await asyncio.shield(asyncio.gather(pump, watch, return_exceptions=True))
+            if pump.done():
+                # The usual end: the body is written. The watch only waits on ``receive``, with
+                # nothing to clean up, so it is cancelled and left to end on its own: no gather
+                # and shield per request for a task that holds nothing.
+                if not watch.done():
+                    watch.cancel()
+                elif not watch.cancelled():
+                    watch.exception()  # retrieved (a failed ``receive``), as the gather would
+            else:
+                for task in (pump, watch):
+                    if not task.done():
+                        task.cancel()
+                # Shielded: an ASGI server that cancels us repeatedly must not cut the run's cleanup short.
+                with contextlib.suppress(asyncio.CancelledError):
+                    await asyncio.shield(asyncio.gather(pump, watch, return_exceptions=True))
         if not pump.cancelled() and (exc := pump.exception()) is not None and not isinstance(exc, OSError):
             log.error("SSE stream failed", exc_info=exc)
 

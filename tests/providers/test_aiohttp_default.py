@@ -467,3 +467,12 @@ async def test_http1transport_is_a_deprecated_name_of_httpx2s_transport(
     model = _sdk_model(server, closing, http_client=openai.DefaultAsyncHttpxClient(transport=transport))
     server.queue(Reply(oa_text("still")))
     assert text_of(await collect(model.stream(ask()))) == "still"
+
+
+def test_the_sender_parses_a_url_once_and_a_new_one_again() -> None:
+    sender = AioHttpSender()
+    first = sender.url("http://127.0.0.1:8000/v1/chat/completions")
+    assert sender.url("http://127.0.0.1:8000/v1/chat/completions") is first
+    other = sender.url("http://127.0.0.1:8000/v1/chat/completions?api-version=2")
+    assert str(other) == "http://127.0.0.1:8000/v1/chat/completions?api-version=2"
+    assert sender.url("http://127.0.0.1:8000/v1/chat/completions") == first

@@ -8,14 +8,17 @@ into remembered blocks, is covered by the ReAct round trips in the provider test
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
 
 from agentscope_py import DataBlock, Msg, TextBlock, ThinkingBlock, ToolResultBlock, ToolUseBlock
-from agentscope_py.message import ToolResultState
+from agentscope_py.message import ChatUsage, ToolResultState
 from agentscope_py.model import ModelRequest
+from agentscope_py.model._convert import _drain
 from agentscope_py.model.anthropic import to_anthropic_messages
+from agentscope_py.model.openai import _usage as _openai_usage
 from agentscope_py.model.openai import to_openai_messages
 
 from .fakes import FakeServer, Reply, an_text, collect, ndjson, oa_text, ol_text
@@ -180,3 +183,48 @@ def test_the_fast_chunk_makers_make_the_constructors_chunks(value: str) -> None:
                                                      dataclasses.asdict(ChatChunk(thinking=value))]
     assert dataclasses.replace(made[0], model="m") == ChatChunk(text=value, model="m")
     assert pickle.loads(pickle.dumps(made[1])) == ChatChunk(thinking=value)
+
+
+class _Tail:
+    """A body after its terminator: ``ended`` says whether it is read to its end; reading it
+    either hangs (nothing more comes) or gives ``rest``."""
+
+    def __init__(self, ended: bool, rest: list[bytes] | None = None) -> None:
+        self.ended = ended
+        self.rest = rest
+        self.reads = 0
+
+    def at_eof(self) -> bool:
+        return self.ended
+
+    def __aiter__(self) -> _Tail:
+        return self
+
+    async def __anext__(self) -> bytes:
+        self.reads += 1
+        if self.rest is None:
+            await asyncio.sleep(10)  # never comes (the drain's own timeout would cut it)
+        if not self.rest:
+            raise StopAsyncIteration
+        return self.rest.pop(0)
+
+
+async def test_a_body_read_to_its_end_is_not_read_again_after_the_terminator() -> None:
+    tail = _Tail(ended=True)
+    await asyncio.wait_for(_drain(tail), 1)
+    assert tail.reads == 0
+
+
+async def test_a_body_not_at_its_end_is_still_drained_after_the_terminator() -> None:
+    tail = _Tail(ended=False, rest=[b"\n", b": bye\n\n"])
+    await asyncio.wait_for(_drain(tail), 1)
+    assert tail.rest == [] and tail.reads == 3
+
+
+def test_openai_usage_is_the_validated_usage_and_its_counts_exact_ints() -> None:
+    usage = _openai_usage({"prompt_tokens": True, "completion_tokens": 7, "prompt_tokens_details": {"cached_tokens": 2},
+                           "completion_tokens_details": {"reasoning_tokens": 3.5}})
+    validated = ChatUsage(input_tokens=1, output_tokens=7, cache_read_tokens=2, reasoning_tokens=0)
+    assert usage is not None
+    assert usage.__dict__ == validated.__dict__ and usage.model_fields_set == validated.model_fields_set
+    assert {type(v) for v in usage.__dict__.values()} == {int}

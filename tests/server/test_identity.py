@@ -15,6 +15,7 @@ from starlette.requests import Request
 from agentscope_py import ModelStep, Msg
 from agentscope_py.model.base import ModelRequest
 from agentscope_py.server import create_app
+from agentscope_py.server._identity import header_value
 
 from .conftest import LiveServer, SlowTool, agui_events, run_input, scripted_agent, user
 
@@ -172,3 +173,10 @@ def test_a_failing_authenticate_is_a_safe_500(live: Live) -> None:
         assert response.status_code == 500, path
         assert response.json()["type"] == "internal_error" and "db.internal" not in response.text
         assert response.json()["request_id"] == response.headers["x-request-id"]
+
+
+def test_a_header_is_read_as_starlette_reads_it_first_value_first() -> None:
+    scope = {"type": "http", "headers": [(b"host", b"a"), (b"x-user-id", b"ann"), (b"x-user-id", b"bob"),
+                                         (b"content-length", b"12")]}
+    for name in ("x-user-id", "content-length", "x-absent", "host"):
+        assert header_value(scope, name.encode()) == Request(scope).headers.get(name)

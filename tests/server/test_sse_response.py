@@ -5,6 +5,7 @@ cancellation from outside (the server shutting down) still propagates; a failing
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 from collections.abc import AsyncIterator
 from typing import Any
@@ -158,3 +159,47 @@ async def test_frames_that_end_end_the_response() -> None:
     await asyncio.wait_for(SSEResponse(two, heartbeat=None, direct=True)(SCOPE, client.receive, client.send), 5)
     assert client.bodies == [b"data: 1\n\n", b"data: 2\n\n", b""]
     assert client.sent[-1]["more_body"] is False
+
+
+async def test_frames_that_end_leave_no_task_once_the_watch_is_cancelled() -> None:
+    """The usual end (every frame written) cancels the disconnect watch without waiting for it:
+    one turn of the loop later, nothing the response started is left."""
+    client = Client()
+    before = _tasks()
+
+    async def one() -> AsyncIterator[bytes]:
+        yield b"data: 1\n\n"
+
+    await asyncio.wait_for(SSEResponse(one, heartbeat=None, direct=True)(SCOPE, client.receive, client.send), 5)
+    assert client.bodies == [b"data: 1\n\n", b""]
+    await asyncio.sleep(0)
+    assert _tasks() - before == set()
+
+
+async def test_a_watch_that_failed_at_the_end_is_retrieved_not_reported_as_never_retrieved() -> None:
+    """A ``receive`` that fails as the last frame goes: its error is taken from the task (as a
+    gather would take it), so asyncio never reports an exception that was never retrieved."""
+    last = asyncio.Event()
+    reported: list[dict[str, Any]] = []
+    loop = asyncio.get_running_loop()
+    loop.set_exception_handler(lambda _, context: reported.append(context))
+
+    async def receive() -> dict[str, Any]:
+        await last.wait()
+        raise RuntimeError("receive failed")
+
+    async def send(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.body" and not message["more_body"]:
+            last.set()
+
+    async def one() -> AsyncIterator[bytes]:
+        yield b"data: 1\n\n"
+
+    try:
+        await asyncio.wait_for(SSEResponse(one, heartbeat=None, direct=True)(SCOPE, receive, send), 5)
+        await asyncio.sleep(0)
+        gc.collect()  # a task whose exception nobody took reports it as it is collected
+        await asyncio.sleep(0)
+    finally:
+        loop.set_exception_handler(None)
+    assert reported == []

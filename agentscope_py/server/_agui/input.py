@@ -18,6 +18,7 @@ from ag_ui.core import (
     UserMessage,
 )
 
+from ..._trusted import shape
 from ...events import ConfirmResult
 from ...message import Block, DataBlock, Msg, TextBlock, ToolResultBlock, ToolResultState, ToolUseBlock
 
@@ -28,6 +29,12 @@ SystemPolicy = Literal["drop", "user", "system"]
 """What becomes of system and developer messages a client sends: dropped (the default: a client
 must not outrank the developer's instructions), kept as ``user`` messages, or trusted as
 ``system`` ones."""
+
+
+_USER = shape(Msg, "id", "role", "name", "content")
+_TEXT = shape(TextBlock, "text")
+"""A user's text message, built from what `RunAgentInput` validated (exact ``str`` values) without
+validating it again: one per run."""
 
 
 class AguiInputError(ValueError):
@@ -82,7 +89,10 @@ def to_msgs(messages: Sequence[Message], history: Sequence[Message] = (), *,
     out: list[Msg] = []
     for m in messages:
         if isinstance(m, UserMessage):
-            out.append(Msg(id=m.id, role="user", name=m.name, content=_user_content(m)))
+            if type(m.content) is str and type(m.id) is str and (m.name is None or type(m.name) is str):
+                out.append(_USER.build(id=m.id, role="user", name=m.name, content=[_TEXT.build(text=m.content)]))
+            else:
+                out.append(Msg(id=m.id, role="user", name=m.name, content=_user_content(m)))
         elif isinstance(m, SystemMessage | DeveloperMessage):
             if system != "drop":
                 out.append(Msg(id=m.id, role=system, content=[TextBlock(text=m.content)]))

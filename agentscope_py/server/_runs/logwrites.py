@@ -71,25 +71,31 @@ class LogWrites:
 
     async def end(self, live: LiveRun, status: str) -> None:
         """The run's last frames, then its end; an end the log refuses to take now is owed."""
+        if self.log.instant:  # its writes never wait: nothing comes between them, no lock is needed
+            await self._end(live, status)
+            return
         async with self._lock:
-            try:
-                if live.last > live.flushed:
-                    batch = self.batch(live)
-                    if not await self.log.append([batch]):
-                        live.grant(batch.last + self.log.reserve)
-                    elif self.log.shared:  # marked lost meanwhile: the log's ending is the run's
-                        live.hand_off()
-                    # (a log of this process alone refuses only runs it does not keep: durable
-                    # runs, whose log is their workflow's)
-                await self.log.end(live.run_id, status, live.last)
-            except Exception as exc:  # the end is written later
-                log.warning("run %s: could not write its end to the run log (trying again): %s", live.run_id, exc)
-                now = asyncio.get_running_loop().time()
-                self._owed[live.run_id] = _Owed(status, live.last, now + RETRY_FIRST, RETRY_FIRST)
-            if live.last > live.granted:
-                # Frames its followers may not send (the log missed a batch of them): the log
-                # says what follows them, and how the run ended.
-                live.hand_off()
+            await self._end(live, status)
+
+    async def _end(self, live: LiveRun, status: str) -> None:
+        try:
+            if live.last > live.flushed:
+                batch = self.batch(live)
+                if not await self.log.append([batch]):
+                    live.grant(batch.last + self.log.reserve)
+                elif self.log.shared:  # marked lost meanwhile: the log's ending is the run's
+                    live.hand_off()
+                # (a log of this process alone refuses only runs it does not keep: durable
+                # runs, whose log is their workflow's)
+            await self.log.end(live.run_id, status, live.last)
+        except Exception as exc:  # the end is written later
+            log.warning("run %s: could not write its end to the run log (trying again): %s", live.run_id, exc)
+            now = asyncio.get_running_loop().time()
+            self._owed[live.run_id] = _Owed(status, live.last, now + RETRY_FIRST, RETRY_FIRST)
+        if live.last > live.granted:
+            # Frames its followers may not send (the log missed a batch of them): the log
+            # says what follows them, and how the run ended.
+            live.hand_off()
 
     async def flush(self, runs: Iterable[LiveRun]) -> list[str]:
         """One write of every run's new frames, then the ends owed that are due; the ids of the
