@@ -92,18 +92,27 @@ def compose(
     return MethodType(chain.entry, _Run(ctx, core))
 
 
+def _not_subscribed() -> AsyncIterator[Any]:
+    raise AssertionError("the placeholder for the core's stream is never subscribed")
+
+
+_NO_CORE_STREAM: EventStream[Any] = EventStream(_not_subscribed)
+"""A run's ``core_stream`` while its core has returned none: no hook returns it, and its factory
+is no other stream's."""
+
+
 class _Run:
     """What one execution's layers of a point share: its context, its core and, while an
-    invocation builds its layers, the factory of the stream the core returned (when the core is
-    bound, the layers hand that stream out unchanged if their hooks pass it through) and whether
-    the outermost hook is running (``in_hooks``)."""
+    invocation builds its layers, the stream the core returned (``core_stream``: when the core is
+    bound, the layers hand that stream, or one of its factory's, out unchanged if their hooks
+    pass it through) and whether the outermost hook is running (``in_hooks``)."""
 
-    __slots__ = ("core", "core_factory", "ctx", "in_hooks")
+    __slots__ = ("core", "core_stream", "ctx", "in_hooks")
 
     def __init__(self, ctx: RuntimeContext, core: Layer) -> None:
         self.ctx = ctx
         self.core = core
-        self.core_factory: Any = None
+        self.core_stream = _NO_CORE_STREAM
         # True while the outermost layer's hook runs: a layer called then is called by the hook
         # outside it, inside that hook's context (`_layer`).
         self.in_hooks = False
@@ -140,10 +149,10 @@ def _core(run: _Run, input: Any) -> EventStream[Any]:
 
 
 def _bound_core(run: _Run, input: Any) -> EventStream[Any]:
-    """The core, its stream's factory kept for the layers: the factory runs in the context it
-    captured, so a layer whose hook passes the stream through needs no context wrapper."""
+    """The core, its stream kept for the layers: its factory runs in the context it captured,
+    so a layer whose hook passes the stream through needs no context wrapper."""
     stream = run.core(input)
-    run.core_factory = stream._factory
+    run.core_stream = stream
     return stream
 
 
@@ -176,31 +185,32 @@ def _layer(
             stream = c.run(hook, agent, run.ctx, input, MethodType(inner, run))
         finally:
             run.in_hooks = False
-        factory, run.core_factory = run.core_factory, None  # the run goes on without it
-        if inner_bound and type(stream) is EventStream and stream._factory is factory:
-            return stream  # the inner stream passed through (see `_layer_stream`)
-        return _layer_stream(stream, c, factory, inner_bound, mw, point)
+        core, run.core_stream = run.core_stream, _NO_CORE_STREAM  # the run goes on without it
+        if stream is core:
+            return stream  # the core's stream, passed through by every hook (see `_layer_stream`)
+        return _layer_stream(stream, c, core, inner_bound, mw, point)
 
     def inner_layer(run: _Run, input: Any) -> EventStream[Any]:
         c = copy_context()
         if in_run and not run.in_hooks:
             c.run(set_control, run.ctx.control)
         stream = c.run(hook, agent, run.ctx, input, MethodType(inner, run))
-        if inner_bound and type(stream) is EventStream and stream._factory is run.core_factory:
-            return stream  # the inner stream passed through (see `_layer_stream`)
-        return _layer_stream(stream, c, run.core_factory, inner_bound, mw, point)
+        if stream is run.core_stream:
+            return stream  # the core's stream, passed through by every hook inside (see `_layer_stream`)
+        return _layer_stream(stream, c, run.core_stream, inner_bound, mw, point)
 
     return outer_layer if outermost else inner_layer
 
 
 def _layer_stream(
-    stream: Any, c: contextvars.Context, factory: Any, inner_bound: bool, mw: MiddlewareBase, point: ExtensionPoint,
+    stream: Any, c: contextvars.Context, core: EventStream[Any], inner_bound: bool, mw: MiddlewareBase,
+    point: ExtensionPoint,
 ) -> EventStream[Any]:
     """What a layer hands out for the stream its hook returned in ``c``: the stream itself when
-    it runs in a context of its own already (``factory``: the factory of the stream the core
-    returned, when the core is bound), else the stream subscribed inside ``c``."""
+    it runs in a context of its own already (``core``: the stream the core returned, when the
+    core is bound), else the stream subscribed inside ``c``."""
     if inner_bound and type(stream) is EventStream and (
-            stream._factory is factory or getattr(stream._factory, "context_free", False) is True):
+            stream._factory is core._factory or getattr(stream._factory, "context_free", False) is True):
         # Runs in a context of its own already, to which a copy of this one would add
         # nothing: the inner stream (passed through, or with fused maps added, the caches'
         # and budgets' way: the maps run in the consumer's context either way), or a factory
