@@ -159,6 +159,33 @@ def test_a_stream_that_runs_in_a_context_of_its_own_gets_no_second_context() -> 
     assert depth(stream) == 1 and len(stream._steps) == 1
 
 
+async def test_a_hook_that_returns_an_earlier_core_stream_gets_that_calls_items() -> None:
+    # A bound core (the model call's, the acting pass's): the layers hand out the core's latest
+    # stream as it is when their hooks pass it through; a stream from an earlier next() of the
+    # same invocation (a retry's first attempt, kept) is another stream, with its own items.
+    calls: list[int] = []
+
+    def core(input: Any) -> EventStream[Any]:
+        calls.append(len(calls))
+        return EventStream.of(f"{input} #{len(calls)}")
+
+    class FirstOfTwo(MiddlewareBase):
+        def on_model_call(self, agent: Any, ctx: Any, input: Any, next: Any) -> Any:
+            first = next(input)
+            next(input)
+            return first
+
+    class PassThrough(MiddlewareBase):
+        def on_model_call(self, agent: Any, ctx: Any, input: Any, next: Any) -> Any:
+            return next(input)
+
+    parts = Participants([PassThrough(), FirstOfTwo(), PassThrough()])
+    layer = compose(P.ON_MODEL_CALL, parts, None, RuntimeContext(), core, core_bound=True)
+    assert await asyncio.wait_for(layer("x").to_list(), 5) == ["x #1"]
+    assert calls == [0, 1]
+    assert await asyncio.wait_for(layer("y").to_list(), 5) == ["y #3"]  # (the next invocation starts afresh)
+
+
 async def test_each_hook_runs_in_a_context_of_its_own() -> None:
     # What a hook sets reaches the layers inside it and the model call, never the hook outside
     # it (before or after its next() returns), the hook's stream or the consumer; a hook called

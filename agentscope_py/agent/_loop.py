@@ -26,7 +26,6 @@ from typing import TYPE_CHECKING, Any, cast
 from .._acting import ActingPass, ToolScope, acting_events
 from .._acting import read_passed as acting_passed
 from .._bracket_kinds import describe
-from .._deadline import Deadline
 from .._model_call import model_call_events, model_call_stream, read_alone, read_passed
 from .._replies import ReplyBuilder
 from .._trusted import shape
@@ -141,23 +140,17 @@ class Execution:
         return EventStream(lambda: self.events(input.msgs))
 
     def _model_core(self, input: ModelCallInput) -> EventStream[AgentEvent]:
-        return self._model_stream(input.messages, input.tools, input.options, input.model, input.deadline)
-
-    def _model_stream(
-        self, messages: Sequence[Msg], tools: Sequence[ToolSchema], options: Mapping[str, Any], model: ChatModel,
-        deadline: Deadline | None = None,
-    ) -> EventStream[AgentEvent]:
         """The model call itself, as the core of the ``on_model_call`` chain: a stream the hooks
         compose."""
         # Built when the innermost next() is called: the model call captures that context for
         # its reads, so a span opened around next() parents the model call.
-        models, request = self._request(messages, tools, options, model)
+        models, request = self._request(input.messages, input.tools, input.options, input.model)
         runtime = self.runtime
         if runtime.model_executor is not None:  # a durable run: the call is an activity
-            return runtime.model_executor(models, request, self.reply_id, self.control, deadline)
+            return runtime.model_executor(models, request, self.reply_id, self.control, input.deadline)
         # The model call's read registers itself with the run's control (an interrupt cuts it).
         return model_call_stream(models, request, self.reply_id, runtime.retry, runtime.failover_listener,
-                                 self.control, deadline)
+                                 self.control, input.deadline)
 
     def _model_events(
         self, messages: Sequence[Msg], tools: Sequence[ToolSchema], options: Mapping[str, Any],

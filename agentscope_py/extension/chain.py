@@ -92,18 +92,27 @@ def compose(
     return MethodType(chain.entry, _Run(ctx, core))
 
 
+def _not_subscribed() -> AsyncIterator[Any]:
+    raise AssertionError("the placeholder for the core's stream is never subscribed")
+
+
+_NO_CORE_STREAM: EventStream[Any] = EventStream(_not_subscribed)
+"""A run's ``core_stream`` while its core has returned none: no hook returns it, and its factory
+is no other stream's."""
+
+
 class _Run:
     """What one execution's layers of a point share: its context, its core and, while an
-    invocation builds its layers, the factory of the stream the core returned (when the core is
-    bound, the layers hand that stream out unchanged if their hooks pass it through) and whether
-    the outermost hook is running (``in_hooks``)."""
+    invocation builds its layers, the stream the core returned (``core_stream``: when the core is
+    bound, the layers hand that stream, or one of its factory's, out unchanged if their hooks
+    pass it through) and whether the outermost hook is running (``in_hooks``)."""
 
-    __slots__ = ("core", "core_factory", "ctx", "in_hooks")
+    __slots__ = ("core", "core_stream", "ctx", "in_hooks")
 
     def __init__(self, ctx: RuntimeContext, core: Layer) -> None:
         self.ctx = ctx
         self.core = core
-        self.core_factory: Any = None
+        self.core_stream = _NO_CORE_STREAM
         # True while the outermost layer's hook runs: a layer called then is called by the hook
         # outside it, inside that hook's context (`_layer`).
         self.in_hooks = False
@@ -140,10 +149,10 @@ def _core(run: _Run, input: Any) -> EventStream[Any]:
 
 
 def _bound_core(run: _Run, input: Any) -> EventStream[Any]:
-    """The core, its stream's factory kept for the layers: the factory runs in the context it
-    captured, so a layer whose hook passes the stream through needs no context wrapper."""
+    """The core, its stream kept for the layers: its factory runs in the context it captured,
+    so a layer whose hook passes the stream through needs no context wrapper."""
     stream = run.core(input)
-    run.core_factory = stream._factory
+    run.core_stream = stream
     return stream
 
 
@@ -152,7 +161,11 @@ def _layer(
 ) -> LayerFunction:
     """Hook ``mw`` as a layer around ``inner``: the hook runs in a private copy of the context,
     and so does the stream it returns, unless that stream runs in a context of its own already.
-    ``inner_bound``: what ``inner`` returns runs in the context it was built in."""
+    ``inner_bound``: what ``inner`` returns runs in the context it was built in.
+
+    A layer is one Python call per hook an invocation passes, so the outermost layer and the
+    others are two functions, each with only its own steps; what the hook returned goes through
+    `_layer_stream`, where a stream passed through comes back at once."""
     hook = getattr(mw, point.value)
     # The run's control, for what the hooks build (`HOOK_CONTROL`): set in the outermost layer's
     # context, which every layer its hook calls while it runs copies (``run.in_hooks``: nothing to
@@ -161,40 +174,56 @@ def _layer(
     # hook started — sets it in its own context as the outermost does.
     in_run = point is not ExtensionPoint.ON_AGENT
     set_control = HOOK_CONTROL.set
+    copy_context = contextvars.copy_context
 
-    def layer(run: _Run, input: Any) -> EventStream[Any]:
-        c = contextvars.copy_context()
-        if outermost:
-            if in_run:
-                c.run(set_control, run.ctx.control)
-            run.in_hooks = True
-            try:
-                stream = c.run(hook, agent, run.ctx, input, MethodType(inner, run))
-            finally:
-                run.in_hooks = False
-            factory, run.core_factory = run.core_factory, None  # the run goes on without it
-        else:
-            if in_run and not run.in_hooks:
-                c.run(set_control, run.ctx.control)
+    def outer_layer(run: _Run, input: Any) -> EventStream[Any]:
+        c = copy_context()
+        if in_run:
+            c.run(set_control, run.ctx.control)
+        run.in_hooks = True
+        try:
             stream = c.run(hook, agent, run.ctx, input, MethodType(inner, run))
-            factory = run.core_factory
-        if inner_bound and type(stream) is EventStream and (
-                stream._factory is factory or getattr(stream._factory, "context_free", False) is True):
-            # Runs in a context of its own already, to which a copy of this one would add
-            # nothing: the inner stream (passed through, or with fused maps added, the caches'
-            # and budgets' way: the maps run in the consumer's context either way), or a factory
-            # that holds its context or only subscribes streams built inside this hook
-            # (`MapSource.context_free`: an inner layer's `InContext`, a retry's).
-            return stream
-        if type(stream) is not EventStream:
-            stream = c.run(_normalise, stream, mw, point)
-        # The inner factory runs in the copy; its fused operators are carried out to this
-        # layer's stream, so the maps of stacked hooks stay fused in one loop (one async layer
-        # in all). They run in the consumer's context either way: a generator runs where it
-        # is iterated.
-        return EventStream(InContext(c, stream._factory), stream._steps)
+        finally:
+            run.in_hooks = False
+        core, run.core_stream = run.core_stream, _NO_CORE_STREAM  # the run goes on without it
+        if stream is core:
+            return stream  # the core's stream, passed through by every hook (see `_layer_stream`)
+        return _layer_stream(stream, c, core, inner_bound, mw, point)
 
-    return layer
+    def inner_layer(run: _Run, input: Any) -> EventStream[Any]:
+        c = copy_context()
+        if in_run and not run.in_hooks:
+            c.run(set_control, run.ctx.control)
+        stream = c.run(hook, agent, run.ctx, input, MethodType(inner, run))
+        if stream is run.core_stream:
+            return stream  # the core's stream, passed through by every hook inside (see `_layer_stream`)
+        return _layer_stream(stream, c, run.core_stream, inner_bound, mw, point)
+
+    return outer_layer if outermost else inner_layer
+
+
+def _layer_stream(
+    stream: Any, c: contextvars.Context, core: EventStream[Any], inner_bound: bool, mw: MiddlewareBase,
+    point: ExtensionPoint,
+) -> EventStream[Any]:
+    """What a layer hands out for the stream its hook returned in ``c``: the stream itself when
+    it runs in a context of its own already (``core``: the stream the core returned, when the
+    core is bound), else the stream subscribed inside ``c``."""
+    if inner_bound and type(stream) is EventStream and (
+            stream._factory is core._factory or getattr(stream._factory, "context_free", False) is True):
+        # Runs in a context of its own already, to which a copy of this one would add
+        # nothing: the inner stream (passed through, or with fused maps added, the caches'
+        # and budgets' way: the maps run in the consumer's context either way), or a factory
+        # that holds its context or only subscribes streams built inside this hook
+        # (`MapSource.context_free`: an inner layer's `InContext`, a retry's).
+        return stream
+    if type(stream) is not EventStream:
+        stream = c.run(_normalise, stream, mw, point)
+    # The inner factory runs in the copy; its fused operators are carried out to this
+    # layer's stream, so the maps of stacked hooks stay fused in one loop (one async layer
+    # in all). They run in the consumer's context either way: a generator runs where it
+    # is iterated.
+    return EventStream(InContext(c, stream._factory), stream._steps)
 
 
 def _bracketed(mw: MiddlewareBase, point: ExtensionPoint, agent: Any, inner: LayerFunction) -> LayerFunction:
