@@ -399,15 +399,6 @@ class BudgetMiddleware(MiddlewareBase):
         user = hold.settle_user_now(tokens, cost) if self.memory_store is not None else None
         return self._annotate(ctx, ev, tokens, cost, totals, user)
 
-    def _settle_unread(self, run: RunTotals, hold: CallHold, usage: ChatUsage | None, model: str, est_tokens: int,
-                      chars: int) -> None:
-        """`settle_now` for a call whose events nobody reads (`_SyncCall.building`): the same
-        charge, and no ``metadata[name]`` note, which only its ModelCallEnd would carry."""
-        tokens, cost = self._measure(usage, model, est_tokens, chars)
-        self._charge(run, tokens, cost, hold)
-        if self.memory_store is not None:
-            hold.settle_user_now(tokens, cost)
-
     async def _settle(self, ctx: RuntimeContext, run: RunTotals, hold: CallHold, ev: ModelCallEnd, model: str,
                       est_tokens: int, chars: int) -> ModelCallEnd:
         """`settle_now` with the user's hold in a store across the network."""
@@ -593,8 +584,11 @@ class CallHold:
         budget whose holds are all in this process: nothing comes between the checks and the
         holds, so the store is asked first and the run's hold taken only when it grants."""
         run, budget = self.run, self.budget
-        if not force and budget.local_limited:
-            refused = self._refused_locally(tokens, cost, stage)
+        # (`_refused_locally`, written out: this runs before each call and as its output grows)
+        if not force and budget.local_limited and (
+                budget._session_limited or run.tokens + run.held_tokens + tokens > budget._run_max_tokens
+                or run.cost + run.held_cost + cost > budget._run_max_cost):
+            refused = budget.check_local(run, tokens, cost, stage)
             if refused is not None:
                 return refused
         memory = budget.memory_store
@@ -768,7 +762,7 @@ class _SyncCall(CallHold, MapSource):
     builder what the closing events would (`_cut_unread`)."""
 
     __slots__ = ("attempt", "brackets", "chars", "error", "est_tokens", "in_rate", "inner", "maps", "model",
-                 "out_held", "out_rate", "pending", "priced", "reached", "reply", "subscribed", "thinking_id")
+                 "out_held", "out_rate", "pending", "priced", "reply", "resumed", "subscribed", "thinking_id")
 
     context_free = True
     reply: ReplyParts
@@ -796,10 +790,9 @@ class _SyncCall(CallHold, MapSource):
         self.maps: Maps = ()
         self.subscribed = False
         # Read with no events (`building`): ``reply``, the builder the parts go on to (set there);
-        # the thinking block open there (a cut closes it); whether anything reached it (no failure
-        # is recovered after that).
+        # the thinking block open there (a cut closes it).
         self.thinking_id: str | None = None
-        self.reached = False
+        self.resumed = False  # failed before its first event: what follows is a layer outside's next attempt
 
     def again(self) -> _SyncCall:
         """This call afresh, for another subscription of its stream."""
@@ -842,73 +835,35 @@ class _SyncCall(CallHold, MapSource):
         self, reply: ReplyParts, alone: Callable[[], bool], recovery: Recovery | None = None,
     ) -> AsyncIterator[Any] | None:
         """The call read with no events (`MapSource.building`), when its inner stream can be read
-        so: this object is the reply it hands its parts to, metering them on their way to
-        ``reply`` (`begin` … `end`); `_unread` takes the hold and reads it. None when the inner
-        stream cannot be read so (the consumer subscribes this stream as usual)."""
+        so: the hold taken, and this object the reply the inner call hands its parts to, metering
+        them on their way to ``reply`` (`begin` … `end`), read through `_UnreadIterator`. A
+        failure before anything reached ``reply`` goes to ``recovery`` once the hold is gone, as
+        `recovering` hands it on. None, holding nothing, when the inner stream cannot be read so or
+        the call is refused (the consumer subscribes this stream as usual: `start` gives the
+        refusal, as it does to a call read as events)."""
         if self.subscribed:
             return self.again().building(reply, alone, recovery)
         inner = self.inner
         factory = inner._factory
         if inner._steps or not isinstance(factory, MapSource):
             return None
-        it = factory.building(self, alone)
+        if self.take_now(self.est_tokens, self.est_tokens * self.in_rate) is not None:
+            return None
+        if recovery is not None:
+            n, passes, resume = recovery
+            recovery = (n, passes, partial(self._resumed, resume))
+        it = factory.building(self, alone, recovery)
         if it is None:
+            self.release_now()
             return None
         self.subscribed = True
         self.reply = reply
-        return self._unread(it, recovery)
-
-    async def _unread(self, it: AsyncIterator[Any], recovery: Recovery | None) -> AsyncIterator[Any]:
-        """`building`'s subscription: the hold taken (or the refusal, as `start` gives it), then
-        ``it`` read. What ``it`` still yields (an attempt of a retry inside that is read as
-        events) is metered by `see`, as `start` meters it. After a cut (`_cut_unread`, or `see`'s
-        `_cut`) the read is ended and the refusal follows. A failure before anything reached
-        ``reply`` goes to ``recovery`` once the hold is gone, as `recovering` hands it on."""
-        passes = recovery[1] if recovery is not None else ()
-        try:
-            refused = self.take_now(self.est_tokens, self.est_tokens * self.in_rate)
-            if refused is not None:
-                for ev in self.budget._refusal(refused):  # (raises with on_exceeded="error")
-                    yield ev
-                return
-            try:
-                async for ev in it:
-                    ev = self.see(ev)
-                    if type(ev) not in passes:
-                        self.reached = True
-                    yield ev
-                    if self.pending is not None:  # cut by `see`: the rest follows the read's end
-                        break
-                else:
-                    return
-            except _Cut as cut:
-                if cut.args[0] is not self:  # (a budget outside this one cut the call: it ends this read too)
-                    raise
-            await aclose(it)  # the model request ends now
-            for ev in self.pending or ():
-                yield ev
-            error, self.error = self.error, None
-            if error is not None:
-                raise error
-            return
-        except Exception as exc:
-            if recovery is None or self.reached:
-                raise
-            failed = exc
-        finally:
-            await aclose(it)
-            self.finish()  # (before a recovery's next attempt: the hold goes first)
-        resumed = recovery[2](failed)
-        try:
-            async for ev in resumed:
-                yield ev
-        finally:
-            await aclose(resumed)
+        return _UnreadIterator(it, self)
 
     # The parts of the call read with no events (`building`), metered as `see` meters their events.
 
     def begin(self, model: str) -> None:
-        self.reached = self.attempt = True
+        self.attempt = True
         if model != self.model:  # a fallback (inside this layer) served this attempt
             self.model = model
             price = self.budget.price(model)
@@ -939,8 +894,13 @@ class _SyncCall(CallHold, MapSource):
 
     def end(self, usage: ChatUsage | None, finish_reason: str | None, discarded: bool,
             error: str | None = None) -> None:
+        # `settle_now`'s charge, and no ``metadata[name]`` note, which only a ModelCallEnd would carry
         self.attempt = False
-        self.budget._settle_unread(self.run, self, usage, self.model, self.est_tokens, self.chars)
+        budget = self.budget
+        tokens, cost = budget._measure(usage, self.model, self.est_tokens, self.chars)
+        budget._charge(self.run, tokens, cost, self)
+        if budget.memory_store is not None:
+            self.settle_user_now(tokens, cost)
         self.chars = self.out_held = 0
         self.reply.end(usage, finish_reason, discarded, error)
 
@@ -958,7 +918,7 @@ class _SyncCall(CallHold, MapSource):
         """`_cut` for a call read with no events: ``delta`` is not handed on; what was counted
         before it is charged; the builder is handed what the closing events would hand it (an
         open thinking block's End, with no signature; the ModelCallEnd that says why, discarded
-        with ``on_exceeded="error"``); the refusal is left for `_unread`; and the read ends
+        with ``on_exceeded="error"``); the refusal is left for `_UnreadIterator`; and the read ends
         (`_Cut`, raised through the model call, which closes its request as it unwinds)."""
         self.attempt = False
         out = -(-(self.chars - len(delta)) // 4)
@@ -976,8 +936,10 @@ class _SyncCall(CallHold, MapSource):
         raise _Cut(self)
 
     def _resumed(self, resume: Callable[[Exception], AsyncIterator[Any]], error: Exception) -> AsyncIterator[Any]:
-        """The call failed before its first event: its hold goes before the next attempt is made."""
+        """The call failed before its first event: its hold goes before the next attempt is made
+        (the attempt of a layer outside: its items are not this call's)."""
         self.finish()
+        self.resumed = True
         return resume(error)
 
     def start(self, maps: Maps) -> AsyncIterator[Any]:
@@ -1103,13 +1065,56 @@ class _SyncCallIterator:
             self.call.finish()
 
     def __del__(self) -> None:
-        self.call.finish()
+        call = self.call
+        if call.attempt or call.active or call.id is not None:  # (else `finish` has nothing to do)
+            call.finish()
+
+
+class _UnreadIterator(_SyncCallIterator):
+    """`_SyncCall.building`'s stream: the inner read, which hands the parts on and yields nothing
+    (or the events of a stream it cannot read so, metered by `see`, as `start` meters them); its
+    end settles the call (`finish`). A cut by the call's own output (`_Cut`, raised through the
+    inner read) ends the read, and the closing and refusal follow (`_after_cut`); a cut by a budget
+    outside ends it too, on its way out. An iterator rather than an async generator: no hook of the
+    loop's runs when it starts, and a call that is not cut takes one step of it."""
+
+    __slots__ = ()
+
+    async def __anext__(self) -> Any:
+        call = self.call
+        if call.pending is not None:
+            return await self._after_cut()
+        try:
+            ev = await self.it.__anext__()
+        except StopAsyncIteration:
+            self.open = False
+            if call.attempt or call.active or call.id is not None:
+                call.finish()
+            raise
+        except _Cut as cut:
+            if cut.args[0] is call:
+                return await self._after_cut()
+            await self._ended()  # (a budget outside cut the call: it ends this read too)
+            raise
+        except BaseException:
+            await self._ended()
+            raise
+        return ev if call.resumed else call.see(ev)
+
+    async def _ended(self) -> None:
+        """The read failed (or was cut outside): the inner stream closed, the call settled."""
+        try:
+            if self.open:
+                self.open = False
+                await aclose(self.it)
+        finally:
+            self.call.finish()
 
 
 class _Cut(BaseException):
     """Raised by a call read with no events when its output crosses a limit (`_SyncCall._cut_unread`):
     it ends the model call's read as a consumer that leaves ends it (no failure recorded, the
-    request closed), up to the `_SyncCall._unread` of the call that raised it (its one argument),
+    request closed), up to the `_UnreadIterator` of the call that raised it (its one argument),
     which takes it (a budget inside that one ends its read too, on the way). A BaseException, as
     GeneratorExit is: no layer between them treats it as a failure to retry."""
 
