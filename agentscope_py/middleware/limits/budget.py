@@ -1073,10 +1073,11 @@ class _SyncCallIterator:
 class _UnreadIterator(_SyncCallIterator):
     """`_SyncCall.building`'s stream: the inner read, which hands the parts on and yields nothing
     (or the events of a stream it cannot read so, metered by `see`, as `start` meters them); its
-    end settles the call (`finish`). A cut by the call's own output (`_Cut`, raised through the
-    inner read) ends the read, and the closing and refusal follow (`_after_cut`); a cut by a budget
-    outside ends it too, on its way out. An iterator rather than an async generator: no hook of the
-    loop's runs when it starts, and a call that is not cut takes one step of it."""
+    end settles the call (`finish`), and so does a failure, after the inner stream is closed
+    (`aclose`). A cut by the call's own output (`_Cut`, raised through the inner read) ends the
+    read, and the closing and refusal follow (`_after_cut`); a cut by a budget outside ends it
+    too, on its way out. An iterator rather than an async generator: no hook of the loop's runs
+    when it starts, and a call that is not cut takes one step of it."""
 
     __slots__ = ()
 
@@ -1094,21 +1095,12 @@ class _UnreadIterator(_SyncCallIterator):
         except _Cut as cut:
             if cut.args[0] is call:
                 return await self._after_cut()
-            await self._ended()  # (a budget outside cut the call: it ends this read too)
+            await self.aclose()  # (a budget outside cut the call: it ends this read too)
             raise
         except BaseException:
-            await self._ended()
+            await self.aclose()
             raise
         return ev if call.resumed else call.see(ev)
-
-    async def _ended(self) -> None:
-        """The read failed (or was cut outside): the inner stream closed, the call settled."""
-        try:
-            if self.open:
-                self.open = False
-                await aclose(self.it)
-        finally:
-            self.call.finish()
 
 
 class _Cut(BaseException):
