@@ -584,11 +584,8 @@ class CallHold:
         budget whose holds are all in this process: nothing comes between the checks and the
         holds, so the store is asked first and the run's hold taken only when it grants."""
         run, budget = self.run, self.budget
-        # (`_refused_locally`, written out: this runs before each call and as its output grows)
-        if not force and budget.local_limited and (
-                budget._session_limited or run.tokens + run.held_tokens + tokens > budget._run_max_tokens
-                or run.cost + run.held_cost + cost > budget._run_max_cost):
-            refused = budget.check_local(run, tokens, cost, stage)
+        if not force and budget.local_limited:
+            refused = self._refused_locally(tokens, cost, stage)
             if refused is not None:
                 return refused
         memory = budget.memory_store
@@ -1065,9 +1062,7 @@ class _SyncCallIterator:
             self.call.finish()
 
     def __del__(self) -> None:
-        call = self.call
-        if call.attempt or call.active or call.id is not None:  # (else `finish` has nothing to do)
-            call.finish()
+        self.call.finish()
 
 
 class _UnreadIterator(_SyncCallIterator):
@@ -1089,8 +1084,7 @@ class _UnreadIterator(_SyncCallIterator):
             ev = await self.it.__anext__()
         except StopAsyncIteration:
             self.open = False
-            if call.attempt or call.active or call.id is not None:
-                call.finish()
+            call.finish()
             raise
         except _Cut as cut:
             if cut.args[0] is call:

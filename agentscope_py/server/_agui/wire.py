@@ -107,13 +107,9 @@ def run_error(message: str, code: str, usage: list[WireEvent] | None = None) -> 
 def token_usage(model: str | None, input_tokens: int, output_tokens: int, total_tokens: int,
                 reasoning_tokens: int | None, cached_input_tokens: int | None,
                 cache_write_input_tokens: int | None) -> WireEvent:
-    # A plain loop, not a generator over the counts: every run's RUN_FINISHED passes here.
-    bounded = True
-    for c in (input_tokens, output_tokens, total_tokens, reasoning_tokens, cached_input_tokens,
-              cache_write_input_tokens):
-        if c is not None and not 0 <= c <= _MAX_COUNT:
-            bounded = False
-    if not bounded:
+    counts = (input_tokens, output_tokens, total_tokens, reasoning_tokens, cached_input_tokens,
+              cache_write_input_tokens)
+    if not all(c is None or 0 <= c <= _MAX_COUNT for c in counts):
         # The model's bounds: building it raises its ValidationError, as the model always did.
         TokenUsage(model=model, input_tokens=input_tokens, output_tokens=output_tokens,
                    total_tokens=total_tokens, reasoning_tokens=reasoning_tokens,
