@@ -38,7 +38,7 @@ def build() -> ReActAgent:
 RECONNECT_MAX_DELAY_MS = 5_000  # the page's longest pause between two reconnects (index.html)
 
 
-def _page_on_a_clock(chromium: Any, server: Serving) -> Any:
+def _page_on_a_clock(chromium: Any, server: Serving) -> tuple[Any, list[str]]:
     """The page, its timers on Playwright's clock (time flows as usual), so that the test can fire
     the page's pending reconnect once the new process listens: what the page shows then depends
     on the server (a poll of the run's log, the dead owner's lease), not on how far the page's
@@ -47,8 +47,20 @@ def _page_on_a_clock(chromium: Any, server: Serving) -> Any:
     context.clock.install()
     page = context.new_page()
     page.set_default_timeout(10_000)
+    resumes: list[str] = []  # what each resume of the run got: for a failure's message
+
+    def answered(response: Any) -> None:
+        if "/events" in response.url:
+            resumes.append(f"{response.status} {response.url}")
+
+    def failed(request: Any) -> None:
+        if "/events" in request.url:
+            resumes.append(f"failed ({request.failure}) {request.url}")
+
+    page.on("response", answered)
+    page.on("requestfailed", failed)
     page.goto(f"{server.url}/#token=tok")
-    return page
+    return page, resumes
 
 
 @pytest.fixture
@@ -72,22 +84,45 @@ def serve(tmp_path: Path, redis_url: str, redis_prefix: str) -> Iterator[Callabl
             s.proc.stdout.close()
 
 
+_LAST_TURN = """() => {
+  const saved = JSON.parse(sessionStorage.getItem("agentscope-py-transcript") || "null");
+  const turn = saved && saved.turns.at(-1);
+  return turn && { runId: turn.runId, lastId: turn.lastId, done: turn.done, failure: turn.failure,
+                   last: turn.events.slice(-3).map((e) => e.type) };
+}"""
+
+
+def _what_the_page_shows(page: Any, resumes: list[str], server: Serving) -> str:
+    """Why no error showed: the page's status and last turn, what its resumes got, the server's log."""
+    return (f"no run-error: status {page.get_by_test_id('run-status').inner_text()!r}, "
+            f"run-lost notes {page.get_by_test_id('run-lost').count()}, "
+            f"reconnecting notes {page.get_by_test_id('reconnecting').count()}, "
+            f"last turn {page.evaluate(_LAST_TURN)}, resumes {resumes}, "
+            f"the new process's output: {server.stop()[-3000:]}")
+
+
 def test_the_page_shows_a_run_whose_process_was_killed_as_lost(
         browser: Any, serve: Callable[..., Serving]) -> None:  # noqa: F811 - the fixture
+    from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
+
     first = serve()
-    page = _page_on_a_clock(browser, first)
+    page, resumes = _page_on_a_clock(browser, first)
     _send(page, "go")
     answer = page.get_by_test_id("message-assistant")
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline and not (answer.count() and len(answer.first.inner_text()) > 200):
         time.sleep(0.02)
+    assert answer.count() and len(answer.first.inner_text()) > 200, "the run did not stream within 15 s"
     first.proc.send_signal(signal.SIGKILL)  # mid-stream, without a word
     first.proc.wait()
     shown = answer.first.inner_text()
-    serve(port=first.port)  # the page reconnects to whatever answers there now
+    second = serve(port=first.port)  # the page reconnects to whatever answers there now
     page.clock.fast_forward(RECONNECT_MAX_DELAY_MS)  # (its next try, due within this pause, now)
     error = page.get_by_test_id("run-error")
-    error.wait_for(timeout=20_000)
+    try:
+        error.wait_for(timeout=20_000)
+    except PlaywrightTimeoutError:
+        raise AssertionError(_what_the_page_shows(page, resumes, second)) from None
     text = error.inner_text()
     assert "RunLost" in text and "the run is lost" in text, text
     assert answer.first.inner_text().startswith(shown.rstrip())  # what it showed stays, nothing twice
