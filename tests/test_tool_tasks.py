@@ -240,6 +240,51 @@ async def test_a_tool_that_returns_at_once_has_its_result_read_in_the_turn_it_ru
 
 
 @pytest.mark.timeout(10)
+@pytest.mark.parametrize("mode", ["stream", "call"])
+async def test_a_consumer_cancelled_in_the_turn_its_tool_first_runs_leaves_the_turn_closed(mode: str) -> None:
+    """A cancellation of the consumer that lands in the loop turn in which the call's task takes
+    its first step (where the pass waits for that turn, on 3.11, or for the result): the consumer
+    gets its cancellation, no tool task is left, and the session keeps a closed turn (the call
+    answered)."""
+    loop = asyncio.get_running_loop()
+    seen: list[str] = []
+
+    @tool
+    async def quick() -> str:
+        """Answers at once."""
+        return "done"
+
+    class Cancel(MiddlewareBase):  # the consumer is cancelled as the call's Start goes out
+        def on_acting(self, agent: Any, ctx: Any, input: Any, next: Any) -> Any:
+            def cut(ev: Any) -> None:
+                seen.append(ev.type)
+                if ev.type == "tool_result_start":
+                    loop.call_soon(consumer.cancel)
+
+            return next(input).do(cut)
+
+    agent = agent_with(quick, ModelStep.tool_call("quick", {}), ModelStep.text("unused"), middleware=Cancel())
+
+    async def consume() -> None:
+        if mode == "call":
+            await agent.call("go")
+        else:
+            async for _ in agent.stream("go"):
+                pass
+
+    consumer = asyncio.create_task(consume())
+    with pytest.raises(asyncio.CancelledError):
+        await consumer
+    assert seen[0] == "tool_result_start"
+    assert [t for t in asyncio.all_tasks() if t is not asyncio.current_task()] == []  # no tool task left
+    state, _ = await agent.state_store.load("default", "default")
+    assert state is not None and state.pending_tool_calls == []
+    asked = [c.id for m in state.context for c in m.tool_calls]
+    answered = [b.id for m in state.context for b in m.tool_results]
+    assert asked and answered == asked
+
+
+@pytest.mark.timeout(10)
 async def test_a_consumer_that_awaits_while_it_holds_the_start_has_the_tool_running_meanwhile() -> None:
     """The call's task takes its first step at the next loop turn at the latest (eager or not):
     a consumer that awaits with the ToolResultStart in hand finds the tool already done."""
