@@ -14,10 +14,11 @@ opens each call with its ToolResultStart and reads the call's task in one of two
 A call's task takes its first step at the next loop turn, or (Python 3.12+, `_starting`) as soon
 as the consumer takes the next event after its ToolResultStart if that comes first: a consumer
 that awaits while it holds the Start has the tool running meanwhile, and one that does not has,
-on 3.12+, a tool that returns without waiting done with no loop turn. The first step reads the
-interrupt flag: an interrupt while the consumer handles the Start (without awaiting) means the
-tool never runs. Contiguous concurrency-safe calls run in parallel, their events in call order
-(the first call's as they come, the others' when their turn comes).
+on 3.12+, a tool that returns without waiting done with no loop turn (on 3.11, in one: the pass
+lets that turn come before it waits for the result). The first step reads the interrupt flag: an
+interrupt while the consumer handles the Start (without awaiting) means the tool never runs.
+Contiguous concurrency-safe calls run in parallel, their events in call order (the first call's
+as they come, the others' when their turn comes).
 A tool that raises, times out, is unknown or gets invalid arguments produces an error result the
 model sees. An interrupt cancels the tasks (never the run's own task); each cancelled call ends
 with an INTERRUPTED result, and the loop then raises `AgentInterrupted`.
@@ -196,6 +197,12 @@ async def acting_events(
                             reader.add(ev)
                         yield ev
                 elif out is not None:  # (None: a recorded result, replayed)
+                    if _EAGER_START is None and not out.done():
+                        # Python 3.11: the call's task takes its first step at the next loop turn
+                        # (`_starting`). The pass lets that turn come before it waits, so a tool
+                        # that returns without waiting is done when the pass looks again: no second
+                        # turn only to wake the pass.
+                        await asyncio.sleep(0)
                     events = await out
                     block = None if reader is None else _whole(events)
                     if block is None or reader is None:

@@ -205,6 +205,86 @@ async def test_a_tool_that_returns_at_once_needs_no_loop_turn_where_tasks_start_
 
 
 @pytest.mark.timeout(10)
+async def test_a_tool_that_returns_at_once_has_its_result_read_in_the_turn_it_runs() -> None:
+    """Where a call's task takes its first step at the next loop turn (Python 3.11), the pass lets
+    that turn come before it waits for the result: the tool's result reaches the consumer in the
+    turn the tool runs, not in a second one only to wake the pass (eager starts: no turn at all).
+    A task that takes one step per loop turn counts the turns between the Start and the result."""
+    turns = 0
+    counting = True
+
+    async def ticker() -> None:
+        nonlocal turns
+        while counting:
+            turns += 1
+            await asyncio.sleep(0)
+
+    @tool
+    async def quick() -> str:
+        """Answers at once."""
+        return "done"
+
+    agent = agent_with(quick, ModelStep.tool_call("quick", {}), ModelStep.text("fine"))
+    ticking = asyncio.create_task(ticker())
+    await asyncio.sleep(0)  # it has taken its first step: one more in each loop turn from now on
+    at_start = at_result = -1
+    async for ev in agent.stream("go"):
+        if ev.type == "tool_result_start":
+            at_start = turns
+        elif type(ev) is ToolResultTextDelta:
+            at_result = turns
+    counting = False
+    await ticking
+    assert at_result - at_start == (0 if _acting._EAGER_START is not None else 1)
+    assert [r.state for r in await tool_results(agent)] == [ToolResultState.SUCCESS]
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize("mode", ["stream", "call"])
+async def test_a_consumer_cancelled_in_the_turn_its_tool_first_runs_leaves_the_turn_closed(mode: str) -> None:
+    """A cancellation of the consumer that lands in the loop turn in which the call's task takes
+    its first step (where the pass waits for that turn, on 3.11, or for the result): the consumer
+    gets its cancellation, no tool task is left, and the session keeps a closed turn (the call
+    answered)."""
+    loop = asyncio.get_running_loop()
+    seen: list[str] = []
+
+    @tool
+    async def quick() -> str:
+        """Answers at once."""
+        return "done"
+
+    class Cancel(MiddlewareBase):  # the consumer is cancelled as the call's Start goes out
+        def on_acting(self, agent: Any, ctx: Any, input: Any, next: Any) -> Any:
+            def cut(ev: Any) -> None:
+                seen.append(ev.type)
+                if ev.type == "tool_result_start":
+                    loop.call_soon(consumer.cancel)
+
+            return next(input).do(cut)
+
+    agent = agent_with(quick, ModelStep.tool_call("quick", {}), ModelStep.text("unused"), middleware=Cancel())
+
+    async def consume() -> None:
+        if mode == "call":
+            await agent.call("go")
+        else:
+            async for _ in agent.stream("go"):
+                pass
+
+    consumer = asyncio.create_task(consume())
+    with pytest.raises(asyncio.CancelledError):
+        await consumer
+    assert seen[0] == "tool_result_start"
+    assert [t for t in asyncio.all_tasks() if t is not asyncio.current_task()] == []  # no tool task left
+    state, _ = await agent.state_store.load("default", "default")
+    assert state is not None and state.pending_tool_calls == []
+    asked = [c.id for m in state.context for c in m.tool_calls]
+    answered = [b.id for m in state.context for b in m.tool_results]
+    assert asked and answered == asked
+
+
+@pytest.mark.timeout(10)
 async def test_a_consumer_that_awaits_while_it_holds_the_start_has_the_tool_running_meanwhile() -> None:
     """The call's task takes its first step at the next loop turn at the latest (eager or not):
     a consumer that awaits with the ToolResultStart in hand finds the tool already done."""

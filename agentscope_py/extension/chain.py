@@ -81,13 +81,13 @@ def compose(
 
     ``core_bound``: the core's stream captures the context it is built in and runs there (the
     model call's reads do), so it needs no context of its own at subscription."""
-    assert point in ONION_POINTS
-    hooks = participants.hooks[point]
-    if not hooks:
-        return core
     key = (point, core_bound, trace)
     chain = participants.chains.get(key)
-    if chain is None or chain.agent is not agent:
+    if chain is None or chain.agent is not agent:  # (a point's hooks are fixed at build: a chain has some)
+        assert point in ONION_POINTS
+        hooks = participants.hooks[point]
+        if not hooks:
+            return core
         chain = participants.chains[key] = _Chain(hooks, point, agent, core_bound, trace)
     return MethodType(chain.entry, _Run(ctx, core))
 
