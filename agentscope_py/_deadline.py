@@ -31,7 +31,7 @@ from typing import Any
 from ._control import Cancellable
 from .errors import ModelTimeoutError
 
-__all__ = ["Deadline", "DeadlineTimer", "check_seconds"]
+__all__ = ["Deadline", "DeadlineTimer", "SharedTimeout", "check_seconds"]
 
 
 def check_seconds(name: str, value: float | None) -> float | None:
@@ -208,3 +208,37 @@ class DeadlineTimer:
         self.expired = False
         self.task.uncancel()
         return True
+
+
+class SharedTimeout:
+    """``asyncio.timeout(seconds)`` as a plain ``with`` block on the loop's shared clock (`_Clock`),
+    for a block that nearly always ends in time (a request's body, a model's response headers).
+
+    ``asyncio.timeout`` makes a loop timer on entry and cancels it on exit; here entering is a
+    `DeadlineTimer` (a dict store, and a loop timer only when no earlier one is armed) and
+    leaving a dict delete. The promise is ``asyncio.timeout``'s: once ``seconds`` pass, the task
+    running the block is cancelled, and the block's end takes that cancellation back and raises
+    `TimeoutError` in place of the `asyncio.CancelledError` — only when no other cancellation of
+    the task is pending, which then goes on as a cancellation. ``None``: no limit."""
+
+    __slots__ = ("base", "seconds", "task", "timer")
+
+    def __init__(self, seconds: float | None) -> None:
+        self.seconds = seconds
+        self.timer: DeadlineTimer | None = None
+
+    def __enter__(self) -> SharedTimeout:
+        if self.seconds is not None:
+            task = _current_task()
+            if task is None:
+                raise RuntimeError("SharedTimeout is used inside a task")
+            self.task = task
+            self.base = task.cancelling()  # cancellations pending before ours: not ours to take back
+            self.timer = DeadlineTimer(self.seconds, None, task)
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
+        timer = self.timer
+        if timer is not None and timer.stop() and exc_type is asyncio.CancelledError \
+                and self.task.cancelling() <= self.base:
+            raise TimeoutError from exc

@@ -37,6 +37,7 @@ from typing import Any, NamedTuple
 import aiohttp
 from yarl import URL
 
+from .._deadline import SharedTimeout
 from ._errors import error_from_status, message_of, quote, transport_error
 
 __all__ = ["AioHttpSender", "Timeouts", "body_bytes", "client_timeout"]
@@ -243,7 +244,9 @@ class _Opened:
                 headers["Proxy-Authorization"] = proxy_auth
         try:
             session = await sender.session()
-            async with asyncio.timeout(timeout.headers):
+            # On the loop's shared clock (`SharedTimeout`): a loop timer made and cancelled per
+            # request is what most requests would pay for a bound they never reach.
+            with SharedTimeout(timeout.headers):
                 response = await session.post(target, data=body, headers=headers, timeout=timeout.connect,
                                               proxy=proxy, proxy_headers=proxy_headers)
         except TimeoutError as exc:  # aiohttp's connect timeouts and the headers' are TimeoutErrors

@@ -4,7 +4,6 @@ how many idle sessions a served process keeps in memory."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 from dataclasses import dataclass
 from itertools import accumulate
@@ -13,6 +12,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.types import Receive
 
+from .._deadline import SharedTimeout
 from ..agent.store import check_session_bounds
 from ._errors import HTTPError
 from ._identity import header_value
@@ -70,7 +70,9 @@ async def read_json(request: Request, limit: int, depth: int, seconds: float | N
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise HTTPError(413, "body_too_large", f"request body too large: limit is {limit} bytes")
     try:
-        async with asyncio.timeout(seconds):
+        # The loop's shared clock, not a loop timer per request: the body has nearly always
+        # arrived with the headers.
+        with SharedTimeout(seconds):
             body = await _body(request.receive, limit)
     except TimeoutError:
         raise HTTPError(408, "body_timeout", f"the body did not arrive within body_timeout={seconds} s") from None
