@@ -49,7 +49,8 @@ async def test_another_cancellation_pending_with_the_deadlines_stays_a_cancellat
     task = asyncio.create_task(body())
     await entered.wait()
     asyncio.get_running_loop().call_later(0.03, task.cancel)
-    time.sleep(0.06)  # both are due in one loop turn: the deadline's cancellation, then the other
+    # Blocking on purpose: both are due in one loop turn, the deadline's cancellation, then the other.
+    time.sleep(0.06)  # noqa: ASYNC251
     with pytest.raises(asyncio.CancelledError):
         await task
     assert task.cancelled()

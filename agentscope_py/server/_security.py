@@ -7,7 +7,13 @@ responses stream through untouched):
 3. the bearer token, when one is configured (compared in constant time);
 4. for ``POST``: the ``Origin`` against an allow-list (default: the server's own origin) and a
    JSON content type (CSRF: a cross-site form or ``text/plain`` fetch needs no preflight);
-5. headers that keep the page out of frames and its scripts to itself.
+5. headers that keep the page out of frames and its scripts to itself: the page gets its Content
+   Security Policy with ``X-Frame-Options`` and ``Referrer-Policy``; every other response (the API's
+   JSON and event streams) ``nosniff`` and a policy that loads nothing and is framed nowhere
+   (``frame-ancestors 'none'``, which every current browser reads in place of
+   ``X-Frame-Options``; a stream or a JSON body is no document whose links could send a referrer):
+   the HTTP server checks every header of every response, and none of these says what another
+   already does.
 """
 
 from __future__ import annotations
@@ -29,9 +35,10 @@ PAGE_CSP = ("default-src 'self'; script-src 'unsafe-inline'; style-src 'unsafe-i
 _API_CSP = "default-src 'none'; frame-ancestors 'none'"
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
 _RID = REQUEST_ID_HEADER.encode("latin-1")
-_FIXED = ((b"x-content-type-options", b"nosniff"), (b"x-frame-options", b"DENY"), (b"referrer-policy", b"no-referrer"))
-_PAGE = (*_FIXED, (b"content-security-policy", PAGE_CSP.encode("latin-1")))
-_API = (*_FIXED, (b"content-security-policy", _API_CSP.encode("latin-1")))
+_NOSNIFF = (b"x-content-type-options", b"nosniff")
+_PAGE = (_NOSNIFF, (b"x-frame-options", b"DENY"), (b"referrer-policy", b"no-referrer"),
+         (b"content-security-policy", PAGE_CSP.encode("latin-1")))
+_API = (_NOSNIFF, (b"content-security-policy", _API_CSP.encode("latin-1")))
 _POLICY_NAMES = frozenset(name for name, _ in _PAGE)
 JSON_TYPES = ("application/json",)
 """Body types accepted for POST; ``application/<anything>+json`` (e.g. AG-UI's vendor types) too."""

@@ -173,8 +173,8 @@ def uvicorn_config(app: Any, host: str = "127.0.0.1", port: int = 8000, *, heade
     (``auto``, ``h11`` or ``httptools``; see `HTTP_PARSERS`), ``timeout_keep_alive`` =
     ``idle_timeout``, at most ``max_connections`` open connections (past them a request gets 503;
     ``None``: no cap), each connection's kernel send buffer ``send_buffer`` bytes (`SEND_BUFFER`;
-    ``None``: the kernel's own); other options (``loop``: ``auto`` is uvloop when installed) pass
-    through."""
+    ``None``: the kernel's own), no ``Server`` header (``server_header=True`` brings uvicorn's
+    back); other options (``loop``: ``auto`` is uvloop when installed) pass through."""
     if send_buffer is not None and not (isinstance(send_buffer, int) and send_buffer > 0):
         raise ValueError(f"send_buffer must be a positive int (bytes) or None, got {send_buffer!r}")
     if http not in HTTP_PARSERS or (http == "httptools" and HttpToolsProtocol is None):
@@ -184,8 +184,10 @@ def uvicorn_config(app: Any, host: str = "127.0.0.1", port: int = 8000, *, heade
     # ``limit_concurrency`` (or its requests in flight, the asking one not yet among them, do): a
     # cap of N connections is N + 1 there, or the Nth connection is refused.
     limit = None if max_connections is None else max_connections + 1
+    # No ``Server: uvicorn`` header (``server_header``): it tells a client nothing it needs, names
+    # the software to anyone probing, and uvicorn checks every header of every response.
     options: dict[str, Any] = {"http": f"{__name__}:{HTTP_PARSERS[http]}", "timeout_keep_alive": idle_timeout,
-                               "limit_concurrency": limit, **uvicorn_options}
+                               "limit_concurrency": limit, "server_header": False, **uvicorn_options}
     config = uvicorn.Config(app, host=host, port=port, **options)
     # Options of ours on uvicorn's config: read by the protocol, pickled to the workers with it.
     config.__dict__["header_timeout"] = header_timeout

@@ -114,7 +114,7 @@ def test_allowed_hosts_replace_the_loopback_names(live: Live) -> None:
 
 
 def test_frame_and_content_security_headers(live: Live) -> None:
-    server = live(create_app(scripted_agent(ModelStep.text("ok"), loop=True), auth_token="tok"))
+    server = live(create_app(scripted_agent(ModelStep.text("ok"), loop=True), auth_token="tok"), hardened=True)
     page = httpx.get(f"{server.url}/", timeout=5)
     assert page.status_code == 200
     assert page.headers["x-frame-options"] == "DENY"
@@ -124,8 +124,13 @@ def test_frame_and_content_security_headers(live: Live) -> None:
     assert page.headers["referrer-policy"] == "no-referrer"
     refused = httpx.post(f"{server.url}/agui", json=BODY, timeout=5)
     assert refused.status_code == 401
-    assert refused.headers["x-frame-options"] == "DENY"
+    # An API answer: framed nowhere by its policy (what every current browser reads in place of
+    # X-Frame-Options), never sniffed, and without the page's headers that would repeat these.
+    assert refused.headers["content-security-policy"] == "default-src 'none'; frame-ancestors 'none'"
+    assert refused.headers["x-content-type-options"] == "nosniff"
+    assert "x-frame-options" not in refused.headers and "referrer-policy" not in refused.headers
     assert refused.headers["x-request-id"] == refused.json()["request_id"]
+    assert "server" not in refused.headers and "date" in refused.headers  # `serve` sends no Server banner
 
 
 def _closed_within(sock: socket.socket, seconds: float, trickle: bytes = b"") -> float | None:
@@ -277,7 +282,7 @@ def test_a_request_waiting_unread_while_the_server_is_busy_is_not_cut_off(live: 
 async def test_the_guard_adds_each_security_header_once_and_keeps_those_a_response_set() -> None:
     from agentscope_py.server._security import Guard
 
-    async def answer(headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    async def answer(headers: list[tuple[bytes, bytes]], path: str = "/agui") -> list[tuple[bytes, bytes]]:
         sent: list[Any] = []
 
         async def app(scope: Any, receive: Any, send: Any) -> None:
@@ -286,7 +291,7 @@ async def test_the_guard_adds_each_security_header_once_and_keeps_those_a_respon
         async def send(message: Any) -> None:
             sent.append(message)
 
-        scope = {"type": "http", "method": "GET", "path": "/agui", "headers": [(b"host", b"127.0.0.1")],
+        scope = {"type": "http", "method": "GET", "path": path, "headers": [(b"host", b"127.0.0.1")],
                  "server": ("127.0.0.1", 8000)}
         await Guard(app, token=None, allowed_hosts=None, allowed_origins=[])(scope, None, send)  # type: ignore[arg-type]
         return list(sent[0]["headers"])
@@ -294,10 +299,15 @@ async def test_the_guard_adds_each_security_header_once_and_keeps_those_a_respon
     plain = await answer([(b"content-type", b"text/plain")])
     names = [k for k, _ in plain]
     assert names[0] == b"content-type"
+    for name in (b"x-request-id", b"x-content-type-options", b"content-security-policy"):
+        assert names.count(name) == 1, name
+    assert dict(plain)[b"content-security-policy"] == b"default-src 'none'; frame-ancestors 'none'"
+    page = await answer([(b"content-type", b"text/html")], path="/")
+    page_names = [k for k, _ in page]
     for name in (b"x-request-id", b"x-content-type-options", b"x-frame-options", b"referrer-policy",
                  b"content-security-policy"):
-        assert names.count(name) == 1, name
-    assert dict(plain)[b"x-frame-options"] == b"DENY"
+        assert page_names.count(name) == 1, name
+    assert dict(page)[b"x-frame-options"] == b"DENY"
     own = dict(await answer([(b"x-frame-options", b"SAMEORIGIN"), (b"x-request-id", b"mine")]))
     assert own[b"x-frame-options"] == b"SAMEORIGIN"  # a response's own choice stays
     assert own[b"x-request-id"] != b"mine" and own[b"x-request-id"].startswith(b"req_")  # the id is always ours
