@@ -27,6 +27,7 @@ from collections.abc import Awaitable, Sequence
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ._errors import REQUEST_ID_HEADER, HTTPError, new_request_id
+from .sse import BODY_SEND
 
 __all__ = ["PAGE_CSP", "Guard", "is_loopback"]
 
@@ -79,6 +80,7 @@ class Guard:
             return
         rid = new_request_id()
         scope.setdefault("state", {})["request_id"] = rid
+        scope[BODY_SEND] = send  # a streamed body's frames skip the wrappers inside (`SSEResponse`)
         page = scope["path"] == "/"
 
         def send_with_headers(message: Message) -> Awaitable[None]:

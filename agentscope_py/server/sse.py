@@ -46,6 +46,9 @@ SSE_HEADERS: dict[str, str] = {
     "x-accel-buffering": "no",  # nginx: do not buffer the stream
 }
 _SSE_RAW = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in SSE_HEADERS.items()]
+BODY_SEND = "agentscope.body_send"
+"""The scope key of the ``send`` an `SSEResponse` writes its body to, when the app's `Guard` set
+it: the ``send`` the guard was given (see `SSEResponse`)."""
 BUFFER = 16
 """Frames the producer may run ahead of the client: a small constant, so a slow reader pauses the
 agent (and, through its bounded prefetch, the model request) instead of growing memory."""
@@ -236,7 +239,14 @@ class SSEResponse(Response):
     The body is pulled only as fast as ``send`` completes (the server's flow control), a heartbeat
     comment goes out when idle, and a client disconnect (``http.disconnect``) cancels the stream
     at once, even while the agent is waiting on a tool. A client that takes no frame for
-    ``stall_timeout`` seconds (its socket buffers full) is dropped the same way."""
+    ``stall_timeout`` seconds (its socket buffers full) is dropped the same way.
+
+    The start (status and headers) goes through the ``send`` the response is given; in an app
+    whose `Guard` set `BODY_SEND` in the scope, the body's frames go to that ``send`` instead:
+    the one the guard was given, so every middleware outside the guard (all that ``add_middleware``
+    adds) sees every frame. The wrappers between the guard and the route (Starlette's exception
+    handling, twice, and the guard's own) look at a response's start only, and a frame — one per
+    token at light load — passing three calls that only pass it on is a cost per token."""
 
     media_type = "text/event-stream"
 
@@ -277,7 +287,7 @@ class SSEResponse(Response):
         self._sent = 0
         self._sending = False
         ended: asyncio.Future[None] = loop.create_future()
-        pump = loop.create_task(self._pump(send))
+        pump = loop.create_task(self._pump(scope.get(BODY_SEND, send)))
         watch = loop.create_task(_disconnected(receive))
         pump.add_done_callback(partial(_end, ended))
         watch.add_done_callback(partial(_end, ended))

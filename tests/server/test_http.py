@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from starlette.testclient import TestClient
@@ -210,3 +211,29 @@ def test_closing_the_stream_in_process_cancels_the_run() -> None:
         assert slow.cancelled.wait(5)
         again = client.post("/agui", json=run_input("t", user("again", id="u2"), run="run-2"))
     assert agui_types(again.text)[-1] == "RUN_FINISHED"
+
+
+def test_a_middleware_added_to_the_app_sees_every_frame_of_a_stream() -> None:
+    # The frames skip the app's own wrappers of `send` inside its guard, never one added to it.
+    seen: list[tuple[str, bytes]] = []
+
+    class Tap:
+        def __init__(self, app: Any) -> None:
+            self.app = app
+
+        async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+            async def tapped(message: Any) -> None:
+                seen.append((message["type"], message.get("body", b"")))
+                await send(message)
+
+            await self.app(scope, receive, tapped)
+
+    app = create_app(scripted_agent(ModelStep(text="Hello there", chunks=3), loop=True))
+    app.add_middleware(Tap)
+    with TestClient(app) as client:
+        for path, body in (("/agui", run_input("t", user("x"))), ("/v1/runs", {"session_id": "s", "input": "hi"})):
+            seen.clear()
+            answer = client.post(path, json=body)
+            assert answer.status_code == 200 and seen[0][0] == "http.response.start"
+            assert [kind for kind, _ in seen[1:]] == ["http.response.body"] * (len(seen) - 1)
+            assert b"".join(part for _, part in seen[1:]) == answer.content and len(seen) > 2
