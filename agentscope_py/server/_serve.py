@@ -55,15 +55,23 @@ runs one whenever the old generation has grown by a quarter."""
 class _HeaderTimeout:
     """A mixin over one of uvicorn's HTTP protocols, closing a connection whose request headers are not complete
     within ``config.header_timeout`` seconds of it opening (or of its previous response ending).
-    uvicorn's own timeouts cover idle keep-alive connections, not a client sending slowly."""
+    uvicorn's own timeouts cover idle keep-alive connections, not a client sending slowly.
+
+    After a response, while uvicorn's keep-alive timer (the shorter) watches the idle connection,
+    the deadline waits unarmed: it is armed, for what is left of it, only when bytes come without
+    whole headers (`data_received`). A request that arrives whole — nearly every one — needs no
+    timer of its own."""
 
     _timer: Any = None
     _armed_cycle: Any = None
+    _idle_since: float | None = None  # when the previous response ended, the deadline unarmed
     # The protocol's own (uvicorn's) attributes this mixin reads:
     cycle: Any
     loop: Any
     config: Any
     transport: Any
+    timeout_keep_alive: Any
+    timeout_keep_alive_task: Any
 
     def connection_made(self, transport: Any) -> None:
         super().connection_made(transport)  # type: ignore[misc]
@@ -74,11 +82,15 @@ class _HeaderTimeout:
             with contextlib.suppress(OSError):  # not a TCP socket (a test's pipe): nothing to bound
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, size)
 
-    def _arm(self) -> None:
+    def _arm(self, seconds: float | None = None) -> None:
         if self._timer is not None:
             self._timer.cancel()
         self._armed_cycle = self.cycle
-        self._timer = self.loop.call_later(getattr(self.config, "header_timeout", HEADER_TIMEOUT), self._expire)
+        self._idle_since = None
+        self._timer = self.loop.call_later(self._seconds() if seconds is None else seconds, self._expire)
+
+    def _seconds(self) -> float:
+        return float(getattr(self.config, "header_timeout", HEADER_TIMEOUT))
 
     def _expire(self) -> None:
         self._timer = None
@@ -96,13 +108,28 @@ class _HeaderTimeout:
 
     def data_received(self, data: bytes) -> None:
         super().data_received(data)  # type: ignore[misc]
-        if self._timer is not None and self.cycle is not self._armed_cycle:  # headers are in
-            self._timer.cancel()
-            self._timer = None
+        if self.cycle is not self._armed_cycle:  # headers are in
+            self._idle_since = None
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+        elif self._idle_since is not None and not self.transport.is_closing():
+            # The first bytes after a response, and the headers are not whole: the deadline
+            # counts from the response's end.
+            self._arm(max(self._seconds() - (self.loop.time() - self._idle_since), 0.0))
 
     def on_response_complete(self) -> None:
         super().on_response_complete()  # type: ignore[misc]
-        if not self.transport.is_closing():
+        if self.transport.is_closing():
+            return
+        if self.timeout_keep_alive_task is not None and self.timeout_keep_alive <= self._seconds():
+            # Idle: uvicorn's keep-alive timer closes the connection before the deadline would.
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+            self._armed_cycle = self.cycle
+            self._idle_since = self.loop.time()
+        else:
             self._arm()
 
     def connection_lost(self, exc: Exception | None) -> None:

@@ -248,6 +248,31 @@ def test_serving_off_loopback_without_allowed_hosts_warns(capsys: pytest.Capture
     assert "DNS rebinding" in capsys.readouterr().err
 
 
+def test_after_a_response_the_next_requests_headers_are_due_by_the_deadline_from_its_end(live: Live) -> None:
+    # The keep-alive timer (1 s) is no longer than the deadline (1 s): the connection waits idle
+    # with the deadline unarmed, and the first bytes without whole headers arm what is left of it.
+    server = live(create_app(scripted_agent(ModelStep.text("ok"))), hardened=True, header_timeout=1.0,
+                  idle_timeout=1)
+    with socket.create_connection(("127.0.0.1", server.port), timeout=5) as sock:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        answer = b""
+        while b'"ok"' not in answer:
+            answer += sock.recv(65536)
+        ended = time.monotonic()
+        time.sleep(0.5)  # idle, within the keep-alive time
+        trickled = _closed_within(sock, 5, trickle=b"GET /healthz HTTP/1.1\r\nX-Slow: " + b"a" * 100)
+        assert trickled is not None, "a client trickling its next request's headers kept the connection"
+        assert time.monotonic() - ended < 2.0
+    # An idle kept-alive connection is closed by its keep-alive timer; a client that sends whole
+    # requests is served on it as before.
+    with socket.create_connection(("127.0.0.1", server.port), timeout=5) as sock:
+        assert _closed_within(sock, 3) is not None
+    with httpx.Client(timeout=5) as client:
+        for _ in range(3):
+            assert client.get(f"{server.url}/healthz").status_code == 200
+            time.sleep(0.3)
+
+
 def test_a_request_waiting_unread_while_the_server_is_busy_is_not_cut_off(live: Live) -> None:
     # Under load the loop can be late to read a request that arrived in time: the deadline, due
     # meanwhile, then ran before the read (uvloop runs due timers before it polls) and closed a
