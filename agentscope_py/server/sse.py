@@ -24,6 +24,7 @@ from starlette.types import Receive, Scope, Send
 
 from ..events import AgentEvent, EventBase
 from ..stream import Channel, aclosing
+from ._ticks import ticker
 
 _dumps: Callable[[Any], bytes] | None
 try:  # the server extra installs it; without it every frame is encoded by pydantic
@@ -281,8 +282,8 @@ class SSEResponse(Response):
         await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
         # The body is written by a task of its own (each frame resumes only that short chain of
         # coroutines, not the whole ASGI stack's), a second task watches for the disconnect and
-        # a timer for a stall; whichever ends first resolves ``ended``. Not `asyncio.wait` over
-        # three tasks: per request that was a task, a wait and a wider gather more.
+        # the stall watch for a stall; whichever ends first resolves ``ended``. Not `asyncio.wait`
+        # over three tasks: per request that was a task, a wait and a wider gather more.
         loop = asyncio.get_running_loop()
         self._sent = 0
         self._sending = False
@@ -293,7 +294,7 @@ class SSEResponse(Response):
         watch.add_done_callback(partial(_end, ended))
         stall = None
         if self.stall_timeout is not None and self.stall_timeout > 0:
-            stall = _StallWatch(loop, self, self.stall_timeout, ended)
+            stall = _StallWatch(self, self.stall_timeout, ended)
         try:
             await ended
         finally:
@@ -341,19 +342,20 @@ def _end(ended: asyncio.Future[None], task: asyncio.Task[None]) -> None:
 
 class _StallWatch:
     """Drops the client (resolves ``ended``) once one ``send`` has waited ``seconds``: its socket
-    buffers are full and it is not reading. A timer every ``seconds / 4`` reading the response's
-    two counters, not a timer per send nor a task of its own."""
+    buffers are full and it is not reading. Checked every ``seconds / 4`` at the ticks of the
+    loop's ticker of that step (`_ticks`), reading the response's two counters: not a timer per
+    send, nor a timer or a task of its own."""
 
-    __slots__ = ("ended", "handle", "last", "loop", "response", "seconds", "step", "waited")
+    __slots__ = ("ended", "last", "response", "seconds", "step", "ticker", "waited")
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, response: SSEResponse, seconds: float,
-                 ended: asyncio.Future[None]) -> None:
-        self.loop, self.response, self.seconds, self.ended = loop, response, seconds, ended
+    def __init__(self, response: SSEResponse, seconds: float, ended: asyncio.Future[None]) -> None:
+        self.response, self.seconds, self.ended = response, seconds, ended
         self.step = seconds / 4
         self.waited, self.last = 0.0, -1
-        self.handle = loop.call_later(self.step, self._check)
+        self.ticker = ticker(self.step)
+        self.ticker.join(self)
 
-    def _check(self) -> None:
+    def tick(self) -> None:
         response = self.response
         if response._sending and response._sent == self.last:
             self.waited += self.step
@@ -364,11 +366,10 @@ class _StallWatch:
             log.warning("dropped a client that took nothing for %s s", self.seconds)
             if not self.ended.done():
                 self.ended.set_result(None)
-            return
-        self.handle = self.loop.call_later(self.step, self._check)
+            self.cancel()
 
     def cancel(self) -> None:
-        self.handle.cancel()
+        self.ticker.leave(self)
 
 
 async def _disconnected(receive: Receive) -> None:

@@ -9,6 +9,7 @@ import asyncio
 from ..._context import RuntimeContext
 from .. import agui as agui_module
 from .._agui import wire
+from .._ticks import ticker
 from ..sse import encode_error
 from .runlog import RunRecord
 
@@ -227,28 +228,27 @@ def _resolve(futures: list[asyncio.Future[None]]) -> list[asyncio.Future[None]]:
 
 class Beat:
     """Wakes a waiting follower once nothing was sent for a whole ``interval`` (one to two
-    intervals after the last frame): one timer per interval, and a counter the follower bumps
-    per piece sent (a timer or a clock read per frame would cost more than the frame)."""
+    intervals after the last piece): checked at the ticks of the loop's ticker of that interval
+    (`_ticks`), from a counter the follower bumps per piece sent (a timer or a clock read per
+    frame would cost more than the frame)."""
 
-    __slots__ = ("due", "handle", "interval", "loop", "seen", "sent", "waiter")
+    __slots__ = ("due", "seen", "sent", "ticker", "waiter")
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, interval: float) -> None:
-        self.loop = loop
-        self.interval = interval
+    def __init__(self, interval: float) -> None:
         self.due = False
         self.sent = 0  # pieces sent; bumped by the follower
-        self.seen = 0  # ``sent`` at the last check
+        self.seen = -1  # ``sent`` at the last tick (none yet: the first only notes it)
         self.waiter: asyncio.Future[None] | None = None
-        self.handle = loop.call_later(interval, self._check)
+        self.ticker = ticker(interval)
+        self.ticker.join(self)
 
-    def _check(self) -> None:
+    def tick(self) -> None:
         if self.sent == self.seen:  # nothing went out for an interval
             self.due = True
             waiter = self.waiter
             if waiter is not None and not waiter.done():
                 waiter.set_result(None)
         self.seen = self.sent
-        self.handle = self.loop.call_later(self.interval, self._check)
 
     def stop(self) -> None:
-        self.handle.cancel()
+        self.ticker.leave(self)

@@ -246,7 +246,7 @@ class Runs:
         taken = live.position(cursor)
         live.moved(me, taken)
         took = live.taken
-        beat = Beat(loop, heartbeat) if heartbeat is not None and heartbeat > 0 else None
+        beat = Beat(heartbeat) if heartbeat is not None and heartbeat > 0 else None
         try:
             while True:
                 start = cursor - live.base
