@@ -231,7 +231,7 @@ class SharedTimeout:
         if self.seconds is not None:
             task = _current_task()
             if task is None:
-                raise RuntimeError("SharedTimeout is used inside a task")
+                raise RuntimeError("SharedTimeout must be used inside a task")
             self.task = task
             self.base = task.cancelling()  # cancellations pending before ours: not ours to take back
             self.timer = DeadlineTimer(self.seconds, None, task)

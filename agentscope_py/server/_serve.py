@@ -83,11 +83,15 @@ class _HeaderTimeout:
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, size)
 
     def _arm(self, seconds: float | None = None) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
+        self._disarm()
         self._armed_cycle = self.cycle
         self._idle_since = None
         self._timer = self.loop.call_later(self._seconds() if seconds is None else seconds, self._expire)
+
+    def _disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
     def _seconds(self) -> float:
         return float(getattr(self.config, "header_timeout", HEADER_TIMEOUT))
@@ -110,9 +114,7 @@ class _HeaderTimeout:
         super().data_received(data)  # type: ignore[misc]
         if self.cycle is not self._armed_cycle:  # headers are in
             self._idle_since = None
-            if self._timer is not None:
-                self._timer.cancel()
-                self._timer = None
+            self._disarm()
         elif self._idle_since is not None and not self.transport.is_closing():
             # The first bytes after a response, and the headers are not whole: the deadline
             # counts from the response's end.
@@ -124,18 +126,14 @@ class _HeaderTimeout:
             return
         if self.timeout_keep_alive_task is not None and self.timeout_keep_alive <= self._seconds():
             # Idle: uvicorn's keep-alive timer closes the connection before the deadline would.
-            if self._timer is not None:
-                self._timer.cancel()
-                self._timer = None
+            self._disarm()
             self._armed_cycle = self.cycle
             self._idle_since = self.loop.time()
         else:
             self._arm()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        self._disarm()
         super().connection_lost(exc)  # type: ignore[misc]
 
 
