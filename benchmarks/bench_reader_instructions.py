@@ -74,22 +74,28 @@ def child(tokens: int) -> None:
     asyncio.run(main())
 
 
-def measure(tree: str | None, tokens: int) -> float:
+def counted(script: str, args: list[str], tree: str | None) -> int:
+    """Instructions ``script --child ARGS`` spends between its ``os.getppid()`` and ``os.getpgrp()``
+    calls, under callgrind, with ``tree``'s agentscope_py (this one's by default)."""
     env = {**os.environ, "PYTHONHASHSEED": "0"}
     if tree:
         env["PYTHONPATH"] = os.pathsep.join([str(Path(tree).resolve()), env.get("PYTHONPATH", "")])
-    with tempfile.TemporaryDirectory(prefix="bench-reader-") as out:
+    with tempfile.TemporaryDirectory(prefix="bench-counted-") as out:
         subprocess.run(
             ["valgrind", "--tool=callgrind", "--zero-before=os_getppid", "--dump-before=os_getpgrp",
-             f"--callgrind-out-file={out}/cg", sys.executable, __file__, "--child", str(tokens)],
+             f"--callgrind-out-file={out}/cg", sys.executable, script, "--child", *args],
             cwd=tempfile.gettempdir(), env=env, check=True, capture_output=True)
         for name in glob.glob(f"{out}/cg*"):
             text = Path(name).read_text()
             if "dump-before" in text:
                 found = re.search(r"^summary: (\d+)", text, re.M)
                 assert found is not None
-                return int(found.group(1)) / tokens
-    raise SystemExit("bench_reader_instructions: callgrind wrote no dump of the measured reply")
+                return int(found.group(1))
+    raise SystemExit(f"{Path(script).name}: callgrind wrote no dump of the measured part")
+
+
+def measure(tree: str | None, tokens: int) -> float:
+    return counted(__file__, [str(tokens)], tree) / tokens
 
 
 def main() -> None:

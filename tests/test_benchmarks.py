@@ -90,6 +90,18 @@ def test_bench_instructions_token_workload_streams_every_token() -> None:
             assert done["frames"] > done["deltas"] + 300 * 4
 
 
+def test_bench_follow_instructions_workload_hands_every_token_to_each_client() -> None:
+    # The workload valgrind counts (valgrind itself is not needed to run it): the run alone, with
+    # one client and with two, each client getting every frame.
+    for followers in ("0", "1", "2"):
+        proc = subprocess.run(
+            [sys.executable, str(BENCH / "bench_follow_instructions.py"), "--child", "40", "--followers", followers],
+            capture_output=True, text=True, timeout=60, cwd=BENCH.parent, check=False,
+        )
+        assert proc.returncode == 0, proc.stderr
+        assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"frames": 40}, followers
+
+
 def test_bench_builtins_reports_its_two_ratios() -> None:
     result = run_json("bench_builtins.py", "--runs", "5", "--repeat", "2")
     for key in ("builtins_vs_passthrough", "hit_vs_miss", "passthrough_us_per_run", "builtins_us_per_run",
