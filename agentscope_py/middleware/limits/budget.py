@@ -20,7 +20,10 @@ Each model call, at ``on_model_call`` (`CallHold`):
 * **while it streams**: its output (text, thinking and tool-call argument deltas, ``ceil(characters
   / 4)`` tokens, priced as output) grows its hold the same way; a delta that would take a scope
   over its limit is not let out: the call is cut short there (its request closed, its open blocks
-  ended, ``ModelCallEnd(error="BudgetExceeded: …")``) and refused as below;
+  ended, ``ModelCallEnd(error="BudgetExceeded: …")``) and refused as below. (Under a budget that
+  limits only the run's tokens, a call alone in flight holds its estimate only and compares each
+  delta with the room the limit leaves it; a call that takes meanwhile first has it hold what it
+  let out: `_SyncCall.sync`.)
 * **at its end**, from ``ModelCallEnd.usage`` (``None``, unknown, counts the estimate and the
   output counted): the hold is settled — dropped, and the actual usage charged — and the
   ModelCallEnd leaving this layer carries ``metadata[name]`` = ``{"call": {...}, "run": {...},
@@ -205,7 +208,10 @@ class BudgetMiddleware(MiddlewareBase):
         self._run_limited = any(scope == "run" for scope, _ in self.limits)
         self._session_limited = any(scope == "session" for scope, _ in self.limits)
         self.local_limited = self._run_limited or self._session_limited  # (else only the store checks)
-        self._run_max_tokens: float = self.limits.get(("run", "tokens"), math.inf)
+        # (in whole tokens: the totals it is compared with are integers, so ``total > limit`` is
+        # ``total > floor(limit)``; then a call alone's room in characters is four times its room)
+        run_tokens_limit = self.limits.get(("run", "tokens"))
+        self._run_max_tokens: float = math.inf if run_tokens_limit is None else math.floor(run_tokens_limit)
         self._run_max_cost: float = self.limits.get(("run", "cost"), math.inf)
         if strict:
             for model in models:
@@ -685,12 +691,10 @@ class CallHold:
         if not self.active:
             return
         run = self.run
-        if run._alone is self:
-            run._alone = None
         run.holds -= 1
-        if run.holds <= 0:  # no call in flight: the sums start over (`_left`)
-            run.holds, run.held_tokens, run.held_cost = 0, 0, 0.0
-        else:
+        if run.holds <= 0:  # no call in flight: the sums start over (`_left`), and none is alone
+            run.holds, run.held_tokens, run.held_cost, run._alone = 0, 0, 0.0, None
+        else:  # (a call alone is the one call holding: it is not this one)
             run.held_tokens -= self.tokens
             run.held_cost -= self.cost
         self.tokens, self.cost, self.active = 0, 0.0, False
@@ -778,11 +782,20 @@ class _SyncCall(CallHold, MapSource):
     meters its event and hands it on to the round's builder (``reply``), and a cut hands that
     builder what the closing events would (`_cut_unread`)."""
 
-    __slots__ = ("attempt", "brackets", "chars", "error", "est_tokens", "in_rate", "inner", "maps", "model",
-                 "out_held", "out_rate", "pending", "priced", "reply", "resumed", "subscribed", "thinking_id")
-
+    # (No __slots__: what most calls leave as it starts is a class attribute, not set per call.)
     context_free = True
     reply: ReplyParts
+    chars = 0  # output characters counted in the running attempt
+    out_held = 0  # output tokens its hold covers
+    attempt = False  # a ModelCallStart seen without its End: a model answered
+    pending: list[Any] | None = None  # the rest of a cut: closing events, then the refusal
+    error: BaseException | None = None  # ... or the refusal raised (on_exceeded="error")
+    maps: Maps = ()
+    subscribed = False
+    # Read with no events (`building`): ``reply``, the builder the parts go on to (set there);
+    # the thinking block open there (a cut closes it).
+    thinking_id: str | None = None
+    resumed = False  # failed before its first event: what follows is a layer outside's next attempt
 
     def __init__(self, budget: BudgetMiddleware, ctx: RuntimeContext, run: RunTotals, inner: EventStream[Any],
                  model: str, price: ModelPrice | None, est_tokens: int) -> None:
@@ -795,21 +808,10 @@ class _SyncCall(CallHold, MapSource):
         else:
             self.in_rate, self.out_rate = price.input / 1_000_000, price.output / 1_000_000
         self.est_tokens = est_tokens
-        self.chars = 0  # output characters counted in the running attempt
-        self.out_held = 0  # output tokens its hold covers
-        self.attempt = False  # a ModelCallStart seen without its End: a model answered
         # The top-level Starts and Ends let out, in order: what a cut closes (`_cut` reads which are
         # open from them). A list append per bracket, where tracking them as they pass would be a
         # call per bracket for what only a cut needs.
         self.brackets: list[Any] = []
-        self.pending: list[Any] | None = None  # the rest of a cut: closing events, then the refusal
-        self.error: BaseException | None = None  # ... or the refusal raised (on_exceeded="error")
-        self.maps: Maps = ()
-        self.subscribed = False
-        # Read with no events (`building`): ``reply``, the builder the parts go on to (set there);
-        # the thinking block open there (a cut closes it).
-        self.thinking_id: str | None = None
-        self.resumed = False  # failed before its first event: what follows is a layer outside's next attempt
 
     def again(self) -> _SyncCall:
         """This call afresh, for another subscription of its stream."""
@@ -969,17 +971,17 @@ class _SyncCall(CallHold, MapSource):
         """Hold the estimate (`take_now`); the call alone in flight of a budget that limits only
         the run's tokens counts its output against its room from here (``free``)."""
         run, budget, est = self.run, self.budget, self.est_tokens
+        cost = est * self.in_rate
         if run.holds or not budget.run_tokens_only:
-            return self.take_now(est, est * self.in_rate)
+            return self.take_now(est, cost)
         # Alone: nothing is held in the run (nor to be had held first), and one comparison is
         # `take_now`'s check; a refusal goes there to be spelt out.
-        room = budget._run_max_tokens - run.tokens - est
+        room = budget._run_max_tokens - run.tokens - est  # (whole tokens, or inf)
         if room < 0:
-            return self.take_now(est, est * self.in_rate)
-        run.holds, run.held_tokens, run.held_cost, run._alone = 1, est, est * self.in_rate, self
-        self.tokens, self.cost, self.active = est, est * self.in_rate, True
-        # A delta is refused when ceil(chars / 4) > room, that is when chars > 4 * floor(room).
-        self.free = room if room == math.inf else 4 * int(room)
+            return self.take_now(est, cost)
+        run.holds, run.held_tokens, run.held_cost, run._alone = 1, est, cost, self
+        self.tokens, self.cost, self.active = est, cost, True
+        self.free = 4 * room  # a delta is refused when ceil(chars / 4) > room, that is chars > 4 * room
         return None
 
     def sync(self, pending: int = 0) -> None:
