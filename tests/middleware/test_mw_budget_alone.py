@@ -18,9 +18,11 @@ from unread_helpers import plain
 
 from agentscope_py import ChatUsage, ModelStep, ReActAgent, RuntimeContext, ScriptedModel, ToolUseBlock
 from agentscope_py.errors import BudgetExceeded
-from agentscope_py.middleware import BudgetMiddleware
+from agentscope_py.events import ModelCallEnd, ModelCallStart, TextBlockDelta, TextBlockEnd, TextBlockStart
+from agentscope_py.middleware import BudgetMiddleware, MiddlewareBase
 from agentscope_py.middleware.budget_stores import RunTotals
 from agentscope_py.model.base import ChatChunk, ModelRequest
+from agentscope_py.stream import EventStream
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -111,3 +113,47 @@ async def test_a_call_alone_is_cut_at_the_delta_that_crosses_its_room() -> None:
     totals = ctx.run_metrics["budget"]
     assert isinstance(totals, RunTotals)
     assert (totals.tokens, totals.holds, totals.held_tokens) == (E_IN + 20, 0, 0)
+
+
+class Restarts(MiddlewareBase):
+    """Inside the budget: a call whose first attempt streams and ends with no End of its own, then
+    a second attempt streams and ends (what a layer that restarts a call may hand on)."""
+
+    def __init__(self, first: int, second: int, chunk: int) -> None:
+        self.attempts = (first, second)
+        self.chunk = chunk
+
+    def on_model_call(self, agent: Any, ctx: Any, input: Any, next: Any) -> Any:
+        async def play() -> AsyncIterator[Any]:
+            for n, size in enumerate(self.attempts):
+                yield ModelCallStart(reply_id="r", model="m")
+                yield TextBlockStart(reply_id="r", block_id=f"b{n}")
+                for _ in range(size):
+                    yield TextBlockDelta(reply_id="r", block_id=f"b{n}", delta="x" * self.chunk)
+                yield TextBlockEnd(reply_id="r", block_id=f"b{n}")
+            usage = ChatUsage(input_tokens=E_IN, output_tokens=sum(self.attempts) * self.chunk // 4)
+            yield ModelCallEnd(reply_id="r", usage=usage, finish_reason="stop", model="m")
+
+        return EventStream(play)
+
+
+@pytest.mark.parametrize("seed", range(30))
+async def test_an_attempt_after_one_with_no_end_counts_against_what_that_one_let_out(seed: int) -> None:
+    # The first attempt's output stays held until the call settles (as a hold grown per delta
+    # keeps it): the second attempt has only the room that leaves.
+    rng = random.Random(seed)
+    first, second, chunk = rng.randint(0, 12), rng.randint(1, 12), rng.choice([1, 3, 8])
+    limit = rng.randint(E_IN, E_IN + 40)
+
+    async def run(extra: dict[str, Any]) -> tuple[Any, ...]:
+        budget = BudgetMiddleware(run_tokens=limit, estimate=lambda _input: E_IN, **extra)
+        agent = (ReActAgent.builder().sys_prompt("").model(ScriptedModel([]))
+                 .middlewares([budget, Restarts(first, second, chunk)]).build())
+        ctx = RuntimeContext()
+        events = await agent.stream("go", ctx=ctx).to_list()
+        totals = ctx.run_metrics["budget"]
+        assert isinstance(totals, RunTotals)
+        dump = plain([e.model_dump() for e in events], drop=("id", "reply_id", "created_at", "tool_call_id"))
+        return dump, totals.tokens, totals.holds, totals.held_tokens
+
+    assert await run({}) == await run({"run_cost": 10.0})
