@@ -236,6 +236,26 @@ def test_the_estimate_counts_the_tools_of_each_call() -> None:
     assert estimate_tokens(wide) == 9
 
 
+def test_the_estimate_of_requests_sharing_a_prefix_is_each_ones_own() -> None:
+    # Requests that share their first messages (the same objects), that grow, shrink, or differ
+    # from the start: each estimate is that of its messages counted afresh.
+    import random
+
+    from agentscope_py import Msg
+    rng = random.Random(7)
+    pool = [Msg.user("u" * rng.randint(0, 30)) for _ in range(6)] + [Msg.assistant("a" * 9)]
+    model = ScriptedModel([])
+
+    def fresh(msgs: list[Any]) -> int:
+        return -(-sum(len(m.text) for m in msgs) // 4)
+
+    for _ in range(200):
+        msgs = [rng.choice(pool) for _ in range(rng.randint(0, 6))]
+        assert estimate_tokens(ModelCallInput(msgs, (), {}, model)) == fresh(msgs)
+        grown = msgs + [rng.choice(pool) for _ in range(rng.randint(0, 3))]
+        assert estimate_tokens(ModelCallInput(grown, (), {}, model)) == fresh(grown)
+
+
 async def test_a_cache_hit_in_front_of_the_budget_costs_nothing() -> None:
     budget = BudgetMiddleware(run_tokens=10_000)
     agent, model = build(budget, [step_text()])

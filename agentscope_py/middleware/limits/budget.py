@@ -20,7 +20,10 @@ Each model call, at ``on_model_call`` (`CallHold`):
 * **while it streams**: its output (text, thinking and tool-call argument deltas, ``ceil(characters
   / 4)`` tokens, priced as output) grows its hold the same way; a delta that would take a scope
   over its limit is not let out: the call is cut short there (its request closed, its open blocks
-  ended, ``ModelCallEnd(error="BudgetExceeded: …")``) and refused as below;
+  ended, ``ModelCallEnd(error="BudgetExceeded: …")``) and refused as below. (Under a budget that
+  limits only the run's tokens, a call alone in flight holds its estimate only and compares each
+  delta with the room the limit leaves it; a call that takes meanwhile first has it hold what it
+  let out: `_SyncCall.sync`.)
 * **at its end**, from ``ModelCallEnd.usage`` (``None``, unknown, counts the estimate and the
   output counted): the hold is settled — dropped, and the actual usage charged — and the
   ModelCallEnd leaving this layer carries ``metadata[name]`` = ``{"call": {...}, "run": {...},
@@ -120,13 +123,18 @@ class ModelPrice:
                 raise ValueError(f"ModelPrice.{field_name} must be a number >= 0, got {value!r}")
 
     def cost(self, usage: ChatUsage) -> float:
-        cached = usage.cache_read_tokens
-        written = usage.cache_write_tokens
-        plain = max(0, usage.input_tokens - cached - written)
+        return self._cost_of(usage.__dict__)
+
+    def _cost_of(self, usage: Mapping[str, int]) -> float:
+        """`cost` of a `ChatUsage`'s fields (its ``__dict__``: one read of the model, where each
+        of its attributes read is one)."""
+        cached = usage["cache_read_tokens"]
+        written = usage["cache_write_tokens"]
+        plain = max(0, usage["input_tokens"] - cached - written)
         read_price = self.input if self.cached_input is None else self.cached_input
         write_price = self.input if self.cache_write is None else self.cache_write
         return (plain * self.input + cached * read_price + written * write_price
-                + usage.output_tokens * self.output) / 1_000_000
+                + usage["output_tokens"] * self.output) / 1_000_000
 
 
 DEFAULT_PRICES: Mapping[str, ModelPrice] = {
@@ -200,7 +208,10 @@ class BudgetMiddleware(MiddlewareBase):
         self._run_limited = any(scope == "run" for scope, _ in self.limits)
         self._session_limited = any(scope == "session" for scope, _ in self.limits)
         self.local_limited = self._run_limited or self._session_limited  # (else only the store checks)
-        self._run_max_tokens: float = self.limits.get(("run", "tokens"), math.inf)
+        # (in whole tokens: the totals it is compared with are integers, so ``total > limit`` is
+        # ``total > floor(limit)``; then a call alone's room in characters is four times its room)
+        run_tokens_limit = self.limits.get(("run", "tokens"))
+        self._run_max_tokens: float = math.inf if run_tokens_limit is None else math.floor(run_tokens_limit)
         self._run_max_cost: float = self.limits.get(("run", "cost"), math.inf)
         if strict:
             for model in models:
@@ -215,6 +226,9 @@ class BudgetMiddleware(MiddlewareBase):
                              else None)
         self._sync = not self.needs_user or self.memory_store is not None
         self._beyond_run = self._session_limited or self.needs_user  # (a scope other than the run's limited)
+        # Only the run's tokens limited (or nothing): a call alone in flight checks its output
+        # against the room it has by comparing integers (`_SyncCall.take_estimate`).
+        self.run_tokens_only = not self._beyond_run and not self._cost_limited
 
     def active_points(self) -> frozenset[ExtensionPoint]:
         return frozenset({ExtensionPoint.ON_MODEL_CALL, ExtensionPoint.ON_AGENT_STATE_READY})
@@ -388,7 +402,8 @@ class BudgetMiddleware(MiddlewareBase):
             out = -(-chars // 4)
             cost = 0.0 if price is None else (est_tokens * price.input + out * price.output) / 1_000_000
             return est_tokens + out, cost
-        return usage.input_tokens + usage.output_tokens, price.cost(usage) if price is not None else 0.0
+        fields = usage.__dict__
+        return fields["input_tokens"] + fields["output_tokens"], price._cost_of(fields) if price is not None else 0.0
 
     def settle_now(self, ctx: RuntimeContext, run: RunTotals, hold: CallHold, ev: ModelCallEnd, model: str,
                    est_tokens: int, chars: int) -> ModelCallEnd:
@@ -554,7 +569,7 @@ class CallHold:
     user limit, or an `InMemoryBudgetStore`): no coroutine per step, and nothing between the check and
     the hold."""
 
-    __slots__ = ("active", "budget", "cost", "ctx", "id", "run", "tokens")
+    __slots__ = ("active", "budget", "cost", "ctx", "free", "id", "run", "tokens")
 
     def __init__(self, budget: BudgetMiddleware, ctx: RuntimeContext, run: RunTotals) -> None:
         self.budget = budget
@@ -564,6 +579,9 @@ class CallHold:
         self.cost = 0.0
         self.active = False
         self.id: str | None = None  # the store's hold, made at the first take with a user limit
+        # The output characters the call counts with no take: what its hold covers, or, while it
+        # is the run's call alone in flight (`RunTotals._alone`), the room it has (`_SyncCall`).
+        self.free: float = 0
 
     # -- taking ----------------------------------------------------------------------------------
 
@@ -584,6 +602,9 @@ class CallHold:
         budget whose holds are all in this process: nothing comes between the checks and the
         holds, so the store is asked first and the run's hold taken only when it grants."""
         run, budget = self.run, self.budget
+        alone = run._alone
+        if alone is not None and alone is not self:
+            alone.sync()
         if not force and budget.local_limited:
             refused = self._refused_locally(tokens, cost, stage)
             if refused is not None:
@@ -627,6 +648,8 @@ class CallHold:
         """The run's and session's check and hold (first: calls checked while a store answers
         see it)."""
         run, budget = self.run, self.budget
+        if run._alone is not None:
+            run._alone.sync()
         if not force and budget.local_limited:
             refused = self._refused_locally(tokens, cost, stage)
             if refused is not None:
@@ -664,13 +687,14 @@ class CallHold:
 
     def drop_local(self) -> None:
         """Drop the run's and session's hold (in the step that charges them)."""
+        self.free = 0
         if not self.active:
             return
         run = self.run
         run.holds -= 1
-        if run.holds <= 0:  # no call in flight: the sums start over (`_left`)
-            run.holds, run.held_tokens, run.held_cost = 0, 0, 0.0
-        else:
+        if run.holds <= 0:  # no call in flight: the sums start over (`_left`), and none is alone
+            run.holds, run.held_tokens, run.held_cost, run._alone = 0, 0, 0.0, None
+        else:  # (a call alone is the one call holding: it is not this one)
             run.held_tokens -= self.tokens
             run.held_cost -= self.cost
         self.tokens, self.cost, self.active = 0, 0.0, False
@@ -758,11 +782,20 @@ class _SyncCall(CallHold, MapSource):
     meters its event and hands it on to the round's builder (``reply``), and a cut hands that
     builder what the closing events would (`_cut_unread`)."""
 
-    __slots__ = ("attempt", "brackets", "chars", "error", "est_tokens", "in_rate", "inner", "maps", "model",
-                 "out_held", "out_rate", "pending", "priced", "reply", "resumed", "subscribed", "thinking_id")
-
+    # (No __slots__: what most calls leave as it starts is a class attribute, not set per call.)
     context_free = True
     reply: ReplyParts
+    chars = 0  # output characters counted in the running attempt
+    out_held = 0  # output tokens its hold covers
+    attempt = False  # a ModelCallStart seen without its End: a model answered
+    pending: list[Any] | None = None  # the rest of a cut: closing events, then the refusal
+    error: BaseException | None = None  # ... or the refusal raised (on_exceeded="error")
+    maps: Maps = ()
+    subscribed = False
+    # Read with no events (`building`): ``reply``, the builder the parts go on to (set there);
+    # the thinking block open there (a cut closes it).
+    thinking_id: str | None = None
+    resumed = False  # failed before its first event: what follows is a layer outside's next attempt
 
     def __init__(self, budget: BudgetMiddleware, ctx: RuntimeContext, run: RunTotals, inner: EventStream[Any],
                  model: str, price: ModelPrice | None, est_tokens: int) -> None:
@@ -775,21 +808,10 @@ class _SyncCall(CallHold, MapSource):
         else:
             self.in_rate, self.out_rate = price.input / 1_000_000, price.output / 1_000_000
         self.est_tokens = est_tokens
-        self.chars = 0  # output characters counted in the running attempt
-        self.out_held = 0  # output tokens its hold covers
-        self.attempt = False  # a ModelCallStart seen without its End: a model answered
         # The top-level Starts and Ends let out, in order: what a cut closes (`_cut` reads which are
         # open from them). A list append per bracket, where tracking them as they pass would be a
         # call per bracket for what only a cut needs.
         self.brackets: list[Any] = []
-        self.pending: list[Any] | None = None  # the rest of a cut: closing events, then the refusal
-        self.error: BaseException | None = None  # ... or the refusal raised (on_exceeded="error")
-        self.maps: Maps = ()
-        self.subscribed = False
-        # Read with no events (`building`): ``reply``, the builder the parts go on to (set there);
-        # the thinking block open there (a cut closes it).
-        self.thinking_id: str | None = None
-        self.resumed = False  # failed before its first event: what follows is a layer outside's next attempt
 
     def again(self) -> _SyncCall:
         """This call afresh, for another subscription of its stream."""
@@ -815,7 +837,7 @@ class _SyncCall(CallHold, MapSource):
         factory, own = inner._factory, maps_of(inner._steps)
         if own is None or not isinstance(factory, MapSource):
             return None
-        if self.take_now(self.est_tokens, self.est_tokens * self.in_rate) is not None:
+        if self.take_estimate() is not None:
             return None
         self.subscribed = True
         n, passes, resume = recovery
@@ -844,7 +866,7 @@ class _SyncCall(CallHold, MapSource):
         factory = inner._factory
         if inner._steps or not isinstance(factory, MapSource):
             return None
-        if self.take_now(self.est_tokens, self.est_tokens * self.in_rate) is not None:
+        if self.take_estimate() is not None:
             return None
         if recovery is not None:
             n, passes, resume = recovery
@@ -865,9 +887,10 @@ class _SyncCall(CallHold, MapSource):
             self.model = model
             price = self.budget.price(model)
             self.out_rate = 0.0 if price is None else price.output / 1_000_000
+        if self.chars:
+            self._restart()
         if not self.active:  # a retry's next attempt: the model has its input already
             self.take_now(self.est_tokens, self.est_tokens * self.in_rate, force=True)
-        self.chars = self.out_held = 0
         self.thinking_id = None
         self.reply.begin(model)
 
@@ -904,12 +927,10 @@ class _SyncCall(CallHold, MapSource):
     def _count(self, delta: str) -> None:
         """An output delta: its characters counted, the hold grown to cover them (`see`), or the call cut."""
         self.chars = chars = self.chars + len(delta)
-        need = -(-chars // 4) - self.out_held
-        if need > 0:
-            refused = self.take_now(need, need * self.out_rate, "stream")
+        if chars > self.free:
+            refused = self.grow(len(delta))
             if refused is not None:
                 self._cut_unread(delta, refused)
-            self.out_held += need
 
     def _cut_unread(self, delta: str, refused: dict[str, Any]) -> NoReturn:
         """`_cut` for a call read with no events: ``delta`` is not handed on; what was counted
@@ -939,9 +960,66 @@ class _SyncCall(CallHold, MapSource):
         self.resumed = True
         return resume(error)
 
+    # The output's holds. Each output delta is counted (``chars``); past what the hold covers
+    # (``free``) the hold grows to cover it, or the call is cut. A call alone in flight, in a
+    # budget that limits only the run's tokens, holds its estimate only, and ``free`` is the room
+    # the limit leaves it: while no other call takes, the check a take would make is that one
+    # comparison. A take by another call first has it hold its output (`sync`), so from there on
+    # every check sees it, as it would had each delta been held as it came.
+
+    def take_estimate(self) -> dict[str, Any] | None:
+        """Hold the estimate (`take_now`); the call alone in flight of a budget that limits only
+        the run's tokens counts its output against its room from here (``free``)."""
+        run, budget, est = self.run, self.budget, self.est_tokens
+        cost = est * self.in_rate
+        if run.holds or not budget.run_tokens_only:
+            return self.take_now(est, cost)
+        # Alone: nothing is held in the run (nor to be had held first), and one comparison is
+        # `take_now`'s check; a refusal goes there to be spelt out.
+        room = budget._run_max_tokens - run.tokens - est  # (whole tokens, or inf)
+        if room < 0:
+            return self.take_now(est, cost)
+        run.holds, run.held_tokens, run.held_cost, run._alone = 1, est, cost, self
+        self.tokens, self.cost, self.active = est, cost, True
+        self.free = 4 * room  # a delta is refused when ceil(chars / 4) > room, that is chars > 4 * room
+        return None
+
+    def sync(self, pending: int = 0) -> None:
+        """Hold the output counted (but ``pending`` characters, a delta not checked yet), which
+        went out within the room this call had alone, and leave that: each delta from here takes
+        its hold."""
+        self.run._alone = None
+        need = -(-(self.chars - pending) // 4) - self.out_held
+        if need > 0:
+            self.take_now(need, need * self.out_rate, "stream", force=True)
+            self.out_held += need
+        self.free = 4 * self.out_held
+
+    def grow(self, n: int) -> dict[str, Any] | None:
+        """The output counted past ``free`` (the last ``n`` characters the delta that crossed it):
+        the hold grown to cover it, or the refusal (nothing held)."""
+        if self.run._alone is self:
+            self.sync(n)
+        need = -(-self.chars // 4) - self.out_held
+        if need > 0:
+            refused = self.take_now(need, need * self.out_rate, "stream")
+            if refused is not None:
+                return refused
+            self.out_held += need
+        self.free = 4 * self.out_held
+        return None
+
+    def _restart(self) -> None:
+        """An attempt starts after one that ended with no End of its own: that one's output stays
+        held until the call settles, and this one's is counted afresh."""
+        if self.run._alone is self:
+            self.sync()
+        self.chars = self.out_held = 0
+        self.free = 0
+
     def start(self, maps: Maps) -> AsyncIterator[Any]:
         """Take the hold (or refuse) and subscribe the inner stream with ``see`` and ``maps`` fused."""
-        refused = self.take_now(self.est_tokens, self.est_tokens * self.in_rate)
+        refused = self.take_estimate()
         if refused is not None:
             try:
                 events = self.budget._refusal(refused)
@@ -966,12 +1044,10 @@ class _SyncCall(CallHold, MapSource):
         if cls in _OUTPUT_DELTAS:
             if ev.source is None:
                 self.chars = chars = self.chars + len(ev.delta)
-                need = -(-chars // 4) - self.out_held
-                if need > 0:
-                    refused = self.take_now(need, need * self.out_rate, "stream")
+                if chars > self.free:
+                    refused = self.grow(len(ev.delta))
                     if refused is not None:
                         return self._cut(ev, refused)
-                    self.out_held += need
         elif cls in _BRACKETS and ev.source is None:
             self.brackets.append(ev)
             if cls is ModelCallStart:
@@ -980,9 +1056,10 @@ class _SyncCall(CallHold, MapSource):
                     self.model = ev.model
                     price = self.budget.price(ev.model)
                     self.out_rate = 0.0 if price is None else price.output / 1_000_000
+                if self.chars:
+                    self._restart()
                 if not self.active:  # a retry's next attempt: the model has its input already
                     self.take_now(self.est_tokens, self.est_tokens * self.in_rate, force=True)
-                self.chars = self.out_held = 0
             elif cls is _ModelCallEnd:
                 self.attempt = False
                 ev = self.budget.settle_now(self.ctx, self.run, self, ev, ev.model or self.model,

@@ -51,30 +51,35 @@ def _tool_chars(tools: Sequence[Any]) -> int:
     return chars
 
 
-# The last call's messages and their characters, and its tools and theirs. A session's request is
-# the request before it plus the messages since (the same objects, in the same order): those are
-# all that is counted, the prefix recognised by identity, in C (as `cache_keys` does); its tools
-# are the same tuple round after round. Only the last call is kept, so no dead message is kept
-# alive for long (the memo of every message seen that this replaces kept up to a thousand dead
-# ones alive, and cost more per call when the history is short).
-_prev: tuple[tuple[Msg, ...], int, Sequence[Any], int] = ((), 0, (), 0)
+# The last call's messages and their characters (and its first message's: the system prompt),
+# and its tools and theirs. A session's request is the request before it plus the messages since
+# (the same objects, in the same order): those are all that is counted, the prefix recognised by
+# identity, in C (as `cache_keys` does); a new session's starts with the same system prompt
+# object, whose characters are not counted again; its tools are the same tuple round after round.
+# Only the last call is kept, so no dead message is kept alive for long (the memo of every message
+# seen that this replaces kept up to a thousand dead ones alive, and cost more per call when the
+# history is short).
+_prev: tuple[tuple[Msg, ...], int, int, Sequence[Any], int] = ((), 0, 0, (), 0)
 
 
 def estimate_tokens(input: ModelCallInput) -> int:
     """``ceil(characters / 4)`` over the messages' content and the tool schemas."""
     global _prev
     messages, tools = input.messages, input.tools
-    done, chars, prev_tools, tool_chars = _prev
+    done, chars, first, prev_tools, tool_chars = _prev
     n = len(done)
     if n and len(messages) >= n and all(map(_is, messages, done)):
         rest: Sequence[Msg] = messages[n:]
+    elif n and messages and messages[0] is done[0]:
+        rest, chars = messages[1:], first
     else:
-        rest, chars = messages, 0
+        first = chars = _msg_chars(messages[0]) if messages else 0
+        rest = messages[1:]
     for msg in rest:
         chars += _msg_chars(msg)
     if tools is not prev_tools:
         tool_chars = _tool_chars(tools)
-    _prev = (tuple(messages), chars, tools, tool_chars)
+    _prev = (tuple(messages), chars, first, tools, tool_chars)
     return -(-(chars + tool_chars) // 4)  # ceil(chars / 4), in integers
 
 

@@ -81,9 +81,13 @@ class RunTotals(Mapping[str, Spend]):
     ``held_cost``, the holds of the tree's calls in flight (which count against the run's and the
     root session's limits: a session runs one execution at a time, so its calls in flight are this
     tree's); as a read-only mapping (what `AgentRun.metrics` ``[name]`` shows), the
-    ``{"run", "session", "user"}`` `Spend` of `BudgetMiddleware.spent`, read when asked."""
+    ``{"run", "session", "user"}`` `Spend` of `BudgetMiddleware.spent`, read when asked.
 
-    __slots__ = ("_budget", "_ctx", "calls", "cost", "held_cost", "held_tokens", "holds", "tokens")
+    ``_alone``: the call in flight alone whose output is not in ``held_tokens`` yet (a budget
+    that limits only the run's tokens: `budget._SyncCall.sync`), or None; whoever takes a hold
+    here has it hold that output first, so every check sees every call's output."""
+
+    __slots__ = ("_alone", "_budget", "_ctx", "calls", "cost", "held_cost", "held_tokens", "holds", "tokens")
 
     def __init__(self, budget: ScopeTotals, ctx: RuntimeContext) -> None:
         self._budget = budget
@@ -94,6 +98,7 @@ class RunTotals(Mapping[str, Spend]):
         self.held_tokens = 0
         self.held_cost = 0.0
         self.holds = 0  # calls in flight holding here
+        self._alone: Any = None
 
     def spend(self) -> Spend:
         """The run's totals."""
