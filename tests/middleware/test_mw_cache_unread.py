@@ -182,9 +182,9 @@ async def test_a_hit_nobody_observes_hands_the_recorded_reply_over_as_the_replay
 
 
 async def test_a_miss_read_twice_with_no_events_records_each_reading_on_its_own() -> None:
-    # The miss's factory records the first reading itself and a second one, started before the
-    # first ended, into a copy: each builder gets its own reply, and the entry stored is the
-    # reply's, not the two interleaved.
+    # Two readings of one miss's stream, the second started before the first ended, each record
+    # on their own: each builder gets its own reply, and the entry stored is the reply's, not the
+    # two interleaved.
     store = InMemoryCacheStore()
     model = ScriptedModel([ModelStep(thinking="hmm", text="three", chunks=3)], loop=True)
     inner = model_call_stream([model], ModelRequest([Msg.user("1 + 2?")]), "reply_x", RetryPolicy(), None, None)

@@ -40,18 +40,12 @@ if TYPE_CHECKING:
 __all__ = ["Hit", "Missed", "RecordedReply"]
 
 
-class Missed(MapSource):
-    """A miss's stream factory in a run, for a store that answers at once: subscribed, the inner
-    stream with `model_tap` fused (each subscription records its own); read with no events
-    (`building`), the reply the inner call hands its parts to (`_replies.ReplyParts`): each part
-    handed on to the consumer's ``reply`` and kept as a tuple; at the end of a complete call (no
-    ``error``, not ``discarded``), the reply is stored as a `RecordedReply`, whose events are the
-    ones `model_tap` stores for a miss read as events. It only subscribes the stream built inside
-    the hook (``inner``): `context_free`.
-
-    The factory records its first subscription read with no events itself (one object per miss);
-    another one, at the same time or later, records into a copy of its own. A retry's next
-    attempt inside starts the recording over (`begin`).
+class _Recording:
+    """The reply a model call read with no events hands its parts to (`_replies.ReplyParts`), for
+    a miss (`Missed.building`): each part handed on to the consumer's ``reply`` and kept as a
+    tuple; at the end of a complete call (no ``error``, not ``discarded``), the reply is stored as
+    a `RecordedReply`, whose events are the ones `model_tap` stores for a miss read as events. A
+    retry's next attempt inside starts the recording over (`begin`).
 
     The events a `RecordedReply` makes, in the order `PartsManager` makes them: a block's Start
     before its first part; a text block ends at the next part that is not its own (thinking, a
@@ -60,68 +54,17 @@ class Missed(MapSource):
     reusing its index for the next one is recorded as ending there too: the parts do not carry
     the index)."""
 
-    __slots__ = ("free", "inner", "key", "model", "parts", "reply", "reply_id", "store", "ttl")
+    __slots__ = ("key", "model", "parts", "reply", "reply_id", "store", "ttl")
 
-    context_free = True
-
-    reply: ReplyParts  # the consumer's, once a subscription records into this one
-    model: str
+    model: str  # (set by `begin`, which comes first)
     parts: list[tuple[Any, ...]]
 
-    def __init__(self, inner: EventStream[AgentEvent], store: Any, key: str, ttl: float | None,
-                 reply_id: str) -> None:
-        self.inner = inner
+    def __init__(self, reply: ReplyParts, store: Any, key: str, ttl: float | None, reply_id: str) -> None:
+        self.reply = reply
         self.store = store
         self.key = key
         self.ttl = ttl
         self.reply_id = reply_id
-        self.free = True  # no subscription records into this one yet
-
-    def with_maps(self, maps: Maps) -> AsyncIterator[Any]:
-        # ``inner.map(tap)`` and ``maps`` subscribed: a `MapSource` with only maps of its own (the
-        # model call's) takes them all at once, as `EventStream.__aiter__` would give them.
-        tap = model_tap(self.store, self.key, self.ttl)
-        inner = self.inner
-        factory, own = inner._factory, maps_of(inner._steps)
-        if own is not None and isinstance(factory, MapSource):
-            return factory.with_maps((*own, tap, *maps))
-        stream = inner.map(tap)
-        for fn in maps:
-            stream = stream.map(fn)
-        return stream.__aiter__()
-
-    def recovering(self, maps: Maps, recovery: Recovery) -> AsyncIterator[Any] | None:
-        inner = self.inner
-        factory, own = inner._factory, maps_of(inner._steps)
-        if own is None or not isinstance(factory, MapSource):
-            return None
-        n, passes, resume = recovery
-        return factory.recovering((*own, model_tap(self.store, self.key, self.ttl), *maps),
-                                  (len(own) + 1 + n, passes, resume))
-
-    def building(
-        self, reply: ReplyParts, alone: Callable[[], bool], recovery: Recovery | None = None,
-    ) -> AsyncIterator[Any] | None:
-        inner = self.inner
-        factory = inner._factory
-        if inner._steps or not isinstance(factory, MapSource):
-            return None
-        recorder = self if self.free else Missed(inner, self.store, self.key, self.ttl, self.reply_id)
-        recorder.free = False
-        recorder.reply = reply
-        if type(factory) is ModelCall:
-            # The model call's own subscription yields nothing but what ``recovery`` resumes
-            # with (a retry's next attempt read as events): only those need recording as events.
-            if recovery is not None:
-                recovery = (recovery[0], recovery[1], partial(_tapped, recovery[2], recorder))
-            return factory.building(recorder, alone, recovery)
-        it = factory.building(recorder, alone, recovery)
-        if it is None:
-            recorder.free = recorder is self
-            return None
-        return _Tapping(it, recorder)
-
-    # -- the reply the inner call hands its parts to (`_replies.ReplyParts`) -------------------
 
     def begin(self, model: str) -> None:
         self.model = model
@@ -153,7 +96,66 @@ class Missed(MapSource):
         self.reply.end(usage, finish_reason, discarded, error)
 
 
-async def _tapped(resume: Callable[[Exception], AsyncIterator[Any]], miss: Missed,
+class Missed(MapSource):
+    """A miss's stream factory in a run, for a store that answers at once: subscribed, the inner
+    stream with `model_tap` fused (each subscription records its own); read with no events
+    (`building`), a `_Recording` of its own is the reply the inner call hands its parts to (not
+    this factory: the source inside may hold its reply, and a reply holding that source would
+    make a cycle). It only subscribes the stream built inside the hook (``inner``): `context_free`."""
+
+    __slots__ = ("inner", "key", "reply_id", "store", "ttl")
+
+    context_free = True
+
+    def __init__(self, inner: EventStream[AgentEvent], store: Any, key: str, ttl: float | None,
+                 reply_id: str) -> None:
+        self.inner = inner
+        self.store = store
+        self.key = key
+        self.ttl = ttl
+        self.reply_id = reply_id
+
+    def with_maps(self, maps: Maps) -> AsyncIterator[Any]:
+        # ``inner.map(tap)`` and ``maps`` subscribed: a `MapSource` with only maps of its own (the
+        # model call's) takes them all at once, as `EventStream.__aiter__` would give them.
+        tap = model_tap(self.store, self.key, self.ttl)
+        inner = self.inner
+        factory, own = inner._factory, maps_of(inner._steps)
+        if own is not None and isinstance(factory, MapSource):
+            return factory.with_maps((*own, tap, *maps))
+        stream = inner.map(tap)
+        for fn in maps:
+            stream = stream.map(fn)
+        return stream.__aiter__()
+
+    def recovering(self, maps: Maps, recovery: Recovery) -> AsyncIterator[Any] | None:
+        inner = self.inner
+        factory, own = inner._factory, maps_of(inner._steps)
+        if own is None or not isinstance(factory, MapSource):
+            return None
+        n, passes, resume = recovery
+        return factory.recovering((*own, model_tap(self.store, self.key, self.ttl), *maps),
+                                  (len(own) + 1 + n, passes, resume))
+
+    def building(
+        self, reply: ReplyParts, alone: Callable[[], bool], recovery: Recovery | None = None,
+    ) -> AsyncIterator[Any] | None:
+        inner = self.inner
+        factory = inner._factory
+        if inner._steps or not isinstance(factory, MapSource):
+            return None
+        recorder = _Recording(reply, self.store, self.key, self.ttl, self.reply_id)
+        if type(factory) is ModelCall:
+            # The model call's own subscription yields nothing but what ``recovery`` resumes
+            # with (a retry's next attempt read as events): only those need recording as events.
+            if recovery is not None:
+                recovery = (recovery[0], recovery[1], partial(_tapped, recovery[2], recorder))
+            return factory.building(recorder, alone, recovery)
+        it = factory.building(recorder, alone, recovery)
+        return None if it is None else _Tapping(it, recorder)
+
+
+async def _tapped(resume: Callable[[Exception], AsyncIterator[Any]], miss: _Recording,
                   error: Exception) -> AsyncIterator[Any]:
     """What a recovery resumes a miss read with no events with (`Missed.building`), recorded as
     `Missed.with_maps` records it."""
@@ -172,7 +174,7 @@ class _Tapping:
 
     __slots__ = ("__weakref__", "it", "miss", "tap")
 
-    def __init__(self, it: AsyncIterator[Any], miss: Missed) -> None:
+    def __init__(self, it: AsyncIterator[Any], miss: _Recording) -> None:
         self.it = it
         self.miss = miss
         self.tap: Callable[[Any], Any] | None = None
