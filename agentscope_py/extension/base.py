@@ -130,6 +130,9 @@ def _frozen(value: Iterable[Any] | None) -> tuple[Any, ...]:
 # ``object.__setattr__`` ends in once it has looked the descriptor up by name.
 
 
+_new = object.__new__  # (a record copied field by field: `with_deadline`)
+
+
 def _slot_writers(cls: type[_Record]) -> tuple[Callable[[Any, Any], None], ...]:
     """The descriptor writes of ``cls``'s fields, in field order."""
     return tuple(cls.__dict__[name].__set__ for name in cls.__match_args__)
@@ -194,7 +197,14 @@ class ModelCallInput(_Record):
             deadline = deadline.within(self.deadline)
         if type(self) is not ModelCallInput:  # (a subclass: its own fields are replace()'s to copy)
             return cast(ModelCallInput, self.replace(deadline=deadline))
-        return ModelCallInput(self.messages, self.tools, self.options, self.model, deadline)
+        # The fields are this record's, already checked: written as they are, with no __init__.
+        copy = _new(ModelCallInput)
+        _MODEL_CALL_MESSAGES(copy, self.messages)
+        _MODEL_CALL_TOOLS(copy, self.tools)
+        _MODEL_CALL_OPTIONS(copy, self.options)
+        _MODEL_CALL_MODEL(copy, self.model)
+        _MODEL_CALL_DEADLINE(copy, deadline)
+        return copy
 
 
 _MODEL_CALL_MESSAGES, _MODEL_CALL_TOOLS, _MODEL_CALL_OPTIONS, _MODEL_CALL_MODEL, _MODEL_CALL_DEADLINE = (
@@ -221,7 +231,10 @@ class ActingInput(_Record):
             deadline = deadline.within(self.deadline)
         if type(self) is not ActingInput:  # (a subclass: its own fields are replace()'s to copy)
             return cast(ActingInput, self.replace(deadline=deadline))
-        return ActingInput(self.tool_calls, deadline)
+        copy = _new(ActingInput)  # (as `ModelCallInput.with_deadline` copies)
+        _ACTING_TOOL_CALLS(copy, self.tool_calls)
+        _ACTING_DEADLINE(copy, deadline)
+        return copy
 
 
 _ACTING_TOOL_CALLS, _ACTING_DEADLINE = _slot_writers(ActingInput)

@@ -7,6 +7,7 @@ events and the cache records those."""
 
 from __future__ import annotations
 
+import asyncio
 import random
 from typing import Any
 
@@ -15,7 +16,10 @@ from resilience_helpers import FakeSleep
 from unread_helpers import FRESH, Identity, PassThrough, Played, add, plain, random_call, spy_made
 
 from agentscope_py import ModelStep, ReActAgent, RuntimeContext, ScriptedModel, ToolUseBlock
+from agentscope_py._model_call import RetryPolicy, model_call_stream
+from agentscope_py._replies import ReplyBuilder
 from agentscope_py.events import Custom
+from agentscope_py.message import Msg
 from agentscope_py.middleware import (
     BudgetMiddleware,
     InMemoryCacheStore,
@@ -23,6 +27,8 @@ from agentscope_py.middleware import (
     ResponseCacheMiddleware,
     RetryMiddleware,
 )
+from agentscope_py.middleware.caching._parts_record import Missed
+from agentscope_py.model.base import ModelRequest
 
 pytestmark = [pytest.mark.timeout(60),
               pytest.mark.filterwarnings("ignore::agentscope_py.middleware.lints.MiddlewareOrderWarning")]
@@ -173,3 +179,29 @@ async def test_a_hit_nobody_observes_hands_the_recorded_reply_over_as_the_replay
     assert made == [] or recorded == "with_a_custom_event"
     assert unread == await hit(True)
     assert unread[3] == 0 and unread[2].calls == 2 and unread[2].tokens == 0  # two hits: never called, free
+
+
+async def test_a_miss_read_twice_with_no_events_records_each_reading_on_its_own() -> None:
+    # Two readings of one miss's stream, the second started before the first ended, each record
+    # on their own: each builder gets its own reply, and the entry stored is the reply's, not the
+    # two interleaved.
+    store = InMemoryCacheStore()
+    model = ScriptedModel([ModelStep(thinking="hmm", text="three", chunks=3)], loop=True)
+    inner = model_call_stream([model], ModelRequest([Msg.user("1 + 2?")]), "reply_x", RetryPolicy(), None, None)
+    miss = Missed(inner, store, "k", None, "reply_x")
+    builders = [ReplyBuilder(), ReplyBuilder()]
+    readings = [miss.building(b, lambda: True) for b in builders]
+    assert all(r is not None for r in readings)
+
+    async def drain(it: Any) -> list[Any]:
+        return [ev async for ev in it]
+
+    assert await asyncio.wait_for(asyncio.gather(*(drain(r) for r in readings)), 10) == [[], []]
+    for b in builders:
+        assert b.build("reply_x", None).text == "three"
+    (events, _), = store._entries.values()
+    assert [e.type for e in events] == [
+        "model_call_start", "thinking_block_start", "thinking_block_delta", "thinking_block_delta",
+        "thinking_block_delta", "thinking_block_end", "text_block_start", "text_block_delta", "text_block_delta",
+        "text_block_delta", "text_block_end", "model_call_end"]
+    assert "".join(e.delta for e in events if e.type == "text_block_delta") == "three"

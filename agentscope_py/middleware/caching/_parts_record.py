@@ -1,7 +1,7 @@
 """A model call's reply as the parts its call hands to the loop's builder, for `cache`'s
 `ResponseCacheMiddleware` in a run whose events nobody reads (`MapSource.building`):
 
-* a miss is recorded from those parts (`Missed`, `PartsRecording`): no event is made while the
+* a miss is recorded from those parts (`Missed`): no event is made while the
   call streams, and the store keeps the reply as data (`RecordedReply`), whose events — the ones
   a miss read as events stores (`_cache_record.model_tap`) — are made when they are first read;
 * a hit hands the recorded reply to the builder as those parts (`Hit`), as its replayed events
@@ -10,9 +10,11 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from functools import partial
 from typing import TYPE_CHECKING, Any, overload
 
-from ..._stream.operators import Maps, MapSource, Recovery, aclose, apply_maps, iterate, maps_of
+from ..._model_call import ModelCall
+from ..._stream.operators import Maps, MapSource, Recovery, aclose, aclosing, apply_maps, iterate, maps_of
 from ..._trusted import shape
 from ...events import (
     AgentEvent,
@@ -35,14 +37,71 @@ if TYPE_CHECKING:
     from ..._replies import ReplyParts
     from ...stream import EventStream
 
-__all__ = ["Hit", "Missed", "PartsRecording", "RecordedReply"]
+__all__ = ["Hit", "Missed", "RecordedReply"]
+
+
+class _Recording:
+    """The reply a model call read with no events hands its parts to (`_replies.ReplyParts`), for
+    a miss (`Missed.building`): each part handed on to the consumer's ``reply`` and kept as a
+    tuple; at the end of a complete call (no ``error``, not ``discarded``), the reply is stored as
+    a `RecordedReply`, whose events are the ones `model_tap` stores for a miss read as events. A
+    retry's next attempt inside starts the recording over (`begin`).
+
+    The events a `RecordedReply` makes, in the order `PartsManager` makes them: a block's Start
+    before its first part; a text block ends at the next part that is not its own (thinking, a
+    tool call) or at the end; a thinking block at its signature (its End's part, a block of a
+    signature alone included); the tool calls, all at the end (a call a provider ended early by
+    reusing its index for the next one is recorded as ending there too: the parts do not carry
+    the index)."""
+
+    __slots__ = ("key", "model", "parts", "reply", "reply_id", "store", "ttl")
+
+    model: str  # (set by `begin`, which comes first)
+    parts: list[tuple[Any, ...]]
+
+    def __init__(self, reply: ReplyParts, store: Any, key: str, ttl: float | None, reply_id: str) -> None:
+        self.reply = reply
+        self.store = store
+        self.key = key
+        self.ttl = ttl
+        self.reply_id = reply_id
+
+    def begin(self, model: str) -> None:
+        self.model = model
+        self.parts = []  # (a retry's next attempt inside: its own reply only)
+        self.reply.begin(model)
+
+    def text(self, block_id: str, delta: str) -> None:
+        self.parts.append((_TEXT_PART, block_id, delta))
+        self.reply.text(block_id, delta)
+
+    def thinking(self, block_id: str, delta: str) -> None:
+        self.parts.append((_THINKING_PART, block_id, delta))
+        self.reply.thinking(block_id, delta)
+
+    def signed(self, block_id: str, signature: str | None) -> None:
+        self.parts.append((_SIGNED_PART, block_id, signature))
+        self.reply.signed(block_id, signature)
+
+    def tool_call(self, call_id: str, name: str, delta: str | None = None) -> None:
+        self.parts.append((_CALL_PART, call_id, name, delta))
+        self.reply.tool_call(call_id, name, delta)
+
+    def end(self, usage: ChatUsage | None, finish_reason: str | None, discarded: bool,
+            error: str | None = None) -> None:
+        if error is None and not discarded:
+            self.store.set_nowait(self.key, RecordedReply(self.parts, self.model, usage, finish_reason, self.reply_id),
+                                  self.ttl)
+        self.parts = []
+        self.reply.end(usage, finish_reason, discarded, error)
 
 
 class Missed(MapSource):
     """A miss's stream factory in a run, for a store that answers at once: subscribed, the inner
     stream with `model_tap` fused (each subscription records its own); read with no events
-    (`building`), a `PartsRecording` is the reply the inner call hands its parts to. It only
-    subscribes the stream built inside the hook (``inner``): `context_free`."""
+    (`building`), a `_Recording` of its own is the reply the inner call hands its parts to (not
+    this factory: the source inside may hold its reply, and a reply holding that source would
+    make a cycle). It only subscribes the stream built inside the hook (``inner``): `context_free`."""
 
     __slots__ = ("inner", "key", "reply_id", "store", "ttl")
 
@@ -85,21 +144,37 @@ class Missed(MapSource):
         factory = inner._factory
         if inner._steps or not isinstance(factory, MapSource):
             return None
-        it = factory.building(PartsRecording(reply, self.reply_id, self.store, self.key, self.ttl), alone, recovery)
-        if it is None:
-            return None
-        return _Tapping(it, self)
+        recorder = _Recording(reply, self.store, self.key, self.ttl, self.reply_id)
+        if type(factory) is ModelCall:
+            # The model call's own subscription yields nothing but what ``recovery`` resumes
+            # with (a retry's next attempt read as events): only those need recording as events.
+            if recovery is not None:
+                recovery = (recovery[0], recovery[1], partial(_tapped, recovery[2], recorder))
+            return factory.building(recorder, alone, recovery)
+        it = factory.building(recorder, alone, recovery)
+        return None if it is None else _Tapping(it, recorder)
+
+
+async def _tapped(resume: Callable[[Exception], AsyncIterator[Any]], miss: _Recording,
+                  error: Exception) -> AsyncIterator[Any]:
+    """What a recovery resumes a miss read with no events with (`Missed.building`), recorded as
+    `Missed.with_maps` records it."""
+    tap = model_tap(miss.store, miss.key, miss.ttl)
+    async with aclosing(resume(error)) as it:
+        async for ev in it:
+            yield tap(ev)
 
 
 class _Tapping:
-    """A miss read with no events (`Missed.building`): what it still yields (an attempt of a
-    retry inside that is read as events) recorded as `Missed.with_maps` records it, by a
-    `model_tap` made at the first such event. An iterator rather than an async generator: most
-    calls yield nothing, and this one asks the loop for nothing when it starts."""
+    """A miss read with no events (`Missed.building`) through a source other than the model
+    call's own: what it still yields (an attempt of a retry inside that is read as events)
+    recorded as `Missed.with_maps` records it, by a `model_tap` made at the first such event. An
+    iterator rather than an async generator: most calls yield nothing, and this one asks the
+    loop for nothing when it starts."""
 
     __slots__ = ("__weakref__", "it", "miss", "tap")
 
-    def __init__(self, it: AsyncIterator[Any], miss: Missed) -> None:
+    def __init__(self, it: AsyncIterator[Any], miss: _Recording) -> None:
         self.it = it
         self.miss = miss
         self.tap: Callable[[Any], Any] | None = None
@@ -135,63 +210,9 @@ _CALL_END = shape(ToolCallEnd, "reply_id", "tool_call_id", "tool_name")
 _TEXT_PART, _THINKING_PART, _SIGNED_PART, _CALL_PART = 0, 1, 2, 3
 
 
-class PartsRecording:
-    """A miss read with no events (`Missed.building`): the reply the model call hands its parts
-    to (`_replies.ReplyParts`), each handed on to ``reply`` and kept as a tuple; at the end of a
-    complete call (no ``error``, not ``discarded``), the events that call would have made are
-    stored as a `RecordedReply`: a hit replays the events it makes, the ones `model_tap` stores
-    for a miss read as events, whichever way its miss was read.
-
-    Those events, in the order `PartsManager` makes them: a block's Start before its first part;
-    a text block ends at the next part that is not its own (thinking, a tool call) or at the
-    end; a thinking block at its signature (its End's part, a block of a signature alone
-    included); the tool calls, all at the end (a call a provider ended early by reusing its
-    index for the next one is recorded as ending there too: the parts do not carry the index)."""
-
-    __slots__ = ("key", "model", "parts", "reply", "reply_id", "store", "ttl")
-
-    def __init__(self, reply: ReplyParts, reply_id: str, store: Any, key: str, ttl: float | None) -> None:
-        self.reply = reply
-        self.reply_id = reply_id
-        self.store = store
-        self.key = key
-        self.ttl = ttl
-        self.model = ""
-        self.parts: list[tuple[Any, ...]] = []
-
-    def begin(self, model: str) -> None:
-        self.model = model
-        self.parts = []  # (a retry's next attempt inside: its own reply only)
-        self.reply.begin(model)
-
-    def text(self, block_id: str, delta: str) -> None:
-        self.parts.append((_TEXT_PART, block_id, delta))
-        self.reply.text(block_id, delta)
-
-    def thinking(self, block_id: str, delta: str) -> None:
-        self.parts.append((_THINKING_PART, block_id, delta))
-        self.reply.thinking(block_id, delta)
-
-    def signed(self, block_id: str, signature: str | None) -> None:
-        self.parts.append((_SIGNED_PART, block_id, signature))
-        self.reply.signed(block_id, signature)
-
-    def tool_call(self, call_id: str, name: str, delta: str | None = None) -> None:
-        self.parts.append((_CALL_PART, call_id, name, delta))
-        self.reply.tool_call(call_id, name, delta)
-
-    def end(self, usage: ChatUsage | None, finish_reason: str | None, discarded: bool,
-            error: str | None = None) -> None:
-        if error is None and not discarded:
-            self.store.set_nowait(self.key, RecordedReply(self.parts, self.model, usage, finish_reason, self.reply_id),
-                                  self.ttl)
-        self.parts = []
-        self.reply.end(usage, finish_reason, discarded, error)
-
-
 class RecordedReply(Sequence[AgentEvent]):
-    """A complete reply recorded from its parts (`PartsRecording`), as a store that answers at
-    once keeps it: the events the reply would have made (`PartsRecording` says in which order),
+    """A complete reply recorded from its parts (`Missed`), as a store that answers at
+    once keeps it: the events the reply would have made (`Missed` says in which order),
     made when they are first read (a hit's replay, a store that encodes them), once. A miss that
     is never hit makes none."""
 

@@ -88,12 +88,15 @@ class InMemoryCacheStore:
         return events
 
     def set_nowait(self, key: str, events: Sequence[AgentEvent], ttl: float | None) -> None:
-        expires = None if ttl is None else self.clock() + ttl
+        entries = self._entries
         # (a reply recorded from its parts is kept as it is: its events are made when first read)
-        self._entries[key] = (events if isinstance(events, RecordedReply) else tuple(events), expires)
-        self._entries.move_to_end(key)
-        while len(self._entries) > self.max_entries:
-            self._entries.popitem(last=False)
+        expires = None if ttl is None else self.clock() + ttl
+        entry = (events if type(events) is RecordedReply else tuple(events), expires)
+        if key in entries:  # (a new key goes in at the end by itself)
+            entries.move_to_end(key)
+        entries[key] = entry
+        while len(entries) > self.max_entries:
+            entries.popitem(last=False)
 
     async def get(self, key: str) -> Events | None:
         return self.get_nowait(key)
