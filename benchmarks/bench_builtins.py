@@ -25,7 +25,9 @@ apart cancel a shared machine's drifts). ``--json`` prints the ratios as the las
 ``--instructions`` counts instructions per run under valgrind (``bench_instructions.py``'s method:
 (start-up + warm-up + N runs) − (start-up + warm-up), ÷ N, ``PYTHONHASHSEED=0``), for the two
 variants and for each built-in in place of one of the five pass-throughs: figures the host's
-speed swings do not move.
+speed swings do not move. ``--instructions streamed,streamed-budget`` counts the hit/miss
+workload's 200-delta reply with no middleware and under a budget no run reaches: the difference is
+what the budget does over a streamed reply.
 """
 
 from __future__ import annotations
@@ -139,17 +141,31 @@ def react_runner(middlewares: list[MiddlewareBase]) -> Callable[[int], Awaitable
     return run
 
 
-def cache_runner(hit: bool) -> Callable[[int], Awaitable[Any]]:
+def reply_runner(middlewares: list[MiddlewareBase], same: bool) -> Callable[[int], Awaitable[Any]]:
+    """A `call()` whose one model call streams 800 characters in 200 deltas: the same request
+    each run (``same``) or a new one."""
     model = ScriptedModel([ModelStep.text("x" * 800, chunks=200)], loop=True)
-    agent = ReActAgent.builder().model(model).middleware(ResponseCacheMiddleware(max_entries=100_000)).build()
+    agent = ReActAgent.builder().model(model).middlewares(middlewares).build()
 
     async def run(i: int) -> Any:
         ctx = RuntimeContext(user_id="bench", session_id="c")
-        msg = await agent.call("the same question" if hit else f"question {i}", ctx=ctx)
+        msg = await agent.call("the same question" if same else f"question {i}", ctx=ctx)
         ctx.agent_state.context.clear()  # type: ignore[union-attr]
         return msg
 
     return run
+
+
+def cache_runner(hit: bool) -> Callable[[int], Awaitable[Any]]:
+    return reply_runner([ResponseCacheMiddleware(max_entries=100_000)], hit)
+
+
+# ``--instructions`` variants on `reply_runner`'s streamed reply: with no middleware, and under a
+# budget no run reaches (what the budget does per output delta).
+STREAMED: dict[str, Callable[[], list[MiddlewareBase]]] = {
+    "streamed": list,
+    "streamed-budget": lambda: [BudgetMiddleware(run_tokens=10**12)],
+}
 
 
 async def batch(run: Callable[[int], Awaitable[Any]], runs: int, counter: itertools.count[int]) -> float:
@@ -194,7 +210,7 @@ async def measure(runs: int, repeat: int) -> dict[str, float]:
 
 async def count_child(name: str, runs: int) -> None:
     counter = itertools.count()
-    run = react_runner(variant(name))
+    run = reply_runner(STREAMED[name](), False) if name in STREAMED else react_runner(variant(name))
     for _ in range(30 + runs):  # 30 warm-up runs in both processes
         await run(next(counter))
 
@@ -224,7 +240,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--instructions", nargs="?", const="passthrough,builtins," + ",".join(EACH),
                    help="count instructions per run under valgrind instead (comma-separated variants: "
                         "passthrough, builtins, or a built-in's class name in place of one pass-through: "
-                        "one of the five, or ModelFallbackMiddleware)")
+                        "one of the five, or ModelFallbackMiddleware; or streamed / streamed-budget: "
+                        "a 200-delta reply with no middleware / under a budget)")
     p.add_argument("--child", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
