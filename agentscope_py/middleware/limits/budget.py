@@ -602,9 +602,7 @@ class CallHold:
         budget whose holds are all in this process: nothing comes between the checks and the
         holds, so the store is asked first and the run's hold taken only when it grants."""
         run, budget = self.run, self.budget
-        alone = run._alone
-        if alone is not None and alone is not self:
-            alone.sync()
+        self._alone_holds_first()
         if not force and budget.local_limited:
             refused = self._refused_locally(tokens, cost, stage)
             if refused is not None:
@@ -648,8 +646,7 @@ class CallHold:
         """The run's and session's check and hold (first: calls checked while a store answers
         see it)."""
         run, budget = self.run, self.budget
-        if run._alone is not None:
-            run._alone.sync()
+        self._alone_holds_first()
         if not force and budget.local_limited:
             refused = self._refused_locally(tokens, cost, stage)
             if refused is not None:
@@ -659,6 +656,13 @@ class CallHold:
         run.held_tokens += tokens
         run.held_cost += cost
         return None
+
+    def _alone_holds_first(self) -> None:
+        """Before this call takes: the run's call in flight alone, if another, holds the output it
+        let out (`_SyncCall.sync`), so this take's check counts it."""
+        alone = self.run._alone
+        if alone is not None and alone is not self:
+            alone.sync()
 
     def _answered(self, answer: Reservation, tokens: int, cost: float, stage: str) -> dict[str, Any] | None:
         budget = self.budget
@@ -989,20 +993,21 @@ class _SyncCall(CallHold, MapSource):
         went out within the room this call had alone, and leave that: each delta from here takes
         its hold."""
         self.run._alone = None
-        need = -(-(self.chars - pending) // 4) - self.out_held
-        if need > 0:
-            self.take_now(need, need * self.out_rate, "stream", force=True)
-            self.out_held += need
-        self.free = 4 * self.out_held
+        self._hold_output(self.chars - pending, force=True)
 
     def grow(self, n: int) -> dict[str, Any] | None:
         """The output counted past ``free`` (the last ``n`` characters the delta that crossed it):
         the hold grown to cover it, or the refusal (nothing held)."""
         if self.run._alone is self:
             self.sync(n)
-        need = -(-self.chars // 4) - self.out_held
+        return self._hold_output(self.chars)
+
+    def _hold_output(self, chars: int, force: bool = False) -> dict[str, Any] | None:
+        """The hold grown to cover ``chars`` output characters (``ceil(chars / 4)`` tokens), and
+        ``free`` to what it covers; or the refusal (nothing held)."""
+        need = -(-chars // 4) - self.out_held
         if need > 0:
-            refused = self.take_now(need, need * self.out_rate, "stream")
+            refused = self.take_now(need, need * self.out_rate, "stream", force)
             if refused is not None:
                 return refused
             self.out_held += need

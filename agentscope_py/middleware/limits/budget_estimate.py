@@ -56,9 +56,9 @@ def _tool_chars(tools: Sequence[Any]) -> int:
 # (the same objects, in the same order): those are all that is counted, the prefix recognised by
 # identity, in C (as `cache_keys` does); a new session's starts with the same system prompt
 # object, whose characters are not counted again; its tools are the same tuple round after round.
-# Only the last call is kept, so no dead message is kept alive for long (the memo of every message
-# seen that this replaces kept up to a thousand dead ones alive, and cost more per call when the
-# history is short).
+# Only the last call is kept, so no dead message is kept alive for long (a memo of every message
+# seen would keep up to a thousand dead ones alive, and cost more per call when the history is
+# short).
 _prev: tuple[tuple[Msg, ...], int, int, Sequence[Any], int] = ((), 0, 0, (), 0)
 
 
