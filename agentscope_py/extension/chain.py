@@ -164,8 +164,14 @@ def _layer(
     ``inner_bound``: what ``inner`` returns runs in the context it was built in.
 
     A layer is one Python call per hook an invocation passes, so the outermost layer and the
-    others are two functions, each with only its own steps; what the hook returned goes through
-    `_layer_stream`, where a stream passed through comes back at once."""
+    others are two functions, each with only its own steps. Each hands out as it is a stream
+    that runs in a context of its own already, to which a copy of the hook's would add nothing
+    (when ``inner`` is bound): the inner stream (passed through, or with fused maps added, the
+    caches' and budgets' way: the maps run in the consumer's context either way), or a factory
+    that holds its context or only subscribes streams built inside the hook
+    (`MapSource.context_free`: an inner layer's `InContext`, a retry's, a cache's, a budget's).
+    The layer tests that itself, where most built-ins' streams pass (no call to `_layer_stream`,
+    which subscribes any other stream inside the hook's context)."""
     hook = getattr(mw, point.value)
     # The run's control, for what the hooks build (`HOOK_CONTROL`): set in the outermost layer's
     # context, which every layer its hook calls while it runs copies (``run.in_hooks``: nothing to
@@ -186,37 +192,29 @@ def _layer(
         finally:
             run.in_hooks = False
         core, run.core_stream = run.core_stream, _NO_CORE_STREAM  # the run goes on without it
-        if stream is core:
-            return stream  # the core's stream, passed through by every hook (see `_layer_stream`)
-        return _layer_stream(stream, c, core, inner_bound, mw, point)
+        if stream is core or (inner_bound and type(stream) is EventStream and (
+                stream._factory is core._factory or getattr(stream._factory, "context_free", False) is True)):
+            return stream  # runs in a context of its own already (see above)
+        return _layer_stream(stream, c, mw, point)
 
     def inner_layer(run: _Run, input: Any) -> EventStream[Any]:
         c = copy_context()
         if in_run and not run.in_hooks:
             c.run(set_control, run.ctx.control)
         stream = c.run(hook, agent, run.ctx, input, MethodType(inner, run))
-        if stream is run.core_stream:
-            return stream  # the core's stream, passed through by every hook inside (see `_layer_stream`)
-        return _layer_stream(stream, c, run.core_stream, inner_bound, mw, point)
+        core = run.core_stream
+        if stream is core or (inner_bound and type(stream) is EventStream and (
+                stream._factory is core._factory or getattr(stream._factory, "context_free", False) is True)):
+            return stream  # runs in a context of its own already (see above)
+        return _layer_stream(stream, c, mw, point)
 
     return outer_layer if outermost else inner_layer
 
 
-def _layer_stream(
-    stream: Any, c: contextvars.Context, core: EventStream[Any], inner_bound: bool, mw: MiddlewareBase,
-    point: ExtensionPoint,
-) -> EventStream[Any]:
-    """What a layer hands out for the stream its hook returned in ``c``: the stream itself when
-    it runs in a context of its own already (``core``: the stream the core returned, when the
-    core is bound), else the stream subscribed inside ``c``."""
-    if inner_bound and type(stream) is EventStream and (
-            stream._factory is core._factory or getattr(stream._factory, "context_free", False) is True):
-        # Runs in a context of its own already, to which a copy of this one would add
-        # nothing: the inner stream (passed through, or with fused maps added, the caches'
-        # and budgets' way: the maps run in the consumer's context either way), or a factory
-        # that holds its context or only subscribes streams built inside this hook
-        # (`MapSource.context_free`: an inner layer's `InContext`, a retry's).
-        return stream
+def _layer_stream(stream: Any, c: contextvars.Context, mw: MiddlewareBase, point: ExtensionPoint) -> EventStream[Any]:
+    """What a layer hands out for the stream its hook returned in ``c`` when that stream does not
+    run in a context of its own already (`_layer` tests that first): the stream subscribed inside
+    ``c``."""
     if type(stream) is not EventStream:
         stream = c.run(_normalise, stream, mw, point)
     # The inner factory runs in the copy; its fused operators are carried out to this

@@ -85,17 +85,21 @@ def estimate_tokens(input: ModelCallInput) -> int:
 
 def _msg_chars(msg: Msg) -> int:
     """The characters of one message's content that `estimate_tokens` counts."""
+    # Fields are read from each model's fields dict, as `cache_keys` reads them: a message's and
+    # a block's class has pydantic's __getattr__, so each attribute read takes the slow path.
     chars = 0
-    for block in msg.content:
-        if block.type == "text":
-            chars += len(block.text)
-        elif block.type == "tool_use":
-            chars += len(block.name) + _json_len(block.input)
-        elif block.type == "tool_result":
-            out = block.output
+    for block in msg.__dict__["content"]:
+        fields = block.__dict__
+        kind = fields["type"]
+        if kind == "text":
+            chars += len(fields["text"])
+        elif kind == "tool_use":
+            chars += len(fields["name"]) + _json_len(fields["input"])
+        elif kind == "tool_result":
+            out = fields["output"]
             chars += len(out) if isinstance(out, str) else _result_chars(out)
-        elif block.type == "thinking":
-            chars += len(block.thinking)
+        elif kind == "thinking":
+            chars += len(fields["thinking"])
     return chars
 
 

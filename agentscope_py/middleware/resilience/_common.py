@@ -310,8 +310,9 @@ class FirstFailure(MapSource):
         source = _building_source(self.first)
         if source is None:
             return None
-        return source.building(reply, alone, (0, _BOOKKEEPING, partial(
-            self._resume_building, reply=reply, alone=alone, outer=recovery, earlier=[])))
+        # (a partial of positional arguments: no keyword dict made per call, nor merged on use)
+        resume = partial(self._resume_building, reply, alone, recovery, [])
+        return source.building(reply, alone, (0, _BOOKKEEPING, resume))
 
     async def _resume(self, error: Exception, maps: Maps = ()) -> AsyncIterator[AgentEvent]:
         """The first attempt failed before its first event: the next attempts, as `Attempts` makes
@@ -329,8 +330,8 @@ class FirstFailure(MapSource):
             await aclose(it)
 
     async def _resume_building(
-        self, error: Exception, reply: ReplyParts, alone: Callable[[], bool], outer: Recovery | None,
-        earlier: list[tuple[str, BaseException]],
+        self, reply: ReplyParts, alone: Callable[[], bool], outer: Recovery | None,
+        earlier: list[tuple[str, BaseException]], error: Exception,
     ) -> AsyncIterator[AgentEvent]:
         """An attempt read with no events failed before anything reached ``reply``: the next
         attempt, read the same way while the consumer is still the only reader (its own failure
@@ -348,7 +349,7 @@ class FirstFailure(MapSource):
             source = _building_source(stream) if alone() else None
             if source is not None:
                 it = source.building(reply, alone, (0, _BOOKKEEPING, partial(
-                    self._resume_building, reply=reply, alone=alone, outer=outer, earlier=earlier)))
+                    self._resume_building, reply, alone, outer, earlier)))
             if it is None:
                 it = Attempts(stream, self.again, "first", earlier)
                 if outer is not None:
