@@ -10,7 +10,7 @@ decoded, enum members, a `ChatUsage` or a `Msg` instance. Those are built here.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from functools import partial
 from typing import Any, ClassVar, Generic, TypeVar, cast
 
@@ -174,12 +174,12 @@ class Trusted:
         kind: DeltaShape[_M] | None = Trusted._deltas.get(cls)
         if kind is None:
             kind = Trusted._deltas[cls] = Trusted.delta_shape(cls)
-        if bound.keys() != kind.ids:
-            raise TypeError(f"delta_maker({cls.__name__}) takes {', '.join(kind.ids)}")
+        if bound.keys() != kind.names:
+            raise TypeError(f"delta_maker({cls.__name__}) takes {', '.join(kind.names)}")
         if set(map(type, bound.values())) != _STR:
             return lambda delta: cls.model_validate({**bound, "delta": delta})
         # (`DeltaShape.maker` without its length checks: the names were checked above)
-        return partial(Trusted._delta, cls, {**kind.template, **bound}, kind.fields_set, kind.event_id, kind.now)
+        return partial(Trusted._delta, cls, {**kind.template, **bound}, kind.fields_set, kind.ids, kind.now)
 
     @staticmethod
     def delta_shape(cls: type[_M], /) -> DeltaShape[_M]:
@@ -194,11 +194,11 @@ class Trusted:
         return DeltaShape(trusted.plan(cls, (*ids, "delta")), ids)
 
     @staticmethod
-    def _delta(cls: type[_M], template: dict[str, Any], fields_set: set[str], event_id: Callable[[], str],
+    def _delta(cls: type[_M], template: dict[str, Any], fields_set: set[str], ids: Iterator[str],
                now: Callable[[], float], delta: str) -> _M:
-        # Once per streamed token: the factories called directly, no loop (see `delta_maker`).
+        # Once per streamed token: the id and the time taken directly, no loop (see `delta_maker`).
         values = template.copy()
-        values["id"] = event_id()
+        values["id"] = next(ids)
         values["created_at"] = now()
         values["metadata"] = {}
         values["delta"] = delta
@@ -271,12 +271,12 @@ class EventShape(Shape[_M]):
     """A `Shape` whose defaults are an event's (an ``id``, ``created_at`` and an empty
     ``metadata``: most objects a run builds), set without a loop over the factories."""
 
-    __slots__ = ("event_id", "now")
+    __slots__ = ("ids", "now")
 
     def __init__(self, cls: type[_M], template: dict[str, Any], factories: tuple[tuple[str, Callable[[], Any]], ...],
                  fields_set: set[str]) -> None:
         super().__init__(cls, template, factories, fields_set)
-        self.event_id = factories[0][1]
+        self.ids = _ids_of(factories[0][1])
         self.now = factories[1][1]
 
     def build(self, /, **values: Any) -> _M:
@@ -284,7 +284,7 @@ class EventShape(Shape[_M]):
         fields = {**template, **values}
         if len(values) != self.size or len(fields) != len(template):
             raise self.wrong(values)
-        fields["id"] = self.event_id()
+        fields["id"] = next(self.ids)
         fields["created_at"] = self.now()
         fields["metadata"] = {}
         made: _M = _new(self.cls)
@@ -302,16 +302,16 @@ class DeltaShape(Generic[_M]):
     Start was validated with), so a block's maker costs a template and a ``partial``, with only
     the length checks `Shape.build` makes on what it is given."""
 
-    __slots__ = ("cls", "event_id", "fields_set", "ids", "now", "size", "template")
+    __slots__ = ("cls", "fields_set", "ids", "names", "now", "size", "template")
 
     def __init__(self, plan: Shape[_M], ids: tuple[str, ...]) -> None:
         self.cls = plan.cls
-        self.ids = dict.fromkeys(ids).keys()
+        self.names = dict.fromkeys(ids).keys()
         self.size = len(ids)
         self.template = plan.template
         self.fields_set = plan.fields_set
         factories = dict(plan.factories)
-        self.event_id: Callable[[], str] = factories["id"]
+        self.ids = _ids_of(factories["id"])
         self.now: Callable[[], float] = factories["created_at"]
 
     def maker(self, /, **ids: str) -> Callable[[str], _M]:
@@ -319,8 +319,22 @@ class DeltaShape(Generic[_M]):
         template = self.template
         values = {**template, **ids}
         if len(ids) != self.size or len(values) != len(template):
-            raise TypeError(f"delta_maker({self.cls.__name__}) takes {', '.join(self.ids)}, not {', '.join(ids)}")
-        return partial(Trusted._delta, self.cls, values, self.fields_set, self.event_id, self.now)
+            raise TypeError(f"delta_maker({self.cls.__name__}) takes {', '.join(self.names)}, not {', '.join(ids)}")
+        return partial(Trusted._delta, self.cls, values, self.fields_set, self.ids, self.now)
+
+
+_NEVER = object()
+
+
+def _ids_of(factory: Callable[[], str]) -> Iterator[str]:
+    """An iterator whose each ``next`` is a ``factory()``: the events' builders take their ids
+    with ``next(ids)``. An id factory that is an iterator's ``__next__`` (`message.id_factory`,
+    every event's) gives that iterator itself, which ``next`` steps with no method-wrapper call
+    in between; any other factory is called by ``iter(factory, sentinel)``'s iterator."""
+    owner = getattr(factory, "__self__", None)
+    if getattr(factory, "__name__", None) == "__next__" and isinstance(owner, Iterator):
+        return owner
+    return iter(factory, _NEVER)
 
 def _assemble(cls: type[_M], fields: dict[str, Any], fields_set: set[str],
               extra: dict[str, Any] | None = None, private: dict[str, Any] | None = None) -> _M:
