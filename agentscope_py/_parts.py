@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from ._bracket_kinds import describe
 from ._sanitize import SurrogateCarry, clean
-from ._trusted import delta_maker, shape
+from ._trusted import delta_maker, delta_shape, shape
 from .events import (
     ModelCallEnd,
     ModelCallStart,
@@ -44,6 +44,10 @@ _TEXT_START = shape(TextBlockStart, "reply_id", "block_id")
 _TEXT_END = shape(TextBlockEnd, "reply_id", "block_id")
 _CALL_START = shape(ToolCallStart, "reply_id", "tool_call_id", "tool_name")
 _CALL_END = shape(ToolCallEnd, "reply_id", "tool_call_id", "tool_name")
+# Each block's delta maker, from the same ids
+_TEXT_DELTA = delta_shape(TextBlockDelta)
+_THINKING_DELTA = delta_shape(ThinkingBlockDelta)
+_CALL_DELTA = delta_shape(ToolCallDelta)
 
 
 def _no_block(text: str) -> Any:
@@ -77,7 +81,7 @@ class PartsManager:
 
     What runs once per streamed token, and why it is shaped so:
 
-    * **Delta events are made without validating** (`delta_maker`, `_trusted.Trusted`): the
+    * **Delta events are made without validating** (`delta_shape`, `_trusted.Trusted`): the
       object the validating constructor gives (the same ``__dict__`` in the same order, the same
       ``model_fields_set``, no extras, no private attributes; `tests/test_events.py` compares
       them) at ~0.6× its cost. Safe because only values the runtime made itself go in: ids it
@@ -199,7 +203,7 @@ class PartsManager:
             self._end_text()
             self.thinking_id = block_id = new_id("blk_")
             if self.events:
-                self.thinking_make = delta_maker(ThinkingBlockDelta, reply_id=self.reply_id, block_id=block_id)
+                self.thinking_make = _THINKING_DELTA.maker(reply_id=self.reply_id, block_id=block_id)
                 self.put(ThinkingBlockStart(reply_id=self.reply_id, block_id=block_id))
         if thinking:
             if not thinking.isascii():
@@ -220,7 +224,7 @@ class PartsManager:
         self._end_thinking()
         self.text_id = block_id = new_id("blk_")
         if self.events:
-            self.text_make = delta_maker(TextBlockDelta, reply_id=self.reply_id, block_id=block_id)
+            self.text_make = _TEXT_DELTA.maker(reply_id=self.reply_id, block_id=block_id)
             self.put(_TEXT_START.build(reply_id=self.reply_id, block_id=block_id))
         return block_id
 
@@ -245,7 +249,7 @@ class PartsManager:
                 start = ToolCallStart(reply_id=self.reply_id, tool_call_id=call_id, tool_name=name)
                 call_id, name = start.tool_call_id, start.tool_name
             if events:
-                make = delta_maker(ToolCallDelta, reply_id=self.reply_id, tool_call_id=call_id, tool_name=name)
+                make = _CALL_DELTA.maker(reply_id=self.reply_id, tool_call_id=call_id, tool_name=name)
                 self.put(start)
             else:
                 make = _no_block

@@ -10,7 +10,7 @@ decoded, enum members, a `ChatUsage` or a `Msg` instance. Those are built here.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from functools import partial
 from typing import Any, ClassVar, Generic, TypeVar, cast
 
@@ -18,7 +18,8 @@ from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
 __all__ = [
-    "EventShape", "Shape", "Trusted", "delta_maker", "shape", "trusted", "validated", "with_metadata", "with_source",
+    "DeltaShape", "EventShape", "Shape", "Trusted", "delta_maker", "delta_shape", "shape", "trusted", "validated",
+    "with_metadata", "with_source",
 ]
 
 _M = TypeVar("_M", bound=BaseModel)
@@ -31,9 +32,6 @@ _set_fields_set = BaseModel.__dict__["__pydantic_fields_set__"].__set__
 _set_extra = BaseModel.__dict__["__pydantic_extra__"].__set__
 _set_private = BaseModel.__dict__["__pydantic_private__"].__set__
 _IMMUTABLE = (str, int, float, bool, type(None), tuple, frozenset)
-
-_DeltaKind = tuple[Any, dict[str, Any], set[str], Callable[[], str], Callable[[], float]]
-"""A delta class's ids (a keys view, in field order), template, fields set, id and time factories."""
 
 _STR = {str}
 _SOURCE = frozenset({"source"})
@@ -57,7 +55,10 @@ class Trusted:
     * `delta_maker` (``delta_maker(C, **ids)(text)``): ``C(**ids, delta=text)``, for the per-token
       deltas `PartsManager` and the acting path make (``functools.partial`` of `_delta` over a
       template: a maker lives as long as its block streams, and a served process holds thousands
-      open, so it is a few objects for the collector, not a closure's cells);
+      open, so it is a few objects for the collector, not a closure's cells). `PartsManager`,
+      which opens a block per text, thinking or tool call and holds its ids as exact ``str``,
+      takes its makers from the class's `DeltaShape` (``delta_shape(C).maker(**ids)``, the shape
+      a module constant), which checks only how many ids it is given;
     * `with_source` / `with_metadata`: ``ev.model_copy(update={name: value})``, for the
       runtime's own annotations (a sub-agent's events forwarded with their ``source``, the
       budget's ``metadata``), without ``model_copy``'s generic update machinery.
@@ -90,7 +91,7 @@ class Trusted:
 
     _shapes: ClassVar[dict[type[BaseModel], Trusted]] = {}
     _plans: ClassVar[dict[tuple[Any, ...], Shape[Any]]] = {}  # per class and names given (a few dozen in all)
-    _deltas: ClassVar[dict[type[BaseModel], _DeltaKind]] = {}  # per delta class
+    _deltas: ClassVar[dict[type[BaseModel], DeltaShape[Any]]] = {}  # per delta class (`delta_maker`)
 
     def __init__(self, cls: type[BaseModel]) -> None:
         decorators = cls.__pydantic_decorators__
@@ -167,35 +168,37 @@ class Trusted:
         """``delta_maker(C, **ids)(text)`` gives the event ``C(**ids, delta=text)`` gives (a fresh
         ``id``, ``created_at`` and ``metadata`` each). ``ids``: every required field of ``C`` but
         ``delta``; only for values the runtime made itself. Ids that are not exactly ``str`` (a
-        provider's tool name of another type) get a maker that validates."""
-        kind = Trusted._deltas.get(cls)
+        provider's tool name of another type) get a maker that validates. A site that makes a
+        maker per block from ids it holds as exact ``str`` holds the class's `delta_shape`
+        instead, which checks neither the names nor the types on each block."""
+        kind: DeltaShape[_M] | None = Trusted._deltas.get(cls)
         if kind is None:
-            kind = Trusted._deltas[cls] = Trusted.of(cls).delta_kind(cls)
-        names, template, fields_set, event_id, now = kind
-        if bound.keys() != names:
-            raise TypeError(f"delta_maker({cls.__name__}) takes {', '.join(names)}")
+            kind = Trusted._deltas[cls] = Trusted.delta_shape(cls)
+        if bound.keys() != kind.names:
+            raise TypeError(f"delta_maker({cls.__name__}) takes {', '.join(kind.names)}")
         if set(map(type, bound.values())) != _STR:
             return lambda delta: cls.model_validate({**bound, "delta": delta})
-        return partial(Trusted._delta, cls, {**template, **bound}, fields_set, event_id, now)
-
-    def delta_kind(self, cls: type[BaseModel]) -> _DeltaKind:
-        """What every delta maker of ``cls`` shares (once per class): the ids it takes, the
-        template, the fields set, the id and time factories."""
-        ids = {name: None for name in self.required if name != "delta"}  # (in field order)
-        if "delta" not in self.required:
-            raise TypeError(f"delta_maker({cls.__name__}): no delta field")
-        if self.factories.keys() != {"id", "created_at", "metadata"} or self.factories["metadata"] is not dict:
-            raise TypeError(f"delta_maker({cls.__name__}): not an event's defaults: build it with its constructor")
-        shape = self.plan(cls, (*ids, "delta"))
-        template, fields_set = shape.template, shape.fields_set
-        return ids.keys(), template, fields_set, self.factories["id"], self.factories["created_at"]
+        # (`DeltaShape.maker` without its length checks: the names were checked above)
+        return partial(Trusted._delta, cls, {**kind.template, **bound}, kind.fields_set, kind.ids, kind.now)
 
     @staticmethod
-    def _delta(cls: type[_M], template: dict[str, Any], fields_set: set[str], event_id: Callable[[], str],
+    def delta_shape(cls: type[_M], /) -> DeltaShape[_M]:
+        """The maker of ``cls``'s delta makers (`DeltaShape.maker`), made once where a site that
+        opens blocks of ``cls`` is defined."""
+        trusted = Trusted.of(cls)
+        if "delta" not in trusted.required:
+            raise TypeError(f"delta_maker({cls.__name__}): no delta field")
+        if trusted.factories.keys() != {"id", "created_at", "metadata"} or trusted.factories["metadata"] is not dict:
+            raise TypeError(f"delta_maker({cls.__name__}): not an event's defaults: build it with its constructor")
+        ids = tuple(name for name in trusted.required if name != "delta")  # (in field order)
+        return DeltaShape(trusted.plan(cls, (*ids, "delta")), ids)
+
+    @staticmethod
+    def _delta(cls: type[_M], template: dict[str, Any], fields_set: set[str], ids: Iterator[str],
                now: Callable[[], float], delta: str) -> _M:
-        # Once per streamed token: the factories called directly, no loop (see `delta_maker`).
+        # Once per streamed token: the id and the time taken directly, no loop (see `delta_maker`).
         values = template.copy()
-        values["id"] = event_id()
+        values["id"] = next(ids)
         values["created_at"] = now()
         values["metadata"] = {}
         values["delta"] = delta
@@ -268,12 +271,12 @@ class EventShape(Shape[_M]):
     """A `Shape` whose defaults are an event's (an ``id``, ``created_at`` and an empty
     ``metadata``: most objects a run builds), set without a loop over the factories."""
 
-    __slots__ = ("event_id", "now")
+    __slots__ = ("ids", "now")
 
     def __init__(self, cls: type[_M], template: dict[str, Any], factories: tuple[tuple[str, Callable[[], Any]], ...],
                  fields_set: set[str]) -> None:
         super().__init__(cls, template, factories, fields_set)
-        self.event_id = factories[0][1]
+        self.ids = _ids_of(factories[0][1])
         self.now = factories[1][1]
 
     def build(self, /, **values: Any) -> _M:
@@ -281,7 +284,7 @@ class EventShape(Shape[_M]):
         fields = {**template, **values}
         if len(values) != self.size or len(fields) != len(template):
             raise self.wrong(values)
-        fields["id"] = self.event_id()
+        fields["id"] = next(self.ids)
         fields["created_at"] = self.now()
         fields["metadata"] = {}
         made: _M = _new(self.cls)
@@ -291,6 +294,47 @@ class EventShape(Shape[_M]):
         _set_private(made, None)
         return made
 
+
+
+class DeltaShape(Generic[_M]):
+    """The delta makers of one delta class (`Trusted.delta_shape`): ``maker(**ids)`` is
+    ``delta_maker(C, **ids)`` for ids the caller holds as exact ``str`` (its own ids, names a
+    Start was validated with), so a block's maker costs a template and a ``partial``, with only
+    the length checks `Shape.build` makes on what it is given."""
+
+    __slots__ = ("cls", "fields_set", "ids", "names", "now", "size", "template")
+
+    def __init__(self, plan: Shape[_M], ids: tuple[str, ...]) -> None:
+        self.cls = plan.cls
+        self.names = dict.fromkeys(ids).keys()
+        self.size = len(ids)
+        self.template = plan.template
+        self.fields_set = plan.fields_set
+        factories = dict(plan.factories)
+        self.ids = _ids_of(factories["id"])
+        self.now: Callable[[], float] = factories["created_at"]
+
+    def maker(self, /, **ids: str) -> Callable[[str], _M]:
+        """``delta_maker(cls, **ids)``: ``ids`` every required field but ``delta``, each exactly ``str``."""
+        template = self.template
+        values = {**template, **ids}
+        if len(ids) != self.size or len(values) != len(template):
+            raise TypeError(f"delta_maker({self.cls.__name__}) takes {', '.join(self.names)}, not {', '.join(ids)}")
+        return partial(Trusted._delta, self.cls, values, self.fields_set, self.ids, self.now)
+
+
+_NEVER = object()
+
+
+def _ids_of(factory: Callable[[], str]) -> Iterator[str]:
+    """An iterator whose each ``next`` is a ``factory()``: the events' builders take their ids
+    with ``next(ids)``. An id factory that is an iterator's ``__next__`` (`message.id_factory`,
+    every event's) gives that iterator itself, which ``next`` steps with no method-wrapper call
+    in between; any other factory is called by ``iter(factory, sentinel)``'s iterator."""
+    owner = getattr(factory, "__self__", None)
+    if getattr(factory, "__name__", None) == "__next__" and isinstance(owner, Iterator):
+        return owner
+    return iter(factory, _NEVER)
 
 def _assemble(cls: type[_M], fields: dict[str, Any], fields_set: set[str],
               extra: dict[str, Any] | None = None, private: dict[str, Any] | None = None) -> _M:
@@ -318,6 +362,7 @@ trusted = Trusted.build
 shape = Trusted.shape
 validated = Trusted.validated
 delta_maker = Trusted.delta_maker
+delta_shape = Trusted.delta_shape
 
 with_source = Trusted.with_source
 with_metadata = Trusted.with_metadata

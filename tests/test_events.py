@@ -128,10 +128,11 @@ def _same_object(made: typing.Any, validated: typing.Any) -> None:
     (ev.ToolCallDelta, {"reply_id": "r", "tool_call_id": "c", "tool_name": "t"}),
     (ev.ToolResultTextDelta, {"reply_id": "r", "tool_call_id": "c", "tool_name": "t"}),
 ])
-def test_a_delta_maker_gives_what_validation_gives(cls: typing.Any, ids: dict[str, str]) -> None:
-    from agentscope_py._parts import delta_maker
+@pytest.mark.parametrize("form", ["delta_maker", "delta_shape"])
+def test_a_delta_maker_gives_what_validation_gives(cls: typing.Any, ids: dict[str, str], form: str) -> None:
+    from agentscope_py._trusted import delta_maker, delta_shape
 
-    make = delta_maker(cls, **ids)
+    make = delta_maker(cls, **ids) if form == "delta_maker" else delta_shape(cls).maker(**ids)
     a, b = make("one"), make('{"x"')
     _same_object(a, cls(**ids, delta="one"))
     _same_object(b, cls(**ids, delta='{"x"'))
@@ -166,6 +167,20 @@ def test_a_delta_maker_validates_what_is_not_a_plain_str_and_refuses_wrong_field
         delta_maker(ev.ToolCallDelta, reply_id="r", tool_call_id="c", tool_name=3)("{}")
     with pytest.raises(TypeError, match="reply_id, block_id"):
         delta_maker(ev.TextBlockDelta, reply_id="r")
+
+
+def test_a_delta_shapes_maker_refuses_ids_that_are_not_its_fields() -> None:
+    from agentscope_py._trusted import delta_shape
+
+    text = delta_shape(ev.TextBlockDelta)
+    with pytest.raises(TypeError, match="takes reply_id, block_id"):
+        text.maker(reply_id="r")  # one missing
+    with pytest.raises(TypeError, match="takes reply_id, block_id"):
+        text.maker(reply_id="r", block="b")  # one misspelt
+    with pytest.raises(TypeError, match="takes reply_id, block_id"):
+        text.maker(reply_id="r", block_id="b", tool_name="t")  # one too many
+    with pytest.raises(TypeError, match="no delta field"):
+        delta_shape(ev.TextBlockStart)
 
 
 def _nested(levels: int) -> typing.Any:

@@ -276,3 +276,36 @@ def test_a_delta_maker_takes_its_ids_in_any_order() -> None:
     assert list(made.__dict__) == list(validated.__dict__) and made.model_fields_set == validated.model_fields_set
     with pytest.raises(TypeError, match="takes reply_id, tool_call_id, tool_name"):
         delta_maker(ev.ToolCallDelta, reply_id="r", tool_call_id="c")
+
+
+def test_an_event_class_with_an_id_factory_of_its_own_gets_its_ids_from_it() -> None:
+    from pydantic import Field
+
+    from agentscope_py._trusted import delta_shape
+
+    serials = iter(range(1, 100))
+
+    def numbered() -> str:  # a plain function, not an iterator's ``__next__``
+        return f"n{next(serials)}"
+
+    class Numbered(ev.EventBase):
+        id: str = Field(default_factory=numbered)
+        name: str
+
+    class NumberedDelta(ev.EventBase):
+        id: str = Field(default_factory=numbered)
+        name: str
+        delta: str
+
+    built = shape(Numbered, "name")
+    first, second = built.build(name="a"), built.build(name="b")
+    make = delta_shape(NumberedDelta).maker(name="c")
+    third = make("x")
+    assert [first.id, second.id, third.id] == ["n1", "n2", "n3"]
+    assert first == Numbered(id="n1", created_at=first.created_at, name="a")
+    assert third == NumberedDelta(id="n3", created_at=third.created_at, name="c", delta="x")
+    # every runtime event takes its id from the one process-wide counter, in order
+    a = ev.TextBlockDelta(reply_id="r", block_id="b", delta="x")
+    end = shape(ev.TextBlockEnd, "reply_id", "block_id").build(reply_id="r", block_id="b")
+    assert a.id.rsplit("_", 1)[0] == end.id.rsplit("_", 1)[0]
+    assert int(end.id.rsplit("_", 1)[1]) > int(a.id.rsplit("_", 1)[1])
