@@ -295,7 +295,6 @@ class EventShape(Shape[_M]):
         return made
 
 
-
 class DeltaShape(Generic[_M]):
     """The delta makers of one delta class (`Trusted.delta_shape`): ``maker(**ids)`` is
     ``delta_maker(C, **ids)`` for ids the caller holds as exact ``str`` (its own ids, names a
@@ -335,6 +334,7 @@ def _ids_of(factory: Callable[[], str]) -> Iterator[str]:
     if getattr(factory, "__name__", None) == "__next__" and isinstance(owner, Iterator):
         return owner
     return iter(factory, _NEVER)
+
 
 def _assemble(cls: type[_M], fields: dict[str, Any], fields_set: set[str],
               extra: dict[str, Any] | None = None, private: dict[str, Any] | None = None) -> _M:
