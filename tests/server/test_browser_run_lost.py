@@ -24,13 +24,14 @@ pytestmark = pytest.mark.browser
 AGENTS = '''
 from agentscope_py import ModelStep, ReActAgent, ScriptedModel
 
-TEXT = "".join(f"w{i} " for i in range(1500))
+TEXT = "".join(f"w{i} " for i in range(6000))
 
 
 def build() -> ReActAgent:
     # A frame every 2 ms: when the process dies, its client has frames from after its last batch
-    # to the shared log (every 20 ms).
-    model = ScriptedModel([ModelStep.text(TEXT, chunks=1500, delay=0.002)], name="fast", loop=True)
+    # to the shared log (every 20 ms). 12 s in all, so that the run is still streaming when the
+    # test kills it, even when a loaded host's browser shows its first words seconds late.
+    model = ScriptedModel([ModelStep.text(TEXT, chunks=6000, delay=0.002)], name="fast", loop=True)
     return ReActAgent.builder().name("fast").model(model).build()
 '''
 
