@@ -178,8 +178,7 @@ class Trusted:
             raise TypeError(f"delta_maker({cls.__name__}) takes {', '.join(kind.names)}")
         if set(map(type, bound.values())) != _STR:
             return lambda delta: cls.model_validate({**bound, "delta": delta})
-        # (`DeltaShape.maker` without its length checks: the names were checked above)
-        return partial(Trusted._delta, cls, {**kind.template, **bound}, kind.fields_set, kind.ids, kind.now)
+        return kind.maker(**bound)
 
     @staticmethod
     def delta_shape(cls: type[_M], /) -> DeltaShape[_M]:
