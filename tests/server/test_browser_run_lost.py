@@ -28,10 +28,11 @@ TEXT = "".join(f"w{i} " for i in range(6000))
 
 
 def build() -> ReActAgent:
-    # A frame every 2 ms: when the process dies, its client has frames from after its last batch
+    # A frame every 6 ms: when the process dies, its client has frames from after its last batch
     # to the shared log (every 20 ms). 12 s in all, so that the run is still streaming when the
-    # test kills it, even when a loaded host's browser shows its first words seconds late.
-    model = ScriptedModel([ModelStep.text(TEXT, chunks=6000, delay=0.002)], name="fast", loop=True)
+    # test kills it, even when a loaded host's browser shows its first words seconds late; and
+    # no faster, so that a starved browser keeps up with the frames and answers the test.
+    model = ScriptedModel([ModelStep.text(TEXT, chunks=2000, delay=0.006)], name="fast", loop=True)
     return ReActAgent.builder().name("fast").model(model).build()
 '''
 
