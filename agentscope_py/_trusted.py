@@ -63,17 +63,15 @@ class Trusted:
       runtime's own annotations (a sub-agent's events forwarded with their ``source``, the
       budget's ``metadata``), without ``model_copy``'s generic update machinery.
 
-    What it costs and saves (valgrind, per object, the call included): a reply `Msg` with one text
-    block 20.0 k instructions built by shapes against 29.5 k validated, a `ToolResultBlock` 10.1 k
-    against 12.5 k, a delta 10.9 k against 16.7 k; and memory: the objects of one shape share one
-    fields set where validation makes a new set (216 bytes) per object, which is what a run in
-    flight keeps (its messages). A flat event gains least (13.2 k against 14.9 k: pydantic-core
+    Why: a shape builds an object from exact-typed values with less work than pydantic-core's
+    validation, and the objects of one shape share one fields set where validation makes a new
+    set per object, which is what a run in flight keeps (its messages); the counts are in
+    benchmarks/RESULTS.md ("What a run costs the tree"). A flat event gains least (pydantic-core
     validates it in about what assembling it in Python costs); the events made once per round (a
     run's start, result and end, a model call's and its blocks' brackets) are built by shapes all
     the same, each from exact-typed values only (a value of another type goes to `Shape.validated`).
-    ``Model.model_construct`` is not used: on pydantic 2.14 it loops over the fields in Python
-    (38 k instructions for an event with every field given) and inspects each default factory's
-    signature on every call.
+    ``Model.model_construct`` is not used: it loops over the fields in Python and inspects each
+    default factory's signature on every call, which costs more than validating.
 
     Only for:
 
