@@ -24,7 +24,8 @@ Levels: ``light:N`` — N streams sharing ``--light-rate`` (1,000) tokens/s per 
 ``k`` of a stream at ``k × N / rate``; ``sat:N`` — N streams each at ``--sat-dt`` (10 ms) per
 token, more than one process can relay. Per server and level: server CPU µs per relayed token
 (utime + stime of its process from /proc while the level's streams run; the JSON has each part:
-``cpu_user_us_per_token``, ``cpu_sys_us_per_token``), tokens/s over the level's span and the per-core
+``cpu_user_us_per_token``, ``cpu_sys_us_per_token``; ``tokens_per_read`` and ``tokens_per_write``, the
+tokens over the process's read and write system calls), tokens/s over the level's span and the per-core
 ceiling 10⁶ / (µs per token), time to first token p50/p99 (all of it added by the server: the
 upstream writes token 0 when it reads the request), peak RSS growth per session (only a server's
 first level shows its memory per session: later levels show what they add beyond that peak) and
@@ -84,6 +85,13 @@ def cpu_times(pid: int) -> tuple[float, float]:
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return int(fields[11]) / TICK, int(fields[12]) / TICK  # utime, stime
+
+
+def syscalls(pid: int) -> tuple[int, int]:
+    """The process's read and write system calls so far (``/proc/PID/io``: sockets included)."""
+    with open(f"/proc/{pid}/io") as f:
+        fields = dict(line.split(": ") for line in f.read().splitlines())
+    return int(fields["syscr"]), int(fields["syscw"])
 
 
 def cpu_seconds(pid: int) -> float:
@@ -308,11 +316,13 @@ def run_level(args: argparse.Namespace, level: str, procs: dict[str, Proc], upst
     # The CPU is read around the streams only: a probe's snapshot (written when collected, before
     # and after) costs a server tens of ms, which a short level would count as µs per token.
     before = {k: cpu_times(p) for k, p in pids.items()}
+    calls_before = {k: syscalls(p) for k, p in pids.items()}
     upstream_before = cpu_seconds(upstream_pid) if upstream_pid else 0.0
     started = time.monotonic()
     shards = run_clients(args, spec)
     wall = time.monotonic() - started
     after = {k: cpu_times(p) for k, p in pids.items()}
+    calls_after = {k: syscalls(p) for k, p in pids.items()}
     upstream_after = cpu_seconds(upstream_pid) if upstream_pid else 0.0
     rss.close()
     probes = serving_probe.collect(probe_pids, args.probe_dir)
@@ -332,6 +342,7 @@ def run_level(args: argparse.Namespace, level: str, procs: dict[str, Proc], upst
         user, system = (now - then for now, then in zip(after[key], before[key], strict=True))
         cpu = user + system
         us = 1e6 * cpu / c["tokens"] if c["tokens"] else None
+        reads, writes = (now - then for now, then in zip(calls_after[key], calls_before[key], strict=True))
         out["servers"][key] = {
             **c, "cpu_s": cpu, "cpu_us_per_token": us,
             # The split says whether a difference is the process's own work (and its cache misses)
@@ -339,6 +350,11 @@ def run_level(args: argparse.Namespace, level: str, procs: dict[str, Proc], upst
             "cpu_user_us_per_token": 1e6 * user / c["tokens"] if c["tokens"] else None,
             "cpu_sys_us_per_token": 1e6 * system / c["tokens"] if c["tokens"] else None,
             "core_tokens_per_s": 1e6 / us if us else None,
+            # Tokens per socket read and per write: how many tokens each wake-up carries. Under load
+            # the upstream's tokens reach a server a few per read, and what a server spends per read
+            # (not per token) is then spread over those few only.
+            "tokens_per_read": c["tokens"] / reads if reads else None,
+            "tokens_per_write": c["tokens"] / writes if writes else None,
             "rss_kib_per_session": (rss.peak[key] - rss.base[key]) / 1024 / spec["n"],
             "rss_mib_peak": rss.peak[key] / 2**20,
         }

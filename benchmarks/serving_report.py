@@ -22,10 +22,11 @@ def _f(value: Any, fmt: str = "{:.0f}") -> str:
 
 
 def table(results: list[dict[str, Any]]) -> str:
-    lines = ["| level (load avg) | server | µs CPU/token | × relay (httpx) | × relay (aiohttp) | tokens/s (span) "
+    lines = ["| level (load avg) | server | µs CPU/token | user / sys | tokens per read / write | × relay (httpx) "
+             "| × relay (aiohttp) | tokens/s (span) "
              "| tokens/s per core | TTFT p50 / p99 ms | in p50 / p99 | out p50 / p99 | RSS KiB/session | peak RSS MiB "
              "| streams open at once | errors |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in results:
         for key, s in r["servers"].items():
             errors = ", ".join(f"{k}: {v}" for k, v in s["errors"].items()) or "0"
@@ -33,6 +34,8 @@ def table(results: list[dict[str, Any]]) -> str:
             lines.append(
                 f"| {r['level']} ({r.get('loadavg_1m_after', 0):.1f}) | ({key}) {SERVERS[key]} | "
                 f"{_f(s['cpu_us_per_token'])} | "
+                f"{_f(s.get('cpu_user_us_per_token'))} / {_f(s.get('cpu_sys_us_per_token'))} | "
+                f"{_f(s.get('tokens_per_read'), '{:.2f}')} / {_f(s.get('tokens_per_write'), '{:.2f}')} | "
                 f"{_f(s['cpu_vs_relay'], '{:.2f}×')} | {_f(s.get('cpu_vs_aiohttp_relay'), '{:.2f}×')} | "
                 f"{_f(s['tokens_per_s'])} | {_f(s['core_tokens_per_s'])} | "
                 f"{_f(s['ttft_ms_p50'], '{:.1f}')} / {_f(s['ttft_ms_p99'], '{:.1f}')} | "

@@ -140,6 +140,8 @@ def test_bench_server_quick_relays_every_token_with_no_error() -> None:
             assert 1 <= server["most_open"] <= level["n"], key
             assert server["tokens"] == 20 * level["n"], key  # 20 text deltas per stream, none lost
             assert server["cpu_us_per_token"] > 0, key
+            # Its socket reads and writes were counted: each carried some of the tokens.
+            assert server["tokens_per_read"] > 0 and server["tokens_per_write"] > 0, key
             assert server["ttft_ms_p50"] is not None, key
             # Every first token measured is split at the upstream's read, and the slow ones are
             # all accounted for (by a cause, or by none of them).
