@@ -119,7 +119,7 @@ async def test_a_client_leaving_at_any_frame_leaves_a_whole_log_and_a_free_sessi
     agent = _agent()
     server = live(create_app(agent))
     rng = random.Random(SEED)
-    agui_logs: list[list[dict[str, Any]]] = []
+    agui_logs: list[tuple[str, list[dict[str, Any]]]] = []
     async with httpx.AsyncClient(base_url=server.url, timeout=20) as client:
         # A whole run of each vocabulary first: how many frames a cut may land in.
         totals = {}
@@ -145,7 +145,7 @@ async def test_a_client_leaving_at_any_frame_leaves_a_whole_log_and_a_free_sessi
             if detach or cut >= totals[kind]:
                 assert ended, f"{what}: a run its client did not stop ended with {last}"
             if kind == "agui":
-                agui_logs.append([data for _, _, data in log])
+                agui_logs.append((what, [data for _, _, data in log]))
             else:
                 _balanced_native(log, what)
             # The session takes the next run (queued behind whatever is left of this one).
@@ -162,5 +162,5 @@ async def test_a_client_leaving_at_any_frame_leaves_a_whole_log_and_a_free_sessi
             model = agent.model
             assert isinstance(model, ScriptedModel)
             _answered(model.requests[-1])
-    verdicts = verify(*agui_logs)
-    assert verdicts == ["ok"] * len(agui_logs)
+    verdicts = verify(*(events for _, events in agui_logs))
+    assert [(what, verdict) for (what, _), verdict in zip(agui_logs, verdicts, strict=True) if verdict != "ok"] == []
