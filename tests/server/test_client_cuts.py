@@ -5,7 +5,9 @@ detached or not. Whatever frame a client leaves at:
   frame, the run's end or (a run tied to its client, cut) ``RunCancelled``; the AG-UI logs pass the
   official client's ``verifyEvents``;
 - a detached run goes on to its end; a run tied to its client stops;
-- the session takes the next run, and every tool call the model sees then has its one result.
+- the session takes the next run, and every tool call the model sees then has its one result;
+
+with the run log in this process's memory, and in Redis (shared: it gets the frames in batches).
 
 Each case's cut point comes from a seeded generator (``CUT_SEED``, ``CUT_CASES`` to widen it)."""
 
@@ -14,10 +16,12 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import uuid
 from collections import Counter
 from typing import Any
 
 import httpx
+import pytest
 
 from agentscope_py import ModelStep, ReActAgent, ScriptedModel, Toolkit, tool
 from agentscope_py.model.base import ModelRequest
@@ -114,10 +118,17 @@ def _answered(request: ModelRequest) -> None:
     assert calls == results, f"calls {dict(calls)} against results {dict(results)}"
 
 
+@pytest.mark.parametrize("held", ["memory", "redis"])
 async def test_a_client_leaving_at_any_frame_leaves_a_whole_log_and_a_free_session(
-        live: Any, verify: Any) -> None:  # noqa: F811
+        live: Any, verify: Any, held: str, request: pytest.FixtureRequest) -> None:  # noqa: F811
     agent = _agent()
-    server = live(create_app(agent))
+    if held == "redis":  # a shared log: frames reach it in batches while the run lasts
+        from agentscope_py.server import RedisRunLog
+
+        run_log: Any = RedisRunLog(request.getfixturevalue("redis_url"), prefix=f"cuts-{uuid.uuid4().hex}")
+    else:
+        run_log = None
+    server = live(create_app(agent, run_log=run_log))
     rng = random.Random(SEED)
     agui_logs: list[tuple[str, list[dict[str, Any]]]] = []
     async with httpx.AsyncClient(base_url=server.url, timeout=20) as client:
