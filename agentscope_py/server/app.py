@@ -430,7 +430,12 @@ class _Server:
             state, ahead = await read_ahead(self.agent.state_store, user_id, session_id)
         except Exception as exc:
             raise StoreUnavailable(exc) from exc
-        return state, ahead if self._stream is _local_stream else None
+        if ahead is None or self._stream is not _local_stream:
+            return state, None
+        # A run of the session in flight saves before this one gets its turn: what was read will
+        # be stale by then, and an input waiting in the queue need not hold it.
+        busy = self.agent.busy_error(user_id, session_id, "reject") is not None
+        return state, None if busy else ahead
 
     def _pending(self, user_id: str, session_id: str) -> Callable[[], Awaitable[list[str]]]:
         """Reads the session's waiting tool call ids, to name them in a refusal."""

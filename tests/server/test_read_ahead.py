@@ -164,6 +164,7 @@ async def test_an_agui_input_queued_behind_a_run_of_its_thread_reads_what_that_r
     store = InMemoryStateStore()
     agent = ReActAgent(model=ToolThenText(), tools=[slow.slow], state_store=store)
     server = live(create_app(agent))
+    reads = count_reads(store)
     async with httpx.AsyncClient(base_url=server.url, timeout=20) as client:
         first = asyncio.ensure_future(client.post("/agui", json=run_input("t", user("first", id="u1"), run="r1")))
         assert await asyncio.to_thread(slow.started.wait, 10)
@@ -172,5 +173,6 @@ async def test_an_agui_input_queued_behind_a_run_of_its_thread_reads_what_that_r
     assert agui_events(first_body)[-1]["type"] == "RUN_FINISHED"
     assert agui_events(second.text)[-1]["type"] == "RUN_FINISHED", second.text
     assert slow.finished.is_set()
+    assert reads == ["t", "t", "t"]  # the server's two reads, and the second run's own
     assert [(role, text) for role, text in await memory(store, "t") if text] == [
         ("user", "first"), ("assistant", "done"), ("user", "second"), ("assistant", "done")]
