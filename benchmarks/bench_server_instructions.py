@@ -20,6 +20,7 @@ the share of a reply's deltas that reached the client together, in one read, is 
     .venv/bin/python benchmarks/bench_server_instructions.py                    # (a) and (b)
     .venv/bin/python benchmarks/bench_server_instructions.py --servers a --baseline /work/before
     .venv/bin/python benchmarks/bench_server_instructions.py --tool 1          # a tool turn per run
+    .venv/bin/python benchmarks/bench_server_instructions.py --turns 4         # the 4th turn of a thread
     .venv/bin/python benchmarks/bench_server_instructions.py --servers a,a1,a2,b,e  # the model's HTTP
                                                      # clients side by side, and both relays
     .venv/bin/python benchmarks/bench_server_instructions.py --servers a --dumps /tmp/cg  # by function:
@@ -114,11 +115,15 @@ class Counted:
         for _ in range(3):
             self.reply(20)
 
-    def reply(self, tokens: int) -> None:
+    def reply(self, tokens: int, thread: str | None = None, history: list[dict[str, Any]] | None = None) -> None:
+        """One request, on a new thread, or on ``thread`` after its ``history`` (the whole
+        conversation, as an AG-UI client sends it; the reply is added to it)."""
         text = f"tokens={tokens} dt={self.args.dt:.3f} tool={self.args.tool}"
-        body = {"threadId": str(uuid.uuid4()), "runId": str(uuid.uuid4()), "tools": [], "context": [], "state": {},
-                "forwardedProps": {}, "messages": [{"id": "m1", "role": "user", "content": text}]}
+        said = [{"id": str(uuid.uuid4()), "role": "user", "content": text if not history else "and more"}]
+        body = {"threadId": thread or str(uuid.uuid4()), "runId": str(uuid.uuid4()), "tools": [], "context": [],
+                "state": {}, "forwardedProps": {}, "messages": [*(history or []), *said]}
         deltas, together = 0, 0
+        received = bytearray()
         with self.client.stream("POST", self.url, json=body, headers={"accept": "text/event-stream"}) as response:
             if response.status_code != 200:
                 raise SystemExit(f"{self.key}: {response.status_code} {response.read()!r}")
@@ -126,6 +131,10 @@ class Counted:
                 n = piece.count(b'"TEXT_MESSAGE_CONTENT"')
                 deltas += n
                 together += max(0, n - 1)
+                if history is not None:
+                    received += piece
+        if history is not None:
+            history += [*said, _reply_message(bytes(received))]
         if deltas != tokens:
             raise SystemExit(f"{self.key}: {deltas} text deltas for a reply of {tokens} tokens")
         # Deltas that came in one read: the server fell behind the upstream's pace and read its
@@ -134,9 +143,17 @@ class Counted:
             self.slow.append(together / tokens)
 
     def counted(self, tokens: int) -> int:
-        """Instructions over ``--runs`` replies of ``tokens`` (0: ``--idle`` seconds with none)."""
+        """Instructions over ``--runs`` replies of ``tokens`` (0: ``--idle`` seconds with none);
+        with ``--turns N``, each the Nth turn of its thread (the N - 1 before it not counted)."""
+        threads = [(str(uuid.uuid4()), []) for _ in range(self.args.runs)] if tokens and self.args.turns > 1 else []
+        for thread, history in threads:
+            for _ in range(self.args.turns - 1):
+                self.reply(tokens, thread, history)
         self.zero()
-        if tokens:
+        if threads:
+            for thread, history in threads:
+                self.reply(tokens, thread, history)
+        elif tokens:
             for _ in range(self.args.runs):
                 self.reply(tokens)
         else:
@@ -234,6 +251,19 @@ class Counted:
                 "k_idle_per_second": per_second / 1e3, "fell_behind": [round(s, 2) for s in self.slow]}
 
 
+def _reply_message(body: bytes) -> dict[str, Any]:
+    """The assistant message of a reply's AG-UI frames, as a client keeps it in its history."""
+    message_id, text = "", []
+    for line in body.split(b"\n"):
+        if line.startswith(b"data: "):
+            event = json.loads(line[6:])
+            if event["type"] == "TEXT_MESSAGE_START":
+                message_id = event["messageId"]
+            elif event["type"] == "TEXT_MESSAGE_CONTENT":
+                text.append(event["delta"])
+    return {"id": message_id, "role": "assistant", "content": "".join(text)}
+
+
 def interleaved(server: Counted, clients: list[int]) -> dict[str, Any]:
     """``server``'s counts per token at each number of streams, and its idle rate."""
     out: dict[str, Any] = {"levels": [server.interleaved(n) for n in clients]}
@@ -274,6 +304,9 @@ def main() -> None:
     parser.add_argument("--dt", type=float, default=0.05, help="seconds between tokens (valgrind is ~50× slower)")
     parser.add_argument("--tool", type=int, choices=(0, 1), default=0, help="a tool turn first in every run")
     parser.add_argument("--idle", type=float, default=3.0, help="seconds of the idle measurement")
+    parser.add_argument("--turns", type=int, default=1,
+                        help="each counted request the Nth turn of its thread (its history sent with it, the "
+                             "turns before it not counted): what a thread's memory costs per request")
     parser.add_argument("--dumps", help="keep callgrind's dumps in this directory (per server: .1 the long replies, "
                         ".2 the short ones, .3 idle), for callgrind_annotate --inclusive=yes")
     parser.add_argument("--clients", help="N,N,...: per token with N streams interleaved (see above) instead of "
@@ -326,7 +359,8 @@ def main() -> None:
     base = results.get("b", {}).get("k_per_token_at_100")
     base_aiohttp = results.get("e", {}).get("k_per_token_at_100")
     pace = f"light load, a token every {args.dt} s" if args.dt else "a burst: every token of a reply at once"
-    print(f"instructions in the server's process, {pace}, tool turn: {bool(args.tool)}")
+    turn = f", turn {args.turns} of each thread" if args.turns > 1 else ""
+    print(f"instructions in the server's process, {pace}, tool turn: {bool(args.tool)}{turn}")
     print("| server | k / token | k / request | k / token at 100 per reply | × relay (httpx) | × relay (aiohttp) "
           "| fell behind |")
     print("|---|---:|---:|---:|---:|---:|---|")

@@ -28,7 +28,7 @@ from ._brackets import describe
 from ._hooks import HookCall
 from ._run_state import RunState
 from .state import AgentState
-from .store import InMemoryStateStore
+from .store import InMemoryStateStore, take_read_ahead
 
 if TYPE_CHECKING:
     from ..extension.base import AgentView
@@ -43,12 +43,16 @@ logger = logging.getLogger("agentscope_py")
 async def load_session(runtime: AgentRuntime, ctx: RuntimeContext, run: RunState) -> AgentState:
     """Load the session's state into ``run`` (a new one for a new session)."""
     key = (ctx.user_id, ctx.session_id)
-    try:
-        state, run.version = await runtime.store.load(*key)
-    except StateStoreError:
-        raise
-    except Exception as exc:
-        raise StateStoreError(f"loading session {ctx.user_id}/{ctx.session_id} failed: {exc}") from exc
+    handed = take_read_ahead(ctx, runtime.store)
+    if handed is not None:  # read by the server before the run started, and unchanged since
+        state, run.version = handed
+    else:
+        try:
+            state, run.version = await runtime.store.load(*key)
+        except StateStoreError:
+            raise
+        except Exception as exc:
+            raise StateStoreError(f"loading session {ctx.user_id}/{ctx.session_id} failed: {exc}") from exc
     unsaved = runtime.unsaved.pop(key, None)
     if unsaved is not None:
         if unsaved[1] == run.version or state is None:

@@ -12,14 +12,18 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
 from types import TracebackType
-from typing import Literal, Protocol, Self, runtime_checkable
+from typing import TYPE_CHECKING, Literal, Protocol, Self, runtime_checkable
 
 from pydantic_core import PydanticSerializationError
 
 from ..errors import StateConflictError, StateStoreError
 from ..message import Msg, ToolUseBlock
 from .state import AgentState
+
+if TYPE_CHECKING:
+    from .._context import RuntimeContext
 
 __all__ = [
     "AgentStateStore",
@@ -173,6 +177,13 @@ class InMemoryStateStore:
         self._evict(self._clock(), None)
 
     async def load(self, user_id: str, session_id: str) -> tuple[AgentState | None, int]:
+        state, version, _ = self._load_marked(user_id, session_id)
+        return state, version
+
+    def _load_marked(self, user_id: str, session_id: str) -> tuple[AgentState | None, int, object]:
+        """`load`, and a mark of what it read: `_unchanged` tells, later, whether the session is
+        still what this load found (nothing saved, deleted or evicted since). Versions alone
+        cannot tell: a session deleted or evicted starts again at version 0."""
         key = (user_id, session_id)
         if self._bounded:
             now = self._clock()
@@ -182,9 +193,14 @@ class InMemoryStateStore:
                 self._idle[key] = now
         entry = self._data.get(key)
         if entry is None:
-            return None, 0
+            return None, 0, None
         kept, version = entry
-        return (_thaw(kept) if isinstance(kept, bytes) else kept), version
+        return (_thaw(kept) if isinstance(kept, bytes) else kept), version, entry
+
+    def _unchanged(self, user_id: str, session_id: str, mark: object) -> bool:
+        """Whether the session is still what the `_load_marked` that gave ``mark`` read (every
+        save, and every delete or eviction, replaces the entry a mark is)."""
+        return self._data.get((user_id, session_id)) is mark
 
     async def save(self, user_id: str, session_id: str, state: AgentState, expected_version: int) -> int:
         key = (user_id, session_id)
@@ -255,6 +271,55 @@ class InMemoryStateStore:
                     break
                 del idle[key]
                 data.pop(key, None)
+
+
+_READ_AHEAD = "agentscope.session_read_ahead"
+"""In a run's context: the `ReadAhead` its prelude may take instead of loading the session."""
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class ReadAhead:
+    """A session's state read before its run started (a server reads it to answer 503 before
+    its response starts, and AG-UI's input is chosen from it), handed to the run
+    (`hand_to`) so that its prelude need not read and parse it again (`take_read_ahead`). The
+    run takes it only while the store says the session is unchanged since the read: a save made
+    meanwhile, by a run queued ahead or by anyone else, is read from the store as it always was."""
+
+    store: InMemoryStateStore
+    user_id: str
+    session_id: str
+    state: AgentState | None
+    version: int
+    mark: object
+
+    def hand_to(self, ctx: RuntimeContext) -> None:
+        """Give it to the run of ``ctx`` (the run's own context: a sub-agent's never takes it)."""
+        ctx.put(_READ_AHEAD, self)
+
+
+async def read_ahead(
+    store: AgentStateStore, user_id: str, session_id: str
+) -> tuple[AgentState | None, ReadAhead | None]:
+    """The session's state, as ``store.load`` gives it, and a `ReadAhead` of it when the store
+    can tell later that nothing changed the session since (`InMemoryStateStore`; not a subclass,
+    whose ``load`` may be its own). The caller reads the state and leaves it as it is: the run
+    that takes it owns it."""
+    if type(store) is InMemoryStateStore:
+        state, version, mark = store._load_marked(user_id, session_id)
+        return state, ReadAhead(store, user_id, session_id, state, version, mark)
+    state, _ = await store.load(user_id, session_id)
+    return state, None
+
+
+def take_read_ahead(ctx: RuntimeContext, store: AgentStateStore) -> tuple[AgentState | None, int] | None:
+    """The state and version handed to this run (`ReadAhead.hand_to`), if the session is still
+    what was read; None: load it. Taken once: a second run of the same context loads."""
+    handed = ctx._values.pop(_READ_AHEAD, None)  # the context's own value, not a caller's
+    if (not isinstance(handed, ReadAhead) or handed.store is not store or handed.user_id != ctx.user_id
+            or handed.session_id != ctx.session_id
+            or not handed.store._unchanged(handed.user_id, handed.session_id, handed.mark)):
+        return None
+    return handed.state, handed.version
 
 
 def _freeze(state: AgentState) -> bytes | AgentState:

@@ -30,7 +30,7 @@ from .._context import RuntimeContext
 from ..agent import MultitaskStrategy
 from ..agent.react import ReActAgent, confirm_message
 from ..agent.state import AgentState
-from ..agent.store import InMemoryStateStore
+from ..agent.store import InMemoryStateStore, ReadAhead, read_ahead
 from ..message import Msg
 from . import agui as agui_module
 from ._agui.ledger import Emitted, Ledger
@@ -153,7 +153,7 @@ class _Server:
             user_id = await self.identity.user(request)
             agent = _with_frontend_tools(self.agent, run_input.tools or [])
             emitted = self.ledger.get((user_id, run_input.thread_id))
-            msgs = await self._agui_input(agent, user_id, run_input, emitted)
+            msgs, ahead = await self._agui_input(agent, user_id, run_input, emitted)
             props = run_input.forwarded_props if isinstance(run_input.forwarded_props, dict) else {}
             detach = self._detach(request, props.get("detach"))
             strategy = strategy_of(props.get("multitask_strategy"), self.multitask_strategy,
@@ -162,6 +162,8 @@ class _Server:
             await self._admit(user_id, run_input.thread_id, strategy)
             ctx = RuntimeContext(user_id=user_id, session_id=run_input.thread_id, agui_input=run_input, run_id=key,
                                  multitask_strategy=strategy)
+            if ahead is not None:
+                ahead.hand_to(ctx)
             stream = self._stream(agent, msgs, ctx, key)
             mapper = AguiMapper(run_input.thread_id, run_input.run_id, emitted_ids=emitted)
             pending = self._pending(user_id, run_input.thread_id)
@@ -198,8 +200,9 @@ class _Server:
 
     async def _agui_input(
         self, agent: ReActAgent, user_id: str, run_input: RunAgentInput, emitted: Emitted
-    ) -> list[Msg]:
-        state = await self._load(user_id, run_input.thread_id)
+    ) -> tuple[list[Msg], ReadAhead | None]:
+        """The run's input messages, and the session's state as read for them (`_read_ahead`)."""
+        state, ahead = await self._read_ahead(user_id, run_input.thread_id)
         if state is not None:
             emitted.remembered = True
         elif emitted.remembered:
@@ -219,7 +222,7 @@ class _Server:
             raise HTTPError(422, "invalid_request", str(exc)) from None
         # Input ids are not added to the ledger: memory recognises them once the run has stored
         # them, so input of a run that never got that far (cancelled in the gate) is taken again.
-        return msgs
+        return msgs, ahead
 
     async def runs(self, request: Request) -> Response:
         rid = request_id(request)
@@ -248,11 +251,13 @@ class _Server:
         go into its context."""
         # The session's store is read before the run starts, as AG-UI's is (for its input):
         # a store that cannot serve is a 503 to retry, not a run that fails once it streams.
-        await self._load(user_id, session_id)
+        _, ahead = await self._read_ahead(user_id, session_id)
         await self._admit(user_id, session_id, strategy)
         run_id = run_id or new_run_id()
         ctx = RuntimeContext(user_id=user_id, session_id=session_id, run_id=run_id, multitask_strategy=strategy,
                              **values)
+        if ahead is not None:
+            ahead.hand_to(ctx)
         stream = self._stream(self.agent, msgs, ctx, run_id)
         pending = self._pending(user_id, session_id)
         record = RunRecord(run_id, user_id, session_id, "native", owner=self.registry.log.owner)
@@ -417,6 +422,20 @@ class _Server:
         except Exception as exc:
             raise StoreUnavailable(exc) from exc
         return state
+
+    async def _read_ahead(self, user_id: str, session_id: str) -> tuple[AgentState | None, ReadAhead | None]:
+        """`_load` before a run starts, and what its run may take instead of loading the session
+        again (`ReadAhead`: runs of this process only; a runner elsewhere loads it itself)."""
+        try:
+            state, ahead = await read_ahead(self.agent.state_store, user_id, session_id)
+        except Exception as exc:
+            raise StoreUnavailable(exc) from exc
+        if ahead is None or self._stream is not _local_stream:
+            return state, None
+        # A run of the session in flight saves before this one gets its turn: what was read will
+        # be stale by then, and an input waiting in the queue need not hold it.
+        busy = self.agent.busy_error(user_id, session_id, "reject") is not None
+        return state, None if busy else ahead
 
     def _pending(self, user_id: str, session_id: str) -> Callable[[], Awaitable[list[str]]]:
         """Reads the session's waiting tool call ids, to name them in a refusal."""
