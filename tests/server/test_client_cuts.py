@@ -30,6 +30,7 @@ from agentscope_py.server import create_app
 from .conftest import run_input, user
 from .test_agui_client import client_modules  # noqa: F401  (a fixture `verify` uses)
 from .test_agui_nested import node, verify  # noqa: F401
+from .test_multitask_processes import unbalanced
 from .test_runs import parse
 
 CASES = int(os.environ.get("CUT_CASES", "24"))
@@ -95,22 +96,6 @@ async def _log(client: httpx.AsyncClient, kind: str, session: str, run_id: str) 
     return parse(response.text)
 
 
-def _balanced_native(frames: Frames, what: str) -> None:
-    """Every block's, call's and result's start has its end (the closing guarantee's brackets; the
-    run's own ``agent_start`` is ended by ``agent_end`` or by the error frame)."""
-    open_: Counter[str] = Counter()
-    for _, _, data in frames:
-        kind = str(data.get("type", ""))
-        if kind == "agent_start" or kind == "agent_end":
-            continue
-        if kind.endswith("_start"):
-            open_[kind[:-6]] += 1
-        elif kind.endswith("_end"):
-            open_[kind[:-4]] -= 1
-            assert open_[kind[:-4]] >= 0, f"{what}: {kind} without its start"
-    assert not +open_, f"{what}: never closed: {dict(+open_)}"
-
-
 def _answered(request: ModelRequest) -> None:
     """Every tool call the model is shown has exactly one result."""
     calls = Counter(c.id for m in request.messages for c in m.tool_calls)
@@ -158,7 +143,9 @@ async def test_a_client_leaving_at_any_frame_leaves_a_whole_log_and_a_free_sessi
             if kind == "agui":
                 agui_logs.append((what, [data for _, _, data in log]))
             else:
-                _balanced_native(log, what)
+                # Every start has its end (the run's own `agent_start` is ended by the error frame).
+                left = {k: v for k, v in unbalanced([data for _, _, data in log]).items() if not k.startswith("agent:")}
+                assert left == {}, f"{what}: never closed: {left}"
             # The session takes the next run (queued behind whatever is left of this one).
             if kind == "agui":
                 body = run_input(session, user("add 1 and 2", id=f"{session}-u"), user("again", id=f"{session}-u2"),
