@@ -256,10 +256,18 @@ class ModelRead(TaskCut):
     its next read hands that step to the task and goes on. So the context is entered once per
     wake-up of the provider, not once per chunk: each chunk is read by a plain ``await`` inside
     `_read`, or, from the providers' own SSE reader, handed to the parts manager by the reader
-    itself (`_convert.stream_chunks` takes the feed: no generator hand-off per chunk)."""
+    itself (`_convert.stream_chunks` takes the feed: no generator hand-off per chunk).
+
+    **The reading task.** The cut cancels the task that reads, and a consumer may go on reading
+    in another task (`rx.pipe_operators` pulls in tasks of its own): each hand-over checks that
+    the task is still ``task``. ``asyncio.current_task()`` is a Python function on 3.11, about as
+    costly as the rest of a hand-over's bookkeeping together, so the check reads ``running``
+    instead: the task's coroutine, whose ``cr_running`` is true exactly while that task runs (it
+    is executing, however deep the awaits below it), so only a consumer in another task asks for
+    its task. A task whose coroutine is no native coroutine (None here) is asked for every time."""
 
     __slots__ = ("control", "coro", "ctx", "cut", "filling", "first", "it", "model", "out", "parts", "reading",
-                 "timer")
+                 "running", "timer")
 
     def __init__(self, ctx: contextvars.Context, model: ChatModel, control: RunControl | None) -> None:
         self.ctx = ctx
@@ -273,6 +281,7 @@ class ModelRead(TaskCut):
         task = asyncio.current_task()
         assert task is not None
         TaskCut.__init__(self, task)  # (``base``: the task's cancellations before this call, kept by `failure`)
+        self.running = _coroutine_of(task)
         self.timer: DeadlineTimer | None = None
         self.parts: PartsManager | None = None  # once the first chunk arrived (or the stream ended at once)
         self.out: list[Any] | None = None  # the events made and not handed over yet (``parts.out``)
@@ -432,12 +441,14 @@ async def model_events(
                 break
             if not read.filling:
                 break
-            task = asyncio.current_task()
-            if task is not read.task:
-                # The consumer pulls in another task now (`rx.pipe_operators` pulls in tasks of its
-                # own while time operators wait): the cut cancels the task that reads.
-                assert task is not None
-                read.task, read.base = task, task.cancelling()
+            running = read.running
+            if running is None or not running.cr_running:  # (`ModelRead`: the reading task)
+                task = asyncio.current_task()
+                if task is not read.task:
+                    # The consumer pulls in another task now (`rx.pipe_operators` pulls in tasks of
+                    # its own while time operators wait): the cut cancels the task that reads.
+                    assert task is not None
+                    read.task, read.base, read.running = task, task.cancelling(), _coroutine_of(task)
             read.reading = True
             try:
                 await read
@@ -520,6 +531,12 @@ async def _read(call: ModelCall, read: ModelRead, reply: ReplyParts | None, even
         _ended(read)
     finally:
         read.filling = False
+
+
+def _coroutine_of(task: asyncio.Task[Any]) -> types.CoroutineType[Any, Any, Any] | None:
+    """``task``'s coroutine when it is a native one (`ModelRead`'s check of the reading task)."""
+    coro = task.get_coro()
+    return coro if type(coro) is types.CoroutineType else None
 
 
 def _ended(read: ModelRead) -> None:

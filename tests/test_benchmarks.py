@@ -102,6 +102,18 @@ def test_bench_follow_instructions_workload_hands_every_token_to_each_client() -
         assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"frames": 40}, followers
 
 
+def test_bench_served_instructions_workload_serves_every_token_of_each_reply() -> None:
+    # The workload valgrind counts (valgrind itself is not needed to run it): served requests
+    # through the app, each reply every token and RUN_FINISHED (the child checks both).
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / "bench_served_instructions.py"), "--child", "12", "--requests", "2",
+         "--warmup", "1"],
+        capture_output=True, text=True, timeout=120, cwd=BENCH.parent, check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"replies": 2, "tokens": 12}
+
+
 def test_bench_builtins_reports_its_two_ratios() -> None:
     result = run_json("bench_builtins.py", "--runs", "5", "--repeat", "2")
     for key in ("builtins_vs_passthrough", "hit_vs_miss", "passthrough_us_per_run", "builtins_us_per_run",

@@ -164,10 +164,14 @@ class AguiMapper:
         if type(event) is TextBlockDelta:
             # The per-token path, almost every event of a run: a text delta into an open message
             # of the top level is its frame's constant head (made when the message opened,
-            # `OpenContent.text_prefixes`) and the delta's JSON string, in this one call.
-            prefix = self._prefixes.get(event.block_id)
-            if prefix is not None and event.delta and event.source is None:
-                return b"%b%b}\n\n" % (prefix, plain_json(event.delta))
+            # `OpenContent.text_prefixes`) and the delta's JSON string, in this one call. Its
+            # fields are read from its ``__dict__`` (a pydantic model keeps them there): an event
+            # class has ``__getattr__``, so each attribute read is a lookup through it.
+            fields = event.__dict__
+            prefix = self._prefixes.get(fields["block_id"])
+            delta = fields["delta"]
+            if prefix is not None and delta and fields["source"] is None:
+                return b"%b%b}\n\n" % (prefix, plain_json(delta))
         elif type(event) in _SILENT and event.source is None:  # a run's own start and end: no frame
             return b""
         # The other deltas take `OpenContent.delta_frame` (a dict straight to JSON).
