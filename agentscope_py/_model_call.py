@@ -260,11 +260,14 @@ class ModelRead(TaskCut):
 
     **The reading task.** The cut cancels the task that reads, and a consumer may go on reading
     in another task (`rx.pipe_operators` pulls in tasks of its own): each hand-over checks that
-    the task is still ``task``. ``asyncio.current_task()`` is a Python function on 3.11, about as
-    costly as the rest of a hand-over's bookkeeping together, so the check reads ``running``
-    instead: the task's coroutine, whose ``cr_running`` is true exactly while that task runs (it
-    is executing, however deep the awaits below it), so only a consumer in another task asks for
-    its task. A task whose coroutine is no native coroutine (None here) is asked for every time."""
+    the task is still ``task``. On Python 3.11 ``asyncio.current_task()`` is a Python function,
+    about as costly as the rest of a hand-over's bookkeeping together, so the check reads
+    ``running`` instead: the task's coroutine, whose ``cr_running`` is true exactly while that
+    task runs (no task starts inside another's step there), so only a consumer in another task
+    asks for its task. On 3.12+ an eager task's first steps run inside the step of the task that
+    made it, whose coroutine is running then too, and ``current_task()`` is a C function:
+    ``running`` is None there, as for a task whose coroutine is not a native one, and the task is
+    asked for at every hand-over (`_coroutine_of`)."""
 
     __slots__ = ("control", "coro", "ctx", "cut", "filling", "first", "it", "model", "out", "parts", "reading",
                  "running", "timer")
@@ -533,8 +536,15 @@ async def _read(call: ModelCall, read: ModelRead, reply: ReplyParts | None, even
         read.filling = False
 
 
+_EAGER_TASKS = hasattr(asyncio, "eager_task_factory")
+"""Python 3.12+: a task may start inside another's step (`ModelRead`: the reading task)."""
+
+
 def _coroutine_of(task: asyncio.Task[Any]) -> types.CoroutineType[Any, Any, Any] | None:
-    """``task``'s coroutine when it is a native one (`ModelRead`'s check of the reading task)."""
+    """``task``'s coroutine for `ModelRead`'s check of the reading task, where that check is exact:
+    a native coroutine, and no eager tasks. None otherwise: the task is asked for."""
+    if _EAGER_TASKS:
+        return None
     coro = task.get_coro()
     return coro if type(coro) is types.CoroutineType else None
 

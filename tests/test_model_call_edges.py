@@ -257,6 +257,34 @@ async def test_an_interrupt_of_a_run_read_by_its_consumer_raises_in_the_run_not_
     assert issubclass(AgentInterrupted, Exception)
 
 
+@pytest.mark.skipif(not hasattr(asyncio, "eager_task_factory"),
+                    reason="a task started inside another's step (eager tasks) exists from Python 3.12")
+async def test_an_interrupt_cuts_the_read_of_an_eager_task_started_inside_the_reading_tasks_step() -> None:
+    # The consumer reads the first text in its own task, then hands the iteration to a task it
+    # starts eagerly: that task's first step takes the next read while the consumer's own
+    # coroutine is running too. The interrupt cuts the task that waits in the read, and no other.
+    model = Chunks(1, stall=True)
+    agent = agent_of(model)
+    events: list[Any] = []
+    it = aiter(agent.stream("go"))
+    while not events or events[-1].type != "text_block_delta":
+        events.append(await anext(it))
+
+    async def rest() -> None:
+        async for ev in it:
+            events.append(ev)
+
+    eager_task_factory: Any = getattr(asyncio, "eager_task_factory")  # noqa: B009 (3.12+; mypy checks 3.11)
+    reader = eager_task_factory(asyncio.get_running_loop(), rest())
+    await asyncio.wait_for(model.waiting.wait(), 5)
+    assert agent.interrupt()
+    await asyncio.wait_for(reader, 5)
+    this = asyncio.current_task()
+    assert this is not None and this.cancelling() == 0 and reader.cancelling() == 0
+    assert events[-2].result.generate_reason is GenerateReason.INTERRUPTED
+    assert not open_blocks(events)
+
+
 class Swallows(Chunks):
     """A model that, cut inside its read, swallows the cancellation and sends another chunk."""
 
