@@ -8,12 +8,14 @@ same HTTP stack as `bench_server.py`'s fast stack (httptools + uvloop), and one 
 ``--runs`` requests one after another, so every token is a wake-up of its own — light load, the
 level where (a)'s ratio is the furthest from its target. Per server:
 
-* ``--runs`` replies of 100 tokens, not counted (a process's one-off work after its warm-up);
 * counters zeroed, ``--runs`` replies of 100 tokens, counters dumped: A;
 * the same with replies of 10 tokens: B;
 * the same with no request for ``--idle`` seconds: I (timers and housekeeping, per second);
 
 per token = (A − B − I × the 90 extra tokens' time) ÷ (runs × 90), per request = what B has left.
+That split moves by up to ~13 k per token between runs of one tree (where the collections land,
+the idle rate subtracted), their sum at 100 tokens per reply by up to ~7 k: a change of a few k
+per token is measured by `bench_served_instructions.py` (in process, repeatable to ~0.05 k).
 A token's figure is only a light-load figure when the server kept up with the upstream's pace:
 the share of a reply's deltas that reached the client together, in one read, is reported under
 "fell behind" (raise ``--dt``; a loaded host needs 0.05–0.08 s).
@@ -25,7 +27,7 @@ the share of a reply's deltas that reached the client together, in one read, is 
     .venv/bin/python benchmarks/bench_server_instructions.py --servers a,a1,a2,b,e  # the model's HTTP
                                                      # clients side by side, and both relays
     .venv/bin/python benchmarks/bench_server_instructions.py --servers a --dumps /tmp/cg  # by function:
-    callgrind_annotate --inclusive=yes /tmp/cg/a.<pid>.2                                 # (see --dumps)
+    callgrind_annotate --inclusive=yes /tmp/cg/a.<pid>.1                                 # (see --dumps)
 
 (d)'s redis-server is started here and not counted (another process, as the upstream is); with one
 client every token of (d) is a flush of its own, the shared log's worst case.
@@ -241,10 +243,6 @@ class Counted:
                 "per_token": {k: v / deltas for k, v in counted.items()}}
 
     def measure(self) -> dict[str, Any]:
-        # One round of long replies first, not counted: what a process does once after its
-        # warm-up lands there and not in A, where it would be taken for the cost of the 90 extra
-        # tokens (without it, (a)'s per-token figure comes out ~13 k higher, the relay's ~2 k).
-        self.counted(LONG)
         a, b, idle = self.counted(LONG), self.counted(SHORT), self.counted(0)
         per_second = idle / self.args.idle
         runs, dt = self.args.runs, self.args.dt
@@ -312,9 +310,8 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=1,
                         help="each counted request the Nth turn of its thread (its history sent with it, the "
                              "turns before it not counted): what a thread's memory costs per request")
-    parser.add_argument("--dumps", help="keep callgrind's dumps in this directory (per server: .1 the round not "
-                        "counted, .2 the long replies, .3 the short ones, .4 idle), for callgrind_annotate "
-                        "--inclusive=yes")
+    parser.add_argument("--dumps", help="keep callgrind's dumps in this directory (per server: .1 the long replies, "
+                        ".2 the short ones, .3 idle), for callgrind_annotate --inclusive=yes")
     parser.add_argument("--clients", help="N,N,...: per token with N streams interleaved (see above) instead of "
                         "the per token / per request split")
     parser.add_argument("--rate", type=float, default=20.0,
