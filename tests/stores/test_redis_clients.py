@@ -195,25 +195,28 @@ async def test_a_sentinels_master_client_carries_the_run_log(tmp_path: Path) -> 
             await client.aclose()
 
 
-async def test_a_write_whose_connection_the_server_closed_while_idle_is_sent_once(
-        redis_url: str, redis_prefix: str) -> None:
-    log = RedisRunLog(redis_url, prefix=redis_prefix)
-    admin = Redis.from_url(redis_url)
-    try:
-        await log.renew()
-        assert await log.create(RunRecord("r1", "alice", "s1", "native", owner=log.owner))
-        assert await log.append([Batch("r1", 1, frames(1, 1))]) == []
-        # Every connection but the admin's closed by the server, the writes' one among them.
-        assert await admin.execute_command("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes") >= 1
-        await asyncio.sleep(0.1)  # the close reaches the idle connections
-        # Taken, once: a batch sent twice would have its second copy refused (its ids behind).
-        assert await log.append([Batch("r1", 2, frames(2, 2))]) == []
-        assert await log.append([Batch("r1", 3, frames(3, 3))]) == []
-        got = await log.read("r1", 0, 0)
-        assert got is not None and got.data == b"".join(frames(1, 3))
-    finally:
-        await admin.aclose()
-        await log.close()
+async def test_a_write_whose_connection_the_server_closed_while_idle_is_sent_once() -> None:
+    # A redis-server of the test's own: it closes every connection but its admin's, which on the
+    # suite's shared server would cut the connections of the tests running beside it.
+    port = free_port()
+    with redis_server("--port", str(port)):
+        admin = await answering(Redis(host="127.0.0.1", port=port))
+        log = RedisRunLog(f"redis://127.0.0.1:{port}/0", prefix="t")
+        try:
+            await log.renew()
+            assert await log.create(RunRecord("r1", "alice", "s1", "native", owner=log.owner))
+            assert await log.append([Batch("r1", 1, frames(1, 1))]) == []
+            # Every connection but the admin's closed by the server, the writes' one among them.
+            assert await admin.execute_command("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes") >= 1
+            await asyncio.sleep(0.1)  # the close reaches the idle connections
+            # Taken, once: a batch sent twice would have its second copy refused (its ids behind).
+            assert await log.append([Batch("r1", 2, frames(2, 2))]) == []
+            assert await log.append([Batch("r1", 3, frames(3, 3))]) == []
+            got = await log.read("r1", 0, 0)
+            assert got is not None and got.data == b"".join(frames(1, 3))
+        finally:
+            await log.close()
+            await admin.aclose()
 
 
 async def test_urls_keep_working_a_password_a_database_and_a_unix_socket(tmp_path: Path) -> None:
