@@ -188,8 +188,7 @@ async def acting_events(
                         opening.add(ev)
                     yield ev
                 if starting is not None:  # the consumer took the first Start before the loop turned
-                    starting.cancel()
-                    starting = None
+                    starting = None  # (its callback then finds every task made: nothing to do)
                     _start(scope, runs, context, deadline)
                 if isinstance(out, Channel):
                     async for ev in out.drain():
@@ -216,9 +215,9 @@ async def acting_events(
                         reader.result(block)  # (as the end's reader would have, before the end goes out)
                         yield events[-1]
         except BaseException:  # closed early, or cancelled: cancel the tool tasks before returning
-            if starting is not None:
-                starting.cancel()
             pending = [run.task for run in runs if run.task is not None and not run.task.done()]
+            if starting is not None:
+                runs.clear()  # its callback, still to come, starts nothing this pass closed
             for task in pending:
                 task.cancel()
             if pending:
@@ -302,8 +301,10 @@ def _starting(scope: ToolScope, runs: list[_Call], context: contextvars.Context,
     """Have a group's tasks take their first step at the next loop turn, before its first Start
     goes out. Python 3.11: the tasks are made now (a task's first step is that turn). Python
     3.12+: `_start` is called back then, unless the pass calls it first, when the consumer takes
-    the next event without having awaited (the handle it cancels then): their first steps run at
-    once, eagerly, the pass's ``next()`` waiting for no loop turn."""
+    the next event without having awaited: their first steps run at once, eagerly, the pass's
+    ``next()`` waiting for no loop turn. The handle is never cancelled (the callback finds the
+    tasks made, or ``runs`` emptied by a pass that closed): Temporal's workflow loop runs a
+    cancelled handle as it runs any other, and a cancelled handle has no callback left."""
     if _EAGER_START is None:
         _start(scope, runs, context, deadline)
         return None

@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
@@ -500,19 +500,45 @@ async def test_a_read_hands_each_wake_up_over_without_raising() -> None:
     model = Chunks(40)
     agent = ReActAgent.builder().model(model).build()
     raised: list[str] = []
-
-    def trace(frame: Any, event: str, arg: Any) -> Any:
-        code = frame.f_code
-        if event == "exception" and code.co_filename.endswith("_model_call.py") and code.co_name != "_read":
-            raised.append(f"{code.co_name}: {arg[0].__name__}")
-        return trace
-
-    previous = sys.gettrace()  # (a coverage tracer, if any, gets its thread back)
-    sys.settrace(trace)
-    try:
+    with _raised_in_model_call(raised):
         events = await agent.stream("hi").to_list()
-    finally:
-        sys.settrace(previous)
     assert sum(e.type == "text_block_delta" for e in events) == 40
     assert model.produced == 40 and model.closed
     assert len(raised) <= 2, raised  # the call's end, once
+
+
+@contextlib.contextmanager
+def _raised_in_model_call(raised: list[str]) -> Iterator[None]:
+    """Names, into ``raised``, each exception raised in a frame of `_model_call` other than
+    `_read`'s. Python 3.12+ traces through `sys.monitoring`'s RAISE events: ``sys.settrace``
+    there reports, as an ``exception`` event, also the StopIteration a generator's return into an
+    ``await`` stands for, which nothing raises (sys.monitoring's STOP_ITERATION)."""
+
+    def seen(code: Any, exc: BaseException) -> None:
+        if code.co_filename.endswith("_model_call.py") and code.co_name != "_read":
+            raised.append(f"{code.co_name}: {type(exc).__name__}")
+
+    monitoring = getattr(sys, "monitoring", None)
+    if monitoring is None:
+        def trace(frame: Any, event: str, arg: Any) -> Any:
+            if event == "exception":
+                seen(frame.f_code, arg[1])
+            return trace
+
+        previous = sys.gettrace()  # (a coverage tracer, if any, gets its thread back)
+        sys.settrace(trace)
+        try:
+            yield
+        finally:
+            sys.settrace(previous)
+        return
+    tool = next(i for i in range(6) if monitoring.get_tool(i) is None)
+    monitoring.use_tool_id(tool, "test_model_call_edges")
+    monitoring.register_callback(tool, monitoring.events.RAISE, lambda code, _offset, exc: seen(code, exc))
+    monitoring.set_events(tool, monitoring.events.RAISE)
+    try:
+        yield
+    finally:
+        monitoring.set_events(tool, 0)
+        monitoring.register_callback(tool, monitoring.events.RAISE, None)
+        monitoring.free_tool_id(tool)

@@ -240,18 +240,27 @@ async def test_a_tool_that_returns_at_once_has_its_result_read_in_the_turn_it_ru
 
 
 @pytest.mark.timeout(10)
+@pytest.mark.parametrize("start", ["next-turn", "eager"])
 @pytest.mark.parametrize("mode", ["stream", "call"])
-async def test_a_consumer_cancelled_in_the_turn_its_tool_first_runs_leaves_the_turn_closed(mode: str) -> None:
+async def test_a_consumer_cancelled_in_the_turn_its_tool_first_runs_leaves_the_turn_closed(
+    mode: str, start: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """A cancellation of the consumer that lands in the loop turn in which the call's task takes
-    its first step (where the pass waits for that turn, on 3.11, or for the result): the consumer
-    gets its cancellation, no tool task is left, and the session keeps a closed turn (the call
-    answered)."""
+    its first step (where the pass waits for that turn: ``next-turn``, the start Python 3.11 has,
+    made on every version) or while the pass waits for the result of a task that started eagerly
+    (``eager``: the version's own start, the tool waiting one loop turn, as a tool that returns at
+    once has its result before the loop turns): the consumer gets its cancellation, no tool task
+    is left, and the session keeps a closed turn (the call answered)."""
+    if start == "next-turn":
+        monkeypatch.setattr(_acting, "_EAGER_START", None)
     loop = asyncio.get_running_loop()
     seen: list[str] = []
 
     @tool
     async def quick() -> str:
         """Answers at once."""
+        if start == "eager":
+            await asyncio.sleep(0)
         return "done"
 
     class Cancel(MiddlewareBase):  # the consumer is cancelled as the call's Start goes out
