@@ -60,9 +60,10 @@ def test_tune_gc_freezes_start_up_objects_and_sets_the_thresholds() -> None:
 
 
 def test_a_growing_heap_triggers_full_collections_by_default_and_none_when_tuned() -> None:
-    # Python's own settings walk the whole heap several times while it grows (the pauses that
-    # hold up first tokens while a thousand streams start); the recipe's do not.
-    assert _child(GROWTH, "default")["full_collections"] >= 3
+    # Python's own settings walk the whole heap while it grows (the pauses that hold up first
+    # tokens while a thousand streams start): four times here on 3.11 and 3.12, once on 3.13.
+    # The recipe's settings never do.
+    assert _child(GROWTH, "default")["full_collections"] >= (3 if sys.version_info < (3, 13) else 1)
     tuned = _child(GROWTH, "tuned")
     assert tuned["full_collections"] == 0
 
