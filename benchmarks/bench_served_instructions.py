@@ -193,7 +193,7 @@ def main() -> None:
     trees = args.tree or [str(here.parent)]
     # `serving_apps` from here, and no empty entry in the child's path (`counted` adds this one
     # after the tree's): an empty entry is its working directory, where any stray module shadows.
-    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), str(here)) if p)
+    os.environ["PYTHONPATH"] = os.pathsep.join(entry for entry in (os.environ.get("PYTHONPATH"), str(here)) if entry)
     jobs = [(tree, n) for tree in trees for n in (LONG, SHORT)]
     with ThreadPoolExecutor(min(2, os.cpu_count() or 1)) as pool:
         counts = list(pool.map(lambda job: counted(__file__, [str(job[1]), "--requests", str(args.requests),
