@@ -30,6 +30,7 @@ __all__ = [
     "reference",
     "result_parts",
     "stream_chunks",
+    "text_or_none",
     "user_and_tool_messages",
 ]
 
@@ -39,6 +40,14 @@ PAYLOAD_ERRORS: tuple[type[Exception], ...] = (
 """What reading a JSON payload of the wrong shape raises (``"index": Infinity`` is an
 OverflowError in ``int()``, JSON nested thousands deep a RecursionError): the server's fault, so a
 `MalformedStreamError`, never a raw exception that retry and fallback would not recognise."""
+
+
+def text_or_none(value: Any) -> str | None:
+    """``value`` if it is a non-empty text, else None: a reader takes a field of another type
+    (an id, a name, a text) as absent, so no chunk carries it into the agent, where it would
+    fail as a raw exception."""
+    return value if isinstance(value, str) and value else None
+
 
 # Keys the agent core puts in the options that are not provider request parameters.
 _INTERNAL_OPTIONS = frozenset({"structured_output"})

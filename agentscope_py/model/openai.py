@@ -34,6 +34,7 @@ from ._convert import (
     event_json,
     merge_options,
     reference,
+    text_or_none,
     user_and_tool_messages,
 )
 from ._errors import error_from_body, malformed, quote
@@ -215,9 +216,9 @@ class _ChunkReader:
             out.append(ChatChunk(
                 tool_call=ToolCallChunk(
                     index=int(call.get("index", position)),
-                    id=call.get("id") or None,
-                    name=function.get("name") or None,
-                    arguments=function.get("arguments") or "",
+                    id=text_or_none(call.get("id")),
+                    name=text_or_none(function.get("name")),
+                    arguments=text_or_none(function.get("arguments")) or "",
                 )
             ))
 

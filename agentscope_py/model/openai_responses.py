@@ -41,6 +41,7 @@ from ._convert import (
     event_json,
     merge_options,
     reference,
+    text_or_none,
     user_and_tool_messages,
 )
 from ._errors import error_from_body, malformed, quote
@@ -353,8 +354,9 @@ class _EventReader:
             self.called = True
             if not self._seen(index, "call"):
                 self._mark(payload, "call")
-                out.append(ChatChunk(tool_call=ToolCallChunk(
-                    index=index, id=item.get("call_id") or item.get("id") or None, name=item.get("name") or None)))
+                call_id = text_or_none(item.get("call_id")) or text_or_none(item.get("id"))
+                name = text_or_none(item.get("name"))
+                out.append(ChatChunk(tool_call=ToolCallChunk(index=index, id=call_id, name=name)))
             arguments = item.get("arguments")
             if not added and isinstance(arguments, str) and arguments and not self._seen(index, "args"):
                 self._mark(payload, "args")
@@ -371,7 +373,11 @@ class _EventReader:
                 if thought:
                     out.append(thinking_chunk(thought))
             kept = {k: v for k, v in item.items() if v is not None and k != "status"}
-            out.append(ChatChunk(thinking_signature=json.dumps(kept, ensure_ascii=False, separators=(",", ":")) + "\n"))
+            # The item goes back to the server on the next request: one it could not be sent as
+            # (a NaN, an infinity) fails this reply (ValueError: a MalformedStreamError), not
+            # every request after it.
+            line = json.dumps(kept, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+            out.append(ChatChunk(thinking_signature=line + "\n"))
         return out
 
     def _end(self, payload: Mapping[str, Any], finish: str | None) -> list[ChatChunk]:
