@@ -132,6 +132,14 @@ async def run_attempt(
         # A failing run is this run's result, never the evaluation's (a model's own timeout
         # included: only the case's deadline is a CaseTimeout).
         error = exc
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if task is None or task.cancelling():
+            raise  # the evaluation is cancelled
+        # No one cancelled this task: the run raised CancelledError of its own (a tool's, a
+        # model's), its failure like any other; raised on, it would end the evaluation with the
+        # other runs still in flight.
+        error = asyncio.CancelledError("the run raised CancelledError; nothing cancelled the evaluation")
     duration = time.perf_counter() - started
     ctx_eval = EvalContext(case=case, events=events, output=output, error=error, duration=duration,
                            spans=tuple(spans), attempt=attempt)

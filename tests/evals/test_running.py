@@ -134,6 +134,29 @@ async def test_a_failing_or_hanging_case_never_stops_the_others() -> None:
     assert by_name["c0"].events is None
 
 
+async def test_a_run_that_raises_cancelled_error_of_its_own_is_its_failure_alone() -> None:
+    # Found by test_running_cuts.py: the run's CancelledError ended the evaluation, the other runs
+    # left in flight and no report.
+    class Cancels:
+        name = "cancels"
+
+        async def stream(self, request: Any) -> Any:
+            await asyncio.sleep(0)
+            raise asyncio.CancelledError
+            yield  # (an async generator)
+
+    def factory(case: Case) -> ReActAgent:
+        return ReActAgent(model=Cancels()) if case.name == "cancels" else calculator(case)
+
+    before = asyncio.all_tasks()
+    report = await Dataset([*_cases(3), Case("cancels", "q")], [Contains("")]).evaluate(factory, concurrency=4)
+    assert asyncio.all_tasks() <= before
+    by_name = {c.name: c.attempts[0] for c in report.cases}
+    assert all(by_name[f"c{i}"].passed for i in range(3))
+    assert by_name["cancels"].error == (
+        "CancelledError: the run raised CancelledError; nothing cancelled the evaluation")
+
+
 async def test_a_models_own_timeout_is_not_the_cases() -> None:
     def factory() -> ReActAgent:
         return ReActAgent.builder().model(ScriptedModel([ModelStep.error(TimeoutError("model slow"))])).build()
