@@ -51,6 +51,10 @@ _THINKING_DELTA = delta_shape(ThinkingBlockDelta)
 _CALL_DELTA = delta_shape(ToolCallDelta)
 
 
+def _cleaned(value: Any) -> Any:
+    return clean(value) if type(value) is str else value
+
+
 def _no_block(text: str) -> Any:
     raise AssertionError("a delta with no open block")
 
@@ -75,9 +79,9 @@ class PartsManager:
 
     One text or thinking block is open at a time: text after thinking ends the thinking block,
     and the reverse; a tool call ends both. Tool calls are keyed by the provider's index (a new id
-    at a known index ends the call there and opens a new one; an id the reply already gave a call
-    is a `MalformedStreamError`). `end` closes whatever is open and
-    appends ModelCallEnd; `fail` does the same with the error, so every Start has its End. The
+    at a known index ends the call there and opens a new one; an id the reply already gave another
+    call is a `MalformedStreamError`). `end` closes whatever is open and appends ModelCallEnd;
+    `fail` does the same with the error, so every Start has its End. The
     reply itself (the message memory keeps) is rebuilt from the events after the
     ``on_model_call`` layers (`_replies.ReplyBuilder`), since middleware may rewrite them.
 
@@ -242,7 +246,8 @@ class PartsManager:
         self._end_text()
         reply, events = self.reply, self.events
         known = self.calls.get(tc.index)
-        if known is None or (tc.id is not None and tc.id != known[0] and clean(tc.id) != known[0]):
+        # (a known call's id is kept cleaned: one with a lone surrogate is compared so)
+        if known is None or (tc.id is not None and tc.id != known[0] and _cleaned(tc.id) != known[0]):
             call_id, name = tc.id or new_id("call_"), tc.name or ""
             if type(call_id) is str and type(name) is str:
                 # Both go back to the provider with the reply: a lone surrogate could not be sent.
