@@ -386,10 +386,20 @@ class _EventReader:
         self._model(payload)
         if finish is None:
             finish = "tool_calls" if self.called or _has_call(response) else "stop"
-        response_id = response.get("id")
-        if self.owner is not None and self.whole is not None and isinstance(response_id, str) and response_id:
+        response_id = text_or_none(response.get("id"))
+        # Remembered only when a request can carry it (UTF-8: no lone surrogate); else the next
+        # request goes whole, where every later one of the conversation would fail to be written.
+        if self.owner is not None and self.whole is not None and response_id and _sendable(response_id):
             self.owner._remember(self.whole, response_id)
         return [ChatChunk(usage=_usage(response.get("usage")), finish_reason=finish, model=self.model)]
+
+
+def _sendable(text: str) -> bool:
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _has_call(response: Mapping[str, Any]) -> bool:

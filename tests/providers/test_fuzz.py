@@ -270,7 +270,11 @@ MODELS: dict[str, Callable[[], SDKModel[Any]]] = {
     "openai": lambda: OpenAIChatModel("gpt-fake", base_url="http://127.0.0.1:9/v1", api_key="k"),
     "anthropic": lambda: AnthropicChatModel("claude-fake", base_url="http://127.0.0.1:9", api_key="k"),
     "responses": lambda: OpenAIResponsesModel("gpt-fake", base_url="http://127.0.0.1:9/v1", api_key="k"),
+    # (the next request continues the response it read: its id goes back to the server)
+    "responses-chained": lambda: OpenAIResponsesModel("gpt-fake", base_url="http://127.0.0.1:9/v1", api_key="k",
+                                                      store=True, previous_response_id="auto"),
 }
+VALID["responses-chained"], FINE["responses-chained"] = VALID["responses"], FINE["responses"]
 _HOLE = "\x00hole\x00"
 
 
@@ -395,6 +399,9 @@ _FOUND = {
         "openai", b'data: {"choices": [{"index": 0, "delta": {"content": "hello", "tool_calls": [{"index": 0, '
                   b'"id": "\\udc00", "function": {"name": "get_weather", "arguments": "{\\"city\\": \\"P\\"}"}}]}}]}\n\n'
                   b'data: [DONE]\n\n'),
+    "responses-chained response id with a lone surrogate": (
+        "responses-chained", b"".join(p for p in ResponseStream(response_id="\ud800").text("hello").completed()
+                                      if isinstance(p, bytes))),
     "one call id at two indexes": (
         "openai", b'data: {"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "id": "c", '
                   b'"function": {"name": "get_weather", "arguments": "{\\"city\\": \\"P\\"}"}}]}}]}\n\n' * 2
