@@ -20,6 +20,7 @@ from .base import ChatChunk
 
 __all__ = [
     "FED_TURN",
+    "MAX_TOKENS",
     "ChunkFeed",
     "SSEvent",
     "arguments_text",
@@ -31,6 +32,7 @@ __all__ = [
     "result_parts",
     "stream_chunks",
     "text_or_none",
+    "token_count",
     "user_and_tool_messages",
 ]
 
@@ -47,6 +49,20 @@ def text_or_none(value: Any) -> str | None:
     (an id, a name, a text) as absent, so no chunk carries it into the agent, where it would
     fail as a raw exception."""
     return value if isinstance(value, str) and value else None
+
+
+MAX_TOKENS = 2**53
+"""Past any call's token count; a float holds every count below it exactly (a budget prices
+counts as floats, and a JSON int can be hundreds of digits long)."""
+
+
+def token_count(value: Any) -> int | None:
+    """A provider's token count as an exact ``int`` (a JSON ``true`` is 1), or None: a count no
+    call has (negative: a budget would be credited; `MAX_TOKENS` or more: a budget's price may
+    overflow) is read as absent, as a value of another type is."""
+    if isinstance(value, int) and 0 <= value < MAX_TOKENS:
+        return int(value)
+    return None
 
 
 # Keys the agent core puts in the options that are not provider request parameters.

@@ -35,7 +35,7 @@ from ..message import (
     ToolResultState,
     ToolUseBlock,
 )
-from ._convert import event_json, exact_json, merge_options, reference, result_parts, text_or_none
+from ._convert import event_json, exact_json, merge_options, reference, result_parts, text_or_none, token_count
 from ._errors import error_from_body, malformed, quote
 from ._sdk import SDKModel, streamed
 from .base import AuthenticationError, ChatChunk, ModelError, ModelRequest, ToolCallChunk, text_chunk, thinking_chunk
@@ -186,7 +186,7 @@ class _EventReader:
 
     def _count(self, usage: Any) -> None:
         if isinstance(usage, Mapping):  # message_delta repeats counts cumulatively: replace
-            self.tokens.update({k: v for k, v in usage.items() if isinstance(v, int)})
+            self.tokens.update({k: n for k, v in usage.items() if (n := token_count(v)) is not None})
 
     def _usage(self) -> ChatUsage | None:
         t = self.tokens

@@ -35,6 +35,7 @@ from ._convert import (
     merge_options,
     reference,
     text_or_none,
+    token_count,
     user_and_tool_messages,
 )
 from ._errors import error_from_body, malformed, quote
@@ -224,10 +225,8 @@ class _ChunkReader:
 
 
 def _int(value: Any) -> int:
-    """A count as an exact ``int`` (a JSON ``true`` is 1, as validation made it; not a number: 0)."""
-    if type(value) is int:
-        return value
-    return int(value) if isinstance(value, int) else 0
+    """A count as an exact ``int`` (`token_count`; none: 0)."""
+    return token_count(value) or 0
 
 
 def openai_api_key(api_key: str | None, base_url: str | None) -> str:
@@ -244,8 +243,8 @@ def openai_api_key(api_key: str | None, base_url: str | None) -> str:
 def _usage(usage: Any) -> ChatUsage | None:
     """The usage a chunk reports, or None when it reports none: a server that sends no counts
     (llama.cpp's ignores ``include_usage``) leaves the usage unknown, which is not zero."""
-    if not isinstance(usage, Mapping) or not (
-        isinstance(usage.get("prompt_tokens"), int) or isinstance(usage.get("completion_tokens"), int)
+    if not isinstance(usage, Mapping) or (
+        token_count(usage.get("prompt_tokens")) is None and token_count(usage.get("completion_tokens")) is None
     ):
         return None
     prompt = usage.get("prompt_tokens_details")

@@ -42,6 +42,7 @@ from ._convert import (
     merge_options,
     reference,
     text_or_none,
+    token_count,
     user_and_tool_messages,
 )
 from ._errors import error_from_body, malformed, quote
@@ -414,13 +415,13 @@ def _reasoning_text(item: Mapping[str, Any]) -> str:
 
 
 def _int(value: Any) -> int:
-    return value if isinstance(value, int) else 0
+    return token_count(value) or 0
 
 
 def _usage(usage: Any) -> ChatUsage | None:
     """The response's usage, or None when it reports none (unknown, which is not zero)."""
-    if not isinstance(usage, Mapping) or not any(
-        isinstance(usage.get(k), int) for k in ("input_tokens", "output_tokens")
+    if not isinstance(usage, Mapping) or all(
+        token_count(usage.get(k)) is None for k in ("input_tokens", "output_tokens")
     ):
         return None
     given = usage.get("input_tokens_details")

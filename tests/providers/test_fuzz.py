@@ -25,9 +25,10 @@ from agentscope_py import ReActAgent
 from agentscope_py._bracket_kinds import CLOSES, IDS, OPENS
 from agentscope_py.events import ToolCallStart, ToolResultStart
 from agentscope_py.message import ChatUsage
+from agentscope_py.middleware import BudgetMiddleware, ModelPrice
 from agentscope_py.model import ChatChunk, ModelError
 from agentscope_py.model._aiohttp import body_bytes
-from agentscope_py.model._convert import stream_chunks
+from agentscope_py.model._convert import MAX_TOKENS, stream_chunks
 from agentscope_py.model._sdk import SDKModel, wire_body
 from agentscope_py.model.anthropic import AnthropicChatModel, _EventReader
 from agentscope_py.model.ollama import read_ndjson
@@ -202,6 +203,8 @@ def assert_typed(chunk: ChatChunk) -> None:
     for name in ("text", "thinking", "thinking_signature", "finish_reason", "model"):
         assert isinstance(getattr(chunk, name), str | None), (name, chunk)
     assert isinstance(chunk.usage, ChatUsage | None), chunk
+    if chunk.usage is not None:  # counts a call can have: a budget neither credited nor overflowed
+        assert all(0 <= count < MAX_TOKENS for count in chunk.usage.model_dump().values()), chunk
     call = chunk.tool_call
     if call is not None:
         assert type(call.index) is int and isinstance(call.arguments, str), call
@@ -350,8 +353,13 @@ def open_brackets(events: list[Any]) -> set[tuple[str, str]]:
     return opened
 
 
+PRICES = {name: ModelPrice(input=1.0, output=2.0) for name in ("gpt-fake", "claude-fake")}
+
+
 def hostile_turn_then_next(loop: asyncio.AbstractEventLoop, name: str, data: bytes, cuts: list[int]) -> None:
-    agent = ReActAgent(model=scripted(name, split(data, cuts)), tools=[get_weather], max_iters=3)
+    # (a budget prices each call's usage: a count past what a float holds would overflow it)
+    agent = ReActAgent(model=scripted(name, split(data, cuts)), tools=[get_weather], max_iters=3,
+                       middlewares=[BudgetMiddleware(run_cost=1e9, prices=PRICES)])
 
     async def run() -> None:
         events: list[Any] = []
@@ -402,6 +410,9 @@ _FOUND = {
     "responses-chained response id with a lone surrogate": (
         "responses-chained", b"".join(p for p in ResponseStream(response_id="\ud800").text("hello").completed()
                                       if isinstance(p, bytes))),
+    "openai usage past what a float holds": (
+        "openai", b'data: {"choices": [{"index": 0, "delta": {"content": "x"}, "finish_reason": "stop"}], '
+                  b'"usage": {"prompt_tokens": 1' + b"0" * 400 + b', "completion_tokens": 1}}\n\ndata: [DONE]\n\n'),
     "one call id at two indexes": (
         "openai", b'data: {"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "id": "c", '
                   b'"function": {"name": "get_weather", "arguments": "{\\"city\\": \\"P\\"}"}}]}}]}\n\n' * 2
@@ -409,6 +420,28 @@ _FOUND = {
                     b'"function": {"name": "get_weather", "arguments": "{\\"city\\": \\"P\\"}"}}]}}]}\n\n'
                   + b'data: [DONE]\n\n'),
 }
+
+
+_COUNTS = {
+    "openai": 'data: {"choices": [], "usage": {"prompt_tokens": §, "completion_tokens": §}}\n\ndata: [DONE]\n\n',
+    "anthropic": 'event: message_delta\ndata: {"type": "message_delta", "delta": {}, "usage": {"input_tokens": §, '
+                 '"output_tokens": §}}\n\nevent: message_stop\ndata: {"type": "message_stop"}\n\n',
+    "responses": 'data: {"type": "response.completed", "response": {"usage": {"input_tokens": §, '
+                 '"output_tokens": §}}}\n\n',
+    "ollama": '{"model": "m", "message": {"role": "assistant", "content": ""}, "done": true, "prompt_eval_count": §, '
+              '"eval_count": §}\n',
+}
+
+
+@pytest.mark.parametrize("name", sorted(_COUNTS))
+@pytest.mark.parametrize("count", ["-5", "1" + "0" * 400])
+def test_a_token_count_no_call_has_is_read_as_unknown(loop: asyncio.AbstractEventLoop, name: str, count: str) -> None:
+    # A negative count would credit a budget; one past what a float holds overflows its price.
+    async def usages() -> list[Any]:
+        pieces = [_COUNTS[name].replace("§", count).encode()]
+        async with contextlib.aclosing(READERS[name][0](pieces)) as chunks:
+            return [chunk.usage async for chunk in chunks if chunk.usage is not None]
+    assert loop.run_until_complete(usages()) == []
 
 
 @pytest.mark.parametrize("case", sorted(_FOUND))
