@@ -205,9 +205,15 @@ async def run_cases(
             reports[index][attempt] = report
             bar.advance(report.passed)
 
+    workers = [asyncio.ensure_future(worker()) for _ in range(min(concurrency, len(cases) * repeat))]
     try:
-        await asyncio.gather(*(worker() for _ in range(min(concurrency, len(cases) * repeat))))
+        await asyncio.gather(*workers)
     finally:
+        # A worker that failed (outside any run: a run's own failure is its report) or the
+        # evaluation cancelled: the runs still in flight end here, each closed, none outliving it.
+        for task in workers:
+            task.cancel()
+        await asyncio.wait(workers)
         bar.close()
     case_reports = [CaseReport(case.name, [a for a in attempts if a is not None], dict(case.metadata))
                     for case, attempts in zip(cases, reports, strict=True)]

@@ -23,7 +23,9 @@ from agentscope_py.evals import (
 )
 from agentscope_py.evals._progress import Progress
 from agentscope_py.events import AgentStart
-from agentscope_py.model import ModelStep, ScriptedModel
+from agentscope_py.message import ChatUsage
+from agentscope_py.middleware import ModelPrice
+from agentscope_py.model import ChatChunk, ModelStep, ScriptedModel
 
 from .helpers import calculator
 
@@ -155,6 +157,31 @@ async def test_a_run_that_raises_cancelled_error_of_its_own_is_its_failure_alone
     assert all(by_name[f"c{i}"].passed for i in range(3))
     assert by_name["cancels"].error == (
         "CancelledError: the run raised CancelledError; nothing cancelled the evaluation")
+
+
+async def test_an_evaluation_that_fails_leaves_no_run_in_flight() -> None:
+    # A failure outside the runs (here pricing a usage no float holds, from a model of one's own)
+    # ends the evaluation with it; the runs in flight are closed first, not left running.
+    class Counts:
+        name = "counts"
+
+        async def stream(self, request: Any) -> Any:
+            yield ChatChunk(text="ok", usage=ChatUsage(input_tokens=10**400), finish_reason="stop")
+
+    slow_models: list[ScriptedModel] = []
+
+    def factory(case: Case) -> ReActAgent:
+        if case.name == "counts":
+            return ReActAgent(model=Counts())
+        slow_models.append(ScriptedModel([ModelStep.text("late", delay=5.0)]))
+        return ReActAgent(model=slow_models[-1])
+
+    before = asyncio.all_tasks()
+    cases = [Case("a", "q"), Case("b", "q"), Case("counts", "q")]
+    with pytest.raises(OverflowError):
+        await Dataset(cases, [Contains("")]).evaluate(factory, concurrency=3, prices={"counts": ModelPrice(1, 1)})
+    assert asyncio.all_tasks() <= before
+    assert [m.closed_streams for m in slow_models] == [1, 1]
 
 
 async def test_a_models_own_timeout_is_not_the_cases() -> None:
