@@ -356,6 +356,9 @@ async def _inputs_at_random_moments(agent: ReActAgent, rng: random.Random, sessi
     check_session(state.context)
     assert state.pending_tool_calls == [], case
     replies = {name: result_of(out) for name, out in events.items()}
+    # (the reply says so too: a caller that left after it did not read the AgentEnd)
+    taken_out = {name for name, out in events.items()
+                 if rolled_back(out) or (replies[name] is not None and replies[name].metadata.get("rolled_back"))}
     assert all(not unbalanced(out) for name, out in events.items() if not (stopped and name == "in0")), case
     assert sorted(started) == sorted(events), case  # every input ran
     # The turns after it, each one input's: its message, then its reply (whole, or interrupted and
@@ -369,7 +372,7 @@ async def _inputs_at_random_moments(agent: ReActAgent, rng: random.Random, sessi
     kept_inputs = [turn[0].text for turn in turns]
     assert kept_inputs.count(left) <= 1, case  # the left run: its turn kept, closed, or not asked about
     assert sorted(name for name in kept_inputs if name != left) == sorted(
-        name for name in events if name != left and not rolled_back(events[name])), case
+        name for name in events if name != left and name not in taken_out), case
     queued = [f"in{k}" for k, strategy in enumerate(strategies) if strategy == "enqueue"]
     assert [name for name in kept_inputs if name in queued] == [name for name in queued if name in kept_inputs]
     for turn in turns:
@@ -384,11 +387,10 @@ async def _inputs_at_random_moments(agent: ReActAgent, rng: random.Random, sessi
             assert reply.generate_reason is GenerateReason.MODEL_STOP and reply.text == "done with it", case
         outcomes["whole" if reply.generate_reason is GenerateReason.MODEL_STOP
                  else "interrupted in a tool call" if after_reply else "interrupted"] += 1
-    for name, out in events.items():
-        if rolled_back(out):  # taken out: none of its messages stayed
-            reply = replies[name]
-            assert reply is not None and reply.id not in ids, case
-            outcomes["rolled back"] += 1
+    for name in taken_out:  # none of its messages stayed
+        reply = replies[name]
+        assert reply is not None and reply.id not in ids, case
+        outcomes["rolled back"] += 1
     last = turns[-1][0].text if turns else None
     if last is not None and last != left:  # the last one ran whole
         reply = replies[last]
