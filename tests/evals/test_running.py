@@ -137,8 +137,8 @@ async def test_a_failing_or_hanging_case_never_stops_the_others() -> None:
 
 
 async def test_a_run_that_raises_cancelled_error_of_its_own_is_its_failure_alone() -> None:
-    # Found by test_running_cuts.py: the run's CancelledError ended the evaluation, the other runs
-    # left in flight and no report.
+    # The run's CancelledError is its own failure (test_running_cuts.py draws it at random): raised
+    # on, it would end the evaluation with no report and the other runs in flight.
     class Cancels:
         name = "cancels"
 

@@ -278,9 +278,9 @@ async def test_an_interrupt_during_the_race_stops_both_attempts() -> None:
 
 
 async def test_a_winner_whose_stream_raises_cancelled_error_ends_the_run_as_without_a_hedge() -> None:
-    # The stream raises CancelledError of its own after the first token (found by
-    # test_mw_hedge_cuts.py): the run ends as a run without the hedge does, cancelled, where it
-    # waited for the winner's next event for ever, an interrupt unable to end the wait.
+    # The stream raises CancelledError of its own after the first token (test_mw_hedge_cuts.py
+    # draws it at random): the run ends as a run without the hedge does, cancelled, not waiting
+    # for the winner's next event for ever, which no interrupt could end.
     before = _tasks()
     primary = GatedModel("primary", text("slow", 50), text("next", 50))
     backup = GatedModel("backup", [ChatChunk(text="fast"), asyncio.CancelledError()])

@@ -383,9 +383,11 @@ def test_hostile_reply_fails_its_turn_alone(loop: asyncio.AbstractEventLoop, nam
     case()
 
 
-# The cases the properties found, each the smallest: a wrong-typed value that rode a chunk into the
-# agent (a raw AttributeError, a pydantic ValidationError), a reasoning item the next request could
-# not carry (every later turn a raw ValueError), one call id started twice (its tool run twice).
+# The smallest case of each way a hostile reply can break its turn or the next one, which the
+# properties reach only now and then: a wrong-typed value riding a chunk into the agent (a raw
+# AttributeError, a pydantic ValidationError), a value the next request cannot carry (every later
+# turn a raw ValueError), one call id given to two calls (its tool run twice), a count a budget
+# cannot price.
 _FOUND = {
     "anthropic text not a text": ("anthropic", b'event: content_block_start\ndata: {"type": "content_block_start", '
                                   b'"index": 0, "content_block": {"type": "text", "text": 1}}\n\n'),

@@ -243,8 +243,8 @@ class _Attempt:
             await queue.put(_End(exc))
         except asyncio.CancelledError as exc:
             # Not by `cancel`: the stream raised it of its own, or another task cancelled this one.
-            # Its reader waits on the queue and gets it there, as it would from the stream read
-            # without a hedge; an interrupt could not end that wait.
+            # The winner's reader waits on the queue (a wait no interrupt ends) and gets it there,
+            # as it would from the stream read without a hedge.
             if not self.ending and first.done():
                 await queue.put(_End(exc))
             raise
