@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from ._bracket_kinds import describe
 from ._sanitize import SurrogateCarry, clean
 from ._trusted import delta_maker, delta_shape, shape
+from .errors import MalformedStreamError
 from .events import (
     ModelCallEnd,
     ModelCallStart,
@@ -50,6 +51,10 @@ _THINKING_DELTA = delta_shape(ThinkingBlockDelta)
 _CALL_DELTA = delta_shape(ToolCallDelta)
 
 
+def _cleaned(value: Any) -> Any:
+    return clean(value) if type(value) is str else value
+
+
 def _no_block(text: str) -> Any:
     raise AssertionError("a delta with no open block")
 
@@ -74,8 +79,9 @@ class PartsManager:
 
     One text or thinking block is open at a time: text after thinking ends the thinking block,
     and the reverse; a tool call ends both. Tool calls are keyed by the provider's index (a new id
-    at a known index ends the call there and opens a new one). `end` closes whatever is open and
-    appends ModelCallEnd; `fail` does the same with the error, so every Start has its End. The
+    at a known index ends the call there and opens a new one; an id the reply already gave another
+    call is a `MalformedStreamError`). `end` closes whatever is open and appends ModelCallEnd;
+    `fail` does the same with the error, so every Start has its End. The
     reply itself (the message memory keeps) is rebuilt from the events after the
     ``on_model_call`` layers (`_replies.ReplyBuilder`), since middleware may rewrite them.
 
@@ -95,7 +101,7 @@ class PartsManager:
     """
 
     __slots__ = (
-        "calls", "events", "finish", "model", "out", "put", "reply", "reply_id", "signature", "text_carry",
+        "call_ids", "calls", "events", "finish", "model", "out", "put", "reply", "reply_id", "signature", "text_carry",
         "text_id", "text_make", "thinking_carry", "thinking_id", "thinking_make", "usage",
     )
 
@@ -123,6 +129,7 @@ class PartsManager:
         self.signature: str | None = None
         # provider index -> (id, name, delta maker): the open tool calls, in order
         self.calls: dict[int, tuple[str, str, Callable[[str], ToolCallDelta]]] = {}
+        self.call_ids: set[str] = set()  # every call id this reply started, ended ones too
         self.usage: ChatUsage | None = None
         self.finish: str | None = None
         if events:
@@ -212,7 +219,8 @@ class PartsManager:
             if thinking:
                 self._thought(block_id, thinking)
         if signature:
-            self.signature = (self.signature or "") + signature
+            # (cleaned: the signature goes back to the provider with the reply)
+            self.signature = (self.signature or "") + clean(signature)
 
     def _thought(self, block_id: str, thinking: str) -> None:
         if self.events:
@@ -238,16 +246,25 @@ class PartsManager:
         self._end_text()
         reply, events = self.reply, self.events
         known = self.calls.get(tc.index)
-        if known is None or (tc.id is not None and tc.id != known[0]):
-            if known is not None and events:  # a provider reusing an index for a new call
-                self.put(_CALL_END.build(reply_id=self.reply_id, tool_call_id=known[0], tool_name=known[1]))
+        # (a known call's id is kept cleaned: one with a lone surrogate is compared so)
+        if known is None or (tc.id is not None and tc.id != known[0] and _cleaned(tc.id) != known[0]):
             call_id, name = tc.id or new_id("call_"), tc.name or ""
             if type(call_id) is str and type(name) is str:
+                # Both go back to the provider with the reply: a lone surrogate could not be sent.
+                call_id, name = clean(call_id), clean(name)
                 start = (_CALL_START.build(reply_id=self.reply_id, tool_call_id=call_id, tool_name=name) if events
                          else None)
             else:  # a provider's id or name of another type
                 start = ToolCallStart(reply_id=self.reply_id, tool_call_id=call_id, tool_name=name)
                 call_id, name = start.tool_call_id, start.tool_name
+            if call_id in self.call_ids:
+                # Two calls of one id: the tool would run twice, its results could not be told
+                # apart, and a Start would repeat. A provider's broken stream, not a new call.
+                raise MalformedStreamError(f"{self.model}: malformed stream: the tool call id {call_id!r} names a "
+                                           f"call this reply already made")
+            self.call_ids.add(call_id)
+            if known is not None and events:  # a provider reusing an index for a new call
+                self.put(_CALL_END.build(reply_id=self.reply_id, tool_call_id=known[0], tool_name=known[1]))
             if events:
                 make = _CALL_DELTA.maker(reply_id=self.reply_id, tool_call_id=call_id, tool_name=name)
                 self.put(start)

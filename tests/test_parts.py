@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from agentscope_py._model_call import RetryPolicy, model_call_stream
+from agentscope_py.errors import MalformedStreamError
 from agentscope_py.message import ChatUsage
 from agentscope_py.model.base import ChatChunk, ModelRequest, ToolCallChunk
 
@@ -97,6 +98,33 @@ async def test_chunks_open_feed_and_end_their_blocks_in_order() -> None:
 async def test_a_lone_half_of_a_pair_at_the_end_of_a_block_becomes_the_replacement_character() -> None:
     events = await events_of(Script([ChatChunk(text="a\ud83d"), ChatChunk(thinking="t")]))
     assert [e.delta for e in events if e.type == "text_block_delta"] == ["a", "\ufffd"]
+
+
+async def test_ids_names_and_signatures_lose_their_lone_surrogates_and_a_call_keeps_its_id() -> None:
+    # They go back to the provider with the reply: a lone surrogate there cannot be sent (UTF-8).
+    events = await events_of(Script([
+        ChatChunk(thinking="t", thinking_signature="s\udc00"),
+        ChatChunk(tool_call=ToolCallChunk(index=0, id="c\ud800", name="n\ud800", arguments="{")),
+        ChatChunk(tool_call=ToolCallChunk(index=0, id="c\ud800", arguments="}")),  # the same call
+    ]))
+    assert shape(events) == [
+        ("model_call_start",), ("thinking_block_start",), ("thinking_block_delta", "t"),
+        ("thinking_block_end", "s\ufffd"), ("tool_call_start", "c\ufffd", "n\ufffd"), ("tool_call_delta", "{"),
+        ("tool_call_delta", "}"), ("tool_call_end", "c\ufffd", "n\ufffd"), ("model_call_end",),
+    ]
+
+
+async def test_a_call_id_the_reply_already_gave_another_call_is_a_malformed_stream() -> None:
+    seen: list[Any] = []
+    model = Script([ChatChunk(tool_call=ToolCallChunk(index=0, id="c1", name="a")),
+                    ChatChunk(tool_call=ToolCallChunk(index=1, id="c2", name="b")),
+                    ChatChunk(tool_call=ToolCallChunk(index=2, id="c1", name="a"))])
+    stream = model_call_stream([model], ModelRequest(messages=[]), "r1", RetryPolicy(), None, None)
+    with pytest.raises(MalformedStreamError, match="the tool call id 'c1' names a call this reply already made"):
+        async for event in stream:
+            seen.append(event)
+    assert [(e.type, e.tool_call_id) for e in seen if e.type.startswith("tool_call")] == [
+        ("tool_call_start", "c1"), ("tool_call_start", "c2"), ("tool_call_end", "c1"), ("tool_call_end", "c2")]
 
 
 async def test_a_failure_mid_stream_closes_every_open_block_before_the_error() -> None:

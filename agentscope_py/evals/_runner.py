@@ -132,6 +132,14 @@ async def run_attempt(
         # A failing run is this run's result, never the evaluation's (a model's own timeout
         # included: only the case's deadline is a CaseTimeout).
         error = exc
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if task is None or task.cancelling():
+            raise  # the evaluation is cancelled
+        # No one cancelled this task: the run raised CancelledError of its own (a tool's, a
+        # model's), its failure like any other; raised on, it would end the evaluation with the
+        # other runs still in flight.
+        error = asyncio.CancelledError("the run raised CancelledError; nothing cancelled the evaluation")
     duration = time.perf_counter() - started
     ctx_eval = EvalContext(case=case, events=events, output=output, error=error, duration=duration,
                            spans=tuple(spans), attempt=attempt)
@@ -197,9 +205,15 @@ async def run_cases(
             reports[index][attempt] = report
             bar.advance(report.passed)
 
+    workers = [asyncio.ensure_future(worker()) for _ in range(min(concurrency, len(cases) * repeat))]
     try:
-        await asyncio.gather(*(worker() for _ in range(min(concurrency, len(cases) * repeat))))
+        await asyncio.gather(*workers)
     finally:
+        # A worker that failed (outside any run: a run's own failure is its report) or the
+        # evaluation cancelled: the runs still in flight end here, each closed, none outliving it.
+        for task in workers:
+            task.cancel()
+        await asyncio.wait(workers)
         bar.close()
     case_reports = [CaseReport(case.name, [a for a in attempts if a is not None], dict(case.metadata))
                     for case, attempts in zip(cases, reports, strict=True)]

@@ -20,6 +20,7 @@ from .base import ChatChunk
 
 __all__ = [
     "FED_TURN",
+    "MAX_TOKENS",
     "ChunkFeed",
     "SSEvent",
     "arguments_text",
@@ -30,6 +31,8 @@ __all__ = [
     "reference",
     "result_parts",
     "stream_chunks",
+    "text_or_none",
+    "token_count",
     "user_and_tool_messages",
 ]
 
@@ -39,6 +42,28 @@ PAYLOAD_ERRORS: tuple[type[Exception], ...] = (
 """What reading a JSON payload of the wrong shape raises (``"index": Infinity`` is an
 OverflowError in ``int()``, JSON nested thousands deep a RecursionError): the server's fault, so a
 `MalformedStreamError`, never a raw exception that retry and fallback would not recognise."""
+
+
+def text_or_none(value: Any) -> str | None:
+    """``value`` if it is a non-empty text, else None: a reader takes a field of another type
+    (an id, a name, a text) as absent, so no chunk carries it into the agent, where it would
+    fail as a raw exception."""
+    return value if isinstance(value, str) and value else None
+
+
+MAX_TOKENS = 2**53
+"""Past any call's token count; a float holds every count below it exactly (a budget prices
+counts as floats, and a JSON int can be hundreds of digits long)."""
+
+
+def token_count(value: Any) -> int | None:
+    """A provider's token count as an exact ``int`` (a JSON ``true`` is 1), or None: a count no
+    call has (negative: a budget would be credited; `MAX_TOKENS` or more: a budget's price may
+    overflow) is read as absent, as a value of another type is."""
+    if isinstance(value, int) and 0 <= value < MAX_TOKENS:
+        return int(value)
+    return None
+
 
 # Keys the agent core puts in the options that are not provider request parameters.
 _INTERNAL_OPTIONS = frozenset({"structured_output"})

@@ -35,7 +35,7 @@ from ..message import (
     ToolResultState,
     ToolUseBlock,
 )
-from ._convert import event_json, exact_json, merge_options, reference, result_parts
+from ._convert import event_json, exact_json, merge_options, reference, result_parts, text_or_none, token_count
 from ._errors import error_from_body, malformed, quote
 from ._sdk import SDKModel, streamed
 from .base import AuthenticationError, ChatChunk, ModelError, ModelRequest, ToolCallChunk, text_chunk, thinking_chunk
@@ -164,7 +164,8 @@ class _EventReader:
             raise error_from_body(payload, provider=PROVIDER)
         if kind == "message_start":
             message = payload.get("message") or {}
-            self.model = message.get("model")
+            model = message.get("model")
+            self.model = model if isinstance(model, str) else None
             self._count(message.get("usage"))
         elif kind == "content_block_start":
             block = payload.get("content_block") or {}
@@ -185,7 +186,7 @@ class _EventReader:
 
     def _count(self, usage: Any) -> None:
         if isinstance(usage, Mapping):  # message_delta repeats counts cumulatively: replace
-            self.tokens.update({k: v for k, v in usage.items() if isinstance(v, int)})
+            self.tokens.update({k: n for k, v in usage.items() if (n := token_count(v)) is not None})
 
     def _usage(self) -> ChatUsage | None:
         t = self.tokens
@@ -204,20 +205,23 @@ class _EventReader:
 
 def _block_start(index: int, block: Mapping[str, Any]) -> Iterator[ChatChunk]:
     kind = block.get("type")
-    if kind == "text" and block.get("text"):
-        yield ChatChunk(text=block["text"])
+    if kind == "text":
+        text = text_or_none(block.get("text"))
+        if text:
+            yield ChatChunk(text=text)
     elif kind == "thinking":
-        if block.get("thinking"):
-            yield ChatChunk(thinking=block["thinking"])
-        if block.get("signature"):
-            yield ChatChunk(thinking_signature=block["signature"])
+        thinking, signature = text_or_none(block.get("thinking")), text_or_none(block.get("signature"))
+        if thinking:
+            yield ChatChunk(thinking=thinking)
+        if signature:
+            yield ChatChunk(thinking_signature=signature)
     elif kind == "tool_use":
         given = block.get("input")
         yield ChatChunk(
             tool_call=ToolCallChunk(
                 index=index,
-                id=block.get("id") or None,
-                name=block.get("name") or None,
+                id=text_or_none(block.get("id")),
+                name=text_or_none(block.get("name")),
                 # The API streams the input as deltas after an empty {}; use it only if whole.
                 arguments=json.dumps(given) if given else "",
             )
@@ -225,15 +229,24 @@ def _block_start(index: int, block: Mapping[str, Any]) -> Iterator[ChatChunk]:
 
 
 def _block_delta(index: int, delta: Mapping[str, Any]) -> Iterator[ChatChunk]:
+    # Each field read as a text, or not at all (a value of another type, as `text_or_none`).
     kind = delta.get("type")
-    if kind == "text_delta" and delta.get("text"):
-        yield text_chunk(delta["text"])
-    elif kind == "thinking_delta" and delta.get("thinking"):
-        yield thinking_chunk(delta["thinking"])
-    elif kind == "signature_delta" and delta.get("signature"):
-        yield ChatChunk(thinking_signature=delta["signature"])
-    elif kind == "input_json_delta" and delta.get("partial_json"):
-        yield ChatChunk(tool_call=ToolCallChunk(index=index, arguments=delta["partial_json"]))
+    if kind == "text_delta":
+        text = delta.get("text")
+        if isinstance(text, str) and text:
+            yield text_chunk(text)
+    elif kind == "thinking_delta":
+        thinking = delta.get("thinking")
+        if isinstance(thinking, str) and thinking:
+            yield thinking_chunk(thinking)
+    elif kind == "signature_delta":
+        signature = text_or_none(delta.get("signature"))
+        if signature:
+            yield ChatChunk(thinking_signature=signature)
+    elif kind == "input_json_delta":
+        partial = text_or_none(delta.get("partial_json"))
+        if partial:
+            yield ChatChunk(tool_call=ToolCallChunk(index=index, arguments=partial))
 
 
 # -- messages → wire ---------------------------------------------------------------------------

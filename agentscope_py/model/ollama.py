@@ -44,7 +44,7 @@ from ..message import ChatUsage, DataBlock, Msg, TextBlock, ThinkingBlock, ToolR
 from ..stream import aclosing
 from ._aiohttp import AioHttpSender, client_timeout
 from ._client import ClientModel
-from ._convert import PAYLOAD_ERRORS, StreamingResponse, merge_options, reference, result_parts
+from ._convert import PAYLOAD_ERRORS, StreamingResponse, merge_options, reference, result_parts, token_count
 from ._errors import error_from_body, error_from_status, malformed, message_of, quote, transport_error
 from .base import ChatChunk, ModelError, ModelRequest, ToolCallChunk
 
@@ -325,8 +325,9 @@ class _PartReader:
             if self.calls and finish in (None, "stop"):
                 finish = "tool_calls"
             usage = None  # a done line without counts leaves the usage unknown, not zero
-            if part.prompt_eval_count is not None or part.eval_count is not None:
-                usage = ChatUsage(input_tokens=part.prompt_eval_count or 0, output_tokens=part.eval_count or 0)
+            given, taken = token_count(part.prompt_eval_count), token_count(part.eval_count)
+            if given is not None or taken is not None:
+                usage = ChatUsage(input_tokens=given or 0, output_tokens=taken or 0)
             yield ChatChunk(usage=usage, finish_reason=finish, model=part.model)
 
 

@@ -34,6 +34,8 @@ from ._convert import (
     event_json,
     merge_options,
     reference,
+    text_or_none,
+    token_count,
     user_and_tool_messages,
 )
 from ._errors import error_from_body, malformed, quote
@@ -215,18 +217,16 @@ class _ChunkReader:
             out.append(ChatChunk(
                 tool_call=ToolCallChunk(
                     index=int(call.get("index", position)),
-                    id=call.get("id") or None,
-                    name=function.get("name") or None,
-                    arguments=function.get("arguments") or "",
+                    id=text_or_none(call.get("id")),
+                    name=text_or_none(function.get("name")),
+                    arguments=text_or_none(function.get("arguments")) or "",
                 )
             ))
 
 
 def _int(value: Any) -> int:
-    """A count as an exact ``int`` (a JSON ``true`` is 1, as validation made it; not a number: 0)."""
-    if type(value) is int:
-        return value
-    return int(value) if isinstance(value, int) else 0
+    """A count as an exact ``int`` (`token_count`; none: 0)."""
+    return token_count(value) or 0
 
 
 def openai_api_key(api_key: str | None, base_url: str | None) -> str:
@@ -243,8 +243,8 @@ def openai_api_key(api_key: str | None, base_url: str | None) -> str:
 def _usage(usage: Any) -> ChatUsage | None:
     """The usage a chunk reports, or None when it reports none: a server that sends no counts
     (llama.cpp's ignores ``include_usage``) leaves the usage unknown, which is not zero."""
-    if not isinstance(usage, Mapping) or not (
-        isinstance(usage.get("prompt_tokens"), int) or isinstance(usage.get("completion_tokens"), int)
+    if not isinstance(usage, Mapping) or (
+        token_count(usage.get("prompt_tokens")) is None and token_count(usage.get("completion_tokens")) is None
     ):
         return None
     prompt = usage.get("prompt_tokens_details")

@@ -41,6 +41,8 @@ from ._convert import (
     event_json,
     merge_options,
     reference,
+    text_or_none,
+    token_count,
     user_and_tool_messages,
 )
 from ._errors import error_from_body, malformed, quote
@@ -353,8 +355,9 @@ class _EventReader:
             self.called = True
             if not self._seen(index, "call"):
                 self._mark(payload, "call")
-                out.append(ChatChunk(tool_call=ToolCallChunk(
-                    index=index, id=item.get("call_id") or item.get("id") or None, name=item.get("name") or None)))
+                call_id = text_or_none(item.get("call_id")) or text_or_none(item.get("id"))
+                name = text_or_none(item.get("name"))
+                out.append(ChatChunk(tool_call=ToolCallChunk(index=index, id=call_id, name=name)))
             arguments = item.get("arguments")
             if not added and isinstance(arguments, str) and arguments and not self._seen(index, "args"):
                 self._mark(payload, "args")
@@ -371,7 +374,11 @@ class _EventReader:
                 if thought:
                     out.append(thinking_chunk(thought))
             kept = {k: v for k, v in item.items() if v is not None and k != "status"}
-            out.append(ChatChunk(thinking_signature=json.dumps(kept, ensure_ascii=False, separators=(",", ":")) + "\n"))
+            # The item goes back to the server on the next request: one it could not be sent as
+            # (a NaN, an infinity) fails this reply (ValueError: a MalformedStreamError), not
+            # every request after it.
+            line = json.dumps(kept, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+            out.append(ChatChunk(thinking_signature=line + "\n"))
         return out
 
     def _end(self, payload: Mapping[str, Any], finish: str | None) -> list[ChatChunk]:
@@ -380,10 +387,20 @@ class _EventReader:
         self._model(payload)
         if finish is None:
             finish = "tool_calls" if self.called or _has_call(response) else "stop"
-        response_id = response.get("id")
-        if self.owner is not None and self.whole is not None and isinstance(response_id, str) and response_id:
+        response_id = text_or_none(response.get("id"))
+        # Remembered only when a request can carry it (UTF-8: no lone surrogate); else the next
+        # request goes whole, where every later one of the conversation would fail to be written.
+        if self.owner is not None and self.whole is not None and response_id and _sendable(response_id):
             self.owner._remember(self.whole, response_id)
         return [ChatChunk(usage=_usage(response.get("usage")), finish_reason=finish, model=self.model)]
+
+
+def _sendable(text: str) -> bool:
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _has_call(response: Mapping[str, Any]) -> bool:
@@ -398,13 +415,13 @@ def _reasoning_text(item: Mapping[str, Any]) -> str:
 
 
 def _int(value: Any) -> int:
-    return value if isinstance(value, int) else 0
+    return token_count(value) or 0
 
 
 def _usage(usage: Any) -> ChatUsage | None:
     """The response's usage, or None when it reports none (unknown, which is not zero)."""
-    if not isinstance(usage, Mapping) or not any(
-        isinstance(usage.get(k), int) for k in ("input_tokens", "output_tokens")
+    if not isinstance(usage, Mapping) or all(
+        token_count(usage.get(k)) is None for k in ("input_tokens", "output_tokens")
     ):
         return None
     given = usage.get("input_tokens_details")

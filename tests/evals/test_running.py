@@ -23,7 +23,9 @@ from agentscope_py.evals import (
 )
 from agentscope_py.evals._progress import Progress
 from agentscope_py.events import AgentStart
-from agentscope_py.model import ModelStep, ScriptedModel
+from agentscope_py.message import ChatUsage
+from agentscope_py.middleware import ModelPrice
+from agentscope_py.model import ChatChunk, ModelStep, ScriptedModel
 
 from .helpers import calculator
 
@@ -132,6 +134,54 @@ async def test_a_failing_or_hanging_case_never_stops_the_others() -> None:
     # The failing runs keep their events in the report; the passing ones do not.
     assert by_name["hangs"].events and by_name["hangs"].events[0]["type"] == "agent_start"
     assert by_name["c0"].events is None
+
+
+async def test_a_run_that_raises_cancelled_error_of_its_own_is_its_failure_alone() -> None:
+    # The run's CancelledError is its own failure (test_running_cuts.py draws it at random): raised
+    # on, it would end the evaluation with no report and the other runs in flight.
+    class Cancels:
+        name = "cancels"
+
+        async def stream(self, request: Any) -> Any:
+            await asyncio.sleep(0)
+            raise asyncio.CancelledError
+            yield  # (an async generator)
+
+    def factory(case: Case) -> ReActAgent:
+        return ReActAgent(model=Cancels()) if case.name == "cancels" else calculator(case)
+
+    before = asyncio.all_tasks()
+    report = await Dataset([*_cases(3), Case("cancels", "q")], [Contains("")]).evaluate(factory, concurrency=4)
+    assert asyncio.all_tasks() <= before
+    by_name = {c.name: c.attempts[0] for c in report.cases}
+    assert all(by_name[f"c{i}"].passed for i in range(3))
+    assert by_name["cancels"].error == (
+        "CancelledError: the run raised CancelledError; nothing cancelled the evaluation")
+
+
+async def test_an_evaluation_that_fails_leaves_no_run_in_flight() -> None:
+    # A failure outside the runs (here pricing a usage no float holds, from a model of one's own)
+    # ends the evaluation with it; the runs in flight are closed first, not left running.
+    class Counts:
+        name = "counts"
+
+        async def stream(self, request: Any) -> Any:
+            yield ChatChunk(text="ok", usage=ChatUsage(input_tokens=10**400), finish_reason="stop")
+
+    slow_models: list[ScriptedModel] = []
+
+    def factory(case: Case) -> ReActAgent:
+        if case.name == "counts":
+            return ReActAgent(model=Counts())
+        slow_models.append(ScriptedModel([ModelStep.text("late", delay=5.0)]))
+        return ReActAgent(model=slow_models[-1])
+
+    before = asyncio.all_tasks()
+    cases = [Case("a", "q"), Case("b", "q"), Case("counts", "q")]
+    with pytest.raises(OverflowError):
+        await Dataset(cases, [Contains("")]).evaluate(factory, concurrency=3, prices={"counts": ModelPrice(1, 1)})
+    assert asyncio.all_tasks() <= before
+    assert [m.closed_streams for m in slow_models] == [1, 1]
 
 
 async def test_a_models_own_timeout_is_not_the_cases() -> None:

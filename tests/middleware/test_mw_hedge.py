@@ -277,6 +277,25 @@ async def test_an_interrupt_during_the_race_stops_both_attempts() -> None:
     await until(lambda: _tasks() <= before, "every task of the call to end")
 
 
+async def test_a_winner_whose_stream_raises_cancelled_error_ends_the_run_as_without_a_hedge() -> None:
+    # The stream raises CancelledError of its own after the first token (test_mw_hedge_cuts.py
+    # draws it at random): the run ends as a run without the hedge does, cancelled, not waiting
+    # for the winner's next event for ever, which no interrupt could end.
+    before = _tasks()
+    primary = GatedModel("primary", text("slow", 50), text("next", 50))
+    backup = GatedModel("backup", [ChatChunk(text="fast"), asyncio.CancelledError()])
+    agent = agent_with(primary, HedgeMiddleware(backup, after=0.01))
+    run = start(agent)
+    await until(lambda: len(backup.calls) == 1, "the backup call")
+    backup.calls[0].release_all()
+    done, _ = await asyncio.wait((run,), timeout=5)
+    assert done and run.cancelled()
+    assert primary.calls[0].closed and backup.calls[0].closed
+    await until(lambda: _tasks() <= before, "every task of the call to end")
+    primary.open = True
+    assert (await asyncio.wait_for(agent.call("again"), 5)).text == "next"
+
+
 def test_a_percentile_delay_follows_the_recent_first_token_times() -> None:
     hedge = HedgeMiddleware(None, after="p90", window=10, min_samples=5, floor=0.1, ceiling=3.0)
     assert hedge.delay() == 3.0  # too few times known: the ceiling

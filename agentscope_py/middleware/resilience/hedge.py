@@ -215,10 +215,11 @@ class _Attempt:
     """One attempt of the call, read by a task of its own into a bounded queue; ``first`` is
     done at its first token (or its end), or holds its error when it failed before one."""
 
-    __slots__ = ("first", "model", "queue", "task")
+    __slots__ = ("ending", "first", "model", "queue", "task")
 
     def __init__(self, stream: EventStream[AgentEvent], model: str) -> None:
         self.model = model
+        self.ending = False  # `cancel` ends the attempt: no one reads its queue any more
         self.queue: asyncio.Queue[AgentEvent | _End] = asyncio.Queue(_BUFFER)
         self.first: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.task = asyncio.create_task(self._pump(stream))
@@ -240,6 +241,13 @@ class _Attempt:
                 first.set_exception(exc)
                 first.exception()  # (read here: a loser's error is dropped, never "never retrieved")
             await queue.put(_End(exc))
+        except asyncio.CancelledError as exc:
+            # Not by `cancel`: the stream raised it of its own, or another task cancelled this one.
+            # The winner's reader waits on the queue (a wait no interrupt ends) and gets it there,
+            # as it would from the stream read without a hedge.
+            if not self.ending and first.done():
+                await queue.put(_End(exc))
+            raise
         else:
             if not first.done():
                 first.set_result(None)
@@ -265,6 +273,7 @@ class _Attempt:
         provider's connection with it) before the call goes on. When the caller is cancelled
         meanwhile, the cancelled task finishes closing on its own."""
         task = self.task
+        self.ending = True
         if not task.done():
             task.cancel()
             await asyncio.wait((task,))
