@@ -213,7 +213,8 @@ async def run_cases(
         # evaluation cancelled: the runs still in flight end here, each closed, none outliving it.
         for task in workers:
             task.cancel()
-        await asyncio.wait(workers)
+        if workers:  # (none for an empty dataset)
+            await asyncio.wait(workers)
         bar.close()
     case_reports = [CaseReport(case.name, [a for a in attempts if a is not None], dict(case.metadata))
                     for case, attempts in zip(cases, reports, strict=True)]

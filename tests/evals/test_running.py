@@ -184,6 +184,14 @@ async def test_an_evaluation_that_fails_leaves_no_run_in_flight() -> None:
     assert [m.closed_streams for m in slow_models] == [1, 1]
 
 
+async def test_an_empty_dataset_gives_an_empty_report() -> None:
+    def factory() -> ReActAgent:
+        raise AssertionError("no case: no agent is built")
+
+    report = await Dataset([], [Contains("")]).evaluate(factory, concurrency=4)
+    assert report.cases == [] and report.pass_rate == 0.0
+
+
 async def test_a_models_own_timeout_is_not_the_cases() -> None:
     def factory() -> ReActAgent:
         return ReActAgent.builder().model(ScriptedModel([ModelStep.error(TimeoutError("model slow"))])).build()
