@@ -52,8 +52,9 @@ from .responses_wire import ResponseStream
 
 pytestmark = pytest.mark.timeout(60)
 
-# Cases per reader and strategy: 3 readers x 2 strategies x 300 = 1,800 in CI; FUZZ_EXAMPLES=4000
-# runs 24,000 (the size of the run that found the raw exceptions).
+# Cases per property and reader or model: 4 readers x 2 byte strategies and 4 models' hostile
+# replies, x 300 = 3,600 in CI; FUZZ_EXAMPLES=4000 runs 48,000 (the size of the runs that found
+# the raw exceptions).
 EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "300"))
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large], print_blob=False)
