@@ -113,21 +113,24 @@ def warn_empty(agent: AgentView, runtime: AgentRuntime) -> None:
 
 
 def admit(msg: Msg) -> Msg:
-    """A caller's message as it enters memory: its text made encodable and its metadata nested
-    within reach (`_sanitize`: what is saved must always load)."""
+    """A caller's message as it enters memory: every string in it made encodable (its text, and
+    its id, name, metadata, tool calls and results: a lone surrogate anywhere fails every save of
+    the session in a store that writes UTF-8) and its metadata nested within reach (`_sanitize`:
+    what is saved must always load)."""
     fields = msg.__dict__
-    if fields["metadata"] and depth_exceeds(fields["metadata"]):
+    metadata, name = fields["metadata"], fields["name"]
+    if metadata and depth_exceeds(metadata):
         raise InputError(f"the metadata of the input message {msg.id} nests deeper than {MAX_DEPTH} levels: "
                          "flatten it (a session must be able to load what it saves)")
-    for block in fields["content"]:
-        if type(block) is not TextBlock or not block.text.isascii():
-            break
-    else:  # plain text, the common case
-        return msg
-    if all(clean_block(b) is b for b in fields["content"]):
-        return msg
-    return msg.model_copy(update={"content": [clean_block(b) for b in msg.content],
-                                  "metadata": clean_value(msg.metadata)})
+    if not metadata and fields["id"].isascii() and (name is None or name.isascii()):
+        for block in fields["content"]:
+            if type(block) is not TextBlock or not block.text.isascii():
+                break
+        else:  # plain text, the common case
+            return msg
+    data = msg.model_dump()
+    cleaned = clean_value(data)
+    return msg if cleaned == data else Msg.model_validate(cleaned)
 
 
 def clean_block(block: Any) -> Any:

@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
+from pydantic import ValidationError
+
 from .._tool_answers import tool_answers
 from ..errors import PendingToolCallsError, ResumeError
 from ..events import (
@@ -173,10 +175,25 @@ def edit_call(exe: StepScope, call: ToolUseBlock) -> None:
 
 
 def _confirm_results(msgs: list[Msg]) -> list[ConfirmResult]:
+    """The answers the input carries (`confirm_message`'s metadata). A message built by hand, or
+    sent as JSON, may carry anything there: what is no answer is the caller's mistake."""
     out: list[ConfirmResult] = []
     for m in msgs:
-        for raw in m.metadata.get("confirm_results", ()):
-            out.append(raw if isinstance(raw, ConfirmResult) else ConfirmResult.model_validate(raw))
+        answers = m.metadata.get("confirm_results", ())
+        if not isinstance(answers, list | tuple):
+            answers = [answers]
+        for raw in answers:
+            if isinstance(raw, ConfirmResult):
+                out.append(raw)
+                continue
+            try:
+                out.append(ConfirmResult.model_validate(raw))
+            except ValidationError as exc:
+                problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'answer'}: {e['msg']}"
+                                     for e in exc.errors())
+                raise ResumeError(f"message {m.id}: metadata.confirm_results holds a value that is not a confirm "
+                                  f"result ({problems}): build answers with confirm_message(...), over HTTP with "
+                                  "`confirm`") from None
     return out
 
 

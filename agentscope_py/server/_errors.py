@@ -4,6 +4,7 @@ same request id, so an operator can find them from what a user reports."""
 
 from __future__ import annotations
 
+import json
 import logging
 import secrets
 from collections.abc import Sequence
@@ -13,8 +14,8 @@ from typing import Any, Literal
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
-__all__ = ["STORE_UNAVAILABLE", "ClientError", "HTTPError", "StoreUnavailable", "describe", "log_failure",
-           "new_request_id", "request_id"]
+__all__ = ["STORE_UNAVAILABLE", "ClientError", "HTTPError", "JSONAnswer", "StoreUnavailable", "describe",
+           "log_failure", "new_request_id", "request_id"]
 
 from ..errors import (
     BusyError,
@@ -59,6 +60,16 @@ def request_id(request: Request) -> str:
     return rid
 
 
+class JSONAnswer(JSONResponse):
+    """A JSON response that can quote what a client sent: a lone UTF-16 surrogate (JSON's
+    ``"\\ud800"``, in an id a refusal names) has no UTF-8 form, so it is written back as the same
+    JSON escape, which is valid inside the string it stands in."""
+
+    def render(self, content: Any) -> bytes:
+        return json.dumps(content, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode(
+            "utf-8", "backslashreplace")
+
+
 class HTTPError(Exception):
     """A refusal before anything runs: ``status``, a stable ``type`` and a readable ``detail``."""
 
@@ -71,11 +82,11 @@ class HTTPError(Exception):
         self.errors = errors
         self.headers = headers  # e.g. Retry-After of a 429
 
-    def response(self, rid: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    def response(self, rid: str, headers: dict[str, str] | None = None) -> JSONAnswer:
         body: dict[str, Any] = {"type": self.type, "detail": self.detail, "request_id": rid}
         if self.errors:
             body["errors"] = self.errors
-        return JSONResponse(body, status_code=self.status, headers={**(self.headers or {}), **(headers or {})})
+        return JSONAnswer(body, status_code=self.status, headers={**(self.headers or {}), **(headers or {})})
 
 
 STORE_UNAVAILABLE = "StateStoreUnavailable"

@@ -88,6 +88,9 @@ async def read_json(request: Request, limit: int, depth: int, seconds: float | N
         return json.loads(body.decode("utf-8", "surrogatepass"))
     except RecursionError:  # the parser's own guard, for a max_json_depth set near it
         raise _too_deep(depth) from None
+    except UnicodeDecodeError as exc:  # the codec's own words name neither the body nor the remedy
+        raise HTTPError(422, "invalid_json", f"the body is not valid {exc.encoding.upper()}: {exc.reason} at byte "
+                        f"{exc.start}; send the JSON encoded as UTF-8") from None
     except ValueError as exc:
         raise HTTPError(422, "invalid_json", f"the body is not valid JSON: {exc}") from None
 

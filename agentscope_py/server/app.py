@@ -22,7 +22,7 @@ from pydantic import ValidationError
 from starlette.applications import Starlette
 from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, JSONResponse, Response
+from starlette.responses import HTMLResponse, Response
 from starlette.routing import Route
 
 from .._bracket_kinds import OpenBrackets
@@ -35,13 +35,13 @@ from ..message import Msg
 from . import agui as agui_module
 from ._agui.ledger import Emitted, Ledger
 from ._agui.snapshot import snapshot_frames
-from ._errors import STORE_UNAVAILABLE, HTTPError, StoreUnavailable, describe, log_failure, request_id
+from ._errors import STORE_UNAVAILABLE, HTTPError, JSONAnswer, StoreUnavailable, describe, log_failure, request_id
 from ._identity import USER_HEADER, Authenticate, Identity, client_run_id, new_run_id, run_key, run_keys
 from ._limits import Limits, check_shape, read_json
 from ._requests import InterruptRequest, RunRequest, check_name, check_run_id, detach_of, parse_after
 from ._runs.frames import AguiFrames, NativeFrames, cancelled_agui, cancelled_native
 from ._runs.live import LiveRun
-from ._runs.multitask import admit, busy_agui_response, strategy_of
+from ._runs.multitask import admit, answers_nothing, busy_agui_response, strategy_of
 from ._runs.runlog import InMemoryRunLog, RunLog, RunRecord
 from ._runs.runlog_sqlite import SqliteRunLog
 from ._runs.runs import Runner, Runs
@@ -142,7 +142,7 @@ class _Server:
         return HTMLResponse(self.page, headers={"cache-control": "no-cache"})
 
     async def healthz(self, request: Request) -> Response:
-        return JSONResponse({"status": "ok"})
+        return JSONAnswer({"status": "ok"})
 
     async def agui(self, request: Request) -> Response:
         rid = request_id(request)
@@ -153,13 +153,13 @@ class _Server:
             user_id = await self.identity.user(request)
             agent = _with_frontend_tools(self.agent, run_input.tools or [])
             emitted = self.ledger.get((user_id, run_input.thread_id))
-            msgs, ahead = await self._agui_input(agent, user_id, run_input, emitted)
+            msgs, ahead, state = await self._agui_input(agent, user_id, run_input, emitted)
             props = run_input.forwarded_props if isinstance(run_input.forwarded_props, dict) else {}
             detach = self._detach(request, props.get("detach"))
             strategy = strategy_of(props.get("multitask_strategy"), self.multitask_strategy,
                                    "forwardedProps.multitask_strategy")
             key = run_key(user_id, run_input.run_id)  # the client chose the id: it is its user's
-            await self._admit(user_id, run_input.thread_id, strategy)
+            await self._admit(user_id, run_input.thread_id, strategy, answers_nothing(msgs, state))
             ctx = RuntimeContext(user_id=user_id, session_id=run_input.thread_id, agui_input=run_input, run_id=key,
                                  multitask_strategy=strategy)
             if ahead is not None:
@@ -200,7 +200,7 @@ class _Server:
 
     async def _agui_input(
         self, agent: ReActAgent, user_id: str, run_input: RunAgentInput, emitted: Emitted
-    ) -> tuple[list[Msg], ReadAhead | None]:
+    ) -> tuple[list[Msg], ReadAhead | None, AgentState | None]:
         """The run's input messages, and the session's state as read for them (`_read_ahead`)."""
         state, ahead = await self._read_ahead(user_id, run_input.thread_id)
         if state is not None:
@@ -222,7 +222,7 @@ class _Server:
             raise HTTPError(422, "invalid_request", str(exc)) from None
         # Input ids are not added to the ledger: memory recognises them once the run has stored
         # them, so input of a run that never got that far (cancelled in the gate) is taken again.
-        return msgs, ahead
+        return msgs, ahead, state
 
     async def runs(self, request: Request) -> Response:
         rid = request_id(request)
@@ -251,8 +251,8 @@ class _Server:
         go into its context."""
         # The session's store is read before the run starts, as AG-UI's is (for its input):
         # a store that cannot serve is a 503 to retry, not a run that fails once it streams.
-        _, ahead = await self._read_ahead(user_id, session_id)
-        await self._admit(user_id, session_id, strategy)
+        state, ahead = await self._read_ahead(user_id, session_id)
+        await self._admit(user_id, session_id, strategy, answers_nothing(msgs, state))
         run_id = run_id or new_run_id()
         ctx = RuntimeContext(user_id=user_id, session_id=session_id, run_id=run_id, multitask_strategy=strategy,
                              **values)
@@ -300,10 +300,16 @@ class _Server:
         rid = request_id(request)
         try:
             body, user_id = await self._body_and_user(request, ScheduleRequest, "input")
+            if not isinstance(body.input, str):  # a client's system messages count as any client's do
+                body.input = agui_module.apply_system_policy(body.input, self.system_messages)
+                if not body.input:
+                    raise HTTPError(422, "invalid_request", "input: holds only system messages, which this server "
+                                    "drops from clients (client_system_messages=\"drop\"): give text or user "
+                                    "messages")
             answer = await self.schedules.create(body, user_id)
         except Exception as exc:
             return _refused(exc, rid, "POST /v1/schedules")
-        return JSONResponse(answer, status_code=201)
+        return JSONAnswer(answer, status_code=201)
 
     async def schedule_list(self, request: Request) -> Response:
         return await self._schedules_answer(request, "GET /v1/schedules", self.schedules.list)
@@ -327,7 +333,7 @@ class _Server:
             body = await answer(await self.identity.user(request))
         except Exception as exc:
             return _refused(exc, rid, route)
-        return JSONResponse(body)
+        return JSONAnswer(body)
 
     async def run_events(self, request: Request) -> Response:
         """``GET /v1/runs/{run_id}/events``: the run's frames after ``Last-Event-ID`` (or
@@ -351,6 +357,8 @@ class _Server:
                 thread = request.query_params.get("threadId")
                 if not (snapshot and exc.status == 404 and thread):
                     raise
+                check_run_id(run_id)  # the snapshot's RUN_STARTED and its x-run-id header name it
+                check_name(thread, "threadId")
                 state = await self._load(user_id, thread)
                 data = snapshot_frames(thread, run_id, state.context if state is not None else [])
 
@@ -382,7 +390,7 @@ class _Server:
             answer = {**await self._located(self.registry.interrupt, run_id, user_id), "run_id": run_id}
         except Exception as exc:
             return _refused(exc, rid, "POST /v1/runs/{run_id}/interrupt")
-        return JSONResponse(answer)
+        return JSONAnswer(answer)
 
     async def interrupt(self, request: Request) -> Response:
         rid = request_id(request)
@@ -393,7 +401,7 @@ class _Server:
                 answer = await by_session(user_id, body.session_id)
                 if isinstance(answer.get("run_id"), str):
                     answer["run_id"] = client_run_id(answer["run_id"])
-                return JSONResponse(answer)
+                return JSONAnswer(answer)
             interrupted = self.agent.interrupt(user_id=user_id, session_id=body.session_id)
             elsewhere = getattr(self.agent.state_store, "interrupt_session", None)
             if not interrupted and elsewhere is not None:  # a run of another process sharing the store
@@ -403,13 +411,15 @@ class _Server:
                     raise StoreUnavailable(exc) from exc
         except Exception as exc:
             return _refused(exc, rid, "POST /v1/interrupt")
-        return JSONResponse({"interrupted": interrupted})
+        return JSONAnswer({"interrupted": interrupted})
 
-    async def _admit(self, user_id: str, session_id: str, strategy: MultitaskStrategy | None) -> None:
-        """409 for an input its strategy refuses now (`_runs.multitask`).
+    async def _admit(self, user_id: str, session_id: str, strategy: MultitaskStrategy | None,
+                     useless: bool) -> None:
+        """409 for an input its strategy refuses now, 422 for a ``useless`` one that would
+        interrupt a run for nothing (`_runs.multitask`).
         Durable runs decide in their workflow's start (`DurableServing`)."""
         if self._stream is _local_stream:
-            await admit(self.agent, user_id, session_id, strategy, self._retry_after)
+            await admit(self.agent, user_id, session_id, strategy, self._retry_after, useless)
 
     @property
     def _retry_after(self) -> int:

@@ -64,7 +64,7 @@ class Ticks:
         """The ticks, or ValueError saying what is wrong and what to give instead."""
         try:
             zone = ZoneInfo(timezone)
-        except (ZoneInfoNotFoundError, ValueError):
+        except (ZoneInfoNotFoundError, ValueError, OSError):  # OSError: a directory ("America"), a name too long
             raise ValueError(f"timezone: {timezone!r} is not an IANA time zone; give a name such as 'UTC' or "
                              "'Europe/Paris'") from None
         fields = cron.split()
@@ -124,6 +124,10 @@ class ScheduleRequest(BaseModel):
     def _some_input(cls, value: str | list[Msg]) -> str | list[Msg]:
         if not value or (isinstance(value, str) and not value.strip()):
             raise ValueError("give the text (or messages) each run of the schedule starts with")
+        if not isinstance(value, str) and any(m.role == "tool" or "confirm_results" in m.metadata for m in value):
+            # Answers to a run's tool calls: every tick's run would be refused for want of a call.
+            raise ValueError("a schedule's runs start from new messages: tool results and confirmations answer "
+                             "the calls of a run that asked, so give text or user messages")
         return value
 
     @model_validator(mode="after")
