@@ -34,6 +34,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
         'the OpenAI provider needs the openai SDK: pip install "agentscope-py[openai]"'
     ) from exc
 
+from .._sanitize import clean
 from ..message import ChatUsage, DataBlock, Msg, TextBlock, ThinkingBlock, ToolResultBlock, ToolUseBlock
 from ._convert import (
     arguments_text,
@@ -390,17 +391,9 @@ class _EventReader:
         response_id = text_or_none(response.get("id"))
         # Remembered only when a request can carry it (UTF-8: no lone surrogate); else the next
         # request goes whole, where every later one of the conversation would fail to be written.
-        if self.owner is not None and self.whole is not None and response_id and _sendable(response_id):
+        if self.owner is not None and self.whole is not None and response_id and clean(response_id) == response_id:
             self.owner._remember(self.whole, response_id)
         return [ChatChunk(usage=_usage(response.get("usage")), finish_reason=finish, model=self.model)]
-
-
-def _sendable(text: str) -> bool:
-    try:
-        text.encode()
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def _has_call(response: Mapping[str, Any]) -> bool:
