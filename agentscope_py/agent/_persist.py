@@ -4,7 +4,9 @@ non-idempotent tool call (`checkpoint`, for the tool journal: `_journal`).
 
 A run that fails, is interrupted or loses its consumer still saves its turn: the finish hooks run
 once each (even when an earlier one raised), then the checkpoint, then the first hook's error
-reaches the caller. A checkpoint that fails keeps the state in memory (`AgentRuntime.unsaved`),
+reaches the caller. A run that refused its input before changing the session has no turn and
+saves nothing (`RunState.refused`): the store is left as it was, and a session that did not exist
+still does not. A checkpoint that fails keeps the state in memory (`AgentRuntime.unsaved`),
 so the next call on the session starts from it instead of losing the turn.
 
 No cancellation cuts a checkpoint short: a store's write that waits (a thread, a connection) runs
@@ -53,17 +55,19 @@ async def load_session(runtime: AgentRuntime, ctx: RuntimeContext, run: RunState
             raise
         except Exception as exc:
             raise StateStoreError(f"loading session {ctx.user_id}/{ctx.session_id} failed: {exc}") from exc
-    unsaved = runtime.unsaved.pop(key, None)
+    unsaved = runtime.unsaved.get(key)
     if unsaved is not None:
         if unsaved[1] == run.version or state is None:
             # The last checkpoint failed and nobody saved since (or the store came back empty: a
             # Redis restarted without persistence): go on from the unsaved state, so no message is
-            # lost; this call's save stores it.
+            # lost. It stays unsaved until a checkpoint stores it (a run that refuses its input
+            # saves nothing: the next call starts from it again).
             if state is None and unsaved[1] != 0:
                 logger.warning("session %s/%s: the store no longer has it; restoring the turn this "
                                "process could not save", ctx.user_id, ctx.session_id)
             state = unsaved[0]
         else:  # another writer saved since: its state wins, as a CAS conflict would decide
+            del runtime.unsaved[key]
             logger.warning("session %s/%s: a turn this process could not save is dropped: another "
                            "writer saved version %d since", ctx.user_id, ctx.session_id, run.version)
     if state is None:
@@ -76,7 +80,7 @@ async def save_once(runtime: AgentRuntime, ctx: RuntimeContext, run: RunState) -
     """Checkpoint the run's session state, once per run, to its end whatever cancels the run
     meanwhile (the module docstring says why); a cancellation that came while it wrote is raised
     after it."""
-    if run.saved or run.session is None:
+    if run.saved or run.session is None or run.refused:
         return
     run.saved = True
     state = run.session

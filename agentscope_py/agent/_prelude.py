@@ -14,6 +14,7 @@ import functools
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
+from ..errors import InputError, ResumeError
 from ..events import AgentEvent
 from ..extension.base import ExtensionPoint
 from ..message import Msg
@@ -90,11 +91,14 @@ def _take_input(exe: StepScope, state: AgentState, prompt: Any) -> AsyncIterator
     pending = run.pending_calls()
     if pending:
         return resume(exe, pending, input_msgs)
-    check_input(input_msgs, resuming=False)
-    check_no_control_input(input_msgs)
-    remember = state.context.append
-    for m in input_msgs:
-        remember(admit(m))
+    try:
+        check_input(input_msgs, resuming=False)
+        check_no_control_input(input_msgs)
+        admitted = [admit(m) for m in input_msgs]
+    except (InputError, ResumeError):
+        run.refused = True  # checked before any of it is remembered: the session is as loaded
+        raise
+    state.context.extend(admitted)
     return None
 
 

@@ -8,10 +8,11 @@ replayed, a call in doubt is decided by the user's answer or its policy, or aske
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
+from .._history import answers_in
 from .._tool_answers import tool_answers
 from ..errors import PendingToolCallsError, ResumeError
 from ..events import (
@@ -39,12 +40,16 @@ __all__ = ["check_no_control_input", "edit_call", "last_assistant", "resume"]
 async def resume(exe: StepScope, pending: list[ToolUseBlock], input_msgs: list[Msg]) -> AsyncIterator[AgentEvent]:
     state = exe.run.session
     assert state is not None
-    confirms = _confirm_results(input_msgs)
+    try:
+        confirms = _confirm_results(input_msgs)
+    except ResumeError:
+        exe.run.refused = True
+        raise
     # External results come from the client: made storable like any input (`_boundaries.admit`).
     results = [clean_block(b) for m in input_msgs if m.role == "tool" for b in m.tool_results]
     by_id = {c.id: c for c in pending}
     if input_msgs and not confirms and not results:
-        raise _pending_error(exe, pending)
+        raise _refusing(exe, _pending_error(exe, pending))
     settled = Settled()
     if state.tool_journal and not results:
         settled = await settle(exe, pending, confirms)
@@ -56,7 +61,7 @@ async def resume(exe: StepScope, pending: list[ToolUseBlock], input_msgs: list[M
     if confirms:
         # Confirms for the calls a paused sub-agent waits on go to its call (run again below).
         own, rerun = route_confirms(exe.ctx, state, by_id, confirms)
-        _check_ids([c.tool_call_id for c in own], by_id, "confirm result")
+        _check_ids(exe, settled, [c.tool_call_id for c in own], by_id, "confirm result")
         yield UserConfirmResult(reply_id=exe.reply_id, confirm_results=confirms)
         answered = {c.tool_call_id: c for c in own}
         run: list[ToolUseBlock] = []
@@ -98,7 +103,7 @@ async def resume(exe: StepScope, pending: list[ToolUseBlock], input_msgs: list[M
         state.pending_tool_calls = [c.id for c in exe.run.pending_calls()]
         return
     if results:
-        _check_ids([r.id for r in results], by_id, "tool result")
+        _check_ids(exe, settled, [r.id for r in results], by_id, "tool result")
         yield ExternalExecutionResult(reply_id=exe.reply_id, tool_results=results)
         state.context.append(Msg.tool(results))
         left = exe.run.pending_calls()
@@ -189,7 +194,7 @@ def _confirm_results(msgs: list[Msg]) -> list[ConfirmResult]:
             try:
                 out.append(ConfirmResult.model_validate(raw))
             except ValidationError as exc:
-                problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'answer'}: {e['msg']}"
+                problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'answer'}: {_answer_problem(e)}"
                                      for e in exc.errors())
                 raise ResumeError(f"message {m.id}: metadata.confirm_results holds a value that is not a confirm "
                                   f"result ({problems}): build answers with confirm_message(...), over HTTP with "
@@ -197,21 +202,43 @@ def _confirm_results(msgs: list[Msg]) -> list[ConfirmResult]:
     return out
 
 
+def _answer_problem(error: Any) -> str:
+    """pydantic's words for what is wrong with an answer; for one that is no mapping at all, its
+    shape, which reads the same as a Python dict and as JSON (the answer may have come as either)."""
+    if error["type"] in ("model_type", "model_attributes_type", "dict_type"):
+        return 'should be {"tool_call_id": ..., "confirmed": true or false}'
+    return str(error["msg"])
+
+
 def check_no_control_input(msgs: list[Msg]) -> None:
-    for m in msgs:
+    """Refuse answers when no call waits: confirmations, and tool results for calls the input
+    does not make itself (a call and its result, both in the input, are history: `answers_in`)."""
+    for m in answers_in(msgs):
         if m.metadata.get("confirm_results"):
             raise ResumeError("confirm results were given, but no tool call is waiting for confirmation")
-        if m.role == "tool":
-            raise ResumeError("tool results were given, but no tool call is waiting for a result")
+        raise ResumeError("tool results were given, but no tool call is waiting for a result")
 
 
-def _check_ids(ids: list[str], pending: dict[str, ToolUseBlock], what: str) -> None:
+def _refusing(exe: StepScope, error: Exception) -> Exception:
+    """``error``, the run marked as refusing its input (`RunState.refused`): raised before the
+    resume changed the session."""
+    exe.run.refused = True
+    return error
+
+
+def _check_ids(exe: StepScope, settled: Settled, ids: list[str], pending: dict[str, ToolUseBlock],
+               what: str) -> None:
+    """Each of ``ids`` names a different pending call; else a `ResumeError`, which refuses the
+    input unless calls in doubt were settled before (`settle` changed the session)."""
     seen: set[str] = set()
     for i in ids:
+        error = None
         if i not in pending:
-            raise ResumeError(f"{what} for {i!r}, which is not a pending tool call (pending: {', '.join(pending)})")
-        if i in seen:
-            raise ResumeError(f"duplicate {what} for {i!r}")
+            error = ResumeError(f"{what} for {i!r}, which is not a pending tool call (pending: {', '.join(pending)})")
+        elif i in seen:
+            error = ResumeError(f"duplicate {what} for {i!r}")
+        if error is not None:
+            raise _refusing(exe, error) if not settled.events else error
         seen.add(i)
 
 

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from .._history import answers_in, unanswered_calls
 from .._replies import ReplyBuilder
 from ..extension.base import MiddlewareBase
 from ..message import (
@@ -46,6 +47,11 @@ class RunState:
     system_msg: Msg | None = None
     input_taken: bool = False
     """The input is in memory (or was control input for a resume)."""
+    refused: bool = False
+    """The run refused its input before it changed the session (no call waits for what it
+    answers, calls wait for an answer it does not give, an empty input): the session is as it was
+    loaded, so nothing is saved (`_persist.save_once`) and a session that did not exist still
+    does not."""
 
     iteration: int = 0
     model_calls: int = 0
@@ -109,13 +115,7 @@ class RunState:
         """Tool calls of the last assistant message that have no result yet."""
         session = self.session
         assert session is not None, "the session is loaded in the prelude"
-        answered: set[str] = set()
-        for msg in reversed(session.context):
-            if msg.role == "assistant":
-                return [c for c in msg.tool_calls if c.id not in answered]
-            for block in msg.tool_results:
-                answered.add(block.id)
-        return []
+        return unanswered_calls(session.context)
 
     def close_calls(self, calls: Sequence[ToolUseBlock], text: str, state: ToolResultState) -> None:
         """Give calls that will never run a result, so the conversation stays well-formed."""
@@ -215,8 +215,8 @@ class RunState:
         if not self.input_taken:  # cut in the prelude: the input is remembered with the note after it
             self.input_taken = True
             if not self.pending_calls():
-                self.context.extend(admit(m) for m in self.input_msgs
-                                    if m.role != "tool" and not m.metadata.get("confirm_results"))
+                control = {id(m) for m in answers_in(self.input_msgs)}
+                self.context.extend(admit(m) for m in self.input_msgs if id(m) not in control)
         self.close_calls(self.pending_calls(), text, ToolResultState.INTERRUPTED)  # calls of earlier rounds
         self.adopt_view()
         partial = self.take_reply() if self.builder is not None else None

@@ -11,11 +11,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse
+from starlette.routing import Match, Route
 
 __all__ = ["STORE_UNAVAILABLE", "ClientError", "HTTPError", "JSONAnswer", "StoreUnavailable", "describe",
-           "log_failure", "new_request_id", "request_id"]
+           "log_failure", "new_request_id", "no_route", "request_id"]
 
 from ..errors import (
     BusyError,
@@ -89,6 +91,24 @@ class HTTPError(Exception):
         return JSONAnswer(body, status_code=self.status, headers={**(self.headers or {}), **(headers or {})})
 
 
+def no_route(request: Request, exc: Exception) -> JSONAnswer:
+    """The router's refusals in the shape of every other: a 404 for a path no route has, naming
+    the routes there are; a 405 for a method the path does not take, with ``Allow`` listing the
+    methods of every route at that path (Starlette's own names only the first route's)."""
+    rid = request_id(request)
+    routes = [r for r in request.app.router.routes if isinstance(r, Route)]
+    asked = f"{request.method} {request.url.path[:200]}"
+    status = exc.status_code if isinstance(exc, HTTPException) else 404
+    if status == 405:
+        allowed = sorted({m for r in routes if r.matches(request.scope)[0] is not Match.NONE for m in r.methods or ()})
+        if allowed:
+            return HTTPError(405, "method_not_allowed", f"{asked}: this path takes {', '.join(allowed)}",
+                             headers={"allow": ", ".join(allowed)}).response(rid)
+    served = ", ".join(f"{m} {r.path}" for r in sorted(routes, key=lambda r: r.path)
+                       for m in sorted(r.methods or ()) if m != "HEAD")
+    return HTTPError(404, "not_found", f"{asked}: no such path here; this server serves {served}").response(rid)
+
+
 STORE_UNAVAILABLE = "StateStoreUnavailable"
 """The code of an AG-UI ``RUN_ERROR`` for a run refused because the session store failed."""
 
@@ -132,11 +152,31 @@ def describe(exc: BaseException, rid: str, vocabulary: Vocabulary, pending: Sequ
         return ClientError(exc.code, str(exc), True)
     if isinstance(exc, _SHOWN) and not isinstance(exc, _HIDDEN):
         message = str(exc) or type(exc).__name__
-        if vocabulary == "agui" and isinstance(exc, ResumeError):
-            message = (message.replace("confirm results were", "resume entries were")
-                       .replace("confirm result", "resume entry").replace("for confirmation", "for approval"))
+        if isinstance(exc, ResumeError):
+            message = message.replace(_PYTHON_CONFIRM, _HTTP_CONFIRM[vocabulary])
+            if vocabulary == "agui":
+                message = (message.replace("confirm results were", "resume entries were")
+                           .replace("confirm result", "resume entry").replace("for confirmation", "for approval"))
+        elif isinstance(exc, InputError) and message.startswith(_PYTHON_EMPTY):
+            message = _HTTP_EMPTY[vocabulary]
         return ClientError(type(exc).__name__, message, isinstance(exc, _MISTAKES))
     return ClientError("InternalError", f"the run failed on the server (request id {rid})", False)
+
+
+# The agent's words for a Python caller, and a client's over HTTP: the part of a refusal that
+# names a Python call (the agent's message, `_resume` and `_input`), and what replaces it.
+_PYTHON_CONFIRM = "build answers with confirm_message(...), over HTTP with `confirm`"
+_HTTP_CONFIRM: dict[Vocabulary, str] = {
+    "native": "send answers in `confirm` ([{\"tool_call_id\": ..., \"confirmed\": true}])",
+    "agui": "answer interrupts with `resume` entries",
+}
+_PYTHON_EMPTY = "the agent input is empty"
+_HTTP_EMPTY: dict[Vocabulary, str] = {
+    "native": "nothing to run: no tool call of this session waits for an answer any more; send \"input\" "
+              "(the user's text, e.g. \"hello\")",
+    "agui": "nothing to run: no tool call of this thread waits for an answer any more; send the user's new "
+            "message last in `messages` (e.g. {\"id\": \"msg-2\", \"role\": \"user\", \"content\": \"hello\"})",
+}
 
 
 def _pending_message(vocabulary: Vocabulary, pending: Sequence[str]) -> str:

@@ -5,6 +5,7 @@ how many idle sessions a served process keeps in memory."""
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import dataclass
 from itertools import accumulate
 from typing import Any
@@ -91,8 +92,11 @@ async def read_json(request: Request, limit: int, depth: int, seconds: float | N
     except UnicodeDecodeError as exc:  # the codec's own words name neither the body nor the remedy
         raise HTTPError(422, "invalid_json", f"the body is not valid {exc.encoding.upper()}: {exc.reason} at byte "
                         f"{exc.start}; send the JSON encoded as UTF-8") from None
-    except ValueError as exc:
+    except json.JSONDecodeError as exc:
         raise HTTPError(422, "invalid_json", f"the body is not valid JSON: {exc}") from None
+    except ValueError:  # the parser's bound on an integer's digits (its words name a Python call)
+        raise HTTPError(422, "invalid_json", f"the body holds an integer of more than {sys.get_int_max_str_digits()} "
+                        "digits, longer than this server reads; send it as a string") from None
 
 
 async def _body(receive: Receive, limit: int) -> bytes:

@@ -5,20 +5,27 @@ stream starts (``Last-Event-ID``)."""
 from __future__ import annotations
 
 import re
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from ..agent import MultitaskStrategy
 from ..events import ConfirmResult
 from ..message import Msg
 from ._errors import HTTPError
 
-__all__ = ["MAX_RUN_ID_CHARS", "InterruptRequest", "RunRequest", "check_name", "check_run_id", "detach_of",
-           "parse_after"]
+__all__ = ["MAX_RUN_ID_CHARS", "NOTHING_TO_RUN", "InterruptRequest", "RunRequest", "check_name", "check_run_id",
+           "detach_of", "parse_after", "validate_body"]
 
 MAX_RUN_ID_CHARS = 256
 """The longest run id a client may choose: it comes back in a response header, and HTTP clients
 refuse headers past a few kilobytes."""
+
+
+NOTHING_TO_RUN = ('nothing to run: send "input", the user\'s text (e.g. {"session_id": "s1", "input": "hello"}) '
+                  'or a list of messages, or "confirm", answers to the session\'s waiting tool calls '
+                  '(e.g. "confirm": [{"tool_call_id": "call_1", "confirmed": true}])')
+"""The refusal of a ``POST /v1/runs`` body with neither ``input`` nor ``confirm``."""
 
 
 class RunRequest(BaseModel):
@@ -40,7 +47,7 @@ class RunRequest(BaseModel):
     @model_validator(mode="after")
     def _something_to_do(self) -> RunRequest:
         if not self.input and not self.confirm:
-            raise ValueError("give `input` (text or messages) or `confirm` (answers to pending tool calls)")
+            raise ValueError(NOTHING_TO_RUN)
         return self
 
 
@@ -115,3 +122,68 @@ def check_name(value: str, field: str) -> None:
             raise HTTPError(422, "invalid_request", f"{field}: holds a lone UTF-16 surrogate "
                             f"({value[exc.start]!r} at index {exc.start}), which is not text: "
                             "send valid Unicode (a surrogate pair's two halves together)") from None
+
+
+def validate_body(model: type[Any], data: Any, what: str) -> Any:
+    """``data`` as a ``model``; else the 422 naming each problem by the JSON field it is at, in
+    JSON's words (`_json_problem`), ``what`` (the body's name) first."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        errors = [{"loc": ".".join(str(p) for p in loc) or "(body)", "msg": msg} for loc, msg in _problems(exc)]
+        detail = "; ".join(f"{e['msg']}" if e["loc"] == "(body)" else f"{e['loc']}: {e['msg']}" for e in errors)
+        raise HTTPError(422, "invalid_request", f"invalid {what}: {detail}", errors) from None
+
+
+def _is_member(part: object) -> bool:
+    """Whether a step of an error's location names a member of a union (pydantic's ``str``,
+    ``list[Msg]``, ``tagged-union[...]``): a Python type, no field of the JSON."""
+    return isinstance(part, str) and ("[" in part or part in _PYTHON_TYPES)
+
+
+_PYTHON_TYPES = frozenset({"str", "int", "float", "bool", "none", "dict", "list"})
+
+
+def _problems(exc: ValidationError) -> list[tuple[tuple[Any, ...], str]]:
+    """Each error's JSON location and message. A value of a union type (``input``: text or
+    messages) fails once per member: the members of another JSON type than the value's are left
+    out, and when the value is of none, one message says what it may be."""
+    errors = exc.errors(include_url=False)
+    out: list[tuple[tuple[Any, ...], str]] = []
+    told: set[tuple[Any, ...]] = set()
+    for e in errors:
+        raw = e["loc"]
+        loc = tuple(p for p in raw if not _is_member(p))
+        at = len(raw) - 1  # a type mismatch at a union's member itself: the value is not of it
+        if not (raw and _is_member(raw[at]) and e["type"] in _TYPE_MISMATCH):
+            out.append((loc, _json_problem(e)))
+            continue
+        siblings = [o for o in errors if len(o["loc"]) > at and o["loc"][:at] == raw[:at] and _is_member(o["loc"][at])]
+        if any(len(o["loc"]) > at + 1 or o["type"] not in _TYPE_MISMATCH for o in siblings) or loc in told:
+            continue  # the value is of another member: that member's errors say what is wrong
+        told.add(loc)
+        kinds = sorted({_MEMBER_KINDS.get(str(o["loc"][at]).partition("[")[0], "an object") for o in siblings})
+        out.append((loc, f"should be {' or '.join(kinds)}"))
+    return out
+
+
+_TYPE_MISMATCH = frozenset({"string_type", "list_type", "dict_type", "model_type", "model_attributes_type",
+                            "int_type", "float_type", "bool_type", "none_required", "tuple_type"})
+_MEMBER_KINDS = {"str": "a string", "list": "an array", "tuple": "an array", "dict": "an object", "int": "an integer",
+                 "float": "a number", "bool": "true or false", "none": "null"}
+
+
+def _json_problem(error: Any) -> str:
+    """pydantic's message, in JSON's words where it speaks Python (dictionaries, class names)."""
+    kind, ctx = error["type"], error.get("ctx") or {}
+    if kind == "value_error" and "error" in ctx:
+        return str(ctx["error"])
+    if kind in ("model_type", "model_attributes_type", "dict_type", "dataclass_type"):
+        return "should be an object"
+    if kind in ("list_type", "tuple_type"):
+        return "should be an array"
+    if kind == "string_unicode":
+        return "holds a lone UTF-16 surrogate, which is not text: send valid Unicode"
+    if kind == "union_tag_not_found" and "discriminator" in ctx:
+        return f"needs a {ctx['discriminator']} field"
+    return str(error["msg"])

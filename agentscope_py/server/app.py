@@ -18,7 +18,6 @@ from importlib import resources
 from typing import Any, TypeVar
 
 from ag_ui.core import RunAgentInput, Tool
-from pydantic import ValidationError
 from starlette.applications import Starlette
 from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
@@ -27,6 +26,7 @@ from starlette.routing import Route
 
 from .._bracket_kinds import OpenBrackets
 from .._context import RuntimeContext
+from .._history import unanswered_calls
 from ..agent import MultitaskStrategy
 from ..agent.react import ReActAgent, confirm_message
 from ..agent.state import AgentState
@@ -35,10 +35,19 @@ from ..message import Msg
 from . import agui as agui_module
 from ._agui.ledger import Emitted, Ledger
 from ._agui.snapshot import snapshot_frames
-from ._errors import STORE_UNAVAILABLE, HTTPError, JSONAnswer, StoreUnavailable, describe, log_failure, request_id
+from ._errors import (
+    STORE_UNAVAILABLE,
+    HTTPError,
+    JSONAnswer,
+    StoreUnavailable,
+    describe,
+    log_failure,
+    no_route,
+    request_id,
+)
 from ._identity import USER_HEADER, Authenticate, Identity, client_run_id, new_run_id, run_key, run_keys
 from ._limits import Limits, check_shape, read_json
-from ._requests import InterruptRequest, RunRequest, check_name, check_run_id, detach_of, parse_after
+from ._requests import InterruptRequest, RunRequest, check_name, check_run_id, detach_of, parse_after, validate_body
 from ._runs.frames import AguiFrames, NativeFrames, cancelled_agui, cancelled_native
 from ._runs.live import LiveRun
 from ._runs.multitask import admit, answers_nothing, busy_agui_response, strategy_of
@@ -129,7 +138,7 @@ class _Server:
     async def _body(self, request: Request, model: type[Any], messages_key: str) -> Any:
         data = await read_json(request, self.max_body_bytes, self.limits.max_json_depth, self.limits.body_timeout)
         check_shape(data, messages_key, self.limits)
-        return _validate(model, data)
+        return validate_body(model, data, "RunAgentInput" if model is RunAgentInput else "request body")
 
     async def _body_and_user(self, request: Request, model: type[Any], messages_key: str) -> tuple[Any, str]:
         """A native endpoint's body and the user it runs for (the body may name one)."""
@@ -220,6 +229,11 @@ class _Server:
                 msgs.insert(0, confirm_message(*confirm_results(run_input.resume)))
         except AguiInputError as exc:
             raise HTTPError(422, "invalid_request", str(exc)) from None
+        if not msgs and not unanswered_calls(remembered) and not self._busy(user_id, run_input.thread_id):
+            # An empty input resumes the calls a thread waits on; with none, the run would give the
+            # model nothing. (Behind a run in flight, which may leave calls waiting, the agent
+            # decides once the input has its turn.)
+            raise HTTPError(422, "invalid_request", _nothing_new(bool(new), self.system_messages))
         # Input ids are not added to the ledger: memory recognises them once the run has stored
         # them, so input of a run that never got that far (cancelled in the gate) is taken again.
         return msgs, ahead, state
@@ -239,6 +253,8 @@ class _Server:
                 msgs.append(Msg.user(body.input))
             elif body.input:
                 msgs.extend(agui_module.apply_system_policy(body.input, self.system_messages))
+                if not msgs:
+                    raise HTTPError(422, "invalid_request", _only_system("input", self.system_messages))
             live = await self._start_native(user_id, body.session_id, msgs, strategy, detach, rid)
         except Exception as exc:  # HTTPError, or an authenticate() that failed
             return _refused(exc, rid, "POST /v1/runs", self._retry_after)
@@ -303,9 +319,7 @@ class _Server:
             if not isinstance(body.input, str):  # a client's system messages count as any client's do
                 body.input = agui_module.apply_system_policy(body.input, self.system_messages)
                 if not body.input:
-                    raise HTTPError(422, "invalid_request", "input: holds only system messages, which this server "
-                                    "drops from clients (client_system_messages=\"drop\"): give text or user "
-                                    "messages")
+                    raise HTTPError(422, "invalid_request", _only_system("input", self.system_messages))
             answer = await self.schedules.create(body, user_id)
         except Exception as exc:
             return _refused(exc, rid, "POST /v1/schedules")
@@ -444,8 +458,11 @@ class _Server:
             return state, None
         # A run of the session in flight saves before this one gets its turn: what was read will
         # be stale by then, and an input waiting in the queue need not hold it.
-        busy = self.agent.busy_error(user_id, session_id, "reject") is not None
-        return state, None if busy else ahead
+        return state, None if self._busy(user_id, session_id) else ahead
+
+    def _busy(self, user_id: str, session_id: str) -> bool:
+        """Whether a run of the session is in flight or queued in this process."""
+        return self.agent.busy_error(user_id, session_id, "reject") is not None
 
     def _pending(self, user_id: str, session_id: str) -> Callable[[], Awaitable[list[str]]]:
         """Reads the session's waiting tool call ids, to name them in a refusal."""
@@ -492,6 +509,22 @@ def _refused(exc: Exception, rid: str, what: str, retry_after: int = 1) -> Respo
     return HTTPError(500, "internal_error", error.message).response(rid)
 
 
+def _only_system(field: str, policy: SystemPolicy) -> str:
+    return (f"{field}: holds only system messages, which this server drops from clients "
+            f"(client_system_messages=\"{policy}\"): give text or user messages")
+
+
+def _nothing_new(dropped: bool, policy: SystemPolicy) -> str:
+    """The refusal of an AG-UI input with no message the thread has not seen and no `resume`,
+    on a thread with no tool call waiting."""
+    why = (f"its new messages are system or developer ones, which this server drops from clients "
+           f"(client_system_messages=\"{policy}\")" if dropped
+           else "every message in it is one this thread holds already (or there is none)")
+    return (f"messages: nothing to run: {why}, and no tool call of the thread waits for an answer. Send the "
+            "user's new message last in `messages` (e.g. {\"id\": \"msg-2\", \"role\": \"user\", \"content\": "
+            "\"hello\"}), or answer an interrupt with `resume`")
+
+
 def _with_frontend_tools(agent: ReActAgent, tools: list[Tool]) -> ReActAgent:
     """The agent for one run: frontend tools become schema-only (external) tools of a copy of its
     toolkit. A shallow copy of the agent shares everything else (model, middleware, state store,
@@ -508,15 +541,6 @@ def _with_frontend_tools(agent: ReActAgent, tools: list[Tool]) -> ReActAgent:
     run_agent = copy.copy(agent)
     run_agent.toolkit = toolkit
     return run_agent
-
-
-def _validate(model: type[Any], data: Any) -> Any:
-    try:
-        return model.model_validate(data)
-    except ValidationError as exc:
-        errors = [{"loc": ".".join(str(p) for p in e["loc"]) or "(body)", "msg": e["msg"]} for e in exc.errors()]
-        detail = "; ".join(f"{e['loc']}: {e['msg']}" for e in errors)
-        raise HTTPError(422, "invalid_request", f"invalid {model.__name__}: {detail}", errors) from None
 
 
 # -- public --------------------------------------------------------------------------------------
@@ -607,7 +631,8 @@ def create_app(
         Route("/v1/schedules/{schedule_id}", server.schedule_get, methods=["GET"]),
         Route("/v1/schedules/{schedule_id}", server.schedule_delete, methods=["DELETE"]),
     ]
-    app = Starlette(routes=routes, lifespan=contextlib.asynccontextmanager(lifespan))
+    app = Starlette(routes=routes, lifespan=contextlib.asynccontextmanager(lifespan),
+                    exception_handlers={404: no_route, 405: no_route})
     app.add_middleware(Guard, token=auth_token, allowed_hosts=allowed_hosts, allowed_origins=list(allowed_origins))
     if allowed_origins:  # outermost: a preflight carries no token and gets its answer here
         app.add_middleware(CORSMiddleware, allow_origins=list(allowed_origins), allow_methods=["GET", "POST", "DELETE"],

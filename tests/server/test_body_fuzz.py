@@ -4,8 +4,9 @@ lone surrogates, unknown roles, duplicate message ids, tool results for calls no
 cron strings and time zones, and their bytes cut, made non-UTF-8 or sent as another type.
 
 Whatever a case sends, the answer is a normal run or a 4xx whose JSON body says what was wrong
-(never a 500, never a raw Python exception's text, never a hang), and the thread it named then
-runs a valid request: no lock held, and after a refusal the thread's history is the one before.
+(never a 500, never a raw Python exception's text nor words of the Python API, never a hang), and
+the thread it named then runs a valid request: no lock held, and after a refusal the thread is the
+one before (its history and version; a thread that did not exist still does not).
 
 The cases come from a seeded generator, in process (``BODYFUZZ_CASES`` per endpoint, ``BODYFUZZ_SEED``
 to try others); each endpoint's cases share one app, so what one case leaves behind meets the next."""
@@ -31,6 +32,7 @@ import pytest
 from agentscope_py import ModelStep, ReActAgent, ScriptedModel, Toolkit
 from agentscope_py.agent.sqlite_store import SqliteStateStore
 from agentscope_py.agent.state import AgentState
+from agentscope_py.agent.store import AgentStateStore
 from agentscope_py.model.base import ChatChunk, ModelRequest
 from agentscope_py.server import create_app
 
@@ -67,12 +69,12 @@ class Reply:
         return ScriptedModel([step]).stream(request)
 
 
-def fuzz_agent(store: Path | None = None) -> ReActAgent:
-    """The agent, its sessions in this process's memory, or in a SQLite file at ``store`` (whose
-    sessions' queues and locks live in the file: `SqliteStateStore`)."""
+def fuzz_agent(store: Path | AgentStateStore | None = None) -> ReActAgent:
+    """The agent, its sessions in this process's memory, in a SQLite file at ``store`` (whose
+    sessions' queues and locks live in the file: `SqliteStateStore`), or in ``store``."""
     builder = ReActAgent.builder().name("fuzz").model(Reply()).toolkit(Toolkit([add, delete_file]))
     if store is not None:
-        builder.state_store(SqliteStateStore(store))
+        builder.state_store(SqliteStateStore(store) if isinstance(store, Path) else store)
     return builder.build()
 
 
@@ -207,6 +209,12 @@ RAW_EXCEPTION = re.compile(r"Traceback|object has no attribute|NoneType|unhashab
                            r"is not iterable|object is not")
 
 
+PYTHON_SPEAK = re.compile(r"agent\.call\(|Msg\.user\(|confirm_message\(|sys\.set_int|list\[|tagged-union|"
+                          r"instance of|Value error|valid dictionary|RunRequest|InterruptRequest|ScheduleRequest")
+"""Words of the Python API (its calls, its classes, pydantic's Python types) that an HTTP client
+cannot act on."""
+
+
 def check_refusal(answer: httpx.Response, case: str) -> None:
     assert answer.status_code < 500, f"{case}: {answer.status_code} {answer.text[:500]}"
     if answer.status_code == 409 and answer.headers.get("content-type", "").startswith("text/event-stream"):
@@ -220,6 +228,7 @@ def check_refusal(answer: httpx.Response, case: str) -> None:
     assert set(body) >= {"type", "detail", "request_id"}, f"{case}: {body}"
     assert isinstance(body["detail"], str) and body["detail"].strip(), f"{case}: {body}"
     assert not RAW_EXCEPTION.search(body["detail"]), f"{case}: {body['detail'][:500]}"
+    assert not PYTHON_SPEAK.search(body["detail"]), f"{case}: {body['detail'][:500]}"
 
 
 def frames(text: str) -> list[tuple[str, dict[str, Any]]]:
@@ -247,10 +256,12 @@ def check_run(answer: httpx.Response, vocabulary: str, case: str) -> None:
         assert last["type"] in ("RUN_FINISHED", "RUN_ERROR"), f"{case}: {answer.text[-500:]}"
         if last["type"] == "RUN_ERROR":
             assert last.get("code") != "InternalError", f"{case}: {last}"
+            assert not PYTHON_SPEAK.search(last["message"]), f"{case}: {last}"
     else:
         assert events[-1][0] == "error" or last.get("type") == "agent_end", f"{case}: {answer.text[-500:]}"
         if events[-1][0] == "error":
             assert last.get("code") != "InternalError", f"{case}: {last}"
+            assert not PYTHON_SPEAK.search(last["message"]), f"{case}: {last}"
 
 
 REFUSED_INPUT = ("ResumeError", "PendingToolCallsError", "InputError", "session_busy")
@@ -272,7 +283,7 @@ class ServerLog(logging.Handler):
 class Harness:
     """One app in process, its lifespan entered, a client to it, and its server log watched."""
 
-    def __init__(self, store: Path | None = None, **options: Any) -> None:
+    def __init__(self, store: Path | AgentStateStore | None = None, **options: Any) -> None:
         self.agent = fuzz_agent(store)
         self.app = create_app(self.agent, **options)
         self.log = ServerLog()
@@ -303,14 +314,19 @@ class Harness:
             return await self.client.request(method, path, content=data, headers=sent)
 
     async def history(self, session: str) -> Any:
-        """What the thread remembers (a thread never run remembers what an empty one does; the
-        version is left out: a run refused at its input saves the state it loaded)."""
+        """What the thread remembers (a thread never run remembers what an empty one does)."""
         state, _ = await self.agent.state_store.load(USER, session)
         state = state if state is not None else AgentState(user_id=USER, session_id=session)
         return state.model_dump(mode="json", exclude={"cur_iter"})
 
     async def version(self, session: str) -> int:
         return (await self.agent.state_store.load(USER, session))[1]
+
+    async def exists(self, session: str) -> bool:
+        """Whether the store holds the thread: it loads, or the store lists it."""
+        store: Any = self.agent.state_store
+        listed = (USER, session) in await _maybe(store.sessions())
+        return (await store.load(USER, session))[0] is not None or listed
 
     async def pending(self, session: str) -> list[str]:
         state, _ = await self.agent.state_store.load(USER, session)
@@ -319,6 +335,11 @@ class Harness:
     def failures(self, case: str) -> None:
         failures, self.log.failures = self.log.failures, []
         assert not failures, f"{case}: the server logged {failures}"
+
+
+async def _maybe(value: Any) -> Any:
+    """``value``, awaited if it is awaitable (`InMemoryStateStore.sessions` is a plain method)."""
+    return await value if hasattr(value, "__await__") else value
 
 
 # -- AG-UI and native runs -----------------------------------------------------------------------
@@ -478,7 +499,7 @@ async def follow_up(h: Harness, vocabulary: str, thread: str, rng: random.Random
     assert await h.version(thread) > before, f"{case}: the follow-up saved nothing"
 
 
-async def fuzz_runs(vocabulary: str, cases: int, seed: int, store: Path | None = None) -> None:
+async def fuzz_runs(vocabulary: str, cases: int, seed: int, store: Path | AgentStateStore | None = None) -> None:
     rng = random.Random(seed)
     edges = AGUI_EDGES if vocabulary == "agui" else NATIVE_EDGES
     path = "/agui" if vocabulary == "agui" else "/v1/runs"
@@ -499,7 +520,7 @@ async def fuzz_runs(vocabulary: str, cases: int, seed: int, store: Path | None =
             # Sometimes the thread is running a turn when the hostile request comes: a request
             # refused must not have stopped it (its strategy may say "interrupt" or "rollback").
             busy = None if pending or rng.random() < 0.7 else await start_slow(h, vocabulary, thread)
-            before = await h.history(thread)
+            before, version, existed = await h.history(thread), await h.version(thread), await h.exists(thread)
             answer = await h.send("POST", path, data, kind)
             refused = answer.status_code != 200
             if refused:
@@ -518,6 +539,8 @@ async def fuzz_runs(vocabulary: str, cases: int, seed: int, store: Path | None =
                         f"{case}: a refused request took the turn in flight out of the thread"
             elif refused:
                 assert await h.history(thread) == before, f"{case}: a refused input changed the thread"
+                assert await h.version(thread) == version, f"{case}: a refused input saved the thread"
+                assert existed or not await h.exists(thread), f"{case}: a refused input made a new thread"
             h.failures(case)
             await follow_up(h, vocabulary, thread, rng, case)
             h.failures(case)
@@ -531,6 +554,14 @@ async def test_hostile_run_bodies_get_a_run_or_a_clear_4xx_and_the_thread_runs_o
 @pytest.mark.parametrize("vocabulary", ["agui", "native"])
 async def test_the_same_with_the_sessions_queues_and_locks_in_a_sqlite_file(vocabulary: str, tmp_path: Path) -> None:
     await fuzz_runs(vocabulary, CASES // 3, SEED + 1, tmp_path / "sessions.db")
+
+
+@pytest.mark.parametrize("vocabulary", ["agui", "native"])
+async def test_the_same_with_the_sessions_in_redis(vocabulary: str, request: pytest.FixtureRequest) -> None:
+    from agentscope_py.agent.redis_store import RedisStateStore
+
+    store = RedisStateStore(request.getfixturevalue("redis_url"), prefix=request.getfixturevalue("redis_prefix"))
+    await fuzz_runs(vocabulary, CASES // 5, SEED + 2, store)
 
 
 # -- schedules, interrupts and resumes -----------------------------------------------------------
@@ -630,8 +661,8 @@ async def fuzz_other(cases: int, seed: int) -> None:
                     path += "?" + "&".join(query)
                 case = f"seed {seed} case {i}: {method} {path[:300]} {headers}"
                 answer = await h.send(method, path, b"{}" if method == "POST" else None, headers=headers)
-                if answer.status_code in (307, 404, 405) and odd in ("", "a/b", ".."):
-                    continue  # a path no route has (Starlette's own answer)
+                if answer.status_code == 307 and odd in ("", "a/b", ".."):
+                    continue  # a path with a trailing slash: redirected to the route without it
                 if answer.status_code != 200:
                     check_refusal(answer, case)
             h.failures(case)

@@ -165,7 +165,7 @@ def test_runs_needs_input_or_confirm(live: Live) -> None:
     for body in ({"session_id": "s"}, {"session_id": "s", "input": ""}, {"session_id": "s", "input": []}):
         response = httpx.post(f"{server.url}/v1/runs", json=body, timeout=5)
         assert response.status_code == 422, body
-        assert "give `input`" in response.json()["detail"]
+        assert 'nothing to run: send "input"' in response.json()["detail"]
 
 
 def test_a_pending_confirmation_is_explained_in_each_endpoints_words(

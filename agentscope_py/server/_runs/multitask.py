@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 from starlette.responses import Response
 
+from ..._history import answers_in
 from ...agent import BusyError, MultitaskStrategy, ReActAgent
 from ...agent.state import AgentState
 from ...message import Msg
@@ -49,10 +50,11 @@ def busy_http_error(exc: BusyError, retry_after: int) -> HTTPError:
 
 def answers_nothing(msgs: Sequence[Msg], state: AgentState | None) -> bool:
     """Whether the agent will refuse ``msgs`` on a session in ``state`` whatever it finds there:
-    no tool call waits, and the input is empty or answers calls (tool results, confirmations)."""
+    no tool call waits, and the input is empty or answers calls (confirmations, tool results for
+    calls it does not make itself: `answers_in`)."""
     if state is not None and state.pending_tool_calls:
         return False  # answers to the waiting calls, or not: the agent's resume tells them apart
-    return not msgs or any(m.role == "tool" or m.metadata.get("confirm_results") for m in msgs)
+    return not msgs or bool(answers_in(msgs))
 
 
 def _stops_for_nothing() -> HTTPError:

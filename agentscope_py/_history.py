@@ -1,0 +1,49 @@
+"""What a list of messages says about its tool calls, read the same way by the loop (which calls a
+session waits on; whether an input answers them) and by the server (whether an input it is about
+to queue can be anything but refused).
+
+A tool call and its result, both in one input, are history: a client that keeps the conversation
+(an AG-UI client sends the whole of it every run) resends the calls it has seen answered, and a
+server that has no record of them (its memory evicted, another process, a first request that
+brings the conversation along) takes them as the conversation, as the model saw it. A result for
+a call the input does not hold, or a confirmation, answers a call the session must be waiting on."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from .message import Msg, ToolUseBlock
+
+__all__ = ["answers_in", "unanswered_calls"]
+
+
+def unanswered_calls(context: Sequence[Msg]) -> list[ToolUseBlock]:
+    """The tool calls of the last assistant message of ``context`` that have no result after it:
+    the calls a session with this memory waits on."""
+    answered: set[str] = set()
+    for msg in reversed(context):
+        if msg.role == "assistant":
+            return [c for c in msg.tool_calls if c.id not in answered]
+        for block in msg.tool_results:
+            answered.add(block.id)
+    return []
+
+
+def answers_in(msgs: Sequence[Msg]) -> list[Msg]:
+    """The messages of ``msgs`` that answer calls ``msgs`` does not hold: confirmations, and tool
+    messages with a result for a call that no earlier assistant message of ``msgs`` made (or that
+    one answered already). The rest is history and new input."""
+    calls: set[str] = set()
+    out: list[Msg] = []
+    for m in msgs:
+        if m.metadata.get("confirm_results"):
+            out.append(m)
+        elif m.role == "assistant":
+            calls.update(c.id for c in m.tool_calls)
+        elif m.role == "tool":
+            ids = [b.id for b in m.tool_results]
+            if ids and len(set(ids)) == len(ids) and calls.issuperset(ids):
+                calls.difference_update(ids)  # a pair of the history: each call answered once
+            else:
+                out.append(m)
+    return out
