@@ -33,10 +33,11 @@ from agentscope_py.message import ChatUsage
 from agentscope_py.middleware import BudgetMiddleware, TimeoutMiddleware
 from agentscope_py.model import ChatChunk, ModelRequest
 from agentscope_py.model.base import ToolCallChunk
+from agentscope_py.stream import aclose
 
 pytestmark = pytest.mark.timeout(180)
 
-CASES = int(os.environ.get("CUT_CASES", "150"))
+CASES = int(os.environ.get("CUT_CASES", "300"))
 SEED = int(os.environ.get("CUT_SEED", "20261207"))
 MS = 0.001
 ESTIMATE = 40  # every model call's estimate; the models report exactly this (no overrun)
@@ -176,7 +177,7 @@ class Raiser(MiddlewareBase):
 
 @dataclass
 class Cut:
-    how: str  # "leave" (aclose after `events` events), "cancel", "interrupt" (after `at` s), "none"
+    how: str  # "leave" / "interrupt_at" (after `events` events), "cancel" / "interrupt" (after `at` s), "none"
     events: int = 0
     at: float = 0.0
 
@@ -188,12 +189,13 @@ class Case:
     raise_: Raise | None
     raiser_on_child: bool
     budget: int | None
+    budget_raises: bool
     tool_timeout: float | None
     root_wait: float
 
     def __str__(self) -> str:
         return (f"plans={self.plans} cut={self.cut} raise={self.raise_} on_child={self.raiser_on_child} "
-                f"budget={self.budget} tool_timeout={self.tool_timeout} root_wait={self.root_wait}")
+                f"budget={self.budget} budget_raises={self.budget_raises} tool_timeout={self.tool_timeout} root_wait={self.root_wait}")
 
 
 def draw(rng: random.Random) -> Case:
@@ -201,7 +203,7 @@ def draw(rng: random.Random) -> Case:
     waits = [0.0, 0.0, 1 * MS, 3 * MS, 10 * MS]
     plans = [Plan(rng.choice(["ok", "ok", "tool", "tool", "raise_before", "raise_after", "hang"]),
                   rng.choice([0, 1, 2, 3]), rng.choice(waits), rng.random() < 0.7) for _ in range(n)]
-    cut = Cut(rng.choice(["leave", "cancel", "interrupt", "interrupt", "none", "none"]), rng.randint(0, 40),
+    cut = Cut(rng.choice(["leave", "cancel", "interrupt", "interrupt_at", "none", "none"]), rng.randint(0, 40),
               rng.choice([0.0, 1 * MS, 3 * MS, 8 * MS, 20 * MS, 50 * MS]))
     raise_ = None
     on_child = False
@@ -214,7 +216,7 @@ def draw(rng: random.Random) -> Case:
     budget = rng.choice([None, None, ESTIMATE * 2, ESTIMATE * 3, ESTIMATE * 5, ESTIMATE * 8])
     hangs = any(p.kind == "hang" for p in plans)
     tool_timeout = rng.choice([0.05, 0.1]) if hangs and rng.random() < 0.7 else None
-    return Case(plans, cut, raise_, on_child, budget, tool_timeout, rng.choice(waits))
+    return Case(plans, cut, raise_, on_child, budget, rng.random() < 0.3, tool_timeout, rng.choice(waits))
 
 
 def build(case: Case) -> tuple[ReActAgent, list[ReActAgent], list[TreeModel], Raiser | None, BudgetMiddleware | None]:
@@ -235,7 +237,8 @@ def build(case: Case) -> tuple[ReActAgent, list[ReActAgent], list[TreeModel], Ra
     b = ReActAgent.builder().name("root").model(root_model).tools(*(c.as_tool() for c in children))
     budget = None
     if case.budget is not None:
-        budget = BudgetMiddleware(run_tokens=case.budget, estimate=lambda _input: ESTIMATE)
+        budget = BudgetMiddleware(run_tokens=case.budget, estimate=lambda _input: ESTIMATE,
+                                  on_exceeded="error" if case.budget_raises else "stop")
         b = b.middleware(budget)
     if case.tool_timeout is not None:
         b = b.middleware(TimeoutMiddleware(tool_timeout=case.tool_timeout))
@@ -325,16 +328,22 @@ async def run_case(rng: random.Random, number: int) -> None:
 
     async def consume() -> None:
         nonlocal ended, error
-        stream = root.stream("go", ctx=ctx)
+        # The iterator held, so that leaving closes the run at once (a bare break, or a stream
+        # closed after it, leaves the close to asyncio's finaliser, a few ticks later).
+        stream: Any = None
         try:
+            stream = root.stream("go", ctx=ctx).__aiter__()  # (an on_agent hook may raise here)
             async for event in stream:
                 events.append(event)
                 if cut.how == "leave" and len(events) > cut.events:
                     return
+                if cut.how == "interrupt_at" and len(events) == cut.events + 1:
+                    root.interrupt(session_id="s")
         except Exception as exc:
             error = exc
         finally:
-            await stream.aclose()
+            if stream is not None:
+                await aclose(stream)
         ended = True
 
     task = asyncio.ensure_future(consume())
