@@ -2,7 +2,9 @@
 hostile, for the random-cut tests (tests/mcp/test_mcp_cuts.py): every answer is written by hand,
 so it can carry what the SDK's server API never sends.
 
-``python mcp_hostile_server.py``: it answers ``server/discover`` (the 2026-07-28 protocol);
+``python mcp_hostile_server.py``: it answers ``server/discover`` (the 2026-07-28 protocol) on
+stdin/stdout; ``python mcp_hostile_server.py --http PORT`` answers POSTs on
+``http://127.0.0.1:PORT/mcp`` with JSON bodies (no progress notifications there);
 ``MCP_HOSTILE_LOG`` names a file it appends ``up <pid>`` to as it starts, ``start <tool>`` as a
 call arrives and ``list`` as a tool list is asked for; ``MCP_HOSTILE_LIST_DELAY`` (seconds) delays every tool list.
 
@@ -35,6 +37,7 @@ import os
 import sys
 import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 MODERN = "2026-07-28"
@@ -67,8 +70,9 @@ def text_result(text: str) -> dict[str, Any]:
     return {"content": [{"type": "text", "text": text}], "isError": False, "resultType": "complete"}
 
 
-def tool_answer(name: str, args: dict[str, Any], rid: Any, token: Any) -> str | None:
-    """The answer's JSON text (None: no answer)."""
+def tool_answer(name: str, args: dict[str, Any], rid: Any, notify: Any = None) -> str | None:
+    """The answer's JSON text (None: no answer); ``notify(progress)`` sends a progress
+    notification (stdio only)."""
     done = {"resultType": "complete"}
     result: Any
     if name == "echo":
@@ -92,9 +96,8 @@ def tool_answer(name: str, args: dict[str, Any], rid: Any, token: Any) -> str | 
     elif name == "slow":
         for i in range(int(args.get("steps", 5))):
             time.sleep(0.02)
-            if token is not None:
-                write(json.dumps({"jsonrpc": "2.0", "method": "notifications/progress",
-                                  "params": {"progressToken": token, "progress": i + 1}}))
+            if notify is not None:
+                notify(i + 1)
         result = text_result("slow done")
     elif name == "content_not_list":
         result = {"content": "just a string", "isError": False, **done}
@@ -135,38 +138,94 @@ def call(message: dict[str, Any]) -> None:
     params = message.get("params") or {}
     name, args = params.get("name"), params.get("arguments") or {}
     token = (params.get("_meta") or {}).get("progressToken")
+
+    def notify(progress: int) -> None:
+        write(json.dumps({"jsonrpc": "2.0", "method": "notifications/progress",
+                          "params": {"progressToken": token, "progress": progress}}))
+
     log(f"start {name}")
     delay = float(args.get("delay", 0))
     if delay:
         time.sleep(delay)
-    answer = tool_answer(str(name), args, message["id"], token)
+    answer = tool_answer(str(name), args, message["id"], notify if token is not None else None)
     if answer is not None:
         write(answer)
 
 
+def other_answer(message: dict[str, Any]) -> str:
+    """The answer to a request that is no tool call."""
+    cacheable = {"ttlMs": 0, "cacheScope": "private"}
+    method = message["method"]
+    if method == "server/discover":
+        result: dict[str, Any] = {"supportedVersions": [MODERN], "capabilities": {"tools": {}}, **cacheable}
+    elif method == "tools/list":
+        log("list")
+        time.sleep(float(os.environ.get("MCP_HOSTILE_LIST_DELAY", "0")))
+        result = {"tools": TOOLS, **cacheable}
+    else:
+        return json.dumps({"jsonrpc": "2.0", "id": message["id"],
+                           "error": {"code": -32601, "message": f"method not found: {method}"}})
+    return json.dumps({"jsonrpc": "2.0", "id": message["id"], "result": {**result, "resultType": "complete"}})
+
+
+class Handler(BaseHTTPRequestHandler):
+    """Streamable HTTP: each POST answered with a JSON body (no answer: the request is held)."""
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def do_POST(self) -> None:
+        message = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if "id" not in message or "method" not in message:
+            self.send_response(202)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        if message["method"] == "tools/call":
+            params = message.get("params") or {}
+            args = params.get("arguments") or {}
+            log(f"start {params.get('name')}")
+            time.sleep(float(args.get("delay", 0)))
+            body = tool_answer(str(params.get("name")), args, message["id"])
+            if body is None:
+                time.sleep(3600)  # (until the client gives up and the server is stopped)
+                return
+        else:
+            body = other_answer(message)
+        data = body.encode("utf-8")
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self) -> None:
+        self.send_response(405)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def do_DELETE(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+
 def main() -> None:
     log(f"up {os.getpid()}")
-    cacheable = {"ttlMs": 0, "cacheScope": "private"}
-    list_delay = float(os.environ.get("MCP_HOSTILE_LIST_DELAY", "0"))
+    if "--http" in sys.argv:
+        port = int(sys.argv[sys.argv.index("--http") + 1])
+        server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+        server.daemon_threads = True
+        server.serve_forever()
+        return
     for line in sys.stdin:
         message = json.loads(line)
         if "id" not in message or "method" not in message:
             continue  # a notification (a cancellation), or an answer to nothing we asked
-        method = message["method"]
-        if method == "tools/call":
+        if message["method"] == "tools/call":
             threading.Thread(target=call, args=(message,), daemon=True).start()
-            continue
-        if method == "server/discover":
-            result: dict[str, Any] = {"supportedVersions": [MODERN], "capabilities": {"tools": {}}, **cacheable}
-        elif method == "tools/list":
-            log("list")
-            time.sleep(list_delay)
-            result = {"tools": TOOLS, **cacheable}
         else:
-            write(json.dumps({"jsonrpc": "2.0", "id": message["id"],
-                              "error": {"code": -32601, "message": f"method not found: {method}"}}))
-            continue
-        write(json.dumps({"jsonrpc": "2.0", "id": message["id"], "result": {**result, "resultType": "complete"}}))
+            write(other_answer(message))
 
 
 if __name__ == "__main__":

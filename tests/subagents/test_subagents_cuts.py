@@ -1,5 +1,6 @@
 """Sub-agents under random cuts: each case draws a tree (a root whose one reply calls one to three
-sub-agents in parallel), how each sub-agent behaves (answers, calls a slow tool of its own, its
+sub-agents in parallel, the first of which may call a sub-agent of its own; their sessions
+derived or fresh), how each sub-agent behaves (answers, calls a slow tool of its own, its
 model raises before or after its first token, or hangs), a middleware hook that raises at a random
 point (registered on the root, so inherited, and aimed at one agent of the tree, or registered on
 one sub-agent only), a token budget shared with the tree, a tool deadline, and where the run is cut
@@ -192,9 +193,12 @@ class Case:
     budget_raises: bool
     tool_timeout: float | None
     root_wait: float
+    leaf: Plan | None = None  # child_0 calls a sub-agent of its own, which behaves so
+    fresh: bool = False  # the sub-agents' sessions: "fresh" (one per call), else "derived"
 
     def __str__(self) -> str:
-        return (f"plans={self.plans} cut={self.cut} raise={self.raise_} on_child={self.raiser_on_child} "
+        return (f"plans={self.plans} leaf={self.leaf} fresh={self.fresh} cut={self.cut} raise={self.raise_} "
+                f"on_child={self.raiser_on_child} "
                 f"budget={self.budget} budget_raises={self.budget_raises} tool_timeout={self.tool_timeout} root_wait={self.root_wait}")
 
 
@@ -216,7 +220,14 @@ def draw(rng: random.Random) -> Case:
     budget = rng.choice([None, None, ESTIMATE * 2, ESTIMATE * 3, ESTIMATE * 5, ESTIMATE * 8])
     hangs = any(p.kind == "hang" for p in plans)
     tool_timeout = rng.choice([0.05, 0.1]) if hangs and rng.random() < 0.7 else None
-    return Case(plans, cut, raise_, on_child, budget, rng.random() < 0.3, tool_timeout, rng.choice(waits))
+    leaf = None
+    if rng.random() < 0.3:
+        leaf = Plan(rng.choice(["ok", "tool", "raise_before", "raise_after", "hang"]), rng.choice([0, 1, 2]),
+                    rng.choice(waits), rng.random() < 0.7)
+    if leaf is not None and leaf.kind == "hang" and tool_timeout is None and rng.random() < 0.7:
+        tool_timeout = rng.choice([0.05, 0.1])
+    return Case(plans, cut, raise_, on_child, budget, rng.random() < 0.3, tool_timeout, rng.choice(waits), leaf,
+                rng.random() < 0.3)
 
 
 def build(case: Case) -> tuple[ReActAgent, list[ReActAgent], list[TreeModel], Raiser | None, BudgetMiddleware | None]:
@@ -224,9 +235,17 @@ def build(case: Case) -> tuple[ReActAgent, list[ReActAgent], list[TreeModel], Ra
     children: list[ReActAgent] = []
     models: list[TreeModel] = []
     names = [f"child_{i}" for i in range(len(case.plans))]
+    session = "fresh" if case.fresh else "derived"
     for i, plan in enumerate(case.plans):
         model = TreeModel(names[i], plan=plan)
         b = ReActAgent.builder().name(names[i]).model(model).tools(slow)
+        if i == 0 and case.leaf is not None:
+            leaf_model = TreeModel("leaf", plan=case.leaf)
+            leaf = ReActAgent.builder().name("leaf").model(leaf_model).tools(slow).build()
+            model.children = ["leaf"]
+            b = b.tools(leaf.as_tool(session=session))
+            children.append(leaf)
+            models.append(leaf_model)
         if raiser is not None and case.raiser_on_child and case.raise_ is not None \
                 and case.raise_.path == ("root", names[i]):
             b = b.middleware(raiser)
@@ -234,7 +253,8 @@ def build(case: Case) -> tuple[ReActAgent, list[ReActAgent], list[TreeModel], Ra
         models.append(model)
     root_model = TreeModel("root", plan=Plan("ok", 1, case.root_wait, True), children=names)
     models.append(root_model)
-    b = ReActAgent.builder().name("root").model(root_model).tools(*(c.as_tool() for c in children))
+    b = ReActAgent.builder().name("root").model(root_model).tools(
+        *(c.as_tool(session=session) for c in children if c.name != "leaf"))
     budget = None
     if case.budget is not None:
         budget = BudgetMiddleware(run_tokens=case.budget, estimate=lambda _input: ESTIMATE,
@@ -245,6 +265,13 @@ def build(case: Case) -> tuple[ReActAgent, list[ReActAgent], list[TreeModel], Ra
     if raiser is not None and not case.raiser_on_child:
         b = b.middleware(raiser)
     return b.build(), children, models, raiser, budget
+
+
+def session_of(name: str, fresh: bool) -> str:
+    """The session a sub-agent's (one) call ran in: the call ids are the callers' model's."""
+    path = "s/child_0/leaf" if name == "leaf" else f"s/{name}"
+    caller = "child_0" if name == "leaf" else "root"
+    return f"{path}/{caller}-{name}" if fresh else path
 
 
 def _tasks() -> set[asyncio.Task[Any]]:
@@ -354,7 +381,8 @@ async def run_case(rng: random.Random, number: int) -> None:
             task.cancel()
         else:
             interrupted = root.interrupt(session_id="s")
-    hangs = any(p.kind == "hang" for p in drawn.plans) and drawn.tool_timeout is None
+    plans = [*drawn.plans, *([drawn.leaf] if drawn.leaf is not None else [])]
+    hangs = any(p.kind == "hang" for p in plans) and drawn.tool_timeout is None
     if interrupted:
         done, _ = await asyncio.wait((task,), timeout=5)
         assert done, f"the interrupted run did not end ({case})"
@@ -382,7 +410,7 @@ async def run_case(rng: random.Random, number: int) -> None:
 
     await assert_consistent(root, "s", case)
     for child in children:
-        await assert_consistent(child, f"s/{child.name}", case)
+        await assert_consistent(child, session_of(child.name, drawn.fresh), case)
 
     # Every agent takes its next turn (the models answer at once now, the hook raises no more).
     for model in models:
@@ -392,7 +420,8 @@ async def run_case(rng: random.Random, number: int) -> None:
     reply = await asyncio.wait_for(root.call("again", ctx=RuntimeContext(session_id="s")), 5)
     assert reply.text == "root done", (case, reply)
     for child in children:
-        reply = await asyncio.wait_for(child.call("again", ctx=RuntimeContext(session_id=f"s/{child.name}")), 5)
+        sid = session_of(child.name, drawn.fresh)
+        reply = await asyncio.wait_for(child.call("again", ctx=RuntimeContext(session_id=sid)), 5)
         assert reply.text == f"{child.name} done", (case, reply)
     await _until(lambda: _tasks() <= before, f"every task of the next turns to end ({case})")
 
