@@ -234,6 +234,7 @@ async def run_case(rng: random.Random, number: int, tmp: Path, only: int | None 
         made = {c.id for m in state.context for c in m.tool_calls}
         got = {r.id for m in state.context for r in m.tool_results}
         assert made == got, (case, made - got)
+    client.timeout = 10.0  # (the next turn shows the server is reached, on a loaded machine too)
     if http is not None and http.proc is not None and killed:
         http.proc.wait(5)
         # Killed: an HTTP server is not the client's to start again. The next run says the server

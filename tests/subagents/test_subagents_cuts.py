@@ -19,6 +19,7 @@ import contextlib
 import json
 import os
 import random
+import re
 import time
 from collections import Counter
 from collections.abc import AsyncIterator
@@ -31,7 +32,7 @@ from agentscope_py import GenerateReason, MiddlewareBase, ReActAgent, RuntimeCon
 from agentscope_py.errors import AgentScopeError
 from agentscope_py.events import AgentResult
 from agentscope_py.message import ChatUsage
-from agentscope_py.middleware import BudgetMiddleware, TimeoutMiddleware
+from agentscope_py.middleware import BudgetMiddleware, ModelPrice, TimeoutMiddleware
 from agentscope_py.model import ChatChunk, ModelRequest
 from agentscope_py.model.base import ToolCallChunk
 from agentscope_py.stream import aclose
@@ -42,7 +43,12 @@ CASES = int(os.environ.get("CUT_CASES", "300"))
 SEED = int(os.environ.get("CUT_SEED", "20261207"))
 MS = 0.001
 ESTIMATE = 40  # every model call's estimate; the models report exactly this (no overrun)
+PRICE = 1000.0  # USD per million tokens, input and output, of every model (a priced budget)
 CUT_SHORT = (GenerateReason.INTERRUPTED, GenerateReason.MIDDLEWARE_STOP_REQUESTED)
+# A sub-agent call's error result names its error: the model's or hook's own, the budget's, a
+# sub-agent's stop, an interrupt, a middleware's misuse, or the tool deadline.
+TYPED = re.compile(r"Error: (Boom|BudgetExceeded|SubAgentError|AgentInterrupted|MiddlewareError): "
+                   r"|Error: child_\d timed out after ")
 KINDS = ("text_block", "thinking_block", "data_block", "tool_call", "tool_result", "model_call", "agent")
 
 
@@ -195,11 +201,12 @@ class Case:
     root_wait: float
     leaf: Plan | None = None  # child_0 calls a sub-agent of its own, which behaves so
     fresh: bool = False  # the sub-agents' sessions: "fresh" (one per call), else "derived"
+    priced: bool = False  # the budget limits the run's cost (USD), else its tokens
 
     def __str__(self) -> str:
         return (f"plans={self.plans} leaf={self.leaf} fresh={self.fresh} cut={self.cut} raise={self.raise_} "
                 f"on_child={self.raiser_on_child} "
-                f"budget={self.budget} budget_raises={self.budget_raises} tool_timeout={self.tool_timeout} root_wait={self.root_wait}")
+                f"budget={self.budget} priced={self.priced} budget_raises={self.budget_raises} tool_timeout={self.tool_timeout} root_wait={self.root_wait}")
 
 
 def draw(rng: random.Random) -> Case:
@@ -227,7 +234,7 @@ def draw(rng: random.Random) -> Case:
     if leaf is not None and leaf.kind == "hang" and tool_timeout is None and rng.random() < 0.7:
         tool_timeout = rng.choice([0.05, 0.1])
     return Case(plans, cut, raise_, on_child, budget, rng.random() < 0.3, tool_timeout, rng.choice(waits), leaf,
-                rng.random() < 0.3)
+                rng.random() < 0.3, rng.random() < 0.4)
 
 
 def build(case: Case) -> tuple[ReActAgent, list[ReActAgent], list[TreeModel], Raiser | None, BudgetMiddleware | None]:
@@ -257,8 +264,15 @@ def build(case: Case) -> tuple[ReActAgent, list[ReActAgent], list[TreeModel], Ra
         *(c.as_tool(session=session) for c in children if c.name != "leaf"))
     budget = None
     if case.budget is not None:
-        budget = BudgetMiddleware(run_tokens=case.budget, estimate=lambda _input: ESTIMATE,
-                                  on_exceeded="error" if case.budget_raises else "stop")
+        on_exceeded = "error" if case.budget_raises else "stop"
+        if case.priced:  # the same limit in USD: every token costs PRICE / 1e6
+            names = ["root", "leaf", *(f"child_{i}" for i in range(len(case.plans)))]
+            budget = BudgetMiddleware(run_cost=case.budget * PRICE / 1e6, estimate=lambda _input: ESTIMATE,
+                                      prices={n: ModelPrice(PRICE, PRICE) for n in names}, strict=True,
+                                      on_exceeded=on_exceeded)
+        else:
+            budget = BudgetMiddleware(run_tokens=case.budget, estimate=lambda _input: ESTIMATE,
+                                      on_exceeded=on_exceeded)
         b = b.middleware(budget)
     if case.tool_timeout is not None:
         b = b.middleware(TimeoutMiddleware(tool_timeout=case.tool_timeout))
@@ -330,7 +344,7 @@ def check_results(root_model_requests: list[ModelRequest], case: str) -> None:
                     continue
                 assert r.state in (ToolResultState.ERROR, ToolResultState.INTERRUPTED), (r, case)
                 if r.state is ToolResultState.ERROR:
-                    assert r.text.startswith("Error:"), (r.text, case)
+                    assert TYPED.match(r.text), (r.text, case)
 
 
 async def run_case(rng: random.Random, number: int) -> None:
@@ -403,8 +417,10 @@ async def run_case(rng: random.Random, number: int) -> None:
             assert isinstance(events[-2], AgentResult), (case, [(e.type, e.source) for e in events[-4:]])
     check_results(requests, case)
     if budget is not None and drawn.budget is not None:
-        spent = budget.spent(ctx)["run"].tokens
-        assert spent <= drawn.budget, (case, spent)
+        spent = budget.spent(ctx)["run"]
+        assert spent.tokens <= drawn.budget, (case, spent)
+        if drawn.priced:
+            assert spent.cost <= drawn.budget * PRICE / 1e6 * (1 + 1e-9), (case, spent)
         reported = sum(ESTIMATE for m in models for c in m.calls if c.finished and (m.plan is None or m.plan.usage))
         assert reported <= drawn.budget, (case, reported)
 
