@@ -173,9 +173,11 @@ async def run_case(rng: random.Random, number: int, tmp: Path, only: int | None 
 
     async def consume() -> None:
         nonlocal ended, error
-        # The iterator held, so that leaving closes the run at once (a bare break, or a stream
-        # closed after it, leaves the close to asyncio's finaliser, a few ticks later).
-        it = agent.stream("go", ctx=RuntimeContext(session_id="s")).__aiter__()
+        # Leaving: the iterator held and closed (odd cases), or the stream closed after the return
+        # dropped its iterator (even ones: the close runs in asyncio's finaliser, and the stream's
+        # aclose waits for it). Either way the run has closed when the consumer is done.
+        stream = agent.stream("go", ctx=RuntimeContext(session_id="s"))
+        it = stream.__aiter__() if number % 2 else stream
         try:
             async for ev in it:
                 events.append(ev)

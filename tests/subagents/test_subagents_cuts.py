@@ -369,11 +369,14 @@ async def run_case(rng: random.Random, number: int) -> None:
 
     async def consume() -> None:
         nonlocal ended, error
-        # The iterator held, so that leaving closes the run at once (a bare break, or a stream
-        # closed after it, leaves the close to asyncio's finaliser, a few ticks later).
+        # Leaving: the iterator held and closed (odd cases), or the stream closed after the return
+        # dropped its iterator (even ones: the close runs in asyncio's finaliser, and the stream's
+        # aclose waits for it).
         stream: Any = None
         try:
-            stream = root.stream("go", ctx=ctx).__aiter__()  # (an on_agent hook may raise here)
+            stream = root.stream("go", ctx=ctx)
+            if number % 2:
+                stream = stream.__aiter__()  # (an on_agent hook may raise here)
             async for event in stream:
                 events.append(event)
                 if cut.how == "leave" and len(events) > cut.events:
