@@ -104,9 +104,14 @@ class EventStream(Generic[T]):
             await aclose(it)
             return
         # The iterator is already gone (a ``break`` dropped it): asyncio's async-generator
-        # finaliser has scheduled its aclose(); let that run before returning.
+        # finaliser has scheduled its aclose(); let that run before returning. A source that
+        # knows when its iteration has closed (an agent's run, whose close saves its turn and
+        # may take longer than a few ticks) says so: ``factory.wait_closed()``.
         for _ in range(3):
             await asyncio.sleep(0)
+        wait_closed = getattr(self._factory, "wait_closed", None)
+        if wait_closed is not None:
+            await wait_closed()
 
     async def to_list(self) -> list[T]:
         """Run the stream to completion and collect its items."""

@@ -10,11 +10,11 @@ from typing import TYPE_CHECKING, Any
 
 from .._sanitize import MAX_DEPTH, clean, clean_value, depth_exceeds
 from ..errors import InputError, MiddlewareError
-from ..events import AgentEvent, EventBase, ModelCallStart
+from ..events import AgentEnd, AgentEvent, AgentStart, EventBase, ModelCallStart
 from ..extension.base import ExtensionPoint
 from ..message import Msg, TextBlock, ToolResultBlock
 from ..stream import aclose
-from ._brackets import BRACKET_TYPES, OPENS, Brackets
+from ._brackets import BRACKET_TYPES, OPENS, Brackets, describe
 
 if TYPE_CHECKING:
     from ..extension.base import AgentView
@@ -71,9 +71,12 @@ def not_an_event(item: Any, point: ExtensionPoint, participants: Participants) -
 
 async def guarded(events: AsyncIterator[Any], participants: Participants) -> AsyncIterator[AgentEvent]:
     """The caller's stream when on_agent hooks shape it: each item must be an event, and what a
-    hook left open when it stopped reading (or raised) is closed (`_brackets`)."""
+    hook left open when it stopped reading (or raised) is closed (`_brackets`). A hook that raises
+    after the run's AgentStart went out and before its AgentEnd did ends the stream with the
+    AgentEnd naming the error, as a run that fails on its own does."""
     brackets = Brackets()
     starts = 0
+    run_started: str | None = None  # the reply id of the run's own AgentStart, until its AgentEnd
     try:
         async for ev in events:
             cls = type(ev)
@@ -84,12 +87,17 @@ async def guarded(events: AsyncIterator[Any], participants: Participants) -> Asy
                             yield early
                     starts += 1
                 brackets.log.append(ev)
+            elif cls is AgentStart or cls is AgentEnd:
+                if ev.source is None:
+                    run_started = ev.reply_id if cls is AgentStart else None
             elif not isinstance(ev, EventBase):
                 raise not_an_event(ev, ExtensionPoint.ON_AGENT, participants)
             yield ev
     except Exception as exc:
         for end in brackets.close(exc, starts):
             yield end
+        if run_started is not None:
+            yield AgentEnd(reply_id=run_started, error=describe(exc))
         raise
     finally:
         await aclose(events)

@@ -16,7 +16,10 @@ keep it:
 
 Closing events are made here, outside every on_reasoning/on_acting layer, so what a layer
 dropped is closed anyway; they carry the source of the Start they close (a sub-agent's brackets
-are closed as the sub-agent's).
+are closed as the sub-agent's). A sub-agent's run forwarded into its caller's stream is a
+bracket here too (its `AgentStart` and `AgentEnd`, `RUN_BRACKETS`): a sub-agent cancelled
+mid-run (a deadline, its caller's step failing) publishes no AgentEnd of its own, and its
+caller's stream goes on, so the AgentEnd naming how it ended is made here with the other Ends.
 """
 
 from __future__ import annotations
@@ -26,15 +29,31 @@ from typing import Any
 
 from .._bracket_kinds import BRACKET_TYPES, IDS, OPENS, close_event, describe
 from ..errors import AgentInterrupted
-from ..events import AgentEvent
+from ..events import AgentEnd, AgentEvent, AgentStart
 
-__all__ = ["BRACKET_TYPES", "CUT_SHORT", "OPENS", "Brackets", "describe"]
+__all__ = ["BRACKET_TYPES", "CUT_SHORT", "OPENS", "RUN_BRACKETS", "Brackets", "describe"]
 
 CUT_SHORT = "cut short: the stream ended before the model call did"
 SUPERSEDED = "abandoned: a new attempt of the model call started"
 
 
 _NOTHING: list[AgentEvent] = []  # (never appended to)
+
+RUN_BRACKETS = frozenset({AgentStart, AgentEnd})
+"""A sub-agent's run, as its caller's stream carries it (the run's own AgentStart never passes
+through its own loop's steps: only a forwarded one is logged)."""
+
+# Each bracket's key: its kind and its id (a sub-agent's AgentStart shares its reply id with its
+# model calls).
+_KEYS: dict[type[Any], tuple[str, str]] = {cls: ("", ident) for cls, ident in IDS.items()}
+_KEYS.update({cls: ("run", "reply_id") for cls in RUN_BRACKETS})
+_OPENS = frozenset(OPENS) | {AgentStart}
+
+
+def _close(start: Any, why: str, discarded: bool, failed: bool) -> AgentEvent:
+    if type(start) is AgentStart:
+        return AgentEnd(reply_id=start.reply_id, error=why, source=start.source)
+    return close_event(start, why, discarded, failed)
 
 
 class Brackets:
@@ -52,12 +71,13 @@ class Brackets:
         self.log: list[Any] = [] if log is None else log
         self.early: list[AgentEvent] = _NOTHING  # what `superseding` said must be emitted first
 
-    def _opened(self) -> dict[str, Any]:
-        opened: dict[str, Any] = {}
+    def _opened(self) -> dict[tuple[str, str], Any]:
+        opened: dict[tuple[str, str], Any] = {}
         for ev in self.log:
             cls = type(ev)
-            key = ev.__dict__[IDS[cls]]  # (pydantic's __getattr__ makes attribute reads slow)
-            if cls in OPENS:
+            space, ident = _KEYS[cls]
+            key = (space, ev.__dict__[ident])  # (pydantic's __getattr__ makes attribute reads slow)
+            if cls in _OPENS:
                 opened[key] = ev
             else:
                 opened.pop(key, None)
@@ -70,12 +90,12 @@ class Brackets:
         if not self.log:
             return False
         opened = self._opened()
-        key = start.reply_id
+        key = ("", start.reply_id)
         if key not in opened or opened[key].source != start.source:
             return False
         keys = list(opened)
         later = [k for k in keys[keys.index(key):] if opened[k].source == start.source]
-        self.early = [close_event(opened[k], SUPERSEDED, True, True) for k in reversed(later)]
+        self.early = [_close(opened[k], SUPERSEDED, True, True) for k in reversed(later)]
         self.log.extend(self.early)
         return True
 
@@ -99,4 +119,4 @@ class Brackets:
             # ends the run does not.
             why, discarded = describe(error), not isinstance(error, AgentInterrupted)
         failed = error is not None and not isinstance(error, asyncio.CancelledError | AgentInterrupted)
-        return [close_event(start, why, discarded, failed) for start in reversed(opened.values())]
+        return [_close(start, why, discarded, failed) for start in reversed(opened.values())]

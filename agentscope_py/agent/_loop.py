@@ -104,6 +104,8 @@ class Execution:
         ctx.begin_run(self.reply_id, self.control, agent.name, runtime)
         self.run = run = RunState(self.reply_id, agent.name, ctx)
         self.publish = True  # (`events`)
+        self.running = False  # between taking the session's turn and releasing it (`ended`)
+        self._ended: asyncio.Event | None = None
         self.options: Any = agent.model_options
         toolkit = agent.toolkit
         self.structured: StructuredOutput | None = None
@@ -133,6 +135,16 @@ class Execution:
     @property
     def final(self) -> Msg | None:
         return self.run.final
+
+    async def ended(self) -> None:
+        """Wait until this execution, if it started, has ended: its turn saved, its finish hooks
+        run, its session released. A consumer that broke out of its stream leaves that to
+        asyncio's async-generator finaliser (a task of its own): `EventStream.aclose` waits here."""
+        if not self.running:
+            return
+        if self._ended is None:
+            self._ended = asyncio.Event()
+        await self._ended.wait()
 
     # -- the cores the chains wrap ---------------------------------------------------------------
 
@@ -267,6 +279,7 @@ class Execution:
                 if publish:
                     yield _FAILED.build(reply_id=self.reply_id, error=describe(exc))
                 raise
+        self.running = True
         try:
             try:
                 error: BaseException | None = None
@@ -360,10 +373,15 @@ class Execution:
                 # dropping them lets a finished execution be freed at once, not by the collector.
                 self._model_call = self._reasoning = self._acting = _finished
         finally:
-            if hold is None:
-                gates.release(key, self.control)
-            else:
-                await hold.__aexit__(*sys.exc_info())
+            try:
+                if hold is None:
+                    gates.release(key, self.control)
+                else:
+                    await hold.__aexit__(*sys.exc_info())
+            finally:
+                self.running = False
+                if self._ended is not None:
+                    self._ended.set()
         failure = error if error is not None else run.finish_error
         if failure is not None:
             # The run's own bracket closes too: the caller's stream ends with AgentEnd naming the

@@ -11,10 +11,10 @@ from typing import Any, TypeAlias
 from .._replies import ToolResultCollector
 from .._trusted import shape
 from ..errors import AgentInterrupted
-from ..events import AgentEvent, RequestStop
+from ..events import AgentEvent, AgentStart, RequestStop
 from ..extension.base import ExtensionPoint
 from ..message import GenerateReason, Msg, ToolResultBlock, ToolResultState, ToolUseBlock
-from ._brackets import BRACKET_TYPES, OPENS, describe
+from ._brackets import BRACKET_TYPES, OPENS, RUN_BRACKETS, describe
 from ._run_state import RunState
 
 __all__ = ["ACT", "DROPPED_TEXT", "END", "MARKS", "PRELUDE", "REASON", "RUN_AGAIN", "START", "STOP", "SUMMARY",
@@ -24,8 +24,10 @@ PRELUDE, REASON, ACT, SUMMARY = range(4)
 
 START, END, STOP = "start", "end", "stop"
 MARKS: dict[type[Any], str] = {cls: (START if cls in OPENS else END) for cls in BRACKET_TYPES}
+MARKS.update({cls: (START if cls is AgentStart else END) for cls in RUN_BRACKETS})
 MARKS[RequestStop] = STOP
-"""The event classes the loop looks at itself: the brackets of `_brackets`, and a stop."""
+"""The event classes the loop looks at itself: the brackets of `_brackets` (a sub-agent's run
+among them), and a stop."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -45,6 +45,7 @@ from ..extension.base import AgentView, MiddlewareBase
 from ..message import ChatUsage, GenerateReason, Msg, new_id
 from ..stream import aclosing
 from ..tool.toolkit import Tool, arguments_model, clean_schema
+from ._brackets import RUN_BRACKETS
 from ._brackets import Brackets as _Opened
 from ._subagent_tree import DEFAULT_MAX_DEPTH, InheritSpec, check_limits, inherited_runtime, set_waiting, take_confirms
 
@@ -226,7 +227,7 @@ class SubAgentTool:
                         ev = with_source(ev, source)
                     elif cls is RequireUserConfirm:
                         watch.asking.extend(c.id for c in ev.tool_calls)  # a deeper sub-agent's
-                    if cls in BRACKET_TYPES:
+                    if cls in _LOGGED:
                         log(ev)
                     if put is not None:
                         await put(ev)
@@ -235,7 +236,8 @@ class SubAgentTool:
         except BaseException as exc:
             # Cancelled (a timeout, the caller's consumer left) or failed with the sub-agent's
             # brackets open: close them before the call's own ToolResultEnd, without waiting (no
-            # one may be reading any more).
+            # one may be reading any more). Its run is one of them: a cancelled sub-agent ends
+            # without its AgentEnd, and the caller's stream goes on.
             if current is not None:
                 for ev in opened.close(exc, -1):
                     current[1].push(ev)
@@ -286,6 +288,7 @@ class SubAgentTool:
         return [final.text]
 
 
+_LOGGED = BRACKET_TYPES | RUN_BRACKETS  # what the forwarding loop logs, to close it if the call is cut
 _WATCHED = frozenset({ModelCallEnd, AgentResult, RequireUserConfirm, RequestStop, Custom})
 
 

@@ -14,6 +14,7 @@ returns the final message.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Literal, TextIO
 
@@ -558,7 +559,7 @@ class _Start:
     """What `ReActAgent.stream`'s stream runs at each iteration: an execution of the agent, the
     first over the messages converted when the stream was made."""
 
-    __slots__ = ("agent", "ctx", "first", "msgs", "strategy", "structured_model")
+    __slots__ = ("agent", "ctx", "first", "last", "msgs", "strategy", "structured_model")
 
     def __init__(self, agent: ReActAgent, first: tuple[Msg, ...], msgs: MsgInput, ctx: RuntimeContext | None,
                  structured_model: type[Any] | None, strategy: MultitaskStrategy) -> None:
@@ -568,6 +569,7 @@ class _Start:
         self.msgs = msgs
         self.ctx = ctx
         self.structured_model = structured_model
+        self.last: weakref.ref[Execution] | None = None  # the latest iteration's execution
 
     def __call__(self) -> Any:
         first = self.first
@@ -575,4 +577,13 @@ class _Start:
             first = _as_msgs(self.msgs)
         else:
             self.first = None
-        return self.agent._start(first, self.ctx, self.structured_model, strategy=self.strategy)[1]
+        exe, events = self.agent._start(first, self.ctx, self.structured_model, strategy=self.strategy)
+        self.last = weakref.ref(exe)
+        return events
+
+    async def wait_closed(self) -> None:
+        """Wait until the latest iteration's execution has ended (`EventStream.aclose`, when the
+        consumer's break already dropped the iterator)."""
+        exe = self.last() if self.last is not None else None
+        if exe is not None:
+            await exe.ended()

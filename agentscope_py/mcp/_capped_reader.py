@@ -31,9 +31,14 @@ from __future__ import annotations
 
 import codecs
 import json
+import logging
 import re
 from collections.abc import Generator
 from typing import Any, Protocol
+
+import mcp_types as types
+from mcp.shared.message import SessionMessage
+from pydantic import ValidationError
 
 from ._screen import ResultCap, content_size
 
@@ -64,6 +69,7 @@ _SPACES_OUTSIDE_STRINGS = re.compile(r'("[^"\\]*+(?:\\.[^"\\]*+)*+")|[ \t\n\r]+'
 _SCALAR = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?|true|false|null")
 _DECODER = json.JSONDecoder()
 _NOTHING: Any = object()
+logger = logging.getLogger(__name__)
 
 Step = Generator[None, None, Any]
 """A parsing step: it yields when it needs more input and returns what it read."""
@@ -97,6 +103,36 @@ def read_whole(answers: Answers, request_id: Any = None) -> int:
 
 def error_answer(request_id: Any, message: str) -> dict[str, Any]:
     return {"jsonrpc": "2.0", "id": request_id, "error": {"code": _INTERNAL_ERROR, "message": message}}
+
+
+def handed(message: dict[str, Any]) -> SessionMessage | Exception:
+    """A message read (by a `MessageReader`, or parsed whole) as the SDK takes it: an answer that
+    is not valid JSON-RPC (a result that is no object, an id of the wrong type) becomes an error
+    answer to its request, which then fails at once with what was wrong; anything else invalid
+    is handed on as the error it is (the SDK logs it)."""
+    try:
+        return SessionMessage(types.jsonrpc_message_adapter.validate_python(message, by_name=False))
+    except ValidationError as exc:
+        request_id = message.get("id")
+        if "method" in message or type(request_id) not in (str, int):
+            logger.error("the MCP server sent a message that is not JSON-RPC, and it answers no request: %s",
+                         _problems(message, exc))
+            return exc
+        why = f"the MCP server sent an answer that is not valid JSON-RPC: {_problems(message, exc)}"
+        return SessionMessage(types.jsonrpc_message_adapter.validate_python(error_answer(request_id, why)))
+
+
+def _problems(message: dict[str, Any], exc: ValidationError) -> str:
+    """The first few errors of ``message`` as the JSON-RPC answer it claims to be, one line each
+    (the SDK's union of every message kind gives a dozen, mostly of the kinds it is not)."""
+    kind = types.JSONRPCError if "error" in message else types.JSONRPCResponse
+    try:
+        kind.model_validate(message, by_name=False)
+    except ValidationError as own:
+        exc = own
+    errors = exc.errors()
+    shown = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'message'}: {e['msg']}" for e in errors[:3])
+    return shown + (f" (and {len(errors) - 3} more)" if len(errors) > 3 else "")
 
 
 class MessageReader:

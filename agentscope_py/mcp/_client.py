@@ -357,4 +357,17 @@ class MCPClient:
 def _protocol_error(server: str, exc: BaseException) -> BaseException:
     if isinstance(exc, MCPError):
         return MCPToolError(f"MCP server {server!r} answered with an error: {exc}", server=server)
+    if isinstance(exc, ValidationError):  # a result the SDK's models refuse (its content is screened)
+        return MCPToolError(f"MCP server {server!r} sent a result that is not valid MCP: {_problems(exc)}",
+                            server=server)
     return exc
+
+
+def _problems(exc: ValidationError) -> str:
+    """The first few of a result's validation errors, one line each: those of the result kind
+    the answer claims to be (the SDK tries each kind a request may get, and reports them all)."""
+    errors = exc.errors()
+    if len({e["loc"][:1] for e in errors}) > 1:
+        errors = [{**e, "loc": e["loc"][1:]} for e in errors if e["loc"][:1] == ("CallToolResult",)] or errors
+    shown = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'result'}: {e['msg']}" for e in errors[:3])
+    return shown + (f" (and {len(errors) - 3} more)" if len(errors) > 3 else "")

@@ -9,6 +9,7 @@ from typing import Any
 
 import mcp_types as types
 
+from .._sanitize import clean_value
 from ..message import DataBlock
 
 __all__ = ["Output", "convert_result"]
@@ -41,7 +42,9 @@ def convert_result(result: types.CallToolResult, max_chars: int, *, full_size: i
                      f"{max_chars} characters and is left out.]")
         truncated = True
     failed = bool(result.is_error) if is_error is None else is_error
-    return Output(parts, dict(structured) if structured is not None else None, failed, truncated)
+    # The structured content reaches the caller as an event: a lone surrogate in it (which JSON
+    # allows a server to send) would fail every encoding of that event to UTF-8 (a served stream).
+    return Output(parts, clean_value(dict(structured)) if structured is not None else None, failed, truncated)
 
 
 def _part(item: Any) -> list[str | DataBlock]:

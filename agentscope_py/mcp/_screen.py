@@ -8,7 +8,8 @@ the SDK's public ``Transport`` shape) and edits the parsed JSON-RPC answers on t
 - a ``tools/list`` page loses each tool that is not a valid ``Tool``, with a warning naming the
   server and the tool; the page's other tools reach the SDK (and its re-list after a header
   mismatch sees the same screened page);
-- a ``tools/call`` result sent with a `ResultCap` keeps only the content within the cap (the
+- a ``tools/call`` result sent with a `ResultCap` has each content block that is not valid MCP
+  replaced by a text block saying what was wrong (`screen_content`), and keeps only the content within the cap (the
   block that crosses it cut), and the cap records the full size, so the note the model reads
   states it; structured content whose JSON is longer than the cap is left out (`cap_structured`).
 
@@ -20,6 +21,8 @@ it is read, before it is ever held whole, and what arrives here is already withi
 
 from __future__ import annotations
 
+import base64
+import binascii
 import contextvars
 import json
 import warnings
@@ -124,6 +127,47 @@ def cap_structured(result: dict[str, Any], cap: ResultCap) -> None:
         result["content"] = [{"type": "text", "text": text[:cap.limit]}, *content]
         cap_content(result, cap)
         cap.full_size = total + len(text)
+
+
+_KINDS: dict[str, type[Any]] = {"text": types.TextContent, "image": types.ImageContent, "audio": types.AudioContent,
+                                 "resource": types.EmbeddedResource, "resource_link": types.ResourceLink}
+
+
+def screen_content(result: dict[str, Any]) -> None:
+    """Put a text block saying what was wrong in place of each content block of a ``tools/call``
+    result that is not valid MCP (in place): a kind no protocol revision has, a field of the wrong
+    type, image or audio data that is not base64. The SDK validates the result as a whole (one bad
+    block would fail the call, and the good blocks with it), and data that is not base64 would
+    fail the next model request that carries it."""
+    content = result.get("content")
+    if not isinstance(content, list):
+        return  # (the SDK's validation says so: the call fails with what was wrong)
+    for i, block in enumerate(content):
+        if type(block) is dict and block.get("type") == "text" and type(block.get("text")) is str \
+                and len(block) <= 2:
+            continue  # a plain text block, the common case
+        why = _invalid(block)
+        if why is not None:
+            content[i] = {"type": "text", "text": f"[{why}]"}
+
+
+def _invalid(block: Any) -> str | None:
+    kind = block.get("type") if isinstance(block, dict) else None
+    if kind not in _KINDS:
+        shown = repr(kind) if isinstance(kind, str) else f"a {type(block).__name__}"
+        return f"unsupported MCP content: {shown[:60]}"
+    try:
+        _KINDS[kind].model_validate(block, by_name=False)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(str(p) for p in err['loc']) or kind}: {err['msg']}"
+                             for err in exc.errors()[:2])
+        return f"invalid MCP {kind} content ({problems})"
+    if kind in ("image", "audio"):
+        try:
+            base64.b64decode(block["data"], validate=True)
+        except (binascii.Error, ValueError):
+            return f"invalid MCP {kind} content: its data is not base64"
+    return None
 
 
 def screen_tools(result: dict[str, Any], server: str, version: str | None) -> None:
@@ -241,6 +285,7 @@ class _Reader:
                     if want == "tools/list":
                         screen_tools(message.result, self.server, self.version())
                     elif isinstance(want, ResultCap):
+                        screen_content(message.result)
                         cap_structured(message.result, want)
                         cap_content(message.result, want)
         return item

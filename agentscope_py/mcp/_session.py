@@ -32,14 +32,21 @@ T = TypeVar("T")
 Call = Callable[[Client], Awaitable[Any]]
 
 
+_SDK_CLOSED = "Connection closed"  # the message of the SDK's CONNECTION_CLOSED stand-in
+
+
 def is_connection_lost(exc: BaseException) -> bool:
     """Whether ``exc`` means the session is gone (the server died, closed its pipes, or forgot
     the HTTP session), so the next request must reconnect rather than reuse it."""
     if isinstance(exc, MCPError):
         # An HTTP server that forgot the session answers 404: the SDK's stand-in says "Session
-        # terminated", the SDK's own server's body "Session not found".
+        # terminated", the SDK's own server's body "Session not found". The SDK's stand-in for a
+        # session that closed is CONNECTION_CLOSED with its own message: a server's answer with
+        # that code (-32000, the first of the codes JSON-RPC leaves to servers' own errors) is
+        # the server's error, from a live session.
         text = str(exc).lower()
-        return exc.code == CONNECTION_CLOSED or "session terminated" in text or "session not found" in text
+        return (exc.code == CONNECTION_CLOSED and exc.message == _SDK_CLOSED) or "session terminated" in text \
+            or "session not found" in text
     return isinstance(exc, httpx2.TransportError | anyio.ClosedResourceError | anyio.BrokenResourceError
                       | BrokenPipeError | ConnectionError | EOFError)
 

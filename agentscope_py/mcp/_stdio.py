@@ -24,9 +24,8 @@ from mcp.client import Transport
 from mcp.client.stdio import get_default_environment
 from mcp.os.posix.utilities import terminate_posix_process_tree
 from mcp.shared.message import SessionMessage
-from pydantic import ValidationError
 
-from ._capped_reader import Answers, MessageReader, read_whole
+from ._capped_reader import Answers, MessageReader, handed, read_whole
 
 __all__ = ["stdio_streams"]
 
@@ -151,19 +150,24 @@ class _Lines:
                 logger.error("the MCP server sent a %d-byte message that could not be read, and it answers "
                              "no request: it is dropped", reader.size)
                 return ValueError(f"an unreadable {reader.size}-byte message from the MCP server")
-            try:
-                return SessionMessage(types.jsonrpc_message_adapter.validate_python(message, by_name=False))
-            except ValidationError as exc:
-                logger.exception("the MCP server sent a message that is not JSON-RPC")
-                return exc
+            return handed(message)
         line = b"".join(parts)
         if not line.strip():
             return None
         try:
             return SessionMessage(types.jsonrpc_message_adapter.validate_json(line, by_name=False))
-        except ValueError as exc:  # handed on as a value, as the SDK's own stdio client does
-            logger.exception("the MCP server sent a message that is not JSON-RPC")
-            return exc
+        except ValueError as exc:
+            # Read again as a long line is: JSON the SDK's parser refuses (a lone surrogate, a
+            # nesting past its limit) is read, and an answer that is not valid JSON-RPC fails its
+            # request at once, saying what was wrong, rather than leaving it to its timeout.
+            reader = MessageReader(self.answers)
+            reader.feed(line)
+            message = reader.finish()
+            if message is None:  # handed on as a value, as the SDK's own stdio client does
+                logger.error("the MCP server sent a message that is not JSON-RPC (%s), and it answers no "
+                             "request: it is dropped", exc)
+                return exc
+            return handed(message)
 
 
 async def _drain(process: anyio.abc.Process) -> None:
