@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import os
 import random
@@ -244,6 +245,7 @@ class Case:
     follow_at: int  # the follower starts after this many frames of the client
     enqueue_at: int | None  # a second input after this many frames (None: none)
     first: str = "first"  # the killed run's input: "pay first" calls a journaled tool
+    strategy: str = "enqueue"  # the second input's multitask_strategy
     session: str = ""
     run_id: str = ""
     seen: dict[int, str] = field(default_factory=dict)
@@ -261,7 +263,7 @@ class Case:
 
     def __str__(self) -> str:
         return (f"case {self.n}: {self.kind} {self.first!r}, kill at {self.phase}:{self.position} (after {self.killed_after}), "
-                f"detach={self.detach}, follow after {self.follow_at}, enqueue after {self.enqueue_at}")
+                f"detach={self.detach}, follow after {self.follow_at}, {self.strategy} after {self.enqueue_at}")
 
 
 def _frames(body: str) -> dict[int, str]:
@@ -351,7 +353,7 @@ async def one_case(client: httpx.AsyncClient, spawner: Spawner, base: str, case:
 
     async def queued() -> None:
         case.queued = await _stream(client, "POST", f"{c.url}/v1/runs", json={
-            "session_id": case.session, "input": "queued", "multitask_strategy": "enqueue"})
+            "session_id": case.session, "input": "queued", "multitask_strategy": case.strategy})
 
     async def at_save() -> None:
         while case.session not in saves.read_text().split():
@@ -454,8 +456,10 @@ def check(case: Case) -> list[str]:
     if any(i is None or i <= case.follower_from for i in ids) or ids != sorted(set(ids)):
         problems.append(f"the follower (after {case.follower_from}) got ids {ids}")
     before = parse("".join(f"id: {i}\n{f}\n\n" for i, f in sorted(case.seen.items()) if i <= case.follower_from))
-    if ended == "whole" and _text(before + case.follower) != f"done with {case.first}":
-        problems.append(f"the follower's text: {_text(before + case.follower)!r}")
+    said = _text(before + case.follower)
+    if ended == "whole" and said != f"done with {case.first}" and not (
+            case.strategy in ("interrupt", "rollback") and f"done with {case.first}".startswith(said)):
+        problems.append(f"the follower's text: {said!r}")
     for i, frame in case.seen.items():
         if i in case.log and case.log[i] != frame:
             problems.append(f"id {i} names two frames: {frame[:80]!r} and {case.log[i][:80]!r}")
@@ -484,19 +488,26 @@ def check(case: Case) -> list[str]:
     replies = [t for r, t in texts if r == "assistant" and t]
     if any(replies.count(t) != 1 for t in replies):
         problems.append(f"a reply twice: {replies}")
-    whole = f"done with {case.first}" in replies
     at = next((i for i, (r, t) in enumerate(texts) if r == "user" and t == case.first), None)
-    if whole and at is None:
+    # Whole: its reply, or an interrupted one (a second input with "interrupt" stopped it; its
+    # interrupted reply may be the one that made the calls, their results after it).
+    turn = [] if at is None else list(itertools.takewhile(lambda m: m.role != "user", case.context[at + 1:]))
+    replied = f"done with {case.first}" in replies
+    whole = replied or any(m.role == "assistant" and m.generate_reason == "interrupted" for m in turn)
+    if replied and at is None:
         problems.append(f"a reply to an input the session does not hold: {texts}")
     # The killed turn is whole or absent. AG-UI resends its input with the new one: absent from
     # the session, it comes in again right before "after", without a reply of its own.
     if at is not None and not whole and not (case.kind == "agui" and texts[at + 1:at + 2] == [("user", "after")]):
         problems.append(f"the killed turn is half there: {texts}")
     whole_seen = any(_type(f) in ENDS for f in case.seen.values()) or _ended(case.follower) == "whole"
-    if whole_seen and not whole:
+    rolled_back = any('"rolled_back":true' in f.replace(" ", "") for f in [*case.seen.values(), *case.log.values()])
+    if rolled_back and case.strategy != "rollback":
+        problems.append(f"rolled back with {case.strategy}")
+    if whole_seen and not whole and not rolled_back and case.strategy != "rollback":
         problems.append(f"a run seen to its end is not in the session: {texts}")
     # Paid once when the turn holds the payment, never twice; a call in doubt answered ends whole.
-    if case.first.startswith("pay") and (case.effects > 1 or (whole and case.effects != 1)):
+    if case.first.startswith("pay") and (case.effects > 1 or (replied and case.effects != 1)):
         problems.append(f"paid {case.effects} times; the session: {texts}")
     if case.in_doubt and (_ended(case.answered) != "whole" or f"done with {case.first}" not in _text(case.answered)):
         problems.append(f"the answer to the calls in doubt {case.in_doubt} ended with {_ended(case.answered)}: "
@@ -513,7 +524,8 @@ async def test_a_serve_process_killed_at_a_random_moment_loses_no_turn_and_locks
     for n in range(CASES):
         phase = PHASES[n % len(PHASES)] if n < len(PHASES) else rng.choice(PHASES)
         cases.append(Case(n, rng.choice(("native", "agui")), phase, rng.randint(1, 3), rng.random() < 0.5,
-                          rng.randint(1, 12), rng.choice((None, rng.randint(1, 10))), rng.choice(("first", "pay first"))))
+                          rng.randint(1, 12), rng.choice((None, rng.randint(1, 10))), rng.choice(("first", "pay first")),
+                          rng.choice(("enqueue", "enqueue", "interrupt", "rollback"))))
     started = time.monotonic()
     done: list[Case] = []
     failures: list[str] = []
