@@ -162,9 +162,13 @@ def describe(exc: BaseException, rid: str, vocabulary: Vocabulary, pending: Sequ
         elif isinstance(exc, InputError) and message.startswith(_PYTHON_EMPTY):
             message = _HTTP_EMPTY[vocabulary]
         return ClientError(type(exc).__name__, message, isinstance(exc, _MISTAKES))
-    if isinstance(exc, StateStoreError) and not isinstance(exc, StateConflictError):
-        # The store's own message names hosts and files (the log has it); the client hears what it
-        # can act on: the store, not the agent, failed, and the turn may be missing from the session.
+    # The store's own messages name hosts, files and versions (the log has them); the client hears
+    # what it can act on: the store, not the agent, failed, and the turn may be missing.
+    if isinstance(exc, StateConflictError):  # another run saved the session: its lock was lost
+        return ClientError(type(exc).__name__, "another run saved this session while this one ran (the session's "
+                           "lock was lost: its store restarted, or the lock expired), so this turn was not saved; "
+                           f"send it again (request id {rid})", False)
+    if isinstance(exc, StateStoreError):
         return ClientError(STORE_UNAVAILABLE, "the session store failed during the run, so its turn may not be "
                            f"saved; try again in a moment (request id {rid})", False)
     return ClientError("InternalError", f"the run failed on the server (request id {rid})", False)

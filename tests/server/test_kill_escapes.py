@@ -3,7 +3,6 @@ SIGKILLed at random moments, and their Redis killed and started again, mid-run."
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import httpx
@@ -47,12 +46,22 @@ def test_a_store_that_fails_under_a_run_ends_it_with_a_typed_clear_error_not_an_
         assert "10.0.0.7" not in message and "request id req_" in message
 
 
-def test_a_conflict_is_not_called_an_unavailable_store() -> None:
+def test_a_conflict_at_the_save_says_another_run_saved_the_session() -> None:
+    """Redis restarted empty under a run: the session's lock went with it, so a new input through
+    another process ran the session while the first run, stopped, saved its interrupted turn; the
+    new run's save then met a newer version. Its client hears that (``StateConflictError``: this
+    turn was not saved, send it again), not "the run failed on the server"."""
     agent = scripted_agent(ModelStep.text("hello"), loop=True,
-                           state_store=DownAtTheSave(StateConflictError("u", "s", 1, 2)))
+                           state_store=DownAtTheSave(StateConflictError("u", "s", 0, 1)))
     with TestClient(create_app(agent)) as client:
         native = parse(client.post("/v1/runs", json={"session_id": "s", "input": "hi"}).text)
-    assert json.dumps(native[-1][2]).count("InternalError") == 1
+        agui = agui_events(client.post("/agui", json=run_input("t", user("hi"))).text)
+    _, event, last = native[-1]
+    assert event == "error" and last["code"] == "StateConflictError", last
+    assert agui[-1]["type"] == "RUN_ERROR" and agui[-1]["code"] == "StateConflictError", agui[-1]
+    for message in (last["message"], agui[-1]["message"]):
+        assert message.startswith("another run saved this session while this one ran")
+        assert "this turn was not saved; send it again" in message and "version" not in message
 
 
 @pytest.mark.redis
