@@ -15,7 +15,8 @@ after each case:
   every tool call with one result), and the queued input ran, once.
 
 ``KILL_CASES`` (default 12) and ``KILL_SEED`` (default: random, printed) replay or lengthen it.
-The processes are forked from one that imported the package once (as in test_runner_killed)."""
+The processes are forked from one that imported the package once (as in test_runner_killed, whose
+`Runner` they are)."""
 
 from __future__ import annotations
 
@@ -25,13 +26,12 @@ import itertools
 import json
 import os
 import random
-import signal
 import subprocess
 import sys
 import textwrap
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,6 +44,7 @@ from agentscope_py.agent import RedisStateStore
 
 from .conftest import run_input, user
 from .test_cli_serve import _free_port
+from .test_runner_killed import Runner, _frames
 from .test_runs import parse
 
 pytestmark = pytest.mark.redis
@@ -163,32 +164,6 @@ for line in sys.stdin:  # {"out": file, "env": {...}, "args": [...]}: serve so, 
 PHASES = ("start", "tool_call", "tool_run", "text", "save", "after")
 
 
-class Runner:
-    """A forked serve process: its URL, pid and output file."""
-
-    def __init__(self, port: int, pid: int, out: Path) -> None:
-        self.url = f"http://127.0.0.1:{port}"
-        self.pid, self.out = pid, out
-
-    async def ready(self) -> None:
-        deadline = time.monotonic() + 30
-        while "agentscope-py is serving at" not in (self.out.read_text() if self.out.exists() else ""):
-            assert time.monotonic() < deadline, f"serve did not start: {self.out.read_text()}"
-            await asyncio.sleep(0.01)
-
-    def kill(self) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(self.pid, signal.SIGKILL)
-
-    async def gone(self) -> None:
-        while True:
-            try:
-                os.kill(self.pid, 0)
-            except ProcessLookupError:
-                return
-            await asyncio.sleep(0.01)
-
-
 class Spawner:
     def __init__(self, where: Path, redis_url: str) -> None:
         self.where, self.redis_url = where, redis_url
@@ -266,14 +241,24 @@ class Case:
                 f"detach={self.detach}, follow after {self.follow_at}, {self.strategy} after {self.enqueue_at}")
 
 
-def _frames(body: str) -> dict[int, str]:
-    """id -> frame text of every whole frame with an id in ``body``."""
-    out: dict[int, str] = {}
-    for block in body.split("\n\n"):
-        if block.startswith("id: "):
-            head, _, rest = block.partition("\n")
-            out[int(head[4:])] = rest
-    return out
+class Reading:
+    """A streamed answer read frame by frame: ``body`` so far, and each whole frame as it comes."""
+
+    def __init__(self) -> None:
+        self.body = ""
+
+    def whole(self) -> str:
+        """The whole frames read so far."""
+        return self.body[:self.body.rfind("\n\n") + 2] if "\n\n" in self.body else ""
+
+    async def frames(self, response: httpx.Response) -> AsyncIterator[tuple[int, str]]:
+        """(count from 1, text) of each new whole frame."""
+        count = 0
+        async for chunk in response.aiter_text():
+            self.body += chunk
+            while count < self.body.count("\n\n"):
+                count += 1
+                yield count, self.body.split("\n\n")[count - 1]
 
 
 def _type(frame: str) -> str:
@@ -334,13 +319,13 @@ async def one_case(client: httpx.AsyncClient, spawner: Spawner, base: str, case:
                               json={"session_id": case.session, "input": case.first, "detach": case.detach})
         follow = f"{b.url}/v1/runs/{{}}/events"
     tasks: list[asyncio.Task[Any]] = []
-    text = ""
+    reading = Reading()
     killed = False
     aimed = 0
 
     def kill() -> None:
         nonlocal killed
-        seen = _frames(text[:text.rfind("\n\n") + 2]) if "\n\n" in text else {}
+        seen = _frames(reading.whole())
         case.killed_after = _type(seen[max(seen)]) if seen else "nothing"
         a.kill()
         killed = True
@@ -366,26 +351,20 @@ async def one_case(client: httpx.AsyncClient, spawner: Spawner, base: str, case:
         async with start as r:
             assert r.status_code == 200, await r.aread()
             case.run_id = r.headers["x-run-id"]
-            count = 0
-            async for chunk in r.aiter_text():
-                text += chunk
-                whole = text.count("\n\n")
-                while count < whole:  # each new frame
-                    count += 1
-                    frame = text.split("\n\n")[count - 1]
-                    if count == case.follow_at:
-                        following = True
-                        tasks.append(asyncio.create_task(follower(max(_frames(frame + "\n\n")) if frame.startswith("id: ") else 0)))
-                    if count == case.enqueue_at:
-                        tasks.append(asyncio.create_task(queued()))
-                    if killed:
-                        continue
-                    if case.phase == "start":
+            async for count, frame in reading.frames(r):
+                if count == case.follow_at:
+                    following = True
+                    tasks.append(asyncio.create_task(follower(max(_frames(frame + "\n\n")) if frame.startswith("id: ") else 0)))
+                if count == case.enqueue_at:
+                    tasks.append(asyncio.create_task(queued()))
+                if killed:
+                    continue
+                if case.phase == "start":
+                    kill()
+                elif case.phase in AIMED and _type(frame) in AIMED[case.phase]:
+                    aimed += 1
+                    if aimed == case.position:
                         kill()
-                    elif case.phase in AIMED and _type(frame) in AIMED[case.phase]:
-                        aimed += 1
-                        if aimed == case.position:
-                            kill()
     except httpx.HTTPError:  # the connection died with the process
         pass
     if saver is not None:
@@ -396,7 +375,7 @@ async def one_case(client: httpx.AsyncClient, spawner: Spawner, base: str, case:
         kill()
     await a.gone()
     killed_at = time.monotonic()
-    case.seen = _frames(text[:text.rfind("\n\n") + 2] if "\n\n" in text else "")
+    case.seen = _frames(reading.whole())
     if not following:  # the client saw fewer frames than the follower was to wait for
         tasks.append(asyncio.create_task(follower(max(case.seen, default=0))))
     # The session goes on: a new input through another process.
@@ -626,25 +605,20 @@ async def one_restart(client: httpx.AsyncClient, spawner: Spawner, redis: Any, c
         case.follower = parse(body) if r.status_code == 200 else [(None, "refused", {"code": r.status_code, "body": body[:200]})]
 
     tasks = [asyncio.create_task(outage())]
-    text = ""
+    reading = Reading()
     try:
         async with start as r:
             assert r.status_code == 200, await r.aread()
             case.run_id = r.headers["x-run-id"]
-            count = 0
-            async for chunk in r.aiter_text():
-                text += chunk
-                while count < text.count("\n\n"):
-                    count += 1
-                    frame = text.split("\n\n")[count - 1]
-                    if count == case.follow_at:
-                        last = max(_frames(frame + "\n\n"), default=0)
-                        tasks.append(asyncio.create_task(follower(last)))
-                    if count == case.at:
-                        down.set()
+            async for count, frame in reading.frames(r):
+                if count == case.follow_at:
+                    last = max(_frames(frame + "\n\n"), default=0)
+                    tasks.append(asyncio.create_task(follower(last)))
+                if count == case.at:
+                    down.set()
     except httpx.HTTPError as exc:
         case.client_error = f"{type(exc).__name__}: {exc}"
-    case.client = parse(text[:text.rfind("\n\n") + 2] if "\n\n" in text else "")
+    case.client = parse(reading.whole())
     if len(tasks) == 1:  # the client saw fewer frames than the follower was to wait for
         tasks.append(asyncio.create_task(follower(max((i for i, _, _ in case.client if i is not None), default=0))))
     down.set()
