@@ -1,22 +1,27 @@
 """Serve processes SIGKILLed at random moments of a run, three ``agentscope-py serve`` processes on
 one real redis-server (a key prefix of its own per case): a property, seeded.
 
-Each case: a client starts a run (AG-UI or ``/v1/runs``, detached or not) on process A; a follower
-reads it by ``Last-Event-ID`` through process B; maybe a second input waits for the session
-(``multitask_strategy: "enqueue"``) through process C; A is killed at a random moment — before the
-first token, in the tool call's arguments, while the tool runs, mid-text, during the save at the
-end, or after the run. Then a new input goes to the session through B. What the docs promise, checked
-after each case:
+Each case: a client starts a run (AG-UI or ``/v1/runs``, detached or not; its tool idempotent, or
+journaled: ``"pay first"``) on process A; a follower reads it by ``Last-Event-ID`` through process
+B; maybe a second input (``multitask_strategy`` ``"enqueue"``, ``"interrupt"`` or ``"rollback"``)
+goes through process C; A is killed at a random moment — before the first token, in the tool
+call's arguments, while the tool runs, mid-text, during the save at the end, or after the run.
+Then a new input goes to the session through B (a call left in doubt answered first, as the
+refusal asks). What the docs promise, checked after each case:
 
 - the follower ends with the whole run or the documented ``RunLost`` end, never a hang, and no id
   names two frames;
 - the session is not left locked: the new input runs, within the documented time;
 - the session holds the killed turn whole or not at all (no half-saved turn, no message twice,
-  every tool call with one result), and the queued input ran, once.
+  every tool call with one result, a payment made once), and the second input ran, once.
 
-``KILL_CASES`` (default 12) and ``KILL_SEED`` (default: random, printed) replay or lengthen it.
-The processes are forked from one that imported the package once (as in test_runner_killed, whose
-`Runner` they are)."""
+Two more: Redis itself killed mid-run and started again empty (every stream ends whole or with an
+error naming what failed; the session runs again through either process), and a schedule firing
+every second while its processes are killed (every tick runs once).
+
+Knobs: ``KILL_CASES`` (default 12), ``KILL_REDIS_CASES`` (4), ``KILL_SCHEDULE_SECONDS`` (8), and
+``KILL_SEED`` (default: random, printed) to replay a failure. The processes are forked from one
+that imported the package once (as in test_runner_killed, whose `Runner` they are)."""
 
 from __future__ import annotations
 
