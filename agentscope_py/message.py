@@ -38,6 +38,9 @@ _PREFIX = os.urandom(4).hex()
 # One counter for every kind of id; ``repr`` (an int's is its ``str``) is a one-argument builtin,
 # which ``map`` calls with no argument tuple, as it calls ``operator.add`` in `id_factory`.
 _serials = map(repr, itertools.count(1))
+# Each `id_factory`'s kind and its head (``[kind + prefix + "_"]``, a list so a fork can rewrite it).
+_heads: list[tuple[str, list[str]]] = []
+_first = operator.itemgetter(0)
 
 
 def new_id(kind: str = "") -> str:
@@ -48,8 +51,26 @@ def new_id(kind: str = "") -> str:
 def id_factory(kind: str) -> Callable[[], str]:
     """``new_id(kind)`` as a field's default factory. Every event and message calls one, so it is
     made of C iterators and builtins (``next`` of it runs no Python frame, and builds no argument
-    tuple: a bound ``str.__add__`` would)."""
-    return map(operator.add, itertools.repeat(f"{kind}{_PREFIX}_"), _serials).__next__
+    tuple: a bound ``str.__add__`` would); its head is read from a one-item list (``itemgetter``),
+    which `_new_prefix` rewrites in a forked process."""
+    head = [f"{kind}{_PREFIX}_"]
+    _heads.append((kind, head))
+    return map(operator.add, map(_first, itertools.repeat(head)), _serials).__next__
+
+
+def _new_prefix() -> None:
+    """A process forked from this one (a pre-fork server such as gunicorn's ``--preload``,
+    multiprocessing's ``fork``) takes a prefix of its own: it inherits the counter, so with the
+    parent's prefix it would name its messages as its parent and its siblings do, and processes
+    sharing a session store would save two messages under one id."""
+    global _PREFIX
+    _PREFIX = os.urandom(4).hex()
+    for kind, head in _heads:
+        head[0] = f"{kind}{_PREFIX}_"
+
+
+if hasattr(os, "register_at_fork"):  # (not on Windows, which cannot fork)
+    os.register_at_fork(after_in_child=_new_prefix)
 
 
 class GenerateReason(StrEnum):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import typing
 
 import pytest
@@ -18,6 +19,7 @@ from agentscope_py.message import (
     ToolResultBlock,
     ToolResultState,
     ToolUseBlock,
+    new_id,
 )
 
 CALL = ToolUseBlock(id="c1", name="echo", input={"text": "hi", "n": [1, 2]})
@@ -89,6 +91,28 @@ def test_events_are_immutable_and_have_ids() -> None:
     assert a.id != b.id and a.created_at <= b.created_at and a.source is None
     with pytest.raises(ValidationError):
         a.reply_id = "other"  # type: ignore[misc]
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="a platform that cannot fork")
+def test_a_forked_process_names_its_messages_and_events_apart_from_its_parent() -> None:
+    """A process forked after the import (a pre-fork server, gunicorn's ``--preload``) inherits the
+    id counter: with the parent's prefix too, two processes sharing a session store would save two
+    messages under one id (tests/server/test_kills_random.py found it)."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        os.close(read)
+        made = [Msg.user("x").id, ev.AgentEnd(reply_id="r").id, new_id("k_")]
+        os.write(write, " ".join(made).encode())
+        os._exit(0)
+    os.close(write)
+    mine = [Msg.user("x").id, ev.AgentEnd(reply_id="r").id, new_id("k_")]
+    with os.fdopen(read) as pipe:
+        theirs = pipe.read().split()
+    os.waitpid(pid, 0)
+    assert len(theirs) == 3 and not set(mine) & set(theirs), (mine, theirs)
+    # Not only other serials: another prefix (the counter is the parent's, forked).
+    assert not {i.rsplit("_", 2)[-2] for i in theirs} & {i.rsplit("_", 2)[-2] for i in mine}
 
 
 def test_unknown_event_type_is_rejected() -> None:

@@ -26,6 +26,7 @@ from ..errors import (
     ModelError,
     PendingToolCallsError,
     ResumeError,
+    StateConflictError,
     StateStoreError,
     StructuredOutputError,
     ToolArgumentError,
@@ -110,7 +111,8 @@ def no_route(request: Request, exc: Exception) -> JSONAnswer:
 
 
 STORE_UNAVAILABLE = "StateStoreUnavailable"
-"""The code of an AG-UI ``RUN_ERROR`` for a run refused because the session store failed."""
+"""The code of an AG-UI ``RUN_ERROR`` for a run refused because the session store failed, and of
+the terminal frame of a run the store failed under (Redis restarted, a disk full)."""
 
 
 class StoreUnavailable(Exception):
@@ -160,6 +162,15 @@ def describe(exc: BaseException, rid: str, vocabulary: Vocabulary, pending: Sequ
         elif isinstance(exc, InputError) and message.startswith(_PYTHON_EMPTY):
             message = _HTTP_EMPTY[vocabulary]
         return ClientError(type(exc).__name__, message, isinstance(exc, _MISTAKES))
+    # The store's own messages name hosts, files and versions (the log has them); the client hears
+    # what it can act on: the store, not the agent, failed, and the turn may be missing.
+    if isinstance(exc, StateConflictError):  # another run saved the session: its lock was lost
+        return ClientError(type(exc).__name__, "another run saved this session while this one ran (the session's "
+                           "lock was lost: its store restarted, or the lock expired), so this turn was not saved; "
+                           f"send it again (request id {rid})", False)
+    if isinstance(exc, StateStoreError):
+        return ClientError(STORE_UNAVAILABLE, "the session store failed during the run, so its turn may not be "
+                           f"saved; try again in a moment (request id {rid})", False)
     return ClientError("InternalError", f"the run failed on the server (request id {rid})", False)
 
 

@@ -19,7 +19,7 @@ from ...errors import RunLogError
 from .live import gap_frame, incomplete_frame, terminal_frame
 from .runlog import RunLog, RunRecord, frame_offset
 
-__all__ = ["TAIL_BYTES", "LogTail", "expired_frame", "unavailable_frame"]
+__all__ = ["TAIL_BYTES", "LogTail", "expired_frame", "unavailable_frame", "vanished_frame"]
 
 log = logging.getLogger("agentscope_py.server")
 
@@ -41,6 +41,16 @@ def unavailable_frame(kind: str, after: int) -> bytes:
 
 def expired_frame(kind: str, after: int) -> bytes:
     return terminal_frame(kind, "RunLogExpired", "the run's log expired while it was read")
+
+
+def vanished_frame(kind: str, after: int) -> bytes:
+    """What the clients of a run this process runs hear when the log no longer holds it: a running
+    run's record does not expire, so its store lost it (a Redis restarted without its data, its
+    keys deleted). The log then refuses the run's frames, as it does a run marked lost, so the
+    run was stopped."""
+    return terminal_frame(kind, "RunLogExpired", "the run log lost this run while it ran (its store restarted "
+                          f"without its data, or its keys were deleted), so the run was stopped; its events after "
+                          f"id {after} are not in the log")
 
 
 class LogTail:

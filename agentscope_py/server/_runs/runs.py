@@ -27,7 +27,7 @@ from .._limits import Limits, admit_run
 from ..sse import HEARTBEAT
 from .frames import EventFrames
 from .live import CHUNK_BYTES, CHUNK_FRAMES, UNLIMITED, Beat, LiveRun, gap_frame, incomplete_frame, terminal_frame
-from .logtail import LogTail, expired_frame, unavailable_frame
+from .logtail import LogTail, expired_frame, unavailable_frame, vanished_frame
 from .logwrites import LogWrites
 from .runlog import RunLog, RunRecord
 
@@ -307,6 +307,7 @@ class Runs:
         here, handed off to the log: ``here`` False), from this process's one read of it
         (`LogTail`), or from the log itself while behind that."""
         run_id, kind, cursor = record.run_id, record.kind, after
+        gone = expired_frame if here else vanished_frame  # (a run handed off by this process is running)
         loop = asyncio.get_running_loop()
         sent = loop.time()
         tail = self._tail(record, after)
@@ -328,7 +329,7 @@ class Runs:
                         yield unavailable_frame(kind, cursor)
                         return
                     if piece is None:
-                        yield expired_frame(kind, cursor)
+                        yield gone(kind, cursor)
                         return
                     if piece.gap:
                         yield gap_frame(kind, cursor)
@@ -344,7 +345,7 @@ class Runs:
                     sent = loop.time()
                 elif tail.done:
                     if tail.ending is not None:
-                        yield tail.ending(kind, cursor)
+                        yield (gone if tail.ending is expired_frame else tail.ending)(kind, cursor)
                     return
                 elif heartbeat is not None and heartbeat > 0 and loop.time() - sent >= heartbeat:
                     yield HEARTBEAT
