@@ -1,18 +1,22 @@
 """Durable runs cut at random moments (real processes: the Temporal dev server, Redis for the live
 events, worker processes; the agent of durable_cuts_agents.py, a slow scripted model and a plan of
 1–2 tools a case draws: ``charge`` with an effect and a reconcile, ``lookup`` idempotent, ``fail``
-raising). After a drawn number of events the client saw, one cut:
+raising). After a drawn number of events the client saw, or a drawn time into a drawn tool's call,
+one cut:
 
 - ``interrupt``: ``run.interrupt()`` (or with ``rollback``);
 - ``leave``: the consumer's task is cancelled, and it resumes with ``stream(after=n)``;
 - ``second``: a second input on the session with a drawn ``multitask_strategy``;
-- ``kill``: the worker process is SIGKILLed and a new one started.
+- ``kill``: the worker process is SIGKILLed and a new one started;
+- ``kill+interrupt``: the worker SIGKILLed, the run interrupted (its call on the dead worker),
+  then a new worker started.
 
 Then what docs/durable.md promises, whatever the moment: the run ends (no hang) with the
 documented reason; every block the client saw started is closed; the session holds the whole
 turn, or the interrupted one (every call answered once, no message twice), or, rolled back, none
 of it; ``charge`` took effect at most once per call, and a call in doubt (its worker killed in it)
-shows a ``ToolInDoubt``; the session's next input runs.
+shows a ``ToolInDoubt``; the text the client saw is the session's; the reply ``run.result()``
+returns is the session's, id included; the session's next input runs.
 
 ``DURABLE_CASES`` (default 12) and ``DURABLE_SEED`` widen it."""
 
@@ -73,10 +77,10 @@ class Cluster:
         self.worker = self.workers.start(FACTORY, self.queue, "--events", self.redis_url)
 
     def kill(self) -> None:
+        """SIGKILL the worker (`start` starts the next one)."""
         self.worker.send_signal(signal.SIGKILL)
         self.worker.wait(5)
         self.kills += 1
-        self.start()
 
 
 @pytest.fixture
@@ -189,10 +193,12 @@ async def run_case(cluster: Cluster, agent: DurableAgent, case: Case) -> None:
         await asyncio.sleep(0.3)
         consumer = asyncio.create_task(_consume(run, seen, asyncio.Event(), None))
     elif case.cut == "kill":
-        await asyncio.to_thread(cluster.kill)
+        cluster.kill()
+        await asyncio.to_thread(cluster.start)
     elif case.cut == "kill+interrupt":  # the call in flight is on a dead worker: it cannot be cancelled
-        await asyncio.to_thread(cluster.kill)
+        cluster.kill()
         await run.interrupt(rollback=case.rollback)
+        await asyncio.to_thread(cluster.start)
     elif case.cut == "second":
         text = " ".join(["plan", f"{case.tag}b", *case.second_plan])
         try:
