@@ -27,13 +27,13 @@ __all__ = ["ActivityStateStore", "load_state_activity", "save_state_activity", "
 
 
 def session_store(factory_store: AgentStateStore, factory: str, config: ActivityConfig,
-                  token: str) -> AgentStateStore:
+                  ids: StableIds) -> AgentStateStore:
     """The store the workflow's agent uses: activities on the workers' store, or (for the
-    default in-memory store, which no two workers share) a store in the workflow. ``token``:
-    the run's, for the names of the ids it saves (`ActivityStateStore`)."""
+    default in-memory store, which no two workers share) a store in the workflow. ``ids``: the
+    names the run's events get (`Journal.ids`), which what it saves gets too (`ActivityStateStore`)."""
     if isinstance(factory_store, InMemoryStateStore):
         return InMemoryStateStore()
-    return ActivityStateStore(factory, config, token)
+    return ActivityStateStore(factory, config, ids)
 
 
 class ActivityStateStore:
@@ -41,14 +41,14 @@ class ActivityStateStore:
 
     The ids a run makes (its messages', its replies') are made per process, so a replay of the
     workflow makes others, while the session keeps what the first execution saved (the save's
-    activity is not run again). What is saved is therefore named as the journal names events
-    (`StableIds`: by order of first appearance, the same on every replay), and the run's reply
-    is returned under the same names (`named`): the reply a replayed run returns is the one
-    its session holds. The ids the session had when loaded keep their names."""
+    activity is not run again). What is saved is therefore named by the journal's names (``ids``:
+    by order of first appearance, the same on every replay), and the run's reply is returned
+    under them (`named`): the reply a replayed run returns is the one its session holds, and
+    its id is the one the run's events gave it. The ids the session had when loaded keep
+    their names."""
 
-    def __init__(self, factory: str, config: ActivityConfig, token: str) -> None:
-        self.factory, self.config = factory, config
-        self.ids = StableIds(token, "s")
+    def __init__(self, factory: str, config: ActivityConfig, ids: StableIds) -> None:
+        self.factory, self.config, self.ids = factory, config, ids
 
     def named(self, msg: Msg) -> dict[str, Any]:
         """``msg`` (JSON) with the names its ids have in the session."""

@@ -71,7 +71,7 @@ class AgentRunWorkflow:
         # Live events (`_journal`): numbered and renamed the same on every replay.
         journal = Journal(self.run_id, workflow.uuid4().hex[:8], bool(inp.get("live")))
         # The workflow's loop does no I/O: the factory's store is reached through activities.
-        store = agent._runtime.store = session_store(agent.state_store, factory, config.state, journal.token)
+        store = agent._runtime.store = session_store(agent.state_store, factory, config.state, journal.ids)
         if isinstance(store, ActivityStateStore):  # the caller's ids are the same on every replay: kept
             store.ids.keep(inp["messages"])
         install(agent, factory, config, user_id, session_id, self._stop, journal,

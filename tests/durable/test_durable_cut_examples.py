@@ -4,8 +4,8 @@ of durable_cuts_agents.py on a SQLite store):
 - an interrupt that lands after the run ended leaves it as it ended (it raised Temporal's
   ``RPCError`` "workflow execution already completed");
 - a workflow replayed after its session was saved (a worker killed, or its cache evicted, between
-  the save and the workflow's close) returns the reply the session holds, under the same id (its
-  replay made ids of its own)."""
+  the save and the workflow's close) returns the reply the session holds, under the id the run's
+  events gave it (its replay made ids of its own)."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from temporalio.client import Client
 from agentscope_py import Msg
 from agentscope_py.agent.sqlite_store import SqliteStateStore
 from agentscope_py.durable import DurableAgent, make_worker
+from agentscope_py.events import AgentResult
 
 __all__ = ["temporal_address"]  # a fixture, used by name
 
@@ -62,10 +63,12 @@ async def test_a_replayed_run_returns_the_reply_its_session_holds(temporal_addre
     # does after a kill.
     async with _agent(temporal_address, max_cached_workflows=0) as agent:
         asked = Msg.user("plan c0 lookup")
-        reply = await agent.call(asked, session_id="s")
+        run = await agent.start(asked, session_id="s")
+        reply = await run.result()
+        [seen] = [ev.result for ev in await run.events() if type(ev) is AgentResult]
     async with SqliteStateStore(store) as db:
         state, _ = await db.load("default", "s")
     assert state is not None
     held = state.context[-1]
-    assert (held.text, held.id) == (reply.text, reply.id)
+    assert (held.text, held.id) == (reply.text, reply.id) == (seen.text, seen.id)  # one reply, one id
     assert state.context[0].id == asked.id  # the caller's message keeps its id

@@ -5,7 +5,8 @@ raising). After a drawn number of events the client saw, or a drawn time into a 
 one cut:
 
 - ``interrupt``: ``run.interrupt()`` (or with ``rollback``);
-- ``leave``: the consumer's task is cancelled, and it resumes with ``stream(after=n)``;
+- ``leave``: the consumer's task is cancelled, or it stops reading (closing its stream), and it
+  resumes with ``stream(after=n)``;
 - ``second``: a second input on the session with a drawn ``multitask_strategy``;
 - ``kill``: the worker process is SIGKILLed and a new one started;
 - ``kill+interrupt``: the worker SIGKILLed, the run interrupted (its call on the dead worker),
@@ -108,6 +109,8 @@ class Case:
     """With a plan, the step whose tool's start is the cut (then ``delay`` seconds later) rather
     than the ``at``-th event: the cuts that land inside a tool's activity."""
     delay: float = 0.0
+    by_break: bool = False
+    """``leave``: the consumer stops reading (closing its stream) rather than being cancelled."""
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -120,6 +123,7 @@ class Case:
     def __str__(self) -> str:
         extra = f" rollback={self.rollback}" if "interrupt" in self.cut else ""
         extra += f" strategy={self.strategy} then {self.second_plan}" if self.cut == "second" else ""
+        extra += (" (stops reading)" if self.by_break else " (cancelled)") if self.cut == "leave" else ""
         when = f"{self.delay:.2f} s into tool {self.in_tool}" if self.in_tool >= 0 else f"after {self.at} events"
         return f"case {self.n} (seed {SEED}): plan {self.plan}, {self.cut} {when}{extra}"
 
@@ -132,19 +136,27 @@ def draw(rng: random.Random, n: int) -> Case:
     case.second_plan = rng.choice(PLANS)
     if case.plan and rng.random() < 0.5:
         case.in_tool, case.delay = rng.randrange(len(case.plan)), rng.uniform(0.0, 0.5)
+    case.by_break = rng.random() < 0.5
     return case
 
 
 async def _consume(run: DurableRun, seen: list[AgentEvent], enough: asyncio.Event, case: Case | None) -> None:
-    async for ev in run.stream(after=len(seen)):
-        seen.append(ev)
-        if case is None:
-            continue
-        if case.in_tool < 0 and len(seen) >= case.at:
-            enough.set()
-        elif ev.type == "tool_result_start" and getattr(ev, "tool_call_id", "") == f"{case.tag}-{case.in_tool}":
-            asyncio.get_running_loop().call_later(case.delay, enough.set)
+    async with contextlib.aclosing(run.stream(after=len(seen))) as stream:
+        async for ev in stream:
+            if case is not None and case.cut == "leave" and case.by_break and enough.is_set():
+                return  # the consumer stops reading (its stream closed), before this event
+            seen.append(ev)
+            if case is not None:
+                _mark(case, ev, len(seen), enough)
     enough.set()
+
+
+def _mark(case: Case, ev: AgentEvent, n: int, enough: asyncio.Event) -> None:
+    """Set ``enough`` at the case's moment: its ``at``-th event, or ``delay`` after its tool started."""
+    if case.in_tool < 0 and n >= case.at:
+        enough.set()
+    elif ev.type == "tool_result_start" and getattr(ev, "tool_call_id", "") == f"{case.tag}-{case.in_tool}":
+        asyncio.get_running_loop().call_later(case.delay, enough.set)
 
 
 def _reason(events: list[AgentEvent]) -> GenerateReason | None:
@@ -187,7 +199,8 @@ async def run_case(cluster: Cluster, agent: DurableAgent, case: Case) -> None:
     if case.cut == "interrupt":
         await run.interrupt(rollback=case.rollback)
     elif case.cut == "leave":
-        consumer.cancel()
+        if not case.by_break:
+            consumer.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await consumer
         await asyncio.sleep(0.3)
@@ -211,6 +224,8 @@ async def run_case(cluster: Cluster, agent: DurableAgent, case: Case) -> None:
     violations = check_boundary(events, list(range(len(events))), scenario=str(case), where="caller")
     assert not violations, violations
     assert _reason(events) == final.generate_reason, (str(case), _reason(events), final.generate_reason)
+    seen_reply = next(ev.result for ev in events if type(ev) is AgentResult)
+    assert seen_reply.id == final.id, (str(case), seen_reply, final)  # the reply the client saw is the run's
     assert events[-1].type == "agent_end", str(case)
     interrupted = final.generate_reason is GenerateReason.INTERRUPTED
     if case.cut in ("leave", "kill") or (case.cut == "second" and case.strategy in ("reject", "enqueue")):
