@@ -19,7 +19,7 @@ from urllib.parse import quote
 from pydantic import BaseModel
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
 from temporalio.exceptions import WorkflowAlreadyStartedError
-from temporalio.service import RPCError
+from temporalio.service import RPCError, RPCStatusCode
 
 from ..agent import MultitaskStrategy
 from ..errors import DurableSessionBusy, ResumeError
@@ -194,11 +194,17 @@ class DurableRun:
         does locally), streamed at once; its workflow closes (the session is free) once the
         cancelled call has ended. A waiting run ends with its asking reply. ``rollback``: the
         interrupted turn is also taken out of the session, as if it never ran (its events stay,
-        the reply and `AgentEnd` marked ``rolled_back``), as ``multitask_strategy="rollback"``."""
-        if rollback:
-            await self.handle.signal(INTERRUPT_SIGNAL, True)
-        else:
-            await self.handle.signal(INTERRUPT_SIGNAL)
+        the reply and `AgentEnd` marked ``rolled_back``), as ``multitask_strategy="rollback"``. A
+        run that has ended is left as it ended, as a local interrupt leaves an idle session: the
+        caller cannot know that the run is still in flight when the signal lands."""
+        try:
+            if rollback:
+                await self.handle.signal(INTERRUPT_SIGNAL, True)
+            else:
+                await self.handle.signal(INTERRUPT_SIGNAL)
+        except RPCError as exc:
+            if exc.status != RPCStatusCode.NOT_FOUND:  # NOT_FOUND: this run's workflow has closed
+                raise
 
 
 class DurableAgent:

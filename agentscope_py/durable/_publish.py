@@ -22,7 +22,7 @@ import contextlib
 import logging
 import re
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,21 +58,36 @@ class StableIds:
 
     def rename(self, data: Any) -> Any:
         """A copy of ``data`` (an event's JSON) with its generated ids renamed."""
-        if isinstance(data, dict):
-            out: dict[str, Any] = {}
-            for key, value in data.items():
-                if isinstance(value, str) and (key == "id" or key.endswith("_id")):
-                    out[key] = self.stable(value)
-                elif isinstance(value, list) and key.endswith("_ids"):
-                    out[key] = [self.stable(v) if isinstance(v, str) else v for v in value]
-                elif isinstance(value, dict | list):
-                    out[key] = self.rename(value)
-                else:
-                    out[key] = value
-            return out
-        if isinstance(data, list):
-            return [self.rename(v) for v in data]
-        return data
+        return _ids_mapped(data, self.stable)
+
+    def keep(self, data: Any) -> None:
+        """Name the generated ids in ``data`` (JSON) after themselves: ids made elsewhere (a
+        session's earlier turns, as its store gave them) keep their names in `rename`."""
+        _ids_mapped(data, self._kept)
+
+    def _kept(self, raw: str) -> str:
+        if _GENERATED.match(raw) is not None:
+            self.names.setdefault(raw, raw)
+        return raw
+
+
+def _ids_mapped(data: Any, name: Callable[[str], str]) -> Any:
+    """A copy of ``data`` (JSON) with ``name`` applied to every ``id`` / ``*_id`` / ``*_ids`` value."""
+    if isinstance(data, dict):
+        out: dict[str, Any] = {}
+        for key, value in data.items():
+            if isinstance(value, str) and (key == "id" or key.endswith("_id")):
+                out[key] = name(value)
+            elif isinstance(value, list) and key.endswith("_ids"):
+                out[key] = [name(v) if isinstance(v, str) else v for v in value]
+            elif isinstance(value, dict | list):
+                out[key] = _ids_mapped(value, name)
+            else:
+                out[key] = value
+        return out
+    if isinstance(data, list):
+        return [_ids_mapped(v, name) for v in data]
+    return data
 
 
 @dataclass(frozen=True, slots=True)

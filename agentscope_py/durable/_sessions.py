@@ -18,34 +18,54 @@ from temporalio.exceptions import ActivityError, ApplicationError
 from ..agent.state import AgentState
 from ..agent.store import AgentStateStore, InMemoryStateStore
 from ..errors import StateConflictError, StateStoreError
+from ..message import Msg
 from ._config import LOAD_STATE_ACTIVITY, SAVE_STATE_ACTIVITY, ActivityConfig
 from ._factory import worker_agent
+from ._publish import StableIds
 
 __all__ = ["ActivityStateStore", "load_state_activity", "save_state_activity", "session_store"]
 
 
-def session_store(factory_store: AgentStateStore, factory: str, config: ActivityConfig) -> AgentStateStore:
+def session_store(factory_store: AgentStateStore, factory: str, config: ActivityConfig,
+                  ids: StableIds) -> AgentStateStore:
     """The store the workflow's agent uses: activities on the workers' store, or (for the
-    default in-memory store, which no two workers share) a store in the workflow."""
+    default in-memory store, which no two workers share) a store in the workflow. ``ids``: the
+    names the run's events get (`Journal.ids`), which what it saves gets too (`ActivityStateStore`)."""
     if isinstance(factory_store, InMemoryStateStore):
         return InMemoryStateStore()
-    return ActivityStateStore(factory, config)
+    return ActivityStateStore(factory, config, ids)
 
 
 class ActivityStateStore:
-    """`AgentStateStore` for the workflow: every load and save is an activity on a worker."""
+    """`AgentStateStore` for the workflow: every load and save is an activity on a worker.
 
-    def __init__(self, factory: str, config: ActivityConfig) -> None:
-        self.factory, self.config = factory, config
+    The ids a run makes (its messages', its replies') are made per process, so a replay of the
+    workflow makes others, while the session keeps what the first execution saved (the save's
+    activity is not run again). What is saved is therefore named by the journal's names (``ids``:
+    by order of first appearance, the same on every replay), and the run's reply is returned
+    under them (`named`): the reply a replayed run returns is the one its session holds, and
+    its id is the one the run's events gave it. The ids the session had when loaded keep
+    their names."""
+
+    def __init__(self, factory: str, config: ActivityConfig, ids: StableIds) -> None:
+        self.factory, self.config, self.ids = factory, config, ids
+
+    def named(self, msg: Msg) -> dict[str, Any]:
+        """``msg`` (JSON) with the names its ids have in the session."""
+        named: dict[str, Any] = self.ids.rename(msg.model_dump(mode="json"))
+        return named
 
     async def load(self, user_id: str, session_id: str) -> tuple[AgentState | None, int]:
         out = await self._call(LOAD_STATE_ACTIVITY, {"user_id": user_id, "session_id": session_id},
                                f"loading session {user_id}/{session_id}")
         state = None if out["state"] is None else AgentState.from_json(out["state"])
+        if state is not None:
+            self.ids.keep(state.model_dump(mode="json"))
         return state, int(out["version"])
 
     async def save(self, user_id: str, session_id: str, state: AgentState, expected_version: int) -> int:
-        payload = {"user_id": user_id, "session_id": session_id, "state": state.to_json(),
+        named = AgentState.model_validate(self.ids.rename(state.model_dump(mode="json")))
+        payload = {"user_id": user_id, "session_id": session_id, "state": named.to_json(),
                    "version": expected_version}
         return int(await self._call(SAVE_STATE_ACTIVITY, payload, f"saving session {user_id}/{session_id}"))
 

@@ -34,7 +34,7 @@ from ._executors import CancelledCalls, Stop, install
 from ._factory import build_agent
 from ._journal import Journal
 from ._local_tools import with_local_tools
-from ._sessions import session_store
+from ._sessions import ActivityStateStore, session_store
 from ._sources import use_activity_sources
 from ._waits import Waits
 
@@ -68,10 +68,12 @@ class AgentRunWorkflow:
             else:
                 agent.toolkit.register_schema(spec["name"], spec["description"], spec["parameters"])
         config = configs.get(factory, DurableConfig())
-        # The workflow's loop does no I/O: the factory's store is reached through activities.
-        agent._runtime.store = session_store(agent.state_store, factory, config.state)
         # Live events (`_journal`): numbered and renamed the same on every replay.
         journal = Journal(self.run_id, workflow.uuid4().hex[:8], bool(inp.get("live")))
+        # The workflow's loop does no I/O: the factory's store is reached through activities.
+        store = agent._runtime.store = session_store(agent.state_store, factory, config.state, journal.ids)
+        if isinstance(store, ActivityStateStore):  # the caller's ids are the same on every replay: kept
+            store.ids.keep(inp["messages"])
         install(agent, factory, config, user_id, session_id, self._stop, journal,
                 self._cancelled)
         assert agent._runtime.tool_executor is not None
@@ -91,7 +93,9 @@ class AgentRunWorkflow:
         # an interrupt cancelled have ended on their workers: the next run never runs beside one.
         await journal.flush("interrupted" if final.generate_reason is GenerateReason.INTERRUPTED else "finished")
         await self._cancelled.settled()
-        return {"result": final.model_dump(mode="json"), "events": events}
+        # The reply as the session holds it, whichever execution of the workflow returns it.
+        result = store.named(final) if isinstance(store, ActivityStateStore) else final.model_dump(mode="json")
+        return {"result": result, "events": events}
 
     async def _turns(self, agent: ReActAgent, journal: Journal, ctx: RuntimeContext, structured: Any,
                      msgs: list[Msg]) -> Msg:

@@ -293,8 +293,8 @@ class DurableRuns(Runs):
         run = await session_run(self.serving.agent(), user_id, session_id)
         if run is None:
             return {"interrupted": False}
-        try:
-            await run.interrupt()
+        try:  # the signal itself (`DurableRun.interrupt` says nothing of a run that ended)
+            await run.handle.signal("interrupt")
         except RPCError:  # it ended meanwhile
             return {"interrupted": False}
         return {"interrupted": True, "run_id": run.run_id}
