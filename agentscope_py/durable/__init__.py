@@ -12,6 +12,7 @@ from ._client import DurableAgent, DurableRun, session_workflow_id
 from ._config import (
     DEFAULT_TASK_QUEUE,
     HEARTBEAT_THROTTLE,
+    INTERRUPT_SIGNAL,
     LIST_TOOLS_ACTIVITY,
     LOAD_STATE_ACTIVITY,
     MODEL_ACTIVITY,
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
 __all__ = [
     "DEFAULT_TASK_QUEUE",
     "HEARTBEAT_THROTTLE",
+    "INTERRUPT_SIGNAL",
     "LIST_TOOLS_ACTIVITY",
     "LOAD_STATE_ACTIVITY",
     "MODEL_ACTIVITY",

@@ -44,6 +44,7 @@ try:
 
     from ...durable import (
         DEFAULT_TASK_QUEUE,
+        INTERRUPT_SIGNAL,
         DurableAgent,
         DurableRun,
         DurableSessionBusy,
@@ -294,7 +295,7 @@ class DurableRuns(Runs):
         if run is None:
             return {"interrupted": False}
         try:  # the signal itself (`DurableRun.interrupt` says nothing of a run that ended)
-            await run.handle.signal("interrupt")
+            await run.handle.signal(INTERRUPT_SIGNAL)
         except RPCError:  # it ended meanwhile
             return {"interrupted": False}
         return {"interrupted": True, "run_id": run.run_id}
