@@ -80,6 +80,7 @@ from ...events import (
 from ...extension.base import ExtensionPoint, MiddlewareBase, ModelCallInput, Next, publish_metric
 from ...message import ChatUsage, Msg
 from ...stream import EventStream, aclose
+from ._session_counts import check_counts
 from .budget_estimate import estimate_tokens
 from .budget_stores import (
     BudgetStore,
@@ -104,6 +105,9 @@ __all__ = [
 
 log = logging.getLogger("agentscope_py.middleware.budget")
 OnExceeded = Literal["stop", "error"]
+
+
+_SESSION_FIELDS = {"tokens": "count", "cost": "amount", "calls": "count"}  # metadata[name], the session's totals
 
 
 @dataclass(frozen=True, slots=True)
@@ -283,6 +287,8 @@ class BudgetMiddleware(MiddlewareBase):
         # tree, the root run's totals (whose context holds the session the scope counts in).
         # (type(), not isinstance(): RunTotals is a Mapping, whose isinstance is Python-level code)
         totals = shared if type(shared) is RunTotals else RunTotals(self, ctx)
+        if totals._ctx is ctx:  # (the root run's: its session holds the totals the scope counts in)
+            check_counts(ctx, state.metadata, self.name_key, _SESSION_FIELDS, "session's budget totals")
         ctx.put(self._run_key, totals)
         publish_metric(ctx, self.name_key, totals)  # AgentRun.metrics[name]
 

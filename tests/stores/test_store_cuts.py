@@ -1,0 +1,264 @@
+"""What the built-ins keep in stores a user may share or edit — a cache's entries, a budget's
+totals (the session's in its state, the user's in a `BudgetStore`), a call limit's counts — read
+back bad: cut short, of the wrong JSON types, with fields missing or unknown, from another
+version, hand-edited. A run then either ignores the entry (a cache: a miss with a warning, and the
+miss writes over it) or fails with `StateStoreError` naming the session or key and what to do;
+never a bare TypeError / KeyError / ValidationError, never a limit read as zero.
+
+``STORE_CASES`` (default 40) and ``STORE_SEED`` (default: fixed) set the random part."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import random
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agentscope_py import ModelStep, ReActAgent, RuntimeContext, ScriptedModel
+from agentscope_py.agent import InMemoryStateStore
+from agentscope_py.errors import BudgetExceeded, StateStoreError
+from agentscope_py.middleware import (
+    BudgetMiddleware,
+    ModelCallLimitMiddleware,
+    RedisBudgetStore,
+    ResponseCacheMiddleware,
+    SqliteCacheStore,
+)
+
+pytestmark = pytest.mark.timeout(60)
+
+CASES = int(os.environ.get("STORE_CASES", "40"))
+SEED = int(os.environ.get("STORE_SEED", "20261207"))
+
+_BAD_VALUES: list[Any] = [None, "x", "12", -1, 1.5, float("inf"), [], {}, True, "\ud800", 10**30, "1e400"]
+
+
+def _corrupt_json(rng: random.Random, value: Any) -> Any:
+    """``value`` (JSON data) spoiled one random way."""
+    how = rng.choice(["type", "drop", "unknown", "replace", "nest"])
+    if how == "replace" or not isinstance(value, dict | list) or not value:
+        return rng.choice(_BAD_VALUES)
+    if isinstance(value, list):
+        out = list(value)
+        i = rng.randrange(len(out))
+        if how == "drop":
+            del out[i]
+        else:
+            out[i] = _corrupt_json(rng, out[i])
+        return out
+    out_d = dict(value)
+    k = rng.choice(sorted(out_d))
+    if how == "drop":
+        del out_d[k]
+    elif how == "unknown":
+        out_d["schema_version"] = rng.choice([0, 2, 99, "v9"])
+    else:
+        out_d[k] = _corrupt_json(rng, out_d[k]) if how == "nest" else rng.choice(_BAD_VALUES)
+    return out_d
+
+
+def _text_cut(rng: random.Random, text: str) -> str:
+    return text[: rng.randrange(len(text))] if rng.random() < 0.5 else json.dumps(_corrupt_json(rng, json.loads(text)))
+
+
+# -- a session's counts ---------------------------------------------------------------------------
+
+
+async def _session_case(rng: random.Random) -> str:
+    kind = rng.choice(["budget", "calls"])
+    mw = (BudgetMiddleware(session_tokens=10**6) if kind == "budget" else ModelCallLimitMiddleware(thread_limit=50))
+    key = "budget" if kind == "budget" else "call_limits"
+    store = InMemoryStateStore()
+    agent = (ReActAgent.builder().model(ScriptedModel([ModelStep.text("a"), ModelStep.text("b")]))
+             .state_store(store).middlewares([mw]).build())
+    await agent.call("hi", ctx=RuntimeContext(user_id="u", session_id="s"))
+    state, version = await store.load("u", "s")
+    assert state is not None
+    bad = _corrupt_json(rng, state.metadata[key])
+    state.metadata[key] = bad
+    await store.save("u", "s", state, version)
+    try:
+        await agent.call("again", ctx=RuntimeContext(user_id="u", session_id="s"))
+    except StateStoreError as exc:
+        assert "u/s" in str(exc) and repr(key) in str(exc), exc
+        after, _ = await store.load("u", "s")
+        assert after is not None and after.metadata[key] == bad  # left as it is: the error persists
+        return "refused"
+    after, _ = await store.load("u", "s")
+    assert after is not None
+    counts = after.metadata[key]  # accepted: only what is one (an unknown key beside the counts)
+    assert isinstance(counts, dict)
+    return "accepted"
+
+
+@pytest.mark.timeout(20)
+async def test_bad_session_counts_are_refused_with_a_typed_error_or_read_right() -> None:
+    rng = random.Random(SEED)
+    seen = [await _session_case(random.Random(rng.random())) for _ in range(CASES)]
+    assert "refused" in seen
+
+
+@pytest.mark.parametrize("bad", [{"tokens": "x"}, {"cost": 1}, [], {"tokens": None, "cost": 0, "calls": 0}])
+async def test_session_budget_totals_that_are_not_totals_are_a_state_store_error(bad: Any) -> None:
+    store = InMemoryStateStore()
+    agent = (ReActAgent.builder().model(ScriptedModel([ModelStep.text("a")])).state_store(store)
+             .middlewares([BudgetMiddleware(session_tokens=100)]).build())
+    await agent.call("hi", ctx=RuntimeContext(user_id="u", session_id="s"))
+    state, version = await store.load("u", "s")
+    assert state is not None
+    state.metadata["budget"] = bad
+    await store.save("u", "s", state, version)
+    with pytest.raises(StateStoreError, match=r"session u/s: .*metadata\['budget'\]"):
+        await agent.call("again", ctx=RuntimeContext(user_id="u", session_id="s"))
+
+
+@pytest.mark.parametrize("bad", [[], "x", {"model": "abc"}, {"model": None}])
+async def test_session_call_counts_that_are_not_counts_are_a_state_store_error(bad: Any) -> None:
+    store = InMemoryStateStore()
+    agent = (ReActAgent.builder().model(ScriptedModel([ModelStep.text("a")])).state_store(store)
+             .middlewares([ModelCallLimitMiddleware(thread_limit=5)]).build())
+    await agent.call("hi", ctx=RuntimeContext(user_id="u", session_id="s"))
+    state, version = await store.load("u", "s")
+    assert state is not None
+    state.metadata["call_limits"] = bad
+    await store.save("u", "s", state, version)
+    with pytest.raises(StateStoreError, match=r"session u/s: .*metadata\['call_limits'\]"):
+        await agent.call("again", ctx=RuntimeContext(user_id="u", session_id="s"))
+
+
+# -- cache entries --------------------------------------------------------------------------------
+
+
+async def _cache_case(rng: random.Random, path: Path, caplog: pytest.LogCaptureFixture) -> str:
+    store = SqliteCacheStore(path)
+    try:
+        first = (ReActAgent.builder().model(ScriptedModel([ModelStep.text("first")]))
+                 .middlewares([ResponseCacheMiddleware(store)]).build())
+        await first.call("hi", ctx=RuntimeContext(session_id="a"))
+        with sqlite3.connect(path) as conn:
+            ((events,),) = conn.execute("SELECT events FROM response_cache").fetchall()
+            spoiled = _text_cut(rng, events)
+            conn.execute("UPDATE response_cache SET events = ?", (spoiled,))
+        cache = ResponseCacheMiddleware(store)
+        second = (ReActAgent.builder().model(ScriptedModel([ModelStep.text("second"), ModelStep.text("third")]))
+                  .middlewares([cache]).build())
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, "agentscope_py.middleware.cache"):
+            msg = await second.call("hi", ctx=RuntimeContext(session_id="b"))
+        if cache.hits:  # a whole reply (a block's events dropped by hand, an unknown field): replayed as stored
+            return "hit"
+        assert msg.text == "second" and any("calling inward" in r.getMessage() for r in caplog.records)
+        again = await second.call("hi", ctx=RuntimeContext(session_id="c"))  # the miss wrote over it
+        assert again.text == "second" and cache.hits == 1
+        return "miss"
+    finally:
+        await store.close()
+
+
+@pytest.mark.timeout(30)
+async def test_a_spoiled_cache_entry_is_a_miss_that_the_next_write_repairs(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    rng = random.Random(SEED + 1)
+    seen = [await _cache_case(random.Random(rng.random()), tmp_path / f"c{i}.db", caplog)
+            for i in range(max(1, CASES // 2))]
+    assert "miss" in seen
+
+
+@pytest.mark.parametrize("cut", ["[]", "drop_end", "drop_start", "error_end", "twice"])
+async def test_a_stored_entry_that_is_not_one_whole_reply_is_never_replayed(tmp_path: Path, cut: str) -> None:
+    store = SqliteCacheStore(tmp_path / "c.db")
+    try:
+        first = (ReActAgent.builder().model(ScriptedModel([ModelStep.text("first")]))
+                 .middlewares([ResponseCacheMiddleware(store)]).build())
+        await first.call("hi", ctx=RuntimeContext(session_id="a"))
+        with sqlite3.connect(tmp_path / "c.db") as conn:
+            ((text,),) = conn.execute("SELECT events FROM response_cache").fetchall()
+            evs = json.loads(text)
+            spoiled = {"[]": [], "drop_end": evs[:-1], "drop_start": evs[1:], "twice": evs + evs,
+                       "error_end": [*evs[:-1], {**evs[-1], "error": "boom"}]}[cut]
+            conn.execute("UPDATE response_cache SET events = ?", (json.dumps(spoiled),))
+        cache = ResponseCacheMiddleware(store)
+        second = (ReActAgent.builder().model(ScriptedModel([ModelStep.text("second")]))
+                  .middlewares([cache]).build())
+        msg = await second.call("hi", ctx=RuntimeContext(session_id="b"))
+        assert (msg.text, cache.hits, cache.misses) == ("second", 0, 1)
+    finally:
+        await store.close()
+
+
+# -- a user's totals in Redis ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fields", [{"tokens": "abc"}, {"cost": "x"}, {"calls": "x"}, {"tokens": "5.5"},
+                                    {"tokens": "1e400"}])
+async def test_redis_budget_totals_that_are_not_numbers_are_a_state_store_error(
+        redis_url: str, redis_prefix: str, fields: dict[str, str]) -> None:
+    from redis.asyncio import Redis
+
+    client = Redis.from_url(redis_url)
+    await client.hset(f"{redis_prefix}:u", mapping=fields)
+    store = RedisBudgetStore(redis_url, prefix=redis_prefix)
+    model = ScriptedModel([ModelStep.text("a")])
+    agent = ReActAgent.builder().model(model).middlewares([BudgetMiddleware(user_tokens=10**6, store=store)]).build()
+    try:
+        with pytest.raises(StateStoreError, match=f"Redis key '{redis_prefix}:u' holds {next(iter(fields))}="):
+            await agent.call("hi", ctx=RuntimeContext(user_id="u", session_id="s"))
+        assert not any(k.startswith(b"hold:") for k in await client.hkeys(f"{redis_prefix}:u"))
+        with pytest.raises(StateStoreError, match="not a number"):
+            await store.get("u")
+    finally:
+        await store.close()
+        await client.aclose()
+
+
+@pytest.mark.parametrize("hold", ["garbage", "1 2", "x y z"])
+async def test_a_redis_hold_that_cannot_be_read_is_dropped_like_an_expired_one(
+        redis_url: str, redis_prefix: str, hold: str) -> None:
+    from redis.asyncio import Redis
+
+    client = Redis.from_url(redis_url)
+    await client.hset(f"{redis_prefix}:u", mapping={"hold:old": hold})
+    store = RedisBudgetStore(redis_url, prefix=redis_prefix)
+    agent = (ReActAgent.builder().model(ScriptedModel([ModelStep.text("a")]))
+             .middlewares([BudgetMiddleware(user_tokens=10**6, store=store)]).build())
+    try:
+        msg = await agent.call("hi", ctx=RuntimeContext(user_id="u", session_id="s"))
+        assert msg.text == "a"
+        assert await client.hkeys(f"{redis_prefix}:u") != [] and not await client.hexists(f"{redis_prefix}:u",
+                                                                                          "hold:old")
+    finally:
+        await store.close()
+        await client.aclose()
+
+
+# -- a shared budget under parallel calls ---------------------------------------------------------
+
+
+@pytest.mark.timeout(30)
+async def test_parallel_runs_on_one_redis_budget_never_spend_past_its_limit(redis_url: str, redis_prefix: str) -> None:
+    rng = random.Random(SEED + 2)
+    store = RedisBudgetStore(redis_url, prefix=redis_prefix)
+    limit = 300
+    try:
+        async def one(i: int) -> str:
+            text = "x" * rng.randint(10, 200)
+            agent = (ReActAgent.builder().model(ScriptedModel([ModelStep.text(text)]))
+                     .middlewares([BudgetMiddleware(user_tokens=limit, store=store, on_exceeded="error")]).build())
+            try:
+                await agent.call("hi " * rng.randint(1, 30), ctx=RuntimeContext(user_id="u", session_id=f"s{i}"))
+            except BudgetExceeded:
+                return "refused"
+            return "ran"
+
+        outcomes = await asyncio.gather(*(one(i) for i in range(max(8, CASES // 2))))
+        spent = await store.get("u")
+        assert "refused" in outcomes and spent.tokens <= limit, (outcomes, spent)  # (a call cut short counts)
+        assert not [k for k in await store._client().hkeys(f"{redis_prefix}:u") if k.startswith(b"hold:")]
+    finally:
+        await store.close()
