@@ -118,6 +118,20 @@ async def test_session_budget_totals_that_are_not_totals_are_a_state_store_error
         await agent.call("again", ctx=RuntimeContext(user_id="u", session_id="s"))
 
 
+async def test_a_stored_null_for_the_call_counts_is_no_count_yet_and_the_next_save_repairs_it() -> None:
+    store = InMemoryStateStore()
+    agent = (ReActAgent.builder().model(ScriptedModel([ModelStep.text("a"), ModelStep.text("b")])).state_store(store)
+             .middlewares([ModelCallLimitMiddleware(thread_limit=5)]).build())
+    await agent.call("hi", ctx=RuntimeContext(user_id="u", session_id="s"))
+    state, version = await store.load("u", "s")
+    assert state is not None
+    state.metadata["call_limits"] = None
+    await store.save("u", "s", state, version)
+    await agent.call("again", ctx=RuntimeContext(user_id="u", session_id="s"))
+    state, _ = await store.load("u", "s")
+    assert state is not None and state.metadata["call_limits"] == {"model": 1}
+
+
 @pytest.mark.parametrize("bad", [[], "x", {"model": "abc"}, {"model": None}])
 async def test_session_call_counts_that_are_not_counts_are_a_state_store_error(bad: Any) -> None:
     store = InMemoryStateStore()
@@ -262,3 +276,59 @@ async def test_parallel_runs_on_one_redis_budget_never_spend_past_its_limit(redi
         assert not [k for k in await store._client().hkeys(f"{redis_prefix}:u") if k.startswith(b"hold:")]
     finally:
         await store.close()
+
+
+# -- session states -------------------------------------------------------------------------------
+
+
+async def _state_case(rng: random.Random, kind: str, tmp_path: Path, redis_url: str | None, prefix: str) -> str:
+    from agentscope_py.agent import RedisStateStore, SqliteStateStore
+
+    store: Any = (SqliteStateStore(tmp_path / f"s{rng.random()}.db") if kind == "sqlite"
+                  else RedisStateStore(redis_url, prefix=prefix))
+    ctx = {"user_id": "u", "session_id": f"s{rng.randrange(10**9)}"}
+
+    def agent(text: str) -> ReActAgent:
+        return (ReActAgent.builder().model(ScriptedModel([ModelStep.text(text)])).state_store(store)
+                .middlewares([BudgetMiddleware(session_tokens=10**6), ModelCallLimitMiddleware(thread_limit=50)])
+                .build())
+
+    try:
+        await agent("one").call("first", ctx=RuntimeContext(**ctx))
+        if kind == "sqlite":
+            with sqlite3.connect(store.path) as conn:
+                ((data,),) = conn.execute("SELECT state FROM agent_state").fetchall()
+                spoiled = _text_cut(rng, data)
+                conn.execute("UPDATE agent_state SET state = ?", (spoiled,))
+        else:
+            from redis.asyncio import Redis
+
+            client = Redis.from_url(redis_url)
+            key = store._key("state", ctx["user_id"], ctx["session_id"])
+            spoiled = _text_cut(rng, (await client.hget(key, "state")).decode())
+            await client.hset(key, "state", spoiled.encode("utf-8", "surrogatepass"))
+            await client.aclose()
+        try:
+            await agent("two").call("second", ctx=RuntimeContext(**ctx))
+        except StateStoreError as exc:
+            assert f"{ctx['user_id']}/{ctx['session_id']}" in str(exc), exc
+            return "refused"
+        await agent("three").call("third", ctx=RuntimeContext(**ctx))  # no later turn lost
+        state, _ = await store.load(ctx["user_id"], ctx["session_id"])
+        assert state is not None  # (the replies may be a budget's stop: a huge count read back is a count)
+        assert [m.text for m in state.context if m.role == "user"][-2:] == ["second", "third"]
+        return "read"
+    finally:
+        await store.close()
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("kind", ["sqlite", "redis"])
+async def test_a_spoiled_session_state_is_a_state_store_error_naming_it_or_reads_right(
+        kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    url = request.getfixturevalue("redis_url") if kind == "redis" else None
+    prefix = request.getfixturevalue("redis_prefix") if kind == "redis" else ""
+    rng = random.Random(SEED + 3)
+    seen = [await _state_case(random.Random(rng.random()), kind, tmp_path, url, prefix)
+            for _ in range(max(1, CASES // 2))]
+    assert "refused" in seen

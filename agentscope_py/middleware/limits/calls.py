@@ -271,7 +271,9 @@ class _CallLimit(MiddlewareBase):
             run.n += n
         state = ctx.agent_state
         if self.session_limit is not None and state is not None:
-            counts = state.metadata.setdefault(STATE_KEY, {})
+            counts = state.metadata.get(STATE_KEY)
+            if counts is None:  # (none yet, or a stored null: `_session_calls` read it as no calls)
+                counts = state.metadata[STATE_KEY] = {}
             counts[self.state_key] = int(counts.get(self.state_key, 0)) + n
 
     def _message(self, scope: str, limit: int, what: str) -> str:
