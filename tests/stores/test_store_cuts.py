@@ -332,3 +332,25 @@ async def test_a_spoiled_session_state_is_a_state_store_error_naming_it_or_reads
     seen = [await _state_case(random.Random(rng.random()), kind, tmp_path, url, prefix)
             for _ in range(max(1, CASES // 2))]
     assert "refused" in seen
+
+
+async def test_a_lone_surrogate_in_a_stored_entry_is_replaced_so_the_session_still_saves(tmp_path: Path) -> None:
+    from agentscope_py.agent import SqliteStateStore
+
+    cache, sessions = SqliteCacheStore(tmp_path / "c.db"), SqliteStateStore(tmp_path / "s.db")
+    try:
+        first = (ReActAgent.builder().model(ScriptedModel([ModelStep.text("first 😀")]))
+                 .middlewares([ResponseCacheMiddleware(cache)]).build())
+        await first.call("hi", ctx=RuntimeContext(session_id="a"))
+        with sqlite3.connect(tmp_path / "c.db") as conn:
+            ((text,),) = conn.execute("SELECT events FROM response_cache").fetchall()
+            conn.execute("UPDATE response_cache SET events = ?", (text.replace("first", "\\ud800first"),))
+        second = (ReActAgent.builder().model(ScriptedModel([ModelStep.text("second")])).state_store(sessions)
+                  .middlewares([ResponseCacheMiddleware(cache)]).build())
+        msg = await second.call("hi", ctx=RuntimeContext(session_id="b"))
+        assert msg.text == "\ufffdfirst 😀"
+        state, _ = await sessions.load("default", "b")
+        assert state is not None and state.context[-1].text == "\ufffdfirst 😀"
+    finally:
+        await cache.close()
+        await sessions.close()
