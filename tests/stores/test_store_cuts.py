@@ -27,6 +27,7 @@ from agentscope_py.middleware import (
     BudgetMiddleware,
     ModelCallLimitMiddleware,
     RedisBudgetStore,
+    RedisCacheStore,
     ResponseCacheMiddleware,
     SqliteCacheStore,
 )
@@ -354,3 +355,95 @@ async def test_a_lone_surrogate_in_a_stored_entry_is_replaced_so_the_session_sti
     finally:
         await cache.close()
         await sessions.close()
+
+
+# -- a Redis that drops its connections mid-operation ---------------------------------------------
+
+
+@pytest.mark.timeout(60)
+async def test_redis_connections_cut_mid_operation_give_typed_errors_and_leave_no_hold_or_lock(
+        redis_url: str, redis_prefix: str, caplog: pytest.LogCaptureFixture) -> None:
+    """Every connection to Redis dropped once a random number of bytes went out (mid-command,
+    between the lock, the cache read and write, the budget's reserve and settle, the save): each
+    run ends well or with `StateStoreError`; no hold outlives its call, the session's lock is free
+    for the next run, and every turn that ended well is in the session."""
+    from urllib.parse import urlparse
+
+    from agentscope_py.agent import RedisStateStore
+
+    from .cut_proxy import CutProxy
+
+    target = urlparse(redis_url)
+    proxy = CutProxy(target.hostname or "127.0.0.1", target.port or 6379)
+    url = f"redis://127.0.0.1:{await proxy.start()}{target.path}"
+    budget = RedisBudgetStore(url, prefix=f"{redis_prefix}:b", socket_timeout=5)
+    cache = RedisCacheStore(url, prefix=f"{redis_prefix}:c", socket_timeout=5)
+    sessions = RedisStateStore(url, prefix=f"{redis_prefix}:s", socket_timeout=5)
+    rng = random.Random(SEED + 4)
+    runs = max(6, CASES)
+    agent = (ReActAgent.builder().model(ScriptedModel([ModelStep.text(f"r{i}") for i in range(2 * runs + 2)]))
+             .state_store(sessions)
+             .middlewares([ResponseCacheMiddleware(cache), BudgetMiddleware(user_tokens=10**9, store=budget)]).build())
+    ok: list[str] = []
+    try:
+        with caplog.at_level(logging.CRITICAL):
+            for i in range(runs):
+                proxy.left = rng.randint(1, 2500) if rng.random() < 0.6 else None
+                try:
+                    await agent.call(f"q{i}", ctx=RuntimeContext(user_id="u", session_id="s"))
+                    ok.append(f"q{i}")
+                except StateStoreError:
+                    pass
+                assert await budget.held("u") == (0, 0.0), i  # (proxy.left is spent or None by now)
+            proxy.left = None
+            await agent.call("last", ctx=RuntimeContext(user_id="u", session_id="s"))
+        assert proxy.cuts > 0
+        state, _ = await sessions.load("u", "s")
+        assert state is not None
+        users = [m.text for m in state.context if m.role == "user"]
+        assert set(ok) <= set(users) and users[-1] == "last"
+    finally:
+        await budget.close()
+        await cache.close()
+        await sessions.close()
+        await proxy.close()
+
+
+@pytest.mark.parametrize("applied", [False, True])
+async def test_a_settle_whose_connection_fails_is_charged_once_and_leaves_no_hold(
+        redis_url: str, redis_prefix: str, monkeypatch: pytest.MonkeyPatch, applied: bool) -> None:
+    """The settle's transaction lost on the way (``applied=False``) or its reply lost (``True``):
+    the hold tells which, the charge is made exactly once, and no hold stays until its lease."""
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    store = RedisBudgetStore(redis_url, prefix=redis_prefix)
+    real = store._settle
+    failed: list[bool] = []
+
+    async def once(*args: Any) -> Any:
+        if not failed:
+            failed.append(True)
+            if applied:
+                await real(*args)
+            raise RedisConnectionError("Connection closed by server.")
+        return await real(*args)
+
+    monkeypatch.setattr(store, "_settle", once)
+    try:
+        assert (await store.reserve("u", "h1", 10, 0.0, 100, None)).granted
+        spent = await store.settle("u", "h1", 7, 0.5)
+        assert (spent.tokens, spent.cost, spent.calls) == (7, 0.5, 1)
+        assert await store.held("u") == (0, 0.0) and await store.get("u") == spent
+    finally:
+        await store.close()
+
+
+async def test_a_budget_store_that_cannot_be_reached_is_a_state_store_error_naming_the_user() -> None:
+    store = RedisBudgetStore("redis://127.0.0.1:9/0", prefix="nowhere", socket_timeout=1)
+    agent = (ReActAgent.builder().model(ScriptedModel([ModelStep.text("a")]))
+             .middlewares([BudgetMiddleware(user_tokens=100, store=store)]).build())
+    try:
+        with pytest.raises(StateStoreError, match="the budget store failed reserving for user 'u' at Redis key"):
+            await agent.call("hi", ctx=RuntimeContext(user_id="u", session_id="s"))
+    finally:
+        await store.close()

@@ -59,7 +59,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any, Literal, NoReturn, cast
@@ -326,6 +326,7 @@ class BudgetMiddleware(MiddlewareBase):
         released = OpenBrackets(top_only=True)  # what this layer let out: closed here if the call is cut short
         it: Any = None
         done = False
+        failed: Exception | None = None  # the error ending the call, if one does
         try:  # (from the first take: a cancellation while the store answers releases what it took)
             refused = await hold.take(est_tokens, est_tokens * in_rate)
             if refused is not None:
@@ -380,6 +381,9 @@ class BudgetMiddleware(MiddlewareBase):
                         ev = await self._settle(ctx, run, hold, ev, ev.model or model, est_tokens, chars)
                         chars = out_held = 0
                 yield ev
+        except Exception as exc:
+            failed = exc
+            raise
         finally:
             if it is not None and not done:
                 await aclose(it)
@@ -387,9 +391,9 @@ class BudgetMiddleware(MiddlewareBase):
                 out = -(-chars // 4)
                 tokens, cost = est_tokens + out, est_tokens * in_rate + out * out_rate
                 self._charge(run, tokens, cost, hold)
-                await hold.settle_user(tokens, cost)
+                await _after(hold.settle_user(tokens, cost), failed)
             elif hold.active or hold.id is not None:  # no model answered: nothing is charged
-                await hold.release()
+                await _after(hold.release(), failed)
 
     def _measure(self, usage: ChatUsage | None, model: str, est_tokens: int, chars: int) -> tuple[int, float]:
         """A call's tokens and cost at its ModelCallEnd, priced as the model that served it: its
@@ -753,6 +757,20 @@ class CallHold:
         hold_id, self.id = self.id, None
         if hold_id is not None:
             await self.budget.store.release(self.ctx.user_id, hold_id)
+
+
+async def _after(end: Awaitable[Any], failed: Exception | None) -> None:
+    """Await a call's settle or release in the store. When an error already ends the call (the
+    store failing mid-call, as often as not), a failure here too is logged: the caller sees the
+    first error, which says what went wrong, not the cleanup's."""
+    if failed is None:
+        await end
+        return
+    try:
+        await end
+    except Exception as exc:
+        log.warning("budget: ending a failed call's hold failed too (%s: %s); the call's error is %s: %s",
+                    type(exc).__name__, exc, type(failed).__name__, failed)
 
 
 class _Metered(MapSource):

@@ -15,8 +15,9 @@ that fails fails the call: a budget is never silently skipped.
 
 from __future__ import annotations
 
+import contextlib
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -306,6 +307,25 @@ def _bad_total(user_id: str, key: str, field: bytes, value: bytes) -> StateStore
         f"right (HSET {key} {name} ...) or delete the field (HDEL: the user's {name} start over from zero)")
 
 
+def _redis_errors() -> type[Exception]:
+    from redis.exceptions import RedisError
+
+    return RedisError
+
+
+@contextlib.asynccontextmanager
+async def _typed(what: str, user_id: str, key: str, first: BaseException | None = None) -> AsyncIterator[None]:
+    """Redis' failures as `StateStoreError` naming the user and the key (a budget that cannot be
+    read or written fails the call, and says which store)."""
+    try:
+        yield
+    except _redis_errors() as exc:
+        again = "" if first is None else f" (and on a new connection after {type(first).__name__}: {first})"
+        raise StateStoreError(f"the budget store failed {what} for user {user_id!r} at Redis key {key!r}: "
+                              f"{type(exc).__name__}: {exc}{again}; the call fails, a budget is never skipped. "
+                              "Try again once Redis answers") from exc
+
+
 class RedisBudgetStore:
     """Per-user totals in Redis: a hash ``{prefix}:{user_id}`` — ``tokens``, ``cost``, ``calls``
     (settled, grown with HINCRBY/HINCRBYFLOAT in one MULTI, so concurrent processes never lose an
@@ -345,7 +365,8 @@ class RedisBudgetStore:
 
     async def get(self, user_id: str) -> Spend:
         key = f"{self.prefix}:{user_id}"
-        values = await self._client().hmget(key, "tokens", "cost", "calls")
+        async with _typed("reading", user_id, key):
+            values = await self._client().hmget(key, "tokens", "cost", "calls")
         for field, value, number in zip(("tokens", "cost", "calls"), values, (int, float, int), strict=True):
             try:
                 if value is not None:
@@ -357,20 +378,27 @@ class RedisBudgetStore:
 
     async def add(self, user_id: str, tokens: int, cost: float) -> Spend:
         key = f"{self.prefix}:{user_id}"
-        async with self._client().pipeline(transaction=True) as pipe:
+        async with _typed("charging", user_id, key), self._client().pipeline(transaction=True) as pipe:
             pipe.hincrby(key, "tokens", tokens).hincrbyfloat(key, "cost", cost).hincrby(key, "calls", 1)
             new_tokens, new_cost, new_calls = await pipe.execute()
         return Spend(int(new_tokens), float(new_cost), int(new_calls))
 
     async def held(self, user_id: str) -> tuple[int, float]:
-        """What the user's calls in flight hold (expired holds included until a reserve drops them)."""
-        fields = await self._client().hgetall(f"{self.prefix}:{user_id}")
+        """What the user's calls in flight hold (expired holds included until a reserve drops them;
+        a hold whose value cannot be read left out, as a reserve drops it)."""
+        key = f"{self.prefix}:{user_id}"
+        async with _typed("reading", user_id, key):
+            fields = await self._client().hgetall(key)
         tokens, cost = 0, 0.0
         for field, value in fields.items():
             if field.startswith(b"hold:"):
-                h_tokens, h_cost, _ = value.split()
-                tokens += int(h_tokens)
-                cost += float(h_cost)
+                try:
+                    h_tokens, h_cost, h_ends = value.split()
+                    h_tokens, h_cost, _ = int(h_tokens), float(h_cost), float(h_ends)
+                except ValueError:
+                    continue
+                tokens += h_tokens
+                cost += h_cost
         return tokens, cost
 
     async def reserve(self, user_id: str, hold_id: str, tokens: int, cost: float,
@@ -378,22 +406,48 @@ class RedisBudgetStore:
         args = [hold_id, str(int(tokens)), repr(float(cost)), "" if max_tokens is None else repr(max_tokens),
                 "" if max_cost is None else repr(float(max_cost)), str(max(1, round(self.lease * 1000)))]
         key = f"{self.prefix}:{user_id}"
-        answer = await self._reserve_script()(keys=[key], args=args)
+        async with _typed("reserving", user_id, key):
+            answer = await self._reserve_script()(keys=[key], args=args)
         if int(answer[0]) == -1:
             raise _bad_total(user_id, key, answer[1], answer[2])
         granted, s_tokens, s_cost, h_tokens, h_cost = answer
         return Reservation(bool(int(granted)), Spend(int(s_tokens), float(s_cost)), int(h_tokens), float(h_cost))
 
     async def settle(self, user_id: str, hold_id: str, tokens: int, cost: float) -> Spend:
-        key = f"{self.prefix}:{user_id}"
+        """Drop the hold and charge, in one transaction. If the connection fails on the way, the
+        hold tells whether the transaction ran (its HDEL and the charge apply together): still
+        there, it did not, and it is sent once more on a new connection; gone, it did (or its
+        lease ran out meanwhile), and the totals are read. Only if that fails too is the error
+        raised, and the hold stays until its lease ends."""
+        key, field = f"{self.prefix}:{user_id}", f"hold:{hold_id}"
+        try:
+            return await self._settle(key, field, tokens, cost)
+        except _redis_errors() as exc:
+            first = exc
+        async with _typed("settling", user_id, key, first):
+            if not await self._client().hexists(key, field):
+                tokens_now, cost_now, calls_now = await self._client().hmget(key, "tokens", "cost", "calls")
+                return Spend(int(tokens_now or 0), float(cost_now or 0.0), int(calls_now or 0))
+            return await self._settle(key, field, tokens, cost)
+
+    async def _settle(self, key: str, field: str, tokens: int, cost: float) -> Spend:
         async with self._client().pipeline(transaction=True) as pipe:
-            pipe.hdel(key, f"hold:{hold_id}")
+            pipe.hdel(key, field)
             pipe.hincrby(key, "tokens", tokens).hincrbyfloat(key, "cost", cost).hincrby(key, "calls", 1)
             _, new_tokens, new_cost, new_calls = await pipe.execute()
         return Spend(int(new_tokens), float(new_cost), int(new_calls))
 
     async def release(self, user_id: str, hold_id: str) -> None:
-        await self._client().hdel(f"{self.prefix}:{user_id}", f"hold:{hold_id}")
+        """Drop the hold (an HDEL, which may be sent twice: once more on a new connection if the
+        first one fails)."""
+        key = f"{self.prefix}:{user_id}"
+        try:
+            await self._client().hdel(key, f"hold:{hold_id}")
+            return
+        except _redis_errors() as exc:
+            first = exc
+        async with _typed("releasing a hold", user_id, key, first):
+            await self._client().hdel(key, f"hold:{hold_id}")
 
     async def close(self) -> None:
         self._scripts.clear()  # (registered again on demand: registering makes no round trip)
