@@ -447,3 +447,33 @@ async def test_a_budget_store_that_cannot_be_reached_is_a_state_store_error_nami
             await agent.call("hi", ctx=RuntimeContext(user_id="u", session_id="s"))
     finally:
         await store.close()
+
+
+@pytest.mark.timeout(60)
+async def test_two_processes_sharing_a_redis_budget_never_spend_past_its_limit(
+        redis_url: str, redis_prefix: str) -> None:
+    import sys
+
+    script = str(Path(__file__).with_name("budget_proc.py"))
+    limit = 2000
+    procs = [await asyncio.create_subprocess_exec(
+        sys.executable, script, redis_url, redis_prefix, str(limit), str(SEED + 10 + k), str(max(10, CASES // 2)),
+        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE) for k in range(2)]
+    for p in procs:
+        assert p.stdout is not None and (await p.stdout.readline()).strip() == b"ready"
+    for p in procs:
+        assert p.stdin is not None
+        p.stdin.write(b"go\n")
+        await p.stdin.drain()
+    outcomes: list[str] = []
+    for p in procs:
+        out, _ = await asyncio.wait_for(p.communicate(), 50)
+        outcomes += json.loads(out.decode().splitlines()[-1])
+    store = RedisBudgetStore(redis_url, prefix=redis_prefix)
+    try:
+        spent = await store.get("u")
+        assert set(outcomes) <= {"ran", "refused"}, outcomes
+        assert "refused" in outcomes and 0 < spent.tokens <= limit, (spent, outcomes)
+        assert await store.held("u") == (0, 0.0)
+    finally:
+        await store.close()
