@@ -477,3 +477,34 @@ async def test_two_processes_sharing_a_redis_budget_never_spend_past_its_limit(
         assert await store.held("u") == (0, 0.0)
     finally:
         await store.close()
+
+
+@pytest.mark.parametrize("cut", ["error_state", "drop_end", "other_call"])
+async def test_a_stored_tool_result_that_is_not_one_whole_success_is_never_replayed(tmp_path: Path, cut: str) -> None:
+    from agentscope_py import tool
+    from agentscope_py.middleware import ToolResultCacheMiddleware
+
+    ran: list[str] = []
+
+    @tool(read_only=True)
+    async def weather(city: str) -> str:
+        """Current weather."""
+        ran.append(city)
+        return f"sunny in {city}"
+
+    def agent(store: SqliteCacheStore) -> tuple[ReActAgent, ScriptedModel]:
+        model = ScriptedModel([ModelStep.tool_calls_of(("weather", {"city": "Oslo"})), ModelStep.text("done")])
+        return ReActAgent.builder().model(model).tools(weather).middleware(ToolResultCacheMiddleware(store)).build(), model
+
+    async with SqliteCacheStore(tmp_path / "t.db") as store:
+        await agent(store)[0].call("1", ctx=RuntimeContext(session_id="a"))
+        with sqlite3.connect(tmp_path / "t.db") as conn:
+            ((text,),) = conn.execute("SELECT events FROM response_cache").fetchall()
+            evs = json.loads(text)
+            spoiled = {"error_state": [*evs[:-1], {**evs[-1], "state": "error"}], "drop_end": evs[:-1],
+                       "other_call": [*evs[:-1], {**evs[-1], "tool_call_id": "call_other"}]}[cut]
+            conn.execute("UPDATE response_cache SET events = ?", (json.dumps(spoiled),))
+        second, model = agent(store)
+        await second.call("2", ctx=RuntimeContext(session_id="b"))
+        assert ran == ["Oslo", "Oslo"]  # a miss: the tool ran again
+        assert [b.output for b in model.requests[1].messages[-1].tool_results] == ["sunny in Oslo"]

@@ -113,7 +113,7 @@ def whole_result(events: Sequence[AgentEvent]) -> str | None:
 
 class _CacheBase(MiddlewareBase):
     roles = frozenset({"cache"})  # a hit answers without calling next (the ordering lints)
-    whole: Callable[[Sequence[AgentEvent]], str | None]  # what is wrong with a read entry, or None
+    _whole: Callable[[Sequence[AgentEvent]], str | None]  # what is wrong with a read entry, or None
 
     def __init__(self, store: CacheStore | None, ttl: float | None, max_entries: int) -> None:
         self.ttl = check_ttl(ttl)
@@ -138,7 +138,7 @@ class _CacheBase(MiddlewareBase):
             return None
         if recorded is None:
             return None
-        problem = type(self).whole(recorded)
+        problem = type(self)._whole(recorded)
         if problem is not None:  # never replay what was not recorded whole (the miss writes over it)
             log.warning("%s: the cache entry %s is not a whole recorded reply (%s); calling inward",
                         self.name, key, problem)
@@ -159,7 +159,7 @@ class ResponseCacheMiddleware(_CacheBase):
     seconds an entry lives (None: until evicted); ``key``: a function of the `ModelCallInput`
     giving the key (default `request_key`); return None to bypass the cache for that call."""
 
-    whole = staticmethod(whole_reply)
+    _whole = staticmethod(whole_reply)
 
     def __init__(
         self,
@@ -223,7 +223,7 @@ class ToolResultCacheMiddleware(_CacheBase):
     `RuntimeContext`). ``shared``: names of tools whose results do not depend on the caller (a
     public lookup), shared by every user."""
 
-    whole = staticmethod(whole_result)
+    _whole = staticmethod(whole_result)
 
     def __init__(
         self,
