@@ -110,6 +110,15 @@ OnExceeded = Literal["stop", "error"]
 _SESSION_FIELDS = {"tokens": "count", "cost": "amount", "calls": "count"}  # metadata[name], the session's totals
 
 
+def _are_totals(raw: Any) -> bool:
+    """``check_counts``' test of ``_SESSION_FIELDS``, inline: it runs at the start of every run."""
+    if type(raw) is not dict:
+        return False
+    tokens, cost, calls = raw.get("tokens"), raw.get("cost"), raw.get("calls")
+    return (type(tokens) is int and tokens >= 0 and type(calls) is int and calls >= 0
+            and (type(cost) is float or type(cost) is int) and 0 <= cost < math.inf)
+
+
 @dataclass(frozen=True, slots=True)
 class ModelPrice:
     """USD per million tokens. ``cached_input`` (cache reads) and ``cache_write`` default to
@@ -288,7 +297,9 @@ class BudgetMiddleware(MiddlewareBase):
         # (type(), not isinstance(): RunTotals is a Mapping, whose isinstance is Python-level code)
         totals = shared if type(shared) is RunTotals else RunTotals(self, ctx)
         if totals._ctx is ctx:  # (the root run's: its session holds the totals the scope counts in)
-            check_counts(ctx, state.metadata, self.name_key, _SESSION_FIELDS, "session's budget totals")
+            raw = state.metadata.get(self.name_key)
+            if raw is not None and not _are_totals(raw):
+                check_counts(ctx, state.metadata, self.name_key, _SESSION_FIELDS, "session's budget totals")
         ctx.put(self._run_key, totals)
         publish_metric(ctx, self.name_key, totals)  # AgentRun.metrics[name]
 
