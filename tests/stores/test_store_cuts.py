@@ -105,29 +105,28 @@ async def test_bad_session_counts_are_refused_with_a_typed_error_or_read_right()
     assert "refused" in seen
 
 
-@pytest.mark.parametrize("bad", [{"tokens": "x"}, {"cost": 1}, [], {"tokens": None, "cost": 0, "calls": 0}])
-async def test_session_budget_totals_that_are_not_totals_are_a_state_store_error(bad: Any) -> None:
+async def _spoiled_session(middleware: Any, key: str, bad: Any) -> tuple[ReActAgent, InMemoryStateStore]:
+    """An agent whose session u/s ran one turn, then had ``metadata[key]`` set to ``bad``."""
     store = InMemoryStateStore()
-    agent = (ReActAgent.builder().model(ScriptedModel([ModelStep.text("a")])).state_store(store)
-             .middlewares([BudgetMiddleware(session_tokens=100)]).build())
+    agent = (ReActAgent.builder().model(ScriptedModel([ModelStep.text("a"), ModelStep.text("b")]))
+             .state_store(store).middlewares([middleware]).build())
     await agent.call("hi", ctx=RuntimeContext(user_id="u", session_id="s"))
     state, version = await store.load("u", "s")
     assert state is not None
-    state.metadata["budget"] = bad
+    state.metadata[key] = bad
     await store.save("u", "s", state, version)
+    return agent, store
+
+
+@pytest.mark.parametrize("bad", [{"tokens": "x"}, {"cost": 1}, [], {"tokens": None, "cost": 0, "calls": 0}])
+async def test_session_budget_totals_that_are_not_totals_are_a_state_store_error(bad: Any) -> None:
+    agent, _ = await _spoiled_session(BudgetMiddleware(session_tokens=100), "budget", bad)
     with pytest.raises(StateStoreError, match=r"session u/s: .*metadata\['budget'\]"):
         await agent.call("again", ctx=RuntimeContext(user_id="u", session_id="s"))
 
 
 async def test_a_stored_null_for_the_call_counts_is_no_count_yet_and_the_next_save_repairs_it() -> None:
-    store = InMemoryStateStore()
-    agent = (ReActAgent.builder().model(ScriptedModel([ModelStep.text("a"), ModelStep.text("b")])).state_store(store)
-             .middlewares([ModelCallLimitMiddleware(thread_limit=5)]).build())
-    await agent.call("hi", ctx=RuntimeContext(user_id="u", session_id="s"))
-    state, version = await store.load("u", "s")
-    assert state is not None
-    state.metadata["call_limits"] = None
-    await store.save("u", "s", state, version)
+    agent, store = await _spoiled_session(ModelCallLimitMiddleware(thread_limit=5), "call_limits", None)
     await agent.call("again", ctx=RuntimeContext(user_id="u", session_id="s"))
     state, _ = await store.load("u", "s")
     assert state is not None and state.metadata["call_limits"] == {"model": 1}
@@ -135,14 +134,7 @@ async def test_a_stored_null_for_the_call_counts_is_no_count_yet_and_the_next_sa
 
 @pytest.mark.parametrize("bad", [[], "x", {"model": "abc"}, {"model": None}])
 async def test_session_call_counts_that_are_not_counts_are_a_state_store_error(bad: Any) -> None:
-    store = InMemoryStateStore()
-    agent = (ReActAgent.builder().model(ScriptedModel([ModelStep.text("a")])).state_store(store)
-             .middlewares([ModelCallLimitMiddleware(thread_limit=5)]).build())
-    await agent.call("hi", ctx=RuntimeContext(user_id="u", session_id="s"))
-    state, version = await store.load("u", "s")
-    assert state is not None
-    state.metadata["call_limits"] = bad
-    await store.save("u", "s", state, version)
+    agent, _ = await _spoiled_session(ModelCallLimitMiddleware(thread_limit=5), "call_limits", bad)
     with pytest.raises(StateStoreError, match=r"session u/s: .*metadata\['call_limits'\]"):
         await agent.call("again", ctx=RuntimeContext(user_id="u", session_id="s"))
 
