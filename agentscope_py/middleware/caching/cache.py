@@ -24,7 +24,11 @@ How a hit shows: the replayed ModelCallStart and ModelCallEnd (ToolResultStart a
 carry ``metadata["cache"] == "hit"``; a replayed ModelCallEnd has ``usage=ChatUsage()`` (a hit costs
 no tokens) and the recorded usage in ``metadata["cached_usage"]``; the recorded brackets' other
 metadata described the recorded call and is not replayed. Store failures are logged and
-the call goes on as a miss: a cache never breaks a run.
+the call goes on as a miss: a cache never breaks a run. So is an entry of a store that does not
+answer at once (SQLite, Redis, one of your own) that is not one whole recorded reply — written by
+another version, cut short, edited by hand: it must start with this kind's Start bracket and end
+with its successful End, with no other bracket of the kind between (`whole_reply`,
+`whole_result`); the miss's reply is then stored over it.
 
 Reply ids: replayed events carry the run's ``reply_id`` (the loop binds it to the context before
 any hook runs). A hook driven by hand, outside any run, uses the reply id a miss on that context
@@ -39,11 +43,9 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from ...errors import AgentInterrupted
-from ...events import (
-    AgentEvent,
-)
+from ...events import AgentEvent, ModelCallEnd, ModelCallStart, ToolResultEnd, ToolResultStart
 from ...extension.base import ActingInput, ExtensionPoint, MiddlewareBase, ModelCallInput, Next
-from ...message import ToolUseBlock, new_id
+from ...message import ToolResultState, ToolUseBlock, new_id
 from ...stream import EventStream, aclosing
 from ._cache_record import REPLY, ModelRecorder, ToolRecorder, replay
 from ._parts_record import Hit, Missed
@@ -76,8 +78,42 @@ def _reply_id(ctx: RuntimeContext) -> str:
     return rid
 
 
+def whole_reply(events: Sequence[AgentEvent]) -> str | None:
+    """What keeps ``events`` from being one recorded model reply, or None: a ModelCallStart of
+    this call, then its events, then its ModelCallEnd with no error and not discarded."""
+    if not events:
+        return "it holds no event"
+    first, last = events[0], events[-1]
+    if type(first) is not ModelCallStart or first.source is not None:
+        return "it does not start with the call's ModelCallStart"
+    if type(last) is not ModelCallEnd or last.source is not None or last.error is not None or last.discarded:
+        return "it does not end with the call's successful ModelCallEnd"
+    for ev in events[1:-1]:
+        if (type(ev) is ModelCallStart or type(ev) is ModelCallEnd) and ev.source is None:
+            return "it holds more than one model call"
+    return None
+
+
+def whole_result(events: Sequence[AgentEvent]) -> str | None:
+    """What keeps ``events`` from being one recorded tool result, or None: a ToolResultStart, its
+    events, and a ToolResultEnd of the same call with state success."""
+    if not events:
+        return "it holds no event"
+    first, last = events[0], events[-1]
+    if type(first) is not ToolResultStart or first.source is not None:
+        return "it does not start with the call's ToolResultStart"
+    if (type(last) is not ToolResultEnd or last.source is not None or last.state is not ToolResultState.SUCCESS
+            or last.tool_call_id != first.tool_call_id):
+        return "it does not end with the call's successful ToolResultEnd"
+    for ev in events[1:-1]:
+        if (type(ev) is ToolResultStart or type(ev) is ToolResultEnd) and ev.source is None:
+            return "it holds more than one tool result"
+    return None
+
+
 class _CacheBase(MiddlewareBase):
     roles = frozenset({"cache"})  # a hit answers without calling next (the ordering lints)
+    _whole: Callable[[Sequence[AgentEvent]], str | None]  # what is wrong with a read entry, or None
 
     def __init__(self, store: CacheStore | None, ttl: float | None, max_entries: int) -> None:
         self.ttl = check_ttl(ttl)
@@ -94,12 +130,20 @@ class _CacheBase(MiddlewareBase):
 
     async def _get(self, ctx: RuntimeContext, key: str) -> Sequence[AgentEvent] | None:
         try:  # (the run's wait: an interrupt ends it at once, as a slow store's answer would be waited for)
-            return await ctx.wait(self.store.get(key))
+            recorded = await ctx.wait(self.store.get(key))
         except AgentInterrupted:
             raise
         except Exception as exc:  # a cache is an optimisation: a failing store is a miss
             log.warning("%s: reading the cache failed (%s: %s); calling inward", self.name, type(exc).__name__, exc)
             return None
+        if recorded is None:
+            return None
+        problem = type(self)._whole(recorded)
+        if problem is not None:  # never replay what was not recorded whole (the miss writes over it)
+            log.warning("%s: the cache entry %s is not a whole recorded reply (%s); calling inward",
+                        self.name, key, problem)
+            return None
+        return recorded
 
     async def _set(self, key: str, events: Sequence[AgentEvent], ttl: float | None) -> None:
         try:
@@ -114,6 +158,8 @@ class ResponseCacheMiddleware(_CacheBase):
     ``store``: a `CacheStore` (default: an `InMemoryCacheStore` of ``max_entries``); ``ttl``:
     seconds an entry lives (None: until evicted); ``key``: a function of the `ModelCallInput`
     giving the key (default `request_key`); return None to bypass the cache for that call."""
+
+    _whole = staticmethod(whole_reply)
 
     def __init__(
         self,
@@ -176,6 +222,8 @@ class ToolResultCacheMiddleware(_CacheBase):
     is never served to another, since a read-only tool may still read who is asking (its
     `RuntimeContext`). ``shared``: names of tools whose results do not depend on the caller (a
     public lookup), shared by every user."""
+
+    _whole = staticmethod(whole_result)
 
     def __init__(
         self,

@@ -28,6 +28,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
+from ..._sanitize import clean_value
 from ...events import AgentEvent, parse_event
 from .._redis_clients import LoopClients
 from ._parts_record import RecordedReply
@@ -61,7 +62,15 @@ def encode_events(events: Sequence[AgentEvent]) -> str:
 
 
 def decode_events(data: str | bytes) -> Events:
-    return tuple(parse_event(item) for item in json.loads(data))
+    """The events of a stored entry. Its text is what the store holds, not necessarily what
+    `encode_events` wrote (another version, a hand edit): a lone surrogate escaped in it
+    (``"\\ud800"``) is replaced as one entering from a model is (`clean_value`), or the hit would
+    put text in the session that no save can encode. Only text with a ``\\u`` escape of a
+    surrogate is walked (`encode_events` escapes every non-ASCII character, so emoji take it)."""
+    items = json.loads(data)
+    if (b"\\ud" in data or b"\\uD" in data) if isinstance(data, bytes) else ("\\ud" in data or "\\uD" in data):
+        items = clean_value(items)
+    return tuple(parse_event(item) for item in items)
 
 
 class InMemoryCacheStore:

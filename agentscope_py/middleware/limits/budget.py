@@ -59,7 +59,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any, Literal, NoReturn, cast
@@ -80,6 +80,7 @@ from ...events import (
 from ...extension.base import ExtensionPoint, MiddlewareBase, ModelCallInput, Next, publish_metric
 from ...message import ChatUsage, Msg
 from ...stream import EventStream, aclose
+from ._session_counts import check_counts
 from .budget_estimate import estimate_tokens
 from .budget_stores import (
     BudgetStore,
@@ -104,6 +105,18 @@ __all__ = [
 
 log = logging.getLogger("agentscope_py.middleware.budget")
 OnExceeded = Literal["stop", "error"]
+
+
+_SESSION_FIELDS = {"tokens": "count", "cost": "amount", "calls": "count"}  # metadata[name], the session's totals
+
+
+def _are_totals(raw: Any) -> bool:
+    """``check_counts``' test of ``_SESSION_FIELDS``, inline: it runs at the start of every run."""
+    if type(raw) is not dict:
+        return False
+    tokens, cost, calls = raw.get("tokens"), raw.get("cost"), raw.get("calls")
+    return (type(tokens) is int and tokens >= 0 and type(calls) is int and calls >= 0
+            and (type(cost) is float or type(cost) is int) and 0 <= cost < math.inf)
 
 
 @dataclass(frozen=True, slots=True)
@@ -283,6 +296,10 @@ class BudgetMiddleware(MiddlewareBase):
         # tree, the root run's totals (whose context holds the session the scope counts in).
         # (type(), not isinstance(): RunTotals is a Mapping, whose isinstance is Python-level code)
         totals = shared if type(shared) is RunTotals else RunTotals(self, ctx)
+        if totals._ctx is ctx:  # (the root run's: its session holds the totals the scope counts in)
+            raw = state.metadata.get(self.name_key)
+            if raw is not None and not _are_totals(raw):
+                check_counts(ctx, state.metadata, self.name_key, _SESSION_FIELDS, "session's budget totals")
         ctx.put(self._run_key, totals)
         publish_metric(ctx, self.name_key, totals)  # AgentRun.metrics[name]
 
@@ -320,6 +337,7 @@ class BudgetMiddleware(MiddlewareBase):
         released = OpenBrackets(top_only=True)  # what this layer let out: closed here if the call is cut short
         it: Any = None
         done = False
+        failed: Exception | None = None  # the error ending the call, if one does
         try:  # (from the first take: a cancellation while the store answers releases what it took)
             refused = await hold.take(est_tokens, est_tokens * in_rate)
             if refused is not None:
@@ -374,6 +392,9 @@ class BudgetMiddleware(MiddlewareBase):
                         ev = await self._settle(ctx, run, hold, ev, ev.model or model, est_tokens, chars)
                         chars = out_held = 0
                 yield ev
+        except Exception as exc:
+            failed = exc
+            raise
         finally:
             if it is not None and not done:
                 await aclose(it)
@@ -381,9 +402,9 @@ class BudgetMiddleware(MiddlewareBase):
                 out = -(-chars // 4)
                 tokens, cost = est_tokens + out, est_tokens * in_rate + out * out_rate
                 self._charge(run, tokens, cost, hold)
-                await hold.settle_user(tokens, cost)
+                await _after(hold.settle_user(tokens, cost), failed)
             elif hold.active or hold.id is not None:  # no model answered: nothing is charged
-                await hold.release()
+                await _after(hold.release(), failed)
 
     def _measure(self, usage: ChatUsage | None, model: str, est_tokens: int, chars: int) -> tuple[int, float]:
         """A call's tokens and cost at its ModelCallEnd, priced as the model that served it: its
@@ -747,6 +768,20 @@ class CallHold:
         hold_id, self.id = self.id, None
         if hold_id is not None:
             await self.budget.store.release(self.ctx.user_id, hold_id)
+
+
+async def _after(end: Awaitable[Any], failed: Exception | None) -> None:
+    """Await a call's settle or release in the store. When an error already ends the call (the
+    store failing mid-call, as often as not), a failure here too is logged: the caller sees the
+    first error, which says what went wrong, not the cleanup's."""
+    if failed is None:
+        await end
+        return
+    try:
+        await end
+    except Exception as exc:
+        log.warning("budget: ending a failed call's hold failed too (%s: %s); the call's error is %s: %s",
+                    type(exc).__name__, exc, type(failed).__name__, failed)
 
 
 class _Metered(MapSource):

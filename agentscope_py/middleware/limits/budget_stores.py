@@ -15,11 +15,13 @@ that fails fails the call: a budget is never silently skipped.
 
 from __future__ import annotations
 
+import contextlib
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from ...errors import StateStoreError
 from .._redis_clients import LoopClients
 
 if TYPE_CHECKING:
@@ -242,8 +244,10 @@ class InMemoryBudgetStore:
 # KEYS[1]: the user's hash: "tokens", "cost", "calls" (settled) and one "hold:<id>" field per call
 # in flight, "<tokens> <cost> <lease end, ms>". ARGV: hold id, tokens, cost, max tokens, max cost
 # ("" = no limit), lease (ms). Expired holds (a process that died mid-call) are dropped as they are
-# met. Time is the Redis server's, so the hosts' clocks need not agree. Numbers go back as strings
-# (Redis would truncate Lua numbers to integers).
+# met, and so are holds whose value is not three numbers (their lease cannot be read). A settled
+# total that is not a number >= 0 (an integer for tokens and calls) is answered as {-1, field,
+# value}: no hold is taken and the caller raises. Time is the Redis server's, so the hosts' clocks
+# need not agree. Numbers go back as strings (Redis would truncate Lua numbers to integers).
 _RESERVE = """
 local key = KEYS[1]
 local t = redis.call('TIME')
@@ -253,19 +257,29 @@ local fields = redis.call('HGETALL', key)
 local spent_t, spent_c, held_t, held_c, mine_t, mine_c = 0, 0, 0, 0, 0, 0
 for i = 1, #fields, 2 do
   local f, v = fields[i], fields[i + 1]
-  if f == 'tokens' then
-    spent_t = tonumber(v)
+  if f == 'tokens' or f == 'calls' then
+    local n = tonumber(v)
+    if n == nil or n ~= math.floor(n) or n < 0 or n == math.huge then
+      return {-1, f, v}
+    end
+    if f == 'tokens' then
+      spent_t = n
+    end
   elseif f == 'cost' then
     spent_c = tonumber(v)
+    if spent_c == nil or spent_c ~= spent_c or spent_c < 0 or spent_c == math.huge then
+      return {-1, f, v}
+    end
   elseif string.sub(f, 1, 5) == 'hold:' then
     local ht, hc, ends = string.match(v, '^(%S+) (%S+) (%S+)$')
-    if tonumber(ends) <= now then
+    ht, hc, ends = tonumber(ht), tonumber(hc), tonumber(ends)
+    if ht == nil or hc == nil or ends == nil or ends <= now then
       redis.call('HDEL', key, f)
     else
       if f == mine then
-        mine_t, mine_c = tonumber(ht), tonumber(hc)
+        mine_t, mine_c = ht, hc
       end
-      held_t, held_c = held_t + tonumber(ht), held_c + tonumber(hc)
+      held_t, held_c = held_t + ht, held_c + hc
     end
   end
 end
@@ -283,6 +297,33 @@ end
 return {granted, string.format('%d', spent_t), string.format('%.17g', spent_c), string.format('%d', held_t),
         string.format('%.17g', held_c)}
 """
+
+
+def _bad_total(user_id: str, key: str, field: bytes, value: bytes) -> StateStoreError:
+    name, text = field.decode(errors="replace"), value.decode(errors="replace")
+    return StateStoreError(
+        f"the budget of user {user_id!r}: Redis key {key!r} holds {name}={text[:100]!r}, not a number >= 0"
+        f"{' (an integer)' if name != 'cost' else ''}; no hold was taken and the model was not called. Set it "
+        f"right (HSET {key} {name} ...) or delete the field (HDEL: the user's {name} start over from zero)")
+
+
+def _redis_errors() -> type[Exception]:
+    from redis.exceptions import RedisError
+
+    return RedisError
+
+
+@contextlib.asynccontextmanager
+async def _typed(what: str, user_id: str, key: str, first: BaseException | None = None) -> AsyncIterator[None]:
+    """Redis' failures as `StateStoreError` naming the user and the key (a budget that cannot be
+    read or written fails the call, and says which store)."""
+    try:
+        yield
+    except _redis_errors() as exc:
+        again = "" if first is None else f" (and on a new connection after {type(first).__name__}: {first})"
+        raise StateStoreError(f"the budget store failed {what} for user {user_id!r} at Redis key {key!r}: "
+                              f"{type(exc).__name__}: {exc}{again}; the call fails, a budget is never skipped. "
+                              "Try again once Redis answers") from exc
 
 
 class RedisBudgetStore:
@@ -323,45 +364,90 @@ class RedisBudgetStore:
         return script
 
     async def get(self, user_id: str) -> Spend:
-        tokens, cost, calls = await self._client().hmget(f"{self.prefix}:{user_id}", "tokens", "cost", "calls")
+        key = f"{self.prefix}:{user_id}"
+        async with _typed("reading", user_id, key):
+            values = await self._client().hmget(key, "tokens", "cost", "calls")
+        for field, value, number in zip(("tokens", "cost", "calls"), values, (int, float, int), strict=True):
+            try:
+                if value is not None:
+                    number(value)
+            except ValueError:
+                raise _bad_total(user_id, key, field.encode(), value) from None
+        tokens, cost, calls = values
         return Spend(int(tokens or 0), float(cost or 0.0), int(calls or 0))
 
     async def add(self, user_id: str, tokens: int, cost: float) -> Spend:
         key = f"{self.prefix}:{user_id}"
-        async with self._client().pipeline(transaction=True) as pipe:
+        async with _typed("charging", user_id, key), self._client().pipeline(transaction=True) as pipe:
             pipe.hincrby(key, "tokens", tokens).hincrbyfloat(key, "cost", cost).hincrby(key, "calls", 1)
             new_tokens, new_cost, new_calls = await pipe.execute()
         return Spend(int(new_tokens), float(new_cost), int(new_calls))
 
     async def held(self, user_id: str) -> tuple[int, float]:
-        """What the user's calls in flight hold (expired holds included until a reserve drops them)."""
-        fields = await self._client().hgetall(f"{self.prefix}:{user_id}")
+        """What the user's calls in flight hold (expired holds included until a reserve drops them;
+        a hold whose value cannot be read left out, as a reserve drops it)."""
+        key = f"{self.prefix}:{user_id}"
+        async with _typed("reading", user_id, key):
+            fields = await self._client().hgetall(key)
         tokens, cost = 0, 0.0
         for field, value in fields.items():
             if field.startswith(b"hold:"):
-                h_tokens, h_cost, _ = value.split()
-                tokens += int(h_tokens)
-                cost += float(h_cost)
+                try:
+                    h_tokens, h_cost, h_ends = value.split()
+                    h_tokens, h_cost, _ = int(h_tokens), float(h_cost), float(h_ends)
+                except ValueError:
+                    continue
+                tokens += h_tokens
+                cost += h_cost
         return tokens, cost
 
     async def reserve(self, user_id: str, hold_id: str, tokens: int, cost: float,
                       max_tokens: float | None, max_cost: float | None) -> Reservation:
         args = [hold_id, str(int(tokens)), repr(float(cost)), "" if max_tokens is None else repr(max_tokens),
                 "" if max_cost is None else repr(float(max_cost)), str(max(1, round(self.lease * 1000)))]
-        granted, s_tokens, s_cost, h_tokens, h_cost = await self._reserve_script()(
-            keys=[f"{self.prefix}:{user_id}"], args=args)
+        key = f"{self.prefix}:{user_id}"
+        async with _typed("reserving", user_id, key):
+            answer = await self._reserve_script()(keys=[key], args=args)
+        if int(answer[0]) == -1:
+            raise _bad_total(user_id, key, answer[1], answer[2])
+        granted, s_tokens, s_cost, h_tokens, h_cost = answer
         return Reservation(bool(int(granted)), Spend(int(s_tokens), float(s_cost)), int(h_tokens), float(h_cost))
 
     async def settle(self, user_id: str, hold_id: str, tokens: int, cost: float) -> Spend:
-        key = f"{self.prefix}:{user_id}"
+        """Drop the hold and charge, in one transaction. If the connection fails on the way, the
+        hold tells whether the transaction ran (its HDEL and the charge apply together): still
+        there, it did not, and it is sent once more on a new connection; gone, it did (or its
+        lease ran out meanwhile), and the totals are read. Only if that fails too is the error
+        raised, and the hold stays until its lease ends."""
+        key, field = f"{self.prefix}:{user_id}", f"hold:{hold_id}"
+        try:
+            return await self._settle(key, field, tokens, cost)
+        except _redis_errors() as exc:
+            first = exc
+        async with _typed("settling", user_id, key, first):
+            if not await self._client().hexists(key, field):
+                tokens_now, cost_now, calls_now = await self._client().hmget(key, "tokens", "cost", "calls")
+                return Spend(int(tokens_now or 0), float(cost_now or 0.0), int(calls_now or 0))
+            return await self._settle(key, field, tokens, cost)
+
+    async def _settle(self, key: str, field: str, tokens: int, cost: float) -> Spend:
         async with self._client().pipeline(transaction=True) as pipe:
-            pipe.hdel(key, f"hold:{hold_id}")
+            pipe.hdel(key, field)
             pipe.hincrby(key, "tokens", tokens).hincrbyfloat(key, "cost", cost).hincrby(key, "calls", 1)
             _, new_tokens, new_cost, new_calls = await pipe.execute()
         return Spend(int(new_tokens), float(new_cost), int(new_calls))
 
     async def release(self, user_id: str, hold_id: str) -> None:
-        await self._client().hdel(f"{self.prefix}:{user_id}", f"hold:{hold_id}")
+        """Drop the hold (an HDEL, which may be sent twice: once more on a new connection if the
+        first one fails)."""
+        key = f"{self.prefix}:{user_id}"
+        try:
+            await self._client().hdel(key, f"hold:{hold_id}")
+            return
+        except _redis_errors() as exc:
+            first = exc
+        async with _typed("releasing a hold", user_id, key, first):
+            await self._client().hdel(key, f"hold:{hold_id}")
 
     async def close(self) -> None:
         self._scripts.clear()  # (registered again on demand: registering makes no round trip)

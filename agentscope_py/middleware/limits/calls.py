@@ -35,6 +35,7 @@ from ...events import RequestStop, ToolResultEnd, ToolResultStart, ToolResultTex
 from ...extension.base import ActingInput, AgentInput, ExtensionPoint, MiddlewareBase, ModelCallInput, Next
 from ...message import Msg, ToolResultState, ToolUseBlock
 from ...stream import EventStream, aclosing
+from ._session_counts import check_counts, is_count
 from .rate_limit import KeySpec, check_points, key_function
 
 if TYPE_CHECKING:
@@ -236,6 +237,19 @@ class _CallLimit(MiddlewareBase):
         """Calls counted so far in the session of ``state``."""
         return 0 if state is None else int(state.metadata.get(STATE_KEY, {}).get(self.state_key, 0))
 
+    def _session_calls(self, ctx: RuntimeContext) -> int:
+        """`session_count` of the run's session, whose stored count must be one (`check_counts`)."""
+        state = ctx.agent_state
+        if state is None:
+            return 0
+        counts = state.metadata.get(STATE_KEY)
+        if counts is None:
+            return 0
+        n = counts.get(self.state_key, 0) if type(counts) is dict else None
+        if not is_count(n):
+            check_counts(ctx, state.metadata, STATE_KEY, {self.state_key: "count"}, "session's call counts")
+        return int(n or 0)
+
     def _left(self, ctx: RuntimeContext) -> tuple[float, str, int]:
         """How many calls may still start, and the limit that binds (scope, limit)."""
         left, scope, limit = math.inf, "", 0
@@ -243,7 +257,7 @@ class _CallLimit(MiddlewareBase):
             run = ctx.get(self._run_key)
             left, scope, limit = self.run_limit - (run.n if run is not None else 0), self.scope, self.run_limit
         if self.session_limit is not None:
-            s_left = self.session_limit - self.session_count(ctx.agent_state)
+            s_left = self.session_limit - self._session_calls(ctx)
             if s_left < left:
                 left, scope, limit = s_left, "session", self.session_limit
         return max(0, left), scope, limit
@@ -257,7 +271,9 @@ class _CallLimit(MiddlewareBase):
             run.n += n
         state = ctx.agent_state
         if self.session_limit is not None and state is not None:
-            counts = state.metadata.setdefault(STATE_KEY, {})
+            counts = state.metadata.get(STATE_KEY)
+            if counts is None:  # (none yet, or a stored null: `_session_calls` read it as no calls)
+                counts = state.metadata[STATE_KEY] = {}
             counts[self.state_key] = int(counts.get(self.state_key, 0)) + n
 
     def _message(self, scope: str, limit: int, what: str) -> str:
