@@ -595,3 +595,24 @@ async def test_a_frontend_call_waits_through_a_run_that_does_not_declare_its_too
         state, _ = await agent.state_store.load("default", "t")
         assert state is not None and "c-pick" in state.pending_tool_calls
         assert not [r for m in state.context for r in m.tool_results if r.id == "c-pick"]
+
+
+def test_a_durable_run_s_next_turn_takes_confirms_and_results_that_both_arrived() -> None:
+    """A durable turn that waits on an asking call and an external one (both events seen), both
+    answered before it goes on: its next input held only the confirms, and the external result
+    was lost. It holds both now (the agent takes both in one input)."""
+    pytest.importorskip("temporalio")
+    from agentscope_py.durable._waits import Waits
+    from agentscope_py.events import RequireExternalExecution, RequireUserConfirm
+    from agentscope_py.message import ToolUseBlock
+
+    rm_call = ToolUseBlock(id="c-rm", name="rm", input={"path": "/a"})
+    click_call = ToolUseBlock(id="c-click", name="click", input={"selector": "#go"})
+    waits = Waits()
+    waits.see(RequireExternalExecution(reply_id="r", tool_calls=[click_call]))
+    waits.see(RequireUserConfirm(reply_id="r", tool_calls=[rm_call]))
+    assert waits.confirm([ConfirmResult(tool_call_id="c-rm", confirmed=True)]) == []
+    assert waits.tool_results([ToolResultBlock(id="c-click", name="click", output="clicked")]) == []
+    confirm, results = waits.next_input()
+    assert confirm.metadata["confirm_results"][0].tool_call_id == "c-rm"
+    assert [r.id for r in results.tool_results] == ["c-click"]
