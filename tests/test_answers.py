@@ -3,8 +3,9 @@ calls that wait (an approval, an external result, or both kinds), then a random 
 answers (some or all calls; confirm, deny, result), duplicates, answers for unknown ids, two
 answers for one call sent at once, new inputs while calls wait (each ``multitask_strategy``), an
 interrupt or a rollback, a consumer that leaves mid-resume, a tool that raises once approved —
-through the agent and through ``POST /v1/runs`` (``httpx.ASGITransport``), on the in-memory store
-and on SQLite. After each step: every call is answered at most once and its tool runs at most
+through the agent, ``POST /v1/runs`` and ``POST /agui`` (``httpx.ASGITransport``; over AG-UI the
+external calls may be to a frontend tool that later runs do not always declare), with the
+permission gate or `HumanApprovalMiddleware` asking, on the in-memory store and on SQLite. After each step: every call is answered at most once and its tool runs at most
 once; every refusal is typed and says what to send; the session holds no orphan call and no
 result twice; the stream closes every block it opens; and the session is never stuck: answering
 what waits, then a plain input, always runs. ``ANSWER_CASES`` / ``ANSWER_SEED`` run more or others."""
@@ -304,7 +305,7 @@ class Target:
             return "ok", "permission_asking"
         if outcome.get("pendingToolCallIds"):
             return "ok", "tool_suspended"
-        return "ok", "model_stop"  # (an interrupted run, too: the property asks the session)
+        return "ok", "interrupted" if outcome.get("type") == "cancelled" else "model_stop"
 
 
 async def check_answered(target: Target, sent: tuple[str, Any], ids: list[str], where: str) -> None:
