@@ -224,6 +224,10 @@ async def acting_events(
                 await asyncio.gather(*pending, return_exceptions=True)
             raise
     if asking or scope.paused:
+        # External calls of the round wait beside the asking ones, announced first as under
+        # `HumanApprovalMiddleware`: whichever the client answers first, the other calls still wait.
+        if external:
+            yield _read(reader, RequireExternalExecution(reply_id=reply_id, tool_calls=external))
         if asking:
             yield _read(reader, RequireUserConfirm(reply_id=reply_id, tool_calls=asking))
         # (a paused sub-agent's own RequireUserConfirm reached the caller, with its source)

@@ -1,6 +1,9 @@
 """Resuming a run whose tool calls wait: confirm results answer asking calls (run, denied or
-edited), tool-result messages answer external calls, an empty input runs what is pending (after a
-restart). Anything else is a `ResumeError` that says what the session waits for.
+edited), tool-result messages answer external calls (one input may carry both; each call takes
+one answer), an empty input runs what is pending (after a restart). Calls left unanswered wait
+on: an asking call is asked again, an external call whose tool the run does not declare (an
+AG-UI frontend tool) keeps waiting for its result. Anything else is a `ResumeError` that says what
+the session waits for.
 
 Pending calls with a tool-journal entry are settled first (`_in_doubt`): a recorded result is
 replayed, a call in doubt is decided by the user's answer or its policy, or asked about."""
@@ -19,6 +22,7 @@ from ..events import (
     AgentEvent,
     ConfirmResult,
     ExternalExecutionResult,
+    RequireExternalExecution,
     ToolResultEnd,
     ToolResultStart,
     ToolResultTextDelta,
@@ -50,23 +54,44 @@ async def resume(exe: StepScope, pending: list[ToolUseBlock], input_msgs: list[M
     by_id = {c.id: c for c in pending}
     if input_msgs and not confirms and not results:
         raise _refusing(exe, _pending_error(exe, pending))
+    answered_by_result = {r.id for r in results}
+    _check_ids(exe, Settled(), [r.id for r in results], by_id, "tool result")  # (before settling changes anything)
     settled = Settled()
-    if state.tool_journal and not results:
-        settled = await settle(exe, pending, confirms)
+    if state.tool_journal:
+        # (a call a tool result answers is not settled: the result is its answer)
+        settled = await settle(exe, [c for c in pending if c.id not in answered_by_result], confirms)
         for ev in settled.events:
             yield ev
         if settled.error is not None:
             raise settled.error
     asked = {c.id for c in settled.asked}
-    if confirms:
+    if confirms or results:
         # Confirms for the calls a paused sub-agent waits on go to its call (run again below).
-        own, rerun = route_confirms(exe.ctx, state, by_id, confirms)
+        own, rerun = route_confirms(exe.ctx, state, by_id, confirms) if confirms else ([], set())
         _check_ids(exe, settled, [c.tool_call_id for c in own], by_id, "confirm result")
-        yield UserConfirmResult(reply_id=exe.reply_id, confirm_results=confirms)
+        twice = [c.tool_call_id for c in own if c.tool_call_id in answered_by_result]
+        if twice:
+            error = ResumeError(f"both a confirm result and a tool result for {', '.join(map(repr, twice))}: "
+                                "answer each waiting call once (a confirm result for a call that asks, a tool "
+                                "result for an external one)")
+            raise _refusing(exe, error) if not settled.events else error
+        if confirms:
+            yield UserConfirmResult(reply_id=exe.reply_id, confirm_results=confirms)
+        if results:
+            yield ExternalExecutionResult(reply_id=exe.reply_id, tool_results=results)
+            state.context.append(Msg.tool(results))
+        left = [c for c in pending if c.id not in answered_by_result]
+        if not confirms and not any(_asks(exe, c) or c.id in settled.decided or c.id in asked for c in left):
+            # Only external calls are left: the run stays suspended for their results.
+            state.pending_tool_calls = [c.id for c in left]
+            if left:
+                _suspend(exe, left)
+            return
         answered = {c.tool_call_id: c for c in own}
         run: list[ToolUseBlock] = []
         denied: list[ToolResultBlock] = []
-        for call in pending:
+        undeclared: list[ToolUseBlock] = []
+        for call in left:
             answer = answered.get(call.id)
             if call.id in settled.decided or call.id in asked:  # was in doubt: settled above
                 if call.id not in asked:
@@ -74,8 +99,11 @@ async def resume(exe: StepScope, pending: list[ToolUseBlock], input_msgs: list[M
             elif call.id in rerun:
                 exe.run.preapproved.add(call.id)  # its sub-agent asks, not the gate
                 run.append(call)
+            elif answer is None and _undeclared(exe, call):
+                undeclared.append(call)
             elif answer is None:
-                run.append(call)  # still asking: the gate asks again
+                # still waiting: the gate asks again (an external call asks for its result again)
+                run.append(call)
             elif not answer.confirmed:
                 reason = f" Reason: {answer.reason}" if answer.reason else ""
                 denied.append(ToolResultBlock(id=call.id, name=call.name, state=ToolResultState.DENIED,
@@ -93,6 +121,8 @@ async def resume(exe: StepScope, pending: list[ToolUseBlock], input_msgs: list[M
                 yield ev
         if denied:
             state.context.append(Msg.tool(denied))
+        if undeclared:
+            yield RequireExternalExecution(reply_id=exe.reply_id, tool_calls=undeclared)
         assistant = last_assistant(exe)
         if run:
             async with aclosing(exe.act(run, assistant)) as steps:
@@ -100,22 +130,17 @@ async def resume(exe: StepScope, pending: list[ToolUseBlock], input_msgs: list[M
                     yield ev
         for ev in _ask(exe, settled):
             yield ev
+        if undeclared and exe.run.final is None:
+            _suspend(exe, undeclared)
         state.pending_tool_calls = [c.id for c in exe.run.pending_calls()]
         return
-    if results:
-        _check_ids(exe, settled, [r.id for r in results], by_id, "tool result")
-        yield ExternalExecutionResult(reply_id=exe.reply_id, tool_results=results)
-        state.context.append(Msg.tool(results))
-        left = exe.run.pending_calls()
-        state.pending_tool_calls = [c.id for c in left]
-        if left:
-            running = [ToolResultBlock(id=c.id, name=c.name, state=ToolResultState.RUNNING) for c in left]
-            assistant = last_assistant(exe)
-            pause = assistant.model_copy(update={"content": [*assistant.content, *running]})
-            exe.run.end(pause, GenerateReason.TOOL_SUSPENDED, remember=False)
-        return
-    # An empty input resumes acting on what is pending (e.g. after a restart).
-    to_run = [c for c in pending if c.id not in asked] if asked else pending
+    # An empty input resumes acting on what is pending (e.g. after a restart); a frontend call
+    # this run does not declare goes on waiting for its result.
+    undeclared = [c for c in pending if c.id not in asked and c.id not in settled.decided and _undeclared(exe, c)]
+    if undeclared:
+        yield RequireExternalExecution(reply_id=exe.reply_id, tool_calls=undeclared)
+    waits = asked.union(c.id for c in undeclared)
+    to_run = [c for c in pending if c.id not in waits] if waits else pending
     if to_run:
         async with aclosing(exe.act(to_run, last_assistant(exe))) as steps:
             async for ev in steps:
@@ -123,7 +148,32 @@ async def resume(exe: StepScope, pending: list[ToolUseBlock], input_msgs: list[M
     if asked:
         for ev in _ask(exe, settled):
             yield ev
+    if undeclared and exe.run.final is None:
+        _suspend(exe, undeclared)
+    if waits:
         state.pending_tool_calls = [c.id for c in exe.run.pending_calls()]
+
+
+def _suspend(exe: StepScope, calls: list[ToolUseBlock]) -> None:
+    """End the run TOOL_SUSPENDED: its reply the calls' message, with ``calls`` running."""
+    running = [ToolResultBlock(id=c.id, name=c.name, state=ToolResultState.RUNNING) for c in calls]
+    assistant = last_assistant(exe)
+    pause = assistant.model_copy(update={"content": [*assistant.content, *running]})
+    exe.run.end(pause, GenerateReason.TOOL_SUSPENDED, remember=False)
+
+
+def _undeclared(exe: StepScope, call: ToolUseBlock) -> bool:
+    """A waiting call whose tool this run does not know: an AG-UI frontend tool the run does not
+    declare. It is no unknown tool (an acting pass would answer it with that error): it waits for
+    its result, as it did."""
+    return exe.agent.toolkit.get(call.name) is None
+
+
+def _asks(exe: StepScope, call: ToolUseBlock) -> bool:
+    """Whether a waiting call waits for a confirmation: its tool is one of the agent's, and not
+    external (an external call, or one the run's toolkit does not know, waits for its result)."""
+    tool = exe.agent.toolkit.get(call.name)
+    return tool is not None and not tool.external
 
 
 def _pending_error(exe: StepScope, pending: list[ToolUseBlock]) -> PendingToolCallsError:
@@ -215,8 +265,14 @@ def check_no_control_input(msgs: list[Msg]) -> None:
     does not make itself (a call and its result, both in the input, are history: `answers_in`)."""
     for m in answers_in(msgs):
         if m.metadata.get("confirm_results"):
-            raise ResumeError("confirm results were given, but no tool call is waiting for confirmation")
-        raise ResumeError("tool results were given, but no tool call is waiting for a result")
+            raise ResumeError("confirm results were given, but no tool call is waiting for confirmation"
+                              f"{_ALL_ANSWERED}")
+        raise ResumeError(f"tool results were given, but no tool call is waiting for a result{_ALL_ANSWERED}")
+
+
+# What a refused answer says when nothing waits: a second answer (two sent at once: the session
+# takes them in turn) finds its call answered by the first.
+_ALL_ANSWERED = " (each was answered, or none asked): send the user's next message instead"
 
 
 def _refusing(exe: StepScope, error: Exception) -> Exception:
@@ -236,7 +292,7 @@ def _check_ids(exe: StepScope, settled: Settled, ids: list[str], pending: dict[s
         if i not in pending:
             error = ResumeError(f"{what} for {i!r}, which is not a pending tool call (pending: {', '.join(pending)})")
         elif i in seen:
-            error = ResumeError(f"duplicate {what} for {i!r}")
+            error = ResumeError(f"duplicate {what} for {i!r}: answer each waiting call once")
         if error is not None:
             raise _refusing(exe, error) if not settled.events else error
         seen.add(i)

@@ -58,10 +58,13 @@ class Waits:
         return self.answers is not None or self.results is not None
 
     def next_input(self) -> list[Msg]:
-        """The next turn's input (the answers that arrived), and the waiting state cleared."""
+        """The next turn's input (the answers that arrived: confirms and external results alike,
+        when a turn waits on both kinds), and the waiting state cleared."""
         from ..agent.react import confirm_message
 
-        msgs = [confirm_message(*self.answers)] if self.answers is not None else [Msg.tool(self.results or [])]
+        msgs = [confirm_message(*self.answers)] if self.answers is not None else []
+        if self.results is not None or not msgs:
+            msgs.append(Msg.tool(self.results or []))
         self.clear()
         return msgs
 

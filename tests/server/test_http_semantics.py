@@ -351,7 +351,8 @@ async def test_a_result_for_a_call_the_history_does_not_hold_stays_a_resume_erro
     async with _client(agent) as client:
         last = await _agui(client, "t", messages)
     assert (last["type"], last["code"]) == ("RUN_ERROR", "ResumeError"), last
-    assert last["message"] == "tool results were given, but no tool call is waiting for a result"
+    assert last["message"] == ("tool results were given, but no tool call is waiting for a result (each was "
+                               "answered, or none asked): send the user's next message instead")
     assert model.requests == [] and await agent.state_store.load(USER, "t") == (None, 0)
 
 
@@ -361,7 +362,8 @@ async def test_an_answer_to_a_call_that_is_not_waiting_stays_a_resume_error() ->
         last = await _agui(client, "t", HISTORY, resume=[{"interruptId": "call-1", "status": "resolved",
                                                           "payload": {"approved": True}}])
     assert (last["type"], last["code"]) == ("RUN_ERROR", "ResumeError"), last
-    assert last["message"] == "resume entries were given, but no tool call is waiting for approval"
+    assert last["message"] == ("resume entries were given, but no tool call is waiting for approval (each was "
+                               "answered, or none asked): send the user's next message instead")
 
 
 async def test_a_thread_waiting_on_a_call_still_refuses_a_pair_it_did_not_make() -> None:
