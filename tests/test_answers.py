@@ -617,3 +617,45 @@ def test_a_durable_run_s_next_turn_takes_confirms_and_results_that_both_arrived(
     confirm, results = waits.next_input()
     assert confirm.metadata["confirm_results"][0].tool_call_id == "c-rm"
     assert [r.id for r in results.tool_results] == ["c-click"]
+
+
+def test_a_durable_run_takes_confirms_and_results_sent_in_one_signal() -> None:
+    """The served path sends a request's confirms and its external results as one ``confirm``
+    signal (two signals could start the next turn between them, and the second would find
+    nothing waiting): both are taken, or, when either answers a call that does not wait on it,
+    neither."""
+    pytest.importorskip("temporalio")
+    from agentscope_py.durable._waits import Waits
+    from agentscope_py.events import RequireExternalExecution, RequireUserConfirm
+    from agentscope_py.message import ToolUseBlock
+
+    def waiting() -> Waits:
+        waits = Waits()
+        waits.see(RequireExternalExecution(reply_id="r", tool_calls=[ToolUseBlock(id="c-click", name="click")]))
+        waits.see(RequireUserConfirm(reply_id="r", tool_calls=[ToolUseBlock(id="c-rm", name="rm")]))
+        return waits
+
+    yes = [ConfirmResult(tool_call_id="c-rm", confirmed=True)]
+    waits = waiting()
+    assert waits.confirm(yes, [ToolResultBlock(id="c-click", name="click", output="clicked")]) == []
+    confirm, results = waits.next_input()
+    assert confirm.metadata["confirm_results"][0].tool_call_id == "c-rm"
+    assert [r.id for r in results.tool_results] == ["c-click"]
+    waits = waiting()
+    assert waits.confirm(yes, [ToolResultBlock(id="c-nope", name="click", output="x")]) == ["c-nope"]
+    assert not waits.answered()
+
+
+def test_a_served_durable_answer_keeps_the_results_beside_its_confirms() -> None:
+    """A request (native ``confirm`` with tool messages, AG-UI ``resume`` with ``ToolMessage``s)
+    answering a turn that waits on both kinds: its trailing tool results are answers, not the
+    client's copy of the thread (they were dropped, and the external call waited on)."""
+    pytest.importorskip("temporalio")
+    from agentscope_py.server._durable.answers import answers_of
+
+    result = ToolResultBlock(id="c-click", name="click", output="clicked")
+    answers = answers_of([Msg.user("go"), confirm_message(ConfirmResult(tool_call_id="c-rm", confirmed=True)),
+                          Msg.tool([result])])
+    assert [c.tool_call_id for c in answers.confirm] == ["c-rm"]
+    assert answers.results == [result]
+    assert [m.text for m in answers.rest] == ["go"]

@@ -170,13 +170,23 @@ class DurableRun:
         """The external tool calls the run waits on: execute them, then ``send_tool_results``."""
         return [ToolUseBlock.model_validate(c) for c in await self.handle.query("external")]
 
-    async def confirm(self, *results: ConfirmResult) -> None:
+    async def confirm(self, *results: ConfirmResult, tool_results: Sequence[ToolResultBlock] = ()) -> None:
         """Answer the asking calls: the run continues (on any worker) with the answers. Calls
-        left unanswered keep asking. `ResumeError` if a result names a call that does not ask."""
+        left unanswered keep asking. ``tool_results``: for a turn that waits on external calls
+        too, their results, taken with the answers (as one input: `send_tool_results` after
+        `confirm` could find the next turn started). `ResumeError` if a result names a call that
+        does not wait on it."""
         if not results or not all(isinstance(r, ConfirmResult) for r in results):
             raise TypeError("confirm takes one or more ConfirmResult")
+        if not all(isinstance(r, ToolResultBlock) for r in tool_results):
+            raise TypeError("confirm's tool_results are ToolResultBlocks")
         _check_ids([r.tool_call_id for r in results], await self.asking(), "confirm result")
-        await self.handle.signal("confirm", [r.model_dump(mode="json") for r in results])
+        answers = [r.model_dump(mode="json") for r in results]
+        if not tool_results:
+            await self.handle.signal("confirm", answers)
+            return
+        _check_ids([r.id for r in tool_results], await self.external(), "tool result")
+        await self.handle.signal("confirm", args=[answers, [r.model_dump(mode="json") for r in tool_results]])
 
     async def send_tool_results(self, *results: ToolResultBlock) -> None:
         """Hand back the results of external tool calls (``ToolResultBlock(id=call.id,

@@ -5,6 +5,7 @@ routes signals and queries here."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from ..events import AgentEvent, ConfirmResult, RequireExternalExecution, RequireUserConfirm
@@ -71,11 +72,15 @@ class Waits:
     # -- the signals' checks: an answer for no waiting call is dropped (a signal cannot fail the
     # caller, and a bad resume input must not fail the run); the client checks first. ------------
 
-    def confirm(self, answers: list[ConfirmResult]) -> list[str]:
-        """Take confirm answers; the ids that were not asking (then nothing is taken)."""
-        bad = _unknown([a.tool_call_id for a in answers], self.asking)
+    def confirm(self, answers: list[ConfirmResult], results: Sequence[ToolResultBlock] = ()) -> list[str]:
+        """Take confirm answers, and with them ``results`` for external calls; the ids that do
+        not wait on their kind of answer (then nothing is taken)."""
+        bad = _unknown([a.tool_call_id for a in answers], self.asking) + _unknown([r.id for r in results],
+                                                                                  self.external)
         if not bad and answers:
             self.answers = answers
+            if results:
+                self.results = list(results)
         return bad
 
     def tool_results(self, results: list[ToolResultBlock]) -> list[str]:

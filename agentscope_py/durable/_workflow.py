@@ -131,10 +131,13 @@ class AgentRunWorkflow:
             control.interrupt(self._stop.rollback)
 
     @workflow.signal(name="confirm")
-    def confirm(self, answers: list[dict[str, Any]]) -> None:
-        bad = self._waits.confirm([ConfirmResult.model_validate(a) for a in answers])
+    def confirm(self, answers: list[dict[str, Any]], results: list[dict[str, Any]] | None = None) -> None:
+        """Confirm answers; with ``results``, the external results of a turn that waits on both
+        kinds, taken in the same signal (two signals could start the next turn between them)."""
+        bad = self._waits.confirm([ConfirmResult.model_validate(a) for a in answers],
+                                  [ToolResultBlock.model_validate(r) for r in results or []])
         if bad:
-            workflow.logger.warning("confirm answers for calls that do not ask (%s) were dropped", bad)
+            workflow.logger.warning("answers for calls that do not wait on them (%s) were dropped", bad)
 
     @workflow.signal(name="tool_results")
     def tool_results(self, results: list[dict[str, Any]]) -> None:

@@ -22,7 +22,7 @@ from temporalio.service import RPCError
 from ...durable import DurableAgent, DurableRun, EventLog
 from ...errors import ResumeError
 from ...events import ConfirmResult
-from ...message import GenerateReason, Msg, ToolResultBlock
+from ...message import GenerateReason, Msg, ToolResultBlock, ToolUseBlock
 from .._errors import HTTPError
 
 __all__ = ["FIND_END_WAIT", "Answers", "TurnEnds", "answers_of", "asking_end", "session_run", "signal_answers",
@@ -63,8 +63,7 @@ def answers_of(msgs: list[Msg]) -> Answers:
     tail = len(rest)
     while tail and rest[tail - 1].role == "tool" and rest[tail - 1].tool_results:
         tail -= 1
-    results = [] if answers else [b for m in rest[tail:] for b in m.tool_results]
-    return Answers(answers, results, rest if answers else rest[:tail])
+    return Answers(answers, [b for m in rest[tail:] for b in m.tool_results], rest[:tail])
 
 
 class TurnEnds:
@@ -135,20 +134,28 @@ async def signal_answers(agent: DurableAgent, log: EventLog, user_id: str, sessi
             what = "no run in flight" if run is None else f"its run {run.run_id} is not waiting"
             raise HTTPError(409, "not_waiting", f"session {user_id}/{session_id}: {what}; there is nothing to "
                             "confirm (a run asks for confirmation when its reply is PERMISSION_ASKING)")
-        confirm = answers.confirm
-        send, kind = (lambda: run.confirm(*confirm)), "invalid_confirm"
+        confirm, results = answers.confirm, await _named(run, answers.results)
+        send, kind = (lambda: run.confirm(*confirm, tool_results=results)), "invalid_confirm"
     else:
         waiting = await run.external() if run is not None and waits else []
         if run is None or not waiting:
             what = "no run in flight" if run is None else f"its run {run.run_id} waits for no tool results"
             raise HTTPError(409, "not_waiting", f"session {user_id}/{session_id}: {what}; there are no external "
                             "tool calls to answer (a run waits for them when its reply is TOOL_SUSPENDED)")
-        names = {c.id: c.name for c in waiting}  # an AG-UI ToolMessage names no tool
-        results = [r if r.name else r.model_copy(update={"name": names.get(r.id, "")}) for r in answers.results]
-        send, kind = (lambda: run.send_tool_results(*results)), "invalid_tool_results"
+        given = await _named(run, answers.results, waiting)
+        send, kind = (lambda: run.send_tool_results(*given)), "invalid_tool_results"
     end = await asking_end(log, run.run_id)  # before the answers: then the next turn's events come
     try:
         await send()
     except ResumeError as exc:
         raise HTTPError(400, kind, str(exc)) from None
     return run, end
+
+
+async def _named(run: DurableRun, results: list[ToolResultBlock],
+                 waiting: list[ToolUseBlock] | None = None) -> list[ToolResultBlock]:
+    """``results`` each with its call's tool name (an AG-UI ``ToolMessage`` names none)."""
+    if not results or all(r.name for r in results):
+        return results
+    names = {c.id: c.name for c in (await run.external() if waiting is None else waiting)}
+    return [r if r.name else r.model_copy(update={"name": names.get(r.id, "")}) for r in results]
