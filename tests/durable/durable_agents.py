@@ -27,6 +27,7 @@ from agentscope_py.agent.sqlite_store import SqliteStateStore
 from agentscope_py.agent.state import AgentState
 from agentscope_py.durable import ActivityConfig, DurableConfig
 from agentscope_py.errors import StateStoreError, ToolInputRequired
+from agentscope_py.message import ToolUseBlock
 from agentscope_py.middleware.base import ActingInput, MiddlewareBase, Next
 from agentscope_py.model.base import ChatChunk, ModelRequest
 from agentscope_py.model.openai import OpenAIChatModel
@@ -151,6 +152,25 @@ async def _add_in_base(a: int, b: int, ctx: RuntimeContext) -> str:
         raise ToolInputRequired("which base?", {"message": "In which base?",
                                                 "schema": {"type": "object", "properties": {"base": {"type": "integer"}}}})
     return f"{a + b} (base {answer['base']})"
+
+
+def _mixed_turn(request: ModelRequest) -> ModelStep:
+    """Two calls in one reply, an asking ``add`` and an external ``click``; then the results."""
+    results = sorted(f"{b.name}={b.output}" for m in request.messages if m.role == "tool" for b in m.tool_results)
+    if not results:
+        return ModelStep(tool_calls=[ToolUseBlock(id="c-add", name="add", input={"a": 2, "b": 40}),
+                                     ToolUseBlock(id="c-click", name="click", input={"selector": "#go"})])
+    return ModelStep.text("done: " + ", ".join(results))
+
+
+def build_mixed() -> ReActAgent:
+    """A turn that waits on both kinds at once: ``add`` asks for approval, ``click`` is external."""
+    toolkit = Toolkit()
+    toolkit.register(tool(name="add", idempotent=True, check_permissions=lambda call, ctx: PermissionDecision.ASK)(_add))
+    toolkit.register_schema("click", "Click an element.", {
+        "type": "object", "properties": {"selector": {"type": "string"}}, "required": ["selector"]})
+    model = ScriptedModel([ModelStep(respond=_mixed_turn)], loop=True, name="mixed")
+    return ReActAgent.builder().name("durable").model(model).toolkit(toolkit).build()
 
 
 def build_questioning() -> ReActAgent:

@@ -73,3 +73,21 @@ async def test_a_tool_s_question_is_answered_through_the_durable_run(
     assert [(ev.tool_name, ev.state) for ev in events if isinstance(ev, ToolResultEnd)] == [
         ("add", ToolResultState.RUNNING), ("add", ToolResultState.SUCCESS)]
     assert [type(ev) for ev in events].count(RequireUserConfirm) == 1
+
+
+async def test_a_turn_waiting_on_an_approval_and_an_external_call_takes_both_answers_in_one_signal(
+        temporal_address: str, workers: Workers) -> None:
+    """Confirms and external results sent together (`DurableRun.confirm(..., tool_results=...)`,
+    what the server sends for a request carrying both) are one input of the next turn; an answer
+    for a call that does not wait on it refuses both."""
+    run, _, _ = await waiting_run(workers, "durable_agents:build_mixed")
+    assert [c.id for c in await run.asking()] == ["c-add"]
+    assert [c.id for c in await run.external()] == ["c-click"]
+    approve = ConfirmResult(tool_call_id="c-add", confirmed=True)
+    with pytest.raises(ResumeError, match="does not wait on"):
+        await run.confirm(approve, tool_results=[ToolResultBlock(id="c-add", name="add", output="1")])
+    await run.confirm(approve, tool_results=[ToolResultBlock(id="c-click", name="click", output="clicked")])
+    async with asyncio.timeout(30):
+        reply = await run.result()
+    assert reply.text == "done: add=42, click=clicked" and reply.generate_reason is GenerateReason.MODEL_STOP
+    assert not await run.waiting()
