@@ -26,8 +26,9 @@ def test_the_tool_messages_ending_the_input_are_the_answers() -> None:
     found = answers_of([*history, _tool("c1"), _tool("c2")])
     assert [r.id for r in found.results] == ["c1", "c2"] and found.rest == history and found
     assert not answers_of([*history, Msg.user("and?")])  # a new message: no answers
-    confirm = answers_of([confirm_message(ConfirmResult(tool_call_id="c1", confirmed=True)), _tool("c2")])
-    assert [a.tool_call_id for a in confirm.confirm] == ["c1"] and confirm.results == []  # confirm first
+    both = answers_of([confirm_message(ConfirmResult(tool_call_id="c1", confirmed=True)), _tool("c2")])
+    assert [a.tool_call_id for a in both.confirm] == ["c1"]  # and the results beside them (one signal)
+    assert [r.id for r in both.results] == ["c2"] and both.rest == []
 
 
 async def test_malformed_frontend_tools_are_refused_before_the_run_starts(temporal_address: str) -> None:
