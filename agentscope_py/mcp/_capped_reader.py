@@ -40,7 +40,7 @@ import mcp_types as types
 from mcp.shared.message import SessionMessage
 from pydantic import ValidationError
 
-from ._screen import ResultCap, content_size
+from ._screen import ResultCap, content_size, error_summary
 
 __all__ = ["READ_WHOLE", "SIDE_LIMIT", "UNCAPPED_LIMIT", "Answers", "MessageReader", "error_answer", "read_whole"]
 
@@ -130,9 +130,7 @@ def _problems(message: dict[str, Any], exc: ValidationError) -> str:
         kind.model_validate(message, by_name=False)
     except ValidationError as own:
         exc = own
-    errors = exc.errors()
-    shown = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'message'}: {e['msg']}" for e in errors[:3])
-    return shown + (f" (and {len(errors) - 3} more)" if len(errors) > 3 else "")
+    return error_summary(exc.errors(), "message")
 
 
 class MessageReader:

@@ -22,7 +22,7 @@ from ._callbacks import (
     elicitation_callback,
     sampling_callback,
 )
-from ._screen import CALL_CAP, ResultCap, ScreenedTransport
+from ._screen import CALL_CAP, ResultCap, ScreenedTransport, error_summary
 from ._session import Connection, is_connection_lost, tools_changed_handler
 from ._tools import ClientFactory, MCPToolset, PerRunClient
 from ._transport import AuthCallback, HttpTransport, StdioTransport, Transport
@@ -369,5 +369,4 @@ def _problems(exc: ValidationError) -> str:
     errors = exc.errors()
     if len({e["loc"][:1] for e in errors}) > 1:
         errors = [{**e, "loc": e["loc"][1:]} for e in errors if e["loc"][:1] == ("CallToolResult",)] or errors
-    shown = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'result'}: {e['msg']}" for e in errors[:3])
-    return shown + (f" (and {len(errors) - 3} more)" if len(errors) > 3 else "")
+    return error_summary(errors, "result")

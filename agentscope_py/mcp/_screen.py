@@ -26,7 +26,7 @@ import binascii
 import contextvars
 import json
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
@@ -39,7 +39,14 @@ from mcp_types import methods
 from mcp_types.jsonrpc import JSONRPCError, JSONRPCNotification, JSONRPCRequest, JSONRPCResponse
 from pydantic import ValidationError
 
-__all__ = ["CALL_CAP", "Pending", "ResultCap", "ScreenedTransport", "content_size"]
+__all__ = ["CALL_CAP", "Pending", "ResultCap", "ScreenedTransport", "content_size", "error_summary"]
+
+
+def error_summary(errors: Sequence[Any], whole: str) -> str:
+    """The first three of pydantic's ``errors``, ``loc: msg`` each (``whole`` names an error of
+    the value itself), and how many more there are: what a server sent wrong, on one line."""
+    shown = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or whole}: {e['msg']}" for e in errors[:3])
+    return shown + (f" (and {len(errors) - 3} more)" if len(errors) > 3 else "")
 
 
 @dataclass(eq=False)
