@@ -9,7 +9,7 @@ Start the caller saw has its End when the run ended on its own, every call the m
 result it sees — its text, or an error result naming a typed error — the session (SQLite) loads
 and is consistent, the next turn runs and reaches the server again (restarted when it was killed),
 and once the client is closed no task and no server process is left.
-``CUT_CASES`` / ``CUT_SEED`` run more cases or other ones; ``CUT_ONLY=n`` replays case n alone."""
+``CUT_CASES`` (default 10) / ``CUT_SEED`` run more cases or other ones; ``CUT_ONLY=n`` replays case n alone."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ from agentscope_py.stream import aclose
 
 pytestmark = [pytest.mark.mcp, pytest.mark.timeout(300)]
 
-CASES = int(os.environ.get("CUT_CASES", "20"))
+CASES = int(os.environ.get("CUT_CASES", "10"))
 SEED = int(os.environ.get("CUT_SEED", "20261207"))
 SERVER = str(Path(__file__).resolve().parent / "mcp_hostile_server.py")
 TIMEOUT = 1.0  # the client's per-call bound (the tool that never answers; a loaded machine needs some room)

@@ -19,7 +19,7 @@ Two more: Redis itself killed mid-run and started again empty (every stream ends
 error naming what failed; the session runs again through either process), and a schedule firing
 every second while its processes are killed (every tick runs once).
 
-Knobs: ``KILL_CASES`` (default 12), ``KILL_REDIS_CASES`` (4), ``KILL_SCHEDULE_SECONDS`` (8), and
+Knobs: ``KILL_CASES`` (default 8), ``KILL_REDIS_CASES`` (4), ``KILL_SCHEDULE_SECONDS`` (5), and
 ``KILL_SEED`` (default: random, printed) to replay a failure. The processes are forked from one
 that imported the package once (as in test_runner_killed, whose `Runner` they are)."""
 
@@ -54,7 +54,7 @@ from .test_runs import parse
 
 pytestmark = pytest.mark.redis
 
-CASES = int(os.environ.get("KILL_CASES", "12"))
+CASES = int(os.environ.get("KILL_CASES", "8"))
 AT_ONCE = 2  # cases running at once (three serve processes each)
 LEASE = 1.0  # the run log's lease (`--run-lease`): a killed run is found lost within about two
 NEW_INPUT_WITHIN = 10.0
@@ -718,7 +718,7 @@ async def test_redis_killed_mid_run_and_back_empty_the_session_runs_again(tmp_pa
 
 # -- a schedule firing every second while its processes are killed at random moments ------------
 
-SCHEDULE_SECONDS = float(os.environ.get("KILL_SCHEDULE_SECONDS", "8"))
+SCHEDULE_SECONDS = float(os.environ.get("KILL_SCHEDULE_SECONDS", "5"))
 
 
 @pytest.mark.timeout(120)
