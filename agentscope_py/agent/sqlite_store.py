@@ -264,13 +264,14 @@ class SqliteStateStore(ClosableStore):
                 self._watch()
 
     async def _retry_releases(self) -> None:
-        """Give back the locks and tickets whose release failed, while their leases last."""
+        """Give back the locks and tickets whose release failed, while their leases last (in the
+        order they failed, so in the order their leases lapse)."""
         for token, (user_id, session_id, lapses) in list(self._unreleased.items()):
             if time.monotonic() < lapses:
                 try:
                     await self._release(user_id, session_id, token)
                 except StateStoreError:
-                    continue
+                    return  # the file still fails: the next check tries again
             del self._unreleased[token]
 
     def _watch(self) -> None:
@@ -387,13 +388,8 @@ class SqliteStateStore(ClosableStore):
             # processes the cut stopped too, and a sync costs each of the lock's steps as much as
             # a save (milliseconds). The next save's sync covers them anyway; SQLite's WAL keeps
             # the file consistent either way.
-            conn = sqlite3.connect(self.path, timeout=self.busy_timeout, isolation_level=None)
-            try:
-                conn.execute("PRAGMA synchronous=NORMAL")
-            except BaseException:
-                conn.close()
-                raise
-            self._lock_conn = conn
+            conn = self._lock_conn = sqlite3.connect(self.path, timeout=self.busy_timeout, isolation_level=None)
+            conn.execute("PRAGMA synchronous=NORMAL")
         return self._lock_conn
 
     def _connect(self) -> sqlite3.Connection:

@@ -4,9 +4,9 @@ Started once by the test (the package imported once); each JSON line on stdin is
 from this process: ``{"db": path, "effects": path, "busy_timeout": s, "lanes": [[session,
 [input, ...]], ...]}``. A worker runs its lanes at once (the inputs of a lane one after another,
 each an ``agent.call`` on user ``u``) and says what it does, one JSON line per event on the shared
-stdout (one ``write`` each, so the workers' lines never mix): ``{"pid", "ev": "phase", "phase",
-"session"}`` at each moment a kill may land, ``"done"`` (the call returned), ``"error"`` (what it
-raised), ``"exit"``. This process says ``{"pid", "ev": "spawned"}`` for each worker.
+stdout (one ``write`` each, so the workers' lines never mix), each with its ``pid`` and
+wall-clock time ``t``: ``{"ev": "phase", "phase"}`` at each moment a kill may land, ``"start"``
+(a call begins), ``"done"`` (it returned), ``"error"`` (what it raised), ``"exit"``. This process says ``{"pid", "ev": "spawned"}`` for each worker.
 
 The agent (`build`, used by the test in its own process too): a model that answers an input with a
 call of ``work`` (idempotent) or ``pay`` (journaled, its effect a line in the ``effects`` file, its
@@ -23,6 +23,7 @@ import json
 import os
 import signal
 import sys
+import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -37,12 +38,12 @@ from agentscope_py.tool import IdempotencyKey, ToolIntent
 PAUSE = 0.02
 
 
-def quiet(phase: str, session: str) -> None:
+def quiet(phase: str) -> None:
     """Where the test's own agent says its phases: nowhere."""
 
 
 def say(event: dict[str, Any]) -> None:
-    os.write(1, (json.dumps({"pid": os.getpid(), **event}) + "\n").encode())
+    os.write(1, (json.dumps({"pid": os.getpid(), "t": time.time(), **event}) + "\n").encode())
 
 
 def asked(request: Any) -> str:
@@ -59,23 +60,23 @@ class TurnModel:
 
     name = "turns"
 
-    def __init__(self, mark: Callable[[str, str], None]) -> None:
+    def __init__(self, mark: Callable[[str], None]) -> None:
         self.mark = mark
 
     async def stream(self, request: Any) -> AsyncIterator[ChatChunk]:
-        self.mark("stream", "")
+        self.mark("stream")
         await asyncio.sleep(PAUSE)
         if any(isinstance(b, ToolResultBlock) for b in request.messages[-1].content):
             for piece in ("done ", "with ", asked(request)):
                 yield ChatChunk(text=piece)
-                self.mark("stream", "")
+                self.mark("stream")
                 await asyncio.sleep(PAUSE)
             yield ChatChunk(finish_reason="stop")
             return
         name = "pay" if asked(request).startswith("pay") else "work"
         yield ChatChunk(tool_call=ToolCallChunk(index=0, id=f"call-{uuid.uuid4().hex[:8]}", name=name,
                                                 arguments='{"n": '))
-        self.mark("stream", "")
+        self.mark("stream")
         await asyncio.sleep(PAUSE)
         yield ChatChunk(tool_call=ToolCallChunk(index=0, arguments="2}"))
         yield ChatChunk(finish_reason="tool_calls")
@@ -84,33 +85,33 @@ class TurnModel:
 class MarkedStore(SqliteStateStore):
     """Says its phases, and pauses after taking a session's lock and around each save."""
 
-    def __init__(self, *args: Any, mark: Callable[[str, str], None], **kwargs: Any) -> None:
+    def __init__(self, *args: Any, mark: Callable[[str], None], **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.mark = mark
 
     async def load(self, user_id: str, session_id: str) -> tuple[AgentState | None, int]:
-        self.mark("load", session_id)
+        self.mark("load")
         return await super().load(user_id, session_id)
 
     async def save(self, user_id: str, session_id: str, state: AgentState, expected_version: int) -> int:
-        self.mark("save", session_id)
+        self.mark("save")
         await asyncio.sleep(PAUSE)
         version = await super().save(user_id, session_id, state, expected_version)
-        self.mark("saved", session_id)
+        self.mark("saved")
         await asyncio.sleep(PAUSE)
         return version
 
     @contextlib.asynccontextmanager
     async def session_lock(self, user_id: str, session_id: str, **options: Any) -> AsyncIterator[None]:
-        self.mark("lock-wait", session_id)
+        self.mark("lock-wait")
         async with super().session_lock(user_id, session_id, **options):
-            self.mark("lock-held", session_id)
+            self.mark("lock-held")
             await asyncio.sleep(PAUSE)
             yield
 
 
 def build(db: str, effects: str, *, busy_timeout: float = 30.0,
-          mark: Callable[[str, str], None] = quiet) -> tuple[ReActAgent, MarkedStore]:
+          mark: Callable[[str], None] = quiet) -> tuple[ReActAgent, MarkedStore]:
     """The agent of every worker, on the SQLite file ``db``; ``pay`` records its effects in the
     file ``effects`` (a line per idempotency key)."""
 
@@ -126,7 +127,7 @@ def build(db: str, effects: str, *, busy_timeout: float = 30.0,
     async def work(n: int) -> str:
         """Work ``n`` steps."""
         for _ in range(n):
-            mark("tool", "")
+            mark("tool")
             await asyncio.sleep(PAUSE)
         return "worked"
 
@@ -134,14 +135,14 @@ def build(db: str, effects: str, *, busy_timeout: float = 30.0,
     async def pay(n: int, key: IdempotencyKey) -> str:
         """Pay in ``n`` steps; the payment takes effect at the end."""
         for _ in range(n):
-            mark("tool", "")
+            mark("tool")
             await asyncio.sleep(PAUSE)
         fd = os.open(effects, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
         try:
             os.write(fd, f"{key}\n".encode())
         finally:
             os.close(fd)
-        mark("paid", "")
+        mark("paid")
         return "paid"
 
     store = MarkedStore(db, busy_timeout=busy_timeout, mark=mark)
@@ -166,13 +167,14 @@ async def take_turn(agent: ReActAgent, session: str, text: str | None) -> str:
 
 
 async def work_lanes(order: dict[str, Any]) -> None:
-    def mark(phase: str, session: str) -> None:
-        say({"ev": "phase", "phase": phase, "session": session})
+    def mark(phase: str) -> None:
+        say({"ev": "phase", "phase": phase})
 
     agent, store = build(order["db"], order["effects"], busy_timeout=order["busy_timeout"], mark=mark)
 
     async def lane(session: str, inputs: list[str]) -> None:
         for text in inputs:
+            say({"ev": "start", "session": session, "text": text})
             try:
                 reply = await take_turn(agent, session, text)
                 say({"ev": "done", "session": session, "text": text, "reply": reply})

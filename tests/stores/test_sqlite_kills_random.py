@@ -3,12 +3,12 @@
 Each case: 2–4 worker processes (`sqlite_kill_proc.py`, forked from one that imported the package)
 on one file, each running turns of one session they all share and of one of its own, at once,
 against a slow scripted model whose turns call a tool (``work``, idempotent, or ``pay``, journaled
-with a payment as its effect). One worker is SIGKILLed at a random moment: while it waits for the
-session's lock (queued behind another process) or just took it, as the state loads (before the
-model is asked), mid-stream, mid-tool, as a save starts or right after it. Some cases also cut the
-file's writes for a while: a ``sqlite3`` connection of the test holds the write lock
-(``BEGIN EXCLUSIVE``: "database is locked" past the workers' ``busy_timeout``), or a worker's
-file-size limit drops to 0 (a full disk: ``prlimit``), then they come back. Then the test's own
+with a payment as its effect). One worker (sometimes two) is SIGKILLed at a random moment: while
+it waits for the session's lock (queued behind another process) or just took it, as the state
+loads (before the model is asked), mid-stream, mid-tool, as a save starts or right after it. Some
+cases also cut the file's writes for a while: a ``sqlite3`` connection of the test holds the write
+lock (``BEGIN EXCLUSIVE``: "database is locked" past the workers' ``busy_timeout``), or the
+workers' file-size limit drops to 0 (a full disk: ``prlimit``), then they come back. Then the test's own
 agent sends one more input to every session (a call left in doubt resumed first, ``pay``'s
 reconcile deciding). What docs/sessions.md promises, checked after each case:
 
@@ -19,7 +19,7 @@ reconcile deciding). What docs/sessions.md promises, checked after each case:
 - a killed holder's lock and tickets block nothing: the survivors end, and the new inputs run,
   within seconds (not the 30 s lease);
 - a cut gives `StateStoreError` naming the file and what to do, never a raw ``sqlite3`` error,
-  and the store works again once the file does.
+  and the store works again once the file does (every input sent after the cut runs).
 
 Knobs: ``SQLITE_KILL_CASES`` (default 6), ``SQLITE_KILL_SEED`` (default: random, printed) to
 replay a failure.
@@ -66,18 +66,30 @@ pytestmark = pytest.mark.timeout(60 + 25 * CASES)
 
 
 @dataclass
-class Case:
-    n: int
-    workers: int
-    victim: int
+class Kill:
+    """Worker ``worker`` killed ``jitter`` seconds after it said ``phase`` for the ``nth`` time."""
+
+    worker: int
     phase: str
     nth: int
     jitter: float
+    killed: bool = False  # (False: the worker ended first)
+
+    def __str__(self) -> str:
+        return (f"worker {self.worker} at its {self.phase} #{self.nth} (+{self.jitter * 1000:.0f} ms"
+                f"{'' if self.killed else ', ended first'})")
+
+
+@dataclass
+class Case:
+    n: int
+    workers: int
+    kills: list[Kill]
     cut: str | None
     cut_at: str
     cut_for: float
     lanes: list[list[tuple[str, list[str]]]] = field(default_factory=list)
-    killed: bool = False
+    cut_ended: float = 0.0  # (wall-clock)
     events: dict[int, list[dict[str, Any]]] = field(default_factory=lambda: defaultdict(list))
     pids: list[int] = field(default_factory=list)
     settled: dict[str, float] = field(default_factory=dict)
@@ -87,17 +99,17 @@ class Case:
     problems: list[str] = field(default_factory=list)
 
     def __str__(self) -> str:
-        return (f"case {self.n} (seed {SEED}): {self.workers} workers, worker {self.victim} killed at its "
-                f"{self.phase} #{self.nth} (+{self.jitter * 1000:.0f} ms; killed: {self.killed}), "
+        return (f"case {self.n} (seed {SEED}): {self.workers} workers, killed: {'; '.join(map(str, self.kills))}; "
                 f"cut {self.cut} at {self.cut_at} for {self.cut_for:.1f} s")
 
 
 def make_case(n: int) -> Case:
     rng = random.Random(f"{SEED}-{n}")
     workers = rng.randint(2, 4)
-    case = Case(n=n, workers=workers, victim=rng.randrange(workers), phase=rng.choice(PHASES),
-                nth=rng.randint(1, 3), jitter=rng.uniform(0, 0.04), cut=rng.choice(CUTS),
-                cut_at=rng.choice(PHASES), cut_for=rng.uniform(0.8, 1.5))
+    victims = rng.sample(range(workers), 2 if rng.random() < 0.3 else 1)  # sometimes two at once
+    kills = [Kill(w, rng.choice(PHASES), rng.randint(1, 2), rng.uniform(0, 0.04)) for w in victims]
+    case = Case(n=n, workers=workers, kills=kills, cut=rng.choice(CUTS), cut_at=rng.choice(PHASES),
+                cut_for=rng.uniform(0.8, 1.5))
     for w in range(workers):
         def turns(count: int, w: int = w) -> list[str]:
             return [f"{rng.choice(('work', 'pay'))} {w}.{i}" for i in range(count)]
@@ -210,16 +222,21 @@ async def one_case(case: Case, workers: Workers, tmp_path: Path) -> None:
     for lanes in case.lanes:
         case.pids.append(await workers.spawn({"db": str(db), "effects": str(effects), "busy_timeout": busy,
                                               "lanes": lanes}))
-    victim = case.pids[case.victim]
+    async def kill(at: Kill) -> None:
+        pid = case.pids[at.worker]
+        if await workers.until(pid, at.phase, at.nth):
+            await asyncio.sleep(at.jitter)
+            if not workers.ended(pid):
+                os.kill(pid, signal.SIGKILL)
+                at.killed = True
+
     cutting = asyncio.create_task(cut_writes(case, db, case.pids, workers)) if case.cut else None
-    if await workers.until(victim, case.phase, case.nth):
-        await asyncio.sleep(case.jitter)
-        if not workers.ended(victim):
-            os.kill(victim, signal.SIGKILL)
-            case.killed = True
+    await asyncio.gather(*map(kill, case.kills))
     if cutting is not None:
         await cutting
-    survivors = [p for p in case.pids if p != victim or not case.killed]
+        case.cut_ended = time.time()
+    killed = {case.pids[k.worker] for k in case.kills if k.killed}
+    survivors = [p for p in case.pids if p not in killed]
     deadline = time.monotonic() + SURVIVORS_WITHIN
     while not all(workers.ended(p) for p in survivors):
         if time.monotonic() > deadline:
@@ -264,8 +281,11 @@ def check(case: Case) -> list[str]:
     # What the workers saw: a returned turn, or a typed error naming the file (a cut only).
     done: dict[str, set[str]] = defaultdict(set)
     for w, events in case.events.items():
+        started = {}
         for e in events:
-            if e["ev"] == "crash":
+            if e["ev"] == "start":
+                started[e["text"]] = e["t"]
+            elif e["ev"] == "crash":
                 problems.append(f"worker {w} crashed: {e['message']}")
             elif e["ev"] == "done":
                 done[e["session"]].add(e["text"])
@@ -278,6 +298,9 @@ def check(case: Case) -> list[str]:
                     problems.append(f"worker {w}: an error that does not name the file: {e['message']}")
                 elif not any(hint in e["message"] for hint in ("retry", "free space")):
                     problems.append(f"worker {w}: an error that does not say what to do: {e['message']}")
+                elif started[e["text"]] > case.cut_ended + 0.1:
+                    problems.append(f"worker {w}: {e['text']!r}, sent once the file worked again, raised "
+                                    f"{e['message']}")
     # Each session: every turn whole or absent, each once; the ones seen done present.
     remembered: set[str] = set()
     for session, context in case.contexts.items():
@@ -346,7 +369,9 @@ async def test_processes_killed_at_random_moments_on_one_sqlite_file_lose_no_tur
     for n in range(CASES):
         case = make_case(n)
         await one_case(case, workers, tmp_path)
-        seen[f"{case.phase}{'' if case.killed else ' (ended first)'}{' + ' + case.cut if case.cut else ''}"] += 1
+        for k in case.kills:
+            seen[f"{k.phase}{'' if k.killed else ' (ended first)'}"] += 1
+        seen[f"cut {case.cut}"] += 1
         if problems := check(case):
             failures.append(f"{case}:\n  " + "\n  ".join(problems))
     print(dict(seen))
