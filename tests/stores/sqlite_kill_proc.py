@@ -6,7 +6,8 @@ from this process: ``{"db": path, "effects": path, "busy_timeout": s, "lanes": [
 each an ``agent.call`` on user ``u``) and says what it does, one JSON line per event on the shared
 stdout (one ``write`` each, so the workers' lines never mix), each with its ``pid`` and
 wall-clock time ``t``: ``{"ev": "phase", "phase"}`` at each moment a kill may land, ``"start"``
-(a call begins), ``"done"`` (it returned), ``"error"`` (what it raised), ``"exit"``. This process says ``{"pid", "ev": "spawned"}`` for each worker.
+(a call begins), ``"done"`` (it returned), ``"error"`` (what it raised), ``"idle"`` (its lanes
+ended: it stays, its store open, until the test kills it). This process says ``{"pid", "ev": "spawned"}`` for each worker.
 
 The agent (`build`, used by the test in its own process too): a model that answers an input with a
 call of ``work`` (idempotent) or ``pay`` (journaled, its effect a line in the ``effects`` file, its
@@ -170,7 +171,7 @@ async def work_lanes(order: dict[str, Any]) -> None:
     def mark(phase: str) -> None:
         say({"ev": "phase", "phase": phase})
 
-    agent, store = build(order["db"], order["effects"], busy_timeout=order["busy_timeout"], mark=mark)
+    agent, _ = build(order["db"], order["effects"], busy_timeout=order["busy_timeout"], mark=mark)
 
     async def lane(session: str, inputs: list[str]) -> None:
         for text in inputs:
@@ -183,8 +184,10 @@ async def work_lanes(order: dict[str, Any]) -> None:
                      "classes": [c.__name__ for c in type(exc).__mro__], "message": str(exc)})
 
     await asyncio.gather(*(lane(session, inputs) for session, inputs in order["lanes"]))
-    await store.close()
-    say({"ev": "exit"})
+    # Then it stays, its store open, as a server process would (until the test kills it): what
+    # it left in the file — a lock, a ticket — must not block the session for its lease.
+    say({"ev": "idle"})
+    await asyncio.Event().wait()
 
 
 def main() -> None:

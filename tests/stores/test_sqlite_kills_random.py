@@ -17,7 +17,8 @@ reconcile deciding). What docs/sessions.md promises, checked after each case:
   session exactly when made;
 - every turn a surviving process saw return is in its session, once;
 - a killed holder's lock and tickets block nothing: the survivors end, and the new inputs run,
-  within seconds (not the 30 s lease);
+  within seconds (not the 30 s lease), while the survivors stay alive, their stores open, as
+  server processes would (nothing they left in the file may block a session for its lease);
 - a cut gives `StateStoreError` naming the file and what to do, never a raw ``sqlite3`` error,
   and the store works again once the file does (every input sent after the cut runs).
 
@@ -108,8 +109,9 @@ def make_case(n: int) -> Case:
     workers = rng.randint(2, 4)
     victims = rng.sample(range(workers), 2 if rng.random() < 0.3 else 1)  # sometimes two at once
     kills = [Kill(w, rng.choice(PHASES), rng.randint(1, 2), rng.uniform(0, 0.04)) for w in victims]
-    case = Case(n=n, workers=workers, kills=kills, cut=rng.choice(CUTS), cut_at=rng.choice(PHASES),
-                cut_for=rng.uniform(0.8, 1.5))
+    cut = rng.choice(CUTS)
+    case = Case(n=n, workers=workers, kills=kills, cut=cut, cut_at=rng.choice(PHASES),
+                cut_for=rng.uniform(1.5, 2.5) if cut == "locked" else rng.uniform(0.8, 1.5))
     for w in range(workers):
         def turns(count: int, w: int = w) -> list[str]:
             return [f"{rng.choice(('work', 'pay'))} {w}.{i}" for i in range(count)]
@@ -156,7 +158,7 @@ class Workers:
             said = self.events[pid]
             if sum(1 for e in said if e.get("phase") == phase) >= nth:
                 return True
-            if any(e["ev"] in ("exit", "crash") for e in said) or time.monotonic() > deadline:
+            if self.ended(pid) or time.monotonic() > deadline:
                 return False
             self.changed.clear()
             with contextlib.suppress(TimeoutError):
@@ -164,7 +166,8 @@ class Workers:
                     await self.changed.wait()
 
     def ended(self, pid: int) -> bool:
-        return any(e["ev"] in ("exit", "crash") for e in self.events[pid])
+        """Whether worker ``pid``'s lanes ended (it stays, idle, until killed)."""
+        return any(e["ev"] in ("idle", "crash") for e in self.events[pid])
 
     async def close(self) -> None:
         if self.proc is not None and self.proc.returncode is None:
@@ -218,7 +221,9 @@ async def cut_writes(case: Case, db: Path, pids: list[int], workers: Workers) ->
 
 async def one_case(case: Case, workers: Workers, tmp_path: Path) -> None:
     db, effects = tmp_path / f"case{case.n}.db", tmp_path / f"effects{case.n}"
-    busy = 0.3 if case.cut == "locked" else 10.0
+    # (A lock held past busy_timeout fails the step: short enough to fail in the cut, long enough
+    # for the workers' own writes, one after another, on a loaded host.)
+    busy = 1.0 if case.cut == "locked" else 10.0
     for lanes in case.lanes:
         case.pids.append(await workers.spawn({"db": str(db), "effects": str(effects), "busy_timeout": busy,
                                               "lanes": lanes}))
@@ -250,7 +255,8 @@ async def one_case(case: Case, workers: Workers, tmp_path: Path) -> None:
     for p in case.pids:
         case.events[case.pids.index(p)] = list(workers.events[p])
 
-    # A new input to every session, from this process (an in-doubt call resumed first).
+    # A new input to every session, from this process (an in-doubt call resumed first), while the
+    # survivors are still alive.
     agent, store = build(str(db), str(effects))
     try:
         for session in ["shared", *(f"own{w}" for w in range(case.workers))]:
@@ -269,6 +275,9 @@ async def one_case(case: Case, workers: Workers, tmp_path: Path) -> None:
                                       await store.session_queue("u", session))
     finally:
         await store.close()
+        for p in case.pids:
+            if alive(p):
+                os.kill(p, signal.SIGKILL)
     case.effects = effects.read_text().split() if effects.exists() else []
 
 
