@@ -17,9 +17,42 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
-__all__ = ["SqliteFile", "immediate"]
+__all__ = ["SqliteFile", "failure", "immediate", "read_only"]
 
 T = TypeVar("T")
+
+_REMEDIES = (
+    (("locked", "busy"), "another connection held the file's lock past the {busy} a step waits for it: retry "
+                         "once that connection is done"),
+    (("readonly",), "the file or its directory is read-only (SQLite also writes {path}-wal and {path}-shm "
+                    "beside it): make them writable"),
+    (("disk is full", "disk i/o error"), "the file could not be written (a full disk, a file-size limit, a "
+                                         "failing device): free space or lift the limit, then retry"),
+    (("unable to open",), "the file cannot be opened: its directory must exist and be writable"),
+    (("malformed", "not a database"), "the file is damaged or is no SQLite database: restore it from a backup"),
+)
+"""What to do about SQLite's failures of the file itself, by words of SQLite's message."""
+_BUSY_MS = 30000
+"""How long a `SqliteFile` step waits for another connection's lock."""
+
+
+def read_only(exc: BaseException) -> bool:
+    """Whether ``exc`` says the connection cannot write the file: SQLite opens a file it may not
+    write read-only, and keeps that connection read-only after the file is made writable, so a
+    store drops it and opens the file again for its next step."""
+    return isinstance(exc, sqlite3.Error) and "readonly" in str(exc)
+
+
+def failure(exc: BaseException, path: str, busy: str) -> str:
+    """``exc`` (a sqlite3 or OS error on the file at ``path``) as the end of a store's error
+    message: its type and text, and what to do when the cause is the file (``busy``: how long a
+    step waits for another connection's lock, in words)."""
+    text = str(exc)
+    lowered = text.lower()
+    for words, remedy in _REMEDIES:
+        if any(word in lowered for word in words):
+            return f"{type(exc).__name__}: {text}; {remedy.format(path=path, busy=busy)}"
+    return f"{type(exc).__name__}: {text}"
 
 
 @contextlib.contextmanager
@@ -54,7 +87,7 @@ class SqliteFile:
         if self._conn is None:
             conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
             conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute("PRAGMA busy_timeout=30000")
+            conn.execute(f"PRAGMA busy_timeout={_BUSY_MS}")
             conn.executescript(self._schema)
             if self._setup is not None:
                 self._setup(conn)
@@ -62,17 +95,25 @@ class SqliteFile:
         return self._conn
 
     async def transaction(self, fn: Callable[[sqlite3.Connection], T], what: str) -> T:
-        """``fn(connection)`` in one immediate transaction, rolled back if it raises."""
+        """``fn(connection)`` in one immediate transaction, rolled back if it raises (a connection
+        that found the file read-only is closed: `read_only`)."""
 
         def call() -> T:
             conn = self._connection()
-            with immediate(conn):
-                return fn(conn)
+            try:
+                with immediate(conn):
+                    return fn(conn)
+            except sqlite3.Error as exc:
+                if read_only(exc):
+                    conn.close()
+                    self._conn = None
+                raise
 
         try:
             return await asyncio.get_running_loop().run_in_executor(self._executor, call)
         except (sqlite3.Error, OSError) as exc:
-            raise self._error(f"{self._name} in SQLite failed while {what}: {type(exc).__name__}: {exc}") from exc
+            cause = failure(exc, self.path, f"{_BUSY_MS // 1000} s")
+            raise self._error(f"{self._name} in SQLite failed while {what}: {cause}") from exc
 
     async def close(self, last: Callable[[sqlite3.Connection], object] | None = None) -> None:
         """Close the connection, after ``last(connection)`` if it was open (a failure of either

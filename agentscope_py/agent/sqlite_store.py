@@ -24,7 +24,10 @@ would wait for a dead one's row drops it at once. The lock's steps commit on a c
 their own that does not sync to disk (``synchronous=NORMAL``; the sessions' saves still do).
 
 A stored state that cannot be parsed raises `StateStoreError` naming the session and is left as
-it is. Every SQLite or file-system failure is a `StateStoreError`.
+it is. Every SQLite or file-system failure is a `StateStoreError` naming the file and, when the
+file is the cause (locked, read-only, full), what to do (`failure`); the store works again once
+the file does: a connection that found the file read-only is opened again (`read_only`), and a
+lock or ticket it could not give back is retried by the watch while its lease lasts.
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import TypeVar
 
-from .._sqlite import immediate
+from .._sqlite import failure, immediate, read_only
 from ..errors import BusyError
 from ._process_identity import dead
 from ._session import DEFAULT_MAX_QUEUED
@@ -110,6 +113,9 @@ class SqliteStateStore(ClosableStore):
         self.lock_timeout = lock_timeout
         self._waits = Waits()
         self._held: dict[str, int] = {}  # the locks held through this store: token -> the stop heard
+        # Locks and tickets whose release failed (the file locked or failing): token -> the session
+        # and the monotonic time their lease lapses anyway; the watch retries them meanwhile.
+        self._unreleased: dict[str, tuple[str, str, float]] = {}
         self._watcher: asyncio.Task[None] | None = None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agentscope-sqlite")
         self._conn: sqlite3.Connection | None = None  # touched only on the executor's thread
@@ -189,8 +195,8 @@ class SqliteStateStore(ClosableStore):
             except BaseException:
                 # Cancelled, or SQLite failed: a ticket it queued (or the lock, taken by a
                 # transaction the cancellation did not stop) is given back.
-                with contextlib.suppress(StateStoreError, RuntimeError):
-                    await asyncio.shield(self._release(user_id, session_id, token))
+                with contextlib.suppress(RuntimeError):
+                    await asyncio.shield(self._give_back(user_id, session_id, token))
                 raise
             self._held[token] = 0
             self._watch()
@@ -198,14 +204,10 @@ class SqliteStateStore(ClosableStore):
                 yield
             finally:
                 self._held.pop(token, None)
-                if not self._held and self._watcher is not None:
+                if not self._held and not self._unreleased and self._watcher is not None:
                     self._watcher.cancel()  # nothing left to watch (a later hold starts another)
                     self._watcher = None
-                try:
-                    await self._release(user_id, session_id, token)
-                except StateStoreError as exc:
-                    log.warning("could not release the lock of session %s/%s (%s); it expires in %.1f s",
-                                user_id, session_id, exc, self.lock_timeout)
+                await self._give_back(user_id, session_id, token)
         finally:
             self._waits.forget(token)
 
@@ -247,6 +249,31 @@ class SqliteStateStore(ClosableStore):
         if head is not None:
             self._waits.wake(head)
 
+    async def _give_back(self, user_id: str, session_id: str, token: str) -> None:
+        """`_release`; one that fails is retried by the watch until it succeeds or its lease
+        lapses. Left to the lease alone, a live process's lock or ticket would block the session
+        for ``lock_timeout`` after a moment of "database is locked" (nobody declares a live
+        process dead)."""
+        try:
+            await self._release(user_id, session_id, token)
+        except StateStoreError as exc:
+            log.warning("could not give back session %s/%s's lock or ticket (%s); retrying until it lapses in %.1f s",
+                        user_id, session_id, exc, self.lock_timeout)
+            self._unreleased[token] = (user_id, session_id, time.monotonic() + self.lock_timeout)
+            if not self._closed:
+                self._watch()
+
+    async def _retry_releases(self) -> None:
+        """Give back the locks and tickets whose release failed, while their leases last (in the
+        order they failed, so in the order their leases lapse)."""
+        for token, (user_id, session_id, lapses) in list(self._unreleased.items()):
+            if time.monotonic() < lapses:
+                try:
+                    await self._release(user_id, session_id, token)
+                except StateStoreError:
+                    return  # the file still fails: the next check tries again
+            del self._unreleased[token]
+
     def _watch(self) -> None:
         """Start the watch of this store's held locks, unless it runs (in this loop)."""
         task, loop = self._watcher, asyncio.get_running_loop()
@@ -256,13 +283,15 @@ class SqliteStateStore(ClosableStore):
     async def _watch_held(self) -> None:
         """While this store holds locks: pass on an interrupt recorded for one (every
         `_STOP_POLL` s), and renew their leases (every third of their lifetime) — one query for all
-        of them, however many sessions run."""
+        of them, however many sessions run. Meanwhile, and while releases failed, retry those."""
         renewed = time.monotonic()
-        while self._held:
+        while self._held or self._unreleased:
             await asyncio.sleep(_STOP_POLL)
+            if self._unreleased:
+                await self._retry_releases()
             tokens = list(self._held)
             if not tokens:
-                break
+                continue
             lease = self.lock_timeout if time.monotonic() - renewed >= self.lock_timeout / 3 else None
             try:
                 held = await self._run(functools.partial(watch, tokens=tokens, lease=lease), "checking session locks",
@@ -332,13 +361,27 @@ class SqliteStateStore(ClosableStore):
         except StateStoreError:
             raise
         except (sqlite3.Error, OSError) as exc:
-            raise StateStoreError(f"{what} in {self.path!r} failed: {type(exc).__name__}: {exc}") from exc
+            cause = failure(exc, self.path, f"busy_timeout={self.busy_timeout:g} s")
+            raise StateStoreError(f"{what} in {self.path!r} failed: {cause}") from exc
 
     def _with_connection(self, fn: Callable[[sqlite3.Connection], T], locks: bool) -> T:
+        """``fn`` on its connection. A step that found the file read-only closes both, and the
+        next step opens the file again (`read_only`: so the store writes once the file is made
+        writable)."""
+        try:
+            return fn(self._lock_connection() if locks else self._sessions_connection())
+        except sqlite3.Error as exc:
+            if read_only(exc):
+                self._close_connection()
+            raise
+
+    def _sessions_connection(self) -> sqlite3.Connection:
         if self._conn is None:
             self._conn = self._connect()
-        if not locks:
-            return fn(self._conn)
+        return self._conn
+
+    def _lock_connection(self) -> sqlite3.Connection:
+        self._sessions_connection()  # (it makes the tables)
         if self._lock_conn is None:
             # The session locks' own connection, whose commits are not synced to disk
             # (``synchronous=NORMAL``): a lock or a ticket lost to a power cut belonged to
@@ -347,7 +390,7 @@ class SqliteStateStore(ClosableStore):
             # the file consistent either way.
             conn = self._lock_conn = sqlite3.connect(self.path, timeout=self.busy_timeout, isolation_level=None)
             conn.execute("PRAGMA synchronous=NORMAL")
-        return fn(self._lock_conn)
+        return self._lock_conn
 
     def _connect(self) -> sqlite3.Connection:
         # isolation_level=None: no implicit transactions; save() begins its own.
