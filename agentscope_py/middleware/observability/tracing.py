@@ -10,7 +10,10 @@ Spans (instrumentation scope ``agentscope_py``):
   ``interrupted`` result. A sub-agent called from a lone tool call nests under that call's span.
 
 Status: OK when the stream completes; ERROR with the exception recorded (and ``error.type`` set)
-when it fails; ERROR ``"cancelled"`` when the consumer cancels or closes it early. Every span is
+when it fails; ERROR ``"cancelled"`` when the consumer cancels or closes it early. A ``chat``
+span whose stream completes after a ``ModelCallEnd`` with an ``error`` (a budget cut the call
+short and stopped the run, a retry gave up and continued) ends ERROR too, with that error as the
+description and its type as ``error.type``. Every span is
 ended exactly once. Message contents (``gen_ai.input.messages``, ``gen_ai.output.messages``, tool
 arguments and results) are recorded only with ``capture_content=True``.
 
@@ -222,12 +225,13 @@ class OtelTracingMiddleware(MiddlewareBase):
             observe, close = observer(span)  # fresh per subscription: a re-iteration starts clean
 
             def finish(outcome: BaseException | None) -> None:
+                failed: str | None = None
                 if close is not None and outcome is None:
                     try:
-                        close(span)
+                        failed = close(span)
                     except Exception:
                         self._warn("recording span attributes")
-                self._end(span, outcome)
+                self._end(span, outcome, failed)
 
             return observe, finish
 
@@ -289,9 +293,14 @@ class OtelTracingMiddleware(MiddlewareBase):
             self._warn("starting a span")
             return None
 
-    def _end(self, span: Span, outcome: BaseException | None) -> None:
+    def _end(self, span: Span, outcome: BaseException | None, failed: str | None = None) -> None:
+        """End ``span`` with ``outcome``'s status; ``failed``: the error (``"Type: message"``) its
+        part ended in though its stream completed (ERROR, ``error.type`` the type's name)."""
         try:
-            if outcome is None:
+            if outcome is None and failed:
+                span.set_attribute(ERROR_TYPE, failed.partition(":")[0])
+                span.set_status(Status(StatusCode.ERROR, failed))
+            elif outcome is None:
                 span.set_status(Status(StatusCode.OK))
             elif outcome is _CANCELLED or isinstance(outcome, asyncio.CancelledError):
                 span.set_status(Status(StatusCode.ERROR, "cancelled"))
