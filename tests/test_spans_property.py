@@ -405,7 +405,9 @@ def check_spans(case: Case, runs: list[Run]) -> None:
     started_runs = sum(1 for r in runs if any(e.type == "agent_start" and e.source is None for e in r.events))
     assert roots >= started_runs, case.seed
     root_spans = [s for s in rec.ended if s.name == "invoke_agent lead"]
-    if any(r.left or r.error is not None for r in runs):
+    interrupted = any(e.type == "agent_result" and e.source is None and e.result.generate_reason == "interrupted"
+                      for r in runs for e in r.events)
+    if interrupted or any(r.left or r.error is not None for r in runs):
         assert any(s.status.status_code is StatusCode.ERROR for s in root_spans), (case.seed, "a cut run's span is OK")
     for s in root_spans:
         if s.status.status_code is StatusCode.ERROR:

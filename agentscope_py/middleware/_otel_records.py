@@ -9,7 +9,7 @@ from typing import Any
 from opentelemetry.trace import Span
 
 from .._replies import ReplyBuilder
-from ..message import ChatUsage, Msg
+from ..message import ChatUsage, GenerateReason, Msg
 from ._otel_conventions import (
     CACHE_READ_TOKENS,
     CACHE_WRITE_TOKENS,
@@ -34,9 +34,16 @@ Records = tuple[Observer, Closer | None]
 """What sees each event of a span's stream, and what records the rest when it completes."""
 
 
+INTERRUPTED_RUN = "AgentInterrupted: the run was interrupted"
+"""The error an interrupted run's ``invoke_agent`` span ends with: the run was cut, though it
+answered (its INTERRUPTED reply), as the interrupted model call's and tool calls' spans end."""
+
+
 def agent_records(span: Span, capture: bool) -> Records:
     """What an ``invoke_agent`` span records: the reply id, the result's finish reason and usage
-    (and, with ``capture``, the result)."""
+    (and, with ``capture``, the result); the closer returns `INTERRUPTED_RUN` for an interrupted
+    run."""
+    interrupted = [False]
 
     def observe(event: Any) -> None:
         if event.source is not None:
@@ -48,12 +55,16 @@ def agent_records(span: Span, capture: bool) -> Records:
             result: Msg = event.result
             if result.generate_reason is not None:
                 span.set_attribute(FINISH_REASONS, (result.generate_reason.value,))
+                interrupted[0] = result.generate_reason is GenerateReason.INTERRUPTED
             if result.usage is not None:
                 set_usage(span, result.usage)
             if capture:
                 span.set_attribute(OUTPUT_MESSAGES, messages_json([result]))
 
-    return observe, None
+    def close(span: Span) -> str | None:
+        return INTERRUPTED_RUN if interrupted[0] else None
+
+    return observe, close
 
 def chat_records(span: Span, capture: bool) -> Records:
     """What a ``chat`` span records: the response model, the time to the first chunk, usage and
