@@ -60,7 +60,7 @@ from agentscope_py.middleware import (
 )
 from agentscope_py.model.base import ChatChunk, ModelRequest, ToolCallChunk
 from agentscope_py.stream import aclose
-from tests.test_closing_property import unbalanced
+from tests.test_closing_property import failing, fast, streamed, unbalanced
 
 CASES = int(os.environ.get("SPAN_CASES", "150"))
 SEED = int(os.environ.get("SPAN_SEED", "0"))
@@ -159,38 +159,6 @@ class FuzzModel:
         yield ChatChunk(usage=usage, finish_reason="stop")
         if rng.random() < 0.05:  # the connection drops after the usage came: billed, and failed
             raise Boom("fault after the usage")
-
-
-@tool
-async def fast(text: str) -> str:
-    """Return the text.
-
-    Args:
-        text: the text
-    """
-    return text
-
-
-@tool
-async def streamed(text: str) -> AsyncIterator[str]:
-    """Stream the text.
-
-    Args:
-        text: the text
-    """
-    for part in ("a", "b", "c"):
-        await asyncio.sleep(0)
-        yield part
-
-
-@tool
-async def failing(text: str) -> str:
-    """Fail.
-
-    Args:
-        text: the text
-    """
-    raise RuntimeError("tool failed")
 
 
 @tool
