@@ -107,7 +107,9 @@ class RuntimeContext:
         exception it raises is logged, never raised into the run. Observing costs no middleware
         layer: a middleware that only records a run calls this from ``on_agent_state_ready``.
         Each execution starts unobserved (a sub-agent's context observes its own run only);
-        several callbacks are called in the order they were given."""
+        several callbacks are called in the order they were given. Every block ``callback`` saw
+        start it sees end, also when the consumer leaves or is cancelled (the Ends the loop makes
+        then, named as an interrupt, reach the callback alone)."""
         if self.control is None:
             raise RuntimeError("RuntimeContext.observe: no execution runs on this context yet; call it from a "
                                "hook or tool of the run to observe (on_agent_state_ready, say)")

@@ -3,6 +3,8 @@ with no middleware layer, and nothing fed to a run that nobody observes."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 from typing import Any
 
@@ -93,6 +95,39 @@ async def test_the_ends_the_loop_makes_itself_are_observed_too() -> None:
     assert seen == events[1:-2]  # every event but AgentStart, AgentResult and AgentEnd
     assert [e.type for e in seen][-2:] == ["text_block_end", "model_call_end"]  # (closed by the loop)
     assert seen[-1].error is not None and "cut short" in seen[-1].error
+
+
+async def test_an_observer_sees_what_it_saw_start_end_when_the_consumer_leaves() -> None:
+    recorder = Recorder()
+    agent = (ReActAgent.builder().model(ScriptedModel([ModelStep.text("one two three four", chunks=4)]))
+             .middleware(recorder).build())
+    async with contextlib.aclosing(agent.stream("hi")) as events:
+        async for event in events:
+            if event.type == "text_block_delta":
+                break  # the consumer gets nothing more; the observer is no consumer
+    [seen] = recorder.runs
+    assert [e.type for e in seen] == ["model_call_start", "text_block_start", "text_block_delta",
+                                      "text_block_end", "model_call_end"]
+    end = seen[-1]
+    assert end.error is not None and end.error.startswith("AgentInterrupted") and not end.discarded  # kept
+
+
+async def test_an_observer_sees_a_tool_result_end_when_a_deadline_cancels_the_consumer() -> None:
+    @tool
+    async def slow(text: str) -> str:
+        """Take a while."""
+        await asyncio.sleep(10)
+        return text
+
+    recorder = Recorder()
+    model = ScriptedModel([ModelStep.tool_call("slow", {"text": "x"})])
+    agent = ReActAgent.builder().model(model).tools(slow).middleware(recorder).build()
+    with pytest.raises(TimeoutError):
+        async with asyncio.timeout(0.05):
+            await agent.call("go")
+    [seen] = recorder.runs
+    assert [e.type for e in seen][-2:] == ["tool_result_start", "tool_result_end"]
+    assert seen[-1].state.value == "interrupted"
 
 
 @tool(check_permissions=lambda call, ctx: PermissionDecision.ASK)

@@ -85,6 +85,9 @@ _RESULT = shape(AgentResult, "result")
 _END = shape(AgentEnd, "reply_id")
 _FAILED = shape(AgentEnd, "reply_id", "error")
 _ROLLED_BACK = shape(AgentEnd, "reply_id", "metadata")
+_CONSUMER_GONE = AgentInterrupted("the consumer stopped reading (it left or was cancelled)")
+"""How the Ends an observer gets when a run's consumer goes away name the cut (the turn is kept as
+an interrupted one)."""
 
 
 class Execution:
@@ -293,7 +296,9 @@ class Execution:
                     # Every step runs in this one loop, not in generators of its own.
                     while True:
                         on_event = step.on_event
-                        kept = not step.closed  # (its brackets, for `Brackets`)
+                        # Its brackets, for `Brackets`: a step that closes its own needs none kept,
+                        # unless an observer watches (its Ends go nowhere when the consumer leaves).
+                        kept = not step.closed or ctx.event_observer is not None
                         stop: RequestStop | None = None
                         starts = 0  # of the step's bracket events (`_brackets`)
                         steps = step.stream.__aiter__()
@@ -333,6 +338,11 @@ class Execution:
                                 ends = all_observed(ctx, Brackets(logged).close(exc, starts))
                                 for end in ends if publish else ():
                                     yield end
+                            elif ctx.event_observer is not None:
+                                # The consumer left or was cancelled: it gets nothing more, but an
+                                # observer is no consumer, and sees what it saw start end, as the
+                                # turn is kept (INTERRUPTED, the partial reply remembered).
+                                all_observed(ctx, Brackets(logged).close(_CONSUMER_GONE, starts))
                             raise
                         if starts * 2 != len(logged):  # a layer stopped reading with brackets open
                             ends = all_observed(ctx, Brackets(logged).close(None, starts))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 from pathlib import Path
@@ -9,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from agentscope_py import ChatUsage, ModelStep, ReActAgent, RuntimeContext, ScriptedModel, Toolkit, tool
+from agentscope_py import ChatUsage, MiddlewareBase, ModelStep, ReActAgent, RuntimeContext, ScriptedModel, Toolkit, tool
 from agentscope_py.middleware import AuditLogMiddleware, PIIRedactionMiddleware
 from tests.middleware.safety_helpers import ChunkModel, leave_at_first_delta
 
@@ -93,6 +94,58 @@ async def test_failed_and_cut_short_calls_are_audited() -> None:
     agent = ReActAgent.builder().model(model).middleware(AuditLogMiddleware(records.append)).build()
     await leave_at_first_delta(agent.stream("go"))
     assert [r["state"] for r in records] == ["cut_short"]
+
+
+class RaiseAt(MiddlewareBase):
+    """Inside the audit: raises when the event of type ``at`` reaches it."""
+
+    def __init__(self, at: str) -> None:
+        self.at = at
+
+    def order(self) -> int:
+        return 0
+
+    def _raise_at(self, input: Any, next: Any) -> Any:
+        def check(e: Any) -> None:
+            if e.type == self.at:
+                raise RuntimeError(f"hook failed at {self.at}")
+
+        return next(input).do(check)
+
+    def on_model_call(self, agent: Any, ctx: Any, input: Any, next: Any) -> Any:
+        return self._raise_at(input, next)
+
+    def on_acting(self, agent: Any, ctx: Any, input: Any, next: Any) -> Any:
+        return self._raise_at(input, next)
+
+
+async def test_a_tool_call_whose_stream_fails_before_its_end_is_audited_as_an_error() -> None:
+    records: list[dict[str, Any]] = []
+    agent = agent_with(AuditLogMiddleware(records.append), RaiseAt("tool_result_end"))
+    with pytest.raises(RuntimeError, match="hook failed"):
+        await agent.call("go")
+    assert [(r["event"], r["state"], r.get("error")) for r in records] == [
+        ("model_call", "success", None), ("tool_call", "error", "RuntimeError: hook failed at tool_result_end")]
+    assert records[1]["tool_call_id"] == "c1" and records[1]["arguments"] == {"text": "ada@example.com"}
+
+
+async def test_a_tool_call_the_consumer_leaves_is_audited_as_interrupted() -> None:
+    records: list[dict[str, Any]] = []
+    async with contextlib.aclosing(agent_with(AuditLogMiddleware(records.append)).stream("go")) as events:
+        async for event in events:
+            if event.type == "tool_result_start":
+                break
+    assert [(r["event"], r["state"]) for r in records] == [("model_call", "success"), ("tool_call", "interrupted")]
+    assert "error" not in records[1]
+
+
+async def test_a_model_call_whose_stream_fails_before_its_end_is_audited_as_an_error() -> None:
+    records: list[dict[str, Any]] = []
+    agent = agent_with(AuditLogMiddleware(records.append), RaiseAt("tool_call_end"))
+    with pytest.raises(RuntimeError, match="hook failed"):
+        await agent.call("go")
+    assert [(r["event"], r["state"], r["error"]) for r in records] == [
+        ("model_call", "error", "RuntimeError: hook failed at tool_call_end")]
 
 
 def test_bad_sinks(tmp_path: Path) -> None:

@@ -391,3 +391,37 @@ async def test_over_the_openai_wire_a_stalled_request_is_hedged_and_its_connecti
     finally:
         await model.aclose()
         await server.stop()
+
+
+async def test_a_winner_that_answered_before_its_call_was_cut_counts_in_the_runs_usage() -> None:
+    # The primary answers at once, its end and usage included, into the hedge's buffer; a hook
+    # outside fails at the first delta and a retry outside runs the call again: the provider
+    # billed both answers, and the run's usage counts both.
+    from agentscope_py import MiddlewareBase, ModelStep, ScriptedModel
+
+    class FailOnce(MiddlewareBase):
+        def __init__(self) -> None:
+            self.failed = False
+
+        def order(self) -> int:
+            return 5  # inside the retry, outside the hedge
+
+        def on_model_call(self, agent: Any, ctx: Any, input: Any, next: Any) -> Any:
+            def check(event: Any) -> None:
+                if event.type == "text_block_delta" and not self.failed:
+                    self.failed = True
+                    raise ConnectionError("a hook failed")
+
+            return next(input).do(check)
+
+    class Retry(RetryMiddleware):
+        def order(self) -> int:
+            return 10
+
+    model = ScriptedModel([ModelStep.text("a b", chunks=2, usage=ChatUsage(input_tokens=10, output_tokens=1)),
+                           ModelStep.text("c", usage=ChatUsage(input_tokens=10, output_tokens=2))], name="m")
+    retry = Retry(1, retry_on=ConnectionError, initial_delay=0.001, after_first_event=True)
+    agent = ReActAgent.builder().model(model).middlewares([retry, FailOnce(), HedgeMiddleware(None, after=5.0)]).build()
+    reply = await agent.call("go")
+    assert reply.text == "c" and len(model.requests) == 2
+    assert reply.usage == ChatUsage(input_tokens=20, output_tokens=3)

@@ -499,3 +499,53 @@ async def test_every_started_span_is_ended_once_even_if_a_subscription_is_never_
     assert len(counting.started) == 4 + 3  # a full run, then invoke_agent + chat + execute_tool
     assert sorted(counting.started) == sorted(counting.ended)
     assert len(set(counting.ended)) == len(counting.ended)
+
+
+async def test_a_chat_span_whose_call_a_budget_cut_short_ends_with_an_error_status(
+    provider: TracerProvider, exporter: InMemorySpanExporter
+) -> None:
+    from agentscope_py.middleware import BudgetMiddleware
+
+    model = ScriptedModel([ModelStep.text("x" * 400, chunks=20)], name="m")
+    budget = BudgetMiddleware(run_tokens=50, estimate=lambda input: 10)
+    agent = ReActAgent.builder().model(model).middleware(OtelTracingMiddleware(provider)).middleware(budget).build()
+    events = await agent.stream("go").to_list()
+    (end,) = [e for e in events if e.type == "model_call_end"]
+    assert end.error is not None and end.error.startswith("BudgetExceeded")  # the stream completes all the same
+    chat = _by_name(exporter.get_finished_spans())["chat m"][0]
+    assert chat.status.status_code is StatusCode.ERROR and f"BudgetExceeded: {chat.status.description}" == end.error
+    assert chat.attributes is not None and chat.attributes["error.type"] == "agentscope_py.errors.BudgetExceeded"
+
+
+async def test_a_chat_span_whose_retries_gave_up_and_continued_ends_with_an_error_status(
+    provider: TracerProvider, exporter: InMemorySpanExporter
+) -> None:
+    from agentscope_py.middleware import RetryMiddleware
+
+    model = ScriptedModel([ModelStep.error(RuntimeError("down")), ModelStep.error(RuntimeError("down"))], name="m")
+    retry = RetryMiddleware(1, retry_on=RuntimeError, on_failure="continue", initial_delay=0.001)
+    agent = ReActAgent.builder().model(model).middleware(OtelTracingMiddleware(provider)).middleware(retry).build()
+    await agent.call("go")
+    spans = _by_name(exporter.get_finished_spans())
+    (chat,) = spans["chat m"]
+    assert (chat.status.status_code, chat.status.description) == (StatusCode.ERROR, "down")
+    assert chat.attributes is not None and chat.attributes["error.type"] == "RuntimeError"
+    assert spans["invoke_agent assistant"][0].status.status_code is StatusCode.OK  # the run itself answered
+
+
+async def test_an_interrupted_runs_span_ends_with_an_error_status_as_its_cut_model_call_does(
+    provider: TracerProvider, exporter: InMemorySpanExporter
+) -> None:
+    model = ScriptedModel([ModelStep.text("one two three four five", chunks=5, delay=0.01)], name="m")
+    agent = _agent(model, OtelTracingMiddleware(provider))
+    async for event in agent.stream("go"):
+        if event.type == "text_block_delta":
+            agent.interrupt()
+    spans = _by_name(exporter.get_finished_spans())
+    (run,) = spans["invoke_agent Weather"]
+    (chat,) = spans["chat m"]
+    assert run.attributes is not None and run.attributes["gen_ai.response.finish_reasons"] == ("interrupted",)
+    for span in (run, chat):
+        assert span.status.status_code is StatusCode.ERROR
+        assert span.attributes is not None and span.attributes["error.type"] == "agentscope_py.errors.AgentInterrupted"
+    assert run.status.description == "the run was interrupted"

@@ -10,7 +10,14 @@ A model-call line::
 A tool-call line: ``"event": "tool_call"``, ``tool``, ``tool_call_id``, ``arguments``, ``state``
 (``success``, ``error``, ``denied``, ``interrupted``), ``duration_ms`` (from the result's start to
 its end). ``state`` of a model call: ``success``, ``error`` (``error`` says what), or
-``cut_short`` (the stream was closed before the call ended). With ``include_content=True`` the
+``cut_short`` (the stream was closed before the call ended).
+
+Every call that started here gets its line, however its stream ends: a call whose end never
+passed here is logged when its stream ends, as the runtime's closing event tells it. A stream
+that failed gives ``state="error"`` with ``error`` naming the exception (a tool call then carries
+``error`` too; an interrupt leaves its calls ``interrupted``); one that was closed or cancelled
+(the consumer left, a deadline) gives ``cut_short`` for a model call and ``interrupted`` for a
+tool call. With ``include_content=True`` the
 lines also carry the content: ``messages`` and ``reply`` (model calls), ``output`` (tool calls);
 ``include_arguments=False`` leaves tool arguments out.
 
@@ -30,9 +37,12 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..._bracket_kinds import describe
 from ..._replies import ReplyBuilder, ToolResultCollector
+from ...errors import AgentInterrupted
 from ...events import ModelCallEnd, ModelCallStart, ToolResultEnd, ToolResultStart
 from ...extension.base import ActingInput, ExtensionPoint, MiddlewareBase, ModelCallInput, Next
+from ...message import ToolUseBlock
 from ...stream import EventStream, aclose
 
 if TYPE_CHECKING:
@@ -107,6 +117,7 @@ class AuditLogMiddleware(MiddlewareBase):
         builder = ReplyBuilder()
         model: str = getattr(input.model, "name", type(input.model).__name__)
         open_call = False
+        failure: BaseException | None = None
         it: Any = next(input).__aiter__()
         try:
             async for ev in it:
@@ -120,13 +131,19 @@ class AuditLogMiddleware(MiddlewareBase):
                         self._emit(self._model_record(agent, ctx, input, model, builder, ev, started))
                         started = time.perf_counter()  # (a retry inside starts its own clock)
                 yield ev
+        except Exception as exc:
+            failure = exc
+            raise
         finally:
             await aclose(it)
             if open_call:
-                self._emit(self._model_record(agent, ctx, input, model, builder, None, started))
+                self._emit(self._model_record(agent, ctx, input, model, builder, None, started, failure))
 
     def _model_record(self, agent: AgentView, ctx: RuntimeContext, input: ModelCallInput, model: str,
-                      builder: ReplyBuilder, end: ModelCallEnd | None, started: float) -> dict[str, Any]:
+                      builder: ReplyBuilder, end: ModelCallEnd | None, started: float,
+                      failure: BaseException | None = None) -> dict[str, Any]:
+        """The record of one call: from its ``end``, else (no end passed here) from the
+        ``failure`` its stream raised, else it was cut short (closed or cancelled)."""
         record = self._base("model_call", agent, ctx)
         try:
             reply = builder.build(end.reply_id if end is not None else "", agent.name)
@@ -134,8 +151,8 @@ class AuditLogMiddleware(MiddlewareBase):
             reply = None
         record.update({
             "model": model,
-            "state": "cut_short" if end is None else ("error" if end.error else "success"),
-            "error": None if end is None else end.error,
+            "state": _cut_state(failure) if end is None else ("error" if end.error else "success"),
+            "error": _cut_error(failure) if end is None else end.error,
             "finish_reason": None if end is None else end.finish_reason,
             "tool_calls": [] if reply is None else [c.name for c in reply.tool_calls],
             "usage": None if end is None or end.usage is None else end.usage.model_dump(),
@@ -154,9 +171,10 @@ class AuditLogMiddleware(MiddlewareBase):
     async def _acting(self, agent: AgentView, ctx: RuntimeContext, input: ActingInput, next: Next
                       ) -> AsyncIterator[Any]:
         calls = {c.id: c for c in input.tool_calls}
-        starts: dict[str, float] = {}
+        starts: dict[str, tuple[float, str]] = {}  # the calls started and not ended: when, which tool
         collector = ToolResultCollector()
         batch = time.perf_counter()
+        failure: BaseException | None = None
         it: Any = next(input).__aiter__()
         try:
             async for ev in it:
@@ -164,23 +182,47 @@ class AuditLogMiddleware(MiddlewareBase):
                     cls = type(ev)
                     collector.add(ev)
                     if cls is ToolResultStart:
-                        starts[ev.tool_call_id] = time.perf_counter()
+                        starts[ev.tool_call_id] = (time.perf_counter(), ev.tool_name)
                     elif cls is ToolResultEnd:
-                        began = starts.pop(ev.tool_call_id, batch)
-                        record = self._base("tool_call", agent, ctx)
-                        call = calls.get(ev.tool_call_id)
-                        record.update({"tool": ev.tool_name, "tool_call_id": ev.tool_call_id,
-                                       "state": str(ev.state.value),
-                                       "duration_ms": round((time.perf_counter() - began) * 1000, 3)})
-                        if self.include_arguments:
-                            record["arguments"] = None if call is None else call.input
-                        if self.include_content:
-                            result = collector.results.get(ev.tool_call_id)
-                            record["output"] = None if result is None else result.text
-                        self._emit(record)
+                        began, _ = starts.pop(ev.tool_call_id, (batch, ev.tool_name))
+                        self._emit(self._tool_record(agent, ctx, calls, collector, ev.tool_call_id, ev.tool_name,
+                                                     str(ev.state.value), None, began))
                 yield ev
+        except Exception as exc:
+            failure = exc
+            raise
         finally:
             await aclose(it)
+            # A call whose end never passed here (the stream failed or was closed first) is
+            # recorded as the runtime's closing ToolResultEnd tells it: error, else interrupted.
+            interrupted = failure is None or isinstance(failure, AgentInterrupted)
+            for call_id, (began, name) in starts.items():
+                self._emit(self._tool_record(agent, ctx, calls, collector, call_id, name,
+                                             "interrupted" if interrupted else "error", failure, began))
+
+    def _tool_record(self, agent: AgentView, ctx: RuntimeContext, calls: dict[str, ToolUseBlock],
+                     collector: ToolResultCollector, call_id: str, name: str, state: str,
+                     failure: BaseException | None, began: float) -> dict[str, Any]:
+        record = self._base("tool_call", agent, ctx)
+        record.update({"tool": name, "tool_call_id": call_id, "state": state,
+                       "duration_ms": round((time.perf_counter() - began) * 1000, 3)})
+        if failure is not None:
+            record["error"] = describe(failure)
+        if self.include_arguments:
+            call = calls.get(call_id)
+            record["arguments"] = None if call is None else call.input
+        if self.include_content:
+            result = collector.results.get(call_id)
+            record["output"] = None if result is None else result.text
+        return record
+
+
+def _cut_state(failure: BaseException | None) -> str:
+    return "cut_short" if failure is None else "error"
+
+
+def _cut_error(failure: BaseException | None) -> str | None:
+    return None if failure is None else describe(failure)
 
 
 class _FileSink:

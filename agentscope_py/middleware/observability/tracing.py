@@ -10,7 +10,12 @@ Spans (instrumentation scope ``agentscope_py``):
   ``interrupted`` result. A sub-agent called from a lone tool call nests under that call's span.
 
 Status: OK when the stream completes; ERROR with the exception recorded (and ``error.type`` set)
-when it fails; ERROR ``"cancelled"`` when the consumer cancels or closes it early. Every span is
+when it fails; ERROR ``"cancelled"`` when the consumer cancels or closes it early. A part that
+ends in an error without its stream failing ends ERROR too, as if that error had been raised
+(its message the description, its type ``error.type``): a ``chat`` span whose last
+``ModelCallEnd`` has an ``error`` (a budget cut the call short and stopped the run, a retry gave
+up and continued), an ``invoke_agent`` span whose run was interrupted (``AgentInterrupted``: the
+run answered, with its INTERRUPTED reply, but was cut, as its model and tool calls were). Every span is
 ended exactly once. Message contents (``gen_ai.input.messages``, ``gen_ai.output.messages``, tool
 arguments and results) are recorded only with ``capture_content=True``.
 
@@ -33,6 +38,7 @@ task), and no span leaks into it.
 from __future__ import annotations
 
 import asyncio
+import builtins
 import contextvars
 import logging
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -48,6 +54,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
         "OtelTracingMiddleware needs OpenTelemetry: pip install 'agentscope-py[otel]'"
     ) from exc
 
+from ... import errors
 from ...events import AgentEvent
 from ...extension.base import ActingInput, AgentInput, ExtensionPoint, MiddlewareBase, ModelCallInput, Next
 from ...message import ToolUseBlock
@@ -222,12 +229,13 @@ class OtelTracingMiddleware(MiddlewareBase):
             observe, close = observer(span)  # fresh per subscription: a re-iteration starts clean
 
             def finish(outcome: BaseException | None) -> None:
+                failed: str | None = None
                 if close is not None and outcome is None:
                     try:
-                        close(span)
+                        failed = close(span)
                     except Exception:
                         self._warn("recording span attributes")
-                self._end(span, outcome)
+                self._end(span, outcome, failed)
 
             return observe, finish
 
@@ -289,9 +297,15 @@ class OtelTracingMiddleware(MiddlewareBase):
             self._warn("starting a span")
             return None
 
-    def _end(self, span: Span, outcome: BaseException | None) -> None:
+    def _end(self, span: Span, outcome: BaseException | None, failed: str | None = None) -> None:
+        """End ``span`` with ``outcome``'s status; ``failed``: the error (``"Type: message"``) its
+        part ended in though its stream completed (ERROR, as if that error had been raised)."""
         try:
-            if outcome is None:
+            if outcome is None and failed:
+                kind, _, message = failed.partition(": ")  # ("Type: message", as a raised one reads)
+                span.set_attribute(ERROR_TYPE, _named_error_type(kind))
+                span.set_status(Status(StatusCode.ERROR, message or kind))
+            elif outcome is None:
                 span.set_status(Status(StatusCode.OK))
             elif outcome is _CANCELLED or isinstance(outcome, asyncio.CancelledError):
                 span.set_status(Status(StatusCode.ERROR, "cancelled"))
@@ -346,6 +360,15 @@ def _model_name(model: ChatModel | None) -> str:
 def _error_type(exc: BaseException) -> str:
     cls = type(exc)
     return cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _named_error_type(name: str) -> str:
+    """``error.type`` for an error known by its type's name only (``ModelCallEnd.error``): the
+    qualified name when it is one of this package's errors or a builtin, as a raised one gets."""
+    cls = getattr(errors, name, None) or getattr(builtins, name, None)
+    if isinstance(cls, type) and issubclass(cls, BaseException):
+        return cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
+    return name
 
 
 # -- the execute_tool spans: one per tool call, from the events --------------------------------

@@ -8,7 +8,9 @@ Until an attempt's first token its events (``ModelCallStart``, hook tracing's br
 the winner's are then passed on and the loser's are dropped with it, so the layers outside see
 one attempt, balanced, whose ``ModelCallEnd`` names the model that served it and carries its
 usage only. The loser is cancelled: its task ends, its stream is closed (a provider's HTTP
-connection with it), and nothing it produced reaches the run's usage or memory.
+connection with it), and nothing it produced reaches the run's usage or memory. The winner's
+usage always does: when the call is cut after its model answered but before its ``ModelCallEnd``
+was read from the attempt's queue, that usage is added to the run's (``ctx.add_usage``).
 
 A token is any event of the attempt but ``ModelCallStart`` and hook tracing's brackets: a text,
 thinking or data delta, a tool call's start, or the call's end (an empty reply).
@@ -30,8 +32,9 @@ from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
 from ...errors import HedgeError
-from ...events import AgentEvent, MiddlewareCompleted, MiddlewareStarted, ModelCallStart
+from ...events import AgentEvent, MiddlewareCompleted, MiddlewareStarted, ModelCallEnd, ModelCallStart
 from ...extension.base import ExtensionPoint, MiddlewareBase, ModelCallInput, Next
+from ...message import ChatUsage
 from ...model.base import ChatModel
 from ...stream import EventStream, aclose
 from ._common import ErrorFilter, any_failure, matcher
@@ -143,13 +146,14 @@ class HedgeMiddleware(MiddlewareBase):
             self.samples.append(min(self.ceiling, max(self.floor, seconds)))
 
     def on_model_call(self, agent: AgentView, ctx: RuntimeContext, input: ModelCallInput, next: Next) -> Any:
-        return EventStream(lambda: self._race(input, next))
+        return EventStream(lambda: self._race(ctx, input, next))
 
-    async def _race(self, input: ModelCallInput, next: Next) -> AsyncIterator[AgentEvent]:
+    async def _race(self, ctx: RuntimeContext, input: ModelCallInput, next: Next) -> AsyncIterator[AgentEvent]:
         loop = asyncio.get_running_loop()
         started = loop.time()
         primary = _Attempt(next(input), input.model.name)
         attempts = [primary]
+        winner: _Attempt | None = None
         try:
             await asyncio.wait((primary.first,), timeout=self.delay())
             error = _failure(primary)
@@ -173,6 +177,11 @@ class HedgeMiddleware(MiddlewareBase):
         finally:
             for attempt in attempts:
                 await attempt.cancel()
+            if winner is not None:
+                # The winner's model answered, but the call was cut before its end was read here:
+                # the provider reported that usage, so the run's usage counts it all the same.
+                for usage in winner.unread_usage():
+                    ctx.add_usage(usage)
 
 
 def _failure(attempt: _Attempt) -> BaseException | None:
@@ -215,11 +224,12 @@ class _Attempt:
     """One attempt of the call, read by a task of its own into a bounded queue; ``first`` is
     done at its first token (or its end), or holds its error when it failed before one."""
 
-    __slots__ = ("ending", "first", "model", "queue", "task")
+    __slots__ = ("ending", "first", "held", "model", "queue", "task")
 
     def __init__(self, stream: EventStream[AgentEvent], model: str) -> None:
         self.model = model
         self.ending = False  # `cancel` ends the attempt: no one reads its queue any more
+        self.held: AgentEvent | None = None  # read, and cancelled while it waited for room in the queue
         self.queue: asyncio.Queue[AgentEvent | _End] = asyncio.Queue(_BUFFER)
         self.first: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.task = asyncio.create_task(self._pump(stream))
@@ -231,7 +241,11 @@ class _Attempt:
             async for event in it:
                 # (no coroutine per event: the queue waits only when it is full)
                 if queue.full():
-                    await queue.put(event)
+                    try:
+                        await queue.put(event)
+                    except asyncio.CancelledError:
+                        self.held = event
+                        raise
                 else:
                     queue.put_nowait(event)
                 if not first.done() and not isinstance(event, _NOT_TOKENS):
@@ -267,6 +281,15 @@ class _Attempt:
                     raise item.error
                 return
             yield item
+
+    def unread_usage(self) -> list[ChatUsage]:
+        """The usage of the attempt's own ModelCallEnds that it read and nobody took from it (call
+        it once the attempt has ended)."""
+        queue = self.queue
+        unread = [queue.get_nowait() for _ in range(queue.qsize())]
+        if self.held is not None:
+            unread.append(self.held)
+        return [e.usage for e in unread if type(e) is ModelCallEnd and e.source is None and e.usage is not None]
 
     async def cancel(self) -> None:
         """Ends the attempt: its task is cancelled and waited for, so its stream is closed (a
