@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from opentelemetry.trace import Span
@@ -14,6 +14,7 @@ from ._otel_conventions import (
     CACHE_READ_TOKENS,
     CACHE_WRITE_TOKENS,
     FINISH_REASONS,
+    INPUT_MESSAGES,
     INPUT_TOKENS,
     OUTPUT_MESSAGES,
     OUTPUT_TOKENS,
@@ -32,14 +33,23 @@ Records = tuple[Observer, Closer | None]
 """What sees each event of a span's stream, and what records the rest when it completes."""
 
 
-def agent_records(span: Span, capture: bool) -> Records:
+def agent_records(span: Span, capture: bool, admitted: Callable[[], Sequence[Msg]] | None = None) -> Records:
     """What an ``invoke_agent`` span records: the reply id, the result's finish reason and usage
-    (and, with ``capture``, the result)."""
+    (and, with ``capture``, the result, and the input as ``admitted`` gives it once the run took it
+    in: at the first event after the run's start, when the ``on_agent_state_ready`` hooks, a PII
+    redaction's, have rewritten it)."""
+    waiting = admitted
 
     def observe(event: Any) -> None:
+        nonlocal waiting
         if event.source is not None:
             return
         t = event.type
+        if waiting is not None and t != "agent_start":
+            msgs = waiting()
+            if msgs:
+                span.set_attribute(INPUT_MESSAGES, messages_json(msgs))
+                waiting = None
         if t == "agent_start":
             span.set_attribute(REPLY_ID, event.reply_id)
         elif t == "agent_result":
