@@ -36,7 +36,7 @@ Records = tuple[Observer, Closer | None]
 def agent_records(span: Span, capture: bool, admitted: Callable[[], Sequence[Msg]] | None = None) -> Records:
     """What an ``invoke_agent`` span records: the reply id, the result's finish reason and usage
     (and, with ``capture``, the result, and the input as ``admitted`` gives it once the run took it
-    in: at the first event after the run's start, when the ``on_agent_state_ready`` hooks, a PII
+    in: at the first event after the prelude, when the ``on_agent_state_ready`` hooks, a PII
     redaction's, have rewritten it)."""
     waiting = admitted
 
@@ -45,11 +45,11 @@ def agent_records(span: Span, capture: bool, admitted: Callable[[], Sequence[Msg
         if event.source is not None:
             return
         t = event.type
-        if waiting is not None and t != "agent_start":
+        if waiting is not None and t not in _PRELUDE:
             msgs = waiting()
+            waiting = None  # (asked once: a resume's answers are not taken into memory)
             if msgs:
                 span.set_attribute(INPUT_MESSAGES, messages_json(msgs))
-                waiting = None
         if t == "agent_start":
             span.set_attribute(REPLY_ID, event.reply_id)
         elif t == "agent_result":
@@ -62,6 +62,11 @@ def agent_records(span: Span, capture: bool, admitted: Callable[[], Sequence[Msg
                 span.set_attribute(OUTPUT_MESSAGES, messages_json([result]))
 
     return observe, None
+
+_PRELUDE = frozenset({"agent_start", "middleware_started", "middleware_completed"})
+"""The events a run may publish before its input is in memory: its start, and the trace events of
+the prelude's hooks (``trace_middleware``)."""
+
 
 def chat_records(span: Span, capture: bool) -> Records:
     """What a ``chat`` span records: the response model, the time to the first chunk, usage and

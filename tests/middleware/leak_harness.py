@@ -45,6 +45,7 @@ from agentscope_py.middleware import (
     Respond,
     ResponseCacheMiddleware,
     RetryMiddleware,
+    ToolResultCacheMiddleware,
     approval_message,
 )
 from agentscope_py.model.base import ChatChunk, ModelRequest, ToolCallChunk
@@ -89,11 +90,12 @@ class LeakModel:
     supports_structured_output = False
 
     def __init__(self, name: str, rounds: list[dict[str, Any]], rng: random.Random, *,
-                 fail: int = 0, after: int = 0) -> None:
+                 fail: int = 0, after: int = 0, slow: float = 0.0) -> None:
         self.name = name
         self.rounds = rounds
         self.rng = rng
         self.fail, self.after = fail, after
+        self.slow = slow  # seconds before the first chunk: a hedge's backup starts meanwhile
         self.requests: list[ModelRequest] = []
 
     def _round(self, request: ModelRequest) -> dict[str, Any]:
@@ -120,6 +122,8 @@ class LeakModel:
             for i, piece in enumerate(self._pieces(json.dumps(arguments))):
                 chunks.append(ChatChunk(tool_call=ToolCallChunk(
                     index=index, id=call_id if i == 0 else None, name=name if i == 0 else None, arguments=piece)))
+        if self.slow:
+            await asyncio.sleep(self.slow)
         for i, chunk in enumerate(chunks):
             if failing and i == self.after:
                 raise ConnectionError("the connection dropped")
@@ -172,7 +176,8 @@ def draw(seed: int) -> Case:
     case.arguments_redacted = rng.random() < 0.7
     for source in sources:
         case.secrets[source] = secret(rng, source)
-    case.stack = [m for m in ("retry", "fallback", "hedge", "cache", "audit", "tracing", "budget") if rng.random() < 0.5]
+    case.stack = [m for m in ("retry", "fallback", "hedge", "cache", "audit", "tracing", "budget", "tool_cache")
+                  if rng.random() < 0.5]
     case.cut = rng.choice(CUTS)
     case.decision = rng.choice(DECISIONS)
     if "human" in case.secrets:
@@ -200,6 +205,7 @@ class Built:
     records: list[dict[str, Any]]
     exporter: InMemorySpanExporter
     cache: InMemoryCacheStore | None
+    tool_cache: InMemoryCacheStore | None
     received: list[Any]
     stores: list[Any]
     order: list[str]
@@ -218,26 +224,48 @@ def build(case: Case, rng: random.Random, tmp: Path) -> Built:
     first: dict[str, Any] = {"thinking": f"I think {s['thinking']} matters." if "thinking" in s else "",
                              "text": f"Let me see, {s['text']} is it." if "text" in s else "Let me see.",
                              "calls": calls}
+    native = rng.random() < 0.5  # the provider's JSON mode, else the generate_response tool
     if "structured" in s:
-        final: dict[str, Any] = {"calls": [("call_answer", "generate_response", {"contact": s["structured"]})]}
+        final: dict[str, Any] = ({"text": json.dumps({"contact": s["structured"]})} if native else
+                                 {"calls": [("call_answer", "generate_response", {"contact": s["structured"]})]})
         rounds = [first, final, {"text": "done"}] if calls else [final, {"text": "done"}]
     else:
         rounds = [first, {"text": f"Done: {s.get('text', 'all good')}."}] if calls else [first]
     fail = 1 if case.cut == "model_error" else 0
-    main = LeakModel("main", rounds, rng, fail=fail, after=rng.randint(0, 6))
+    main = LeakModel("main", rounds, rng, fail=fail, after=rng.randint(0, 6),
+                     slow=0.01 if "hedge" in case.stack and rng.random() < 0.5 else 0.0)
     backup = LeakModel("backup", rounds, rng)
+    main.supports_structured_output = backup.supports_structured_output = native
     models = [main, backup]
     received: list[Any] = []
 
-    @tool
-    def lookup(query: str) -> str:
-        """Look something up.
+    found = f"found: {s.get('tool_result', 'nothing')} for you"
+    read_only = "tool_cache" in case.stack  # (what a tool result cache keeps)
+    if rng.random() < 0.5:
+        @tool(read_only=read_only)
+        def lookup(query: str) -> str:
+            """Look something up.
 
-        Args:
-            query: what to look for
-        """
-        received.append(query)
-        return f"found: {s.get('tool_result', 'nothing')} for you"
+            Args:
+                query: what to look for
+            """
+            received.append(query)
+            return found
+    else:
+        pieces = LeakModel("pieces", [{}], rng)._pieces(found)
+
+        @tool(name="lookup", read_only=read_only)
+        async def lookup_streamed(query: str) -> AsyncIterator[str]:
+            """Look something up, streaming the answer.
+
+            Args:
+                query: what to look for
+            """
+            received.append(query)
+            for piece in pieces:
+                await asyncio.sleep(0)
+                yield piece
+        lookup = lookup_streamed
 
     @tool
     def broken(query: str) -> str:
@@ -263,14 +291,16 @@ def build(case: Case, rng: random.Random, tmp: Path) -> Built:
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     cache = InMemoryCacheStore() if "cache" in case.stack else None
+    tool_cache = InMemoryCacheStore() if "tool_cache" in case.stack else None
     pool: dict[str, Any] = {
         "retry": RetryMiddleware(2, initial_delay=0.001, jitter=False),
         "fallback": ModelFallbackMiddleware(backup),
-        "hedge": HedgeMiddleware(backup),
+        "hedge": HedgeMiddleware(backup, after=0.002),
         "cache": ResponseCacheMiddleware(cache),
         "audit": AuditLogMiddleware(records.append, include_content=True),
         "tracing": OtelTracingMiddleware(provider, capture_content=True),
         "budget": BudgetMiddleware(run_tokens=10_000),
+        "tool_cache": ToolResultCacheMiddleware(tool_cache),
     }
     if case.safety in ("pii", "both"):
         pool["pii"] = PIIRedactionMiddleware("email", "credit_card", strategy=cast(Any, case.strategy),
@@ -294,7 +324,7 @@ def build(case: Case, rng: random.Random, tmp: Path) -> Built:
         break
     else:  # pragma: no cover - every stack has an order the lints accept
         raise AssertionError(f"no order of {names} passes the lints")
-    return Built(agent, models, records, exporter, cache, received, stores, list(names), pool)
+    return Built(agent, models, records, exporter, cache, tool_cache, received, stores, list(names), pool)
 
 
 async def run(case: Case, tmp: Path, caplog_records: list[logging.LogRecord]) -> tuple[Sinks, Built]:
@@ -355,9 +385,10 @@ async def run(case: Case, tmp: Path, caplog_records: list[logging.LogRecord]) ->
         sinks.add("spans", {"name": span.name, "attributes": dict(span.attributes or {}),
                             "events": [dict(e.attributes or {}) for e in span.events],
                             "status": span.status.description})
-    if built.cache is not None:
-        for key, (recorded, _) in built.cache._entries.items():
-            sinks.add("cache", key + dump_events(list(recorded)))
+    for store in (built.cache, built.tool_cache):
+        if store is not None:
+            for key, (recorded, _) in store._entries.items():
+                sinks.add("cache", key + dump_events(list(recorded)))
     sinks.add("logs", [logging.Formatter().format(r) for r in caplog_records])
     sinks.add("tool_received", built.received)
     sinks.add("model_requests", [m.model_dump(mode="json") for model in built.models for r in model.requests
@@ -437,9 +468,10 @@ def allowed(case: Case, source: str, sink: str, pii: bool, order: list[str]) -> 
     if source == "human" and case.decision == "edit" and pii and not case.arguments_redacted:
         return True  # the arguments a human gives the tool, the same
     if pii:
-        # A response cache inside the redaction keeps the model's raw reply (docs/middleware.md);
-        # anywhere else the secret is redacted.
-        return sink == "cache" and source in ("text", "thinking", "tool_arguments", "structured", "sub_agent")
+        # A response cache inside the redaction keeps the model's raw reply (docs/middleware.md),
+        # a tool result cache the tool's raw output; anywhere else the secret is redacted.
+        return sink == "cache" and source in ("text", "thinking", "tool_arguments", "structured", "sub_agent",
+                                              "tool_result")
     # A guardrail alone rewrites nothing: it keeps a tripped input from the model, and what trips it
     # from the caller and from memory. The input stays where the user put it (memory, the
     # invoke_agent span); a logger or cache inside the guardrail records what the model (or a
@@ -448,5 +480,5 @@ def allowed(case: Case, source: str, sink: str, pii: bool, order: list[str]) -> 
         return sink not in ("model_requests",)
     if source == "human":
         return True  # an answer to a waiting call has no text for an input check
-    sink_of = {"audit": "audit", "tracing": "spans", "cache": "cache"}
+    sink_of = {"audit": "audit", "tracing": "spans", "cache": "cache", "tool_cache": "cache"}
     return sink in {sink_of[n] for n in sink_of if n in order and order.index(n) > order.index("guard")}

@@ -103,14 +103,16 @@ async def test_other_tools_arguments_are_still_left_alone() -> None:
 # -- tracing: the input as the run took it -------------------------------------------------------
 
 
-async def test_the_invoke_agent_span_records_the_input_as_redacted() -> None:
+@pytest.mark.parametrize("traced_hooks", [False, True])
+async def test_the_invoke_agent_span_records_the_input_as_redacted(traced_hooks: bool) -> None:
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
-    # Tracing outside the redaction, as the lints ask: it still records the redacted input.
+    # Tracing outside the redaction, as the lints ask: it still records the redacted input (also
+    # when the prelude's hooks publish trace events before the input is in memory).
     agent = (ReActAgent.builder().model(ScriptedModel([ModelStep.text("ok")]))
              .middlewares([OtelTracingMiddleware(provider, capture_content=True), PIIRedactionMiddleware()])
-             .strict().build())
+             .trace_middleware(traced_hooks).strict().build())
     await agent.call(f"mail {EMAIL}")
     (span,) = [s for s in exporter.get_finished_spans() if s.name.startswith("invoke_agent")]
     recorded = json.loads(str((span.attributes or {})["gen_ai.input.messages"]))
