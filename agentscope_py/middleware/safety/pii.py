@@ -30,7 +30,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from ...agent import RESPONSE_TOOL
+from ..._response_tool import RESPONSE_TOOL
 from ...errors import GuardrailTripped
 from ...events import GuardrailTripped as GuardrailTrippedEvent
 from ...events import (
@@ -116,7 +116,7 @@ class PIIRedactionMiddleware(MiddlewareBase):
         self.max_hold = max_hold
         deltas: dict[type[Any], str] = {}
         ends: dict[str, str] = {}
-        # The arguments of the structured-output tool are the reply itself (`agent.RESPONSE_TOOL`:
+        # The arguments of the structured-output tool are the reply itself (``RESPONSE_TOOL``:
         # they become the result's text and ``structured_output``): output, whatever
         # ``apply_to_tool_arguments`` says of the arguments a tool needs as they are.
         for wanted, (more_deltas, more_ends) in ((apply_to_output, _BLOCKS),
