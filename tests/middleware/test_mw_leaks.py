@@ -203,3 +203,27 @@ async def test_a_paused_round_saves_no_raw_tool_output_in_the_journal(tmp_path: 
     assert "the record says [REDACTED_EMAIL]" in state.model_dump_json()
     assert EMAIL not in state.model_dump_json()
     await store.close()
+
+
+# -- known: a streaming tool cut mid-address -----------------------------------------------------
+
+
+@pytest.mark.xfail(strict=True, reason="the runtime's error text follows the tool's output in the same result "
+                   "stream, unmarked: the redaction cannot tell the cut tail (the start of an address) from it")
+async def test_a_streaming_tool_that_fails_mid_address_lets_out_no_piece_of_it() -> None:
+    @tool
+    async def feed(query: str) -> Any:
+        """Streams a record, then breaks.
+
+        Args:
+            query: which one
+        """
+        yield "mail zed.secret@exa"
+        raise RuntimeError("the feed broke")
+
+    model = ScriptedModel([ModelStep.tool_call("feed", {"query": "x"}), ModelStep.text("ok")])
+    agent = ReActAgent.builder().model(model).toolkit(Toolkit([feed])).middleware(PIIRedactionMiddleware()).build()
+    events = await agent.stream("go").to_list()
+    # A model's failed attempt drops the held tail (docs/safety.md); a tool's glues it to
+    # "Error: RuntimeError: the feed broke" and releases "zed.secret@exa".
+    assert "zed.secret@" not in "".join(e.delta for e in events if e.type == "tool_result_text_delta")
