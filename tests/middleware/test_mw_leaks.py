@@ -15,6 +15,7 @@ Then one example per escape found, each the smallest case that failed before its
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -205,11 +206,9 @@ async def test_a_paused_round_saves_no_raw_tool_output_in_the_journal(tmp_path: 
     await store.close()
 
 
-# -- known: a streaming tool cut mid-address -----------------------------------------------------
+# -- a streaming tool cut mid-address ------------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="the runtime's error text follows the tool's output in the same result "
-                   "stream, unmarked: the redaction cannot tell the cut tail (the start of an address) from it")
 async def test_a_streaming_tool_that_fails_mid_address_lets_out_no_piece_of_it() -> None:
     @tool
     async def feed(query: str) -> Any:
@@ -224,6 +223,35 @@ async def test_a_streaming_tool_that_fails_mid_address_lets_out_no_piece_of_it()
     model = ScriptedModel([ModelStep.tool_call("feed", {"query": "x"}), ModelStep.text("ok")])
     agent = ReActAgent.builder().model(model).toolkit(Toolkit([feed])).middleware(PIIRedactionMiddleware()).build()
     events = await agent.stream("go").to_list()
-    # A model's failed attempt drops the held tail (docs/safety.md); a tool's glues it to
-    # "Error: RuntimeError: the feed broke" and releases "zed.secret@exa".
-    assert "zed.secret@" not in "".join(e.delta for e in events if e.type == "tool_result_text_delta")
+    # The held tail is dropped, as a failed model attempt's is; the error text after it goes out.
+    shown = "".join(e.delta for e in events if e.type == "tool_result_text_delta")
+    assert shown == "mail Error: RuntimeError: the feed broke"
+    state, _ = await agent.state_store.load("default", "default")
+    assert state is not None and state.context[2].tool_results[0].output == shown
+
+
+async def test_a_streaming_tool_interrupted_mid_address_lets_out_no_piece_of_it() -> None:
+    @tool
+    async def feed(query: str) -> Any:
+        """Streams a record, then stalls.
+
+        Args:
+            query: which one
+        """
+        yield "mail zed.secret@exa"
+        await asyncio.sleep(30)
+        yield "mple.com"
+
+    model = ScriptedModel([ModelStep.tool_call("feed", {"query": "x"}), ModelStep.text("ok")])
+    agent = ReActAgent.builder().model(model).toolkit(Toolkit([feed])).middleware(PIIRedactionMiddleware()).build()
+    events = []
+    async with asyncio.timeout(5):
+        async for event in agent.stream("go"):
+            events.append(event)
+            if event.type == "tool_result_start":
+                await asyncio.sleep(0.05)  # (the tool has streamed its first piece and waits)
+                agent.interrupt()
+    shown = "".join(e.delta for e in events if e.type == "tool_result_text_delta")
+    assert "zed.secret@" not in shown and shown.startswith("mail ")
+    state, _ = await agent.state_store.load("default", "default")
+    assert state is not None and "zed.secret@" not in state.model_dump_json()

@@ -42,7 +42,7 @@ from ...events import (
     ToolResultTextDelta,
 )
 from ...extension.base import ActingInput, ExtensionPoint, MiddlewareBase, ModelCallInput, Next
-from ...message import Msg, TextBlock, new_id
+from ...message import Msg, TextBlock, ToolResultState, new_id
 from ...stream import EventStream, aclose
 from .approval import DECISIONS_KEY
 from .pii_detectors import BUILTIN_DETECTORS, STRATEGIES, PIIDetector, PIIMatch, Redactor, Strategy, StreamRedactor
@@ -230,6 +230,11 @@ class PIIRedactionMiddleware(MiddlewareBase):
         # next event. A failed call ends its blocks, then says so in its ModelCallEnd: the tail of
         # a failed attempt may be the start of an address cut off mid-way, and is dropped.
         pending: tuple[tuple[StreamRedactor, Any], Any] | None = None
+        # A tool result's latest delta, fed once the next event of its call shows it is not the
+        # last: the last one before the End of a call that failed or was interrupted is the
+        # runtime's error text, and the output held before it (the start of an address the tool
+        # was cut off in) is dropped, as a failed model attempt's is.
+        unfed: dict[str, Any] = {}
         it = inner.__aiter__()
         try:
             async for event in it:
@@ -245,20 +250,33 @@ class PIIRedactionMiddleware(MiddlewareBase):
                 if key is not None and event.source is None and (
                         cls is not ToolCallDelta or self._arguments_of in (None, event.tool_name)):
                     ident = getattr(event, key)
-                    known = buffers.get(ident)
-                    buffer = known[0] if known is not None else self.stream_redactor()
-                    buffers[ident] = (buffer, event)
+                    if cls is ToolResultTextDelta:
+                        event, unfed[ident] = unfed.get(ident), event
+                        if event is None:
+                            continue
                     try:
-                        text = buffer.feed(event.delta)
+                        out = self._fed(buffers, ident, event)
                     except GuardrailTripped as trip:
                         yield GuardrailTrippedEvent(guardrail=trip.guardrail, reason=trip.reason)
                         raise
-                    if text:
-                        yield event.model_copy(update={"delta": text})
+                    if out is not None:
+                        yield out
                     continue
                 end_key = ends.get(event.type)
                 if end_key is not None and event.source is None:
-                    done = buffers.pop(getattr(event, end_key), None)
+                    ident = getattr(event, end_key)
+                    last = unfed.pop(ident, None)
+                    if last is not None:
+                        if event.state is not ToolResultState.SUCCESS:
+                            buffers.pop(ident, None)
+                        try:
+                            out = self._fed(buffers, ident, last)
+                        except GuardrailTripped as trip:
+                            yield GuardrailTrippedEvent(guardrail=trip.guardrail, reason=trip.reason)
+                            raise
+                        if out is not None:
+                            yield out
+                    done = buffers.pop(ident, None)
                     if done is not None and done[0].held:
                         if cls is ToolResultEnd:
                             async for out in self._flush(done):
@@ -277,6 +295,14 @@ class PIIRedactionMiddleware(MiddlewareBase):
             async for out in self._flush(pending[0]):
                 yield out
             yield pending[1]
+
+    def _fed(self, buffers: dict[str, tuple[StreamRedactor, Any]], ident: str, event: Any) -> Any:
+        """``event`` through the buffer of ``ident``: the delta it releases, or None."""
+        known = buffers.get(ident)
+        buffer = known[0] if known is not None else self.stream_redactor()
+        buffers[ident] = (buffer, event)
+        text = buffer.feed(event.delta)
+        return event.model_copy(update={"delta": text}) if text else None
 
     @staticmethod
     async def _flush(entry: tuple[StreamRedactor, Any]) -> AsyncIterator[Any]:
