@@ -253,6 +253,7 @@ def build(case: Case, rng: random.Random, tmp: Path) -> Built:
             return found
     else:
         pieces = LeakModel("pieces", [{}], rng)._pieces(found)
+        breaks_at = rng.randrange(len(pieces)) if case.cut == "tool_error" else None  # cut mid-output
 
         @tool(name="lookup", read_only=read_only)
         async def lookup_streamed(query: str) -> AsyncIterator[str]:
@@ -262,7 +263,9 @@ def build(case: Case, rng: random.Random, tmp: Path) -> Built:
                 query: what to look for
             """
             received.append(query)
-            for piece in pieces:
+            for i, piece in enumerate(pieces):
+                if i == breaks_at:
+                    raise RuntimeError("the feed broke")
                 await asyncio.sleep(0)
                 yield piece
         lookup = lookup_streamed
@@ -442,14 +445,23 @@ def dump_events(events: list[Any]) -> str:
     return json.dumps([e.model_dump(mode="json") for e in events], ensure_ascii=False) + "\n".join(joined.values())
 
 
+def piece(value: str) -> str:
+    """The start of a secret that is unique already: an address's local part and ``@``, a card's
+    first three groups."""
+    return value.split("@")[0] + "@" if "@" in value else value[:14]
+
+
 def leaks(case: Case, sinks: Sinks, built: Built) -> list[str]:
-    """Every (secret's source, sink) where a secret is found that docs/safety.md says may not be."""
+    """Every (secret's source, sink) where a secret is found that docs/safety.md says may not be;
+    with the redaction, where the start of one is (no piece of a match goes out, the cut tail of
+    a model's attempt or of a tool's output included)."""
     found = []
     pii = case.safety in ("pii", "both")
     order = built.order
     for source, value in case.secrets.items():
+        wanted = piece(value) if pii else value
         for sink, text in sinks.texts.items():
-            if value not in text or allowed(case, source, sink, pii, order):
+            if wanted not in text or allowed(case, source, sink, pii, order):
                 continue
             found.append(f"{source} -> {sink}")
     return found
