@@ -84,8 +84,13 @@ async def save_once(runtime: AgentRuntime, ctx: RuntimeContext, run: RunState) -
         return
     run.saved = True
     state = run.session
-    if state.tool_journal and not run.pending_calls():  # every journaled call has its result in memory
-        state.tool_journal.clear()
+    if state.tool_journal:
+        # An entry is kept while its call has no result in memory (`ToolIntent`): a call answered
+        # since has its result there, as the on_acting chain left it (a redaction's), and the
+        # entry's copy of the tool's own output is not saved with the session.
+        pending = {c.id for c in run.pending_calls()}
+        for call_id in [k for k in state.tool_journal if k not in pending]:
+            del state.tool_journal[call_id]
     await checkpoint(runtime, ctx, run)
 
 

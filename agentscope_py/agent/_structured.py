@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from .._response_tool import RESPONSE_TOOL
 from ..errors import StructuredOutputError
 from ..message import GenerateReason, Msg, TextBlock
 from ..model.base import ChatModel, supports_structured_output
@@ -17,7 +18,6 @@ from ._run_state import RunState
 __all__ = ["MAX_STRUCTURED_RETRIES", "RESPONSE_TOOL", "StructuredOutput"]
 
 MAX_STRUCTURED_RETRIES = 3
-RESPONSE_TOOL = "generate_response"
 
 
 class StructuredOutput:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from opentelemetry.trace import Span
@@ -14,6 +14,7 @@ from ._otel_conventions import (
     CACHE_READ_TOKENS,
     CACHE_WRITE_TOKENS,
     FINISH_REASONS,
+    INPUT_MESSAGES,
     INPUT_TOKENS,
     OUTPUT_MESSAGES,
     OUTPUT_TOKENS,
@@ -39,16 +40,24 @@ INTERRUPTED_RUN = "AgentInterrupted: the run was interrupted"
 answered (its INTERRUPTED reply), as the interrupted model call's and tool calls' spans end."""
 
 
-def agent_records(span: Span, capture: bool) -> Records:
+def agent_records(span: Span, capture: bool, admitted: Callable[[], Sequence[Msg]] | None = None) -> Records:
     """What an ``invoke_agent`` span records: the reply id, the result's finish reason and usage
-    (and, with ``capture``, the result); the closer returns `INTERRUPTED_RUN` for an interrupted
-    run."""
+    (and, with ``capture``, the result, and the input as ``admitted`` gives it once the run took it
+    in: at the first event after the prelude, when the ``on_agent_state_ready`` hooks, a PII
+    redaction's, have rewritten it); the closer returns `INTERRUPTED_RUN` for an interrupted run."""
+    waiting = admitted
     interrupted = [False]
 
     def observe(event: Any) -> None:
+        nonlocal waiting
         if event.source is not None:
             return
         t = event.type
+        if waiting is not None and t not in _PRELUDE:
+            msgs = waiting()
+            waiting = None  # (asked once: a resume's answers are not taken into memory)
+            if msgs:
+                span.set_attribute(INPUT_MESSAGES, messages_json(msgs))
         if t == "agent_start":
             span.set_attribute(REPLY_ID, event.reply_id)
         elif t == "agent_result":
@@ -65,6 +74,12 @@ def agent_records(span: Span, capture: bool) -> Records:
         return INTERRUPTED_RUN if interrupted[0] else None
 
     return observe, close
+
+
+_PRELUDE = frozenset({"agent_start", "middleware_started", "middleware_completed"})
+"""The events a run may publish before its input is in memory: its start, and the trace events of
+the prelude's hooks (``trace_middleware``)."""
+
 
 def chat_records(span: Span, capture: bool) -> Records:
     """What a ``chat`` span records: the response model, the time to the first chunk, usage and

@@ -57,7 +57,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 from ... import errors
 from ...events import AgentEvent
 from ...extension.base import ActingInput, AgentInput, ExtensionPoint, MiddlewareBase, ModelCallInput, Next
-from ...message import ToolUseBlock
+from ...message import Msg, ToolUseBlock
 from ...model.base import ChatModel, model_provider
 from ...stream import EventStream, aclose, aclosing
 from .._otel_conventions import (
@@ -129,9 +129,6 @@ class OtelTracingMiddleware(MiddlewareBase):
     def active_points(self) -> frozenset[ExtensionPoint]:
         return frozenset({ExtensionPoint.ON_AGENT, ExtensionPoint.ON_MODEL_CALL, ExtensionPoint.ON_ACTING})
 
-    def _agent_records(self, span: Span) -> Records:
-        return agent_records(span, self.capture_content)
-
     def _chat_records(self, span: Span) -> Records:
         return chat_records(span, self.capture_content)
 
@@ -151,12 +148,28 @@ class OtelTracingMiddleware(MiddlewareBase):
                 REQUEST_MODEL: _model_name(agent.model),
                 MESSAGE_COUNT: len(input.msgs),
             }
-            if self.capture_content:
-                attrs[INPUT_MESSAGES] = messages_json(input.msgs)
             return attrs
 
+        def admitted() -> list[Msg]:
+            # The input as memory took it in, found by id at the end of the session's context:
+            # what the caller passed may hold what an ``on_agent_state_ready`` hook (a PII
+            # redaction, inside this layer by the lints) keeps out of every record.
+            state = ctx.agent_state
+            wanted = {m.id for m in input.msgs}
+            found: list[Msg] = []
+            if state is not None:
+                for msg in reversed(state.context):
+                    if msg.id in wanted:
+                        found.append(msg)
+                        if len(found) == len(wanted):
+                            break
+            return found[::-1]
+
+        def records(span: Span) -> Records:
+            return agent_records(span, self.capture_content, admitted if self.capture_content else None)
+
         name = f"invoke_agent {agent.name}" if agent.name else "invoke_agent"
-        return self._traced(name, SpanKind.INTERNAL, attributes, lambda: next(input), self._agent_records, tool_parent)
+        return self._traced(name, SpanKind.INTERNAL, attributes, lambda: next(input), records, tool_parent)
 
     def on_model_call(self, agent: AgentView, ctx: RuntimeContext, input: ModelCallInput, next: Next) -> Any:
         if self._get_tracer() is None:

@@ -143,11 +143,20 @@ def approval_message(
 class _Decided:
     """The decisions of this execution's resume input (kept in the RuntimeContext)."""
 
-    __slots__ = ("approved", "responses")
+    __slots__ = ("approved", "inputs", "responses")
 
     def __init__(self) -> None:
         self.approved: set[str] = set()
-        self.responses: dict[str, str] = {}
+        self.inputs: list[Msg] = []
+        self.responses: dict[str, int] = {}  # call id -> the index of the input message answering it
+
+    def response(self, call_id: str) -> str:
+        """The ``Respond`` text answering ``call_id``, read from the input as it is when the call
+        is answered: the ``on_agent_state_ready`` hooks after this middleware's (a PII
+        redaction's) rewrite the input in place."""
+        raw = self.inputs[self.responses[call_id]].metadata.get(DECISIONS_KEY) or {}
+        given = raw.get(call_id)
+        return str(given.get("text", "")) if isinstance(given, Mapping) else ""
 
 
 class HumanApprovalMiddleware(MiddlewareBase):
@@ -207,7 +216,8 @@ class HumanApprovalMiddleware(MiddlewareBase):
         if not state.pending_tool_calls:
             return
         names = {c.id: c.name for c in _last_calls(state)}
-        for msg in input_messages:
+        decided.inputs = input_messages
+        for index, msg in enumerate(input_messages):
             raw = msg.metadata.get(DECISIONS_KEY) or {}
             for result in msg.metadata.get("confirm_results", ()):
                 answer = result if isinstance(result, ConfirmResult) else ConfirmResult.model_validate(result)
@@ -222,7 +232,7 @@ class HumanApprovalMiddleware(MiddlewareBase):
                     raise ResumeError(f"decision {kind!r} is not allowed for {name} (call {answer.tool_call_id}); "
                                       f"allowed: {', '.join(config.allowed_decisions)}")
                 if kind == "respond":
-                    decided.responses[answer.tool_call_id] = str(given.get("text", ""))
+                    decided.responses[answer.tool_call_id] = index
                 elif kind != "reject":
                     decided.approved.add(answer.tool_call_id)
 
@@ -250,7 +260,7 @@ class HumanApprovalMiddleware(MiddlewareBase):
                     yield ev
             return
         for call in answered:
-            for ev in result_events(reply_id, call, decided.responses[call.id], ToolResultState.SUCCESS):
+            for ev in result_events(reply_id, call, decided.response(call.id), ToolResultState.SUCCESS):
                 yield ev
         gate_asking: list[ToolUseBlock] = []
         held_stop: RequestStop | None = None

@@ -16,7 +16,8 @@ Where it acts (each switchable):
 
 * ``apply_to_tool_arguments`` (``on_model_call``, off by default: a tool needs the real address
   to send the mail): tool-call argument deltas, the same way per call; the tool receives the
-  redacted arguments.
+  redacted arguments. The arguments of the structured-output tool (``generate_response``) are
+  the reply itself, so ``apply_to_output`` redacts them either way.
 
 ``block`` raises `GuardrailTripped` (``guardrail="pii:<kind>"``) before anything of the match is
 emitted; in a stream a `GuardrailTripped` event goes out first. No text goes out unscanned: a run
@@ -29,6 +30,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from ..._response_tool import RESPONSE_TOOL
 from ...errors import GuardrailTripped
 from ...events import GuardrailTripped as GuardrailTrippedEvent
 from ...events import (
@@ -40,8 +42,9 @@ from ...events import (
     ToolResultTextDelta,
 )
 from ...extension.base import ActingInput, ExtensionPoint, MiddlewareBase, ModelCallInput, Next
-from ...message import Msg, TextBlock, new_id
+from ...message import Msg, TextBlock, ToolResultState, new_id
 from ...stream import EventStream, aclose
+from .approval import DECISIONS_KEY
 from .pii_detectors import BUILTIN_DETECTORS, STRATEGIES, PIIDetector, PIIMatch, Redactor, Strategy, StreamRedactor
 
 if TYPE_CHECKING:
@@ -113,11 +116,16 @@ class PIIRedactionMiddleware(MiddlewareBase):
         self.max_hold = max_hold
         deltas: dict[type[Any], str] = {}
         ends: dict[str, str] = {}
-        for wanted, (more_deltas, more_ends) in ((apply_to_output, _BLOCKS), (apply_to_tool_arguments, _ARGUMENTS)):
+        # The arguments of the structured-output tool are the reply itself (``RESPONSE_TOOL``:
+        # they become the result's text and ``structured_output``): output, whatever
+        # ``apply_to_tool_arguments`` says of the arguments a tool needs as they are.
+        for wanted, (more_deltas, more_ends) in ((apply_to_output, _BLOCKS),
+                                                  (apply_to_output or apply_to_tool_arguments, _ARGUMENTS)):
             if wanted:
                 deltas.update(more_deltas)
                 ends.update(more_ends)
         self._model_call_targets = (deltas, ends)
+        self._arguments_of = None if apply_to_tool_arguments else RESPONSE_TOOL  # None: every tool's
 
     @property
     def detectors(self) -> tuple[PIIDetector, ...]:
@@ -150,7 +158,10 @@ class PIIRedactionMiddleware(MiddlewareBase):
             input_messages[i] = self.redact_msg(msg)
 
     def redact_msg(self, msg: Msg) -> Msg:
-        """``msg`` with its text blocks redacted (the same object when nothing changed)."""
+        """``msg`` with its text blocks redacted (the same object when nothing changed), and the
+        text a human typed into the answers to waiting tool calls: a rejection's reason and a
+        ``Respond`` text (what becomes the call's result), and, with ``apply_to_tool_arguments``,
+        the arguments an answer gives the tool (an ``Edit``, an elicitation's answer)."""
         changed = False
         content: list[Any] = []
         for block in msg.content:
@@ -159,7 +170,46 @@ class PIIRedactionMiddleware(MiddlewareBase):
                 if text != block.text:
                     block, changed = block.model_copy(update={"text": text}), True
             content.append(block)
-        return msg.model_copy(update={"content": content}) if changed else msg
+        update: dict[str, Any] = {"content": content} if changed else {}
+        if msg.metadata and ("confirm_results" in msg.metadata or DECISIONS_KEY in msg.metadata):
+            metadata = self._redact_answers(msg.metadata)
+            if metadata != msg.metadata:
+                update["metadata"] = metadata
+        return msg.model_copy(update=update) if update else msg
+
+    def _redact_answers(self, metadata: Mapping[str, Any]) -> dict[str, Any]:
+        """The answers of a resume input (`confirm_message`, `approval_message`; objects or the
+        JSON a client sent) with the human's text redacted; anything malformed is left for the
+        resume to refuse."""
+        out = dict(metadata)
+        answers = metadata.get("confirm_results")
+        if isinstance(answers, list | tuple):
+            out["confirm_results"] = [self._redact_answer(a) for a in answers]
+        decisions = metadata.get(DECISIONS_KEY)
+        if isinstance(decisions, Mapping):
+            out[DECISIONS_KEY] = {
+                call_id: {**d, "text": self.redact(d["text"])}
+                if isinstance(d, Mapping) and isinstance(d.get("text"), str) else d
+                for call_id, d in decisions.items()}
+        return out
+
+    def _redact_answer(self, answer: Any) -> Any:
+        fields = ("reason", "input", "answer") if self.apply_to_tool_arguments else ("reason",)
+        given = answer if isinstance(answer, Mapping) else getattr(answer, "__dict__", {})
+        update = {f: self._redact_value(given[f]) for f in fields if given.get(f) is not None}
+        if not update or all(update[f] == given[f] for f in update):
+            return answer
+        return {**answer, **update} if isinstance(answer, Mapping) else answer.model_copy(update=update)
+
+    def _redact_value(self, value: Any) -> Any:
+        """Every string in a JSON-like value redacted."""
+        if isinstance(value, str):
+            return self.redact(value)
+        if isinstance(value, Mapping):
+            return {k: self._redact_value(v) for k, v in value.items()}
+        if isinstance(value, list | tuple):
+            return [self._redact_value(v) for v in value]
+        return value
 
     # -- output and tool results -----------------------------------------------------------------
 
@@ -180,6 +230,11 @@ class PIIRedactionMiddleware(MiddlewareBase):
         # next event. A failed call ends its blocks, then says so in its ModelCallEnd: the tail of
         # a failed attempt may be the start of an address cut off mid-way, and is dropped.
         pending: tuple[tuple[StreamRedactor, Any], Any] | None = None
+        # A tool result's latest delta, fed once the next event of its call shows it is not the
+        # last: the last one before the End of a call that failed or was interrupted is the
+        # runtime's error text, and the output held before it (the start of an address the tool
+        # was cut off in) is dropped, as a failed model attempt's is.
+        unfed: dict[str, Any] = {}
         it = inner.__aiter__()
         try:
             async for event in it:
@@ -192,22 +247,36 @@ class PIIRedactionMiddleware(MiddlewareBase):
                     yield end
                 cls = type(event)
                 key = deltas.get(cls)
-                if key is not None and event.source is None:
+                if key is not None and event.source is None and (
+                        cls is not ToolCallDelta or self._arguments_of in (None, event.tool_name)):
                     ident = getattr(event, key)
-                    known = buffers.get(ident)
-                    buffer = known[0] if known is not None else self.stream_redactor()
-                    buffers[ident] = (buffer, event)
+                    if cls is ToolResultTextDelta:
+                        event, unfed[ident] = unfed.get(ident), event
+                        if event is None:
+                            continue
                     try:
-                        text = buffer.feed(event.delta)
+                        out = self._fed(buffers, ident, event)
                     except GuardrailTripped as trip:
                         yield GuardrailTrippedEvent(guardrail=trip.guardrail, reason=trip.reason)
                         raise
-                    if text:
-                        yield event.model_copy(update={"delta": text})
+                    if out is not None:
+                        yield out
                     continue
                 end_key = ends.get(event.type)
                 if end_key is not None and event.source is None:
-                    done = buffers.pop(getattr(event, end_key), None)
+                    ident = getattr(event, end_key)
+                    last = unfed.pop(ident, None)
+                    if last is not None:
+                        if event.state is not ToolResultState.SUCCESS:
+                            buffers.pop(ident, None)
+                        try:
+                            out = self._fed(buffers, ident, last)
+                        except GuardrailTripped as trip:
+                            yield GuardrailTrippedEvent(guardrail=trip.guardrail, reason=trip.reason)
+                            raise
+                        if out is not None:
+                            yield out
+                    done = buffers.pop(ident, None)
                     if done is not None and done[0].held:
                         if cls is ToolResultEnd:
                             async for out in self._flush(done):
@@ -226,6 +295,14 @@ class PIIRedactionMiddleware(MiddlewareBase):
             async for out in self._flush(pending[0]):
                 yield out
             yield pending[1]
+
+    def _fed(self, buffers: dict[str, tuple[StreamRedactor, Any]], ident: str, event: Any) -> Any:
+        """``event`` through the buffer of ``ident``: the delta it releases, or None."""
+        known = buffers.get(ident)
+        buffer = known[0] if known is not None else self.stream_redactor()
+        buffers[ident] = (buffer, event)
+        text = buffer.feed(event.delta)
+        return event.model_copy(update={"delta": text}) if text else None
 
     @staticmethod
     async def _flush(entry: tuple[StreamRedactor, Any]) -> AsyncIterator[Any]:
