@@ -8,7 +8,7 @@ chunks through random stacks of built-ins in orders the lints accept (retry, fal
 response cache, audit log, tracing, budget around the redaction and/or the guardrail); cut the
 run (the consumer leaves, an interrupt, a model error mid-stream, a tool error, an approval wait
 and resume) or serve it in process (native and AG-UI SSE); then search every sink. ``LEAK_CASES``
-(default 300) and ``LEAK_SEED`` (default 0) choose the cases.
+(default 200) and ``LEAK_SEED`` (default 0) choose the cases.
 
 Then one example per escape found, each the smallest case that failed before its fix.
 """
@@ -41,7 +41,7 @@ from agentscope_py.middleware import (
 )
 from tests.middleware import leak_harness
 
-CASES = int(os.environ.get("LEAK_CASES", "300"))
+CASES = int(os.environ.get("LEAK_CASES", "200"))
 SEED = int(os.environ.get("LEAK_SEED", "0"))
 EMAIL = "zed.secret@example.com"
 
