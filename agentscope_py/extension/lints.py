@@ -41,12 +41,13 @@ class MiddlewareOrderWarning(UserWarning):
 
 ROLES = (
     "cache", "guardrail", "pii_redaction", "approval", "retry", "fallback", "budget", "call_limit",
-    "logs_content", "timeout", "final_answer_filter", "needs_whole_stream",
+    "logs_content", "timeout", "final_answer_filter", "needs_whole_stream", "validates_output",
 )
 """The roles the rules know. ``cache``: answers without calling ``next`` (a hit);
 ``logs_content``: writes message or tool text somewhere (a log, an audit trail, spans);
 ``timeout``: one deadline around everything inside it (a layer timeout);
-``needs_whole_stream``: reads every event of the run, intermediate text included."""
+``needs_whole_stream``: reads every event of the run, intermediate text included;
+``validates_output``: parses the reply's text into the structured output it keeps."""
 
 ENCLOSES: Mapping[ExtensionPoint, frozenset[ExtensionPoint]] = {
     ExtensionPoint.ON_AGENT: frozenset({ExtensionPoint.ON_REASONING, ExtensionPoint.ON_ACTING,
@@ -90,6 +91,11 @@ RULES: tuple[LintRule, ...] = (
     LintRule("filter-inside-whole-stream", ("needs_whole_stream",), ("final_answer_filter",),
              "{inner} drops each tool round's text before {outer} sees it",
              "put {outer} inside {inner}: register it after, or give it a smaller order()"),
+    LintRule("redaction-outside-validation", ("pii_redaction",), ("validates_output",),
+             "{inner} parses the reply before {outer} redacts it (events reach inner layers first): the "
+             "structured output it keeps is dropped when the redaction rewrites the text, and a retry "
+             "shows the model its raw reply",
+             "put {inner} outside {outer}: register it first, or give it a larger order()"),
 )
 
 

@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from pydantic import BaseModel
 
 from agentscope_py import ExtensionPoint, MiddlewareBase, ModelStep, ReActAgent, RuntimeContext, ScriptedModel, tool
 from agentscope_py.errors import CallLimitExceeded, MiddlewareOrderError, ModelConnectionError
@@ -28,6 +29,7 @@ from agentscope_py.middleware import (
     PIIRedactionMiddleware,
     ResponseCacheMiddleware,
     RetryMiddleware,
+    StructuredOutputValidationMiddleware,
     TimeoutMiddleware,
     ToolCallLimitMiddleware,
     ToolResultCacheMiddleware,
@@ -335,3 +337,30 @@ def test_explain_shows_a_lint_a_sub_agent_gets_from_what_it_inherits() -> None:
     (lint,) = doc["agent"]["subagents"][0]["agent"]["lints"]
     assert (lint["rule"], lint["outer"], lint["inner"], lint["point"]) == (
         "limit-outside-retry", "BudgetMiddleware", "RetryMiddleware", "on_model_call")
+
+
+# -- a structured output validation inside PII redaction ---------------------------------------------
+
+
+class Contact(BaseModel):
+    name: str
+    email: str
+
+
+async def test_a_validation_inside_pii_redaction_fires_and_would_lose_the_structured_output() -> None:
+    pii, validation = PIIRedactionMiddleware(), StructuredOutputValidationMiddleware(Contact)
+    assert _rules(pii, validation) == ["redaction-outside-validation"]
+    assert _rules(validation, pii) == []
+    kept = {}
+    for outer_pii in (True, False):
+        model = ScriptedModel([ModelStep.text('{"name": "Ada", "email": "ada@example.com"}')])
+        stack = [PIIRedactionMiddleware(), StructuredOutputValidationMiddleware(Contact)]
+        builder = ReActAgent.builder().model(model).middlewares(stack if outer_pii else stack[::-1])
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", MiddlewareOrderWarning)
+            msg = await builder.build().call("who?")
+        assert "ada@example.com" not in msg.text
+        kept[outer_pii] = msg.metadata.get("structured_output")
+    # Outside the redaction the validation keeps what the caller got; inside, it parsed the raw
+    # text, whose structured output no longer matches the redacted reply and is dropped.
+    assert kept == {True: None, False: Contact(name="Ada", email="[REDACTED_EMAIL]")}

@@ -48,6 +48,7 @@ class StructuredOutputValidationMiddleware(MiddlewareBase):
 
     # A sub-agent does not inherit it (`agent.as_tool`): it checks this agent's own reply.
     inherit_to_subagents = False
+    roles = frozenset({"validates_output"})
 
     def __init__(
         self,
