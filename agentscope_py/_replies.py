@@ -318,29 +318,32 @@ def result_start(reply_id: str, call: ToolUseBlock, meta: dict[str, Any]) -> Too
     tool's}`` or ``{}``. Built from the call's ids when they are exactly ``str`` (a call a
     middleware derived untyped is validated), as `ToolResultCollector` builds the result."""
     shape = _RESULT_START_META if meta else _RESULT_START
-    make = shape.build if type(call.id) is str and type(call.name) is str else shape.validated
+    call_id, name = call.id, call.name
+    make = shape.build if type(call_id) is str and type(name) is str else shape.validated
     if meta:
-        return make(reply_id=reply_id, tool_call_id=call.id, tool_name=call.name, metadata=meta["metadata"])
-    return make(reply_id=reply_id, tool_call_id=call.id, tool_name=call.name)
+        return make(reply_id=reply_id, tool_call_id=call_id, tool_name=name, metadata=meta["metadata"])
+    return make(reply_id=reply_id, tool_call_id=call_id, tool_name=name)
 
 
 def result_text(reply_id: str, call: ToolUseBlock, text: str) -> ToolResultTextDelta:
     """A text delta of ``call``'s result: its output, or the error text the model sees (``str``
     the runtime made or cleaned); built as `result_start` is."""
-    typed = type(call.id) is str and type(call.name) is str and type(text) is str
+    call_id, name = call.id, call.name
+    typed = type(call_id) is str and type(name) is str and type(text) is str
     make = _RESULT_TEXT.build if typed else _RESULT_TEXT.validated
-    return make(reply_id=reply_id, tool_call_id=call.id, tool_name=call.name, delta=text)
+    return make(reply_id=reply_id, tool_call_id=call_id, tool_name=name, delta=text)
 
 
 def result_end(reply_id: str, call: ToolUseBlock, state: ToolResultState, meta: dict[str, Any]) -> ToolResultEnd:
     """The ToolResultEnd of ``call`` with ``state``; ``meta`` as for `result_start`."""
     shape = _RESULT_END_META if meta else _RESULT_END
-    typed = type(call.id) is str and type(call.name) is str and type(state) is ToolResultState
+    call_id, name = call.id, call.name
+    typed = type(call_id) is str and type(name) is str and type(state) is ToolResultState
     make = shape.build if typed else shape.validated
     if meta:
-        return make(reply_id=reply_id, tool_call_id=call.id, tool_name=call.name, state=state,
+        return make(reply_id=reply_id, tool_call_id=call_id, tool_name=name, state=state,
                     metadata=meta["metadata"])
-    return make(reply_id=reply_id, tool_call_id=call.id, tool_name=call.name, state=state)
+    return make(reply_id=reply_id, tool_call_id=call_id, tool_name=name, state=state)
 
 
 def result_events(

@@ -116,12 +116,14 @@ class ChatUsage(BaseModel):
         if type(self) is ChatUsage and other.__dict__ == _NO_TOKENS:
             return self
         if type(self) is ChatUsage and type(other) is ChatUsage:  # int fields: their sums are ints
+            # (read from the fields dicts: pydantic's __getattr__ puts each attribute read on the slow path)
+            mine, theirs = self.__dict__, other.__dict__
             return _USAGE.build(
-                input_tokens=self.input_tokens + other.input_tokens,
-                output_tokens=self.output_tokens + other.output_tokens,
-                cache_read_tokens=self.cache_read_tokens + other.cache_read_tokens,
-                cache_write_tokens=self.cache_write_tokens + other.cache_write_tokens,
-                reasoning_tokens=self.reasoning_tokens + other.reasoning_tokens,
+                input_tokens=mine["input_tokens"] + theirs["input_tokens"],
+                output_tokens=mine["output_tokens"] + theirs["output_tokens"],
+                cache_read_tokens=mine["cache_read_tokens"] + theirs["cache_read_tokens"],
+                cache_write_tokens=mine["cache_write_tokens"] + theirs["cache_write_tokens"],
+                reasoning_tokens=mine["reasoning_tokens"] + theirs["reasoning_tokens"],
             )
         return ChatUsage(
             input_tokens=self.input_tokens + other.input_tokens,
