@@ -161,8 +161,11 @@ async def test_a_call_interrupted_on_a_dead_worker_is_not_run_again(
 async def test_the_call_after_a_tool_that_timed_out_starts_once_it_was_cancelled(
         temporal_address: str, workers: Workers, queue: str, tmp_path: Path) -> None:
     log = tmp_path / "tool_log"
+    # The tool sleeps 5 s: its 0.5 s timeout's cancellation reaches it at a heartbeat, which a
+    # loaded host has delayed past SLOW's 2 s. An uncancelled call still ends, and the test sees
+    # it: before its activity's start-to-close (the timeout plus 5 s) and Temporal's 8 s throttle.
     worker = workers.start("durable_agents:build_recording_timeout", queue, "--config", "durable_agents:RECORDING",
-                           DURABLE_TOOL_SLEEP=SLOW)
+                           DURABLE_TOOL_SLEEP="5")
     client = await Client.connect(temporal_address)
     agent = DurableAgent(client, factory="durable_agents:build_recording_timeout", task_queue=queue)
     async with asyncio.timeout(30):
