@@ -5,6 +5,7 @@ the agent, and the session in the Redis at ``DURABLE_REDIS_URL`` under ``DURABLE
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from pydantic import BaseModel
 
@@ -37,16 +38,19 @@ def _store() -> RedisStateStore:
     return RedisStateStore(os.environ["DURABLE_REDIS_URL"], prefix=os.environ["DURABLE_PREFIX"])
 
 
-def build_leaky() -> ReActAgent:
+def _leaky_model() -> ScriptedModel:
     """Thinking and text carrying addresses (each in one delta: a whole address is what the test
-    searches for), a tool call whose result carries one, a final answer
-    carrying one."""
-    model = ScriptedModel([
+    searches for), a tool call whose result carries one, a final answer carrying one."""
+    return ScriptedModel([
         ModelStep(thinking=f"They wrote from {SECRETS['thinking']}.", text=f"Checking {SECRETS['text']} now.",
                   tool_calls=ModelStep.tool_call("lookup", {"name": "Ada"}).tool_calls),
         ModelStep.text(f"Ada is at {SECRETS['final']}."),
     ])
-    return (ReActAgent.builder().name("durable").model(model).tools(lookup)
+
+
+def build_leaky() -> ReActAgent:
+    """`_leaky_model`, with the redaction and the Redis store."""
+    return (ReActAgent.builder().name("durable").model(_leaky_model()).tools(lookup)
             .middleware(PIIRedactionMiddleware()).state_store(_store()).build())
 
 
@@ -62,3 +66,24 @@ def build_blocking() -> ReActAgent:
     model = ScriptedModel([ModelStep.text("Card: 4111 1111 1111 1111, thanks")])
     return (ReActAgent.builder().name("durable").model(model)
             .middleware(PIIRedactionMiddleware("credit_card", strategy="block")).state_store(_store()).build())
+
+
+WORKFLOW_REDACTIONS: list[str] = []
+"""The model calls `CountedRedaction` rewrote in a workflow (test_durable_leaks.py replays one)."""
+
+
+class CountedRedaction(PIIRedactionMiddleware):
+    """The redaction, counting the model calls it rewrites in a workflow."""
+
+    def on_model_call(self, agent: Any, ctx: Any, input: Any, next: Any) -> Any:
+        from temporalio import workflow
+
+        if workflow.in_workflow():
+            WORKFLOW_REDACTIONS.append(workflow.info().workflow_id)
+        return super().on_model_call(agent, ctx, input, next)
+
+
+def build_counted() -> ReActAgent:
+    """`_leaky_model` with `CountedRedaction`, and no store (the session lives in the workflow)."""
+    return (ReActAgent.builder().name("durable").model(_leaky_model()).tools(lookup)
+            .middleware(CountedRedaction()).build())

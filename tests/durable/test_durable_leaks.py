@@ -16,17 +16,19 @@ import os
 import uuid
 import zlib
 from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
 from durable_helpers import temporal_address
-from durable_leak_agents import SECRETS, Contact
+from durable_leak_agents import SECRETS, WORKFLOW_REDACTIONS, Contact
 from redis_keys import own_prefix, redis_values
 from temporalio.api.common.v1 import Payload
-from temporalio.client import Client, WorkflowFailureError
+from temporalio.client import Client, WorkflowFailureError, WorkflowHistory
 from temporalio.converter import DataConverter, PayloadCodec
+from temporalio.worker import Replayer, UnsandboxedWorkflowRunner
 
-from agentscope_py.durable import DurableAgent, MemoryEventLog, RedisEventLog, make_worker
+from agentscope_py.durable import AgentRunWorkflow, DurableAgent, MemoryEventLog, RedisEventLog, make_worker
 from agentscope_py.events import AgentEvent
 
 __all__ = ["temporal_address"]  # a fixture, used by name
@@ -156,3 +158,26 @@ async def test_with_a_payload_codec_the_history_holds_no_secret(temporal_address
                          codec=Deflate())
     assert "[REDACTED_EMAIL]" in sinks["result"]  # the run went as without it
     assert _leaks(sinks, [INPUT, CARD, *SECRETS.values()]) == {}
+
+
+OLD_HISTORY = Path(__file__).parent / "data" / "history_redacted_in_workflow.json"
+"""A run of ``durable_leak_agents:build_counted`` recorded by workers that ran the redaction in
+the workflow (its model calls' results hold the raw replies), with no `REDACTION_PATCH` marker."""
+
+
+async def test_a_history_without_the_marker_keeps_redacting_in_the_workflow(temporal_address: str) -> None:
+    replayer = Replayer(workflows=[AgentRunWorkflow], workflow_runner=UnsandboxedWorkflowRunner())
+    WORKFLOW_REDACTIONS.clear()
+    old = WorkflowHistory.from_json("old", OLD_HISTORY.read_text())
+    assert (await replayer.replay_workflow(old, raise_on_replay_failure=False)).replay_failure is None
+    assert len(WORKFLOW_REDACTIONS) == 2  # both model calls' raw results redacted by the workflow's chain
+    # A run recorded now has the marker: its activities redact, on replay too.
+    client = await Client.connect(temporal_address)
+    queue, factory = f"q-{uuid.uuid4().hex[:8]}", "durable_leak_agents:build_counted"
+    async with make_worker(client, [factory], task_queue=queue), asyncio.timeout(30):
+        run = await DurableAgent(client, factory=factory, task_queue=queue).start("hello")
+        assert "[REDACTED_EMAIL]" in (await run.result()).text
+        new = await client.get_workflow_handle(run.id).fetch_history()
+    WORKFLOW_REDACTIONS.clear()
+    assert (await replayer.replay_workflow(new, raise_on_replay_failure=False)).replay_failure is None
+    assert WORKFLOW_REDACTIONS == []
