@@ -18,14 +18,16 @@ from temporalio.exceptions import ApplicationError
 from .._tool_answers import tool_answers
 from ..agent.context import RuntimeContext
 from ..agent.react import ReActAgent
-from ..errors import SubAgentPaused, ToolInputRequired
+from ..errors import GuardrailTripped, SubAgentPaused, ToolInputRequired
 from ..events import EventBase
+from ..extension.base import ModelCallInput
 from ..message import ToolUseBlock
 from ..model.base import ChatModel, ModelError
 from ..stream import aclose
 from ..tool.toolkit import current_tool_call
 from ._codec import load_request
 from ._config import HEARTBEAT_THROTTLE, INTERRUPT_SIGNAL, MODEL_ACTIVITY, TOOL_ACTIVITY
+from ._executors import redaction_beside_model
 from ._factory import worker_agent
 from ._in_doubt import IN_DOUBT_ERROR
 from ._journal import PUBLISH_ACTIVITY, SEAL_ACTIVITY
@@ -122,7 +124,9 @@ async def model_call_activity(payload: dict[str, Any]) -> dict[str, Any]:
     """One model call (the named model, then its fallbacks): the events of the call, their
     generated ids renamed after the call's position (the same on every attempt: an attempt on
     another worker publishes the same positions under the same names), and the log's last
-    position once they were published (0: no log)."""
+    position once they were published (0: no log). With ``redacted``, the agent's innermost
+    redaction rewrites them here (`redaction_beside_model`); its ``block`` strategy ends the
+    call with ``tripped`` (the guardrail and the reason), which the workflow raises."""
     from .._model_call import model_call_stream
 
     await _unless_stopped()
@@ -136,9 +140,18 @@ async def model_call_activity(payload: dict[str, Any]) -> dict[str, Any]:
     # Renamed for the log; the reply id keeps the run's own in what goes back to the workflow.
     ids = StableIds(payload.get("token", ""), f"m{payload.get('seq', 0)}.", {reply_id: reply_id})
     reply_name = payload.get("reply_name", reply_id)
-    stream = model_call_stream(models, load_request(payload["request"]), reply_id, runtime.retry,
-                               runtime.failover_listener, None)
+    request = load_request(payload["request"])
+    stream = model_call_stream(models, request, reply_id, runtime.retry, runtime.failover_listener, None)
+    if payload.get("redacted"):
+        redaction = redaction_beside_model(agent)
+        if redaction is None:
+            raise ApplicationError("the worker's agent has no PII redaction innermost on on_model_call, as the "
+                                   "workflow's has: every worker must build the same agent", non_retryable=True)
+        model_stream = stream
+        stream = redaction.on_model_call(agent, RuntimeContext(), ModelCallInput(
+            request.messages, request.tools, request.options, models[0]), lambda _: model_stream)
     events: list[dict[str, Any]] = []
+    tripped: list[str] | None = None
     it = stream.__aiter__()
     try:
         async with _heartbeats():
@@ -151,11 +164,13 @@ async def model_call_activity(payload: dict[str, Any]) -> dict[str, Any]:
         # Temporal retries it unless the provider said trying again cannot help.
         raise ApplicationError(str(exc), type=type(exc).__name__,
                                non_retryable=not exc.retryable) from exc
+    except GuardrailTripped as exc:  # the run ends in the workflow, as it would locally
+        tripped = [exc.guardrail, exc.reason]
     finally:
         await aclose(it)
         if publisher is not None:
             await publisher.close()
-    return {"events": events, "published": publisher.last if publisher is not None else 0}
+    return {"events": events, "published": publisher.last if publisher is not None else 0, "tripped": tripped}
 
 
 @activity.defn(name=TOOL_ACTIVITY)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Sequence
+from types import MappingProxyType
 from typing import Any
 
 from temporalio import workflow
@@ -17,9 +18,11 @@ from .._deadline import Deadline
 from .._effects import idempotency_key, in_doubt_policy
 from .._tool_answers import tool_answers
 from ..agent.react import ReActAgent
-from ..errors import AgentInterrupted, DurableActivityError, ToolInputRequired
+from ..errors import AgentInterrupted, DurableActivityError, GuardrailTripped, ToolInputRequired
 from ..events import AgentEvent, parse_event
+from ..extension.base import ExtensionPoint
 from ..message import DataBlock, ToolUseBlock
+from ..middleware.safety.pii import PIIRedactionMiddleware
 from ..model.base import ChatModel, ModelRequest
 from ..stream import Channel, EventStream
 from ..tool.toolkit import Tool
@@ -28,7 +31,7 @@ from ._config import MODEL_ACTIVITY, TOOL_ACTIVITY, DurableConfig
 from ._in_doubt import InDoubt, asked, in_doubt, journaled, once, reconciled, recorded, replay
 from ._journal import Journal
 
-__all__ = ["CancelledCalls", "Stop", "install"]
+__all__ = ["CancelledCalls", "Stop", "install", "redaction_beside_model"]
 
 
 def _failure(exc: ActivityError, what: str) -> DurableActivityError:
@@ -116,14 +119,40 @@ async def _activity(name: str, payload: dict[str, Any], options: dict[str, Any],
         control.tasks.discard(task)
 
 
+def redaction_beside_model(agent: ReActAgent) -> PIIRedactionMiddleware | None:
+    """The agent's innermost ``on_model_call`` layer when it is a `PIIRedactionMiddleware`. In a
+    durable run it rewrites the model's events in the model call's activity, as they are made,
+    rather than in the workflow: the activity's result is what Temporal's history keeps, so the
+    history holds the redacted reply. Innermost, it wraps the model call alone, so running it
+    beside the model is the same rewrite at the same place of the onion."""
+    hooks = agent._runtime.participants.hooks[ExtensionPoint.ON_MODEL_CALL]
+    return hooks[-1] if hooks and isinstance(hooks[-1], PIIRedactionMiddleware) else None
+
+
+REDACTION_PATCH = "agentscope.redaction-beside-model"
+"""The marker of a run whose model calls' activities run its redaction (`workflow.patched`): a
+history without it, recorded by workers that redacted in the workflow, holds raw model results,
+and its run keeps redacting in the workflow when it is replayed or goes on."""
+
+
+def _redact_beside_model(agent: ReActAgent) -> bool:
+    """Take the agent's innermost redaction out of the workflow's ``on_model_call`` chain (the
+    model call's activity runs it, `redaction_beside_model`): whether it was."""
+    if redaction_beside_model(agent) is None or not workflow.patched(REDACTION_PATCH):
+        return False
+    parts = agent._runtime.participants
+    parts.hooks = MappingProxyType({**parts.hooks, ExtensionPoint.ON_MODEL_CALL:
+                                    parts.hooks[ExtensionPoint.ON_MODEL_CALL][:-1]})
+    parts.chains.clear()
+    return True
+
+
 def _deltas_live(agent: ReActAgent) -> bool:
     """Whether a model call's events may be published by its activity as they come: they are
     the events the run yields only when no middleware between the model and the run may change
     them (``on_model_call``, ``on_reasoning``), unless each such middleware says it passes them
     through unchanged (``durable_live_events = True``). Otherwise they are published when the
     call returns, as the run yields them."""
-    from ..extension.base import ExtensionPoint
-
     hooks = agent._runtime.participants.hooks
     return all(getattr(mw, "durable_live_events", False)
                for point in (ExtensionPoint.ON_MODEL_CALL, ExtensionPoint.ON_REASONING) for mw in hooks[point])
@@ -135,6 +164,7 @@ def install(agent: ReActAgent, factory: str, config: DurableConfig, user_id: str
     ``stop`` is the workflow's interrupt; ``journal`` numbers the run's events
     (the activities publish the pending ones, `Journal.pending`); ``cancelled`` holds the calls
     cancelled and not yet ended."""
+    redacted = _redact_beside_model(agent)
     deltas = _deltas_live(agent)
 
     def model_executor(models: Sequence[ChatModel], request: ModelRequest, reply_id: str, control: RunControl,
@@ -145,7 +175,8 @@ def install(agent: ReActAgent, factory: str, config: DurableConfig, user_id: str
             seq, reply_name = journal.next, journal.ids.stable(reply_id)
             payload = {"factory": factory, "models": [m.name for m in models], "request": dump_request(request),
                        "reply_id": reply_id, "token": journal.token, "seq": seq,
-                       "reply_name": reply_name, "live": {**live, "deltas": deltas} if live else {}}
+                       "reply_name": reply_name, "live": {**live, "deltas": deltas} if live else {},
+                       "redacted": redacted}
             options = config.for_model(models[0].name).options()
             if deadline is not None and deadline.total is not None:  # a middleware's deadline bounds the attempt
                 options["schedule_to_close_timeout"] = _seconds(deadline.total)
@@ -161,6 +192,8 @@ def install(agent: ReActAgent, factory: str, config: DurableConfig, user_id: str
             data = out["events"]
             for ev in load_events(data, reply_id, data[0].get("reply_id", reply_id) if data else reply_id):
                 yield ev
+            if out.get("tripped"):  # the redaction's block strategy refused the reply, in the activity
+                raise GuardrailTripped(*out["tripped"])
 
         return EventStream(events)
 
