@@ -162,13 +162,15 @@ class RuntimeContext:
     @property
     def extra_usage(self) -> ChatUsage | None:
         """The summed usage of the model calls made for this call outside the ReAct loop (a
-        summariser's, a tool selector's: `agentscope_py.middleware.internal_model_call`); None
-        until one reported usage. The loop adds it to `AgentRun.usage` and the final reply's."""
+        summariser's, a tool selector's: `agentscope_py.middleware.internal_model_call`), and of
+        the loop's calls cut after their usage was read, before their end went out (a retried
+        attempt's, a hedge's winner's); None until one reported usage. The loop adds it to
+        `AgentRun.usage` and the final reply's."""
         return self._extra_usage
 
     def add_usage(self, usage: ChatUsage | None) -> None:
-        """Count ``usage`` (one internal model call's) into `extra_usage`; None (the provider
-        reported none) counts nothing."""
+        """Count ``usage`` (one model call's that no ModelCallEnd of the loop carries) into
+        `extra_usage`; None (the provider reported none) counts nothing."""
         if usage is not None:
             self._extra_usage = usage if self._extra_usage is None else self._extra_usage + usage
 

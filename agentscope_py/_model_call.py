@@ -33,6 +33,7 @@ from ._parts import PartsManager
 from ._stream.operators import Maps, MapSource, Recovery, aclose
 from .errors import AgentInterrupted
 from .events import AgentEvent
+from .message import ChatUsage
 from .model.base import ChatChunk, ChatModel, ModelError, ModelRequest
 from .stream import EventStream
 
@@ -45,6 +46,9 @@ __all__ = [
 ]
 
 FailoverListener = Callable[[ChatModel, BaseException, ChatModel], Any]
+UsageSink = Callable[[ChatUsage], None]
+"""Where a call's usage goes when the call is cut after the usage was read and before its end
+went out (the run's `RuntimeContext.add_usage`): the provider billed it all the same."""
 ModelExecutor = Callable[
     [Sequence[ChatModel], ModelRequest, str, RunControl, Deadline | None], EventStream[AgentEvent]]
 """What runs a model call instead of `model_call_stream` (``models``, the request, the reply id,
@@ -130,12 +134,14 @@ def model_call_stream(
     on_failover: FailoverListener | None,
     control: RunControl | None,
     deadline: Deadline | None = None,
+    cut_usage: UsageSink | None = None,
 ) -> EventStream[AgentEvent]:
     """The events of one model call (``models[0]``, then its fallbacks), read at each subscription
     in the subscriber's task, the provider's code inside the context current *now* (so a span
-    opened around the innermost ``next()`` parents the model call). See `model_events`."""
+    opened around the innermost ``next()`` parents the model call). ``cut_usage``: where the
+    usage of a subscription cut before its end went out goes. See `model_events`."""
     return EventStream(ModelCall(models, request, reply_id, policy, on_failover, control, deadline,
-                                 contextvars.copy_context()))
+                                 contextvars.copy_context(), cut_usage))
 
 
 def model_call_events(
@@ -148,14 +154,16 @@ def model_call_events(
     deadline: Deadline | None = None,
     reply: ReplyBuilder | None = None,
     events: bool = False,
+    cut_usage: UsageSink | None = None,
 ) -> AsyncIterator[AgentEvent]:
     """The events of one model call read once, by a consumer that iterates them itself (the agent
     loop when no hook wraps the call): `model_call_stream`'s one subscription, without the stream
     object that lets hooks compose and re-subscribe to it. ``reply``: the builder the consumer
     would hand the events to; the call hands the reply to it directly (`PartsManager`), and
-    yields the events only with ``events`` (a consumer that passes them on)."""
+    yields the events only with ``events`` (a consumer that passes them on). ``cut_usage``: as
+    for `model_call_stream`."""
     return model_events(ModelCall(models, request, reply_id, policy, on_failover, control, deadline,
-                                  contextvars.copy_context()), (), None, reply, events)
+                                  contextvars.copy_context(), cut_usage), (), None, reply, events)
 
 
 def read_alone(stream: object, reply: ReplyBuilder, alone: Callable[[], bool]) -> AsyncIterator[AgentEvent] | None:
@@ -189,7 +197,7 @@ class ModelCall(MapSource):
     to the retry's ``recovery`` (`MapSource.recovering`), and, for a consumer that only hands the
     events to a reply builder, hands the reply to it instead of making them (`MapSource.building`)."""
 
-    __slots__ = ("control", "ctx", "deadline", "models", "on_failover", "policy", "reply_id", "request")
+    __slots__ = ("control", "ctx", "cut_usage", "deadline", "models", "on_failover", "policy", "reply_id", "request")
 
     def __init__(
         self,
@@ -201,6 +209,7 @@ class ModelCall(MapSource):
         control: RunControl | None,
         deadline: Deadline | None,
         ctx: contextvars.Context,
+        cut_usage: UsageSink | None = None,
     ) -> None:
         self.models = models
         self.request = request
@@ -210,6 +219,7 @@ class ModelCall(MapSource):
         self.control = control
         self.deadline = deadline
         self.ctx = ctx
+        self.cut_usage = cut_usage
 
     def with_maps(self, maps: Maps) -> AsyncIterator[Any]:
         return model_events(self, maps, None)
@@ -365,7 +375,14 @@ async def model_events(
     call's lifetime, so an interrupt cuts the read and the call raises `AgentInterrupted`. With a
     ``deadline`` (`_deadline`), one timer per call cuts it the same way and the call raises
     `ModelTimeoutError`. Either way the open blocks are closed first (`PartsManager.fail`: the
-    closing guarantee, `agent._brackets`) and the provider's stream is closed."""
+    closing guarantee, `agent._brackets`) and the provider's stream is closed.
+
+    The usage goes out with the call's end: to ``reply`` when `PartsManager.end` or ``fail`` hands
+    it over, else in the ModelCallEnd, the last event. Since the provider is read ahead, the usage
+    may have been read when the subscription is closed before that (a hook raised at an earlier
+    event, the consumer left, an interrupt ended a wait outside the read): the provider billed the
+    call all the same, so the usage read goes to ``call.cut_usage`` (the run's) as the
+    subscription ends; never when the end went out."""
     control, ctx, deadline = call.control, call.ctx, call.deadline
     read = ModelRead(ctx, call.models[0], control)
     if control is not None:
@@ -373,6 +390,7 @@ async def model_events(
     if deadline is not None:
         read.timer = DeadlineTimer(deadline.total, deadline.first_event, read)
     error: BaseException | None = None
+    sent = False  # the call's end, and its usage with it, went out
     try:
         try:
             if read.cut:
@@ -466,14 +484,25 @@ async def model_events(
             parts.fail(error, isinstance(error, AgentInterrupted))
         else:
             raise error  # a cancellation of the consumer's own: nobody takes more events
+        sent = parts.reply is not None
+        end = out.pop() if out else None  # the ModelCallEnd (none when only ``reply`` takes the reply)
         for event in out:
             for fn in maps:
                 event = fn(event)
             yield event
         out.clear()
+        if end is not None:
+            for fn in maps:
+                end = fn(end)
+            sent = True
+            yield end
         if error is not None:
             raise error
     finally:
+        if not sent and read.parts is not None and call.cut_usage is not None:
+            usage = read.parts.usage_read()
+            if usage is not None:
+                call.cut_usage(usage)
         await _finish(read)
 
 

@@ -189,10 +189,7 @@ class PartsManager:
         if reply is not None:
             if self.thinking_id is not None:
                 reply.signed(self.thinking_id, self.signature)
-            usage = self.usage
-            if usage is not None and type(usage) is not ChatUsage:  # (validated as the event validates it)
-                usage = ModelCallEnd(reply_id=reply_id, usage=usage, model=self.model).usage
-            reply.end(usage, None, not interrupted, describe(error))
+            reply.end(self.usage_read(), None, not interrupted, describe(error))
         if not self.events:
             return
         put = self.put
@@ -203,6 +200,13 @@ class PartsManager:
         self._end_calls()
         put(ModelCallEnd(reply_id=reply_id, usage=self.usage, error=describe(error), discarded=not interrupted,
                          model=self.model))
+
+    def usage_read(self) -> ChatUsage | None:
+        """The usage the provider reported so far, validated as ModelCallEnd validates it."""
+        usage = self.usage
+        if usage is not None and type(usage) is not ChatUsage:
+            usage = ModelCallEnd(reply_id=self.reply_id, usage=usage, model=self.model).usage
+        return usage
 
     def _thinking(self, thinking: str | None, signature: str | None) -> None:
         block_id = self.thinking_id

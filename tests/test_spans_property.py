@@ -8,9 +8,11 @@ past its timeout, a raising middleware hook, parallel runs of one session), afte
   part failed or was cut (an OK chat span saw its model answer);
 * the audit log has one record per model call and per tool call that started, naming its outcome;
 * what `RuntimeContext.observe` handed over is balanced: every block it saw start, it saw end;
-* the usage on the final reply is the sum over the model calls that answered, and the chat spans,
-  the audit records, `UsageAccountingMiddleware` and the budget's session totals agree with it
-  (when the run is cut, they hold what passed them, between what the caller saw and what answered);
+* the run's usage (`AgentRun.usage`, and the final reply's) is the sum of the usage every model
+  call reported, however the run or a call was cut; the chat spans, the audit records,
+  `UsageAccountingMiddleware` and the budget's session totals agree with the model calls whose
+  end passed them (when the run is cut, they hold what passed them, between what the caller saw
+  and what answered);
 * nothing logs an unclosed generator, a coroutine never awaited, a task destroyed pending, or a
   span ended twice or written after its end.
 
@@ -117,12 +119,14 @@ class Ledger(MiddlewareBase):
 
 class FuzzModel:
     """A model drawing each call from ``rng``: text, thinking, tool calls (several at once, the
-    sub-agent's, ``generate_response``), a fault mid-stream, a pause, and usage at the end."""
+    sub-agent's, ``generate_response``), a fault mid-stream, a pause, and usage at the end, noted
+    in ``billed`` as it is handed to the reader."""
 
     provider = "fuzz"
 
-    def __init__(self, rng: random.Random, name: str, tools: tuple[str, ...], slow: bool) -> None:
-        self.rng, self.name, self.tools, self.slow = rng, name, tools, slow
+    def __init__(self, rng: random.Random, name: str, tools: tuple[str, ...], slow: bool,
+                 billed: list[ChatUsage]) -> None:
+        self.rng, self.name, self.tools, self.slow, self.billed = rng, name, tools, slow, billed
         self.calls = 0
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[ChatChunk]:
@@ -156,6 +160,7 @@ class FuzzModel:
             yield chunk
         if fail_at is not None and fail_at >= len(chunks):
             raise Boom("fault at the end")
+        self.billed.append(usage)
         yield ChatChunk(usage=usage, finish_reason="stop")
         if rng.random() < 0.05:  # the connection drops after the usage came: billed, and failed
             raise Boom("fault after the usage")
@@ -204,6 +209,18 @@ class Raising(MiddlewareBase):
         return self._hook(input, next)
 
 
+class Finished(MiddlewareBase):
+    """The lead's runs as ``on_agent_finish`` sees them (`AgentRun`; the sub-agent's run passes
+    through the lead's middleware too)."""
+
+    def __init__(self) -> None:
+        self.runs: list[Any] = []
+
+    async def on_agent_finish(self, agent: Any, ctx: Any, run: Any) -> None:
+        if agent.name == "lead":
+            self.runs.append(run)
+
+
 class Observing(MiddlewareBase):
     """Observes each execution (the sub-agent's too) through `RuntimeContext.observe`."""
 
@@ -221,6 +238,8 @@ class Case:
     recorder: Recorder
     audit: list[dict[str, Any]]
     ledger: Ledger
+    billed: list[ChatUsage]
+    finished: Finished
     budget: BudgetMiddleware | None
     accounting: UsageAccountingMiddleware
     observing: Observing
@@ -234,7 +253,7 @@ class Case:
 
 def build(seed: int) -> Case:
     rng = random.Random(seed)
-    ledger = Ledger()
+    ledger, billed, finished = Ledger(), [], Finished()
     recorder = Recorder()
     provider = TracerProvider()
     provider.add_span_processor(recorder)
@@ -243,9 +262,9 @@ def build(seed: int) -> Case:
     tools = ("fast", "streamed", "failing", "hanging", "sub")
     accounting, observing = UsageAccountingMiddleware(), Observing()
     mws: list[MiddlewareBase] = [OtelTracingMiddleware(provider), AuditLogMiddleware(audit.append), ledger,
-                                 accounting, observing]
+                                 accounting, observing, finished]
     budget: BudgetMiddleware | None = None
-    backup = FuzzModel(random.Random(seed + 1), "backup", tools, slow)
+    backup = FuzzModel(random.Random(seed + 1), "backup", tools, slow, billed)
     resilience = rng.choice(["none", "retry", "hedge", "fallback"])
     if resilience == "retry":
         mws.append(RetryMiddleware(rng.randint(0, 2), retry_on=(Boom,), initial_delay=0.001, jitter=False,
@@ -272,13 +291,13 @@ def build(seed: int) -> Case:
         mws, budget = [observing], None
     toolkit = Toolkit([fast, streamed, failing, hanging])
     sub = (ReActAgent.builder().name("sub")
-           .model(FuzzModel(random.Random(seed + 2), "subm", ("fast", "failing"), slow))
+           .model(FuzzModel(random.Random(seed + 2), "subm", ("fast", "failing"), slow, billed))
            .toolkit(Toolkit([fast, failing])).max_iters(2).build())
     toolkit.register_agent(sub, description="A sub-agent.")
-    agent = (ReActAgent.builder().name("lead").model(FuzzModel(rng, "fuzz", tools, slow))
+    agent = (ReActAgent.builder().name("lead").model(FuzzModel(rng, "fuzz", tools, slow, billed))
              .toolkit(toolkit).middlewares(mws).max_iters(rng.randint(1, 3)).build())
     cut = rng.choice(["none", "none", "leave", "interrupt", "deadline"])
-    return Case(seed, agent, recorder, audit, ledger, budget, accounting, observing, cut, rng.randint(1, 25),
+    return Case(seed, agent, recorder, audit, ledger, billed, finished, budget, accounting, observing, cut, rng.randint(1, 25),
                 parallel=rng.random() < 0.15, structured=rng.random() < 0.2, bare=bare,
                 hedged=resilience == "hedge")
 
@@ -434,6 +453,10 @@ def span_tokens(span: ReadableSpan) -> int:
     return sum(int(str(attrs.get(key, 0))) for key in ("gen_ai.usage.input_tokens", "gen_ai.usage.output_tokens"))
 
 
+def tokens(usage: ChatUsage | None) -> int:
+    return 0 if usage is None else usage.input_tokens + usage.output_tokens
+
+
 async def check_usage(case: Case, runs: list[Run]) -> None:
     if case.parallel:
         return  # two runs share the ledger; each run's own totals are checked alone
@@ -441,11 +464,20 @@ async def check_usage(case: Case, runs: list[Run]) -> None:
     ends = [e for e in run.events if e.type == "model_call_end"]
     results = [e for e in run.events if e.type == "agent_result" and e.source is None]
     answered = sum((u.input_tokens + u.output_tokens for u in case.ledger.answered), 0)
+    billed = sum((u.input_tokens + u.output_tokens for u in case.billed), 0)
     streamed = sum((e.usage.input_tokens + e.usage.output_tokens for e in ends if e.usage is not None), 0)
+    # The run's usage counts every call the provider reported usage for, however the run or the
+    # call was cut (a call cut after its usage was read counts it as it closes); a hedge drops the
+    # usage of an attempt it cancelled after that attempt's end was read (`HedgeMiddleware`). A run
+    # that fails takes no reply of its last round, whose usage `AgentRun` then leaves out; none
+    # counts a call twice.
+    (finished,) = case.finished.runs
+    total = tokens(finished.usage)
+    assert total <= billed, (case.seed, "run usage above what the providers reported", total, billed)
+    if finished.error is None:
+        assert total == billed or (case.hedged and answered <= total <= billed), (case.seed, "run usage", total, billed)
     if run.completed and results:
-        usage = results[-1].result.usage
-        total = 0 if usage is None else usage.input_tokens + usage.output_tokens
-        assert total == answered, (case.seed, "reply usage vs answered calls", total, answered)
+        assert tokens(results[-1].result.usage) == total, (case.seed, "reply usage vs the run's")
         assert streamed == answered, (case.seed, "ModelCallEnd usage vs answered calls", streamed, answered)
     audited = sum((r["usage"]["input_tokens"] + r["usage"]["output_tokens"] for r in case.audit if r.get("usage")), 0)
     # The model call reads ahead what the provider has sent, so a run cut (the consumer leaves, a

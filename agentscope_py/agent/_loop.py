@@ -163,9 +163,10 @@ class Execution:
         runtime = self.runtime
         if runtime.model_executor is not None:  # a durable run: the call is an activity
             return runtime.model_executor(models, request, self.reply_id, self.control, input.deadline)
-        # The model call's read registers itself with the run's control (an interrupt cuts it).
+        # The model call's read registers itself with the run's control (an interrupt cuts it); a
+        # call cut after its usage was read, before its end went out, counts that usage in the run's.
         return model_call_stream(models, request, self.reply_id, runtime.retry, runtime.failover_listener,
-                                 self.control, input.deadline)
+                                 self.control, input.deadline, self.ctx.add_usage)
 
     def _model_events(
         self, messages: Sequence[Msg], tools: Sequence[ToolSchema], options: Mapping[str, Any],
@@ -181,7 +182,7 @@ class Execution:
         if runtime.model_executor is not None:
             return runtime.model_executor(models, request, self.reply_id, self.control, None), False
         stream = model_call_events(models, request, self.reply_id, runtime.retry, runtime.failover_listener,
-                                   self.control, None, reply, not self._unread())
+                                   self.control, None, reply, not self._unread(), self.ctx.add_usage)
         return stream, reply is not None
 
     def _request(

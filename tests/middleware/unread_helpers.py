@@ -132,3 +132,31 @@ def plain(value: Any, drop: tuple[str, ...] = ("id", "metadata", "tool_call_id")
     if isinstance(value, list):
         return [plain(v, drop) for v in value]
     return value
+
+
+def apart_from_usage(value: Any) -> tuple[Any, list[int]]:
+    """``value`` (a dump) with every message's usage taken out, and the tokens of those usages in
+    order (0: none reported). A call cut after the model call read its usage counts that usage in
+    the run's when its events are read (the call reads ahead what the provider has sent, usage
+    and all) and not when nobody reads them (the read stops inside the chunk a meter cut at,
+    before the usage came): the two runs agree on everything else, the read one counting at least
+    as much."""
+    tokens: list[int] = []
+
+    def strip(v: Any) -> Any:
+        if isinstance(v, dict):
+            if "role" in v and "usage" in v:
+                usage = v["usage"]
+                tokens.append(0 if not usage else usage["input_tokens"] + usage["output_tokens"])
+            return {k: strip(x) for k, x in v.items() if not (k == "usage" and "role" in v)}
+        if isinstance(v, list | tuple):
+            return type(v)(strip(x) for x in v)
+        return v
+
+    return strip(value), tokens
+
+
+def same_apart_from_read_usage(unread: Any, read: Any) -> bool:
+    """Whether a run nobody read and its twin whose events were read agree (`apart_from_usage`)."""
+    (u, u_tokens), (r, r_tokens) = apart_from_usage(unread), apart_from_usage(read)
+    return u == r and len(u_tokens) == len(r_tokens) and all(a <= b for a, b in zip(u_tokens, r_tokens, strict=True))

@@ -72,7 +72,9 @@ class HedgeMiddleware(MiddlewareBase):
 
     Usage: only the attempt that won reaches the run's usage (its ``ModelCallEnd``), so a budget
     outside this middleware counts one call at the winner's usage; the tokens of the cancelled
-    attempt (its prompt, at least, which the provider bills) are not counted. A budget or call
+    attempt (its prompt, at least, which the provider bills) are not counted, unless it had read
+    its usage and not yet handed its end on when it was cancelled (then the run's usage counts
+    it, as for any model call cut so). A budget or call
     limit inside it sees both attempts as calls of their own. ``roles``: ``fallback`` (the
     ordering lints tell when a limit is outside it).
     """
