@@ -232,6 +232,7 @@ class Case:
     killed_after: str = ""  # the type of the last frame the client had when the kill came
     follower: list[tuple[int | None, str, dict[str, Any]]] = field(default_factory=list)
     follower_from: int = 0
+    queued_sent: bool = False  # the second input was sent (before the kill)
     queued: list[tuple[int | None, str, dict[str, Any]]] | None = None
     new_input: list[tuple[int | None, str, dict[str, Any]]] = field(default_factory=list)
     new_input_took: float = 0.0
@@ -341,9 +342,20 @@ async def one_case(client: httpx.AsyncClient, spawner: Spawner, base: str, case:
         case.follower_from = last
         case.follower = await _stream(client, "GET", follow.format(case.run_id), headers={"Last-Event-ID": str(last)})
 
+    queued_in = asyncio.Event()  # the second input's first frame came: it entered the session's queue
+
     async def queued() -> None:
-        case.queued = await _stream(client, "POST", f"{c.url}/v1/runs", json={
-            "session_id": case.session, "input": "queued", "multitask_strategy": case.strategy})
+        body = ""
+        try:
+            async with client.stream("POST", f"{c.url}/v1/runs", json={
+                    "session_id": case.session, "input": "queued", "multitask_strategy": case.strategy}) as r:
+                async for chunk in r.aiter_text():
+                    body += chunk
+                    queued_in.set()
+        finally:
+            queued_in.set()
+        assert r.status_code == 200, f"queued: {r.status_code} {body[:300]}"
+        case.queued = parse(body)
 
     async def at_save() -> None:
         while case.session not in saves.read_text().split():
@@ -362,6 +374,7 @@ async def one_case(client: httpx.AsyncClient, spawner: Spawner, base: str, case:
                     tasks.append(asyncio.create_task(follower(max(_frames(frame + "\n\n")) if frame.startswith("id: ") else 0)))
                 if count == case.enqueue_at:
                     tasks.append(asyncio.create_task(queued()))
+                    case.queued_sent = True
                 if killed:
                     continue
                 if case.phase == "start":
@@ -395,6 +408,11 @@ async def one_case(client: httpx.AsyncClient, spawner: Spawner, base: str, case:
             "session_id": case.session, "input": "after", "multitask_strategy": "enqueue"})
 
     try:
+        if case.queued_sent:
+            # The second input was sent before the kill, so it comes first: the new input waits
+            # until it has reached its process (sent as a task, it may still be on its way; an
+            # "interrupt" or "rollback" arriving after the new input started would cut that one).
+            await asyncio.wait_for(queued_in.wait(), NEW_INPUT_WITHIN + 5)
         case.new_input = await asyncio.wait_for(new_input(), NEW_INPUT_WITHIN + 5)
         case.new_input_took = time.monotonic() - killed_at
         if case.new_input and case.new_input[-1][2].get("code") == "PendingToolCallsError":
