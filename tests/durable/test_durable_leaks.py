@@ -15,14 +15,14 @@ import dataclasses
 import os
 import uuid
 import zlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 from durable_helpers import temporal_address
 from durable_leak_agents import SECRETS, WORKFLOW_REDACTIONS, Contact
-from redis_keys import own_prefix, redis_values
+from redis_keys import redis_values
 from temporalio.api.common.v1 import Payload
 from temporalio.client import Client, WorkflowFailureError, WorkflowHistory
 from temporalio.converter import DataConverter, PayloadCodec
@@ -38,12 +38,11 @@ CARD = "4111 1111 1111 1111"
 
 
 @pytest.fixture
-async def prefix(monkeypatch: pytest.MonkeyPatch, redis_url: str) -> AsyncIterator[str]:
-    """The test's own key prefix in the Redis at ``redis_url``, for the agents' stores."""
-    async with own_prefix(redis_url, "durleaks") as name:
-        monkeypatch.setenv("DURABLE_REDIS_URL", redis_url)
-        monkeypatch.setenv("DURABLE_PREFIX", name)
-        yield name
+def prefix(monkeypatch: pytest.MonkeyPatch, redis_url: str, redis_prefix: str) -> str:
+    """The test's own key prefix (`redis_prefix`) in the Redis at ``redis_url``, for the agents' stores."""
+    monkeypatch.setenv("DURABLE_REDIS_URL", redis_url)
+    monkeypatch.setenv("DURABLE_PREFIX", redis_prefix)
+    return redis_prefix
 
 
 class Deflate(PayloadCodec):

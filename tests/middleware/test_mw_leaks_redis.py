@@ -6,11 +6,8 @@ the redaction)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import httpx
-import pytest
-from redis_keys import own_prefix, redis_values
+from redis_keys import redis_values
 
 from agentscope_py import ModelStep, ReActAgent, ScriptedModel, tool
 from agentscope_py.agent.redis_store import RedisStateStore
@@ -27,19 +24,14 @@ INPUT, TEXT, THINKING, RESULT = ("input.9c1e@example.com", "text.9c1e@example.co
                                  "result.9c1e@example.com")
 
 
-@pytest.fixture
-async def prefix(redis_url: str) -> AsyncIterator[str]:
-    async with own_prefix(redis_url, "mwleaks") as name:
-        yield name
-
-
 @tool(name="lookup", idempotent=True)
 async def lookup(name: str) -> str:
     """Look up a person's address."""
     return f"{name} writes from {RESULT}"
 
 
-async def test_served_with_redis_sinks_only_the_cache_holds_a_secret(redis_url: str, prefix: str) -> None:
+async def test_served_with_redis_sinks_only_the_cache_holds_a_secret(redis_url: str, redis_prefix: str) -> None:
+    prefix = redis_prefix
     model = ScriptedModel([ModelStep(thinking=f"From {THINKING}.", text=f"Checking {TEXT}.",
                                      tool_calls=ModelStep.tool_call("lookup", {"name": "Ada"}).tool_calls),
                            ModelStep.text("Done.")])
