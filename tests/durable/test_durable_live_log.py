@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
+import warnings
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -162,3 +164,23 @@ async def test_close_lets_the_callers_own_cancellation_through() -> None:
     closing.cancel()  # the activity is cancelled while it closes: it is, not swallowed
     with pytest.raises(asyncio.CancelledError):
         await closing
+
+
+async def test_an_app_serving_durable_runs_closes_their_event_log_as_it_closes_its_run_log(
+        redis_url: str, redis_prefix: str) -> None:
+    # No Temporal here: the app's start and end touch only the log (the client connects on first use).
+    from agentscope_py import ReActAgent, ScriptedModel
+    from agentscope_py.server import DurableServing, create_app
+
+    log = RedisEventLog(redis_url, prefix=redis_prefix)
+    assert await log.meta("none") is None  # the log's connection is open
+    agent = ReActAgent.builder().model(ScriptedModel([])).build()
+    app = create_app(agent, runner=DurableServing("127.0.0.1:1", factory="x:y", events=log),
+                     run_schedules=False)
+    async with app.router.lifespan_context(app):
+        pass
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        del log, app
+        gc.collect()
+    assert not [w for w in caught if "nclosed" in str(w.message)]

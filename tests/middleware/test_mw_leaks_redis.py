@@ -35,16 +35,22 @@ async def test_served_with_redis_sinks_only_the_cache_holds_a_secret(redis_url: 
     model = ScriptedModel([ModelStep(thinking=f"From {THINKING}.", text=f"Checking {TEXT}.",
                                      tool_calls=ModelStep.tool_call("lookup", {"name": "Ada"}).tool_calls),
                            ModelStep.text("Done.")])
-    budget = BudgetMiddleware(user_tokens=10**6, store=RedisBudgetStore(redis_url, prefix=f"{prefix}:budget"))
-    cache = ResponseCacheMiddleware(RedisCacheStore(redis_url, prefix=f"{prefix}:cache"))
+    budget_store = RedisBudgetStore(redis_url, prefix=f"{prefix}:budget")
+    cache_store = RedisCacheStore(redis_url, prefix=f"{prefix}:cache")
+    state_store = RedisStateStore(redis_url, prefix=f"{prefix}:state")
     agent = (ReActAgent.builder().model(model).tools(lookup)
-             .middlewares([PIIRedactionMiddleware(), budget, cache])
-             .state_store(RedisStateStore(redis_url, prefix=f"{prefix}:state")).build())
+             .middlewares([PIIRedactionMiddleware(), BudgetMiddleware(user_tokens=10**6, store=budget_store),
+                           ResponseCacheMiddleware(cache_store)])
+             .state_store(state_store).build())
     app = create_app(agent, run_log=RedisRunLog(redis_url, prefix=f"{prefix}:runs"), heartbeat=None)
     transport = httpx.ASGITransport(app=app)
-    async with app.router.lifespan_context(app), httpx.AsyncClient(transport=transport, base_url="http://x",
-                                                                   timeout=10) as client:
-        response = await client.post("/v1/runs", json={"session_id": "s", "input": f"I am {INPUT}"})
+    try:
+        async with app.router.lifespan_context(app), httpx.AsyncClient(transport=transport, base_url="http://x",
+                                                                       timeout=10) as client:
+            response = await client.post("/v1/runs", json={"session_id": "s", "input": f"I am {INPUT}"})
+    finally:  # the app closes its run log; the stores handed to the agent are the caller's to close
+        for store in (budget_store, cache_store, state_store):
+            await store.close()
     assert "[REDACTED_EMAIL]" in response.text and "Done." in response.text
     values = await redis_values(redis_url, prefix)
     kinds = {key.split(":")[1] for key in values}

@@ -80,7 +80,9 @@ async def test_an_end_that_could_not_be_written_is_written_once_the_log_is_back(
     run_id, here, elsewhere = await _run_then_read_elsewhere(failing, RedisRunLog(redis_url, prefix=redis_prefix))
     assert failing.ends >= 3
     assert parse(elsewhere) == parse(here) and text_of(parse(elsewhere)) == TEXT
-    record = await RedisRunLog(redis_url, prefix=redis_prefix).get(run_id)
+    log = RedisRunLog(redis_url, prefix=redis_prefix)
+    record = await log.get(run_id)
+    await log.close()
     assert record is not None and record.status == "finished"
 
 

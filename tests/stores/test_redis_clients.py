@@ -183,16 +183,19 @@ async def test_a_sentinels_master_client_carries_the_run_log(tmp_path: Path) -> 
     conf.write_text(f"port {sentinel_port}\nbind 127.0.0.1\nsentinel monitor main 127.0.0.1 {port} 1\n")
     with redis_server("--port", str(port)), redis_server(str(conf), "--sentinel"):
         sentinel = Sentinel([("127.0.0.1", sentinel_port)], socket_timeout=1.0)
-        await answering(Redis(host="127.0.0.1", port=port))  # the master too: both may still be starting
-        await answering(Redis(host="127.0.0.1", port=sentinel_port))
+        master = await answering(Redis(host="127.0.0.1", port=port))  # both may still be starting
+        await (await answering(Redis(host="127.0.0.1", port=sentinel_port))).aclose()
         client = sentinel.master_for("main")
         run_log = RedisRunLog(client=client, prefix="t")
         try:
             assert await a_run_logged(run_log, "r1") == b"".join(frames(1, 3))
-            assert await Redis(host="127.0.0.1", port=port).exists("t:run:r1:log") == 1
+            assert await master.exists("t:run:r1:log") == 1
         finally:
             await run_log.close()
             await client.aclose()
+            await master.aclose()
+            for each in sentinel.sentinels:  # the clients it asked for the master
+                await each.aclose()
 
 
 async def test_a_write_whose_connection_the_server_closed_while_idle_is_sent_once() -> None:

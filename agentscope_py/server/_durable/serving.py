@@ -197,6 +197,12 @@ class DurableRuns(Runs):
         self._starts: dict[int, tuple[LiveRun, asyncio.Future[int]]] = {}
         self.slots = Slots(self)
 
+    async def close(self) -> None:
+        """Stop following, then close the workers' event log as the app closes its run log (a
+        later app serving with the same `DurableServing` opens it again on first use)."""
+        await super().close()
+        await self.serving.events.close()
+
     async def _create(self, record: RunRecord) -> bool:
         return await self.serving.start(record, max(1, round(self.limits.retry_after)))
 
