@@ -469,13 +469,11 @@ async def check_usage(case: Case, runs: list[Run]) -> None:
     # The run's usage counts every call the provider reported usage for, however the run or the
     # call was cut (a call cut after its usage was read counts it as it closes); a hedge drops the
     # usage of an attempt it cancelled after that attempt's end was read (`HedgeMiddleware`). A run
-    # that fails takes no reply of its last round, whose usage `AgentRun` then leaves out; none
-    # counts a call twice.
+    # that fails counts its last round's calls as a completed one does; none counts a call twice.
     (finished,) = case.finished.runs
     total = tokens(finished.usage)
     assert total <= billed, (case.seed, "run usage above what the providers reported", total, billed)
-    if finished.error is None:
-        assert total == billed or (case.hedged and answered <= total <= billed), (case.seed, "run usage", total, billed)
+    assert total == billed or (case.hedged and answered <= total <= billed), (case.seed, "run usage", total, billed)
     if run.completed and results:
         assert tokens(results[-1].result.usage) == total, (case.seed, "reply usage vs the run's")
         assert streamed == answered, (case.seed, "ModelCallEnd usage vs answered calls", streamed, answered)

@@ -364,6 +364,7 @@ class Execution:
                     raise
                 except Exception as exc:
                     error = exc
+                    run.count_round()
                 if runtime.participants.hooks[ExtensionPoint.ON_AGENT_FINISH]:
                     finishing = self._finish(error)
                     try:
