@@ -430,7 +430,18 @@ def check_observed(case: Case) -> None:
 
 def check_audit(case: Case, runs: list[Run]) -> None:
     """Per agent (the lead's own events, the sub-agent's forwarded ones): a record per model call
-    and per tool call the caller saw start, each once, naming its outcome."""
+    and per tool call the caller saw start, each once, naming its outcome; and per run, one start
+    record before its calls' and one end record after them, naming its outcome."""
+    lead_ends = [r for r in case.audit if r["event"] == "run_end" and r["agent"] == "lead"]
+    assert len(lead_ends) == len(case.finished.runs), (case.seed, "a lead run's end record", len(lead_ends))
+    by_run: dict[str, list[dict[str, Any]]] = {}
+    for record in case.audit:
+        by_run.setdefault(record["reply_id"], []).append(record)
+    for reply_id, records in by_run.items():
+        kinds = [r["event"] for r in records]
+        assert kinds[0] == "run_start" and kinds[-1] == "run_end", (case.seed, reply_id, kinds)
+        assert kinds.count("run_start") == 1 and kinds.count("run_end") == 1, (case.seed, reply_id, kinds)
+        assert records[-1]["outcome"] in ("ok", "error", "interrupted", "cut"), (case.seed, records[-1])
     for agent, source in (("lead", None), ("sub", "lead/sub")):
         records = [r for r in case.audit if r["agent"] == agent]
         seen = [e for r in runs for e in r.events if e.source == source]
@@ -477,7 +488,11 @@ async def check_usage(case: Case, runs: list[Run]) -> None:
     if run.completed and results:
         assert tokens(results[-1].result.usage) == total, (case.seed, "reply usage vs the run's")
         assert streamed == answered, (case.seed, "ModelCallEnd usage vs answered calls", streamed, answered)
-    audited = sum((r["usage"]["input_tokens"] + r["usage"]["output_tokens"] for r in case.audit if r.get("usage")), 0)
+    audited = sum((r["usage"]["input_tokens"] + r["usage"]["output_tokens"] for r in case.audit
+                   if r["event"] == "model_call" and r.get("usage")), 0)
+    (end,) = [r for r in case.audit if r["event"] == "run_end" and r["agent"] == "lead"]
+    assert end["usage"] == (None if finished.usage is None else finished.usage.model_dump()), (case.seed, "run_end usage")
+    assert (end["outcome"] == "error") == (finished.error is not None), (case.seed, end["outcome"], finished.error)
     # The model call reads ahead what the provider has sent, so a run cut (the consumer leaves, a
     # deadline, a hook raises) after a call's usage was read but before its ModelCallEnd passed
     # leaves that usage unknown outside the call: the records then hold what passed, no more.
