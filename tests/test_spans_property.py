@@ -6,10 +6,12 @@ past its timeout, a raising middleware hook, parallel runs of one session), afte
 
 * every span started is ended exactly once, under the right parent, with an error status when its
   part failed or was cut (an OK chat span saw its model answer);
-* the audit log has one record per model call and per tool call that started, naming its outcome;
+* the audit log has one record per model call and per tool call that started, naming its outcome,
+  and per run one start record before them and one end record after them (its outcome, and the
+  run's usage as `AgentRun` has it);
 * what `RuntimeContext.observe` handed over is balanced: every block it saw start, it saw end;
 * the run's usage (`AgentRun.usage`, and the final reply's) is the sum of the usage every model
-  call reported, however the run or a call was cut; the chat spans, the audit records,
+  call reported, however the run or a call was cut, a failed run's too; the chat spans, the audit records,
   `UsageAccountingMiddleware` and the budget's session totals agree with the model calls whose
   end passed them (when the run is cut, they hold what passed them, between what the caller saw
   and what answered);
