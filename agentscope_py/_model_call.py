@@ -50,9 +50,9 @@ UsageSink = Callable[[ChatUsage], None]
 """Where a call's usage goes when the call is cut after the usage was read and before its end
 went out (the run's `RuntimeContext.add_usage`): the provider billed it all the same."""
 ModelExecutor = Callable[
-    [Sequence[ChatModel], ModelRequest, str, RunControl, Deadline | None], EventStream[AgentEvent]]
+    [Sequence[ChatModel], ModelRequest, str, RunControl, Deadline | None, UsageSink], EventStream[AgentEvent]]
 """What runs a model call instead of `model_call_stream` (``models``, the request, the reply id,
-the run's control, the deadline): `AgentRuntime.model_executor`."""
+the run's control, the deadline, where the usage no event carries goes): `AgentRuntime.model_executor`."""
 
 
 class RetryPolicy:

@@ -42,7 +42,8 @@ async def main() -> None:
     state, _ = await agent.state_store.load("default", "default")
     assert state is not None
     print("remembered:", state.context[1].text)
-    print("audited:", [(r["state"], r["reply"]["content"][0]["text"]) for r in audit])
+    print("audited:", [(r["state"], r["reply"]["content"][0]["text"]) for r in audit if r["event"] == "model_call"])
+    print("runs:", [(r["event"], r.get("outcome")) for r in audit if r["event"].startswith("run_")])
     assert "ada@example.com" not in repr(state.context) + repr(audit)
     assert model.closed_streams == 2
 

@@ -6,10 +6,12 @@ past its timeout, a raising middleware hook, parallel runs of one session), afte
 
 * every span started is ended exactly once, under the right parent, with an error status when its
   part failed or was cut (an OK chat span saw its model answer);
-* the audit log has one record per model call and per tool call that started, naming its outcome;
+* the audit log has one record per model call and per tool call that started, naming its outcome,
+  and per run one start record before them and one end record after them (its outcome, and the
+  run's usage as `AgentRun` has it);
 * what `RuntimeContext.observe` handed over is balanced: every block it saw start, it saw end;
 * the run's usage (`AgentRun.usage`, and the final reply's) is the sum of the usage every model
-  call reported, however the run or a call was cut; the chat spans, the audit records,
+  call reported, however the run or a call was cut, a failed run's too; the chat spans, the audit records,
   `UsageAccountingMiddleware` and the budget's session totals agree with the model calls whose
   end passed them (when the run is cut, they hold what passed them, between what the caller saw
   and what answered);
@@ -430,7 +432,18 @@ def check_observed(case: Case) -> None:
 
 def check_audit(case: Case, runs: list[Run]) -> None:
     """Per agent (the lead's own events, the sub-agent's forwarded ones): a record per model call
-    and per tool call the caller saw start, each once, naming its outcome."""
+    and per tool call the caller saw start, each once, naming its outcome; and per run, one start
+    record before its calls' and one end record after them, naming its outcome."""
+    lead_ends = [r for r in case.audit if r["event"] == "run_end" and r["agent"] == "lead"]
+    assert len(lead_ends) == len(case.finished.runs), (case.seed, "a lead run's end record", len(lead_ends))
+    by_run: dict[str, list[dict[str, Any]]] = {}
+    for record in case.audit:
+        by_run.setdefault(record["reply_id"], []).append(record)
+    for reply_id, records in by_run.items():
+        kinds = [r["event"] for r in records]
+        assert kinds[0] == "run_start" and kinds[-1] == "run_end", (case.seed, reply_id, kinds)
+        assert kinds.count("run_start") == 1 and kinds.count("run_end") == 1, (case.seed, reply_id, kinds)
+        assert records[-1]["outcome"] in ("ok", "error", "interrupted", "cut"), (case.seed, records[-1])
     for agent, source in (("lead", None), ("sub", "lead/sub")):
         records = [r for r in case.audit if r["agent"] == agent]
         seen = [e for r in runs for e in r.events if e.source == source]
@@ -469,17 +482,19 @@ async def check_usage(case: Case, runs: list[Run]) -> None:
     # The run's usage counts every call the provider reported usage for, however the run or the
     # call was cut (a call cut after its usage was read counts it as it closes); a hedge drops the
     # usage of an attempt it cancelled after that attempt's end was read (`HedgeMiddleware`). A run
-    # that fails takes no reply of its last round, whose usage `AgentRun` then leaves out; none
-    # counts a call twice.
+    # that fails counts its last round's calls as a completed one does; none counts a call twice.
     (finished,) = case.finished.runs
     total = tokens(finished.usage)
     assert total <= billed, (case.seed, "run usage above what the providers reported", total, billed)
-    if finished.error is None:
-        assert total == billed or (case.hedged and answered <= total <= billed), (case.seed, "run usage", total, billed)
+    assert total == billed or (case.hedged and answered <= total <= billed), (case.seed, "run usage", total, billed)
     if run.completed and results:
         assert tokens(results[-1].result.usage) == total, (case.seed, "reply usage vs the run's")
         assert streamed == answered, (case.seed, "ModelCallEnd usage vs answered calls", streamed, answered)
-    audited = sum((r["usage"]["input_tokens"] + r["usage"]["output_tokens"] for r in case.audit if r.get("usage")), 0)
+    audited = sum((r["usage"]["input_tokens"] + r["usage"]["output_tokens"] for r in case.audit
+                   if r["event"] == "model_call" and r.get("usage")), 0)
+    (end,) = [r for r in case.audit if r["event"] == "run_end" and r["agent"] == "lead"]
+    assert end["usage"] == (None if finished.usage is None else finished.usage.model_dump()), (case.seed, "run_end usage")
+    assert (end["outcome"] == "error") == (finished.error is not None), (case.seed, end["outcome"], finished.error)
     # The model call reads ahead what the provider has sent, so a run cut (the consumer leaves, a
     # deadline, a hook raises) after a call's usage was read but before its ModelCallEnd passed
     # leaves that usage unknown outside the call: the records then hold what passed, no more.

@@ -16,6 +16,7 @@ import pytest
 
 from agentscope_py import ChatUsage, MiddlewareBase, ModelStep, ReActAgent, ScriptedModel
 from agentscope_py.middleware import RetryMiddleware
+from agentscope_py.model.base import ChatChunk, ModelError
 
 FIRST = ChatUsage(input_tokens=10, output_tokens=1)
 SECOND = ChatUsage(input_tokens=10, output_tokens=2)
@@ -149,3 +150,53 @@ async def test_a_call_whose_end_went_out_is_counted_once(middleware: bool) -> No
     assert finish.runs[0].usage == FIRST
     assert (await agent.call("again")).usage == SECOND
     assert finish.runs[1].usage == SECOND
+
+
+class DropsAfterUsage:
+    """A provider whose connection drops after the usage chunk: the call ends in error, its
+    ModelCallEnd carrying the usage it reported (billed all the same)."""
+
+    name = "drops"
+    provider = "drops"
+
+    async def stream(self, request: Any) -> Any:
+        yield ChatChunk(text="a")
+        yield ChatChunk(usage=FIRST, finish_reason="stop")
+        raise ModelError("the connection dropped", retryable=False)
+
+
+class RaisesAtTheEnd(MiddlewareBase):
+    """An on_reasoning hook that fails at the round's ModelCallEnd, after the call answered."""
+
+    def on_reasoning(self, agent: Any, ctx: Any, input: Any, next: Any) -> Any:
+        def check(event: Any) -> None:
+            if event.type == "model_call_end":
+                raise ConnectionError("a hook failed")
+
+        return next(input).do(check)
+
+
+@pytest.mark.parametrize("middleware", [False, True])
+@pytest.mark.parametrize("streamed", [False, True])
+async def test_a_run_failing_after_a_call_answered_counts_that_call(middleware: bool, streamed: bool) -> None:
+    # The last round's call answered (its end, with usage, went out), then the run failed: the
+    # run's totals count it as a completed round's would, though the round leaves no reply.
+    finish = Finish()
+    agent = ReActAgent.builder().model(DropsAfterUsage()).middlewares(
+        [finish, *([Passing()] if middleware else [])]).build()
+    with pytest.raises(ModelError):
+        if streamed:
+            async for _ in agent.stream("go"):
+                pass
+        else:
+            await agent.call("go")
+    assert finish.runs[0].usage == FIRST and finish.runs[0].model_calls == 1
+
+
+async def test_a_run_whose_reasoning_hook_fails_after_the_call_answered_counts_that_call() -> None:
+    finish = Finish()
+    agent = ReActAgent.builder().model(ScriptedModel([ModelStep.text("a", usage=FIRST)])).middlewares(
+        [RaisesAtTheEnd(), finish]).build()
+    with pytest.raises(ConnectionError):
+        await agent.call("go")
+    assert finish.runs[0].usage == FIRST and finish.runs[0].model_calls == 1

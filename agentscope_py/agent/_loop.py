@@ -162,7 +162,8 @@ class Execution:
         models, request = self._request(input.messages, input.tools, input.options, input.model)
         runtime = self.runtime
         if runtime.model_executor is not None:  # a durable run: the call is an activity
-            return runtime.model_executor(models, request, self.reply_id, self.control, input.deadline)
+            return runtime.model_executor(models, request, self.reply_id, self.control, input.deadline,
+                                          self.ctx.add_usage)
         # The model call's read registers itself with the run's control (an interrupt cuts it); a
         # call cut after its usage was read, before its end went out, counts that usage in the run's.
         return model_call_stream(models, request, self.reply_id, runtime.retry, runtime.failover_listener,
@@ -180,7 +181,7 @@ class Execution:
         models, request = self._request(messages, tools, options, self.agent.model)
         runtime = self.runtime
         if runtime.model_executor is not None:
-            return runtime.model_executor(models, request, self.reply_id, self.control, None), False
+            return runtime.model_executor(models, request, self.reply_id, self.control, None, self.ctx.add_usage), False
         stream = model_call_events(models, request, self.reply_id, runtime.retry, runtime.failover_listener,
                                    self.control, None, reply, not self._unread(), self.ctx.add_usage)
         return stream, reply is not None
@@ -364,6 +365,7 @@ class Execution:
                     raise
                 except Exception as exc:
                     error = exc
+                    run.count_round()
                 if runtime.participants.hooks[ExtensionPoint.ON_AGENT_FINISH]:
                     finishing = self._finish(error)
                     try:

@@ -136,11 +136,23 @@ class RunState:
         if builder is None:
             return Msg(id=self.reply_id, role="assistant", name=self.agent_name, generate_reason=reason,
                        usage=self.total_usage if final else None)
+        self._count(builder)
+        return builder.build(_message_id(), self.agent_name, reason, self.total_usage if final else "last")
+
+    def count_round(self) -> None:
+        """The run failed mid-round: the round's model calls, and the usage of those whose end
+        reached the reply, count in the run's all the same (the caller saw them end, and the
+        provider billed them), though the round leaves no reply."""
+        self.adopt_view()
+        if self.builder is not None:
+            self._count(self.builder)
+
+    def _count(self, builder: ReplyBuilder) -> None:
+        """The round's model calls and usage into the run's totals, once: the builder goes."""
         self.model_calls += builder.calls_made
         if builder.usage_total is not None:
             self.usage = builder.usage_total if self.usage is None else self.usage + builder.usage_total
         self.builder = None
-        return builder.build(_message_id(), self.agent_name, reason, self.total_usage if final else "last")
 
     def adopt_view(self) -> None:
         """An on_reasoning hook answered without calling next: what it emitted is the reply."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Sequence
 from datetime import UTC
 from typing import Any
 
@@ -19,9 +19,9 @@ from .._tool_answers import tool_answers
 from ..agent.context import RuntimeContext
 from ..agent.react import ReActAgent
 from ..errors import GuardrailTripped, SubAgentPaused, ToolInputRequired
-from ..events import EventBase
+from ..events import EventBase, ModelCallEnd
 from ..extension.base import ModelCallInput
-from ..message import ToolUseBlock
+from ..message import ChatUsage, ToolUseBlock
 from ..model.base import ChatModel, ModelError
 from ..stream import aclose
 from ..tool.toolkit import current_tool_call
@@ -40,12 +40,14 @@ log = logging.getLogger("agentscope_py.durable")
 
 
 @contextlib.asynccontextmanager
-async def _heartbeats() -> AsyncIterator[None]:
+async def _heartbeats(details: Callable[[], Sequence[Any]] = tuple) -> AsyncIterator[None]:
     """Heartbeat while the activity runs (a tool may be silent for long), with or without a
     heartbeat timeout: a heartbeat's answer is how a cancellation reaches the activity (its
     task is cancelled), and with a heartbeat timeout, a dead worker is noticed when it passes.
     The worker sends at most one per `HEARTBEAT_THROTTLE` (`make_worker`); beating twice as
-    often keeps one ready each time, so a cancellation arrives within about that long."""
+    often keeps one ready each time, so a cancellation arrives within about that long. Each beat
+    carries ``details()`` (a heartbeat's details replace the last one's: what the next attempt
+    of the activity reads, `_Spent`)."""
     info = activity.info()
     interval = HEARTBEAT_THROTTLE / 2
     if info.heartbeat_timeout is not None:
@@ -53,7 +55,7 @@ async def _heartbeats() -> AsyncIterator[None]:
 
     async def beat() -> None:
         while True:
-            activity.heartbeat()
+            activity.heartbeat(*details())
             await asyncio.sleep(interval)
 
     task = asyncio.create_task(beat())
@@ -110,13 +112,55 @@ async def _stopped_before_this_attempt() -> bool:
     return False
 
 
-async def _unless_stopped() -> None:
+async def _unless_stopped(*details: Any) -> None:
     if await _stopped_before_this_attempt():
         info = activity.info()
         log.info("%s %s of workflow %s not run again: the run was interrupted", info.activity_type,
                  info.activity_id, info.workflow_id)
-        raise ApplicationError("the run was interrupted before this attempt", type="Interrupted",
+        raise ApplicationError("the run was interrupted before this attempt", *details, type="Interrupted",
                                non_retryable=True)
+
+
+class _Spent:
+    """The usage a model call's activity hands back beside its events: the provider billed it,
+    and no event the workflow gets carries it. That is the usage of earlier attempts of the
+    activity that failed (or whose worker died) after the provider reported it — each attempt's
+    heartbeats carry what is spent so far, and Temporal gives the next attempt the last one's
+    details — and this attempt's own, when its call was cut before its end went out
+    (`model_call_stream`'s ``cut_usage``), or when the attempt fails and its events are lost.
+
+    Each attempt's total includes the earlier ones', so whichever outcome reaches the workflow
+    (the result's ``usage``, the failure's details) counts every attempt once."""
+
+    __slots__ = ("answered", "cut", "earlier")
+
+    def __init__(self) -> None:
+        details = activity.info().heartbeat_details
+        self.earlier = ChatUsage.model_validate(details[0]) if details and details[0] is not None else None
+        self.cut: ChatUsage | None = None
+        self.answered: ChatUsage | None = None
+        """This attempt's usage as its events carry it (lost with them if the attempt fails)."""
+
+    def add_cut(self, usage: ChatUsage) -> None:
+        self.cut = _plus(self.cut, usage)
+
+    def answer(self, usage: ChatUsage) -> None:
+        self.answered = _plus(self.answered, usage)
+        activity.heartbeat(*self.lost())  # (a worker that dies now leaves it to the next attempt)
+
+    def handed(self) -> dict[str, Any] | None:
+        """What the result carries beside its events."""
+        usage = _plus(self.earlier, self.cut)
+        return None if usage is None else usage.model_dump()
+
+    def lost(self) -> tuple[dict[str, Any], ...]:
+        """The details of a heartbeat or a failure: all that was spent, if this attempt ends now."""
+        usage = _plus(_plus(self.earlier, self.cut), self.answered)
+        return () if usage is None else (usage.model_dump(),)
+
+
+def _plus(a: ChatUsage | None, b: ChatUsage | None) -> ChatUsage | None:
+    return b if a is None else a if b is None else a + b
 
 
 @activity.defn(name=MODEL_ACTIVITY)
@@ -129,7 +173,8 @@ async def model_call_activity(payload: dict[str, Any]) -> dict[str, Any]:
     call with ``tripped`` (the guardrail and the reason), which the workflow raises."""
     from .._model_call import model_call_stream
 
-    await _unless_stopped()
+    spent = _Spent()
+    await _unless_stopped(*spent.lost())
     agent = worker_agent(payload["factory"])
     models = _models(agent, payload["models"])
     runtime = agent._runtime
@@ -141,7 +186,8 @@ async def model_call_activity(payload: dict[str, Any]) -> dict[str, Any]:
     ids = StableIds(payload.get("token", ""), f"m{payload.get('seq', 0)}.", {reply_id: reply_id})
     reply_name = payload.get("reply_name", reply_id)
     request = load_request(payload["request"])
-    stream = model_call_stream(models, request, reply_id, runtime.retry, runtime.failover_listener, None)
+    stream = model_call_stream(models, request, reply_id, runtime.retry, runtime.failover_listener, None, None,
+                               spent.add_cut)
     if payload.get("redacted"):
         redaction = redaction_beside_model(agent)
         if redaction is None:
@@ -154,23 +200,34 @@ async def model_call_activity(payload: dict[str, Any]) -> dict[str, Any]:
     tripped: list[str] | None = None
     it = stream.__aiter__()
     try:
-        async with _heartbeats():
+        async with _heartbeats(spent.lost):
             async for ev in it:
+                if type(ev) is ModelCallEnd and ev.usage is not None:
+                    spent.answer(ev.usage)
                 data = ids.rename(ev.model_dump(mode="json"))
                 events.append(data)
                 if deltas is not None:
                     deltas.add([{**data, "reply_id": reply_name} if data.get("reply_id") == reply_id else data])
     except ModelError as exc:
-        # Temporal retries it unless the provider said trying again cannot help.
-        raise ApplicationError(str(exc), type=type(exc).__name__,
+        # Temporal retries it unless the provider said trying again cannot help. What was spent
+        # goes to the next attempt (the heartbeat) or to the workflow (the failure's details).
+        activity.heartbeat(*spent.lost())
+        raise ApplicationError(str(exc), *spent.lost(), type=type(exc).__name__,
                                non_retryable=not exc.retryable) from exc
     except GuardrailTripped as exc:  # the run ends in the workflow, as it would locally
         tripped = [exc.guardrail, exc.reason]
+    except Exception as exc:  # another error of the provider's: reported as Temporal would, with what was spent
+        lost = spent.lost()
+        if not lost:
+            raise
+        activity.heartbeat(*lost)
+        raise ApplicationError(str(exc), *lost, type=type(exc).__name__) from exc
     finally:
         await aclose(it)
         if publisher is not None:
             await publisher.close()
-    return {"events": events, "published": publisher.last if publisher is not None else 0, "tripped": tripped}
+    return {"events": events, "published": publisher.last if publisher is not None else 0, "tripped": tripped,
+            "usage": spent.handed()}
 
 
 @activity.defn(name=TOOL_ACTIVITY)

@@ -11,17 +11,19 @@ from typing import Any
 
 from temporalio import workflow
 from temporalio.exceptions import ActivityError, ApplicationError
+from temporalio.exceptions import TimeoutError as ActivityTimeout
 
 from .._acting import ToolScope
 from .._control import RunControl
 from .._deadline import Deadline
 from .._effects import idempotency_key, in_doubt_policy
+from .._model_call import UsageSink
 from .._tool_answers import tool_answers
 from ..agent.react import ReActAgent
 from ..errors import AgentInterrupted, DurableActivityError, GuardrailTripped, ToolInputRequired
 from ..events import AgentEvent, parse_event
 from ..extension.base import ExtensionPoint
-from ..message import DataBlock, ToolUseBlock
+from ..message import ChatUsage, DataBlock, ToolUseBlock
 from ..middleware.safety.pii import PIIRedactionMiddleware
 from ..model.base import ChatModel, ModelRequest
 from ..stream import Channel, EventStream
@@ -74,13 +76,27 @@ class CancelledCalls:
                     handle.exception()
 
 
+def spent_in(failure: BaseException | None) -> ChatUsage | None:
+    """The usage a failed model call's activity reported beside its failure (`_activities._Spent`):
+    its failure's details, or, when it timed out, its last heartbeat's."""
+    if isinstance(failure, ApplicationError):
+        details: Any = failure.details
+    elif isinstance(failure, ActivityTimeout):
+        details = failure.last_heartbeat_details
+    else:
+        return None
+    return ChatUsage.model_validate(details[0]) if details and isinstance(details[0], dict) else None
+
+
 async def _activity(name: str, payload: dict[str, Any], options: dict[str, Any], control: RunControl,
-                    what: str, stop: Stop, cancelled: CancelledCalls, doubtful: bool = False) -> Any:
+                    what: str, stop: Stop, cancelled: CancelledCalls, doubtful: bool = False,
+                    usage: UsageSink | None = None) -> Any:
     """Run the activity as a task of the run's control: an interrupt cancels it (Temporal asks
     the activity to stop at its next heartbeat), and that surfaces as `AgentInterrupted` at once,
     while the workflow waits for the activity's end elsewhere (`CancelledCalls`). ``stop``: the
     workflow was interrupted (perhaps before this run was in flight): nothing is scheduled.
-    ``doubtful``: a journaled tool call, whose activity ending with no result is `InDoubt`."""
+    ``doubtful``: a journaled tool call, whose activity ending with no result is `InDoubt`.
+    ``usage``: where the usage a failed model call's activity reported goes (`spent_in`)."""
     if stop.interrupted:
         control.interrupt(stop.rollback)
         raise AgentInterrupted(f"the run was interrupted before the {what}")
@@ -107,6 +123,10 @@ async def _activity(name: str, payload: dict[str, Any], options: dict[str, Any],
             raise AgentInterrupted(f"the {what} was interrupted") from None
         raise
     except ActivityError as exc:
+        if usage is not None:
+            spent = spent_in(exc.cause)
+            if spent is not None:
+                usage(spent)
         if control.interrupted:
             raise AgentInterrupted(f"the {what} was interrupted") from None
         cause = exc.cause
@@ -168,7 +188,7 @@ def install(agent: ReActAgent, factory: str, config: DurableConfig, user_id: str
     deltas = _deltas_live(agent)
 
     def model_executor(models: Sequence[ChatModel], request: ModelRequest, reply_id: str, control: RunControl,
-                       deadline: Deadline | None) -> EventStream[AgentEvent]:
+                       deadline: Deadline | None, usage: UsageSink) -> EventStream[AgentEvent]:
         async def events() -> AsyncIterator[AgentEvent]:
             # The run is pulled event by event: every event before this call has its position.
             live = journal.pending()
@@ -182,13 +202,15 @@ def install(agent: ReActAgent, factory: str, config: DurableConfig, user_id: str
                 options["schedule_to_close_timeout"] = _seconds(deadline.total)
             try:
                 out = await _activity(MODEL_ACTIVITY, payload, options, control, f"model call to {models[0].name}",
-                                      stop, cancelled)
+                                      stop, cancelled, usage=usage)
             except (AgentInterrupted, DurableActivityError):
                 if live and deltas:  # what the call published is the run's: it is closed as locally
                     for ev in load_events(await journal.seal(f"m{seq}"), reply_id, reply_name):
                         yield ev
                 raise
             journal.confirm(out["published"])
+            if out.get("usage") is not None:  # spent by attempts whose events never came back
+                usage(ChatUsage.model_validate(out["usage"]))
             data = out["events"]
             for ev in load_events(data, reply_id, data[0].get("reply_id", reply_id) if data else reply_id):
                 yield ev

@@ -175,7 +175,8 @@ async def test_an_audit_inside_pii_redaction_records_the_raw_text() -> None:
             warnings.simplefilter("ignore", MiddlewareOrderWarning)
             agent = ReActAgent(model=model, middlewares=[pii, audit])
         assert "ada@example.com" not in (await agent.call("hi")).text
-        seen[type(pii).__name__] = json.dumps(records[0]["reply"])
+        (model_call,) = [r for r in records if r["event"] == "model_call"]
+        seen[type(pii).__name__] = json.dumps(model_call["reply"])
     assert "ada@example.com" in seen["OuterPII"]  # inside the redaction: the raw text
     assert "ada@example.com" not in seen["PIIRedactionMiddleware"]
 

@@ -1,5 +1,6 @@
 """A TCP proxy in front of Redis that drops every connection once a byte budget is spent: the
-store's connection dies at a chosen moment of what it sends (mid-command, between commands)."""
+store's connection dies at a chosen moment of what it sends (mid-command, between commands), or
+of what Redis answers (``reply_left``: the command ran, its reply is lost)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ class CutProxy:
     def __init__(self, host: str, port: int) -> None:
         self.host, self.port = host, port
         self.left: int | None = None  # bytes to forward towards Redis before every connection drops
+        self.reply_left: int | None = None  # bytes to forward from Redis before every connection drops
         self.cuts = 0
         self._writers: set[asyncio.StreamWriter] = set()
         self._server: asyncio.base_events.Server | None = None
@@ -39,20 +41,21 @@ class CutProxy:
         up_r, up_w = await asyncio.open_connection(self.host, self.port)
         self._writers |= {writer, up_w}
 
-        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter, counted: bool) -> None:
+        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter, budget: str) -> None:
             with contextlib.suppress(Exception):
                 while data := await src.read(65536):
-                    if counted and self.left is not None:
-                        if len(data) >= self.left:
-                            dst.write(data[: self.left])
-                            self.left = None
+                    left = getattr(self, budget)
+                    if left is not None:
+                        if len(data) >= left:
+                            dst.write(data[:left])
+                            setattr(self, budget, None)
                             self.cuts += 1
                             self.drop()
                             return
-                        self.left -= len(data)
+                        setattr(self, budget, left - len(data))
                     dst.write(data)
                     await dst.drain()
             with contextlib.suppress(Exception):
                 dst.transport.abort()
 
-        await asyncio.gather(pipe(reader, up_w, True), pipe(up_r, writer, False))
+        await asyncio.gather(pipe(reader, up_w, "left"), pipe(up_r, writer, "reply_left"))

@@ -31,6 +31,7 @@ from agentscope_py.middleware import (
     ResponseCacheMiddleware,
     SqliteCacheStore,
 )
+from agentscope_py.middleware.limits.budget_stores import Spend
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -428,6 +429,40 @@ async def test_a_settle_whose_connection_fails_is_charged_once_and_leaves_no_hol
         assert await store.held("u") == (0, 0.0) and await store.get("u") == spent
     finally:
         await store.close()
+
+
+@pytest.mark.timeout(60)
+async def test_an_add_whose_connection_is_cut_anywhere_is_charged_exactly_once(
+        redis_url: str, redis_prefix: str) -> None:
+    """`RedisBudgetStore.add` (a call charged without a hold) over a connection cut after each
+    number of bytes it sends (mid-command), or of the bytes Redis answers (the command ran, its
+    reply is lost), is sent again on a new connection and charged exactly once each time."""
+    from urllib.parse import urlparse
+
+    from .cut_proxy import CutProxy
+
+    target = urlparse(redis_url)
+    proxy = CutProxy(target.hostname or "127.0.0.1", target.port or 6379)
+    url = f"redis://127.0.0.1:{await proxy.start()}{target.path}"
+    store = RedisBudgetStore(url, prefix=redis_prefix, socket_timeout=5)
+    try:
+        expected = await store.add("u", 7, 0.5)  # (the script loaded, the connection's handshake made)
+        assert (expected.tokens, expected.calls) == (7, 1)
+        for left, reply in [*((n, False) for n in range(1, 400, 3)), *((n, True) for n in range(0, 40, 2))]:
+            if reply:  # the whole command reaches Redis, which runs it; its reply is lost
+                proxy.reply_left = left
+            else:
+                proxy.left = left
+            spent = await store.add("u", 7, 0.5)
+            proxy.left = proxy.reply_left = None  # (a cut past this add's bytes did not happen)
+            expected = Spend(expected.tokens + 7, expected.cost + 0.5, expected.calls + 1)
+            assert (spent.tokens, spent.calls) == (expected.tokens, expected.calls), left
+            assert spent.cost == pytest.approx(expected.cost), left
+        assert proxy.cuts > 40, proxy.cuts
+        assert await store.get("u") == spent
+    finally:
+        await store.close()
+        await proxy.close()
 
 
 async def test_a_budget_store_that_cannot_be_reached_is_a_state_store_error_naming_the_user() -> None:

@@ -244,7 +244,8 @@ class InMemoryBudgetStore:
 # KEYS[1]: the user's hash: "tokens", "cost", "calls" (settled) and one "hold:<id>" field per call
 # in flight, "<tokens> <cost> <lease end, ms>". ARGV: hold id, tokens, cost, max tokens, max cost
 # ("" = no limit), lease (ms). Expired holds (a process that died mid-call) are dropped as they are
-# met, and so are holds whose value is not three numbers (their lease cannot be read). A settled
+# met, and so are holds whose value is not three numbers (their lease cannot be read), and the
+# markers of charges (`_ADD`) whose time has passed. A settled
 # total that is not a number >= 0 (an integer for tokens and calls) is answered as {-1, field,
 # value}: no hold is taken and the caller raises. Time is the Redis server's, so the hosts' clocks
 # need not agree. Numbers go back as strings (Redis would truncate Lua numbers to integers).
@@ -269,6 +270,11 @@ for i = 1, #fields, 2 do
     spent_c = tonumber(v)
     if spent_c == nil or spent_c ~= spent_c or spent_c < 0 or spent_c == math.huge then
       return {-1, f, v}
+    end
+  elseif string.sub(f, 1, 4) == 'add:' then
+    local ends = tonumber(v)
+    if ends == nil or ends <= now then
+      redis.call('HDEL', key, f)
     end
   elseif string.sub(f, 1, 5) == 'hold:' then
     local ht, hc, ends = string.match(v, '^(%S+) (%S+) (%S+)$')
@@ -297,6 +303,29 @@ end
 return {granted, string.format('%d', spent_t), string.format('%.17g', spent_c), string.format('%d', held_t),
         string.format('%.17g', held_c)}
 """
+
+
+# KEYS[1]: the user's hash. ARGV: the charge's id, tokens, cost, how long its marker stays (ms).
+# The charge and its marker ("add:<id>", its lease end in ms, dropped by `_RESERVE` once passed)
+# are made together, once: a second run of the script with the same id only reads the totals.
+_ADD = """
+local key = KEYS[1]
+local mark = 'add:' .. ARGV[1]
+if redis.call('HEXISTS', key, mark) == 0 then
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  redis.call('HINCRBY', key, 'tokens', ARGV[2])
+  redis.call('HINCRBYFLOAT', key, 'cost', ARGV[3])
+  redis.call('HINCRBY', key, 'calls', 1)
+  redis.call('HSET', key, mark, string.format('%d', now + tonumber(ARGV[4])))
+end
+return redis.call('HMGET', key, 'tokens', 'cost', 'calls')
+"""
+
+
+def _totals(values: list[Any]) -> Spend:
+    tokens, cost, calls = values
+    return Spend(int(tokens or 0), float(cost or 0.0), int(calls or 0))
 
 
 def _bad_total(user_id: str, key: str, field: bytes, value: bytes) -> StateStoreError:
@@ -329,7 +358,8 @@ async def _typed(what: str, user_id: str, key: str, first: BaseException | None 
 class RedisBudgetStore:
     """Per-user totals in Redis: a hash ``{prefix}:{user_id}`` — ``tokens``, ``cost``, ``calls``
     (settled, grown with HINCRBY/HINCRBYFLOAT in one MULTI, so concurrent processes never lose an
-    add) and a ``hold:<id>`` field per call in flight, checked and taken by one Lua script.
+    add) and a ``hold:<id>`` field per call in flight, checked and taken by one Lua script; an
+    ``add:<id>`` field per charge made without a hold (`add`), for as long as a hold's lease.
 
     ``lease``: seconds a hold lives after its last growth; a process that dies mid-call leaves its
     hold behind until then (a hold is renewed each time the call's output grows it).
@@ -351,16 +381,16 @@ class RedisBudgetStore:
         self.socket_timeout = socket_timeout
         self.lease = lease
         self._clients = LoopClients(self.url, socket_timeout, client)
-        self._scripts: dict[int, Any] = {}  # id(client) -> its registered reserve script
+        self._scripts: dict[tuple[int, str], Any] = {}  # (id(client), source) -> the script registered there
 
     def _client(self) -> Any:
         return self._clients.get()
 
-    def _reserve_script(self) -> Any:
+    def _script(self, source: str) -> Any:
         client = self._client()
-        script = self._scripts.get(id(client))
+        script = self._scripts.get((id(client), source))
         if script is None:
-            script = self._scripts[id(client)] = client.register_script(_RESERVE)
+            script = self._scripts[id(client), source] = client.register_script(source)
         return script
 
     async def get(self, user_id: str) -> Spend:
@@ -377,11 +407,19 @@ class RedisBudgetStore:
         return Spend(int(tokens or 0), float(cost or 0.0), int(calls or 0))
 
     async def add(self, user_id: str, tokens: int, cost: float) -> Spend:
+        """Charge a call that holds nothing, exactly once: one Lua script charges and leaves a
+        marker (``add:<id>``) unless the marker is there already. If the connection fails on the
+        way, the script is sent once more on a new connection: run before, it finds its marker
+        and only reads the totals. Only if that fails too is the error raised (the charge then
+        made or not; the marker goes when a hold's lease would)."""
         key = f"{self.prefix}:{user_id}"
-        async with _typed("charging", user_id, key), self._client().pipeline(transaction=True) as pipe:
-            pipe.hincrby(key, "tokens", tokens).hincrbyfloat(key, "cost", cost).hincrby(key, "calls", 1)
-            new_tokens, new_cost, new_calls = await pipe.execute()
-        return Spend(int(new_tokens), float(new_cost), int(new_calls))
+        args = [new_hold_id(), str(int(tokens)), repr(float(cost)), str(max(1, round(self.lease * 1000)))]
+        try:
+            return _totals(await self._script(_ADD)(keys=[key], args=args))
+        except _redis_errors() as exc:
+            first = exc
+        async with _typed("charging", user_id, key, first):
+            return _totals(await self._script(_ADD)(keys=[key], args=args))
 
     async def held(self, user_id: str) -> tuple[int, float]:
         """What the user's calls in flight hold (expired holds included until a reserve drops them;
@@ -407,7 +445,7 @@ class RedisBudgetStore:
                 "" if max_cost is None else repr(float(max_cost)), str(max(1, round(self.lease * 1000)))]
         key = f"{self.prefix}:{user_id}"
         async with _typed("reserving", user_id, key):
-            answer = await self._reserve_script()(keys=[key], args=args)
+            answer = await self._script(_RESERVE)(keys=[key], args=args)
         if int(answer[0]) == -1:
             raise _bad_total(user_id, key, answer[1], answer[2])
         granted, s_tokens, s_cost, h_tokens, h_cost = answer
@@ -426,8 +464,7 @@ class RedisBudgetStore:
             first = exc
         async with _typed("settling", user_id, key, first):
             if not await self._client().hexists(key, field):
-                tokens_now, cost_now, calls_now = await self._client().hmget(key, "tokens", "cost", "calls")
-                return Spend(int(tokens_now or 0), float(cost_now or 0.0), int(calls_now or 0))
+                return _totals(await self._client().hmget(key, "tokens", "cost", "calls"))
             return await self._settle(key, field, tokens, cost)
 
     async def _settle(self, key: str, field: str, tokens: int, cost: float) -> Spend:

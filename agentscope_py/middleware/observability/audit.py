@@ -1,4 +1,5 @@
-"""`AuditLogMiddleware`: one JSON line per model call and per tool call, to a file or a logger.
+"""`AuditLogMiddleware`: one JSON line when a run starts, one per model call and per tool call, and
+one when the run ends, to a file or a logger.
 
 A model-call line::
 
@@ -12,13 +13,24 @@ A tool-call line: ``"event": "tool_call"``, ``tool``, ``tool_call_id``, ``argume
 its end). ``state`` of a model call: ``success``, ``error`` (``error`` says what), or
 ``cut_short`` (the stream was closed before the call ended).
 
+The run's lines: ``"event": "run_start"`` (``ts`` when it started, ``input_messages``: how many
+of its input messages memory took), written before the run's first model or tool call line (or
+with its end, for a run that made none); and ``"event": "run_end"``: ``outcome`` — ``ok``,
+``error`` (``error_type`` and ``error`` say what), ``interrupted`` (an interrupt), ``cut`` (its
+consumer left, or was cancelled: a caller's deadline) — the ``reason`` it ended with (the
+`GenerateReason`), ``usage`` (the run's, as `AgentRun.usage`), ``model_calls``, ``tool_calls``,
+``iterations`` and ``duration_ms``. Each run gets both, once, however it ends (they come from
+``on_agent_state_ready`` and ``on_agent_finish``, which the runtime calls once per run; a run
+refused before it started has neither).
+
 Every call that started here gets its line, however its stream ends: a call whose end never
 passed here is logged when its stream ends, as the runtime's closing event tells it. A stream
 that failed gives ``state="error"`` with ``error`` naming the exception (a tool call then carries
 ``error`` too; an interrupt leaves its calls ``interrupted``); one that was closed or cancelled
 (the consumer left, a deadline) gives ``cut_short`` for a model call and ``interrupted`` for a
 tool call. With ``include_content=True`` the
-lines also carry the content: ``messages`` and ``reply`` (model calls), ``output`` (tool calls);
+lines also carry the content: ``input`` (the run's input as memory took it, after any redaction
+of ``on_agent_state_ready``), ``messages`` and ``reply`` (model calls), ``output`` (tool calls);
 ``include_arguments=False`` leaves tool arguments out.
 
 Sinks: a path (appended to, one line per record, flushed), a `logging.Logger` (INFO), or any
@@ -42,12 +54,14 @@ from ..._replies import ReplyBuilder, ToolResultCollector
 from ...errors import AgentInterrupted
 from ...events import ModelCallEnd, ModelCallStart, ToolResultEnd, ToolResultStart
 from ...extension.base import ActingInput, ExtensionPoint, MiddlewareBase, ModelCallInput, Next
-from ...message import ToolUseBlock
+from ...message import GenerateReason, Msg, ToolUseBlock
 from ...stream import EventStream, aclose
+from ._remembered import remembered_input
 
 if TYPE_CHECKING:
     from ..._context import RuntimeContext
-    from ...extension.base import AgentView
+    from ..._state import AgentState
+    from ...extension.base import AgentRun, AgentView
 
 __all__ = ["AuditLogMiddleware"]
 
@@ -55,8 +69,20 @@ _log = logging.getLogger("agentscope_py.middleware.audit")
 Sink = str | os.PathLike[str] | logging.Logger | Callable[[dict[str, Any]], Any]
 
 
+class _Run:
+    """A run between its start and its end line: when it started, its input (the list the
+    ``on_agent_state_ready`` hooks rewrite in place before memory takes it), and whether its
+    start line is written."""
+
+    __slots__ = ("began", "input", "ts", "written")
+
+    def __init__(self, ts: float, began: float | None, input: list[Msg]) -> None:
+        self.ts, self.began, self.input = ts, began, input
+        self.written = False
+
+
 class AuditLogMiddleware(MiddlewareBase):
-    """Writes the audit trail of every model and tool call (module docstring)."""
+    """Writes the audit trail of every run, model call and tool call (module docstring)."""
 
     def __init__(
         self,
@@ -83,6 +109,7 @@ class AuditLogMiddleware(MiddlewareBase):
         self.include_arguments = include_arguments
         self.clock = clock
         self._warned = False
+        self._runs: dict[str | None, _Run] = {}  # by reply id: the runs started and not ended
         # With the content, the records hold text a PII redaction outside may not have rewritten
         # yet (the ordering lints); without it, only names, states and the arguments as the
         # model's call already holds them (memory's, whatever the order here).
@@ -92,7 +119,8 @@ class AuditLogMiddleware(MiddlewareBase):
         return 900  # outside most built-ins: a retried call is audited per attempt anyway (one end each)
 
     def active_points(self) -> frozenset[ExtensionPoint]:
-        return frozenset({ExtensionPoint.ON_MODEL_CALL, ExtensionPoint.ON_ACTING})
+        return frozenset({ExtensionPoint.ON_AGENT_STATE_READY, ExtensionPoint.ON_MODEL_CALL,
+                          ExtensionPoint.ON_ACTING, ExtensionPoint.ON_AGENT_FINISH})
 
     def _emit(self, record: dict[str, Any]) -> None:
         try:
@@ -106,6 +134,56 @@ class AuditLogMiddleware(MiddlewareBase):
         return {"event": kind, "ts": self.clock(), "agent": agent.name, "user_id": ctx.user_id,
                 "session_id": ctx.session_id, "reply_id": ctx.reply_id}
 
+    # -- the run ---------------------------------------------------------------------------------
+
+    def on_agent_state_ready(
+        self, agent: AgentView, ctx: RuntimeContext, state: AgentState, input_messages: list[Msg]
+    ) -> None:
+        self._runs[ctx.reply_id] = _Run(self.clock(), time.perf_counter(), input_messages)
+
+    def _started(self, agent: AgentView, ctx: RuntimeContext) -> None:
+        """The run's start line, before its first call's (the input is in memory by then)."""
+        run = self._runs.get(ctx.reply_id)
+        if run is not None and not run.written:
+            self._start(agent, ctx, run)
+
+    def _start(self, agent: AgentView, ctx: RuntimeContext, run: _Run) -> None:
+        run.written = True
+        record = self._base("run_start", agent, ctx)
+        taken = remembered_input(ctx, run.input)
+        record.update({"ts": run.ts, "input_messages": len(taken)})
+        if self.include_content:
+            record["input"] = [m.model_dump(mode="json") for m in taken]
+        self._emit(record)
+
+    async def on_agent_finish(self, agent: AgentView, ctx: RuntimeContext, run: AgentRun) -> None:
+        began = self._runs.pop(ctx.reply_id, None)
+        if began is None:  # it failed before its state was loaded
+            began = _Run(self.clock(), None, [])
+        if not began.written:
+            self._start(agent, ctx, began)
+        record = self._base("run_end", agent, ctx)
+        error = run.error
+        if error is not None:
+            outcome = "error"
+        elif run.reason is GenerateReason.INTERRUPTED:
+            # An interrupt sets the run's control; a consumer that left (or was cancelled) does not.
+            outcome = "interrupted" if ctx.control is not None and ctx.control.interrupted else "cut"
+        else:
+            outcome = "ok"
+        record.update({
+            "outcome": outcome,
+            "error_type": None if error is None else type(error).__name__,
+            "error": None if error is None else describe(error),
+            "reason": None if run.reason is None else run.reason.value,
+            "usage": None if run.usage is None else run.usage.model_dump(),
+            "model_calls": run.model_calls,
+            "tool_calls": run.tool_calls,
+            "iterations": run.iterations,
+            "duration_ms": None if began.began is None else round((time.perf_counter() - began.began) * 1000, 3),
+        })
+        self._emit(record)
+
     # -- model calls -----------------------------------------------------------------------------
 
     def on_model_call(self, agent: AgentView, ctx: RuntimeContext, input: ModelCallInput, next: Next) -> Any:
@@ -113,6 +191,7 @@ class AuditLogMiddleware(MiddlewareBase):
 
     async def _model(self, agent: AgentView, ctx: RuntimeContext, input: ModelCallInput, next: Next
                      ) -> AsyncIterator[Any]:
+        self._started(agent, ctx)
         started = time.perf_counter()
         builder = ReplyBuilder()
         model: str = getattr(input.model, "name", type(input.model).__name__)
@@ -170,6 +249,7 @@ class AuditLogMiddleware(MiddlewareBase):
 
     async def _acting(self, agent: AgentView, ctx: RuntimeContext, input: ActingInput, next: Next
                       ) -> AsyncIterator[Any]:
+        self._started(agent, ctx)
         calls = {c.id: c for c in input.tool_calls}
         starts: dict[str, tuple[float, str]] = {}  # the calls started and not ended: when, which tool
         collector = ToolResultCollector()

@@ -85,6 +85,7 @@ from .._otel_conventions import (
     tools_json,
 )
 from .._otel_records import Closer, Observer, Records, agent_records, chat_records
+from ._remembered import remembered_input
 
 if TYPE_CHECKING:
     from ..._context import RuntimeContext
@@ -151,19 +152,8 @@ class OtelTracingMiddleware(MiddlewareBase):
             return attrs
 
         def admitted() -> list[Msg]:
-            # The input as memory took it in, found by id at the end of the session's context:
-            # what the caller passed may hold what an ``on_agent_state_ready`` hook (a PII
-            # redaction, inside this layer by the lints) keeps out of every record.
-            state = ctx.agent_state
-            wanted = {m.id for m in input.msgs}
-            found: list[Msg] = []
-            if state is not None:
-                for msg in reversed(state.context):
-                    if msg.id in wanted:
-                        found.append(msg)
-                        if len(found) == len(wanted):
-                            break
-            return found[::-1]
+            # (a PII redaction's ``on_agent_state_ready`` is inside this layer, by the lints)
+            return remembered_input(ctx, input.msgs)
 
         def records(span: Span) -> Records:
             return agent_records(span, self.capture_content, admitted if self.capture_content else None)
