@@ -287,7 +287,7 @@ def _not_http(provider: str, exc: HttpProcessingError) -> MalformedStreamError:
     body cut mid-way does. aiohttp fails the request itself when the bad bytes come in one read
     with the response's head, and the body's read when they come later; both are this error, so
     that the same fault is the same error however the network split the bytes."""
-    return malformed(provider, f"the server's response is not valid HTTP ({exc.message or type(exc).__name__})")
+    return malformed(provider, f"the server's response is not valid HTTP: {quote(exc.message or type(exc).__name__)}")
 
 
 async def _status_error(response: aiohttp.ClientResponse, provider: str, read: float | None) -> Exception:

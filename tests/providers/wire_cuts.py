@@ -294,8 +294,10 @@ class CutServer:
             name, _, value = line.partition(":")
             if name.strip().lower() == "content-length":
                 length = int(value)
-        await reader.readexactly(length)
-        spec, plan = self.plans.pop(0) if self.plans else self.fallback(len(self.log))
+        body = await reader.readexactly(length)
+        # A request that says "bystander" is another caller's on the same model: always answered well.
+        scripted = self.plans and b"bystander" not in body
+        spec, plan = self.plans.pop(0) if scripted else self.fallback(len(self.log))
         served = Served(self.name, plan, spec)
         self.log.append(served)
         data = plan.wire.data
