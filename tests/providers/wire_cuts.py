@@ -166,7 +166,7 @@ def wire(provider: str, spec: Spec, framing: Framing = "chunked", *, error_at: i
     frames, content_type = _frames(provider, spec)
     terminated = True
     if error is not None and error_at is not None:
-        frames = [*frames[:error_at], error]
+        frames = [*frames[:min(error_at, len(frames) - 1)], error]  # (the terminator goes at least)
         terminated = False
     if framing == "chunked":
         body = b"".join(b"%x\r\n%s\r\n" % (len(f), f) for f in frames) + b"0\r\n\r\n"
