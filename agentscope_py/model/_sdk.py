@@ -49,7 +49,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 from ._aiohttp import TRANSPORT_ERRORS, AioHttpSender, body_bytes, client_timeout
 from ._client import ClientModel
 from ._convert import EventDecoder, stream_chunks
-from ._errors import error_from_body, error_from_status, message_of, quote, transport_error
+from ._errors import error_from_body, error_from_status, message_of, quote, transport_error, undecodable
 from .base import ChatChunk, ModelError, ModelRequest
 
 __all__ = ["CLIENT_OPTIONS", "SDKModel", "sdk_error", "streamed", "wire_body"]
@@ -206,6 +206,8 @@ class SDKModel(ClientModel[S]):
             return sdk_error(exc, self.sdk, self.provider)
         if isinstance(exc, httpx2.TransportError):
             return _escaped_read_error(exc, self.provider)
+        if isinstance(exc, httpx2.DecodingError):  # (httpx's, reading a body whose encoding is broken)
+            return undecodable(self.provider, exc)
         return None
 
     def stream(self, request: ModelRequest) -> AsyncIterator[ChatChunk]:
