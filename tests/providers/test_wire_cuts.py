@@ -380,7 +380,7 @@ def check(case: Case, run: Run, log: list[Served], bystanders: set[int]) -> None
     for city in run.cities:
         assert city in expected_cities, f"{case}: a tool ran from an incomplete reply: {city}"
     if case.via == "stream":
-        check_events(case, run, specs, whole)
+        check_events(case, run, specs)
     if error is None:
         final = run.result.text if case.via == "call" else _result_text(run.events)
         last = log[-1]
@@ -399,39 +399,42 @@ def _result_text(events: list[Any]) -> str:
     return str(result.result.text)
 
 
-def check_events(case: Case, run: Run, specs: dict[int, Served], whole: set[int]) -> None:
+def check_events(case: Case, run: Run, specs: dict[int, Served]) -> None:
     left = open_brackets(run.events)
     assert not left, f"{case}: blocks left open: {left}"
-    texts: dict[str, list[str]] = {}
-    ends: dict[str, ModelCallEnd] = {}
+    # The model calls in order (one at a time in a run): the text each streamed, and its end.
+    calls: list[tuple[list[str], list[ModelCallEnd]]] = []
     for event in run.events:
         if isinstance(event, ModelCallStart):
-            texts[event.reply_id] = []
+            calls.append(([], []))
         elif isinstance(event, TextBlockDelta):
-            texts[event.reply_id].append(event.delta)
+            calls[-1][0].append(event.delta)
         elif isinstance(event, ModelCallEnd):
-            ends[event.reply_id] = event
+            calls[-1][1].append(event)
     usages: list[int] = []
-    for reply_id, pieces in texts.items():
+    total = None
+    for pieces, (end,) in calls:
         text = "".join(pieces)
-        end = ends[reply_id]
-        if not text:
-            continue
-        tag = int(text[1:text.index(">")])
-        spec = specs[tag].spec
-        assert spec is not None and spec.full_text.startswith(text), f"{case}: streamed {text!r}, sent {spec}"
-        if end.error is None:
-            assert text == spec.full_text, f"{case}: a model call ended well with part of its text: {text!r}"
-        elif run.error is None:
-            assert end.discarded, f"{case}: a failed attempt's text was kept: {end}"
-    for end in ends.values():
+        if text:
+            tag = int(text[1:text.index(">")])
+            spec = specs[tag].spec
+            assert spec is not None and spec.full_text.startswith(text), f"{case}: streamed {text!r}, sent {spec}"
+            if end.error is None:
+                assert text == spec.full_text, f"{case}: a model call ended well with part of its text: {text!r}"
+            elif run.error is None:
+                assert end.discarded, f"{case}: a failed attempt's text was kept: {end}"
         if end.usage is not None:
             tag = end.usage.input_tokens - 1000
             assert tag in specs, f"{case}: a usage no reply sent: {end.usage}"
             spec = specs[tag].spec
             assert spec is not None and end.usage.output_tokens == spec.output_tokens, f"{case}: {end.usage}"
             usages.append(tag)
+            total = end.usage if total is None else total + end.usage
     assert len(usages) == len(set(usages)), f"{case}: a reply's usage counted twice: {usages}"
+    if run.error is None:
+        # The run's usage (its answer's) is what its model calls reported, each once.
+        (result,) = [e.result for e in run.events if e.type == "agent_result"]
+        assert result.usage == total, f"{case}: the run counted {result.usage}, its calls {total}"
 
 
 async def bystander(case: Case, model: Any) -> int:
