@@ -23,7 +23,8 @@ clash with the auth header the SDK client gives.
 The read timeout is kept here, not by aiohttp's ``sock_read``, which makes and cancels a timer on
 every read of the socket: a timer per streamed token (`_Body` says how).
 Failures are the model error tree's: an HTTP status through `error_from_status`, a refused or
-failed connection `ModelConnectionError`, a timeout `ModelTimeoutError`.
+failed connection `ModelConnectionError`, a timeout `ModelTimeoutError`, a response that is not
+valid HTTP `MalformedStreamError` (`_not_http`).
 """
 
 from __future__ import annotations
@@ -35,10 +36,12 @@ from collections.abc import AsyncGenerator, Callable, Mapping
 from typing import Any, NamedTuple
 
 import aiohttp
+from aiohttp.http_exceptions import HttpProcessingError
 from yarl import URL
 
 from .._deadline import SharedTimeout
-from ._errors import error_from_status, message_of, quote, transport_error
+from ._errors import error_from_status, malformed, message_of, quote, transport_error
+from .base import MalformedStreamError
 
 __all__ = ["AioHttpSender", "Timeouts", "body_bytes", "client_timeout"]
 
@@ -252,6 +255,8 @@ class _Opened:
         except TimeoutError as exc:  # aiohttp's connect timeouts and the headers' are TimeoutErrors
             raise transport_error(provider, exc, in_body=False, timeout=True) from exc
         except aiohttp.ClientError as exc:
+            if isinstance(exc.__cause__, HttpProcessingError):
+                raise _not_http(provider, exc.__cause__) from exc
             raise transport_error(provider, exc, in_body=False, timeout=False) from exc
         self._response = response
         if response.status >= 400:
@@ -274,6 +279,15 @@ class _Opened:
             response.release()  # read to its end: the connection goes back to the pool
         else:
             response.close()  # given up midway (an error, a cancellation): the server sees the close
+
+
+def _not_http(provider: str, exc: HttpProcessingError) -> MalformedStreamError:
+    """The error for a response whose bytes break HTTP (a garbled chunk size, bytes past the
+    ``Content-Length``, a status line that is none): the server broke the stream's protocol, as a
+    body cut mid-way does. aiohttp fails the request itself when the bad bytes come in one read
+    with the response's head, and the body's read when they come later; both are this error, so
+    that the same fault is the same error however the network split the bytes."""
+    return malformed(provider, f"the server's response is not valid HTTP: {quote(exc.message or type(exc).__name__)}")
 
 
 async def _status_error(response: aiohttp.ClientResponse, provider: str, read: float | None) -> Exception:

@@ -338,7 +338,13 @@ async def stream_chunks(
         async with open_response() as response:
             content_type = response.headers.get("content-type", "")
             if content_type.startswith(("application/json", "text/html", "text/plain")):
-                raise await _unstreamed(response, content_type, provider)
+                try:
+                    unstreamed = await _unstreamed(response, content_type, provider)
+                except timeout_errors as exc:  # (the body read whole: its read fails as the stream's do)
+                    raise transport_error(provider, exc, in_body=True, timeout=True) from exc
+                except transport_errors as exc:
+                    raise transport_error(provider, exc, in_body=True, timeout=False) from exc
+                raise unstreamed
             parser = _EventParser(provider)
             body = response.aiter_bytes()
             feed: ChunkFeed | None = None

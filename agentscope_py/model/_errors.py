@@ -33,6 +33,7 @@ __all__ = [
     "parse_retry_after",
     "quote",
     "transport_error",
+    "undecodable",
 ]
 
 QUOTE_LIMIT = 500
@@ -191,6 +192,11 @@ def quote(text: str | bytes, limit: int = QUOTE_LIMIT) -> str:
 
 def malformed(provider: str, detail: str) -> MalformedStreamError:
     return MalformedStreamError(f"{provider}: malformed stream: {detail}", provider=provider)
+
+
+def undecodable(provider: str, exc: BaseException) -> MalformedStreamError:
+    """A body that says it is compressed (``Content-Encoding``) and is not: broken by the server."""
+    return malformed(provider, f"the response's body could not be decoded: {quote(str(exc) or type(exc).__name__)}")
 
 
 def transport_error(provider: str, exc: BaseException, *, in_body: bool, timeout: bool) -> ModelError:

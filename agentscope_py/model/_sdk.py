@@ -49,7 +49,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 from ._aiohttp import TRANSPORT_ERRORS, AioHttpSender, body_bytes, client_timeout
 from ._client import ClientModel
 from ._convert import EventDecoder, stream_chunks
-from ._errors import error_from_body, error_from_status, message_of, transport_error
+from ._errors import error_from_body, error_from_status, message_of, quote, transport_error, undecodable
 from .base import ChatChunk, ModelError, ModelRequest
 
 __all__ = ["CLIENT_OPTIONS", "SDKModel", "sdk_error", "streamed", "wire_body"]
@@ -204,6 +204,10 @@ class SDKModel(ClientModel[S]):
         """The typed error for what the SDK raised, or None for anything else (re-raised)."""
         if isinstance(exc, self.sdk.APIError):
             return sdk_error(exc, self.sdk, self.provider)
+        if isinstance(exc, httpx2.TransportError):
+            return _escaped_read_error(exc, self.provider)
+        if isinstance(exc, httpx2.DecodingError):  # (httpx's, reading a body whose encoding is broken)
+            return undecodable(self.provider, exc)
         return None
 
     def stream(self, request: ModelRequest) -> AsyncIterator[ChatChunk]:
@@ -246,6 +250,23 @@ async def streamed(opened: AbstractAsyncContextManager[Any]) -> AsyncIterator[ht
     """The HTTP response inside an SDK's ``with_streaming_response`` call."""
     async with opened as response:
         yield response.http_response
+
+
+def _escaped_read_error(exc: httpx2.TransportError, provider: str) -> ModelError:
+    """The error for httpx's own error let out of an SDK's request: both SDKs read an error
+    status's body before they raise their status error, and a failure of that read (the body cut,
+    reset or stalled) escapes them as it is. OpenAI's raises it while handling httpx's status
+    error, in its context, which still tells the status; without it the failure is the
+    connection's."""
+    status: BaseException | None = exc
+    while status is not None and not isinstance(status, httpx2.HTTPStatusError):
+        status = status.__context__  # (httpx's error is raised from its transport's, in that context)
+    if isinstance(status, httpx2.HTTPStatusError):
+        code = status.response.status_code
+        unread = quote(f"(the error body could not be read: {str(exc) or type(exc).__name__})")
+        return error_from_status(code, f"Error code: {code} - {unread}", provider=provider,
+                                 headers=status.response.headers)
+    return transport_error(provider, exc, in_body=False, timeout=isinstance(exc, httpx2.TimeoutException))
 
 
 def sdk_error(exc: Any, sdk: ModuleType, provider: str) -> ModelError:

@@ -45,7 +45,7 @@ from ..stream import aclosing
 from ._aiohttp import AioHttpSender, client_timeout
 from ._client import ClientModel
 from ._convert import PAYLOAD_ERRORS, StreamingResponse, merge_options, reference, result_parts, token_count
-from ._errors import error_from_body, error_from_status, malformed, message_of, quote, transport_error
+from ._errors import error_from_body, error_from_status, malformed, message_of, quote, transport_error, undecodable
 from .base import ChatChunk, ModelError, ModelRequest, ToolCallChunk
 
 __all__ = ["OllamaChatModel", "read_ndjson", "to_ollama_messages"]
@@ -169,6 +169,8 @@ class OllamaChatModel(ClientModel[ollama.AsyncClient]):
             raise transport_error(PROVIDER, exc, in_body=False, timeout=True) from exc
         except (httpx.TransportError, builtins.ConnectionError) as exc:
             raise transport_error(PROVIDER, exc, in_body=False, timeout=False) from exc
+        except httpx.DecodingError as exc:  # (a user's client's httpx, reading a body whose encoding is broken)
+            raise undecodable(PROVIDER, exc) from exc
 
     async def aclose(self) -> None:
         """Close the model's connections (aiohttp's pool, and the ollama client's)."""

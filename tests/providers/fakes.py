@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from agentscope_py import Msg, tool
+from agentscope_py._bracket_kinds import CLOSES, IDS, OPENS
 from agentscope_py.model import ModelRequest
 
 End = Literal["complete", "cut", "stall"]
@@ -339,6 +340,22 @@ async def give_up(stream: Any, how: str) -> None:
 
 async def collect(stream: Any) -> list[Any]:
     return [chunk async for chunk in stream]
+
+
+def open_brackets(events: list[Any]) -> set[tuple[str, str]]:
+    """The blocks ``events`` started and did not end (each started once, ended after it started)."""
+    opened: set[tuple[str, str]] = set()
+    for event in events:
+        kind = OPENS.get(type(event)) or CLOSES.get(type(event))
+        if kind is not None:
+            key = (kind, getattr(event, IDS[type(event)]))
+            if type(event) in OPENS:
+                assert key not in opened, f"{key} started twice"
+                opened.add(key)
+            else:
+                assert key in opened, f"{key} ended before it started"
+                opened.discard(key)
+    return opened
 
 
 def text_of(chunks: list[Any]) -> str:

@@ -22,7 +22,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from agentscope_py import ReActAgent
-from agentscope_py._bracket_kinds import CLOSES, IDS, OPENS
 from agentscope_py.events import ToolCallStart, ToolResultStart
 from agentscope_py.message import ChatUsage
 from agentscope_py.middleware import BudgetMiddleware, ModelPrice
@@ -47,6 +46,7 @@ from .fakes import (
     oa_chunk,
     oa_text,
     oa_tool_calls,
+    open_brackets,
 )
 from .responses_wire import ResponseStream
 
@@ -336,22 +336,6 @@ def scripted(name: str, first: list[bytes]) -> SDKModel[Any]:
 
     model._open = answer  # type: ignore[method-assign]
     return model
-
-
-def open_brackets(events: list[Any]) -> set[tuple[str, str]]:
-    """The blocks ``events`` started and did not end (each started once, ended after it started)."""
-    opened: set[tuple[str, str]] = set()
-    for event in events:
-        kind = OPENS.get(type(event)) or CLOSES.get(type(event))
-        if kind is not None:
-            key = (kind, getattr(event, IDS[type(event)]))
-            if type(event) in OPENS:
-                assert key not in opened, f"{key} started twice"
-                opened.add(key)
-            else:
-                assert key in opened, f"{key} ended before it started"
-                opened.discard(key)
-    return opened
 
 
 PRICES = {name: ModelPrice(input=1.0, output=2.0) for name in ("gpt-fake", "claude-fake")}
