@@ -65,6 +65,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, Literal, NoReturn, cast
 
 from ..._bracket_kinds import BRACKET_TYPES, OpenBrackets
+from ..._stream.context import InContext
 from ..._stream.operators import Maps, MapSource, Recovery, apply_maps, iterate, maps_of
 from ..._trusted import with_metadata
 from ...errors import BudgetExceeded
@@ -1073,11 +1074,12 @@ class _SyncCall(CallHold, MapSource):
         inner = self.inner
         factory, own = inner._factory, maps_of(inner._steps)
         if own is not None and isinstance(factory, MapSource):
-            return _SyncCallIterator(factory.with_maps((*own, self.see, *maps)), self)
+            it = factory.with_maps((*own, self.see, *maps))
+            return _SyncCallIterator(it, self) if _model_calls_own(factory) else _EndingIterator(it, self)
         stream = inner.map(self.see)
         for fn in maps:
             stream = stream.map(fn)
-        return _SyncCallIterator(stream.__aiter__(), self)
+        return _EndingIterator(stream.__aiter__(), self)
 
     def see(self, ev: Any) -> Any:
         cls = ev.__class__
@@ -1180,6 +1182,44 @@ class _SyncCallIterator:
 
     def __del__(self) -> None:
         self.call.finish()
+
+
+def _model_calls_own(factory: MapSource) -> bool:
+    """Whether ``factory`` is the model call's own stream (in its context, perhaps), which ends
+    with the call's ModelCallEnd or fails: only such a source applies maps with a failure's
+    recovery (`MapSource.recovering`)."""
+    while type(factory) is InContext:
+        inner = factory.factory
+        if not isinstance(inner, MapSource):
+            return False
+        factory = inner
+    return type(factory).recovering is not MapSource.recovering
+
+
+class _EndingIterator(_SyncCallIterator):
+    """`_SyncCall`'s stream when its inner stream is not the model call's own (a hook inside
+    makes it, `_model_calls_own`): such a hook may end the stream with no model call made — a limit inside that
+    refuses the call ends it with its stop —, so the stream's end finishes the call, as `aclose`
+    does. A consumer that reads a stream to its end does not close it, and the hold would
+    otherwise wait until the iterator is collected: later still when a reference cycle holds it
+    (a retry outside keeps its failed attempts' errors, whose tracebacks refer to the attempts).
+    One coroutine per event, on a stream that already passes through that hook's layer."""
+
+    __slots__ = ()
+
+    def __anext__(self) -> Any:
+        return self._next()
+
+    async def _next(self) -> Any:
+        call = self.call
+        if call.pending is not None:
+            return await self._after_cut()
+        try:
+            return await self.it.__anext__()
+        except StopAsyncIteration:
+            self.open = False
+            call.finish()
+            raise
 
 
 class _UnreadIterator(_SyncCallIterator):
