@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import gc
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -50,3 +51,87 @@ async def test_a_budget_hold_goes_when_a_limit_inside_refuses_a_retried_call() -
     assert len(model.requests) == 1
     assert await users.held("u") == (0, 0.0)
     assert (await users.get("u")).tokens == 0  # the failed attempt failed before its answer: no charge
+
+
+class AnswersLate:
+    """A `BudgetStore` across the network (the budget awaits it) whose ``late``-th reserve never
+    answers; the others are an `InMemoryBudgetStore`'s."""
+
+    def __init__(self, late: int) -> None:
+        self.store = InMemoryBudgetStore()
+        self.late = late
+        self.reserves = 0
+        self.waiting = asyncio.Event()
+
+    async def get(self, user_id: str) -> Any:
+        return await self.store.get(user_id)
+
+    async def add(self, user_id: str, tokens: int, cost: float) -> Any:
+        return await self.store.add(user_id, tokens, cost)
+
+    async def reserve(self, user_id: str, hold_id: str, tokens: int, cost: float, max_tokens: Any,
+                      max_cost: Any) -> Any:
+        self.reserves += 1
+        if self.reserves == self.late:
+            self.waiting.set()
+            await asyncio.Event().wait()
+        return await self.store.reserve(user_id, hold_id, tokens, cost, max_tokens, max_cost)
+
+    async def settle(self, user_id: str, hold_id: str, tokens: int, cost: float) -> Any:
+        return await self.store.settle(user_id, hold_id, tokens, cost)
+
+    async def release(self, user_id: str, hold_id: str) -> None:
+        await self.store.release(user_id, hold_id)
+
+
+async def test_a_call_interrupted_while_its_output_hold_grows_is_charged_what_it_let_out() -> None:
+    # The call holds its estimate (10, the whole user limit); its first delta asks the store to
+    # hold one token more, and the run is interrupted while it waits: that delta never went out,
+    # so the call is charged its estimate, within the limit, not the delta too.
+    users = AnswersLate(late=2)
+    model = ScriptedModel([ModelStep.text("xxxx" * 5, chunks=5)])
+    agent = (ReActAgent.builder().model(model)
+             .middleware(BudgetMiddleware(user_tokens=10, store=users, estimate=lambda input: 10)).build())
+    run = asyncio.create_task(agent.call("hi", ctx=RuntimeContext(user_id="u", session_id="s")))
+    await asyncio.wait_for(users.waiting.wait(), 5)
+    assert agent.interrupt("u", "s")
+    msg = await asyncio.wait_for(run, 5)
+    assert msg.generate_reason is GenerateReason.INTERRUPTED
+    assert (await users.get("u")).tokens == 10
+    assert await users.store.held("u") == (0, 0.0)
+
+
+class ReleasesSlowly(AnswersLate):
+    """A store across the network whose releases wait for ``go``."""
+
+    def __init__(self) -> None:
+        super().__init__(late=0)
+        self.releasing = asyncio.Event()
+        self.go = asyncio.Event()
+
+    async def release(self, user_id: str, hold_id: str) -> None:
+        self.releasing.set()
+        await self.go.wait()
+        await self.store.release(user_id, hold_id)
+
+
+async def test_a_hold_is_released_even_when_its_call_is_cancelled_again_while_it_releases() -> None:
+    # A call cancelled before its model answered releases its hold; a second cancellation of its
+    # task (a hedge's loser, a shutdown) while the store answers does not leave the hold behind.
+    users = ReleasesSlowly()
+    model = ScriptedModel([ModelStep.text("late", delay=30)])
+    agent = (ReActAgent.builder().model(model)
+             .middleware(BudgetMiddleware(user_tokens=100, store=users, estimate=lambda input: 10)).build())
+    run = asyncio.create_task(agent.stream("hi", ctx=RuntimeContext(user_id="u", session_id="s")).to_list())
+    while not model.requests:
+        await asyncio.sleep(0.001)
+    assert await users.store.held("u") == (10, 0.0)
+    run.cancel()
+    await asyncio.wait_for(users.releasing.wait(), 5)
+    run.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await run
+    users.go.set()
+    for _ in range(10):
+        await asyncio.sleep(0)
+    assert await users.store.held("u") == (0, 0.0)

@@ -57,12 +57,13 @@ are checked there (`ValueError`), any other at its first call.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING, Any, Literal, NoReturn, cast
+from typing import TYPE_CHECKING, Any, Literal, NoReturn, TypeVar, cast
 
 from ..._bracket_kinds import BRACKET_TYPES, OpenBrackets
 from ..._stream.context import InContext
@@ -105,6 +106,7 @@ __all__ = [
 ]
 
 log = logging.getLogger("agentscope_py.middleware.budget")
+T = TypeVar("T")
 OnExceeded = Literal["stop", "error"]
 
 
@@ -355,8 +357,10 @@ class BudgetMiddleware(MiddlewareBase):
                 cls = ev.__class__
                 if cls in _OUTPUT_DELTAS:
                     if ev.source is None:
-                        chars += len(ev.delta)
-                        need = -(-chars // 4) - out_held
+                        # Counted once its hold is there: a call cut while the store answers (an
+                        # interrupt) is charged what it let out, not the delta it was holding for.
+                        counted = chars + len(ev.delta)
+                        need = -(-counted // 4) - out_held
                         if need > 0:
                             # A step ahead: a long reply asks the store once per step; if the step
                             # does not fit, exactly what is needed. (In this process, `_SyncCall`
@@ -370,7 +374,7 @@ class BudgetMiddleware(MiddlewareBase):
                             if refused is not None:
                                 await aclose(it)  # the model request ends now
                                 done, attempt = True, False
-                                out = -(-(chars - len(ev.delta)) // 4)  # what was let out (not this delta)
+                                out = -(-chars // 4)  # what was let out (not this delta)
                                 for closing in await self._cut(ctx, run, hold, released, est_tokens + out,
                                                                est_tokens * in_rate + out * out_rate, refused):
                                     yield closing
@@ -378,6 +382,7 @@ class BudgetMiddleware(MiddlewareBase):
                                     yield stop
                                 return
                             out_held += ahead
+                        chars = counted
                 elif cls in _BRACKETS and ev.source is None:
                     released.see(ev)
                     if cls is ModelCallStart:
@@ -748,9 +753,9 @@ class CallHold:
         hold_id, self.id = self.id, None
         store, user_id = self.budget.store, self.ctx.user_id
         if hold_id is None:  # (every take was refused: no hold, the usage is charged all the same)
-            user = await store.add(user_id, tokens, cost)
+            user = await _to_its_end(store.add(user_id, tokens, cost))
         else:
-            user = await store.settle(user_id, hold_id, tokens, cost)
+            user = await _to_its_end(store.settle(user_id, hold_id, tokens, cost))
         self.budget.saw_user(user_id, user)
         return user
 
@@ -768,7 +773,27 @@ class CallHold:
         self.drop_local()
         hold_id, self.id = self.id, None
         if hold_id is not None:
-            await self.budget.store.release(self.ctx.user_id, hold_id)
+            await _to_its_end(self.budget.store.release(self.ctx.user_id, hold_id))
+
+
+async def _to_its_end(end: Awaitable[T]) -> T:
+    """A settle or release in a store across the network, run to its end even when the call's
+    task is cancelled while it waits (a cancellation at its end — a hedge's loser ended, a
+    shutdown — may come twice): cut in the middle, it would leave the hold in the store until its
+    lease ends. The cancellation still ends this wait; the store's answer then goes nowhere, and
+    its failure is logged."""
+    task = asyncio.ensure_future(end)
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        task.add_done_callback(_log_unheard)
+        raise
+
+
+def _log_unheard(task: asyncio.Future[Any]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.warning("budget: a hold's settle or release failed after its call was cancelled: %s: %s",
+                    type(task.exception()).__name__, task.exception())
 
 
 async def _after(end: Awaitable[Any], failed: Exception | None) -> None:
