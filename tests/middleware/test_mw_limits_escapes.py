@@ -10,13 +10,16 @@ from typing import Any
 
 import pytest
 
-from agentscope_py import GenerateReason, ModelStep, ReActAgent, RuntimeContext, ScriptedModel
+from agentscope_py import GenerateReason, ModelStep, ReActAgent, RuntimeContext, ScriptedModel, tool
+from agentscope_py.agent import InMemoryStateStore
 from agentscope_py.errors import ModelError
 from agentscope_py.middleware import (
     BudgetMiddleware,
     InMemoryBudgetStore,
     ModelCallLimitMiddleware,
     RetryMiddleware,
+    ToolCallLimitMiddleware,
+    ToolRetryMiddleware,
 )
 
 
@@ -135,3 +138,29 @@ async def test_a_hold_is_released_even_when_its_call_is_cancelled_again_while_it
     for _ in range(10):
         await asyncio.sleep(0)
     assert await users.store.held("u") == (0, 0.0)
+
+
+async def test_a_tool_call_retried_outside_the_tool_limit_counts_once() -> None:
+    # LangChain's ToolCallLimitMiddleware counts the calls the model asked for: a retry of a failed
+    # call is the same call. A ToolRetryMiddleware outside the limit passes the same block again;
+    # it is neither counted again nor refused as over the limit.
+    runs: list[int] = []
+
+    @tool
+    def flaky(x: int) -> str:
+        """Fails the first time."""
+        runs.append(x)
+        if len(runs) == 1:
+            raise RuntimeError("boom")
+        return "ok"
+
+    store = InMemoryStateStore()
+    model = ScriptedModel([ModelStep.tool_call("flaky", {"x": 1}), ModelStep.text("done")])
+    retry = ToolRetryMiddleware(1, initial_delay=0.001, jitter=False, sleep=_no_sleep)
+    limit = ToolCallLimitMiddleware(run_limit=1, session_limit=1)
+    agent = ReActAgent.builder().model(model).tools(flaky).middlewares([retry, limit]).state_store(store).build()
+    assert (await agent.call("go")).text == "done"
+    assert runs == [1, 1]
+    assert [r.output for r in model.requests[1].messages[-1].tool_results] == ["ok"]
+    state, _ = await store.load("default", "default")
+    assert state is not None and state.metadata["call_limits"] == {"tool:*": 1}

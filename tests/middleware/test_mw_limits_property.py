@@ -159,7 +159,7 @@ class Probe(MiddlewareBase):
         self.acting, self.tool_name = acting, tool_name
         self.by_label: Counter[str] = Counter()
         self.by_session: Counter[tuple[str, str, str]] = Counter()  # (agent, user, session)
-        self.labels: dict[int, str] = {}
+        self.seen: dict[int, Any] = {}  # the tool calls counted, by id
 
     def active_points(self) -> Any:
         from agentscope_py import ExtensionPoint
@@ -182,7 +182,10 @@ class Probe(MiddlewareBase):
 
     def on_acting(self, agent: Any, ctx: RuntimeContext, input: Any, next: Any) -> Any:
         def go() -> EventStream[Any]:
-            calls = [c for c in input.tool_calls if self.tool_name is None or c.name == self.tool_name]
+            # (A retried call — the same block again — is the call the model asked for, once.)
+            calls = [c for c in input.tool_calls if (self.tool_name is None or c.name == self.tool_name)
+                     and self.seen.get(id(c)) is not c]
+            self.seen.update((id(c), c) for c in calls)
             self._passed(agent, ctx, acting_label(input.tool_calls), len(calls))
             return next(input)
 
@@ -271,7 +274,7 @@ class Gate:
     probes: list[Probe]
     amp: int = 1
     wide: int = 1
-    tool_amp: int = 1  # how many times one tool call that passed may run (tool retries inside)
+    tool_amp: int = 1  # how many times one tool call that passed may run (tool retries)
 
     def by_label(self) -> Counter[str]:
         return sum((p.by_label for p in {id(p): p for p in self.probes}.values()), Counter())
@@ -364,17 +367,17 @@ class Case:
             self.gates.append(Gate(kind, mws, probes))
             for stack, mw, pr in zip(self.stacks, mws, probes, strict=True):
                 stack += [mw, pr]
-        # A gate's amplification: the retries and hedges below it (in flight at once: the hedges).
+        # A gate's amplification: the retries and hedges below it (in flight at once: the hedges);
+        # a tool call runs again for a tool retry anywhere (it counts once, as the model asked for it).
         order = self.stacks[0]
         for g in self.gates:
+            g.tool_amp = math.prod(1 + mw.max_retries for mw in order if isinstance(mw, ToolRetryMiddleware))
             for mw in order[order.index(g.mws[0]) + 1:]:
                 if isinstance(mw, RetryMiddleware):
                     g.amp *= 1 + mw.max_retries
                 elif isinstance(mw, HedgeMiddleware):
                     g.amp *= 2
                     g.wide *= 2
-                elif isinstance(mw, ToolRetryMiddleware):
-                    g.tool_amp *= 1 + mw.max_retries
 
     def clock(self) -> float:
         return self.now

@@ -18,7 +18,9 @@
 
 A call counts when it starts (its stream is subscribed): a failed model call counts too, and a
 retry outside the limit re-counts each attempt (put the limit outside retries to count calls
-once). The checks run once per call; a call within the limits is the inner stream itself.
+once). A tool call counts once, as the model asked for it (LangChain's count): a
+`ToolRetryMiddleware` outside the limit runs the same call again, uncounted and never refused.
+The checks run once per call; a call within the limits is the inner stream itself.
 """
 
 from __future__ import annotations
@@ -343,6 +345,7 @@ class ToolCallLimitMiddleware(_CallLimit):
         super().__init__(run_limit, session_limit, thread_limit, exit_behavior,
                          state_key or f"tool:{tool_name or '*'}", scope)
         self.tool_name = tool_name
+        self._calls_key = object()  # the calls an execution counted (their blocks, by id) in its RuntimeContext
 
     def on_acting(self, agent: AgentView, ctx: RuntimeContext, input: ActingInput, next: Next) -> Any:
         return EventStream.defer(lambda: self._act(ctx, input, next))
@@ -350,10 +353,17 @@ class ToolCallLimitMiddleware(_CallLimit):
     def _act(self, ctx: RuntimeContext, input: ActingInput, next: Next) -> Any:
         calls = input.tool_calls
         name = self.tool_name
-        matching = [c for c in calls if name is None or c.name == name]
+        # A call counts once, as the model asked for it: a retry of it (the same block, passed
+        # again by a `ToolRetryMiddleware` outside) is not a new call, and it is not refused.
+        counted: dict[int, ToolUseBlock] | None = ctx.get(self._calls_key)
+        if counted is None:
+            counted = {}
+            ctx.put(self._calls_key, counted)
+        matching = [c for c in calls if (name is None or c.name == name) and counted.get(id(c)) is not c]
         left, scope, limit = self._left(ctx)
         if len(matching) <= left:
             self._count(ctx, len(matching))
+            counted.update((id(c), c) for c in matching)
             return next(input)
         what = "tool call" if name is None else f"{name} call"
         message = self._message(scope, limit, what)
@@ -361,6 +371,7 @@ class ToolCallLimitMiddleware(_CallLimit):
             return EventStream.error(CallLimitExceeded(message, kind="tool", scope=scope, limit=limit, tool_name=name))
         n = int(left)
         self._count(ctx, n)
+        counted.update((id(c), c) for c in matching[:n])
         blocked_ids = {c.id for c in matching[n:]}
         allowed = [c for c in calls if c.id not in blocked_ids]
         blocked = [c for c in calls if c.id in blocked_ids]
