@@ -15,6 +15,7 @@ from agentscope_py.agent import InMemoryStateStore
 from agentscope_py.errors import ModelError
 from agentscope_py.middleware import (
     BudgetMiddleware,
+    ConcurrencyLimitMiddleware,
     InMemoryBudgetStore,
     ModelCallLimitMiddleware,
     RetryMiddleware,
@@ -164,3 +165,25 @@ async def test_a_tool_call_retried_outside_the_tool_limit_counts_once() -> None:
     assert [r.output for r in model.requests[1].messages[-1].tool_results] == ["ok"]
     state, _ = await store.load("default", "default")
     assert state is not None and state.metadata["call_limits"] == {"tool:*": 1}
+
+
+async def test_a_tool_retry_outside_a_concurrency_limit_on_acting_runs_within_its_batchs_slot() -> None:
+    # The retry of a failed call runs while its batch's stream is still open (the batch's other
+    # calls may be running): it is that batch, whose slot it uses. At limit=1, waiting for another
+    # slot would wait for itself, forever.
+    runs: list[int] = []
+
+    @tool
+    def flaky(x: int) -> str:
+        """Fails the first time."""
+        runs.append(x)
+        if len(runs) == 1:
+            raise RuntimeError("boom")
+        return "ok"
+
+    model = ScriptedModel([ModelStep.tool_call("flaky", {"x": 1}), ModelStep.text("done")])
+    retry = ToolRetryMiddleware(1, initial_delay=0.001, jitter=False, sleep=_no_sleep)
+    limit = ConcurrencyLimitMiddleware(1, points=["on_acting"])
+    agent = ReActAgent.builder().model(model).tools(flaky).middlewares([retry, limit]).build()
+    assert (await asyncio.wait_for(agent.call("go"), 5)).text == "done"
+    assert runs == [1, 1] and limit.in_flight("on_acting") == 0 and not limit._slots

@@ -201,6 +201,7 @@ class Flight(Probe):
         self.point, self.key = point, key
         self.now: Counter[Any] = Counter()
         self.peak: Counter[Any] = Counter()
+        self.units: Counter[Any] = Counter()  # the streams of each unit in flight
         # A limit at on_acting or on_agent stays with the agent it is on (`ConcurrencyLimitMiddleware`).
         self.inherit_to_subagents = point == "on_model_call"
 
@@ -212,17 +213,24 @@ class Flight(Probe):
     def _flown(self, ctx: RuntimeContext, next: Any, input: Any) -> Any:
         key = {"global": "*", "user": ctx.user_id, "session": (ctx.user_id, ctx.session_id)}[self.key]
         inner = next(input)
-        return EventStream(lambda: self._in_flight(key, inner))
+        return EventStream(lambda: self._in_flight(key, ctx, inner))
 
-    async def _in_flight(self, key: Any, inner: EventStream[Any]) -> AsyncIterator[Any]:
-        self.now[key] += 1
-        self.peak[key] = max(self.peak[key], self.now[key])
+    async def _in_flight(self, key: Any, ctx: RuntimeContext, inner: EventStream[Any]) -> AsyncIterator[Any]:
+        # (An acting pass inside one of its run in flight — a tool retry's — is that batch.)
+        unit = (key, id(ctx)) if self.point == "on_acting" else object()
+        self.units[unit] += 1
+        if self.units[unit] == 1:
+            self.now[key] += 1
+            self.peak[key] = max(self.peak[key], self.now[key])
         try:
             async with contextlib.aclosing(inner.__aiter__()) as it:
                 async for ev in it:
                     yield ev
         finally:
-            self.now[key] -= 1
+            self.units[unit] -= 1
+            if not self.units[unit]:
+                del self.units[unit]
+                self.now[key] -= 1
 
     def on_model_call(self, agent: Any, ctx: RuntimeContext, input: Any, next: Any) -> Any:
         return self._flown(ctx, next, input)
@@ -243,20 +251,32 @@ def acting_label(calls: Any) -> str:
 
 
 class Raiser(MiddlewareBase):
-    """Raises `Boom` at a tool batch now and then (a hook that fails)."""
+    """Raises `Boom` now and then at a tool batch or a model call (a hook that fails), before or
+    after the inner layers' first event."""
 
     def __init__(self, rng: random.Random, p: float) -> None:
         self.rng, self.p = rng, p
 
-    def active_points(self) -> Any:
-        from agentscope_py import ExtensionPoint
-
-        return frozenset({ExtensionPoint.ON_ACTING})
+    def _maybe(self, input: Any, next: Any) -> Any:
+        if self.rng.random() >= self.p:
+            return next(input)
+        if self.rng.random() < 0.5:
+            return EventStream.error(Boom("hook failed"))
+        inner = next(input)
+        return EventStream(lambda: _fail_after_first(inner))
 
     def on_acting(self, agent: Any, ctx: RuntimeContext, input: Any, next: Any) -> Any:
-        if self.rng.random() < self.p:
-            return EventStream.error(Boom("hook failed"))
-        return next(input)
+        return self._maybe(input, next)
+
+    def on_model_call(self, agent: Any, ctx: RuntimeContext, input: Any, next: Any) -> Any:
+        return self._maybe(input, next)
+
+
+async def _fail_after_first(inner: EventStream[Any]) -> AsyncIterator[Any]:
+    async with contextlib.aclosing(inner.__aiter__()) as it:
+        async for ev in it:
+            yield ev
+            raise Boom("hook failed mid-stream")
 
 
 # -- a case -----------------------------------------------------------------------------------------

@@ -68,7 +68,8 @@ class ConcurrencyLimitMiddleware(MiddlewareBase):
     """At most ``limit`` calls in flight per key (``key`` as for `RateLimitMiddleware`).
 
     At ``on_acting`` the unit is one round's batch of tool calls (the runtime runs a batch
-    together; a batch's own parallelism is the tools' ``concurrency_safe`` business)."""
+    together; a batch's own parallelism is the tools' ``concurrency_safe`` business); a
+    `ToolRetryMiddleware` outside runs a failed call again within its batch's slot."""
 
     def __init__(
         self,
@@ -90,6 +91,7 @@ class ConcurrencyLimitMiddleware(MiddlewareBase):
         self.inherit_to_subagents = not (self.points & _HELD_POINTS)
         self._key = key_function(key)
         self._slots: dict[_SlotKey, _Slots] = {}  # only keys with a call in flight or waiting
+        self._batches: set[tuple[_SlotKey, int]] = set()  # (key, id of the run's context): acting passes holding a slot
 
     def active_points(self) -> frozenset[ExtensionPoint]:
         return self.points
@@ -116,14 +118,27 @@ class ConcurrencyLimitMiddleware(MiddlewareBase):
         return EventStream(lambda: self._held((ExtensionPoint.ON_AGENT, self._key(ctx)), ctx, inner))
 
     async def _held(self, key: _SlotKey, ctx: RuntimeContext, inner: EventStream[Any]) -> AsyncIterator[Any]:
+        # A run's acting pass while its batch holds a slot is that batch: a `ToolRetryMiddleware`
+        # outside runs a failed call again while the batch's stream is still open (its other calls
+        # may be running). It uses the batch's slot; waiting for another would wait for itself.
+        batch = (key, id(ctx)) if key[0] is ExtensionPoint.ON_ACTING else None
+        if batch is not None and batch in self._batches:
+            async with aclosing(inner.__aiter__()) as it:
+                async for event in it:
+                    yield event
+            return
         # The slot is taken inside the generator: a stream closed before its first item never
         # took one, and once taken, the finally gives it back however the stream ends.
         await self._acquire(key, ctx)
+        if batch is not None:
+            self._batches.add(batch)
         try:
             async with aclosing(inner.__aiter__()) as it:
                 async for event in it:
                     yield event
         finally:
+            if batch is not None:
+                self._batches.discard(batch)
             self._release(key)
 
     async def _acquire(self, key: _SlotKey, ctx: RuntimeContext) -> None:
