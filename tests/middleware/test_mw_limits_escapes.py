@@ -141,11 +141,12 @@ async def test_a_hold_is_released_even_when_its_call_is_cancelled_again_while_it
     assert await users.store.held("u") == (0, 0.0)
 
 
-async def test_a_tool_call_retried_outside_the_tool_limit_counts_once() -> None:
-    # LangChain's ToolCallLimitMiddleware counts the calls the model asked for: a retry of a failed
-    # call is the same call. A ToolRetryMiddleware outside the limit passes the same block again;
-    # it is neither counted again nor refused as over the limit.
-    runs: list[int] = []
+def tool_retry() -> ToolRetryMiddleware:
+    return ToolRetryMiddleware(1, initial_delay=0.001, jitter=False, sleep=_no_sleep)
+
+
+def fails_once(runs: list[int]) -> Any:
+    """A tool ``flaky`` that fails its first call; ``runs`` records each call's body."""
 
     @tool
     def flaky(x: int) -> str:
@@ -155,9 +156,17 @@ async def test_a_tool_call_retried_outside_the_tool_limit_counts_once() -> None:
             raise RuntimeError("boom")
         return "ok"
 
+    return flaky
+
+
+async def test_a_tool_call_retried_outside_the_tool_limit_counts_once() -> None:
+    # LangChain's ToolCallLimitMiddleware counts the calls the model asked for: a retry of a failed
+    # call is the same call. A ToolRetryMiddleware outside the limit passes the same block again;
+    # it is neither counted again nor refused as over the limit.
+    runs: list[int] = []
+    flaky = fails_once(runs)
     store = InMemoryStateStore()
-    model = ScriptedModel([ModelStep.tool_call("flaky", {"x": 1}), ModelStep.text("done")])
-    retry = ToolRetryMiddleware(1, initial_delay=0.001, jitter=False, sleep=_no_sleep)
+    model, retry = ScriptedModel([ModelStep.tool_call("flaky", {"x": 1}), ModelStep.text("done")]), tool_retry()
     limit = ToolCallLimitMiddleware(run_limit=1, session_limit=1)
     agent = ReActAgent.builder().model(model).tools(flaky).middlewares([retry, limit]).state_store(store).build()
     assert (await agent.call("go")).text == "done"
@@ -172,17 +181,8 @@ async def test_a_tool_retry_outside_a_concurrency_limit_on_acting_runs_within_it
     # calls may be running): it is that batch, whose slot it uses. At limit=1, waiting for another
     # slot would wait for itself, forever.
     runs: list[int] = []
-
-    @tool
-    def flaky(x: int) -> str:
-        """Fails the first time."""
-        runs.append(x)
-        if len(runs) == 1:
-            raise RuntimeError("boom")
-        return "ok"
-
-    model = ScriptedModel([ModelStep.tool_call("flaky", {"x": 1}), ModelStep.text("done")])
-    retry = ToolRetryMiddleware(1, initial_delay=0.001, jitter=False, sleep=_no_sleep)
+    flaky = fails_once(runs)
+    model, retry = ScriptedModel([ModelStep.tool_call("flaky", {"x": 1}), ModelStep.text("done")]), tool_retry()
     limit = ConcurrencyLimitMiddleware(1, points=["on_acting"])
     agent = ReActAgent.builder().model(model).tools(flaky).middlewares([retry, limit]).build()
     assert (await asyncio.wait_for(agent.call("go"), 5)).text == "done"
