@@ -57,14 +57,16 @@ are checked there (`ValueError`), any other at its first call.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING, Any, Literal, NoReturn, cast
+from typing import TYPE_CHECKING, Any, Literal, NoReturn, TypeVar, cast
 
 from ..._bracket_kinds import BRACKET_TYPES, OpenBrackets
+from ..._stream.context import InContext
 from ..._stream.operators import Maps, MapSource, Recovery, apply_maps, iterate, maps_of
 from ..._trusted import with_metadata
 from ...errors import BudgetExceeded
@@ -104,6 +106,7 @@ __all__ = [
 ]
 
 log = logging.getLogger("agentscope_py.middleware.budget")
+T = TypeVar("T")
 OnExceeded = Literal["stop", "error"]
 
 
@@ -354,8 +357,10 @@ class BudgetMiddleware(MiddlewareBase):
                 cls = ev.__class__
                 if cls in _OUTPUT_DELTAS:
                     if ev.source is None:
-                        chars += len(ev.delta)
-                        need = -(-chars // 4) - out_held
+                        # Counted once its hold is there: a call cut while the store answers (an
+                        # interrupt) is charged what it let out, not the delta it was holding for.
+                        counted = chars + len(ev.delta)
+                        need = -(-counted // 4) - out_held
                         if need > 0:
                             # A step ahead: a long reply asks the store once per step; if the step
                             # does not fit, exactly what is needed. (In this process, `_SyncCall`
@@ -369,7 +374,7 @@ class BudgetMiddleware(MiddlewareBase):
                             if refused is not None:
                                 await aclose(it)  # the model request ends now
                                 done, attempt = True, False
-                                out = -(-(chars - len(ev.delta)) // 4)  # what was let out (not this delta)
+                                out = -(-chars // 4)  # what was let out (not this delta)
                                 for closing in await self._cut(ctx, run, hold, released, est_tokens + out,
                                                                est_tokens * in_rate + out * out_rate, refused):
                                     yield closing
@@ -377,6 +382,7 @@ class BudgetMiddleware(MiddlewareBase):
                                     yield stop
                                 return
                             out_held += ahead
+                        chars = counted
                 elif cls in _BRACKETS and ev.source is None:
                     released.see(ev)
                     if cls is ModelCallStart:
@@ -747,9 +753,9 @@ class CallHold:
         hold_id, self.id = self.id, None
         store, user_id = self.budget.store, self.ctx.user_id
         if hold_id is None:  # (every take was refused: no hold, the usage is charged all the same)
-            user = await store.add(user_id, tokens, cost)
+            user = await _to_its_end(store.add(user_id, tokens, cost))
         else:
-            user = await store.settle(user_id, hold_id, tokens, cost)
+            user = await _to_its_end(store.settle(user_id, hold_id, tokens, cost))
         self.budget.saw_user(user_id, user)
         return user
 
@@ -767,7 +773,27 @@ class CallHold:
         self.drop_local()
         hold_id, self.id = self.id, None
         if hold_id is not None:
-            await self.budget.store.release(self.ctx.user_id, hold_id)
+            await _to_its_end(self.budget.store.release(self.ctx.user_id, hold_id))
+
+
+async def _to_its_end(end: Awaitable[T]) -> T:
+    """A settle or release in a store across the network, run to its end even when the call's
+    task is cancelled while it waits (a cancellation at its end — a hedge's loser ended, a
+    shutdown — may come twice): cut in the middle, it would leave the hold in the store until its
+    lease ends. The cancellation still ends this wait; the store's answer then goes nowhere, and
+    its failure is logged."""
+    task = asyncio.ensure_future(end)
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        task.add_done_callback(_log_unheard)
+        raise
+
+
+def _log_unheard(task: asyncio.Future[Any]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.warning("budget: a hold's settle or release failed after its call was cancelled: %s: %s",
+                    type(task.exception()).__name__, task.exception())
 
 
 async def _after(end: Awaitable[Any], failed: Exception | None) -> None:
@@ -1073,11 +1099,12 @@ class _SyncCall(CallHold, MapSource):
         inner = self.inner
         factory, own = inner._factory, maps_of(inner._steps)
         if own is not None and isinstance(factory, MapSource):
-            return _SyncCallIterator(factory.with_maps((*own, self.see, *maps)), self)
+            it = factory.with_maps((*own, self.see, *maps))
+            return _SyncCallIterator(it, self) if _model_calls_own(factory) else _EndingIterator(it, self)
         stream = inner.map(self.see)
         for fn in maps:
             stream = stream.map(fn)
-        return _SyncCallIterator(stream.__aiter__(), self)
+        return _EndingIterator(stream.__aiter__(), self)
 
     def see(self, ev: Any) -> Any:
         cls = ev.__class__
@@ -1180,6 +1207,44 @@ class _SyncCallIterator:
 
     def __del__(self) -> None:
         self.call.finish()
+
+
+def _model_calls_own(factory: MapSource) -> bool:
+    """Whether ``factory`` is the model call's own stream (in its context, perhaps), which ends
+    with the call's ModelCallEnd or fails: only such a source applies maps with a failure's
+    recovery (`MapSource.recovering`)."""
+    while type(factory) is InContext:
+        inner = factory.factory
+        if not isinstance(inner, MapSource):
+            return False
+        factory = inner
+    return type(factory).recovering is not MapSource.recovering
+
+
+class _EndingIterator(_SyncCallIterator):
+    """`_SyncCall`'s stream when its inner stream is not the model call's own (a hook inside
+    makes it, `_model_calls_own`): such a hook may end the stream with no model call made — a limit inside that
+    refuses the call ends it with its stop —, so the stream's end finishes the call, as `aclose`
+    does. A consumer that reads a stream to its end does not close it, and the hold would
+    otherwise wait until the iterator is collected: later still when a reference cycle holds it
+    (a retry outside keeps its failed attempts' errors, whose tracebacks refer to the attempts).
+    One coroutine per event, on a stream that already passes through that hook's layer."""
+
+    __slots__ = ()
+
+    def __anext__(self) -> Any:
+        return self._next()
+
+    async def _next(self) -> Any:
+        call = self.call
+        if call.pending is not None:
+            return await self._after_cut()
+        try:
+            return await self.it.__anext__()
+        except StopAsyncIteration:
+            self.open = False
+            call.finish()
+            raise
 
 
 class _UnreadIterator(_SyncCallIterator):

@@ -18,7 +18,9 @@
 
 A call counts when it starts (its stream is subscribed): a failed model call counts too, and a
 retry outside the limit re-counts each attempt (put the limit outside retries to count calls
-once). The checks run once per call; a call within the limits is the inner stream itself.
+once). A tool call counts once, as the model asked for it (LangChain's count): a
+`ToolRetryMiddleware` outside the limit runs the same call again, uncounted and never refused.
+The checks run once per call; a call within the limits is the inner stream itself.
 """
 
 from __future__ import annotations
@@ -66,7 +68,8 @@ class ConcurrencyLimitMiddleware(MiddlewareBase):
     """At most ``limit`` calls in flight per key (``key`` as for `RateLimitMiddleware`).
 
     At ``on_acting`` the unit is one round's batch of tool calls (the runtime runs a batch
-    together; a batch's own parallelism is the tools' ``concurrency_safe`` business)."""
+    together; a batch's own parallelism is the tools' ``concurrency_safe`` business); a
+    `ToolRetryMiddleware` outside runs a failed call again within its batch's slot."""
 
     def __init__(
         self,
@@ -88,6 +91,7 @@ class ConcurrencyLimitMiddleware(MiddlewareBase):
         self.inherit_to_subagents = not (self.points & _HELD_POINTS)
         self._key = key_function(key)
         self._slots: dict[_SlotKey, _Slots] = {}  # only keys with a call in flight or waiting
+        self._batches: set[tuple[_SlotKey, int]] = set()  # (key, id of the run's context): acting passes holding a slot
 
     def active_points(self) -> frozenset[ExtensionPoint]:
         return self.points
@@ -114,14 +118,27 @@ class ConcurrencyLimitMiddleware(MiddlewareBase):
         return EventStream(lambda: self._held((ExtensionPoint.ON_AGENT, self._key(ctx)), ctx, inner))
 
     async def _held(self, key: _SlotKey, ctx: RuntimeContext, inner: EventStream[Any]) -> AsyncIterator[Any]:
+        # A run's acting pass while its batch holds a slot is that batch: a `ToolRetryMiddleware`
+        # outside runs a failed call again while the batch's stream is still open (its other calls
+        # may be running). It uses the batch's slot; waiting for another would wait for itself.
+        batch = (key, id(ctx)) if key[0] is ExtensionPoint.ON_ACTING else None
+        if batch is not None and batch in self._batches:
+            async with aclosing(inner.__aiter__()) as it:
+                async for event in it:
+                    yield event
+            return
         # The slot is taken inside the generator: a stream closed before its first item never
         # took one, and once taken, the finally gives it back however the stream ends.
         await self._acquire(key, ctx)
+        if batch is not None:
+            self._batches.add(batch)
         try:
             async with aclosing(inner.__aiter__()) as it:
                 async for event in it:
                     yield event
         finally:
+            if batch is not None:
+                self._batches.discard(batch)
             self._release(key)
 
     async def _acquire(self, key: _SlotKey, ctx: RuntimeContext) -> None:
@@ -343,6 +360,7 @@ class ToolCallLimitMiddleware(_CallLimit):
         super().__init__(run_limit, session_limit, thread_limit, exit_behavior,
                          state_key or f"tool:{tool_name or '*'}", scope)
         self.tool_name = tool_name
+        self._calls_key = object()  # the calls an execution counted (their blocks, by id) in its RuntimeContext
 
     def on_acting(self, agent: AgentView, ctx: RuntimeContext, input: ActingInput, next: Next) -> Any:
         return EventStream.defer(lambda: self._act(ctx, input, next))
@@ -350,10 +368,17 @@ class ToolCallLimitMiddleware(_CallLimit):
     def _act(self, ctx: RuntimeContext, input: ActingInput, next: Next) -> Any:
         calls = input.tool_calls
         name = self.tool_name
-        matching = [c for c in calls if name is None or c.name == name]
+        # A call counts once, as the model asked for it: a retry of it (the same block, passed
+        # again by a `ToolRetryMiddleware` outside) is not a new call, and it is not refused.
+        counted: dict[int, ToolUseBlock] | None = ctx.get(self._calls_key)
+        if counted is None:
+            counted = {}
+            ctx.put(self._calls_key, counted)
+        matching = [c for c in calls if (name is None or c.name == name) and counted.get(id(c)) is not c]
         left, scope, limit = self._left(ctx)
         if len(matching) <= left:
             self._count(ctx, len(matching))
+            counted.update((id(c), c) for c in matching)
             return next(input)
         what = "tool call" if name is None else f"{name} call"
         message = self._message(scope, limit, what)
@@ -361,6 +386,7 @@ class ToolCallLimitMiddleware(_CallLimit):
             return EventStream.error(CallLimitExceeded(message, kind="tool", scope=scope, limit=limit, tool_name=name))
         n = int(left)
         self._count(ctx, n)
+        counted.update((id(c), c) for c in matching[:n])
         blocked_ids = {c.id for c in matching[n:]}
         allowed = [c for c in calls if c.id not in blocked_ids]
         blocked = [c for c in calls if c.id in blocked_ids]

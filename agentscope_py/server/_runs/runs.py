@@ -72,7 +72,8 @@ class Runs:
         self._outbox: set[LiveRun] = set()  # runs with frames the shared log has not had yet
         self._tails: dict[str, LogTail] = {}  # runs followed here from the log, by id
         self.writes = LogWrites(run_log)
-        self._per_user: dict[str, int] = {}
+        self._per_user: dict[str, int] = {}  # runs counted (and being started) per user
+        self._starting = 0  # runs admitted whose log has not answered yet (`begin`)
         self._tasks: list[asyncio.Task[None]] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._started: asyncio.Future[None] | None = None
@@ -124,11 +125,18 @@ class Runs:
         self.admit(record.user_id)
         if record.owner != self.log.owner:  # (the app's endpoints make it this log's already)
             record = record.moved(owner=self.log.owner)
+        # Counted from here: the runs admitted while this one waits for its log count against it.
+        self._starting += 1
+        self._add_user(record.user_id)
         try:
-            await self.start()
-            created = await self._create(record)
-        except RunLogError as exc:
-            raise _unavailable() from exc
+            try:
+                await self.start()
+                created = await self._create(record)
+            except RunLogError as exc:
+                raise _unavailable() from exc
+        finally:
+            self._starting -= 1
+            self._drop_user(record.user_id)
         if not created:
             raise HTTPError(409, "run_id_in_use", f"run id {client_run_id(record.run_id)!r} is in use: "
                             "send a new id for each run")
@@ -187,21 +195,28 @@ class Runs:
             self.uncount(live.run_id, live.record.user_id)
 
     def admit(self, user_id: str) -> None:
-        """429 when one more run of ``user_id`` would pass the limits (`count` counts it)."""
-        admit_run(self.limits, len(self.live), self._per_user.get(user_id, 0))
+        """429 when one more run of ``user_id`` would pass the limits (`count` counts it; a run
+        `begin` admitted counts while its log is asked)."""
+        admit_run(self.limits, len(self.live) + self._starting, self._per_user.get(user_id, 0))
 
     def count(self, key: str, live: LiveRun) -> None:
         """``live`` counts in the limits, under ``key``, until `uncount`."""
         self.live[key] = live
-        self._per_user[live.record.user_id] = self._per_user.get(live.record.user_id, 0) + 1
+        self._add_user(live.record.user_id)
 
     def uncount(self, key: str, user_id: str) -> None:
         if self.live.pop(key, None) is not None:
-            left = self._per_user.get(user_id, 1) - 1
-            if left > 0:
-                self._per_user[user_id] = left
-            else:
-                self._per_user.pop(user_id, None)
+            self._drop_user(user_id)
+
+    def _add_user(self, user_id: str) -> None:
+        self._per_user[user_id] = self._per_user.get(user_id, 0) + 1
+
+    def _drop_user(self, user_id: str) -> None:
+        left = self._per_user.get(user_id, 1) - 1
+        if left > 0:
+            self._per_user[user_id] = left
+        else:
+            self._per_user.pop(user_id, None)
 
     # -- following -------------------------------------------------------------------------------
 
