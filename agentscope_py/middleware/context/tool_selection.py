@@ -26,7 +26,7 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
-from ...errors import StructuredOutputError
+from ...errors import AgentInterrupted, StructuredOutputError
 from ...events import Custom
 from ...extension.base import ExtensionPoint, MiddlewareBase, Next, ReasoningInput
 from ...message import Msg
@@ -83,7 +83,7 @@ class ToolSelectorMiddleware(MiddlewareBase):
             raise TypeError("ToolSelectorMiddleware needs select=fn (or a subclass overriding choose)")
         chosen = self.select_fn(ctx, messages, tools)
         if asyncio.iscoroutine(chosen) or isinstance(chosen, Awaitable):
-            chosen = await chosen
+            chosen = await ctx.wait(chosen)  # (an interrupt of the run cuts a selection that waits)
         names = list(chosen)
         known = {t.name for t in tools}
         unknown = [n for n in names if n not in known]
@@ -155,8 +155,8 @@ class LLMToolSelectorMiddleware(ToolSelectorMiddleware):
                 purpose="tool_selection",
             )
             picked = _selection(reply, names)
-        except asyncio.CancelledError:
-            raise
+        except (asyncio.CancelledError, AgentInterrupted):
+            raise  # the run was cut: no failure of the selection, the run ends
         except Exception:
             if self.on_error == "raise":
                 raise
