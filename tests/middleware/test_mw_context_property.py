@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import itertools
 import logging
 import os
 import random
@@ -41,8 +42,8 @@ from pydantic import BaseModel
 
 from agentscope_py import (
     ConfirmResult,
-    MiddlewareBase,
     GenerateReason,
+    MiddlewareBase,
     Msg,
     PermissionDecision,
     ReActAgent,
@@ -63,6 +64,7 @@ from agentscope_py.middleware import (
     MessageTrimMiddleware,
     ModelSummarizer,
     PromptCacheGuardMiddleware,
+    TimeoutMiddleware,
     ToolSelectorMiddleware,
 )
 from agentscope_py.middleware.context._history import approximate_tokens, leading_system, units
@@ -108,7 +110,7 @@ def check_openai(request: ModelRequest) -> None:
 def check_anthropic(request: ModelRequest) -> None:
     _, wire = to_anthropic_messages(request.messages)
     assert wire, "Anthropic: no message left"
-    for a, b in zip(wire, wire[1:], strict=False):
+    for a, b in itertools.pairwise(wire):
         assert a["role"] != b["role"], f"Anthropic: two {a['role']} turns in a row: {wire}"
     assert wire[-1]["role"] == "user", f"Anthropic: the request ends with the assistant: {wire}"
     open_calls: set[str] = set()
@@ -327,9 +329,11 @@ class Recording:
                 raise RuntimeError("summariser down")
             if kind == "hang":
                 await asyncio.Event().wait()
-            if kind == "slow":  # past the summariser's own deadline
-                async with asyncio.timeout(0.005):
-                    await asyncio.sleep(1)
+            if kind == "slow":  # past the summariser's own deadline, or maybe the run's
+                if self.rng.random() < 0.5:
+                    async with asyncio.timeout(0.005):
+                        await asyncio.sleep(1)
+                await asyncio.sleep(0.05)
             if kind == "empty":
                 result = "   "
             elif kind == "garbage":
@@ -386,6 +390,8 @@ class Case:
     sqlite_path: str | None = None
     log: list[str] = field(default_factory=list)
     probe: Probe = field(default_factory=Probe)
+    racing: bool = False
+    strategy: Any = None  # this turn's multitask strategy (racing another turn)
     stored: dict[str, str] = field(default_factory=dict)  # `expected` as of the last turn stored
 
 
@@ -419,6 +425,8 @@ def build(case: Case) -> ReActAgent:
         mws.append(ToolSelectorMiddleware(select))
     if rng.random() < 0.5:
         mws.append(PromptCacheGuardMiddleware())
+    if rng.random() < 0.15:  # a slow summariser (or anything else) may outlive the run's deadline
+        mws.append(TimeoutMiddleware(run_timeout=rng.choice((0.02, 0.05, 0.2))))
     rng.shuffle(mws)
     case.probe = Probe()
     mws.append(case.probe)
@@ -497,8 +505,13 @@ def check_failed_calls(case: Case, state_ids: list[str], turn: int, rollback: bo
         return
     for call in rec.calls:
         if call.turn == turn and not call.ok and call is rec.calls[-1]:
-            assert state_ids[:len(call.before)] == call.before or (
-                rollback and call.before[:len(state_ids)] == state_ids), "a failed compression changed memory"
+            if state_ids[:len(call.before)] == call.before:
+                continue
+            # A turn taken back (rolled back) leaves what was before it: memory starts with a part
+            # of what the call saw, and nothing after that part is kept.
+            k = next((i for i, (a, b) in enumerate(zip(state_ids, call.before, strict=False)) if a != b),
+                     min(len(state_ids), len(call.before)))
+            assert rollback and not set(call.before[k:]) & set(state_ids), "a failed compression changed memory"
 
 
 async def drive(case: Case, agent: ReActAgent, msgs: Any, structured: bool) -> tuple[Msg | None, BaseException | None, bool, bool]:
@@ -511,12 +524,12 @@ async def drive(case: Case, agent: ReActAgent, msgs: Any, structured: bool) -> t
     rec = case.recording
     if rec is not None:
         rec.started = asyncio.Event()
-        rec.may_hang = cut == "at_summary"
+        rec.may_hang = cut == "at_summary" and not case.racing  # (a cancel would not reach the raced run)
     case.log.append(f"  cut={cut} after={after} rollback={rollback} structured={structured}")
     result: Msg | None = None
     error: BaseException | None = None
     seen = 0
-    stream = agent.stream(msgs, structured_model=Answer if structured else None)
+    stream = agent.stream(msgs, structured_model=Answer if structured else None, multitask_strategy=case.strategy)
 
     async def consume() -> None:
         nonlocal result, seen
@@ -536,7 +549,7 @@ async def drive(case: Case, agent: ReActAgent, msgs: Any, structured: bool) -> t
 
     task = asyncio.ensure_future(consume())
     cutter: asyncio.Task[Any] | None = None
-    if cut in ("cancel", "at_summary") and rec is not None or cut == "cancel":
+    if (cut in ("cancel", "at_summary") and rec is not None) or cut == "cancel":
         async def cut_it() -> None:
             if cut == "at_summary" and rec is not None:
                 await rec.started.wait()
@@ -553,7 +566,7 @@ async def drive(case: Case, agent: ReActAgent, msgs: Any, structured: bool) -> t
         await asyncio.wait_for(asyncio.shield(task), 10)
     except asyncio.CancelledError:
         pass
-    except Exception as exc:  # noqa: BLE001 - recorded, judged by the caller
+    except Exception as exc:
         error = exc
     if not task.done():
         task.cancel()
@@ -608,22 +621,29 @@ async def play(case: Case) -> None:
             case.store.failing = rng.random() < 0.15
         case.model.rounds = 0
         case.model.last_text = None
-        race = rng.random() < 0.1 and not pending and not getattr(case.store, "failing", False)
+        race = case.racing = rng.random() < 0.1 and not pending and not getattr(case.store, "failing", False)
         if race:  # a second turn of the session, at once: it waits its turn
             counter += 1
             other = Msg.user(f"u{counter} raced")
             case.log.append(f"  race with {other.text!r}")
             second = asyncio.ensure_future(agent.call(other))
+            # this turn waits for it, or interrupts it (taking its turn back, or not)
+            case.strategy = rng.choice(("enqueue", "enqueue", "interrupt", "rollback"))
+            case.log.append(f"  strategy={case.strategy}")
         result, error, started, rollback_asked = await drive(case, agent, msgs, structured)
+        raced_back_asked = case.strategy == "rollback"  # (the raced turn is taken back)
+        case.strategy = None
         race_paused = False
         if race:
             try:
                 reply = await asyncio.wait_for(second, 10)
                 race_paused = reply.generate_reason is GenerateReason.PERMISSION_ASKING
-                case.expected[other.id] = other.text
-                if reply.generate_reason is GenerateReason.MODEL_STOP:
+                raced_back = reply.metadata.get("rolled_back")
+                if not raced_back:
+                    case.expected[other.id] = other.text
+                if reply.generate_reason is GenerateReason.MODEL_STOP and not raced_back:
                     case.expected[reply.id] = reply.text
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 case.log.append(f"  raced turn failed: {exc!r}")
         case.log.append(f"  result={result and (result.generate_reason, result.text[:20])} error={error!r}")
         if isinstance(case.store, Flaky) and case.store.failing:
@@ -647,7 +667,7 @@ async def play(case: Case) -> None:
             case.expected[result.id] = result.text
         state = await effective(case, agent)
         await check_memory(case, state, stored=KEY not in agent._runtime.unsaved)
-        check_failed_calls(case, [m.id for m in state.context], turn, rollback_asked)
+        check_failed_calls(case, [m.id for m in state.context], turn, rollback_asked or raced_back_asked)
         if KEY not in agent._runtime.unsaved:
             case.stored = dict(case.expected)
     assert not case.model.problems, case.model.problems[0]

@@ -26,8 +26,8 @@ from agentscope_py import (
     Toolkit,
     tool,
 )
-from agentscope_py.extension.base import ExtensionPoint
 from agentscope_py.errors import ServerError, StructuredOutputError
+from agentscope_py.extension.base import ExtensionPoint
 from agentscope_py.middleware import (
     LLMToolSelectorMiddleware,
     OtelTracingMiddleware,

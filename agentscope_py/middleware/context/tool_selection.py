@@ -82,7 +82,7 @@ class ToolSelectorMiddleware(MiddlewareBase):
         if self.select_fn is None:
             raise TypeError("ToolSelectorMiddleware needs select=fn (or a subclass overriding choose)")
         chosen = self.select_fn(ctx, messages, tools)
-        if asyncio.iscoroutine(chosen) or isinstance(chosen, Awaitable):
+        if isinstance(chosen, Awaitable):
             chosen = await ctx.wait(chosen)  # (an interrupt of the run cuts a selection that waits)
         names = list(chosen)
         known = {t.name for t in tools}
