@@ -319,7 +319,8 @@ class Recording:
         assert state is not None
         call = SummaryCall([m.id for m in messages], [m.id for m in state.context], turn=self.turn)
         self.calls.append(call)
-        kind = self.rng.choice(("ok", "ok", "ok", "raise", "empty", "garbage", "slow", "hang"))
+        kind = "hang" if self.may_hang and self.rng.random() < 0.5 else self.rng.choice(
+            ("ok", "ok", "ok", "raise", "empty", "garbage", "slow", "hang"))
         self.kind = kind = "slow" if kind == "hang" and not self.may_hang else kind  # (only a cut ends a hang)
         if self.style == "model":
             result = await self.inner.summarize(messages, agent, ctx)
@@ -391,12 +392,14 @@ class Case:
     log: list[str] = field(default_factory=list)
     probe: Probe = field(default_factory=Probe)
     racing: bool = False
+    models: list[Planned] = field(default_factory=list)  # of every process
     strategy: Any = None  # this turn's multitask strategy (racing another turn)
     stored: dict[str, str] = field(default_factory=dict)  # `expected` as of the last turn stored
 
 
-def build(case: Case) -> ReActAgent:
-    """An agent over the case's store, with fresh middleware drawn from the case's settings."""
+def build(case: Case, store: Any = None) -> ReActAgent:
+    """An agent over the case's store (or ``store``: another process's view of the same file),
+    with fresh middleware drawn from the case's settings."""
     rng = random.Random(case.seed)  # the same settings for every process of the case
     mws: list[Any] = []
     limits: Limits | None = None
@@ -431,12 +434,13 @@ def build(case: Case) -> ReActAgent:
     case.probe = Probe()
     mws.append(case.probe)
     case.model = Planned(case.rng, limits, keep_system)
+    case.models.append(case.model)
     helper = ReActAgent.builder().name("helper").model(Echo()).build()
     toolkit = Toolkit([lookup, broken, picture, guarded, helper.as_tool("helper", inherit_middleware=False)])
     case.log.append(f"middleware: {[type(m).__name__ for m in mws]} limits={limits} "
                     f"summariser={case.recording and case.recording.style}")
     return (ReActAgent.builder().sys_prompt(SYS).model(case.model).toolkit(toolkit).middlewares(mws)
-            .state_store(case.store).build())
+            .state_store(store or case.store).build())
 
 
 async def load(case: Case) -> AgentState:
@@ -539,6 +543,8 @@ async def drive(case: Case, agent: ReActAgent, msgs: Any, structured: bool) -> t
                 seen += 1
                 if ev.type == "agent_result" and ev.source is None:
                     result = ev.result
+                if ev.type == "custom" and ev.name == "compression_failed":
+                    assert "AgentInterrupted" not in ev.value["error"], "an interrupt reported as a failed summary"
                 if seen == after and cut == "leave":
                     return
                 if seen == after and cut == "interrupt":
@@ -568,7 +574,8 @@ async def drive(case: Case, agent: ReActAgent, msgs: Any, structured: bool) -> t
         pass
     except Exception as exc:
         error = exc
-    if not task.done():
+    hung = not task.done()
+    if hung:
         task.cancel()
     with contextlib.suppress(BaseException):
         await task
@@ -578,6 +585,9 @@ async def drive(case: Case, agent: ReActAgent, msgs: Any, structured: bool) -> t
         cutter.cancel()
         with contextlib.suppress(BaseException):
             await cutter
+    assert not hung, "the turn hung (a cut did not end it)"
+    if isinstance(error, AssertionError):  # (an oracle of the consumer's)
+        raise error
     # A run cut before it loaded the session (at its first event, or waiting for the session's
     # turn) has no turn; once it has loaded it, it has one, whatever cuts it.
     return result, error, not isinstance(msgs, Msg) or msgs.id in case.probe.ready, cut == "interrupt" and rollback
@@ -620,12 +630,19 @@ async def play(case: Case) -> None:
         if isinstance(case.store, Flaky):
             case.store.failing = rng.random() < 0.15
         case.model.rounds = 0
-        race = case.racing = rng.random() < 0.1 and not pending and not getattr(case.store, "failing", False)
+        race = case.racing = rng.random() < 0.15 and not pending and not getattr(case.store, "failing", False)
         if race:  # a second turn of the session, at once: it waits its turn
             counter += 1
             other = Msg.user(f"u{counter} raced")
             case.log.append(f"  race with {other.text!r}")
-            second = asyncio.ensure_future(agent.call(other))
+            racer = agent
+            if case.sqlite_path is not None and rng.random() < 0.5:
+                # another process runs it, on the same SQLite file (the store's lock is the gate)
+                mine = case.model, case.probe
+                racer = build(case, SqliteStateStore(case.sqlite_path))
+                case.model, case.probe = mine
+                case.log.append("  (in another process)")
+            second = asyncio.ensure_future(racer.call(other))
             # this turn waits for it, or interrupts it (taking its turn back, or not)
             case.strategy = rng.choice(("enqueue", "enqueue", "interrupt", "rollback"))
             case.log.append(f"  strategy={case.strategy}")
@@ -643,6 +660,7 @@ async def play(case: Case) -> None:
                 if reply.generate_reason is GenerateReason.MODEL_STOP and not raced_back:
                     case.expected[reply.id] = reply.text
             except Exception as exc:
+                assert second.done(), "the raced turn hung"
                 case.log.append(f"  raced turn failed: {exc!r}")
         case.log.append(f"  result={result and (result.generate_reason, result.text[:20])} error={error!r}")
         if isinstance(case.store, Flaky) and case.store.failing:
@@ -669,8 +687,9 @@ async def play(case: Case) -> None:
         check_failed_calls(case, [m.id for m in state.context], turn, rollback_asked or raced_back_asked)
         if KEY not in agent._runtime.unsaved:
             case.stored = dict(case.expected)
-    assert not case.model.problems, case.model.problems[0]
-    assert case.model.open_streams == 0
+    for model in case.models:
+        assert not model.problems, model.problems[0]
+        assert model.open_streams == 0
 
 
 class _Logged(logging.Handler):
