@@ -29,6 +29,7 @@ import asyncio
 import contextlib
 import gc
 import itertools
+import json
 import logging
 import os
 import random
@@ -55,12 +56,13 @@ from agentscope_py import (
 from agentscope_py._history import unanswered_calls
 from agentscope_py._state import AgentState
 from agentscope_py.agent import InMemoryStateStore, SqliteStateStore
-from agentscope_py.errors import PendingToolCallsError
+from agentscope_py.errors import PendingToolCallsError, StructuredOutputError
 from agentscope_py.extension.base import ExtensionPoint
 from agentscope_py.message import DataBlock
 from agentscope_py.middleware import (
     ConcatSummarizer,
     ContextCompressionMiddleware,
+    LLMToolSelectorMiddleware,
     MessageTrimMiddleware,
     ModelSummarizer,
     PromptCacheGuardMiddleware,
@@ -256,6 +258,33 @@ class Echo:
         yield ChatChunk(finish_reason="stop")
 
 
+class Selector:
+    """`LLMToolSelectorMiddleware`'s model: picks some of the tools, or answers garbage, or fails."""
+
+    name = "selector"
+    provider = "planned"
+
+    def __init__(self, rng: random.Random) -> None:
+        self.rng = rng
+
+    def stream(self, request: ModelRequest) -> AsyncIterator[ChatChunk]:
+        return self._play(request)
+
+    async def _play(self, request: ModelRequest) -> AsyncIterator[ChatChunk]:
+        kind = self.rng.choice(("pick", "pick", "garbage", "raise"))
+        if kind == "raise":
+            raise RuntimeError("selector down")
+        await asyncio.sleep(0)
+        if kind == "garbage":
+            yield ChatChunk(text="no idea")
+        else:
+            names = request.tools[0].parameters["properties"]["tools"]["items"]["enum"]
+            picked = [n for n in names if self.rng.random() < 0.5]
+            yield ChatChunk(tool_call=ToolCallChunk(index=0, id="sel", name="select_tools",
+                                                    arguments=json.dumps({"tools": picked})))
+        yield ChatChunk(finish_reason="stop")
+
+
 # -- the summariser: one behaviour per call, every call recorded ---------------------------------
 
 
@@ -425,7 +454,8 @@ def build(case: Case, store: Any = None) -> ReActAgent:
         def select(ctx: Any, messages: Any, tools: Any) -> list[str]:
             return [t.name for t in tools if pick_rng.random() < 0.6]
 
-        mws.append(ToolSelectorMiddleware(select))
+        mws.append(ToolSelectorMiddleware(select) if rng.random() < 0.5
+                   else LLMToolSelectorMiddleware(Selector(random.Random(case.seed + 3))))
     if rng.random() < 0.5:
         mws.append(PromptCacheGuardMiddleware())
     if rng.random() < 0.15:  # a slow summariser (or anything else) may outlive the run's deadline
@@ -501,9 +531,9 @@ async def check_memory(case: Case, state: AgentState, stored: bool = True) -> No
         assert again == state or (again is None and not state.context)
 
 
-def check_failed_calls(case: Case, state_ids: list[str], turn: int, rollback: bool) -> None:
+def check_failed_calls(case: Case, state_ids: list[str], turn: int, rollback: bool, before: list[str]) -> None:
     """A summariser call that failed or was cut replaced nothing: memory still starts as it did
-    (or, the turn rolled back, is as it was before the turn)."""
+    when the call began (or, the turn taken back, as ``before`` the turn)."""
     rec = case.recording
     if rec is None:
         return
@@ -511,11 +541,8 @@ def check_failed_calls(case: Case, state_ids: list[str], turn: int, rollback: bo
         if call.turn == turn and not call.ok and call is rec.calls[-1]:
             if state_ids[:len(call.before)] == call.before:
                 continue
-            # A turn taken back (rolled back) leaves what was before it: memory starts with a part
-            # of what the call saw, and nothing after that part is kept.
-            k = next((i for i, (a, b) in enumerate(zip(state_ids, call.before, strict=False)) if a != b),
-                     min(len(state_ids), len(call.before)))
-            assert rollback and not set(call.before[k:]) & set(state_ids), "a failed compression changed memory"
+            # A turn taken back (rolled back) leaves memory as it was before the turn.
+            assert rollback and state_ids[:len(before)] == before, "a failed compression changed memory"
 
 
 async def drive(case: Case, agent: ReActAgent, msgs: Any, structured: bool) -> tuple[Msg | None, BaseException | None, bool, bool]:
@@ -616,7 +643,9 @@ async def play(case: Case) -> None:
     for turn in range(rng.randint(3, 9)):
         if case.recording is not None:
             case.recording.turn = turn
-        pending = unanswered_calls((await effective(case, agent)).context)
+        start = (await effective(case, agent)).context
+        before = [m.id for m in start]  # memory as the turn finds it
+        pending = unanswered_calls(start)
         structured = False
         if pending:
             msgs: Any = [confirm_message(ConfirmResult(tool_call_id=c.id, confirmed=rng.random() < 0.6))
@@ -663,6 +692,8 @@ async def play(case: Case) -> None:
                 assert second.done(), "the raced turn hung"
                 case.log.append(f"  raced turn failed: {exc!r}")
         case.log.append(f"  result={result and (result.generate_reason, result.text[:20])} error={error!r}")
+        # the model gives a structured answer whenever it is offered the tool for it
+        assert not isinstance(error, StructuredOutputError), "a structured run could not answer"
         if isinstance(case.store, Flaky) and case.store.failing:
             case.store.failing = False
             if rng.random() < 0.5 and KEY in agent._runtime.unsaved:
@@ -684,7 +715,7 @@ async def play(case: Case) -> None:
             case.expected[result.id] = result.text
         state = await effective(case, agent)
         await check_memory(case, state, stored=KEY not in agent._runtime.unsaved)
-        check_failed_calls(case, [m.id for m in state.context], turn, rollback_asked or raced_back_asked)
+        check_failed_calls(case, [m.id for m in state.context], turn, rollback_asked or raced_back_asked, before)
         if KEY not in agent._runtime.unsaved:
             case.stored = dict(case.expected)
     for model in case.models:

@@ -14,6 +14,7 @@ import pytest
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from pydantic import BaseModel
 
 from agentscope_py import (
     ChatUsage,
@@ -234,3 +235,23 @@ async def test_an_interrupted_run_is_no_selection_failure(caplog: Any) -> None:
     assert reply.generate_reason is GenerateReason.INTERRUPTED and not model.requests and not side.requests
     assert not [str(w.message) for w in caught if "never awaited" in str(w.message)]
     assert not [r for r in caplog.records if "tool selection failed" in r.getMessage()]
+
+
+async def test_a_structured_run_is_always_offered_its_response_tool() -> None:
+    # A model is offered only the selected tools; a structured run answers through its
+    # generate_response tool, which a selection must not take away (the run could not answer).
+    class Answer(BaseModel):
+        answer: str
+
+    seen: list[list[str]] = []
+
+    def select(ctx: RuntimeContext, messages: Sequence[Msg], tools: Sequence[ToolSchema]) -> list[str]:
+        seen.append([t.name for t in tools])
+        return ["weather"]
+
+    model = ScriptedModel([ModelStep.tool_call("generate_response", {"answer": "sunny"})])
+    agent = _agent(model, ToolSelectorMiddleware(select))
+    reply = await agent.call("weather?", structured_model=Answer)
+    assert _offered(model) == ["weather", "generate_response"]
+    assert "generate_response" not in seen[0]  # not the selector's to choose
+    assert reply.generate_reason is GenerateReason.STRUCTURED_OUTPUT
