@@ -75,13 +75,14 @@ async def internal_model_call(
     request = ModelRequest(
         messages=list(messages), tools=tuple(tools), options=opts, structured_output=opts.get("structured_output")
     )
+    control = ctx.control  # the run's interrupt switch (None outside a run)
+    if control is not None:
+        control.check()  # (before the call's coroutine is made: one never awaited is reported)
     tracing = _tracing_middleware(agent)
     call = _collect(chosen, request) if tracing is None else _traced(tracing, chosen, request, ctx, purpose)
-    control = ctx.control  # the run's interrupt switch (None outside a run)
     if control is None:
         reply = await call
     else:
-        control.check()
         reply = await _interruptible(call, control, purpose)
     ctx.add_usage(reply.usage)
     return reply

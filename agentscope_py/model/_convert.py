@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Protocol
 
@@ -33,6 +33,7 @@ __all__ = [
     "stream_chunks",
     "text_or_none",
     "token_count",
+    "tool_turns_joined",
     "user_and_tool_messages",
 ]
 
@@ -89,6 +90,25 @@ def result_parts(result: ToolResultBlock) -> list[TextBlock | DataBlock]:
     if isinstance(result.output, str):
         return [TextBlock(text=result.output)] if result.output else []
     return list(result.output)
+
+
+def tool_turns_joined(msgs: Sequence[Msg]) -> Sequence[Msg]:
+    """``msgs`` with each run of consecutive tool messages joined into one (``msgs`` itself when
+    there is none). The results of one round's calls may be remembered in several tool messages
+    (those that ran before an approval pause, the rest on the resume); on the OpenAI-shaped
+    wires the data a result carries goes in a user message after the tool messages
+    (`user_and_tool_messages`), and it must come after all of them: a user message between an
+    assistant's calls and one of their tool messages is refused."""
+    out: list[Msg] | None = None
+    for i in range(1, len(msgs)):
+        msg = msgs[i]
+        if msg.role == "tool" and msgs[i - 1].role == "tool":
+            if out is None:
+                out = list(msgs[:i])
+            out[-1] = out[-1].model_copy(update={"content": [*out[-1].content, *msg.content]})
+        elif out is not None:
+            out.append(msg)
+    return msgs if out is None else out
 
 
 def user_and_tool_messages(

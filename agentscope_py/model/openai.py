@@ -36,6 +36,7 @@ from ._convert import (
     reference,
     text_or_none,
     token_count,
+    tool_turns_joined,
     user_and_tool_messages,
 )
 from ._errors import error_from_body, malformed, quote
@@ -275,7 +276,7 @@ def to_openai_messages(msgs: Sequence[Msg], *, send_reasoning: bool = False) -> 
     """Chat Completions messages for ``msgs``. Tool results become ``tool`` messages; data they
     carry (which tool messages cannot hold) follows in a user message."""
     out: list[dict[str, Any]] = []
-    for msg in msgs:
+    for msg in tool_turns_joined(msgs):
         if msg.role == "system":
             out.append({"role": "system", "content": "\n".join(_texts(msg))})
         elif msg.role == "assistant":

@@ -44,6 +44,7 @@ from ._convert import (
     reference,
     text_or_none,
     token_count,
+    tool_turns_joined,
     user_and_tool_messages,
 )
 from ._errors import error_from_body, malformed, quote
@@ -438,7 +439,7 @@ def to_responses_input(msgs: Sequence[Msg]) -> list[dict[str, Any]]:
     (data they carry follows in a user message), and reasoning as the items it came as. No field
     is ever null: absent values are left out."""
     out: list[dict[str, Any]] = []
-    for msg in msgs:
+    for msg in tool_turns_joined(msgs):
         if msg.role == "system":
             text = "\n".join(b.text for b in msg.content if isinstance(b, TextBlock))
             out.append({"role": "system", "content": text})

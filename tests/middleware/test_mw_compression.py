@@ -4,6 +4,8 @@ history untouched; ModelSummarizer is an internal call; with BudgetMiddleware an
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -227,3 +229,68 @@ async def test_with_budget_the_compressed_request_fits() -> None:
     final = await agent.call(q3)
     assert final.text == "short"
     assert model.requests[2].messages[1].name == "summary"
+
+
+class _Hanging:
+    """A model that never answers (until its call is cut)."""
+
+    name = "hanging"
+    provider = "test"
+
+    def stream(self, request: Any) -> Any:
+        return self._play()
+
+    async def _play(self) -> Any:
+        await asyncio.Event().wait()
+        yield None
+
+
+async def _interrupted_while_summarising(summarizer: Any, started: asyncio.Event) -> tuple[ReActAgent, list[Any]]:
+    agent, model = _agent([ModelStep.text("a1"), ModelStep.text("a2")],
+                          ContextCompressionMiddleware(summarizer, trigger_messages=2, keep_messages=1))
+    await agent.call("q1")
+
+    async def interrupt() -> None:
+        await started.wait()
+        assert agent.interrupt()
+
+    cut = asyncio.ensure_future(interrupt())
+    events = await asyncio.wait_for(agent.stream("q2").to_list(), 5)
+    await cut
+    assert len(model.requests) == 1  # the round's model call was never made
+    return agent, events
+
+
+async def test_an_interrupt_cuts_a_summarizer_that_waits() -> None:
+    # A summariser of the user's own that waits (on a service, a lock) is cut by the interrupt as
+    # the model call would be: the run ends interrupted, the history before it untouched.
+    started = asyncio.Event()
+
+    async def waits(messages: Sequence[Msg], agent: Any, ctx: Any) -> str:
+        started.set()
+        await asyncio.Event().wait()
+        return "never"
+
+    agent, events = await _interrupted_while_summarising(waits, started)
+    assert events[-2].result.generate_reason is GenerateReason.INTERRUPTED
+    assert not [e for e in events if e.type == "custom"]
+    state = await _state(agent)
+    assert [m.text for m in state.context[:3]] == ["q1", "a1", "q2"] and state.summaries == []
+
+
+async def test_an_interrupted_model_summarizer_is_no_compression_failure(caplog: Any) -> None:
+    # The summariser's model call cut by an interrupt is the run's end, not a failed summary: no
+    # compression_failed event, no warning.
+    started = asyncio.Event()
+
+    class Started(_Hanging):
+        def stream(self, request: Any) -> Any:
+            started.set()
+            return super().stream(request)
+
+    with caplog.at_level(logging.WARNING, logger="agentscope_py.middleware.compression"):
+        agent, events = await _interrupted_while_summarising(ModelSummarizer(Started()), started)
+    assert events[-2].result.generate_reason is GenerateReason.INTERRUPTED
+    assert not [e for e in events if e.type == "custom"]
+    assert not caplog.records
+    assert len((await _state(agent)).context) == 4  # q1 a1 q2 and the interrupted reply

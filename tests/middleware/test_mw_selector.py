@@ -3,6 +3,10 @@ selector's internal call kept out of the stream, max_tools / always_include, fai
 
 from __future__ import annotations
 
+import asyncio
+import gc
+import logging
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -10,9 +14,21 @@ import pytest
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from pydantic import BaseModel
 
-from agentscope_py import ChatUsage, Msg, ReActAgent, RuntimeContext, ScriptedModel, Toolkit, tool
+from agentscope_py import (
+    ChatUsage,
+    GenerateReason,
+    MiddlewareBase,
+    Msg,
+    ReActAgent,
+    RuntimeContext,
+    ScriptedModel,
+    Toolkit,
+    tool,
+)
 from agentscope_py.errors import ServerError, StructuredOutputError
+from agentscope_py.extension.base import ExtensionPoint
 from agentscope_py.middleware import (
     LLMToolSelectorMiddleware,
     OtelTracingMiddleware,
@@ -166,3 +182,76 @@ async def test_selector_with_policy_narrows_both() -> None:
     await agent.call("go")
     # the selector picked weather, stocks, search; the policy hid search at the model call
     assert _offered(main) == ["weather", "stocks"]
+
+
+async def test_an_interrupt_cuts_a_selection_that_waits() -> None:
+    started = asyncio.Event()
+
+    async def select(ctx: RuntimeContext, messages: Sequence[Msg], tools: Sequence[ToolSchema]) -> list[str]:
+        started.set()
+        await asyncio.Event().wait()
+        return []
+
+    model = ScriptedModel([ModelStep.text("never")])
+    agent = _agent(model, ToolSelectorMiddleware(select))
+
+    async def interrupt() -> None:
+        await started.wait()
+        assert agent.interrupt()
+
+    cut = asyncio.ensure_future(interrupt())
+    reply = await asyncio.wait_for(agent.call("q"), 5)
+    await cut
+    assert reply.generate_reason is GenerateReason.INTERRUPTED and not model.requests
+
+
+class _Interrupter(MiddlewareBase):
+    """Interrupts the run as its round starts, outside the selector."""
+
+    agent: ReActAgent
+
+    def order(self) -> int:
+        return 5
+
+    def active_points(self) -> frozenset[ExtensionPoint]:
+        return frozenset({ExtensionPoint.ON_REASONING})
+
+    def on_reasoning(self, agent: Any, ctx: Any, input: Any, next: Any) -> Any:
+        self.agent.interrupt()
+        return next(input)
+
+
+async def test_an_interrupted_run_is_no_selection_failure(caplog: Any) -> None:
+    # Interrupted before the selector asks its model: the run ends interrupted, the selector
+    # neither reports a failure (offering every tool) nor leaves its call's coroutine unawaited.
+    side = ScriptedModel([_pick("weather")], name="selector")
+    interrupter = _Interrupter()
+    model = ScriptedModel([ModelStep.text("never")])
+    agent = interrupter.agent = _agent(model, interrupter, LLMToolSelectorMiddleware(side))
+    with warnings.catch_warnings(record=True) as caught, caplog.at_level(logging.WARNING):
+        warnings.simplefilter("always")
+        reply = await agent.call("q")
+        gc.collect()
+    assert reply.generate_reason is GenerateReason.INTERRUPTED and not model.requests and not side.requests
+    assert not [str(w.message) for w in caught if "never awaited" in str(w.message)]
+    assert not [r for r in caplog.records if "tool selection failed" in r.getMessage()]
+
+
+async def test_a_structured_run_is_always_offered_its_response_tool() -> None:
+    # A model is offered only the selected tools; a structured run answers through its
+    # generate_response tool, which a selection must not take away (the run could not answer).
+    class Answer(BaseModel):
+        answer: str
+
+    seen: list[list[str]] = []
+
+    def select(ctx: RuntimeContext, messages: Sequence[Msg], tools: Sequence[ToolSchema]) -> list[str]:
+        seen.append([t.name for t in tools])
+        return ["weather"]
+
+    model = ScriptedModel([ModelStep.tool_call("generate_response", {"answer": "sunny"})])
+    agent = _agent(model, ToolSelectorMiddleware(select))
+    reply = await agent.call("weather?", structured_model=Answer)
+    assert _offered(model) == ["weather", "generate_response"]
+    assert "generate_response" not in seen[0]  # not the selector's to choose
+    assert reply.generate_reason is GenerateReason.STRUCTURED_OUTPUT

@@ -228,3 +228,25 @@ def test_openai_usage_is_the_validated_usage_and_its_counts_exact_ints() -> None
     assert usage is not None
     assert usage.__dict__ == validated.__dict__ and usage.model_fields_set == validated.model_fields_set
     assert {type(v) for v in usage.__dict__.values()} == {int}
+
+
+def test_results_remembered_in_two_tool_messages_come_before_their_attachments() -> None:
+    # A round's calls answered in two tool messages (one ran before an approval pause, the other on
+    # the resume), the first carrying an image: the image's user message follows both tool
+    # messages, or OpenAI refuses the request (a user message inside the calls' answers).
+    from agentscope_py.model.openai_responses import to_responses_input
+
+    msgs = [
+        Msg.user("look"),
+        Msg(role="assistant", content=[ToolUseBlock(id="c0", name="ask", input={}),
+                                       ToolUseBlock(id="c1", name="picture", input={})]),
+        Msg.tool([ToolResultBlock(id="c1", name="picture", output=[DataBlock(media_type="image/png", data=IMG)])]),
+        Msg.tool([ToolResultBlock(id="c0", name="ask", output="yes")]),
+    ]
+    wire = to_openai_messages(msgs)
+    assert [(m["role"], m.get("tool_call_id")) for m in wire] == [
+        ("user", None), ("assistant", None), ("tool", "c1"), ("tool", "c0"), ("user", None)]
+    assert wire[-1]["content"][1] == {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{IMG}"}}
+    items = to_responses_input(msgs)
+    assert [i.get("type", i.get("role")) for i in items] == [
+        "user", "function_call", "function_call", "function_call_output", "function_call_output", "user"]

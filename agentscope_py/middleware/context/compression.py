@@ -14,7 +14,9 @@ earlier summary with the rest.
 
 **If summarising fails** (the summariser raises, or returns no text) the history is kept untouched
 (LangChain issue 38867 deleted it), ``Custom(name="compression_failed", value={"error": ...})`` is
-emitted, a warning logged, and the round goes on uncompressed.
+emitted, a warning logged, and the round goes on uncompressed. ``agent.interrupt(...)`` cuts the
+summariser, whatever it waits on, as it cuts the run's model call: the history is kept untouched
+and the run ends interrupted (no ``compression_failed``: nothing failed).
 
 Summarizers: `ConcatSummarizer` (default, extractive, no model: a line per message, truncated) and
 `ModelSummarizer(model=None)` (asks a model through `internal_model_call`: never in the caller's
@@ -31,6 +33,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from ..._state import SummaryRecord
+from ...errors import AgentInterrupted
 from ...events import Compressed, Custom
 from ...extension.base import ExtensionPoint, MiddlewareBase, Next, ReasoningInput
 from ...message import Msg
@@ -210,9 +213,12 @@ class ContextCompressionMiddleware(MiddlewareBase):
         if removed:
             summary: str | None = None
             try:
-                summary = await self.summarizer.summarize(removed, agent, ctx)
+                # (through the run's wait: an interrupt cuts the summariser, whatever it waits on)
+                summary = await ctx.wait(self.summarizer.summarize(removed, agent, ctx))
                 if not isinstance(summary, str) or not summary.strip():
                     raise ValueError(f"the summarizer returned no text ({summary!r})")
+            except AgentInterrupted:
+                raise  # the run was interrupted: no failure of the summary, the run ends
             except Exception as exc:  # the history stays as it is; the round goes on
                 _log.warning("ContextCompressionMiddleware: summarising failed; the context is kept as it is",
                              exc_info=True)

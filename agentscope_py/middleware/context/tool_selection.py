@@ -14,7 +14,9 @@
 Both only narrow what the model is *offered*; what it may *run* is the policy's business
 (`ToolPolicyMiddleware`). Each round's choice is reported as ``Custom(name="tools_selected",
 value={"tools": [...]})`` before the round's model call. ``always_include`` names are checked
-against the agent's tools at the first run (a `ValueError` before the model is called).
+against the agent's tools at the first run (a `ValueError` before the model is called). A
+structured run's ``generate_response`` tool (`agent.RESPONSE_TOOL`) is always offered, as
+``always_include`` tools are: it is how the run answers, not a tool to choose.
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
-from ...errors import StructuredOutputError
+from ..._response_tool import RESPONSE_TOOL
+from ...errors import AgentInterrupted, StructuredOutputError
 from ...events import Custom
 from ...extension.base import ExtensionPoint, MiddlewareBase, Next, ReasoningInput
 from ...message import Msg
@@ -82,8 +85,8 @@ class ToolSelectorMiddleware(MiddlewareBase):
         if self.select_fn is None:
             raise TypeError("ToolSelectorMiddleware needs select=fn (or a subclass overriding choose)")
         chosen = self.select_fn(ctx, messages, tools)
-        if asyncio.iscoroutine(chosen) or isinstance(chosen, Awaitable):
-            chosen = await chosen
+        if isinstance(chosen, Awaitable):
+            chosen = await ctx.wait(chosen)  # (an interrupt of the run cuts a selection that waits)
         names = list(chosen)
         known = {t.name for t in tools}
         unknown = [n for n in names if n not in known]
@@ -106,7 +109,8 @@ class ToolSelectorMiddleware(MiddlewareBase):
     async def _round(self, agent: AgentView, ctx: RuntimeContext, input: ReasoningInput,
                      next: Next) -> AsyncIterator[Any]:
         tools = input.tools
-        always = set(self.always_include)
+        # The structured output's own tool is how a structured run answers: never narrowed away.
+        always = {*self.always_include, RESPONSE_TOOL}
         candidates = [t for t in tools if t.name not in always]
         if candidates:
             picked = set(await self.choose(agent, ctx, input.messages, candidates))
@@ -155,8 +159,8 @@ class LLMToolSelectorMiddleware(ToolSelectorMiddleware):
                 purpose="tool_selection",
             )
             picked = _selection(reply, names)
-        except asyncio.CancelledError:
-            raise
+        except (asyncio.CancelledError, AgentInterrupted):
+            raise  # the run was cut: no failure of the selection, the run ends
         except Exception:
             if self.on_error == "raise":
                 raise
