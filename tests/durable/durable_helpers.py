@@ -56,6 +56,9 @@ def _stop(*procs: subprocess.Popen[bytes]) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(5)
+    for proc in procs:  # (their output pipes, read by `ready`, are the test's to close)
+        if proc.stdout is not None:
+            proc.stdout.close()
 
 
 def temporal_binary() -> str:

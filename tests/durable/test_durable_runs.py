@@ -109,12 +109,19 @@ async def test_two_workers_on_one_task_queue_share_the_runs(
     pids = {worker.pid for worker in both}
     client = await Client.connect(temporal_address)
     agent = DurableAgent(client, factory="durable_agents:build", task_queue=queue)
-    async with asyncio.timeout(30):
-        replies = await asyncio.gather(*(agent.call("What is 2 + 40?", session_id=f"s{i}") for i in range(10)))
-    assert [r.text for r in replies] == ["The answer is 42."] * 10
-    assert requests(model_server[1]) == 20
-    ran = tool_log.read_text().split()
-    assert len(ran) == 10 and set(ran) == {str(pid) for pid in pids}  # both workers took tool calls
+    # Batches of 10 runs until both workers took tool calls (a loaded host may start one worker's
+    # activity pollers late, and the other then takes a whole batch), at most three.
+    for batch in range(1, 4):
+        async with asyncio.timeout(30):
+            replies = await asyncio.gather(*(agent.call("What is 2 + 40?", session_id=f"s{batch}-{i}")
+                                             for i in range(10)))
+        assert [r.text for r in replies] == ["The answer is 42."] * 10
+        assert requests(model_server[1]) == 20 * batch
+        ran = tool_log.read_text().split()
+        assert len(ran) == 10 * batch and set(ran) <= {str(pid) for pid in pids}  # each call ran once
+        if set(ran) == {str(pid) for pid in pids}:
+            break
+    assert set(ran) == {str(pid) for pid in pids}  # both workers took tool calls
 
 
 async def test_middleware_runs_in_the_workflow_and_its_changes_reach_the_activities(
