@@ -21,6 +21,7 @@ from .base import ChatChunk
 __all__ = [
     "FED_TURN",
     "MAX_TOKENS",
+    "OPENING",
     "ChunkFeed",
     "SSEvent",
     "arguments_text",
@@ -68,6 +69,14 @@ def token_count(value: Any) -> int | None:
 
 # Keys the agent core puts in the options that are not provider request parameters.
 _INTERNAL_OPTIONS = frozenset({"structured_output"})
+
+
+OPENING = "(The conversation so far was shortened; it continues below.)"
+"""The text of the user turn a converter puts first when the conversation would open with the
+assistant's (a trimmer or compressor cut what came before). Anthropic, Bedrock, Gemini and the
+chat templates of many open models (Gemma, Mistral, served by llama.cpp or vLLM) refuse a
+conversation whose first non-system message is not the user's; a turn that says what happened
+is accepted everywhere and misleads the model less than dropping the assistant's turn would."""
 
 
 def merge_options(defaults: Mapping[str, Any], request: Mapping[str, Any]) -> dict[str, Any]:

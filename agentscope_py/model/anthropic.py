@@ -35,7 +35,7 @@ from ..message import (
     ToolResultState,
     ToolUseBlock,
 )
-from ._convert import event_json, exact_json, merge_options, reference, result_parts, text_or_none, token_count
+from ._convert import OPENING, event_json, exact_json, merge_options, reference, result_parts, text_or_none, token_count
 from ._errors import error_from_body, malformed, quote
 from ._sdk import SDKModel, streamed
 from .base import AuthenticationError, ChatChunk, ModelError, ModelRequest, ToolCallChunk, text_chunk, thinking_chunk
@@ -124,6 +124,12 @@ class AnthropicChatModel(SDKModel[anthropic.AsyncAnthropic]):
             # providing tools"); the agent sends its options on tool-less calls (the summary) too.
             for key in ("tools", "tool_choice"):
                 options.pop(key, None)
+            used = _tools_used(request.messages)
+            if used:
+                # "Requests which include tool_use or tool_result blocks must define tools": the
+                # history's tools, defined again, with tool_choice none so that none is called.
+                params["tools"] = [_NOT_OFFERED | {"name": name} for name in used]
+                params["tool_choice"] = {"type": "none"}
         if options:
             params["extra_body"] = options
         return params
@@ -252,9 +258,24 @@ def _block_delta(index: int, delta: Mapping[str, Any]) -> Iterator[ChatChunk]:
 # -- messages → wire ---------------------------------------------------------------------------
 
 
+_NOT_OFFERED: dict[str, Any] = {
+    "description": "A tool of the conversation so far, not offered now.",
+    "input_schema": {"type": "object"},
+}
+"""The definition sent for a tool the history used on a call that offers none (`_tools_used`)."""
+
+
+def _tools_used(msgs: Sequence[Msg]) -> list[str]:
+    """The names of the tools whose calls or results ``msgs`` hold, in order of first use (a
+    result names its tool: its call may have been cut while it was kept)."""
+    names = {b.name: None for m in msgs for b in m.content if isinstance(b, ToolUseBlock | ToolResultBlock)}
+    return list(names)
+
+
 def to_anthropic_messages(msgs: Sequence[Msg]) -> tuple[str, list[dict[str, Any]]]:
     """The ``system`` text and the ``messages`` for ``msgs``: tool results go in user turns,
-    same-role neighbours are merged, empty messages dropped."""
+    same-role neighbours are merged, empty messages dropped, and a conversation that would open
+    with the assistant (the API wants the user's turn first) opens with an `OPENING` user turn."""
     system: list[str] = []
     out: list[dict[str, Any]] = []
     for msg in msgs:
@@ -269,6 +290,8 @@ def to_anthropic_messages(msgs: Sequence[Msg]) -> tuple[str, list[dict[str, Any]
             out[-1]["content"].extend(blocks)
         else:
             out.append({"role": role, "content": blocks})
+    if out and out[0]["role"] == "assistant":
+        out.insert(0, {"role": "user", "content": [{"type": "text", "text": OPENING}]})
     for message in out:
         # The API wants a user turn's tool results before anything else in it.
         message["content"].sort(key=lambda b: b["type"] != "tool_result")

@@ -29,6 +29,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 from .._trusted import shape
 from ..message import ChatUsage, DataBlock, Msg, TextBlock, ThinkingBlock, ToolResultBlock, ToolUseBlock
 from ._convert import (
+    OPENING,
     arguments_text,
     data_url,
     event_json,
@@ -274,7 +275,9 @@ def _response_format(schema: Mapping[str, Any]) -> dict[str, Any]:
 
 def to_openai_messages(msgs: Sequence[Msg], *, send_reasoning: bool = False) -> list[dict[str, Any]]:
     """Chat Completions messages for ``msgs``. Tool results become ``tool`` messages; data they
-    carry (which tool messages cannot hold) follows in a user message."""
+    carry (which tool messages cannot hold) follows in a user message. A conversation that would
+    open with the assistant opens with an `OPENING` user message (the chat templates of Gemma,
+    Mistral and others, and Gemini's compatible endpoint, refuse it otherwise)."""
     out: list[dict[str, Any]] = []
     for msg in tool_turns_joined(msgs):
         if msg.role == "system":
@@ -283,6 +286,9 @@ def to_openai_messages(msgs: Sequence[Msg], *, send_reasoning: bool = False) -> 
             out.append(_assistant(msg, send_reasoning))
         else:
             out.extend(_user_and_tool(msg))
+    first = next((i for i, m in enumerate(out) if m["role"] != "system"), None)
+    if first is not None and out[first]["role"] == "assistant":
+        out.insert(first, {"role": "user", "content": OPENING})
     return out
 
 

@@ -11,8 +11,9 @@ trim_messages and AgentScope's memory compression):
 
 * every request the main model gets converts for OpenAI and Anthropic into a well-formed
   conversation: each tool result right after the call it answers, each call answered before the
-  conversation goes on, the system prompt first (unless the trimmer may drop it), the Anthropic
-  turns alternating and ending with the user's;
+  conversation goes on, the system prompt first (unless the trimmer may drop it), the user's turn
+  first after it, the Anthropic turns alternating and ending with the user's, and tools defined
+  whenever the history holds tool calls or results (Anthropic refuses it otherwise);
 * the trimmer's budgets hold (its own estimator), unless what is kept is the newest unit alone;
 * after every turn, every user turn and final answer is in memory verbatim, or was handed to a
   summariser whose summary replaced it and is itself kept (in memory, or in a later summary);
@@ -71,10 +72,12 @@ from agentscope_py.middleware import (
 )
 from agentscope_py.middleware.context._history import approximate_tokens, leading_system, units
 from agentscope_py.model import ChatChunk, ModelRequest
-from agentscope_py.model.anthropic import to_anthropic_messages
+from agentscope_py.model._sdk import wire_body
+from agentscope_py.model.anthropic import AnthropicChatModel, to_anthropic_messages
 from agentscope_py.model.base import ToolCallChunk
 from agentscope_py.model.openai import to_openai_messages
 from agentscope_py.stream import aclose
+from tests.providers.strict import anthropic_problems
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -83,6 +86,7 @@ SEED = int(os.environ.get("CONTEXT_SEED", "20261207"))
 SYS = "You are the agent under test."
 RESPONSE_TOOL = "generate_response"
 KEY = ("default", "default")
+CLAUDE = AnthropicChatModel("claude-x", base_url="http://127.0.0.1:9", api_key="k")  # converts, never sends
 WARNINGS = ("never awaited", "was destroyed", "unclosed", "Unclosed")
 
 
@@ -106,12 +110,18 @@ def check_openai(request: ModelRequest) -> None:
         if m["role"] == "assistant":
             waiting = {c["id"] for c in m.get("tool_calls", ())}
     assert not waiting, f"OpenAI: the request ends with calls unanswered: {wire}"
+    opening = next(m for m in wire if m["role"] != "system")
+    assert opening["role"] == "user", f"OpenAI: the conversation opens with the {opening['role']}: {wire}"
     assert wire[-1]["role"] in ("user", "tool"), f"OpenAI: the request ends with the assistant: {wire}"
 
 
 def check_anthropic(request: ModelRequest) -> None:
     _, wire = to_anthropic_messages(request.messages)
     assert wire, "Anthropic: no message left"
+    assert wire[0]["role"] == "user", f"Anthropic: the conversation opens with the assistant: {wire}"
+    # the request as sent: tool blocks only with tools defined, tool_choice only with tools
+    body = wire_body(CLAUDE.request_params(request))
+    assert anthropic_problems(body) == [], f"Anthropic: {anthropic_problems(body)}: {body}"
     for a, b in itertools.pairwise(wire):
         assert a["role"] != b["role"], f"Anthropic: two {a['role']} turns in a row: {wire}"
     assert wire[-1]["role"] == "user", f"Anthropic: the request ends with the assistant: {wire}"
@@ -452,6 +462,8 @@ def build(case: Case, store: Any = None) -> ReActAgent:
         pick_rng = random.Random(case.seed + 1)
 
         def select(ctx: Any, messages: Any, tools: Any) -> list[str]:
+            if pick_rng.random() < 0.2:  # narrowed to none: a round with tool history and no tools
+                return []
             return [t.name for t in tools if pick_rng.random() < 0.6]
 
         mws.append(ToolSelectorMiddleware(select) if rng.random() < 0.5

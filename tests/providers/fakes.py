@@ -56,8 +56,9 @@ class Request:
 
 
 class FakeServer:
-    """``strict=True`` refuses Chat Completions bodies that strict servers refuse (see `strict`),
-    as llama.cpp's server does, and lists them in ``rejected``; the scripted reply stays queued."""
+    """``strict=True`` refuses Chat Completions bodies that strict servers refuse and Messages
+    bodies that Anthropic refuses (see `strict`), as llama.cpp's server and the API do, and
+    lists them in ``rejected``; the scripted reply stays queued."""
 
     def __init__(self, *, strict: bool = False) -> None:
         self.strict = strict
@@ -150,6 +151,13 @@ class FakeServer:
             if found:
                 self.rejected.append(found)
                 return rejection(found)
+        if self.strict and request.path.endswith("/v1/messages"):
+            from .strict import anthropic_problems, anthropic_rejection
+
+            found = anthropic_problems(request.body)
+            if found:
+                self.rejected.append(found)
+                return anthropic_rejection(found)
         return self.replies.popleft() if self.replies else Reply.json_error(
             500, {"error": {"message": "the fake server has no reply scripted", "type": "server_error"}})
 

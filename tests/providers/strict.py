@@ -1,7 +1,10 @@
-"""What strict OpenAI-compatible servers reject, checked by the fake server in strict mode.
+"""What strict OpenAI-compatible servers and Anthropic's Messages API reject, checked by the fake
+server in strict mode.
 
-The rules are those of llama.cpp's server (llama-cpp-python's pydantic request model), OpenAI's
-own validation and vLLM's, as far as our requests can run into them. A rejected request gets the
+The rules are those of llama.cpp's server (llama-cpp-python's pydantic request model, and the
+chat templates it and vLLM apply, which want the user's turn first), OpenAI's own validation and
+vLLM's, as far as our requests can run into them; for ``/v1/messages``, those the Messages API
+states in its errors (`anthropic_problems`). A rejected request gets the
 reply llama-cpp-python gives: HTTP 500, ``internal_server_error``, the validation errors listed
 with their location, so a test sees the same failure as a run against the real server did.
 """
@@ -29,6 +32,10 @@ def problems(body: Any) -> list[str]:
     open_calls: set[str] = set()
     for i, msg in enumerate(messages):
         out += _message(i, msg, open_calls)
+    first = next((m for m in messages if isinstance(m, dict) and m.get("role") not in ("system", "developer")), None)
+    if first is not None and first.get("role") != "user":
+        # the chat templates of Gemma, Mistral and others raise on it (llama.cpp, vLLM)
+        out.append("('body', 'messages'): Conversation roles must alternate user/assistant/user/assistant/...")
     tools = body.get("tools")
     names: set[str] = set()
     if "tools" in body:
@@ -126,3 +133,31 @@ def rejection(found: list[str]) -> Reply:
     message = f"{len(found)} {noun}:\n  " + "\n  ".join(lines)
     body = {"error": {"message": message, "type": "internal_server_error", "param": None, "code": None}}
     return Reply(parts=[json.dumps(body).encode()], status=500, content_type="application/json", chunked=False)
+
+
+def anthropic_problems(body: Any) -> list[str]:
+    """Every reason the Messages API refuses this body ([] if none), in its own words."""
+    if not isinstance(body, dict):
+        return ["body: Input should be a valid dictionary"]
+    out: list[str] = []
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        return ["messages: at least one message is required"]
+    if not isinstance(messages[0], dict) or messages[0].get("role") != "user":
+        out.append('messages: first message must use the "user" role')
+    tools = body.get("tools")
+    if "tools" in body and (not isinstance(tools, list) or not tools):
+        out.append("tools: must hold at least one tool")
+    if "tool_choice" in body and not tools:
+        out.append("tool_choice: tool_choice may only be specified while providing tools")
+    kinds = {b.get("type") for m in messages if isinstance(m, dict) and isinstance(m.get("content"), list)
+             for b in m["content"] if isinstance(b, dict)}
+    if kinds & {"tool_use", "tool_result"} and not tools:
+        out.append("Requests which include `tool_use` or `tool_result` blocks must define tools.")
+    return out
+
+
+def anthropic_rejection(found: list[str]) -> Reply:
+    """The Messages API's answer to a body it refuses: 400, ``invalid_request_error``."""
+    body = {"type": "error", "error": {"type": "invalid_request_error", "message": "; ".join(found)}}
+    return Reply(parts=[json.dumps(body).encode()], status=400, content_type="application/json", chunked=False)

@@ -146,7 +146,7 @@ def test_anthropic_merges_turns_and_drops_what_it_cannot_take() -> None:
 
 def test_invalid_arguments_are_sent_back_verbatim_to_openai() -> None:
     bad = ToolUseBlock(id="c", name="f", input={}, raw_input='{"a": ')
-    (wire,) = to_openai_messages([Msg(role="assistant", content=[bad])])
+    wire = to_openai_messages([Msg.user("go"), Msg(role="assistant", content=[bad])])[-1]
     assert wire == {"role": "assistant", "content": "", "tool_calls": [
         {"id": "c", "type": "function", "function": {"name": "f", "arguments": '{"a": '}}]}
 
