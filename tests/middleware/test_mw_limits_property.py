@@ -418,6 +418,7 @@ class Case:
             url, prefix = self.redis
             shared["budget_store"] = RedisBudgetStore(url, prefix=f"{prefix}:budget")
             shared["bucket_store"] = RedisBucketStore(url, prefix=f"{prefix}:rate", clock=self.clock)
+            self.count_asking(shared["bucket_store"])
             self.closers += [shared["budget_store"], shared["bucket_store"]]
         else:
             shared["budget_store"] = InMemoryBudgetStore()
@@ -462,9 +463,22 @@ class Case:
     sleepers: list[tuple[float, int, asyncio.Future[None]]] = field(default_factory=list)  # a heap
     keeper: asyncio.Task[None] | None = None
     slept: int = 0
+    asking: int = 0  # reservations on their way to Redis and back
 
     def clock(self) -> float:
         return self.now
+
+    def count_asking(self, store: RedisBucketStore) -> None:
+        reserve_at = store._reserve_at
+
+        async def asking(*args: Any) -> Any:
+            self.asking += 1
+            try:
+                return await reserve_at(*args)
+            finally:
+                self.asking -= 1
+
+        store._reserve_at = asking  # type: ignore[method-assign]
 
     async def sleep(self, seconds: float) -> None:
         """Sleeps in the case's time: the sleepers wake in the order of their deadlines, the clock
@@ -480,6 +494,10 @@ class Case:
         while self.sleepers:
             # (A little real time first: the tasks the last wake let go reach their next wait.)
             await asyncio.sleep(0.0005)
+            if self.asking:
+                # (No time passes while a reservation is on its way: the wait it answers counts
+                # from the clock it read, and the sleep that follows, from the clock then.)
+                continue
             deadline, _, woken = heapq.heappop(self.sleepers)
             if not woken.done():  # (a cancelled sleeper moves no time)
                 self.now = max(self.now, deadline)

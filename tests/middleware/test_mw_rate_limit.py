@@ -262,6 +262,18 @@ async def test_a_cancelled_waiter_with_waiters_behind_it_lets_no_burst_through()
     assert started == [1000.0, 1002.0, 1003.0]
 
 
+async def test_a_clock_behind_the_buckets_time_gives_no_earlier_turn() -> None:
+    # Turns at 10 and 11; then the clock reads 9 (a wall clock stepped back): the next turn is 12,
+    # not 11 again (counted from 9, the bucket's debt would end at 11).
+    clock = FakeClock()
+    store = InMemoryBucketStore(clock)
+    waits = []
+    for now in (10.0, 10.0, 9.0):
+        clock.now = now
+        waits.append(now + store.reserve_nowait("k", 1, 1, 1, float("inf")).wait)
+    assert waits == [10.0, 11.0, 12.0]
+
+
 async def test_waiters_are_served_in_arrival_order() -> None:
     clock = FakeClock()
     store = InMemoryBucketStore(clock)
@@ -393,6 +405,17 @@ async def test_redis_a_cancelled_waiter_with_waiters_behind_it_lets_no_burst_thr
     finally:
         await stores[0].client.delete(stores[0].redis_key(("model", "*")))
         await stores[0].close()
+
+
+@pytest.mark.redis
+async def test_redis_a_clock_behind_the_buckets_time_gives_no_earlier_turn(two_stores: Any) -> None:
+    # The server's clock is a wall clock: it may step back. Turns at 10, 11, then 12 (not 11 again).
+    a, b, clock = two_stores
+    waits = []
+    for store, now in ((a, 10.0), (b, 10.0), (a, 9.0)):
+        clock.now = now
+        waits.append(now + (await store.reserve("k", 1, 1, 1, 10.0)).wait)
+    assert waits == pytest.approx([10.0, 11.0, 12.0])
 
 
 @pytest.mark.redis

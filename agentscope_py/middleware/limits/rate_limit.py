@@ -144,7 +144,8 @@ class InMemoryBucketStore:
                 entry[0] = min(burst, entry[0] + (now - entry[1]) * rate)
                 entry[1] = now
         # A request bigger than the bucket goes once the bucket is full (and leaves it in debt).
-        wait = max(0.0, (min(need, burst) - entry[0]) / rate)
+        # A clock behind the bucket's time counts from the bucket's time (its tokens are then's).
+        wait = max(0.0, (min(need, burst) - entry[0]) / rate) + max(0.0, entry[1] - now)
         if wait > max_wait:
             return Reservation(False, wait), now
         entry[0] -= need
@@ -218,7 +219,9 @@ if tokens == nil then
 elseif now > at then
   tokens, at = math.min(burst, tokens + (now - at) * rate), now
 end
-local wait = math.max(0, (math.min(need, burst) - tokens) / rate)
+-- A clock behind the bucket's time (the server's wall clock stepped back, a caller's reading that
+-- reached the server after a later one) counts from the bucket's time: its tokens are then's.
+local wait = math.max(0, (math.min(need, burst) - tokens) / rate) + math.max(0, at - now)
 if wait > max_wait then
   return {0, tostring(wait), tostring(now)}
 end
