@@ -15,6 +15,7 @@ from conftest import types
 from agentscope_py import (
     ExtensionPoint,
     GenerateReason,
+    MiddlewareBase,
     ModelStep,
     ReActAgent,
     RuntimeContext,
@@ -189,6 +190,90 @@ async def test_a_cancelled_waiter_gives_its_tokens_back_and_never_calls_the_mode
     assert len(model.requests) == 1
 
 
+class Started(MiddlewareBase):
+    """Right inside the limit: the clock's time as each model call starts."""
+
+    def __init__(self, clock: FakeClock) -> None:
+        self.clock, self.at = clock, []
+
+    def on_model_call(self, agent: Any, ctx: RuntimeContext, input: Any, next: Any) -> Any:
+        def go() -> EventStream[Any]:
+            self.at.append(self.clock.now)
+            return next(input)
+
+        return EventStream.defer(go)
+
+
+class Turns(FakeClock):
+    """A fake clock whose sleepers wake in the order of their deadlines, when `run` moves it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sleepers: list[tuple[float, asyncio.Future[None]]] = []
+
+    async def sleep(self, seconds: float) -> None:
+        woken = asyncio.get_running_loop().create_future()
+        self.sleepers.append((self.now + seconds, woken))
+        await woken
+
+    async def run(self) -> None:
+        while self.sleepers:
+            await asyncio.sleep(0.01)
+            self.sleepers.sort(key=lambda s: s[0])
+            deadline, woken = self.sleepers.pop(0)
+            if not woken.done():
+                self.now = max(self.now, deadline)
+                woken.set_result(None)
+
+
+async def cancel_a_waiter_between_two(store_of: Any) -> list[float]:
+    """Rate 1/s, burst 1: a call takes the token at 1000; A waits for 1001, B for 1002; A is
+    cancelled; C comes. When each call started."""
+    clock = Turns()
+    mw = RateLimitMiddleware(rate=1, burst=1, sleep=clock.sleep, **store_of(clock))
+    started = Started(clock)
+    model = ScriptedModel([ModelStep.text("ok")], loop=True)
+    agent = ReActAgent.builder().model(model).middlewares([mw, started]).build()
+
+    async def call(session: str) -> None:
+        await agent.call("hi", ctx=RuntimeContext(session_id=session))
+
+    await call("x")
+    a = asyncio.create_task(call("a"))
+    while len(clock.sleepers) < 1:
+        await asyncio.sleep(0.001)
+    b = asyncio.create_task(call("b"))
+    while len(clock.sleepers) < 2:
+        await asyncio.sleep(0.001)
+    a.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await a
+    c = asyncio.create_task(call("c"))
+    while len(clock.sleepers) < 3:
+        await asyncio.sleep(0.001)
+    await clock.run()
+    await asyncio.gather(b, c)
+    return started.at
+
+
+async def test_a_cancelled_waiter_with_waiters_behind_it_lets_no_burst_through() -> None:
+    # Its tokens given back whole, C would be given B's turn: two calls at 1002, burst 1.
+    started = await cancel_a_waiter_between_two(lambda clock: {"clock": clock})
+    assert started == [1000.0, 1002.0, 1003.0]
+
+
+async def test_a_clock_behind_the_buckets_time_gives_no_earlier_turn() -> None:
+    # Turns at 10 and 11; then the clock reads 9 (a wall clock stepped back): the next turn is 12,
+    # not 11 again (counted from 9, the bucket's debt would end at 11).
+    clock = FakeClock()
+    store = InMemoryBucketStore(clock)
+    waits = []
+    for now in (10.0, 10.0, 9.0):
+        clock.now = now
+        waits.append(now + store.reserve_nowait("k", 1, 1, 1, float("inf")).wait)
+    assert waits == [10.0, 11.0, 12.0]
+
+
 async def test_waiters_are_served_in_arrival_order() -> None:
     clock = FakeClock()
     store = InMemoryBucketStore(clock)
@@ -305,6 +390,32 @@ async def test_redis_wait_mode_through_the_agent(two_stores: Any) -> None:
     await agent_a.call("count")  # two calls: the second waits 0.25 s
     await agent_b.call("hi")  # shares the bucket: waits too
     assert clock.sleeps == [0.25, 0.25]
+
+
+@pytest.mark.redis
+async def test_redis_a_cancelled_waiter_with_waiters_behind_it_lets_no_burst_through(redis_url: str) -> None:
+    stores: list[RedisBucketStore] = []
+
+    def store_of(clock: FakeClock) -> dict[str, Any]:
+        stores.append(RedisBucketStore(redis_url, prefix=f"test-rl-{uuid.uuid4().hex[:12]}", clock=clock))
+        return {"store": stores[-1]}
+
+    try:
+        assert await cancel_a_waiter_between_two(store_of) == [1000.0, 1002.0, 1003.0]
+    finally:
+        await stores[0].client.delete(stores[0].redis_key(("model", "*")))
+        await stores[0].close()
+
+
+@pytest.mark.redis
+async def test_redis_a_clock_behind_the_buckets_time_gives_no_earlier_turn(two_stores: Any) -> None:
+    # The server's clock is a wall clock: it may step back. Turns at 10, 11, then 12 (not 11 again).
+    a, b, clock = two_stores
+    waits = []
+    for store, now in ((a, 10.0), (b, 10.0), (a, 9.0)):
+        clock.now = now
+        waits.append(now + (await store.reserve("k", 1, 1, 1, 10.0)).wait)
+    assert waits == pytest.approx([10.0, 11.0, 12.0])
 
 
 @pytest.mark.redis

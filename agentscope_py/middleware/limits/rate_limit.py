@@ -11,7 +11,10 @@ The bucket reserves: a call that finds too few tokens takes them anyway (the buc
 debt) and waits until its turn, so waiters go in arrival order — across processes too, with
 Redis. ``on_limit="reject"`` (or a wait longer than ``max_wait``) takes nothing and fails the
 call with `RateLimitExceeded` (``retry_after`` in seconds) before the model is called. A waiter
-that is cancelled (or whose stream is closed) gives its tokens back.
+that is cancelled (or whose stream is closed) gives its tokens back, less those the waiters
+queued behind it were scheduled on: their turns stay where they are, so a newcomer given the
+cancelled waiter's tokens whole would go at the same moment as the last of them, a burst the
+bucket does not allow (golang.org/x/time/rate's ``Reservation.Cancel`` gives back the same).
 
 Cost when not triggered: the check runs once per call, when its stream is built (the hook runs as
 ``next()`` reaches this layer), and with the in-memory store a call that finds its tokens gets the
@@ -114,7 +117,8 @@ class InMemoryBucketStore:
         positive("max_keys", max_keys)
         self._clock = clock
         self._max_keys = max_keys
-        self._buckets: OrderedDict[Hashable, list[float]] = OrderedDict()  # key -> [tokens, at]
+        # key -> [tokens, at, last]: ``last``, the latest time a reservation of the key goes.
+        self._buckets: OrderedDict[Hashable, list[float]] = OrderedDict()
 
     def tokens(self, key: Hashable, rate: float, burst: float) -> float:
         """The tokens ``key`` holds now (negative: in debt)."""
@@ -122,11 +126,16 @@ class InMemoryBucketStore:
         return burst if entry is None else min(burst, entry[0] + (self._clock() - entry[1]) * rate)
 
     def reserve_nowait(self, key: Hashable, need: float, rate: float, burst: float, max_wait: float) -> Reservation:
+        return self._reserve_at(key, need, rate, burst, max_wait)[0]
+
+    def _reserve_at(self, key: Hashable, need: float, rate: float, burst: float,
+                    max_wait: float) -> tuple[Reservation, float]:
+        """`reserve_nowait`, and the time (this store's clock) the reservation goes at."""
         now = self._clock()
         buckets = self._buckets
         entry = buckets.get(key)
         if entry is None:
-            entry = buckets[key] = [burst, now]
+            entry = buckets[key] = [burst, now, now]
             if len(buckets) > self._max_keys:
                 buckets.popitem(last=False)
         else:
@@ -135,11 +144,15 @@ class InMemoryBucketStore:
                 entry[0] = min(burst, entry[0] + (now - entry[1]) * rate)
                 entry[1] = now
         # A request bigger than the bucket goes once the bucket is full (and leaves it in debt).
-        wait = max(0.0, (min(need, burst) - entry[0]) / rate)
+        # A clock behind the bucket's time counts from the bucket's time (its tokens are then's).
+        wait = max(0.0, (min(need, burst) - entry[0]) / rate) + max(0.0, entry[1] - now)
         if wait > max_wait:
-            return Reservation(False, wait)
+            return Reservation(False, wait), now
         entry[0] -= need
-        return Reservation(True, wait)
+        go = now + wait
+        if go > entry[2]:
+            entry[2] = go
+        return Reservation(True, wait), go
 
     async def reserve(self, key: Hashable, need: float, rate: float, burst: float, max_wait: float) -> Reservation:
         return self.reserve_nowait(key, need, rate, burst, max_wait)
@@ -153,9 +166,9 @@ class InMemoryBucketStore:
         if entry is None:
             if len(buckets) >= self._max_keys or need > burst:
                 return False  # (the general path evicts, or handles a request bigger than the bucket)
-            buckets[key] = [burst - need, now]
+            buckets[key] = [burst - need, now, now]
             return True
-        tokens, at = entry
+        tokens, at, _ = entry
         if now > at:
             tokens += (now - at) * rate
             if tokens > burst:
@@ -176,10 +189,20 @@ class InMemoryBucketStore:
     async def refund(self, key: Hashable, need: float, rate: float, burst: float) -> None:
         self.refund_nowait(key, need, burst)
 
+    async def _refund_at(self, key: Hashable, need: float, rate: float, burst: float, go: float) -> None:
+        """Gives back what a waiter that was to go at ``go`` took, less what the reservations
+        after it were scheduled on (see the module's doc)."""
+        entry = self._buckets.get(key)
+        if entry is not None:
+            back = need - (entry[2] - go) * rate
+            if back > 0:
+                entry[0] = min(burst, entry[0] + back)
+
 
 # KEYS[1] bucket hash; ARGV: rate, burst, need, max_wait, now ('' = the server's clock), ttl slack (ms).
-# The same arithmetic as InMemoryBucketStore, atomic on the server. Numbers go back as strings
-# (Redis would truncate Lua numbers to integers).
+# The same arithmetic as InMemoryBucketStore, atomic on the server (``last``: the latest time a
+# reservation goes). Answers granted, wait, and the time the reservation goes. Numbers go back as
+# strings (Redis would truncate Lua numbers to integers).
 _RESERVE = """
 local rate, burst, need, max_wait = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local now
@@ -196,20 +219,34 @@ if tokens == nil then
 elseif now > at then
   tokens, at = math.min(burst, tokens + (now - at) * rate), now
 end
-local wait = math.max(0, (math.min(need, burst) - tokens) / rate)
+-- A clock behind the bucket's time (the server's wall clock stepped back, a caller's reading that
+-- reached the server after a later one) counts from the bucket's time: its tokens are then's.
+local wait = math.max(0, (math.min(need, burst) - tokens) / rate) + math.max(0, at - now)
 if wait > max_wait then
-  return {0, tostring(wait)}
+  return {0, tostring(wait), tostring(now)}
 end
 tokens = tokens - need
-redis.call('HSET', KEYS[1], 'tokens', tostring(tokens), 'at', tostring(at))
+local go = tostring(now + wait)
+local last = tonumber(redis.call('HGET', KEYS[1], 'last'))
+if last == nil or now + wait > last then
+  last = go
+end
+redis.call('HSET', KEYS[1], 'tokens', tostring(tokens), 'at', tostring(at), 'last', last)
 redis.call('PEXPIRE', KEYS[1], math.ceil((burst - tokens) / rate * 1000) + tonumber(ARGV[6]))
-return {1, tostring(wait)}
+return {1, tostring(wait), go}
 """
-# KEYS[1] bucket hash; ARGV: need, burst.
+# KEYS[1] bucket hash; ARGV: need, burst, rate, the time the waiter was to go ('' = give all back).
 _REFUND = """
-local tokens = tonumber(redis.call('HGET', KEYS[1], 'tokens'))
+local state = redis.call('HMGET', KEYS[1], 'tokens', 'last')
+local tokens, last = tonumber(state[1]), tonumber(state[2])
 if tokens ~= nil then
-  redis.call('HSET', KEYS[1], 'tokens', tostring(math.min(tonumber(ARGV[2]), tokens + tonumber(ARGV[1]))))
+  local back = tonumber(ARGV[1])
+  if ARGV[4] ~= '' and last ~= nil then
+    back = back - (last - tonumber(ARGV[4])) * tonumber(ARGV[3])
+  end
+  if back > 0 then
+    redis.call('HSET', KEYS[1], 'tokens', tostring(math.min(tonumber(ARGV[2]), tokens + back)))
+  end
 end
 return 0
 """
@@ -245,13 +282,23 @@ class RedisBucketStore:
         return None  # always a round trip
 
     async def reserve(self, key: Hashable, need: float, rate: float, burst: float, max_wait: float) -> Reservation:
+        return (await self._reserve_at(key, need, rate, burst, max_wait))[0]
+
+    async def _reserve_at(self, key: Hashable, need: float, rate: float, burst: float,
+                          max_wait: float) -> tuple[Reservation, float]:
+        """`reserve`, and the time (the server's clock) the reservation goes at."""
         now = "" if self._clock is None else repr(self._clock())
         args: list[str] = [repr(rate), repr(burst), repr(need), repr(min(max_wait, 1e300)), now, "1000"]
-        granted, wait = await self._reserve(keys=[self.redis_key(key)], args=args)
-        return Reservation(bool(int(granted)), float(wait))
+        granted, wait, go = await self._reserve(keys=[self.redis_key(key)], args=args)
+        return Reservation(bool(int(granted)), float(wait)), float(go)
 
     async def refund(self, key: Hashable, need: float, rate: float, burst: float) -> None:
-        await self._refund(keys=[self.redis_key(key)], args=[repr(need), repr(burst)])
+        await self._refund(keys=[self.redis_key(key)], args=[repr(need), repr(burst), repr(rate), ""])
+
+    async def _refund_at(self, key: Hashable, need: float, rate: float, burst: float, go: float) -> None:
+        """Gives back what a waiter that was to go at ``go`` took, less what the reservations
+        after it were scheduled on (see the module's doc)."""
+        await self._refund(keys=[self.redis_key(key)], args=[repr(need), repr(burst), repr(rate), repr(go)])
 
     async def close(self) -> None:
         """Closes the client if this store made it (from a URL)."""
@@ -329,31 +376,44 @@ class RateLimitMiddleware(MiddlewareBase):
         awaiting): refused, passed, or a stream that waits for its turn. Apart from `_admit`, so
         the variables the waiting stream's closure keeps are made only for such a call."""
         store = self.store
-        found = store.reserve_nowait(key, need, self.rate, self.burst, self.max_wait)
+        found: Reservation | None
+        go: float | None = None  # when it goes, if the store says (then a cancelled waiter gives back exactly)
+        if isinstance(store, InMemoryBucketStore):
+            found, go = store._reserve_at(key, need, self.rate, self.burst, self.max_wait)
+        else:
+            found = store.reserve_nowait(key, need, self.rate, self.burst, self.max_wait)
         if found is not None:
             if found.granted and found.wait <= 0:
                 return next(input)
             if not found.granted:
                 return EventStream.error(self._refused(key, found.wait))
         inner = next(input)  # built here, in the hook's context (a span around it parents the call)
-        return EventStream(lambda: self._waited(key, need, found, ctx, inner))
+        return EventStream(lambda: self._waited(key, need, found, go, ctx, inner))
 
-    async def _waited(self, key: tuple[str, Hashable], need: float, found: Reservation | None,
+    async def _waited(self, key: tuple[str, Hashable], need: float, found: Reservation | None, go: float | None,
                       ctx: RuntimeContext, inner: EventStream[Any]) -> AsyncIterator[Any]:
         # The waits are the run's: an interrupt ends them at once (`RuntimeContext.wait`). One
         # cut while the store answers refunds nothing: whether it took the tokens is unknown, and
         # tokens kept too long only delay later calls, while tokens given back twice let too many by.
+        store = self.store
         if found is None:
-            found = await ctx.wait(self.store.reserve(key, need, self.rate, self.burst, self.max_wait))
-            if not found.granted:
-                raise self._refused(key, found.wait)
+            if isinstance(store, RedisBucketStore):
+                answer, go = await ctx.wait(store._reserve_at(key, need, self.rate, self.burst, self.max_wait))
+            else:
+                answer = await ctx.wait(store.reserve(key, need, self.rate, self.burst, self.max_wait))
+            found = answer
+        if not found.granted:
+            raise self._refused(key, found.wait)
         if found.wait > 0:
             try:
                 await ctx.wait(self._sleep(found.wait))
             except BaseException:
                 # Interrupted or cancelled while waiting: the call never ran, so its tokens go back.
                 with contextlib.suppress(Exception):
-                    await self.store.refund(key, need, self.rate, self.burst)
+                    if isinstance(store, InMemoryBucketStore | RedisBucketStore) and go is not None:
+                        await store._refund_at(key, need, self.rate, self.burst, go)
+                    else:
+                        await store.refund(key, need, self.rate, self.burst)
                 raise
         async with aclosing(inner.__aiter__()) as it:
             async for event in it:
