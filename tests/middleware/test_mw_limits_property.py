@@ -11,7 +11,7 @@ semantics: never more than the limit passed; every run ends the documented way o
 error; the counts kept in `AgentState.metadata` equal what passed, read back from the store; no
 slot, hold or session is left taken.
 
-Knobs: ``LIMIT_CASES`` (cases per test, default 40), ``LIMIT_SEED`` (the first seed, default 0).
+Knobs: ``LIMIT_CASES`` (cases per test, default 30), ``LIMIT_SEED`` (the first seed, default 0).
 A failure names its seed: ``LIMIT_SEED=<seed> LIMIT_CASES=1`` runs that case alone."""
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ from agentscope_py.tool import tool
 pytestmark = [pytest.mark.timeout(300),
               pytest.mark.filterwarnings("ignore::agentscope_py.extension.lints.MiddlewareOrderWarning")]
 
-CASES = int(os.environ.get("LIMIT_CASES", "40"))
+CASES = int(os.environ.get("LIMIT_CASES", "30"))
 SEED = int(os.environ.get("LIMIT_SEED", "0"))
 E_IN = 10  # every call's input tokens: the budget's estimate and what the models report agree
 

@@ -18,7 +18,7 @@ of its HTTP response (`wire_cuts.CutServer`), a middleware stack and a way to ru
 * afterwards a fresh call on the same model object succeeds, no connection is left open once the
   model is closed, no task is left behind, and nothing is logged about unclosed resources.
 
-``WIRE_CASES`` (default 100) and ``WIRE_SEED`` (default 1) size and seed the run.
+``WIRE_CASES`` (default 60) and ``WIRE_SEED`` (default 1) size and seed the run.
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ from .wire_cuts import (
     wire,
 )
 
-CASES = int(os.environ.get("WIRE_CASES", "100"))
+CASES = int(os.environ.get("WIRE_CASES", "60"))
 SEED = int(os.environ.get("WIRE_SEED", "1"))
 STALL_TIMEOUT = 0.5
 """The read timeout of a model whose server stalls: what ends the stall."""

@@ -22,7 +22,7 @@ from agentscope_py.server import Limits, create_app
 
 pytestmark = pytest.mark.timeout(60)
 USER = {"X-User-Id": "u"}
-CASES = max(4, int(os.environ.get("LIMIT_CASES", "40")) // 5)
+CASES = max(4, int(os.environ.get("LIMIT_CASES", "30")) // 5)
 SEED = int(os.environ.get("LIMIT_SEED", "0"))
 
 
