@@ -403,8 +403,7 @@ class RedisBudgetStore:
                     number(value)
             except ValueError:
                 raise _bad_total(user_id, key, field.encode(), value) from None
-        tokens, cost, calls = values
-        return Spend(int(tokens or 0), float(cost or 0.0), int(calls or 0))
+        return _totals(values)
 
     async def add(self, user_id: str, tokens: int, cost: float) -> Spend:
         """Charge a call that holds nothing, exactly once: one Lua script charges and leaves a
