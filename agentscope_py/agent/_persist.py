@@ -142,6 +142,7 @@ async def finish(
     outcome = AgentRun(
         msg=run.final, error=error, reason=run.reason, usage=run.total_usage,
         model_calls=run.model_calls, tool_calls=tool_calls, iterations=run.iteration, metrics=ctx.run_metrics,
+        started=run.started,
     )
     point = ExtensionPoint.ON_AGENT_FINISH
     cancelled: BaseException | None = None

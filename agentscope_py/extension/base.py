@@ -282,6 +282,10 @@ class AgentRun:
     metrics: Mapping[str, Any] = field(default_factory=lambda: _NO_METRICS)
     """What middleware published for this run (`publish_metric`; e.g. ``metrics["budget"]``, the
     `BudgetMiddleware` totals), read-only; empty when none did."""
+    started: float | None = None
+    """``time.perf_counter()`` when the run started (took its session's turn): what a duration
+    of the run counts from, whatever it failed on after (its session's load included). None in
+    an `AgentRun` made by hand."""
 
 
 Next: TypeAlias = Callable[[Any], EventStream[AgentEvent]]
