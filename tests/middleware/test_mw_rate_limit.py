@@ -4,6 +4,7 @@ Redis (the real server: two stores are two processes sharing one bucket)."""
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -300,6 +301,24 @@ async def test_bucket_memory_is_bounded() -> None:
         store.reserve_nowait(k, 1, 1, 1, 0)
     assert store.tokens("a", 1, 1) == 1  # forgotten (full again); b and c remembered
     assert store.tokens("c", 1, 1) < 1
+
+
+async def test_the_bound_never_forgets_a_bucket_whose_waiters_wait() -> None:
+    # Rate 1/s, burst 1: "a" is taken at 1000 and a waiter is queued for 1001. Two other keys fill
+    # the bound of two meanwhile: forgetting "a" would give its next caller the token at once,
+    # beside the waiter (a burst of two), and lose the waiter's reservation.
+    clock = FakeClock()
+    store = InMemoryBucketStore(clock, max_keys=2)
+    assert store.reserve_nowait("a", 1, 1, 1, math.inf).wait == 0
+    assert store.reserve_nowait("a", 1, 1, 1, math.inf).wait == 1  # the waiter, going at 1001
+    store.reserve_nowait("b", 1, 1, 1, math.inf)
+    store.reserve_nowait("c", 1, 1, 1, math.inf)
+    assert store.take_nowait("d", 1, 1, 1) is False  # (at the bound: the general path decides)
+    store.reserve_nowait("d", 1, 1, 1, math.inf)
+    assert store.reserve_nowait("a", 1, 1, 1, math.inf).wait == 2  # behind the waiter, at 1002
+    clock.now += 5  # every reservation has gone: the bound holds again as soon as a key comes
+    store.reserve_nowait("e", 1, 1, 1, math.inf)
+    assert len(store._buckets) == 2
 
 
 @pytest.mark.parametrize("kwargs, message", [

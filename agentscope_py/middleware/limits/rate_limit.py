@@ -111,7 +111,9 @@ class BucketStore(Protocol):
 
 class InMemoryBucketStore:
     """Buckets of one process. ``clock`` is injectable (tests drive it); ``max_keys`` bounds
-    memory: the least recently used bucket is forgotten first (which only makes it full again)."""
+    memory: the least recently used bucket is forgotten first (which only makes it full again),
+    never one with waiters (a reservation still to go: forgetting it would let a caller through
+    beside them), so the store holds more than ``max_keys`` while that many keys are waited on."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic, max_keys: int = 100_000) -> None:
         positive("max_keys", max_keys)
@@ -137,7 +139,7 @@ class InMemoryBucketStore:
         if entry is None:
             entry = buckets[key] = [burst, now, now]
             if len(buckets) > self._max_keys:
-                buckets.popitem(last=False)
+                self._forget_one(now)
         else:
             buckets.move_to_end(key)
             if now > entry[1]:
@@ -153,6 +155,20 @@ class InMemoryBucketStore:
         if go > entry[2]:
             entry[2] = go
         return Reservation(True, wait), go
+
+    def _forget_one(self, now: float) -> None:
+        """Forget the least recently used bucket none of whose reservations is still to go: one
+        with waiters holds their turns (and a newcomer's turn behind them), so forgetting it, full
+        again, would let a caller through beside them. A bucket passed over is moved to the recent
+        end, so the next bound's check does not walk it again; with every bucket waited on, none
+        is forgotten (the store holds more than ``max_keys`` until their turns have gone)."""
+        buckets = self._buckets
+        for _ in range(len(buckets) - 1):  # (the newest, just made, is never the one)
+            key, entry = next(iter(buckets.items()))
+            if entry[2] <= now:
+                del buckets[key]
+                return
+            buckets.move_to_end(key)
 
     async def reserve(self, key: Hashable, need: float, rate: float, burst: float, max_wait: float) -> Reservation:
         return self.reserve_nowait(key, need, rate, burst, max_wait)
