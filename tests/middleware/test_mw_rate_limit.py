@@ -263,6 +263,34 @@ async def test_a_cancelled_waiter_with_waiters_behind_it_lets_no_burst_through()
     assert started == [1000.0, 1002.0, 1003.0]
 
 
+class OwnStore:
+    """A custom store (no built-in class): its buckets kept by an in-memory store it wraps."""
+
+    def __init__(self, clock: FakeClock, timed: bool) -> None:
+        self.inner = InMemoryBucketStore(clock)
+        if timed:  # the three methods of a TimedBucketStore
+            self.reserve_at_nowait = self.inner.reserve_at_nowait
+            self.reserve_at = self.inner.reserve_at
+            self.refund_at = self.inner.refund_at
+
+    def reserve_nowait(self, key: Any, need: float, rate: float, burst: float, max_wait: float) -> Any:
+        return None  # (always awaited, as a remote store would be)
+
+    async def reserve(self, key: Any, need: float, rate: float, burst: float, max_wait: float) -> Any:
+        return await self.inner.reserve(key, need, rate, burst, max_wait)
+
+    async def refund(self, key: Any, need: float, rate: float, burst: float) -> None:
+        await self.inner.refund(key, need, rate, burst)
+
+
+async def test_a_custom_timed_store_refunds_a_cancelled_waiter_exactly() -> None:
+    started = await cancel_a_waiter_between_two(lambda clock: {"store": OwnStore(clock, timed=True)})
+    assert started == [1000.0, 1002.0, 1003.0]
+    # A plain BucketStore says no time: the waiter's tokens go back whole (C beside B at 1002).
+    started = await cancel_a_waiter_between_two(lambda clock: {"store": OwnStore(clock, timed=False)})
+    assert started == [1000.0, 1002.0, 1002.0]
+
+
 async def test_a_clock_behind_the_buckets_time_gives_no_earlier_turn() -> None:
     # Turns at 10 and 11; then the clock reads 9 (a wall clock stepped back): the next turn is 12,
     # not 11 again (counted from 9, the bucket's debt would end at 11).
