@@ -312,6 +312,11 @@ class MiddlewareBase:
     wrapped_by: tuple[type[MiddlewareBase], ...] = ()
     requires: tuple[type[MiddlewareBase], ...] = ()
     roles: frozenset[str] = frozenset()
+    session_keys: frozenset[str] = frozenset()
+    """The `AgentState.metadata` keys where this middleware counts across a session's runs (a
+    call limit's counts, a budget's totals). A served AG-UI thread whose state the store dropped
+    (evicted) and whose memory the server rebuilds from the client's history gets these entries
+    back, so that its session limits hold as its conversation goes on."""
 
     def order(self) -> int:
         return 1

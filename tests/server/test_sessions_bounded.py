@@ -9,8 +9,9 @@ from typing import Any
 import pytest
 from starlette.testclient import TestClient
 
-from agentscope_py import ModelStep, ReActAgent, ScriptedModel
+from agentscope_py import ChatUsage, MiddlewareBase, ModelStep, ReActAgent, ScriptedModel
 from agentscope_py.agent import InMemoryStateStore
+from agentscope_py.middleware import BudgetMiddleware, ModelCallLimitMiddleware
 from agentscope_py.server import Limits, create_app
 
 from .conftest import agui_events, run_input, scripted_agent, user
@@ -82,3 +83,24 @@ def test_an_evicted_agui_thread_takes_the_clients_history_as_its_memory() -> Non
     assert last[-1]["type"] == "RUN_FINISHED"
     seen = [(m.role, m.text) for m in model.requests[-1].messages if m.role != "system"]
     assert seen == [("user", "I am Ada"), ("assistant", "Hello Ada"), ("user", "Who am I?")]
+
+
+@pytest.mark.parametrize("limit", ["calls", "budget"])
+def test_an_evicted_agui_thread_keeps_its_session_limits(limit: str) -> None:
+    """The thread goes on (its client's history is its memory again): so do its session's counts.
+    Without them kept, its session limit would start again from zero at every eviction."""
+    model = ScriptedModel([ModelStep.text("Hello Ada", usage=ChatUsage(input_tokens=30, output_tokens=5))], loop=True)
+    mw: MiddlewareBase = (ModelCallLimitMiddleware(session_limit=1, exit_behavior="error") if limit == "calls"
+                          else BudgetMiddleware(session_tokens=40, on_exceeded="error"))
+    agent = ReActAgent.builder().model(model).middleware(mw).build()
+    with TestClient(create_app(agent, limits=Limits(max_sessions=1))) as client:
+        first = agui_events(client.post("/agui", json=run_input("A", user("I am Ada", id="u1"))).text)
+        assert first[-1]["type"] == "RUN_FINISHED"  # the session's one call (its 35 tokens)
+        reply_id = next(e["messageId"] for e in first if e["type"] == "TEXT_MESSAGE_START")
+        client.post("/agui", json=run_input("B", user("hi", id="b1"), run="run-b"))  # evicts thread A
+        assert [s for _, s in agent.state_store.sessions()] == ["B"]  # type: ignore[attr-defined]
+        history = [user("I am Ada", id="u1"), {"id": reply_id, "role": "assistant", "content": "Hello Ada"},
+                   user("Who am I?", id="u2")]
+        last = agui_events(client.post("/agui", json=run_input("A", *history, run="run-2")).text)
+    assert last[-1]["type"] == "RUN_ERROR" and "session" in last[-1]["message"]  # its limit holds
+    assert len(model.requests) == 2  # A's first call and B's: none past A's limit
