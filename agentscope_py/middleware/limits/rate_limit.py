@@ -335,7 +335,7 @@ class RedisBucketStore:
         return (await self.reserve_at(key, need, rate, burst, max_wait))[0]
 
     async def reserve_at(self, key: Hashable, need: float, rate: float, burst: float,
-                          max_wait: float) -> tuple[Reservation, float]:
+                         max_wait: float) -> tuple[Reservation, float]:
         """`reserve`, and the time (the server's clock) the reservation goes at."""
         now = "" if self._clock is None else repr(self._clock())
         args: list[str] = [repr(rate), repr(burst), repr(need), repr(min(max_wait, 1e300)), now, "1000"]
