@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import sys
+import time
 from collections.abc import AsyncIterable, AsyncIterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
@@ -285,6 +286,7 @@ class Execution:
                     yield _FAILED.build(reply_id=self.reply_id, error=describe(exc))
                 raise
         self.running = True
+        run.started = time.perf_counter()
         try:
             try:
                 error: BaseException | None = None

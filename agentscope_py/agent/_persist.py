@@ -18,6 +18,7 @@ the turn stored; the session's gate is released only after it."""
 from __future__ import annotations
 
 import asyncio
+import copy
 import functools
 import logging
 from collections.abc import AsyncIterator
@@ -30,7 +31,7 @@ from ._brackets import describe
 from ._hooks import HookCall
 from ._run_state import RunState
 from .state import AgentState
-from .store import InMemoryStateStore, take_read_ahead
+from .store import InMemoryStateStore, take_carried, take_read_ahead
 
 if TYPE_CHECKING:
     from ..extension.base import AgentView
@@ -72,6 +73,9 @@ async def load_session(runtime: AgentRuntime, ctx: RuntimeContext, run: RunState
                            "writer saved version %d since", ctx.user_id, ctx.session_id, run.version)
     if state is None:
         state = AgentState(user_id=ctx.user_id, session_id=ctx.session_id)
+        carried = take_carried(ctx)
+        if carried:  # the counts of a session the store dropped, which goes on (`carry_into`)
+            state.metadata.update(copy.deepcopy(carried))
     run.session = state
     return state
 
@@ -142,6 +146,7 @@ async def finish(
     outcome = AgentRun(
         msg=run.final, error=error, reason=run.reason, usage=run.total_usage,
         model_calls=run.model_calls, tool_calls=tool_calls, iterations=run.iteration, metrics=ctx.run_metrics,
+        started=run.started,
     )
     point = ExtensionPoint.ON_AGENT_FINISH
     cancelled: BaseException | None = None

@@ -53,6 +53,8 @@ class RunState:
     loaded, so nothing is saved (`_persist.save_once`) and a session that did not exist still
     does not."""
 
+    started: float | None = None
+    """``time.perf_counter()`` when the run took its session's turn (`AgentRun.started`)."""
     iteration: int = 0
     model_calls: int = 0
     usage: ChatUsage | None = None

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING, Literal, Protocol, Self, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, Self, runtime_checkable
 
 from pydantic_core import PydanticSerializationError
 
@@ -320,6 +320,23 @@ def take_read_ahead(ctx: RuntimeContext, store: AgentStateStore) -> tuple[AgentS
             or not handed.store._unchanged(handed.user_id, handed.session_id, handed.mark)):
         return None
     return handed.state, handed.version
+
+
+_CARRIED = "agentscope.session_carried"
+"""In a run's context: the metadata entries a new state of its session starts with (`carry_into`)."""
+
+
+def carry_into(ctx: RuntimeContext, metadata: dict[str, Any]) -> None:
+    """Give the run of ``ctx`` ``metadata`` entries to start its session's state with if the store
+    has none: a server rebuilding a thread the store dropped hands it the counts its last run
+    left (`MiddlewareBase.session_keys`). A state the store has is the run's as it is."""
+    ctx.put(_CARRIED, metadata)
+
+
+def take_carried(ctx: RuntimeContext) -> dict[str, Any] | None:
+    """What `carry_into` gave the run of ``ctx`` (taken once), else None."""
+    carried = ctx._values.pop(_CARRIED, None)  # the context's own value, not a caller's
+    return carried if type(carried) is dict else None
 
 
 def _freeze(state: AgentState) -> bytes | AgentState:

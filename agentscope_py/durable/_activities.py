@@ -13,7 +13,7 @@ from typing import Any
 from pydantic import BaseModel
 from temporalio import activity
 from temporalio.api.enums.v1 import EventType
-from temporalio.exceptions import ApplicationError
+from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 
 from .._tool_answers import tool_answers
 from ..agent.context import RuntimeContext
@@ -216,6 +216,18 @@ async def model_call_activity(payload: dict[str, Any]) -> dict[str, Any]:
                                non_retryable=not exc.retryable) from exc
     except GuardrailTripped as exc:  # the run ends in the workflow, as it would locally
         tripped = [exc.guardrail, exc.reason]
+    except asyncio.CancelledError:
+        # The workflow asked it to stop (an interrupt, a hedge's losing attempt). Temporal's own
+        # cancellation carries no details, so a call that spent something ends as a failure
+        # carrying it, which the workflow counts once the cancellation completed (`CancelledCalls`).
+        await aclose(it)  # (a call cut after its usage was read counts it: `_Spent.add_cut`)
+        lost = spent.lost()
+        why = activity.cancellation_details()
+        if not lost or why is None or not why.cancel_requested:
+            raise
+        # (benign: the worker logs it at DEBUG, as it does a cancellation, with no traceback)
+        raise ApplicationError("the model call was cancelled", *lost, type="Cancelled", non_retryable=True,
+                               category=ApplicationErrorCategory.BENIGN) from None
     except Exception as exc:  # another error of the provider's: reported as Temporal would, with what was spent
         lost = spent.lost()
         if not lost:

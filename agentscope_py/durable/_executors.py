@@ -60,20 +60,34 @@ class CancelledCalls:
     """The model and tool calls the run cancelled (an interrupt, a tool's timeout) that have not
     ended on their workers yet. The run goes on without waiting for them (an interrupted reply
     streams at once), but it starts no other call, and its workflow does not close, before they
-    ended: the session's next turn never runs beside a call it interrupted."""
+    ended: the session's next turn never runs beside a call it interrupted.
+
+    A cancelled model call that had spent something (its usage read on the worker) ends with it
+    in its failure's details (`_activities.model_call_activity`): once it ended, that usage goes
+    to the usage sink of the run that cancelled it. A run that goes on after the cancellation (a
+    hedge's losing attempt) counts it before its next call starts; an interrupted run's usage is
+    final as its reply goes out, before the cancellation completes on the worker (at its next
+    heartbeat): there it comes too late to count, unless the reply waited for it."""
 
     def __init__(self) -> None:
-        self.handles: list[workflow.ActivityHandle[Any]] = []
+        self.handles: list[tuple[workflow.ActivityHandle[Any], UsageSink | None]] = []
+
+    def add(self, handle: workflow.ActivityHandle[Any], usage: UsageSink | None) -> None:
+        self.handles.append((handle, usage))
 
     async def settled(self) -> None:
         """Once every cancelled call has ended on its worker (cancelled there within about a
         second, `_activities._heartbeats`; a dead worker's once its heartbeat timeout passed)."""
         while self.handles:
             handles, self.handles = self.handles, []
-            done, _ = await workflow.wait(handles)
-            for handle in done:  # how they ended is no one's concern now: retrieved, not raised
-                if not handle.cancelled():
-                    handle.exception()
+            await workflow.wait([handle for handle, _ in handles])
+            for handle, usage in handles:  # how they ended is no one's concern now: retrieved, not raised
+                if handle.cancelled():
+                    continue
+                failure = handle.exception()
+                spent = spent_in(failure.cause) if isinstance(failure, ActivityError) else None
+                if spent is not None and usage is not None:
+                    usage(spent)
 
 
 def spent_in(failure: BaseException | None) -> ChatUsage | None:
@@ -118,7 +132,7 @@ async def _activity(name: str, payload: dict[str, Any], options: dict[str, Any],
     except asyncio.CancelledError:  # an interrupt, or the caller's own cancellation (a tool's timeout)
         for handle in started:
             handle.cancel()
-            cancelled.handles.append(handle)
+            cancelled.add(handle, usage)
         if control.interrupted:
             raise AgentInterrupted(f"the {what} was interrupted") from None
         raise

@@ -282,6 +282,10 @@ class AgentRun:
     metrics: Mapping[str, Any] = field(default_factory=lambda: _NO_METRICS)
     """What middleware published for this run (`publish_metric`; e.g. ``metrics["budget"]``, the
     `BudgetMiddleware` totals), read-only; empty when none did."""
+    started: float | None = None
+    """``time.perf_counter()`` when the run started (took its session's turn): what a duration
+    of the run counts from, whatever it failed on after (its session's load included). None in
+    an `AgentRun` made by hand."""
 
 
 Next: TypeAlias = Callable[[Any], EventStream[AgentEvent]]
@@ -308,6 +312,11 @@ class MiddlewareBase:
     wrapped_by: tuple[type[MiddlewareBase], ...] = ()
     requires: tuple[type[MiddlewareBase], ...] = ()
     roles: frozenset[str] = frozenset()
+    session_keys: frozenset[str] = frozenset()
+    """The `AgentState.metadata` keys where this middleware counts across a session's runs (a
+    call limit's counts, a budget's totals). A served AG-UI thread whose state the store dropped
+    (evicted) and whose memory the server rebuilds from the client's history gets these entries
+    back, so that its session limits hold as its conversation goes on."""
 
     def order(self) -> int:
         return 1

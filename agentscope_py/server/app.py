@@ -30,7 +30,8 @@ from .._history import unanswered_calls
 from ..agent import MultitaskStrategy
 from ..agent.react import ReActAgent, confirm_message
 from ..agent.state import AgentState
-from ..agent.store import InMemoryStateStore, ReadAhead, read_ahead
+from ..agent.store import InMemoryStateStore, ReadAhead, carry_into, read_ahead
+from ..extension.base import ExtensionPoint
 from ..message import Msg
 from . import agui as agui_module
 from ._agui.ledger import Emitted, Ledger
@@ -86,6 +87,7 @@ class _Server:
                  run_schedules: bool = True, clock: Clock | None = None) -> None:
         self._source = agent_or_factory
         self._agent: ReActAgent | None = None
+        self.session_keys: frozenset[str] = frozenset()  # the agent's `MiddlewareBase.session_keys`
         self.identity = identity
         self.max_body_bytes = max_body_bytes
         self.heartbeat = heartbeat
@@ -127,6 +129,8 @@ class _Server:
                 # each as its JSON (`InMemoryStateStore.as_json`).
                 store.bound(max_sessions=self.limits.max_sessions, idle_ttl=self.limits.session_idle_ttl)
                 store.as_json = True
+            self.session_keys = frozenset(key for point in ExtensionPoint for mw in agent.middlewares_at(point)
+                                          for key in mw.session_keys)
             self._agent = agent
         return self._agent
 
@@ -173,12 +177,17 @@ class _Server:
                                  multitask_strategy=strategy)
             if ahead is not None:
                 ahead.hand_to(ctx)
+            if state is None and emitted.counts is not None:
+                # A thread the store dropped goes on from its client's history: its session's
+                # counts go on too, from where its last run here left them.
+                carry_into(ctx, emitted.counts)
             stream = self._stream(agent, msgs, ctx, key)
             mapper = AguiMapper(run_input.thread_id, run_input.run_id, emitted_ids=emitted)
             pending = self._pending(user_id, run_input.thread_id)
             record = RunRecord(key, user_id, run_input.thread_id, "agui", owner=self.registry.log.owner)
-            live = await self.registry.begin(record, ctx, detach, partial(AguiFrames, stream, mapper, rid, pending,
-                                                                          emitted), cancelled_agui(mapper))
+            live = await self.registry.begin(record, ctx, detach,
+                                             partial(AguiFrames, stream, mapper, rid, pending, emitted,
+                                                     session_keys=self.session_keys), cancelled_agui(mapper))
         except StoreUnavailable as exc:  # an AG-UI client hears of a failure as a RUN_ERROR
             log.warning("request %s: POST /agui refused: the state store failed: %s", rid, exc, exc_info=exc.cause)
             mapper = AguiMapper(run_input.thread_id, run_input.run_id)

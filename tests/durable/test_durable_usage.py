@@ -47,3 +47,13 @@ async def test_a_run_whose_call_failed_after_its_usage_was_read_counts_it(tempor
     reply, error = await _run(temporal_address, "durable_usage_agents:build_failing")
     assert reply is None and error is not None
     assert agents.RUNS[-1].error is not None and agents.RUNS[-1].usage == agents.BILLED
+
+
+async def test_a_cancelled_call_that_read_its_usage_counts_it_once_its_cancellation_completed(
+        temporal_address: str) -> None:
+    # The hedge's backup answers first; the first attempt, cancelled, had read its usage on the
+    # worker. The run goes on (the tool, then the answer): the cancellation completes before the
+    # tool's activity starts, and its usage counts in the run's.
+    reply, error = await _run(temporal_address, "durable_usage_agents:build_hedged")
+    assert error is None and reply is not None and reply.text == "3"
+    assert agents.RUNS[-1].usage == agents.BILLED + agents.BILLED + agents.BILLED  # the cancelled one, two answers

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from agentscope_py import ChatUsage, MiddlewareBase, ModelStep, ReActAgent, RuntimeContext, ScriptedModel, Toolkit, tool
-from agentscope_py.errors import InputError
+from agentscope_py.errors import InputError, StateStoreError
 from agentscope_py.middleware import AuditLogMiddleware, PIIRedactionMiddleware
 from tests.middleware.safety_helpers import ChunkModel, leave_at_first_delta
 
@@ -227,3 +227,24 @@ async def test_a_run_that_makes_no_call_still_has_its_start_and_end() -> None:
         await agent.call([])
     assert runs(records) == [("run_start", None), ("run_end", "error")]
     assert records[0]["input_messages"] == 0 and records[-1]["error_type"] == "InputError"
+
+
+class _SlowFailingStore:
+    """A state store whose load takes a while, then fails: the run ends before its session loads."""
+
+    async def load(self, user_id: str, session_id: str) -> Any:
+        await asyncio.sleep(0.02)
+        raise OSError("the store is down")
+
+    async def save(self, user_id: str, session_id: str, state: Any, expected_version: int) -> int:
+        raise AssertionError("nothing to save")
+
+
+async def test_a_run_that_fails_before_its_session_loads_has_its_duration() -> None:
+    records: list[dict[str, Any]] = []
+    agent = ReActAgent.builder().model(script()).state_store(_SlowFailingStore()).middleware(
+        AuditLogMiddleware(records.append)).build()
+    with pytest.raises(StateStoreError):
+        await agent.call("go")
+    assert runs(records) == [("run_start", None), ("run_end", "error")]
+    assert records[-1]["duration_ms"] >= 20  # from the run's start, the store's load included

@@ -469,7 +469,7 @@ class Case:
         return self.now
 
     def count_asking(self, store: RedisBucketStore) -> None:
-        reserve_at = store._reserve_at
+        reserve_at = store.reserve_at
 
         async def asking(*args: Any) -> Any:
             self.asking += 1
@@ -478,7 +478,7 @@ class Case:
             finally:
                 self.asking -= 1
 
-        store._reserve_at = asking  # type: ignore[method-assign]
+        store.reserve_at = asking  # type: ignore[method-assign]
 
     async def sleep(self, seconds: float) -> None:
         """Sleeps in the case's time: the sleepers wake in the order of their deadlines, the clock

@@ -4,6 +4,7 @@ Redis (the real server: two stores are two processes sharing one bucket)."""
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -262,6 +263,34 @@ async def test_a_cancelled_waiter_with_waiters_behind_it_lets_no_burst_through()
     assert started == [1000.0, 1002.0, 1003.0]
 
 
+class OwnStore:
+    """A custom store (no built-in class): its buckets kept by an in-memory store it wraps."""
+
+    def __init__(self, clock: FakeClock, timed: bool) -> None:
+        self.inner = InMemoryBucketStore(clock)
+        if timed:  # the three methods of a TimedBucketStore
+            self.reserve_at_nowait = self.inner.reserve_at_nowait
+            self.reserve_at = self.inner.reserve_at
+            self.refund_at = self.inner.refund_at
+
+    def reserve_nowait(self, key: Any, need: float, rate: float, burst: float, max_wait: float) -> Any:
+        return None  # (always awaited, as a remote store would be)
+
+    async def reserve(self, key: Any, need: float, rate: float, burst: float, max_wait: float) -> Any:
+        return await self.inner.reserve(key, need, rate, burst, max_wait)
+
+    async def refund(self, key: Any, need: float, rate: float, burst: float) -> None:
+        await self.inner.refund(key, need, rate, burst)
+
+
+async def test_a_custom_timed_store_refunds_a_cancelled_waiter_exactly() -> None:
+    started = await cancel_a_waiter_between_two(lambda clock: {"store": OwnStore(clock, timed=True)})
+    assert started == [1000.0, 1002.0, 1003.0]
+    # A plain BucketStore says no time: the waiter's tokens go back whole (C beside B at 1002).
+    started = await cancel_a_waiter_between_two(lambda clock: {"store": OwnStore(clock, timed=False)})
+    assert started == [1000.0, 1002.0, 1002.0]
+
+
 async def test_a_clock_behind_the_buckets_time_gives_no_earlier_turn() -> None:
     # Turns at 10 and 11; then the clock reads 9 (a wall clock stepped back): the next turn is 12,
     # not 11 again (counted from 9, the bucket's debt would end at 11).
@@ -300,6 +329,24 @@ async def test_bucket_memory_is_bounded() -> None:
         store.reserve_nowait(k, 1, 1, 1, 0)
     assert store.tokens("a", 1, 1) == 1  # forgotten (full again); b and c remembered
     assert store.tokens("c", 1, 1) < 1
+
+
+async def test_the_bound_never_forgets_a_bucket_whose_waiters_wait() -> None:
+    # Rate 1/s, burst 1: "a" is taken at 1000 and a waiter is queued for 1001. Two other keys fill
+    # the bound of two meanwhile: forgetting "a" would give its next caller the token at once,
+    # beside the waiter (a burst of two), and lose the waiter's reservation.
+    clock = FakeClock()
+    store = InMemoryBucketStore(clock, max_keys=2)
+    assert store.reserve_nowait("a", 1, 1, 1, math.inf).wait == 0
+    assert store.reserve_nowait("a", 1, 1, 1, math.inf).wait == 1  # the waiter, going at 1001
+    store.reserve_nowait("b", 1, 1, 1, math.inf)
+    store.reserve_nowait("c", 1, 1, 1, math.inf)
+    assert store.take_nowait("d", 1, 1, 1) is False  # (at the bound: the general path decides)
+    store.reserve_nowait("d", 1, 1, 1, math.inf)
+    assert store.reserve_nowait("a", 1, 1, 1, math.inf).wait == 2  # behind the waiter, at 1002
+    clock.now += 5  # every reservation has gone: the bound holds again as soon as a key comes
+    store.reserve_nowait("e", 1, 1, 1, math.inf)
+    assert len(store._buckets) == 2
 
 
 @pytest.mark.parametrize("kwargs, message", [

@@ -215,6 +215,7 @@ class BudgetMiddleware(MiddlewareBase):
                             "estimate while it runs (InMemoryBudgetStore and RedisBudgetStore do)")
         self.estimate = estimate or estimate_tokens
         self.name_key = name
+        self.session_keys = frozenset({name})  # the session's totals
         self._run_key = f"agentscope.{name}.run"
         self._user_seen: dict[str, Spend] = {}
         self._warned: set[str] = set()

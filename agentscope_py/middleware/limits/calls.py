@@ -233,6 +233,8 @@ class _CallLimit(MiddlewareBase):
         self.scope = scope
         self.exit_behavior = exit_behavior
         self.state_key = state_key
+        if session_limit is not None:
+            self.session_keys = frozenset({STATE_KEY})
         self._run_key = object()  # this instance's per-execution counter in the RuntimeContext
 
     def active_points(self) -> frozenset[ExtensionPoint]:

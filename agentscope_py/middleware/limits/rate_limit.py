@@ -15,6 +15,10 @@ that is cancelled (or whose stream is closed) gives its tokens back, less those 
 queued behind it were scheduled on: their turns stay where they are, so a newcomer given the
 cancelled waiter's tokens whole would go at the same moment as the last of them, a burst the
 bucket does not allow (golang.org/x/time/rate's ``Reservation.Cancel`` gives back the same).
+That refund needs the time the waiter was to go on the store's own clock, which only the store
+knows: the built-in stores say it (`TimedBucketStore`), and so may a custom store. A store that
+says only `Reservation` (a plain `BucketStore`) gets its ``refund`` called with the whole ``need``:
+the middleware cannot tell, on its clock, which turns were scheduled behind the waiter.
 
 Cost when not triggered: the check runs once per call, when its stream is built (the hook runs as
 ``next()`` reaches this layer), and with the in-memory store a call that finds its tokens gets the
@@ -30,7 +34,7 @@ import math
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Hashable
-from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Protocol, cast, runtime_checkable
 from urllib.parse import quote
 
 from ...errors import RateLimitExceeded
@@ -47,6 +51,7 @@ __all__ = [
     "RateLimitMiddleware",
     "RedisBucketStore",
     "Reservation",
+    "TimedBucketStore",
 ]
 
 KeySpec = Literal["global", "user", "session"] | Callable[["RuntimeContext"], Hashable]
@@ -109,9 +114,33 @@ class BucketStore(Protocol):
     async def refund(self, key: Hashable, need: float, rate: float, burst: float) -> None: ...
 
 
+@runtime_checkable
+class TimedBucketStore(BucketStore, Protocol):
+    """A `BucketStore` that tells when each reservation goes, on its own clock, and so refunds a
+    cancelled waiter exactly: its tokens less those the reservations made after it were
+    scheduled on (``need - (last - go) * rate``, ``last`` the time the latest reservation of
+    the key goes), so that no newcomer takes a turn beside the waiters still queued. Both built-in
+    stores are timed; a custom store is when it has these three methods (the middleware then
+    calls them instead of ``reserve_nowait`` / ``reserve`` / ``refund``).
+
+    ``reserve_at_nowait`` / ``reserve_at``: `reserve_nowait` / `reserve` (None: the store must be
+    awaited), and the time the reservation goes at. ``refund_at``: give back what a cancelled
+    waiter that was to go at ``go`` took."""
+
+    def reserve_at_nowait(self, key: Hashable, need: float, rate: float, burst: float,
+                          max_wait: float) -> tuple[Reservation, float] | None: ...
+
+    async def reserve_at(self, key: Hashable, need: float, rate: float, burst: float,
+                         max_wait: float) -> tuple[Reservation, float]: ...
+
+    async def refund_at(self, key: Hashable, need: float, rate: float, burst: float, go: float) -> None: ...
+
+
 class InMemoryBucketStore:
     """Buckets of one process. ``clock`` is injectable (tests drive it); ``max_keys`` bounds
-    memory: the least recently used bucket is forgotten first (which only makes it full again)."""
+    memory: the least recently used bucket is forgotten first (which only makes it full again),
+    never one with waiters (a reservation still to go: forgetting it would let a caller through
+    beside them), so the store holds more than ``max_keys`` while that many keys are waited on."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic, max_keys: int = 100_000) -> None:
         positive("max_keys", max_keys)
@@ -126,10 +155,10 @@ class InMemoryBucketStore:
         return burst if entry is None else min(burst, entry[0] + (self._clock() - entry[1]) * rate)
 
     def reserve_nowait(self, key: Hashable, need: float, rate: float, burst: float, max_wait: float) -> Reservation:
-        return self._reserve_at(key, need, rate, burst, max_wait)[0]
+        return self.reserve_at_nowait(key, need, rate, burst, max_wait)[0]
 
-    def _reserve_at(self, key: Hashable, need: float, rate: float, burst: float,
-                    max_wait: float) -> tuple[Reservation, float]:
+    def reserve_at_nowait(self, key: Hashable, need: float, rate: float, burst: float,
+                          max_wait: float) -> tuple[Reservation, float]:
         """`reserve_nowait`, and the time (this store's clock) the reservation goes at."""
         now = self._clock()
         buckets = self._buckets
@@ -137,7 +166,7 @@ class InMemoryBucketStore:
         if entry is None:
             entry = buckets[key] = [burst, now, now]
             if len(buckets) > self._max_keys:
-                buckets.popitem(last=False)
+                self._forget_one(now)
         else:
             buckets.move_to_end(key)
             if now > entry[1]:
@@ -154,8 +183,26 @@ class InMemoryBucketStore:
             entry[2] = go
         return Reservation(True, wait), go
 
+    def _forget_one(self, now: float) -> None:
+        """Forget the least recently used bucket none of whose reservations is still to go: one
+        with waiters holds their turns (and a newcomer's turn behind them), so forgetting it, full
+        again, would let a caller through beside them. A bucket passed over is moved to the recent
+        end, so the next bound's check does not walk it again; with every bucket waited on, none
+        is forgotten (the store holds more than ``max_keys`` until their turns have gone)."""
+        buckets = self._buckets
+        for _ in range(len(buckets) - 1):  # (the newest, just made, is never the one)
+            key, entry = next(iter(buckets.items()))
+            if entry[2] <= now:
+                del buckets[key]
+                return
+            buckets.move_to_end(key)
+
     async def reserve(self, key: Hashable, need: float, rate: float, burst: float, max_wait: float) -> Reservation:
         return self.reserve_nowait(key, need, rate, burst, max_wait)
+
+    async def reserve_at(self, key: Hashable, need: float, rate: float, burst: float,
+                         max_wait: float) -> tuple[Reservation, float]:
+        return self.reserve_at_nowait(key, need, rate, burst, max_wait)
 
     def take_nowait(self, key: Hashable, need: float, rate: float, burst: float) -> bool:
         """Take ``need`` tokens if they are there now (True), else take nothing (False: then
@@ -189,9 +236,9 @@ class InMemoryBucketStore:
     async def refund(self, key: Hashable, need: float, rate: float, burst: float) -> None:
         self.refund_nowait(key, need, burst)
 
-    async def _refund_at(self, key: Hashable, need: float, rate: float, burst: float, go: float) -> None:
+    async def refund_at(self, key: Hashable, need: float, rate: float, burst: float, go: float) -> None:
         """Gives back what a waiter that was to go at ``go`` took, less what the reservations
-        after it were scheduled on (see the module's doc)."""
+        after it were scheduled on (`TimedBucketStore`)."""
         entry = self._buckets.get(key)
         if entry is not None:
             back = need - (entry[2] - go) * rate
@@ -281,11 +328,14 @@ class RedisBucketStore:
     def reserve_nowait(self, key: Hashable, need: float, rate: float, burst: float, max_wait: float) -> None:
         return None  # always a round trip
 
-    async def reserve(self, key: Hashable, need: float, rate: float, burst: float, max_wait: float) -> Reservation:
-        return (await self._reserve_at(key, need, rate, burst, max_wait))[0]
+    def reserve_at_nowait(self, key: Hashable, need: float, rate: float, burst: float, max_wait: float) -> None:
+        return None
 
-    async def _reserve_at(self, key: Hashable, need: float, rate: float, burst: float,
-                          max_wait: float) -> tuple[Reservation, float]:
+    async def reserve(self, key: Hashable, need: float, rate: float, burst: float, max_wait: float) -> Reservation:
+        return (await self.reserve_at(key, need, rate, burst, max_wait))[0]
+
+    async def reserve_at(self, key: Hashable, need: float, rate: float, burst: float,
+                         max_wait: float) -> tuple[Reservation, float]:
         """`reserve`, and the time (the server's clock) the reservation goes at."""
         now = "" if self._clock is None else repr(self._clock())
         args: list[str] = [repr(rate), repr(burst), repr(need), repr(min(max_wait, 1e300)), now, "1000"]
@@ -295,9 +345,9 @@ class RedisBucketStore:
     async def refund(self, key: Hashable, need: float, rate: float, burst: float) -> None:
         await self._refund(keys=[self.redis_key(key)], args=[repr(need), repr(burst), repr(rate), ""])
 
-    async def _refund_at(self, key: Hashable, need: float, rate: float, burst: float, go: float) -> None:
+    async def refund_at(self, key: Hashable, need: float, rate: float, burst: float, go: float) -> None:
         """Gives back what a waiter that was to go at ``go`` took, less what the reservations
-        after it were scheduled on (see the module's doc)."""
+        after it were scheduled on (`TimedBucketStore`)."""
         await self._refund(keys=[self.redis_key(key)], args=[repr(need), repr(burst), repr(rate), repr(go)])
 
     async def close(self) -> None:
@@ -312,7 +362,8 @@ class RateLimitMiddleware(MiddlewareBase):
     ``rate``: tokens per second; ``burst``: the bucket's size (default ``max(1, rate)``);
     ``cost``: tokens per call; ``on_limit``: ``"wait"`` (the default) or ``"reject"``;
     ``max_wait``: with ``"wait"``, a call that would wait longer is rejected instead;
-    ``store``: an `InMemoryBucketStore` (the default, using ``clock``) or a `RedisBucketStore`;
+    ``store``: an `InMemoryBucketStore` (the default, using ``clock``), a `RedisBucketStore`, or
+    any `BucketStore` (a `TimedBucketStore` refunds a cancelled waiter exactly: module doc);
     ``sleep``: how to wait (injectable for tests)."""
 
     def __init__(
@@ -349,6 +400,7 @@ class RateLimitMiddleware(MiddlewareBase):
         # One global bucket per point: its key made once, not per call.
         self._keys = {tag: (tag, "*") for tag in _POINTS.values()} if key == "global" else {}
         self._take = self.store.take_nowait if type(self.store) is InMemoryBucketStore else None
+        self._timed = isinstance(self.store, TimedBucketStore)  # (a check of its methods: made once)
         self._sleep = sleep
 
     def active_points(self) -> frozenset[ExtensionPoint]:
@@ -378,8 +430,9 @@ class RateLimitMiddleware(MiddlewareBase):
         store = self.store
         found: Reservation | None
         go: float | None = None  # when it goes, if the store says (then a cancelled waiter gives back exactly)
-        if isinstance(store, InMemoryBucketStore):
-            found, go = store._reserve_at(key, need, self.rate, self.burst, self.max_wait)
+        if self._timed:
+            timed = cast("TimedBucketStore", store).reserve_at_nowait(key, need, self.rate, self.burst, self.max_wait)
+            found, go = (None, None) if timed is None else timed
         else:
             found = store.reserve_nowait(key, need, self.rate, self.burst, self.max_wait)
         if found is not None:
@@ -397,8 +450,9 @@ class RateLimitMiddleware(MiddlewareBase):
         # tokens kept too long only delay later calls, while tokens given back twice let too many by.
         store = self.store
         if found is None:
-            if isinstance(store, RedisBucketStore):
-                answer, go = await ctx.wait(store._reserve_at(key, need, self.rate, self.burst, self.max_wait))
+            if self._timed:
+                answer, go = await ctx.wait(
+                    cast("TimedBucketStore", store).reserve_at(key, need, self.rate, self.burst, self.max_wait))
             else:
                 answer = await ctx.wait(store.reserve(key, need, self.rate, self.burst, self.max_wait))
             found = answer
@@ -410,8 +464,8 @@ class RateLimitMiddleware(MiddlewareBase):
             except BaseException:
                 # Interrupted or cancelled while waiting: the call never ran, so its tokens go back.
                 with contextlib.suppress(Exception):
-                    if isinstance(store, InMemoryBucketStore | RedisBucketStore) and go is not None:
-                        await store._refund_at(key, need, self.rate, self.burst, go)
+                    if go is not None:
+                        await cast("TimedBucketStore", store).refund_at(key, need, self.rate, self.burst, go)
                     else:
                         await store.refund(key, need, self.rate, self.burst)
                 raise

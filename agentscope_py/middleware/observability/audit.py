@@ -19,7 +19,8 @@ with its end, for a run that made none); and ``"event": "run_end"``: ``outcome``
 ``error`` (``error_type`` and ``error`` say what), ``interrupted`` (an interrupt), ``cut`` (its
 consumer left, or was cancelled: a caller's deadline) — the ``reason`` it ended with (the
 `GenerateReason`), ``usage`` (the run's, as `AgentRun.usage`), ``model_calls``, ``tool_calls``,
-``iterations`` and ``duration_ms``. Each run gets both, once, however it ends (they come from
+``iterations`` and ``duration_ms`` (from the run's start, `AgentRun.started`, however early it
+failed: its session's load included). Each run gets both, once, however it ends (they come from
 ``on_agent_state_ready`` and ``on_agent_finish``, which the runtime calls once per run; a run
 refused before it started has neither).
 
@@ -74,10 +75,10 @@ class _Run:
     ``on_agent_state_ready`` hooks rewrite in place before memory takes it), and whether its
     start line is written."""
 
-    __slots__ = ("began", "input", "ts", "written")
+    __slots__ = ("input", "ts", "written")
 
-    def __init__(self, ts: float, began: float | None, input: list[Msg]) -> None:
-        self.ts, self.began, self.input = ts, began, input
+    def __init__(self, ts: float, input: list[Msg]) -> None:
+        self.ts, self.input = ts, input
         self.written = False
 
 
@@ -139,7 +140,7 @@ class AuditLogMiddleware(MiddlewareBase):
     def on_agent_state_ready(
         self, agent: AgentView, ctx: RuntimeContext, state: AgentState, input_messages: list[Msg]
     ) -> None:
-        self._runs[ctx.reply_id] = _Run(self.clock(), time.perf_counter(), input_messages)
+        self._runs[ctx.reply_id] = _Run(self.clock(), input_messages)
 
     def _started(self, agent: AgentView, ctx: RuntimeContext) -> None:
         """The run's start line, before its first call's (the input is in memory by then)."""
@@ -157,11 +158,11 @@ class AuditLogMiddleware(MiddlewareBase):
         self._emit(record)
 
     async def on_agent_finish(self, agent: AgentView, ctx: RuntimeContext, run: AgentRun) -> None:
-        began = self._runs.pop(ctx.reply_id, None)
-        if began is None:  # it failed before its state was loaded
-            began = _Run(self.clock(), None, [])
-        if not began.written:
-            self._start(agent, ctx, began)
+        entry = self._runs.pop(ctx.reply_id, None)
+        if entry is None:  # it failed before its state was loaded
+            entry = _Run(self.clock(), [])
+        if not entry.written:
+            self._start(agent, ctx, entry)
         record = self._base("run_end", agent, ctx)
         error = run.error
         if error is not None:
@@ -180,7 +181,7 @@ class AuditLogMiddleware(MiddlewareBase):
             "model_calls": run.model_calls,
             "tool_calls": run.tool_calls,
             "iterations": run.iterations,
-            "duration_ms": None if began.began is None else round((time.perf_counter() - began.began) * 1000, 3),
+            "duration_ms": None if run.started is None else round((time.perf_counter() - run.started) * 1000, 3),
         })
         self._emit(record)
 

@@ -3,7 +3,13 @@ client resends every run is told apart from new input (see `select_new_messages`
 
 from __future__ import annotations
 
+import copy
 from collections import OrderedDict
+from collections.abc import Collection
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ...agent.state import AgentState
 
 __all__ = ["Emitted", "Ledger"]
 
@@ -11,9 +17,19 @@ __all__ = ["Emitted", "Ledger"]
 class Emitted(set[str]):
     """The message ids this server emitted on one thread. ``remembered``: the store has held the
     thread (a load found it, or a run of ours on it ended well, which saves it), so finding it
-    empty later means the store dropped it (evicted, expired, deleted)."""
+    empty later means the store dropped it (evicted, expired, deleted). ``counts``: the
+    session's counts (its state's `MiddlewareBase.session_keys` entries) as the last run here
+    left them, which a thread rebuilt after the store dropped it starts from (its limits hold as
+    its conversation goes on)."""
 
     remembered = False
+    counts: dict[str, Any] | None = None
+
+    def keep_counts(self, state: AgentState | None, keys: Collection[str]) -> None:
+        """Copy the counts from ``state``, the session's as a run of the thread ended."""
+        if state is not None and keys:
+            metadata = state.metadata
+            self.counts = {key: copy.deepcopy(metadata[key]) for key in keys if key in metadata} or None
 
 
 class Ledger:

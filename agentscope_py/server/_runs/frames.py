@@ -114,12 +114,19 @@ class AguiFrames(EventFrames):
     mapper's RUN_ERROR with a safe message."""
 
     def __init__(self, stream: EventStream[AgentEvent], mapper: AguiMapper, rid: str, pending: Pending,
-                 emitted: Emitted, live: LiveRun) -> None:
+                 emitted: Emitted, live: LiveRun, session_keys: frozenset[str] = frozenset()) -> None:
         super().__init__(stream, live, mapper.encode)
         self.mapper = mapper
         self.rid = rid
         self.pending = pending
         self.emitted = emitted
+        self.session_keys = session_keys
+
+    async def publish(self) -> None:
+        try:
+            await super().publish()
+        finally:  # however it ended, the run's turn is saved: its session's counts are kept
+            self.emitted.keep_counts(self.live.ctx.agent_state, self.session_keys)
 
     def start(self) -> bytes:
         return self.mapper.encode_start()
