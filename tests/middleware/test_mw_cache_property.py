@@ -266,6 +266,23 @@ def calls_of(events: list[Any]) -> list[tuple[Any, Any, Reply]]:
     return out
 
 
+def shapes_of(events: list[Any]) -> list[tuple[tuple[str, Any], ...]]:
+    """Each top-level model call's events in ``events``, as (type, delta) pairs: its stream's shape."""
+    out: list[tuple[tuple[str, Any], ...]] = []
+    call: list[tuple[str, Any]] | None = None
+    for ev in events:
+        if ev.source is not None:
+            continue
+        if type(ev) is ModelCallStart:
+            call = []
+        if call is not None:
+            call.append((ev.type, getattr(ev, "delta", None)))
+        if type(ev) is ModelCallEnd and call is not None:
+            out.append(tuple(call))
+            call = None
+    return out
+
+
 def balance(events: list[Any]) -> dict[str, int]:
     count: dict[str, int] = {}
     for e in events:
@@ -305,7 +322,8 @@ def layer(kind: str, rng: random.Random, backup: Any, timeout: dict[str, float])
     if kind == "hedge":
         return HedgeMiddleware(None, after=0.005)
     if kind == "budget":
-        return BudgetMiddleware(run_tokens=rng.choice([40, 200, 10_000]), on_exceeded=rng.choice(["stop", "error"]))
+        return BudgetMiddleware(run_tokens=rng.choice([40, 200, 10_000]), session_tokens=10**6,
+                                on_exceeded=rng.choice(["stop", "error"]))
     if kind == "guardrail":
         checks = rng.choice([{"stream": _no_forbidden}, {"output": _no_forbidden}, {"stream": _no_forbidden_async}])
         return GuardrailMiddleware(**checks, exit_behavior=rng.choice(["end", "error"]),
@@ -472,6 +490,12 @@ async def run_case(seed: int, tmp: Path, redis: tuple[str, str] | None) -> None:
                 if all(end.error is None and not end.discarded for end in ends):
                     total = sum((end.usage or ChatUsage() for end in ends), ChatUsage())
                     assert result.usage == total, f"run {i}: the reply's usage {result.usage}, the calls' {total}"
+                    if "budget" in stack_kinds and sessions[i] != "shared":  # a hit is charged nothing
+                        loaded = await agents[which[i]].state_store.load("u", f"{sessions[i]}-a{which[i]}")
+                        assert loaded is not None
+                        charged = loaded[0].metadata.get("budget", {}).get("tokens", 0)  # (inside: only misses)
+                        assert charged == total.input_tokens + total.output_tokens, \
+                            f"run {i}: the budget charged {charged}, the calls reported {total}"
         assert all(m.open == 0 for m in models), f"model streams left open: {[m.open for m in models]}"
     except BaseException as exc:
         notes = "\n".join(case.notes)
@@ -487,6 +511,12 @@ def check_case(case: Case, outcomes: list[str], seen: list[list[Any]], modes: li
                guardrail: bool, budget: str | None) -> None:
     want = {expected(r, pii) for r in case.completed}
     texts = {r.text for r in want} | {REFUSAL}
+    missed: dict[Reply, set[Any]] = {}  # the shapes of the streams of the misses, by reply
+    for i in range(len(outcomes)):
+        if modes[i] != "call":
+            for (start, end, reply), shape in zip(calls_of(seen[i]), shapes_of(seen[i]), strict=True):
+                if start.metadata.get("cache") != "hit" and end.error is None and not end.discarded:
+                    missed.setdefault(reply, set()).add(shape)
     for i, outcome in enumerate(outcomes):
         assert outcome, f"run {i} ended with no result and no error"
         events = seen[i]
@@ -507,7 +537,7 @@ def check_case(case: Case, outcomes: list[str], seen: list[list[Any]], modes: li
         assert len(ids) == len(set(ids)), f"run {i}: an event id twice"
         blocks = [e.block_id for e in events if e.type.endswith("_block_start")]
         assert len(blocks) == len(set(blocks)), f"run {i}: a block id twice: {blocks}"
-        for start, end, reply in calls_of(events):
+        for (start, end, reply), shape in zip(calls_of(events), shapes_of(events), strict=True):
             hit = start.metadata.get("cache") == "hit"
             if end.error is not None or end.discarded:
                 # (A hit cut short — an interrupt, a layer outside failing — is ended by the
@@ -522,6 +552,8 @@ def check_case(case: Case, outcomes: list[str], seen: list[list[Any]], modes: li
             raw = next(r for r in case.completed if expected(r, pii) == reply)
             if hit:
                 assert end.usage == ChatUsage(), f"run {i}: a hit reported usage {end.usage}"
+                assert reply not in missed or shape in missed[reply], \
+                    f"run {i}: a hit streamed {shape}, the misses of its reply {missed[reply]}"
                 assert end.metadata.get("cached_usage") == raw.usage().model_dump(), \
                     f"run {i}: a hit's cached_usage {end.metadata.get('cached_usage')}"
                 note = end.metadata.get("budget")
