@@ -30,6 +30,13 @@ another version, cut short, edited by hand: it must start with this kind's Start
 with its successful End, with no other bracket of the kind between (`whole_reply`,
 `whole_result`); the miss's reply is then stored over it.
 
+Waiting for a store that does not answer at once: through the run's wait (``ctx.wait``: an
+interrupt ends a read or a write at once), and for no longer than the call's deadline lets its
+model take to answer (``first_event`` or ``total``, whichever is earlier, on the record a
+`TimeoutMiddleware` outside passes inward; a tool call's ``total``): the model call keeps its
+deadline around its own reads only, so a store that hung would hold the call past it. A read
+given up is a miss; a write given up stores nothing.
+
 Reply ids: replayed events carry the run's ``reply_id`` (the loop binds it to the context before
 any hook runs). A hook driven by hand, outside any run, uses the reply id a miss on that context
 showed, else one fresh id its hits share.
@@ -37,10 +44,11 @@ showed, else one fresh id its hits share.
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping, Sequence
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ...errors import AgentInterrupted
 from ...events import AgentEvent, ModelCallEnd, ModelCallStart, ToolResultEnd, ToolResultStart
@@ -54,11 +62,13 @@ from .cache_stores import CacheStore, InMemoryCacheStore, check_ttl
 
 if TYPE_CHECKING:
     from ..._context import RuntimeContext
+    from ..._deadline import Deadline
     from ...extension.base import AgentView
 
 __all__ = ["ResponseCacheMiddleware", "ToolResultCacheMiddleware", "request_key", "tool_call_key"]
 
 log = logging.getLogger("agentscope_py.middleware.cache")
+T = TypeVar("T")
 
 
 
@@ -128,12 +138,12 @@ class _CacheBase(MiddlewareBase):
         self.hits = 0
         self.misses = 0
 
-    async def _get(self, ctx: RuntimeContext, key: str) -> Sequence[AgentEvent] | None:
+    async def _get(self, ctx: RuntimeContext, key: str, within: float | None = None) -> Sequence[AgentEvent] | None:
         try:  # (the run's wait: an interrupt ends it at once, as a slow store's answer would be waited for)
-            recorded = await ctx.wait(self.store.get(key))
+            recorded = await _store_wait(ctx, self.store.get(key), within)
         except AgentInterrupted:
             raise
-        except Exception as exc:  # a cache is an optimisation: a failing store is a miss
+        except Exception as exc:  # a cache is an optimisation: a failing or stalled store is a miss
             log.warning("%s: reading the cache failed (%s: %s); calling inward", self.name, type(exc).__name__, exc)
             return None
         if recorded is None:
@@ -145,11 +155,39 @@ class _CacheBase(MiddlewareBase):
             return None
         return recorded
 
-    async def _set(self, key: str, events: Sequence[AgentEvent], ttl: float | None) -> None:
-        try:
-            await self.store.set(key, events, ttl)
+    async def _set(self, ctx: RuntimeContext, key: str, events: Sequence[AgentEvent], ttl: float | None,
+                   within: float | None = None) -> None:
+        try:  # (the run's wait too: the stream ends only after the write, so a stalled store holds the run)
+            await _store_wait(ctx, self.store.set(key, events, ttl), within)
+        except AgentInterrupted:
+            raise
         except Exception as exc:
             log.warning("%s: writing the cache failed (%s: %s)", self.name, type(exc).__name__, exc)
+
+
+def _patience(deadline: Deadline | None) -> float | None:
+    """How long a model call's cache waits for its store: as long as the call's deadline lets its
+    model take to answer (the earlier of ``first_event`` and ``total``, both set by a
+    `TimeoutMiddleware` outside), or, with none, as long as the store takes."""
+    if deadline is None:
+        return None
+    first, total = deadline.first_event, deadline.total
+    return first if total is None or (first is not None and first < total) else total
+
+
+async def _store_wait(ctx: RuntimeContext, answer: Awaitable[T], within: float | None) -> T:
+    """``answer`` awaited through the run's wait, given up (a `TimeoutError`) after ``within``
+    seconds when that is set."""
+    if within is None:
+        return await ctx.wait(answer)
+    bound = asyncio.timeout(within)
+    try:
+        async with bound:
+            return await ctx.wait(answer)
+    except TimeoutError:
+        if bound.expired():
+            raise TimeoutError(f"no answer within {within:g} s, the call's deadline") from None
+        raise
 
 
 class ResponseCacheMiddleware(_CacheBase):
@@ -191,9 +229,10 @@ class ResponseCacheMiddleware(_CacheBase):
                 return EventStream(Missed(next(input), store, key, ttl, ctx.reply_id))
             return next(input).map(ModelRecorder(ctx, lambda events: store.set_nowait(key, events, ttl)))
         inner = next(input)  # built here, in the hook's context (a span around it parents the call)
+        within = _patience(input.deadline)
 
         async def call() -> AsyncIterator[AgentEvent]:
-            recorded = await self._get(ctx, key)
+            recorded = await self._get(ctx, key, within)
             if recorded is not None:
                 self.hits += 1
                 for ev in replay(recorded, _reply_id(ctx)):
@@ -205,7 +244,7 @@ class ResponseCacheMiddleware(_CacheBase):
                 async for ev in it:
                     yield ev
             if done:
-                await self._set(key, done[-1], ttl)
+                await self._set(ctx, key, done[-1], ttl, within)
 
         return EventStream(call)
 
@@ -293,8 +332,9 @@ class ToolResultCacheMiddleware(_CacheBase):
     ) -> AsyncIterator[AgentEvent]:
         calls = input.tool_calls
         hits: dict[str, Sequence[AgentEvent]] = {}
+        within = None if input.deadline is None else input.deadline.total
         for cid, key in keys.items():
-            recorded = await self._get(ctx, key)
+            recorded = await self._get(ctx, key, within)
             if recorded is not None:
                 hits[cid] = recorded
         self.hits += len(hits)
@@ -314,4 +354,4 @@ class ToolResultCacheMiddleware(_CacheBase):
             async for ev in it:
                 yield ev
         for key, events in done:
-            await self._set(key, events, self._ttl(events[0].__dict__["tool_name"]))
+            await self._set(ctx, key, events, self._ttl(events[0].__dict__["tool_name"]), within)

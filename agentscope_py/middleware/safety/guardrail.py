@@ -29,6 +29,7 @@ its reason saying which guardrail tripped) or ``"error"`` raises the `GuardrailT
 from __future__ import annotations
 
 import asyncio
+import inspect
 from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -258,7 +259,7 @@ class GuardrailMiddleware(MiddlewareBase):
         for guardrail in self.stream_checks:
             value = call_check(guardrail, check)
             if is_awaitable(value):
-                pending.add(asyncio.ensure_future(_judged(guardrail, value)))
+                pending.add(_judging(guardrail, value))
             else:
                 _judge(guardrail, value, "stream")
 
@@ -420,6 +421,16 @@ def _judge(guardrail: Guardrail, value: Any, stage: Stage) -> None:
 
 async def _judged(guardrail: Guardrail, value: Any) -> None:
     _judge(guardrail, await value, "stream")
+
+
+def _judging(guardrail: Guardrail, value: Any) -> asyncio.Future[None]:
+    """A background check: a task judging ``value``, the check's answer to come. A task cancelled
+    before its first step (the stream cut right after the check was due) never runs `_judged`,
+    so a coroutine it was given is closed then, not left never awaited."""
+    task = asyncio.ensure_future(_judged(guardrail, value))
+    if inspect.iscoroutine(value):
+        task.add_done_callback(lambda done: value.close() if done.cancelled() else None)
+    return task
 
 
 async def _step(it: Any) -> tuple[bool, Any]:
