@@ -20,7 +20,7 @@ from agentscope_py import (
     confirm_message,
     tool,
 )
-from agentscope_py.agent import SqliteStateStore
+from agentscope_py.agent import InMemoryStateStore, SqliteStateStore
 from agentscope_py.message import ToolUseBlock
 from agentscope_py.middleware import (
     ApprovalConfig,
@@ -270,3 +270,78 @@ async def test_per_call_mode_one_request_per_call() -> None:
     assert len(denied) == 1 and "keep /2" in denied[0].text
     with pytest.raises(ValueError, match="mode must be"):
         HumanApprovalMiddleware({"delete_file": True}, mode="each")  # type: ignore[arg-type]
+
+
+# -- escapes the random property found (tests/middleware/test_mw_approval_property.py) -------------
+
+
+@tool
+async def wipe(path: str) -> str:
+    """Wipe (a sub-agent's tool)."""
+    ran.append(f"wipe {path}")
+    return f"wiped {path}"
+
+
+def _boss(mw: HumanApprovalMiddleware) -> tuple[ReActAgent, ReActAgent]:
+    worker = ReActAgent.builder().name("worker").tools(wipe).model(ScriptedModel([
+        ModelStep.tool_call("wipe", {"path": "/x"}, id="w-1"), ModelStep.text("sub done")])).build()
+    boss = (ReActAgent.builder().name("boss").tools(worker.as_tool()).middleware(mw)
+            .model(ScriptedModel([ModelStep.tool_call("worker", {"task": "t"}), ModelStep.text("all done")])).build())
+    return boss, worker
+
+
+async def test_respond_to_a_sub_agents_call_is_its_result_and_it_does_not_run() -> None:
+    boss, worker = _boss(HumanApprovalMiddleware({"wipe": True}))
+    paused = await boss.call("go", ctx=RuntimeContext(session_id="s"))
+    assert paused.generate_reason is GenerateReason.PERMISSION_ASKING
+    final = await boss.call(approval_message({"w-1": Respond("done by hand")}), ctx=RuntimeContext(session_id="s"))
+    assert final.text == "all done" and ran == []
+    state, _ = await worker.state_store.load("default", "s/worker")
+    assert state is not None
+    assert [r.text for m in state.context for r in m.tool_results] == ["done by hand"]
+
+
+async def test_a_decision_a_sub_agents_tool_does_not_allow_is_refused_before_anything_runs() -> None:
+    boss, _ = _boss(HumanApprovalMiddleware({"wipe": ApprovalConfig(allowed_decisions=["approve", "reject"])}))
+    await boss.call("go", ctx=RuntimeContext(session_id="s"))
+    before = await boss.state_store.load("default", "s")
+    with pytest.raises(ResumeError, match=r"decision 'respond' is not allowed for wipe \(call w-1\)"):
+        await boss.call(approval_message({"w-1": Respond("sure")}), ctx=RuntimeContext(session_id="s"))
+    after = await boss.state_store.load("default", "s")
+    assert after == before and ran == []  # the pause stands: the same state, the same version
+    final = await boss.call(approval_message({"w-1": Approve()}), ctx=RuntimeContext(session_id="s"))
+    assert final.text == "all done" and ran == ["wipe /x"]
+
+
+async def test_respond_to_the_gates_own_asking_call_does_not_run_it() -> None:
+    # reboot asks through its own permission check; the request lists it beside delete_file
+    agent, model = _agent([ModelStep.tool_calls_of(("reboot", {}), ("delete_file", {"path": "/d"})),
+                           ModelStep.text("done")], _mw())
+    paused = await agent.call("go")
+    reboot_call, delete_call = paused.tool_calls
+    await agent.call(approval_message({reboot_call.id: Respond("rebooted by hand"), delete_call.id: Approve()}))
+    assert ran == ["delete /d"]
+    results = {r.name: r.text for m in model.requests[1].messages for r in m.tool_results}
+    assert results["reboot"] == "rebooted by hand"
+
+
+class _FailingStore(InMemoryStateStore):
+    """Its saves fail while ``failing``."""
+
+    failing = False
+
+    async def save(self, user_id: str, session_id: str, state: Any, expected_version: int) -> int:
+        if self.failing:
+            raise OSError("disk full")
+        return await super().save(user_id, session_id, state, expected_version)
+
+
+async def test_a_decision_not_allowed_saves_nothing_and_is_the_error_the_caller_gets() -> None:
+    store = _FailingStore()
+    agent, _ = _agent([THREE, ModelStep.text("done")], _mw(), store=store)
+    paused = await agent.call("go")
+    before = await store.load("default", "default")
+    store.failing = True  # a save now would fail: the refusal must not try one
+    with pytest.raises(ResumeError, match="decision 'respond' is not allowed for send_email"):
+        await agent.call(approval_message({paused.tool_calls[0].id: Respond("sure")}))
+    assert await store.load("default", "default") == before  # the same version: nothing was saved
