@@ -39,6 +39,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import httpx
 import pytest
 
 from agentscope_py import (
@@ -70,9 +71,10 @@ from agentscope_py.middleware import (
 )
 from agentscope_py.model import ChatChunk, ModelRequest
 from agentscope_py.model.base import ToolCallChunk
+from agentscope_py.server import create_app
 from agentscope_py.stream import aclose
 from tests.middleware.test_mw_context_property import check_anthropic, check_openai
-from tests.test_closing_property import unbalanced
+from tests.test_closing_property import AGUI_PAIRS, unbalanced
 
 pytestmark = [pytest.mark.timeout(600),
               pytest.mark.filterwarnings("ignore::agentscope_py.extension.lints.MiddlewareOrderWarning")]
@@ -703,3 +705,124 @@ async def test_approval_property(batch: int, tmp_path: Any) -> None:
             gc.collect()
         bad = [str(w.message) for w in caught if any(s in str(w.message) for s in WARNINGS)]
         assert not bad, f"seed {seed}: {bad}"
+
+
+# -- the same, served: approvals over AG-UI (docs/server.md "Human approval"), in process ---------
+
+
+async def agui_run(case: Case, client: Any, body: dict[str, Any]) -> tuple[int, list[dict[str, Any]]]:
+    """One AG-UI request: its status and its events, balanced and ended once."""
+    response = await client.post("/agui", json={"threadId": SID, "runId": f"r{uuid.uuid4().hex[:8]}", **body})
+    events = [json.loads(line[6:]) for line in response.text.splitlines() if line.startswith("data: ")]
+    names = [e["type"] for e in events]
+    for start, end in AGUI_PAIRS:
+        assert names.count(start) == names.count(end), f"AG-UI: {start} without {end}: {names}"
+    if response.status_code == 200:
+        assert names.count("RUN_FINISHED") + names.count("RUN_ERROR") == 1, f"AG-UI: the run ended {names}"
+    case.log.append(f"    -> {response.status_code} {[n for n in names if n.startswith('RUN_')]}")
+    return response.status_code, events
+
+
+def agui_answers(case: Case, calls: list[Any]) -> tuple[list[dict[str, Any]], bool]:
+    """``resume`` entries for the waiting calls (some left waiting), and whether they must be
+    refused (a decision a tool's config does not allow)."""
+    rng = case.rng
+    entries: list[dict[str, Any]] = []
+    refused = False
+    waits = {c.id for c in calls[1:] if rng.random() < 0.2}
+    for call in calls:
+        if call.id in waits:
+            continue
+        kind = rng.choice(("approve", "edit", "reject", "cancel"))
+        allowed = {"send": case.send_config, "wipe": case.wipe_config}.get(call.name, ApprovalConfig()).allowed_decisions
+        refused = refused or ("reject" if kind == "cancel" else kind) not in allowed
+        if kind == "approve":
+            case.approved.setdefault(call.id, set()).add(str(call.input.get("note")))
+            entries.append({"interruptId": call.id, "status": "resolved", "payload": {"approved": True}})
+        elif kind == "edit":
+            case.approved.setdefault(call.id, set()).add("edited")
+            entries.append({"interruptId": call.id, "status": "resolved",
+                            "payload": {"approved": True, "input": {"ref": call.id, "note": "edited"}}})
+        elif kind == "reject":
+            entries.append({"interruptId": call.id, "status": "resolved", "payload": {"approved": False}})
+        else:
+            entries.append({"interruptId": call.id, "status": "cancelled"})
+    case.log.append(f"    answers {[(e['interruptId'], e['status'], e.get('payload')) for e in entries]} refused={refused}")
+    return entries, refused
+
+
+async def agui_step(case: Case, agent: ReActAgent, client: Any, n: int) -> None:
+    rng = case.rng
+    calls, states = await waiting(agent)
+    before = {sid: dump(s) for sid, s in states.items()}
+    ledger_before = len(LEDGER)
+    if not calls:
+        case.log.append(f"step {n}: prompt")
+        await agui_run(case, client, {"messages": [{"id": f"m{n}", "role": "user", "content": f"turn {n}"}]})
+    else:
+        action = rng.choice(("decide",) * 4 + ("twice", "bad_id", "double_text"))
+        case.log.append(f"step {n}: {action} on {[c.id for c in calls]}")
+        refused = True
+        if action == "decide":
+            entries, refused = agui_answers(case, calls)
+            status, events = await agui_run(case, client, {"messages": [], "resume": entries})
+        elif action == "twice":
+            first, _ = agui_answers(case, calls)
+            second, _ = agui_answers(case, calls)
+            for status, events in await asyncio.gather(
+                    agui_run(case, client, {"messages": [], "resume": first}),
+                    agui_run(case, client, {"messages": [], "resume": second})):
+                assert status in (200, 409, 422), f"two answers at once: {status}"
+            check_ledger(case)
+            await check_all(case, agent)
+            return
+        elif action == "bad_id":
+            status, events = await agui_run(case, client, {"messages": [], "resume": [
+                {"interruptId": f"ghost-{n}", "status": "resolved", "payload": {"approved": True}}]})
+        else:
+            status, events = await agui_run(case, client, {"messages": [
+                {"id": f"m{n}", "role": "user", "content": f"and also {n}"}]})
+        failed = status != 200 or any(e["type"] == "RUN_ERROR" for e in events)
+        assert failed == refused, f"{action}: refused={refused}, but the request got {status} {events[-1:]}"
+        if failed:
+            _, after = await waiting(agent)
+            assert {sid: dump(s) for sid, s in after.items()} == before, "a refused answer changed the session"
+            assert len(LEDGER) == ledger_before, f"a refused answer ran tools: {LEDGER[ledger_before:]}"
+    await check_all(case, agent)
+
+
+async def play_agui(case: Case) -> None:
+    rng = case.rng
+    case.store_kind = rng.choice(("memory", "sqlite"))
+    allowed = [d for d in ("approve", "edit", "reject") if rng.random() < 0.7] or ["approve"]
+    case.send_config = ApprovalConfig(allowed_decisions=allowed)  # type: ignore[arg-type]
+    case.wipe_config = ApprovalConfig(allowed_decisions=[d for d in ("approve", "edit", "reject")  # type: ignore[misc]
+                                                         if rng.random() < 0.8] or ["reject"])
+    case.mode = rng.choice(("batched", "per_call"))
+    case.log.append(f"seed {case.seed} (AG-UI): store={case.store_kind} send={allowed} "
+                    f"wipe={case.wipe_config.allowed_decisions} mode={case.mode}")
+    agent = build(case, new_store(case))
+    app = create_app(agent, authenticate=lambda request: USER)
+    try:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1") as client:
+            for n in range(rng.randint(3, 8)):
+                await agui_step(case, agent, client, n)
+        assert not case.problems, case.problems[0]
+        for model in case.models:
+            assert model.open_streams == 0, f"{model.name}: a model stream left open"
+    finally:
+        for store in case.stores:
+            if hasattr(store, "close"):
+                await store.close()
+
+
+async def test_approval_property_over_agui(tmp_path: Any) -> None:
+    for k in range(max(CASES // 3, 1)):
+        seed = SEED + k
+        LEDGER.clear()
+        case = Case(seed, str(tmp_path), None)
+        try:
+            await play_agui(case)
+        except AssertionError as exc:
+            raise AssertionError(f"seed {seed} (AG-UI; APPROVAL_SEED={seed} APPROVAL_CASES=1): {exc}\n"
+                                 + "\n".join(case.log)) from None
