@@ -345,3 +345,18 @@ async def test_a_decision_not_allowed_saves_nothing_and_is_the_error_the_caller_
     with pytest.raises(ResumeError, match="decision 'respond' is not allowed for send_email"):
         await agent.call(approval_message({paused.tool_calls[0].id: Respond("sure")}))
     assert await store.load("default", "default") == before  # the same version: nothing was saved
+
+
+async def test_an_answer_to_the_sub_agent_call_itself_is_refused() -> None:
+    # The sub-agent's call (w-1) is the one asked about; an answer to the caller's call that runs
+    # the sub-agent (k-1) was dropped (approve, reject) or ended it with its sub-agent left waiting.
+    for decision in (Approve(), Reject("no"), Respond("by hand")):
+        boss, worker = _boss(HumanApprovalMiddleware({"wipe": True}))
+        paused = await boss.call("go", ctx=RuntimeContext(session_id="s"))
+        k = paused.tool_calls[0].id
+        before = await boss.state_store.load("default", "s")
+        with pytest.raises(ResumeError, match=rf"'{k}', a sub-agent call waiting on its sub-agent's tool calls \(w-1\)"):
+            await boss.call(approval_message({k: decision}), ctx=RuntimeContext(session_id="s"))
+        assert await boss.state_store.load("default", "s") == before and ran == []
+        sub, _ = await worker.state_store.load("default", "s/worker")
+        assert sub is not None and sub.pending_tool_calls == ["w-1"]

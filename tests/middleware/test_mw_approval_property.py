@@ -528,7 +528,7 @@ async def step(case: Case, agent: ReActAgent, n: int) -> ReActAgent:
         out = await drive(case, agent, Msg.user(f"turn {n}"), f"step {n} prompt")
         expect_refused: type[BaseException] | None = None
     else:
-        action = rng.choice(("decide",) * 6 + ("twice", "bad_id", "stale", "double_text", "empty"))
+        action = rng.choice(("decide",) * 6 + ("twice", "bad_id", "stale", "double_text", "empty", "sub_call"))
         case.log.append(f"step {n}: {action} on {[c.id for c in calls]}")
         expect_refused = None
         if action == "decide":
@@ -541,10 +541,11 @@ async def step(case: Case, agent: ReActAgent, n: int) -> ReActAgent:
             if racer is not None:
                 strategy = await racer
                 raced = True
-                if strategy == "rollback":
+                if strategy == "rollback" and case.store_kind == "memory":
                     # The answer's turn may have been taken out of the session, its waiting calls
                     # with it (docs/serving.md: what its tools did is not undone): a call that ran
-                    # in it waits again, and may run again once approved again.
+                    # in it waits again, and may run again once approved again. (A store that
+                    # journals keeps the call's result, replayed, or its intent: it is in doubt.)
                     now, _ = await waiting(agent)
                     again = {c.id for c in now}
                     LEDGER[ledger_before:] = [e for e in LEDGER[ledger_before:] if e[1] not in again]
@@ -556,6 +557,16 @@ async def step(case: Case, agent: ReActAgent, n: int) -> ReActAgent:
             if rng.random() < 0.5:
                 answers[calls[0].id] = Reject("no")
             out = await drive(case, agent, approval_message(answers), f"step {n}")
+            expect_refused = ResumeError
+        elif action == "sub_call":
+            # an answer to a sub-agent call itself: its sub-agent's calls are the ones asked about
+            root_state = states[SID]
+            paused = [c for c in unanswered_calls(root_state.context) if c.name == "worker"
+                      and unanswered_calls(states.get(f"{SID}/worker/{c.id}", AgentState()).context)]
+            if not paused:
+                return agent
+            decision = rng.choice((Approve(), Reject("no"), Respond("by hand")))
+            out = await drive(case, agent, approval_message({paused[0].id: decision}), f"step {n}")
             expect_refused = ResumeError
         elif action == "stale":
             done = [c.id for s in states.values() for m in s.context for c in m.tool_results
@@ -769,7 +780,7 @@ async def agui_step(case: Case, agent: ReActAgent, client: Any, n: int) -> None:
         elif action == "twice":
             first, _ = agui_answers(case, calls)
             second, _ = agui_answers(case, calls)
-            for status, events in await asyncio.gather(
+            for status, _events in await asyncio.gather(
                     agui_run(case, client, {"messages": [], "resume": first}),
                     agui_run(case, client, {"messages": [], "resume": second})):
                 assert status in (200, 409, 422), f"two answers at once: {status}"

@@ -172,10 +172,16 @@ class _Decided:
         """The ``Respond`` text answering ``call_id``, read from the input as it is when the call
         is answered: the ``on_agent_state_ready`` hooks after this middleware's (a PII
         redaction's) rewrite the input in place."""
-        inputs, index = self.responses[call_id]
-        raw = inputs[index].metadata.get(DECISIONS_KEY) or {}
-        given = raw.get(call_id)
-        return str(given.get("text", "")) if isinstance(given, Mapping) else ""
+        return str(_decision_at(self.responses[call_id], call_id).get("text", ""))
+
+
+def _decision_at(where: tuple[list[Msg], int] | None, call_id: str) -> Mapping[str, Any]:
+    """The decision for ``call_id`` in the input message at ``where`` (`_Decided.given`); {}: none."""
+    if where is None:
+        return {}
+    raw = where[0][where[1]].metadata.get(DECISIONS_KEY)
+    given = raw.get(call_id) if isinstance(raw, Mapping) else None
+    return given if isinstance(given, Mapping) else {}
 
 
 class HumanApprovalMiddleware(MiddlewareBase):
@@ -243,8 +249,7 @@ class HumanApprovalMiddleware(MiddlewareBase):
             for result in msg.metadata.get("confirm_results", ()):
                 answer = result if isinstance(result, ConfirmResult) else ConfirmResult.model_validate(result)
                 where = decided.given(answer.tool_call_id)
-                given = where[0][where[1]].metadata[DECISIONS_KEY][answer.tool_call_id] if where else {}
-                kind = given.get("type") or ("reject" if not answer.confirmed else
+                kind = _decision_at(where, answer.tool_call_id).get("type") or ("reject" if not answer.confirmed else
                                              "edit" if answer.input is not None else "approve")
                 name = names.get(answer.tool_call_id)
                 if name is None:
