@@ -360,3 +360,26 @@ async def test_an_answer_to_the_sub_agent_call_itself_is_refused() -> None:
         assert await boss.state_store.load("default", "s") == before and ran == []
         sub, _ = await worker.state_store.load("default", "s/worker")
         assert sub is not None and sub.pending_tool_calls == ["w-1"]
+
+
+async def test_respond_to_a_call_that_ran_already_replays_what_ran(tmp_path: Any) -> None:
+    # A process approved delete_file, ran it, journaled its result and died before its run ended:
+    # the session still waits on the call. A Respond cannot undo what ran: its result is replayed.
+    from agentscope_py._effects import ToolIntent, idempotency_key
+    from agentscope_py.message import ToolResultBlock
+
+    store = SqliteStateStore(str(tmp_path / "s.db"))
+    agent, model = _agent([ModelStep.tool_call("delete_file", {"path": "/d"}, id="d-1"), ModelStep.text("ok")],
+                          _mw(), store=store)
+    await agent.call("go")
+    state, version = await store.load("default", "default")
+    assert state is not None and state.pending_tool_calls == ["d-1"]
+    state.tool_journal["d-1"] = ToolIntent(
+        call_id="d-1", tool="delete_file", arguments={"path": "/d"},
+        idempotency_key=idempotency_key("default", "default", "d-1"), message_id=state.context[-1].id,
+        result=ToolResultBlock(id="d-1", name="delete_file", output="deleted /d", state=ToolResultState.SUCCESS))
+    await store.save("default", "default", state, version)
+    await agent.call(approval_message({"d-1": Respond("never mind")}))
+    assert ran == []  # not run again
+    assert [r.text for r in model.requests[-1].messages[-1].tool_results] == ["deleted /d"]
+    await store.close()

@@ -364,8 +364,7 @@ def check_ledger(case: Case) -> None:
     for name, ref, note in LEDGER:
         assert ref not in seen, f"{name} {ref} ran twice: {LEDGER}"
         seen.add(ref)
-        proposed = ref  # (a ref is its call's id)
-        assert not never_runs(name, note), f"{name} {proposed} ({note}) ran, though denied"
+        assert not never_runs(name, note), f"{name} {ref} ({note}) ran, though denied"
         if asks(case, name, note) or note == "edited":
             assert note in case.approved.get(ref, set()), \
                 f"{name} {ref} ran with note {note!r} without a human's yes for it (approved: {case.approved.get(ref)})"
@@ -511,6 +510,9 @@ async def step(case: Case, agent: ReActAgent, n: int) -> ReActAgent:
     """One step of the case; returns the agent of the process that goes on."""
     rng = case.rng
     case.armed = False
+    if case.store_kind != "memory" and rng.random() < 0.15:
+        case.log.append("  restart: a new process")
+        agent = build(case, new_store(case))
     calls, states = await waiting(agent)
     before = {sid: dump(s) for sid, s in states.items()}
     ledger_before = len(LEDGER)
@@ -520,9 +522,6 @@ async def step(case: Case, agent: ReActAgent, n: int) -> ReActAgent:
         assert isinstance(case.stores[0], Flaky)
         case.stores[0].fail_next = case.armed = True
         case.log.append("  the next save fails")
-    if case.store_kind != "memory" and rng.random() < 0.15:
-        case.log.append("  restart: a new process")
-        agent = build(case, new_store(case))
     raced = False
     if not calls:
         out = await drive(case, agent, Msg.user(f"turn {n}"), f"step {n} prompt")
@@ -536,7 +535,10 @@ async def step(case: Case, agent: ReActAgent, n: int) -> ReActAgent:
             expect_refused = ResumeError if refused else None
             racer = None
             if rng.random() < 0.25 and not refused:
-                racer = asyncio.ensure_future(double_text(case, agent, n))
+                # (no rollback of a turn that answers a sub-agent's calls: the sub-agent's session
+                # is not rolled back with its caller's, which then waits on calls answered)
+                below = any(c.name == "worker" for c in unanswered_calls(states[SID].context))
+                racer = asyncio.ensure_future(double_text(case, agent, n, rollback=not below))
             out = await drive(case, agent, msg, f"step {n}")
             if racer is not None:
                 strategy = await racer
@@ -618,11 +620,12 @@ async def step(case: Case, agent: ReActAgent, n: int) -> ReActAgent:
     return agent
 
 
-async def double_text(case: Case, agent: ReActAgent, n: int) -> str:
+async def double_text(case: Case, agent: ReActAgent, n: int, rollback: bool) -> str:
     """A new user message while the answer's run is in flight, by a random multitask strategy
     (docs/serving.md, double texting): it waits, is refused, or stops the run (taking its turn
     back, or not); it finds the calls answered, or waiting again."""
-    strategy = case.rng.choice(("enqueue", "reject", "interrupt", "rollback"))
+    strategy = case.rng.choice(("enqueue", "reject", "interrupt", "rollback") if rollback else
+                               ("enqueue", "reject", "interrupt"))
     for _ in range(case.rng.randint(0, 6)):
         await asyncio.sleep(0)
     case.log.append(f"    double text ({strategy})")

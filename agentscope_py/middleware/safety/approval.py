@@ -249,7 +249,8 @@ class HumanApprovalMiddleware(MiddlewareBase):
             for result in msg.metadata.get("confirm_results", ()):
                 answer = result if isinstance(result, ConfirmResult) else ConfirmResult.model_validate(result)
                 where = decided.given(answer.tool_call_id)
-                kind = _decision_at(where, answer.tool_call_id).get("type") or ("reject" if not answer.confirmed else
+                given = _decision_at(where, answer.tool_call_id)
+                kind = given.get("type") or ("reject" if not answer.confirmed else
                                              "edit" if answer.input is not None else "approve")
                 name = names.get(answer.tool_call_id)
                 if name is None:
@@ -261,18 +262,20 @@ class HumanApprovalMiddleware(MiddlewareBase):
                                           f"{answer.tool_call_id}); allowed: "
                                           f"{', '.join(below.get('allowed_decisions', ()))}")
                     continue
+                # (a call that ran already is replayed by the acting core, whatever the answer)
+                respond = where if kind == "respond" and not _ran(state, answer.tool_call_id) else None
                 config = self.config_for(name)
                 if config is None:
                     # the gate's own asking call, listed in the same request: a respond answers
                     # it here too (the loop would run it: to the gate, respond is a yes)
-                    if kind == "respond" and where is not None:
-                        decided.responses[answer.tool_call_id] = where
+                    if respond is not None:
+                        decided.responses[answer.tool_call_id] = respond
                     continue
                 if kind not in config.allowed_decisions:
                     raise ResumeError(f"decision {kind!r} is not allowed for {name} (call {answer.tool_call_id}); "
                                       f"allowed: {', '.join(config.allowed_decisions)}")
-                if kind == "respond" and where is not None:
-                    decided.responses[answer.tool_call_id] = where
+                if respond is not None:
+                    decided.responses[answer.tool_call_id] = respond
                 elif kind != "reject":
                     decided.approved.add(answer.tool_call_id)
 
@@ -365,6 +368,14 @@ def _record_asked(ctx: RuntimeContext, asked: dict[str, dict[str, Any]]) -> None
         root = root.parent
     if root.agent_state is not None:
         root.agent_state.metadata.setdefault(ASKED_KEY, {}).update(asked)
+
+
+def _ran(state: AgentState, call_id: str) -> bool:
+    """Whether the call ran already: its result is in the session's tool journal (the process
+    that ran it stopped before its run ended, or the run's turn was rolled back). No decision
+    undoes what ran: the acting core replays that result, and a `Respond` does not replace it."""
+    entry = state.tool_journal.get(call_id)
+    return entry is not None and entry.result is not None
 
 
 def _last_calls(state: AgentState) -> list[ToolUseBlock]:
