@@ -382,7 +382,7 @@ class _GatedPubSub:
     async def subscribe(self, channel: str) -> None:
         await self.gate.wait()
 
-    async def get_message(self, timeout: float | None = None, ignore_subscribe_messages: bool = False) -> Any:
+    async def get_message(self, timeout: float | None = None, ignore_subscribe_messages: bool = False) -> Any:  # noqa: ASYNC109 (redis-py's signature)
         if ignore_subscribe_messages:  # (the listening loop: nothing to hear)
             await asyncio.sleep(timeout or 0)
             return None
