@@ -509,7 +509,7 @@ def decisions_for(case: Case, calls: list[Any], states: dict[str, AgentState]) -
 async def step(case: Case, agent: ReActAgent, n: int) -> ReActAgent:
     """One step of the case; returns the agent of the process that goes on."""
     rng = case.rng
-    case.armed = False
+    case.armed = case.store_kind == "flaky" and case.stores[0].fail_next  # (armed by a step that saved nothing)
     if case.store_kind != "memory" and rng.random() < 0.15:
         case.log.append("  restart: a new process")
         agent = build(case, new_store(case))
