@@ -22,7 +22,7 @@ The oracle (docs/tool-policy.md, docs/agent.md "Human approval and external tool
   is its model calls' usage, counted once;
 * no model stream, task or store connection is left open.
 
-Knobs: ``APPROVAL_CASES`` (cases, default 30), ``APPROVAL_SEED`` (the first seed). A failure
+Knobs: ``APPROVAL_CASES`` (cases, default 20), ``APPROVAL_SEED`` (the first seed). A failure
 names its seed: ``APPROVAL_SEED=<seed> APPROVAL_CASES=1`` runs that case alone."""
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ from tests.test_closing_property import AGUI_PAIRS, unbalanced
 pytestmark = [pytest.mark.timeout(600),
               pytest.mark.filterwarnings("ignore::agentscope_py.extension.lints.MiddlewareOrderWarning")]
 
-CASES = int(os.environ.get("APPROVAL_CASES", "30"))
+CASES = int(os.environ.get("APPROVAL_CASES", "20"))
 SEED = int(os.environ.get("APPROVAL_SEED", "20261207"))
 USAGE = ChatUsage(input_tokens=10, output_tokens=1)
 USER, SID = "u", "s"
