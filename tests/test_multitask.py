@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from agentscope_py import MultitaskStrategy, ReActAgent, RuntimeContext, tool
+from agentscope_py import ExtensionPoint, MiddlewareBase, MultitaskStrategy, ReActAgent, RuntimeContext, tool
 from agentscope_py.agent import InMemoryStateStore, SqliteStateStore
 from agentscope_py.agent.state import AgentState
 from agentscope_py.errors import AgentScopeError, BusyError
@@ -425,3 +425,39 @@ async def test_inputs_at_random_moments_with_saves_that_take_time_keep_the_docum
     rare = store == "slow" and CUT_SEED == 0 and CUT_CASES >= 300
     expected = {"whole", "interrupted", "rolled back", "left", *(["interrupted in a tool call"] if rare else [])}
     assert expected <= set(outcomes), outcomes
+
+
+async def test_rollback_restores_the_metadata_the_turn_changed_in_place() -> None:
+    """A middleware's record in the session's metadata, changed in place by the stopped turn,
+    goes back as it was."""
+    release = asyncio.Event()
+
+    @tool
+    async def hold() -> str:
+        """Hold the run."""
+        await release.wait()
+        return "held"
+
+    class Counts(MiddlewareBase):
+        def active_points(self) -> frozenset[ExtensionPoint]:
+            return frozenset({ExtensionPoint.ON_AGENT_STATE_READY})
+
+        def on_agent_state_ready(self, agent: Any, ctx: Any, state: Any, input_messages: Any) -> None:
+            counts = state.metadata.setdefault("counts", {"turns": 0})
+            counts["turns"] += 1
+
+    def turn(request: ModelRequest) -> ModelStep:
+        return ModelStep.tool_call("hold", {}) if request.messages[-1].text == "first" else ModelStep.text("done")
+
+    agent = (ReActAgent.builder().model(ScriptedModel([ModelStep(respond=turn)], loop=True)).tools(hold)
+             .middleware(Counts()).build())
+    await agent.call("second", ctx=RuntimeContext("u", "s"))
+    first = asyncio.create_task(agent.call("first", ctx=RuntimeContext("u", "s")))
+    while agent.busy_error("u", "s", "reject") is None:
+        await asyncio.sleep(0)
+    for _ in range(20):
+        await asyncio.sleep(0)
+    await agent.call("second", ctx=RuntimeContext("u", "s"), multitask_strategy="rollback")
+    assert (await asyncio.wait_for(first, 5)).metadata["rolled_back"]
+    state, _ = await agent.state_store.load("u", "s")
+    assert state is not None and state.metadata["counts"] == {"turns": 2}  # the first turn's count taken back

@@ -5,7 +5,12 @@ memory — or, when tool calls of the session wait, the resume (`_resume`).
 The prelude is awaited, not iterated: most runs publish nothing before their first round. What
 it has to publish — the hooks' trace events when the agent traces its middleware, a resume's
 events — it returns as a stream, and the loop runs that as the run's first step
-(`_steps.PRELUDE`); without one, the first step is the first round."""
+(`_steps.PRELUDE`); without one, the first step is the first round.
+
+An ``on_agent_state_ready`` hook that raises `InputError` or `ResumeError` refuses the input
+(`HumanApprovalMiddleware`: a decision its tool does not allow), as the loop's own checks do: the
+run has no turn and saves nothing (`RunState.refused`), so the caller gets that error, not a
+failed save's, and the store is left as it was."""
 
 from __future__ import annotations
 
@@ -44,11 +49,15 @@ async def prelude(exe: StepScope) -> AsyncIterator[AgentEvent] | None:
     if runtime.trace and (ready or prompting):
         return _traced(exe, state)
     input_msgs = run.input_msgs
-    for mw in ready:
-        hook: Callable[..., Any] = mw.on_agent_state_ready  # (an ``async def`` override returns a coroutine)
-        result = hook(agent, ctx, state, input_msgs)
-        if result is not None and asyncio.iscoroutine(result):
-            await result
+    try:
+        for mw in ready:
+            hook: Callable[..., Any] = mw.on_agent_state_ready  # (an ``async def`` override returns a coroutine)
+            result = hook(agent, ctx, state, input_msgs)
+            if result is not None and asyncio.iscoroutine(result):
+                await result
+    except (InputError, ResumeError):
+        run.refused = True  # a hook refused the input: no turn, nothing saved (module docstring)
+        raise
     prompt: Any = agent.sys_prompt
     for mw in prompting:
         prompt = mw.on_system_prompt(agent, ctx, prompt)
@@ -61,11 +70,15 @@ async def _traced(exe: StepScope, state: AgentState) -> AsyncIterator[AgentEvent
     """The hooks of the prelude each inside its trace events, then the rest of the prelude."""
     agent, ctx, run, runtime = exe.agent, exe.ctx, exe.run, exe.runtime
     hooks, input_msgs = runtime.participants.hooks, run.input_msgs
-    for mw in hooks[ExtensionPoint.ON_AGENT_STATE_READY]:
-        ready = HookCall(mw, ExtensionPoint.ON_AGENT_STATE_READY,
-                         functools.partial(mw.on_agent_state_ready, agent, ctx, state, input_msgs), True)
-        async for ev in ready.events():
-            yield ev
+    try:
+        for mw in hooks[ExtensionPoint.ON_AGENT_STATE_READY]:
+            ready = HookCall(mw, ExtensionPoint.ON_AGENT_STATE_READY,
+                             functools.partial(mw.on_agent_state_ready, agent, ctx, state, input_msgs), True)
+            async for ev in ready.events():
+                yield ev
+    except (InputError, ResumeError):
+        run.refused = True  # a hook refused the input: no turn, nothing saved (module docstring)
+        raise
     prompt: Any = agent.sys_prompt
     for mw in hooks[ExtensionPoint.ON_SYSTEM_PROMPT]:
         transform = HookCall(mw, ExtensionPoint.ON_SYSTEM_PROMPT,

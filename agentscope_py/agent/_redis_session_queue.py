@@ -174,24 +174,21 @@ class Listener:
         self._subscribing: asyncio.Future[None] | None = None
 
     async def ready(self) -> None:
-        if self._task is not None:
-            return
-        if self._subscribing is None:
-            self._subscribing = asyncio.get_running_loop().create_future()
+        """Subscribe, once. A caller that finds another subscribing waits for it, and tries itself
+        if that attempt failed: the other's error, or its task's cancellation, is not this one's."""
+        while self._task is None:
+            if self._subscribing is not None:
+                await asyncio.wait((self._subscribing,))  # (raises only this caller's cancellation)
+                continue
+            subscribing = self._subscribing = asyncio.get_running_loop().create_future()
             try:
                 pubsub = self._client.pubsub()
                 await self._subscribe(pubsub)
-            except BaseException as exc:
-                self._subscribing.set_exception(exc)
-                self._subscribing.exception()  # retrieved: the next call tries again
+                self._pubsub = pubsub
+                self._task = asyncio.get_running_loop().create_task(self._listen())
+            finally:
                 self._subscribing = None
-                raise
-            self._pubsub = pubsub
-            self._task = asyncio.get_running_loop().create_task(self._listen())
-            self._subscribing.set_result(None)
-            self._subscribing = None
-            return
-        await asyncio.shield(self._subscribing)
+                subscribing.set_result(None)
 
     async def _subscribe(self, pubsub: Any) -> None:
         await pubsub.subscribe(self.channel)

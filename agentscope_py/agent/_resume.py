@@ -33,7 +33,7 @@ from ..stream import aclosing
 from ._boundaries import clean_block
 from ._in_doubt import Settled, settle
 from ._journal import entry_of
-from ._subagent_tree import route_confirms
+from ._subagent_tree import WAITS_KEY, route_confirms
 
 if TYPE_CHECKING:
     from ._scope import StepScope
@@ -69,6 +69,7 @@ async def resume(exe: StepScope, pending: list[ToolUseBlock], input_msgs: list[M
         # Confirms for the calls a paused sub-agent waits on go to its call (run again below).
         own, rerun = route_confirms(exe.ctx, state, by_id, confirms) if confirms else ([], set())
         _check_ids(exe, settled, [c.tool_call_id for c in own], by_id, "confirm result")
+        _check_not_waiting_below(exe, settled, own, rerun)
         twice = [c.tool_call_id for c in own if c.tool_call_id in answered_by_result]
         if twice:
             error = ResumeError(f"both a confirm result and a tool result for {', '.join(map(repr, twice))}: "
@@ -296,6 +297,24 @@ def _check_ids(exe: StepScope, settled: Settled, ids: list[str], pending: dict[s
         if error is not None:
             raise _refusing(exe, error) if not settled.events else error
         seen.add(i)
+
+
+def _check_not_waiting_below(exe: StepScope, settled: Settled, own: list[ConfirmResult], rerun: set[str]) -> None:
+    """No answer is for a sub-agent call that waits on its sub-agent's calls: those calls are the
+    ones asked about (an answer to the sub-agent call itself would be dropped, or, a `Respond`,
+    would end the call and leave its sub-agent's session waiting for ever). A `ResumeError`,
+    refusing the input unless calls in doubt were settled before."""
+    state = exe.run.session
+    assert state is not None
+    waits = state.metadata.get(WAITS_KEY)
+    settling = settled.decided.union(c.id for c in settled.asked)  # (answered as calls in doubt)
+    below = [c.tool_call_id for c in own if c.tool_call_id in rerun and c.tool_call_id not in settling]
+    if not below or not isinstance(waits, dict):
+        return
+    leaves = [leaf for call_id in below for leaf in waits.get(call_id, ())]
+    error = ResumeError(f"confirm result for {', '.join(map(repr, below))}, a sub-agent call waiting on its "
+                        f"sub-agent's tool calls ({', '.join(leaves)}): answer those instead")
+    raise _refusing(exe, error) if not settled.events else error
 
 
 def _result_events(reply_id: str, block: ToolResultBlock) -> tuple[AgentEvent, ...]:

@@ -6,6 +6,7 @@ get results — are methods of it, so every step applies them the same way."""
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -195,11 +196,14 @@ class RunState:
 
     def keep_before(self) -> None:
         """Remember the session as loaded, before the run changes it. Shallow copies of its lists
-        (messages are immutable): cheap, and enough to take the turn back (`roll_back`)."""
+        (messages are immutable): cheap, and enough to take the turn back (`roll_back`). The
+        metadata is copied deep: its values (a middleware's counters, what a sub-agent call waits
+        on) are dicts and lists the run changes in place."""
         state = self.session
         if state is not None:
             self.before = (list(state.context), list(state.tasks), list(state.pending_tool_calls),
-                           state.cur_iter, state.summary, list(state.summaries), dict(state.metadata))
+                           state.cur_iter, state.summary, list(state.summaries),
+                           copy.deepcopy(state.metadata) if state.metadata else {})
 
     def roll_back(self) -> None:
         """Take the run's turn out of the session, as if it never ran (an interrupt asked for a

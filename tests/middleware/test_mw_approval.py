@@ -20,7 +20,7 @@ from agentscope_py import (
     confirm_message,
     tool,
 )
-from agentscope_py.agent import SqliteStateStore
+from agentscope_py.agent import InMemoryStateStore, SqliteStateStore
 from agentscope_py.message import ToolUseBlock
 from agentscope_py.middleware import (
     ApprovalConfig,
@@ -270,3 +270,116 @@ async def test_per_call_mode_one_request_per_call() -> None:
     assert len(denied) == 1 and "keep /2" in denied[0].text
     with pytest.raises(ValueError, match="mode must be"):
         HumanApprovalMiddleware({"delete_file": True}, mode="each")  # type: ignore[arg-type]
+
+
+# -- escapes the random property found (tests/middleware/test_mw_approval_property.py) -------------
+
+
+@tool
+async def wipe(path: str) -> str:
+    """Wipe (a sub-agent's tool)."""
+    ran.append(f"wipe {path}")
+    return f"wiped {path}"
+
+
+def _boss(mw: HumanApprovalMiddleware) -> tuple[ReActAgent, ReActAgent]:
+    worker = ReActAgent.builder().name("worker").tools(wipe).model(ScriptedModel([
+        ModelStep.tool_call("wipe", {"path": "/x"}, id="w-1"), ModelStep.text("sub done")])).build()
+    boss = (ReActAgent.builder().name("boss").tools(worker.as_tool()).middleware(mw)
+            .model(ScriptedModel([ModelStep.tool_call("worker", {"task": "t"}), ModelStep.text("all done")])).build())
+    return boss, worker
+
+
+async def test_respond_to_a_sub_agents_call_is_its_result_and_it_does_not_run() -> None:
+    boss, worker = _boss(HumanApprovalMiddleware({"wipe": True}))
+    paused = await boss.call("go", ctx=RuntimeContext(session_id="s"))
+    assert paused.generate_reason is GenerateReason.PERMISSION_ASKING
+    final = await boss.call(approval_message({"w-1": Respond("done by hand")}), ctx=RuntimeContext(session_id="s"))
+    assert final.text == "all done" and ran == []
+    state, _ = await worker.state_store.load("default", "s/worker")
+    assert state is not None
+    assert [r.text for m in state.context for r in m.tool_results] == ["done by hand"]
+
+
+async def test_a_decision_a_sub_agents_tool_does_not_allow_is_refused_before_anything_runs() -> None:
+    boss, _ = _boss(HumanApprovalMiddleware({"wipe": ApprovalConfig(allowed_decisions=["approve", "reject"])}))
+    await boss.call("go", ctx=RuntimeContext(session_id="s"))
+    before = await boss.state_store.load("default", "s")
+    with pytest.raises(ResumeError, match=r"decision 'respond' is not allowed for wipe \(call w-1\)"):
+        await boss.call(approval_message({"w-1": Respond("sure")}), ctx=RuntimeContext(session_id="s"))
+    after = await boss.state_store.load("default", "s")
+    assert after == before and ran == []  # the pause stands: the same state, the same version
+    final = await boss.call(approval_message({"w-1": Approve()}), ctx=RuntimeContext(session_id="s"))
+    assert final.text == "all done" and ran == ["wipe /x"]
+
+
+async def test_respond_to_the_gates_own_asking_call_does_not_run_it() -> None:
+    # reboot asks through its own permission check; the request lists it beside delete_file
+    agent, model = _agent([ModelStep.tool_calls_of(("reboot", {}), ("delete_file", {"path": "/d"})),
+                           ModelStep.text("done")], _mw())
+    paused = await agent.call("go")
+    reboot_call, delete_call = paused.tool_calls
+    await agent.call(approval_message({reboot_call.id: Respond("rebooted by hand"), delete_call.id: Approve()}))
+    assert ran == ["delete /d"]
+    results = {r.name: r.text for m in model.requests[1].messages for r in m.tool_results}
+    assert results["reboot"] == "rebooted by hand"
+
+
+class _FailingStore(InMemoryStateStore):
+    """Its saves fail while ``failing``."""
+
+    failing = False
+
+    async def save(self, user_id: str, session_id: str, state: Any, expected_version: int) -> int:
+        if self.failing:
+            raise OSError("disk full")
+        return await super().save(user_id, session_id, state, expected_version)
+
+
+async def test_a_decision_not_allowed_saves_nothing_and_is_the_error_the_caller_gets() -> None:
+    store = _FailingStore()
+    agent, _ = _agent([THREE, ModelStep.text("done")], _mw(), store=store)
+    paused = await agent.call("go")
+    before = await store.load("default", "default")
+    store.failing = True  # a save now would fail: the refusal must not try one
+    with pytest.raises(ResumeError, match="decision 'respond' is not allowed for send_email"):
+        await agent.call(approval_message({paused.tool_calls[0].id: Respond("sure")}))
+    assert await store.load("default", "default") == before  # the same version: nothing was saved
+
+
+async def test_an_answer_to_the_sub_agent_call_itself_is_refused() -> None:
+    # The sub-agent's call (w-1) is the one asked about; an answer to the caller's call that runs
+    # the sub-agent (k-1) was dropped (approve, reject) or ended it with its sub-agent left waiting.
+    for decision in (Approve(), Reject("no"), Respond("by hand")):
+        boss, worker = _boss(HumanApprovalMiddleware({"wipe": True}))
+        paused = await boss.call("go", ctx=RuntimeContext(session_id="s"))
+        k = paused.tool_calls[0].id
+        before = await boss.state_store.load("default", "s")
+        with pytest.raises(ResumeError, match=rf"'{k}', a sub-agent call waiting on its sub-agent's tool calls \(w-1\)"):
+            await boss.call(approval_message({k: decision}), ctx=RuntimeContext(session_id="s"))
+        assert await boss.state_store.load("default", "s") == before and ran == []
+        sub, _ = await worker.state_store.load("default", "s/worker")
+        assert sub is not None and sub.pending_tool_calls == ["w-1"]
+
+
+async def test_respond_to_a_call_that_ran_already_replays_what_ran(tmp_path: Any) -> None:
+    # A process approved delete_file, ran it, journaled its result and died before its run ended:
+    # the session still waits on the call. A Respond cannot undo what ran: its result is replayed.
+    from agentscope_py._effects import ToolIntent, idempotency_key
+    from agentscope_py.message import ToolResultBlock
+
+    store = SqliteStateStore(str(tmp_path / "s.db"))
+    agent, model = _agent([ModelStep.tool_call("delete_file", {"path": "/d"}, id="d-1"), ModelStep.text("ok")],
+                          _mw(), store=store)
+    await agent.call("go")
+    state, version = await store.load("default", "default")
+    assert state is not None and state.pending_tool_calls == ["d-1"]
+    state.tool_journal["d-1"] = ToolIntent(
+        call_id="d-1", tool="delete_file", arguments={"path": "/d"},
+        idempotency_key=idempotency_key("default", "default", "d-1"), message_id=state.context[-1].id,
+        result=ToolResultBlock(id="d-1", name="delete_file", output="deleted /d", state=ToolResultState.SUCCESS))
+    await store.save("default", "default", state, version)
+    await agent.call(approval_message({"d-1": Respond("never mind")}))
+    assert ran == []  # not run again
+    assert [r.text for r in model.requests[-1].messages[-1].tool_results] == ["deleted /d"]
+    await store.close()

@@ -371,3 +371,50 @@ async def test_in_one_process_an_interrupting_call_stops_the_run_through_the_sto
     state, _ = await stores[1].load("u", "s")
     assert state is not None
     assert [m.text for m in state.context if m.role == "user"] == ["second", "queued"]
+
+
+class _GatedPubSub:
+    """A pubsub whose subscription is confirmed once ``gate`` is set."""
+
+    def __init__(self, gate: asyncio.Event) -> None:
+        self.gate = gate
+
+    async def subscribe(self, channel: str) -> None:
+        await self.gate.wait()
+
+    async def get_message(self, timeout: float | None = None, ignore_subscribe_messages: bool = False) -> Any:  # noqa: ASYNC109 (redis-py's signature)
+        if ignore_subscribe_messages:  # (the listening loop: nothing to hear)
+            await asyncio.sleep(timeout or 0)
+            return None
+        return {"type": "subscribe"}
+
+    async def aclose(self) -> None:
+        pass
+
+
+class _GatedClient:
+    def __init__(self, gate: asyncio.Event) -> None:
+        self.gate = gate
+
+    def pubsub(self) -> _GatedPubSub:
+        return _GatedPubSub(self.gate)
+
+
+async def test_a_caller_cancelled_while_subscribing_the_listener_does_not_cancel_another_waiting_for_it() -> None:
+    # Two runs of one process enter a Redis session queue at once; the first, which subscribes
+    # the process's channel, is cancelled meanwhile: the second, not cancelled, subscribes itself.
+    from agentscope_py.agent._redis_session_queue import Listener
+
+    gate = asyncio.Event()
+    listener = Listener(_GatedClient(gate), "agentscope:q:", 5.0)  # type: ignore[arg-type]
+    first = asyncio.ensure_future(listener.ready())
+    await asyncio.sleep(0)
+    second = asyncio.ensure_future(listener.ready())
+    await asyncio.sleep(0)
+    first.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await first
+    gate.set()
+    await asyncio.wait_for(second, 5)
+    assert listener._task is not None
+    await listener.close()

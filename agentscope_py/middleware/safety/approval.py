@@ -55,6 +55,11 @@ __all__ = ["ApprovalConfig", "Approve", "Decision", "Edit", "HumanApprovalMiddle
 DecisionType = Literal["approve", "edit", "reject", "respond"]
 ALL_DECISIONS: tuple[DecisionType, ...] = ("approve", "edit", "reject", "respond")
 DECISIONS_KEY = "approval_decisions"  # the resume message's metadata: call id -> decision dict
+ASKED_KEY = "approval_asked"
+"""In the root session's ``AgentState.metadata``: ``{call id: {"tool", "allowed_decisions"}}`` for
+the calls asked about in a sub-agent's run. The decisions for them come to the root and are
+checked there, before anything of the resume runs, as the root's own calls' are (the sub-agent's
+calls are not in the root's memory, so their tools' configs are found through this record)."""
 
 
 @dataclass(frozen=True)
@@ -141,22 +146,42 @@ def approval_message(
 
 
 class _Decided:
-    """The decisions of this execution's resume input (kept in the RuntimeContext)."""
+    """The decisions of this execution's resume input (kept in the RuntimeContext). A sub-agent's
+    execution has its caller's as ``outer``: a decision sent to the root for a call a sub-agent
+    waits on reaches the sub-agent as a bare confirm result (the loop routes those alone), so
+    the decision itself is read from the root's input."""
 
-    __slots__ = ("approved", "inputs", "responses")
+    __slots__ = ("approved", "inputs", "outer", "responses")
 
-    def __init__(self) -> None:
+    def __init__(self, outer: _Decided | None = None) -> None:
         self.approved: set[str] = set()
         self.inputs: list[Msg] = []
-        self.responses: dict[str, int] = {}  # call id -> the index of the input message answering it
+        self.outer = outer
+        # call id -> the input messages and the index of the one answering it
+        self.responses: dict[str, tuple[list[Msg], int]] = {}
+
+    def given(self, call_id: str) -> tuple[list[Msg], int] | None:
+        """Where the decision for ``call_id`` is: this execution's input, else a caller's."""
+        for index, msg in enumerate(self.inputs):
+            raw = msg.metadata.get(DECISIONS_KEY)
+            if isinstance(raw, Mapping) and isinstance(raw.get(call_id), Mapping):
+                return self.inputs, index
+        return self.outer.given(call_id) if self.outer is not None else None
 
     def response(self, call_id: str) -> str:
         """The ``Respond`` text answering ``call_id``, read from the input as it is when the call
         is answered: the ``on_agent_state_ready`` hooks after this middleware's (a PII
         redaction's) rewrite the input in place."""
-        raw = self.inputs[self.responses[call_id]].metadata.get(DECISIONS_KEY) or {}
-        given = raw.get(call_id)
-        return str(given.get("text", "")) if isinstance(given, Mapping) else ""
+        return str(_decision_at(self.responses[call_id], call_id).get("text", ""))
+
+
+def _decision_at(where: tuple[list[Msg], int] | None, call_id: str) -> Mapping[str, Any]:
+    """The decision for ``call_id`` in the input message at ``where`` (`_Decided.given`); {}: none."""
+    if where is None:
+        return {}
+    raw = where[0][where[1]].metadata.get(DECISIONS_KEY)
+    given = raw.get(call_id) if isinstance(raw, Mapping) else None
+    return given if isinstance(given, Mapping) else {}
 
 
 class HumanApprovalMiddleware(MiddlewareBase):
@@ -211,28 +236,46 @@ class HumanApprovalMiddleware(MiddlewareBase):
     ) -> None:
         if ctx.parent is None:  # (inherited by a sub-agent: checked at the root, against the whole tree)
             self._check(agent.toolkit.tree_names)
-        decided = _Decided()
+        outer = ctx.parent.get(_Decided) if ctx.parent is not None else None
+        decided = _Decided(outer)
         ctx.put(_Decided, decided)  # fresh per execution, even when the caller reuses its ctx
         if not state.pending_tool_calls:
+            state.metadata.pop(ASKED_KEY, None)  # nothing waits: nothing asked waits either
             return
         names = {c.id: c.name for c in _last_calls(state)}
+        asked_below = state.metadata.get(ASKED_KEY) if ctx.parent is None else None
         decided.inputs = input_messages
-        for index, msg in enumerate(input_messages):
-            raw = msg.metadata.get(DECISIONS_KEY) or {}
+        for msg in input_messages:
             for result in msg.metadata.get("confirm_results", ()):
                 answer = result if isinstance(result, ConfirmResult) else ConfirmResult.model_validate(result)
-                name = names.get(answer.tool_call_id)
-                config = self.config_for(name) if name is not None else None
-                if config is None:
-                    continue  # not a call of ours (the loop checks the ids)
-                given = raw.get(answer.tool_call_id, {})
+                where = decided.given(answer.tool_call_id)
+                given = _decision_at(where, answer.tool_call_id)
                 kind = given.get("type") or ("reject" if not answer.confirmed else
                                              "edit" if answer.input is not None else "approve")
+                name = names.get(answer.tool_call_id)
+                if name is None:
+                    # not a call of this run: a sub-agent's (checked here, before anything runs),
+                    # or no call at all (the loop checks the ids)
+                    below = asked_below.get(answer.tool_call_id) if isinstance(asked_below, dict) else None
+                    if isinstance(below, dict) and kind not in below.get("allowed_decisions", ALL_DECISIONS):
+                        raise ResumeError(f"decision {kind!r} is not allowed for {below.get('tool')} (call "
+                                          f"{answer.tool_call_id}); allowed: "
+                                          f"{', '.join(below.get('allowed_decisions', ()))}")
+                    continue
+                # (a call that ran already is replayed by the acting core, whatever the answer)
+                respond = where if kind == "respond" and not _ran(state, answer.tool_call_id) else None
+                config = self.config_for(name)
+                if config is None:
+                    # the gate's own asking call, listed in the same request: a respond answers
+                    # it here too (the loop would run it: to the gate, respond is a yes)
+                    if respond is not None:
+                        decided.responses[answer.tool_call_id] = respond
+                    continue
                 if kind not in config.allowed_decisions:
                     raise ResumeError(f"decision {kind!r} is not allowed for {name} (call {answer.tool_call_id}); "
                                       f"allowed: {', '.join(config.allowed_decisions)}")
-                if kind == "respond":
-                    decided.responses[answer.tool_call_id] = index
+                if respond is not None:
+                    decided.responses[answer.tool_call_id] = respond
                 elif kind != "reject":
                     decided.approved.add(answer.tool_call_id)
 
@@ -276,6 +319,9 @@ class HumanApprovalMiddleware(MiddlewareBase):
                         continue
                     yield ev
         if asking:
+            if ctx.parent is not None:
+                _record_asked(ctx, {c.id: {"tool": c.name, "allowed_decisions": list(self._config(c).allowed_decisions)}
+                                    for c in asking})
             if self.mode == "batched":
                 ids = {c.id for c in (*asking, *gate_asking)}
                 waiting = [c for c in input.tool_calls if c.id in ids]
@@ -294,9 +340,13 @@ class HumanApprovalMiddleware(MiddlewareBase):
         config = self.config_for(call.name)
         return config is not None and (config.when is None or bool(config.when(call, ctx)))
 
-    def _describe(self, call: ToolUseBlock, ctx: RuntimeContext) -> dict[str, Any]:
+    def _config(self, call: ToolUseBlock) -> ApprovalConfig:
         config = self.config_for(call.name)
-        assert config is not None
+        assert config is not None  # (a call this middleware asks about)
+        return config
+
+    def _describe(self, call: ToolUseBlock, ctx: RuntimeContext) -> dict[str, Any]:
+        config = self._config(call)
         text = config.description
         if callable(text):
             text = text(call, ctx)
@@ -309,6 +359,23 @@ class HumanApprovalMiddleware(MiddlewareBase):
         if key not in self._checked:
             check_tool_names(self.configs, key, "interrupt_on")
             self._checked.add(key)
+
+
+def _record_asked(ctx: RuntimeContext, asked: dict[str, dict[str, Any]]) -> None:
+    """Note, in the root session's state (`ASKED_KEY`), the calls a sub-agent's run asks about."""
+    root = ctx
+    while root.parent is not None:
+        root = root.parent
+    if root.agent_state is not None:
+        root.agent_state.metadata.setdefault(ASKED_KEY, {}).update(asked)
+
+
+def _ran(state: AgentState, call_id: str) -> bool:
+    """Whether the call ran already: its result is in the session's tool journal (the process
+    that ran it stopped before its run ended, or the run's turn was rolled back). No decision
+    undoes what ran: the acting core replays that result, and a `Respond` does not replace it."""
+    entry = state.tool_journal.get(call_id)
+    return entry is not None and entry.result is not None
 
 
 def _last_calls(state: AgentState) -> list[ToolUseBlock]:
