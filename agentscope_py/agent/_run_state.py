@@ -203,7 +203,7 @@ class RunState:
         if state is not None:
             self.before = (list(state.context), list(state.tasks), list(state.pending_tool_calls),
                            state.cur_iter, state.summary, list(state.summaries),
-                           copy.deepcopy(state.metadata) if state.metadata else {})
+                           _copied(state.metadata) if state.metadata else {})
 
     def roll_back(self) -> None:
         """Take the run's turn out of the session, as if it never ran (an interrupt asked for a
@@ -249,3 +249,18 @@ class RunState:
         self.end(partial.model_copy(update={"metadata": {**partial.metadata, **mark}}),
                  GenerateReason.INTERRUPTED, shown=shown)
         self.close_calls(self.pending_calls(), text, ToolResultState.INTERRUPTED)  # calls of the partial reply
+
+
+def _copied(value: Any) -> Any:
+    """A deep copy of ``value``. Session metadata is JSON-shaped (it is stored as JSON), so its
+    dicts and lists are copied by hand and its strings and numbers kept: a quarter of what
+    `copy.deepcopy` costs for a budget's totals, and this runs at every run's start. Anything
+    else goes through `copy.deepcopy`."""
+    kind = type(value)
+    if kind is dict:
+        return {key: _copied(item) for key, item in value.items()}
+    if kind is list:
+        return [_copied(item) for item in value]
+    if kind is str or kind is int or kind is float or kind is bool or value is None:
+        return value
+    return copy.deepcopy(value)
