@@ -950,6 +950,13 @@ class _SyncCall(CallHold, MapSource):
         self.reply = reply
         return _UnreadIterator(it, self)
 
+    def quiet_building(self) -> bool:
+        """Quiet when its inner stream is (`MapSource.quiet_building`): `_UnreadIterator` yields
+        the inner read's items, those a layer outside resumes with, and a refusal."""
+        inner = self.inner
+        factory = inner._factory
+        return not inner._steps and isinstance(factory, MapSource) and factory.quiet_building()
+
     # The parts of the call read with no events (`building`), metered as `see` meters their events.
 
     def begin(self, model: str) -> None:
