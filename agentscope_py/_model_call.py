@@ -232,6 +232,9 @@ class ModelCall(MapSource):
     ) -> AsyncIterator[Any]:
         return model_events(self, (), recovery, reply)
 
+    def quiet_building(self) -> bool:
+        return True  # (`model_events` with a reply yields only what ``recovery`` resumes with)
+
 
 NO_STEP: Any = object()
 """`ModelRead.first` when no step is held."""

@@ -63,6 +63,10 @@ class InContext(MapSource):
             return self.ctx.run(factory.building, reply, alone, recovery)
         return None
 
+    def quiet_building(self) -> bool:
+        factory = self.factory
+        return isinstance(factory, MapSource) and factory.quiet_building()
+
 
 def stepped(it: AsyncIterator[Any], ctx: contextvars.Context) -> AsyncIterator[Any]:
     """``it`` with every step run inside ``ctx``: a contextvar ``it`` sets stays in ``ctx``."""

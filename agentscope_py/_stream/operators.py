@@ -90,6 +90,15 @@ class MapSource:
         around those."""
         return None
 
+    def quiet_building(self) -> bool:
+        """Whether the subscription `building` makes yields nothing of its own: only what its
+        ``recovery`` resumes with, and, after a budget's refusal, that refusal (no reply of a
+        model call). A layer that records the reply its builder is handed (a cache's miss) then
+        records the resumed items in its ``recovery`` and needs no layer around the
+        subscription. The model call's own source is quiet (`_model_call.ModelCall`), and so
+        are a budget's and `context.InContext` around one."""
+        return False
+
 
 Recovery = tuple[int, tuple[type, ...], Callable[[Exception], AsyncIterator[Any]]]
 """``(inner, passes, resume)``: what a stream subscribed with `MapSource.recovering` does when it

@@ -103,9 +103,10 @@ is no other stream's."""
 
 class _Run:
     """What one execution's layers of a point share: its context, its core and, while an
-    invocation builds its layers, the stream the core returned (``core_stream``: when the core is
-    bound, the layers hand that stream, or one of its factory's, out unchanged if their hooks
-    pass it through) and whether the outermost hook is running (``in_hooks``)."""
+    invocation builds its layers, the stream the core returned, then the one each inner layer
+    handed out (``core_stream``: when the core is bound, the layers hand that stream, or one of
+    its factory's, out unchanged if their hooks pass it through) and whether the outermost hook
+    is running (``in_hooks``)."""
 
     __slots__ = ("core", "core_stream", "ctx", "in_hooks")
 
@@ -203,10 +204,15 @@ def _layer(
             c.run(set_control, run.ctx.control)
         stream = c.run(hook, agent, run.ctx, input, MethodType(inner, run))
         core = run.core_stream
-        if stream is core or (inner_bound and type(stream) is EventStream and (
+        if stream is core:
+            return stream
+        if not (inner_bound and type(stream) is EventStream and (
                 stream._factory is core._factory or getattr(stream._factory, "context_free", False) is True)):
-            return stream  # runs in a context of its own already (see above)
-        return _layer_stream(stream, c, mw, point)
+            stream = _layer_stream(stream, c, mw, point)
+        # What this layer hands out runs in a context of its own: the layers outside treat it as
+        # they treat the core's stream, and one whose hook passes it through is done at once.
+        run.core_stream = stream
+        return stream
 
     return outer_layer if outermost else inner_layer
 

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from resilience_helpers import FakeSleep
 from unread_helpers import (
+    ERRORS,
     FRESH,
     Identity,
     PassThrough,
@@ -37,8 +38,8 @@ from agentscope_py.middleware import (
     ResponseCacheMiddleware,
     RetryMiddleware,
 )
-from agentscope_py.middleware.caching._parts_record import Missed
-from agentscope_py.model.base import ModelRequest
+from agentscope_py.middleware.caching._parts_record import Missed, _Tapping
+from agentscope_py.model.base import ChatChunk, ModelRequest
 
 pytestmark = [pytest.mark.timeout(60),
               pytest.mark.filterwarnings("ignore::agentscope_py.middleware.lints.MiddlewareOrderWarning")]
@@ -214,4 +215,28 @@ async def test_a_miss_read_twice_with_no_events_records_each_reading_on_its_own(
         "model_call_start", "thinking_block_start", "thinking_block_delta", "thinking_block_delta",
         "thinking_block_delta", "thinking_block_end", "text_block_start", "text_block_delta", "text_block_delta",
         "text_block_delta", "text_block_end", "model_call_end"]
+    assert "".join(e.delta for e in events if e.type == "text_block_delta") == "three"
+
+
+async def test_a_miss_around_a_budget_records_with_no_iterator_of_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A budget's read with no events yields only what a recovery resumes with (`quiet_building`):
+    # the miss around it records the parts it is handed, and a retry's next attempt read as events
+    # in the recovery it hands inward, with no iterator of its own around the budget's read.
+    made: list[Any] = []
+    tapping = _Tapping.__init__
+
+    def noted(self: Any, *args: Any) -> None:
+        made.append(self)
+        tapping(self, *args)
+
+    monkeypatch.setattr(_Tapping, "__init__", noted)
+
+    calls: list[list[Any]] = [[ERRORS[0]], [ChatChunk(text="three"), ChatChunk(finish_reason="stop")]]
+    store = InMemoryCacheStore()
+    agent = (ReActAgent.builder().model(Played(calls)).middlewares([
+        RetryMiddleware(1, jitter=False, sleep=FakeSleep()), ResponseCacheMiddleware(store),
+        BudgetMiddleware(run_tokens=10**6)]).build())
+    msg = await agent.call("1 + 2?", ctx=RuntimeContext(session_id="s"))
+    assert msg.text == "three" and made == []
+    (events, _), = store._entries.values()  # the retried attempt, recorded in the recovery
     assert "".join(e.delta for e in events if e.type == "text_block_delta") == "three"

@@ -13,7 +13,6 @@ from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any, overload
 
-from ..._model_call import ModelCall
 from ..._stream.operators import Maps, MapSource, Recovery, aclose, aclosing, apply_maps, iterate, maps_of
 from ..._trusted import shape
 from ...events import (
@@ -145,9 +144,10 @@ class Missed(MapSource):
         if inner._steps or not isinstance(factory, MapSource):
             return None
         recorder = _Recording(reply, self.store, self.key, self.ttl, self.reply_id)
-        if type(factory) is ModelCall:
-            # The model call's own subscription yields nothing but what ``recovery`` resumes
-            # with (a retry's next attempt read as events): only those need recording as events.
+        if factory.quiet_building():
+            # The subscription yields nothing of its own but what ``recovery`` resumes with (a
+            # retry's next attempt read as events): only those need recording as events. (A
+            # budget's refusal after a cut is no reply: the recording stores nothing for it.)
             if recovery is not None:
                 recovery = (recovery[0], recovery[1], partial(_tapped, recovery[2], recorder))
             return factory.building(recorder, alone, recovery)
