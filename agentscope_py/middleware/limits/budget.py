@@ -219,10 +219,6 @@ class BudgetMiddleware(MiddlewareBase):
         self._run_key = f"agentscope.{name}.run"
         self._user_seen: dict[str, Spend] = {}
         self._warned: set[str] = set()
-        # The session totals checked last (`on_agent_state_ready`). A state kept by reference
-        # brings the same dict back run after run, which only `_charge` has written since (sums
-        # of sound counts): it is not checked again. A state loaded from a store is a new dict.
-        self._sound: Any = None
         self._price_of: dict[str, ModelPrice | None] = {}
         self._cost_limited = any(kind == "cost" for _, kind in self.limits)
         self._limit_list = tuple((scope, kind, limit, kind == "tokens") for (scope, kind), limit in self.limits.items())
@@ -306,10 +302,8 @@ class BudgetMiddleware(MiddlewareBase):
         totals = shared if type(shared) is RunTotals else RunTotals(self, ctx)
         if totals._ctx is ctx:  # (the root run's: its session holds the totals the scope counts in)
             raw = state.metadata.get(self.name_key)
-            if raw is not None and raw is not self._sound:
-                if not _are_totals(raw):
-                    check_counts(ctx, state.metadata, self.name_key, _SESSION_FIELDS, "session's budget totals")
-                self._sound = raw
+            if raw is not None and not _are_totals(raw):
+                check_counts(ctx, state.metadata, self.name_key, _SESSION_FIELDS, "session's budget totals")
         ctx.put(self._run_key, totals)
         publish_metric(ctx, self.name_key, totals)  # AgentRun.metrics[name]
 
