@@ -10,6 +10,7 @@ decoded, enum members, a `ChatUsage` or a `Msg` instance. Those are built here.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterator
 from functools import partial
 from typing import Any, ClassVar, Generic, TypeVar, cast
@@ -18,8 +19,8 @@ from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
 __all__ = [
-    "DeltaShape", "EventShape", "Shape", "Trusted", "delta_maker", "delta_shape", "shape", "trusted", "validated",
-    "with_metadata", "with_source",
+    "DeltaShape", "EventShape", "Shape", "Trusted", "delta_maker", "delta_shape", "record_writers", "shape",
+    "trusted", "validated", "with_metadata", "with_source",
 ]
 
 _M = TypeVar("_M", bound=BaseModel)
@@ -61,7 +62,9 @@ class Trusted:
       a module constant), which checks only how many ids it is given;
     * `with_source` / `with_metadata`: ``ev.model_copy(update={name: value})``, for the
       runtime's own annotations (a sub-agent's events forwarded with their ``source``, the
-      budget's ``metadata``), without ``model_copy``'s generic update machinery.
+      budget's ``metadata``), without ``model_copy``'s generic update machinery;
+    * `record_writers` (``record_writers(C)``): the slot writes of a frozen dataclass with slots,
+      for a site that builds one per model call from values it holds (the `ModelRequest`).
 
     Why: a shape builds an object from exact-typed values with less work than pydantic-core's
     validation, and the objects of one shape share one fields set where validation makes a new
@@ -189,6 +192,22 @@ class Trusted:
             raise TypeError(f"delta_maker({cls.__name__}): not an event's defaults: build it with its constructor")
         ids = tuple(name for name in trusted.required if name != "delta")  # (in field order)
         return DeltaShape(trusted.plan(cls, (*ids, "delta")), ids)
+
+    @staticmethod
+    def record_writers(cls: type[Any], /) -> tuple[Callable[[Any, Any], None], ...]:
+        """The writes of the slots of ``cls``, a frozen dataclass with slots whose ``__init__``
+        only sets its fields (no ``__post_init__``, every field in ``__init__``), in field order:
+        ``made = object.__new__(cls)`` then each field's write is ``cls(*values)``, without the
+        name lookup ``object.__setattr__`` makes per field in the dataclass's ``__init__``. For
+        values of each field's type only, every field written (`tests/test_trusted.py` compares
+        the object with the constructor's)."""
+        params = getattr(cls, "__dataclass_params__", None)
+        fields = dataclasses.fields(cls) if params is not None else ()
+        if (params is None or not params.frozen or "__slots__" not in cls.__dict__ or hasattr(cls, "__post_init__")
+                or not all(f.init for f in fields)):
+            raise TypeError(f"{cls.__name__} is not a frozen dataclass with slots and a plain __init__: build it "
+                            "with its constructor")
+        return tuple(cls.__dict__[f.name].__set__ for f in fields)
 
     @staticmethod
     def _delta(cls: type[_M], template: dict[str, Any], fields_set: set[str], ids: Iterator[str],
@@ -360,6 +379,7 @@ shape = Trusted.shape
 validated = Trusted.validated
 delta_maker = Trusted.delta_maker
 delta_shape = Trusted.delta_shape
+record_writers = Trusted.record_writers
 
 with_source = Trusted.with_source
 with_metadata = Trusted.with_metadata

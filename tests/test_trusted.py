@@ -309,3 +309,78 @@ def test_an_event_class_with_an_id_factory_of_its_own_gets_its_ids_from_it() -> 
     end = shape(ev.TextBlockEnd, "reply_id", "block_id").build(reply_id="r", block_id="b")
     assert a.id.rsplit("_", 1)[0] == end.id.rsplit("_", 1)[0]
     assert int(end.id.rsplit("_", 1)[1]) > int(a.id.rsplit("_", 1)[1])
+
+
+# -- a record written into its slots -------------------------------------------------------------
+
+
+def test_a_request_written_into_its_slots_is_what_its_constructor_makes() -> None:
+    from dataclasses import fields
+
+    from agentscope_py._trusted import record_writers
+    from agentscope_py.model.base import ModelRequest, ToolSchema
+
+    messages = (Msg.user("hi"),)
+    tools = (ToolSchema(name="t", description="d", parameters={"type": "object"}),)
+    values = (messages, tools, {"temperature": 0.5}, {"type": "object"})
+    made = object.__new__(ModelRequest)
+    for write, value in zip(record_writers(ModelRequest), values, strict=True):
+        write(made, value)
+    expected = ModelRequest(*values)
+    assert made == expected
+    assert [getattr(made, f.name) for f in fields(ModelRequest)] == list(values)
+
+
+def test_record_writers_refuse_a_record_whose_constructor_does_more() -> None:
+    from dataclasses import dataclass, field
+
+    from agentscope_py._trusted import record_writers
+
+    @dataclass(slots=True)
+    class Mutable:
+        a: int
+
+    @dataclass(frozen=True)
+    class Unslotted:
+        a: int
+
+    @dataclass(frozen=True, slots=True)
+    class Checked:
+        a: int
+
+        def __post_init__(self) -> None:
+            if self.a < 0:
+                raise ValueError("a < 0")
+
+    @dataclass(frozen=True, slots=True)
+    class Derived:
+        a: int
+        b: int = field(init=False, default=0)
+
+    class NotADataclass:
+        __slots__ = ("a",)
+
+    for cls in (Mutable, Unslotted, Checked, Derived, NotADataclass):
+        with pytest.raises(TypeError, match="build it with its constructor"):
+            record_writers(cls)
+
+
+async def test_each_model_call_gets_its_own_copy_of_the_options_and_their_schema() -> None:
+    from agentscope_py.model.base import ModelRequest
+
+    seen: list[ModelRequest] = []
+
+    def respond(request: ModelRequest) -> ModelStep:
+        seen.append(request)
+        request.options["temperature"] = 9  # a model that writes into its request's options
+        return ModelStep(text="ok")
+
+    schema = {"type": "object"}
+    options = {"temperature": 0.5, "structured_output": schema}
+    agent = ReActAgent(name="a", sys_prompt="S.", model=ScriptedModel([ModelStep(respond=respond)]),
+                       model_options=options)
+    await agent.call("hi", ctx=RuntimeContext(session_id="s"))
+    (request,) = seen
+    assert type(request) is ModelRequest and type(request.messages) is tuple and request.tools == ()
+    assert request.structured_output is schema
+    assert agent.model_options == options  # the agent's own are untouched

@@ -29,7 +29,7 @@ from .._acting import read_passed as acting_passed
 from .._bracket_kinds import describe
 from .._model_call import model_call_events, model_call_stream, read_alone, read_passed
 from .._replies import ReplyBuilder
-from .._trusted import shape
+from .._trusted import record_writers, shape
 from ..errors import AgentInterrupted, BusyError, PendingToolCallsError, ResumeError, StructuredOutputError
 from ..events import AgentEnd, AgentEvent, AgentResult, AgentStart, EventBase, ExceedMaxIters, ModelCallStart
 from ..extension.base import ActingInput, AgentInput, ExtensionPoint, ModelCallInput, ReasoningInput
@@ -86,6 +86,10 @@ _RESULT = shape(AgentResult, "result")
 _END = shape(AgentEnd, "reply_id")
 _FAILED = shape(AgentEnd, "reply_id", "error")
 _ROLLED_BACK = shape(AgentEnd, "reply_id", "metadata")
+# Each model call's request, written into its slots (`_trusted.record_writers`): the round's
+# messages and tools as the run holds them, a copy of the options, their structured-output schema.
+_MESSAGES, _TOOLS, _OPTIONS, _SCHEMA = record_writers(ModelRequest)
+_new = object.__new__
 _CONSUMER_GONE = AgentInterrupted("the consumer stopped reading (it left or was cancelled)")
 """How the Ends an observer gets when a run's consumer goes away name the cut (the turn is kept as
 an interrupted one)."""
@@ -192,8 +196,11 @@ class Execution:
     ) -> tuple[tuple[ChatModel, ...], ModelRequest]:
         """The models a call tries, in order (the agent's, then its fallbacks), and its request."""
         fallbacks = self.runtime.fallback_models
-        request = ModelRequest(messages=messages, tools=tools, options=dict(options),
-                               structured_output=options.get("structured_output"))
+        request = _new(ModelRequest)
+        _MESSAGES(request, messages)
+        _TOOLS(request, tools)
+        _OPTIONS(request, dict(options))
+        _SCHEMA(request, options.get("structured_output"))
         return ((model, *fallbacks) if fallbacks else (model,)), request
 
     def _reasoning_core(self, input: ReasoningInput) -> EventStream[AgentEvent]:
