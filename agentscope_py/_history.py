@@ -14,7 +14,16 @@ from collections.abc import Sequence
 
 from .message import Msg, ToolUseBlock
 
-__all__ = ["answers_in", "unanswered_calls"]
+__all__ = ["answers_in", "last_reply_id", "unanswered_calls"]
+
+
+def last_reply_id(context: Sequence[Msg]) -> str:
+    """The id of the last assistant message of ``context`` ("" if none): the reply whose calls
+    a session's tool journal entries belong to."""
+    for msg in reversed(context):
+        if msg.role == "assistant":
+            return msg.id
+    return ""
 
 
 def unanswered_calls(context: Sequence[Msg]) -> list[ToolUseBlock]:

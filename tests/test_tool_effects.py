@@ -22,6 +22,7 @@ from agentscope_py.agent import AgentState, InMemoryStateStore
 from agentscope_py.errors import PendingToolCallsError, ResumeError, StateStoreError, ToolInDoubtError
 from agentscope_py.events import RequireUserConfirm, ToolInDoubt
 from agentscope_py.message import Msg, ToolUseBlock
+from agentscope_py.stream import aclose
 from agentscope_py.tool import IdempotencyKey, ToolIntent, tool
 
 pytestmark = pytest.mark.timeout(30)
@@ -242,6 +243,43 @@ async def test_an_interrupted_journaled_call_says_its_effect_is_unknown() -> Non
     (result,) = state.context[2].tool_results
     assert result.state is ToolResultState.INTERRUPTED and "may or may not have taken effect" in result.text
     assert state.tool_journal == {}
+
+
+async def test_a_call_cut_after_it_ran_keeps_its_recorded_result_and_never_runs_again() -> None:
+    """A consumer that leaves at any event of a one-call run: memory holds what it saw (a call
+    it did not see end is interrupted), and the journal keeps the result of a call that ran, so
+    the call is replayed, never run again."""
+    total = len(await ReActAgent(model=ScriptedModel([ModelStep.tool_call("pay", {"amount": 1}, id="c1"),
+                                                      ModelStep.text("done")]),
+                                 tools=[Bank().tools()]).stream("go", ctx=ctx()).to_list())
+    kept = 0
+    for cut in range(total):
+        bank, store = Bank(), CountingStore()
+        model = ScriptedModel([ModelStep.tool_call("pay", {"amount": 1}, id="c1"), ModelStep.text("done")])
+        agent = ReActAgent(model=model, tools=[bank.tools()], state_store=store)
+        stream = agent.stream("go", ctx=ctx())
+        async for i, _ in _indexed(stream):
+            if i == cut:
+                break
+        await aclose(stream)
+        state, _ = await store.load("u", "s")
+        if state is None:  # cut before the run saved anything (nothing ran)
+            assert not bank.paid
+            continue
+        results = {b.id: b for m in state.context for b in m.tool_results}
+        if bank.paid and results.get("c1") is not None and results["c1"].state is ToolResultState.INTERRUPTED:
+            kept += 1
+            entry = state.tool_journal.get("c1")
+            assert entry is not None and entry.result is not None and entry.result.text == "paid 1", cut
+        assert sum(bank.paid.values()) <= 1
+    assert kept  # some cut fell after the body returned, before its result's end reached the caller
+
+
+async def _indexed(stream: Any) -> Any:
+    i = 0
+    async for ev in stream:
+        yield i, ev
+        i += 1
 
 
 async def test_a_call_whose_intent_cannot_be_written_never_runs() -> None:

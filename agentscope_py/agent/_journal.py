@@ -18,6 +18,7 @@ import time
 from typing import TYPE_CHECKING
 
 from .._effects import ToolIntent, idempotency_key
+from .._history import last_reply_id
 from ._persist import checkpoint
 from .store import InMemoryStateStore
 
@@ -56,7 +57,7 @@ class SessionJournal:
         state = self.run.session
         assert state is not None
         ctx, journal = self.ctx, state.tool_journal
-        message_id = _last_reply_id(state)
+        message_id = last_reply_id(state.context)
         for stale in [k for k, e in journal.items() if e.message_id and e.message_id != message_id]:
             del journal[stale]  # an earlier reply's: its calls have their results in the conversation
         journal[call.id] = ToolIntent(
@@ -109,11 +110,4 @@ def entry_of(state: AgentState, call_id: str) -> ToolIntent | None:
     entry = state.tool_journal.get(call_id)
     if entry is None or not entry.message_id:  # (an entry that names no message is taken as it is)
         return entry
-    return entry if entry.message_id == _last_reply_id(state) else None
-
-
-def _last_reply_id(state: AgentState) -> str:
-    for msg in reversed(state.context):
-        if msg.role == "assistant":
-            return msg.id
-    return ""
+    return entry if entry.message_id == last_reply_id(state.context) else None

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 from ..errors import StateStoreError
 from ..events import AgentEvent
 from ..extension.base import AgentRun, ExtensionPoint
+from ..message import ToolResultState
 from ._brackets import describe
 from ._hooks import HookCall
 from ._run_state import RunState
@@ -91,10 +92,13 @@ async def save_once(runtime: AgentRuntime, ctx: RuntimeContext, run: RunState) -
     if state.tool_journal:
         # An entry is kept while its call has no result in memory (`ToolIntent`): a call answered
         # since has its result there, as the on_acting chain left it (a redaction's), and the
-        # entry's copy of the tool's own output is not saved with the session.
+        # entry's copy of the tool's own output is not saved with the session. A call that ran
+        # and was then cut (memory says interrupted: what the caller saw) keeps its recorded
+        # result: the journal keeps what ran, so the call is never run again.
         pending = {c.id for c in run.pending_calls()}
         for call_id in [k for k in state.tool_journal if k not in pending]:
-            del state.tool_journal[call_id]
+            if state.tool_journal[call_id].result is None or not _cut_after_it_ran(state, call_id):
+                del state.tool_journal[call_id]
     await checkpoint(runtime, ctx, run)
 
 
@@ -187,3 +191,16 @@ async def finish_quietly(
             await save_once(runtime, ctx, run)
         except Exception:
             logger.exception("saving the cancelled run of %s/%s failed", ctx.user_id, ctx.session_id)
+
+
+def _cut_after_it_ran(state: AgentState, call_id: str) -> bool:
+    """Whether memory holds an interrupted result for ``call_id`` (its journal entry has one the
+    tool returned): the run was cut after the tool's body ended, before its result reached the
+    caller."""
+    for msg in reversed(state.context):
+        for block in msg.tool_results:
+            if block.id == call_id:
+                return block.state is ToolResultState.INTERRUPTED
+        if msg.role == "assistant" and any(c.id == call_id for c in msg.tool_calls):
+            return False
+    return False

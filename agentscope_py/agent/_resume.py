@@ -96,7 +96,7 @@ async def resume(exe: StepScope, pending: list[ToolUseBlock], input_msgs: list[M
             answer = answered.get(call.id)
             if call.id in settled.decided or call.id in asked:  # was in doubt: settled above
                 if call.id not in asked:
-                    run.append(call)
+                    run.append(as_it_ran(exe, call))
             elif call.id in rerun:
                 exe.run.preapproved.add(call.id)  # its sub-agent asks, not the gate
                 run.append(call)
@@ -215,6 +215,20 @@ def last_assistant(exe: StepScope) -> Msg:
         if msg.role == "assistant":
             return msg
     raise ResumeError("no assistant message to resume")
+
+def as_it_ran(exe: StepScope, call: ToolUseBlock) -> ToolUseBlock:
+    """A call whose recorded result is replayed, with the arguments it ran with: memory shows
+    what ran. They differ from the call's own when it ran with an edit's arguments and its turn
+    was then taken back (a rollback restores the call as the model made it, and the journal keeps
+    what ran); whatever the new answer says, the replayed result is the one of that run."""
+    assert exe.run.session is not None
+    entry = entry_of(exe.run.session, call.id)
+    if entry is None or entry.result is None or entry.arguments == call.input:
+        return call
+    ran = call.model_copy(update={"input": dict(entry.arguments), "raw_input": None})
+    edit_call(exe, ran)
+    return ran
+
 
 def edit_call(exe: StepScope, call: ToolUseBlock) -> None:
     """Replace a call's arguments in memory, so the model sees what actually ran."""

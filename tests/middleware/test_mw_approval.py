@@ -3,6 +3,7 @@ ran, what the model saw, what memory holds; allowed decisions; with the core gat
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -21,6 +22,7 @@ from agentscope_py import (
     tool,
 )
 from agentscope_py.agent import InMemoryStateStore, SqliteStateStore
+from agentscope_py.errors import PendingToolCallsError
 from agentscope_py.message import ToolUseBlock
 from agentscope_py.middleware import (
     ApprovalConfig,
@@ -382,4 +384,69 @@ async def test_respond_to_a_call_that_ran_already_replays_what_ran(tmp_path: Any
     await agent.call(approval_message({"d-1": Respond("never mind")}))
     assert ran == []  # not run again
     assert [r.text for r in model.requests[-1].messages[-1].tool_results] == ["deleted /d"]
+    await store.close()
+
+
+async def test_respond_to_a_call_reusing_the_id_of_an_earlier_replys_ran_call_applies(tmp_path: Any) -> None:
+    # The journal keeps the result of an earlier reply's call that was cut after it ran; the model
+    # reuses its id for a new call. That call never ran: a Respond answers it.
+    from agentscope_py._effects import ToolIntent, idempotency_key
+    from agentscope_py.message import ToolResultBlock
+
+    store = SqliteStateStore(str(tmp_path / "s.db"))
+    agent, model = _agent([ModelStep.tool_call("delete_file", {"path": "/d"}, id="d-1"), ModelStep.text("ok")],
+                          _mw(), store=store)
+    await agent.call("go")
+    state, version = await store.load("default", "default")
+    assert state is not None and state.pending_tool_calls == ["d-1"]
+    state.tool_journal["d-1"] = ToolIntent(
+        call_id="d-1", tool="delete_file", arguments={"path": "/old"},
+        idempotency_key=idempotency_key("default", "default", "d-1"), message_id="msg_an_earlier_reply",
+        result=ToolResultBlock(id="d-1", name="delete_file", output="deleted /old", state=ToolResultState.SUCCESS))
+    await store.save("default", "default", state, version)
+    await agent.call(approval_message({"d-1": Respond("never mind")}))
+    assert ran == []
+    (result,) = model.requests[-1].messages[-1].tool_results
+    assert "never mind" in result.text and "deleted" not in result.text
+    await store.close()
+
+
+@pytest.mark.parametrize("answer", ["approve", "edit"])
+async def test_a_rolled_back_edited_call_is_remembered_with_the_arguments_it_ran_with(tmp_path: Any, answer: str) -> None:
+    """An approved edit ran (its result recorded), then its turn was rolled back: the call waits
+    again as the model made it. Answered again, the recorded result is replayed, never run, and
+    memory shows the call with the arguments that ran."""
+    ran: list[str] = []
+
+    @tool
+    def send(note: str) -> str:
+        """Send ``note``."""
+        ran.append(note)
+        return f"sent {note}"
+
+    store = SqliteStateStore(str(tmp_path / "s.db"))
+    model = ScriptedModel([ModelStep.tool_call("send", {"note": "orig"}, id="c1"),
+                           ModelStep.text("held", delay=30), ModelStep.text("after")])
+    agent = ReActAgent(model=model, tools=[send], state_store=store,
+                       middlewares=[HumanApprovalMiddleware({"send": True})])
+    ctx = RuntimeContext("u", "s")
+    assert (await agent.call("go", ctx=ctx)).generate_reason is GenerateReason.PERMISSION_ASKING
+    edited = asyncio.ensure_future(agent.call(approval_message({"c1": Edit({"note": "edited"})}), ctx=ctx))
+    while True:  # the edited call ran and its result is recorded; the model call after it holds
+        state, _ = await store.load("u", "s")
+        entry = state.tool_journal.get("c1") if state is not None else None
+        if entry is not None and entry.result is not None:
+            break
+        await asyncio.sleep(0.01)
+    with pytest.raises(PendingToolCallsError):  # stops the turn and takes it back; c1 waits again
+        await agent.call("meanwhile", ctx=ctx, multitask_strategy="rollback")
+    assert (await asyncio.wait_for(edited, 5)).metadata["rolled_back"]
+    again = Approve() if answer == "approve" else Edit({"note": "other"})
+    reply = await agent.call(approval_message({"c1": again}), ctx=ctx)
+    assert reply.text == "after" and ran == ["edited"]
+    state, _ = await store.load("u", "s")
+    assert state is not None
+    (call,) = [c for m in state.context for c in m.tool_calls]
+    (result,) = [r for m in state.context for r in m.tool_results]
+    assert call.input == {"note": "edited"} and result.text == "sent edited"
     await store.close()

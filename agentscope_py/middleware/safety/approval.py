@@ -35,6 +35,7 @@ from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+from ..._history import last_reply_id
 from ..._replies import result_events
 from ...errors import ResumeError
 from ...events import ConfirmResult, RequestStop, RequireUserConfirm
@@ -373,9 +374,12 @@ def _record_asked(ctx: RuntimeContext, asked: dict[str, dict[str, Any]]) -> None
 def _ran(state: AgentState, call_id: str) -> bool:
     """Whether the call ran already: its result is in the session's tool journal (the process
     that ran it stopped before its run ended, or the run's turn was rolled back). No decision
-    undoes what ran: the acting core replays that result, and a `Respond` does not replace it."""
+    undoes what ran: the acting core replays that result, and a `Respond` does not replace it.
+    An entry of an earlier reply (models reuse ids such as ``call_0``) is not the call's."""
     entry = state.tool_journal.get(call_id)
-    return entry is not None and entry.result is not None
+    if entry is None or entry.result is None:
+        return False
+    return not entry.message_id or entry.message_id == last_reply_id(state.context)
 
 
 def _last_calls(state: AgentState) -> list[ToolUseBlock]:
