@@ -216,6 +216,7 @@ def last_assistant(exe: StepScope) -> Msg:
             return msg
     raise ResumeError("no assistant message to resume")
 
+
 def as_it_ran(exe: StepScope, call: ToolUseBlock) -> ToolUseBlock:
     """A call whose recorded result is replayed, with the arguments it ran with: memory shows
     what ran. They differ from the call's own when it ran with an edit's arguments and its turn
