@@ -593,6 +593,9 @@ async def test_the_response_cache_under_random_faults(seed: int, tmp_path: Path,
     redis = None
     if os.environ.get("REDIS_URL"):
         redis = (os.environ["REDIS_URL"], request.getfixturevalue("redis_prefix"))
+    # An earlier test's garbage is not this case's: collected first (an SDK client collected here
+    # closes itself in a task of this loop), so that only what this case leaves is counted.
+    gc.collect()
     before = asyncio.all_tasks()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -694,6 +697,7 @@ async def test_a_background_check_cut_before_it_ran_leaves_no_coroutine_never_aw
 
     model = ScriptedModel([ModelStep.text("one two three", chunks=3)], name="m")
     agent = ReActAgent.builder().model(model).middleware(GuardrailMiddleware(stream=_no_forbidden_async)).build()
+    gc.collect()  # an earlier test's garbage is not this test's
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         it = agent.stream("hi").__aiter__()
