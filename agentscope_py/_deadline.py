@@ -31,7 +31,7 @@ from typing import Any
 from ._control import Cancellable
 from .errors import ModelTimeoutError
 
-__all__ = ["Deadline", "DeadlineTimer", "SharedTimeout", "check_seconds"]
+__all__ = ["Deadline", "DeadlineTimer", "SharedTimeout", "check_seconds", "earlier"]
 
 
 def check_seconds(name: str, value: float | None) -> float | None:
@@ -43,7 +43,8 @@ def check_seconds(name: str, value: float | None) -> float | None:
     return float(value)
 
 
-def _earlier(a: float | None, b: float | None) -> float | None:
+def earlier(a: float | None, b: float | None) -> float | None:
+    """The earlier of two optional limits in seconds (None: no limit)."""
     return b if a is None else a if b is None else min(a, b)
 
 
@@ -66,7 +67,7 @@ class Deadline:
         the two, so nesting timeouts only ever tightens them."""
         if outer is None or outer == self:
             return self
-        total, first = _earlier(self.total, outer.total), _earlier(self.first_event, outer.first_event)
+        total, first = earlier(self.total, outer.total), earlier(self.first_event, outer.first_event)
         by = self.by if total == self.total else outer.by
         return Deadline(total, first, by)
 

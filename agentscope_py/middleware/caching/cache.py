@@ -50,6 +50,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapp
 from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from ..._deadline import earlier
 from ...errors import AgentInterrupted
 from ...events import AgentEvent, ModelCallEnd, ModelCallStart, ToolResultEnd, ToolResultStart
 from ...extension.base import ActingInput, ExtensionPoint, MiddlewareBase, ModelCallInput, Next
@@ -62,7 +63,6 @@ from .cache_stores import CacheStore, InMemoryCacheStore, check_ttl
 
 if TYPE_CHECKING:
     from ..._context import RuntimeContext
-    from ..._deadline import Deadline
     from ...extension.base import AgentView
 
 __all__ = ["ResponseCacheMiddleware", "ToolResultCacheMiddleware", "request_key", "tool_call_key"]
@@ -165,16 +165,6 @@ class _CacheBase(MiddlewareBase):
             log.warning("%s: writing the cache failed (%s: %s)", self.name, type(exc).__name__, exc)
 
 
-def _patience(deadline: Deadline | None) -> float | None:
-    """How long a model call's cache waits for its store: as long as the call's deadline lets its
-    model take to answer (the earlier of ``first_event`` and ``total``, both set by a
-    `TimeoutMiddleware` outside), or, with none, as long as the store takes."""
-    if deadline is None:
-        return None
-    first, total = deadline.first_event, deadline.total
-    return first if total is None or (first is not None and first < total) else total
-
-
 async def _store_wait(ctx: RuntimeContext, answer: Awaitable[T], within: float | None) -> T:
     """``answer`` awaited through the run's wait, given up (a `TimeoutError`) after ``within``
     seconds when that is set."""
@@ -229,7 +219,9 @@ class ResponseCacheMiddleware(_CacheBase):
                 return EventStream(Missed(next(input), store, key, ttl, ctx.reply_id))
             return next(input).map(ModelRecorder(ctx, lambda events: store.set_nowait(key, events, ttl)))
         inner = next(input)  # built here, in the hook's context (a span around it parents the call)
-        within = _patience(input.deadline)
+        # (as long as the call's deadline lets its model take to answer; with none, as the store takes)
+        deadline = input.deadline
+        within = None if deadline is None else earlier(deadline.first_event, deadline.total)
 
         async def call() -> AsyncIterator[AgentEvent]:
             recorded = await self._get(ctx, key, within)

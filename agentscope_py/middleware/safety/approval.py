@@ -185,6 +185,10 @@ def _decision_at(where: tuple[list[Msg], int] | None, call_id: str) -> Mapping[s
     return given if isinstance(given, Mapping) else {}
 
 
+def _not_allowed(kind: str, tool: Any, call_id: str, allowed: Iterable[str]) -> ResumeError:
+    return ResumeError(f"decision {kind!r} is not allowed for {tool} (call {call_id}); allowed: {', '.join(allowed)}")
+
+
 class HumanApprovalMiddleware(MiddlewareBase):
     """Pauses the run for a human's decision on calls to the tools of ``interrupt_on``."""
 
@@ -259,9 +263,8 @@ class HumanApprovalMiddleware(MiddlewareBase):
                     # or no call at all (the loop checks the ids)
                     below = asked_below.get(answer.tool_call_id) if isinstance(asked_below, dict) else None
                     if isinstance(below, dict) and kind not in below.get("allowed_decisions", ALL_DECISIONS):
-                        raise ResumeError(f"decision {kind!r} is not allowed for {below.get('tool')} (call "
-                                          f"{answer.tool_call_id}); allowed: "
-                                          f"{', '.join(below.get('allowed_decisions', ()))}")
+                        raise _not_allowed(kind, below.get("tool"), answer.tool_call_id,
+                                           below.get("allowed_decisions", ()))
                     continue
                 # (a call that ran already is replayed by the acting core, whatever the answer)
                 respond = where if kind == "respond" and not _ran(state, answer.tool_call_id) else None
@@ -273,8 +276,7 @@ class HumanApprovalMiddleware(MiddlewareBase):
                         decided.responses[answer.tool_call_id] = respond
                     continue
                 if kind not in config.allowed_decisions:
-                    raise ResumeError(f"decision {kind!r} is not allowed for {name} (call {answer.tool_call_id}); "
-                                      f"allowed: {', '.join(config.allowed_decisions)}")
+                    raise _not_allowed(kind, name, answer.tool_call_id, config.allowed_decisions)
                 if respond is not None:
                     decided.responses[answer.tool_call_id] = respond
                 elif kind != "reject":
