@@ -24,7 +24,7 @@ The read timeout is kept here, not by aiohttp's ``sock_read``, which makes and c
 every read of the socket: a timer per streamed token (`_Body` says how).
 A request that went out on a pooled connection of the sender's own session and failed before any
 byte of the response (``ServerDisconnectedError``, ``ClientOSError``: the server closed the idle
-connection just as it was reused) is sent once more on a new one, as httpx and the SDKs do
+connection just as it was reused) is sent once more, as httpx and the SDKs do
 (aiohttp resends only idempotent methods; a model request is a ``POST``). It is no retry of the
 agent's: the call is one attempt (docs/providers.md, "A stale pooled connection").
 Failures are the model error tree's: an HTTP status through `error_from_status`, a refused or
@@ -254,7 +254,7 @@ class _Opened:
             session = await sender.session()
             # On the loop's shared clock (`SharedTimeout`): a loop timer made and cancelled per
             # request is what most requests would pay for a bound they never reach. The headers'
-            # bound is the request's, a resend on a fresh connection included.
+            # bound is the request's, its resend included.
             with SharedTimeout(timeout.headers):
                 pooled = _Pooled() if sender.watches_pool else None
                 try:
@@ -264,7 +264,8 @@ class _Opened:
                     if pooled is None or not pooled.reused or isinstance(exc, aiohttp.ClientConnectorError):
                         raise
                     # A pooled connection the server closed while it was idle (module docstring):
-                    # nothing of the response was read, so the request goes once more, on a new one.
+                    # nothing of the response was read, so the request goes once more (aiohttp drops
+                    # the closed connection and takes another).
                     response = await session.post(target, data=body, headers=headers, timeout=timeout.connect,
                                                   proxy=proxy, proxy_headers=proxy_headers)
         except TimeoutError as exc:  # aiohttp's connect timeouts and the headers' are TimeoutErrors
