@@ -32,10 +32,8 @@ def _user_texts(request: ModelRequest) -> list[str]:
     return [m.text for m in request.messages if m.role == "user" and m.text]
 
 
-def _tree(store: AgentStateStore, holding: asyncio.Event, release: asyncio.Event,
-          session: Any = "derived") -> ReActAgent:
-    """A lead whose every turn asks its helper (in a derived session) to remember the turn's
-    word; the helper holds on ``"hold in helper"``, the lead after the call on ``"hold after"``."""
+def _hold(holding: asyncio.Event, release: asyncio.Event) -> Any:
+    """A tool that holds its run (``holding`` set) until ``release``."""
 
     @tool
     async def hold() -> str:
@@ -43,6 +41,16 @@ def _tree(store: AgentStateStore, holding: asyncio.Event, release: asyncio.Event
         holding.set()
         await release.wait()
         return "held"
+
+    return hold
+
+
+def _tree(store: AgentStateStore, holding: asyncio.Event, release: asyncio.Event,
+          session: Any = "derived") -> ReActAgent:
+    """A lead whose every turn asks its helper (in a derived session) to remember the turn's
+    word; the helper holds on ``"hold in helper"``, the lead after the call on ``"hold after"``."""
+
+    hold = _hold(holding, release)
 
     def helper_turn(request: ModelRequest) -> ModelStep:
         last = request.messages[-1]
@@ -92,12 +100,7 @@ async def test_a_rollback_takes_the_turn_out_of_the_sub_agents_session(store: Ag
 async def test_a_rollback_reaches_a_sub_agents_own_sub_agent(store: AgentStateStore) -> None:
     holding, release = asyncio.Event(), asyncio.Event()
 
-    @tool
-    async def hold() -> str:
-        """Hold the run."""
-        holding.set()
-        await release.wait()
-        return "held"
+    hold = _hold(holding, release)
 
     def scribe_turn(request: ModelRequest) -> ModelStep:
         return ModelStep.text(f"wrote {_user_texts(request)[-1]}")
