@@ -40,7 +40,7 @@ class RunControl:
     """The interrupt switch of one execution, and what an interrupt must cancel (``tasks``: the
     tool calls' tasks, the model call's read)."""
 
-    __slots__ = ("interrupted", "links", "rollback", "tasks")
+    __slots__ = ("interrupted", "links", "rollback", "sub_turns", "tasks")
 
     def __init__(self) -> None:
         self.interrupted = False
@@ -53,6 +53,9 @@ class RunControl:
         # interrupts them, so they end as interrupted runs (closing what they opened) rather than
         # being cut off.
         self.links: list[RunControl] | None = None  # (made by the first sub-agent call)
+        # The sessions of the sub-agents this run called, each with what a rollback of the run
+        # puts back in it (`agent._rollback`); made by the first sub-agent call that saved a turn.
+        self.sub_turns: dict[Any, Any] | None = None
 
     def interrupt(self, rollback: bool = False) -> None:
         if rollback:

@@ -31,7 +31,7 @@ from typing import Any
 from ._control import Cancellable
 from .errors import ModelTimeoutError
 
-__all__ = ["Deadline", "DeadlineTimer", "SharedTimeout", "check_seconds", "earlier"]
+__all__ = ["Deadline", "DeadlineTimer", "SharedTimeout", "check_seconds", "earlier", "spent"]
 
 
 def check_seconds(name: str, value: float | None) -> float | None:
@@ -70,6 +70,21 @@ class Deadline:
         total, first = earlier(self.total, outer.total), earlier(self.first_event, outer.first_event)
         by = self.by if total == self.total else outer.by
         return Deadline(total, first, by)
+
+
+def spent(deadline: Deadline, seconds: float, model: Any) -> Deadline:
+    """What is left of a call's ``deadline`` once ``seconds`` of it went before the call started
+    (a cache's wait for its store): each limit shortened by them. A limit they used up is the
+    call's `ModelTimeoutError` for ``model``, raised here: the call has no time left to start."""
+    total, first = deadline.total, deadline.first_event
+    if first is not None and first <= seconds:
+        raise ModelTimeoutError(f"model {model.name} sent nothing within {first:g} s (its cache's store took "
+                                f"{seconds:.3g} s)", provider=getattr(model, "provider", None))
+    if total is not None and total <= seconds:
+        raise ModelTimeoutError(f"model {model.name} did not finish within {total:g} s (its cache's store took "
+                                f"{seconds:.3g} s)", provider=getattr(model, "provider", None))
+    return Deadline(None if total is None else total - seconds, None if first is None else first - seconds,
+                    deadline.by)
 
 
 class _Clock:

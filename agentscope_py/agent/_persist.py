@@ -30,6 +30,7 @@ from ..extension.base import AgentRun, ExtensionPoint
 from ..message import ToolResultState
 from ._brackets import describe
 from ._hooks import HookCall
+from ._rollback import undo_sub_turns
 from ._run_state import RunState
 from .state import AgentState
 from .store import InMemoryStateStore, take_carried, take_read_ahead
@@ -100,6 +101,8 @@ async def save_once(runtime: AgentRuntime, ctx: RuntimeContext, run: RunState) -
             if state.tool_journal[call_id].result is None or not _cut_after_it_ran(state, call_id):
                 del state.tool_journal[call_id]
     await checkpoint(runtime, ctx, run)
+    if run.rolled_back and ctx.control is not None:
+        await undo_sub_turns(ctx.control)  # the turn's calls of sub-agents go with it
 
 
 async def checkpoint(runtime: AgentRuntime, ctx: RuntimeContext, run: RunState) -> None:

@@ -30,7 +30,7 @@ from .state import AgentState
 if TYPE_CHECKING:
     from .context import RuntimeContext
 
-__all__ = ["RunState"]
+__all__ = ["RunState", "put_back"]
 
 _message_id = id_factory("msg_")  # (a reply's id, as ``new_id("msg_")`` makes it)
 
@@ -212,8 +212,7 @@ class RunState:
         state, before = self.session, self.before
         if state is None or before is None:
             return
-        (state.context, state.tasks, state.pending_tool_calls, state.cur_iter, state.summary, state.summaries,
-         state.metadata) = before
+        put_back(state, before)
         self.rolled_back = True
         if self.final is not None:
             self.final = self.final.model_copy(update={"metadata": {**self.final.metadata, "rolled_back": True}})
@@ -249,6 +248,12 @@ class RunState:
         self.end(partial.model_copy(update={"metadata": {**partial.metadata, **mark}}),
                  GenerateReason.INTERRUPTED, shown=shown)
         self.close_calls(self.pending_calls(), text, ToolResultState.INTERRUPTED)  # calls of the partial reply
+
+
+def put_back(state: AgentState, before: tuple[Any, ...]) -> None:
+    """Put into ``state`` what `RunState.keep_before` kept of a session (``before``)."""
+    (state.context, state.tasks, state.pending_tool_calls, state.cur_iter, state.summary, state.summaries,
+     state.metadata) = before
 
 
 def _copied(value: Any) -> Any:

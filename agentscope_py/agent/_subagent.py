@@ -47,6 +47,7 @@ from ..stream import aclosing
 from ..tool.toolkit import Tool, arguments_model, clean_schema
 from ._brackets import RUN_BRACKETS
 from ._brackets import Brackets as _Opened
+from ._rollback import note_sub_turn
 from ._subagent_tree import DEFAULT_MAX_DEPTH, InheritSpec, check_limits, inherited_runtime, set_waiting, take_confirms
 
 if TYPE_CHECKING:
@@ -244,9 +245,12 @@ class SubAgentTool:
             raise
         finally:  # the tree's usage, whatever the outcome (an interrupted sub-agent spent too)
             ctx.add_usage(watch.usage(sub_ctx))
-            if control is not None and control.links:
-                with contextlib.suppress(ValueError):
-                    control.links.remove(exe.control)
+            if control is not None:
+                # What a rollback of the caller's turn takes back out of the sub-agent's session.
+                note_sub_turn(control, exe.runtime, exe.run, exe.control)
+                if control.links:
+                    with contextlib.suppress(ValueError):
+                        control.links.remove(exe.control)
         final = watch.final if watch.final is not None else exe.final
         if final is not None and final.generate_reason is GenerateReason.INTERRUPTED:
             raise AgentInterrupted(f"sub-agent {self.name} was interrupted")

@@ -14,7 +14,7 @@ import inspect
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from .._deadline import DeadlineTimer
 from ..agent.context import RuntimeContext
@@ -29,6 +29,9 @@ from ._evaluator import run_evaluator
 from ._progress import Progress
 from ._report import AttemptReport, CaseReport, EvaluationReport
 from ._spans import collector_for
+
+if TYPE_CHECKING:
+    from ..model import ReplayModel
 
 __all__ = ["AgentFactory", "CaseTimeout", "build_agent", "run_attempt", "run_cases"]
 
@@ -59,7 +62,9 @@ async def build_agent(factory: AgentFactory, case: Case, base: Path | None, take
     agent = _made(factory, case, _takes_case(factory) if takes_case is None else takes_case)
     if not isinstance(agent, ReActAgent) and inspect.isawaitable(agent):
         agent = await agent
-    return _with_cassette(cast(ReActAgent, agent), case, base)
+    agent = cast(ReActAgent, agent)
+    _replay_cassette(agent, case, base)
+    return agent
 
 
 def _made(factory: AgentFactory, case: Case, takes_case: bool) -> Any:
@@ -67,15 +72,18 @@ def _made(factory: AgentFactory, case: Case, takes_case: bool) -> Any:
     return factory(case) if takes_case else factory()
 
 
-def _with_cassette(agent: ReActAgent, case: Case, base: Path | None) -> ReActAgent:
-    if case.cassette is not None:
-        from ..model import ReplayModel
+def _replay_cassette(agent: ReActAgent, case: Case, base: Path | None) -> ReplayModel | None:
+    """Give ``agent`` the case's cassette as its model, when the case has one: the `ReplayModel`
+    made, which whoever runs the agent closes (it holds an SDK client)."""
+    if case.cassette is None:
+        return None
+    from ..model import ReplayModel
 
-        path = Path(case.cassette)
-        if not path.is_absolute() and base is not None:
-            path = base / path
-        agent.model = ReplayModel(path)
-    return agent
+    path = Path(case.cassette)
+    if not path.is_absolute() and base is not None:
+        path = base / path
+    replay = agent.model = ReplayModel(path)
+    return replay
 
 
 async def run_attempt(
@@ -95,12 +103,13 @@ async def run_attempt(
     error: BaseException | None = None
     spans: Sequence[Any] = ()
     started = time.perf_counter()
+    replay: ReplayModel | None = None
     try:
         # build_agent inlined: a coroutine per run for what is nearly always a plain call
         agent = _made(factory, case, _takes_case(factory) if takes_case is None else takes_case)
         if not isinstance(agent, ReActAgent) and inspect.isawaitable(agent):  # (the awaitable test is an ABC check)
             agent = await agent
-        agent = _with_cassette(agent, case, base)
+        replay = _replay_cassette(agent, case, base)
         collector = collector_for(agent)
         ctx = RuntimeContext(user_id="eval", session_id=f"eval-{case.name}-{attempt}-{new_id()}")
         # The stream is made inside the run's trace: its hooks take their context when it is.
@@ -140,6 +149,9 @@ async def run_attempt(
         # model's), its failure like any other; raised on, it would end the evaluation with the
         # other runs still in flight.
         error = asyncio.CancelledError("the run raised CancelledError; nothing cancelled the evaluation")
+    finally:
+        if replay is not None:  # made for this run: its SDK client is not left for the collector
+            await replay.aclose()
     duration = time.perf_counter() - started
     ctx_eval = EvalContext(case=case, events=events, output=output, error=error, duration=duration,
                            spans=tuple(spans), attempt=attempt)

@@ -22,6 +22,11 @@ given to aiohttp with each request: with ``trust_env`` aiohttp looks it up, and 
 clash with the auth header the SDK client gives.
 The read timeout is kept here, not by aiohttp's ``sock_read``, which makes and cancels a timer on
 every read of the socket: a timer per streamed token (`_Body` says how).
+A request that went out on a pooled connection of the sender's own session and failed before any
+byte of the response (``ServerDisconnectedError``, ``ClientOSError``: the server closed the idle
+connection just as it was reused) is sent once more, as httpx and the SDKs do
+(aiohttp resends only idempotent methods; a model request is a ``POST``). It is no retry of the
+agent's: the call is one attempt (docs/providers.md, "A stale pooled connection").
 Failures are the model error tree's: an HTTP status through `error_from_status`, a refused or
 failed connection `ModelConnectionError`, a timeout `ModelTimeoutError`, a response that is not
 valid HTTP `MalformedStreamError` (`_not_http`).
@@ -248,10 +253,21 @@ class _Opened:
         try:
             session = await sender.session()
             # On the loop's shared clock (`SharedTimeout`): a loop timer made and cancelled per
-            # request is what most requests would pay for a bound they never reach.
+            # request is what most requests would pay for a bound they never reach. The headers'
+            # bound is the request's, its resend included.
             with SharedTimeout(timeout.headers):
-                response = await session.post(target, data=body, headers=headers, timeout=timeout.connect,
-                                              proxy=proxy, proxy_headers=proxy_headers)
+                pooled = _Pooled() if sender.watches_pool else None
+                try:
+                    response = await session.post(target, data=body, headers=headers, timeout=timeout.connect,
+                                                  proxy=proxy, proxy_headers=proxy_headers, trace_request_ctx=pooled)
+                except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
+                    if pooled is None or not pooled.reused or isinstance(exc, aiohttp.ClientConnectorError):
+                        raise
+                    # A pooled connection the server closed while it was idle (module docstring):
+                    # nothing of the response was read, so the request goes once more (aiohttp drops
+                    # the closed connection and takes another).
+                    response = await session.post(target, data=body, headers=headers, timeout=timeout.connect,
+                                                  proxy=proxy, proxy_headers=proxy_headers)
         except TimeoutError as exc:  # aiohttp's connect timeouts and the headers' are TimeoutErrors
             raise transport_error(provider, exc, in_body=False, timeout=True) from exc
         except aiohttp.ClientError as exc:
@@ -308,6 +324,27 @@ async def _status_error(response: aiohttp.ClientResponse, provider: str, read: f
                              headers=response.headers, body=body)
 
 
+class _Pooled:
+    """A request's note of whether it went out on a pooled connection (`_REUSED`)."""
+
+    __slots__ = ("reused",)
+
+    def __init__(self) -> None:
+        self.reused = False
+
+
+async def _note_reused(session: aiohttp.ClientSession, trace: Any, params: Any) -> None:
+    pooled = trace.trace_request_ctx
+    if type(pooled) is _Pooled:
+        pooled.reused = True
+
+
+_REUSED = aiohttp.TraceConfig()
+"""Tells a request (its ``trace_request_ctx``, a `_Pooled`) that it took a pooled connection."""
+_REUSED.on_connection_reuseconn.append(_note_reused)
+_REUSED.freeze()
+
+
 class AioHttpSender:
     """One model's HTTP client: an aiohttp session made on first use (on the running event loop)
     with a pool of ``pool_size`` connections, or the ``session`` given (its owner configures and
@@ -323,6 +360,12 @@ class AioHttpSender:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._proxies: dict[tuple[str, str | None, int | None], tuple[URL | None, str | None]] = {}
         self._url: tuple[str, URL] | None = None  # the last URL parsed: a model posts to one
+
+    @property
+    def watches_pool(self) -> bool:
+        """Whether the sender's requests are told when they take a pooled connection (`_REUSED`):
+        those of the session it made, not a given one's (whose tracing is its owner's)."""
+        return self._given is None
 
     def url(self, url: str) -> URL:
         """``URL(url)``, parsed once for the URL every request of a model goes to."""
@@ -354,6 +397,7 @@ class AioHttpSender:
                 connector=aiohttp.TCPConnector(limit=self._pool_size, limit_per_host=0),
                 # No default timeout: each request carries its own.
                 timeout=aiohttp.ClientTimeout(total=None),
+                trace_configs=[_REUSED],
             )
             self._closer = _closing(session)
             await anext(self._closer)

@@ -21,7 +21,7 @@ from agentscope_py.evals import (
     dataset_schema,
 )
 from agentscope_py.message import Msg
-from agentscope_py.model import ScriptedModel
+from agentscope_py.model import ReplayModel, ScriptedModel
 
 from .helpers import calculator
 
@@ -161,14 +161,22 @@ async def test_a_case_with_a_cassette_runs_without_a_model(tmp_path: Path) -> No
                     "cases:\n  - name: capital\n    input: What is the capital of France?\n"
                     "    cassette: runs/hello.json\n")
 
+    made: list[ReActAgent] = []
+
     def factory() -> ReActAgent:
         # The model is replaced by the case's cassette: this one would fail if called.
-        return (ReActAgent.builder().model(ScriptedModel([]))
-                .model_options(temperature=0, seed=1, max_tokens=16).build())
+        agent = (ReActAgent.builder().model(ScriptedModel([]))
+                 .model_options(temperature=0, seed=1, max_tokens=16).build())
+        made.append(agent)
+        return agent
 
     report = await Dataset.from_file(path).evaluate(factory)
     assert report.pass_rate == 1.0, report.render()
     assert report.cases[0].attempts[0].model_calls == 1
+    # The replay the run made is closed with it: its SDK client is not left for the collector,
+    # which would close it in a stray task of whatever loop runs then.
+    (agent,) = made
+    assert isinstance(agent.model, ReplayModel) and agent.model.model.client.is_closed()
 
 
 def test_case_reads_as_the_issue_writes_it() -> None:

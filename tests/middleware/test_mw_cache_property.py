@@ -35,7 +35,7 @@ from typing import Any
 import pytest
 
 from agentscope_py import ChatUsage, ReActAgent, RuntimeContext, tool
-from agentscope_py.errors import AgentInterrupted, MiddlewareTermination, ModelError, ServerError
+from agentscope_py.errors import AgentInterrupted, MiddlewareTermination, ModelError, ModelTimeoutError, ServerError
 from agentscope_py.events import AgentResult, ModelCallEnd, ModelCallStart
 from agentscope_py.middleware import (
     BudgetMiddleware,
@@ -651,13 +651,20 @@ def scripted_agent(store: Any, *outer: Any) -> tuple[ReActAgent, Any]:
 async def test_a_stalled_store_is_given_up_at_the_deadline_of_a_timeout_outside(stall: str) -> None:
     # The deadline of a TimeoutMiddleware outside the cache travels inward on the record, kept by
     # the model call around its reads: the cache's wait for its store is no read of the model's,
-    # so a store that never answered held the call (and the run) for good.
+    # so a store that never answered held the call (and the run) for good. The deadline holds
+    # across the read and the call: a read given up at it leaves the model no time, and the call
+    # is the model's timeout, without a request.
     store = StallingStore(stall == "get", stall == "set")
     agent, model = scripted_agent(store, TimeoutMiddleware(model_timeout=0.2))
     async with asyncio.timeout(5):
+        if stall == "get":
+            with pytest.raises(ModelTimeoutError, match=r"did not finish within 0\.2 s"):
+                await agent.call("hi")
+            assert model.requests == [] and len(store.inner) == 0
+            return
         reply = await agent.call("hi")
-    assert reply.text == "the answer" and len(model.requests) == 1  # a read given up: a miss
-    assert len(store.inner) == (0 if stall == "set" else 1)  # a write given up: nothing stored
+    assert reply.text == "the answer" and len(model.requests) == 1
+    assert len(store.inner) == 0  # a write given up: nothing stored
 
 
 async def test_an_interrupt_ends_a_stalled_store_write() -> None:

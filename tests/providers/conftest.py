@@ -3,15 +3,24 @@
 Models are closed after each test; `open_connections` counts the connections the fake server
 still has open once they settle, so a test can assert that a closed stream left no connection
 behind (the server sees the client's close) or that a finished one went back to the pool.
+
+Every test ends with every HTTP client made in it closed (`no_http_client_left_open`): an SDK
+client left open and collected later closes itself in a task of whatever loop runs then, another
+test's, which finds a task it did not make.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable
+import weakref
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
+import aiohttp
+import httpx
+import httpx2
 import pytest
 
 from agentscope_py.model.anthropic import AnthropicChatModel
@@ -21,6 +30,45 @@ from agentscope_py.model.openai import OpenAIChatModel
 from .fakes import FakeServer
 
 Model = OpenAIChatModel | AnthropicChatModel | OllamaChatModel
+
+
+_made: weakref.WeakSet[Any] = weakref.WeakSet()
+"""The HTTP clients made in the current test (an SDK's httpx2 client, ollama's httpx one, an
+aiohttp session), held weakly: a client still here at the test's end is alive and not closed."""
+
+
+def _noted(init: Callable[..., None]) -> Callable[..., None]:
+    @functools.wraps(init)
+    def noting(self: Any, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        _made.add(self)
+    return noting
+
+
+@pytest.fixture(scope="session")
+def _noting_http_clients() -> Iterator[None]:
+    classes = (httpx2.AsyncClient, httpx.AsyncClient, aiohttp.ClientSession)
+    inits = [cls.__init__ for cls in classes]
+    for cls, init in zip(classes, inits, strict=True):
+        cls.__init__ = _noted(init)  # type: ignore[method-assign]
+    yield
+    for cls, init in zip(classes, inits, strict=True):
+        cls.__init__ = init  # type: ignore[method-assign]
+
+
+def _is_open(client: Any) -> bool:
+    return not (client.closed if isinstance(client, aiohttp.ClientSession) else client.is_closed)
+
+
+@pytest.fixture(autouse=True)
+def no_http_client_left_open(_noting_http_clients: None) -> Iterator[None]:
+    """Fail the test that leaves an HTTP client of its own open (autouse fixtures are set up
+    first, so this check runs after the other fixtures closed their models)."""
+    _made.clear()
+    yield
+    left = [type(client).__name__ for client in _made if _is_open(client)]
+    _made.clear()
+    assert not left, f"the test left HTTP clients open: {left} (close the models it made: aclose())"
 
 
 @pytest.fixture

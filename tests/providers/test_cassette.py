@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,16 @@ from .fakes import FakeServer, Reply, an_text, collect, ndjson, oa_chunk, oa_tex
 from .scenarios import get_weather
 
 pytestmark = pytest.mark.timeout(15)
+
+
+@pytest.fixture
+def replaying(closing: list[Any]) -> Callable[..., ReplayModel]:
+    """``ReplayModel(path, ...)``, closed after the test: it holds the SDK client it rebuilt."""
+    def make(path: Path, **kw: Any) -> ReplayModel:
+        replay = ReplayModel(path, **kw)
+        closing.append(replay)
+        return replay
+    return make
 
 
 def ask(text: str = "hi") -> ModelRequest:
@@ -72,11 +83,11 @@ async def test_record_then_replay_a_tool_turn(server: FakeServer, make_openai: A
 
 
 async def test_a_changed_request_names_the_first_differing_field(
-    server: FakeServer, make_openai: Any, tmp_path: Path
+    server: FakeServer, make_openai: Any, tmp_path: Path, replaying: Any
 ) -> None:
     path = tmp_path / "run.json"
     await record_weather(server, make_openai, path)
-    replay = ReplayModel(path)
+    replay = replaying(path)
     with pytest.raises(CassetteMismatchError) as info:
         await weather_run(replay, "Weather in Oslo?")
     error = info.value
@@ -96,31 +107,31 @@ async def test_other_settings_are_a_mismatch_too(server: FakeServer, make_openai
         await weather_run(replay)
 
 
-async def test_a_request_past_the_recording(server: FakeServer, make_openai: Any, tmp_path: Path) -> None:
+async def test_a_request_past_the_recording(server: FakeServer, make_openai: Any, tmp_path: Path, replaying: Any) -> None:
     server.queue(Reply(oa_text("one")))
     path = tmp_path / "one.json"
     assert text_of(await collect(RecordingModel(make_openai(), path).stream(ask()))) == "one"
-    replay = ReplayModel(path)
+    replay = replaying(path)
     assert text_of(await collect(replay.stream(ask()))) == "one"
     with pytest.raises(CassetteMismatchError, match=r"request 2 .* was not recorded: .* holds 1 request") as info:
         await collect(replay.stream(ask()))
     assert info.value.field == "request"
 
 
-async def test_unused_recordings_fail_assert_complete(server: FakeServer, make_openai: Any, tmp_path: Path) -> None:
+async def test_unused_recordings_fail_assert_complete(server: FakeServer, make_openai: Any, tmp_path: Path, replaying: Any) -> None:
     server.queue(Reply(oa_text("one")), Reply(oa_text("two")))
     path = tmp_path / "two.json"
     recorder = RecordingModel(make_openai(), path)
     for _ in range(2):
         await collect(recorder.stream(ask()))
-    replay = ReplayModel(path)
+    replay = replaying(path)
     assert text_of(await collect(replay.stream(ask()))) == "one"
     with pytest.raises(AssertionError, match="1 recorded request"):
         replay.assert_complete()
 
 
 async def test_errors_and_cut_streams_replay_as_they_happened(
-    server: FakeServer, make_openai: Any, tmp_path: Path
+    server: FakeServer, make_openai: Any, tmp_path: Path, replaying: Any
 ) -> None:
     server.queue(Reply.json_error(429, {"error": {"message": "Slow down"}}, retry_after="0"),
                  Reply([oa_chunk({"content": "Hal"}), oa_chunk({"content": "f an"})[:20]], end="cut"))
@@ -132,7 +143,7 @@ async def test_errors_and_cut_streams_replay_as_they_happened(
         await collect(recorder.stream(ask()))
     assert [i["response"]["end"] for i in json.loads(path.read_text())["interactions"]] == ["complete", "cut"]
 
-    replay = ReplayModel(path)
+    replay = replaying(path)
     with pytest.raises(RateLimitError, match="Slow down") as info:
         await collect(replay.stream(ask()))
     assert info.value.retry_after == 0 and info.value.status_code == 429
@@ -149,7 +160,7 @@ async def cancel_after_first_text(model: Any) -> str:
     raise AssertionError("no text")
 
 
-async def test_a_cancelled_run(server: FakeServer, make_openai: Any, tmp_path: Path) -> None:
+async def test_a_cancelled_run(server: FakeServer, make_openai: Any, tmp_path: Path, replaying: Any) -> None:
     server.queue(Reply([oa_chunk({"content": "first"})], end="stall"))
     path = tmp_path / "cancelled.json"
     assert await cancel_after_first_text(RecordingModel(make_openai(), path)) == "first"
@@ -157,10 +168,10 @@ async def test_a_cancelled_run(server: FakeServer, make_openai: Any, tmp_path: P
     (exchange,) = json.loads(path.read_text())["interactions"]
     assert exchange["response"]["end"] == "closed"
 
-    assert await cancel_after_first_text(ReplayModel(path)) == "first"
+    assert await cancel_after_first_text(replaying(path)) == "first"
     # Reading on where the recorded client hung up is a different run: it fails, and does not hang.
     with pytest.raises(CassetteMismatchError, match="read past the point where the recorded run closed"):
-        await collect(ReplayModel(path, stall_seconds=0.05).stream(ask()))
+        await collect(replaying(path, stall_seconds=0.05).stream(ask()))
 
 
 @pytest.mark.parametrize("provider", ["anthropic", "ollama"])

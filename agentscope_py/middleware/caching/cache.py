@@ -35,7 +35,9 @@ interrupt ends a read or a write at once), and for no longer than the call's dea
 model take to answer (``first_event`` or ``total``, whichever is earlier, on the record a
 `TimeoutMiddleware` outside passes inward; a tool call's ``total``): the model call keeps its
 deadline around its own reads only, so a store that hung would hold the call past it. A read
-given up is a miss; a write given up stores nothing.
+given up is a miss; a write given up stores nothing. The deadline holds across the read and the
+model call after a miss: the call gets what the read left of it (`_deadline.spent`), and none
+left is the call's `ModelTimeoutError`.
 
 Reply ids: replayed events carry the run's ``reply_id`` (the loop binds it to the context before
 any hook runs). A hook driven by hand, outside any run, uses the reply id a miss on that context
@@ -45,12 +47,13 @@ showed, else one fresh id its hits share.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from ..._deadline import earlier
+from ..._deadline import earlier, spent
 from ...errors import AgentInterrupted
 from ...events import AgentEvent, ModelCallEnd, ModelCallStart, ToolResultEnd, ToolResultStart
 from ...extension.base import ActingInput, ExtensionPoint, MiddlewareBase, ModelCallInput, Next
@@ -218,12 +221,17 @@ class ResponseCacheMiddleware(_CacheBase):
             if ctx.reply_id is not None:  # in a run: the lean recorder (the reply id is known)
                 return EventStream(Missed(next(input), store, key, ttl, ctx.reply_id))
             return next(input).map(ModelRecorder(ctx, lambda events: store.set_nowait(key, events, ttl)))
-        inner = next(input)  # built here, in the hook's context (a span around it parents the call)
-        # (as long as the call's deadline lets its model take to answer; with none, as the store takes)
+        # The call is built in the hook's context (a span around it parents the call): here, or,
+        # under a deadline, after the store's read, through a copy of that context.
         deadline = input.deadline
+        inner = next(input) if deadline is None else None
+        here = contextvars.copy_context() if deadline is not None else None
+        # (as long as the call's deadline lets its model take to answer; with none, as the store takes)
         within = None if deadline is None else earlier(deadline.first_event, deadline.total)
 
         async def call() -> AsyncIterator[AgentEvent]:
+            clock = asyncio.get_running_loop().time
+            started = clock()
             recorded = await self._get(ctx, key, within)
             if recorded is not None:
                 self.hits += 1
@@ -231,8 +239,12 @@ class ResponseCacheMiddleware(_CacheBase):
                     yield ev
                 return
             self.misses += 1
+            called = inner
+            if called is None:  # the deadline holds across the read and the call: the call gets what is left
+                assert deadline is not None and here is not None
+                called = here.run(next, input.replace(deadline=spent(deadline, clock() - started, input.model)))
             done: list[list[AgentEvent]] = []
-            async with aclosing(inner.map(ModelRecorder(ctx, done.append)).__aiter__()) as it:
+            async with aclosing(called.map(ModelRecorder(ctx, done.append)).__aiter__()) as it:
                 async for ev in it:
                     yield ev
             if done:
