@@ -68,6 +68,12 @@ __all__ = [
     "read_passed", "tool_output",
 ]
 
+# The enum members every acting pass reads, read from their classes once (an attribute read on an
+# Enum class takes the slow path of EnumType's ``__getattr__`` on Python 3.11: `agent._loop`).
+_ALLOW, _DENY, _ASK = PermissionDecision.ALLOW, PermissionDecision.DENY, PermissionDecision.ASK
+_SUCCESS, _ERROR, _INTERRUPTED, _RUNNING = (
+    ToolResultState.SUCCESS, ToolResultState.ERROR, ToolResultState.INTERRUPTED, ToolResultState.RUNNING)
+
 TOOL_CALL: contextvars.ContextVar[tuple[ToolUseBlock, Channel] | None] = contextvars.ContextVar(
     "agentscope_tool_call", default=None)
 """The call a tool runs for and the channel of its events, set in the task of a call that streams
@@ -112,9 +118,9 @@ async def _decide(scope: ToolScope, call: ToolUseBlock, tool: Tool) -> Permissio
         if asyncio.iscoroutine(decision):
             decision = await decision
         decision = PermissionDecision(decision)
-        if decision is not PermissionDecision.ALLOW:
+        if decision is not _ALLOW:
             return decision
-    return PermissionDecision.ALLOW
+    return _ALLOW
 
 
 class ActingReader(Protocol):
@@ -147,10 +153,10 @@ async def acting_events(
         tool = toolkit.get(call.name)
         if tool is not None and call.raw_input is None:  # (else an error result the model sees)
             if call.id in scope.preapproved or (toolkit.policy is None and tool.check_permissions is None):
-                decision = PermissionDecision.ALLOW  # nothing to ask: no coroutine
+                decision = _ALLOW  # nothing to ask: no coroutine
             else:
                 decision = await _decide(scope, call, tool)
-            if decision is PermissionDecision.DENY:
+            if decision is _DENY:
                 denied.append(call)
                 text = f"Permission denied: the call to {call.name} was not allowed."
                 for ev in result_events(reply_id, call, text, ToolResultState.DENIED):
@@ -158,7 +164,7 @@ async def acting_events(
                         reader.add(ev)
                     yield ev
                 continue
-            if decision is PermissionDecision.ASK:
+            if decision is _ASK:
                 asking.append(call)
                 continue
             if tool.external:
@@ -250,7 +256,7 @@ def _whole(events: list[AgentEvent]) -> ToolResultBlock | None:
     end; None for any other list (a call that paused or asks the user, a tool that returned
     events of its own), which its reader reads event by event."""
     end = events[-1] if events else None
-    if type(end) is not ToolResultEnd or end.state is ToolResultState.RUNNING or end.source is not None:
+    if type(end) is not ToolResultEnd or end.state is _RUNNING or end.source is not None:
         return None
     call_id = end.tool_call_id
     parts: list[str | DataBlock] = []
@@ -377,7 +383,7 @@ async def _run_tool(scope: ToolScope, run: _Call, deadline: Deadline | None) -> 
     if channel is not None:
         TOOL_CALL.set((call, channel))
     journal = run.journal
-    state = ToolResultState.INTERRUPTED
+    state = _INTERRUPTED
     error_text: str | None = INTERRUPTED_TEXT
     events: list[AgentEvent] = []
     try:
@@ -430,7 +436,7 @@ def _asking(reply_id: str, call: ToolUseBlock, meta: dict[str, Any], exc: ToolIn
     name = call.name
     question = {**meta.get("metadata", {}), "question": exc.question}
     return [
-        result_end(reply_id, call, ToolResultState.RUNNING, meta),
+        result_end(reply_id, call, _RUNNING, meta),
         RequireUserConfirm(reply_id=reply_id, tool_calls=[call], metadata=question),
         RequestStop(reason=f"waiting for the user's answer to {name}: {exc}",
                     generate_reason=GenerateReason.PERMISSION_ASKING),
@@ -473,25 +479,25 @@ async def _invoke(
     except (asyncio.CancelledError, AgentInterrupted):  # (a sub-agent interrupted with its caller)
         if timer is not None and timer.stop() and not scope.control.interrupted:
             by = "" if deadline is None else f" ({deadline.by})"
-            return ToolResultState.ERROR, f"Error: {name} timed out after {limit:g} s{by}.", ()
-        return ToolResultState.INTERRUPTED, INTERRUPTED_TEXT, ()
+            return _ERROR, f"Error: {name} timed out after {limit:g} s{by}.", ()
+        return _INTERRUPTED, INTERRUPTED_TEXT, ()
     except SubAgentPaused:
         # The call waits for its sub-agent's confirmation: no result yet (a "running" end closes
         # the bracket; the acting pass keeps the call pending and pauses the run).
         scope.paused = True
-        return ToolResultState.RUNNING, None, ()
+        return _RUNNING, None, ()
     except ToolInputRequired:
         raise
     except TimeoutError as exc:  # raised by the tool itself
-        return ToolResultState.ERROR, f"Error: TimeoutError: {exc}", ()
+        return _ERROR, f"Error: TimeoutError: {exc}", ()
     except ToolArgumentError as exc:
-        return ToolResultState.ERROR, clean(f"Error: {exc}"), ()
+        return _ERROR, clean(f"Error: {exc}"), ()
     except Exception as exc:
-        return ToolResultState.ERROR, clean(f"Error: {type(exc).__name__}: {exc}"), ()
+        return _ERROR, clean(f"Error: {type(exc).__name__}: {exc}"), ()
     finally:
         if timer is not None:
             timer.stop()
-    return ToolResultState.SUCCESS, None, chunks
+    return _SUCCESS, None, chunks
 
 
 async def tool_output(scope: ToolScope, call: ToolUseBlock, tool: Tool, channel: Channel) -> None:

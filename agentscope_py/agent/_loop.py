@@ -90,6 +90,14 @@ _ROLLED_BACK = shape(AgentEnd, "reply_id", "metadata")
 # messages and tools as the run holds them, a copy of the options, their structured-output schema.
 _MESSAGES, _TOOLS, _OPTIONS, _SCHEMA = record_writers(ModelRequest)
 _new = object.__new__
+# The enum members a run reads, each read from its class once here: on Python 3.11 EnumType
+# defines ``__getattr__``, which puts every attribute read on an Enum class on CPython's generic
+# hook (``__getattribute__`` looked up and called through a method wrapper), where a module global
+# is one dictionary lookup.
+_ON_MODEL_CALL, _ON_REASONING, _ON_ACTING, _ON_AGENT_FINISH = (
+    ExtensionPoint.ON_MODEL_CALL, ExtensionPoint.ON_REASONING, ExtensionPoint.ON_ACTING,
+    ExtensionPoint.ON_AGENT_FINISH)
+_TOOL_CALLS, _MODEL_STOP = GenerateReason.TOOL_CALLS, GenerateReason.MODEL_STOP
 _CONSUMER_GONE = AgentInterrupted("the consumer stopped reading (it left or was cancelled)")
 """How the Ends an observer gets when a run's consumer goes away name the cut (the turn is kept as
 an interrupted one)."""
@@ -129,15 +137,15 @@ class Execution:
         self._model_call: Layer | None = None
         self._reasoning: Layer | None = None
         self._acting: Layer | None = None
-        if hooks[ExtensionPoint.ON_MODEL_CALL]:
-            self._model_call = compose(ExtensionPoint.ON_MODEL_CALL, parts, agent, ctx, self._model_core, trace,
+        if hooks[_ON_MODEL_CALL]:
+            self._model_call = compose(_ON_MODEL_CALL, parts, agent, ctx, self._model_core, trace,
                                        core_bound=True)
-        if hooks[ExtensionPoint.ON_REASONING]:
-            self._reasoning = compose(ExtensionPoint.ON_REASONING, parts, agent, ctx, self._reasoning_core, trace)
-        if hooks[ExtensionPoint.ON_ACTING]:
+        if hooks[_ON_REASONING]:
+            self._reasoning = compose(_ON_REASONING, parts, agent, ctx, self._reasoning_core, trace)
+        if hooks[_ON_ACTING]:
             # (the acting core's stream is bound too: its tools run in the context it captures when
             # built, and making its generator runs none of its code)
-            self._acting = compose(ExtensionPoint.ON_ACTING, parts, agent, ctx, self._acting_core, trace,
+            self._acting = compose(_ON_ACTING, parts, agent, ctx, self._acting_core, trace,
                                    core_bound=True)
 
     @property
@@ -303,7 +311,7 @@ class Execution:
                     run.input_msgs = list(msgs)
                     rest = await prelude(self)  # (what it still publishes, if anything, is its step)
                     step = (self._round() if rest is None
-                            else Step(PRELUDE, rest, require_event, ExtensionPoint.ON_ACTING))
+                            else Step(PRELUDE, rest, require_event, _ON_ACTING))
                     # Every step runs in this one loop, not in generators of its own.
                     while True:
                         on_event = step.on_event
@@ -375,7 +383,7 @@ class Execution:
                 except Exception as exc:
                     error = exc
                     run.count_round()
-                if runtime.participants.hooks[ExtensionPoint.ON_AGENT_FINISH]:
+                if runtime.participants.hooks[_ON_AGENT_FINISH]:
                     finishing = self._finish(error)
                     try:
                         async for ev in finishing:
@@ -425,7 +433,7 @@ class Execution:
     def _round(self) -> Step:
         """A new round: reasoning, or the summary once the iterations are used up."""
         if self.run.iteration >= self.agent.max_iters:
-            return Step(SUMMARY, self._summarise(), require_event, ExtensionPoint.ON_MODEL_CALL)
+            return Step(SUMMARY, self._summarise(), require_event, _ON_MODEL_CALL)
         self.control.check()
         run = self.run
         messages, tools = run.messages(), self.tools.toolkit.schemas()
@@ -436,13 +444,13 @@ class Execution:
             run.view = None  # callers see what memory keeps
             stream, fed = self._call_model(messages, tools, self.options, builder)
             # (a call that feeds the builder is its own subscription, which the loop reads alone)
-            return Step(REASON, stream, None if fed else builder.add, ExtensionPoint.ON_MODEL_CALL, None, fed)
+            return Step(REASON, stream, None if fed else builder.add, _ON_MODEL_CALL, None, fed)
         run.builder = None
         # What callers see of the reply (after every on_reasoning rewrite) is what the result holds;
         # memory keeps what left on_model_call (rebuilt in the reasoning core).
         view = run.view = ReplyBuilder()
         stream = self._reasoning(ReasoningInput(messages=messages, tools=tools, options=self.options))
-        return Step(REASON, stream, view.add, ExtensionPoint.ON_REASONING)
+        return Step(REASON, stream, view.add, _ON_REASONING)
 
     def _step_done(self, step: Step, stop: RequestStop | None) -> NextStep:
         """What a completed step leads to."""
@@ -473,10 +481,10 @@ class Execution:
         if stop is not None:
             reason: GenerateReason | None = stop.generate_reason
         elif calls_tools:
-            reason = GenerateReason.TOOL_CALLS
+            reason = _TOOL_CALLS
         else:
-            reason = None if self.structured is not None else GenerateReason.MODEL_STOP
-        final = reason is not None and reason is not GenerateReason.TOOL_CALLS
+            reason = None if self.structured is not None else _MODEL_STOP
+        final = reason is not None and reason is not _TOOL_CALLS
         msg = run.take_reply(reason, final)
         shown = run.shown(msg)
         calls = msg.tool_calls
@@ -490,7 +498,7 @@ class Execution:
         elif self.structured is not None:
             self.structured.answer(run, msg)
         elif msg.text.strip() or run.reminded:
-            run.end(msg, GenerateReason.MODEL_STOP, shown=shown, built=True)
+            run.end(msg, _MODEL_STOP, shown=shown, built=True)
         else:
             run.reminded = True
             run.transient = [Msg.user(EMPTY_REPLY_REMINDER, name="system", synthetic=True)]
@@ -502,7 +510,7 @@ class Execution:
             # No on_acting hook: the core's events are the step's stream, and the pass hands
             # ``acting`` what they carry itself (nothing for the loop to hand it per event).
             events = acting_events(self.tools, acting.calls, contextvars.copy_context(), None, acting)
-            return Step(ACT, events, None, ExtensionPoint.ON_ACTING, acting)
+            return Step(ACT, events, None, _ON_ACTING, acting)
         try:
             stream = self._acting(ActingInput(tuple(acting.calls)))
         except Exception as exc:  # a hook that raised before returning a stream
@@ -512,8 +520,8 @@ class Execution:
         # the loop: the pass hands ``acting`` what they carry, as with no hook.
         passed = acting_passed(stream, acting)
         if passed is not None:
-            return Step(ACT, passed, None, ExtensionPoint.ON_ACTING, acting)
-        return Step(ACT, stream, acting.add, ExtensionPoint.ON_ACTING, acting)
+            return Step(ACT, passed, None, _ON_ACTING, acting)
+        return Step(ACT, stream, acting.add, _ON_ACTING, acting)
 
     def _acted(self, acting: NextStepAct) -> None:
         """Results into memory; an interrupt raises; a stop, a pause or a suspension ends the run."""

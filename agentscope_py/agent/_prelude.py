@@ -36,6 +36,10 @@ if TYPE_CHECKING:
 
 __all__ = ["prelude"]
 
+# Read from their class once (an attribute read on an Enum class takes the slow path of
+# EnumType's ``__getattr__`` on Python 3.11: `agent._loop`).
+_ON_AGENT_STATE_READY, _ON_SYSTEM_PROMPT = ExtensionPoint.ON_AGENT_STATE_READY, ExtensionPoint.ON_SYSTEM_PROMPT
+
 
 async def prelude(exe: StepScope) -> AsyncIterator[AgentEvent] | None:
     """Run the prelude; what it still has to publish, as a stream (None: nothing)."""
@@ -45,7 +49,7 @@ async def prelude(exe: StepScope) -> AsyncIterator[AgentEvent] | None:
     ctx.agent_state = state
     ctx.agent = agent
     hooks = runtime.participants.hooks
-    ready, prompting = hooks[ExtensionPoint.ON_AGENT_STATE_READY], hooks[ExtensionPoint.ON_SYSTEM_PROMPT]
+    ready, prompting = hooks[_ON_AGENT_STATE_READY], hooks[_ON_SYSTEM_PROMPT]
     if runtime.trace and (ready or prompting):
         return _traced(exe, state)
     input_msgs = run.input_msgs
@@ -71,8 +75,8 @@ async def _traced(exe: StepScope, state: AgentState) -> AsyncIterator[AgentEvent
     agent, ctx, run, runtime = exe.agent, exe.ctx, exe.run, exe.runtime
     hooks, input_msgs = runtime.participants.hooks, run.input_msgs
     try:
-        for mw in hooks[ExtensionPoint.ON_AGENT_STATE_READY]:
-            ready = HookCall(mw, ExtensionPoint.ON_AGENT_STATE_READY,
+        for mw in hooks[_ON_AGENT_STATE_READY]:
+            ready = HookCall(mw, _ON_AGENT_STATE_READY,
                              functools.partial(mw.on_agent_state_ready, agent, ctx, state, input_msgs), True)
             async for ev in ready.events():
                 yield ev
@@ -80,8 +84,8 @@ async def _traced(exe: StepScope, state: AgentState) -> AsyncIterator[AgentEvent
         run.refused = True  # a hook refused the input: no turn, nothing saved (module docstring)
         raise
     prompt: Any = agent.sys_prompt
-    for mw in hooks[ExtensionPoint.ON_SYSTEM_PROMPT]:
-        transform = HookCall(mw, ExtensionPoint.ON_SYSTEM_PROMPT,
+    for mw in hooks[_ON_SYSTEM_PROMPT]:
+        transform = HookCall(mw, _ON_SYSTEM_PROMPT,
                              functools.partial(mw.on_system_prompt, agent, ctx, prompt), True)
         async for ev in transform.events():
             yield ev

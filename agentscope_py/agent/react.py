@@ -98,6 +98,11 @@ def _as_msg(value: Any, where: str) -> Msg:
         raise InputError(f"the agent input{where} is not a Msg ({problems}); {_SHAPE}") from None
 
 
+# Read from its class once (an attribute read on an Enum class takes the slow path of
+# EnumType's ``__getattr__`` on Python 3.11: `agent._loop`).
+_ON_AGENT = ExtensionPoint.ON_AGENT
+
+
 def confirm_message(*results: ConfirmResult | Mapping[str, Any]) -> Msg:
     """The input that answers asking tool calls: ``agent.call(confirm_message(ConfirmResult(
     tool_call_id=..., confirmed=True)))``. Calls left unanswered keep asking."""
@@ -315,9 +320,9 @@ class ReActAgent:
         exe = Execution(self, runtime, ctx if ctx is not None else RuntimeContext(), structured_model,
                         strategy if strategy is not None else runtime.multitask_strategy)
         participants = runtime.participants
-        if not participants.hooks[ExtensionPoint.ON_AGENT]:  # the run's own events are the caller's stream
+        if not participants.hooks[_ON_AGENT]:  # the run's own events are the caller's stream
             return exe, exe.events(msgs, publish)
-        chain = compose(ExtensionPoint.ON_AGENT, participants, self, exe.ctx, exe.agent_core, runtime.trace)
+        chain = compose(_ON_AGENT, participants, self, exe.ctx, exe.agent_core, runtime.trace)
         # What on_agent hooks emit is the caller's stream, checked and closed (`guarded`).
         return exe, guarded(chain(AgentInput(msgs)).__aiter__(), participants)
 
