@@ -9,7 +9,9 @@ async iterator that re-runs a failed model call without costing the happy path a
   iterator's own awaitable (one method call per event, no frame of its own), so a call that
   streams costs nothing more than the layer's iterator;
 * ``"buffer"``: the attempt's events are held until it completes; a failed attempt is dropped
-  whole, so the layers outside never see it (they see its events only once it succeeded);
+  whole, so the layers outside never see it (they see its events only once it succeeded). The
+  usage of a dropped ``ModelCallEnd`` (a model that answered, then failed) goes to the run's
+  usage (``count``, the context's ``add_usage``), as the provider billed it;
 * ``"always"``: a failure after events went out starts another attempt too. Those events cannot
   be taken back: the runtime has closed the failed attempt (its open blocks end, then
   ``ModelCallEnd(discarded=True)``) before the error reaches this layer, and memory keeps only the
@@ -27,11 +29,12 @@ from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
 from ..._stream.operators import Maps, MapSource, Recovery, apply_maps, maps_of
 from ...errors import AgentInterrupted, MiddlewareError, MiddlewareTermination, ModelError
-from ...events import AgentEvent, MiddlewareCompleted, MiddlewareStarted
+from ...events import AgentEvent, MiddlewareCompleted, MiddlewareStarted, ModelCallEnd
 from ...stream import EventStream, aclose
 
 if TYPE_CHECKING:
     from ..._replies import ReplyParts
+    from ...message import ChatUsage
 
 __all__ = [
     "Attempts",
@@ -164,10 +167,11 @@ class Attempts:
 
     # (``__weakref__``: the stream keeps a weak reference to its last iterator, for its
     # ``aclose``; without the slot every subscription would raise and catch a TypeError.)
-    __slots__ = ("__weakref__", "_again", "_buffer", "_done", "_earlier", "_it", "_live", "_mode")
+    __slots__ = ("__weakref__", "_again", "_buffer", "_count", "_done", "_earlier", "_it", "_live", "_mode")
 
     def __init__(self, first: EventStream[AgentEvent], again: Again, mode: Mode,
-                 earlier: list[tuple[str, BaseException]] | None = None) -> None:
+                 earlier: list[tuple[str, BaseException]] | None = None,
+                 count: Callable[[ChatUsage | None], None] | None = None) -> None:
         self._it: AsyncIterator[AgentEvent] | None = first.__aiter__()
         self._again = again
         self._mode = mode
@@ -177,6 +181,7 @@ class Attempts:
         if mode == "buffer":
             self._buffer: list[AgentEvent] = []
             self._done = False
+            self._count = count
 
     def __aiter__(self) -> Attempts:
         return self
@@ -229,7 +234,12 @@ class Attempts:
                 async for item in self._it:
                     items.append(item)
             except Exception as exc:
-                await self._next_attempt(exc, False)  # its events were never seen: drop them
+                # Its events were never seen: dropped, but for the usage a model reported in them.
+                if self._count is not None:
+                    for item in items:
+                        if type(item) is ModelCallEnd:
+                            self._count(item.usage)
+                await self._next_attempt(exc, False)
                 continue
             self._done = True
             items.reverse()  # popped from the end
