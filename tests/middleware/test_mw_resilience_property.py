@@ -297,6 +297,7 @@ class Case:
     slept: dict[int, list[float]] = field(default_factory=dict)  # id(mw) -> delays slept
     tool_retries: list[tuple[Any, int, str, float]] = field(default_factory=list)
     reached: dict[str, list[tuple[str, str | None]]] = field(default_factory=dict)  # probe -> (session, run)
+    retry_on: dict[int, Any] = field(default_factory=dict)  # id(retry) -> its retry_on
 
     def draw_fault(self) -> str:
         if self.faults_off or self.rng.random() >= self.p_fault:
@@ -334,17 +335,20 @@ def _no_forbidden(check: Any) -> str | None:
 def build_layer(kind: str, case: Case, rng: random.Random, backups: list[Any], timeout: dict[str, float]) -> Any:
     if kind == "retry":
         mw_id: list[int] = [0]
+        retry_on = rng.choice([None, None, ServerError, (RateLimitError, ModelConnectionError)])
         mw = RetryMiddleware(
             rng.randint(0, 3), initial_delay=rng.choice([0.5, 1.0]), backoff_factor=rng.choice([1.0, 2.0, 3.0]),
             max_delay=rng.choice([2.0, 10.0, 60.0]), jitter=rng.choice([False, True, 0.1]),
-            sleep=case.sleeper(mw_id), rng=random.Random(rng.random()),
+            sleep=case.sleeper(mw_id), rng=random.Random(rng.random()), retry_on=retry_on,
             on_retry=lambda retry, error, delay: case.retries.append((mw, retry, error, delay)),
             **rng.choice([{}, {}, {"buffer": True}, {"after_first_event": True}, {"on_failure": "continue"}]))
         mw_id[0] = id(mw)
+        case.retry_on[id(mw)] = retry_on
         return mw
     if kind == "fallback":
         k = rng.randint(1, 2)
-        return ModelFallbackMiddleware(*backups[:k], after_first_event=rng.random() < 0.3)
+        return ModelFallbackMiddleware(*backups[:k], **rng.choice([{}, {}, {"after_first_event": True},
+                                                                  {"buffer": True}]))
     if kind == "timeout":
         return TimeoutMiddleware(**timeout)
     if kind == "hedge":
@@ -573,6 +577,18 @@ def check_case(case: Case, mws: list[Any], kinds: list[str], timeout: dict[str, 
     for key, n in per_key.items():
         runs = questions.count(key[0])
         assert n <= factor * runs, f"{n} model attempts at {key}, at most {factor} x {runs} run(s)"
+    per_run_key: dict[tuple[int, tuple[str, int]], list[Attempt]] = {}
+    for a in case.attempts:
+        per_run_key.setdefault((a.run, a.key), []).append(a)
+    for (run, key), tried in per_run_key.items():
+        assert len(tried) <= factor, f"run {run}: {len(tried)} model attempts at {key}, at most {factor}"
+        if not {"fallback", "hedge"} & set(kinds):
+            # Only retries make attempts again: none after an error no retry takes.
+            for j, a in enumerate(tried[:-1]):
+                refused = all(not (isinstance(a.error, ModelError) and a.error.retryable if spec is None
+                                   else isinstance(a.error, spec)) for spec in case.retry_on.values())
+                assert a.error is None or not refused, \
+                    f"run {run}: {a.error!r} at {key} was tried again ({[t.aid for t in tried]})"
     tool_retry = next((m for m in mws if isinstance(m, ToolRetryMiddleware)), None)
     tool_bound = tool_retry.max_retries + 1 if tool_retry is not None else 1
     for (reply_id, q), n in case.tool_attempts.items():
@@ -601,7 +617,9 @@ def check_case(case: Case, mws: list[Any], kinds: list[str], timeout: dict[str, 
     # -- backoff: each retry's wait is its documented delay, and is what was slept ---------------
     for mw, retry, error, delay in case.retries:
         assert 1 <= retry <= mw.max_retries, f"retry {retry} of at most {mw.max_retries}"
-        assert isinstance(error, ModelError) and error.retryable, f"a non-retryable error retried: {error!r}"
+        spec = case.retry_on[id(mw)]
+        matches = isinstance(error, ModelError) and error.retryable if spec is None else isinstance(error, spec)
+        assert matches and not isinstance(error, AgentInterrupted), f"an error retry_on={spec} refuses retried: {error!r}"
         low, high = expected_delay(mw, retry, error)
         assert low - 1e-9 <= delay <= high + 1e-9, f"retry {retry} after {error!r} waits {delay}, not in [{low}, {high}]"
     for mw, retry, _text, delay in case.tool_retries:
@@ -654,8 +672,9 @@ def check_case(case: Case, mws: list[Any], kinds: list[str], timeout: dict[str, 
             if end.error is None:
                 assert reply in whole, f"run {i}: a call carried a reply no attempt completed: {reply}"
                 owner = next(a for a in case.attempts if a.completed and a.reply == reply)
-                assert end.model in (None, owner.model) or start.metadata.get("cache") == "hit", \
-                    f"run {i}: the reply of {owner.model} ended as {end.model}'s"
+                if start.metadata.get("cache") != "hit":
+                    assert (start.model, end.model) == (owner.model, owner.model), \
+                        f"run {i}: the reply of {owner.model} went out as {start.model}'s, ended as {end.model}'s"
                 if "guardrail" in kinds:
                     assert FORBIDDEN not in reply.text or end.metadata.get("cache") == "hit", \
                         f"run {i}: a reply past the guardrail: {reply}"
@@ -774,4 +793,30 @@ async def test_a_buffered_retry_counts_the_usage_of_the_attempt_it_drops(mode: s
         assert [(e.discarded, e.error) for e in events if e.type == "model_call_end"] == [(False, None)]
         reply = events[-2].result
     assert reply.text == "attempt 2"
+    assert reply.usage == ChatUsage(input_tokens=20, output_tokens=10)
+
+
+@pytest.mark.parametrize("mode", ["call", "stream"])
+async def test_a_guardrail_tripped_at_the_end_of_a_reply_keeps_the_usage_the_model_reported(mode: str) -> None:
+    # An output check trips on the whole reply, whose model answered with its usage: the End
+    # that closes the call carries that usage, and the run's usage counts it.
+    from agentscope_py import ModelStep, ScriptedModel
+
+    @tool
+    def look(q: str) -> str:
+        """Look."""
+        return q
+
+    usage = ChatUsage(input_tokens=10, output_tokens=5)
+    model = ScriptedModel([ModelStep.tool_call("look", {"q": "x"}, usage=usage),
+                           ModelStep.text(f"a {FORBIDDEN} word", usage=usage)], name="m")
+    agent = ReActAgent.builder().model(model).tools(look).middleware(GuardrailMiddleware(output=_no_forbidden)).build()
+    if mode == "call":
+        reply = await agent.call("hi")
+    else:
+        events = await agent.stream("hi").to_list()
+        ends = [e for e in events if e.type == "model_call_end"]
+        assert [(e.usage, (e.error or "").split(":")[0]) for e in ends] == [(usage, ""), (usage, "GuardrailTripped")]
+        reply = events[-2].result
+    assert reply.generate_reason.value == "middleware_stop_requested"
     assert reply.usage == ChatUsage(input_tokens=20, output_tokens=10)
