@@ -82,6 +82,7 @@ WORDS = ["alpha", "beta", "gamma", "delta", "omega", "sigma", "kappa"]
 FORBIDDEN = "forbidden"
 LONG = 30.0  # a stall: far past every deadline a case sets
 SLACK = 1.5  # seconds a deadline may be overrun on a loaded machine
+ESTIMATE = 10  # a model call's input tokens, and the budget's estimate of them
 TYPED = (ModelError, MiddlewareTermination, AgentInterrupted)
 RUN: contextvars.ContextVar[int] = contextvars.ContextVar("RUN", default=-1)  # the run an attempt is made for
 
@@ -97,7 +98,9 @@ class Reply:
 
     def usage(self) -> ChatUsage:
         size = len(self.text) + len(self.thinking) + sum(len(a) for _, a in self.calls)
-        return ChatUsage(input_tokens=10, output_tokens=1 + size // 4)
+        # (Never more than a budget's estimate, ``ESTIMATE``, and the output it counts, a
+        # quarter of the characters rounded up: a budget's limits then hold exactly.)
+        return ChatUsage(input_tokens=ESTIMATE, output_tokens=size // 4)
 
 
 @dataclass
@@ -332,6 +335,11 @@ def _no_forbidden(check: Any) -> str | None:
     return "says the word" if FORBIDDEN in check.text else None
 
 
+async def _no_forbidden_async(check: Any) -> str | None:
+    await asyncio.sleep(0)
+    return _no_forbidden(check)
+
+
 def build_layer(kind: str, case: Case, rng: random.Random, backups: list[Any], timeout: dict[str, float]) -> Any:
     if kind == "retry":
         mw_id: list[int] = [0]
@@ -367,7 +375,9 @@ def build_layer(kind: str, case: Case, rng: random.Random, backups: list[Any], t
                                    on_limit=rng.choice(["wait", "wait", "reject"]), clock=lambda: case.now,
                                    sleep=case.clock_sleep)
     if kind == "budget":
-        return BudgetMiddleware(run_tokens=rng.choice([60, 200, 10_000]), on_exceeded=rng.choice(["stop", "error"]))
+        return BudgetMiddleware(run_tokens=rng.choice([60, 200, 10_000]), session_tokens=rng.choice([None, 50, 150]),
+                                user_tokens=rng.choice([None, 100, 300]), on_exceeded=rng.choice(["stop", "error"]),
+                                estimate=lambda input: ESTIMATE)
     if kind == "modellimit":
         return ModelCallLimitMiddleware(run_limit=rng.choice([1, 2, 4]), session_limit=rng.choice([3, 8, None]),
                                         exit_behavior=rng.choice(["end", "error"]))
@@ -377,8 +387,10 @@ def build_layer(kind: str, case: Case, rng: random.Random, backups: list[Any], t
     if kind == "cache":
         return ResponseCacheMiddleware(InMemoryCacheStore(64))
     if kind == "guardrail":
-        return GuardrailMiddleware(**rng.choice([{"stream": _no_forbidden}, {"output": _no_forbidden}]),
-                                   exit_behavior=rng.choice(["end", "error"]))
+        return GuardrailMiddleware(**rng.choice([{"stream": _no_forbidden}, {"output": _no_forbidden},
+                                                 {"stream": _no_forbidden_async}]),
+                                   exit_behavior=rng.choice(["end", "error"]), blocking=rng.random() < 0.4,
+                                   refusal=rng.choice([None, "I cannot say."]))
     raise AssertionError(kind)
 
 
@@ -541,6 +553,17 @@ async def run_case(seed: int) -> None:
         for i in range(n_runs):
             if modes[i] == "stream" and sessions[i] != "shared" and outcomes[i].startswith("done"):
                 await check_session(agent, sessions[i], seen[i])
+        budget = next((m for m in mws if isinstance(m, BudgetMiddleware)), None)
+        if budget is not None:  # the session and user budgets hold under runs at once
+            session_limit = budget.limits.get(("session", "tokens"))
+            for session in set(sessions):
+                loaded = await agent.state_store.load("u", session)
+                spent = budget.session_spent(loaded[0]).tokens if loaded is not None and loaded[0] is not None else 0
+                assert session_limit is None or spent <= session_limit, \
+                    f"session {session} spent {spent} tokens, its budget {session_limit}"
+            user_limit = budget.limits.get(("user", "tokens"))
+            spent = (await budget.user_spent("u")).tokens
+            assert user_limit is None or spent <= user_limit, f"the user spent {spent} tokens, the budget {user_limit}"
         assert all(m.open == 0 for m in models), f"model streams left open: {[m.open for m in models]}"
         # Every session is usable afterwards: a fault-free run on it ends with a reply (a limit
         # reached may refuse it, as a typed stop).
@@ -562,7 +585,8 @@ async def run_case(seed: int) -> None:
 
 
 def vars_of(mw: Any) -> str:
-    keep = ("max_retries", "mode", "on_failure", "models", "limit", "run_limit", "session_limit")
+    keep = ("max_retries", "mode", "on_failure", "limit", "run_limit", "session_limit", "blocking", "exit_behavior",
+            "refusal", "stream_checks", "output_checks")
     return str({k: getattr(mw, k) for k in keep if hasattr(mw, k) and not callable(getattr(mw, k))})
 
 
@@ -584,7 +608,7 @@ def check_case(case: Case, mws: list[Any], kinds: list[str], timeout: dict[str, 
         assert len(tried) <= factor, f"run {run}: {len(tried)} model attempts at {key}, at most {factor}"
         if not {"fallback", "hedge"} & set(kinds):
             # Only retries make attempts again: none after an error no retry takes.
-            for j, a in enumerate(tried[:-1]):
+            for a in tried[:-1]:
                 refused = all(not (isinstance(a.error, ModelError) and a.error.retryable if spec is None
                                    else isinstance(a.error, spec)) for spec in case.retry_on.values())
                 assert a.error is None or not refused, \
@@ -653,6 +677,19 @@ def check_case(case: Case, mws: list[Any], kinds: list[str], timeout: dict[str, 
     for i, outcome in enumerate(outcomes):
         assert outcome, f"run {i} ended with no result and no error"
         events = seen[i]
+        if outcome.startswith("done"):
+            # Every attempt of the run whose usage went out counts once: the run's usage.
+            # (A hedge's loser is not counted, as documented, even when a buffering layer inside
+            # it let its model answer whole before the race was decided.)
+            result = events[-1] if modes[i] == "call" else next(
+                e.result for e in events if isinstance(e, AgentResult) and e.source is None)
+            billed = sum((a.reply.usage() for a in case.attempts if a.run == i and a.usage_out), ChatUsage())
+            counted = result.usage or ChatUsage()
+            if "hedge" in kinds:
+                assert counted.input_tokens <= billed.input_tokens and counted.output_tokens <= billed.output_tokens, \
+                    f"run {i}: the reply's usage {result.usage}, more than the attempts billed {billed}"
+            else:
+                assert counted == billed, f"run {i}: the reply's usage {result.usage}, the attempts billed {billed}"
         if modes[i] == "call" or outcome == "left":
             if modes[i] == "call" and outcome.startswith("done"):
                 text = events[-1].text
@@ -687,16 +724,6 @@ def check_case(case: Case, mws: list[Any], kinds: list[str], timeout: dict[str, 
             if result.generate_reason.value == "model_stop" and kept:
                 assert result.text == kept[-1][2].text, \
                     f"run {i}: the final message {result.text!r}, the last call's reply {kept[-1][2].text!r}"
-            # Every attempt of the run whose usage went out counts once: the run's usage.
-            # (A hedge's loser is not counted, as documented, even when a buffering layer inside
-            # it let its model answer whole before the race was decided.)
-            billed = sum((a.reply.usage() for a in case.attempts if a.run == i and a.usage_out), ChatUsage())
-            counted = result.usage or ChatUsage()
-            if "hedge" in kinds:
-                assert counted.input_tokens <= billed.input_tokens and counted.output_tokens <= billed.output_tokens, \
-                    f"run {i}: the reply's usage {result.usage}, more than the attempts billed {billed}"
-            else:
-                assert counted == billed, f"run {i}: the reply's usage {result.usage}, the attempts billed {billed}"
         if limit is not None and limit.run_limit is not None:
             n = len([c for c in calls if not c[1].discarded and c[0].metadata.get("cache") != "hit"])
             assert n <= max(limit.run_limit * model_factor(mws), 1), f"run {i}: {n} model calls past the limit"
@@ -820,3 +847,48 @@ async def test_a_guardrail_tripped_at_the_end_of_a_reply_keeps_the_usage_the_mod
         reply = events[-2].result
     assert reply.generate_reason.value == "middleware_stop_requested"
     assert reply.usage == ChatUsage(input_tokens=20, output_tokens=10)
+
+
+class Answers:
+    """Streams ``text`` in two chunks, then its usage."""
+
+    provider = "test"
+    name = "m"
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[ChatChunk]:
+        half = len(self.text) // 2
+        yield ChatChunk(text=self.text[:half])
+        yield ChatChunk(text=self.text[half:])
+        yield ChatChunk(usage=ChatUsage(input_tokens=10, output_tokens=5), finish_reason="stop")
+
+
+@pytest.mark.parametrize("mode", ["call", "stream"])
+async def test_a_buffered_retry_cut_after_its_model_answered_counts_that_usage(mode: str) -> None:
+    # The retry holds the whole attempt, End and usage included; a guardrail outside trips on its
+    # text and closes the call: the held End never goes out, but the model answered.
+    agent = ReActAgent.builder().model(Answers(f"a {FORBIDDEN} word")).middlewares(
+        [GuardrailMiddleware(stream=_no_forbidden), RetryMiddleware(1, buffer=True)]).build()
+    if mode == "call":
+        reply = await agent.call("hi")
+    else:
+        reply = (await agent.stream("hi").to_list())[-2].result
+    assert reply.generate_reason.value == "middleware_stop_requested"
+    assert reply.usage == ChatUsage(input_tokens=10, output_tokens=5)
+
+
+@pytest.mark.parametrize("mode", ["call", "stream"])
+async def test_a_blocking_output_guardrail_that_trips_counts_the_usage_of_the_call_it_held(mode: str) -> None:
+    # Blocking with an output check holds the whole call, its Start too: no End goes out to carry
+    # the usage, and the run's usage counts it all the same.
+    agent = ReActAgent.builder().model(Answers(f"a {FORBIDDEN} word")).middleware(
+        GuardrailMiddleware(output=_no_forbidden, blocking=True)).build()
+    if mode == "call":
+        reply = await agent.call("hi")
+    else:
+        events = await agent.stream("hi").to_list()
+        assert "model_call_start" not in [e.type for e in events]
+        reply = events[-2].result
+    assert reply.usage == ChatUsage(input_tokens=10, output_tokens=5)

@@ -10,8 +10,9 @@ async iterator that re-runs a failed model call without costing the happy path a
   streams costs nothing more than the layer's iterator;
 * ``"buffer"``: the attempt's events are held until it completes; a failed attempt is dropped
   whole, so the layers outside never see it (they see its events only once it succeeded). The
-  usage of a dropped ``ModelCallEnd`` (a model that answered, then failed) goes to the run's
-  usage (``count``, the context's ``add_usage``), as the provider billed it;
+  usage of a ``ModelCallEnd`` dropped so, or held when the call is cut (the consumer leaves, an
+  interrupt, a layer outside stops reading), goes to the run's usage (``count``, the context's
+  ``add_usage``), as the provider billed it;
 * ``"always"``: a failure after events went out starts another attempt too. Those events cannot
   be taken back: the runtime has closed the failed attempt (its open blocks end, then
   ``ModelCallEnd(discarded=True)``) before the error reaches this layer, and memory keeps only the
@@ -226,25 +227,33 @@ class Attempts:
                 await self._next_attempt(exc, True)
 
     async def _buffered(self) -> AgentEvent:
-        while not self._buffer:
-            if self._done or self._it is None:
+        buffer = self._buffer
+        while not self._done:
+            if self._it is None:
                 raise StopAsyncIteration
-            items: list[AgentEvent] = []
             try:
                 async for item in self._it:
-                    items.append(item)
+                    buffer.append(item)
             except Exception as exc:
-                # Its events were never seen: dropped, but for the usage a model reported in them.
-                if self._count is not None:
-                    for item in items:
-                        if type(item) is ModelCallEnd:
-                            self._count(item.usage)
+                self._drop()  # its events were never seen
                 await self._next_attempt(exc, False)
                 continue
             self._done = True
-            items.reverse()  # popped from the end
-            self._buffer = items
-        return self._buffer.pop()
+            buffer.reverse()  # popped from the end
+        if not buffer:
+            raise StopAsyncIteration
+        return buffer.pop()
+
+    def _drop(self) -> None:
+        """Drops the held events that did not go out (a failed attempt's, or what a cut call still
+        held), counting the usage a model reported in them into the run's: the provider billed it,
+        and no ModelCallEnd that goes out carries it."""
+        count = self._count
+        if count is not None:
+            for item in self._buffer:
+                if type(item) is ModelCallEnd:
+                    count(item.usage)
+        self._buffer.clear()
 
     async def _next_attempt(self, error: Exception, emitted: bool) -> None:
         it, self._it = self._it, None
@@ -258,6 +267,8 @@ class Attempts:
 
     async def aclose(self) -> None:
         self._live = False  # (a read after closing ends at once, in _first)
+        if self._mode == "buffer":
+            self._drop()
         it, self._it = self._it, None
         if it is not None:
             await aclose(it)

@@ -79,7 +79,8 @@ class _Trip(Exception):
         super().__init__(reason)
         self.guardrail, self.reason, self.stage = guardrail, reason, stage
         # The usage of the model's ModelCallEnd the trip held back: the model answered (the
-        # provider billed it), so the End that closes the call carries it.
+        # provider billed it), so the End that closes the call carries it (the run's usage
+        # counts it when no End goes out).
         self.usage: ChatUsage | None = None
 
 
@@ -388,8 +389,11 @@ class GuardrailMiddleware(MiddlewareBase):
         # the refusal is the reply; without one, what went out stays the reply.
         events = released.close(why, discarded=self.exit_behavior == "error" or bool(self.refusal), failed=True)
         if trip.usage is not None:
-            events = [ev.model_copy(update={"usage": trip.usage}) if type(ev) is ModelCallEnd else ev
-                      for ev in events]
+            if any(type(ev) is ModelCallEnd for ev in events):
+                events = [ev.model_copy(update={"usage": trip.usage}) if type(ev) is ModelCallEnd else ev
+                          for ev in events]
+            else:  # (blocking: the whole call was held, and none of it goes out)
+                ctx.add_usage(trip.usage)
         if self.refusal and refuse:
             reply_id = released.reply_id or ctx.reply_id or ""
             block = new_id("blk_")
