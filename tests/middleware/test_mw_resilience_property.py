@@ -773,6 +773,18 @@ async def check_session(agent: ReActAgent, session: str, seen: list[Any]) -> Non
         shown = [(reply.text, tuple((name, json.loads(args)) for name, args in reply.calls))
                  for _, end, reply in calls_of(seen) if not end.discarded]
         assert kept == shown, f"session {session}: kept {kept}, the caller saw {shown}"
+        # Each tool call's result kept is the last one the caller saw (a tool retry's, when it ran).
+        results = {b.id: (b.state.value, b.text) for m in state.context if m.role == "tool" for b in m.content
+                   if b.type == "tool_result"}
+        last: dict[str, tuple[str, str]] = {}
+        for ev in seen:
+            if ev.source is None and ev.type == "tool_result_start":
+                last[ev.tool_call_id] = ("", "")
+            elif ev.source is None and ev.type == "tool_result_text_delta":
+                last[ev.tool_call_id] = ("", last[ev.tool_call_id][1] + ev.delta)
+            elif ev.source is None and ev.type == "tool_result_end":
+                last[ev.tool_call_id] = (ev.state.value, last[ev.tool_call_id][1])
+        assert results == last, f"session {session}: kept the tool results {results}, the caller saw {last}"
 
 
 @pytest.mark.parametrize("seed", range(SEED, SEED + CASES))
@@ -900,3 +912,34 @@ async def test_a_blocking_output_guardrail_that_trips_counts_the_usage_of_the_ca
         assert "model_call_start" not in [e.type for e in events]
         reply = events[-2].result
     assert reply.usage == ChatUsage(input_tokens=10, output_tokens=5)
+
+
+@pytest.mark.parametrize("store", ["memory", "network"])
+async def test_a_budget_outside_a_guardrail_does_not_meter_its_refusal_as_a_model_call(store: str) -> None:
+    # The refusal comes after the tripped call's End: no model made it. Metered, it took a hold
+    # of a call's estimate past the limit, stopped the run in the guardrail's place, and charged
+    # a call no model answered.
+    from agentscope_py.errors import GuardrailTripped
+    from agentscope_py.middleware import InMemoryBudgetStore
+
+    class OverNetwork:  # (a store that is not this process's: the budget's other meter)
+        def __init__(self) -> None:
+            self.inner = InMemoryBudgetStore()
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.inner, name)
+
+    budget = BudgetMiddleware(session_tokens=16, user_tokens=10**6, estimate=lambda input: ESTIMATE,
+                              **({"store": OverNetwork()} if store == "network" else {}))
+    assert (budget.memory_store is None) == (store == "network")
+    guard = GuardrailMiddleware(output=_no_forbidden, exit_behavior="error", refusal="I cannot say.")
+    agent = ReActAgent.builder().model(Answers(f"a {FORBIDDEN} word")).middlewares([budget, guard]).build()
+    ctx = RuntimeContext(user_id="u", session_id="s")
+    events: list[Any] = []
+    with pytest.raises(GuardrailTripped):
+        async for ev in agent.stream("hi", ctx=ctx):
+            events.append(ev)
+    assert [e.delta for e in events if e.type == "text_block_delta"][-1] == "I cannot say."
+    loaded = await agent.state_store.load("u", "s")
+    assert loaded is not None and loaded[0] is not None
+    assert budget.session_spent(loaded[0]).calls == 1 and budget.session_spent(loaded[0]).tokens == 15
