@@ -300,6 +300,8 @@ class Case:
     tool_fail: float = 0.0
     tool_stall: float = 0.0
     now: float = 1000.0  # the rate limit's clock, moved by its sleeps
+    rate_rate: float = 0.0
+    rate_burst: float = 0.0
     faults_off: bool = False
     notes: list[str] = field(default_factory=list)
     attempts: list[Attempt] = field(default_factory=list)
@@ -380,7 +382,8 @@ def build_layer(kind: str, case: Case, rng: random.Random, backups: list[Any], t
         tool_id[0] = id(tmw)
         return tmw
     if kind == "ratelimit":
-        return RateLimitMiddleware(rng.choice([1.0, 5.0]), rng.choice([1, 3]), key=rng.choice(["global", "user"]),
+        case.rate_rate, case.rate_burst = rng.choice([1.0, 5.0]), rng.choice([1, 3])
+        return RateLimitMiddleware(case.rate_rate, case.rate_burst, key=rng.choice(["global", "user"]),
                                    on_limit=rng.choice(["wait", "wait", "reject"]), clock=lambda: case.now,
                                    sleep=case.clock_sleep)
     if kind == "budget":
@@ -502,9 +505,10 @@ async def run_case(seed: int) -> None:
     layer_rng = random.Random(f"{seed}/layers")
     mws = [build_layer(k, case, layer_rng, backups, timeout) for k in kinds]
     if rng.random() < 0.5:  # (a probe wraps the stream: the retries' unwrapped paths are then not taken)
-        at = next((j for j, m in enumerate(mws) if isinstance(m, ModelCallLimitMiddleware)), None)
-        if at is not None:
-            mws.insert(at + 1, Probe("limit", case))
+        for cls, name in ((ModelCallLimitMiddleware, "limit"), (RateLimitMiddleware, "rate")):
+            at = next((j for j, m in enumerate(mws) if isinstance(m, cls)), None)
+            if at is not None:
+                mws.insert(at + 1, Probe(name, case))
         mws.append(Probe("model", case))
     case.notes.append("layers: " + ", ".join(f"{type(m).__name__}{vars_of(m)}" for m in mws))
     trace = rng.random() < 0.2  # hook tracing's brackets come before a layer's first event
@@ -648,6 +652,13 @@ def check_case(case: Case, mws: list[Any], kinds: list[str], timeout: dict[str, 
         if limit_mw.session_limit is not None:
             for session, n in per_session.items():
                 assert n <= limit_mw.session_limit, f"session {session}: {n} calls past its limit"
+    # The calls a rate limit let through: its burst, and its rate over the time its waits moved
+    # the clock (every run is one user's: one bucket, whatever the key).
+    rate = next((m for m in mws if isinstance(m, RateLimitMiddleware)), None)
+    if "rate" in case.reached and rate is not None:
+        n = len(case.reached["rate"])
+        allowed = case.rate_burst + case.rate_rate * (case.now - 1000.0)
+        assert n <= allowed + 1e-6, f"{n} calls past a rate limit allowing {allowed:.2f}"
     # -- backoff: each retry's wait is its documented delay, and is what was slept ---------------
     for mw, retry, error, delay in case.retries:
         assert 1 <= retry <= mw.max_retries, f"retry {retry} of at most {mw.max_retries}"
