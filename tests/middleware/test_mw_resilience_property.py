@@ -62,7 +62,7 @@ from agentscope_py.errors import (
     RateLimitError,
     ServerError,
 )
-from agentscope_py.events import AgentResult, ModelCallEnd, ModelCallStart
+from agentscope_py.events import AgentResult
 from agentscope_py.extension.base import ExtensionPoint, MiddlewareBase
 from agentscope_py.middleware import (
     BudgetMiddleware,
@@ -80,6 +80,7 @@ from agentscope_py.middleware import (
 )
 from agentscope_py.model.base import ChatChunk, ModelRequest, ToolCallChunk
 from agentscope_py.stream import aclose
+from tests.middleware.resilience_helpers import balance, model_calls
 
 pytestmark = [pytest.mark.timeout(300),
               pytest.mark.filterwarnings("ignore::agentscope_py.extension.lints.MiddlewareOrderWarning")]
@@ -430,45 +431,7 @@ def outside_of(mws: list[Any], cls: type, kinds: tuple[type, ...]) -> bool:
 
 def calls_of(events: list[Any]) -> list[tuple[Any, Any, Reply]]:
     """Each top-level model call: its start, its end, and the reply its events carry."""
-    out = []
-    start: Any = None
-    thinking: list[str] = []
-    text: list[str] = []
-    args: dict[str, list[str]] = {}
-    names: dict[str, str] = {}
-    for ev in events:
-        if ev.source is not None:
-            continue
-        if type(ev) is ModelCallStart:
-            assert start is None, "a model call started inside another"
-            start, thinking, text, args, names = ev, [], [], {}, {}
-        elif start is None:
-            continue
-        elif ev.type == "thinking_block_delta":
-            thinking.append(ev.delta)
-        elif ev.type == "text_block_delta":
-            text.append(ev.delta)
-        elif ev.type == "tool_call_start":
-            names[ev.tool_call_id] = ev.tool_name
-            args.setdefault(ev.tool_call_id, [])
-        elif ev.type == "tool_call_delta":
-            args.setdefault(ev.tool_call_id, []).append(ev.delta)
-        elif type(ev) is ModelCallEnd:
-            calls = tuple((names[c], "".join(a)) for c, a in args.items())
-            out.append((start, ev, Reply("".join(thinking), "".join(text), calls)))
-            start = None
-    return out
-
-
-def balance(events: list[Any]) -> dict[str, int]:
-    count: dict[str, int] = {}
-    for e in events:
-        for kind in ("text_block", "thinking_block", "tool_call", "tool_result", "model_call"):
-            if e.type == f"{kind}_start":
-                count[kind] = count.get(kind, 0) + 1
-            elif e.type == f"{kind}_end":
-                count[kind] = count.get(kind, 0) - 1
-    return {k: n for k, n in count.items() if n}
+    return [(start, end, Reply(thinking, text, calls)) for start, end, thinking, text, calls in model_calls(events)]
 
 
 def is_prefix(part: Reply, whole: Reply) -> bool:
