@@ -1,4 +1,4 @@
-"""Helpers of the resilience tests: balance, a fake sleep, model-call traces, an iterator probe."""
+"""Helpers of the resilience tests: balance, a fake sleep, model calls and traces, an iterator probe."""
 
 from __future__ import annotations
 
@@ -29,6 +29,39 @@ class FakeSleep:
 
     async def __call__(self, delay: float) -> None:
         self.delays.append(delay)
+
+
+def model_calls(events: list[Any]) -> list[tuple[Any, Any, str, str, tuple[tuple[str, str], ...]]]:
+    """Each top-level model call in ``events``: its start, its end, and the thinking, text and
+    tool calls (name, argument JSON) its deltas carry."""
+    out = []
+    start: Any = None
+    thinking: list[str] = []
+    text: list[str] = []
+    args: dict[str, list[str]] = {}
+    names: dict[str, str] = {}
+    for ev in events:
+        if ev.source is not None:
+            continue
+        if ev.type == "model_call_start":
+            assert start is None, "a model call started inside another"
+            start, thinking, text, args, names = ev, [], [], {}, {}
+        elif start is None:
+            continue
+        elif ev.type == "thinking_block_delta":
+            thinking.append(ev.delta)
+        elif ev.type == "text_block_delta":
+            text.append(ev.delta)
+        elif ev.type == "tool_call_start":
+            names[ev.tool_call_id] = ev.tool_name
+            args.setdefault(ev.tool_call_id, [])
+        elif ev.type == "tool_call_delta":
+            args.setdefault(ev.tool_call_id, []).append(ev.delta)
+        elif ev.type == "model_call_end":
+            calls = tuple((names[c], "".join(a)) for c, a in args.items())
+            out.append((start, ev, "".join(thinking), "".join(text), calls))
+            start = None
+    return out
 
 
 def model_trace(events: list[Any]) -> list[Any]:

@@ -55,6 +55,7 @@ from agentscope_py.middleware.caching.cache import whole_reply
 from agentscope_py.middleware.caching.cache_stores import decode_events
 from agentscope_py.model.base import ChatChunk, ModelRequest, ToolCallChunk
 from agentscope_py.stream import aclose
+from tests.middleware.resilience_helpers import model_calls
 
 pytestmark = [pytest.mark.timeout(300),
               pytest.mark.filterwarnings("ignore::agentscope_py.extension.lints.MiddlewareOrderWarning")]
@@ -236,34 +237,8 @@ async def stored_entries(kind: str, store: Any, where: Any) -> list[Any]:
 
 
 def calls_of(events: list[Any]) -> list[tuple[Any, Any, Reply]]:
-    """Each top-level model call in ``events``: its start, its end and the reply its events carry."""
-    out = []
-    start: Any = None
-    thinking: list[str] = []
-    text: list[str] = []
-    args: dict[str, list[str]] = {}
-    names: dict[str, str] = {}
-    for ev in events:
-        if ev.source is not None:
-            continue
-        if type(ev) is ModelCallStart:
-            start, thinking, text, args, names = ev, [], [], {}, {}
-        elif start is None:
-            continue
-        elif ev.type == "thinking_block_delta":
-            thinking.append(ev.delta)
-        elif ev.type == "text_block_delta":
-            text.append(ev.delta)
-        elif ev.type == "tool_call_start":
-            names[ev.tool_call_id] = ev.tool_name
-            args.setdefault(ev.tool_call_id, [])
-        elif ev.type == "tool_call_delta":
-            args.setdefault(ev.tool_call_id, []).append(ev.delta)
-        elif type(ev) is ModelCallEnd:
-            calls = tuple((names[c], "".join(a)) for c, a in args.items())
-            out.append((start, ev, Reply("".join(thinking), "".join(text), calls)))
-            start = None
-    return out
+    """Each top-level model call: its start, its end, and the reply its events carry."""
+    return [(start, end, Reply(thinking, text, calls)) for start, end, thinking, text, calls in model_calls(events)]
 
 
 def shapes_of(events: list[Any]) -> list[tuple[tuple[str, Any], ...]]:

@@ -357,7 +357,7 @@ class BudgetMiddleware(MiddlewareBase):
                     break
                 cls = ev.__class__
                 if cls in _OUTPUT_DELTAS:
-                    if ev.source is None:
+                    if ev.source is None and attempt:  # (`_SyncCall.see`: output of a model call only)
                         # Counted once its hold is there: a call cut while the store answers (an
                         # interrupt) is charged what it let out, not the delta it was holding for.
                         counted = chars + len(ev.delta)
@@ -1117,7 +1117,9 @@ class _SyncCall(CallHold, MapSource):
     def see(self, ev: Any) -> Any:
         cls = ev.__class__
         if cls in _OUTPUT_DELTAS:
-            if ev.source is None:
+            # Only a model call's output is metered: text a layer inside adds after the call's End
+            # (a guardrail's refusal) is no model's, and would otherwise be held as a call's.
+            if ev.source is None and self.attempt:
                 self.chars = chars = self.chars + len(ev.delta)
                 if chars > self.free:
                     refused = self.grow(len(ev.delta))

@@ -9,7 +9,10 @@ async iterator that re-runs a failed model call without costing the happy path a
   iterator's own awaitable (one method call per event, no frame of its own), so a call that
   streams costs nothing more than the layer's iterator;
 * ``"buffer"``: the attempt's events are held until it completes; a failed attempt is dropped
-  whole, so the layers outside never see it (they see its events only once it succeeded);
+  whole, so the layers outside never see it (they see its events only once it succeeded). The
+  usage of a ``ModelCallEnd`` dropped so, or held when the call is cut (the consumer leaves, an
+  interrupt, a layer outside stops reading), goes to the run's usage (``count``, the context's
+  ``add_usage``), as the provider billed it;
 * ``"always"``: a failure after events went out starts another attempt too. Those events cannot
   be taken back: the runtime has closed the failed attempt (its open blocks end, then
   ``ModelCallEnd(discarded=True)``) before the error reaches this layer, and memory keeps only the
@@ -27,11 +30,12 @@ from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
 from ..._stream.operators import Maps, MapSource, Recovery, apply_maps, maps_of
 from ...errors import AgentInterrupted, MiddlewareError, MiddlewareTermination, ModelError
-from ...events import AgentEvent, MiddlewareCompleted, MiddlewareStarted
+from ...events import AgentEvent, MiddlewareCompleted, MiddlewareStarted, ModelCallEnd
 from ...stream import EventStream, aclose
 
 if TYPE_CHECKING:
     from ..._replies import ReplyParts
+    from ...message import ChatUsage
 
 __all__ = [
     "Attempts",
@@ -164,10 +168,11 @@ class Attempts:
 
     # (``__weakref__``: the stream keeps a weak reference to its last iterator, for its
     # ``aclose``; without the slot every subscription would raise and catch a TypeError.)
-    __slots__ = ("__weakref__", "_again", "_buffer", "_done", "_earlier", "_it", "_live", "_mode")
+    __slots__ = ("__weakref__", "_again", "_buffer", "_count", "_done", "_earlier", "_it", "_live", "_mode")
 
     def __init__(self, first: EventStream[AgentEvent], again: Again, mode: Mode,
-                 earlier: list[tuple[str, BaseException]] | None = None) -> None:
+                 earlier: list[tuple[str, BaseException]] | None = None,
+                 count: Callable[[ChatUsage | None], None] | None = None) -> None:
         self._it: AsyncIterator[AgentEvent] | None = first.__aiter__()
         self._again = again
         self._mode = mode
@@ -177,6 +182,7 @@ class Attempts:
         if mode == "buffer":
             self._buffer: list[AgentEvent] = []
             self._done = False
+            self._count = count
 
     def __aiter__(self) -> Attempts:
         return self
@@ -221,20 +227,33 @@ class Attempts:
                 await self._next_attempt(exc, True)
 
     async def _buffered(self) -> AgentEvent:
-        while not self._buffer:
-            if self._done or self._it is None:
+        buffer = self._buffer
+        while not self._done:
+            if self._it is None:
                 raise StopAsyncIteration
-            items: list[AgentEvent] = []
             try:
                 async for item in self._it:
-                    items.append(item)
+                    buffer.append(item)
             except Exception as exc:
-                await self._next_attempt(exc, False)  # its events were never seen: drop them
+                self._drop()  # its events were never seen
+                await self._next_attempt(exc, False)
                 continue
             self._done = True
-            items.reverse()  # popped from the end
-            self._buffer = items
-        return self._buffer.pop()
+            buffer.reverse()  # popped from the end
+        if not buffer:
+            raise StopAsyncIteration
+        return buffer.pop()
+
+    def _drop(self) -> None:
+        """Drops the held events that did not go out (a failed attempt's, or what a cut call still
+        held), counting the usage a model reported in them into the run's: the provider billed it,
+        and no ModelCallEnd that goes out carries it."""
+        count = self._count
+        if count is not None:
+            for item in self._buffer:
+                if type(item) is ModelCallEnd:
+                    count(item.usage)
+        self._buffer.clear()
 
     async def _next_attempt(self, error: Exception, emitted: bool) -> None:
         it, self._it = self._it, None
@@ -248,6 +267,8 @@ class Attempts:
 
     async def aclose(self) -> None:
         self._live = False  # (a read after closing ends at once, in _first)
+        if self._mode == "buffer":
+            self._drop()
         it, self._it = self._it, None
         if it is not None:
             await aclose(it)

@@ -116,7 +116,7 @@ class RetryMiddleware(MiddlewareBase):
         call = _Attempted(next(input), self, ctx, input, next)
         if self.mode == "first":
             return EventStream(call)
-        return EventStream(partial(Attempts, call.first, call.again, self.mode))
+        return EventStream(partial(Attempts, call.first, call.again, self.mode, count=ctx.add_usage))
 
     async def _again(self, ctx: RuntimeContext, input: ModelCallInput, next: Next,
                      earlier: list[tuple[str, BaseException]], error: BaseException,
@@ -181,7 +181,7 @@ class ModelFallbackMiddleware(MiddlewareBase):
         call = _Attempted(next(input), self, ctx, input, next)
         if self.mode == "first":
             return EventStream(call)
-        return EventStream(partial(Attempts, call.first, call.again, self.mode))
+        return EventStream(partial(Attempts, call.first, call.again, self.mode, count=ctx.add_usage))
 
     async def _again(self, ctx: RuntimeContext, input: ModelCallInput, next: Next,
                      earlier: list[tuple[str, BaseException]], error: BaseException,

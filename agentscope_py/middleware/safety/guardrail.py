@@ -69,6 +69,7 @@ if TYPE_CHECKING:
     from ..._context import RuntimeContext
     from ..._state import AgentState
     from ...extension.base import AgentView
+    from ...message import ChatUsage
 
 __all__ = ["Guardrail", "GuardrailCheck", "GuardrailMiddleware", "GuardrailResult"]
 
@@ -77,6 +78,10 @@ class _Trip(Exception):
     def __init__(self, guardrail: str, reason: str, stage: Stage) -> None:
         super().__init__(reason)
         self.guardrail, self.reason, self.stage = guardrail, reason, stage
+        # The usage of the model's ModelCallEnd the trip held back: the model answered (the
+        # provider billed it), so the End that closes the call carries it (the run's usage
+        # counts it when no End goes out).
+        self.usage: ChatUsage | None = None
 
 
 class GuardrailMiddleware(MiddlewareBase):
@@ -200,12 +205,16 @@ class GuardrailMiddleware(MiddlewareBase):
                 elif blocking and stream_checks:  # nothing goes out past unchecked text
                     await self._check_unchecked(agent, ctx, messages, texts, pending)
                 if cls is ModelCallEnd and top:
-                    if stream_checks:
-                        await self._check_unchecked(agent, ctx, messages, texts, pending)
-                    if pending:
-                        await _settle(ctx, pending)
-                    if self.output_checks:
-                        await self._output_check(agent, ctx, messages, texts)
+                    try:
+                        if stream_checks:
+                            await self._check_unchecked(agent, ctx, messages, texts, pending)
+                        if pending:
+                            await _settle(ctx, pending)
+                        if self.output_checks:
+                            await self._output_check(agent, ctx, messages, texts)
+                    except _Trip as trip:
+                        trip.usage = ev.usage
+                        raise
                     hold_all = False
                 if hold_all:
                     held.append(ev)
@@ -379,6 +388,12 @@ class GuardrailMiddleware(MiddlewareBase):
         # With a refusal, the partial text the caller saw is struck (its call ends discarded) and
         # the refusal is the reply; without one, what went out stays the reply.
         events = released.close(why, discarded=self.exit_behavior == "error" or bool(self.refusal), failed=True)
+        if trip.usage is not None:
+            if any(type(ev) is ModelCallEnd for ev in events):
+                events = [ev.model_copy(update={"usage": trip.usage}) if type(ev) is ModelCallEnd else ev
+                          for ev in events]
+            else:  # (blocking: the whole call was held, and none of it goes out)
+                ctx.add_usage(trip.usage)
         if self.refusal and refuse:
             reply_id = released.reply_id or ctx.reply_id or ""
             block = new_id("blk_")
