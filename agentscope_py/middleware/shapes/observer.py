@@ -14,6 +14,10 @@ order of notifications is the order of things):
 | ``on_event(agent, ctx, event)`` | every event the caller's stream carries (at ``on_agent``) |
 | ``on_error(agent, ctx, error)`` | the run failed (not for cancellation) |
 
+Every ``on_turn_start`` gets one ``on_turn_end``, also for a turn that never ran (refused, failed
+in a layer inside before it, or left at its AgentStart): its `AgentRun` then holds only the
+error, else the reason ``INTERRUPTED``.
+
 An observer can change nothing: it is given immutable values, what it returns is ignored, and an
 exception it raises is logged (``agentscope_py.middleware.shapes_observer``, with the traceback)
 and swallowed — the run never notices. Use a middleware to influence behaviour; use an observer
@@ -30,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 from ..._replies import ReplyBuilder, ToolResultCollector
 from ...events import ModelCallEnd, ToolResultEnd
 from ...extension.base import ActingInput, AgentInput, AgentRun, ExtensionPoint, MiddlewareBase, ModelCallInput, Next
-from ...message import Msg, ToolResultBlock, ToolUseBlock
+from ...message import GenerateReason, Msg, ToolResultBlock, ToolUseBlock
 from ...stream import EventStream, aclose
 
 if TYPE_CHECKING:
@@ -50,6 +54,8 @@ _HOOKS = {
 
 class ObserverMiddleware(MiddlewareBase):
     """Read-only notifications (module docstring). Subclass and override what you observe."""
+
+    _turns: set[str | None]
 
     def order(self) -> int:
         return 1000  # outermost: an observer sees what the caller sees
@@ -84,7 +90,10 @@ class ObserverMiddleware(MiddlewareBase):
 
     async def _agent(self, agent: AgentView, ctx: RuntimeContext, input: AgentInput, next: Next
                      ) -> AsyncIterator[Any]:
+        reply_id = ctx.reply_id
         if self._overrides("on_turn_start"):
+            if self._overrides("on_turn_end"):
+                self._open_turns().add(reply_id)
             await self._tell("on_turn_start", agent, ctx, tuple(input.msgs))
         events = self._overrides("on_event")
         it = next(input).__aiter__()
@@ -94,13 +103,35 @@ class ObserverMiddleware(MiddlewareBase):
                     await self._tell("on_event", agent, ctx, ev)
                 yield ev
         except Exception as error:
+            await self._end_unfinished(agent, ctx, reply_id, error)
             if self._overrides("on_error"):
                 await self._tell("on_error", agent, ctx, error)
             raise
         finally:
             await aclose(it)
+            await self._end_unfinished(agent, ctx, reply_id, None)
+
+    def _open_turns(self) -> set[str | None]:
+        """The runs told ``on_turn_start`` and not yet ``on_turn_end`` (by reply id)."""
+        turns = getattr(self, "_turns", None)  # (made here: a subclass's __init__ need not call ours)
+        if turns is None:
+            turns = self._turns = set()
+        return turns
+
+    async def _end_unfinished(self, agent: AgentView, ctx: RuntimeContext, reply_id: str | None,
+                              error: BaseException | None) -> None:
+        """``on_turn_end`` for a turn that started here and never reached ``on_agent_finish``:
+        the runtime refused it (a busy session, an answer it cannot take), a layer inside failed
+        before it, or its consumer left before it took the session's turn. Every started turn
+        ends once: with the error, else as an interrupted run that did nothing."""
+        turns = self._open_turns()
+        if reply_id in turns:
+            turns.discard(reply_id)
+            reason = None if error is not None else GenerateReason.INTERRUPTED
+            await self._tell("on_turn_end", agent, ctx, AgentRun(error=error, reason=reason))
 
     async def on_agent_finish(self, agent: AgentView, ctx: RuntimeContext, run: AgentRun) -> None:
+        self._open_turns().discard(ctx.reply_id)
         await self._tell("on_turn_end", agent, ctx, run)
 
     def on_model_call(self, agent: AgentView, ctx: RuntimeContext, input: ModelCallInput, next: Next) -> Any:
