@@ -9,7 +9,16 @@ from typing import Any
 import pytest
 
 from agentscope_py import MiddlewareBase, ModelStep, ReActAgent, RuntimeContext, ScriptedModel, Toolkit, tool
-from agentscope_py.middleware import AuditLogMiddleware, LifecycleMiddleware, ObserverMiddleware
+from agentscope_py.agent import InMemoryStateStore
+from agentscope_py.errors import StateStoreError
+from agentscope_py.middleware import (
+    AuditLogMiddleware,
+    LifecycleMiddleware,
+    MiddlewareStage,
+    ObserverMiddleware,
+    StageMiddleware,
+)
+from tests.test_closing_property import unbalanced
 
 
 @tool
@@ -135,3 +144,77 @@ async def test_a_cut_acting_pass_audits_the_calls_that_ran_beside_the_one_ahead(
     state, _ = await agent.state_store.load("default", "default")
     assert state is not None
     assert {b.name: b.state.value for m in state.context for b in m.tool_results} == tools
+
+
+async def test_a_failed_save_ends_the_callers_stream_with_its_agent_end() -> None:
+    """The store fails at the save: the stream still closes the run's bracket, with the AgentEnd
+    naming the error, before the error is raised (no on_agent hook makes it up)."""
+
+    class Down(InMemoryStateStore):
+        async def save(self, *args: Any, **kwargs: Any) -> int:
+            raise OSError("disk full")
+
+    agent = ReActAgent.builder().model(ScriptedModel([ModelStep.text("hi")])).state_store(Down()).build()
+    events: list[Any] = []
+    with pytest.raises(StateStoreError):
+        async for ev in agent.stream("x"):
+            events.append(ev)
+    assert events[-1].type == "agent_end" and events[-1].error.startswith("StateStoreError")
+    assert not unbalanced(events)
+
+
+class Watched(ObserverMiddleware):
+    def __init__(self) -> None:
+        self.events: list[Any] = []
+
+    def on_event(self, agent: Any, ctx: Any, event: Any) -> None:
+        self.events.append(event)
+
+
+async def _stream(agent: ReActAgent) -> list[Any]:
+    events: list[Any] = []
+    with pytest.raises(Exception):  # noqa: B017 (each case raises its own)
+        async for ev in agent.stream("x"):
+            events.append(ev)
+    return events
+
+
+async def test_a_turn_stage_passes_on_the_agent_end_of_a_run_that_failed_inside_it() -> None:
+    """The model fails under a TURN stage: the run's own AgentEnd, naming the error, is held with
+    the turn's result and still goes out before the error, so the layers outside see it."""
+
+    class Turn(StageMiddleware):
+        stages = (MiddlewareStage.TURN,)
+
+    class Outside(MiddlewareBase):
+        def __init__(self) -> None:
+            self.events: list[Any] = []
+
+        def order(self) -> int:
+            return 50
+
+        def on_agent(self, agent: Any, ctx: Any, input: Any, next: Any) -> Any:
+            return next(input).do(self.events.append)
+
+    outside = Outside()
+    model = ScriptedModel([ModelStep.text("hi", error=RuntimeError("model down"))])
+    agent = ReActAgent.builder().model(model).middlewares([outside, Turn()]).build()
+    events = await _stream(agent)
+    assert events[-1].type == "agent_end" and events[-1].error == "RuntimeError: model down"
+    assert outside.events[-1] is events[-1]
+
+
+async def test_the_observer_sees_the_agent_end_that_closes_a_failed_run() -> None:
+    """``on_event`` sees exactly the caller's stream, its last AgentEnd too, when a layer inside
+    raises after the run's AgentStart (the runtime makes that AgentEnd)."""
+
+    class Sour(LifecycleMiddleware):
+        async def after_agent(self, agent: Any, ctx: Any, result: Any) -> None:
+            raise PermissionError("no results today")
+
+    watched = Watched()
+    agent = ReActAgent.builder().model(ScriptedModel([ModelStep.text("hi")])).middlewares([watched, Sour()]).build()
+    events = await _stream(agent)
+    assert events[-1].type == "agent_end" and events[-1].error == "PermissionError: no results today"
+    assert [(e.type, getattr(e, "error", None)) for e in watched.events] == [
+        (e.type, getattr(e, "error", None)) for e in events]

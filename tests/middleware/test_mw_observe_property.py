@@ -336,7 +336,7 @@ class Watcher(ObserverMiddleware):
         await self._note("tool_end", agent.name, result.id)
 
     async def on_event(self, agent: Any, ctx: Any, event: Any) -> None:
-        await self._note("event", agent.name, event)
+        await self._note("event", agent.name, event, ctx.reply_id)
 
     async def on_error(self, agent: Any, ctx: Any, error: BaseException) -> None:
         await self._note("error", agent.name, error)
@@ -719,6 +719,11 @@ def outcome(step: Step, run: Any) -> set[str]:
     return {"ok"}
 
 
+def same(event: Any) -> Any:
+    """An event as compared: its fields but its id and time."""
+    return event.model_dump(exclude={"id", "created_at"})
+
+
 def load_failed(run: Any) -> bool:
     """A run that failed before the evaluation was told its state was ready (its session never
     loaded, or an earlier state-ready hook raised): no evaluation sampled it."""
@@ -775,6 +780,18 @@ def check_hooks(case: Case, built: Built, runs: list[Step], asked: list[Step]) -
         tool_ends = sum(1 for n in obs if n[1] == "tool_end" and n[2] == "lead")
         assert (model_ends, tool_ends) == (crossed["model_call_end"], crossed["tool_result_end"]), (
             seed, "observer ends", model_ends, tool_ends, crossed)
+        for s in asked:  # on_event saw the caller's stream (to where the consumer left)
+            if s.kind == "stream" and s.reply_id is not None:
+                seen = [n[3] for n in obs if n[1] == "event" and n[2] == "lead" and n[4] == s.reply_id]
+                if s.left or s.cut == "deadline":
+                    assert seen[:len(s.events)] == s.events[:len(seen)], (seed, "observer events")
+                else:  # (the AgentEnd the runtime makes when a layer inside fails is told as made there)
+                    assert [same(e) for e in seen] == [same(e) for e in s.events], (
+                        seed, "observer events", repr(s.error), [e.type for e in seen], [e.type for e in s.events])
+    # lifecycle: an outer layer's before_model comes first and its after_model last
+    for tag in ("L1", "L2"):
+        mine = [n[1] for n in notes if n[0] == tag and n[2] == "lead" and n[1] in ("before_model", "after_model")]
+        assert mine.count("after_model") <= mine.count("before_model"), (seed, tag, "after_model without before")
     for s in runs:
         assert not isinstance(s.error, ObserverBoom), (seed, "an observer's error reached the caller", s.error)
         if not s.left and s.cut != "deadline":

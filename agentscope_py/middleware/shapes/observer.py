@@ -31,8 +31,9 @@ import logging
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
+from ..._bracket_kinds import describe
 from ..._replies import ReplyBuilder, ToolResultCollector
-from ...events import ModelCallEnd, ToolResultEnd
+from ...events import AgentEnd, AgentStart, ModelCallEnd, ToolResultEnd
 from ...extension.base import ActingInput, AgentInput, AgentRun, ExtensionPoint, MiddlewareBase, ModelCallInput, Next
 from ...message import GenerateReason, Msg, ToolResultBlock, ToolUseBlock
 from ...stream import EventStream, aclose
@@ -96,13 +97,20 @@ class ObserverMiddleware(MiddlewareBase):
                 self._open_turns().add(reply_id)
             await self._tell("on_turn_start", agent, ctx, tuple(input.msgs))
         events = self._overrides("on_event")
+        running: str | None = None  # the run's own AgentStart passed, and not its AgentEnd: its reply id
         it = next(input).__aiter__()
         try:
             async for ev in it:
                 if events:
+                    if isinstance(ev, AgentStart | AgentEnd) and ev.source is None:
+                        running = ev.reply_id if isinstance(ev, AgentStart) else None
                     await self._tell("on_event", agent, ctx, ev)
                 yield ev
         except Exception as error:
+            if running is not None:
+                # A layer inside failed with the run's bracket open: the runtime ends the caller's
+                # stream with the AgentEnd naming the error, and this is told it as well.
+                await self._tell("on_event", agent, ctx, AgentEnd(reply_id=running, error=describe(error)))
             await self._end_unfinished(agent, ctx, reply_id, error)
             if self._overrides("on_error"):
                 await self._tell("on_error", agent, ctx, error)
