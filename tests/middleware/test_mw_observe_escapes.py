@@ -218,3 +218,23 @@ async def test_the_observer_sees_the_agent_end_that_closes_a_failed_run() -> Non
     assert events[-1].type == "agent_end" and events[-1].error == "PermissionError: no results today"
     assert [(e.type, getattr(e, "error", None)) for e in watched.events] == [
         (e.type, getattr(e, "error", None)) for e in events]
+
+
+async def test_an_observed_turn_ends_when_cancelled_while_on_turn_start_awaits() -> None:
+    """The caller's deadline lands while an async ``on_turn_start`` awaits (a sub-agent's turn,
+    say): the run never starts, and its ``on_turn_end`` is still told, once."""
+    notes: list[Any] = []
+
+    class Slow(ObserverMiddleware):
+        async def on_turn_start(self, agent: Any, ctx: Any, input_messages: Any) -> None:
+            notes.append("start")
+            await asyncio.sleep(0.05)
+
+        def on_turn_end(self, agent: Any, ctx: Any, run: Any) -> None:
+            notes.append(("end", run.reason))
+
+    agent = ReActAgent.builder().model(ScriptedModel([ModelStep.text("hi")])).middleware(Slow()).build()
+    with pytest.raises(TimeoutError):
+        async with asyncio.timeout(0.01):
+            await agent.stream("x").to_list()
+    assert notes == ["start", ("end", "interrupted")]

@@ -92,14 +92,15 @@ class ObserverMiddleware(MiddlewareBase):
     async def _agent(self, agent: AgentView, ctx: RuntimeContext, input: AgentInput, next: Next
                      ) -> AsyncIterator[Any]:
         reply_id = ctx.reply_id
-        if self._overrides("on_turn_start"):
-            if self._overrides("on_turn_end"):
-                self._open_turns().add(reply_id)
-            await self._tell("on_turn_start", agent, ctx, tuple(input.msgs))
         events = self._overrides("on_event")
         running: str | None = None  # the run's own AgentStart passed, and not its AgentEnd: its reply id
-        it = next(input).__aiter__()
+        it: Any = None
         try:
+            if self._overrides("on_turn_start"):
+                if self._overrides("on_turn_end"):
+                    self._open_turns().add(reply_id)
+                await self._tell("on_turn_start", agent, ctx, tuple(input.msgs))
+            it = next(input).__aiter__()
             async for ev in it:
                 if events:
                     if isinstance(ev, AgentStart | AgentEnd) and ev.source is None:
@@ -116,8 +117,11 @@ class ObserverMiddleware(MiddlewareBase):
                 await self._tell("on_error", agent, ctx, error)
             raise
         finally:
-            await aclose(it)
-            await self._end_unfinished(agent, ctx, reply_id, None)
+            try:
+                if it is not None:
+                    await aclose(it)
+            finally:  # (also when cancelled while telling on_turn_start, or while closing)
+                await self._end_unfinished(agent, ctx, reply_id, None)
 
     def _open_turns(self) -> set[str | None]:
         """The runs told ``on_turn_start`` and not yet ``on_turn_end`` (by reply id)."""
