@@ -302,6 +302,7 @@ class Execution:
                 raise
         self.running = True
         run.started = time.perf_counter()
+        unsaved: BaseException | None = None
         try:
             try:
                 error: BaseException | None = None
@@ -383,19 +384,22 @@ class Execution:
                 except Exception as exc:
                     error = exc
                     run.count_round()
-                if runtime.participants.hooks[_ON_AGENT_FINISH]:
-                    finishing = self._finish(error)
-                    try:
-                        async for ev in finishing:
-                            if publish:
-                                yield ev
-                    except (GeneratorExit, asyncio.CancelledError):
-                        # The consumer left during the finish (at a trace event, or while a hook
-                        # awaited): the hooks still run once and the turn is still saved.
-                        await finish_quietly(runtime, ctx, run, finishing)
-                        raise
-                else:
-                    await save_once(runtime, ctx, run)
+                try:
+                    if runtime.participants.hooks[_ON_AGENT_FINISH]:
+                        finishing = self._finish(error)
+                        try:
+                            async for ev in finishing:
+                                if publish:
+                                    yield ev
+                        except (GeneratorExit, asyncio.CancelledError):
+                            # The consumer left during the finish (at a trace event, or while a
+                            # hook awaited): the hooks still run once and the turn is still saved.
+                            await finish_quietly(runtime, ctx, run, finishing)
+                            raise
+                    else:
+                        await save_once(runtime, ctx, run)
+                except Exception as exc:  # the save failed: the run's error now (its AgentEnd says so)
+                    unsaved = exc
             finally:
                 if self.tools.toolkit.sources:
                     self.tools.toolkit.exit_run(ctx)
@@ -412,7 +416,7 @@ class Execution:
                 self.running = False
                 if self._ended is not None:
                     self._ended.set()
-        failure = error if error is not None else run.finish_error
+        failure = unsaved or error or run.finish_error
         if failure is not None:
             # The run's own bracket closes too: the caller's stream ends with AgentEnd naming the
             # error, then the error itself is raised.

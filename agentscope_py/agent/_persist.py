@@ -157,22 +157,24 @@ async def finish(
     )
     point = ExtensionPoint.ON_AGENT_FINISH
     cancelled: BaseException | None = None
-    try:
-        for mw in runtime.participants.hooks[point]:
-            if mw in run.finished_hooks:
-                continue  # notified before the consumer left (see finish_quietly)
-            run.finished_hooks.append(mw)
-            hook = HookCall(mw, point, functools.partial(mw.on_agent_finish, agent, ctx, outcome), runtime.trace)
-            try:
-                async for ev in hook.events():
+    for mw in runtime.participants.hooks[point]:
+        if mw in run.finished_hooks:
+            continue  # notified before the consumer left (see finish_quietly)
+        run.finished_hooks.append(mw)
+        hook = HookCall(mw, point, functools.partial(mw.on_agent_finish, agent, ctx, outcome), runtime.trace)
+        try:
+            async for ev in hook.events():
+                if cancelled is None:  # (once cancelled, nobody is left to receive them)
                     yield ev
-            except Exception as exc:
-                logger.warning("%s.on_agent_finish raised %s; the turn is saved all the same", mw.name,
-                               describe(exc))
-                if run.finish_error is None:
-                    run.finish_error = exc
-    except asyncio.CancelledError as exc:  # cancelled while a hook awaited: save, then go on
-        cancelled = exc
+        except asyncio.CancelledError as exc:
+            # Cancelled while this hook awaited: the hooks after it are still told, then the
+            # turn is saved, then the cancellation goes on.
+            cancelled = exc
+        except Exception as exc:
+            logger.warning("%s.on_agent_finish raised %s; the turn is saved all the same", mw.name,
+                           describe(exc))
+            if run.finish_error is None:
+                run.finish_error = exc
     await save_once(runtime, ctx, run)
     if cancelled is not None:
         raise cancelled

@@ -29,7 +29,10 @@ passed here is logged when its stream ends, as the runtime's closing event tells
 that failed gives ``state="error"`` with ``error`` naming the exception (a tool call then carries
 ``error`` too; an interrupt leaves its calls ``interrupted``); one that was closed or cancelled
 (the consumer left, a deadline) gives ``cut_short`` for a model call and ``interrupted`` for a
-tool call. With ``include_content=True`` the
+tool call. A pass of tool calls that failed or was cut also logs each call of its batch whose
+result never got here (a layer inside failed first, or the call ran beside the calls ahead of
+it), with the same state: the runtime gives each such call that result, and its tool may have
+run. With ``include_content=True`` the
 lines also carry the content: ``input`` (the run's input as memory took it, after any redaction
 of ``on_agent_state_ready``), ``messages`` and ``reply`` (model calls), ``output`` (tool calls);
 ``include_arguments=False`` leaves tool arguments out.
@@ -253,9 +256,11 @@ class AuditLogMiddleware(MiddlewareBase):
         self._started(agent, ctx)
         calls = {c.id: c for c in input.tool_calls}
         starts: dict[str, tuple[float, str]] = {}  # the calls started and not ended: when, which tool
+        ended: set[str] = set()
         collector = ToolResultCollector()
         batch = time.perf_counter()
         failure: BaseException | None = None
+        completed = False
         it: Any = next(input).__aiter__()
         try:
             async for ev in it:
@@ -265,10 +270,12 @@ class AuditLogMiddleware(MiddlewareBase):
                     if cls is ToolResultStart:
                         starts[ev.tool_call_id] = (time.perf_counter(), ev.tool_name)
                     elif cls is ToolResultEnd:
+                        ended.add(ev.tool_call_id)
                         began, _ = starts.pop(ev.tool_call_id, (batch, ev.tool_name))
                         self._emit(self._tool_record(agent, ctx, calls, collector, ev.tool_call_id, ev.tool_name,
                                                      str(ev.state.value), None, began))
                 yield ev
+            completed = True
         except Exception as exc:
             failure = exc
             raise
@@ -276,10 +283,17 @@ class AuditLogMiddleware(MiddlewareBase):
             await aclose(it)
             # A call whose end never passed here (the stream failed or was closed first) is
             # recorded as the runtime's closing ToolResultEnd tells it: error, else interrupted.
-            interrupted = failure is None or isinstance(failure, AgentInterrupted)
+            state = "interrupted" if failure is None or isinstance(failure, AgentInterrupted) else "error"
             for call_id, (began, name) in starts.items():
-                self._emit(self._tool_record(agent, ctx, calls, collector, call_id, name,
-                                             "interrupted" if interrupted else "error", failure, began))
+                self._emit(self._tool_record(agent, ctx, calls, collector, call_id, name, state, failure, began))
+            if not completed:
+                # So is a call of the batch whose result never got here at all (a layer inside
+                # failed first, or the pass was cut while it ran beside the calls ahead of it): its
+                # tool may have run, and the runtime gives it an error or interrupted result.
+                for call_id, call in calls.items():
+                    if call_id not in ended and call_id not in starts:
+                        self._emit(self._tool_record(agent, ctx, calls, collector, call_id, call.name,
+                                                     state, failure, batch))
 
     def _tool_record(self, agent: AgentView, ctx: RuntimeContext, calls: dict[str, ToolUseBlock],
                      collector: ToolResultCollector, call_id: str, name: str, state: str,

@@ -14,6 +14,10 @@ order of notifications is the order of things):
 | ``on_event(agent, ctx, event)`` | every event the caller's stream carries (at ``on_agent``) |
 | ``on_error(agent, ctx, error)`` | the run failed (not for cancellation) |
 
+Every ``on_turn_start`` gets one ``on_turn_end``, also for a turn that never ran (refused, failed
+in a layer inside before it, or left at its AgentStart): its `AgentRun` then holds only the
+error, else the reason ``INTERRUPTED``.
+
 An observer can change nothing: it is given immutable values, what it returns is ignored, and an
 exception it raises is logged (``agentscope_py.middleware.shapes_observer``, with the traceback)
 and swallowed — the run never notices. Use a middleware to influence behaviour; use an observer
@@ -27,10 +31,11 @@ import logging
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
+from ..._bracket_kinds import describe
 from ..._replies import ReplyBuilder, ToolResultCollector
-from ...events import ModelCallEnd, ToolResultEnd
+from ...events import AgentEnd, AgentStart, ModelCallEnd, ToolResultEnd
 from ...extension.base import ActingInput, AgentInput, AgentRun, ExtensionPoint, MiddlewareBase, ModelCallInput, Next
-from ...message import Msg, ToolResultBlock, ToolUseBlock
+from ...message import GenerateReason, Msg, ToolResultBlock, ToolUseBlock
 from ...stream import EventStream, aclose
 
 if TYPE_CHECKING:
@@ -50,6 +55,8 @@ _HOOKS = {
 
 class ObserverMiddleware(MiddlewareBase):
     """Read-only notifications (module docstring). Subclass and override what you observe."""
+
+    _turns: set[str | None]
 
     def order(self) -> int:
         return 1000  # outermost: an observer sees what the caller sees
@@ -84,23 +91,59 @@ class ObserverMiddleware(MiddlewareBase):
 
     async def _agent(self, agent: AgentView, ctx: RuntimeContext, input: AgentInput, next: Next
                      ) -> AsyncIterator[Any]:
-        if self._overrides("on_turn_start"):
-            await self._tell("on_turn_start", agent, ctx, tuple(input.msgs))
+        reply_id = ctx.reply_id
         events = self._overrides("on_event")
-        it = next(input).__aiter__()
+        running: str | None = None  # the run's own AgentStart passed, and not its AgentEnd: its reply id
+        it: Any = None
         try:
+            if self._overrides("on_turn_start"):
+                if self._overrides("on_turn_end"):
+                    self._open_turns().add(reply_id)
+                await self._tell("on_turn_start", agent, ctx, tuple(input.msgs))
+            it = next(input).__aiter__()
             async for ev in it:
                 if events:
+                    if isinstance(ev, AgentStart | AgentEnd) and ev.source is None:
+                        running = ev.reply_id if isinstance(ev, AgentStart) else None
                     await self._tell("on_event", agent, ctx, ev)
                 yield ev
         except Exception as error:
+            if running is not None:
+                # A layer inside failed with the run's bracket open: the runtime ends the caller's
+                # stream with the AgentEnd naming the error, and this is told it as well.
+                await self._tell("on_event", agent, ctx, AgentEnd(reply_id=running, error=describe(error)))
+            await self._end_unfinished(agent, ctx, reply_id, error)
             if self._overrides("on_error"):
                 await self._tell("on_error", agent, ctx, error)
             raise
         finally:
-            await aclose(it)
+            try:
+                if it is not None:
+                    await aclose(it)
+            finally:  # (also when cancelled while telling on_turn_start, or while closing)
+                await self._end_unfinished(agent, ctx, reply_id, None)
+
+    def _open_turns(self) -> set[str | None]:
+        """The runs told ``on_turn_start`` and not yet ``on_turn_end`` (by reply id)."""
+        turns = getattr(self, "_turns", None)  # (made here: a subclass's __init__ need not call ours)
+        if turns is None:
+            turns = self._turns = set()
+        return turns
+
+    async def _end_unfinished(self, agent: AgentView, ctx: RuntimeContext, reply_id: str | None,
+                              error: BaseException | None) -> None:
+        """``on_turn_end`` for a turn that started here and never reached ``on_agent_finish``:
+        the runtime refused it (a busy session, an answer it cannot take), a layer inside failed
+        before it, or its consumer left before it took the session's turn. Every started turn
+        ends once: with the error, else as an interrupted run that did nothing."""
+        turns = self._open_turns()
+        if reply_id in turns:
+            turns.discard(reply_id)
+            reason = None if error is not None else GenerateReason.INTERRUPTED
+            await self._tell("on_turn_end", agent, ctx, AgentRun(error=error, reason=reason))
 
     async def on_agent_finish(self, agent: AgentView, ctx: RuntimeContext, run: AgentRun) -> None:
+        self._open_turns().discard(ctx.reply_id)
         await self._tell("on_turn_end", agent, ctx, run)
 
     def on_model_call(self, agent: AgentView, ctx: RuntimeContext, input: ModelCallInput, next: Next) -> Any:

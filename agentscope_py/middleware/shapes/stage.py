@@ -143,22 +143,26 @@ class StageMiddleware(MiddlewareBase):
     async def _drive(self, context: MiddlewareContext, inner: Callable[[], EventStream[Any]]) -> AsyncIterator[Any]:
         queue: asyncio.Queue[tuple[bool, Any]] = asyncio.Queue()
         room = asyncio.Semaphore(self.buffer_size)  # events call_next() may run ahead by
-        called = False
+        called = failed = False
         held: list[Any] = []  # TURN: AgentResult and AgentEnd, sent once process() returned
 
         async def call_next() -> None:
-            nonlocal called
+            nonlocal called, failed
             called = True
             collect = _collector(context)
             async with aclosing(inner().__aiter__()) as it:
-                async for ev in it:
-                    collect(ev)
-                    if context.stage is MiddlewareStage.TURN and type(ev) in (AgentResult, AgentEnd) \
-                            and ev.source is None:
-                        held.append(ev)
-                        continue
-                    await room.acquire()
-                    queue.put_nowait((True, ev))
+                try:
+                    async for ev in it:
+                        collect(ev)
+                        if context.stage is MiddlewareStage.TURN and type(ev) in (AgentResult, AgentEnd) \
+                                and ev.source is None:
+                            held.append(ev)
+                            continue
+                        await room.acquire()
+                        queue.put_nowait((True, ev))
+                except Exception:
+                    failed = True
+                    raise
 
         async def run() -> None:
             try:
@@ -180,6 +184,9 @@ class StageMiddleware(MiddlewareBase):
                     yield item
                     continue
                 if item is not None:
+                    if failed:  # the run's AgentEnd naming the inner error closes the caller's stream
+                        for ev in held:
+                            yield ev
                     raise item
                 break
         finally:
