@@ -1,0 +1,54 @@
+"""The smallest reproductions of what the random property (test_mw_policy_property.py) found."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel
+
+from agentscope_py import ModelStep, ReActAgent, ScriptedModel, Toolkit, tool
+from agentscope_py.agent import RESPONSE_TOOL
+from agentscope_py.message import GenerateReason
+from agentscope_py.middleware import ToolPolicyMiddleware
+
+
+class City(BaseModel):
+    name: str
+
+
+@tool
+def read(path: str) -> str:
+    """Read."""
+    return path
+
+
+@tool
+def wipe(path: str) -> str:
+    """Wipe."""
+    return path
+
+
+async def test_an_allow_list_leaves_a_structured_run_its_answer_tool() -> None:
+    # The response tool is how a structured run answers, not one of the agent's tools: an allow
+    # list that names the agent's tools neither hides nor denies it.
+    for policy in (ToolPolicyMiddleware(allow=["read"]), ToolPolicyMiddleware(deny=["*"]),
+                   ToolPolicyMiddleware(rules={"*": lambda call, ctx: False})):
+        model = ScriptedModel([ModelStep.tool_call(RESPONSE_TOOL, {"name": "Paris"})])
+        agent = ReActAgent.builder().model(model).toolkit(Toolkit([read, wipe])).middleware(policy).build()
+        msg = await agent.call("Which city?", structured_model=City)
+        assert msg.generate_reason is GenerateReason.STRUCTURED_OUTPUT
+        assert msg.metadata["structured_output"] == City(name="Paris")
+        assert RESPONSE_TOOL in [t.name for t in model.requests[0].tools]
+
+
+async def test_an_own_tool_named_like_the_answer_tool_stays_under_the_policy() -> None:
+    @tool(name=RESPONSE_TOOL)
+    def own(text: str) -> str:
+        """The agent's own tool of that name."""
+        raise AssertionError("denied: must not run")
+
+    model = ScriptedModel([ModelStep.tool_call(RESPONSE_TOOL, {"text": "x"}), ModelStep.text("done")])
+    agent = (ReActAgent.builder().model(model).toolkit(Toolkit([read, own]))
+             .middleware(ToolPolicyMiddleware(allow=["read"])).build())
+    msg = await agent.call("go")
+    assert msg.text == "done"
+    assert [t.name for t in model.requests[0].tools] == ["read"]
+    assert model.requests[1].messages[-1].tool_results[0].state.value == "denied"
