@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from pydantic import BaseModel
 
-from agentscope_py import ModelStep, ReActAgent, ScriptedModel, Toolkit, tool
+from agentscope_py import ChatUsage, ModelStep, ReActAgent, ScriptedModel, Toolkit, tool
 from agentscope_py.agent import RESPONSE_TOOL
 from agentscope_py.message import GenerateReason
-from agentscope_py.middleware import ToolPolicyMiddleware
+from agentscope_py.middleware import StructuredOutputValidationMiddleware, ToolPolicyMiddleware
 
 
 class City(BaseModel):
@@ -52,3 +52,14 @@ async def test_an_own_tool_named_like_the_answer_tool_stays_under_the_policy() -
     assert msg.text == "done"
     assert [t.name for t in model.requests[0].tools] == ["read"]
     assert model.requests[1].messages[-1].tool_results[0].state.value == "denied"
+
+
+async def test_a_hidden_invalid_attempt_counts_in_the_run_usage() -> None:
+    # buffer=True hides an invalid attempt from callers; the provider billed it all the same.
+    usage = ChatUsage(input_tokens=10, output_tokens=2)
+    for buffer in (False, True):
+        model = ScriptedModel([ModelStep.text("{bad", usage=usage), ModelStep.text('{"name": "Oslo"}', usage=usage)])
+        agent = ReActAgent.builder().model(model).middleware(StructuredOutputValidationMiddleware(City, buffer=buffer)).build()
+        msg = await agent.call("Which city?")
+        assert msg.metadata["structured_output"] == City(name="Oslo")
+        assert msg.usage == ChatUsage(input_tokens=20, output_tokens=4)

@@ -65,6 +65,7 @@ from agentscope_py.middleware import (
     StopOnAllDeniedMiddleware,
     StructuredOutputValidationMiddleware,
     ToolPolicyMiddleware,
+    LLMToolSelectorMiddleware,
     ToolSelectorMiddleware,
 )
 from agentscope_py.model import ChatChunk, ModelRequest
@@ -293,6 +294,8 @@ class Chaos:
                 sent += 1
             if reply.error_after is not None:
                 raise ServerError("the fake model failed", provider="chaos")
+            if self.name == "root":
+                self.case.turn.reported += 1  # (the agent's model: its own calls and the selector's)
             yield ChatChunk(usage=USAGE, finish_reason="tool_calls" if reply.calls else "stop", model=self.name)
         finally:
             self.open_streams -= 1
@@ -315,6 +318,7 @@ class Turn:
     """What one run asked the model and what it got: its replies, in order."""
 
     replies: list[tuple[str, Reply, ModelRequest]] = field(default_factory=list)
+    reported: int = 0  # the agent's model calls that reported usage
 
 
 @dataclass
@@ -329,6 +333,7 @@ class Case:
     validator: StructuredOutputValidationMiddleware | None = None
     policy: ToolPolicyMiddleware | None = None
     selector: ToolSelectorMiddleware | None = None
+    llm_selector: LLMToolSelectorMiddleware | None = None
     selected: list[set[str]] = field(default_factory=list)
     limit: int | None = None
     retry: int | None = None
@@ -355,12 +360,31 @@ class Case:
                 self.problems.append(f"{model}: offered {hidden}, which the policy's lists deny")
         if model != "root" or self.summary(request):
             return
-        if self.selector is not None and self.selected:
+        if (self.selector is not None or self.llm_selector is not None) and self.selected:
             extra = names - self.selected[-1] - {RESPONSE_TOOL}
             if extra:
                 self.problems.append(f"offered {extra}, which the selector did not choose")
         if self.mode == "tool" and RESPONSE_TOOL not in names:
             self.problems.append(f"a structured run's request without {RESPONSE_TOOL}: {sorted(names)}")
+
+    def selection(self, request: ModelRequest, reply: Reply) -> Reply:
+        """The LLM selector's question: a selection (with invented names), text, garbage or a failure."""
+        rng = self.rng
+        schema = request.tools[0].parameters["properties"]["tools"]["items"]["enum"]
+        names = [n for n in schema if rng.random() < 0.5] + (["invented"] if rng.random() < 0.3 else [])
+        how = "call" if self.followup else rng.choice(("call", "call", "call", "text", "garbage", "error"))
+        reply.kind = f"select:{how}"
+        if how == "call":
+            reply.calls = [(f"sel{self.counter}", "select_tools", json.dumps({"tools": names}))]
+        elif how == "text":
+            reply.text = json.dumps({"tools": names})
+        elif how == "garbage":
+            reply.text = "I think all of them"
+        else:
+            reply.error_after = 0
+        kept = set(names) if how in ("call", "text") else set(schema)
+        self.selected.append(kept)
+        return reply
 
     @staticmethod
     def summary(request: ModelRequest) -> bool:
@@ -380,6 +404,8 @@ class Case:
         answers_by_tool = RESPONSE_TOOL in offered
         wants_json = native or (model == "root" and self.mode == "middleware")
         reply = Reply(pieces=rng.choice((1, 1, 2, 3, 7, 40)))
+        if "select_tools" in offered:
+            return self.selection(request, reply)
         self.check_offer(model, offered, request)
         if rng.random() < 0.2:
             reply.thinking = f"thinking {n}"
@@ -399,6 +425,8 @@ class Case:
             kinds += ["fenced", "truncated"]
         if "worker" in offered:
             kinds += ["worker", "worker"]
+        if "todo_write" in offered:
+            kinds += ["todo"]
         if rounds > 8:
             kinds = ["valid"]  # the turn has gone on long enough: let it end
         kind = reply.kind = rng.choice(kinds)
@@ -425,6 +453,10 @@ class Case:
             reply.error_after = rng.randint(0, 3)
         elif kind == "bad_answer_args":
             reply.calls = [(f"c{n}-0", RESPONSE_TOOL, rng.choice((bad, "{broken", "[]")))]
+        elif kind == "todo":
+            todos = [{"content": f"step {i}", "status": rng.choice(("pending", "in_progress", "completed", "bogus"))}
+                     for i in range(rng.randint(0, 3))]
+            reply.calls = [(f"c{n}-0", "todo_write", json.dumps({"todos": todos}))]
         elif kind == "worker":
             reply.calls = [(f"c{n}-0", "worker", json.dumps({"task": f"t{n}"}))]
         else:  # tools, text_and_tools, answer_and_tool
@@ -465,13 +497,17 @@ def build(case: Case) -> ReActAgent:
         case.policy = ToolPolicyMiddleware(allow=allow, deny=["erase"], rules={"vault": secret_rule},
                                            message=DENIED_TEXT, hide_denied=rng.random() < 0.6)
         mws["policy"] = case.policy
-    if rng.random() < 0.4:
+    if rng.random() < 0.2:
+        case.llm_selector = LLMToolSelectorMiddleware(max_tools=rng.choice((None, 1, 2)),
+                                                      on_error=rng.choice(("keep_all", "raise")))
+        mws["llm_selector"] = case.llm_selector
+    elif rng.random() < 0.3:
         def select(ctx: Any, messages: Any, tools: Any) -> list[str]:
             chosen = {t.name for t in tools if rng.random() < 0.6}
             case.selected.append(chosen)
             return sorted(chosen)
 
-        case.selector = ToolSelectorMiddleware(select)
+        case.selector = ToolSelectorMiddleware(select)  # (one selector at a time: `selected` is one list)
         mws["selector"] = case.selector
     if case.mode == "middleware":
         case.validator = StructuredOutputValidationMiddleware(
@@ -677,6 +713,8 @@ def check_tools(case: Case, state: Any, ran_before: int) -> None:
             calls[call.id] = call
         for block in msg.tool_results:
             call = calls.get(block.id)
+            if call is not None and call.name == "worker" and block.state is ToolResultState.SUCCESS:
+                assert fits_json(case.sub_schema, block.text), f"the sub-agent's output {block.text!r} does not validate"
             if call is None or case.policy is None:
                 continue
             denied = not case.policy.listed(call.name) and call.name != RESPONSE_TOOL
@@ -720,6 +758,20 @@ def check_remembered(case: Case, state: Any, result: Msg) -> None:
         assert last[0].metadata.get("structured_output") == value, "memory and the result disagree on the value"
 
 
+def check_final_text(case: Case, out: Outcome) -> None:
+    """The text the stream showed of the last model call is the result's text (a structured
+    answer through the tool aside: its text is the value's JSON)."""
+    if case.mode == "tool" and out.result is not None and out.result.generate_reason is GenerateReason.STRUCTURED_OUTPUT:
+        return
+    assert out.result is not None
+    top = [e for e in out.events if e.source is None]
+    starts = [i for i, e in enumerate(top) if e.type == "model_call_start"]
+    if not starts or out.result.tool_calls or out.result.generate_reason is GenerateReason.MIDDLEWARE_STOP_REQUESTED:
+        return  # (a limit's stop ends a round that called no model)
+    shown = "".join(e.delta for e in top[starts[-1]:] if e.type == "text_block_delta")
+    assert shown == out.result.text, f"the stream showed {shown!r} of the last reply, the result is {out.result.text!r}"
+
+
 def check_stream(case: Case, out: Outcome) -> None:
     if not out.streamed or out.cut in ("leave", "cancel"):
         return
@@ -741,6 +793,8 @@ def check_outcome(case: Case, out: Outcome) -> None:
         allowed += (StructuredOutputError,)
     if case.limit is not None:
         allowed += (CallLimitExceeded,)
+    if case.llm_selector is not None and case.llm_selector.on_error == "raise":
+        allowed += (StructuredOutputError,)
     assert isinstance(err, allowed), f"the run failed with {err!r}"
     if isinstance(err, ServerError):
         assert any(r.error_after is not None for _, r, _ in case.turn.replies), "a ServerError no model raised"
@@ -762,18 +816,36 @@ async def play(case: Case) -> None:
         case.followup = False
         ran_before = len(RAN)
         out = await drive(case, agent, f"question {n}", RuntimeContext(**ctx_ids))
-        replies = [r for m, r, _ in case.turn.replies if m == "root"]
+        replies = [r for m, r, _ in case.turn.replies if m == "root" and not r.kind.startswith("select:")]
+        selection_failed = isinstance(out.error, StructuredOutputError) and "selector" in str(out.error)
+        if selection_failed:
+            assert case.llm_selector is not None and case.llm_selector.on_error == "raise", \
+                f"a failed selection ended the run: {out.error!r}"
+            assert case.turn.replies[-1][1].kind == "select:garbage", f"a selection failed for nothing: {out.error}"
         check_outcome(case, out)
         check_stream(case, out)
-        if out.cut == "none":
+        if out.cut == "none" and not selection_failed:
             if case.mode in ("tool", "native"):
                 check_structured_run(case, out, replies)
             elif case.validator is not None:
                 check_validated_run(case, out, replies)
+        if out.cut == "none" and out.error is None and out.result is not None and not case.sub:
+            used = case.turn.reported
+            if os.environ.get("POLICY_DEBUG"):
+                print([(e.type, getattr(e, "usage", None) and e.usage.input_tokens, getattr(e, "error", None), e.source)
+                       for e in out.events if e.type.startswith("model_call") or e.type.startswith("tool_result_end")])
+                print([(m, r.kind, r.text, r.calls) for m, r, _ in case.turn.replies])
+            assert out.result.usage == ChatUsage(input_tokens=USAGE.input_tokens * used,
+                                                 output_tokens=USAGE.output_tokens * used), \
+                f"usage {out.result.usage} for {used} model calls that reported usage"
+        if out.result is not None and out.streamed and out.cut == "none":
+            check_final_text(case, out)
         state, _ = await agent.state_store.load("u", ctx_ids["session_id"])
         if state is not None:
             check_tools(case, state, ran_before)
             check_history(state)
+            synthetic = [m.text[:60] for m in state.context if m.metadata.get("synthetic")]
+            assert not synthetic, f"memory keeps synthetic messages: {synthetic}"
             if out.result is not None and out.cut == "none":
                 check_remembered(case, state, out.result)
         # the plain follow-up: the session stays usable
