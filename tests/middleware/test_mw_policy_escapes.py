@@ -7,7 +7,7 @@ from pydantic import BaseModel
 from agentscope_py import ChatUsage, ModelStep, ReActAgent, ScriptedModel, Toolkit, tool
 from agentscope_py.agent import RESPONSE_TOOL
 from agentscope_py.message import GenerateReason
-from agentscope_py.middleware import StructuredOutputValidationMiddleware, ToolPolicyMiddleware
+from agentscope_py.middleware import StructuredOutputValidationMiddleware, ToolCallLimitMiddleware, ToolPolicyMiddleware
 
 
 class City(BaseModel):
@@ -63,3 +63,16 @@ async def test_a_hidden_invalid_attempt_counts_in_the_run_usage() -> None:
         msg = await agent.call("Which city?")
         assert msg.metadata["structured_output"] == City(name="Oslo")
         assert msg.usage == ChatUsage(input_tokens=20, output_tokens=4)
+
+
+async def test_a_tool_call_limit_leaves_a_structured_run_its_answer() -> None:
+    # The answer tool is the run's reply, not a tool call: a limit neither counts nor refuses it
+    # (else every answer after the limit is refused and the run ends in StructuredOutputError).
+    for behaviour in ("continue", "end", "error"):
+        model = ScriptedModel([ModelStep.tool_call("read", {"path": "a"}),
+                               ModelStep.tool_call(RESPONSE_TOOL, {"name": "Paris"})])
+        limit = ToolCallLimitMiddleware(run_limit=1, exit_behavior=behaviour)  # type: ignore[arg-type]
+        agent = ReActAgent.builder().model(model).toolkit(Toolkit([read])).middleware(limit).build()
+        msg = await agent.call("Which city?", structured_model=City)
+        assert msg.generate_reason is GenerateReason.STRUCTURED_OUTPUT, behaviour
+        assert msg.metadata["structured_output"] == City(name="Paris")

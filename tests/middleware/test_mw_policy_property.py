@@ -64,6 +64,7 @@ from agentscope_py.middleware import (
     RetryMiddleware,
     StopOnAllDeniedMiddleware,
     StructuredOutputValidationMiddleware,
+    ToolCallLimitMiddleware,
     ToolPolicyMiddleware,
     LLMToolSelectorMiddleware,
     ToolSelectorMiddleware,
@@ -382,6 +383,7 @@ class Case:
     llm_selector: LLMToolSelectorMiddleware | None = None
     selected: list[set[str]] = field(default_factory=list)
     limit: int | None = None
+    tool_limit: bool = False
     retry: int | None = None
     order: list[str] = field(default_factory=list)
     filter: bool = False
@@ -576,6 +578,10 @@ def build(case: Case) -> ReActAgent:
         mws["limit"] = ModelCallLimitMiddleware(run_limit=case.limit, exit_behavior=rng.choice(("end", "error")))
     if rng.random() < 0.2:
         mws["stop"] = StopOnAllDeniedMiddleware()
+    if rng.random() < 0.2:
+        case.tool_limit = True
+        mws["tool_limit"] = ToolCallLimitMiddleware(run_limit=rng.randint(1, 4),
+                                                    exit_behavior=rng.choice(("continue", "end", "error")))
     case.order = list(mws)
     rng.shuffle(case.order)
     builder = (ReActAgent.builder().name("root").model(root).toolkit(toolkit).max_iters(rng.randint(3, 12))
@@ -737,6 +743,8 @@ def check_validated_run(case: Case, out: Outcome, replies: list[Reply]) -> None:
         else:
             streak += 1
             longest = max(longest, streak)
+            if streak == validator.max_retries + 1 and validator.on_failure == "continue":
+                streak = 0  # the last attempt stands: the round goes on (an empty one is re-asked by the loop)
     assert longest <= validator.max_retries + 1, \
         f"{longest} invalid answers in a row; max_retries={validator.max_retries}"
     result = out.result
@@ -773,8 +781,12 @@ def check_tools(case: Case, state: Any, ran_before: int) -> None:
                 continue
             denied = not case.policy.listed(call.name) and call.name != RESPONSE_TOOL
             denied = denied or (call.name == "vault" and call.input.get("note") == "secret")
-            unrun = block.state is ToolResultState.INTERRUPTED or block.text.startswith("Error: not executed")
-            if denied and call.name in TOOLS and not unrun:
+            if denied and call.name in TOOLS and block.state is not ToolResultState.DENIED:
+                # not run for another reason: cut, past the step limit, over a call limit outside the policy
+                assert block.state is not ToolResultState.SUCCESS, f"{call.name} ({call.input}) denied, but succeeded"
+                assert case.tool_limit or block.state is ToolResultState.INTERRUPTED or \
+                    block.text.startswith("Error: not executed"), f"{call.name} denied, but its result is {block.text!r}"
+            elif denied and call.name in TOOLS:
                 assert block.state is ToolResultState.DENIED, \
                     f"{call.name} ({call.input}) denied by the policy, but its result is {block.state.value}"
                 assert block.text.startswith(f"refused {call.name}: "), f"the model was told {block.text!r}"
@@ -860,7 +872,7 @@ def check_outcome(case: Case, out: Outcome) -> None:
     allowed: tuple[type[BaseException], ...] = (ServerError,)
     if case.mode in ("tool", "native") or (case.validator is not None and case.validator.on_failure == "raise"):
         allowed += (StructuredOutputError,)
-    if case.limit is not None:
+    if case.limit is not None or case.tool_limit:
         allowed += (CallLimitExceeded,)
     if case.llm_selector is not None and case.llm_selector.on_error == "raise":
         allowed += (StructuredOutputError,)

@@ -30,7 +30,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mappin
 from typing import TYPE_CHECKING, Any
 
 from ..._replies import result_events
-from ..._response_tool import RESPONSE_TOOL
+from ..._response_tool import answer_tool
 from ...events import AllToolsDenied, RequestStop
 from ...extension.base import ActingInput, ExtensionPoint, MiddlewareBase, ModelCallInput, Next
 from ...message import GenerateReason, ToolResultState, ToolUseBlock
@@ -134,12 +134,12 @@ class ToolPolicyMiddleware(MiddlewareBase):
             self._check(agent.toolkit.tree_names)
 
     def on_model_call(self, agent: AgentView, ctx: RuntimeContext, input: ModelCallInput, next: Next) -> Any:
-        answer = _answer_tool(agent)
+        answer = answer_tool(agent.toolkit)
         tools = tuple(t for t in input.tools if t.name == answer or self.listed(t.name))
         return next(input if len(tools) == len(input.tools) else input.replace(tools=tools))
 
     def on_acting(self, agent: AgentView, ctx: RuntimeContext, input: ActingInput, next: Next) -> Any:
-        return EventStream(lambda: self._act(ctx, input, next, _answer_tool(agent)))
+        return EventStream(lambda: self._act(ctx, input, next, answer_tool(agent.toolkit)))
 
     async def _act(self, ctx: RuntimeContext, input: ActingInput, next: Next, answer: str | None
                    ) -> AsyncIterator[Any]:
@@ -183,11 +183,6 @@ class ToolPolicyMiddleware(MiddlewareBase):
         check_tool_names(self.deny, key, "deny")
         check_tool_names(self.rules, key, "rules")
         self._checked.add(key)
-
-
-def _answer_tool(agent: AgentView) -> str | None:
-    """The name of the run's structured-output tool, unless the agent has a tool of that name."""
-    return RESPONSE_TOOL if agent.toolkit.get(RESPONSE_TOOL) is None else None
 
 
 def _patterns(values: Iterable[str], parameter: str) -> tuple[str, ...]:
