@@ -38,6 +38,7 @@ import asyncio
 import contextlib
 import enum
 import gc
+import itertools
 import json
 import os
 import random
@@ -54,22 +55,22 @@ from agentscope_py.agent import RESPONSE_TOOL
 from agentscope_py.errors import (
     AgentInterrupted,
     CallLimitExceeded,
+    ModelError,
     ServerError,
     StructuredOutputError,
 )
 from agentscope_py.message import ToolResultState
 from agentscope_py.middleware import (
     FinalAnswerFilterMiddleware,
+    LLMToolSelectorMiddleware,
     ModelCallLimitMiddleware,
     RetryMiddleware,
     StopOnAllDeniedMiddleware,
     StructuredOutputValidationMiddleware,
     ToolCallLimitMiddleware,
     ToolPolicyMiddleware,
-    LLMToolSelectorMiddleware,
     ToolSelectorMiddleware,
 )
-from agentscope_py.errors import ModelError
 from agentscope_py.model import ChatChunk, ModelRequest
 from agentscope_py.model.base import ToolCallChunk, ToolSchema
 from agentscope_py.model.openai import OpenAIChatModel
@@ -354,7 +355,7 @@ def cut(rng: random.Random, text: str, pieces: int) -> list[str]:
         return []
     points = sorted(rng.sample(range(1, len(text)), min(pieces - 1, len(text) - 1))) if len(text) > 1 else []
     bounds = [0, *points, len(text)]
-    return [text[a:b] for a, b in zip(bounds, bounds[1:], strict=False) if b > a]
+    return [text[a:b] for a, b in itertools.pairwise(bounds) if b > a]
 
 
 # -- one case ---------------------------------------------------------------------------------------
@@ -436,6 +437,42 @@ class Case:
         self.selected.append(kept)
         return reply
 
+    def check_told(self, request: ModelRequest) -> None:
+        """After a failed answer the model is told, as documented: the runtime's reminder (native:
+        after its own reply; through the tool: call it), the answer tool's error result, the
+        validation middleware's errors after the invalid reply."""
+        before = [r for m, r, _ in self.turn.replies if m == "root" and not r.kind.startswith("select:")]
+        if not before or before[-1].error_after is not None or self.summary(request):
+            return
+        prev = before[-1]
+        tail = request.messages[-3:]
+        nudges = [m.text for m in tail if m.role == "user" and m.metadata.get("synthetic")]
+        if self.validator is not None and not prev.calls and not fits_json(self.schema, unfence(prev.text)):
+            streak = 0
+            for r in reversed(before):
+                if r.calls or r.error_after is not None or fits_json(self.schema, unfence(r.text)):
+                    break
+                streak += 1
+            if streak <= self.validator.max_retries:
+                told = any("not valid JSON for the required schema" in t and self.schema.__name__ in t for t in nudges)
+                if not told:
+                    self.problems.append(f"the validation middleware re-asked without its errors: {nudges}")
+            return
+        if self.validator is not None:
+            return
+        if self.mode == "native" and not prev.calls and not fits_json(self.schema, prev.text):
+            if not any("not valid JSON for the required schema" in t for t in nudges):
+                self.problems.append(f"an invalid native answer was re-asked without its error: {nudges}")
+        elif self.mode == "tool" and not prev.calls:
+            if not any(RESPONSE_TOOL in t for t in nudges):
+                self.problems.append(f"a reply without the answer tool was re-asked without saying so: {nudges}")
+        elif self.mode == "tool" and any(name == RESPONSE_TOOL for _, name, _ in prev.calls) \
+                and answer_of(self, prev, self.schema, False) is None:
+            answers = {cid for cid, name, _ in prev.calls if name == RESPONSE_TOOL}
+            results = [b for m in request.messages[-3:] for b in m.tool_results if b.id in answers]
+            if not results or any(b.state is not ToolResultState.ERROR for b in results):
+                self.problems.append(f"an invalid answer's tool result is not an error: {results}")
+
     @staticmethod
     def summary(request: ModelRequest) -> bool:
         """The step limit's summary call (offered no tools)."""
@@ -456,6 +493,8 @@ class Case:
         if "select_tools" in offered:
             return self.selection(request, reply)
         self.check_offer(model, offered, request)
+        if model == "root" and self.server is None:
+            self.check_told(request)
         if rng.random() < 0.2:
             reply.thinking = f"thinking {n}"
         rounds = len(self.turn.replies)
@@ -562,7 +601,7 @@ def build(case: Case) -> ReActAgent:
 
         case.selector = ToolSelectorMiddleware(select)  # (one selector at a time: `selected` is one list)
         mws["selector"] = case.selector
-    if case.mode == "middleware" or case.mode in ("tool", "native") and rng.random() < 0.15:
+    if case.mode == "middleware" or (case.mode in ("tool", "native") and rng.random() < 0.15):
         case.validator = StructuredOutputValidationMiddleware(
             case.schema, max_retries=rng.randint(0, 3), on_failure=rng.choice(("raise", "continue")),
             buffer=rng.random() < 0.5)
@@ -699,9 +738,7 @@ def check_structured_run(case: Case, out: Outcome, replies: list[Reply]) -> None
         if good is not None:
             last_good = good
             continue
-        if native and not reply.calls:
-            failures += 1
-        elif not native and (not reply.calls or any(name == RESPONSE_TOOL for _, name, _ in reply.calls)):
+        if (native and not reply.calls) or (not native and (not reply.calls or any(name == RESPONSE_TOOL for _, name, _ in reply.calls))):
             failures += 1
     # (with the validation middleware too, it re-asks inside a model call first: the runtime counts
     # only the replies that got past it)
@@ -867,7 +904,7 @@ def check_limit(case: Case) -> None:
 def check_outcome(case: Case, out: Outcome) -> None:
     """The error, if any, is one the case can cause, typed."""
     err = out.error
-    if err is None or out.cut != "none" and isinstance(err, AgentInterrupted | asyncio.CancelledError):
+    if err is None or (out.cut != "none" and isinstance(err, AgentInterrupted | asyncio.CancelledError)):
         return
     allowed: tuple[type[BaseException], ...] = (ServerError,)
     if case.mode in ("tool", "native") or (case.validator is not None and case.validator.on_failure == "raise"):

@@ -10,7 +10,8 @@ asked again, with the validation errors, at most ``max_retries`` times; then ``o
 ``"raise"`` (`StructuredOutputError`) or ``"continue"`` (the last reply stands, unparsed).
 
 ``buffer=True`` holds each attempt until it validated, so callers never see an invalid reply
-(at the price of streaming); a hidden attempt's usage still counts in the run's (``ctx.add_usage``). Replies with tool calls pass untouched: the model is still working.
+(at the price of streaming); a hidden attempt's usage still counts in the run's
+(``ctx.add_usage``). Replies with tool calls pass untouched: the model is still working.
 """
 
 from __future__ import annotations
