@@ -4,9 +4,10 @@ constraints) — through ``call(..., structured_model=M)`` / ``stream(..., struc
 ``generate_response`` tool, or a model with native JSON mode), through
 `StructuredOutputValidationMiddleware`, or not at all — with random `FinalAnswerFilterMiddleware`,
 `ToolPolicyMiddleware` (allow / deny lists, an argument rule, hidden or not),
-`ToolSelectorMiddleware`, the task list, `StopOnAllDeniedMiddleware`, `RetryMiddleware` and
-`ModelCallLimitMiddleware` in a random order, sometimes a sub-agent with an ``output_model``. The
-model (a scripted fake, or the real OpenAI provider over a loopback fake server) answers at random
+`ToolSelectorMiddleware` or `LLMToolSelectorMiddleware`, the task list,
+`StopOnAllDeniedMiddleware`, `RetryMiddleware`, `ModelCallLimitMiddleware` and
+`ToolCallLimitMiddleware` in a random order, sometimes a sub-agent with an ``output_model``. The
+model (a scripted fake, or the real OpenAI provider over a strict loopback fake server) answers at random
 with valid JSON, invalid JSON, schema violations, fenced JSON, answers split across many deltas at
 random points, tool calls (allowed, denied by the policy, unknown, with bad arguments), thinking
 and failures; runs are driven by ``stream()`` or ``call()``, cut by a consumer that leaves, an
@@ -20,7 +21,10 @@ The oracle (docs/agent.md "Structured output", docs/safety.md
   object is the parse of the final text; otherwise the run ends with a documented reason and no
   value (a limit, every tool denied, the step limit), or a typed error: `StructuredOutputError`
   after exactly the documented number of failed answers (3 retries; ``max_retries`` per model call
-  for the middleware), the model's own error, `CallLimitExceeded`; never another error;
+  for the middleware), the model's own error, `CallLimitExceeded`; never another error; after
+  each failed answer the model is told (the runtime's reminder, the answer tool's error result,
+  the middleware's errors); a call limit bounds the model calls that pass it; the run's usage is
+  that of every model call that reported usage (a hidden attempt's too);
 * a tool the policy denies never runs and the model reads the policy's message as a ``denied``
   result; a tool the lists deny is not offered when ``hide_denied``; the selector never offers a
   tool it did not choose, and never takes ``generate_response`` away; a call with bad arguments
@@ -29,7 +33,7 @@ The oracle (docs/agent.md "Structured output", docs/safety.md
   succeeds over the session; every request converts for OpenAI and Anthropic; no model stream,
   task or coroutine is left behind.
 
-Knobs: ``POLICY_CASES`` (cases, default 60), ``POLICY_SEED`` (the first seed). A failure names
+Knobs: ``POLICY_CASES`` (cases, default 24), ``POLICY_SEED`` (the first seed). A failure names
 its seed: ``POLICY_SEED=<seed> POLICY_CASES=1`` replays that case alone."""
 
 from __future__ import annotations
@@ -83,7 +87,7 @@ from tests.test_closing_property import unbalanced
 pytestmark = [pytest.mark.timeout(600),
               pytest.mark.filterwarnings("ignore::agentscope_py.extension.lints.MiddlewareOrderWarning")]
 
-CASES = int(os.environ.get("POLICY_CASES", "60"))
+CASES = int(os.environ.get("POLICY_CASES", "24"))
 SEED = int(os.environ.get("POLICY_SEED", "20261207"))
 USAGE = ChatUsage(input_tokens=10, output_tokens=2)
 WARNINGS = ("never awaited", "was destroyed", "unclosed", "Unclosed")
@@ -385,6 +389,7 @@ class Case:
     selected: list[set[str]] = field(default_factory=list)
     limit: int | None = None
     tool_limit: bool = False
+    bad_args: set[str] = field(default_factory=set)  # the ``q`` of every call sent with bad arguments
     retry: int | None = None
     order: list[str] = field(default_factory=list)
     filter: bool = False
@@ -551,8 +556,10 @@ class Case:
             for i in range(rng.randint(1, 3)):
                 name = rng.choice(tool_names)
                 note = rng.choice(("plain", "plain", "secret"))
-                args = {"q": f"q{n}", "note": note}
-                raw = rng.choice((json.dumps(args),) * 5 + ('{"q": 1', json.dumps({"q": f"q{n}"})))
+                args = {"q": f"q{n}-{i}", "note": note}
+                raw = rng.choice((json.dumps(args),) * 5 + (f'{{"q": "q{n}-{i}"', json.dumps({"q": f"q{n}-{i}"})))
+                if raw != json.dumps(args):
+                    self.bad_args.add(f"q{n}-{i}")
                 reply.calls.append((f"c{n}-{i}", name, raw))
             if kind == "text_and_tools":
                 reply.text = rng.choice((good, f"let me look {n}"))
@@ -802,7 +809,8 @@ def check_validated_run(case: Case, out: Outcome, replies: list[Reply]) -> None:
 
 def check_tools(case: Case, state: Any, ran_before: int) -> None:
     """Denied and unknown tools never ran; bad arguments ran no body; the model was told."""
-    for name, note, _ in RAN[ran_before:]:
+    for name, note, args in RAN[ran_before:]:
+        assert args["q"] not in case.bad_args, f"{name} ran for a call with bad arguments ({args})"
         if case.policy is not None:
             assert name != "erase", "a tool the policy denies ran"
             assert not (name == "vault" and note == "secret"), "a call the policy's rule refuses ran"
