@@ -33,7 +33,7 @@ The oracle (docs/agent.md "Structured output", docs/safety.md
   succeeds over the session; every request converts for OpenAI and Anthropic; no model stream,
   task or coroutine is left behind.
 
-Knobs: ``POLICY_CASES`` (cases, default 24), ``POLICY_SEED`` (the first seed). A failure names
+Knobs: ``POLICY_CASES`` (cases, default 20), ``POLICY_SEED`` (the first seed). A failure names
 its seed: ``POLICY_SEED=<seed> POLICY_CASES=1`` replays that case alone."""
 
 from __future__ import annotations
@@ -87,7 +87,7 @@ from tests.test_closing_property import unbalanced
 pytestmark = [pytest.mark.timeout(600),
               pytest.mark.filterwarnings("ignore::agentscope_py.extension.lints.MiddlewareOrderWarning")]
 
-CASES = int(os.environ.get("POLICY_CASES", "24"))
+CASES = int(os.environ.get("POLICY_CASES", "20"))
 SEED = int(os.environ.get("POLICY_SEED", "20261207"))
 USAGE = ChatUsage(input_tokens=10, output_tokens=2)
 WARNINGS = ("never awaited", "was destroyed", "unclosed", "Unclosed")
