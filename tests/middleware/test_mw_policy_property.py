@@ -323,7 +323,7 @@ class Loopback(FakeServer):
         case, body = self.case, request.body
         tools = tuple(ToolSchema(name=t["function"]["name"], description=t["function"].get("description") or "",
                                  parameters=t["function"].get("parameters") or {}) for t in body.get("tools") or ())
-        texts = [m.get("content") for m in body["messages"][-2:]]
+        texts = [m.get("content") for m in body["messages"] if m.get("role") == "user"]
         schema = (body.get("response_format") or {}).get("json_schema", {}).get("schema")
         asked = ModelRequest(messages=[Msg.user(t if isinstance(t, str) and t else "-") for t in texts], tools=tools,
                              structured_output=schema)
@@ -480,8 +480,9 @@ class Case:
 
     @staticmethod
     def summary(request: ModelRequest) -> bool:
-        """The step limit's summary call (offered no tools)."""
-        return any(m.role == "user" and "maximum number of reasoning steps" in m.text for m in request.messages[-2:])
+        """The step limit's summary call (offered no tools), or a validation middleware's re-ask of
+        it (its prompt is sent once, never remembered)."""
+        return any(m.role == "user" and "maximum number of reasoning steps" in m.text for m in request.messages)
 
     # -- the model's replies ------------------------------------------------------------------------
 
