@@ -878,8 +878,9 @@ def check_final_text(case: Case, out: Outcome) -> None:
     assert out.result is not None
     top = [e for e in out.events if e.source is None]
     starts = [i for i, e in enumerate(top) if e.type == "model_call_start"]
-    if not starts or out.result.tool_calls or out.result.generate_reason is GenerateReason.MIDDLEWARE_STOP_REQUESTED:
-        return  # (a limit's stop ends a round that called no model)
+    stopped = any(e.type == "request_stop" for e in top[starts[-1]:]) if starts else False
+    if not starts or out.result.tool_calls or stopped:
+        return  # (a limit's stop ends a round, or the step limit's summary, that called no model)
     shown = "".join(e.delta for e in top[starts[-1]:] if e.type == "text_block_delta")
     assert shown == out.result.text, f"the stream showed {shown!r} of the last reply, the result is {out.result.text!r}"
 
