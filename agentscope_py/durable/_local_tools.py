@@ -5,7 +5,7 @@ so it must run where the run is; it does no I/O and is deterministic."""
 from __future__ import annotations
 
 from .._acting import ToolExecutor, ToolScope, tool_output
-from ..agent import RESPONSE_TOOL
+from .._response_tool import answer_tool
 from ..agent.react import ReActAgent
 from ..message import ToolUseBlock
 from ..stream import Channel
@@ -17,10 +17,10 @@ __all__ = ["with_local_tools"]
 def with_local_tools(agent: ReActAgent, activities: ToolExecutor) -> ToolExecutor:
     """``activities`` for every tool but the structured-output tool (unless the agent has a tool
     of that name of its own, which is a tool like any other)."""
-    own = agent.toolkit.get(RESPONSE_TOOL) is not None
+    answer = answer_tool(agent.toolkit)
 
     async def executor(scope: ToolScope, call: ToolUseBlock, tool: Tool, channel: Channel) -> None:
-        if call.name == RESPONSE_TOOL and not own:
+        if call.name == answer:
             await tool_output(scope, call, tool, channel)
         else:
             await activities(scope, call, tool, channel)

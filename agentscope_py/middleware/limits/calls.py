@@ -20,6 +20,8 @@ A call counts when it starts (its stream is subscribed): a failed model call cou
 retry outside the limit re-counts each attempt (put the limit outside retries to count calls
 once). A tool call counts once, as the model asked for it (LangChain's count): a
 `ToolRetryMiddleware` outside the limit runs the same call again, uncounted and never refused.
+A structured run's ``generate_response`` call (`agent.RESPONSE_TOOL`, unless the agent has a tool
+of that name) is the run's answer, not a tool call: it is neither counted nor refused.
 The checks run once per call; a call within the limits is the inner stream itself.
 """
 
@@ -32,6 +34,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Collection, Hashable, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
+from ..._response_tool import answer_tool
 from ...errors import CallLimitExceeded, RateLimitExceeded
 from ...events import RequestStop, ToolResultEnd, ToolResultStart, ToolResultTextDelta
 from ...extension.base import ActingInput, AgentInput, ExtensionPoint, MiddlewareBase, ModelCallInput, Next
@@ -365,9 +368,9 @@ class ToolCallLimitMiddleware(_CallLimit):
         self._calls_key = object()  # the calls an execution counted (their blocks, by id) in its RuntimeContext
 
     def on_acting(self, agent: AgentView, ctx: RuntimeContext, input: ActingInput, next: Next) -> Any:
-        return EventStream.defer(lambda: self._act(ctx, input, next))
+        return EventStream.defer(lambda: self._act(ctx, input, next, answer_tool(agent.toolkit)))
 
-    def _act(self, ctx: RuntimeContext, input: ActingInput, next: Next) -> Any:
+    def _act(self, ctx: RuntimeContext, input: ActingInput, next: Next, answer: str | None = None) -> Any:
         calls = input.tool_calls
         name = self.tool_name
         # A call counts once, as the model asked for it: a retry of it (the same block, passed
@@ -376,7 +379,8 @@ class ToolCallLimitMiddleware(_CallLimit):
         if counted is None:
             counted = {}
             ctx.put(self._calls_key, counted)
-        matching = [c for c in calls if (name is None or c.name == name) and counted.get(id(c)) is not c]
+        matching = [c for c in calls if (c.name == name if name is not None else c.name != answer)
+                    and counted.get(id(c)) is not c]
         left, scope, limit = self._left(ctx)
         if len(matching) <= left:
             self._count(ctx, len(matching))

@@ -10,7 +10,8 @@ asked again, with the validation errors, at most ``max_retries`` times; then ``o
 ``"raise"`` (`StructuredOutputError`) or ``"continue"`` (the last reply stands, unparsed).
 
 ``buffer=True`` holds each attempt until it validated, so callers never see an invalid reply
-(at the price of streaming). Replies with tool calls pass untouched: the model is still working.
+(at the price of streaming); a hidden attempt's usage still counts in the run's
+(``ctx.add_usage``). Replies with tool calls pass untouched: the model is still working.
 """
 
 from __future__ import annotations
@@ -115,6 +116,10 @@ class StructuredOutputValidationMiddleware(MiddlewareBase):
                         continue
                     if self.buffer and problem is not None:
                         held.clear()  # an invalid attempt is never shown
+                        if top and type(ev) is ModelCallEnd:
+                            # ...but the provider billed it: its usage counts in the run's, as a
+                            # call a middleware makes itself.
+                            ctx.add_usage(ev.usage)
                         continue
                     for out in held:
                         yield out

@@ -13,6 +13,10 @@
   instead: right after the `AllToolsDenied` event it emits `RequestStop` with
   ``GenerateReason.ALL_TOOLS_DENIED``, and the final message carries that reason.
 
+A structured run's ``generate_response`` tool (`agent.RESPONSE_TOOL`, registered per run when the
+agent has no tool of that name) is how the run answers, not a tool of the agent: the lists and
+rules neither hide nor deny it, as `ToolSelectorMiddleware` never narrows it away.
+
 Unknown tool names: every pattern must match a tool of the agent. With ``toolkit=`` the check runs
 at construction; without, at the first run of each agent (a `ValueError` from
 ``on_agent_state_ready``, before the model is called).
@@ -26,6 +30,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mappin
 from typing import TYPE_CHECKING, Any
 
 from ..._replies import result_events
+from ..._response_tool import answer_tool
 from ...events import AllToolsDenied, RequestStop
 from ...extension.base import ActingInput, ExtensionPoint, MiddlewareBase, ModelCallInput, Next
 from ...message import GenerateReason, ToolResultState, ToolUseBlock
@@ -129,17 +134,19 @@ class ToolPolicyMiddleware(MiddlewareBase):
             self._check(agent.toolkit.tree_names)
 
     def on_model_call(self, agent: AgentView, ctx: RuntimeContext, input: ModelCallInput, next: Next) -> Any:
-        tools = tuple(t for t in input.tools if self.listed(t.name))
+        answer = answer_tool(agent.toolkit)
+        tools = tuple(t for t in input.tools if t.name == answer or self.listed(t.name))
         return next(input if len(tools) == len(input.tools) else input.replace(tools=tools))
 
     def on_acting(self, agent: AgentView, ctx: RuntimeContext, input: ActingInput, next: Next) -> Any:
-        return EventStream(lambda: self._act(ctx, input, next))
+        return EventStream(lambda: self._act(ctx, input, next, answer_tool(agent.toolkit)))
 
-    async def _act(self, ctx: RuntimeContext, input: ActingInput, next: Next) -> AsyncIterator[Any]:
+    async def _act(self, ctx: RuntimeContext, input: ActingInput, next: Next, answer: str | None
+                   ) -> AsyncIterator[Any]:
         reply_id = ctx.reply_id or ""
         denied: list[ToolUseBlock] = []
         for call in input.tool_calls:
-            reason = await self.decide(call, ctx)
+            reason = None if call.name == answer else await self.decide(call, ctx)
             if reason is not None:
                 denied.append(call)
                 for ev in result_events(reply_id, call, self._text(call, reason), ToolResultState.DENIED):
