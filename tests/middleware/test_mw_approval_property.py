@@ -29,12 +29,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import json
 import os
 import random
 import uuid
-import warnings
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -73,6 +71,7 @@ from agentscope_py.model import ChatChunk, ModelRequest
 from agentscope_py.model.base import ToolCallChunk
 from agentscope_py.server import create_app
 from agentscope_py.stream import aclose
+from tests.leftovers import nothing_left
 from tests.middleware.test_mw_context_property import check_anthropic, check_openai
 from tests.test_closing_property import AGUI_PAIRS, unbalanced
 
@@ -83,7 +82,6 @@ CASES = int(os.environ.get("APPROVAL_CASES", "20"))
 SEED = int(os.environ.get("APPROVAL_SEED", "20261207"))
 USAGE = ChatUsage(input_tokens=10, output_tokens=1)
 USER, SID = "u", "s"
-WARNINGS = ("never awaited", "was destroyed", "unclosed", "Unclosed")
 
 # -- tools: each body records what ran, by the call's ``ref`` (its id, put in its arguments) ------
 
@@ -699,26 +697,12 @@ async def test_approval_property(batch: int, tmp_path: Any) -> None:
     for k in range(batch, CASES, 2):
         seed = SEED + k
         LEDGER.clear()
-        gc.collect()
         case = Case(seed, str(tmp_path), redis_url)
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            try:
+        try:
+            async with nothing_left(f"APPROVAL_SEED={seed} APPROVAL_CASES=1"):
                 await play(case)
-                await asyncio.sleep(0)
-                left = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-                for _ in range(20):
-                    if not left:
-                        break
-                    await asyncio.sleep(0.01)
-                    left = [t for t in asyncio.all_tasks() if t is not asyncio.current_task() and not t.done()]
-                assert not left, f"tasks left running: {left}"
-            except AssertionError as exc:
-                raise AssertionError(f"seed {seed} (APPROVAL_SEED={seed} APPROVAL_CASES=1): {exc}\n"
-                                     + "\n".join(case.log)) from None
-            gc.collect()
-        bad = [str(w.message) for w in caught if any(s in str(w.message) for s in WARNINGS)]
-        assert not bad, f"seed {seed}: {bad}"
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n" + "\n".join(case.log)) from None
 
 
 # -- the same, served: approvals over AG-UI (docs/server.md "Human approval"), in process ---------

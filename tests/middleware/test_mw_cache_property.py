@@ -55,6 +55,7 @@ from agentscope_py.middleware.caching.cache import whole_reply
 from agentscope_py.middleware.caching.cache_stores import decode_events
 from agentscope_py.model.base import ChatChunk, ModelRequest, ToolCallChunk
 from agentscope_py.stream import aclose
+from tests.leftovers import nothing_left
 from tests.middleware.resilience_helpers import model_calls
 
 pytestmark = [pytest.mark.timeout(300),
@@ -568,20 +569,8 @@ async def test_the_response_cache_under_random_faults(seed: int, tmp_path: Path,
     redis = None
     if os.environ.get("REDIS_URL"):
         redis = (os.environ["REDIS_URL"], request.getfixturevalue("redis_prefix"))
-    # An earlier test's garbage is not this case's: collected first (an SDK client collected here
-    # closes itself in a task of this loop), so that only what this case leaves is counted.
-    gc.collect()
-    before = asyncio.all_tasks()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
+    async with nothing_left(f"CACHE_SEED={seed}"):
         await run_case(seed, tmp_path, redis)
-        for _ in range(10):
-            await asyncio.sleep(0)
-        gc.collect()
-    leaked = [t for t in asyncio.all_tasks() - before if not t.done() and t is not asyncio.current_task()]
-    assert not leaked, f"CACHE_SEED={seed}: tasks left running: {leaked}"
-    left = [str(w.message) for w in caught if issubclass(w.category, ResourceWarning) or "never awaited" in str(w.message)]
-    assert not left, f"CACHE_SEED={seed}: left open: {left}"
 
 
 

@@ -41,12 +41,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
-import gc
 import itertools
 import json
 import os
 import random
-import warnings
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -79,6 +77,7 @@ from agentscope_py.model import ChatChunk, ModelRequest
 from agentscope_py.model.base import ToolCallChunk, ToolSchema
 from agentscope_py.model.openai import OpenAIChatModel
 from agentscope_py.stream import aclose
+from tests.leftovers import nothing_left
 from tests.middleware.test_mw_context_property import check_anthropic, check_openai
 from tests.providers.fakes import DONE, FakeServer, Request, oa_chunk, oa_usage
 from tests.providers.fakes import Reply as Wire
@@ -90,7 +89,6 @@ pytestmark = [pytest.mark.timeout(600),
 CASES = int(os.environ.get("POLICY_CASES", "20"))
 SEED = int(os.environ.get("POLICY_SEED", "20261207"))
 USAGE = ChatUsage(input_tokens=10, output_tokens=2)
-WARNINGS = ("never awaited", "was destroyed", "unclosed", "Unclosed")
 MAX_STRUCTURED_RETRIES = 3  # docs/agent.md: "at most 3 times"
 DENIED_TEXT = "refused {name}: {reason}"
 
@@ -1011,23 +1009,9 @@ async def test_policy_property(batch: int) -> None:
     for k in range(batch, CASES, 2):
         seed = SEED + k
         RAN.clear()
-        gc.collect()
         case = Case(seed)
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            try:
+        try:
+            async with nothing_left(f"POLICY_SEED={seed} POLICY_CASES=1"):
                 await play(case)
-                await asyncio.sleep(0)
-                left = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-                for _ in range(20):
-                    if not left:
-                        break
-                    await asyncio.sleep(0.01)
-                    left = [t for t in asyncio.all_tasks() if t is not asyncio.current_task() and not t.done()]
-                assert not left, f"tasks left running: {left}"
-            except AssertionError as exc:
-                raise AssertionError(f"seed {seed} (POLICY_SEED={seed} POLICY_CASES=1): {exc}\n"
-                                     + "\n".join(case.log)) from None
-            gc.collect()
-        bad = [str(w.message) for w in caught if any(s in str(w.message) for s in WARNINGS)]
-        assert not bad, f"seed {seed}: {bad}"
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n" + "\n".join(case.log)) from None

@@ -39,12 +39,10 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import gc
 import json
 import os
 import random
 import time
-import warnings
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -80,6 +78,7 @@ from agentscope_py.middleware import (
 )
 from agentscope_py.model.base import ChatChunk, ModelRequest, ToolCallChunk
 from agentscope_py.stream import aclose
+from tests.leftovers import nothing_left
 from tests.middleware.resilience_helpers import balance, model_calls
 
 pytestmark = [pytest.mark.timeout(300),
@@ -775,19 +774,8 @@ async def check_session(agent: ReActAgent, session: str, seen: list[Any]) -> Non
 
 @pytest.mark.parametrize("seed", range(SEED, SEED + CASES))
 async def test_the_resilience_built_ins_under_random_faults(seed: int) -> None:
-    gc.collect()  # an earlier test's garbage is not this case's
-    before = asyncio.all_tasks()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
+    async with nothing_left(f"RESILIENCE_SEED={seed}"):
         await run_case(seed)
-        for _ in range(10):
-            await asyncio.sleep(0)
-        gc.collect()
-    leaked = [t for t in asyncio.all_tasks() - before if not t.done() and t is not asyncio.current_task()]
-    assert not leaked, f"RESILIENCE_SEED={seed}: tasks left running: {leaked}"
-    left = [str(w.message) for w in caught
-            if issubclass(w.category, ResourceWarning) or "never awaited" in str(w.message)]
-    assert not left, f"RESILIENCE_SEED={seed}: left open: {left}"
 
 
 # -- the escapes the property found, each alone ------------------------------------------------------
