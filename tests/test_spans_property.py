@@ -18,7 +18,7 @@ past its timeout, a raising middleware hook, parallel runs of one session), afte
 * nothing logs an unclosed generator, a coroutine never awaited, a task destroyed pending, or a
   span ended twice or written after its end.
 
-``SPAN_CASES`` (default 40) and ``SPAN_SEED`` (default 0) widen or move the search."""
+``SPAN_CASES`` (default 30) and ``SPAN_SEED`` (default 0) widen or move the search."""
 
 from __future__ import annotations
 
@@ -66,7 +66,7 @@ from agentscope_py.model.base import ChatChunk, ModelRequest, ToolCallChunk
 from agentscope_py.stream import aclose
 from tests.test_closing_property import failing, fast, streamed, unbalanced
 
-CASES = int(os.environ.get("SPAN_CASES", "40"))
+CASES = int(os.environ.get("SPAN_CASES", "30"))
 SEED = int(os.environ.get("SPAN_SEED", "0"))
 PRICE = ModelPrice(input=1.0, output=2.0)
 

@@ -19,7 +19,7 @@ of it; ``charge`` took effect at most once per call, and a call in doubt (its wo
 shows a ``ToolInDoubt``; the text the client saw is the session's; the reply ``run.result()``
 returns is the session's, id included; the session's next input runs.
 
-``DURABLE_CASES`` (default 6) and ``DURABLE_SEED`` widen it."""
+``DURABLE_CASES`` (default 4) and ``DURABLE_SEED`` widen it."""
 
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ from agentscope_py.testing._checks import check_boundary
 
 __all__ = ["temporal_address"]  # a fixture, used by name
 
-CASES = int(os.environ.get("DURABLE_CASES", "6"))
+CASES = int(os.environ.get("DURABLE_CASES", "4"))
 SEED = int(os.environ.get("DURABLE_SEED", "4711"))
 FACTORY = "durable_cuts_agents:build"
 CUTS = ("interrupt", "leave", "second", "kill", "kill+interrupt")

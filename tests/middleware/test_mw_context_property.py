@@ -81,7 +81,7 @@ from tests.providers.strict import anthropic_problems
 
 pytestmark = pytest.mark.timeout(240)
 
-CASES = int(os.environ.get("CONTEXT_CASES", "28"))
+CASES = int(os.environ.get("CONTEXT_CASES", "20"))
 SEED = int(os.environ.get("CONTEXT_SEED", "20261207"))
 SYS = "You are the agent under test."
 RESPONSE_TOOL = "generate_response"
