@@ -244,6 +244,8 @@ async def test_a_paused_structured_run_resumes_only_with_its_model(store_kind: s
     for resume in (approve, None):
         with pytest.raises(ResumeError, match=rf"structured output {__name__}.Answer: .*structured_model=Answer"):
             await agent.call(resume)
+    with pytest.raises(PendingToolCallsError):  # a new prompt: refused as on any paused session
+        await agent.call("something else")
     after, same = await agent.state_store.load("default", "default")
     assert (after, same) == (before, version) and ran == [] and not model.requests  # nothing changed
 

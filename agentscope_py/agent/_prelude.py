@@ -29,7 +29,6 @@ from ._hooks import HookCall
 from ._input import check_input
 from ._persist import load_session
 from ._resume import check_no_control_input, resume
-from ._structured import check_resume
 
 if TYPE_CHECKING:
     from .._state import AgentState
@@ -108,7 +107,6 @@ def _take_input(exe: StepScope, state: AgentState, prompt: Any) -> AsyncIterator
     input_msgs = run.input_msgs
     pending = run.pending_calls()
     if pending:
-        check_resume(run)
         return resume(exe, pending, input_msgs)
     try:
         check_input(input_msgs, resuming=False)
