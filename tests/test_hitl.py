@@ -3,6 +3,7 @@ sees next."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -26,6 +27,7 @@ from agentscope_py import (
     confirm_message,
     tool,
 )
+from agentscope_py.agent import InMemoryStateStore, SqliteStateStore
 from agentscope_py.model import ModelStep
 
 ran: list[str] = []
@@ -220,6 +222,39 @@ async def test_structured_output_with_the_generate_response_tool() -> None:
     error = model.requests[2].messages[-1].tool_results[0]
     assert error.state is ToolResultState.ERROR and "population" in error.output
     assert [t.name for t in agent.toolkit] == []  # the response tool was per call
+
+
+@pytest.mark.parametrize("store_kind", ["memory", "sqlite"])
+async def test_a_paused_structured_run_resumes_only_with_its_model(store_kind: str, tmp_path: Path) -> None:
+    def build(steps: list[ModelStep]) -> tuple[ReActAgent, ScriptedModel]:
+        store: Any = memory if store_kind == "memory" else SqliteStateStore(tmp_path / "s.db")
+        model = ScriptedModel(steps)
+        return ReActAgent.builder().model(model).toolkit(Toolkit([rm])).state_store(store).build(), model
+
+    memory = InMemoryStateStore()
+    agent, _ = build([ModelStep.tool_call("rm", {"path": "/a"}, id="rm-1")])
+    paused = await agent.call("clean, then answer", structured_model=Answer)
+    assert paused.generate_reason is GenerateReason.PERMISSION_ASKING
+    before, version = await agent.state_store.load("default", "default")
+    assert before is not None and before.metadata == {"agentscope.structured_model": f"{__name__}.Answer"}
+    before = before.model_copy(deep=True)  # (the memory store keeps the state itself)
+
+    # another agent over the same store (another process): the session says which model it was
+    agent, model = build([ModelStep.tool_call("generate_response", {"city": "Paris", "population": 2})])
+    approve = confirm_message(ConfirmResult(tool_call_id="rm-1", confirmed=True))
+    for resume in (approve, None):
+        with pytest.raises(ResumeError, match=rf"structured output {__name__}.Answer: .*structured_model=Answer"):
+            await agent.call(resume)
+    with pytest.raises(PendingToolCallsError):  # a new prompt: refused as on any paused session
+        await agent.call("something else")
+    after, same = await agent.state_store.load("default", "default")
+    assert (after, same) == (before, version) and ran == [] and not model.requests  # nothing changed
+
+    final = await agent.call(approve, structured_model=Answer)
+    assert final.generate_reason is GenerateReason.STRUCTURED_OUTPUT and final.structured(Answer).city == "Paris"
+    assert ran == ["rm /a"]
+    done, _ = await agent.state_store.load("default", "default")
+    assert done is not None and done.metadata == {}  # nothing waits: the next turn may be plain
 
 
 async def test_structured_output_native_and_bounded_retries() -> None:

@@ -540,3 +540,34 @@ async def test_over_ag_ui_a_call_in_doubt_is_an_interrupt_answered_with_done() -
     events = await resume(agent, confirm_message(*answers))
     assert doubts(events) == [("ask", "done")] and bank.paid == {}
     assert model.requests[0].messages[-1].tool_results[0].text == "receipt 9"
+
+
+async def test_a_structured_run_cut_while_a_call_runs_resumes_only_with_its_model() -> None:
+    """The journal's write before a call names the structured run's model: a session whose process
+    died while the call ran is refused a resume that does not pass the model again."""
+    from pydantic import BaseModel
+
+    class Paid(BaseModel):
+        amount: int
+
+    store, bank = CountingStore(), Bank()
+    crashed = InMemoryStateStore()
+
+    @tool(in_doubt="ask")
+    async def pay(amount: int) -> str:
+        """Pay ``amount``."""
+        state = (await stored(store)).model_copy(deep=True)  # what a crash now would leave in the store
+        await crashed.save("u", "s", state, 0)
+        return f"paid {amount}"
+
+    model = ScriptedModel([ModelStep.tool_call("pay", {"amount": 5}, id="c1"),
+                           ModelStep.tool_call("generate_response", {"amount": 5})])
+    agent = ReActAgent(model=model, tools=[pay], state_store=store)
+    assert (await agent.call("pay 5", ctx=ctx(), structured_model=Paid)).structured(Paid) == Paid(amount=5)
+    assert (await stored(store)).metadata == {}
+    after_crash = ReActAgent(model=ScriptedModel([]), tools=[bank.tools(in_doubt="ask")], state_store=crashed)
+    left = (await stored(crashed)).model_copy(deep=True)
+    assert left.metadata == {"agentscope.structured_model": f"{__name__}.{Paid.__qualname__}"}
+    with pytest.raises(ResumeError, match=r"structured_model=Paid"):
+        await resume(after_crash)
+    assert await stored(crashed) == left

@@ -32,6 +32,7 @@ from ._brackets import describe
 from ._hooks import HookCall
 from ._rollback import undo_sub_turns
 from ._run_state import RunState
+from ._structured import note_asked_for
 from .state import AgentState
 from .store import InMemoryStateStore, take_carried, take_read_ahead
 
@@ -112,6 +113,8 @@ async def checkpoint(runtime: AgentRuntime, ctx: RuntimeContext, run: RunState) 
     `StateStoreError`."""
     assert run.session is not None
     run.note_rounds()
+    if run.asked_for is not None or run.session.metadata:  # (else no name to note nor take out)
+        note_asked_for(run)
     key = (ctx.user_id, ctx.session_id)
     store = runtime.store
     cancelled: asyncio.CancelledError | None = None

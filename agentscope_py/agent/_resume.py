@@ -33,6 +33,7 @@ from ..stream import aclosing
 from ._boundaries import clean_block
 from ._in_doubt import Settled, settle
 from ._journal import entry_of
+from ._structured import check_resume
 from ._subagent_tree import WAITS_KEY, route_confirms
 
 if TYPE_CHECKING:
@@ -54,6 +55,7 @@ async def resume(exe: StepScope, pending: list[ToolUseBlock], input_msgs: list[M
     by_id = {c.id: c for c in pending}
     if input_msgs and not confirms and not results:
         raise _refusing(exe, _pending_error(exe, pending))
+    check_resume(exe.run)  # (a new prompt is refused above, as for any paused run)
     answered_by_result = {r.id for r in results}
     _check_ids(exe, Settled(), [r.id for r in results], by_id, "tool result")  # (before settling changes anything)
     settled = Settled()

@@ -76,6 +76,9 @@ class RunState:
     structured: Any = None
     """The validated structured output, once there is one."""
     structured_failures: int = 0
+    asked_for: str | None = None
+    """The structured output's model the run was asked for (``structured_model=M``), as
+    ``module.qualname``: what a pause leaves in the session (`_structured.note_asked_for`)."""
 
     finished_hooks: list[MiddlewareBase] = field(default_factory=list)
     finish_error: Exception | None = None

@@ -1,7 +1,12 @@
 """Structured output (``call(..., structured_model=M)``): the model's native response format when
 it supports one, else a ``generate_response`` tool whose arguments are the output. A reply that
 does not validate is sent back with the problem, at most `MAX_STRUCTURED_RETRIES` times; the
-validated object ends up in the final message's ``metadata["structured_output"]``."""
+validated object ends up in the final message's ``metadata["structured_output"]``.
+
+A structured run that pauses (tool calls wait for an approval or an external result) leaves the
+model's name in the session (`ASKED_FOR_KEY`): only its caller knows the class, so a resume that
+does not pass it again is a `ResumeError` naming it, before anything changes (`check_resume`).
+The agent never imports a class a session names: what a store holds picks no code to run."""
 
 from __future__ import annotations
 
@@ -9,15 +14,19 @@ from collections.abc import Mapping
 from typing import Any
 
 from .._response_tool import RESPONSE_TOOL
-from ..errors import StructuredOutputError
+from ..errors import ResumeError, StructuredOutputError
 from ..message import GenerateReason, Msg, TextBlock
 from ..model.base import ChatModel, supports_structured_output
 from ..tool.toolkit import Tool, Toolkit, clean_schema
 from ._run_state import RunState
 
-__all__ = ["MAX_STRUCTURED_RETRIES", "RESPONSE_TOOL", "StructuredOutput"]
+__all__ = ["ASKED_FOR_KEY", "MAX_STRUCTURED_RETRIES", "RESPONSE_TOOL", "StructuredOutput", "check_resume",
+           "note_asked_for"]
 
 MAX_STRUCTURED_RETRIES = 3
+
+ASKED_FOR_KEY = "agentscope.structured_model"
+"""The session's ``metadata`` key of the model a paused structured run was asked for."""
 
 
 class StructuredOutput:
@@ -28,6 +37,7 @@ class StructuredOutput:
     def __init__(self, model: type[Any], chat_model: ChatModel, options: Mapping[str, Any], toolkit: Toolkit,
                  run: RunState) -> None:
         self.model = model
+        run.asked_for = f"{model.__module__}.{model.__qualname__}"
         self.native = supports_structured_output(chat_model)
         self.options = options
         self.toolkit = toolkit
@@ -72,6 +82,33 @@ class StructuredOutput:
         run.structured_failures += 1
         if run.structured_failures > MAX_STRUCTURED_RETRIES:
             raise StructuredOutputError(f"no valid {self.model.__name__} after {MAX_STRUCTURED_RETRIES} retries")
+
+
+def note_asked_for(run: RunState) -> None:
+    """Where the session is saved: a structured run whose calls wait leaves its model's name in
+    the session; a run that leaves none waiting takes it out."""
+    state = run.session
+    if state is None or run.rolled_back or (run.asked_for is None and ASKED_FOR_KEY not in state.metadata):
+        return
+    if run.asked_for is not None and run.pending_calls():
+        state.metadata[ASKED_FOR_KEY] = run.asked_for
+    else:
+        state.metadata.pop(ASKED_FOR_KEY, None)
+
+
+def check_resume(run: RunState) -> None:
+    """Before a resume changes anything: a session paused by a structured run resumes only as one.
+    Without ``structured_model`` the run would answer in plain text and the model's
+    ``generate_response`` call would be an unknown tool: a `ResumeError` instead (the run refuses
+    its input, nothing is saved)."""
+    assert run.session is not None
+    wanted = run.session.metadata.get(ASKED_FOR_KEY)
+    if run.asked_for is not None or not isinstance(wanted, str):
+        return
+    run.refused = True
+    name = wanted.rpartition(".")[2]
+    raise ResumeError(f"this session's run paused while answering with structured output {wanted}: resume it "
+                      f"with that model again (agent.call(..., structured_model={name})); nothing was changed")
 
 
 def _response_tool(run: RunState, model: type[Any]) -> Tool:

@@ -27,7 +27,8 @@ The oracle (docs/agent.md "Structured output", docs/safety.md
   that of every model call that reported usage (a hidden attempt's too);
 * a tool the policy denies never runs and the model reads the policy's message as a ``denied``
   result; a tool the lists deny is not offered when ``hide_denied``; the selector never offers a
-  tool it did not choose, and never takes ``generate_response`` away; a call with bad arguments
+  tool it did not choose, never chooses among tools the lists hide, and never takes
+  ``generate_response`` away; a call with bad arguments
   or to an unknown tool never runs a body;
 * every Start has its End; the result is the session's last assistant message; the next turn
   succeeds over the session; every request converts for OpenAI and Anthropic; no model stream,
@@ -421,10 +422,18 @@ class Case:
         if self.mode == "tool" and RESPONSE_TOOL not in names:
             self.problems.append(f"a structured run's request without {RESPONSE_TOOL}: {sorted(names)}")
 
+    def check_candidates(self, names: list[str]) -> None:
+        """A selector chooses among the tools the model can be offered: none the lists hide."""
+        if self.policy is not None and self.policy.hide_denied:
+            hidden = {n for n in names if not self.policy.listed(n)}
+            if hidden:
+                self.problems.append(f"the selector was offered {hidden}, which the policy hides")
+
     def selection(self, request: ModelRequest, reply: Reply) -> Reply:
         """The LLM selector's question: a selection (with invented names), text, garbage or a failure."""
         rng = self.rng
         schema = request.tools[0].parameters["properties"]["tools"]["items"]["enum"]
+        self.check_candidates(schema)
         names = [n for n in schema if rng.random() < 0.5] + (["invented"] if rng.random() < 0.3 else [])
         how = "call" if self.followup else rng.choice(("call", "call", "call", "text", "garbage", "error"))
         reply.kind = f"select:{how}"
@@ -601,6 +610,7 @@ def build(case: Case) -> ReActAgent:
         mws["llm_selector"] = case.llm_selector
     elif rng.random() < 0.3:
         def select(ctx: Any, messages: Any, tools: Any) -> list[str]:
+            case.check_candidates([t.name for t in tools])
             chosen = {t.name for t in tools if rng.random() < 0.6}
             case.selected.append(chosen)
             return sorted(chosen)

@@ -175,13 +175,71 @@ async def test_selector_call_is_traced_as_internal() -> None:
     tp.shutdown()
 
 
-async def test_selector_with_policy_narrows_both() -> None:
+def _reported(events: list[Any]) -> list[list[str]]:
+    return [e.value["tools"] for e in events if e.type == "custom" and e.name == "tools_selected"]
+
+
+@pytest.mark.parametrize("policy_outer", [True, False])
+async def test_selector_chooses_among_the_tools_the_policy_lets_the_model_see(policy_outer: bool) -> None:
     main = ScriptedModel([ModelStep.text("x")])
-    agent = _agent(main, ToolPolicyMiddleware(deny=["search"]),
-                   ToolSelectorMiddleware(lambda c, m, tools: [t.name for t in tools][:3]))
-    await agent.call("go")
-    # the selector picked weather, stocks, search; the policy hid search at the model call
-    assert _offered(main) == ["weather", "stocks"]
+    seen: list[list[str]] = []
+
+    def first_three(ctx: RuntimeContext, messages: Sequence[Msg], tools: Sequence[ToolSchema]) -> list[str]:
+        seen.append([t.name for t in tools])
+        return [t.name for t in tools][:3]
+
+    policy, selector = ToolPolicyMiddleware(deny=["search"]), ToolSelectorMiddleware(first_three)
+    agent = _agent(main, *((policy, selector) if policy_outer else (selector, policy)))
+    events = await agent.stream("go").to_list()
+    # search is hidden from the model, so the selector never sees it: its three are the others
+    assert seen == [["weather", "stocks", "calculator"]]
+    assert _offered(main) == ["weather", "stocks", "calculator"]
+    assert _reported(events) == [["weather", "stocks", "calculator"]]
+
+
+@pytest.mark.parametrize("policy_outer", [True, False])
+async def test_llm_selector_is_never_offered_a_tool_the_policy_hides(policy_outer: bool) -> None:
+    selector_model = ScriptedModel([ModelStep.tool_call("select_tools", {"tools": ["search", "weather"]})])
+    main = ScriptedModel([ModelStep.text("x")])
+    policy = ToolPolicyMiddleware(deny=["search"])
+    selector = LLMToolSelectorMiddleware(selector_model, max_tools=1)
+    agent = _agent(main, *((policy, selector) if policy_outer else (selector, policy)))
+    events = await agent.stream("search the web").to_list()
+    enum = selector_model.requests[0].tools[0].parameters["properties"]["tools"]["items"]["enum"]
+    assert enum == ["weather", "stocks", "calculator"]
+    # "search" is no candidate (dropped as an invented name): the one kept is weather
+    assert _offered(main) == ["weather"]
+    assert _reported(events) == [["weather"]]
+
+
+async def test_a_policy_that_does_not_hide_leaves_the_selector_every_tool() -> None:
+    main = ScriptedModel([ModelStep.text("x")])
+    agent = _agent(main, ToolSelectorMiddleware(lambda c, m, tools: [t.name for t in tools]),
+                   ToolPolicyMiddleware(deny=["search"], hide_denied=False))
+    events = await agent.stream("go").to_list()
+    assert _offered(main) == ["weather", "stocks", "search", "calculator"]
+    assert _reported(events) == [["weather", "stocks", "search", "calculator"]]
+
+
+async def test_a_select_naming_a_hidden_tool_is_no_error_the_deny_wins() -> None:
+    main = ScriptedModel([ModelStep.text("x")])
+    agent = _agent(main, ToolSelectorMiddleware(lambda c, m, tools: ["search", "weather"]),
+                   ToolPolicyMiddleware(deny=["search"]))
+    events = await agent.stream("go").to_list()
+    assert _offered(main) == ["weather"] and _reported(events) == [["weather"]]
+    typo = _agent(ScriptedModel([ModelStep.text("x")]), ToolSelectorMiddleware(lambda c, m, tools: ["wether"]),
+                  ToolPolicyMiddleware(deny=["search"]))
+    with pytest.raises(ValueError, match="select returned 'wether', not among the round's tools"):
+        await typo.call("go")
+
+
+async def test_always_include_does_not_bring_back_a_hidden_tool() -> None:
+    main = ScriptedModel([ModelStep.text("x")])
+    agent = _agent(main, ToolSelectorMiddleware(lambda c, m, tools: ["weather"], always_include=["search"]),
+                   ToolPolicyMiddleware(deny=["search"]))
+    events = await agent.stream("go").to_list()
+    assert _offered(main) == ["weather"]
+    assert _reported(events) == [["weather"]]
 
 
 async def test_an_interrupt_cuts_a_selection_that_waits() -> None:

@@ -12,11 +12,14 @@
   every tool and the run goes on (a warning is logged); ``"raise"`` lets the error end the run.
 
 Both only narrow what the model is *offered*; what it may *run* is the policy's business
-(`ToolPolicyMiddleware`). Each round's choice is reported as ``Custom(name="tools_selected",
-value={"tools": [...]})`` before the round's model call. ``always_include`` names are checked
-against the agent's tools at the first run (a `ValueError` before the model is called). A
-structured run's ``generate_response`` tool (`agent.RESPONSE_TOOL`) is always offered, as
-``always_include`` tools are: it is how the run answers, not a tool to choose.
+(`ToolPolicyMiddleware`). They choose among the tools the model can be offered: a tool an agent's
+`ToolPolicyMiddleware` hides (its lists deny it, ``hide_denied``) is neither a candidate nor
+reported as selected, whichever of the two is outer. Each round's choice is reported as
+``Custom(name="tools_selected", value={"tools": [...]})`` before the round's model call.
+``always_include`` names are checked against the agent's tools at the first run (a `ValueError`
+before the model is called). A structured run's ``generate_response`` tool
+(`agent.RESPONSE_TOOL`) is always offered, as ``always_include`` tools are: it is how the run
+answers, not a tool to choose.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
-from ..._response_tool import RESPONSE_TOOL
+from ..._response_tool import RESPONSE_TOOL, answer_tool
 from ...errors import AgentInterrupted, StructuredOutputError
 from ...events import Custom
 from ...extension.base import ExtensionPoint, MiddlewareBase, Next, ReasoningInput
@@ -36,7 +39,7 @@ from ...message import Msg
 from ...model.base import ChatModel, ToolSchema
 from ...stream import EventStream, aclosing
 from .._internal import internal_model_call
-from ..policy.tool_policy import check_tool_names
+from ..policy.tool_policy import ToolPolicyMiddleware, check_tool_names
 
 if TYPE_CHECKING:
     from ..._context import RuntimeContext
@@ -64,7 +67,8 @@ class ToolSelectorMiddleware(MiddlewareBase):
 
     ``always_include``: names offered whatever ``select`` returns. A name ``select`` returns that
     is not among the round's tools is an error (a `ValueError` ending the run): a selector can
-    narrow the tools, not add any."""
+    narrow the tools, not add any. A tool a `ToolPolicyMiddleware` hides is not among them: a name
+    of one is dropped (the policy's deny wins), not an error."""
 
     def __init__(self, select: SelectFn | None = None, *, always_include: Iterable[str] = ()) -> None:
         if select is not None and not callable(select):
@@ -89,11 +93,15 @@ class ToolSelectorMiddleware(MiddlewareBase):
             chosen = await ctx.wait(chosen)  # (an interrupt of the run cuts a selection that waits)
         names = list(chosen)
         known = {t.name for t in tools}
-        unknown = [n for n in names if n not in known]
+        if all(n in known for n in names):
+            return names
+        # A tool a policy hides is not among ``tools``: naming it is no error, the policy's deny wins.
+        policies = _policies(agent)
+        unknown = [n for n in names if n not in known and not any(p.hides(n) for p in policies)]
         if unknown:
             raise ValueError(f"{type(self).__name__}: select returned {', '.join(map(repr, unknown))}, not among the "
                              f"round's tools ({', '.join(sorted(known)) or 'none'})")
-        return names
+        return [n for n in names if n in known]
 
     def on_agent_state_ready(
         self, agent: AgentView, ctx: RuntimeContext, state: AgentState, input_messages: list[Msg]
@@ -108,14 +116,15 @@ class ToolSelectorMiddleware(MiddlewareBase):
 
     async def _round(self, agent: AgentView, ctx: RuntimeContext, input: ReasoningInput,
                      next: Next) -> AsyncIterator[Any]:
-        tools = input.tools
+        tools = _offerable(agent, input.tools)
         # The structured output's own tool is how a structured run answers: never narrowed away.
         always = {*self.always_include, RESPONSE_TOOL}
         candidates = [t for t in tools if t.name not in always]
         if candidates:
             picked = set(await self.choose(agent, ctx, input.messages, candidates))
-            kept = tuple(t for t in tools if t.name in picked or t.name in always)
-            input = input.replace(tools=kept)
+            tools = tuple(t for t in tools if t.name in picked or t.name in always)
+        if tools is not input.tools:
+            input = input.replace(tools=tools)
         yield Custom(name=SELECTED, value={"tools": [t.name for t in input.tools]})
         async with aclosing(next(input).__aiter__()) as it:
             async for ev in it:
@@ -173,6 +182,23 @@ class LLMToolSelectorMiddleware(ToolSelectorMiddleware):
         limit = f" Select at most {self.max_tools}." if self.max_tools is not None else ""
         query = next((m.text for m in reversed(messages) if m.role == "user" and m.text), "")
         return [Msg.system(f"{self.system_prompt}{limit}\n\nAvailable tools:\n{listing}"), Msg.user(query)]
+
+
+def _offerable(agent: AgentView, tools: Sequence[ToolSchema]) -> Sequence[ToolSchema]:
+    """``tools`` without those a `ToolPolicyMiddleware` of the agent hides from the model (it
+    hides them at the model call, inside or outside this middleware): a selector chooses, and
+    reports, only tools the model can be offered. ``tools`` itself when none is hidden."""
+    policies = _policies(agent)
+    if not policies:
+        return tools
+    answer = answer_tool(agent.toolkit)  # a structured run's answer: the policy never hides it
+    kept = tuple(t for t in tools if t.name == answer or not any(p.hides(t.name) for p in policies))
+    return tools if len(kept) == len(tools) else kept
+
+
+def _policies(agent: AgentView) -> list[ToolPolicyMiddleware]:
+    """The agent's tool policies that hide tools from the model (they take part in its model call)."""
+    return [m for m in agent.middlewares_at(ExtensionPoint.ON_MODEL_CALL) if isinstance(m, ToolPolicyMiddleware)]
 
 
 def _select_schema(names: list[str]) -> ToolSchema:

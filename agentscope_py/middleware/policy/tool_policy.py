@@ -6,7 +6,8 @@
   of the round run. When every call of a round is denied — by the policy, by the permission gate,
   or both — one `AllToolsDenied` lists them all, as the core's own does (so
   `StopOnAllDeniedMiddleware` acts on it). Tools that the lists deny whatever the arguments are
-  also hidden from the model (``hide_denied=True``): it is not offered what it may not call.
+  also hidden from the model (``hide_denied=True``): it is not offered what it may not call, and
+  a tool selector of the agent does not choose among them (it asks `ToolPolicyMiddleware.hides`).
 * `StopOnAllDeniedMiddleware` (``on_acting``): when every tool call of a round was denied, the
   core emits `AllToolsDenied` and, by default, the loop goes on to the next round (the model sees
   the denied results and may try something else). With this middleware the run stops there
@@ -111,6 +112,11 @@ class ToolPolicyMiddleware(MiddlewareBase):
             return False
         return self.allow is None or any(fnmatch.fnmatchcase(name, p) for p in self.allow)
 
+    def hides(self, name: str) -> bool:
+        """Whether the model is never offered ``name``: ``hide_denied`` and the lists deny it
+        (a tool selector asks this, so it chooses only among the tools the model may be offered)."""
+        return self.hide_denied and not self.listed(name)
+
     async def decide(self, call: ToolUseBlock, ctx: RuntimeContext) -> str | None:
         """None when ``call`` is allowed, else the reason it is denied."""
         if not self.listed(call.name):
@@ -135,7 +141,7 @@ class ToolPolicyMiddleware(MiddlewareBase):
 
     def on_model_call(self, agent: AgentView, ctx: RuntimeContext, input: ModelCallInput, next: Next) -> Any:
         answer = answer_tool(agent.toolkit)
-        tools = tuple(t for t in input.tools if t.name == answer or self.listed(t.name))
+        tools = tuple(t for t in input.tools if t.name == answer or not self.hides(t.name))
         return next(input if len(tools) == len(input.tools) else input.replace(tools=tools))
 
     def on_acting(self, agent: AgentView, ctx: RuntimeContext, input: ActingInput, next: Next) -> Any:
