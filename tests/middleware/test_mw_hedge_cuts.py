@@ -28,7 +28,7 @@ from agentscope_py.model import ChatChunk, ModelRequest
 
 pytestmark = pytest.mark.timeout(120)
 
-CASES = int(os.environ.get("CUT_CASES", "300"))
+CASES = int(os.environ.get("CUT_CASES", "200"))
 SEED = int(os.environ.get("CUT_SEED", "20261207"))
 MS = 0.001
 TOKENS = {"primary": 50, "backup": 3}  # each model's output tokens: a usage tells whose it is

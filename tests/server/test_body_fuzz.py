@@ -38,7 +38,7 @@ from agentscope_py.server import create_app
 
 from .conftest import add, delete_file
 
-CASES = int(os.environ.get("BODYFUZZ_CASES", "150"))
+CASES = int(os.environ.get("BODYFUZZ_CASES", "100"))
 SEED = int(os.environ.get("BODYFUZZ_SEED", "5309"))
 
 pytestmark = pytest.mark.timeout(120)

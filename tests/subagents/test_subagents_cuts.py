@@ -39,7 +39,7 @@ from agentscope_py.stream import aclose
 
 pytestmark = pytest.mark.timeout(180)
 
-CASES = int(os.environ.get("CUT_CASES", "300"))
+CASES = int(os.environ.get("CUT_CASES", "200"))
 SEED = int(os.environ.get("CUT_SEED", "20261207"))
 MS = 0.001
 ESTIMATE = 40  # every model call's estimate; the models report exactly this (no overrun)
