@@ -14,7 +14,7 @@ from typing import Any, Protocol, TypeVar
 
 from .errors import AgentInterrupted
 
-__all__ = ["HOOK_CONTROL", "Cancellable", "RunControl", "TaskCut"]
+__all__ = ["HOOK_CONTROL", "Cancellable", "RunControl", "TaskCut", "to_its_end"]
 
 T = TypeVar("T")
 
@@ -171,3 +171,18 @@ class _Waiting(TaskCut):
         """Take back the cancellation `cancel` made, if it is still out: whether the interrupt
         alone ended the wait (nobody else cancelled the task meanwhile)."""
         return self.uncancel() <= self.base
+
+
+async def to_its_end(work: asyncio.Future[Any]) -> asyncio.CancelledError | None:
+    """Wait for ``work`` (a write a run must finish) to end, whatever cancels the waiter meanwhile:
+    the cancellation that came, if one did, is returned for the caller to raise once it has dealt
+    with the outcome. ``work`` cancelled itself ends the wait; its own failure is raised."""
+    cancelled: asyncio.CancelledError | None = None
+    while not work.done():
+        try:
+            await asyncio.shield(work)
+        except asyncio.CancelledError as exc:
+            if work.cancelled():
+                break
+            cancelled = exc
+    return cancelled

@@ -24,6 +24,7 @@ import logging
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
+from .._control import to_its_end
 from ..errors import StateStoreError
 from ..events import AgentEvent
 from ..extension.base import AgentRun, ExtensionPoint
@@ -123,14 +124,9 @@ async def checkpoint(runtime: AgentRuntime, ctx: RuntimeContext, run: RunState) 
             run.version = await store.save(*key, run.session, run.version)
         else:
             saving = asyncio.ensure_future(store.save(*key, run.session, run.version))
-            while True:
-                try:
-                    await asyncio.shield(saving)
-                    break
-                except asyncio.CancelledError as exc:
-                    if saving.cancelled():  # the write itself was cancelled: it failed
-                        break
-                    cancelled = exc  # the run's: held until the write has ended
+            # The run's cancellation is held until the write has ended; the write itself
+            # cancelled is a failed write (``result`` raises).
+            cancelled = await to_its_end(saving)
             run.version = saving.result()
     except BaseException as exc:
         # Keep the turn: the next call on this session starts from it (see load_session).

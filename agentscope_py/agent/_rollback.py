@@ -23,6 +23,7 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from .._control import to_its_end
 from ._run_state import put_back
 
 if TYPE_CHECKING:
@@ -73,15 +74,7 @@ async def undo_sub_turns(control: RunControl) -> None:
     turns, control.sub_turns = control.sub_turns, None
     if not turns:
         return
-    writing = asyncio.ensure_future(_put_back_all(list(turns.values())))
-    cancelled: asyncio.CancelledError | None = None
-    while not writing.done():
-        try:
-            await asyncio.shield(writing)
-        except asyncio.CancelledError as exc:
-            if writing.cancelled():
-                break
-            cancelled = exc
+    cancelled = await to_its_end(asyncio.ensure_future(_put_back_all(list(turns.values()))))
     if cancelled is not None:
         raise cancelled
 
