@@ -425,3 +425,21 @@ async def test_a_winner_that_answered_before_its_call_was_cut_counts_in_the_runs
     reply = await agent.call("go")
     assert reply.text == "c" and len(model.requests) == 2
     assert reply.usage == ChatUsage(input_tokens=20, output_tokens=3)
+
+
+async def test_a_loser_that_answered_before_it_was_cancelled_counts_in_the_runs_usage() -> None:
+    # Both attempts' first tokens come in one step of the loop: the primary wins the tie, and the
+    # backup, whose chunks need no wait, has read its whole reply, usage included, by the time it
+    # is cancelled. The provider billed both replies; the run's usage counts both.
+    primary = GatedModel("primary", text("first", 1))
+    backup = GatedModel("backup", text("second", 3))
+    run = start(agent_with(primary, HedgeMiddleware(backup, after=0.01)))
+    await until(lambda: len(backup.calls) == 1, "the backup call")
+    primary.calls[0].release()
+    backup.calls[0].release_all()
+    await until(lambda: backup.calls[0].closed, "the backup's end")
+    primary.calls[0].release()
+    events = await run
+    assert model_trace(events) == [("start", "primary"), ("end", False, None)]  # one attempt only
+    assert events[-2].result.text == "first"
+    assert events[-2].result.usage == ChatUsage(input_tokens=20, output_tokens=4)

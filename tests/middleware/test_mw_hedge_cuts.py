@@ -52,6 +52,7 @@ class Plan:
 class Call:
     plan: Plan
     closed: bool = False
+    billed: ChatUsage | None = None  # the usage its provider reported, once handed to the reader
 
 
 @dataclass
@@ -81,7 +82,8 @@ class PlannedModel:
                 await asyncio.Event().wait()
             if plan.end == "cancelled":
                 raise asyncio.CancelledError
-            yield ChatChunk(usage=ChatUsage(input_tokens=10, output_tokens=plan.tokens), finish_reason="stop")
+            call.billed = ChatUsage(input_tokens=10, output_tokens=plan.tokens)
+            yield ChatChunk(usage=call.billed, finish_reason="stop")
         finally:
             call.closed = True
 
@@ -171,9 +173,9 @@ async def run_case(rng: random.Random, number: int) -> None:
         for end in ends:  # one attempt per call, the one whose events the caller saw
             assert end.usage is None or end.usage.output_tokens == TOKENS[end.model], (case, end)
         result = next((e for e in events if isinstance(e, AgentResult)), None)
-        if result is not None:  # counted once
-            usages = [e.usage for e in ends if e.usage is not None]
-            assert result.result.usage == sum(usages[1:], usages[0]) if usages else True, case
+        if result is not None:  # every reply the providers billed, the loser's too, counted once
+            billed = [c.billed for m in (primary, backup) for c in m.calls if c.billed is not None]
+            assert result.result.usage == sum(billed[1:], billed[0]) if billed else True, case
 
     # The session takes its next turn (the models answer at once now).
     primary.plans.clear()

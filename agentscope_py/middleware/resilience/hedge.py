@@ -8,9 +8,10 @@ Until an attempt's first token its events (``ModelCallStart``, hook tracing's br
 the winner's are then passed on and the loser's are dropped with it, so the layers outside see
 one attempt, balanced, whose ``ModelCallEnd`` names the model that served it and carries its
 usage only. The loser is cancelled: its task ends, its stream is closed (a provider's HTTP
-connection with it), and nothing it produced reaches the run's usage or memory. The winner's
-usage always does: when the call is cut after its model answered but before its ``ModelCallEnd``
-was read from the attempt's queue, that usage is added to the run's (``ctx.add_usage``).
+connection with it), and nothing it produced reaches the events or memory. What the provider
+reported it billed always reaches the run's usage: an attempt (the winner, or a loser that had
+read its whole reply when the tie went the other way) that read its ``ModelCallEnd`` when the call
+ended, and never handed it on, has that usage added to the run's (``ctx.add_usage``).
 
 A token is any event of the attempt but ``ModelCallStart`` and hook tracing's brackets: a text,
 thinking or data delta, a tool call's start, or the call's end (an empty reply).
@@ -179,10 +180,11 @@ class HedgeMiddleware(MiddlewareBase):
         finally:
             for attempt in attempts:
                 await attempt.cancel()
-            if winner is not None:
-                # The winner's model answered, but the call was cut before its end was read here:
-                # the provider reported that usage, so the run's usage counts it all the same.
-                for usage in winner.unread_usage():
+            # An attempt whose model answered but whose end was never handed on (the winner cut
+            # before it was read here, a loser that read its whole reply before it lost the tie):
+            # the provider reported that usage, so the run's usage counts it all the same.
+            for attempt in attempts:
+                for usage in attempt.unread_usage():
                     ctx.add_usage(usage)
 
 
