@@ -280,7 +280,12 @@ class BudgetMiddleware(MiddlewareBase):
         state = ctx.agent_state
         return {"run": run.spend() if isinstance(run, RunTotals) else Spend(),
                 "session": self.session_spent(state) if state is not None else Spend(),
-                "user": self._user_seen.get(ctx.user_id) or Spend()}
+                "user": self.user_seen(ctx.user_id)}
+
+    def user_seen(self, user_id: str) -> Spend:
+        """``user_id``'s totals as of this middleware's last update (``await user_spent(...)``
+        reads the store)."""
+        return self._user_seen.get(user_id) or Spend()
 
     def session_spent(self, state: AgentState) -> Spend:
         raw = state.metadata.get(self.name_key) or {}
@@ -299,8 +304,10 @@ class BudgetMiddleware(MiddlewareBase):
         # Inherited by a sub-agent (this instance runs in a caller's run too): one budget for the
         # tree, the root run's totals (whose context holds the session the scope counts in).
         # (type(), not isinstance(): RunTotals is a Mapping, whose isinstance is Python-level code)
-        totals = shared if type(shared) is RunTotals else RunTotals(self, ctx)
-        if totals._ctx is ctx:  # (the root run's: its session holds the totals the scope counts in)
+        if type(shared) is RunTotals:
+            totals = shared
+        else:  # (the root run's: its session holds the totals the scope counts in)
+            totals = RunTotals(self, ctx)
             raw = state.metadata.get(self.name_key)
             if raw is not None and not _are_totals(raw):
                 check_counts(ctx, state.metadata, self.name_key, _SESSION_FIELDS, "session's budget totals")
@@ -487,7 +494,7 @@ class BudgetMiddleware(MiddlewareBase):
         scopes (``spent + held + request > limit``), or None. No Spend is built unless refused."""
         session: Any = None
         if self._session_limited:
-            state = run._ctx.agent_state  # the tree's root session
+            state = run._state  # the tree's root session
             session = state.metadata.get(self.name_key) if state is not None else None
         for scope, kind, limit, tokens_kind in self._limit_list:
             if scope == "run":
@@ -530,7 +537,7 @@ class BudgetMiddleware(MiddlewareBase):
         run.cost = r_cost = run.cost + cost
         run.calls = r_calls = run.calls + 1
         hold.drop_local()
-        state = run._ctx.agent_state  # (a sub-agent's calls count in its tree's root session)
+        state = run._state  # (a sub-agent's calls count in its tree's root session)
         if state is None:
             return r_tokens, r_cost, r_calls, 0, 0.0, 0
         name = self.name_key
