@@ -604,19 +604,19 @@ class CallHold:
     user limit, or an `InMemoryBudgetStore`): no coroutine per step, and nothing between the check and
     the hold."""
 
-    __slots__ = ("active", "budget", "cost", "ctx", "free", "id", "run", "tokens")
+    # (No __slots__: what a hold starts from is a class attribute, not set per call.)
+    tokens = 0
+    cost = 0.0
+    active = False
+    id: str | None = None  # the store's hold, made at the first take with a user limit
+    # The output characters the call counts with no take: what its hold covers, or, while it is
+    # the run's call alone in flight (`RunTotals._alone`), the room it has (`_SyncCall`).
+    free: float = 0
 
     def __init__(self, budget: BudgetMiddleware, ctx: RuntimeContext, run: RunTotals) -> None:
         self.budget = budget
         self.ctx = ctx
         self.run = run
-        self.tokens = 0
-        self.cost = 0.0
-        self.active = False
-        self.id: str | None = None  # the store's hold, made at the first take with a user limit
-        # The output characters the call counts with no take: what its hold covers, or, while it
-        # is the run's call alone in flight (`RunTotals._alone`), the room it has (`_SyncCall`).
-        self.free: float = 0
 
     # -- taking ----------------------------------------------------------------------------------
 
@@ -855,7 +855,7 @@ class _SyncCall(CallHold, MapSource):
     meters its event and hands it on to the round's builder (``reply``), and a cut hands that
     builder what the closing events would (`_cut_unread`)."""
 
-    # (No __slots__: what most calls leave as it starts is a class attribute, not set per call.)
+    # (What most calls leave as it starts is a class attribute, as `CallHold`'s, not set per call.)
     context_free = True
     reply: ReplyParts
     chars = 0  # output characters counted in the running attempt
@@ -869,16 +869,17 @@ class _SyncCall(CallHold, MapSource):
     # the thinking block open there (a cut closes it).
     thinking_id: str | None = None
     resumed = False  # failed before its first event: what follows is a layer outside's next attempt
+    in_rate = out_rate = 0.0  # USD per input and output token (no price: none)
 
     def __init__(self, budget: BudgetMiddleware, ctx: RuntimeContext, run: RunTotals, inner: EventStream[Any],
                  model: str, price: ModelPrice | None, est_tokens: int) -> None:
-        CallHold.__init__(self, budget, ctx, run)
+        self.budget = budget  # (`CallHold.__init__`'s, inline: one call fewer per model call)
+        self.ctx = ctx
+        self.run = run
         self.inner = inner
         self.model = model
         self.priced = (model, price)  # (what `again` starts from: a fallback changes ``model``)
-        if price is None:
-            self.in_rate = self.out_rate = 0.0
-        else:
+        if price is not None:
             self.in_rate, self.out_rate = price.input / 1_000_000, price.output / 1_000_000
         self.est_tokens = est_tokens
         # The top-level Starts and Ends let out, in order: what a cut closes (`_cut` reads which are
@@ -1223,7 +1224,8 @@ class _SyncCallIterator:
             self.call.finish()
 
     def __del__(self) -> None:
-        self.call.finish()
+        if self.open:  # (closed: a cut, ``aclose`` or the end of a read that catches it settled the call)
+            self.call.finish()
 
 
 def _model_calls_own(factory: MapSource) -> bool:
