@@ -264,9 +264,9 @@ _ATOMS = frozenset({str, int, float, bool, type(None)})  # immutable: a copy kee
 
 def _copied(value: Any) -> Any:
     """A deep copy of ``value``. Session metadata is JSON-shaped (it is stored as JSON), so its
-    dicts and lists are copied by hand (a flat one in one step) and its strings and numbers kept: less than a quarter of what
-    `copy.deepcopy` costs for a budget's totals, and this runs at every run's start. Anything
-    else goes through `copy.deepcopy`."""
+    dicts and lists are copied by hand (a flat one in one step) and its strings and numbers kept:
+    a fraction of what `copy.deepcopy` costs for a budget's totals, and this runs at every run's
+    start. Anything else goes through `copy.deepcopy`."""
     kind = type(value)
     if kind is dict:
         if _ATOMS.issuperset(map(type, value.values())):  # (flat, a budget's totals: one test in C)
