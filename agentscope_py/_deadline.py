@@ -162,7 +162,7 @@ def _clock_of(loop: asyncio.AbstractEventLoop) -> _Clock:
 class DeadlineTimer:
     """A call's deadline, cancelling ``target`` when it passes (by default the task that makes it;
     see the module docstring). Made when the call starts; `first_arrived` at its first chunk
-    (model calls); `stop` when it ends, before anything else is awaited."""
+    while ``waiting_first`` (model calls); `stop` when it ends, before anything else is awaited."""
 
     __slots__ = ("clock", "expired", "first_event", "started", "task", "total", "waiting_first")
 
@@ -200,8 +200,8 @@ class DeadlineTimer:
         self.task.cancel()
 
     def first_arrived(self) -> None:
-        if not self.waiting_first:
-            return
+        """The first chunk arrived: the total deadline counts from here (called while
+        ``waiting_first``)."""
         self.waiting_first = False
         total = self.total
         if total is None:

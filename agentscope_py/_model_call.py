@@ -532,8 +532,9 @@ async def _read(call: ModelCall, read: ModelRead, reply: ReplyParts | None, even
                 await _close(it)
             read.model, read.it, chunk = await _recover(call.models, call.request, call.policy, call.on_failover,
                                                         exc)
-        if read.timer is not None:
-            read.timer.first_arrived()
+        timer = read.timer
+        if timer is not None and timer.waiting_first:  # (moved to the total deadline; most have none)
+            timer.first_arrived()
         parts = read.parts = PartsManager(call.reply_id, read.model.name, reply, events)
         out = read.out = parts.out
         if chunk is None or read.it is None:

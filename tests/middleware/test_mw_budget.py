@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -343,6 +344,30 @@ async def test_agent_run_metrics_carry_the_budget_totals() -> None:
     assert run.metrics["budget"]["run"] == Spend(tokens=220, cost=0.00024, calls=2)
     with pytest.raises(TypeError):
         run.metrics["other"] = 1  # read-only
+
+
+async def test_a_runs_context_is_freed_when_the_run_ends_and_its_totals_still_read() -> None:
+    # The run's totals live among its context's values: were they to refer back to the context,
+    # every run's context (its state, its values) would wait for a garbage collection.
+    budget = FinishSpy(run_tokens=10_000, session_tokens=10_000, prices=PRICE)
+    budget.runs = []
+    agent, _ = build(budget, [step_tool(), step_text(), step_text()])
+
+    def contexts() -> int:
+        return sum(type(o) is RuntimeContext for o in gc.get_objects())
+
+    gc.collect()
+    gc.disable()
+    try:
+        before = contexts()
+        await agent.call("go", ctx=RuntimeContext(user_id="ada", session_id="s"))
+        await agent.call("again", ctx=RuntimeContext(user_id="ada", session_id="s"))
+        assert contexts() == before
+    finally:
+        gc.enable()
+    first, second = (run.metrics["budget"] for run in budget.runs)  # (they read what the contexts held)
+    assert first["run"] == Spend(tokens=220, cost=0.00024, calls=2) and second["run"].tokens == 110
+    assert second["session"].tokens == 330 and second["user"] == Spend()
 
 
 async def test_the_annotation_is_a_copy_an_inner_layers_event_is_never_changed() -> None:

@@ -103,12 +103,10 @@ _TOOLS: dict[int, tuple[Sequence[Any], str]] = {}  # id(tools) -> (tools, digest
 
 def _tools_digest(tools: Sequence[Any]) -> str:
     # The schemas are the largest part of a request and rarely change: their digest is kept per
-    # tuple (identity-checked, so a recycled id cannot give a stale digest).
+    # tuple (identity-checked, so a recycled id cannot give a stale digest; `request_key` reads
+    # it there itself).
     if not tools:
         return ""
-    entry = _TOOLS.get(id(tools))
-    if entry is not None and entry[0] is tools:
-        return entry[1]
     digest = _digest([(t.name, t.description, t.parameters) for t in tools])
     if len(_TOOLS) >= 64:
         _TOOLS.clear()
@@ -120,7 +118,8 @@ def request_key(input: ModelCallInput) -> str:
     """The cache key of a model call: a hex SHA-256 of its normalised request."""
     model = input.model
     tools = input.tools
-    tools_digest = _tools_digest(tools)
+    entry = _TOOLS.get(id(tools))
+    tools_digest = entry[1] if entry is not None and entry[0] is tools else _tools_digest(tools)
     return _sha256(_canonical((
         "model_call", type(model).__qualname__, getattr(model, "name", ""), _messages(input.messages),
         tools_digest, input.options,

@@ -280,7 +280,12 @@ class BudgetMiddleware(MiddlewareBase):
         state = ctx.agent_state
         return {"run": run.spend() if isinstance(run, RunTotals) else Spend(),
                 "session": self.session_spent(state) if state is not None else Spend(),
-                "user": self._user_seen.get(ctx.user_id) or Spend()}
+                "user": self.user_seen(ctx.user_id)}
+
+    def user_seen(self, user_id: str) -> Spend:
+        """``user_id``'s totals as of this middleware's last update (``await user_spent(...)``
+        reads the store)."""
+        return self._user_seen.get(user_id) or Spend()
 
     def session_spent(self, state: AgentState) -> Spend:
         raw = state.metadata.get(self.name_key) or {}
@@ -299,8 +304,10 @@ class BudgetMiddleware(MiddlewareBase):
         # Inherited by a sub-agent (this instance runs in a caller's run too): one budget for the
         # tree, the root run's totals (whose context holds the session the scope counts in).
         # (type(), not isinstance(): RunTotals is a Mapping, whose isinstance is Python-level code)
-        totals = shared if type(shared) is RunTotals else RunTotals(self, ctx)
-        if totals._ctx is ctx:  # (the root run's: its session holds the totals the scope counts in)
+        if type(shared) is RunTotals:
+            totals = shared
+        else:  # (the root run's: its session holds the totals the scope counts in)
+            totals = RunTotals(self, ctx)
             raw = state.metadata.get(self.name_key)
             if raw is not None and not _are_totals(raw):
                 check_counts(ctx, state.metadata, self.name_key, _SESSION_FIELDS, "session's budget totals")
@@ -487,7 +494,7 @@ class BudgetMiddleware(MiddlewareBase):
         scopes (``spent + held + request > limit``), or None. No Spend is built unless refused."""
         session: Any = None
         if self._session_limited:
-            state = run._ctx.agent_state  # the tree's root session
+            state = run._state  # the tree's root session
             session = state.metadata.get(self.name_key) if state is not None else None
         for scope, kind, limit, tokens_kind in self._limit_list:
             if scope == "run":
@@ -530,7 +537,7 @@ class BudgetMiddleware(MiddlewareBase):
         run.cost = r_cost = run.cost + cost
         run.calls = r_calls = run.calls + 1
         hold.drop_local()
-        state = run._ctx.agent_state  # (a sub-agent's calls count in its tree's root session)
+        state = run._state  # (a sub-agent's calls count in its tree's root session)
         if state is None:
             return r_tokens, r_cost, r_calls, 0, 0.0, 0
         name = self.name_key
@@ -597,19 +604,19 @@ class CallHold:
     user limit, or an `InMemoryBudgetStore`): no coroutine per step, and nothing between the check and
     the hold."""
 
-    __slots__ = ("active", "budget", "cost", "ctx", "free", "id", "run", "tokens")
+    # (No __slots__: what a hold starts from is a class attribute, not set per call.)
+    tokens = 0
+    cost = 0.0
+    active = False
+    id: str | None = None  # the store's hold, made at the first take with a user limit
+    # The output characters the call counts with no take: what its hold covers, or, while it is
+    # the run's call alone in flight (`RunTotals._alone`), the room it has (`_SyncCall`).
+    free: float = 0
 
     def __init__(self, budget: BudgetMiddleware, ctx: RuntimeContext, run: RunTotals) -> None:
         self.budget = budget
         self.ctx = ctx
         self.run = run
-        self.tokens = 0
-        self.cost = 0.0
-        self.active = False
-        self.id: str | None = None  # the store's hold, made at the first take with a user limit
-        # The output characters the call counts with no take: what its hold covers, or, while it
-        # is the run's call alone in flight (`RunTotals._alone`), the room it has (`_SyncCall`).
-        self.free: float = 0
 
     # -- taking ----------------------------------------------------------------------------------
 
@@ -848,7 +855,7 @@ class _SyncCall(CallHold, MapSource):
     meters its event and hands it on to the round's builder (``reply``), and a cut hands that
     builder what the closing events would (`_cut_unread`)."""
 
-    # (No __slots__: what most calls leave as it starts is a class attribute, not set per call.)
+    # (What most calls leave as it starts is a class attribute, as `CallHold`'s, not set per call.)
     context_free = True
     reply: ReplyParts
     chars = 0  # output characters counted in the running attempt
@@ -862,16 +869,17 @@ class _SyncCall(CallHold, MapSource):
     # the thinking block open there (a cut closes it).
     thinking_id: str | None = None
     resumed = False  # failed before its first event: what follows is a layer outside's next attempt
+    in_rate = out_rate = 0.0  # USD per input and output token (no price: none)
 
     def __init__(self, budget: BudgetMiddleware, ctx: RuntimeContext, run: RunTotals, inner: EventStream[Any],
                  model: str, price: ModelPrice | None, est_tokens: int) -> None:
-        CallHold.__init__(self, budget, ctx, run)
+        self.budget = budget  # (`CallHold.__init__`'s, inline: one call fewer per model call)
+        self.ctx = ctx
+        self.run = run
         self.inner = inner
         self.model = model
         self.priced = (model, price)  # (what `again` starts from: a fallback changes ``model``)
-        if price is None:
-            self.in_rate = self.out_rate = 0.0
-        else:
+        if price is not None:
             self.in_rate, self.out_rate = price.input / 1_000_000, price.output / 1_000_000
         self.est_tokens = est_tokens
         # The top-level Starts and Ends let out, in order: what a cut closes (`_cut` reads which are
@@ -1216,7 +1224,8 @@ class _SyncCallIterator:
             self.call.finish()
 
     def __del__(self) -> None:
-        self.call.finish()
+        if self.open:  # (closed: a cut, ``aclose`` or the end of a read that catches it settled the call)
+            self.call.finish()
 
 
 def _model_calls_own(factory: MapSource) -> bool:

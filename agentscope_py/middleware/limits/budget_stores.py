@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from redis.asyncio import Redis
 
     from ..._context import RuntimeContext
+    from ..._state import AgentState
 
 __all__ = [
     "BudgetStore", "InMemoryBudgetStore", "RedisBudgetStore", "Reservation", "RunTotals", "ScopeTotals", "Spend",
@@ -71,10 +72,12 @@ ZERO = Spend()  # (immutable: one instance serves every fresh total)
 
 
 class ScopeTotals(Protocol):
-    """What `RunTotals` reads of its budget (`BudgetMiddleware`): the totals of every scope for a
-    run's context, of which it answers the session's and the user's."""
+    """What `RunTotals` reads of its budget (`BudgetMiddleware`): a session's totals, and a
+    user's as of the budget's last update."""
 
-    def spent(self, ctx: RuntimeContext) -> dict[str, Spend]: ...
+    def session_spent(self, state: AgentState) -> Spend: ...
+
+    def user_seen(self, user_id: str) -> Spend: ...
 
 
 class RunTotals(Mapping[str, Spend]):
@@ -87,13 +90,21 @@ class RunTotals(Mapping[str, Spend]):
 
     ``_alone``: the call in flight alone whose output is not in ``held_tokens`` yet (a budget
     that limits only the run's tokens: `budget._SyncCall.sync`), or None; whoever takes a hold
-    here has it hold that output first, so every check sees every call's output."""
+    here has it hold that output first, so every check sees every call's output.
 
-    __slots__ = ("_alone", "_budget", "_ctx", "calls", "cost", "held_cost", "held_tokens", "holds", "tokens")
+    What the totals read of the run's context is kept from it when they are made (the run's
+    state is bound before its hooks run): ``_state``, the session's state the session scope
+    counts in (None: none), and ``_user_id``. Not the context itself: the context keeps these totals
+    among its values, and a reference back would make every run's context a reference cycle,
+    freed only by a garbage collection rather than when its run ends."""
+
+    __slots__ = ("_alone", "_budget", "_state", "_user_id", "calls", "cost", "held_cost", "held_tokens", "holds",
+                 "tokens")
 
     def __init__(self, budget: ScopeTotals, ctx: RuntimeContext) -> None:
         self._budget = budget
-        self._ctx = ctx
+        self._state = ctx.agent_state
+        self._user_id = ctx.user_id
         self.tokens = 0
         self.cost = 0.0
         self.calls = 0
@@ -109,8 +120,11 @@ class RunTotals(Mapping[str, Spend]):
     def __getitem__(self, scope: str) -> Spend:
         if scope == "run":
             return self.spend()
-        if scope == "session" or scope == "user":
-            return self._budget.spent(self._ctx)[scope]
+        if scope == "session":
+            state = self._state
+            return self._budget.session_spent(state) if state is not None else Spend()
+        if scope == "user":
+            return self._budget.user_seen(self._user_id)
         raise KeyError(scope)
 
     def __iter__(self) -> Iterator[str]:
