@@ -24,7 +24,8 @@ failed: its session's load included, to its end: its session's save included) an
 ``rolled_back`` (true for a run whose turn a ``"rollback"`` input took back out of the session:
 its outcome is ``interrupted``, and nothing it did is in the session). Each run gets both, once,
 however it ends (they come from ``on_agent_state_ready`` and ``on_agent_finish``, which the
-runtime calls once per run; a run refused before it started has neither).
+runtime calls once per run; a run refused before it started has neither, nor has a run that a
+state-ready hook outside the audit stopped before the audit was told: docs/middleware.md).
 
 The end line says what the caller saw, so it is written when the run's stream has ended, at
 ``on_agent`` (the audit takes part there too), not at ``on_agent_finish``: the finish hooks run
