@@ -658,10 +658,11 @@ def check(case: Case, built: Built, steps: list[Step]) -> None:
         expected = outcome(step, run)
         assert end["outcome"] in expected, (seed, "outcome", end["outcome"], expected, step.cut, step.error)
         if end["outcome"] == "error":  # the caller's error, whatever raised it (a save, a hook after the run)
-            # (a caller cut by its own deadline got that, not the run's error: the run's stands)
+            # (a caller cut by its own deadline got that, not the run's error, and one that left at
+            # the AgentEnd naming the error got none: the run's stands)
             own_deadline = isinstance(step.error, TimeoutError) and run.error is not None
-            expected_error = run.error if own_deadline else step.error
-            assert end["error_type"] == type(expected_error).__name__, (seed, end, step.error, run.error)
+            expected_error = run.error if own_deadline or step.error is None else step.error
+            assert end["error_type"] == type(expected_error).__name__, (seed, end, step.cut, step.error, run.error)
         if end["outcome"] == "ok":
             # The run's usage is its model calls' (each counted once), its sub-agents' too; a call
             # a layer inside ended early (a guardrail's trip) may have had its usage read ahead by
