@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from ._control import RunControl
-from ._deadline import Deadline, DeadlineTimer
+from ._deadline import Deadline, DeadlineTimer, tool_timeout_text
 from ._recorded import Recording, ToolJournal, journaled, output_parts, replay_events, settle
 from ._replies import arguments_problem, result_end, result_events, result_of, result_start, result_text
 from ._sanitize import clean
@@ -477,9 +477,8 @@ async def _invoke(
         else:
             await (tool_output if scope.executor is None else scope.executor)(scope, call, tool, channel)
     except (asyncio.CancelledError, AgentInterrupted):  # (a sub-agent interrupted with its caller)
-        if timer is not None and timer.stop() and not scope.control.interrupted:
-            by = "" if deadline is None else f" ({deadline.by})"
-            return _ERROR, f"Error: {name} timed out after {limit:g} s{by}.", ()
+        if timer is not None and limit is not None and timer.stop() and not scope.control.interrupted:
+            return _ERROR, tool_timeout_text(name, limit, None if deadline is None else deadline.by), ()
         return _INTERRUPTED, INTERRUPTED_TEXT, ()
     except SubAgentPaused:
         # The call waits for its sub-agent's confirmation: no result yet (a "running" end closes

@@ -31,7 +31,10 @@ from typing import Any
 from ._control import Cancellable
 from .errors import ModelTimeoutError
 
-__all__ = ["Deadline", "DeadlineTimer", "SharedTimeout", "check_seconds", "earlier", "spent"]
+__all__ = [
+    "Deadline", "DeadlineTimer", "SharedTimeout", "check_seconds", "earlier", "spent", "tool_spent",
+    "tool_timeout_text",
+]
 
 
 def check_seconds(name: str, value: float | None) -> float | None:
@@ -85,6 +88,30 @@ def spent(deadline: Deadline, seconds: float, model: Any) -> Deadline:
                                 f"{seconds:.3g} s)", provider=getattr(model, "provider", None))
     return Deadline(None if total is None else total - seconds, None if first is None else first - seconds,
                     deadline.by)
+
+
+def tool_spent(deadline: Deadline, seconds: float) -> Deadline | None:
+    """What is left of a tool call's ``deadline`` once ``seconds`` of it went before the call
+    started (a cache's wait for its store): its ``total`` shortened by them; None when they used
+    it up (the call then has the result of a timed-out tool, `tool_timeout_text`, and never runs).
+    What is left names the wait too (a timed-out result says who set its limit: `Deadline.by`)."""
+    total = deadline.total
+    if total is None:
+        return deadline
+    if total <= seconds:
+        return None
+    return Deadline(total - seconds, deadline.first_event,
+                    f"{deadline.by}; its cache's store took {seconds:.3g} s of its {total:g} s")
+
+
+def tool_timeout_text(name: str, limit: float, by: str | None, waited: float | None = None) -> str:
+    """The text of the error result of a tool call that timed out after ``limit`` seconds: ``by``
+    names who set the limit (None: the tool's own timeout); ``waited``, the seconds a cache's store
+    took before the call could start."""
+    why = "" if by is None else by
+    if waited is not None:
+        why += f"{'; ' if why else ''}its cache's store took {waited:.3g} s"
+    return f"Error: {name} timed out after {limit:g} s{f' ({why})' if why else ''}."
 
 
 class _Clock:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import ipaddress
 import os
@@ -160,9 +161,8 @@ def redis_url() -> Iterator[str]:
             proc.wait()
 
 
-@pytest.fixture
-def own_redis() -> Iterator[Any]:
-    """A redis-server of this test's own, which it may stop and start again on the same port."""
+@contextlib.contextmanager
+def _own_redis_server(*options: str) -> Iterator[Any]:
     binary = shutil.which("redis-server")
     if binary is None:
         pytest.fail("this test needs redis-server on PATH", pytrace=False)
@@ -170,8 +170,8 @@ def own_redis() -> Iterator[Any]:
     procs: list[subprocess.Popen[bytes]] = []
 
     def start() -> None:
-        procs.append(subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                                       "--appendonly", "no"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        procs.append(subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", *options],
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         deadline = time.monotonic() + 10
         while not _redis_ping(port):
             assert time.monotonic() < deadline, "redis-server did not start"
@@ -182,12 +182,31 @@ def own_redis() -> Iterator[Any]:
         procs[-1].wait()
 
     start()
-    yield type("OwnRedis", (), {"url": f"redis://127.0.0.1:{port}/0", "start": staticmethod(start),
-                                "stop": staticmethod(stop)})
-    for proc in procs:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    try:
+        yield type("OwnRedis", (), {"url": f"redis://127.0.0.1:{port}/0", "start": staticmethod(start),
+                                    "stop": staticmethod(stop)})
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+@pytest.fixture
+def own_redis() -> Iterator[Any]:
+    """A redis-server of this test's own, which it may stop and start again on the same port
+    (it keeps nothing across a restart)."""
+    with _own_redis_server("--save", "", "--appendonly", "no") as server:
+        yield server
+
+
+@pytest.fixture
+def own_kept_redis(tmp_path: Path) -> Iterator[Any]:
+    """`own_redis` that keeps its data across a restart (an append-only file synced at every
+    write, so even a kill loses nothing)."""
+    with _own_redis_server("--save", "", "--appendonly", "yes", "--appendfsync", "always",
+                           "--dir", str(tmp_path)) as server:
+        yield server
 
 
 @pytest.fixture

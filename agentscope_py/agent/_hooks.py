@@ -20,7 +20,7 @@ class HookCall:
     """One invocation of ``mw``'s hook at ``point``: iterate `events` (trace events only, and
     only when ``trace``), then read `value`, what the hook returned."""
 
-    __slots__ = ("call", "mw", "point", "trace", "value")
+    __slots__ = ("call", "called", "mw", "point", "trace", "value")
 
     def __init__(self, mw: MiddlewareBase, point: ExtensionPoint, call: Callable[[], Any], trace: bool) -> None:
         self.mw = mw
@@ -28,6 +28,7 @@ class HookCall:
         self.call = call
         self.trace = trace
         self.value: Any = None
+        self.called = False  # the hook was called (its events may be cut before it is)
 
     async def events(self) -> AsyncIterator[AgentEvent]:
         trace, mw, point = self.trace, self.mw, self.point
@@ -35,6 +36,7 @@ class HookCall:
         if trace:
             yield MiddlewareStarted(middleware=mw.name, point=point.name)
         try:
+            self.called = True
             result = self.call()
             if asyncio.iscoroutine(result):
                 result = await result

@@ -145,7 +145,8 @@ async def finish(
 ) -> AsyncIterator[AgentEvent]:
     """on_agent_finish, then the checkpoint. A generator so traced hooks can emit events.
 
-    Every participant is notified once, even when an earlier one raised; the turn is saved
+    Every participant is notified once, even when an earlier one raised (but for the
+    ``on_agent_state_ready`` participants its pass never reached: `RunState.unready`); the turn is saved
     whatever they did (the caller already saw it), and then the first hook's error reaches the
     caller (after the run's own error, if the run failed)."""
     run.note_rounds()
@@ -156,9 +157,12 @@ async def finish(
     )
     point = ExtensionPoint.ON_AGENT_FINISH
     cancelled: BaseException | None = None
+    unready = run.unready
     for mw in runtime.participants.hooks[point]:
         if mw in run.finished_hooks:
             continue  # notified before the consumer left (see finish_quietly)
+        if unready and mw in unready:
+            continue  # never told the run's state was ready: not its finish either (`_prelude.never_told`)
         run.finished_hooks.append(mw)
         hook = HookCall(mw, point, functools.partial(mw.on_agent_finish, agent, ctx, outcome), runtime.trace)
         try:

@@ -32,9 +32,11 @@ from ._resume import check_no_control_input, resume
 
 if TYPE_CHECKING:
     from .._state import AgentState
+    from ..extension.base import MiddlewareBase
+    from ._run_state import RunState
     from ._scope import StepScope
 
-__all__ = ["prelude"]
+__all__ = ["never_told", "prelude"]
 
 # Read from their class once (an attribute read on an Enum class takes the slow path of
 # EnumType's ``__getattr__`` on Python 3.11: `agent._loop`).
@@ -53,14 +55,17 @@ async def prelude(exe: StepScope) -> AsyncIterator[AgentEvent] | None:
     if runtime.trace and (ready or prompting):
         return _traced(exe, state)
     input_msgs = run.input_msgs
+    mw: Any = None
     try:
         for mw in ready:
             hook: Callable[..., Any] = mw.on_agent_state_ready  # (an ``async def`` override returns a coroutine)
             result = hook(agent, ctx, state, input_msgs)
             if result is not None and asyncio.iscoroutine(result):
                 await result
-    except (InputError, ResumeError):
-        run.refused = True  # a hook refused the input: no turn, nothing saved (module docstring)
+    except BaseException as exc:
+        never_told(run, ready, ready.index(mw) + 1)
+        if isinstance(exc, InputError | ResumeError):
+            run.refused = True  # a hook refused the input: no turn, nothing saved (module docstring)
         raise
     prompt: Any = agent.sys_prompt
     for mw in prompting:
@@ -74,14 +79,21 @@ async def _traced(exe: StepScope, state: AgentState) -> AsyncIterator[AgentEvent
     """The hooks of the prelude each inside its trace events, then the rest of the prelude."""
     agent, ctx, run, runtime = exe.agent, exe.ctx, exe.run, exe.runtime
     hooks, input_msgs = runtime.participants.hooks, run.input_msgs
+    participants = hooks[_ON_AGENT_STATE_READY]
+    told = 0  # the hooks called so far (a consumer may leave at a hook's MiddlewareStarted, before its call)
     try:
-        for mw in hooks[_ON_AGENT_STATE_READY]:
+        for mw in participants:
             ready = HookCall(mw, _ON_AGENT_STATE_READY,
                              functools.partial(mw.on_agent_state_ready, agent, ctx, state, input_msgs), True)
-            async for ev in ready.events():
-                yield ev
-    except (InputError, ResumeError):
-        run.refused = True  # a hook refused the input: no turn, nothing saved (module docstring)
+            try:
+                async for ev in ready.events():
+                    yield ev
+            finally:
+                told += ready.called
+    except BaseException as exc:
+        never_told(run, participants, told)
+        if isinstance(exc, InputError | ResumeError):
+            run.refused = True  # a hook refused the input: no turn, nothing saved (module docstring)
         raise
     prompt: Any = agent.sys_prompt
     for mw in hooks[_ON_SYSTEM_PROMPT]:
@@ -95,6 +107,14 @@ async def _traced(exe: StepScope, state: AgentState) -> AsyncIterator[AgentEvent
         async with aclosing(rest) as steps:
             async for ev in steps:
                 yield ev
+
+
+def never_told(run: RunState, participants: tuple[MiddlewareBase, ...], told: int) -> None:
+    """The state-ready pass stopped after ``told`` of its ``participants`` (the last of them may have
+    raised): the rest are never told the run's state was ready, and so not its finish either — a
+    hook that pairs the two (a span, a count of the runs in flight, a sample to score) never sees
+    an end without its start (docs/middleware.md)."""
+    run.unready = participants[told:]
 
 
 def _take_input(exe: StepScope, state: AgentState, prompt: Any) -> AsyncIterator[AgentEvent] | None:

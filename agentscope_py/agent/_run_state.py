@@ -80,6 +80,10 @@ class RunState:
     """The structured output's model the run was asked for (``structured_model=M``), as
     ``module.qualname``: what a pause leaves in the session (`_structured.note_asked_for`)."""
 
+    unready: tuple[MiddlewareBase, ...] = ()
+    """The ``on_agent_state_ready`` participants the run's state-ready pass never reached (a hook
+    before them raised, or the pass was cut): they are not told ``on_agent_finish`` either, since
+    they never learnt the run started (`_prelude.never_told`)."""
     finished_hooks: list[MiddlewareBase] = field(default_factory=list)
     finish_error: Exception | None = None
     """The first on_agent_finish hook's error (raised after the turn is saved)."""

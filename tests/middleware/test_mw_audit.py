@@ -12,9 +12,21 @@ from typing import Any
 
 import pytest
 
-from agentscope_py import ChatUsage, MiddlewareBase, ModelStep, ReActAgent, RuntimeContext, ScriptedModel, Toolkit, tool
+from agentscope_py import (
+    ChatUsage,
+    MiddlewareBase,
+    ModelStep,
+    Msg,
+    ReActAgent,
+    RuntimeContext,
+    ScriptedModel,
+    Toolkit,
+    tool,
+)
+from agentscope_py._bracket_kinds import describe
+from agentscope_py.agent import InMemoryStateStore
 from agentscope_py.errors import InputError, StateStoreError
-from agentscope_py.middleware import AuditLogMiddleware, PIIRedactionMiddleware
+from agentscope_py.middleware import AuditLogMiddleware, LifecycleMiddleware, PIIRedactionMiddleware
 from tests.middleware.safety_helpers import ChunkModel, leave_at_first_delta
 
 
@@ -248,3 +260,81 @@ async def test_a_run_that_fails_before_its_session_loads_has_its_duration() -> N
         await agent.call("go")
     assert runs(records) == [("run_start", None), ("run_end", "error")]
     assert records[-1]["duration_ms"] >= 20  # from the run's start, the store's load included
+
+
+class _SaveFails(InMemoryStateStore):
+    """A session store whose save fails: the run's turn cannot be stored."""
+
+    async def save(self, user_id: str, session_id: str, state: Any, expected_version: int) -> int:
+        raise OSError("the disk is full")
+
+
+class _FinishRaises(MiddlewareBase):
+    """A finish hook after the audit's that raises: the caller gets its error."""
+
+    async def on_agent_finish(self, agent: Any, ctx: Any, run: Any) -> None:
+        raise RuntimeError("finish hook failed")
+
+
+class _AfterAgentRaises(LifecycleMiddleware):
+    async def after_agent(self, agent: Any, ctx: Any, result: Msg) -> Msg | None:
+        raise RuntimeError("after_agent failed")
+
+
+@pytest.mark.parametrize("cause", ["save", "finish hook", "after_agent"])
+async def test_the_run_end_says_the_error_the_caller_got_after_the_finish_hooks(cause: str) -> None:
+    # Each error comes after the audit's own on_agent_finish: the run itself ended well.
+    records: list[dict[str, Any]] = []
+    builder = ReActAgent.builder().model(script()).toolkit(Toolkit([echo])).middleware(AuditLogMiddleware(records.append))
+    if cause == "save":
+        builder = builder.state_store(_SaveFails())
+    elif cause == "finish hook":
+        builder = builder.middleware(_FinishRaises())
+    else:
+        builder = builder.middleware(_AfterAgentRaises())
+    agent = builder.build()
+    with pytest.raises(Exception) as raised:
+        async with asyncio.timeout(5):
+            await agent.call("go")
+    assert runs(records) == [("run_start", None), ("run_end", "error")]
+    end = records[-1]
+    assert (end["error_type"], end["error"]) == (type(raised.value).__name__, describe(raised.value))
+    assert end["reason"] == "model_stop" and end["model_calls"] == 2  # the run's own end, as it was
+    if cause == "save":
+        assert isinstance(raised.value, StateStoreError)
+
+
+async def test_the_run_end_of_a_streamed_run_whose_save_fails_says_so_too() -> None:
+    records: list[dict[str, Any]] = []
+    agent = (ReActAgent.builder().model(script()).toolkit(Toolkit([echo])).state_store(_SaveFails())
+             .middleware(AuditLogMiddleware(records.append)).build())
+    events: list[Any] = []
+    with pytest.raises(StateStoreError):
+        async with asyncio.timeout(5):
+            async for ev in agent.stream("go"):
+                events.append(ev)
+    assert events[-1].type == "agent_end" and events[-1].error is not None
+    assert runs(records) == [("run_start", None), ("run_end", "error")]
+    assert records[-1]["error_type"] == "StateStoreError" and records[-1]["rolled_back"] is False
+
+
+async def test_a_rolled_back_run_ends_interrupted_and_says_it_was_rolled_back() -> None:
+    records: list[dict[str, Any]] = []
+    agent = ReActAgent.builder().model(ChunkModel(["a ", "b ", "c "], ["second"], delay=0.05)).middleware(
+        AuditLogMiddleware(records.append)).build()
+    ctx = RuntimeContext("u", "s")
+    first: list[Any] = []
+    async with asyncio.timeout(5):
+        async with contextlib.aclosing(agent.stream("first", ctx=ctx)) as events:
+            async for ev in events:
+                first.append(ev)
+                if ev.type == "text_block_delta" and len(first) < 10:
+                    second = asyncio.ensure_future(agent.call("second", ctx=RuntimeContext("u", "s"),
+                                                              multitask_strategy="rollback"))
+                    break
+        reply = await second
+    assert reply.text == "second"
+    ends = {r["reply_id"]: r for r in records if r["event"] == "run_end"}
+    assert ends[ctx.reply_id]["outcome"] == "interrupted" and ends[ctx.reply_id]["rolled_back"] is True
+    (other,) = [r for k, r in ends.items() if k != ctx.reply_id]
+    assert other["outcome"] == "ok" and other["rolled_back"] is False

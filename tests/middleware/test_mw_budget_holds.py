@@ -33,7 +33,7 @@ from agentscope_py import (
     ToolUseBlock,
     tool,
 )
-from agentscope_py.errors import BudgetExceeded, ModelError
+from agentscope_py.errors import BudgetExceeded, ModelError, StateStoreError
 from agentscope_py.events import ModelCallEnd
 from agentscope_py.middleware import (
     BudgetMiddleware,
@@ -669,3 +669,97 @@ async def test_a_refusal_inside_a_retry_is_the_retrys_to_judge() -> None:
     assert retries == [1, 2] and model.requests == []
     totals = run_totals(ctx)
     assert (totals.tokens, totals.holds, totals.held_tokens) == (0, 0, 0)
+
+
+# -- a Redis that stops and comes back ------------------------------------------------------------
+
+
+async def _until(check: Any, within: float = 10.0) -> Any:
+    """``await check()`` until it answers something true (a store may fail while Redis restarts)."""
+    deadline = asyncio.get_running_loop().time() + within
+    while True:
+        with contextlib.suppress(StateStoreError):
+            answer = await check()
+            if answer:
+                return answer
+        assert asyncio.get_running_loop().time() < deadline, "never came true"
+        await asyncio.sleep(0.05)
+
+
+@pytest.mark.redis
+@pytest.mark.parametrize("step", ["settle", "release"])
+async def test_a_hold_whose_settle_fails_twice_goes_when_redis_comes_back(
+        own_kept_redis: Any, step: str, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="agentscope_py.middleware.budget")
+    store = RedisBudgetStore(own_kept_redis.url, socket_timeout=1.0, lease=60)
+    try:
+        assert (await store.reserve("u", "h1", 10, 0.0, 100, None)).granted
+        own_kept_redis.stop()
+        with pytest.raises(StateStoreError, match="in the background for up to 60 s"):
+            if step == "settle":
+                await store.settle("u", "h1", 7, 0.5)
+            else:
+                await store.release("u", "h1")
+        assert "failed twice" in caplog.text
+        own_kept_redis.start()  # with the hold: it would stay until its lease
+        assert await _until(lambda: _no_hold(store))
+        expected = (7, 0.5, 1) if step == "settle" else (0, 0.0, 0)
+        spent = await store.get("u")
+        assert (spent.tokens, spent.cost, spent.calls) == expected
+        await asyncio.sleep(0.3)  # nothing more goes on: charged once
+        assert await store.get("u") == spent and not store._pending
+        assert "went through in the background" in caplog.text
+    finally:
+        await store.close()
+
+
+async def _no_hold(store: RedisBudgetStore) -> bool:
+    return await store.held("u") == (0, 0.0) and (await store.get("u")).calls in (0, 1) and not store._pending
+
+
+@pytest.mark.redis
+async def test_a_settle_that_fails_twice_is_charged_once_by_a_redis_that_restarted_empty(own_redis: Any) -> None:
+    # The restart lost the hold and the totals: the call was made all the same, and is charged.
+    store = RedisBudgetStore(own_redis.url, socket_timeout=1.0, lease=60)
+    try:
+        assert (await store.reserve("u", "h1", 10, 0.0, 100, None)).granted
+        own_redis.stop()
+        with pytest.raises(StateStoreError):
+            await store.settle("u", "h1", 7, 0.5)
+        own_redis.start()
+        spent = await _until(lambda: _charged(store))
+        assert (spent.tokens, spent.cost, spent.calls) == (7, 0.5, 1)
+        assert await store.held("u") == (0, 0.0)
+    finally:
+        await store.close()
+
+
+async def _charged(store: RedisBudgetStore) -> Any:
+    spent = await store.get("u")
+    return spent if spent.calls else None
+
+
+@pytest.mark.redis
+async def test_a_run_whose_settle_fails_fails_typed_and_its_usage_is_charged_when_redis_is_back(
+        own_kept_redis: Any) -> None:
+    store = RedisBudgetStore(own_kept_redis.url, socket_timeout=1.0, lease=60)
+    budget = BudgetMiddleware(user_tokens=10_000, store=store)
+    model = ScriptedModel([ModelStep.text("slow answer", delay=0.3, usage=ChatUsage(input_tokens=20, output_tokens=5))])
+    agent = ReActAgent.builder().model(model).middleware(budget).build()
+    try:
+        running = asyncio.ensure_future(agent.call("hi", ctx=RuntimeContext(user_id="u", session_id="s")))
+        await _until(lambda: _holding(store), within=2)  # the call holds its estimate: Redis goes
+        own_kept_redis.stop()
+        # (its hold grows as the reply streams, or it settles at the end: either fails first)
+        with pytest.raises(StateStoreError, match="the budget store failed"):
+            async with asyncio.timeout(10):
+                await running
+        own_kept_redis.start()
+        spent = await _until(lambda: _charged(store))  # what the call spent, charged once: no hold left
+        assert spent.calls == 1 and spent.tokens > 0 and await store.held("u") == (0, 0.0)
+    finally:
+        await store.close()
+
+
+async def _holding(store: RedisBudgetStore) -> bool:
+    return (await store.held("u"))[0] > 0

@@ -8,11 +8,22 @@ from typing import Any
 
 import pytest
 
-from agentscope_py import MiddlewareBase, ModelStep, ReActAgent, RuntimeContext, ScriptedModel, Toolkit, tool
+from agentscope_py import (
+    ExtensionPoint,
+    MiddlewareBase,
+    ModelStep,
+    ReActAgent,
+    RuntimeContext,
+    ScriptedModel,
+    Toolkit,
+    tool,
+)
 from agentscope_py.agent import InMemoryStateStore
 from agentscope_py.errors import StateStoreError
+from agentscope_py.evals import Contains
 from agentscope_py.middleware import (
     AuditLogMiddleware,
+    EvalMiddleware,
     LifecycleMiddleware,
     MiddlewareStage,
     ObserverMiddleware,
@@ -238,3 +249,76 @@ async def test_an_observed_turn_ends_when_cancelled_while_on_turn_start_awaits()
         async with asyncio.timeout(0.01):
             await agent.stream("x").to_list()
     assert notes == ["start", ("end", "interrupted")]
+
+
+class _Pairs(MiddlewareBase):
+    """Told of each run's state and finish; notes both, by its tag."""
+
+    def __init__(self, tag: str, order: int, notes: list[tuple[str, str]], raises: bool = False) -> None:
+        self.tag, self._order, self.notes, self.raises = tag, order, notes, raises
+
+    def order(self) -> int:
+        return self._order
+
+    def active_points(self) -> Any:
+        return {ExtensionPoint.ON_AGENT_STATE_READY, ExtensionPoint.ON_AGENT_FINISH}
+
+    async def on_agent_state_ready(self, agent: Any, ctx: Any, state: Any, input_messages: Any) -> None:
+        self.notes.append(("ready", self.tag))
+        await asyncio.sleep(0)
+        if self.raises:
+            raise PermissionError(f"{self.tag} refuses")
+
+    async def on_agent_finish(self, agent: Any, ctx: Any, run: Any) -> None:
+        self.notes.append(("finish", self.tag))
+
+
+class _FinishOnly(MiddlewareBase):
+    """Takes no part in state ready: told every run's finish."""
+
+    def __init__(self, notes: list[tuple[str, str]]) -> None:
+        self.notes = notes
+
+    def order(self) -> int:
+        return -5
+
+    async def on_agent_finish(self, agent: Any, ctx: Any, run: Any) -> None:
+        self.notes.append(("finish", "only"))
+
+
+@pytest.mark.parametrize("traced", [False, True])
+async def test_a_hook_the_state_ready_pass_never_reached_is_not_told_the_finish(traced: bool) -> None:
+    notes: list[tuple[str, str]] = []
+    records: list[dict[str, Any]] = []
+    evaluated: list[Any] = []
+    evaluation = EvalMiddleware([Contains("x")], sample_rate=1.0, on_result=evaluated.append)
+    agent = (ReActAgent.builder().model(ScriptedModel([])).trace_middleware(traced)
+             .middlewares([_Pairs("a", 950, notes), AuditLogMiddleware(records.append), _Pairs("b", 20, notes, raises=True),
+                           _Pairs("c", 10, notes), evaluation, _FinishOnly(notes)]).build())
+    with pytest.raises(PermissionError, match="b refuses"):  # the first hook's error, unchanged
+        async with asyncio.timeout(5):
+            await agent.call("hi")
+    assert notes == [("ready", "a"), ("ready", "b"), ("finish", "a"), ("finish", "b"), ("finish", "only")]
+    assert [(r["event"], r.get("outcome")) for r in records] == [("run_start", None), ("run_end", "error")]
+    await evaluation.drain()
+    assert evaluation.sampled == 0 and evaluated == []  # never started for it: nothing to score
+    await evaluation.aclose()
+    # With no hook raising, every hook is told both.
+    notes.clear()
+    agent = (ReActAgent.builder().model(ScriptedModel([ModelStep.text("ok")])).trace_middleware(traced)
+             .middlewares([_Pairs("a", 950, notes), _Pairs("b", 20, notes), _FinishOnly(notes)]).build())
+    await agent.call("hi")
+    assert notes == [("ready", "a"), ("ready", "b"), ("finish", "a"), ("finish", "b"), ("finish", "only")]
+
+
+async def test_a_consumer_that_leaves_at_a_state_ready_hooks_trace_event_leaves_it_untold() -> None:
+    notes: list[tuple[str, str]] = []
+    agent = (ReActAgent.builder().model(ScriptedModel([ModelStep.text("never")])).trace_middleware(True)
+             .middlewares([_Pairs("a", 20, notes), _Pairs("b", 10, notes)]).build())
+    async with asyncio.timeout(5):
+        stream = agent.stream("hi")
+        async for ev in stream:
+            if ev.type == "middleware_started" and len([n for n in notes if n[0] == "ready"]) == 1:
+                break  # at b's MiddlewareStarted: b was never called
+        await stream.aclose()
+    assert notes == [("ready", "a"), ("finish", "a")]

@@ -410,7 +410,7 @@ async def test_a_settle_whose_connection_fails_is_charged_once_and_leaves_no_hol
     from redis.exceptions import ConnectionError as RedisConnectionError
 
     store = RedisBudgetStore(redis_url, prefix=redis_prefix)
-    real = store._settle
+    real = store._charge_once
     failed: list[bool] = []
 
     async def once(*args: Any) -> Any:
@@ -421,7 +421,7 @@ async def test_a_settle_whose_connection_fails_is_charged_once_and_leaves_no_hol
             raise RedisConnectionError("Connection closed by server.")
         return await real(*args)
 
-    monkeypatch.setattr(store, "_settle", once)
+    monkeypatch.setattr(store, "_charge_once", once)
     try:
         assert (await store.reserve("u", "h1", 10, 0.0, 100, None)).granted
         spent = await store.settle("u", "h1", 7, 0.5)

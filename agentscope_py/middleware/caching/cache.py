@@ -37,7 +37,10 @@ model take to answer (``first_event`` or ``total``, whichever is earlier, on the
 deadline around its own reads only, so a store that hung would hold the call past it. A read
 given up is a miss; a write given up stores nothing. The deadline holds across the read and the
 model call after a miss: the call gets what the read left of it (`_deadline.spent`), and none
-left is the call's `ModelTimeoutError`.
+left is the call's `ModelTimeoutError`. So for tool calls: the reads of a batch share its
+deadline, the calls that missed run with what the reads left of it, and with none left each gets
+the error result of a tool that timed out (``Error: <tool> timed out after <total> s
+(TimeoutMiddleware; its cache's store took <s> s).``, state ``error``), without running.
 
 Reply ids: replayed events carry the run's ``reply_id`` (the loop binds it to the context before
 any hook runs). A hook driven by hand, outside any run, uses the reply id a miss on that context
@@ -53,9 +56,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapp
 from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from ..._deadline import earlier, spent
+from ..._deadline import earlier, spent, tool_spent, tool_timeout_text
 from ...errors import AgentInterrupted
-from ...events import AgentEvent, ModelCallEnd, ModelCallStart, ToolResultEnd, ToolResultStart
+from ...events import AgentEvent, ModelCallEnd, ModelCallStart, ToolResultEnd, ToolResultStart, ToolResultTextDelta
 from ...extension.base import ActingInput, ExtensionPoint, MiddlewareBase, ModelCallInput, Next
 from ...message import ToolResultState, ToolUseBlock, new_id
 from ...stream import EventStream, aclosing
@@ -181,6 +184,15 @@ async def _store_wait(ctx: RuntimeContext, answer: Awaitable[T], within: float |
         if bound.expired():
             raise TimeoutError(f"no answer within {within:g} s, the call's deadline") from None
         raise
+
+
+def timed_out(reply_id: str, call: ToolUseBlock, text: str) -> list[AgentEvent]:
+    """The result of a tool call whose deadline its cache's wait used up: the error result a tool
+    that timed out gets (the call never ran)."""
+    cid, name = call.id, call.name
+    return [ToolResultStart(reply_id=reply_id, tool_call_id=cid, tool_name=name),
+            ToolResultTextDelta(reply_id=reply_id, tool_call_id=cid, tool_name=name, delta=text),
+            ToolResultEnd(reply_id=reply_id, tool_call_id=cid, tool_name=name, state=ToolResultState.ERROR)]
 
 
 class ResponseCacheMiddleware(_CacheBase):
@@ -336,9 +348,16 @@ class ToolResultCacheMiddleware(_CacheBase):
     ) -> AsyncIterator[AgentEvent]:
         calls = input.tool_calls
         hits: dict[str, Sequence[AgentEvent]] = {}
-        within = None if input.deadline is None else input.deadline.total
+        deadline = input.deadline
+        within = None if deadline is None else deadline.total
+        clock = asyncio.get_running_loop().time
+        started = clock()
         for cid, key in keys.items():
-            recorded = await self._get(ctx, key, within)
+            # (the reads share the calls' deadline: each gets what the reads before it left)
+            left = None if within is None else within - (clock() - started)
+            if left is not None and left <= 0:
+                break  # used up: the calls not read are misses, and time out below
+            recorded = await self._get(ctx, key, left)
             if recorded is not None:
                 hits[cid] = recorded
         self.hits += len(hits)
@@ -350,6 +369,17 @@ class ToolResultCacheMiddleware(_CacheBase):
         misses = [c for c in calls if c.id not in hits]
         if not misses:
             return
+        if deadline is not None and within is not None:
+            # The deadline holds across the reads and the calls after a miss: they get what is left.
+            waited = clock() - started
+            left_of = tool_spent(deadline, waited)
+            if left_of is None:  # nothing left: each call times out before it starts, as a tool would
+                reply_id = _reply_id(ctx)
+                for c in misses:
+                    for ev in timed_out(reply_id, c, tool_timeout_text(c.name, within, deadline.by, waited)):
+                        yield ev
+                return
+            input = input.replace(deadline=left_of)
         done: list[tuple[str, list[AgentEvent]]] = []
         miss_keys = {cid: key for cid, key in keys.items() if cid not in hits}
         rest = next(input if not hits else input.replace(tool_calls=misses))

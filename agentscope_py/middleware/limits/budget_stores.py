@@ -10,19 +10,29 @@ call count against the others from its start. `InMemoryBudgetStore` also answers
 (``*_nowait``): no await between the check and the hold. `RedisBudgetStore` checks and holds in
 one Lua script, so processes sharing a user never both take the last tokens; each hold there has a
 lease, so a process that dies with calls in flight does not keep their holds for ever. A store
-that fails fails the call: a budget is never silently skipped.
+that fails fails the call: a budget is never silently skipped. A settle or release that Redis
+does not take (twice, the second on a new connection) is tried again in the background while
+the hold's lease lasts (`RedisBudgetStore._twice`), so a Redis that comes back gets the charge,
+once, and no hold outlives the outage.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import contextvars
+import logging
 import uuid
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from ...errors import StateStoreError
 from .._redis_clients import LoopClients
+
+log = logging.getLogger("agentscope_py.middleware.budget")
+T = TypeVar("T")
+_RETRY_CAP = 5.0  # seconds: the longest wait between two background tries of a settle or release
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis
@@ -259,7 +269,7 @@ class InMemoryBudgetStore:
 # in flight, "<tokens> <cost> <lease end, ms>". ARGV: hold id, tokens, cost, max tokens, max cost
 # ("" = no limit), lease (ms). Expired holds (a process that died mid-call) are dropped as they are
 # met, and so are holds whose value is not three numbers (their lease cannot be read), and the
-# markers of charges (`_ADD`) whose time has passed. A settled
+# markers of charges (`_CHARGE`) whose time has passed. A settled
 # total that is not a number >= 0 (an integer for tokens and calls) is answered as {-1, field,
 # value}: no hold is taken and the caller raises. Time is the Redis server's, so the hosts' clocks
 # need not agree. Numbers go back as strings (Redis would truncate Lua numbers to integers).
@@ -319,15 +329,21 @@ return {granted, string.format('%d', spent_t), string.format('%.17g', spent_c), 
 """
 
 
-# KEYS[1]: the user's hash. ARGV: the charge's id, tokens, cost, how long its marker stays (ms).
-# The charge and its marker ("add:<id>", its lease end in ms, dropped by `_RESERVE` once passed)
-# are made together, once: a second run of the script with the same id only reads the totals.
-_ADD = """
+# KEYS[1]: the user's hash. ARGV: the charge's id, tokens, cost, how long its marker stays (ms), and
+# "1" when the charge settles the hold of that id ("" for a charge without a hold, `add`). The charge,
+# its marker ("add:<id>", its lease end in ms, dropped by `_RESERVE` once passed) and the hold's
+# removal are made together, once: a second run of the script with the same id only reads the
+# totals. A hold that is gone already (its lease ran out, a Redis restarted without it) is charged
+# all the same: its call was made.
+_CHARGE = """
 local key = KEYS[1]
 local mark = 'add:' .. ARGV[1]
 if redis.call('HEXISTS', key, mark) == 0 then
   local t = redis.call('TIME')
   local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  if ARGV[5] ~= '' then
+    redis.call('HDEL', key, 'hold:' .. ARGV[1])
+  end
   redis.call('HINCRBY', key, 'tokens', ARGV[2])
   redis.call('HINCRBYFLOAT', key, 'cost', ARGV[3])
   redis.call('HINCRBY', key, 'calls', 1)
@@ -396,6 +412,7 @@ class RedisBudgetStore:
         self.lease = lease
         self._clients = LoopClients(self.url, socket_timeout, client)
         self._scripts: dict[tuple[int, str], Any] = {}  # (id(client), source) -> the script registered there
+        self._pending: set[asyncio.Task[None]] = set()  # the steps tried again in the background (`_twice`)
 
     def _client(self) -> Any:
         return self._clients.get()
@@ -421,18 +438,9 @@ class RedisBudgetStore:
 
     async def add(self, user_id: str, tokens: int, cost: float) -> Spend:
         """Charge a call that holds nothing, exactly once: one Lua script charges and leaves a
-        marker (``add:<id>``) unless the marker is there already. If the connection fails on the
-        way, the script is sent once more on a new connection: run before, it finds its marker
-        and only reads the totals. Only if that fails too is the error raised (the charge then
-        made or not; the marker goes when a hold's lease would)."""
-        key = f"{self.prefix}:{user_id}"
-        args = [new_hold_id(), str(int(tokens)), repr(float(cost)), str(max(1, round(self.lease * 1000)))]
-        try:
-            return _totals(await self._script(_ADD)(keys=[key], args=args))
-        except _redis_errors() as exc:
-            first = exc
-        async with _typed("charging", user_id, key, first):
-            return _totals(await self._script(_ADD)(keys=[key], args=args))
+        marker (``add:<id>``) unless the marker is there already. Sent as `_twice` says: run
+        before, it finds its marker and only reads the totals."""
+        return await self._charge("charging", user_id, new_hold_id(), tokens, cost, False)
 
     async def held(self, user_id: str) -> tuple[int, float]:
         """What the user's calls in flight hold (expired holds included until a reserve drops them;
@@ -465,40 +473,93 @@ class RedisBudgetStore:
         return Reservation(bool(int(granted)), Spend(int(s_tokens), float(s_cost)), int(h_tokens), float(h_cost))
 
     async def settle(self, user_id: str, hold_id: str, tokens: int, cost: float) -> Spend:
-        """Drop the hold and charge, in one transaction. If the connection fails on the way, the
-        hold tells whether the transaction ran (its HDEL and the charge apply together): still
-        there, it did not, and it is sent once more on a new connection; gone, it did (or its
-        lease ran out meanwhile), and the totals are read. Only if that fails too is the error
-        raised, and the hold stays until its lease ends."""
-        key, field = f"{self.prefix}:{user_id}", f"hold:{hold_id}"
-        try:
-            return await self._settle(key, field, tokens, cost)
-        except _redis_errors() as exc:
-            first = exc
-        async with _typed("settling", user_id, key, first):
-            if not await self._client().hexists(key, field):
-                return _totals(await self._client().hmget(key, "tokens", "cost", "calls"))
-            return await self._settle(key, field, tokens, cost)
+        """Drop the hold and charge, exactly once: the script of `add`, with the hold's id as the
+        charge's (its marker tells a second run that the first went through, whatever answer was
+        lost). Sent as `_twice` says."""
+        return await self._charge("settling", user_id, hold_id, tokens, cost, True)
 
-    async def _settle(self, key: str, field: str, tokens: int, cost: float) -> Spend:
-        async with self._client().pipeline(transaction=True) as pipe:
-            pipe.hdel(key, field)
-            pipe.hincrby(key, "tokens", tokens).hincrbyfloat(key, "cost", cost).hincrby(key, "calls", 1)
-            _, new_tokens, new_cost, new_calls = await pipe.execute()
-        return Spend(int(new_tokens), float(new_cost), int(new_calls))
+    async def _charge(self, what: str, user_id: str, charge_id: str, tokens: int, cost: float, hold: bool) -> Spend:
+        key = f"{self.prefix}:{user_id}"
+        args = [charge_id, str(int(tokens)), repr(float(cost)), str(max(1, round(self.lease * 1000))),
+                "1" if hold else ""]
+        return _totals(await self._twice(what, user_id, key, lambda: self._charge_once(key, args)))
+
+    async def _charge_once(self, key: str, args: list[str]) -> Any:
+        return await self._script(_CHARGE)(keys=[key], args=args)
 
     async def release(self, user_id: str, hold_id: str) -> None:
-        """Drop the hold (an HDEL, which may be sent twice: once more on a new connection if the
-        first one fails)."""
+        """Drop the hold (an HDEL, sent as `_twice` says)."""
         key = f"{self.prefix}:{user_id}"
+        await self._twice("releasing a hold", user_id, key, lambda: self._client().hdel(key, f"hold:{hold_id}"))
+
+    async def _twice(self, what: str, user_id: str, key: str, attempt: Callable[[], Awaitable[T]]) -> T:
+        """``attempt`` (a step that may run twice: a script with its marker, an HDEL), sent once
+        more on a new connection if the first fails. If that fails too, the step is not dropped:
+        it goes on in the background (`_keep_trying`) while a hold's lease lasts — else the hold
+        would count against the user's limits until its lease ends, and the call's usage would
+        never be charged — and the failure is raised, a `StateStoreError` saying so (a call whose
+        budget cannot be written fails: a budget is never skipped)."""
         try:
-            await self._client().hdel(key, f"hold:{hold_id}")
-            return
+            return await attempt()
         except _redis_errors() as exc:
             first = exc
-        async with _typed("releasing a hold", user_id, key, first):
-            await self._client().hdel(key, f"hold:{hold_id}")
+        try:
+            return await attempt()
+        except _redis_errors() as exc:
+            self._keep_trying(what, user_id, key, attempt, exc)
+            raise StateStoreError(
+                f"the budget store failed {what} for user {user_id!r} at Redis key {key!r}: {type(exc).__name__}: "
+                f"{exc} (and on a new connection after {type(first).__name__}: {first}); the call fails, a budget "
+                f"is never skipped. The store goes on {what} in the background for up to {self.lease:g} s (the "
+                "lease) until Redis answers; the hold counts against the user's limits until then") from exc
+
+    def _keep_trying(self, what: str, user_id: str, key: str, attempt: Callable[[], Awaitable[Any]],
+                     error: BaseException) -> None:
+        log.warning("budget: %s for user %r at Redis key %r failed twice (%s: %s); trying again in the "
+                    "background for up to %g s", what, user_id, key, type(error).__name__, error, self.lease)
+        loop = asyncio.get_running_loop()
+        # (an empty context: the run's values and span are not the background's)
+        task = loop.create_task(self._retry(what, user_id, key, attempt, loop.time() + self.lease),
+                                context=contextvars.Context())
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
+
+    async def _retry(self, what: str, user_id: str, key: str, attempt: Callable[[], Awaitable[Any]],
+                     until: float) -> None:
+        """Try ``attempt`` again, backing off from 0.1 s to `_RETRY_CAP` between tries, until it
+        goes through or the lease has passed (a charge's marker lives a lease: past it, a try
+        might charge twice). Giving up is logged with what it leaves undone."""
+        loop = asyncio.get_running_loop()
+        delay, tries = 0.1, 2
+        try:
+            while True:
+                if loop.time() + delay >= until:
+                    log.error("budget: %s for user %r at Redis key %r never went through in %d tries within the "
+                              "lease, and a hold has lapsed with it. A charge not made leaves the call's usage out "
+                              "of the user's totals: add it with `await store.add(user_id, tokens, cost)` once "
+                              "Redis answers", what, user_id, key, tries)
+                    return
+                await asyncio.sleep(delay)
+                tries += 1
+                try:
+                    await attempt()
+                except Exception as exc:
+                    delay = min(delay * 2, _RETRY_CAP)
+                    log.debug("budget: %s for user %r failed again (%s: %s)", what, user_id, type(exc).__name__, exc)
+                    continue
+                log.warning("budget: %s for user %r at Redis key %r went through in the background (try %d)",
+                            what, user_id, key, tries)
+                return
+        except asyncio.CancelledError:
+            log.warning("budget: %s for user %r at Redis key %r was still being tried when the store closed (or "
+                        "its loop ended); a hold lapses at its lease", what, user_id, key)
+            raise
 
     async def close(self) -> None:
+        """Close a client made here; the steps tried in the background (`_twice`) stop."""
+        for task in list(self._pending):
+            task.cancel()
+        if self._pending:
+            await asyncio.gather(*self._pending, return_exceptions=True)
         self._scripts.clear()  # (registered again on demand: registering makes no round trip)
         await self._clients.close()

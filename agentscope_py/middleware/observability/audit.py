@@ -19,10 +19,20 @@ with its end, for a run that made none); and ``"event": "run_end"``: ``outcome``
 ``error`` (``error_type`` and ``error`` say what), ``interrupted`` (an interrupt), ``cut`` (its
 consumer left, or was cancelled: a caller's deadline) — the ``reason`` it ended with (the
 `GenerateReason`), ``usage`` (the run's, as `AgentRun.usage`), ``model_calls``, ``tool_calls``,
-``iterations`` and ``duration_ms`` (from the run's start, `AgentRun.started`, however early it
-failed: its session's load included). Each run gets both, once, however it ends (they come from
-``on_agent_state_ready`` and ``on_agent_finish``, which the runtime calls once per run; a run
-refused before it started has neither).
+``iterations``, ``duration_ms`` (from the run's start, `AgentRun.started`, however early it
+failed: its session's load included, to its end: its session's save included) and
+``rolled_back`` (true for a run whose turn a ``"rollback"`` input took back out of the session:
+its outcome is ``interrupted``, and nothing it did is in the session). Each run gets both, once,
+however it ends (they come from ``on_agent_state_ready`` and ``on_agent_finish``, which the
+runtime calls once per run; a run refused before it started has neither, nor has a run that a
+state-ready hook outside the audit stopped before the audit was told: docs/middleware.md).
+
+The end line says what the caller saw, so it is written when the run's stream has ended, at
+``on_agent`` (the audit takes part there too), not at ``on_agent_finish``: the finish hooks run
+before the session is saved, and a save that fails (`StateStoreError`), a finish hook that raises
+or an ``on_agent`` layer inside the audit that raises after the run (a lifecycle ``after_agent``)
+is the caller's error, and the line's ``outcome`` is then ``error`` with that error. (A layer
+inside the audit that swallows the run's error leaves the run's own outcome.)
 
 Every call that started here gets its line, however its stream ends: a call whose end never
 passed here is logged when its stream ends, as the runtime's closing event tells it. A stream
@@ -57,7 +67,7 @@ from ..._bracket_kinds import describe
 from ..._replies import ReplyBuilder, ToolResultCollector
 from ...errors import AgentInterrupted
 from ...events import ModelCallEnd, ModelCallStart, ToolResultEnd, ToolResultStart
-from ...extension.base import ActingInput, ExtensionPoint, MiddlewareBase, ModelCallInput, Next
+from ...extension.base import ActingInput, AgentInput, ExtensionPoint, MiddlewareBase, ModelCallInput, Next
 from ...message import GenerateReason, Msg, ToolUseBlock
 from ...stream import EventStream, aclose
 from ._remembered import remembered_input
@@ -75,14 +85,20 @@ Sink = str | os.PathLike[str] | logging.Logger | Callable[[dict[str, Any]], Any]
 
 class _Run:
     """A run between its start and its end line: when it started, its input (the list the
-    ``on_agent_state_ready`` hooks rewrite in place before memory takes it), and whether its
-    start line is written."""
+    ``on_agent_state_ready`` hooks rewrite in place before memory takes it), whether its start
+    line is written, its end line as ``on_agent_finish`` made it (with the run's start, for its
+    duration) until the run's stream ends, and, once that stream ended first (cancelled while
+    the finish hooks still ran), the error it ended with."""
 
-    __slots__ = ("input", "ts", "written")
+    __slots__ = ("closed", "end", "failure", "input", "started", "ts", "written")
 
     def __init__(self, ts: float, input: list[Msg]) -> None:
         self.ts, self.input = ts, input
         self.written = False
+        self.end: dict[str, Any] | None = None
+        self.started: float | None = None
+        self.closed = False
+        self.failure: BaseException | None = None
 
 
 class AuditLogMiddleware(MiddlewareBase):
@@ -123,7 +139,7 @@ class AuditLogMiddleware(MiddlewareBase):
         return 900  # outside most built-ins: a retried call is audited per attempt anyway (one end each)
 
     def active_points(self) -> frozenset[ExtensionPoint]:
-        return frozenset({ExtensionPoint.ON_AGENT_STATE_READY, ExtensionPoint.ON_MODEL_CALL,
+        return frozenset({ExtensionPoint.ON_AGENT, ExtensionPoint.ON_AGENT_STATE_READY, ExtensionPoint.ON_MODEL_CALL,
                           ExtensionPoint.ON_ACTING, ExtensionPoint.ON_AGENT_FINISH})
 
     def _emit(self, record: dict[str, Any]) -> None:
@@ -161,9 +177,9 @@ class AuditLogMiddleware(MiddlewareBase):
         self._emit(record)
 
     async def on_agent_finish(self, agent: AgentView, ctx: RuntimeContext, run: AgentRun) -> None:
-        entry = self._runs.pop(ctx.reply_id, None)
+        entry = self._runs.get(ctx.reply_id)
         if entry is None:  # it failed before its state was loaded
-            entry = _Run(self.clock(), [])
+            entry = self._runs[ctx.reply_id] = _Run(self.clock(), [])
         if not entry.written:
             self._start(agent, ctx, entry)
         record = self._base("run_end", agent, ctx)
@@ -184,8 +200,52 @@ class AuditLogMiddleware(MiddlewareBase):
             "model_calls": run.model_calls,
             "tool_calls": run.tool_calls,
             "iterations": run.iterations,
-            "duration_ms": None if run.started is None else round((time.perf_counter() - run.started) * 1000, 3),
+            "duration_ms": None,
+            "rolled_back": run.msg is not None and run.msg.metadata.get("rolled_back") is True,
         })
+        entry.end, entry.started = record, run.started
+        if entry.closed:  # the run's stream ended first (cancelled while the finish hooks ran)
+            self._end(ctx.reply_id, entry.failure)
+
+    def on_agent(self, agent: AgentView, ctx: RuntimeContext, input: AgentInput, next: Next) -> Any:
+        reply_id = ctx.reply_id  # (this run's: the context may serve a later run by the time it ends)
+        return EventStream(lambda: self._agent(reply_id, input, next))
+
+    async def _agent(self, reply_id: str | None, input: AgentInput, next: Next) -> AsyncIterator[Any]:
+        """The run's stream as it leaves this layer; its end writes the run's end line with what
+        the caller got (module docstring)."""
+        failure: BaseException | None = None
+        it: Any = next(input).__aiter__()
+        try:
+            async for ev in it:
+                yield ev
+        except Exception as exc:
+            failure = exc
+            raise
+        finally:
+            try:
+                await aclose(it)
+            finally:
+                self._end(reply_id, failure, closing=True)
+
+    def _end(self, reply_id: str | None, failure: BaseException | None, closing: bool = False) -> None:
+        """Write the run's end line once both its finish made it and its stream ended, with the
+        error the stream ended with, if any. A run with no entry was refused before it started (or
+        its finish comes later and writes the line then)."""
+        entry = self._runs.get(reply_id)
+        if entry is None:
+            return
+        if entry.end is None:  # the finish hooks have not run yet: the finish writes it
+            if closing:
+                entry.closed, entry.failure = True, failure
+            return
+        del self._runs[reply_id]
+        record = entry.end
+        if failure is not None:
+            record.update({"outcome": "error", "error_type": type(failure).__name__, "error": describe(failure)})
+        record["ts"] = self.clock()
+        started = entry.started
+        record["duration_ms"] = None if started is None else round((time.perf_counter() - started) * 1000, 3)
         self._emit(record)
 
     # -- model calls -----------------------------------------------------------------------------
