@@ -15,6 +15,7 @@ from temporalio import activity
 from temporalio.api.enums.v1 import EventType
 from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 
+from .._control import RunControl
 from .._tool_answers import tool_answers
 from ..agent.context import RuntimeContext
 from ..agent.react import ReActAgent
@@ -33,6 +34,7 @@ from ._in_doubt import IN_DOUBT_ERROR
 from ._journal import PUBLISH_ACTIVITY, SEAL_ACTIVITY
 from ._publish import LivePublisher, StableIds, log_for
 from ._sources import entered
+from ._sub_sessions import SUB_TURNS, noted
 
 __all__ = ["model_call_activity", "publish_activity", "seal_activity", "tool_call_activity"]
 
@@ -247,11 +249,15 @@ async def tool_call_activity(payload: dict[str, Any]) -> list[list[Any]]:
     """One tool call's output: ``["text", str]``, ``["data", value]`` and ``["event", dict]`` (a
     sub-agent's events) in order. A tool's exception fails the activity (retried as configured;
     the last one becomes the error result the model sees). With live events, first
-    ``["published", n]``: the workflow's pending events were published, the log ends at ``n``."""
+    ``["published", n]``: the workflow's pending events were published, the log ends at ``n``; with
+    sub-agent calls that changed sessions, last ``["sub_turns", notes]`` (`_sub_sessions`)."""
     await _unless_stopped()
     agent = worker_agent(payload["factory"])
     call = ToolUseBlock.model_validate(payload["call"])
     ctx = RuntimeContext(payload["user_id"], payload["session_id"])
+    # Where a sub-agent call notes the sessions its run changed: a rollback of the caller's turn
+    # puts them back (`_sub_sessions`); the notes go back with the call's outcome, whatever it is.
+    control = ctx.control = RunControl()
     out: list[list[Any]] = []
     publisher = _publisher(payload.get("live") or {})
     if publisher is not None:  # the workflow's events before the call: live before it runs
@@ -261,18 +267,34 @@ async def tool_call_activity(payload: dict[str, Any]) -> list[list[Any]]:
     try:
         async with _heartbeats(), entered(agent.toolkit, ctx):
             out.extend(await _run_tool(agent, call, ctx, payload.get("answer")))
-    except ApplicationError:
-        raise
+    except ApplicationError as exc:
+        notes = noted(control)
+        if not notes:
+            raise
+        raise ApplicationError(exc.message, *exc.details, {SUB_TURNS: notes}, type=exc.type,
+                               non_retryable=exc.non_retryable) from exc
     except asyncio.CancelledError:
         if payload.get("journaled") and activity.is_worker_shutdown():  # it may have taken effect, or not
             raise ApplicationError(f"the worker stopped while tool call {call.id} ran", type=IN_DOUBT_ERROR,
                                    non_retryable=True) from None
-        raise
+        notes = noted(control)
+        why = activity.cancellation_details()
+        if not notes or why is None or not why.cancel_requested:
+            raise
+        # Temporal's own cancellation carries no details: a cancelled sub-agent call that saved its
+        # interrupted turn ends as a failure carrying the notes (benign, as a model call's is).
+        raise ApplicationError("the tool call was cancelled", {SUB_TURNS: notes}, type="Cancelled",
+                               non_retryable=True, category=ApplicationErrorCategory.BENIGN) from None
     except Exception as exc:
-        if payload.get("journaled"):  # the tool's own error is its result: a call that may have taken
-            # effect is never run again by a retry (`_in_doubt`)
-            raise ApplicationError(str(exc), type=type(exc).__name__, non_retryable=True) from exc
+        notes = noted(control)
+        if payload.get("journaled") or notes:  # the tool's own error is its result: a call that may have
+            # taken effect is never run again by a retry (`_in_doubt`)
+            raise ApplicationError(str(exc), *([{SUB_TURNS: notes}] if notes else []), type=type(exc).__name__,
+                                   non_retryable=bool(payload.get("journaled"))) from exc
         raise
+    notes = noted(control)
+    if notes:
+        out.append([SUB_TURNS, notes])
     return out
 
 

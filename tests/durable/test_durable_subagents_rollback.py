@@ -1,0 +1,122 @@
+"""A durable rollback takes the turn out of the sub-agents' sessions too, as a local one does
+(tests/subagents/test_subagents_rollback.py): a sub-agent tool runs its whole sub-run in one tool
+call's activity, on a worker, and the sessions it changed there — its own, and its own
+sub-agents' — are put back as the rolled-back turn found them, whether its call had ended before
+the interrupt, was running when it landed (its activity cancelled), or failed after saving its
+turn. An interrupt without a rollback leaves the sub-agent's interrupted turn in its session.
+A worker in this process, sessions in SQLite (`durable_subagent_agents`)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from durable_helpers import activity_names, temporal_address
+from temporalio.client import Client
+
+from agentscope_py import GenerateReason, ToolResultState
+from agentscope_py.agent.sqlite_store import SqliteStateStore
+from agentscope_py.agent.state import AgentState
+from agentscope_py.durable import DurableAgent, make_worker
+from agentscope_py.events import ToolResultEnd
+
+__all__ = ["temporal_address"]  # a fixture, used by name
+
+pytestmark = pytest.mark.timeout(120)
+
+FACTORY = "durable_subagent_agents:build"
+
+HELPER_ENDS = {"hold after": ToolResultState.SUCCESS, "hold in helper": ToolResultState.INTERRUPTED,
+               "refuse it": ToolResultState.ERROR}
+"""How the lead's helper call ends in each rolled-back turn: it had ended, it ran when the
+interrupt landed, it failed after saving its turn."""
+
+
+@pytest.fixture
+def files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Path]:
+    """The agents' SQLite store and the ``hold`` log (the worker is in this process)."""
+    store, log = tmp_path / "sessions.db", tmp_path / "tool_log"
+    monkeypatch.setenv("DURABLE_STORE", str(store))
+    monkeypatch.setenv("DURABLE_TOOL_LOG", str(log))
+    return store, log
+
+
+@contextlib.asynccontextmanager
+async def _agent(address: str) -> AsyncIterator[tuple[DurableAgent, Client]]:
+    client = await Client.connect(address)
+    queue = f"q-{uuid.uuid4().hex[:8]}"
+    async with make_worker(client, [FACTORY], task_queue=queue):
+        yield DurableAgent(client, factory=FACTORY, task_queue=queue), client
+
+
+async def _holds(log: Path, n: int) -> None:
+    """Until the ``n``-th ``hold`` has started (its run holds the session)."""
+    async with asyncio.timeout(15):
+        while not log.exists() or len(log.read_text().splitlines()) < n:  # noqa: ASYNC240 - a tiny test file
+            await asyncio.sleep(0.02)
+
+
+async def _sessions(store: Path) -> dict[str, AgentState | None]:
+    async with SqliteStateStore(store) as db:
+        return {sid: (await db.load("default", sid))[0] for sid in ("s", "s/helper", "s/helper/scribe")}
+
+
+def _inputs(state: AgentState | None) -> list[str]:
+    assert state is not None
+    return [m.text for m in state.context if m.role == "user"]
+
+
+async def test_a_durable_rollback_takes_the_turn_out_of_the_sub_agents_sessions(
+        temporal_address: str, files: tuple[Path, Path]) -> None:
+    store, log = files
+    async with asyncio.timeout(90), _agent(temporal_address) as (agent, client):
+        assert (await (await agent.start("one", session_id="s")).result()).text == "done one"
+        kept = await _sessions(store)
+        for n, (word, after) in enumerate([("hold after", "two"), ("hold in helper", "three"),
+                                           ("refuse it", "four")], 1):
+            held = await agent.start(word, session_id="s")
+            await _holds(log, n)  # the helper's call ended (or, "hold in helper", runs)
+            nxt = await agent.start(after, session_id="s", multitask_strategy="rollback")
+            rolled = await held.result()
+            assert rolled.generate_reason is GenerateReason.INTERRUPTED and rolled.metadata["rolled_back"], word
+            assert (await nxt.result()).text == f"done {after}"
+            helper_end = [(e.source, e.state) for e in await held.events()
+                          if type(e) is ToolResultEnd and e.tool_name == "helper"]
+            assert helper_end == [(None, HELPER_ENDS[word])], (word, helper_end)
+            now = await _sessions(store)
+            for sid, before in kept.items():  # as the turn found them, and the next turn after
+                assert before is not None
+                state = now[sid]
+                assert state is not None and state.context[:len(before.context)] == before.context, (word, sid)
+                words = [w for w in _inputs(state)[len(_inputs(before)):]]
+                assert words == [after if sid == "s" else f"remember {after}"], (word, sid, words)
+            kept = now
+            if word == "hold after":  # the put-back is a step of the history: a replay does not redo it
+                names = await activity_names(client, held.handle.id, held.handle.result_run_id)
+                assert "agentscope.put_back_sessions" in names, names
+
+
+async def test_an_interrupt_leaves_the_sub_agents_interrupted_turn_in_its_session(
+        temporal_address: str, files: tuple[Path, Path]) -> None:
+    store, log = files
+    async with asyncio.timeout(60), _agent(temporal_address) as (agent, _):
+        held = await agent.start("hold in helper", session_id="s")
+        await _holds(log, 1)
+        await held.interrupt()
+        stopped = await held.result()
+        sessions = await _sessions(store)
+        assert (await (await agent.start("two", session_id="s")).result()).text == "done two"
+        after = await _sessions(store)
+    assert stopped.generate_reason is GenerateReason.INTERRUPTED and "rolled_back" not in stopped.metadata
+    helper = sessions["s/helper"]
+    assert _inputs(helper) == ["remember hold in helper"]
+    assert helper is not None and helper.context[-1].generate_reason is GenerateReason.INTERRUPTED
+    calls = [c.id for m in helper.context for c in m.tool_calls]
+    answered = [b.id for m in helper.context for b in m.tool_results]
+    assert sorted(calls) == sorted(answered) and len(calls) == 2  # the scribe's call and the hold, answered
+    assert _inputs(sessions["s/helper/scribe"]) == ["remember hold in helper"]
+    assert _inputs(after["s/helper"]) == ["remember hold in helper", "remember two"]
