@@ -29,8 +29,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from .._control import to_its_end
 from .._state import AgentState
-from ..tool.toolkit import _subagent_of
 from ._run_state import kept, put_back
+from ._subagent_tree import subagent_at
 
 if TYPE_CHECKING:
     from .._control import RunControl
@@ -111,13 +111,7 @@ async def _put_back(turn: _SubTurn) -> None:
 async def put_back_noted(agent: Any, note: dict[str, Any]) -> None:
     """Put back the session a `_SubTurn.note` names, in the store of the sub-agent at its path
     below ``agent`` (a `ReActAgent`: the one that called it first)."""
-    sub = agent
-    for name in note["path"]:
-        tool = sub.toolkit.get(name)
-        sub = _subagent_of(tool) if tool is not None else None
-        if sub is None:
-            raise LookupError(f"the agent has no sub-agent at {'/'.join(note['path'])}: every worker must build "
-                              "the same agent")
+    sub = subagent_at(agent, note["path"])
     before = kept(AgentState.from_json(note["before"]))
     await _put_back_session(sub._runtime, note["user_id"], note["session_id"], before, note["version"])
 

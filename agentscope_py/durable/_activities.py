@@ -269,6 +269,8 @@ async def tool_call_activity(payload: dict[str, Any]) -> list[list[Any]]:
             out.extend(await _run_tool(agent, call, ctx, payload.get("answer")))
     except ApplicationError as exc:
         notes = noted(control)
+        if exc.type == "SubAgentPaused":
+            await _close_waits(agent, notes)
         if not notes:
             raise
         raise ApplicationError(exc.message, *exc.details, {SUB_TURNS: notes}, type=exc.type,
@@ -296,6 +298,22 @@ async def tool_call_activity(payload: dict[str, Any]) -> list[list[Any]]:
     if notes:
         out.append([SUB_TURNS, notes])
     return out
+
+
+_UNANSWERABLE = ("Not run: it waits for the user's answer, which a sub-agent cannot get inside a durable tool "
+                 "call.")
+
+
+async def _close_waits(agent: ReActAgent, notes: list[dict[str, Any]]) -> None:
+    """A sub-agent call paused in this activity, where no answer can reach it: the calls its
+    sessions wait on are answered with an error, so the sub-agent's next call (its session is
+    ``"derived"`` or ``"shared"``) is not refused for calls no one can answer."""
+    for note in notes:
+        try:
+            await agent._close_sub_waits(note, _UNANSWERABLE)
+        except Exception as exc:  # the call's error stands; the session keeps its waits, said so
+            log.warning("session %s/%s still waits on calls no one can answer: %s", note["user_id"],
+                        note["session_id"], exc)
 
 
 async def _run_tool(agent: ReActAgent, call: ToolUseBlock, ctx: RuntimeContext, answer: Any) -> list[list[Any]]:

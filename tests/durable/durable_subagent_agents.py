@@ -1,5 +1,5 @@
-"""The agents of the durable sub-agent rollback tests (``durable_subagent_agents:build``,
-test_durable_subagents_rollback.py): a lead whose every turn asks its helper (a sub-agent in a
+"""The agents of the durable sub-agent tests (``durable_subagent_agents:build``,
+test_durable_subagents.py): a lead whose every turn asks its helper (a sub-agent in a
 ``"derived"`` session) to remember the turn's word; the helper asks its scribe (its own
 sub-agent, derived too) to write it down. Every session is in the SQLite file ``DURABLE_STORE``;
 ``hold`` logs its start to ``DURABLE_TOOL_LOG`` and holds the run until it is cancelled (10 s at
@@ -10,16 +10,18 @@ most).
 - ``"hold in helper"``: the helper holds, inside the lead's tool call (on a worker, in the
   call's activity), after the scribe's call ended;
 - ``"refuse <word>"``: the helper's call fails after it saved its turn (a middleware stops it,
-  so the call's result is an error), then the lead holds."""
+  so the call's result is an error), then the lead holds.
+
+`build_asking`: a helper whose tool asks for approval."""
 
 from __future__ import annotations
 
 import os
 from typing import Any
 
-from durable_agents import _hold
+from durable_agents import _add, _hold
 
-from agentscope_py import ModelStep, ReActAgent, ScriptedModel, tool
+from agentscope_py import ModelStep, PermissionDecision, ReActAgent, ScriptedModel, tool
 from agentscope_py.agent.context import RuntimeContext
 from agentscope_py.agent.sqlite_store import SqliteStateStore
 from agentscope_py.events import RequestStop
@@ -78,3 +80,28 @@ def build() -> ReActAgent:
     scribe = _scripted("scribe", _scribe_turn).build()
     helper = _scripted("helper", _helper_turn).tools(hold, scribe.as_tool()).middleware(_Refusing()).build()
     return _scripted("lead", _lead_turn).tools(hold, helper.as_tool()).build()
+
+
+def _asking_helper_turn(request: ModelRequest) -> ModelStep:
+    last = request.messages[-1]
+    if last.role == "user" and last.text:
+        return ModelStep.tool_call("add", {"a": 2, "b": 40})
+    return ModelStep.text(f"sum {[b.output for b in last.tool_results]}")
+
+
+def _asking_lead_turn(request: ModelRequest) -> ModelStep:
+    last = request.messages[-1]
+    word = _user_texts(request)[-1]
+    if last.role == "user":
+        return ModelStep.tool_call("helper", {"task": word})
+    if word == "hold" and not any(r.name == "hold" for r in last.tool_results):
+        return ModelStep.tool_call("hold", {})
+    return ModelStep.text(f"done: {[b.output for b in last.tool_results]}")
+
+
+def build_asking() -> ReActAgent:
+    """The helper's ``add`` asks for approval, which it cannot wait for inside the lead's tool
+    call's activity; every turn of the lead calls the helper once (``"hold"``: then holds)."""
+    asking = tool(name="add", idempotent=True, check_permissions=lambda call, ctx: PermissionDecision.ASK)(_add)
+    helper = _scripted("helper", _asking_helper_turn).tools(asking).build()
+    return _scripted("lead", _asking_lead_turn).tools(tool(name="hold")(_hold), helper.as_tool()).build()

@@ -3,8 +3,9 @@
 call's activity, on a worker, and the sessions it changed there — its own, and its own
 sub-agents' — are put back as the rolled-back turn found them, whether its call had ended before
 the interrupt, was running when it landed (its activity cancelled), or failed after saving its
-turn. An interrupt without a rollback leaves the sub-agent's interrupted turn in its session.
-A worker in this process, sessions in SQLite (`durable_subagent_agents`)."""
+turn. An interrupt without a rollback leaves the sub-agent's interrupted turn in its session. A
+sub-agent that asks for approval inside the activity (no answer can reach it there) leaves a
+usable session. A worker in this process, sessions in SQLite (`durable_subagent_agents`)."""
 
 from __future__ import annotations
 
@@ -46,11 +47,11 @@ def files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Path]:
 
 
 @contextlib.asynccontextmanager
-async def _agent(address: str) -> AsyncIterator[tuple[DurableAgent, Client]]:
+async def _agent(address: str, factory: str = FACTORY) -> AsyncIterator[tuple[DurableAgent, Client]]:
     client = await Client.connect(address)
     queue = f"q-{uuid.uuid4().hex[:8]}"
-    async with make_worker(client, [FACTORY], task_queue=queue):
-        yield DurableAgent(client, factory=FACTORY, task_queue=queue), client
+    async with make_worker(client, [factory], task_queue=queue):
+        yield DurableAgent(client, factory=factory, task_queue=queue), client
 
 
 async def _holds(log: Path, n: int) -> None:
@@ -120,3 +121,31 @@ async def test_an_interrupt_leaves_the_sub_agents_interrupted_turn_in_its_sessio
     assert sorted(calls) == sorted(answered) and len(calls) == 2  # the scribe's call and the hold, answered
     assert _inputs(sessions["s/helper/scribe"]) == ["remember hold in helper"]
     assert _inputs(after["s/helper"]) == ["remember hold in helper", "remember two"]
+
+
+async def test_a_sub_agent_that_asks_inside_a_tool_call_leaves_a_usable_session(
+        temporal_address: str, files: tuple[Path, Path]) -> None:
+    store, log = files
+    async with asyncio.timeout(60), _agent(temporal_address, "durable_subagent_agents:build_asking") as (agent, _):
+        replies = [await (await agent.start(word, session_id="s")).result() for word in ("one", "two")]
+        kept = await _sessions(store)
+        held = await agent.start("hold", session_id="s")
+        await _holds(log, 1)
+        nxt = await agent.start("three", session_id="s", multitask_strategy="rollback")
+        assert (await held.result()).metadata["rolled_back"]
+        await nxt.result()
+        after = await _sessions(store)
+    # Each call's result is the pause's error, the second's too: the first's waiting call does
+    # not refuse the next task (it is answered, as not run).
+    for reply in replies:
+        assert "a sub-agent cannot wait for the user inside a durable tool call" in reply.text, reply.text
+        assert "PendingToolCallsError" not in reply.text
+    helper = kept["s/helper"]
+    assert _inputs(helper) == ["one", "two"]
+    assert helper is not None and not helper.pending_tool_calls
+    results = [b for m in helper.context for b in m.tool_results]
+    assert [b.state for b in results] == [ToolResultState.ERROR] * 2 and "Not run" in str(results[0].output)
+    # The rolled-back turn's pause is taken out too (its answered calls included).
+    state = after["s/helper"]
+    assert state is not None and state.context[:len(helper.context)] == helper.context
+    assert _inputs(state) == ["one", "two", "three"]
