@@ -27,14 +27,14 @@ from ..model.base import ChatModel, ModelError
 from ..stream import aclose
 from ..tool.toolkit import current_tool_call
 from ._codec import load_request
-from ._config import HEARTBEAT_THROTTLE, INTERRUPT_SIGNAL, MODEL_ACTIVITY, TOOL_ACTIVITY
+from ._config import HEARTBEAT_THROTTLE, INTERRUPT_SIGNAL, MODEL_ACTIVITY, TOOL_ACTIVITY, TOOL_BESIDE
 from ._executors import redaction_beside_model
 from ._factory import worker_agent
 from ._in_doubt import IN_DOUBT_ERROR
 from ._journal import PUBLISH_ACTIVITY, SEAL_ACTIVITY
 from ._publish import LivePublisher, StableIds, log_for
 from ._sources import entered
-from ._sub_sessions import SUB_TURNS, noted
+from ._sub_sessions import noted
 
 __all__ = ["model_call_activity", "publish_activity", "seal_activity", "tool_call_activity"]
 
@@ -249,14 +249,15 @@ async def tool_call_activity(payload: dict[str, Any]) -> list[list[Any]]:
     """One tool call's output: ``["text", str]``, ``["data", value]`` and ``["event", dict]`` (a
     sub-agent's events) in order. A tool's exception fails the activity (retried as configured;
     the last one becomes the error result the model sees). With live events, first
-    ``["published", n]``: the workflow's pending events were published, the log ends at ``n``; with
-    sub-agent calls that changed sessions, last ``["sub_turns", notes]`` (`_sub_sessions`)."""
+    ``["published", n]``: the workflow's pending events were published, the log ends at ``n``; last,
+    with sub-agent calls, ``["beside", {...}]`` (`_beside`)."""
     await _unless_stopped()
     agent = worker_agent(payload["factory"])
     call = ToolUseBlock.model_validate(payload["call"])
     ctx = RuntimeContext(payload["user_id"], payload["session_id"])
-    # Where a sub-agent call notes the sessions its run changed: a rollback of the caller's turn
-    # puts them back (`_sub_sessions`); the notes go back with the call's outcome, whatever it is.
+    # Where a sub-agent call notes the sessions its run changed (a rollback of the caller's turn
+    # puts them back, `_sub_sessions`) and adds its usage (the caller's counts its tree's): they
+    # go back beside the call's outcome, whatever it is (`_beside`).
     control = ctx.control = RunControl()
     out: list[list[Any]] = []
     publisher = _publisher(payload.get("live") or {})
@@ -271,33 +272,45 @@ async def tool_call_activity(payload: dict[str, Any]) -> list[list[Any]]:
         notes = noted(control)
         if exc.type == "SubAgentPaused":
             await _close_waits(agent, notes)
-        if not notes:
+        beside = _beside(ctx, notes)
+        if not beside:
             raise
-        raise ApplicationError(exc.message, *exc.details, {SUB_TURNS: notes}, type=exc.type,
+        raise ApplicationError(exc.message, *exc.details, beside, type=exc.type,
                                non_retryable=exc.non_retryable) from exc
     except asyncio.CancelledError:
         if payload.get("journaled") and activity.is_worker_shutdown():  # it may have taken effect, or not
             raise ApplicationError(f"the worker stopped while tool call {call.id} ran", type=IN_DOUBT_ERROR,
                                    non_retryable=True) from None
-        notes = noted(control)
+        beside = _beside(ctx, noted(control))
         why = activity.cancellation_details()
-        if not notes or why is None or not why.cancel_requested:
+        if not beside or why is None or not why.cancel_requested:
             raise
         # Temporal's own cancellation carries no details: a cancelled sub-agent call that saved its
-        # interrupted turn ends as a failure carrying the notes (benign, as a model call's is).
-        raise ApplicationError("the tool call was cancelled", {SUB_TURNS: notes}, type="Cancelled",
-                               non_retryable=True, category=ApplicationErrorCategory.BENIGN) from None
+        # interrupted turn ends as a failure carrying its report (benign, as a model call's is).
+        raise ApplicationError("the tool call was cancelled", beside, type="Cancelled", non_retryable=True,
+                               category=ApplicationErrorCategory.BENIGN) from None
     except Exception as exc:
-        notes = noted(control)
-        if payload.get("journaled") or notes:  # the tool's own error is its result: a call that may have
+        beside = _beside(ctx, noted(control))
+        if payload.get("journaled") or beside:  # the tool's own error is its result: a call that may have
             # taken effect is never run again by a retry (`_in_doubt`)
-            raise ApplicationError(str(exc), *([{SUB_TURNS: notes}] if notes else []), type=type(exc).__name__,
+            raise ApplicationError(str(exc), *([beside] if beside else []), type=type(exc).__name__,
                                    non_retryable=bool(payload.get("journaled"))) from exc
         raise
-    notes = noted(control)
-    if notes:
-        out.append([SUB_TURNS, notes])
+    beside = _beside(ctx, noted(control))
+    if beside:
+        out.append([TOOL_BESIDE, beside[TOOL_BESIDE]])
     return out
+
+
+def _beside(ctx: RuntimeContext, notes: list[dict[str, Any]]) -> dict[str, Any]:
+    """What the call reports beside its output (`TOOL_BESIDE`), as its failure's last detail: the
+    notes of the sessions its sub-agent calls changed, and their usage; empty without either."""
+    report: dict[str, Any] = {}
+    if notes:
+        report["sub_turns"] = notes
+    if ctx.extra_usage is not None:
+        report["usage"] = ctx.extra_usage.model_dump()
+    return {TOOL_BESIDE: report} if report else {}
 
 
 _UNANSWERABLE = ("Not run: it waits for the user's answer, which a sub-agent cannot get inside a durable tool "

@@ -3,7 +3,7 @@
 A sub-agent tool runs its whole sub-run in one tool call's activity, on a worker: the sessions
 that sub-run changed (the sub-agent's, and its own sub-agents') are noted there, each with its
 state before the call and the version the call saved, and the notes come back to the workflow
-in the activity's result — or in its failure's details, for a call that failed after saving
+beside the activity's result (`_config.TOOL_BESIDE`) — or its failure, for a call that failed after saving
 (the sub-agent stopped by a middleware) or was cancelled mid-run (an interrupt: the sub-agent's
 turn is saved interrupted). The workflow keeps the notes of the turn in flight (`SubTurns`);
 when the turn is rolled back, once every call it cancelled has ended on its worker, an activity
@@ -28,16 +28,11 @@ from ._config import ActivityConfig
 from ._factory import worker_agent
 from ._sessions import failure
 
-__all__ = ["PUT_BACK_ACTIVITY", "SUB_TURNS", "NotesSink", "SubTurns", "noted", "notes_in",
-           "put_back_sessions_activity"]
+__all__ = ["PUT_BACK_ACTIVITY", "NotesSink", "SubTurns", "noted", "put_back_sessions_activity"]
 
 log = logging.getLogger("agentscope_py.durable")
 
 PUT_BACK_ACTIVITY = "agentscope.put_back_sessions"
-
-SUB_TURNS = "sub_turns"
-"""The kind of the tool activity's output item (and the key of its failure's last detail) that
-carries the notes."""
 
 NotesSink = Callable[[list[dict[str, Any]]], None]
 
@@ -46,15 +41,6 @@ def noted(control: RunControl) -> list[dict[str, Any]]:
     """The notes the sub-agent calls of a tool call's activity left on its ``control``."""
     turns = control.sub_turns
     return [turn.note() for turn in turns.values()] if turns else []
-
-
-def notes_in(failure: BaseException | None) -> list[dict[str, Any]]:
-    """The notes a tool call's activity reported beside its failure (its last detail)."""
-    if not isinstance(failure, ApplicationError) or not failure.details:
-        return []
-    last = failure.details[-1]
-    notes = last.get(SUB_TURNS) if isinstance(last, dict) else None
-    return notes if isinstance(notes, list) else []
 
 
 class SubTurns:

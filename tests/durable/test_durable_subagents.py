@@ -23,7 +23,8 @@ from agentscope_py import GenerateReason, ToolResultState
 from agentscope_py.agent.sqlite_store import SqliteStateStore
 from agentscope_py.agent.state import AgentState
 from agentscope_py.durable import DurableAgent, make_worker
-from agentscope_py.events import ToolResultEnd
+from agentscope_py.events import ModelCallEnd, ToolResultEnd
+from agentscope_py.message import ChatUsage
 
 __all__ = ["temporal_address"]  # a fixture, used by name
 
@@ -149,3 +150,14 @@ async def test_a_sub_agent_that_asks_inside_a_tool_call_leaves_a_usable_session(
     state = after["s/helper"]
     assert state is not None and state.context[:len(helper.context)] == helper.context
     assert _inputs(state) == ["one", "two", "three"]
+
+
+async def test_a_durable_runs_usage_counts_its_sub_agents(temporal_address: str, files: tuple[Path, Path]) -> None:
+    async with asyncio.timeout(60), _agent(temporal_address) as (agent, _):
+        run = await agent.start("one", session_id="s")
+        reply, events = await run.result(), await run.events()
+    ends = [e for e in events if type(e) is ModelCallEnd]
+    assert {e.source for e in ends} == {None, "helper", "helper/scribe"}  # (the helper's two calls, the scribe's)
+    assert all(e.usage is not None for e in ends)
+    total = sum((e.usage for e in ends if e.usage is not None), ChatUsage())
+    assert reply.usage == total, (reply.usage, total)  # the tree's, as a local run's reply counts it
