@@ -52,13 +52,13 @@ class _SubTurn(NamedTuple):
     """The turn's last run of the session: its version is what the session must still be at."""
 
     def note(self) -> dict[str, Any]:
-        """The note as JSON (`put_back_noted` puts it back): the sub-agent's path from the agent
-        that called it first (its tool names), the session, its state before the turn, and the
-        version the turn's last run saved."""
+        """The note as JSON (`put_back_noted` puts it back): the sub-agent's path below the root
+        agent (its tool names), the session, its state before the turn, and the version the
+        turn's last run saved."""
         state = AgentState(user_id=self.user_id, session_id=self.session_id)
         put_back(state, self.before)
         ctx = self.last.ctx
-        return {"path": list(ctx.agent_path) if ctx is not None else [], "user_id": self.user_id,
+        return {"path": list(ctx.agent_path[1:]) if ctx is not None else [], "user_id": self.user_id,
                 "session_id": self.session_id, "before": state.to_json(), "version": self.last.version}
 
 
@@ -110,7 +110,7 @@ async def _put_back(turn: _SubTurn) -> None:
 
 async def put_back_noted(agent: Any, note: dict[str, Any]) -> None:
     """Put back the session a `_SubTurn.note` names, in the store of the sub-agent at its path
-    below ``agent`` (a `ReActAgent`: the one that called it first)."""
+    below ``agent`` (a `ReActAgent`: the root of the calls)."""
     sub = subagent_at(agent, note["path"])
     before = kept(AgentState.from_json(note["before"]))
     await _put_back_session(sub._runtime, note["user_id"], note["session_id"], before, note["version"])

@@ -255,10 +255,12 @@ async def tool_call_activity(payload: dict[str, Any]) -> list[list[Any]]:
     agent = worker_agent(payload["factory"])
     call = ToolUseBlock.model_validate(payload["call"])
     ctx = RuntimeContext(payload["user_id"], payload["session_id"])
-    # Where a sub-agent call notes the sessions its run changed (a rollback of the caller's turn
-    # puts them back, `_sub_sessions`) and adds its usage (the caller's counts its tree's): they
-    # go back beside the call's outcome, whatever it is (`_beside`).
-    control = ctx.control = RunControl()
+    # Bound as the run's own context is: a sub-agent call runs under the agent's name and inherits
+    # its middleware, as in a local run; it notes on ``control`` the sessions its run changed (a
+    # rollback of the caller's turn puts them back, `_sub_sessions`) and adds its usage to the
+    # context (the run counts its tree's): they go back beside the call's outcome (`_beside`).
+    control = RunControl()
+    ctx.begin_run(payload.get("reply_id") or call.id, control, agent.name, agent._runtime)
     out: list[list[Any]] = []
     publisher = _publisher(payload.get("live") or {})
     if publisher is not None:  # the workflow's events before the call: live before it runs

@@ -275,8 +275,8 @@ def install(agent: ReActAgent, factory: str, config: DurableConfig, user_id: str
                 await replay(scope, call, settled, channel)
                 return
         payload = {"factory": factory, "call": call.model_dump(mode="json"), "user_id": user_id,
-                   "session_id": session_id, "answer": tool_answers(scope.ctx).pop(call.id, None),
-                   "journaled": once_only}
+                   "session_id": session_id, "reply_id": scope.reply_id,
+                   "answer": tool_answers(scope.ctx).pop(call.id, None), "journaled": once_only}
         options = config.for_tool(call.name, tool.timeout).options()
         what = f"tool call {call.name}"
         beside = reported(scope)

@@ -12,7 +12,8 @@ most).
 - ``"refuse <word>"``: the helper's call fails after it saved its turn (a middleware stops it,
   so the call's result is an error), then the lead holds.
 
-`build_asking`: a helper whose tool asks for approval."""
+`build_asking`: a helper whose tool asks for approval; `build_watched`: a middleware on the lead,
+inherited by the others, notes the paths of the rounds it sees."""
 
 from __future__ import annotations
 
@@ -105,3 +106,24 @@ def build_asking() -> ReActAgent:
     asking = tool(name="add", idempotent=True, check_permissions=lambda call, ctx: PermissionDecision.ASK)(_add)
     helper = _scripted("helper", _asking_helper_turn).tools(asking).build()
     return _scripted("lead", _asking_lead_turn).tools(tool(name="hold")(_hold), helper.as_tool()).build()
+
+
+PATHS: list[str] = []
+"""The agent path of every round `_Paths` saw (the worker runs in the test's process)."""
+
+
+class _Paths(MiddlewareBase):
+    """The lead's, inherited by its sub-agents (as locally: one registration covers the tree):
+    notes the agent path of every round."""
+
+    def on_reasoning(self, agent: Any, ctx: RuntimeContext, input: ReasoningInput, next: Next) -> Any:
+        PATHS.append("/".join(ctx.agent_path))
+        return next(input)
+
+
+def build_watched() -> ReActAgent:
+    """`build` with `_Paths` on the lead."""
+    hold = tool(name="hold")(_hold)
+    scribe = _scripted("scribe", _scribe_turn).build()
+    helper = _scripted("helper", _helper_turn).tools(hold, scribe.as_tool()).middleware(_Refusing()).build()
+    return _scripted("lead", _lead_turn).tools(hold, helper.as_tool()).middleware(_Paths()).build()

@@ -157,7 +157,21 @@ async def test_a_durable_runs_usage_counts_its_sub_agents(temporal_address: str,
         run = await agent.start("one", session_id="s")
         reply, events = await run.result(), await run.events()
     ends = [e for e in events if type(e) is ModelCallEnd]
-    assert {e.source for e in ends} == {None, "helper", "helper/scribe"}  # (the helper's two calls, the scribe's)
+    # The sub-agents' events name them as a local run's do (under the root's name).
+    assert {e.source for e in ends} == {None, "lead/helper", "lead/helper/scribe"}
     assert all(e.usage is not None for e in ends)
     total = sum((e.usage for e in ends if e.usage is not None), ChatUsage())
     assert reply.usage == total, (reply.usage, total)  # the tree's, as a local run's reply counts it
+
+
+async def test_the_roots_middleware_reaches_the_sub_agents_of_a_durable_run(
+        temporal_address: str, files: tuple[Path, Path]) -> None:
+    from durable_subagent_agents import PATHS
+
+    PATHS.clear()
+    async with asyncio.timeout(60), _agent(temporal_address, "durable_subagent_agents:build_watched") as (agent, _):
+        assert (await (await agent.start("one", session_id="s")).result()).text == "done one"
+    # The lead's two rounds (in the workflow: replays may add some), the helper's two and the
+    # scribe's one, in the tool call's activity: as a local run's (tests/subagents).
+    assert PATHS.count("lead/helper") == 2 and PATHS.count("lead/helper/scribe") == 1, PATHS
+    assert set(PATHS) == {"lead", "lead/helper", "lead/helper/scribe"}, PATHS
