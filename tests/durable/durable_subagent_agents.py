@@ -127,3 +127,4 @@ def build_watched() -> ReActAgent:
     scribe = _scripted("scribe", _scribe_turn).build()
     helper = _scripted("helper", _helper_turn).tools(hold, scribe.as_tool()).middleware(_Refusing()).build()
     return _scripted("lead", _lead_turn).tools(hold, helper.as_tool()).middleware(_Paths()).build()
+

@@ -18,13 +18,14 @@ from pathlib import Path
 import pytest
 from durable_helpers import activity_names, temporal_address
 from temporalio.client import Client
+from temporalio.worker import Replayer, UnsandboxedWorkflowRunner
 
 from agentscope_py import GenerateReason, ToolResultState
 from agentscope_py.agent.sqlite_store import SqliteStateStore
 from agentscope_py.agent.state import AgentState
-from agentscope_py.durable import DurableAgent, make_worker
+from agentscope_py.durable import AgentRunWorkflow, DurableAgent, make_worker
 from agentscope_py.events import ModelCallEnd, ToolResultEnd
-from agentscope_py.message import ChatUsage
+from agentscope_py.message import ChatUsage, Msg
 
 __all__ = ["temporal_address"]  # a fixture, used by name
 
@@ -78,9 +79,11 @@ async def test_a_durable_rollback_takes_the_turn_out_of_the_sub_agents_sessions(
     async with asyncio.timeout(90), _agent(temporal_address) as (agent, client):
         assert (await (await agent.start("one", session_id="s")).result()).text == "done one"
         kept = await _sessions(store)
+        rolled_back = []
         for n, (word, after) in enumerate([("hold after", "two"), ("hold in helper", "three"),
                                            ("refuse it", "four")], 1):
             held = await agent.start(word, session_id="s")
+            rolled_back.append(held)
             await _holds(log, n)  # the helper's call ended (or, "hold in helper", runs)
             nxt = await agent.start(after, session_id="s", multitask_strategy="rollback")
             rolled = await held.result()
@@ -100,6 +103,12 @@ async def test_a_durable_rollback_takes_the_turn_out_of_the_sub_agents_sessions(
             if word == "hold after":  # the put-back is a step of the history: a replay does not redo it
                 names = await activity_names(client, held.handle.id, held.handle.result_run_id)
                 assert "agentscope.put_back_sessions" in names, names
+        histories = [await client.get_workflow_handle(run.handle.id, run_id=run.handle.result_run_id).fetch_history()
+                     for run in rolled_back]
+    # Each rolled-back run replays as it ran (its notes and its put-back come from its history).
+    replayer = Replayer(workflows=[AgentRunWorkflow], workflow_runner=UnsandboxedWorkflowRunner())
+    for history in histories:
+        assert (await replayer.replay_workflow(history, raise_on_replay_failure=False)).replay_failure is None
 
 
 async def test_an_interrupt_leaves_the_sub_agents_interrupted_turn_in_its_session(
@@ -175,3 +184,23 @@ async def test_the_roots_middleware_reaches_the_sub_agents_of_a_durable_run(
     # scribe's one, in the tool call's activity: as a local run's (tests/subagents).
     assert PATHS.count("lead/helper") == 2 and PATHS.count("lead/helper/scribe") == 1, PATHS
     assert set(PATHS) == {"lead", "lead/helper", "lead/helper/scribe"}, PATHS
+
+
+async def test_a_sub_agent_session_saved_since_the_turn_keeps_what_it_has(
+        temporal_address: str, files: tuple[Path, Path], caplog: pytest.LogCaptureFixture) -> None:
+    store, log = files
+    async with asyncio.timeout(60), _agent(temporal_address) as (agent, _):
+        held = await agent.start("hold after", session_id="s")
+        await _holds(log, 1)
+        async with SqliteStateStore(store) as db:  # someone else saves the helper's session meanwhile
+            state, version = await db.load("default", "s/helper")
+            assert state is not None
+            state.context.append(Msg.user("from elsewhere"))
+            await db.save("default", "s/helper", state, version)
+        await held.interrupt(rollback=True)
+        assert (await held.result()).metadata["rolled_back"]
+        sessions = await _sessions(store)
+    assert _inputs(sessions["s"]) == []  # the caller's turn is taken back
+    assert _inputs(sessions["s/helper"]) == ["remember hold after", "from elsewhere"]  # the helper's keeps it
+    assert _inputs(sessions["s/helper/scribe"]) == []  # the scribe's, untouched since, is put back
+    assert any("s/helper keeps the rolled-back turn" in r.getMessage() for r in caplog.records), caplog.text
