@@ -90,22 +90,12 @@ def _asking_helper_turn(request: ModelRequest) -> ModelStep:
     return ModelStep.text(f"sum {[b.output for b in last.tool_results]}")
 
 
-def _asking_lead_turn(request: ModelRequest) -> ModelStep:
-    last = request.messages[-1]
-    word = _user_texts(request)[-1]
-    if last.role == "user":
-        return ModelStep.tool_call("helper", {"task": word})
-    if word == "hold" and not any(r.name == "hold" for r in last.tool_results):
-        return ModelStep.tool_call("hold", {})
-    return ModelStep.text(f"done: {[b.output for b in last.tool_results]}")
-
-
 def build_asking() -> ReActAgent:
-    """The helper's ``add`` asks for approval, which it cannot wait for inside the lead's tool
-    call's activity; every turn of the lead calls the helper once (``"hold"``: then holds)."""
+    """`build` whose helper's ``add`` asks for approval, which it cannot wait for inside the
+    lead's tool call's activity."""
     asking = tool(name="add", idempotent=True, check_permissions=lambda call, ctx: PermissionDecision.ASK)(_add)
     helper = _scripted("helper", _asking_helper_turn).tools(asking).build()
-    return _scripted("lead", _asking_lead_turn).tools(tool(name="hold")(_hold), helper.as_tool()).build()
+    return _scripted("lead", _lead_turn).tools(tool(name="hold")(_hold), helper.as_tool()).build()
 
 
 PATHS: list[str] = []

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -19,15 +18,16 @@ import pytest
 from durable_helpers import activity_names, temporal_address
 from temporalio.client import Client
 from temporalio.worker import Replayer, UnsandboxedWorkflowRunner
+from test_durable_multitask import _holds, _worker, holding
 
 from agentscope_py import GenerateReason, ToolResultState
 from agentscope_py.agent.sqlite_store import SqliteStateStore
 from agentscope_py.agent.state import AgentState
-from agentscope_py.durable import AgentRunWorkflow, DurableAgent, make_worker
+from agentscope_py.durable import AgentRunWorkflow, DurableAgent
 from agentscope_py.events import ModelCallEnd, ToolResultEnd
 from agentscope_py.message import ChatUsage, Msg
 
-__all__ = ["temporal_address"]  # a fixture, used by name
+__all__ = ["holding", "temporal_address"]  # fixtures, used by name
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -39,28 +39,10 @@ HELPER_ENDS = {"hold after": ToolResultState.SUCCESS, "hold in helper": ToolResu
 interrupt landed, it failed after saving its turn."""
 
 
-@pytest.fixture
-def files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Path]:
-    """The agents' SQLite store and the ``hold`` log (the worker is in this process)."""
-    store, log = tmp_path / "sessions.db", tmp_path / "tool_log"
-    monkeypatch.setenv("DURABLE_STORE", str(store))
-    monkeypatch.setenv("DURABLE_TOOL_LOG", str(log))
-    return store, log
-
-
 @contextlib.asynccontextmanager
 async def _agent(address: str, factory: str = FACTORY) -> AsyncIterator[tuple[DurableAgent, Client]]:
-    client = await Client.connect(address)
-    queue = f"q-{uuid.uuid4().hex[:8]}"
-    async with make_worker(client, [factory], task_queue=queue):
+    async with _worker(address, factory) as (client, queue):
         yield DurableAgent(client, factory=factory, task_queue=queue), client
-
-
-async def _holds(log: Path, n: int) -> None:
-    """Until the ``n``-th ``hold`` has started (its run holds the session)."""
-    async with asyncio.timeout(15):
-        while not log.exists() or len(log.read_text().splitlines()) < n:  # noqa: ASYNC240 - a tiny test file
-            await asyncio.sleep(0.02)
 
 
 async def _sessions(store: Path) -> dict[str, AgentState | None]:
@@ -74,8 +56,8 @@ def _inputs(state: AgentState | None) -> list[str]:
 
 
 async def test_a_durable_rollback_takes_the_turn_out_of_the_sub_agents_sessions(
-        temporal_address: str, files: tuple[Path, Path]) -> None:
-    store, log = files
+        temporal_address: str, holding: tuple[Path, Path]) -> None:
+    store, log = holding
     async with asyncio.timeout(90), _agent(temporal_address) as (agent, client):
         assert (await (await agent.start("one", session_id="s")).result()).text == "done one"
         kept = await _sessions(store)
@@ -112,8 +94,8 @@ async def test_a_durable_rollback_takes_the_turn_out_of_the_sub_agents_sessions(
 
 
 async def test_an_interrupt_leaves_the_sub_agents_interrupted_turn_in_its_session(
-        temporal_address: str, files: tuple[Path, Path]) -> None:
-    store, log = files
+        temporal_address: str, holding: tuple[Path, Path]) -> None:
+    store, log = holding
     async with asyncio.timeout(60), _agent(temporal_address) as (agent, _):
         held = await agent.start("hold in helper", session_id="s")
         await _holds(log, 1)
@@ -134,12 +116,13 @@ async def test_an_interrupt_leaves_the_sub_agents_interrupted_turn_in_its_sessio
 
 
 async def test_a_sub_agent_that_asks_inside_a_tool_call_leaves_a_usable_session(
-        temporal_address: str, files: tuple[Path, Path]) -> None:
-    store, log = files
+        temporal_address: str, holding: tuple[Path, Path]) -> None:
+    store, log = holding
     async with asyncio.timeout(60), _agent(temporal_address, "durable_subagent_agents:build_asking") as (agent, _):
-        replies = [await (await agent.start(word, session_id="s")).result() for word in ("one", "two")]
+        for word in ("one", "two"):
+            assert (await (await agent.start(word, session_id="s")).result()).text == f"done {word}"
         kept = await _sessions(store)
-        held = await agent.start("hold", session_id="s")
+        held = await agent.start("hold after", session_id="s")
         await _holds(log, 1)
         nxt = await agent.start("three", session_id="s", multitask_strategy="rollback")
         assert (await held.result()).metadata["rolled_back"]
@@ -147,21 +130,23 @@ async def test_a_sub_agent_that_asks_inside_a_tool_call_leaves_a_usable_session(
         after = await _sessions(store)
     # Each call's result is the pause's error, the second's too: the first's waiting call does
     # not refuse the next task (it is answered, as not run).
-    for reply in replies:
-        assert "a sub-agent cannot wait for the user inside a durable tool call" in reply.text, reply.text
-        assert "PendingToolCallsError" not in reply.text
+    lead = after["s"]
+    assert lead is not None
+    outputs = [str(b.output) for m in lead.context for b in m.tool_results]
+    assert len(outputs) == 3 and all("a sub-agent cannot wait for the user inside a durable tool call" in out
+                                     for out in outputs), outputs
     helper = kept["s/helper"]
-    assert _inputs(helper) == ["one", "two"]
+    assert _inputs(helper) == ["remember one", "remember two"]
     assert helper is not None and not helper.pending_tool_calls
     results = [b for m in helper.context for b in m.tool_results]
     assert [b.state for b in results] == [ToolResultState.ERROR] * 2 and "Not run" in str(results[0].output)
     # The rolled-back turn's pause is taken out too (its answered calls included).
     state = after["s/helper"]
     assert state is not None and state.context[:len(helper.context)] == helper.context
-    assert _inputs(state) == ["one", "two", "three"]
+    assert _inputs(state) == ["remember one", "remember two", "remember three"]
 
 
-async def test_a_durable_runs_usage_counts_its_sub_agents(temporal_address: str, files: tuple[Path, Path]) -> None:
+async def test_a_durable_runs_usage_counts_its_sub_agents(temporal_address: str, holding: tuple[Path, Path]) -> None:
     async with asyncio.timeout(60), _agent(temporal_address) as (agent, _):
         run = await agent.start("one", session_id="s")
         reply, events = await run.result(), await run.events()
@@ -174,7 +159,7 @@ async def test_a_durable_runs_usage_counts_its_sub_agents(temporal_address: str,
 
 
 async def test_the_roots_middleware_reaches_the_sub_agents_of_a_durable_run(
-        temporal_address: str, files: tuple[Path, Path]) -> None:
+        temporal_address: str, holding: tuple[Path, Path]) -> None:
     from durable_subagent_agents import PATHS
 
     PATHS.clear()
@@ -187,8 +172,8 @@ async def test_the_roots_middleware_reaches_the_sub_agents_of_a_durable_run(
 
 
 async def test_a_sub_agent_session_saved_since_the_turn_keeps_what_it_has(
-        temporal_address: str, files: tuple[Path, Path], caplog: pytest.LogCaptureFixture) -> None:
-    store, log = files
+        temporal_address: str, holding: tuple[Path, Path], caplog: pytest.LogCaptureFixture) -> None:
+    store, log = holding
     async with asyncio.timeout(60), _agent(temporal_address) as (agent, _):
         held = await agent.start("hold after", session_id="s")
         await _holds(log, 1)
