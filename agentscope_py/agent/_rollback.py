@@ -17,7 +17,7 @@ has, and a warning says so. What its tools did outside the session is not undone
 caller's own turn.
 
 A durable run's sub-agent call runs in a tool call's activity, and its caller's rollback is
-decided in the workflow: the notes travel as JSON (`_SubTurn.note`, through the activity's
+decided in the workflow: the notes travel as JSON (`_SubTurn.note`, beside the activity's
 result), and a later activity puts them back (`put_back_noted`), by the same rule.
 """
 

@@ -3,9 +3,9 @@
 A sub-agent tool runs its whole sub-run in one tool call's activity, on a worker: the sessions
 that sub-run changed (the sub-agent's, and its own sub-agents') are noted there, each with its
 state before the call and the version the call saved, and the notes come back to the workflow
-beside the activity's result (`_config.TOOL_BESIDE`) — or its failure, for a call that failed after saving
-(the sub-agent stopped by a middleware) or was cancelled mid-run (an interrupt: the sub-agent's
-turn is saved interrupted). The workflow keeps the notes of the turn in flight (`SubTurns`);
+beside the activity's result (`_config.TOOL_BESIDE`) — or beside its failure, for a call that
+failed after saving (the sub-agent stopped by a middleware) or was cancelled mid-run (an
+interrupt: the sub-agent's turn is saved interrupted). The workflow keeps the notes of the turn in flight (`SubTurns`);
 when the turn is rolled back, once every call it cancelled has ended on its worker, an activity
 puts those sessions back (`put_back_sessions_activity`), before the workflow closes and the
 session takes its next run. Notes and put-back are steps of the history: a replay neither
@@ -16,7 +16,6 @@ it since: it keeps what it has, and the worker logs a warning), as locally."""
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -29,8 +28,6 @@ from ._factory import worker_agent
 from ._sessions import failure
 
 __all__ = ["PUT_BACK_ACTIVITY", "NotesSink", "SubTurns", "noted", "put_back_sessions_activity"]
-
-log = logging.getLogger("agentscope_py.durable")
 
 PUT_BACK_ACTIVITY = "agentscope.put_back_sessions"
 
