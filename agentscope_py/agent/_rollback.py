@@ -15,6 +15,10 @@ A session is put back only while it is still what the turn's last run of it save
 someone else saved since (another conversation's call of a ``"shared"`` sub-agent) keeps what it
 has, and a warning says so. What its tools did outside the session is not undone, as for the
 caller's own turn.
+
+A durable run's sub-agent call runs in a tool call's activity, and its caller's rollback is
+decided in the workflow: the notes travel as JSON (`_SubTurn.note`, beside the activity's
+result), and a later activity puts them back (`put_back_noted`), by the same rule.
 """
 
 from __future__ import annotations
@@ -24,14 +28,16 @@ import logging
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from .._control import to_its_end
-from ._run_state import put_back
+from .._state import AgentState
+from ._run_state import kept, put_back
+from ._subagent_tree import subagent_at
 
 if TYPE_CHECKING:
     from .._control import RunControl
     from ._run_state import RunState
     from ._runtime import AgentRuntime
 
-__all__ = ["note_sub_turn", "undo_sub_turns"]
+__all__ = ["note_sub_turn", "put_back_noted", "undo_sub_turns"]
 
 logger = logging.getLogger("agentscope_py")
 
@@ -44,6 +50,16 @@ class _SubTurn(NamedTuple):
     """The session as the caller's turn found it (`RunState.keep_before` of its first run)."""
     last: RunState
     """The turn's last run of the session: its version is what the session must still be at."""
+
+    def note(self) -> dict[str, Any]:
+        """The note as JSON (`put_back_noted` puts it back): the sub-agent's path below the root
+        agent (its tool names), the session, its state before the turn, and the version the
+        turn's last run saved."""
+        state = AgentState(user_id=self.user_id, session_id=self.session_id)
+        put_back(state, self.before)
+        ctx = self.last.ctx
+        return {"path": list(ctx.agent_path[1:]) if ctx is not None else [], "user_id": self.user_id,
+                "session_id": self.session_id, "before": state.to_json(), "version": self.last.version}
 
 
 def note_sub_turn(control: RunControl, runtime: AgentRuntime, run: RunState, sub_control: RunControl) -> None:
@@ -89,11 +105,23 @@ async def _put_back_all(turns: list[_SubTurn]) -> None:
 
 
 async def _put_back(turn: _SubTurn) -> None:
-    runtime, user_id, session_id = turn.runtime, turn.user_id, turn.session_id
+    await _put_back_session(turn.runtime, turn.user_id, turn.session_id, turn.before, turn.last.version)
+
+
+async def put_back_noted(agent: Any, note: dict[str, Any]) -> None:
+    """Put back the session a `_SubTurn.note` names, in the store of the sub-agent at its path
+    below ``agent`` (a `ReActAgent`: the root of the calls)."""
+    sub = subagent_at(agent, note["path"])
+    before = kept(AgentState.from_json(note["before"]))
+    await _put_back_session(sub._runtime, note["user_id"], note["session_id"], before, note["version"])
+
+
+async def _put_back_session(runtime: AgentRuntime, user_id: str, session_id: str, before: tuple[Any, ...],
+                            saved: int) -> None:
     state, version = await runtime.store.load(user_id, session_id)
-    if state is None or version != turn.last.version or (user_id, session_id) in runtime.unsaved:
+    if state is None or version != saved or (user_id, session_id) in runtime.unsaved:
         logger.warning("session %s/%s keeps the rolled-back turn: it changed since that turn saved it",
                        user_id, session_id)
         return
-    put_back(state, turn.before)
+    put_back(state, before)
     await runtime.store.save(user_id, session_id, state, version)

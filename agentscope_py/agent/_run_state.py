@@ -30,7 +30,7 @@ from .state import AgentState
 if TYPE_CHECKING:
     from .context import RuntimeContext
 
-__all__ = ["RunState", "put_back"]
+__all__ = ["RunState", "kept", "put_back"]
 
 _message_id = id_factory("msg_")  # (a reply's id, as ``new_id("msg_")`` makes it)
 
@@ -208,9 +208,7 @@ class RunState:
         on) are dicts and lists the run changes in place."""
         state = self.session
         if state is not None:
-            self.before = (list(state.context), list(state.tasks), list(state.pending_tool_calls),
-                           state.cur_iter, state.summary, list(state.summaries),
-                           _copied(state.metadata) if state.metadata else {})
+            self.before = kept(state)
 
     def roll_back(self) -> None:
         """Take the run's turn out of the session, as if it never ran (an interrupt asked for a
@@ -257,8 +255,14 @@ class RunState:
         self.close_calls(self.pending_calls(), text, ToolResultState.INTERRUPTED)  # calls of the partial reply
 
 
+def kept(state: AgentState) -> tuple[Any, ...]:
+    """What `RunState.keep_before` keeps of a session, and `put_back` puts back."""
+    return (list(state.context), list(state.tasks), list(state.pending_tool_calls), state.cur_iter, state.summary,
+            list(state.summaries), _copied(state.metadata) if state.metadata else {})
+
+
 def put_back(state: AgentState, before: tuple[Any, ...]) -> None:
-    """Put into ``state`` what `RunState.keep_before` kept of a session (``before``)."""
+    """Put into ``state`` what `kept` kept of a session (``before``)."""
     (state.context, state.tasks, state.pending_tool_calls, state.cur_iter, state.summary, state.summaries,
      state.metadata) = before
 

@@ -1,6 +1,7 @@
 """What ties a sub-agent's run to its caller's: the middleware it inherits, the limits of the tree
 (depth, cycles), and the bookkeeping that lets a confirmation sent to the root resume the
-sub-agent that asked for it (`_resume` routes it here).
+sub-agent that asked for it (`_resume` routes it here) — or, where no answer can reach it (a
+durable run's tool call), answers its waits with an error (`close_waits`).
 
 Kept apart from the sub-agent tool itself (`_subagent`) so the resume path and the toolkit's
 build-time check need none of the tool's machinery."""
@@ -8,14 +9,17 @@ build-time check need none of the tool's machinery."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
+from .._history import unanswered_calls
 from ..errors import SubAgentCycleError, SubAgentDepthError
 from ..events import ConfirmResult
 from ..extension.base import ExtensionPoint, MiddlewareBase, overrides
 from ..extension.chain import Participants
+from ..message import Msg, ToolResultBlock, ToolResultState
+from ..tool.toolkit import _subagent_of
 
 if TYPE_CHECKING:
     from .._context import RuntimeContext
@@ -27,10 +31,12 @@ __all__ = [
     "WAITS_KEY",
     "InheritSpec",
     "check_limits",
+    "close_waits",
     "inherited_runtime",
     "inherits",
     "route_confirms",
     "set_waiting",
+    "subagent_at",
     "take_confirms",
 ]
 
@@ -169,3 +175,36 @@ def set_waiting(ctx: RuntimeContext, call_id: str, leaves: list[str] | None) -> 
         del waits[call_id]
         if not waits:
             del state.metadata[WAITS_KEY]
+
+
+# -- a sub-agent's session, reached from outside its call ------------------------------------------
+
+
+def subagent_at(agent: Any, path: Sequence[str]) -> Any:
+    """The sub-agent at ``path`` (its tool names, from ``agent``'s toolkit down)."""
+    sub = agent
+    for name in path:
+        tool = sub.toolkit.get(name)
+        sub = _subagent_of(tool) if tool is not None else None
+        if sub is None:
+            raise LookupError(f"the agent has no sub-agent at {'/'.join(path)}: every worker must build the same agent")
+    return sub
+
+
+async def close_waits(runtime: AgentRuntime, user_id: str, session_id: str, saved: int, text: str) -> int:
+    """Answer the calls a sub-agent's session waits on (a pause no one can answer: a durable tool
+    call's) with an error result ``text``, so its next call starts from a usable session; it is
+    left as it is when someone saved it since the paused call (``saved``, its version then).
+    The session's version after it."""
+    state, version = await runtime.store.load(user_id, session_id)
+    if state is None or version != saved:
+        return version
+    calls = unanswered_calls(state.context)
+    if not calls and WAITS_KEY not in state.metadata:
+        return version
+    if calls:
+        state.context.append(Msg.tool([ToolResultBlock(id=c.id, name=c.name, state=ToolResultState.ERROR, output=text)
+                                       for c in calls]))
+    state.pending_tool_calls = []
+    state.metadata.pop(WAITS_KEY, None)
+    return await runtime.store.save(user_id, session_id, state, version)

@@ -38,10 +38,11 @@ from ._boundaries import guarded
 from ._explain import explain
 from ._input import check_input
 from ._loop import Execution
+from ._rollback import put_back_noted
 from ._runtime import AgentRuntime
 from ._session import DEFAULT_MAX_QUEUED, MultitaskStrategy, SessionGates, check_strategy
 from ._subagent import SessionMode, SubAgentTool
-from ._subagent_tree import DEFAULT_MAX_DEPTH, InheritSpec
+from ._subagent_tree import DEFAULT_MAX_DEPTH, InheritSpec, close_waits, subagent_at
 from .context import RuntimeContext
 from .store import AgentStateStore, InMemoryStateStore
 from .task_reminder import TaskReminderMiddleware
@@ -325,6 +326,17 @@ class ReActAgent:
         chain = compose(_ON_AGENT, participants, self, exe.ctx, exe.agent_core, runtime.trace)
         # What on_agent hooks emit is the caller's stream, checked and closed (`guarded`).
         return exe, guarded(chain(AgentInput(msgs)).__aiter__(), participants)
+
+    async def _put_back_sub_turn(self, note: dict[str, Any]) -> None:
+        """Put back a sub-agent session a rolled-back turn of this agent changed, from the note its
+        call left (a durable run's: the call ran in one activity, the rollback runs in another)."""
+        await put_back_noted(self, note)
+
+    async def _close_sub_waits(self, note: dict[str, Any], text: str) -> None:
+        """Answer with ``text`` the calls the sub-agent session a note names waits on (its call
+        paused where no one can answer: in a durable tool call), and note the version it is at."""
+        sub = subagent_at(self, note["path"])
+        note["version"] = await close_waits(sub._runtime, note["user_id"], note["session_id"], note["version"], text)
 
     def as_tool(
         self,

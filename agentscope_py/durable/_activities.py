@@ -15,6 +15,7 @@ from temporalio import activity
 from temporalio.api.enums.v1 import EventType
 from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 
+from .._control import RunControl
 from .._tool_answers import tool_answers
 from ..agent.context import RuntimeContext
 from ..agent.react import ReActAgent
@@ -26,13 +27,14 @@ from ..model.base import ChatModel, ModelError
 from ..stream import aclose
 from ..tool.toolkit import current_tool_call
 from ._codec import load_request
-from ._config import HEARTBEAT_THROTTLE, INTERRUPT_SIGNAL, MODEL_ACTIVITY, TOOL_ACTIVITY
+from ._config import HEARTBEAT_THROTTLE, INTERRUPT_SIGNAL, MODEL_ACTIVITY, TOOL_ACTIVITY, TOOL_BESIDE
 from ._executors import redaction_beside_model
 from ._factory import worker_agent
 from ._in_doubt import IN_DOUBT_ERROR
 from ._journal import PUBLISH_ACTIVITY, SEAL_ACTIVITY
 from ._publish import LivePublisher, StableIds, log_for
 from ._sources import entered
+from ._sub_sessions import noted
 
 __all__ = ["model_call_activity", "publish_activity", "seal_activity", "tool_call_activity"]
 
@@ -247,11 +249,18 @@ async def tool_call_activity(payload: dict[str, Any]) -> list[list[Any]]:
     """One tool call's output: ``["text", str]``, ``["data", value]`` and ``["event", dict]`` (a
     sub-agent's events) in order. A tool's exception fails the activity (retried as configured;
     the last one becomes the error result the model sees). With live events, first
-    ``["published", n]``: the workflow's pending events were published, the log ends at ``n``."""
+    ``["published", n]``: the workflow's pending events were published, the log ends at ``n``; last,
+    with sub-agent calls, ``["beside", {...}]`` (`_beside`)."""
     await _unless_stopped()
     agent = worker_agent(payload["factory"])
     call = ToolUseBlock.model_validate(payload["call"])
     ctx = RuntimeContext(payload["user_id"], payload["session_id"])
+    # Bound as the run's own context is: a sub-agent call runs under the agent's name and inherits
+    # its middleware, as in a local run; it notes on ``control`` the sessions its run changed (a
+    # rollback of the caller's turn puts them back, `_sub_sessions`) and adds its usage to the
+    # context (the run counts its tree's): they go back beside the call's outcome (`_beside`).
+    control = RunControl()
+    ctx.begin_run(payload.get("reply_id") or call.id, control, agent.name, agent._runtime)
     out: list[list[Any]] = []
     publisher = _publisher(payload.get("live") or {})
     if publisher is not None:  # the workflow's events before the call: live before it runs
@@ -261,19 +270,65 @@ async def tool_call_activity(payload: dict[str, Any]) -> list[list[Any]]:
     try:
         async with _heartbeats(), entered(agent.toolkit, ctx):
             out.extend(await _run_tool(agent, call, ctx, payload.get("answer")))
-    except ApplicationError:
-        raise
+    except ApplicationError as exc:
+        notes = noted(control)
+        if exc.type == "SubAgentPaused":
+            await _close_waits(agent, notes)
+        beside = _beside(ctx, notes)
+        if not beside:
+            raise
+        raise ApplicationError(exc.message, *exc.details, beside, type=exc.type,
+                               non_retryable=exc.non_retryable) from exc
     except asyncio.CancelledError:
         if payload.get("journaled") and activity.is_worker_shutdown():  # it may have taken effect, or not
             raise ApplicationError(f"the worker stopped while tool call {call.id} ran", type=IN_DOUBT_ERROR,
                                    non_retryable=True) from None
-        raise
+        beside = _beside(ctx, noted(control))
+        why = activity.cancellation_details()
+        if not beside or why is None or not why.cancel_requested:
+            raise
+        # Temporal's own cancellation carries no details: a cancelled sub-agent call that saved its
+        # interrupted turn ends as a failure carrying its report (benign, as a model call's is).
+        raise ApplicationError("the tool call was cancelled", beside, type="Cancelled", non_retryable=True,
+                               category=ApplicationErrorCategory.BENIGN) from None
     except Exception as exc:
-        if payload.get("journaled"):  # the tool's own error is its result: a call that may have taken
-            # effect is never run again by a retry (`_in_doubt`)
-            raise ApplicationError(str(exc), type=type(exc).__name__, non_retryable=True) from exc
+        beside = _beside(ctx, noted(control))
+        if payload.get("journaled") or beside:  # the tool's own error is its result: a call that may have
+            # taken effect is never run again by a retry (`_in_doubt`)
+            raise ApplicationError(str(exc), *([beside] if beside else []), type=type(exc).__name__,
+                                   non_retryable=bool(payload.get("journaled"))) from exc
         raise
+    beside = _beside(ctx, noted(control))
+    if beside:
+        out.append([TOOL_BESIDE, beside[TOOL_BESIDE]])
     return out
+
+
+def _beside(ctx: RuntimeContext, notes: list[dict[str, Any]]) -> dict[str, Any]:
+    """What the call reports beside its output (`TOOL_BESIDE`), as its failure's last detail: the
+    notes of the sessions its sub-agent calls changed, and their usage; empty without either."""
+    report: dict[str, Any] = {}
+    if notes:
+        report["sub_turns"] = notes
+    if ctx.extra_usage is not None:
+        report["usage"] = ctx.extra_usage.model_dump()
+    return {TOOL_BESIDE: report} if report else {}
+
+
+_UNANSWERABLE = ("Not run: it waits for the user's answer, which a sub-agent cannot get inside a durable tool "
+                 "call.")
+
+
+async def _close_waits(agent: ReActAgent, notes: list[dict[str, Any]]) -> None:
+    """A sub-agent call paused in this activity, where no answer can reach it: the calls its
+    sessions wait on are answered with an error, so the sub-agent's next call (its session is
+    ``"derived"`` or ``"shared"``) is not refused for calls no one can answer."""
+    for note in notes:
+        try:
+            await agent._close_sub_waits(note, _UNANSWERABLE)
+        except Exception as exc:  # the call's error stands; the session keeps its waits, said so
+            log.warning("session %s/%s still waits on calls no one can answer: %s", note["user_id"],
+                        note["session_id"], exc)
 
 
 async def _run_tool(agent: ReActAgent, call: ToolUseBlock, ctx: RuntimeContext, answer: Any) -> list[list[Any]]:

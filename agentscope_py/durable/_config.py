@@ -10,8 +10,8 @@ from typing import Any
 
 __all__ = [
     "DEFAULT_TASK_QUEUE", "HEARTBEAT_THROTTLE", "INTERRUPT_SIGNAL", "LIST_TOOLS_ACTIVITY", "LOAD_STATE_ACTIVITY",
-    "MODEL_ACTIVITY", "RECONCILE_ACTIVITY", "SAVE_STATE_ACTIVITY", "TOOL_ACTIVITY", "WORKFLOW_NAME", "ActivityConfig",
-    "DurableConfig",
+    "MODEL_ACTIVITY", "RECONCILE_ACTIVITY", "SAVE_STATE_ACTIVITY", "TOOL_ACTIVITY", "TOOL_BESIDE", "WORKFLOW_NAME",
+    "ActivityConfig", "DurableConfig",
 ]
 
 WORKFLOW_NAME = "agentscope.agent_run"
@@ -23,6 +23,10 @@ SAVE_STATE_ACTIVITY = "agentscope.save_state"
 LIST_TOOLS_ACTIVITY = "agentscope.list_tools"
 RECONCILE_ACTIVITY = "agentscope.reconcile_tool"
 DEFAULT_TASK_QUEUE = "agentscope"
+TOOL_BESIDE = "beside"
+"""What a tool call's activity reports beside the tool's output (the sessions its sub-agent calls
+changed, their usage): the kind of its result's last item, and the key of its failure's last
+detail."""
 
 HEARTBEAT_THROTTLE = 0.5
 """Seconds between two heartbeats a worker sends for one activity (Temporal's throttle: by

@@ -5,7 +5,7 @@ middleware run in the workflow and every model call and tool call is a step of i
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from types import MappingProxyType
 from typing import Any
 
@@ -29,9 +29,10 @@ from ..model.base import ChatModel, ModelRequest
 from ..stream import Channel, EventStream
 from ..tool.toolkit import Tool
 from ._codec import dump_request, load_events
-from ._config import MODEL_ACTIVITY, TOOL_ACTIVITY, DurableConfig
+from ._config import MODEL_ACTIVITY, TOOL_ACTIVITY, TOOL_BESIDE, DurableConfig
 from ._in_doubt import InDoubt, asked, in_doubt, journaled, once, reconciled, recorded, replay
 from ._journal import Journal
+from ._sub_sessions import SubTurns
 
 __all__ = ["CancelledCalls", "Stop", "install", "redaction_beside_model"]
 
@@ -67,27 +68,48 @@ class CancelledCalls:
     to the usage sink of the run that cancelled it. A run that goes on after the cancellation (a
     hedge's losing attempt) counts it before its next call starts; an interrupted run's usage is
     final as its reply goes out, before the cancellation completes on the worker (at its next
-    heartbeat): there it comes too late to count, unless the reply waited for it."""
+    heartbeat): there it comes too late to count, unless the reply waited for it.
+
+    A cancelled sub-agent call that saved its interrupted turn ends with its report in its failure's
+    details (`_activities.tool_call_activity`: the sessions it changed, its usage): it goes to the
+    turn that made the call."""
 
     def __init__(self) -> None:
-        self.handles: list[tuple[workflow.ActivityHandle[Any], UsageSink | None]] = []
+        self.handles: list[tuple[workflow.ActivityHandle[Any], UsageSink | None, BesideSink | None]] = []
 
-    def add(self, handle: workflow.ActivityHandle[Any], usage: UsageSink | None) -> None:
-        self.handles.append((handle, usage))
+    def add(self, handle: workflow.ActivityHandle[Any], usage: UsageSink | None, beside: BesideSink | None) -> None:
+        self.handles.append((handle, usage, beside))
 
     async def settled(self) -> None:
         """Once every cancelled call has ended on its worker (cancelled there within about a
         second, `_activities._heartbeats`; a dead worker's once its heartbeat timeout passed)."""
         while self.handles:
             handles, self.handles = self.handles, []
-            await workflow.wait([handle for handle, _ in handles])
-            for handle, usage in handles:  # how they ended is no one's concern now: retrieved, not raised
+            await workflow.wait([handle for handle, _, _ in handles])
+            for handle, usage, beside in handles:  # how they ended is no one's concern now: retrieved, not raised
                 if handle.cancelled():
                     continue
                 failure = handle.exception()
-                spent = spent_in(failure.cause) if isinstance(failure, ActivityError) else None
-                if spent is not None and usage is not None:
-                    usage(spent)
+                if isinstance(failure, ActivityError):
+                    _hand_over(failure, usage, beside)
+
+
+BesideSink = Callable[[dict[str, Any]], None]
+"""Where what a tool call's activity reports beside its outcome goes (`_activities._beside`)."""
+
+
+def _hand_over(failure: ActivityError, usage: UsageSink | None, beside: BesideSink | None) -> None:
+    """What a failed activity reported beside its failure, to whom it goes: a model call's usage
+    (`spent_in`), a tool call's report (its last detail)."""
+    cause = failure.cause
+    if usage is not None:
+        spent = spent_in(cause)
+        if spent is not None:
+            usage(spent)
+    if beside is not None and isinstance(cause, ApplicationError) and cause.details:
+        last = cause.details[-1]
+        if isinstance(last, dict) and isinstance(last.get(TOOL_BESIDE), dict):
+            beside(last[TOOL_BESIDE])
 
 
 def spent_in(failure: BaseException | None) -> ChatUsage | None:
@@ -104,13 +126,14 @@ def spent_in(failure: BaseException | None) -> ChatUsage | None:
 
 async def _activity(name: str, payload: dict[str, Any], options: dict[str, Any], control: RunControl,
                     what: str, stop: Stop, cancelled: CancelledCalls, doubtful: bool = False,
-                    usage: UsageSink | None = None) -> Any:
+                    usage: UsageSink | None = None, beside: BesideSink | None = None) -> Any:
     """Run the activity as a task of the run's control: an interrupt cancels it (Temporal asks
     the activity to stop at its next heartbeat), and that surfaces as `AgentInterrupted` at once,
     while the workflow waits for the activity's end elsewhere (`CancelledCalls`). ``stop``: the
     workflow was interrupted (perhaps before this run was in flight): nothing is scheduled.
     ``doubtful``: a journaled tool call, whose activity ending with no result is `InDoubt`.
-    ``usage``: where the usage a failed model call's activity reported goes (`spent_in`)."""
+    ``usage``: where the usage a failed model call's activity reported goes (`spent_in`);
+    ``beside``: where a tool call's report goes when it fails (`_activities._beside`)."""
     if stop.interrupted:
         control.interrupt(stop.rollback)
         raise AgentInterrupted(f"the run was interrupted before the {what}")
@@ -132,15 +155,12 @@ async def _activity(name: str, payload: dict[str, Any], options: dict[str, Any],
     except asyncio.CancelledError:  # an interrupt, or the caller's own cancellation (a tool's timeout)
         for handle in started:
             handle.cancel()
-            cancelled.add(handle, usage)
+            cancelled.add(handle, usage, beside)
         if control.interrupted:
             raise AgentInterrupted(f"the {what} was interrupted") from None
         raise
     except ActivityError as exc:
-        if usage is not None:
-            spent = spent_in(exc.cause)
-            if spent is not None:
-                usage(spent)
+        _hand_over(exc, usage, beside)
         if control.interrupted:
             raise AgentInterrupted(f"the {what} was interrupted") from None
         cause = exc.cause
@@ -193,11 +213,25 @@ def _deltas_live(agent: ReActAgent) -> bool:
 
 
 def install(agent: ReActAgent, factory: str, config: DurableConfig, user_id: str, session_id: str,
-            stop: Stop, journal: Journal, cancelled: CancelledCalls) -> None:
+            stop: Stop, journal: Journal, cancelled: CancelledCalls, sub_turns: SubTurns) -> None:
     """Make ``agent`` (built in the workflow) run its model and tool calls as activities;
     ``stop`` is the workflow's interrupt; ``journal`` numbers the run's events
     (the activities publish the pending ones, `Journal.pending`); ``cancelled`` holds the calls
-    cancelled and not yet ended."""
+    cancelled and not yet ended; ``sub_turns``, the notes of the sub-agent sessions the turn's
+    tool calls changed."""
+
+    def reported(scope: ToolScope) -> BesideSink:
+        """Where a tool call's report goes: its notes to the turn that made it, its usage (its
+        sub-agents') into the run's, as a local sub-agent call adds it."""
+        notes = sub_turns.sink()
+
+        def take(report: dict[str, Any]) -> None:
+            if report.get("sub_turns"):
+                notes(report["sub_turns"])
+            if report.get("usage"):
+                scope.ctx.add_usage(ChatUsage.model_validate(report["usage"]))
+
+        return take
     redacted = _redact_beside_model(agent)
     deltas = _deltas_live(agent)
 
@@ -241,15 +275,16 @@ def install(agent: ReActAgent, factory: str, config: DurableConfig, user_id: str
                 await replay(scope, call, settled, channel)
                 return
         payload = {"factory": factory, "call": call.model_dump(mode="json"), "user_id": user_id,
-                   "session_id": session_id, "answer": tool_answers(scope.ctx).pop(call.id, None),
-                   "journaled": once_only}
+                   "session_id": session_id, "reply_id": scope.reply_id,
+                   "answer": tool_answers(scope.ctx).pop(call.id, None), "journaled": once_only}
         options = config.for_tool(call.name, tool.timeout).options()
         what = f"tool call {call.name}"
+        beside = reported(scope)
         while True:
             payload["live"] = journal.pending()
             try:
                 out = await _activity(TOOL_ACTIVITY, payload, once(options) if once_only else options, scope.control,
-                                      what, stop, cancelled, once_only)
+                                      what, stop, cancelled, once_only, beside=beside)
                 break
             except InDoubt:
                 key = idempotency_key(user_id, session_id, call.id)
@@ -268,6 +303,8 @@ def install(agent: ReActAgent, factory: str, config: DurableConfig, user_id: str
                                                       tool_name=call.name, delta=value))
             elif kind == "published":
                 journal.confirm(value)
+            elif kind == TOOL_BESIDE:
+                beside(value)
             elif kind == "data":
                 await channel.put(ToolResultDataDelta(reply_id=scope.reply_id, tool_call_id=call.id,
                                                       tool_name=call.name, data=DataBlock.model_validate(value)))

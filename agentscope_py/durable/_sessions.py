@@ -23,7 +23,7 @@ from ._config import LOAD_STATE_ACTIVITY, SAVE_STATE_ACTIVITY, ActivityConfig
 from ._factory import worker_agent
 from ._publish import StableIds
 
-__all__ = ["ActivityStateStore", "load_state_activity", "save_state_activity", "session_store"]
+__all__ = ["ActivityStateStore", "failure", "load_state_activity", "save_state_activity", "session_store"]
 
 
 def session_store(factory_store: AgentStateStore, factory: str, config: ActivityConfig,
@@ -82,7 +82,7 @@ class ActivityStateStore:
             raise StateStoreError(f"{what} failed on the worker: {message}") from None
 
 
-def _failure(exc: Exception) -> ApplicationError:
+def failure(exc: Exception) -> ApplicationError:
     """The activity's error for Temporal: a version conflict or a corrupted state is final (no
     retry can change it); a store that is down is retried as configured."""
     if isinstance(exc, StateConflictError):
@@ -98,7 +98,7 @@ async def load_state_activity(payload: dict[str, Any]) -> dict[str, Any]:
     try:
         state, version = await store.load(payload["user_id"], payload["session_id"])
     except Exception as exc:
-        raise _failure(exc) from exc
+        raise failure(exc) from exc
     return {"state": None if state is None else state.to_json(), "version": version}
 
 
@@ -119,6 +119,6 @@ async def save_state_activity(payload: dict[str, Any]) -> int:
             stored, current = None, -1
         if current == version + 1 and stored is not None and stored.to_json() == state.to_json():
             return current
-        raise _failure(exc) from exc
+        raise failure(exc) from exc
     except Exception as exc:
-        raise _failure(exc) from exc
+        raise failure(exc) from exc

@@ -19,6 +19,7 @@ from ._publish import EventLog, register_log
 from ._scheduled import ScheduledRunWorkflow, describe_run_activity
 from ._sessions import load_state_activity, save_state_activity
 from ._sources import list_tools_activity
+from ._sub_sessions import put_back_sessions_activity
 from ._workflow import AgentRunWorkflow, configs
 
 __all__ = ["PASSTHROUGH", "make_worker", "run_worker"]
@@ -71,7 +72,7 @@ def make_worker(
     return Worker(client, task_queue=task_queue, workflows=[AgentRunWorkflow, ScheduledRunWorkflow],
                   activities=[model_call_activity, tool_call_activity, publish_activity, seal_activity,
                               load_state_activity, save_state_activity, list_tools_activity,
-                              describe_run_activity, reconcile_activity],
+                              describe_run_activity, reconcile_activity, put_back_sessions_activity],
                   **options)
 
 

@@ -36,6 +36,7 @@ from ._journal import Journal
 from ._local_tools import with_local_tools
 from ._sessions import ActivityStateStore, session_store
 from ._sources import use_activity_sources
+from ._sub_sessions import SubTurns
 from ._waits import Waits
 
 __all__ = ["AgentRunWorkflow", "configs"]
@@ -74,8 +75,8 @@ class AgentRunWorkflow:
         store = agent._runtime.store = session_store(agent.state_store, factory, config.state, journal.ids)
         if isinstance(store, ActivityStateStore):  # the caller's ids are the same on every replay: kept
             store.ids.keep(inp["messages"])
-        install(agent, factory, config, user_id, session_id, self._stop, journal,
-                self._cancelled)
+        sub_turns = SubTurns(factory, config.state)
+        install(agent, factory, config, user_id, session_id, self._stop, journal, self._cancelled, sub_turns)
         assert agent._runtime.tool_executor is not None
         agent._runtime.tool_executor = with_local_tools(agent, agent._runtime.tool_executor)
         use_activity_sources(agent, factory, replace(config.tool, heartbeat=None))  # MCP servers' tools
@@ -85,7 +86,7 @@ class AgentRunWorkflow:
         msgs = [Msg.model_validate(m) for m in inp["messages"]]
         events = journal.events
         try:
-            final = await self._turns(agent, journal, ctx, structured, msgs)
+            final = await self._turns(agent, journal, ctx, structured, msgs, sub_turns)
         except AgentScopeError:  # the run fails: once the calls it cancelled have ended, as below
             await self._cancelled.settled()
             raise
@@ -93,16 +94,19 @@ class AgentRunWorkflow:
         # an interrupt cancelled have ended on their workers: the next run never runs beside one.
         await journal.flush("interrupted" if final.generate_reason is GenerateReason.INTERRUPTED else "finished")
         await self._cancelled.settled()
+        if final.metadata.get("rolled_back"):  # the turn's sub-agent calls go with it, all ended now
+            await sub_turns.put_back()
         # The reply as the session holds it, whichever execution of the workflow returns it.
         result = store.named(final) if isinstance(store, ActivityStateStore) else final.model_dump(mode="json")
         return {"result": result, "events": events}
 
     async def _turns(self, agent: ReActAgent, journal: Journal, ctx: RuntimeContext, structured: Any,
-                     msgs: list[Msg]) -> Msg:
+                     msgs: list[Msg], sub_turns: SubTurns) -> Msg:
         """The run's turns: the first, and each one its answers start; the last one's reply."""
         final: Msg | None = None
         waits = self._waits
         while True:
+            sub_turns.begin()  # (a rollback takes back the turn in flight, not those before it)
             async for ev in journal.track(agent.stream(msgs, ctx=ctx, structured_model=structured)):
                 if type(ev) is AgentResult:
                     final = ev.result
