@@ -204,9 +204,10 @@ class RunState:
         on) are dicts and lists the run changes in place."""
         state = self.session
         if state is not None:
-            self.before = (list(state.context), list(state.tasks), list(state.pending_tool_calls),
-                           state.cur_iter, state.summary, list(state.summaries),
-                           _copied(state.metadata) if state.metadata else {})
+            kept = state.__dict__  # (its fields, read from the fields dict as the run's events are)
+            self.before = (list(kept["context"]), list(kept["tasks"]), list(kept["pending_tool_calls"]),
+                           kept["cur_iter"], kept["summary"], list(kept["summaries"]),
+                           _copied(kept["metadata"]) if kept["metadata"] else {})
 
     def roll_back(self) -> None:
         """Take the run's turn out of the session, as if it never ran (an interrupt asked for a
