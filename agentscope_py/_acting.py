@@ -150,9 +150,10 @@ async def acting_events(
     external: list[ToolUseBlock] = []
     denied: list[ToolUseBlock] = []
     for call in calls:
-        tool = toolkit.get(call.name)
-        if tool is not None and call.raw_input is None:  # (else an error result the model sees)
-            if call.id in scope.preapproved or (toolkit.policy is None and tool.check_permissions is None):
+        fields = call.__dict__  # (its fields dict, as `ToolResultCollector.add` reads an event's)
+        tool = toolkit.get(fields["name"])
+        if tool is not None and fields["raw_input"] is None:  # (else an error result the model sees)
+            if fields["id"] in scope.preapproved or (toolkit.policy is None and tool.check_permissions is None):
                 decision = _ALLOW  # nothing to ask: no coroutine
             else:
                 decision = await _decide(scope, call, tool)
@@ -256,20 +257,22 @@ def _whole(events: list[AgentEvent]) -> ToolResultBlock | None:
     end; None for any other list (a call that paused or asks the user, a tool that returned
     events of its own), which its reader reads event by event."""
     end = events[-1] if events else None
-    if type(end) is not ToolResultEnd or end.state is _RUNNING or end.source is not None:
+    if type(end) is not ToolResultEnd:
         return None
-    call_id = end.tool_call_id
+    ended = end.__dict__  # (the events' fields dicts, as `ToolResultCollector.add` reads them)
+    state, call_id = ended["state"], ended["tool_call_id"]
+    if state is _RUNNING or ended["source"] is not None:
+        return None
     parts: list[str | DataBlock] = []
     for ev in events[:-1]:
-        if ev.source is not None or getattr(ev, "tool_call_id", None) != call_id:
+        kind = type(ev)
+        if kind is not ToolResultTextDelta and kind is not ToolResultDataDelta:
             return None
-        if type(ev) is ToolResultTextDelta:
-            parts.append(ev.delta)
-        elif type(ev) is ToolResultDataDelta:
-            parts.append(ev.data)
-        else:
+        fields = ev.__dict__
+        if fields["source"] is not None or fields["tool_call_id"] != call_id:
             return None
-    return result_of(call_id, end.tool_name, parts, end.state)
+        parts.append(fields["delta"] if kind is ToolResultTextDelta else fields["data"])
+    return result_of(call_id, ended["tool_name"], parts, state)
 
 
 class ActingPass:
@@ -453,7 +456,8 @@ async def _invoke(
     """Run the tool, in ``task`` (the call's own, which a timeout cancels): with a ``channel``, its
     output goes there as events; without, it returns once (`Tool.call_once`) and its chunks are
     returned. Every failure becomes the state and text of the result the model sees."""
-    name = call.name
+    fields = call.__dict__
+    name, raw_input = fields["name"], fields["raw_input"]
     limit = None if tool is None else tool.timeout
     if deadline is not None and deadline.total is not None and (limit is None or deadline.total < limit):
         limit = deadline.total  # (a timeout's error then names who set it: ``deadline.by``)
@@ -465,15 +469,15 @@ async def _invoke(
         if tool is None:
             available = ", ".join(scope.toolkit.names) or "none"
             raise ToolArgumentError(f"unknown tool {name!r}; available tools: {available}")
-        if call.raw_input is not None:
+        if raw_input is not None:
             raise ToolArgumentError(f"the arguments for {name} are not a JSON object: "
-                                    f"{arguments_problem(call.raw_input)}")
+                                    f"{arguments_problem(raw_input)}")
         if limit is not None:
             timer = DeadlineTimer(limit, None, task)  # it cancels the tool, not the run
         if journal is not None:
             await journal.intent(call, tool)  # durable before the tool runs; if it fails, the tool never runs
         if channel is None:
-            chunks = await tool.call_once(call.input, scope.ctx)
+            chunks = await tool.call_once(fields["input"], scope.ctx)
         else:
             await (tool_output if scope.executor is None else scope.executor)(scope, call, tool, channel)
     except (asyncio.CancelledError, AgentInterrupted):  # (a sub-agent interrupted with its caller)
@@ -513,7 +517,9 @@ async def tool_output(scope: ToolScope, call: ToolUseBlock, tool: Tool, channel:
 def _output_at_once(reply_id: str, run: _Call, chunks: tuple[Any, ...]) -> list[AgentEvent]:
     """The events of a tool's output that came at once, made one each (a `delta_maker` serves a
     stream's many deltas)."""
-    cid, name, call = run.call.id, run.call.name, run.call
+    call = run.call
+    fields = call.__dict__
+    cid, name = fields["id"], fields["name"]
 
     def text_delta(delta: str) -> ToolResultTextDelta:
         return result_text(reply_id, call, delta)

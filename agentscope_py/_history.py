@@ -45,11 +45,13 @@ def answers_in(msgs: Sequence[Msg]) -> list[Msg]:
     calls: set[str] = set()
     out: list[Msg] = []
     for m in msgs:
-        if m.metadata.get("confirm_results"):
+        fields = m.__dict__  # (its fields dict: a message's class has pydantic's slow attribute reads)
+        role = fields["role"]
+        if fields["metadata"].get("confirm_results"):
             out.append(m)
-        elif m.role == "assistant":
+        elif role == "assistant":
             calls.update(c.id for c in m.tool_calls)
-        elif m.role == "tool":
+        elif role == "tool":
             ids = [b.id for b in m.tool_results]
             if ids and len(set(ids)) == len(ids) and calls.issuperset(ids):
                 calls.difference_update(ids)  # a pair of the history: each call answered once

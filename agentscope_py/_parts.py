@@ -174,12 +174,15 @@ class PartsManager:
         if reply is not None and typed and not self.events:
             reply.end(usage, finish, False)
             return
-        end = (_MODEL_END.build if typed else _MODEL_END.validated)(
-            reply_id=self.reply_id, usage=usage, finish_reason=finish, model=self.model)
+        if typed:
+            end = _MODEL_END.build(reply_id=self.reply_id, usage=usage, finish_reason=finish, model=self.model)
+        else:  # (the reply takes the values as the validated end holds them)
+            end = _MODEL_END.validated(reply_id=self.reply_id, usage=usage, finish_reason=finish, model=self.model)
+            usage, finish = end.usage, end.finish_reason
         if self.events:
             self.put(end)
         if reply is not None:
-            reply.end(end.usage, end.finish_reason, False)
+            reply.end(usage, finish, False)
 
     def fail(self, error: BaseException, interrupted: bool) -> None:
         """The stream failed with ``error``: close the open blocks, then a ModelCallEnd that says

@@ -176,7 +176,7 @@ class ReplyBuilder:
                 content.append(thinking(thinking=joined, signature=extra))
             else:
                 content.append(tool_use_block(key, extra or "", joined))
-        if isinstance(usage, str):
+        if type(usage) is str:  # ("last")
             usage = self.usage
         typed = ((usage is None or type(usage) is ChatUsage) and (name is None or type(name) is str)
                  and (reason is None or type(reason) is GenerateReason))
@@ -318,7 +318,8 @@ def result_start(reply_id: str, call: ToolUseBlock, meta: dict[str, Any]) -> Too
     tool's}`` or ``{}``. Built from the call's ids when they are exactly ``str`` (a call a
     middleware derived untyped is validated), as `ToolResultCollector` builds the result."""
     shape = _RESULT_START_META if meta else _RESULT_START
-    call_id, name = call.id, call.name
+    fields = call.__dict__
+    call_id, name = fields["id"], fields["name"]
     make = shape.build if type(call_id) is str and type(name) is str else shape.validated
     if meta:
         return make(reply_id=reply_id, tool_call_id=call_id, tool_name=name, metadata=meta["metadata"])
@@ -328,7 +329,8 @@ def result_start(reply_id: str, call: ToolUseBlock, meta: dict[str, Any]) -> Too
 def result_text(reply_id: str, call: ToolUseBlock, text: str) -> ToolResultTextDelta:
     """A text delta of ``call``'s result: its output, or the error text the model sees (``str``
     the runtime made or cleaned); built as `result_start` is."""
-    call_id, name = call.id, call.name
+    fields = call.__dict__
+    call_id, name = fields["id"], fields["name"]
     typed = type(call_id) is str and type(name) is str and type(text) is str
     make = _RESULT_TEXT.build if typed else _RESULT_TEXT.validated
     return make(reply_id=reply_id, tool_call_id=call_id, tool_name=name, delta=text)
@@ -337,7 +339,8 @@ def result_text(reply_id: str, call: ToolUseBlock, text: str) -> ToolResultTextD
 def result_end(reply_id: str, call: ToolUseBlock, state: ToolResultState, meta: dict[str, Any]) -> ToolResultEnd:
     """The ToolResultEnd of ``call`` with ``state``; ``meta`` as for `result_start`."""
     shape = _RESULT_END_META if meta else _RESULT_END
-    call_id, name = call.id, call.name
+    fields = call.__dict__
+    call_id, name = fields["id"], fields["name"]
     typed = type(call_id) is str and type(name) is str and type(state) is ToolResultState
     make = shape.build if typed else shape.validated
     if meta:

@@ -110,14 +110,14 @@ class ChatUsage(BaseModel):
     reasoning_tokens: int = 0
 
     def __add__(self, other: ChatUsage) -> ChatUsage:
+        # (read from the fields dicts: pydantic's __getattr__ puts each attribute read on the slow path)
+        mine, theirs = self.__dict__, other.__dict__
         # Usage is immutable: a sum with zero (the start of every total) is the other side.
-        if type(other) is ChatUsage and self.__dict__ == _NO_TOKENS:
+        if type(other) is ChatUsage and mine == _NO_TOKENS:
             return other
-        if type(self) is ChatUsage and other.__dict__ == _NO_TOKENS:
+        if type(self) is ChatUsage and theirs == _NO_TOKENS:
             return self
         if type(self) is ChatUsage and type(other) is ChatUsage:  # int fields: their sums are ints
-            # (read from the fields dicts: pydantic's __getattr__ puts each attribute read on the slow path)
-            mine, theirs = self.__dict__, other.__dict__
             return _USAGE.build(
                 input_tokens=mine["input_tokens"] + theirs["input_tokens"],
                 output_tokens=mine["output_tokens"] + theirs["output_tokens"],

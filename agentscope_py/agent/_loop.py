@@ -491,7 +491,7 @@ class Execution:
         final = reason is not None and reason is not _TOOL_CALLS
         msg = run.take_reply(reason, final)
         shown = run.shown(msg)
-        calls = msg.tool_calls
+        calls = msg.tool_calls if calls_tools else ()
         if stop is not None:
             run.end(msg, stop.generate_reason, shown=shown, built=True)
             run.close_calls(calls, "Not executed: the run was stopped before tools ran.", ToolResultState.ERROR)

@@ -257,8 +257,9 @@ class RunState:
 
 def kept(state: AgentState) -> tuple[Any, ...]:
     """What `RunState.keep_before` keeps of a session, and `put_back` puts back."""
-    return (list(state.context), list(state.tasks), list(state.pending_tool_calls), state.cur_iter, state.summary,
-            list(state.summaries), _copied(state.metadata) if state.metadata else {})
+    fields = state.__dict__  # (its fields, read from the fields dict as the run's events are)
+    return (list(fields["context"]), list(fields["tasks"]), list(fields["pending_tool_calls"]), fields["cur_iter"],
+            fields["summary"], list(fields["summaries"]), _copied(fields["metadata"]) if fields["metadata"] else {})
 
 
 def put_back(state: AgentState, before: tuple[Any, ...]) -> None:
