@@ -28,6 +28,7 @@ from ._boundaries import admit
 from ._hooks import HookCall
 from ._input import check_input
 from ._persist import load_session
+from .._history import waiting_history
 from ._resume import check_no_control_input, resume
 
 if TYPE_CHECKING:
@@ -109,6 +110,11 @@ def _take_input(exe: StepScope, state: AgentState, prompt: Any) -> AsyncIterator
     if pending:
         return resume(exe, pending, input_msgs)
     try:
+        waiting = waiting_history(input_msgs)
+        if waiting is not None:
+            history, rest = waiting
+            check_no_control_input(history)
+            return _resume_history(exe, state, [admit(m) for m in history], rest)
         check_input(input_msgs, resuming=False)
         check_no_control_input(input_msgs)
         admitted = [admit(m) for m in input_msgs]
@@ -117,6 +123,24 @@ def _take_input(exe: StepScope, state: AgentState, prompt: Any) -> AsyncIterator
         raise
     state.context.extend(admitted)
     return None
+
+
+async def _resume_history(exe: StepScope, state: AgentState, history: list[Msg],
+                          rest: list[Msg]) -> AsyncIterator[AgentEvent]:
+    """An input that brings along a conversation with calls waiting (`waiting_history`: a thread
+    the store dropped, resent whole): the conversation is taken, and the rest of the input meets
+    its waiting calls as a session's (`resume`): answers resume them, a new message is refused as
+    it is while any session's calls wait. A refused input leaves the session as loaded."""
+    taken = len(state.context)
+    state.context.extend(history)
+    try:
+        async with aclosing(resume(exe, exe.run.pending_calls(), rest)) as steps:
+            async for ev in steps:
+                yield ev
+    except BaseException:
+        if exe.run.refused:
+            del state.context[taken:]
+        raise
 
 
 @functools.lru_cache(maxsize=128)
