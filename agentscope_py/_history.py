@@ -61,9 +61,9 @@ def answers_in(msgs: Sequence[Msg]) -> list[Msg]:
 
 def waiting_history(msgs: Sequence[Msg]) -> tuple[list[Msg], list[Msg]] | None:
     """An input that brings along a conversation whose last assistant message has calls it does
-    not answer, as (that conversation, the rest): the calls wait, as they did where it comes from,
-    and the rest (confirmations, tool results, new messages) meets them as any input meets a
-    session's waiting calls. None when every call the input holds is answered in it. A call left
+    not answer, as (that conversation, with the tool messages right after that message, and the
+    rest): the calls wait, as they did where it comes from, and the rest (confirmations, new
+    messages) meets them as any input meets a session's waiting calls. None when every call the input holds is answered in it. A call left
     unanswered before a later assistant message is a conversation no model may be sent: a
     `ResumeError` naming it."""
     calls: dict[str, str] = {}  # call id -> the id of the assistant message that made it
@@ -83,6 +83,8 @@ def waiting_history(msgs: Sequence[Msg]) -> tuple[list[Msg], list[Msg]] | None:
         raise ResumeError(f"tool call {gaps[0]!r} has no result in the messages sent, and the conversation goes on "
                           f"after it: a conversation sent along answers each call it holds (a tool message after "
                           f"the call) before its next assistant message")
+    while last + 1 < len(msgs) and msgs[last + 1].role == "tool":  # the results it came with are its own
+        last += 1
     head = msgs[:last + 1]
     answers = [m for m in head if m.metadata.get("confirm_results")]
     return [m for m in head if not m.metadata.get("confirm_results")], [*answers, *msgs[last + 1:]]

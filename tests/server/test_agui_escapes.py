@@ -123,3 +123,41 @@ async def test_a_conversation_sent_with_a_call_unanswered_before_its_next_reply_
         assert "'c1' has no result" in events[-1]["message"]
         assert model.requests == []
         assert (await agent.state_store.load("default", "t"))[0] is None
+
+
+async def test_a_new_message_sent_with_the_result_of_a_frontend_call_is_taken_after_it() -> None:
+    app, model, agent = serve()
+    async with app.router.lifespan_context(app):
+        first = [{"id": "u1", "role": "user", "content": "front please"}]
+        waiting = await run(app, "t", first)
+        [call] = waiting[-1]["outcome"]["pendingToolCallIds"]
+        both = [{"id": "r1", "role": "tool", "toolCallId": call, "content": "the page says hi"},
+                {"id": "u2", "role": "user", "content": "and now this"}]
+        done = await run(app, "t", both)
+        assert done[-1]["type"] == "RUN_FINISHED" and done[-1]["outcome"] == {"type": "success"}, done[-1]
+        result, message = model.requests[-1].messages[-2:]
+        assert (result.tool_results[0].id, result.tool_results[0].text) == (call, "the page says hi")
+        assert (message.role, message.text) == ("user", "and now this")
+        state, _ = await agent.state_store.load("default", "t")
+        assert state is not None
+        assert [(m.role, m.text) for m in state.context] == [
+            ("user", "front please"), ("assistant", ""), ("tool", ""), ("user", "and now this"),
+            ("assistant", "reply to and now this")]
+
+
+async def test_a_new_message_sent_with_an_approval_is_refused_whole() -> None:
+    app, model, agent = serve()
+    async with app.router.lifespan_context(app):
+        asked = await run(app, "t", [{"id": "u1", "role": "user", "content": "ask to delete"}])
+        [interrupt] = asked[-1]["outcome"]["interrupts"]
+        _, version = await agent.state_store.load("default", "t")
+        refused = await run(app, "t", [{"id": "u2", "role": "user", "content": "and now this"}],
+                            resume=[{"interruptId": interrupt["id"], "status": "resolved", "payload": {"approved": True}}])
+        assert refused[-1]["type"] == "RUN_ERROR" and refused[-1]["code"] == "ResumeError", refused[-1]
+        assert "send the answers on their own" in refused[-1]["message"]
+        state, after = await agent.state_store.load("default", "t")
+        assert after == version and state is not None and [m.role for m in state.context] == ["user", "assistant"]
+        approved = await run(app, "t", [], resume=[{"interruptId": interrupt["id"], "status": "resolved",
+                                                    "payload": {"approved": True}}])
+        assert approved[-1]["type"] == "RUN_FINISHED", approved[-1]
+
