@@ -46,6 +46,13 @@ async def prelude(exe: StepScope) -> AsyncIterator[AgentEvent] | None:
     """Run the prelude; what it still has to publish, as a stream (None: nothing)."""
     agent, ctx, run, runtime = exe.agent, exe.ctx, exe.run, exe.runtime
     state = await load_session(runtime, ctx, run)
+    if run.waited and state.context:
+        # An input sent while another run held the session may repeat that run's input (a client
+        # that resends its conversation sent the message the run ahead took): what the session
+        # holds (by id) is not taken twice.
+        held = {m.id for m in state.context}
+        if any(m.id in held for m in run.input_msgs):
+            run.input_msgs = [m for m in run.input_msgs if m.id not in held]
     run.keep_before()  # what a rollback of this turn restores (`RunState.roll_back`)
     ctx.agent_state = state
     ctx.agent = agent

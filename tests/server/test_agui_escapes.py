@@ -3,6 +3,7 @@ histories the server once took wrong."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -161,3 +162,29 @@ async def test_a_new_message_sent_with_an_approval_is_refused_whole() -> None:
                                                     "payload": {"approved": True}}])
         assert approved[-1]["type"] == "RUN_FINISHED", approved[-1]
 
+
+@pytest.mark.parametrize("strategy", ["enqueue", "interrupt"])
+async def test_a_conversation_resent_while_its_last_message_runs_does_not_take_that_message_twice(
+        strategy: str) -> None:
+    def slow_or_not(request: ModelRequest) -> ModelStep:
+        if request.messages[-1].text == "slow":
+            return ModelStep.text("a slow reply", chunks=20, delay=0.01)
+        return ModelStep.text("quick")
+
+    model = ScriptedModel([ModelStep(respond=slow_or_not)], name="m", loop=True)
+    agent = ReActAgent.builder().name("a").model(model).build()
+    app = create_app(agent)
+    async with app.router.lifespan_context(app):
+        first = [{"id": "u1", "role": "user", "content": "slow"}]
+        running = asyncio.create_task(run(app, "t", first))
+        while agent.busy_error("default", "t", "reject") is None:
+            await asyncio.sleep(0.005)
+        # The client sends the conversation as it has it: the message in flight, and the next.
+        second = await run(app, "t", [*first, {"id": "u2", "role": "user", "content": "next"}],
+                           forwardedProps={"multitask_strategy": strategy})
+        await running
+        assert second[-1]["type"] == "RUN_FINISHED", second[-1]
+        state, _ = await agent.state_store.load("default", "t")
+        assert state is not None
+        assert [m.text for m in state.context if m.role == "user"] == ["slow", "next"]
+        assert [m.id for m in model.requests[-1].messages].count("u1") == 1
