@@ -61,11 +61,11 @@ def answers_in(msgs: Sequence[Msg]) -> list[Msg]:
 
 def waiting_history(msgs: Sequence[Msg]) -> tuple[list[Msg], list[Msg]] | None:
     """An input that brings along a conversation whose last assistant message has calls it does
-    not answer, as (that conversation, with the tool messages right after that message, and the
-    rest): the calls wait, as they did where it comes from, and the rest (confirmations, new
-    messages) meets them as any input meets a session's waiting calls. None when every call the input holds is answered in it. A call left
-    unanswered before a later assistant message is a conversation no model may be sent: a
-    `ResumeError` naming it."""
+    not answer, as (that conversation with the tool messages right after that message, the rest):
+    the calls wait, as they did where it comes from, and the rest (confirmations, new messages)
+    meets them as any input meets a session's waiting calls. None when every call the input holds
+    is answered in it. A call left unanswered before a later assistant message is a conversation
+    no model may be sent: a `ResumeError` naming it."""
     calls: dict[str, str] = {}  # call id -> the id of the assistant message that made it
     answered: set[str] = set()
     last = -1

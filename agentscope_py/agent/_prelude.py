@@ -19,6 +19,7 @@ import functools
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
+from .._history import waiting_history
 from ..errors import InputError, ResumeError
 from ..events import AgentEvent
 from ..extension.base import ExtensionPoint
@@ -28,7 +29,6 @@ from ._boundaries import admit
 from ._hooks import HookCall
 from ._input import check_input
 from ._persist import load_session
-from .._history import waiting_history
 from ._resume import check_no_control_input, resume
 
 if TYPE_CHECKING:

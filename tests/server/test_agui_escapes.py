@@ -147,7 +147,7 @@ async def test_a_new_message_sent_with_the_result_of_a_frontend_call_is_taken_af
 
 
 async def test_a_new_message_sent_with_an_approval_is_refused_whole() -> None:
-    app, model, agent = serve()
+    app, _, agent = serve()
     async with app.router.lifespan_context(app):
         asked = await run(app, "t", [{"id": "u1", "role": "user", "content": "ask to delete"}])
         [interrupt] = asked[-1]["outcome"]["interrupts"]
