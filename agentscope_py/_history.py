@@ -66,6 +66,8 @@ def waiting_history(msgs: Sequence[Msg]) -> tuple[list[Msg], list[Msg]] | None:
     meets them as any input meets a session's waiting calls. None when every call the input holds
     is answered in it. A call left unanswered before a later assistant message is a conversation
     no model may be sent: a `ResumeError` naming it."""
+    if not any(m.role == "assistant" for m in msgs):  # (a user's message: every run's input)
+        return None
     calls: dict[str, str] = {}  # call id -> the id of the assistant message that made it
     answered: set[str] = set()
     last = -1

@@ -539,7 +539,7 @@ async def answer(case: Case, thread: Thread, mode: str) -> None:
     rng = case.rng
     new: list[dict[str, Any]] = []
     resume: list[dict[str, Any]] = []
-    flaw = rng.choice(("none", "none", "none", "extra", "twice", "with-user", "partial"))
+    flaw = rng.choice(("none", "none", "none", "extra", "twice", "with-user", "partial", "stray-resume"))
     for call in thread.frontend:
         if flaw == "partial" and thread.approvals and rng.random() < 0.5:
             continue
@@ -562,6 +562,9 @@ async def answer(case: Case, thread: Thread, mode: str) -> None:
     elif flaw == "twice" and new:
         new.append({**new[0], "id": case.uid("tr")})
         refused = True
+    elif flaw == "stray-resume":  # an answer to an interrupt that does not wait
+        resume.append({"interruptId": "no-such-call", "status": "resolved", "payload": {"approved": True}})
+        refused = True
     elif flaw == "with-user":
         # Taken after the results when they answer every waiting call; beside approvals (which
         # run tools, and may ask again) or calls left waiting, refused whole.
@@ -578,13 +581,20 @@ async def answer(case: Case, thread: Thread, mode: str) -> None:
     what = case.what("answer", mode, flaw, [m.get("toolCallId") for m in new], resume)
     case.log.append(f"answer:{mode}:{flaw}")
     requests = len(case.model.requests)
-    client = await post(case.app, body)
+    cut = rng.random() < 0.15
+    client = await post(case.app, body, Client(cut_after=rng.randint(1, 10)) if cut else None)
     for request in case.model.requests[requests:]:
         check_request(request, what)
     if client.status != 200:
-        assert client.status == 422, fail(what, client.status, client.body[:300])
+        assert client.status == 422 and refused, fail(what, client.status, client.body[:300])
         return
     events = events_of(client)
+    if cut and events[-1]["type"] not in ("RUN_FINISHED", "RUN_ERROR"):
+        check_stream(events, what, whole=False)
+        events = await replay(case, body["runId"], what)
+        if events[-1].get("code") == "RunCancelled":
+            await reload(case, thread, what)
+            return
     if refused:
         assert events[-1]["type"] == "RUN_ERROR", fail(what, "a wrong answer was taken", events[-1])
     await settle_run(case, thread, new, before, version, events, what)
