@@ -274,7 +274,8 @@ class Case:
         rng = self.rng
         self.store_kind = rng.choice(("memory", "memory", "sqlite"))
         self.evicting = self.store_kind == "memory" and rng.random() < 0.4
-        self.restarts = self.store_kind == "sqlite" and rng.random() < 0.6
+        # A restart keeps what SQLite holds; one on the memory store forgets every thread.
+        self.restarts = rng.random() < (0.6 if self.store_kind == "sqlite" else 0.15)
         self.path = tmp / f"sessions-{seed}.db"
         self.threads = [Thread(f"t{seed}-{i}") for i in range(rng.choice((1, 2)))]
         self.n = 0
@@ -282,6 +283,11 @@ class Case:
         self.model: ScriptedModel
         self.app: Any = None
         self.log: list[str] = []
+
+    @property
+    def forgets(self) -> bool:
+        """Whether a restart forgets threads (the memory store)."""
+        return self.restarts and self.store_kind == "memory"
 
     def what(self, *more: Any) -> str:
         """The case as a failure names it: its seed, its store, its last steps."""
@@ -476,7 +482,7 @@ async def expectation(case: Case, thread: Thread, mode: str) -> tuple[list[Entry
     context, version = await case.memory(thread)
     if context is None:
         if thread.messages:
-            assert case.evicting, fail(case.what(), "a thread's memory is gone without an eviction")
+            assert case.evicting or case.forgets, fail(case.what(), "a thread's memory is gone without an eviction")
             if mode == "new":
                 thread.messages = []  # the server can only hold what it is sent now
             thread.approvals = thread.approvals if mode != "new" else []
@@ -506,7 +512,8 @@ async def reload(case: Case, thread: Thread, what: str) -> None:
     if context is None:
         # Cut before it took the thread (in the gate), on a thread with no memory here (new, or
         # evicted): nothing was kept, and the client keeps its copy to send again.
-        assert not snapshot["messages"] and (case.evicting or not thread.messages), fail(what, snapshot)
+        assert not snapshot["messages"] and (case.evicting or case.forgets or not thread.messages), fail(
+            what, snapshot)
         return
     users_before = [m["content"] for m in thread.messages if m["role"] == "user"]
     thread.messages = [m for m in snapshot["messages"] if m["role"] in ("user", "assistant", "tool")]
