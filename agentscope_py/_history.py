@@ -73,7 +73,11 @@ def waiting_history(msgs: Sequence[Msg]) -> tuple[list[Msg], list[Msg]] | None:
     last = -1
     for i, m in enumerate(msgs):
         if m.role == "assistant":
-            calls.update((c.id, m.id) for c in m.tool_calls)
+            for c in m.tool_calls:
+                if c.id in calls:  # (answers name calls by id: two calls with one id cannot be told apart)
+                    raise ResumeError(f"tool call id {c.id!r} is used twice in the messages sent: each call needs "
+                                      "an id of its own")
+                calls[c.id] = m.id
             last = i
         answered.update(b.id for b in m.tool_results)
     waiting = [c for c in calls if c not in answered]

@@ -188,3 +188,16 @@ async def test_a_conversation_resent_while_its_last_message_runs_does_not_take_t
         assert state is not None
         assert [m.text for m in state.context if m.role == "user"] == ["slow", "next"]
         assert [m.id for m in model.requests[-1].messages].count("u1") == 1
+
+
+async def test_a_conversation_sent_with_two_waiting_calls_under_one_id_is_refused_and_the_thread_runs_on() -> None:
+    app, _, agent = serve()
+    async with app.router.lifespan_context(app):
+        call = {"id": "same", "type": "function", "function": {"name": "browser_tool", "arguments": "{}"}}
+        twice = [{"id": "u1", "role": "user", "content": "hi"},
+                 {"id": "a1", "role": "assistant", "toolCalls": [call, call]}]
+        refused = await run(app, "t", twice)
+        assert refused[-1]["type"] == "RUN_ERROR" and "'same' is used twice" in refused[-1]["message"]
+        assert (await agent.state_store.load("default", "t"))[0] is None
+        after = await run(app, "t", [{"id": "u2", "role": "user", "content": "hello"}])
+        assert after[-1]["type"] == "RUN_FINISHED", after[-1]
