@@ -471,10 +471,8 @@ async def say(case: Case, thread: Thread, mode: str, *, cut: bool) -> None:
     for request in case.model.requests[requests:]:
         check_request(request, what)
     if cut and events[-1]["type"] not in ("RUN_FINISHED", "RUN_ERROR"):
-        check_stream(events, what, whole=False)
-        events = await replay(case, body["runId"], what)
-        if events[-1].get("code") == "RunCancelled":
-            await reload(case, thread, what)
+        events = await left(case, thread, body["runId"], events, what)
+        if not events:
             return
     await settle_run(case, thread, [m for m in new if m["role"] == "user"], before, version, events, what)
 
@@ -494,6 +492,18 @@ async def expectation(case: Case, thread: Thread, mode: str) -> tuple[list[Entry
     assert project_memory(context) == project_client(thread.messages), (
         case.what("before"), project_memory(context), project_client(thread.messages))
     return project_memory(context), version
+
+
+async def left(case: Case, thread: Thread, run_id: str, seen: list[dict[str, Any]],
+               what: str) -> list[dict[str, Any]]:
+    """A client that left mid-run: what it read is a prefix of a stream; the run's whole stream
+    if it ended before the cut, else (cancelled) none: the client reloads the thread."""
+    check_stream(seen, what, whole=False)
+    events = await replay(case, run_id, what)
+    if events[-1].get("code") != "RunCancelled":
+        return events
+    await reload(case, thread, what)
+    return []
 
 
 async def replay(case: Case, run_id: str, what: str) -> list[dict[str, Any]]:
@@ -600,10 +610,8 @@ async def answer(case: Case, thread: Thread, mode: str) -> None:
         return
     events = events_of(client)
     if cut and events[-1]["type"] not in ("RUN_FINISHED", "RUN_ERROR"):
-        check_stream(events, what, whole=False)
-        events = await replay(case, body["runId"], what)
-        if events[-1].get("code") == "RunCancelled":
-            await reload(case, thread, what)
+        events = await left(case, thread, body["runId"], events, what)
+        if not events:
             return
     if refused:
         assert events[-1]["type"] == "RUN_ERROR", fail(what, "a wrong answer was taken", events[-1])
