@@ -293,6 +293,7 @@ class Execution:
         # else held (it waits, refuses or interrupts as the strategy says).
         hold = None
         if not gates.take(key, runtime.store, self.control):
+            run.waited = True
             hold = gates.hold(key, runtime.store, strategy, runtime.max_queued, self.control, ctx.get("run_id", ""))
             try:
                 await hold.enter()

@@ -19,6 +19,7 @@ import functools
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
+from .._history import waiting_history
 from ..errors import InputError, ResumeError
 from ..events import AgentEvent
 from ..extension.base import ExtensionPoint
@@ -47,6 +48,13 @@ async def prelude(exe: StepScope) -> AsyncIterator[AgentEvent] | None:
     """Run the prelude; what it still has to publish, as a stream (None: nothing)."""
     agent, ctx, run, runtime = exe.agent, exe.ctx, exe.run, exe.runtime
     state = await load_session(runtime, ctx, run)
+    if run.waited and state.context:
+        # An input sent while another run held the session may repeat that run's input (a client
+        # that resends its conversation sent the message the run ahead took): what the session
+        # holds (by id) is not taken twice.
+        held = {m.id for m in state.context}
+        if any(m.id in held for m in run.input_msgs):
+            run.input_msgs = [m for m in run.input_msgs if m.id not in held]
     run.keep_before()  # what a rollback of this turn restores (`RunState.roll_back`)
     ctx.agent_state = state
     ctx.agent = agent
@@ -129,6 +137,11 @@ def _take_input(exe: StepScope, state: AgentState, prompt: Any) -> AsyncIterator
     if pending:
         return resume(exe, pending, input_msgs)
     try:
+        waiting = waiting_history(input_msgs)
+        if waiting is not None:
+            history, rest = waiting
+            check_no_control_input(history)
+            return _resume_history(exe, state, [admit(m) for m in history], rest)
         check_input(input_msgs, resuming=False)
         check_no_control_input(input_msgs)
         admitted = [admit(m) for m in input_msgs]
@@ -137,6 +150,24 @@ def _take_input(exe: StepScope, state: AgentState, prompt: Any) -> AsyncIterator
         raise
     state.context.extend(admitted)
     return None
+
+
+async def _resume_history(exe: StepScope, state: AgentState, history: list[Msg],
+                          rest: list[Msg]) -> AsyncIterator[AgentEvent]:
+    """An input that brings along a conversation with calls waiting (`waiting_history`: a thread
+    the store dropped, resent whole): the conversation is taken, and the rest of the input meets
+    its waiting calls as a session's (`resume`): answers resume them, a new message is refused as
+    it is while any session's calls wait. A refused input leaves the session as loaded."""
+    taken = len(state.context)
+    state.context.extend(history)
+    try:
+        async with aclosing(resume(exe, exe.run.pending_calls(), rest)) as steps:
+            async for ev in steps:
+                yield ev
+    except BaseException:
+        if exe.run.refused:
+            del state.context[taken:]
+        raise
 
 
 @functools.lru_cache(maxsize=128)

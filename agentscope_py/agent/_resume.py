@@ -17,7 +17,7 @@ from pydantic import ValidationError
 
 from .._history import answers_in
 from .._tool_answers import tool_answers
-from ..errors import PendingToolCallsError, ResumeError
+from ..errors import InputError, PendingToolCallsError, ResumeError
 from ..events import (
     AgentEvent,
     ConfirmResult,
@@ -30,7 +30,7 @@ from ..events import (
 )
 from ..message import GenerateReason, Msg, ToolResultBlock, ToolResultState, ToolUseBlock
 from ..stream import aclosing
-from ._boundaries import clean_block
+from ._boundaries import admit, clean_block
 from ._in_doubt import Settled, settle
 from ._journal import entry_of
 from ._structured import check_resume
@@ -58,6 +58,7 @@ async def resume(exe: StepScope, pending: list[ToolUseBlock], input_msgs: list[M
     check_resume(exe.run)  # (a new prompt is refused above, as for any paused run)
     answered_by_result = {r.id for r in results}
     _check_ids(exe, Settled(), [r.id for r in results], by_id, "tool result")  # (before settling changes anything)
+    after = _after_answers(exe, input_msgs, confirms, answered_by_result, by_id)
     settled = Settled()
     if state.tool_journal:
         # (a call a tool result answers is not settled: the result is its answer)
@@ -89,6 +90,7 @@ async def resume(exe: StepScope, pending: list[ToolUseBlock], input_msgs: list[M
             state.pending_tool_calls = [c.id for c in left]
             if left:
                 _suspend(exe, left)
+            state.context.extend(after)  # (only when nothing is left: `_after_answers`)
             return
         answered = {c.tool_call_id: c for c in own}
         run: list[ToolUseBlock] = []
@@ -155,6 +157,31 @@ async def resume(exe: StepScope, pending: list[ToolUseBlock], input_msgs: list[M
         _suspend(exe, undeclared)
     if waits:
         state.pending_tool_calls = [c.id for c in exe.run.pending_calls()]
+
+
+def _after_answers(exe: StepScope, msgs: list[Msg], confirms: list[ConfirmResult], results: set[str],
+                   pending: dict[str, ToolUseBlock]) -> list[Msg]:
+    """The new messages sent beside answers, as memory takes them: after the results, when those
+    answer every waiting call (a client that answers a frontend tool and sends the user's next
+    message at once; the model then sees both, as it would have one run after the other).
+    Beside confirm results, or beside results that leave calls waiting, a message would have to
+    wait for a later run that the answers may not reach: a `ResumeError`, nothing taken."""
+    new = [m for m in msgs if m.role != "tool" and not m.metadata.get("confirm_results")]
+    if not new:
+        return []
+    if confirms or set(pending) - results or exe.run.session is None or exe.run.session.tool_journal:
+        waiting = ", ".join(c for c in pending if c not in results) or ", ".join(pending)
+        raise _refusing(exe, ResumeError(
+            f"a new message was sent with answers that leave tool calls waiting or must run them ({waiting}): "
+            "send the answers on their own, then the message once the run they resume has ended"))
+    if any(m.role == "assistant" for m in new):
+        raise _refusing(exe, ResumeError("an assistant message was sent with the answers to waiting tool calls: "
+                                         "send the results on their own, or with the user's next message"))
+    try:
+        return [admit(m) for m in new]
+    except InputError:
+        exe.run.refused = True
+        raise
 
 
 def _suspend(exe: StepScope, calls: list[ToolUseBlock]) -> None:

@@ -48,6 +48,9 @@ class RunState:
     system_msg: Msg | None = None
     input_taken: bool = False
     """The input is in memory (or was control input for a resume)."""
+    waited: bool = False
+    """The run waited for its session's turn (behind another run, or a lock across processes):
+    the session may hold some of its input by now (`_prelude`)."""
     refused: bool = False
     """The run refused its input before it changed the session (no call waits for what it
     answers, calls wait for an answer it does not give, an empty input): the session is as it was
