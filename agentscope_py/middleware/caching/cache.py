@@ -57,8 +57,9 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..._deadline import earlier, spent, tool_spent, tool_timeout_text
+from ..._replies import result_events
 from ...errors import AgentInterrupted
-from ...events import AgentEvent, ModelCallEnd, ModelCallStart, ToolResultEnd, ToolResultStart, ToolResultTextDelta
+from ...events import AgentEvent, ModelCallEnd, ModelCallStart, ToolResultEnd, ToolResultStart
 from ...extension.base import ActingInput, ExtensionPoint, MiddlewareBase, ModelCallInput, Next
 from ...message import ToolResultState, ToolUseBlock, new_id
 from ...stream import EventStream, aclosing
@@ -184,15 +185,6 @@ async def _store_wait(ctx: RuntimeContext, answer: Awaitable[T], within: float |
         if bound.expired():
             raise TimeoutError(f"no answer within {within:g} s, the call's deadline") from None
         raise
-
-
-def timed_out(reply_id: str, call: ToolUseBlock, text: str) -> list[AgentEvent]:
-    """The result of a tool call whose deadline its cache's wait used up: the error result a tool
-    that timed out gets (the call never ran)."""
-    cid, name = call.id, call.name
-    return [ToolResultStart(reply_id=reply_id, tool_call_id=cid, tool_name=name),
-            ToolResultTextDelta(reply_id=reply_id, tool_call_id=cid, tool_name=name, delta=text),
-            ToolResultEnd(reply_id=reply_id, tool_call_id=cid, tool_name=name, state=ToolResultState.ERROR)]
 
 
 class ResponseCacheMiddleware(_CacheBase):
@@ -375,8 +367,9 @@ class ToolResultCacheMiddleware(_CacheBase):
             left_of = tool_spent(deadline, waited)
             if left_of is None:  # nothing left: each call times out before it starts, as a tool would
                 reply_id = _reply_id(ctx)
-                for c in misses:
-                    for ev in timed_out(reply_id, c, tool_timeout_text(c.name, within, deadline.by, waited)):
+                for c in misses:  # (the error result a tool that timed out gets: the call never ran)
+                    text = tool_timeout_text(c.name, within, deadline.by, waited)
+                    for ev in result_events(reply_id, c, text, ToolResultState.ERROR):
                         yield ev
                 return
             input = input.replace(deadline=left_of)
