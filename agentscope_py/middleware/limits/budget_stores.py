@@ -482,7 +482,10 @@ class RedisBudgetStore:
         key = f"{self.prefix}:{user_id}"
         args = [charge_id, str(int(tokens)), repr(float(cost)), str(max(1, round(self.lease * 1000))),
                 "1" if hold else ""]
-        return _totals(await self._twice(what, user_id, key, lambda: self._script(_CHARGE)(keys=[key], args=args)))
+        return _totals(await self._twice(what, user_id, key, lambda: self._charge_once(key, args)))
+
+    async def _charge_once(self, key: str, args: list[str]) -> Any:
+        return await self._script(_CHARGE)(keys=[key], args=args)
 
     async def release(self, user_id: str, hold_id: str) -> None:
         """Drop the hold (an HDEL, sent as `_twice` says)."""
